@@ -1,0 +1,3 @@
+from trainscale.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Command line: one module per subcommand, parsing and printing only. Nothing imports `cli`."""

@@ -1,0 +1,60 @@
+"""`trainscale` entry point: builds the parser from one module per subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from trainscale._version import __version__
+from trainscale.errors import TrainscaleError
+
+# Each module defines `register(subparsers)` which adds its parser and sets `func`.
+# A module that is missing (not written yet) is skipped, so the CLI grows one file at a time.
+SUBCOMMANDS = (
+    "run",
+    "workloads",
+    "slurm",
+    "jobs",
+    "bind",
+    "profiles",
+    "bench",
+    "doctor",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trainscale",
+        description="Run one PyTorch training script on 1 CPU process, N GPUs or many SLURM nodes.",
+    )
+    parser.add_argument("--version", action="version", version=f"trainscale {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(f"trainscale.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"trainscale.cli.{name}":
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except TrainscaleError as exc:
+        print(f"trainscale: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,40 @@
+"""Errors a user can cause, each naming what was seen, what was expected and how to fix it."""
+
+from __future__ import annotations
+
+
+class TrainscaleError(Exception):
+    """Base class. ``str()`` gives the whole message: what was seen, what was expected, a hint."""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        self.message = message
+        self.hint = hint
+        super().__init__(self.__str__())
+
+    def __str__(self) -> str:
+        return f"{self.message}\nHint: {self.hint}" if self.hint else self.message
+
+
+class ConfigError(TrainscaleError):
+    """A bad option, config file, profile or argument, caught before anything is launched."""
+
+
+class LaunchError(TrainscaleError):
+    """The launch environment is inconsistent (ranks, ports, addresses, missing script)."""
+
+
+class CheckpointError(TrainscaleError):
+    """A checkpoint is missing, incomplete, corrupt, unsafe or incompatible."""
+
+
+class SlurmError(TrainscaleError):
+    """A SLURM command failed or a job ended in a state that is not COMPLETED."""
+
+
+def did_you_mean(value: str, valid: list[str] | tuple[str, ...]) -> str:
+    """A hint listing the valid choices, closest first when one is close."""
+    import difflib
+
+    close = difflib.get_close_matches(value, list(valid), n=1)
+    listed = ", ".join(sorted(valid))
+    return f"did you mean '{close[0]}'? Valid: {listed}" if close else f"valid choices: {listed}"

@@ -1,0 +1,99 @@
+"""What a cluster profile holds. Profiles are data (TOML files); this is their typed, validated form."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trainscale.errors import ConfigError
+
+LAUNCHERS = ("torchrun", "srun")
+GPU_VENDORS = ("nvidia", "amd", "none")
+BINDINGS = ("map", "topology", "none")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContainerSpec:
+    """How to wrap the training command in a container on this cluster."""
+
+    runtime: str = "singularity"
+    """singularity or apptainer."""
+    binds: tuple[str, ...] = ()
+    """Paths bound into the container (``-B`` arguments), e.g. ``/scratch``."""
+    flags: tuple[str, ...] = ()
+    """Extra flags for ``exec`` (``--nv`` on NVIDIA, ``--rocm`` on AMD)."""
+
+    def __post_init__(self) -> None:
+        if self.runtime not in ("singularity", "apptainer"):
+            raise ConfigError(
+                f"container runtime {self.runtime!r} is not supported",
+                hint="use runtime = \"singularity\" or \"apptainer\"",
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterProfile:
+    """One cluster's facts and habits: partitions, node shape, binding, modules, container, environment."""
+
+    name: str
+    """Short name used with ``--profile``."""
+    description: str = ""
+    """One line shown by ``trainscale profiles``."""
+    partitions: tuple[str, ...] = ()
+    """Partitions users may pick; the first is the default. Empty: let SLURM choose."""
+    gpus_per_node: int = 0
+    """GPUs (or GCDs) per node; 0 for CPU-only nodes."""
+    gpu_vendor: str = "none"
+    """nvidia, amd or none: picks the backend (nccl/rccl vs gloo) and the topology tool."""
+    cpus_per_node: int = 1
+    """Hardware threads SLURM may hand out per node."""
+    reserved_cores: tuple[int, ...] = ()
+    """Cores the system keeps for itself (LUMI's first core of each CCD); never bound to ranks."""
+    mem_per_node_gb: float = 0.0
+    """Memory a job may ask for per node, in GB (0: unknown, not checked)."""
+    mem_per_gpu_gb: float = 0.0
+    """Default memory per GPU, in GB (the seeds use 60 GB per GPU on LUMI)."""
+    binding: str = "none"
+    """map (use gpu_cores below), topology (detect on the node at run time) or none."""
+    gpu_cores: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """For binding = map: local GPU index -> the cores closest to it."""
+    forbid_cpus_per_gpu: bool = False
+    """True where ``--cpus-per-gpu`` breaks GPU-to-GPU communication (LUMI)."""
+    requires_account: bool = False
+    """True where every job must name a project/account."""
+    default_launcher: str = "torchrun"
+    """torchrun (one task per node) or srun (one task per GPU)."""
+    max_time: str = ""
+    """The partition's time limit, ``D-HH:MM:SS`` or ``HH:MM:SS``; empty: not checked."""
+    modules: tuple[str, ...] = ()
+    """Lines run before training, e.g. ``module load LUMI/24.03``."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Variables exported in the batch script (NCCL/RCCL settings, ...)."""
+    container: ContainerSpec | None = None
+    """How to run inside a container when ``--container IMAGE`` is given."""
+
+    def __post_init__(self) -> None:
+        if self.gpu_vendor not in GPU_VENDORS:
+            raise ConfigError(f"profile {self.name}: gpu_vendor {self.gpu_vendor!r} unknown", hint=f"one of {', '.join(GPU_VENDORS)}")
+        if self.binding not in BINDINGS:
+            raise ConfigError(f"profile {self.name}: binding {self.binding!r} unknown", hint=f"one of {', '.join(BINDINGS)}")
+        if self.default_launcher not in LAUNCHERS:
+            raise ConfigError(
+                f"profile {self.name}: default_launcher {self.default_launcher!r} unknown", hint=f"one of {', '.join(LAUNCHERS)}"
+            )
+        if self.gpus_per_node < 0 or self.cpus_per_node < 1:
+            raise ConfigError(f"profile {self.name}: gpus_per_node must be >= 0 and cpus_per_node >= 1")
+        if self.binding == "map":
+            missing = [g for g in range(self.gpus_per_node) if g not in self.gpu_cores]
+            if missing:
+                raise ConfigError(
+                    f"profile {self.name}: binding = \"map\" but gpu_cores has no entry for GPU(s) {missing}",
+                    hint="give one core list per GPU, e.g. gpu_cores = { 0 = \"49-55\" }",
+                )
+
+    @property
+    def default_partition(self) -> str | None:
+        return self.partitions[0] if self.partitions else None
+
+    @property
+    def backend(self) -> str:
+        return "gloo" if self.gpu_vendor == "none" else "nccl"
