@@ -23,6 +23,9 @@ SUBCOMMANDS = (
 )
 
 
+RAW_COMMANDS: dict = {}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trainscale",
@@ -38,12 +41,20 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         module.register(sub)
+        if hasattr(module, "run_raw"):
+            RAW_COMMANDS[name] = module.run_raw
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # Commands that pass the rest of the line to a script (`run`, `bench SCRIPT`) parse it themselves:
+    # argparse cannot hand options it does not know through a subparser.
+    if argv and argv[0] in RAW_COMMANDS:
+        args = argparse.Namespace(argv=argv[1:], func=RAW_COMMANDS[argv[0]])
+    else:
+        args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

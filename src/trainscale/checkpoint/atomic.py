@@ -1,0 +1,50 @@
+"""Write a file so that a crash at any moment leaves either the old file or the complete new one."""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+PRIVATE = 0o600  # training state is the user's alone
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, write: Callable[[io.BufferedWriter], None], mode: int = PRIVATE) -> None:
+    """Temp file in the same directory, write, flush + fsync, ``os.replace``, fsync the directory."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_torch_save(obj: Any, path: Path) -> None:
+    atomic_write(path, lambda fh: torch.save(obj, fh))
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda fh: fh.write(text.encode()))

@@ -1,0 +1,121 @@
+"""A DataLoader sharded over ranks that never forgets `sampler.set_epoch` (the commonest DDP bug)."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from trainscale.errors import ConfigError
+
+
+def check_shardable(dataset_len: int, world_size: int, batch_size: int, what: str = "dataset") -> None:
+    """Every rank must get at least one full batch, or training silently does nothing on some ranks."""
+    if batch_size < 1:
+        raise ConfigError(f"batch size {batch_size} must be >= 1", hint="give the per-rank batch size, e.g. --batch-size 16")
+    need = world_size * batch_size
+    if dataset_len < need:
+        raise ConfigError(
+            f"the {what} has {dataset_len} samples but {world_size} rank(s) x batch size {batch_size} need at least {need}",
+            hint=f"use a batch size <= {max(1, dataset_len // world_size)}, fewer ranks, or more data",
+        )
+
+
+class DistributedLoader:
+    """Iterate one epoch per ``for`` loop; the sampler's epoch advances by itself.
+
+    State (the next epoch) goes into checkpoints via ``state_dict``/``load_state_dict``, so a
+    resumed run shuffles exactly as an uninterrupted one.
+    """
+
+    def __init__(self, dataset: Dataset, *, batch_size: int, rank: int = 0, world_size: int = 1,
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = True, num_workers: int = 0,
+                 pin_memory: bool = False, **loader_kwargs: Any) -> None:
+        check_shardable(len(dataset), world_size, batch_size)
+        self.sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle,
+                                          seed=seed, drop_last=drop_last)
+        self.loader = DataLoader(dataset, batch_size=batch_size, sampler=self.sampler, num_workers=num_workers,
+                                 pin_memory=pin_memory, drop_last=drop_last,
+                                 persistent_workers=num_workers > 0, **loader_kwargs)
+        self.epoch = 0
+
+    @classmethod
+    def for_runtime(cls, dataset: Dataset, runtime, **kwargs: Any) -> "DistributedLoader":
+        kwargs.setdefault("pin_memory", runtime.device.type == "cuda")
+        kwargs.setdefault("seed", runtime.seed)
+        return cls(dataset, rank=runtime.rank, world_size=runtime.world_size, **kwargs)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator:
+        self.sampler.set_epoch(self.epoch)
+        self.epoch += 1
+        yield from self.loader
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch = int(state["epoch"])
+
+
+class DeviceTensorLoader:
+    """Small data kept whole on the device; batches are index slices, no per-sample Python work.
+
+    Sharding follows DistributedSampler exactly (permute with seed + epoch, pad or drop to a multiple
+    of world_size, take every world_size-th index from ``rank``), so results match the DataLoader path.
+    """
+
+    def __init__(self, *tensors: torch.Tensor, batch_size: int, rank: int = 0, world_size: int = 1,
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = True,
+                 device: torch.device | str = "cpu") -> None:
+        if not tensors:
+            raise ConfigError("DeviceTensorLoader needs at least one tensor", hint="pass (inputs, targets)")
+        n = tensors[0].shape[0]
+        if any(t.shape[0] != n for t in tensors):
+            raise ConfigError("DeviceTensorLoader: tensors differ in their first dimension",
+                              hint="inputs and targets must have one row per sample")
+        check_shardable(n, world_size, batch_size)
+        self.tensors = tuple(t.to(device, non_blocking=True) for t in tensors)
+        self.n, self.batch_size, self.rank, self.world_size = n, batch_size, rank, world_size
+        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self.epoch = 0
+
+    @classmethod
+    def for_runtime(cls, *tensors: torch.Tensor, runtime, **kwargs: Any) -> "DeviceTensorLoader":
+        kwargs.setdefault("seed", runtime.seed)
+        return cls(*tensors, rank=runtime.rank, world_size=runtime.world_size, device=runtime.device, **kwargs)
+
+    def _shard_indices(self, epoch: int) -> torch.Tensor:
+        if self.shuffle:
+            gen = torch.Generator()
+            gen.manual_seed(self.seed + epoch)
+            order = torch.randperm(self.n, generator=gen)
+        else:
+            order = torch.arange(self.n)
+        if self.drop_last:
+            total = (self.n // self.world_size) * self.world_size
+            order = order[:total]
+        else:
+            total = -(-self.n // self.world_size) * self.world_size
+            order = torch.cat([order, order[: total - self.n]])
+        return order[self.rank:total:self.world_size]
+
+    def __len__(self) -> int:
+        per_rank = self.n // self.world_size if self.drop_last else -(-self.n // self.world_size)
+        return per_rank // self.batch_size
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        indices = self._shard_indices(self.epoch).to(self.tensors[0].device)
+        self.epoch += 1
+        for i in range(len(self)):
+            batch = indices[i * self.batch_size:(i + 1) * self.batch_size]
+            yield tuple(t.index_select(0, batch) for t in self.tensors)
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch = int(state["epoch"])

@@ -1,0 +1,1 @@
+"""Launching: local workers through torch's elastic agent, and SLURM batch jobs."""

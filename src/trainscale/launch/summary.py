@@ -1,0 +1,109 @@
+"""Turn torchelastic's failure records into one readable summary: who failed first, where, how, why."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    rank: int
+    local_rank: int
+    host: str
+    pid: int
+    exitcode: int
+    timestamp: float
+    traceback: str
+    log_tail: str
+
+    @property
+    def how(self) -> str:
+        if self.exitcode < 0:
+            try:
+                name = signal.Signals(-self.exitcode).name
+            except ValueError:
+                name = f"signal {-self.exitcode}"
+            return f"killed by {name}"
+        return f"exit code {self.exitcode}"
+
+
+def _traceback_of(error_data: Any) -> str:
+    if not isinstance(error_data, dict):
+        return ""
+    message = error_data.get("message", error_data)
+    if isinstance(message, dict):
+        extra = message.get("extraInfo", {})
+        stack = extra.get("py_callstack", "")
+        return stack or str(message.get("message", ""))
+    return str(message)
+
+
+def _tail(path: Path | None, lines: int = 20) -> str:
+    if path is None or not path.exists():
+        return ""
+    text = path.read_text(errors="replace").splitlines()
+    return "\n".join(text[-lines:])
+
+
+def from_child_failed(error: Any, log_files: dict[int, Path] | None = None) -> list[RankFailure]:
+    """RankFailures from a ChildFailedError, earliest first."""
+    host = socket.gethostname()
+    out = []
+    for rank, failure in error.failures.items():
+        data = failure.error_file_data
+        if not data and failure.error_file and Path(failure.error_file).exists():
+            try:
+                data = json.loads(Path(failure.error_file).read_text())
+            except (OSError, json.JSONDecodeError):
+                data = {}
+        log = (log_files or {}).get(failure.local_rank)
+        out.append(RankFailure(rank=rank, local_rank=failure.local_rank, host=host, pid=failure.pid,
+                               exitcode=failure.exitcode, timestamp=failure.timestamp,
+                               traceback=_traceback_of(data), log_tail=_tail(log)))
+    return sorted(out, key=lambda f: (f.timestamp, f.rank))
+
+
+def render(failures: list[RankFailure], world_size: int | None = None, log_dir: Path | None = None) -> str:
+    if not failures:
+        return "trainscale: the run failed, but no rank left a failure record."
+    first = failures[0]
+    lines = [
+        "=" * 72,
+        f"trainscale: training FAILED — first failing rank: {first.rank} on {first.host} "
+        f"(local rank {first.local_rank}, pid {first.pid}), {first.how}",
+    ]
+    if first.traceback:
+        lines += ["", f"Traceback of rank {first.rank}:", first.traceback.rstrip()]
+    elif first.log_tail:
+        lines += ["", f"No Python traceback (the process did not raise); last lines of rank {first.rank}'s log:",
+                  first.log_tail.rstrip()]
+    others = failures[1:]
+    if others:
+        lines += ["", "Other ranks:"]
+        lines += [f"  rank {f.rank} on {f.host}: {f.how}" for f in others]
+    if world_size:
+        failed = {f.rank for f in failures}
+        stopped = [r for r in range(world_size) if r not in failed]
+        if stopped:
+            lines.append(f"  ranks {_ranges(stopped)}: stopped by the launcher after the first failure")
+    if log_dir:
+        lines += ["", f"Per-rank logs: {log_dir}"]
+    lines.append("=" * 72)
+    return "\n".join(lines)
+
+
+def _ranges(values: list[int]) -> str:
+    out, start, prev = [], values[0], values[0]
+    for v in values[1:] + [None]:  # type: ignore[list-item]
+        if v is not None and v == prev + 1:
+            prev = v
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if v is not None:
+            start = prev = v
+    return ",".join(out)

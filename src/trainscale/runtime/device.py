@@ -1,0 +1,66 @@
+"""Which device and backend a rank uses. Pure decisions over the environment and visible devices."""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+import torch
+
+from trainscale.env.base import LaunchEnv
+from trainscale.errors import ConfigError
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+VISIBLE_VARS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+
+
+def visible_gpu_count() -> int:
+    """GPUs this process can use (torch already honours the *_VISIBLE_DEVICES variables)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def device_index(env: LaunchEnv, visible: int) -> int:
+    """The GPU index for this rank among the visible ones.
+
+    One visible device (SLURM bound one GPU per task with --gpus-per-task or a per-rank
+    *_VISIBLE_DEVICES) means index 0 whatever the local rank; otherwise local_rank, wrapped
+    around when several ranks share a node with fewer GPUs than ranks.
+    """
+    if visible <= 0:
+        raise ConfigError("no GPU is visible to this process", hint="use device='cpu', or check CUDA_VISIBLE_DEVICES")
+    return 0 if visible == 1 else env.local_rank % visible
+
+
+def pick_device(env: LaunchEnv, requested: str = "auto", visible: int | None = None) -> torch.device:
+    if requested not in DEVICE_CHOICES and not requested.startswith("cuda:"):
+        raise ConfigError(f"device {requested!r} is not supported", hint=f"use one of {', '.join(DEVICE_CHOICES)}")
+    if requested == "cpu":
+        return torch.device("cpu")
+    visible = visible_gpu_count() if visible is None else visible
+    if requested.startswith("cuda:"):
+        return torch.device(requested)
+    if visible == 0:
+        if requested == "cuda":
+            raise ConfigError(
+                "device='cuda' but no GPU is visible",
+                hint="run on a GPU node, check CUDA_VISIBLE_DEVICES/ROCR_VISIBLE_DEVICES, or use device='cpu'",
+            )
+        return torch.device("cpu")
+    return torch.device("cuda", device_index(env, visible))
+
+
+def pick_backend(device: torch.device, requested: str | None = None) -> str:
+    """nccl for CUDA and ROCm (torch maps nccl to RCCL on ROCm), gloo for CPU."""
+    if requested:
+        if requested not in ("gloo", "nccl", "mpi", "cpu:gloo,cuda:nccl"):
+            raise ConfigError(f"backend {requested!r} is not supported", hint="use gloo (CPU) or nccl (CUDA/ROCm)")
+        if requested == "nccl" and device.type != "cuda":
+            raise ConfigError("backend 'nccl' needs a GPU but this rank runs on the CPU", hint="use backend='gloo' on CPU")
+        return requested
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def visible_devices_summary(environ: Mapping[str, str] | None = None) -> str:
+    environ = os.environ if environ is None else environ
+    parts = [f"{name}={environ[name]}" for name in VISIBLE_VARS if name in environ]
+    return ", ".join(parts) or "no *_VISIBLE_DEVICES set"

@@ -1,0 +1,213 @@
+"""The Runtime: this rank's place in the job, its device and process group, and the helpers around them.
+
+Stripped of detection and safety, this is the familiar DDP preamble:
+
+    dist.init_process_group(backend, rank=rank, world_size=world_size)
+    torch.cuda.set_device(local_rank)
+    ...
+    dist.destroy_process_group()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+from trainscale.env import LaunchEnv, detect
+from trainscale.errors import ConfigError
+from trainscale.runtime.device import pick_backend, pick_device
+from trainscale.runtime.seed import seed_everything
+from trainscale.runtime.threads import apply_thread_count
+
+log = logging.getLogger("trainscale")
+
+
+@dataclass(kw_only=True)
+class Runtime:
+    """What a training script needs to know about its rank. Returned by :func:`init`."""
+
+    env: LaunchEnv
+    device: torch.device
+    backend: str | None
+    seed: int
+    timeout: datetime.timedelta
+    owns_process_group: bool = False
+    notes: list[str] = field(default_factory=list)
+    _closed: bool = False
+
+    # -- where am I ---------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.env.rank
+
+    @property
+    def local_rank(self) -> int:
+        return self.env.local_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.env.world_size
+
+    @property
+    def local_world_size(self) -> int:
+        return self.env.local_world_size
+
+    @property
+    def node_rank(self) -> int:
+        return self.env.node_rank
+
+    @property
+    def num_nodes(self) -> int:
+        return self.env.num_nodes
+
+    @property
+    def is_main(self) -> bool:
+        return self.env.rank == 0
+
+    @property
+    def is_local_main(self) -> bool:
+        return self.env.local_rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.env.world_size > 1 and dist.is_available() and dist.is_initialized()
+
+    @property
+    def restart_count(self) -> int:
+        return self.env.restart_count
+
+    # -- collectives and helpers ----------------------------------------------------------------
+    def barrier(self) -> None:
+        if self.is_distributed:
+            if self.backend == "nccl":
+                dist.barrier(device_ids=[self.device.index])
+            else:
+                dist.barrier()
+
+    def print(self, *args, all_ranks: bool = False, **kwargs) -> None:
+        """print() on rank 0 only (or on every rank, prefixed with its rank)."""
+        if all_ranks:
+            print(f"[rank {self.rank}]", *args, **kwargs, flush=True)
+        elif self.is_main:
+            print(*args, **kwargs, flush=True)
+
+    def log(self, message: str, *args, level: int = logging.INFO) -> None:
+        """Log on rank 0 only."""
+        if self.is_main:
+            log.log(level, message, *args)
+
+    def mean(self, value: float | torch.Tensor) -> float:
+        """The mean of a scalar metric over all ranks (every rank gets the same number)."""
+        tensor = torch.as_tensor(value, dtype=torch.float64 if self.backend != "nccl" else torch.float32)
+        tensor = tensor.detach().clone().to(self.device).reshape(1)
+        if self.is_distributed:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+            tensor /= self.world_size
+        return float(tensor.item())
+
+    def sum(self, value: float | torch.Tensor) -> float:
+        tensor = torch.as_tensor(value, dtype=torch.float64 if self.backend != "nccl" else torch.float32)
+        tensor = tensor.detach().clone().to(self.device).reshape(1)
+        if self.is_distributed:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return float(tensor.item())
+
+    @contextlib.contextmanager
+    def rank_zero_first(self, local: bool = False) -> Iterator[None]:
+        """Run the body on rank 0 first (download, unpack, mkdir) while the others wait, then on the rest.
+
+        ``local=True`` does it once per node (local rank 0), for data on node-local disks.
+        """
+        first = self.is_local_main if local else self.is_main
+        if not first:
+            self.barrier()
+        try:
+            yield
+        finally:
+            if first:
+                self.barrier()
+
+    def local_rank_zero_first(self) -> contextlib.AbstractContextManager[None]:
+        return self.rank_zero_first(local=True)
+
+    # -- teardown -------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Destroy the process group trainscale created. Safe to call twice; the one teardown path."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.owns_process_group and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+    def __enter__(self) -> "Runtime":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def describe(self) -> str:
+        return (f"rank {self.rank}/{self.world_size} (local {self.local_rank}/{self.local_world_size}, "
+                f"node {self.node_rank}/{self.num_nodes}) via {self.env.source}, device {self.device}, "
+                f"backend {self.backend or 'none'}")
+
+
+def init(
+    *,
+    device: str = "auto",
+    backend: str | None = None,
+    seed: int = 0,
+    timeout_s: float = 1800.0,
+    set_threads: bool = True,
+    environ: dict[str, str] | None = None,
+) -> Runtime:
+    """Detect the launch, pick the device and backend, start the process group and seed every RNG.
+
+    Works unchanged for one process (no process group) and for N ranks from torchrun, srun or mpirun.
+    """
+    if timeout_s <= 0:
+        raise ConfigError(f"timeout_s={timeout_s} must be positive", hint="give the collective timeout in seconds, e.g. 600")
+    env = detect(os.environ if environ is None else environ)
+    dev = pick_device(env, device)
+    notes: list[str] = []
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)  # before the process group, so NCCL binds the right GPU
+    if set_threads and dev.type == "cpu":
+        _, reason = apply_thread_count(env.local_world_size)
+        if reason:
+            notes.append(reason)
+    chosen_backend = None
+    owns = False
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if env.world_size > 1:
+        chosen_backend = pick_backend(dev, backend)
+        if dist.is_initialized():
+            chosen_backend = dist.get_backend()
+        else:
+            _init_process_group(env, chosen_backend, dev, timeout)
+            owns = True
+    seed_everything(seed)
+    runtime = Runtime(env=env, device=dev, backend=chosen_backend, seed=seed, timeout=timeout,
+                      owns_process_group=owns, notes=notes)
+    if runtime.is_main:
+        for note in notes:
+            print(f"trainscale: {note}", file=sys.stderr, flush=True)
+    return runtime
+
+
+def _init_process_group(env: LaunchEnv, backend: str, dev: torch.device, timeout: datetime.timedelta) -> None:
+    # torchrun's workers use env:// so they reach the agent's store; srun/MPI tasks get an explicit
+    # tcp:// address, so nothing has to be written into os.environ for them.
+    init_method = "env://" if env.source == "torchrun" else env.init_method
+    kwargs: dict = {}
+    if dev.type == "cuda":
+        kwargs["device_id"] = dev  # eager NCCL init bound to this GPU
+    dist.init_process_group(backend=backend, init_method=init_method, rank=env.rank,
+                            world_size=env.world_size, timeout=timeout, **kwargs)

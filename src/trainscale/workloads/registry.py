@@ -1,0 +1,41 @@
+"""The built-in workloads: name -> module with a ``main(argv)``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainscale.errors import ConfigError, did_you_mean
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    module: str
+    description: str
+    seed: str
+
+
+WORKLOADS: dict[str, Workload] = {
+    w.name: w
+    for w in (
+        Workload("cnn", "trainscale.workloads.cnn", "seed 004's CNN classifier on MNIST-shaped digits", "004"),
+        Workload("vit", "trainscale.workloads.vit", "a small Vision Transformer classifier", "002"),
+        Workload("gpt", "trainscale.workloads.gpt", "a GPT-2-style causal LM with a custom training loop", "003"),
+        Workload("hf-finetune", "trainscale.workloads.hf_finetune", "GPT-Neo-style fine-tune with the HF Trainer",
+                 "000/001"),
+    )
+}
+
+
+def available() -> dict[str, Workload]:
+    """Workloads whose module exists in this installation."""
+    import importlib.util
+
+    return {name: w for name, w in WORKLOADS.items() if importlib.util.find_spec(w.module) is not None}
+
+
+def get_workload(name: str) -> Workload:
+    found = available()
+    if name not in found:
+        raise ConfigError(f"unknown workload {name!r}", hint=did_you_mean(name, list(found)))
+    return found[name]

@@ -1,0 +1,254 @@
+#!/usr/bin/env bash
+# A real 2-node SLURM cluster (nodes n1 and n2) on this one machine, for tests.
+#
+#   cluster.sh up       install (if needed), configure and start munged, slurmctld,
+#                       slurmd -N n1, slurmd -N n2; wait until both nodes are idle.
+#                       A cluster that is already up and healthy is reused.
+#   cluster.sh down     cancel all jobs, stop the daemons started by `up` (by pid file).
+#   cluster.sh status   sinfo and squeue of the cluster.
+#   cluster.sh env      the variables a client needs (SLURM_CONF=...).
+#
+# Everything lives in $TRAINSCALE_SLURM_DIR (default /tmp/trainscale-slurm): its own
+# munge key and socket, slurm.conf, state, spool, logs and pid files. Daemons and
+# clients find the config through SLURM_CONF, so /etc/slurm is not used. Needs root
+# (slurmd runs jobs as their user; SlurmUser=root). Never used on a user's cluster.
+set -euo pipefail
+
+DIR=${TRAINSCALE_SLURM_DIR:-/tmp/trainscale-slurm}
+CTLD_PORT=${TRAINSCALE_SLURM_CTLD_PORT:-16817}
+NODES=(n1 n2)
+NODE_PORTS=(17001 17002)
+NODE_CPUS=4            # more than the machine has: allowed by config_overrides
+NODE_MEMORY_MB=8000
+UP_TIMEOUT_S=${TRAINSCALE_SLURM_UP_TIMEOUT:-60}
+DOWN_TIMEOUT_S=30
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+INSTALL=$HERE/../../.ci/install-slurm.sh
+
+export SLURM_CONF=$DIR/slurm.conf
+
+log() { echo "cluster.sh: $*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+# Poll CMD until it succeeds or TIMEOUT seconds pass; returns 1 on timeout.
+wait_for() {
+    local timeout=$1; shift
+    local deadline=$((SECONDS + timeout))
+    until "$@" >/dev/null 2>&1; do
+        ((SECONDS < deadline)) || return 1
+        sleep 0.2
+    done
+}
+
+pid_alive() { # pidfile
+    [[ -s $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null
+}
+
+pidfiles() {
+    echo "$DIR/run/munged.pid" "$DIR/run/slurmctld.pid"
+    local n
+    for n in "${NODES[@]}"; do echo "$DIR/run/slurmd-$n.pid"; done
+}
+
+all_daemons_alive() {
+    local f
+    for f in $(pidfiles); do pid_alive "$f" || return 1; done
+}
+
+# True when sinfo lists every node in a usable state (idle, or busy with jobs).
+nodes_ready() {
+    local want=${1:-idle|mix|alloc}
+    local states
+    states=$(sinfo -h -N -o '%N %t' 2>/dev/null | sort -u) || return 1
+    local n
+    for n in "${NODES[@]}"; do
+        grep -Eq "^$n ($want)\$" <<<"$states" || return 1
+    done
+}
+
+write_munge_key() {
+    local key=$DIR/munge/munge.key
+    [[ -s $key ]] && return 0
+    if command -v mungekey >/dev/null 2>&1; then
+        mungekey --create --keyfile="$key"
+    else
+        dd if=/dev/urandom of="$key" bs=1024 count=1 status=none
+    fi
+    chmod 400 "$key"
+}
+
+write_config() {
+    local host
+    host=$(hostname -s)
+    local nodelist
+    nodelist=$(IFS=,; echo "${NODES[*]}")
+    {
+        echo "# Written by tests/slurm/cluster.sh: a 2-node test cluster on one machine."
+        echo "ClusterName=trainscale-test"
+        echo "SlurmctldHost=$host(127.0.0.1)"
+        echo "SlurmctldPort=$CTLD_PORT"
+        echo "SlurmUser=root"
+        echo "SlurmdUser=root"
+        echo "AuthType=auth/munge"
+        echo "CredType=cred/munge"
+        echo "AuthInfo=socket=$DIR/munge/munge.socket"
+        echo "StateSaveLocation=$DIR/state"
+        echo "SlurmctldPidFile=$DIR/run/slurmctld.pid"
+        echo "SlurmctldLogFile=$DIR/log/slurmctld.log"
+        echo "SlurmdSpoolDir=$DIR/spool/%n"
+        echo "SlurmdPidFile=$DIR/run/slurmd-%n.pid"
+        echo "SlurmdLogFile=$DIR/log/slurmd-%n.log"
+        echo "SlurmdParameters=config_overrides"
+        echo "SelectType=select/cons_tres"
+        echo "SelectTypeParameters=CR_Core"
+        echo "ProctrackType=proctrack/linuxproc"
+        echo "TaskPlugin=task/affinity"
+        echo "MpiDefault=none"
+        echo "ReturnToService=2"
+        echo "JobRequeue=1"
+        echo "MinJobAge=600"
+        echo "KillWait=5"
+        echo "SchedulerType=sched/backfill"
+        echo "AccountingStorageType=accounting_storage/none"
+        echo "JobAcctGatherType=jobacct_gather/none"
+        echo "JobCompType=jobcomp/filetxt"
+        echo "JobCompLoc=$DIR/log/jobcomp.txt"
+        local i
+        for i in "${!NODES[@]}"; do
+            echo "NodeName=${NODES[$i]} NodeAddr=127.0.0.1 NodeHostname=$host Port=${NODE_PORTS[$i]} CPUs=$NODE_CPUS RealMemory=$NODE_MEMORY_MB State=UNKNOWN"
+        done
+        echo "PartitionName=debug Nodes=$nodelist Default=YES MaxTime=INFINITE State=UP"
+    } >"$DIR/slurm.conf.new"
+    mv "$DIR/slurm.conf.new" "$DIR/slurm.conf"
+}
+
+ensure_hosts() {
+    # The first node name becomes MASTER_ADDR in jobs, so n1/n2 must resolve.
+    local n missing=()
+    for n in "${NODES[@]}"; do
+        getent hosts "$n" >/dev/null || missing+=("$n")
+    done
+    if ((${#missing[@]})); then
+        log "adding '127.0.0.1 ${missing[*]}' to /etc/hosts"
+        echo "127.0.0.1 ${missing[*]}" >>/etc/hosts
+    fi
+}
+
+print_where() {
+    echo "SLURM_CONF=$SLURM_CONF"
+    echo "logs: $DIR/log (slurmctld.log, slurmd-n1.log, slurmd-n2.log, munged.log)"
+}
+
+start_daemons() {
+    if ! pid_alive "$DIR/run/munged.pid"; then
+        rm -f "$DIR/munge/munge.socket" "$DIR/munge/munge.socket.lock"
+        munged --key-file="$DIR/munge/munge.key" --socket="$DIR/munge/munge.socket" \
+            --pid-file="$DIR/run/munged.pid" --log-file="$DIR/log/munged.log" \
+            --seed-file="$DIR/munge/munged.seed"
+        wait_for 10 test -S "$DIR/munge/munge.socket" || die "munged did not create its socket; see $DIR/log/munged.log"
+    fi
+    if ! pid_alive "$DIR/run/slurmctld.pid"; then
+        slurmctld || die "slurmctld failed to start; see $DIR/log/slurmctld.log"
+    fi
+    local n
+    for n in "${NODES[@]}"; do
+        if ! pid_alive "$DIR/run/slurmd-$n.pid"; then
+            slurmd -N "$n" || die "slurmd -N $n failed to start; see $DIR/log/slurmd-$n.log"
+        fi
+    done
+}
+
+cmd_up() {
+    local t0=$SECONDS
+    if [[ -e $SLURM_CONF ]] && all_daemons_alive && nodes_ready; then
+        log "cluster already up (reused)"
+        print_where
+        return 0
+    fi
+    [[ $(id -u) -eq 0 ]] || die "needs root (slurmd must run jobs as their user; SlurmUser=root); you are $(id -un)"
+    bash "$INSTALL" || die "could not install SLURM (see the message above)"
+    # A partly running cluster (some daemon died) is restarted as a whole.
+    if [[ -d $DIR/run ]]; then stop_daemons; fi
+    mkdir -p "$DIR"/{munge,state,run,log,tmp} "${NODES[@]/#/$DIR/spool/}"
+    chmod 755 "$DIR/munge"  # munged wants its socket dir searchable by all
+    ensure_hosts
+    write_munge_key
+    write_config
+    start_daemons
+    if ! wait_for "$UP_TIMEOUT_S" nodes_ready idle; then
+        sinfo -N >&2 || true
+        die "nodes not idle after ${UP_TIMEOUT_S}s; logs in $DIR/log"
+    fi
+    log "cluster up in $((SECONDS - t0))s"
+    print_where
+}
+
+# Pids of processes still running anything of this cluster's jobs: slurmstepd
+# and the job processes have our SLURM_CONF in their environment.
+cluster_job_pids() {
+    local files f p
+    files=$(grep -lzx "SLURM_CONF=$SLURM_CONF" /proc/[0-9]*/environ 2>/dev/null) || return 0
+    # shellcheck disable=SC2086
+    for f in $(grep -lz '^SLURM_JOB_ID=' $files 2>/dev/null); do
+        p=${f#/proc/}
+        p=${p%/environ}
+        [[ $p == "$$" || $p == "$BASHPID" ]] || echo "$p"
+    done
+}
+
+stop_pid() { # pidfile
+    local f=$1 pid
+    [[ -s $f ]] || return 0
+    pid=$(cat "$f")
+    if kill -0 "$pid" 2>/dev/null; then
+        kill -TERM "$pid" 2>/dev/null || true
+        if ! wait_for "$DOWN_TIMEOUT_S" bash -c "! kill -0 $pid"; then
+            log "pid $pid ($f) ignored SIGTERM; killing"
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+    fi
+    rm -f "$f"
+}
+
+stop_daemons() {
+    if pid_alive "$DIR/run/slurmctld.pid"; then
+        scancel --full --quiet --user=root 2>/dev/null || true
+        scancel --quiet --user=root 2>/dev/null || true
+        wait_for "$DOWN_TIMEOUT_S" bash -c '[[ -z $(squeue -h -t RUNNING,COMPLETING,PENDING,SUSPENDED -o %i) ]]' ||
+            log "jobs still running after ${DOWN_TIMEOUT_S}s; stopping anyway"
+    fi
+    local n
+    for n in "${NODES[@]}"; do stop_pid "$DIR/run/slurmd-$n.pid"; done
+    stop_pid "$DIR/run/slurmctld.pid"
+    stop_pid "$DIR/run/munged.pid"
+    local left
+    left=$(cluster_job_pids)
+    if [[ -n $left ]]; then
+        log "killing leftover job processes of this cluster: $left"
+        # shellcheck disable=SC2086
+        kill -KILL $left 2>/dev/null || true
+    fi
+}
+
+cmd_down() {
+    [[ -d $DIR/run ]] || { log "no cluster in $DIR"; return 0; }
+    stop_daemons
+    log "cluster in $DIR stopped (logs kept in $DIR/log)"
+}
+
+cmd_status() {
+    [[ -e $SLURM_CONF ]] || die "no cluster configured in $DIR (run: $0 up)"
+    sinfo
+    squeue
+}
+
+case ${1:-} in
+up) cmd_up ;;
+down) cmd_down ;;
+status) cmd_status ;;
+env) echo "SLURM_CONF=$SLURM_CONF" ;;
+*)
+    echo "usage: $0 up|down|status|env   (cluster dir: \$TRAINSCALE_SLURM_DIR, now $DIR)" >&2
+    exit 2
+    ;;
+esac
