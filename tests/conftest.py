@@ -1,0 +1,52 @@
+"""Test hygiene for every test: environment restored, no process group or stray files left behind."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+# Variables a test may legitimately leave changed (set by libraries at import time).
+_IGNORED = {"KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK", "PYTEST_CURRENT_TEST", "TORCHELASTIC_SIGNALS_TO_HANDLE"}
+
+
+@pytest.fixture(autouse=True)
+def _restore_environ():
+    before = dict(os.environ)
+    yield
+    after = dict(os.environ)
+    leaked = {k for k in set(before) ^ set(after) | {k for k in before if k in after and before[k] != after[k]}}
+    leaked -= _IGNORED
+    os.environ.clear()
+    os.environ.update(before)
+    assert not leaked, f"test leaked environment variables: {sorted(leaked)}"
+
+
+@pytest.fixture(autouse=True)
+def _no_process_group():
+    yield
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+        pytest.fail("test left a torch.distributed process group behind")
+
+
+@pytest.fixture(autouse=True)
+def _no_stray_files():
+    cwd = Path.cwd()
+    before = set(cwd.iterdir())
+    yield
+    new = set(cwd.iterdir()) - before
+    assert not new, f"test left files in {cwd}: {sorted(p.name for p in new)}"
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch):
+    """Run the test with the working directory in a fresh temporary folder."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path

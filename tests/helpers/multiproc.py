@@ -1,0 +1,62 @@
+"""Run a function on N real gloo ranks (separate processes) and collect ``{rank: result}``.
+
+The function must be importable (module level) and picklable, as must its arguments and result.
+Ranks see the variables torchrun would set, so ``trainscale.init()`` inside them detects a real
+torchrun-style launch and builds a real process group on loopback.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import traceback
+from typing import Any, Callable
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child(fn, args, kwargs, rank, world_size, port, extra_env, queue):
+    os.environ.update({
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
+    })
+    os.environ.update(extra_env)
+    try:
+        queue.put((rank, True, fn(*args, **kwargs)))
+    except BaseException:  # report every failure to the parent, which raises it
+        queue.put((rank, False, traceback.format_exc()))
+
+
+def run_on_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 180,
+                 env: dict[str, str] | None = None, **kwargs: Any) -> dict[int, Any]:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_child, args=(fn, args, kwargs, r, world_size, port, env or {}, queue))
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    errors: dict[int, str] = {}
+    try:
+        for _ in range(world_size):
+            rank, ok, value = queue.get(timeout=timeout)
+            (results if ok else errors)[rank] = value
+            if errors:
+                break
+    finally:
+        for p in procs:
+            p.join(timeout=30 if not errors else 2)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    if errors:
+        rank, text = sorted(errors.items())[0]
+        raise RuntimeError(f"rank {rank} failed:\n{text}")
+    return results
