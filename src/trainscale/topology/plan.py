@@ -1,0 +1,180 @@
+"""Plan which CPUs each local rank gets: GPU-local cores first, reserved cores never. Pure: nothing is applied here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+from trainscale.errors import ConfigError
+from trainscale.topology.cpulist import cores_to_mask, format_cpulist, parse_cpulist
+from trainscale.topology.model import Topology
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankBinding:
+    """The CPU set planned for one local rank."""
+
+    local_rank: int
+    """Rank within the node."""
+    gpu: int | None
+    """Node-local GPU index this rank drives; None for CPU-only ranks."""
+    cpus: tuple[int, ...]
+    """Cores this rank is bound to, sorted."""
+
+    @property
+    def cpulist(self) -> str:
+        return format_cpulist(self.cpus)
+
+    @property
+    def mask(self) -> str:
+        return cores_to_mask(self.cpus)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BindingPlan:
+    """One CPU set per local rank, and why it looks the way it does."""
+
+    ranks: tuple[RankBinding, ...]
+    """Indexed by local rank."""
+    source: str
+    """Where the core sets came from, in words (``profile lumi map``, ``detected topology``...)."""
+    shared: bool = False
+    """True when there were fewer cores than ranks, so some ranks share cores."""
+
+    def __post_init__(self) -> None:
+        if [r.local_rank for r in self.ranks] != list(range(len(self.ranks))):
+            raise ConfigError("a binding plan must list local ranks 0..N-1 in order")
+
+    @property
+    def local_world_size(self) -> int:
+        return len(self.ranks)
+
+    def cpus_for(self, local_rank: int) -> tuple[int, ...]:
+        if not 0 <= local_rank < len(self.ranks):
+            raise ConfigError(f"local rank {local_rank} is outside this binding plan of {len(self.ranks)} rank(s)",
+                              hint="plan for the node's local world size")
+        return self.ranks[local_rank].cpus
+
+    def mask_list(self) -> str:
+        """``0xfe000000000000,0xfe00000000000000,...``: one mask per local rank, in rank order."""
+        return ",".join(r.mask for r in self.ranks)
+
+    def cpu_bind_option(self) -> str:
+        """The srun option that applies this plan: ``--cpu-bind=mask_cpu:0x..,0x..``."""
+        return f"--cpu-bind=mask_cpu:{self.mask_list()}"
+
+    def to_env(self) -> str:
+        """Compact form for an environment variable: ``GPU:cores`` per rank, ``/``-separated (``-`` for no GPU)."""
+        return "/".join(f"{'-' if r.gpu is None else r.gpu}:{r.cpulist}" for r in self.ranks)
+
+    @classmethod
+    def from_env(cls, text: str, *, source: str = "environment") -> "BindingPlan":
+        ranks = []
+        for i, part in enumerate(p for p in text.strip().split("/") if p):
+            gpu, sep, cores = part.partition(":")
+            if not sep or not (gpu == "-" or gpu.isdigit()):
+                raise ConfigError(f"cannot read binding plan {text!r} at {part!r}",
+                                  hint="expected GPU:cores per rank separated by '/', e.g. 0:49-55/1:57-63")
+            ranks.append(RankBinding(local_rank=i, gpu=None if gpu == "-" else int(gpu), cpus=parse_cpulist(cores)))
+        if not ranks:
+            raise ConfigError(f"binding plan {text!r} names no ranks", hint="e.g. 0:49-55/1:57-63")
+        return cls(ranks=tuple(ranks), source=source)
+
+    def describe(self) -> list[str]:
+        lines = [f"{'LOCAL RANK':<11} {'GPU':<4} {'CORES':<24} MASK_CPU"]
+        for r in self.ranks:
+            gpu = "-" if r.gpu is None else str(r.gpu)
+            lines.append(f"{r.local_rank:<11} {gpu:<4} {r.cpulist:<24} {r.mask}")
+        return lines
+
+
+def _split(cores: tuple[int, ...], parts: int, core_of: Mapping[int, int]) -> tuple[list[tuple[int, ...]], bool]:
+    """Split cores into ``parts`` contiguous, near-equal pieces, keeping SMT siblings of one core together.
+
+    Returns the pieces and whether any had to be shared (fewer cores than parts).
+    """
+    groups: dict[int, list[int]] = {}
+    for cpu in cores:
+        groups.setdefault(core_of.get(cpu, cpu), []).append(cpu)
+    physical = [tuple(groups[key]) for key in sorted(groups)]
+    units: list[tuple[int, ...]] = physical if len(physical) >= parts else [(c,) for c in cores]
+    if len(units) < parts:  # too few CPUs even counting SMT threads: ranks share, round-robin
+        return [units[i % len(units)] for i in range(parts)], True
+    base, extra = divmod(len(units), parts)
+    pieces, start = [], 0
+    for i in range(parts):
+        size = base + (1 if i < extra else 0)
+        pieces.append(tuple(sorted(c for unit in units[start:start + size] for c in unit)))
+        start += size
+    return pieces, False
+
+
+def plan_cpu_only(usable: Iterable[int], local_world_size: int, *, reserved: Iterable[int] = (),
+                  core_of: Mapping[int, int] | None = None, source: str = "even split of usable cores") -> BindingPlan:
+    """No GPUs: split the usable cores (minus reserved) evenly, in contiguous blocks, among the local ranks."""
+    _check_ranks(local_world_size)
+    skip = set(reserved)
+    cores = tuple(c for c in parse_cpulist(usable) if c not in skip)
+    if not cores:
+        raise ConfigError("no usable cores left to bind after removing the reserved ones",
+                          hint="check cpus_per_node and reserved_cores")
+    pieces, shared = _split(cores, local_world_size, core_of or {})
+    ranks = tuple(RankBinding(local_rank=i, gpu=None, cpus=p) for i, p in enumerate(pieces))
+    return BindingPlan(ranks=ranks, source=source, shared=shared)
+
+
+def plan_binding(gpu_cores: Mapping[int, Iterable[int]] | Topology, local_world_size: int, *,
+                 reserved: Iterable[int] = (), cpus_per_node: int | None = None,
+                 core_of: Mapping[int, int] | None = None, source: str | None = None) -> BindingPlan:
+    """Local rank i drives GPU i and gets the cores close to that GPU, minus ``reserved``.
+
+    ``gpu_cores`` is a profile's GPU -> cores map or a detected :class:`Topology`. When several ranks'
+    GPUs share the same close cores (two GPUs per NUMA node), those cores are split among them so ranks
+    never overlap. Without GPUs the plan splits the node's cores evenly (:func:`plan_cpu_only`), taking
+    them from the topology or from ``range(cpus_per_node)``.
+    """
+    _check_ranks(local_world_size)
+    all_cpus: tuple[int, ...] = ()
+    if isinstance(gpu_cores, Topology):
+        topology = gpu_cores
+        core_of = topology.core_of if core_of is None else core_of
+        all_cpus = topology.cpus
+        source = source or "detected topology"
+        gpu_cores = topology.gpu_cores()
+    core_of = core_of or {}
+    skip = set(reserved)
+    if not gpu_cores:
+        usable = all_cpus or (tuple(range(cpus_per_node)) if cpus_per_node else ())
+        if not usable:
+            raise ConfigError("cannot plan a CPU-only binding without knowing the node's CPUs",
+                              hint="give cpus_per_node or a detected topology")
+        return plan_cpu_only(usable, local_world_size, reserved=skip, core_of=core_of,
+                             source=source or "even split of usable cores")
+    gpus = sorted(gpu_cores)
+    if local_world_size > len(gpus):
+        raise ConfigError(f"{local_world_size} local ranks but the node has {len(gpus)} GPU(s)",
+                          hint=f"run at most {len(gpus)} rank(s) per node, one per GPU")
+    wanted = {}
+    for rank in range(local_world_size):
+        close = tuple(c for c in parse_cpulist(gpu_cores[gpus[rank]]) if c not in skip)
+        if not close:
+            raise ConfigError(f"GPU {gpus[rank]} has no close cores left after removing reserved cores",
+                              hint="check the profile's gpu_cores and reserved_cores")
+        wanted[rank] = close
+    # Ranks whose GPUs are close to the same cores share them out between themselves.
+    by_set: dict[tuple[int, ...], list[int]] = {}
+    for rank, close in wanted.items():
+        by_set.setdefault(close, []).append(rank)
+    cpus: dict[int, tuple[int, ...]] = {}
+    shared = False
+    for close, ranks in by_set.items():
+        pieces, was_shared = _split(close, len(ranks), core_of)
+        shared = shared or was_shared
+        cpus.update(zip(ranks, pieces))
+    bindings = tuple(RankBinding(local_rank=r, gpu=gpus[r], cpus=cpus[r]) for r in range(local_world_size))
+    return BindingPlan(ranks=bindings, source=source or "GPU -> cores map", shared=shared)
+
+
+def _check_ranks(local_world_size: int) -> None:
+    if local_world_size < 1:
+        raise ConfigError(f"local world size {local_world_size} must be at least 1", hint="e.g. --ranks 8")
