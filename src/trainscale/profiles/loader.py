@@ -1,0 +1,165 @@
+"""Find and read cluster profiles: built-in TOML files shipped in ``data/``, then the user's config directory.
+
+A user profile with the same name as a built-in one replaces it. Files are data only (TOML), never code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from trainscale.errors import ConfigError, did_you_mean
+from trainscale.profiles.schema import ClusterProfile, ContainerSpec
+from trainscale.topology.cpulist import parse_cpulist
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+CONFIG_DIR_ENV = "TRAINSCALE_CONFIG_DIR"
+_CORE_LIST_KEYS = ("reserved_cores",)
+_TUPLE_KEYS = ("partitions", "modules")
+_SCALARS: dict[str, tuple[type, ...]] = {
+    "description": (str,), "gpu_vendor": (str,), "binding": (str,), "default_launcher": (str,), "max_time": (str,),
+    "gpus_per_node": (int,), "cpus_per_node": (int,), "mem_per_node_gb": (int, float), "mem_per_gpu_gb": (int, float),
+    "forbid_cpus_per_gpu": (bool,), "requires_account": (bool,),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfileSource:
+    """Where one profile name comes from."""
+
+    name: str
+    """Profile name (the file name without ``.toml``)."""
+    origin: str
+    """``built-in`` or ``user``."""
+    path: Path
+    """The TOML file."""
+    overrides_builtin: bool = False
+    """True for a user profile that hides a built-in one of the same name."""
+
+
+def user_profile_dir(environ: dict[str, str] | None = None) -> Path:
+    """``$TRAINSCALE_CONFIG_DIR/profiles``, else ``$XDG_CONFIG_HOME/trainscale/profiles``, else ``~/.config/...``."""
+    environ = os.environ if environ is None else environ
+    if environ.get(CONFIG_DIR_ENV):
+        return Path(environ[CONFIG_DIR_ENV]).expanduser() / "profiles"
+    base = Path(environ["XDG_CONFIG_HOME"]) if environ.get("XDG_CONFIG_HOME") else Path.home() / ".config"
+    return base / "trainscale" / "profiles"
+
+
+def builtin_profile_dir() -> Path:
+    return Path(str(resources.files("trainscale.profiles") / "data"))
+
+
+def list_profiles() -> list[ProfileSource]:
+    """Every profile name available, sorted; a user file replaces the built-in file of the same name."""
+    found: dict[str, ProfileSource] = {}
+    for path in sorted(builtin_profile_dir().glob("*.toml")):
+        found[path.stem] = ProfileSource(name=path.stem, origin="built-in", path=path)
+    user_dir = user_profile_dir()
+    if user_dir.is_dir():
+        for path in sorted(user_dir.glob("*.toml")):
+            found[path.stem] = ProfileSource(name=path.stem, origin="user", path=path,
+                                             overrides_builtin=path.stem in found)
+    return [found[name] for name in sorted(found)]
+
+
+def load_profile(name_or_path: str | os.PathLike[str]) -> ClusterProfile:
+    """A profile by name (user profiles win over built-ins) or from a ``.toml`` path."""
+    text = os.fspath(name_or_path)
+    if text.endswith(".toml") or os.sep in text:
+        path = Path(text).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"profile file {path} does not exist", hint="give a profile name or a path to a .toml file")
+        return profile_from_file(path)
+    sources = {s.name: s for s in list_profiles()}
+    if text not in sources:
+        raise ConfigError(f"unknown cluster profile {text!r}",
+                          hint=f"{did_you_mean(text, list(sources))}; `trainscale profiles` lists them, and you can add "
+                               f"your own as {user_profile_dir() / (text + '.toml')}")
+    return profile_from_file(sources[text].path)
+
+
+def profile_from_file(path: Path) -> ClusterProfile:
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"profile file {path} is not valid TOML: {exc}", hint="check quotes and brackets") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read profile file {path}: {exc.strerror}") from None
+    return profile_from_dict(data, name=path.stem, origin=str(path))
+
+
+def _fields(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def _check_keys(data: dict[str, Any], valid: list[str], origin: str, where: str = "") -> None:
+    for key in data:
+        if key not in valid:
+            raise ConfigError(f"{origin}: unknown key {where}{key!r}",
+                              hint=did_you_mean(key, valid))
+
+
+def _cores(value: Any, origin: str, key: str) -> tuple[int, ...]:
+    try:
+        return parse_cpulist(value)
+    except ConfigError as exc:
+        raise ConfigError(f"{origin}: {key}: {exc.message}", hint=exc.hint) from None
+
+
+def profile_from_dict(data: dict[str, Any], *, name: str, origin: str = "<dict>") -> ClusterProfile:
+    """Validate a parsed TOML table into a :class:`ClusterProfile` (every key checked, core lists parsed)."""
+    _check_keys(data, _fields(ClusterProfile), origin)
+    if data.get("name", name) != name:
+        raise ConfigError(f"{origin}: name = {data['name']!r} but the file is named {name!r}.toml",
+                          hint="rename the file or drop the name key: a profile is named after its file")
+    values = {k: v for k, v in data.items() if k != "name"}
+    for key, types in _SCALARS.items():
+        value = values.get(key)
+        if value is not None and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
+            expected = " or ".join(t.__name__ for t in types)
+            raise ConfigError(f"{origin}: {key} = {value!r} should be a {expected}", hint="see docs/profiles.md for each key")
+    for key in _TUPLE_KEYS:
+        if key in values:
+            if not isinstance(values[key], list) or not all(isinstance(x, str) for x in values[key]):
+                raise ConfigError(f"{origin}: {key} must be a list of strings", hint=f'e.g. {key} = ["..."]')
+            values[key] = tuple(values[key])
+    for key in _CORE_LIST_KEYS:
+        if key in values:
+            values[key] = _cores(values[key], origin, key)
+    if "gpu_cores" in values:
+        table = values["gpu_cores"]
+        if not isinstance(table, dict):
+            raise ConfigError(f"{origin}: gpu_cores must be a table of GPU index -> core list",
+                              hint='e.g. gpu_cores = { 0 = "49-55", 1 = "57-63" }')
+        cores = {}
+        for gpu, value in table.items():
+            if not str(gpu).isdigit():
+                raise ConfigError(f"{origin}: gpu_cores key {gpu!r} is not a GPU index", hint="keys are 0, 1, 2, ...")
+            cores[int(gpu)] = _cores(value, origin, f"gpu_cores.{gpu}")
+        values["gpu_cores"] = cores
+    if "env" in values:
+        if not isinstance(values["env"], dict) or not all(isinstance(v, str) for v in values["env"].values()):
+            raise ConfigError(f"{origin}: env must be a table of strings", hint='e.g. [env] NCCL_SOCKET_IFNAME = "hsn0"')
+        values["env"] = dict(values["env"])
+    if "container" in values:
+        table = values["container"]
+        if not isinstance(table, dict):
+            raise ConfigError(f"{origin}: container must be a table", hint='[container] runtime = "singularity"')
+        _check_keys(table, _fields(ContainerSpec), origin, "container.")
+        values["container"] = ContainerSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in table.items()})
+    try:
+        return ClusterProfile(name=name, **values)
+    except ConfigError as exc:
+        raise ConfigError(f"{origin}: {exc.message}", hint=exc.hint) from None
+    except TypeError as exc:  # a value of the wrong type reaching a comparison in __post_init__
+        raise ConfigError(f"{origin}: a value has the wrong type ({exc})", hint="see docs/profiles.md for each key") from None
