@@ -8,7 +8,9 @@ torchrun-style launch and builds a real process group on loopback.
 from __future__ import annotations
 
 import multiprocessing as mp
+import importlib
 import os
+import pickle
 import socket
 import traceback
 from typing import Any, Callable
@@ -20,7 +22,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _child(fn, args, kwargs, rank, world_size, port, extra_env, queue):
+def _child(fn_ref, args, kwargs, rank, world_size, port, extra_env, queue):
     os.environ.update({
         "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
         "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
@@ -28,7 +30,15 @@ def _child(fn, args, kwargs, rank, world_size, port, extra_env, queue):
     })
     os.environ.update(extra_env)
     try:
-        queue.put((rank, True, fn(*args, **kwargs)))
+        # Import the function only now, so torch (imported by its module) sees OMP_NUM_THREADS=1
+        # exactly as a torchrun worker would.
+        module_name, qualname = fn_ref
+        fn = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            fn = getattr(fn, part)
+        # Plain pickle bytes: tensors sent through the queue as-is would travel as shared-memory
+        # handles that die with this process.
+        queue.put((rank, True, pickle.dumps(fn(*args, **kwargs))))
     except BaseException:  # report every failure to the parent, which raises it
         queue.put((rank, False, traceback.format_exc()))
 
@@ -38,7 +48,7 @@ def run_on_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: f
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_child, args=(fn, args, kwargs, r, world_size, port, env or {}, queue))
+    procs = [ctx.Process(target=_child, args=((fn.__module__, fn.__qualname__), args, kwargs, r, world_size, port, env or {}, queue))
              for r in range(world_size)]
     for p in procs:
         p.start()
@@ -47,7 +57,10 @@ def run_on_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: f
     try:
         for _ in range(world_size):
             rank, ok, value = queue.get(timeout=timeout)
-            (results if ok else errors)[rank] = value
+            if ok:
+                results[rank] = pickle.loads(value)
+            else:
+                errors[rank] = value
             if errors:
                 break
     finally:

@@ -22,6 +22,11 @@ class RankFailure:
     log_tail: str
 
     @property
+    def secondary(self) -> bool:
+        """Failed because another rank failed: the agent's SIGTERM, or a peer's closed connection."""
+        return self.exitcode == -signal.SIGTERM or any(m in self.traceback for m in _PEER_GONE)
+
+    @property
     def how(self) -> str:
         if self.exitcode < 0:
             try:
@@ -30,6 +35,10 @@ class RankFailure:
                 name = f"signal {-self.exitcode}"
             return f"killed by {name}"
         return f"exit code {self.exitcode}"
+
+
+# Messages of a rank whose peer died first: never the root cause while a primary failure exists.
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing", "Broken pipe")
 
 
 def _traceback_of(error_data: Any) -> str:
@@ -62,10 +71,15 @@ def from_child_failed(error: Any, log_files: dict[int, Path] | None = None) -> l
             except (OSError, json.JSONDecodeError):
                 data = {}
         log = (log_files or {}).get(failure.local_rank)
+        # torchelastic's timestamps are whole seconds; the error file's mtime orders ranks that
+        # failed within the same second.
+        when = float(failure.timestamp)
+        if failure.error_file and Path(failure.error_file).exists():
+            when = Path(failure.error_file).stat().st_mtime
         out.append(RankFailure(rank=rank, local_rank=failure.local_rank, host=host, pid=failure.pid,
-                               exitcode=failure.exitcode, timestamp=failure.timestamp,
+                               exitcode=failure.exitcode, timestamp=when,
                                traceback=_traceback_of(data), log_tail=_tail(log)))
-    return sorted(out, key=lambda f: (f.timestamp, f.rank))
+    return sorted(out, key=lambda f: (f.secondary, f.timestamp, f.rank))
 
 
 def render(failures: list[RankFailure], world_size: int | None = None, log_dir: Path | None = None) -> str:
@@ -85,7 +99,8 @@ def render(failures: list[RankFailure], world_size: int | None = None, log_dir: 
     others = failures[1:]
     if others:
         lines += ["", "Other ranks:"]
-        lines += [f"  rank {f.rank} on {f.host}: {f.how}" for f in others]
+        lines += [f"  rank {f.rank} on {f.host}: {f.how}" + (" (after the first failure)" if f.secondary else "")
+                  for f in others]
     if world_size:
         failed = {f.rank for f in failures}
         stopped = [r for r in range(world_size) if r not in failed]

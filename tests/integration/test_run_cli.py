@@ -1,0 +1,105 @@
+"""`trainscale run` end to end: real elastic agent, real worker processes, real gloo."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainscale.cli.main import main
+
+FAST_CNN = ["--data", "synthetic", "--samples", "256", "--batch-size", "16", "--log-every", "0"]
+
+
+def trainscale(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "SLURM_"))}
+    return subprocess.run([sys.executable, "-m", "trainscale", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_two_ranks_exit_zero_with_a_log_per_rank_and_rank0_on_console(tmp_path):
+    proc = trainscale("run", "--nproc-per-node", "2", "--log-dir", "logs", "--workload", "cnn", "--max-steps", "4",
+                      *FAST_CNN, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    console = proc.stdout + proc.stderr
+    assert "[rank0]:" in console and "2 rank(s) x batch 16" in console
+    assert "[rank1]:" not in console
+    stdout_logs = sorted(tmp_path.glob("logs/*/attempt_0/*/stdout.log"))
+    assert [p.parent.name for p in stdout_logs] == ["0", "1"]
+    assert all(p.stat().st_size > 0 for p in stdout_logs[:1])
+
+
+def test_all_ranks_flag_prefixes_every_rank(tmp_path):
+    script = tmp_path / "hello.py"
+    script.write_text("import os; print('hello from', os.environ['RANK'])\n")
+    proc = trainscale("run", "--nproc-per-node", "2", "--all-ranks", "--log-dir", "logs", str(script), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "[rank0]:hello from 0" in proc.stdout.replace(" ", " ") or "[rank0]: hello from 0" in proc.stdout
+    assert "hello from 1" in proc.stdout
+
+
+def test_failing_rank_is_named_with_its_traceback(tmp_path):
+    """A plain torchrun-style script without @record: the summary still has the traceback."""
+    script = tmp_path / "fails.py"
+    script.write_text(textwrap.dedent("""
+        import os
+        import torch.distributed as dist
+
+        def load_shard(rank):
+            if rank == 1:
+                raise ValueError("shard 1 is corrupt")
+
+        dist.init_process_group("gloo")
+        load_shard(dist.get_rank())
+        dist.barrier()
+        dist.destroy_process_group()
+    """))
+    proc = trainscale("run", "--nproc-per-node", "2", "--log-dir", "logs", str(script), cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "first failing rank: 1" in proc.stderr
+    assert "ValueError: shard 1 is corrupt" in proc.stderr
+    assert "load_shard" in proc.stderr  # the traceback, not just the message
+
+
+def _final_weights(ckpt_dir: Path) -> dict[str, torch.Tensor]:
+    newest = sorted(ckpt_dir.glob("ckpt-*.pt"))[-1]
+    return torch.load(newest, weights_only=True)["model"]
+
+
+def test_resume_after_epoch_two_equals_uninterrupted_run_bitwise(tmp_path):
+    common = ["run", "--nproc-per-node", "2", "--log-dir", "logs", "--workload", "cnn", *FAST_CNN]
+    first = trainscale(*common, "--epochs", "2", "--checkpoint-dir", "resumed", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    second = trainscale(*common, "--epochs", "4", "--checkpoint-dir", "resumed", cwd=tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert "Resumed from" in second.stdout and "epoch 3" in second.stdout
+    straight = trainscale(*common, "--epochs", "4", "--checkpoint-dir", "straight", cwd=tmp_path)
+    assert straight.returncode == 0, straight.stderr
+    resumed, reference = _final_weights(tmp_path / "resumed"), _final_weights(tmp_path / "straight")
+    assert resumed.keys() == reference.keys()
+    for key in reference:
+        assert torch.equal(resumed[key], reference[key]), key
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--nproc-per-node", "0", "--workload", "cnn"], "at least one process per node"),
+    (["--nproc-per-node", "two", "--workload", "cnn"], "is not a number"),
+    (["--nproc-per-node", "2", "no_such_script.py"], "does not exist"),
+    (["--nproc-per-node", "2", "--workload", "cnn", "--batch-size", "0"], "--batch-size 0 must be >= 1"),
+    (["--nproc-per-node", "4", "--workload", "cnn", "--data", "synthetic", "--samples", "40", "--batch-size", "16"],
+     "need at least 64"),
+    (["--nproc-per-node", "2", "--workload", "cnnn"], "did you mean 'cnn'"),
+    (["--nproc-per-node", "2", "--workload", "cnn", "--data", "imagenet"], "unknown data source"),
+    (["--nproc-per-node", "2"], "nothing to run"),
+])
+def test_bad_input_is_refused_before_any_process_starts(in_tmp, capsys, argv, message):
+    code = main(["run", "--log-dir", "logs", *argv])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err and "Hint:" in err
+    assert not (in_tmp / "logs").exists()  # nothing was launched
