@@ -127,7 +127,7 @@ def profile_from_dict(data: dict[str, Any], *, name: str, origin: str = "<dict>"
         value = values.get(key)
         if value is not None and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
             expected = " or ".join(t.__name__ for t in types)
-            raise ConfigError(f"{origin}: {key} = {value!r} should be a {expected}", hint="see docs/profiles.md for each key")
+            raise ConfigError(f"{origin}: {key} = {value!r} should be {expected}", hint="see docs/profiles.md for each key")
     for key in _TUPLE_KEYS:
         if key in values:
             if not isinstance(values[key], list) or not all(isinstance(x, str) for x in values[key]):

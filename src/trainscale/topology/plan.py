@@ -113,7 +113,7 @@ def plan_cpu_only(usable: Iterable[int], local_world_size: int, *, reserved: Ite
                   core_of: Mapping[int, int] | None = None, source: str = "even split of usable cores") -> BindingPlan:
     """No GPUs: split the usable cores (minus reserved) evenly, in contiguous blocks, among the local ranks."""
     _check_ranks(local_world_size)
-    skip = set(reserved)
+    skip = _with_siblings(reserved, core_of or {})
     cores = tuple(c for c in parse_cpulist(usable) if c not in skip)
     if not cores:
         raise ConfigError("no usable cores left to bind after removing the reserved ones",
@@ -142,7 +142,7 @@ def plan_binding(gpu_cores: Mapping[int, Iterable[int]] | Topology, local_world_
         source = source or "detected topology"
         gpu_cores = topology.gpu_cores()
     core_of = core_of or {}
-    skip = set(reserved)
+    skip = _with_siblings(reserved, core_of)
     if not gpu_cores:
         usable = all_cpus or (tuple(range(cpus_per_node)) if cpus_per_node else ())
         if not usable:
@@ -173,6 +173,12 @@ def plan_binding(gpu_cores: Mapping[int, Iterable[int]] | Topology, local_world_
         cpus.update(zip(ranks, pieces))
     bindings = tuple(RankBinding(local_rank=r, gpu=gpus[r], cpus=cpus[r]) for r in range(local_world_size))
     return BindingPlan(ranks=bindings, source=source or "GPU -> cores map", shared=shared)
+
+
+def _with_siblings(reserved: Iterable[int], core_of: Mapping[int, int]) -> set[int]:
+    """A reserved core takes its SMT siblings with it: the system owns the whole physical core."""
+    physical = {core_of.get(c, c) for c in reserved}
+    return set(reserved) | {cpu for cpu, core in core_of.items() if core in physical}
 
 
 def _check_ranks(local_world_size: int) -> None:
