@@ -33,7 +33,8 @@ def parse_nvidia_topo(text: str) -> tuple[GpuInfo, ...]:
     if header and header[0] == "":
         header = header[1:]
     header = [h for h in header if h]
-    cpu_col, numa_col = header.index("CPU Affinity"), header.index("NUMA Affinity") if "NUMA Affinity" in header else None
+    cpu_col = header.index("CPU Affinity")
+    numa_col = header.index("NUMA Affinity") if "NUMA Affinity" in header else None
     gpus: list[GpuInfo] = []
     for line in lines[header_at + 1:]:
         plain = _ANSI.sub("", line)
@@ -42,9 +43,8 @@ def parse_nvidia_topo(text: str) -> tuple[GpuInfo, ...]:
             if plain.strip().startswith("Legend"):
                 break
             continue
-        cells = [c for c in _cells(plain)[1:]]
         # nvidia-smi pads cells with spaces and sometimes doubles tabs; drop empties to realign.
-        cells = [c for c in cells if c != ""]
+        cells = [c for c in _cells(plain)[1:] if c != ""]
         if len(cells) <= cpu_col:
             raise ConfigError(f"nvidia-smi topo row for GPU{match.group(1)} has {len(cells)} cells, "
                               f"expected at least {cpu_col + 1}", hint="is the output complete and tab-separated?")
