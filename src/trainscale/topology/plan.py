@@ -70,6 +70,8 @@ class BindingPlan:
     @classmethod
     def from_env(cls, text: str, *, source: str = "environment") -> "BindingPlan":
         ranks = []
+        if ":" not in text and ";" in text:  # bare cpulists per rank, ';'-separated: CPU-only ranks
+            text = "/".join(f"-:{p}" for p in text.split(";"))
         for i, part in enumerate(p for p in text.strip().split("/") if p):
             gpu, sep, cores = part.partition(":")
             if not sep or not (gpu == "-" or gpu.isdigit()):

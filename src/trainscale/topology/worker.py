@@ -3,7 +3,8 @@
 The launcher (batch script, local launcher) says what to do in ``TRAINSCALE_CPU_BIND``:
   unset / ``none``        leave the affinity alone;
   ``topology[:RESERVED]`` detect this node and plan (GPU-local cores first, RESERVED cpulist excluded);
-  ``0:49-55/1:57-63/..``  a ready plan, ``GPU:cores`` per local rank (``BindingPlan.to_env()``).
+  ``0:49-55/1:57-63/..``  a ready plan, ``GPU:cores`` per local rank (``BindingPlan.to_env()``);
+  ``0-3;4-7``             bare core lists per local rank (CPU-only ranks).
 """
 
 from __future__ import annotations
