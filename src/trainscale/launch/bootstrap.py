@@ -13,24 +13,62 @@ import sys
 from torch.distributed.elastic.multiprocessing.errors import record
 
 BIND_VAR = "TRAINSCALE_CPU_BIND"
-"""Per-local-rank CPU lists, ';'-separated: '0-3;4-7' gives local rank 1 the cores 4-7."""
+"""The binding plan from the launcher; format in trainscale/topology/worker.py."""
 
 
 def apply_bind_from_env() -> None:
-    spec = os.environ.get(BIND_VAR)
-    if not spec:
+    """Bind this worker to its CPUs when the launcher handed down a plan (torchrun cannot bind)."""
+    if not os.environ.get(BIND_VAR):
         return
-    from trainscale.topology.apply import apply_cpu_binding
-    from trainscale.topology.cpus import parse_cpulist
+    from trainscale.topology import bind_worker
 
-    lists = spec.split(";")
     local_rank = int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")))
-    if local_rank < len(lists) and lists[local_rank].strip():
-        apply_cpu_binding(parse_cpulist(lists[local_rank]))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", "1")))
+    report = bind_worker(local_rank, local_world)
+    if local_rank == 0 or report.far:
+        print(f"trainscale: {report.describe()}", file=sys.stderr, flush=True)
+
+
+EXPORT_TORCHRUN_VAR = "TRAINSCALE_EXPORT_TORCHRUN_ENV"
+"""Set to 1 (by `trainscale slurm --launcher srun`) so scripts that read only torchrun's variables work."""
+ERROR_DIR_VAR = "TRAINSCALE_ERROR_DIR"
+"""Directory for per-rank error files when no elastic agent sets TORCHELASTIC_ERROR_FILE (srun tasks)."""
+
+
+def export_torchrun_env(environ=os.environ) -> None:
+    """In an srun task, export RANK, LOCAL_RANK, WORLD_SIZE... as torchrun would (same values as detected)."""
+    if environ.get(EXPORT_TORCHRUN_VAR) != "1":
+        return
+    from trainscale.env import detect
+
+    env = detect(environ)
+    if env.source != "slurm":
+        return
+    environ.update({
+        "RANK": str(env.rank), "LOCAL_RANK": str(env.local_rank), "WORLD_SIZE": str(env.world_size),
+        "LOCAL_WORLD_SIZE": str(env.local_world_size), "GROUP_RANK": str(env.node_rank),
+        "MASTER_ADDR": str(env.master_addr or "127.0.0.1"), "MASTER_PORT": str(env.master_port or ""),
+    })
+
+
+def set_error_file(environ=os.environ) -> None:
+    """Point @record at ``<dir>/error-rank<R>.json`` so every srun task leaves its traceback in the job dir."""
+    directory = environ.get(ERROR_DIR_VAR)
+    if not directory or environ.get("TORCHELASTIC_ERROR_FILE"):
+        return
+    rank = environ.get("RANK") or environ.get("SLURM_PROCID") or environ.get("PMI_RANK") or "0"
+    environ["TORCHELASTIC_ERROR_FILE"] = os.path.join(directory, f"error-rank{rank}.json")
+
+
+def main(argv: list[str]) -> None:
+    # Before @record reads TORCHELASTIC_ERROR_FILE (it does so when the exception is recorded).
+    export_torchrun_env()
+    set_error_file()
+    _main(argv)
 
 
 @record
-def main(argv: list[str]) -> None:
+def _main(argv: list[str]) -> None:
     if len(argv) < 2 or argv[0] not in ("--script", "--module"):
         raise SystemExit("usage: python -m trainscale.launch.bootstrap (--script PATH | --module NAME) [ARGS...]")
     kind, target, args = argv[0], argv[1], argv[2:]

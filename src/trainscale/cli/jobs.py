@@ -1,0 +1,73 @@
+"""`trainscale jobs`, `trainscale logs JOBID [--rank K]`, `trainscale cancel JOBID` (parsing and printing only)."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import sys
+
+
+def jobs(args: argparse.Namespace) -> int:
+    from trainscale.launch.slurm import squeue
+
+    user = None if args.all else (os.environ.get("USER") or getpass.getuser())
+    found = squeue(user=user)
+    if not found:
+        print(f"no jobs in the queue{'' if args.all else f' for {user}'}")
+        return 0
+    print(f"{'JOBID':<10} {'NAME':<24} {'STATE':<12} {'TIME':>10} {'LIMIT':>10}  NODELIST(REASON)")
+    for j in found:
+        where = j.nodelist if j.state == "RUNNING" else f"({j.reason})" if j.reason else j.nodelist
+        print(f"{j.job_id:<10} {j.name[:24]:<24} {j.state:<12} {j.elapsed:>10} {j.time_limit:>10}  {where}")
+    return 0
+
+
+def logs(args: argparse.Namespace) -> int:
+    from trainscale.launch.slurm import load_record, rank_log_text
+    from trainscale.launch.slurm.triage import find_failure
+    from trainscale.launch.slurm.watch import batch_text
+
+    record = load_record(args.job_id)
+    if args.rank is not None:
+        text = rank_log_text(record, args.rank)
+        print(f"==> rank {args.rank} of job {record.job_id} ({record.launcher} mode) <==")
+    else:
+        text = batch_text(record)
+        print(f"==> batch output of job {record.job_id}: {record.batch_output} <==")
+    lines = text.splitlines()
+    if args.tail:
+        lines = lines[-args.tail:]
+    print("\n".join(lines))
+    if args.rank is None:
+        failure = find_failure(record.job_dir, record.launcher, text)
+        if failure is not None:
+            print(f"\n==> failure of job {record.job_id} <==")
+            print(failure.describe())
+        print(f"\n(per-rank logs: trainscale logs {record.job_id} --rank R, R in 0..{record.world_size - 1}; "
+              f"files in {record.job_dir})")
+    return 0
+
+
+def cancel(args: argparse.Namespace) -> int:
+    from trainscale.launch.slurm import cancel as scancel
+
+    scancel(args.job_id, signal=args.signal)
+    what = f"sent {args.signal} to" if args.signal else "cancelled"
+    print(f"trainscale: {what} job {args.job_id}", file=sys.stderr)
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("jobs", help="your SLURM jobs and their states (squeue)")
+    p.add_argument("--all", action="store_true", help="every user's jobs")
+    p.set_defaults(func=jobs)
+    p = sub.add_parser("logs", help="a job's batch output (with its first failing rank), or one rank's log")
+    p.add_argument("job_id")
+    p.add_argument("--rank", type=int, default=None, help="show this global rank's output")
+    p.add_argument("--tail", type=int, default=None, help="only the last N lines")
+    p.set_defaults(func=logs)
+    p = sub.add_parser("cancel", help="cancel a SLURM job (scancel)")
+    p.add_argument("job_id")
+    p.add_argument("--signal", default=None, help="send this signal instead of cancelling, e.g. USR1")
+    p.set_defaults(func=cancel)

@@ -1,0 +1,116 @@
+"""Where a job's files are: the submission record, the job directory and each rank's log.
+
+Layout (``<out>`` is the spec's output_dir, ``<name>`` the job name)::
+
+    <out>/<name>-<stamp>.sbatch        the rendered script, as submitted
+    <out>/<name>-<id>.out              the batch step's stdout+stderr (and SLURM's own messages)
+    <out>/<name>-<id>/                 the job directory, made by the script:
+        rank-<R>.out                   srun mode: rank R's stdout+stderr
+        node-<K>.out                   torchrun mode: node K's agent, every rank's lines prefixed [rankR]:
+        torchrun/<run>/attempt_<k>/<local rank>/   torchrun mode: the elastic agent's per-worker logs
+        errors/error-rank<R>.json      srun mode: rank R's traceback (written by @record)
+
+At submission trainscale writes a small JSON record per job under the state directory
+(``$TRAINSCALE_STATE_DIR``, else ``$XDG_STATE_HOME/trainscale``, else ``~/.local/state/trainscale``)
+so ``trainscale logs JOBID`` can find the files later.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from trainscale.errors import SlurmError
+
+STATE_VAR = "TRAINSCALE_STATE_DIR"
+
+
+def state_dir() -> Path:
+    if os.environ.get(STATE_VAR):
+        return Path(os.environ[STATE_VAR])
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "trainscale"
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobRecord:
+    """What trainscale remembers about a job it submitted."""
+
+    job_id: str
+    cluster: str = ""
+    name: str
+    launcher: str
+    profile: str
+    script: str
+    """The submitted batch script."""
+    output_dir: str
+    world_size: int
+    ranks_per_node: int
+    command: str = ""
+    submitted_at: float = 0.0
+
+    @property
+    def job_dir(self) -> Path:
+        return Path(self.output_dir) / f"{self.name}-{self.job_id}"
+
+    @property
+    def batch_output(self) -> Path:
+        return Path(self.output_dir) / f"{self.name}-{self.job_id}.out"
+
+
+def _record_path(job_id: str) -> Path:
+    if not re.fullmatch(r"\d+(?:_\d+)?", job_id):
+        raise SlurmError(f"{job_id!r} is not a SLURM job id", hint="job ids are numbers, e.g. 12345 (arrays: 12345_7)")
+    return state_dir() / "jobs" / f"{job_id}.json"
+
+
+def save_record(record: JobRecord) -> Path:
+    path = _record_path(record.job_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(record), indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def load_record(job_id: str) -> JobRecord:
+    path = _record_path(job_id)
+    if not path.exists():
+        raise SlurmError(f"no record of job {job_id} in {path.parent}",
+                         hint=f"only jobs submitted with `trainscale slurm --submit` are known; set {STATE_VAR} to the "
+                              "state directory used at submission")
+    try:
+        data = json.loads(path.read_text())
+        return JobRecord(**data)
+    except (json.JSONDecodeError, TypeError) as exc:
+        raise SlurmError(f"the record {path} cannot be read: {exc}", hint="delete it; the job's files are untouched") from None
+
+
+def rank_log_text(record: JobRecord, rank: int) -> str:
+    """Rank ``rank``'s output: its own file (srun mode) or its prefixed lines from the node logs (torchrun mode)."""
+    if not 0 <= rank < record.world_size:
+        raise SlurmError(f"rank {rank} is outside 0..{record.world_size - 1} of job {record.job_id}",
+                         hint=f"the job has {record.world_size} ranks")
+    job_dir = record.job_dir
+    if not job_dir.exists():
+        raise SlurmError(f"job directory {job_dir} does not exist (yet)",
+                         hint="the job has not started, or its files were moved; see `trainscale jobs`")
+    if record.launcher == "srun":
+        path = job_dir / f"rank-{rank}.out"
+        if not path.exists():
+            raise SlurmError(f"no log for rank {rank} in {job_dir}", hint="the rank may not have started yet")
+        return path.read_text(errors="replace")
+    prefix = f"[rank{rank}]: "
+    lines = []
+    for node_log in sorted(job_dir.glob("node-*.out")):
+        lines += [ln[len(prefix):] for ln in node_log.read_text(errors="replace").splitlines() if ln.startswith(prefix)]
+    if not lines:
+        raise SlurmError(f"rank {rank} has printed nothing in {job_dir}/node-*.out", hint="it may not have started yet")
+    return "\n".join(lines) + "\n"
+
+
+def new_script_path(output_dir: Path, name: str, stamp: str) -> Path:
+    return Path(output_dir) / f"{name}-{stamp}.sbatch"

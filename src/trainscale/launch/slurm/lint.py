@@ -1,0 +1,167 @@
+"""Check a job before it is submitted: the mistakes the seeds' Q&A lists, each with its fix.
+
+Pure apart from the optional workload preflight (which reads the dataset's size): ``lint`` returns
+findings, it never raises for a problem it can describe.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from trainscale.errors import TrainscaleError, did_you_mean
+from trainscale.launch.slurm.spec import JobPlan, SlurmJobSpec, parse_mem_gb, parse_time, resolve, usable_cpus
+from trainscale.profiles.schema import ClusterProfile
+
+ERROR, WARNING = "error", "warning"
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: str
+    """error (the job is not submitted) or warning."""
+    message: str
+    """What was seen and why it is a problem."""
+    hint: str
+    """What to change."""
+
+    def __str__(self) -> str:
+        return f"{self.level}: {self.message}\n  hint: {self.hint}"
+
+
+def _extra(spec: SlurmJobSpec, *names: str) -> str | None:
+    """Value of an option in the extra #SBATCH lines (``--name=V``, ``--name V`` or flag), else None."""
+    for line in spec.extra_sbatch:
+        m = re.match(r"^\s*(--[a-z-]+)(?:[=\s]+(\S+))?", line)
+        if m and m.group(1) in names:
+            return m.group(2) or ""
+    return None
+
+
+def _tasks(spec: SlurmJobSpec, plan: JobPlan) -> list[Finding]:
+    out = []
+    extra = _extra(spec, "--ntasks-per-node")
+    tasks = int(extra) if extra and extra.isdigit() else plan.tasks_per_node
+    where = f"--ntasks-per-node={tasks}"
+    if plan.launcher == "torchrun" and tasks != 1:
+        out.append(Finding(ERROR, f"{where} with the torchrun launch mode: SLURM would start {tasks} torchrun agents "
+                           f"per node, each starting {plan.ranks_per_node} ranks ({tasks * plan.ranks_per_node} per node)",
+                           "with --launcher torchrun SLURM must start one task per node: use --ntasks-per-node=1 "
+                           "(or leave it out), or use --launcher srun for one task per rank"))
+    if plan.launcher == "srun" and tasks != plan.ranks_per_node:
+        out.append(Finding(ERROR, f"{where} but {plan.ranks_per_node} rank(s) per node with the srun launch mode",
+                           f"with --launcher srun SLURM starts one task per rank: use --ntasks-per-node="
+                           f"{plan.ranks_per_node} (or leave it out)"))
+    if _extra(spec, "--ntasks", "-n") is not None:
+        out.append(Finding(WARNING, "--ntasks in the extra #SBATCH lines repeats what --nodes and the ranks per node say",
+                           "leave --ntasks out; trainscale derives the tasks from --nodes and --gpus-per-node"))
+    return out
+
+
+def _binding(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> list[Finding]:
+    out = []
+    cpus_per_gpu = spec.cpus_per_gpu or _extra(spec, "--cpus-per-gpu")
+    if cpus_per_gpu and profile.forbid_cpus_per_gpu:
+        out.append(Finding(ERROR, f"--cpus-per-gpu on profile {profile.name}: on this cluster it breaks GPU-to-GPU "
+                           "communication (the GPUs of one node end up in separate cgroups)",
+                           "leave --cpus-per-gpu out; trainscale gives each rank its GPU's cores with "
+                           "--cpus-per-task and a CPU bind mask"))
+    cpus_per_task = spec.cpus_per_task or _extra(spec, "--cpus-per-task")
+    if cpus_per_gpu and cpus_per_task:
+        out.append(Finding(ERROR, f"both --cpus-per-gpu={cpus_per_gpu} and --cpus-per-task={cpus_per_task}: "
+                           "two options bind the same CPUs, and SLURM refuses or silently picks one",
+                           "give only one of them (--cpus-per-task is the one that works with every launch mode)"))
+    if spec.cpus_per_task and _extra(spec, "--cpus-per-task") is not None:
+        out.append(Finding(ERROR, "--cpus-per-task is given twice (option and extra #SBATCH line)",
+                           "keep one of them"))
+    cpu_bind = spec.cpu_bind or _extra(spec, "--cpu-bind", "--cpu_bind")
+    if cpu_bind and plan.launcher == "torchrun":
+        out.append(Finding(ERROR, f"--cpu-bind={cpu_bind} with the torchrun launch mode: the single task per node "
+                           "would pin all its ranks to one rank's CPUs",
+                           "leave --cpu-bind out: in torchrun mode each worker binds itself from the profile's "
+                           "plan; or use --launcher srun"))
+    if _extra(spec, "--gpus-per-task", "--gpus", "-G", "--gres") is not None and plan.gpus_per_node:
+        out.append(Finding(ERROR, "GPUs are asked for twice: --gpus-per-node from trainscale and "
+                           "--gpus/--gpus-per-task/--gres in the extra lines", "leave the extra GPU option out"))
+    return out
+
+
+def _cpus(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> list[Finding]:
+    out = []
+    if plan.cpus_per_rank < spec.dataloader_workers + 1:
+        out.append(Finding(WARNING, f"{plan.cpus_per_rank} CPU(s) per rank but {spec.dataloader_workers} DataLoader "
+                           f"worker(s) + the training process need {spec.dataloader_workers + 1}",
+                           f"use at most {max(0, plan.cpus_per_rank - 1)} DataLoader workers, or give each rank more "
+                           "CPUs (--cpus-per-task)"))
+    total = plan.cpus_per_rank * plan.ranks_per_node
+    if total > usable_cpus(profile):
+        out.append(Finding(ERROR, f"{plan.ranks_per_node} rank(s) x {plan.cpus_per_rank} CPU(s) = {total} CPUs per node, "
+                           f"but profile {profile.name} has {usable_cpus(profile)} usable",
+                           f"use at most {usable_cpus(profile) // plan.ranks_per_node} CPUs per rank"))
+    return out
+
+
+def _resources(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> list[Finding]:
+    out = []
+    ranks = plan.ranks_per_node
+    if profile.gpus_per_node and ranks > profile.gpus_per_node:
+        out.append(Finding(ERROR, f"--gpus-per-node {ranks} but a {profile.name} node has {profile.gpus_per_node} GPU(s)",
+                           f"use --gpus-per-node {profile.gpus_per_node} or fewer, and more --nodes"))
+    mem = plan.mem_per_gpu or plan.mem_per_node
+    if mem and profile.mem_per_node_gb:
+        per_node = parse_mem_gb(mem) * (ranks if plan.mem_per_gpu else 1)
+        if per_node > profile.mem_per_node_gb:
+            out.append(Finding(ERROR, f"{per_node:g} GB per node asked for ({ranks} x {spec.mem_per_gpu or mem}), "
+                               f"but a {profile.name} node has {profile.mem_per_node_gb:g} GB",
+                               f"use --mem-per-gpu {profile.mem_per_node_gb / ranks:.0f}G or less"))
+    if profile.requires_account and not (spec.account or _extra(spec, "--account", "-A")):
+        out.append(Finding(ERROR, f"no --account: every job on {profile.name} must name the project it is charged to",
+                           "add --account PROJECT (e.g. --account project_465000000 on LUMI)"))
+    if profile.max_time and plan.time_s > parse_time(profile.max_time):
+        out.append(Finding(ERROR, f"--time {spec.time} is above the partition's limit {profile.max_time}",
+                           f"use --time {profile.max_time} or less, and checkpoint to continue in a new job"))
+    if plan.partition and profile.partitions and plan.partition not in profile.partitions:
+        out.append(Finding(WARNING, f"partition {plan.partition!r} is not one profile {profile.name} knows",
+                           did_you_mean(plan.partition, profile.partitions)))
+    if spec.container and profile.container is None:
+        out.append(Finding(WARNING, f"--container given but profile {profile.name} says nothing about containers",
+                           "trainscale uses `singularity exec` without binds; add a [container] table to the profile"))
+    return out
+
+
+Preflight = Callable[[list[str], int], None]
+"""A workload's check that its data can feed ``world_size`` ranks; raises a TrainscaleError when not."""
+
+
+def _target(spec: SlurmJobSpec, plan: JobPlan, preflight: Preflight | None) -> list[Finding]:
+    if spec.script and not Path(spec.script).is_file():
+        return [Finding(ERROR, f"script {spec.script!r} does not exist",
+                        "give the path of your training script (it must be visible from the compute nodes)")]
+    if preflight is None:
+        return []
+    try:
+        preflight(list(spec.args), plan.world_size)
+    except TrainscaleError as exc:
+        what = spec.workload or spec.module or spec.script
+        return [Finding(ERROR, f"{what} with world size {plan.world_size}: {exc.message}",
+                        exc.hint or "change the batch size or the number of ranks")]
+    return []
+
+
+def lint(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan | None = None, *,
+         preflight: Preflight | None = None) -> list[Finding]:
+    """All findings for ``spec`` on ``profile``, errors first.
+
+    ``preflight`` (e.g. a workload's ``preflight``) checks that the data can feed every rank; the
+    launch layer cannot import workloads, so the caller passes it.
+    """
+    plan = plan or resolve(spec, profile)
+    found = (_tasks(spec, plan) + _binding(spec, profile, plan) + _cpus(spec, profile, plan)
+             + _resources(spec, profile, plan) + _target(spec, plan, preflight))
+    return sorted(found, key=lambda f: f.level != ERROR)
+
+
+def errors(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.level == ERROR]

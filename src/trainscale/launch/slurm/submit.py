@@ -1,0 +1,67 @@
+"""Submit a rendered script with ``sbatch --parsable`` and cancel jobs. Thin: the subprocess is injectable."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainscale.errors import SlurmError
+from trainscale.launch.slurm.queue import Runner
+
+
+@dataclass(frozen=True)
+class Submission:
+    job_id: str
+    cluster: str
+    script: Path
+
+
+def write_script(text: str, path: Path) -> Path:
+    """Write the batch script; an existing file is never overwritten."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        raise SlurmError(f"{path} already exists; trainscale does not overwrite files",
+                         hint="choose another --job-name or --output-dir, or move the old script away") from None
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    return path
+
+
+def parse_parsable(stdout: str) -> tuple[str, str]:
+    """``sbatch --parsable`` prints ``JOBID`` or ``JOBID;CLUSTER``."""
+    line = stdout.strip().splitlines()[-1] if stdout.strip() else ""
+    m = re.fullmatch(r"(\d+)(?:;(\S+))?", line.strip())
+    if not m:
+        raise SlurmError(f"cannot read a job id from sbatch's output {stdout!r}",
+                         hint="expected `sbatch --parsable` to print JOBID or JOBID;CLUSTER")
+    return m.group(1), m.group(2) or ""
+
+
+def submit(script: Path, *, run: Runner = subprocess.run, cwd: Path | None = None) -> Submission:
+    argv = ["sbatch", "--parsable", str(script)]
+    try:
+        done = run(argv, capture_output=True, text=True, timeout=120, cwd=cwd)
+    except FileNotFoundError:
+        raise SlurmError("`sbatch` is not installed here", hint="submit from a SLURM login node, or use --dry-run") from None
+    if done.returncode != 0:
+        raise SlurmError(f"sbatch refused {script}: {(done.stderr or done.stdout).strip()}",
+                         hint="read SLURM's message above; `trainscale slurm ... --dry-run` shows the script")
+    job_id, cluster = parse_parsable(done.stdout)
+    return Submission(job_id=job_id, cluster=cluster, script=Path(script))
+
+
+def cancel(job_id: str, *, run: Runner = subprocess.run, signal: str | None = None) -> None:
+    argv = ["scancel"] + ([f"--signal={signal}"] if signal else []) + [job_id]
+    try:
+        done = run(argv, capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        raise SlurmError("`scancel` is not installed here", hint="run this on a SLURM login node") from None
+    if done.returncode != 0:
+        raise SlurmError(f"scancel {job_id} failed: {(done.stderr or done.stdout).strip()}",
+                         hint="check the job id with `trainscale jobs`")

@@ -1,0 +1,156 @@
+"""After a failed job: which rank failed first, on which host, how, and its traceback — from the job's files.
+
+srun mode: every rank writes ``errors/error-rank<R>.json`` through ``@record`` (bootstrap points
+TORCHELASTIC_ERROR_FILE there), srun names each failed task and its host in the batch output.
+torchrun mode: each node's agent prints trainscale's failure summary into ``node-<K>.out``; the
+earliest ``error.json`` under ``torchrun/`` tells which node's summary holds the first failure.
+Files are ordered by modification time (nanoseconds): the JSON's own timestamp has 1 s resolution,
+and ranks that fail because a peer died do so within the same second.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_SRUN_TASK = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.+)$")
+_SUMMARY = re.compile(r"first failing rank: (\d+) on (\S+) \(local rank (\d+), pid \d+\), (.+)$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Failure:
+    """The first rank that failed, and what is known about the others."""
+
+    rank: int | None
+    host: str = ""
+    how: str = ""
+    traceback: str = ""
+    log_tail: str = ""
+    others: tuple[str, ...] = field(default_factory=tuple)
+
+    def describe(self) -> str:
+        who = f"rank {self.rank}" if self.rank is not None else "a rank"
+        lines = [f"First failing rank: {who}" + (f" on {self.host}" if self.host else "")
+                 + (f", {self.how}" if self.how else "")]
+        if self.traceback:
+            lines += [f"Traceback of {who}:", self.traceback.rstrip()]
+        elif self.log_tail:
+            lines += [f"No Python traceback; last lines of {who}'s log:", self.log_tail.rstrip()]
+        if self.others:
+            lines += ["Other ranks:"] + [f"  {o}" for o in self.others]
+        return "\n".join(lines)
+
+
+def _expand(tasks: str) -> list[int]:
+    out: list[int] = []
+    for part in tasks.split(","):
+        lo, _, hi = part.partition("-")
+        if lo.isdigit():
+            out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def srun_task_errors(batch_output: str) -> dict[int, tuple[str, str]]:
+    """rank -> (host, what srun said), in the order srun reported them."""
+    found: dict[int, tuple[str, str]] = {}
+    for line in batch_output.splitlines():
+        m = _SRUN_TASK.search(line)
+        if m:
+            for rank in _expand(m.group(2)):
+                found.setdefault(rank, (m.group(1), m.group(3).strip()))
+    return found
+
+
+def callstack(path: Path) -> str:
+    """The traceback @record wrote into an error file ('' when it cannot be read)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return ""
+    message = data.get("message", data) if isinstance(data, dict) else data
+    if isinstance(message, dict):
+        return message.get("extraInfo", {}).get("py_callstack", "") or str(message.get("message", ""))
+    return str(message)
+
+
+def _by_time(paths: list[Path]) -> list[Path]:
+    return sorted(paths, key=lambda p: (p.stat().st_mtime_ns, str(p)))
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    if not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def srun_failure(job_dir: Path, batch_output: str) -> Failure | None:
+    tasks = srun_task_errors(batch_output)
+    files = _by_time(list((job_dir / "errors").glob("error-rank*.json")))
+    ranks = [int(re.search(r"(\d+)", p.stem.rsplit("rank", 1)[1]).group(1)) for p in files]  # type: ignore[union-attr]
+    if ranks:
+        first = ranks[0]
+        tb = callstack(files[0])
+    elif tasks:
+        first, tb = next(iter(tasks)), ""
+    else:
+        return None
+    host, how = tasks.get(first, ("", ""))
+    others = [f"rank {r}" + (f" on {tasks[r][0]}: {tasks[r][1]}" if r in tasks else ": raised too (after the first)")
+              for r in dict.fromkeys(ranks[1:] + list(tasks)) if r != first]
+    return Failure(rank=first, host=host, how=how or "raised an exception", traceback=tb,
+                   log_tail=_tail(job_dir / f"rank-{first}.out"), others=tuple(others))
+
+
+def _summaries(text: str) -> list[tuple[Failure, str]]:
+    """Each trainscale failure summary in a node log, with its traceback block."""
+    found = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        m = _SUMMARY.search(line)
+        if not m:
+            continue
+        block: list[str] = []
+        others: list[str] = []
+        for nxt in lines[i + 1:]:
+            if nxt.startswith("=" * 20):
+                break
+            if nxt.startswith("  rank ") or nxt.startswith("  ranks "):
+                others.append(nxt.strip())
+            elif not nxt.startswith(("Traceback of rank", "Other ranks:", "Per-rank logs:", "No Python traceback")):
+                block.append(nxt)
+        tb = "\n".join(block).strip()
+        found.append((Failure(rank=int(m.group(1)), host=m.group(2), how=m.group(4).strip(), traceback=tb,
+                              others=tuple(others)), tb))
+    return found
+
+
+def torchrun_failure(job_dir: Path) -> Failure | None:
+    summaries = []
+    for node_log in sorted(job_dir.glob("node-*.out")):
+        summaries += _summaries(node_log.read_text(errors="replace"))
+    if not summaries:
+        return None
+    errors = _by_time(list((job_dir / "torchrun").glob("**/error.json")))
+    if errors:
+        first_tb = callstack(errors[0]).strip().splitlines()
+        key = first_tb[-1] if first_tb else ""
+        for failure, tb in summaries:
+            if key and key in tb:
+                rest = [f"rank {f.rank} on {f.host}: {f.how}" for f, _ in summaries if f is not failure]
+                return Failure(rank=failure.rank, host=failure.host, how=failure.how, traceback=failure.traceback,
+                               others=tuple(rest) + failure.others)
+    failure = summaries[0][0]
+    rest = [f"rank {f.rank} on {f.host}: {f.how}" for f, _ in summaries[1:]]
+    return Failure(rank=failure.rank, host=failure.host, how=failure.how, traceback=failure.traceback,
+                   others=tuple(rest) + failure.others)
+
+
+def find_failure(job_dir: Path, launcher: str, batch_output: str = "") -> Failure | None:
+    """The first failing rank of a job, or None when its files do not say."""
+    if not job_dir.exists():
+        return None
+    if launcher == "torchrun":
+        return torchrun_failure(job_dir)
+    return srun_failure(job_dir, batch_output)

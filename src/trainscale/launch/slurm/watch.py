@@ -1,0 +1,105 @@
+"""Follow a job until it ends, then say in words what happened and what to do."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable
+
+from trainscale.errors import SlurmError
+from trainscale.launch.slurm import queue
+from trainscale.launch.slurm.jobdir import JobRecord
+from trainscale.launch.slurm.queue import JobInfo, Runner
+from trainscale.launch.slurm.triage import find_failure
+
+MEANING = {
+    "COMPLETED": ("finished: every task exited with code 0", ""),
+    "FAILED": ("failed: the batch script or a task exited non-zero",
+               "read the first failing rank's traceback below, or `trainscale logs JOBID --rank R`"),
+    "TIMEOUT": ("reached its time limit and was stopped by SLURM",
+                "ask for more --time, or checkpoint regularly and use --signal USR1@90 so the job saves and "
+                "requeues before the limit"),
+    "OUT_OF_MEMORY": ("was killed because a task used more memory than the job asked for",
+                      "ask for more memory (--mem-per-gpu), or lower the batch size / DataLoader workers"),
+    "NODE_FAIL": ("lost a node of its allocation (the node stopped answering the controller)",
+                  "resubmit (the node is usually drained); with --requeue SLURM requeues such jobs itself"),
+    "CANCELLED": ("was cancelled (scancel, an administrator, or a dependency that can never be met)",
+                  "check who cancelled it in the reason; resubmit if it was not on purpose"),
+    "PREEMPTED": ("was preempted by a higher-priority job",
+                  "submit with --requeue and --signal USR1@90 so it checkpoints, requeues and resumes"),
+    "REQUEUED": ("was requeued and will run again", "wait: it resumes from its newest checkpoint"),
+    "BOOT_FAIL": ("could not start because a node failed to boot", "resubmit; tell the admins if it repeats"),
+    "DEADLINE": ("missed its --deadline and was removed", "resubmit with a later deadline or a shorter --time"),
+    "SPECIAL_EXIT": ("ended with a special exit and is held", "release it with `scontrol release JOBID` to rerun"),
+    "REQUEUE_HOLD": ("was requeued and is held", "release it with `scontrol release JOBID`"),
+}
+
+
+def explain(info: JobInfo, record: JobRecord | None = None) -> str:
+    """A paragraph on the job's final state; for failures, the first failing rank from the job's files."""
+    meaning, hint = MEANING.get(info.state, (f"ended in state {info.state}", "see `scontrol show job` or sacct"))
+    head = f"Job {info.job_id}" + (f" ({info.name})" if info.name else "") + f" {info.state}: {meaning}"
+    details = []
+    if info.exit_code is not None and info.state != "COMPLETED":
+        details.append(f"exit code {info.exit_code}" + (f", signal {info.signal}" if info.signal else ""))
+    if info.reason:
+        details.append(f"reason {info.reason}")
+    if info.elapsed:
+        details.append(f"ran {info.elapsed}")
+    if info.restarts:
+        details.append(f"requeued {info.restarts} time(s)")
+    lines = [head + (f" ({'; '.join(details)})" if details else "") + "."]
+    if record is not None and info.state != "COMPLETED":
+        batch_text = record.batch_output.read_text(errors="replace") if record.batch_output.exists() else ""
+        failure = find_failure(record.job_dir, record.launcher, batch_text)
+        if failure is not None:
+            lines.append(failure.describe())
+        elif batch_text.strip():
+            lines += ["Last lines of the batch output:", "\n".join(batch_text.splitlines()[-15:])]
+    if hint:
+        lines.append(f"Hint: {hint}")
+    if record is not None:
+        lines.append(f"Files: {record.job_dir} (per-rank logs), {record.batch_output} (batch output)")
+    return "\n".join(lines)
+
+
+def watch(job_id: str, *, run: Runner = subprocess.run, poll_s: float = 2.0, timeout_s: float | None = None,
+          on_change: Callable[[JobInfo], None] | None = None,
+          clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> JobInfo:
+    """Poll until the job reaches a final state; ``on_change`` sees every new state (RUNNING, REQUEUED...)."""
+    start = clock()
+    last: tuple[str, int] | None = None
+    missing = 0
+    while True:
+        info = queue.job_info(job_id, run)
+        if info is None:
+            missing += 1
+            if missing >= 3:  # gone from squeue, sacct and scontrol: nothing more can be learnt
+                raise SlurmError(f"job {job_id} is not known to squeue, sacct or scontrol",
+                                 hint="it may have ended longer ago than the controller remembers (MinJobAge); "
+                                      "look at its files with `trainscale logs JOBID`")
+        else:
+            missing = 0
+            seen = (info.state, info.restarts)
+            if seen != last and on_change is not None:
+                on_change(info)
+            last = seen
+            if info.terminal:
+                return info
+        if timeout_s is not None and clock() - start > timeout_s:
+            raise SlurmError(f"job {job_id} still {info.state if info else 'unknown'} after {timeout_s:.0f}s of watching",
+                             hint="it keeps running; watch again later or cancel it with `trainscale cancel JOBID`")
+        sleep(poll_s)
+
+
+def describe_progress(info: JobInfo) -> str:
+    where = f" on {info.nodelist}" if info.nodelist and info.state == "RUNNING" else ""
+    why = f" ({info.reason})" if info.reason and info.state == "PENDING" else ""
+    restarts = f", restart {info.restarts}" if info.restarts else ""
+    return f"job {info.job_id}: {info.state}{where}{why}{restarts}"
+
+
+def batch_text(record: JobRecord) -> str:
+    path = Path(record.batch_output)
+    return path.read_text(errors="replace") if path.exists() else ""
