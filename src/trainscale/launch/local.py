@@ -145,6 +145,10 @@ def _rendezvous(spec: LocalLaunchSpec) -> tuple[str, str, str]:
     if spec.rdzv_endpoint:
         host, port = parse_endpoint(spec.rdzv_endpoint)
         resolve(host)
+        # The node that hosts the store must find its port free: otherwise c10d would quietly join
+        # whatever already listens there (another job). Other nodes connect to it, so they skip this.
+        if not spec.multinode or spec.node_rank == 0:
+            check_port_free(host, port)
         return spec.rdzv_backend, f"{host}:{port}", run_id
     if spec.multinode:
         raise ConfigError("several nodes but no --rdzv-endpoint", hint="give --rdzv-endpoint FIRST_NODE:PORT on every node")
@@ -197,9 +201,10 @@ def launch(spec: LocalLaunchSpec) -> LaunchResult:
     except Exception as exc:  # rendezvous timeouts and closed stores surface here
         name = type(exc).__name__
         if "Rendezvous" in name or "Timeout" in name:
-            raise LaunchError(f"rendezvous at {endpoint} failed: {name}: {exc}",
-                              hint=f"all {low} node(s) must start with the same --rdzv-endpoint and --rdzv-id within "
-                                   f"{spec.rdzv_timeout_s}s; check the first node is reachable") from None
+            raise LaunchError(f"rendezvous at {endpoint} (run id {run_id}) failed: not all of the {low} node(s) "
+                              f"arrived within {spec.rdzv_timeout_s}s ({name}{': ' + str(exc) if str(exc) else ''})",
+                              hint=f"start `trainscale run` on all {low} nodes with the same --rdzv-endpoint and "
+                                   f"--rdzv-id, check the first node is reachable, or raise --rdzv-timeout") from None
         raise
     finally:
         for key, value in saved.items():

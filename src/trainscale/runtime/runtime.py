@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -42,6 +42,7 @@ class Runtime:
     owns_process_group: bool = False
     notes: list[str] = field(default_factory=list)
     _closed: bool = False
+    _progress: Any = None
 
     # -- where am I ---------------------------------------------------------------------------
     @property
@@ -138,6 +139,23 @@ class Runtime:
     def local_rank_zero_first(self) -> contextlib.AbstractContextManager[None]:
         return self.rank_zero_first(local=True)
 
+    @contextlib.contextmanager
+    def guard(self, step: int, op: str = "training step (gradient all-reduce)") -> Iterator[None]:
+        """Wrap one training step: records progress, and turns a collective timeout into an error
+        naming the rank(s) that never arrived (see runtime/progress.py)."""
+        if self._progress is None:
+            from trainscale.runtime.progress import ProgressTracker
+
+            self._progress = ProgressTracker(self)
+        self._progress.mark(step, op)
+        try:
+            yield
+        except Exception as exc:
+            explained = self._progress.explain(exc)
+            if explained is not None:
+                raise explained from exc
+            raise
+
     # -- teardown -------------------------------------------------------------------------------
     def close(self) -> None:
         """Destroy the process group trainscale created. Safe to call twice; the one teardown path."""
@@ -207,7 +225,23 @@ def _init_process_group(env: LaunchEnv, backend: str, dev: torch.device, timeout
     # tcp:// address, so nothing has to be written into os.environ for them.
     init_method = "env://" if env.source == "torchrun" else env.init_method
     kwargs: dict = {}
+    if backend == "nccl":
+        _enable_flight_recorder()
     if dev.type == "cuda":
         kwargs["device_id"] = dev  # eager NCCL init bound to this GPU
     dist.init_process_group(backend=backend, init_method=init_method, rank=env.rank,
                             world_size=env.world_size, timeout=timeout, **kwargs)
+
+
+def _enable_flight_recorder() -> None:
+    """On NCCL, keep a per-rank trace of recent collectives and dump it when one times out.
+
+    Must be set before the NCCL process group is created; a user's own settings win.
+    """
+    os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
+    os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    dump_dir = os.environ.get("TRAINSCALE_TRACE_DIR", os.path.join(os.getcwd(), "nccl-traces"))
+    if "TORCH_FR_DUMP_TEMP_FILE" not in os.environ and "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in os.environ:
+        os.makedirs(dump_dir, exist_ok=True)
+        os.environ["TORCH_FR_DUMP_TEMP_FILE"] = os.path.join(dump_dir, "nccl_trace_rank_")

@@ -23,6 +23,7 @@ from trainscale.runtime import Runtime
 from trainscale.runtime.seed import rng_state, set_rng_state
 from trainscale.strategies import get_strategy
 from trainscale.workloads.options import TrainOptions
+from trainscale.workloads import fault
 from trainscale.workloads.timing import StepTimer
 
 
@@ -101,11 +102,13 @@ def train_classifier(rt: Runtime, opts: TrainOptions, build_model: Callable[[], 
             if batch is None:
                 break
             x, y = batch[0].to(rt.device, non_blocking=True), batch[1].to(rt.device, non_blocking=True)
-            with timer.section("compute"):
-                loss = loss_fn(model(x), y)
-                strategy.backward(loss, model)
-            with timer.section("optimizer"):
-                strategy.step(optimizer, model)
+            fault.maybe_inject(step)
+            with rt.guard(step):
+                with timer.section("compute"):
+                    loss = loss_fn(model(x), y)
+                    strategy.backward(loss, model)
+                with timer.section("optimizer"):
+                    strategy.step(optimizer, model)
             step += 1
             loss_sum += loss.detach()
             seen += 1

@@ -1,0 +1,170 @@
+"""Faults on real processes: a SIGKILLed rank, a hung rank, rendezvous failures, jobs side by side."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+FAST_CNN = ["--workload", "cnn", "--data", "synthetic", "--samples", "512", "--batch-size", "16", "--log-every", "0"]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "SLURM_",
+                                                                   "TRAINSCALE_FAULT"))}
+    env.update(extra)
+    return env
+
+
+def start(args: list[str], cwd: Path, **extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "trainscale", *args], cwd=cwd, env=_env(**extra),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def run(args: list[str], cwd: Path, timeout: float = 240, **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trainscale", *args], cwd=cwd, env=_env(**extra),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def worker_pid(launcher: subprocess.Popen, rank: int) -> int | None:
+    for child in psutil.Process(launcher.pid).children(recursive=True):
+        try:
+            if "trainscale.launch.bootstrap" in " ".join(child.cmdline()) and child.environ().get("RANK") == str(rank):
+                return child.pid
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return None
+
+
+def weights(ckpt_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(sorted(ckpt_dir.glob("ckpt-*.pt"))[-1], weights_only=True)["model"]
+
+
+def kill_rank_after_first_checkpoint(proc: subprocess.Popen, ckpt_dir: Path, rank: int = 1) -> float:
+    wait_for(lambda: any(ckpt_dir.glob("ckpt-*.pt")), 120, "the first checkpoint")
+    pid = wait_for(lambda: worker_pid(proc, rank), 30, f"rank {rank}'s pid")
+    assert proc.poll() is None, "training ended before the fault could be injected"
+    os.kill(pid, signal.SIGKILL)
+    return time.monotonic()
+
+
+def test_sigkilled_rank_restarts_and_resumes_to_identical_weights(tmp_path):
+    common = ["run", "--nproc-per-node", "2", "--log-dir", "logs", *FAST_CNN, "--epochs", "6",
+              "--checkpoint-every", "8"]
+    proc = start([*common[:1], "--max-restarts", "1", *common[1:], "--checkpoint-dir", "faulty"], tmp_path)
+    killed_at = kill_rank_after_first_checkpoint(proc, tmp_path / "faulty")
+    out, err = proc.communicate(timeout=300)
+    recovered = time.monotonic() - killed_at
+    assert proc.returncode == 0, err
+    assert "Resumed from" in out
+    reference = run([*common, "--checkpoint-dir", "clean"], tmp_path)
+    assert reference.returncode == 0, reference.stderr
+    a, b = weights(tmp_path / "faulty"), weights(tmp_path / "clean")
+    for key in b:
+        assert torch.equal(a[key], b[key]), key
+    print(f"recovered and finished {recovered:.1f}s after the SIGKILL")
+
+
+def test_sigkilled_rank_without_restarts_fails_fast_and_is_named(tmp_path):
+    proc = start(["run", "--nproc-per-node", "2", "--log-dir", "logs", *FAST_CNN, "--epochs", "50",
+                  "--checkpoint-every", "8", "--checkpoint-dir", "ck"], tmp_path)
+    killed_at = kill_rank_after_first_checkpoint(proc, tmp_path / "ck")
+    _, err = proc.communicate(timeout=120)
+    elapsed = time.monotonic() - killed_at
+    assert proc.returncode != 0
+    assert elapsed < 30, f"took {elapsed:.1f}s to notice the dead rank"
+    assert f"first failing rank: 1 on {socket.gethostname()}" in err and "killed by SIGKILL" in err
+    print(f"failed {elapsed:.1f}s after the SIGKILL")
+
+
+def test_hung_rank_becomes_a_named_error_and_nothing_is_left_behind(tmp_path):
+    started = time.monotonic()
+    proc = start(["run", "--nproc-per-node", "2", "--log-dir", "logs", *FAST_CNN, "--timeout", "5"], tmp_path,
+                 TRAINSCALE_FAULT="hang:rank=1:step=3")
+    pids = set()
+    while proc.poll() is None and len(pids) < 2:  # remember the workers to check they are gone
+        pids |= {c.pid for c in psutil.Process(proc.pid).children(recursive=True)
+                 if "bootstrap" in " ".join(c.cmdline())} if psutil.pid_exists(proc.pid) else set()
+        time.sleep(0.05)
+    _, err = proc.communicate(timeout=5 + 60 + 60)
+    elapsed = time.monotonic() - started
+    assert proc.returncode != 0
+    assert "rank(s) 1 did not arrive" in err and "gradient all-reduce" in err and "within 5s" in err
+    assert elapsed < 5 + 60 + 30
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    print(f"hang reported {elapsed:.1f}s after start (timeout 5s)")
+
+
+def test_missing_node_ends_with_a_rendezvous_timeout(tmp_path):
+    script = tmp_path / "noop.py"
+    script.write_text("print('never runs')\n")
+    started = time.monotonic()
+    proc = run(["run", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
+                "--rdzv-timeout", "8", "--log-dir", "logs", str(script)], tmp_path, timeout=120)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 2
+    assert "not all of the 2 node(s) arrived within 8s" in proc.stderr and "Hint:" in proc.stderr
+    assert elapsed < 8 + 30
+    print(f"rendezvous timeout reported after {elapsed:.1f}s (limit 8s)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unresolvable_master_is_reported_before_start(tmp_path):
+    proc = run(["run", "--rdzv-endpoint", "no-such-host.invalid:29400", "--log-dir", "logs", "--workload", "cnn"],
+               tmp_path, timeout=60)
+    assert proc.returncode == 2 and "'no-such-host.invalid' does not resolve" in proc.stderr
+    assert not (tmp_path / "logs").exists()
+
+
+def test_busy_port_is_reported_naming_host_and_port(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = run(["run", "--rdzv-endpoint", f"127.0.0.1:{port}", "--log-dir", "logs", "--workload", "cnn"],
+                   tmp_path, timeout=60)
+    assert proc.returncode == 2 and f"port {port} on 127.0.0.1" in proc.stderr and "not free" in proc.stderr
+
+
+def test_two_jobs_on_one_host_never_join_each_other(tmp_path):
+    script = tmp_path / "join_check.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys
+        import torch, torch.distributed as dist
+        import trainscale
+        with trainscale.init() as rt:
+            mine = torch.tensor([float(sys.argv[1])])
+            seen = [torch.zeros(1) for _ in range(rt.world_size)]
+            dist.all_gather(seen, mine)
+            print("TOKENS", rt.world_size, sorted(int(t.item()) for t in seen), flush=True)
+    """))
+    jobs = [start(["run", "--nproc-per-node", "2", "--log-dir", f"logs{i}", str(script), str(token)], tmp_path)
+            for i, token in enumerate((111, 222))]
+    outputs = [job.communicate(timeout=120) for job in jobs]
+    for job, (out, err), token in zip(jobs, outputs, (111, 222)):
+        assert job.returncode == 0, err
+        assert f"TOKENS 2 [{token}, {token}]" in out
