@@ -6,6 +6,7 @@
 #                       A cluster that is already up and healthy is reused.
 #   cluster.sh down     cancel all jobs, stop the daemons started by `up` (by pid file).
 #   cluster.sh status   sinfo and squeue of the cluster.
+#   cluster.sh check    exit 0 when the cluster is up, healthy and configured as now.
 #   cluster.sh env      the variables a client needs (SLURM_CONF=...).
 #
 # Everything lives in $TRAINSCALE_SLURM_DIR (default /tmp/trainscale-slurm): its own
@@ -20,6 +21,7 @@ NODES=(n1 n2)
 NODE_PORTS=(17001 17002)
 NODE_CPUS=4            # more than the machine has: allowed by config_overrides
 NODE_MEMORY_MB=8000
+CRED_EXPIRE_S=10       # step credential lifetime = how long a requeued job waits
 UP_TIMEOUT_S=${TRAINSCALE_SLURM_UP_TIMEOUT:-60}
 DOWN_TIMEOUT_S=30
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -77,7 +79,7 @@ write_munge_key() {
     chmod 400 "$key"
 }
 
-write_config() {
+render_config() {
     local host
     host=$(hostname -s)
     local nodelist
@@ -91,7 +93,8 @@ write_config() {
         echo "SlurmdUser=root"
         echo "AuthType=auth/munge"
         echo "CredType=cred/munge"
-        echo "AuthInfo=socket=$DIR/munge/munge.socket"
+        # cred_expire also delays the restart of a requeued job (default 120 s).
+        echo "AuthInfo=socket=$DIR/munge/munge.socket,cred_expire=$CRED_EXPIRE_S"
         echo "StateSaveLocation=$DIR/state"
         echo "SlurmctldPidFile=$DIR/run/slurmctld.pid"
         echo "SlurmctldLogFile=$DIR/log/slurmctld.log"
@@ -109,6 +112,9 @@ write_config() {
         echo "MinJobAge=600"
         echo "KillWait=5"
         echo "SchedulerType=sched/backfill"
+        # Re-scan pending jobs every second: a requeued job becomes eligible
+        # without any event that would wake the scheduler (defaults: 60 s / 30 s).
+        echo "SchedulerParameters=sched_interval=1,bf_interval=1"
         echo "AccountingStorageType=accounting_storage/none"
         echo "JobAcctGatherType=jobacct_gather/none"
         echo "JobCompType=jobcomp/filetxt"
@@ -118,8 +124,7 @@ write_config() {
             echo "NodeName=${NODES[$i]} NodeAddr=127.0.0.1 NodeHostname=$host Port=${NODE_PORTS[$i]} CPUs=$NODE_CPUS RealMemory=$NODE_MEMORY_MB State=UNKNOWN"
         done
         echo "PartitionName=debug Nodes=$nodelist Default=YES MaxTime=INFINITE State=UP"
-    } >"$DIR/slurm.conf.new"
-    mv "$DIR/slurm.conf.new" "$DIR/slurm.conf"
+    }
 }
 
 ensure_hosts() {
@@ -139,28 +144,35 @@ print_where() {
     echo "logs: $DIR/log (slurmctld.log, slurmd-n1.log, slurmd-n2.log, munged.log)"
 }
 
+# The daemons must not inherit fd 9 (the cluster.lock held by `locked`).
 start_daemons() {
     if ! pid_alive "$DIR/run/munged.pid"; then
         rm -f "$DIR/munge/munge.socket" "$DIR/munge/munge.socket.lock"
         munged --key-file="$DIR/munge/munge.key" --socket="$DIR/munge/munge.socket" \
             --pid-file="$DIR/run/munged.pid" --log-file="$DIR/log/munged.log" \
-            --seed-file="$DIR/munge/munged.seed"
+            --seed-file="$DIR/munge/munged.seed" 9>&-
         wait_for 10 test -S "$DIR/munge/munge.socket" || die "munged did not create its socket; see $DIR/log/munged.log"
     fi
     if ! pid_alive "$DIR/run/slurmctld.pid"; then
-        slurmctld || die "slurmctld failed to start; see $DIR/log/slurmctld.log"
+        slurmctld 9>&- || die "slurmctld failed to start; see $DIR/log/slurmctld.log"
     fi
     local n
     for n in "${NODES[@]}"; do
         if ! pid_alive "$DIR/run/slurmd-$n.pid"; then
-            slurmd -N "$n" || die "slurmd -N $n failed to start; see $DIR/log/slurmd-$n.log"
+            slurmd -N "$n" 9>&- || die "slurmd -N $n failed to start; see $DIR/log/slurmd-$n.log"
         fi
     done
 }
 
+# Up, every node usable, and running the slurm.conf this script would write now.
+healthy() {
+    [[ -e $SLURM_CONF ]] && all_daemons_alive && nodes_ready &&
+        [[ $(render_config) == "$(cat "$SLURM_CONF")" ]]
+}
+
 cmd_up() {
     local t0=$SECONDS
-    if [[ -e $SLURM_CONF ]] && all_daemons_alive && nodes_ready; then
+    if healthy; then
         log "cluster already up (reused)"
         print_where
         return 0
@@ -170,10 +182,11 @@ cmd_up() {
     # A partly running cluster (some daemon died) is restarted as a whole.
     if [[ -d $DIR/run ]]; then stop_daemons; fi
     mkdir -p "$DIR"/{munge,state,run,log,tmp} "${NODES[@]/#/$DIR/spool/}"
-    chmod 755 "$DIR/munge"  # munged wants its socket dir searchable by all
+    chmod 755 "$DIR/munge" # munged wants its socket's directory searchable by all
     ensure_hosts
     write_munge_key
-    write_config
+    render_config >"$SLURM_CONF.new"
+    mv "$SLURM_CONF.new" "$SLURM_CONF"
     start_daemons
     if ! wait_for "$UP_TIMEOUT_S" nodes_ready idle; then
         sinfo -N >&2 || true
@@ -196,31 +209,42 @@ cluster_job_pids() {
     done
 }
 
-stop_pid() { # pidfile
-    local f=$1 pid
-    [[ -s $f ]] || return 0
-    pid=$(cat "$f")
-    if kill -0 "$pid" 2>/dev/null; then
-        kill -TERM "$pid" 2>/dev/null || true
-        if ! wait_for "$DOWN_TIMEOUT_S" bash -c "! kill -0 $pid"; then
-            log "pid $pid ($f) ignored SIGTERM; killing"
-            kill -KILL "$pid" 2>/dev/null || true
+none_alive() { # pid...
+    local pid
+    for pid in "$@"; do ! kill -0 "$pid" 2>/dev/null || return 1; done
+}
+
+# SIGTERM to every pid file's process at once (each daemon takes 1-2 s to exit),
+# then wait for all of them; SIGKILL whatever outlives the deadline.
+stop_pids() { # pidfile...
+    local f pid pids=()
+    for f in "$@"; do
+        [[ -s $f ]] || continue
+        pid=$(cat "$f")
+        if kill -0 "$pid" 2>/dev/null; then
+            kill -TERM "$pid" 2>/dev/null || true
+            pids+=("$pid")
         fi
+    done
+    if ((${#pids[@]})) && ! wait_for "$DOWN_TIMEOUT_S" none_alive "${pids[@]}"; then
+        for pid in "${pids[@]}"; do
+            if kill -0 "$pid" 2>/dev/null; then
+                log "pid $pid ignored SIGTERM for ${DOWN_TIMEOUT_S}s; killing it"
+                kill -KILL "$pid" 2>/dev/null || true
+            fi
+        done
     fi
-    rm -f "$f"
+    rm -f "$@"
 }
 
 stop_daemons() {
     if pid_alive "$DIR/run/slurmctld.pid"; then
-        scancel --full --quiet --user=root 2>/dev/null || true
         scancel --quiet --user=root 2>/dev/null || true
-        wait_for "$DOWN_TIMEOUT_S" bash -c '[[ -z $(squeue -h -t RUNNING,COMPLETING,PENDING,SUSPENDED -o %i) ]]' ||
-            log "jobs still running after ${DOWN_TIMEOUT_S}s; stopping anyway"
+        wait_for "$DOWN_TIMEOUT_S" bash -c '[[ -z $(squeue -h -o %i) ]]' ||
+            log "jobs still in the queue after ${DOWN_TIMEOUT_S}s; stopping anyway"
     fi
-    local n
-    for n in "${NODES[@]}"; do stop_pid "$DIR/run/slurmd-$n.pid"; done
-    stop_pid "$DIR/run/slurmctld.pid"
-    stop_pid "$DIR/run/munged.pid"
+    # shellcheck disable=SC2046
+    stop_pids $(pidfiles)
     local left
     left=$(cluster_job_pids)
     if [[ -n $left ]]; then
@@ -242,13 +266,22 @@ cmd_status() {
     squeue
 }
 
+# One up/down at a time (several test sessions may share the cluster).
+locked() {
+    mkdir -p "$DIR"
+    exec 9>"$DIR/cluster.lock"
+    flock -w 120 9 || die "another cluster.sh holds $DIR/cluster.lock for 120s"
+    "$@"
+}
+
 case ${1:-} in
-up) cmd_up ;;
-down) cmd_down ;;
+up) locked cmd_up ;;
+down) locked cmd_down ;;
 status) cmd_status ;;
+check) healthy ;;
 env) echo "SLURM_CONF=$SLURM_CONF" ;;
 *)
-    echo "usage: $0 up|down|status|env   (cluster dir: \$TRAINSCALE_SLURM_DIR, now $DIR)" >&2
+    echo "usage: $0 up|down|status|check|env   (cluster dir: \$TRAINSCALE_SLURM_DIR, now $DIR)" >&2
     exit 2
     ;;
 esac
