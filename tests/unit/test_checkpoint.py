@@ -87,3 +87,41 @@ def test_strategy_mismatch_names_the_fix(tmp_path, rt):
     Checkpointer(tmp_path, rt, strategy="ddp").save(1, {"x": torch.ones(1)})
     with pytest.raises(CheckpointError, match="--strategy ddp"):
         Checkpointer(tmp_path, rt, strategy="fsdp").latest()
+
+
+SAVER = """
+import sys, torch, trainscale
+from trainscale.checkpoint import Checkpointer
+with trainscale.init(environ={}, set_threads=False) as rt:
+    ck = Checkpointer(sys.argv[1], rt, keep=5)
+    ck.save(1, {"x": torch.ones(8)})
+    print("first saved", flush=True)
+    ck.save(2, {"x": torch.randn(64, 1024, 1024)})  # 256 MB: slow enough to be killed midway
+"""
+
+
+def test_sigkill_during_save_leaves_previous_checkpoint_and_is_never_loaded(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "saver.py"
+    script.write_text(SAVER)
+    ckdir = tmp_path / "ck"
+    proc = subprocess.Popen([sys.executable, str(script), str(ckdir)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "first saved"
+    first = ckdir / "ckpt-00000001.pt"
+    before = first.read_bytes()
+    deadline = time.monotonic() + 60
+    while not list(ckdir.glob(".ckpt-00000002.pt.*.tmp")):  # the second save has started writing
+        assert proc.poll() is None and time.monotonic() < deadline, "the save finished before it could be killed"
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert first.read_bytes() == before
+    assert not (ckdir / "ckpt-00000002.pt").exists()
+    assert find_latest(ckdir).step == 1
+    with trainscale.init(environ={}, set_threads=False) as rt:  # the next save sweeps the dead temp file
+        Checkpointer(ckdir, rt, keep=5).save(3, {"x": torch.zeros(1)})
+    assert not list(ckdir.glob(".ckpt-*.tmp"))

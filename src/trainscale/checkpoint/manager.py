@@ -105,6 +105,9 @@ class Checkpointer:
     def _prune(self) -> None:
         for _, old in list_checkpoints(self.directory)[self.keep:]:
             old.unlink(missing_ok=True)
+        # Temp files of a save that was killed midway: never complete, never loaded, now removed.
+        for stale in self.directory.glob(".ckpt-*.tmp"):
+            stale.unlink(missing_ok=True)
 
     def latest(self) -> Found | None:
         found = find_latest(self.directory, map_location="cpu")

@@ -19,6 +19,7 @@ from torch import nn
 from trainscale.checkpoint import Checkpointer, atomic_write_text
 from trainscale.data import DeviceTensorLoader, DistributedLoader
 from trainscale.data.images import ImageSplit
+from trainscale.errors import CheckpointError
 from trainscale.runtime import Runtime
 from trainscale.runtime.seed import rng_state, set_rng_state
 from trainscale.strategies import get_strategy
@@ -33,6 +34,23 @@ def make_loader(split: ImageSplit, opts: TrainOptions, rt: Runtime, shuffle: boo
                                               shuffle=shuffle)
     dataset = torch.utils.data.TensorDataset(split.images, split.labels)
     return DistributedLoader.for_runtime(dataset, rt, batch_size=opts.batch_size, shuffle=shuffle)
+
+
+def resume_position(state: dict, step: int, steps_per_epoch: int, world_size: int, path) -> tuple[int, int]:
+    """(epoch, batch within it) to continue from; explains what to do when the world size changed mid-epoch."""
+    saved_world = int(state["trainscale"]["world_size"])
+    saved_epoch_steps = int(state.get("epoch_steps", steps_per_epoch))
+    epoch, batch = divmod(step, saved_epoch_steps)
+    if saved_world == world_size:
+        return epoch, batch
+    if batch == 0:  # an epoch boundary: the new world size simply shards the next epoch differently
+        return epoch, 0
+    raise CheckpointError(
+        f"{path} was written by {saved_world} rank(s) in the middle of epoch {epoch + 1} (batch {batch}); "
+        f"this run has {world_size} rank(s), which would split that epoch's remaining samples differently",
+        hint=f"resume with --nproc-per-node/--nodes giving {saved_world} ranks, or resume from an end-of-epoch "
+             f"checkpoint (save with --checkpoint-every 0); sharded strategies (fsdp) reshard any step",
+    )
 
 
 @torch.no_grad()
@@ -70,7 +88,7 @@ def train_classifier(rt: Runtime, opts: TrainOptions, build_model: Callable[[], 
             state = found.state
             strategy.load_state_dict(model, optimizer, state)
             step = int(state["step"])
-            start_epoch, skip = divmod(step, steps_per_epoch)
+            start_epoch, skip = resume_position(state, step, steps_per_epoch, rt.world_size, found.path)
             loader.load_state_dict({"epoch": start_epoch})
             set_rng_state(state["rng"])
             rt.print(f"Resumed from {found.path} at step {step} (epoch {start_epoch + 1}, batch {skip}); "
@@ -78,7 +96,8 @@ def train_classifier(rt: Runtime, opts: TrainOptions, build_model: Callable[[], 
 
     def save() -> None:
         if ckpt is not None:
-            ckpt.save(step, {**strategy.state_dict(model, optimizer), "step": step, "rng": rng_state()})
+            ckpt.save(step, {**strategy.state_dict(model, optimizer), "step": step, "rng": rng_state(),
+                             "epoch_steps": steps_per_epoch})
 
     timer = StepTimer(rt, model, enabled=opts.breakdown)
     history: list[dict] = []
