@@ -42,8 +42,15 @@ wait_for() {
     done
 }
 
+# The pid file's process is running and is the daemon the file is named after
+# (munged.pid, slurmctld.pid, slurmd-n1.pid): a stale file whose pid was reused
+# by another program after a reboot must not be mistaken for, or killed as, ours.
 pid_alive() { # pidfile
-    [[ -s $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null
+    local name pid
+    [[ -s $1 ]] || return 1
+    name=$(basename "$1" .pid)
+    pid=$(cat "$1")
+    [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "${name%%-*}" ]]
 }
 
 pidfiles() {
@@ -219,12 +226,10 @@ none_alive() { # pid...
 stop_pids() { # pidfile...
     local f pid pids=()
     for f in "$@"; do
-        [[ -s $f ]] || continue
+        pid_alive "$f" || continue
         pid=$(cat "$f")
-        if kill -0 "$pid" 2>/dev/null; then
-            kill -TERM "$pid" 2>/dev/null || true
-            pids+=("$pid")
-        fi
+        kill -TERM "$pid" 2>/dev/null || true
+        pids+=("$pid")
     done
     if ((${#pids[@]})) && ! wait_for "$DOWN_TIMEOUT_S" none_alive "${pids[@]}"; then
         for pid in "${pids[@]}"; do
