@@ -103,3 +103,20 @@ def test_bad_input_is_refused_before_any_process_starts(in_tmp, capsys, argv, me
     assert code == 2
     assert message in err and "Hint:" in err
     assert not (in_tmp / "logs").exists()  # nothing was launched
+
+
+def test_resume_with_another_world_size(tmp_path):
+    base = ["run", "--log-dir", "logs", "--workload", "cnn", *FAST_CNN]
+    # an end-of-epoch checkpoint from 2 ranks continues on 1 rank
+    assert trainscale(*base[:1], "--nproc-per-node", "2", *base[1:], "--epochs", "1", "--checkpoint-dir", "a",
+                      cwd=tmp_path).returncode == 0
+    grown = trainscale(*base[:1], "--nproc-per-node", "1", *base[1:], "--epochs", "2", "--checkpoint-dir", "a",
+                       cwd=tmp_path)
+    assert grown.returncode == 0, grown.stderr
+    assert "written with world size 2, now 1" in grown.stdout
+    # a mid-epoch checkpoint from 2 ranks is explained, not silently mis-sharded
+    assert trainscale(*base[:1], "--nproc-per-node", "2", *base[1:], "--max-steps", "3", "--checkpoint-every", "3",
+                      "--checkpoint-dir", "b", cwd=tmp_path).returncode == 0
+    refused = trainscale(*base[:1], "--nproc-per-node", "1", *base[1:], "--checkpoint-dir", "b", cwd=tmp_path)
+    assert refused.returncode != 0
+    assert "written by 2 rank(s) in the middle of epoch 1" in refused.stderr and "giving 2 ranks" in refused.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 from dataclasses import dataclass
@@ -61,7 +62,7 @@ def _tail(path: Path | None, lines: int = 20) -> str:
 
 def from_child_failed(error: Any, log_files: dict[int, Path] | None = None) -> list[RankFailure]:
     """RankFailures from a ChildFailedError, earliest first."""
-    host = socket.gethostname()
+    host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()  # SLURM nodes may share a hostname
     out = []
     for rank, failure in error.failures.items():
         data = failure.error_file_data
