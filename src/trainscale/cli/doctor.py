@@ -1,0 +1,76 @@
+"""`trainscale doctor`: print the environment report; with --nproc N, from N ranks started by the local launcher."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+
+def _forwarded(args) -> list[str]:
+    out = ["--timeout", str(args.timeout), "--size-mib", str(args.size_mib)]
+    if args.network:
+        out.append("--network")
+    if args.workers is not None:
+        out += ["--workers", str(args.workers)]
+    return out
+
+
+def _merge(files: list[Path]):
+    """Rank 0's report, plus the network findings of ranks that could not gather theirs to rank 0."""
+    from trainscale.doctor import Report
+
+    reports = [Report.from_dict(json.loads(p.read_text())) for p in files]
+    main, rest = reports[0], reports[1:]
+    extra = tuple(f for r in rest for f in r.findings if f.rank is not None)
+    ranks = max(main.ranks_reporting, len({f.rank for f in main.findings + extra if f.rank is not None}))
+    return Report(host=main.host, created=main.created, command=main.command, findings=main.findings + extra,
+                  ranks_reporting=ranks)
+
+
+def _launched(args) -> int:
+    from trainscale.doctor import render, render_json
+    from trainscale.launch.local import LocalLaunchSpec, launch
+
+    with tempfile.TemporaryDirectory(prefix="trainscale-doctor-") as tmp:
+        output = Path(tmp) / "report.json"
+        spec = LocalLaunchSpec(target="trainscale.doctor", module=True, nproc_per_node=args.nproc,
+                               args=(*_forwarded(args), "--output", str(output)),
+                               log_dir=Path(args.log_dir) if args.log_dir else Path(tmp) / "logs")
+        result = launch(spec)
+        files = sorted(Path(tmp).glob("report.json.rank*"), key=lambda p: int(p.name.rpartition("rank")[2]))
+        if not output.exists():
+            print(result.summary or "trainscale doctor: the ranks wrote no report", file=sys.stderr)
+            return 1
+        report = _merge([output, *files])
+    sys.stdout.write(render_json(report) if args.json else render(report))
+    if not result.ok:
+        print(result.summary, file=sys.stderr)
+    return 1 if report.counts()["error"] or not result.ok else 0
+
+
+def run(args) -> int:
+    from trainscale.errors import ConfigError
+
+    if args.nproc is not None:
+        if args.nproc < 1:
+            raise ConfigError(f"--nproc {args.nproc}: at least one rank is needed", hint="e.g. --nproc 2")
+        return _launched(args)
+    from trainscale.doctor.main import main
+
+    return main(_forwarded(args) + (["--json"] if args.json else []))
+
+
+def register(sub) -> None:
+    from trainscale.doctor.main import add_options
+
+    p = sub.add_parser("doctor", help="one paste-able report: versions, devices, launch, binding, threads, network",
+                       description="Check this environment. Under a launcher, run `python -m trainscale.doctor` "
+                                   "on every rank instead (e.g. `trainscale run --nproc-per-node 2 -m "
+                                   "trainscale.doctor --network`, or `srun python -m trainscale.doctor --network`).")
+    add_options(p)
+    p.add_argument("--nproc", type=int, default=None, metavar="N",
+                   help="start N local ranks through trainscale's launcher and report from all of them")
+    p.add_argument("--log-dir", default=None, help="keep the ranks' logs here (default: a temporary directory)")
+    p.set_defaults(func=run)
