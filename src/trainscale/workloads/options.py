@@ -73,31 +73,44 @@ class TrainOptions:
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, defaults: TrainOptions | None = None) -> None:
-    d = defaults or TrainOptions()
-    parser.add_argument("--epochs", type=int, default=d.epochs)
-    parser.add_argument("--max-steps", type=int, default=d.max_steps)
-    parser.add_argument("--batch-size", type=int, default=d.batch_size, help="per rank")
-    parser.add_argument("--lr", type=float, default=d.lr)
-    parser.add_argument("--seed", type=int, default=d.seed)
-    parser.add_argument("--strategy", default=d.strategy)
-    parser.add_argument("--device", default=d.device)
-    parser.add_argument("--data", default=d.data)
-    parser.add_argument("--data-dir", default=d.data_dir)
-    parser.add_argument("--samples", type=int, default=d.samples)
-    parser.add_argument("--loader", default=d.loader, choices=("tensor", "dataloader"))
-    parser.add_argument("--no-shuffle", dest="shuffle", action="store_false")
-    parser.add_argument("--checkpoint-dir", default=d.checkpoint_dir)
-    parser.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
-    parser.add_argument("--metrics-out", default=d.metrics_out)
-    parser.add_argument("--timeout", dest="timeout_s", type=float, default=d.timeout_s)
-    parser.add_argument("--log-every", type=int, default=d.log_every)
-    parser.add_argument("--breakdown", action="store_true")
-    parser.add_argument("--download", action="store_true")
+    """The common options. Defaults are applied by :func:`parse` (so a config file or the environment
+    can sit between them and the command line); here every option defaults to "not given"."""
+    d = argparse.SUPPRESS
+    parser.add_argument("--config", default=None, help="TOML file with a [train] table (see docs/architecture.md)")
+    parser.add_argument("--epochs", type=int, default=d)
+    parser.add_argument("--max-steps", type=int, default=d)
+    parser.add_argument("--batch-size", type=int, default=d, help="per rank")
+    parser.add_argument("--lr", type=float, default=d)
+    parser.add_argument("--seed", type=int, default=d)
+    parser.add_argument("--strategy", default=d)
+    parser.add_argument("--device", default=d)
+    parser.add_argument("--data", default=d)
+    parser.add_argument("--data-dir", default=d)
+    parser.add_argument("--samples", type=int, default=d)
+    parser.add_argument("--loader", default=d, choices=("tensor", "dataloader"))
+    parser.add_argument("--no-shuffle", dest="shuffle", action="store_false", default=d)
+    parser.add_argument("--checkpoint-dir", default=d)
+    parser.add_argument("--checkpoint-every", type=int, default=d)
+    parser.add_argument("--metrics-out", default=d)
+    parser.add_argument("--timeout", dest="timeout_s", type=float, default=d)
+    parser.add_argument("--log-every", type=int, default=d)
+    parser.add_argument("--breakdown", action="store_true", default=d)
+    parser.add_argument("--download", action="store_true", default=d)
 
 
-def options_from_args(args: argparse.Namespace) -> TrainOptions:
+def options_from_args(args: argparse.Namespace, defaults: TrainOptions | None = None,
+                      environ: dict[str, str] | None = None) -> TrainOptions:
+    """defaults < config file (--config, [train] table) < TRAINSCALE_TRAIN_* < command line."""
+    from trainscale.config import load_config_file, resolve
+
     names = {f.name for f in fields(TrainOptions)}
-    return TrainOptions(**{k: v for k, v in vars(args).items() if k in names})
+    given = {k: v for k, v in vars(args).items() if k in names}
+    config = load_config_file(args.config) if getattr(args, "config", None) else None
+    base = {f.name: getattr(defaults, f.name) for f in fields(TrainOptions)} if defaults else None
+    opts, _ = resolve(TrainOptions, section="train", defaults=base, config=config, environ=environ, cli=given)
+    for name in names:  # workloads may read their options from the namespace too
+        setattr(args, name, getattr(opts, name))
+    return opts
 
 
 def parse(argv: Sequence[str], prog: str, defaults: TrainOptions | None = None,
@@ -107,4 +120,4 @@ def parse(argv: Sequence[str], prog: str, defaults: TrainOptions | None = None,
     if extra:
         extra(parser)
     args = parser.parse_args(list(argv))
-    return options_from_args(args), args
+    return options_from_args(args, defaults), args

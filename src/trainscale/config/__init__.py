@@ -1,0 +1,118 @@
+"""One resolution order for every configuration dataclass.
+
+    dataclass defaults < cluster profile < config file < environment < command line
+
+Each source is a plain mapping of field name -> value; the config file is TOML (one table per
+section, e.g. ``[slurm]`` or ``[train]``), the environment is ``TRAINSCALE_<SECTION>_<FIELD>``.
+``resolve`` returns the validated dataclass and where each non-default value came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any, Mapping, TypeVar
+
+from trainscale.errors import ConfigError, did_you_mean
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+T = TypeVar("T")
+ORDER = ("default", "profile", "config file", "environment", "command line")
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist", hint="give the path of a TOML file, e.g. --config job.toml")
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}", hint="check the line named above") from None
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_")}
+
+
+def _coerce(name: str, text: str, annotation: Any, source: str) -> Any:
+    """Turn an environment string into the field's type."""
+    origin = typing.get_origin(annotation)
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if origin in (typing.Union, types.UnionType):
+        if text.lower() in ("", "none", "null"):
+            return None
+        annotation = args[0]
+        origin = typing.get_origin(annotation)
+    try:
+        if annotation is bool:
+            lowered = text.strip().lower()
+            if lowered not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                raise ValueError(text)
+            return lowered in ("1", "true", "yes", "on")
+        if annotation in (int, float, str):
+            return annotation(text)
+        if origin in (tuple, list):
+            items = [x.strip() for x in text.split(",") if x.strip()]
+            return tuple(items) if origin is tuple else items
+    except ValueError:
+        raise ConfigError(f"{source}: {name}={text!r} is not a valid {getattr(annotation, '__name__', annotation)}",
+                          hint=f"give {name} as a {getattr(annotation, '__name__', annotation)}") from None
+    return text
+
+
+def from_environment(cls: type, section: str, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    environ = os.environ if environ is None else environ
+    prefix = f"TRAINSCALE_{section.upper()}_"
+    types_ = _field_types(cls)
+    out = {}
+    for key, text in environ.items():
+        if not key.startswith(prefix):
+            continue
+        name = key[len(prefix):].lower()
+        if name not in types_:
+            raise ConfigError(f"environment variable {key} names no {section} option",
+                              hint=did_you_mean(name, list(types_)))
+        out[name] = _coerce(name, text, types_[name], f"environment {key}")
+    return out
+
+
+def resolve(cls: type[T], *, section: str, defaults: Mapping[str, Any] | None = None,
+            profile: Mapping[str, Any] | None = None,
+            config: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None,
+            cli: Mapping[str, Any] | None = None) -> tuple[T, dict[str, str]]:
+    """Build ``cls`` from the sources in ORDER; ``cli`` holds only options the user actually gave."""
+    valid = _field_types(cls)
+    table = dict((config or {}).get(section, {})) if config is not None else {}
+    layers = [("default", dict(defaults or {})), ("profile", dict(profile or {})), ("config file", table),
+              ("environment", from_environment(cls, section, environ)),
+              ("command line", {k: v for k, v in (cli or {}).items() if v is not None})]
+    merged: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for source, values in layers:
+        for key, value in values.items():
+            if key not in valid:
+                if source == "profile":
+                    continue  # profiles carry more than any one dataclass needs
+                raise ConfigError(f"{source}: unknown {section} option {key!r}", hint=did_you_mean(key, list(valid)))
+            merged[key] = tuple(value) if isinstance(value, list) and typing.get_origin(valid[key]) is tuple else value
+            if source == "default":
+                origin.pop(key, None)
+            else:
+                origin[key] = source
+    try:
+        return cls(**merged), origin
+    except TypeError as exc:
+        raise ConfigError(f"{section} options: {exc}", hint="check the types in your config file") from None
+
+
+__all__ = ["ORDER", "resolve", "load_config_file", "from_environment"]

@@ -1,0 +1,55 @@
+"""defaults < profile < config file < environment < command line, with errors that name the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainscale.config import load_config_file, resolve
+from trainscale.errors import ConfigError
+from trainscale.workloads.options import TrainOptions
+
+
+def test_each_source_overrides_the_one_before(tmp_path):
+    cfg = tmp_path / "job.toml"
+    cfg.write_text('[train]\nbatch_size = 32\nlr = 0.01\nepochs = 3\n')
+    opts, origin = resolve(
+        TrainOptions, section="train",
+        profile={"batch_size": 8, "epochs": 9, "partition": "ignored-by-train"},
+        config=load_config_file(cfg),
+        environ={"TRAINSCALE_TRAIN_LR": "0.5", "TRAINSCALE_TRAIN_EPOCHS": "4"},
+        cli={"epochs": 7, "seed": None},
+    )
+    assert (opts.batch_size, opts.lr, opts.epochs, opts.seed) == (32, 0.5, 7, 0)
+    assert origin == {"batch_size": "config file", "epochs": "command line", "lr": "environment"}
+
+
+def test_environment_strings_are_typed():
+    opts, _ = resolve(TrainOptions, section="train",
+                      environ={"TRAINSCALE_TRAIN_SHUFFLE": "false", "TRAINSCALE_TRAIN_MAX_STEPS": "none"})
+    assert opts.shuffle is False and opts.max_steps is None
+
+
+def test_unknown_key_in_config_file_lists_valid_ones(tmp_path):
+    cfg = tmp_path / "job.toml"
+    cfg.write_text('[train]\nbatch_sise = 32\n')
+    with pytest.raises(ConfigError, match="did you mean 'batch_size'"):
+        resolve(TrainOptions, section="train", config=load_config_file(cfg))
+
+
+def test_bad_environment_value_names_the_variable():
+    with pytest.raises(ConfigError, match="TRAINSCALE_TRAIN_EPOCHS"):
+        resolve(TrainOptions, section="train", environ={"TRAINSCALE_TRAIN_EPOCHS": "many"})
+
+
+def test_validation_still_applies_after_merging():
+    with pytest.raises(ConfigError, match="--batch-size 0"):
+        resolve(TrainOptions, section="train", cli={"batch_size": 0})
+
+
+def test_invalid_toml_and_missing_file(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[train\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config_file(bad)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config_file(tmp_path / "nope.toml")
