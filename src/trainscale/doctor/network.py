@@ -34,7 +34,7 @@ def check_resolution(host: str, port: int, resolve: Resolver = socket.getaddrinf
         infos = resolve(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError, OSError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
-        return error(NETWORK, "master address", f"master address {host!r} (port {port}) does not resolve: {reason}",
+        return error(NETWORK, "master address", f"{host!r} (MASTER_ADDR, port {port}) does not resolve: {reason}",
                      "set MASTER_ADDR to a host name every node can resolve (the first node of the allocation) or "
                      "an IP address; check /etc/hosts and DNS on this node", host=host, port=port), None
     addresses = sorted({info[4][0] for info in infos})

@@ -41,7 +41,7 @@ class Report:
                    findings=tuple(Finding(**f) for f in data["findings"]))
 
 
-def render(report: Report, *, width: int = 20) -> str:
+def render(report: Report, *, width: int = 22) -> str:
     """The text report: a header, one block per section, every warning/error with its hint, a summary line."""
     lines = [f"trainscale doctor report: host {report.host}, {report.created}",
              f"command: {report.command}"]
