@@ -85,3 +85,24 @@ def test_unresolvable_master_under_a_launch_env_is_an_error_naming_host_and_port
     assert proc.returncode == 1
     line = next(l for l in proc.stdout.splitlines() if "rank 1 master address" in l)
     assert line.startswith("[ERROR]") and "no-such-host.invalid" in line and "29555" in line
+
+
+def doctor_network_on_rank(size_mib: float) -> tuple[list, str]:
+    """Runs inside a run_on_ranks process (torchrun-style variables, no agent store: rank 0 makes it)."""
+    from trainscale.doctor import run_network
+    from trainscale.env import detect
+    from trainscale.topology import current_affinity
+
+    findings, outcome = run_network(detect(), dict(os.environ), host=socket.gethostname(),
+                                    affinity=current_affinity(), timeout_s=60, numel=int(size_mib * 2**18))
+    return [f.to_dict() for f in findings], outcome
+
+
+def test_run_network_without_an_agent_store_gathers_every_rank_on_rank0():
+    from helpers.multiproc import run_on_ranks
+
+    results = run_on_ranks(doctor_network_on_rank, 2, 0.25, timeout=120)
+    assert [results[r][1] for r in (0, 1)] == ["gathered", "sent"]
+    report = {"ranks_reporting": 2, "findings": results[0][0]}
+    _assert_passing_all_reduce(report, 2)
+    assert "is free for rank 0's store" in _network(report)[(0, "master port")]["message"]

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 
@@ -44,6 +46,8 @@ def _launched(args) -> int:
             print(result.summary or "trainscale doctor: the ranks wrote no report", file=sys.stderr)
             return 1
         report = _merge([output, *files])
+    report = replace(report, command="trainscale doctor " + shlex.join(
+        ["--nproc", str(args.nproc), *_forwarded(args), *(["--json"] if args.json else [])]))
     sys.stdout.write(render_json(report) if args.json else render(report))
     if not result.ok:
         print(result.summary, file=sys.stderr)

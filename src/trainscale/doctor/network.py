@@ -158,8 +158,10 @@ def run_network(env: LaunchEnv | None, environ: Mapping[str, str], *, host: str,
     mine.append(resolved)
     if address is None:
         return _tag(mine, env.rank), ALONE
-    # torchrun workers reach the agent's store, which is up before they start; srun/MPI rank 0 creates it.
-    if env.source != "torchrun" and env.rank == 0:
+    # torchrun's workers reach the agent's store, which is up before they start; otherwise (srun/MPI tasks,
+    # or RANK/MASTER_* exported by hand) rank 0 creates the store in init_process_group.
+    agent_store = environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    if not agent_store and env.rank == 0:
         mine.append(check_port_free(master, address, port))
     else:
         mine.append(check_port_listening(master, address, port, wait_s=min(timeout_s, 30.0)))
