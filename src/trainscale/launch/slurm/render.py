@@ -192,10 +192,13 @@ def render(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan | None = N
         "",
         "# One directory per job: per-rank logs, error files and a copy of this script.",
         f"JOB_DIR={_q(job_dir) if ' ' in job_dir else job_dir}",
-        'mkdir -p "$JOB_DIR/errors"',
+        'mkdir -p "$JOB_DIR/errors"' if plan.launcher == "srun" else 'mkdir -p "$JOB_DIR"',
         'cp -n -- "$0" "$JOB_DIR/job.sbatch" 2>/dev/null || true',
         f'export {JOB_DIR_VAR}="$JOB_DIR"',
-        f'export {ERROR_DIR_VAR}="$JOB_DIR/errors"  # each rank\'s traceback (srun mode)',
+    ]
+    if plan.launcher == "srun":  # torchrun's agent gives each worker its own error file
+        out.append(f'export {ERROR_DIR_VAR}="$JOB_DIR/errors"  # each rank\'s traceback, written by @record')
+    out += [
         "export PYTHONUNBUFFERED=1",
         f"export OMP_NUM_THREADS={plan.cpus_per_rank}  # = CPUs per rank",
     ]

@@ -15,6 +15,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# Frames of the machinery between the launcher and the user's code: hidden from the summary.
+_WRAPPER_FRAMES = ("torch/distributed/elastic/multiprocessing/errors", "trainscale/launch/bootstrap.py",
+                   "<frozen runpy>")
 _SRUN_TASK = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.+)$")
 _SUMMARY = re.compile(r"first failing rank: (\d+) on (\S+) \(local rank (\d+), pid \d+\), (.+)$")
 
@@ -35,12 +38,25 @@ class Failure:
         lines = [f"First failing rank: {who}" + (f" on {self.host}" if self.host else "")
                  + (f", {self.how}" if self.how else "")]
         if self.traceback:
-            lines += [f"Traceback of {who}:", self.traceback.rstrip()]
+            lines += [f"Traceback of {who}:", trim_traceback(self.traceback).rstrip()]
         elif self.log_tail:
             lines += [f"No Python traceback; last lines of {who}'s log:", self.log_tail.rstrip()]
         if self.others:
             lines += ["Other ranks:"] + [f"  {o}" for o in self.others]
         return "\n".join(lines)
+
+
+def trim_traceback(text: str) -> str:
+    """Drop the launcher's own frames (@record's wrapper, bootstrap, runpy) so the user's frames stand out."""
+    out, skipping = [], False
+    for line in text.splitlines():
+        if line.startswith("  File "):
+            skipping = any(w in line for w in _WRAPPER_FRAMES)
+        elif not line.startswith("    "):
+            skipping = False
+        if not skipping:
+            out.append(line)
+    return "\n".join(out)
 
 
 def _expand(tasks: str) -> list[int]:

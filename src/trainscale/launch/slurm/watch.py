@@ -16,7 +16,7 @@ from trainscale.launch.slurm.triage import find_failure
 MEANING = {
     "COMPLETED": ("finished: every task exited with code 0", ""),
     "FAILED": ("failed: the batch script or a task exited non-zero",
-               "read the first failing rank's traceback below, or `trainscale logs JOBID --rank R`"),
+               "read the first failing rank's traceback above; `trainscale logs JOBID --rank R` shows any rank's output"),
     "TIMEOUT": ("reached its time limit and was stopped by SLURM",
                 "ask for more --time, or checkpoint regularly and use --signal USR1@90 so the job saves and "
                 "requeues before the limit"),

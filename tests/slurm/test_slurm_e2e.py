@@ -1,0 +1,102 @@
+"""`trainscale slurm ... --submit --watch` end to end on the local 2-node cluster, in both launch modes.
+
+Each job runs world size 4 (2 nodes x 2 ranks, gloo) with the repo's venv python; all files go
+under pytest's tmp_path (job output and trainscale's job records). Job times are printed (-s).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "ddp_check.py"
+LAUNCHERS = ("torchrun", "srun")
+
+
+def trainscale(tmp_path: Path, *argv: str, timeout: float = 280) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TRAINSCALE_STATE_DIR": str(tmp_path / "state")}
+    return subprocess.run([sys.executable, "-m", "trainscale", *argv], env=env, capture_output=True, text=True,
+                          timeout=timeout, cwd=tmp_path)
+
+
+def submit_watch(tmp_path: Path, launcher: str, *target: str) -> tuple[subprocess.CompletedProcess[str], str, float]:
+    t0 = time.monotonic()
+    done = trainscale(tmp_path, "slurm", "--profile", "local-test", "--nodes", "2", "--gpus-per-node", "2",
+                      "--time", "00:05:00", "--launcher", launcher, "--output-dir", str(tmp_path / "jobs"),
+                      "--python", sys.executable, "--submit", "--watch", "--poll", "0.5", "--watch-timeout", "240",
+                      *target)
+    seconds = time.monotonic() - t0
+    m = re.search(r"submitted job (\d+)", done.stderr)
+    assert m, f"no job submitted:\n{done.stdout}\n{done.stderr}"
+    print(f"\n[e2e] {launcher} {' '.join(target[:2])}: job {m.group(1)} ended in {seconds:.1f}s "
+          f"(submit to final state)\n{done.stdout}")
+    return done, m.group(1), seconds
+
+
+def rank_log(tmp_path: Path, job_id: str, rank: int) -> str:
+    done = trainscale(tmp_path, "logs", job_id, "--rank", str(rank), timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_cnn_workload_completes(slurm_cluster, tmp_path, launcher):
+    done, job_id, _ = submit_watch(tmp_path, launcher, "--workload", "cnn", "--max-steps", "20", "--batch-size", "16")
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    assert f"Job {job_id} (trainscale-cnn) COMPLETED" in done.stdout
+    log0 = rank_log(tmp_path, job_id, 0)
+    assert "4 rank(s) x batch 16" in log0, log0  # the workload saw world size 4
+    assert re.search(r"Epoch 1: loss [\d.]+", log0), log0
+
+
+ENV_LINE = re.compile(r"ENV rank=(?P<rank>\d+) local_rank=(?P<local>\d+) node_rank=(?P<node_rank>\d+) "
+                      r"world=(?P<world>\d+) local_world=(?P<local_world>\d+) source=(?P<source>\S+) "
+                      r"node=(?P<node>\S+) RANK=(?P<env_rank>\S+) LOCAL_RANK=(?P<env_local>\S+)")
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_ranks_see_their_place_and_agree(slurm_cluster, tmp_path, launcher):
+    done, job_id, _ = submit_watch(tmp_path, launcher, str(SCRIPT), "--steps", "5")
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    envs, sums = {}, {}
+    for rank in range(4):  # `trainscale logs JOBID --rank R` for every rank, 0 and 3 included
+        text = rank_log(tmp_path, job_id, rank)
+        env = ENV_LINE.search(text)
+        assert env, f"rank {rank}'s log has no ENV line:\n{text}"
+        envs[rank] = env.groupdict()
+        check = re.search(r"CHECKSUM rank=(\d+) start=(\w+) final=(\w+)", text)
+        assert check and int(check.group(1)) == rank, text
+        sums[rank] = check.group(2, 3)
+    for rank, e in envs.items():
+        assert (int(e["rank"]), int(e["world"]), int(e["local_world"])) == (rank, 4, 2), e
+        assert rank == int(e["node_rank"]) * 2 + int(e["local"]), e  # block layout: 2 ranks per node
+        # srun mode exports torchrun's variables per task (TRAINSCALE_EXPORT_TORCHRUN_ENV): both modes have them
+        assert (e["env_rank"], e["env_local"], e["source"]) == (e["rank"], e["local"], "torchrun"), e
+    nodes_of: dict[str, set[str]] = {}
+    for e in envs.values():
+        nodes_of.setdefault(e["node_rank"], set()).add(e["node"])
+    assert sorted(nodes_of) == ["0", "1"] and all(len(v) == 1 for v in nodes_of.values()), envs
+    assert set().union(*nodes_of.values()) == {"n1", "n2"}, envs  # each node rank is one SLURM node
+    if launcher == "srun":  # ranks come straight from SLURM: node rank = SLURM_NODEID, n1 first
+        assert nodes_of == {"0": {"n1"}, "1": {"n2"}}
+    starts, finals = {s for s, _ in sums.values()}, {f for _, f in sums.values()}
+    assert len(starts) == 1 and len(finals) == 1, sums  # same init, same final parameters on all ranks
+    assert starts != finals  # and training changed them
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_failing_rank_is_named(slurm_cluster, tmp_path, launcher):
+    done, job_id, _ = submit_watch(tmp_path, launcher, str(SCRIPT), "--steps", "50", "--fail-rank", "3")
+    assert done.returncode == 1, f"{done.stdout}\n{done.stderr}"
+    assert f"Job {job_id} (trainscale-ddp_check) FAILED" in done.stdout
+    assert "First failing rank: rank 3" in done.stdout, done.stdout
+    assert "RuntimeError: deliberate failure on rank 3 at step 1" in done.stdout
+    logs = trainscale(tmp_path, "logs", job_id, timeout=60)
+    assert "First failing rank: rank 3" in logs.stdout, logs.stdout
+    assert "deliberate failure on rank 3" in rank_log(tmp_path, job_id, 3)

@@ -1,0 +1,171 @@
+"""Lint before submission: each mistake from the seeds' Q&A is found, with a hint, at the right level."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainscale.errors import ConfigError
+from trainscale.launch.slurm import SlurmJobSpec, lint
+from trainscale.launch.slurm.lint import ERROR, WARNING, errors
+from trainscale.profiles.loader import builtin_profile_dir, profile_from_file
+from trainscale.profiles.schema import ClusterProfile
+
+
+def builtin(name: str) -> ClusterProfile:
+    return profile_from_file(builtin_profile_dir() / f"{name}.toml")
+
+
+@pytest.fixture
+def script(tmp_path) -> str:
+    path = tmp_path / "train.py"
+    path.write_text("print('hi')\n")
+    return str(path)
+
+
+def only(findings, level: str, fragment: str):
+    hits = [f for f in findings if f.level == level and fragment in f.message]
+    assert len(hits) == 1, f"expected one {level} containing {fragment!r}, got {findings}"
+    assert hits[0].hint, "every finding carries a hint"
+    return hits[0]
+
+
+def test_clean_job_has_no_findings(script):
+    spec = SlurmJobSpec(script=script, profile="lumi", nodes=2, time="01:00:00", account="project_465000000")
+    assert lint(spec, builtin("lumi")) == []
+
+
+def test_many_tasks_per_node_with_torchrun(script):
+    spec = SlurmJobSpec(script=script, profile="lumi", time="1:00:00", account="p", launcher="torchrun",
+                        tasks_per_node=8)
+    f = only(lint(spec, builtin("lumi")), ERROR, "--ntasks-per-node=8 with the torchrun launch mode")
+    assert "--ntasks-per-node=1" in f.hint
+
+
+def test_tasks_per_node_from_extra_line_with_srun(script):
+    spec = SlurmJobSpec(script=script, profile="lumi", time="1:00:00", account="p", launcher="srun",
+                        extra_sbatch=("--ntasks-per-node=4",))
+    f = only(lint(spec, builtin("lumi")), ERROR, "--ntasks-per-node=4 but 8 rank(s) per node")
+    assert "--ntasks-per-node=8" in f.hint
+
+
+def test_cpus_per_gpu_forbidden_on_lumi(script):
+    spec = SlurmJobSpec(script=script, profile="lumi", time="1:00:00", account="p", cpus_per_gpu=7)
+    f = only(lint(spec, builtin("lumi")), ERROR, "--cpus-per-gpu on profile lumi")
+    assert "--cpus-per-task" in f.hint
+    # allowed elsewhere
+    spec = SlurmJobSpec(script=script, profile="cyclone", time="1:00:00", cpus_per_gpu=10)
+    assert errors(lint(spec, builtin("cyclone"))) == []
+
+
+def test_over_specified_binding(script):
+    spec = SlurmJobSpec(script=script, profile="cyclone", time="1:00:00", cpus_per_gpu=4, cpus_per_task=4,
+                        launcher="srun")
+    only(lint(spec, builtin("cyclone")), ERROR, "both --cpus-per-gpu=4 and --cpus-per-task=4")
+    spec = SlurmJobSpec(script=script, profile="cyclone", time="1:00:00", launcher="torchrun",
+                        cpu_bind="mask_cpu:0xff")
+    only(lint(spec, builtin("cyclone")), ERROR, "--cpu-bind=mask_cpu:0xff with the torchrun launch mode")
+    spec = SlurmJobSpec(script=script, profile="cyclone", time="1:00:00", extra_sbatch=("--gpus-per-task=1",))
+    only(lint(spec, builtin("cyclone")), ERROR, "GPUs are asked for twice")
+
+
+def test_too_few_cpus_for_dataloader_workers(script):
+    spec = SlurmJobSpec(script=script, profile="lumi", time="1:00:00", account="p", dataloader_workers=8)
+    f = only(lint(spec, builtin("lumi")), WARNING, "7 CPU(s) per rank but 8 DataLoader worker(s)")
+    assert "at most 6 DataLoader workers" in f.hint
+    ok = SlurmJobSpec(script=script, profile="lumi", time="1:00:00", account="p", dataloader_workers=6)
+    assert lint(ok, builtin("lumi")) == []
+
+
+def test_memory_above_the_node(script):
+    spec = SlurmJobSpec(script=script, profile="lumi", time="1:00:00", account="p", mem_per_gpu="64G")
+    f = only(lint(spec, builtin("lumi")), ERROR, "512 GB per node")
+    assert "--mem-per-gpu 60G" in f.hint
+
+
+def test_more_gpus_than_the_node_has(script):
+    spec = SlurmJobSpec(script=script, profile="cyclone", time="1:00:00", gpus_per_node=8)
+    only(lint(spec, builtin("cyclone")), ERROR, "--gpus-per-node 8 but a cyclone node has 4 GPU(s)")
+
+
+def test_missing_account(script):
+    spec = SlurmJobSpec(script=script, profile="lumi", time="1:00:00")
+    f = only(lint(spec, builtin("lumi")), ERROR, "no --account")
+    assert "--account" in f.hint
+    with_extra = SlurmJobSpec(script=script, profile="lumi", time="1:00:00", extra_sbatch=("--account=p",))
+    assert lint(with_extra, builtin("lumi")) == []
+
+
+def test_time_above_partition_limit(script):
+    spec = SlurmJobSpec(script=script, profile="lumi", time="3-00:00:00", account="p")
+    f = only(lint(spec, builtin("lumi")), ERROR, "--time 3-00:00:00 is above the partition's limit 2-00:00:00")
+    assert "checkpoint" in f.hint
+
+
+def test_unknown_partition_is_a_warning(script):
+    spec = SlurmJobSpec(script=script, profile="lumi", time="1:00:00", account="p", partition="standard")
+    f = only(lint(spec, builtin("lumi")), WARNING, "partition 'standard'")
+    assert "standard-g" in f.hint
+
+
+def test_missing_script(tmp_path):
+    spec = SlurmJobSpec(script=str(tmp_path / "nope.py"), profile="local-test", time="5")
+    only(lint(spec, builtin("local-test")), ERROR, "does not exist")
+
+
+def test_more_ranks_than_the_batch_can_feed():
+    from trainscale.workloads.cnn import preflight
+
+    # 64 synthetic samples cannot give 16 ranks a batch of 16 each
+    spec = SlurmJobSpec(workload="cnn", args=("--data", "synthetic", "--samples", "64", "--batch-size", "16"),
+                        profile="local-test", nodes=2, gpus_per_node=8, time="5")
+    findings = lint(spec, builtin("local-test"), preflight=preflight)
+    f = only(findings, ERROR, "cnn with world size 16")
+    assert f.hint
+    small = SlurmJobSpec(workload="cnn", args=("--data", "synthetic", "--samples", "64", "--batch-size", "4"),
+                         profile="local-test", nodes=2, gpus_per_node=2, time="5")
+    assert errors(lint(small, builtin("local-test"), preflight=preflight)) == []
+
+
+def test_cpu_profile_oversubscription(script):
+    spec = SlurmJobSpec(script=script, profile="local-test", time="5", gpus_per_node=2, cpus_per_task=4,
+                        launcher="srun")
+    only(lint(spec, builtin("local-test")), ERROR, "2 rank(s) x 4 CPU(s) = 8 CPUs per node")
+
+
+def test_errors_come_first(script):
+    spec = SlurmJobSpec(script=script, profile="lumi", time="1:00:00", partition="x", dataloader_workers=9)
+    levels = [f.level for f in lint(spec, builtin("lumi"))]
+    assert levels == sorted(levels, key=lambda level: level != ERROR) and ERROR in levels and WARNING in levels
+
+
+def test_cli_refuses_to_submit_on_errors(script, capsys, tmp_path):
+    from trainscale.cli.main import main
+
+    rc = main(["slurm", "--profile", "lumi", "--time", "01:00:00", "--cpus-per-gpu", "7", "--output-dir",
+               str(tmp_path / "jobs"), "--submit", script])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "error: --cpus-per-gpu on profile lumi" in err and "error: no --account" in err
+    assert "hint:" in err and "not submitted" in err
+    assert not (tmp_path / "jobs").exists()  # nothing written, nothing submitted
+
+
+def test_config_error_for_missing_time(script):
+    from trainscale.cli.slurm import build
+
+    with pytest.raises(ConfigError, match="--time is required"):
+        build(["--profile", "local-test", "--dry-run", script])
+
+
+def test_cli_dry_run_prints_script_and_keeps_script_args(script, capsys):
+    from trainscale.cli.main import main
+
+    rc = main(["slurm", "--profile", "local-test", "--nodes", "2", "--gpus-per-node", "2", "--time", "10",
+               "--launcher", "srun", "--dry-run", script, "--nodes", "7", "--time", "x"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "#SBATCH --nodes=2" in out and "#SBATCH --time=00:10:00" in out
+    assert f"--script {script} --nodes 7 --time x" in out  # after the script: the script's own options
+    assert Path(script).exists()
