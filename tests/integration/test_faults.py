@@ -168,3 +168,26 @@ def test_two_jobs_on_one_host_never_join_each_other(tmp_path):
     for job, (out, err), token in zip(jobs, outputs, (111, 222)):
         assert job.returncode == 0, err
         assert f"TOKENS 2 [{token}, {token}]" in out
+
+
+def test_usr1_checkpoints_at_a_step_boundary_and_a_rerun_matches_an_uninterrupted_run(tmp_path):
+    """SLURM's warning signal, delivered to the launcher: forwarded to the workers, which agree on a
+    step, checkpoint and stop; running the same command again finishes the job exactly."""
+    common = ["run", "--nproc-per-node", "2", "--log-dir", "logs", *FAST_CNN, "--epochs", "6"]
+    proc = start([*common, "--checkpoint-dir", "pre"], tmp_path)
+    wait_for(lambda: worker_pid(proc, 0) and worker_pid(proc, 1), 60, "both workers")
+    # wait until training is under way: the first end-of-epoch checkpoint appears
+    wait_for(lambda: any((tmp_path / "pre").glob("ckpt-*.pt")), 120, "the first checkpoint")
+    signalled = time.monotonic()
+    proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=120)
+    stopped = time.monotonic() - signalled
+    assert proc.returncode == 0, err
+    assert "Preempted (SIGUSR1) at step" in out and "run the same command again" in out
+    rerun = run([*common, "--checkpoint-dir", "pre"], tmp_path)
+    assert rerun.returncode == 0 and "Resumed from" in rerun.stdout, rerun.stderr
+    clean = run([*common, "--checkpoint-dir", "clean"], tmp_path)
+    a, b = weights(tmp_path / "pre"), weights(tmp_path / "clean")
+    for key in b:
+        assert torch.equal(a[key], b[key]), key
+    print(f"checkpointed and stopped {stopped:.1f}s after SIGUSR1")

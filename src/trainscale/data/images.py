@@ -104,12 +104,17 @@ def load_digits_28(split: str, test_fraction: float = 0.2) -> ImageSplit:
     return ImageSplit(normalise(images[chosen]), labels[chosen])
 
 
-def synthetic_images(n: int, *, seed: int = 0, num_classes: int = 10, size: int = 28, channels: int = 1) -> ImageSplit:
-    """Learnable random data: each class has its own mean image plus noise."""
+def synthetic_images(n: int, *, seed: int = 0, num_classes: int = 10, size: int = 28, channels: int = 1,
+                     split: str = "train") -> ImageSplit:
+    """Learnable random data: each class has its own mean image (fixed by ``seed``) plus noise.
+
+    Train and test splits share the class images and differ in their samples, so held-out
+    accuracy measures learning.
+    """
     if n < 1:
         raise ConfigError(f"synthetic data size {n} must be >= 1", hint="pass --samples N with N > 0")
-    gen = torch.Generator().manual_seed(seed)
-    prototypes = torch.randn(num_classes, channels, size, size, generator=gen)
+    prototypes = torch.randn(num_classes, channels, size, size, generator=torch.Generator().manual_seed(seed))
+    gen = torch.Generator().manual_seed(seed * 1000 + (1 if split == "test" else 2))
     labels = torch.randint(0, num_classes, (n,), generator=gen)
     images = prototypes[labels] + 0.8 * torch.randn(n, channels, size, size, generator=gen)
     return ImageSplit(images, labels)
@@ -123,6 +128,6 @@ def load_images(source: str, split: str, *, data_dir: str | None = None, samples
         return load_digits_28(split)
     if source == "synthetic":
         n = samples if split == "train" else max(1, samples // 6)
-        return synthetic_images(n, seed=seed + (0 if split == "train" else 1))
+        return synthetic_images(n, seed=seed, split=split)
     root = Path(data_dir or os.environ.get("TRAINSCALE_DATA", "./data"))
     return load_mnist(root, split)

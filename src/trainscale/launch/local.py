@@ -7,6 +7,7 @@ Plan, then do: :class:`LocalLaunchSpec` is validated at construction (before any
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 import uuid
@@ -189,6 +190,7 @@ def launch(spec: LocalLaunchSpec) -> LaunchResult:
     entry_args = ["-m", "trainscale.launch.bootstrap", "--module" if spec.module else "--script",
                   spec.target if spec.module else str(Path(spec.target).absolute()), *spec.args]
     started = time.monotonic()
+    previous = _forward_to_workers(FORWARDED_SIGNALS)
     try:
         elastic_launch(config, sys.executable)(*entry_args)
         return LaunchResult(True, _run_dir(log_root, run_id), "", time.monotonic() - started)
@@ -207,11 +209,38 @@ def launch(spec: LocalLaunchSpec) -> LaunchResult:
                                    f"--rdzv-id, check the first node is reachable, or raise --rdzv-timeout") from None
         raise
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+"""SLURM's warning signals (``--signal=USR1@90``): the agent passes them on to its workers, whose
+trainscale runtime checkpoints at the next step boundary. (torchrun's agent would die of them.)"""
+
+
+def _forward_to_workers(signals: tuple[int, ...]) -> dict[int, object]:
+    import psutil
+
+    def forward(signum, frame) -> None:
+        for child in psutil.Process().children(recursive=True):
+            try:
+                if "trainscale.launch.bootstrap" in " ".join(child.cmdline()):
+                    child.send_signal(signum)
+            except psutil.Error:
+                continue
+
+    previous = {}
+    for sig in signals:
+        try:
+            previous[sig] = signal.signal(sig, forward)
+        except ValueError:  # not the main thread (launched from a library call): leave signals alone
+            break
+    return previous
 
 
 def _run_dir(log_root: Path, run_id: str) -> Path | None:

@@ -43,6 +43,7 @@ class Runtime:
     notes: list[str] = field(default_factory=list)
     _closed: bool = False
     _progress: Any = None
+    _preemption: Any = None
 
     # -- where am I ---------------------------------------------------------------------------
     @property
@@ -156,12 +157,28 @@ class Runtime:
                 raise explained from exc
             raise
 
+    @property
+    def preemption(self):
+        """The preemption flag (installed on first use): ``if rt.preemption.requested(): save, requeue``."""
+        if self._preemption is None:
+            from trainscale.runtime.preemption import Preemption
+
+            self._preemption = Preemption(self)
+        return self._preemption
+
+    @property
+    def attempt(self) -> int:
+        """0 on the first run; counts SLURM requeues and torchrun restarts."""
+        return int(os.environ.get("SLURM_RESTART_COUNT", "0")) + self.env.restart_count
+
     # -- teardown -------------------------------------------------------------------------------
     def close(self) -> None:
         """Destroy the process group trainscale created. Safe to call twice; the one teardown path."""
         if self._closed:
             return
         self._closed = True
+        if self._preemption is not None:
+            self._preemption.restore()
         if self.owns_process_group and dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
 

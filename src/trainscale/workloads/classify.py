@@ -99,6 +99,10 @@ def train_classifier(rt: Runtime, opts: TrainOptions, build_model: Callable[[], 
             ckpt.save(step, {**strategy.state_dict(model, optimizer), "step": step, "rng": rng_state(),
                              "epoch_steps": steps_per_epoch})
 
+    preemption = rt.preemption  # from here on SIGUSR1 only sets a flag, checked at step boundaries
+    preempted = False
+    if rt.attempt:
+        rt.print(f"Attempt {rt.attempt + 1} of this job (restarted or requeued {rt.attempt} time(s))")
     timer = StepTimer(rt, model, enabled=opts.breakdown)
     history: list[dict] = []
     total_steps = steps_per_epoch * opts.epochs if opts.max_steps is None else min(opts.max_steps,
@@ -115,6 +119,7 @@ def train_classifier(rt: Runtime, opts: TrainOptions, build_model: Callable[[], 
             next(batches)
         skip = 0
         timer.start_epoch()
+        stop = False
         while step < total_steps:
             with timer.section("data"):
                 batch = next(batches, None)
@@ -136,6 +141,18 @@ def train_classifier(rt: Runtime, opts: TrainOptions, build_model: Callable[[], 
                          f"/{steps_per_epoch * opts.batch_size * rt.world_size}]\tLoss: {loss.item():.6f}")
             if ckpt is not None and opts.checkpoint_every and step % opts.checkpoint_every == 0:
                 save()
+            if preemption.requested():  # agreed across ranks: all stop at the same step
+                stop = True
+                break
+        if stop:
+            if not (opts.checkpoint_every and step % opts.checkpoint_every == 0):
+                save()
+            what = preemption.requeue()
+            rt.print(f"Preempted ({preemption.received or 'signal on another rank'}) at step {step}, attempt "
+                     f"{rt.attempt}: checkpoint saved" + (f" to {opts.checkpoint_dir}" if ckpt else " nowhere "
+                     "(no --checkpoint-dir)") + (f"; {what}" if what else ""))
+            preempted = True
+            break
         epoch_time = time.perf_counter() - t0
         train_loss = rt.mean(loss_sum / max(1, seen))
         epoch_time = rt.mean(epoch_time)
@@ -151,7 +168,7 @@ def train_classifier(rt: Runtime, opts: TrainOptions, build_model: Callable[[], 
             save()
     result = {"workload": name, "world_size": rt.world_size, "num_nodes": rt.num_nodes, "device": str(rt.device),
               "backend": rt.backend, "strategy": strategy.name, "options": asdict(opts), "steps": step,
-              "epochs": history, "train_time_s": sum(h["time_s"] for h in history)}
+              "epochs": history, "preempted": preempted, "attempt": rt.attempt, "train_time_s": sum(h["time_s"] for h in history)}
     if opts.metrics_out and rt.is_main:
         atomic_write_text(Path(opts.metrics_out), json.dumps(result, indent=2))
     result["model"] = strategy.unwrap(model)

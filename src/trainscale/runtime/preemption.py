@@ -1,0 +1,83 @@
+"""Checkpoint-and-requeue on SLURM's warning signal, without doing any work inside the handler.
+
+SLURM sends ``--signal=USR1@SECONDS`` before the time limit or a preemption. The handler only sets
+a flag; the training loop asks :meth:`Preemption.requested` at each step boundary, which agrees on
+the answer across ranks (one tiny all-reduce), so every rank checkpoints at the same step. Then
+rank 0 requeues the job with ``scontrol requeue`` (array jobs in their ``JOBID_TASK`` form) or, where
+``scontrol`` is not reachable (inside a container), leaves a marker for the batch script to do it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+SIGNALS_VAR = "TRAINSCALE_PREEMPT_SIGNALS"
+"""Signals that mean "checkpoint and stop", comma-separated names (default: SIGUSR1)."""
+MARKER = "requeue-requested"
+"""File left in $TRAINSCALE_JOB_DIR when the batch step must run `scontrol requeue` itself."""
+
+
+def job_to_requeue(environ: dict[str, str] | None = None) -> str | None:
+    environ = os.environ if environ is None else environ
+    if environ.get("SLURM_ARRAY_JOB_ID") and environ.get("SLURM_ARRAY_TASK_ID"):
+        return f"{environ['SLURM_ARRAY_JOB_ID']}_{environ['SLURM_ARRAY_TASK_ID']}"
+    return environ.get("SLURM_JOB_ID")
+
+
+class Preemption:
+    def __init__(self, runtime: Any) -> None:
+        self.runtime = runtime
+        self.flag = False
+        self.received: str | None = None
+        names = os.environ.get(SIGNALS_VAR, "SIGUSR1")
+        self.signals = [getattr(signal, n.strip().upper() if n.strip().upper().startswith("SIG") else
+                                "SIG" + n.strip().upper()) for n in names.split(",") if n.strip()]
+        for sig in self.signals:
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:  # async-signal context: set a flag, nothing else
+        self.flag = True
+        self.received = signal.Signals(signum).name
+
+    def requested(self) -> bool:
+        """True on every rank once any rank has received the signal (call at step boundaries)."""
+        if not self.runtime.is_distributed:
+            return self.flag
+        flag = torch.tensor([1.0 if self.flag else 0.0], device=self.runtime.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item() > 0)
+
+    def requeue(self) -> str:
+        """Ask SLURM to run this job again (rank 0 only); returns what was done, for the log."""
+        job = job_to_requeue()
+        if not self.runtime.is_main:
+            return ""
+        if job is None:
+            return "not a SLURM job: run the same command again to resume from the checkpoint"
+        scontrol = shutil.which("scontrol")
+        if scontrol:
+            done = subprocess.run([scontrol, "requeue", job], capture_output=True, text=True, timeout=60)
+            if done.returncode == 0:
+                return f"requeued SLURM job {job} (scontrol requeue)"
+            reason = done.stderr.strip() or f"exit {done.returncode}"
+        else:
+            reason = "scontrol is not reachable here (container?)"
+        job_dir = os.environ.get("TRAINSCALE_JOB_DIR")
+        if job_dir:
+            Path(job_dir, MARKER).write_text(job + "\n")
+            return f"{reason}; left {MARKER} in the job directory for the batch script to requeue {job}"
+        print(f"trainscale: cannot requeue {job}: {reason}", file=sys.stderr, flush=True)
+        return f"could not requeue {job}: {reason}"
+
+    def restore(self) -> None:
+        for sig in self.signals:
+            signal.signal(sig, signal.SIG_DFL)
