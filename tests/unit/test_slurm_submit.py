@@ -1,0 +1,267 @@
+"""Submission (faked sbatch), job records, logs, triage of failed jobs, the port module and bootstrap's srun helpers."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trainscale.errors import LaunchError, SlurmError
+from trainscale.launch.slurm import JobRecord, load_record, rank_log_text, save_record, submit, write_script
+from trainscale.launch.slurm.submit import cancel, parse_parsable
+from trainscale.launch.slurm.triage import find_failure, srun_task_errors, trim_traceback
+from trainscale.launch.slurm.watch import explain
+from trainscale.launch.slurm.queue import JobInfo
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINSCALE_STATE_DIR", str(tmp_path / "state"))
+    return tmp_path / "state"
+
+
+def record(tmp_path: Path, launcher: str = "srun", job_id: str = "42") -> JobRecord:
+    return JobRecord(job_id=job_id, name="exp", launcher=launcher, profile="local-test", script="s.sbatch",
+                     output_dir=str(tmp_path / "jobs"), world_size=4, ranks_per_node=2)
+
+
+def test_write_script_never_overwrites(tmp_path):
+    path = write_script("#!/bin/bash\n", tmp_path / "out" / "a.sbatch")
+    assert path.read_text() == "#!/bin/bash\n"
+    with pytest.raises(SlurmError, match="already exists; trainscale does not overwrite"):
+        write_script("other", path)
+    assert path.read_text() == "#!/bin/bash\n"
+
+
+@pytest.mark.parametrize("out, parsed", [("123\n", ("123", "")), ("77;lumi\n", ("77", "lumi"))])
+def test_parse_parsable(out, parsed):
+    assert parse_parsable(out) == parsed
+
+
+def test_submit_calls_sbatch_parsable(tmp_path):
+    calls = []
+
+    def fake(argv, **kwargs):
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "4711;cluster1\n", "")
+
+    sub = submit(tmp_path / "job.sbatch", run=fake)
+    assert calls == [["sbatch", "--parsable", str(tmp_path / "job.sbatch")]]
+    assert (sub.job_id, sub.cluster) == ("4711", "cluster1")
+
+
+def test_submit_refused_by_slurm(tmp_path):
+    def fake(argv, **kwargs):
+        return subprocess.CompletedProcess(argv, 1, "", "sbatch: error: invalid partition specified: gpux\n")
+
+    with pytest.raises(SlurmError, match="invalid partition specified: gpux"):
+        submit(tmp_path / "job.sbatch", run=fake)
+    with pytest.raises(SlurmError, match="cannot read a job id"):
+        submit(tmp_path / "job.sbatch", run=lambda a, **k: subprocess.CompletedProcess(a, 0, "Submitted batch job\n", ""))
+
+
+def test_cancel_and_signal():
+    calls = []
+    cancel("12", run=lambda a, **k: calls.append(a) or subprocess.CompletedProcess(a, 0, "", ""))
+    cancel("12", signal="USR1", run=lambda a, **k: calls.append(a) or subprocess.CompletedProcess(a, 0, "", ""))
+    assert calls == [["scancel", "12"], ["scancel", "--signal=USR1", "12"]]
+    with pytest.raises(SlurmError, match="scancel 12 failed: Invalid job id"):
+        cancel("12", run=lambda a, **k: subprocess.CompletedProcess(a, 1, "", "Invalid job id specified"))
+
+
+def test_record_round_trip(tmp_path, state):
+    rec = record(tmp_path)
+    path = save_record(rec)
+    assert path == state / "jobs" / "42.json"
+    assert load_record("42") == rec
+    with pytest.raises(SlurmError, match="no record of job 43"):
+        load_record("43")
+    with pytest.raises(SlurmError, match="not a SLURM job id"):
+        load_record("../etc/passwd")
+
+
+def test_rank_logs_srun_mode(tmp_path):
+    rec = record(tmp_path, "srun")
+    rec.job_dir.mkdir(parents=True)
+    (rec.job_dir / "rank-3.out").write_text("hello from 3\n")
+    assert rank_log_text(rec, 3) == "hello from 3\n"
+    with pytest.raises(SlurmError, match="rank 4 is outside 0..3"):
+        rank_log_text(rec, 4)
+    with pytest.raises(SlurmError, match="no log for rank 1"):
+        rank_log_text(rec, 1)
+
+
+def test_rank_logs_torchrun_mode_from_prefixed_node_logs(tmp_path):
+    rec = record(tmp_path, "torchrun")
+    rec.job_dir.mkdir(parents=True)
+    (rec.job_dir / "node-0.out").write_text("[rank0]: a\n[rank1]: b\ntrainscale: agent line\n")
+    (rec.job_dir / "node-1.out").write_text("[rank3]: c\n[rank2]: d\n[rank3]: e\n")
+    assert rank_log_text(rec, 3) == "c\ne\n"
+    assert rank_log_text(rec, 0) == "a\n"
+
+
+def error_file(path: Path, message: str, stack: str) -> None:
+    path.write_text(json.dumps({"message": {"message": message, "extraInfo": {"py_callstack": stack,
+                                                                              "timestamp": "1700000000"}}}))
+
+
+USER_TB = ('Traceback (most recent call last):\n'
+           '  File "/venv/torch/distributed/elastic/multiprocessing/errors/__init__.py", line 367, in wrapper\n'
+           '    return f(*args, **kwargs)\n'
+           '  File "/src/trainscale/launch/bootstrap.py", line 81, in _main\n'
+           '    runpy.run_path(target, run_name="__main__")\n'
+           '  File "<frozen runpy>", line 291, in run_path\n'
+           '  File "/home/u/train.py", line 9, in <module>\n'
+           '    raise RuntimeError("boom on 3")\n'
+           'RuntimeError: boom on 3\n')
+
+
+def test_trim_traceback_keeps_user_frames():
+    trimmed = trim_traceback(USER_TB)
+    assert "bootstrap.py" not in trimmed and "runpy" not in trimmed and "wrapper" not in trimmed
+    assert '  File "/home/u/train.py", line 9, in <module>' in trimmed and trimmed.endswith("RuntimeError: boom on 3")
+
+
+def test_srun_failure_first_by_file_time(tmp_path):
+    job_dir = tmp_path / "job"
+    (job_dir / "errors").mkdir(parents=True)
+    error_file(job_dir / "errors" / "error-rank3.json", "RuntimeError: boom on 3", USER_TB)
+    error_file(job_dir / "errors" / "error-rank0.json", "DistBackendError: peer closed", "gloo: Connection closed")
+    now = time.time_ns()
+    os.utime(job_dir / "errors" / "error-rank3.json", ns=(now - 5_000_000, now - 5_000_000))  # 5 ms earlier
+    os.utime(job_dir / "errors" / "error-rank0.json", ns=(now, now))
+    (job_dir / "rank-3.out").write_text("step 1\n")
+    batch = ("srun: error: n1: task 0: Exited with exit code 1\n"
+             "srun: error: n2: task 3: Exited with exit code 1\n"
+             "srun: error: n1: task 1: Terminated\n")
+    failure = find_failure(job_dir, "srun", batch)
+    assert (failure.rank, failure.host, failure.how) == (3, "n2", "Exited with exit code 1")
+    text = failure.describe()
+    assert text.startswith("First failing rank: rank 3 on n2") and "RuntimeError: boom on 3" in text
+    assert "rank 0 on n1: Exited with exit code 1" in text and "rank 1 on n1: Terminated" in text
+
+
+def test_srun_failure_without_error_files_uses_srun_lines(tmp_path):
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    (job_dir / "rank-2.out").write_text("Segmentation fault\n")
+    failure = find_failure(job_dir, "srun", "srun: error: n2: tasks 2-3: Segmentation fault (core dumped)\n")
+    assert (failure.rank, failure.host) == (2, "n2")
+    assert "last lines of rank 2's log" in failure.describe() and "Segmentation fault" in failure.describe()
+    assert srun_task_errors("srun: error: n2: tasks 2-3,5: Killed\n") == {r: ("n2", "Killed") for r in (2, 3, 5)}
+
+
+SUMMARY = """========================================================================
+trainscale: training FAILED — first failing rank: {rank} on {host} (local rank {local}, pid 99), exit code 1
+
+Traceback of rank {rank}:
+{tb}
+Other ranks:
+  rank {other} on {host}: killed by SIGTERM (after the first failure)
+========================================================================
+"""
+
+
+def test_torchrun_failure_picks_the_node_with_the_earliest_error(tmp_path):
+    job_dir = tmp_path / "job"
+    for node, (rank, local, other, tb, delay) in {
+        "0": (0, 0, 1, "Traceback:\nDistBackendError: Connection closed by peer", 0),
+        "1": (3, 1, 2, USER_TB.rstrip(), -5_000_000),
+    }.items():
+        (job_dir / f"node-{node}.out").parent.mkdir(parents=True, exist_ok=True)
+        (job_dir / f"node-{node}.out").write_text(
+            f"[rank{rank}]: hi\n" + SUMMARY.format(rank=rank, host=f"h{node}", local=local, other=other, tb=tb))
+        err = job_dir / "torchrun" / f"42_{node}" / "attempt_0" / str(local) / "error.json"
+        err.parent.mkdir(parents=True)
+        error_file(err, "x", tb)
+        t = time.time_ns() + delay
+        os.utime(err, ns=(t, t))
+    failure = find_failure(job_dir, "torchrun")
+    assert (failure.rank, failure.host) == (3, "h1")
+    assert "RuntimeError: boom on 3" in failure.traceback
+    assert "rank 0 on h0: exit code 1" in failure.others
+
+
+def test_explain_failed_job_names_first_rank(tmp_path):
+    rec = record(tmp_path, "srun")
+    (rec.job_dir / "errors").mkdir(parents=True)
+    error_file(rec.job_dir / "errors" / "error-rank3.json", "RuntimeError: boom on 3", USER_TB)
+    rec.batch_output.write_text("srun: error: n2: task 3: Exited with exit code 1\n")
+    text = explain(JobInfo(job_id="42", name="exp", state="FAILED", exit_code=1, signal=0), rec)
+    assert "Job 42 (exp) FAILED" in text and "exit code 1" in text
+    assert "First failing rank: rank 3 on n2" in text and "RuntimeError: boom on 3" in text
+    assert str(rec.job_dir) in text
+
+
+def test_port_module_prints_a_free_port_and_names_a_busy_one():
+    from trainscale.launch.slurm.port import choose
+
+    port = choose("127.0.0.1")
+    assert 0 < port < 65536
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        with pytest.raises(LaunchError, match=f"port {taken} on 127.0.0.1"):
+            choose("127.0.0.1", taken)
+        done = subprocess.run([sys.executable, "-m", "trainscale.launch.slurm.port", "--host", "127.0.0.1",
+                               "--port", str(taken)], capture_output=True, text=True, env=dict(os.environ))
+        assert done.returncode == 1 and f"port {taken} on 127.0.0.1" in done.stderr and done.stdout == ""
+
+
+SLURM_TASK = {"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_STEP_ID": "0", "SLURM_NODEID": "1",
+              "SLURM_NTASKS": "4", "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_JOB_NODELIST": "n[1-2]",
+              "SLURM_JOB_ID": "42", "MASTER_PORT": "29511"}
+
+
+def test_bootstrap_exports_torchrun_variables_for_srun_tasks():
+    from trainscale.launch.bootstrap import export_torchrun_env
+
+    env = dict(SLURM_TASK, TRAINSCALE_EXPORT_TORCHRUN_ENV="1")
+    export_torchrun_env(env)
+    assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                                "MASTER_PORT")} == {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4",
+                                                    "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1", "MASTER_ADDR": "n1",
+                                                    "MASTER_PORT": "29511"}
+    untouched = dict(SLURM_TASK)
+    export_torchrun_env(untouched)  # not asked for
+    assert "RANK" not in untouched
+
+
+def test_bootstrap_points_error_file_into_job_dir():
+    from trainscale.launch.bootstrap import set_error_file
+
+    env = dict(SLURM_TASK, TRAINSCALE_ERROR_DIR="/jobs/j-42/errors")
+    set_error_file(env)
+    assert env["TORCHELASTIC_ERROR_FILE"] == "/jobs/j-42/errors/error-rank3.json"
+    agent = dict(SLURM_TASK, TRAINSCALE_ERROR_DIR="/x", TORCHELASTIC_ERROR_FILE="/agent/error.json")
+    set_error_file(agent)  # torchrun's agent already chose one
+    assert agent["TORCHELASTIC_ERROR_FILE"] == "/agent/error.json"
+
+
+def test_cli_submit_writes_script_record_and_prints_job_id(tmp_path, state, monkeypatch, capsys):
+    from trainscale.cli import slurm as cli
+    from trainscale.launch.slurm.submit import Submission
+
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    seen = []
+
+    def fake_submit(path, **kwargs):
+        seen.append(Path(path).read_text())
+        return Submission(job_id="555", cluster="", script=Path(path))
+
+    monkeypatch.setattr("trainscale.launch.slurm.submit", fake_submit)
+    rc = cli.run(type("A", (), {"argv": ["--profile", "local-test", "--time", "5", "--output-dir",
+                                         str(tmp_path / "jobs"), "--submit", str(script), "--x", "1"]})())
+    out, err = capsys.readouterr()
+    assert rc == 0 and out.strip() == "555" and "submitted job 555" in err
+    assert seen and seen[0].startswith("#!/bin/bash") and f"{script} --x 1" in seen[0]
+    rec = load_record("555")
+    assert rec.launcher == "torchrun" and rec.world_size == 1 and Path(rec.script).read_text() == seen[0]
