@@ -64,6 +64,9 @@ def test_unbound_local_ranks_share_the_affinity_so_omp_counts_against_a_share():
     srun = LaunchEnv(source="slurm", rank=0, local_rank=0, world_size=4, local_world_size=4, node_rank=0,
                      num_nodes=1, master_addr="n1", master_port=29500)
     assert cpus_per_rank(srun, Topology(cpus=tuple(range(8))), frozenset({0, 1}), {})[0] == 2
+    # srun tasks given RANK/LOCAL_RANK (detected as torchrun) are still bound by srun, not by an agent
+    assert cpus_per_rank(env, Topology(cpus=tuple(range(8))), frozenset({0, 1}), {})[0] == 2
+    assert cpus_per_rank(env, Topology(cpus=tuple(range(8))), frozenset({0, 1}), {"TORCHELASTIC_RUN_ID": "x"})[0] == 1
 
 
 def test_bad_omp_value_is_an_error():
@@ -157,13 +160,15 @@ def test_single_process_network_explains_there_is_nothing_to_probe(capsys):
 
 
 def test_ranks_sharing_cpus_on_one_host_warn():
-    def host(rank, name, cpus):
+    def host(rank, name, cpus, node=0):
         return Finding(section=SECTIONS[-1], check="host", level="ok", message="", rank=rank,
-                       detail={"host": name, "cpus": cpus})
+                       detail={"host": name, "cpus": cpus, "node": node})
 
+    # two nodes emulated on one machine share a host name but not their cores
+    assert check_overlap([host(0, "a", [0, 1]), host(1, "a", [0, 1], node=1)])[0].level == "ok"
     assert check_overlap([host(0, "a", [0, 1]), host(1, "a", [2, 3]), host(2, "b", [0, 1])])[0].level == "ok"
     clash = check_overlap([host(0, "a", [0, 1]), host(1, "a", [1, 2])])[0]
-    assert clash.level == "warning" and "ranks 0 and 1 on a share CPUs 1" in clash.message
+    assert clash.level == "warning" and "ranks 0 and 1 on a (node 0) share CPUs 1" in clash.message
 
 
 def test_json_round_trips_and_text_shows_every_hint():

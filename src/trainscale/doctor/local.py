@@ -159,8 +159,10 @@ def cpus_per_rank(env: LaunchEnv | None, topology: Topology, affinity: frozenset
     """How many CPUs one rank really has, and why: unbound local ranks share one affinity set."""
     lws = env.local_world_size if env else 1
     bound = environ.get(PLAN_ENV, "").strip() not in ("", "none")
-    # srun/mpirun usually bind each task to its own CPUs; a set smaller than the node's then belongs to one task.
-    if env and env.source in ("slurm", "mpi") and topology.cpus and set(affinity) != set(topology.cpus):
+    # srun/mpirun usually bind each task to its own CPUs, so a set smaller than the node's belongs to one task.
+    # (Tasks may look like torchrun's when RANK etc. are exported for them; only torchrun's agent sets this.)
+    by_agent = "TORCHELASTIC_RUN_ID" in environ or environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    if env and env.source != "single" and not by_agent and topology.cpus and set(affinity) != set(topology.cpus):
         bound = True
     if lws > 1 and not bound:
         per = max(1, len(affinity) // lws)

@@ -82,7 +82,7 @@ def check_port_free(host: str, address: str, port: int) -> Finding:
 
 def identity(env: LaunchEnv, host: str, affinity: frozenset[int], device: str) -> Finding:
     return ok(NETWORK, "host", f"{host}, local rank {env.local_rank}, node {env.node_rank}, device {device}, "
-              f"CPUs {format_cpulist(sorted(affinity))}", host=host, local_rank=env.local_rank,
+              f"CPUs {format_cpulist(sorted(affinity))}", host=host, node=env.node_rank, local_rank=env.local_rank,
               cpus=sorted(affinity))
 
 
@@ -127,7 +127,9 @@ def check_overlap(findings: list[Finding]) -> list[Finding]:
     by_host: dict[str, list[tuple[int, set[int]]]] = {}
     for f in findings:
         if f.check == "host" and f.rank is not None:
-            by_host.setdefault(f.detail["host"], []).append((f.rank, set(f.detail["cpus"])))
+            # Keyed by node rank too: emulated clusters (and containers) give several nodes one host name.
+            where = f"{f.detail['host']} (node {f.detail.get('node', 0)})"
+            by_host.setdefault(where, []).append((f.rank, set(f.detail["cpus"])))
     clashes = []
     for host, ranks in sorted(by_host.items()):
         for i, (a, cpus_a) in enumerate(ranks):
