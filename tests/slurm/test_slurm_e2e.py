@@ -100,3 +100,40 @@ def test_failing_rank_is_named(slurm_cluster, tmp_path, launcher):
     logs = trainscale(tmp_path, "logs", job_id, timeout=60)
     assert "First failing rank: rank 3" in logs.stdout, logs.stdout
     assert "deliberate failure on rank 3" in rank_log(tmp_path, job_id, 3)
+
+
+def test_jobs_lists_and_cancel_cancels(slurm_cluster, tmp_path):
+    from trainscale.launch.slurm import explain, watch
+
+    done = trainscale(tmp_path, "slurm", "--profile", "local-test", "--nodes", "1", "--gpus-per-node", "1",
+                      "--time", "00:05:00", "--launcher", "srun", "--output-dir", str(tmp_path / "jobs"),
+                      "--python", sys.executable, "--submit", str(SCRIPT), "--steps", "100000000")
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip()
+    assert job_id.isdigit()
+    listed = trainscale(tmp_path, "jobs", timeout=60)
+    assert listed.returncode == 0
+    row = [line for line in listed.stdout.splitlines() if line.startswith(job_id + " ")]
+    assert row and "trainscale-ddp_check" in row[0] and ("RUNNING" in row[0] or "PENDING" in row[0]), listed.stdout
+    cancelled = trainscale(tmp_path, "cancel", job_id, timeout=60)
+    assert cancelled.returncode == 0, cancelled.stderr
+    final = watch(job_id, poll_s=0.5, timeout_s=120)
+    assert final.state == "CANCELLED"
+    assert f"Job {job_id} (trainscale-ddp_check) CANCELLED: was cancelled" in explain(final)
+
+
+def test_busy_master_port_is_named_before_training(slurm_cluster, tmp_path):
+    import socket
+
+    with socket.socket() as busy:  # n1 is this machine (127.0.0.1): hold the port the job asks for
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = trainscale(tmp_path, "slurm", "--profile", "local-test", "--nodes", "2", "--gpus-per-node", "2",
+                          "--time", "00:05:00", "--launcher", "srun", "--output-dir", str(tmp_path / "jobs"),
+                          "--python", sys.executable, "--master-port", str(port), "--submit", "--watch",
+                          "--poll", "0.5", "--watch-timeout", "120", str(SCRIPT))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FAILED" in done.stdout
+    assert f"port {port} on n1" in done.stdout  # the batch output's last lines, shown by the explanation
+    assert not list((tmp_path / "jobs").glob("*/rank-*.out"))  # no rank was started
