@@ -258,7 +258,12 @@ def _enable_flight_recorder() -> None:
     os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
     os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-    dump_dir = os.environ.get("TRAINSCALE_TRACE_DIR", os.path.join(os.getcwd(), "nccl-traces"))
+    import tempfile
+
+    job_dir = os.environ.get("TRAINSCALE_JOB_DIR")
+    default = (os.path.join(job_dir, "nccl-traces") if job_dir
+               else os.path.join(tempfile.gettempdir(), f"trainscale-nccl-traces-{os.getuid()}"))
+    dump_dir = os.environ.get("TRAINSCALE_TRACE_DIR", default)
     if "TORCH_FR_DUMP_TEMP_FILE" not in os.environ and "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in os.environ:
         os.makedirs(dump_dir, exist_ok=True)
         os.environ["TORCH_FR_DUMP_TEMP_FILE"] = os.path.join(dump_dir, "nccl_trace_rank_")

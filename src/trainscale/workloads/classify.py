@@ -36,6 +36,12 @@ def make_loader(split: ImageSplit, opts: TrainOptions, rt: Runtime, shuffle: boo
     return DistributedLoader.for_runtime(dataset, rt, batch_size=opts.batch_size, shuffle=shuffle)
 
 
+def progress_bar(fraction: float, width: int = 20) -> str:
+    """A bar that reads well in a log file too (rank 0's output is usually redirected)."""
+    filled = int(round(max(0.0, min(1.0, fraction)) * width))
+    return "|" + "#" * filled + "-" * (width - filled) + "|"
+
+
 def resume_position(state: dict, step: int, steps_per_epoch: int, world_size: int, path) -> tuple[int, int]:
     """(epoch, batch within it) to continue from; explains what to do when the world size changed mid-epoch."""
     saved_world = int(state["trainscale"]["world_size"])
@@ -136,9 +142,11 @@ def train_classifier(rt: Runtime, opts: TrainOptions, build_model: Callable[[], 
             step += 1
             loss_sum += loss.detach()
             seen += 1
-            if opts.log_every and step % opts.log_every == 0:
-                rt.print(f"Train Epoch: {epoch + 1} [{(step - epoch * steps_per_epoch) * opts.batch_size * rt.world_size}"
-                         f"/{steps_per_epoch * opts.batch_size * rt.world_size}]\tLoss: {loss.item():.6f}")
+            if opts.log_every and step % opts.log_every == 0 and rt.is_main:
+                done = (step - epoch * steps_per_epoch) / steps_per_epoch
+                rt.print(f"Train Epoch: {epoch + 1} {progress_bar(done)} "
+                         f"[{(step - epoch * steps_per_epoch) * opts.batch_size * rt.world_size}"
+                         f"/{steps_per_epoch * opts.batch_size * rt.world_size} ({done:.0%})]\tLoss: {loss.item():.6f}")
             if ckpt is not None and opts.checkpoint_every and step % opts.checkpoint_every == 0:
                 save()
             if preemption.requested():  # agreed across ranks: all stop at the same step
