@@ -105,7 +105,9 @@ def test_failing_rank_is_named(slurm_cluster, tmp_path, launcher):
 def test_jobs_lists_and_cancel_cancels(slurm_cluster, tmp_path):
     from trainscale.launch.slurm import explain, watch
 
-    done = trainscale(tmp_path, "slurm", "--profile", "local-test", "--nodes", "1", "--gpus-per-node", "1",
+    # 2 ranks on one node: 2 CPUs per task (the test nodes declare 4 CPUs on a 2-core machine, and srun
+    # cannot lay out one task wider than the real cores)
+    done = trainscale(tmp_path, "slurm", "--profile", "local-test", "--nodes", "1", "--gpus-per-node", "2",
                       "--time", "00:05:00", "--launcher", "srun", "--output-dir", str(tmp_path / "jobs"),
                       "--python", sys.executable, "--submit", str(SCRIPT), "--steps", "100000000")
     assert done.returncode == 0, done.stderr

@@ -265,3 +265,41 @@ def test_cli_submit_writes_script_record_and_prints_job_id(tmp_path, state, monk
     assert seen and seen[0].startswith("#!/bin/bash") and f"{script} --x 1" in seen[0]
     rec = load_record("555")
     assert rec.launcher == "torchrun" and rec.world_size == 1 and Path(rec.script).read_text() == seen[0]
+
+
+def test_logs_cli_shows_batch_output_failure_and_rank(tmp_path, state, capsys):
+    from trainscale.cli.main import main
+
+    rec = record(tmp_path, "srun")
+    save_record(rec)
+    (rec.job_dir / "errors").mkdir(parents=True)
+    error_file(rec.job_dir / "errors" / "error-rank3.json", "RuntimeError: boom on 3", USER_TB)
+    (rec.job_dir / "rank-3.out").write_text("rank three says hi\n")
+    rec.batch_output.write_text("trainscale: job 42 on n[1-2]\nsrun: error: n2: task 3: Exited with exit code 1\n")
+    assert main(["logs", "42"]) == 0
+    out = capsys.readouterr().out
+    assert "trainscale: job 42 on n[1-2]" in out and "First failing rank: rank 3 on n2" in out
+    assert main(["logs", "42", "--rank", "3"]) == 0
+    assert "rank three says hi" in capsys.readouterr().out
+    assert main(["logs", "42", "--rank", "9"]) == 2
+    assert "rank 9 is outside 0..3" in capsys.readouterr().err
+
+
+def test_jobs_cli_lists_squeue(monkeypatch, capsys):
+    from trainscale.cli.main import main
+    from trainscale.launch.slurm import queue
+
+    calls = []
+
+    def fake(argv, **kwargs):
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "7|train|PENDING|0:00|1:00:00|2|alice|Resources|\n"
+                                                    "8|eval|RUNNING|0:42|1:00:00|1|alice|None|n3\n", "")
+
+    monkeypatch.setattr(queue.subprocess, "run", fake)
+    monkeypatch.setenv("USER", "alice")
+    assert main(["jobs"]) == 0
+    out = capsys.readouterr().out
+    assert "--user=alice" in calls[0]
+    assert any(line.startswith("7 ") and "PENDING" in line and "(Resources)" in line for line in out.splitlines())
+    assert any(line.startswith("8 ") and "RUNNING" in line and line.endswith("n3") for line in out.splitlines())

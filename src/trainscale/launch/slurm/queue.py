@@ -123,9 +123,9 @@ def info_from_scontrol(text: str) -> JobInfo | None:
                    source="scontrol")
 
 
-def _run(run: Runner, argv: list[str]) -> subprocess.CompletedProcess:
+def _run(run: Runner | None, argv: list[str]) -> subprocess.CompletedProcess:
     try:
-        return run(argv, capture_output=True, text=True, timeout=60)
+        return (run or subprocess.run)(argv, capture_output=True, text=True, timeout=60)
     except FileNotFoundError:
         raise SlurmError(f"`{argv[0]}` is not installed here", hint="run this on a SLURM login node") from None
     except subprocess.TimeoutExpired:
@@ -133,7 +133,7 @@ def _run(run: Runner, argv: list[str]) -> subprocess.CompletedProcess:
                          hint="the SLURM controller may be overloaded or down; try again") from None
 
 
-def squeue(run: Runner = subprocess.run, *, user: str | None = None, job_id: str | None = None,
+def squeue(run: Runner | None = None, *, user: str | None = None, job_id: str | None = None,
            all_states: bool = False) -> list[JobInfo]:
     argv = ["squeue", "--noheader", f"--format={SQUEUE_FORMAT}"]
     if user:
@@ -150,7 +150,7 @@ def squeue(run: Runner = subprocess.run, *, user: str | None = None, job_id: str
     return parse_squeue(done.stdout)
 
 
-def sacct(job_id: str, run: Runner = subprocess.run) -> JobInfo | None:
+def sacct(job_id: str, run: Runner | None = None) -> JobInfo | None:
     """The job's accounting record; None when sacct has no record or accounting is disabled."""
     try:
         done = _run(run, ["sacct", "--jobs", job_id, "--noheader", "--parsable2", f"--format={SACCT_FORMAT}"])
@@ -161,7 +161,7 @@ def sacct(job_id: str, run: Runner = subprocess.run) -> JobInfo | None:
     return parse_sacct(done.stdout, job_id)
 
 
-def scontrol_job(job_id: str, run: Runner = subprocess.run) -> JobInfo | None:
+def scontrol_job(job_id: str, run: Runner | None = None) -> JobInfo | None:
     """What the controller still remembers (finished jobs stay for MinJobAge seconds)."""
     done = _run(run, ["scontrol", "show", "job", "-o", job_id])
     if done.returncode != 0:
@@ -169,7 +169,7 @@ def scontrol_job(job_id: str, run: Runner = subprocess.run) -> JobInfo | None:
     return info_from_scontrol(done.stdout)
 
 
-def job_info(job_id: str, run: Runner = subprocess.run) -> JobInfo | None:
+def job_info(job_id: str, run: Runner | None = None) -> JobInfo | None:
     """Best record of a job: squeue while it is live, then sacct, then ``scontrol show job``."""
     live = [j for j in squeue(run, job_id=job_id) if j.job_id == job_id]
     if live and live[0].state not in TERMINAL and live[0].state != "COMPLETING":

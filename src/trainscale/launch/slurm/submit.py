@@ -43,10 +43,10 @@ def parse_parsable(stdout: str) -> tuple[str, str]:
     return m.group(1), m.group(2) or ""
 
 
-def submit(script: Path, *, run: Runner = subprocess.run, cwd: Path | None = None) -> Submission:
+def submit(script: Path, *, run: Runner | None = None, cwd: Path | None = None) -> Submission:
     argv = ["sbatch", "--parsable", str(script)]
     try:
-        done = run(argv, capture_output=True, text=True, timeout=120, cwd=cwd)
+        done = (run or subprocess.run)(argv, capture_output=True, text=True, timeout=120, cwd=cwd)
     except FileNotFoundError:
         raise SlurmError("`sbatch` is not installed here", hint="submit from a SLURM login node, or use --dry-run") from None
     if done.returncode != 0:
@@ -56,10 +56,10 @@ def submit(script: Path, *, run: Runner = subprocess.run, cwd: Path | None = Non
     return Submission(job_id=job_id, cluster=cluster, script=Path(script))
 
 
-def cancel(job_id: str, *, run: Runner = subprocess.run, signal: str | None = None) -> None:
+def cancel(job_id: str, *, run: Runner | None = None, signal: str | None = None) -> None:
     argv = ["scancel"] + ([f"--signal={signal}"] if signal else []) + [job_id]
     try:
-        done = run(argv, capture_output=True, text=True, timeout=60)
+        done = (run or subprocess.run)(argv, capture_output=True, text=True, timeout=60)
     except FileNotFoundError:
         raise SlurmError("`scancel` is not installed here", hint="run this on a SLURM login node") from None
     if done.returncode != 0:

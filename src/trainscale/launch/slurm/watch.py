@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import time
 from pathlib import Path
 from typing import Callable
@@ -64,7 +63,7 @@ def explain(info: JobInfo, record: JobRecord | None = None) -> str:
     return "\n".join(lines)
 
 
-def watch(job_id: str, *, run: Runner = subprocess.run, poll_s: float = 2.0, timeout_s: float | None = None,
+def watch(job_id: str, *, run: Runner | None = None, poll_s: float = 2.0, timeout_s: float | None = None,
           on_change: Callable[[JobInfo], None] | None = None,
           clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> JobInfo:
     """Poll until the job reaches a final state; ``on_change`` sees every new state (RUNNING, REQUEUED...)."""
