@@ -1,0 +1,159 @@
+"""All-reduce bandwidth, measured the way nccl-tests reports it, launched exactly like training.
+
+    algbw = bytes / time                      (what one rank's buffer sees)
+    busbw = algbw * 2 (n - 1) / n             (the per-link load of a ring all-reduce; comparable
+                                               across rank counts and to the hardware's link speed)
+
+``python -m trainscale.bench.allreduce --sizes 1KB..16MB --out F`` is what each rank runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from pathlib import Path
+
+from trainscale.errors import ConfigError
+
+UNITS = {"b": 1, "kb": 1024, "kib": 1024, "mb": 1024**2, "mib": 1024**2, "gb": 1024**3, "gib": 1024**3}
+DEFAULT_SIZES = "1KB..16MB"
+ELEMENT_BYTES = 4  # float32, as nccl-tests' default
+
+
+def parse_size(text: str) -> int:
+    """``64KB`` -> 65536 (binary units, as nccl-tests prints them)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else ""
+    if not match or (unit and unit not in UNITS):
+        raise ConfigError(f"message size {text!r} not understood", hint="use a number with B, KB, MB or GB, e.g. 4MB")
+    size = int(match.group(1)) * UNITS[unit or "b"]
+    if size < ELEMENT_BYTES or size % ELEMENT_BYTES:
+        raise ConfigError(f"message size {text!r} = {size} bytes is not a whole number of float32 elements",
+                          hint="use a multiple of 4 bytes, e.g. 1KB")
+    return size
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """``1KB..16MB`` (doubling, as nccl-tests' -f 2) or a list ``1KB,1MB,4MB``."""
+    if ".." in text:
+        lo_text, _, hi_text = text.partition("..")
+        lo, hi = parse_size(lo_text), parse_size(hi_text)
+        if hi < lo:
+            raise ConfigError(f"--sizes {text!r}: the largest size is smaller than the smallest",
+                              hint="write SMALLEST..LARGEST, e.g. 1KB..16MB")
+        sizes, size = [], lo
+        while size <= hi:
+            sizes.append(size)
+            size *= 2
+        return tuple(sizes)
+    return tuple(parse_size(t) for t in text.split(","))
+
+
+def format_size(size: float) -> str:
+    for unit, scale in (("GB", 1024**3), ("MB", 1024**2), ("KB", 1024)):
+        if size >= scale:
+            value = size / scale
+            return f"{value:.0f}{unit}" if value == int(value) else f"{value:.1f}{unit}"
+    return f"{int(size)}B"
+
+
+def bus_factor(world_size: int) -> float:
+    """nccl-tests' all-reduce correction: each rank sends and receives 2 (n-1)/n of the buffer."""
+    if world_size < 1:
+        raise ConfigError(f"world size {world_size}", hint="at least one rank")
+    return 2.0 * (world_size - 1) / world_size
+
+
+def bandwidths(size_bytes: int, seconds: float, world_size: int) -> tuple[float, float]:
+    """(algbw, busbw) in bytes per second."""
+    if seconds <= 0:
+        raise ConfigError(f"all-reduce time {seconds}s", hint="times must be positive")
+    algbw = size_bytes / seconds
+    return algbw, algbw * bus_factor(world_size)
+
+
+def table(result: dict) -> str:
+    """The result as a fixed-width text table (GB/s = 1e9 bytes/s, as nccl-tests)."""
+    lines = [f"all_reduce (sum, float32) on {result['world_size']} rank(s), backend {result['backend']}, "
+             f"device {result['device']}",
+             f"{'size':>8} {'count':>10} {'time (us)':>11} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}"]
+    for row in result["rows"]:
+        lines.append(f"{format_size(row['bytes']):>8} {row['count']:>10} {row['time_s'] * 1e6:>11.1f} "
+                     f"{row['algbw_Bps'] / 1e9:>13.3f} {row['busbw_Bps'] / 1e9:>13.3f}")
+    return "\n".join(lines)
+
+
+def nearest_row(result: dict, size_bytes: int) -> dict:
+    """The measured row closest (in log size) to ``size_bytes``."""
+    import math
+
+    return min(result["rows"], key=lambda r: abs(math.log(r["bytes"]) - math.log(max(1, size_bytes))))
+
+
+def measure(rt, sizes: tuple[int, ...], iters: int, warmup: int, budget_s: float) -> list[dict]:
+    import torch
+    import torch.distributed as dist
+
+    def sync() -> None:
+        if rt.device.type == "cuda":
+            torch.cuda.synchronize(rt.device)
+
+    rows = []
+    for size in sizes:
+        count = size // ELEMENT_BYTES
+        buf = torch.ones(count, dtype=torch.float32, device=rt.device)
+        if not rt.is_distributed:
+            rows.append({"bytes": size, "count": count, "iters": 0, "time_s": float("nan"), "algbw_Bps": 0.0,
+                         "busbw_Bps": 0.0})
+            continue
+        start = time.perf_counter()
+        for _ in range(max(1, warmup)):
+            dist.all_reduce(buf)
+        sync()
+        # Every rank must run the same number of iterations: agree on the slowest rank's warm-up time.
+        one = torch.tensor([(time.perf_counter() - start) / max(1, warmup)], dtype=torch.float64, device=rt.device)
+        dist.all_reduce(one, op=dist.ReduceOp.MAX)
+        n_iter = int(max(3, min(iters, budget_s / max(float(one), 1e-9))))
+        rt.barrier()
+        start = time.perf_counter()
+        for _ in range(n_iter):
+            dist.all_reduce(buf)
+        sync()
+        took = torch.tensor([(time.perf_counter() - start) / n_iter], dtype=torch.float64, device=rt.device)
+        dist.all_reduce(took, op=dist.ReduceOp.MAX)  # a collective is as slow as its slowest rank
+        seconds = float(took)
+        algbw, busbw = bandwidths(size, seconds, rt.world_size)
+        rows.append({"bytes": size, "count": count, "iters": n_iter, "time_s": seconds, "algbw_Bps": algbw,
+                     "busbw_Bps": busbw})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> dict:
+    import sys
+
+    import trainscale
+
+    p = argparse.ArgumentParser(prog="trainscale.bench.allreduce")
+    p.add_argument("--sizes", default=DEFAULT_SIZES)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--budget", type=float, default=1.0, help="seconds per size at most (fewer iterations)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    sizes = parse_sizes(args.sizes)
+    with trainscale.init(device=args.device) as rt:
+        rows = measure(rt, sizes, args.iters, args.warmup, args.budget)
+        result = {"world_size": rt.world_size, "num_nodes": rt.num_nodes, "backend": rt.backend,
+                  "device": str(rt.device), "rows": rows}
+        if rt.is_main:
+            print(table(result), flush=True)
+            if args.out:
+                Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()

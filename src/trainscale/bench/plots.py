@@ -1,0 +1,145 @@
+"""The study's PNGs (matplotlib, Agg): speedup vs ideal, throughput, time breakdown, batch sweep."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainscale.errors import ConfigError
+
+COLOURS = {"data": "#8da0cb", "compute": "#66c2a5", "communication": "#fc8d62", "optimizer": "#e78ac3",
+           "other": "#b3b3b3"}
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigError("plots need matplotlib, which is not installed",
+                          hint="pip install 'trainscale[bench]' (or matplotlib), or pass --no-plots") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _ok(study: dict) -> list[dict]:
+    return [r for r in study["runs"] if r.get("status") == "ok"]
+
+
+def speedup_plot(study: dict, path: Path) -> Path:
+    plt = _pyplot()
+    runs = [r for r in _ok(study) if r.get("speedup") is not None]
+    base = next(r for r in study["runs"] if r["config"] == study["baseline"])
+    proj = (study.get("projection") or {}).get("rows", [])
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    xs = sorted({r["world_size"] for r in runs} | {p["ranks"] for p in proj} | {base["world_size"]})
+    ax.plot(xs, [x / base["world_size"] for x in xs], "k--", lw=1, label="ideal (linear)")
+    ax.plot([r["world_size"] for r in runs], [r["speedup"] for r in runs], "o", ms=8, color="#1b9e77",
+            label="measured")
+    for r in runs:
+        ax.annotate(r["label"], (r["world_size"], r["speedup"]), textcoords="offset points", xytext=(6, -12),
+                    fontsize=8)
+    if proj:
+        ax.plot([p["ranks"] for p in proj], [p["speedup"] for p in proj], "s-", color="#d95f02",
+                label=f"projected ({study['projection']['network']['name']})")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.set_xlabel("ranks (workers)")
+    ax.set_ylabel(f"speedup over {base['label']}")
+    ax.set_title(f"Speedup: {study['target']} ({study['spec']['scaling']} scaling)")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    return _save(fig, path)
+
+
+def throughput_plot(study: dict, path: Path) -> Path:
+    plt = _pyplot()
+    runs = [r for r in _ok(study) if r.get("samples_per_s")]
+    labels = [_short(r) for r in runs]
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(runs) + 2), 4.5))
+    bars = ax.bar(labels, [r["samples_per_s"] for r in runs], color="#66c2a5")
+    for bar, r in zip(bars, runs):
+        ax.annotate(f"{r['samples_per_s']:.0f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center", va="bottom", fontsize=9)
+    ax.set_ylabel("training samples / s")
+    ax.set_title(f"Throughput per configuration: {study['target']}")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.margins(y=0.15)
+    return _save(fig, path)
+
+
+def breakdown_plot(study: dict, path: Path) -> Path | None:
+    plt = _pyplot()
+    runs = [r for r in _ok(study) if r.get("breakdown")]
+    if not runs:
+        return None
+    labels = [_short(r) for r in runs]
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(runs) + 3), 4.8))
+    bottom = [0.0] * len(runs)
+    for key, colour in COLOURS.items():
+        values = [r["breakdown"][key] * 1e3 for r in runs]
+        ax.bar(labels, values, bottom=bottom, color=colour, label=key)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    for i, r in enumerate(runs):
+        ax.annotate(f"comm {r['breakdown']['communication_fraction']:.0%}", (i, bottom[i]), ha="center",
+                    va="bottom", fontsize=9)
+    ax.set_ylabel("time per step (ms)")
+    ax.set_title("Where a training step's time goes")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.margins(y=0.12)
+    ax.grid(True, axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def sweep_plot(study: dict, path: Path) -> Path:
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    by_config: dict[str, list[dict]] = {}
+    for r in _ok(study):
+        by_config.setdefault(r["label"], []).append(r)
+    for label, runs in by_config.items():
+        runs.sort(key=lambda r: r["per_rank_batch"])
+        batches = [r["per_rank_batch"] for r in runs]
+        left.plot(batches, [r["samples_per_s"] for r in runs], "o-", label=label)
+        right.plot(batches, [r["runtime_s"] / r["epochs"] for r in runs], "o-", label=label)
+    for ax, title, ylabel in ((left, "Throughput", "samples / s"), (right, "Time per epoch", "seconds")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch per rank")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"Batch-size sweep: {study['target']}")
+    return _save(fig, path)
+
+
+def _short(run: dict) -> str:
+    return run["label"].replace("DDP ", "").replace(" x ", "x") + (
+        f"\nbatch {run['per_rank_batch']}" if run.get("sweep") else "")
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
+
+
+def make_all(study: dict, out_dir: Path) -> dict[str, str]:
+    """Write every plot that has data; name -> path."""
+    out: dict[str, str] = {}
+    if not _ok(study):
+        return out
+    if study["spec"].get("sweep_batches"):
+        out["sweep"] = str(sweep_plot(study, out_dir / "sweep.png"))
+    else:
+        if any(r.get("speedup") is not None for r in study["runs"]):
+            out["speedup"] = str(speedup_plot(study, out_dir / "speedup.png"))
+        out["throughput"] = str(throughput_plot(study, out_dir / "throughput.png"))
+    made = breakdown_plot(study, out_dir / "breakdown.png")
+    if made:
+        out["breakdown"] = str(made)
+    return out

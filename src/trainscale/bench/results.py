@@ -1,0 +1,173 @@
+"""A study's numbers: one record per run, speedup and efficiency, and the files they are written to.
+
+Speedup compares time per sample, so runs that processed slightly different sample counts (an epoch
+not divisible by ranks x batch) are still compared fairly; when every run processed the same samples
+it is exactly ``baseline runtime / runtime``. Efficiency = speedup / (ranks / baseline ranks).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import statistics
+from pathlib import Path
+
+SECTIONS = ("data", "compute", "communication", "optimizer", "other")
+
+
+def per_step_breakdown(epochs: list[dict], step_time_s: float) -> dict | None:
+    """Per-step seconds of each section summed over epochs; ``other`` is the untimed rest of the step."""
+    timed = [e for e in epochs if e.get("breakdown")]
+    steps = sum(e["steps"] for e in timed)
+    if not timed or not steps:
+        return None
+    out = {}
+    for key in ("data", "compute", "communication", "optimizer", "communication_total"):
+        out[key] = sum(float(e["breakdown"].get(key, 0.0)) for e in timed) / steps
+    out["other"] = max(0.0, step_time_s - sum(out[k] for k in SECTIONS[:4]))
+    total = sum(out[k] for k in SECTIONS)
+    out["communication_fraction"] = out["communication"] / total if total > 0 else 0.0
+    out["gradient_bytes"] = int(timed[-1]["breakdown"].get("gradient_bytes", 0))
+    out["buckets"] = int(max(e["breakdown"].get("buckets", 0) for e in timed))
+    return out
+
+
+def record_from_metrics(metrics: dict, *, global_batch: int) -> dict:
+    """What a run's metrics JSON (the workloads' --metrics-out format) says about its speed and result."""
+    epochs = metrics.get("epochs") or []
+    runtime = sum(float(e["time_s"]) for e in epochs)
+    steps = sum(int(e["steps"]) for e in epochs)
+    samples = sum(int(e.get("samples", e["steps"] * global_batch)) for e in epochs)
+    step_time = runtime / steps if steps else float("nan")
+    last = epochs[-1] if epochs else {}
+    return {
+        "timed": "epochs",
+        "runtime_s": runtime,
+        "epoch_times_s": [float(e["time_s"]) for e in epochs],
+        "epochs": len(epochs),
+        "steps": steps,
+        "samples": samples,
+        "samples_per_s": samples / runtime if runtime > 0 else float("nan"),
+        "step_time_s": step_time,
+        "median_epoch_samples_per_s": statistics.median(float(e["samples_per_s"]) for e in epochs) if epochs else None,
+        "train_loss": last.get("train_loss"),
+        "test_loss": last.get("test_loss"),
+        "accuracy": last.get("accuracy"),
+        "breakdown": per_step_breakdown(epochs, step_time),
+    }
+
+
+def record_from_launch(seconds: float) -> dict:
+    """A script that wrote no metrics: the whole launch is timed (includes process start-up)."""
+    return {"timed": "launch", "runtime_s": seconds, "epoch_times_s": [], "epochs": None, "steps": None,
+            "samples": None, "samples_per_s": None, "step_time_s": None, "train_loss": None, "test_loss": None,
+            "accuracy": None, "breakdown": None}
+
+
+def add_speedups(runs: list[dict], baseline_token: str) -> None:
+    """Fill ``speedup`` and ``efficiency`` of every successful run, relative to the baseline run."""
+    base = next((r for r in runs if r["config"] == baseline_token), None)
+    for run in runs:
+        run["speedup"] = run["efficiency"] = None
+        if base is None or base.get("status") != "ok" or run.get("status") != "ok":
+            continue
+        run["speedup"] = speedup(base, run)
+        run["efficiency"] = run["speedup"] / (run["world_size"] / base["world_size"])
+
+
+def speedup(base: dict, run: dict) -> float:
+    if base.get("samples") and run.get("samples"):
+        return (base["runtime_s"] / base["samples"]) / (run["runtime_s"] / run["samples"])
+    return base["runtime_s"] / run["runtime_s"]
+
+
+def _fmt(value, pattern: str, missing: str = "-") -> str:
+    return missing if value is None else pattern.format(value)
+
+
+def markdown_table(study: dict) -> str:
+    """Seed 004's table: Version | Workers | Runtime (s) | Speedup | Parallel efficiency (+ a few more)."""
+    validated = any(r.get("predicted_runtime_s") is not None for r in study["runs"])
+    head = ["Version", "Workers", "Runtime (s)", "Speedup", "Parallel efficiency", "Samples/s", "Comm. share"]
+    if validated:
+        head += ["Predicted (s)", "Error"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for r in study["runs"]:
+        if r.get("status") != "ok":
+            lines.append(f"| {r['label']} | {r['world_size']} | failed | - | - | - | -" + (" | - | -" if validated else "")
+                         + " |")
+            continue
+        share = (r.get("breakdown") or {}).get("communication_fraction")
+        row = [r["label"], str(r["world_size"]), f"{r['runtime_s']:.1f}", _fmt(r.get("speedup"), "{:.2f}x"),
+               _fmt(r.get("efficiency"), "{:.0%}"), _fmt(r.get("samples_per_s"), "{:.0f}"), _fmt(share, "{:.0%}")]
+        if validated:
+            pred = r.get("predicted_runtime_s")
+            row += [_fmt(pred, "{:.1f}"), _fmt(None if pred is None else pred / r["runtime_s"] - 1, "{:+.0%}")]
+        lines.append("| " + " | ".join(row) + " |")
+    for p in study.get("projection", {}).get("rows", []):
+        row = [f"{p['label']} (projected)", str(p["ranks"]), f"{p['runtime_s']:.1f}", f"{p['speedup']:.2f}x",
+               f"{p['efficiency']:.0%}", f"{p['samples_per_s']:.0f}",
+               f"{p['exposed_comm_s'] / p['step_s']:.0%}" if p["step_s"] else "-"]
+        if validated:
+            row += ["-", "-"]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def sweep_table(study: dict) -> str:
+    head = ["Version", "Workers", "Batch per rank", "Global batch", "Time per epoch (s)", "Samples/s", "Accuracy"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for r in study["runs"]:
+        if r.get("status") != "ok":
+            lines.append(f"| {r['label']} | {r['world_size']} | {r['per_rank_batch']} | {r['global_batch']} | failed | - | - |")
+            continue
+        per_epoch = r["runtime_s"] / r["epochs"] if r.get("epochs") else None
+        lines.append(f"| {r['label']} | {r['world_size']} | {r['per_rank_batch']} | {r['global_batch']} | "
+                     f"{_fmt(per_epoch, '{:.2f}')} | {_fmt(r.get('samples_per_s'), '{:.0f}')} | "
+                     f"{_fmt(r.get('accuracy'), '{:.1%}')} |")
+    return "\n".join(lines)
+
+
+CSV_FIELDS = ("config", "label", "status", "world_size", "nodes", "nproc_per_node", "per_rank_batch", "global_batch",
+              "epochs", "steps", "samples", "runtime_s", "samples_per_s", "step_time_s", "speedup", "efficiency",
+              "train_loss", "test_loss", "accuracy", "data_s", "compute_s", "communication_s", "optimizer_s",
+              "other_s", "communication_fraction", "predicted_runtime_s", "launch_s", "timed")
+
+
+def csv_text(study: dict) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for r in study["runs"]:
+        row = dict(r)
+        for key in SECTIONS:
+            row[f"{key}_s"] = (r.get("breakdown") or {}).get(key)
+        row["communication_fraction"] = (r.get("breakdown") or {}).get("communication_fraction")
+        writer.writerow(row)
+    return buf.getvalue()
+
+
+def markdown_document(study: dict, plots: dict[str, str]) -> str:
+    env = study["environment"]
+    spec = study["spec"]
+    mode = "batch-size sweep" if spec.get("sweep_batches") else f"{spec['scaling']} scaling"
+    parts = [f"# Scaling study: {study['target']}", "",
+             f"{mode}; baseline {study['baseline']}; {env['device']}, {env['cores']} cores on {env['host']}; "
+             f"torch {env['torch']}, trainscale {env['trainscale']}.", "",
+             sweep_table(study) if spec.get("sweep_batches") else markdown_table(study), ""]
+    proj = study.get("projection")
+    if proj:
+        parts += [f"Projection: {proj['network']['name']}, busbw {proj['network']['busbw_Bps'] / 1e9:.2f} GB/s, "
+                  f"latency {proj['network']['latency_s'] * 1e6:.0f} us, from the {proj['from']} run "
+                  f"({proj['gradient_bytes'] / 1e6:.1f} MB of gradients); model in docs/scaling.md.", ""]
+    parts += [f"![{name}]({Path(path).name})" for name, path in plots.items()]
+    return "\n".join(parts) + "\n"
+
+
+def write_all(out_dir: Path, study: dict, plots: dict[str, str]) -> dict[str, Path]:
+    paths = {"json": out_dir / "results.json", "csv": out_dir / "results.csv", "md": out_dir / "results.md"}
+    paths["json"].write_text(json.dumps({**study, "plots": plots}, indent=2, default=str) + "\n")
+    paths["csv"].write_text(csv_text(study))
+    paths["md"].write_text(markdown_document(study, plots))
+    return paths

@@ -1,0 +1,97 @@
+"""Run a planned study through the local launcher and collect one record per run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from trainscale.bench import results
+from trainscale.bench.display import Row, StudyDisplay
+from trainscale.bench.study import BATCH_ENV, METRICS_ENV, Plan, PlannedRun, read_metrics
+
+
+def launch_spec(spec_plan: Plan, run: PlannedRun, run_dir: Path):
+    """The LocalLaunchSpec of one run (what ``trainscale run`` would build for it)."""
+    from trainscale.launch.local import LocalLaunchSpec
+
+    metrics = run_dir / "metrics.json"
+    env = {METRICS_ENV: str(metrics.absolute()), BATCH_ENV: str(run.per_rank_batch)}
+    spec = spec_plan.spec
+    if spec.workload:
+        target, module = "trainscale.workloads", True
+        args = (spec.workload, *run.args, "--metrics-out", str(metrics.absolute()))
+    else:
+        target, module, args = str(Path(spec.script).absolute()), False, run.args
+    return LocalLaunchSpec(target=target, module=module, args=tuple(args), nproc_per_node=run.config.nproc_per_node,
+                           log_dir=run_dir / "logs", env=env)
+
+
+def base_record(run: PlannedRun) -> dict:
+    c = run.config
+    return {"name": run.name, "config": c.token, "label": c.label, "world_size": c.world_size, "nodes": c.nnodes,
+            "nproc_per_node": c.nproc_per_node, "device": "cuda" if c.gpus and c.device != "cpu" else "cpu",
+            "per_rank_batch": run.per_rank_batch, "global_batch": run.global_batch, "max_steps": run.max_steps,
+            "args": list(run.args), "sweep": run.sweep}
+
+
+def execute_run(plan: Plan, run: PlannedRun, out_dir: Path, display: StudyDisplay) -> dict:
+    from trainscale.launch.local import launch
+
+    run_dir = out_dir / "runs" / run.name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec = launch_spec(plan, run, run_dir)
+    record = base_record(run)
+    display.start(run.name)
+    with display.capture(run.name):
+        result = launch(spec)
+    record.update(launch_s=result.seconds, log_dir=str(result.log_dir) if result.log_dir else None,
+                  metrics_file=str(run_dir / "metrics.json"))
+    if not result.ok:
+        record.update(status="failed", failure=result.summary, **results.record_from_launch(result.seconds))
+        (run_dir / "failure.txt").write_text(result.summary + "\n")
+        display.finish(run.name, False, "see " + str(run_dir / "failure.txt"))
+        return record
+    metrics = read_metrics(run_dir / "metrics.json")
+    if metrics is None:
+        record.update(status="ok", **results.record_from_launch(result.seconds))
+        display.finish(run.name, True, "no metrics written: whole launch timed")
+    else:
+        record.update(status="ok", **results.record_from_metrics(metrics, global_batch=run.global_batch))
+        record["nodes"] = metrics.get("num_nodes", record["nodes"])
+        record["device"] = metrics.get("device", record["device"])
+        display.finish(run.name, True, f"{record['runtime_s']:.1f}s, {record['samples_per_s']:.0f} samples/s")
+    return record
+
+
+def rows_for(plan: Plan) -> list[Row]:
+    epochs = plan.spec.epochs if plan.spec.workload else None
+    return [Row(r.name, r.config.label, r.config.world_size, r.per_rank_batch, epochs) for r in plan.runs]
+
+
+def execute(plan: Plan, out_dir: Path, *, verbose: bool = False, console=None) -> list[dict]:
+    title = f"trainscale bench: {plan.spec.target} -> {out_dir}"
+    records = []
+    with StudyDisplay(title, rows_for(plan), verbose=verbose, console=console) as display:
+        for run in plan.runs:
+            records.append(execute_run(plan, run, out_dir, display))
+    return records
+
+
+def measure_allreduce(nproc: int, sizes: str, out_file: Path, log_dir: Path, *, iters: int = 20,
+                      budget_s: float = 1.0, device: str = "auto", quiet: bool = True) -> dict | None:
+    """Launch ``trainscale.bench.allreduce`` on ``nproc`` local ranks like training; its JSON, or None."""
+    import contextlib
+    import io
+
+    from trainscale.launch.local import LocalLaunchSpec, launch
+
+    spec = LocalLaunchSpec(target="trainscale.bench.allreduce", module=True, nproc_per_node=nproc, log_dir=log_dir,
+                           args=("--sizes", sizes, "--iters", str(iters), "--budget", str(budget_s), "--device", device,
+                                 "--out", str(out_file.absolute())))
+    sink = io.StringIO()
+    with contextlib.redirect_stdout(sink) if quiet else contextlib.nullcontext(), \
+            contextlib.redirect_stderr(sink) if quiet else contextlib.nullcontext():
+        result = launch(spec)
+    if not result.ok:
+        return {"error": result.summary}
+    return json.loads(out_file.read_text())

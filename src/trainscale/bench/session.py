@@ -1,0 +1,99 @@
+"""One call from spec to files: plan, run every configuration, compare, project, plot, write."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from trainscale.bench import environment, plots as plotting, results
+from trainscale.bench.study import StudySpec, choose_out_dir, plan
+from trainscale.errors import ConfigError
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProjectionRequest:
+    """``--project-to N --interconnect PRESET|measured``."""
+
+    project_to: int
+    """Largest rank count to predict."""
+    interconnect: str = "measured"
+    """A preset name (``trainscale bench --list-interconnects``) or ``measured`` (this machine's all-reduce)."""
+    links_per_node: int | None = None
+    """Override the preset's links (NICs) per node."""
+    overlap: float = 1.0
+    """Fraction of backward that can hide gradient communication."""
+
+    def __post_init__(self) -> None:
+        if self.project_to < 2:
+            raise ConfigError(f"--project-to {self.project_to} must be >= 2", hint="e.g. --project-to 1024")
+        if self.interconnect != "measured":
+            from trainscale.bench.projection import get_preset
+
+            get_preset(self.interconnect, self.links_per_node)
+
+
+@dataclass
+class Outcome:
+    out_dir: Path
+    study: dict
+    files: dict[str, Path]
+    plots: dict[str, str]
+
+    @property
+    def ok(self) -> bool:
+        return all(r.get("status") == "ok" for r in self.study["runs"])
+
+
+def run_study(spec: StudySpec, *, projection: ProjectionRequest | None = None, validate: bool = False,
+              make_plots: bool = True, verbose: bool = False, console=None) -> Outcome:
+    the_plan = plan(spec)  # every configuration error surfaces here, before anything launches
+    if projection and spec.sweep_batches:
+        raise ConfigError("--project-to does not apply to a batch-size sweep", hint="drop --sweep-batch or --project-to")
+    if (projection or validate) and not any(c.world_size == 1 for c in the_plan.configs):
+        raise ConfigError("a projection starts from a measured single-rank run, and --configs has none",
+                          hint="add 1 (or cpu) to --configs")
+    out_dir = choose_out_dir(spec.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    from trainscale.bench.runner import execute
+
+    runs = execute(the_plan, out_dir, verbose=verbose, console=console)
+    study = {"target": spec.target, "baseline": the_plan.baseline.token, "environment": environment.collect(),
+             "spec": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items()}, "runs": runs}
+    results.add_speedups(runs, the_plan.baseline.token)
+    _predict(study, spec, out_dir, projection, validate)
+    plot_paths = plotting.make_all(study, out_dir) if make_plots else {}
+    files = results.write_all(out_dir, study, plot_paths)
+    return Outcome(out_dir, study, files, plot_paths)
+
+
+def _predict(study: dict, spec: StudySpec, out_dir: Path, projection: ProjectionRequest | None, validate: bool) -> None:
+    from trainscale.bench import predictions
+    from trainscale.bench.projection import get_preset
+
+    if not (projection or validate) or not any(r.get("breakdown") for r in study["runs"]):
+        return
+    try:
+        predictions.source_run(study["runs"], study["baseline"])
+    except ConfigError as exc:
+        study["projection_error"] = str(exc)
+        return
+    measure = predictions.allreduce_measurer(out_dir)
+    shared = all(r["device"] == "cpu" and r["nodes"] == 1 for r in study["runs"])
+    if validate or (projection and projection.interconnect == "measured"):
+        checked = predictions.validate(study, measure, shared_compute=shared)
+        errors = [abs(r["prediction"]["error"]) for r in checked]
+        study["validation"] = {"runs": [r["config"] for r in checked], "shared_compute": shared,
+                               "mean_abs_error": sum(errors) / len(errors) if errors else None}
+    if projection:
+        if projection.interconnect == "measured":
+            checked = [r for r in study["runs"] if r.get("prediction")]
+            if not checked:
+                raise ConfigError("--interconnect measured needs a measured multi-rank run to take busbw from",
+                                  hint="add 2 to --configs, or name a preset such as ib-hdr200")
+            from trainscale.bench.projection import Network
+
+            net = Network(**max(checked, key=lambda r: r["world_size"])["prediction"]["network"])
+        else:
+            net = get_preset(projection.interconnect, projection.links_per_node).network()
+        predictions.attach_projection(study, net, projection.project_to, scaling=spec.scaling,
+                                      overlap=projection.overlap)

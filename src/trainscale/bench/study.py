@@ -1,0 +1,178 @@
+"""A scaling study: spec -> plan (pure, every error before any launch) -> run each configuration.
+
+Each configuration is started through the same launcher as ``trainscale run`` (torch's elastic
+agent), so what is measured is what a user gets. Built-in workloads write their per-epoch metrics
+with ``--metrics-out``; a user script gets the path in ``TRAINSCALE_METRICS_OUT`` (see
+``trainscale.bench.metrics``) and is timed as a whole launch when it writes nothing.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainscale.bench.configs import (RunConfig, find_baseline, parse_configs, per_rank_batch, scaled_max_steps)
+from trainscale.errors import ConfigError
+
+METRICS_ENV = "TRAINSCALE_METRICS_OUT"
+BATCH_ENV = "TRAINSCALE_BENCH_BATCH"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StudySpec:
+    """What to measure, where, and where the results go."""
+
+    workload: str | None = None
+    """Built-in workload name (``--workload cnn``); or give ``script``."""
+    script: str | None = None
+    """A user script that uses trainscale's runtime."""
+    script_args: tuple[str, ...] = ()
+    """Arguments for the script; ``{batch}`` is replaced by each run's per-rank batch."""
+    configs: str = "1,2"
+    """Configuration tokens, comma-separated (cpu, N, NxM, Nn)."""
+    scaling: str = "weak"
+    """weak: ``batch_size`` per rank (seed 004's recipe); strong: ``batch_size`` is the fixed global batch."""
+    batch_size: int = 16
+    """Per rank (weak) or global (strong) batch."""
+    epochs: int = 2
+    """Epochs per run."""
+    max_steps: int | None = None
+    """Stop each run after this many steps (scaled in weak scaling so every run does the same work)."""
+    data: str | None = None
+    """Data source for the workload (digits, mnist, synthetic)."""
+    samples: int | None = None
+    """Synthetic training samples."""
+    workload_args: tuple[str, ...] = ()
+    """More arguments for the workload (after ``--``)."""
+    baseline: str | None = None
+    """Token speedups are measured against (default: the first configuration)."""
+    sweep_batches: tuple[int, ...] = ()
+    """Per-rank batch sizes to sweep (batch-size sweep mode)."""
+    out_dir: Path | None = None
+    """Results directory; default bench-out/<timestamp>. Never an existing study."""
+    gpus_visible: int = 0
+    """GPUs on this node (decides what ``1`` and ``N`` mean)."""
+
+    def __post_init__(self) -> None:
+        if (self.workload is None) == (self.script is None):
+            raise ConfigError("give exactly one of --workload NAME or SCRIPT",
+                              hint="e.g. trainscale bench --workload cnn --configs 1,2, or trainscale bench train.py")
+        if self.epochs < 1:
+            raise ConfigError(f"--epochs {self.epochs} must be >= 1", hint="e.g. --epochs 2")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ConfigError(f"--max-steps {self.max_steps} must be >= 1", hint="leave it out to run whole epochs")
+        if self.samples is not None and self.samples < 1:
+            raise ConfigError(f"--samples {self.samples} must be >= 1", hint="e.g. --samples 4096")
+        if self.sweep_batches and self.scaling == "strong":
+            raise ConfigError("--sweep-batch sweeps the per-rank batch, which strong scaling fixes",
+                              hint="drop --scaling strong for a sweep")
+
+    @property
+    def target(self) -> str:
+        return f"workload {self.workload}" if self.workload else f"script {self.script}"
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    name: str
+    """Directory name of this run inside the study (``01-cpu``)."""
+    config: RunConfig
+    per_rank_batch: int
+    global_batch: int
+    max_steps: int | None
+    args: tuple[str, ...]
+    sweep: bool = False
+
+
+@dataclass
+class Plan:
+    spec: StudySpec
+    configs: tuple[RunConfig, ...]
+    baseline: RunConfig
+    runs: list[PlannedRun] = field(default_factory=list)
+
+
+def _workload_args(spec: StudySpec, config: RunConfig, batch: int, max_steps: int | None) -> tuple[str, ...]:
+    args = ["--epochs", str(spec.epochs), "--batch-size", str(batch), "--breakdown", "--log-every", "0"]
+    if max_steps is not None:
+        args += ["--max-steps", str(max_steps)]
+    if spec.data:
+        args += ["--data", spec.data]
+    if spec.samples is not None:
+        args += ["--samples", str(spec.samples)]
+    if config.device == "cpu":
+        args += ["--device", "cpu"]
+    return (*args, *spec.workload_args)
+
+
+def _script_args(spec: StudySpec, batch: int) -> tuple[str, ...]:
+    return tuple(a.replace("{batch}", str(batch)) for a in spec.script_args)
+
+
+def plan(spec: StudySpec, *, preflight: bool = True) -> Plan:
+    """Every run of the study with its batch sizes and arguments; raises ConfigError before any launch."""
+    configs = parse_configs(spec.configs, gpus_visible=spec.gpus_visible)
+    baseline = find_baseline(configs, spec.baseline)
+    if spec.workload:
+        from trainscale.workloads.registry import get_workload
+
+        get_workload(spec.workload)
+    out = Plan(spec, configs, baseline)
+    batches = spec.sweep_batches or (spec.batch_size,)
+    index = 0
+    for config in configs:
+        for batch_option in batches:
+            index += 1
+            batch = batch_option if spec.sweep_batches else per_rank_batch(config, batch_option, spec.scaling)
+            steps = scaled_max_steps(spec.max_steps, config, baseline, "weak" if spec.sweep_batches else spec.scaling)
+            args = _workload_args(spec, config, batch, steps) if spec.workload else _script_args(spec, batch)
+            slug = re.sub(r"[^a-zA-Z0-9]+", "-", config.token).strip("-") or "run"
+            name = f"{index:02d}-{slug}" + (f"-b{batch}" if spec.sweep_batches else "")
+            out.runs.append(PlannedRun(name, config, batch, batch * config.world_size, steps, args,
+                                       bool(spec.sweep_batches)))
+    if preflight and spec.workload:
+        _preflight(spec.workload, out.runs)
+    return out
+
+
+def _preflight(workload: str, runs: list[PlannedRun]) -> None:
+    """The workload's own checks (options, data large enough for every rank) for each run."""
+    import importlib
+
+    from trainscale.workloads.registry import get_workload
+
+    check = getattr(importlib.import_module(get_workload(workload).module), "preflight", None)
+    if check is None:
+        return
+    for run in runs:
+        try:
+            check(list(run.args), run.config.world_size)
+        except ConfigError as exc:
+            raise ConfigError(f"configuration {run.config.token!r} (batch {run.per_rank_batch} per rank): "
+                              f"{exc.message}", hint=exc.hint) from None
+
+
+def choose_out_dir(requested: Path | None, root: Path = Path("bench-out"), now: datetime.datetime | None = None) -> Path:
+    """A fresh directory for the study: never one that already holds a study."""
+    if requested is not None:
+        if requested.exists() and any(requested.iterdir()):
+            raise ConfigError(f"--out {requested} already exists and is not empty; a study is never overwritten",
+                              hint="give a new directory, or leave --out out for bench-out/<timestamp>")
+        return requested
+    stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
+    candidate, k = root / stamp, 1
+    while candidate.exists():
+        k += 1
+        candidate = root / f"{stamp}-{k}"
+    return candidate
+
+
+def read_metrics(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) and data.get("epochs") else None
