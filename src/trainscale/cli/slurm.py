@@ -34,7 +34,7 @@ VALUE_FLAGS = ("--profile", "--nodes", "--gpus-per-node", "--time", "--account",
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="trainscale slurm", usage=HELP, add_help=True)
+    p = argparse.ArgumentParser(prog="trainscale slurm", usage=HELP.removeprefix("usage: "), add_help=True)
     p.add_argument("--profile", default="generic-nvidia")
     p.add_argument("--nodes", type=int, default=1)
     p.add_argument("--gpus-per-node", type=int, default=None, help="on CPU-only profiles: ranks per node")
@@ -180,6 +180,6 @@ run_raw = run
 
 def register(sub) -> None:
     p = sub.add_parser("slurm", help="render, lint, submit and watch a SLURM batch job (torchrun or srun mode)",
-                       add_help=False, usage=HELP)
+                       add_help=False, usage=HELP.removeprefix("usage: "))
     p.add_argument("argv", nargs=argparse.REMAINDER)
     p.set_defaults(func=run)
