@@ -156,6 +156,9 @@ def markdown_document(study: dict, plots: dict[str, str]) -> str:
              f"{mode}; baseline {study['baseline']}; {env['device']}, {env['cores']} cores on {env['host']}; "
              f"torch {env['torch']}, trainscale {env['trainscale']}.", "",
              sweep_table(study) if spec.get("sweep_batches") else markdown_table(study), ""]
+    busy = busy_warning(study)
+    if busy:
+        parts += [f"**Warning:** {busy}", ""]
     proj = study.get("projection")
     if proj:
         parts += [f"Projection: {proj['network']['name']}, busbw {proj['network']['busbw_Bps'] / 1e9:.2f} GB/s, "
@@ -163,6 +166,18 @@ def markdown_document(study: dict, plots: dict[str, str]) -> str:
                   f"({proj['gradient_bytes'] / 1e6:.1f} MB of gradients); model in docs/scaling.md.", ""]
     parts += [f"![{name}]({Path(path).name})" for name, path in plots.items()]
     return "\n".join(parts) + "\n"
+
+
+def busy_warning(study: dict) -> str | None:
+    """A note when the machine was already loaded (load average above its cores) as a run started."""
+    cores = study["environment"].get("cores") or 1
+    loads = [(r["name"], r["load_before"]) for r in study["runs"] if r.get("load_before") is not None]
+    busy = [(n, x) for n, x in loads if x > cores]
+    if not busy:
+        return None
+    worst = max(busy, key=lambda t: t[1])
+    return (f"the machine was busy (1-minute load average up to {worst[1]:.1f} on {cores} cores, run {worst[0]}); "
+            f"other processes competed with these runs, so their timings are unreliable")
 
 
 def write_all(out_dir: Path, study: dict, plots: dict[str, str]) -> dict[str, Path]:

@@ -41,6 +41,7 @@ def execute_run(plan: Plan, run: PlannedRun, out_dir: Path, display: StudyDispla
     run_dir.mkdir(parents=True, exist_ok=True)
     spec = launch_spec(plan, run, run_dir)
     record = base_record(run)
+    record["load_before"] = _load()
     display.start(run.name)
     with display.capture(run.name):
         result = launch(spec)
@@ -61,6 +62,16 @@ def execute_run(plan: Plan, run: PlannedRun, out_dir: Path, display: StudyDispla
         record["device"] = metrics.get("device", record["device"])
         display.finish(run.name, True, f"{record['runtime_s']:.1f}s, {record['samples_per_s']:.0f} samples/s")
     return record
+
+
+def _load() -> float | None:
+    """1-minute load average: other work on the machine makes every timing here unreliable."""
+    import os
+
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
 
 
 def rows_for(plan: Plan) -> list[Row]:

@@ -144,6 +144,10 @@ def run(args: argparse.Namespace) -> int:
         if v["mean_abs_error"] is not None:
             print(f"Model check on this machine: predicted vs measured runtime, mean |error| {v['mean_abs_error']:.0%} "
                   f"over {', '.join(v['runs'])} rank run(s)")
+    from trainscale.bench.results import busy_warning
+
+    if busy_warning(study):
+        print(f"Warning: {busy_warning(study)}")
     if study.get("projection_error"):
         print(f"No projection: {study['projection_error']}")
     for name, path in outcome.files.items():

@@ -1,0 +1,126 @@
+"""trainscale bench end to end: real launches on 1 and 2 CPU ranks (tiny: a few steps of synthetic data)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from trainscale.bench import ProjectionRequest, StudySpec, run_study  # noqa: E402
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINSCALE_", "RANK", "WORLD_SIZE", "MASTER_"))}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@pytest.mark.slow
+def test_small_strong_scaling_study_writes_consistent_files(tmp_path):
+    out = tmp_path / "study"
+    spec = StudySpec(workload="cnn", configs="1,2", scaling="strong", batch_size=32, epochs=1, max_steps=8,
+                     data="synthetic", samples=512, out_dir=out)
+    outcome = run_study(spec, projection=ProjectionRequest(project_to=64, interconnect="ib-hdr200"), validate=True)
+    assert outcome.ok, [r.get("failure") for r in outcome.study["runs"]]
+
+    study = json.loads((out / "results.json").read_text())
+    one, two = study["runs"]
+    assert (one["world_size"], one["per_rank_batch"], two["world_size"], two["per_rank_batch"]) == (1, 32, 2, 16)
+    assert one["steps"] == two["steps"] == 8 and one["samples"] == two["samples"] == 8 * 32
+    assert two["speedup"] == pytest.approx(one["runtime_s"] / two["runtime_s"])
+    assert two["efficiency"] == pytest.approx(two["speedup"] / 2)
+    assert {"host", "cores", "torch", "trainscale", "device"} <= set(study["environment"])
+    assert one["accuracy"] is not None and one["train_loss"] == pytest.approx(two["train_loss"], rel=1e-4)
+
+    # the breakdown: no communication on one rank; on two, a measured share that is neither 0 nor everything
+    assert one["breakdown"]["communication"] == 0.0
+    b = two["breakdown"]
+    assert 0.0 < b["communication_fraction"] < 0.9
+    assert b["communication_total"] >= b["communication"] > 0 and b["gradient_bytes"] == 4_799_528
+    assert sum(b[k] for k in ("data", "compute", "communication", "optimizer", "other")) == pytest.approx(
+        two["step_time_s"], rel=1e-6)
+
+    # the model was checked against the 2-rank run with busbw measured here, and projected onward
+    assert two["prediction"]["network"]["busbw_Bps"] > 0 and two["predicted_runtime_s"] > 0
+    assert [p["ranks"] for p in study["projection"]["rows"]] == [8, 16, 32, 64]
+
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert [r["config"] for r in rows] == ["1", "2"]
+    assert float(rows[1]["speedup"]) == pytest.approx(two["speedup"])
+    md = (out / "results.md").read_text()
+    assert "| Version | Workers | Runtime (s) | Speedup | Parallel efficiency |" in md
+    assert "| DDP 2 CPU ranks | 2 |" in md and "| 64 ranks (projected) | 64 |" in md
+    for name in ("speedup", "throughput", "breakdown"):
+        assert (out / f"{name}.png").read_bytes()[:8] == PNG
+    assert (out / "runs" / "02-2" / "metrics.json").is_file()
+
+    with pytest.raises(Exception, match="already exists"):
+        run_study(spec)  # the same --out again: refused, nothing overwritten
+
+
+SCRIPT = """
+import argparse, torch, trainscale
+from trainscale.bench.metrics import EpochRecorder
+p = argparse.ArgumentParser(); p.add_argument("--bs", type=int); a = p.parse_args()
+with trainscale.init(device="cpu") as rt:
+    rec = EpochRecorder(rt)
+    rec.start()
+    x = torch.randn(a.bs, 64)
+    for _ in range(5):
+        rt.mean(float(x.sum()))
+    rec.end(steps=5, samples=5 * a.bs * rt.world_size, train_loss=1.0)
+    rec.write()
+"""
+
+
+@pytest.mark.slow
+def test_a_user_script_reports_through_the_recorder_and_cli_prints_the_table(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    out = tmp_path / "s"
+    proc = subprocess.run([sys.executable, "-m", "trainscale", "bench", "--configs", "1,2", "--scaling", "strong",
+                           "--batch-size", "8", "--out", str(out), str(script), "--bs", "{batch}"],
+                          capture_output=True, text=True, env=_env(), cwd=tmp_path, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    study = json.loads((out / "results.json").read_text())
+    assert [(r["per_rank_batch"], r["timed"], r["samples"]) for r in study["runs"]] == [(8, "epochs", 40),
+                                                                                       (4, "epochs", 40)]
+    assert "| Single CPU rank | 1 |" in proc.stdout and str(out / "speedup.png") in proc.stdout
+
+
+def test_bad_input_fails_before_anything_launches(tmp_path):
+    for argv, expected in ((["--configs", "1,2,x3"], "unknown configuration token 'x3'"),
+                           (["--configs", "0,1"], "configuration '0': 0 ranks"),
+                           (["--configs", "1,2", "--baseline", "4"], "--baseline '4' is not one of"),
+                           (["--configs", "1,2", "--scaling", "strong", "--batch-size", "15"], "not divisible by 2")):
+        out = tmp_path / "never"
+        proc = subprocess.run([sys.executable, "-m", "trainscale", "bench", "--workload", "cnn", *argv,
+                               "--out", str(out)], capture_output=True, text=True, env=_env(), cwd=tmp_path,
+                              timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        assert expected in proc.stderr and "Hint:" in proc.stderr
+        assert not out.exists() and not list(Path(tmp_path).glob("trainscale-logs"))
+
+
+@pytest.mark.slow
+def test_allreduce_command(tmp_path):
+    out = tmp_path / "ar"
+    proc = subprocess.run([sys.executable, "-m", "trainscale", "bench", "allreduce", "--nproc", "2", "--sizes",
+                           "1KB..8KB", "--iters", "5", "--out", str(out)], capture_output=True, text=True,
+                          env=_env(), cwd=tmp_path, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads((out / "allreduce.json").read_text())
+    assert result["world_size"] == 2 and [r["bytes"] for r in result["rows"]] == [1024, 2048, 4096, 8192]
+    for row in result["rows"]:
+        assert row["algbw_Bps"] == pytest.approx(row["bytes"] / row["time_s"])
+        assert row["busbw_Bps"] == pytest.approx(row["algbw_Bps"])  # 2 (n-1)/n = 1 for two ranks
+    assert "busbw (GB/s)" in proc.stdout
