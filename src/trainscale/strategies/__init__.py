@@ -1,8 +1,14 @@
-"""Parallel strategies behind one switch: ``get_strategy("ddp" | "zero1" | "fsdp" | "deepspeed")``."""
+"""Parallel strategies behind one switch: ``get_strategy("ddp" | "zero1" | "fsdp" | "deepspeed")``.
+
+Options ride along in one string, so ``--strategy`` needs no other flags:
+``fsdp:reshard_after_forward=false,mixed_precision=bf16`` or ``deepspeed:config=ds_config.json``.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import typing
 from typing import Any
 
 from trainscale.errors import ConfigError, did_you_mean
@@ -17,10 +23,60 @@ REGISTRY: dict[str, tuple[str, str]] = {
 }
 
 
+def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """``"name:key=value,key=value"`` -> (name, {key: value}) with the values still strings."""
+    name, _, rest = spec.partition(":")
+    options: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"strategy option {item!r} in {spec!r} is not key=value",
+                              hint="e.g. --strategy fsdp:reshard_after_forward=false,mixed_precision=bf16")
+        options[key.strip()] = value.strip()
+    return name.strip().lower(), options
+
+
+def _coerce(cls: type, options: dict[str, Any]) -> dict[str, Any]:
+    """Turn option strings into the field types of the strategy dataclass; unknown names are errors."""
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init and f.name not in ("name", "sharded_checkpoint")}
+    hints = typing.get_type_hints(cls)
+    out: dict[str, Any] = {}
+    for key, value in options.items():
+        if key not in fields:
+            raise ConfigError(f"strategy {cls.name!r} has no option {key!r}",  # type: ignore[attr-defined]
+                              hint=did_you_mean(key, list(fields)))
+        out[key] = _convert(key, value, hints[key]) if isinstance(value, str) else value
+    return out
+
+
+def _convert(key: str, value: str, hint: Any) -> Any:
+    kinds = set(typing.get_args(hint)) or {hint}
+    if value.lower() in ("none", "null") and type(None) in kinds:
+        return None
+    if bool in kinds:
+        if value.lower() in ("1", "true", "yes", "on"):
+            return True
+        if value.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"strategy option {key}={value!r} is not a boolean", hint=f"use {key}=true or {key}=false")
+    for kind in (int, float):
+        if kind in kinds:
+            try:
+                return kind(value)
+            except ValueError:
+                raise ConfigError(f"strategy option {key}={value!r} is not a number",
+                                  hint=f"e.g. {key}=1") from None
+    if typing.get_origin(hint) is tuple or tuple in kinds:
+        return tuple(v for v in value.split("+") if v)  # several values: a+b
+    return value
+
+
 def get_strategy(name: str | Strategy, **options: Any) -> Strategy:
+    """A strategy by name (or ``"name:key=value,..."``); keyword options override those in the string."""
     if not isinstance(name, str):
         return name
-    key = name.strip().lower()
+    key, spec_options = parse_spec(name)
+    options = {**spec_options, **options}
     if key not in REGISTRY:
         raise ConfigError(f"unknown strategy {name!r}", hint=did_you_mean(key, list(REGISTRY)))
     module_name, cls_name = REGISTRY[key]
@@ -31,7 +87,19 @@ def get_strategy(name: str | Strategy, **options: Any) -> Strategy:
             raise ConfigError(f"strategy {key!r} is not available in this build", hint="use --strategy ddp") from None
         raise ConfigError(f"strategy {key!r} needs the package {exc.name!r}",
                           hint=f"pip install 'trainscale[{key}]'") from None
-    return getattr(module, cls_name)(**options)
+    cls = getattr(module, cls_name)
+    return cls(**_coerce(cls, options))
 
 
-__all__ = ["Strategy", "get_strategy", "REGISTRY"]
+def check_strategy(spec: str, world_size: int, *, batch_size: int | None = None, device: str | None = None) -> None:
+    """Preflight: build the strategy from its spec and let it check its configuration for this world
+    size (a ds_config's stage and batch sizes, ...) before anything is launched."""
+    strategy = get_strategy(spec)
+    if batch_size is not None and getattr(strategy, "micro_batch_size", 0) is None:
+        strategy.micro_batch_size = batch_size
+    preflight = getattr(strategy, "preflight", None)
+    if preflight is not None:
+        preflight(world_size, device)
+
+
+__all__ = ["Strategy", "get_strategy", "check_strategy", "parse_spec", "REGISTRY"]

@@ -1,0 +1,135 @@
+"""DeepSpeed configuration: read the user's ``ds_config.json``, build one from trainscale's options,
+and validate either before anything is launched. Pure functions; DeepSpeed itself is not imported.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from trainscale.errors import ConfigError
+
+STAGES = (0, 1, 2, 3)
+PRECISIONS = ("fp32", "bf16", "fp16")
+BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+
+def load_ds_config(path: str | Path) -> dict[str, Any]:
+    """The JSON object in ``path``; ConfigError names the file and the problem."""
+    path = Path(path)
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"DeepSpeed config {path} does not exist",
+                          hint="give the path of your ds_config.json, or leave it out to build one from "
+                               "--batch-size and the strategy options") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"DeepSpeed config {path} is not valid JSON: {exc}",
+                          hint="check commas and quotes; comments are not allowed in JSON") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"DeepSpeed config {path} holds a {type(config).__name__}, not a JSON object",
+                          hint='it should look like {"train_micro_batch_size_per_gpu": 16, ...}')
+    return config
+
+
+def build_ds_config(*, micro_batch_size: int, gradient_accumulation_steps: int = 1, stage: int = 3,
+                    precision: str = "fp32", optimizer: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A ds_config from trainscale's options. Without ``optimizer`` the training script's own torch
+    optimizer is used (no DeepSpeed fused-op compile on first start)."""
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "gradient_accumulation_steps": gradient_accumulation_steps,
+        "zero_optimization": {"stage": stage},
+        "bf16": {"enabled": precision == "bf16"},
+        "fp16": {"enabled": precision == "fp16"},
+        "zero_allow_untested_optimizer": True,  # any torch optimizer; DeepSpeed only lists a few as tested
+        "steps_per_print": 2**31 - 1,  # trainscale prints progress itself
+    }
+    if optimizer is not None:
+        config["optimizer"] = optimizer
+    return config
+
+
+def _positive_int(config: dict[str, Any], key: str) -> int | None:
+    value = config.get(key)
+    if value is None or value == "auto":  # "auto" is filled in by the HF integration, not by DeepSpeed
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"ds_config {key}={value!r} must be a positive integer",
+                          hint=f'e.g. "{key}": 16')
+    return value
+
+
+def _check_batch(config: dict[str, Any], world_size: int) -> None:
+    """Fill in the three batch sizes DeepSpeed relates as train = micro x accumulation x world size."""
+    train, micro, accum = (_positive_int(config, k) for k in BATCH_KEYS)
+    rule = "train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size"
+    if train is None and micro is None:
+        raise ConfigError("ds_config sets neither train_batch_size nor train_micro_batch_size_per_gpu",
+                          hint='add "train_micro_batch_size_per_gpu": <per-rank batch>')
+    if train is not None and micro is not None and accum is not None:
+        if train != micro * accum * world_size:
+            raise ConfigError(
+                f"ds_config train_batch_size={train}, but train_micro_batch_size_per_gpu={micro} x "
+                f"gradient_accumulation_steps={accum} x world size {world_size} = {micro * accum * world_size}",
+                hint=f"{rule}; set train_batch_size to {micro * accum * world_size}, or drop it and let "
+                     f"DeepSpeed compute it")
+    elif train is not None and micro is not None:
+        if train % (micro * world_size):
+            raise ConfigError(
+                f"ds_config train_batch_size={train} is not a multiple of train_micro_batch_size_per_gpu={micro} "
+                f"x world size {world_size}", hint=f"{rule}; use a multiple of {micro * world_size}")
+        accum = train // (micro * world_size)
+    elif train is not None:
+        accum = accum or 1
+        if train % (accum * world_size):
+            raise ConfigError(
+                f"ds_config train_batch_size={train} cannot be split over {world_size} rank(s) x "
+                f"gradient_accumulation_steps={accum}", hint=f"{rule}; use a multiple of {accum * world_size}")
+        micro = train // (accum * world_size)
+    else:
+        accum = accum or 1
+        train = micro * accum * world_size
+    config.update(train_batch_size=train, train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=accum)
+
+
+def validate_ds_config(config: dict[str, Any], world_size: int, *, device: str | None = None) -> dict[str, Any]:
+    """Check a ds_config before launch and return a copy with the batch sizes made consistent.
+
+    ``device``: "cpu", "cuda" or None/"auto" (a GPU when one is visible). Raises ConfigError for an
+    unknown ZeRO stage, batch sizes that do not fit the world size, fp16 on CPU, or fp16 with bf16.
+    """
+    if not isinstance(config, dict):
+        raise ConfigError(f"a ds_config must be a dict (JSON object), not {type(config).__name__}",
+                          hint='e.g. {"train_micro_batch_size_per_gpu": 16, "zero_optimization": {"stage": 2}}')
+    if world_size < 1:
+        raise ConfigError(f"world size {world_size} must be >= 1", hint="count every rank of the job")
+    config = copy.deepcopy(config)
+    zero = config.get("zero_optimization", {})
+    if not isinstance(zero, dict):
+        raise ConfigError(f"ds_config zero_optimization is {zero!r}, not an object", hint='e.g. {"stage": 2}')
+    stage = zero.get("stage", 0)
+    if isinstance(stage, bool) or stage not in STAGES:
+        raise ConfigError(f"ds_config zero_optimization.stage={stage!r} is not a ZeRO stage",
+                          hint="use 0 (off), 1 (optimizer state), 2 (+ gradients) or 3 (+ parameters)")
+    _check_batch(config, world_size)
+    fp16 = bool(config.get("fp16", {}).get("enabled", False))
+    bf16 = bool(config.get("bf16", config.get("bfloat16", {})).get("enabled", False))
+    if fp16 and bf16:
+        raise ConfigError("ds_config enables both fp16 and bf16", hint="enable one of them")
+    if fp16 and _resolve_device(device) == "cpu":
+        raise ConfigError("ds_config enables fp16, but this run is on the CPU, where DeepSpeed has no fp16 "
+                          "loss scaling kernels",
+                          hint='set "fp16": {"enabled": false} (and "bf16": {"enabled": true} for half '
+                               "precision), or run on GPUs")
+    return config
+
+
+def _resolve_device(device: str | None) -> str:
+    if device in (None, "auto"):
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return str(device).split(":")[0]
