@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import pickle
 import re
+import shutil
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from trainscale.errors import CheckpointError
 log = logging.getLogger("trainscale.checkpoint")
 FORMAT = 1
 _NAME = re.compile(r"^ckpt-(\d{8,})\.pt$")
+_SHARDED_NAME = re.compile(r"^ckpt-(\d{8,})$")  # a directory: see checkpoint/sharded.py
 
 
 @dataclass(frozen=True)
@@ -37,16 +39,17 @@ def checkpoint_path(directory: Path, step: int) -> Path:
 
 
 def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
-    """(step, path) for every checkpoint file, newest first."""
+    """(step, path) for every checkpoint file (and sharded checkpoint directory), newest first."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _NAME.match(p.name))]
+    found = [(int(m.group(1)), p) for p in directory.iterdir()
+             if (m := _NAME.match(p.name)) or (p.is_dir() and (m := _SHARDED_NAME.match(p.name)))]
     return sorted(found, reverse=True)
 
 
-def load_file(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load one checkpoint file safely; CheckpointError says why it cannot be used."""
+def read_torch_file(path: Path, map_location: str | torch.device = "cpu") -> Any:
+    """``torch.load(weights_only=True)``; CheckpointError says why the file cannot be used."""
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -57,6 +60,12 @@ def load_file(path: Path, map_location: str | torch.device = "cpu") -> dict[str,
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as exc:
         raise CheckpointError(f"{path} is unreadable (truncated or corrupt): {str(exc).splitlines()[0]}",
                               hint="delete it; the previous checkpoint will be used") from None
+    return state
+
+
+def load_file(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load one checkpoint file safely; CheckpointError says why it cannot be used."""
+    state = read_torch_file(path, map_location)
     if not isinstance(state, dict) or state.get("trainscale", {}).get("complete") is not True:
         raise CheckpointError(f"{path} is not a complete trainscale checkpoint", hint="delete it or point --resume elsewhere")
     return state
@@ -66,6 +75,10 @@ def find_latest(directory: Path, map_location: str | torch.device = "cpu") -> Fo
     """The newest checkpoint that loads; broken newer ones are reported and skipped."""
     for step, path in list_checkpoints(directory):
         try:
+            if path.is_dir():
+                from trainscale.checkpoint.sharded import open_checkpoint
+
+                return Found(path, step, open_checkpoint(path))
             return Found(path, step, load_file(path, map_location))
         except CheckpointError as exc:
             log.warning("skipping checkpoint: %s", exc)
@@ -73,18 +86,33 @@ def find_latest(directory: Path, map_location: str | torch.device = "cpu") -> Fo
 
 
 class Checkpointer:
-    """Rank-0 checkpoints with the barriers the seeds describe, kept to the newest ``keep`` files."""
+    """Rank-0 checkpoints with the barriers the seeds describe, kept to the newest ``keep`` files.
 
-    def __init__(self, directory: str | Path, runtime: Any, *, keep: int = 2, strategy: str = "ddp") -> None:
+    ``strategy`` is a name or a strategy object; one with ``sharded_checkpoint`` (fsdp, deepspeed)
+    makes every rank write its shards instead (checkpoint/sharded.py), behind the same save/latest.
+    """
+
+    def __init__(self, directory: str | Path, runtime: Any, *, keep: int = 2, strategy: Any = "ddp") -> None:
         if keep < 1:
             raise CheckpointError(f"keep={keep} must be >= 1", hint="keep at least the newest checkpoint")
         self.directory = Path(directory)
         self.runtime = runtime
         self.keep = keep
-        self.strategy = strategy
+        self.strategy = strategy if isinstance(strategy, str) else strategy.name
+        self.sharded = bool(getattr(strategy, "sharded_checkpoint", False))
 
     def save(self, step: int, state: dict[str, Any]) -> Path:
-        """Every rank calls this; rank 0 writes. Returns the path (on every rank)."""
+        """Every rank calls this; rank 0 writes (every rank, for sharded strategies). Returns the path
+        (on every rank)."""
+        if self.sharded:
+            from trainscale.checkpoint import sharded
+
+            meta = {"world_size": self.runtime.world_size, "strategy": self.strategy}
+            path = sharded.save(self.directory, step, state, self.runtime, meta)
+            if self.runtime.is_main:
+                self._prune()
+            self.runtime.barrier()
+            return path
         path = checkpoint_path(self.directory, step)
         self.runtime.barrier()  # everybody has finished the step that is being saved
         if self.runtime.is_main:
@@ -104,7 +132,12 @@ class Checkpointer:
 
     def _prune(self) -> None:
         for _, old in list_checkpoints(self.directory)[self.keep:]:
-            old.unlink(missing_ok=True)
+            if old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.unlink(missing_ok=True)
+        for stale in self.directory.glob(".ckpt-*.partial"):  # sharded saves that never completed
+            shutil.rmtree(stale, ignore_errors=True)
         # Temp files of a save that was killed midway: never complete, never loaded, now removed.
         for stale in self.directory.glob(".ckpt-*.tmp"):
             stale.unlink(missing_ok=True)
