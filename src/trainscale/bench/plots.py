@@ -103,8 +103,10 @@ def sweep_plot(study: dict, path: Path) -> Path:
         batches = [r["per_rank_batch"] for r in runs]
         left.plot(batches, [r["samples_per_s"] for r in runs], "o-", label=label)
         right.plot(batches, [r["runtime_s"] / r["epochs"] for r in runs], "o-", label=label)
+    ticks = sorted({r["per_rank_batch"] for r in _ok(study)})
     for ax, title, ylabel in ((left, "Throughput", "samples / s"), (right, "Time per epoch", "seconds")):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [str(t) for t in ticks])
         ax.set_xlabel("batch per rank")
         ax.set_ylabel(ylabel)
         ax.set_title(title)
