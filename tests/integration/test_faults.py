@@ -191,3 +191,30 @@ def test_usr1_checkpoints_at_a_step_boundary_and_a_rerun_matches_an_uninterrupte
     for key in b:
         assert torch.equal(a[key], b[key]), key
     print(f"checkpointed and stopped {stopped:.1f}s after SIGUSR1")
+
+
+def test_stores_listen_on_loopback_only_for_a_single_node_run(tmp_path):
+    """Secure default: the rendezvous and worker stores bind the chosen interface, not every address."""
+    script = tmp_path / "wait.py"
+    script.write_text(textwrap.dedent("""
+        import pathlib, sys, time
+        import trainscale
+        with trainscale.init() as rt:
+            go = pathlib.Path(sys.argv[1])
+            pathlib.Path(sys.argv[1] + f".ready{rt.rank}").touch()
+            while not go.exists():
+                time.sleep(0.05)
+            rt.barrier()
+    """))
+    go = tmp_path / "go"
+    proc = start(["run", "--nproc-per-node", "2", "--log-dir", "logs", str(script), str(go)], tmp_path)
+    try:
+        wait_for(lambda: all((tmp_path / f"go.ready{r}").exists() for r in (0, 1)), 120, "both ranks")
+        family = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        listening = [c.laddr for c in psutil.net_connections(kind="inet")
+                     if c.status == psutil.CONN_LISTEN and c.pid in family]
+    finally:
+        go.touch()
+    assert proc.wait(timeout=60) == 0
+    assert listening, "no listening socket found"
+    assert {addr.ip for addr in listening} == {"127.0.0.1"}, listening

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from trainscale.errors import ConfigError
 
-HELP = """usage: trainscale run [--nproc-per-node N|auto|gpu] [--nnodes N|MIN:MAX] [--node-rank K]
-                      [--rdzv-endpoint HOST:PORT] [--rdzv-backend c10d|static] [--rdzv-id ID]
-                      [--rdzv-timeout S] [--max-restarts K] [--log-dir DIR] [--all-ranks]
-                      (--workload NAME | -m MODULE | SCRIPT) [ARGS...]
+HELP = """trainscale run [--nproc-per-node N|auto|gpu] [--nnodes N|MIN:MAX] [--node-rank K]
+               [--rdzv-endpoint HOST:PORT] [--rdzv-backend c10d|static] [--rdzv-id ID]
+               [--rdzv-timeout S] [--max-restarts K] [--log-dir DIR] [--all-ranks]
+               (--workload NAME | -m MODULE | SCRIPT) [ARGS...]
 
 Examples:
   trainscale run --nproc-per-node 2 --workload cnn --epochs 5 --batch-size 16 --lr 0.001

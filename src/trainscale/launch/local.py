@@ -137,6 +137,10 @@ def worker_env(spec: LocalLaunchSpec, base: dict[str, str] | None = None) -> tup
         extra["OMP_NUM_THREADS"] = str(n)
         notes.append(f"OMP_NUM_THREADS={n} ({usable_cores()} cores / {spec.nproc_per_node} ranks)")
     extra.setdefault("PYTHONUNBUFFERED", "1")
+    # torch 2.13's c10d rendezvous shares one TCPStore with the workers for the agent's whole life,
+    # so a restarted group reads the dead group's gloo/NCCL addresses and fails to connect. With
+    # sharing off, every restart gets a fresh store on a fresh port (tests/integration/test_faults.py).
+    extra.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     return extra, notes
 
 
@@ -166,6 +170,10 @@ def launch(spec: LocalLaunchSpec) -> LaunchResult:
     from trainscale.launch import summary
 
     backend, endpoint, run_id = _rendezvous(spec)
+    if backend == "c10d":
+        from trainscale.launch.rendezvous import register
+
+        backend = register()  # c10d with the store bound to the endpoint's address only
     low, high = parse_nnodes(spec.nnodes)
     log_root = Path(spec.log_dir or Path("trainscale-logs")).absolute()
     log_root.mkdir(parents=True, exist_ok=True)
@@ -181,6 +189,7 @@ def launch(spec: LocalLaunchSpec) -> LaunchResult:
         rdzv_endpoint=endpoint, rdzv_backend=backend, rdzv_configs=rdzv_configs, max_restarts=spec.max_restarts,
         monitor_interval=0.1, start_method="spawn",
         log_line_prefix_template="[rank${rank}]: ", role="trainscale",
+        local_addr=None if spec.multinode else "127.0.0.1",  # a single node talks over loopback only
     )
     extra, notes = worker_env(spec)
     for note in notes:

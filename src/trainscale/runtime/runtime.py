@@ -172,21 +172,30 @@ class Runtime:
         return int(os.environ.get("SLURM_RESTART_COUNT", "0")) + self.env.restart_count
 
     # -- teardown -------------------------------------------------------------------------------
-    def close(self) -> None:
-        """Destroy the process group trainscale created. Safe to call twice; the one teardown path."""
+    def close(self, synchronize: bool = True) -> None:
+        """Destroy the process group trainscale created. Safe to call twice; the one teardown path.
+
+        After a clean run every rank first meets in a barrier: rank 0 may host the store (srun and
+        MPI launches), and leaving while a peer still talks to it aborts that peer. After an error
+        no barrier is attempted (the peers may be gone).
+        """
         if self._closed:
             return
         self._closed = True
         if self._preemption is not None:
             self._preemption.restore()
         if self.owns_process_group and dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+            try:
+                if synchronize:
+                    self.barrier()
+            finally:
+                dist.destroy_process_group()
 
     def __enter__(self) -> "Runtime":
         return self
 
-    def __exit__(self, *exc_info) -> None:
-        self.close()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(synchronize=exc_type is None)
 
     def describe(self) -> str:
         return (f"rank {self.rank}/{self.world_size} (local {self.local_rank}/{self.local_world_size}, "
@@ -238,16 +247,24 @@ def init(
 
 
 def _init_process_group(env: LaunchEnv, backend: str, dev: torch.device, timeout: datetime.timedelta) -> None:
-    # torchrun's workers use env:// so they reach the agent's store; srun/MPI tasks get an explicit
-    # tcp:// address, so nothing has to be written into os.environ for them.
-    init_method = "env://" if env.source == "torchrun" else env.init_method
     kwargs: dict = {}
     if backend == "nccl":
         _enable_flight_recorder()
     if dev.type == "cuda":
         kwargs["device_id"] = dev  # eager NCCL init bound to this GPU
-    dist.init_process_group(backend=backend, init_method=init_method, rank=env.rank,
-                            world_size=env.world_size, timeout=timeout, **kwargs)
+    if env.source == "torchrun" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # The elastic agent hosts the store: connect to it the way torch does (env://).
+        kwargs["init_method"] = "env://"
+    else:
+        # Rank 0 hosts the store itself; build it bound to the master address only (runtime/store.py)
+        # instead of letting torch listen on every address of the host.
+        from trainscale.runtime import store
+
+        if env.rank == 0:
+            kwargs["store"] = store.bound_server(env.master_addr, env.master_port, timeout)
+        else:
+            kwargs["store"] = store.client(env.master_addr, env.master_port, timeout)
+    dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size, timeout=timeout, **kwargs)
 
 
 def _enable_flight_recorder() -> None:

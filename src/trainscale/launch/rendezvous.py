@@ -1,0 +1,71 @@
+"""torchrun's c10d rendezvous, with its store listening on the chosen address only.
+
+PyTorch's TCPStore listens on every address of the host. Handing it a socket already bound to the
+endpoint's address (``master_listen_fd``) keeps the store on that interface: loopback for a
+single-node run, the cluster network address of the first node for a multi-node job.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+
+from trainscale.errors import LaunchError
+from trainscale.launch.ports import parse_endpoint, resolve
+from trainscale.runtime.store import bound_server
+
+BACKEND = "trainscale-c10d"
+
+
+def _is_local(address: str) -> bool:
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((address, 0))
+            return True
+        except OSError:
+            return False
+
+
+def bound_store(host: str, port: int, timeout_s: int, is_host: bool | None):
+    """The rendezvous store: the server bound to ``host`` only when we host it, else a client."""
+    from torch.distributed import TCPStore
+
+    address = resolve(host)
+    host_here = _is_local(address) if is_host is None else is_host
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if host_here:
+        try:
+            return bound_server(host, port, timeout)
+        except LaunchError:
+            if is_host:  # told to host: a busy port is an error, reported by the caller's check
+                raise
+            # Another agent on this machine hosts it (several "nodes" on one host): join as a client.
+    return TCPStore(host, port, is_master=False, multi_tenant=True, timeout=timeout)
+
+
+def _create_handler(params):
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+
+    host, port = parse_endpoint(params.endpoint)
+    store = bound_store(host, port, int(params.get_as_int("read_timeout", 60)), params.get_as_bool("is_host"))
+    class BoundC10dBackend(C10dRendezvousBackend):
+        @property
+        def name(self) -> str:  # torch checks the handler reports the backend it was asked for
+            return BACKEND
+
+    # Workers do not share this store (launch/local.py disables sharing): trainscale's runtime makes
+    # their own store on rank 0, bound to the master address (runtime/store.py).
+    return create_handler(store, BoundC10dBackend(store, params.run_id), params)
+
+
+def register() -> str:
+    """Make the backend known to torch's rendezvous registry (idempotent); returns its name."""
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry as registry
+
+    try:
+        registry.register(BACKEND, _create_handler)
+    except ValueError:  # already registered in this process
+        pass
+    return BACKEND

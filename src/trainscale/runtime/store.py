@@ -1,0 +1,53 @@
+"""The process group's key-value store, listening on the master address only.
+
+torch's own TCPStore server listens on every address of the host. Handing it a socket already
+bound to the master address (``master_listen_fd``) keeps it on the interface the job uses.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+
+from trainscale.errors import LaunchError
+
+_SOCKETS: list[socket.socket] = []  # listening sockets must outlive the stores that use them
+
+
+def resolve(host: str) -> str:
+    try:
+        return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]
+    except socket.gaierror as exc:
+        raise LaunchError(f"master address {host!r} does not resolve: {exc.strerror}",
+                          hint="use a host name of the allocation (first node) or an IP address; check /etc/hosts") from None
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    address = resolve(host)
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.bind((address, port))
+        sock.listen(1024)
+    except OSError as exc:
+        sock.close()
+        raise LaunchError(f"port {port} on {host} ({address}) is not free: {exc.strerror}",
+                          hint="leave the port out to let trainscale pick a free one, or choose another port") from None
+    _SOCKETS.append(sock)
+    return sock
+
+
+def bound_server(host: str, port: int, timeout: datetime.timedelta | None = None):
+    """A TCPStore server listening on ``host``'s address only (``port`` 0: the kernel picks one)."""
+    from torch.distributed import TCPStore
+
+    sock = listening_socket(host, port)
+    kwargs = {"timeout": timeout} if timeout is not None else {}
+    return TCPStore(host, sock.getsockname()[1], is_master=True, multi_tenant=True,
+                    master_listen_fd=sock.fileno(), **kwargs)
+
+
+def client(host: str, port: int, timeout: datetime.timedelta):
+    from torch.distributed import TCPStore
+
+    return TCPStore(host, port, is_master=False, timeout=timeout)
