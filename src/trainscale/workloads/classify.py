@@ -22,7 +22,9 @@ from trainscale.data.images import ImageSplit
 from trainscale.errors import CheckpointError
 from trainscale.runtime import Runtime
 from trainscale.runtime.seed import rng_state, set_rng_state
+from trainscale.runtime.memory import report as memory_report
 from trainscale.strategies import get_strategy
+from trainscale.strategies.base import OptimizerSpec
 from trainscale.workloads.options import TrainOptions
 from trainscale.workloads import fault
 from trainscale.workloads.timing import StepTimer
@@ -80,14 +82,16 @@ def train_classifier(rt: Runtime, opts: TrainOptions, build_model: Callable[[], 
                      train: ImageSplit, test: ImageSplit, name: str,
                      strategy_options: dict | None = None) -> dict:
     strategy = get_strategy(opts.strategy, **(strategy_options or {}))
+    if getattr(strategy, "micro_batch_size", 0) is None:  # deepspeed's config wants the per-rank batch
+        strategy.micro_batch_size = opts.batch_size
     torch.manual_seed(opts.seed)  # identical initial weights on every rank and every world size
-    model, optimizer = strategy.setup(build_model(), lambda p: torch.optim.Adam(p, lr=opts.lr), rt)
+    model, optimizer = strategy.setup(build_model(), OptimizerSpec(torch.optim.Adam, {"lr": opts.lr}), rt)
     loader = make_loader(train, opts, rt, opts.shuffle)
     loss_fn = nn.NLLLoss()
     steps_per_epoch = len(loader)
     step, start_epoch, skip = 0, 0, 0
 
-    ckpt = Checkpointer(opts.checkpoint_dir, rt, strategy=strategy.name) if opts.checkpoint_dir else None
+    ckpt = Checkpointer(opts.checkpoint_dir, rt, strategy=strategy) if opts.checkpoint_dir else None
     if ckpt is not None:
         found = ckpt.latest()
         if found is not None:
@@ -177,6 +181,8 @@ def train_classifier(rt: Runtime, opts: TrainOptions, build_model: Callable[[], 
     result = {"workload": name, "world_size": rt.world_size, "num_nodes": rt.num_nodes, "device": str(rt.device),
               "backend": rt.backend, "strategy": strategy.name, "options": asdict(opts), "steps": step,
               "epochs": history, "preempted": preempted, "attempt": rt.attempt, "train_time_s": sum(h["time_s"] for h in history)}
+    if hasattr(strategy, "held_bytes"):  # per-rank memory table on rank 0 (a collective)
+        result["memory"] = memory_report(rt, strategy.held_bytes(model, optimizer), strategy.name)
     if opts.metrics_out and rt.is_main:
         atomic_write_text(Path(opts.metrics_out), json.dumps(result, indent=2))
     result["model"] = strategy.unwrap(model)
