@@ -331,3 +331,19 @@ def test_epoch_recorder_writes_the_workload_format(tmp_path):
     assert data["epochs"][0]["steps"] == 3 and data["epochs"][0]["samples"] == 96
     assert math.isfinite(data["train_time_s"])
     assert EpochRecorder(FakeRuntime(), path=None).write() is None  # outside bench: nothing happens
+
+
+def test_projection_requests_are_checked_before_launching(tmp_path):
+    from trainscale.bench import ProjectionRequest, run_study
+
+    out = tmp_path / "never"
+    with pytest.raises(ConfigError, match="unknown interconnect 'infiniband'"):
+        ProjectionRequest(project_to=64, interconnect="infiniband")
+    with pytest.raises(ConfigError, match="--project-to 1 must be >= 2"):
+        ProjectionRequest(project_to=1, interconnect="ib-hdr200")
+    with pytest.raises(ConfigError, match="has none"):
+        run_study(StudySpec(workload="cnn", configs="2", out_dir=out),
+                  projection=ProjectionRequest(project_to=64, interconnect="ib-hdr200"))
+    with pytest.raises(ConfigError, match="--interconnect measured"):
+        run_study(StudySpec(workload="cnn", configs="1", out_dir=out), projection=ProjectionRequest(project_to=64))
+    assert not out.exists()

@@ -52,6 +52,9 @@ def run_study(spec: StudySpec, *, projection: ProjectionRequest | None = None, v
     if (projection or validate) and not any(c.world_size == 1 for c in the_plan.configs):
         raise ConfigError("a projection starts from a measured single-rank run, and --configs has none",
                           hint="add 1 (or cpu) to --configs")
+    if projection and projection.interconnect == "measured" and not any(c.world_size > 1 for c in the_plan.configs):
+        raise ConfigError("--interconnect measured takes the all-reduce bandwidth from a multi-rank configuration, "
+                          "and --configs has none", hint="add 2 to --configs, or name a preset such as ib-hdr200")
     out_dir = choose_out_dir(spec.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     from trainscale.bench.runner import execute
