@@ -63,15 +63,25 @@ class ShardedRef:
                                   hint=f"resume it with --strategy {self.format}")
         import torch.distributed.checkpoint as dcp
 
+        from torch.distributed.checkpoint.api import CheckpointException
+
         wanted = {k: template[k] for k in DCP_KEYS if k in template}
         try:
             dcp.load(wanted, checkpoint_id=str(self.path), planner=_safe_load_planner(), no_dist=not _distributed())
-        except Exception as exc:  # DCP wraps per-rank failures in CheckpointException
-            raise CheckpointError(f"{self.path} could not be read into this model/optimizer: "
-                                  f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__}",
-                                  hint="the checkpoint was written for another model or optimizer; "
-                                       "start a new checkpoint directory") from exc
+        except (Exception, CheckpointException) as exc:  # the latter is a BaseException
+            raise CheckpointError(f"{self.path} could not be read into this model/optimizer: {_describe(exc)}",
+                                  hint="was it written for another model or optimizer? Start a new checkpoint "
+                                       "directory, or resume with the code that wrote it") from exc
         return wanted
+
+
+def _describe(exc: BaseException) -> str:
+    """One line per failing rank for DCP's CheckpointException, else the exception's own message."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        return "; ".join(f"rank {rank}: {type(err[0]).__name__}: {err[0]}" for rank, err in sorted(failures.items()))
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[-1] if text else ''}"
 
 
 def _safe_load_planner():
@@ -109,8 +119,14 @@ def save(directory: Path, step: int, state: dict[str, Any], runtime: Any, meta: 
     writer: Callable[[Path], None] | None = state.get(WRITER_KEY)
     if shards:
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
 
-        dcp.save(shards, checkpoint_id=str(partial), no_dist=not _distributed())  # collective; .metadata is written last by rank 0
+        try:  # a collective; rank 0 writes .metadata last, after every rank's shards
+            dcp.save(shards, checkpoint_id=str(partial), no_dist=not _distributed())
+        except CheckpointException as exc:  # a BaseException: turn it into an error a user can act on
+            raise CheckpointError(f"saving the sharded checkpoint of step {step} failed: {_describe(exc)}",
+                                  hint=f"the newest complete checkpoint in {directory} stays the one to resume "
+                                       "from; check free space and permissions") from exc
     if writer is not None:
         writer(partial)
     runtime.barrier()  # every rank's shards are on disk

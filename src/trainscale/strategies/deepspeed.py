@@ -151,14 +151,17 @@ class DeepSpeedStrategy:
             raise CheckpointError(f"DeepSpeed found no checkpoint under {ref.path}", hint="delete the directory")
 
     def held_bytes(self, model: Any, optimizer: Any) -> dict[str, int]:
-        """Parameters: each one's local ZeRO-3 partition (``ds_tensor``) plus whatever is unpartitioned.
-        Optimizer: the torch optimizer's state plus DeepSpeed's fp32 master partition."""
-        params = list(model.module.parameters())
+        """At rest. Parameters: each one's ZeRO-3 partition (``ds_tensor``) plus the ones DeepSpeed keeps
+        whole (below stage3_param_persistence_threshold, or stages 0-2); copies gathered for a forward
+        are transient (they show in the peak). Optimizer: the torch optimizer's state plus DeepSpeed's
+        fp32 master partition."""
+        params = [p for p in model.module.parameters() if not hasattr(p, "ds_tensor") or getattr(p, "ds_persist", False)]
+        params += [p.ds_tensor for p in model.module.parameters() if hasattr(p, "ds_tensor")]
         zero = model.optimizer
         masters = getattr(zero, "single_partition_of_fp32_groups", None) or getattr(zero, "fp32_partitioned_groups_flat", [])
         inner = getattr(zero, "optimizer", zero)
         state = [v for per in getattr(inner, "state", {}).values() for v in per.values() if torch.is_tensor(v)]
-        return {"params": tensor_bytes(params + [getattr(p, "ds_tensor", None) for p in params]),
+        return {"params": tensor_bytes(params),
                 "grads": self._grad_bytes, "optimizer": tensor_bytes(list(masters) + state)}
 
 

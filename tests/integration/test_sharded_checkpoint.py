@@ -1,0 +1,161 @@
+"""Sharded (DCP) checkpoints through the same Checkpointer.save/.latest as DDP's rank-0 files:
+saved by 2 ranks, resumed by 1 and by 4 with every parameter and optimizer value restored exactly;
+an interrupted save (a rank failing mid-write, a missing marker, a missing .metadata) is never
+taken for a complete one. ZeRO-1's consolidated rank-0 file reshards the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from helpers.multiproc import run_on_ranks
+from integration.test_strategies import batches, mlp
+
+SAVED_STEP = 4
+
+
+def _adam():
+    from trainscale.strategies.base import OptimizerSpec
+
+    return OptimizerSpec(torch.optim.Adam, {"lr": 1e-2})
+
+
+def _full_state(strategy, model, opt) -> dict:
+    """Model and optimizer state as plain CPU tensors keyed by parameter name (a collective)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    if strategy.name == "zero1":
+        return {"model": {k: v.clone() for k, v in strategy.unwrap(model).state_dict().items()},
+                "optimizer": strategy.state_dict(model, opt)["optimizer"]}
+    # fsdp: gathered on every rank (cpu_offload=False keeps every rank's copy) and compared on rank 0
+    msd, osd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True))
+    return {"model": msd, "optimizer": osd}
+
+
+def save_two_ranks(root: str) -> dict:
+    import trainscale
+    from trainscale.checkpoint import Checkpointer
+    from trainscale.strategies import get_strategy
+
+    out = {}
+    with trainscale.init(seed=0) as rt:
+        for name in ("fsdp", "zero1"):
+            strategy = get_strategy(name)
+            model, opt = strategy.setup(mlp(), _adam(), rt)
+            ckpt = Checkpointer(Path(root) / name, rt, strategy=strategy)
+            for step, (x, y) in enumerate(batches(rt.rank, rt.world_size), start=1):
+                strategy.backward(nn.functional.cross_entropy(model(x), y), model)
+                strategy.step(opt, model)
+                if step in (2, SAVED_STEP):
+                    ckpt.save(step, {**strategy.state_dict(model, opt), "step": step, "note": "kept"})
+            out[name] = _full_state(strategy, model, opt)
+    return out
+
+
+def resume(root: str) -> dict:
+    import trainscale
+    from trainscale.checkpoint import Checkpointer
+    from trainscale.strategies import get_strategy
+
+    out = {}
+    with trainscale.init(seed=0) as rt:
+        for name in ("fsdp", "zero1"):
+            strategy = get_strategy(name)
+            model = mlp()
+            torch.manual_seed(123)  # other initial weights: everything must come from the checkpoint
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.normal_()
+            model, opt = strategy.setup(model, _adam(), rt)
+            found = Checkpointer(Path(root) / name, rt, strategy=strategy).latest()
+            strategy.load_state_dict(model, opt, found.state)
+            out[name] = {"step": found.step, "extra": (found.state["step"], found.state["note"]),
+                         "written_by": found.state["trainscale"]["world_size"],
+                         **_full_state(strategy, model, opt)}
+    return out
+
+
+def _assert_same_tree(a, b, what: str) -> None:
+    flat_a, spec_a = tree_flatten(a)
+    flat_b, spec_b = tree_flatten(b)
+    assert spec_a == spec_b, f"{what}: different structure"
+    assert flat_a, what
+    for x, y in zip(flat_a, flat_b):
+        if torch.is_tensor(x):
+            assert torch.equal(x, y), f"{what}: a value differs"
+        else:
+            assert x == y, f"{what}: {x!r} != {y!r}"
+
+
+@pytest.mark.slow
+def test_save_on_2_resume_on_1_and_4_ranks_exactly(tmp_path):
+    saved = run_on_ranks(save_two_ranks, 2, str(tmp_path))[0]
+    listing = sorted(p.name for p in (tmp_path / "fsdp").iterdir())
+    assert listing == ["ckpt-00000002", "ckpt-00000004"], listing  # keep=2, no partial dirs left
+    assert json.loads((tmp_path / "fsdp" / "ckpt-00000004" / "trainscale.json").read_text())["format"] == "dcp"
+    assert sorted(p.name for p in (tmp_path / "zero1").iterdir()) == ["ckpt-00000002.pt", "ckpt-00000004.pt"]
+    assert saved["fsdp"]["optimizer"]["state"], "optimizer state was saved"
+    for world in (1, 4):
+        resumed = run_on_ranks(resume, world, str(tmp_path))[0]
+        for name in ("fsdp", "zero1"):
+            got = resumed[name]
+            assert got["step"] == SAVED_STEP and got["extra"] == (SAVED_STEP, "kept") and got["written_by"] == 2
+            _assert_same_tree(saved[name]["model"], got["model"], f"{name} model 2->{world}")
+            _assert_same_tree(saved[name]["optimizer"], got["optimizer"], f"{name} optimizer 2->{world}")
+
+
+def failing_save(root: str) -> dict:
+    """Save step 2, then a save of step 4 during which rank 1's shard write fails."""
+    import trainscale
+    from torch.distributed.checkpoint import FileSystemWriter
+    from trainscale.checkpoint import Checkpointer
+    from trainscale.errors import CheckpointError
+    from trainscale.strategies import get_strategy
+
+    with trainscale.init(seed=0) as rt:
+        strategy = get_strategy("fsdp")
+        model, opt = strategy.setup(mlp(), _adam(), rt)
+        ckpt = Checkpointer(root, rt, strategy=strategy)
+        ckpt.save(2, {**strategy.state_dict(model, opt), "step": 2})
+        if rt.rank == 1:
+            def broken(self, plan, planner):
+                raise OSError("disk full (injected)")
+
+            FileSystemWriter.write_data = broken
+        error = None
+        try:
+            ckpt.save(4, {**strategy.state_dict(model, opt), "step": 4})
+        except CheckpointError as exc:  # DCP reports one rank's failure on every rank
+            error = str(exc)
+        rt.barrier()
+        found = ckpt.latest()
+        return {"error": error, "latest": found.step}
+
+
+@pytest.mark.slow
+def test_interrupted_sharded_save_is_skipped(tmp_path, caplog):
+    results = run_on_ranks(failing_save, 2, str(tmp_path))
+    assert all("rank 1: OSError: disk full (injected)" in (r["error"] or "") for r in results.values()), results
+    assert all(r["latest"] == 2 for r in results.values()), results
+    assert not (tmp_path / "ckpt-00000004").exists()
+    assert (tmp_path / ".ckpt-00000004.partial").is_dir()  # what the failed save left, never listed
+
+    from trainscale.checkpoint import find_latest
+
+    good = tmp_path / "ckpt-00000002"
+    no_marker, no_metadata = tmp_path / "ckpt-00000006", tmp_path / "ckpt-00000008"
+    shutil.copytree(good, no_marker)
+    (no_marker / "trainscale.json").unlink()  # killed before rank 0 wrote the marker
+    shutil.copytree(good, no_metadata)
+    (no_metadata / ".metadata").unlink()  # shards without DCP's index
+    with caplog.at_level("WARNING", logger="trainscale.checkpoint"):
+        found = find_latest(tmp_path)
+    assert found is not None and found.step == 2 and found.path == good
+    assert "interrupted" in caplog.text and ".metadata" in caplog.text
