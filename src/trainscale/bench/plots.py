@@ -42,8 +42,11 @@ def speedup_plot(study: dict, path: Path) -> Path:
     if proj:
         ax.plot([p["ranks"] for p in proj], [p["speedup"] for p in proj], "s-", color="#d95f02",
                 label=f"projected ({study['projection']['network']['name']})")
+        from matplotlib.ticker import FuncFormatter
+
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.set_xticks(xs, [str(x) for x in xs])
     ax.set_xlabel("ranks (workers)")
     ax.set_ylabel(f"speedup over {base['label']}")
