@@ -104,6 +104,16 @@ class FSDPStrategy(PlainStepMixin):
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model  # fully_shard changes the module's class in place; there is no wrapper
 
+    def held_bytes(self, model: nn.Module, optimizer: Any) -> dict[str, int]:
+        """At rest: a forward without backward (evaluation) can leave units gathered, with the full
+        parameters registered on the module; reshard them first, then count the local shards."""
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
+        return super().held_bytes(model, optimizer)
+
     # -- checkpoints: sharded DTensor state dicts, written by every rank ------------------------
     def state_dict(self, model: nn.Module, optimizer: Any) -> dict[str, Any]:
         model_state, optim_state = get_state_dict(model, optimizer, options=StateDictOptions())
