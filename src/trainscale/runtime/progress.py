@@ -8,6 +8,7 @@ that never arrived, and the operation it was waiting in, instead of gloo's bare 
 from __future__ import annotations
 
 import datetime
+import threading
 from typing import Any
 
 import torch.distributed as dist
@@ -30,32 +31,71 @@ def _store():
 
 
 class ProgressTracker:
-    """Per-step progress marks in the store; cheap (one set per step), off for a single process."""
+    """Per-step progress, published to the store by a background heartbeat (no I/O on the step path).
+
+    The heartbeat keeps running while the main thread is stuck, so a rank that stopped before a
+    collective still shows the last step it started.
+    """
+
+    HEARTBEAT_S = 0.5
 
     def __init__(self, runtime: Any) -> None:
         self.runtime = runtime
         self.store = _store() if runtime.is_distributed else None
         self.step = -1
         self.op = ""
+        self._published: tuple[int, str] | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def mark(self, step: int, op: str = "gradient all-reduce") -> None:
         self.step, self.op = step, op
-        if self.store is not None:
-            self.store.set(_KEY.format(rank=self.runtime.rank), f"{step}|{op}")
+        if self.store is not None and self._thread is None:
+            self._publish()
+            self._thread = threading.Thread(target=self._beat, name="trainscale-progress", daemon=True)
+            self._thread.start()
+
+    def _publish(self) -> None:
+        current = (self.step, self.op)
+        if current == self._published or self.store is None:
+            return
+        with self._lock:
+            self.store.set(_KEY.format(rank=self.runtime.rank), f"{current[0]}|{current[1]}")
+        self._published = current
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.HEARTBEAT_S):
+            try:
+                self._publish()
+            except Exception:  # the store went away (teardown, rank 0 gone): stop quietly
+                return
+
+    def close(self) -> None:
+        self._stop.set()
 
     def others(self) -> dict[int, tuple[int, str] | None]:
         """rank -> (last step, op) as recorded, None when a rank never recorded anything."""
         out: dict[int, tuple[int, str] | None] = {}
         if self.store is None:
             return out
+        self._stop.set()
+        try:
+            self._publish()
+        except Exception:
+            pass
         self.store.set_timeout(datetime.timedelta(seconds=5))
         for rank in range(self.runtime.world_size):
             key = _KEY.format(rank=rank)
             try:
-                if not self.store.check([key]):
+                with self._lock:
+                    present = self.store.check([key])
+                if not present:
                     out[rank] = None
                     continue
-                step, _, op = self.store.get(key).decode().partition("|")
+                with self._lock:
+                    raw = self.store.get(key)
+                step, _, op = raw.decode().partition("|")
                 out[rank] = (int(step), op)
             except Exception:  # the store itself may be gone with rank 0
                 out[rank] = None

@@ -184,6 +184,8 @@ class Runtime:
         self._closed = True
         if self._preemption is not None:
             self._preemption.restore()
+        if self._progress is not None:
+            self._progress.close()
         if self.owns_process_group and dist.is_available() and dist.is_initialized():
             try:
                 if synchronize:
