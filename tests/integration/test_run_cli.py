@@ -120,3 +120,23 @@ def test_resume_with_another_world_size(tmp_path):
     refused = trainscale(*base[:1], "--nproc-per-node", "1", *base[1:], "--checkpoint-dir", "b", cwd=tmp_path)
     assert refused.returncode != 0
     assert "written by 2 rank(s) in the middle of epoch 1" in refused.stderr and "giving 2 ranks" in refused.stderr
+
+
+@pytest.mark.parametrize("strategy, message", [
+    ("fsdpp", "did you mean 'fsdp'"),
+    ("deepspeed:config=missing_ds_config.json", "missing_ds_config.json"),
+])
+def test_bad_strategy_is_refused_before_launch(in_tmp, capsys, strategy, message):
+    code = main(["run", "--log-dir", "logs", "--nproc-per-node", "2", "--workload", "cnn", "--strategy", strategy])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Hint:" in err
+    assert not (in_tmp / "logs").exists()
+
+
+def test_ds_config_with_unknown_stage_is_refused_before_launch(in_tmp, capsys):
+    (in_tmp / "ds_config.json").write_text('{"train_micro_batch_size_per_gpu": 16, "zero_optimization": {"stage": 5}}')
+    code = main(["run", "--log-dir", "logs", "--nproc-per-node", "2", "--workload", "cnn",
+                 "--strategy", "deepspeed:config=ds_config.json"])
+    err = capsys.readouterr().err
+    assert code == 2 and "stage=5 is not a ZeRO stage" in err
+    assert not (in_tmp / "logs").exists()

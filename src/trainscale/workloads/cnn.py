@@ -56,8 +56,10 @@ def main(argv: list[str] | None = None) -> dict:
 def preflight(argv: list[str], world_size: int) -> None:
     """Check the options and that the data can feed every rank, before any process is launched."""
     from trainscale.data import check_shardable
+    from trainscale.strategies import check_strategy
 
     opts, _ = parse(argv, prog="trainscale-workload cnn")
+    check_strategy(opts.strategy, world_size, batch_size=opts.batch_size, device=opts.device)
     train = load_images(opts.data, "train", data_dir=opts.data_dir, samples=opts.samples, seed=opts.seed)
     check_shardable(len(train), world_size, opts.batch_size, what=f"'{opts.data}' training set")
 
