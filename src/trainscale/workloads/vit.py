@@ -1,0 +1,102 @@
+"""Seed 002's Vision Transformer, small by default, on the same MNIST-shaped data as the CNN.
+
+    trainscale run --nproc-per-node 2 --workload vit --strategy fsdp --epochs 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import trainscale
+from trainscale.data.images import load_images
+from trainscale.errors import ConfigError
+from trainscale.workloads.classify import train_classifier
+from trainscale.workloads.options import TrainOptions, parse
+
+
+class Block(nn.Module):
+    """Pre-norm transformer encoder block: attention then MLP, each with a residual."""
+
+    def __init__(self, width: int, heads: int, mlp_ratio: int = 4) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(width)
+        self.attn = nn.MultiheadAttention(width, heads, batch_first=True)
+        self.norm2 = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, mlp_ratio * width), nn.GELU(), nn.Linear(mlp_ratio * width, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.norm1(x)
+        x = x + self.attn(y, y, y, need_weights=False)[0]
+        return x + self.mlp(self.norm2(x))
+
+
+class ViT(nn.Module):
+    def __init__(self, *, image_size: int = 28, patch_size: int = 7, channels: int = 1, width: int = 64,
+                 depth: int = 4, heads: int = 4, num_classes: int = 10) -> None:
+        super().__init__()
+        if image_size % patch_size:
+            raise ConfigError(f"--patch-size {patch_size} does not divide the image size {image_size}",
+                              hint="use a divisor of 28, e.g. 4, 7 or 14")
+        if width % heads:
+            raise ConfigError(f"--width {width} is not divisible by --heads {heads}", hint="e.g. --width 64 --heads 4")
+        n_patches = (image_size // patch_size) ** 2
+        self.patchify = nn.Conv2d(channels, width, kernel_size=patch_size, stride=patch_size)
+        self.cls = nn.Parameter(torch.zeros(1, 1, width))
+        self.pos = nn.Parameter(torch.randn(1, n_patches + 1, width) * 0.02)
+        self.blocks = nn.ModuleList(Block(width, heads) for _ in range(depth))
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, num_classes)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = self.patchify(images).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
+        for block in self.blocks:
+            x = block(x)
+        return F.log_softmax(self.head(self.norm(x[:, 0])), dim=1)
+
+
+def _extra(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--patch-size", type=int, default=7)
+    parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--depth", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=4)
+
+
+DEFAULTS = TrainOptions(epochs=3, batch_size=32, lr=1e-3)
+
+
+def _parse(argv: list[str]):
+    opts, args = parse(argv, prog="trainscale-workload vit", defaults=DEFAULTS, extra=_extra)
+    build = lambda: ViT(patch_size=args.patch_size, width=args.width, depth=args.depth, heads=args.heads)  # noqa: E731
+    return opts, build
+
+
+def main(argv: list[str] | None = None) -> dict:
+    opts, build = _parse(sys.argv[1:] if argv is None else argv)
+    with trainscale.init(device=opts.device, seed=opts.seed, timeout_s=opts.timeout_s) as rt:
+        train = load_images(opts.data, "train", data_dir=opts.data_dir, samples=opts.samples, seed=opts.seed)
+        test = load_images(opts.data, "test", data_dir=opts.data_dir, samples=opts.samples, seed=opts.seed)
+        # FSDP shards per transformer block when it is told which modules those are.
+        fsdp_default = opts.strategy.split(":")[0] == "fsdp" and "unit_modules" not in opts.strategy
+        strategy_options = {"unit_modules": ("Block",)} if fsdp_default else None
+        return train_classifier(rt, opts, build, train, test, "vit", strategy_options=strategy_options)
+
+
+def preflight(argv: list[str], world_size: int) -> None:
+    from trainscale.data import check_shardable
+    from trainscale.strategies import check_strategy
+
+    opts, build = _parse(argv)
+    build()  # patch size / width / heads errors before launch
+    check_strategy(opts.strategy, world_size, batch_size=opts.batch_size, device=opts.device)
+    train = load_images(opts.data, "train", data_dir=opts.data_dir, samples=opts.samples, seed=opts.seed)
+    check_shardable(len(train), world_size, opts.batch_size, what=f"'{opts.data}' training set")
+
+
+if __name__ == "__main__":
+    main()
