@@ -1,0 +1,67 @@
+"""Offline text for the language-model workloads: Python's own documentation, byte-level tokens.
+
+`pydoc_data.topics` ships with CPython (about 0.8 MB of English prose and code), so the LM
+workloads train without a network. Users with a hub can load a HF dataset instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+
+from trainscale.checkpoint import atomic_torch_save
+from trainscale.errors import ConfigError
+
+VOCAB = 256  # bytes
+
+
+def builtin_corpus() -> str:
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[key] for key in sorted(topics))
+
+
+def hub_corpus(name: str, split: str = "train", field: str = "text", limit: int = 20000) -> str:  # pragma: no cover
+    """Text from a HF dataset (needs `datasets` and a network)."""
+    try:
+        from datasets import load_dataset
+    except ImportError:
+        raise ConfigError("--hub-dataset needs the 'datasets' package", hint="pip install datasets") from None
+    rows = load_dataset(name, split=split)
+    return "\n\n".join(rows[field][:limit])
+
+
+def encode(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8).to(torch.int64)
+
+
+def decode(tokens: torch.Tensor) -> str:
+    return bytes(tokens.to(torch.uint8).tolist()).decode("utf-8", errors="replace")
+
+
+def windows(tokens: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """Non-overlapping (seq_len + 1)-token windows: inputs are [:-1], targets [1:]."""
+    n = (tokens.numel() - 1) // seq_len
+    if n < 1:
+        raise ConfigError(f"the corpus has {tokens.numel()} tokens, fewer than --seq-len {seq_len} + 1",
+                          hint="use a shorter --seq-len")
+    idx = torch.arange(n)[:, None] * seq_len + torch.arange(seq_len + 1)[None, :]
+    return tokens[idx]
+
+
+def prepare(cache_dir: Path, text_source: str = "builtin", val_fraction: float = 0.1) -> Path:
+    """Tokenize once into ``cache_dir`` (call on rank 0 inside ``rank_zero_first``); returns the file."""
+    text = builtin_corpus() if text_source == "builtin" else hub_corpus(text_source)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    path = Path(cache_dir) / f"tokens-{digest}.pt"
+    if not path.exists():
+        tokens = encode(text)
+        split = int(tokens.numel() * (1 - val_fraction))
+        atomic_torch_save({"train": tokens[:split].clone(), "val": tokens[split:].clone()}, path)
+    return path
+
+
+def load(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, weights_only=True)
