@@ -1,7 +1,9 @@
-"""What each worker runs first: apply its CPU set, then the user's script or module under ``@record``.
+"""What each worker runs first: apply its CPU set, then the user's script or module, recording its error.
 
-``@record`` writes the worker's traceback to TORCHELASTIC_ERROR_FILE (set per rank by the elastic
-agent), so a failure summary can show it without the user decorating their own main().
+Like torchelastic's ``@record``, a failure writes the worker's traceback to TORCHELASTIC_ERROR_FILE
+(set per rank by the elastic agent) in the agent's JSON format, so a failure summary can show it
+without the user decorating their own main(). Written here without importing torch, so the worker
+starts as fast as the script itself allows.
 """
 
 from __future__ import annotations
@@ -10,7 +12,10 @@ import os
 import runpy
 import sys
 
-from torch.distributed.elastic.multiprocessing.errors import record
+import faulthandler
+import json
+import time
+import traceback
 
 BIND_VAR = "TRAINSCALE_CPU_BIND"
 """The binding plan from the launcher; format in trainscale/topology/worker.py."""
@@ -65,6 +70,36 @@ def main(argv: list[str]) -> None:
     export_torchrun_env()
     set_error_file()
     _main(argv)
+
+
+def record_exception(exc: BaseException, environ=os.environ) -> None:
+    """torchelastic's error-file format: {"message": {"message", "extraInfo": {"py_callstack", "timestamp"}}}."""
+    path = environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    data = {"message": {"message": f"{type(exc).__name__}: {exc}",
+                        "extraInfo": {"py_callstack": traceback.format_exc(), "timestamp": str(int(time.time()))}}}
+    try:
+        with open(path, "w") as fh:
+            json.dump(data, fh)
+    except OSError as err:  # never hide the real error behind this one
+        print(f"trainscale: could not write the error file {path}: {err}", file=sys.stderr)
+
+
+def record(fn):
+    def wrapper(argv: list[str]) -> None:
+        faulthandler.enable(all_threads=True)  # a segfault still leaves Python stacks on stderr
+        try:
+            fn(argv)
+        except SystemExit as exc:
+            if exc.code not in (None, 0):
+                record_exception(exc)
+            raise
+        except BaseException as exc:
+            record_exception(exc)
+            raise
+
+    return wrapper
 
 
 @record
