@@ -100,6 +100,12 @@ def test_save_on_2_resume_on_1_and_4_ranks_exactly(tmp_path):
     listing = sorted(p.name for p in (tmp_path / "fsdp").iterdir())
     assert listing == ["ckpt-00000002", "ckpt-00000004"], listing  # keep=2, no partial dirs left
     assert json.loads((tmp_path / "fsdp" / "ckpt-00000004" / "trainscale.json").read_text())["format"] == "dcp"
+    # training state is the user's alone: the directory and every file in it
+    import stat
+
+    newest = tmp_path / "fsdp" / "ckpt-00000004"
+    assert stat.S_IMODE(newest.stat().st_mode) == 0o700
+    assert {stat.S_IMODE(f.stat().st_mode) for f in newest.iterdir()} == {0o600}
     assert sorted(p.name for p in (tmp_path / "zero1").iterdir()) == ["ckpt-00000002.pt", "ckpt-00000004.pt"]
     assert saved["fsdp"]["optimizer"]["state"], "optimizer state was saved"
     for world in (1, 4):

@@ -113,7 +113,11 @@ def save(directory: Path, step: int, state: dict[str, Any], runtime: Any, meta: 
     runtime.barrier()  # everybody has finished the step being saved
     if runtime.is_main:
         shutil.rmtree(partial, ignore_errors=True)  # left by an interrupted save of this step
-        partial.mkdir(parents=True)
+        directory.mkdir(parents=True, exist_ok=True)
+        # Private from the first byte: nobody else can enter the directory, whatever the shard
+        # files' own modes (DCP creates them with the umask's defaults).
+        partial.mkdir(mode=0o700)
+        os.chmod(partial, 0o700)
     runtime.barrier()
     shards = {k: state[k] for k in DCP_KEYS if k in state}
     writer: Callable[[Path], None] | None = state.get(WRITER_KEY)
@@ -136,6 +140,8 @@ def save(directory: Path, step: int, state: dict[str, Any], runtime: Any, meta: 
         marker = {**meta, "format": "dcp" if shards else meta.get("strategy", "native"),
                   "sharded_format": FORMAT, "version": __version__, "step": step, "complete": True}
         atomic_write_text(partial / MARKER, json.dumps(marker, indent=2))
+        for shard in partial.iterdir():
+            os.chmod(shard, 0o600)
         fsync_dir(partial)
         if final.exists():  # the same step saved again (a resumed run)
             shutil.rmtree(final)
