@@ -71,8 +71,9 @@ def sbatch_lines(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> 
     for flag, value in (("partition", plan.partition), ("account", spec.account), ("reservation", spec.reservation)):
         if value:
             opts.append(f"--{flag}={value}")
-    if spec.signal:
-        opts.append(f"--signal={spec.signal}")
+    signal = warning_signal(spec)
+    if signal:
+        opts.append(f"--signal={signal}")
     opts.append("--requeue" if spec.requeue else "--no-requeue")
     opts.append(f"--output={batch_output_pattern(spec, plan)}")
     opts.extend(line.strip() for line in spec.extra_sbatch)
@@ -110,7 +111,11 @@ def target_args(spec: SlurmJobSpec, launcher: str) -> list[str]:
             head = ["--module", spec.module]
         else:
             head = ["--script", str(Path(spec.script or "").absolute())]
-    return [" ".join(_q(a) for a in head + list(spec.args))] if head or spec.args else []
+    line = " ".join(_q(a) for a in head + list(spec.args))
+    if spec.workload and spec.requeue and not any(a.startswith("--checkpoint-dir") for a in spec.args):
+        # the job directory is keyed by the job id, which a requeue keeps: the next attempt resumes here
+        line += ' --checkpoint-dir "$JOB_DIR/checkpoints"'
+    return [line] if line else []
 
 
 def bind_env(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> dict[str, str]:
@@ -221,7 +226,37 @@ def render(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan | None = N
         'echo "trainscale: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, master $MASTER_ADDR:$MASTER_PORT, '
         'restart ${SLURM_RESTART_COUNT:-0}, logs in $JOB_DIR"',
         "",
-        srun_command(spec, profile, plan),
-        "",
     ]
+    out += preemptible(srun_command(spec, profile, plan)) if spec.requeue else [srun_command(spec, profile, plan)]
+    out.append("")
     return "\n".join(out)
+
+
+DEFAULT_WARNING = "USR1@120"
+"""With --requeue and no --signal: SIGUSR1 two minutes before the time limit or a preemption."""
+
+
+def warning_signal(spec: SlurmJobSpec) -> str | None:
+    return spec.signal or (DEFAULT_WARNING if spec.requeue else None)
+
+
+def preemptible(srun_line: str) -> list[str]:
+    """Run the step in the background so this shell can pass a signal on, and requeue for the ranks
+    when they could not (no scontrol inside their container)."""
+    return [
+        "# Preemption: SLURM's warning signal reaches the tasks (--signal); one sent to this batch shell",
+        "# (scancel --signal=USR1 --batch) is passed on through srun. The ranks checkpoint at the next step",
+        "# boundary and rank 0 requeues the job; where it cannot reach scontrol it leaves a marker for us.",
+        'trap \'echo "trainscale: batch shell got SIGUSR1, passing it to the ranks"; kill -USR1 "$SRUN_PID" 2>/dev/null\' USR1',
+        srun_line + " &",
+        "SRUN_PID=$!",
+        "while true; do  # `wait` returns early when the trap runs: wait again until srun has ended",
+        '  wait "$SRUN_PID" && status=0 || status=$?',
+        '  kill -0 "$SRUN_PID" 2>/dev/null || break',
+        "done",
+        'if [ -f "$JOB_DIR/requeue-requested" ]; then',
+        '  echo "trainscale: requeueing $(cat "$JOB_DIR/requeue-requested") from the batch step"',
+        '  scontrol requeue "$(cat "$JOB_DIR/requeue-requested")" && rm -f "$JOB_DIR/requeue-requested"',
+        "fi",
+        'exit "$status"',
+    ]
