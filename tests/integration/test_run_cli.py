@@ -140,3 +140,18 @@ def test_ds_config_with_unknown_stage_is_refused_before_launch(in_tmp, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "stage=5 is not a ZeRO stage" in err
     assert not (in_tmp / "logs").exists()
+
+
+def test_resume_on_four_ranks_is_bitwise_too(tmp_path):
+    """With 3+ ranks the all-reduce's rounding follows DDP's bucket layout; a resumed run must lay out
+    its buckets as the uninterrupted run did (strategies/ddp.py::rebuild_buckets)."""
+    base = ["run", "--nproc-per-node", "4", "--log-dir", "logs", "--workload", "cnn", *FAST_CNN]
+    assert trainscale(*base, "--max-steps", "5", "--checkpoint-every", "5", "--checkpoint-dir", "r",
+                      cwd=tmp_path).returncode == 0
+    resumed = trainscale(*base, "--max-steps", "12", "--checkpoint-dir", "r", cwd=tmp_path)
+    assert resumed.returncode == 0 and "Resumed from" in resumed.stdout, resumed.stderr
+    straight = trainscale(*base, "--max-steps", "12", "--checkpoint-dir", "s", cwd=tmp_path)
+    assert straight.returncode == 0, straight.stderr
+    a, b = _final_weights(tmp_path / "r"), _final_weights(tmp_path / "s")
+    for key in b:
+        assert torch.equal(a[key], b[key]), key

@@ -46,3 +46,26 @@ class DDPStrategy(PlainStepMixin):
     def load_state_dict(self, model: nn.Module, optimizer: Any, state: dict[str, Any]) -> None:
         self.unwrap(model).load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
+
+
+def rebuild_buckets(model: nn.Module, forward_backward) -> None:
+    """Let DDP lay out its gradient buckets now, as an uninterrupted run did after its first step.
+
+    DDP orders its buckets by when gradients became ready in the first backward, and the
+    all-reduce's summation order (so its fp32 rounding, with 3 or more ranks) follows that layout.
+    A run resumed from a checkpoint calls this before its first real step — one forward and backward
+    whose gradients, buffers and RNG draws are all discarded — so it continues bitwise like the run
+    that was never interrupted.
+    """
+    if not isinstance(model, DistributedDataParallel):
+        return
+    import torch
+
+    rng = torch.get_rng_state()
+    buffers = [b.detach().clone() for b in model.buffers()]
+    forward_backward()
+    with torch.no_grad():
+        for buffer, saved in zip(model.buffers(), buffers):
+            buffer.copy_(saved)
+    model.zero_grad(set_to_none=True)
+    torch.set_rng_state(rng)

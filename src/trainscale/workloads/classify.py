@@ -25,6 +25,7 @@ from trainscale.runtime.seed import rng_state, set_rng_state
 from trainscale.runtime.memory import report as memory_report
 from trainscale.strategies import get_strategy
 from trainscale.strategies.base import OptimizerSpec
+from trainscale.strategies.ddp import rebuild_buckets
 from trainscale.workloads.options import TrainOptions
 from trainscale.workloads import fault
 from trainscale.workloads.timing import StepTimer
@@ -101,6 +102,8 @@ def train_classifier(rt: Runtime, opts: TrainOptions, build_model: Callable[[], 
             start_epoch, skip = resume_position(state, step, steps_per_epoch, rt.world_size, found.path)
             loader.load_state_dict({"epoch": start_epoch})
             set_rng_state(state["rng"])
+            rebuild_buckets(model, lambda: loss_fn(model(train.images[:opts.batch_size].to(rt.device)),
+                                                   train.labels[:opts.batch_size].to(rt.device)).backward())
             rt.print(f"Resumed from {found.path} at step {step} (epoch {start_epoch + 1}, batch {skip}); "
                      f"written with world size {state['trainscale']['world_size']}, now {rt.world_size}")
 

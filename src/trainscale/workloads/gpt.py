@@ -32,6 +32,7 @@ from trainscale.runtime.memory import report as memory_report
 from trainscale.runtime.seed import rng_state, set_rng_state
 from trainscale.strategies import check_strategy, get_strategy
 from trainscale.strategies.base import OptimizerSpec
+from trainscale.strategies.ddp import rebuild_buckets
 from trainscale.workloads import fault, text
 from trainscale.workloads.options import TrainOptions, parse
 
@@ -178,6 +179,13 @@ def main(argv: list[str] | None = None) -> dict:
                 scheduler.load_state_dict(found.state["scheduler"])
             step = int(found.state["step"])
             set_rng_state(found.state["rng"])
+
+            def warm_up() -> None:  # one discarded forward/backward: DDP lays out its buckets as before
+                window = train[:opts.batch_size].to(rt.device)
+                logits = model(window[:, :-1])
+                F.cross_entropy(logits.reshape(-1, logits.shape[-1]), window[:, 1:].reshape(-1)).backward()
+
+            rebuild_buckets(model, warm_up)
             rt.print(f"Resumed experiment {exp} at step {step} from {found.path}")
         loader.load_state_dict({"epoch": step // steps_per_epoch})
         writer = metric_writer(exp, rt.rank, exp.name)
