@@ -93,3 +93,15 @@ def test_users_omp_threads_is_left_alone(monkeypatch):
 def test_bad_timeout_is_refused():
     with pytest.raises(ConfigError, match="timeout_s"):
         trainscale.init(environ={}, timeout_s=0)
+
+
+def test_attempt_counts_slurm_requeues_once_in_both_launch_modes(monkeypatch):
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    srun_task = {"SLURM_JOB_ID": "9", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+                 "SLURM_NTASKS": "1", "SLURM_NODEID": "0", "SLURM_TASKS_PER_NODE": "1", "SLURM_JOB_NODELIST": "n1",
+                 "SLURM_RESTART_COUNT": "1"}
+    torchrun_worker = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_RESTART_COUNT": "2"}
+    with trainscale.init(environ=srun_task, set_threads=False) as rt:
+        assert rt.attempt == 1
+    with trainscale.init(environ=torchrun_worker, set_threads=False) as rt:
+        assert rt.attempt == 3  # one requeue by SLURM + two restarts by the agent

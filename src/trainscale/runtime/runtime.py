@@ -169,6 +169,8 @@ class Runtime:
     @property
     def attempt(self) -> int:
         """0 on the first run; counts SLURM requeues and torchrun restarts."""
+        if self.env.source == "slurm":  # an srun task's restart count already is SLURM's
+            return self.env.restart_count
         return int(os.environ.get("SLURM_RESTART_COUNT", "0")) + self.env.restart_count
 
     # -- teardown -------------------------------------------------------------------------------
