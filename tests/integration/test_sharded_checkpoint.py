@@ -165,3 +165,47 @@ def test_interrupted_sharded_save_is_skipped(tmp_path, caplog):
         found = find_latest(tmp_path)
     assert found is not None and found.step == 2 and found.path == good
     assert "interrupted" in caplog.text and ".metadata" in caplog.text
+
+
+SHARDED_SAVER = """
+import sys, torch, trainscale
+from trainscale.checkpoint import Checkpointer
+from trainscale.strategies import get_strategy
+from trainscale.strategies.base import OptimizerSpec
+with trainscale.init(environ={}, set_threads=False) as rt:
+    strategy = get_strategy("fsdp")
+    model, opt = strategy.setup(torch.nn.Linear(4, 4), OptimizerSpec(torch.optim.SGD, {"lr": 0.1}), rt)
+    ckpt = Checkpointer(sys.argv[1], rt, strategy=strategy, keep=5)
+    ckpt.save(1, {**strategy.state_dict(model, opt), "step": 1})
+    print("first saved", flush=True)
+    big = {"model": {"w": torch.randn(64, 1024, 1024)}}  # 256 MB of shards: slow enough to be killed midway
+    ckpt.save(2, {**big, "step": 2})
+"""
+
+
+def test_sigkill_during_a_sharded_save_leaves_the_previous_checkpoint(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from trainscale.checkpoint import find_latest
+
+    script = tmp_path / "saver.py"
+    script.write_text(SHARDED_SAVER)
+    root = tmp_path / "ck"
+    proc = subprocess.Popen([sys.executable, str(script), str(root)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "first saved"
+    first = root / "ckpt-00000001"
+    before = {p.name: p.read_bytes() for p in first.iterdir()}
+    partial = root / ".ckpt-00000002.partial"
+    deadline = time.monotonic() + 60
+    while not (partial.is_dir() and any(partial.iterdir())):  # shards are being written
+        assert proc.poll() is None and time.monotonic() < deadline, "the save finished before it could be killed"
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert {p.name: p.read_bytes() for p in first.iterdir()} == before
+    assert not (root / "ckpt-00000002").exists()
+    found = find_latest(root)
+    assert found is not None and found.step == 1
