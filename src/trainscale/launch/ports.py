@@ -5,14 +5,9 @@ from __future__ import annotations
 import socket
 
 from trainscale.errors import LaunchError
+from trainscale.runtime.store import resolve  # one resolver for launcher and runtime
 
-
-def resolve(host: str) -> str:
-    try:
-        return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]
-    except socket.gaierror as exc:
-        raise LaunchError(f"master address {host!r} does not resolve: {exc.strerror}",
-                          hint="use a host name of the allocation (first node) or an IP address; check /etc/hosts") from None
+__all__ = ["resolve", "free_port", "check_port_free", "parse_endpoint"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
