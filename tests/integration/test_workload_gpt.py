@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -20,7 +21,10 @@ def _run(tmp, *args, env=None):
                            *args], cwd=tmp, env=full, capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", pytest.param("deepspeed:stage=3", marks=needs_deepspeed)])
 def test_gpt_trains_with_accumulation_and_writes_its_experiment(in_tmp, strategy):
     code = main(["run", "--nproc-per-node", "2", "--log-dir", "logs", "--workload", "gpt", "--strategy", strategy,
                  "--max-steps", "6", "--grad-accum", "2", "--experiment-dir", "exp", "--metrics-out", "m.json",
@@ -31,7 +35,10 @@ def test_gpt_trains_with_accumulation_and_writes_its_experiment(in_tmp, strategy
     assert sorted(p.name for p in (exp / "tensorboard").iterdir()) == ["rank0", "rank1"]
     assert any((exp / "tensorboard" / "rank1").iterdir())  # every rank writes its own stream
     metrics = json.loads((in_tmp / "m.json").read_text())
-    assert metrics["steps"] == 6
+    assert metrics["steps"] == 6 and metrics["strategy"] == strategy.split(":")[0]
+    # The LR schedule steps once per optimizer step, not per micro-batch, under every strategy:
+    # 6 of the default 20 warm-up steps done -> 3e-4 * 7/20.
+    assert metrics["epochs"][-1]["lr"] == pytest.approx(1.05e-4)
     ranks = metrics["memory"]["ranks"]
     assert [r["rank"] for r in ranks] == [0, 1] and all(r["params"] > 0 and r["optimizer"] > 0 for r in ranks)
 

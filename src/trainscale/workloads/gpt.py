@@ -141,6 +141,15 @@ def lr_lambda(warmup: int, total: int):
     return factor
 
 
+def torch_optimizer(optimizer) -> torch.optim.Optimizer | None:
+    """The torch optimizer whose param_groups carry the LR: the optimizer itself, or the one a
+    DeepSpeed ZeRO optimizer steps on its flat partitions."""
+    for candidate in (optimizer, getattr(optimizer, "optimizer", None)):
+        if isinstance(candidate, torch.optim.Optimizer):
+            return candidate
+    return None
+
+
 def main(argv: list[str] | None = None) -> dict:
     opts, args = _parse(sys.argv[1:] if argv is None else argv)
     exp = Path(args.experiment_dir)
@@ -168,8 +177,8 @@ def main(argv: list[str] | None = None) -> dict:
         if steps_per_epoch < 1:
             raise ConfigError(f"one epoch has {len(loader)} micro-batches, fewer than --grad-accum {args.grad_accum}",
                               hint="lower --grad-accum or --batch-size")
-        scheduler = (torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(args.warmup, total))
-                     if isinstance(optimizer, torch.optim.Optimizer) else None)
+        inner = torch_optimizer(optimizer)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(inner, lr_lambda(args.warmup, total)) if inner else None
         ckpt = Checkpointer(opts.checkpoint_dir or exp / "checkpoints", rt, strategy=strategy)
         step = 0
         found = ckpt.latest() if resuming or opts.checkpoint_dir else None
@@ -190,6 +199,9 @@ def main(argv: list[str] | None = None) -> dict:
         loader.load_state_dict({"epoch": step // steps_per_epoch})
         writer = metric_writer(exp, rt.rank, exp.name)
 
+        def current_lr() -> float:
+            return float(inner.param_groups[0]["lr"]) if inner is not None else opts.lr
+
         def save() -> None:
             state = {**strategy.state_dict(model, optimizer), "step": step, "rng": rng_state()}
             if scheduler is not None:
@@ -197,9 +209,12 @@ def main(argv: list[str] | None = None) -> dict:
             ckpt.save(step, state)
             if rt.is_main:  # the seed's state.json, written atomically
                 atomic_write_text(exp / "state.json", json.dumps({"step": step, "epoch": step / steps_per_epoch,
-                                                                  "loss": last_loss, "time": time.time()}))
+                                                                  "loss": last_loss, "lr": current_lr(),
+                                                                  "time": time.time()}))
 
-        rt.print(f"gpt: {sum(p.numel() for p in strategy.unwrap(model).parameters()):,} parameters, "
+        # ZeRO-3 leaves empty placeholders in the module; ds_numel is the full size.
+        n_params = sum(getattr(p, "ds_numel", p.numel()) for p in strategy.unwrap(model).parameters())
+        rt.print(f"gpt: {n_params:,} parameters, "
                  f"{train.shape[0]} windows of {args.seq_len} tokens, {rt.world_size} rank(s) x batch "
                  f"{opts.batch_size} x accumulation {args.grad_accum}, strategy {strategy.name}")
         preemption = rt.preemption
@@ -253,7 +268,7 @@ def main(argv: list[str] | None = None) -> dict:
             save()
         tokens_per_s = step * args.grad_accum * opts.batch_size * args.seq_len * rt.world_size / max(elapsed, 1e-9)
         history.append({"epoch": step / steps_per_epoch, "steps": step, "time_s": elapsed, "train_loss": rt.mean(last_loss),
-                        "test_loss": val_loss, "tokens_per_s": tokens_per_s,
+                        "test_loss": val_loss, "tokens_per_s": tokens_per_s, "lr": current_lr(),
                         "samples_per_s": tokens_per_s / args.seq_len})
         rt.print(f"gpt: {step} steps, train loss {history[-1]['train_loss']:.4f}, validation loss {val_loss:.4f}, "
                  f"{tokens_per_s:,.0f} tokens/s")
