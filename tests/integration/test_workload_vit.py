@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -9,7 +10,10 @@ import pytest
 from trainscale.cli.main import main
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "zero1"])
+needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "zero1", pytest.param("deepspeed", marks=needs_deepspeed)])
 def test_vit_trains_on_two_ranks(in_tmp, strategy):
     code = main(["run", "--nproc-per-node", "2", "--log-dir", "logs", "--workload", "vit", "--strategy", strategy,
                  "--max-steps", "6", "--epochs", "1", "--depth", "2", "--log-every", "0",
