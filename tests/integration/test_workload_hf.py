@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -10,20 +14,98 @@ from trainscale.cli.main import main
 
 pytest.importorskip("transformers", reason="the hf-finetune workload needs transformers (pip install 'trainscale[lm]')")
 
+RUN = ["run", "--nproc-per-node", "2", "--log-dir", "logs", "--workload", "hf-finetune"]
+
 
 def test_trainer_runs_data_parallel_with_per_device_batch_from_the_global_batch(in_tmp, capsys):
-    code = main(["run", "--nproc-per-node", "2", "--log-dir", "logs", "--workload", "hf-finetune", "--max-steps", "8",
-                 "--global-batch", "8", "--output-dir", "out", "--metrics-out", "m.json"])
+    code = main([*RUN, "--max-steps", "8", "--global-batch", "8", "--output-dir", "out", "--metrics-out", "m.json"])
     out = capsys.readouterr()
     assert code == 0, out.err
     metrics = json.loads((in_tmp / "m.json").read_text())
     assert metrics["world_size"] == 2 and metrics["per_device_batch"] == 4 and metrics["steps"] == 8
-    assert metrics["train_loss"] > 0
+    assert metrics["model"] == "DistributedDataParallel" and metrics["train_loss"] > 0
+    assert (in_tmp / "out" / "trainscale-hf.json").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
+def test_deepspeed_strategy_is_run_by_the_trainer(in_tmp, capsys):
+    code = main([*RUN, "--strategy", "deepspeed:stage=2", "--max-steps", "4", "--global-batch", "8",
+                 "--output-dir", "out", "--metrics-out", "m.json"])
+    assert code == 0, capsys.readouterr().err
+    metrics = json.loads((in_tmp / "m.json").read_text())
+    assert metrics["model"] == "DeepSpeedEngine" and metrics["steps"] == 4 and metrics["per_device_batch"] == 4
+
+
+# What `from_pretrained` finds on a hub, made offline: a tokenizer trained with `tokenizers` on the
+# review text and a tiny GPT-Neo with its vocabulary, both saved with save_pretrained. Built in a
+# subprocess: importing transformers sets environment variables in the importing process.
+MAKE_PRETRAINED = """
+import sys
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import GPTNeoForCausalLM, PreTrainedTokenizerFast
+from trainscale.workloads.hf_finetune import review_corpus, tiny_config
+
+bpe = Tokenizer(models.BPE())
+bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+bpe.decoder = decoders.ByteLevel()
+bpe.train_from_iterator(review_corpus(300), trainers.BpeTrainer(
+    vocab_size=320, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>")
+tokenizer.save_pretrained(sys.argv[1])
+GPTNeoForCausalLM(tiny_config(vocab_size=len(tokenizer))).save_pretrained(sys.argv[1])
+# + one end-of-text token after each review
+print(sum(len(ids) + 1 for ids in tokenizer(review_corpus())["input_ids"]))
+"""
+
+
+def test_pretrained_model_and_its_tokenizer_are_used(in_tmp, capsys):
+    made = subprocess.run([sys.executable, "-c", MAKE_PRETRAINED, str(in_tmp / "model")], capture_output=True,
+                          text=True, env=dict(os.environ), timeout=120)
+    assert made.returncode == 0, made.stderr
+    n_tokens = int(made.stdout.split()[-1])
+    code = main([*RUN, "--pretrained", str(in_tmp / "model"), "--max-steps", "3", "--global-batch", "4",
+                 "--block-size", "32", "--output-dir", "out", "--metrics-out", "m.json"])
+    assert code == 0, capsys.readouterr().err
+    metrics = json.loads((in_tmp / "m.json").read_text())
+    assert metrics["steps"] == 3 and metrics["blocks"] == n_tokens // 32  # BPE tokens, not bytes
+
+
+def test_output_dir_it_wrote_is_resumed_from_the_last_checkpoint(in_tmp, capsys):
+    common = [*RUN, "--global-batch", "8", "--checkpoint-every", "2", "--output-dir", "out", "--log-every", "0"]
+    assert main([*common, "--max-steps", "2"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main([*common, "--max-steps", "4", "--metrics-out", "m.json"]) == 0
+    assert "resuming from out/checkpoint-2" in capsys.readouterr().out
+    assert json.loads((in_tmp / "m.json").read_text())["steps"] == 4
+    assert sorted(p.name for p in (in_tmp / "out").glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
 
 
 def test_global_batch_that_does_not_split_is_refused_before_launch(in_tmp, capsys):
-    code = main(["run", "--nproc-per-node", "2", "--log-dir", "logs", "--workload", "hf-finetune",
-                 "--global-batch", "7"])
+    code = main([*RUN, "--global-batch", "7"])
     err = capsys.readouterr().err
     assert code == 2 and "--global-batch 7 does not split evenly over 2 rank(s)" in err
     assert not (in_tmp / "logs").exists()
+
+
+def test_per_rank_batch_size_option_is_refused_for_the_global_batch(in_tmp, capsys):
+    code = main([*RUN, "--batch-size", "4"])
+    assert code == 2 and "not --batch-size" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("strategy", "message", "hint"), [
+    ("zero1", "has no HF Trainer integration", "--strategy deepspeed:stage=1"),
+    ("fsdp", "needs GPUs", "--strategy deepspeed:stage=3"),
+])
+def test_strategies_the_trainer_cannot_run_are_refused_before_launch(in_tmp, capsys, strategy, message, hint):
+    code = main([*RUN, "--strategy", strategy, "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and hint in err
+    assert not (in_tmp / "logs").exists()
+
+
+def test_foreign_output_dir_is_refused_untouched(in_tmp, capsys):
+    (in_tmp / "out").mkdir()
+    (in_tmp / "out" / "notes.txt").write_text("mine")
+    code = main([*RUN, "--output-dir", "out"])
+    assert code == 2 and "was not written by trainscale" in capsys.readouterr().err
+    assert [p.name for p in (in_tmp / "out").iterdir()] == ["notes.txt"]

@@ -16,13 +16,18 @@ import os
 import random
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+import trainscale
 from trainscale.checkpoint import atomic_write_text
+from trainscale.data import check_shardable
 from trainscale.env import detect
 from trainscale.errors import ConfigError
+from trainscale.strategies.deepspeed import extensions_dir
+from trainscale.workloads.hf_strategy import trainer_arguments
 from trainscale.workloads.options import TrainOptions, parse
 
 MARKER = "trainscale-hf.json"
@@ -45,15 +50,15 @@ def review_corpus(n: int = 3000, seed: int = 0) -> list[str]:
     return out
 
 
-class ByteBlocks(torch.utils.data.Dataset):
-    """Byte tokens of the concatenated texts, cut into equal blocks (the run_clm recipe)."""
+class TokenBlocks(torch.utils.data.Dataset):
+    """Token ids of the concatenated texts, cut into equal blocks (the run_clm recipe)."""
 
-    def __init__(self, texts: list[str], block: int) -> None:
-        data = torch.frombuffer(bytearray("\n".join(texts).encode("utf-8")), dtype=torch.uint8).to(torch.int64)
-        n = data.numel() // block
+    def __init__(self, ids: torch.Tensor, block: int) -> None:
+        n = ids.numel() // block
         if n < 1:
-            raise ConfigError(f"the texts are shorter than one block of {block} tokens", hint="use a smaller --block-size")
-        self.blocks = data[: n * block].view(n, block)
+            raise ConfigError(f"the texts hold {ids.numel()} tokens, fewer than one block of {block}",
+                              hint="use a smaller --block-size")
+        self.blocks = ids[: n * block].view(n, block)
 
     def __len__(self) -> int:
         return self.blocks.shape[0]
@@ -74,8 +79,27 @@ def _extra(parser: argparse.ArgumentParser) -> None:
 DEFAULTS = TrainOptions(epochs=1, lr=5e-4, log_every=10)
 
 
-def plan(argv: list[str], world_size: int):
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """What a run will do, checked before launch."""
+
+    opts: TrainOptions
+    """The common training options."""
+    args: argparse.Namespace
+    """This workload's own options."""
+    per_device: int
+    """Per-rank batch: --global-batch / world size."""
+    use_cpu: bool
+    """True without GPUs (or with --device cpu): gloo instead of nccl."""
+    strategy_args: dict = field(default_factory=dict)
+    """TrainingArguments entries for --strategy (see hf_strategy)."""
+
+
+def plan(argv: list[str], world_size: int) -> Plan:
     opts, args = parse(argv, prog="trainscale-workload hf-finetune", defaults=DEFAULTS, extra=_extra)
+    if any(a == "--batch-size" or a.startswith("--batch-size=") for a in argv):
+        raise ConfigError("hf-finetune sizes its batch with --global-batch (split over the ranks), not --batch-size",
+                          hint="e.g. --global-batch 16: 8 per device on 2 ranks")
     if args.global_batch < world_size or args.global_batch % world_size:
         raise ConfigError(f"--global-batch {args.global_batch} does not split evenly over {world_size} rank(s)",
                           hint=f"use a multiple of {world_size}, e.g. --global-batch {world_size * 8}")
@@ -83,26 +107,55 @@ def plan(argv: list[str], world_size: int):
     if out.exists() and any(out.iterdir()) and not (out / MARKER).exists():
         raise ConfigError(f"{out} exists, is not empty and was not written by trainscale",
                           hint="pick a new --output-dir; nothing in it was touched")
-    return opts, args, args.global_batch // world_size
+    per_device = args.global_batch // world_size
+    use_cpu = opts.device == "cpu" or not torch.cuda.is_available()
+    strategy_args = trainer_arguments(opts.strategy, world_size=world_size, per_device=per_device, use_cpu=use_cpu)
+    return Plan(opts=opts, args=args, per_device=per_device, use_cpu=use_cpu, strategy_args=strategy_args)
+
+
+def tiny_config(vocab_size: int = 256, max_positions: int = 128):
+    """A GPT-Neo small enough for CPU tests: 2 layers (one global, one local attention), hidden 64."""
+    from transformers import GPTNeoConfig
+
+    return GPTNeoConfig(vocab_size=vocab_size, max_position_embeddings=max_positions, hidden_size=64, num_layers=2,
+                        num_heads=2, attention_types=[[["global", "local"], 1]], intermediate_size=256,
+                        window_size=32, bos_token_id=0, eos_token_id=0)
 
 
 def build_model(args):
-    from transformers import GPTNeoConfig, GPTNeoForCausalLM
+    from transformers import GPTNeoForCausalLM
 
-    if args.pretrained:  # pragma: no cover - needs a hub
-        return GPTNeoForCausalLM.from_pretrained(args.pretrained)
-    config = GPTNeoConfig(vocab_size=256, max_position_embeddings=max(128, args.block_size), hidden_size=64,
-                          num_layers=2, num_heads=2, attention_types=[[["global", "local"], 1]],
-                          intermediate_size=256, window_size=32, bos_token_id=0, eos_token_id=0)
-    return GPTNeoForCausalLM(config)
+    if args.pretrained:  # a hub name, or a local directory written by save_pretrained
+        model = GPTNeoForCausalLM.from_pretrained(args.pretrained)
+        if args.block_size > model.config.max_position_embeddings:
+            raise ConfigError(f"--block-size {args.block_size} is longer than {args.pretrained}'s "
+                              f"{model.config.max_position_embeddings} positions",
+                              hint=f"use --block-size {model.config.max_position_embeddings} or less")
+        return model
+    return GPTNeoForCausalLM(tiny_config(max_positions=max(128, args.block_size)))
 
 
 def texts(args) -> list[str]:
     if args.hub_dataset:  # pragma: no cover - needs a hub
-        from datasets import load_dataset
-
+        try:
+            from datasets import load_dataset
+        except ImportError:
+            raise ConfigError("--hub-dataset needs the 'datasets' package", hint="pip install datasets") from None
         return list(load_dataset(args.hub_dataset, split="train")["text"][:20000])
     return review_corpus()
+
+
+def tokenize(args, corpus: list[str]) -> torch.Tensor:
+    """Byte ids for the built-in tiny model; the pretrained model's own tokenizer with --pretrained
+    (a hub name or a local directory saved with ``save_pretrained``)."""
+    if not args.pretrained:
+        return torch.frombuffer(bytearray("\n".join(corpus).encode("utf-8")), dtype=torch.uint8).to(torch.int64)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.pretrained)
+    end = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+    ids = [i for encoded in tokenizer(corpus)["input_ids"] for i in encoded + end]
+    return torch.tensor(ids, dtype=torch.int64)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -111,37 +164,58 @@ def main(argv: list[str] | None = None) -> dict:
     if env.source in ("slurm", "mpi"):
         os.environ.update({"RANK": str(env.rank), "LOCAL_RANK": str(env.local_rank), "WORLD_SIZE": str(env.world_size),
                            "MASTER_ADDR": str(env.master_addr), "MASTER_PORT": str(env.master_port)})
-    opts, args, per_device = plan(sys.argv[1:] if argv is None else argv, env.world_size)
+    run = plan(sys.argv[1:] if argv is None else argv, env.world_size)
+    # trainscale makes the process group (device per local rank, store on the chosen address) and
+    # tears it down with a final barrier; the Trainer (accelerate) finds it and uses it.
+    with trainscale.init(device="cpu" if run.use_cpu else run.opts.device, seed=run.opts.seed,
+                         timeout_s=run.opts.timeout_s) as rt:
+        return _train(rt, run)
+
+
+def _train(rt, run: Plan) -> dict:
+    opts, args, per_device = run.opts, run.args, run.per_device
     from transformers import Trainer, TrainingArguments, set_seed
+    from transformers.trainer_utils import get_last_checkpoint
 
     set_seed(opts.seed)
-    use_cpu = opts.device == "cpu" or not torch.cuda.is_available()
+    if "deepspeed" in run.strategy_args and "TORCH_EXTENSIONS_DIR" not in os.environ:
+        # DeepSpeed compiles a comm op on first start: share trainscale's cache with the deepspeed strategy.
+        os.environ["TORCH_EXTENSIONS_DIR"] = extensions_dir()
     out = Path(args.output_dir)
     resume = (out / MARKER).exists() and any(out.glob("checkpoint-*"))
-    training_args = TrainingArguments(
-        output_dir=str(out), per_device_train_batch_size=per_device, learning_rate=opts.lr,
-        num_train_epochs=opts.epochs, max_steps=opts.max_steps or -1, logging_steps=max(1, opts.log_every or 10),
-        save_strategy="steps" if opts.checkpoint_every else "no", save_steps=opts.checkpoint_every or 500,
-        use_cpu=use_cpu, ddp_backend="gloo" if use_cpu else "nccl", report_to="none", disable_tqdm=True,
-        seed=opts.seed, dataloader_num_workers=0, ddp_find_unused_parameters=False,
-    )
-    trainer = Trainer(model=build_model(args), args=training_args, train_dataset=ByteBlocks(texts(args), args.block_size))
-    if trainer.is_world_process_zero():
+    training_args = TrainingArguments(**{
+        "output_dir": str(out), "per_device_train_batch_size": per_device, "learning_rate": opts.lr,
+        "num_train_epochs": opts.epochs, "max_steps": opts.max_steps or -1,
+        "logging_steps": max(1, opts.log_every or 10), "save_strategy": "steps" if opts.checkpoint_every else "no",
+        "save_steps": opts.checkpoint_every or 500, "use_cpu": run.use_cpu, "ddp_backend": rt.backend,
+        "report_to": "none", "disable_tqdm": True, "seed": opts.seed, "dataloader_num_workers": 0,
+        **run.strategy_args})
+    with rt.rank_zero_first():  # rank 0 downloads and caches a hub dataset or model first
+        dataset = TokenBlocks(tokenize(args, texts(args)), args.block_size)
+        model = build_model(args)
+    trainer = Trainer(model=model, args=training_args, train_dataset=dataset)
+    accum = training_args.gradient_accumulation_steps
+    strategy = "deepspeed" if "deepspeed" in run.strategy_args else "fsdp" if "fsdp" in run.strategy_args else "ddp"
+    if rt.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / MARKER, json.dumps({"workload": "hf-finetune", "world_size": env.world_size}))
-        print(f"hf-finetune: {env.world_size} rank(s) x per-device batch {per_device} = global batch "
-              f"{args.global_batch}, backend {training_args.ddp_backend}, {'CPU' if use_cpu else 'GPU'}", flush=True)
+        atomic_write_text(out / MARKER, json.dumps({"workload": "hf-finetune", "world_size": rt.world_size}))
+    rt.print(f"hf-finetune: {rt.world_size} rank(s) x per-device batch {per_device}"
+             f"{f' x accumulation {accum}' if accum > 1 else ''} = global batch {args.global_batch * accum}, "
+             f"strategy {strategy}, backend {rt.backend}, {'CPU' if run.use_cpu else 'GPU'}")
+    last = get_last_checkpoint(str(out)) if resume else None
+    if last is not None:
+        rt.print(f"hf-finetune: resuming from {last}")
     started = time.perf_counter()
-    output = trainer.train(resume_from_checkpoint=True if resume else None)
+    output = trainer.train(resume_from_checkpoint=last)
     elapsed = time.perf_counter() - started
-    result = {"workload": "hf-finetune", "world_size": env.world_size, "steps": output.global_step,
+    result = {"workload": "hf-finetune", "world_size": rt.world_size, "steps": output.global_step,
               "train_loss": output.training_loss, "train_time_s": elapsed, "per_device_batch": per_device,
+              "strategy": opts.strategy, "model": type(trainer.model_wrapped).__name__, "blocks": len(dataset),
               "epochs": [{"epoch": 1, "time_s": elapsed, "train_loss": output.training_loss,
-                          "samples_per_s": output.global_step * args.global_batch / max(elapsed, 1e-9)}]}
-    if trainer.is_world_process_zero():
-        print(f"hf-finetune: {output.global_step} steps, train loss {output.training_loss:.4f}, {elapsed:.1f}s", flush=True)
-        if opts.metrics_out:
-            atomic_write_text(Path(opts.metrics_out), json.dumps(result, indent=2))
+                          "samples_per_s": output.global_step * args.global_batch * accum / max(elapsed, 1e-9)}]}
+    rt.print(f"hf-finetune: {output.global_step} steps, train loss {output.training_loss:.4f}, {elapsed:.1f}s")
+    if rt.is_main and opts.metrics_out:
+        atomic_write_text(Path(opts.metrics_out), json.dumps(result, indent=2))
     return result
 
 
@@ -150,7 +224,10 @@ def preflight(argv: list[str], world_size: int) -> None:
         import transformers  # noqa: F401
     except ImportError:
         raise ConfigError("the hf-finetune workload needs transformers", hint="pip install 'trainscale[lm]'") from None
-    plan(argv, world_size)
+    run = plan(argv, world_size)
+    if not (run.args.hub_dataset or run.args.pretrained):  # the built-in data is cheap to measure here
+        blocks = len(TokenBlocks(tokenize(run.args, review_corpus()), run.args.block_size))
+        check_shardable(blocks, world_size, run.per_device, what=f"built-in reviews ({run.args.block_size}-token blocks)")
 
 
 if __name__ == "__main__":

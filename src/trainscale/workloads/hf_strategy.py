@@ -1,0 +1,57 @@
+"""trainscale's ``--strategy`` for a Hugging Face ``Trainer``: the Trainer runs the strategy itself
+(through accelerate), so the choice becomes ``TrainingArguments`` entries instead of a wrapped model.
+
+Pure: it builds and checks the arguments, so ``trainscale run`` can refuse a bad choice before launch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainscale.errors import ConfigError
+from trainscale.strategies import get_strategy
+from trainscale.strategies.ds_config import load_ds_config
+
+
+def trainer_arguments(spec: str, *, world_size: int, per_device: int, use_cpu: bool) -> dict[str, Any]:
+    """``TrainingArguments`` keywords that make the Trainer run ``spec`` (``ddp``, ``fsdp[:...]``,
+    ``deepspeed[:...]``); ``zero1``, and FSDP on the CPU, are refused with the alternative."""
+    strategy = get_strategy(spec)  # unknown names and options fail here, with the valid ones listed
+    if strategy.name == "ddp":
+        return {"ddp_find_unused_parameters": strategy.find_unused_parameters,
+                "ddp_bucket_cap_mb": max(1, round(strategy.bucket_cap_mb))}
+    if strategy.name == "zero1":
+        raise ConfigError("--strategy zero1 (torch's ZeroRedundancyOptimizer) has no HF Trainer integration",
+                          hint="the Trainer shards optimizer state through DeepSpeed: --strategy deepspeed:stage=1")
+    if strategy.name == "fsdp":
+        if use_cpu:
+            # accelerate enables FSDP only for accelerator devices; on CPU the Trainer would quietly use DDP.
+            raise ConfigError("--strategy fsdp with the HF Trainer needs GPUs: on the CPU accelerate "
+                              "ignores FSDP and trains with plain DDP",
+                              hint="on the CPU use --strategy deepspeed:stage=3 (sharded) or ddp")
+        args: dict[str, Any] = {"fsdp": True, "fsdp_config": {
+            "version": 2, "reshard_after_forward": strategy.reshard_after_forward,
+            "cpu_offload": strategy.cpu_offload, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "transformer_layer_cls_to_wrap": list(strategy.unit_modules) or ["GPTNeoBlock"]}}
+        if strategy.mixed_precision != "none":
+            args[strategy.mixed_precision] = True  # bf16=True / fp16=True
+        return args
+    if strategy.name == "deepspeed":
+        _check_user_micro_batch(strategy.config, per_device)
+        strategy.micro_batch_size = per_device
+        config = strategy.ds_config(world_size, "cpu" if use_cpu else "cuda")
+        # The Trainer checks that its own arguments agree with the ds_config; make them agree.
+        return {"deepspeed": config, "gradient_accumulation_steps": config["gradient_accumulation_steps"],
+                "bf16": bool(config.get("bf16", {}).get("enabled")),
+                "fp16": bool(config.get("fp16", {}).get("enabled"))}
+    raise ConfigError(f"strategy {strategy.name!r} has no HF Trainer mapping", hint="use ddp, fsdp or deepspeed")
+
+
+def _check_user_micro_batch(config: Any, per_device: int) -> None:
+    if isinstance(config, str):
+        config = load_ds_config(config)
+    given = config.get("train_micro_batch_size_per_gpu") if isinstance(config, dict) else None
+    if given not in (None, "auto", per_device):
+        raise ConfigError(f"ds_config train_micro_batch_size_per_gpu={given}, but --global-batch ÷ world size "
+                          f"gives a per-device batch of {per_device}",
+                          hint='set it to "auto" (the Trainer fills it in) or change --global-batch')
