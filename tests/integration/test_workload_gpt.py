@@ -24,6 +24,21 @@ def _run(tmp, *args, env=None):
 needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
 
 
+def _fake_wandb(root):
+    """A stand-in for the wandb package (not installed here) that records what the workload asks of it."""
+    (root / "wandb").mkdir(parents=True)
+    (root / "wandb" / "__init__.py").write_text(
+        "import json, os\n"
+        "class Run:\n"
+        "    def __init__(self, kw): self.kw, self.logs = kw, []\n"
+        "    def log(self, values, step): self.logs.append([step, values])\n"
+        "    def finish(self):\n"
+        "        path = os.path.join(self.kw['dir'], 'wandb-' + self.kw['name'] + '.json')\n"
+        "        json.dump({'init': self.kw, 'logs': self.logs, 'finished': True}, open(path, 'w'))\n"
+        "def init(**kw): return Run(kw)\n")
+    return root
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", pytest.param("deepspeed:stage=3", marks=needs_deepspeed)])
 def test_gpt_trains_with_accumulation_and_writes_its_experiment(in_tmp, strategy):
     code = main(["run", "--nproc-per-node", "2", "--log-dir", "logs", "--workload", "gpt", "--strategy", strategy,
@@ -49,8 +64,15 @@ def test_gpt_crash_and_restart_resumes_to_the_same_loss(tmp_path):
                   env={"TRAINSCALE_FAULT": "exit:rank=1:step=6"})
     assert broken.returncode == 0, broken.stderr
     assert "Resumed experiment" in broken.stdout
-    straight = _run(tmp_path, *common, "--experiment-dir", "b")
+    fake = _fake_wandb(tmp_path / "fake")
+    pythonpath = os.pathsep.join(filter(None, [str(fake), os.environ.get("PYTHONPATH")]))
+    straight = _run(tmp_path, *common, "--experiment-dir", "b", env={"PYTHONPATH": pythonpath})
     assert straight.returncode == 0, straight.stderr
+    for rank in (0, 1):  # one offline wandb run per rank, grouped by experiment, every step logged
+        record = json.loads((tmp_path / "b" / f"wandb-rank{rank}.json").read_text())
+        assert record["init"]["group"] == "b" and record["init"]["mode"] == "offline"
+        assert [step for step, d in record["logs"] if "train/loss" in d] == list(range(1, 13))
+        assert record["finished"]
     a = json.loads((tmp_path / "a" / "state.json").read_text())
     b = json.loads((tmp_path / "b" / "state.json").read_text())
     assert a["step"] == b["step"] == 12 and a["loss"] == b["loss"]

@@ -35,6 +35,7 @@ from trainscale.strategies.base import OptimizerSpec
 from trainscale.strategies.ddp import rebuild_buckets
 from trainscale.workloads import fault, text
 from trainscale.workloads.options import TrainOptions, parse
+from trainscale.workloads.streams import MetricStreams
 
 MARKER = "experiment.json"
 
@@ -115,23 +116,6 @@ def open_experiment(rt, directory: Path) -> bool:
     return exists
 
 
-def metric_writer(directory: Path, rank: int, name: str):
-    """Per-rank TensorBoard stream (one run per rank under the experiment); wandb offline when present."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        return None
-    try:
-        import wandb  # noqa: F401
-
-        import os
-        os.environ.setdefault("WANDB_MODE", "offline")
-        wandb.init(project="trainscale", group=name, name=f"rank{rank}", dir=str(directory))
-    except ImportError:
-        pass
-    return SummaryWriter(log_dir=str(directory / "tensorboard" / f"rank{rank}"))
-
-
 def lr_lambda(warmup: int, total: int):
     def factor(step: int) -> float:
         if step < warmup:
@@ -197,7 +181,7 @@ def main(argv: list[str] | None = None) -> dict:
             rebuild_buckets(model, warm_up)
             rt.print(f"Resumed experiment {exp} at step {step} from {found.path}")
         loader.load_state_dict({"epoch": step // steps_per_epoch})
-        writer = metric_writer(exp, rt.rank, exp.name)
+        writer = MetricStreams(exp, rt.rank, exp.resolve().name)
 
         def current_lr() -> float:
             return float(inner.param_groups[0]["lr"]) if inner is not None else opts.lr
@@ -249,8 +233,7 @@ def main(argv: list[str] | None = None) -> dict:
                 scheduler.step()
             step += 1
             last_loss = sum(micro_losses) / len(micro_losses)
-            if writer is not None:
-                writer.add_scalar("train/loss", last_loss, step)
+            writer.add_scalar("train/loss", last_loss, step)
             if opts.log_every and step % opts.log_every == 0:
                 rt.print(f"step {step}/{total}: loss {rt.mean(last_loss):.4f}")
             if opts.checkpoint_every and step % opts.checkpoint_every == 0:
@@ -261,9 +244,8 @@ def main(argv: list[str] | None = None) -> dict:
                 break
         elapsed = rt.mean(time.perf_counter() - started)
         val_loss = evaluate(model, val, rt, opts.batch_size)
-        if writer is not None:
-            writer.add_scalar("val/loss", val_loss, step)
-            writer.close()
+        writer.add_scalar("val/loss", val_loss, step)
+        writer.close()
         if not opts.checkpoint_every or step % opts.checkpoint_every:
             save()
         tokens_per_s = step * args.grad_accum * opts.batch_size * args.seq_len * rt.world_size / max(elapsed, 1e-9)
