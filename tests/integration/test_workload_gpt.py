@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from trainscale.cli.main import main
+from trainscale.workloads import text
 
 SMALL = ["--n-layer", "2", "--n-embd", "64", "--n-head", "2", "--seq-len", "64", "--log-every", "0"]
 
@@ -76,6 +77,40 @@ def test_gpt_crash_and_restart_resumes_to_the_same_loss(tmp_path):
     a = json.loads((tmp_path / "a" / "state.json").read_text())
     b = json.loads((tmp_path / "b" / "state.json").read_text())
     assert a["step"] == b["step"] == 12 and a["loss"] == b["loss"]
+
+
+# A tokenizer as `from_pretrained` finds it on a hub, made offline (BPE trained with `tokenizers` on
+# a few of the corpus' topics, saved with save_pretrained); in a subprocess, as importing
+# transformers sets environment variables.
+MAKE_TOKENIZER = """
+import sys
+from pydoc_data.topics import topics
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+bpe = Tokenizer(models.BPE())
+bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+bpe.decoder = decoders.ByteLevel()
+bpe.train_from_iterator(list(topics.values())[:40], trainers.BpeTrainer(
+    vocab_size=512, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe)
+tokenizer.save_pretrained(sys.argv[1])
+print(len(tokenizer))
+"""
+
+
+def test_gpt_trains_on_a_hf_tokenizers_ids(tmp_path):
+    pytest.importorskip("transformers")
+    made = subprocess.run([sys.executable, "-c", MAKE_TOKENIZER, str(tmp_path / "tok")], capture_output=True,
+                          text=True, env=dict(os.environ), timeout=120)
+    assert made.returncode == 0, made.stderr
+    run = _run(tmp_path, "--workload", "gpt", "--max-steps", "2", "--tokenizer", str(tmp_path / "tok"),
+               "--experiment-dir", "exp", "--metrics-out", "m.json", *SMALL)
+    assert run.returncode == 0, run.stderr
+    metrics = json.loads((tmp_path / "m.json").read_text())
+    byte_windows = (len(text.encode(text.builtin_corpus())) * 9 // 10 - 1) // 64
+    assert metrics["vocab"] == int(made.stdout.split()[-1]) and metrics["steps"] == 2
+    assert metrics["train_windows"] < byte_windows / 2  # BPE ids, several bytes per token
 
 
 def test_foreign_experiment_dir_is_refused_untouched(in_tmp, capsys):

@@ -86,6 +86,8 @@ def _extra(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=20, help="LR warm-up steps (then cosine decay)")
     parser.add_argument("--experiment-dir", default="runs/gpt")
     parser.add_argument("--hub-dataset", default=None, help="a HF dataset name instead of the built-in corpus")
+    parser.add_argument("--tokenizer", default=None,
+                        help="a HF tokenizer (hub name or save_pretrained directory) instead of bytes")
 
 
 DEFAULTS = TrainOptions(epochs=1, batch_size=8, lr=3e-4, log_every=20)
@@ -140,7 +142,7 @@ def main(argv: list[str] | None = None) -> dict:
     with trainscale.init(device=opts.device, seed=opts.seed, timeout_s=opts.timeout_s) as rt:
         resuming = open_experiment(rt, exp)
         with rt.rank_zero_first():  # tokenize once; the others read the cache
-            cache = text.prepare(exp / "data", args.hub_dataset or "builtin")
+            cache = text.prepare(exp / "data", args.hub_dataset or "builtin", tokenizer=args.tokenizer)
         tokens = text.load(cache)
         train = text.windows(tokens["train"], args.seq_len)
         val = text.windows(tokens["val"], args.seq_len)
@@ -154,7 +156,7 @@ def main(argv: list[str] | None = None) -> dict:
             strategy.micro_batch_size = opts.batch_size
         torch.manual_seed(opts.seed)
         model, optimizer = strategy.setup(
-            GPT(seq_len=args.seq_len, width=args.n_embd, depth=args.n_layer, heads=args.n_head),
+            GPT(vocab=tokens["vocab"], seq_len=args.seq_len, width=args.n_embd, depth=args.n_layer, heads=args.n_head),
             OptimizerSpec(torch.optim.AdamW, {"lr": opts.lr, "weight_decay": 0.1}), rt)
         steps_per_epoch = len(loader) // args.grad_accum
         total = steps_per_epoch * opts.epochs if opts.max_steps is None else opts.max_steps
@@ -256,6 +258,7 @@ def main(argv: list[str] | None = None) -> dict:
                  f"{tokens_per_s:,.0f} tokens/s")
         result = {"workload": "gpt", "world_size": rt.world_size, "num_nodes": rt.num_nodes, "device": str(rt.device),
                   "strategy": strategy.name, "options": asdict(opts), "steps": step, "epochs": history,
+                  "vocab": tokens["vocab"], "train_windows": int(train.shape[0]),
                   "train_time_s": elapsed, "experiment_dir": str(exp)}
         result["memory"] = memory_report(rt, strategy.held_bytes(model, optimizer), strategy.name)
         if opts.metrics_out and rt.is_main:
@@ -293,8 +296,9 @@ def preflight(argv: list[str], world_size: int) -> None:
     if exp.exists() and not (exp / MARKER).exists() and any(exp.iterdir()):
         raise ConfigError(f"{exp} exists, is not empty and is not a trainscale experiment",
                           hint="pick a new --experiment-dir; nothing in it was touched")
-    n_windows = (len(text.encode(text.builtin_corpus())) * 9 // 10 - 1) // args.seq_len
-    check_shardable(n_windows, world_size, opts.batch_size, what="built-in corpus (windows)")
+    if not (args.hub_dataset or args.tokenizer):  # the built-in corpus in bytes is cheap to measure here
+        n_windows = (len(text.encode(text.builtin_corpus())) * 9 // 10 - 1) // args.seq_len
+        check_shardable(n_windows, world_size, opts.batch_size, what="built-in corpus (windows)")
 
 
 if __name__ == "__main__":

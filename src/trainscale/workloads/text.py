@@ -51,17 +51,34 @@ def windows(tokens: torch.Tensor, seq_len: int) -> torch.Tensor:
     return tokens[idx]
 
 
-def prepare(cache_dir: Path, text_source: str = "builtin", val_fraction: float = 0.1) -> Path:
-    """Tokenize once into ``cache_dir`` (call on rank 0 inside ``rank_zero_first``); returns the file."""
+def hub_encode(tokenizer_name: str, text: str) -> tuple[torch.Tensor, int]:
+    """Token ids from a HF tokenizer (a hub name or a directory written by ``save_pretrained``) and its
+    vocabulary size."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise ConfigError("--tokenizer needs the 'transformers' package", hint="pip install 'trainscale[lm]'") from None
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_name)
+    ids = [i for chunk in text.split("\n\n") for i in tokenizer(chunk + "\n\n")["input_ids"]]
+    return torch.tensor(ids, dtype=torch.int64), len(tokenizer)
+
+
+def prepare(cache_dir: Path, text_source: str = "builtin", val_fraction: float = 0.1,
+            tokenizer: str | None = None) -> Path:
+    """Tokenize once into ``cache_dir`` (call on rank 0 inside ``rank_zero_first``); returns the file.
+    Bytes (vocabulary 256) unless ``tokenizer`` names a HF tokenizer."""
     text = builtin_corpus() if text_source == "builtin" else hub_corpus(text_source)
-    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    digest = hashlib.sha256(f"{tokenizer or 'bytes'}\0{text}".encode()).hexdigest()[:12]
     path = Path(cache_dir) / f"tokens-{digest}.pt"
     if not path.exists():
-        tokens = encode(text)
+        tokens, vocab = (encode(text), VOCAB) if tokenizer is None else hub_encode(tokenizer, text)
         split = int(tokens.numel() * (1 - val_fraction))
-        atomic_torch_save({"train": tokens[:split].clone(), "val": tokens[split:].clone()}, path)
+        atomic_torch_save({"train": tokens[:split].clone(), "val": tokens[split:].clone(), "vocab": vocab}, path)
     return path
 
 
-def load(path: Path) -> dict[str, torch.Tensor]:
-    return torch.load(path, weights_only=True)
+def load(path: Path) -> dict:
+    """{"train": ids, "val": ids, "vocab": size}."""
+    data = torch.load(path, weights_only=True)
+    data.setdefault("vocab", VOCAB)  # caches written before the vocabulary was recorded held bytes
+    return data
