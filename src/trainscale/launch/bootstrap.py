@@ -8,11 +8,12 @@ starts as fast as the script itself allows.
 
 from __future__ import annotations
 
+import faulthandler
+import gc
 import os
 import runpy
 import sys
 
-import faulthandler
 import json
 import time
 import traceback
@@ -114,6 +115,26 @@ def _main(argv: list[str]) -> None:
     else:
         sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
         runpy.run_path(target, run_name="__main__")
+    release_process_groups()
+
+
+def release_process_groups() -> None:
+    """After a clean run, let torch.distributed wind down while the interpreter is still whole.
+
+    A gloo worker thread drops each finished collective after the caller has moved on; when that
+    collective holds tensors created in Python the drop needs the GIL. Asked for during interpreter
+    shutdown, the GIL ends the thread with ``pthread_exit`` inside C++ code and the rank dies with
+    "terminate called without an active exception" (SIGABRT) after training succeeded. A full
+    collection here frees models in reference cycles (so a destroyed group can really go, joining
+    its threads) and outlasts the interpreter's switch interval, so a worker already waiting for the
+    GIL gets it before shutdown. A group the script left initialised is destroyed. Not done after
+    an error: destroying a group whose peers are gone can wait out the collective timeout.
+    """
+    gc.collect()
+    dist = sys.modules.get("torch.distributed")  # never import torch just for this
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+        gc.collect()
 
 
 if __name__ == "__main__":

@@ -71,8 +71,20 @@ class ProgressTracker:
             except Exception:  # the store went away (teardown, rank 0 gone): stop quietly
                 return
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the heartbeat and wait for it (bounded: a store that hangs cannot hold up the exit).
+
+        The wait matters: a daemon thread still inside a store call when the interpreter shuts
+        down is ended by ``pthread_exit`` inside C++ code, and the process dies with
+        "terminate called without an active exception" (SIGABRT) after training succeeded.
+        """
         self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+
+    @property
+    def beating(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     def others(self) -> dict[int, tuple[int, str] | None]:
         """rank -> (last step, op) as recorded, None when a rank never recorded anything."""

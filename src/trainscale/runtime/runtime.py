@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import logging
 import os
 import sys
@@ -194,6 +195,10 @@ class Runtime:
                     self.barrier()
             finally:
                 dist.destroy_process_group()
+                # Hands the GIL to a gloo worker still dropping a finished collective (it needs the
+                # GIL for Python-made tensors) before the interpreter can shut down under it:
+                # see release_process_groups in launch/bootstrap.py.
+                gc.collect()
 
     def __enter__(self) -> "Runtime":
         return self
