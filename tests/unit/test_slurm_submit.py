@@ -257,7 +257,7 @@ def test_cli_submit_writes_script_record_and_prints_job_id(tmp_path, state, monk
         seen.append(Path(path).read_text())
         return Submission(job_id="555", cluster="", script=Path(path))
 
-    monkeypatch.setattr("trainscale.launch.slurm.submit", fake_submit)
+    monkeypatch.setattr("trainscale.launch.slurm.job.submit", fake_submit)
     rc = cli.run(type("A", (), {"argv": ["--profile", "local-test", "--time", "5", "--output-dir",
                                          str(tmp_path / "jobs"), "--submit", str(script), "--x", "1"]})())
     out, err = capsys.readouterr()

@@ -80,6 +80,10 @@ def parse_token(token: str, *, gpus_visible: int, slurm: bool = False, ranks_per
     if match:
         nodes = _positive(token, match.group(1), "nodes")
         if match.re.pattern.endswith("n"):
+            if ranks_per_node is None and slurm:
+                raise ConfigError(f"configuration {token!r} counts nodes, but the profile has no GPUs per node to "
+                                  "say how many ranks a node runs",
+                                  hint=f"give --gpus-per-node R (ranks per node), or write NxR, e.g. {nodes}x2")
             if ranks_per_node is None:
                 raise ConfigError(f"configuration {token!r} counts nodes, which needs --slurm and a profile",
                                   hint="run on one node with a plain number of ranks, e.g. --configs 1,2")
@@ -145,6 +149,14 @@ def scaled_max_steps(max_steps: int | None, config: RunConfig, baseline: RunConf
     if max_steps is None or scaling == "strong":
         return max_steps
     return max(1, -(-max_steps * baseline.world_size // config.world_size))
+
+
+def with_nodes(configs: str | None, nodes: tuple[int, ...]) -> str:
+    """``--configs`` plus one ``Nn`` configuration per ``--nodes`` entry (just those when --configs is not given)."""
+    tokens = [t.strip() for t in configs.split(",")] if configs else []
+    known = {t.lower() for t in tokens}
+    tokens += [f"{n}n" for n in nodes if f"{n}n" not in known]
+    return ",".join(tokens) if tokens else "1,2"
 
 
 def parse_int_list(text: str, option: str) -> tuple[int, ...]:

@@ -110,6 +110,8 @@ class StudyDisplay:
     def finish(self, name: str, ok: bool, detail: str = "") -> None:
         row = self.rows[name]
         row.status, row.ended = ("ok" if ok else "failed"), time.monotonic()
+        if ok and row.epochs:  # a SLURM job's epoch lines go to its own log, not through this display
+            row.epoch = row.epochs
         if detail:
             row.detail = detail
         if self.live is None:

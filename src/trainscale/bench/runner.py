@@ -1,4 +1,4 @@
-"""Run a planned study through the local launcher and collect one record per run."""
+"""Run a planned study, through the local launcher or as SLURM jobs, and collect one record per run."""
 
 from __future__ import annotations
 
@@ -10,20 +10,38 @@ from trainscale.bench.display import Row, StudyDisplay
 from trainscale.bench.study import BATCH_ENV, METRICS_ENV, Plan, PlannedRun, read_metrics
 
 
-def launch_spec(spec_plan: Plan, run: PlannedRun, run_dir: Path):
-    """The LocalLaunchSpec of one run (what ``trainscale run`` would build for it)."""
-    from trainscale.launch.local import LocalLaunchSpec
-
+def _target(spec_plan: Plan, run: PlannedRun, run_dir: Path) -> tuple[str, bool, tuple[str, ...], dict[str, str]]:
+    """(target, is a module, arguments, environment) of one run; the workload writes its metrics to run_dir."""
     metrics = run_dir / "metrics.json"
     env = {METRICS_ENV: str(metrics.absolute()), BATCH_ENV: str(run.per_rank_batch)}
     spec = spec_plan.spec
     if spec.workload:
-        target, module = "trainscale.workloads", True
-        args = (spec.workload, *run.args, "--metrics-out", str(metrics.absolute()))
-    else:
-        target, module, args = str(Path(spec.script).absolute()), False, run.args
-    return LocalLaunchSpec(target=target, module=module, args=tuple(args), nproc_per_node=run.config.nproc_per_node,
+        return "trainscale.workloads", True, (spec.workload, *run.args, "--metrics-out", str(metrics.absolute())), env
+    return str(Path(spec.script).absolute()), False, tuple(run.args), env
+
+
+def launch_spec(spec_plan: Plan, run: PlannedRun, run_dir: Path):
+    """The LocalLaunchSpec of one run (what ``trainscale run`` would build for it)."""
+    from trainscale.launch.local import LocalLaunchSpec
+
+    target, module, args, env = _target(spec_plan, run, run_dir)
+    return LocalLaunchSpec(target=target, module=module, args=args, nproc_per_node=run.config.nproc_per_node,
                            log_dir=run_dir / "logs", env=env)
+
+
+def job_specs(spec_plan: Plan, out_dir: Path) -> dict:
+    """run name -> the SlurmJobSpec of each run (``--slurm``): what ``trainscale slurm`` would submit for it."""
+    target = spec_plan.spec.slurm
+    specs = {}
+    for run in spec_plan.runs:
+        run_dir = (out_dir / "runs" / run.name).absolute()
+        module, is_module, args, env = _target(spec_plan, run, run_dir)
+        specs[run.name] = target.job(
+            name=f"bench-{run.name}", nodes=run.config.nnodes, ranks_per_node=run.config.nproc_per_node,
+            output_dir=run_dir / "job", module=module if is_module else None,
+            script=None if is_module else module, args=args, env=env,
+            command_line=("trainscale", "bench", "--slurm", "run", run.name))
+    return specs
 
 
 def base_record(run: PlannedRun) -> dict:
@@ -34,27 +52,35 @@ def base_record(run: PlannedRun) -> dict:
             "args": list(run.args), "sweep": run.sweep}
 
 
-def execute_run(plan: Plan, run: PlannedRun, out_dir: Path, display: StudyDisplay) -> dict:
-    from trainscale.launch.local import launch
-
+def execute_run(plan: Plan, run: PlannedRun, out_dir: Path, display: StudyDisplay, jobs: dict | None = None) -> dict:
+    """Launch one run (locally, or as its prepared SLURM job in ``jobs``) and turn its metrics into a record."""
     run_dir = out_dir / "runs" / run.name
     run_dir.mkdir(parents=True, exist_ok=True)
-    spec = launch_spec(plan, run, run_dir)
     record = base_record(run)
-    record["load_before"] = _load()
     display.start(run.name)
-    with display.capture(run.name):
-        result = launch(spec)
-    record.update(launch_s=result.seconds, log_dir=str(result.log_dir) if result.log_dir else None,
-                  metrics_file=str(run_dir / "metrics.json"))
-    if not result.ok:
-        record.update(status="failed", failure=result.summary, **results.record_from_launch(result.seconds))
-        (run_dir / "failure.txt").write_text(result.summary + "\n")
+    if jobs is not None:
+        from trainscale.bench.slurm_runs import run_job
+
+        outcome = run_job(plan.spec.slurm, jobs[run.name], on_line=lambda text: display.line(run.name, text))
+        ok, seconds, summary = outcome.ok, outcome.seconds, outcome.summary
+        record.update(slurm_job=outcome.job_id, log_dir=str(outcome.job_dir))
+    else:
+        from trainscale.launch.local import launch
+
+        record["load_before"] = _load()
+        with display.capture(run.name):
+            result = launch(launch_spec(plan, run, run_dir))
+        ok, seconds, summary = result.ok, result.seconds, result.summary
+        record["log_dir"] = str(result.log_dir) if result.log_dir else None
+    record.update(launch_s=seconds, metrics_file=str(run_dir / "metrics.json"))
+    if not ok:
+        record.update(status="failed", failure=summary, **results.record_from_launch(seconds))
+        (run_dir / "failure.txt").write_text(summary + "\n")
         display.finish(run.name, False, "see " + str(run_dir / "failure.txt"))
         return record
     metrics = read_metrics(run_dir / "metrics.json")
     if metrics is None:
-        record.update(status="ok", **results.record_from_launch(result.seconds))
+        record.update(status="ok", **results.record_from_launch(seconds))
         display.finish(run.name, True, "no metrics written: whole launch timed")
     else:
         record.update(status="ok", **results.record_from_metrics(metrics, global_batch=run.global_batch))
@@ -79,12 +105,13 @@ def rows_for(plan: Plan) -> list[Row]:
     return [Row(r.name, r.config.label, r.config.world_size, r.per_rank_batch, epochs) for r in plan.runs]
 
 
-def execute(plan: Plan, out_dir: Path, *, verbose: bool = False, console=None) -> list[dict]:
-    title = f"trainscale bench: {plan.spec.target} -> {out_dir}"
+def execute(plan: Plan, out_dir: Path, *, verbose: bool = False, console=None, jobs: dict | None = None) -> list[dict]:
+    where = f" (SLURM jobs, profile {plan.spec.slurm.profile})" if jobs is not None else ""
+    title = f"trainscale bench: {plan.spec.target}{where} -> {out_dir}"
     records = []
     with StudyDisplay(title, rows_for(plan), verbose=verbose, console=console) as display:
         for run in plan.runs:
-            records.append(execute_run(plan, run, out_dir, display))
+            records.append(execute_run(plan, run, out_dir, display, jobs))
     return records
 
 

@@ -56,10 +56,15 @@ def run_study(spec: StudySpec, *, projection: ProjectionRequest | None = None, v
         raise ConfigError("--interconnect measured takes the all-reduce bandwidth from a multi-rank configuration, "
                           "and --configs has none", hint="add 2 to --configs, or name a preset such as ib-hdr200")
     out_dir = choose_out_dir(spec.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    from trainscale.bench.runner import execute
+    from trainscale.bench.runner import execute, job_specs
 
-    runs = execute(the_plan, out_dir, verbose=verbose, console=console)
+    jobs = None
+    if spec.slurm is not None:  # every job linted before the first is submitted
+        from trainscale.bench.slurm_runs import prepare
+
+        jobs = prepare(spec.slurm, job_specs(the_plan, out_dir))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs = execute(the_plan, out_dir, verbose=verbose, console=console, jobs=jobs)
     study = {"target": spec.target, "baseline": the_plan.baseline.token, "environment": environment.collect(),
              "spec": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items()}, "runs": runs}
     results.add_speedups(runs, the_plan.baseline.token)
@@ -80,7 +85,12 @@ def _predict(study: dict, spec: StudySpec, out_dir: Path, projection: Projection
     except ConfigError as exc:
         study["projection_error"] = str(exc)
         return
-    measure = predictions.allreduce_measurer(out_dir)
+    if spec.slurm is not None:
+        from trainscale.bench.slurm_runs import allreduce_measurer
+
+        measure = allreduce_measurer(spec.slurm, out_dir)
+    else:
+        measure = predictions.allreduce_measurer(out_dir)
     shared = all(r["device"] == "cpu" and r["nodes"] == 1 for r in study["runs"])
     if validate or (projection and projection.interconnect == "measured"):
         checked = predictions.validate(study, measure, shared_compute=shared)

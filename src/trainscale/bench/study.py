@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainscale.bench.configs import (RunConfig, find_baseline, parse_configs, per_rank_batch, scaled_max_steps)
+from trainscale.bench.slurm_runs import SlurmTarget
 from trainscale.errors import ConfigError
 
 METRICS_ENV = "TRAINSCALE_METRICS_OUT"
@@ -55,6 +56,8 @@ class StudySpec:
     """Results directory; default bench-out/<timestamp>. Never an existing study."""
     gpus_visible: int = 0
     """GPUs on this node (decides what ``1`` and ``N`` mean)."""
+    slurm: SlurmTarget | None = None
+    """Run each configuration as a SLURM job (``--slurm``) instead of on this node."""
 
     def __post_init__(self) -> None:
         if (self.workload is None) == (self.script is None):
@@ -73,6 +76,12 @@ class StudySpec:
     @property
     def target(self) -> str:
         return f"workload {self.workload}" if self.workload else f"script {self.script}"
+
+    def parsed_configs(self) -> tuple[RunConfig, ...]:
+        if self.slurm is None:
+            return parse_configs(self.configs, gpus_visible=self.gpus_visible)
+        return parse_configs(self.configs, gpus_visible=self.slurm.cluster.gpus_per_node, slurm=True,
+                             ranks_per_node=self.slurm.nodes_ranks)
 
 
 @dataclass(frozen=True)
@@ -114,7 +123,7 @@ def _script_args(spec: StudySpec, batch: int) -> tuple[str, ...]:
 
 def plan(spec: StudySpec, *, preflight: bool = True) -> Plan:
     """Every run of the study with its batch sizes and arguments; raises ConfigError before any launch."""
-    configs = parse_configs(spec.configs, gpus_visible=spec.gpus_visible)
+    configs = spec.parsed_configs()
     baseline = find_baseline(configs, spec.baseline)
     if spec.workload:
         from trainscale.workloads.registry import get_workload

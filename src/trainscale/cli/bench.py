@@ -13,10 +13,16 @@ HELP = """usage: trainscale bench [--workload NAME | SCRIPT [ARGS...]] [--config
                         [--baseline TOKEN] [--sweep-batch 16,32,64] [--out DIR]
                         [--project-to N] [--interconnect PRESET|measured] [--links-per-node K] [--validate]
                         [--no-plots] [--verbose] [-- WORKLOAD ARGS...]
+                        [--slurm --profile P --time T [--nodes 1,2] [--gpus-per-node G] [--account A]
+                         [--partition P] [--reservation R] [--launcher torchrun|srun] [--python PATH] [--poll S]]
        trainscale bench allreduce [--sizes 1KB..16MB] [--nproc N] [--iters K] [--out DIR]
+                                  [--slurm --profile P --time T --nodes N [--gpus-per-node G] ...]
        trainscale bench --list-interconnects
 
 Configurations: cpu (1 process on CPU), N (N ranks on this node: GPUs when visible, else CPU ranks).
+With --slurm every configuration is one batch job (as `trainscale slurm --submit` makes it): N is N ranks
+on one node, NxM is N nodes x M ranks, Nn is N nodes x the profile's GPUs (or --gpus-per-node) per node,
+and --nodes 1,2 adds 1n,2n. The study directory must be on a file system the compute nodes see.
 Weak scaling (default, seed 004's recipe) keeps --batch-size per rank; strong keeps it as the global batch.
 A SCRIPT gets its per-rank batch as {batch} in its arguments and TRAINSCALE_BENCH_BATCH, and reports
 through trainscale.bench.metrics.EpochRecorder (else the whole launch is timed).
@@ -27,17 +33,55 @@ Examples:
   trainscale bench --workload cnn --configs 1 --sweep-batch 16,32,64,128 --epochs 1
   trainscale bench --workload cnn --configs 1,2 --project-to 1024 --interconnect ib-hdr200 --validate
   trainscale bench --configs 1,2 train.py --batch-size {batch}
+  trainscale bench --slurm --profile local-test --gpus-per-node 2 --time 00:10:00 --configs 1 --nodes 1,2
   trainscale bench allreduce --nproc 2 --sizes 1KB..16MB
+  trainscale bench allreduce --slurm --profile lumi --account project_465000000 --time 00:10:00 --nodes 2
 """
 
 _VALUED = {"--workload", "--configs", "--scaling", "--batch-size", "--epochs", "--max-steps", "--data", "--samples",
-           "--baseline", "--sweep-batch", "--out", "--project-to", "--interconnect", "--links-per-node", "--overlap"}
+           "--baseline", "--sweep-batch", "--out", "--project-to", "--interconnect", "--links-per-node", "--overlap",
+           "--profile", "--nodes", "--gpus-per-node", "--time", "--account", "--partition", "--reservation",
+           "--launcher", "--python", "--poll"}
+SLURM_ONLY = ("profile", "gpus_per_node", "time", "account", "partition", "reservation", "launcher", "python", "poll")
+
+
+def add_slurm_options(p: argparse.ArgumentParser, nodes_help: str) -> None:
+    p.add_argument("--slurm", action="store_true", help="run as SLURM jobs (as `trainscale slurm --submit`)")
+    p.add_argument("--profile", default=None)
+    p.add_argument("--nodes", default=None, help=nodes_help)
+    p.add_argument("--gpus-per-node", type=int, default=None, help="on CPU-only profiles: ranks per node")
+    p.add_argument("--time", default=None, help="time limit of each job")
+    p.add_argument("--account")
+    p.add_argument("--partition")
+    p.add_argument("--reservation")
+    p.add_argument("--launcher", choices=("torchrun", "srun"))
+    p.add_argument("--python")
+    p.add_argument("--poll", type=float, default=None, help="seconds between queue polls")
+
+
+def slurm_target(ns: argparse.Namespace):
+    """The SlurmTarget of ``--slurm ...``, or None; SLURM options without --slurm are refused."""
+    from trainscale.bench.slurm_runs import SlurmTarget
+
+    given = [f"--{name.replace('_', '-')}" for name in SLURM_ONLY if getattr(ns, name) is not None]
+    if not ns.slurm:
+        if given or ns.nodes is not None:
+            raise ConfigError(f"{', '.join(given or ['--nodes'])} only apply to SLURM jobs",
+                              hint="add --slurm --profile NAME --time HH:MM:SS, or drop them to run on this node")
+        return None
+    if not ns.profile or not ns.time:
+        raise ConfigError("--slurm needs --profile and --time",
+                          hint="e.g. --slurm --profile lumi --account project_465000000 --time 00:30:00 "
+                               "(`trainscale profiles` lists the profiles)")
+    return SlurmTarget(profile=ns.profile, time=ns.time, ranks_per_node=ns.gpus_per_node, account=ns.account,
+                       partition=ns.partition, reservation=ns.reservation, launcher=ns.launcher, python=ns.python,
+                       poll_s=2.0 if ns.poll is None else ns.poll)
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trainscale bench", usage=HELP)
     p.add_argument("--workload", default=None)
-    p.add_argument("--configs", default="1,2")
+    p.add_argument("--configs", default=None)
     p.add_argument("--scaling", default="weak", choices=("weak", "strong"))
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--epochs", type=int, default=2)
@@ -56,6 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--verbose", action="store_true", help="show rank 0's output above the progress table")
     p.add_argument("--list-interconnects", action="store_true")
+    add_slurm_options(p, "node counts to add as Nn configurations, e.g. 1,2 (with --slurm)")
     return p
 
 
@@ -88,7 +133,7 @@ def list_interconnects() -> str:
 
 def build(argv: list[str]):
     """(StudySpec, ProjectionRequest | None, namespace) from the command line; raises ConfigError."""
-    from trainscale.bench.configs import parse_int_list
+    from trainscale.bench.configs import parse_int_list, with_nodes
     from trainscale.bench.session import ProjectionRequest
     from trainscale.bench.study import StudySpec
 
@@ -101,12 +146,17 @@ def build(argv: list[str]):
     if script and not Path(script).is_file():
         raise ConfigError(f"script {script!r} does not exist",
                           hint="give the path of a training script, or --workload NAME (see `trainscale workloads`)")
-    import torch
+    target = slurm_target(ns)
+    configs = with_nodes(ns.configs, parse_int_list(ns.nodes, "--nodes") if ns.nodes else ())
+    if target is None:
+        import torch
 
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    else:
+        gpus = 0  # this login node's GPUs say nothing about the compute nodes: the profile does
     spec = StudySpec(
         workload=ns.workload if (ns.workload or script) else "cnn", script=script, script_args=tuple(script_args),
-        configs=ns.configs, scaling=ns.scaling, batch_size=ns.batch_size, epochs=ns.epochs, max_steps=ns.max_steps,
+        configs=configs, slurm=target, scaling=ns.scaling, batch_size=ns.batch_size, epochs=ns.epochs, max_steps=ns.max_steps,
         data=ns.data, samples=ns.samples, workload_args=tuple(workload_args), baseline=ns.baseline,
         sweep_batches=parse_int_list(ns.sweep_batch, "--sweep-batch") if ns.sweep_batch else (),
         out_dir=Path(ns.out) if ns.out else None, gpus_visible=gpus)
@@ -131,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
     from trainscale.bench.results import markdown_table, sweep_table
     from trainscale.bench.session import run_study
 
-    if spec.gpus_visible == 0 and any(t.strip() not in ("cpu",) for t in spec.configs.split(",")):
+    if spec.slurm is None and spec.gpus_visible == 0 and any(t.strip() not in ("cpu",) for t in spec.configs.split(",")):
         print("trainscale bench: no GPU visible: configuration N runs N CPU ranks (gloo)", file=sys.stderr)
     outcome = run_study(spec, projection=projection, validate=ns.validate, make_plots=not ns.no_plots,
                         verbose=ns.verbose)
@@ -143,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
         v = study["validation"]
         if v["mean_abs_error"] is not None:
             print(f"Model check on this machine: predicted vs measured runtime, mean |error| {v['mean_abs_error']:.0%} "
-                  f"over {', '.join(v['runs'])} rank run(s)")
+                  f"over configuration(s) {', '.join(v['runs'])}")
     from trainscale.bench.results import busy_warning
 
     if busy_warning(study):
@@ -162,29 +212,58 @@ def run(args: argparse.Namespace) -> int:
 
 def run_allreduce(argv: list[str]) -> int:
     from trainscale.bench.allreduce import DEFAULT_SIZES, parse_sizes, table
-    from trainscale.bench.runner import measure_allreduce
     from trainscale.bench.study import choose_out_dir
 
     p = argparse.ArgumentParser(prog="trainscale bench allreduce")
     p.add_argument("--sizes", default=DEFAULT_SIZES, help="SMALLEST..LARGEST (doubling) or a list, e.g. 1KB..16MB")
-    p.add_argument("--nproc", type=int, default=2, help="ranks on this node")
+    p.add_argument("--nproc", type=int, default=None, help="ranks on this node (with --slurm: per node)")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--budget", type=float, default=1.0, help="seconds per size at most")
     p.add_argument("--device", default="auto")
     p.add_argument("--out", default=None)
+    add_slurm_options(p, "nodes of the job (with --slurm), default 1")
     ns = p.parse_args(argv)
     parse_sizes(ns.sizes)  # errors before any launch
-    if ns.nproc < 1:
-        raise ConfigError(f"--nproc {ns.nproc}: an all-reduce needs at least one rank", hint="e.g. --nproc 2")
+    target = slurm_target(ns)
+    if ns.nproc is not None and ns.gpus_per_node is not None:
+        raise ConfigError("--nproc and --gpus-per-node both give ranks per node", hint="give one of them")
+    nproc = ns.nproc if ns.nproc is not None else ns.gpus_per_node
+    if target is not None and nproc is None:
+        nproc = target.nodes_ranks
+        if nproc is None:
+            raise ConfigError(f"profile {target.profile!r} has no GPUs per node to say how many ranks a node runs",
+                              hint="give --gpus-per-node R (ranks per node)")
+    nproc = 2 if nproc is None else nproc
+    if nproc < 1:
+        raise ConfigError(f"--nproc {nproc}: an all-reduce needs at least one rank", hint="e.g. --nproc 2")
+    nodes = 1
+    if target is not None and ns.nodes is not None:
+        try:
+            nodes = int(ns.nodes)
+        except ValueError:
+            raise ConfigError(f"--nodes {ns.nodes!r} is not a number of nodes", hint="e.g. --nodes 2") from None
     out_dir = choose_out_dir(Path(ns.out) if ns.out else None, root=Path("bench-out") / "allreduce")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    result = measure_allreduce(ns.nproc, ns.sizes, out_dir / "allreduce.json", out_dir / "logs", iters=ns.iters,
-                               budget_s=ns.budget, device=ns.device)
+    out_file = out_dir / "allreduce.json"
+    if target is None:
+        from trainscale.bench.runner import measure_allreduce
+
+        out_dir.mkdir(parents=True, exist_ok=True)
+        result = measure_allreduce(nproc, ns.sizes, out_file, out_dir / "logs", iters=ns.iters,
+                                   budget_s=ns.budget, device=ns.device)
+    else:
+        from trainscale.bench.slurm_runs import allreduce_job, measure_allreduce
+
+        job = allreduce_job(target, nodes=nodes, ranks_per_node=nproc, sizes=ns.sizes, out_file=out_file.absolute(),
+                            output_dir=out_dir / "job", iters=ns.iters, budget_s=ns.budget, device=ns.device,
+                            name="bench-allreduce")  # linted before anything is written
+        out_dir.mkdir(parents=True, exist_ok=True)
+        result = measure_allreduce(target, job, out_file,
+                                   on_line=lambda text: print(f"trainscale bench: {text}", file=sys.stderr, flush=True))
     if not result or "rows" not in result:
         print((result or {}).get("error", "all-reduce benchmark failed"), file=sys.stderr)
         return 1
     print(table(result))
-    print(f"\njson: {out_dir / 'allreduce.json'}")
+    print(f"\njson: {out_file}")
     return 0
 
 

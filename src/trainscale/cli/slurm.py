@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-import time
 from pathlib import Path
 
 from trainscale.errors import ConfigError
@@ -148,29 +147,22 @@ def run(args: argparse.Namespace) -> int:
 
 
 def submit_and_watch(spec, profile, plan, ns) -> int:
-    from trainscale.launch.slurm import JobRecord, explain, render, save_record, submit, watch, write_script
-    from trainscale.launch.slurm.jobdir import new_script_path
+    from trainscale.launch.slurm import explain, watch
+    from trainscale.launch.slurm.job import submit_job
     from trainscale.launch.slurm.watch import describe_progress
 
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    script = write_script(render(spec, profile, plan), new_script_path(plan.output_dir, spec.name, stamp))
-    sub = submit(script)
-    record = JobRecord(job_id=sub.job_id, cluster=sub.cluster, name=spec.name, launcher=plan.launcher,
-                       profile=profile.name, script=str(script), output_dir=str(plan.output_dir),
-                       world_size=plan.world_size, ranks_per_node=plan.ranks_per_node,
-                       command=" ".join(spec.command_line), submitted_at=time.time())
-    save_record(record)
-    print(f"trainscale slurm: submitted job {sub.job_id} ({plan.launcher} mode, world size {plan.world_size}); "
-          f"script {script}; logs in {record.job_dir} (trainscale logs {sub.job_id} [--rank R])",
+    record = submit_job(spec, profile, plan)
+    print(f"trainscale slurm: submitted job {record.job_id} ({plan.launcher} mode, world size {plan.world_size}); "
+          f"script {record.script}; logs in {record.job_dir} (trainscale logs {record.job_id} [--rank R])",
           file=sys.stderr, flush=True)
     if not ns.watch:
-        print(sub.job_id, flush=True)  # alone on stdout, for scripts
+        print(record.job_id, flush=True)  # alone on stdout, for scripts
         return 0
 
     def show(info) -> None:
         print(f"trainscale slurm: {describe_progress(info)}", file=sys.stderr, flush=True)
 
-    final = watch(sub.job_id, poll_s=ns.poll, timeout_s=ns.watch_timeout, on_change=show)
+    final = watch(record.job_id, poll_s=ns.poll, timeout_s=ns.watch_timeout, on_change=show)
     print(explain(final, record), flush=True)
     return 0 if final.state == "COMPLETED" else 1
 

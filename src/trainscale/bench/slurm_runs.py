@@ -1,0 +1,154 @@
+"""A study's runs as SLURM jobs (``trainscale bench --slurm``).
+
+Each configuration becomes one batch job, rendered, linted and submitted exactly as
+``trainscale slurm --submit`` does it (same launch modes, binding, port, job directory and
+``trainscale logs JOBID``), then watched to its end. The workload writes its metrics into the study
+directory, so that directory must be visible from the compute nodes (home, project and scratch
+file systems are, on clusters). Every job is linted before the first one is submitted.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainscale.errors import ConfigError
+from trainscale.launch.slurm.spec import SlurmJobSpec, parse_time
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlurmTarget:
+    """Where and how the study's jobs run: ``--slurm --profile P --time T ...``."""
+
+    profile: str
+    """Cluster profile name or .toml path (``trainscale profiles``)."""
+    time: str
+    """Time limit of each job, e.g. 00:20:00."""
+    ranks_per_node: int | None = None
+    """GPUs (CPU profiles: ranks) per node for ``Nn`` configurations; default: the profile's GPUs per node."""
+    account: str | None = None
+    partition: str | None = None
+    reservation: str | None = None
+    launcher: str | None = None
+    """torchrun or srun; default: the profile's."""
+    python: str | None = None
+    """Python on the compute nodes; default: this one (outside containers)."""
+    poll_s: float = 2.0
+    """Seconds between queue polls while a job runs."""
+
+    def __post_init__(self) -> None:
+        parse_time(self.time)
+        if self.ranks_per_node is not None and self.ranks_per_node < 1:
+            raise ConfigError(f"--gpus-per-node {self.ranks_per_node} must be >= 1",
+                              hint="give the GPUs (CPU profiles: ranks) per node that `Nn` configurations use")
+        if self.poll_s <= 0:
+            raise ConfigError(f"--poll {self.poll_s} must be positive", hint="e.g. --poll 2")
+        self.cluster  # an unknown profile is reported now, before anything runs
+
+    @functools.cached_property
+    def cluster(self):
+        from trainscale.profiles import load_profile
+
+        return load_profile(self.profile)
+
+    @property
+    def nodes_ranks(self) -> int | None:
+        """What ``Nn`` means: ranks on each node."""
+        return self.ranks_per_node or self.cluster.gpus_per_node or None
+
+    @property
+    def uses_gpus(self) -> bool:
+        return self.cluster.gpus_per_node > 0
+
+    def job(self, *, name: str, nodes: int, ranks_per_node: int, output_dir: Path, workload: str | None = None,
+            module: str | None = None, script: str | None = None, args: tuple[str, ...] = (),
+            env: dict[str, str] | None = None, command_line: tuple[str, ...] = ()) -> SlurmJobSpec:
+        return SlurmJobSpec(workload=workload, module=module, script=script, args=tuple(args),
+                            profile=self.profile, nodes=nodes, gpus_per_node=ranks_per_node, time=self.time,
+                            account=self.account, partition=self.partition, reservation=self.reservation,
+                            launcher=self.launcher, job_name=name, output_dir=output_dir, env=dict(env or {}),
+                            python=self.python, command_line=command_line)
+
+
+@dataclass(frozen=True)
+class PreparedJob:
+    spec: SlurmJobSpec
+    plan: object
+    """The resolved JobPlan."""
+
+
+def prepare(target: SlurmTarget, specs: dict[str, SlurmJobSpec]) -> dict[str, PreparedJob]:
+    """Resolve and lint every job; the first error stops the study before anything is submitted."""
+    from trainscale.launch.slurm.job import checked_plan
+
+    return {name: PreparedJob(spec, checked_plan(spec, target.cluster, what=f"run {name}: "))
+            for name, spec in specs.items()}
+
+
+@dataclass
+class JobOutcome:
+    ok: bool
+    seconds: float
+    """From submission to the end of the job (queue wait included)."""
+    summary: str
+    """The final state in words (trainscale's explanation)."""
+    job_id: str
+    job_dir: Path
+
+
+def run_job(target: SlurmTarget, job: PreparedJob, *, on_line=None) -> JobOutcome:
+    """Submit, watch to a final state, explain it. Interrupted (Ctrl-C): the job is cancelled."""
+    from trainscale.launch.slurm import cancel, explain, watch
+    from trainscale.launch.slurm.job import submit_job
+    from trainscale.launch.slurm.watch import describe_progress
+
+    say = on_line or (lambda text: None)
+    started = time.monotonic()
+    record = submit_job(job.spec, target.cluster, job.plan)
+    say(f"submitted job {record.job_id} ({record.launcher} mode, world size {record.world_size})")
+    try:
+        final = watch(record.job_id, poll_s=target.poll_s, on_change=lambda info: say(describe_progress(info)))
+    except KeyboardInterrupt:
+        cancel(record.job_id)
+        raise
+    return JobOutcome(ok=final.state == "COMPLETED", seconds=time.monotonic() - started,
+                      summary=explain(final, record), job_id=record.job_id, job_dir=record.job_dir)
+
+
+def allreduce_job(target: SlurmTarget, *, nodes: int, ranks_per_node: int, sizes: str, out_file: Path,
+                  output_dir: Path, iters: int = 20, budget_s: float = 1.0, device: str = "auto",
+                  name: str = "allreduce") -> PreparedJob:
+    args = ("--sizes", sizes, "--iters", str(iters), "--budget", str(budget_s), "--device", device,
+            "--out", str(out_file.absolute()))
+    spec = target.job(name=name, nodes=nodes, ranks_per_node=ranks_per_node, output_dir=output_dir.absolute(),
+                      module="trainscale.bench.allreduce", args=args,
+                      command_line=("trainscale", "bench", "allreduce", "--slurm"))
+    return prepare(target, {name: spec})[name]
+
+
+def measure_allreduce(target: SlurmTarget, job: PreparedJob, out_file: Path, *, on_line=None) -> dict:
+    """Run a prepared all-reduce job; its JSON, or ``{"error": explanation}``."""
+    outcome = run_job(target, job, on_line=on_line)
+    if not outcome.ok:
+        return {"error": outcome.summary}
+    try:
+        return json.loads(out_file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        return {"error": f"job {outcome.job_id} completed but wrote no result to {out_file} ({exc}); is the output "
+                         "directory on a file system the compute nodes share?"}
+
+
+def allreduce_measurer(target: SlurmTarget, out_dir: Path, device: str = "auto"):
+    """``measure(n, sizes)`` for the model check: n ranks on one node, as one SLURM job."""
+
+    def measure(n: int, sizes: str) -> dict | None:
+        out_file = out_dir / f"allreduce-{n}.json"
+        job = allreduce_job(target, nodes=1, ranks_per_node=n, sizes=sizes, out_file=out_file,
+                            output_dir=out_dir / "runs" / f"allreduce-{n}", iters=30, budget_s=2.0, device=device,
+                            name=f"bench-allreduce-{n}")
+        return measure_allreduce(target, job, out_file)
+
+    return measure
