@@ -169,3 +169,15 @@ def test_cli_dry_run_prints_script_and_keeps_script_args(script, capsys):
     assert "#SBATCH --nodes=2" in out and "#SBATCH --time=00:10:00" in out
     assert f"--script {script} --nodes 7 --time x" in out  # after the script: the script's own options
     assert Path(script).exists()
+
+
+def test_the_jobs_gpus_not_the_login_nodes_decide_the_workload_checks():
+    from trainscale.workloads.cnn import preflight
+
+    # fp16 DeepSpeed needs a GPU: fine for a job on LUMI's GPU nodes even when planned on this CPU machine,
+    # refused for a job on the CPU-only test cluster
+    args = ("--data", "synthetic", "--samples", "256", "--batch-size", "4", "--strategy", "deepspeed:precision=fp16")
+    gpu_job = SlurmJobSpec(workload="cnn", args=args, profile="lumi", time="1:00:00", account="p")
+    assert errors(lint(gpu_job, builtin("lumi"), preflight=preflight)) == []
+    cpu_job = SlurmJobSpec(workload="cnn", args=args, profile="local-test", time="5")
+    only(lint(cpu_job, builtin("local-test"), preflight=preflight), ERROR, "fp16")

@@ -27,7 +27,7 @@ class RunConfig:
     device: str = "auto"
     """Device passed to the workload: cpu for the ``cpu`` token, otherwise auto (GPU when visible)."""
     gpus: bool = False
-    """True when the ranks use GPUs (decided from what is visible on this machine)."""
+    """True when the ranks use GPUs (what this machine shows, or with --slurm the profile's GPUs per node)."""
 
     def __post_init__(self) -> None:
         if self.nproc_per_node < 1 or self.nnodes < 1:

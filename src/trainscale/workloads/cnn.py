@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import trainscale
 from trainscale.data.images import load_images
 from trainscale.workloads.classify import train_classifier
-from trainscale.workloads.options import parse
+from trainscale.workloads.options import parse, planned_device
 
 DATA_SOURCES = "digits (scikit-learn, offline, default), mnist (IDX files in --data-dir), synthetic (--samples N)"
 
@@ -53,13 +53,14 @@ def main(argv: list[str] | None = None) -> dict:
         return train_classifier(rt, opts, CNN, train, test, "cnn")
 
 
-def preflight(argv: list[str], world_size: int) -> None:
+def preflight(argv: list[str], world_size: int, *, gpus: bool | None = None) -> None:
     """Check the options and that the data can feed every rank, before any process is launched."""
     from trainscale.data import check_shardable
     from trainscale.strategies import check_strategy
 
     opts, _ = parse(argv, prog="trainscale-workload cnn")
-    check_strategy(opts.strategy, world_size, batch_size=opts.batch_size, device=opts.device)
+    check_strategy(opts.strategy, world_size, batch_size=opts.batch_size,
+                   device=planned_device(opts.device, gpus))
     train = load_images(opts.data, "train", data_dir=opts.data_dir, samples=opts.samples, seed=opts.seed)
     check_shardable(len(train), world_size, opts.batch_size, what=f"'{opts.data}' training set")
 

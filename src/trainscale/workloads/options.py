@@ -121,3 +121,12 @@ def parse(argv: Sequence[str], prog: str, defaults: TrainOptions | None = None,
         extra(parser)
     args = parser.parse_args(list(argv))
     return options_from_args(args, defaults), args
+
+
+def planned_device(device: str, gpus: bool | None) -> str:
+    """The device a preflight checks for: ``--device`` when given; with ``auto``, what the ranks will
+    have (``gpus``: a SLURM job planned on a login node knows it from its resources), or this machine's
+    choice when ``gpus`` is None."""
+    if device not in (None, "auto") or gpus is None:
+        return device
+    return "cuda" if gpus else "cpu"

@@ -16,7 +16,7 @@ import trainscale
 from trainscale.data.images import load_images
 from trainscale.errors import ConfigError
 from trainscale.workloads.classify import train_classifier
-from trainscale.workloads.options import TrainOptions, parse
+from trainscale.workloads.options import TrainOptions, parse, planned_device
 
 
 class Block(nn.Module):
@@ -87,13 +87,14 @@ def main(argv: list[str] | None = None) -> dict:
         return train_classifier(rt, opts, build, train, test, "vit", strategy_options=strategy_options)
 
 
-def preflight(argv: list[str], world_size: int) -> None:
+def preflight(argv: list[str], world_size: int, *, gpus: bool | None = None) -> None:
     from trainscale.data import check_shardable
     from trainscale.strategies import check_strategy
 
     opts, build = _parse(argv)
     build()  # patch size / width / heads errors before launch
-    check_strategy(opts.strategy, world_size, batch_size=opts.batch_size, device=opts.device)
+    check_strategy(opts.strategy, world_size, batch_size=opts.batch_size,
+                   device=planned_device(opts.device, gpus))
     train = load_images(opts.data, "train", data_dir=opts.data_dir, samples=opts.samples, seed=opts.seed)
     check_shardable(len(train), world_size, opts.batch_size, what=f"'{opts.data}' training set")
 

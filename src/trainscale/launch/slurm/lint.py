@@ -131,8 +131,9 @@ def _resources(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> li
     return out
 
 
-Preflight = Callable[[list[str], int], None]
-"""A workload's check that its data can feed ``world_size`` ranks; raises a TrainscaleError when not."""
+Preflight = Callable[..., None]
+"""A workload's check ``preflight(argv, world_size, *, gpus)`` that its options suit ``world_size``
+ranks (with GPUs or not) and its data can feed them; raises a TrainscaleError when not."""
 
 
 def _target(spec: SlurmJobSpec, plan: JobPlan, preflight: Preflight | None) -> list[Finding]:
@@ -142,7 +143,7 @@ def _target(spec: SlurmJobSpec, plan: JobPlan, preflight: Preflight | None) -> l
     if preflight is None:
         return []
     try:
-        preflight(list(spec.args), plan.world_size)
+        preflight(list(spec.args), plan.world_size, gpus=plan.gpus_per_node > 0)
     except TrainscaleError as exc:
         what = spec.workload or spec.module or spec.script
         return [Finding(ERROR, f"{what} with world size {plan.world_size}: {exc.message}",
