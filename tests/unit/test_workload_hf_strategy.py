@@ -54,3 +54,10 @@ def test_users_ds_config_with_another_micro_batch_is_refused(tmp_path):
     path.write_text(json.dumps({"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 2}}))
     config = trainer_arguments(f"deepspeed:config={path}", world_size=2, per_device=4, use_cpu=True)["deepspeed"]
     assert config["train_micro_batch_size_per_gpu"] == 4 and config["train_batch_size"] == 8
+
+
+@pytest.mark.parametrize("option", ["static_graph=true", "gradient_as_bucket_view=false"])
+def test_ddp_options_the_trainer_has_no_argument_for_are_refused(option):
+    with pytest.raises(ConfigError, match="has no HF Trainer argument") as caught:
+        trainer_arguments(f"ddp:{option}", world_size=2, per_device=4, use_cpu=True)
+    assert "bucket_cap_mb" in caught.value.hint

@@ -105,7 +105,10 @@ class Plan:
 
 
 def _workload_args(spec: StudySpec, config: RunConfig, batch: int, max_steps: int | None) -> tuple[str, ...]:
-    args = ["--epochs", str(spec.epochs), "--batch-size", str(batch), "--breakdown", "--log-every", "0"]
+    # hf-finetune's Trainer sizes its batch globally; the study's batch is per rank for every workload.
+    sizing = (["--global-batch", str(batch * config.world_size)] if spec.workload == "hf-finetune"
+              else ["--batch-size", str(batch)])
+    args = ["--epochs", str(spec.epochs), *sizing, "--breakdown", "--log-every", "0"]
     if max_steps is not None:
         args += ["--max-steps", str(max_steps)]
     if spec.data:
@@ -158,7 +161,8 @@ def _preflight(workload: str, runs: list[PlannedRun]) -> None:
         return
     for run in runs:
         try:
-            check(list(run.args), run.config.world_size)
+            # a GPU configuration planned where no GPU is (a login node) is checked for its GPUs
+            check(list(run.args), run.config.world_size, gpus=run.config.gpus or None)
         except ConfigError as exc:
             raise ConfigError(f"configuration {run.config.token!r} (batch {run.per_rank_batch} per rank): "
                               f"{exc.message}", hint=exc.hint) from None

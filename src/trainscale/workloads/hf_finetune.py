@@ -95,11 +95,17 @@ class Plan:
     """TrainingArguments entries for --strategy (see hf_strategy)."""
 
 
-def plan(argv: list[str], world_size: int) -> Plan:
+def plan(argv: list[str], world_size: int, *, gpus: bool | None = None) -> Plan:
+    """Check ``argv`` for ``world_size`` ranks. ``gpus``: whether the ranks will see GPUs (a SLURM job
+    planned on a login node knows it from the job's resources); ``None``: whether this machine has any."""
     opts, args = parse(argv, prog="trainscale-workload hf-finetune", defaults=DEFAULTS, extra=_extra)
-    if any(a == "--batch-size" or a.startswith("--batch-size=") for a in argv):
-        raise ConfigError("hf-finetune sizes its batch with --global-batch (split over the ranks), not --batch-size",
-                          hint="e.g. --global-batch 16: 8 per device on 2 ranks")
+    given = any(a == "--batch-size" or a.startswith("--batch-size=") for a in argv)
+    if given or opts.batch_size != DEFAULTS.batch_size:  # also from a config file or the environment
+        per_rank = max(1, args.global_batch // world_size)
+        raise ConfigError(f"hf-finetune sizes its batch with --global-batch (split over the ranks), not "
+                          f"--batch-size (got --batch-size {opts.batch_size})",
+                          hint=f"e.g. --global-batch {per_rank * world_size}: {per_rank} per device on "
+                               f"{world_size} rank(s)")
     if args.global_batch < world_size or args.global_batch % world_size:
         raise ConfigError(f"--global-batch {args.global_batch} does not split evenly over {world_size} rank(s)",
                           hint=f"use a multiple of {world_size}, e.g. --global-batch {world_size * 8}")
@@ -108,7 +114,7 @@ def plan(argv: list[str], world_size: int) -> Plan:
         raise ConfigError(f"{out} exists, is not empty and was not written by trainscale",
                           hint="pick a new --output-dir; nothing in it was touched")
     per_device = args.global_batch // world_size
-    use_cpu = opts.device == "cpu" or not torch.cuda.is_available()
+    use_cpu = opts.device == "cpu" or not (torch.cuda.is_available() if gpus is None else gpus)
     strategy_args = trainer_arguments(opts.strategy, world_size=world_size, per_device=per_device, use_cpu=use_cpu)
     return Plan(opts=opts, args=args, per_device=per_device, use_cpu=use_cpu, strategy_args=strategy_args)
 
@@ -181,6 +187,9 @@ def _train(rt, run: Plan) -> dict:
     if "deepspeed" in run.strategy_args and "TORCH_EXTENSIONS_DIR" not in os.environ:
         # DeepSpeed compiles a comm op on first start: share trainscale's cache with the deepspeed strategy.
         os.environ["TORCH_EXTENSIONS_DIR"] = extensions_dir()
+    if "deepspeed" in run.strategy_args:
+        rt.print(f"hf-finetune: DeepSpeed extensions are compiled into and reused from "
+                 f"{os.environ['TORCH_EXTENSIONS_DIR']} (the first start compiles, ~40 s)")
     out = Path(args.output_dir)
     resume = (out / MARKER).exists() and any(out.glob("checkpoint-*"))
     training_args = TrainingArguments(**{
@@ -208,23 +217,26 @@ def _train(rt, run: Plan) -> dict:
     started = time.perf_counter()
     output = trainer.train(resume_from_checkpoint=last)
     elapsed = time.perf_counter() - started
+    # steps the Trainer took in this call (a resumed run starts past its checkpoint's step)
+    steps = output.global_step - (int(Path(last).name.split("-")[-1]) if last else 0)
+    samples = steps * args.global_batch * accum
     result = {"workload": "hf-finetune", "world_size": rt.world_size, "steps": output.global_step,
               "train_loss": output.training_loss, "train_time_s": elapsed, "per_device_batch": per_device,
               "strategy": opts.strategy, "model": type(trainer.model_wrapped).__name__, "blocks": len(dataset),
-              "epochs": [{"epoch": 1, "time_s": elapsed, "train_loss": output.training_loss,
-                          "samples_per_s": output.global_step * args.global_batch * accum / max(elapsed, 1e-9)}]}
+              "epochs": [{"epoch": 1, "time_s": elapsed, "train_loss": output.training_loss, "steps": steps,
+                          "samples": samples, "samples_per_s": samples / max(elapsed, 1e-9)}]}
     rt.print(f"hf-finetune: {output.global_step} steps, train loss {output.training_loss:.4f}, {elapsed:.1f}s")
     if rt.is_main and opts.metrics_out:
         atomic_write_text(Path(opts.metrics_out), json.dumps(result, indent=2))
     return result
 
 
-def preflight(argv: list[str], world_size: int) -> None:
+def preflight(argv: list[str], world_size: int, *, gpus: bool | None = None) -> None:
     try:
         import transformers  # noqa: F401
     except ImportError:
         raise ConfigError("the hf-finetune workload needs transformers", hint="pip install 'trainscale[lm]'") from None
-    run = plan(argv, world_size)
+    run = plan(argv, world_size, gpus=gpus)
     if not (run.args.hub_dataset or run.args.pretrained):  # the built-in data is cheap to measure here
         blocks = len(TokenBlocks(tokenize(run.args, review_corpus()), run.args.block_size))
         check_shardable(blocks, world_size, run.per_device, what=f"built-in reviews ({run.args.block_size}-token blocks)")

@@ -18,6 +18,14 @@ def trainer_arguments(spec: str, *, world_size: int, per_device: int, use_cpu: b
     ``deepspeed[:...]``); ``zero1``, and FSDP on the CPU, are refused with the alternative."""
     strategy = get_strategy(spec)  # unknown names and options fail here, with the valid ones listed
     if strategy.name == "ddp":
+        unmapped = [f"{name}={value}".lower() for name, value, default in
+                    (("static_graph", strategy.static_graph, False),
+                     ("gradient_as_bucket_view", strategy.gradient_as_bucket_view, True)) if value != default]
+        if unmapped:
+            # TrainingArguments has no entry for these; accepting them would change nothing.
+            raise ConfigError(f"--strategy ddp:{','.join(unmapped)} has no HF Trainer argument; the Trainer "
+                              f"would train without it",
+                              hint="with hf-finetune, ddp takes bucket_cap_mb and find_unused_parameters")
         return {"ddp_find_unused_parameters": strategy.find_unused_parameters,
                 "ddp_bucket_cap_mb": max(1, round(strategy.bucket_cap_mb))}
     if strategy.name == "zero1":

@@ -1,0 +1,33 @@
+"""hf-finetune's checks before launch: the device the ranks will have, and the batch it is sized by."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainscale.bench.study import StudySpec, plan as plan_study
+from trainscale.errors import ConfigError
+from trainscale.workloads.hf_finetune import plan
+
+
+def test_fsdp_planned_for_gpu_ranks_is_accepted_on_a_machine_without_gpus(tmp_path):
+    # a login node plans a SLURM job with GPUs: the job's resources decide, not the login node
+    run = plan(["--strategy", "fsdp", "--output-dir", str(tmp_path / "o")], 4, gpus=True)
+    assert run.use_cpu is False and run.strategy_args["fsdp"] is True
+
+
+def test_fsdp_planned_for_cpu_ranks_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="needs GPUs"):
+        plan(["--strategy", "fsdp", "--output-dir", str(tmp_path / "o")], 4, gpus=False)
+
+
+def test_a_per_rank_batch_from_the_environment_is_refused_with_a_hint_for_this_world_size(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINSCALE_TRAIN_BATCH_SIZE", "8")
+    with pytest.raises(ConfigError, match="got --batch-size 8") as caught:
+        plan(["--global-batch", "16", "--output-dir", str(tmp_path / "o")], 4)
+    assert "--global-batch 16: 4 per device on 4 rank(s)" in caught.value.hint
+
+
+def test_bench_sizes_hf_finetune_by_its_global_batch(tmp_path):
+    study = plan_study(StudySpec(workload="hf-finetune", configs="1,2", batch_size=4, out_dir=tmp_path / "s"))
+    sizes = {run.config.world_size: run.args[run.args.index("--global-batch") + 1] for run in study.runs}
+    assert sizes == {1: "4", 2: "8"} and all("--batch-size" not in run.args for run in study.runs)
