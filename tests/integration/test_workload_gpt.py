@@ -72,6 +72,9 @@ def test_gpt_crash_and_restart_resumes_to_the_same_loss(tmp_path):
     for rank in (0, 1):  # one offline wandb run per rank, grouped by experiment, every step logged
         record = json.loads((tmp_path / "b" / f"wandb-rank{rank}.json").read_text())
         assert record["init"]["group"] == "b" and record["init"]["mode"] == "offline"
+        # the run id is the experiment's own random id, not its directory name (two "b"s elsewhere never collide)
+        experiment_id = json.loads((tmp_path / "b" / "experiment.json").read_text())["id"]
+        assert record["init"]["id"] == f"{experiment_id}-rank{rank}" and experiment_id != "b"
         assert [step for step, d in record["logs"] if "train/loss" in d] == list(range(1, 13))
         assert record["finished"]
     a = json.loads((tmp_path / "a" / "state.json").read_text())
@@ -111,6 +114,10 @@ def test_gpt_trains_on_a_hf_tokenizers_ids(tmp_path):
     byte_windows = (len(text.encode(text.builtin_corpus())) * 9 // 10 - 1) // 64
     assert metrics["vocab"] == int(made.stdout.split()[-1]) and metrics["steps"] == 2
     assert metrics["train_windows"] < byte_windows / 2  # BPE ids, several bytes per token
+    # the experiment's checkpoints hold the BPE vocabulary: resuming with bytes is refused before launch
+    again = _run(tmp_path, "--workload", "gpt", "--max-steps", "4", "--experiment-dir", "exp", *SMALL)
+    assert again.returncode == 2 and f"was trained with --tokenizer {tmp_path / 'tok'}" in again.stderr
+    assert "resume with --tokenizer" in again.stderr and json.loads((tmp_path / "exp" / "state.json").read_text())["step"] == 2
 
 
 def test_foreign_experiment_dir_is_refused_untouched(in_tmp, capsys):

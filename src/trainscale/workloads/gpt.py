@@ -17,6 +17,7 @@ import json
 import math
 import sys
 import time
+import uuid
 from dataclasses import asdict
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from trainscale.strategies import check_strategy, get_strategy
 from trainscale.strategies.base import OptimizerSpec
 from trainscale.strategies.ddp import rebuild_buckets
 from trainscale.workloads import fault, text
-from trainscale.workloads.options import TrainOptions, parse
+from trainscale.workloads.options import TrainOptions, parse, planned_device
 from trainscale.workloads.streams import MetricStreams
 
 MARKER = "experiment.json"
@@ -102,8 +103,9 @@ def _parse(argv: list[str]):
     return opts, args
 
 
-def open_experiment(rt, directory: Path) -> bool:
-    """Seed 003's pattern: every rank checks, rank 0 creates, everybody waits. True when resuming."""
+def open_experiment(rt, directory: Path, tokenizer: str | None = None) -> tuple[bool, dict]:
+    """Seed 003's pattern: every rank checks, rank 0 creates, everybody waits. Returns (resuming, the
+    experiment's record: a random id for its metric streams, the tokenizer its checkpoints were trained with)."""
     marker = directory / MARKER
     exists = marker.exists()
     foreign = directory.exists() and not exists and any(directory.iterdir())
@@ -111,11 +113,26 @@ def open_experiment(rt, directory: Path) -> bool:
     if foreign:
         raise ConfigError(f"{directory} exists, is not empty and is not a trainscale experiment",
                           hint="pick a new --experiment-dir; nothing in it was touched")
-    if rt.is_main and not exists:
+    if exists:
+        check_resumable(directory, tokenizer)
+    elif rt.is_main:
         directory.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(marker, json.dumps({"workload": "gpt", "created": time.time()}))
+        atomic_write_text(marker, json.dumps({"workload": "gpt", "created": time.time(),
+                                              "id": uuid.uuid4().hex[:12], "tokenizer": tokenizer}))
     rt.barrier()
-    return exists
+    return exists, json.loads(marker.read_text())
+
+
+def check_resumable(directory: Path, tokenizer: str | None) -> None:
+    """An experiment resumes only with the tokenizer it was trained with (another vocabulary would not
+    fit its checkpoints' embedding)."""
+    record = json.loads((directory / MARKER).read_text())
+    if "tokenizer" in record and record["tokenizer"] != tokenizer:
+        def name(t):
+            return f"--tokenizer {t}" if t else "the byte tokenizer (no --tokenizer)"
+        raise ConfigError(f"experiment {directory} was trained with {name(record['tokenizer'])}, "
+                          f"this run asks for {name(tokenizer)}",
+                          hint=f"resume with {name(record['tokenizer'])}, or pick a new --experiment-dir")
 
 
 def lr_lambda(warmup: int, total: int):
@@ -140,7 +157,7 @@ def main(argv: list[str] | None = None) -> dict:
     opts, args = _parse(sys.argv[1:] if argv is None else argv)
     exp = Path(args.experiment_dir)
     with trainscale.init(device=opts.device, seed=opts.seed, timeout_s=opts.timeout_s) as rt:
-        resuming = open_experiment(rt, exp)
+        resuming, record = open_experiment(rt, exp, args.tokenizer)
         with rt.rank_zero_first():  # tokenize once; the others read the cache
             cache = text.prepare(exp / "data", args.hub_dataset or "builtin", tokenizer=args.tokenizer)
         tokens = text.load(cache)
@@ -183,7 +200,7 @@ def main(argv: list[str] | None = None) -> dict:
             rebuild_buckets(model, warm_up)
             rt.print(f"Resumed experiment {exp} at step {step} from {found.path}")
         loader.load_state_dict({"epoch": step // steps_per_epoch})
-        writer = MetricStreams(exp, rt.rank, exp.resolve().name)
+        writer = MetricStreams(exp, rt.rank, exp.resolve().name, run_id=record.get("id"))
 
         def current_lr() -> float:
             return float(inner.param_groups[0]["lr"]) if inner is not None else opts.lr
@@ -288,14 +305,17 @@ def evaluate(model: nn.Module, val: torch.Tensor, rt, batch_size: int) -> float:
     return rt.sum(total) / max(1.0, rt.sum(float(count)))
 
 
-def preflight(argv: list[str], world_size: int) -> None:
+def preflight(argv: list[str], world_size: int, *, gpus: bool | None = None) -> None:
     opts, args = _parse(argv)
     GPT(seq_len=args.seq_len, width=args.n_embd, depth=1, heads=args.n_head)
-    check_strategy(opts.strategy, world_size, batch_size=opts.batch_size, device=opts.device)
+    check_strategy(opts.strategy, world_size, batch_size=opts.batch_size,
+                   device=planned_device(opts.device, gpus))
     exp = Path(args.experiment_dir)
     if exp.exists() and not (exp / MARKER).exists() and any(exp.iterdir()):
         raise ConfigError(f"{exp} exists, is not empty and is not a trainscale experiment",
                           hint="pick a new --experiment-dir; nothing in it was touched")
+    if (exp / MARKER).exists():
+        check_resumable(exp, args.tokenizer)
     if not (args.hub_dataset or args.tokenizer):  # the built-in corpus in bytes is cheap to measure here
         n_windows = (len(text.encode(text.builtin_corpus())) * 9 // 10 - 1) // args.seq_len
         check_shardable(n_windows, world_size, opts.batch_size, what="built-in corpus (windows)")

@@ -13,7 +13,9 @@ from typing import Any
 class MetricStreams:
     """``add_scalar(tag, value, step)`` to every available backend; ``close()`` ends them all."""
 
-    def __init__(self, directory: Path, rank: int, group: str) -> None:
+    def __init__(self, directory: Path, rank: int, group: str, run_id: str | None = None) -> None:
+        """``run_id``: the experiment's own random id, so two experiments in directories of the same
+        name never resume each other's wandb runs (the group name is used without it)."""
         self.tensorboard: Any = None
         self.wandb_run: Any = None
         try:
@@ -29,7 +31,7 @@ class MetricStreams:
         # Offline unless the user chose a mode: ranks on compute nodes usually have no network.
         mode = os.environ.get("WANDB_MODE", "offline")
         self.wandb_run = wandb.init(project="trainscale", group=group, name=f"rank{rank}", dir=str(directory),
-                                    mode=mode, resume="allow", id=re.sub(r"[^A-Za-z0-9_-]", "_", f"{group}-rank{rank}"))
+                                    mode=mode, resume="allow", id=re.sub(r"[^A-Za-z0-9_-]", "_", f"{run_id or group}-rank{rank}"))
 
     @property
     def backends(self) -> list[str]:
