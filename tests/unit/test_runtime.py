@@ -52,6 +52,26 @@ def test_backend_follows_the_device():
         pick_backend(torch.device("cpu"), "nccl")
 
 
+def test_the_mixed_backend_is_kept_on_gpus_and_becomes_gloo_on_cpu():
+    from trainscale.runtime.device import MIXED_BACKEND
+
+    assert pick_backend(torch.device("cuda", 0), MIXED_BACKEND) == MIXED_BACKEND
+    assert pick_backend(torch.device("cpu"), MIXED_BACKEND) == "gloo"
+
+
+def test_fsdp_cpu_offload_asks_for_gloo_beside_nccl_and_refuses_an_nccl_only_group():
+    from trainscale.strategies import process_group_backend
+    from trainscale.strategies.fsdp import check_offload_backend
+
+    assert process_group_backend("fsdp:cpu_offload=true") == "cpu:gloo,cuda:nccl"
+    assert process_group_backend("fsdp") is None and process_group_backend("ddp") is None
+    with pytest.raises(ConfigError, match="needs a process group with gloo") as caught:
+        check_offload_backend(True, "cuda", "nccl")
+    assert 'backend="cpu:gloo,cuda:nccl"' in caught.value.hint
+    check_offload_backend(True, "cuda", "cpu:gloo,cuda:nccl")
+    check_offload_backend(True, "cpu", "gloo")
+
+
 @pytest.mark.parametrize("cores, ranks, expected", [(64, 8, 8), (2, 4, 1), (56, 8, 7), (7, 2, 3)])
 def test_threads_per_rank(cores, ranks, expected):
     assert threads_per_rank(ranks, cores) == expected

@@ -49,11 +49,19 @@ def pick_device(env: LaunchEnv, requested: str = "auto", visible: int | None = N
     return torch.device("cuda", device_index(env, visible))
 
 
+MIXED_BACKEND = "cpu:gloo,cuda:nccl"
+"""nccl for GPU tensors and gloo for CPU tensors in one group (FSDP with CPU offload reduces both)."""
+
+
 def pick_backend(device: torch.device, requested: str | None = None) -> str:
-    """nccl for CUDA and ROCm (torch maps nccl to RCCL on ROCm), gloo for CPU."""
+    """nccl for CUDA and ROCm (torch maps nccl to RCCL on ROCm), gloo for CPU. ``requested`` may be
+    ``MIXED_BACKEND``; a CPU rank then uses plain gloo (it has no GPU tensors to reduce)."""
     if requested:
-        if requested not in ("gloo", "nccl", "mpi", "cpu:gloo,cuda:nccl"):
-            raise ConfigError(f"backend {requested!r} is not supported", hint="use gloo (CPU) or nccl (CUDA/ROCm)")
+        if requested not in ("gloo", "nccl", "mpi", MIXED_BACKEND):
+            raise ConfigError(f"backend {requested!r} is not supported",
+                              hint=f"use gloo (CPU), nccl (CUDA/ROCm) or {MIXED_BACKEND}")
+        if requested == MIXED_BACKEND and device.type != "cuda":
+            return "gloo"
         if requested == "nccl" and device.type != "cuda":
             raise ConfigError("backend 'nccl' needs a GPU but this rank runs on the CPU", hint="use backend='gloo' on CPU")
         return requested

@@ -84,13 +84,18 @@ class Runtime:
         return self.env.world_size > 1 and dist.is_available() and dist.is_initialized()
 
     @property
+    def uses_nccl(self) -> bool:
+        """True for ``nccl`` and for the mixed ``cpu:gloo,cuda:nccl`` group (its GPU tensors go to NCCL)."""
+        return "nccl" in (self.backend or "")
+
+    @property
     def restart_count(self) -> int:
         return self.env.restart_count
 
     # -- collectives and helpers ----------------------------------------------------------------
     def barrier(self) -> None:
         if self.is_distributed:
-            if self.backend == "nccl":
+            if self.uses_nccl:
                 dist.barrier(device_ids=[self.device.index])
             else:
                 dist.barrier()
@@ -109,7 +114,7 @@ class Runtime:
 
     def mean(self, value: float | torch.Tensor) -> float:
         """The mean of a scalar metric over all ranks (every rank gets the same number)."""
-        tensor = torch.as_tensor(value, dtype=torch.float64 if self.backend != "nccl" else torch.float32)
+        tensor = torch.as_tensor(value, dtype=torch.float32 if self.uses_nccl else torch.float64)
         tensor = tensor.detach().clone().to(self.device).reshape(1)
         if self.is_distributed:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
@@ -117,7 +122,7 @@ class Runtime:
         return float(tensor.item())
 
     def sum(self, value: float | torch.Tensor) -> float:
-        tensor = torch.as_tensor(value, dtype=torch.float64 if self.backend != "nccl" else torch.float32)
+        tensor = torch.as_tensor(value, dtype=torch.float32 if self.uses_nccl else torch.float64)
         tensor = tensor.detach().clone().to(self.device).reshape(1)
         if self.is_distributed:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
@@ -257,7 +262,7 @@ def init(
 
 def _init_process_group(env: LaunchEnv, backend: str, dev: torch.device, timeout: datetime.timedelta) -> None:
     kwargs: dict = {}
-    if backend == "nccl":
+    if "nccl" in backend:
         _enable_flight_recorder()
     if dev.type == "cuda":
         kwargs["device_id"] = dev  # eager NCCL init bound to this GPU

@@ -102,4 +102,14 @@ def check_strategy(spec: str, world_size: int, *, batch_size: int | None = None,
         preflight(world_size, device)
 
 
-__all__ = ["Strategy", "get_strategy", "check_strategy", "parse_spec", "REGISTRY"]
+def process_group_backend(spec: str) -> str | None:
+    """The backend ``trainscale.init`` should ask for so that ``spec`` works, or None for the device's
+    default. FSDP with CPU offload keeps its shards on the host, and a gradient norm or a full state
+    dict over them is a CPU collective: on GPUs the group needs gloo beside nccl."""
+    from trainscale.runtime.device import MIXED_BACKEND
+
+    strategy = get_strategy(spec)
+    return MIXED_BACKEND if getattr(strategy, "cpu_offload", False) else None
+
+
+__all__ = ["Strategy", "get_strategy", "check_strategy", "process_group_backend", "parse_spec", "REGISTRY"]

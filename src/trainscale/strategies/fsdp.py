@@ -62,6 +62,7 @@ class FSDPStrategy(PlainStepMixin):
         return model, make_optimizer(model.parameters())
 
     def _shard(self, model: nn.Module, runtime: Any) -> None:
+        check_offload_backend(self.cpu_offload, runtime.device.type, runtime.backend)
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
@@ -130,3 +131,12 @@ class FSDPStrategy(PlainStepMixin):
         model_state, optim_state = get_state_dict(
             model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return {"model": model_state, "optimizer": optim_state}
+
+
+def check_offload_backend(cpu_offload: bool, device_type: str, backend: str | None) -> None:
+    """CPU offload on GPUs reduces host tensors too: an nccl-only group cannot (it fails later, mid-run)."""
+    if cpu_offload and device_type == "cuda" and "gloo" not in (backend or ""):
+        raise ConfigError(f"fsdp:cpu_offload=true on GPUs needs a process group with gloo for the host-side "
+                          f"shards, but this one is {backend!r}",
+                          hint='trainscale.init(backend="cpu:gloo,cuda:nccl") (the built-in workloads do this '
+                               'themselves: trainscale.strategies.process_group_backend(spec))')

@@ -37,8 +37,11 @@ class CNN(nn.Module):
 
 
 def main(argv: list[str] | None = None) -> dict:
+    from trainscale.strategies import process_group_backend
+
     opts, _ = parse(sys.argv[1:] if argv is None else argv, prog="trainscale-workload cnn")
-    with trainscale.init(device=opts.device, seed=opts.seed, timeout_s=opts.timeout_s) as rt:
+    with trainscale.init(device=opts.device, backend=process_group_backend(opts.strategy), seed=opts.seed,
+                         timeout_s=opts.timeout_s) as rt:
         if opts.data == "mnist" and opts.download:
             from pathlib import Path
 

@@ -31,7 +31,7 @@ from trainscale.data import DeviceTensorLoader, check_shardable
 from trainscale.errors import ConfigError
 from trainscale.runtime.memory import report as memory_report
 from trainscale.runtime.seed import rng_state, set_rng_state
-from trainscale.strategies import check_strategy, get_strategy
+from trainscale.strategies import check_strategy, get_strategy, process_group_backend
 from trainscale.strategies.base import OptimizerSpec
 from trainscale.strategies.ddp import rebuild_buckets
 from trainscale.workloads import fault, text
@@ -156,7 +156,8 @@ def torch_optimizer(optimizer) -> torch.optim.Optimizer | None:
 def main(argv: list[str] | None = None) -> dict:
     opts, args = _parse(sys.argv[1:] if argv is None else argv)
     exp = Path(args.experiment_dir)
-    with trainscale.init(device=opts.device, seed=opts.seed, timeout_s=opts.timeout_s) as rt:
+    with trainscale.init(device=opts.device, backend=process_group_backend(opts.strategy), seed=opts.seed,
+                         timeout_s=opts.timeout_s) as rt:
         resuming, record = open_experiment(rt, exp, args.tokenizer)
         with rt.rank_zero_first():  # tokenize once; the others read the cache
             cache = text.prepare(exp / "data", args.hub_dataset or "builtin", tokenizer=args.tokenizer)

@@ -77,8 +77,11 @@ def _parse(argv: list[str]):
 
 
 def main(argv: list[str] | None = None) -> dict:
+    from trainscale.strategies import process_group_backend
+
     opts, build = _parse(sys.argv[1:] if argv is None else argv)
-    with trainscale.init(device=opts.device, seed=opts.seed, timeout_s=opts.timeout_s) as rt:
+    with trainscale.init(device=opts.device, backend=process_group_backend(opts.strategy), seed=opts.seed,
+                         timeout_s=opts.timeout_s) as rt:
         train = load_images(opts.data, "train", data_dir=opts.data_dir, samples=opts.samples, seed=opts.seed)
         test = load_images(opts.data, "test", data_dir=opts.data_dir, samples=opts.samples, seed=opts.seed)
         # FSDP shards per transformer block when it is told which modules those are.
