@@ -26,14 +26,16 @@ SUBCOMMANDS = (
 RAW_COMMANDS: dict = {}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser with every subcommand, or with just ``only`` (a known subcommand's name): a command
+    imports its own module and not the others' (``trainscale run`` starts sooner)."""
     parser = argparse.ArgumentParser(
         prog="trainscale",
         description="Run one PyTorch training script on 1 CPU process, N GPUs or many SLURM nodes.",
     )
     parser.add_argument("--version", action="version", version=f"trainscale {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in SUBCOMMANDS:
+    for name in (only,) if only in SUBCOMMANDS else SUBCOMMANDS:
         try:
             module = importlib.import_module(f"trainscale.cli.{name}")
         except ModuleNotFoundError as exc:
@@ -48,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser()
+    parser = build_parser(argv[0] if argv else None)
     # Commands that pass the rest of the line to a script (`run`, `bench SCRIPT`) parse it themselves:
     # argparse cannot hand options it does not know through a subparser.
     if argv and argv[0] in RAW_COMMANDS:

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -67,8 +67,11 @@ class Preemption:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item() > 0)
 
-    def requeue(self) -> str:
-        """Ask SLURM to run this job again (rank 0 only); returns what was done, for the log."""
+    def requeue(self, before: Callable[[str], None] | None = None) -> str:
+        """Ask SLURM to run this job again (rank 0 only); returns what was done, for the log.
+
+        A successful ``scontrol requeue`` ends this attempt at once (SLURM stops the job's steps), so
+        whatever the log must say is handed to ``before`` first, just ahead of the call."""
         job = job_to_requeue()
         if not self.runtime.is_main:
             return ""
@@ -76,6 +79,8 @@ class Preemption:
             return "not a SLURM job: run the same command again to resume from the checkpoint"
         scontrol = shutil.which("scontrol")
         if scontrol:
+            if before is not None:
+                before(f"requeueing SLURM job {job} (scontrol requeue); this attempt ends here")
             done = subprocess.run([scontrol, "requeue", job], capture_output=True, text=True, timeout=60)
             if done.returncode == 0:
                 return f"requeued SLURM job {job} (scontrol requeue)"
