@@ -140,7 +140,10 @@ def worker_env(spec: LocalLaunchSpec, base: dict[str, str] | None = None) -> tup
     # torch 2.13's c10d rendezvous shares one TCPStore with the workers for the agent's whole life,
     # so a restarted group reads the dead group's gloo/NCCL addresses and fails to connect. With
     # sharing off, every restart gets a fresh store on a fresh port (tests/integration/test_faults.py).
-    extra.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    # Only a run that may restart needs that; the others keep the shared store, which reaches the
+    # first step sooner (no second store for the workers to find: benchmarks/launch_overhead.py).
+    if spec.max_restarts > 0:
+        extra.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     return extra, notes
 
 

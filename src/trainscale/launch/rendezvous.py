@@ -55,9 +55,12 @@ def _create_handler(params):
         def name(self) -> str:  # torch checks the handler reports the backend it was asked for
             return BACKEND
 
-    # Workers do not share this store (launch/local.py disables sharing): trainscale's runtime makes
-    # their own store on rank 0, bound to the master address (runtime/store.py).
-    return create_handler(store, BoundC10dBackend(store, params.run_id), params)
+    handler = create_handler(store, BoundC10dBackend(store, params.run_id), params)
+    # With store sharing on (a run without restarts: launch/local.py), node 0's agent starts one more
+    # store for its workers' process group; bind it to this node's address too. With sharing off,
+    # trainscale's runtime makes that store on rank 0, bound to the master address (runtime/store.py).
+    handler._create_tcp_store_server = lambda master_addr, master_port: bound_server(master_addr, master_port)
+    return handler
 
 
 def register() -> str:
