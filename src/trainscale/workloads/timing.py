@@ -8,6 +8,8 @@ Communication is measured by a DDP communication hook that timestamps each bucke
   ``compute`` so that data + compute + communication + optimizer adds up to the timed sections;
 - ``communication_total``: how long any all-reduce was in flight (hidden plus exposed).
 
+Every section is averaged over the ranks, as the epoch time is.
+
 On CUDA the hook's completion callback runs when the NCCL work is done only after a stream
 synchronisation, so the split is exact on CPU (gloo) and approximate on GPUs.
 """
@@ -26,6 +28,7 @@ import torch
 class StepTimer:
     def __init__(self, runtime, model, enabled: bool) -> None:
         self.enabled = enabled
+        self.runtime = runtime
         self.device = runtime.device
         self.totals: dict[str, float] = defaultdict(float)
         self.comm_total_s = 0.0
@@ -80,14 +83,29 @@ class StepTimer:
         return interval
 
     def summary(self) -> dict[str, float] | None:
+        """This epoch's seconds per section, averaged over the ranks like the epoch time they divide
+        (one rank's sections alone can add up to more than the ranks' mean epoch time). A collective:
+        every rank calls it."""
         if not self.enabled:
             return None
         out = {key: self.totals.get(key, 0.0) for key in ("data", "compute", "communication", "optimizer")}
-        out.update({k: v for k, v in self.totals.items() if k not in out})
+        out.update({k: v for k, v in sorted(self.totals.items()) if k not in out})
         out["communication_total"] = self.comm_total_s
+        out = _mean_over_ranks(out, self.runtime)
         out["gradient_bytes"] = self.gradient_bytes
         out["buckets"] = self.buckets
         return out
+
+
+def _mean_over_ranks(values: dict[str, float], runtime) -> dict[str, float]:
+    if not getattr(runtime, "is_distributed", False):
+        return values
+    import torch.distributed as dist
+
+    dtype = torch.float32 if runtime.uses_nccl else torch.float64
+    tensor = torch.tensor(list(values.values()), dtype=dtype, device=runtime.device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return dict(zip(values, (tensor / runtime.world_size).tolist()))
 
 
 def _union_length(intervals: list[tuple[float, float]]) -> float:
