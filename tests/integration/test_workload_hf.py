@@ -109,3 +109,16 @@ def test_foreign_output_dir_is_refused_untouched(in_tmp, capsys):
     code = main([*RUN, "--output-dir", "out"])
     assert code == 2 and "was not written by trainscale" in capsys.readouterr().err
     assert [p.name for p in (in_tmp / "out").iterdir()] == ["notes.txt"]
+
+
+def test_bench_sizes_the_trainer_by_its_global_batch_and_records_every_step(in_tmp, capsys):
+    code = main(["bench", "--workload", "hf-finetune", "--configs", "1,2", "--batch-size", "2", "--max-steps", "4",
+                 "--epochs", "1", "--no-plots", "--out", "study"])
+    assert code == 0, capsys.readouterr().err
+    one, two = json.loads((in_tmp / "study" / "results.json").read_text())["runs"]
+    assert (one["status"], two["status"]) == ("ok", "ok")
+    # batch 2 per rank: the Trainer got --global-batch 2 on one rank and 4 on two, and the study kept the
+    # work equal (half the steps on two ranks); the workload's own step count is what was recorded
+    assert (one["global_batch"], two["global_batch"]) == (2, 4)
+    assert (one["steps"], one["samples"], two["steps"], two["samples"]) == (4, 8, 2, 8)
+    assert two["speedup"] == pytest.approx(two["samples"] / two["runtime_s"] / (one["samples"] / one["runtime_s"]))
