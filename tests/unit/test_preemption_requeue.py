@@ -45,3 +45,21 @@ def test_without_scontrol_the_batch_script_is_asked_through_a_marker(tmp_path, m
         preemption.restore()
     assert seen == [] and "scontrol is not reachable" in what
     assert (tmp_path / MARKER).read_text() == "7_3\n"
+
+
+def test_requeue_and_log_says_the_line_first_then_the_outcome(tmp_path, monkeypatch):
+    log = tmp_path / "calls"
+    _fake_scontrol(tmp_path / "bin", log)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    said = []
+    preemption = Preemption(SimpleNamespace(is_main=True, is_distributed=False))
+    try:
+        preemption.requeue_and_log("Preempted at step 7", said.append)
+        monkeypatch.delenv("SLURM_JOB_ID")
+        preemption.requeue_and_log("Preempted at step 9", said.append)
+    finally:
+        preemption.restore()
+    assert said == ["Preempted at step 7; requeueing SLURM job 4242 (scontrol requeue); this attempt ends here",
+                    "requeued SLURM job 4242 (scontrol requeue)",
+                    "Preempted at step 9; not a SLURM job: run the same command again to resume from the checkpoint"]

@@ -59,7 +59,7 @@ def _create_handler(params):
     # With store sharing on (a run without restarts: launch/local.py), node 0's agent starts one more
     # store for its workers' process group; bind it to this node's address too. With sharing off,
     # trainscale's runtime makes that store on rank 0, bound to the master address (runtime/store.py).
-    handler._create_tcp_store_server = lambda master_addr, master_port: bound_server(master_addr, master_port)
+    handler._create_tcp_store_server = bound_server  # called as (master_addr, master_port)
     return handler
 
 

@@ -94,6 +94,22 @@ class Preemption:
         print(f"trainscale: cannot requeue {job}: {reason}", file=sys.stderr, flush=True)
         return f"could not requeue {job}: {reason}"
 
+    def requeue_and_log(self, head: str, say: Callable[[str], None]) -> None:
+        """Requeue (rank 0) and log ``head`` with what was done: ahead of ``scontrol requeue``, which
+        ends the attempt at once, then its outcome if this process is still there to say it."""
+        announced = False
+
+        def before(plan: str) -> None:
+            nonlocal announced
+            announced = True
+            say(f"{head}; {plan}")
+
+        what = self.requeue(before=before)
+        if not announced:
+            say(f"{head}; {what}" if what else head)
+        elif what:
+            say(what)
+
     def restore(self) -> None:
         for sig in self.signals:
             signal.signal(sig, signal.SIG_DFL)

@@ -17,7 +17,7 @@ import logging
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -120,6 +120,15 @@ class Runtime:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
             tensor /= self.world_size
         return float(tensor.item())
+
+    def means(self, values: Sequence[float]) -> list[float]:
+        """:meth:`mean` of several scalars in one all-reduce."""
+        tensor = torch.tensor(list(values), dtype=torch.float32 if self.uses_nccl else torch.float64,
+                              device=self.device)
+        if self.is_distributed:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+            tensor /= self.world_size
+        return tensor.tolist()
 
     def sum(self, value: float | torch.Tensor) -> float:
         tensor = torch.as_tensor(value, dtype=torch.float32 if self.uses_nccl else torch.float64)

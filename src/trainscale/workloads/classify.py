@@ -165,10 +165,7 @@ def train_classifier(rt: Runtime, opts: TrainOptions, build_model: Callable[[], 
             head = (f"Preempted ({preemption.received or 'signal on another rank'}) at step {step}, attempt "
                     f"{rt.attempt}: checkpoint saved" + (f" to {opts.checkpoint_dir}" if ckpt else " nowhere "
                     "(no --checkpoint-dir)"))
-            announced: list[str] = []
-            what = preemption.requeue(before=lambda plan: (announced.append(plan), rt.print(f"{head}; {plan}")))
-            if what or not announced:
-                rt.print(what if announced else head + (f"; {what}" if what else ""))
+            preemption.requeue_and_log(head, rt.print)
             preempted = True
             break
         epoch_time = time.perf_counter() - t0

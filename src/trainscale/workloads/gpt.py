@@ -260,11 +260,7 @@ def main(argv: list[str] | None = None) -> dict:
                 save()
             if preemption.requested():
                 save()
-                head = f"Preempted at step {step}: checkpoint saved"
-                announced: list[str] = []
-                what = preemption.requeue(before=lambda plan: (announced.append(plan), rt.print(f"{head}; {plan}")))
-                if what or not announced:
-                    rt.print(what if announced else f"{head}; {what}")
+                preemption.requeue_and_log(f"Preempted at step {step}: checkpoint saved", rt.print)
                 break
         elapsed = rt.mean(time.perf_counter() - started)
         val_loss = evaluate(model, val, rt, opts.batch_size)

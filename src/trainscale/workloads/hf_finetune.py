@@ -184,10 +184,9 @@ def _train(rt, run: Plan) -> dict:
     from transformers.trainer_utils import get_last_checkpoint
 
     set_seed(opts.seed)
-    if "deepspeed" in run.strategy_args and "TORCH_EXTENSIONS_DIR" not in os.environ:
-        # DeepSpeed compiles a comm op on first start: share trainscale's cache with the deepspeed strategy.
-        os.environ["TORCH_EXTENSIONS_DIR"] = extensions_dir()
     if "deepspeed" in run.strategy_args:
+        # DeepSpeed compiles a comm op on first start: share trainscale's cache with the deepspeed strategy.
+        os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
         rt.print(f"hf-finetune: DeepSpeed extensions are compiled into and reused from "
                  f"{os.environ['TORCH_EXTENSIONS_DIR']} (the first start compiles, ~40 s)")
     out = Path(args.output_dir)

@@ -91,21 +91,10 @@ class StepTimer:
         out = {key: self.totals.get(key, 0.0) for key in ("data", "compute", "communication", "optimizer")}
         out.update({k: v for k, v in sorted(self.totals.items()) if k not in out})
         out["communication_total"] = self.comm_total_s
-        out = _mean_over_ranks(out, self.runtime)
+        out = dict(zip(out, self.runtime.means(list(out.values()))))
         out["gradient_bytes"] = self.gradient_bytes
         out["buckets"] = self.buckets
         return out
-
-
-def _mean_over_ranks(values: dict[str, float], runtime) -> dict[str, float]:
-    if not getattr(runtime, "is_distributed", False):
-        return values
-    import torch.distributed as dist
-
-    dtype = torch.float32 if runtime.uses_nccl else torch.float64
-    tensor = torch.tensor(list(values.values()), dtype=dtype, device=runtime.device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    return dict(zip(values, (tensor / runtime.world_size).tolist()))
 
 
 def _union_length(intervals: list[tuple[float, float]]) -> float:
