@@ -1,10 +1,12 @@
 # Two commands for a fresh machine:
 #   make demo   - create .venv if needed, run a small scaling study of the cnn workload (1 and 2 CPU ranks)
 #   make test   - create .venv if needed, run the whole test suite (starts and stops a 2-node SLURM test cluster)
+#   make test-gpu - the GPU suite (tests/gpu) on this machine's GPUs; every test skips without GPUs.
+#                   Needs a CUDA/ROCm torch: TORCH_SPEC='torch>=2.4' make test-gpu on a fresh machine.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test venv clean
+.PHONY: demo test test-gpu venv clean
 
 venv:
 	@bash scripts/setup-env.sh
@@ -14,6 +16,9 @@ demo: venv
 
 test: venv
 	$(PY) -m pytest -q -p no:cacheprovider
+
+test-gpu: venv
+	$(PY) -m pytest tests/gpu -v -rs -p no:cacheprovider --timeout 1800
 
 clean:
 	rm -rf bench-out trainscale-logs

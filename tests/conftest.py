@@ -10,8 +10,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+pytest_plugins = ("helpers.slurm_cluster",)  # the 2-node SLURM test cluster, for tests/slurm and tests/conformance
+
 # Variables a test may legitimately leave changed (set by libraries at import time).
-_IGNORED = {"KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK", "PYTEST_CURRENT_TEST", "TORCHELASTIC_SIGNALS_TO_HANDLE"}
+_IGNORED = {"KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK", "PYTEST_CURRENT_TEST", "TORCHELASTIC_SIGNALS_TO_HANDLE",
+            "TORCHINDUCTOR_CACHE_DIR"}  # torch.utils.flop_counter's import of inductor sets it
 
 
 @pytest.fixture(autouse=True)

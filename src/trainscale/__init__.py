@@ -16,8 +16,12 @@ __all__ = [
 
 def __getattr__(name: str):
     # Lazy: `import trainscale` stays cheap (no torch import) for the CLI and env detection.
-    if name in ("init", "Runtime"):
-        from trainscale import runtime
+    if name == "init":  # a Runtime that also sets models up for a strategy (train/session.py)
+        from trainscale.train.session import init
 
-        return getattr(runtime, name)
+        return init
+    if name == "Runtime":
+        from trainscale.runtime import Runtime
+
+        return Runtime
     raise AttributeError(f"module 'trainscale' has no attribute {name!r}")

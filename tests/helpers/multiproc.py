@@ -44,11 +44,14 @@ def _child(fn_ref, args, kwargs, rank, world_size, port, extra_env, queue):
 
 
 def run_on_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 180,
-                 env: dict[str, str] | None = None, **kwargs: Any) -> dict[int, Any]:
+                 env: dict[str, str] | None = None, rank_env: dict[int, dict[str, str]] | None = None,
+                 **kwargs: Any) -> dict[int, Any]:
+    """``rank_env``: variables for single ranks on top of ``env`` (e.g. one CUDA_VISIBLE_DEVICES each)."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_child, args=((fn.__module__, fn.__qualname__), args, kwargs, r, world_size, port, env or {}, queue))
+    procs = [ctx.Process(target=_child, args=((fn.__module__, fn.__qualname__), args, kwargs, r, world_size, port,
+                                              {**(env or {}), **(rank_env or {}).get(r, {})}, queue))
              for r in range(world_size)]
     for p in procs:
         p.start()

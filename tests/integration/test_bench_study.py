@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import html
 import json
 import os
 import subprocess
@@ -27,13 +28,13 @@ def _env() -> dict[str, str]:
 @pytest.mark.slow
 def test_small_strong_scaling_study_writes_consistent_files(tmp_path):
     out = tmp_path / "study"
-    spec = StudySpec(workload="cnn", configs="1,2", scaling="strong", batch_size=32, epochs=1, max_steps=8,
+    spec = StudySpec(workload="cnn", configs="1,2,4", scaling="strong", batch_size=32, epochs=1, max_steps=8,
                      data="synthetic", samples=512, out_dir=out)
     outcome = run_study(spec, projection=ProjectionRequest(project_to=64, interconnect="ib-hdr200"), validate=True)
     assert outcome.ok, [r.get("failure") for r in outcome.study["runs"]]
 
     study = json.loads((out / "results.json").read_text())
-    one, two = study["runs"]
+    one, two, four = study["runs"]
     assert (one["world_size"], one["per_rank_batch"], two["world_size"], two["per_rank_batch"]) == (1, 32, 2, 16)
     assert one["steps"] == two["steps"] == 8 and one["samples"] == two["samples"] == 8 * 32
     assert two["speedup"] == pytest.approx(one["runtime_s"] / two["runtime_s"])
@@ -51,12 +52,21 @@ def test_small_strong_scaling_study_writes_consistent_files(tmp_path):
     assert sum(b[k] for k in ("data", "compute", "communication", "optimizer", "other")) == pytest.approx(
         two["step_time_s"], rel=1e-6)
 
-    # the model was checked against the 2-rank run with busbw measured here, and projected onward
+    # the model was checked against the 2- and 4-rank runs with busbw measured here, each calibrated on the
+    # other's record only, and projected onward with the measured overlap (DDP's two buckets of the cnn:
+    # part of the all-reduce ran during backward)
     assert two["prediction"]["network"]["busbw_Bps"] > 0 and two["predicted_runtime_s"] > 0
+    assert (two["prediction"]["calibrated_on"], four["prediction"]["calibrated_on"]) == (["4"], ["2"])
+    assert (two["prediction"]["contention"], four["prediction"]["contention"]) == (2, 4)  # one rank had every core
+    assert four["ranks_per_core"] == max(1.0, 4 / study["environment"]["cores"])
+    assert study["validation"]["calibrated"] and study["calibration"]["runs"] == ["2", "4"]
+    assert study["calibration"]["sections"]["compute"] > 0 and 0 < study["calibration"]["overlap"] <= 1
+    assert b["buckets"] == 2 and b["communication_overlapped"] == pytest.approx(
+        b["communication_total"] - b["communication"])
     assert [p["ranks"] for p in study["projection"]["rows"]] == [8, 16, 32, 64]
 
     rows = list(csv.DictReader((out / "results.csv").open()))
-    assert [r["config"] for r in rows] == ["1", "2"]
+    assert [r["config"] for r in rows] == ["1", "2", "4"]
     assert float(rows[1]["speedup"]) == pytest.approx(two["speedup"])
     md = (out / "results.md").read_text()
     assert "| Version | Workers | Runtime (s) | Speedup | Parallel efficiency |" in md
@@ -64,6 +74,16 @@ def test_small_strong_scaling_study_writes_consistent_files(tmp_path):
     for name in ("speedup", "throughput", "breakdown"):
         assert (out / f"{name}.png").read_bytes()[:8] == PNG
     assert (out / "runs" / "02-2" / "metrics.json").is_file()
+    assert "each calibrated on the others' records" in md
+
+    # the report puts measured and predicted side by side
+    report = subprocess.run([sys.executable, "-m", "trainscale", "report", str(out), "--out", str(tmp_path / "report")],
+                            capture_output=True, text=True, env=_env(), timeout=120)
+    assert report.returncode == 0, report.stderr
+    page = html.unescape((tmp_path / "report" / "report.html").read_text())
+    assert "Scaling model" in page and "each calibrated on the others' records" in page
+    assert "| DDP 4 CPU ranks | 4 |" in report.stdout and "each calibrated on the others' records" in report.stdout
+    assert (tmp_path / "report" / "measured-vs-predicted.png").read_bytes()[:8] == PNG
 
     with pytest.raises(Exception, match="already exists"):
         run_study(spec)  # the same --out again: refused, nothing overwritten

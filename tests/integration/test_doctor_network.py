@@ -38,6 +38,8 @@ def _assert_passing_all_reduce(report: dict, ranks: int) -> None:
         assert f"sum over {ranks} ranks correct" in reduce["message"] and reduce["detail"]["median_ms"] > 0
         assert network[(rank, "master address")]["level"] == "ok"
         assert network[(rank, "master port")]["level"] == "ok"
+        transport = network[(rank, "transport")]  # the network the collectives used: TCP for gloo ranks
+        assert transport["level"] == "ok" and transport["message"].startswith("gloo (CPU ranks): TCP sockets")
 
 
 def test_doctor_nproc_2_reports_a_passing_all_reduce_from_both_ranks(tmp_path):

@@ -95,3 +95,46 @@ def test_deepspeed_zero3_matches_ddp_shards_state_and_resumes(tmp_path):
         assert len(res["saved"]["optimizer"]) == len(res["resumed"]["optimizer"]) > 1
     assert all(torch.equal(v, r0["resumed"]["params"][k]) for k, v in r0["saved"]["params"].items())
     assert (tmp_path / "ckpt-00000004" / "trainscale.json").is_file()
+
+
+SINGLE_PROCESS_ON_A_GPU_NODE = """
+import json, sys
+import torch
+# The one narrow fake: this process believes a GPU is present, as on a GPU node. DeepSpeed then picks
+# its CUDA accelerator on import, unless told otherwise, and would move the model to cuda:0.
+torch.cuda.is_available = lambda: True
+torch.cuda.device_count = lambda: 1
+import trainscale
+from trainscale.strategies import get_strategy
+from trainscale.strategies.base import OptimizerSpec
+
+with trainscale.init(device="cpu", set_threads=False) as rt:
+    strategy = get_strategy("deepspeed:stage=1", micro_batch_size=4)
+    engine, opt = strategy.setup(torch.nn.Linear(8, 2), OptimizerSpec(torch.optim.SGD, {"lr": 0.1}), rt)
+    loss = engine(torch.randn(4, 8)).sum()
+    strategy.backward(loss, engine)
+    strategy.step(opt, engine)
+    from deepspeed.accelerator import get_accelerator
+    print(json.dumps({"param": str(next(engine.module.parameters()).device), "engine": str(engine.device),
+                      "accelerator": get_accelerator().device_name()}))
+"""
+
+
+def test_device_cpu_on_a_gpu_node_keeps_deepspeed_on_the_cpu_in_one_plain_process(tmp_path):
+    """Defect 9 (the CPU accelerator is chosen before DeepSpeed is imported) and defect 1's plain-python
+    half (DeepSpeed asserts LOCAL_RANK, which no launcher set here)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from trainscale.strategies.deepspeed import extensions_dir
+
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "DS_ACCELERATOR")}
+    env.update(TORCH_EXTENSIONS_DIR=extensions_dir(), OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-c", SINGLE_PROCESS_ON_A_GPU_NODE], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {"param": "cpu", "engine": "cpu", "accelerator": "cpu"}
+    assert "DS_ACCELERATOR=cpu" in done.stdout  # said once, with the reason

@@ -127,3 +127,44 @@ def test_foreign_experiment_dir_is_refused_untouched(in_tmp, capsys):
     assert code == 2 and "is not a trainscale experiment" in capsys.readouterr().err
     assert sorted(p.name for p in (in_tmp / "exp").iterdir()) == ["notes.txt"]
     assert not (in_tmp / "logs").exists()
+
+
+def test_the_loop_reads_losses_back_once_per_log_line_not_every_micro_step(in_tmp, monkeypatch):
+    """float(loss) waits for the GPU; every micro-step it stalled the pipeline. Counted here: reads of
+    a tensor's value made by the training loop itself (the one narrow instrument)."""
+    import importlib.util
+
+    import torch
+
+    from trainscale.train import loop, metrics
+    from trainscale.workloads import gpt
+
+    reads = []
+
+    def counting(name):
+        original = getattr(torch.Tensor, name)
+
+        def read(self, *args, **kwargs):
+            if sys._getframe(1).f_code.co_filename in (loop.__file__, metrics.__file__):
+                reads.append(sys._getframe(1).f_code.co_name)
+            return original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, read)
+
+    for name in ("__float__", "item", "tolist"):
+        counting(name)
+    fake = _fake_wandb(in_tmp / "fake") / "wandb" / "__init__.py"
+    spec = importlib.util.spec_from_file_location("wandb", fake)
+    wandb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wandb)
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(in_tmp / "inductor"))
+    result = gpt.main(["--max-steps", "8", "--grad-accum", "2", "--batch-size", "4", "--experiment-dir", "exp",
+                       *SMALL[:-2], "--log-every", "4"])
+    assert result["steps"] == 8
+    assert 1 <= len(reads) <= 3, reads  # steps 4 and 8 (16 micro-steps read 16 times before)
+    state = json.loads((in_tmp / "exp" / "state.json").read_text())
+    logged = json.loads((in_tmp / "exp" / "wandb-rank0.json").read_text())["logs"]
+    assert [step for step, d in logged if "train/loss" in d] == list(range(1, 9))  # every step, read in blocks
+    assert state["step"] == 8 and state["loss"] == [d["train/loss"] for _, d in logged if "train/loss" in d][-1]

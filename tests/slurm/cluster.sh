@@ -9,20 +9,20 @@
 #   cluster.sh check    exit 0 when the cluster is up, healthy and configured as now.
 #   cluster.sh env      the variables a client needs (SLURM_CONF=...).
 #
-# Everything lives in $TRAINSCALE_SLURM_DIR (default /tmp/trainscale-slurm): its own
+# Everything lives in $TRAINSCALE_TEST_CLUSTER_DIR (default /tmp/trainscale-slurm): its own
 # munge key and socket, slurm.conf, state, spool, logs and pid files. Daemons and
 # clients find the config through SLURM_CONF, so /etc/slurm is not used. Needs root
 # (slurmd runs jobs as their user; SlurmUser=root). Never used on a user's cluster.
 set -euo pipefail
 
-DIR=${TRAINSCALE_SLURM_DIR:-/tmp/trainscale-slurm}
-CTLD_PORT=${TRAINSCALE_SLURM_CTLD_PORT:-16817}
+DIR=${TRAINSCALE_TEST_CLUSTER_DIR:-/tmp/trainscale-slurm}
+CTLD_PORT=${TRAINSCALE_TEST_CLUSTER_CTLD_PORT:-16817}
 NODES=(n1 n2)
 NODE_PORTS=(17001 17002)
 NODE_CPUS=4            # more than the machine has: allowed by config_overrides
 NODE_MEMORY_MB=8000
 CRED_EXPIRE_S=10       # step credential lifetime = how long a requeued job waits
-UP_TIMEOUT_S=${TRAINSCALE_SLURM_UP_TIMEOUT:-60}
+UP_TIMEOUT_S=${TRAINSCALE_TEST_CLUSTER_UP_TIMEOUT:-60}
 DOWN_TIMEOUT_S=30
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 INSTALL=$HERE/../../.ci/install-slurm.sh
@@ -286,7 +286,7 @@ status) cmd_status ;;
 check) healthy ;;
 env) echo "SLURM_CONF=$SLURM_CONF" ;;
 *)
-    echo "usage: $0 up|down|status|check|env   (cluster dir: \$TRAINSCALE_SLURM_DIR, now $DIR)" >&2
+    echo "usage: $0 up|down|status|check|env   (cluster dir: \$TRAINSCALE_TEST_CLUSTER_DIR, now $DIR)" >&2
     exit 2
     ;;
 esac

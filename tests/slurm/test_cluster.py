@@ -126,7 +126,7 @@ def test_failed_job_state_in_scontrol_and_sacct(slurm_cluster: SlurmCluster, tmp
 
 
 def test_cluster_sh_up_reuses_a_healthy_cluster(slurm_cluster: SlurmCluster) -> None:
-    env = {**os.environ, "TRAINSCALE_SLURM_DIR": str(slurm_cluster.dir)}
+    env = {**os.environ, "TRAINSCALE_TEST_CLUSTER_DIR": str(slurm_cluster.dir)}
     for command in ("check", "up"):
         proc = subprocess.run(["bash", str(CLUSTER_SH), command], env=env, capture_output=True,
                               text=True, timeout=60)

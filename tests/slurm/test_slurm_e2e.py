@@ -138,4 +138,17 @@ def test_busy_master_port_is_named_before_training(slurm_cluster, tmp_path):
     assert done.returncode == 1, done.stdout + done.stderr
     assert "FAILED" in done.stdout
     assert f"port {port} on n1" in done.stdout  # the batch output's last lines, shown by the explanation
-    assert not list((tmp_path / "jobs").glob("*/rank-*.out"))  # no rank was started
+    assert not list((tmp_path / "jobs").glob("*/*/rank-*.out"))  # no rank was started
+
+
+def test_dry_run_asks_the_real_scheduler(slurm_cluster, tmp_path):
+    """sbatch's spellings on the command line, and sbatch --test-only's answer after the script."""
+    args = ["slurm", "--profile", "local-test", "-N", "2", "--gpus-per-node", "2", "-t", "5", "-J", "probe",
+            "--output-dir", str(tmp_path / "jobs"), "--python", sys.executable]
+    ok = trainscale(tmp_path, *args, "--dry-run", str(SCRIPT), timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    assert "#SBATCH --job-name=probe" in ok.stdout and "#SBATCH --time=00:05:00" in ok.stdout
+    assert re.search(r"sbatch --test-only accepts the job: .*Job \d+ to start at .* on nodes n\[1-2\]", ok.stderr), ok.stderr
+    too_big = trainscale(tmp_path, *args[:4], "3", *args[5:], "--test-only", str(SCRIPT), timeout=60)
+    assert "sbatch --test-only REFUSES the job" in too_big.stderr, too_big.stderr
+    assert not (tmp_path / "jobs").exists()  # nothing written, nothing submitted

@@ -151,6 +151,42 @@ def test_sizes():
             allreduce.parse_sizes(bad)
 
 
+def test_auto_sizes_sweep_to_a_gigabyte_on_gpus_where_nccl_plateaus_late():
+    assert allreduce.sizes_for("auto", "cuda")[-1] == 1024**3 and allreduce.sizes_for("auto", "cuda")[0] == 1024
+    assert allreduce.sizes_for("auto", "cpu")[-1] == 16 * 1024**2
+    assert allreduce.sizes_for("1KB..4KB", "cuda") == (1024, 2048, 4096)
+    assert allreduce.parse_sizes("auto") == allreduce.sizes_for("auto", "cpu")  # what the CLI checks up front
+
+
+def test_the_table_says_whether_the_sweep_reached_the_bandwidth_plateau():
+    def rows(*busbw):
+        return [{"bytes": 2**i * 1024, "count": 2**i * 256, "iters": 5, "time_s": 1e-3, "algbw_Bps": b / 1.5,
+                 "busbw_Bps": b} for i, b in enumerate(busbw)]
+
+    rising = {"world_size": 4, "backend": "nccl", "device": "cuda:0", "rows": rows(1e9, 5e9, 9e9)}
+    assert allreduce.plateau(rising["rows"]) == {"busbw_Bps": 9e9, "reached": False, "largest_bytes": 4096}
+    assert "still rising at the largest size" in allreduce.table(rising)
+    flat = {**rising, "rows": rows(1e9, 9e9, 9.2e9)}
+    assert allreduce.plateau(flat["rows"])["reached"] and "plateau reached" in allreduce.table(flat)
+    assert allreduce.plateau(rows(1e9)) is None
+
+
+def test_every_size_is_all_reduced_once_before_any_is_timed(monkeypatch):
+    """NCCL connects lazily, per algorithm, and chooses algorithms by size: a size's first collective
+    may pay for connection set-up. The recorded collective is the one narrow fake here."""
+    from types import SimpleNamespace
+
+    import torch
+    import torch.distributed as dist
+
+    calls = []
+    monkeypatch.setattr(dist, "all_reduce", lambda tensor, op=None: calls.append(tensor.numel() * 4))
+    rt = SimpleNamespace(is_distributed=True, device=torch.device("cpu"), world_size=2, barrier=lambda: None)
+    rows = allreduce.measure(rt, (1024, 8192), iters=3, warmup=1, budget_s=0.01)
+    assert calls[:2] == [1024, 8192]  # the untimed pass over every size comes first
+    assert [r["bytes"] for r in rows] == [1024, 8192] and all(r["iters"] >= 3 for r in rows)
+
+
 # --- projection model -----------------------------------------------------------------------------
 
 
@@ -187,10 +223,79 @@ def test_predict_strong_scaling_and_shared_cores_by_hand():
     assert p.compute_s == pytest.approx(0.020) and p.data_s == pytest.approx(0.0005)
     assert p.exposed_comm_s == pytest.approx(comm)
     assert p.step_s == pytest.approx(0.0005 + 0.020 + 0.010 + 0.008 + comm)
-    shared = projection.predict(m, net, 4, projection.ModelOptions(scaling="strong", overlap=0.5,
-                                                                    shared_compute=True))
+    shared = projection.predict(m, net, 4, projection.ModelOptions(scaling="strong", overlap=0.5, contention=4))
     # the four ranks take turns on the same cores: a quarter of the batch each, four times over
     assert shared.compute_s == pytest.approx(0.080) and shared.optimizer_s == pytest.approx(0.040)
+
+
+def _run(config: str, n: int, *, compute: float, optimizer: float, comm: float, exposed: float, units: float = 2.0,
+         buckets: int = 1, rest: float = 1.0) -> dict:
+    """A study record of a CPU run on 2 cores with the breakdown a workload reports (data and the rest of
+    the step ``rest`` times the single rank's 1 and 2 ms)."""
+    step = 0.001 * rest + compute + optimizer + exposed + 0.002 * rest
+    return {"config": config, "status": "ok", "world_size": n, "nodes": 1, "per_rank_batch": 16, "steps": 100,
+            "runtime_s": step * 100, "compute_units": units, "compute_kind": "cpu",
+            "breakdown": {"data": 0.001 * rest, "compute": compute, "optimizer": optimizer, "other": 0.002 * rest,
+                          "communication": exposed, "communication_total": comm, "gradient_bytes": 4_000_000,
+                          "buckets": buckets}}
+
+
+def _ring(n: int, busbw: float = 1e9) -> dict:
+    """An all-reduce benchmark result whose rows follow the ring model exactly (no latency)."""
+    rows = [{"bytes": b, "busbw_Bps": busbw, "time_s": 2 * (n - 1) / n * b / busbw} for b in (4096, 4_000_000)]
+    return {"world_size": n, "rows": rows}
+
+
+def test_validation_calibrates_each_run_on_the_others_only():
+    from trainscale.bench import predictions
+
+    single = _run("1", 1, compute=0.010, optimizer=0.004, comm=0.0, exposed=0.0)
+    # 2 and 4 ranks share the single rank's 2 cores (contention 2 and 4), but threads scale badly: their
+    # compute takes 0.6x the naive model's, and gloo's in-training all-reduce 1.3x the benchmark's.
+    two = _run("2", 2, compute=0.012, optimizer=0.0048, comm=1.3 * 0.004, exposed=1.3 * 0.004, rest=1.2)
+    four = _run("4", 4, compute=0.024, optimizer=0.0096, comm=1.3 * 0.006, exposed=1.3 * 0.006, rest=2.4)
+    study = {"baseline": "1", "runs": [single, two, four]}
+    checked = predictions.validate(study, lambda n, sizes: _ring(n))
+    assert [r["config"] for r in checked] == ["2", "4"]
+    for r in checked:
+        pred = r["prediction"]
+        assert pred["calibrated_on"] == (["4"] if r is two else ["2"])  # never its own record
+        assert pred["contention"] == r["world_size"]
+        assert pred["error"] == pytest.approx(0.0, abs=1e-9) and abs(pred["uncalibrated_error"]) > 0.3
+        assert pred["comm_s"] == pytest.approx(r["breakdown"]["communication_total"])
+    assert study["calibration"]["sections"]["compute"] == pytest.approx(0.6)
+    assert study["calibration"]["comm"] == pytest.approx(1.3)
+    assert study["calibration"]["overlap"] is None  # one bucket: nothing could hide
+
+
+def test_a_lone_multi_rank_run_keeps_the_plain_model_and_says_so():
+    from trainscale.bench import predictions
+    from trainscale.bench.results import model_check
+
+    study = {"baseline": "1", "runs": [_run("1", 1, compute=0.010, optimizer=0.004, comm=0.0, exposed=0.0),
+                                       _run("2", 2, compute=0.012, optimizer=0.0048, comm=0.0052, exposed=0.0052)]}
+    (two,) = predictions.validate(study, lambda n, sizes: _ring(n))
+    assert two["prediction"]["calibrated_on"] == []
+    assert two["prediction"]["error"] == two["prediction"]["uncalibrated_error"]
+    study["validation"] = {"runs": ["2"], "calibrated": False, "mean_abs_error": 0.3, "mean_abs_error_uncalibrated": 0.3}
+    assert "calibrating needs two or more measured multi-rank" in model_check(study)
+
+
+def test_measured_overlap_replaces_the_assumed_one():
+    from trainscale.bench import predictions
+
+    options = projection.ModelOptions(buckets=4)
+    run = _run("2", 2, compute=0.030, optimizer=0.004, comm=0.010, exposed=0.004, buckets=4)
+    window = 2 / 3 * 0.030 * 3 / 4  # backward's share of compute, less the last bucket's
+    assert predictions.measured_overlap(run, options) == pytest.approx(0.006 / window)
+    m = projection.Measured(data_s=0.0, compute_s=0.030, optimizer_s=0.0, batch=16, gradient_bytes=4_000_000)
+    net = projection.Network(name="t", busbw_Bps=1e9)
+    plain = projection.predict(m, net, 2, options)
+    cal = projection.predict(m, net, 2, options, projection.Calibration(sections={}, overlap=0.4))
+    assert plain.exposed_comm_s == 0.0  # assumed overlap 1.0 hides 2 ms behind a 15 ms window
+    assert cal.exposed_comm_s == pytest.approx(max(0.0, plain.comm_s - 0.4 * window))
+    with pytest.raises(ConfigError, match="overlap a fraction"):
+        projection.Calibration(sections={}, overlap=1.5)
 
 
 def test_presets_and_ranks():
@@ -256,15 +361,50 @@ def test_unequal_work_is_compared_per_sample():
 def test_table_csv_and_document():
     study = _study()
     table = results.markdown_table(study)
-    assert table.splitlines()[0] == ("| Version | Workers | Runtime (s) | Speedup | Parallel efficiency | Samples/s "
-                                     "| Comm. share |")
+    assert table.splitlines()[0] == ("| Version | Workers | Runtime (s) | Speedup | Parallel efficiency | Achievable "
+                                     "| Eff. vs achievable | Samples/s | Comm. exposed | Comm. overlapped |")
     assert "| 2 ranks | 2 | 5.0 | 1.60x | 80% |" in table
     rows = list(csv.DictReader(io.StringIO(results.csv_text(study))))
     assert [r["config"] for r in rows] == ["1", "2", "4"]
     assert float(rows[2]["speedup"]) == pytest.approx(2.0)
+    assert float(rows[1]["communication_total_s"]) == pytest.approx(float(rows[1]["communication_s"]))
+    assert float(rows[1]["communication_overlapped_s"]) == 0.0 and rows[1]["buckets"] == "1"
     study["runs"][1]["load_before"] = 5.0
     doc = results.markdown_document(study, {"speedup": "/x/speedup.png"})
     assert "![speedup](speedup.png)" in doc and "machine was busy" in doc
+
+
+def test_exposed_and_overlapped_communication_per_step():
+    """Two buckets: 0.3 s of the 0.5 s in flight hid behind backward, 0.2 s was exposed."""
+    metrics = {"epochs": [{"epoch": 1, "steps": 10, "time_s": 2.0, "samples_per_s": 80.0, "breakdown": {
+        "data": 0.0, "compute": 1.0, "communication": 0.2, "optimizer": 0.5, "communication_total": 0.5,
+        "gradient_bytes": 4000, "buckets": 2}}], "options": {"strategy": "ddp:bucket_cap_mb=1"}}
+    record = results.record_from_metrics(metrics, global_batch=16)
+    b = record["breakdown"]
+    assert b["communication"] == pytest.approx(0.02) and b["communication_overlapped"] == pytest.approx(0.03)
+    assert b["communication_fraction"] == pytest.approx(0.1) and b["communication_overlapped_fraction"] == pytest.approx(0.15)
+    assert b["optimizer_fraction"] == pytest.approx(0.25) and b["buckets"] == 2
+    assert record["strategy"] == "ddp:bucket_cap_mb=1"
+    study = {"runs": [{**record, "config": "2", "label": "DDP 2 CPU ranks", "world_size": 2, "status": "ok"}],
+             "spec": {"scaling": "weak"}}
+    assert "| 10% | 15% |" in results.markdown_table(study)
+
+
+@pytest.mark.parametrize("strategy, world, share, suggested", [
+    ("ddp", 2, 0.25, True), ("ddp:bucket_cap_mb=4", 4, 0.40, True), ("ddp", 2, 0.24, False),
+    ("ddp", 1, 0.50, False), ("zero1", 2, 0.50, False), ("fsdp", 2, 0.50, False)])
+def test_zero1_is_suggested_when_the_replicated_optimizer_step_dominates(strategy, world, share, suggested):
+    study = _study()
+    run = study["runs"][1]
+    run.update(strategy=strategy, world_size=world)
+    run["breakdown"]["optimizer_fraction"] = share
+    found = results.suggestions(study)
+    assert bool(found) == suggested
+    if suggested:
+        assert found == [f"2 ranks: the optimizer step takes {share:.0%} of the step and every rank runs all of it: "
+                         f"try --strategy zero1 (each of the {world} ranks updates its own part of the parameters, "
+                         "whole tensors at a time; docs/strategies.md)"]
+        assert "**Suggestion:** 2 ranks: the optimizer step takes" in results.markdown_document(study, {})
 
 
 def test_failed_runs_and_missing_baseline_have_no_speedup():
@@ -309,7 +449,7 @@ def test_allreduce_table_and_measured_network():
 
 
 def test_union_of_intervals():
-    from trainscale.workloads.timing import _union_length
+    from trainscale.train.timing import _union_length
 
     assert _union_length([(0.0, 1.0), (0.5, 2.0), (3.0, 4.0)]) == pytest.approx(3.0)
     assert _union_length([]) == 0.0
@@ -347,3 +487,35 @@ def test_projection_requests_are_checked_before_launching(tmp_path):
     with pytest.raises(ConfigError, match="--interconnect measured"):
         run_study(StudySpec(workload="cnn", configs="1", out_dir=out), projection=ProjectionRequest(project_to=64))
     assert not out.exists()
+
+
+def test_the_achievable_ideal_of_ranks_that_share_the_machines_cores():
+    """The demo's case: 1 rank gets both cores (2 threads), 2 ranks 1 thread each on the same 2 cores."""
+    from trainscale.bench.ideal import add_achievable
+
+    study = _study()  # 1, 2 and 4 CPU ranks on one node
+    note = add_achievable(study["runs"], "1", cores_per_node=2)
+    by = {r["config"]: r for r in study["runs"]}
+    assert [by[c]["achievable_speedup"] for c in ("1", "2", "4")] == [1.0, 1.0, 1.0]  # the same 2 cores
+    assert by["2"]["efficiency_vs_achievable"] == pytest.approx(by["2"]["speedup"] / 1.0)
+    assert "share their hardware" in note and "the most their cores allow is 2 ranks (1.00x)" in note
+    assert "2 core(s) on 1 node(s) (2 rank(s) x 1 thread(s) per node)" == by["2"]["hardware"]
+    wide = _study()
+    assert add_achievable(wide["runs"], "1", cores_per_node=8, threads_per_rank=1) is None  # each rank its own core
+    assert [r["achievable_speedup"] for r in wide["runs"]] == [1.0, 2.0, 4.0]
+
+
+def test_the_achievable_ideal_across_nodes_and_gpus():
+    from trainscale.bench.ideal import add_achievable
+
+    runs = [{"config": "1", "label": "1", "world_size": 1, "nodes": 1, "nproc_per_node": 1, "device": "cuda"},
+            {"config": "2x4", "label": "2x4", "world_size": 8, "nodes": 2, "nproc_per_node": 4, "device": "cuda"},
+            {"config": "cpu", "label": "CPU", "world_size": 1, "nodes": 1, "nproc_per_node": 1, "device": "cpu"}]
+    assert add_achievable(runs, "1", cores_per_node=64) is None
+    assert [r["achievable_speedup"] for r in runs] == [1.0, 8.0, None]  # GPUs: linear; CPU vs GPU: no ideal
+    cpu = [{"config": "1x2", "label": "a", "world_size": 2, "nodes": 1, "nproc_per_node": 2, "device": "cpu"},
+           {"config": "2x2", "label": "b", "world_size": 4, "nodes": 2, "nproc_per_node": 2, "device": "cpu"}]
+    add_achievable(cpu, "1x2", cores_per_node=4)
+    assert cpu[1]["achievable_speedup"] == 2.0  # another node brings its cores
+    note = add_achievable(cpu, "1x2", cores_per_node=4, nodes_share_cores=True)  # the local test cluster
+    assert cpu[1]["achievable_speedup"] == 1.0 and "the same machine" in cpu[1]["hardware"] and note

@@ -14,7 +14,8 @@ from trainscale.errors import CheckpointError
 
 
 @pytest.fixture
-def rt():
+def rt(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # torch sets it on first use
     with trainscale.init(environ={}, set_threads=False) as runtime:
         yield runtime
 
@@ -125,3 +126,54 @@ def test_sigkill_during_save_leaves_previous_checkpoint_and_is_never_loaded(tmp_
     with trainscale.init(environ={}, set_threads=False) as rt:  # the next save sweeps the dead temp file
         Checkpointer(ckdir, rt, keep=5).save(3, {"x": torch.zeros(1)})
     assert not list(ckdir.glob(".ckpt-*.tmp"))
+
+
+# -------------------------------------------------------------------------- the typed interface
+def _trained(rt, seed: int):
+    torch.manual_seed(seed)
+    model, opt = rt.setup(torch.nn.Linear(4, 2), lambda params: torch.optim.Adam(params, lr=0.1))
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    for _ in range(2):
+        rt.backward(model(torch.ones(3, 4)).sum(), model)
+        opt.step()
+        opt.zero_grad()
+        scheduler.step()
+    return model, opt, scheduler
+
+
+def test_save_and_restore_typed_entries_in_place(tmp_path, rt):
+    """A ModelState (stored the strategy's way), Stateful entries (an LR scheduler, the RNGs) and plain
+    values: the same file layout as before, restored in place."""
+    from trainscale.checkpoint import RNGState
+
+    model, opt, scheduler = _trained(rt, seed=1)
+    ck = Checkpointer(tmp_path, rt, strategy=rt.strategy_of(model))
+    ck.save(2, {"model": rt.checkpoint_state(model, opt), "scheduler": scheduler, "rng": RNGState(), "step": 2})
+    expected = torch.rand(3)
+    on_disk = torch.load(tmp_path / "ckpt-00000002.pt", weights_only=True)
+    assert sorted(on_disk) == ["model", "optimizer", "rng", "scheduler", "step", "trainscale"]
+
+    other, other_opt, other_scheduler = _trained(rt, seed=2)
+    found = ck.restore({"model": rt.checkpoint_state(other, other_opt), "scheduler": other_scheduler,
+                        "rng": RNGState()})
+    assert found.step == 2 and found.contents["step"] == 2 and found.record["strategy"] == "ddp"
+    assert torch.equal(other.weight, model.weight) and other_scheduler.get_last_lr() == scheduler.get_last_lr()
+    assert torch.equal(other_opt.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
+    assert torch.equal(torch.rand(3), expected)  # the RNG is back where it was when saved
+
+
+def test_restore_without_a_checkpoint_changes_nothing(tmp_path, rt):
+    model, opt, _ = _trained(rt, seed=1)
+    before = model.weight.detach().clone()
+    assert Checkpointer(tmp_path, rt).restore({"model": rt.checkpoint_state(model, opt)}) is None
+    assert torch.equal(model.weight, before)
+
+
+def test_entries_that_clash_with_the_model_state_are_refused(tmp_path, rt):
+    model, opt, _ = _trained(rt, seed=1)
+    state = rt.checkpoint_state(model, opt)
+    with pytest.raises(CheckpointError, match=r"entries \['optimizer'\] are both model state and other state"):
+        Checkpointer(tmp_path, rt).save(1, {"model": state, "optimizer": {"lr": 1}})
+    with pytest.raises(CheckpointError, match="2 model states in one checkpoint"):
+        Checkpointer(tmp_path, rt).save(1, {"a": state, "b": state})
+    assert not list(tmp_path.iterdir())

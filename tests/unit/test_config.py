@@ -6,7 +6,7 @@ import pytest
 
 from trainscale.config import load_config_file, resolve
 from trainscale.errors import ConfigError
-from trainscale.workloads.options import TrainOptions
+from trainscale.train.options import TrainOptions
 
 
 def test_each_source_overrides_the_one_before(tmp_path):
@@ -53,3 +53,16 @@ def test_invalid_toml_and_missing_file(tmp_path):
         load_config_file(bad)
     with pytest.raises(ConfigError, match="does not exist"):
         load_config_file(tmp_path / "nope.toml")
+
+
+def test_mapping_fields_from_the_environment():
+    from trainscale.launch.slurm import SlurmJobSpec
+
+    spec, origin = resolve(SlurmJobSpec, section="slurm", environ={"TRAINSCALE_SLURM_ENV": "A=1,B=x=y",
+                                                                   "TRAINSCALE_SLURM_MODULES": "load a,load b"},
+                           cli={"script": "t.py", "time": "5"})
+    assert spec.env == {"A": "1", "B": "x=y"} and spec.modules == ("load a", "load b")
+    assert origin["env"] == "environment"
+    with pytest.raises(ConfigError, match="is not a valid KEY=VALUE"):
+        resolve(SlurmJobSpec, section="slurm", environ={"TRAINSCALE_SLURM_ENV": "novalue"},
+                cli={"script": "t.py", "time": "5"})

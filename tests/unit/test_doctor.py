@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import socket
 
@@ -66,7 +68,8 @@ def test_unbound_local_ranks_share_the_affinity_so_omp_counts_against_a_share():
     assert cpus_per_rank(srun, Topology(cpus=tuple(range(8))), frozenset({0, 1}), {})[0] == 2
     # srun tasks given RANK/LOCAL_RANK (detected as torchrun) are still bound by srun, not by an agent
     assert cpus_per_rank(env, Topology(cpus=tuple(range(8))), frozenset({0, 1}), {})[0] == 2
-    assert cpus_per_rank(env, Topology(cpus=tuple(range(8))), frozenset({0, 1}), {"TORCHELASTIC_RUN_ID": "x"})[0] == 1
+    by_agent = dataclasses.replace(env, elastic_agent=True)  # torchrun's agent started it (TORCHELASTIC_RUN_ID)
+    assert cpus_per_rank(by_agent, Topology(cpus=tuple(range(8))), frozenset({0, 1}), {})[0] == 1
 
 
 def test_bad_omp_value_is_an_error():
@@ -100,6 +103,18 @@ def test_cores_far_from_the_gpu_warn():
     topo = Topology(cpus=tuple(range(16)), gpus=(GpuInfo(index=0, vendor="nvidia", cpus=tuple(range(8, 16))),))
     found = {f.check: f for f in collect_binding(env, topo, frozenset(range(8)), {"TRAINSCALE_CPU_BIND": "0:0-7"})}
     assert found["GPU locality"].level == "warning" and "GPU 0" in found["GPU locality"].message
+
+
+def test_locality_is_checked_against_the_visible_gpu_the_rank_drives():
+    """CUDA_VISIBLE_DEVICES=1: local rank 0 drives the node's GPU 1, whose close cores are 8-15; running
+    on 0-7 (close to GPU 0) was reported fine when rank 0 was taken to drive GPU 0."""
+    env = LaunchEnv(source="single", rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, num_nodes=1)
+    topo = Topology(cpus=tuple(range(16)), gpus=(GpuInfo(index=0, vendor="nvidia", cpus=tuple(range(8))),
+                                                 GpuInfo(index=1, vendor="nvidia", cpus=tuple(range(8, 16)))))
+    found = {f.check: f for f in collect_binding(env, topo, frozenset(range(8)), {"CUDA_VISIBLE_DEVICES": "1"})}
+    assert found["GPU locality"].level == "warning" and "GPU 1" in found["GPU locality"].message
+    fine = {f.check: f for f in collect_binding(env, topo, frozenset(range(8, 16)), {"CUDA_VISIBLE_DEVICES": "1"})}
+    assert "GPU locality" not in fine
 
 
 def test_gpus_on_the_node_but_a_cpu_only_torch_is_explained():

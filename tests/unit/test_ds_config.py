@@ -90,11 +90,14 @@ def test_load_ds_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_ds_config(tmp_path / "missing.json")
     bad = tmp_path / "bad.json"
-    bad.write_text('{"train_batch_size": 8,}')
-    with pytest.raises(ConfigError, match="not valid JSON"):
+    bad.write_text('{"train_batch_size": 8 "stage": 1}')
+    with pytest.raises(ConfigError, match="cannot be read as DeepSpeed reads it"):
+        load_ds_config(bad)
+    bad.write_text('{"train_batch_size": 8, "train_batch_size": 16}')
+    with pytest.raises(ConfigError, match="duplicate key"):
         load_ds_config(bad)
     bad.write_text("[1, 2]")
-    with pytest.raises(ConfigError, match="not a JSON object"):
+    with pytest.raises(ConfigError, match="not an object"):
         load_ds_config(bad)
     good = tmp_path / "ds_config.json"
     good.write_text(json.dumps(seed_config()))
@@ -136,3 +139,39 @@ def test_preflight_reads_the_users_ds_config(tmp_path):
     assert built.ds_config(world_size=2, device="cpu")["train_batch_size"] == 16
     with pytest.raises(ConfigError, match="not a ZeRO stage"):
         get_strategy("deepspeed:stage=7")
+
+
+SEED_002_CONFIG = """{
+  "zero_optimization": {
+    "stage": 1
+  },
+
+  "fp16": {
+    "enabled": false,
+  }
+}
+"""
+
+
+def test_config_with_trailing_comma_as_deepspeed_reads_it(tmp_path):
+    # Seed 002's ds_config.json, trailing comma and all: DeepSpeed reads configs with hjson and accepts it.
+    path = tmp_path / "ds_config.json"
+    path.write_text(SEED_002_CONFIG)
+    assert load_ds_config(path) == {"zero_optimization": {"stage": 1}, "fp16": {"enabled": False}}
+    path.write_text('{\n  // comments too\n  train_micro_batch_size_per_gpu: 4\n  gradient_accumulation_steps: "auto",\n}')
+    assert load_ds_config(path) == {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": "auto"}
+
+
+def test_script_deepspeed_config_checked_before_launch_with_the_arithmetic(tmp_path):
+    from trainscale.launch.preflight import check_script_args
+
+    path = tmp_path / "ds_config.json"
+    path.write_text('{"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,}')
+    check_script_args(["--deepspeed", "--deepspeed_config", str(path)], world_size=8)  # 4 x 1 x 8 = 32
+    with pytest.raises(ConfigError) as err:
+        check_script_args(["--deepspeed", f"--deepspeed_config={path}"], world_size=4)
+    text = str(err.value)
+    assert "train_batch_size=32" in text and "= 16" in text
+    assert "train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size" in text
+    assert "set train_batch_size to 16" in text and "train_micro_batch_size_per_gpu to 8" in text
+    check_script_args(["--lr", "1e-3"], world_size=4)  # no DeepSpeed config: nothing to check

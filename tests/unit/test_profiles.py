@@ -14,10 +14,11 @@ from trainscale.profiles import (
     slurm_cpu_bind,
     worker_bind_env,
 )
+from trainscale.profiles.loader import builtin_profile_dir
 from trainscale.topology import PLAN_ENV, BindingPlan, format_cpulist
 
 LUMI_MASKS = "0xfe000000000000,0xfe00000000000000,0xfe0000,0xfe000000,0xfe,0xfe00,0xfe00000000,0xfe0000000000"
-BUILTINS = {"local-test", "lumi", "cyclone", "generic-nvidia"}
+BUILTINS = {"local-test", "lumi", "cyclone", "generic-nvidia", "generic-nvidia-pyxis"}
 
 
 @pytest.fixture(autouse=True)
@@ -118,6 +119,7 @@ def test_unknown_key_names_file_key_and_valid_keys(user_dir):
     ('name = "other"\n', "the file is named 'bad'.toml"),
     ('gpus_per_node = \n', "not valid TOML"),
     ('[gpu_cores]\nfirst = "1-3"\n', "not a GPU index"),
+    ('interconnect = "myrinet"\n', "interconnect 'myrinet' unknown"),
 ])
 def test_bad_files_are_explained(user_dir, body, message):
     path = write(user_dir, "bad", body)
@@ -203,3 +205,37 @@ def test_cli_bind_detected_and_errors(capsys):
     assert "unknown cluster profile 'nope'" in capsys.readouterr().err
     assert main(["bind", "--profile", "local-test"]) == 0
     assert 'binding = "none"' in capsys.readouterr().out
+
+
+def test_user_profile_extends_a_builtin_and_changes_only_what_it_sets(user_dir, capsys):
+    # A LUMI user's own lumi.toml: the built-in facts stay, the module lines and one variable change.
+    write(user_dir, "lumi", 'extends = "lumi"\n'
+                            'modules = ["module use /appl/local/containers/ai-modules", "module load singularity-AI-bindings"]\n'
+                            '[env]\nHF_HOME = "/flash/project_465000000/hf"\n'
+                            '[container]\nbinds = ["/flash"]\n')
+    mine, builtin = load_profile("lumi"), load_profile(str(builtin_profile_dir() / "lumi.toml"))
+    assert mine.extends == "lumi" and builtin.extends == ""
+    assert mine.modules == ("module use /appl/local/containers/ai-modules", "module load singularity-AI-bindings")
+    assert mine.gpu_cores == builtin.gpu_cores and mine.reserved_cores == builtin.reserved_cores  # kept
+    assert mine.env["HF_HOME"] == "/flash/project_465000000/hf"  # tables merge key by key, the child's win
+    assert mine.env["NCCL_SOCKET_IFNAME"] == builtin.env["NCCL_SOCKET_IFNAME"]
+    assert mine.container.binds == ("/flash",) and mine.container.runtime == "singularity"  # a list is replaced
+    write(user_dir, "lumi-ai", 'extends = "lumi"\ndescription = "LUMI with the AI bindings"\n')
+    assert load_profile("lumi-ai").modules == mine.modules  # extends the user's lumi, which extends the built-in
+    assert main(["profiles"]) == 0
+    out = capsys.readouterr().out
+    assert "(extends lumi)" in out
+
+
+def test_extends_errors_name_the_file_and_the_fix(user_dir):
+    write(user_dir, "a", 'extends = "b"\n')
+    write(user_dir, "b", 'extends = "a"\n')
+    with pytest.raises(ConfigError, match="makes a cycle"):
+        load_profile("a")
+    write(user_dir, "c", 'extends = "lumii"\n')
+    with pytest.raises(ConfigError, match="unknown cluster profile 'lumii'") as err:
+        load_profile("c")
+    assert "lumi" in err.value.hint
+    write(user_dir, "d", 'extends = "lumi"\ntask_gpu = "cgroups"\n')
+    with pytest.raises(ConfigError, match="task_gpu 'cgroups' unknown"):
+        load_profile("d")

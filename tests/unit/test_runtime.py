@@ -19,8 +19,28 @@ def test_gpu_index_is_local_rank_when_all_gpus_are_visible():
     assert device_index(detect(NODE), visible=4) == 3
 
 
-def test_gpu_index_wraps_when_ranks_outnumber_gpus():
-    assert device_index(detect(NODE), visible=2) == 1
+def test_ranks_outnumbering_gpus_are_refused_instead_of_sharing_one():
+    """Wrapping local rank 3 onto GPU 1 put two ranks on one GPU, which NCCL refuses later with
+    "Duplicate GPU detected"; it is refused before the process group, naming the fix."""
+    with pytest.raises(ConfigError, match="local rank 3 has no GPU of its own: 4 ranks on this node but 2") as caught:
+        device_index(detect(NODE), visible=2)
+    assert "--nproc-per-node gpu" in caught.value.hint
+
+
+def test_torchrun_workers_sharing_the_only_gpu_are_refused():
+    workers = {**NODE, "TORCHELASTIC_RUN_ID": "x", "GROUP_RANK": "1"}
+    env = detect(workers)
+    with pytest.raises(ConfigError, match="4 local ranks would share the only visible GPU"):
+        device_index(env, visible=1, environ=workers)
+    # a per-rank CUDA_VISIBLE_DEVICES, or srun tasks with one GPU each, are the legitimate one-GPU cases
+    assert device_index(env, visible=1, environ={**workers, "CUDA_VISIBLE_DEVICES": "3"}) == 0
+    assert device_index(detect(NODE), visible=1, environ=NODE) == 0
+
+
+def test_visible_list_maps_local_rank_to_the_rth_visible_gpu_index():
+    """With CUDA_VISIBLE_DEVICES=4,5,6,7 torch numbers the visible GPUs 0..3: local rank r -> cuda:r."""
+    env = detect(NODE)
+    assert pick_device(env, "auto", visible=4, environ={"CUDA_VISIBLE_DEVICES": "4,5,6,7"}) == torch.device("cuda", 3)
 
 
 def test_one_visible_gpu_per_task_means_index_zero():
@@ -120,8 +140,55 @@ def test_attempt_counts_slurm_requeues_once_in_both_launch_modes(monkeypatch):
     srun_task = {"SLURM_JOB_ID": "9", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
                  "SLURM_NTASKS": "1", "SLURM_NODEID": "0", "SLURM_TASKS_PER_NODE": "1", "SLURM_JOB_NODELIST": "n1",
                  "SLURM_RESTART_COUNT": "1"}
-    torchrun_worker = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_RESTART_COUNT": "2"}
+    torchrun_worker = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_RESTART_COUNT": "2",
+                       "SLURM_RESTART_COUNT": "1"}  # the job's variables reach torchrun's workers too
     with trainscale.init(environ=srun_task, set_threads=False) as rt:
         assert rt.attempt == 1
     with trainscale.init(environ=torchrun_worker, set_threads=False) as rt:
         assert rt.attempt == 3  # one requeue by SLURM + two restarts by the agent
+
+
+def test_deterministic_mode_sets_what_bitwise_gpu_runs_need_and_says_so(monkeypatch, capsys, tmp_path):
+    # torch may point TORCHINDUCTOR_CACHE_DIR somewhere on first use; monkeypatch restores it
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")  # recorded, so the value init() sets is undone afterwards
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
+    try:
+        with trainscale.init(environ={}, set_threads=False, deterministic=True):
+            import os
+
+            assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+            assert torch.are_deterministic_algorithms_enabled()
+            assert not torch.backends.cudnn.benchmark and torch.backends.cudnn.deterministic
+    finally:
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.deterministic = False
+    err = capsys.readouterr().err
+    assert "CUBLAS_WORKSPACE_CONFIG=:4096:8" in err and "deterministic algorithms on" in err
+
+
+def test_a_users_cublas_workspace_setting_is_kept(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    from trainscale.runtime.determinism import enable_determinism
+
+    environ = {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}
+    try:
+        notes = enable_determinism(environ)
+    finally:
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.deterministic = False
+    assert environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8" and not any("CUBLAS" in n for n in notes)
+
+
+def test_fsdp2_is_imported_from_the_older_composable_package_too(monkeypatch, tmp_path):
+    """torch 2.4-2.5 (inside the supported range) keep fully_shard under torch.distributed._composable."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    import torch.distributed.fsdp as public
+    from torch.distributed._composable import fsdp as composable
+
+    from trainscale.strategies.fsdp import fsdp2
+
+    assert fsdp2().fully_shard is public.fully_shard
+    monkeypatch.delattr(public, "fully_shard")  # as below torch 2.6
+    api = fsdp2()
+    assert api.fully_shard is composable.fully_shard and api.MixedPrecisionPolicy is composable.MixedPrecisionPolicy

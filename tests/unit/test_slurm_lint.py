@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -167,7 +168,8 @@ def test_cli_dry_run_prints_script_and_keeps_script_args(script, capsys):
     out = capsys.readouterr().out
     assert rc == 0
     assert "#SBATCH --nodes=2" in out and "#SBATCH --time=00:10:00" in out
-    assert f"--script {script} --nodes 7 --time x" in out  # after the script: the script's own options
+    # after the script: the script's own options; the job runs the run's copy of the script (src/)
+    assert re.search(r"--script \S+/trainscale-train-\d{8}-\d{6}/src/train\.py --nodes 7 --time x", out), out
     assert Path(script).exists()
 
 
@@ -181,3 +183,59 @@ def test_the_jobs_gpus_not_the_login_nodes_decide_the_workload_checks():
     assert errors(lint(gpu_job, builtin("lumi"), preflight=preflight)) == []
     cpu_job = SlurmJobSpec(workload="cnn", args=args, profile="local-test", time="5")
     only(lint(cpu_job, builtin("local-test"), preflight=preflight), ERROR, "fp16")
+
+
+def test_container_image_that_is_not_here(script, tmp_path):
+    spec = SlurmJobSpec(script=script, profile="lumi", time="1:00:00", account="p", container="/no/such/image.sif")
+    only(lint(spec, builtin("lumi")), ERROR, "container image /no/such/image.sif does not exist on this machine")
+    uri = SlurmJobSpec(script=script, profile="lumi", time="1:00:00", account="p", container="docker://pytorch/pytorch")
+    assert not errors(lint(uri, builtin("lumi")))  # a registry image is the runtime's to fetch
+
+
+def test_trainscale_inside_a_stock_image_is_named(tmp_path):
+    image = tmp_path / "pytorch.sif"
+    image.write_text("")
+    user = tmp_path / "uses_it.py"
+    user.write_text("import trainscale\nwith trainscale.init() as rt:\n    pass\n")
+    spec = SlurmJobSpec(script=str(user), profile="lumi", time="1:00:00", account="p", container=str(image))
+    hit = only(lint(spec, builtin("lumi")), WARNING, "needs trainscale importable inside")
+    assert "--system-site-packages" in hit.hint and "--python VENV/bin/python" in hit.hint
+    with_python = SlurmJobSpec(script=str(user), profile="lumi", time="1:00:00", account="p", container=str(image),
+                               python="/project/p/venv/bin/python")
+    assert not [f for f in lint(with_python, builtin("lumi")) if "trainscale importable" in f.message]
+
+
+def test_one_gpu_per_task_refused_for_a_script_that_picks_its_gpu_by_rank(tmp_path):
+    seed = tmp_path / "cnn_multinode.py"
+    seed.write_text("import os, torch\nlocal_rank = int(os.environ['SLURM_LOCALID'])\n"
+                    "model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])\n")
+    kw = dict(script=str(seed), profile="cyclone", time="1:00:00", launcher="srun")
+    hit = only(lint(SlurmJobSpec(gpu_visibility="task", **kw), builtin("cyclone")), ERROR,
+               "--gpu-visibility task shows each task only its own GPU")
+    assert "line 3" in hit.message and "--gpu-visibility node" in hit.hint
+    note = [f for f in lint(SlurmJobSpec(**kw), builtin("cyclone")) if f.level == "note"]
+    assert note and "line 3 picks its GPU by rank index" in note[0].message  # auto: all GPUs visible, said why
+
+
+def test_sbatch_line_repeating_an_option(script):
+    spec = SlurmJobSpec(script=script, profile="local-test", time="5", qos="high", extra_sbatch=("--qos=low",))
+    only(lint(spec, builtin("local-test")), ERROR, "--qos is given twice")
+
+
+def test_ntasks_and_gpus_per_node_that_disagree(script):
+    spec = SlurmJobSpec(script=script, profile="generic-nvidia", time="5", nodes=2, ntasks=8, gpus_per_node=2)
+    only(lint(spec, builtin("generic-nvidia")), ERROR, "-n/--ntasks 8 but --nodes 2 x --gpus-per-node 2 = 4 ranks")
+
+
+def test_partial_node_and_unlimited_time_are_explained(script):
+    spec = SlurmJobSpec(script=script, profile="lumi", time="UNLIMITED", account="p", gpus_per_node=4,
+                        partition="small-g")
+    found = lint(spec, builtin("lumi"))
+    assert not errors(found)
+    assert any(f.level == "note" and "without --exclusive" in f.message for f in found)
+    assert any(f.level == "note" and "the partition's own limit" in f.message for f in found)
+
+
+def test_both_memory_options_are_refused(script):
+    with pytest.raises(ConfigError, match="both --mem and --mem-per-gpu"):
+        SlurmJobSpec(script=script, time="5", mem="100G", mem_per_gpu="10G")

@@ -220,20 +220,6 @@ SLURM_TASK = {"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_STEP_ID": "0", "
               "SLURM_JOB_ID": "42", "MASTER_PORT": "29511"}
 
 
-def test_bootstrap_exports_torchrun_variables_for_srun_tasks():
-    from trainscale.launch.bootstrap import export_torchrun_env
-
-    env = dict(SLURM_TASK, TRAINSCALE_EXPORT_TORCHRUN_ENV="1")
-    export_torchrun_env(env)
-    assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-                                "MASTER_PORT")} == {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4",
-                                                    "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1", "MASTER_ADDR": "n1",
-                                                    "MASTER_PORT": "29511"}
-    untouched = dict(SLURM_TASK)
-    export_torchrun_env(untouched)  # not asked for
-    assert "RANK" not in untouched
-
-
 def test_bootstrap_points_error_file_into_job_dir():
     from trainscale.launch.bootstrap import set_error_file
 
@@ -303,3 +289,24 @@ def test_jobs_cli_lists_squeue(monkeypatch, capsys):
     assert "--user=alice" in calls[0]
     assert any(line.startswith("7 ") and "PENDING" in line and "(Resources)" in line for line in out.splitlines())
     assert any(line.startswith("8 ") and "RUNNING" in line and line.endswith("n3") for line in out.splitlines())
+
+
+def test_failure_under_the_images_own_torchrun_is_named(tmp_path):
+    """A stock container's torch.distributed.run prints torch's own report, not trainscale's summary."""
+    from trainscale.launch.kit import write_kit
+    from trainscale.launch.slurm.triage import find_failure
+
+    kit = write_kit(tmp_path / "jobs")
+    script = tmp_path / "fails.py"
+    script.write_text("import os\nif os.environ['RANK'] == '1':\n    raise ValueError('rank one is broken')\n")
+    job_dir = tmp_path / "jobs" / "run" / "42"
+    job_dir.mkdir(parents=True)
+    with open(job_dir / "node-n1.out", "w") as log:
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                               "--log-dir", str(job_dir / "torchrun"), "--tee", "3", str(kit / "boot.py"),
+                               "--script", str(script)], stdout=log, stderr=subprocess.STDOUT, timeout=120,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode != 0
+    failure = find_failure(job_dir, "torchrun")
+    assert failure is not None and failure.rank == 1 and failure.how == "exit code 1", failure
+    assert "ValueError: rank one is broken" in failure.traceback

@@ -195,6 +195,63 @@ def test_dgx_plan_splits_shared_numa_cores_without_splitting_smt_pairs():
     assert [r.cpulist for r in half.ranks] == ["48-55,176-183", "56-63,184-191", "16-23,144-151", "24-31,152-159"]
 
 
+def _dgx() -> Topology:
+    gpus = parse_nvidia_topo(fixture("nvidia-smi-topo-dgx-a100-8gpu.txt"))
+    return Topology(gpus=gpus, cpus=tuple(range(256)), core_of={c: c % 128 for c in range(256)})
+
+
+@pytest.mark.parametrize("environ, expected", [
+    ({}, None),
+    ({"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, (4, 5, 6, 7)),
+    ({"CUDA_VISIBLE_DEVICES": "6, 2"}, (6, 2)),
+    ({"CUDA_VISIBLE_DEVICES": "3,9,1"}, (3,)),          # CUDA stops at the first index that does not exist
+    ({"CUDA_VISIBLE_DEVICES": ""}, ()),
+    ({"CUDA_VISIBLE_DEVICES": "-1"}, ()),
+    ({"CUDA_VISIBLE_DEVICES": "GPU-8a1b3c4d-0000-1111-2222-333344445555"}, None),  # a UUID: no index
+    ({"ROCR_VISIBLE_DEVICES": "4,5,6,7", "HIP_VISIBLE_DEVICES": "1,3"}, (5, 7)),  # HIP indexes ROCR's list
+    ({"ROCR_VISIBLE_DEVICES": "2,3", "CUDA_VISIBLE_DEVICES": "1"}, (3,)),
+])
+def test_visible_gpus_in_the_order_torch_numbers_them(environ, expected):
+    from trainscale.topology.plan import visible_gpus
+
+    assert visible_gpus(environ, range(8)) == expected
+
+
+def test_binding_follows_the_visible_gpus_not_the_physical_order():
+    """CUDA_VISIBLE_DEVICES=4,5,6,7: local rank 0 drives cuda:0 = the node's GPU 4 (NUMA node 7, cores
+    112-127), not GPU 0 (NUMA node 3) as the physical order would bind it."""
+    from trainscale.topology.plan import gpu_order, visible_gpus
+
+    topo = _dgx()
+    order = gpu_order(visible_gpus({"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, range(8)), range(8), 0, 4)
+    plan = plan_binding(topo, 4, gpu_order=order)
+    assert [r.gpu for r in plan.ranks] == [4, 5, 6, 7]
+    assert [r.cpulist for r in plan.ranks] == ["112-119,240-247", "120-127,248-255", "80-87,208-215", "88-95,216-223"]
+    with pytest.raises(ConfigError, match="4 local ranks but the node has 2 GPU.s. visible"):
+        plan_binding(topo, 4, gpu_order=(4, 5))
+
+
+def test_one_gpu_per_task_binds_this_rank_to_its_own_gpu():
+    from trainscale.topology.plan import gpu_order
+
+    order = gpu_order((6,), range(8), 2, 8)  # local rank 2 of 8 sees only GPU 6
+    assert order[2] == 6 and sorted(order) == list(range(8))
+    plan = plan_binding(_dgx(), 8, gpu_order=order)
+    assert plan.ranks[2].gpu == 6 and set(plan.ranks[2].cpus) <= set(parse_cpulist("80-95,208-223"))
+
+
+def test_a_visible_gpu_the_topology_does_not_know_is_refused():
+    with pytest.raises(ConfigError, match="GPU.s. 9 are visible to this process but not in the node's topology"):
+        plan_binding(_dgx(), 1, gpu_order=(9,))
+
+
+def test_the_worker_plans_from_the_gpus_visible_to_it():
+    from trainscale.topology import plan_from_env
+
+    plan = plan_from_env("topology", 4, detect=_dgx, environ={"CUDA_VISIBLE_DEVICES": "4,5,6,7"})
+    assert [r.gpu for r in plan.ranks] == [4, 5, 6, 7]
+
+
 def test_4gpu_plan_without_smt_information_still_disjoint():
     gpus = parse_nvidia_topo(fixture("nvidia-smi-topo-hgx-a100-4gpu.txt"))
     plan = plan_binding(Topology(gpus=gpus, cpus=tuple(range(80))), 4)

@@ -31,3 +31,33 @@ def test_bench_sizes_hf_finetune_by_its_global_batch(tmp_path):
     study = plan_study(StudySpec(workload="hf-finetune", configs="1,2", batch_size=4, out_dir=tmp_path / "s"))
     sizes = {run.config.world_size: run.args[run.args.index("--global-batch") + 1] for run in study.runs}
     assert sizes == {1: "4", 2: "8"} and all("--batch-size" not in run.args for run in study.runs)
+
+
+class _Started(Exception):
+    """Raised by the stand-in for trainscale.init: the test only needs what it was asked for."""
+
+
+def test_fsdp_cpu_offload_on_gpus_asks_trainscale_for_gloo_beside_nccl(tmp_path, monkeypatch):
+    """The Trainer's gradient clipping on CPU-offloaded shards is a CPU collective: an nccl-only group
+    had no backend for it. torch's device count is the one faked seam (a GPU node)."""
+    import torch
+
+    import trainscale
+    from trainscale.workloads import hf_finetune
+
+    asked = {}
+
+    def init(**kwargs):
+        asked.update(kwargs)
+        raise _Started
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(trainscale, "init", init)
+    with pytest.raises(_Started):
+        hf_finetune.main(["--strategy", "fsdp:cpu_offload=true", "--output-dir", str(tmp_path / "o")])
+    assert asked["backend"] == "cpu:gloo,cuda:nccl"
+    assert hf_finetune.trainer_backend(asked["backend"]) == "nccl"  # the one name TrainingArguments takes
+    asked.clear()
+    with pytest.raises(_Started):
+        hf_finetune.main(["--strategy", "ddp", "--output-dir", str(tmp_path / "o")])
+    assert asked["backend"] is None  # the device's default (nccl) for everything else

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from trainscale.errors import ConfigError
-from trainscale.workloads.hf_strategy import trainer_arguments
+from trainscale.strategies.hf_trainer import trainer_arguments
 
 
 def test_ddp_options_become_the_trainers_ddp_arguments():

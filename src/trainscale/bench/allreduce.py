@@ -5,6 +5,15 @@
                                                across rank counts and to the hardware's link speed)
 
 ``python -m trainscale.bench.allreduce --sizes 1KB..16MB --out F`` is what each rank runs.
+
+Sizes: ``auto`` (the default) sweeps 1KB..1GB on GPUs and 1KB..16MB on CPUs. NCCL's bus bandwidth
+keeps rising well past 16 MB (nccl-tests sweep to gigabytes); a sweep that stops early reports a
+fraction of the link speed. The result says whether the largest sizes reached the plateau.
+
+Warm-up: NCCL sets up its connections lazily, per peer and per algorithm/protocol, on the first
+collective that needs them, and picks algorithms by message size. One untimed all-reduce of every
+size of the sweep comes first, so no size's timing (nor its iteration count, estimated from a timed
+pass after the per-size warm-up) includes connection set-up.
 """
 
 from __future__ import annotations
@@ -18,7 +27,11 @@ from pathlib import Path
 from trainscale.errors import ConfigError
 
 UNITS = {"b": 1, "kb": 1024, "kib": 1024, "mb": 1024**2, "mib": 1024**2, "gb": 1024**3, "gib": 1024**3}
-DEFAULT_SIZES = "1KB..16MB"
+DEFAULT_SIZES = "auto"
+CPU_SIZES = "1KB..16MB"
+GPU_SIZES = "1KB..1GB"
+PLATEAU_GAIN = 1.05
+"""The sweep reached the bandwidth plateau when the largest size's busbw is within 5% of the one before."""
 ELEMENT_BYTES = 4  # float32, as nccl-tests' default
 
 
@@ -35,8 +48,18 @@ def parse_size(text: str) -> int:
     return size
 
 
+def sizes_for(text: str, device_type: str) -> tuple[int, ...]:
+    """The sweep for a rank on ``device_type``: ``auto`` picks by device, anything else is parsed."""
+    if text.strip().lower() == "auto":
+        text = GPU_SIZES if device_type == "cuda" else CPU_SIZES
+    return parse_sizes(text)
+
+
 def parse_sizes(text: str) -> tuple[int, ...]:
-    """``1KB..16MB`` (doubling, as nccl-tests' -f 2) or a list ``1KB,1MB,4MB``."""
+    """``1KB..16MB`` (doubling, as nccl-tests' -f 2), a list ``1KB,1MB,4MB``, or ``auto`` (checked
+    here as the CPU sweep; :func:`sizes_for` picks by device)."""
+    if text.strip().lower() == "auto":
+        text = CPU_SIZES
     if ".." in text:
         lo_text, _, hi_text = text.partition("..")
         lo, hi = parse_size(lo_text), parse_size(hi_text)
@@ -82,7 +105,22 @@ def table(result: dict) -> str:
     for row in result["rows"]:
         lines.append(f"{format_size(row['bytes']):>8} {row['count']:>10} {row['time_s'] * 1e6:>11.1f} "
                      f"{row['algbw_Bps'] / 1e9:>13.3f} {row['busbw_Bps'] / 1e9:>13.3f}")
+    reached = plateau(result["rows"])
+    if reached is not None:
+        lines.append(f"peak busbw {reached['busbw_Bps'] / 1e9:.3f} GB/s; "
+                     + ("plateau reached at the largest sizes" if reached["reached"] else
+                        "still rising at the largest size: sweep larger messages (--sizes ...4GB) for the link's speed"))
     return "\n".join(lines)
+
+
+def plateau(rows: list[dict]) -> dict | None:
+    """Peak bus bandwidth, and whether the largest two sizes agree within PLATEAU_GAIN (None: too few rows)."""
+    timed = [r for r in rows if r.get("busbw_Bps", 0) > 0]
+    if len(timed) < 2:
+        return None
+    last, before = timed[-1]["busbw_Bps"], timed[-2]["busbw_Bps"]
+    return {"busbw_Bps": max(r["busbw_Bps"] for r in timed), "reached": last < before * PLATEAU_GAIN,
+            "largest_bytes": timed[-1]["bytes"]}
 
 
 def nearest_row(result: dict, size_bytes: int) -> dict:
@@ -101,6 +139,10 @@ def measure(rt, sizes: tuple[int, ...], iters: int, warmup: int, budget_s: float
             torch.cuda.synchronize(rt.device)
 
     rows = []
+    if rt.is_distributed:  # connection set-up for every size (and so every algorithm), untimed
+        for size in sizes:
+            dist.all_reduce(torch.ones(size // ELEMENT_BYTES, dtype=torch.float32, device=rt.device))
+        sync()
     for size in sizes:
         count = size // ELEMENT_BYTES
         buf = torch.ones(count, dtype=torch.float32, device=rt.device)
@@ -108,12 +150,14 @@ def measure(rt, sizes: tuple[int, ...], iters: int, warmup: int, budget_s: float
             rows.append({"bytes": size, "count": count, "iters": 0, "time_s": float("nan"), "algbw_Bps": 0.0,
                          "busbw_Bps": 0.0})
             continue
-        start = time.perf_counter()
         for _ in range(max(1, warmup)):
             dist.all_reduce(buf)
         sync()
-        # Every rank must run the same number of iterations: agree on the slowest rank's warm-up time.
-        one = torch.tensor([(time.perf_counter() - start) / max(1, warmup)], dtype=torch.float64, device=rt.device)
+        start = time.perf_counter()
+        dist.all_reduce(buf)
+        sync()
+        # Every rank must run the same number of iterations: agree on the slowest rank's estimate.
+        one = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=rt.device)
         dist.all_reduce(one, op=dist.ReduceOp.MAX)
         n_iter = int(max(3, min(iters, budget_s / max(float(one), 1e-9))))
         rt.barrier()
@@ -143,11 +187,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--device", default="auto")
     p.add_argument("--out", default=None)
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
-    sizes = parse_sizes(args.sizes)
+    parse_sizes(args.sizes)  # a bad list fails before the process group
     with trainscale.init(device=args.device) as rt:
-        rows = measure(rt, sizes, args.iters, args.warmup, args.budget)
+        rows = measure(rt, sizes_for(args.sizes, rt.device.type), args.iters, args.warmup, args.budget)
         result = {"world_size": rt.world_size, "num_nodes": rt.num_nodes, "backend": rt.backend,
-                  "device": str(rt.device), "rows": rows}
+                  "device": str(rt.device), "rows": rows, "plateau": plateau(rows)}
         if rt.is_main:
             print(table(result), flush=True)
             if args.out:

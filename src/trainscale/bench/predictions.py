@@ -1,15 +1,20 @@
 """Put the projection model next to a study's measurements.
 
 - ``validate``: predict every measured multi-rank run from the single-rank run and the all-reduce
-  bus bandwidth measured at that rank count on this machine; the error says how far to trust it.
-- ``attach_projection``: predicted rows at 8 ... N ranks for a preset (or the measured) network.
+  bus bandwidth measured at that rank count on this machine, calibrated with what the *other*
+  multi-rank runs recorded (leave one out: a run never calibrates its own prediction); the error
+  says how far to trust it, before and after calibration.
+- ``attach_projection``: predicted rows at 8 ... N ranks for a preset (or the measured) network, with
+  the overlap the runs measured.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
-from trainscale.bench.projection import (Measured, ModelOptions, Network, predict, project, projection_ranks)
+from trainscale.bench.projection import (HOST_SECTIONS, Calibration, Measured, ModelOptions, Network, Prediction,
+                                         hideable_s, predict, project, projection_ranks)
 from trainscale.errors import ConfigError
 
 
@@ -47,31 +52,89 @@ def allreduce_sizes(gradient_bytes: int) -> str:
     return f"4KB,{size}B"
 
 
-def validate(study: dict, measure, shared_compute: bool) -> list[dict]:
-    """Predict each measured multi-rank single-node run; ``measure(n, sizes) -> allreduce result``."""
+def contention(run: dict, source: dict) -> float:
+    """ranks x the source rank's compute units / the run's (bench/ideal.py); 1 where they cannot be compared."""
+    units, base = run.get("compute_units"), source.get("compute_units")
+    if not units or not base or run.get("compute_kind") != source.get("compute_kind"):
+        return 1.0
+    return run["world_size"] * base / units
+
+
+def measured_overlap(run: dict, options: ModelOptions) -> float | None:
+    """The share of the hideable backward time the run hid all-reduces behind (None: nothing was hideable)."""
+    b = run.get("breakdown") or {}
+    window = hideable_s(b.get("compute", 0.0), int(b.get("gradient_bytes", 0)), options)
+    if window <= 0 or not b.get("communication_total"):
+        return None
+    return min(1.0, max(0.0, b["communication_total"] - b.get("communication", 0.0)) / window)
+
+
+def fit_calibration(points: list[tuple[dict, ModelOptions, Prediction]]) -> Calibration | None:
+    """Per-section and communication factors (geometric means of measured / modelled) and the mean
+    measured overlap, from multi-rank runs and their uncalibrated predictions."""
+    if not points:
+        return None
+    sections = {}
+    for name in HOST_SECTIONS:
+        ratios = [run["breakdown"][name] / getattr(pred, f"{name}_s") for run, _, pred in points
+                  if run["breakdown"].get(name, 0.0) > 0 and getattr(pred, f"{name}_s") > 0]
+        if ratios:
+            sections[name] = _geomean(ratios)
+    comm = [run["breakdown"]["communication_total"] / pred.comm_s for run, _, pred in points
+            if run["breakdown"].get("communication_total", 0.0) > 0 and pred.comm_s > 0]
+    overlaps = [o for o in (measured_overlap(run, options) for run, options, _ in points) if o is not None]
+    return Calibration(sections=sections, comm=_geomean(comm) if comm else 1.0,
+                       overlap=sum(overlaps) / len(overlaps) if overlaps else None,
+                       runs=tuple(run["config"] for run, _, _ in points))
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def validate(study: dict, measure) -> list[dict]:
+    """Predict each measured multi-rank single-node run; ``measure(n, sizes) -> allreduce result``.
+
+    Every prediction is made twice: with the plain model, and calibrated on the other multi-rank runs
+    (a run alone has nothing else to calibrate on, and keeps the plain prediction). The study gets
+    the calibration fitted on all of them (``study["calibration"]``) for the projection."""
     runs = study["runs"]
     source = source_run(runs, study["baseline"])
     measured = measured_from_run(source)
-    rows = []
+    points = []
     for run in runs:
-        if run.get("status") != "ok" or run["world_size"] < 2 or run["nodes"] != 1 or not run.get("steps"):
+        if (run.get("status") != "ok" or run["world_size"] < 2 or run["nodes"] != 1 or not run.get("steps")
+                or not run.get("breakdown")):
             continue
         result = measure(run["world_size"], allreduce_sizes(measured.gradient_bytes))
         if not result or "rows" not in result:
             continue
         network = network_from_allreduce(result, measured.gradient_bytes)
         scaling = "strong" if run["per_rank_batch"] * run["world_size"] == source["per_rank_batch"] else "weak"
-        options = ModelOptions(scaling=scaling, shared_compute=shared_compute,
-                               buckets=(run.get("breakdown") or {}).get("buckets") or None)
-        pred = predict(measured, network, run["world_size"], options)
+        options = ModelOptions(scaling=scaling, contention=contention(run, source),
+                               ranks_per_core=run.get("ranks_per_core") or 1.0,
+                               buckets=run["breakdown"].get("buckets") or None)
+        points.append((run, network, options, scaling, predict(measured, network, run["world_size"], options)))
+    for run, network, options, scaling, plain in points:
+        calibration = fit_calibration([(r, o, p) for r, _, o, _, p in points if r is not run])
+        pred = predict(measured, network, run["world_size"], options, calibration) if calibration else plain
         run["predicted_runtime_s"] = pred.step_s * run["steps"]
         run["prediction"] = {**pred.as_dict(), "network": network.__dict__, "scaling": scaling,
-                             "error": run["predicted_runtime_s"] / run["runtime_s"] - 1}
-        rows.append(run)
-    return rows
+                             "contention": options.contention,
+                             "error": run["predicted_runtime_s"] / run["runtime_s"] - 1,
+                             "uncalibrated_error": plain.step_s * run["steps"] / run["runtime_s"] - 1,
+                             "calibrated_on": list(calibration.runs) if calibration else []}
+    everything = fit_calibration([(r, o, p) for r, _, o, _, p in points])
+    if everything:
+        study["calibration"] = {"sections": everything.sections, "comm": everything.comm,
+                                "overlap": everything.overlap, "runs": list(everything.runs)}
+    return [p[0] for p in points]
 
 
 def attach_projection(study: dict, network: Network, project_to: int, *, scaling: str, overlap: float = 1.0) -> dict:
+    """Predicted rows for ``network``. Of a validation's calibration only the measured overlap carries over
+    (it is the training's own); its section and communication factors describe this machine's cores and
+    network, not the projected ones."""
     runs = study["runs"]
     source = source_run(runs, study["baseline"])
     base = next(r for r in runs if r["config"] == study["baseline"])
@@ -81,8 +144,10 @@ def attach_projection(study: dict, network: Network, project_to: int, *, scaling
     measured = measured_from_run(source)
     largest = max(r["world_size"] for r in runs)
     start = 8 if largest < 8 else 2 ** largest.bit_length()
+    measured_overlap_ = (study.get("calibration") or {}).get("overlap")
+    calibration = Calibration(sections={}, overlap=measured_overlap_) if measured_overlap_ is not None else None
     preds = project(measured, network, projection_ranks(min(start, project_to), project_to),
-                    ModelOptions(scaling=scaling, overlap=overlap))
+                    ModelOptions(scaling=scaling, overlap=overlap), calibration)
     base_rate = base["samples"] / base["runtime_s"]
     rows = []
     for p in preds:
@@ -91,7 +156,8 @@ def attach_projection(study: dict, network: Network, project_to: int, *, scaling
                      "efficiency": speedup / (p.ranks / base["world_size"]),
                      "runtime_s": base["samples"] / p.samples_per_s})
     study["projection"] = {"from": source["config"], "network": network.__dict__, "scaling": scaling,
-                           "overlap": overlap, "gradient_bytes": measured.gradient_bytes, "measured": measured.__dict__,
+                           "overlap": overlap if calibration is None else measured_overlap_,
+                           "overlap_measured": calibration is not None, "gradient_bytes": measured.gradient_bytes, "measured": measured.__dict__,
                            "rows": rows, "dropped_above": network.max_ranks}
     return study["projection"]
 

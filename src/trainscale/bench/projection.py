@@ -7,8 +7,19 @@ The model (assumptions stated in docs/scaling.md):
     exposed(n)  = max(0, comm(n) - overlap * backward(n) * (buckets-1)/buckets),  backward = 2/3 of fwd+bwd
     step(n)     = data(n) + compute(n) + optimizer + exposed(n)
 
-With ``shared_compute`` every rank runs on the cores the single measured rank already used (one CPU
-node): the ranks' work is serialised, so data, compute and optimizer time are multiplied by n.
+``contention`` is how much less hardware each rank has than the single measured rank: n ranks on the
+cores one rank already used (one CPU node) get 1/n of them each, so their host work (data, compute,
+optimizer, the rest) takes n times as long with perfect threading. It is ranks x the measured rank's
+compute units / the run's compute units (bench/ideal.py); 1 where every rank brings its own GPU. Where the ranks' threads outnumber
+the cores (``ranks_per_core`` r > 1) ranks take turns on them, and a rank that has finished backward
+waits in its all-reduce for the core-mates still computing: (1 - 1/r) of the compute time is added
+to the communication.
+
+A :class:`Calibration` corrects the model with what measured multi-rank runs recorded: per section,
+how far its measured time was from the model (threads rarely scale perfectly, so time-sharing cores
+costs less than n times); how long the in-training all-reduces took against the ring model with the
+all-reduce benchmark's bandwidth (per-bucket times from the DDP hook); and how much of the backward
+pass the run actually hid communication behind (the overlap).
 """
 
 from __future__ import annotations
@@ -140,17 +151,50 @@ class ModelOptions:
     """DDP bucket_cap_mb (25 MiB default)."""
     buckets: int | None = None
     """Gradient buckets per step; None: gradient bytes / bucket_bytes, rounded up."""
-    shared_compute: bool = False
-    """All ranks share the cores the measured rank used (several CPU ranks on one node)."""
+    contention: float = 1.0
+    """How many times longer a rank's host work takes for sharing hardware: ranks x the measured rank's
+    compute units / the run's compute units (n ranks on the cores of one: n; one GPU per rank: 1)."""
+    ranks_per_core: float = 1.0
+    """Threads per core on the node (above 1 the ranks take turns on the cores)."""
 
     def __post_init__(self) -> None:
         if self.scaling not in ("strong", "weak"):
             raise ConfigError(f"scaling {self.scaling!r}", hint="strong or weak")
         if self.buckets is not None and self.buckets < 1:
             raise ConfigError(f"buckets {self.buckets}", hint="at least one gradient bucket")
+        if not self.contention > 0 or self.ranks_per_core < 1:
+            raise ConfigError(f"contention {self.contention}, ranks per core {self.ranks_per_core}",
+                              hint="a positive factor (1: no sharing), and at least 1 rank per core")
         if not 0 <= self.overlap <= 1 or not 0 <= self.backward_fraction <= 1:
             raise ConfigError(f"overlap {self.overlap}, backward fraction {self.backward_fraction}",
                               hint="both are fractions between 0 and 1")
+
+
+HOST_SECTIONS = ("data", "compute", "optimizer", "other")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Calibration:
+    """What measured multi-rank runs say the plain model misses (see the module docstring)."""
+
+    sections: dict[str, float]
+    """Per host section: measured time / the model's (geometric mean over the runs)."""
+    comm: float = 1.0
+    """In-training all-reduce time per step / the model's (ring with the measured bus bandwidth, plus the
+    wait for core-mates)."""
+    overlap: float | None = None
+    """Measured share of the hideable backward time that hid all-reduces; None: ModelOptions.overlap."""
+    runs: tuple[str, ...] = ()
+    """The configurations it was fitted on."""
+
+    def __post_init__(self) -> None:
+        bad = {k: v for k, v in self.sections.items() if k not in HOST_SECTIONS or not v > 0}
+        if bad or not self.comm > 0 or (self.overlap is not None and not 0 <= self.overlap <= 1):
+            raise ConfigError(f"calibration factors {self.sections}, comm {self.comm}, overlap {self.overlap}",
+                              hint="factors are positive and the overlap a fraction")
+
+    def factor(self, section: str) -> float:
+        return self.sections.get(section, 1.0)
 
 
 @dataclass(frozen=True)
@@ -188,28 +232,41 @@ def ring_allreduce_s(size_bytes: float, ranks: int, busbw_Bps: float, latency_s:
     return steps / ranks * size_bytes / busbw_Bps + buckets * steps * latency_s
 
 
-def predict(measured: Measured, network: Network, ranks: int, options: ModelOptions = ModelOptions()) -> Prediction:
+def predict(measured: Measured, network: Network, ranks: int, options: ModelOptions = ModelOptions(),
+            calibration: Calibration | None = None) -> Prediction:
     if ranks < 1:
         raise ConfigError(f"cannot predict {ranks} ranks", hint="use 1 or more ranks")
     if options.scaling == "strong":
         per_rank, global_batch = measured.batch / ranks, float(measured.batch)
     else:
         per_rank, global_batch = float(measured.batch), float(measured.batch * ranks)
+    cal = calibration or Calibration(sections={})
     work = per_rank / measured.batch
-    share = ranks if options.shared_compute else 1
-    data = measured.data_s * work * share
-    compute = measured.compute_s * work * share
-    optimizer = measured.optimizer_s * share
-    other = measured.other_s * share
-    buckets = options.buckets or bucket_count(measured.gradient_bytes, options.bucket_bytes)
-    comm = ring_allreduce_s(measured.gradient_bytes, ranks, network.busbw_Bps, network.latency_s, max(1, buckets))
-    # A bucket's all-reduce starts when its last gradient is ready, so the last bucket always runs after
-    # backward: only the other buckets' share can hide behind the backward pass.
-    hideable = options.overlap * options.backward_fraction * compute * (max(1, buckets) - 1) / max(1, buckets)
-    exposed = max(0.0, comm - hideable)
+    share = options.contention
+    data = measured.data_s * work * share * cal.factor("data")
+    compute = measured.compute_s * work * share * cal.factor("compute")
+    optimizer = measured.optimizer_s * share * cal.factor("optimizer")
+    other = measured.other_s * share * cal.factor("other")
+    wait = (1 - 1 / options.ranks_per_core) * compute if ranks > 1 else 0.0
+    comm = (modelled_comm(measured.gradient_bytes, ranks, network, options) + wait) * cal.comm
+    overlap = options.overlap if cal.overlap is None else cal.overlap
+    exposed = max(0.0, comm - overlap * hideable_s(compute, measured.gradient_bytes, options))
     step = data + compute + optimizer + other + exposed
     return Prediction(ranks, per_rank, global_batch, data, compute, optimizer, other, comm, exposed, step,
                       global_batch / step)
+
+
+def hideable_s(compute_s: float, gradient_bytes: int, options: ModelOptions = ModelOptions()) -> float:
+    """Backward time all-reduces can hide behind: a bucket's all-reduce starts when its last gradient is
+    ready, so the last bucket always runs after backward and only the other buckets' share can hide."""
+    buckets = max(1, options.buckets or bucket_count(gradient_bytes, options.bucket_bytes))
+    return options.backward_fraction * compute_s * (buckets - 1) / buckets
+
+
+def modelled_comm(gradient_bytes: int, ranks: int, network: Network, options: ModelOptions = ModelOptions()) -> float:
+    """The ring model's all-reduce seconds per step for ``gradient_bytes`` in DDP's buckets."""
+    buckets = options.buckets or bucket_count(gradient_bytes, options.bucket_bytes)
+    return ring_allreduce_s(gradient_bytes, ranks, network.busbw_Bps, network.latency_s, max(1, buckets))
 
 
 def projection_ranks(start: int, stop: int) -> list[int]:
@@ -227,6 +284,6 @@ def projection_ranks(start: int, stop: int) -> list[int]:
 
 
 def project(measured: Measured, network: Network, ranks: list[int],
-            options: ModelOptions = ModelOptions()) -> list[Prediction]:
+            options: ModelOptions = ModelOptions(), calibration: Calibration | None = None) -> list[Prediction]:
     usable = [n for n in ranks if network.max_ranks is None or n <= network.max_ranks]
-    return [predict(measured, network, n, options) for n in usable]
+    return [predict(measured, network, n, options, calibration) for n in usable]

@@ -27,7 +27,11 @@ def per_step_breakdown(epochs: list[dict], step_time_s: float) -> dict | None:
         out[key] = sum(float(e["breakdown"].get(key, 0.0)) for e in timed) / steps
     out["other"] = max(0.0, step_time_s - sum(out[k] for k in SECTIONS[:4]))
     total = sum(out[k] for k in SECTIONS)
+    # exposed (the step waited for it) and overlapped (in flight while backward computed) communication
+    out["communication_overlapped"] = max(0.0, out["communication_total"] - out["communication"])
     out["communication_fraction"] = out["communication"] / total if total > 0 else 0.0
+    out["communication_overlapped_fraction"] = out["communication_overlapped"] / total if total > 0 else 0.0
+    out["optimizer_fraction"] = out["optimizer"] / total if total > 0 else 0.0
     out["gradient_bytes"] = int(timed[-1]["breakdown"].get("gradient_bytes", 0))
     out["buckets"] = int(max(e["breakdown"].get("buckets", 0) for e in timed))
     return out
@@ -55,6 +59,7 @@ def record_from_metrics(metrics: dict, *, global_batch: int) -> dict:
         "test_loss": last.get("test_loss"),
         "accuracy": last.get("accuracy"),
         "breakdown": per_step_breakdown(epochs, step_time),
+        "strategy": (metrics.get("options") or {}).get("strategy") or metrics.get("strategy"),
     }
 
 
@@ -89,26 +94,30 @@ def _fmt(value, pattern: str, missing: str = "-") -> str:
 def markdown_table(study: dict) -> str:
     """Seed 004's table: Version | Workers | Runtime (s) | Speedup | Parallel efficiency (+ a few more)."""
     validated = any(r.get("predicted_runtime_s") is not None for r in study["runs"])
-    head = ["Version", "Workers", "Runtime (s)", "Speedup", "Parallel efficiency", "Samples/s", "Comm. share"]
+    head = ["Version", "Workers", "Runtime (s)", "Speedup", "Parallel efficiency", "Achievable", "Eff. vs achievable",
+            "Samples/s", "Comm. exposed", "Comm. overlapped"]
     if validated:
         head += ["Predicted (s)", "Error"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in study["runs"]:
         if r.get("status") != "ok":
-            lines.append(f"| {r['label']} | {r['world_size']} | failed | - | - | - | -" + (" | - | -" if validated else "")
-                         + " |")
+            lines.append(f"| {r['label']} | {r['world_size']} | failed | - | - | - | - | - | - | -"
+                         + (" | - | -" if validated else "") + " |")
             continue
-        share = (r.get("breakdown") or {}).get("communication_fraction")
+        breakdown = r.get("breakdown") or {}
         row = [r["label"], str(r["world_size"]), f"{r['runtime_s']:.1f}", _fmt(r.get("speedup"), "{:.2f}x"),
-               _fmt(r.get("efficiency"), "{:.0%}"), _fmt(r.get("samples_per_s"), "{:.0f}"), _fmt(share, "{:.0%}")]
+               _fmt(r.get("efficiency"), "{:.0%}"), _fmt(r.get("achievable_speedup"), "{:.2f}x"),
+               _fmt(r.get("efficiency_vs_achievable"), "{:.0%}"), _fmt(r.get("samples_per_s"), "{:.0f}"),
+               _fmt(breakdown.get("communication_fraction"), "{:.0%}"),
+               _fmt(breakdown.get("communication_overlapped_fraction"), "{:.0%}")]
         if validated:
             pred = r.get("predicted_runtime_s")
             row += [_fmt(pred, "{:.1f}"), _fmt(None if pred is None else pred / r["runtime_s"] - 1, "{:+.0%}")]
         lines.append("| " + " | ".join(row) + " |")
     for p in study.get("projection", {}).get("rows", []):
         row = [f"{p['label']} (projected)", str(p["ranks"]), f"{p['runtime_s']:.1f}", f"{p['speedup']:.2f}x",
-               f"{p['efficiency']:.0%}", f"{p['samples_per_s']:.0f}",
-               f"{p['exposed_comm_s'] / p['step_s']:.0%}" if p["step_s"] else "-"]
+               f"{p['efficiency']:.0%}", "-", "-", f"{p['samples_per_s']:.0f}",
+               f"{p['exposed_comm_s'] / p['step_s']:.0%}" if p["step_s"] else "-", "-"]
         if validated:
             row += ["-", "-"]
         lines.append("| " + " | ".join(row) + " |")
@@ -131,8 +140,10 @@ def sweep_table(study: dict) -> str:
 
 CSV_FIELDS = ("config", "label", "status", "world_size", "nodes", "nproc_per_node", "per_rank_batch", "global_batch",
               "epochs", "steps", "samples", "runtime_s", "samples_per_s", "step_time_s", "speedup", "efficiency",
+              "achievable_speedup", "efficiency_vs_achievable", "hardware",
               "train_loss", "test_loss", "accuracy", "data_s", "compute_s", "communication_s", "optimizer_s",
-              "other_s", "communication_fraction", "predicted_runtime_s", "launch_s", "timed")
+              "other_s", "communication_fraction", "communication_total_s", "communication_overlapped_s",
+              "communication_overlapped_fraction", "buckets", "strategy", "predicted_runtime_s", "launch_s", "timed")
 
 
 def csv_text(study: dict) -> str:
@@ -141,9 +152,11 @@ def csv_text(study: dict) -> str:
     writer.writeheader()
     for r in study["runs"]:
         row = dict(r)
-        for key in SECTIONS:
-            row[f"{key}_s"] = (r.get("breakdown") or {}).get(key)
-        row["communication_fraction"] = (r.get("breakdown") or {}).get("communication_fraction")
+        breakdown = r.get("breakdown") or {}
+        for key in (*SECTIONS, "communication_total", "communication_overlapped"):
+            row[f"{key}_s"] = breakdown.get(key)
+        for key in ("communication_fraction", "communication_overlapped_fraction", "buckets"):
+            row[key] = breakdown.get(key)
         writer.writerow(row)
     return buf.getvalue()
 
@@ -156,9 +169,16 @@ def markdown_document(study: dict, plots: dict[str, str]) -> str:
              f"{mode}; baseline {study['baseline']}; {env['device']}, {env['cores']} cores on {env['host']}; "
              f"torch {env['torch']}, trainscale {env['trainscale']}.", "",
              sweep_table(study) if spec.get("sweep_batches") else markdown_table(study), ""]
+    if study.get("shared_hardware"):
+        parts += [f"**Shared hardware:** {study['shared_hardware']}", ""]
+    check = model_check(study)
+    if check:
+        parts += [check, ""]
     busy = busy_warning(study)
     if busy:
         parts += [f"**Warning:** {busy}", ""]
+    for text in suggestions(study):
+        parts += [f"**Suggestion:** {text}", ""]
     proj = study.get("projection")
     if proj:
         parts += [f"Projection: {proj['network']['name']}, busbw {proj['network']['busbw_Bps'] / 1e9:.2f} GB/s, "
@@ -166,6 +186,37 @@ def markdown_document(study: dict, plots: dict[str, str]) -> str:
                   f"({proj['gradient_bytes'] / 1e6:.1f} MB of gradients); model in docs/scaling.md.", ""]
     parts += [f"![{name}]({Path(path).name})" for name, path in plots.items()]
     return "\n".join(parts) + "\n"
+
+
+def model_check(study: dict) -> str | None:
+    """The scaling model's error against this study's measured runs, plain and calibrated."""
+    v = study.get("validation") or {}
+    if v.get("mean_abs_error") is None:
+        return None
+    runs = ", ".join(v["runs"])
+    if not v.get("calibrated"):
+        return (f"Model check on this machine: predicted vs measured runtime, mean |error| {v['mean_abs_error']:.0%} "
+                f"over configuration(s) {runs} (uncalibrated: calibrating needs two or more measured multi-rank "
+                f"configurations, each predicted from the others)")
+    return (f"Model check on this machine: predicted vs measured runtime, mean |error| {v['mean_abs_error']:.0%} "
+            f"over configuration(s) {runs}, each calibrated on the others' records "
+            f"({v['mean_abs_error_uncalibrated']:.0%} with the plain model)")
+
+
+def suggestions(study: dict) -> list[str]:
+    """What to try next, per run, from its breakdown (a strategy's advice, e.g. ZeRO-1 when every DDP rank
+    spends a large share of the step on the whole optimizer step)."""
+    from trainscale.strategies import advice
+
+    out = []
+    for r in study["runs"]:
+        share = (r.get("breakdown") or {}).get("optimizer_fraction")
+        if r.get("status") != "ok" or share is None or not r.get("strategy"):
+            continue
+        text = advice(r["strategy"], int(r["world_size"]), share)
+        if text:
+            out.append(f"{r['label']}: {text}")
+    return out
 
 
 def busy_warning(study: dict) -> str | None:

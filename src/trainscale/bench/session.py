@@ -68,10 +68,27 @@ def run_study(spec: StudySpec, *, projection: ProjectionRequest | None = None, v
     study = {"target": spec.target, "baseline": the_plan.baseline.token, "environment": environment.collect(),
              "spec": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items()}, "runs": runs}
     results.add_speedups(runs, the_plan.baseline.token)
+    study["shared_hardware"] = _achievable(study, spec)
     _predict(study, spec, out_dir, projection, validate)
     plot_paths = plotting.make_all(study, out_dir) if make_plots else {}
     files = results.write_all(out_dir, study, plot_paths)
     return Outcome(out_dir, study, files, plot_paths)
+
+
+def _achievable(study: dict, spec: StudySpec) -> str | None:
+    """Each run's achievable speedup (bench/ideal.py): this machine's cores, or the SLURM profile's nodes."""
+    import os
+
+    from trainscale.bench.ideal import add_achievable
+
+    if spec.slurm is not None:
+        profile = spec.slurm.cluster
+        cores = max(1, profile.cpus_per_node - len(profile.reserved_cores))
+        return add_achievable(study["runs"], study["baseline"], cores_per_node=cores,
+                              nodes_share_cores=profile.shares_cores)
+    threads = os.environ.get("OMP_NUM_THREADS")  # the launches keep a user's setting (launch/local.py)
+    return add_achievable(study["runs"], study["baseline"], cores_per_node=study["environment"]["cores"],
+                          threads_per_rank=int(threads) if threads and threads.isdigit() else None)
 
 
 def _predict(study: dict, spec: StudySpec, out_dir: Path, projection: ProjectionRequest | None, validate: bool) -> None:
@@ -91,12 +108,14 @@ def _predict(study: dict, spec: StudySpec, out_dir: Path, projection: Projection
         measure = allreduce_measurer(spec.slurm, out_dir)
     else:
         measure = predictions.allreduce_measurer(out_dir)
-    shared = all(r["device"] == "cpu" and r["nodes"] == 1 for r in study["runs"])
     if validate or (projection and projection.interconnect == "measured"):
-        checked = predictions.validate(study, measure, shared_compute=shared)
+        checked = predictions.validate(study, measure)
         errors = [abs(r["prediction"]["error"]) for r in checked]
-        study["validation"] = {"runs": [r["config"] for r in checked], "shared_compute": shared,
-                               "mean_abs_error": sum(errors) / len(errors) if errors else None}
+        plain = [abs(r["prediction"]["uncalibrated_error"]) for r in checked]
+        study["validation"] = {"runs": [r["config"] for r in checked],
+                               "calibrated": any(r["prediction"]["calibrated_on"] for r in checked),
+                               "mean_abs_error": sum(errors) / len(errors) if errors else None,
+                               "mean_abs_error_uncalibrated": sum(plain) / len(plain) if plain else None}
     if projection:
         if projection.interconnect == "measured":
             checked = [r for r in study["runs"] if r.get("prediction")]

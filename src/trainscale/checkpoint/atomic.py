@@ -42,8 +42,13 @@ def atomic_write(path: Path, write: Callable[[io.BufferedWriter], None], mode: i
     fsync_dir(path.parent)
 
 
-def atomic_torch_save(obj: Any, path: Path) -> None:
-    atomic_write(path, lambda fh: torch.save(obj, fh))
+def atomic_torch_save(obj: Any, path: Path, *, before_rename: Callable[[], None] | None = None) -> None:
+    def write(fh: io.BufferedWriter) -> None:
+        torch.save(obj, fh)
+        if before_rename is not None:
+            before_rename()
+
+    atomic_write(path, write)
 
 
 def atomic_write_text(path: Path, text: str) -> None:

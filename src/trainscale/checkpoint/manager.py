@@ -1,154 +1,265 @@
-"""Save on rank 0, resume everywhere: model, optimizer, scheduler, loop counters, RNG and sampler state.
+"""Save on rank 0 (or on every rank, sharded), resume everywhere: model, optimizer, scheduler, loop
+counters, RNG and loader state, kept to the newest ``keep`` checkpoints.
 
-Files are ``ckpt-<step>.pt`` in one directory. The newest one that loads wins; an incomplete or
-corrupt file is skipped with a warning. Loading uses ``weights_only=True``: a checkpoint cannot run code.
+The newest checkpoint that loads wins; an incomplete or corrupt one is skipped with a warning.
+What is saved is a mapping of entries (checkpoint/state.py); where it goes is layout.py's business;
+saving in the background (``asynchronous``) is background.py's.
 """
 
 from __future__ import annotations
 
 import logging
-import pickle
-import re
 import shutil
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import torch
 
 from trainscale._version import __version__
-from trainscale.checkpoint.atomic import atomic_torch_save
+from trainscale.checkpoint import background, files, layout, sharded
+from trainscale.checkpoint.state import DCP, FILE, NATIVE, ModelState, Stateful
 from trainscale.errors import CheckpointError
 
 log = logging.getLogger("trainscale.checkpoint")
-FORMAT = 1
-_NAME = re.compile(r"^ckpt-(\d{8,})\.pt$")
-_SHARDED_NAME = re.compile(r"^ckpt-(\d{8,})$")  # a directory: see checkpoint/sharded.py
 
 
 @dataclass(frozen=True)
 class Found:
+    """A complete checkpoint: where, which step, and what it holds."""
+
     path: Path
     step: int
-    state: dict[str, Any]
+    contents: dict[str, Any]
+    """Everything saved except sharded model/optimizer state, with the record under ``"trainscale"``."""
+    shards: sharded.ShardedRef | None = None
+    """A sharded checkpoint's model/optimizer part, still on disk (None for a rank-0 file)."""
 
+    @property
+    def record(self) -> dict[str, Any]:
+        """What the checkpoint says about itself: format, version, world size, strategy, step."""
+        return self.contents[layout.RECORD]
 
-def checkpoint_path(directory: Path, step: int) -> Path:
-    return Path(directory) / f"ckpt-{step:08d}.pt"
+    @property
+    def state(self) -> dict[str, Any]:
+        """The older dict form, for ``strategy.load_state_dict(model, optimizer, found.state)``: the
+        contents, and a sharded checkpoint's shards under ``"sharded"``. Deprecated (one release):
+        use ``Checkpointer.restore``."""
+        return {**self.contents, "sharded": self.shards} if self.shards is not None else self.contents
 
-
-def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
-    """(step, path) for every checkpoint file (and sharded checkpoint directory), newest first."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in directory.iterdir()
-             if (m := _NAME.match(p.name)) or (p.is_dir() and (m := _SHARDED_NAME.match(p.name)))]
-    return sorted(found, reverse=True)
-
-
-def read_torch_file(path: Path, map_location: str | torch.device = "cpu") -> Any:
-    """``torch.load(weights_only=True)``; CheckpointError says why the file cannot be used."""
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as exc:
-        raise CheckpointError(
-            f"{path} holds objects that are not plain tensors/containers and was refused: {str(exc).splitlines()[0]}",
-            hint="only load checkpoints you trust; trainscale never unpickles arbitrary objects",
-        ) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as exc:
-        raise CheckpointError(f"{path} is unreadable (truncated or corrupt): {str(exc).splitlines()[0]}",
-                              hint="delete it; the previous checkpoint will be used") from None
-    return state
-
-
-def load_file(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load one checkpoint file safely; CheckpointError says why it cannot be used."""
-    state = read_torch_file(path, map_location)
-    if not isinstance(state, dict) or state.get("trainscale", {}).get("complete") is not True:
-        raise CheckpointError(f"{path} is not a complete trainscale checkpoint", hint="delete it or point --resume elsewhere")
-    return state
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> "Found":
+        """The inverse of :attr:`state`, for the dict form's ``strategy.load_state_dict``."""
+        shards = next((v for v in state.values() if isinstance(v, sharded.ShardedRef)), None)
+        contents = {k: v for k, v in state.items() if v is not shards}
+        step = int(contents.get(layout.RECORD, {}).get("step", 0))
+        return cls(shards.path if shards else Path(""), step, contents, shards)
 
 
 def find_latest(directory: Path, map_location: str | torch.device = "cpu") -> Found | None:
     """The newest checkpoint that loads; broken newer ones are reported and skipped."""
-    for step, path in list_checkpoints(directory):
+    for step, path in layout.list_checkpoints(directory):
         try:
             if path.is_dir():
-                from trainscale.checkpoint.sharded import open_checkpoint
-
-                return Found(path, step, open_checkpoint(path))
-            return Found(path, step, load_file(path, map_location))
+                contents, shards = sharded.open_checkpoint(path)
+                return Found(path, step, contents, shards)
+            return Found(path, step, files.load_file(path, map_location))
         except CheckpointError as exc:
             log.warning("skipping checkpoint: %s", exc)
     return None
 
 
 class Checkpointer:
-    """Rank-0 checkpoints with the barriers the seeds describe, kept to the newest ``keep`` files.
+    """Checkpoints with the barriers the seeds describe, kept to the newest ``keep``.
 
-    ``strategy`` is a name or a strategy object; one with ``sharded_checkpoint`` (fsdp, deepspeed)
-    makes every rank write its shards instead (checkpoint/sharded.py), behind the same save/latest.
+    ``strategy``: a name or a strategy object; its ``storage`` decides where state goes when the saved
+    entries carry no :class:`ModelState` (the older dict form).
+
+        ckpt = Checkpointer("ckpts", rt, strategy=strategy)
+        state = {"model": strategy.checkpoint_state(model, opt), "scheduler": scheduler, "step": step}
+        ckpt.save(step, state)         # every rank calls it
+        found = ckpt.restore(state)    # in place; found.contents["step"] is the saved step
+
+    ``asynchronous``: True saves in the background (background.py): ``save`` returns once the state
+    is copied, and :meth:`wait` (every rank) returns once the save in flight is on disk; None does so
+    wherever the storage allows it (rank-0 files and DCP shards, not a strategy's native files);
+    False (the default) saves synchronously.
     """
 
-    def __init__(self, directory: str | Path, runtime: Any, *, keep: int = 2, strategy: Any = "ddp") -> None:
+    def __init__(self, directory: str | Path, runtime: Any, *, keep: int = 2, strategy: Any = "ddp",
+                 asynchronous: bool | None = False) -> None:
         if keep < 1:
             raise CheckpointError(f"keep={keep} must be >= 1", hint="keep at least the newest checkpoint")
         self.directory = Path(directory)
         self.runtime = runtime
         self.keep = keep
         self.strategy = strategy if isinstance(strategy, str) else strategy.name
-        self.sharded = bool(getattr(strategy, "sharded_checkpoint", False))
+        self.storage = FILE if isinstance(strategy, str) else getattr(strategy, "storage", FILE)
+        self.asynchronous = background.resolve_async(asynchronous, self.storage, self.strategy)
+        self._inflight = background.InFlight()
+        self._stager: Any = None
+        self._group: Any = None
+        self._group_made = False
 
-    def save(self, step: int, state: dict[str, Any]) -> Path:
-        """Every rank calls this; rank 0 writes (every rank, for sharded strategies). Returns the path
-        (on every rank)."""
-        if self.sharded:
-            from trainscale.checkpoint import sharded
-
-            meta = {"world_size": self.runtime.world_size, "strategy": self.strategy}
-            path = sharded.save(self.directory, step, state, self.runtime, meta)
+    def save(self, step: int, state: Mapping[str, Any], *, blocking: bool = False,
+             on_complete: Callable[[], None] | None = None) -> Path:
+        """Every rank calls this; rank 0 writes (every rank, for sharded storage). Returns the path
+        (on every rank). In the background when this Checkpointer is ``asynchronous`` and not
+        ``blocking``, after the save in flight has finished; ``on_complete`` runs on rank 0 once the
+        checkpoint is on disk (in the background, for a background save)."""
+        model, entries = _split(state)
+        storage = model.storage if model is not None else self.storage
+        record = layout.record(version=__version__, world_size=self.runtime.world_size, strategy=self.strategy,
+                               step=step)
+        if model is not None:
+            entries = _merge(model.state_dict() if storage != NATIVE else {}, entries)
+        self.wait()  # the previous save first: one in flight at most, its failure raised here
+        if self.asynchronous and not blocking and storage in background.BACKGROUND_STORAGES:
+            return self._save_in_background(step, entries, record, storage, on_complete)
+        if storage == FILE:
+            self.runtime.barrier()  # everybody has finished the step that is being saved
+            path = layout.file_path(self.directory, step)
             if self.runtime.is_main:
-                self._prune()
-            self.runtime.barrier()
-            return path
-        path = checkpoint_path(self.directory, step)
-        self.runtime.barrier()  # everybody has finished the step that is being saved
+                files.save_file(self.directory, step, entries, record)
+        else:
+            write = model.write if storage == NATIVE and model is not None else None
+            path = sharded.save(self.directory, step, entries, self.runtime, record, write_native=write)
         if self.runtime.is_main:
-            payload = dict(state)
-            payload["trainscale"] = {
-                "format": FORMAT,
-                "version": __version__,
-                "world_size": self.runtime.world_size,
-                "strategy": self.strategy,
-                "step": step,
-                "complete": True,
-            }
-            atomic_torch_save(payload, path)
             self._prune()
-        self.runtime.barrier()  # nobody runs ahead (or exits) before the file is on disk
+            if on_complete is not None:
+                on_complete()
+        self.runtime.barrier()  # nobody runs ahead (or exits) before the checkpoint is on disk
         return path
 
+    def _save_in_background(self, step: int, entries: dict[str, Any], record: dict[str, Any], storage: str,
+                            on_complete: Callable[[], None] | None) -> Path:
+        """Stage now (training waits), write in the background (background.py)."""
+        main = self.runtime.is_main
+        if self._stager is None:
+            self._stager = background.stager(getattr(self.runtime, "device", None))
+
+        def hold() -> None:  # a test hook, a no-op otherwise
+            background.hold_point(step)
+
+        if storage == FILE:
+            path = layout.file_path(self.directory, step)
+            if not main:
+                return path  # rank 0 alone writes the file
+            staged = self._stager.stage(entries)
+
+            def write() -> None:
+                files.save_file(self.directory, step, staged, record, before_rename=hold)
+        else:
+            if not self._group_made:  # every rank, at the same (first) save
+                self._group, self._group_made = background.checkpoint_group(self.runtime), True
+            path, write = sharded.save_async(self.directory, step, entries, self.runtime, record,
+                                             stager=self._stager, group=self._group, before_rename=hold)
+
+        def job() -> None:
+            write()
+            if main:
+                self._prune()
+                if on_complete is not None:
+                    on_complete()
+
+        self._inflight.start(step, path, job)
+        return path
+
+    def wait(self) -> None:
+        """Every rank: return once the background save in flight is complete on every rank; one that
+        failed on any rank raises CheckpointError on every rank. A no-op when saves are synchronous."""
+        if not self.asynchronous:
+            return
+        error = self._inflight.wait()
+        failed = background.failed_ranks(self.runtime, error is not None)
+        if error is not None:
+            raise error
+        if failed:
+            raise CheckpointError(f"the background save of the newest checkpoint in {self.directory} failed on "
+                                  f"rank(s) {', '.join(map(str, failed))}",
+                                  hint="that rank's log names the error; the newest complete checkpoint stays the "
+                                       "one to resume from (or save synchronously with --no-checkpoint-async)")
+
+    def close(self) -> None:
+        """This rank: finish the save in flight (without reporting: :meth:`wait` does) and free the
+        worker and the staged host copy."""
+        self._inflight.close()
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
+
+    def restore(self, state: Mapping[str, Any]) -> Found | None:
+        """Load the newest complete checkpoint into ``state``'s ModelState and Stateful entries (every
+        rank calls it: sharded loads are collectives). None when there is none yet."""
+        found = self.latest()
+        if found is None:
+            return None
+        model, _ = _split(state)
+        if model is not None:
+            restore_model(model, found)
+        for name, entry in state.items():
+            if isinstance(entry, Stateful) and not isinstance(entry, ModelState) and name in found.contents:
+                entry.load_state_dict(found.contents[name])
+        return found
+
     def _prune(self) -> None:
-        for _, old in list_checkpoints(self.directory)[self.keep:]:
+        for _, old in layout.list_checkpoints(self.directory)[self.keep:]:
             if old.is_dir():
                 shutil.rmtree(old, ignore_errors=True)
             else:
                 old.unlink(missing_ok=True)
-        for stale in self.directory.glob(".ckpt-*.partial"):  # sharded saves that never completed
-            shutil.rmtree(stale, ignore_errors=True)
-        # Temp files of a save that was killed midway: never complete, never loaded, now removed.
-        for stale in self.directory.glob(".ckpt-*.tmp"):
-            stale.unlink(missing_ok=True)
+        # What saves killed midway left: never complete, never loaded, now removed.
+        for stale in layout.leftovers(self.directory):
+            if stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
+                stale.unlink(missing_ok=True)
 
     def latest(self) -> Found | None:
+        """The newest complete checkpoint, refused when another strategy wrote it."""
         found = find_latest(self.directory, map_location="cpu")
         if found is not None:
-            meta = found.state["trainscale"]
-            if meta.get("strategy") not in (None, self.strategy):
+            written_by = found.record.get("strategy")
+            if written_by not in (None, self.strategy):
                 raise CheckpointError(
-                    f"{found.path} was written by strategy {meta['strategy']!r}, this run uses {self.strategy!r}",
-                    hint=f"resume with --strategy {meta['strategy']}, or start a new checkpoint directory",
+                    f"{found.path} was written by strategy {written_by!r}, this run uses {self.strategy!r}",
+                    hint=f"resume with --strategy {written_by}, or start a new checkpoint directory",
                 )
         return found
+
+
+def restore_model(model: ModelState, found: Found) -> None:
+    """Load ``found``'s model/optimizer state into ``model``, the way ``model.storage`` keeps it."""
+    if model.storage == NATIVE:
+        if found.shards is None or found.shards.format == "dcp":
+            raise CheckpointError(f"{found.path} was not written by the {found.record.get('strategy')} strategy's "
+                                  "own format", hint="resume with the strategy that wrote it, or start a new "
+                                                     "checkpoint directory")
+        model.read(found.path, found.record)
+        return
+    if found.shards is None:  # a rank-0 file holds everything (read by every rank)
+        model.load_state_dict(found.contents)
+        return
+    if model.storage != DCP:
+        raise CheckpointError(f"{found.path} is sharded; this strategy keeps rank-0 files",
+                              hint=f"resume with --strategy {found.record.get('strategy')}")
+    model.load_state_dict({**found.contents, **found.shards.load(model.state_dict())})
+
+
+def _split(state: Mapping[str, Any]) -> tuple[ModelState | None, dict[str, Any]]:
+    """(the one ModelState entry, every other entry as it is saved: Stateful ones as their state_dict())."""
+    models = [v for v in state.values() if isinstance(v, ModelState)]
+    if len(models) > 1:
+        raise CheckpointError(f"{len(models)} model states in one checkpoint",
+                              hint="save one strategy's checkpoint_state(model, optimizer) per checkpoint")
+    entries = {k: v.state_dict() if isinstance(v, Stateful) else v
+               for k, v in state.items() if not isinstance(v, ModelState)}
+    return (models[0] if models else None), entries
+
+
+def _merge(model_entries: dict[str, Any], entries: dict[str, Any]) -> dict[str, Any]:
+    clash = sorted(set(model_entries) & set(entries))
+    if clash:
+        raise CheckpointError(f"checkpoint entries {clash} are both model state and other state",
+                              hint="rename the other entries (the model state owns 'model' and 'optimizer')")
+    return {**model_entries, **entries}

@@ -1,18 +1,11 @@
 """Sharded checkpoints: every rank writes its own shards (``torch.distributed.checkpoint``), any
-world size reads them back (DCP reshards on load).
-
-Layout, one directory per step next to the rank-0 ``ckpt-<step>.pt`` files::
-
-    ckpt-00000040/            model + optimizer shards (*.distcp) and DCP's .metadata index,
-                              or a strategy's native files (DeepSpeed)
-        extra.pt              everything else in the state: step, RNG, scheduler, ... (rank 0)
-        trainscale.json       completion marker: format, world size, strategy, step (written last)
+world size reads them back (DCP reshards on load); or a strategy writes its own native files.
 
 A save goes to ``.ckpt-<step>.partial/`` and is renamed to ``ckpt-<step>/`` by rank 0 after every rank
 has finished and the marker is on disk, so an interrupted save never looks like a complete one: the
-partial name is never listed, and a directory without its marker (or without DCP's .metadata) is
+partial name is never listed, and a directory without its marker (or without DCP's index) is
 skipped with a warning. Sharded checkpoints need a directory every rank can see (a shared file
-system on multi-node runs).
+system on multi-node runs). The names are in layout.py.
 """
 
 from __future__ import annotations
@@ -27,29 +20,16 @@ from typing import Any, Callable
 
 import torch
 
-from trainscale._version import __version__
+from trainscale.checkpoint import layout
 from trainscale.checkpoint.atomic import atomic_torch_save, atomic_write_text, fsync_dir
+from trainscale.checkpoint.files import read_torch_file
 from trainscale.errors import CheckpointError
-
-MARKER = "trainscale.json"
-EXTRA = "extra.pt"
-DCP_KEYS = ("model", "optimizer")  # state entries written as shards; the rest goes to extra.pt
-WRITER_KEY = "sharded_writer"  # optional: callable(path) run on every rank (a strategy's own format)
-FORMAT = 1
-
-
-def sharded_path(directory: Path, step: int) -> Path:
-    return Path(directory) / f"ckpt-{step:08d}"
-
-
-def partial_path(directory: Path, step: int) -> Path:
-    return Path(directory) / f".ckpt-{step:08d}.partial"
 
 
 @dataclass(frozen=True)
 class ShardedRef:
-    """The model/optimizer part of a sharded checkpoint, still on disk. A sharded strategy reads it
-    into its own layout (``load(template)``), so each rank reads only the shards it needs."""
+    """The model/optimizer part of a sharded checkpoint, still on disk, so that each rank reads only
+    the shards it needs, into its own layout."""
 
     path: Path
     format: str
@@ -65,7 +45,7 @@ class ShardedRef:
 
         from torch.distributed.checkpoint.api import CheckpointException
 
-        wanted = {k: template[k] for k in DCP_KEYS if k in template}
+        wanted = {k: template[k] for k in layout.SHARDED_KEYS if k in template}
         try:
             dcp.load(wanted, checkpoint_id=str(self.path), planner=_safe_load_planner(), no_dist=not _distributed())
         except (Exception, CheckpointException) as exc:  # the latter is a BaseException
@@ -105,11 +85,69 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def save(directory: Path, step: int, state: dict[str, Any], runtime: Any, meta: dict[str, Any]) -> Path:
-    """Every rank calls this. Shards go to a partial directory, rank 0 adds extra.pt and the marker
-    and renames it into place; returns the final path on every rank."""
-    directory = Path(directory)
-    final, partial = sharded_path(directory, step), partial_path(directory, step)
+def save(directory: Path, step: int, state: dict[str, Any], runtime: Any, record: dict[str, Any],
+         write_native: Callable[[Path], None] | None = None) -> Path:
+    """Every rank calls this. The SHARDED_KEYS of ``state`` go to DCP shards (or, with ``write_native``,
+    the strategy writes its own files), rank 0 adds the rest as EXTRA and the marker, and renames the
+    partial directory into place; returns the final path on every rank."""
+    final, partial = _begin(Path(directory), step, runtime)
+    shards = {k: state[k] for k in layout.SHARDED_KEYS if k in state}
+    if shards:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        try:  # a collective; rank 0 writes .metadata last, after every rank's shards
+            dcp.save(shards, checkpoint_id=str(partial), no_dist=not _distributed())
+        except CheckpointException as exc:  # a BaseException: turn it into an error a user can act on
+            raise _failed(step, directory, exc) from exc
+    if write_native is not None:
+        write_native(partial)
+    runtime.barrier()  # every rank's shards are on disk
+    if runtime.is_main:
+        _complete(partial, final, _rest(state), record, bool(shards))
+    runtime.barrier()  # nobody runs ahead (or exits) before the checkpoint is complete
+    return final
+
+
+def save_async(directory: Path, step: int, state: dict[str, Any], runtime: Any, record: dict[str, Any], *,
+               stager: Any, group: Any, before_rename: Callable[[], None] | None = None
+               ) -> tuple[Path, Callable[[], None]]:
+    """Every rank calls this; the state is staged when it returns. DCP's ``async_save`` copies this
+    rank's shards into ``stager``'s host memory and writes them in torch's background thread, planning
+    over ``group`` (not the training's process group); rank 0 stages the rest. Returns the final path
+    and the job that finishes the save, to run in the background on every rank: it waits for DCP
+    (whose last gather means every rank's shards and .metadata are on disk), then rank 0 writes
+    EXTRA and the marker and renames the partial directory into place, as :func:`save` does."""
+    final, partial = _begin(Path(directory), step, runtime)
+    shards = {k: state[k] for k in layout.SHARDED_KEYS if k in state}
+    rest = stager.stage(_rest(state)) if runtime.is_main else None
+    upload = None
+    if shards:
+        import torch.distributed.checkpoint as dcp
+
+        response = dcp.async_save(shards, checkpoint_id=str(partial), process_group=group, async_stager=stager,
+                                  no_dist=not _distributed())
+        upload = getattr(response, "upload_completion", response)  # a Future, or torch's newer response
+
+    def finish() -> None:
+        if upload is not None:
+            from torch.distributed.checkpoint.api import CheckpointException
+
+            try:
+                upload.result()
+            except CheckpointException as exc:
+                raise _failed(step, directory, exc) from exc
+        if runtime.is_main:
+            if before_rename is not None:
+                before_rename()
+            _complete(partial, final, rest, record, bool(shards))
+
+    return final, finish
+
+
+def _begin(directory: Path, step: int, runtime: Any) -> tuple[Path, Path]:
+    """Every rank: (final path, partial directory), the latter created empty and private by rank 0."""
+    final, partial = layout.directory_path(directory, step), layout.partial_path(directory, step)
     runtime.barrier()  # everybody has finished the step being saved
     if runtime.is_main:
         shutil.rmtree(partial, ignore_errors=True)  # left by an interrupted save of this step
@@ -119,63 +157,56 @@ def save(directory: Path, step: int, state: dict[str, Any], runtime: Any, meta: 
         partial.mkdir(mode=0o700)
         os.chmod(partial, 0o700)
     runtime.barrier()
-    shards = {k: state[k] for k in DCP_KEYS if k in state}
-    writer: Callable[[Path], None] | None = state.get(WRITER_KEY)
-    if shards:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.api import CheckpointException
+    return final, partial
 
-        try:  # a collective; rank 0 writes .metadata last, after every rank's shards
-            dcp.save(shards, checkpoint_id=str(partial), no_dist=not _distributed())
-        except CheckpointException as exc:  # a BaseException: turn it into an error a user can act on
-            raise CheckpointError(f"saving the sharded checkpoint of step {step} failed: {_describe(exc)}",
-                                  hint=f"the newest complete checkpoint in {directory} stays the one to resume "
-                                       "from; check free space and permissions") from exc
-    if writer is not None:
-        writer(partial)
-    runtime.barrier()  # every rank's shards are on disk
-    if runtime.is_main:
-        extra = {k: v for k, v in state.items() if k not in DCP_KEYS and k != WRITER_KEY}
-        atomic_torch_save(extra, partial / EXTRA)
-        marker = {**meta, "format": "dcp" if shards else meta.get("strategy", "native"),
-                  "sharded_format": FORMAT, "version": __version__, "step": step, "complete": True}
-        atomic_write_text(partial / MARKER, json.dumps(marker, indent=2))
-        for shard in partial.iterdir():
-            os.chmod(shard, 0o600)
-        fsync_dir(partial)
-        if final.exists():  # the same step saved again (a resumed run)
-            shutil.rmtree(final)
-        os.replace(partial, final)
-        fsync_dir(directory)
-    runtime.barrier()  # nobody runs ahead (or exits) before the checkpoint is complete
-    return final
+
+def _rest(state: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in state.items() if k not in layout.SHARDED_KEYS}
+
+
+def _failed(step: int, directory: Path, exc: BaseException) -> CheckpointError:
+    return CheckpointError(f"saving the sharded checkpoint of step {step} failed: {_describe(exc)}",
+                           hint=f"the newest complete checkpoint in {directory} stays the one to resume from; "
+                                "check free space and permissions")
+
+
+def _complete(partial: Path, final: Path, rest: dict[str, Any], record: dict[str, Any], shards: bool) -> None:
+    """Rank 0, once every rank's part is on disk: EXTRA, the marker, private modes, then the rename
+    that makes the checkpoint visible."""
+    atomic_torch_save(rest, partial / layout.EXTRA)
+    marker = {**record, "format": "dcp" if shards else record.get("strategy", "native"),
+              "sharded_format": layout.FORMAT}
+    atomic_write_text(partial / layout.MARKER, json.dumps(marker, indent=2))
+    for shard in partial.iterdir():
+        os.chmod(shard, 0o600)
+    fsync_dir(partial)
+    if final.exists():  # the same step saved again (a resumed run)
+        shutil.rmtree(final)
+    os.replace(partial, final)
+    fsync_dir(final.parent)
 
 
 def read_marker(path: Path) -> dict[str, Any]:
     """The marker of a complete sharded checkpoint; CheckpointError says why ``path`` is not one."""
-    marker_file = Path(path) / MARKER
+    marker_file = Path(path) / layout.MARKER
     try:
         marker = json.loads(marker_file.read_text())
     except FileNotFoundError:
-        raise CheckpointError(f"{path} has no {MARKER}: the save was interrupted before it completed",
+        raise CheckpointError(f"{path} has no {layout.MARKER}: the save was interrupted before it completed",
                               hint="delete it; the previous checkpoint will be used") from None
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{marker_file} is unreadable: {exc}", hint="delete the directory") from None
     if not isinstance(marker, dict) or marker.get("complete") is not True:
         raise CheckpointError(f"{marker_file} does not mark a complete checkpoint", hint="delete the directory")
-    if marker.get("format") == "dcp" and not (Path(path) / ".metadata").is_file():
-        raise CheckpointError(f"{path} lacks DCP's .metadata index: its shards are incomplete",
+    if marker.get("format") == "dcp" and not (Path(path) / layout.DCP_INDEX).is_file():
+        raise CheckpointError(f"{path} lacks DCP's {layout.DCP_INDEX} index: its shards are incomplete",
                               hint="delete it; the previous checkpoint will be used")
     return marker
 
 
-def open_checkpoint(path: Path) -> dict[str, Any]:
-    """The state of a complete sharded checkpoint as the rank-0 path gives it, with the shards left on
-    disk under ``state["sharded"]`` (a ShardedRef) for the strategy to read."""
-    from trainscale.checkpoint.manager import read_torch_file
-
+def open_checkpoint(path: Path) -> tuple[dict[str, Any], ShardedRef]:
+    """A complete sharded checkpoint: (its EXTRA entries with the record, its shards left on disk)."""
     marker = read_marker(path)
-    extra = read_torch_file(Path(path) / EXTRA)
-    meta = {k: marker[k] for k in ("format", "version", "world_size", "strategy", "step", "complete") if k in marker}
-    return {**extra, "trainscale": meta, "sharded": ShardedRef(Path(path), marker["format"])}
-
+    extra = read_torch_file(Path(path) / layout.EXTRA)
+    record = {k: marker[k] for k in layout.RECORD_FIELDS if k in marker}
+    return {**extra, layout.RECORD: record}, ShardedRef(Path(path), marker["format"])

@@ -38,10 +38,6 @@ Examples:
   trainscale bench allreduce --slurm --profile lumi --account project_465000000 --time 00:10:00 --nodes 2
 """
 
-_VALUED = {"--workload", "--configs", "--scaling", "--batch-size", "--epochs", "--max-steps", "--data", "--samples",
-           "--baseline", "--sweep-batch", "--out", "--project-to", "--interconnect", "--links-per-node", "--overlap",
-           "--profile", "--nodes", "--gpus-per-node", "--time", "--account", "--partition", "--reservation",
-           "--launcher", "--python", "--poll"}
 SLURM_ONLY = ("profile", "gpus_per_node", "time", "account", "partition", "reservation", "launcher", "python", "poll")
 
 
@@ -106,19 +102,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def split_argv(argv: list[str]) -> tuple[list[str], str | None, list[str], list[str]]:
     """(bench options, script or None, script args, workload args after ``--``)."""
-    i = 0
-    while i < len(argv):
-        tok = argv[i]
-        if tok == "--":
-            return argv[:i], None, [], argv[i + 1:]
-        if tok in _VALUED:
-            i += 2
-            continue
-        if tok.startswith("-"):
-            i += 1
-            continue
-        return argv[:i], tok, argv[i + 1:], []
-    return argv, None, [], []
+    from trainscale.cli.split import split_command
+
+    split = split_command(_parser(), argv, double_dash="rest")
+    if split.target is None:
+        return split.options, None, [], split.rest
+    return split.options, split.target, split.rest, []
 
 
 def list_interconnects() -> str:
@@ -189,15 +178,17 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(sweep_table(study) if spec.sweep_batches else markdown_table(study))
     print()
-    if study.get("validation"):
-        v = study["validation"]
-        if v["mean_abs_error"] is not None:
-            print(f"Model check on this machine: predicted vs measured runtime, mean |error| {v['mean_abs_error']:.0%} "
-                  f"over configuration(s) {', '.join(v['runs'])}")
-    from trainscale.bench.results import busy_warning
+    if study.get("shared_hardware") and not spec.sweep_batches:
+        print(f"Shared hardware: {study['shared_hardware']}")
+    from trainscale.bench.results import busy_warning, model_check, suggestions
+
+    if model_check(study):
+        print(model_check(study))
 
     if busy_warning(study):
         print(f"Warning: {busy_warning(study)}")
+    for text in suggestions(study):
+        print(f"Suggestion: {text}")
     if study.get("projection_error"):
         print(f"No projection: {study['projection_error']}")
     for name, path in outcome.files.items():

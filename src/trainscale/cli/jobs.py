@@ -9,17 +9,31 @@ import sys
 
 
 def jobs(args: argparse.Namespace) -> int:
-    from trainscale.launch.slurm import squeue
+    from trainscale.launch.slurm import job_info, squeue
+    from trainscale.launch.slurm.chains import chains
+    from trainscale.launch.slurm.jobdir import load_records
 
     user = None if args.all else (os.environ.get("USER") or getpass.getuser())
     found = squeue(user=user)
     if not found:
         print(f"no jobs in the queue{'' if args.all else f' for {user}'}")
         return 0
+
+    def state_of(job_id: str) -> str:
+        info = job_info(job_id)
+        return info.state if info is not None else "UNKNOWN"
+
+    grouped = chains(load_records(), found, state_of)
+    in_chain = {job for c in grouped for job, _ in c.links}
     print(f"{'JOBID':<10} {'NAME':<24} {'STATE':<12} {'TIME':>10} {'LIMIT':>10}  NODELIST(REASON)")
     for j in found:
+        if j.job_id in in_chain:
+            continue
         where = j.nodelist if j.state == "RUNNING" else f"({j.reason})" if j.reason else j.nodelist
         print(f"{j.job_id:<10} {j.name[:24]:<24} {j.state:<12} {j.elapsed:>10} {j.time_limit:>10}  {where}")
+    for c in grouped:
+        first = c.links[0][0]
+        print(f"{first + '+':<10} {c.name[:24]:<24} {c.state:<12} {'chain':>10} {len(c.links):>9}x  {c.describe()}")
     return 0
 
 
@@ -58,6 +72,14 @@ def cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def attach(args: argparse.Namespace) -> int:
+    from trainscale.launch.allocation import attach_command
+
+    command = attach_command(args.job_id, args.node, [c for c in args.command if c != "--"])
+    os.execvp(command[0], command)  # the shell or command takes over this terminal
+    return 0  # pragma: no cover
+
+
 def register(sub) -> None:
     p = sub.add_parser("jobs", help="your SLURM jobs and their states (squeue)")
     p.add_argument("--all", action="store_true", help="every user's jobs")
@@ -67,6 +89,11 @@ def register(sub) -> None:
     p.add_argument("--rank", type=int, default=None, help="show this global rank's output")
     p.add_argument("--tail", type=int, default=None, help="only the last N lines")
     p.set_defaults(func=logs)
+    p = sub.add_parser("attach", help="a shell (or a command) on a running job's node: srun --jobid J --overlap")
+    p.add_argument("job_id")
+    p.add_argument("--node", default=None, help="which of the job's nodes (default: its first)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS... (default: an interactive shell)")
+    p.set_defaults(func=attach)
     p = sub.add_parser("cancel", help="cancel a SLURM job (scancel)")
     p.add_argument("job_id")
     p.add_argument("--signal", default=None, help="send this signal instead of cancelling, e.g. USR1")

@@ -15,11 +15,15 @@ SUBCOMMANDS = (
     "run",
     "workloads",
     "slurm",
+    "sweep",
     "jobs",
     "bind",
     "profiles",
     "bench",
+    "tune",
+    "report",
     "doctor",
+    "selftest",
 )
 
 

@@ -11,19 +11,23 @@ def _list() -> int:
     rows = []
     for source in list_profiles():
         origin = "built-in" if source.origin == "built-in" else f"user: {source.path}"
-        if source.overrides_builtin:
-            origin += " (replaces built-in)"
         try:
             p = load_profile(str(source.path))
+            if p.extends:
+                origin += f" (extends {p.extends})"
+            elif source.overrides_builtin:
+                origin += " (replaces built-in)"
             rows.append((source.name, origin, ",".join(p.partitions) or "-", str(p.gpus_per_node),
                          p.default_launcher, p.description))
         except ConfigError as exc:
+            origin += " (replaces built-in)" if source.overrides_builtin else ""
             rows.append((source.name, origin, "?", "?", "?", f"BROKEN: {exc.message}"))
     headers = ("NAME", "SOURCE", "PARTITIONS", "GPUS/NODE", "LAUNCHER", "DESCRIPTION")
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers[:-1])]
     for row in (headers, *rows):
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
-    print(f"\nUser profiles: {user_profile_dir()}/NAME.toml (a user profile replaces a built-in of the same name).")
+    print(f"\nUser profiles: {user_profile_dir()}/NAME.toml (it replaces a built-in of the same name; "
+          'with extends = "NAME" it changes only the keys it sets: docs/profiles.md).')
     print("Show one: trainscale profiles NAME    Binding plan: trainscale bind --profile NAME")
     return 0
 
@@ -44,7 +48,8 @@ def _show(name: str) -> int:
         elif f.name == "env":
             value = " ".join(f"{k}={v}" for k, v in value.items()) or "-"
         elif f.name == "container" and value is not None:
-            value = f"{value.runtime} exec " + " ".join([*(f"-B {b}" for b in value.binds), *value.flags])
+            value = " ".join([value.runtime, value.mode, *(f"-B {b}" for b in value.binds), *value.flags,
+                              *(f"[setup: {line}]" for line in value.setup)])
         elif isinstance(value, tuple):
             value = "; ".join(value) or "-"
         print(f"{f.name:<20} {value}")

@@ -1,4 +1,4 @@
-"""`trainscale run`: launch a script, module or built-in workload on N local ranks (torchrun-compatible)."""
+"""`trainscale run`: torchrun's command line, launching a script, module or built-in workload."""
 
 from __future__ import annotations
 
@@ -9,93 +9,97 @@ from pathlib import Path
 
 from trainscale.errors import ConfigError
 
-HELP = """trainscale run [--nproc-per-node N|auto|gpu] [--nnodes N|MIN:MAX] [--node-rank K]
-               [--rdzv-endpoint HOST:PORT] [--rdzv-backend c10d|static] [--rdzv-id ID]
-               [--rdzv-timeout S] [--max-restarts K] [--log-dir DIR] [--all-ranks]
-               (--workload NAME | -m MODULE | SCRIPT) [ARGS...]
-
-Examples:
-  trainscale run --nproc-per-node 2 --workload cnn --epochs 5 --batch-size 16 --lr 0.001
-  trainscale run --nproc-per-node 4 train.py --my-option 1
-  trainscale run --nnodes 2 --nproc-per-node 4 --rdzv-endpoint node1:29400 --rdzv-id job42 -m mypkg.train
-"""
+# Options whose torchrun meaning trainscale takes over through its own spec fields.
+_SPEC_FIELDS = ("nproc_per_node", "nnodes", "max_restarts", "log_dir", "training_script", "training_script_args",
+                "module", "no_python", "run_path", "workload", "all_ranks", "rdzv_timeout")
 
 
-def _launcher_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="trainscale run", usage=HELP, add_help=True)
-    p.add_argument("--nproc-per-node", "--nproc_per_node", default="1")
-    p.add_argument("--nnodes", default="1")
-    p.add_argument("--node-rank", "--node_rank", type=int, default=None)
-    p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default="")
-    p.add_argument("--rdzv-backend", "--rdzv_backend", default="c10d")
-    p.add_argument("--rdzv-id", "--rdzv_id", default="")
-    p.add_argument("--rdzv-timeout", type=int, default=900)
-    p.add_argument("--max-restarts", "--max_restarts", type=int, default=0)
-    p.add_argument("--log-dir", "--log_dir", default=None)
-    p.add_argument("--all-ranks", action="store_true", help="show every rank's output, prefixed")
-    p.add_argument("--standalone", action="store_true", help="accepted for torchrun compatibility (the default)")
-    p.add_argument("--workload", default=None)
-    p.add_argument("-m", "--module", dest="module", default=None)
-    return p
+def build_spec(argv: list[str], environ=None):
+    from trainscale.cli.split import given_dests, split_command
+    from trainscale.launch.local import LocalLaunchSpec, parse_nnodes
+    from trainscale.launch.torchrun import parser as torchrun_parser
+    from trainscale.launch.torchrun import resolve_nproc
 
-
-def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
-    """Launcher options before the target; everything from the target on belongs to the script."""
-    flags_with_value = {"--nproc-per-node", "--nproc_per_node", "--nnodes", "--node-rank", "--node_rank",
-                        "--rdzv-endpoint", "--rdzv_endpoint", "--rdzv-backend", "--rdzv_backend", "--rdzv-id",
-                        "--rdzv_id", "--rdzv-timeout", "--max-restarts", "--max_restarts", "--log-dir", "--log_dir"}
-    i = 0
-    while i < len(argv):
-        tok = argv[i]
-        if tok in ("--workload", "-m", "--module"):
-            return argv[:i + 2], argv[i + 2:]
-        if tok.startswith("--workload=") or tok.startswith("--module="):
-            return argv[:i + 1], argv[i + 1:]
-        if tok in flags_with_value:
-            i += 2
-            continue
-        if tok.startswith("-"):
-            i += 1
-            continue
-        return argv[:i + 1], argv[i + 1:]  # the script path
-    return argv, []
-
-
-def build_spec(argv: list[str]):
-    from trainscale.launch.local import LocalLaunchSpec, parse_nnodes, resolve_nproc
-
-    launcher_argv, script_args = split_argv(argv)
-    parser = _launcher_parser()
-    parser.add_argument("script", nargs="?")
-    ns = parser.parse_args(launcher_argv)
-    chosen = [x for x in (ns.workload, ns.module, ns.script) if x]
-    if len(chosen) != 1:
-        raise ConfigError("give exactly one of --workload NAME, -m MODULE or SCRIPT" if chosen else "nothing to run",
-                          hint="e.g. trainscale run --nproc-per-node 2 --workload cnn, or trainscale run train.py")
+    parser = torchrun_parser()
+    split = split_command(parser, argv, target_options=("--workload",))
+    ns = parser.parse_args(split.options + ([split.target] if split.target and not split.target_option else []))
+    workload = split.target if split.target_option == "--workload" else None
+    target = workload or split.target
+    if not target:
+        raise ConfigError("nothing to run", hint="give a script (trainscale run train.py), -m MODULE, or --workload NAME "
+                                                 "(trainscale run --nproc-per-node 2 --workload cnn)")
+    if workload and (ns.module or ns.no_python):
+        raise ConfigError("--workload with -m/--no-python", hint="a workload is run by name: drop -m/--no-python")
     nproc = resolve_nproc(ns.nproc_per_node)
-    module, target = bool(ns.module or ns.workload), ns.module or ns.script
-    if ns.workload:
+    parse_nnodes(ns.nnodes)
+    _check_filter(ns.local_ranks_filter)
+    script_args = list(split.rest)
+    if workload:
         from trainscale.workloads.registry import get_workload
 
-        workload = get_workload(ns.workload)
         low, high = parse_nnodes(ns.nnodes)
         if low == high:
-            preflight = getattr(importlib.import_module(workload.module), "preflight", None)
+            preflight = getattr(importlib.import_module(get_workload(workload).module), "preflight", None)
             if preflight:
                 preflight(script_args, nproc * low)
-        target, script_args = "trainscale.workloads", [ns.workload, *script_args]
-    spec = LocalLaunchSpec(
-        target=target, args=tuple(script_args), module=module, nproc_per_node=nproc, nnodes=ns.nnodes,
-        node_rank=ns.node_rank, rdzv_endpoint=ns.rdzv_endpoint, rdzv_backend=ns.rdzv_backend, rdzv_id=ns.rdzv_id,
-        rdzv_timeout_s=ns.rdzv_timeout, max_restarts=ns.max_restarts,
+        target, script_args = "trainscale.workloads", [workload, *script_args]
+    elif not ns.no_python:
+        from trainscale.launch.preflight import check_script_args
+
+        check_script_args(script_args, nproc * parse_nnodes(ns.nnodes)[0])
+    given = given_dests(parser, split.options, environ)
+    torchrun = {dest: getattr(ns, dest) for dest in given if dest not in _SPEC_FIELDS}
+    return LocalLaunchSpec(
+        target=target, args=tuple(script_args), module=bool(ns.module or workload), no_python=bool(ns.no_python),
+        nproc_per_node=nproc, nnodes=ns.nnodes, max_restarts=ns.max_restarts,
         log_dir=Path(ns.log_dir) if ns.log_dir else None, console_all_ranks=ns.all_ranks,
+        rdzv_timeout_s=ns.rdzv_timeout, torchrun=torchrun,
     )
-    return spec
+
+
+def _check_filter(value: str) -> None:
+    if value and not all(part.strip().isdigit() for part in value.split(",")):
+        raise ConfigError(f"--local-ranks-filter {value!r} is not a list of local ranks",
+                          hint="write them comma-separated, e.g. --local-ranks-filter 0,1")
+
+
+def spread_over_allocation(argv: list[str], environ=None) -> int | None:
+    """Inside an allocation (salloc, a batch script) with --nnodes > 1: one agent per node through
+    ``srun --overlap``; None when this run stays on this node."""
+    import os
+    import subprocess
+
+    from trainscale.cli.split import given_dests, split_command
+    from trainscale.launch.allocation import plan_spread
+    from trainscale.launch.local import parse_nnodes
+    from trainscale.launch.torchrun import parser as torchrun_parser
+
+    environ = os.environ if environ is None else environ
+    parser = torchrun_parser()
+    split = split_command(parser, argv, target_options=("--workload",))
+    ns = parser.parse_args(split.options)
+    target = ([split.target_option] if split.target_option else []) + ([split.target] if split.target else [])
+    plan = plan_spread(split.options, target + split.rest, parse_nnodes(ns.nnodes)[1],
+                       given_dests(parser, split.options, environ), environ)
+    if plan is None:
+        return None
+    probe = subprocess.run(plan.port_probe, capture_output=True, text=True, timeout=120)
+    if probe.returncode != 0 or not probe.stdout.strip().isdigit():
+        raise ConfigError(f"could not start a step on {plan.nodes[0]} of this allocation: "
+                          f"{(probe.stderr or probe.stdout).strip() or f'exit code {probe.returncode}'}",
+                          hint="is the allocation still alive (squeue)? srun --overlap needs SLURM 20.11 or newer")
+    command = [part.replace("{port}", probe.stdout.strip()) for part in plan.launch]
+    print(f"trainscale: inside allocation {environ['SLURM_JOB_ID']}: one agent per node on {','.join(plan.nodes)} "
+          f"(srun --overlap), rendezvous on {plan.nodes[0]}:{probe.stdout.strip()}", file=sys.stderr, flush=True)
+    return subprocess.call(command)
 
 
 def run(args: argparse.Namespace) -> int:
     from trainscale.launch.local import launch
 
+    spread = spread_over_allocation(args.argv)
+    if spread is not None:
+        return spread
     spec = build_spec(args.argv)
     result = launch(spec)
     if not result.ok:
@@ -110,7 +114,7 @@ run_raw = run
 
 
 def register(sub) -> None:
-    p = sub.add_parser("run", help="launch a script or workload on N local ranks (torchrun-compatible)",
-                       add_help=False, usage=HELP)
+    p = sub.add_parser("run", help="launch a script or workload on N ranks (torchrun's options, trainscale's defaults)",
+                       add_help=False)
     p.add_argument("argv", nargs=argparse.REMAINDER)
     p.set_defaults(func=run)

@@ -9,116 +9,183 @@ from pathlib import Path
 
 from trainscale.errors import ConfigError
 
-HELP = """usage: trainscale slurm (--workload NAME | -m MODULE | SCRIPT) [ARGS...]  -- with these options first:
-         --profile P --nodes N --gpus-per-node G --time T
-         [--account A] [--partition P] [--reservation R] [--mem-per-gpu M] [--cpus-per-gpu C]
-         [--cpus-per-task C] [--ntasks-per-node N] [--cpu-bind B] [--container IMAGE]
-         [--launcher torchrun|srun] [--job-name NAME] [--output-dir DIR] [--signal USR1@90] [--requeue]
-         [--sbatch OPTION ...] [--env KEY=VALUE ...] [--python PATH] [--master-port P] [--dataloader-workers W]
-         (--dry-run | --submit [--watch] [--poll S])
+HELP = """usage: trainscale slurm [OPTIONS] (SCRIPT | -m MODULE | --workload NAME) [ARGS...]
 
-Options for trainscale come before the script; everything after the script (or the workload's
-name) belongs to the script.
+trainscale's options come first, in sbatch's spelling where sbatch has one; everything after the script
+(or -m MODULE / --workload NAME) belongs to the script. One of --dry-run, --test-only or --submit.
 
 Examples:
-  trainscale slurm --profile lumi --account project_465000000 --nodes 4 --time 02:00:00 --dry-run train.py --lr 3e-4
-  trainscale slurm --profile local-test --nodes 2 --gpus-per-node 2 --time 00:10:00 --launcher srun \\
+  trainscale slurm --profile lumi -A project_465000000 -N 4 -t 02:00:00 --dry-run train.py --lr 3e-4
+  trainscale slurm --profile lumi -A project_465000000 -N 2 -t 1:00:00 -p standard-g \\
+      --container $SIF --container-setup '$WITH_CONDA' --submit cnn_multinode.py --epochs 5
+  trainscale slurm --profile cyclone -N 2 --gpus-per-node 2 -t 01:00:00 --launcher srun \\
+      --module 'load PyTorch/2.1.2-foss-2023a-CUDA-12.1.1' --submit --watch cnn_multinode.py
+  trainscale slurm --profile local-test -N 2 --gpus-per-node 2 -t 00:10:00 --launcher srun \\
       --submit --watch --workload cnn --max-steps 20
+  trainscale slurm --config job.toml --submit train.py      # [slurm] table: any option below, by field name
 """
 
-VALUE_FLAGS = ("--profile", "--nodes", "--gpus-per-node", "--time", "--account", "--partition", "--reservation",
-               "--mem-per-gpu", "--cpus-per-gpu", "--cpus-per-task", "--ntasks-per-node", "--cpu-bind",
-               "--container", "--launcher", "--job-name", "--output-dir", "--signal", "--sbatch", "--env",
-               "--python", "--master-port", "--dataloader-workers", "--poll", "--watch-timeout")
+RESOLUTION = ("Each option resolves as defaults < profile < --config FILE ([slurm] table) < "
+              "TRAINSCALE_SLURM_<OPTION> < the command line; a later source replaces the whole value.")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="trainscale slurm", usage=HELP.removeprefix("usage: "), add_help=True)
-    p.add_argument("--profile", default="generic-nvidia")
-    p.add_argument("--nodes", type=int, default=1)
-    p.add_argument("--gpus-per-node", type=int, default=None, help="on CPU-only profiles: ranks per node")
-    p.add_argument("--time", default=None)
-    p.add_argument("--account")
-    p.add_argument("--partition")
-    p.add_argument("--reservation")
-    p.add_argument("--mem-per-gpu")
-    p.add_argument("--cpus-per-gpu", type=int)
-    p.add_argument("--cpus-per-task", type=int)
-    p.add_argument("--ntasks-per-node", type=int)
-    p.add_argument("--cpu-bind")
-    p.add_argument("--container")
-    p.add_argument("--launcher", choices=("torchrun", "srun"))
-    p.add_argument("--job-name")
-    p.add_argument("--output-dir", default="trainscale-jobs")
-    p.add_argument("--signal")
-    p.add_argument("--requeue", action="store_true")
-    p.add_argument("--sbatch", action="append", default=[], help="an extra #SBATCH option, e.g. --constraint=a100")
-    p.add_argument("--env", action="append", default=[], help="KEY=VALUE exported in the batch script")
-    p.add_argument("--python")
-    p.add_argument("--master-port", type=int)
-    p.add_argument("--dataloader-workers", type=int, default=0)
-    p.add_argument("--dry-run", action="store_true", help="print the batch script and the lint findings")
-    p.add_argument("--submit", action="store_true", help="lint, write the script and sbatch it")
-    p.add_argument("--watch", action="store_true", help="after --submit, follow the job to its end")
-    p.add_argument("--poll", type=float, default=2.0, help="seconds between queue polls with --watch")
-    p.add_argument("--watch-timeout", type=float, default=None)
-    p.add_argument("--workload")
-    p.add_argument("-m", "--module", dest="module")
+    p = argparse.ArgumentParser(prog="trainscale slurm", usage=argparse.SUPPRESS, description=HELP,
+                                epilog=RESOLUTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                argument_default=None)
+    job = p.add_argument_group("the allocation (sbatch's options)")
+    job.add_argument("-N", "--nodes", type=int)
+    job.add_argument("--gpus-per-node", metavar="[TYPE:]N", help="GPUs per node (CPU-only profiles: ranks per node)")
+    job.add_argument("-n", "--ntasks", type=int, help="total ranks (with --nodes: ranks per node)")
+    job.add_argument("-t", "--time", help="time limit, any sbatch form (MM, HH:MM:SS, D-HH:MM, UNLIMITED...)")
+    job.add_argument("-A", "--account")
+    job.add_argument("-p", "--partition")
+    job.add_argument("-q", "--qos")
+    job.add_argument("-C", "--constraint")
+    job.add_argument("--reservation")
+    job.add_argument("--exclusive", action="store_const", const=True)
+    job.add_argument("--mem", help="memory per node, e.g. 400G")
+    job.add_argument("--mem-per-gpu")
+    job.add_argument("--cpus-per-gpu", type=int)
+    job.add_argument("-c", "--cpus-per-task", type=int)
+    job.add_argument("--ntasks-per-node", type=int, dest="tasks_per_node")
+    job.add_argument("--gpu-bind")
+    job.add_argument("-J", "--job-name")
+    job.add_argument("-o", "--output", help="the batch step's output file (sbatch patterns: %%j %%x ...)")
+    job.add_argument("-e", "--error")
+    job.add_argument("-d", "--dependency")
+    job.add_argument("-a", "--array")
+    job.add_argument("--mail-type")
+    job.add_argument("--mail-user")
+    job.add_argument("--export")
+    job.add_argument("-D", "--chdir")
+    job.add_argument("--signal", help="warning before the time limit, e.g. USR1@90")
+    job.add_argument("--requeue", action="store_const", const=True,
+                     help="on the warning signal, checkpoint and requeue (at most --max-requeues times)")
+    job.add_argument("--no-requeue", action="store_const", const=False, dest="requeue")
+    job.add_argument("--max-requeues", type=int, metavar="K", help="requeues after which the job stops (default 3)")
+    job.add_argument("--chain", type=int, metavar="N",
+                     help="submit N jobs, each starting after the one before ends (afterany), resuming the run")
+    job.add_argument("--sbatch", action="append", dest="extra_sbatch", metavar="OPTION",
+                     help="any other #SBATCH option, e.g. --sbatch=--licenses=scratch")
+    run = p.add_argument_group("the run")
+    run.add_argument("--profile", help="cluster profile (trainscale profiles)")
+    run.add_argument("--launcher", choices=("torchrun", "srun"))
+    run.add_argument("--cpu-bind")
+    run.add_argument("--gpu-visibility", choices=("auto", "task", "node"),
+                     help="srun mode: each task sees its own GPU (task), all of the node's (node), or auto")
+    run.add_argument("--module", action="append", dest="modules", metavar="LINE",
+                     help="an environment-module line, e.g. --module 'load PyTorch/2.1' (repeatable)")
+    run.add_argument("--setup", action="append", metavar="LINE", help="a shell line run before launch (repeatable)")
+    run.add_argument("--env", action="append", metavar="KEY=VALUE", help="exported in the batch script")
+    run.add_argument("--python", help="Python on the nodes (in a container: the image's, e.g. a venv made in it)")
+    run.add_argument("--master-port", type=int)
+    run.add_argument("--dataloader-workers", type=int)
+    run.add_argument("--output-dir", help="where each submission's run directory goes (trainscale-jobs)")
+    run.add_argument("--snapshot", metavar="DIR",
+                     help="copy this directory (your package) into the run at submission; the job runs the copy")
+    run.add_argument("--config", help="TOML file with a [slurm] table of these options")
+    box = p.add_argument_group("containers")
+    box.add_argument("--container", metavar="IMAGE")
+    box.add_argument("--container-run", action="store_const", const="run", dest="container_mode",
+                     help="start through the image's runscript (singularity run) instead of exec")
+    box.add_argument("--container-setup", action="append", metavar="LINE",
+                     help="a shell line run inside the container before Python, e.g. '$WITH_CONDA'")
+    box.add_argument("--bind", action="append", dest="binds", metavar="SRC[:DST[:OPTS]]")
+    act = p.add_argument_group("what to do")
+    act.add_argument("--dry-run", action="store_true", help="print the script and the findings (and sbatch --test-only)")
+    act.add_argument("--test-only", action="store_true", help="ask the scheduler (sbatch --test-only); submit nothing")
+    act.add_argument("--submit", action="store_true", help="lint, write the script and sbatch it")
+    act.add_argument("--watch", action="store_true", help="after --submit, follow the job to its end")
+    act.add_argument("--poll", type=float, default=2.0, help="seconds between queue polls with --watch")
+    act.add_argument("--watch-timeout", type=float)
+    act.add_argument("--workload", help=argparse.SUPPRESS)
+    p.add_argument("script", nargs="?", help=argparse.SUPPRESS)
     return p
 
 
-def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
-    """trainscale's options before the target; everything after the target belongs to the script."""
-    i = 0
-    while i < len(argv):
-        tok = argv[i]
-        if tok in ("--workload", "-m", "--module"):
-            return argv[:i + 2], argv[i + 2:]
-        if tok.startswith(("--workload=", "--module=")):
-            return argv[:i + 1], argv[i + 1:]
-        if tok in VALUE_FLAGS:
-            i += 2
-        elif tok.startswith("-"):
-            i += 1
-        else:
-            return argv[:i + 1], argv[i + 1:]
-    return argv, []
+_ACTIONS = ("dry_run", "test_only", "submit", "watch", "poll", "watch_timeout", "config", "script", "workload")
 
 
-def build(argv: list[str]):
-    """(spec, profile, namespace, preflight) from the command line."""
+def _cli_values(ns: argparse.Namespace) -> dict:
+    """The SlurmJobSpec fields the command line gave (None means: not given)."""
+    values = {k: v for k, v in vars(ns).items() if k not in _ACTIONS and v is not None}
+    if "gpus_per_node" in values:
+        text = str(values.pop("gpus_per_node"))
+        kind, _, count = text.rpartition(":")
+        if not count.isdigit():
+            raise ConfigError(f"--gpus-per-node {text!r} is not N or TYPE:N", hint="e.g. --gpus-per-node 4 or a100:4")
+        values["gpus_per_node"] = int(count)
+        if kind:
+            values["gpu_type"] = kind
+    if "env" in values:
+        env = {}
+        for item in values["env"]:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise ConfigError(f"--env {item!r} is not KEY=VALUE", hint="e.g. --env NCCL_DEBUG=INFO")
+            env[key] = value
+        values["env"] = env
+    for key in ("modules", "setup", "container_setup", "binds", "extra_sbatch"):
+        if key in values:
+            values[key] = tuple(values[key])
+    if "output_dir" in values:
+        values["output_dir"] = Path(values["output_dir"])
+    return values
+
+
+def build(argv: list[str], environ=None, *, extend=None, command: str = "slurm"):
+    """(spec, profile, namespace, preflight) from the command line, config file and environment.
+
+    ``extend(parser)`` adds a command's own options (``trainscale sweep``) and returns their dests, which
+    are not job spec fields."""
+    from trainscale.cli.split import split_command
+    from trainscale.config import load_config_file, resolve
     from trainscale.launch.slurm import SlurmJobSpec
     from trainscale.profiles import load_profile
 
-    own, script_args = split_argv(argv)
     parser = _parser()
-    parser.add_argument("script", nargs="?")
-    ns = parser.parse_args(own)
-    if not ns.time:
-        raise ConfigError("--time is required", hint="give the job's time limit, e.g. --time 01:00:00")
-    env = {}
-    for item in ns.env:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--env {item!r} is not KEY=VALUE", hint="e.g. --env NCCL_DEBUG=INFO")
-        env[key] = value
-    profile = load_profile(ns.profile)
+    own = tuple(extend(parser)) if extend else ()
+    split = split_command(parser, argv, target_options=("--workload", "-m"))
+    ns = parser.parse_args(split.options)
+    cli = {k: v for k, v in _cli_values(ns).items() if k not in own}
+    if split.target_option == "--workload":
+        cli["workload"] = split.target
+    elif split.target_option == "-m":
+        cli["module"] = split.target
+    elif split.target:
+        cli["script"] = split.target
+    cli["args"] = tuple(split.rest)
+    cli["command_line"] = ("trainscale", command, *argv)
+    config = load_config_file(ns.config) if ns.config else None
+    profile_name = cli.get("profile") or (config or {}).get("slurm", {}).get("profile") \
+        or (environ or {}).get("TRAINSCALE_SLURM_PROFILE") or "generic-nvidia"
+    profile = load_profile(profile_name)
+    try:
+        spec, _ = resolve(SlurmJobSpec, section="slurm", config=config, environ=environ, cli=cli)
+    except ConfigError as exc:
+        if "time" in str(exc) and "missing" in str(exc):
+            raise ConfigError("--time is required", hint="give the job's time limit, e.g. -t 01:00:00 "
+                                                         "(or time = \"01:00:00\" in the [slurm] table)") from None
+        raise
+    spec = _with_profile_name(spec, profile.name)
     preflight = None
-    if ns.workload:
+    if spec.workload:
         from trainscale.workloads.registry import get_workload
 
-        preflight = getattr(importlib.import_module(get_workload(ns.workload).module), "preflight", None)
-    spec = SlurmJobSpec(
-        script=ns.script, module=ns.module, workload=ns.workload, args=tuple(script_args), profile=profile.name,
-        nodes=ns.nodes, gpus_per_node=ns.gpus_per_node, time=ns.time, account=ns.account, partition=ns.partition,
-        reservation=ns.reservation, mem_per_gpu=ns.mem_per_gpu, cpus_per_gpu=ns.cpus_per_gpu,
-        cpus_per_task=ns.cpus_per_task, tasks_per_node=ns.ntasks_per_node, cpu_bind=ns.cpu_bind,
-        container=ns.container, launcher=ns.launcher, job_name=ns.job_name, output_dir=Path(ns.output_dir),
-        signal=ns.signal, requeue=ns.requeue, extra_sbatch=tuple(ns.sbatch), env=env, python=ns.python,
-        master_port=ns.master_port, dataloader_workers=ns.dataloader_workers,
-        command_line=("trainscale", "slurm", *argv),
-    )
+        preflight = getattr(importlib.import_module(get_workload(spec.workload).module), "preflight", None)
+    elif spec.script:
+        from trainscale.launch.preflight import check_script_args
+
+        def preflight(args, world_size, *, gpus):  # a script's own --deepspeed_config, read as DeepSpeed reads it
+            check_script_args(args, world_size, device="cuda" if gpus else "cpu")
     return spec, profile, ns, preflight
+
+
+def _with_profile_name(spec, name: str):
+    import dataclasses
+
+    return dataclasses.replace(spec, profile=name) if spec.profile != name else spec
 
 
 def _print_findings(findings) -> None:
@@ -127,23 +194,48 @@ def _print_findings(findings) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
+
     from trainscale.launch.slurm import lint, render, resolve
     from trainscale.launch.slurm.lint import errors
+    from trainscale.launch.slurm.probe import probe_container
 
-    spec, profile, ns, preflight = build(args.argv)
-    if ns.dry_run == ns.submit:
-        raise ConfigError("give exactly one of --dry-run (print the script) or --submit (sbatch it)",
-                          hint="start with --dry-run to read the script trainscale would submit")
+    spec, profile, ns, preflight = build(args.argv, os.environ)
+    if ns.watch and spec.chain > 1:
+        raise ConfigError("--watch follows one job; a chain is several",
+                          hint="follow it with `trainscale jobs` (a chain is one line there) and `trainscale logs JOBID`")
+    if [ns.dry_run, ns.submit, ns.test_only].count(True) != 1:
+        raise ConfigError("give exactly one of --dry-run (print the script), --test-only (ask the scheduler) or "
+                          "--submit (sbatch it)", hint="start with --dry-run to read the script trainscale would submit")
     plan = resolve(spec, profile)
-    findings = lint(spec, profile, plan, preflight=preflight)
+    findings = lint(spec, profile, plan, preflight=preflight) + probe_container(spec, profile, plan)
     _print_findings(findings)
-    if ns.dry_run:
-        print(render(spec, profile, plan), end="")
+    if ns.dry_run or ns.test_only:
+        text = render(spec, profile, plan)
+        if ns.dry_run:
+            print(text, end="")
+        _ask_scheduler(text, required=ns.test_only)
         return 2 if errors(findings) else 0
     if errors(findings):
         print(f"trainscale slurm: {len(errors(findings))} error(s): not submitted", file=sys.stderr, flush=True)
         return 2
     return submit_and_watch(spec, profile, plan, ns)
+
+
+def _ask_scheduler(text: str, *, required: bool) -> None:
+    """sbatch --test-only: when and where SLURM would start the job (nothing is submitted)."""
+    import shutil
+
+    from trainscale.launch.slurm.submit import ask_test_only
+
+    if not shutil.which("sbatch"):
+        if required:
+            raise ConfigError("--test-only needs sbatch, which is not on this machine's PATH",
+                              hint="run it on a SLURM login node, or use --dry-run")
+        return
+    ok, said = ask_test_only(text)
+    print(f"trainscale slurm: sbatch --test-only {'accepts' if ok else 'REFUSES'} the job: {said}", file=sys.stderr,
+          flush=True)
 
 
 def submit_and_watch(spec, profile, plan, ns) -> int:
@@ -152,8 +244,9 @@ def submit_and_watch(spec, profile, plan, ns) -> int:
     from trainscale.launch.slurm.watch import describe_progress
 
     record = submit_job(spec, profile, plan)
-    print(f"trainscale slurm: submitted job {record.job_id} ({plan.launcher} mode, world size {plan.world_size}); "
-          f"script {record.script}; logs in {record.job_dir} (trainscale logs {record.job_id} [--rank R])",
+    chain = f"chain of {spec.chain} jobs from " if spec.chain > 1 else ""
+    print(f"trainscale slurm: submitted {chain}job {record.job_id} ({plan.launcher} mode, world size "
+          f"{plan.world_size}); run directory {record.run_dir} (trainscale logs {record.job_id} [--rank R])",
           file=sys.stderr, flush=True)
     if not ns.watch:
         print(record.job_id, flush=True)  # alone on stdout, for scripts
@@ -172,6 +265,6 @@ run_raw = run
 
 def register(sub) -> None:
     p = sub.add_parser("slurm", help="render, lint, submit and watch a SLURM batch job (torchrun or srun mode)",
-                       add_help=False, usage=HELP.removeprefix("usage: "))
+                       add_help=False)
     p.add_argument("argv", nargs=argparse.REMAINDER)
     p.set_defaults(func=run)

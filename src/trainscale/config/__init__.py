@@ -64,9 +64,15 @@ def _coerce(name: str, text: str, annotation: Any, source: str) -> Any:
         if origin in (tuple, list):
             items = [x.strip() for x in text.split(",") if x.strip()]
             return tuple(items) if origin is tuple else items
+        if origin is dict:  # KEY=VALUE,KEY=VALUE
+            pairs = [x.split("=", 1) for x in text.split(",") if x.strip()]
+            if any(len(p) != 2 or not p[0].strip() for p in pairs):
+                raise ValueError(text)
+            return {k.strip(): v for k, v in pairs}
     except ValueError:
-        raise ConfigError(f"{source}: {name}={text!r} is not a valid {getattr(annotation, '__name__', annotation)}",
-                          hint=f"give {name} as a {getattr(annotation, '__name__', annotation)}") from None
+        kind = "KEY=VALUE,..." if origin is dict else getattr(annotation, "__name__", annotation)
+        raise ConfigError(f"{source}: {name}={text!r} is not a valid {kind}",
+                          hint=f"give {name} as a {kind}") from None
     return text
 
 

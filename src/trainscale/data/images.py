@@ -1,4 +1,4 @@
-"""MNIST-shaped image data: real MNIST (IDX files), scikit-learn's digits (offline default), synthetic.
+"""MNIST-shaped image data: real MNIST (IDX files), the shipped digits (offline default), synthetic.
 
 Every source returns float tensors already normalised with MNIST's mean/std, shape (N, 1, 28, 28),
 and int64 labels: the per-sample ToTensor/Normalize work is done once, for the whole set.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import os
+from importlib import resources
 import struct
 import urllib.request
 from dataclasses import dataclass
@@ -87,16 +88,21 @@ def load_mnist(root: Path, split: str) -> ImageSplit:
     return ImageSplit(normalise(images), read_idx(lbl_path).to(torch.int64))
 
 
+DIGITS = "digits.npz"
+"""The 1,797 8x8 handwritten digits of the UCI "Optical Recognition of Handwritten Digits" set (CC BY 4.0;
+the copy scikit-learn ships as load_digits), shipped with trainscale: the default data needs nothing optional."""
+
+
 def load_digits_28(split: str, test_fraction: float = 0.2) -> ImageSplit:
-    """scikit-learn's 1,797 8x8 digits, upscaled to 28x28 so MNIST models apply unchanged."""
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError:
-        raise ConfigError("the 'digits' data needs scikit-learn", hint="pip install 'trainscale[data]' or use --data synthetic") from None
-    bunch = load_digits()
-    images = torch.tensor(bunch.images, dtype=torch.float32).div_(16.0).unsqueeze(1)
+    """The 1,797 8x8 digits, upscaled to 28x28 so MNIST models apply unchanged."""
+    import numpy as np
+
+    with resources.files("trainscale.data").joinpath(DIGITS).open("rb") as fh:
+        data = np.load(fh)
+        raw_images, raw_labels = data["images"], data["target"]
+    images = torch.tensor(raw_images, dtype=torch.float32).div_(16.0).unsqueeze(1)
     images = F.interpolate(images, size=(28, 28), mode="bilinear", align_corners=False)
-    labels = torch.tensor(bunch.target, dtype=torch.int64)
+    labels = torch.tensor(raw_labels, dtype=torch.int64)
     # A fixed, seed-independent split so every rank and every run sees the same sets.
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(1234))
     n_test = int(len(labels) * test_fraction)

@@ -12,6 +12,7 @@ from trainscale.doctor.finding import BINDING, DEVICES, LAUNCH, THREADS, VERSION
 from trainscale.env import LaunchEnv, detect
 from trainscale.errors import TrainscaleError
 from trainscale.topology import PLAN_ENV, Topology, far_from_gpu, format_cpulist, plan_binding, plan_from_env
+from trainscale.topology.plan import gpu_order, visible_gpus
 
 # Variables worth showing in a bug report when they are set.
 SHOWN_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
@@ -95,7 +96,7 @@ def collect_launch(environ: Mapping[str, str]) -> tuple[list[Finding], LaunchEnv
     if env.restart_count:
         where += f", restart {env.restart_count}"
     hint = ""
-    if env.source == "single" and environ.get("SLURM_JOB_ID"):
+    if env.source == "single" and env.slurm_job_id:
         hint = ("this is the batch script of SLURM job, not an srun task: run `srun python -m trainscale.doctor "
                 "--network` to check every task")
     found = ok(LAUNCH, "detected", where, hint, source=env.source, rank=env.rank, world_size=env.world_size,
@@ -106,12 +107,15 @@ def collect_launch(environ: Mapping[str, str]) -> tuple[list[Finding], LaunchEnv
 def binding_plan(env: LaunchEnv | None, topology: Topology, environ: Mapping[str, str]):
     """(plan or None, requested?, note): the plan TRAINSCALE_CPU_BIND asks for, else the one trainscale would make."""
     lws = env.local_world_size if env else 1
+    local_rank = env.local_rank if env else 0
     value = environ.get(PLAN_ENV, "").strip()
     requested = value not in ("", "none")
     try:
         if requested:
-            return plan_from_env(value, lws, detect=lambda: topology), True, ""
-        return plan_binding(topology, lws), False, ""
+            return plan_from_env(value, lws, detect=lambda: topology, environ=environ, local_rank=local_rank), True, ""
+        node = [g.index for g in topology.gpus]
+        order = gpu_order(visible_gpus(environ, node), node, local_rank, lws) if node else None
+        return plan_binding(topology, lws, gpu_order=order), False, ""
     except TrainscaleError as exc:
         return None, requested, exc.message
 
@@ -161,7 +165,7 @@ def cpus_per_rank(env: LaunchEnv | None, topology: Topology, affinity: frozenset
     bound = environ.get(PLAN_ENV, "").strip() not in ("", "none")
     # srun/mpirun usually bind each task to its own CPUs, so a set smaller than the node's belongs to one task.
     # (Tasks may look like torchrun's when RANK etc. are exported for them; only torchrun's agent sets this.)
-    by_agent = "TORCHELASTIC_RUN_ID" in environ or environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    by_agent = env is not None and (env.elastic_agent or env.agent_store)
     if env and env.source != "single" and not by_agent and topology.cpus and set(affinity) != set(topology.cpus):
         bound = True
     if lws > 1 and not bound:

@@ -122,6 +122,24 @@ def all_reduce_check(runtime, numel: int, repeats: int = 5) -> Finding:
               bytes=size, median_ms=round(median * 1000, 3), busbw_gbs=round(busbw, 3), expected=expected)
 
 
+def transport_check(runtime, env: LaunchEnv, environ: Mapping[str, str], nccl_log) -> Finding:
+    """Which network the collective library used, against what the cluster's profile expects
+    (``TRAINSCALE_INTERCONNECT``, exported by the batch script): sockets on a fast network is the finding."""
+    from trainscale.observe import interconnect
+
+    expected = environ.get(interconnect.EXPECTED_VAR, "")
+    required = environ.get(interconnect.REQUIRED_VAR) == "1"
+    backend = "gloo" if runtime.backend == "gloo" else "nccl"
+    if backend == "nccl" and nccl_log is None:
+        return ok(NETWORK, "transport", "NCCL_DEBUG is set by you: trainscale did not read NCCL's log",
+                  "unset NCCL_DEBUG to let `trainscale doctor --network` read which network NCCL chose")
+    verdict = (interconnect.check_file(nccl_log, expected=expected, multi_node=env.num_nodes > 1, required=required)
+               if backend == "nccl" else interconnect.judge(interconnect.Transport((), False, ()), expected=expected,
+                                                            multi_node=env.num_nodes > 1, backend="gloo"))
+    maker = {"ok": ok, "warning": warning, "error": error}[verdict.level]
+    return maker(NETWORK, "transport", verdict.message, verdict.hint, expected=expected)
+
+
 def check_overlap(findings: list[Finding]) -> list[Finding]:
     """From every rank's identity: ranks on one host whose CPU sets overlap compete for cores."""
     by_host: dict[str, list[tuple[int, set[int]]]] = {}
@@ -162,8 +180,7 @@ def run_network(env: LaunchEnv | None, environ: Mapping[str, str], *, host: str,
         return _tag(mine, env.rank), ALONE
     # torchrun's workers reach the agent's store, which is up before they start; otherwise (srun/MPI tasks,
     # or RANK/MASTER_* exported by hand) rank 0 creates the store in init_process_group.
-    agent_store = environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    if not agent_store and env.rank == 0:
+    if not env.agent_store and env.rank == 0:
         mine.append(check_port_free(master, address, port))
     else:
         mine.append(check_port_listening(master, address, port, wait_s=min(timeout_s, 30.0)))
@@ -174,10 +191,17 @@ def run_network(env: LaunchEnv | None, environ: Mapping[str, str], *, host: str,
 
 def _collective(env: LaunchEnv, environ: Mapping[str, str], mine: list[Finding], *, host: str,
                 affinity: frozenset[int], timeout_s: float, numel: int) -> tuple[list[Finding], str]:
+    import os
+    import tempfile
+    from pathlib import Path
+
     import torch.distributed as dist
 
     import trainscale
+    from trainscale.observe import interconnect
 
+    # NCCL says which network it picked only in its INFO log: send that to a file of this rank, read it below.
+    nccl_log = interconnect.arm(os.environ, Path(env.job_dir or tempfile.gettempdir()) / "nccl-debug")
     try:
         runtime = trainscale.init(timeout_s=timeout_s, set_threads=False, environ=dict(environ))
     except Exception as exc:
@@ -194,6 +218,7 @@ def _collective(env: LaunchEnv, environ: Mapping[str, str], mine: list[Finding],
                               "a rank stopped or the network between nodes dropped; rerun with NCCL_DEBUG=INFO "
                               "(GPU) or check GLOO_SOCKET_IFNAME names an interface every node has"))
             return _tag(mine, env.rank), ALONE
+        mine.append(transport_check(runtime, env, environ, nccl_log))
         mine = _tag(mine, env.rank)
         gathered: list | None = [None] * env.world_size if env.rank == 0 else None
         dist.gather_object(mine, gathered, dst=0)

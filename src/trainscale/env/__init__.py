@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Callable, Mapping
 
 from trainscale.env import mpi, single, slurm, torchrun
-from trainscale.env.base import LaunchEnv
+from trainscale.env.base import LaunchEnv, job_facts
 from trainscale.errors import ConfigError, did_you_mean
 
 OVERRIDE_VAR = "TRAINSCALE_LAUNCHER"
@@ -29,6 +30,10 @@ DETECTORS: tuple[tuple[str, Callable[[Mapping[str, str]], LaunchEnv | None]], ..
 def detect(environ: Mapping[str, str] | None = None) -> LaunchEnv:
     """The launch environment of this process (pass ``environ`` to inspect another one)."""
     environ = os.environ if environ is None else environ
+    return dataclasses.replace(_launcher(environ), **job_facts(environ))
+
+
+def _launcher(environ: Mapping[str, str]) -> LaunchEnv:
     forced = environ.get(OVERRIDE_VAR, "").strip().lower()
     if forced:
         names = [name for name, _ in DETECTORS]

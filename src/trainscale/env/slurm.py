@@ -44,6 +44,13 @@ def job_port(job_id: str | None) -> int:
     return PORT_BASE + int(digits[-6:]) % PORT_SPAN
 
 
+def _first_node(environ: Mapping[str, str]) -> str | None:
+    # Only when MASTER_ADDR is not exported (trainscale's batch scripts export it): expanding a host
+    # list needs python-hostlist, which a stock container may lack.
+    nodes = expand_nodelist(environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST", ""))
+    return nodes[0] if nodes else None
+
+
 def detect(environ: Mapping[str, str]) -> LaunchEnv | None:
     # SLURM_PROCID is set for srun tasks, but also in a batch step and an salloc shell, which are
     # not a distributed launch: SLURM_STEP_ID tells a task of a real step from those, and the
@@ -52,7 +59,6 @@ def detect(environ: Mapping[str, str]) -> LaunchEnv | None:
         return None
     if environ["SLURM_STEP_ID"] in ("batch", "extern", "interactive", "4294967294", "4294967295"):
         return None
-    nodes = expand_nodelist(environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST", ""))
     node_rank = read_int(environ, "SLURM_NODEID", NAME)
     tasks_per_node = expand_tasks_per_node(
         environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE") or environ.get("SLURM_NTASKS", "1")
@@ -72,7 +78,7 @@ def detect(environ: Mapping[str, str]) -> LaunchEnv | None:
         local_world_size=tasks_per_node[node_rank],
         node_rank=node_rank,
         num_nodes=len(tasks_per_node),
-        master_addr=environ.get("MASTER_ADDR") or (nodes[0] if nodes else None),
+        master_addr=environ.get("MASTER_ADDR") or _first_node(environ),
         master_port=port,
         restart_count=int(environ.get("SLURM_RESTART_COUNT", "0")),
         job_id=job_id,

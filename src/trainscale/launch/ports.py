@@ -1,13 +1,22 @@
-"""Choose and check TCP ports for the rendezvous store: random, free, bound to the chosen interface."""
+"""Choose and check TCP ports for the rendezvous store: random, free, bound to the chosen interface.
+
+Standard library only: a batch script runs ``main`` with any Python, a stock container's included
+(the job kit, launch/kit.py), to print a port that is free on the job's first node::
+
+    MASTER_PORT=$(python3 "$KIT/port.py" --host "$MASTER_ADDR")
+
+With ``--port P`` the port is checked instead of chosen; a busy port ends the job before any rank
+starts, with a message naming host and port.
+"""
 
 from __future__ import annotations
 
 import socket
 
 from trainscale.errors import LaunchError
-from trainscale.runtime.store import resolve  # one resolver for launcher and runtime
+from trainscale.env.address import resolve  # one resolver for launcher and runtime
 
-__all__ = ["resolve", "free_port", "check_port_free", "parse_endpoint"]
+__all__ = ["resolve", "free_port", "check_port_free", "parse_endpoint", "choose", "main"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -52,3 +61,49 @@ def parse_endpoint(endpoint: str, default_port: int = 29400) -> tuple[str, int]:
     if not 0 < port < 65536:
         raise LaunchError(f"rendezvous endpoint {endpoint!r}: port {port} out of range", hint="use 1024-65535")
     return host, port
+
+
+def choose(host: str, port: int | None = None) -> int:
+    """``port`` after checking it is free on ``host``; a free one chosen by the kernel when None."""
+    if port is None:
+        port = free_port(host)
+    check_port_free(host, port)
+    return port
+
+
+def _importable(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None  # found, not imported: torch takes seconds to import
+    except (ImportError, ValueError):
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import sys
+
+    from trainscale.errors import TrainscaleError
+
+    parser = argparse.ArgumentParser(prog="port.py", description="print a free rendezvous port on this host")
+    parser.add_argument("--host", default="127.0.0.1", help="the master's address (this host)")
+    parser.add_argument("--port", type=int, default=None, help="check this port instead of choosing one")
+    parser.add_argument("--require", default="", help="comma list of modules this Python must be able to import")
+    ns = parser.parse_args(argv)
+    missing = [name for name in ns.require.split(",") if name and not _importable(name)]
+    if missing:
+        print(f"trainscale: error: {sys.executable} (Python {sys.version.split()[0]}) cannot import "
+              f"{', '.join(missing)}", file=sys.stderr, flush=True)
+        return 3
+    try:
+        port = choose(ns.host, ns.port)
+    except TrainscaleError as exc:
+        print(f"trainscale: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    print(port, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -24,12 +24,16 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 CONFIG_DIR_ENV = "TRAINSCALE_CONFIG_DIR"
 _CORE_LIST_KEYS = ("reserved_cores",)
-_TUPLE_KEYS = ("partitions", "modules")
+_TUPLE_KEYS = ("partitions", "modules", "setup")
 _SCALARS: dict[str, tuple[type, ...]] = {
     "description": (str,), "gpu_vendor": (str,), "binding": (str,), "default_launcher": (str,), "max_time": (str,),
     "gpus_per_node": (int,), "cpus_per_node": (int,), "mem_per_node_gb": (int, float), "mem_per_gpu_gb": (int, float),
-    "forbid_cpus_per_gpu": (bool,), "requires_account": (bool,),
+    "forbid_cpus_per_gpu": (bool,), "requires_account": (bool,), "task_gpu": (str,), "extends": (str,),
+    "shares_cores": (bool,), "interconnect": (str,), "interconnect_required": (bool,),
 }
+MERGED_TABLES = ("env", "gpu_cores", "container")
+"""With ``extends``, these tables merge key by key (the child's keys win); every other key the child
+sets replaces the parent's value whole (lists included)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,22 +84,63 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> ClusterProfile:
         if not path.is_file():
             raise ConfigError(f"profile file {path} does not exist", hint="give a profile name or a path to a .toml file")
         return profile_from_file(path)
-    sources = {s.name: s for s in list_profiles()}
-    if text not in sources:
-        raise ConfigError(f"unknown cluster profile {text!r}",
-                          hint=f"{did_you_mean(text, list(sources))}; `trainscale profiles` lists them, and you can add "
-                               f"your own as {user_profile_dir() / (text + '.toml')}")
-    return profile_from_file(sources[text].path)
+    return profile_from_file(_source(text).path)
 
 
-def profile_from_file(path: Path) -> ClusterProfile:
+def _source(name: str, *, builtin_only: bool = False) -> ProfileSource:
+    known = {s.name: s for s in list_profiles()}
+    sources = known
+    if builtin_only:
+        path = builtin_profile_dir() / f"{name}.toml"
+        sources = {name: ProfileSource(name=name, origin="built-in", path=path)} if path.is_file() else {}
+    if name not in sources:
+        raise ConfigError(f"unknown cluster profile {name!r}",
+                          hint=f"{did_you_mean(name, list(known))}; `trainscale profiles` lists them, and you can "
+                               f"add your own as {user_profile_dir() / (name + '.toml')}")
+    return sources[name]
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
     try:
-        data = tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"profile file {path} is not valid TOML: {exc}", hint="check quotes and brackets") from None
     except OSError as exc:
         raise ConfigError(f"cannot read profile file {path}: {exc.strerror}") from None
-    return profile_from_dict(data, name=path.stem, origin=str(path))
+
+
+def merge_profile_data(parent: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
+    """``child`` over ``parent`` by the rule of :data:`MERGED_TABLES`."""
+    merged = dict(parent)
+    for key, value in child.items():
+        if key in MERGED_TABLES and isinstance(value, dict) and isinstance(parent.get(key), dict):
+            merged[key] = {**parent[key], **value}
+        else:
+            merged[key] = value
+    merged.pop("name", None)
+    return merged
+
+
+def _resolved_data(path: Path, chain: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The file's table with its ``extends`` chain merged in (parents first)."""
+    data = _read_toml(path)
+    parent_name = data.get("extends")
+    if parent_name is None:
+        return data
+    if not isinstance(parent_name, str) or not parent_name:
+        raise ConfigError(f"{path}: extends = {parent_name!r} should name a profile", hint='e.g. extends = "lumi"')
+    if parent_name in chain:
+        raise ConfigError(f"{path}: extends = {parent_name!r} makes a cycle ({' -> '.join(chain + (parent_name,))})",
+                          hint="a profile cannot extend itself, directly or through others")
+    # A user profile that extends its own name (lumi.toml: extends = "lumi") means the built-in one.
+    source = _source(parent_name, builtin_only=parent_name == path.stem)
+    parent = _resolved_data(source.path, chain + (path.stem,))
+    return {**merge_profile_data(parent, data), "extends": parent_name}
+
+
+def profile_from_file(path: Path) -> ClusterProfile:
+    """A profile file, with the profile it ``extends`` (if any) merged under it."""
+    return profile_from_dict(_resolved_data(Path(path)), name=Path(path).stem, origin=str(path))
 
 
 def _fields(cls: type) -> list[str]:

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from trainscale.errors import ConfigError
 
 LAUNCHERS = ("torchrun", "srun")
+CONTAINER_RUNTIMES = ("singularity", "apptainer", "pyxis")
+TASK_GPU = ("env", "slurm", "none")
 GPU_VENDORS = ("nvidia", "amd", "none")
 BINDINGS = ("map", "topology", "none")
 
@@ -16,18 +18,31 @@ class ContainerSpec:
     """How to wrap the training command in a container on this cluster."""
 
     runtime: str = "singularity"
-    """singularity or apptainer."""
+    """singularity or apptainer (a name on PATH or a full path to one), or pyxis (``srun --container-image``,
+    NVIDIA's enroot plugin)."""
     binds: tuple[str, ...] = ()
-    """Paths bound into the container (``-B`` arguments), e.g. ``/scratch``."""
+    """Paths bound into the container (``-B`` arguments, pyxis: ``--container-mounts``), e.g. ``/scratch``."""
     flags: tuple[str, ...] = ()
-    """Extra flags for ``exec`` (``--nv`` on NVIDIA, ``--rocm`` on AMD)."""
+    """Extra flags for ``exec``/``run`` (``--nv`` on NVIDIA, ``--rocm`` on AMD)."""
+    mode: str = "exec"
+    """exec (run the command in the image) or run (through the image's runscript, which sets up its environment)."""
+    setup: tuple[str, ...] = ()
+    """Shell lines run inside the container before Python, e.g. ``$WITH_CONDA`` for LUMI's older images."""
 
     def __post_init__(self) -> None:
-        if self.runtime not in ("singularity", "apptainer"):
+        name = self.runtime.rstrip("/").rsplit("/", 1)[-1]
+        if name not in CONTAINER_RUNTIMES or (name == "pyxis" and "/" in self.runtime):
             raise ConfigError(
                 f"container runtime {self.runtime!r} is not supported",
-                hint="use runtime = \"singularity\" or \"apptainer\"",
+                hint='use runtime = "singularity" or "apptainer" (or a full path to one), or "pyxis"',
             )
+        if self.mode not in ("exec", "run"):
+            raise ConfigError(f"container mode {self.mode!r} unknown", hint='use mode = "exec" or "run"')
+
+    @property
+    def kind(self) -> str:
+        """singularity, apptainer or pyxis, whatever the spelling of ``runtime``."""
+        return self.runtime.rstrip("/").rsplit("/", 1)[-1]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,7 +80,22 @@ class ClusterProfile:
     max_time: str = ""
     """The partition's time limit, ``D-HH:MM:SS`` or ``HH:MM:SS``; empty: not checked."""
     modules: tuple[str, ...] = ()
-    """Lines run before training, e.g. ``module load LUMI/24.03``."""
+    """Module lines run before training, e.g. ``module load LUMI/24.03`` (with ``set -u`` off: Lmod needs it)."""
+    setup: tuple[str, ...] = ()
+    """Shell lines run in the batch script after the modules and environment, before launch."""
+    task_gpu: str = "env"
+    """srun mode, one GPU per task: env (the bootstrap narrows CUDA_/ROCR_VISIBLE_DEVICES to the task's GPU),
+    slurm (``srun --gpus-per-task=1``: cgroups; only where that keeps GPU-to-GPU transfers) or none."""
+    extends: str = ""
+    """The profile this one was derived from (``extends = "lumi"``), for display."""
+    interconnect: str = ""
+    """The fast network NCCL/RCCL should use between nodes: ofi (libfabric: aws-ofi-rccl/-nccl), ib, socket;
+    empty: not checked. A multi-node job found on sockets instead is named (observe/interconnect.py)."""
+    interconnect_required: bool = False
+    """True: such a job stops at its start with the fix instead of only warning."""
+    shares_cores: bool = False
+    """All nodes are one machine's cores (the local test cluster): a scaling study's achievable ideal
+    counts them once."""
     env: dict[str, str] = field(default_factory=dict)
     """Variables exported in the batch script (NCCL/RCCL settings, ...)."""
     container: ContainerSpec | None = None
@@ -80,6 +110,11 @@ class ClusterProfile:
             raise ConfigError(
                 f"profile {self.name}: default_launcher {self.default_launcher!r} unknown", hint=f"one of {', '.join(LAUNCHERS)}"
             )
+        if self.interconnect not in ("", "ofi", "ib", "socket"):
+            raise ConfigError(f"profile {self.name}: interconnect {self.interconnect!r} unknown",
+                              hint="one of ofi (libfabric), ib, socket, or leave it out")
+        if self.task_gpu not in TASK_GPU:
+            raise ConfigError(f"profile {self.name}: task_gpu {self.task_gpu!r} unknown", hint=f"one of {', '.join(TASK_GPU)}")
         if self.gpus_per_node < 0 or self.cpus_per_node < 1:
             raise ConfigError(f"profile {self.name}: gpus_per_node must be >= 0 and cpus_per_node >= 1")
         if self.binding == "map":

@@ -19,19 +19,42 @@ def visible_gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def device_index(env: LaunchEnv, visible: int) -> int:
-    """The GPU index for this rank among the visible ones.
+def device_index(env: LaunchEnv, visible: int, environ: Mapping[str, str] | None = None) -> int:
+    """The GPU index for this rank among the visible ones: its local rank, one GPU per rank.
 
     One visible device (SLURM bound one GPU per task with --gpus-per-task or a per-rank
-    *_VISIBLE_DEVICES) means index 0 whatever the local rank; otherwise local_rank, wrapped
-    around when several ranks share a node with fewer GPUs than ranks.
+    *_VISIBLE_DEVICES) means index 0 whatever the local rank. Never two local ranks on one GPU:
+    NCCL refuses that ("Duplicate GPU detected") only once every rank has started, so it is
+    refused here, before the process group, with the fix.
     """
     if visible <= 0:
         raise ConfigError("no GPU is visible to this process", hint="use device='cpu', or check CUDA_VISIBLE_DEVICES")
-    return 0 if visible == 1 else env.local_rank % visible
+    if visible == 1:
+        if shares_the_only_gpu(env, os.environ if environ is None else environ):
+            raise ConfigError(
+                f"{env.local_world_size} local ranks would share the only visible GPU",
+                hint="run one rank per GPU (`--nproc-per-node gpu`), give each rank its own GPU "
+                     "(SLURM --gpus-per-task=1), or use device='cpu'")
+        return 0
+    if env.local_rank >= visible:
+        raise ConfigError(
+            f"local rank {env.local_rank} has no GPU of its own: {env.local_world_size} ranks on this node "
+            f"but {visible} GPU(s) visible",
+            hint=f"run at most {visible} rank(s) per node (`--nproc-per-node gpu`), give each task its own GPU "
+                 "(SLURM --gpus-per-task=1), pick one yourself with device='cuda:N', or use device='cpu'")
+    return env.local_rank
 
 
-def pick_device(env: LaunchEnv, requested: str = "auto", visible: int | None = None) -> torch.device:
+def shares_the_only_gpu(env: LaunchEnv, environ: Mapping[str, str]) -> bool:
+    """True when the local ranks certainly see the same single GPU: the workers of torchrun's agent
+    (``LaunchEnv.elastic_agent``) inherit its view, so with no *_VISIBLE_DEVICES
+    narrowing it per rank they all see that one GPU. srun tasks with one GPU each, and per-rank
+    variables, are the legitimate one-GPU cases."""
+    return env.local_world_size > 1 and env.elastic_agent and not any(environ.get(name) for name in VISIBLE_VARS)
+
+
+def pick_device(env: LaunchEnv, requested: str = "auto", visible: int | None = None,
+                environ: Mapping[str, str] | None = None) -> torch.device:
     if requested not in DEVICE_CHOICES and not requested.startswith("cuda:"):
         raise ConfigError(f"device {requested!r} is not supported", hint=f"use one of {', '.join(DEVICE_CHOICES)}")
     if requested == "cpu":
@@ -46,7 +69,7 @@ def pick_device(env: LaunchEnv, requested: str = "auto", visible: int | None = N
                 hint="run on a GPU node, check CUDA_VISIBLE_DEVICES/ROCR_VISIBLE_DEVICES, or use device='cpu'",
             )
         return torch.device("cpu")
-    return torch.device("cuda", device_index(env, visible))
+    return torch.device("cuda", device_index(env, visible, environ))
 
 
 MIXED_BACKEND = "cpu:gloo,cuda:nccl"

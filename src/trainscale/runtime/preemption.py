@@ -9,7 +9,6 @@ rank 0 requeues the job with ``scontrol requeue`` (array jobs in their ``JOBID_T
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
@@ -20,33 +19,34 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-SIGNALS_VAR = "TRAINSCALE_PREEMPT_SIGNALS"
-"""Signals that mean "checkpoint and stop", comma-separated names (default: SIGUSR1)."""
-CHECK_VAR = "TRAINSCALE_PREEMPT_CHECK_EVERY"
-"""Steps between the ranks' agreement on the flag (default 10)."""
+from trainscale.env import detect
+
 MARKER = "requeue-requested"
-"""File left in $TRAINSCALE_JOB_DIR when the batch step must run `scontrol requeue` itself."""
+"""File left in the job directory (LaunchEnv.job_dir) when the batch step must run `scontrol requeue` itself."""
+STOPPED = "stopped"
+"""File left in the job directory when this attempt stopped with a checkpoint instead of requeueing
+(a chain link, or the requeue cap): the batch script then ends the job accordingly."""
+# What the batch script asks (TRAINSCALE_ON_SIGNAL, TRAINSCALE_MAX_REQUEUES, TRAINSCALE_PREEMPT_SIGNALS,
+# TRAINSCALE_PREEMPT_CHECK_EVERY) and the job's facts are read by env/ into LaunchEnv.
 
 
 def job_to_requeue(environ: dict[str, str] | None = None) -> str | None:
-    environ = os.environ if environ is None else environ
-    if environ.get("SLURM_ARRAY_JOB_ID") and environ.get("SLURM_ARRAY_TASK_ID"):
-        return f"{environ['SLURM_ARRAY_JOB_ID']}_{environ['SLURM_ARRAY_TASK_ID']}"
-    return environ.get("SLURM_JOB_ID")
+    return detect(environ).requeue_job
 
 
 class Preemption:
+    """Installs its handler for the preemption signals when made (``Runtime.handle_preemption``); the
+    handlers it replaced come back with :meth:`restore`."""
+
     def __init__(self, runtime: Any) -> None:
         self.runtime = runtime
         self.flag = False
         self.received: str | None = None
         self._calls = 0
-        self.check_every = max(1, int(os.environ.get(CHECK_VAR, "10")))
-        names = os.environ.get(SIGNALS_VAR, "SIGUSR1")
-        self.signals = [getattr(signal, n.strip().upper() if n.strip().upper().startswith("SIG") else
-                                "SIG" + n.strip().upper()) for n in names.split(",") if n.strip()]
-        for sig in self.signals:
-            signal.signal(sig, self._handle)
+        env = getattr(runtime, "env", None) or detect()
+        self.check_every = env.preempt_check_every
+        self.signals = [getattr(signal, name) for name in env.preempt_signals]
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in self.signals}
 
     def _handle(self, signum, frame) -> None:  # async-signal context: set a flag, nothing else
         self.flag = True
@@ -72,11 +72,18 @@ class Preemption:
 
         A successful ``scontrol requeue`` ends this attempt at once (SLURM stops the job's steps), so
         whatever the log must say is handed to ``before`` first, just ahead of the call."""
-        job = job_to_requeue()
+        env = detect()  # as the batch script left it now, when the signal is acted on
+        job = env.requeue_job
         if not self.runtime.is_main:
             return ""
         if job is None:
             return "not a SLURM job: run the same command again to resume from the checkpoint"
+        if env.on_signal == "stop":
+            return self._stop("stopped for the next link of the chain", env.job_dir)
+        cap, restarts = env.max_requeues, env.requeue_count
+        if cap is not None and restarts >= cap:
+            return self._stop(f"requeue cap reached: requeued {restarts} time(s), --max-requeues {cap}; not requeued",
+                              env.job_dir)
         scontrol = shutil.which("scontrol")
         if scontrol:
             if before is not None:
@@ -87,12 +94,17 @@ class Preemption:
             reason = done.stderr.strip() or f"exit {done.returncode}"
         else:
             reason = "scontrol is not reachable here (container?)"
-        job_dir = os.environ.get("TRAINSCALE_JOB_DIR")
-        if job_dir:
-            Path(job_dir, MARKER).write_text(job + "\n")
+        if env.job_dir:
+            Path(env.job_dir, MARKER).write_text(job + "\n")
             return f"{reason}; left {MARKER} in the job directory for the batch script to requeue {job}"
         print(f"trainscale: cannot requeue {job}: {reason}", file=sys.stderr, flush=True)
         return f"could not requeue {job}: {reason}"
+
+    def _stop(self, why: str, job_dir: str | None) -> str:
+        """Leave the marker that tells the batch script this attempt stopped on purpose."""
+        if job_dir:
+            Path(job_dir, STOPPED).write_text(why + "\n")
+        return why
 
     def requeue_and_log(self, head: str, say: Callable[[str], None]) -> None:
         """Requeue (rank 0) and log ``head`` with what was done: ahead of ``scontrol requeue``, which
@@ -111,5 +123,7 @@ class Preemption:
             say(what)
 
     def restore(self) -> None:
-        for sig in self.signals:
-            signal.signal(sig, signal.SIG_DFL)
+        """Put back the handlers this one replaced (not SIG_DFL: a SIGUSR1 would then kill the process)."""
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        self._previous = {}

@@ -16,8 +16,9 @@ import gc
 import logging
 import os
 import sys
+import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -42,6 +43,9 @@ class Runtime:
     timeout: datetime.timedelta
     owns_process_group: bool = False
     notes: list[str] = field(default_factory=list)
+    timeout_callbacks: list[Callable[[Exception], None]] = field(default_factory=list)
+    """Called with the CollectiveTimeout on the rank that detects a hang, before it ends (see
+    :meth:`on_collective_timeout`)."""
     _closed: bool = False
     _progress: Any = None
     _preemption: Any = None
@@ -99,6 +103,20 @@ class Runtime:
                 dist.barrier(device_ids=[self.device.index])
             else:
                 dist.barrier()
+
+    def synchronize(self) -> None:
+        """Wait until this rank's device has finished the work queued so far (a no-op on the CPU).
+
+        CUDA runs asynchronously: a wall-clock time read without this measures how fast work was
+        queued, not done."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def on_collective_timeout(self, callback: Callable[[Exception], None]) -> None:
+        """Call ``callback(error)`` when this rank turns a hang into a CollectiveTimeout (inside
+        :meth:`guard`, or from the watching heartbeat on NCCL, just before it ends the process):
+        the place to flush your own logs or metrics."""
+        self.timeout_callbacks.append(callback)
 
     def print(self, *args, all_ranks: bool = False, **kwargs) -> None:
         """print() on rank 0 only (or on every rank, prefixed with its rank)."""
@@ -168,13 +186,18 @@ class Runtime:
             yield
         except Exception as exc:
             explained = self._progress.explain(exc)
-            if explained is not None:
-                raise explained from exc
-            raise
+            if explained is None:
+                raise
+            for callback in list(self.timeout_callbacks):
+                callback(explained)
+            if explained is exc:
+                raise
+            raise explained from exc
 
-    @property
-    def preemption(self):
-        """The preemption flag (installed on first use): ``if rt.preemption.requested(): save, requeue``."""
+    def handle_preemption(self):
+        """From now on SLURM's warning signal (SIGUSR1, or TRAINSCALE_PREEMPT_SIGNALS) only sets a flag:
+        ``pre = rt.handle_preemption()`` once, then ``if pre.requested(): save, pre.requeue_and_log(...)``
+        at step boundaries. The previous handlers come back in :meth:`close`."""
         if self._preemption is None:
             from trainscale.runtime.preemption import Preemption
 
@@ -182,11 +205,14 @@ class Runtime:
         return self._preemption
 
     @property
+    def preemption(self):
+        """The Preemption installed by :meth:`handle_preemption`, or None (reading this changes nothing)."""
+        return self._preemption
+
+    @property
     def attempt(self) -> int:
         """0 on the first run; counts SLURM requeues and torchrun restarts."""
-        if self.env.source == "slurm":  # an srun task's restart count already is SLURM's
-            return self.env.restart_count
-        return int(os.environ.get("SLURM_RESTART_COUNT", "0")) + self.env.restart_count
+        return self.env.attempt
 
     # -- teardown -------------------------------------------------------------------------------
     def close(self, synchronize: bool = True) -> None:
@@ -233,17 +259,24 @@ def init(
     seed: int = 0,
     timeout_s: float = 1800.0,
     set_threads: bool = True,
+    deterministic: bool = False,
     environ: dict[str, str] | None = None,
 ) -> Runtime:
     """Detect the launch, pick the device and backend, start the process group and seed every RNG.
 
     Works unchanged for one process (no process group) and for N ranks from torchrun, srun or mpirun.
+    ``deterministic``: bitwise-repeatable GPU runs (runtime/determinism.py, docs/gpu.md).
     """
     if timeout_s <= 0:
         raise ConfigError(f"timeout_s={timeout_s} must be positive", hint="give the collective timeout in seconds, e.g. 600")
-    env = detect(os.environ if environ is None else environ)
-    dev = pick_device(env, device)
+    environ = os.environ if environ is None else environ
+    env = detect(environ)
     notes: list[str] = []
+    if deterministic:  # before anything touches cuBLAS
+        from trainscale.runtime.determinism import enable_determinism
+
+        notes += enable_determinism()
+    dev = pick_device(env, device, environ=environ)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)  # before the process group, so NCCL binds the right GPU
     if set_threads and dev.type == "cpu":
@@ -270,12 +303,19 @@ def init(
 
 
 def _init_process_group(env: LaunchEnv, backend: str, dev: torch.device, timeout: datetime.timedelta) -> None:
+    from trainscale.runtime import nccl
+
     kwargs: dict = {}
+    group_timeout = timeout
     if "nccl" in backend:
-        _enable_flight_recorder()
-    if dev.type == "cuda":
+        nccl.enable_flight_recorder(job_dir=env.job_dir)
+        if os.environ.get(nccl.EXPECTED_NETWORK_VAR) and env.num_nodes > 1:  # which network NCCL picks, to a file
+            nccl.transport_log(os.environ, os.path.join(env.run_dir or env.job_dir or tempfile.gettempdir(),
+                                                        "nccl-debug"))
+        group_timeout = nccl.watchdog_timeout(timeout)  # the progress monitor names the hung rank first
+    if dev.type == "cuda" and nccl.eager_init_is_safe(torch.__version__):
         kwargs["device_id"] = dev  # eager NCCL init bound to this GPU
-    if env.source == "torchrun" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+    if env.source == "torchrun" and env.agent_store:
         # The elastic agent hosts the store: connect to it the way torch does (env://).
         kwargs["init_method"] = "env://"
     else:
@@ -287,23 +327,11 @@ def _init_process_group(env: LaunchEnv, backend: str, dev: torch.device, timeout
             kwargs["store"] = store.bound_server(env.master_addr, env.master_port, timeout)
         else:
             kwargs["store"] = store.client(env.master_addr, env.master_port, timeout)
-    dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size, timeout=timeout, **kwargs)
-
-
-def _enable_flight_recorder() -> None:
-    """On NCCL, keep a per-rank trace of recent collectives and dump it when one times out.
-
-    Must be set before the NCCL process group is created; a user's own settings win.
-    """
-    os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
-    os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
-    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-    import tempfile
-
-    job_dir = os.environ.get("TRAINSCALE_JOB_DIR")
-    default = (os.path.join(job_dir, "nccl-traces") if job_dir
-               else os.path.join(tempfile.gettempdir(), f"trainscale-nccl-traces-{os.getuid()}"))
-    dump_dir = os.environ.get("TRAINSCALE_TRACE_DIR", default)
-    if "TORCH_FR_DUMP_TEMP_FILE" not in os.environ and "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in os.environ:
-        os.makedirs(dump_dir, exist_ok=True)
-        os.environ["TORCH_FR_DUMP_TEMP_FILE"] = os.path.join(dump_dir, "nccl_trace_rank_")
+    try:
+        dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size, timeout=group_timeout,
+                                **kwargs)
+    except Exception as exc:
+        explained = nccl.explain_init_error(exc)
+        if explained is None:
+            raise
+        raise explained from exc

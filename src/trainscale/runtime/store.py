@@ -9,17 +9,10 @@ from __future__ import annotations
 import datetime
 import socket
 
+from trainscale.env.address import resolve
 from trainscale.errors import LaunchError
 
 _SOCKETS: list[socket.socket] = []  # listening sockets must outlive the stores that use them
-
-
-def resolve(host: str) -> str:
-    try:
-        return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]
-    except socket.gaierror as exc:
-        raise LaunchError(f"master address {host!r} does not resolve: {exc.strerror}",
-                          hint="use a host name of the allocation (first node) or an IP address; check /etc/hosts") from None
 
 
 def listening_socket(host: str, port: int) -> socket.socket:

@@ -38,7 +38,7 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
 
 def _coerce(cls: type, options: dict[str, Any]) -> dict[str, Any]:
     """Turn option strings into the field types of the strategy dataclass; unknown names are errors."""
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init and f.name not in ("name", "sharded_checkpoint")}
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init and f.name != "name"}
     hints = typing.get_type_hints(cls)
     out: dict[str, Any] = {}
     for key, value in options.items():
@@ -50,6 +50,8 @@ def _coerce(cls: type, options: dict[str, Any]) -> dict[str, Any]:
 
 
 def _convert(key: str, value: str, hint: Any) -> Any:
+    """A typed value; a field that also takes a word (``bucket_cap_mb: float | str`` for ``auto``) keeps
+    what is not a number or a boolean as the string, and the strategy validates it."""
     kinds = set(typing.get_args(hint)) or {hint}
     if value.lower() in ("none", "null") and type(None) in kinds:
         return None
@@ -58,12 +60,16 @@ def _convert(key: str, value: str, hint: Any) -> Any:
             return True
         if value.lower() in ("0", "false", "no", "off"):
             return False
-        raise ConfigError(f"strategy option {key}={value!r} is not a boolean", hint=f"use {key}=true or {key}=false")
+        if str not in kinds:
+            raise ConfigError(f"strategy option {key}={value!r} is not a boolean",
+                              hint=f"use {key}=true or {key}=false")
     for kind in (int, float):
         if kind in kinds:
             try:
                 return kind(value)
             except ValueError:
+                if str in kinds:
+                    return value
                 raise ConfigError(f"strategy option {key}={value!r} is not a number",
                                   hint=f"e.g. {key}=1") from None
     if typing.get_origin(hint) is tuple or tuple in kinds:
@@ -91,15 +97,29 @@ def get_strategy(name: str | Strategy, **options: Any) -> Strategy:
     return cls(**_coerce(cls, options))
 
 
-def check_strategy(spec: str, world_size: int, *, batch_size: int | None = None, device: str | None = None) -> None:
+def check_strategy(spec: str, world_size: int, *, batch_size: int | None = None, device: str | None = None,
+                   accumulation: int | None = None, compile: bool = False) -> None:
     """Preflight: build the strategy from its spec and let it check its configuration for this world
-    size (a ds_config's stage and batch sizes, ...) before anything is launched."""
+    size (a ds_config's stage and batch sizes, static_graph with accumulation, ``--compile``, ...)
+    before anything is launched."""
     strategy = get_strategy(spec)
-    if batch_size is not None and getattr(strategy, "micro_batch_size", 0) is None:
-        strategy.micro_batch_size = batch_size
+    if batch_size is not None:
+        strategy = strategy.with_batch(batch_size, accumulation)
+    if compile:
+        strategy.check_compile()
     preflight = getattr(strategy, "preflight", None)
     if preflight is not None:
         preflight(world_size, device)
+
+
+def advice(spec: str, world_size: int, optimizer_share: float) -> str | None:
+    """What to try for a run of ``spec`` on ``world_size`` ranks whose optimizer step took
+    ``optimizer_share`` of the step (DDP: ZeRO-1 when the replicated step dominates), or None."""
+    try:
+        strategy = get_strategy(spec)
+    except ConfigError:  # a study of a strategy this installation cannot build: nothing to suggest
+        return None
+    return strategy.advice(world_size, optimizer_share)
 
 
 def process_group_backend(spec: str) -> str | None:
@@ -112,4 +132,5 @@ def process_group_backend(spec: str) -> str | None:
     return MIXED_BACKEND if getattr(strategy, "cpu_offload", False) else None
 
 
-__all__ = ["Strategy", "get_strategy", "check_strategy", "process_group_backend", "parse_spec", "REGISTRY"]
+__all__ = ["Strategy", "get_strategy", "check_strategy", "advice", "process_group_backend", "parse_spec",
+           "REGISTRY"]

@@ -1,15 +1,30 @@
-"""The small protocol every parallel strategy implements (ddp, zero1, fsdp, deepspeed)."""
+"""The small protocol every parallel strategy implements (ddp, zero1, fsdp, deepspeed), and what they share.
+
+What a training loop needs from a strategy, and nothing that depends on which one it is:
+
+- ``with_batch(micro_batch_size, accumulation)``: the strategy for a loop of that shape (DeepSpeed's
+  config needs both; the others return themselves);
+- ``wrap(model, optimizer, runtime)``: the model moved and wrapped, and its optimizer (a ready one,
+  parameter groups included, or a factory);
+- ``backward_loss``, ``accumulate(model, last=...)`` (no gradient sync before the last micro-batch),
+  ``micro_step(optimizer, model, last=...)`` (the optimizer steps on the last one, or DeepSpeed's
+  engine decides), ``optimizer_step`` and ``zero_grad`` for scripts that step by hand;
+- ``checkpoint_state(model, optimizer)``: a ModelState for the Checkpointer (checkpoint/state.py);
+- ``after_resume(model, forward_backward)``: what a resumed run does before its first step;
+- ``unwrap``, ``full_model_state``, ``held_bytes``, ``torch_optimizer``: to look inside.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import inspect
+import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol, Union, runtime_checkable
+from typing import Any, Callable, ClassVar, Iterable, Protocol, Union, runtime_checkable
 
 import torch
 from torch import nn
 
+from trainscale.checkpoint.state import FILE, ModelState
 from trainscale.errors import ConfigError
 from trainscale.runtime.memory import tensor_bytes
 
@@ -17,7 +32,7 @@ from trainscale.runtime.memory import tensor_bytes
 @dataclass(frozen=True)
 class OptimizerSpec:
     """An optimizer as a class and its keyword arguments, so a strategy can build it its own way
-    (ZeRO-1 wraps the class, DeepSpeed may translate it into its config). Calling it builds it."""
+    (ZeRO-1 wraps the class). Calling it builds it."""
 
     cls: type
     """A torch.optim.Optimizer subclass, e.g. torch.optim.AdamW."""
@@ -33,65 +48,134 @@ class OptimizerSpec:
         return self.cls(params, **self.kwargs)
 
 
-# What strategy.setup accepts: an OptimizerSpec, or any callable params -> optimizer (the older form).
-OptimizerFactory = Union[OptimizerSpec, Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]]
-
-
-def as_optimizer_spec(make_optimizer: OptimizerFactory) -> OptimizerSpec:
-    """The class and keyword arguments behind a factory. A plain callable is probed once on a
-    throw-away parameter: its class and ``defaults`` (those the constructor accepts) are the spec."""
-    if isinstance(make_optimizer, OptimizerSpec):
-        return make_optimizer
-    probe = make_optimizer([nn.Parameter(torch.zeros(1))])
-    if len(probe.param_groups) != 1:
-        raise ConfigError("the optimizer factory built several parameter groups from one parameter list",
-                          hint="pass OptimizerSpec(cls, kwargs) to strategies that shard the optimizer")
-    accepted = inspect.signature(type(probe)).parameters
-    kwargs = {k: v for k, v in probe.defaults.items() if k in accepted}
-    return OptimizerSpec(type(probe), kwargs)
+# What wrap() accepts: an optimizer built on the model's parameters, an OptimizerSpec, or any callable
+# params -> optimizer.
+OptimizerSource = Union[torch.optim.Optimizer, OptimizerSpec, Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]]
+OptimizerFactory = OptimizerSource  # the older name
 
 
 @runtime_checkable
 class Strategy(Protocol):
     name: str
-    sharded_checkpoint: bool
-    """True when every rank writes its own shard (torch.distributed.checkpoint), False for rank-0 files."""
+    storage: str
+    """How its checkpoints are kept: file (rank 0), dcp (every rank's shards) or native (its own files)."""
 
-    def setup(self, model: nn.Module, make_optimizer: OptimizerFactory, runtime: Any) -> tuple[nn.Module, Any]:
-        """Move/wrap the model for this strategy and build its optimizer; return (model, optimizer)."""
+    def with_batch(self, micro_batch_size: int, accumulation: int | None = None) -> "Strategy": ...
 
-    def backward(self, loss: torch.Tensor, model: nn.Module) -> None: ...
+    def wrap(self, model: nn.Module, optimizer: OptimizerSource, runtime: Any) -> tuple[nn.Module, Any]:
+        """Move/wrap the model for this strategy and give its optimizer; return (model, optimizer)."""
 
-    def step(self, optimizer: Any, model: nn.Module) -> None: ...
+    def backward_loss(self, loss: torch.Tensor, model: nn.Module) -> None: ...
 
-    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
-        """Skip gradient synchronisation (gradient accumulation steps)."""
+    def accumulate(self, model: nn.Module, *, last: bool) -> contextlib.AbstractContextManager:
+        """Around one micro-batch's forward and backward: gradients are synchronised on the last only."""
 
-    def state_dict(self, model: nn.Module, optimizer: Any) -> dict[str, Any]:
-        """Model and optimizer state in the form this strategy checkpoints."""
+    def micro_step(self, optimizer: Any, model: nn.Module, *, last: bool) -> None:
+        """After one micro-batch's backward: on the last, the optimizer steps and gradients are cleared."""
 
-    def load_state_dict(self, model: nn.Module, optimizer: Any, state: dict[str, Any]) -> None: ...
+    def optimizer_step(self, optimizer: Any, model: nn.Module) -> None: ...
+
+    def zero_grad(self, optimizer: Any, model: nn.Module) -> None: ...
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager: ...
+
+    def checkpoint_state(self, model: nn.Module, optimizer: Any) -> ModelState: ...
+
+    def after_resume(self, model: nn.Module, forward_backward: Callable[[], None]) -> None: ...
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The user's module inside any wrapper."""
 
+    def full_model_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Every parameter and buffer, whole, on every rank (a collective for sharded strategies)."""
+
     def held_bytes(self, model: nn.Module, optimizer: Any) -> dict[str, int]:
         """Bytes of {"params", "grads", "optimizer"} stored on THIS rank (local shards only)."""
 
+    def torch_optimizer(self, optimizer: Any) -> torch.optim.Optimizer | None:
+        """The torch optimizer whose param_groups carry the learning rate (for an LR scheduler)."""
 
-class PlainStepMixin:
-    """backward/step/no_sync as a plain torch loop does them."""
+    def user_optimizer(self, optimizer: Any, model: nn.Module) -> Any:
+        """The optimizer handed to a script, whose step()/zero_grad() do this strategy's step."""
 
+    def compile(self, model: nn.Module) -> nn.Module:
+        """``torch.compile`` of the wrapped model, the way this strategy needs it (``--compile``)."""
+
+    def check_compile(self) -> None:
+        """Refuse ``--compile`` before launch where this strategy cannot compile its model."""
+
+    def advice(self, world_size: int, optimizer_share: float) -> str | None:
+        """What to try when the optimizer step took ``optimizer_share`` of a step on ``world_size`` ranks."""
+
+
+def _deprecated(old: str, new: str) -> None:
+    warnings.warn(f"{old} is deprecated and goes in the next release: {new}", DeprecationWarning, stacklevel=3)
+
+
+class StrategyBase:
+    """What a plain torch loop does, shared by the strategies; each overrides what it does differently."""
+
+    storage: ClassVar[str] = FILE
     _grad_bytes: int = 0
 
-    def backward(self, loss: torch.Tensor, model: nn.Module) -> None:
+    @property
+    def sharded_checkpoint(self) -> bool:
+        """The older name: True when every rank writes its own part of a checkpoint."""
+        return self.storage != FILE
+
+    def with_batch(self, micro_batch_size: int, accumulation: int | None = None) -> Any:
+        return self
+
+    def backward_loss(self, loss: torch.Tensor, model: nn.Module) -> None:
         loss.backward()
 
-    def step(self, optimizer: Any, model: nn.Module) -> None:
+    def accumulate(self, model: nn.Module, *, last: bool) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext() if last else self.no_sync(model)
+
+    def micro_step(self, optimizer: Any, model: nn.Module, *, last: bool) -> None:
+        if last:
+            self.optimizer_step(optimizer, model)
+            self.zero_grad(optimizer, model)
+
+    def optimizer_step(self, optimizer: Any, model: nn.Module) -> None:
         optimizer.step()
+
+    def zero_grad(self, optimizer: Any, model: nn.Module) -> None:
         if not self._grad_bytes:  # gradients are gone after zero_grad: count them once, here
             self._grad_bytes = tensor_bytes(p.grad for p in model.parameters())
         optimizer.zero_grad(set_to_none=True)
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        return model.no_sync() if hasattr(model, "no_sync") else contextlib.nullcontext()
+
+    def after_resume(self, model: nn.Module, forward_backward: Callable[[], None]) -> None:
+        """Nothing to do by default (DDP lays out its gradient buckets here)."""
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper (--compile)
+        return model.module if hasattr(model, "module") else model
+
+    def full_model_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        return dict(self.unwrap(model).state_dict())
+
+    def torch_optimizer(self, optimizer: Any) -> torch.optim.Optimizer | None:
+        return optimizer if isinstance(optimizer, torch.optim.Optimizer) else None
+
+    def user_optimizer(self, optimizer: Any, model: nn.Module) -> Any:
+        return optimizer  # optimizer.step() and zero_grad() are all this strategy's step needs
+
+    def compile(self, model: nn.Module) -> nn.Module:
+        """The wrapped model compiled whole, as torch recommends for DDP: dynamo sees the DDP module and
+        splits the graph at its buckets (``torch._dynamo.config.optimize_ddp``), so each bucket's
+        all-reduce can still start during backward. Compiling the inner module before DDP wraps it
+        would produce every gradient at the end of one compiled backward: no overlap."""
+        return torch.compile(model)
+
+    def check_compile(self) -> None:
+        """Every strategy but DeepSpeed compiles its wrapped model."""
+
+    def advice(self, world_size: int, optimizer_share: float) -> str | None:
+        return None
 
     def local_state(self, model: nn.Module, optimizer: Any) -> dict[str, list[torch.Tensor]]:
         """Parameter and optimizer-state tensors this rank holds (DTensors count their local shard)."""
@@ -101,11 +185,31 @@ class PlainStepMixin:
 
     def held_bytes(self, model: nn.Module, optimizer: Any) -> dict[str, int]:
         held = self.local_state(model, optimizer)
-        return {"params": tensor_bytes(held["params"]), "grads": self._grad_bytes,
-                "optimizer": tensor_bytes(held["optimizer"])}
+        grads = self._grad_bytes or tensor_bytes(p.grad for p in model.parameters())
+        return {"params": tensor_bytes(held["params"]), "grads": grads, "optimizer": tensor_bytes(held["optimizer"])}
 
-    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
-        return model.no_sync() if hasattr(model, "no_sync") else contextlib.nullcontext()
+    # -- the dict form of checkpoint state (Checkpointer.save(step, {**strategy.state_dict(...), ...})) ----
+    def state_dict(self, model: nn.Module, optimizer: Any) -> dict[str, Any]:
+        """Model and optimizer state in the form this strategy checkpoints."""
+        return self.checkpoint_state(model, optimizer).state_dict()
 
-    def unwrap(self, model: nn.Module) -> nn.Module:
-        return model.module if hasattr(model, "module") else model
+    def load_state_dict(self, model: nn.Module, optimizer: Any, state: dict[str, Any]) -> None:
+        """Restore from ``Found.state`` (the dict form; ``Checkpointer.restore`` is the typed one)."""
+        from trainscale.checkpoint.manager import Found, restore_model
+
+        restore_model(self.checkpoint_state(model, optimizer), Found.from_state(state))
+
+    # -- the older calls, kept for one release --------------------------------------------------
+    def setup(self, model: nn.Module, make_optimizer: OptimizerSource, runtime: Any) -> tuple[nn.Module, Any]:
+        _deprecated("strategy.setup(model, factory, rt)",
+                    "model, opt = rt.setup(model, optimizer, strategy=...) (or strategy.wrap(model, optimizer, rt))")
+        return self.wrap(model, make_optimizer, runtime)
+
+    def backward(self, loss: torch.Tensor, model: nn.Module) -> None:
+        _deprecated("strategy.backward(loss, model)", "rt.backward(loss) after rt.setup(...)")
+        self.backward_loss(loss, model)
+
+    def step(self, optimizer: Any, model: nn.Module) -> None:
+        _deprecated("strategy.step(optimizer, model)",
+                    "opt.step(); opt.zero_grad() with the optimizer rt.setup returns")
+        self.micro_step(optimizer, model, last=True)

@@ -6,29 +6,40 @@ when a config asks for DeepSpeed's own Adam). The build is cached in ``TORCH_EXT
 trainscale points at ``~/.cache/trainscale/torch_extensions`` unless it is set: the first run pays
 about a minute, later ones a few seconds.
 
-Gradient accumulation is DeepSpeed's own: set ``gradient_accumulation_steps`` and call
-``strategy.backward`` and ``strategy.step`` after every micro-batch; DeepSpeed scales the loss, skips
+Gradient accumulation is DeepSpeed's own: ``with_batch`` sets ``gradient_accumulation_steps`` from the
+loop's, and ``micro_step`` steps the engine after every micro-batch; DeepSpeed scales the loss, skips
 the reduction and the optimizer step until the last micro-batch. ``no_sync`` is therefore a no-op.
 
 Checkpoints are DeepSpeed's native sharded files inside trainscale's sharded checkpoint directory
 (same temp-dir, marker-last protocol), resumed with the same world size.
+
+Which device DeepSpeed uses is decided by two things it reads itself (:func:`prepare_environment`
+sets both, before DeepSpeed is imported and initialised): its *accelerator*, chosen at import
+(a GPU whenever CUDA is available, so ``--device cpu`` on a GPU node needs ``DS_ACCELERATOR=cpu``),
+and ``LOCAL_RANK``, which it asserts is set and takes as the *GPU index*. trainscale already chose
+this rank's GPU; with one GPU per task that index is 0 whatever the local rank, so DeepSpeed gets
+the index, not the local rank.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, MutableMapping
 
 import torch
 from torch import nn
 
+from trainscale.checkpoint.state import NATIVE, ModelState
 from trainscale.errors import CheckpointError, ConfigError
 from trainscale.runtime.memory import tensor_bytes
-from trainscale.strategies.base import OptimizerFactory, as_optimizer_spec
+from trainscale.strategies.base import OptimizerSource, StrategyBase
+from trainscale.strategies.optim import build_optimizer, parameter_names
 from trainscale.strategies.ds_config import PRECISIONS, STAGES, build_ds_config, load_ds_config, validate_ds_config
 
 CHECKPOINT_TAG = "deepspeed"
@@ -40,8 +51,44 @@ def extensions_dir(environ: dict[str, str] | None = None) -> str:
     return environ.get("TORCH_EXTENSIONS_DIR") or str(Path.home() / ".cache" / "trainscale" / "torch_extensions")
 
 
+def prepare_environment(runtime: Any, environ: MutableMapping[str, str] | None = None) -> list[str]:
+    """Make DeepSpeed use this rank's device; returns a note for each variable set (for rank 0's log).
+
+    Call it before DeepSpeed is imported (the HF Trainer imports it while building its arguments):
+    its accelerator is fixed then. Where it was imported already, the CPU accelerator is switched in.
+    """
+    environ = os.environ if environ is None else environ
+    notes = []
+    if "TORCH_EXTENSIONS_DIR" not in environ:
+        environ["TORCH_EXTENSIONS_DIR"] = extensions_dir(environ)
+        notes.append(f"TORCH_EXTENSIONS_DIR={environ['TORCH_EXTENSIONS_DIR']} (DeepSpeed's compiled ops are "
+                     "cached there; the first start builds them)")
+    if runtime.device.type == "cpu" and environ.get("DS_ACCELERATOR") != "cpu":
+        # DeepSpeed would pick the GPU whenever CUDA is available and move the model there.
+        environ["DS_ACCELERATOR"] = "cpu"
+        notes.append("DS_ACCELERATOR=cpu (this run's device is the CPU; DeepSpeed would otherwise use a GPU)")
+        if "deepspeed" in sys.modules:
+            from deepspeed.accelerator import get_accelerator, set_accelerator
+
+            if get_accelerator().device_name() != "cpu":
+                from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+
+                set_accelerator(CPU_Accelerator())
+    index = str(runtime.device.index if runtime.device.type == "cuda" else runtime.local_rank)
+    if environ.get("LOCAL_RANK") != index:
+        # DeepSpeed asserts LOCAL_RANK is set (plain python, srun tasks) and uses it as the GPU index.
+        said = (f"LOCAL_RANK={index} for DeepSpeed, which takes it as the GPU index "
+                f"({runtime.device}; local rank {runtime.local_rank})")
+        environ["LOCAL_RANK"] = index
+        if environ.get("OMPI_COMM_WORLD_LOCAL_RANK", index) != index:
+            environ["OMPI_COMM_WORLD_LOCAL_RANK"] = index  # DeepSpeed asserts the two agree
+            said += "; OMPI_COMM_WORLD_LOCAL_RANK likewise"
+        notes.append(said)
+    return notes
+
+
 @dataclass(kw_only=True)
-class DeepSpeedStrategy:
+class DeepSpeedStrategy(StrategyBase):
     """``deepspeed.initialize`` over the user's model and optimizer, configured by a ds_config."""
 
     config: str | dict | None = None
@@ -53,12 +100,12 @@ class DeepSpeedStrategy:
     gradient_accumulation_steps: int = 1
     """Micro-batches per optimizer step (DeepSpeed's own accumulation)."""
     micro_batch_size: int | None = None
-    """Per-rank batch size (train_micro_batch_size_per_gpu); workloads fill in --batch-size."""
+    """Per-rank batch size (train_micro_batch_size_per_gpu); a training loop fills it in (with_batch)."""
     overrides: dict = field(default_factory=dict)
     """Extra top-level ds_config entries merged into a built config (e.g. zero_optimization details)."""
 
     name: str = "deepspeed"
-    sharded_checkpoint: bool = True
+    storage = NATIVE
 
     def __post_init__(self) -> None:
         if importlib.util.find_spec("deepspeed") is None:
@@ -74,6 +121,21 @@ class DeepSpeedStrategy:
         self._grad_bytes = 0
 
     # -- configuration ---------------------------------------------------------------------------
+    def with_batch(self, micro_batch_size: int, accumulation: int | None = None) -> "DeepSpeedStrategy":
+        """This strategy for a loop of ``micro_batch_size`` samples per rank and ``accumulation``
+        micro-batches per optimizer step (DeepSpeed accumulates itself and must know both)."""
+        if self.micro_batch_size not in (None, micro_batch_size):
+            raise ConfigError(f"deepspeed:micro_batch_size={self.micro_batch_size}, but the per-rank batch is "
+                              f"{micro_batch_size} (--batch-size)",
+                              hint="leave micro_batch_size out: trainscale fills in the per-rank batch")
+        if accumulation is not None and self.gradient_accumulation_steps not in (1, accumulation):
+            raise ConfigError(f"deepspeed:gradient_accumulation_steps={self.gradient_accumulation_steps}, but the "
+                              f"training loop accumulates {accumulation} micro-batch(es) per step",
+                              hint="leave gradient_accumulation_steps out and give the loop's own option "
+                                   "(--grad-accum)")
+        return dataclasses.replace(self, micro_batch_size=micro_batch_size,
+                                   gradient_accumulation_steps=accumulation or self.gradient_accumulation_steps)
+
     def ds_config(self, world_size: int, device: str | None = None) -> dict[str, Any]:
         """The validated config this strategy will hand to DeepSpeed (usable in a preflight)."""
         if self.config is None:
@@ -97,30 +159,36 @@ class DeepSpeedStrategy:
         self.ds_config(world_size, device)
 
     # -- the protocol ----------------------------------------------------------------------------
-    def setup(self, model: nn.Module, make_optimizer: OptimizerFactory, runtime: Any) -> tuple[nn.Module, Any]:
+    def wrap(self, model: nn.Module, optimizer: OptimizerSource, runtime: Any) -> tuple[nn.Module, Any]:
         config = self.ds_config(runtime.world_size, runtime.device.type)
-        if "TORCH_EXTENSIONS_DIR" not in os.environ:
-            os.environ["TORCH_EXTENSIONS_DIR"] = extensions_dir()
-            runtime.print(f"trainscale: TORCH_EXTENSIONS_DIR={os.environ['TORCH_EXTENSIONS_DIR']} "
-                          "(DeepSpeed's compiled ops are cached there; the first start builds them)")
+        for note in prepare_environment(runtime):
+            runtime.print(f"trainscale: {note}")
         _ensure_process_group(runtime)
         import deepspeed
 
+        names = parameter_names(model)
         model = model.to(runtime.device)
-        client_optimizer = None if "optimizer" in config else as_optimizer_spec(make_optimizer)(model.parameters())
+        client_optimizer = None if "optimizer" in config else build_optimizer(optimizer, model, names)
         engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=client_optimizer, config=config)
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(_precision_of(config))
         if dtype is not None:
             engine.module.register_forward_pre_hook(_cast_inputs(dtype))
         return engine, optimizer
 
-    def backward(self, loss: torch.Tensor, model: Any) -> None:
+    def backward_loss(self, loss: torch.Tensor, model: Any) -> None:
         model.backward(loss)
 
-    def step(self, optimizer: Any, model: Any) -> None:
+    def micro_step(self, optimizer: Any, model: Any, *, last: bool) -> None:
+        # Every micro-batch: the engine counts them and steps on its accumulation boundary itself.
+        self.optimizer_step(optimizer, model)
+
+    def optimizer_step(self, optimizer: Any, model: Any) -> None:
         if not self._grad_bytes and model.is_gradient_accumulation_boundary():
             self._grad_bytes = tensor_bytes(_gradient_tensors(model))
         model.step()  # steps the optimizer on accumulation boundaries and zeroes the gradients
+
+    def zero_grad(self, optimizer: Any, model: Any) -> None:
+        """Nothing: the engine's step zeroes the gradients."""
 
     def no_sync(self, model: Any) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()  # DeepSpeed skips the reduction itself (gradient_accumulation_steps)
@@ -128,27 +196,39 @@ class DeepSpeedStrategy:
     def unwrap(self, model: Any) -> nn.Module:
         return getattr(model, "module", model)
 
+    def check_compile(self) -> None:
+        raise ConfigError("--compile with --strategy deepspeed: trainscale compiles DDP and FSDP models; DeepSpeed's "
+                          "engine is compiled by DeepSpeed itself (engine.compile()), which trainscale does not drive",
+                          hint="leave --compile out with deepspeed, or use --strategy ddp, zero1 or fsdp")
+
+    def compile(self, model: Any) -> Any:
+        self.check_compile()
+        return model
+
+    def torch_optimizer(self, optimizer: Any) -> torch.optim.Optimizer | None:
+        # A ZeRO optimizer steps a torch optimizer on its flat partitions; that one carries the LR.
+        for candidate in (optimizer, getattr(optimizer, "optimizer", None)):
+            if isinstance(candidate, torch.optim.Optimizer):
+                return candidate
+        return None
+
+    def user_optimizer(self, optimizer: Any, model: Any) -> Any:
+        from trainscale.strategies.handout import through_strategy
+
+        return through_strategy(optimizer, self, model)  # opt.step() is the engine's step
+
+    def full_model_state(self, model: Any) -> dict[str, torch.Tensor]:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(model.module.parameters())):
+            return {k: v.detach().clone() for k, v in model.module.state_dict().items()}
+
+    def checkpoint_state(self, model: Any, optimizer: Any) -> ModelState:
+        return EngineState(model)
+
     def state_dict(self, model: Any, optimizer: Any) -> dict[str, Any]:
-        def write(path: Path) -> None:
-            model.save_checkpoint(str(path), tag=CHECKPOINT_TAG, save_latest=False)
-
-        return {"sharded_writer": write}
-
-    def load_state_dict(self, model: Any, optimizer: Any, state: dict[str, Any]) -> None:
-        ref = state.get("sharded")
-        if ref is None or ref.format != "deepspeed":
-            raise CheckpointError("this checkpoint was not written by the deepspeed strategy",
-                                  hint="resume with the strategy that wrote it, or start a new checkpoint directory")
-        saved = int(state["trainscale"]["world_size"])
-        world = model.dp_world_size if hasattr(model, "dp_world_size") else saved
-        if saved != world:
-            raise CheckpointError(f"{ref.path} holds DeepSpeed ZeRO shards for {saved} rank(s); this run has {world}",
-                                  hint=f"resume with {saved} ranks, or convert it with DeepSpeed's ds_to_universal.py "
-                                       "and load it yourself; fsdp checkpoints reshard to any world size")
-        load_path, _ = model.load_checkpoint(str(ref.path), tag=CHECKPOINT_TAG, load_optimizer_states=True,
-                                             load_lr_scheduler_states=False)
-        if load_path is None:
-            raise CheckpointError(f"DeepSpeed found no checkpoint under {ref.path}", hint="delete the directory")
+        """The dict form: the engine's state as one entry, which the Checkpointer writes DeepSpeed's way."""
+        return {"model": self.checkpoint_state(model, optimizer)}
 
     def held_bytes(self, model: Any, optimizer: Any) -> dict[str, int]:
         """At rest. Parameters: each one's ZeRO-3 partition (``ds_tensor``) plus the ones DeepSpeed keeps
@@ -163,6 +243,40 @@ class DeepSpeedStrategy:
         state = [v for per in getattr(inner, "state", {}).values() for v in per.values() if torch.is_tensor(v)]
         return {"params": tensor_bytes(params),
                 "grads": self._grad_bytes, "optimizer": tensor_bytes(list(masters) + state)}
+
+
+class EngineState(ModelState):
+    """DeepSpeed's own sharded files (``save_checkpoint``), inside trainscale's sharded checkpoint
+    directory; they resume with the same world size."""
+
+    storage = NATIVE
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}  # everything is in DeepSpeed's files
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        raise CheckpointError("DeepSpeed state loads from its own files only", hint="use Checkpointer.restore")
+
+    def write(self, directory: Path) -> None:
+        self.engine.save_checkpoint(str(directory), tag=CHECKPOINT_TAG, save_latest=False)
+
+    def read(self, directory: Path, record: dict[str, Any]) -> None:
+        if record.get("format") != "deepspeed":
+            raise CheckpointError("this checkpoint was not written by the deepspeed strategy",
+                                  hint="resume with the strategy that wrote it, or start a new checkpoint directory")
+        saved = int(record["world_size"])
+        world = getattr(self.engine, "dp_world_size", saved)
+        if saved != world:
+            raise CheckpointError(f"{directory} holds DeepSpeed ZeRO shards for {saved} rank(s); this run has {world}",
+                                  hint=f"resume with {saved} ranks, or convert it with DeepSpeed's ds_to_universal.py "
+                                       "and load it yourself; fsdp checkpoints reshard to any world size")
+        load_path, _ = self.engine.load_checkpoint(str(directory), tag=CHECKPOINT_TAG, load_optimizer_states=True,
+                                                   load_lr_scheduler_states=False)
+        if load_path is None:
+            raise CheckpointError(f"DeepSpeed found no checkpoint under {directory}", hint="delete the directory")
 
 
 def _gradient_tensors(engine: Any) -> list[torch.Tensor]:

@@ -16,22 +16,52 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
 
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    dup = sorted({k for k in keys if keys.count(k) > 1})
+    if dup:  # DeepSpeed refuses them too (dict_raise_error_on_duplicate_keys)
+        raise ValueError(f"duplicate key(s) {', '.join(map(repr, dup))}")
+    return dict(pairs)
+
+
+def parse_ds_config(text: str, origin: str) -> dict[str, Any]:
+    """A ds_config as DeepSpeed reads it: hjson (JSON plus trailing commas, comments, unquoted keys),
+    duplicate keys refused. Plain JSON parsing when hjson (a DeepSpeed dependency) is not installed."""
+    try:
+        import hjson
+    except ImportError:  # pragma: no cover - hjson comes with deepspeed and the test extra
+        hjson = None
+    try:
+        if hjson is not None:
+            config = hjson.loads(text, object_pairs_hook=_no_duplicates)
+        else:
+            config = json.loads(text, object_pairs_hook=_no_duplicates)
+    except ValueError as exc:  # hjson.HjsonDecodeError and json.JSONDecodeError are ValueErrors
+        raise ConfigError(f"DeepSpeed config {origin} cannot be read as DeepSpeed reads it (hjson): {exc}",
+                          hint="check brackets, quotes and colons near the position named; trailing commas and "
+                               "comments are fine") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"DeepSpeed config {origin} holds a {type(config).__name__}, not an object",
+                          hint='it should look like {"train_micro_batch_size_per_gpu": 16, ...}')
+    return config
+
+
 def load_ds_config(path: str | Path) -> dict[str, Any]:
-    """The JSON object in ``path``; ConfigError names the file and the problem."""
+    """The config in ``path``, read as DeepSpeed reads it; ConfigError names the file and the problem."""
     path = Path(path)
     try:
-        config = json.loads(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
         raise ConfigError(f"DeepSpeed config {path} does not exist",
                           hint="give the path of your ds_config.json, or leave it out to build one from "
                                "--batch-size and the strategy options") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"DeepSpeed config {path} is not valid JSON: {exc}",
-                          hint="check commas and quotes; comments are not allowed in JSON") from None
-    if not isinstance(config, dict):
-        raise ConfigError(f"DeepSpeed config {path} holds a {type(config).__name__}, not a JSON object",
-                          hint='it should look like {"train_micro_batch_size_per_gpu": 16, ...}')
-    return config
+    return parse_ds_config(text, str(path))
+
+
+def check_user_config_file(path: str | Path, world_size: int, *, device: str | None = None) -> dict[str, Any]:
+    """A script's own ``--deepspeed_config FILE``, checked before launch as DeepSpeed will check it at
+    ``deepspeed.initialize``: readable, a ZeRO stage, batch sizes that fit ``world_size`` ranks."""
+    return validate_ds_config(load_ds_config(path), world_size, device=device)
 
 
 def build_ds_config(*, micro_batch_size: int, gradient_accumulation_steps: int = 1, stage: int = 3,
@@ -74,8 +104,10 @@ def _check_batch(config: dict[str, Any], world_size: int) -> None:
             raise ConfigError(
                 f"ds_config train_batch_size={train}, but train_micro_batch_size_per_gpu={micro} x "
                 f"gradient_accumulation_steps={accum} x world size {world_size} = {micro * accum * world_size}",
-                hint=f"{rule}; set train_batch_size to {micro * accum * world_size}, or drop it and let "
-                     f"DeepSpeed compute it")
+                hint=f"{rule}; with {world_size} rank(s) set train_batch_size to {micro * accum * world_size}"
+                     + (f" (or train_micro_batch_size_per_gpu to {train // (accum * world_size)})"
+                        if train % (accum * world_size) == 0 else "")
+                     + ', or set it to "auto"/drop it and let DeepSpeed compute it')
     elif train is not None and micro is not None:
         if train % (micro * world_size):
             raise ConfigError(

@@ -11,26 +11,50 @@ world size can resume (see trainscale/checkpoint/sharded.py).
 
 With one process there is nothing to shard and no process group: the model runs unwrapped, and
 checkpoints still go through DCP so they stay interchangeable with multi-rank ones.
+
+``mixed_precision=fp16`` scales the loss (torch's ``ShardedGradScaler``, which agrees on overflow
+across the ranks): fp16's range cannot hold small gradients, which would otherwise flush to zero.
+The scaler's state is part of the checkpoint. A script that clips gradients itself must unscale
+them first: ``strategy.scaler.unscale_(optimizer)``. bf16 has fp32's range and needs no scaling.
+
+FSDP2 moved from ``torch.distributed._composable.fsdp`` (torch 2.4-2.5) to
+``torch.distributed.fsdp`` (2.6); :func:`fsdp2` imports it from either.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Iterator
 
 import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from trainscale.checkpoint.state import DCP, ModelState
 from trainscale.errors import ConfigError
-from trainscale.strategies.base import OptimizerFactory, PlainStepMixin
+from trainscale.strategies.base import OptimizerSource, StrategyBase
+from trainscale.strategies.optim import build_optimizer, parameter_names
 
 MIXED_PRECISION = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+FSDP2_NAMES = ("fully_shard", "FSDPModule", "MixedPrecisionPolicy", "OffloadPolicy", "CPUOffloadPolicy")
+
+
+def fsdp2() -> SimpleNamespace:
+    """FSDP2's API from wherever this torch keeps it: ``torch.distributed.fsdp`` since 2.6, the
+    ``_composable`` package before (the floor, torch 2.4, has it only there)."""
+    import torch.distributed.fsdp as public
+
+    if all(hasattr(public, name) for name in FSDP2_NAMES):
+        return SimpleNamespace(**{name: getattr(public, name) for name in FSDP2_NAMES})
+    from torch.distributed._composable import fsdp as composable
+
+    return SimpleNamespace(**{name: getattr(composable, name) for name in FSDP2_NAMES})
 
 
 @dataclass(kw_only=True)
-class FSDPStrategy(PlainStepMixin):
+class FSDPStrategy(StrategyBase):
     """FSDP2 ``fully_shard`` over all ranks, each submodule with parameters one unit, then the root."""
 
     reshard_after_forward: bool = True
@@ -42,11 +66,14 @@ class FSDPStrategy(PlainStepMixin):
     cpu_offload: bool = False
     """Keep sharded parameters, gradients and optimizer state in host memory (GPU runs; slower)."""
     unit_modules: tuple[str, ...] = ()
-    """Class names of submodules to shard as separate units (e.g. ("Block",)); default: every direct
-    child of the model that has parameters."""
+    """Class names of submodules to shard as separate units (e.g. ("Block",)); default: the model's own
+    ``_no_split_modules`` (its repeated blocks, the Hugging Face convention), else every direct child
+    of the model that has parameters."""
 
     name: str = "fsdp"
-    sharded_checkpoint: bool = True
+    storage = DCP
+    scaler: Any = field(default=None, init=False, repr=False)
+    """The loss scaler of an fp16 run (None otherwise), made by :meth:`setup`."""
 
     def __post_init__(self) -> None:
         if self.mixed_precision not in MIXED_PRECISION:
@@ -55,30 +82,51 @@ class FSDPStrategy(PlainStepMixin):
         if isinstance(self.unit_modules, str):
             object.__setattr__(self, "unit_modules", tuple(n for n in self.unit_modules.split(",") if n))
 
-    def setup(self, model: nn.Module, make_optimizer: OptimizerFactory, runtime: Any) -> tuple[nn.Module, Any]:
+    def wrap(self, model: nn.Module, optimizer: OptimizerSource, runtime: Any) -> tuple[nn.Module, Any]:
+        names = parameter_names(model)  # the sharded parameters are new objects with the same names
         model = model.to(runtime.device)
         if runtime.is_distributed:
             self._shard(model, runtime)
-        return model, make_optimizer(model.parameters())
+            if self.mixed_precision == "fp16":
+                from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+                self.scaler = ShardedGradScaler(device=runtime.device.type)
+        return model, build_optimizer(optimizer, model, names)
+
+    def backward_loss(self, loss: torch.Tensor, model: nn.Module) -> None:
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def optimizer_step(self, optimizer: Any, model: nn.Module) -> None:
+        if self.scaler is None:
+            return optimizer.step()
+        self.scaler.step(optimizer)  # skipped (and the scale lowered) when a gradient overflowed
+        self.scaler.update()
+
+    def user_optimizer(self, optimizer: Any, model: nn.Module) -> Any:
+        if self.scaler is None:
+            return optimizer
+        from trainscale.strategies.handout import through_strategy
+
+        return through_strategy(optimizer, self, model)  # opt.step() must go through the scaler
 
     def _shard(self, model: nn.Module, runtime: Any) -> None:
         check_offload_backend(self.cpu_offload, runtime.device.type, runtime.backend)
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
+        api = fsdp2()
         mesh = init_device_mesh(runtime.device.type, (runtime.world_size,))
         dtype = MIXED_PRECISION[self.mixed_precision]
         kwargs: dict[str, Any] = {
             "mesh": mesh,
             "reshard_after_forward": self.reshard_after_forward,
-            "mp_policy": MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None),
+            "mp_policy": api.MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None),
             # Pinned host memory needs a GPU; on a CPU-only run the offload is a no-op anyway.
-            "offload_policy": (CPUOffloadPolicy(pin_memory=runtime.device.type == "cuda") if self.cpu_offload
-                               else OffloadPolicy()),
+            "offload_policy": (api.CPUOffloadPolicy(pin_memory=runtime.device.type == "cuda") if self.cpu_offload
+                               else api.OffloadPolicy()),
         }
         for unit in self._units(model):
-            fully_shard(unit, **kwargs)
-        fully_shard(model, **kwargs)
+            api.fully_shard(unit, **kwargs)
+        api.fully_shard(model, **kwargs)
 
     def _units(self, model: nn.Module) -> list[nn.Module]:
         if self.unit_modules:
@@ -88,6 +136,9 @@ class FSDPStrategy(PlainStepMixin):
                 raise ConfigError(f"fsdp unit_modules={list(self.unit_modules)} matched no submodule",
                                   hint=f"module classes in this model: {', '.join(found)}")
             return units
+        blocks = set(getattr(model, "_no_split_modules", None) or ())
+        if blocks:
+            return [m for m in model.modules() if type(m).__name__ in blocks and m is not model]
         return [child for child in model.children() if any(True for _ in child.parameters())]
 
     @contextlib.contextmanager
@@ -103,34 +154,55 @@ class FSDPStrategy(PlainStepMixin):
             model.set_requires_gradient_sync(True)
 
     def unwrap(self, model: nn.Module) -> nn.Module:
-        return model  # fully_shard changes the module's class in place; there is no wrapper
+        # fully_shard changes the module's class in place; the only wrapper is torch.compile's (--compile)
+        return getattr(model, "_orig_mod", model)
 
     def held_bytes(self, model: nn.Module, optimizer: Any) -> dict[str, int]:
         """At rest: a forward without backward (evaluation) can leave units gathered, with the full
         parameters registered on the module; reshard them first, then count the local shards."""
-        from torch.distributed.fsdp import FSDPModule
-
+        fsdp_module = fsdp2().FSDPModule
         for module in model.modules():
-            if isinstance(module, FSDPModule):
+            if isinstance(module, fsdp_module):
                 module.reshard()
         return super().held_bytes(model, optimizer)
 
     # -- checkpoints: sharded DTensor state dicts, written by every rank ------------------------
-    def state_dict(self, model: nn.Module, optimizer: Any) -> dict[str, Any]:
-        model_state, optim_state = get_state_dict(model, optimizer, options=StateDictOptions())
-        return {"model": model_state, "optimizer": optim_state}
+    def checkpoint_state(self, model: nn.Module, optimizer: Any) -> ModelState:
+        return ShardedState(self.unwrap(model), optimizer, self.scaler)
 
-    def load_state_dict(self, model: nn.Module, optimizer: Any, state: dict[str, Any]) -> None:
-        if "sharded" in state:  # a Found from a sharded checkpoint: read into this run's own layout
-            state = {**state, **state["sharded"].load(self.state_dict(model, optimizer))}
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
-                       options=StateDictOptions())
+    def full_model_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(self.unwrap(model), options=StateDictOptions(full_state_dict=True))
 
     def full_state_dict(self, model: nn.Module, optimizer: Any) -> dict[str, Any]:
         """Unsharded model and optimizer state on the CPU of every rank (a collective; for export/tests)."""
         model_state, optim_state = get_state_dict(
             model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return {"model": model_state, "optimizer": optim_state}
+
+
+class ShardedState(ModelState):
+    """Sharded DTensor state dicts (torch's get_state_dict), every rank writing its shards; the fp16 loss
+    scaler's numbers (the same on every rank) ride along with the step and RNG."""
+
+    storage = DCP
+
+    def __init__(self, model: nn.Module, optimizer: Any, scaler: Any) -> None:
+        self.model, self.optimizer, self.scaler = model, optimizer, scaler
+
+    def state_dict(self) -> dict[str, Any]:
+        model_state, optim_state = get_state_dict(self.model, self.optimizer, options=StateDictOptions())
+        state = {"model": model_state, "optimizer": optim_state}
+        if self.scaler is not None:
+            state["grad_scaler"] = self.scaler.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        set_state_dict(self.model, self.optimizer, model_state_dict=state_dict["model"],
+                       optim_state_dict=state_dict["optimizer"], options=StateDictOptions())
+        if self.scaler is not None and state_dict.get("grad_scaler"):
+            self.scaler.load_state_dict(state_dict["grad_scaler"])
 
 
 def check_offload_backend(cpu_offload: bool, device_type: str, backend: str | None) -> None:

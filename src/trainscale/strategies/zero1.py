@@ -21,8 +21,10 @@ import torch
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from trainscale.strategies.base import OptimizerFactory, as_optimizer_spec
-from trainscale.strategies.ddp import DDPStrategy
+from trainscale.checkpoint.state import ModelState
+from trainscale.strategies.base import OptimizerSource
+from trainscale.strategies.ddp import DDPStrategy, ReplicaState
+from trainscale.strategies.optim import as_recipe, build_optimizer, parameter_names
 
 
 @dataclass(kw_only=True)
@@ -33,42 +35,46 @@ class Zero1Strategy(DDPStrategy):
     """Pack each rank's parameters into one flat buffer for the broadcast (fewer, larger messages)."""
 
     name: str = "zero1"
-    sharded_checkpoint: bool = False
 
-    def setup(self, model: nn.Module, make_optimizer: OptimizerFactory, runtime: Any) -> tuple[nn.Module, Any]:
-        spec = as_optimizer_spec(make_optimizer)
-        model, _ = super().setup(model, lambda params: None, runtime)
+    def wrap(self, model: nn.Module, optimizer: OptimizerSource, runtime: Any) -> tuple[nn.Module, Any]:
+        names = parameter_names(model)
+        model = self._replicate(model, runtime)
         if not runtime.is_distributed:  # one process: nothing to partition
-            return model, spec(model.parameters())
-        optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=spec.cls,
-                                            parameters_as_bucket_view=self.parameters_as_bucket_view,
-                                            **spec.kwargs)
-        return model, optimizer
+            return model, build_optimizer(optimizer, model, names)
+        recipe = as_recipe(optimizer, model, names)
+        return model, ZeroRedundancyOptimizer(recipe.params(model), optimizer_class=recipe.cls,
+                                              parameters_as_bucket_view=self.parameters_as_bucket_view,
+                                              **recipe.defaults)
 
-    def state_dict(self, model: nn.Module, optimizer: Any) -> dict[str, Any]:
-        model_state = self.unwrap(model).state_dict()
+    def advice(self, world_size: int, optimizer_share: float) -> str | None:
+        return None  # the optimizer step is already split over the ranks
+
+    def checkpoint_state(self, model: nn.Module, optimizer: Any) -> ModelState:
         if not isinstance(optimizer, ZeroRedundancyOptimizer):
-            return {"model": model_state, "optimizer": optimizer.state_dict()}
-        optimizer.consolidate_state_dict(to=0)  # a collective: every rank takes part
-        if optimizer.rank != 0:
-            return {"model": model_state, "optimizer": None}  # only rank 0 writes the file
-        full = optimizer.state_dict()
-        optimizer._all_state_dicts = []  # ZeRO keeps the consolidated copy otherwise: free it now
-        return {"model": model_state, "optimizer": full}
-
-    def load_state_dict(self, model: nn.Module, optimizer: Any, state: dict[str, Any]) -> None:
-        self.unwrap(model).load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        if isinstance(optimizer, ZeroRedundancyOptimizer):
-            # The wrapper's own copy of the loaded state is not used by ZeRO (its local optimizer's is).
-            optimizer.state.clear()
+            return ReplicaState(self.unwrap(model), optimizer)
+        return PartitionedState(self.unwrap(model), optimizer)
 
     def local_state(self, model: nn.Module, optimizer: Any) -> dict[str, list[torch.Tensor]]:
         held = super().local_state(model, optimizer)
         if isinstance(optimizer, ZeroRedundancyOptimizer):
-            held["optimizer"] = _state_tensors(optimizer.optim.state)
+            state = optimizer.optim.state  # this rank's partition only
+            held["optimizer"] = [v for per in state.values() for v in per.values() if torch.is_tensor(v)]
         return held
 
 
-def _state_tensors(state: Any) -> list[torch.Tensor]:
-    return [v for per_param in state.values() for v in per_param.values() if torch.is_tensor(v)]
+class PartitionedState(ReplicaState):
+    """The model replica and ZeRO's optimizer partitions, consolidated on rank 0 into one plain file."""
+
+    def state_dict(self) -> dict[str, Any]:
+        model_state = self.module.state_dict()
+        self.optimizer.consolidate_state_dict(to=0)  # a collective: every rank takes part
+        if self.optimizer.rank != 0:
+            return {"model": model_state, "optimizer": None}  # only rank 0 writes the file
+        full = self.optimizer.state_dict()
+        self.optimizer._all_state_dicts = []  # ZeRO keeps the consolidated copy otherwise: free it now
+        return {"model": model_state, "optimizer": full}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        # The wrapper's own copy of the loaded state is not used by ZeRO (its local optimizer's is).
+        self.optimizer.state.clear()

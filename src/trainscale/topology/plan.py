@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 from trainscale.errors import ConfigError
 from trainscale.topology.cpulist import cores_to_mask, format_cpulist, parse_cpulist
@@ -125,15 +125,66 @@ def plan_cpu_only(usable: Iterable[int], local_world_size: int, *, reserved: Ite
     return BindingPlan(ranks=ranks, source=source, shared=shared)
 
 
+def visible_gpus(environ: Mapping[str, str], node_gpus: Iterable[int]) -> tuple[int, ...] | None:
+    """Node-local indices (as nvidia-smi / rocm-smi number them) of the GPUs this process sees, in the
+    order torch numbers them: with ``CUDA_VISIBLE_DEVICES=4,5,6,7``, cuda:0 is the node's GPU 4.
+
+    ROCm applies ``ROCR_VISIBLE_DEVICES`` first, then ``HIP_VISIBLE_DEVICES`` (or
+    ``CUDA_VISIBLE_DEVICES``) to what is left. A list stops at its first index that does not exist,
+    as CUDA's does. None: no variable narrows the GPUs, or one names them by UUID or MIG instance,
+    which the topology tools' indices cannot be matched to.
+    """
+    order = sorted(node_gpus)
+    narrowed = False
+    second = "HIP_VISIBLE_DEVICES" if environ.get("HIP_VISIBLE_DEVICES") is not None else "CUDA_VISIBLE_DEVICES"
+    for name in ("ROCR_VISIBLE_DEVICES", second):
+        value = environ.get(name)
+        if value is None:
+            continue
+        narrowed = True
+        picked: list[int] = []
+        for entry in (e.strip() for e in value.split(",") if e.strip()):
+            if not entry.isdigit():
+                if entry.startswith("-"):  # "-1": nothing visible from here on
+                    break
+                return None  # GPU-<uuid>, MIG-<uuid>: not an index
+            if int(entry) >= len(order):
+                break
+            picked.append(order[int(entry)])
+        order = picked
+    return tuple(order) if narrowed else None
+
+
+def gpu_order(visible: Sequence[int] | None, node_gpus: Iterable[int], local_rank: int,
+              local_world_size: int) -> list[int]:
+    """The node-local GPU each local rank drives, in local-rank order (what :func:`plan_binding` maps).
+
+    Local rank r drives torch's cuda:r, the r-th *visible* GPU. When this process sees a single GPU
+    while its node runs several ranks (SLURM's one GPU per task), only this rank's GPU is known: the
+    other ranks are taken to drive the remaining GPUs in index order.
+    """
+    gpus = sorted(node_gpus)
+    if visible is None:
+        return gpus
+    if len(visible) == 1 and local_world_size > 1:
+        rest = [g for g in gpus if g != visible[0]]
+        return rest[:local_rank] + [visible[0]] + rest[local_rank:]
+    return list(visible)
+
+
 def plan_binding(gpu_cores: Mapping[int, Iterable[int]] | Topology, local_world_size: int, *,
                  reserved: Iterable[int] = (), cpus_per_node: int | None = None,
-                 core_of: Mapping[int, int] | None = None, source: str | None = None) -> BindingPlan:
-    """Local rank i drives GPU i and gets the cores close to that GPU, minus ``reserved``.
+                 core_of: Mapping[int, int] | None = None, source: str | None = None,
+                 gpu_order: Sequence[int] | None = None) -> BindingPlan:
+    """Local rank i drives GPU ``gpu_order[i]`` (default: the i-th GPU of the node) and gets the cores
+    close to that GPU, minus ``reserved``.
 
-    ``gpu_cores`` is a profile's GPU -> cores map or a detected :class:`Topology`. When several ranks'
-    GPUs share the same close cores (two GPUs per NUMA node), those cores are split among them so ranks
-    never overlap. Without GPUs the plan splits the node's cores evenly (:func:`plan_cpu_only`), taking
-    them from the topology or from ``range(cpus_per_node)``.
+    ``gpu_order`` matters when ``*_VISIBLE_DEVICES`` narrows the GPUs: rank i then drives the i-th
+    *visible* one (see :func:`visible_gpus` and :func:`gpu_order`). ``gpu_cores`` is a profile's
+    GPU -> cores map or a detected :class:`Topology`. When several ranks' GPUs share the same close
+    cores (two GPUs per NUMA node), those cores are split among them so ranks never overlap. Without
+    GPUs the plan splits the node's cores evenly (:func:`plan_cpu_only`), taking them from the
+    topology or from ``range(cpus_per_node)``.
     """
     _check_ranks(local_world_size)
     all_cpus: tuple[int, ...] = ()
@@ -152,9 +203,16 @@ def plan_binding(gpu_cores: Mapping[int, Iterable[int]] | Topology, local_world_
                               hint="give cpus_per_node or a detected topology")
         return plan_cpu_only(usable, local_world_size, reserved=skip, core_of=core_of,
                              source=source or "even split of usable cores")
-    gpus = sorted(gpu_cores)
+    gpus = list(gpu_order) if gpu_order is not None else sorted(gpu_cores)
+    unknown = [g for g in gpus if g not in gpu_cores]
+    if unknown:
+        raise ConfigError(f"GPU(s) {', '.join(map(str, unknown))} are visible to this process but not in the "
+                          f"node's topology (GPUs {', '.join(map(str, sorted(gpu_cores)))})",
+                          hint="check CUDA_VISIBLE_DEVICES/ROCR_VISIBLE_DEVICES against `nvidia-smi topo -m` "
+                               "or `rocm-smi`, or plan from a profile's GPU map")
     if local_world_size > len(gpus):
-        raise ConfigError(f"{local_world_size} local ranks but the node has {len(gpus)} GPU(s)",
+        what = "GPU(s) visible" if gpu_order is not None else "GPU(s)"
+        raise ConfigError(f"{local_world_size} local ranks but the node has {len(gpus)} {what}",
                           hint=f"run at most {len(gpus)} rank(s) per node, one per GPU")
     wanted = {}
     for rank in range(local_world_size):

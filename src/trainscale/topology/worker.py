@@ -18,7 +18,7 @@ from trainscale.topology.apply import apply_cpu_binding, current_affinity, far_f
 from trainscale.topology.cpulist import format_cpulist, parse_cpulist
 from trainscale.topology.detect import detect_topology
 from trainscale.topology.model import Topology
-from trainscale.topology.plan import BindingPlan, plan_binding
+from trainscale.topology.plan import BindingPlan, gpu_order, plan_binding, visible_gpus
 
 PLAN_ENV = "TRAINSCALE_CPU_BIND"
 
@@ -55,14 +55,21 @@ class BindingReport:
 
 
 def plan_from_env(value: str, local_world_size: int,
-                  detect: Callable[[], Topology] = detect_topology) -> BindingPlan | None:
-    """The plan ``TRAINSCALE_CPU_BIND`` describes for this node, or None for no binding."""
+                  detect: Callable[[], Topology] = detect_topology, *,
+                  environ: Mapping[str, str] | None = None, local_rank: int = 0) -> BindingPlan | None:
+    """The plan ``TRAINSCALE_CPU_BIND`` describes for this node, or None for no binding. A detected
+    plan maps local rank r to the r-th GPU *visible* here (``environ``'s *_VISIBLE_DEVICES)."""
     value = value.strip()
     if value in ("", "none"):
         return None
     if value == "topology" or value.startswith("topology:"):
         reserved = parse_cpulist(value.partition(":")[2])
-        return plan_binding(detect(), local_world_size, reserved=reserved)
+        topology = detect()
+        order = None
+        if topology.gpus and environ is not None:
+            node = [g.index for g in topology.gpus]
+            order = gpu_order(visible_gpus(environ, node), node, local_rank, local_world_size)
+        return plan_binding(topology, local_world_size, reserved=reserved, gpu_order=order)
     plan = BindingPlan.from_env(value, source=PLAN_ENV)
     if plan.local_world_size != local_world_size:
         raise ConfigError(f"{PLAN_ENV} plans {plan.local_world_size} local ranks but this node runs {local_world_size}",
@@ -81,7 +88,8 @@ def bind_worker(local_rank: int, local_world_size: int, *, environ: Mapping[str,
     environ = os.environ if environ is None else environ
     before = current_affinity()
     try:
-        plan = plan or plan_from_env(environ.get(PLAN_ENV, ""), local_world_size, detect)
+        plan = plan or plan_from_env(environ.get(PLAN_ENV, ""), local_world_size, detect, environ=environ,
+                                     local_rank=local_rank)
     except ConfigError as exc:
         return BindingReport(local_rank=local_rank, gpu=None, requested=(), actual=tuple(sorted(before)),
                              applied=False, far=False, note=f"not bound: {exc.message}")

@@ -11,12 +11,9 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-import trainscale
-from trainscale.data.images import load_images
-from trainscale.workloads.classify import train_classifier
-from trainscale.workloads.options import parse, planned_device
+from trainscale.workloads.classify import check, run
 
-DATA_SOURCES = "digits (scikit-learn, offline, default), mnist (IDX files in --data-dir), synthetic (--samples N)"
+DATA_SOURCES = "digits (shipped with trainscale, offline, default), mnist (IDX files in --data-dir), synthetic (--samples N)"
 
 
 class CNN(nn.Module):
@@ -37,35 +34,11 @@ class CNN(nn.Module):
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from trainscale.strategies import process_group_backend
-
-    opts, _ = parse(sys.argv[1:] if argv is None else argv, prog="trainscale-workload cnn")
-    with trainscale.init(device=opts.device, backend=process_group_backend(opts.strategy), seed=opts.seed,
-                         timeout_s=opts.timeout_s) as rt:
-        if opts.data == "mnist" and opts.download:
-            from pathlib import Path
-
-            from trainscale.data.images import download_mnist, mnist_present
-
-            with rt.rank_zero_first():
-                root = Path(opts.data_dir or "./data")
-                if rt.is_main and not mnist_present(root):
-                    download_mnist(root)
-        train = load_images(opts.data, "train", data_dir=opts.data_dir, samples=opts.samples, seed=opts.seed)
-        test = load_images(opts.data, "test", data_dir=opts.data_dir, samples=opts.samples, seed=opts.seed)
-        return train_classifier(rt, opts, CNN, train, test, "cnn")
+    return run(sys.argv[1:] if argv is None else argv, "cnn", lambda args: CNN())
 
 
 def preflight(argv: list[str], world_size: int, *, gpus: bool | None = None) -> None:
-    """Check the options and that the data can feed every rank, before any process is launched."""
-    from trainscale.data import check_shardable
-    from trainscale.strategies import check_strategy
-
-    opts, _ = parse(argv, prog="trainscale-workload cnn")
-    check_strategy(opts.strategy, world_size, batch_size=opts.batch_size,
-                   device=planned_device(opts.device, gpus))
-    train = load_images(opts.data, "train", data_dir=opts.data_dir, samples=opts.samples, seed=opts.seed)
-    check_shardable(len(train), world_size, opts.batch_size, what=f"'{opts.data}' training set")
+    check(argv, world_size, "cnn", lambda args: CNN(), gpus=gpus)
 
 
 if __name__ == "__main__":

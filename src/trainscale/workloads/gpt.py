@@ -1,4 +1,4 @@
-"""Seed 003's LLM training loop, with its habits done by trainscale: a GPT-2-style causal LM.
+"""Seed 003's LLM training, with its habits done by trainscale: a GPT-2-style causal LM.
 
     trainscale run --nproc-per-node 2 --workload gpt --max-steps 200 --experiment-dir runs/gpt-demo
 
@@ -7,7 +7,7 @@
   non-empty one refused (never clobbered);
 - checkpoints of model, optimizer, LR scheduler, step and RNG, plus a human-readable state.json;
 - per-rank metric streams under one experiment (TensorBoard event files per rank; wandb offline if installed);
-- gradient accumulation without an all-reduce on the accumulating micro-steps.
+- gradient accumulation without an all-reduce on the accumulating micro-steps (the training loop's).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import math
 import sys
 import time
 import uuid
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -26,17 +25,15 @@ import torch.nn.functional as F
 from torch import nn
 
 import trainscale
-from trainscale.checkpoint import Checkpointer, atomic_write_text
+from trainscale.checkpoint import atomic_write_text
 from trainscale.data import DeviceTensorLoader, check_shardable
 from trainscale.errors import ConfigError
-from trainscale.runtime.memory import report as memory_report
-from trainscale.runtime.seed import rng_state, set_rng_state
-from trainscale.strategies import check_strategy, get_strategy, process_group_backend
+from trainscale.strategies import check_strategy
 from trainscale.strategies.base import OptimizerSpec
-from trainscale.strategies.ddp import rebuild_buckets
-from trainscale.workloads import fault, text
-from trainscale.workloads.options import TrainOptions, parse, planned_device
-from trainscale.workloads.streams import MetricStreams
+from trainscale.train import Loop, Task, TrainOptions, parse
+from trainscale.train.metrics import MetricStreams
+from trainscale.train.options import apply_threads, check_compile, planned_device
+from trainscale.workloads import text
 
 MARKER = "experiment.json"
 
@@ -60,6 +57,8 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
+    _no_split_modules = ("Block",)  # FSDP shards per transformer block (and the rest as the root)
+
     def __init__(self, *, vocab: int = text.VOCAB, seq_len: int = 128, width: int = 128, depth: int = 4,
                  heads: int = 4) -> None:
         super().__init__()
@@ -83,7 +82,6 @@ def _extra(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-layer", type=int, default=4)
     parser.add_argument("--n-embd", type=int, default=128)
     parser.add_argument("--n-head", type=int, default=4)
-    parser.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
     parser.add_argument("--warmup", type=int, default=20, help="LR warm-up steps (then cosine decay)")
     parser.add_argument("--experiment-dir", default="runs/gpt")
     parser.add_argument("--hub-dataset", default=None, help="a HF dataset name instead of the built-in corpus")
@@ -96,8 +94,6 @@ DEFAULTS = TrainOptions(epochs=1, batch_size=8, lr=3e-4, log_every=20)
 
 def _parse(argv: list[str]):
     opts, args = parse(argv, prog="trainscale-workload gpt", defaults=DEFAULTS, extra=_extra)
-    if args.grad_accum < 1:
-        raise ConfigError(f"--grad-accum {args.grad_accum} must be >= 1", hint="e.g. --grad-accum 4")
     if args.seq_len < 2:
         raise ConfigError(f"--seq-len {args.seq_len} must be >= 2", hint="e.g. --seq-len 128")
     return opts, args
@@ -144,152 +140,40 @@ def lr_lambda(warmup: int, total: int):
     return factor
 
 
-def torch_optimizer(optimizer) -> torch.optim.Optimizer | None:
-    """The torch optimizer whose param_groups carry the LR: the optimizer itself, or the one a
-    DeepSpeed ZeRO optimizer steps on its flat partitions."""
-    for candidate in (optimizer, getattr(optimizer, "optimizer", None)):
-        if isinstance(candidate, torch.optim.Optimizer):
-            return candidate
-    return None
+def lm_loss(model: nn.Module, batch: tuple[torch.Tensor], reduction: str = "mean") -> torch.Tensor:
+    """Next-token cross entropy over a batch of (seq_len + 1)-token windows."""
+    window = batch[0]
+    logits = model(window[:, :-1])
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), window[:, 1:].reshape(-1), reduction=reduction)
 
 
 def main(argv: list[str] | None = None) -> dict:
     opts, args = _parse(sys.argv[1:] if argv is None else argv)
     exp = Path(args.experiment_dir)
-    with trainscale.init(device=opts.device, backend=process_group_backend(opts.strategy), seed=opts.seed,
-                         timeout_s=opts.timeout_s) as rt:
+    with trainscale.init(**opts.runtime_options()) as rt:
+        apply_threads(opts, rt)
         resuming, record = open_experiment(rt, exp, args.tokenizer)
+        if resuming:
+            rt.print(f"Resumed experiment {exp}")
         with rt.rank_zero_first():  # tokenize once; the others read the cache
             cache = text.prepare(exp / "data", args.hub_dataset or "builtin", tokenizer=args.tokenizer)
         tokens = text.load(cache)
         train = text.windows(tokens["train"], args.seq_len)
         val = text.windows(tokens["val"], args.seq_len)
-        loader = DeviceTensorLoader.for_runtime(train, runtime=rt, batch_size=opts.batch_size, shuffle=opts.shuffle)
-
-        options = {"gradient_accumulation_steps": args.grad_accum} if opts.strategy.startswith("deepspeed") else {}
-        if opts.strategy.split(":")[0] == "fsdp" and "unit_modules" not in opts.strategy:
-            options["unit_modules"] = ("Block",)
-        strategy = get_strategy(opts.strategy, **options)
-        if hasattr(strategy, "micro_batch_size") and strategy.micro_batch_size is None:
-            strategy.micro_batch_size = opts.batch_size
-        torch.manual_seed(opts.seed)
-        model, optimizer = strategy.setup(
-            GPT(vocab=tokens["vocab"], seq_len=args.seq_len, width=args.n_embd, depth=args.n_layer, heads=args.n_head),
-            OptimizerSpec(torch.optim.AdamW, {"lr": opts.lr, "weight_decay": 0.1}), rt)
-        steps_per_epoch = len(loader) // args.grad_accum
-        total = steps_per_epoch * opts.epochs if opts.max_steps is None else opts.max_steps
-        if steps_per_epoch < 1:
-            raise ConfigError(f"one epoch has {len(loader)} micro-batches, fewer than --grad-accum {args.grad_accum}",
-                              hint="lower --grad-accum or --batch-size")
-        inner = torch_optimizer(optimizer)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(inner, lr_lambda(args.warmup, total)) if inner else None
-        ckpt = Checkpointer(opts.checkpoint_dir or exp / "checkpoints", rt, strategy=strategy)
-        step = 0
-        found = ckpt.latest() if resuming or opts.checkpoint_dir else None
-        if found is not None:
-            strategy.load_state_dict(model, optimizer, found.state)
-            if scheduler is not None and "scheduler" in found.state:
-                scheduler.load_state_dict(found.state["scheduler"])
-            step = int(found.state["step"])
-            set_rng_state(found.state["rng"])
-
-            def warm_up() -> None:  # one discarded forward/backward: DDP lays out its buckets as before
-                window = train[:opts.batch_size].to(rt.device)
-                logits = model(window[:, :-1])
-                F.cross_entropy(logits.reshape(-1, logits.shape[-1]), window[:, 1:].reshape(-1)).backward()
-
-            rebuild_buckets(model, warm_up)
-            rt.print(f"Resumed experiment {exp} at step {step} from {found.path}")
-        loader.load_state_dict({"epoch": step // steps_per_epoch})
-        writer = MetricStreams(exp, rt.rank, exp.resolve().name, run_id=record.get("id"))
-
-        def current_lr() -> float:
-            return float(inner.param_groups[0]["lr"]) if inner is not None else opts.lr
-
-        def save() -> None:
-            state = {**strategy.state_dict(model, optimizer), "step": step, "rng": rng_state()}
-            if scheduler is not None:
-                state["scheduler"] = scheduler.state_dict()
-            ckpt.save(step, state)
-            if rt.is_main:  # the seed's state.json, written atomically
-                atomic_write_text(exp / "state.json", json.dumps({"step": step, "epoch": step / steps_per_epoch,
-                                                                  "loss": last_loss, "lr": current_lr(),
-                                                                  "time": time.time()}))
-
-        # ZeRO-3 leaves empty placeholders in the module; ds_numel is the full size.
-        n_params = sum(getattr(p, "ds_numel", p.numel()) for p in strategy.unwrap(model).parameters())
-        rt.print(f"gpt: {n_params:,} parameters, "
-                 f"{train.shape[0]} windows of {args.seq_len} tokens, {rt.world_size} rank(s) x batch "
-                 f"{opts.batch_size} x accumulation {args.grad_accum}, strategy {strategy.name}")
-        preemption = rt.preemption
-        last_loss, history, started = float("nan"), [], time.perf_counter()
-        skip = (step % steps_per_epoch) * args.grad_accum
-        batches = iter(loader)
-        for _ in range(skip):
-            next(batches)
-        while step < total:
-            fault.maybe_inject(step)
-            micro_losses = []
-            for micro in range(args.grad_accum):
-                batch = next(batches, None)
-                if batch is None:  # next epoch: the loader reshuffles by itself
-                    batches = iter(loader)
-                    batch = next(batches)
-                window = batch[0]
-                x, y = window[:, :-1], window[:, 1:]
-                last_micro = micro == args.grad_accum - 1
-                # No all-reduce on accumulating micro-steps; DeepSpeed accumulates by itself.
-                sync = last_micro or strategy.name == "deepspeed"
-                with rt.guard(step), (strategy.no_sync(model) if not sync else _null()):
-                    logits = model(x)
-                    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)) / args.grad_accum
-                    strategy.backward(loss, model)
-                    if strategy.name == "deepspeed":
-                        strategy.step(optimizer, model)
-                micro_losses.append(float(loss.detach()) * args.grad_accum)
-            if strategy.name != "deepspeed":
-                strategy.step(optimizer, model)
-            if scheduler is not None:
-                scheduler.step()
-            step += 1
-            last_loss = sum(micro_losses) / len(micro_losses)
-            writer.add_scalar("train/loss", last_loss, step)
-            if opts.log_every and step % opts.log_every == 0:
-                rt.print(f"step {step}/{total}: loss {rt.mean(last_loss):.4f}")
-            if opts.checkpoint_every and step % opts.checkpoint_every == 0:
-                save()
-            if preemption.requested():
-                save()
-                preemption.requeue_and_log(f"Preempted at step {step}: checkpoint saved", rt.print)
-                break
-        elapsed = rt.mean(time.perf_counter() - started)
-        val_loss = evaluate(model, val, rt, opts.batch_size)
-        writer.add_scalar("val/loss", val_loss, step)
-        writer.close()
-        if not opts.checkpoint_every or step % opts.checkpoint_every:
-            save()
-        tokens_per_s = step * args.grad_accum * opts.batch_size * args.seq_len * rt.world_size / max(elapsed, 1e-9)
-        history.append({"epoch": step / steps_per_epoch, "steps": step, "time_s": elapsed, "train_loss": rt.mean(last_loss),
-                        "test_loss": val_loss, "tokens_per_s": tokens_per_s, "lr": current_lr(),
-                        "samples_per_s": tokens_per_s / args.seq_len})
-        rt.print(f"gpt: {step} steps, train loss {history[-1]['train_loss']:.4f}, validation loss {val_loss:.4f}, "
-                 f"{tokens_per_s:,.0f} tokens/s")
-        result = {"workload": "gpt", "world_size": rt.world_size, "num_nodes": rt.num_nodes, "device": str(rt.device),
-                  "strategy": strategy.name, "options": asdict(opts), "steps": step, "epochs": history,
-                  "vocab": tokens["vocab"], "train_windows": int(train.shape[0]),
-                  "train_time_s": elapsed, "experiment_dir": str(exp)}
-        result["memory"] = memory_report(rt, strategy.held_bytes(model, optimizer), strategy.name)
-        if opts.metrics_out and rt.is_main:
-            atomic_write_text(Path(opts.metrics_out), json.dumps(result, indent=2, default=str))
-        return result
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+        task = Task(
+            name="gpt", loss=lm_loss, samples=int(train.shape[0]), past_epochs=True, tokens_per_sample=args.seq_len,
+            model=lambda: GPT(vocab=tokens["vocab"], seq_len=args.seq_len, width=args.n_embd, depth=args.n_layer,
+                              heads=args.n_head),
+            optimizer=OptimizerSpec(torch.optim.AdamW, {"lr": opts.lr, "weight_decay": 0.1}),
+            loader=DeviceTensorLoader.for_runtime(train, runtime=rt, batch_size=opts.batch_size, shuffle=opts.shuffle),
+            evaluate=lambda model: {"test_loss": evaluate(model, val, rt, opts.batch_size)},
+            scheduler=lambda optimizer, total: torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(args.warmup,
+                                                                                                        total)),
+            extra={"vocab": tokens["vocab"], "train_windows": int(train.shape[0]), "experiment_dir": str(exp)})
+        streams = MetricStreams(exp, rt.rank, exp.resolve().name, run_id=record.get("id"))
+        loop = Loop(rt, opts, task, checkpoint_dir=opts.checkpoint_dir or exp / "checkpoints", streams=streams,
+                    resume=resuming or bool(opts.checkpoint_dir), state_file=exp / "state.json")
+        return loop.run()
 
 
 @torch.no_grad()
@@ -299,8 +183,7 @@ def evaluate(model: nn.Module, val: torch.Tensor, rt, batch_size: int) -> float:
     total, count = 0.0, 0
     for i in range(0, mine.shape[0], batch_size):
         window = mine[i:i + batch_size]
-        logits = model(window[:, :-1])
-        total += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), window[:, 1:].reshape(-1), reduction="sum"))
+        total += float(lm_loss(model, (window,), reduction="sum"))
         count += window[:, 1:].numel()
     model.train()
     return rt.sum(total) / max(1.0, rt.sum(float(count)))
@@ -310,7 +193,9 @@ def preflight(argv: list[str], world_size: int, *, gpus: bool | None = None) -> 
     opts, args = _parse(argv)
     GPT(seq_len=args.seq_len, width=args.n_embd, depth=1, heads=args.n_head)
     check_strategy(opts.strategy, world_size, batch_size=opts.batch_size,
-                   device=planned_device(opts.device, gpus))
+                   device=planned_device(opts.device, gpus), accumulation=opts.grad_accum, compile=opts.compile)
+    if opts.compile:
+        check_compile()
     exp = Path(args.experiment_dir)
     if exp.exists() and not (exp / MARKER).exists() and any(exp.iterdir()):
         raise ConfigError(f"{exp} exists, is not empty and is not a trainscale experiment",

@@ -26,9 +26,12 @@ from trainscale.checkpoint import atomic_write_text
 from trainscale.data import check_shardable
 from trainscale.env import detect
 from trainscale.errors import ConfigError
-from trainscale.strategies.deepspeed import extensions_dir
-from trainscale.workloads.hf_strategy import trainer_arguments
-from trainscale.workloads.options import TrainOptions, parse
+from trainscale.runtime.device import MIXED_BACKEND
+from trainscale.strategies import parse_spec, process_group_backend
+from trainscale.strategies.hf_trainer import prepare_environment, trainer_arguments
+from trainscale.train import TrainOptions, parse
+from trainscale.train.metrics import write_metrics
+from trainscale.train.options import apply_threads, check_compile
 
 MARKER = "trainscale-hf.json"
 _SUBJECTS = ["The film", "This movie", "The sequel", "The director's new picture", "The documentary", "The remake"]
@@ -76,7 +79,7 @@ def _extra(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hub-dataset", default=None, help="a hub dataset with a 'text' column, e.g. imdb")
 
 
-DEFAULTS = TrainOptions(epochs=1, lr=5e-4, log_every=10)
+DEFAULTS = TrainOptions(epochs=1, lr=5e-4, log_every=10, loader="dataloader")  # the Trainer's own DataLoader
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,6 +96,9 @@ class Plan:
     """True without GPUs (or with --device cpu): gloo instead of nccl."""
     strategy_args: dict = field(default_factory=dict)
     """TrainingArguments entries for --strategy (see hf_strategy)."""
+    backend: str | None = None
+    """The process group trainscale makes for the Trainer: gloo beside nccl for FSDP with CPU offload
+    on GPUs (its gradient clipping reduces host-side shards), else the device's default."""
 
 
 def plan(argv: list[str], world_size: int, *, gpus: bool | None = None) -> Plan:
@@ -113,10 +119,20 @@ def plan(argv: list[str], world_size: int, *, gpus: bool | None = None) -> Plan:
     if out.exists() and any(out.iterdir()) and not (out / MARKER).exists():
         raise ConfigError(f"{out} exists, is not empty and was not written by trainscale",
                           hint="pick a new --output-dir; nothing in it was touched")
+    if opts.compile:
+        check_compile()
     per_device = args.global_batch // world_size
     use_cpu = opts.device == "cpu" or not (torch.cuda.is_available() if gpus is None else gpus)
-    strategy_args = trainer_arguments(opts.strategy, world_size=world_size, per_device=per_device, use_cpu=use_cpu)
-    return Plan(opts=opts, args=args, per_device=per_device, use_cpu=use_cpu, strategy_args=strategy_args)
+    strategy_args = trainer_arguments(opts.strategy, world_size=world_size, per_device=per_device, use_cpu=use_cpu,
+                                      accumulation=opts.grad_accum)
+    return Plan(opts=opts, args=args, per_device=per_device, use_cpu=use_cpu, strategy_args=strategy_args,
+                backend=None if use_cpu else process_group_backend(opts.strategy))
+
+
+def trainer_backend(backend: str | None) -> str | None:
+    """``TrainingArguments.ddp_backend`` for trainscale's group: the Trainer accepts one name only, and
+    it uses the group it finds; for the mixed group that name is its GPU side, nccl."""
+    return "nccl" if backend == MIXED_BACKEND else backend
 
 
 def tiny_config(vocab_size: int = 256, max_positions: int = 128):
@@ -173,8 +189,8 @@ def main(argv: list[str] | None = None) -> dict:
     run = plan(sys.argv[1:] if argv is None else argv, env.world_size)
     # trainscale makes the process group (device per local rank, store on the chosen address) and
     # tears it down with a final barrier; the Trainer (accelerate) finds it and uses it.
-    with trainscale.init(device="cpu" if run.use_cpu else run.opts.device, seed=run.opts.seed,
-                         timeout_s=run.opts.timeout_s) as rt:
+    with trainscale.init(**{**run.opts.runtime_options(), "device": "cpu" if run.use_cpu else run.opts.device,
+                            "backend": run.backend}) as rt:
         return _train(rt, run)
 
 
@@ -184,26 +200,27 @@ def _train(rt, run: Plan) -> dict:
     from transformers.trainer_utils import get_last_checkpoint
 
     set_seed(opts.seed)
-    if "deepspeed" in run.strategy_args:
-        # DeepSpeed compiles a comm op on first start: share trainscale's cache with the deepspeed strategy.
-        os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
-        rt.print(f"hf-finetune: DeepSpeed extensions are compiled into and reused from "
-                 f"{os.environ['TORCH_EXTENSIONS_DIR']} (the first start compiles, ~40 s)")
+    apply_threads(opts, rt)
+    if rt.device.type == "cuda":
+        # accelerate would derive the GPU from LOCAL_RANK (modulo the visible count); use trainscale's.
+        os.environ.setdefault("ACCELERATE_TORCH_DEVICE", str(rt.device))
+    for note in prepare_environment(run.strategy_args, rt):  # before TrainingArguments imports DeepSpeed
+        rt.print(f"hf-finetune: {note}")
     out = Path(args.output_dir)
     resume = (out / MARKER).exists() and any(out.glob("checkpoint-*"))
     training_args = TrainingArguments(**{
         "output_dir": str(out), "per_device_train_batch_size": per_device, "learning_rate": opts.lr,
         "num_train_epochs": opts.epochs, "max_steps": opts.max_steps or -1,
         "logging_steps": max(1, opts.log_every or 10), "save_strategy": "steps" if opts.checkpoint_every else "no",
-        "save_steps": opts.checkpoint_every or 500, "use_cpu": run.use_cpu, "ddp_backend": rt.backend,
-        "report_to": "none", "disable_tqdm": True, "seed": opts.seed, "dataloader_num_workers": 0,
-        **run.strategy_args})
+        "save_steps": opts.checkpoint_every or 500, "use_cpu": run.use_cpu, "ddp_backend": trainer_backend(rt.backend),
+        "report_to": "none", "disable_tqdm": True, "seed": opts.seed, "dataloader_num_workers": opts.num_workers,
+        "torch_compile": opts.compile, **run.strategy_args})
     with rt.rank_zero_first():  # rank 0 downloads and caches a hub dataset or model first
         dataset = TokenBlocks(tokenize(args, texts(args)), args.block_size)
         model = build_model(args)
     trainer = Trainer(model=model, args=training_args, train_dataset=dataset)
     accum = training_args.gradient_accumulation_steps
-    strategy = "deepspeed" if "deepspeed" in run.strategy_args else "fsdp" if "fsdp" in run.strategy_args else "ddp"
+    strategy = parse_spec(opts.strategy)[0]
     if rt.is_main:
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / MARKER, json.dumps({"workload": "hf-finetune", "world_size": rt.world_size}))
@@ -225,8 +242,7 @@ def _train(rt, run: Plan) -> dict:
               "epochs": [{"epoch": 1, "time_s": elapsed, "train_loss": output.training_loss, "steps": steps,
                           "samples": samples, "samples_per_s": samples / max(elapsed, 1e-9)}]}
     rt.print(f"hf-finetune: {output.global_step} steps, train loss {output.training_loss:.4f}, {elapsed:.1f}s")
-    if rt.is_main and opts.metrics_out:
-        atomic_write_text(Path(opts.metrics_out), json.dumps(result, indent=2))
+    write_metrics(opts.metrics_out, result, rt)
     return result
 
 

@@ -12,11 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import trainscale
-from trainscale.data.images import load_images
 from trainscale.errors import ConfigError
-from trainscale.workloads.classify import train_classifier
-from trainscale.workloads.options import TrainOptions, parse, planned_device
+from trainscale.train import TrainOptions
+from trainscale.workloads.classify import check, run
 
 
 class Block(nn.Module):
@@ -36,6 +34,8 @@ class Block(nn.Module):
 
 
 class ViT(nn.Module):
+    _no_split_modules = ("Block",)  # FSDP shards per transformer block (and the rest as the root)
+
     def __init__(self, *, image_size: int = 28, patch_size: int = 7, channels: int = 1, width: int = 64,
                  depth: int = 4, heads: int = 4, num_classes: int = 10) -> None:
         super().__init__()
@@ -70,36 +70,16 @@ def _extra(parser: argparse.ArgumentParser) -> None:
 DEFAULTS = TrainOptions(epochs=3, batch_size=32, lr=1e-3)
 
 
-def _parse(argv: list[str]):
-    opts, args = parse(argv, prog="trainscale-workload vit", defaults=DEFAULTS, extra=_extra)
-    build = lambda: ViT(patch_size=args.patch_size, width=args.width, depth=args.depth, heads=args.heads)  # noqa: E731
-    return opts, build
+def build(args: argparse.Namespace) -> ViT:
+    return ViT(patch_size=args.patch_size, width=args.width, depth=args.depth, heads=args.heads)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from trainscale.strategies import process_group_backend
-
-    opts, build = _parse(sys.argv[1:] if argv is None else argv)
-    with trainscale.init(device=opts.device, backend=process_group_backend(opts.strategy), seed=opts.seed,
-                         timeout_s=opts.timeout_s) as rt:
-        train = load_images(opts.data, "train", data_dir=opts.data_dir, samples=opts.samples, seed=opts.seed)
-        test = load_images(opts.data, "test", data_dir=opts.data_dir, samples=opts.samples, seed=opts.seed)
-        # FSDP shards per transformer block when it is told which modules those are.
-        fsdp_default = opts.strategy.split(":")[0] == "fsdp" and "unit_modules" not in opts.strategy
-        strategy_options = {"unit_modules": ("Block",)} if fsdp_default else None
-        return train_classifier(rt, opts, build, train, test, "vit", strategy_options=strategy_options)
+    return run(sys.argv[1:] if argv is None else argv, "vit", build, defaults=DEFAULTS, extra=_extra)
 
 
 def preflight(argv: list[str], world_size: int, *, gpus: bool | None = None) -> None:
-    from trainscale.data import check_shardable
-    from trainscale.strategies import check_strategy
-
-    opts, build = _parse(argv)
-    build()  # patch size / width / heads errors before launch
-    check_strategy(opts.strategy, world_size, batch_size=opts.batch_size,
-                   device=planned_device(opts.device, gpus))
-    train = load_images(opts.data, "train", data_dir=opts.data_dir, samples=opts.samples, seed=opts.seed)
-    check_shardable(len(train), world_size, opts.batch_size, what=f"'{opts.data}' training set")
+    check(argv, world_size, "vit", build, gpus=gpus, defaults=DEFAULTS, extra=_extra)
 
 
 if __name__ == "__main__":

@@ -1,20 +1,36 @@
 """From a linted plan to a submitted job whose record ``trainscale logs`` can find.
 
-Shared by ``trainscale slurm --submit`` and ``trainscale bench --slurm`` (one job per configuration).
+Shared by ``trainscale slurm --submit``, ``trainscale sweep`` and ``trainscale bench --slurm``. A
+submission makes its run directory (launch/slurm/layout.py) first: the batch script, a copy of the
+user's code the job runs (so later edits never reach a queued job), ``submission.json`` (command,
+resolved spec, versions, git commit); then ``sbatch`` once, or N times linked ``afterany`` for a chain.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+import platform
+import shutil
+import subprocess
 import time
+from pathlib import Path
+from typing import Any
 
+from trainscale._version import __version__
 from trainscale.errors import ConfigError
-from trainscale.launch.slurm.jobdir import JobRecord, new_script_path, save_record
+from trainscale.launch.slurm.jobdir import JobRecord, save_record
+from trainscale.launch.slurm.layout import check_snapshot, target_in_run
 from trainscale.launch.slurm.lint import errors, lint
 from trainscale.launch.slurm.queue import Runner
-from trainscale.launch.slurm.render import render
+from trainscale.launch.slurm.render import batch_output_pattern, render
 from trainscale.launch.slurm.spec import JobPlan, SlurmJobSpec, resolve
 from trainscale.launch.slurm.submit import submit, write_script
 from trainscale.profiles.schema import ClusterProfile
+
+SNAPSHOT_IGNORE = shutil.ignore_patterns(".git", "__pycache__", "*.pyc", ".venv", "venv", ".mypy_cache",
+                                         ".pytest_cache", "trainscale-jobs", "trainscale-logs", "*.egg-info")
 
 
 def checked_plan(spec: SlurmJobSpec, profile: ClusterProfile, *, preflight=None, what: str = "") -> JobPlan:
@@ -28,14 +44,106 @@ def checked_plan(spec: SlurmJobSpec, profile: ClusterProfile, *, preflight=None,
     return plan
 
 
+def _fresh_run_dir(plan: JobPlan) -> JobPlan:
+    """A run directory nobody has used: a second submission within the same second gets ``-2``."""
+    run_dir, n = plan.run_dir, 2
+    while run_dir.exists():
+        run_dir = plan.run_dir.with_name(f"{plan.run_dir.name}-{n}")
+        n += 1
+    return dataclasses.replace(plan, run_dir=run_dir)
+
+
+def git_state(path: Path) -> dict[str, Any] | None:
+    """The commit (and whether the tree had uncommitted changes) of the repository holding ``path``."""
+    git = shutil.which("git")
+    if not git:
+        return None
+    where = path if path.is_dir() else path.parent
+    try:
+        head = subprocess.run([git, "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run([git, "-C", str(where), "status", "--porcelain"], capture_output=True, text=True,
+                               timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return {"commit": head.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, (tuple, list)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    return value
+
+
+def submission_record(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> dict[str, Any]:
+    try:
+        import torch
+
+        torch_version = torch.__version__
+    except ImportError:  # pragma: no cover - torch is a dependency
+        torch_version = None
+    code = spec.snapshot or spec.script
+    return {
+        "command": list(spec.command_line),
+        "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "host": platform.node(),
+        "user": os.environ.get("USER", ""),
+        "cwd": os.getcwd(),
+        "spec": _jsonable(dataclasses.asdict(spec)),
+        "profile": profile.name,
+        "plan": {"launcher": plan.launcher, "nodes": plan.nodes, "ranks_per_node": plan.ranks_per_node,
+                 "world_size": plan.world_size, "cpus_per_rank": plan.cpus_per_rank, "time_s": plan.time_s},
+        "versions": {"trainscale": __version__, "torch": torch_version, "python": platform.python_version()},
+        "git": git_state(Path(code).absolute()) if code else None,
+    }
+
+
+def prepare_run(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> tuple[JobPlan, Path]:
+    """Make the run directory: the code the job will run, submission.json, the batch script. Returns the
+    plan with its final run directory, and the script."""
+    check_snapshot(spec.snapshot)
+    plan = _fresh_run_dir(plan)
+    plan.run_dir.mkdir(parents=True)
+    for src, dest in target_in_run(spec.script, spec.module, spec.snapshot, plan.run_dir).copies:
+        Path(dest).parent.mkdir(parents=True, exist_ok=True)
+        if Path(src).is_dir():
+            shutil.copytree(src, dest, ignore=SNAPSHOT_IGNORE, symlinks=True)
+        else:
+            shutil.copy2(src, dest)
+    for pattern in (spec.output, spec.error):  # slurmd opens them before the script runs: their directory must exist
+        if pattern and "%" not in str(Path(pattern).parent):
+            Path(pattern).parent.mkdir(parents=True, exist_ok=True)
+    kit = None
+    if spec.container:  # the stock image gets trainscale's worker side from here (launch/kit.py)
+        from trainscale.launch.kit import write_kit
+
+        kit = write_kit(plan.output_dir)
+    (plan.run_dir / "submission.json").write_text(json.dumps(submission_record(spec, profile, plan), indent=2) + "\n")
+    script = write_script(render(spec, profile, plan, kit_dir=kit), plan.run_dir / "job.sbatch")
+    return plan, script
+
+
 def submit_job(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan, *, run: Runner | None = None) -> JobRecord:
-    """Write the script (never over an existing file), ``sbatch --parsable`` it and save the job's record."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    script = write_script(render(spec, profile, plan), new_script_path(plan.output_dir, spec.name, stamp))
-    sub = submit(script, run=run)
-    record = JobRecord(job_id=sub.job_id, cluster=sub.cluster, name=spec.name, launcher=plan.launcher,
-                       profile=profile.name, script=str(script), output_dir=str(plan.output_dir),
-                       world_size=plan.world_size, ranks_per_node=plan.ranks_per_node,
-                       command=" ".join(spec.command_line), submitted_at=time.time())
-    save_record(record)
-    return record
+    """Prepare the run, ``sbatch --parsable`` it (``--chain N``: N times, each after the one before) and save
+    the records; returns the first job's."""
+    plan, script = prepare_run(spec, profile, plan)
+    records: list[JobRecord] = []
+    for link in range(spec.chain):
+        extra = (f"--dependency=afterany:{records[-1].job_id}",) if records else ()
+        sub = submit(script, run=run, extra=extra)
+        records.append(JobRecord(job_id=sub.job_id, cluster=sub.cluster, name=spec.name, launcher=plan.launcher,
+                                 profile=profile.name, script=str(script), output_dir=str(plan.output_dir),
+                                 world_size=plan.world_size, ranks_per_node=plan.ranks_per_node,
+                                 command=" ".join(spec.command_line), submitted_at=time.time(),
+                                 batch_output_pattern=batch_output_pattern(spec, plan), run_dir=str(plan.run_dir),
+                                 chain_link=link + 1 if spec.chain > 1 else 0))
+        if spec.chain > 1:  # the links file is what each link reads to cancel the others
+            (plan.run_dir / "links").write_text("".join(f"{r.job_id}\n" for r in records))
+    for record in records:
+        save_record(record)
+    return records[0]

@@ -1,10 +1,10 @@
 """Where a job's files are: the submission record, the job directory and each rank's log.
 
-Layout (``<out>`` is the spec's output_dir, ``<name>`` the job name)::
+Layout (the run directory is launch/slurm/layout.py's)::
 
-    <out>/<name>-<stamp>.sbatch        the rendered script, as submitted
-    <out>/<name>-<id>.out              the batch step's stdout+stderr (and SLURM's own messages)
-    <out>/<name>-<id>/                 the job directory, made by the script:
+    <run>/job.sbatch                   the rendered script, as submitted
+    <run>/<id>.out                     the batch step's stdout+stderr (and SLURM's own messages)
+    <run>/<id>/                        the job directory, made by the script:
         rank-<R>.out                   srun mode: rank R's stdout+stderr
         node-<K>.out                   torchrun mode: node K's agent, every rank's lines prefixed [rankR]:
         torchrun/<run>/attempt_<k>/<local rank>/   torchrun mode: the elastic agent's per-worker logs
@@ -51,14 +51,30 @@ class JobRecord:
     ranks_per_node: int
     command: str = ""
     submitted_at: float = 0.0
+    batch_output_pattern: str = ""
+    """The batch step's output file as submitted (sbatch's ``%j``, ``%x``... patterns); "" for the default."""
+    run_dir: str = ""
+    """The submission's run directory (launch/slurm/layout.py); "" for jobs submitted before run directories."""
+    chain_link: int = 0
+    """1, 2, ... for the links of a ``--chain``; 0 for a job on its own."""
 
     @property
     def job_dir(self) -> Path:
+        if self.run_dir:
+            return Path(self.run_dir) / self.job_id
         return Path(self.output_dir) / f"{self.name}-{self.job_id}"
 
     @property
     def batch_output(self) -> Path:
-        return Path(self.output_dir) / f"{self.name}-{self.job_id}.out"
+        if not self.batch_output_pattern:
+            if self.run_dir:
+                return Path(self.run_dir) / f"{self.job_id}.out"
+            return Path(self.output_dir) / f"{self.name}-{self.job_id}.out"
+        job, _, task = self.job_id.partition("_")
+        expanded = re.sub(r"%(%|j|x|u|A|a)", lambda m: {"%": "%", "j": self.job_id, "x": self.name,
+                                                         "u": os.environ.get("USER", ""), "A": job,
+                                                         "a": task}[m.group(1)], self.batch_output_pattern)
+        return Path(expanded)
 
 
 def _record_path(job_id: str) -> Path:
@@ -112,5 +128,12 @@ def rank_log_text(record: JobRecord, rank: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def new_script_path(output_dir: Path, name: str, stamp: str) -> Path:
-    return Path(output_dir) / f"{name}-{stamp}.sbatch"
+def load_records(directory: Path | None = None) -> list[JobRecord]:
+    """Every job record trainscale keeps (for grouping a chain's links); unreadable ones are skipped."""
+    found = []
+    for path in sorted((directory or state_dir() / "jobs").glob("*.json")):
+        try:
+            found.append(JobRecord(**json.loads(path.read_text())))
+        except (OSError, json.JSONDecodeError, TypeError):
+            continue
+    return found

@@ -12,16 +12,25 @@ from pathlib import Path
 from typing import Callable
 
 from trainscale.errors import TrainscaleError, did_you_mean
-from trainscale.launch.slurm.spec import JobPlan, SlurmJobSpec, parse_mem_gb, parse_time, resolve, usable_cpus
+from trainscale.launch.slurm.spec import (
+    UNLIMITED,
+    JobPlan,
+    SlurmJobSpec,
+    parse_mem_gb,
+    parse_time,
+    resolve,
+    usable_cpus,
+)
 from trainscale.profiles.schema import ClusterProfile
 
-ERROR, WARNING = "error", "warning"
+ERROR, WARNING, NOTE = "error", "warning", "note"
+_URI = re.compile(r"^[a-z][a-z0-9+.-]*://")
 
 
 @dataclass(frozen=True)
 class Finding:
     level: str
-    """error (the job is not submitted) or warning."""
+    """error (the job is not submitted), warning, or note (what trainscale decided, and why)."""
     message: str
     """What was seen and why it is a problem."""
     hint: str
@@ -54,6 +63,10 @@ def _tasks(spec: SlurmJobSpec, plan: JobPlan) -> list[Finding]:
         out.append(Finding(ERROR, f"{where} but {plan.ranks_per_node} rank(s) per node with the srun launch mode",
                            f"with --launcher srun SLURM starts one task per rank: use --ntasks-per-node="
                            f"{plan.ranks_per_node} (or leave it out)"))
+    if spec.ntasks and spec.gpus_per_node and spec.ntasks != spec.gpus_per_node * spec.nodes:
+        out.append(Finding(ERROR, f"-n/--ntasks {spec.ntasks} but --nodes {spec.nodes} x --gpus-per-node "
+                           f"{spec.gpus_per_node} = {spec.nodes * spec.gpus_per_node} ranks",
+                           "give one of them: -n (total ranks) or --gpus-per-node (ranks per node)"))
     if _extra(spec, "--ntasks", "-n") is not None:
         out.append(Finding(WARNING, "--ntasks in the extra #SBATCH lines repeats what --nodes and the ranks per node say",
                            "leave --ntasks out; trainscale derives the tasks from --nodes and --gpus-per-node"))
@@ -113,13 +126,17 @@ def _resources(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> li
     if mem and profile.mem_per_node_gb:
         per_node = parse_mem_gb(mem) * (ranks if plan.mem_per_gpu else 1)
         if per_node > profile.mem_per_node_gb:
-            out.append(Finding(ERROR, f"{per_node:g} GB per node asked for ({ranks} x {spec.mem_per_gpu or mem}), "
+            how = f"{ranks} x {mem}" if plan.mem_per_gpu else f"--mem {mem}"
+            out.append(Finding(ERROR, f"{per_node:g} GB per node asked for ({how}), "
                                f"but a {profile.name} node has {profile.mem_per_node_gb:g} GB",
                                f"use --mem-per-gpu {profile.mem_per_node_gb / ranks:.0f}G or less"))
     if profile.requires_account and not (spec.account or _extra(spec, "--account", "-A")):
         out.append(Finding(ERROR, f"no --account: every job on {profile.name} must name the project it is charged to",
                            "add --account PROJECT (e.g. --account project_465000000 on LUMI)"))
-    if profile.max_time and plan.time_s > parse_time(profile.max_time):
+    if profile.max_time and plan.time_s == UNLIMITED:
+        out.append(Finding(NOTE, f"--time {spec.time}: no limit asked for, so the partition's own limit "
+                           f"({profile.max_time} on {profile.name}) applies", "give --time to plan around it"))
+    elif profile.max_time and plan.time_s > parse_time(profile.max_time):
         out.append(Finding(ERROR, f"--time {spec.time} is above the partition's limit {profile.max_time}",
                            f"use --time {profile.max_time} or less, and checkpoint to continue in a new job"))
     if plan.partition and profile.partitions and plan.partition not in profile.partitions:
@@ -127,8 +144,63 @@ def _resources(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> li
                            did_you_mean(plan.partition, profile.partitions)))
     if spec.container and profile.container is None:
         out.append(Finding(WARNING, f"--container given but profile {profile.name} says nothing about containers",
-                           "trainscale uses `singularity exec` without binds; add a [container] table to the profile"))
+                           "trainscale uses `singularity exec` with the job's own binds only; add a [container] "
+                           "table to the profile (or extend one that has it)"))
     return out
+
+
+def _container(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> list[Finding]:
+    if not spec.container:
+        return []
+    out = []
+    image = spec.container
+    if not _URI.match(image) and not Path(image).expanduser().exists():
+        out.append(Finding(ERROR, f"container image {image} does not exist on this machine",
+                           "give the path of the .sif file (or image directory) as the compute nodes see it; "
+                           "login and compute nodes share the project file systems"))
+    if plan.facts.imports_trainscale and not spec.python:
+        what = f"workload {spec.workload}" if spec.workload else f"{spec.script or spec.module} imports trainscale, and it"
+        out.append(Finding(WARNING, f"{what} needs trainscale importable inside {image}; a stock image does "
+                           "not have it (the job stops in its first seconds if so)",
+                           "make a venv inside the image (python3 -m venv --system-site-packages VENV; "
+                           "VENV/bin/pip install trainscale) and pass --python VENV/bin/python"))
+    return out
+
+
+def _gpus(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> list[Finding]:
+    out = []
+    if plan.gpu_visibility_reason:
+        out.append(Finding(NOTE, plan.gpu_visibility_reason,
+                           "--gpu-visibility task gives each task only its own GPU (then use cuda:0 or 'cuda')"))
+    if spec.gpu_visibility == "task" and plan.launcher == "srun" and plan.facts.gpu_index_line is not None \
+            and plan.gpus_per_node:
+        out.append(Finding(ERROR, f"--gpu-visibility task shows each task only its own GPU, but "
+                           f"{plan.facts.path} line {plan.facts.gpu_index_line} picks a GPU by rank index "
+                           f"({plan.facts.gpu_index_code}): every rank but local rank 0 would ask for a GPU it cannot see",
+                           "use --gpu-visibility node (or auto), or select torch.device('cuda') / cuda:0 in the script"))
+    if plan.partial_node and profile.binding == "map":
+        out.append(Finding(NOTE, f"{plan.ranks_per_node} of a {profile.name} node's {profile.gpus_per_node} GPUs "
+                           "without --exclusive: SLURM chooses which GPUs and cores the job gets, so the profile's "
+                           "fixed CPU masks are not applied; each rank binds to its GPU's cores on the node",
+                           "add --exclusive (and --gpus-per-node " f"{profile.gpus_per_node}) for the fixed masks"))
+    return out
+
+
+def _duplicates(spec: SlurmJobSpec, text: str | None) -> list[Finding]:
+    """An extra --sbatch line repeating an option trainscale already writes."""
+    if text is None:
+        return []
+    seen: dict[str, int] = {}
+    for line in text.splitlines():
+        m = re.match(r"#SBATCH (--[\w-]+)", line)
+        if m:
+            seen[m.group(1)] = seen.get(m.group(1), 0) + 1
+    return [Finding(ERROR, f"{name} is given twice (a trainscale option and an --sbatch line)",
+                    f"keep one: trainscale has {name} as its own option (see trainscale slurm --help)")
+            for name, count in seen.items() if count > 1 and name not in _CHECKED_TWICE]
+
+
+_CHECKED_TWICE = ("--cpus-per-task", "--ntasks-per-node")  # _binding/_tasks explain these with more context
 
 
 Preflight = Callable[..., None]
@@ -159,9 +231,14 @@ def lint(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan | None = Non
     launch layer cannot import workloads, so the caller passes it.
     """
     plan = plan or resolve(spec, profile)
+    from trainscale.launch.slurm.render import sbatch_lines
+
+    rendered = "\n".join(sbatch_lines(spec, profile, plan))
     found = (_tasks(spec, plan) + _binding(spec, profile, plan) + _cpus(spec, profile, plan)
-             + _resources(spec, profile, plan) + _target(spec, plan, preflight))
-    return sorted(found, key=lambda f: f.level != ERROR)
+             + _resources(spec, profile, plan) + _container(spec, profile, plan) + _gpus(spec, profile, plan)
+             + _duplicates(spec, rendered) + _target(spec, plan, preflight))
+    order = {ERROR: 0, WARNING: 1, NOTE: 2}
+    return sorted(found, key=lambda f: order[f.level])
 
 
 def errors(findings: list[Finding]) -> list[Finding]:

@@ -1,7 +1,8 @@
 """Render a batch script from a spec and a profile. Pure: same inputs, same text (golden-file tested).
 
 Every number comes from the :class:`~trainscale.launch.slurm.spec.JobPlan`; inside the script, srun
-reads the allocation back from ``$SLURM_*`` variables instead of repeating numbers.
+reads the allocation back from ``$SLURM_*`` variables instead of repeating numbers. The container
+wrapper, the module lines and the launch line live in launch/slurm/container.py and here.
 """
 
 from __future__ import annotations
@@ -12,25 +13,27 @@ import sys
 from pathlib import Path
 
 from trainscale._version import __version__
+from trainscale.launch.slurm.container import container_prefix, port_command, required_modules
+from trainscale.launch.slurm.continuation import continues, preemptible, start_lines, warning_signal
+from trainscale.launch.slurm.continuation import exports as continuation_exports
+from trainscale.launch.slurm.layout import target_in_run
 from trainscale.launch.slurm.spec import JobPlan, SlurmJobSpec, format_time, resolve
 from trainscale.profiles import slurm_cpu_bind, worker_bind_env
 from trainscale.profiles.schema import ClusterProfile
+from trainscale.topology.cpulist import format_cpulist
+from trainscale.topology.worker import PLAN_ENV
 
 ERROR_DIR_VAR = "TRAINSCALE_ERROR_DIR"
-EXPORT_TORCHRUN_VAR = "TRAINSCALE_EXPORT_TORCHRUN_ENV"
 JOB_DIR_VAR = "TRAINSCALE_JOB_DIR"
-
-
-def job_dir_pattern(spec: SlurmJobSpec, plan: JobPlan) -> str:
-    """The per-job directory, with ``%j`` for the job id."""
-    return str(plan.output_dir / f"{spec.name}-%j")
+RUN_DIR_VAR = "TRAINSCALE_RUN_DIR"
+TASK_GPU_VAR = "TRAINSCALE_TASK_GPU"
 
 
 def batch_output_pattern(spec: SlurmJobSpec, plan: JobPlan) -> str:
     # The batch step's own output lives beside the job directory, not in it: slurmd opens this
-    # file before the script runs, so its directory must already exist (trainscale creates
-    # output_dir at submission; the job directory only exists once the script has made it).
-    return str(plan.output_dir / f"{spec.name}-%j.out")
+    # file before the script runs, so its directory must already exist (trainscale creates the
+    # run directory at submission; the job directory only exists once the script has made it).
+    return spec.output or str(plan.run_dir / "%j.out")
 
 
 def python_of(spec: SlurmJobSpec) -> str:
@@ -60,7 +63,7 @@ def sbatch_lines(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> 
     if plan.cpus_per_task:
         opts.append(f"--cpus-per-task={plan.cpus_per_task}")
     if plan.gpus_per_node:
-        opts.append(f"--gpus-per-node={plan.gpus_per_node}")
+        opts.append(f"--gpus-per-node={spec.gpu_type + ':' if spec.gpu_type else ''}{plan.gpus_per_node}")
     if spec.cpus_per_gpu:
         opts.append(f"--cpus-per-gpu={spec.cpus_per_gpu}")
     if plan.mem_per_gpu:
@@ -68,53 +71,50 @@ def sbatch_lines(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> 
     if plan.mem_per_node:
         opts.append(f"--mem={plan.mem_per_node}")
     opts.append(f"--time={format_time(plan.time_s)}")
-    for flag, value in (("partition", plan.partition), ("account", spec.account), ("reservation", spec.reservation)):
+    for flag, value in (("partition", plan.partition), ("account", spec.account), ("reservation", spec.reservation),
+                        ("qos", spec.qos), ("constraint", spec.constraint), ("gpu-bind", spec.gpu_bind),
+                        ("dependency", spec.dependency), ("array", spec.array), ("mail-type", spec.mail_type),
+                        ("mail-user", spec.mail_user), ("export", spec.export), ("chdir", spec.chdir)):
         if value:
             opts.append(f"--{flag}={value}")
-    signal = warning_signal(spec)
+    if spec.exclusive:
+        opts.append("--exclusive")
+    signal = warning_signal(spec, plan.facts.imports_trainscale)
     if signal:
         opts.append(f"--signal={signal}")
-    opts.append("--requeue" if spec.requeue else "--no-requeue")
+    if spec.requeue is not None:  # otherwise the site's JobRequeue decides
+        opts.append("--requeue" if spec.requeue else "--no-requeue")
     opts.append(f"--output={batch_output_pattern(spec, plan)}")
+    if spec.error:
+        opts.append(f"--error={spec.error}")
     opts.extend(line.strip() for line in spec.extra_sbatch)
     return [f"#SBATCH {o}" for o in opts]
 
 
-def container_prefix(spec: SlurmJobSpec, profile: ClusterProfile) -> list[str]:
-    if not spec.container:
-        return []
-    c = profile.container
-    runtime = c.runtime if c else "singularity"
-    words = [runtime, "exec"]
-    if c and c.binds:
-        words += ["-B", ",".join(c.binds)]
-    if c and c.flags:
-        words += list(c.flags)
-    elif not c:
-        words += {"nvidia": ["--nv"], "amd": ["--rocm"]}.get(profile.gpu_vendor, [])
-    return [" ".join(_q(w) for w in words) + " " + _q(spec.container)]
-
-
-def target_args(spec: SlurmJobSpec, launcher: str) -> list[str]:
-    """What to run, in the form the launcher takes."""
+def target_args(spec: SlurmJobSpec, launcher: str, plan: JobPlan) -> list[str]:
+    """What to run, in the form the launcher takes: the run's copy of the script."""
+    script = target_in_run(spec.script, spec.module, spec.snapshot, plan.run_dir).script
     if launcher == "torchrun":  # `trainscale run` options
         if spec.workload:
             head = ["--workload", spec.workload]
         elif spec.module:
             head = ["-m", spec.module]
         else:
-            head = [str(Path(spec.script or "").absolute())]
+            head = [str(script)]
     else:  # bootstrap's options: the workloads' dispatcher takes the name as its first argument
         if spec.workload:
             head = ["--module", "trainscale.workloads", spec.workload]
         elif spec.module:
             head = ["--module", spec.module]
         else:
-            head = ["--script", str(Path(spec.script or "").absolute())]
+            head = ["--script", str(script)]
     line = " ".join(_q(a) for a in head + list(spec.args))
-    if spec.workload and spec.requeue and not any(a.startswith("--checkpoint-dir") for a in spec.args):
-        # the job directory is keyed by the job id, which a requeue keeps: the next attempt resumes here
-        line += ' --checkpoint-dir "$JOB_DIR/checkpoints"'
+    if spec.workload and continues(spec) and not spec.sweep and \
+            not any(a.startswith("--checkpoint-dir") for a in spec.args):
+        # the run directory outlives requeues and chain links: every attempt resumes from here
+        line += ' --checkpoint-dir "$RUN_DIR/checkpoints"'
+    if spec.sweep:
+        line += ' "${TASK_ARGS[@]}"'  # this array task's configuration (and its own directory)
     return [line] if line else []
 
 
@@ -122,6 +122,10 @@ def bind_env(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> dict
     """TRAINSCALE_CPU_BIND for workers that bind themselves (torchrun mode) or check their binding (srun mode)."""
     if spec.cpu_bind or (profile.gpus_per_node and plan.ranks_per_node > profile.gpus_per_node):
         return {}
+    if plan.partial_node and profile.binding == "map":
+        # SLURM chooses which GPUs a partial node gets: bind on the node, to the GPUs the task really has.
+        reserved = format_cpulist(profile.reserved_cores)
+        return {PLAN_ENV: f"topology:{reserved}" if reserved else "topology"}
     return worker_bind_env(profile, plan.ranks_per_node)
 
 
@@ -130,13 +134,30 @@ def cpu_bind_option(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) 
         return f"--cpu-bind={_q(spec.cpu_bind)}"
     if profile.gpus_per_node and plan.ranks_per_node > profile.gpus_per_node:
         return ""
+    if plan.partial_node and profile.binding == "map":
+        return "--cpu-bind=none"  # the fixed masks name GCDs this job may not have; the tasks bind themselves
     return slurm_cpu_bind(profile, plan.ranks_per_node)
 
 
-def srun_command(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> str:
+def launch_command(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> list[str]:
+    """The command each srun task runs, after the container prefix."""
     py = _q(python_of(spec))
+    kit = bool(spec.container)  # a stock image: trainscale's worker side comes from the job kit
+    if plan.launcher == "torchrun":
+        rdzv = ['--nnodes "$SLURM_NNODES"', f"--nproc-per-node {plan.ranks_per_node}",
+                '--rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv-id "$SLURM_JOB_ID"']
+        if kit:  # the image's own torchrun, each worker started through the kit's bootstrap
+            return ([f"{py} -m torch.distributed.run"] + rdzv + ['--log-dir "$JOB_DIR/torchrun" --tee 3']
+                    + [f'"$KIT/boot.py" {target_args(spec, "srun", plan)[0]}'])
+        return [f"{py} -m trainscale run"] + rdzv + ['--log-dir "$JOB_DIR/torchrun" --all-ranks'] \
+            + target_args(spec, "torchrun", plan)
+    run = f'{py} "$KIT/boot.py"' if kit else f"{py} -m trainscale.launch.bootstrap"
+    return [run] + target_args(spec, "srun", plan)
+
+
+def srun_command(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> str:
     srun = ["srun --kill-on-bad-exit=1"]
-    container = container_prefix(spec, profile)
+    wrapper = container_prefix(spec, profile, plan)
     if plan.launcher == "torchrun":
         srun.append('--ntasks-per-node=1')
         if plan.cpus_per_task:
@@ -145,33 +166,30 @@ def srun_command(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> 
         # SLURM must not pin the task to a socket first (it also cannot lay out one task wider than a socket).
         srun.append("--cpu-bind=none")
         srun.append('--output="$JOB_DIR/node-%n.out"')
-        if spec.requeue:
-            srun.append("--open-mode=append")
-        run = [f"{py} -m trainscale run", '--nnodes "$SLURM_NNODES"', f"--nproc-per-node {plan.ranks_per_node}",
-               '--rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv-id "$SLURM_JOB_ID"',
-               '--log-dir "$JOB_DIR/torchrun" --all-ranks']
-        return _cont(srun + container + run + target_args(spec, "torchrun"))
-    srun.append('--ntasks-per-node="$SLURM_NTASKS_PER_NODE"')
-    if plan.cpus_per_task:
-        srun.append('--cpus-per-task="$SLURM_CPUS_PER_TASK"')
-    bind = cpu_bind_option(spec, profile, plan)
-    if bind:
-        srun.append(bind)
-    srun.append('--output="$JOB_DIR/rank-%t.out"')
-    if spec.requeue:
+    else:
+        srun.append('--ntasks-per-node="$SLURM_NTASKS_PER_NODE"')
+        if plan.cpus_per_task:
+            srun.append('--cpus-per-task="$SLURM_CPUS_PER_TASK"')
+        if plan.task_gpu == "slurm":
+            srun.append("--gpus-per-task=1")  # SLURM's cgroups give each task its own GPU (profile task_gpu)
+        bind = cpu_bind_option(spec, profile, plan)
+        if bind:
+            srun.append(bind)
+        srun.append('--output="$JOB_DIR/rank-%t.out"')
+    if continues(spec):
         srun.append("--open-mode=append")
-    run = [f"{py} -m trainscale.launch.bootstrap"]
-    return _cont(srun + container + run + target_args(spec, "srun"))
+    srun += wrapper.srun_options
+    return _cont(srun + wrapper.words + launch_command(spec, profile, plan))
 
 
 def header(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> list[str]:
     command = shlex.join(spec.command_line) if spec.command_line else "(rendered from Python: trainscale.launch.slurm)"
     if plan.launcher == "torchrun":
-        mode = (f"torchrun mode: one task per node runs `trainscale run` (torch's elastic agent), which starts "
-                f"{plan.ranks_per_node} rank(s) on its node")
+        agent = "the image's torchrun" if spec.container else "`trainscale run` (torch's elastic agent)"
+        mode = f"torchrun mode: one task per node runs {agent}, which starts {plan.ranks_per_node} rank(s) on its node"
     else:
         mode = f"srun mode: one task per rank ({plan.ranks_per_node} per node), ranks read from SLURM's variables"
-    return [
+    lines = [
         "#!/bin/bash",
         f"# Generated by trainscale {__version__}. Change the command and render again rather than editing by hand.",
         f"# Command: {command}",
@@ -180,83 +198,137 @@ def header(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> list[s
         f"# World size {plan.world_size} = {spec.nodes} node(s) x {plan.ranks_per_node} rank(s); "
         f"{plan.cpus_per_rank} CPU(s) per rank.",
     ]
+    if spec.container:
+        lines.append(f"# Container {spec.container}: needs Python and torch; trainscale itself comes from the job kit"
+                     + (" (the script imports trainscale: the image must have it too)"
+                        if plan.facts.imports_trainscale else "") + ".")
+    return lines
 
 
-def render(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan | None = None) -> str:
-    """The complete batch script for ``spec`` on ``profile``."""
+def module_lines(spec: SlurmJobSpec, profile: ClusterProfile) -> list[str]:
+    lines = list(profile.modules) + [m if m.startswith("module ") else f"module {m}" for m in spec.modules]
+    if not lines:
+        return []
+    hint = ("hint: remove the module lines (--module, the profile's modules) on a cluster without modules, or "
+            "load them in --setup after sourcing your site's module init script")
+    return [
+        "",
+        f"# Modules (profile {profile.name}" + (", then --module" if spec.modules else "") + "). Lmod reads unset "
+        "variables: `set -u` is off around them.",
+        "if ! type module >/dev/null 2>&1; then",
+        "  for init in /usr/share/lmod/lmod/init/bash /etc/profile.d/lmod.sh /etc/profile.d/modules.sh; do",
+        '    if [ -r "$init" ]; then set +u; . "$init"; set -u; break; fi',
+        "  done",
+        "fi",
+        "if ! type module >/dev/null 2>&1; then",
+        '  echo "trainscale: error: this job loads modules, but there is no \\`module\\` command on $(hostname)" >&2',
+        f'  echo "{hint}" >&2',
+        "  exit 1",
+        "fi",
+        "set +u",
+        *lines,
+        "set -u",
+    ]
+
+
+def setup_lines(spec: SlurmJobSpec, profile: ClusterProfile) -> list[str]:
+    lines = list(profile.setup) + list(spec.setup)
+    if not lines:
+        return []
+    where = "profile, then --setup" if profile.setup and spec.setup else ("profile" if profile.setup else "--setup")
+    return ["", f"# Setup ({where}), before launch; `set -u` off as for modules.", "set +u", *lines, "set -u"]
+
+
+def render(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan | None = None, *,
+           kit_dir: Path | None = None) -> str:
+    """The complete batch script for ``spec`` on ``profile``. A container job's script names the job kit
+    at ``kit_dir`` (default: where :func:`trainscale.launch.kit.kit_dir` puts it beside the jobs)."""
     plan = plan or resolve(spec, profile)
-    py = _q(python_of(spec))
     out = header(spec, profile, plan) + sbatch_lines(spec, profile, plan) + ["", "set -euo pipefail"]
-    if profile.modules:
-        out += ["", "# Modules (profile)"] + list(profile.modules)
+    out += module_lines(spec, profile)
     exports = [(k, v, "profile") for k, v in profile.env.items()] + [(k, v, "command") for k, v in spec.env.items()]
     if exports:
         out += ["", "# Environment"] + [f"export {k}={_dq(v)}  # {src}" for k, v, src in exports]
-    job_dir = job_dir_pattern(spec, plan).replace("%j", "${SLURM_JOB_ID}")
+    out += setup_lines(spec, profile)
+    handles = plan.facts.imports_trainscale
     out += [
         "",
-        "# One directory per job: per-rank logs, error files and a copy of this script.",
-        f"JOB_DIR={_q(job_dir) if ' ' in job_dir else job_dir}",
-        'mkdir -p "$JOB_DIR/errors"' if plan.launcher == "srun" else 'mkdir -p "$JOB_DIR"',
-        'cp -n -- "$0" "$JOB_DIR/job.sbatch" 2>/dev/null || true',
-        f'export {JOB_DIR_VAR}="$JOB_DIR"',
+        "# The run directory (made at submission: this script, submission.json, src/ - the copy of your code",
+        "# this job runs - and checkpoints) and one directory per job in it: per-rank logs, error files.",
+        f"RUN_DIR={_q(plan.run_dir)}",
+        'JOB_DIR="$RUN_DIR/${SLURM_JOB_ID}"',
+        f'export {RUN_DIR_VAR}="$RUN_DIR" {JOB_DIR_VAR}="$JOB_DIR"',
     ]
+    if spec.sweep:
+        out += [
+            "# A sweep: this array task's configuration, and its own directory (checkpoints, metrics.json).",
+            'TASK_DIR="$RUN_DIR/task-${SLURM_ARRAY_TASK_ID}"',
+            'mkdir -p "$TASK_DIR" && rm -f "$TASK_DIR/failed"',
+            'mapfile -t TASK_ARGS < "$RUN_DIR/tasks/${SLURM_ARRAY_TASK_ID}.args"',
+            f'export {RUN_DIR_VAR}="$TASK_DIR"  # metrics.json here is gathered by trainscale sweep status',
+            'echo "trainscale: sweep task ${SLURM_ARRAY_TASK_ID}: ${TASK_ARGS[*]}"',
+        ]
+    out += start_lines(spec)
+    out.append('mkdir -p "$JOB_DIR/errors"' if plan.launcher == "srun" else 'mkdir -p "$JOB_DIR"')
+    if continues(spec):
+        out.append('rm -f "$JOB_DIR/stopped"  # a requeued job starts over in the same directory')
+    pythonpath = target_in_run(spec.script, spec.module, spec.snapshot, plan.run_dir).pythonpath
+    if pythonpath:
+        why = "the run's copy of --snapshot" if spec.snapshot else "modules next to the script"
+        out.append(f'export PYTHONPATH={_q(pythonpath)}${{PYTHONPATH:+:$PYTHONPATH}}  # {why}')
+    if spec.container:
+        from trainscale.launch.kit import kit_dir as default_kit_dir
+
+        kit = kit_dir or default_kit_dir(plan.output_dir)
+        out += [
+            f"KIT={_q(kit)}  # the job kit: trainscale's bootstrap and port check (standard library only)",
+            '[ -f "$KIT/boot.py" ] || { echo "trainscale: error: the job kit $KIT is missing; it is written when '
+            'trainscale submits the job (hint: submit with trainscale slurm --submit, or copy the kit back)" >&2; exit 1; }',
+        ]
     if plan.launcher == "srun":  # torchrun's agent gives each worker its own error file
         out.append(f'export {ERROR_DIR_VAR}="$JOB_DIR/errors"  # each rank\'s traceback, written by @record')
     out += [
         "export PYTHONUNBUFFERED=1",
         f"export OMP_NUM_THREADS={plan.cpus_per_rank}  # = CPUs per rank",
     ]
-    if plan.launcher == "srun" and not spec.workload:
-        out.append(f"export {EXPORT_TORCHRUN_VAR}=1  # RANK, LOCAL_RANK, WORLD_SIZE... per task for torchrun-style scripts")
+    if plan.task_gpu and plan.task_gpu != "slurm":
+        out.append(f"export {TASK_GPU_VAR}={plan.task_gpu}  # each task sees only its own GPU "
+                   f"(profile task_gpu = {profile.task_gpu})")
     for key, value in bind_env(spec, profile, plan).items():
         why = "each worker binds itself" if plan.launcher == "torchrun" else "each task checks/applies its binding"
-        out.append(f"export {key}={_q(value)}  # {why} (profile binding = {profile.binding})")
-    port_cmd = f'{py} -m trainscale.launch.slurm.port --host "$MASTER_ADDR"'
-    if spec.master_port:
-        port_cmd += f" --port {spec.master_port}"
-    if spec.container:
-        port_cmd = container_prefix(spec, profile)[0] + " " + port_cmd
+        note = "on the node: a partial node's GPUs are SLURM's choice" if plan.partial_node and profile.binding == "map" \
+            else f"profile binding = {profile.binding}"
+        out.append(f"export {key}={_q(value)}  # {why} ({note})")
+    if profile.interconnect and profile.gpus_per_node:
+        out.append(f"export TRAINSCALE_INTERCONNECT={profile.interconnect}"
+                   + (" TRAINSCALE_INTERCONNECT_REQUIRED=1" if profile.interconnect_required else "")
+                   + "  # the network the ranks' collectives must use between nodes (profile)")
+    out += continuation_exports(spec, handles)
+    if spec.container and plan.launcher == "torchrun":
+        out.append("export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]: '  # trainscale logs --rank reads it")
+        if warning_signal(spec, handles):
+            out.append("export PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2  "
+                       "# torchrun passes SLURM's warning on to the workers")
     out += [
         "",
         "# Rendezvous: the first node of the allocation; a port checked free there (this step runs on it).",
         'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
-        f"MASTER_PORT=$({port_cmd})",
+        *port_command(spec, profile, plan, python_of(spec), required_modules(spec, plan)),
         "export MASTER_ADDR MASTER_PORT",
         'echo "trainscale: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, master $MASTER_ADDR:$MASTER_PORT, '
         'restart ${SLURM_RESTART_COUNT:-0}, logs in $JOB_DIR"',
         "",
     ]
-    out += preemptible(srun_command(spec, profile, plan)) if spec.requeue else [srun_command(spec, profile, plan)]
+    srun = srun_command(spec, profile, plan)
+    if continues(spec):
+        out += preemptible(srun, spec, handles)
+    elif spec.sweep:
+        out += [srun + " && status=0 || status=$?",
+                'if [ "$status" -eq 0 ]; then date > "$TASK_DIR/finished"; else echo "exit code $status" > "$TASK_DIR/failed"; fi',
+                'exit "$status"']
+    else:
+        out.append(srun)
     out.append("")
     return "\n".join(out)
 
 
-DEFAULT_WARNING = "USR1@120"
-"""With --requeue and no --signal: SIGUSR1 two minutes before the time limit or a preemption."""
-
-
-def warning_signal(spec: SlurmJobSpec) -> str | None:
-    return spec.signal or (DEFAULT_WARNING if spec.requeue else None)
-
-
-def preemptible(srun_line: str) -> list[str]:
-    """Run the step in the background so this shell can pass a signal on, and requeue for the ranks
-    when they could not (no scontrol inside their container)."""
-    return [
-        "# Preemption: SLURM's warning signal reaches the tasks (--signal); one sent to this batch shell",
-        "# (scancel --signal=USR1 --batch) is passed on through srun. The ranks checkpoint at the next step",
-        "# boundary and rank 0 requeues the job; where it cannot reach scontrol it leaves a marker for us.",
-        'trap \'echo "trainscale: batch shell got SIGUSR1, passing it to the ranks"; kill -USR1 "$SRUN_PID" 2>/dev/null\' USR1',
-        srun_line + " &",
-        "SRUN_PID=$!",
-        "while true; do  # `wait` returns early when the trap runs: wait again until srun has ended",
-        '  wait "$SRUN_PID" && status=0 || status=$?',
-        '  kill -0 "$SRUN_PID" 2>/dev/null || break',
-        "done",
-        'if [ -f "$JOB_DIR/requeue-requested" ]; then',
-        '  echo "trainscale: requeueing $(cat "$JOB_DIR/requeue-requested") from the batch step"',
-        '  scontrol requeue "$(cat "$JOB_DIR/requeue-requested")" && rm -f "$JOB_DIR/requeue-requested"',
-        "fi",
-        'exit "$status"',
-    ]

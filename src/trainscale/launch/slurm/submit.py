@@ -43,8 +43,11 @@ def parse_parsable(stdout: str) -> tuple[str, str]:
     return m.group(1), m.group(2) or ""
 
 
-def submit(script: Path, *, run: Runner | None = None, cwd: Path | None = None) -> Submission:
-    argv = ["sbatch", "--parsable", str(script)]
+def submit(script: Path, *, run: Runner | None = None, cwd: Path | None = None,
+           extra: tuple[str, ...] = ()) -> Submission:
+    """``sbatch --parsable [EXTRA...] SCRIPT`` (extra: options that are not in the script, e.g. a chain's
+    ``--dependency``)."""
+    argv = ["sbatch", "--parsable", *extra, str(script)]
     try:
         done = (run or subprocess.run)(argv, capture_output=True, text=True, timeout=120, cwd=cwd)
     except FileNotFoundError:
@@ -65,3 +68,19 @@ def cancel(job_id: str, *, run: Runner | None = None, signal: str | None = None)
     if done.returncode != 0:
         raise SlurmError(f"scancel {job_id} failed: {(done.stderr or done.stdout).strip()}",
                          hint="check the job id with `trainscale jobs`")
+
+
+def ask_test_only(script_text: str, *, run: Runner | None = None) -> tuple[bool, str]:
+    """``sbatch --test-only``: whether and when SLURM would start this script (it submits nothing)."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".sbatch", prefix="trainscale-test-only-") as handle:
+        handle.write(script_text)
+        handle.flush()
+        try:
+            done = (run or subprocess.run)(["sbatch", "--test-only", handle.name], capture_output=True, text=True,
+                                           timeout=120)
+        except FileNotFoundError:
+            raise SlurmError("`sbatch` is not installed here", hint="run this on a SLURM login node") from None
+    said = " ".join((done.stderr + done.stdout).split()) or f"exit code {done.returncode}"
+    return done.returncode == 0, said

@@ -142,12 +142,36 @@ def _summaries(text: str) -> list[tuple[Failure, str]]:
     return found
 
 
+_TORCH_FAILURE = re.compile(r"host\s*:\s*(?P<host>\S+)\s*\n\s*rank\s*:\s*(?P<rank>\d+) \(local_rank: (?P<local>\d+)\)"
+                            r"\s*\n\s*exitcode\s*:\s*(?P<code>-?\d+)[^\n]*\n\s*error_file\s*:\s*(?P<file>\S+)")
+
+
+def torch_agent_failure(job_dir: Path, logs: str) -> Failure | None:
+    """The image's own torchrun (a stock container) prints torch's ChildFailedError report, not
+    trainscale's summary: its failures, the one whose error file was written first being the root."""
+    found = list(_TORCH_FAILURE.finditer(logs))
+    if not found:
+        return None
+    def written(m) -> float:
+        path = Path(m["file"])
+        return path.stat().st_mtime if path.exists() else float("inf")
+    found.sort(key=lambda m: (written(m), int(m["rank"])))
+    first = found[0]
+    code = int(first["code"])
+    how = f"exit code {code}" if code >= 0 else f"killed by signal {-code}"
+    others = tuple(dict.fromkeys(f"rank {m['rank']} on {m['host']}" for m in found[1:] if m["rank"] != first["rank"]))
+    tb = callstack(Path(first["file"])) if Path(first["file"]).exists() else ""
+    return Failure(rank=int(first["rank"]), host=first["host"], how=how, traceback=tb, others=others)
+
+
 def torchrun_failure(job_dir: Path) -> Failure | None:
     summaries = []
+    texts = []
     for node_log in sorted(job_dir.glob("node-*.out")):
-        summaries += _summaries(node_log.read_text(errors="replace"))
+        texts.append(node_log.read_text(errors="replace"))
+        summaries += _summaries(texts[-1])
     if not summaries:
-        return None
+        return torch_agent_failure(job_dir, "\n".join(texts))
     errors = _by_time(list((job_dir / "torchrun").glob("**/error.json")))
     if errors:
         first_tb = callstack(errors[0]).strip().splitlines()

@@ -2,6 +2,7 @@
 (through accelerate), so the choice becomes ``TrainingArguments`` entries instead of a wrapped model.
 
 Pure: it builds and checks the arguments, so ``trainscale run`` can refuse a bad choice before launch.
+Here, inside strategies/, because which arguments express a strategy depends on which strategy it is.
 """
 
 from __future__ import annotations
@@ -13,21 +14,27 @@ from trainscale.strategies import get_strategy
 from trainscale.strategies.ds_config import load_ds_config
 
 
-def trainer_arguments(spec: str, *, world_size: int, per_device: int, use_cpu: bool) -> dict[str, Any]:
+def trainer_arguments(spec: str, *, world_size: int, per_device: int, use_cpu: bool,
+                      accumulation: int = 1) -> dict[str, Any]:
     """``TrainingArguments`` keywords that make the Trainer run ``spec`` (``ddp``, ``fsdp[:...]``,
-    ``deepspeed[:...]``); ``zero1``, and FSDP on the CPU, are refused with the alternative."""
+    ``deepspeed[:...]``) with ``accumulation`` micro-batches per step; ``zero1``, and FSDP on the CPU,
+    are refused with the alternative."""
     strategy = get_strategy(spec)  # unknown names and options fail here, with the valid ones listed
+    accumulate = {"gradient_accumulation_steps": accumulation} if accumulation > 1 else {}
     if strategy.name == "ddp":
-        unmapped = [f"{name}={value}".lower() for name, value, default in
-                    (("static_graph", strategy.static_graph, False),
-                     ("gradient_as_bucket_view", strategy.gradient_as_bucket_view, True)) if value != default]
+        unmapped = [f"{name}={value}".lower() for name, value, honoured in
+                    (("static_graph", strategy.static_graph, ("auto", False)),
+                     ("gradient_as_bucket_view", strategy.gradient_as_bucket_view, (True,)),
+                     ("comm_hook", strategy.comm_hook, ("none",))) if value not in honoured]
         if unmapped:
             # TrainingArguments has no entry for these; accepting them would change nothing.
             raise ConfigError(f"--strategy ddp:{','.join(unmapped)} has no HF Trainer argument; the Trainer "
                               f"would train without it",
                               hint="with hf-finetune, ddp takes bucket_cap_mb and find_unused_parameters")
-        return {"ddp_find_unused_parameters": strategy.find_unused_parameters,
-                "ddp_bucket_cap_mb": max(1, round(strategy.bucket_cap_mb))}
+        # auto: the Trainer leaves the size to torch (a 1 MiB first bucket, then 25 MiB)
+        cap = None if strategy.bucket_cap_mb == "auto" else max(1, round(strategy.bucket_cap_mb))
+        return {"ddp_find_unused_parameters": strategy.find_unused_parameters, "ddp_bucket_cap_mb": cap,
+                **accumulate}
     if strategy.name == "zero1":
         raise ConfigError("--strategy zero1 (torch's ZeroRedundancyOptimizer) has no HF Trainer integration",
                           hint="the Trainer shards optimizer state through DeepSpeed: --strategy deepspeed:stage=1")
@@ -37,7 +44,7 @@ def trainer_arguments(spec: str, *, world_size: int, per_device: int, use_cpu: b
             raise ConfigError("--strategy fsdp with the HF Trainer needs GPUs: on the CPU accelerate "
                               "ignores FSDP and trains with plain DDP",
                               hint="on the CPU use --strategy deepspeed:stage=3 (sharded) or ddp")
-        args: dict[str, Any] = {"fsdp": True, "fsdp_config": {
+        args: dict[str, Any] = {**accumulate, "fsdp": True, "fsdp_config": {
             "version": 2, "reshard_after_forward": strategy.reshard_after_forward,
             "cpu_offload": strategy.cpu_offload, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
             "transformer_layer_cls_to_wrap": list(strategy.unit_modules) or ["GPTNeoBlock"]}}
@@ -46,13 +53,24 @@ def trainer_arguments(spec: str, *, world_size: int, per_device: int, use_cpu: b
         return args
     if strategy.name == "deepspeed":
         _check_user_micro_batch(strategy.config, per_device)
-        strategy.micro_batch_size = per_device
+        strategy = strategy.with_batch(per_device, accumulation if accumulation > 1 else None)
         config = strategy.ds_config(world_size, "cpu" if use_cpu else "cuda")
         # The Trainer checks that its own arguments agree with the ds_config; make them agree.
         return {"deepspeed": config, "gradient_accumulation_steps": config["gradient_accumulation_steps"],
                 "bf16": bool(config.get("bf16", {}).get("enabled")),
                 "fp16": bool(config.get("fp16", {}).get("enabled"))}
     raise ConfigError(f"strategy {strategy.name!r} has no HF Trainer mapping", hint="use ddp, fsdp or deepspeed")
+
+
+def prepare_environment(strategy_args: dict[str, Any], runtime: Any) -> list[str]:
+    """What the Trainer's strategy needs set before ``TrainingArguments`` is built (it imports DeepSpeed):
+    DeepSpeed's accelerator, LOCAL_RANK as the GPU index and trainscale's cache of its compiled ops
+    (shared with the deepspeed strategy). Returns a note per variable set."""
+    if "deepspeed" not in strategy_args:
+        return []
+    from trainscale.strategies.deepspeed import prepare_environment as prepare_deepspeed
+
+    return prepare_deepspeed(runtime)
 
 
 def _check_user_micro_batch(config: Any, per_device: int) -> None:

@@ -1,10 +1,11 @@
-"""Options every built-in workload accepts, parsed into a validated dataclass."""
+"""Options of the training loop that every built-in workload accepts, parsed into a validated dataclass and
+resolved in the one documented order (defaults < config file < environment < command line)."""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, fields
-from typing import Sequence
+from typing import Any, Sequence
 
 from trainscale.errors import ConfigError
 
@@ -18,7 +19,9 @@ class TrainOptions:
     max_steps: int | None = None
     """Stop after this many optimizer steps."""
     batch_size: int = 16
-    """Samples per rank per step."""
+    """Samples per rank per micro-batch."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step (gradients synchronised on the last one only)."""
     lr: float = 1e-3
     """Learning rate."""
     seed: int = 0
@@ -41,6 +44,9 @@ class TrainOptions:
     """Save checkpoints here and resume from the newest one."""
     checkpoint_every: int = 0
     """Save every N optimizer steps (0: at the end of every epoch only)."""
+    checkpoint_async: bool | None = None
+    """Save checkpoints in the background, training waiting only while the state is copied to host memory
+    (None: wherever that is safe, i.e. not where a strategy's engine writes its own files, as DeepSpeed's)."""
     metrics_out: str | None = None
     """Write per-epoch metrics as JSON here (rank 0)."""
     timeout_s: float = 1800.0
@@ -51,6 +57,14 @@ class TrainOptions:
     """Time data loading, forward+backward, communication and optimizer step separately (adds syncs)."""
     download: bool = False
     """Download real data when missing (rank 0 first; needs a network)."""
+    deterministic: bool = False
+    """Deterministic algorithms: bitwise-repeatable GPU runs and resumes, somewhat slower (docs/gpu.md)."""
+    compile: bool = False
+    """torch.compile the model once the strategy has wrapped it (needs a C++ compiler; first steps compile)."""
+    num_workers: int = 0
+    """DataLoader worker processes per rank (--loader dataloader only); 0: load in the training process."""
+    threads: int | None = None
+    """CPU threads per rank (torch.set_num_threads); None: keep OMP_NUM_THREADS as the launch set it."""
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
@@ -60,6 +74,8 @@ class TrainOptions:
         if self.batch_size < 1:
             raise ConfigError(f"--batch-size {self.batch_size} must be >= 1",
                               hint="the batch size is per rank, e.g. --batch-size 16")
+        if self.grad_accum < 1:
+            raise ConfigError(f"--grad-accum {self.grad_accum} must be >= 1", hint="e.g. --grad-accum 4")
         if not self.lr > 0:
             raise ConfigError(f"--lr {self.lr} must be > 0", hint="e.g. --lr 0.001")
         if self.loader not in ("tensor", "dataloader"):
@@ -70,6 +86,29 @@ class TrainOptions:
             raise ConfigError(f"--samples {self.samples} must be >= 1", hint="e.g. --samples 60000")
         if self.timeout_s <= 0:
             raise ConfigError(f"--timeout {self.timeout_s} must be > 0", hint="seconds, e.g. --timeout 600")
+        if self.num_workers < 0:
+            raise ConfigError(f"--num-workers {self.num_workers} is negative", hint="0 (load in the rank) or more")
+        if self.num_workers and self.loader != "dataloader":
+            raise ConfigError(f"--num-workers {self.num_workers} with --loader {self.loader}: the tensor loader "
+                              "slices batches from memory already on the device and has no worker processes",
+                              hint="add --loader dataloader, or leave --num-workers out")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"--threads {self.threads} must be >= 1",
+                              hint="CPU threads per rank, e.g. --threads 1; leave it out to keep OMP_NUM_THREADS")
+        if self.checkpoint_async:  # refused where it cannot be done, before anything is launched
+            from trainscale.checkpoint import resolve_async
+            from trainscale.strategies import get_strategy
+
+            strategy = get_strategy(self.strategy)
+            resolve_async(True, strategy.storage, strategy.name)
+
+    def runtime_options(self) -> dict[str, Any]:
+        """``trainscale.init``'s arguments for these options: device, seed, collective timeout, determinism,
+        and the process group the strategy needs (gloo beside nccl for FSDP's CPU offload)."""
+        from trainscale.strategies import process_group_backend
+
+        return {"device": self.device, "backend": process_group_backend(self.strategy), "seed": self.seed,
+                "deterministic": self.deterministic, "timeout_s": self.timeout_s}
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, defaults: TrainOptions | None = None) -> None:
@@ -80,6 +119,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, defaults: TrainOptions
     parser.add_argument("--epochs", type=int, default=d)
     parser.add_argument("--max-steps", type=int, default=d)
     parser.add_argument("--batch-size", type=int, default=d, help="per rank")
+    parser.add_argument("--grad-accum", type=int, default=d, help="micro-batches per optimizer step")
     parser.add_argument("--lr", type=float, default=d)
     parser.add_argument("--seed", type=int, default=d)
     parser.add_argument("--strategy", default=d)
@@ -91,11 +131,20 @@ def add_common_arguments(parser: argparse.ArgumentParser, defaults: TrainOptions
     parser.add_argument("--no-shuffle", dest="shuffle", action="store_false", default=d)
     parser.add_argument("--checkpoint-dir", default=d)
     parser.add_argument("--checkpoint-every", type=int, default=d)
+    parser.add_argument("--checkpoint-async", action=argparse.BooleanOptionalAction, default=d,
+                        help="save checkpoints in the background (default: wherever that is safe)")
     parser.add_argument("--metrics-out", default=d)
     parser.add_argument("--timeout", dest="timeout_s", type=float, default=d)
     parser.add_argument("--log-every", type=int, default=d)
     parser.add_argument("--breakdown", action="store_true", default=d)
     parser.add_argument("--download", action="store_true", default=d)
+    parser.add_argument("--deterministic", action="store_true", default=d,
+                        help="deterministic algorithms: bitwise-repeatable GPU runs (docs/gpu.md)")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=d,
+                        help="torch.compile the wrapped model (needs a C++ compiler)")
+    parser.add_argument("--num-workers", type=int, default=d, help="DataLoader workers per rank (--loader dataloader)")
+    parser.add_argument("--threads", type=int, default=d,
+                        help="CPU threads per rank (default: OMP_NUM_THREADS as the launch set it)")
 
 
 def options_from_args(args: argparse.Namespace, defaults: TrainOptions | None = None,
@@ -121,6 +170,32 @@ def parse(argv: Sequence[str], prog: str, defaults: TrainOptions | None = None,
         extra(parser)
     args = parser.parse_args(list(argv))
     return options_from_args(args, defaults), args
+
+
+def apply_threads(opts: TrainOptions, rt: Any) -> None:
+    """``--threads``: this rank's CPU threads (torch's intra-op pool), said once on rank 0."""
+    if opts.threads is None:
+        return
+    import os
+
+    import torch
+
+    before = os.environ.get("OMP_NUM_THREADS")
+    torch.set_num_threads(opts.threads)
+    rt.print(f"trainscale: {opts.threads} CPU thread(s) per rank (--threads; OMP_NUM_THREADS was {before})")
+
+
+def check_compile() -> None:
+    """``--compile`` before launch: inductor turns the model into C++ (CPU) or Triton (GPU) code, and
+    both need a C++ compiler on this machine."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        get_cpp_compiler()
+    except Exception as exc:  # torch raises its own error types for a missing or unusable compiler
+        raise ConfigError(f"--compile needs a C++ compiler for torch.compile's inductor, and none works here "
+                          f"({str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__})",
+                          hint="install one (e.g. apt install g++, or set CXX), or leave --compile out") from None
 
 
 def planned_device(device: str, gpus: bool | None) -> str:

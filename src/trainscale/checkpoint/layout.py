@@ -1,0 +1,74 @@
+"""The on-disk contract of trainscale checkpoints, in one place (a leaf: it imports nothing of trainscale).
+
+One directory holds the checkpoints of one run, newest step wins::
+
+    ckpt-00000040.pt          a rank-0 file (ddp, zero1): one torch.save'd dict, its "trainscale"
+                              entry records FORMAT, version, world size, strategy, step, complete=True
+    ckpt-00000080/            a sharded checkpoint (fsdp, deepspeed), written by every rank:
+        .metadata, *.distcp   DCP's index and shards of "model" and "optimizer" (format "dcp"),
+                              or a strategy's native files (format = the strategy's name)
+        extra.pt              everything else: step, RNG, scheduler, ... (rank 0)
+        trainscale.json       the completion marker, written last: the same record as above
+    .ckpt-00000120.partial/   a sharded save in progress (renamed into place when complete)
+    .ckpt-00000120.pt.*.tmp   a rank-0 file being written (atomic.py renames it into place)
+
+Names carry at least eight digits (``ckpt-{step:08d}``); partial and temporary names are never listed.
+Checkpoints of every FORMAT so far (1) load.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+FORMAT = 1
+"""Version of the layout and of the record below; raise it when either changes incompatibly."""
+MARKER = "trainscale.json"
+"""A sharded checkpoint's completion marker (the record, as JSON), written after every shard."""
+EXTRA = "extra.pt"
+"""A sharded checkpoint's rank-0 file of everything that is not model/optimizer shards."""
+DCP_INDEX = ".metadata"
+"""torch.distributed.checkpoint's index, written by rank 0 after every rank's shards."""
+RECORD = "trainscale"
+"""The entry of a rank-0 file (and the fields of MARKER) that says what wrote it."""
+SHARDED_KEYS = ("model", "optimizer")
+"""Entries a DCP checkpoint stores as shards; the rest of the state goes to EXTRA."""
+RECORD_FIELDS = ("format", "version", "world_size", "strategy", "step", "complete")
+
+_FILE = re.compile(r"^ckpt-(\d{8,})\.pt$")
+_DIRECTORY = re.compile(r"^ckpt-(\d{8,})$")
+
+
+def file_path(directory: Path, step: int) -> Path:
+    return Path(directory) / f"ckpt-{step:08d}.pt"
+
+
+def directory_path(directory: Path, step: int) -> Path:
+    return Path(directory) / f"ckpt-{step:08d}"
+
+
+def partial_path(directory: Path, step: int) -> Path:
+    return Path(directory) / f".ckpt-{step:08d}.partial"
+
+
+def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
+    """(step, path) for every checkpoint file and sharded checkpoint directory, newest first."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in directory.iterdir()
+             if (m := _FILE.match(p.name)) or (p.is_dir() and (m := _DIRECTORY.match(p.name)))]
+    return sorted(found, reverse=True)
+
+
+def leftovers(directory: Path) -> Iterator[Path]:
+    """What interrupted saves left behind: partial directories and temporary files, never complete."""
+    yield from Path(directory).glob(".ckpt-*.partial")
+    yield from Path(directory).glob(".ckpt-*.tmp")
+
+
+def record(*, version: str, world_size: int, strategy: str, step: int, format: Any = FORMAT) -> dict[str, Any]:
+    """What a checkpoint says about itself; ``complete`` is the last thing a save writes."""
+    return {"format": format, "version": version, "world_size": world_size, "strategy": strategy, "step": step,
+            "complete": True}

@@ -1,0 +1,94 @@
+"""`trainscale selftest`: check trainscale on this node's GPUs (or a SLURM job's) and print the table."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from trainscale.errors import ConfigError
+
+EXAMPLES = """examples:
+  trainscale selftest                                   # this node: one rank per GPU (2 CPU ranks without GPUs)
+  trainscale selftest --nproc 4 --out selftest-gpu4
+  trainscale selftest --slurm --profile lumi --account project_465000000 --nodes 2 --time 00:15:00
+  trainscale selftest --skip deepspeed,hang --json
+"""
+
+SLURM_ONLY = ("profile", "time", "gpus_per_node", "account", "partition", "reservation", "launcher", "python")
+
+
+def _target(ns: argparse.Namespace):
+    """The SLURM target of ``--slurm ...``, or None; SLURM options without --slurm are refused."""
+    given = [f"--{name.replace('_', '-')}" for name in SLURM_ONLY if getattr(ns, name) is not None]
+    if not ns.slurm:
+        if given:
+            raise ConfigError(f"{', '.join(given)} only apply with --slurm",
+                              hint="add --slurm --profile NAME --time HH:MM:SS, or drop them to check this node")
+        return None
+    if not ns.profile or not ns.time:
+        raise ConfigError("--slurm needs --profile and --time",
+                          hint="e.g. --slurm --profile lumi --account project_465000000 --nodes 2 --time 00:15:00")
+    from trainscale.bench.slurm_runs import SlurmTarget
+
+    return SlurmTarget(profile=ns.profile, time=ns.time, ranks_per_node=ns.gpus_per_node, account=ns.account,
+                       partition=ns.partition, reservation=ns.reservation, launcher=ns.launcher, python=ns.python,
+                       poll_s=ns.poll)
+
+
+def run(ns: argparse.Namespace) -> int:
+    from trainscale.doctor.selftest import SelftestSpec, render, run_selftest, write_report
+
+    if ns.gpus_per_node is not None and ns.nproc is not None:
+        raise ConfigError("--nproc and --gpus-per-node both give ranks per node", hint="give one of them")
+    spec = SelftestSpec(nproc=ns.nproc, device=ns.device, out_dir=Path(ns.out) if ns.out else None,
+                        timeout_s=ns.timeout, hang_timeout_s=ns.hang_timeout, sizes=ns.sizes,
+                        skip=tuple(s.strip() for s in (ns.skip or "").split(",") if s.strip()),
+                        deterministic=not ns.nondeterministic, slurm=_target(ns), nodes=ns.nodes or 1)
+    command = "trainscale selftest " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["selftest"] else [])
+    report = run_selftest(spec, command.strip(),
+                          say=lambda text: print(f"trainscale selftest: {text}", file=sys.stderr, flush=True))
+    json_path, text_path = write_report(report)
+    if ns.json:
+        print(json_path.read_text(), end="")
+    else:
+        print(render(report), end="")
+        print(f"\nAttach to a support ticket: {json_path} (everything) or {text_path} (this table); "
+              f"every rank's log is under {Path(report.out_dir) / 'logs'}")
+    return 0 if report.ok else 1
+
+
+def register(sub) -> None:
+    p = sub.add_parser("selftest", help="check trainscale on this node's GPUs or a SLURM job: pass/fail with figures",
+                       description="Run trainscale's own checks where your jobs will run: devices, all-reduce "
+                                   "(busbw), N ranks vs one process, DDP/ZeRO-1/FSDP/DeepSpeed, resume, step "
+                                   "breakdown, CPU binding, and a hung rank turned into a named error. Without "
+                                   "GPUs the same checks run on CPU ranks over gloo.",
+                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nproc", type=int, default=None, metavar="N",
+                   help="ranks per node (default: one per visible GPU; 2 CPU ranks without GPUs)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--out", default=None, metavar="DIR", help="new directory for the report and logs "
+                   "(default selftest-out/<timestamp>; with --slurm it must be on a file system the nodes see)")
+    p.add_argument("--timeout", type=float, default=120.0, metavar="S", help="collective timeout of the checks")
+    p.add_argument("--hang-timeout", type=float, default=10.0, metavar="S",
+                   help="collective timeout of the hang check (the hung rank must be named within S + 60 s)")
+    p.add_argument("--sizes", default="auto", help="all-reduce sweep (auto: 1KB..1GB on GPUs, 1KB..16MB on CPUs)")
+    p.add_argument("--skip", default=None, metavar="NAMES",
+                   help="checks to leave out, comma-separated (e.g. deepspeed: its first start compiles a minute)")
+    p.add_argument("--nondeterministic", action="store_true",
+                   help="check resume within 1e-5 without deterministic mode instead of bitwise with it (GPUs)")
+    p.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
+    p.add_argument("--slurm", action="store_true", help="run the checks as SLURM jobs of --profile")
+    p.add_argument("--profile", default=None)
+    p.add_argument("--nodes", type=int, default=None, help="nodes of the SLURM jobs (default 1)")
+    p.add_argument("--time", default=None, help="time limit of each job, e.g. 00:15:00")
+    p.add_argument("--gpus-per-node", type=int, default=None, help="ranks per node of the jobs (default: the profile's)")
+    p.add_argument("--account")
+    p.add_argument("--partition")
+    p.add_argument("--reservation")
+    p.add_argument("--launcher", choices=("torchrun", "srun"))
+    p.add_argument("--python", help="Python on the compute nodes (default: this one)")
+    p.add_argument("--poll", type=float, default=2.0, help="seconds between queue polls")
+    p.set_defaults(func=run)

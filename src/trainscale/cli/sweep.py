@@ -1,0 +1,184 @@
+"""`trainscale sweep`: a grid of configurations as one SLURM job array (or one after another here), and
+`trainscale sweep status DIR`: the gathered results table, best first (parsing and printing only)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from trainscale.errors import ConfigError
+
+HELP = """usage: trainscale sweep (--grid 'KEY=V1,V2 KEY2=...' | --grid-file F.toml) [--max-parallel K]
+                        [trainscale slurm's options] (--submit | --dry-run) (SCRIPT | -m MODULE | --workload NAME) [ARGS...]
+       trainscale sweep --local [--nproc-per-node N] (--grid ... | --grid-file F) [--output-dir D] TARGET [ARGS...]
+       trainscale sweep status DIR [--metric NAME] [--higher-is-better]
+
+Each configuration is ARGS plus --KEY VALUE for its grid values (a workload's keys as --batch-size), run
+in its own directory DIR/task-I/ where it may write metrics.json (workloads do). Examples:
+  trainscale sweep --grid 'lr=1e-3,3e-4 batch-size=16,32' --max-parallel 2 --profile lumi -A project_465000000 \\
+      -N 1 -t 01:00:00 --submit --workload cnn --epochs 3
+  trainscale sweep --local --nproc-per-node 2 --grid 'lr=1e-3,3e-4' --workload cnn --max-steps 50
+  trainscale sweep status trainscale-jobs/trainscale-cnn-20261123-140000
+"""
+
+_OWN = ("grid", "grid_file", "max_parallel", "local", "nproc_per_node")
+
+
+def _extend(parser: argparse.ArgumentParser) -> tuple[str, ...]:
+    group = parser.add_argument_group("the sweep")
+    group.add_argument("--grid", help="KEY=V1,V2 ... (one word per key)")
+    group.add_argument("--grid-file", help="a TOML file with a [grid] table of lists")
+    group.add_argument("--max-parallel", type=int, help="array tasks running at once (sbatch --array ...%%K)")
+    group.add_argument("--local", action="store_true", default=None, help="run here, one configuration after another")
+    group.add_argument("--nproc-per-node", type=int, help="with --local: ranks per configuration (default 1)")
+    return _OWN
+
+
+def _grid(ns) -> dict[str, list[str]]:
+    from trainscale.launch.slurm.sweep import load_grid_file, parse_grid
+
+    if bool(ns.grid) == bool(ns.grid_file):
+        raise ConfigError("give exactly one of --grid or --grid-file", hint="e.g. --grid 'lr=1e-3,3e-4 batch_size=16,32'")
+    return parse_grid(ns.grid) if ns.grid else load_grid_file(ns.grid_file)
+
+
+def run(args: argparse.Namespace) -> int:
+    argv = list(args.argv)
+    if argv[:1] == ["status"]:
+        return status(argv[1:])
+    import dataclasses
+    import os
+
+    from trainscale.cli.slurm import build
+
+    from trainscale.cli.slurm import _parser
+    from trainscale.cli.split import split_command
+
+    parser = _parser()
+    _extend(parser)
+    options = split_command(parser, argv, target_options=("--workload", "-m")).options
+    if "--local" in options:
+        if not any(a in ("-t", "--time") or a.startswith("--time=") for a in options):
+            argv = ["-t", "UNLIMITED", *argv]  # a local sweep has no time limit
+        spec, _, ns, _ = build(argv, os.environ, extend=_extend, command="sweep")
+        return run_local(spec, ns)
+    spec, profile, ns, preflight = build(argv, os.environ, extend=_extend, command="sweep")
+    grid = _grid(ns)
+    from trainscale.launch.slurm.sweep import configurations
+
+    count = len(configurations(grid))
+    if ns.max_parallel is not None and ns.max_parallel < 1:
+        raise ConfigError(f"--max-parallel {ns.max_parallel} must be at least 1", hint="e.g. --max-parallel 2")
+    array = f"0-{count - 1}" + (f"%{ns.max_parallel}" if ns.max_parallel else "")
+    spec = dataclasses.replace(spec, array=array, sweep=True)
+    if ns.dry_run == ns.submit:
+        raise ConfigError("give exactly one of --dry-run or --submit", hint="start with --dry-run")
+    from trainscale.launch.slurm import lint, render, resolve
+    from trainscale.launch.slurm.lint import errors
+
+    plan = resolve(spec, profile)
+    findings = lint(spec, profile, plan, preflight=preflight)
+    for f in findings:
+        print(f"trainscale sweep: {f}", file=sys.stderr, flush=True)
+    for i, config in enumerate(configurations(grid)):
+        print(f"trainscale sweep: task {i}: " + " ".join(f"{k}={v}" for k, v in config.items()), file=sys.stderr)
+    if ns.dry_run:
+        print(render(spec, profile, plan), end="")
+        return 2 if errors(findings) else 0
+    if errors(findings):
+        print(f"trainscale sweep: {len(errors(findings))} error(s): not submitted", file=sys.stderr, flush=True)
+        return 2
+    return submit_sweep(spec, profile, plan, grid)
+
+
+def submit_sweep(spec, profile, plan, grid) -> int:
+    import time
+
+    from trainscale.launch.slurm.jobdir import JobRecord, save_record
+    from trainscale.launch.slurm.job import prepare_run
+    from trainscale.launch.slurm.render import batch_output_pattern
+    from trainscale.launch.slurm.submit import submit
+    from trainscale.launch.slurm.sweep import record_jobs, write_tasks
+
+    plan, script = prepare_run(spec, profile, plan)
+    configs = write_tasks(plan.run_dir, grid, workload=bool(spec.workload))
+    sub = submit(script)
+    record_jobs(plan.run_dir, [sub.job_id])
+    save_record(JobRecord(job_id=sub.job_id, cluster=sub.cluster, name=spec.name, launcher=plan.launcher,
+                          profile=profile.name, script=str(script), output_dir=str(plan.output_dir),
+                          world_size=plan.world_size, ranks_per_node=plan.ranks_per_node,
+                          command=" ".join(spec.command_line), submitted_at=time.time(),
+                          batch_output_pattern=batch_output_pattern(spec, plan), run_dir=str(plan.run_dir)))
+    print(f"trainscale sweep: submitted array job {sub.job_id} ({len(configs)} tasks, --array={spec.array}); "
+          f"run directory {plan.run_dir}; results: trainscale sweep status {plan.run_dir}", file=sys.stderr, flush=True)
+    print(plan.run_dir, flush=True)
+    return 0
+
+
+def run_local(spec, ns) -> int:
+    """One configuration after another on this node, each launched as `trainscale run` launches."""
+    import time
+
+    from trainscale.launch.local import LocalLaunchSpec, launch
+    from trainscale.launch.slurm.sweep import write_tasks
+
+    grid = _grid(ns)
+    run_dir = Path(spec.output_dir).absolute() / (spec.run_name or f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if run_dir.exists():
+        raise ConfigError(f"{run_dir} exists", hint="wait a second, or give another --output-dir")
+    run_dir.mkdir(parents=True)
+    configs = write_tasks(run_dir, grid, workload=bool(spec.workload))
+    target, module = (("trainscale.workloads", True) if spec.workload else
+                      (spec.module, True) if spec.module else (spec.script, False))
+    head = (spec.workload,) if spec.workload else ()
+    failed = 0
+    for i, config in enumerate(configs):
+        task = run_dir / f"task-{i}"
+        task.mkdir(exist_ok=True)
+        extra = (run_dir / "tasks" / f"{i}.args").read_text().splitlines()
+        print(f"trainscale sweep: task {i}/{len(configs)}: " + " ".join(f"{k}={v}" for k, v in config.items()),
+              file=sys.stderr, flush=True)
+        result = launch(LocalLaunchSpec(target=target, module=module, args=(*head, *spec.args, *extra),
+                                        nproc_per_node=ns.nproc_per_node or 1, log_dir=task / "logs",
+                                        env={"TRAINSCALE_RUN_DIR": str(task)}))
+        if result.ok:
+            (task / "finished").write_text(time.strftime("%Y-%m-%dT%H:%M:%S\n"))
+        else:
+            failed += 1
+            (task / "failed").write_text("launch failed\n")
+            print(result.summary, file=sys.stderr, flush=True)
+    status([str(run_dir)])
+    return 1 if failed else 0
+
+
+def status(argv: list[str]) -> int:
+    from trainscale.launch.slurm.sweep import choose_metric, gather, plot, ranked, table, write_results
+
+    p = argparse.ArgumentParser(prog="trainscale sweep status")
+    p.add_argument("dir")
+    p.add_argument("--metric", help="rank by this metric (default: test_loss, val_loss, loss or train_loss)")
+    p.add_argument("--higher-is-better", action="store_true")
+    ns = p.parse_args(argv)
+    results = gather(Path(ns.dir))
+    metric = choose_metric(results, ns.metric)
+    header, rows = table(ranked(results, metric, ns.higher_is_better), metric)
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    for row in (header, *rows):
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
+    files = write_results(Path(ns.dir), header, rows)
+    png = plot(Path(ns.dir), results, metric)
+    done = sum(r.state == "finished" for r in results)
+    print(f"\n{done} of {len(results)} task(s) finished" + (f"; best first by {metric}" if metric else "")
+          + f". Written: {files['csv']}, {files['markdown']}" + (f", {png}" if png else ""))
+    return 0
+
+
+run_raw = run
+
+
+def register(sub) -> None:
+    p = sub.add_parser("sweep", help="a grid of configurations as one SLURM job array (or here), and its results",
+                       add_help=False, usage=HELP)
+    p.add_argument("argv", nargs=argparse.REMAINDER)
+    p.set_defaults(func=run)

@@ -1,0 +1,334 @@
+"""The checks of ``trainscale selftest``, as each rank runs them (``doctor/selftest_rank.py`` runs them
+in order and gathers the results on rank 0; ``doctor/selftest.py`` launches the ranks and reports).
+
+Each check takes the Runtime and returns a :class:`Check`: pass, fail, warn or skip, the figures a
+support ticket needs, and details. Every check is a collective: all ranks call it, in the same order.
+The same behaviours are tested in ``tests/gpu/`` (GPUs) and ``tests/integration`` (gloo).
+
+Tolerances (docs/gpu.md): N ranks against one process, fp32 with TF32 off, max |Δ| / max |p| per
+tensor after K plain-SGD steps: 1e-6 on CPUs, 1e-5 on GPUs (the all-reduce sums in another order).
+ZeRO-1 equals DDP bitwise; FSDP and DeepSpeed agree with DDP within the same tolerance. A resumed run
+equals the uninterrupted one bitwise on CPUs and with deterministic mode on GPUs, else within 1e-5.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+STEPS, GLOBAL_BATCH, WIDTH = 4, 32, 64
+
+
+@dataclass(frozen=True, kw_only=True)
+class Check:
+    """One row of the selftest table."""
+
+    name: str
+    """Short name (devices, all-reduce, equivalence, ...)."""
+    status: str
+    """pass, fail, warn or skip."""
+    figure: str
+    """What was measured, in one line with the numbers."""
+    detail: dict[str, Any] = field(default_factory=dict)
+    """Machine-readable values behind the figure."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def tolerance(rt) -> float:
+    return 1e-5 if rt.device.type == "cuda" else 1e-6
+
+
+@contextlib.contextmanager
+def exact_fp32() -> Iterator[None]:
+    """TF32 off for the comparisons: it would round every matmul to 10 bits on Ampere and later."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def mlp(dropout: float = 0.0) -> nn.Module:
+    torch.manual_seed(7)
+    layers: list[nn.Module] = []
+    for _ in range(3):
+        layers += [nn.Linear(WIDTH, WIDTH), nn.Tanh()] + ([nn.Dropout(dropout)] if dropout else [])
+    return nn.Sequential(*layers, nn.Linear(WIDTH, 8))
+
+
+def batch(step: int, rt, whole: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step ``step``'s global batch (seeded by the step), or this rank's even share of it."""
+    g = torch.Generator().manual_seed(1000 + step)
+    x, y = torch.randn(GLOBAL_BATCH, WIDTH, generator=g), torch.randint(0, 8, (GLOBAL_BATCH,), generator=g)
+    if not whole:
+        per = GLOBAL_BATCH // rt.world_size
+        x, y = x[rt.rank * per:(rt.rank + 1) * per], y[rt.rank * per:(rt.rank + 1) * per]
+    return x.to(rt.device), y.to(rt.device)
+
+
+def params(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().float().cpu().clone() for k, v in getattr(model, "module", model).state_dict().items()}
+
+
+def max_rel(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return max(float((a[k] - b[k]).abs().max() / b[k].abs().max().clamp_min(1e-12)) for k in b)
+
+
+def gather(rt, value: Any) -> list[Any]:
+    """Every rank's ``value`` on every rank (a list in rank order)."""
+    if not rt.is_distributed:
+        return [value]
+    out: list[Any] = [None] * rt.world_size
+    dist.all_gather_object(out, value)
+    return out
+
+
+def needs_ranks(name: str, rt) -> Check | None:
+    if rt.world_size < 2:
+        return Check(name=name, status="skip", figure="needs 2 or more ranks")
+    return None
+
+
+def _gpu_id(device: torch.device) -> str:
+    props = torch.cuda.get_device_properties(device)
+    return str(getattr(props, "uuid", None) or f"{props.name} {getattr(props, 'pci_bus_id', device)}")
+
+
+def check_devices(rt) -> Check:
+    """Each rank's device; on GPUs every rank of a host drives its own GPU, the one trainscale promises."""
+    from trainscale.runtime.device import VISIBLE_VARS
+
+    visible = {k: os.environ[k] for k in VISIBLE_VARS if k in os.environ}
+    mine = {"rank": rt.rank, "host": socket.gethostname(), "node": rt.node_rank, "local_rank": rt.local_rank,
+            "device": str(rt.device), "visible": visible,
+            "gpu": _gpu_id(rt.device) if rt.device.type == "cuda" else None,
+            "count": torch.cuda.device_count() if rt.device.type == "cuda" else 0}
+    every = gather(rt, mine)
+    nodes = len({(r["host"], r["node"]) for r in every})
+    if rt.device.type != "cuda":
+        return Check(name="devices", status="pass", detail={"ranks": every},
+                     figure=f"{rt.world_size} rank(s) on {nodes} node(s), CPU (no GPU visible: gloo subset)")
+    problems = []
+    seen: dict[tuple[str, str], int] = {}
+    for r in every:
+        expected = 0 if r["count"] == 1 else r["local_rank"]
+        if r["device"] != f"cuda:{expected}":
+            problems.append(f"rank {r['rank']} uses {r['device']}, expected cuda:{expected}")
+        key = (r["host"], r["gpu"])
+        if key in seen:
+            problems.append(f"ranks {seen[key]} and {r['rank']} share GPU {r['gpu']} on {r['host']}")
+        seen[key] = r["rank"]
+    figure = (f"{rt.world_size} rank(s) on {nodes} node(s), one GPU each"
+              f" ({', '.join(sorted({r['device'] for r in every}))})")
+    return Check(name="devices", status="fail" if problems else "pass", detail={"ranks": every},
+                 figure="; ".join(problems) if problems else figure)
+
+
+def check_allreduce(rt, sizes: str) -> Check:
+    """The sum is right, and the bus bandwidth over a short sweep (bench/allreduce.py's method)."""
+    from trainscale.bench.allreduce import format_size, measure, plateau, sizes_for
+
+    skipped = needs_ranks("all-reduce", rt)
+    if skipped:
+        return skipped
+    n = rt.world_size
+    t = torch.full((1 << 16,), float(rt.rank + 1), device=rt.device)
+    dist.all_reduce(t)
+    expected = n * (n + 1) / 2
+    got = float(t[0].item()), float(t[-1].item())
+    if got != (expected, expected):
+        return Check(name="all-reduce", status="fail", figure=f"sum over {n} ranks gave {got}, expected {expected}",
+                     detail={"got": list(got), "expected": expected})
+    rows = measure(rt, sizes_for(sizes, rt.device.type), iters=20, warmup=2, budget_s=0.5)
+    best = plateau(rows) or {"busbw_Bps": rows[-1]["busbw_Bps"], "reached": False, "largest_bytes": rows[-1]["bytes"]}
+    at = max(rows, key=lambda r: r["busbw_Bps"])
+    note = "plateau reached" if best["reached"] else "still rising at the largest size"
+    return Check(name="all-reduce", status="pass", detail={"rows": rows, "plateau": best},
+                 figure=f"sum correct; busbw {at['busbw_Bps'] / 1e9:.2f} GB/s at {format_size(at['bytes'])} "
+                        f"({rt.backend}, {note})")
+
+
+def _train(rt, model: nn.Module, step_fn, steps: range, timed: bool = False) -> float:
+    """Run ``step_fn(model, i)`` for each step; the mean seconds per step when ``timed`` (device waited for)."""
+    rt.synchronize()
+    started = time.perf_counter()
+    for i in steps:
+        step_fn(model, i)
+    rt.synchronize()
+    return (time.perf_counter() - started) / max(1, len(steps)) if timed else 0.0
+
+
+def check_equivalence(rt) -> Check:
+    """DDP on N ranks equals one process on the whole batch; step times of both (one warm-up step each)."""
+    from trainscale.strategies import get_strategy
+    from trainscale.strategies.base import OptimizerSpec
+
+    skipped = needs_ranks("equivalence", rt)
+    if skipped:
+        return skipped
+    sgd = OptimizerSpec(torch.optim.SGD, {"lr": 0.05})
+    with exact_fp32():
+        strategy = get_strategy("ddp")
+        model, opt = strategy.wrap(mlp(), sgd, rt)
+
+        def ddp_step(m, i):
+            x, y = batch(i, rt)
+            train_step(strategy, m, opt, nn.functional.cross_entropy(m(x), y))
+
+        _train(rt, model, ddp_step, range(1))
+        ddp_s = _train(rt, model, ddp_step, range(1, STEPS), timed=True)
+        mine = params(model)
+        single = mlp().to(rt.device)  # one process: the whole global batch, no process group involved
+        single_opt = torch.optim.SGD(single.parameters(), lr=0.05)
+
+        def single_step(m, i):
+            x, y = batch(i, rt, whole=True)
+            nn.functional.cross_entropy(m(x), y).backward()
+            single_opt.step()
+            single_opt.zero_grad(set_to_none=True)
+
+        _train(rt, single, single_step, range(1))
+        single_s = _train(rt, single, single_step, range(1, STEPS), timed=True)
+    diff = max_rel(mine, params(single))
+    worst = max(gather(rt, diff))
+    mean_ddp = rt.mean(ddp_s)
+    tol = tolerance(rt)
+    return Check(name="equivalence", status="pass" if worst <= tol else "fail",
+                 detail={"max_rel": worst, "tolerance": tol, "ddp_step_s": mean_ddp, "single_step_s": single_s},
+                 figure=f"DDP on {rt.world_size} ranks = 1 process: max rel. diff {worst:.1e} (tol {tol:g}); "
+                        f"step {mean_ddp * 1e3:.1f} ms on {rt.world_size} ranks vs {single_s * 1e3:.1f} ms "
+                        f"for the whole batch on 1")
+
+
+def check_strategies(rt, skip: set[str]) -> Check:
+    """ZeRO-1 equals DDP bitwise; FSDP (and DeepSpeed when installed) within the tolerance."""
+    import importlib.util
+
+    from trainscale.strategies import get_strategy
+    from trainscale.strategies.base import OptimizerSpec
+
+    skipped = needs_ranks("strategies", rt)
+    if skipped:
+        return skipped
+    names = ["ddp", "zero1", "fsdp"]
+    if "deepspeed" not in skip and importlib.util.find_spec("deepspeed") is not None:
+        names.append("deepspeed")
+    sgd = OptimizerSpec(torch.optim.SGD, {"lr": 0.05})
+    results = {}
+    with exact_fp32():
+        for name in names:
+            strategy = get_strategy(name).with_batch(GLOBAL_BATCH // rt.world_size)
+            model, opt = strategy.wrap(mlp(), sgd, rt)
+            for i in range(STEPS):
+                x, y = batch(i, rt)
+                train_step(strategy, model, opt, nn.functional.cross_entropy(model(x), y))
+            results[name] = _full_params(strategy, model, opt)
+    ddp, tol = results["ddp"], tolerance(rt)
+    zero1_exact = all(torch.equal(ddp[k], results["zero1"][k]) for k in ddp)
+    diffs = {name: max_rel(results[name], ddp) for name in names if name not in ("ddp", "zero1")}
+    ok = zero1_exact and all(d <= tol for d in diffs.values())
+    parts = ["zero1 = ddp bitwise" if zero1_exact else "zero1 differs from ddp"]
+    parts += [f"{name} {d:.1e}" for name, d in diffs.items()]
+    if "deepspeed" not in names:
+        parts.append("deepspeed " + ("skipped" if "deepspeed" in skip else "not installed"))
+    return Check(name="strategies", status="pass" if ok else "fail", detail={"max_rel": diffs, "tolerance": tol},
+                 figure=f"{', '.join(parts)} (tol {tol:g})")
+
+
+def _full_params(strategy, model, opt) -> dict[str, torch.Tensor]:
+    """Every parameter, whole, as fp32 on the CPU of every rank (gathered for sharded strategies)."""
+    return {k: v.detach().float().cpu().clone() for k, v in strategy.full_model_state(model).items()}
+
+
+def train_step(strategy, model: nn.Module, opt, loss: torch.Tensor) -> None:
+    """One optimizer step the strategy's way (loss scaling, DeepSpeed's engine)."""
+    strategy.backward_loss(loss, model)
+    strategy.micro_step(opt, model, last=True)
+
+
+def check_resume(rt, workdir: Path, deterministic: bool) -> Check:
+    """Train 2K steps with a checkpoint at K; a fresh model resumed from it must end where the
+    uninterrupted run ended (dropout on: the RNG state, CPU and GPU, is part of the resume)."""
+    from trainscale.checkpoint import Checkpointer, RNGState
+    from trainscale.runtime.seed import rng_state, set_rng_state
+    from trainscale.strategies import get_strategy
+    from trainscale.strategies.base import OptimizerSpec
+
+    sgd = OptimizerSpec(torch.optim.SGD, {"lr": 0.05})
+    start = rng_state(rt.device)
+    directory = workdir / "resume"
+    strategy = get_strategy("ddp")
+
+    def step(m, i, opt):
+        x, y = batch(i, rt)
+        train_step(strategy, m, opt, nn.functional.cross_entropy(m(x), y))
+
+    model, opt = strategy.wrap(mlp(dropout=0.1), sgd, rt)
+    ckpt = Checkpointer(directory, rt, strategy=strategy)
+    for i in range(2 * STEPS):
+        step(model, i, opt)
+        if i + 1 == STEPS:
+            ckpt.save(STEPS, {"model": strategy.checkpoint_state(model, opt), "step": STEPS,
+                              "rng": RNGState(rt.device)})
+    uninterrupted = params(model)
+
+    set_rng_state(start, rt.device)  # the resumed run must not inherit this process's RNG position
+    fresh = mlp(dropout=0.1)
+    with torch.no_grad():
+        for p in fresh.parameters():
+            p.add_(1.0)  # other weights: only the checkpoint can make this run match
+    model, opt = strategy.wrap(fresh, sgd, rt)
+    Checkpointer(directory, rt, strategy=strategy).restore({"model": strategy.checkpoint_state(model, opt),
+                                                            "rng": RNGState(rt.device)})
+    x, y = batch(0, rt)
+    strategy.after_resume(model, lambda: nn.functional.cross_entropy(model(x), y).backward())
+    for i in range(STEPS, 2 * STEPS):
+        step(model, i, opt)
+    resumed = params(model)
+    exact_expected = rt.device.type == "cpu" or deterministic
+    exact = all(gather(rt, all(torch.equal(uninterrupted[k], resumed[k]) for k in uninterrupted)))
+    diff = max(gather(rt, max_rel(resumed, uninterrupted)))
+    tol = 0.0 if exact_expected else 1e-5
+    ok = exact if exact_expected else diff <= tol
+    how = "bitwise" if exact else f"max rel. diff {diff:.1e}"
+    promise = "bitwise expected" if exact_expected else f"tol {tol:g} (deterministic mode off)"
+    return Check(name="resume", status="pass" if ok else "fail", detail={"bitwise": exact, "max_rel": diff},
+                 figure=f"{how} after {STEPS}+{STEPS} steps from a checkpoint, dropout on ({promise})")
+
+
+def check_breakdown(rt) -> Check:
+    """The step breakdown sees the gradient all-reduce (on NCCL, through CUDA events)."""
+    from trainscale.strategies import get_strategy
+    from trainscale.strategies.base import OptimizerSpec
+    from trainscale.train.timing import StepTimer
+
+    skipped = needs_ranks("breakdown", rt)
+    if skipped:
+        return skipped
+    strategy = get_strategy("ddp")
+    model, opt = strategy.wrap(mlp(), OptimizerSpec(torch.optim.SGD, {"lr": 0.05}), rt)
+    timer = StepTimer(rt, model, enabled=True)
+    for i in range(STEPS):
+        x, y = batch(i, rt)
+        with timer.section("compute"):
+            strategy.backward_loss(nn.functional.cross_entropy(model(x), y), model)
+        with timer.section("optimizer"):
+            strategy.micro_step(opt, model, last=True)
+    summary = timer.summary()
+    per_step = {k: summary[k] / STEPS for k in ("compute", "communication", "communication_total", "optimizer")}
+    ok = summary["communication_total"] > 0
+    return Check(name="breakdown", status="pass" if ok else "fail", detail=per_step,
+                 figure=f"communication in flight {per_step['communication_total'] * 1e3:.2f} ms/step, exposed "
+                        f"{per_step['communication'] * 1e3:.2f} ms, compute {per_step['compute'] * 1e3:.2f} ms")

@@ -1,0 +1,109 @@
+"""The job kit: the few standard-library-only modules of trainscale a job needs inside a stock
+container that has Python and torch but not trainscale.
+
+A container job's batch script runs, with the image's own Python:
+
+    python3 "$KIT/port.py" --host "$MASTER_ADDR"          # a free rendezvous port on the first node
+    python3 "$KIT/boot.py" --script train.py ARGS...       # each worker: world, GPU, CPUs, @record
+
+The kit is a copy of those modules (`trainscale.env`, `trainscale.topology`, the bootstrap and the
+port check) in a directory named after their content hash, written once beside the jobs at
+submission: a queued job keeps running the kit it was submitted with. Before the user's script
+starts, the bootstrap drops the kit from ``sys.path`` (``leave_kit``), so a script that imports
+trainscale gets the image's own installation or a plain ModuleNotFoundError.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import trainscale
+
+PACKAGE = Path(trainscale.__file__).parent
+
+# Relative to the package; each is standard library only (tests/unit/test_kit.py runs them with a
+# bare interpreter that has neither torch nor trainscale's dependencies).
+MODULES = (
+    "__init__.py", "_version.py", "errors.py",
+    "env/__init__.py", "env/address.py", "env/base.py", "env/mpi.py", "env/single.py", "env/slurm.py",
+    "env/torchrun.py",
+    "topology/__init__.py", "topology/apply.py", "topology/cpulist.py", "topology/detect.py", "topology/model.py",
+    "topology/nvidia.py", "topology/plan.py", "topology/rocm.py", "topology/sysfs.py", "topology/worker.py",
+    "launch/__init__.py", "launch/bootstrap.py", "launch/ports.py",
+)
+
+BOOT = '''"""trainscale job kit: run one worker (see trainscale/launch/bootstrap.py)."""
+import os
+import sys
+
+kit = os.path.dirname(os.path.abspath(__file__))
+os.environ["TRAINSCALE_KIT"] = kit  # the bootstrap removes the kit from sys.path before user code
+if sys.path[0] != kit:
+    sys.path.insert(0, kit)
+from trainscale.launch.bootstrap import main
+
+main(sys.argv[1:])
+'''
+
+PORT = '''"""trainscale job kit: print a free port on this host (see trainscale/launch/ports.py)."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from trainscale.launch.ports import main
+
+raise SystemExit(main(sys.argv[1:]))
+'''
+
+ENTRY_POINTS = {"boot.py": BOOT, "port.py": PORT}
+
+
+def _contents() -> dict[str, bytes]:
+    files = {f"trainscale/{rel}": (PACKAGE / rel).read_bytes() for rel in MODULES}
+    files.update({name: text.encode() for name, text in ENTRY_POINTS.items()})
+    return files
+
+
+def kit_name() -> str:
+    """``kit-<hash>``: the kit's directory name, fixed by what it holds."""
+    digest = hashlib.sha256()
+    for name, data in sorted(_contents().items()):
+        digest.update(name.encode() + b"\0" + data + b"\0")
+    return f"kit-{digest.hexdigest()[:12]}"
+
+
+def kit_dir(root: Path) -> Path:
+    """Where the kit for jobs written under ``root`` (a job output directory) lives."""
+    return Path(root) / ".trainscale" / kit_name()
+
+
+def write_kit(root: Path) -> Path:
+    """Write the kit under ``root`` unless it is already there; returns its directory.
+
+    Written into a temporary sibling and renamed, so a job never sees half a kit; an existing kit
+    is never changed (its name is its content).
+    """
+    target = kit_dir(root)
+    if target.is_dir():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=target.parent))
+    try:
+        for name, data in _contents().items():
+            path = tmp / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        os.chmod(tmp, 0o755)
+        try:
+            tmp.rename(target)
+        except OSError:  # another submission wrote the same kit first
+            if not target.is_dir():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target

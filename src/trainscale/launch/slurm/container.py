@@ -1,0 +1,124 @@
+"""The container around a job's commands, in the forms centres document (pure; golden-tested).
+
+    singularity|apptainer exec [-B binds] [flags] IMAGE  [bash -c 'SETUP; exec "$@"' bash]  python3 ...
+    singularity|apptainer run  [-B binds] [flags] IMAGE  ...      (the image's runscript sets up first)
+    srun --container-image=IMAGE --container-mounts=...  ...      (pyxis/enroot on NVIDIA clusters)
+
+The job's own directories are bound in as well (the job output directory with the kit and logs, the
+script's directory), so a stock image sees exactly what the job needs.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainscale.launch.slurm.spec import JobPlan, SlurmJobSpec
+from trainscale.profiles.schema import ClusterProfile, ContainerSpec
+
+
+@dataclass(frozen=True)
+class Wrapper:
+    words: list[str] = field(default_factory=list)
+    """Command words before the program (``singularity exec ... IMAGE``), one string per continuation line."""
+    srun_options: list[str] = field(default_factory=list)
+    """Options that go on srun itself (pyxis)."""
+
+
+def _q(value: str | Path) -> str:
+    return shlex.quote(str(value))
+
+
+def container_of(profile: ClusterProfile) -> ContainerSpec:
+    if profile.container is not None:
+        return profile.container
+    return ContainerSpec(flags={"nvidia": ("--nv",), "amd": ("--rocm",)}.get(profile.gpu_vendor, ()))
+
+
+def _covered(path: str, binds: list[str]) -> bool:
+    for bind in binds:
+        src = bind.split(":", 1)[0].rstrip("/")
+        if src and (path == src or path.startswith(src + "/")):
+            return True
+    return False
+
+
+def binds_of(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> list[str]:
+    """The profile's binds, the job's ``--bind``s, then the job's own directories unless already bound."""
+    binds = list(container_of(profile).binds) + list(spec.binds)
+    own = [str(plan.output_dir)]
+    if spec.script:
+        own.append(str(Path(spec.script).absolute().parent))
+    for path in own:
+        if not _covered(path, binds):
+            binds.append(path)
+    return binds
+
+
+def _setup_words(spec: SlurmJobSpec, profile: ClusterProfile) -> list[str]:
+    setup = list(container_of(profile).setup) + list(spec.container_setup)
+    if not setup:
+        return []
+    # Expanded inside the container (single-quoted here): LUMI images define $WITH_CONDA themselves.
+    return ["bash -c " + _q("; ".join(setup) + '; exec "$@"') + " bash"]
+
+
+def container_prefix(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> Wrapper:
+    if not spec.container:
+        return Wrapper()
+    c = container_of(profile)
+    binds = binds_of(spec, profile, plan)
+    setup = _setup_words(spec, profile)
+    if c.kind == "pyxis":
+        opts = [f"--container-image={_q(spec.container)}"]
+        if binds:
+            opts.append("--container-mounts=" + _q(",".join(b if ":" in b else f"{b}:{b}" for b in binds)))
+        return Wrapper(words=setup, srun_options=opts)
+    mode = spec.container_mode or c.mode
+    words = [c.runtime, mode]
+    if binds:
+        words += ["-B", ",".join(binds)]
+    words += list(c.flags)
+    return Wrapper(words=[" ".join(_q(w) for w in words) + " " + _q(spec.container)] + setup)
+
+
+def required_modules(spec: SlurmJobSpec, plan: JobPlan) -> tuple[str, ...]:
+    """What the image's Python must import for this job (checked when the job starts)."""
+    if not spec.container:
+        return ()
+    return ("torch", "trainscale") if plan.facts.imports_trainscale else ("torch",)
+
+
+def port_command(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan, python: str,
+                 require: tuple[str, ...]) -> list[str]:
+    """The lines that set MASTER_PORT; in a container they also prove the image can run the job."""
+    py = _q(python)
+    if not spec.container:
+        cmd = f'{py} -m trainscale.launch.ports --host "$MASTER_ADDR"'
+        if spec.master_port:
+            cmd += f" --port {spec.master_port}"
+        return [f"MASTER_PORT=$({cmd})"]
+    wrapper = container_prefix(spec, profile, plan)
+    cmd = f'{py} "$KIT/port.py" --host "$MASTER_ADDR"'
+    if spec.master_port:
+        cmd += f" --port {spec.master_port}"
+    cmd += " --require " + ",".join(require)
+    if wrapper.srun_options:  # pyxis: only srun can enter the image; one task on this (the first) node
+        run = " ".join(["srun --nodes=1 --ntasks=1 -w \"$MASTER_ADDR\"", *wrapper.srun_options, *wrapper.words, cmd])
+    else:
+        run = " ".join([*wrapper.words, cmd])
+    need = "Python with " + " and ".join(require)
+    fix = ("the script imports trainscale: make a venv inside the image (python3 -m venv --system-site-packages), "
+           "pip install trainscale into it and pass --python VENV/bin/python"
+           if "trainscale" in require else
+           f"check --python (now {python}), or run the image's own set-up first: --container-setup '$WITH_CONDA' "
+           "(LUMI's images) or --container-run")
+    return [
+        f"if ! MASTER_PORT=$({run}); then",
+        f'  echo "trainscale: error: the image {spec.container} cannot run this job: it needs {need} as '
+        f'{python} (see the lines above)" >&2',
+        f'  echo "hint: {fix}" >&2'.replace("$WITH_CONDA", "\\$WITH_CONDA"),
+        "  exit 1",
+        "fi",
+    ]

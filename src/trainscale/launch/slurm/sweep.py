@@ -1,0 +1,215 @@
+"""Sweeps: a grid of configurations run as one SLURM job array (or one after another on this node),
+each configuration in its own directory, and one results table gathered from what the tasks wrote.
+
+    <run>/sweep.json        the grid, the configurations in order, the array job ids
+    <run>/tasks/<i>.args    task i's extra arguments, one per line (read by the batch script)
+    <run>/task-<i>/         task i's directory: checkpoints/, metrics.json, finished | failed
+    <run>/results.csv|.md|.png   written by `trainscale sweep status`
+
+A task's metrics are what it writes to ``$TRAINSCALE_RUN_DIR/metrics.json``: the built-in workloads
+write their result (the last epoch's losses and accuracy are taken), a script a flat JSON object.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import math
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainscale.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+PREFERRED_METRICS = ("test_loss", "val_loss", "eval_loss", "loss", "train_loss")
+
+
+def parse_grid(text: str) -> dict[str, list[str]]:
+    """``'lr=1e-3,3e-4 batch_size=16,32'`` -> ``{"lr": ["1e-3", "3e-4"], "batch_size": ["16", "32"]}``."""
+    grid: dict[str, list[str]] = {}
+    for part in text.split():
+        key, sep, values = part.partition("=")
+        items = [v for v in values.split(",") if v]
+        if not sep or not _KEY.match(key) or not items:
+            raise ConfigError(f"--grid {part!r} is not KEY=V1,V2,...",
+                              hint="e.g. --grid 'lr=1e-3,3e-4 batch_size=16,32' (one KEY=VALUES per word)")
+        if key in grid:
+            raise ConfigError(f"--grid names {key!r} twice", hint="give each key once, with all its values")
+        grid[key] = items
+    if not grid:
+        raise ConfigError("--grid is empty", hint="e.g. --grid 'lr=1e-3,3e-4'")
+    return grid
+
+
+def load_grid_file(path: str | Path) -> dict[str, list[str]]:
+    """A TOML file: ``[grid]`` with a list per key, e.g. ``lr = [1e-3, 3e-4]``."""
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"grid file {path} does not exist", hint="give a TOML file with a [grid] table") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"grid file {path} is not valid TOML: {exc}", hint="check the line named above") from None
+    table = data.get("grid")
+    if not isinstance(table, dict) or not table:
+        raise ConfigError(f"grid file {path} has no [grid] table", hint='[grid]\nlr = [1e-3, 3e-4]')
+    grid = {}
+    for key, values in table.items():
+        values = values if isinstance(values, list) else [values]
+        if not _KEY.match(key) or not values:
+            raise ConfigError(f"grid file {path}: {key!r} = {values!r} is not a key with values",
+                              hint="e.g. batch_size = [16, 32]")
+        grid[key] = [json.dumps(v) if isinstance(v, bool) else str(v) for v in values]
+    return grid
+
+
+def configurations(grid: dict[str, list[str]]) -> list[dict[str, str]]:
+    """Every combination, the first key varying slowest."""
+    keys = list(grid)
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
+
+
+def task_args(config: dict[str, str], *, workload: bool, task_dir: str) -> list[str]:
+    """A configuration as command-line options: ``batch_size=16`` -> ``--batch_size 16`` (the key as you
+    wrote it; a workload takes ``--batch-size``), plus a workload's own checkpoint and metrics files."""
+    args = []
+    for key, value in config.items():
+        args += [f"--{key.replace('_', '-') if workload else key}", value]
+    if workload:
+        args += ["--checkpoint-dir", f"{task_dir}/checkpoints", "--metrics-out", f"{task_dir}/metrics.json"]
+    return args
+
+
+def write_tasks(run_dir: Path, grid: dict[str, list[str]], *, workload: bool) -> list[dict[str, str]]:
+    """sweep.json and tasks/<i>.args; returns the configurations."""
+    configs = configurations(grid)
+    tasks = run_dir / "tasks"
+    tasks.mkdir(parents=True, exist_ok=True)
+    for i, config in enumerate(configs):
+        # $TASK_DIR is the batch script's; a workload's files go into the task's own directory
+        args = task_args(config, workload=workload, task_dir=str(run_dir / f"task-{i}"))
+        (tasks / f"{i}.args").write_text("".join(a + "\n" for a in args))
+    (run_dir / "sweep.json").write_text(json.dumps({"grid": grid, "configurations": configs, "jobs": []}, indent=2))
+    return configs
+
+
+def record_jobs(run_dir: Path, job_ids: list[str]) -> None:
+    data = json.loads((run_dir / "sweep.json").read_text())
+    data["jobs"] = data.get("jobs", []) + job_ids
+    (run_dir / "sweep.json").write_text(json.dumps(data, indent=2))
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    index: int
+    config: dict[str, str]
+    state: str
+    """finished, failed (exit code), or pending (not finished yet: queued, running, or never started)."""
+    metrics: dict[str, float]
+
+
+def _flat_metrics(data: Any) -> dict[str, float]:
+    if not isinstance(data, dict):
+        return {}
+    source = data
+    epochs = data.get("epochs")
+    if isinstance(epochs, list) and epochs and isinstance(epochs[-1], dict):  # a built-in workload's result
+        source = {**epochs[-1], "steps": data.get("steps")}
+    return {k: float(v) for k, v in source.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))}
+
+
+def gather(run_dir: Path) -> list[TaskResult]:
+    path = Path(run_dir) / "sweep.json"
+    if not path.exists():
+        raise ConfigError(f"{run_dir} is not a sweep's run directory (no sweep.json)",
+                          hint="give the directory `trainscale sweep` printed when it submitted the sweep")
+    configs = json.loads(path.read_text())["configurations"]
+    out = []
+    for i, config in enumerate(configs):
+        task = Path(run_dir) / f"task-{i}"
+        if (task / "finished").exists():
+            state = "finished"
+        elif (task / "failed").exists():
+            state = "failed (" + (task / "failed").read_text().strip() + ")"
+        else:
+            state = "pending"
+        try:
+            metrics = _flat_metrics(json.loads((task / "metrics.json").read_text()))
+        except (OSError, json.JSONDecodeError):
+            metrics = {}
+        out.append(TaskResult(index=i, config=config, state=state, metrics=metrics))
+    return out
+
+
+def choose_metric(results: list[TaskResult], metric: str | None) -> str | None:
+    names = {k for r in results for k in r.metrics}
+    if metric:
+        if names and metric not in names:
+            raise ConfigError(f"no task reported the metric {metric!r}", hint=f"reported: {', '.join(sorted(names))}")
+        return metric
+    return next((m for m in PREFERRED_METRICS if m in names), None)
+
+
+def ranked(results: list[TaskResult], metric: str | None, higher_is_better: bool = False) -> list[TaskResult]:
+    """Best first by ``metric``; tasks without it after, in their order."""
+    if metric is None:
+        return list(results)
+    have = [r for r in results if metric in r.metrics]
+    rest = [r for r in results if metric not in r.metrics]
+    return sorted(have, key=lambda r: r.metrics[metric], reverse=higher_is_better) + rest
+
+
+def table(results: list[TaskResult], metric: str | None) -> tuple[list[str], list[list[str]]]:
+    keys = list(results[0].config) if results else []
+    shown = sorted({k for r in results for k in r.metrics})
+    if metric in shown:
+        shown.remove(metric)
+        shown.insert(0, metric)
+    header = ["task", *keys, "state", *shown]
+    rows = [[str(r.index), *(r.config[k] for k in keys), r.state,
+             *(f"{r.metrics[m]:.6g}" if m in r.metrics else "-" for m in shown)] for r in results]
+    return header, rows
+
+
+def write_results(run_dir: Path, header: list[str], rows: list[list[str]]) -> dict[str, Path]:
+    run_dir = Path(run_dir)
+    with open(run_dir / "results.csv", "w", newline="") as fh:
+        csv.writer(fh).writerows([header, *rows])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    (run_dir / "results.md").write_text("\n".join(lines) + "\n")
+    return {"csv": run_dir / "results.csv", "markdown": run_dir / "results.md"}
+
+
+def plot(run_dir: Path, results: list[TaskResult], metric: str | None) -> Path | None:
+    """A bar per task of ``metric`` (best first), when matplotlib is installed and a metric is known."""
+    have = [r for r in results if metric and metric in r.metrics]
+    if len(have) < 2:
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    labels = [" ".join(f"{k}={v}" for k, v in r.config.items()) for r in have]
+    fig, ax = plt.subplots(figsize=(max(6, len(have) * 0.9), 4))
+    ax.bar(range(len(have)), [r.metrics[metric] for r in have], color="#4477aa")
+    ax.set_xticks(range(len(have)), labels, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel(metric)
+    ax.set_title(f"sweep {Path(run_dir).name}: {metric}, best first")
+    fig.tight_layout()
+    path = Path(run_dir) / "results.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

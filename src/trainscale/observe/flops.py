@@ -1,0 +1,92 @@
+"""Model FLOPs utilisation: the FLOPs one training step does (counted once with torch's FlopCounterMode),
+over the time the step took, over what the device can do at most (a table of peaks by device and
+dtype; on a CPU a short matrix-multiply probe measures it).
+
+MFU = flops_per_step / step_time / (peak per device x devices), as torchtitan and Lightning's
+ThroughputMonitor report it: dense peaks (no sparsity), the step's own dtype.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+# Dense peak FLOP/s per device (one GPU; one GCD for the MI250X), by dtype. Vendors' data sheets:
+# H100 SXM5, A100 SXM4 80GB, MI250X (per GCD = half the package), MI300X. fp32 = plain FP32 (no TF32).
+PEAKS: dict[str, dict[str, float]] = {
+    "H100": {"bf16": 989e12, "fp16": 989e12, "tf32": 494e12, "fp32": 67e12},
+    "A100": {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
+    "MI250X": {"bf16": 191.5e12, "fp16": 191.5e12, "fp32": 47.9e12},
+    "MI300X": {"bf16": 1307e12, "fp16": 1307e12, "tf32": 653.7e12, "fp32": 163.4e12},
+}
+DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+@dataclass(frozen=True)
+class Peak:
+    flops: float
+    """FLOP/s one device can do at most in the step's dtype."""
+    source: str
+    """Where the number comes from: the table row, or the measured CPU probe."""
+
+
+def device_key(name: str) -> str | None:
+    """``NVIDIA H100 80GB HBM3`` -> ``H100``; ``AMD Instinct MI250X`` -> ``MI250X`` (None when unknown)."""
+    upper = name.upper().replace(" ", "")
+    for key in PEAKS:
+        if key in upper:
+            return key
+    return None
+
+
+def dtype_key(dtype: torch.dtype, *, tf32: bool = False) -> str:
+    key = DTYPES.get(dtype, "fp32")
+    return "tf32" if key == "fp32" and tf32 else key
+
+
+def cpu_probe(dtype: torch.dtype = torch.float32, size: int = 512, seconds: float = 0.3) -> float:
+    """FLOP/s this process's threads reach on a square matmul (what 'peak' means on a CPU)."""
+    a = torch.randn(size, size, dtype=dtype)
+    b = torch.randn(size, size, dtype=dtype)
+    torch.mm(a, b)  # warm-up: thread pool, caches
+    n, started = 0, time.perf_counter()
+    while True:
+        torch.mm(a, b)
+        n += 1
+        elapsed = time.perf_counter() - started
+        if elapsed >= seconds:
+            return 2.0 * size**3 * n / elapsed
+
+
+def peak_for(device: torch.device, dtype: torch.dtype) -> Peak | None:
+    """The peak for ``device`` (the CPU measured; a GPU from the table; None for an unknown GPU)."""
+    if device.type == "cpu":
+        return Peak(cpu_probe(dtype if dtype in (torch.float32, torch.float64) else torch.float32),
+                    f"measured: {torch.get_num_threads()} thread(s), matmul probe")
+    name = torch.cuda.get_device_name(device)
+    key = device_key(name)
+    if key is None:
+        return None
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    kind = dtype_key(dtype, tf32=tf32)
+    value = PEAKS[key].get(kind) or PEAKS[key]["fp32"]
+    return Peak(value, f"{key} {kind} dense peak (data sheet)")
+
+
+def count_step_flops(step: Callable[[], object]) -> int:
+    """FLOPs of one call of ``step`` (forward and backward of one batch), counted by torch itself."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        step()
+    return int(counter.get_total_flops())
+
+
+def mfu(flops_per_step: float, step_s: float, peak: float, devices: int = 1) -> float | None:
+    """The fraction of the devices' peak the model's own FLOPs used; None without a time or a peak."""
+    if not step_s or step_s <= 0 or not peak or devices < 1:
+        return None
+    return flops_per_step / step_s / (peak * devices)

@@ -1,0 +1,134 @@
+"""What a run records about itself, in an open format: JSON lines, one file per rank and per node.
+
+    <run dir>/metrics/rank-<R>.jsonl    {"kind": "meta" | "step" | "epoch" | "summary", ...}
+    <run dir>/metrics/node-<host>.jsonl {"kind": "sample", ...} from the device sampler (observe/sampler.py)
+    <run dir>/metrics/events.jsonl      {"kind": "straggler" | "interconnect", ...} said while training
+
+A step record: ``step``, ``t`` (wall clock), ``step_s``, and where the loop can tell: ``data_s`` (waiting
+for the next batch), ``compute_s`` (this rank's own computing, without waiting at a collective: that is
+what tells a slow rank from the ranks waiting for it), ``comm_s`` (exposed communication and waiting),
+``samples``, ``tokens``. Lines
+are buffered and written in blocks (every ``flush_every`` records or ``flush_after_s`` seconds, and at
+close), so recording costs no I/O on most steps and no collective ever.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+METRICS = "metrics"
+RUN_DIR_VAR = "TRAINSCALE_RUN_DIR"
+
+
+def metrics_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / METRICS
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+class JsonLines:
+    """An append-only JSON-lines file written in blocks (never a half line: one write per block)."""
+
+    def __init__(self, path: Path, flush_every: int = 50, flush_after_s: float = 5.0) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.flush_every = max(1, flush_every)
+        self.flush_after_s = flush_after_s
+        self._pending: list[str] = []
+        self._flushed = time.monotonic()
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._pending.append(json.dumps(_clean(record), separators=(",", ":")))
+        if len(self._pending) >= self.flush_every or time.monotonic() - self._flushed >= self.flush_after_s:
+            self.flush()
+
+    def flush(self) -> None:
+        self._flushed = time.monotonic()
+        if not self._pending:
+            return
+        block = "\n".join(self._pending) + "\n"
+        self._pending.clear()
+        with open(self.path, "a") as fh:
+            fh.write(block)
+
+    def close(self) -> None:
+        self.flush()
+
+
+class RankRecorder:
+    """One rank's metrics stream. Cheap: a dict append per step; a file write every ``flush_every`` steps."""
+
+    def __init__(self, run_dir: str | Path, rank: int, *, flush_every: int = 50, flush_after_s: float = 5.0,
+                 **meta: Any) -> None:
+        self.rank = rank
+        self.out = JsonLines(metrics_dir(run_dir) / f"rank-{rank}.jsonl", flush_every, flush_after_s)
+        self.out.write({"kind": "meta", "rank": rank, "host": socket.gethostname(),
+                        "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname(), "pid": os.getpid(),
+                        "t": time.time(), "cpus": _affinity(), **meta})
+        self.out.flush()  # the meta line at once: a reader learns of the rank before its first block
+
+    def step(self, step: int, step_s: float, **fields: float | int | None) -> None:
+        self.out.write({"kind": "step", "step": step, "t": time.time(), "step_s": step_s,
+                        **{k: v for k, v in fields.items() if v is not None}})
+
+    def epoch(self, epoch: int, **fields: Any) -> None:
+        self.out.write({"kind": "epoch", "epoch": epoch, "t": time.time(), **fields})
+        self.out.flush()
+
+    def summary(self, **fields: Any) -> None:
+        self.out.write({"kind": "summary", "t": time.time(), **fields})
+        self.out.flush()
+
+    def close(self) -> None:
+        self.out.close()
+
+
+def _affinity() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return []
+
+
+def read_lines(path: Path) -> Iterator[dict[str, Any]]:
+    """The records of one file; a line cut by a crash (the last one) is skipped."""
+    try:
+        with open(path) as fh:
+            for line in fh:
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+    except FileNotFoundError:
+        return
+
+
+def read_run(run_dir: str | Path) -> dict[str, Any]:
+    """Everything a run recorded: {"ranks": {R: [records]}, "nodes": {host: [samples]}, "events": [...]}."""
+    root = metrics_dir(run_dir)
+    ranks = {}
+    for path in sorted(root.glob("rank-*.jsonl")):
+        rank = int(path.stem.split("-", 1)[1])
+        ranks[rank] = list(read_lines(path))
+    nodes = {path.stem.split("-", 1)[1]: list(read_lines(path)) for path in sorted(root.glob("node-*.jsonl"))}
+    return {"ranks": dict(sorted(ranks.items())), "nodes": nodes, "events": list(read_lines(root / "events.jsonl"))}
+
+
+def note_event(run_dir: str | Path, **fields: Any) -> None:
+    """One line in events.jsonl, written at once (events are rare: a straggler named, a transport found)."""
+    out = JsonLines(metrics_dir(run_dir) / "events.jsonl", flush_every=1)
+    out.write({"t": time.time(), **fields})

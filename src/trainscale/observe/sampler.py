@@ -1,0 +1,158 @@
+"""Device sampling in a side thread, one per node (in local rank 0): GPU utilisation, memory and power
+through NVML (nvidia-ml-py) or AMD SMI (amdsmi) when present, and always the CPU use and resident
+memory of each of the node's ranks (psutil). Written to ``metrics/node-<host>.jsonl``.
+
+The node's ranks are this process and its siblings (the children of the same parent: torchrun's
+agent, or srun's slurmstepd) that run the same program. ``TRAINSCALE_SAMPLE_INTERVAL`` seconds between
+samples (default 5); 0 switches sampling off.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from typing import Any, Callable
+
+from trainscale.observe.records import JsonLines, metrics_dir
+
+INTERVAL_VAR = "TRAINSCALE_SAMPLE_INTERVAL"
+DEFAULT_INTERVAL_S = 5.0
+
+
+def interval_from_env(environ=os.environ) -> float:
+    raw = environ.get(INTERVAL_VAR, "")
+    try:
+        return max(0.0, float(raw)) if raw else DEFAULT_INTERVAL_S
+    except ValueError:
+        return DEFAULT_INTERVAL_S
+
+
+def nvml_reader() -> Callable[[], list[dict[str, Any]]] | None:
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    except Exception:  # no driver on this node: nothing to sample
+        return None
+
+    def read() -> list[dict[str, Any]]:
+        out = []
+        for i, h in enumerate(handles):
+            util = pynvml.nvmlDeviceGetUtilizationRates(h)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            try:
+                power = pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0
+            except Exception:
+                power = None
+            out.append({"index": i, "util_pct": util.gpu, "mem_used": mem.used, "mem_total": mem.total,
+                        "power_w": power})
+        return out
+
+    return read
+
+
+def amdsmi_reader() -> Callable[[], list[dict[str, Any]]] | None:
+    try:
+        import amdsmi
+    except ImportError:
+        return None
+    try:
+        amdsmi.amdsmi_init()
+        handles = amdsmi.amdsmi_get_processor_handles()
+    except Exception:
+        return None
+
+    def read() -> list[dict[str, Any]]:
+        out = []
+        for i, h in enumerate(handles):
+            activity = amdsmi.amdsmi_get_gpu_activity(h)
+            vram = amdsmi.amdsmi_get_gpu_vram_usage(h)
+            try:
+                power = amdsmi.amdsmi_get_power_info(h).get("average_socket_power")
+            except Exception:
+                power = None
+            out.append({"index": i, "util_pct": activity.get("gfx_activity"),
+                        "mem_used": int(vram.get("vram_used", 0)) * 1024 * 1024,
+                        "mem_total": int(vram.get("vram_total", 0)) * 1024 * 1024, "power_w": power})
+        return out
+
+    return read
+
+
+def node_ranks() -> list[Any]:
+    """psutil Processes of this node's ranks: this one and its siblings running the same program."""
+    import psutil
+
+    me = psutil.Process()
+    try:
+        parent, mine = me.parent(), me.cmdline()
+        siblings = [p for p in (parent.children() if parent else []) if p.pid != me.pid and p.cmdline() == mine]
+    except psutil.Error:
+        siblings = []
+    return [me, *siblings]
+
+
+class Sampler:
+    """Samples every ``interval_s`` in a daemon thread until :meth:`stop`."""
+
+    def __init__(self, run_dir, *, interval_s: float, gpu_reader: Callable[[], list[dict]] | None = None) -> None:
+        import psutil
+
+        self.interval_s = interval_s
+        self.out = JsonLines(metrics_dir(run_dir) / f"node-{os.environ.get('SLURMD_NODENAME') or socket.gethostname()}.jsonl",
+                             flush_every=1)
+        self.gpu = gpu_reader if gpu_reader is not None else (nvml_reader() or amdsmi_reader())
+        self.procs = node_ranks()
+        for p in self.procs:
+            p.cpu_percent(None)  # the first reading only starts psutil's clock
+        psutil.cpu_percent(None)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="trainscale-sampler", daemon=True)
+        self.samples = 0
+
+    def start(self) -> "Sampler":
+        self._thread.start()
+        return self
+
+    def sample(self) -> dict[str, Any]:
+        import psutil
+
+        procs = []
+        for p in self.procs:
+            try:
+                with p.oneshot():
+                    procs.append({"pid": p.pid, "cpu_pct": p.cpu_percent(None), "rss": p.memory_info().rss})
+            except psutil.Error:
+                continue
+        record = {"kind": "sample", "t": time.time(), "cpu_pct": psutil.cpu_percent(None), "procs": procs}
+        if self.gpu is not None:
+            try:
+                record["gpus"] = self.gpu()
+            except Exception as exc:  # a driver hiccup must not end training
+                record["gpu_error"] = str(exc)
+        self.out.write(record)
+        self.samples += 1
+        return record
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.interval_s + 5)
+        self.out.close()
+
+
+def start_sampler(run_dir, *, local_rank: int, environ=os.environ) -> Sampler | None:
+    """One sampler per node (local rank 0), unless sampling is off (interval 0)."""
+    interval = interval_from_env(environ)
+    if local_rank != 0 or interval <= 0:
+        return None
+    return Sampler(run_dir, interval_s=interval).start()

@@ -1,0 +1,162 @@
+"""What a report is made of: a run's own records, SLURM's accounting, and the scaling study when the run
+came from `trainscale bench`. Reading only (sacct is a subprocess, injectable)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from trainscale.errors import ConfigError
+from trainscale.observe.records import metrics_dir, read_run
+
+SHARES = ("data", "compute", "backward", "optimizer", "comm")
+"""What a step record may split its time into (train/observing.py); comm: exposed communication."""
+SACCT_FIELDS = "JobID,State,Elapsed,AllocCPUS,TotalCPU,MaxRSS,NNodes,ExitCode"
+
+
+@dataclass
+class RankStats:
+    rank: int
+    host: str
+    steps: int
+    step_median_s: float
+    step_p90_s: float
+    shares: dict[str, float]
+    """Per-step seconds: data, compute (forward), backward, optimizer, comm (exposed), other."""
+    samples_per_s: float | None
+    tokens_per_s: float | None
+    mfu: float | None
+    peak_mem_bytes: int | None
+    cpus: list[int]
+
+
+@dataclass
+class Gathered:
+    source: Path
+    ranks: list[RankStats]
+    samples: dict[str, list[dict]]
+    """Device samples per node."""
+    events: list[dict]
+    accounting: dict[str, Any] | None = None
+    accounting_note: str = ""
+    study: dict | None = None
+    submission: dict | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))] if values else float("nan")
+
+
+def rank_stats(rank: int, records: list[dict]) -> RankStats | None:
+    meta = next((r for r in records if r.get("kind") == "meta"), {})
+    steps = [r for r in records if r.get("kind") == "step" and r.get("step_s") is not None]
+    summary = next((r for r in reversed(records) if r.get("kind") == "summary"), {})
+    if not steps:
+        return None
+    times = [float(r["step_s"]) for r in steps]
+    total = sum(times)
+    shares = {k: sum(float(r.get(f"{k}_s") or 0.0) for r in steps) / len(steps) for k in SHARES}
+    ddp = next((r["ddp"] for r in reversed(records) if r.get("kind") == "epoch" and r.get("ddp")), None)
+    if not shares["comm"] and ddp:  # DDP's own measurement: the all-reduce time backward waited for
+        shares["comm"] = min(float(ddp.get("exposed_comm_s") or 0.0), shares["backward"])
+        shares["backward"] -= shares["comm"]
+    shares["other"] = max(0.0, total / len(steps) - sum(shares.values()))
+    samples = sum(int(r.get("samples") or 0) for r in steps)
+    tokens = sum(int(r.get("tokens") or 0) for r in steps)
+    return RankStats(rank=rank, host=meta.get("node") or meta.get("host", "?"), steps=len(steps),
+                     step_median_s=statistics.median(times), step_p90_s=_pct(times, 0.9), shares=shares,
+                     samples_per_s=samples / total if samples and total else None,
+                     tokens_per_s=tokens / total if tokens and total else None, mfu=summary.get("mfu"),
+                     peak_mem_bytes=summary.get("peak_mem_bytes"), cpus=list(meta.get("cpus") or []))
+
+
+def parse_sacct(text: str) -> dict[str, Any] | None:
+    """``sacct --parsable2 --noheader -o SACCT_FIELDS`` -> the job's row, with CPU efficiency computed."""
+    rows = [line.split("|") for line in text.strip().splitlines() if line.strip()]
+    keys = SACCT_FIELDS.split(",")
+    main = next((dict(zip(keys, r)) for r in rows if "." not in r[0]), None)
+    if main is None:
+        return None
+    rss = [_bytes(dict(zip(keys, r)).get("MaxRSS", "")) for r in rows]
+    main["MaxRSS_bytes"] = max(rss) if rss else 0
+    elapsed, cpu = _seconds(main.get("Elapsed", "")), _seconds(main.get("TotalCPU", ""))
+    cpus = int(main.get("AllocCPUS") or 0)
+    main["cpu_efficiency"] = cpu / (elapsed * cpus) if elapsed and cpus else None
+    return main
+
+
+def _seconds(text: str) -> float:
+    text = text.strip()
+    if not text:
+        return 0.0
+    days, _, rest = text.rpartition("-")
+    parts = [float(p) for p in rest.split(":")]
+    while len(parts) < 3:
+        parts.insert(0, 0.0)
+    return (int(days) if days else 0) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
+
+
+def _bytes(text: str) -> int:
+    text = text.strip()
+    if not text:
+        return 0
+    unit = text[-1].upper()
+    scale = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}.get(unit)
+    return int(float(text[:-1]) * scale) if scale else int(float(text))
+
+
+def accounting(job_id: str, run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> tuple[dict | None, str]:
+    try:
+        done = run(["sacct", "-j", job_id, "--parsable2", "--noheader", "-o", SACCT_FIELDS], capture_output=True,
+                   text=True, timeout=60)
+    except (FileNotFoundError, subprocess.TimeoutExpired) as exc:
+        return None, f"sacct not available here ({exc.__class__.__name__})"
+    if done.returncode != 0:
+        return None, f"sacct: {(done.stderr or done.stdout).strip()[:200]}"
+    row = parse_sacct(done.stdout)
+    return row, "" if row else "sacct returned no row for this job"
+
+
+def resolve_source(target: str) -> tuple[Path, str | None]:
+    """A run directory, a study directory, or a job id (its run directory from trainscale's record)."""
+    path = Path(target)
+    if path.is_dir():
+        return path, None
+    if target.replace("_", "").isdigit():
+        from trainscale.launch.slurm.jobdir import load_record
+
+        record = load_record(target)
+        run_dir = Path(record.run_dir) if record.run_dir else record.job_dir
+        return run_dir, target
+    raise ConfigError(f"{target!r} is neither a directory nor a job id",
+                      hint="give a run directory (it holds metrics/), a bench study directory, or a SLURM job id "
+                           "submitted with trainscale")
+
+
+def gather(target: str, *, sacct_run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> Gathered:
+    source, job_id = resolve_source(target)
+    study = json.loads((source / "results.json").read_text()) if (source / "results.json").exists() else None
+    run_dirs = [source]
+    if study is not None:  # a bench study: the records of its largest successful run
+        ok = [r for r in study.get("runs", []) if r.get("status") == "ok"]
+        if ok:
+            biggest = max(ok, key=lambda r: r["world_size"])
+            run_dirs.insert(0, source / "runs" / biggest["name"])
+    where = next((d for d in run_dirs if metrics_dir(d).is_dir()), None)
+    if where is None and study is None:
+        raise ConfigError(f"{source} holds no run records (no metrics/ directory) and no study",
+                          hint="the built-in workloads record themselves under trainscale run or trainscale slurm "
+                               "(unless TRAINSCALE_RECORD=0); a script of your own records with "
+                               "trainscale.observe.records.RankRecorder (docs/observability.md)")
+    recorded = read_run(where) if where is not None else {"ranks": {}, "nodes": {}, "events": []}
+    ranks = [s for s in (rank_stats(r, recs) for r, recs in recorded["ranks"].items()) if s is not None]
+    submission = json.loads((source / "submission.json").read_text()) if (source / "submission.json").exists() else None
+    acct, note = (accounting(job_id, sacct_run) if job_id else (None, "not a SLURM job (no accounting)"))
+    return Gathered(source=source, ranks=ranks, samples=recorded["nodes"], events=recorded["events"],
+                    accounting=acct, accounting_note=note, study=study, submission=submission)

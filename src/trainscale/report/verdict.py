@@ -1,0 +1,85 @@
+"""The report's first lines: was this job efficient, and if not, why — in words, worst first."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from trainscale.report.gather import Gathered
+
+LOW_GPU_UTIL = 60.0
+HIGH_COMM_SHARE = 0.30
+HIGH_DATA_SHARE = 0.15
+STRAGGLER_RATIO = 1.2
+LOW_CPU_EFFICIENCY = 0.5
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: str
+    """problem, note or good."""
+    text: str
+
+
+def findings(g: Gathered) -> list[Finding]:
+    out: list[Finding] = []
+    for event in g.events:
+        if event.get("kind") == "straggler":
+            out.append(Finding("problem", f"rank {event['rank']} on {event['host']} was {event['slower_by']:.0%} "
+                                          f"slower: {event['cause']}"))
+        elif event.get("kind") == "interconnect" and event.get("level") in ("warning", "error"):
+            out.append(Finding("problem", f"network: {event['message']}"))
+    if g.ranks and not any(e.get("kind") == "straggler" for e in g.events):
+        own = {r.rank: r.shares["data"] + r.shares["compute"] or r.step_median_s for r in g.ranks}
+        if len(own) > 1:
+            worst = max(own, key=own.get)
+            others = statistics.median(v for k, v in own.items() if k != worst)
+            if others > 0 and own[worst] / others >= STRAGGLER_RATIO:
+                r = next(x for x in g.ranks if x.rank == worst)
+                out.append(Finding("problem", f"rank {worst} on {r.host} was {own[worst] / others - 1:.0%} slower than "
+                                              "the others in its own work per step"))
+    if g.ranks:
+        step = statistics.median(r.step_median_s for r in g.ranks)
+        comm = statistics.median(r.shares["comm"] for r in g.ranks)
+        data = statistics.median(r.shares["data"] for r in g.ranks)
+        if step > 0 and comm / step >= HIGH_COMM_SHARE:
+            out.append(Finding("problem", f"communication takes {comm / step:.0%} of the step: larger per-rank batch, "
+                                          "gradient accumulation, a sharded strategy, or overlap (docs/scaling.md)"))
+        if step > 0 and data / step >= HIGH_DATA_SHARE:
+            out.append(Finding("problem", f"waiting for data takes {data / step:.0%} of the step: more DataLoader "
+                                          "workers (within the rank's CPUs), pinned memory, data on fast storage"))
+        mfus = [r.mfu for r in g.ranks if r.mfu is not None]
+        if mfus:
+            out.append(Finding("note", f"model FLOPs utilisation {statistics.median(mfus):.1%} of the devices' peak"))
+    utils = [gpu.get("util_pct") for samples in g.samples.values() for s in samples for gpu in s.get("gpus", [])
+             if gpu.get("util_pct") is not None]
+    if utils:
+        mean = statistics.mean(utils)
+        out.append(Finding("problem" if mean < LOW_GPU_UTIL else "good",
+                           f"GPU utilisation averaged {mean:.0f}%" + (" (low: the GPUs waited for data, the CPU or "
+                                                                      "communication)" if mean < LOW_GPU_UTIL else "")))
+    acct = g.accounting or {}
+    if acct.get("cpu_efficiency") is not None and acct["cpu_efficiency"] < LOW_CPU_EFFICIENCY and not utils:
+        out.append(Finding("note", f"CPU efficiency {acct['cpu_efficiency']:.0%} of the allocated cores (sacct): "
+                                   "fewer cores would do, or more threads per rank"))
+    suggestion = _strategy_advice(g)
+    if suggestion:
+        out.append(Finding("problem", suggestion))
+    if not any(f.level == "problem" for f in out) and g.ranks:
+        out.insert(0, Finding("good", "no problem found: ranks in step, communication and data wait small"))
+    order = {"problem": 0, "note": 1, "good": 2}
+    return sorted(out, key=lambda f: order[f.level])
+
+
+def _strategy_advice(g: Gathered) -> str | None:
+    """The strategy's own suggestion for the run the report is about (a study's largest run): e.g. ZeRO-1
+    when every DDP rank spends a large share of the step on the whole optimizer step."""
+    from trainscale.strategies import advice
+
+    runs = [r for r in (g.study or {}).get("runs", []) if r.get("status") == "ok" and r.get("strategy")]
+    if not runs:
+        return None
+    run = max(runs, key=lambda r: r["world_size"])
+    share = (run.get("breakdown") or {}).get("optimizer_fraction")
+    return advice(run["strategy"], int(run["world_size"]), share) if share is not None else None
+

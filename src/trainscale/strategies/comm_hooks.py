@@ -1,0 +1,106 @@
+"""DDP communication hooks behind ``ddp:comm_hook=NAME``, in the one slot the ``--breakdown`` timer watches.
+
+A DDP model carries at most one communication hook (torch refuses a second ``register_comm_hook``),
+so trainscale registers at most one: a :class:`CommHook` holding the chosen hook (torch's fp16 or bf16
+compression, PowerSGD, or the plain all-reduce) and an ``observer``. The timer (``train/timing.py``)
+becomes that observer and timestamps each bucket's communication, so a chosen hook is timed, never
+replaced. With ``comm_hook=none`` and no timer nothing is registered: DDP keeps its built-in C++
+all-reduce, the fastest path.
+
+- ``fp16``/``bf16``: each bucket is cast to half precision, all-reduced, and cast back (half the bytes
+  on the wire, some rounding). Before training, a one-element all-reduce in that dtype checks that the
+  process group's backend can do it at all (gloo in torch 2.13 can do both; older builds could not).
+- ``powersgd``: low-rank compression with error feedback (Vogels et al., 2019); the first
+  ``powersgd_start`` steps all-reduce uncompressed. Its state (error feedback, step count) is not
+  checkpointed: a resumed run starts it afresh.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from trainscale.errors import ConfigError
+
+HOOKS = ("none", "fp16", "bf16", "powersgd")
+HALF = {"fp16": torch.float16, "bf16": torch.bfloat16}
+_ATTRIBUTE = "_trainscale_comm_hook"  # where a DDP model keeps its CommHook, beside torch's private list
+
+
+class CommHook:
+    """The hook a DDP model calls for each gradient bucket, and who watches it.
+
+    ``observer``: an object with ``begin() -> mark`` and ``end(mark)`` (the ``--breakdown`` timer),
+    called when a bucket's communication is launched and when its result is ready; None: not watched.
+    """
+
+    def __init__(self, name: str, fn: Callable[[Any, Any], torch.futures.Future], state: Any) -> None:
+        self.name, self.fn, self.state = name, fn, state
+        self.observer: Any = None
+
+
+def _run(hook, bucket):  # no annotations: DDP checks them against its own types, and these are strings
+    observer = hook.observer
+    if observer is None:
+        return hook.fn(hook.state, bucket)
+    mark = observer.begin()
+    future = hook.fn(hook.state, bucket)
+
+    def done(f: torch.futures.Future) -> torch.Tensor:
+        # CUDA: this may run as soon as NCCL has queued the work, but on a stream that waits for it,
+        # so a device event recorded here completes when the all-reduce has.
+        observer.end(mark)
+        return f.value()
+
+    return future.then(done)
+
+
+def _make(name: str, *, powersgd_rank: int = 1, powersgd_start: int = 10) -> tuple[Callable, Any]:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if name == "allreduce":  # what DDP does itself, in Python: what the timer registers when no hook is chosen
+        return default_hooks.allreduce_hook, None
+    if name == "fp16":
+        return default_hooks.fp16_compress_hook, None
+    if name == "bf16":
+        return default_hooks.bf16_compress_hook, None
+    if name == "powersgd":
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=powersgd_rank,
+                                            start_powerSGD_iter=powersgd_start)
+        return powerSGD_hook.powerSGD_hook, state
+    raise ConfigError(f"no communication hook {name!r}", hint="one of " + ", ".join(HOOKS))
+
+
+def attach(model: nn.Module, name: str = "allreduce", **options: Any) -> CommHook:
+    """Register the hook ``name`` on a DDP model (compiled or not) and return its CommHook."""
+    ddp = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: the hook belongs to the DDP inside
+    fn, state = _make(name, **options)
+    hook = CommHook(name, fn, state)
+    ddp.register_comm_hook(hook, _run)
+    setattr(ddp, _ATTRIBUTE, hook)
+    return hook
+
+
+def attached(model: nn.Module) -> CommHook | None:
+    """The CommHook trainscale registered on this model, if any."""
+    return getattr(getattr(model, "_orig_mod", model), _ATTRIBUTE, None)
+
+
+def check_backend(name: str, device: torch.device, process_group: Any = None) -> None:
+    """Refuse, before training, a half-precision hook that this process group cannot all-reduce.
+
+    A collective: every rank calls it (they all set up the same strategy)."""
+    dtype = HALF.get(name)
+    if dtype is None:
+        return
+    import torch.distributed as dist
+
+    try:
+        dist.all_reduce(torch.zeros(1, dtype=dtype, device=device), group=process_group)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        other = "bf16" if name == "fp16" else "fp16"
+        raise ConfigError(f"comm_hook={name}: the {dist.get_backend(process_group)} backend cannot all-reduce "
+                          f"{dtype} here ({str(exc).splitlines()[0][:160]})",
+                          hint=f"use comm_hook={other} if this backend supports it, or comm_hook=none") from None

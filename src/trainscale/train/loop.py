@@ -1,0 +1,349 @@
+"""The training loop every built-in workload runs: a workload says what to train (:class:`Task`: a
+model, an optimizer, a loss, its data), the :class:`Loop` does the rest, the same way for all:
+
+- the strategy (``--strategy``) wraps the model, for the loop's micro-batch size and accumulation;
+- resume from the newest checkpoint: model, optimizer, LR scheduler, RNG, loader epoch and the
+  position in it, then the strategy's after-resume step (DDP's bucket layout), so a resumed run
+  continues bitwise like one never interrupted;
+- periodic (``--checkpoint-every``), end-of-epoch, final and preemption checkpoints, written in the
+  background where that is safe (``--checkpoint-async``; training waits only while the state is
+  copied, recorded per save as ``checkpoint_stall_s``), complete on disk before the run ends or requeues;
+- gradient accumulation (``--grad-accum``): no gradient sync before the last micro-batch, and
+  DeepSpeed's engine stepping every micro-batch, both through the strategy's protocol;
+- evaluation at each epoch's end, per-epoch records (time with the device waited for, samples/s,
+  losses, the optional ``--breakdown``), a progress line every ``--log-every`` steps, metric streams,
+  the per-rank memory table and ``--metrics-out``.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from trainscale.checkpoint import Checkpointer, RNGState, atomic_write_text
+from trainscale.errors import CheckpointError, ConfigError
+from trainscale.runtime.memory import report as memory_report
+from trainscale.strategies import get_strategy
+from trainscale.strategies.base import OptimizerSource
+from trainscale.train import fault
+from trainscale.train.metrics import LossLog, MetricStreams, write_metrics
+from trainscale.train.observing import Observer
+from trainscale.train.options import TrainOptions
+from trainscale.train.timing import EpochClock, StepTimer
+
+
+@dataclass(kw_only=True)
+class Task:
+    """What a workload trains; :class:`Loop` runs it."""
+
+    name: str
+    """The workload's name, for log lines and the metrics."""
+    model: Callable[[], nn.Module]
+    """Builds the model; called after ``torch.manual_seed(--seed)``, so every rank starts alike."""
+    optimizer: OptimizerSource
+    """An OptimizerSpec or factory (the model is built inside the loop)."""
+    loss: Callable[[nn.Module, Any], torch.Tensor]
+    """The mean loss of one micro-batch (as the loader yields it) under the model."""
+    loader: Any
+    """This rank's batches, one epoch per ``iter()``; ``len()`` micro-batches; its epoch in
+    ``state_dict()``/``load_state_dict()`` (DeviceTensorLoader, DistributedLoader)."""
+    samples: int
+    """Training samples in the whole set (for the first log line)."""
+    evaluate: Callable[[nn.Module], dict[str, float]] | None = None
+    """Held-out metrics at the end of each epoch, e.g. {"test_loss": ..., "accuracy": ...}; a collective."""
+    scheduler: Callable[[torch.optim.Optimizer, int], Any] | None = None
+    """An LR scheduler for (the torch optimizer, the run's optimizer steps); stepped once per step."""
+    past_epochs: bool = False
+    """--max-steps may run past --epochs (a language model reads its corpus again); else both bound the run."""
+    tokens_per_sample: int | None = None
+    """Set for language models: the records then carry tokens/s too."""
+    extra: dict[str, Any] | None = None
+    """Added to the run's result (and metrics JSON)."""
+
+
+class Loop:
+    """``Loop(rt, opts, task).run()`` -> the run's result (also written to ``--metrics-out``).
+
+    ``checkpoint_dir``: where checkpoints go (default ``--checkpoint-dir``; none: no checkpoints);
+    ``resume``: whether to resume from the newest one there; ``streams``: per-rank metric streams;
+    ``state_file``: a human-readable JSON of the newest checkpoint (seed 003's state.json).
+    """
+
+    def __init__(self, rt: Any, opts: TrainOptions, task: Task, *, checkpoint_dir: str | Path | None = None,
+                 resume: bool = True, streams: MetricStreams | None = None, state_file: Path | None = None) -> None:
+        self.rt, self.opts, self.task = rt, opts, task
+        self.accumulation = opts.grad_accum
+        self.steps_per_epoch = len(task.loader) // self.accumulation
+        if self.steps_per_epoch < 1:
+            raise ConfigError(f"one epoch has {len(task.loader)} micro-batches, fewer than --grad-accum "
+                              f"{self.accumulation}", hint="lower --grad-accum or --batch-size")
+        self.total = self.steps_per_epoch * opts.epochs  # optimizer steps of the whole run
+        if opts.max_steps is not None:
+            self.total = opts.max_steps if task.past_epochs else min(opts.max_steps, self.total)
+        directory = checkpoint_dir or opts.checkpoint_dir
+        self.directory, self.resume, self.state_file = directory, resume, state_file
+        self.losses = LossLog(streams)
+        self.streams = streams
+        self.step = 0
+        self.saved_at = -1
+        self.checkpoint_stalls: list[float] = []  # seconds training waited, per save
+        self.checkpoint_waits = 0.0  # seconds waited for the save in flight at the end or a preemption
+        self.rebuild = False
+        self.fault = fault.planned()
+        self.per_rank_samples = opts.batch_size * self.accumulation
+
+    # -- setting up ------------------------------------------------------------------------------
+    def _build(self) -> None:
+        rt, opts, task = self.rt, self.opts, self.task
+        self.strategy = get_strategy(opts.strategy).with_batch(opts.batch_size, self.accumulation)
+        torch.manual_seed(opts.seed)  # identical initial weights on every rank and every world size
+        self.model, self.optimizer = self.strategy.wrap(task.model(), task.optimizer, rt)
+        if opts.compile:  # --compile: the wrapped model, so DDP's buckets still overlap backward
+            self.model = self.strategy.compile(self.model)
+        self.lr_optimizer = self.strategy.torch_optimizer(self.optimizer)
+        self.scheduler = (task.scheduler(self.lr_optimizer, self.total)
+                          if task.scheduler is not None and self.lr_optimizer is not None else None)
+        self.checkpointer = (Checkpointer(self.directory, rt, strategy=self.strategy,
+                                          asynchronous=opts.checkpoint_async)
+                             if self.directory is not None else None)
+
+    def _state(self) -> dict[str, Any]:
+        """What a checkpoint holds (the entries the built-in workloads have always saved)."""
+        state = {"model": self.strategy.checkpoint_state(self.model, self.optimizer), "step": self.step,
+                 "rng": RNGState(self.rt.device), "epoch_steps": self.steps_per_epoch}
+        if self.scheduler is not None:
+            state["scheduler"] = self.scheduler
+        return state
+
+    def _resume(self) -> tuple[int, int]:
+        """(epoch, micro-batches of it already done) to start from."""
+        found = self.checkpointer.restore(self._state()) if self.checkpointer and self.resume else None
+        if found is None:
+            return 0, 0
+        self.step = self.saved_at = int(found.contents["step"])
+        written = int(found.record["world_size"])
+        epoch, batch = resume_position(found, self.step, self.steps_per_epoch, self.rt.world_size)
+        self.task.loader.load_state_dict({"epoch": epoch})
+        self.rebuild = True  # before the first step: the strategy's after-resume step (DDP buckets)
+        self.rt.print(f"Resumed from {found.path} at step {self.step} (epoch {epoch + 1}, batch {batch}); "
+                      f"written with world size {written}, now {self.rt.world_size}")
+        return epoch, batch * self.accumulation
+
+    # -- running ---------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        rt, opts = self.rt, self.opts
+        self._build()
+        epoch, skip = self._resume()
+        preemption = rt.handle_preemption()  # from here on SIGUSR1 only sets a flag, checked at step boundaries
+        if rt.attempt:
+            rt.print(f"Attempt {rt.attempt + 1} of this job (restarted or requeued {rt.attempt} time(s))")
+        self.timer = StepTimer(rt, self.model, enabled=opts.breakdown)
+        self.observer = Observer.for_run(rt).start(workload=self.task.name, strategy=self.strategy.name,
+                                                   batch_size=opts.batch_size, accumulation=self.accumulation)
+        clock = EpochClock(rt)  # waits for the GPU: its queued work is part of the epoch
+        rt.print(self._describe())
+        history: list[dict] = []
+        preempted = False
+        epochs = itertools.count(epoch) if self.task.past_epochs else range(epoch, opts.epochs)
+        try:
+            for epoch in epochs:
+                if self.step >= self.total:
+                    break
+                clock.start()
+                self.timer.start_epoch()
+                seen, epoch_loss, preempted = self._epoch(epoch, skip, preemption)
+                skip = 0
+                if preempted:
+                    self._preempted(preemption)
+                    break
+                history.append(self._record(epoch, seen, epoch_loss, clock.stop()))
+                if not opts.checkpoint_every:
+                    self._save()
+            if not preempted and self.saved_at != self.step:
+                self._save()
+            self._finish_saves()
+        finally:
+            self.observer.flush()
+        return self._result(history, preempted)
+
+    def _epoch(self, epoch: int, skip: int, preemption: Any) -> tuple[int, torch.Tensor, bool]:
+        """One epoch's steps (or up to the run's last); (steps done, their summed loss on the device,
+        whether a preemption stopped it)."""
+        rt, opts = self.rt, self.opts
+        batches = iter(self.task.loader)
+        for _ in range(skip):
+            next(batches)
+        done = skip // self.accumulation
+        seen, loss_sum = 0, torch.zeros((), device=rt.device)
+        while done < self.steps_per_epoch and self.step < self.total:
+            fault.maybe_inject(self.step, rt.env, self.fault)
+            self.observer.marks.start()
+            loss = self._optimizer_step(batches)
+            self.step, done, seen = self.step + 1, done + 1, seen + 1
+            self.observer.step_done(self.step, samples=self.per_rank_samples,
+                                    tokens=self.per_rank_samples * self.task.tokens_per_sample
+                                    if self.task.tokens_per_sample else None)
+            loss_sum += loss
+            self.losses.add(self.step, loss)
+            if opts.log_every and self.step % opts.log_every == 0:
+                self._progress(epoch, done)
+            if self.checkpointer is not None and opts.checkpoint_every and self.step % opts.checkpoint_every == 0:
+                self._save()
+            if preemption.requested():  # agreed across ranks: all stop at the same step
+                return seen, loss_sum, True
+        return seen, loss_sum, False
+
+    def _optimizer_step(self, batches) -> torch.Tensor:
+        """One optimizer step over ``--grad-accum`` micro-batches; its loss (the micro-batches' mean)."""
+        model, strategy, timer, marks = self.model, self.strategy, self.timer, self.observer.marks
+        step_loss = torch.zeros((), device=self.rt.device)
+        for micro in range(self.accumulation):
+            with timer.section("data"):
+                batch = next(batches)
+            marks.mark("data")
+            self.observer.keep_batch(batch)  # the first one: a step's FLOPs are counted with it at the end
+            last = micro == self.accumulation - 1
+            with self.rt.guard(self.step):
+                if self.rebuild:  # gradients, buffers and RNG draws of this pass are all discarded
+                    self.rebuild = False
+                    strategy.after_resume(model, lambda: self.task.loss(model, batch).backward())
+                    marks.start()  # the discarded pass is not this step's work
+                    marks.mark("data")
+                with timer.section("compute"), strategy.accumulate(model, last=last):
+                    loss = self.task.loss(model, batch) / self.accumulation
+                    marks.mark("compute")
+                    strategy.backward_loss(loss, model)
+                    marks.mark("backward")
+                with timer.section("optimizer"):
+                    strategy.micro_step(self.optimizer, model, last=last)
+                marks.mark("optimizer")
+            step_loss += loss.detach()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        return step_loss
+
+    # -- reporting and saving --------------------------------------------------------------------
+    def _describe(self) -> str:
+        rt, opts, task = self.rt, self.opts, self.task
+        # ZeRO-3 leaves empty placeholders in the module; ds_numel is the full size.
+        n_params = sum(getattr(p, "ds_numel", p.numel()) for p in self.strategy.unwrap(self.model).parameters())
+        accumulation = f" x accumulation {self.accumulation}" if self.accumulation > 1 else ""
+        return (f"{task.name}: {n_params:,} parameters, {task.samples} training samples, {rt.world_size} rank(s) x "
+                f"batch {opts.batch_size}{accumulation}, {self.steps_per_epoch} steps/epoch, strategy "
+                f"{self.strategy.name}, device {rt.device}")
+
+    def _progress(self, epoch: int, done: int) -> None:
+        loss = self.losses.flush()
+        per_step = self.opts.batch_size * self.accumulation * self.rt.world_size
+        fraction = done / self.steps_per_epoch
+        self.rt.print(f"Train Epoch: {epoch + 1} {progress_bar(fraction)} [{done * per_step}/"
+                      f"{self.steps_per_epoch * per_step} ({fraction:.0%})]\tLoss: {loss:.6f}")
+
+    def _lr(self) -> float:
+        return float(self.lr_optimizer.param_groups[0]["lr"]) if self.lr_optimizer is not None else self.opts.lr
+
+    def _record(self, epoch: int, seen: int, loss_sum: torch.Tensor, seconds: float) -> dict[str, Any]:
+        rt = self.rt
+        epoch_time = rt.mean(seconds)
+        samples = seen * self.opts.batch_size * self.accumulation * rt.world_size
+        record = {"epoch": epoch + 1, "steps": seen, "time_s": epoch_time, "samples_per_s": samples / epoch_time,
+                  "train_loss": rt.mean(loss_sum / max(1, seen)), "lr": self._lr()}
+        held_out = self.task.evaluate(self.model) if self.task.evaluate is not None else {}
+        record.update(held_out)
+        if self.task.tokens_per_sample:
+            record["tokens_per_s"] = record["samples_per_s"] * self.task.tokens_per_sample
+        record["breakdown"] = self.timer.summary()
+        self.observer.epoch(epoch + 1, self.model, time_s=epoch_time, samples_per_s=record["samples_per_s"],
+                            train_loss=record["train_loss"], **held_out)
+        if self.streams is not None:
+            for key, value in held_out.items():
+                self.streams.add_scalar("val/" + key.removeprefix("test_"), value, self.step)
+        shown = ", ".join(f"held-out loss {v:.4f}" if k == "test_loss" else f"{k} {v:.2%}" if k == "accuracy"
+                          else f"{k} {v:.4f}" for k, v in held_out.items())
+        rt.print(f"Epoch {epoch + 1}: loss {record['train_loss']:.4f}{', ' + shown if shown else ''}, "
+                 f"time {epoch_time:.2f}s, {record['samples_per_s']:.0f} samples/s")
+        return record
+
+    def _save(self, blocking: bool = False) -> None:
+        if self.checkpointer is None:
+            return
+        loss = self.losses.flush()
+        written = None
+        if self.state_file is not None:  # the seed's state.json, written (rank 0) once the checkpoint is on disk
+            state = {"step": self.step, "epoch": self.step / self.steps_per_epoch, "loss": loss, "lr": self._lr(),
+                     "time": time.time()}
+            written = functools.partial(atomic_write_text, self.state_file, json.dumps(state))
+        began = time.perf_counter()
+        self.checkpointer.save(self.step, self._state(), blocking=blocking, on_complete=written)
+        self.checkpoint_stalls.append(time.perf_counter() - began)
+        self.saved_at = self.step
+
+    def _finish_saves(self) -> None:
+        """Every rank: the save in flight complete on disk (its failure raised here)."""
+        if self.checkpointer is not None:
+            began = time.perf_counter()
+            self.checkpointer.wait()
+            self.checkpointer.close()
+            self.checkpoint_waits += time.perf_counter() - began
+
+    def _preempted(self, preemption: Any) -> None:
+        if self.saved_at != self.step:
+            self._save(blocking=True)  # after the save in flight, if any
+        self._finish_saves()  # complete on disk before the requeue
+        where = f" to {self.directory}" if self.checkpointer is not None else " nowhere (no --checkpoint-dir)"
+        head = (f"Preempted ({preemption.received or 'signal on another rank'}) at step {self.step}, attempt "
+                f"{self.rt.attempt}: checkpoint saved{where}")
+        preemption.requeue_and_log(head, self.rt.print)
+
+    def _result(self, history: list[dict], preempted: bool) -> dict[str, Any]:
+        rt, strategy = self.rt, self.strategy
+        self.losses.flush()
+        if self.streams is not None:
+            self.streams.close()
+        result = {"workload": self.task.name, "world_size": rt.world_size, "num_nodes": rt.num_nodes,
+                  "device": str(rt.device), "backend": rt.backend, "strategy": strategy.name,
+                  "options": asdict(self.opts), "steps": self.step, "epochs": history, "preempted": preempted,
+                  "attempt": rt.attempt, "train_time_s": sum(h["time_s"] for h in history),
+                  **self._checkpoint_metrics(), **(self.task.extra or {})}
+        # the per-rank memory table on rank 0 (a collective)
+        result["memory"] = memory_report(rt, strategy.held_bytes(self.model, self.optimizer), strategy.name)
+        recorded = self.observer.close(self.model, strategy.unwrap(self.model), build=self.task.model,
+                                       loss=self.task.loss, micro_batches=self.accumulation)
+        if recorded is not None:
+            result["recorded"] = recorded
+        write_metrics(self.opts.metrics_out, result, rt)
+        result["model"] = strategy.unwrap(self.model)
+        return result
+
+    def _checkpoint_metrics(self) -> dict[str, Any]:
+        """Whether saves ran in the background and how long training waited for them (this rank)."""
+        return {"checkpoint_async": self.checkpointer is not None and self.checkpointer.asynchronous,
+                "checkpoint_stall_s": self.checkpoint_stalls, "checkpoint_wait_s": self.checkpoint_waits}
+
+
+def resume_position(found: Any, step: int, steps_per_epoch: int, world_size: int) -> tuple[int, int]:
+    """(epoch, step within it) to continue from; explains what to do when the world size changed mid-epoch."""
+    saved_world = int(found.record["world_size"])
+    epoch, batch = divmod(step, int(found.contents.get("epoch_steps", steps_per_epoch)))
+    if saved_world == world_size or batch == 0:  # at an epoch boundary a new world size shards the next one
+        return epoch, batch
+    raise CheckpointError(
+        f"{found.path} was written by {saved_world} rank(s) in the middle of epoch {epoch + 1} (batch {batch}); "
+        f"this run has {world_size} rank(s), which would split that epoch's remaining samples differently",
+        hint=f"resume with --nproc-per-node/--nodes giving {saved_world} ranks, or resume from an end-of-epoch "
+             f"checkpoint (save with --checkpoint-every 0); sharded strategies (fsdp) reshard any step",
+    )
+
+
+def progress_bar(fraction: float, width: int = 20) -> str:
+    """A bar that reads well in a log file too (rank 0's output is usually redirected)."""
+    filled = int(round(max(0.0, min(1.0, fraction)) * width))
+    return "|" + "#" * filled + "-" * (width - filled) + "|"

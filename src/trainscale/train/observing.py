@@ -1,0 +1,290 @@
+"""What the training loop records about itself (docs/observability.md), when the run has a directory
+(``TRAINSCALE_RUN_DIR``: every ``trainscale run`` and ``trainscale slurm`` run; ``TRAINSCALE_RECORD=0``
+turns it off):
+
+- every rank: one ``step`` record per optimizer step in ``metrics/rank-<R>.jsonl`` — the step's time and
+  its phases: ``data_s`` (waiting for the batch), ``compute_s`` (the forward pass: the rank's own work
+  before its first collective, which is what tells a slow rank from the ranks waiting for it),
+  ``backward_s`` (backward, with DDP's gradient all-reduces in it), ``optimizer_s``; per epoch, DDP's
+  own timing (torch measures forward, backward compute, communication and their overlap on sampled
+  iterations: ``_get_ddp_logging_data``); at the end a summary with FLOPs per step, the device's peak,
+  MFU and peak memory;
+- local rank 0: the node's device sampler (observe/sampler.py);
+- rank 0: the straggler watch (observe/stragglers.py), and the network check: which transport NCCL
+  picked (its INFO log, armed by the runtime where a profile names the cluster's fast network).
+
+Nothing here synchronises the device or adds a collective: on a GPU the phases are CUDA events on the
+rank's stream, read ``lag`` steps later when they have completed; on a CPU the host clock.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import torch
+
+from trainscale.errors import ConfigError
+
+RECORD_VAR = "TRAINSCALE_RECORD"
+PHASES = ("data", "compute", "backward", "optimizer")
+
+
+class StepMarks:
+    """A step's phase boundaries: :meth:`start`, then :meth:`mark` after each phase (repeated phases,
+    e.g. accumulated micro-batches, add up), then :meth:`end`; :meth:`ready` gives the finished steps
+    whose times are known."""
+
+    def __init__(self, device: torch.device, lag: int = 2) -> None:
+        self.events = device.type == "cuda"
+        self.device = device
+        self.lag = lag
+        self._marks: list[tuple[str, Any]] = []
+        self._pending: list[tuple[dict[str, Any], list[tuple[str, Any]]]] = []
+
+    def _now(self) -> Any:
+        if not self.events:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def start(self) -> None:
+        self._marks = [("start", self._now())]
+
+    def mark(self, phase: str) -> None:
+        self._marks.append((phase, self._now()))
+
+    def end(self, **fields: Any) -> None:
+        self._pending.append((fields, self._marks))
+        self._marks = []
+
+    def ready(self, *, flush: bool = False) -> list[dict[str, Any]]:
+        """Finished steps as records; on a GPU those whose last event completed, and every step older
+        than ``lag`` (waiting on an event that old costs nothing in practice), or all with ``flush``."""
+        out = []
+        while self._pending:
+            fields, marks = self._pending[0]
+            last = marks[-1][1]
+            old = len(self._pending) > self.lag
+            if self.events and not (flush or old or last.query()):
+                break
+            if self.events:
+                last.synchronize()
+            self._pending.pop(0)
+            out.append({**fields, **self._durations(marks)})
+        return out
+
+    def _durations(self, marks: list[tuple[str, Any]]) -> dict[str, float]:
+        def seconds(a: Any, b: Any) -> float:
+            return b - a if not self.events else a.elapsed_time(b) / 1000.0
+
+        out = {f"{phase}_s": 0.0 for phase in PHASES}
+        for (_, before), (phase, after) in zip(marks, marks[1:]):
+            if phase in PHASES:
+                out[f"{phase}_s"] += seconds(before, after)
+        out["step_s"] = seconds(marks[0][1], marks[-1][1])
+        return out
+
+
+class Observer:
+    """The loop's recorder, sampler, straggler watch and network check; inert without a run directory."""
+
+    def __init__(self, rt: Any, run_dir: str | None, *, environ: Any = os.environ, watch_every_s: float = 10.0) -> None:
+        self.rt = rt
+        self.run_dir = run_dir
+        self.enabled = run_dir is not None
+        self.environ = environ
+        self.marks = StepMarks(rt.device) if self.enabled else _NoMarks()
+        self.recorder = self.sampler = self.watch = None
+        self.flops_per_step: int | None = None
+        self._batch: Any = None
+        self.step_times: list[float] = []
+        self.network_checked = False
+        self.watch_every_s = watch_every_s
+
+    @classmethod
+    def for_run(cls, rt: Any, environ: Any = os.environ) -> "Observer":
+        off = str(environ.get(RECORD_VAR, "1")).strip().lower() in ("0", "false", "no", "off")
+        return cls(rt, None if off else rt.env.run_dir, environ=environ)
+
+    def start(self, **meta: Any) -> "Observer":
+        if not self.enabled:
+            return self
+        from trainscale.observe.records import RankRecorder
+        from trainscale.observe.sampler import start_sampler
+
+        rt = self.rt
+        self.recorder = RankRecorder(self.run_dir, rt.rank, world_size=rt.world_size, device=str(rt.device),
+                                     backend=rt.backend, **meta)
+        self.sampler = start_sampler(self.run_dir, local_rank=rt.local_rank, environ=self.environ)
+        if rt.is_main and rt.world_size > 1:
+            from trainscale.observe.stragglers import StragglerWatch
+
+            say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
+            self.watch = StragglerWatch(self.run_dir, say=say, every_s=self.watch_every_s).start()
+        return self
+
+    # -- per step ---------------------------------------------------------------------------------
+    def keep_batch(self, batch: Any) -> None:
+        """The first batch, to count a step's FLOPs with at the end (nothing is counted on the step path)."""
+        if self.enabled and self._batch is None:
+            self._batch = batch
+
+    def step_done(self, step: int, **fields: Any) -> None:
+        if not self.enabled:
+            return
+        self.marks.end(step=step, **fields)
+        self._write(self.marks.ready())
+        if not self.network_checked:
+            self.network_checked = True
+            self.check_network()
+
+    def _write(self, records: list[dict[str, Any]]) -> None:
+        for record in records:
+            step, step_s = record.pop("step"), record.pop("step_s")
+            self.step_times.append(step_s)
+            self.recorder.step(step, step_s, **record)
+
+    def epoch(self, epoch: int, model: Any, **fields: Any) -> None:
+        if not self.enabled:
+            return
+        self._write(self.marks.ready(flush=True))
+        timing = ddp_timing(model)
+        self.recorder.epoch(epoch, **fields, **({"ddp": timing} if timing else {}))
+
+    # -- the network --------------------------------------------------------------------------------
+    def check_network(self) -> None:
+        """Which network NCCL picked, against the profile's; a required mismatch stops the run here."""
+        from trainscale.observe import interconnect
+
+        expected = self.environ.get(interconnect.EXPECTED_VAR, "")
+        path = self.environ.get("NCCL_DEBUG_FILE")
+        if not expected or not path or "nccl" not in str(self.rt.backend) or self.rt.num_nodes < 2:
+            return
+        required = self.environ.get(interconnect.REQUIRED_VAR) == "1"
+        verdict = interconnect.check_file(path, expected=expected, multi_node=True, required=required)
+        if verdict.level != "ok" and self.rt.local_rank == 0:
+            print(f"trainscale: network: {verdict.message}" + (f"\n  hint: {verdict.hint}" if verdict.hint else ""),
+                  file=sys.stderr, flush=True)
+        if self.rt.is_main:
+            from trainscale.observe.records import note_event
+
+            note_event(self.run_dir, kind="interconnect", level=verdict.level, message=verdict.message)
+        if verdict.level == "error":
+            raise ConfigError(verdict.message, hint=verdict.hint)
+
+    # -- the end ----------------------------------------------------------------------------------
+    def flush(self) -> None:
+        """What is buffered, to disk (a run ending in an error keeps its records)."""
+        if self.recorder is not None:
+            self.recorder.out.flush()
+
+    def close(self, model: Any, module: torch.nn.Module, *, build: Callable[[], torch.nn.Module],
+              loss: Callable[[Any, Any], torch.Tensor], micro_batches: int = 1) -> dict[str, Any] | None:
+        """Count a step's FLOPs (every rank alike: a sharded model's forward gathers), stop the threads,
+        write the summary; returns it (None when not recording). ``model``: as trained (DDP's timing);
+        ``module``: the user's module inside it; ``build``/``loss``: the task's."""
+        if not self.enabled:
+            return None
+        self._write(self.marks.ready(flush=True))
+        if self._batch is not None:
+            self.flops_per_step = step_flops(module, build, loss, self._batch, micro_batches)
+        dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
+        summary: dict[str, Any] = {"steps_recorded": len(self.step_times),
+                                   "peak_mem_bytes": peak_memory(self.rt.device)}
+        if self.flops_per_step:
+            from trainscale.observe.flops import mfu, peak_for
+
+            median = statistics.median(self.step_times) if self.step_times else None
+            peak = peak_for(self.rt.device, dtype)
+            summary.update(flops_per_step=self.flops_per_step, step_median_s=median,
+                           peak_flops=peak.flops if peak else None, peak_source=peak.source if peak else None,
+                           mfu=mfu(self.flops_per_step, median, peak.flops) if peak and median else None)
+        if self.watch is not None:
+            self.watch.check()
+            self.watch.stop()
+        if self.sampler is not None:
+            self.sampler.sample()
+            self.sampler.stop()
+        self.recorder.summary(**summary)
+        self.recorder.close()
+        return summary
+
+
+class _NoMarks:
+    def start(self) -> None:
+        pass
+
+    def mark(self, phase: str) -> None:
+        pass
+
+
+def step_flops(module: torch.nn.Module, build: Callable[[], torch.nn.Module],
+               loss: Callable[[Any, Any], torch.Tensor], batch: Any, micro_batches: int = 1) -> int | None:
+    """FLOPs of one optimizer step (forward + backward of ``micro_batches`` batches like ``batch``), by
+    torch's FlopCounterMode. A module with plain parameters (ddp, zero1) runs one forward without
+    gradients (RNG and buffers restored after), and backward counts as twice the forward, which is what
+    FlopCounterMode counts for matmuls and convolutions; a sharded one (fsdp, deepspeed) is rebuilt from
+    ``build`` in fake tensors (shapes only; importing that machinery takes about a second). None where
+    neither works (e.g. the loss reads a value)."""
+    from trainscale.observe.flops import count_step_flops
+
+    plain = all(type(p.data) is torch.Tensor and p.numel() > 0 and not hasattr(p, "ds_id")
+                for p in module.parameters())
+    try:
+        if plain:
+            buffers = {name: b.detach().clone() for name, b in module.named_buffers()}
+            devices = [module_device(module)] if module_device(module).type == "cuda" else []
+            with torch.random.fork_rng(devices=devices), torch.no_grad():
+                forward = count_step_flops(lambda: loss(module, batch))
+            with torch.no_grad():
+                for name, b in module.named_buffers():
+                    b.copy_(buffers[name])
+            return 3 * forward * micro_batches
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.utils._pytree import tree_map
+
+        with torch.random.fork_rng(devices=[]), FakeTensorMode(allow_non_fake_inputs=True) as fake:
+            copy = build()
+            fake_batch = tree_map(lambda t: fake.from_tensor(t) if isinstance(t, torch.Tensor) else t, batch)
+            return count_step_flops(lambda: loss(copy, fake_batch).backward()) * micro_batches
+    except Exception:  # counting is a nicety: a model it cannot count still trains
+        return None
+
+
+def module_device(module: torch.nn.Module) -> torch.device:
+    return next((p.device for p in module.parameters()), torch.device("cpu"))
+
+
+def ddp_timing(model: Any) -> dict[str, float] | None:
+    """DDP's own averages (seconds per iteration over its sampled iterations), with exposed = comm - overlap."""
+    getter = getattr(model, "_get_ddp_logging_data", None)
+    if getter is None:
+        return None
+    try:
+        data = getter()
+    except Exception:
+        return None
+    keys = {"forward_s": "avg_forward_compute_time", "backward_compute_s": "avg_backward_compute_time",
+            "comm_s": "avg_backward_comm_time", "overlap_s": "avg_backward_compute_comm_overlap_time"}
+    if not all(isinstance(data.get(v), int) for v in keys.values()):
+        return None  # fewer iterations than DDP's first sample
+    out = {k: data[v] / 1e9 for k, v in keys.items()}
+    out["exposed_comm_s"] = max(0.0, out["comm_s"] - out["overlap_s"])
+    out["buckets"] = len(str(data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes") or "").split(","))
+    return out
+
+
+def peak_memory(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    try:
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
+    except (ImportError, OSError):
+        return None

@@ -1,0 +1,56 @@
+"""A hung rank on NCCL becomes the named error within the collective timeout + 60 s; the step
+breakdown sees NCCL's communication; epochs are timed with the GPU waited for."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from helpers.gpu import trainscale
+
+CNN = ["--workload", "cnn", "--data", "synthetic", "--samples", "2048", "--batch-size", "32", "--log-every", "0"]
+TIMEOUT_S = 10
+MARGIN_S = 60
+
+
+def test_a_hung_rank_is_named_within_the_timeout_plus_60s(gpus, tmp_path):
+    """Rank 1 stops at step 3; rank 0 is stuck in a CUDA synchronisation (NCCL's all-reduce is
+    asynchronous), where only trainscale's watching heartbeat can name the rank that never came."""
+    gpus.need(2)
+    started = time.monotonic()
+    done = trainscale(tmp_path, "run", "--nproc-per-node", "2", "--log-dir", "logs", *CNN, "--device", gpus.device,
+                      "--epochs", "50", "--timeout", str(TIMEOUT_S), TRAINSCALE_FAULT="hang:rank=1:step=3",
+                      timeout=TIMEOUT_S + MARGIN_S + 300)
+    elapsed = time.monotonic() - started
+    assert done.returncode != 0
+    assert "rank(s) 1 did not arrive" in done.stderr, done.stderr[-4000:]
+    print(f"hang named {elapsed:.1f}s after the launch started (timeout {TIMEOUT_S}s; start-up included)")
+    # The launch's start-up (CUDA and NCCL initialisation, the first steps) comes on top of the promise.
+    assert elapsed < TIMEOUT_S + MARGIN_S + 120
+
+
+def test_the_selftest_measures_the_time_to_the_named_error(gpus, tmp_path):
+    """Measured inside the rank from the moment the hung step begins: within timeout + 60 s."""
+    gpus.need(2)
+    done = trainscale(tmp_path, "selftest", "--nproc", "2", "--device", gpus.device, "--hang-timeout",
+                      str(TIMEOUT_S), "--skip", "all-reduce,equivalence,strategies,resume,breakdown,binding",
+                      "--out", "st")
+    rows = {c["name"]: c for c in json.loads((tmp_path / "st" / "selftest.json").read_text())["checks"]}
+    hang = rows["hang"]
+    assert hang["status"] == "pass", hang
+    assert TIMEOUT_S <= hang["detail"]["seconds"] <= TIMEOUT_S + MARGIN_S
+    assert done.returncode == 0
+
+
+def test_the_breakdown_counts_nccl_communication(gpus, tmp_path):
+    gpus.need(2)
+    done = trainscale(tmp_path, "run", "--nproc-per-node", "2", "--log-dir", "logs", *CNN, "--device", gpus.device,
+                      "--epochs", "1", "--breakdown", "--metrics-out", "m.json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    epoch = json.loads((tmp_path / "m.json").read_text())["epochs"][0]
+    b = epoch["breakdown"]
+    print(f"breakdown: {b}")
+    assert b["communication_total"] > 0 and b["buckets"] >= 1
+    timed = b["data"] + b["compute"] + b["communication"] + b["optimizer"]
+    # The sections are synchronised; the epoch clock waits for the GPU too: the sections fit in the epoch.
+    assert 0 < timed <= epoch["time_s"] * 1.05

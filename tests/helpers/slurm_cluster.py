@@ -1,0 +1,178 @@
+"""The local 2-node SLURM test cluster (tests/slurm/cluster.sh) as a session fixture, shared by every
+test directory that needs it (tests/slurm, tests/conformance): registered in tests/conftest.py.
+
+The session fixture ``slurm_cluster`` starts the cluster when it is not up, puts ``SLURM_CONF`` into
+``os.environ`` for its lifetime, and stops the cluster at the end when a test session started it and
+no other test session still uses it (several sessions may share the one cluster, each holding a
+lease file). A cluster someone started by hand is left running; so is any cluster when
+``TRAINSCALE_TEST_CLUSTER_KEEP=1``.
+
+If the cluster cannot be started (not root, no apt, install failure) the fixture fails with the
+reason when ``CI=true`` and skips otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parents[1] / "slurm"
+CLUSTER_SH = HERE / "cluster.sh"
+DEFAULT_DIR = "/tmp/trainscale-slurm"
+UP_TIMEOUT_S = 900  # includes apt-get install on a fresh machine
+TERMINAL_STATES = frozenset(
+    {
+        "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
+        "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT",
+    }
+)
+
+
+@dataclass(frozen=True)
+class SlurmCluster:
+    """A running test cluster and how to talk to it."""
+
+    dir: Path
+    """The cluster directory (slurm.conf, log/, state/, spool/)."""
+    env: dict[str, str]
+    """Variables a SLURM client needs, e.g. {"SLURM_CONF": ".../slurm.conf"}."""
+    nodes: tuple[str, ...] = ("n1", "n2")
+    """Node names, in order; the first is the master address of a 2-node job."""
+    partition: str = "debug"
+    """The default partition, holding all nodes."""
+    cpus_per_node: int = 4
+    """CPUs each node declares (more than the machine has: config_overrides)."""
+    log_dir: Path = field(init=False)
+    """Daemon logs: slurmctld.log, slurmd-n1.log, slurmd-n2.log, jobcomp.txt."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "log_dir", self.dir / "log")
+
+    def run(self, *args: str, timeout: float = 30, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run a SLURM client command (sbatch, squeue, ...) against this cluster."""
+        return subprocess.run(
+            list(args), env={**os.environ, **self.env}, capture_output=True, text=True,
+            timeout=timeout, check=check,
+        )
+
+    def submit(self, script: Path, *sbatch_args: str) -> str:
+        """sbatch --parsable SCRIPT from the script's directory; returns the job id."""
+        proc = self.run("sbatch", "--parsable", f"--chdir={script.parent}", *sbatch_args, str(script))
+        return proc.stdout.strip().split(";")[0]
+
+    def job_fields(self, job_id: str) -> dict[str, str]:
+        """`scontrol show job -o` as a dict (finished jobs stay MinJobAge=600 s)."""
+        out = self.run("scontrol", "show", "job", "-o", job_id).stdout
+        return dict(re.findall(r"(\S+?)=(\S*)", out))
+
+    def job_state(self, job_id: str) -> str:
+        return self.job_fields(job_id)["JobState"]
+
+    def wait_state(self, job_id: str, states: frozenset[str] | set[str], timeout: float = 120) -> str:
+        """Poll until the job is in one of STATES; fail with its fields after TIMEOUT s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self.job_state(job_id)
+            if state in states:
+                return state
+            if time.monotonic() > deadline:
+                pytest.fail(f"job {job_id} still {state} after {timeout}s (waiting for {sorted(states)}): "
+                            f"{self.job_fields(job_id)}; logs in {self.log_dir}")
+            time.sleep(0.2)
+
+    def wait_done(self, job_id: str, timeout: float = 120) -> str:
+        """Poll until the job has ended; returns its final state.
+
+        The timeout is generous because other test sessions may share the cluster
+        and hold its CPUs for a while."""
+        return self.wait_state(job_id, TERMINAL_STATES, timeout)
+
+
+def _cluster_dir() -> Path:
+    return Path(os.environ.get("TRAINSCALE_TEST_CLUSTER_DIR", DEFAULT_DIR))
+
+
+def _cluster_sh(command: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(CLUSTER_SH), command], capture_output=True, text=True, timeout=timeout)
+
+
+@contextlib.contextmanager
+def _leases_locked(cluster_dir: Path) -> Iterator[Path]:
+    leases = cluster_dir / "leases"
+    leases.mkdir(parents=True, exist_ok=True)
+    with open(cluster_dir / "leases.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield leases
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _live_leases(leases: Path) -> list[Path]:
+    live = []
+    for lease in leases.iterdir():
+        if lease.name.isdigit() and _pid_alive(int(lease.name)):
+            live.append(lease)
+        else:
+            lease.unlink(missing_ok=True)  # a session that died without teardown
+    return live
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"SLURM test cluster unavailable (CI=true, so this is an error): {reason}")
+    pytest.skip(f"SLURM test cluster unavailable: {reason}")
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[SlurmCluster]:
+    cluster_dir = _cluster_dir()
+    if os.name != "posix" or os.geteuid() != 0:
+        _unavailable(f"{CLUSTER_SH} needs root (slurmd runs jobs as their user)")
+    started_marker = cluster_dir / "started-by-tests"
+    lease = None
+    with _leases_locked(cluster_dir) as leases:
+        if _cluster_sh("check", timeout=30).returncode != 0:
+            t0 = time.monotonic()
+            proc = _cluster_sh("up", timeout=UP_TIMEOUT_S)
+            if proc.returncode != 0:
+                _unavailable(f"`{CLUSTER_SH} up` exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+            started_marker.touch()
+            print(f"SLURM test cluster started in {time.monotonic() - t0:.1f}s; {proc.stdout.strip()}")
+        lease = leases / str(os.getpid())
+        lease.touch()
+    env = {"SLURM_CONF": str(cluster_dir / "slurm.conf")}
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        yield SlurmCluster(dir=cluster_dir, env=env)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        with _leases_locked(cluster_dir) as leases:
+            lease.unlink(missing_ok=True)
+            keep = os.environ.get("TRAINSCALE_TEST_CLUSTER_KEEP") == "1"
+            if not _live_leases(leases) and started_marker.exists() and not keep:
+                proc = _cluster_sh("down", timeout=120)
+                started_marker.unlink(missing_ok=True)
+                if proc.returncode != 0:
+                    pytest.fail(f"`{CLUSTER_SH} down` exited {proc.returncode}:\n{proc.stderr[-3000:]}")

@@ -1,0 +1,117 @@
+"""The watching heartbeat that names a hung rank on NCCL, where the waiting rank's main thread is stuck
+in a CUDA synchronisation that no Python exception reaches.
+
+Here on gloo ranks the main thread's wait is a plain Event standing in for ``torch.cuda.synchronize``
+(the one narrow fake); the store, the ranks, the progress records and the detection are real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from datetime import timedelta
+
+from helpers.multiproc import run_on_ranks
+
+TIMEOUT_S = 2.0
+WAIT = timedelta(seconds=10 * TIMEOUT_S + 30)  # bounds on the test's own waits, so a failing test ends
+
+
+def stalled_rank_zero() -> dict:
+    import trainscale
+    import torch
+    import torch.distributed as dist
+    from trainscale.runtime.progress import ProgressTracker
+
+    with trainscale.init(timeout_s=TIMEOUT_S, set_threads=False) as rt:
+        store = dist.distributed_c10d._get_default_store()
+        found: dict = {}
+        unstuck = threading.Event()
+
+        def on_hang(error) -> None:  # instead of ending the process: record and release the main thread
+            found["message"] = str(error)
+            unstuck.set()
+
+        rt._progress = ProgressTracker(rt, watch=True, on_hang=on_hang)
+        with rt.guard(0):
+            t = torch.ones(1)
+            dist.all_reduce(t)  # step 0 completes on both ranks
+        if rt.rank == 0:
+            with rt.guard(1):
+                # NCCL would have queued the all-reduce and returned; the main thread then blocks in a
+                # device synchronisation until the peer arrives. Bounded, so a failing test ends.
+                unstuck.wait(WAIT.total_seconds())
+            store.set("test/released", "1")
+        else:
+            store.wait(["test/released"], WAIT)  # rank 1 "hangs": it never enters step 1
+        return found
+
+
+def test_a_rank_stuck_where_no_exception_reaches_names_the_missing_rank():
+    results = run_on_ranks(stalled_rank_zero, 2, timeout=120)
+    message = results[0].get("message", "")
+    assert "rank 0: training step (gradient all-reduce) at step 1 did not complete within 2s" in message
+    assert "rank(s) 1 did not arrive" in message and "rank 1: step 0" in message
+    assert results[1] == {}  # the hung rank itself is behind nobody: it does not fire
+
+
+def everyone_in_a_long_step() -> dict:
+    """Both ranks sit in the same step (a long checkpoint or evaluation) past the timeout: no hang."""
+    import trainscale
+    import torch.distributed as dist
+    from trainscale.runtime.progress import ProgressTracker
+
+    with trainscale.init(timeout_s=TIMEOUT_S, set_threads=False) as rt:
+        store = dist.distributed_c10d._get_default_store()
+        found: dict = {}
+        tracker = rt._progress = ProgressTracker(rt, watch=True, on_hang=lambda error: found.update(m=str(error)))
+        looks = threading.Event()
+        original = tracker._read_all
+
+        def read_all():
+            records = original()
+            looks.set()  # the heartbeat has looked at everybody at least once, after the timeout
+            return records
+
+        tracker._read_all = read_all
+        with rt.guard(0):
+            if rt.rank == 0:
+                looks.wait(WAIT.total_seconds())
+                store.set("test/looked", "1")
+            else:
+                store.wait(["test/looked"], WAIT)
+        return found
+
+
+def test_every_rank_in_the_same_long_step_is_not_a_hang():
+    results = run_on_ranks(everyone_in_a_long_step, 2, timeout=120)
+    assert results == {0: {}, 1: {}}
+
+
+def test_ending_the_process_reports_like_an_uncaught_error(tmp_path):
+    """The default action: callbacks, stderr, the launcher's error file (torchelastic's format), exit 1."""
+    error_file, callback_file = tmp_path / "error.json", tmp_path / "callback.txt"
+    script = textwrap.dedent(f"""
+        import datetime
+        from types import SimpleNamespace
+        from trainscale.runtime.progress import CollectiveTimeout, end_process
+
+        error = CollectiveTimeout("rank 0: step 3 did not complete within 5s — rank(s) 1 did not arrive",
+                                  hint="look at the named rank's log")
+        runtime = SimpleNamespace(rank=0, timeout_callbacks=[
+            lambda e: open({str(callback_file)!r}, "w").write(str(e).splitlines()[0])])
+        end_process(runtime, error)
+        print("not reached")
+    """)
+    env = {**os.environ, "TORCHELASTIC_ERROR_FILE": str(error_file)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "not reached" not in done.stdout
+    assert "CollectiveTimeout: rank 0: step 3 did not complete within 5s — rank(s) 1 did not arrive" in done.stderr
+    recorded = json.loads(error_file.read_text())["message"]
+    assert "rank(s) 1 did not arrive" in recorded["message"]
+    assert "CollectiveTimeout" in recorded["extraInfo"]["py_callstack"]
+    assert callback_file.read_text() == "rank 0: step 3 did not complete within 5s — rank(s) 1 did not arrive"

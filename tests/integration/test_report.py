@@ -1,0 +1,158 @@
+"""`trainscale report` end to end: 2 real gloo ranks record their steps (rank 1's loader is slow), the
+node's sampler and rank 0's straggler watch run beside them, the report names the straggler and its
+cause, and headless Chromium (Debian's) opens the page from disk with no network: every plot loads,
+no script error, and a screenshot is written."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT = textwrap.dedent("""
+    import os, time
+    import torch
+    import trainscale
+    from trainscale.observe.flops import count_step_flops, mfu, peak_for
+    from trainscale.observe.records import RankRecorder
+    from trainscale.observe.sampler import start_sampler
+    from trainscale.observe.stragglers import StragglerWatch
+
+    run_dir = os.environ["TRAINSCALE_RUN_DIR"]
+    with trainscale.init(device="cpu", seed=0) as rt:
+        rec = RankRecorder(run_dir, rt.rank, flush_every=10, flush_after_s=0.5, world_size=rt.world_size)
+        sampler = start_sampler(run_dir, local_rank=rt.local_rank)
+        watch = StragglerWatch(run_dir, say=print, every_s=0.3, window=15).start() if rt.is_main else None
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(256, 256))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        x = torch.randn(32, 256)
+        flops = count_step_flops(lambda: model.module(x).sum().backward())
+        for step in range(60):
+            t0 = time.perf_counter()
+            time.sleep(0.03 if rt.rank == 1 else 0.002)  # this rank's data loader is the slow one
+            t1 = time.perf_counter()
+            loss = model(x).pow(2).mean()
+            t_forward = time.perf_counter()  # this rank's own work; backward waits in DDP's all-reduce
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            t2 = time.perf_counter()
+            rec.step(step, t2 - t0, data_s=t1 - t0, compute_s=t_forward - t1, comm_s=t2 - t_forward, samples=32)
+        if watch is not None:
+            watch.check()
+            watch.stop()
+        if sampler is not None:
+            sampler.sample()
+            sampler.stop()
+        peak = peak_for(rt.device, torch.float32)
+        rec.summary(mfu=mfu(flops, t2 - t0, peak.flops), flops_per_step=flops, peak_flops=peak.flops)
+        rec.close()
+""")
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    if shutil.which("chromium") is None:
+        done = subprocess.run(["bash", str(ROOT / ".ci" / "install-browser.sh")], capture_output=True, text=True,
+                              timeout=900)
+        if done.returncode != 0:
+            if os.environ.get("CI", "").lower() == "true":
+                pytest.fail(f"chromium unavailable: {done.stderr.strip()}")
+            pytest.skip(f"chromium unavailable: {done.stderr.strip()}")
+    return shutil.which("chromium")
+
+
+def browse(chromium: str, page: Path, profile: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    # As the machine's probe runs it: headless, no sandbox (root), no network chatter, a fresh profile.
+    flags = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={profile}", "--virtual-time-budget=5000", "--window-size=1100,2400"]
+    return subprocess.run([chromium, *flags, *extra, page.as_uri()], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.slow
+def test_report_names_the_straggler_and_renders_in_a_browser(tmp_path, chromium):
+    script = tmp_path / "observed.py"
+    script.write_text(SCRIPT)
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "TRAINSCALE_RUN_DIR": str(run_dir), "TRAINSCALE_SAMPLE_INTERVAL": "0.2", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "trainscale", "run", "--nproc-per-node", "2", "--log-dir",
+                           str(tmp_path / "logs"), str(script)], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"trainscale: straggler: rank 1 on \S+ was \d+% slower .*: data wait", done.stdout), done.stdout
+
+    report = subprocess.run([sys.executable, "-m", "trainscale", "report", str(run_dir)], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stderr
+    assert re.search(r"\[problem\] rank 1 on \S+ was \d+% slower: data wait", report.stdout), report.stdout
+    assert "model FLOPs utilisation" in report.stdout
+    page = run_dir / "report" / "report.html"
+    assert page.exists() and (run_dir / "report" / "step-time.png").exists()
+
+    dom = browse(chromium, page, tmp_path / "chrome", "--dump-dom")
+    assert dom.returncode == 0, dom.stderr
+    body = re.search(r"<body[^>]*>", dom.stdout).group(0)
+    assert 'data-report="ok"' in body and 'data-errors=""' in body, body
+    plots = int(re.search(r'data-plots="(\d+)"', body).group(1))
+    assert plots >= 3, body  # step time, time shares, utilisation over time
+    shot = run_dir / "report" / "screenshot.png"
+    taken = browse(chromium, page, tmp_path / "chrome", f"--screenshot={shot}")
+    assert taken.returncode == 0 and shot.stat().st_size > 20_000, taken.stderr
+    print(f"\n[report] screenshot of the report page: {shot}")
+
+
+@pytest.mark.slow
+def test_the_training_loop_records_itself_unless_told_not_to(tmp_path):
+    import json
+
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from trainscale.workloads.cnn import CNN
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINSCALE_")}
+    argv = [sys.executable, "-m", "trainscale", "run", "--nproc-per-node", "2", "--workload", "cnn", "--epochs", "1",
+            "--log-every", "0"]
+    done = subprocess.run([*argv[:6], "--log-dir", str(tmp_path / "logs"), *argv[6:]], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    (run_dir,) = [d for d in (tmp_path / "logs").iterdir() if (d / "metrics").is_dir()]  # beside torch's log dir
+    metrics = run_dir / "metrics"
+    ranks = {r: [json.loads(line) for line in (metrics / f"rank-{r}.jsonl").read_text().splitlines()] for r in (0, 1)}
+    for rank, records in ranks.items():
+        meta, steps = records[0], [r for r in records if r["kind"] == "step"]
+        assert (meta["kind"], meta["rank"], meta["workload"], meta["strategy"]) == ("meta", rank, "cnn", "ddp")
+        assert [s["step"] for s in steps] == list(range(1, len(steps) + 1)) and len(steps) > 20
+        for s in steps:
+            phases = s["data_s"] + s["compute_s"] + s["backward_s"] + s["optimizer_s"]
+            assert s["samples"] == 16 and 0 < phases <= s["step_s"] * 1.0001
+        epoch = next(r for r in records if r["kind"] == "epoch")
+        assert epoch["ddp"]["comm_s"] > 0 and epoch["ddp"]["buckets"] >= 1  # DDP's own timing
+        summary = records[-1]
+        assert summary["kind"] == "summary" and summary["steps_recorded"] == len(steps)
+        assert 0 < summary["mfu"] < 1 and summary["peak_mem_bytes"] > 0
+    # a step's FLOPs: three times the forward's (backward is twice the forward for convolutions and matmuls)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        CNN()(torch.zeros(16, 1, 28, 28))
+    assert ranks[0][-1]["flops_per_step"] == 3 * counter.get_total_flops()
+    assert list(metrics.glob("node-*.jsonl")), "local rank 0 samples its node"
+
+    report = subprocess.run([sys.executable, "-m", "trainscale", "report", str(run_dir), "--text"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0 and re.search(r"^1\s+\S+\s+\d+", report.stdout, re.M), report.stdout
+    assert "backward  optimizer  comm" in report.stdout
+
+    quiet = subprocess.run([*argv[:6], "--log-dir", str(tmp_path / "quiet"), *argv[6:], "--max-steps", "5"],
+                           env={**env, "TRAINSCALE_RECORD": "0"}, cwd=tmp_path, capture_output=True, text=True,
+                           timeout=300)
+    assert quiet.returncode == 0, quiet.stderr
+    assert not list((tmp_path / "quiet").glob("*/metrics"))

@@ -1,0 +1,176 @@
+"""Stock site containers on the real 2-node SLURM test cluster: an image with Python and torch but no
+trainscale (tests/helpers/container_image.py), run by a singularity-compatible command over a real
+bubblewrap sandbox (tests/containers/singularity) in which the project's venv is not visible.
+
+Both launch modes, a torchrun-style and a SLURM-style course script (tests/conformance/scripts),
+`exec` with an in-container set-up line and `run` through the image's runscript, a host set-up line,
+a per-job bind; an image that cannot run the job fails in its first seconds naming image and fix,
+and the probe says so before submission. The profile is a user profile that extends local-test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers.container_image import build_image
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIM = ROOT / "tests" / "containers"
+SCRIPTS = ROOT / "tests" / "conformance" / "scripts"
+INSTALL = ROOT / ".ci" / "install-sandbox.sh"
+PROFILE = """extends = "local-test"
+description = "the local test cluster, with the test sandbox as singularity"
+
+[container]
+runtime = "singularity"
+"""
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory):
+    if shutil.which("bwrap") is None:
+        done = subprocess.run(["bash", str(INSTALL)], capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            reason = f"bubblewrap unavailable: {done.stderr.strip()}"
+            if os.environ.get("CI", "").lower() == "true":
+                pytest.fail(reason)
+            pytest.skip(reason)
+    root = tmp_path_factory.mktemp("containers")
+    t0 = time.monotonic()
+    image = build_image(root / "pytorch-stock")
+    print(f"\n[containers] image built in {time.monotonic() - t0:.1f}s: {image}")
+    (root / "config" / "profiles").mkdir(parents=True)
+    (root / "config" / "profiles" / "local-test-containers.toml").write_text(PROFILE)
+    return {"image": image, "config": root / "config"}
+
+
+def env_for(sandbox, tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "PATH": f"{SHIM}{os.pathsep}{os.environ['PATH']}", "TRAINSCALE_CONFIG_DIR": str(sandbox["config"]),
+            "TRAINSCALE_STATE_DIR": str(tmp_path / "state")}
+
+
+def trainscale(sandbox, tmp_path: Path, *argv: str, timeout: float = 280) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "trainscale", *argv], env=env_for(sandbox, tmp_path), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def job_args(sandbox, tmp_path: Path, launcher: str, *extra: str) -> list[str]:
+    return ["slurm", "--profile", "local-test-containers", "-N", "2", "--gpus-per-node", "2", "-t", "00:05:00",
+            "--launcher", launcher, "--output-dir", str(tmp_path / "jobs"), "--container", str(sandbox["image"]), *extra]
+
+
+def results(out: Path, world: int) -> list[dict]:
+    found = [json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))]
+    assert sorted(r["rank"] for r in found) == list(range(world)), found
+    for r in found:
+        env = r["env"]
+        assert int(env["RANK"]) == int(env["SLURM_PROCID"]) == r["rank"], env
+        assert int(env["LOCAL_RANK"]) == int(env["SLURM_LOCALID"]) == r["rank"] % 2, env
+        assert int(env["NODE_RANK"]) == r["rank"] // 2, env
+        assert not r["trainscale_importable"], "the stock image must not have trainscale"
+    assert len({r["checksum"] for r in found}) == 1, found
+    assert {r["env"]["SLURMD_NODENAME"] for r in found} == {"n1", "n2"}
+    return found
+
+
+def submit_watch(sandbox, tmp_path: Path, launcher: str, *extra: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    t0 = time.monotonic()
+    done = trainscale(sandbox, tmp_path, *job_args(sandbox, tmp_path, launcher, "--submit", "--watch", "--poll", "0.5",
+                                                   "--watch-timeout", "240", *extra))
+    seconds = time.monotonic() - t0
+    print(f"\n[containers] {launcher}: {' '.join(extra[:6])}... ended in {seconds:.1f}s\n{done.stdout[-800:]}")
+    return done, seconds
+
+
+def test_torchrun_mode_exec_with_setup_line_runs_a_slurm_style_script(slurm_cluster, sandbox, tmp_path):
+    """LUMI's older images: `singularity exec IMAGE` needs `$WITH_CONDA` first; the image's own torchrun
+    starts the ranks; seed 004's script reads SLURM_PROCID/SLURM_LOCALID/NODE_RANK; data bound at /data."""
+    data = tmp_path / "data-on-host"
+    data.mkdir()
+    out = tmp_path / "out"
+    done, _ = submit_watch(sandbox, tmp_path, "torchrun", "--container-setup", "$WITH_CONDA",
+                           "--bind", f"{data}:/data", str(SCRIPTS / "ddp_srun_env.py"), "--data", "/data",
+                           "--out", str(out))
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    assert "COMPLETED" in done.stdout
+    results(out, 4)
+    assert (data / "digits.pt").exists()  # written inside the container at /data, the job's own bind
+    batch = next((tmp_path / "jobs").glob("*/*.out")).read_text()
+    assert "-m torch.distributed.run" in next((tmp_path / "jobs").glob("*/job.sbatch")).read_text()
+    assert "master n1:" in batch
+
+
+def test_srun_mode_run_form_with_host_setup_runs_a_torchrun_style_script(slurm_cluster, sandbox, tmp_path):
+    """`singularity run`: the image's runscript sets up its Python; a host set-up line reaches the ranks."""
+    out = tmp_path / "out"
+    done, _ = submit_watch(sandbox, tmp_path, "srun", "--container-run", "--setup", "export JOB_SETUP_MARK=from-setup",
+                           str(SCRIPTS / "ddp_torchrun.py"), "--experiment-dir", str(tmp_path / "exp"),
+                           "--out", str(out))
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    found = results(out, 4)
+    assert {r["env"]["JOB_SETUP_MARK"] for r in found} == {"from-setup"}
+    assert "singularity run" in next((tmp_path / "jobs").glob("*/job.sbatch")).read_text()
+
+
+def test_image_without_torch_fails_in_its_first_seconds_naming_image_and_fix(slurm_cluster, sandbox, tmp_path):
+    """`exec` without the image's set-up finds a Python without torch. The probe refuses it before
+    submission; submitted anyway, the job stops at its first step with the same diagnosis."""
+    refused = trainscale(sandbox, tmp_path, *job_args(sandbox, tmp_path, "srun", "--dry-run",
+                                                      str(SCRIPTS / "ddp_torchrun.py")), timeout=120)
+    assert refused.returncode == 2
+    assert re.search(r"error: python3 in .*pytorch-stock \(Python [\d.]+\) cannot import torch", refused.stderr), \
+        refused.stderr
+    assert "--container-setup" in refused.stderr
+    # what --submit would have sent, submitted without trainscale's checks
+    from trainscale.launch.slurm import SlurmJobSpec, resolve
+    from trainscale.launch.slurm.job import prepare_run
+    from trainscale.profiles import load_profile
+
+    jobs = tmp_path / "jobs"
+    spec = SlurmJobSpec(script=str(SCRIPTS / "ddp_torchrun.py"), args=("--experiment-dir", "e", "--out", "o"),
+                        profile="local-test", nodes=2, gpus_per_node=2, time="00:05:00", launcher="srun",
+                        container=str(sandbox["image"]), output_dir=jobs)
+    plan, script = prepare_run(spec, load_profile("local-test"), resolve(spec, load_profile("local-test")))
+    env = env_for(sandbox, tmp_path)
+    t0 = time.monotonic()
+    job_id = subprocess.run(["sbatch", "--parsable", str(script)], env=env, capture_output=True, text=True,
+                            check=True, cwd=tmp_path).stdout.strip().split(";")[0]
+    state = slurm_cluster.wait_done(job_id, timeout=120)
+    seconds = time.monotonic() - t0
+    print(f"\n[containers] broken image: job {job_id} {state} after {seconds:.1f}s")
+    assert state == "FAILED"
+    text = (plan.run_dir / f"{job_id}.out").read_text()
+    assert f"trainscale: error: the image {sandbox['image']} cannot run this job" in text
+    assert "cannot import torch" in text and "hint:" in text and "--container-setup" in text
+    assert not list(plan.run_dir.glob(f"{job_id}/rank-*.out"))  # no rank was started
+
+
+def test_probe_names_a_missing_python_and_a_missing_trainscale(sandbox, tmp_path):
+    missing = trainscale(sandbox, tmp_path, *job_args(sandbox, tmp_path, "srun", "--python", "/opt/venv/bin/python",
+                                                      "--dry-run", str(SCRIPTS / "ddp_torchrun.py")), timeout=120)
+    assert missing.returncode == 2 and "/opt/venv/bin/python cannot be run inside" in missing.stderr, missing.stderr
+    workload = trainscale(sandbox, tmp_path, *job_args(sandbox, tmp_path, "srun", "--container-setup", "$WITH_CONDA",
+                                                       "--dry-run", "--workload", "cnn"), timeout=120)
+    assert workload.returncode == 2 and "cannot import trainscale" in workload.stderr, workload.stderr
+    assert "--system-site-packages" in workload.stderr and "--python VENV/bin/python" in workload.stderr
+    fine = trainscale(sandbox, tmp_path, *job_args(sandbox, tmp_path, "torchrun", "--python", "/opt/python/bin/python3",
+                                                   "--dry-run", str(SCRIPTS / "ddp_torchrun.py")), timeout=120)
+    assert fine.returncode == 0, fine.stderr
+
+
+def test_a_missing_module_system_is_a_clear_job_error(slurm_cluster, sandbox, tmp_path):
+    done = trainscale(sandbox, tmp_path, "slurm", "--profile", "local-test", "-N", "1", "-t", "00:05:00",
+                      "--output-dir", str(tmp_path / "jobs"), "--python", sys.executable,
+                      "--module", "load PyTorch/2.1.2-foss-2023a-CUDA-12.1.1", "--submit", "--watch", "--poll", "0.5",
+                      "--watch-timeout", "120", str(SCRIPTS / "ddp_torchrun.py"), "--experiment-dir", "e", "--out", "o")
+    assert done.returncode == 1 and "FAILED" in done.stdout, done.stdout + done.stderr
+    assert "this job loads modules, but there is no `module` command on" in done.stdout

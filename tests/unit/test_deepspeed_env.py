@@ -1,0 +1,68 @@
+"""What DeepSpeed is told before it is imported: its accelerator and LOCAL_RANK as the GPU index.
+Plain data in, variables out; DeepSpeed itself runs in tests/integration/test_strategies_deepspeed.py."""
+
+from __future__ import annotations
+
+import importlib.util
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
+
+
+def _rank(device: str, local_rank: int):
+    return SimpleNamespace(device=torch.device(device), local_rank=local_rank)
+
+
+def test_one_gpu_per_task_gives_deepspeed_the_gpu_index_not_the_local_rank():
+    """srun task with local rank 3 and one visible GPU: DeepSpeed would set_device(3), an invalid ordinal."""
+    from trainscale.strategies.deepspeed import prepare_environment
+
+    environ = {"LOCAL_RANK": "3", "TORCH_EXTENSIONS_DIR": "/x"}
+    notes = prepare_environment(_rank("cuda:0", 3), environ)
+    assert environ["LOCAL_RANK"] == "0"
+    assert notes == ["LOCAL_RANK=0 for DeepSpeed, which takes it as the GPU index (cuda:0; local rank 3)"]
+    assert "DS_ACCELERATOR" not in environ  # a GPU run leaves DeepSpeed's own accelerator choice alone
+
+
+def test_a_single_plain_python_process_gets_the_local_rank_deepspeed_asserts():
+    from trainscale.strategies.deepspeed import prepare_environment
+
+    for device in ("cpu", "cuda:0"):
+        environ = {"TORCH_EXTENSIONS_DIR": "/x"}
+        prepare_environment(_rank(device, 0), environ)
+        assert environ["LOCAL_RANK"] == "0"
+
+
+def test_all_gpus_visible_keeps_the_local_rank_which_is_the_index():
+    from trainscale.strategies.deepspeed import prepare_environment
+
+    environ = {"LOCAL_RANK": "2", "TORCH_EXTENSIONS_DIR": "/x"}
+    assert prepare_environment(_rank("cuda:2", 2), environ) == [] and environ["LOCAL_RANK"] == "2"
+
+
+def test_mpi_local_rank_is_aligned_since_deepspeed_asserts_both_agree():
+    from trainscale.strategies.deepspeed import prepare_environment
+
+    environ = {"LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "1", "TORCH_EXTENSIONS_DIR": "/x"}
+    prepare_environment(_rank("cuda:0", 1), environ)
+    assert environ["LOCAL_RANK"] == environ["OMPI_COMM_WORLD_LOCAL_RANK"] == "0"
+
+
+def test_device_cpu_on_a_gpu_node_selects_deepspeeds_cpu_accelerator():
+    from trainscale.strategies.deepspeed import prepare_environment
+
+    environ = {"DS_ACCELERATOR": "cuda", "TORCH_EXTENSIONS_DIR": "/x", "LOCAL_RANK": "0"}
+    notes = prepare_environment(_rank("cpu", 0), environ)
+    assert environ["DS_ACCELERATOR"] == "cpu" and any("DS_ACCELERATOR=cpu" in n for n in notes)
+
+
+def test_extensions_are_cached_under_trainscale_unless_set(monkeypatch, tmp_path):
+    from trainscale.strategies.deepspeed import prepare_environment
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    environ = {"LOCAL_RANK": "0", "DS_ACCELERATOR": "cpu"}
+    prepare_environment(_rank("cpu", 0), environ)
+    assert environ["TORCH_EXTENSIONS_DIR"] == str(tmp_path / ".cache" / "trainscale" / "torch_extensions")

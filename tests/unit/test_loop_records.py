@@ -1,0 +1,116 @@
+"""The training loop's own records (train/observing.py): step phases, FLOPs counted without touching the run,
+DDP's timing, the network check, and the switch."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from trainscale.errors import ConfigError
+from trainscale.train.observing import Observer, StepMarks, ddp_timing, step_flops
+
+NCCL = __import__("pathlib").Path(__file__).resolve().parents[1] / "fixtures" / "nccl"
+
+
+def test_step_marks_add_repeated_phases_and_need_no_device_sync():
+    marks = StepMarks(torch.device("cpu"))
+    clock = iter([0.0, 0.1, 0.3, 0.6, 0.7, 0.8, 1.0, 1.3, 1.4])  # two micro-batches
+    marks._now = lambda: next(clock)
+    marks.start()
+    for phase in ("data", "compute", "backward", "optimizer") * 2:
+        marks.mark(phase)
+    marks.end(step=1, samples=32)
+    (record,) = marks.ready()
+    assert record["step"] == 1 and record["samples"] == 32
+    assert record["step_s"] == pytest.approx(1.4)
+    assert record["data_s"] == pytest.approx(0.1 + 0.1) and record["compute_s"] == pytest.approx(0.2 + 0.2)
+    assert record["backward_s"] == pytest.approx(0.3 + 0.3) and record["optimizer_s"] == pytest.approx(0.1 + 0.1)
+    assert marks.ready() == []
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(64, 32)
+        self.bn = nn.BatchNorm1d(32)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(self.bn(self.fc(x)))
+
+
+def _loss(model, batch):
+    return model(batch[0].to("cpu")).pow(2).mean()
+
+
+def test_step_flops_leave_the_run_untouched_and_match_torchs_count():
+    torch.manual_seed(0)
+    model, batch = Net(), (torch.randn(8, 64),)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.random.get_rng_state()
+    flops = step_flops(model, Net, _loss, batch, micro_batches=2)
+    assert torch.equal(rng, torch.random.get_rng_state())  # dropout drew from a forked generator
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # BN statistics restored
+    assert all(p.grad is None for p in model.parameters())
+    with FlopCounterMode(display=False) as forward, torch.no_grad():
+        _loss(Net(), batch)
+    assert flops == 2 * 3 * forward.get_total_flops()  # per micro-batch: forward + backward as twice the forward
+
+    # a sharded module's parameters are not plain: a fake-tensor copy built from the task is counted exactly
+    # (here the first layer needs no input gradient, so backward is one matmul, not two)
+    with FlopCounterMode(display=False) as exact:
+        _loss(Net(), batch).backward()
+    model.fc.weight.ds_id = 0
+    assert step_flops(model, Net, _loss, batch) == exact.get_total_flops() == 2 * forward.get_total_flops()
+    assert step_flops(model, Net, lambda m, b: m(b[0]).sum().item(), batch) is None  # reads a value: not countable
+
+
+def test_ddp_timing_reads_torchs_own_averages():
+    data = {"avg_forward_compute_time": 2_000_000, "avg_backward_compute_time": 5_000_000,
+            "avg_backward_comm_time": 4_000_000, "avg_backward_compute_comm_overlap_time": 1_000_000,
+            "rebuilt_bucket_sizes": "4196352, 4202496"}
+    timing = ddp_timing(types.SimpleNamespace(_get_ddp_logging_data=lambda: data))
+    assert timing == {"forward_s": 0.002, "backward_compute_s": 0.005, "comm_s": 0.004, "overlap_s": 0.001,
+                      "exposed_comm_s": pytest.approx(0.003), "buckets": 2}
+    assert ddp_timing(types.SimpleNamespace(_get_ddp_logging_data=lambda: {})) is None  # before DDP's first sample
+    assert ddp_timing(nn.Linear(2, 2)) is None
+
+
+def _rt(**kw):
+    env = types.SimpleNamespace(run_dir=kw.pop("run_dir", None))
+    base = dict(env=env, device=torch.device("cpu"), rank=0, local_rank=0, world_size=2, is_main=True, backend="nccl",
+                num_nodes=2)
+    return types.SimpleNamespace(**{**base, **kw})
+
+
+def test_records_need_a_run_directory_and_can_be_switched_off(tmp_path):
+    assert not Observer.for_run(_rt()).enabled
+    assert Observer.for_run(_rt(run_dir=str(tmp_path)), environ={}).enabled
+    assert not Observer.for_run(_rt(run_dir=str(tmp_path)), environ={"TRAINSCALE_RECORD": "0"}).enabled
+
+
+@pytest.mark.parametrize("log, required, outcome", [
+    ("lumi-ofi-2nodes.log", False, "ok"),
+    ("lumi-socket-fallback.log", False, "warning"),
+    ("lumi-socket-fallback.log", True, "error"),
+])
+def test_the_network_check_after_the_first_step(tmp_path, capsys, log, required, outcome):
+    environ = {"TRAINSCALE_INTERCONNECT": "ofi", "NCCL_DEBUG_FILE": str(NCCL / log),
+               "TRAINSCALE_INTERCONNECT_REQUIRED": "1" if required else "0"}
+    observer = Observer(_rt(), str(tmp_path), environ=environ)
+    if outcome == "error":
+        with pytest.raises(ConfigError, match="not the cluster's fast network"):
+            observer.check_network()
+    else:
+        observer.check_network()
+    said = capsys.readouterr().err
+    assert ("trainscale: network:" in said) == (outcome != "ok")
+    assert f'"level":"{outcome}"' in (tmp_path / "metrics" / "events.jsonl").read_text()
+    # gloo ranks, one node or no profile expectation: nothing to check
+    Observer(_rt(backend="gloo"), str(tmp_path / "g"), environ=environ).check_network()
+    Observer(_rt(num_nodes=1), str(tmp_path / "one"), environ=environ).check_network()
+    assert not (tmp_path / "g").exists() and not (tmp_path / "one").exists()

@@ -1,0 +1,182 @@
+"""Observability pieces on their own: records, FLOPs and MFU, device sampling, stragglers, the network
+transport NCCL chose (log fixtures), SLURM accounting."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainscale.observe.flops import PEAKS, count_step_flops, cpu_probe, device_key, mfu
+from trainscale.observe.interconnect import arm, judge, parse_nccl_log
+from trainscale.observe.records import RankRecorder, read_run
+from trainscale.observe.sampler import Sampler, interval_from_env
+from trainscale.observe.stragglers import StragglerWatch, find_straggler
+from trainscale.report.gather import parse_sacct, rank_stats
+
+NCCL = Path(__file__).resolve().parents[1] / "fixtures" / "nccl"
+
+
+def test_records_are_json_lines_written_in_blocks(tmp_path):
+    rec = RankRecorder(tmp_path, 3, flush_every=10, world_size=4, device="cpu")
+    path = tmp_path / "metrics" / "rank-3.jsonl"
+    for step in range(9):
+        rec.step(step, 0.01, data_s=0.001, samples=16)
+    assert len(path.read_text().splitlines()) == 1  # only meta so far: steps wait for the block
+    rec.step(9, float("nan"), compute_s=0.005)  # a non-finite number is written as null, not NaN (invalid JSON)
+    assert len(path.read_text().splitlines()) == 11
+    rec.summary(mfu=0.1)
+    rec.close()
+    run = read_run(tmp_path)
+    records = run["ranks"][3]
+    assert records[0]["kind"] == "meta" and records[0]["world_size"] == 4 and records[0]["cpus"]
+    assert records[10]["step_s"] is None and records[-1] == {**records[-1], "kind": "summary", "mfu": 0.1}
+    with open(path, "a") as fh:
+        fh.write('{"kind": "step", "step": 10')  # cut by a crash: skipped, the rest readable
+    assert len(read_run(tmp_path)["ranks"][3]) == len(records)
+
+
+def test_flops_of_a_step_and_mfu():
+    model = torch.nn.Linear(64, 32)
+    x = torch.randn(8, 64)
+
+    def step():
+        model(x).sum().backward()
+
+    flops = count_step_flops(step)
+    assert flops == 2 * (2 * 8 * 64 * 32)  # the forward matmul and the weight gradient's (x needs no gradient)
+    assert mfu(flops, 0.001, 1e9) == pytest.approx(flops / 0.001 / 1e9)
+    assert mfu(flops, 0.0, 1e9) is None and mfu(flops, 1.0, 0.0) is None
+    assert cpu_probe(size=64, seconds=0.05) > 1e6  # some MFLOP/s, whatever the machine
+    assert device_key("NVIDIA H100 80GB HBM3") == "H100" and device_key("AMD Instinct MI250X") == "MI250X"
+    assert device_key("NVIDIA GeForce RTX 4090") is None and PEAKS["A100"]["bf16"] == 312e12
+
+
+def test_sampler_reads_this_nodes_ranks_and_gpus_through_its_seam(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINSCALE_SAMPLE_INTERVAL", "0")
+    assert interval_from_env() == 0.0
+    monkeypatch.setenv("TRAINSCALE_SAMPLE_INTERVAL", "bad")
+    assert interval_from_env() == 5.0
+    gpus = [{"index": 0, "util_pct": 87, "mem_used": 2**30, "mem_total": 2**34, "power_w": 350.0}]
+    sampler = Sampler(tmp_path, interval_s=0.05, gpu_reader=lambda: gpus)
+    sample = sampler.sample()
+    assert sample["gpus"] == gpus and sample["procs"][0]["pid"] == os.getpid() and sample["procs"][0]["rss"] > 0
+    sampler.start()
+    from helpers.cli import wait_for
+
+    wait_for(lambda: sampler.samples >= 3, 30, "three samples from the thread")
+    sampler.stop()
+    lines = next((tmp_path / "metrics").glob("node-*.jsonl")).read_text().splitlines()
+    assert len(lines) >= 3 and json.loads(lines[-1])["kind"] == "sample"
+
+
+def _ranks(slow: int | None, *, data: bool, n: int = 45, slow_from: int = 0) -> dict[int, list[dict]]:
+    out = {}
+    for rank in range(4):
+        meta = {"kind": "meta", "rank": rank, "node": f"n{rank // 2 + 1}", "cpus": [2 * rank, 2 * rank + 1]}
+        steps = []
+        for step in range(n):
+            extra = 0.03 if rank == slow and step >= slow_from else 0.0
+            steps.append({"kind": "step", "step": step, "step_s": 0.1, "data_s": 0.01 + (extra if data else 0.0),
+                          "compute_s": 0.05 + (0.0 if data else extra)})
+        out[rank] = [meta, *steps]
+    return out
+
+
+def test_straggler_named_with_its_cause():
+    assert find_straggler(_ranks(None, data=True)) is None
+    assert find_straggler(_ranks(2, data=True), window=30) is None  # not enough steps yet (two windows)
+    # slow only in the last window: a burst, not yet a straggler; slow in both: named
+    assert find_straggler(_ranks(2, data=True, slow_from=25)) is None
+    assert find_straggler(_ranks(2, data=True, slow_from=5)) is not None
+    found = find_straggler(_ranks(2, data=True))
+    assert (found.rank, found.host) == (2, "n2") and found.slower_by == pytest.approx(0.5)
+    assert found.cause.startswith("data wait")
+    assert "rank 2 on n2 was 50% slower" in found.describe()
+    assert find_straggler(_ranks(1, data=False)).cause.startswith("compute")
+    bound = _ranks(3, data=False)
+    bound[3][0]["cpus"] = [6]  # fewer CPUs than the others
+    assert find_straggler(bound).cause.startswith("CPU binding: it may use 1 CPU(s), the others 2")
+
+
+def test_straggler_watch_says_it_once(tmp_path):
+    for rank, records in _ranks(1, data=True).items():
+        rec = RankRecorder(tmp_path, rank, flush_every=1000, node=records[0]["node"])
+        for r in records[1:]:
+            rec.step(r["step"], r["step_s"], data_s=r["data_s"], compute_s=r["compute_s"])
+        rec.close()
+    said = []
+    watch = StragglerWatch(tmp_path, say=said.append)
+    assert watch.check() is not None and watch.check() is None  # named once
+    assert len(said) == 1 and said[0].startswith("trainscale: straggler: rank 1 on n1 was 50% slower")
+    events = read_run(tmp_path)["events"]
+    assert events[0]["kind"] == "straggler" and events[0]["rank"] == 1
+
+
+@pytest.mark.parametrize("log, networks, missing", [
+    ("lumi-ofi-2nodes.log", ("ofi",), False),
+    ("lumi-socket-fallback.log", ("socket",), True),
+    ("ib-2nodes.log", ("ib",), True),
+    ("single-node.log", (), False),
+])
+def test_transport_read_from_nccl_logs(log, networks, missing):
+    found = parse_nccl_log((NCCL / log).read_text())
+    assert found.networks == networks and found.plugin_missing == missing
+
+
+def test_a_socket_fallback_on_a_fast_network_is_named_with_the_fix():
+    ofi = parse_nccl_log((NCCL / "lumi-ofi-2nodes.log").read_text())
+    socket = parse_nccl_log((NCCL / "lumi-socket-fallback.log").read_text())
+    assert judge(ofi, expected="ofi", multi_node=True).level == "ok"
+    warn = judge(socket, expected="ofi", multi_node=True)
+    assert warn.level == "warning" and "talks over socket, not the cluster's fast network (ofi)" in warn.message
+    assert "plugin could not be loaded" in warn.message and "aws-ofi-rccl" in warn.hint
+    assert judge(socket, expected="ofi", multi_node=True, required=True).level == "error"
+    assert judge(socket, expected="ofi", multi_node=False).level == "ok"  # one node: no network needed
+    assert judge(socket, expected="", multi_node=True).level == "ok"  # the profile expects nothing
+    assert judge(socket, expected="ofi", multi_node=True, backend="gloo").message.startswith("gloo (CPU ranks)")
+
+
+def test_arm_sends_ncclss_lines_to_a_file_unless_the_user_chose(tmp_path):
+    env = {}
+    path = arm(env, tmp_path)
+    assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_SUBSYS"] == "INIT,NET" and env["NCCL_DEBUG_FILE"] == str(path)
+    mine = {"NCCL_DEBUG": "WARN"}
+    assert arm(mine, tmp_path) is None and mine == {"NCCL_DEBUG": "WARN"}
+
+
+def test_sacct_row_and_cpu_efficiency():
+    text = ("4711|COMPLETED|00:10:00|8|00:40:00||2|0:0\n"
+            "4711.batch|COMPLETED|00:10:00|4|00:00:01|200M|1|0:0\n"
+            "4711.0|COMPLETED|00:09:58|8|00:39:59|1.5G|2|0:0\n")
+    row = parse_sacct(text)
+    assert row["State"] == "COMPLETED" and row["cpu_efficiency"] == pytest.approx(0.5)
+    assert row["MaxRSS_bytes"] == int(1.5 * 2**30)
+
+
+def test_rank_stats_from_records():
+    records = _ranks(None, data=True)[0]
+    records.append({"kind": "summary", "mfu": 0.42, "peak_mem_bytes": 2**20})
+    stats = rank_stats(0, records)
+    assert stats.steps == 45 and stats.step_median_s == pytest.approx(0.1) and stats.mfu == 0.42
+    assert stats.shares["data"] == pytest.approx(0.01) and stats.shares["other"] == pytest.approx(0.04)
+    # the loop's own records: backward holds DDP's exposed all-reduce, which DDP measured itself
+    loop = [{"kind": "meta", "rank": 0}, *({"kind": "step", "step": i, "step_s": 0.1, "data_s": 0.01, "compute_s": 0.02,
+                                            "backward_s": 0.05, "optimizer_s": 0.01} for i in range(5)),
+            {"kind": "epoch", "epoch": 1, "ddp": {"exposed_comm_s": 0.03}}]
+    shares = rank_stats(0, loop).shares
+    assert shares["comm"] == pytest.approx(0.03) and shares["backward"] == pytest.approx(0.02)
+    assert shares["other"] == pytest.approx(0.01)
+
+
+def test_report_refuses_what_it_cannot_read(tmp_path):
+    from trainscale.errors import ConfigError
+    from trainscale.report import gather
+
+    with pytest.raises(ConfigError, match="is neither a directory nor a job id"):
+        gather(str(tmp_path / "nowhere"))
+    with pytest.raises(ConfigError, match="holds no run records"):
+        gather(str(tmp_path))

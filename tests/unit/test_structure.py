@@ -1,0 +1,63 @@
+"""The rooms of docs/architecture.md hold: code outside strategies/ never branches on a strategy's name
+or sets a strategy's fields (it asks the protocol), and the checkpoint layout is a leaf module."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import trainscale
+from trainscale.strategies import REGISTRY
+
+PACKAGE = Path(trainscale.__file__).parent
+
+
+def _outside_strategies():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if rel.parts[0] != "strategies":
+            yield rel, ast.parse(path.read_text(), str(path))
+
+
+def _names(node: ast.AST) -> set[str]:
+    """Strategy names written as string constants in ``node`` (alone, or in a tuple/list/set)."""
+    items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+    return {n.value for n in items if isinstance(n, ast.Constant) and n.value in REGISTRY}
+
+
+def _about_a_strategy(node: ast.AST) -> bool:
+    """``strategy.name``, ``opts.strategy``, ``run.strategy_args``, ``spec.split(":")[0]`` of those, ..."""
+    return any(isinstance(n, ast.Attribute) and ("strategy" in n.attr or n.attr == "name")
+               or isinstance(n, ast.Name) and "strategy" in n.id for n in ast.walk(node))
+
+
+def test_nothing_outside_strategies_branches_on_a_strategy_name():
+    found = []
+    for rel, tree in _outside_strategies():
+        for node in ast.walk(tree):
+            compared = []
+            if isinstance(node, ast.Compare):
+                compared = [node.left, *node.comparators]
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                  and node.func.attr in ("startswith", "endswith")):
+                compared = [node.func.value, *node.args]
+            names = set().union(*(_names(n) for n in compared)) if compared else set()
+            if names and any(_about_a_strategy(n) for n in compared if not _names(n)):
+                found.append(f"{rel}:{node.lineno} compares a strategy with {sorted(names)}")
+    assert not found, "ask the strategy protocol instead:\n" + "\n".join(found)
+
+
+def test_nothing_outside_strategies_sets_a_strategys_fields():
+    fields = {"micro_batch_size", "gradient_accumulation_steps", "unit_modules", "sharded_checkpoint", "storage"}
+    found = [f"{rel}:{node.lineno} sets .{target.attr}" for rel, tree in _outside_strategies()
+             for node in ast.walk(tree) if isinstance(node, (ast.Assign, ast.AugAssign))
+             for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+             if isinstance(target, ast.Attribute) and target.attr in fields and _about_a_strategy(target.value)]
+    assert not found, "use strategy.with_batch(...) or the strategy's options:\n" + "\n".join(found)
+
+
+def test_the_checkpoint_layout_is_a_leaf_module():
+    tree = ast.parse((PACKAGE / "checkpoint" / "layout.py").read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not {m for m in imported if m and m.startswith("trainscale")}, imported
