@@ -31,7 +31,8 @@ import torch.distributed as dist
 from trainscale.errors import TrainscaleError
 
 _KEY = "trainscale/progress/{rank}"
-_TIMEOUT_MARKERS = ("Timed out", "timed out", "Timeout", "DistBackendError", "Watchdog caught collective operation timeout")
+_TIMEOUT_MARKERS = ("Timed out", "timed out", "Timeout", "DistBackendError", "Watchdog caught collective operation timeout",
+                    "timeout caused pair closure")  # gloo: a pair an earlier timeout closed (several buckets)
 UNREACHABLE = "unreachable"
 """What :meth:`ProgressTracker.others` records for a rank whose record could not be read (store gone)."""
 
