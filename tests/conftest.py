@@ -17,8 +17,7 @@ _IGNORED = {"KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK", "PYTEST_CURRENT_TEST", "
             "TORCHINDUCTOR_CACHE_DIR"}  # torch.utils.flop_counter's import of inductor sets it
 
 
-@pytest.fixture(autouse=True)
-def _restore_environ():
+def _restored(what: str):
     before = dict(os.environ)
     yield
     after = dict(os.environ)
@@ -26,7 +25,19 @@ def _restore_environ():
     leaked -= _IGNORED
     os.environ.clear()
     os.environ.update(before)
-    assert not leaked, f"test leaked environment variables: {sorted(leaked)}"
+    assert not leaked, f"{what} leaked environment variables: {sorted(leaked)}"
+
+
+@pytest.fixture(autouse=True)
+def _restore_environ():
+    yield from _restored("test")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _restore_environ_per_module():
+    """Module fixtures run outside a test's own check: one that called trainscale.init() in this process
+    once left OMP_NUM_THREADS=2 for every later test, whose 2-rank runs then ran 4 threads on 2 cores."""
+    yield from _restored("a module fixture")
 
 
 @pytest.fixture(autouse=True)

@@ -59,6 +59,8 @@ def test_small_strong_scaling_study_writes_consistent_files(tmp_path):
     assert (two["prediction"]["calibrated_on"], four["prediction"]["calibrated_on"]) == (["4"], ["2"])
     assert (two["prediction"]["contention"], four["prediction"]["contention"]) == (2, 4)  # one rank had every core
     assert four["ranks_per_core"] == max(1.0, 4 / study["environment"]["cores"])
+    cores = study["environment"]["cores"]  # what the ranks recorded they had: all of this machine's cores, shared
+    assert [(r["usable_cpus"], r["threads"]) for r in study["runs"]] == [(cores, max(1, cores // n)) for n in (1, 2, 4)]
     assert study["validation"]["calibrated"] and study["calibration"]["runs"] == ["2", "4"]
     assert study["calibration"]["sections"]["compute"] > 0 and 0 < study["calibration"]["overlap"] <= 1
     assert b["buckets"] == 2 and b["communication_overlapped"] == pytest.approx(

@@ -83,7 +83,10 @@ def _max_rel_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> flo
 
 @pytest.fixture(scope="module")
 def single():
-    return train_with_trainscale()  # world size 1: no process group at all
+    with pytest.MonkeyPatch.context() as mp:  # trainscale.init() sets OMP_NUM_THREADS for this process
+        mp.setenv("OMP_NUM_THREADS", "")  # recorded, so the value init() sets is undone afterwards
+        mp.delenv("OMP_NUM_THREADS")
+        return train_with_trainscale()  # world size 1: no process group at all
 
 
 @pytest.mark.parametrize("world_size", [2, 4])

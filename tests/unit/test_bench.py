@@ -519,3 +519,18 @@ def test_the_achievable_ideal_across_nodes_and_gpus():
     assert cpu[1]["achievable_speedup"] == 2.0  # another node brings its cores
     note = add_achievable(cpu, "1x2", cores_per_node=4, nodes_share_cores=True)  # the local test cluster
     assert cpu[1]["achievable_speedup"] == 1.0 and "the same machine" in cpu[1]["hardware"] and note
+
+
+def test_the_achievable_ideal_believes_what_the_runs_recorded_over_the_profile():
+    """The SLURM test cluster's profile says 4 CPUs per node on a 2-core machine; its runs record 2, and
+    their threads (capped by the job script), so the ideal and the model's sharing come from those."""
+    from trainscale.bench.ideal import add_achievable
+
+    study = _study()  # 1, 2 and 4 CPU ranks on one node
+    for run, threads in zip(study["runs"], (2, 1, 1)):
+        run.update(threads=threads, usable_cpus=2)
+    add_achievable(study["runs"], "1", cores_per_node=4)
+    by = {r["config"]: r for r in study["runs"]}
+    assert [by[c]["compute_units"] for c in ("1", "2", "4")] == [2.0, 2.0, 2.0]
+    assert [by[c]["ranks_per_core"] for c in ("1", "2", "4")] == [1.0, 1.0, 2.0]
+    assert by["1"]["hardware"] == "2 core(s) on 1 node(s) (1 rank(s) x 2 thread(s) per node)"

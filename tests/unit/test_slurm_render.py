@@ -135,7 +135,24 @@ def test_torchrun_mode_one_task_per_node_with_all_its_cpus():
     assert '--rdzv-id "$SLURM_JOB_ID"' in text and "--kill-on-bad-exit=1" in text
     assert "mask_cpu" not in text  # torchrun cannot bind: the workers do, from TRAINSCALE_CPU_BIND
     assert "export TRAINSCALE_CPU_BIND=0:49-55/1:57-63/2:17-23/3:25-31/4:1-7/5:9-15/6:33-39/7:41-47" in text
-    assert "export OMP_NUM_THREADS=7" in text
+    assert _threads_on_a_node(text, node_cpus=128) == 7  # CPUs per rank: 56 / 8
+
+
+@pytest.mark.parametrize("node_cpus, threads", [(128, 7), (56, 7), (16, 2), (4, 1)])
+def test_threads_per_rank_never_outnumber_the_cpus_the_node_gives(node_cpus, threads):
+    """A node that lets the job use fewer CPUs than the profile says (a smaller allocation, a node
+    definition that overstates its cores) gets fewer OpenMP threads, not spin-waiting ones."""
+    spec = SlurmJobSpec(workload="cnn", profile="lumi", nodes=1, time="01:00:00", launcher="srun", python=PY)
+    assert _threads_on_a_node(render(spec, builtin("lumi")), node_cpus) == threads
+
+
+def _threads_on_a_node(text: str, node_cpus: int) -> int:
+    """Run the script's thread lines in bash on a node whose ``nproc`` says ``node_cpus``."""
+    lines = [line for line in text.splitlines() if line.startswith(("OMP_NUM_THREADS=", "export OMP_NUM_THREADS="))]
+    assert len(lines) == 2, lines
+    done = subprocess.run(["bash", "-c", f"nproc() {{ echo {node_cpus}; }}\n" + "\n".join(lines) + '\necho "$OMP_NUM_THREADS"'],
+                          capture_output=True, text=True, check=True)
+    return int(done.stdout)
 
 
 def test_srun_mode_one_task_per_gpu_with_lumi_masks():

@@ -29,13 +29,18 @@ def hardware(run: dict, *, cores_per_node: int, threads_per_rank: int | None = N
     """What ``run`` (a study record: world_size, nodes, nproc_per_node, device) may use.
 
     ``threads_per_rank``: OMP threads each rank runs (None: trainscale's default, cores / ranks per node).
+    A run that recorded its ``threads`` and ``usable_cpus`` (the CPUs its first node's ranks could run on) is taken at
+    its word: a profile may claim more cores than a job's nodes let it use.
     ``nodes_share_cores``: every node is the same machine (the local test cluster).
     """
     nodes = max(1, int(run.get("nodes") or 1))
     per_node = int(run.get("nproc_per_node") or max(1, int(run["world_size"]) // nodes))
     if run.get("device", "cpu") != "cpu":
         return Hardware("gpu", float(run["world_size"]), f"{run['world_size']} GPU(s)")
-    threads = threads_per_rank or max(1, cores_per_node // per_node)
+    # what the run recorded its first node had beats what a profile or this machine says it would
+    if run.get("usable_cpus"):
+        cores_per_node = min(cores_per_node, int(run["usable_cpus"]))
+    threads = int(run.get("threads") or 0) or threads_per_rank or max(1, cores_per_node // per_node)
     on_node = min(cores_per_node, per_node * threads)
     cores = on_node if nodes_share_cores else on_node * nodes
     where = "the same machine" if nodes_share_cores and nodes > 1 else f"{nodes} node(s)"

@@ -60,6 +60,8 @@ def record_from_metrics(metrics: dict, *, global_batch: int) -> dict:
         "accuracy": last.get("accuracy"),
         "breakdown": per_step_breakdown(epochs, step_time),
         "strategy": (metrics.get("options") or {}).get("strategy") or metrics.get("strategy"),
+        "threads": metrics.get("threads"),
+        "usable_cpus": metrics.get("usable_cpus"),
     }
 
 

@@ -32,3 +32,21 @@ def apply_thread_count(local_world_size: int) -> tuple[int, str | None]:
     os.environ["OMP_NUM_THREADS"] = str(count)
     torch.set_num_threads(count)
     return count, f"OMP_NUM_THREADS={count} ({usable_cores()} usable cores / {local_world_size} local rank(s)); set it yourself to override"
+
+
+def node_cpus(runtime) -> int:
+    """CPUs the ranks of rank 0's node can run on, together: the union of their affinities (one
+    all-gather: every rank calls it). Ranks bound to their own cores add up; unbound ranks share the
+    node's. What a job's nodes really give it, which a profile's ``cpus_per_node`` may overstate."""
+    try:
+        mine = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        mine = list(range(os.cpu_count() or 1))
+    if not runtime.is_distributed:
+        return len(mine)
+    import torch.distributed as dist
+
+    rows: list = [None] * runtime.world_size
+    dist.all_gather_object(rows, (runtime.node_rank, mine))
+    node = rows[0][0]
+    return len(set().union(*(set(cpus) for rank_node, cpus in rows if rank_node == node)))

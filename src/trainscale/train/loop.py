@@ -31,6 +31,7 @@ from torch import nn
 from trainscale.checkpoint import Checkpointer, RNGState, atomic_write_text
 from trainscale.errors import CheckpointError, ConfigError
 from trainscale.runtime.memory import report as memory_report
+from trainscale.runtime.threads import node_cpus
 from trainscale.strategies import get_strategy
 from trainscale.strategies.base import OptimizerSource
 from trainscale.train import fault
@@ -312,6 +313,8 @@ class Loop:
                   "device": str(rt.device), "backend": rt.backend, "strategy": strategy.name,
                   "options": asdict(self.opts), "steps": self.step, "epochs": history, "preempted": preempted,
                   "attempt": rt.attempt, "train_time_s": sum(h["time_s"] for h in history),
+                  # what this rank really had (a study's achievable ideal counts these, not what a profile claims)
+                  "threads": torch.get_num_threads(), "usable_cpus": node_cpus(rt),
                   **self._checkpoint_metrics(), **(self.task.extra or {})}
         # the per-rank memory table on rank 0 (a collective)
         result["memory"] = memory_report(rt, strategy.held_bytes(self.model, self.optimizer), strategy.name)

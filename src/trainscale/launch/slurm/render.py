@@ -289,7 +289,7 @@ def render(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan | None = N
         out.append(f'export {ERROR_DIR_VAR}="$JOB_DIR/errors"  # each rank\'s traceback, written by @record')
     out += [
         "export PYTHONUNBUFFERED=1",
-        f"export OMP_NUM_THREADS={plan.cpus_per_rank}  # = CPUs per rank",
+        *threads_lines(plan.cpus_per_rank, plan.ranks_per_node),
     ]
     if plan.task_gpu and plan.task_gpu != "slurm":
         out.append(f"export {TASK_GPU_VAR}={plan.task_gpu}  # each task sees only its own GPU "
@@ -332,3 +332,10 @@ def render(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan | None = N
     return "\n".join(out)
 
 
+def threads_lines(cpus_per_rank: int, ranks_per_node: int) -> list[str]:
+    """OMP_NUM_THREADS = CPUs per rank, but never more than the node really lets the job use per rank
+    (``nproc``: the batch step's CPUs): a profile or a node definition that overstates the cores would
+    otherwise have OpenMP threads outnumber them and spin-wait for each other."""
+    return [f"OMP_NUM_THREADS=$(( $(nproc) / {ranks_per_node} ))",
+            f"export OMP_NUM_THREADS=$(( OMP_NUM_THREADS < 1 ? 1 : OMP_NUM_THREADS > {cpus_per_rank} ? {cpus_per_rank} "
+            f": OMP_NUM_THREADS ))  # = CPUs per rank ({cpus_per_rank}), fewer where the node has fewer"]
