@@ -268,6 +268,27 @@ def test_validation_calibrates_each_run_on_the_others_only():
     assert study["calibration"]["overlap"] is None  # one bucket: nothing could hide
 
 
+def test_the_communication_factor_carries_over_only_between_runs_with_as_many_ranks_per_core():
+    """4 ranks on 2 cores take turns: their all-reduce time holds the wait for core-mates, which the
+    model adds itself. The 2-rank run's factor (nobody waited) must not scale that wait as well."""
+    from trainscale.bench import predictions
+
+    single = _run("1", 1, compute=0.010, optimizer=0.004, comm=0.0, exposed=0.0)
+    two = _run("2", 2, compute=0.012, optimizer=0.0048, comm=1.3 * 0.004, exposed=1.3 * 0.004, rest=1.2)
+    four = {**_run("4", 4, compute=0.024, optimizer=0.0096, comm=0.02, exposed=0.02, rest=2.4), "ranks_per_core": 2.0}
+    study = {"baseline": "1", "runs": [single, two, four]}
+    predictions.validate(study, lambda n, sizes: _ring(n))
+    ring4, wait4 = 2 * 3 / 4 * 4_000_000 / 1e9, 0.5 * four["prediction"]["compute_s"]
+    assert four["prediction"]["comm_s"] == pytest.approx(ring4 + wait4)  # factor 1: no run like it to learn from
+    same = {**four, "config": "4b", "prediction": None}  # a second 4-rank run lends its factor to the first
+    study = {"baseline": "1", "runs": [single, two, {**four, "prediction": None}, same]}
+    predictions.validate(study, lambda n, sizes: _ring(n))
+    assert study["runs"][2]["prediction"]["calibrated_on"] == ["2", "4b"]
+    pred = study["runs"][2]["prediction"]
+    factor = 0.02 / (ring4 + 0.5 * 4 * 0.010)  # 4b's all-reduce over its plain model (contention 4, half waits)
+    assert pred["comm_s"] == pytest.approx((ring4 + 0.5 * pred["compute_s"]) * factor)
+
+
 def test_a_lone_multi_rank_run_keeps_the_plain_model_and_says_so():
     from trainscale.bench import predictions
     from trainscale.bench.results import model_check
