@@ -12,6 +12,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 pytest_plugins = ("helpers.slurm_cluster",)  # the 2-node SLURM test cluster, for tests/slurm and tests/conformance
 
+from helpers.slurm_cluster import SESSION_ENV  # noqa: E402  (variables the session's cluster sets)
+
 # Variables a test may legitimately leave changed (set by libraries at import time).
 _IGNORED = {"KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK", "PYTEST_CURRENT_TEST", "TORCHELASTIC_SIGNALS_TO_HANDLE",
             "TORCHINDUCTOR_CACHE_DIR"}  # torch.utils.flop_counter's import of inductor sets it
@@ -22,9 +24,11 @@ def _restored(what: str):
     yield
     after = dict(os.environ)
     leaked = {k for k in set(before) ^ set(after) | {k for k in before if k in after and before[k] != after[k]}}
-    leaked -= _IGNORED
+    owned = SESSION_ENV & leaked  # set by a session fixture first used inside this module: it stays
+    leaked -= _IGNORED | owned
     os.environ.clear()
     os.environ.update(before)
+    os.environ.update({k: after[k] for k in owned if k in after})
     assert not leaked, f"{what} leaked environment variables: {sorted(leaked)}"
 
 

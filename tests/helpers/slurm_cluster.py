@@ -29,6 +29,8 @@ HERE = Path(__file__).resolve().parents[1] / "slurm"
 CLUSTER_SH = HERE / "cluster.sh"
 DEFAULT_DIR = "/tmp/trainscale-slurm"
 UP_TIMEOUT_S = 900  # includes apt-get install on a fresh machine
+SESSION_ENV: set[str] = set()
+"""Environment variables the session-scoped cluster fixture sets for every later test."""
 TERMINAL_STATES = frozenset(
     {
         "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
@@ -160,6 +162,7 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     env = {"SLURM_CONF": str(cluster_dir / "slurm.conf")}
     saved = {name: os.environ.get(name) for name in env}
     os.environ.update(env)
+    SESSION_ENV.update(env)  # the per-module environment check (tests/conftest.py) leaves these alone
     try:
         yield SlurmCluster(dir=cluster_dir, env=env)
     finally:
