@@ -54,9 +54,12 @@ def test_chain_finishes_in_link_two_and_cancels_link_three(slurm_cluster, tmp_pa
     assert (run_dir / "finished").read_text().strip() == f"job {links[1]}"
     log2 = trainscale(tmp_path, "logs", links[1], "--rank", "0", timeout=60).stdout
     assert "Resumed from" in log2, log2
-    # the same training, never interrupted, same ranks and threads per rank (bitwise comparable)
+    # the same training, never interrupted, same ranks and threads per rank (bitwise comparable); the job
+    # gave each rank its CPUs per rank (2) or fewer, where the node's cores were fewer: its records say
+    meta = json.loads((run_dir / "metrics" / "rank-0.jsonl").read_text().splitlines()[0])
+    assert meta["kind"] == "meta" and 1 <= meta["threads"] <= 2
     ref = trainscale(tmp_path, "run", "--nproc-per-node", "4", "--log-dir", str(tmp_path / "ref-logs"), *CNN,
-                     "--checkpoint-dir", str(tmp_path / "ref"), env={"OMP_NUM_THREADS": "2"})
+                     "--checkpoint-dir", str(tmp_path / "ref"), env={"OMP_NUM_THREADS": str(meta["threads"])})
     assert ref.returncode == 0, ref.stderr
     ours, theirs = final_weights(ckdir), final_weights(tmp_path / "ref")
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs)

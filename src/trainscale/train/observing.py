@@ -119,7 +119,7 @@ class Observer:
 
         rt = self.rt
         self.recorder = RankRecorder(self.run_dir, rt.rank, world_size=rt.world_size, device=str(rt.device),
-                                     backend=rt.backend, **meta)
+                                     backend=rt.backend, threads=torch.get_num_threads(), **meta)
         self.sampler = start_sampler(self.run_dir, local_rank=rt.local_rank, environ=self.environ)
         if rt.is_main and rt.world_size > 1:
             from trainscale.observe.stragglers import StragglerWatch
