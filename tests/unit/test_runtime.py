@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -192,3 +194,11 @@ def test_fsdp2_is_imported_from_the_older_composable_package_too(monkeypatch, tm
     monkeypatch.delattr(public, "fully_shard")  # as below torch 2.6
     api = fsdp2()
     assert api.fully_shard is composable.fully_shard and api.MixedPrecisionPolicy is composable.MixedPrecisionPolicy
+
+
+def test_a_single_process_node_has_the_cpus_it_may_run_on():
+    from types import SimpleNamespace
+
+    from trainscale.runtime.threads import node_cpus, usable_cores
+
+    assert node_cpus(SimpleNamespace(is_distributed=False)) == usable_cores() == len(os.sched_getaffinity(0))

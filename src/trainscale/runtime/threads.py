@@ -7,11 +7,15 @@ import os
 import torch
 
 
-def usable_cores() -> int:
+def _affinity() -> set[int]:
     try:
-        return len(os.sched_getaffinity(0))
+        return set(os.sched_getaffinity(0))
     except AttributeError:  # macOS
-        return os.cpu_count() or 1
+        return set(range(os.cpu_count() or 1))
+
+
+def usable_cores() -> int:
+    return len(_affinity())
 
 
 def threads_per_rank(local_world_size: int, cores: int | None = None) -> int:
@@ -38,10 +42,7 @@ def node_cpus(runtime) -> int:
     """CPUs the ranks of rank 0's node can run on, together: the union of their affinities (one
     all-gather: every rank calls it). Ranks bound to their own cores add up; unbound ranks share the
     node's. What a job's nodes really give it, which a profile's ``cpus_per_node`` may overstate."""
-    try:
-        mine = sorted(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        mine = list(range(os.cpu_count() or 1))
+    mine = sorted(_affinity())
     if not runtime.is_distributed:
         return len(mine)
     import torch.distributed as dist
