@@ -6,10 +6,11 @@ Each repeat is the demo itself, `trainscale bench --workload cnn --configs 1,2 -
 every core's threads, then 2 ranks with one thread each, batch 16 per rank, `--breakdown`), so each
 ratio is measured within one study, a minute apart at most; the result is the median over the repeats.
 Speedup = time per training sample of 1 rank / that of 2 ranks (goal >= 1.0; it was 0.89 with one
-gradient bucket). The achievable bound beside it is bench/ideal.py's: what the cores the 2 ranks may use
-allow against the baseline's (1.00x on a 2-core machine, where both use the same two cores).
-`--before` adds, interleaved, the same study with `--strategy ddp:bucket_cap_mb=25` (one bucket, the old
-default) for comparison.
+gradient bucket, 0.88 with the bucket rule and gloo's all-reduce). The achievable bound beside it is
+bench/ideal.py's: what the cores the 2 ranks may use allow against the baseline's (1.00x on a 2-core
+machine, where both use the same two cores, if threads scaled linearly; one rank's two threads do not).
+`--before` adds, interleaved, the same study with `--strategy ddp:comm_hook=none` (gloo's all-reduce over
+loopback instead of the shared-memory average that `auto` picks for CPU ranks on one node).
 """
 
 from __future__ import annotations
@@ -39,10 +40,10 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--before", action="store_true", help="also the one-bucket DDP of before, interleaved")
+    p.add_argument("--before", action="store_true", help="also DDP with gloo's all-reduce (comm_hook=none), interleaved")
     a = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="ts-demo-"))
-    cases = {"now (ddp)": []} | ({"before (ddp:bucket_cap_mb=25)": ["--strategy", "ddp:bucket_cap_mb=25"]}
+    cases = {"now (ddp)": []} | ({"before (ddp:comm_hook=none)": ["--strategy", "ddp:comm_hook=none"]}
                                   if a.before else {})
     seen: dict[str, list[dict]] = {name: [] for name in cases}
     for k in range(a.repeats):

@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/switches.py [--repeats 3] [--epochs 2] [--nproc 2] [--only NAME,...]
 
 Every case is `trainscale run --nproc-per-node 2 --workload cnn --breakdown` with the same data, batch and
-steps, interleaved per repeat so drifting load hits all alike: plain `ddp` (overlap by default), the
+steps, interleaved per repeat so drifting load hits all alike: plain `ddp` (here: the shared-memory
+average `auto` picks for CPU ranks on one node), `ddp:comm_hook=none` (gloo's all-reduce, overlapped), the
 communication hooks `ddp:comm_hook=fp16|bf16|powersgd`, `zero1` (the optimizer step sharded), and
 `--compile` (torch.compile of the wrapped model). Throughput is measured on the *last* epoch only, so
 torch.compile's first-epoch compilation is reported apart (as the first epoch's extra seconds) instead
@@ -23,6 +24,7 @@ from _common import PYTHON, clean_env, load, median, read_json, run
 
 CASES = {
     "ddp": ["--strategy", "ddp"],
+    "ddp:comm_hook=none": ["--strategy", "ddp:comm_hook=none"],
     "ddp:comm_hook=fp16": ["--strategy", "ddp:comm_hook=fp16"],
     "ddp:comm_hook=bf16": ["--strategy", "ddp:comm_hook=bf16"],
     "ddp:comm_hook=powersgd": ["--strategy", "ddp:comm_hook=powersgd"],

@@ -167,7 +167,7 @@ class Observer:
     def __init__(self) -> None:
         self.events: list = []
 
-    def begin(self):
+    def begin(self, blocking=False):
         self.events.append("begin")
         return len(self.events)
 
@@ -253,3 +253,12 @@ def test_the_report_suggests_zero1_for_a_studys_ddp_run_dominated_by_the_optimiz
                      "(each of the 2 ranks updates its own part of the parameters, whole tensors at a time; "
                      "docs/strategies.md)"]
     assert not findings(gathered("ddp", 0.10)) and not findings(gathered("zero1", 0.5))
+
+
+def test_shm_is_refused_off_the_cpu():
+    from trainscale.strategies.shm_allreduce import check_device
+
+    check_device(torch.device("cpu"))
+    with pytest.raises(ConfigError, match="averages CPU gradients, but this run trains on cuda") as caught:
+        check_device(torch.device("cuda", 0))
+    assert "comm_hook=none" in caught.value.hint

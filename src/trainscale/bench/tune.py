@@ -137,7 +137,7 @@ def knobs(spec: TuneSpec) -> list[tuple[str, tuple]]:
         out.append(("bucket_cap_mb", (None, 1, 5, 50)))
         from trainscale.strategies.comm_hooks import HOOKS
 
-        out.append(("comm_hook", (None, *[h for h in HOOKS if h != "none"])))
+        out.append(("comm_hook", (None, *[h for h in HOOKS if h not in ("auto", "none", "shm")])))
     return out
 
 

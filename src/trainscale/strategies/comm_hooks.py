@@ -13,6 +13,9 @@ all-reduce, the fastest path.
 - ``powersgd``: low-rank compression with error feedback (Vogels et al., 2019); the first
   ``powersgd_start`` steps all-reduce uncompressed. Its state (error feedback, step count) is not
   checkpointed: a resumed run starts it afresh.
+- ``auto`` (the default): ``shm`` where every rank trains on the CPU of one node with gloo, else ``none``.
+- ``shm``: CPU ranks on one node average through shared memory instead of gloo's loopback sockets
+  (``strategies/shm_allreduce.py``); refused off the CPU or across nodes.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from torch import nn
 
 from trainscale.errors import ConfigError
 
-HOOKS = ("none", "fp16", "bf16", "powersgd")
+HOOKS = ("auto", "none", "fp16", "bf16", "powersgd", "shm")
 HALF = {"fp16": torch.float16, "bf16": torch.bfloat16}
 _ATTRIBUTE = "_trainscale_comm_hook"  # where a DDP model keeps its CommHook, beside torch's private list
 
@@ -32,20 +35,22 @@ _ATTRIBUTE = "_trainscale_comm_hook"  # where a DDP model keeps its CommHook, be
 class CommHook:
     """The hook a DDP model calls for each gradient bucket, and who watches it.
 
-    ``observer``: an object with ``begin() -> mark`` and ``end(mark)`` (the ``--breakdown`` timer),
+    ``observer``: an object with ``begin(blocking) -> mark`` and ``end(mark)`` (the ``--breakdown`` timer),
     called when a bucket's communication is launched and when its result is ready; None: not watched.
     """
 
     def __init__(self, name: str, fn: Callable[[Any, Any], torch.futures.Future], state: Any) -> None:
         self.name, self.fn, self.state = name, fn, state
         self.observer: Any = None
+        self.blocking = name == "shm"
+        """The hook finishes its bucket before backward goes on: its whole time is exposed."""
 
 
 def _run(hook, bucket):  # no annotations: DDP checks them against its own types, and these are strings
     observer = hook.observer
     if observer is None:
         return hook.fn(hook.state, bucket)
-    mark = observer.begin()
+    mark = observer.begin(blocking=hook.blocking)
     future = hook.fn(hook.state, bucket)
 
     def done(f: torch.futures.Future) -> torch.Tensor:
@@ -57,7 +62,8 @@ def _run(hook, bucket):  # no annotations: DDP checks them against its own types
     return future.then(done)
 
 
-def _make(name: str, *, powersgd_rank: int = 1, powersgd_start: int = 10) -> tuple[Callable, Any]:
+def _make(name: str, *, powersgd_rank: int = 1, powersgd_start: int = 10,
+          gradient_bytes: int = 0) -> tuple[Callable, Any]:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
     if name == "allreduce":  # what DDP does itself, in Python: what the timer registers when no hook is chosen
@@ -70,6 +76,10 @@ def _make(name: str, *, powersgd_rank: int = 1, powersgd_start: int = 10) -> tup
         state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=powersgd_rank,
                                             start_powerSGD_iter=powersgd_start)
         return powerSGD_hook.powerSGD_hook, state
+    if name == "shm":
+        from trainscale.strategies import shm_allreduce
+
+        return shm_allreduce.shm_hook, shm_allreduce.SharedMemoryAllReduce(gradient_bytes)
     raise ConfigError(f"no communication hook {name!r}", hint="one of " + ", ".join(HOOKS))
 
 

@@ -52,8 +52,9 @@ class DDPStrategy(StrategyBase):
     """Gradients alias the communication buckets: saves one copy and memory."""
     static_graph: bool | str = "auto"
     """The same graph every step; auto: on in the training loop without gradient accumulation."""
-    comm_hook: str = "none"
-    """Gradient communication: none (DDP's all-reduce), fp16, bf16 (compressed) or powersgd (low rank)."""
+    comm_hook: str = "auto"
+    """Gradient communication: none (DDP's all-reduce), fp16, bf16 (compressed), powersgd (low rank), shm
+    (CPU ranks on one node, through shared memory) or auto: shm where it applies, else none."""
     powersgd_rank: int = 1
     """PowerSGD's matrix approximation rank (higher: more accurate, more bytes)."""
     powersgd_start: int = 10
@@ -153,7 +154,12 @@ class DDPStrategy(StrategyBase):
         model = model.to(runtime.device)
         if not runtime.is_distributed:
             return model
-        comm_hooks.check_backend(self.comm_hook, runtime.device)
+        hook = self.resolved_hook(runtime)
+        comm_hooks.check_backend(hook, runtime.device)
+        if hook == "shm":
+            from trainscale.strategies.shm_allreduce import check_device
+
+            check_device(runtime.device)
         ddp = DistributedDataParallel(
             model,
             device_ids=[runtime.device.index] if runtime.device.type == "cuda" else None,
@@ -162,10 +168,28 @@ class DDPStrategy(StrategyBase):
             static_graph=self.uses_static_graph(),
             **self._bucket_plan(model, runtime),
         )
-        if self.comm_hook != "none":
-            comm_hooks.attach(ddp, self.comm_hook, powersgd_rank=self.powersgd_rank,
-                              powersgd_start=self.powersgd_start)
+        if hook != "none":
+            from trainscale.strategies.shm_allreduce import SharedMemoryUnavailable
+
+            try:
+                comm_hooks.attach(ddp, hook, powersgd_rank=self.powersgd_rank,
+                                  powersgd_start=self.powersgd_start,
+                                  gradient_bytes=sum(p.numel() * p.element_size() for p in model.parameters()))
+            except SharedMemoryUnavailable:
+                if self.comm_hook != "auto":
+                    raise
+                # auto: the ranks cannot share memory (several nodes): DDP's own all-reduce, as with none
         return ddp
+
+    def resolved_hook(self, runtime: Any) -> str:
+        """The hook ``comm_hook`` names; ``auto``: ``shm`` for 2+ gloo ranks on the CPU (it falls back to
+        ``none`` when the ranks turn out not to share a node's memory), else ``none``."""
+        if self.comm_hook != "auto":
+            return self.comm_hook
+        import torch.distributed as dist
+
+        cpu = runtime.device.type == "cpu" and "gloo" in str(dist.get_backend())
+        return "shm" if cpu and dist.get_world_size() > 1 else "none"
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         if getattr(getattr(model, "_orig_mod", model), "static_graph", False):

@@ -25,7 +25,7 @@ def trainer_arguments(spec: str, *, world_size: int, per_device: int, use_cpu: b
         unmapped = [f"{name}={value}".lower() for name, value, honoured in
                     (("static_graph", strategy.static_graph, ("auto", False)),
                      ("gradient_as_bucket_view", strategy.gradient_as_bucket_view, (True,)),
-                     ("comm_hook", strategy.comm_hook, ("none",))) if value not in honoured]
+                     ("comm_hook", strategy.comm_hook, ("none", "auto"))) if value not in honoured]
         if unmapped:
             # TrainingArguments has no entry for these; accepting them would change nothing.
             raise ConfigError(f"--strategy ddp:{','.join(unmapped)} has no HF Trainer argument; the Trainer "

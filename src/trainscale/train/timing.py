@@ -18,6 +18,9 @@ watched as it is, compression included; without one the timer registers a plain 
 - ``communication_overlapped``: ``communication_total - communication``, what ran during backward;
 - ``buckets``: the most bucket all-reduces seen in one step.
 
+A blocking hook (``comm_hook=shm``: the bucket is averaged before backward goes on) overlaps nothing:
+all of its time is exposed.
+
 Every section is averaged over the ranks, as the epoch time is.
 
 On the CPU (gloo) the timestamps are the host's clock: the hook's future completes when the
@@ -68,7 +71,7 @@ class StepTimer:
         self.comm_total_s = 0.0
         self.buckets = 0  # most all-reduces seen in one step (DDP's gradient buckets)
         self._lock = threading.Lock()
-        self._intervals: list[list] = []  # [start, end] marks of this section's bucket all-reduces
+        self._intervals: list[list] = []  # [start, end, blocking] marks of this section's bucket all-reduces
         self._ref = None  # CUDA: the event every mark of the current section is timed from
         self.gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         if enabled and hasattr(model, "register_comm_hook"):  # DDP (compiled or not): watch its one hook
@@ -122,17 +125,22 @@ class StepTimer:
         """Account this section's all-reduces; return the time spent after the last bucket became ready."""
         with self._lock:
             marks, self._intervals = self._intervals, []
-        intervals = [(self._seconds(s), self._seconds(e) if e is not None else end) for s, e in marks]
+        intervals = [(self._seconds(s), self._seconds(e) if e is not None else end) for s, e, _ in marks]
         if not intervals:
             return 0.0
         self.comm_total_s += _union_length(intervals)
         self.buckets = max(self.buckets, len(intervals))
+        # a blocking hook (shm) holds backward up for its whole time; an asynchronous one only after the last bucket
+        blocked = [i for i, (_, _, blocking) in zip(intervals, marks) if blocking]
+        if blocked:
+            return _union_length(blocked)
         last_ready = max(s for s, _ in intervals)
         return max(0.0, min(end, max(e for _, e in intervals)) - last_ready)
 
-    def begin(self) -> list:
-        """A bucket's communication was launched (called by the comm hook); its mark for :meth:`end`."""
-        interval = [self._now(), None]
+    def begin(self, blocking: bool = False) -> list:
+        """A bucket's communication was launched (called by the comm hook); its mark for :meth:`end`.
+        ``blocking``: the hook returns only when the bucket is done (backward waits for all of it)."""
+        interval = [self._now(), None, blocking]
         with self._lock:
             self._intervals.append(interval)
         return interval
