@@ -62,7 +62,8 @@ def test_small_strong_scaling_study_writes_consistent_files(tmp_path):
     cores = study["environment"]["cores"]  # what the ranks recorded they had: all of this machine's cores, shared
     assert [(r["usable_cpus"], r["threads"]) for r in study["runs"]] == [(cores, max(1, cores // n)) for n in (1, 2, 4)]
     assert study["validation"]["calibrated"] and study["calibration"]["runs"] == ["2", "4"]
-    assert study["calibration"]["sections"]["compute"] > 0 and 0 < study["calibration"]["overlap"] <= 1
+    assert study["calibration"]["sections"]["compute"] > 0
+    assert study["calibration"]["overlap"] == 0.0  # auto: the shared-memory hook blocks backward and hides nothing
     assert b["buckets"] == 2 and b["communication_overlapped"] == pytest.approx(
         b["communication_total"] - b["communication"])
     assert [p["ranks"] for p in study["projection"]["rows"]] == [8, 16, 32, 64]
@@ -148,3 +149,16 @@ def test_allreduce_command(tmp_path):
         assert row["algbw_Bps"] == pytest.approx(row["bytes"] / row["time_s"])
         assert row["busbw_Bps"] == pytest.approx(row["algbw_Bps"])  # 2 (n-1)/n = 1 for two ranks
     assert "busbw (GB/s)" in proc.stdout
+
+
+@pytest.mark.slow
+def test_allreduce_command_times_the_shared_memory_average(tmp_path):
+    out = tmp_path / "ar"
+    proc = subprocess.run([sys.executable, "-m", "trainscale", "bench", "allreduce", "--nproc", "2", "--sizes",
+                           "4KB,1MB", "--iters", "5", "--hook", "auto", "--out", str(out)], capture_output=True,
+                          text=True, env=_env(), cwd=tmp_path, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads((out / "allreduce.json").read_text())
+    assert result["hook"] == "shm" and [r["bytes"] for r in result["rows"]] == [4096, 1024**2]  # auto: CPU ranks, one node
+    assert all(r["time_s"] > 0 for r in result["rows"])
+    assert "shared-memory average (comm_hook=shm) on 2 rank(s)" in proc.stdout

@@ -555,3 +555,13 @@ def test_the_achievable_ideal_believes_what_the_runs_recorded_over_the_profile()
     assert [by[c]["compute_units"] for c in ("1", "2", "4")] == [2.0, 2.0, 2.0]
     assert [by[c]["ranks_per_core"] for c in ("1", "2", "4")] == [1.0, 1.0, 2.0]
     assert by["1"]["hardware"] == "2 core(s) on 1 node(s) (1 rank(s) x 2 thread(s) per node)"
+
+
+def test_the_allreduce_benchmark_times_the_hook_the_studys_runs_averaged_with():
+    from trainscale.bench.predictions import averaging_hook
+
+    assert averaging_hook(()) == "auto"
+    assert averaging_hook(("--strategy", "ddp")) == "auto"
+    assert averaging_hook(("--strategy", "ddp:bucket_cap_mb=4,comm_hook=none")) == "none"
+    assert averaging_hook(("--strategy=ddp:comm_hook=shm",)) == "shm"
+    assert averaging_hook(("--strategy", "ddp:comm_hook=bf16")) == "none"  # compression: the backend's all-reduce

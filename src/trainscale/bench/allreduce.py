@@ -6,6 +6,10 @@
 
 ``python -m trainscale.bench.allreduce --sizes 1KB..16MB --out F`` is what each rank runs.
 
+``--hook shm`` times DDP's shared-memory average (``ddp:comm_hook=shm``) instead of the backend's
+all-reduce; ``auto`` picks it where training's ``comm_hook=auto`` would (CPU ranks of one node), so a
+study's validation measures the path its runs took. The default, ``none``, is the backend's.
+
 Sizes: ``auto`` (the default) sweeps 1KB..1GB on GPUs and 1KB..16MB on CPUs. NCCL's bus bandwidth
 keeps rising well past 16 MB (nccl-tests sweep to gigabytes); a sweep that stops early reports a
 fraction of the link speed. The result says whether the largest sizes reached the plateau.
@@ -99,8 +103,8 @@ def bandwidths(size_bytes: int, seconds: float, world_size: int) -> tuple[float,
 
 def table(result: dict) -> str:
     """The result as a fixed-width text table (GB/s = 1e9 bytes/s, as nccl-tests)."""
-    lines = [f"all_reduce (sum, float32) on {result['world_size']} rank(s), backend {result['backend']}, "
-             f"device {result['device']}",
+    how = "shared-memory average (comm_hook=shm)" if result.get("hook") == "shm" else "all_reduce (sum, float32)"
+    lines = [f"{how} on {result['world_size']} rank(s), backend {result['backend']}, device {result['device']}",
              f"{'size':>8} {'count':>10} {'time (us)':>11} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}"]
     for row in result["rows"]:
         lines.append(f"{format_size(row['bytes']):>8} {row['count']:>10} {row['time_s'] * 1e6:>11.1f} "
@@ -130,9 +134,34 @@ def nearest_row(result: dict, size_bytes: int) -> dict:
     return min(result["rows"], key=lambda r: abs(math.log(r["bytes"]) - math.log(max(1, size_bytes))))
 
 
-def measure(rt, sizes: tuple[int, ...], iters: int, warmup: int, budget_s: float) -> list[dict]:
+def reducer(rt, hook: str, largest: int):
+    """(name, fn): what a timed iteration runs on its buffer — the backend's all-reduce, or the
+    shared-memory average for ``shm`` (``auto``: where training's ``comm_hook=auto`` would use it)."""
+    import torch.distributed as dist
+
+    if hook not in ("none", "shm", "auto"):
+        raise ConfigError(f"--hook {hook!r} is not none, shm or auto", hint="e.g. --hook auto")
+    if hook == "auto":
+        cpu = rt.device.type == "cpu" and rt.is_distributed and "gloo" in str(rt.backend)
+        hook = "shm" if cpu and rt.world_size > 1 else "none"
+    if hook == "shm" and rt.is_distributed:
+        from trainscale.strategies.shm_allreduce import SharedMemoryAllReduce, SharedMemoryUnavailable, check_device
+
+        check_device(rt.device)
+        try:
+            return "shm", SharedMemoryAllReduce(largest).average
+        except SharedMemoryUnavailable:
+            pass  # several nodes: the backend's all-reduce, as training's auto does
+    return "none", dist.all_reduce
+
+
+def measure(rt, sizes: tuple[int, ...], iters: int, warmup: int, budget_s: float,
+            reduce=None) -> list[dict]:
+    """Time ``reduce`` (default: the backend's all-reduce) at each size; a collective."""
     import torch
     import torch.distributed as dist
+
+    all_reduce = reduce or dist.all_reduce
 
     def sync() -> None:
         if rt.device.type == "cuda":
@@ -141,7 +170,7 @@ def measure(rt, sizes: tuple[int, ...], iters: int, warmup: int, budget_s: float
     rows = []
     if rt.is_distributed:  # connection set-up for every size (and so every algorithm), untimed
         for size in sizes:
-            dist.all_reduce(torch.ones(size // ELEMENT_BYTES, dtype=torch.float32, device=rt.device))
+            all_reduce(torch.ones(size // ELEMENT_BYTES, dtype=torch.float32, device=rt.device))
         sync()
     for size in sizes:
         count = size // ELEMENT_BYTES
@@ -151,10 +180,10 @@ def measure(rt, sizes: tuple[int, ...], iters: int, warmup: int, budget_s: float
                          "busbw_Bps": 0.0})
             continue
         for _ in range(max(1, warmup)):
-            dist.all_reduce(buf)
+            all_reduce(buf)
         sync()
         start = time.perf_counter()
-        dist.all_reduce(buf)
+        all_reduce(buf)
         sync()
         # Every rank must run the same number of iterations: agree on the slowest rank's estimate.
         one = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=rt.device)
@@ -163,7 +192,7 @@ def measure(rt, sizes: tuple[int, ...], iters: int, warmup: int, budget_s: float
         rt.barrier()
         start = time.perf_counter()
         for _ in range(n_iter):
-            dist.all_reduce(buf)
+            all_reduce(buf)
         sync()
         took = torch.tensor([(time.perf_counter() - start) / n_iter], dtype=torch.float64, device=rt.device)
         dist.all_reduce(took, op=dist.ReduceOp.MAX)  # a collective is as slow as its slowest rank
@@ -186,12 +215,15 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--budget", type=float, default=1.0, help="seconds per size at most (fewer iterations)")
     p.add_argument("--device", default="auto")
     p.add_argument("--out", default=None)
+    p.add_argument("--hook", default="none", help="none (the backend's all-reduce), shm, or auto (as training)")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     parse_sizes(args.sizes)  # a bad list fails before the process group
     with trainscale.init(device=args.device) as rt:
-        rows = measure(rt, sizes_for(args.sizes, rt.device.type), args.iters, args.warmup, args.budget)
+        sizes = sizes_for(args.sizes, rt.device.type)
+        hook, reduce = reducer(rt, args.hook, max(sizes))
+        rows = measure(rt, sizes, args.iters, args.warmup, args.budget, reduce)
         result = {"world_size": rt.world_size, "num_nodes": rt.num_nodes, "backend": rt.backend,
-                  "device": str(rt.device), "rows": rows, "plateau": plateau(rows)}
+                  "device": str(rt.device), "hook": hook, "rows": rows, "plateau": plateau(rows)}
         if rt.is_main:
             print(table(result), flush=True)
             if args.out:

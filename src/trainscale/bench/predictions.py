@@ -171,12 +171,25 @@ def attach_projection(study: dict, network: Network, project_to: int, *, scaling
     return study["projection"]
 
 
-def allreduce_measurer(out_dir: Path, device: str = "auto"):
-    """A ``measure(n, sizes)`` that launches the all-reduce benchmark like training."""
+def averaging_hook(workload_args: tuple[str, ...] | list[str]) -> str:
+    """What the study's DDP runs averaged with, for the all-reduce benchmark's ``--hook``: ``shm`` or
+    ``auto`` as named in ``--strategy ...:comm_hook=`` (default auto), the backend's (none) otherwise."""
+    args = list(workload_args)
+    spec = next((a.split("=", 1)[1] for a in args if a.startswith("--strategy=")), None)
+    if spec is None and "--strategy" in args[:-1]:
+        spec = args[args.index("--strategy") + 1]
+    options = dict(o.split("=", 1) for o in (spec or "").partition(":")[2].split(",") if "=" in o)
+    hook = options.get("comm_hook", "auto").lower()
+    return hook if hook in ("auto", "shm") else "none"
+
+
+def allreduce_measurer(out_dir: Path, device: str = "auto", hook: str = "auto"):
+    """A ``measure(n, sizes)`` that launches the all-reduce benchmark like training; ``hook``: what the
+    runs' DDP averaged with (``auto``: as ``comm_hook=auto``, shared memory for CPU ranks of one node)."""
     from trainscale.bench.runner import measure_allreduce
 
     def measure(n: int, sizes: str) -> dict | None:
         return measure_allreduce(n, sizes, out_dir / f"allreduce-{n}.json", out_dir / "runs" / f"allreduce-{n}",
-                                 iters=30, budget_s=2.0, device=device)
+                                 iters=30, budget_s=2.0, device=device, hook=hook)
 
     return measure

@@ -107,7 +107,7 @@ def _predict(study: dict, spec: StudySpec, out_dir: Path, projection: Projection
 
         measure = allreduce_measurer(spec.slurm, out_dir)
     else:
-        measure = predictions.allreduce_measurer(out_dir)
+        measure = predictions.allreduce_measurer(out_dir, hook=predictions.averaging_hook(spec.workload_args))
     if validate or (projection and projection.interconnect == "measured"):
         checked = predictions.validate(study, measure)
         errors = [abs(r["prediction"]["error"]) for r in checked]

@@ -120,9 +120,9 @@ def run_job(target: SlurmTarget, job: PreparedJob, *, on_line=None) -> JobOutcom
 
 def allreduce_job(target: SlurmTarget, *, nodes: int, ranks_per_node: int, sizes: str, out_file: Path,
                   output_dir: Path, iters: int = 20, budget_s: float = 1.0, device: str = "auto",
-                  name: str = "allreduce") -> PreparedJob:
+                  name: str = "allreduce", hook: str = "none") -> PreparedJob:
     args = ("--sizes", sizes, "--iters", str(iters), "--budget", str(budget_s), "--device", device,
-            "--out", str(out_file.absolute()))
+            *(("--hook", hook) if hook != "none" else ()), "--out", str(out_file.absolute()))
     spec = target.job(name=name, nodes=nodes, ranks_per_node=ranks_per_node, output_dir=output_dir.absolute(),
                       module="trainscale.bench.allreduce", args=args,
                       command_line=("trainscale", "bench", "allreduce", "--slurm"))

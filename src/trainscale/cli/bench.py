@@ -15,7 +15,7 @@ HELP = """usage: trainscale bench [--workload NAME | SCRIPT [ARGS...]] [--config
                         [--no-plots] [--verbose] [-- WORKLOAD ARGS...]
                         [--slurm --profile P --time T [--nodes 1,2] [--gpus-per-node G] [--account A]
                          [--partition P] [--reservation R] [--launcher torchrun|srun] [--python PATH] [--poll S]]
-       trainscale bench allreduce [--sizes 1KB..16MB] [--nproc N] [--iters K] [--out DIR]
+       trainscale bench allreduce [--sizes 1KB..16MB] [--nproc N] [--iters K] [--hook none|shm|auto] [--out DIR]
                                   [--slurm --profile P --time T --nodes N [--gpus-per-node G] ...]
        trainscale bench --list-interconnects
 
@@ -35,6 +35,7 @@ Examples:
   trainscale bench --configs 1,2 train.py --batch-size {batch}
   trainscale bench --slurm --profile local-test --gpus-per-node 2 --time 00:10:00 --configs 1 --nodes 1,2
   trainscale bench allreduce --nproc 2 --sizes 1KB..16MB
+  trainscale bench allreduce --nproc 2 --hook shm
   trainscale bench allreduce --slurm --profile lumi --account project_465000000 --time 00:10:00 --nodes 2
 """
 
@@ -212,6 +213,9 @@ def run_allreduce(argv: list[str]) -> int:
     p.add_argument("--budget", type=float, default=1.0, help="seconds per size at most")
     p.add_argument("--device", default="auto")
     p.add_argument("--out", default=None)
+    p.add_argument("--hook", default="none", choices=("none", "shm", "auto"),
+                   help="none: the backend's all-reduce; shm: DDP's shared-memory average (CPU ranks of one node); "
+                        "auto: as --strategy ddp's default")
     add_slurm_options(p, "nodes of the job (with --slurm), default 1")
     ns = p.parse_args(argv)
     parse_sizes(ns.sizes)  # errors before any launch
@@ -240,13 +244,13 @@ def run_allreduce(argv: list[str]) -> int:
 
         out_dir.mkdir(parents=True, exist_ok=True)
         result = measure_allreduce(nproc, ns.sizes, out_file, out_dir / "logs", iters=ns.iters,
-                                   budget_s=ns.budget, device=ns.device)
+                                   budget_s=ns.budget, device=ns.device, hook=ns.hook)
     else:
         from trainscale.bench.slurm_runs import allreduce_job, measure_allreduce
 
         job = allreduce_job(target, nodes=nodes, ranks_per_node=nproc, sizes=ns.sizes, out_file=out_file.absolute(),
                             output_dir=out_dir / "job", iters=ns.iters, budget_s=ns.budget, device=ns.device,
-                            name="bench-allreduce")  # linted before anything is written
+                            name="bench-allreduce", hook=ns.hook)  # linted before anything is written
         out_dir.mkdir(parents=True, exist_ok=True)
         result = measure_allreduce(target, job, out_file,
                                    on_line=lambda text: print(f"trainscale bench: {text}", file=sys.stderr, flush=True))
