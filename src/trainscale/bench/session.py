@@ -105,7 +105,7 @@ def _predict(study: dict, spec: StudySpec, out_dir: Path, projection: Projection
     if spec.slurm is not None:
         from trainscale.bench.slurm_runs import allreduce_measurer
 
-        measure = allreduce_measurer(spec.slurm, out_dir)
+        measure = allreduce_measurer(spec.slurm, out_dir, hook=predictions.averaging_hook(spec.workload_args))
     else:
         measure = predictions.allreduce_measurer(out_dir, hook=predictions.averaging_hook(spec.workload_args))
     if validate or (projection and projection.interconnect == "measured"):

@@ -141,14 +141,15 @@ def measure_allreduce(target: SlurmTarget, job: PreparedJob, out_file: Path, *, 
                          "directory on a file system the compute nodes share?"}
 
 
-def allreduce_measurer(target: SlurmTarget, out_dir: Path, device: str = "auto"):
-    """``measure(n, sizes)`` for the model check: n ranks on one node, as one SLURM job."""
+def allreduce_measurer(target: SlurmTarget, out_dir: Path, device: str = "auto", hook: str = "none"):
+    """``measure(n, sizes)`` for the model check: n ranks on one node, as one SLURM job; ``hook``: what
+    the runs' DDP averaged with (bench/allreduce.py's ``--hook``)."""
 
     def measure(n: int, sizes: str) -> dict | None:
         out_file = out_dir / f"allreduce-{n}.json"
         job = allreduce_job(target, nodes=1, ranks_per_node=n, sizes=sizes, out_file=out_file,
                             output_dir=out_dir / "runs" / f"allreduce-{n}", iters=30, budget_s=2.0, device=device,
-                            name=f"bench-allreduce-{n}")
+                            name=f"bench-allreduce-{n}", hook=hook)
         return measure_allreduce(target, job, out_file)
 
     return measure
