@@ -108,8 +108,11 @@ class SharedMemoryAllReduce:
         self._round = 0
 
     def _barrier(self) -> None:
+        """Every rank has reached its round ``self._round``. Each arrival is the sender's rank as one
+        4-byte record: writes up to PIPE_BUF bytes are atomic, so the pipe only ever holds whole records
+        and a read of a multiple of 4 bytes returns whole ones."""
         self._round += 1
-        me = bytes([self.rank % 256])
+        me = self.rank.to_bytes(4, "little")
         for fd in self._outbox.values():
             os.write(fd, me)
         deadline = time.monotonic() + self.timeout_s
@@ -121,15 +124,11 @@ class SharedMemoryAllReduce:
                 raise RuntimeError(f"comm_hook=shm: timed out after {self.timeout_s:g}s waiting for rank(s) "
                                    f"{late} at the gradient average")
             try:
-                for b in os.read(self._inbox, 4096):
-                    self._seen[self._sender(b)] += 1
+                data = os.read(self._inbox, 4096)
             except BlockingIOError:
                 continue
-
-    def _sender(self, byte: int) -> int:
-        """The rank that wrote ``byte`` (rank mod 256; beyond 256 ranks on a node, the nearest match)."""
-        return byte if self.world <= 256 else min((r for r in range(self.world) if r % 256 == byte),
-                                                  key=lambda r: self._seen[r])
+            for k in range(0, len(data), 4):
+                self._seen[int.from_bytes(data[k:k + 4], "little")] += 1
 
     def average(self, tensor: torch.Tensor) -> torch.Tensor:
         """Average ``tensor`` (a contiguous CPU bucket) over the ranks, in place; returns it."""
