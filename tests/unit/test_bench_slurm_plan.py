@@ -79,3 +79,10 @@ def test_allreduce_refuses_slurm_options_without_slurm(capsys):
         cli.run_allreduce(["--profile", "local-test"])
     with pytest.raises(ConfigError, match="no GPUs per node"):
         cli.run_allreduce(["--slurm", "--profile", "local-test", "--time", "00:05:00", "--out", str(Path("/nonexistent"))])
+
+
+def test_allreduce_refuses_a_hook_it_cannot_time(capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        cli.run_allreduce(["--hook", "nccl", "--out", str(tmp_path / "ar")])
+    assert "argument --hook: invalid choice: 'nccl' (choose from 'none', 'shm', 'auto')" in capsys.readouterr().err
+    assert not (tmp_path / "ar").exists()  # refused before anything is written or launched

@@ -37,6 +37,8 @@ GPU_SIZES = "1KB..1GB"
 PLATEAU_GAIN = 1.05
 """The sweep reached the bandwidth plateau when the largest size's busbw is within 5% of the one before."""
 ELEMENT_BYTES = 4  # float32, as nccl-tests' default
+HOOKS = ("none", "shm", "auto")
+"""What ``--hook`` times: the backend's all-reduce, DDP's shared-memory average, or what comm_hook=auto picks."""
 
 
 def parse_size(text: str) -> int:
@@ -139,14 +141,12 @@ def reducer(rt, hook: str, largest: int):
     shared-memory average for ``shm`` (``auto``: where training's ``comm_hook=auto`` would use it)."""
     import torch.distributed as dist
 
-    if hook not in ("none", "shm", "auto"):
-        raise ConfigError(f"--hook {hook!r} is not none, shm or auto", hint="e.g. --hook auto")
-    if hook == "auto":
-        cpu = rt.device.type == "cpu" and rt.is_distributed and "gloo" in str(rt.backend)
-        hook = "shm" if cpu and rt.world_size > 1 else "none"
-    if hook == "shm" and rt.is_distributed:
-        from trainscale.strategies.shm_allreduce import SharedMemoryAllReduce, SharedMemoryUnavailable, check_device
+    from trainscale.strategies.shm_allreduce import (SharedMemoryAllReduce, SharedMemoryUnavailable, applies,
+                                                     check_device)
 
+    if hook == "auto":
+        hook = "shm" if rt.is_distributed and applies(rt.device, rt.backend, rt.world_size) else "none"
+    if hook == "shm" and rt.is_distributed:
         check_device(rt.device)
         try:
             return "shm", SharedMemoryAllReduce(largest).average
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--budget", type=float, default=1.0, help="seconds per size at most (fewer iterations)")
     p.add_argument("--device", default="auto")
     p.add_argument("--out", default=None)
-    p.add_argument("--hook", default="none", help="none (the backend's all-reduce), shm, or auto (as training)")
+    p.add_argument("--hook", default="none", choices=HOOKS, help="none (the backend's all-reduce), shm, or auto (as training)")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     parse_sizes(args.sizes)  # a bad list fails before the process group
     with trainscale.init(device=args.device) as rt:

@@ -203,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_allreduce(argv: list[str]) -> int:
-    from trainscale.bench.allreduce import DEFAULT_SIZES, parse_sizes, table
+    from trainscale.bench.allreduce import DEFAULT_SIZES, HOOKS, parse_sizes, table
     from trainscale.bench.study import choose_out_dir
 
     p = argparse.ArgumentParser(prog="trainscale bench allreduce")
@@ -213,7 +213,7 @@ def run_allreduce(argv: list[str]) -> int:
     p.add_argument("--budget", type=float, default=1.0, help="seconds per size at most")
     p.add_argument("--device", default="auto")
     p.add_argument("--out", default=None)
-    p.add_argument("--hook", default="none", choices=("none", "shm", "auto"),
+    p.add_argument("--hook", default="none", choices=HOOKS,
                    help="none: the backend's all-reduce; shm: DDP's shared-memory average (CPU ranks of one node); "
                         "auto: as --strategy ddp's default")
     add_slurm_options(p, "nodes of the job (with --slurm), default 1")

@@ -188,8 +188,9 @@ class DDPStrategy(StrategyBase):
             return self.comm_hook
         import torch.distributed as dist
 
-        cpu = runtime.device.type == "cpu" and "gloo" in str(dist.get_backend())
-        return "shm" if cpu and dist.get_world_size() > 1 else "none"
+        from trainscale.strategies.shm_allreduce import applies
+
+        return "shm" if applies(runtime.device, dist.get_backend(), dist.get_world_size()) else "none"
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         if getattr(getattr(model, "_orig_mod", model), "static_graph", False):

@@ -161,6 +161,12 @@ def shm_hook(state: SharedMemoryAllReduce, bucket: Any) -> torch.futures.Future:
     return future
 
 
+def applies(device: torch.device, backend: Any, world_size: int) -> bool:
+    """Where ``comm_hook=auto`` tries ``shm``: 2+ gloo ranks on the CPU (it still falls back to the
+    backend's all-reduce when :class:`SharedMemoryAllReduce` finds the ranks cannot share memory)."""
+    return device.type == "cpu" and "gloo" in str(backend) and world_size > 1
+
+
 def check_device(device: torch.device) -> None:
     if device.type != "cpu":
         raise ConfigError(f"comm_hook=shm averages CPU gradients, but this run trains on {device.type}",
