@@ -55,7 +55,11 @@ def test_small_strong_scaling_study_writes_consistent_files(tmp_path):
     # the model was checked against the 2- and 4-rank runs with busbw measured here, each calibrated on the
     # other's record only, and projected onward with the measured overlap (DDP's two buckets of the cnn:
     # part of the all-reduce ran during backward)
-    assert two["prediction"]["network"]["busbw_Bps"] > 0 and two["predicted_runtime_s"] > 0
+    assert two["prediction"]["network"]["busbw_Bps"] > 0 and two["predicted_step_s"] > 0
+    # each run's node sampler said how much of its CPUs other work used (the sampler's last reading, at least)
+    assert all(0.0 <= r["other_cpu_share"] <= 1.0 for r in study["runs"])
+    # one epoch: nothing to leave out as warm-up, so the model is checked against the whole run
+    assert two["prediction"]["from_epoch"] == 1 and two["prediction"]["measured_step_s"] == pytest.approx(two["step_time_s"])
     assert (two["prediction"]["calibrated_on"], four["prediction"]["calibrated_on"]) == (["4"], ["2"])
     assert (two["prediction"]["contention"], four["prediction"]["contention"]) == (2, 4)  # one rank had every core
     assert four["ranks_per_core"] == max(1.0, 4 / study["environment"]["cores"])

@@ -268,9 +268,10 @@ def test_validation_calibrates_each_run_on_the_others_only():
     assert study["calibration"]["overlap"] is None  # one bucket: nothing could hide
 
 
-def test_the_communication_factor_carries_over_only_between_runs_with_as_many_ranks_per_core():
-    """4 ranks on 2 cores take turns: their all-reduce time holds the wait for core-mates, which the
-    model adds itself. The 2-rank run's factor (nobody waited) must not scale that wait as well."""
+def test_ranks_that_take_turns_on_cores_count_the_wait_for_core_mates_as_compute():
+    """4 ranks on 2 cores take turns: their all-reduce time holds the wait for core-mates still
+    computing, which is core time. The model counts it in compute; only runs with a core per thread
+    teach the communication factor."""
     from trainscale.bench import predictions
 
     single = _run("1", 1, compute=0.010, optimizer=0.004, comm=0.0, exposed=0.0)
@@ -278,15 +279,85 @@ def test_the_communication_factor_carries_over_only_between_runs_with_as_many_ra
     four = {**_run("4", 4, compute=0.024, optimizer=0.0096, comm=0.02, exposed=0.02, rest=2.4), "ranks_per_core": 2.0}
     study = {"baseline": "1", "runs": [single, two, four]}
     predictions.validate(study, lambda n, sizes: _ring(n))
-    ring4, wait4 = 2 * 3 / 4 * 4_000_000 / 1e9, 0.5 * four["prediction"]["compute_s"]
-    assert four["prediction"]["comm_s"] == pytest.approx(ring4 + wait4)  # factor 1: no run like it to learn from
-    same = {**four, "config": "4b", "prediction": None}  # a second 4-rank run lends its factor to the first
-    study = {"baseline": "1", "runs": [single, two, {**four, "prediction": None}, same]}
-    predictions.validate(study, lambda n, sizes: _ring(n))
-    assert study["runs"][2]["prediction"]["calibrated_on"] == ["2", "4b"]
-    pred = study["runs"][2]["prediction"]
-    factor = 0.02 / (ring4 + 0.5 * 4 * 0.010)  # 4b's all-reduce over its plain model (contention 4, half waits)
-    assert pred["comm_s"] == pytest.approx((ring4 + 0.5 * pred["compute_s"]) * factor)
+    ring2, ring4 = 2 * 1 / 2 * 4_000_000 / 1e9, 2 * 3 / 4 * 4_000_000 / 1e9
+    # four, calibrated on two: two's all-reduce factor (1.3) and its compute factor (0.012 / (2 x 0.010))
+    assert four["prediction"]["comm_s"] == pytest.approx(1.3 * ring4)
+    assert four["prediction"]["compute_s"] == pytest.approx(4 * 0.010 * 0.6)
+    # two, calibrated on four alone: no run with a core per thread to learn the all-reduce from (factor 1);
+    # four's all-reduce time beyond the ring model was its wait, so its core time was 0.024 + 0.014
+    assert two["prediction"]["comm_s"] == pytest.approx(ring2)
+    assert two["prediction"]["compute_s"] == pytest.approx(2 * 0.010 * (0.024 + 0.02 - ring4) / 0.040)
+    calibration = study["calibration"]
+    assert calibration["comm"] == pytest.approx(1.3)
+    assert calibration["sections"]["compute"] == pytest.approx((0.6 * (0.024 + 0.02 - 1.3 * ring4) / 0.040) ** 0.5)
+    # the plain model adds no wait of its own: the contention already gives each rank its turns
+    plain = projection.predict(predictions.measured_from_run(single), projection.Network(name="t", busbw_Bps=1e9), 4,
+                               projection.ModelOptions(contention=4, ranks_per_core=2.0, buckets=1))
+    assert plain.comm_s == pytest.approx(ring4) and plain.compute_s == pytest.approx(0.040)
+
+
+def test_the_model_is_built_from_and_checked_against_the_steady_state_after_the_first_epoch():
+    from trainscale.bench import predictions
+    from trainscale.bench.results import record_from_metrics
+
+    def epoch(n, seconds, compute):
+        return {"epoch": n, "steps": 10, "time_s": seconds, "samples_per_s": 320 / seconds,
+                "breakdown": {"data": 0.0, "compute": compute, "communication": 0.0, "optimizer": 0.0,
+                              "communication_total": 0.0, "gradient_bytes": 4_000_000, "buckets": 1}}
+
+    # the first epoch paid for warm-up (0.5 s more); of the next three, one was slowed down by something
+    # else on the machine (4 s): the median of the three is the run's steady step
+    epochs = [epoch(1, 1.5, 1.0), epoch(2, 1.0, 0.8), epoch(3, 4.0, 3.5), epoch(4, 1.1, 0.9)]
+    record = record_from_metrics({"epochs": epochs}, global_batch=32)
+    assert record["step_time_s"] == pytest.approx(7.6 / 40)
+    steady = record["steady"]
+    assert (steady["from_epoch"], steady["epochs"]) == (2, 3)
+    assert steady["step_time_s"] == pytest.approx(0.11) and steady["samples_per_s"] == pytest.approx(320 / 1.1)
+    assert steady["breakdown"]["compute"] == pytest.approx(0.09)
+    assert steady["breakdown"]["other"] == pytest.approx(0.11 - 0.09)
+    two = record_from_metrics({"epochs": epochs[:3]}, global_batch=32)["steady"]  # two epochs: their mean
+    assert two["step_time_s"] == pytest.approx(0.25)
+    assert record_from_metrics({"epochs": [epoch(1, 1.5, 1.0)]}, global_batch=32)["steady"]["from_epoch"] == 1
+
+    # the single rank's warm-up does not move the prediction, and a run is checked against its steady state
+    single = {**_run("1", 1, compute=0.010, optimizer=0.004, comm=0.0, exposed=0.0), "ranks_per_core": 1.0}
+    warm = {**single, "breakdown": {**single["breakdown"], "compute": 0.030}, "runtime_s": single["runtime_s"] + 2.0,
+            "steady": {"from_epoch": 2, "epochs": 1, "step_time_s": single["runtime_s"] / 100,
+                       "breakdown": single["breakdown"]}}
+    two = _run("2", 2, compute=0.020, optimizer=0.008, comm=0.004, exposed=0.004, rest=2.0)
+    two_warm = {**two, "runtime_s": two["runtime_s"] * 1.5,
+                "steady": {"from_epoch": 2, "epochs": 1, "step_time_s": two["runtime_s"] / 100,
+                           "breakdown": two["breakdown"]}}
+    (checked,) = predictions.validate({"baseline": "1", "runs": [single, two]}, lambda n, sizes: _ring(n))
+    (steady_checked,) = predictions.validate({"baseline": "1", "runs": [warm, two_warm]}, lambda n, sizes: _ring(n))
+    assert steady_checked["prediction"]["step_s"] == pytest.approx(checked["prediction"]["step_s"])
+    assert steady_checked["prediction"]["error"] == pytest.approx(checked["prediction"]["error"])
+    assert steady_checked["prediction"]["measured_step_s"] == pytest.approx(two["runtime_s"] / 100)
+
+
+def test_a_run_other_work_disturbed_calibrates_nothing_and_is_named():
+    from trainscale.bench import predictions
+    from trainscale.bench.results import model_check
+
+    single = _run("1", 1, compute=0.010, optimizer=0.004, comm=0.0, exposed=0.0)
+    two = _run("2", 2, compute=0.012, optimizer=0.0048, comm=1.3 * 0.004, exposed=1.3 * 0.004, rest=1.2)
+    four = _run("4", 4, compute=0.024, optimizer=0.0096, comm=1.3 * 0.006, exposed=1.3 * 0.006, rest=2.4)
+    slowed = {**_run("4", 4, compute=0.048, optimizer=0.0096, comm=1.3 * 0.006, exposed=1.3 * 0.006, rest=2.4),
+              "other_cpu_share": 0.25}
+    (calibrated, _) = predictions.validate({"baseline": "1", "runs": [single, dict(two), four]}, lambda n, sizes: _ring(n))
+    assert calibrated["prediction"]["calibrated_on"] == ["4"] and calibrated["prediction"]["error"] == pytest.approx(0.0)
+    study = {"baseline": "1", "runs": [{**single, "other_cpu_share": 0.02}, dict(two), slowed]}
+    (two_quiet, four_slowed) = predictions.validate(study, lambda n, sizes: _ring(n))
+    assert four_slowed["prediction"]["disturbed"] and not two_quiet["prediction"]["disturbed"]
+    # the slowed run's doubled compute would have calibrated two 2x off: it calibrates nothing
+    assert two_quiet["prediction"]["calibrated_on"] == [] and study["calibration"]["runs"] == ["2"]
+    assert two_quiet["prediction"]["error"] == two_quiet["prediction"]["uncalibrated_error"]
+    assert four_slowed["prediction"]["calibrated_on"] == ["2"]  # still predicted, from the quiet run
+    study["validation"] = {"runs": ["2"], "calibrated": False, "mean_abs_error": 0.1, "mean_abs_error_uncalibrated": 0.1,
+                           "steady_epochs": 3, "disturbed": {"4": 0.25}, "source_disturbed": None}
+    assert "Other work kept CPUs busy while 4 (25% of its CPUs) ran" in model_check(study)
+    study["validation"]["source_disturbed"] = 0.3
+    assert "Other work kept 30% of the single-rank run's CPUs busy" in model_check(study)
 
 
 def test_a_lone_multi_rank_run_keeps_the_plain_model_and_says_so():
@@ -298,8 +369,12 @@ def test_a_lone_multi_rank_run_keeps_the_plain_model_and_says_so():
     (two,) = predictions.validate(study, lambda n, sizes: _ring(n))
     assert two["prediction"]["calibrated_on"] == []
     assert two["prediction"]["error"] == two["prediction"]["uncalibrated_error"]
-    study["validation"] = {"runs": ["2"], "calibrated": False, "mean_abs_error": 0.3, "mean_abs_error_uncalibrated": 0.3}
-    assert "calibrating needs two or more measured multi-rank" in model_check(study)
+    study["validation"] = {"runs": ["2"], "calibrated": False, "mean_abs_error": 0.3, "mean_abs_error_uncalibrated": 0.3,
+                           "steady_epochs": 3}
+    assert "calibrating needs two or more undisturbed multi-rank" in model_check(study)
+    assert "--epochs 4" not in model_check(study)
+    study["validation"]["steady_epochs"] = 1  # --epochs 2: one epoch after the first, nothing for a median to ignore
+    assert "measured over 1 epoch(s) after the first: --epochs 4 or more" in model_check(study)
 
 
 def test_measured_overlap_replaces_the_assumed_one():

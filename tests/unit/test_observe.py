@@ -13,7 +13,7 @@ import torch
 from trainscale.observe.flops import PEAKS, count_step_flops, cpu_probe, device_key, mfu
 from trainscale.observe.interconnect import arm, judge, parse_nccl_log
 from trainscale.observe.records import RankRecorder, read_run
-from trainscale.observe.sampler import Sampler, interval_from_env
+from trainscale.observe.sampler import Sampler, interval_from_env, other_cpu_share
 from trainscale.observe.stragglers import StragglerWatch, find_straggler
 from trainscale.report.gather import parse_sacct, rank_stats
 
@@ -71,6 +71,43 @@ def test_sampler_reads_this_nodes_ranks_and_gpus_through_its_seam(tmp_path, monk
     sampler.stop()
     lines = next((tmp_path / "metrics").glob("node-*.jsonl")).read_text().splitlines()
     assert len(lines) >= 3 and json.loads(lines[-1])["kind"] == "sample"
+
+
+def test_the_sampler_threads_first_reading_covers_its_interval(tmp_path):
+    """psutil keeps the system-wide CPU reading's last sample per thread: unprimed, the thread's first
+    sample said 0% busy while this process kept a CPU busy."""
+    sampler = Sampler(tmp_path, interval_s=0.3, gpu_reader=lambda: []).start()
+    while sampler.samples < 1:  # keep one CPU busy until the thread has sampled
+        pass
+    sampler.stop()
+    first = json.loads(next((tmp_path / "metrics").glob("node-*.jsonl")).read_text().splitlines()[0])
+    assert first["rank_cpus_busy_pct"] >= 50 and first["cpu_pct"] > 0, first
+
+
+def test_other_work_on_the_ranks_cpus_is_their_busy_time_less_the_ranks_own():
+    quiet = {"kind": "sample", "cpu_pct": 95.0, "rank_cpus": 2, "rank_cpus_busy_pct": 190.0,
+             "procs": [{"cpu_pct": 96.0}, {"cpu_pct": 97.0}]}  # sampling noise: the ranks read a bit above the CPUs
+    busy = {**quiet, "rank_cpus_busy_pct": 200.0, "procs": [{"cpu_pct": 75.0}, {"cpu_pct": 75.0}]}
+    assert other_cpu_share([quiet]) == 0.0
+    assert other_cpu_share([busy]) == pytest.approx(0.25)
+    assert other_cpu_share([busy, quiet]) == pytest.approx(0.125)
+    assert other_cpu_share([{"kind": "sample", "cpu_pct": 50.0}]) is None  # written before the CPUs were sampled
+
+
+def test_a_process_spinning_beside_the_ranks_shows_as_other_work(tmp_path):
+    """For real: a sibling-less "rank" (this process) samples while another process burns a second of CPU
+    on the same CPUs."""
+    import subprocess
+    import sys
+
+    sampler = Sampler(tmp_path, interval_s=3600, gpu_reader=lambda: [])
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.0: pass"
+    subprocess.run([sys.executable, "-c", spin], check=True, timeout=60)
+    sample = sampler.sample()
+    sampler.stop()
+    assert sample["rank_cpus"] == len(os.sched_getaffinity(0))
+    # about one CPU-second in about one second, on this process's CPUs
+    assert other_cpu_share([sample]) > 0.6 / sample["rank_cpus"], sample
 
 
 def _ranks(slow: int | None, *, data: bool, n: int = 45, slow_from: int = 0) -> dict[int, list[dict]]:
@@ -180,3 +217,18 @@ def test_report_refuses_what_it_cannot_read(tmp_path):
         gather(str(tmp_path / "nowhere"))
     with pytest.raises(ConfigError, match="holds no run records"):
         gather(str(tmp_path))
+
+
+def test_the_report_names_other_work_on_the_ranks_cpus(tmp_path):
+    from trainscale.report.gather import Gathered
+    from trainscale.report.verdict import findings
+
+    def sample(busy: float) -> dict:
+        return {"kind": "sample", "cpu_pct": 99.0, "rank_cpus": 2, "rank_cpus_busy_pct": busy,
+                "procs": [{"cpu_pct": 70.0}, {"cpu_pct": 70.0}]}
+
+    busy = findings(Gathered(source=tmp_path, ranks=[], samples={"n1": [sample(200.0)]}, events=[]))
+    assert [f.text for f in busy if f.level == "problem"] == [
+        "other work kept 30% of the ranks' CPUs on n1 busy: every rank there ran slower for it (another job or "
+        "process on the same cores; an exclusive allocation or a quiet node avoids it)"]
+    assert not findings(Gathered(source=tmp_path, ranks=[], samples={"n1": [sample(145.0)]}, events=[]))

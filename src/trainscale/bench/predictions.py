@@ -1,7 +1,8 @@
 """Put the projection model next to a study's measurements.
 
-- ``validate``: predict every measured multi-rank run from the single-rank run and the all-reduce
-  bus bandwidth measured at that rank count on this machine, calibrated with what the *other*
+- ``validate``: predict every measured multi-rank run's step time in its steady state (after the first
+  epoch's warm-up) from the single-rank run's and the all-reduce bus bandwidth measured at that rank
+  count on this machine, calibrated with what the *other*
   multi-rank runs recorded (leave one out: a run never calibrates its own prediction); the error
   says how far to trust it, before and after calibration.
 - ``attach_projection``: predicted rows at 8 ... N ranks for a preset (or the measured) network, with
@@ -27,8 +28,30 @@ def source_run(runs: list[dict], baseline: str) -> dict:
     return next((r for r in singles if r["config"] == baseline), singles[0])
 
 
+def breakdown(run: dict) -> dict:
+    """The per-step sections the model is built from and checked against: the run's steady state (after
+    its first epoch, results.steady_state), else all of it."""
+    return (run.get("steady") or {}).get("breakdown") or run["breakdown"]
+
+
+def step_time(run: dict) -> float:
+    """The run's measured seconds per step in its steady state, else over all of it."""
+    steady = run.get("steady") or {}
+    return steady.get("step_time_s") or run["runtime_s"] / run["steps"]
+
+
+DISTURBED = 0.10
+"""Share of a run's CPUs other work may keep busy before the run no longer calibrates the others (measured
+on an idle 2-core host: at most 0.07 from sampling alone; a test run beside a study: 0.25)."""
+
+
+def disturbed(run: dict) -> bool:
+    """Other work shared the run's cores (bench/runner.other_load): its times say little about the model."""
+    return (run.get("other_cpu_share") or 0.0) >= DISTURBED
+
+
 def measured_from_run(run: dict) -> Measured:
-    b = run["breakdown"]
+    b = breakdown(run)
     return Measured(data_s=b["data"], compute_s=b["compute"], optimizer_s=b["optimizer"],
                     other_s=b["other"] + b.get("communication", 0.0), batch=run["per_rank_batch"],
                     gradient_bytes=b["gradient_bytes"])
@@ -62,38 +85,48 @@ def contention(run: dict, source: dict) -> float:
 
 def measured_overlap(run: dict, options: ModelOptions) -> float | None:
     """The share of the hideable backward time the run hid all-reduces behind (None: nothing was hideable)."""
-    b = run.get("breakdown") or {}
+    b = breakdown(run) if run.get("breakdown") else {}
     window = hideable_s(b.get("compute", 0.0), int(b.get("gradient_bytes", 0)), options)
     if window <= 0 or not b.get("communication_total"):
         return None
     return min(1.0, max(0.0, b["communication_total"] - b.get("communication", 0.0)) / window)
 
 
-def fit_calibration(points: list[tuple[dict, ModelOptions, Prediction]],
-                    ranks_per_core: float | None = None) -> Calibration | None:
+def fit_calibration(points: list[tuple[dict, ModelOptions, Prediction]]) -> Calibration | None:
     """Per-section and communication factors (geometric means of measured / modelled) and the mean
     measured overlap, from multi-rank runs and their uncalibrated predictions.
 
-    ``ranks_per_core``: the communication factor of the run to be predicted comes only from runs with
-    as many ranks per core. Where ranks take turns on cores, the in-training all-reduce also holds the
-    wait for core-mates still computing, which the model adds by itself; a factor learnt where nobody
-    waited (or the other way round) would count that wait twice (or not at all). Measured here: carrying
-    the 2-rank factor over to 4 ranks on 2 cores doubled the error (4 studies: 30-65% vs 15-35%)."""
+    The communication factor comes only from runs with a core per thread. Where ranks take turns on
+    cores (``ranks_per_core`` > 1), the in-training all-reduce also holds the wait for core-mates still
+    computing: core time the model counts as compute (projection.py). For those runs that wait, the
+    all-reduce time beyond the ring model (times the factor) is added back to the measured compute
+    before the compute factor is taken (docs/scaling.md has what this changed)."""
     if not points:
         return None
+    comm = [breakdown(run)["communication_total"] / pred.comm_s for run, options, pred in points
+            if breakdown(run).get("communication_total", 0.0) > 0 and pred.comm_s > 0
+            and options.ranks_per_core <= 1]
+    comm_factor = _geomean(comm) if comm else 1.0
     sections = {}
     for name in HOST_SECTIONS:
-        ratios = [run["breakdown"][name] / getattr(pred, f"{name}_s") for run, _, pred in points
-                  if run["breakdown"].get(name, 0.0) > 0 and getattr(pred, f"{name}_s") > 0]
+        ratios = [measured_section(run, options, pred, name, comm_factor) / getattr(pred, f"{name}_s")
+                  for run, options, pred in points
+                  if breakdown(run).get(name, 0.0) > 0 and getattr(pred, f"{name}_s") > 0]
         if ratios:
             sections[name] = _geomean(ratios)
-    comm = [run["breakdown"]["communication_total"] / pred.comm_s for run, options, pred in points
-            if run["breakdown"].get("communication_total", 0.0) > 0 and pred.comm_s > 0
-            and (ranks_per_core is None or options.ranks_per_core == ranks_per_core)]
     overlaps = [o for o in (measured_overlap(run, options) for run, options, _ in points) if o is not None]
-    return Calibration(sections=sections, comm=_geomean(comm) if comm else 1.0,
+    return Calibration(sections=sections, comm=comm_factor,
                        overlap=sum(overlaps) / len(overlaps) if overlaps else None,
                        runs=tuple(run["config"] for run, _, _ in points))
+
+
+def measured_section(run: dict, options: ModelOptions, plain: Prediction, name: str, comm_factor: float = 1.0) -> float:
+    """A run's measured seconds of a host section as the model counts them: compute of ranks that take
+    turns on cores includes the wait for core-mates, which the timer recorded in the all-reduce."""
+    b = breakdown(run)
+    if name != "compute" or options.ranks_per_core <= 1:
+        return b[name]
+    return b["compute"] + max(0.0, b.get("communication_total", 0.0) - plain.comm_s * comm_factor)
 
 
 def _geomean(values: list[float]) -> float:
@@ -104,8 +137,9 @@ def validate(study: dict, measure) -> list[dict]:
     """Predict each measured multi-rank single-node run; ``measure(n, sizes) -> allreduce result``.
 
     Every prediction is made twice: with the plain model, and calibrated on the other multi-rank runs
-    (a run alone has nothing else to calibrate on, and keeps the plain prediction). The study gets
-    the calibration fitted on all of them (``study["calibration"]``) for the projection."""
+    (a run alone has nothing else to calibrate on, and keeps the plain prediction). A run that other work
+    on its cores disturbed (:func:`disturbed`) is predicted too, and calibrates nothing. The study gets
+    the calibration fitted on all the others (``study["calibration"]``) for the projection."""
     runs = study["runs"]
     source = source_run(runs, study["baseline"])
     measured = measured_from_run(source)
@@ -121,19 +155,21 @@ def validate(study: dict, measure) -> list[dict]:
         scaling = "strong" if run["per_rank_batch"] * run["world_size"] == source["per_rank_batch"] else "weak"
         options = ModelOptions(scaling=scaling, contention=contention(run, source),
                                ranks_per_core=run.get("ranks_per_core") or 1.0,
-                               buckets=run["breakdown"].get("buckets") or None)
+                               buckets=breakdown(run).get("buckets") or None)
         points.append((run, network, options, scaling, predict(measured, network, run["world_size"], options)))
-    for run, network, options, scaling, plain in points:
-        calibration = fit_calibration([(r, o, p) for r, _, o, _, p in points if r is not run],
-                                      ranks_per_core=options.ranks_per_core)
+    for run, network, options, scaling, plain in points:  # a disturbed run calibrates nothing
+        calibration = fit_calibration([(r, o, p) for r, _, o, _, p in points if r is not run and not disturbed(r)])
         pred = predict(measured, network, run["world_size"], options, calibration) if calibration else plain
-        run["predicted_runtime_s"] = pred.step_s * run["steps"]
+        measured_step = step_time(run)
+        run["predicted_step_s"] = pred.step_s
         run["prediction"] = {**pred.as_dict(), "network": network.__dict__, "scaling": scaling,
-                             "contention": options.contention,
-                             "error": run["predicted_runtime_s"] / run["runtime_s"] - 1,
-                             "uncalibrated_error": plain.step_s * run["steps"] / run["runtime_s"] - 1,
-                             "calibrated_on": list(calibration.runs) if calibration else []}
-    everything = fit_calibration([(r, o, p) for r, _, o, _, p in points])
+                             "contention": options.contention, "measured_step_s": measured_step,
+                             "from_epoch": (run.get("steady") or {}).get("from_epoch", 1),
+                             "error": pred.step_s / measured_step - 1,
+                             "uncalibrated_error": plain.step_s / measured_step - 1,
+                             "calibrated_on": list(calibration.runs) if calibration else [],
+                             "disturbed": disturbed(run)}
+    everything = fit_calibration([(r, o, p) for r, _, o, _, p in points if not disturbed(r)])
     if everything:
         study["calibration"] = {"sections": everything.sections, "comm": everything.comm,
                                 "overlap": everything.overlap, "runs": list(everything.runs)}
@@ -157,7 +193,8 @@ def attach_projection(study: dict, network: Network, project_to: int, *, scaling
     calibration = Calibration(sections={}, overlap=measured_overlap_) if measured_overlap_ is not None else None
     preds = project(measured, network, projection_ranks(min(start, project_to), project_to),
                     ModelOptions(scaling=scaling, overlap=overlap), calibration)
-    base_rate = base["samples"] / base["runtime_s"]
+    # the steady state's rate, as the model predicts
+    base_rate = (base.get("steady") or {}).get("samples_per_s") or base["samples"] / base["runtime_s"]
     rows = []
     for p in preds:
         speedup = p.samples_per_s / base_rate

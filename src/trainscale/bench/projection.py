@@ -11,9 +11,11 @@ The model (assumptions stated in docs/scaling.md):
 cores one rank already used (one CPU node) get 1/n of them each, so their host work (data, compute,
 optimizer, the rest) takes n times as long with perfect threading. It is ranks x the measured rank's
 compute units / the run's compute units (bench/ideal.py); 1 where every rank brings its own GPU. Where the ranks' threads outnumber
-the cores (``ranks_per_core`` r > 1) ranks take turns on them, and a rank that has finished backward
-waits in its all-reduce for the core-mates still computing: (1 - 1/r) of the compute time is added
-to the communication.
+the cores (``ranks_per_core`` r > 1) ranks take turns on them: a rank that has finished backward waits in
+its all-reduce for the core-mates still computing, and the cores stay busy with their work meanwhile.
+The model's compute is that *core time* (the rank's own forward+backward and the turns it gives its
+core-mates), so the wait is part of it and not added to the communication; the timer shows it inside
+the all-reduce, which is why a measured run's compute looks shorter and its communication longer.
 
 A :class:`Calibration` corrects the model with what measured multi-rank runs recorded: per section,
 how far its measured time was from the model (threads rarely scale perfectly, so time-sharing cores
@@ -180,8 +182,8 @@ class Calibration:
     sections: dict[str, float]
     """Per host section: measured time / the model's (geometric mean over the runs)."""
     comm: float = 1.0
-    """In-training all-reduce time per step / the model's (ring with the measured bus bandwidth, plus the
-    wait for core-mates)."""
+    """In-training all-reduce time per step / the model's (ring with the measured bus bandwidth), from runs
+    with a core per thread (where ranks take turns, the all-reduce also holds the wait for core-mates)."""
     overlap: float | None = None
     """Measured share of the hideable backward time that hid all-reduces; None: ModelOptions.overlap."""
     runs: tuple[str, ...] = ()
@@ -247,8 +249,7 @@ def predict(measured: Measured, network: Network, ranks: int, options: ModelOpti
     compute = measured.compute_s * work * share * cal.factor("compute")
     optimizer = measured.optimizer_s * share * cal.factor("optimizer")
     other = measured.other_s * share * cal.factor("other")
-    wait = (1 - 1 / options.ranks_per_core) * compute if ranks > 1 else 0.0
-    comm = (modelled_comm(measured.gradient_bytes, ranks, network, options) + wait) * cal.comm
+    comm = modelled_comm(measured.gradient_bytes, ranks, network, options) * cal.comm
     overlap = options.overlap if cal.overlap is None else cal.overlap
     exposed = max(0.0, comm - overlap * hideable_s(compute, measured.gradient_bytes, options))
     step = data + compute + optimizer + other + exposed

@@ -59,17 +59,40 @@ def record_from_metrics(metrics: dict, *, global_batch: int) -> dict:
         "test_loss": last.get("test_loss"),
         "accuracy": last.get("accuracy"),
         "breakdown": per_step_breakdown(epochs, step_time),
+        "steady": steady_state(epochs, global_batch),
         "strategy": (metrics.get("options") or {}).get("strategy") or metrics.get("strategy"),
         "threads": metrics.get("threads"),
         "usable_cpus": metrics.get("usable_cpus"),
     }
 
 
+def steady_state(epochs: list[dict], global_batch: int) -> dict | None:
+    """What the scaling model predicts: the run after its first epoch (which also pays for warm-up: the
+    first steps allocate, build kernels and fill caches), every epoch where there is only one. Per step,
+    the median over those epochs (of the step time, and of each section): one epoch that something
+    else on the machine slowed down does not move it once there are three."""
+    kept = [e for e in (epochs[1:] if len(epochs) > 1 else epochs) if int(e["steps"]) > 0 and float(e["time_s"]) > 0]
+    if not kept:
+        return None
+    step_time = statistics.median(float(e["time_s"]) / int(e["steps"]) for e in kept)
+    rate = statistics.median(int(e.get("samples", e["steps"] * global_batch)) / float(e["time_s"]) for e in kept)
+    timed = [e for e in kept if e.get("breakdown")]
+    breakdown = None
+    if timed:
+        per_epoch = [per_step_breakdown([e], float(e["time_s"]) / int(e["steps"])) for e in timed]
+        breakdown = {key: statistics.median(b[key] for b in per_epoch)
+                     for key in ("data", "compute", "communication", "optimizer", "communication_total")}
+        breakdown["other"] = max(0.0, step_time - sum(breakdown[k] for k in SECTIONS[:4]))
+        breakdown.update(gradient_bytes=per_epoch[-1]["gradient_bytes"], buckets=max(b["buckets"] for b in per_epoch))
+    return {"from_epoch": int(kept[0].get("epoch", len(epochs) - len(kept) + 1)), "epochs": len(kept),
+            "step_time_s": step_time, "samples_per_s": rate, "breakdown": breakdown}
+
+
 def record_from_launch(seconds: float) -> dict:
     """A script that wrote no metrics: the whole launch is timed (includes process start-up)."""
     return {"timed": "launch", "runtime_s": seconds, "epoch_times_s": [], "epochs": None, "steps": None,
             "samples": None, "samples_per_s": None, "step_time_s": None, "train_loss": None, "test_loss": None,
-            "accuracy": None, "breakdown": None}
+            "accuracy": None, "breakdown": None, "steady": None}
 
 
 def add_speedups(runs: list[dict], baseline_token: str) -> None:
@@ -95,16 +118,16 @@ def _fmt(value, pattern: str, missing: str = "-") -> str:
 
 def markdown_table(study: dict) -> str:
     """Seed 004's table: Version | Workers | Runtime (s) | Speedup | Parallel efficiency (+ a few more)."""
-    validated = any(r.get("predicted_runtime_s") is not None for r in study["runs"])
+    validated = any(r.get("predicted_step_s") is not None for r in study["runs"])
     head = ["Version", "Workers", "Runtime (s)", "Speedup", "Parallel efficiency", "Achievable", "Eff. vs achievable",
             "Samples/s", "Comm. exposed", "Comm. overlapped"]
     if validated:
-        head += ["Predicted (s)", "Error"]
+        head += ["Step (ms)", "Predicted (ms)", "Error"]  # the steady state's (after the first epoch)
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in study["runs"]:
         if r.get("status") != "ok":
             lines.append(f"| {r['label']} | {r['world_size']} | failed | - | - | - | - | - | - | -"
-                         + (" | - | -" if validated else "") + " |")
+                         + (" | - | - | -" if validated else "") + " |")
             continue
         breakdown = r.get("breakdown") or {}
         row = [r["label"], str(r["world_size"]), f"{r['runtime_s']:.1f}", _fmt(r.get("speedup"), "{:.2f}x"),
@@ -113,15 +136,18 @@ def markdown_table(study: dict) -> str:
                _fmt(breakdown.get("communication_fraction"), "{:.0%}"),
                _fmt(breakdown.get("communication_overlapped_fraction"), "{:.0%}")]
         if validated:
-            pred = r.get("predicted_runtime_s")
-            row += [_fmt(pred, "{:.1f}"), _fmt(None if pred is None else pred / r["runtime_s"] - 1, "{:+.0%}")]
+            steady = (r.get("steady") or {}).get("step_time_s") or r.get("step_time_s")
+            pred = r.get("prediction") or {}
+            row += [_fmt(None if steady is None else steady * 1e3, "{:.1f}"),
+                    _fmt(None if pred.get("step_s") is None else pred["step_s"] * 1e3, "{:.1f}"),
+                    _fmt(pred.get("error"), "{:+.0%}")]
         lines.append("| " + " | ".join(row) + " |")
     for p in study.get("projection", {}).get("rows", []):
         row = [f"{p['label']} (projected)", str(p["ranks"]), f"{p['runtime_s']:.1f}", f"{p['speedup']:.2f}x",
                f"{p['efficiency']:.0%}", "-", "-", f"{p['samples_per_s']:.0f}",
                f"{p['exposed_comm_s'] / p['step_s']:.0%}" if p["step_s"] else "-", "-"]
         if validated:
-            row += ["-", "-"]
+            row += ["-", f"{p['step_s'] * 1e3:.1f}" if p["step_s"] else "-", "-"]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -145,7 +171,7 @@ CSV_FIELDS = ("config", "label", "status", "world_size", "nodes", "nproc_per_nod
               "achievable_speedup", "efficiency_vs_achievable", "hardware",
               "train_loss", "test_loss", "accuracy", "data_s", "compute_s", "communication_s", "optimizer_s",
               "other_s", "communication_fraction", "communication_total_s", "communication_overlapped_s",
-              "communication_overlapped_fraction", "buckets", "strategy", "predicted_runtime_s", "launch_s", "timed")
+              "communication_overlapped_fraction", "buckets", "strategy", "predicted_step_s", "launch_s", "timed")
 
 
 def csv_text(study: dict) -> str:
@@ -196,13 +222,26 @@ def model_check(study: dict) -> str | None:
     if v.get("mean_abs_error") is None:
         return None
     runs = ", ".join(v["runs"])
+    head = (f"Model check on this machine: predicted vs measured step time after the first epoch, mean |error| "
+            f"{v['mean_abs_error']:.0%} over configuration(s) {runs}")
     if not v.get("calibrated"):
-        return (f"Model check on this machine: predicted vs measured runtime, mean |error| {v['mean_abs_error']:.0%} "
-                f"over configuration(s) {runs} (uncalibrated: calibrating needs two or more measured multi-rank "
-                f"configurations, each predicted from the others)")
-    return (f"Model check on this machine: predicted vs measured runtime, mean |error| {v['mean_abs_error']:.0%} "
-            f"over configuration(s) {runs}, each calibrated on the others' records "
-            f"({v['mean_abs_error_uncalibrated']:.0%} with the plain model)")
+        text = (f"{head} (uncalibrated: calibrating needs two or more undisturbed multi-rank configurations, "
+                f"each predicted from the others)")
+    else:
+        text = (f"{head}, each calibrated on the others' records ({v['mean_abs_error_uncalibrated']:.0%} with the "
+                f"plain model)")
+    if v.get("steady_epochs", 3) < 3:  # the median of fewer epochs cannot ignore a disturbed one
+        text += (f"; measured over {v['steady_epochs']} epoch(s) after the first: --epochs 4 or more lets the median "
+                 f"ignore one that something else on the machine slowed down")
+    disturbed = v.get("disturbed") or {}
+    if disturbed:
+        shares = ", ".join(f"{config} ({share:.0%} of its CPUs)" for config, share in disturbed.items())
+        text += (f". Other work kept CPUs busy while {shares} ran, which no model of the training predicts: "
+                 f"such a run calibrates nothing and is left out of the mean; measure again on a quiet machine")
+    if v.get("source_disturbed") is not None:
+        text += (f". Other work kept {v['source_disturbed']:.0%} of the single-rank run's CPUs busy, and every "
+                 f"prediction starts from it: measure again on a quiet machine")
+    return text
 
 
 def suggestions(study: dict) -> list[str]:

@@ -86,8 +86,20 @@ def execute_run(plan: Plan, run: PlannedRun, out_dir: Path, display: StudyDispla
         record.update(status="ok", **results.record_from_metrics(metrics, global_batch=run.global_batch))
         record["nodes"] = metrics.get("num_nodes", record["nodes"])
         record["device"] = metrics.get("device", record["device"])
+        record["other_cpu_share"] = other_load(run_dir) if record["nodes"] == 1 else None
         display.finish(run.name, True, f"{record['runtime_s']:.1f}s, {record['samples_per_s']:.0f} samples/s")
     return record
+
+
+def other_load(run_dir: Path) -> float | None:
+    """The share of the run's CPUs other work kept busy while it trained, from its node sampler's records
+    (observe/sampler.py; None where sampling was off or took no sample)."""
+    from trainscale.observe.records import read_lines
+    from trainscale.observe.sampler import other_cpu_share
+
+    samples = [x for path in sorted(run_dir.rglob("metrics/node-*.jsonl")) for x in read_lines(path)
+               if x.get("kind") == "sample"]
+    return other_cpu_share(samples)
 
 
 def _load() -> float | None:

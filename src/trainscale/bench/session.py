@@ -110,12 +110,21 @@ def _predict(study: dict, spec: StudySpec, out_dir: Path, projection: Projection
         measure = predictions.allreduce_measurer(out_dir, hook=predictions.averaging_hook(spec.workload_args))
     if validate or (projection and projection.interconnect == "measured"):
         checked = predictions.validate(study, measure)
-        errors = [abs(r["prediction"]["error"]) for r in checked]
-        plain = [abs(r["prediction"]["uncalibrated_error"]) for r in checked]
-        study["validation"] = {"runs": [r["config"] for r in checked],
+        # the model's error where only the training ran (all runs' where other work disturbed every one)
+        counted = [r for r in checked if not predictions.disturbed(r)] or checked
+        errors = [abs(r["prediction"]["error"]) for r in counted]
+        plain = [abs(r["prediction"]["uncalibrated_error"]) for r in counted]
+        source = predictions.source_run(study["runs"], study["baseline"])
+        study["validation"] = {"runs": [r["config"] for r in counted],
+                               "disturbed": {r["config"]: r["other_cpu_share"] for r in checked
+                                             if predictions.disturbed(r)},
+                               "source_disturbed": source.get("other_cpu_share") if predictions.disturbed(source) else None,
                                "calibrated": any(r["prediction"]["calibrated_on"] for r in checked),
                                "mean_abs_error": sum(errors) / len(errors) if errors else None,
-                               "mean_abs_error_uncalibrated": sum(plain) / len(plain) if plain else None}
+                               "mean_abs_error_uncalibrated": sum(plain) / len(plain) if plain else None,
+                               # epochs each run's steady state is the median of (the fewest of any run)
+                               "steady_epochs": min(((r.get("steady") or {}).get("epochs", 0) for r in study["runs"]
+                                                     if r.get("status") == "ok"), default=0)}
     if projection:
         if projection.interconnect == "measured":
             checked = [r for r in study["runs"] if r.get("prediction")]

@@ -1,6 +1,8 @@
 """Device sampling in a side thread, one per node (in local rank 0): GPU utilisation, memory and power
 through NVML (nvidia-ml-py) or AMD SMI (amdsmi) when present, and always the CPU use and resident
-memory of each of the node's ranks (psutil). Written to ``metrics/node-<host>.jsonl``.
+memory of each of the node's ranks (psutil), and how busy the CPUs they may run on were: what the
+ranks did not use of that was other work sharing their cores (:func:`other_cpu_share`). Written to
+``metrics/node-<host>.jsonl``.
 
 The node's ranks are this process and its siblings (the children of the same parent: torchrun's
 agent, or srun's slurmstepd) that run the same program. ``TRAINSCALE_SAMPLE_INTERVAL`` seconds between
@@ -97,6 +99,33 @@ def node_ranks() -> list[Any]:
     return [me, *siblings]
 
 
+def rank_cpus(procs: list[Any]) -> list[int]:
+    """The CPUs the node's ranks may run on (the union of their affinities)."""
+    import psutil
+
+    cpus: set[int] = set()
+    for p in procs:
+        try:
+            cpus.update(p.cpu_affinity())
+        except (psutil.Error, AttributeError):  # no affinity on this platform: every CPU
+            return list(range(psutil.cpu_count() or 1))
+    return sorted(cpus)
+
+
+def other_cpu_share(samples: list[dict[str, Any]]) -> float | None:
+    """The share of the ranks' CPUs that other work kept busy, averaged over the samples: their busy time
+    minus the ranks' own (None: no sample says). Another job, a compile or a test run on the same cores
+    slows every rank down, and no model of the training predicts that."""
+    shares = []
+    for x in samples:
+        cpus, busy = x.get("rank_cpus"), x.get("rank_cpus_busy_pct")
+        if not cpus or busy is None:
+            continue
+        ranks = sum(p.get("cpu_pct") or 0.0 for p in x.get("procs", []))
+        shares.append(min(1.0, max(0.0, (busy - ranks) / (100.0 * cpus))))
+    return sum(shares) / len(shares) if shares else None
+
+
 class Sampler:
     """Samples every ``interval_s`` in a daemon thread until :meth:`stop`."""
 
@@ -108,9 +137,11 @@ class Sampler:
                              flush_every=1)
         self.gpu = gpu_reader if gpu_reader is not None else (nvml_reader() or amdsmi_reader())
         self.procs = node_ranks()
+        self.cpus = rank_cpus(self.procs)
         for p in self.procs:
             p.cpu_percent(None)  # the first reading only starts psutil's clock
         psutil.cpu_percent(None)
+        psutil.cpu_percent(None, percpu=True)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="trainscale-sampler", daemon=True)
         self.samples = 0
@@ -129,7 +160,9 @@ class Sampler:
                     procs.append({"pid": p.pid, "cpu_pct": p.cpu_percent(None), "rss": p.memory_info().rss})
             except psutil.Error:
                 continue
-        record = {"kind": "sample", "t": time.time(), "cpu_pct": psutil.cpu_percent(None), "procs": procs}
+        per_cpu = psutil.cpu_percent(None, percpu=True)
+        record = {"kind": "sample", "t": time.time(), "cpu_pct": psutil.cpu_percent(None), "procs": procs,
+                  "rank_cpus": len(self.cpus), "rank_cpus_busy_pct": sum(per_cpu[i] for i in self.cpus if i < len(per_cpu))}
         if self.gpu is not None:
             try:
                 record["gpus"] = self.gpu()
@@ -140,6 +173,12 @@ class Sampler:
         return record
 
     def _loop(self) -> None:
+        # psutil keeps the system-wide readings' last sample per thread: the first reading in a thread
+        # covers no interval and says 0%, so this thread takes one before its first wait
+        import psutil
+
+        psutil.cpu_percent(None)
+        psutil.cpu_percent(None, percpu=True)
         while not self._stop.wait(self.interval_s):
             self.sample()
 

@@ -53,14 +53,14 @@ def plots(g: Gathered, out: Path) -> dict[str, Path]:
     if g.ranks:
         _rank_plots(g, out, plt, made)
     study = g.study or {}
-    measured = [r for r in study.get("runs", []) if r.get("status") == "ok" and r.get("predicted_runtime_s")]
+    measured = [r for r in study.get("runs", []) if r.get("status") == "ok" and r.get("prediction")]
     if measured:
         fig, ax = plt.subplots(figsize=(7, 3.5))
         xs = [str(r["world_size"]) for r in measured]
-        ax.plot(xs, [r["runtime_s"] for r in measured], "o-", label="measured")
-        ax.plot(xs, [r["predicted_runtime_s"] for r in measured], "s--", label="predicted")
+        ax.plot(xs, [r["prediction"]["measured_step_s"] * 1e3 for r in measured], "o-", label="measured")
+        ax.plot(xs, [r["prediction"]["step_s"] * 1e3 for r in measured], "s--", label="predicted")
         ax.set_xlabel("ranks")
-        ax.set_ylabel("runtime (s)")
+        ax.set_ylabel("step time after the first epoch (ms)")
         ax.set_title("Scaling model: measured and predicted")
         ax.legend()
         made["projection"] = _save(fig, out / "measured-vs-predicted.png", plt)

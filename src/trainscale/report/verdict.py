@@ -12,6 +12,7 @@ HIGH_COMM_SHARE = 0.30
 HIGH_DATA_SHARE = 0.15
 STRAGGLER_RATIO = 1.2
 LOW_CPU_EFFICIENCY = 0.5
+OTHER_WORK_SHARE = 0.10  # as bench --validate (bench/predictions.DISTURBED)
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,14 @@ def findings(g: Gathered) -> list[Finding]:
         out.append(Finding("problem" if mean < LOW_GPU_UTIL else "good",
                            f"GPU utilisation averaged {mean:.0f}%" + (" (low: the GPUs waited for data, the CPU or "
                                                                       "communication)" if mean < LOW_GPU_UTIL else "")))
+    from trainscale.observe.sampler import other_cpu_share
+
+    for host, samples in g.samples.items():
+        share = other_cpu_share(samples)
+        if share is not None and share >= OTHER_WORK_SHARE:
+            out.append(Finding("problem", f"other work kept {share:.0%} of the ranks' CPUs on {host} busy: every rank "
+                                          "there ran slower for it (another job or process on the same cores; "
+                                          "an exclusive allocation or a quiet node avoids it)"))
     acct = g.accounting or {}
     if acct.get("cpu_efficiency") is not None and acct["cpu_efficiency"] < LOW_CPU_EFFICIENCY and not utils:
         out.append(Finding("note", f"CPU efficiency {acct['cpu_efficiency']:.0%} of the allocated cores (sacct): "
