@@ -21,8 +21,22 @@ def newest_weights(directory: Path) -> dict[str, torch.Tensor]:
     return torch.load(sorted(directory.glob("ckpt-*.pt"))[-1], weights_only=True)["model"]
 
 
+@pytest.fixture(scope="module")
+def reference_weights(slurm_cluster, tmp_path_factory) -> dict[str, torch.Tensor]:
+    """The same job, never signalled, in the same layout (2 nodes x 2 ranks, as many threads per rank):
+    one reference for both launch modes, which give every rank the same rank, data shard and threads."""
+    tmp = tmp_path_factory.mktemp("reference")
+    done = trainscale(tmp, "slurm", "--profile", "local-test", "--nodes", "2", "--gpus-per-node", "2",
+                      "--time", "00:10:00", "--launcher", "srun", "--requeue", "--output-dir", str(tmp / "jobs"),
+                      "--python", sys.executable, "--submit", "--watch", "--poll", "0.5", *CNN)
+    job = re.search(r"submitted job (\d+)", done.stderr)
+    assert done.returncode == 0 and job, f"{done.stdout}\n{done.stderr}"
+    return newest_weights(next((tmp / "jobs").glob("trainscale-cnn-*")) / "checkpoints")
+
+
 @pytest.mark.parametrize("launcher", ["torchrun", "srun"])
-def test_usr1_to_the_batch_shell_requeues_and_resumes_to_identical_weights(slurm_cluster, tmp_path, launcher):
+def test_usr1_to_the_batch_shell_requeues_and_resumes_to_identical_weights(slurm_cluster, tmp_path, launcher,
+                                                                          reference_weights):
     done = trainscale(tmp_path, "slurm", "--profile", "local-test", "--nodes", "2", "--gpus-per-node", "2",
                       "--time", "00:10:00", "--launcher", launcher, "--requeue", "--output-dir", str(tmp_path / "jobs"),
                       "--python", sys.executable, "--submit", *CNN)
@@ -44,16 +58,8 @@ def test_usr1_to_the_batch_shell_requeues_and_resumes_to_identical_weights(slurm
     assert "Preempted (SIGUSR1) at step" in out and f"requeueing SLURM job {job}" in out, out
     assert "Attempt 2 of this job" in out, out
 
-    # the same job, never signalled, in the same environment (threads per rank, layout) as the reference
-    ref_done = trainscale(tmp_path, "slurm", "--profile", "local-test", "--nodes", "2", "--gpus-per-node", "2",
-                          "--time", "00:10:00", "--launcher", launcher, "--requeue", "--output-dir",
-                          str(tmp_path / "reference"), "--python", sys.executable, "--submit", "--watch",
-                          "--poll", "0.5", *CNN)
-    ref_job = re.search(r"submitted job (\d+)", ref_done.stderr)
-    assert ref_done.returncode == 0 and ref_job, f"{ref_done.stdout}\n{ref_done.stderr}"
-    ref_dir = next((tmp_path / "reference").glob("trainscale-cnn-*")) / "checkpoints"
-    ours, ref = newest_weights(ckdir), newest_weights(ref_dir)
-    for key in ref:
-        assert torch.equal(ours[key], ref[key]), key
+    ours = newest_weights(ckdir)
+    for key in reference_weights:
+        assert torch.equal(ours[key], reference_weights[key]), key
     print(f"\n[preemption {launcher}] job {job}: requeued {requeued:.1f}s after SIGUSR1, COMPLETED {finished:.1f}s "
           f"after it")
