@@ -8,6 +8,13 @@ Both run N ranks on this machine (gloo), the same model, data, batch and steps; 
 default). Ratio = step time recorded / step time
 not recorded (goal <= 1.01). The FLOP count and the CPU peak probe run after training and are reported
 separately, as end-to-end seconds.
+
+On a shared 2-core host two runs of the same thing differ by several per cent, more than the goal, so the
+script also times what recording adds directly, in this process: the step path's work (the phase marks,
+turning them into a record, the buffered JSON line) per step, plus rank 0's straggler watch reading
+each rank's new lines, and one sample of N ranks by the node sampler (psutil, the CPUs' reading, the
+line written), which holds rank 0's interpreter while it runs. Their cost over the measured step time and
+the sampling interval is the overhead they imply.
 """
 
 from __future__ import annotations
@@ -51,6 +58,55 @@ def main() -> None:
     print(f"ratio recorded / not recorded = {ratio:.3f}: {verdict(ratio, 1.01, higher_is_better=False)}")
     print(f"end to end: {median(walls['on']):.1f}s vs {median(walls['off']):.1f}s (FLOP count and peak probe at the "
           f"end included); {load()}")
+    per_step, per_sample = direct_costs(tmp / "direct", a.nproc)
+    step_s = median(times["off"])
+    implied = 1 + per_step / step_s + per_sample / a.interval
+    print(f"direct cost: {per_step * 1e6:.1f} us per step ({per_step / step_s:.3%} of a {step_s * 1e3:.1f} ms step) + "
+          f"{per_sample * 1e3:.2f} ms per sample of {a.nproc} ranks every {a.interval:g} s "
+          f"({per_sample / a.interval:.3%}) = ratio {implied:.4f}: {verdict(implied, 1.01, higher_is_better=False)}")
+
+
+def direct_costs(run_dir: Path, nproc: int, steps: int = 5000, samples: int = 200) -> tuple[float, float]:
+    """Seconds the loop's recording adds per step, and one sample of ``nproc`` ranks takes (medians of 5)."""
+    import time
+
+    import psutil
+    import torch
+
+    from trainscale.observe.records import RankRecorder
+    from trainscale.observe.sampler import Sampler
+    from trainscale.observe.stragglers import StragglerWatch
+    from trainscale.train.observing import StepMarks
+
+    recorder = RankRecorder(run_dir, 0, world_size=nproc)
+    marks = StepMarks(torch.device("cpu"))
+    sampler = Sampler(run_dir, interval_s=3600, gpu_reader=lambda: [])
+    sampler.procs = [psutil.Process() for _ in range(nproc)]  # as many ranks to read as the runs had
+    for p in sampler.procs:
+        p.cpu_percent(None)
+    watch = StragglerWatch(run_dir, say=print)
+    step_costs, sample_costs = [], []
+    for _ in range(5):
+        began = time.perf_counter()
+        for step in range(steps):
+            marks.start()
+            for phase in ("data", "compute", "backward", "optimizer"):
+                marks.mark(phase)
+            marks.end(step=step, samples=16)
+            for record in marks.ready():
+                recorder.step(record.pop("step"), record.pop("step_s"), **record)
+        recording = (time.perf_counter() - began) / steps
+        recorder.out.flush()
+        began = time.perf_counter()
+        watch.check()  # this rank's new lines; rank 0 reads every rank's
+        step_costs.append(recording + nproc * (time.perf_counter() - began) / steps)
+        began = time.perf_counter()
+        for _ in range(samples):
+            sampler.sample()
+        sample_costs.append((time.perf_counter() - began) / samples)
+    recorder.close()
+    sampler.stop()
+    return median(step_costs), median(sample_costs)
 
 
 if __name__ == "__main__":

@@ -153,6 +153,24 @@ def test_straggler_watch_says_it_once(tmp_path):
     assert events[0]["kind"] == "straggler" and events[0]["rank"] == 1
 
 
+def test_straggler_watch_reads_only_new_lines_and_keeps_two_windows(tmp_path):
+    from trainscale.observe.stragglers import RankTail
+
+    path = tmp_path / "rank-0.jsonl"
+    meta = json.dumps({"kind": "meta", "rank": 0, "node": "n1"})
+    steps = [json.dumps({"kind": "step", "step": i, "step_s": 0.1, "data_s": 0.01, "compute_s": 0.05}) for i in range(100)]
+    path.write_text(meta + "\n" + "\n".join(steps[:60]) + "\n" + steps[60][:20])  # the last line half written
+    tail = RankTail(path, keep=40)
+    first = tail.read()
+    assert first[0]["kind"] == "meta" and [r["step"] for r in first[1:]] == list(range(20, 60))
+    with open(path, "a") as fh:  # the line completed, and more
+        fh.write(steps[60][20:] + "\n" + "\n".join(steps[61:]) + "\n")
+    offset = tail.offset
+    again = tail.read()
+    assert [r["step"] for r in again[1:]] == list(range(60, 100)) and again[0] == first[0]
+    assert tail.offset == path.stat().st_size > offset  # the next read starts where this one ended
+
+
 @pytest.mark.parametrize("log, networks, missing", [
     ("lumi-ofi-2nodes.log", ("ofi",), False),
     ("lumi-socket-fallback.log", ("socket",), True),

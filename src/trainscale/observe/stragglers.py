@@ -1,7 +1,8 @@
 """Stragglers named while training: one slow rank holds every other rank back at each collective.
 
 Rank 0 reads the ranks' own step records (observe/records.py) in a side thread — no collective, nothing
-on the step path — and when one rank's step time stays above the others' by more than ``ratio`` over a
+on the step path, and only the lines written since its last look, keeping the last two windows of each
+rank (a day-long run's files are not parsed again every few seconds) — and when one rank's step time stays above the others' by more than ``ratio`` over a
 window of ``window`` steps, says once which rank, on which host, by how much, and the likely cause:
 
 - data wait: its time waiting for the next batch is the difference (loader workers, I/O, a slow disk);
@@ -15,13 +16,15 @@ what tell the slow rank apart. The verdict compares those "own" times.
 
 from __future__ import annotations
 
+import json
 import statistics
 import threading
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from trainscale.observe.records import metrics_dir, note_event, read_lines
+from trainscale.observe.records import metrics_dir, note_event
 
 DEFAULT_RATIO = 1.2
 DEFAULT_WINDOW = 20
@@ -101,6 +104,36 @@ def find_straggler(ranks: dict[int, list[dict]], *, ratio: float = DEFAULT_RATIO
                                   [meta[r] for r in meta if r != worst]))
 
 
+class RankTail:
+    """One rank's record file, read from where the last read stopped: its meta record and its last ``keep``
+    steps with an own time. A line still being written is left for the next read."""
+
+    def __init__(self, path: Path, keep: int) -> None:
+        self.path, self.offset = path, 0
+        self.meta: dict[str, Any] | None = None
+        self.steps: deque[dict[str, Any]] = deque(maxlen=keep)
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                chunk = fh.read()
+        except FileNotFoundError:
+            chunk = b""
+        complete = chunk.rfind(b"\n") + 1
+        for line in chunk[:complete].splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if record.get("kind") == "meta" and self.meta is None:
+                self.meta = record
+            elif record.get("kind") == "step" and own_time(record) is not None:
+                self.steps.append(record)
+        self.offset += complete
+        return ([self.meta] if self.meta else []) + list(self.steps)
+
+
 class StragglerWatch:
     """Rank 0's side thread: every ``every_s`` seconds, read the ranks' records and name a straggler once."""
 
@@ -109,6 +142,7 @@ class StragglerWatch:
         self.run_dir, self.say, self.every_s = Path(run_dir), say, every_s
         self.ratio, self.window = ratio, window
         self.found: Straggler | None = None
+        self.tails: dict[Path, RankTail] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="trainscale-stragglers", daemon=True)
 
@@ -119,7 +153,7 @@ class StragglerWatch:
     def check(self) -> Straggler | None:
         if self.found is not None:
             return None
-        ranks = {int(p.stem.split("-", 1)[1]): list(read_lines(p))
+        ranks = {int(p.stem.split("-", 1)[1]): self.tails.setdefault(p, RankTail(p, 2 * self.window)).read()
                  for p in metrics_dir(self.run_dir).glob("rank-*.jsonl")}
         found = find_straggler(ranks, ratio=self.ratio, window=self.window)
         if found is not None:
