@@ -42,7 +42,7 @@ def step_time(run: dict) -> float:
 
 DISTURBED = 0.10
 """Share of a run's CPUs other work may keep busy before the run no longer calibrates the others (measured
-on an idle 2-core host: at most 0.07 from sampling alone; a test run beside a study: 0.25)."""
+on a quiet 2-core host: 0.002-0.02 over 18 runs; a test suite beside a study: 0.25; `yes`: 0.35)."""
 
 
 def disturbed(run: dict) -> bool:

@@ -118,7 +118,8 @@ def _predict(study: dict, spec: StudySpec, out_dir: Path, projection: Projection
         study["validation"] = {"runs": [r["config"] for r in counted],
                                "disturbed": {r["config"]: r["other_cpu_share"] for r in checked
                                              if predictions.disturbed(r)},
-                               "source_disturbed": source.get("other_cpu_share") if predictions.disturbed(source) else None,
+                               "source_disturbed": (source.get("other_cpu_share") if predictions.disturbed(source)
+                                                    else None),
                                "calibrated": any(r["prediction"]["calibrated_on"] for r in checked),
                                "mean_abs_error": sum(errors) / len(errors) if errors else None,
                                "mean_abs_error_uncalibrated": sum(plain) / len(plain) if plain else None,

@@ -162,7 +162,8 @@ class Sampler:
                 continue
         per_cpu = psutil.cpu_percent(None, percpu=True)
         record = {"kind": "sample", "t": time.time(), "cpu_pct": psutil.cpu_percent(None), "procs": procs,
-                  "rank_cpus": len(self.cpus), "rank_cpus_busy_pct": sum(per_cpu[i] for i in self.cpus if i < len(per_cpu))}
+                  "rank_cpus": len(self.cpus),
+                  "rank_cpus_busy_pct": sum(per_cpu[i] for i in self.cpus if i < len(per_cpu))}
         if self.gpu is not None:
             try:
                 record["gpus"] = self.gpu()

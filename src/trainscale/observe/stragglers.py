@@ -2,8 +2,9 @@
 
 Rank 0 reads the ranks' own step records (observe/records.py) in a side thread — no collective, nothing
 on the step path, and only the lines written since its last look, keeping the last two windows of each
-rank (a day-long run's files are not parsed again every few seconds) — and when one rank's step time stays above the others' by more than ``ratio`` over a
-window of ``window`` steps, says once which rank, on which host, by how much, and the likely cause:
+rank (a day-long run's files are not parsed again every few seconds) — and when one rank's step time
+stays above the others' by more than ``ratio`` over a window of ``window`` steps, says once which rank,
+on which host, by how much, and the likely cause:
 
 - data wait: its time waiting for the next batch is the difference (loader workers, I/O, a slow disk);
 - compute: its own computing is (a slower or throttled device, or CPU threads competing);
