@@ -79,7 +79,7 @@ def browse(chromium: str, page: Path, profile: Path, *extra: str) -> subprocess.
 
 
 @pytest.mark.slow
-def test_report_names_the_straggler_and_renders_in_a_browser(tmp_path, chromium):
+def test_report_names_the_straggler_and_renders_in_a_browser(tmp_path, chromium, capsys):
     script = tmp_path / "observed.py"
     script.write_text(SCRIPT)
     run_dir = tmp_path / "run"
@@ -107,7 +107,8 @@ def test_report_names_the_straggler_and_renders_in_a_browser(tmp_path, chromium)
     shot = run_dir / "report" / "screenshot.png"
     taken = browse(chromium, page, tmp_path / "chrome", f"--screenshot={shot}")
     assert taken.returncode == 0 and shot.stat().st_size > 20_000, taken.stderr
-    print(f"\n[report] screenshot of the report page: {shot}")
+    with capsys.disabled():  # in the test command's own output, not only under -s
+        print(f"\n[report] screenshot of the report page: {shot}")
 
 
 @pytest.mark.slow
