@@ -40,14 +40,11 @@ def step_time(run: dict) -> float:
     return steady.get("step_time_s") or run["runtime_s"] / run["steps"]
 
 
-DISTURBED = 0.10
-"""Share of a run's CPUs other work may keep busy before the run no longer calibrates the others (measured
-on a quiet 2-core host: 0.002-0.02 over 18 runs; a test suite beside a study: 0.25; `yes`: 0.35)."""
-
-
 def disturbed(run: dict) -> bool:
     """Other work shared the run's cores (bench/runner.other_load): its times say little about the model."""
-    return (run.get("other_cpu_share") or 0.0) >= DISTURBED
+    from trainscale.observe.sampler import OTHER_WORK_SHARE
+
+    return (run.get("other_cpu_share") or 0.0) >= OTHER_WORK_SHARE
 
 
 def measured_from_run(run: dict) -> Measured:

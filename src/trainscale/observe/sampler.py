@@ -112,6 +112,12 @@ def rank_cpus(procs: list[Any]) -> list[int]:
     return sorted(cpus)
 
 
+OTHER_WORK_SHARE = 0.10
+"""Share of the ranks' CPUs other work may keep busy before a run counts as disturbed (bench --validate
+leaves it out, the report names it). Measured on a quiet 2-core host: 0.002-0.02 over 18 runs; a test
+suite beside a study: 0.25; `yes`: 0.35."""
+
+
 def other_cpu_share(samples: list[dict[str, Any]]) -> float | None:
     """The share of the ranks' CPUs that other work kept busy, averaged over the samples: their busy time
     minus the ranks' own (None: no sample says). Another job, a compile or a test run on the same cores

@@ -12,7 +12,6 @@ HIGH_COMM_SHARE = 0.30
 HIGH_DATA_SHARE = 0.15
 STRAGGLER_RATIO = 1.2
 LOW_CPU_EFFICIENCY = 0.5
-OTHER_WORK_SHARE = 0.10  # as bench --validate (bench/predictions.DISTURBED)
 
 
 @dataclass(frozen=True)
@@ -59,7 +58,7 @@ def findings(g: Gathered) -> list[Finding]:
         out.append(Finding("problem" if mean < LOW_GPU_UTIL else "good",
                            f"GPU utilisation averaged {mean:.0f}%" + (" (low: the GPUs waited for data, the CPU or "
                                                                       "communication)" if mean < LOW_GPU_UTIL else "")))
-    from trainscale.observe.sampler import other_cpu_share
+    from trainscale.observe.sampler import OTHER_WORK_SHARE, other_cpu_share
 
     for host, samples in g.samples.items():
         share = other_cpu_share(samples)
