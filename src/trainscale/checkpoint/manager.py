@@ -223,7 +223,8 @@ class Checkpointer:
             if written_by not in (None, self.strategy):
                 raise CheckpointError(
                     f"{found.path} was written by strategy {written_by!r}, this run uses {self.strategy!r}",
-                    hint=f"resume with --strategy {written_by}, or start a new checkpoint directory",
+                    hint=f"resume with --strategy {written_by}; or start anew: add --fresh (the checkpoints are "
+                         "moved aside, not deleted) or give another checkpoint or experiment directory",
                 )
         return found
 

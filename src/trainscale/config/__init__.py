@@ -76,6 +76,24 @@ def _coerce(name: str, text: str, annotation: Any, source: str) -> Any:
     return text
 
 
+def field_docs(cls: type) -> dict[str, str]:
+    """Each field's docstring (the string literal under it, as this project documents every field), for
+    ``--help``: the dataclass stays the one place an option is described."""
+    import ast
+    import inspect
+
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        body = ast.parse(inspect.getsource(klass).lstrip()).body[0].body
+        for node, after in zip(body, body[1:]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
+                    and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+                docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
 def from_environment(cls: type, section: str, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     environ = os.environ if environ is None else environ
     prefix = f"TRAINSCALE_{section.upper()}_"
@@ -121,4 +139,4 @@ def resolve(cls: type[T], *, section: str, defaults: Mapping[str, Any] | None = 
         raise ConfigError(f"{section} options: {exc}", hint="check the types in your config file") from None
 
 
-__all__ = ["ORDER", "resolve", "load_config_file", "from_environment"]
+__all__ = ["ORDER", "resolve", "load_config_file", "from_environment", "field_docs"]

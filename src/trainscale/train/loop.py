@@ -11,7 +11,7 @@ model, an optimizer, a loss, its data), the :class:`Loop` does the rest, the sam
 - gradient accumulation (``--grad-accum``): no gradient sync before the last micro-batch, and
   DeepSpeed's engine stepping every micro-batch, both through the strategy's protocol;
 - evaluation at each epoch's end, per-epoch records (time with the device waited for, samples/s,
-  losses, the optional ``--breakdown``), a progress line every ``--log-every`` steps, metric streams,
+  losses, the optional ``--breakdown``), progress lines with rate and ETA (console.py), metric streams,
   the per-rank memory table and ``--metrics-out``.
 """
 
@@ -35,6 +35,7 @@ from trainscale.runtime.threads import node_cpus
 from trainscale.strategies import get_strategy
 from trainscale.strategies.base import OptimizerSource
 from trainscale.train import fault
+from trainscale.train.console import Progress, duration
 from trainscale.train.metrics import LossLog, MetricStreams, write_metrics
 from trainscale.train.observing import Observer
 from trainscale.train.options import TrainOptions
@@ -112,6 +113,8 @@ class Loop:
         self.lr_optimizer = self.strategy.torch_optimizer(self.optimizer)
         self.scheduler = (task.scheduler(self.lr_optimizer, self.total)
                           if task.scheduler is not None and self.lr_optimizer is not None else None)
+        if self.directory is not None and opts.fresh:
+            set_aside(Path(self.directory), rt)
         self.checkpointer = (Checkpointer(self.directory, rt, strategy=self.strategy,
                                           asynchronous=opts.checkpoint_async)
                              if self.directory is not None else None)
@@ -130,6 +133,8 @@ class Loop:
         if found is None:
             return 0, 0
         self.step = self.saved_at = int(found.contents["step"])
+        if self.step >= self.total:
+            self._nothing_to_train(found)
         written = int(found.record["world_size"])
         epoch, batch = resume_position(found, self.step, self.steps_per_epoch, self.rt.world_size)
         self.task.loader.load_state_dict({"epoch": epoch})
@@ -137,6 +142,20 @@ class Loop:
         self.rt.print(f"Resumed from {found.path} at step {self.step} (epoch {epoch + 1}, batch {batch}); "
                       f"written with world size {written}, now {self.rt.world_size}")
         return epoch, batch * self.accumulation
+
+    def _nothing_to_train(self, found: Any) -> None:
+        """The newest checkpoint is at or past the run's last step. A restart or requeue of a run that
+        had finished ends cleanly; a new command that would train nothing is an error, not a success."""
+        last = f"--max-steps {self.opts.max_steps}" if self.opts.max_steps else f"--epochs {self.opts.epochs}"
+        if self.rt.attempt:
+            self.rt.print(f"Nothing left to train: {found.path} is at step {self.step}, the run's last ({last})")
+            return
+        raise CheckpointError(
+            f"{found.path} is at step {self.step}, at or past this run's last step {self.total} ({last}): resuming "
+            "would train nothing",
+            hint=f"to train on, raise {last.split()[0]} above {self.step}; to start anew, add --fresh (the "
+                 f"checkpoints in {self.directory} are moved aside, not deleted) or give another checkpoint or "
+                 "experiment directory")
 
     # -- running ---------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -150,6 +169,9 @@ class Loop:
         self.observer = Observer.for_run(rt).start(workload=self.task.name, strategy=self.strategy.name,
                                                    batch_size=opts.batch_size, accumulation=self.accumulation)
         clock = EpochClock(rt)  # waits for the GPU: its queued work is part of the epoch
+        self.progress = Progress(steps_per_epoch=self.steps_per_epoch, total=self.total,
+                                 samples_per_step=self.per_rank_samples * rt.world_size,
+                                 epochs=None if self.task.past_epochs else opts.epochs, every=opts.log_every)
         rt.print(self._describe())
         history: list[dict] = []
         preempted = False
@@ -194,8 +216,8 @@ class Loop:
                                     if self.task.tokens_per_sample else None)
             loss_sum += loss
             self.losses.add(self.step, loss)
-            if opts.log_every and self.step % opts.log_every == 0:
-                self._progress(epoch, done)
+            if self.progress.due(self.step, done) and rt.is_main:
+                rt.print(self.progress.line(epoch, done, self.step, self.losses.flush()))
             if self.checkpointer is not None and opts.checkpoint_every and self.step % opts.checkpoint_every == 0:
                 self._save()
             if preemption.requested():  # agreed across ranks: all stop at the same step
@@ -241,13 +263,6 @@ class Loop:
                 f"batch {opts.batch_size}{accumulation}, {self.steps_per_epoch} steps/epoch, strategy "
                 f"{self.strategy.name}, device {rt.device}")
 
-    def _progress(self, epoch: int, done: int) -> None:
-        loss = self.losses.flush()
-        per_step = self.opts.batch_size * self.accumulation * self.rt.world_size
-        fraction = done / self.steps_per_epoch
-        self.rt.print(f"Train Epoch: {epoch + 1} {progress_bar(fraction)} [{done * per_step}/"
-                      f"{self.steps_per_epoch * per_step} ({fraction:.0%})]\tLoss: {loss:.6f}")
-
     def _lr(self) -> float:
         return float(self.lr_optimizer.param_groups[0]["lr"]) if self.lr_optimizer is not None else self.opts.lr
 
@@ -269,8 +284,10 @@ class Loop:
                 self.streams.add_scalar("val/" + key.removeprefix("test_"), value, self.step)
         shown = ", ".join(f"held-out loss {v:.4f}" if k == "test_loss" else f"{k} {v:.2%}" if k == "accuracy"
                           else f"{k} {v:.4f}" for k, v in held_out.items())
+        eta = self.progress.eta(self.step) if self.step < self.total else None
         rt.print(f"Epoch {epoch + 1}: loss {record['train_loss']:.4f}{', ' + shown if shown else ''}, "
-                 f"time {epoch_time:.2f}s, {record['samples_per_s']:.0f} samples/s")
+                 f"time {epoch_time:.2f}s, {record['samples_per_s']:.0f} samples/s, step {self.step}/{self.total}"
+                 + (f", ETA {duration(eta)}" if eta is not None else ""))
         return record
 
     def _save(self, blocking: bool = False) -> None:
@@ -332,6 +349,22 @@ class Loop:
                 "checkpoint_stall_s": self.checkpoint_stalls, "checkpoint_wait_s": self.checkpoint_waits}
 
 
+def set_aside(directory: Path, rt: Any) -> Path | None:
+    """``--fresh``: rank 0 renames an existing checkpoint directory to ``<dir>.before-<date>`` (never
+    deleted), between barriers so that no rank looks for checkpoints while it moves."""
+    moved = None
+    rt.barrier()
+    if rt.is_main and directory.is_dir() and any(directory.iterdir()):
+        moved = directory.with_name(f"{directory.name}.before-{time.strftime('%Y%m%d-%H%M%S')}")
+        n = 1
+        while moved.exists():
+            moved, n = moved.with_name(f"{moved.name}-{n}"), n + 1
+        directory.rename(moved)
+        rt.print(f"--fresh: moved the checkpoints in {directory} aside to {moved}; starting from step 0")
+    rt.barrier()
+    return moved
+
+
 def resume_position(found: Any, step: int, steps_per_epoch: int, world_size: int) -> tuple[int, int]:
     """(epoch, step within it) to continue from; explains what to do when the world size changed mid-epoch."""
     saved_world = int(found.record["world_size"])
@@ -345,8 +378,3 @@ def resume_position(found: Any, step: int, steps_per_epoch: int, world_size: int
              f"checkpoint (save with --checkpoint-every 0); sharded strategies (fsdp) reshard any step",
     )
 
-
-def progress_bar(fraction: float, width: int = 20) -> str:
-    """A bar that reads well in a log file too (rank 0's output is usually redirected)."""
-    filled = int(round(max(0.0, min(1.0, fraction)) * width))
-    return "|" + "#" * filled + "-" * (width - filled) + "|"

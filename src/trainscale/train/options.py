@@ -27,7 +27,7 @@ class TrainOptions:
     seed: int = 0
     """Seed for model initialisation and shuffling (same on every rank)."""
     strategy: str = "ddp"
-    """ddp, zero1, fsdp or deepspeed."""
+    """ddp, zero1, fsdp or deepspeed, with options as NAME:KEY=VALUE,... (docs/strategies.md)."""
     device: str = "auto"
     """auto (GPU when visible), cpu or cuda."""
     data: str = "digits"
@@ -41,7 +41,10 @@ class TrainOptions:
     shuffle: bool = True
     """Shuffle every epoch (seeded, identical across world sizes)."""
     checkpoint_dir: str | None = None
-    """Save checkpoints here and resume from the newest one."""
+    """Save checkpoints here and resume from the newest one (gpt: <experiment dir>/checkpoints by default)."""
+    fresh: bool = False
+    """Start from step 0 where checkpoints exist: the checkpoint directory is moved aside to
+    <dir>.before-<date> (nothing is deleted) instead of resumed."""
     checkpoint_every: int = 0
     """Save every N optimizer steps (0: at the end of every epoch only)."""
     checkpoint_async: bool | None = None
@@ -51,8 +54,8 @@ class TrainOptions:
     """Write per-epoch metrics as JSON here (rank 0)."""
     timeout_s: float = 1800.0
     """Collective timeout in seconds: a rank that stops participating becomes an error after this."""
-    log_every: int = 100
-    """Print a progress line every N steps on rank 0 (0: never)."""
+    log_every: int | None = None
+    """A progress line (rate, ETA) on rank 0 every N optimizer steps (0: never); default every 30 s."""
     breakdown: bool = False
     """Time data loading, forward+backward, communication and optimizer step separately (adds syncs)."""
     download: bool = False
@@ -112,39 +115,39 @@ class TrainOptions:
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, defaults: TrainOptions | None = None) -> None:
-    """The common options. Defaults are applied by :func:`parse` (so a config file or the environment
-    can sit between them and the command line); here every option defaults to "not given"."""
-    d = argparse.SUPPRESS
-    parser.add_argument("--config", default=None, help="TOML file with a [train] table (see docs/architecture.md)")
-    parser.add_argument("--epochs", type=int, default=d)
-    parser.add_argument("--max-steps", type=int, default=d)
-    parser.add_argument("--batch-size", type=int, default=d, help="per rank")
-    parser.add_argument("--grad-accum", type=int, default=d, help="micro-batches per optimizer step")
-    parser.add_argument("--lr", type=float, default=d)
-    parser.add_argument("--seed", type=int, default=d)
-    parser.add_argument("--strategy", default=d)
-    parser.add_argument("--device", default=d)
-    parser.add_argument("--data", default=d)
-    parser.add_argument("--data-dir", default=d)
-    parser.add_argument("--samples", type=int, default=d)
-    parser.add_argument("--loader", default=d, choices=("tensor", "dataloader"))
-    parser.add_argument("--no-shuffle", dest="shuffle", action="store_false", default=d)
-    parser.add_argument("--checkpoint-dir", default=d)
-    parser.add_argument("--checkpoint-every", type=int, default=d)
-    parser.add_argument("--checkpoint-async", action=argparse.BooleanOptionalAction, default=d,
-                        help="save checkpoints in the background (default: wherever that is safe)")
-    parser.add_argument("--metrics-out", default=d)
-    parser.add_argument("--timeout", dest="timeout_s", type=float, default=d)
-    parser.add_argument("--log-every", type=int, default=d)
-    parser.add_argument("--breakdown", action="store_true", default=d)
-    parser.add_argument("--download", action="store_true", default=d)
-    parser.add_argument("--deterministic", action="store_true", default=d,
-                        help="deterministic algorithms: bitwise-repeatable GPU runs (docs/gpu.md)")
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=d,
-                        help="torch.compile the wrapped model (needs a C++ compiler)")
-    parser.add_argument("--num-workers", type=int, default=d, help="DataLoader workers per rank (--loader dataloader)")
-    parser.add_argument("--threads", type=int, default=d,
-                        help="CPU threads per rank (default: OMP_NUM_THREADS as the launch set it)")
+    """The common options, each described by its TrainOptions field's docstring (with the workload's
+    default). Defaults are applied by :func:`parse` (so a config file or the environment can sit
+    between them and the command line); here every option defaults to "not given"."""
+    from trainscale.config import field_docs
+
+    docs, d = field_docs(TrainOptions), argparse.SUPPRESS
+    defaults = defaults or TrainOptions()
+
+    def add(flag: str, name: str, **kwargs: Any) -> None:
+        value = getattr(defaults, name)
+        shown = "" if value is None or isinstance(value, bool) else f" (default: {value})"
+        parser.add_argument(flag, dest=name, default=d, help=(docs[name] + shown).replace("%", "%%"), **kwargs)
+
+    parser.add_argument("--config", default=None, help="TOML file with a [train] table of these options "
+                                                       "(docs/architecture.md)")
+    for flag, name, kwargs in (
+            ("--epochs", "epochs", {"type": int}), ("--max-steps", "max_steps", {"type": int}),
+            ("--batch-size", "batch_size", {"type": int}), ("--grad-accum", "grad_accum", {"type": int}),
+            ("--lr", "lr", {"type": float}), ("--seed", "seed", {"type": int}), ("--strategy", "strategy", {}),
+            ("--device", "device", {}), ("--data", "data", {}), ("--data-dir", "data_dir", {}),
+            ("--samples", "samples", {"type": int}), ("--loader", "loader", {"choices": ("tensor", "dataloader")}),
+            ("--checkpoint-dir", "checkpoint_dir", {}), ("--fresh", "fresh", {"action": "store_true"}),
+            ("--checkpoint-every", "checkpoint_every", {"type": int}),
+            ("--checkpoint-async", "checkpoint_async", {"action": argparse.BooleanOptionalAction}),
+            ("--metrics-out", "metrics_out", {}), ("--timeout", "timeout_s", {"type": float}),
+            ("--log-every", "log_every", {"type": int}), ("--breakdown", "breakdown", {"action": "store_true"}),
+            ("--download", "download", {"action": "store_true"}),
+            ("--deterministic", "deterministic", {"action": "store_true"}),
+            ("--compile", "compile", {"action": argparse.BooleanOptionalAction}),
+            ("--num-workers", "num_workers", {"type": int}), ("--threads", "threads", {"type": int})):
+        add(flag, name, **kwargs)
+    parser.add_argument("--no-shuffle", dest="shuffle", action="store_false", default=d,
+                        help="keep the data's order (default: shuffle every epoch, seeded, the same at any world size)")
 
 
 def options_from_args(args: argparse.Namespace, defaults: TrainOptions | None = None,
@@ -164,7 +167,9 @@ def options_from_args(args: argparse.Namespace, defaults: TrainOptions | None = 
 
 def parse(argv: Sequence[str], prog: str, defaults: TrainOptions | None = None,
           extra: callable | None = None) -> tuple[TrainOptions, argparse.Namespace]:
-    parser = argparse.ArgumentParser(prog=prog)
+    parser = argparse.ArgumentParser(prog=prog, description="The workload's options (the launch options are in "
+                                                            "`trainscale run --help`). Each can also come from "
+                                                            "--config's [train] table or TRAINSCALE_TRAIN_<NAME>.")
     add_common_arguments(parser, defaults)
     if extra:
         extra(parser)

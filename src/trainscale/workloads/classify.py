@@ -55,7 +55,7 @@ def _split(opts: TrainOptions, part: str) -> ImageSplit:
 
 def run(argv: list[str], name: str, build: Builder, *, defaults: TrainOptions | None = None, extra=None) -> dict:
     """Parse ``argv`` and train ``build``'s model on every rank of this launch."""
-    opts, args = parse(argv, prog=f"trainscale-workload {name}", defaults=defaults, extra=extra)
+    opts, args = parse(argv, prog=f"trainscale run [launch options] --workload {name}", defaults=defaults, extra=extra)
     with trainscale.init(**opts.runtime_options()) as rt:
         apply_threads(opts, rt)
         if opts.data == "mnist" and opts.download:
@@ -79,7 +79,7 @@ def check(argv: list[str], world_size: int, name: str, build: Builder, *, gpus: 
           defaults: TrainOptions | None = None, extra=None) -> None:
     """Check the options, the model's shape and that the data can feed every rank, before any process
     is launched."""
-    opts, args = parse(argv, prog=f"trainscale-workload {name}", defaults=defaults, extra=extra)
+    opts, args = parse(argv, prog=f"trainscale run [launch options] --workload {name}", defaults=defaults, extra=extra)
     build(args)
     check_strategy(opts.strategy, world_size, batch_size=opts.batch_size, device=planned_device(opts.device, gpus),
                    accumulation=opts.grad_accum, compile=opts.compile)

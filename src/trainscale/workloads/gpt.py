@@ -78,22 +78,24 @@ class GPT(nn.Module):
 
 
 def _extra(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--n-layer", type=int, default=4)
-    parser.add_argument("--n-embd", type=int, default=128)
-    parser.add_argument("--n-head", type=int, default=4)
-    parser.add_argument("--warmup", type=int, default=20, help="LR warm-up steps (then cosine decay)")
-    parser.add_argument("--experiment-dir", default="runs/gpt")
+    parser.add_argument("--seq-len", type=int, default=128, help="tokens per training window (default: 128)")
+    parser.add_argument("--n-layer", type=int, default=4, help="transformer blocks (default: 4)")
+    parser.add_argument("--n-embd", type=int, default=128, help="embedding width (default: 128)")
+    parser.add_argument("--n-head", type=int, default=4, help="attention heads; must divide --n-embd (default: 4)")
+    parser.add_argument("--warmup", type=int, default=20, help="LR warm-up steps, then cosine decay (default: 20)")
+    parser.add_argument("--experiment-dir", default="runs/gpt",
+                        help="data cache, checkpoints, state.json and TensorBoard files; an existing experiment is "
+                             "resumed (default: runs/gpt)")
     parser.add_argument("--hub-dataset", default=None, help="a HF dataset name instead of the built-in corpus")
     parser.add_argument("--tokenizer", default=None,
                         help="a HF tokenizer (hub name or save_pretrained directory) instead of bytes")
 
 
-DEFAULTS = TrainOptions(epochs=1, batch_size=8, lr=3e-4, log_every=20)
+DEFAULTS = TrainOptions(epochs=1, batch_size=8, lr=3e-4)
 
 
 def _parse(argv: list[str]):
-    opts, args = parse(argv, prog="trainscale-workload gpt", defaults=DEFAULTS, extra=_extra)
+    opts, args = parse(argv, prog="trainscale run [launch options] --workload gpt", defaults=DEFAULTS, extra=_extra)
     if args.seq_len < 2:
         raise ConfigError(f"--seq-len {args.seq_len} must be >= 2", hint="e.g. --seq-len 128")
     return opts, args

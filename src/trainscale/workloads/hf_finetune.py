@@ -72,9 +72,10 @@ class TokenBlocks(torch.utils.data.Dataset):
 
 
 def _extra(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--global-batch", type=int, default=16, help="split evenly over the ranks")
-    parser.add_argument("--block-size", type=int, default=64)
-    parser.add_argument("--output-dir", default="runs/hf-finetune")
+    parser.add_argument("--global-batch", type=int, default=16, help="samples per optimizer step over all ranks, split evenly over them (default: 16)")
+    parser.add_argument("--block-size", type=int, default=64, help="tokens per training block (default: 64)")
+    parser.add_argument("--output-dir", default="runs/hf-finetune",
+                        help="the Trainer's output_dir: checkpoints and logs (default: runs/hf-finetune)")
     parser.add_argument("--pretrained", default=None, help="a hub model name (needs a network)")
     parser.add_argument("--hub-dataset", default=None, help="a hub dataset with a 'text' column, e.g. imdb")
 
@@ -104,7 +105,7 @@ class Plan:
 def plan(argv: list[str], world_size: int, *, gpus: bool | None = None) -> Plan:
     """Check ``argv`` for ``world_size`` ranks. ``gpus``: whether the ranks will see GPUs (a SLURM job
     planned on a login node knows it from the job's resources); ``None``: whether this machine has any."""
-    opts, args = parse(argv, prog="trainscale-workload hf-finetune", defaults=DEFAULTS, extra=_extra)
+    opts, args = parse(argv, prog="trainscale run [launch options] --workload hf-finetune", defaults=DEFAULTS, extra=_extra)
     given = any(a == "--batch-size" or a.startswith("--batch-size=") for a in argv)
     if given or opts.batch_size != DEFAULTS.batch_size:  # also from a config file or the environment
         per_rank = max(1, args.global_batch // world_size)

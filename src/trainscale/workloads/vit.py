@@ -61,10 +61,10 @@ class ViT(nn.Module):
 
 
 def _extra(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--patch-size", type=int, default=7)
-    parser.add_argument("--width", type=int, default=64)
-    parser.add_argument("--depth", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--patch-size", type=int, default=7, help="image patch side in pixels (default: 7)")
+    parser.add_argument("--width", type=int, default=64, help="embedding width (default: 64)")
+    parser.add_argument("--depth", type=int, default=4, help="transformer blocks (default: 4)")
+    parser.add_argument("--heads", type=int, default=4, help="attention heads; must divide --width (default: 4)")
 
 
 DEFAULTS = TrainOptions(epochs=3, batch_size=32, lr=1e-3)

@@ -1,0 +1,77 @@
+"""Runs never silently reuse state: one checkpoint directory met by the commands a user types in
+order (README's strategy list). A resume says where from; another strategy, or a run that would
+train nothing, is refused naming the way out; ``--fresh`` starts anew and keeps the old checkpoints."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from trainscale.errors import CheckpointError
+
+SAMPLES, WIDTH = 64, 8
+
+
+def train(directory, capsys=None, **options) -> dict:
+    import trainscale
+    from trainscale.data import DeviceTensorLoader
+    from trainscale.strategies.base import OptimizerSpec
+    from trainscale.train import Loop, Task, TrainOptions
+
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(SAMPLES, WIDTH, generator=g), torch.randint(0, 3, (SAMPLES,), generator=g)
+    with trainscale.init(seed=0, set_threads=False) as rt:
+        loader = DeviceTensorLoader.for_runtime(x, y, runtime=rt, batch_size=8, shuffle=False)
+        task = Task(name="mlp", loader=loader, samples=SAMPLES,
+                    loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]),
+                    model=lambda: nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh(), nn.Linear(WIDTH, 3)),
+                    optimizer=OptimizerSpec(torch.optim.SGD, {"lr": 0.5}))
+        opts = TrainOptions(**{"epochs": 1, "batch_size": 8, "checkpoint_dir": str(directory), **options})
+        return Loop(rt, opts, task).run()
+
+
+def test_a_checkpoint_directory_met_by_commands_in_order(tmp_path, capsys):
+    ckpt = tmp_path / "ckpt"
+    assert train(ckpt, max_steps=4)["steps"] == 4
+
+    # the next command of README's list: another strategy on the same directory
+    with pytest.raises(CheckpointError) as refused:
+        train(ckpt, max_steps=4, strategy="zero1")
+    assert "was written by strategy 'ddp', this run uses 'zero1'" in refused.value.message
+    assert "--strategy ddp" in refused.value.hint and "--fresh" in refused.value.hint
+
+    # a shorter run on a directory past its end: nothing to train is an error, not a success
+    with pytest.raises(CheckpointError) as nothing:
+        train(ckpt, max_steps=2)
+    assert "at step 4, at or past this run's last step 2 (--max-steps 2)" in nothing.value.message
+    assert "raise --max-steps above 4" in nothing.value.hint and "--fresh" in nothing.value.hint
+
+    # a longer one resumes and says from where
+    capsys.readouterr()
+    assert train(ckpt, max_steps=6)["steps"] == 6
+    assert "Resumed from " in capsys.readouterr().out
+
+    # --fresh: from step 0, the old checkpoints kept beside
+    result = train(ckpt, max_steps=3, strategy="zero1", fresh=True)
+    assert result["steps"] == 3 and result["strategy"] == "zero1"
+    out = capsys.readouterr().out
+    assert "--fresh: moved the checkpoints" in out and "Resumed from" not in out
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("ckpt.before-")]
+    assert len(aside) == 1 and any(p.name.startswith("ckpt-00000006") for p in aside[0].iterdir())
+
+
+def test_a_restarted_run_that_had_finished_ends_cleanly():
+    """A restart or requeue after the final save (attempt > 0) has nothing left to do: not an error."""
+    from trainscale.train.loop import Loop
+
+    said: list[str] = []
+    loop = SimpleNamespace(rt=SimpleNamespace(attempt=1, print=said.append), step=10, total=10, directory="d",
+                           opts=SimpleNamespace(max_steps=10, epochs=1))
+    Loop._nothing_to_train(loop, SimpleNamespace(path="d/ckpt-00000010.pt"))
+    assert said == ["Nothing left to train: d/ckpt-00000010.pt is at step 10, the run's last (--max-steps 10)"]
+    loop.rt.attempt = 0
+    with pytest.raises(CheckpointError, match="resuming would train nothing"):
+        Loop._nothing_to_train(loop, SimpleNamespace(path="d/ckpt-00000010.pt"))
