@@ -127,8 +127,9 @@ def test_preflight_reads_the_users_ds_config(tmp_path):
     path = tmp_path / "ds_config.json"
     path.write_text(json.dumps(seed_config()))
     check_strategy(f"deepspeed:config={path}", world_size=2, batch_size=8, device="cpu")
-    with pytest.raises(ConfigError, match="world size 4"):
+    with pytest.raises(ConfigError, match="world size 4") as err:
         check_strategy(f"deepspeed:config={path}", world_size=4, batch_size=8, device="cpu")
+    assert "--batch-size 4" in err.value.hint  # the per-rank batch that fits the file's train_batch_size
     with pytest.raises(ConfigError) as err:  # --batch-size disagrees with the file
         check_strategy(f"deepspeed:config={path}", world_size=2, batch_size=16, device="cpu")
     assert "--batch-size 8" in err.value.hint

@@ -153,7 +153,8 @@ class DeepSpeedStrategy(StrategyBase):
             if given in (None, "auto") and self.micro_batch_size is not None:
                 config["train_micro_batch_size_per_gpu"] = self.micro_batch_size
             config.setdefault("zero_allow_untested_optimizer", True)
-        return validate_ds_config(config, world_size, device=device)
+        return validate_ds_config(config, world_size, device=device,
+                                  micro_option="--batch-size" if self.micro_batch_size is not None else None)
 
     def preflight(self, world_size: int, device: str | None = None) -> None:
         self.ds_config(world_size, device)

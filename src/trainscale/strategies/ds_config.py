@@ -92,9 +92,14 @@ def _positive_int(config: dict[str, Any], key: str) -> int | None:
     return value
 
 
-def _check_batch(config: dict[str, Any], world_size: int) -> None:
-    """Fill in the three batch sizes DeepSpeed relates as train = micro x accumulation x world size."""
+def _check_batch(config: dict[str, Any], world_size: int, micro_option: str | None = None) -> None:
+    """Fill in the three batch sizes DeepSpeed relates as train = micro x accumulation x world size.
+    ``micro_option``: the command-line option the per-rank batch came from (named in the hints)."""
     train, micro, accum = (_positive_int(config, k) for k in BATCH_KEYS)
+
+    def or_option(fits: int) -> str:
+        return f", or {micro_option} {fits}" if micro_option else ""
+
     rule = "train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size"
     if train is None and micro is None:
         raise ConfigError("ds_config sets neither train_batch_size nor train_micro_batch_size_per_gpu",
@@ -105,14 +110,16 @@ def _check_batch(config: dict[str, Any], world_size: int) -> None:
                 f"ds_config train_batch_size={train}, but train_micro_batch_size_per_gpu={micro} x "
                 f"gradient_accumulation_steps={accum} x world size {world_size} = {micro * accum * world_size}",
                 hint=f"{rule}; with {world_size} rank(s) set train_batch_size to {micro * accum * world_size}"
-                     + (f" (or train_micro_batch_size_per_gpu to {train // (accum * world_size)})"
+                     + ((f" (or train_micro_batch_size_per_gpu to {train // (accum * world_size)})"
+                         if not micro_option else or_option(train // (accum * world_size)))
                         if train % (accum * world_size) == 0 else "")
                      + ', or set it to "auto"/drop it and let DeepSpeed compute it')
     elif train is not None and micro is not None:
         if train % (micro * world_size):
             raise ConfigError(
                 f"ds_config train_batch_size={train} is not a multiple of train_micro_batch_size_per_gpu={micro} "
-                f"x world size {world_size}", hint=f"{rule}; use a multiple of {micro * world_size}")
+                f"x world size {world_size}", hint=f"{rule}; use a multiple of {micro * world_size}"
+                + (or_option(train // world_size) if train % world_size == 0 else ""))
         accum = train // (micro * world_size)
     elif train is not None:
         accum = accum or 1
@@ -127,11 +134,13 @@ def _check_batch(config: dict[str, Any], world_size: int) -> None:
     config.update(train_batch_size=train, train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=accum)
 
 
-def validate_ds_config(config: dict[str, Any], world_size: int, *, device: str | None = None) -> dict[str, Any]:
+def validate_ds_config(config: dict[str, Any], world_size: int, *, device: str | None = None,
+                       micro_option: str | None = None) -> dict[str, Any]:
     """Check a ds_config before launch and return a copy with the batch sizes made consistent.
 
     ``device``: "cpu", "cuda" or None/"auto" (a GPU when one is visible). Raises ConfigError for an
     unknown ZeRO stage, batch sizes that do not fit the world size, fp16 on CPU, or fp16 with bf16.
+    ``micro_option``: the option the per-rank batch came from (``--batch-size``), offered as a fix.
     """
     if not isinstance(config, dict):
         raise ConfigError(f"a ds_config must be a dict (JSON object), not {type(config).__name__}",
@@ -146,7 +155,7 @@ def validate_ds_config(config: dict[str, Any], world_size: int, *, device: str |
     if isinstance(stage, bool) or stage not in STAGES:
         raise ConfigError(f"ds_config zero_optimization.stage={stage!r} is not a ZeRO stage",
                           hint="use 0 (off), 1 (optimizer state), 2 (+ gradients) or 3 (+ parameters)")
-    _check_batch(config, world_size)
+    _check_batch(config, world_size, micro_option)
     fp16 = bool(config.get("fp16", {}).get("enabled", False))
     bf16 = bool(config.get("bf16", config.get("bfloat16", {})).get("enabled", False))
     if fp16 and bf16:
