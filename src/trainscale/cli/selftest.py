@@ -68,7 +68,8 @@ def register(sub) -> None:
                        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nproc", type=int, default=None, metavar="N",
                    help="ranks per node (default: one per visible GPU; 2 CPU ranks without GPUs)")
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="the ranks' device: auto (one GPU per rank when GPUs are visible, else CPU ranks over gloo)")
     p.add_argument("--out", default=None, metavar="DIR", help="new directory for the report and logs "
                    "(default selftest-out/<timestamp>; with --slurm it must be on a file system the nodes see)")
     p.add_argument("--timeout", type=float, default=120.0, metavar="S", help="collective timeout of the checks")
@@ -81,14 +82,15 @@ def register(sub) -> None:
                    help="check resume within 1e-5 without deterministic mode instead of bitwise with it (GPUs)")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
     p.add_argument("--slurm", action="store_true", help="run the checks as SLURM jobs of --profile")
-    p.add_argument("--profile", default=None)
+    p.add_argument("--profile", default=None, help="the cluster profile of the SLURM jobs (`trainscale profiles`)")
     p.add_argument("--nodes", type=int, default=None, help="nodes of the SLURM jobs (default 1)")
     p.add_argument("--time", default=None, help="time limit of each job, e.g. 00:15:00")
     p.add_argument("--gpus-per-node", type=int, default=None, help="ranks per node of the jobs (default: the profile's)")
-    p.add_argument("--account")
-    p.add_argument("--partition")
-    p.add_argument("--reservation")
-    p.add_argument("--launcher", choices=("torchrun", "srun"))
+    p.add_argument("--account", help="sbatch -A of the jobs (default: the profile's)")
+    p.add_argument("--partition", help="sbatch -p of the jobs (default: the profile's)")
+    p.add_argument("--reservation", help="sbatch --reservation of the jobs")
+    p.add_argument("--launcher", choices=("torchrun", "srun"),
+                   help="one torchrun per node or one srun task per rank (default: the profile's)")
     p.add_argument("--python", help="Python on the compute nodes (default: this one)")
     p.add_argument("--poll", type=float, default=2.0, help="seconds between queue polls")
     p.set_defaults(func=run)

@@ -15,11 +15,10 @@ from pathlib import Path
 
 from trainscale.errors import ConfigError
 
-HELP = """usage: trainscale tune [--workload NAME | SCRIPT [ARGS...]] [--nproc-per-node N] [--batch-size B]
+USAGE = """trainscale tune [--workload NAME | SCRIPT [ARGS...]] [--nproc-per-node N] [--batch-size B]
                        [--batches 8,16,32] [--budget SECONDS] [--max-steps S] [--strategy S] [--loader L]
-                       [--out FILE] [-- WORKLOAD ARGS...]
-
-Each trial is a short real run (--max-steps steps) launched like `trainscale run`; the search changes one
+                       [--out FILE] [-- WORKLOAD ARGS...]"""
+DESCRIPTION = """Each trial is a short real run (--max-steps steps) launched like `trainscale run`; the search changes one
 knob at a time from the defaults (per-rank batch, threads per CPU rank, DataLoader workers with
 --loader dataloader, DDP bucket size and gradient compression with 2+ DDP ranks) and keeps a value only
 when it is faster by more than 3%. The best and the defaults are measured once more at the end; the gain
@@ -35,17 +34,22 @@ Examples:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="trainscale tune", usage=HELP, add_help=True)
-    p.add_argument("--workload", default=None)
-    p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1)
-    p.add_argument("--batch-size", type=int, default=16)
+    p = argparse.ArgumentParser(prog="trainscale tune", usage=USAGE, description=DESCRIPTION,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workload", default=None, help="a built-in workload to tune (`trainscale workloads`); or give "
+                                                    "SCRIPT [ARGS...] with {batch} where the per-rank batch goes")
+    p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1,
+                   help="ranks of every trial, as `trainscale run` (default: 1)")
+    p.add_argument("--batch-size", type=int, default=16, help="the default per-rank batch to start from (default: 16)")
     p.add_argument("--batches", default=None, help="per-rank batches to try (default: B/2, B, 2B, 4B)")
-    p.add_argument("--budget", type=float, default=300.0, help="seconds for the whole search")
-    p.add_argument("--max-steps", type=int, default=30, help="steps per trial")
-    p.add_argument("--strategy", default="ddp")
-    p.add_argument("--loader", default="tensor", choices=("tensor", "dataloader"))
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    p.add_argument("--out", default="tuned.toml")
+    p.add_argument("--budget", type=float, default=300.0, help="seconds for the whole search (default: 300)")
+    p.add_argument("--max-steps", type=int, default=30, help="optimizer steps per trial (default: 30)")
+    p.add_argument("--strategy", default="ddp", help="the workload's --strategy for every trial (default: ddp)")
+    p.add_argument("--loader", default="tensor", choices=("tensor", "dataloader"),
+                   help="the workload's --loader; dataloader also tries DataLoader workers (default: tensor)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="the workload's --device (default: auto)")
+    p.add_argument("--out", default="tuned.toml", help="the [train] config file written (default: tuned.toml)")
     return p
 
 
@@ -128,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
 
     argv = list(args.argv)
     if argv and argv[0] in ("-h", "--help"):
-        print(HELP, end="")
+        _parser().print_help()
         return 0
     spec, out = build(argv)
     search = Search(spec)
