@@ -69,6 +69,7 @@ def main() -> None:
 def direct_costs(run_dir: Path, nproc: int, steps: int = 5000, samples: int = 200) -> tuple[float, float]:
     """Seconds the loop's recording adds per step, and one sample of ``nproc`` ranks takes (medians of 5)."""
     import time
+    from types import SimpleNamespace
 
     import psutil
     import torch
@@ -76,10 +77,10 @@ def direct_costs(run_dir: Path, nproc: int, steps: int = 5000, samples: int = 20
     from trainscale.observe.records import RankRecorder
     from trainscale.observe.sampler import Sampler
     from trainscale.observe.stragglers import StragglerWatch
-    from trainscale.train.observing import StepMarks
+    from trainscale.train.timing import StepClock
 
     recorder = RankRecorder(run_dir, 0, world_size=nproc)
-    marks = StepMarks(torch.device("cpu"))
+    marks = StepClock(SimpleNamespace(device=torch.device("cpu")), torch.nn.Linear(1, 1), record=True)
     sampler = Sampler(run_dir, interval_s=3600, gpu_reader=lambda: [])
     sampler.procs = [psutil.Process() for _ in range(nproc)]  # as many ranks to read as the runs had
     for p in sampler.procs:
@@ -89,10 +90,11 @@ def direct_costs(run_dir: Path, nproc: int, steps: int = 5000, samples: int = 20
     for _ in range(5):
         began = time.perf_counter()
         for step in range(steps):
-            marks.start()
-            for phase in ("data", "compute", "backward", "optimizer"):
-                marks.mark(phase)
-            marks.end(step=step, samples=16)
+            marks.start_step()
+            for phase in ("data", "forward", "backward", "optimizer"):
+                with marks.phase(phase):
+                    pass
+            marks.end_step(step=step, samples=16)
             for record in marks.ready():
                 recorder.step(record.pop("step"), record.pop("step_s"), **record)
         recording = (time.perf_counter() - began) / steps

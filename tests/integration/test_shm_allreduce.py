@@ -118,21 +118,23 @@ def train(rt, spec: str) -> tuple[dict[str, torch.Tensor], str | None, dict | No
 
     from trainscale.strategies import comm_hooks, get_strategy
     from trainscale.strategies.base import OptimizerSpec
-    from trainscale.train.timing import StepTimer
+    from trainscale.train.timing import StepClock
 
     torch.manual_seed(3)
     net = nn.Sequential(nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 4))
     strategy = get_strategy(spec).with_batch(8, 1)
     net, opt = strategy.wrap(net, OptimizerSpec(torch.optim.Adam, {"lr": 1e-2}), rt)
-    timer = StepTimer(rt, net, enabled=True)
+    clock = StepClock(rt, net, breakdown=True)
     g = torch.Generator().manual_seed(rt.rank)
     for _ in range(4):
         x, y = torch.randn(8, 256, generator=g), torch.randint(0, 4, (8,), generator=g)
-        with timer.section("compute"):
-            strategy.backward_loss(nn.functional.cross_entropy(net(x), y), net)
+        with clock.phase("forward"):
+            loss = nn.functional.cross_entropy(net(x), y)
+        with clock.phase("backward"):
+            strategy.backward_loss(loss, net)
         strategy.micro_step(opt, net, last=True)
     hook = comm_hooks.attached(net)
-    summary = timer.summary()
+    summary = clock.summary()
     return ({k: v.detach().clone() for k, v in strategy.unwrap(net).state_dict().items()},
             hook.name if hook else None, summary)
 

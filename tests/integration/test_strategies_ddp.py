@@ -34,21 +34,23 @@ def model() -> nn.Module:
 def train(rt, spec: str, sgd: bool, timed: bool) -> tuple[dict[str, torch.Tensor], dict | None, str | None]:
     from trainscale.strategies import comm_hooks, get_strategy
     from trainscale.strategies.base import OptimizerSpec
-    from trainscale.train.timing import StepTimer
+    from trainscale.train.timing import StepClock
 
     strategy = get_strategy(spec).with_batch(BATCH, 1)  # as the training loop: static_graph=auto is on
     optimizer = OptimizerSpec(torch.optim.SGD, {"lr": 0.5}) if sgd else OptimizerSpec(torch.optim.Adam, {"lr": 1e-2})
     net, opt = strategy.wrap(model(), optimizer, rt)
-    timer = StepTimer(rt, net, enabled=timed)
+    clock = StepClock(rt, net, breakdown=timed)
     g = torch.Generator().manual_seed(rt.rank)
     for _ in range(STEPS):
         x, y = torch.randn(BATCH, WIDTH, generator=g), torch.randint(0, 4, (BATCH,), generator=g)
-        with timer.section("compute"):
-            strategy.backward_loss(nn.functional.cross_entropy(net(x), y), net)
+        with clock.phase("forward"):
+            loss = nn.functional.cross_entropy(net(x), y)
+        with clock.phase("backward"):
+            strategy.backward_loss(loss, net)
         strategy.micro_step(opt, net, last=True)
     hook = comm_hooks.attached(net)
     params = {k: v.detach().clone() for k, v in strategy.unwrap(net).state_dict().items()}
-    return params, timer.summary() if timed else None, hook.name if hook else None
+    return params, clock.summary() if timed else None, hook.name if hook else None
 
 
 def runs() -> dict:

@@ -41,6 +41,38 @@ def test_loader_state_resumes_the_shuffle():
     assert _indices_from(a) == _indices_from(b)
 
 
+class Counted(TensorDataset):
+    """A dataset that counts the samples read from it."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(torch.arange(n))
+        self.reads = 0
+
+    def __getitem__(self, index):
+        self.reads += 1
+        return super().__getitem__(index)
+
+
+@pytest.mark.parametrize("kind", ["tensor", "dataloader"])
+def test_a_loader_put_mid_epoch_starts_there_without_reading_what_it_skips(kind):
+    def make():
+        if kind == "tensor":
+            return DeviceTensorLoader(torch.arange(40), batch_size=4, rank=1, world_size=2, shuffle=True, seed=3)
+        return DistributedLoader(Counted(40), batch_size=4, rank=1, world_size=2, shuffle=True, seed=3)
+
+    whole = make()
+    list(whole)
+    second_epoch = _indices_from(whole)
+    resumed = make()
+    resumed.load_state_dict({"epoch": 1, "batch": 2})
+    assert resumed.state_dict() == {"epoch": 1, "batch": 2}
+    assert _indices_from(resumed) == second_epoch[2:]
+    if kind == "dataloader":
+        assert resumed.loader.dataset.reads == 4 * len(second_epoch[2:])  # the skipped batches were never read
+    assert _indices_from(resumed) == _indices_from(whole)  # the next epoch is whole again
+    assert len(resumed) == len(whole) == 5
+
+
 def test_ranks_partition_the_data():
     idx = torch.arange(24)
     seen = sorted(i for r in range(4) for b in DeviceTensorLoader(idx, batch_size=3, rank=r, world_size=4,

@@ -17,7 +17,7 @@ from trainscale.errors import ConfigError
 from trainscale.strategies import check_strategy, comm_hooks, get_strategy
 from trainscale.strategies.ddp import DDPStrategy, auto_bucket_cap_mb
 from trainscale.strategies.hf_trainer import trainer_arguments
-from trainscale.train.timing import StepTimer
+from trainscale.train.timing import StepClock
 from trainscale.workloads.cnn import CNN
 
 MiB = 1024 * 1024
@@ -211,16 +211,16 @@ def test_the_breakdown_timer_watches_a_chosen_hook_instead_of_registering_its_ow
     runtime = SimpleNamespace(device=torch.device("cpu"), means=list)
     chosen = FakeDDP()
     hook = comm_hooks.attach(chosen, "bf16")
-    timer = StepTimer(runtime, chosen, enabled=True)
+    timer = StepClock(runtime, chosen, breakdown=True)
     assert len(chosen.hooks) == 1 and hook.observer is timer and hook.name == "bf16"
 
     plain = FakeDDP()
-    timer = StepTimer(runtime, plain, enabled=True)  # no hook chosen: the timer's plain all-reduce
+    timer = StepClock(runtime, plain, breakdown=True)  # no hook chosen: the timer's plain all-reduce
     assert comm_hooks.attached(plain).name == "allreduce" and comm_hooks.attached(plain).observer is timer
     assert len(plain.hooks) == 1
 
     untimed = FakeDDP()
-    StepTimer(runtime, untimed, enabled=False)
+    StepClock(runtime, untimed, breakdown=False)
     assert untimed.hooks == [] and comm_hooks.attached(untimed) is None  # DDP keeps its built-in all-reduce
 
 

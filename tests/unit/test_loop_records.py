@@ -11,19 +11,21 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from trainscale.errors import ConfigError
-from trainscale.train.observing import Observer, StepMarks, ddp_timing, step_flops
+from trainscale.train.observing import Observer, ddp_timing, step_flops
+from trainscale.train.timing import StepClock
 
 NCCL = __import__("pathlib").Path(__file__).resolve().parents[1] / "fixtures" / "nccl"
 
 
 def test_step_marks_add_repeated_phases_and_need_no_device_sync():
-    marks = StepMarks(torch.device("cpu"))
+    marks = StepClock(types.SimpleNamespace(device=torch.device("cpu")), nn.Linear(2, 2), record=True)
     clock = iter([0.0, 0.1, 0.3, 0.6, 0.7, 0.8, 1.0, 1.3, 1.4])  # two micro-batches
     marks._now = lambda: next(clock)
-    marks.start()
-    for phase in ("data", "compute", "backward", "optimizer") * 2:
-        marks.mark(phase)
-    marks.end(step=1, samples=32)
+    marks.start_step()
+    for phase in ("data", "forward", "backward", "optimizer") * 2:
+        with marks.phase(phase):
+            pass
+    marks.end_step(step=1, samples=32)
     (record,) = marks.ready()
     assert record["step"] == 1 and record["samples"] == 32
     assert record["step_s"] == pytest.approx(1.4)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from trainscale.train.timing import EpochClock, StepTimer
+from trainscale.train.timing import EpochClock, StepClock
 
 
 class FakeDevice:
@@ -57,8 +57,8 @@ def _runtime(device: str = "cuda:0"):
 def test_nccl_communication_is_measured_on_the_device_not_when_it_was_queued(gpu):
     """NCCL's future completes when the all-reduce is queued: host timestamps gave ~0 s of
     communication. On the device's timeline the 0.3 s all-reduce after the last bucket is exposed."""
-    timer = StepTimer(_runtime(), nn.Linear(4, 4), enabled=True)
-    with timer.section("compute"):
+    timer = StepClock(_runtime(), nn.Linear(4, 4), breakdown=True)
+    with timer.phase("backward"):
         gpu.now = 0.50                 # forward and backward queued; the last bucket is ready at 0.50 s
         bucket = timer.begin()        # the comm hook, on the stream that produced the bucket
         gpu.now = 0.80                 # the all-reduce queued behind it ends at 0.80 s on the device ...
@@ -67,13 +67,13 @@ def test_nccl_communication_is_measured_on_the_device_not_when_it_was_queued(gpu
     assert summary["communication"] == pytest.approx(0.30)
     assert summary["communication_total"] == pytest.approx(0.30)
     assert summary["compute"] == pytest.approx(0.50)
-    assert gpu.syncs == 2  # the section waits for the device at both ends
+    assert gpu.syncs == 2  # the phase waits for the device at both ends
     assert set(gpu.streams) == {torch.device("cuda", 0)}  # every event on this rank's GPU, from any thread
 
 
 def test_hidden_all_reduces_count_in_total_but_not_as_exposed(gpu):
-    timer = StepTimer(_runtime(), nn.Linear(4, 4), enabled=True)
-    with timer.section("compute"):
+    timer = StepClock(_runtime(), nn.Linear(4, 4), breakdown=True)
+    with timer.phase("backward"):
         gpu.now = 0.2
         first = timer.begin()         # first bucket ready at 0.2 s
         gpu.now = 0.45

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Iterator
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from trainscale.errors import ConfigError
 
@@ -22,11 +23,27 @@ def check_shardable(dataset_len: int, world_size: int, batch_size: int, what: st
         )
 
 
+class _Resumable(Sampler):
+    """A sampler whose next pass starts ``skip`` indices in (a run resumed mid-epoch), so that the
+    batches already trained on are never loaded again; its length stays the whole epoch's."""
+
+    def __init__(self, sampler: DistributedSampler) -> None:
+        self.sampler, self.skip = sampler, 0
+
+    def __iter__(self) -> Iterator[int]:
+        skip, self.skip = self.skip, 0
+        return itertools.islice(iter(self.sampler), skip, None)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
 class DistributedLoader:
     """Iterate one epoch per ``for`` loop; the sampler's epoch advances by itself.
 
-    State (the next epoch) goes into checkpoints via ``state_dict``/``load_state_dict``, so a
-    resumed run shuffles exactly as an uninterrupted one.
+    State (where the next ``for`` loop starts: its epoch and the batches of it already done) goes into
+    checkpoints via ``state_dict``/``load_state_dict``, so a resumed run shuffles exactly as an
+    uninterrupted one and starts mid-epoch without loading the batches it skips.
     """
 
     def __init__(self, dataset: Dataset, *, batch_size: int, rank: int = 0, world_size: int = 1,
@@ -35,10 +52,13 @@ class DistributedLoader:
         check_shardable(len(dataset), world_size, batch_size)
         self.sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle,
                                           seed=seed, drop_last=drop_last)
-        self.loader = DataLoader(dataset, batch_size=batch_size, sampler=self.sampler, num_workers=num_workers,
+        self._resumable = _Resumable(self.sampler)
+        self.loader = DataLoader(dataset, batch_size=batch_size, sampler=self._resumable, num_workers=num_workers,
                                  pin_memory=pin_memory, drop_last=drop_last,
                                  persistent_workers=num_workers > 0, **loader_kwargs)
+        self.batch_size = batch_size
         self.epoch = 0
+        self.start = 0
 
     @classmethod
     def for_runtime(cls, dataset: Dataset, runtime, **kwargs: Any) -> "DistributedLoader":
@@ -51,14 +71,16 @@ class DistributedLoader:
 
     def __iter__(self) -> Iterator:
         self.sampler.set_epoch(self.epoch)
+        self._resumable.skip, self.start = self.start * self.batch_size, 0
         self.epoch += 1
         yield from self.loader
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch}
+        return {"epoch": self.epoch, "batch": self.start}
 
     def load_state_dict(self, state: dict) -> None:
-        self.epoch = int(state["epoch"])
+        """The next ``for`` loop runs epoch ``state["epoch"]`` from its batch ``state.get("batch", 0)``."""
+        self.epoch, self.start = int(state["epoch"]), int(state.get("batch", 0))
 
 
 class DeviceTensorLoader:
@@ -82,6 +104,7 @@ class DeviceTensorLoader:
         self.n, self.batch_size, self.rank, self.world_size = n, batch_size, rank, world_size
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.epoch = 0
+        self.start = 0
 
     @classmethod
     def for_runtime(cls, *tensors: torch.Tensor, runtime, **kwargs: Any) -> "DeviceTensorLoader":
@@ -109,13 +132,15 @@ class DeviceTensorLoader:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
         indices = self._shard_indices(self.epoch).to(self.tensors[0].device)
+        start, self.start = self.start, 0
         self.epoch += 1
-        for i in range(len(self)):
+        for i in range(start, len(self)):
             batch = indices[i * self.batch_size:(i + 1) * self.batch_size]
             yield tuple(t.index_select(0, batch) for t in self.tensors)
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch}
+        return {"epoch": self.epoch, "batch": self.start}
 
     def load_state_dict(self, state: dict) -> None:
-        self.epoch = int(state["epoch"])
+        """The next ``for`` loop runs epoch ``state["epoch"]`` from its batch ``state.get("batch", 0)``."""
+        self.epoch, self.start = int(state["epoch"]), int(state.get("batch", 0))

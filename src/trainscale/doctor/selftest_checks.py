@@ -312,21 +312,23 @@ def check_breakdown(rt) -> Check:
     """The step breakdown sees the gradient all-reduce (on NCCL, through CUDA events)."""
     from trainscale.strategies import get_strategy
     from trainscale.strategies.base import OptimizerSpec
-    from trainscale.train.timing import StepTimer
+    from trainscale.train.timing import StepClock
 
     skipped = needs_ranks("breakdown", rt)
     if skipped:
         return skipped
     strategy = get_strategy("ddp")
     model, opt = strategy.wrap(mlp(), OptimizerSpec(torch.optim.SGD, {"lr": 0.05}), rt)
-    timer = StepTimer(rt, model, enabled=True)
+    clock = StepClock(rt, model, breakdown=True)
     for i in range(STEPS):
         x, y = batch(i, rt)
-        with timer.section("compute"):
-            strategy.backward_loss(nn.functional.cross_entropy(model(x), y), model)
-        with timer.section("optimizer"):
+        with clock.phase("forward"):
+            loss = nn.functional.cross_entropy(model(x), y)
+        with clock.phase("backward"):
+            strategy.backward_loss(loss, model)
+        with clock.phase("optimizer"):
             strategy.micro_step(opt, model, last=True)
-    summary = timer.summary()
+    summary = clock.summary()
     per_step = {k: summary[k] / STEPS for k in ("compute", "communication", "communication_total", "optimizer")}
     ok = summary["communication_total"] > 0
     return Check(name="breakdown", status="pass" if ok else "fail", detail=per_step,

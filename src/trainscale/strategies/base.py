@@ -86,6 +86,9 @@ class Strategy(Protocol):
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The user's module inside any wrapper."""
 
+    def num_parameters(self, model: nn.Module) -> int:
+        """Parameters of the whole model, however this strategy shards or places them."""
+
     def full_model_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Every parameter and buffer, whole, on every rank (a collective for sharded strategies)."""
 
@@ -106,6 +109,19 @@ class Strategy(Protocol):
 
     def advice(self, world_size: int, optimizer_share: float) -> str | None:
         """What to try when the optimizer step took ``optimizer_share`` of a step on ``world_size`` ranks."""
+
+
+def one_rank_group(runtime: Any) -> None:
+    """A process group of this one process where a strategy needs one even alone (DeepSpeed's engine;
+    FSDP's mixed precision, which lives in its sharding); trainscale's Runtime makes none for one
+    process. The Runtime then owns it: its close() is the one teardown path."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    backend = "nccl" if runtime.device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    runtime.owns_process_group = True
 
 
 def _deprecated(old: str, new: str) -> None:
@@ -154,6 +170,9 @@ class StrategyBase:
     def unwrap(self, model: nn.Module) -> nn.Module:
         model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper (--compile)
         return model.module if hasattr(model, "module") else model
+
+    def num_parameters(self, model: nn.Module) -> int:
+        return sum(p.numel() for p in self.unwrap(model).parameters())  # a DTensor counts its global size
 
     def full_model_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
         return dict(self.unwrap(model).state_dict())

@@ -38,7 +38,7 @@ from torch import nn
 from trainscale.checkpoint.state import NATIVE, ModelState
 from trainscale.errors import CheckpointError, ConfigError
 from trainscale.runtime.memory import tensor_bytes
-from trainscale.strategies.base import OptimizerSource, StrategyBase
+from trainscale.strategies.base import one_rank_group, OptimizerSource, StrategyBase
 from trainscale.strategies.optim import build_optimizer, parameter_names
 from trainscale.strategies.ds_config import PRECISIONS, STAGES, build_ds_config, load_ds_config, validate_ds_config
 
@@ -164,7 +164,7 @@ class DeepSpeedStrategy(StrategyBase):
         config = self.ds_config(runtime.world_size, runtime.device.type)
         for note in prepare_environment(runtime):
             runtime.print(f"trainscale: {note}")
-        _ensure_process_group(runtime)
+        one_rank_group(runtime)
         import deepspeed
 
         names = parameter_names(model)
@@ -196,6 +196,10 @@ class DeepSpeedStrategy(StrategyBase):
 
     def unwrap(self, model: Any) -> nn.Module:
         return getattr(model, "module", model)
+
+    def num_parameters(self, model: Any) -> int:
+        # ZeRO-3 leaves empty placeholders in the module; ds_numel is each parameter's full size.
+        return sum(getattr(p, "ds_numel", p.numel()) for p in self.unwrap(model).parameters())
 
     def check_compile(self) -> None:
         raise ConfigError("--compile with --strategy deepspeed: trainscale compiles DDP and FSDP models; DeepSpeed's "
@@ -310,15 +314,3 @@ def _cast_inputs(dtype: torch.dtype):
         return tuple(a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
 
     return hook
-
-
-def _ensure_process_group(runtime: Any) -> None:
-    """DeepSpeed needs a process group even for one process; trainscale's Runtime makes none then.
-    Create a one-rank group and hand it to the Runtime, whose close() is the one teardown path."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        return
-    backend = "nccl" if runtime.device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    runtime.owns_process_group = True

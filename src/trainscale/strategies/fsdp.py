@@ -10,7 +10,9 @@ Checkpoints are sharded (``torch.distributed.checkpoint``): every rank writes it
 world size can resume (see trainscale/checkpoint/sharded.py).
 
 With one process there is nothing to shard and no process group: the model runs unwrapped, and
-checkpoints still go through DCP so they stay interchangeable with multi-rank ones.
+checkpoints still go through DCP so they stay interchangeable with multi-rank ones. With a
+``mixed_precision`` it is sharded over a group of one instead, so it computes in the same dtype as on
+N ranks (a study's baseline and its multi-rank runs stay comparable).
 
 ``mixed_precision=fp16`` scales the loss (torch's ``ShardedGradScaler``, which agrees on overflow
 across the ranks): fp16's range cannot hold small gradients, which would otherwise flush to zero.
@@ -29,12 +31,13 @@ from types import SimpleNamespace
 from typing import Any, Iterator
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from trainscale.checkpoint.state import DCP, ModelState
 from trainscale.errors import ConfigError
-from trainscale.strategies.base import OptimizerSource, StrategyBase
+from trainscale.strategies.base import OptimizerSource, StrategyBase, one_rank_group
 from trainscale.strategies.optim import build_optimizer, parameter_names
 
 MIXED_PRECISION = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -85,7 +88,11 @@ class FSDPStrategy(StrategyBase):
     def wrap(self, model: nn.Module, optimizer: OptimizerSource, runtime: Any) -> tuple[nn.Module, Any]:
         names = parameter_names(model)  # the sharded parameters are new objects with the same names
         model = model.to(runtime.device)
-        if runtime.is_distributed:
+        if not runtime.is_distributed and self.mixed_precision != "none":
+            # Alone, FSDP has nothing to shard, but its mixed precision lives in the sharding: shard over
+            # a group of one, so that a study's 1-rank baseline computes in the dtype its N-rank runs do.
+            one_rank_group(runtime)
+        if dist.is_available() and dist.is_initialized():
             self._shard(model, runtime)
             if self.mixed_precision == "fp16":
                 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler

@@ -39,7 +39,7 @@ from trainscale.train.console import Progress, duration
 from trainscale.train.metrics import LossLog, MetricStreams, write_metrics
 from trainscale.train.observing import Observer
 from trainscale.train.options import TrainOptions
-from trainscale.train.timing import EpochClock, StepTimer
+from trainscale.train.timing import EpochClock, StepClock
 
 
 @dataclass(kw_only=True)
@@ -98,8 +98,8 @@ class Loop:
         self.saved_at = -1
         self.checkpoint_stalls: list[float] = []  # seconds training waited, per save
         self.checkpoint_waits = 0.0  # seconds waited for the save in flight at the end or a preemption
-        self.rebuild = False
         self.fault = fault.planned()
+        self.resumed = False
         self.per_rank_samples = opts.batch_size * self.accumulation
 
     # -- setting up ------------------------------------------------------------------------------
@@ -128,7 +128,7 @@ class Loop:
         return state
 
     def _resume(self) -> tuple[int, int]:
-        """(epoch, micro-batches of it already done) to start from."""
+        """(epoch, optimizer steps of it already done) to start from; the loader is put there."""
         found = self.checkpointer.restore(self._state()) if self.checkpointer and self.resume else None
         if found is None:
             return 0, 0
@@ -137,11 +137,21 @@ class Loop:
             self._nothing_to_train(found)
         written = int(found.record["world_size"])
         epoch, batch = resume_position(found, self.step, self.steps_per_epoch, self.rt.world_size)
-        self.task.loader.load_state_dict({"epoch": epoch})
-        self.rebuild = True  # before the first step: the strategy's after-resume step (DDP buckets)
+        self.task.loader.load_state_dict({"epoch": epoch, "batch": batch * self.accumulation})
+        self.resumed = True
         self.rt.print(f"Resumed from {found.path} at step {self.step} (epoch {epoch + 1}, batch {batch}); "
                       f"written with world size {written}, now {self.rt.world_size}")
-        return epoch, batch * self.accumulation
+        return epoch, batch
+
+    def _after_resume(self) -> None:
+        """The strategy's step before the first resumed one (DDP lays out its gradient buckets as the
+        interrupted run had): one forward and backward of the batch that comes next, all discarded."""
+        loader = self.task.loader
+        position = loader.state_dict()
+        batch = next(iter(loader))
+        loader.load_state_dict(position)
+        with self.rt.guard(self.step):
+            self.strategy.after_resume(self.model, lambda: self.task.loss(self.model, batch).backward())
 
     def _nothing_to_train(self, found: Any) -> None:
         """The newest checkpoint is at or past the run's last step. A restart or requeue of a run that
@@ -161,14 +171,18 @@ class Loop:
     def run(self) -> dict[str, Any]:
         rt, opts = self.rt, self.opts
         self._build()
-        epoch, skip = self._resume()
+        epoch, done = self._resume()
         preemption = rt.handle_preemption()  # from here on SIGUSR1 only sets a flag, checked at step boundaries
         if rt.attempt:
             rt.print(f"Attempt {rt.attempt + 1} of this job (restarted or requeued {rt.attempt} time(s))")
-        self.timer = StepTimer(rt, self.model, enabled=opts.breakdown)
-        self.observer = Observer.for_run(rt).start(workload=self.task.name, strategy=self.strategy.name,
-                                                   batch_size=opts.batch_size, accumulation=self.accumulation)
-        clock = EpochClock(rt)  # waits for the GPU: its queued work is part of the epoch
+        self.observer = Observer.for_run(rt)
+        # before any backward: with --breakdown it watches DDP's communication hook
+        self.clock = StepClock(rt, self.model, breakdown=opts.breakdown, record=self.observer.enabled)
+        self.observer.start(self.clock, workload=self.task.name, strategy=self.strategy.name,
+                            batch_size=opts.batch_size, accumulation=self.accumulation)
+        if self.resumed and self.step < self.total:
+            self._after_resume()
+        epoch_clock = EpochClock(rt)  # waits for the GPU: its queued work is part of the epoch
         self.progress = Progress(steps_per_epoch=self.steps_per_epoch, total=self.total,
                                  samples_per_step=self.per_rank_samples * rt.world_size,
                                  epochs=None if self.task.past_epochs else opts.epochs, every=opts.log_every)
@@ -180,14 +194,14 @@ class Loop:
             for epoch in epochs:
                 if self.step >= self.total:
                     break
-                clock.start()
-                self.timer.start_epoch()
-                seen, epoch_loss, preempted = self._epoch(epoch, skip, preemption)
-                skip = 0
+                epoch_clock.start()
+                self.clock.start_epoch()
+                seen, epoch_loss, preempted = self._epoch(epoch, done, preemption)
+                done = 0
                 if preempted:
                     self._preempted(preemption)
                     break
-                history.append(self._record(epoch, seen, epoch_loss, clock.stop()))
+                history.append(self._record(epoch, seen, epoch_loss, epoch_clock.stop()))
                 if not opts.checkpoint_every:
                     self._save()
             if not preempted and self.saved_at != self.step:
@@ -197,23 +211,21 @@ class Loop:
             self.observer.flush()
         return self._result(history, preempted)
 
-    def _epoch(self, epoch: int, skip: int, preemption: Any) -> tuple[int, torch.Tensor, bool]:
-        """One epoch's steps (or up to the run's last); (steps done, their summed loss on the device,
-        whether a preemption stopped it)."""
-        rt, opts = self.rt, self.opts
-        batches = iter(self.task.loader)
-        for _ in range(skip):
-            next(batches)
-        done = skip // self.accumulation
+    def _epoch(self, epoch: int, done: int, preemption: Any) -> tuple[int, torch.Tensor, bool]:
+        """One epoch's steps from its step ``done`` (or up to the run's last); (steps done, their summed
+        loss on the device, whether a preemption stopped it)."""
+        rt, opts, clock = self.rt, self.opts, self.clock
+        batches = iter(self.task.loader)  # from where the loader was put (a resumed run: mid-epoch)
         seen, loss_sum = 0, torch.zeros((), device=rt.device)
         while done < self.steps_per_epoch and self.step < self.total:
             fault.maybe_inject(self.step, rt.env, self.fault)
-            self.observer.marks.start()
+            clock.start_step()
             loss = self._optimizer_step(batches)
             self.step, done, seen = self.step + 1, done + 1, seen + 1
-            self.observer.step_done(self.step, samples=self.per_rank_samples,
-                                    tokens=self.per_rank_samples * self.task.tokens_per_sample
-                                    if self.task.tokens_per_sample else None)
+            clock.end_step(step=self.step, samples=self.per_rank_samples,
+                           tokens=self.per_rank_samples * self.task.tokens_per_sample
+                           if self.task.tokens_per_sample else None)
+            self.observer.step_done()
             loss_sum += loss
             self.losses.add(self.step, loss)
             if self.progress.due(self.step, done) and rt.is_main:
@@ -225,29 +237,23 @@ class Loop:
         return seen, loss_sum, False
 
     def _optimizer_step(self, batches) -> torch.Tensor:
-        """One optimizer step over ``--grad-accum`` micro-batches; its loss (the micro-batches' mean)."""
-        model, strategy, timer, marks = self.model, self.strategy, self.timer, self.observer.marks
+        """One optimizer step over ``--grad-accum`` micro-batches, each phase timed by the one clock; its
+        loss (the micro-batches' mean)."""
+        model, strategy, clock = self.model, self.strategy, self.clock
         step_loss = torch.zeros((), device=self.rt.device)
         for micro in range(self.accumulation):
-            with timer.section("data"):
-                batch = next(batches)
-            marks.mark("data")
-            self.observer.keep_batch(batch)  # the first one: a step's FLOPs are counted with it at the end
             last = micro == self.accumulation - 1
+            with clock.phase("data"):
+                batch = next(batches)
+            self.observer.keep_batch(batch)  # the first one: a step's FLOPs are counted with it at the end
             with self.rt.guard(self.step):
-                if self.rebuild:  # gradients, buffers and RNG draws of this pass are all discarded
-                    self.rebuild = False
-                    strategy.after_resume(model, lambda: self.task.loss(model, batch).backward())
-                    marks.start()  # the discarded pass is not this step's work
-                    marks.mark("data")
-                with timer.section("compute"), strategy.accumulate(model, last=last):
-                    loss = self.task.loss(model, batch) / self.accumulation
-                    marks.mark("compute")
-                    strategy.backward_loss(loss, model)
-                    marks.mark("backward")
-                with timer.section("optimizer"):
+                with strategy.accumulate(model, last=last):
+                    with clock.phase("forward"):
+                        loss = self.task.loss(model, batch) / self.accumulation
+                    with clock.phase("backward"):
+                        strategy.backward_loss(loss, model)
+                with clock.phase("optimizer"):
                     strategy.micro_step(self.optimizer, model, last=last)
-                marks.mark("optimizer")
             step_loss += loss.detach()
         if self.scheduler is not None:
             self.scheduler.step()
@@ -256,8 +262,7 @@ class Loop:
     # -- reporting and saving --------------------------------------------------------------------
     def _describe(self) -> str:
         rt, opts, task = self.rt, self.opts, self.task
-        # ZeRO-3 leaves empty placeholders in the module; ds_numel is the full size.
-        n_params = sum(getattr(p, "ds_numel", p.numel()) for p in self.strategy.unwrap(self.model).parameters())
+        n_params = self.strategy.num_parameters(self.model)
         accumulation = f" x accumulation {self.accumulation}" if self.accumulation > 1 else ""
         return (f"{task.name}: {n_params:,} parameters, {task.samples} training samples, {rt.world_size} rank(s) x "
                 f"batch {opts.batch_size}{accumulation}, {self.steps_per_epoch} steps/epoch, strategy "
@@ -276,7 +281,7 @@ class Loop:
         record.update(held_out)
         if self.task.tokens_per_sample:
             record["tokens_per_s"] = record["samples_per_s"] * self.task.tokens_per_sample
-        record["breakdown"] = self.timer.summary()
+        record["breakdown"] = self.clock.summary()
         self.observer.epoch(epoch + 1, self.model, time_s=epoch_time, samples_per_s=record["samples_per_s"],
                             train_loss=record["train_loss"], **held_out)
         if self.streams is not None:

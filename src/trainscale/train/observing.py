@@ -3,9 +3,10 @@
 turns it off):
 
 - every rank: one ``step`` record per optimizer step in ``metrics/rank-<R>.jsonl`` — the step's time and
-  its phases: ``data_s`` (waiting for the batch), ``compute_s`` (the forward pass: the rank's own work
-  before its first collective, which is what tells a slow rank from the ranks waiting for it),
-  ``backward_s`` (backward, with DDP's gradient all-reduces in it), ``optimizer_s``; per epoch, DDP's
+  its phases as the loop's one clock timed them (train/timing.StepClock): ``data_s`` (waiting for the
+  batch), ``compute_s`` (the forward pass: the rank's own work before its first collective, which is
+  what tells a slow rank from the ranks waiting for it), ``backward_s`` (backward, with DDP's gradient
+  all-reduces in it), ``optimizer_s``; per epoch, DDP's
   own timing (torch measures forward, backward compute, communication and their overlap on sampled
   iterations: ``_get_ddp_logging_data``); at the end a summary with FLOPs per step, the device's peak,
   MFU and peak memory;
@@ -13,8 +14,8 @@ turns it off):
 - rank 0: the straggler watch (observe/stragglers.py), and the network check: which transport NCCL
   picked (its INFO log, armed by the runtime where a profile names the cluster's fast network).
 
-Nothing here synchronises the device or adds a collective: on a GPU the phases are CUDA events on the
-rank's stream, read ``lag`` steps later when they have completed; on a CPU the host clock.
+Nothing here synchronises the device or adds a collective (the clock's records read CUDA events ``lag``
+steps late).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-import time
 from typing import Any, Callable
 
 import torch
@@ -30,64 +30,6 @@ import torch
 from trainscale.errors import ConfigError
 
 RECORD_VAR = "TRAINSCALE_RECORD"
-PHASES = ("data", "compute", "backward", "optimizer")
-
-
-class StepMarks:
-    """A step's phase boundaries: :meth:`start`, then :meth:`mark` after each phase (repeated phases,
-    e.g. accumulated micro-batches, add up), then :meth:`end`; :meth:`ready` gives the finished steps
-    whose times are known."""
-
-    def __init__(self, device: torch.device, lag: int = 2) -> None:
-        self.events = device.type == "cuda"
-        self.device = device
-        self.lag = lag
-        self._marks: list[tuple[str, Any]] = []
-        self._pending: list[tuple[dict[str, Any], list[tuple[str, Any]]]] = []
-
-    def _now(self) -> Any:
-        if not self.events:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record(torch.cuda.current_stream(self.device))
-        return event
-
-    def start(self) -> None:
-        self._marks = [("start", self._now())]
-
-    def mark(self, phase: str) -> None:
-        self._marks.append((phase, self._now()))
-
-    def end(self, **fields: Any) -> None:
-        self._pending.append((fields, self._marks))
-        self._marks = []
-
-    def ready(self, *, flush: bool = False) -> list[dict[str, Any]]:
-        """Finished steps as records; on a GPU those whose last event completed, and every step older
-        than ``lag`` (waiting on an event that old costs nothing in practice), or all with ``flush``."""
-        out = []
-        while self._pending:
-            fields, marks = self._pending[0]
-            last = marks[-1][1]
-            old = len(self._pending) > self.lag
-            if self.events and not (flush or old or last.query()):
-                break
-            if self.events:
-                last.synchronize()
-            self._pending.pop(0)
-            out.append({**fields, **self._durations(marks)})
-        return out
-
-    def _durations(self, marks: list[tuple[str, Any]]) -> dict[str, float]:
-        def seconds(a: Any, b: Any) -> float:
-            return b - a if not self.events else a.elapsed_time(b) / 1000.0
-
-        out = {f"{phase}_s": 0.0 for phase in PHASES}
-        for (_, before), (phase, after) in zip(marks, marks[1:]):
-            if phase in PHASES:
-                out[f"{phase}_s"] += seconds(before, after)
-        out["step_s"] = seconds(marks[0][1], marks[-1][1])
-        return out
 
 
 class Observer:
@@ -98,7 +40,7 @@ class Observer:
         self.run_dir = run_dir
         self.enabled = run_dir is not None
         self.environ = environ
-        self.marks = StepMarks(rt.device) if self.enabled else _NoMarks()
+        self.clock: Any = None  # the loop's StepClock, whose per-step records this writes
         self.recorder = self.sampler = self.watch = None
         self.flops_per_step: int | None = None
         self._batch: Any = None
@@ -111,7 +53,9 @@ class Observer:
         off = str(environ.get(RECORD_VAR, "1")).strip().lower() in ("0", "false", "no", "off")
         return cls(rt, None if off else rt.env.run_dir, environ=environ)
 
-    def start(self, **meta: Any) -> "Observer":
+    def start(self, clock: Any, **meta: Any) -> "Observer":
+        """Start recording the steps ``clock`` (train/timing.StepClock, made with ``record=self.enabled``) times."""
+        self.clock = clock
         if not self.enabled:
             return self
         from trainscale.observe.records import RankRecorder
@@ -134,11 +78,11 @@ class Observer:
         if self.enabled and self._batch is None:
             self._batch = batch
 
-    def step_done(self, step: int, **fields: Any) -> None:
+    def step_done(self) -> None:
+        """After the clock's ``end_step``: write the steps whose times are known."""
         if not self.enabled:
             return
-        self.marks.end(step=step, **fields)
-        self._write(self.marks.ready())
+        self._write(self.clock.ready())
         if not self.network_checked:
             self.network_checked = True
             self.check_network()
@@ -152,7 +96,7 @@ class Observer:
     def epoch(self, epoch: int, model: Any, **fields: Any) -> None:
         if not self.enabled:
             return
-        self._write(self.marks.ready(flush=True))
+        self._write(self.clock.ready(flush=True))
         timing = ddp_timing(model)
         self.recorder.epoch(epoch, **fields, **({"ddp": timing} if timing else {}))
 
@@ -190,7 +134,7 @@ class Observer:
         ``module``: the user's module inside it; ``build``/``loss``: the task's."""
         if not self.enabled:
             return None
-        self._write(self.marks.ready(flush=True))
+        self._write(self.clock.ready(flush=True))
         if self._batch is not None:
             self.flops_per_step = step_flops(module, build, loss, self._batch, micro_batches)
         dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
@@ -213,14 +157,6 @@ class Observer:
         self.recorder.summary(**summary)
         self.recorder.close()
         return summary
-
-
-class _NoMarks:
-    def start(self) -> None:
-        pass
-
-    def mark(self, phase: str) -> None:
-        pass
 
 
 def step_flops(module: torch.nn.Module, build: Callable[[], torch.nn.Module],

@@ -1,11 +1,12 @@
-"""Epoch wall time, and the optional per-step breakdown: data loading, forward+backward, gradient
-communication, optimizer.
+"""Epoch wall time, and the one clock of a step (:class:`StepClock`): its phases feed the per-step records
+and the optional breakdown of an epoch into data loading, forward+backward, gradient communication,
+optimizer.
 
 CUDA runs asynchronously: the host queues work and moves on, so a clock read on the host measures
 queuing, not work. :class:`EpochClock` waits for the device at both ends of an epoch; the breakdown
 synchronises around every section.
 
-The breakdown is off by default: timing each section needs those synchronisations, which cost a
+The breakdown is off by default: timing each phase needs those synchronisations, which cost a
 little on GPUs. Communication is measured by watching DDP's communication hook, which timestamps each
 bucket's all-reduce: the hook chosen with ``--strategy ddp:comm_hook=...`` (fp16, bf16, powersgd) is
 watched as it is, compression included; without one the timer registers a plain all-reduce
@@ -61,9 +62,28 @@ class EpochClock:
         return time.perf_counter() - (self._started if self._started is not None else time.perf_counter())
 
 
-class StepTimer:
-    def __init__(self, runtime, model, enabled: bool) -> None:
-        self.enabled = enabled
+BREAKDOWN_SECTION = {"data": "data", "forward": "compute", "backward": "compute", "optimizer": "optimizer"}
+"""Where each phase of a step goes in the epoch's ``--breakdown``: forward and backward are its compute
+(backward's exposed communication taken out)."""
+RECORD_FIELD = {"data": "data_s", "forward": "compute_s", "backward": "backward_s", "optimizer": "optimizer_s"}
+"""Each phase's field in the per-step records (observe/records.py): ``compute_s`` is the forward pass,
+the rank's own work before its first collective (what tells a slow rank from the ranks waiting for it)."""
+
+
+class StepClock:
+    """The one clock of a training step: ``with clock.phase("data" | "forward" | "backward" | "optimizer")``
+    around each phase, between :meth:`start_step` and :meth:`end_step`. It feeds both consumers:
+
+    - ``record``: a record per step (:meth:`ready`) with each phase's seconds, repeated phases
+      (accumulated micro-batches) added up, and the step's time. No device synchronisation: on a GPU
+      the phase ends are CUDA events, read ``lag`` steps later when they have completed. A phase runs
+      from the end of the previous one (or the step's start), so the phases add up to the step.
+    - ``breakdown`` (``--breakdown``): the epoch's seconds per section (:meth:`summary`), each phase
+      timed between device synchronisations, DDP's communication hook watched for the all-reduces.
+    """
+
+    def __init__(self, runtime, model, *, breakdown: bool = False, record: bool = False, lag: int = 2) -> None:
+        self.breakdown, self.record, self.lag = breakdown, record, lag
         self.runtime = runtime
         self.device = runtime.device
         self.events = self.device.type == "cuda"  # CUDA events instead of the host clock (see above)
@@ -71,17 +91,78 @@ class StepTimer:
         self.comm_total_s = 0.0
         self.buckets = 0  # most all-reduces seen in one step (DDP's gradient buckets)
         self._lock = threading.Lock()
-        self._intervals: list[list] = []  # [start, end, blocking] marks of this section's bucket all-reduces
-        self._ref = None  # CUDA: the event every mark of the current section is timed from
+        self._intervals: list[list] = []  # [start, end, blocking] marks of this phase's bucket all-reduces
+        self._ref = None  # CUDA: the event every mark of the current phase is timed from
+        self._marks: list[tuple[str, object]] = []
+        self._pending: list[tuple[dict, list[tuple[str, object]]]] = []
         self.gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-        if enabled and hasattr(model, "register_comm_hook"):  # DDP (compiled or not): watch its one hook
+        if breakdown and hasattr(model, "register_comm_hook"):  # DDP (compiled or not): watch its one hook
             hook = comm_hooks.attached(model) or comm_hooks.attach(model)
             hook.observer = self
 
-    def start_epoch(self) -> None:
-        self.totals.clear()
-        self.comm_total_s = 0.0
+    # -- a step -----------------------------------------------------------------------------------
+    def start_step(self) -> None:
+        if self.record:
+            self._marks = [("start", self._now())]
 
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if name not in BREAKDOWN_SECTION:
+            raise ValueError(f"unknown phase {name!r}: one of {', '.join(BREAKDOWN_SECTION)}")
+        if not self.breakdown:
+            yield
+            if self.record:
+                self._marks.append((name, self._now()))
+            return
+        self._sync()
+        with self._lock:
+            self._intervals = []
+        if self.events:
+            self._ref = self._now()
+        start = self._now()
+        yield
+        stop = self._now()
+        if self.record:
+            self._marks.append((name, stop))
+        self._sync()
+        start_s, end_s = self._seconds(start), self._seconds(stop)
+        exposed = self._exposed(end_s)
+        self.totals[BREAKDOWN_SECTION[name]] += end_s - start_s - exposed
+        if exposed:
+            self.totals["communication"] += exposed
+
+    def end_step(self, **fields) -> None:
+        if self.record:
+            self._pending.append((fields, self._marks))
+            self._marks = []
+
+    def ready(self, *, flush: bool = False) -> list[dict]:
+        """Finished steps as records; on a GPU those whose last event completed, and every step older
+        than ``lag`` (waiting on an event that old costs nothing in practice), or all with ``flush``."""
+        out = []
+        while self._pending:
+            fields, marks = self._pending[0]
+            last = marks[-1][1]
+            old = len(self._pending) > self.lag
+            if self.events and not (flush or old or last.query()):
+                break
+            if self.events:
+                last.synchronize()
+            self._pending.pop(0)
+            out.append({**fields, **self._durations(marks)})
+        return out
+
+    def _durations(self, marks: list[tuple[str, object]]) -> dict[str, float]:
+        def seconds(a, b) -> float:
+            return b - a if not self.events else a.elapsed_time(b) / 1000.0
+
+        out = {field: 0.0 for field in RECORD_FIELD.values()}
+        for (_, before), (phase, after) in zip(marks, marks[1:]):
+            out[RECORD_FIELD[phase]] += seconds(before, after)
+        out["step_s"] = seconds(marks[0][1], marks[-1][1])
+        return out
+
+    # -- timestamps -------------------------------------------------------------------------------
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -97,32 +178,17 @@ class StepTimer:
         return event
 
     def _seconds(self, mark) -> float:
-        """A mark in seconds on the section's timeline (CUDA: from the section's start; only after
-        the synchronisation that ends the section, when every event has completed)."""
+        """A mark in seconds on the phase's timeline (CUDA: from the phase's start; only after the
+        synchronisation that ends the phase, when every event has completed)."""
         return mark if isinstance(mark, float) else self._ref.elapsed_time(mark) / 1000.0
 
-    @contextlib.contextmanager
-    def section(self, name: str) -> Iterator[None]:
-        if not self.enabled:
-            yield
-            return
-        self._sync()
-        with self._lock:
-            self._intervals = []
-        if self.events:
-            self._ref = self._now()
-        start = self._now()
-        yield
-        stop = self._now()
-        self._sync()
-        start_s, end_s = self._seconds(start), self._seconds(stop)
-        exposed = self._exposed(end_s)
-        self.totals[name] += end_s - start_s - exposed
-        if exposed:
-            self.totals["communication"] += exposed
+    # -- the breakdown ------------------------------------------------------------------------------
+    def start_epoch(self) -> None:
+        self.totals.clear()
+        self.comm_total_s = 0.0
 
     def _exposed(self, end: float) -> float:
-        """Account this section's all-reduces; return the time spent after the last bucket became ready."""
+        """Account this phase's all-reduces; return the time spent after the last bucket became ready."""
         with self._lock:
             marks, self._intervals = self._intervals, []
         intervals = [(self._seconds(s), self._seconds(e) if e is not None else end) for s, e, _ in marks]
@@ -153,7 +219,7 @@ class StepTimer:
         """This epoch's seconds per section, averaged over the ranks like the epoch time they divide
         (one rank's sections alone can add up to more than the ranks' mean epoch time). A collective:
         every rank calls it."""
-        if not self.enabled:
+        if not self.breakdown:
             return None
         out = {key: self.totals.get(key, 0.0) for key in ("data", "compute", "communication", "optimizer")}
         out.update({k: v for k, v in sorted(self.totals.items()) if k not in out})
