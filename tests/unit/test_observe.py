@@ -51,7 +51,13 @@ def test_flops_of_a_step_and_mfu():
     assert mfu(flops, 0.001, 1e9) == pytest.approx(flops / 0.001 / 1e9)
     assert mfu(flops, 0.0, 1e9) is None and mfu(flops, 1.0, 0.0) is None
     assert cpu_probe(size=64, seconds=0.05) > 1e6  # some MFLOP/s, whatever the machine
-    assert device_key("NVIDIA H100 80GB HBM3") == "H100" and device_key("AMD Instinct MI250X") == "MI250X"
+    assert device_key("NVIDIA H100 80GB HBM3") == "H100 SXM" and device_key("AMD Instinct MI250X") == "MI250X"
+    # what torch.cuda.get_device_name says of Hopper's other parts: each its own row, none mistaken for another
+    names = {"NVIDIA H100 PCIe": "H100 PCIe", "NVIDIA H100 NVL": "H100 NVL", "NVIDIA H200": "H200 SXM",
+             "NVIDIA H200 NVL": "H200 NVL", "NVIDIA GH200 480GB": "GH200", "NVIDIA A100-SXM4-80GB": "A100",
+             "NVIDIA A100-PCIE-40GB": "A100"}
+    assert {name: device_key(name) for name in names} == names
+    assert PEAKS["H100 PCIe"]["bf16"] < PEAKS["H100 NVL"]["bf16"] < PEAKS["GH200"]["bf16"] == PEAKS["H100 SXM"]["bf16"]
     assert device_key("NVIDIA GeForce RTX 4090") is None and PEAKS["A100"]["bf16"] == 312e12
 
 

@@ -14,14 +14,25 @@ from typing import Callable
 
 import torch
 
-# Dense peak FLOP/s per device (one GPU; one GCD for the MI250X), by dtype. Vendors' data sheets:
-# H100 SXM5, A100 SXM4 80GB, MI250X (per GCD = half the package), MI300X. fp32 = plain FP32 (no TF32).
+# Dense peak FLOP/s per device (one GPU; one GCD for the MI250X), by dtype, from the vendors' data
+# sheets (which print the sparse figures: dense is half). fp32 = plain FP32 (no TF32). Hopper's SXM
+# parts (H100 SXM5, H200 SXM, GH200's GPU) share their compute; the PCIe and NVL cards run lower clocks.
 PEAKS: dict[str, dict[str, float]] = {
-    "H100": {"bf16": 989e12, "fp16": 989e12, "tf32": 494e12, "fp32": 67e12},
+    "H100 SXM": {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12},
+    "H100 PCIe": {"bf16": 756.5e12, "fp16": 756.5e12, "tf32": 378e12, "fp32": 51.2e12},
+    "H100 NVL": {"bf16": 835.5e12, "fp16": 835.5e12, "tf32": 417.5e12, "fp32": 60e12},
+    "H200 SXM": {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12},
+    "H200 NVL": {"bf16": 835.5e12, "fp16": 835.5e12, "tf32": 417.5e12, "fp32": 60e12},
+    "GH200": {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "fp32": 66.9e12},
     "A100": {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
     "MI250X": {"bf16": 191.5e12, "fp16": 191.5e12, "fp32": 47.9e12},
     "MI300X": {"bf16": 1307e12, "fp16": 1307e12, "tf32": 653.7e12, "fp32": 163.4e12},
 }
+NAMES = (("GH200", "GH200"), ("H200NVL", "H200 NVL"), ("H200", "H200 SXM"), ("H100NVL", "H100 NVL"),
+         ("H100PCIE", "H100 PCIe"), ("H100", "H100 SXM"), ("A100", "A100"), ("MI250X", "MI250X"),
+         ("MI300X", "MI300X"))
+"""What ``torch.cuda.get_device_name`` says (upper case, no spaces) -> the PEAKS row, most specific first:
+``NVIDIA GH200 480GB`` is no H200, ``NVIDIA H100 PCIe`` no H100 SXM."""
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
@@ -34,12 +45,9 @@ class Peak:
 
 
 def device_key(name: str) -> str | None:
-    """``NVIDIA H100 80GB HBM3`` -> ``H100``; ``AMD Instinct MI250X`` -> ``MI250X`` (None when unknown)."""
-    upper = name.upper().replace(" ", "")
-    for key in PEAKS:
-        if key in upper:
-            return key
-    return None
+    """``NVIDIA H100 80GB HBM3`` -> ``H100 SXM``; ``AMD Instinct MI250X`` -> ``MI250X`` (None when unknown)."""
+    upper = name.upper().replace(" ", "").replace("-", "")
+    return next((key for part, key in NAMES if part in upper), None)
 
 
 def dtype_key(dtype: torch.dtype, *, tf32: bool = False) -> str:
