@@ -1,5 +1,6 @@
-"""Device sampling in a side thread, one per node (in local rank 0): GPU utilisation, memory and power
-through NVML (nvidia-ml-py) or AMD SMI (amdsmi) when present, and always the CPU use and resident
+"""Device sampling in a side thread, one per node (in local rank 0): utilisation, memory and power of the
+job's own GPUs through NVML (nvidia-ml-py) or AMD SMI (amdsmi) when present (observe/devices.py: the
+devices the node's ranks published, labelled by rank), and always the CPU use and resident
 memory of each of the node's ranks (psutil), and how busy the CPUs they may run on were: what the
 ranks did not use of that was other work sharing their cores (:func:`other_cpu_share`). Written to
 ``metrics/node-<host>.jsonl``.
@@ -29,61 +30,6 @@ def interval_from_env(environ=os.environ) -> float:
         return max(0.0, float(raw)) if raw else DEFAULT_INTERVAL_S
     except ValueError:
         return DEFAULT_INTERVAL_S
-
-
-def nvml_reader() -> Callable[[], list[dict[str, Any]]] | None:
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-    except Exception:  # no driver on this node: nothing to sample
-        return None
-
-    def read() -> list[dict[str, Any]]:
-        out = []
-        for i, h in enumerate(handles):
-            util = pynvml.nvmlDeviceGetUtilizationRates(h)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-            try:
-                power = pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0
-            except Exception:
-                power = None
-            out.append({"index": i, "util_pct": util.gpu, "mem_used": mem.used, "mem_total": mem.total,
-                        "power_w": power})
-        return out
-
-    return read
-
-
-def amdsmi_reader() -> Callable[[], list[dict[str, Any]]] | None:
-    try:
-        import amdsmi
-    except ImportError:
-        return None
-    try:
-        amdsmi.amdsmi_init()
-        handles = amdsmi.amdsmi_get_processor_handles()
-    except Exception:
-        return None
-
-    def read() -> list[dict[str, Any]]:
-        out = []
-        for i, h in enumerate(handles):
-            activity = amdsmi.amdsmi_get_gpu_activity(h)
-            vram = amdsmi.amdsmi_get_gpu_vram_usage(h)
-            try:
-                power = amdsmi.amdsmi_get_power_info(h).get("average_socket_power")
-            except Exception:
-                power = None
-            out.append({"index": i, "util_pct": activity.get("gfx_activity"),
-                        "mem_used": int(vram.get("vram_used", 0)) * 1024 * 1024,
-                        "mem_total": int(vram.get("vram_total", 0)) * 1024 * 1024, "power_w": power})
-        return out
-
-    return read
 
 
 def node_ranks() -> list[Any]:
@@ -135,13 +81,16 @@ def other_cpu_share(samples: list[dict[str, Any]]) -> float | None:
 class Sampler:
     """Samples every ``interval_s`` in a daemon thread until :meth:`stop`."""
 
-    def __init__(self, run_dir, *, interval_s: float, gpu_reader: Callable[[], list[dict]] | None = None) -> None:
+    def __init__(self, run_dir, *, interval_s: float, gpu_reader: Callable[[], list[dict]] | None = None,
+                 local_ranks: int = 1) -> None:
         import psutil
 
+        from trainscale.observe.devices import JobGpus
+
         self.interval_s = interval_s
-        self.out = JsonLines(metrics_dir(run_dir) / f"node-{os.environ.get('SLURMD_NODENAME') or socket.gethostname()}.jsonl",
-                             flush_every=1)
-        self.gpu = gpu_reader if gpu_reader is not None else (nvml_reader() or amdsmi_reader())
+        host = node_name()
+        self.out = JsonLines(metrics_dir(run_dir) / f"node-{host}.jsonl", flush_every=1)
+        self.gpu = gpu_reader if gpu_reader is not None else JobGpus(run_dir, host, local_ranks)
         self.procs = node_ranks()
         self.cpus = rank_cpus(self.procs)
         for p in self.procs:
@@ -170,11 +119,13 @@ class Sampler:
         record = {"kind": "sample", "t": time.time(), "cpu_pct": psutil.cpu_percent(None), "procs": procs,
                   "rank_cpus": len(self.cpus),
                   "rank_cpus_busy_pct": sum(per_cpu[i] for i in self.cpus if i < len(per_cpu))}
-        if self.gpu is not None:
-            try:
-                record["gpus"] = self.gpu()
-            except Exception as exc:  # a driver hiccup must not end training
-                record["gpu_error"] = str(exc)
+        try:
+            gpus = self.gpu()
+        except Exception as exc:  # a driver hiccup must not end training
+            record["gpu_error"] = str(exc)
+        else:
+            if gpus:
+                record["gpus"] = gpus
         self.out.write(record)
         self.samples += 1
         return record
@@ -196,9 +147,14 @@ class Sampler:
         self.out.close()
 
 
-def start_sampler(run_dir, *, local_rank: int, environ=os.environ) -> Sampler | None:
+def node_name() -> str:
+    """This node's name in file names (SLURM's own, where two nodes may share a hostname)."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def start_sampler(run_dir, *, local_rank: int, local_ranks: int = 1, environ=os.environ) -> Sampler | None:
     """One sampler per node (local rank 0), unless sampling is off (interval 0)."""
     interval = interval_from_env(environ)
     if local_rank != 0 or interval <= 0:
         return None
-    return Sampler(run_dir, interval_s=interval).start()
+    return Sampler(run_dir, interval_s=interval, local_ranks=local_ranks).start()

@@ -59,12 +59,15 @@ class Observer:
         if not self.enabled:
             return self
         from trainscale.observe.records import RankRecorder
-        from trainscale.observe.sampler import start_sampler
+        from trainscale.observe.devices import publish
+        from trainscale.observe.sampler import node_name, start_sampler
 
         rt = self.rt
         self.recorder = RankRecorder(self.run_dir, rt.rank, world_size=rt.world_size, device=str(rt.device),
                                      backend=rt.backend, threads=torch.get_num_threads(), **meta)
-        self.sampler = start_sampler(self.run_dir, local_rank=rt.local_rank, environ=self.environ)
+        publish(self.run_dir, node_name(), rt.rank, rt.device)  # which GPU is this rank's, for the sampler
+        self.sampler = start_sampler(self.run_dir, local_rank=rt.local_rank, local_ranks=rt.local_world_size,
+                                     environ=self.environ)
         if rt.is_main and rt.world_size > 1:
             from trainscale.observe.stragglers import StragglerWatch
 
