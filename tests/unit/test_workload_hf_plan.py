@@ -61,3 +61,24 @@ def test_fsdp_cpu_offload_on_gpus_asks_trainscale_for_gloo_beside_nccl(tmp_path,
     with pytest.raises(_Started):
         hf_finetune.main(["--strategy", "ddp", "--output-dir", str(tmp_path / "o")])
     assert asked["backend"] is None  # the device's default (nccl) for everything else
+
+
+def test_a_task_that_sees_only_its_own_gpu_barriers_on_it(monkeypatch):
+    """srun mode narrows each task to one GPU: accelerate's barrier on cuda:{LOCAL_RANK} would ask local rank 1
+    for cuda:1, which that task does not have (issue 22 item 4). Its barrier becomes trainscale's, on cuda:0."""
+    from types import SimpleNamespace
+
+    import torch
+    from accelerate.state import PartialState
+
+    from trainscale.workloads.hf_finetune import barrier_on_own_gpu
+
+    monkeypatch.setattr(PartialState, "wait_for_everyone", PartialState.wait_for_everyone)  # restored after
+    barriers = []
+    torchrun_worker = SimpleNamespace(device=torch.device("cuda", 1), local_rank=1, barrier=lambda: barriers.append(1))
+    barrier_on_own_gpu(torchrun_worker)  # sees every GPU of the node: accelerate's own barrier is right
+    assert PartialState.wait_for_everyone.__module__.startswith("accelerate")
+    srun_task = SimpleNamespace(device=torch.device("cuda", 0), local_rank=1, barrier=lambda: barriers.append(0))
+    barrier_on_own_gpu(srun_task)
+    PartialState.wait_for_everyone(SimpleNamespace(use_distributed=True))
+    assert barriers == [0]

@@ -205,6 +205,7 @@ def _train(rt, run: Plan) -> dict:
     if rt.device.type == "cuda":
         # accelerate would derive the GPU from LOCAL_RANK (modulo the visible count); use trainscale's.
         os.environ.setdefault("ACCELERATE_TORCH_DEVICE", str(rt.device))
+        barrier_on_own_gpu(rt)
     for note in prepare_environment(run.strategy_args, rt):  # before TrainingArguments imports DeepSpeed
         rt.print(f"hf-finetune: {note}")
     out = Path(args.output_dir)
@@ -245,6 +246,26 @@ def _train(rt, run: Plan) -> dict:
     rt.print(f"hf-finetune: {output.global_step} steps, train loss {output.training_loss:.4f}, {elapsed:.1f}s")
     write_metrics(opts.metrics_out, result, rt)
     return result
+
+
+def barrier_on_own_gpu(rt) -> None:
+    """accelerate's ``wait_for_everyone`` (the Trainer calls it around saves and on resume) barriers on
+    ``cuda:{LOCAL_RANK}``, which does not exist in a task that sees only its own GPU (srun mode: each
+    task's visibility is narrowed to one device): "invalid device ordinal". Where the rank's device is
+    not ``cuda:{LOCAL_RANK}``, its barrier is trainscale's, on the rank's own device."""
+    if rt.device.index == rt.local_rank:
+        return
+    from accelerate.state import PartialState
+
+    accelerates = PartialState.wait_for_everyone
+
+    def wait_for_everyone(state) -> None:
+        if state.use_distributed:
+            rt.barrier()
+        else:
+            accelerates(state)
+
+    PartialState.wait_for_everyone = wait_for_everyone
 
 
 def preflight(argv: list[str], world_size: int, *, gpus: bool | None = None) -> None:
