@@ -166,10 +166,9 @@ def _container(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> li
     python = job_python(spec, profile)
     if plan.facts.imports_trainscale and python.kit and not spec.python:
         what = f"workload {spec.workload}" if spec.workload else f"{spec.script or spec.module} imports trainscale, and it"
-        where = f"inside {image}; a stock image does" if image else \
-            "in the python3 the module lines give; a module's Python does"
-        out.append(Finding(WARNING, f"{what} needs trainscale importable {where} not have it (the job stops in its "
-                           "first seconds if so)",
+        where = f"needs trainscale importable inside {image}; a stock image does" if image else \
+            "needs trainscale importable in the python3 its module lines give; a module's Python does"
+        out.append(Finding(WARNING, f"{what} {where} not have it (the job stops in its first seconds if so)",
                            "make a venv inside the image (python3 -m venv --system-site-packages VENV; "
                            "VENV/bin/pip install trainscale) and pass --python VENV/bin/python" if image else
                            "make a venv on top of the module (python3 -m venv --system-site-packages VENV; "

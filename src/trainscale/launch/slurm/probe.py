@@ -80,7 +80,8 @@ def _answer(done: subprocess.CompletedProcess, python: JobPython, spec: SlurmJob
     if done.returncode in (0, MISSING) and len(words) >= 3:
         exe, version, torch = words[:3]
         missing = words[3:]
-        named = f"{python.describe(spec)}: {exe} (Python {version}), torch {torch if torch != '-' else 'missing'}"
+        named = (f"{python.describe(spec)}" + (f": {exe}" if exe != python.command else "")
+                 + f" (Python {version}), torch {torch if torch != '-' else 'missing'}")
         if done.returncode == 0:
             return [Finding(NOTE, f"the job runs {named}", OTHER)]
         return [Finding(ERROR, f"the job would run {named}, which cannot import {' and '.join(missing)}{where}", fix)]

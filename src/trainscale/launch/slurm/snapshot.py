@@ -81,7 +81,7 @@ class Manifest:
 
 
 def _mb(n: int) -> str:
-    return f"{n / 1024**2:.1f} MB" if n >= 1024**2 else f"{n / 1024:.0f} KB"
+    return f"{n / 1024**2:.1f} MB" if n >= 1024**2 else f"{n / 1024:.0f} KB" if n >= 1024 else f"{n} bytes"
 
 
 def _home() -> Path:
@@ -298,7 +298,8 @@ def write_snapshot(manifest: Manifest, dest: Path) -> str:
     """Copy the manifest's files and make its links under ``dest``; returns the sha256 of what the job runs
     (every copied path and its content, every link and its target)."""
     if manifest.over_limit:
-        raise ConfigError(*over_limit_message(manifest))
+        message, hint = over_limit_message(manifest)
+        raise ConfigError(message, hint=hint)
     digest = hashlib.sha256()
     dest.mkdir(parents=True, exist_ok=True)
     for rel in manifest.files:
