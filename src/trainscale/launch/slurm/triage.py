@@ -41,7 +41,7 @@ class StepFailure:
 
 # (pattern in the batch output, what it means, the fix); the first that matches wins.
 _STEP_FAILURES = (
-    (re.compile(r"srun: error: .*Unable to layout tasks on given cpus.*|srun: error: .*failed to distribute tasks.*"),
+    (re.compile(r"srun: error: .*(?:Unable to layout tasks on given cpus|failed to distribute tasks)"),
      "the step's tasks do not fit the CPUs SLURM gave the job on a node (CPUs per task x tasks per node, laid out "
      "on cores and sockets, is more than the node can place)",
      "give each task fewer CPUs (-c/--cpus-per-task) or run fewer ranks per node; `scontrol show node` shows a "
@@ -62,11 +62,12 @@ _STEP_FAILURES = (
 
 def step_failure(batch_output: str) -> StepFailure | None:
     """SLURM's own reason a job step never started, when the batch output has one."""
-    for line in batch_output.splitlines():
-        for pattern, meaning, hint in _STEP_FAILURES:
-            m = pattern.search(line)
-            if m:
-                return StepFailure(said=line.strip(), meaning=meaning.format(*m.groups()), hint=hint)
+    lines = batch_output.splitlines()
+    for pattern, meaning, hint in _STEP_FAILURES:
+        found = [(m, line) for line in lines for m in [pattern.search(line)] if m]
+        if found:  # SLURM's plainest line of several: the last ("Application launch failed: Unable to ...")
+            m, line = found[-1]
+            return StepFailure(said=line.strip(), meaning=meaning.format(*m.groups()), hint=hint)
     return None
 
 
