@@ -46,12 +46,15 @@ def job_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return {**os.environ, "TRAINSCALE_STATE_DIR": str(tmp_path / "state"), "OUT_BASE": str(tmp_path / "out"), **extra}
 
 
-def submit_watch(root: Path, env: dict[str, str], *options: str, timeout: float = 240) -> tuple[str, Path, str]:
-    """Submit scripts/train.py from the course's root; (job id, run directory, what --watch printed)."""
+def submit_watch(root: Path, env: dict[str, str], *options: str, cwd: Path | None = None,
+                 timeout: float = 240) -> tuple[str, Path, str]:
+    """Submit the course's scripts/train.py from ``cwd`` (default: the course's root); (job id, run directory,
+    what --watch printed)."""
     t0 = time.monotonic()
-    done = trainscale(root, env, "slurm", "-N", "2", "--gpus-per-node", "2", "-t", "00:05:00",
+    cwd = cwd or root
+    done = trainscale(cwd, env, "slurm", "-N", "2", "--gpus-per-node", "2", "-t", "00:05:00",
                       "--output-dir", str(root.parent / "jobs"), *options, "--submit", "--watch", "--poll", "0.5",
-                      "--watch-timeout", str(timeout), "scripts/train.py",
+                      "--watch-timeout", str(timeout), os.path.relpath(root / "scripts" / "train.py", cwd),
                       "--output-path", "$OUT_BASE/job-$SLURM_JOB_ID", "--note", NOTE)
     m = re.search(r"submitted job (\d+) .*; run directory (\S+) ", done.stderr)
     assert m, f"not submitted:\n{done.stdout}\n{done.stderr}"
@@ -76,18 +79,22 @@ def ranks(out: Path, job_id: str, run_dir: Path, world: int = 4) -> list[dict]:
     return found
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", "srun"])
-def test_a_script_importing_its_sibling_package_runs_as_a_job(slurm_cluster, tmp_path, launcher):
+@pytest.mark.parametrize("launcher, where", [("torchrun", "above"), ("srun", "root")])
+def test_a_script_importing_its_sibling_package_runs_as_a_job(slurm_cluster, tmp_path, launcher, where):
+    """Submitted from above the course (mypkg only reachable relative to the script's own file), and from the
+    course's root (mypkg also in the working directory: the job still imports the snapshot's)."""
     root = course(tmp_path)
     env = job_env(tmp_path)
+    cwd = tmp_path if where == "above" else root
     if launcher == "torchrun":  # the seam: what works under `trainscale run` ...
-        local = trainscale(root, env, "run", "--nproc-per-node", "2", "scripts/train.py", "--output-path",
+        local = trainscale(cwd, env, "run", "--nproc-per-node", "2", "course/scripts/train.py", "--output-path",
                            str(tmp_path / "local"), "--note", "here", timeout=180)
         assert local.returncode == 0, local.stdout + local.stderr
-        assert json.loads((tmp_path / "local" / "rank-1.json").read_text())["mypkg"] == str(root / "mypkg/__init__.py")
+        seen = json.loads((tmp_path / "local" / "rank-1.json").read_text())["mypkg"]
+        assert os.path.normpath(seen) == str(root / "mypkg" / "__init__.py")
     # ... works as a job, with the script's arguments naming job-time variables
     job_id, run_dir, _ = submit_watch(root, env, "--profile", "local-test", "--launcher", launcher,
-                                      "--python", sys.executable)
+                                      "--python", sys.executable, cwd=cwd)
     ranks(tmp_path / "out", job_id, run_dir)
     record = json.loads((run_dir / "submission.json").read_text())["snapshot"]
     assert (record["root"], record["mode"], record["script"]) == (str(root), "git", "scripts/train.py")
