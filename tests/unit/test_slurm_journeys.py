@@ -268,6 +268,10 @@ def test_the_probe_loads_the_module_lines_and_names_the_python_and_torch(tmp_pat
     (error,) = probe_python(spec, profile, resolve(spec, profile))
     assert error.level == ERROR and "torch missing" in error.message and "cannot import torch" in error.message
     assert "--module 'load PyTorch/...'" in error.hint
+    nowhere = SlurmJobSpec(script="/p/t.py", profile="local-test", time="5", modules=("load PyTorch/2.4",),
+                           python="python-nowhere")  # a bare name: looked up after the module lines
+    (error,) = probe_python(nowhere, profile, resolve(nowhere, profile))
+    assert error.level == ERROR and "there is no python-nowhere on the PATH after the job's module lines" in error.message
     # no module system here: said, not guessed
     monkeypatch.delenv("BASH_FUNC_module%%")
     inits = ("/usr/share/lmod/lmod/init/bash", "/etc/profile.d/lmod.sh", "/etc/profile.d/modules.sh")

@@ -188,14 +188,17 @@ def _code(spec: SlurmJobSpec, plan: JobPlan) -> list[Finding]:
                         "script from the snapshot", f"give --snapshot a directory that holds {script.name}, or leave "
                         "--snapshot out: the script's project is found for you")]
     out = []
+    home = Path(os.path.expanduser("~")).absolute()
     for miss in unseen_imports(script, root, plan.facts.path_additions, plan.facts.imports):
-        both = os.path.commonpath([str(root), miss.location])
+        both = Path(os.path.commonpath([str(root), miss.location]))
+        wide = both == home or both in home.parents or both.parent == both  # never suggest all of $HOME or /
         out.append(Finding(WARNING if miss.optional else ERROR,
                            f"{script.name} line {miss.line} imports {miss.module} from {miss.location}, through a "
                            f"directory it adds to sys.path relative to its own file; the job gets a snapshot of "
                            f"{root} only, so it will not see {miss.module}",
-                           f"snapshot a directory that holds both: --snapshot {both}; or install {miss.module} "
-                           "(pip install -e) so it is imported from where it is"))
+                           (f"move {miss.module} into {root}, " if wide else
+                            f"snapshot a directory that holds both: --snapshot {both}; ")
+                           + f"or install {miss.module} (pip install -e) so it is imported from where it is"))
     return out
 
 

@@ -128,6 +128,8 @@ def module_root(module: str) -> Path | None:
     import sys
 
     top = module.split(".")[0]
+    if top == "trainscale":  # trainscale's own modules (selftest, bench allreduce) are the tool, not your code
+        return None
     for entry in [os.getcwd(), *[p for p in sys.path if p]]:
         try:
             found = importlib.machinery.PathFinder.find_spec(top, [entry])
