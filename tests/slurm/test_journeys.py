@@ -164,5 +164,3 @@ def test_an_unreachable_scheduler_is_not_a_refusal(slurm_cluster, tmp_path):
     assert dry.returncode == 0, dry.stderr
     assert "could not ask the scheduler (sbatch --test-only: " in dry.stderr and "Unable to contact" in dry.stderr
     assert "the job was not checked by SLURM" in dry.stderr and "REFUSES" not in dry.stderr
-    only = trainscale(tmp_path, env, *args, "--test-only", str(script), timeout=150)
-    assert only.returncode == 1 and "could not ask the scheduler" in only.stderr, only.stderr
