@@ -1,6 +1,7 @@
 """Stock site containers on the real 2-node SLURM test cluster: an image with Python and torch but no
 trainscale (tests/helpers/container_image.py), run by a singularity-compatible command over a real
-bubblewrap sandbox (tests/containers/singularity) in which the project's venv is not visible.
+bubblewrap sandbox (tests/containers/singularity) in which the project's venv is not visible (the
+``sandbox`` fixture: tests/slurm/conftest.py).
 
 Both launch modes, a torchrun-style and a SLURM-style course script (tests/conformance/scripts),
 `exec` with an in-container set-up line and `run` through the image's runscript, a host set-up line,
@@ -13,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -21,40 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from helpers.container_image import build_image
-
 ROOT = Path(__file__).resolve().parents[2]
-SHIM = ROOT / "tests" / "containers"
 SCRIPTS = ROOT / "tests" / "conformance" / "scripts"
-INSTALL = ROOT / ".ci" / "install-sandbox.sh"
-PROFILE = """extends = "local-test"
-description = "the local test cluster, with the test sandbox as singularity"
-
-[container]
-runtime = "singularity"
-"""
-
-
-@pytest.fixture(scope="module")
-def sandbox(tmp_path_factory):
-    if shutil.which("bwrap") is None:
-        done = subprocess.run(["bash", str(INSTALL)], capture_output=True, text=True, timeout=600)
-        if done.returncode != 0:
-            reason = f"bubblewrap unavailable: {done.stderr.strip()}"
-            if os.environ.get("CI", "").lower() == "true":
-                pytest.fail(reason)
-            pytest.skip(reason)
-    root = tmp_path_factory.mktemp("containers")
-    t0 = time.monotonic()
-    image = build_image(root / "pytorch-stock")
-    print(f"\n[containers] image built in {time.monotonic() - t0:.1f}s: {image}")
-    (root / "config" / "profiles").mkdir(parents=True)
-    (root / "config" / "profiles" / "local-test-containers.toml").write_text(PROFILE)
-    return {"image": image, "config": root / "config"}
 
 
 def env_for(sandbox, tmp_path: Path) -> dict[str, str]:
-    return {**os.environ, "PATH": f"{SHIM}{os.pathsep}{os.environ['PATH']}", "TRAINSCALE_CONFIG_DIR": str(sandbox["config"]),
+    return {**os.environ, "PATH": f"{sandbox['shim']}{os.pathsep}{os.environ['PATH']}",
+            "TRAINSCALE_CONFIG_DIR": str(sandbox["config"]),
             "TRAINSCALE_STATE_DIR": str(tmp_path / "state")}
 
 

@@ -234,7 +234,7 @@ def test_dry_run_asks_the_scheduler_when_sbatch_is_there(tmp_path, job_script, m
     assert captured.out.startswith("#!/bin/bash")
     assert "sbatch --test-only accepts the job: sbatch: Job 99 to start at" in captured.err
     _fake_sbatch(bin_dir, "sbatch: error: Batch job submission failed: Requested node configuration is not available", 1)
-    assert main([*argv, "--test-only", job_script]) == 0
+    assert main([*argv, "--test-only", job_script]) == 1  # as sbatch --test-only: not accepted, not 0
     assert "REFUSES the job: sbatch: error: Batch job submission failed" in capsys.readouterr().err
     assert not (tmp_path / "jobs").exists()  # neither wrote a script or submitted
 

@@ -112,15 +112,19 @@ def test_the_job_runs_the_runs_copy(tmp_path):
     (project / "pkg").mkdir(parents=True)
     script = project / "train.py"
     script.write_text("")
-    alone = target_in_run(str(script), None, None, tmp_path / "run")
-    assert alone.script == str(tmp_path / "run" / "src" / "train.py") and alone.pythonpath == str(project)
-    snap = target_in_run(str(script), None, str(project), tmp_path / "run")
-    assert snap.script == str(tmp_path / "run" / "src" / "proj" / "train.py")
-    assert snap.pythonpath == str(tmp_path / "run" / "src" / "proj") and snap.copies == ((str(project), snap.pythonpath),)
-    module = target_in_run(None, "pkg.train", str(project), tmp_path / "run")
-    assert module.script is None and module.pythonpath == str(tmp_path / "run" / "src" / "proj")
+    run = tmp_path / "run"
+    alone = target_in_run(str(script), None, project, run)
+    assert alone.script == str(run / "src" / "proj" / "train.py") and alone.snapshot == str(run / "src" / "proj")
+    assert alone.pythonpath is None  # found for you: imported as `trainscale run` imports it
+    snap = target_in_run(str(script), str(project), project, run)
+    assert snap.script == str(run / "src" / "proj" / "train.py") and snap.pythonpath == str(run / "src" / "proj")
+    module = target_in_run(None, str(project), project, run)
+    assert module.script is None and module.pythonpath == str(run / "src" / "proj")
+    assert target_in_run(None, None, None, run).snapshot is None  # installed module or workload: no copy
     with pytest.raises(ConfigError, match="is not a directory"):
         check_snapshot(str(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match="is outside --snapshot"):
+        check_snapshot(str(project / "pkg"), str(script))
 
 
 # ---------------------------------------------------------------------------------------------------------- sweeps

@@ -168,8 +168,9 @@ def test_cli_dry_run_prints_script_and_keeps_script_args(script, capsys):
     out = capsys.readouterr().out
     assert rc == 0
     assert "#SBATCH --nodes=2" in out and "#SBATCH --time=00:10:00" in out
-    # after the script: the script's own options; the job runs the run's copy of the script (src/)
-    assert re.search(r"--script \S+/trainscale-train-\d{8}-\d{6}/src/train\.py --nodes 7 --time x", out), out
+    # after the script: the script's own options; the job runs the script in the run's snapshot (src/<dir>/)
+    name = Path(script).parent.name
+    assert re.search(rf"--script \S+/trainscale-train-\d{{8}}-\d{{6}}/src/{name}/train\.py --nodes 7 --time x", out), out
     assert Path(script).exists()
 
 

@@ -48,8 +48,7 @@ STOCK = {
     "lumi": dict(script="/project/project_465000000/cnn_multinode.py", args=("--epochs", "5"), nodes=2,
                  time="00:30:00", account="project_465000000", partition="standard-g",
                  container="/appl/local/containers/sif-images/lumi-pytorch-rocm-6.2.4-python-3.12-pytorch-v2.7.1.sif",
-                 modules=("use /appl/local/containers/ai-modules", "load singularity-AI-bindings"),
-                 container_setup=("$WITH_CONDA",),
+                 container_setup=("$WITH_CONDA",),  # the profile's [container] modules load singularity-AI-bindings
                  binds=("/scratch/project_465000000/env.sqsh:/user-software:image-src=/",)),
     "cyclone": dict(script="/nvme/h/alice/tutorial_04/cnn_multinode.py", args=("--batch_size", "16"), nodes=2,
                     gpus_per_node=2, time="01:00:00", container="/nvme/h/alice/images/pytorch-24.05.sif",
@@ -87,6 +86,35 @@ def check_golden(text: str, name: str) -> None:
 def test_golden_stock_image(profile, launcher):
     text = render(stock_spec_for(profile, launcher), builtin(profile), kit_dir=KIT)
     check_golden(text, f"{profile}-stock-{launcher}.sbatch")
+    done = subprocess.run(["bash", "-n"], input=text, text=True, capture_output=True)
+    assert done.returncode == 0, done.stderr
+
+
+# Site module lines and the Python they bring: LUMI's stack outside a container, a job's own lines instead of the
+# profile's, and the course's Cyclone line (a PyTorch module, whose python3 the job runs, with the job kit), whose
+# script arguments name job-time variables.
+SITE = {
+    "lumi-modules-torchrun": ("lumi", dict(script="/project/project_465000000/train.py", nodes=2, time="02:00:00",
+                                           account="project_465000000", launcher="torchrun",
+                                           modules=("load my-pytorch/2.4",))),
+    "lumi-own-modules-srun": ("lumi", dict(script="/project/project_465000000/train.py", nodes=2, time="02:00:00",
+                                           account="project_465000000", launcher="srun", profile_modules=False,
+                                           modules=("load LUMI/24.03 partition/G", "load my-pytorch/2.4"))),
+    "cyclone-module-srun": ("cyclone", dict(script="/nvme/h/alice/tutorial_04/cnn_multinode.py", nodes=2,
+                                            gpus_per_node=2, time="02:00:00", launcher="srun",
+                                            modules=("load PyTorch/1.12.0-foss-2022a-CUDA-11.7.0",),
+                                            args=("--output-path", "$OUTPUT_DIR/run-${SLURM_JOB_ID}", "--note",
+                                                  "cost \\$5 * $(date)"))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SITE))
+def test_golden_site_modules(name):
+    profile, fields = SITE[name]
+    spec = SlurmJobSpec(profile=profile, output_dir=Path("/scratch/jobs"), run_name="exp-20261123-140000",
+                        command_line=("trainscale", "slurm", "--profile", profile, "..."), **fields)
+    text = render(spec, builtin(profile), kit_dir=KIT)
+    check_golden(text, f"{name}.sbatch")
     done = subprocess.run(["bash", "-n"], input=text, text=True, capture_output=True)
     assert done.returncode == 0, done.stderr
 
@@ -173,8 +201,9 @@ def test_job_dir_made_before_srun_and_output_outside_it():
     assert text.index('mkdir -p "$JOB_DIR/errors"') < text.index("\nsrun ")
     assert "RUN_DIR=/o/exp-1" in text and 'JOB_DIR="$RUN_DIR/${SLURM_JOB_ID}"' in text
     assert '--output="$JOB_DIR/rank-%t.out"' in text
-    assert "--script /o/exp-1/src/x.py" in text  # the run's copy, made at submission
-    assert "export PYTHONPATH=/t${PYTHONPATH:+:$PYTHONPATH}" in text  # modules next to the script still import
+    assert "--script /o/exp-1/src/t/x.py" in text  # the run's snapshot of the script's directory, made at submission
+    assert "export TRAINSCALE_SNAPSHOT=/o/exp-1/src/t TRAINSCALE_SNAPSHOT_OF=/t " in text  # imports map to the copy
+    assert "PYTHONPATH" not in text  # the job imports as `trainscale run` does: nothing added
 
 
 def test_master_port_checked_on_first_node():
@@ -190,14 +219,14 @@ def test_container_wrapper_and_profile_environment():
                         output_dir=Path("/scratch/p/jobs"))
     text = render(spec, builtin("lumi"), kit_dir=KIT)
     assert "singularity exec -B /pfs,/scratch," in text and " /img/pt.sif" in text
-    assert ",/t " in text  # the script's directory is bound; /scratch/p/jobs (the kit, the logs) is under /scratch
+    assert ",/t " in text  # the code's root is bound; /scratch/p/jobs (the kit, the logs, the snapshot) is under /scratch
     # a stock image: the image's own torchrun, each worker through the kit's bootstrap
-    assert "python3 -m torch.distributed.run" in text and re.search(r'"\$KIT/boot.py" --script \S+/src/x.py', text)
+    assert "python3 -m torch.distributed.run" in text and re.search(r'"\$KIT/boot.py" --script \S+/src/t/x.py', text)
     assert "-m trainscale" not in text.split("\nsrun ")[1]
     # profile values keep ${...} expandable and the order of the profile file
     assert 'export MIOPEN_USER_DB_PATH="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"' in text
     assert text.index("MIOPEN_USER_DB_PATH=") < text.index("MIOPEN_CUSTOM_CACHE_DIR=")
-    assert "module load LUMI/24.03 partition/G" in text
+    assert "module load singularity-AI-bindings" in text and "LUMI/25.03" not in text  # the image needs no stack
 
 
 def test_container_without_profile_section_uses_vendor_flag():

@@ -49,7 +49,8 @@ def _show(name: str) -> int:
             value = " ".join(f"{k}={v}" for k, v in value.items()) or "-"
         elif f.name == "container" and value is not None:
             value = " ".join([value.runtime, value.mode, *(f"-B {b}" for b in value.binds), *value.flags,
-                              *(f"[setup: {line}]" for line in value.setup)])
+                              *(f"[setup: {line}]" for line in value.setup),
+                              *([f"[modules: {'; '.join(value.modules) or 'none'}]"] if value.modules is not None else [])])
         elif isinstance(value, tuple):
             value = "; ".join(value) or "-"
         print(f"{f.name:<20} {value}")

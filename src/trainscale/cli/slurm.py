@@ -75,15 +75,21 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--gpu-visibility", choices=("auto", "task", "node"),
                      help="srun mode: each task sees its own GPU (task), all of the node's (node), or auto")
     run.add_argument("--module", action="append", dest="modules", metavar="LINE",
-                     help="an environment-module line, e.g. --module 'load PyTorch/2.1' (repeatable)")
+                     help="an environment-module line after the profile's, e.g. --module 'load PyTorch/2.1' "
+                          "(repeatable); the job then runs the python3 the modules put on its PATH")
+    run.add_argument("--no-profile-modules", action="store_const", const=False, dest="profile_modules",
+                     help="leave out the profile's module lines (only --module's run)")
     run.add_argument("--setup", action="append", metavar="LINE", help="a shell line run before launch (repeatable)")
     run.add_argument("--env", action="append", metavar="KEY=VALUE", help="exported in the batch script")
-    run.add_argument("--python", help="Python on the nodes (in a container: the image's, e.g. a venv made in it)")
+    run.add_argument("--python", help="the Python the job runs (default: python3 after the module lines or in the "
+                                      "container, else the one running trainscale); a bare name is looked up at job "
+                                      "time")
     run.add_argument("--master-port", type=int)
     run.add_argument("--dataloader-workers", type=int)
     run.add_argument("--output-dir", help="where each submission's run directory goes (trainscale-jobs)")
     run.add_argument("--snapshot", metavar="DIR",
-                     help="copy this directory (your package) into the run at submission; the job runs the copy")
+                     help="the directory copied into the run at submission (default: the script's project root: "
+                          "the nearest directory with .git, pyproject.toml or setup.py); the job runs the copy")
     run.add_argument("--config", help="TOML file with a [slurm] table of these options")
     box = p.add_argument_group("containers")
     box.add_argument("--container", metavar="IMAGE")
@@ -197,8 +203,9 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     from trainscale.launch.slurm import lint, render, resolve
+    from trainscale.launch.slurm.job import snapshot_findings
     from trainscale.launch.slurm.lint import errors
-    from trainscale.launch.slurm.probe import probe_container
+    from trainscale.launch.slurm.probe import probe_python
 
     spec, profile, ns, preflight = build(args.argv, os.environ)
     if ns.watch and spec.chain > 1:
@@ -208,22 +215,27 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("give exactly one of --dry-run (print the script), --test-only (ask the scheduler) or "
                           "--submit (sbatch it)", hint="start with --dry-run to read the script trainscale would submit")
     plan = resolve(spec, profile)
-    findings = lint(spec, profile, plan, preflight=preflight) + probe_container(spec, profile, plan)
+    findings = lint(spec, profile, plan, preflight=preflight) + snapshot_findings(spec, plan) \
+        + probe_python(spec, profile, plan)
+    findings.sort(key=lambda f: ("error", "warning", "note").index(f.level))
     _print_findings(findings)
     if ns.dry_run or ns.test_only:
         text = render(spec, profile, plan)
         if ns.dry_run:
             print(text, end="")
-        _ask_scheduler(text, required=ns.test_only)
-        return 2 if errors(findings) else 0
+        answer = _ask_scheduler(text, required=ns.test_only)
+        if errors(findings):
+            return 2
+        return 1 if ns.test_only and answer != "accepts" else 0
     if errors(findings):
         print(f"trainscale slurm: {len(errors(findings))} error(s): not submitted", file=sys.stderr, flush=True)
         return 2
     return submit_and_watch(spec, profile, plan, ns)
 
 
-def _ask_scheduler(text: str, *, required: bool) -> None:
-    """sbatch --test-only: when and where SLURM would start the job (nothing is submitted)."""
+def _ask_scheduler(text: str, *, required: bool) -> str:
+    """sbatch --test-only: when and where SLURM would start the job (nothing is submitted). Returns
+    ``accepts``, ``refuses``, ``unreachable`` or ``no sbatch``."""
     import shutil
 
     from trainscale.launch.slurm.submit import ask_test_only
@@ -232,10 +244,17 @@ def _ask_scheduler(text: str, *, required: bool) -> None:
         if required:
             raise ConfigError("--test-only needs sbatch, which is not on this machine's PATH",
                               hint="run it on a SLURM login node, or use --dry-run")
-        return
-    ok, said = ask_test_only(text)
-    print(f"trainscale slurm: sbatch --test-only {'accepts' if ok else 'REFUSES'} the job: {said}", file=sys.stderr,
-          flush=True)
+        return "no sbatch"
+    answer, said = ask_test_only(text)
+    if answer == "unreachable":
+        print(f"trainscale slurm: could not ask the scheduler (sbatch --test-only: {said}); the job was not "
+              "checked by SLURM", file=sys.stderr, flush=True)
+        print("  hint: run it where the SLURM controller answers (a login node; `squeue` works there)",
+              file=sys.stderr, flush=True)
+    else:
+        print(f"trainscale slurm: sbatch --test-only {'accepts' if answer == 'accepts' else 'REFUSES'} the job: {said}",
+              file=sys.stderr, flush=True)
+    return answer
 
 
 def submit_and_watch(spec, profile, plan, ns) -> int:

@@ -38,6 +38,8 @@ TASK_GPU_VAR = "TRAINSCALE_TASK_GPU"
 task's own GPU, so a script using ``cuda``/``cuda:0`` is right on every rank."""
 KIT_VAR = "TRAINSCALE_KIT"
 """Set by the kit's boot.py: the directory this module was imported from (removed before user code)."""
+SNAPSHOT_VAR, SNAPSHOT_OF_VAR = "TRAINSCALE_SNAPSHOT", "TRAINSCALE_SNAPSHOT_OF"
+"""A submitted job's copy of its code, and the directory it was copied from (launch/slurm/snapshot.py)."""
 
 # SLURM's task variables as torchrun's workers should see them: each agrees with RANK & co.
 _SLURM_FROM_WORLD = (
@@ -180,6 +182,7 @@ def _main(argv: list[str]) -> None:
     narrow_gpu()
     apply_bind_from_env()
     leave_kit()
+    enter_snapshot()
     if kind == "--exec":  # a program, not Python (torchrun's --no-python): it inherits the world above
         sys.stdout.flush()
         os.execvp(target, [target, *args])
@@ -203,6 +206,27 @@ def leave_kit(environ: MutableMapping[str, str] = os.environ) -> None:
         if (name == "trainscale" or name.startswith("trainscale.")) and \
                 os.path.abspath(getattr(module, "__file__", None) or "").startswith(kit + os.sep):
             del sys.modules[name]
+
+
+def enter_snapshot(environ: MutableMapping[str, str] = os.environ) -> None:
+    """A submitted job runs a snapshot of its code: every import path inside the original directory (the
+    working directory, PYTHONPATH, an editable install's path) is pointed at its copy where the copy has
+    it, so the job imports the code as it was at submission, as ``trainscale run`` would have found it."""
+    copy, root = environ.get(SNAPSHOT_VAR), environ.get(SNAPSHOT_OF_VAR)
+    if not copy or not root:
+        return
+
+    def mapped(entry: str) -> str:
+        path = os.path.abspath(entry or ".")
+        if path == root or path.startswith(root + os.sep):
+            candidate = copy + path[len(root):]
+            if os.path.exists(candidate):
+                return candidate
+        return entry
+
+    sys.path[:] = [mapped(p) for p in sys.path]
+    if environ.get("PYTHONPATH"):  # DataLoader workers and other children start from it
+        environ["PYTHONPATH"] = os.pathsep.join(mapped(p) for p in environ["PYTHONPATH"].split(os.pathsep))
 
 
 def release_process_groups() -> None:

@@ -1,9 +1,9 @@
-"""The job kit: the few standard-library-only modules of trainscale a job needs inside a stock
-container that has Python and torch but not trainscale.
+"""The job kit: the few standard-library-only modules of trainscale a job needs when its Python has
+torch but not trainscale: a stock container's, or the python3 a module loads (launch/slurm/toolchain.py).
 
 A container job's batch script runs, with the image's own Python:
 
-    python3 "$KIT/port.py" --host "$MASTER_ADDR"          # a free rendezvous port on the first node
+    python3 "$KIT/port.py" --host "$MASTER_ADDR"          # names the Python; a free rendezvous port on the first node
     python3 "$KIT/boot.py" --script train.py ARGS...       # each worker: world, GPU, CPUs, @record
 
 The kit is a copy of those modules (`trainscale.env`, `trainscale.topology`, the bootstrap and the
@@ -49,10 +49,18 @@ from trainscale.launch.bootstrap import main
 main(sys.argv[1:])
 '''
 
-PORT = '''"""trainscale job kit: print a free port on this host (see trainscale/launch/ports.py)."""
+PORT = '''"""trainscale job kit: name the job's Python, print a free port on this host (trainscale/launch/ports.py)."""
+import importlib.metadata
+import importlib.util
 import os
 import sys
 
+try:
+    torch = importlib.metadata.version("torch") if importlib.util.find_spec("torch") else "not installed"
+except importlib.metadata.PackageNotFoundError:
+    torch = "unknown version"
+print(f"trainscale: the job's Python is {sys.executable} (Python {sys.version.split()[0]}), torch {torch}",
+      file=sys.stderr, flush=True)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from trainscale.launch.ports import main
 

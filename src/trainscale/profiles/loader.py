@@ -6,6 +6,7 @@ A user profile with the same name as a built-in one replaces it. Files are data 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import os
 import sys
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ _SCALARS: dict[str, tuple[type, ...]] = {
     "description": (str,), "gpu_vendor": (str,), "binding": (str,), "default_launcher": (str,), "max_time": (str,),
     "gpus_per_node": (int,), "cpus_per_node": (int,), "mem_per_node_gb": (int, float), "mem_per_gpu_gb": (int, float),
     "forbid_cpus_per_gpu": (bool,), "requires_account": (bool,), "task_gpu": (str,), "extends": (str,),
-    "shares_cores": (bool,), "interconnect": (str,), "interconnect_required": (bool,),
+    "shares_cores": (bool,), "interconnect": (str,), "interconnect_required": (bool,), "modules_checked": (str,),
 }
 MERGED_TABLES = ("env", "gpu_cores", "container")
 """With ``extends``, these tables merge key by key (the child's keys win); every other key the child
@@ -168,6 +169,8 @@ def profile_from_dict(data: dict[str, Any], *, name: str, origin: str = "<dict>"
         raise ConfigError(f"{origin}: name = {data['name']!r} but the file is named {name!r}.toml",
                           hint="rename the file or drop the name key: a profile is named after its file")
     values = {k: v for k, v in data.items() if k != "name"}
+    if isinstance(values.get("modules_checked"), datetime.date):  # TOML's bare date: modules_checked = 2026-11-24
+        values["modules_checked"] = values["modules_checked"].isoformat()
     for key, types in _SCALARS.items():
         value = values.get(key)
         if value is not None and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
@@ -201,6 +204,9 @@ def profile_from_dict(data: dict[str, Any], *, name: str, origin: str = "<dict>"
         if not isinstance(table, dict):
             raise ConfigError(f"{origin}: container must be a table", hint='[container] runtime = "singularity"')
         _check_keys(table, _fields(ContainerSpec), origin, "container.")
+        for key in ("binds", "flags", "setup", "modules"):
+            if key in table and (not isinstance(table[key], list) or not all(isinstance(x, str) for x in table[key])):
+                raise ConfigError(f"{origin}: container.{key} must be a list of strings", hint=f'e.g. {key} = ["..."]')
         values["container"] = ContainerSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in table.items()})
     try:
         return ClusterProfile(name=name, **values)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from trainscale.errors import ConfigError
@@ -11,6 +12,7 @@ CONTAINER_RUNTIMES = ("singularity", "apptainer", "pyxis")
 TASK_GPU = ("env", "slurm", "none")
 GPU_VENDORS = ("nvidia", "amd", "none")
 BINDINGS = ("map", "topology", "none")
+_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,6 +30,9 @@ class ContainerSpec:
     """exec (run the command in the image) or run (through the image's runscript, which sets up its environment)."""
     setup: tuple[str, ...] = ()
     """Shell lines run inside the container before Python, e.g. ``$WITH_CONDA`` for LUMI's older images."""
+    modules: tuple[str, ...] | None = None
+    """Module lines a container job loads *instead of* the profile's ``modules`` (a stock image brings its own
+    software stack: LUMI's jobs load only ``singularity-AI-bindings``); None: the profile's ``modules``."""
 
     def __post_init__(self) -> None:
         name = self.runtime.rstrip("/").rsplit("/", 1)[-1]
@@ -80,7 +85,11 @@ class ClusterProfile:
     max_time: str = ""
     """The partition's time limit, ``D-HH:MM:SS`` or ``HH:MM:SS``; empty: not checked."""
     modules: tuple[str, ...] = ()
-    """Module lines run before training, e.g. ``module load LUMI/24.03`` (with ``set -u`` off: Lmod needs it)."""
+    """Module lines run before training, e.g. ``module load LUMI/25.03 partition/G`` (with ``set -u`` off: Lmod
+    needs it). A job drops them with ``--no-profile-modules``; a container job loads ``container.modules`` instead
+    when the profile has that key."""
+    modules_checked: str = ""
+    """When the module lines were last checked against the site's documentation, ``YYYY-MM-DD`` ("" unknown)."""
     setup: tuple[str, ...] = ()
     """Shell lines run in the batch script after the modules and environment, before launch."""
     task_gpu: str = "env"
@@ -115,6 +124,9 @@ class ClusterProfile:
                               hint="one of ofi (libfabric), ib, socket, or leave it out")
         if self.task_gpu not in TASK_GPU:
             raise ConfigError(f"profile {self.name}: task_gpu {self.task_gpu!r} unknown", hint=f"one of {', '.join(TASK_GPU)}")
+        if self.modules_checked and not _DATE.match(self.modules_checked):
+            raise ConfigError(f"profile {self.name}: modules_checked = {self.modules_checked!r} is not a date",
+                              hint='write the day the module lines were checked as YYYY-MM-DD, e.g. "2026-11-24"')
         if self.gpus_per_node < 0 or self.cpus_per_node < 1:
             raise ConfigError(f"profile {self.name}: gpus_per_node must be >= 0 and cpus_per_node >= 1")
         if self.binding == "map":

@@ -4,8 +4,9 @@
     singularity|apptainer run  [-B binds] [flags] IMAGE  ...      (the image's runscript sets up first)
     srun --container-image=IMAGE --container-mounts=...  ...      (pyxis/enroot on NVIDIA clusters)
 
-The job's own directories are bound in as well (the job output directory with the kit and logs, the
-script's directory), so a stock image sees exactly what the job needs.
+The job's own directories are bound in as well (the job output directory with the kit, the logs and
+the run's snapshot of the code; the code's original root, which the snapshot's links to data point
+into), so a stock image sees exactly what the job needs.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainscale.launch.slurm.spec import JobPlan, SlurmJobSpec
+from trainscale.launch.slurm.toolchain import JobPython
 from trainscale.profiles.schema import ClusterProfile, ContainerSpec
 
 
@@ -48,8 +50,8 @@ def binds_of(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> list
     """The profile's binds, the job's ``--bind``s, then the job's own directories unless already bound."""
     binds = list(container_of(profile).binds) + list(spec.binds)
     own = [str(plan.output_dir)]
-    if spec.script:
-        own.append(str(Path(spec.script).absolute().parent))
+    if plan.code_root is not None:
+        own.append(str(plan.code_root))
     for path in own:
         if not _covered(path, binds):
             binds.append(path)
@@ -83,18 +85,19 @@ def container_prefix(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan)
     return Wrapper(words=[" ".join(_q(w) for w in words) + " " + _q(spec.container)] + setup)
 
 
-def required_modules(spec: SlurmJobSpec, plan: JobPlan) -> tuple[str, ...]:
-    """What the image's Python must import for this job (checked when the job starts)."""
-    if not spec.container:
+def required_modules(spec: SlurmJobSpec, plan: JobPlan, kit: bool) -> tuple[str, ...]:
+    """What a kit job's Python (an image's, a module's) must import (checked when the job starts)."""
+    if not kit:
         return ()
     return ("torch", "trainscale") if plan.facts.imports_trainscale else ("torch",)
 
 
-def port_command(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan, python: str,
+def port_command(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan, python: JobPython,
                  require: tuple[str, ...]) -> list[str]:
-    """The lines that set MASTER_PORT; in a container they also prove the image can run the job."""
-    py = _q(python)
-    if not spec.container:
+    """The lines that set MASTER_PORT; with the kit they also prove the job's Python can run the job and
+    name it in the batch output."""
+    py = _q(python.command)
+    if not python.kit:
         cmd = f'{py} -m trainscale.launch.ports --host "$MASTER_ADDR"'
         if spec.master_port:
             cmd += f" --port {spec.master_port}"
@@ -109,15 +112,21 @@ def port_command(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan, pyt
     else:
         run = " ".join([*wrapper.words, cmd])
     need = "Python with " + " and ".join(require)
-    fix = ("the script imports trainscale: make a venv inside the image (python3 -m venv --system-site-packages), "
-           "pip install trainscale into it and pass --python VENV/bin/python"
-           if "trainscale" in require else
-           f"check --python (now {python}), or run the image's own set-up first: --container-setup '$WITH_CONDA' "
-           "(LUMI's images) or --container-run")
+    if spec.container:
+        what = f"the image {spec.container}"
+        fix = ("the script imports trainscale: make a venv inside the image (python3 -m venv --system-site-packages), "
+               "pip install trainscale into it and pass --python VENV/bin/python"
+               if "trainscale" in require else
+               f"check --python (now {python.command}), or run the image's own set-up first: --container-setup "
+               "'$WITH_CONDA' (LUMI's images) or --container-run")
+    else:
+        what = "the job's Python" + (" after its module lines" if python.source == "modules" else "")
+        fix = (f"load the module that provides {' and '.join(require)} (--module 'load PyTorch/...'), or name the "
+               "Python with --python PATH")
     return [
         f"if ! MASTER_PORT=$({run}); then",
-        f'  echo "trainscale: error: the image {spec.container} cannot run this job: it needs {need} as '
-        f'{python} (see the lines above)" >&2',
+        f'  echo "trainscale: error: {what} cannot run this job: it needs {need} as '
+        f'{python.command} (see the lines above)" >&2',
         f'  echo "hint: {fix}" >&2'.replace("$WITH_CONDA", "\\$WITH_CONDA"),
         "  exit 1",
         "fi",

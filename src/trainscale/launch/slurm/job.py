@@ -2,8 +2,9 @@
 
 Shared by ``trainscale slurm --submit``, ``trainscale sweep`` and ``trainscale bench --slurm``. A
 submission makes its run directory (launch/slurm/layout.py) first: the batch script, a copy of the
-user's code the job runs (so later edits never reach a queued job), ``submission.json`` (command,
-resolved spec, versions, git commit); then ``sbatch`` once, or N times linked ``afterany`` for a chain.
+user's project the job runs (launch/slurm/snapshot.py: later edits never reach a queued job),
+``submission.json`` (command, resolved spec, versions, git commit, what was snapshotted); then
+``sbatch`` once, or N times linked ``afterany`` for a chain.
 """
 
 from __future__ import annotations
@@ -22,15 +23,14 @@ from trainscale._version import __version__
 from trainscale.errors import ConfigError
 from trainscale.launch.slurm.jobdir import JobRecord, save_record
 from trainscale.launch.slurm.layout import check_snapshot, target_in_run
-from trainscale.launch.slurm.lint import errors, lint
+from trainscale.launch.slurm.lint import ERROR, NOTE, Finding, errors, lint
 from trainscale.launch.slurm.queue import Runner
 from trainscale.launch.slurm.render import batch_output_pattern, render
+from trainscale.launch.slurm.snapshot import Manifest, list_snapshot, over_limit_message, write_snapshot
 from trainscale.launch.slurm.spec import JobPlan, SlurmJobSpec, resolve
 from trainscale.launch.slurm.submit import submit, write_script
+from trainscale.launch.slurm.toolchain import job_python
 from trainscale.profiles.schema import ClusterProfile
-
-SNAPSHOT_IGNORE = shutil.ignore_patterns(".git", "__pycache__", "*.pyc", ".venv", "venv", ".mypy_cache",
-                                         ".pytest_cache", "trainscale-jobs", "trainscale-logs", "*.egg-info")
 
 
 def checked_plan(spec: SlurmJobSpec, profile: ClusterProfile, *, preflight=None, what: str = "") -> JobPlan:
@@ -80,14 +80,16 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def submission_record(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> dict[str, Any]:
+def submission_record(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan,
+                      snapshot: dict[str, Any] | None = None) -> dict[str, Any]:
     try:
         import torch
 
         torch_version = torch.__version__
     except ImportError:  # pragma: no cover - torch is a dependency
         torch_version = None
-    code = spec.snapshot or spec.script
+    code = plan.code_root or spec.script
+    python = job_python(spec, profile)
     return {
         "command": list(spec.command_line),
         "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -99,31 +101,66 @@ def submission_record(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan
         "plan": {"launcher": plan.launcher, "nodes": plan.nodes, "ranks_per_node": plan.ranks_per_node,
                  "world_size": plan.world_size, "cpus_per_rank": plan.cpus_per_rank, "time_s": plan.time_s},
         "versions": {"trainscale": __version__, "torch": torch_version, "python": platform.python_version()},
+        "python": {"command": python.command, "source": python.source, "job_kit": python.kit},
         "git": git_state(Path(code).absolute()) if code else None,
+        "snapshot": snapshot,
     }
+
+
+def snapshot_listing(spec: SlurmJobSpec, plan: JobPlan) -> Manifest | None:
+    """What the job's snapshot will hold (nothing is written); None when the job copies no code."""
+    if plan.code_root is None:
+        return None
+    return list_snapshot(plan.code_root, exclude=[plan.output_dir])
+
+
+def snapshot_findings(spec: SlurmJobSpec, plan: JobPlan) -> list[Finding]:
+    """What the job's code will be (a note), or an error when the snapshot is above the limits."""
+    manifest = snapshot_listing(spec, plan)
+    if manifest is None:
+        return []
+    if manifest.over_limit:
+        return [Finding(ERROR, *over_limit_message(manifest))]
+    what = str(Path(spec.script).absolute().relative_to(manifest.root)) if spec.script and \
+        manifest.root in Path(spec.script).absolute().parents else spec.module or spec.script
+    return [Finding(NOTE, f"the job runs {what} from a snapshot of {manifest.root} taken at submission: "
+                    f"{manifest.describe()}", "--snapshot DIR snapshots another directory; what is left out or linked: "
+                    "docs/slurm.md#the-code-a-job-runs")]
+
+
+def take_snapshot(spec: SlurmJobSpec, plan: JobPlan) -> dict[str, Any] | None:
+    """Copy the job's code into the run; the record of what was copied (for submission.json)."""
+    manifest = snapshot_listing(spec, plan)
+    if manifest is None:
+        return None
+    target = target_in_run(spec.script, spec.snapshot, plan.code_root, plan.run_dir)
+    sha256 = write_snapshot(manifest, Path(target.snapshot or ""))
+    return {"root": str(manifest.root), "copy": target.snapshot, "mode": manifest.mode, "files": len(manifest.files),
+            "bytes": manifest.bytes, "sha256": sha256, "linked": list(manifest.links),
+            "script": str(Path(spec.script).absolute().relative_to(manifest.root)) if spec.script else None}
 
 
 def prepare_run(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> tuple[JobPlan, Path]:
     """Make the run directory: the code the job will run, submission.json, the batch script. Returns the
     plan with its final run directory, and the script."""
-    check_snapshot(spec.snapshot)
+    check_snapshot(spec.snapshot, spec.script)
     plan = _fresh_run_dir(plan)
     plan.run_dir.mkdir(parents=True)
-    for src, dest in target_in_run(spec.script, spec.module, spec.snapshot, plan.run_dir).copies:
-        Path(dest).parent.mkdir(parents=True, exist_ok=True)
-        if Path(src).is_dir():
-            shutil.copytree(src, dest, ignore=SNAPSHOT_IGNORE, symlinks=True)
-        else:
-            shutil.copy2(src, dest)
+    try:
+        snapshot = take_snapshot(spec, plan)
+    except BaseException:
+        shutil.rmtree(plan.run_dir, ignore_errors=True)  # nothing half-made stays behind
+        raise
     for pattern in (spec.output, spec.error):  # slurmd opens them before the script runs: their directory must exist
         if pattern and "%" not in str(Path(pattern).parent):
             Path(pattern).parent.mkdir(parents=True, exist_ok=True)
     kit = None
-    if spec.container:  # the stock image gets trainscale's worker side from here (launch/kit.py)
+    if job_python(spec, profile).kit:  # a stock image's or a module's Python gets trainscale's worker side here
         from trainscale.launch.kit import write_kit
 
         kit = write_kit(plan.output_dir)
-    (plan.run_dir / "submission.json").write_text(json.dumps(submission_record(spec, profile, plan), indent=2) + "\n")
+    record = submission_record(spec, profile, plan, snapshot)
+    (plan.run_dir / "submission.json").write_text(json.dumps(record, indent=2) + "\n")
     script = write_script(render(spec, profile, plan, kit_dir=kit), plan.run_dir / "job.sbatch")
     return plan, script
 

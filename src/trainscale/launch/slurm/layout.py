@@ -3,8 +3,9 @@
     <output-dir>/<name>-<stamp>/       the run: one per `trainscale slurm --submit`
         job.sbatch                     the batch script as submitted
         submission.json                command, resolved job spec, versions, git commit of your code
-        src/                           your script (and --snapshot DIR) as submitted: the job runs this copy,
-                                       so an edit after --submit never reaches a queued job
+        src/<root name>/               the snapshot of your script's project (snapshot.py): the job runs the
+                                       script at the same path in it, so an edit after --submit never
+                                       reaches a queued job
         checkpoints/                   the built-in workloads' checkpoints: requeues and chain links resume here
         links                          a chain's job ids, in order
         finished | failed              the chain's end, written by the link that saw it
@@ -17,61 +18,68 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainscale.errors import ConfigError
+
+if TYPE_CHECKING:
+    from trainscale.launch.slurm.script import ScriptFacts
 
 SRC = "src"
 
 
 @dataclass(frozen=True)
 class Target:
-    """What the job runs: a path in the run's copy, or the original (modules, workloads)."""
+    """What the job runs: a path in the run's snapshot, or the original (installed modules, workloads)."""
 
     script: str | None
-    """The script to run (the copy under src/ when it was snapshotted)."""
+    """The script to run: its copy in the snapshot."""
+    snapshot: str | None
+    """The snapshot's directory in the run (``<run>/src/<root name>``), or None when nothing is copied."""
     pythonpath: str | None
-    """Prepended to PYTHONPATH: the copy of --snapshot DIR (so `-m pkg.mod` and sibling imports use it),
-    or, for a script copied alone, its original directory (modules next to it import from there)."""
-    copies: tuple[tuple[str, str], ...]
-    """(source, destination) pairs job.py copies at submission: a file or a directory tree."""
+    """Prepended to PYTHONPATH: the snapshot of an explicit ``--snapshot DIR`` (so ``-m pkg.mod`` imports it)."""
 
 
 def run_dir_for(output_dir: Path, name: str, stamp: str) -> Path:
     return Path(output_dir) / f"{name}-{stamp}"
 
 
-def target_in_run(script: str | None, module: str | None, snapshot: str | None, run_dir: Path) -> Target:
-    """The copies a submission makes and the paths the job then runs.
+def code_root_for(script: str | None, module: str | None, snapshot: str | None, facts: ScriptFacts) -> Path | None:
+    """Where the job's code is snapshotted from (launch/slurm/snapshot.py); None: nothing is copied."""
+    from trainscale.launch.slurm.snapshot import code_root, module_root
 
-    A script is always copied (``src/<file>``); modules next to it still import from its directory.
-    With ``--snapshot DIR`` the whole directory is copied (``src/<DIR name>/``), a script inside it runs
-    from the copy, and the copy leads PYTHONPATH.
-    """
-    src = run_dir / SRC
-    copies: list[tuple[str, str]] = []
-    pythonpath = None
-    if snapshot:
-        snap = Path(snapshot).absolute()
-        dest = src / snap.name
-        copies.append((str(snap), str(dest)))
-        pythonpath = str(dest)
-        if script:
-            path = Path(script).absolute()
-            try:
-                rel = path.relative_to(snap)
-            except ValueError:
-                copies.append((str(path), str(src / path.name)))
-                return Target(str(src / path.name), f"{pythonpath}:{path.parent}", tuple(copies))
-            return Target(str(dest / rel), pythonpath, tuple(copies))
-        return Target(None, pythonpath, tuple(copies))
     if script:
-        path = Path(script).absolute()
-        copies.append((str(path), str(src / path.name)))
-        return Target(str(src / path.name), str(path.parent), tuple(copies))
-    return Target(None, None, ())
+        return code_root(script, [d for d, _ in facts.path_additions], snapshot)
+    if snapshot:
+        return Path(snapshot).absolute()
+    if module:
+        return module_root(module)
+    return None
 
 
-def check_snapshot(snapshot: str | None) -> None:
-    if snapshot is not None and not Path(snapshot).is_dir():
+def target_in_run(script: str | None, snapshot: str | None, root: Path | None, run_dir: Path) -> Target:
+    """The paths the job runs: the script at the same relative path in ``<run>/src/<root name>/``."""
+    if root is None:
+        return Target(None, None, None)
+    dest = run_dir / SRC / root.name
+    pythonpath = str(dest) if snapshot else None
+    if script is None:
+        return Target(None, str(dest), pythonpath)
+    try:
+        return Target(str(dest / Path(script).absolute().relative_to(root)), str(dest), pythonpath)
+    except ValueError:  # outside --snapshot DIR: lint and check_snapshot refuse it; the dry run shows the original
+        return Target(str(Path(script).absolute()), str(dest), pythonpath)
+
+
+def check_snapshot(snapshot: str | None, script: str | None = None) -> None:
+    if snapshot is None:
+        return
+    if not Path(snapshot).is_dir():
         raise ConfigError(f"--snapshot {snapshot!r} is not a directory",
                           hint="give the directory of your code (a package, the project), e.g. --snapshot .")
+    if script is not None:
+        root, path = Path(snapshot).absolute(), Path(script).absolute()
+        if root not in path.parents:
+            raise ConfigError(f"the script {script} is outside --snapshot {snapshot}: the job runs the script from "
+                              "the snapshot", hint=f"give --snapshot a directory that holds {Path(script).name} "
+                              "(your project's root), or leave --snapshot out: the script's project is found for you")

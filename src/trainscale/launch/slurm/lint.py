@@ -6,6 +6,7 @@ findings, it never raises for a problem it can describe.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,27 +144,61 @@ def _resources(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> li
         out.append(Finding(WARNING, f"partition {plan.partition!r} is not one profile {profile.name} knows",
                            did_you_mean(plan.partition, profile.partitions)))
     if spec.container and profile.container is None:
-        out.append(Finding(WARNING, f"--container given but profile {profile.name} says nothing about containers",
-                           "trainscale uses `singularity exec` with the job's own binds only; add a [container] "
-                           "table to the profile (or extend one that has it)"))
+        from trainscale.launch.slurm.container import container_of
+
+        runtime = container_of(profile)
+        out.append(Finding(NOTE, f"profile {profile.name} has no [container] table: the job runs `{runtime.runtime} "
+                           f"{runtime.mode}{''.join(' ' + f for f in runtime.flags)}` with the job's own binds only",
+                           "for site binds, another runtime or set-up lines add a [container] table to a profile "
+                           "that extends this one (docs/profiles.md)"))
     return out
 
 
 def _container(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> list[Finding]:
-    if not spec.container:
-        return []
+    from trainscale.launch.slurm.toolchain import job_python
+
     out = []
     image = spec.container
-    if not _URI.match(image) and not Path(image).expanduser().exists():
+    if image and not _URI.match(image) and not Path(image).expanduser().exists():
         out.append(Finding(ERROR, f"container image {image} does not exist on this machine",
                            "give the path of the .sif file (or image directory) as the compute nodes see it; "
                            "login and compute nodes share the project file systems"))
-    if plan.facts.imports_trainscale and not spec.python:
+    python = job_python(spec, profile)
+    if plan.facts.imports_trainscale and python.kit and not spec.python:
         what = f"workload {spec.workload}" if spec.workload else f"{spec.script or spec.module} imports trainscale, and it"
-        out.append(Finding(WARNING, f"{what} needs trainscale importable inside {image}; a stock image does "
-                           "not have it (the job stops in its first seconds if so)",
+        where = f"needs trainscale importable inside {image}; a stock image does" if image else \
+            "needs trainscale importable in the python3 its module lines give; a module's Python does"
+        out.append(Finding(WARNING, f"{what} {where} not have it (the job stops in its first seconds if so)",
                            "make a venv inside the image (python3 -m venv --system-site-packages VENV; "
+                           "VENV/bin/pip install trainscale) and pass --python VENV/bin/python" if image else
+                           "make a venv on top of the module (python3 -m venv --system-site-packages VENV; "
                            "VENV/bin/pip install trainscale) and pass --python VENV/bin/python"))
+    return out
+
+
+def _code(spec: SlurmJobSpec, plan: JobPlan) -> list[Finding]:
+    """What the job will not see of the code ``trainscale run`` would import (launch/slurm/snapshot.py)."""
+    if not spec.script or plan.code_root is None or not Path(spec.script).is_file():
+        return []
+    from trainscale.launch.slurm.imports import unseen_imports
+
+    root, script = plan.code_root, Path(spec.script).absolute()
+    if root not in script.parents:
+        return [Finding(ERROR, f"the script {spec.script} is outside --snapshot {spec.snapshot}: the job runs the "
+                        "script from the snapshot", f"give --snapshot a directory that holds {script.name}, or leave "
+                        "--snapshot out: the script's project is found for you")]
+    out = []
+    home = Path(os.path.expanduser("~")).absolute()
+    for miss in unseen_imports(script, root, plan.facts.path_additions, plan.facts.imports):
+        both = Path(os.path.commonpath([str(root), miss.location]))
+        wide = both == home or both in home.parents or both.parent == both  # never suggest all of $HOME or /
+        out.append(Finding(WARNING if miss.optional else ERROR,
+                           f"{script.name} line {miss.line} imports {miss.module} from {miss.location}, through a "
+                           f"directory it adds to sys.path relative to its own file; the job gets a snapshot of "
+                           f"{root} only, so it will not see {miss.module}",
+                           (f"move {miss.module} into {root}, " if wide else
+                            f"snapshot a directory that holds both: --snapshot {both}; ")
+                           + f"or install {miss.module} (pip install -e) so it is imported from where it is"))
     return out
 
 
@@ -235,7 +270,8 @@ def lint(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan | None = Non
 
     rendered = "\n".join(sbatch_lines(spec, profile, plan))
     found = (_tasks(spec, plan) + _binding(spec, profile, plan) + _cpus(spec, profile, plan)
-             + _resources(spec, profile, plan) + _container(spec, profile, plan) + _gpus(spec, profile, plan)
+             + _resources(spec, profile, plan) + _container(spec, profile, plan) + _code(spec, plan)
+             + _gpus(spec, profile, plan)
              + _duplicates(spec, rendered) + _target(spec, plan, preflight))
     order = {ERROR: 0, WARNING: 1, NOTE: 2}
     return sorted(found, key=lambda f: order[f.level])

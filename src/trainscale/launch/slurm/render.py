@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import re
 import shlex
-import sys
 from pathlib import Path
 
 from trainscale._version import __version__
 from trainscale.launch.slurm.container import container_prefix, port_command, required_modules
 from trainscale.launch.slurm.continuation import continues, preemptible, start_lines, warning_signal
 from trainscale.launch.slurm.continuation import exports as continuation_exports
+from trainscale.launch.slurm.jobargs import check_lines, job_words
 from trainscale.launch.slurm.layout import target_in_run
+from trainscale.launch.slurm.snapshot import SNAPSHOT_OF_VAR, SNAPSHOT_VAR
 from trainscale.launch.slurm.spec import JobPlan, SlurmJobSpec, format_time, resolve
+from trainscale.launch.slurm.toolchain import job_python, module_lines as job_module_lines, profile_module_lines
 from trainscale.profiles import slurm_cpu_bind, worker_bind_env
 from trainscale.profiles.schema import ClusterProfile
 from trainscale.topology.cpulist import format_cpulist
@@ -34,12 +36,6 @@ def batch_output_pattern(spec: SlurmJobSpec, plan: JobPlan) -> str:
     # file before the script runs, so its directory must already exist (trainscale creates the
     # run directory at submission; the job directory only exists once the script has made it).
     return spec.output or str(plan.run_dir / "%j.out")
-
-
-def python_of(spec: SlurmJobSpec) -> str:
-    if spec.python:
-        return spec.python
-    return "python3" if spec.container else sys.executable
 
 
 def _q(value: str | Path) -> str:
@@ -92,8 +88,9 @@ def sbatch_lines(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> 
 
 
 def target_args(spec: SlurmJobSpec, launcher: str, plan: JobPlan) -> list[str]:
-    """What to run, in the form the launcher takes: the run's copy of the script."""
-    script = target_in_run(spec.script, spec.module, spec.snapshot, plan.run_dir).script
+    """What to run, in the form the launcher takes: the script's copy in the run's snapshot, then its
+    arguments with job-time variables expanded (jobargs.py)."""
+    script = target_in_run(spec.script, spec.snapshot, plan.code_root, plan.run_dir).script
     if launcher == "torchrun":  # `trainscale run` options
         if spec.workload:
             head = ["--workload", spec.workload]
@@ -108,7 +105,7 @@ def target_args(spec: SlurmJobSpec, launcher: str, plan: JobPlan) -> list[str]:
             head = ["--module", spec.module]
         else:
             head = ["--script", str(script)]
-    line = " ".join(_q(a) for a in head + list(spec.args))
+    line = " ".join([_q(a) for a in head] + job_words(spec.args)[0])
     if spec.workload and continues(spec) and not spec.sweep and \
             not any(a.startswith("--checkpoint-dir") for a in spec.args):
         # the run directory outlives requeues and chain links: every attempt resumes from here
@@ -141,12 +138,12 @@ def cpu_bind_option(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) 
 
 def launch_command(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> list[str]:
     """The command each srun task runs, after the container prefix."""
-    py = _q(python_of(spec))
-    kit = bool(spec.container)  # a stock image: trainscale's worker side comes from the job kit
+    python = job_python(spec, profile)
+    py, kit = _q(python.command), python.kit  # kit: a Python without trainscale (a stock image, a module's)
     if plan.launcher == "torchrun":
         rdzv = ['--nnodes "$SLURM_NNODES"', f"--nproc-per-node {plan.ranks_per_node}",
                 '--rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv-id "$SLURM_JOB_ID"']
-        if kit:  # the image's own torchrun, each worker started through the kit's bootstrap
+        if kit:  # the Python's own torchrun, each worker started through the kit's bootstrap
             return ([f"{py} -m torch.distributed.run"] + rdzv + ['--log-dir "$JOB_DIR/torchrun" --tee 3']
                     + [f'"$KIT/boot.py" {target_args(spec, "srun", plan)[0]}'])
         return [f"{py} -m trainscale run"] + rdzv + ['--log-dir "$JOB_DIR/torchrun" --all-ranks'] \
@@ -184,8 +181,10 @@ def srun_command(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> 
 
 def header(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> list[str]:
     command = shlex.join(spec.command_line) if spec.command_line else "(rendered from Python: trainscale.launch.slurm)"
+    python = job_python(spec, profile)
     if plan.launcher == "torchrun":
-        agent = "the image's torchrun" if spec.container else "`trainscale run` (torch's elastic agent)"
+        agent = "the image's torchrun" if spec.container else (f"{python.command}'s own torchrun" if python.kit
+                                                                else "`trainscale run` (torch's elastic agent)")
         mode = f"torchrun mode: one task per node runs {agent}, which starts {plan.ranks_per_node} rank(s) on its node"
     else:
         mode = f"srun mode: one task per rank ({plan.ranks_per_node} per node), ranks read from SLURM's variables"
@@ -197,24 +196,31 @@ def header(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> list[s
         f"# {mode}.",
         f"# World size {plan.world_size} = {spec.nodes} node(s) x {plan.ranks_per_node} rank(s); "
         f"{plan.cpus_per_rank} CPU(s) per rank.",
+        f"# Python: {python.describe(spec)}"
+        + ("; it needs torch, and trainscale's worker side comes from the job kit"
+           + (" (the script imports trainscale: that Python must have it too)" if plan.facts.imports_trainscale else "")
+           if python.kit else "") + ".",
     ]
-    if spec.container:
-        lines.append(f"# Container {spec.container}: needs Python and torch; trainscale itself comes from the job kit"
-                     + (" (the script imports trainscale: the image must have it too)"
-                        if plan.facts.imports_trainscale else "") + ".")
     return lines
 
 
 def module_lines(spec: SlurmJobSpec, profile: ClusterProfile) -> list[str]:
-    lines = list(profile.modules) + [m if m.startswith("module ") else f"module {m}" for m in spec.modules]
+    lines = list(job_module_lines(spec, profile))
     if not lines:
         return []
+    ours = profile_module_lines(spec, profile)
+    which = "[container] modules" if ours and spec.container and profile.container and \
+        profile.container.modules is not None else "modules"
+    if not spec.profile_modules:
+        source = f"--module; profile {profile.name}'s left out by --no-profile-modules"
+    else:
+        source = f"profile {profile.name}'s {which}" + (", then --module" if spec.modules else "") if ours \
+            else "--module"
     hint = ("hint: remove the module lines (--module, the profile's modules) on a cluster without modules, or "
             "load them in --setup after sourcing your site's module init script")
     return [
         "",
-        f"# Modules (profile {profile.name}" + (", then --module" if spec.modules else "") + "). Lmod reads unset "
-        "variables: `set -u` is off around them.",
+        f"# Modules ({source}). Lmod reads unset variables: `set -u` is off around them.",
         "if ! type module >/dev/null 2>&1; then",
         "  for init in /usr/share/lmod/lmod/init/bash /etc/profile.d/lmod.sh /etc/profile.d/modules.sh; do",
         '    if [ -r "$init" ]; then set +u; . "$init"; set -u; break; fi',
@@ -272,11 +278,14 @@ def render(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan | None = N
     out.append('mkdir -p "$JOB_DIR/errors"' if plan.launcher == "srun" else 'mkdir -p "$JOB_DIR"')
     if continues(spec):
         out.append('rm -f "$JOB_DIR/stopped"  # a requeued job starts over in the same directory')
-    pythonpath = target_in_run(spec.script, spec.module, spec.snapshot, plan.run_dir).pythonpath
-    if pythonpath:
-        why = "the run's copy of --snapshot" if spec.snapshot else "modules next to the script"
-        out.append(f'export PYTHONPATH={_q(pythonpath)}${{PYTHONPATH:+:$PYTHONPATH}}  # {why}')
-    if spec.container:
+    target = target_in_run(spec.script, spec.snapshot, plan.code_root, plan.run_dir)
+    if target.snapshot:
+        out.append(f"export {SNAPSHOT_VAR}={_q(target.snapshot)} {SNAPSHOT_OF_VAR}={_q(plan.code_root)}"
+                   "  # the code as submitted: imports from the original map to this copy")
+    if target.pythonpath:
+        out.append(f'export PYTHONPATH={_q(target.pythonpath)}${{PYTHONPATH:+:$PYTHONPATH}}  # the copy of --snapshot')
+    python = job_python(spec, profile)
+    if python.kit:
         from trainscale.launch.kit import kit_dir as default_kit_dir
 
         kit = kit_dir or default_kit_dir(plan.output_dir)
@@ -304,7 +313,7 @@ def render(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan | None = N
                    + (" TRAINSCALE_INTERCONNECT_REQUIRED=1" if profile.interconnect_required else "")
                    + "  # the network the ranks' collectives must use between nodes (profile)")
     out += continuation_exports(spec, handles)
-    if spec.container and plan.launcher == "torchrun":
+    if python.kit and plan.launcher == "torchrun":
         out.append("export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]: '  # trainscale logs --rank reads it")
         if warning_signal(spec, handles):
             out.append("export PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2  "
@@ -313,12 +322,13 @@ def render(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan | None = N
         "",
         "# Rendezvous: the first node of the allocation; a port checked free there (this step runs on it).",
         'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
-        *port_command(spec, profile, plan, python_of(spec), required_modules(spec, plan)),
+        *port_command(spec, profile, plan, python, required_modules(spec, plan, python.kit)),
         "export MASTER_ADDR MASTER_PORT",
         'echo "trainscale: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, master $MASTER_ADDR:$MASTER_PORT, '
         'restart ${SLURM_RESTART_COUNT:-0}, logs in $JOB_DIR"',
         "",
     ]
+    out += check_lines(job_words(spec.args)[1])
     srun = srun_command(spec, profile, plan)
     if continues(spec):
         out += preemptible(srun, spec, handles)

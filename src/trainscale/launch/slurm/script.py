@@ -1,6 +1,6 @@
 """What the user's script does that the job plan must respect, read from its source (never run).
 
-Two facts matter before submission:
+Facts that matter before submission (and imports.py's: what it adds to sys.path, what it imports):
 - does it import trainscale? Then a container image must have trainscale importable (lint).
 - does it pick its GPU by a rank index (``torch.cuda.set_device(local_rank)``, ``f"cuda:{rank}"``,
   ``device_ids=[local_rank]``, ``x.to(engine.local_rank)``)? Then each srun task must see every GPU of
@@ -24,6 +24,10 @@ class ScriptFacts:
     """Line of the first place that selects a GPU by a rank-like index, or None."""
     gpu_index_code: str = ""
     """That line's code, for the message."""
+    path_additions: tuple[tuple[str, bool], ...] = ()
+    """Directories the script adds to sys.path relative to its own file: (directory, put first) (imports.py)."""
+    imports: tuple[tuple[str, int, bool], ...] = ()
+    """Top-level modules it imports: (name, line, inside try)."""
 
 
 def _is_zero(node: ast.AST) -> bool:
@@ -76,7 +80,10 @@ def facts_from_source(source: str, path: str = "<script>") -> ScriptFacts:
             first = node
     line = first.lineno if first is not None else None
     code = source.splitlines()[line - 1].strip() if line else ""
-    return ScriptFacts(path=path, imports_trainscale=imports, gpu_index_line=line, gpu_index_code=code)
+    from trainscale.launch.slurm.imports import imported, path_additions
+
+    return ScriptFacts(path=path, imports_trainscale=imports, gpu_index_line=line, gpu_index_code=code,
+                       path_additions=path_additions(tree, str(Path(path).absolute())), imports=imported(tree))
 
 
 def script_facts(script: str | None = None, module: str | None = None, workload: str | None = None) -> ScriptFacts:

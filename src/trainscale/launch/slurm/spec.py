@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainscale.errors import ConfigError, did_you_mean
+from trainscale.launch.slurm.layout import code_root_for
 from trainscale.launch.slurm.script import ScriptFacts, script_facts
 from trainscale.profiles.schema import LAUNCHERS, ClusterProfile
 
@@ -140,6 +141,8 @@ class SlurmJobSpec:
     """More paths bound into the container, ``SRC[:DST[:OPTS]]`` as singularity's ``--bind``."""
     modules: tuple[str, ...] = ()
     """Module lines for this job, after the profile's (``--module 'load PyTorch/2.4'``; ``module`` is added)."""
+    profile_modules: bool = True
+    """False (``--no-profile-modules``): leave the profile's module lines out; only ``modules`` run."""
     setup: tuple[str, ...] = ()
     """Shell lines run in the batch script before launch (after modules and environment)."""
     launcher: str | None = None
@@ -163,7 +166,8 @@ class SlurmJobSpec:
     chain: int = 1
     """Jobs to submit, each starting after the previous ends (``afterany``), resuming the same run."""
     snapshot: str | None = None
-    """A directory copied into the run at submission (your package): the job runs that copy."""
+    """The directory copied into the run at submission (launch/slurm/snapshot.py); None: the script's project root.
+    Given, it also leads the job's PYTHONPATH (``-m pkg.mod`` imports from the copy)."""
     sweep: bool = False
     """An array job of a sweep (``trainscale sweep``): task I appends the arguments in the run's
     ``tasks/I.args`` and works in its own ``task-I/`` directory."""
@@ -184,7 +188,8 @@ class SlurmJobSpec:
     env: dict[str, str] = field(default_factory=dict)
     """Variables exported in the batch script (after the profile's)."""
     python: str | None = None
-    """Python that runs on the nodes; None: this interpreter (``python3`` in a container)."""
+    """Python that runs on the nodes; None: ``python3`` as found after the module lines or inside the container,
+    else this interpreter (launch/slurm/toolchain.py)."""
     master_port: int | None = None
     """Rendezvous port; None: a free one chosen on the first node when the job starts."""
     dataloader_workers: int = 0
@@ -305,6 +310,8 @@ class JobPlan:
     """What the script's source shows (imports trainscale, GPU by index)."""
     run_dir: Path = Path("trainscale-jobs/run")
     """The submission's run directory (launch/slurm/layout.py)."""
+    code_root: Path | None = None
+    """The directory the job's code is snapshotted from (launch/slurm/snapshot.py); None: nothing is copied."""
 
     @property
     def world_size(self) -> int:
@@ -392,4 +399,5 @@ def resolve(spec: SlurmJobSpec, profile: ClusterProfile, facts: ScriptFacts | No
         rank_cpus=rank_cpus, output_dir=Path(spec.output_dir).absolute(), time_s=parse_time(spec.time),
         partial_node=partial, task_gpu=task_gpu, gpu_visibility_reason=why, facts=facts,
         run_dir=Path(spec.output_dir).absolute() / (spec.run_name or f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"),
+        code_root=code_root_for(spec.script, spec.module, spec.snapshot, facts),
     )

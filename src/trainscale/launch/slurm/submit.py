@@ -70,8 +70,18 @@ def cancel(job_id: str, *, run: Runner | None = None, signal: str | None = None)
                          hint="check the job id with `trainscale jobs`")
 
 
-def ask_test_only(script_text: str, *, run: Runner | None = None) -> tuple[bool, str]:
-    """``sbatch --test-only``: whether and when SLURM would start this script (it submits nothing)."""
+UNREACHABLE = re.compile(r"Unable to contact slurm controller|Could not establish a configuration source|"
+                         r"Socket timed out|Connection refused|Zero Bytes were transmitted|Unable to process "
+                         r"configuration file|unable to status file|Communication connection failure|"
+                         r"authentication|Munge|slurm_load_\w+ error", re.IGNORECASE)
+"""sbatch's words when it never got the scheduler's answer (not a refusal of the job)."""
+
+
+def ask_test_only(script_text: str, *, run: Runner | None = None) -> tuple[str, str]:
+    """``sbatch --test-only``: whether and when SLURM would start this script (it submits nothing).
+
+    Returns (``accepts`` | ``refuses`` | ``unreachable``, what sbatch said): an unreachable scheduler (no
+    controller, no configuration, no munge) is not a refusal of the job."""
     import tempfile
 
     with tempfile.NamedTemporaryFile("w", suffix=".sbatch", prefix="trainscale-test-only-") as handle:
@@ -82,5 +92,9 @@ def ask_test_only(script_text: str, *, run: Runner | None = None) -> tuple[bool,
                                            timeout=120)
         except FileNotFoundError:
             raise SlurmError("`sbatch` is not installed here", hint="run this on a SLURM login node") from None
+        except subprocess.TimeoutExpired:
+            return "unreachable", "sbatch --test-only got no answer within 120 s"
     said = " ".join((done.stderr + done.stdout).split()) or f"exit code {done.returncode}"
-    return done.returncode == 0, said
+    if done.returncode == 0:
+        return "accepts", said
+    return ("unreachable" if UNREACHABLE.search(said) else "refuses"), said

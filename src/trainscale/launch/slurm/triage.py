@@ -6,6 +6,10 @@ torchrun mode: each node's agent prints trainscale's failure summary into ``node
 earliest ``error.json`` under ``torchrun/`` tells which node's summary holds the first failure.
 Files are ordered by modification time (nanoseconds): the JSON's own timestamp has 1 s resolution,
 and ranks that fail because a peer died do so within the same second.
+
+Some jobs fail before any rank runs: SLURM cannot start the job step (``srun: error: Unable to
+layout tasks on given cpus``, ``Unable to create step for job``), or the program does not exist on the
+node. No rank has a traceback then; :func:`step_failure` names SLURM's own message and the fix.
 """
 
 from __future__ import annotations
@@ -20,6 +24,51 @@ _WRAPPER_FRAMES = ("torch/distributed/elastic/multiprocessing/errors", "trainsca
                    "<frozen runpy>")
 _SRUN_TASK = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.+)$")
 _SUMMARY = re.compile(r"first failing rank: (\d+) on (\S+) \(local rank (\d+), pid \d+\), (.+)$")
+
+
+@dataclass(frozen=True)
+class StepFailure:
+    """SLURM could not start the job step (or its program): no rank ran."""
+
+    said: str
+    """SLURM's own words, from the batch output."""
+    meaning: str
+    hint: str
+
+    def describe(self) -> str:
+        return f"SLURM could not start the ranks: {self.meaning}\nSLURM said: {self.said}"
+
+
+# (pattern in the batch output, what it means, the fix); the first that matches wins.
+_STEP_FAILURES = (
+    (re.compile(r"srun: error: .*(?:Unable to layout tasks on given cpus|failed to distribute tasks)"),
+     "the step's tasks do not fit the CPUs SLURM gave the job on a node (CPUs per task x tasks per node, laid out "
+     "on cores and sockets, is more than the node can place)",
+     "give each task fewer CPUs (-c/--cpus-per-task) or run fewer ranks per node; `scontrol show node` shows a "
+     "node's real cores and sockets"),
+    (re.compile(r"srun: error: Unable to create step for job \d+: (.+)"),
+     "the job step asks for more than the job's allocation ({0})",
+     "check --cpus-per-task, --ntasks-per-node and --mem against the #SBATCH lines (the step asks for what the "
+     "script's srun line says; `trainscale slurm --dry-run` shows both)"),
+    (re.compile(r"srun: error: Unable to allocate resources: (.+)"),
+     "SLURM refused the step's resources ({0})", "compare the srun line with the #SBATCH lines in the batch script"),
+    (re.compile(r"slurmstepd: error: execve\(\): (\S+): No such file or directory"),
+     "the program {0} does not exist on the node",
+     "give a path the compute nodes see (--python PATH), or load the module that provides it (--module)"),
+    (re.compile(r"srun: fatal: (.+)"), "srun stopped: {0}", "read SLURM's message; the batch script is job.sbatch in "
+     "the run directory"),
+)
+
+
+def step_failure(batch_output: str) -> StepFailure | None:
+    """SLURM's own reason a job step never started, when the batch output has one."""
+    lines = batch_output.splitlines()
+    for pattern, meaning, hint in _STEP_FAILURES:
+        found = [(m, line) for line in lines for m in [pattern.search(line)] if m]
+        if found:  # SLURM's plainest line of several: the last ("Application launch failed: Unable to ...")
+            m, line = found[-1]
+            return StepFailure(said=line.strip(), meaning=meaning.format(*m.groups()), hint=hint)
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)

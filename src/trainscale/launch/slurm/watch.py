@@ -10,7 +10,7 @@ from trainscale.errors import SlurmError
 from trainscale.launch.slurm import queue
 from trainscale.launch.slurm.jobdir import JobRecord
 from trainscale.launch.slurm.queue import JobInfo, Runner
-from trainscale.launch.slurm.triage import find_failure
+from trainscale.launch.slurm.triage import find_failure, step_failure
 
 MEANING = {
     "COMPLETED": ("finished: every task exited with code 0", ""),
@@ -51,11 +51,21 @@ def explain(info: JobInfo, record: JobRecord | None = None) -> str:
     lines = [head + (f" ({'; '.join(details)})" if details else "") + "."]
     if record is not None and info.state != "COMPLETED":
         batch_text = record.batch_output.read_text(errors="replace") if record.batch_output.exists() else ""
-        failure = find_failure(record.job_dir, record.launcher, batch_text)
-        if failure is not None:
+        step = step_failure(batch_text)
+        failure = None if step else find_failure(record.job_dir, record.launcher, batch_text)
+        if step is not None:  # no rank ran: there is no traceback to read
+            lines.append(step.describe())
+            hint = step.hint
+        elif failure is not None:
             lines.append(failure.describe())
+            if not failure.traceback and info.state == "FAILED":
+                who = f"rank {failure.rank}" if failure.rank is not None else "the failing rank"
+                hint = (f"{who} left no Python traceback: its log's last lines are above; "
+                        "`trainscale logs JOBID --rank R` shows any rank's output")
         elif batch_text.strip():
             lines += ["Last lines of the batch output:", "\n".join(batch_text.splitlines()[-15:])]
+            if info.state == "FAILED":
+                hint = "no rank left a traceback: the batch output's last lines above say what stopped the job"
     if hint:
         lines.append(f"Hint: {hint}")
     if record is not None:

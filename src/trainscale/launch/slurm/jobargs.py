@@ -1,0 +1,72 @@
+"""The script's arguments in the batch script: job-time variables expand, nothing else does (pure).
+
+In a hand-written batch script ``python train.py --out $OUTPUT_DIR/$SLURM_JOB_ID`` expands both
+variables when the job runs. trainscale does the same for the arguments after the script: each is
+written as one double-quoted word in which ``$NAME`` and ``${NAME}`` expand, so
+
+- an argument is never split into words or glob-expanded, and ``$(...)``, backquotes and every other
+  ``$`` form stay literal (no command runs that you did not write);
+- your shell has already expanded what it knew at submission: ``'$SLURM_JOB_ID'`` in single quotes
+  reaches trainscale as written and expands in the job;
+- ``\\$`` is a literal ``$`` (``'\\$HOME'`` passes the four characters ``$HOME``);
+- a variable that is not set in the job stops it before launch, naming the variable (a batch script
+  under ``set -u`` would die on it with bash's own message).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+_VAR = re.compile(r"\\\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _escaped(text: str) -> str:
+    """Literal inside double quotes: the four characters bash still reads there are escaped."""
+    return re.sub(r'([\\"`$])', r"\\\1", text)
+
+
+def job_word(arg: str) -> tuple[str, tuple[str, ...]]:
+    """``arg`` as one shell word, and the variables it expands at job time."""
+    if "$" not in arg:
+        return shlex.quote(arg), ()
+    out, names, pos = ['"'], [], 0
+    for m in _VAR.finditer(arg):
+        out.append(_escaped(arg[pos:m.start()]))
+        if m.group(0) == "\\$":
+            out.append("\\$")
+        else:
+            name = m.group(1) or m.group(2)
+            out.append("${" + name + "}")
+            names.append(name)
+        pos = m.end()
+    out += [_escaped(arg[pos:]), '"']
+    return "".join(out), tuple(names)
+
+
+def job_words(args: tuple[str, ...] | list[str]) -> tuple[list[str], tuple[str, ...]]:
+    """Every argument as a shell word, and every variable they expand (in order, once each)."""
+    words, names = [], []
+    for arg in args:
+        word, used = job_word(arg)
+        words.append(word)
+        names += used
+    return words, tuple(dict.fromkeys(names))
+
+
+def check_lines(names: tuple[str, ...]) -> list[str]:
+    """Batch-script lines that stop the job when an argument's variable is not set."""
+    if not names:
+        return []
+    fix = ("hint: export it before submitting (sbatch passes your environment on), set it with --env NAME=VALUE "
+           "or --setup, or write \\\\\\$ for a literal \\$")
+    return [
+        "# The script's arguments expand these when the job runs (as in a hand-written batch script).",
+        f"for var in {' '.join(names)}; do",
+        '  if [ -z "${!var+x}" ]; then',
+        '    echo "trainscale: error: the script\'s arguments use \\$$var, which is not set in the job" >&2',
+        f'    echo "{fix}" >&2',
+        "    exit 1",
+        "  fi",
+        "done",
+    ]
