@@ -191,6 +191,8 @@ class ProgressTracker:
             return
         seen = self._read_all()
         suspects = {r: seen[r] for r in behind(seen, self.step)}
+        if self.runtime.rank in suspects:  # this rank is the one others wait for: it waits in no collective
+            suspects = {}
         if not suspects or suspects != self._suspects:
             self._suspects = suspects or None
             # Everybody in step (a long checkpoint or evaluation on every rank) is no hang: look again
