@@ -109,7 +109,9 @@ def test_a_rank_hung_inside_the_step_is_named_with_its_stack_by_the_watching_hea
 
 
 def late_group(delay_s: float) -> str:
-    """After the heartbeat has read every record, a new group whose ranks arrive ``delay_s`` apart."""
+    """After the heartbeat has read every record, a group whose ranks arrive ``delay_s`` apart: rank 0
+    reads the group's id from the store as NCCL's communicator creation does (a blocking get that waits
+    with the store's timeout), rank 1 comes late and publishes it, then both make the gloo group."""
     import trainscale
     import torch
     import torch.distributed as dist
@@ -118,20 +120,23 @@ def late_group(delay_s: float) -> str:
         with rt.guard(0):
             dist.all_reduce(torch.ones(1))
         assert len(rt._progress.others()) == 2  # the watcher's read
+        store = dist.PrefixStore("late-group/", dist.distributed_c10d._get_default_store())
         dist.barrier()
         if rt.rank == 1:
             threading.Event().wait(delay_s)  # the deliberate lateness
+            store.set("id", "42")
+        group_id = store.get("id").decode()
         group = dist.new_group(backend="gloo")
         t = torch.ones(1)
         dist.all_reduce(t, group=group)
         dist.destroy_process_group(group)
-        return f"sum {t.item():g}"
+        return f"group {group_id}, sum {t.item():g}"
 
 
 def test_a_group_made_after_the_watcher_read_waits_as_long_as_the_job_allows():
-    """The watcher's reads once cut the default store's timeout to 5 s for good: every later new_group,
-    NCCL communicator, DeviceMesh or background-save group then failed for ranks 7 s apart."""
-    assert run_on_ranks(late_group, 2, 7.0, timeout=120) == {0: "sum 2", 1: "sum 2"}
+    """The watcher's reads once cut the default store's timeout to 5 s for good: every later NCCL
+    communicator, DeviceMesh or background-save group on NCCL then failed for ranks 7 s apart."""
+    assert run_on_ranks(late_group, 2, 7.0, timeout=120) == {0: "group 42, sum 2", 1: "group 42, sum 2"}
 
 
 def everyone_in_a_long_step() -> dict:
