@@ -51,6 +51,7 @@ def run_scenarios(plan: list[tuple[str, str, int]]) -> list[str | None]:
         dist.init_process_group("gloo", store=dist.PrefixStore(f"scenario{k}", base), rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=TIMEOUT_S))
         rt = trainscale.init(timeout_s=TIMEOUT_S, set_threads=False)  # adopts the group
+        rt.on_collective_timeout(lambda error: 1 / 0)  # a broken callback must not hide the diagnosis
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
         model, opt = rt.setup(model, torch.optim.SGD(model.parameters(), lr=0.1), strategy=f"ddp:comm_hook={hook}")

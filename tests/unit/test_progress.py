@@ -119,3 +119,16 @@ def test_the_store_timeout_every_later_group_waits_with_is_left_alone():
     shared.others()
     assert store.timeout == datetime.timedelta(minutes=30)
     shared.close()
+
+
+def test_ranks_in_step_with_the_same_collectives_issued_name_nobody():
+    """Every rank issued as many collectives, yet one timed out: they wait in different ones (a mismatch),
+    which no rank's record can blame; the message says so instead of naming a healthy rank."""
+    store = TCPStore("127.0.0.1", 0, world_size=1, is_master=True, timeout=datetime.timedelta(seconds=5))
+    a, b = _peer(0, 2, store), _peer(1, 2, store)
+    a.issued = b.issued = lambda: {"pg:0": 9}
+    a.mark(4), b.mark(4)
+    text = str(a.explain(RuntimeError("Timed out waiting 5000ms for recv operation to complete")))
+    a.close(), b.close()
+    assert "no rank is behind in steps or in collectives issued" in text and "did not arrive" not in text
+    assert "Python stack" not in text
