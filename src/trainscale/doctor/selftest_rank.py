@@ -31,9 +31,9 @@ from trainscale.doctor.selftest import hang_record
 CHECKS = ("devices", "all-reduce", "equivalence", "strategies", "resume", "breakdown", "binding")
 HANG_STEP = 2
 HOLD = "TRAINSCALE_SELFTEST_HOLD"
-"""A test hook, a rank number: that rank, once it has named the hang, waits before it records (as a
-rank whose heartbeat ticks last would), so the launcher ends it first: the order that used to lose
-the finding."""
+"""A test hook, a rank number: that rank, once it has named the hang, waits before it records (as the
+last rank to notice would: on NCCL each heartbeat looks at its own tick), so the launcher ends it
+first — the order that used to lose the finding when only rank 0 recorded."""
 
 
 def stop_participating(seconds: float) -> None:
