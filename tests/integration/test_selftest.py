@@ -62,5 +62,5 @@ def test_the_hang_row_passes_on_four_ranks_when_the_launcher_ends_rank_0_before_
     row = hang_row(out, 3.0, (False, done.stderr))
     assert row["status"] == "pass", row
     assert not hang_record(out, 0).exists() and row["detail"]["rank"] != 0  # rank 0 never got to record
-    assert "rank 3 named by rank" in row["figure"] and "in stop_participating" in row["detail"]["message"]
+    assert "rank 3 named with its stack by rank" in row["figure"] and "in stop_participating" in row["detail"]["message"]
     assert "Root cause: rank(s) 3 hung (stopped participating)" in done.stderr  # the launcher's summary

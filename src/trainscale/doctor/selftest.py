@@ -201,8 +201,9 @@ def hang_row(path: Path, timeout_s: float, outcome: tuple[bool, str]) -> dict[st
     stack = "stop_participating" in seen["message"]
     within = seen["seconds"] <= timeout_s + HANG_MARGIN_S
     ok = named(seen) and stack and within and not launched_ok
-    figure = (f"rank {seen['hung_rank']} named by rank {seen.get('rank', 0)} {seen['seconds']:.1f} s after it stopped "
-              f"(timeout {timeout_s:g} s, limit {timeout_s + HANG_MARGIN_S:g} s, {seen.get('backend')})")
+    figure = (f"rank {seen['hung_rank']} named{' with its stack' if stack else ''} by rank {seen.get('rank', 0)} "
+              f"{seen['seconds']:.1f} s after it stopped (timeout {timeout_s:g} s, limit {timeout_s + HANG_MARGIN_S:g} s, "
+              f"{seen.get('backend')})")
     if not named(seen):
         figure += "; no error names it"
     elif not stack:
