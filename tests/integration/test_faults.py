@@ -109,6 +109,9 @@ def test_hung_rank_becomes_a_named_error_and_nothing_is_left_behind(tmp_path):
     elapsed = time.monotonic() - started
     assert proc.returncode != 0
     assert "rank(s) 1 did not arrive" in err and "gradient all-reduce" in err and "within 5s" in err, err[-4000:]
+    # the summary names the hung rank as the root cause, and shows where it hangs (its heartbeat's answer)
+    assert "Root cause: rank(s) 1 hung (stopped participating)" in err and "rank 1's Python stack" in err
+    assert "in maybe_inject" in err and "— the hung rank" in err, err[-4000:]
     assert elapsed < 5 + 60 + 30
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     print(f"hang reported {elapsed:.1f}s after start (timeout 5s)")

@@ -59,6 +59,86 @@ def test_a_rank_stuck_where_no_exception_reaches_names_the_missing_rank():
     assert results[1] == {}  # the hung rank itself is behind nobody: it does not fire
 
 
+def stalled_inside_the_step() -> dict:
+    """NCCL-like, in the README's pattern: both ranks enter step 1; rank 0 queues its all-reduce (async, as
+    NCCL returns at once) and waits where a CUDA synchronisation would; rank 1 hangs before its own."""
+    import trainscale
+    import torch
+    import torch.distributed as dist
+    from trainscale.runtime.progress import ProgressTracker
+
+    with trainscale.init(timeout_s=TIMEOUT_S, set_threads=False) as rt:
+        store = dist.distributed_c10d._get_default_store()
+        found: dict = {}
+        unstuck = threading.Event()
+
+        def on_hang(error) -> None:
+            found["message"] = str(error)
+            unstuck.set()
+
+        rt._progress = ProgressTracker(rt, watch=True, on_hang=on_hang)
+        with rt.guard(0):
+            dist.all_reduce(torch.ones(1))
+        with rt.guard(1):
+            if rt.rank == 0:
+                work = dist.all_reduce(torch.ones(1), async_op=True)
+                unstuck.wait(WAIT.total_seconds())
+                store.set("test/released", "1")
+            else:
+                hung_in_forward(store)
+        if rt.rank == 0:
+            try:
+                work.wait()  # gloo gives up on it at its own timeout; rank 1 never joined
+            except RuntimeError:
+                pass
+        rt.close(synchronize=False)  # the group is broken: no closing barrier
+        return found
+
+
+def hung_in_forward(store) -> None:
+    store.wait(["test/released"], WAIT)
+
+
+def test_a_rank_hung_inside_the_step_is_named_with_its_stack_by_the_watching_heartbeat():
+    results = run_on_ranks(stalled_inside_the_step, 2, timeout=120)
+    message = results[0].get("message", "")
+    assert "rank 0: training step (gradient all-reduce) at step 1 did not complete within 2s" in message, message
+    assert "rank(s) 1 did not arrive" in message and "rank 1: step 1, 1 collective(s) behind" in message
+    assert "rank 1's Python stack" in message and "in hung_in_forward" in message, message
+    assert results[1] == {}
+
+
+def late_group(delay_s: float) -> str:
+    """After the heartbeat has read every record, a group whose ranks arrive ``delay_s`` apart: rank 0
+    reads the group's id from the store as NCCL's communicator creation does (a blocking get that waits
+    with the store's timeout), rank 1 comes late and publishes it, then both make the gloo group."""
+    import trainscale
+    import torch
+    import torch.distributed as dist
+
+    with trainscale.init(timeout_s=60, set_threads=False) as rt:
+        with rt.guard(0):
+            dist.all_reduce(torch.ones(1))
+        assert len(rt._progress.others()) == 2  # the watcher's read
+        store = dist.PrefixStore("late-group/", dist.distributed_c10d._get_default_store())
+        dist.barrier()
+        if rt.rank == 1:
+            threading.Event().wait(delay_s)  # the deliberate lateness
+            store.set("id", "42")
+        group_id = store.get("id").decode()
+        group = dist.new_group(backend="gloo")
+        t = torch.ones(1)
+        dist.all_reduce(t, group=group)
+        dist.destroy_process_group(group)
+        return f"group {group_id}, sum {t.item():g}"
+
+
+def test_a_group_made_after_the_watcher_read_waits_as_long_as_the_job_allows():
+    """The watcher's reads once cut the default store's timeout to 5 s for good: every later NCCL
+    communicator, DeviceMesh or background-save group on NCCL then failed for ranks 7 s apart."""
+    assert run_on_ranks(late_group, 2, 7.0, timeout=120) == {0: "group 42, sum 2", 1: "group 42, sum 2"}
+
+
 def everyone_in_a_long_step() -> dict:
     """Both ranks sit in the same step (a long checkpoint or evaluation) past the timeout: no hang."""
     import trainscale

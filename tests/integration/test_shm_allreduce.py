@@ -80,7 +80,7 @@ def one_rank_never_arrives() -> str:
 
 def test_a_missing_rank_times_out_after_the_groups_timeout():
     results = run_on_ranks(one_rank_never_arrives, 2, timeout=60)
-    assert "timed out after 2s waiting for rank(s) [1]" in results[0], results[0]
+    assert "timed out after 2s waiting for rank(s) 1 at the gradient average" in results[0], results[0]
 
 
 def two_hosts() -> tuple[str, str | None]:

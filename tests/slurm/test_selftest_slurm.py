@@ -22,4 +22,5 @@ def test_selftest_runs_as_jobs_on_two_nodes_and_reports_every_check(slurm_cluste
     assert report["meta"]["world_size"] == 4 and report["meta"]["num_nodes"] == 2
     assert all(c["status"] in ("pass", "warn") for c in rows.values()), rows  # binding depends on the profile
     assert "rank(s) 3 did not arrive" in rows["hang"]["detail"]["message"]
+    assert "in stop_participating" in rows["hang"]["detail"]["message"]  # its stack, through the store of a 2-node job
     assert done.stderr.count("submitted job") == 2

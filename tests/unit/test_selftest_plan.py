@@ -7,18 +7,27 @@ import json
 import pytest
 
 from trainscale.cli.main import main
-from trainscale.doctor.selftest import hang_row, out_directory
+from trainscale.doctor.selftest import hang_record, hang_row, out_directory
 from trainscale.errors import ConfigError
 
 
 def test_a_hang_that_is_not_named_or_too_late_fails(tmp_path):
     path = tmp_path / "hang.json"
-    path.write_text(json.dumps({"seconds": 5.0, "message": "Timed out", "hung_rank": 1, "backend": "nccl"}))
-    assert hang_row(path, 5.0, (False, ""))["status"] == "fail"
-    path.write_text(json.dumps({"seconds": 70.0, "message": "rank(s) 1 did not arrive", "hung_rank": 1}))
-    assert hang_row(path, 5.0, (False, ""))["status"] == "fail"
-    path.write_text(json.dumps({"seconds": 6.0, "message": "rank(s) 1 did not arrive", "hung_rank": 1}))
-    assert hang_row(path, 5.0, (False, ""))["status"] == "pass"
+    named = "rank(s) 1 did not arrive\nrank 1's Python stack ...\n  in stop_participating"
+
+    def verdict(*records: dict) -> str:
+        for old in tmp_path.glob("hang.rank*.json"):
+            old.unlink()
+        for rank, record in enumerate(records):
+            hang_record(path, rank).write_text(json.dumps({"hung_rank": 1, "backend": "nccl", **record}))
+        return hang_row(path, 5.0, (False, ""))["status"]
+
+    assert verdict({"seconds": 5.0, "message": "Timed out"}) == "fail"
+    assert verdict({"seconds": 70.0, "message": named}) == "fail"
+    assert verdict({"seconds": 6.0, "message": "rank(s) 1 did not arrive"}) == "fail"  # no stack
+    assert verdict({"seconds": 6.0, "message": named}) == "pass"
+    # every waiting rank records; any one that names the hung rank with its stack will do
+    assert verdict({"seconds": 5.5, "message": "Connection closed by peer"}, {"seconds": 6.0, "message": named}) == "pass"
     assert hang_row(tmp_path / "missing.json", 5.0, (True, ""))["status"] == "fail"
 
 

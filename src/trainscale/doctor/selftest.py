@@ -174,22 +174,42 @@ def run_selftest(spec: SelftestSpec, command: str, say: Callable[[str], None] = 
     return report
 
 
+def hang_record(out: Path, rank: int) -> Path:
+    """Where ``rank`` records its finding of the hang phase: beside ``out`` (hang.json -> hang.rank3.json)."""
+    return out.with_name(f"{out.stem}.rank{rank}{out.suffix}")
+
+
 def hang_row(path: Path, timeout_s: float, outcome: tuple[bool, str]) -> dict[str, Any]:
-    """The hang check's verdict: the hung rank named, within the timeout + HANG_MARGIN_S."""
+    """The hang check's verdict: some rank's error named the hung rank, with its Python stack, within the
+    timeout + HANG_MARGIN_S. Every waiting rank records its own finding (``hang.rankN.json``): the
+    launcher ends the others as soon as one ends, so which of them gets to write is a race."""
     launched_ok, summary = outcome
-    if not path.exists():
+    found = []
+    for candidate in sorted(path.parent.glob(f"{path.stem}.rank*{path.suffix}")):
+        try:
+            found.append(json.loads(candidate.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue  # a rank ended while writing: another's record may still tell
+    if not found:
         return {"name": "hang", "status": "fail", "detail": {"summary": summary},
                 "figure": "no rank reported a named error" + (" (the launch ended cleanly)" if launched_ok else "")}
-    seen = json.loads(path.read_text())
-    named = f"rank(s) {seen['hung_rank']} did not arrive" in seen["message"]
+
+    def named(seen: dict[str, Any]) -> bool:
+        return f"rank(s) {seen['hung_rank']} did not arrive" in seen["message"]
+
+    seen = min(found, key=lambda s: (not named(s), "stop_participating" not in s["message"], s["seconds"]))
+    stack = "stop_participating" in seen["message"]
     within = seen["seconds"] <= timeout_s + HANG_MARGIN_S
-    ok = named and within and not launched_ok
-    figure = (f"rank {seen['hung_rank']} named {seen['seconds']:.1f} s after it stopped (timeout {timeout_s:g} s, "
-              f"limit {timeout_s + HANG_MARGIN_S:g} s, {seen.get('backend')})")
-    if not named:
-        figure += "; the error does not name it"
+    ok = named(seen) and stack and within and not launched_ok
+    figure = (f"rank {seen['hung_rank']} named{' with its stack' if stack else ''} by rank {seen.get('rank', 0)} "
+              f"{seen['seconds']:.1f} s after it stopped (timeout {timeout_s:g} s, limit {timeout_s + HANG_MARGIN_S:g} s, "
+              f"{seen.get('backend')})")
+    if not named(seen):
+        figure += "; no error names it"
+    elif not stack:
+        figure += "; without its stack"
     return {"name": "hang", "status": "pass" if ok else "fail", "figure": figure,
-            "detail": {**seen, "summary": summary[-2000:]}}
+            "detail": {**seen, "records": len(found), "stack": stack, "summary": summary[-2000:]}}
 
 
 def _run_local(spec: SelftestSpec, nproc: int, out_dir: Path, phases: dict, say) -> dict[str, tuple[bool, str]]:

@@ -2,8 +2,11 @@
 
 ``checks`` runs every check of doctor/selftest_checks.py (plus the CPU binding) and rank 0 writes the
 results as JSON. ``hang`` is a separate launch, expected to fail: the last rank stops participating
-at step 2 and rank 0 records how long it took until the error named that rank (through
-``Runtime.on_collective_timeout``, the path a user's own script would take), before that error ends it.
+inside step 2 (after its forward pass, in ``rt.guard`` as the README's loop has it) and every other
+rank records, in a file of its own, how long it took until its error named that rank (through
+``Runtime.on_collective_timeout``, the path a user's own script would take), before that error ends
+it. Every rank records: the first to end makes the launcher end the others (torch's agent, or
+``srun --kill-on-bad-exit``), so any one of them may be the only one that gets to write.
 """
 
 from __future__ import annotations
@@ -23,9 +26,21 @@ from torch import nn
 import trainscale
 from trainscale.doctor.selftest_checks import (Check, batch, check_allreduce, check_breakdown, check_devices,
                                                check_equivalence, check_resume, check_strategies, gather, mlp)
+from trainscale.doctor.selftest import hang_record
 
 CHECKS = ("devices", "all-reduce", "equivalence", "strategies", "resume", "breakdown", "binding")
 HANG_STEP = 2
+HOLD = "TRAINSCALE_SELFTEST_HOLD"
+"""A test hook, a rank number: that rank, once it has named the hang, waits before it records (as the
+last rank to notice would: on NCCL each heartbeat looks at its own tick), so the launcher ends it
+first — the order that used to lose the finding when only rank 0 recorded."""
+
+
+def stop_participating(seconds: float) -> None:
+    """The hung rank's wait (its stack, which the error shows, ends here); bounded, so this rank ends by
+    itself if its launcher does not end it."""
+    threading.Event().wait(seconds)
+    os._exit(0)
 
 
 def check_binding(rt) -> Check:
@@ -92,31 +107,32 @@ def run_checks(rt, args) -> list[dict]:
 
 
 def run_hang(rt, args) -> None:
-    """The last rank stops before step 2; rank 0 writes when and how the hang was named."""
+    """The last rank stops inside step 2; every other rank records when and how the hang was named."""
     from trainscale.strategies.base import OptimizerSpec
 
     hung = rt.world_size - 1
-    out = Path(args.out)
     entered: dict[str, float] = {}
+    held = os.environ.get(HOLD) == str(rt.rank)
 
     def record(error: Exception) -> None:
-        if rt.rank == 0:
-            seconds = time.monotonic() - entered.get("at", time.monotonic())
-            out.write_text(json.dumps({"seconds": seconds, "message": str(error), "hung_rank": hung,
-                                       "timeout_s": args.timeout, "backend": rt.backend}) + "\n")
+        seconds = time.monotonic() - entered.get("at", time.monotonic())
+        if held:
+            threading.Event().wait(args.timeout + 120)
+        hang_record(Path(args.out), rt.rank).write_text(json.dumps({
+            "seconds": seconds, "message": str(error), "hung_rank": hung, "rank": rt.rank,
+            "timeout_s": args.timeout, "backend": rt.backend}) + "\n")
 
     rt.on_collective_timeout(record)
     model, opt = rt.setup(mlp(), OptimizerSpec(torch.optim.SGD, {"lr": 0.05}), strategy="ddp")
     for step in range(HANG_STEP + 2):
-        if step == HANG_STEP and rt.rank == hung:
-            # Stop participating; bounded, so this rank ends by itself if its launcher does not end it.
-            threading.Event().wait(args.timeout + 120)
-            os._exit(0)
         if step == HANG_STEP:
             entered["at"] = time.monotonic()
         with rt.guard(step):
             x, y = batch(step, rt)
-            rt.backward(nn.functional.cross_entropy(model(x), y))
+            loss = nn.functional.cross_entropy(model(x), y)
+            if step == HANG_STEP and rt.rank == hung:
+                stop_participating(args.timeout + 120)  # inside the step: the others are in its all-reduce
+            rt.backward(loss)
             opt.step()
             opt.zero_grad()
             rt.synchronize()  # like a loss.item(): on a GPU the host waits here for the all-reduce
@@ -125,7 +141,7 @@ def run_hang(rt, args) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m trainscale.doctor.selftest_rank")
     p.add_argument("phase", choices=("checks", "hang"))
-    p.add_argument("--out", required=True, help="JSON written by rank 0")
+    p.add_argument("--out", required=True, help="JSON written by rank 0 (hang: one per rank beside it)")
     p.add_argument("--workdir", default=".", help="scratch space every rank sees (checkpoints)")
     p.add_argument("--device", default="auto")
     p.add_argument("--timeout", type=float, default=60.0, help="collective timeout, seconds")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 from dataclasses import dataclass
@@ -40,6 +41,15 @@ class RankFailure:
 
 # Messages of a rank whose peer died first: never the root cause while a primary failure exists.
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing", "Broken pipe")
+# How a rank that timed out names the rank(s) it waited for (runtime/progress.py's CollectiveTimeout):
+# those hung ranks, ended by the launcher afterwards, are the root cause.
+_HUNG = re.compile(r"rank\(s\) ([\d, ]+) did not arrive")
+
+
+def hung_ranks(failure: RankFailure) -> list[int]:
+    """The ranks ``failure``'s error names as hung, if it is a collective timeout that names them."""
+    match = _HUNG.search(failure.traceback)
+    return [int(r) for r in match.group(1).replace(" ", "").split(",") if r] if match else []
 
 
 def _traceback_of(error_data: Any) -> str:
@@ -92,6 +102,10 @@ def render(failures: list[RankFailure], world_size: int | None = None, log_dir: 
         f"trainscale: training FAILED — first failing rank: {first.rank} on {first.host} "
         f"(local rank {first.local_rank}, pid {first.pid}), {first.how}",
     ]
+    hung = hung_ranks(first)
+    if hung:
+        lines.append(f"Root cause: rank(s) {', '.join(map(str, hung))} hung (stopped participating); rank "
+                     f"{first.rank} timed out waiting and names it below, with its Python stack where it could get it")
     if first.traceback:
         lines += ["", f"Traceback of rank {first.rank}:", first.traceback.rstrip()]
     elif first.log_tail:
@@ -101,7 +115,7 @@ def render(failures: list[RankFailure], world_size: int | None = None, log_dir: 
     if others:
         lines += ["", "Other ranks:"]
         lines += [f"  rank {f.rank} on {f.host}: {f.how}" + (" (after the first failure)" if f.secondary else "")
-                  for f in others]
+                  + (" — the hung rank" if f.rank in hung else "") for f in others]
     if world_size:
         failed = {f.rank for f in failures}
         stopped = [r for r in range(world_size) if r not in failed]

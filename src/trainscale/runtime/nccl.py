@@ -12,9 +12,7 @@ from typing import MutableMapping
 from trainscale.errors import LaunchError
 
 NCCL_BACKSTOP_S = 30.0
-"""Seconds NCCL's own watchdog waits beyond the collective timeout. trainscale's progress monitor
-(runtime/progress.py) names the missing rank at the timeout; NCCL's watchdog, which can only abort
-the process, stays as the backstop for runs without ``rt.guard``."""
+"""The least NCCL's own watchdog waits beyond the collective timeout (see :func:`watchdog_timeout`)."""
 
 DUMP_FILE_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 """Where the flight recorder dumps, newest name first: torch >= 2.7 reads both, older torch only the
@@ -22,7 +20,20 @@ second, so both are set (to the user's value when they set either)."""
 
 
 def watchdog_timeout(timeout: datetime.timedelta) -> datetime.timedelta:
-    return timeout + datetime.timedelta(seconds=NCCL_BACKSTOP_S)
+    """NCCL's watchdog timeout for a job whose collective timeout is ``timeout``: that plus
+    ``max(NCCL_BACKSTOP_S, timeout)``.
+
+    trainscale's progress monitor (runtime/progress.py) names the hung rank once this rank has been in
+    one step for ``timeout``; NCCL's watchdog, which can only abort the process, stays as the backstop
+    for runs without ``rt.guard``. Both count from the stuck collective only when the host waits in the
+    step that queued it. A host that runs ahead of its GPU queues the stuck collective and enters the
+    next step(s) later, so counted from the queuing the monitor fires at ``timeout`` + that run-ahead.
+    A fixed 30 s margin let NCCL abort first, with no rank named, whenever the host ran further ahead
+    (a slow data loader, a long step); a margin of a whole timeout tolerates as much run-ahead as the
+    job allows one step to take, and never less than 30 s.
+    """
+    margin = max(datetime.timedelta(seconds=NCCL_BACKSTOP_S), timeout)
+    return timeout + margin
 
 
 def enable_flight_recorder(environ: MutableMapping[str, str] | None = None, job_dir: str | None = None) -> str:

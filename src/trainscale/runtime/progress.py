@@ -1,8 +1,17 @@
-"""Turn a collective that never completes into an error that names the missing ranks.
+"""Turn a collective that never completes into an error that names the hung rank(s), with their stack.
 
-Each rank records "I am entering step S" in the process group's store (one small set per step).
+Each rank's background heartbeat records in the process group's store the step it is in and how
+many collectives it has issued on each process group (and on ``comm_hook=shm``'s shared memory).
 When a collective times out, the rank that noticed reads everybody's record and names the ranks
-that never arrived, and the operation it was waiting in, instead of the backend's bare "Timed out".
+that hold the others up:
+
+- a rank whose step is behind (it stopped between steps, before ``rt.guard``), or
+- a rank in the same step that issued fewer collectives than the others (it stopped *inside* the
+  step: in the forward pass, in backward between two buckets, in the optimizer) — the ranks waiting
+  in a collective have issued it, the rank they wait for has not.
+
+It then asks those ranks for their Python stack (runtime/peers.py: their heartbeat answers through
+the store, across nodes) and puts it in the error, instead of the backend's bare "Timed out".
 
 Two ways a timeout is noticed:
 
@@ -11,34 +20,84 @@ Two ways a timeout is noticed:
 - NCCL (GPU): collectives are asynchronous. The main thread runs ahead and later blocks in a CUDA
   synchronisation that no Python exception can reach, while NCCL's own watchdog would end the
   process with a bare abort. So on NCCL the heartbeat thread also *watches*: when this rank has not
-  entered a new step for the collective timeout and some rank is behind it, it names that rank,
-  reports the error the way an uncaught one is reported (stderr, the launcher's error file) and
-  ends the process (:meth:`ProgressTracker._watch`). ``trainscale.init`` gives NCCL's watchdog a
-  longer timeout (``runtime.NCCL_BACKSTOP_S`` more) so that this diagnosis comes first.
+  entered a new step for the collective timeout and some rank is behind (confirmed on a second look),
+  it names that rank, reports the error the way an uncaught one is reported (stderr, the launcher's
+  error file) and ends the process (:meth:`ProgressTracker._watch`). ``trainscale.init`` gives NCCL's
+  watchdog a longer timeout (runtime/nccl.py ``watchdog_timeout``) so that this diagnosis comes first.
+
+The heartbeat talks to the store over a connection of its own (``Store.clone``) with a short timeout:
+the default store's timeout, which every later ``new_group``, NCCL communicator and DeviceMesh
+waits with, is never touched.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import sys
 import threading
 import time
-from typing import Any, Callable
+import weakref
+from typing import Any, Callable, NamedTuple
 
 import torch.distributed as dist
 
 from trainscale.errors import TrainscaleError
+from trainscale.runtime import peers
 
 _KEY = "trainscale/progress/{rank}"
 _TIMEOUT_MARKERS = ("Timed out", "timed out", "Timeout", "DistBackendError", "Watchdog caught collective operation timeout",
                     "timeout caused pair closure")  # gloo: a pair an earlier timeout closed (several buckets)
+_PEER_GONE_MARKERS = ("Connection closed by peer", "Connection reset by peer")  # a peer timed out (or died)
 UNREACHABLE = "unreachable"
 """What :meth:`ProgressTracker.others` records for a rank whose record could not be read (store gone)."""
+READ_TIMEOUT = datetime.timedelta(seconds=5)
+"""The tracker's own store connection gives up after this: a store gone with rank 0 must not hold up
+the diagnosis for the job's whole collective timeout."""
+MAX_STACKS = 4
+"""Stacks put in one error: the first hung ranks' (the rest are named)."""
+HINT = ("look at the named rank's stack and log for a hang or crash (deadlock, data loader stall, NFS); raise "
+        "--timeout if a step can legitimately take that long")
 
 
 class CollectiveTimeout(TrainscaleError):
     """A collective did not complete within the timeout because some rank(s) stopped participating."""
+
+
+class Seen(NamedTuple):
+    """One rank's record: its step, what it was doing, collectives issued per channel."""
+
+    step: int
+    op: str
+    issued: dict[str, int]
+
+
+_CHANNELS: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
+
+
+def track(name: str, channel: Any) -> None:
+    """Count ``channel.collectives`` (an int that every rank's copy raises alike per collective) in this
+    rank's record: for collectives that do not go through a process group (``comm_hook=shm``)."""
+    _CHANNELS[name] = channel
+
+
+def collectives_issued() -> dict[str, int]:
+    """Collectives this rank has issued so far: per process group (torch's sequence number, raised
+    when a collective is issued, before it completes) and per tracked channel."""
+    out: dict[str, int] = {}
+    try:
+        groups = list(dist.distributed_c10d._world.pg_names.items())
+    except (AttributeError, RuntimeError):  # another thread is creating a group: next beat
+        groups = []
+    for group, name in groups:
+        try:
+            out[f"pg:{name}"] = int(group._get_sequence_number_for_group())
+        except (AttributeError, RuntimeError, ValueError):
+            continue
+    for name, channel in list(_CHANNELS.items()):
+        out[name] = int(getattr(channel, "collectives", 0))
+    return out
 
 
 def _store():
@@ -48,11 +107,24 @@ def _store():
         return None
 
 
+def _own_connection(store: Any) -> tuple[Any, bool]:
+    """(store, own): a connection of the tracker's own with :data:`READ_TIMEOUT` where torch can clone
+    one (torch >= 2.5); else the shared one, whose timeout :meth:`ProgressTracker._read_all` restores."""
+    if store is None:
+        return None, False
+    try:
+        own = store.clone()
+        own.set_timeout(READ_TIMEOUT)
+        return own, True
+    except Exception:  # no clone in this torch, or this store cannot: the shared one, carefully
+        return store, False
+
+
 class ProgressTracker:
     """Per-step progress, published to the store by a background heartbeat (no I/O on the step path).
 
-    The heartbeat keeps running while the main thread is stuck, so a rank that stopped before a
-    collective still shows the last step it started. ``watch`` (default: on NCCL) makes the
+    The heartbeat keeps running while the main thread is stuck, so a rank that stopped still shows
+    where it was, and answers requests for its stack. ``watch`` (default: on NCCL) makes the
     heartbeat also detect a stall itself; ``on_hang`` is what it does then (default: report and end
     the process, see :func:`end_process`).
     """
@@ -62,15 +134,19 @@ class ProgressTracker:
     def __init__(self, runtime: Any, *, watch: bool | None = None,
                  on_hang: Callable[[CollectiveTimeout], None] | None = None) -> None:
         self.runtime = runtime
-        self.store = _store() if runtime.is_distributed else None
+        self.store, self._own = _own_connection(_store() if runtime.is_distributed else None)
         self.step = -1
         self.op = ""
         self.watch = bool(getattr(runtime, "uses_nccl", False)) if watch is None else watch
         self.on_hang = on_hang or (lambda error: end_process(runtime, error))
         self.fired: CollectiveTimeout | None = None
+        self.issued: Callable[[], dict[str, int]] = collectives_issued
+        """What this rank has issued, read at every beat (a test stands in for process groups here)."""
         self._marked_at = time.monotonic()
         self._next_look = 0.0
-        self._published: tuple[int, str] | None = None
+        self._suspects: dict[int, Any] | None = None
+        self._published: str | None = None
+        self._answered = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -84,33 +160,45 @@ class ProgressTracker:
             self._thread.start()
 
     def _publish(self) -> None:
-        current = (self.step, self.op)
-        if current == self._published or self.store is None:
+        if self.store is None:
+            return
+        record = json.dumps({"step": self.step, "op": self.op, "issued": self.issued()})
+        if record == self._published:
             return
         with self._lock:
-            self.store.set(_KEY.format(rank=self.runtime.rank), f"{current[0]}|{current[1]}")
-        self._published = current
+            self.store.set(_KEY.format(rank=self.runtime.rank), record)
+        self._published = record
 
     def _beat(self) -> None:
         while not self._stop.wait(self.HEARTBEAT_S):
             try:
                 self._publish()
+                with self._lock:
+                    self._answered = peers.answer(self.store, self.runtime.rank, self._answered)
                 if self.watch and self.fired is None:
                     self._watch()
             except Exception:  # the store went away (teardown, rank 0 gone): stop quietly
                 return
 
     def _watch(self) -> None:
-        """Stalled for the collective timeout with some rank behind: that rank stopped participating."""
+        """Stalled for the collective timeout with some rank behind: that rank stopped participating.
+
+        The rank behind must be seen so on two looks a few heartbeats apart, with the same record: a
+        peer that issued the collective a moment ago may not have published it yet."""
         now = time.monotonic()
         timeout_s = self.runtime.timeout.total_seconds()
         if now - self._marked_at < timeout_s or now < self._next_look:
             return
-        # Everybody at the same step (a long checkpoint or evaluation on every rank) is no hang:
-        # look again later rather than reading every rank's record at every heartbeat.
-        self._next_look = now + min(30.0, max(self.HEARTBEAT_S, timeout_s / 4))
         seen = self._read_all()
-        if not any(rec is None or rec == UNREACHABLE or rec[0] < self.step for rec in seen.values()):
+        suspects = {r: seen[r] for r in behind(seen, self.step)}
+        if self.runtime.rank in suspects:  # this rank is the one others wait for: it waits in no collective
+            suspects = {}
+        if not suspects or suspects != self._suspects:
+            self._suspects = suspects or None
+            # Everybody in step (a long checkpoint or evaluation on every rank) is no hang: look again
+            # later rather than reading every rank's record at every heartbeat.
+            self._next_look = now + (4 * self.HEARTBEAT_S if suspects
+                                     else min(30.0, max(self.HEARTBEAT_S, timeout_s / 4)))
             return
         self.fired = self._error(seen, waited_s=now - self._marked_at)
         self._stop.set()
@@ -131,8 +219,8 @@ class ProgressTracker:
     def beating(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def others(self) -> dict[int, tuple[int, str] | str | None]:
-        """rank -> (last step, op) as recorded; None when a rank never recorded anything,
+    def others(self) -> dict[int, Seen | str | None]:
+        """rank -> its :class:`Seen` record; None when a rank never recorded anything,
         ``UNREACHABLE`` when its record could not be read (the store went with rank 0)."""
         if self.store is None:
             return {}
@@ -143,25 +231,30 @@ class ProgressTracker:
             pass
         return self._read_all()
 
-    def _read_all(self) -> dict[int, tuple[int, str] | str | None]:
-        out: dict[int, tuple[int, str] | str | None] = {}
+    def _read_all(self) -> dict[int, Seen | str | None]:
+        out: dict[int, Seen | str | None] = {}
         if self.store is None:
             return out
-        self.store.set_timeout(datetime.timedelta(seconds=5))
-        for rank in range(self.runtime.world_size):
-            key = _KEY.format(rank=rank)
-            try:
-                with self._lock:
-                    present = self.store.check([key])
-                if not present:
-                    out[rank] = None
-                    continue
-                with self._lock:
-                    raw = self.store.get(key)
-                step, _, op = raw.decode().partition("|")
-                out[rank] = (int(step), op)
-            except Exception:  # the store itself may be gone with rank 0
-                out[rank] = UNREACHABLE
+        previous = None if self._own else self.store.timeout
+        if previous is not None:  # the shared connection (torch without Store.clone): put it back below
+            self.store.set_timeout(READ_TIMEOUT)
+        try:
+            for rank in range(self.runtime.world_size):
+                key = _KEY.format(rank=rank)
+                try:
+                    with self._lock:
+                        present = self.store.check([key])
+                    if not present:
+                        out[rank] = None
+                        continue
+                    with self._lock:
+                        raw = json.loads(self.store.get(key))
+                    out[rank] = Seen(int(raw["step"]), str(raw["op"]), dict(raw.get("issued", {})))
+                except Exception:  # the store itself may be gone with rank 0
+                    out[rank] = UNREACHABLE
+        finally:
+            if previous is not None:
+                self.store.set_timeout(previous)
         return out
 
     def explain(self, error: BaseException) -> CollectiveTimeout | None:
@@ -169,34 +262,105 @@ class ProgressTracker:
         if isinstance(error, CollectiveTimeout):
             return error
         text = f"{type(error).__name__}: {error}"
-        if not any(marker in text for marker in _TIMEOUT_MARKERS):
+        if any(marker in text for marker in _TIMEOUT_MARKERS):
+            return self._error(self.others())
+        if any(marker in text for marker in _PEER_GONE_MARKERS):
+            return self._relay()
+        return None
+
+    def _relay(self) -> CollectiveTimeout | None:
+        """A peer closed its connection: if it timed out, it posts its diagnosis, which this rank's error
+        carries (runtime/peers.py); a peer that crashed posts none, and the error stays as it was."""
+        self._stop.set()
+        if self.store is None:
             return None
-        return self._error(self.others())
+        try:
+            with self._lock:
+                found = peers.await_diagnosis(self.store, peers.WAIT_S + 2 * self.HEARTBEAT_S)
+        except Exception:  # the store went with rank 0
+            found = None
+        if found is None:
+            return None
+        return CollectiveTimeout(
+            f"rank {self.runtime.rank}: {self.op} at step {self.step} failed: a peer timed out and closed its "
+            f"connections; its diagnosis: {found}", hint=HINT)
+
+    def _post(self, text: str, *, complete: bool) -> None:
+        if self.store is not None:
+            try:
+                with self._lock:
+                    peers.post(self.store, text, complete=complete)
+            except Exception:  # the store went with rank 0: this rank's own error still tells
+                pass
+
+    def _stacks(self, ranks: list[int], seen: dict[int, Any]) -> dict[int, str | None]:
+        """The stacks of the hung ranks that have a heartbeat to answer (they recorded a step)."""
+        asked = [r for r in ranks if isinstance(seen.get(r), Seen) and r != self.runtime.rank][:MAX_STACKS]
+        if not asked or self.store is None:
+            return {}
+        try:
+            with self._lock:
+                return peers.request(self.store, asked)
+        except Exception:  # the store went with rank 0: the names still stand
+            return {}
 
     def _error(self, seen: dict[int, Any], waited_s: float | None = None) -> CollectiveTimeout:
+        hung = behind(seen, self.step)
         unreachable = sorted(r for r, rec in seen.items() if rec == UNREACHABLE)
-        behind = sorted(r for r, rec in seen.items() if rec is None or (rec != UNREACHABLE and rec[0] < self.step))
         timeout_s = self.runtime.timeout.total_seconds()
-        if behind:
-            who = f"rank(s) {', '.join(map(str, behind))} did not arrive"
+        if hung:
+            who = f"rank(s) {', '.join(map(str, hung))} did not arrive"
         elif unreachable and len(unreachable) == len(seen):
             who = "the other ranks' records are unreachable: rank 0, which holds them, may have died"
         else:
-            who = "no rank is behind in the step count; a rank may be stuck inside the same step"
-
-        def describe(rank: int, rec: Any) -> str:
-            if rec == UNREACHABLE:
-                return f"rank {rank}: unreachable"
-            return f"rank {rank}: step {rec[0]}" if rec else f"rank {rank}: never started"
-
-        detail = "; ".join(describe(r, rec) for r, rec in sorted(seen.items()))
+            who = ("no rank is behind in steps or in collectives issued; the ranks may be waiting in different "
+                   "collectives, or one is stuck inside a collective")
         waited = f" (waited {waited_s:.0f}s)" if waited_s is not None else ""
-        return CollectiveTimeout(
-            f"rank {self.runtime.rank}: {self.op} at step {self.step} did not complete within {timeout_s:.0f}s{waited} — "
-            f"{who} (last seen: {detail})",
-            hint="look at the named rank's log for a hang or crash (deadlock, data loader stall, NFS); raise "
-                 "--timeout if a step can legitimately take that long",
-        )
+        lines = [f"rank {self.runtime.rank}: {self.op} at step {self.step} did not complete within {timeout_s:.0f}s"
+                 f"{waited} — {who} (last seen: {_describe(seen, hung)})"]
+        self._post(lines[0], complete=False)
+        for rank, text in self._stacks(hung, seen).items():
+            lines.append(f"rank {rank}'s Python stack (main thread, innermost last):\n{text}" if text else
+                         f"rank {rank} did not send its stack within {peers.WAIT_S:g}s (its Python may be "
+                         "stuck holding the GIL)")
+        self._post("\n".join(lines), complete=True)
+        return CollectiveTimeout("\n".join(lines), hint=HINT)
+
+
+def behind(seen: dict[int, Any], step: int) -> list[int]:
+    """The ranks holding the others up: no record, a step before ``step``, or — in ``step`` or later —
+    the fewest collectives issued on a channel where another rank has issued more (that rank waits
+    in a collective the laggard never joined; of several laggards the farthest back is the cause)."""
+    out = {r for r, rec in seen.items() if rec is None or (isinstance(rec, Seen) and rec.step < step)}
+    current = {r: rec for r, rec in seen.items() if isinstance(rec, Seen) and r not in out}
+    channels = {name for rec in current.values() for name in rec.issued}
+    for name in channels:
+        counts = {r: rec.issued[name] for r, rec in current.items() if name in rec.issued}
+        if len(counts) > 1 and min(counts.values()) < max(counts.values()):
+            out |= {r for r, n in counts.items() if n == min(counts.values())}
+    return sorted(out)
+
+
+def _describe(seen: dict[int, Any], hung: list[int], limit: int = 16) -> str:
+    """Every rank's record, the hung ones first; ranks alike beyond ``limit`` summed up."""
+    most: dict[str, int] = {}
+    for rec in seen.values():
+        if isinstance(rec, Seen):
+            for name, n in rec.issued.items():
+                most[name] = max(most.get(name, n), n)
+
+    def one(rank: int) -> str:
+        rec = seen[rank]
+        if rec == UNREACHABLE:
+            return f"rank {rank}: unreachable"
+        if rec is None:
+            return f"rank {rank}: never started"
+        lag = sum(most[name] - n for name, n in rec.issued.items() if n < most[name])
+        return f"rank {rank}: step {rec.step}" + (f", {lag} collective(s) behind" if lag else "")
+
+    order = hung + [r for r in sorted(seen) if r not in hung]
+    shown = "; ".join(one(r) for r in order[:limit])
+    return shown + (f"; {len(order) - limit} more rank(s)" if len(order) > limit else "")
 
 
 def end_process(runtime: Any, error: CollectiveTimeout) -> None:

@@ -176,7 +176,8 @@ class Runtime:
     @contextlib.contextmanager
     def guard(self, step: int, op: str = "training step (gradient all-reduce)") -> Iterator[None]:
         """Wrap one training step: records progress, and turns a collective timeout into an error
-        naming the rank(s) that never arrived (see runtime/progress.py)."""
+        naming the rank(s) that hold the others up — stopped before this step or inside it — with
+        their Python stacks (see runtime/progress.py)."""
         if self._progress is None:
             from trainscale.runtime.progress import ProgressTracker
 
@@ -189,7 +190,11 @@ class Runtime:
             if explained is None:
                 raise
             for callback in list(self.timeout_callbacks):
-                callback(explained)
+                try:
+                    callback(explained)
+                except Exception as failed:  # a broken callback must not hide the diagnosis
+                    print(f"trainscale: timeout callback failed: {type(failed).__name__}: {failed}",
+                          file=sys.stderr, flush=True)
             if explained is exc:
                 raise
             raise explained from exc

@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from trainscale.errors import ConfigError
+from trainscale.runtime import progress
 
 DEFAULT_TIMEOUT_S = 1800.0  # torch's default process-group timeout (30 min) for a rank that never arrives
 
@@ -106,6 +107,14 @@ class SharedMemoryAllReduce:
             os.unlink(base + ".buf")
         self._seen = [0] * self.world
         self._round = 0
+        # The barrier rounds are this hook's collectives: a rank stuck before one has fewer, which is
+        # how the guard names it (runtime/progress.py); the gloo group never sees these.
+        progress.track(f"shm:{os.path.basename(base)}", self)
+
+    @property
+    def collectives(self) -> int:
+        """Barriers entered so far (the same on every rank once each has passed them)."""
+        return self._round
 
     def _barrier(self) -> None:
         """Every rank has reached its round ``self._round``. Each arrival is the sender's rank as one
@@ -122,7 +131,7 @@ class SharedMemoryAllReduce:
             if left <= 0 or not select.select([self._inbox], [], [], left)[0]:
                 late = [r for r in others if self._seen[r] < self._round]
                 raise RuntimeError(f"comm_hook=shm: timed out after {self.timeout_s:g}s waiting for rank(s) "
-                                   f"{late} at the gradient average")
+                                   f"{', '.join(map(str, late))} at the gradient average")
             try:
                 data = os.read(self._inbox, 4096)
             except BlockingIOError:

@@ -1,0 +1,54 @@
+"""The launcher's failure summary names the hung rank as the root cause: the ranks that failed first are
+the healthy ones that timed out waiting for it, and the hung one is only ended by the launcher after."""
+
+from __future__ import annotations
+
+import signal
+
+from trainscale.launch.summary import RankFailure, from_child_failed, render
+
+TIMED_OUT = ("Traceback (most recent call last):\n  ...\ntrainscale.runtime.progress.CollectiveTimeout: rank 1: "
+             "training step (gradient all-reduce) at step 3 did not complete within 5s — rank(s) 3 did not arrive "
+             "(last seen: rank 3: step 3, 1 collective(s) behind; rank 0: step 3)\nrank 3's Python stack (main "
+             "thread, innermost last):\n  File \"train.py\", line 21, in <module>\n    stall()")
+RELAYED = ("RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:27530\n\nThe above "
+           "exception was the direct cause of the following exception:\n\nCollectiveTimeout: rank 0: training step at "
+           "step 3 failed: a peer timed out and closed its connections; its diagnosis: " + TIMED_OUT.split(": ", 1)[1])
+
+
+def _failure(rank: int, exitcode: int, traceback: str, at: float) -> RankFailure:
+    return RankFailure(rank=rank, local_rank=rank, host="node1", pid=100 + rank, exitcode=exitcode, timestamp=at,
+                       traceback=traceback, log_tail="")
+
+
+class _Failed:
+    def __init__(self, rank, exitcode, message, at):
+        self.local_rank, self.pid, self.exitcode, self.timestamp = rank, 100 + rank, exitcode, at
+        self.error_file, self.error_file_data = "", {"message": {"message": message, "extraInfo": {
+            "py_callstack": message}}} if message else {}
+
+
+def test_the_hung_rank_is_the_root_cause_and_marked_among_the_others():
+    error = type("ChildFailedError", (), {"failures": {
+        0: _Failed(0, 1, RELAYED, 10.0),  # failed first, but of a peer's closed connection: secondary
+        1: _Failed(1, 1, TIMED_OUT, 10.4),
+        2: _Failed(2, -signal.SIGTERM, "", 10.6),
+        3: _Failed(3, -signal.SIGTERM, "", 10.6)}})()
+    text = render(from_child_failed(error), world_size=4)
+    assert "first failing rank: 1 on" in text
+    assert ("Root cause: rank(s) 3 hung (stopped participating); rank 1 timed out waiting and names it below, "
+            "with its Python stack where it could get it") in text
+    others = {line.split()[1]: line for line in text.splitlines() if line.startswith("  rank ")}
+    assert others["3"].endswith("killed by SIGTERM (after the first failure) — the hung rank")
+    assert others["2"].endswith("killed by SIGTERM (after the first failure)")
+    assert others["0"].endswith("exit code 1 (after the first failure)")
+
+
+def test_a_relayed_diagnosis_names_the_hung_rank_when_no_rank_that_timed_out_got_to_report():
+    text = render([_failure(0, 1, RELAYED, 10.0), _failure(3, -signal.SIGTERM, "", 10.2)], world_size=4)
+    assert "first failing rank: 0" in text and "Root cause: rank(s) 3 hung" in text
+
+
+def test_other_failures_name_no_hung_rank():
+    text = render([_failure(1, 1, "RuntimeError: CUDA out of memory", 10.0)], world_size=2)
+    assert "Root cause" not in text and "hung" not in text
