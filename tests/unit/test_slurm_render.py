@@ -265,7 +265,9 @@ def test_pyxis_puts_the_image_on_srun():
     srun = text.split("\nsrun ")[1]
     assert "--container-image='nvcr.io#nvidia/pytorch:24.05-py3'" in srun
     assert "--container-mounts=/data:/data:ro,/o:/o,/home/a:/home/a" in srun
-    assert "--gpus-per-task=1" in srun and "TRAINSCALE_TASK_GPU" not in text  # profile task_gpu = slurm
+    # the job's GPUs per node, each task narrowed to its own by the bootstrap: never a cgroup per GPU, which would
+    # cut NCCL's P2P/CUDA IPC between the node's ranks (issue 22 item 6)
+    assert "--gpus-per-task" not in text and "export TRAINSCALE_TASK_GPU=CUDA_VISIBLE_DEVICES" in text
     assert 'srun --nodes=1 --ntasks=1 -w "$MASTER_ADDR" --container-image=' in text  # the port check, in the image
 
 

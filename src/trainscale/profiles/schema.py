@@ -94,7 +94,8 @@ class ClusterProfile:
     """Shell lines run in the batch script after the modules and environment, before launch."""
     task_gpu: str = "env"
     """srun mode, one GPU per task: env (the bootstrap narrows CUDA_/ROCR_VISIBLE_DEVICES to the task's GPU),
-    slurm (``srun --gpus-per-task=1``: cgroups; only where that keeps GPU-to-GPU transfers) or none."""
+    slurm (``srun --gpus-per-task=1``; where SLURM constrains devices with cgroups this cuts P2P/CUDA IPC
+    between the node's ranks, so only for sites without ConstrainDevices) or none."""
     extends: str = ""
     """The profile this one was derived from (``extends = "lumi"``), for display."""
     interconnect: str = ""
