@@ -50,3 +50,80 @@ def test_an_existing_report_directory_is_never_overwritten(tmp_path):
     with pytest.raises(ConfigError, match="already exists and is not empty"):
         out_directory(tmp_path / "old")
     assert out_directory(tmp_path / "new") == tmp_path / "new"
+
+
+FIXTURES = __import__("pathlib").Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def test_the_all_reduce_row_warns_when_nvlinked_gpus_fell_back_to_pcie_or_shared_memory():
+    """Issue 22 item 8: a node whose GPUs lost NVLink used to show PASS at any bandwidth. The expectation
+    comes from `nvidia-smi topo -m` (captured DGX/HGX A100 outputs) and NCCL's own log of how it connected."""
+    from trainscale.doctor.selftest_checks import allreduce_verdict
+    from trainscale.observe.interconnect import intra_node_transports
+    from trainscale.topology.nvidia import expected_busbw_gbps, parse_nvidia_links
+
+    dgx = parse_nvidia_links((FIXTURES / "topology" / "nvidia-smi-topo-dgx-a100-8gpu.txt").read_text())
+    expected, links = expected_busbw_gbps(dgx, [0, 1, 2, 3])
+    assert expected == 300.0 and "NV12" in links
+    p2p = list(intra_node_transports((FIXTURES / "nccl" / "single-node.log").read_text()))
+    shm = list(intra_node_transports((FIXTURES / "nccl" / "single-node-shm.log").read_text()))
+    assert (p2p, shm) == (["P2P"], ["SHM"])
+    assert allreduce_verdict(231.0, expected, links, p2p)[0] == "pass"  # what NVLink gives
+    status, why = allreduce_verdict(21.0, expected, links, p2p)  # a PCIe link's speed on an NVLink node
+    assert status == "warn" and "below 150 GB/s" in why and "NCCL_P2P_DISABLE" in why
+    assert allreduce_verdict(231.0, expected, links, shm)[0] == "warn"  # fast enough, but through host memory
+    assert allreduce_verdict(0.6, None, "", [])[0] == "pass"  # CPU ranks, or PCIe: no expectation to miss
+    hgx = parse_nvidia_links((FIXTURES / "topology" / "nvidia-smi-topo-hgx-a100-4gpu.txt").read_text())
+    assert expected_busbw_gbps(hgx, [0, 1]) == (100.0, "NVLink between every pair (weakest NV4: 4 x 25 GB/s)")
+    assert expected_busbw_gbps({(0, 1): "PIX", (1, 0): "PIX"}, [0, 1])[0] is None
+
+
+def test_the_breakdown_row_fails_when_it_misses_the_communication_the_link_implies():
+    """Issue 22 item 7: `communication_total > 0` passed with a 52 KB gradient whatever was measured. The
+    row now compares with the all-reduce check's bus bandwidth: a breakdown that sees a fraction of it fails."""
+    from trainscale.doctor.selftest_checks import breakdown_verdict, implied_comm_s
+
+    allreduce = {"detail": {"rows": [{"bytes": 2**20, "busbw_Bps": 0.4e9}, {"bytes": 16 * 2**20, "busbw_Bps": 0.5e9}]}}
+    implied = implied_comm_s(25_190_400, 2, allreduce)  # 25.2 MB of gradients at 0.5 GB/s (nearest: 16 MB)
+    assert implied == pytest.approx(25_190_400 / 0.5e9)
+    seen = {"communication_total": 0.060, "communication": 0.050}
+    assert breakdown_verdict(seen, implied) == ("pass", "")
+    status, why = breakdown_verdict({"communication_total": 0.005, "communication": 0.004}, implied)  # faked link
+    assert status == "fail" and "misses communication" in why
+    assert breakdown_verdict({"communication_total": 0.0, "communication": 0.0}, implied)[0] == "fail"
+    assert breakdown_verdict({"communication_total": 0.01, "communication": 0.02}, implied)[0] == "fail"
+    assert breakdown_verdict(seen, implied_comm_s(25_190_400, 2, None))[0] == "warn"
+
+
+def test_a_rank_whose_current_device_is_not_its_own_gpu_fails_the_devices_row(monkeypatch):
+    """Issue 22 item 10: every rank named cuda:{local rank} passed even when torch's current device (where its
+    kernels and NCCL calls go) was another GPU."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from trainscale.doctor import selftest_checks
+
+    props = SimpleNamespace(uuid="GPU-1", name="H100", pci_bus_id=1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    rt = SimpleNamespace(rank=1, node_rank=0, local_rank=1, device=torch.device("cuda", 1), world_size=1,
+                         is_distributed=False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert selftest_checks.check_devices(rt).status == "pass"
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    row = selftest_checks.check_devices(rt)
+    assert row.status == "fail" and "torch's current device is cuda:0" in row.figure
+
+
+def test_deterministic_mode_holds_only_inside_its_block():
+    import torch
+
+    from trainscale.runtime.determinism import deterministic
+
+    before = torch.are_deterministic_algorithms_enabled()
+    with deterministic():
+        assert torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.deterministic
+    assert torch.are_deterministic_algorithms_enabled() == before
+    with deterministic(False):
+        assert torch.are_deterministic_algorithms_enabled() == before

@@ -26,6 +26,13 @@ import torch.distributed as dist
 from torch import nn
 
 STEPS, GLOBAL_BATCH, WIDTH = 4, 32, 64
+BREAKDOWN_WIDTH, BREAKDOWN_LAYERS = 1024, 6
+"""The breakdown check's model: 6 x (1024 x 1024 + 1024) fp32 parameters, 25.2 MB of gradients (more than
+one DDP bucket), so that its all-reduce takes measurable time on any link."""
+ALLREDUCE_SHARE = 0.5
+"""An all-reduce over GPUs joined by NVLink must reach this share of their links' bandwidth (WARN below)."""
+BREAKDOWN_SHARE = 0.5
+"""The breakdown must see at least this share of the communication the measured bus bandwidth implies."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,10 +118,11 @@ def check_devices(rt) -> Check:
     from trainscale.runtime.device import VISIBLE_VARS
 
     visible = {k: os.environ[k] for k in VISIBLE_VARS if k in os.environ}
+    cuda = rt.device.type == "cuda"
     mine = {"rank": rt.rank, "host": socket.gethostname(), "node": rt.node_rank, "local_rank": rt.local_rank,
-            "device": str(rt.device), "visible": visible,
-            "gpu": _gpu_id(rt.device) if rt.device.type == "cuda" else None,
-            "count": torch.cuda.device_count() if rt.device.type == "cuda" else 0}
+            "device": str(rt.device), "visible": visible, "gpu": _gpu_id(rt.device) if cuda else None,
+            "count": torch.cuda.device_count() if cuda else 0,
+            "current": torch.cuda.current_device() if cuda else None}
     every = gather(rt, mine)
     nodes = len({(r["host"], r["node"]) for r in every})
     if rt.device.type != "cuda":
@@ -126,6 +134,9 @@ def check_devices(rt) -> Check:
         expected = 0 if r["count"] == 1 else r["local_rank"]
         if r["device"] != f"cuda:{expected}":
             problems.append(f"rank {r['rank']} uses {r['device']}, expected cuda:{expected}")
+        elif r["current"] != expected:  # kernels and NCCL go to torch's current device, not to rt.device
+            problems.append(f"rank {r['rank']} trains on {r['device']} but torch's current device is "
+                            f"cuda:{r['current']}")
         key = (r["host"], r["gpu"])
         if key in seen:
             problems.append(f"ranks {seen[key]} and {r['rank']} share GPU {r['gpu']} on {r['host']}")
@@ -136,8 +147,9 @@ def check_devices(rt) -> Check:
                  figure="; ".join(problems) if problems else figure)
 
 
-def check_allreduce(rt, sizes: str) -> Check:
-    """The sum is right, and the bus bandwidth over a short sweep (bench/allreduce.py's method)."""
+def check_allreduce(rt, sizes: str, nccl_log: str | None = None) -> Check:
+    """The sum is right, and the bus bandwidth over a short sweep (bench/allreduce.py's method), against
+    what the node's GPU links imply (a single-node GPU job) and with the transport NCCL picked."""
     from trainscale.bench.allreduce import format_size, measure, plateau, sizes_for
 
     skipped = needs_ranks("all-reduce", rt)
@@ -154,10 +166,61 @@ def check_allreduce(rt, sizes: str) -> Check:
     rows = measure(rt, sizes_for(sizes, rt.device.type), iters=20, warmup=2, budget_s=0.5)
     best = plateau(rows) or {"busbw_Bps": rows[-1]["busbw_Bps"], "reached": False, "largest_bytes": rows[-1]["bytes"]}
     at = max(rows, key=lambda r: r["busbw_Bps"])
+    links = node_links(rt) if rt.device.type == "cuda" and rt.num_nodes == 1 else (None, "")
+    transports = sorted({k for found in gather(rt, _transports(nccl_log)) for k in found})
+    status, judged = allreduce_verdict(at["busbw_Bps"] / 1e9, *links, transports)
     note = "plateau reached" if best["reached"] else "still rising at the largest size"
-    return Check(name="all-reduce", status="pass", detail={"rows": rows, "plateau": best},
+    return Check(name="all-reduce", status=status,
+                 detail={"rows": rows, "plateau": best, "expected_gbps": links[0], "links": links[1],
+                         "transports": transports},
                  figure=f"sum correct; busbw {at['busbw_Bps'] / 1e9:.2f} GB/s at {format_size(at['bytes'])} "
-                        f"({rt.backend}, {note})")
+                        f"({rt.backend}, {note})" + (f"; {judged}" if judged else ""))
+
+
+def allreduce_verdict(busbw_gbps: float, expected_gbps: float | None, links: str,
+                      transports: list[str]) -> tuple[str, str]:
+    """WARN when GPUs joined by NVLink reach less than ALLREDUCE_SHARE of their links' bandwidth, or
+    NCCL connected them through host memory: they fell back to PCIe or SHM (P2P disabled, per-GPU
+    cgroups, a driver or fabric manager problem). Anything else passes: there is no expectation."""
+    shm = "SHM" in transports and "P2P" not in transports
+    if expected_gbps is None:
+        return "pass", (f"NCCL {'/'.join(transports)}" if transports else "")
+    floor = ALLREDUCE_SHARE * expected_gbps
+    if busbw_gbps < floor or shm:
+        why = (f"NCCL connected the GPUs through host memory ({'/'.join(transports)})" if shm
+               else f"below {floor:.0f} GB/s, half of what their links give ({links})")
+        return "warn", (f"{why}: the GPUs fell back from NVLink to PCIe or shared memory; check NCCL_P2P_DISABLE, "
+                        "per-GPU cgroups (srun --gpus-per-task) and nvidia-smi nvlink --status")
+    return "pass", f"expected >= {floor:.0f} GB/s over NVLink ({links})" + (
+        f", NCCL {'/'.join(transports)}" if transports else "")
+
+
+def node_links(rt) -> tuple[float | None, str]:
+    """(GB/s an all-reduce over this node's job GPUs should reach, why), from ``nvidia-smi topo -m``."""
+    from trainscale.topology.detect import run_tool
+    from trainscale.topology.nvidia import expected_busbw_gbps, parse_nvidia_links
+    from trainscale.topology.plan import gpu_order, visible_gpus
+
+    node = list(range(torch.cuda.device_count()))
+    order = gpu_order(visible_gpus(os.environ, node), node, rt.local_rank, rt.local_world_size)
+    mine = order[rt.local_rank] if rt.local_rank < len(order) else None
+    gpus = sorted({g for g in gather(rt, mine) if g is not None})
+    text = run_tool(["nvidia-smi", "topo", "-m"]) if torch.version.cuda else None
+    if not text:
+        return None, "no nvidia-smi topology (AMD GPUs: no expectation)"
+    try:
+        return expected_busbw_gbps(parse_nvidia_links(text), gpus)
+    except Exception as exc:  # an output this parser does not know: no expectation rather than a failed check
+        return None, f"nvidia-smi topo -m not understood ({exc})"
+
+
+def _transports(nccl_log: str | None) -> list[str]:
+    from trainscale.observe.interconnect import intra_node_transports
+
+    try:
+        return list(intra_node_transports(Path(nccl_log).read_text(errors="replace"))) if nccl_log else []
+    except OSError:
+        return []
 
 
 def _train(rt, model: nn.Module, step_fn, steps: range, timed: bool = False) -> float:
@@ -308,8 +371,9 @@ def check_resume(rt, workdir: Path, deterministic: bool) -> Check:
                  figure=f"{how} after {STEPS}+{STEPS} steps from a checkpoint, dropout on ({promise})")
 
 
-def check_breakdown(rt) -> Check:
-    """The step breakdown sees the gradient all-reduce (on NCCL, through CUDA events)."""
+def check_breakdown(rt, allreduce: dict | None = None) -> Check:
+    """The step breakdown sees the gradient all-reduce (on NCCL, through CUDA events) as long as the
+    measured bus bandwidth says it takes; ``allreduce``: the all-reduce check's result (its rows)."""
     from trainscale.strategies import get_strategy
     from trainscale.strategies.base import OptimizerSpec
     from trainscale.train.timing import StepClock
@@ -317,20 +381,54 @@ def check_breakdown(rt) -> Check:
     skipped = needs_ranks("breakdown", rt)
     if skipped:
         return skipped
-    strategy = get_strategy("ddp")
-    model, opt = strategy.wrap(mlp(), OptimizerSpec(torch.optim.SGD, {"lr": 0.05}), rt)
+    strategy = get_strategy("ddp:comm_hook=none")  # the backend's all-reduce: what the all-reduce check timed
+    torch.manual_seed(7)
+    layers = [nn.Linear(BREAKDOWN_WIDTH, BREAKDOWN_WIDTH) for _ in range(BREAKDOWN_LAYERS)]
+    model, opt = strategy.wrap(nn.Sequential(*layers), OptimizerSpec(torch.optim.SGD, {"lr": 1e-4}), rt)
     clock = StepClock(rt, model, breakdown=True)
     for i in range(STEPS):
-        x, y = batch(i, rt)
+        x = torch.randn(8, BREAKDOWN_WIDTH, generator=torch.Generator().manual_seed(i)).to(rt.device)
         with clock.phase("forward"):
-            loss = nn.functional.cross_entropy(model(x), y)
+            loss = model(x).square().mean()
         with clock.phase("backward"):
             strategy.backward_loss(loss, model)
         with clock.phase("optimizer"):
             strategy.micro_step(opt, model, last=True)
     summary = clock.summary()
     per_step = {k: summary[k] / STEPS for k in ("compute", "communication", "communication_total", "optimizer")}
-    ok = summary["communication_total"] > 0
-    return Check(name="breakdown", status="pass" if ok else "fail", detail=per_step,
+    implied = implied_comm_s(summary["gradient_bytes"], rt.world_size, allreduce)
+    status, why = breakdown_verdict(per_step, implied)
+    return Check(name="breakdown", status=status, detail={**per_step, "implied_s": implied},
                  figure=f"communication in flight {per_step['communication_total'] * 1e3:.2f} ms/step, exposed "
-                        f"{per_step['communication'] * 1e3:.2f} ms, compute {per_step['compute'] * 1e3:.2f} ms")
+                        f"{per_step['communication'] * 1e3:.2f} ms, compute {per_step['compute'] * 1e3:.2f} ms"
+                        + (f" (the bus bandwidth implies {implied * 1e3:.2f} ms)" if implied else "")
+                        + (f": {why}" if why else ""))
+
+
+def implied_comm_s(gradient_bytes: int, world_size: int, allreduce: dict | None) -> float | None:
+    """Seconds a ring all-reduce of ``gradient_bytes`` takes at the bus bandwidth the all-reduce check
+    measured at the nearest size to DDP's 25 MB bucket: bytes x 2(n-1)/n / busbw."""
+    from trainscale.bench.allreduce import nearest_row
+
+    rows = [r for r in (allreduce or {}).get("detail", {}).get("rows", []) if r.get("busbw_Bps", 0) > 0]
+    if not rows or world_size < 2:
+        return None
+    busbw = nearest_row({"rows": rows}, min(gradient_bytes, 25 * 2**20))["busbw_Bps"]
+    return gradient_bytes * 2 * (world_size - 1) / world_size / busbw
+
+
+def breakdown_verdict(per_step: dict[str, float], implied_s: float | None) -> tuple[str, str]:
+    """FAIL when the breakdown measures no communication, more exposed than in flight, or less than
+    BREAKDOWN_SHARE of what the bus bandwidth implies (it would then report a step as compute that is
+    really waiting); WARN when there is no bandwidth to compare with."""
+    total, exposed = per_step["communication_total"], per_step["communication"]
+    if total <= 0:
+        return "fail", "the breakdown measured no communication"
+    if exposed > total * 1.001:
+        return "fail", "more communication exposed than in flight: the breakdown's clock is inconsistent"
+    if implied_s is None:
+        return "warn", "no bus bandwidth to compare with (the all-reduce check did not run)"
+    if total < BREAKDOWN_SHARE * implied_s:
+        return "fail", (f"it sees less than {BREAKDOWN_SHARE:.0%} of that: the breakdown misses communication and "
+                        "would count it as compute")
+    return "pass", ""

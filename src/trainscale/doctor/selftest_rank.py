@@ -79,15 +79,23 @@ def check_binding(rt) -> Check:
                  detail={"ranks": every})
 
 
-def run_checks(rt, args) -> list[dict]:
+def run_checks(rt, args, nccl_log: str | None = None) -> list[dict]:
+    from trainscale.runtime.determinism import deterministic
+
     skip = set(filter(None, args.skip.split(",")))
+    done: dict[str, dict] = {}
+
+    def resume() -> Check:  # only this check runs deterministically: others use ops without such kernels
+        with deterministic(args.deterministic):
+            return check_resume(rt, Path(args.workdir), args.deterministic)
+
     checks = {
         "devices": lambda: check_devices(rt),
-        "all-reduce": lambda: check_allreduce(rt, args.sizes),
+        "all-reduce": lambda: check_allreduce(rt, args.sizes, nccl_log),
         "equivalence": lambda: check_equivalence(rt),
         "strategies": lambda: check_strategies(rt, skip),
-        "resume": lambda: check_resume(rt, Path(args.workdir), args.deterministic),
-        "breakdown": lambda: check_breakdown(rt),
+        "resume": resume,
+        "breakdown": lambda: check_breakdown(rt, done.get("all-reduce")),
         "binding": lambda: check_binding(rt),
     }
     results = []
@@ -103,6 +111,7 @@ def run_checks(rt, args) -> list[dict]:
         row = found.to_dict()
         row["seconds"] = round(time.perf_counter() - started, 3)
         results.append(row)
+        done[name] = row
     return results
 
 
@@ -150,14 +159,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nondeterministic", dest="deterministic", action="store_false",
                    help="leave deterministic mode off: resume is checked within a tolerance instead of bitwise")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
-    # Deterministic mode matters on GPUs only (CPU runs repeat themselves already).
+    # Deterministic mode matters on GPUs only (CPU runs repeat themselves already), and only the resume
+    # check runs in it; cuBLAS reads its workspace setting before its first call.
     gpu = args.device != "cpu" and torch.cuda.is_available()
     args.deterministic = args.deterministic and gpu
-    with trainscale.init(device=args.device, timeout_s=args.timeout, deterministic=args.deterministic) as rt:
+    nccl_log = None
+    if args.deterministic:
+        from trainscale.runtime.determinism import CUBLAS_CONFIG
+
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_CONFIG)
+    if gpu and args.phase == "checks":  # how NCCL connects the GPUs, for the all-reduce row
+        from trainscale.runtime.nccl import transport_log
+
+        nccl_log = transport_log(os.environ, Path(args.workdir) / "nccl")
+    with trainscale.init(device=args.device, timeout_s=args.timeout) as rt:
         if args.phase == "hang":
             run_hang(rt, args)
             return 0
-        results = run_checks(rt, args)
+        results = run_checks(rt, args, nccl_log)
         meta = {"world_size": rt.world_size, "num_nodes": rt.num_nodes, "device": str(rt.device),
                 "backend": rt.backend, "torch": torch.__version__, "deterministic": args.deterministic,
                 "hosts": sorted(set(gather(rt, socket.gethostname())))}

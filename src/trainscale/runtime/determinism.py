@@ -7,8 +7,9 @@ some speed. NCCL's reductions repeat themselves for the same ranks, sizes and to
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import MutableMapping
+from typing import Iterator, MutableMapping
 
 import torch
 
@@ -38,3 +39,22 @@ def enable_determinism(environ: MutableMapping[str, str] | None = None) -> list[
 
 def determinism_enabled() -> bool:
     return torch.are_deterministic_algorithms_enabled()
+
+
+@contextlib.contextmanager
+def deterministic(enabled: bool = True) -> Iterator[None]:
+    """Deterministic algorithms for a block only (``trainscale selftest``'s resume check), then as before:
+    the other checks run ops (FSDP2, ZeRO-3) that have no deterministic kernel and would raise.
+    CUBLAS_WORKSPACE_CONFIG must already be set, before the process's first cuBLAS call."""
+    if not enabled:
+        yield
+        return
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark,
+             torch.backends.cudnn.deterministic)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = False, True
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(saved[0])
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved[1], saved[2]

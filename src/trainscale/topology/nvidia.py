@@ -1,4 +1,5 @@
-"""Parse ``nvidia-smi topo -m``: one row per GPU with its "CPU Affinity" and "NUMA Affinity" columns."""
+"""Parse ``nvidia-smi topo -m``: one row per GPU with its "CPU Affinity" and "NUMA Affinity" columns, and
+the GPU-to-GPU link matrix (``NV12``: twelve NVLinks; ``PIX``/``PXB``/``PHB``/``NODE``/``SYS``: PCIe paths)."""
 
 from __future__ import annotations
 
@@ -56,3 +57,49 @@ def parse_nvidia_topo(text: str) -> tuple[GpuInfo, ...]:
             numa = int(first) if first.isdigit() else None
         gpus.append(GpuInfo(index=int(match.group(1)), vendor="nvidia", cpus=cpus, numa_node=numa))
     return tuple(sorted(gpus, key=lambda g: g.index))
+
+
+def parse_nvidia_links(text: str) -> dict[tuple[int, int], str]:
+    """(GPU i, GPU j) -> the link between them as ``nvidia-smi topo -m`` names it, for i != j."""
+    lines = [_ANSI.sub("", line) for line in text.splitlines()]
+    header_at = next((i for i, line in enumerate(lines) if "CPU Affinity" in line), None)
+    if header_at is None:
+        raise ConfigError("nvidia-smi topo -m output has no 'CPU Affinity' column",
+                          hint="pass the full output of `nvidia-smi topo -m`")
+    columns = [h for h in _cells(lines[header_at]) if h]
+    gpu_columns = {i: int(name[3:]) for i, name in enumerate(columns) if _GPU_ROW.match(name)}
+    links: dict[tuple[int, int], str] = {}
+    for line in lines[header_at + 1:]:
+        match = _GPU_ROW.match(line)
+        if not match:
+            if line.strip().startswith("Legend"):
+                break
+            continue
+        cells = [c for c in _cells(line)[1:] if c != ""]
+        for col, other in gpu_columns.items():
+            if col < len(cells) and other != int(match.group(1)):
+                links[(int(match.group(1)), other)] = cells[col]
+    return links
+
+
+NVLINK_GBPS_PER_LINK = 25.0
+"""One NVLink's bandwidth in one direction, GB/s (NVLink 2, 3 and 4 alike: V100, A100, H100)."""
+
+
+def nvlink_count(link: str) -> int:
+    """``NV12`` -> 12; a PCIe path (PIX, PXB, PHB, NODE, SYS) -> 0."""
+    return int(link[2:]) if link.startswith("NV") and link[2:].isdigit() else 0
+
+
+def expected_busbw_gbps(links: dict[tuple[int, int], str], gpus: list[int]) -> tuple[float | None, str]:
+    """What an all-reduce over ``gpus`` should reach at least by their links: (GB/s or None, why). NVLink
+    between every pair: the weakest pair's links x 25 GB/s (a ring runs at its slowest hop); any PCIe pair:
+    no expectation (PCIe and host bridges vary too much between machines to judge)."""
+    pairs = [(a, b) for a in gpus for b in gpus if a != b and (a, b) in links]
+    if not pairs:
+        return None, "no GPU-to-GPU links known"
+    weakest = min(pairs, key=lambda p: nvlink_count(links[p]))
+    n = nvlink_count(links[weakest])
+    if n == 0:
+        return None, f"GPU{weakest[0]}-GPU{weakest[1]} over PCIe ({links[weakest]}): no NVLink expectation"
+    return n * NVLINK_GBPS_PER_LINK, f"NVLink between every pair (weakest {links[weakest]}: {n} x 25 GB/s)"
