@@ -104,7 +104,7 @@ def test_a_rank_whose_current_device_is_not_its_own_gpu_fails_the_devices_row(mo
 
     from trainscale.doctor import selftest_checks
 
-    props = SimpleNamespace(uuid="GPU-1", name="H100", pci_bus_id=1)
+    props = SimpleNamespace(uuid="GPU-1", name="H100", pci_domain_id=0, pci_bus_id=1, pci_device_id=0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     rt = SimpleNamespace(rank=1, node_rank=0, local_rank=1, device=torch.device("cuda", 1), world_size=1,
@@ -127,3 +127,18 @@ def test_deterministic_mode_holds_only_inside_its_block():
     assert torch.are_deterministic_algorithms_enabled() == before
     with deterministic(False):
         assert torch.are_deterministic_algorithms_enabled() == before
+
+
+def test_gcds_that_share_a_uuid_are_told_apart_by_their_pci_address(monkeypatch):
+    """Issue 22 item 10: two GCDs of an MI250X may report one UUID (or none); ranks on them are not sharing a GPU."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from trainscale.doctor import selftest_checks
+
+    buses = {0: 0xC1, 1: 0xC6}
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(
+        uuid="", name="AMD Instinct MI250X", pci_domain_id=0, pci_bus_id=buses[device.index], pci_device_id=0))
+    assert selftest_checks._gpu_id(torch.device("cuda", 0)) == "0000:c1:00.0"
+    assert selftest_checks._gpu_id(torch.device("cuda", 0)) != selftest_checks._gpu_id(torch.device("cuda", 1))

@@ -109,8 +109,12 @@ def needs_ranks(name: str, rt) -> Check | None:
 
 
 def _gpu_id(device: torch.device) -> str:
-    props = torch.cuda.get_device_properties(device)
-    return str(getattr(props, "uuid", None) or f"{props.name} {getattr(props, 'pci_bus_id', device)}")
+    """The GPU's PCI address where torch knows it (unique per device: two GCDs of an MI250X may share a
+    UUID, or have none), else its UUID, else its name and index."""
+    from trainscale.observe.devices import identity
+
+    ident = identity(device) or {}
+    return ident.get("pci") or ident.get("uuid") or f"{torch.cuda.get_device_properties(device).name} {device}"
 
 
 def check_devices(rt) -> Check:
