@@ -42,7 +42,7 @@ def test_nodelist_expansion(nodelist, expected):
 
 def test_single_process_when_nothing_is_set():
     env = detect({})
-    assert (env.source, env.rank, env.world_size, env.is_distributed, env.init_method) == ("single", 0, 1, False, None)
+    assert (env.source, env.rank, env.world_size, env.is_distributed) == ("single", 0, 1, False)
 
 
 def test_torchrun_fields():
@@ -50,7 +50,7 @@ def test_torchrun_fields():
     assert env.source == "torchrun"
     assert (env.rank, env.local_rank, env.world_size, env.local_world_size) == (5, 1, 8, 4)
     assert (env.node_rank, env.num_nodes, env.restart_count) == (1, 2, 2)
-    assert env.init_method == "tcp://node7:29500"
+    assert (env.master_addr, env.master_port) == ("node7", 29500)
 
 
 def test_srun_task_fields_from_compressed_lists():

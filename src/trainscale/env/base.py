@@ -88,14 +88,6 @@ class LaunchEnv:
         count already is SLURM's)."""
         return self.restart_count if self.source == "slurm" else self.requeue_count + self.restart_count
 
-    @property
-    def init_method(self) -> str | None:
-        """``tcp://addr:port`` for torch.distributed, so nothing has to be written to os.environ."""
-        if self.master_addr is None or self.master_port is None:
-            return None
-        host = f"[{self.master_addr}]" if ":" in self.master_addr else self.master_addr
-        return f"tcp://{host}:{self.master_port}"
-
 
 def read_int(environ: Mapping[str, str], name: str, source: str) -> int:
     """An integer variable, with an error naming the variable when it is not one."""

@@ -89,9 +89,3 @@ def pick_backend(device: torch.device, requested: str | None = None) -> str:
             raise ConfigError("backend 'nccl' needs a GPU but this rank runs on the CPU", hint="use backend='gloo' on CPU")
         return requested
     return "nccl" if device.type == "cuda" else "gloo"
-
-
-def visible_devices_summary(environ: Mapping[str, str] | None = None) -> str:
-    environ = os.environ if environ is None else environ
-    parts = [f"{name}={environ[name]}" for name in VISIBLE_VARS if name in environ]
-    return ", ".join(parts) or "no *_VISIBLE_DEVICES set"

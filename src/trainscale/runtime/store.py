@@ -12,9 +12,6 @@ import socket
 from trainscale.env.address import resolve
 from trainscale.errors import LaunchError
 
-_SOCKETS: list[socket.socket] = []  # listening sockets must outlive the stores that use them
-
-
 def listening_socket(host: str, port: int) -> socket.socket:
     address = resolve(host)
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
@@ -26,7 +23,6 @@ def listening_socket(host: str, port: int) -> socket.socket:
         sock.close()
         raise LaunchError(f"port {port} on {host} ({address}) is not free: {exc.strerror}",
                           hint="leave the port out to let trainscale pick a free one, or choose another port") from None
-    _SOCKETS.append(sock)
     return sock
 
 
@@ -35,9 +31,10 @@ def bound_server(host: str, port: int, timeout: datetime.timedelta | None = None
     from torch.distributed import TCPStore
 
     sock = listening_socket(host, port)
+    port = sock.getsockname()[1]
     kwargs = {"timeout": timeout} if timeout is not None else {}
-    return TCPStore(host, sock.getsockname()[1], is_master=True, multi_tenant=True,
-                    master_listen_fd=sock.fileno(), **kwargs)
+    # The store's server takes the descriptor over and closes it with the last store using it.
+    return TCPStore(host, port, is_master=True, multi_tenant=True, master_listen_fd=sock.detach(), **kwargs)
 
 
 def client(host: str, port: int, timeout: datetime.timedelta):
