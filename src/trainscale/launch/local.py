@@ -273,7 +273,7 @@ def launch(spec: LocalLaunchSpec) -> LaunchResult:
 
     from trainscale.launch import rundir
 
-    log_root = Path(spec.torchrun.get("log_dir") or spec.log_dir or rundir.DEFAULT_ROOT).absolute()
+    log_root = Path(spec.run_dir or spec.torchrun.get("log_dir") or spec.log_dir or rundir.DEFAULT_ROOT).absolute()
     extra, notes = worker_env(spec)
     if spec.given("numa_binding") and (extra.pop(PLAN_ENV, None) or os.environ.get(PLAN_ENV)):
         extra[PLAN_ENV] = "none"

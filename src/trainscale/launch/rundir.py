@@ -135,8 +135,8 @@ def command_line() -> list[str]:
 
 
 def shown(path: Path) -> str:
-    """A path as the user would type it: relative to the working directory when inside it."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve())) or "."
-    except ValueError:
-        return str(path)
+    """A path as the user would type it: relative to the working directory when inside it or beside it
+    (``../logs/...``, as seed 003's ``--log-dir ../logs``), else absolute."""
+    resolved = Path(path).resolve()
+    relative = os.path.relpath(resolved, Path.cwd().resolve())
+    return relative if not relative.startswith("../..") else str(resolved)

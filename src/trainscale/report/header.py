@@ -63,6 +63,10 @@ def run_facts(g: Gathered) -> Facts:
         facts.append(("SLURM", f"job {g.extra.get('job_id') or '-'}, profile {sub.get('profile', '-')}, "
                                f"submitted from {sub.get('host', '-')}"))
     facts += [("command", _command(run.get("command") or sub.get("command"))), ("directory", str(g.source))]
+    attempts = sorted(p.name for p in Path(g.source).glob("attempt_*"))
+    if run.get("max_restarts") or len(attempts) > 1:
+        facts.append(("attempts", f"{len(attempts)} ({', '.join(attempts)}), --max-restarts "
+                                  f"{run.get('max_restarts', '?')}"))
     if run.get("ok") is not None:
         facts.append(("outcome", f"{'finished' if run['ok'] else 'FAILED'} after {run.get('seconds', 0):.1f}s"))
     return facts

@@ -61,7 +61,7 @@ def run_plots(g: Gathered, out: Path, prefix: str = "") -> list[tuple[str, Path]
     ax.set_xlabel("rank")
     ax.set_ylabel("ms per step")
     ax.set_title("Where each rank's step goes")
-    ax.margins(y=0.08)
+    ax.set_ylim(0, max(bottom) * 1.08)  # the stack's top (other) inside the axes
     handles, labels = ax.get_legend_handles_labels()  # top to bottom as the bars stack, beside them, never over
     ax.legend(handles[::-1], labels[::-1], loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     made.append(("Time shares per rank", save(fig, out / f"{prefix}time-shares.png", plt)))
@@ -69,8 +69,9 @@ def run_plots(g: Gathered, out: Path, prefix: str = "") -> list[tuple[str, Path]
     series = utilisation(g)
     if series:
         fig, ax = plt.subplots(figsize=WIDE)
-        for label, (ts, values) in series.items():
-            ax.plot(ts, values, label=label)
+        for label, (ts, values) in series.items():  # markers: a short run may have one sample
+            ax.plot(ts, values, marker="o", ms=3, label=label)
+        ax.set_xlim(left=0, right=max(1.0, max(max(t) for t, _ in series.values()) * 1.02))
         ax.set_xlabel("seconds since the first sample")
         ax.set_ylabel("utilisation (%)")
         ax.set_ylim(0, max(100, max(max(v) for _, v in series.values()) * 1.05))
