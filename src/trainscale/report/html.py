@@ -31,6 +31,7 @@ CHECK = """<script>
 STYLE = ("body{font-family:sans-serif;max-width:1100px;margin:1.5em auto;padding:0 1em;color:#222}"
          "h1{font-size:1.5em}h2{margin-top:1.6em;border-bottom:1px solid #ddd}"
          "table{border-collapse:collapse;margin:.4em 0}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}"
+         "td{white-space:nowrap}table.facts td{white-space:normal}"
          "table.facts th{text-align:left;background:#f4f4f4;white-space:nowrap}table.facts td{font-family:monospace}"
          "div.scroll{overflow-x:auto}li.problem{color:#b00}li.good{color:#070}li.note{color:#444}"
          "p.note{font-size:13px;color:#555;margin:.2em 0}p.missing{color:#a60}"

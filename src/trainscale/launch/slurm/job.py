@@ -30,7 +30,7 @@ from trainscale.launch.slurm.submit import submit, write_script
 from trainscale.profiles.schema import ClusterProfile
 
 SNAPSHOT_IGNORE = shutil.ignore_patterns(".git", "__pycache__", "*.pyc", ".venv", "venv", ".mypy_cache",
-                                         ".pytest_cache", "trainscale-jobs", "trainscale-logs", "*.egg-info")
+                                         ".pytest_cache", "trainscale-jobs", "trainscale-runs", "*.egg-info")
 
 
 def checked_plan(spec: SlurmJobSpec, profile: ClusterProfile, *, preflight=None, what: str = "") -> JobPlan:
