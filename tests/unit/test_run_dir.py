@@ -48,12 +48,21 @@ def test_a_restarted_workload_keeps_its_checkpoints_in_the_run_directory(tmp_pat
 
 
 def test_the_run_record_says_what_ran_and_how_it_ended(tmp_path, monkeypatch):
-    rundir.start_record(tmp_path, target="trainscale.workloads", args=("cnn", "--epochs", "1"), module=True,
-                        no_python=False, nproc_per_node=2, nnodes="1:1", max_restarts=0, records=tmp_path)
-    rundir.write_record(tmp_path, ok=True, seconds=1.5)
-    record = json.loads((tmp_path / "run.json").read_text())
-    assert (record["workload"], record["args"], record["nproc_per_node"], record["ok"]) == ("cnn", ["--epochs", "1"],
-                                                                                          2, True)
+    logs, records = tmp_path / "logs", tmp_path / "records"  # records with a home of their own (TRAINSCALE_RUN_DIR)
+    for where in (logs, records):
+        where.mkdir()
+        rundir.start_record(where, target="trainscale.workloads", args=("cnn", "--epochs", "1"), module=True,
+                            no_python=False, nproc_per_node=2, nnodes="1:1", max_restarts=0, records=records,
+                            logs=logs)
+    assert not rundir.describes_itself(records)
+    rundir.end_record(logs, records, ok=True, seconds=1.5)
+    for where in (logs, records):
+        record = json.loads((where / "run.json").read_text())
+        assert (record["workload"], record["args"], record["nproc_per_node"], record["nnodes"], record["ok"]) == (
+            "cnn", ["--epochs", "1"], 2, "1", True)
+    (records / "run.json").write_text(json.dumps({"logs": "another node's"}))  # not this launch's: left alone
+    rundir.end_record(logs, records, ok=False, seconds=2.0)
+    assert "ok" not in json.loads((records / "run.json").read_text())
     assert set(record["versions"]) == {"trainscale", "torch", "python"} and record["host"]
     monkeypatch.chdir(tmp_path)  # the console names a run directory as the user would type it
     assert rundir.shown(tmp_path / "trainscale-runs" / "cnn-1") == "trainscale-runs/cnn-1"

@@ -296,10 +296,10 @@ def launch(spec: LocalLaunchSpec) -> LaunchResult:
             spec.target, spec.args, module=spec.module, max_restarts=spec.max_restarts, run_dir=run_dir))
         python, args = entrypoint(spec)
         elastic_launch(config, python)(*args)
-        rundir.write_record(logs, ok=True, seconds=round(time.monotonic() - started, 3))
+        rundir.end_record(logs, run_dir, ok=True, seconds=time.monotonic() - started)
         return LaunchResult(True, logs, "", time.monotonic() - started, run_dir)
     except ChildFailedError as exc:
-        rundir.write_record(logs, ok=False, seconds=round(time.monotonic() - started, 3))
+        rundir.end_record(logs, run_dir, ok=False, seconds=time.monotonic() - started)
         failures = summary.from_child_failed(exc, _stderr_logs(logs))
         low, high = parse_nnodes(spec.nnodes)
         world = spec.nproc_per_node * low if low == high else None
@@ -382,9 +382,12 @@ def _directories(spec: LocalLaunchSpec, log_root: Path) -> tuple[Path, Path]:
         logs = rundir.create(log_root, rundir.label(spec.target, spec.args, module=spec.module),
                              multinode=spec.multinode)
         run = Path(os.environ[RUN_DIR_VAR]).absolute() if os.environ.get(RUN_DIR_VAR) else logs
-    rundir.start_record(logs, target=spec.target, args=spec.args, module=spec.module, no_python=spec.no_python,
-                        nproc_per_node=spec.nproc_per_node, nnodes=spec.nnodes, max_restarts=spec.max_restarts,
-                        records=run)
+    # what ran goes beside the logs, and beside the records when nothing there says it (a SLURM run has
+    # its submission.json; a directory of the user's own, a sweep's task, has nothing)
+    for where in (logs, run) if run == logs or rundir.describes_itself(run) else (logs,):
+        rundir.start_record(where, target=spec.target, args=spec.args, module=spec.module, no_python=spec.no_python,
+                            nproc_per_node=spec.nproc_per_node, nnodes=spec.nnodes, max_restarts=spec.max_restarts,
+                            records=run, logs=logs)
     return logs, run
 
 

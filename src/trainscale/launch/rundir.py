@@ -116,16 +116,34 @@ def write_record(run_dir: Path, **fields: Any) -> Path:
     return path
 
 
+def describes_itself(records: Path) -> bool:
+    """True where the records' directory has no word on what ran yet (no run.json, no submission.json)."""
+    return not (records / RUN_RECORD).exists() and not (records / "submission.json").exists()
+
+
+def end_record(logs: Path, records: Path, *, ok: bool, seconds: float) -> None:
+    """The outcome, in each run.json this launch started."""
+    for where in {logs, records}:
+        path = where / RUN_RECORD
+        try:
+            mine = json.loads(path.read_text()).get("logs") == str(logs)
+        except (OSError, json.JSONDecodeError):
+            mine = False
+        if mine:
+            write_record(where, ok=ok, seconds=round(seconds, 3))
+
+
 def start_record(run_dir: Path, *, target: str, args: tuple[str, ...], module: bool, no_python: bool,
-                 nproc_per_node: int, nnodes: str, max_restarts: int, records: Path) -> Path:
+                 nproc_per_node: int, nnodes: str, max_restarts: int, records: Path, logs: Path | None = None) -> Path:
     workload = args[0] if module and target == WORKLOADS_MODULE and args else None
     return write_record(
         run_dir, kind="run", command=command_line(), cwd=os.getcwd(),
         started_at=datetime.datetime.now().astimezone().isoformat(timespec="seconds"), host=socket.gethostname(),
         workload=workload, target=None if workload else target,
         target_kind="workload" if workload else ("module" if module else "program" if no_python else "script"),
-        args=list(args[1:] if workload else args), nproc_per_node=nproc_per_node, nnodes=nnodes,
-        max_restarts=max_restarts, records=str(records), versions=versions())
+        args=list(args[1:] if workload else args), nproc_per_node=nproc_per_node,
+        nnodes=nnodes.split(":")[0] if len(set(nnodes.split(":"))) == 1 else nnodes,
+        max_restarts=max_restarts, records=str(records), logs=str(logs or run_dir), versions=versions())
 
 
 def command_line() -> list[str]:

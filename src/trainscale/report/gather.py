@@ -127,13 +127,16 @@ def read_run(run_dir: Path, *, job_id: str | None = None,
              sacct_run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> Gathered:
     """One run's records (``<run_dir>/metrics/``, none when it recorded nothing), what ran (``run.json`` of
     ``trainscale run``, ``submission.json`` of ``trainscale slurm``) and SLURM's accounting of ``job_id``."""
-    recorded = read_records(run_dir) if metrics_dir(run_dir).is_dir() else {"ranks": {}, "nodes": {}, "events": []}
+    info = _json(run_dir / "run.json") or {}
+    # a node's logs whose records went to the run's home (a SLURM job's run directory): read them there
+    where = Path(info["records"]) if not metrics_dir(run_dir).is_dir() and info.get("records") else run_dir
+    recorded = read_records(where) if metrics_dir(where).is_dir() else {"ranks": {}, "nodes": {}, "events": []}
     ranks = [s for s in (rank_stats(r, recs) for r, recs in recorded["ranks"].items()) if s is not None]
     acct, note = (accounting(job_id, sacct_run) if job_id else (None, ""))
     meta = next((recs[0] for recs in recorded["ranks"].values() if recs and recs[0].get("kind") == "meta"), {})
     return Gathered(source=run_dir, ranks=ranks, samples=recorded["nodes"], events=recorded["events"],
                     accounting=acct, accounting_note=note, submission=_json(run_dir / "submission.json"),
-                    extra={"run": _json(run_dir / "run.json") or {}, "meta": meta, "job_id": job_id})
+                    extra={"run": info, "meta": meta, "job_id": job_id})
 
 
 def _json(path: Path) -> dict | None:
