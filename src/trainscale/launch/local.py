@@ -269,9 +269,7 @@ def launch(spec: LocalLaunchSpec) -> LaunchResult:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
-    from trainscale.launch import summary
-
-    from trainscale.launch import rundir
+    from trainscale.launch import rundir, summary
 
     log_root = Path(spec.run_dir or spec.torchrun.get("log_dir") or spec.log_dir or rundir.DEFAULT_ROOT).absolute()
     extra, notes = worker_env(spec)
