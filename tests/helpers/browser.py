@@ -26,7 +26,8 @@ def chromium():
     return shutil.which("chromium")
 
 
-def browse(chromium: str, page: Path, profile: Path, *extra: str, height: int = 2400) -> subprocess.CompletedProcess[str]:
+def browse(chromium: str, page: Path, profile: Path, *extra: str,
+           height: int = 2400) -> subprocess.CompletedProcess[str]:
     # As the machine's probe runs it: headless, no sandbox (root), no network chatter, a fresh profile.
     flags = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",

@@ -99,6 +99,7 @@ def test_a_wrong_target_is_refused_naming_what_the_report_takes(tmp_path, target
 
     assert main(["report", str(tmp_path / target) if target == "nowhere" else target]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and err[0].startswith("trainscale: error: ") and "is neither a directory nor a SLURM job id" in err[0]
+    assert len(err) == 2 and err[0].startswith("trainscale: error: ")
+    assert "is neither a directory nor a SLURM job id" in err[0]
     assert err[1].startswith("Hint: trainscale report takes a run directory") and "study directory" in err[1] and \
         "sweep" in err[1] and "job" in err[1]

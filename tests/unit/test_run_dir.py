@@ -17,7 +17,7 @@ def test_torchs_agent_writes_every_attempt_into_the_run_directory_itself(tmp_pat
     specs = rundir.logs_specs(run, redirects="3", tee="3", local_ranks_filter="0")
     envs = {r: {"TORCHELASTIC_RUN_ID": "trainscale-abc", "TORCHELASTIC_RESTART_COUNT": "0"} for r in (0, 1)}
     first = specs.reify(envs)
-    assert first.stdouts == {0: str(run / "attempt_0" / "0" / "stdout.log"), 1: str(run / "attempt_0" / "1" / "stdout.log")}
+    assert first.stdouts == {r: str(run / "attempt_0" / str(r) / "stdout.log") for r in (0, 1)}
     assert first.error_files[1] == str(run / "attempt_0" / "1" / "error.json")
     assert first.tee_stdouts == {0: str(run / "attempt_0" / "0" / "stdout.log")}  # rank 0 on the console
     envs = {r: {**env, "TORCHELASTIC_RESTART_COUNT": "1"} for r, env in envs.items()}

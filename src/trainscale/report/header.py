@@ -90,7 +90,8 @@ def study_facts(study: dict, path: Path) -> Facts:
                          f"batch {spec.get('batch_size', '?')}, baseline {study.get('baseline', '-')}"),
             ("ranks", configs or "-"), ("strategy", ", ".join(strategies) or "-"),
             ("date", _when(study.get("started_at"))),
-            ("host", f"{env.get('host', '-')} ({env.get('cores', '?')} cores, {env.get('device', '-')}); runs on {where}"),
+            ("host", f"{env.get('host', '-')} ({env.get('cores', '?')} cores, {env.get('device', '-')}); "
+                     f"runs on {where}"),
             ("versions", _versions(env)), ("command", _command(study.get("command"))), ("directory", str(path))]
 
 

@@ -65,7 +65,8 @@ def rank_table(g: Gathered) -> Table:
         step = r.step_median_s or 1.0
         rows.append([str(r.rank), r.host, str(r.steps), f"{r.step_median_s * 1e3:.1f}", f"{r.step_p90_s * 1e3:.1f}",
                      *(f"{r.shares[k] / step:.0%}" for k in ("data", "compute", "backward", "optimizer", "comm")),
-                     f"{r.samples_per_s:.0f}" if r.samples_per_s else "-", f"{r.tokens_per_s:.0f}" if r.tokens_per_s else "-",
+                     f"{r.samples_per_s:.0f}" if r.samples_per_s else "-",
+                     f"{r.tokens_per_s:.0f}" if r.tokens_per_s else "-",
                      f"{r.mfu:.1%}" if r.mfu is not None else "-",
                      f"{r.peak_mem_bytes / 2**20:.0f} MiB" if r.peak_mem_bytes else "-"])
     return Table(head, rows, ["data: waiting for the next batch; forward: this rank's own computing; comm: "

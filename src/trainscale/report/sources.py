@@ -50,7 +50,8 @@ def resolve(target: str) -> Source:
         record = load_record(target)
         run_dir = Path(record.run_dir) if record.run_dir else record.job_dir
         return Source(kind_of(run_dir) or "run", run_dir, target)
-    raise ConfigError(f"{target!r} is neither a directory nor a SLURM job id", hint=f"trainscale report takes {ACCEPTS}")
+    raise ConfigError(f"{target!r} is neither a directory nor a SLURM job id",
+                      hint=f"trainscale report takes {ACCEPTS}")
 
 
 def records_dir(study_dir: Path, run: dict) -> Path | None:
