@@ -13,7 +13,9 @@ torch's agent names its log directory ``<log dir>/<run id>_<random>/``, one per 
 hands it :class:`RunLogsSpecs`, which writes the attempts into the run directory itself. ``--log-dir``
 keeps torchrun's meaning: the directory the run directories go in (seed 003's ``--log-dir ../logs``).
 A run whose records already have a home (``TRAINSCALE_RUN_DIR``: a SLURM job's run directory, a
-sweep's task, a bench configuration) keeps its records there; its logs still get a directory here.
+sweep's task) keeps its records there, with a run.json where nothing says what ran; its logs still get
+a directory here, one per node of a multi-node run (named after the node). A caller may name the run
+directory itself (bench: ``runs/<NN>-<config>/`` of its study).
 """
 
 from __future__ import annotations
@@ -66,7 +68,8 @@ def create(root: Path, name: str, *, multinode: bool = False, now: datetime.date
     exclusive mkdir, so two runs started in the same second never share one). Each node of a multi-node
     run makes its own, named after its host."""
     stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
-    base = f"{name}-{stamp}" + (f"-{socket.gethostname()}" if multinode else "")
+    host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()  # SLURM nodes may share a hostname
+    base = f"{name}-{stamp}" + (f"-{host}" if multinode else "")
     root.mkdir(parents=True, exist_ok=True)
     for k in range(1, 1000):
         candidate = root / (base if k == 1 else f"{base}-{k}")
