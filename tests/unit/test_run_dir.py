@@ -49,8 +49,8 @@ def test_a_restarted_workload_keeps_its_checkpoints_in_the_run_directory(tmp_pat
 
 def test_the_run_record_says_what_ran_and_how_it_ended(tmp_path, monkeypatch):
     logs, records = tmp_path / "logs", tmp_path / "records"  # records with a home of their own (TRAINSCALE_RUN_DIR)
+    logs.mkdir()  # the records' directory is the user's: it need not exist yet
     for where in (logs, records):
-        where.mkdir()
         rundir.start_record(where, target="trainscale.workloads", args=("cnn", "--epochs", "1"), module=True,
                             no_python=False, nproc_per_node=2, nnodes="1:1", max_restarts=0, records=records,
                             logs=logs)

@@ -108,6 +108,7 @@ def versions() -> dict[str, str | None]:
 def write_record(run_dir: Path, **fields: Any) -> Path:
     """``run.json``: merged with what is there (the start writes what ran, the end adds the outcome)."""
     path = run_dir / RUN_RECORD
+    run_dir.mkdir(parents=True, exist_ok=True)  # a TRAINSCALE_RUN_DIR of the user's may not exist yet
     try:
         record = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
