@@ -62,7 +62,7 @@ def rank_table(g: Gathered) -> Table:
             "samples/s", "tokens/s", "MFU", "peak memory"]
     rows = []
     for r in g.ranks:
-        step = r.step_median_s or 1.0
+        step = sum(r.shares.values()) or 1.0  # the mean step: the parts' means add up to it (and to 100%)
         rows.append([str(r.rank), r.host, str(r.steps), f"{r.step_median_s * 1e3:.1f}", f"{r.step_p90_s * 1e3:.1f}",
                      *(f"{r.shares[k] / step:.0%}" for k in ("data", "compute", "backward", "optimizer", "comm")),
                      f"{r.samples_per_s:.0f}" if r.samples_per_s else "-",
@@ -70,8 +70,8 @@ def rank_table(g: Gathered) -> Table:
                      f"{r.mfu:.1%}" if r.mfu is not None else "-",
                      f"{r.peak_mem_bytes / 2**20:.0f} MiB" if r.peak_mem_bytes else "-"])
     return Table(head, rows, ["data: waiting for the next batch; forward: this rank's own computing; comm: "
-                              "communication the step waited for (exposed); each part's mean time per step as a "
-                              "share of the median step"])
+                              "communication the step waited for (exposed); shares of the mean step (the time-shares "
+                              "plot), which a few slow steps make longer than the median"])
 
 
 def _run_verdict(g: Gathered) -> list[Finding]:
