@@ -21,4 +21,4 @@ test-gpu: venv
 	$(PY) -m pytest tests/gpu -v -rs -p no:cacheprovider --timeout 1800
 
 clean:
-	rm -rf bench-out trainscale-logs
+	rm -rf bench-out trainscale-runs

@@ -6,6 +6,7 @@ import csv
 import html
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,8 +38,10 @@ def test_small_strong_scaling_study_writes_consistent_files(tmp_path):
     one, two, four = study["runs"]
     assert (one["world_size"], one["per_rank_batch"], two["world_size"], two["per_rank_batch"]) == (1, 32, 2, 16)
     assert one["steps"] == two["steps"] == 8 and one["samples"] == two["samples"] == 8 * 32
-    assert two["speedup"] == pytest.approx(one["runtime_s"] / two["runtime_s"])
-    assert two["efficiency"] == pytest.approx(two["speedup"] / 2)
+    # a speedup above what the hardware allows (a loaded machine) is kept out of the results, not lost
+    figures = two if two["speedup"] is not None else {**two, **two["rejected"]}
+    assert figures["speedup"] == pytest.approx(one["runtime_s"] / two["runtime_s"])
+    assert figures["efficiency"] == pytest.approx(figures["speedup"] / 2)
     assert {"host", "cores", "torch", "trainscale", "device"} <= set(study["environment"])
     # the same global batch on 1 and 2 ranks: the same training up to fp32 rounding, which Adam and the
     # ranks' different thread counts amplify over 8 steps (seen: 0.4% apart) — close, not equal
@@ -60,36 +63,43 @@ def test_small_strong_scaling_study_writes_consistent_files(tmp_path):
     assert all(0.0 <= r["other_cpu_share"] <= 1.0 for r in study["runs"])
     # one epoch: nothing to leave out as warm-up, so the model is checked against the whole run
     assert two["prediction"]["from_epoch"] == 1 and two["prediction"]["measured_step_s"] == pytest.approx(two["step_time_s"])
-    assert (two["prediction"]["calibrated_on"], four["prediction"]["calibrated_on"]) == (["4"], ["2"])
+    # each calibrated on the other's record, unless other work on the machine disturbed that one (then it
+    # calibrates nothing: bench/predictions.py); a quiet machine calibrates both
+    quiet = [r["config"] for r in (two, four) if not r["prediction"]["disturbed"]]
+    assert two["prediction"]["calibrated_on"] == [c for c in ("4",) if c in quiet]
+    assert four["prediction"]["calibrated_on"] == [c for c in ("2",) if c in quiet]
     assert (two["prediction"]["contention"], four["prediction"]["contention"]) == (2, 4)  # one rank had every core
     assert four["ranks_per_core"] == max(1.0, 4 / study["environment"]["cores"])
     cores = study["environment"]["cores"]  # what the ranks recorded they had: all of this machine's cores, shared
     assert [(r["usable_cpus"], r["threads"]) for r in study["runs"]] == [(cores, max(1, cores // n)) for n in (1, 2, 4)]
-    assert study["validation"]["calibrated"] and study["calibration"]["runs"] == ["2", "4"]
-    assert study["calibration"]["sections"]["compute"] > 0
-    assert study["calibration"]["overlap"] == 0.0  # auto: the shared-memory hook blocks backward and hides nothing
+    if quiet:
+        assert study["validation"]["calibrated"] and study["calibration"]["runs"] == quiet
+        assert study["calibration"]["sections"]["compute"] > 0
+        assert study["calibration"]["overlap"] == 0.0  # auto: the shared-memory hook blocks backward and hides nothing
     assert b["buckets"] == 2 and b["communication_overlapped"] == pytest.approx(
         b["communication_total"] - b["communication"])
     assert [p["ranks"] for p in study["projection"]["rows"]] == [8, 16, 32, 64]
 
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert [r["config"] for r in rows] == ["1", "2", "4"]
-    assert float(rows[1]["speedup"]) == pytest.approx(two["speedup"])
+    assert float(rows[1]["speedup"] or rows[1]["rejected_speedup"]) == pytest.approx(figures["speedup"])
     md = (out / "results.md").read_text()
     assert "| Version | Workers | Runtime (s) | Speedup | Parallel efficiency |" in md
     assert "| DDP 2 CPU ranks | 2 |" in md and "| 64 ranks (projected) | 64 |" in md
     for name in ("speedup", "throughput", "breakdown"):
         assert (out / f"{name}.png").read_bytes()[:8] == PNG
     assert (out / "runs" / "02-2" / "metrics.json").is_file()
-    assert "each calibrated on the others' records" in md
+    calibrated = "each calibrated on the others' records" if quiet else "uncalibrated"
+    assert calibrated in md
 
     # the report puts measured and predicted side by side
     report = subprocess.run([sys.executable, "-m", "trainscale", "report", str(out), "--out", str(tmp_path / "report")],
                             capture_output=True, text=True, env=_env(), timeout=120)
     assert report.returncode == 0, report.stderr
     page = html.unescape((tmp_path / "report" / "report.html").read_text())
-    assert "Scaling model" in page and "each calibrated on the others' records" in page
-    assert "| DDP 4 CPU ranks | 4 |" in report.stdout and "each calibrated on the others' records" in report.stdout
+    assert "Scaling model" in page and calibrated in page
+    assert re.search(r"^DDP 4 CPU ranks\s+4\s", report.stdout, re.M), report.stdout
+    assert calibrated in report.stdout
     assert (tmp_path / "report" / "measured-vs-predicted.png").read_bytes()[:8] == PNG
 
     with pytest.raises(Exception, match="already exists"):
@@ -137,7 +147,7 @@ def test_bad_input_fails_before_anything_launches(tmp_path):
                               timeout=120)
         assert proc.returncode == 2, proc.stderr
         assert expected in proc.stderr and "Hint:" in proc.stderr
-        assert not out.exists() and not list(Path(tmp_path).glob("trainscale-logs"))
+        assert not out.exists() and not list(Path(tmp_path).glob("trainscale-runs"))
 
 
 @pytest.mark.slow

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from helpers.browser import check_page, chromium, screenshot  # noqa: F401  (chromium: a fixture)
 
 SCRIPT = textwrap.dedent("""
     import os, time
@@ -58,26 +56,6 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="module")
-def chromium():
-    if shutil.which("chromium") is None:
-        done = subprocess.run(["bash", str(ROOT / ".ci" / "install-browser.sh")], capture_output=True, text=True,
-                              timeout=900)
-        if done.returncode != 0:
-            if os.environ.get("CI", "").lower() == "true":
-                pytest.fail(f"chromium unavailable: {done.stderr.strip()}")
-            pytest.skip(f"chromium unavailable: {done.stderr.strip()}")
-    return shutil.which("chromium")
-
-
-def browse(chromium: str, page: Path, profile: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    # As the machine's probe runs it: headless, no sandbox (root), no network chatter, a fresh profile.
-    flags = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={profile}", "--virtual-time-budget=5000", "--window-size=1100,2400"]
-    return subprocess.run([chromium, *flags, *extra, page.as_uri()], capture_output=True, text=True, timeout=120)
-
-
 @pytest.mark.slow
 def test_report_names_the_straggler_and_renders_in_a_browser(tmp_path, chromium, capsys):
     script = tmp_path / "observed.py"
@@ -98,17 +76,8 @@ def test_report_names_the_straggler_and_renders_in_a_browser(tmp_path, chromium,
     page = run_dir / "report" / "report.html"
     assert page.exists() and (run_dir / "report" / "step-time.png").exists()
 
-    dom = browse(chromium, page, tmp_path / "chrome", "--dump-dom")
-    assert dom.returncode == 0, dom.stderr
-    body = re.search(r"<body[^>]*>", dom.stdout).group(0)
-    assert 'data-report="ok"' in body and 'data-errors=""' in body, body
-    plots = int(re.search(r'data-plots="(\d+)"', body).group(1))
-    assert plots >= 3, body  # step time, time shares, utilisation over time
-    shot = run_dir / "report" / "screenshot.png"
-    taken = browse(chromium, page, tmp_path / "chrome", f"--screenshot={shot}")
-    assert taken.returncode == 0 and shot.stat().st_size > 20_000, taken.stderr
-    with capsys.disabled():  # in the test command's own output, not only under -s
-        print(f"\n[report] screenshot of the report page: {shot}")
+    assert check_page(chromium, page, tmp_path / "chrome") >= 3  # step time, time shares, utilisation over time
+    screenshot(chromium, page, tmp_path / "chrome", run_dir / "report" / "screenshot.png", capsys, "the report page")
 
 
 @pytest.mark.slow

@@ -640,3 +640,85 @@ def test_the_allreduce_benchmark_times_the_hook_the_studys_runs_averaged_with():
     assert averaging_hook(("--strategy", "ddp:bucket_cap_mb=4,comm_hook=none")) == "none"
     assert averaging_hook(("--strategy=ddp:comm_hook=shm",)) == "shm"
     assert averaging_hook(("--strategy", "ddp:comm_hook=bf16")) == "none"  # compression: the backend's all-reduce
+
+
+# --- figures that cannot be results --------------------------------------------------------------
+
+
+def _loaded_study(baseline_share=0.82, two_share=0.81, two_runtime=0.9):
+    """Seen under load: the 1-rank baseline slowed by other work, so 2 ranks look 8.9x faster on cores the
+    baseline already had to itself."""
+    study = _study()
+    base, two, four = study["runs"]
+    base.update(other_cpu_share=baseline_share)
+    two.update(other_cpu_share=two_share, runtime_s=two_runtime)
+    four.update(other_cpu_share=0.01)
+    results.add_speedups(study["runs"], "1")
+    from trainscale.bench.ideal import add_achievable
+    from trainscale.bench.validity import assess
+
+    add_achievable(study["runs"], "1", cores_per_node=2)
+    assess(study["runs"], "1", cores=2)
+    return study
+
+
+def test_a_speedup_above_what_the_hardware_allows_is_never_shown_as_a_result(tmp_path):
+    study = _loaded_study()
+    base, two, four = study["runs"]
+    assert two["speedup"] is None and two["efficiency"] is None and two["efficiency_vs_achievable"] is None
+    assert two["rejected"]["speedup"] == pytest.approx(8.0 / 0.9) and two["rejected"]["limit"] == pytest.approx(2.4)
+    assert "the baseline 1 ranks: other work kept 82% of its CPUs busy" in two["rejected"]["reason"]
+    table = results.markdown_table(study)
+    row = next(line for line in table.splitlines() if line.startswith("| 2 ranks |"))
+    assert row.count("—(disturbed)") == 3 and "8.89x" not in table and "444%" not in table
+    assert "| 1 ranks | 1 | 8.0* |" in table  # the disturbed baseline's own figures carry *
+    # the 4-rank run was quiet, but its speedup compares against the disturbed baseline: marked too
+    assert f"{four['speedup']:.2f}x*" in table
+    rows = list(csv.DictReader(io.StringIO(results.csv_text(study))))
+    assert rows[1]["speedup"] == "" and float(rows[1]["rejected_speedup"]) == pytest.approx(8.0 / 0.9)
+    assert rows[0]["disturbed"] == "other work kept 82% of its CPUs busy"
+    doc = results.markdown_document(study, {})
+    assert "—(disturbed) 2 ranks: 8.89x measured, above the 2.40x its hardware allows" in doc
+    assert "* disturbed while it ran: 1 ranks (other work kept 82% of its CPUs busy)" in doc
+    paths = results.write_all(tmp_path, study, {})
+    saved = json.loads(paths["json"].read_text())["runs"][1]
+    assert saved["speedup"] is None and saved["rejected"]["speedup"] == pytest.approx(8.0 / 0.9)
+    # marking again (the report does, for studies made before) gives the same marks
+    from trainscale.bench.validity import assess
+
+    assess(saved and study["runs"], "1", cores=2)
+    assert study["runs"][1]["speedup"] is None and study["runs"][1]["rejected"]["speedup"] == pytest.approx(8.0 / 0.9)
+
+
+def test_a_quiet_study_carries_no_marks():
+    study = _loaded_study(baseline_share=0.01, two_share=0.02, two_runtime=5.0)
+    assert all(r["disturbed"] is None and r["rejected"] is None and r["speedup_disturbed"] is None
+               for r in study["runs"])
+    assert "*" not in results.markdown_table(study) and "—" not in results.markdown_table(study)
+    from trainscale.bench.validity import notes
+
+    assert notes(study) == []
+
+
+def test_the_speedup_plot_draws_no_rejected_point_and_marks_disturbed_ones(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from trainscale.bench import plots
+
+    drawn = {}
+
+    def keep(fig, path):
+        drawn[path.name] = fig
+        return path
+
+    monkeypatch.setattr(plots, "_save", keep)
+    study = _loaded_study()
+    plots.speedup_plot(study, tmp_path / "speedup.png")
+    fig = drawn["speedup.png"]
+    points = {line.get_label(): list(line.get_ydata()) for line in fig.axes[0].get_lines()}
+    assert points["measured"] == [1.0]  # the baseline; the 2-rank run's 8.89x is no point at all
+    assert points["measured, disturbed* (other work on its CPUs)"] == [pytest.approx(study["runs"][2]["speedup"])]
+    assert any("not shown: 2 ranks, 8.89x measured" in t.get_text() for t in fig.texts)
+    plots.breakdown_plot(study, tmp_path / "breakdown.png")
+    ax = drawn["breakdown.png"].axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1 ranks*", "2 ranks*", "4 ranks"]
+    assert ax.get_legend().get_texts()[-1].get_text() == "data wait"  # top to bottom as the bars stack

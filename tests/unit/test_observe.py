@@ -235,12 +235,17 @@ def test_rank_stats_from_records():
 
 def test_report_refuses_what_it_cannot_read(tmp_path):
     from trainscale.errors import ConfigError
-    from trainscale.report import gather
+    from trainscale.report import build
 
-    with pytest.raises(ConfigError, match="is neither a directory nor a job id"):
-        gather(str(tmp_path / "nowhere"))
-    with pytest.raises(ConfigError, match="holds no run records"):
-        gather(str(tmp_path))
+    accepts = ("a run directory (the one `trainscale run` names at its end), a `trainscale bench` study directory "
+               "(results.json), a `trainscale sweep` directory (sweep.json), or the id of a job submitted with "
+               "`trainscale slurm`")
+    with pytest.raises(ConfigError, match="is neither a directory nor a SLURM job id") as caught:
+        build(str(tmp_path / "nowhere"), None)
+    assert caught.value.hint == f"trainscale report takes {accepts}"
+    with pytest.raises(ConfigError, match="is not a run, study or sweep directory") as caught:
+        build(str(tmp_path), None)
+    assert caught.value.hint == f"trainscale report takes {accepts}"
 
 
 def test_the_report_names_other_work_on_the_ranks_cpus(tmp_path):

@@ -10,12 +10,20 @@ COLOURS = {"data": "#8da0cb", "compute": "#66c2a5", "communication": "#fc8d62", 
            "other": "#b3b3b3"}
 
 
+MISSING = "plots need matplotlib, which is not installed"
+
+
+def available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("matplotlib") is not None
+
+
 def _pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise ConfigError("plots need matplotlib, which is not installed",
-                          hint="pip install 'trainscale[bench]' (or matplotlib), or pass --no-plots") from None
+        raise ConfigError(MISSING, hint="pip install 'trainscale[bench]' (or matplotlib), or pass --no-plots") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -29,20 +37,27 @@ def _ok(study: dict) -> list[dict]:
 def speedup_plot(study: dict, path: Path) -> Path:
     plt = _pyplot()
     runs = [r for r in _ok(study) if r.get("speedup") is not None]
+    rejected = [r for r in _ok(study) if r.get("rejected")]
     base = next(r for r in study["runs"] if r["config"] == study["baseline"])
     proj = (study.get("projection") or {}).get("rows", [])
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    xs = sorted({r["world_size"] for r in runs} | {p["ranks"] for p in proj} | {base["world_size"]})
+    fig, ax = plt.subplots(figsize=(10, 5))
+    xs = sorted({r["world_size"] for r in runs + rejected} | {p["ranks"] for p in proj} | {base["world_size"]})
     ax.plot(xs, [x / base["world_size"] for x in xs], "k--", lw=1, label="ideal (linear)")
-    reach = sorted((r["world_size"], r["achievable_speedup"]) for r in runs if r.get("achievable_speedup") is not None)
+    reach = sorted((r["world_size"], r["achievable_speedup"]) for r in runs + rejected
+                   if r.get("achievable_speedup") is not None)
     if reach and any(abs(s - w / base["world_size"]) > 1e-9 for w, s in reach):
         ax.plot([w for w, _ in reach], [s for _, s in reach], ":", color="#7570b3", lw=2, marker="^",
                 label="achievable (this hardware)")
-    ax.plot([r["world_size"] for r in runs], [r["speedup"] for r in runs], "o", ms=8, color="#1b9e77",
+    clean = [r for r in runs if not r.get("speedup_disturbed")]
+    disturbed = [r for r in runs if r.get("speedup_disturbed")]
+    ax.plot([r["world_size"] for r in clean], [r["speedup"] for r in clean], "o", ms=8, color="#1b9e77",
             label="measured")
+    if disturbed:  # hollow: other work shared the CPUs of the run or of its baseline
+        ax.plot([r["world_size"] for r in disturbed], [r["speedup"] for r in disturbed], "o", ms=9, mfc="none",
+                mew=2, color="#d95f02", label="measured, disturbed* (other work on its CPUs)")
     for r in runs:
-        ax.annotate(r["label"], (r["world_size"], r["speedup"]), textcoords="offset points", xytext=(6, -12),
-                    fontsize=8)
+        ax.annotate(r["label"] + ("*" if r.get("speedup_disturbed") else ""), (r["world_size"], r["speedup"]),
+                    textcoords="offset points", xytext=(6, -12), fontsize=8)
     if proj:
         ax.plot([p["ranks"] for p in proj], [p["speedup"] for p in proj], "s-", color="#d95f02",
                 label=f"projected ({study['projection']['network']['name']})")
@@ -56,24 +71,41 @@ def speedup_plot(study: dict, path: Path) -> Path:
     ax.set_ylabel(f"speedup over {base['label']}")
     ax.set_title(f"Speedup: {study['target']} ({study['spec']['scaling']} scaling)")
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper left", fontsize=9)
+    if rejected:  # never drawn as a result: named under the axes with the reason
+        text = "\n".join(f"not shown: {r['label']}, {r['rejected']['reason']}" for r in rejected)
+        fig.text(0.01, -0.02, text, fontsize=8, color="#b00", ha="left", va="top", wrap=True)
     return _save(fig, path)
+
+
+def _tick(run: dict) -> str:
+    return _short(run) + ("*" if run.get("disturbed") else "")
 
 
 def throughput_plot(study: dict, path: Path) -> Path:
     plt = _pyplot()
     runs = [r for r in _ok(study) if r.get("samples_per_s")]
-    labels = [_short(r) for r in runs]
-    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(runs) + 2), 4.5))
-    bars = ax.bar(labels, [r["samples_per_s"] for r in runs], color="#66c2a5")
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    bars = ax.bar([_tick(r) for r in runs], [r["samples_per_s"] for r in runs],
+                  color=["#fdae6b" if r.get("disturbed") else "#66c2a5" for r in runs],
+                  hatch=None, edgecolor="#555")
     for bar, r in zip(bars, runs):
-        ax.annotate(f"{r['samples_per_s']:.0f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                    ha="center", va="bottom", fontsize=9)
+        if r.get("disturbed"):
+            bar.set_hatch("//")
+        ax.annotate(f"{r['samples_per_s']:.0f}" + ("*" if r.get("disturbed") else ""),
+                    (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=9)
     ax.set_ylabel("training samples / s")
     ax.set_title(f"Throughput per configuration: {study['target']}")
     ax.grid(True, axis="y", alpha=0.3)
     ax.margins(y=0.15)
+    if any(r.get("disturbed") for r in runs):
+        fig.text(0.01, -0.02, "* hatched: disturbed, other work kept its CPUs busy while it ran", fontsize=8,
+                 color="#b00", ha="left", va="top")
     return _save(fig, path)
+
+
+LABELS = {"data": "data wait", "compute": "compute (forward + backward)", "communication": "communication (exposed)",
+          "optimizer": "optimizer step", "other": "other"}
 
 
 def breakdown_plot(study: dict, path: Path) -> Path | None:
@@ -81,12 +113,12 @@ def breakdown_plot(study: dict, path: Path) -> Path | None:
     runs = [r for r in _ok(study) if r.get("breakdown")]
     if not runs:
         return None
-    labels = [_short(r) for r in runs]
-    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(runs) + 3), 4.8))
+    labels = [_tick(r) for r in runs]
+    fig, ax = plt.subplots(figsize=(10, 4.8))
     bottom = [0.0] * len(runs)
     for key, colour in COLOURS.items():
         values = [r["breakdown"][key] * 1e3 for r in runs]
-        ax.bar(labels, values, bottom=bottom, color=colour, label=key)
+        ax.bar(labels, values, bottom=bottom, color=colour, label=LABELS[key])
         bottom = [b + v for b, v in zip(bottom, values)]
     for i, r in enumerate(runs):
         hidden = r["breakdown"].get("communication_overlapped_fraction") or 0.0
@@ -94,9 +126,10 @@ def breakdown_plot(study: dict, path: Path) -> Path | None:
                                                                               else ""),
                     (i, bottom[i]), ha="center", va="bottom", fontsize=9)
     ax.set_ylabel("time per step (ms)")
-    ax.set_title("Where a training step's time goes (communication: exposed part)")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.margins(y=0.12)
+    ax.set_title("Where a training step's time goes")
+    handles, names = ax.get_legend_handles_labels()  # top to bottom as the bars stack, beside them, never over
+    ax.legend(handles[::-1], names[::-1], loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)
+    ax.margins(y=0.15)
     ax.grid(True, axis="y", alpha=0.3)
     return _save(fig, path)
 
@@ -132,7 +165,7 @@ def _short(run: dict) -> str:
 
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100, bbox_inches="tight")  # titles, outside legends and notes never clipped
     import matplotlib.pyplot as plt
 
     plt.close(fig)

@@ -10,8 +10,11 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import statistics
 from pathlib import Path
+
+from trainscale.bench.validity import REJECTED, mark, notes
 
 SECTIONS = ("data", "compute", "communication", "optimizer", "other")
 
@@ -116,6 +119,15 @@ def _fmt(value, pattern: str, missing: str = "-") -> str:
     return missing if value is None else pattern.format(value)
 
 
+def _speed(run: dict, key: str, pattern: str) -> str:
+    """A speedup or efficiency as a table shows it: "—(disturbed)" where it is above what the hardware allows,
+    "*" where the run or its baseline was disturbed (bench/validity.py)."""
+    if (run.get("rejected") or {}).get(key) is not None:
+        return REJECTED
+    value = run.get(key)
+    return "-" if value is None else pattern.format(value) + mark(run, key)
+
+
 def markdown_table(study: dict) -> str:
     """Seed 004's table: Version | Workers | Runtime (s) | Speedup | Parallel efficiency (+ a few more)."""
     validated = any(r.get("predicted_step_s") is not None for r in study["runs"])
@@ -130,15 +142,16 @@ def markdown_table(study: dict) -> str:
                          + (" | - | - | -" if validated else "") + " |")
             continue
         breakdown = r.get("breakdown") or {}
-        row = [r["label"], str(r["world_size"]), f"{r['runtime_s']:.1f}", _fmt(r.get("speedup"), "{:.2f}x"),
-               _fmt(r.get("efficiency"), "{:.0%}"), _fmt(r.get("achievable_speedup"), "{:.2f}x"),
-               _fmt(r.get("efficiency_vs_achievable"), "{:.0%}"), _fmt(r.get("samples_per_s"), "{:.0f}"),
+        own = mark(r, "runtime_s")  # a disturbed run's own figures carry "*"; a rejected speedup is not shown
+        row = [r["label"], str(r["world_size"]), f"{r['runtime_s']:.1f}{own}", _speed(r, "speedup", "{:.2f}x"),
+               _speed(r, "efficiency", "{:.0%}"), _fmt(r.get("achievable_speedup"), "{:.2f}x"),
+               _speed(r, "efficiency_vs_achievable", "{:.0%}"), _fmt(r.get("samples_per_s"), "{:.0f}") + own,
                _fmt(breakdown.get("communication_fraction"), "{:.0%}"),
                _fmt(breakdown.get("communication_overlapped_fraction"), "{:.0%}")]
         if validated:
             steady = (r.get("steady") or {}).get("step_time_s") or r.get("step_time_s")
             pred = r.get("prediction") or {}
-            row += [_fmt(None if steady is None else steady * 1e3, "{:.1f}"),
+            row += [_fmt(None if steady is None else steady * 1e3, "{:.1f}") + own,
                     _fmt(None if pred.get("step_s") is None else pred["step_s"] * 1e3, "{:.1f}"),
                     _fmt(pred.get("error"), "{:+.0%}")]
         lines.append("| " + " | ".join(row) + " |")
@@ -161,7 +174,8 @@ def sweep_table(study: dict) -> str:
             continue
         per_epoch = r["runtime_s"] / r["epochs"] if r.get("epochs") else None
         lines.append(f"| {r['label']} | {r['world_size']} | {r['per_rank_batch']} | {r['global_batch']} | "
-                     f"{_fmt(per_epoch, '{:.2f}')} | {_fmt(r.get('samples_per_s'), '{:.0f}')} | "
+                     f"{_fmt(per_epoch, '{:.2f}')}{mark(r, 'runtime_s')} | "
+                     f"{_fmt(r.get('samples_per_s'), '{:.0f}')}{mark(r, 'runtime_s')} | "
                      f"{_fmt(r.get('accuracy'), '{:.1%}')} |")
     return "\n".join(lines)
 
@@ -171,7 +185,8 @@ CSV_FIELDS = ("config", "label", "status", "world_size", "nodes", "nproc_per_nod
               "achievable_speedup", "efficiency_vs_achievable", "hardware",
               "train_loss", "test_loss", "accuracy", "data_s", "compute_s", "communication_s", "optimizer_s",
               "other_s", "communication_fraction", "communication_total_s", "communication_overlapped_s",
-              "communication_overlapped_fraction", "buckets", "strategy", "predicted_step_s", "launch_s", "timed")
+              "communication_overlapped_fraction", "buckets", "strategy", "predicted_step_s", "launch_s", "timed",
+              "disturbed", "speedup_disturbed", "rejected_speedup", "rejected_reason")
 
 
 def csv_text(study: dict) -> str:
@@ -185,6 +200,8 @@ def csv_text(study: dict) -> str:
             row[f"{key}_s"] = breakdown.get(key)
         for key in ("communication_fraction", "communication_overlapped_fraction", "buckets"):
             row[key] = breakdown.get(key)
+        rejected = r.get("rejected") or {}
+        row["rejected_speedup"], row["rejected_reason"] = rejected.get("speedup"), rejected.get("reason")
         writer.writerow(row)
     return buf.getvalue()
 
@@ -197,6 +214,7 @@ def markdown_document(study: dict, plots: dict[str, str]) -> str:
              f"{mode}; baseline {study['baseline']}; {env['device']}, {env['cores']} cores on {env['host']}; "
              f"torch {env['torch']}, trainscale {env['trainscale']}.", "",
              sweep_table(study) if spec.get("sweep_batches") else markdown_table(study), ""]
+    parts += [f"{line}\n" for line in notes(study)]
     if study.get("shared_hardware"):
         parts += [f"**Shared hardware:** {study['shared_hardware']}", ""]
     check = model_check(study)
@@ -273,8 +291,12 @@ def busy_warning(study: dict) -> str | None:
 
 
 def write_all(out_dir: Path, study: dict, plots: dict[str, str]) -> dict[str, Path]:
+    """results.json, results.csv and results.md (each replaced whole: a reader never sees half a file)."""
     paths = {"json": out_dir / "results.json", "csv": out_dir / "results.csv", "md": out_dir / "results.md"}
-    paths["json"].write_text(json.dumps({**study, "plots": plots}, indent=2, default=str) + "\n")
-    paths["csv"].write_text(csv_text(study))
-    paths["md"].write_text(markdown_document(study, plots))
+    texts = {"json": json.dumps({**study, "plots": plots}, indent=2, default=str) + "\n", "csv": csv_text(study),
+             "md": markdown_document(study, plots)}
+    for key, path in paths.items():
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(texts[key])
+        os.replace(tmp, path)
     return paths

@@ -26,7 +26,7 @@ def launch_spec(spec_plan: Plan, run: PlannedRun, run_dir: Path):
 
     target, module, args, env = _target(spec_plan, run, run_dir)
     return LocalLaunchSpec(target=target, module=module, args=args, nproc_per_node=run.config.nproc_per_node,
-                           log_dir=run_dir / "logs", env=env)
+                           run_dir=run_dir, env=env)  # one directory: metrics.json, records, logs, run.json
 
 
 def job_specs(spec_plan: Plan, out_dir: Path) -> dict:
@@ -63,7 +63,9 @@ def execute_run(plan: Plan, run: PlannedRun, out_dir: Path, display: StudyDispla
 
         outcome = run_job(plan.spec.slurm, jobs[run.name], on_line=lambda text: display.line(run.name, text))
         ok, seconds, summary = outcome.ok, outcome.seconds, outcome.summary
-        record.update(slurm_job=outcome.job_id, log_dir=str(outcome.job_dir))
+        # the job's run directory (made at submission inside runs/<name>/job/) holds its records
+        record.update(slurm_job=outcome.job_id, log_dir=str(outcome.job_dir),
+                      run_dir=_relative(outcome.job_dir.parent, out_dir))
     else:
         from trainscale.launch.local import launch
 
@@ -72,6 +74,7 @@ def execute_run(plan: Plan, run: PlannedRun, out_dir: Path, display: StudyDispla
             result = launch(launch_spec(plan, run, run_dir))
         ok, seconds, summary = result.ok, result.seconds, result.summary
         record["log_dir"] = str(result.log_dir) if result.log_dir else None
+        record["run_dir"] = _relative(run_dir, out_dir)  # where `trainscale report` finds its records
     record.update(launch_s=seconds, metrics_file=str(run_dir / "metrics.json"))
     if not ok:
         record.update(status="failed", failure=summary, **results.record_from_launch(seconds))
@@ -86,9 +89,17 @@ def execute_run(plan: Plan, run: PlannedRun, out_dir: Path, display: StudyDispla
         record.update(status="ok", **results.record_from_metrics(metrics, global_batch=run.global_batch))
         record["nodes"] = metrics.get("num_nodes", record["nodes"])
         record["device"] = metrics.get("device", record["device"])
-        record["other_cpu_share"] = other_load(run_dir) if record["nodes"] == 1 else None
+        record["other_cpu_share"] = other_load(out_dir / record["run_dir"]) if record["nodes"] == 1 else None
         display.finish(run.name, True, f"{record['runtime_s']:.1f}s, {record['samples_per_s']:.0f} samples/s")
     return record
+
+
+def _relative(path: Path, root: Path) -> str:
+    """A run's directory as the study records it: relative to the study, so a moved study still reads."""
+    try:
+        return str(Path(path).absolute().relative_to(Path(root).absolute()))
+    except ValueError:
+        return str(Path(path).absolute())
 
 
 def other_load(run_dir: Path) -> float | None:
@@ -97,7 +108,7 @@ def other_load(run_dir: Path) -> float | None:
     from trainscale.observe.records import read_lines
     from trainscale.observe.sampler import other_cpu_share
 
-    samples = [x for path in sorted(run_dir.rglob("metrics/node-*.jsonl")) for x in read_lines(path)
+    samples = [x for path in sorted(run_dir.glob("metrics/node-*.jsonl")) for x in read_lines(path)
                if x.get("kind") == "sample"]
     return other_cpu_share(samples)
 

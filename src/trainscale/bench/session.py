@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from trainscale.bench import environment, plots as plotting, results
+from trainscale.bench import environment, plots as plotting, results, validity
 from trainscale.bench.study import StudySpec, choose_out_dir, plan
 from trainscale.errors import ConfigError
 
@@ -38,6 +39,8 @@ class Outcome:
     study: dict
     files: dict[str, Path]
     plots: dict[str, str]
+    missing: tuple[str, ...] = ()
+    """Optional parts left out, each with how to get it (``pip install 'trainscale[bench]'``)."""
 
     @property
     def ok(self) -> bool:
@@ -64,15 +67,36 @@ def run_study(spec: StudySpec, *, projection: ProjectionRequest | None = None, v
 
         jobs = prepare(spec.slurm, job_specs(the_plan, out_dir))
     out_dir.mkdir(parents=True, exist_ok=True)
+    started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     runs = execute(the_plan, out_dir, verbose=verbose, console=console, jobs=jobs)
     study = {"target": spec.target, "baseline": the_plan.baseline.token, "environment": environment.collect(),
-             "spec": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items()}, "runs": runs}
+             "spec": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items()},
+             "started_at": started, "command": command(), "runs": runs}
     results.add_speedups(runs, the_plan.baseline.token)
     study["shared_hardware"] = _achievable(study, spec)
-    _predict(study, spec, out_dir, projection, validate)
-    plot_paths = plotting.make_all(study, out_dir) if make_plots else {}
+    validity.assess(runs, the_plan.baseline.token, cores=study["environment"].get("cores"))
+    # the measurements are on disk before anything optional runs (projection, plots): a missing package
+    # or a failed all-reduce benchmark costs only its own part, never the study
+    files = results.write_all(out_dir, study, {})
+    try:
+        _predict(study, spec, out_dir, projection, validate)
+    except ConfigError as exc:
+        study["projection_error"] = exc.message
+    plot_paths: dict[str, str] = {}
+    missing: list[str] = []
+    if make_plots and not plotting.available():
+        missing.append(f"{plotting.MISSING}: pip install 'trainscale[bench]' (then `trainscale report {out_dir}` "
+                       "draws them)")
+    elif make_plots:
+        plot_paths = plotting.make_all(study, out_dir)
     files = results.write_all(out_dir, study, plot_paths)
-    return Outcome(out_dir, study, files, plot_paths)
+    return Outcome(out_dir, study, files, plot_paths, tuple(missing))
+
+
+def command() -> list[str]:
+    from trainscale.launch.rundir import command_line
+
+    return command_line()
 
 
 def _achievable(study: dict, spec: StudySpec) -> str | None:

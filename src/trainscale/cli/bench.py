@@ -179,6 +179,10 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(sweep_table(study) if spec.sweep_batches else markdown_table(study))
     print()
+    from trainscale.bench.validity import notes
+
+    for line in notes(study):
+        print(line)
     if study.get("shared_hardware") and not spec.sweep_batches:
         print(f"Shared hardware: {study['shared_hardware']}")
     from trainscale.bench.results import busy_warning, model_check, suggestions
@@ -196,6 +200,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"{name:>10}: {path}")
     for name, path in outcome.plots.items():
         print(f"{name:>10}: {path}")
+    for line in outcome.missing:
+        print(f"trainscale bench: {line}; the results are written", file=sys.stderr)
+    from trainscale.launch.rundir import shown
+
+    print(f"next: trainscale report {shown(outcome.out_dir)}   (the page: verdicts, tables, plots)")
     failed = [r for r in study["runs"] if r.get("status") != "ok"]
     for r in failed:
         print(f"\n{r['name']} ({r['label']}) failed:\n{r.get('failure', '')}", file=sys.stderr)

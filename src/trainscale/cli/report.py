@@ -1,4 +1,4 @@
-"""`trainscale report RUN_DIR|STUDY_DIR|JOBID`: the efficiency report (parsing and printing only)."""
+"""`trainscale report RUN_DIR|STUDY_DIR|SWEEP_DIR|JOBID`: the page on a run (parsing and printing only)."""
 
 from __future__ import annotations
 
@@ -8,22 +8,27 @@ from pathlib import Path
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainscale.report import gather, render_text, write_report
+    from trainscale.report import build, render_text, write_report
+    from trainscale.report.sources import resolve
 
-    gathered = gather(args.target)
     if args.text:
-        print(render_text(gathered), end="")
+        print(render_text(build(args.target, None)), end="")
         return 0
-    out = Path(args.out) if args.out else gathered.source / "report"
-    files = write_report(gathered, out)
-    print(render_text(gathered), end="")
-    print(f"\nreport: {files['html']}" + (f" (+ {len(files) - 2} plot(s))" if len(files) > 2 else ""), file=sys.stderr)
+    out = Path(args.out) if args.out else resolve(args.target).path / "report"
+    page = build(args.target, out)
+    files = write_report(page, out)
+    print(render_text(page), end="")
+    print(f"\nreport: {files['html']}", file=sys.stderr)
     return 0
 
 
 def register(sub) -> None:
-    p = sub.add_parser("report", help="how well a run used its hardware: verdict, per-rank times, utilisation, MFU")
-    p.add_argument("target", help="a run directory, a bench study directory, or a SLURM job id")
-    p.add_argument("--out", help="where report.html and its PNGs go (default: TARGET/report)")
-    p.add_argument("--text", action="store_true", help="print the summary only, write nothing")
+    p = sub.add_parser("report", help="what ran and how well it used its hardware: verdict, tables, plots (one page)",
+                       description="One self-contained HTML page (and its text) on a run directory, a bench study "
+                                   "directory, a sweep directory or a SLURM job submitted with trainscale: what ran, "
+                                   "where, when and with which versions; a verdict; tables; plots.")
+    p.add_argument("target", help="a run directory (what `trainscale run` names at its end), a `trainscale bench` "
+                                  "study directory, a `trainscale sweep` directory, or a SLURM job id")
+    p.add_argument("--out", help="where report.html, report.txt and the PNGs go (default: TARGET/report)")
+    p.add_argument("--text", action="store_true", help="print the page as text only, write nothing")
     p.set_defaults(func=run)

@@ -105,9 +105,21 @@ def run(args: argparse.Namespace) -> int:
     if not result.ok:
         print(result.summary, file=sys.stderr, flush=True)
         return 1
-    print(f"trainscale: {spec.nproc_per_node} rank(s) finished in {result.seconds:.1f}s; per-rank logs in {result.log_dir}",
-          file=sys.stderr, flush=True)
+    print(finished_lines(spec.nproc_per_node, result), file=sys.stderr, flush=True)
     return 0
+
+
+def finished_lines(ranks: int, result) -> str:
+    """Where the run went, and the command that reads it next."""
+    import shlex
+
+    from trainscale.launch.rundir import shown
+
+    run = shown(result.run_dir)
+    where = (f"run directory {run} (records, every rank's logs, run.json)" if result.run_dir == result.log_dir
+             else f"records in {run}, this node's logs in {shown(result.log_dir)}")
+    return (f"trainscale: {ranks} rank(s) finished in {result.seconds:.1f}s; {where}\n"
+            f"trainscale: next: trainscale report {shlex.quote(run)}")
 
 
 run_raw = run

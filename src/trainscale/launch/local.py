@@ -54,7 +54,11 @@ class LocalLaunchSpec:
     max_restarts: int = 0
     """Restarts of the whole worker group after a failure."""
     log_dir: Path | None = None
-    """Where each rank's stdout/stderr go; a new directory per run under it (default ./trainscale-logs)."""
+    """Where run directories go (torchrun's --log-dir; default ./trainscale-runs): one new directory per run
+    holds its records, every attempt's per-rank logs and what ran (launch/rundir.py)."""
+    run_dir: Path | None = None
+    """This run's directory itself, made by the caller (bench: one per configuration); default: a new one
+    under ``log_dir``."""
     console_all_ranks: bool = False
     """Show every rank's output on the console (prefixed); default: rank 0 only."""
     rdzv_timeout_s: int = 900
@@ -107,8 +111,12 @@ class LocalLaunchSpec:
 class LaunchResult:
     ok: bool
     log_dir: Path | None
+    """This node's per-rank logs (``attempt_<k>/<local rank>/``): the run directory unless the records had
+    a home already (``TRAINSCALE_RUN_DIR``)."""
     summary: str
     seconds: float
+    run_dir: Path | None = None
+    """Where the ranks' records went: what ``trainscale report`` reads."""
 
 
 def worker_env(spec: LocalLaunchSpec, base: dict[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
@@ -204,6 +212,15 @@ def _logging(spec: LocalLaunchSpec, opts: dict, log_root: Path) -> dict:
             "local_ranks_filter": "" if spec.console_all_ranks else "0"}
 
 
+def _logging_options(spec: LocalLaunchSpec) -> dict[str, str]:
+    """redirects, tee and local_ranks_filter as the launch uses them (torchrun's strings)."""
+    from trainscale.launch.torchrun import defaults
+
+    opts = {**vars(defaults()), **spec.torchrun}
+    opts.update(_logging(spec, opts, Path(".")))
+    return {key: opts[key] for key in ("redirects", "tee", "local_ranks_filter")}
+
+
 def launch_config(spec: LocalLaunchSpec, log_root: Path):
     """The LaunchConfig torchrun would build from the same options, then trainscale's defaults where
     the user gave none: rendezvous store, console and log files, loopback for one node."""
@@ -252,9 +269,9 @@ def launch(spec: LocalLaunchSpec) -> LaunchResult:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
-    from trainscale.launch import summary
+    from trainscale.launch import rundir, summary
 
-    log_root = Path(spec.torchrun.get("log_dir") or spec.log_dir or Path("trainscale-logs")).absolute()
+    log_root = Path(spec.run_dir or spec.torchrun.get("log_dir") or spec.log_dir or rundir.DEFAULT_ROOT).absolute()
     extra, notes = worker_env(spec)
     if spec.given("numa_binding") and (extra.pop(PLAN_ENV, None) or os.environ.get(PLAN_ENV)):
         extra[PLAN_ENV] = "none"
@@ -265,24 +282,28 @@ def launch(spec: LocalLaunchSpec) -> LaunchResult:
     os.environ.update(extra)  # the agent copies os.environ into each worker (and torch reads OMP_NUM_THREADS)
     started = time.monotonic()
     previous = _forward_to_workers(FORWARDED_SIGNALS)
-    config = None
+    config = logs = run_dir = None
     try:
         config = launch_config(spec, log_root)  # checks the rendezvous before anything is written
-        log_root.mkdir(parents=True, exist_ok=True)
-        if not os.environ.get(RUN_DIR_VAR):  # where the ranks' own records go (a SLURM job names its run's)
-            saved.setdefault(RUN_DIR_VAR, None)
-            os.environ[RUN_DIR_VAR] = str(log_root / config.run_id)
+        logs, run_dir = _directories(spec, log_root)
+        saved.setdefault(RUN_DIR_VAR, os.environ.get(RUN_DIR_VAR))
+        os.environ[RUN_DIR_VAR] = str(run_dir)  # where the ranks' own records go
+        if not spec.given("logs_specs"):  # torch's agent writes every attempt's logs into the run directory
+            config = dataclasses.replace(config, logs_specs=rundir.logs_specs(logs, **_logging_options(spec)))
+        spec = dataclasses.replace(spec, args=rundir.checkpoint_args(
+            spec.target, spec.args, module=spec.module, max_restarts=spec.max_restarts, run_dir=run_dir))
         python, args = entrypoint(spec)
         elastic_launch(config, python)(*args)
-        return LaunchResult(True, _run_dir(log_root, config.run_id), "", time.monotonic() - started)
+        rundir.end_record(logs, run_dir, ok=True, seconds=time.monotonic() - started)
+        return LaunchResult(True, logs, "", time.monotonic() - started, run_dir)
     except ChildFailedError as exc:
-        run_dir = _run_dir(log_root, config.run_id)
-        failures = summary.from_child_failed(exc, _stderr_logs(run_dir))
+        rundir.end_record(logs, run_dir, ok=False, seconds=time.monotonic() - started)
+        failures = summary.from_child_failed(exc, _stderr_logs(logs))
         low, high = parse_nnodes(spec.nnodes)
         world = spec.nproc_per_node * low if low == high else None
-        text = summary.render(failures, world_size=world, log_dir=run_dir)
+        text = summary.render(failures, world_size=world, log_dir=logs)
         _dump_root_cause(exc, failures[0].rank if failures else None)
-        return LaunchResult(False, run_dir, text, time.monotonic() - started)
+        return LaunchResult(False, logs, text, time.monotonic() - started, run_dir)
     except Exception as exc:  # rendezvous timeouts and closed stores surface here
         name = type(exc).__name__
         store_wait = name == "DistStoreError" and "waiting for clients" in str(exc)  # static rendezvous
@@ -320,7 +341,7 @@ def _dump_root_cause(exc, rank: int | None) -> None:
 
 
 RUN_DIR_VAR = "TRAINSCALE_RUN_DIR"
-"""The run's directory for the ranks' records (metrics/): ``<log dir>/<run id>`` unless set already."""
+"""The run's directory for the ranks' records (metrics/): the run directory unless set already."""
 
 FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 """SLURM's warning signals (``--signal=USR1@90``): the agent passes them on to its workers, whose
@@ -347,10 +368,25 @@ def _forward_to_workers(signals: tuple[int, ...]) -> dict[int, object]:
     return previous
 
 
-def _run_dir(log_root: Path, run_id: str) -> Path | None:
-    """The agent makes ``<log_root>/<run_id>_<random>/attempt_<k>/<local_rank>/std{out,err}.log``."""
-    found = sorted(log_root.glob(f"{run_id}_*"), key=lambda p: p.stat().st_mtime)
-    return found[-1] if found else None
+def _directories(spec: LocalLaunchSpec, log_root: Path) -> tuple[Path, Path]:
+    """(this node's logs, the run directory the records go to): one new directory, or the caller's
+    (``spec.run_dir``); records whose home is set already (a SLURM job's run) stay there."""
+    from trainscale.launch import rundir
+
+    if spec.run_dir is not None:
+        logs = run = spec.run_dir.absolute()
+        logs.mkdir(parents=True, exist_ok=True)
+    else:
+        logs = rundir.create(log_root, rundir.label(spec.target, spec.args, module=spec.module),
+                             multinode=spec.multinode)
+        run = Path(os.environ[RUN_DIR_VAR]).absolute() if os.environ.get(RUN_DIR_VAR) else logs
+    # what ran goes beside the logs, and beside the records when nothing there says it (a SLURM run has
+    # its submission.json; a directory of the user's own, a sweep's task, has nothing)
+    for where in (logs, run) if run == logs or rundir.describes_itself(run) else (logs,):
+        rundir.start_record(where, target=spec.target, args=spec.args, module=spec.module, no_python=spec.no_python,
+                            nproc_per_node=spec.nproc_per_node, nnodes=spec.nnodes, max_restarts=spec.max_restarts,
+                            records=run, logs=logs)
+    return logs, run
 
 
 def _stderr_logs(run_dir: Path | None) -> dict[int, Path]:

@@ -20,8 +20,9 @@ torchrun's meaning of all of them applies."""
 
 EPILOG = """trainscale run is torchrun with trainscale's defaults; a torchrun option you give wins.
 Differences from torchrun when you give no option for them (docs/launch.md has the table):
-  console       rank 0's output on the console, every rank's stdout/stderr in --log-dir (default
-                ./trainscale-logs); --redirects/--tee/--local-ranks-filter switch to torchrun's
+  console       rank 0's output on the console, every rank's stdout/stderr in the run's directory
+                (one per run under --log-dir, default ./trainscale-runs, with its records; `trainscale
+                report DIR` reads it); --redirects/--tee/--local-ranks-filter switch to torchrun's
                 behaviour, --all-ranks shows every rank prefixed [rankN]:
   rendezvous    a single-node run gets a free port on 127.0.0.1 (torchrun: all addresses)
   threads       OMP_NUM_THREADS = cores / ranks when unset (torchrun: 1)

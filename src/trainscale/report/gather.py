@@ -1,5 +1,5 @@
-"""What a report is made of: a run's own records, SLURM's accounting, and the scaling study when the run
-came from `trainscale bench`. Reading only (sacct is a subprocess, injectable)."""
+"""What a report is made of: one run's own records, what ran (run.json, submission.json) and SLURM's
+accounting. Reading only (sacct is a subprocess, injectable)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from trainscale.errors import ConfigError
-from trainscale.observe.records import metrics_dir, read_run
+from trainscale.observe.records import metrics_dir
+from trainscale.observe.records import read_run as read_records
 
 SHARES = ("data", "compute", "backward", "optimizer", "comm")
 """What a step record may split its time into (train/observing.py); comm: exposed communication."""
@@ -123,40 +123,25 @@ def accounting(job_id: str, run: Callable[..., subprocess.CompletedProcess] = su
     return row, "" if row else "sacct returned no row for this job"
 
 
-def resolve_source(target: str) -> tuple[Path, str | None]:
-    """A run directory, a study directory, or a job id (its run directory from trainscale's record)."""
-    path = Path(target)
-    if path.is_dir():
-        return path, None
-    if target.replace("_", "").isdigit():
-        from trainscale.launch.slurm.jobdir import load_record
-
-        record = load_record(target)
-        run_dir = Path(record.run_dir) if record.run_dir else record.job_dir
-        return run_dir, target
-    raise ConfigError(f"{target!r} is neither a directory nor a job id",
-                      hint="give a run directory (it holds metrics/), a bench study directory, or a SLURM job id "
-                           "submitted with trainscale")
-
-
-def gather(target: str, *, sacct_run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> Gathered:
-    source, job_id = resolve_source(target)
-    study = json.loads((source / "results.json").read_text()) if (source / "results.json").exists() else None
-    run_dirs = [source]
-    if study is not None:  # a bench study: the records of its largest successful run
-        ok = [r for r in study.get("runs", []) if r.get("status") == "ok"]
-        if ok:
-            biggest = max(ok, key=lambda r: r["world_size"])
-            run_dirs.insert(0, source / "runs" / biggest["name"])
-    where = next((d for d in run_dirs if metrics_dir(d).is_dir()), None)
-    if where is None and study is None:
-        raise ConfigError(f"{source} holds no run records (no metrics/ directory) and no study",
-                          hint="the built-in workloads record themselves under trainscale run or trainscale slurm "
-                               "(unless TRAINSCALE_RECORD=0); a script of your own records with "
-                               "trainscale.observe.records.RankRecorder (docs/observability.md)")
-    recorded = read_run(where) if where is not None else {"ranks": {}, "nodes": {}, "events": []}
+def read_run(run_dir: Path, *, job_id: str | None = None,
+             sacct_run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> Gathered:
+    """One run's records (``<run_dir>/metrics/``, none when it recorded nothing), what ran (``run.json`` of
+    ``trainscale run``, ``submission.json`` of ``trainscale slurm``) and SLURM's accounting of ``job_id``."""
+    info = _json(run_dir / "run.json") or {}
+    # a node's logs whose records went to the run's home (a SLURM job's run directory): read them there
+    where = Path(info["records"]) if not metrics_dir(run_dir).is_dir() and info.get("records") else run_dir
+    recorded = read_records(where) if metrics_dir(where).is_dir() else {"ranks": {}, "nodes": {}, "events": []}
     ranks = [s for s in (rank_stats(r, recs) for r, recs in recorded["ranks"].items()) if s is not None]
-    submission = json.loads((source / "submission.json").read_text()) if (source / "submission.json").exists() else None
-    acct, note = (accounting(job_id, sacct_run) if job_id else (None, "not a SLURM job (no accounting)"))
-    return Gathered(source=source, ranks=ranks, samples=recorded["nodes"], events=recorded["events"],
-                    accounting=acct, accounting_note=note, study=study, submission=submission)
+    acct, note = (accounting(job_id, sacct_run) if job_id else (None, ""))
+    meta = next((recs[0] for recs in recorded["ranks"].values() if recs and recs[0].get("kind") == "meta"), {})
+    return Gathered(source=run_dir, ranks=ranks, samples=recorded["nodes"], events=recorded["events"],
+                    accounting=acct, accounting_note=note, submission=_json(run_dir / "submission.json"),
+                    extra={"run": info, "meta": meta, "job_id": job_id})
+
+
+def _json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None

@@ -91,3 +91,85 @@ def _strategy_advice(g: Gathered) -> str | None:
     share = (run.get("breakdown") or {}).get("optimizer_fraction")
     return advice(run["strategy"], int(run["world_size"]), share) if share is not None else None
 
+
+
+GOOD_EFFICIENCY = 0.8
+"""Of what the hardware allows: at or above it a configuration scaled well."""
+
+
+def study_findings(study: dict) -> list[Finding]:
+    """A scaling study's verdict: each configuration against what its hardware allows, worst first; figures
+    that cannot be results (bench/validity.py) named with their reason, never as results."""
+    from trainscale.bench.results import busy_warning, model_check, suggestions
+
+    out: list[Finding] = []
+    runs = study.get("runs") or []
+    base = next((r for r in runs if r.get("config") == study.get("baseline")), None)
+    for r in runs:
+        if r.get("status") != "ok":
+            out.append(Finding("problem", f"{r['label']} failed: runs/{r['name']}/failure.txt has the first failing "
+                                          "rank and its traceback"))
+        elif r.get("rejected"):
+            out.append(Finding("problem", f"{r['label']}: no speedup shown: {r['rejected']['reason']}. Measure again "
+                                          "on a quiet machine"))
+        elif r is not base and r.get("speedup") is not None:
+            out.append(_scaling(r, base))
+    for r in runs:
+        if r.get("disturbed") and not r.get("rejected"):
+            out.append(Finding("problem", f"{r['label']} was disturbed: {r['disturbed']} while it ran (its figures "
+                                          "carry *)"))
+    busy = busy_warning(study)
+    if busy and not any(r.get("disturbed") for r in runs):
+        out.append(Finding("problem", busy))
+    out += [Finding("problem", text) for text in suggestions(study)]
+    if study.get("shared_hardware"):
+        out.append(Finding("note", study["shared_hardware"]))
+    if model_check(study):
+        out.append(Finding("note", model_check(study)))
+    if study.get("projection_error"):
+        out.append(Finding("note", f"no projection: {study['projection_error']}"))
+    order = {"problem": 0, "note": 1, "good": 2}
+    return sorted(out, key=lambda f: order[f.level])
+
+
+def _scaling(run: dict, base: dict | None) -> Finding:
+    star = "*" if run.get("speedup_disturbed") else ""
+    against = f" over {base['label']}" if base else ""
+    text = f"{run['label']}: {run['speedup']:.2f}x{star}{against}"
+    eff = run.get("efficiency_vs_achievable")
+    if eff is not None:
+        text += (f", {eff:.0%}{star} of the {run['achievable_speedup']:.2f}x its hardware allows "
+                 f"({run['efficiency']:.0%}{star} parallel efficiency)")
+        level = "good" if eff >= GOOD_EFFICIENCY else "problem"
+    else:
+        text += f", {run['efficiency']:.0%}{star} parallel efficiency"
+        level = "good" if run["efficiency"] >= GOOD_EFFICIENCY else "problem"
+    if star:
+        text += f" (* disturbed: {run['speedup_disturbed']})"
+        level = "note" if level == "good" else level
+    return Finding(level, text)
+
+
+def sweep_findings(results: list, metric: str | None) -> list[Finding]:
+    """A sweep's verdict: how many tasks finished, which failed, and the best configuration by ``metric``."""
+    done = [r for r in results if r.state == "finished"]
+    failed = [r for r in results if r.state.startswith("failed")]
+    pending = [r for r in results if r.state == "pending"]
+    out = [Finding("problem", f"task {r.index} ({_config(r)}) {r.state}: its log is in task-{r.index}/")
+           for r in failed]
+    if pending:
+        out.append(Finding("note", f"{len(pending)} task(s) not finished (queued, running or never started): "
+                                   f"{', '.join(str(r.index) for r in pending)}"))
+    have = [r for r in results if metric and metric in r.metrics]
+    if have:
+        best = have[0]
+        out.append(Finding("good", f"best by {metric}: task {best.index} ({_config(best)}), {metric} "
+                                   f"{best.metrics[metric]:.6g}"))
+    out.append(Finding("note" if failed or pending else "good",
+                       f"{len(done)} of {len(results)} task(s) finished"))
+    order = {"problem": 0, "note": 1, "good": 2}
+    return sorted(out, key=lambda f: order[f.level])
+
+
+def _config(result) -> str:
+    return " ".join(f"{k}={v}" for k, v in result.config.items())

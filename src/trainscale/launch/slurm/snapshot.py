@@ -40,7 +40,7 @@ from trainscale.errors import ConfigError
 MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
 SKIP_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".tox", ".nox", ".mypy_cache",
                        ".pytest_cache", ".ruff_cache", ".ipynb_checkpoints", "node_modules", ".eggs",
-                       "trainscale-jobs", "trainscale-logs"})
+                       "trainscale-jobs", "trainscale-runs"})
 LINK_DIRS = frozenset({"data", "datasets", "dataset", "checkpoints", "checkpoint", "ckpt", "ckpts", "runs", "outputs",
                        "output", "logs", "results", "wandb", "mlruns", "lightning_logs", "bench-out"})
 LINK_SUFFIXES = frozenset({".pt", ".pth", ".ckpt", ".safetensors", ".bin", ".npy", ".npz", ".h5", ".hdf5",

@@ -1,0 +1,117 @@
+"""The report's own PNGs (matplotlib, Agg): a run's step time and time shares per rank, utilisation over
+time, and a study's measured vs predicted step times. None of them without matplotlib: the page then
+has its tables and says how to get the plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainscale.report.gather import Gathered
+
+SHARE_LABELS = {"data": "data", "compute": "forward", "backward": "backward", "optimizer": "optimizer",
+                "comm": "comm (exposed)", "other": "other"}
+"""The per-rank table's column names: the legend says what the table says."""
+COLOURS = {"data": "#8da0cb", "compute": "#66c2a5", "backward": "#a6d854", "optimizer": "#e78ac3", "comm": "#fc8d62",
+           "other": "#b3b3b3"}
+MISSING = "plots need matplotlib, which is not installed: pip install 'trainscale[bench]'"
+WIDE = (10, 4)
+"""Inches at 100 dpi: the page's width, so a plot is as wide as the tables above it."""
+
+
+def pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save(fig, path: Path, plt) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, bbox_inches="tight")  # titles and outside legends never clipped
+    plt.close(fig)
+    return path
+
+
+def run_plots(g: Gathered, out: Path, prefix: str = "") -> list[tuple[str, Path]]:
+    """(caption, PNG) of one run: step time and time shares per rank, utilisation over time."""
+    plt = pyplot()
+    if plt is None or not g.ranks:
+        return []
+    made = []
+    names = [str(r.rank) for r in g.ranks]
+    fig, ax = plt.subplots(figsize=WIDE)
+    ax.bar(names, [r.step_median_s * 1e3 for r in g.ranks], color="#1b9e77", label="median")
+    ax.scatter(names, [r.step_p90_s * 1e3 for r in g.ranks], color="#d95f02", zorder=3, label="p90")
+    ax.set_xlabel("rank")
+    ax.set_ylabel("step time (ms)")
+    ax.set_title("Step time per rank")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    made.append(("Step time per rank", save(fig, out / f"{prefix}step-time.png", plt)))
+
+    fig, ax = plt.subplots(figsize=WIDE)
+    bottom = [0.0] * len(names)
+    for key, colour in COLOURS.items():
+        values = [r.shares[key] * 1e3 for r in g.ranks]
+        ax.bar(names, values, bottom=bottom, color=colour, label=SHARE_LABELS[key])
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set_xlabel("rank")
+    ax.set_ylabel("ms per step")
+    ax.set_title("Where each rank's step goes")
+    ax.set_ylim(0, max(bottom) * 1.08)  # the stack's top (other) inside the axes
+    handles, labels = ax.get_legend_handles_labels()  # top to bottom as the bars stack, beside them, never over
+    ax.legend(handles[::-1], labels[::-1], loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    made.append(("Time shares per rank", save(fig, out / f"{prefix}time-shares.png", plt)))
+
+    series = utilisation(g)
+    if series:
+        fig, ax = plt.subplots(figsize=WIDE)
+        for label, (ts, values) in series.items():  # markers: a short run may have one sample
+            ax.plot(ts, values, marker="o", ms=3, label=label)
+        ax.set_xlim(left=0, right=max(1.0, max(max(t) for t, _ in series.values()) * 1.02))
+        ax.set_xlabel("seconds since the first sample")
+        ax.set_ylabel("utilisation (%)")
+        ax.set_ylim(0, max(100, max(max(v) for _, v in series.values()) * 1.05))
+        ax.set_title("Utilisation over time")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+        made.append(("Utilisation over time", save(fig, out / f"{prefix}utilisation.png", plt)))
+    return made
+
+
+def utilisation(g: Gathered) -> dict[str, tuple[list[float], list[float]]]:
+    series: dict[str, tuple[list[float], list[float]]] = {}
+    starts = [s["t"] for samples in g.samples.values() for s in samples]
+    if not starts:
+        return series
+    t0 = min(starts)
+    for host, samples in g.samples.items():
+        for s in samples:
+            for gpu in s.get("gpus", []):
+                ts, vs = series.setdefault(f"{host} GPU {gpu['index']}", ([], []))
+                ts.append(s["t"] - t0)
+                vs.append(float(gpu.get("util_pct") or 0.0))
+            for i, proc in enumerate(s.get("procs", [])):
+                ts, vs = series.setdefault(f"{host} rank process {i} CPU", ([], []))
+                ts.append(s["t"] - t0)
+                vs.append(float(proc.get("cpu_pct") or 0.0))
+    return series
+
+
+def model_plot(study: dict, out: Path) -> Path | None:
+    """The scaling model's prediction beside each measured run (``bench --validate``)."""
+    plt = pyplot()
+    measured = [r for r in study.get("runs", []) if r.get("status") == "ok" and r.get("prediction")]
+    if plt is None or not measured:
+        return None
+    fig, ax = plt.subplots(figsize=WIDE)
+    xs = [str(r["world_size"]) + ("*" if r.get("disturbed") else "") for r in measured]
+    ax.plot(xs, [r["prediction"]["measured_step_s"] * 1e3 for r in measured], "o-", label="measured")
+    ax.plot(xs, [r["prediction"]["step_s"] * 1e3 for r in measured], "s--", label="predicted")
+    ax.set_xlabel("ranks (* disturbed by other work)")
+    ax.set_ylabel("step time after the first epoch (ms)")
+    ax.set_title("Scaling model: measured and predicted")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return save(fig, out / "measured-vs-predicted.png", plt)
