@@ -44,15 +44,16 @@ SLURM_ONLY = ("profile", "gpus_per_node", "time", "account", "partition", "reser
 
 def add_slurm_options(p: argparse.ArgumentParser, nodes_help: str) -> None:
     p.add_argument("--slurm", action="store_true", help="run as SLURM jobs (as `trainscale slurm --submit`)")
-    p.add_argument("--profile", default=None)
+    p.add_argument("--profile", default=None, help="the cluster profile of the jobs (`trainscale profiles`)")
     p.add_argument("--nodes", default=None, help=nodes_help)
     p.add_argument("--gpus-per-node", type=int, default=None, help="on CPU-only profiles: ranks per node")
     p.add_argument("--time", default=None, help="time limit of each job")
-    p.add_argument("--account")
-    p.add_argument("--partition")
-    p.add_argument("--reservation")
-    p.add_argument("--launcher", choices=("torchrun", "srun"))
-    p.add_argument("--python")
+    p.add_argument("--account", help="sbatch -A of the jobs (default: the profile's)")
+    p.add_argument("--partition", help="sbatch -p of the jobs (default: the profile's)")
+    p.add_argument("--reservation", help="sbatch --reservation of the jobs")
+    p.add_argument("--launcher", choices=("torchrun", "srun"),
+                   help="one torchrun per node or one srun task per rank (default: the profile's)")
+    p.add_argument("--python", help="the Python the jobs run (default: as `trainscale slurm` chooses it)")
     p.add_argument("--poll", type=float, default=None, help="seconds between queue polls")
 
 
@@ -76,27 +77,33 @@ def slurm_target(ns: argparse.Namespace):
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="trainscale bench", usage=HELP)
-    p.add_argument("--workload", default=None)
-    p.add_argument("--configs", default=None)
-    p.add_argument("--scaling", default="weak", choices=("weak", "strong"))
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--max-steps", type=int, default=None)
-    p.add_argument("--data", default=None)
-    p.add_argument("--samples", type=int, default=None)
-    p.add_argument("--baseline", default=None)
-    p.add_argument("--sweep-batch", default=None)
-    p.add_argument("--out", default=None)
-    p.add_argument("--project-to", type=int, default=None)
-    p.add_argument("--interconnect", default=None)
-    p.add_argument("--links-per-node", type=int, default=None)
-    p.add_argument("--overlap", type=float, default=1.0)
+    p = argparse.ArgumentParser(prog="trainscale bench", usage=HELP.split("\n\n")[0].removeprefix("usage: "),
+                                description=HELP.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workload", default=None, help="a built-in workload (`trainscale workloads`); or give SCRIPT [ARGS...]")
+    p.add_argument("--configs", default=None,
+                   help="configurations to run: cpu, N ranks here, NxM / Nn with --slurm (default: 1,2)")
+    p.add_argument("--scaling", default="weak", choices=("weak", "strong"),
+                   help="weak: --batch-size per rank (seed 004's recipe); strong: --batch-size is the global batch "
+                        "(default: weak)")
+    p.add_argument("--batch-size", type=int, default=16, help="per-rank (weak) or global (strong) batch (default: 16)")
+    p.add_argument("--epochs", type=int, default=2, help="epochs of every run (default: 2)")
+    p.add_argument("--max-steps", type=int, default=None, help="stop every run after this many optimizer steps")
+    p.add_argument("--data", default=None, help="the workload's --data (default: its own)")
+    p.add_argument("--samples", type=int, default=None, help="the workload's --samples for synthetic data")
+    p.add_argument("--baseline", default=None, help="the configuration speedups are relative to (default: the first)")
+    p.add_argument("--sweep-batch", default=None, help="per-rank batches to run every configuration with, e.g. 16,32,64")
+    p.add_argument("--out", default=None, help="the study's new directory (default: bench-out/<date-time>)")
+    p.add_argument("--project-to", type=int, default=None, help="project the step time to this many ranks")
+    p.add_argument("--interconnect", default=None,
+                   help="the network of the projection: a preset (--list-interconnects) or 'measured'")
+    p.add_argument("--links-per-node", type=int, default=None, help="network links per node of the projection")
+    p.add_argument("--overlap", type=float, default=1.0,
+                   help="share of the all-reduce the projection lets backward hide, 0..1 (default: 1)")
     p.add_argument("--validate", action="store_true",
                    help="predict the measured multi-rank runs from the 1-rank run and measured busbw")
-    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--no-plots", action="store_true", help="write the results without the PNG plots")
     p.add_argument("--verbose", action="store_true", help="show rank 0's output above the progress table")
-    p.add_argument("--list-interconnects", action="store_true")
+    p.add_argument("--list-interconnects", action="store_true", help="list the projection's network presets and exit")
     add_slurm_options(p, "node counts to add as Nn configurations, e.g. 1,2 (with --slurm)")
     return p
 
@@ -160,7 +167,7 @@ def build(argv: list[str]):
 def run(args: argparse.Namespace) -> int:
     argv = list(args.argv)
     if argv and argv[0] in ("-h", "--help"):
-        print(HELP)
+        _parser().print_help()
         return 0
     if argv and argv[0] == "allreduce":
         return run_allreduce(argv[1:])
@@ -218,10 +225,10 @@ def run_allreduce(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="trainscale bench allreduce")
     p.add_argument("--sizes", default=DEFAULT_SIZES, help="SMALLEST..LARGEST (doubling) or a list, e.g. 1KB..16MB")
     p.add_argument("--nproc", type=int, default=None, help="ranks on this node (with --slurm: per node)")
-    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--iters", type=int, default=20, help="timed iterations per size at most (default: 20)")
     p.add_argument("--budget", type=float, default=1.0, help="seconds per size at most")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--out", default=None)
+    p.add_argument("--device", default="auto", help="auto (GPUs when visible), cpu or cuda")
+    p.add_argument("--out", default=None, help="the results' new directory (default: bench-out/allreduce/<date-time>)")
     p.add_argument("--hook", default="none", choices=HOOKS,
                    help="none: the backend's all-reduce; shm: DDP's shared-memory average (CPU ranks of one node); "
                         "auto: as --strategy ddp's default")

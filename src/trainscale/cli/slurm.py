@@ -104,9 +104,16 @@ def _parser() -> argparse.ArgumentParser:
     act.add_argument("--submit", action="store_true", help="lint, write the script and sbatch it")
     act.add_argument("--watch", action="store_true", help="after --submit, follow the job to its end")
     act.add_argument("--poll", type=float, default=2.0, help="seconds between queue polls with --watch")
-    act.add_argument("--watch-timeout", type=float)
+    act.add_argument("--watch-timeout", type=float, help="seconds --watch follows the job at most (default: until it ends)")
     act.add_argument("--workload", help=argparse.SUPPRESS)
     p.add_argument("script", nargs="?", help=argparse.SUPPRESS)
+    from trainscale.config import field_docs
+    from trainscale.launch.slurm.spec import SlurmJobSpec
+
+    docs = field_docs(SlurmJobSpec)  # the job spec's field says what the option does: described once
+    for action in p._actions:
+        if not action.help and action.dest in docs:
+            action.help = docs[action.dest].replace("``", "").replace("%", "%%")
     return p
 
 

@@ -43,10 +43,23 @@ def _grid(ns) -> dict[str, list[str]]:
     return parse_grid(ns.grid) if ns.grid else load_grid_file(ns.grid_file)
 
 
+def sweep_parser() -> argparse.ArgumentParser:
+    """trainscale slurm's options, the sweep's own, and the sweep's description: `trainscale sweep --help`."""
+    from trainscale.cli.slurm import _parser
+
+    p = _parser()
+    p.prog, p.usage, p.description = "trainscale sweep", argparse.SUPPRESS, HELP
+    _extend(p)
+    return p
+
+
 def run(args: argparse.Namespace) -> int:
     argv = list(args.argv)
     if argv[:1] == ["status"]:
         return status(argv[1:])
+    if argv[:1] in (["-h"], ["--help"]):
+        sweep_parser().print_help()
+        return 0
     import dataclasses
     import os
 
@@ -155,10 +168,11 @@ def run_local(spec, ns) -> int:
 def status(argv: list[str]) -> int:
     from trainscale.launch.slurm.sweep import choose_metric, gather, plot, ranked, table, write_results
 
-    p = argparse.ArgumentParser(prog="trainscale sweep status")
-    p.add_argument("dir")
+    p = argparse.ArgumentParser(prog="trainscale sweep status", description="A sweep's results, best first: a table, "
+                                "CSV and Markdown files and a plot in its directory.")
+    p.add_argument("dir", help="the sweep's run directory (printed by trainscale sweep)")
     p.add_argument("--metric", help="rank by this metric (default: test_loss, val_loss, loss or train_loss)")
-    p.add_argument("--higher-is-better", action="store_true")
+    p.add_argument("--higher-is-better", action="store_true", help="rank the largest value first (e.g. accuracy)")
     ns = p.parse_args(argv)
     results = gather(Path(ns.dir))
     metric = choose_metric(results, ns.metric)

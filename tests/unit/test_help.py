@@ -1,0 +1,68 @@
+"""Every option of every subcommand says what it does in ``--help`` (issue 21 item 8), and each command's help is
+its own (`sweep --help` once printed `trainscale slurm`'s)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from trainscale.cli import bench, slurm, sweep, tune
+from trainscale.cli.main import build_parser, main
+from trainscale.launch.torchrun import parser as torchrun_parser
+from trainscale.train.options import add_common_arguments
+
+
+def undescribed(parser: argparse.ArgumentParser, path: str) -> list[str]:
+    out = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out += undescribed(sub, f"{path} {name}")
+        elif isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+            continue
+        elif action.dest == "argv":  # a raw command: its own parser is checked below
+            continue
+        elif not action.help:  # SUPPRESS: hidden on purpose, described in the command's text
+            out.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
+    return out
+
+
+def workload_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser()
+    add_common_arguments(p)
+    return p
+
+
+PARSERS = {
+    "trainscale": build_parser,
+    "trainscale run (torchrun's options)": torchrun_parser,
+    "trainscale run --workload": workload_parser,
+    "trainscale slurm": slurm._parser,
+    "trainscale sweep": sweep.sweep_parser,
+    "trainscale bench": bench._parser,
+    "trainscale tune": tune._parser,
+}
+
+
+@pytest.mark.parametrize("name", list(PARSERS))
+def test_every_option_is_described(name):
+    assert undescribed(PARSERS[name](), name) == []
+
+
+def exit_code(argv: list[str]) -> int | None:
+    try:
+        return main(argv)
+    except SystemExit as exc:  # argparse's own --help
+        return exc.code
+
+
+@pytest.mark.parametrize("argv, own", [
+    (["sweep", "--help"], "trainscale sweep"), (["bench", "--help"], "--configs CONFIGS"),
+    (["bench", "allreduce", "--help"], "--iters ITERS"), (["tune", "--help"], "--budget BUDGET"),
+    (["run", "--workload", "gpt", "--help"], "--seq-len SEQ_LEN"), (["sweep", "status", "--help"], "--metric"),
+])
+def test_each_command_prints_its_own_help(capsys, argv, own):
+    assert exit_code(argv) in (0, None)
+    out = capsys.readouterr().out
+    assert own in out and "usage: trainscale slurm" not in out
