@@ -4,13 +4,8 @@ for a workload or script within a time budget; print the best with its gain and 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
-import subprocess
-import sys
-import tempfile
-import time
 from pathlib import Path
 
 from trainscale.errors import ConfigError
@@ -85,90 +80,34 @@ def build(argv: list[str]):
     return spec, out
 
 
-def trial_command(spec, setting, metrics: Path, log_dir: Path) -> tuple[list[str], dict[str, str]]:
-    """The `trainscale run` line of one trial and its environment."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINSCALE_TRAIN_",))}
-    env["TRAINSCALE_RECORD"] = "0"  # a trial measures the training, not the recording
-    head = [sys.executable, "-m", "trainscale", "run", "--nproc-per-node", str(spec.nproc_per_node),
-            "--log-dir", str(log_dir)]
-    if spec.script is not None:
-        from trainscale.bench.study import BATCH_ENV, METRICS_ENV
-
-        if setting.threads is not None:
-            env["OMP_NUM_THREADS"] = str(setting.threads)
-        env.update({METRICS_ENV: str(metrics), BATCH_ENV: str(setting.batch_size)})
-        args = [a.replace("{batch}", str(setting.batch_size)) for a in spec.script_args]
-        return [*head, spec.script, *args], env
-    args = [*spec.workload_args, "--device", spec.device, "--loader", spec.loader, "--max-steps", str(spec.max_steps),
-            "--epochs", "1000", "--log-every", "0", "--metrics-out", str(metrics), *setting.workload_args(spec.strategy)]
-    if "--strategy" not in args:
-        args += ["--strategy", spec.strategy]
-    return [*head, "--workload", spec.workload, *args], env
-
-
-def measure(spec, setting, work: Path, n: int) -> "Trial":
-    from trainscale.bench.tune import Trial
-
-    metrics = work / f"trial-{n}.json"
-    argv, env = trial_command(spec, setting, metrics, work / "logs")
-    started = time.monotonic()
-    done = subprocess.run(argv, env=env, capture_output=True, text=True)
-    seconds = time.monotonic() - started
-    if done.returncode != 0:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        return Trial(setting, None, seconds, " / ".join(tail) or f"exit {done.returncode}")
-    if not metrics.exists():
-        return Trial(setting, None, seconds, "the run wrote no metrics (a script reports through "
-                                             "trainscale.bench.metrics.EpochRecorder, as for trainscale bench)")
-    data = json.loads(metrics.read_text())
-    epochs = data.get("epochs") or []
-    samples = sum(e["samples_per_s"] * e["time_s"] for e in epochs)
-    elapsed = sum(e["time_s"] for e in epochs)
-    return Trial(setting, samples / elapsed if elapsed else None, seconds)
-
-
 def run(args: argparse.Namespace) -> int:
-    from trainscale.bench.tune import Search, gain, render_config
+    from trainscale.bench.tune import gain, knobs, render_config
+    from trainscale.bench.tuning import tune
 
     argv = list(args.argv)
     if argv and argv[0] in ("-h", "--help"):
         _parser().print_help()
         return 0
     spec, out = build(argv)
-    search = Search(spec)
-    work = Path(tempfile.mkdtemp(prefix="trainscale-tune-"))
-    started = time.monotonic()
     print(f"trainscale tune: {spec.workload or spec.script}, {spec.nproc_per_node} rank(s) on {spec.device}, "
           f"budget {spec.budget_s:.0f}s, {spec.max_steps} steps per trial; knobs: "
-          f"{', '.join(k for k, _ in search.plan)}", flush=True)
-    n = 0
-    while (setting := search.next()) is not None and (n == 0 or search.time_left(time.monotonic() - started)):
-        n += 1
-        trial = measure(spec, setting, work, n)
-        search.record(trial)
-        rate = f"{trial.samples_per_s:.0f} samples/s" if trial.samples_per_s else f"failed: {trial.failure}"
-        print(f"  {n:>2}. {setting.describe():<45} {rate}  ({trial.seconds:.0f}s)", flush=True)
-        if n == 1 and not trial.samples_per_s:
-            raise ConfigError(f"the defaults do not run: {trial.failure}",
-                              hint="run the same line with `trainscale run` to see the whole error")
-    if setting is not None:
-        print(f"  (budget reached: {len(search.trials)} trial(s); raise --budget to search further)")
-    best, default = search.best, search.default
-    best_rate = default_rate = search.measured(default)
-    if best != default:  # the pair again, one after the other: the gain from one moment of the machine
-        default_rate = measure(spec, default, work, n + 1).samples_per_s
-        best_rate = measure(spec, best, work, n + 2).samples_per_s
-        g = gain(best_rate, default_rate)
-        print(f"\nbest: {best.describe()}" + (f"; {g:.2f}x the defaults' throughput ({best_rate:.0f} vs "
-                                                 f"{default_rate:.0f} samples/s, measured again side by side)"
+          f"{', '.join(k for k, _ in knobs(spec))}", flush=True)
+    done = tune(spec, say=lambda line: print(line, flush=True))
+    best, default = done.best, done.default
+    if done.budget_reached:
+        print(f"  (budget reached: {len(done.search.trials)} trial(s); raise --budget to search further)")
+    if best != default:
+        g = gain(done.best_rate, done.default_rate)
+        print(f"\nbest: {best.describe()}" + (f"; {g:.2f}x the defaults' throughput ({done.best_rate:.0f} vs "
+                                                 f"{done.default_rate:.0f} samples/s, measured again side by side)"
                                                  if g else ""))
     else:
-        print(f"\nbest: the defaults ({best.describe()}, {default_rate:.0f} samples/s): nothing tried beat them by "
-              "more than 3%")
+        print(f"\nbest: the defaults ({best.describe()}, {done.default_rate:.0f} samples/s): nothing tried beat them "
+              "by more than 3%")
     if best.batch_size != spec.batch_size:
         print(f"note: the per-rank batch changed from {spec.batch_size} to {best.batch_size}: the global batch and "
               "the training change with it; scale the learning rate to match")
-    out.write_text(render_config(spec, best, default_rate=default_rate, best_rate=best_rate,
+    out.write_text(render_config(spec, best, default_rate=done.default_rate, best_rate=done.best_rate,
                                  host=socket.gethostname()))
     print(f"wrote {out}: trainscale run --nproc-per-node {spec.nproc_per_node} --workload "
           f"{spec.workload or 'NAME'} --config {out}")
