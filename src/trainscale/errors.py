@@ -19,6 +19,16 @@ class ConfigError(TrainscaleError):
     """A bad option, config file, profile or argument, caught before anything is launched."""
 
 
+class MissingOption(ConfigError):
+    """A required option was given by no source (command line, environment, config file, profile)."""
+
+    def __init__(self, section: str, option: str, *, hint: str | None = None) -> None:
+        self.section, self.option = section, option
+        super().__init__(f"{section} option {option!r} is missing",
+                         hint=hint or f"give it on the command line, as TRAINSCALE_{section.upper()}_{option.upper()} "
+                                      f"or in the [{section}] table of --config")
+
+
 class LaunchError(TrainscaleError):
     """The launch environment is inconsistent (ranks, ports, addresses, missing script)."""
 

@@ -66,3 +66,23 @@ def test_mapping_fields_from_the_environment():
     with pytest.raises(ConfigError, match="is not a valid KEY=VALUE"):
         resolve(SlurmJobSpec, section="slurm", environ={"TRAINSCALE_SLURM_ENV": "novalue"},
                 cli={"script": "t.py", "time": "5"})
+
+
+def test_a_required_option_no_source_gave_is_a_typed_error():
+    """The CLI tells which option is missing from the error's field, not from its text (issue 23)."""
+    import dataclasses
+
+    from trainscale.errors import MissingOption
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Job:
+        time: str
+        """Time limit."""
+        nodes: int = 1
+        """Nodes."""
+
+    with pytest.raises(MissingOption) as missing:
+        resolve(Job, section="slurm", environ={}, cli={"nodes": 2})
+    assert (missing.value.section, missing.value.option) == ("slurm", "time")
+    assert "TRAINSCALE_SLURM_TIME" in missing.value.hint
+    assert resolve(Job, section="slurm", environ={"TRAINSCALE_SLURM_TIME": "5"}, cli={})[0].time == "5"

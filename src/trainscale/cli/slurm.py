@@ -7,7 +7,7 @@ import importlib
 import sys
 from pathlib import Path
 
-from trainscale.errors import ConfigError
+from trainscale.errors import ConfigError, MissingOption
 
 HELP = """usage: trainscale slurm [OPTIONS] (SCRIPT | -m MODULE | --workload NAME) [ARGS...]
 
@@ -176,11 +176,11 @@ def build(argv: list[str], environ=None, *, extend=None, command: str = "slurm")
     profile = load_profile(profile_name)
     try:
         spec, _ = resolve(SlurmJobSpec, section="slurm", config=config, environ=environ, cli=cli)
-    except ConfigError as exc:
-        if "time" in str(exc) and "missing" in str(exc):
-            raise ConfigError("--time is required", hint="give the job's time limit, e.g. -t 01:00:00 "
-                                                         "(or time = \"01:00:00\" in the [slurm] table)") from None
-        raise
+    except MissingOption as exc:
+        if exc.option != "time":
+            raise
+        raise ConfigError("--time is required", hint="give the job's time limit, e.g. -t 01:00:00 "
+                                                     "(or time = \"01:00:00\" in the [slurm] table)") from None
     spec = _with_profile_name(spec, profile.name)
     preflight = None
     if spec.workload:

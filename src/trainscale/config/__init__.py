@@ -17,7 +17,7 @@ import typing
 from pathlib import Path
 from typing import Any, Mapping, TypeVar
 
-from trainscale.errors import ConfigError, did_you_mean
+from trainscale.errors import ConfigError, MissingOption, did_you_mean
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -133,6 +133,11 @@ def resolve(cls: type[T], *, section: str, defaults: Mapping[str, Any] | None = 
                 origin.pop(key, None)
             else:
                 origin[key] = source
+    required = [f.name for f in dataclasses.fields(cls) if f.init and f.default is dataclasses.MISSING
+                and f.default_factory is dataclasses.MISSING]
+    missing = [name for name in required if name not in merged]
+    if missing:
+        raise MissingOption(section, missing[0])
     try:
         return cls(**merged), origin
     except TypeError as exc:
