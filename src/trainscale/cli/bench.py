@@ -278,11 +278,8 @@ def run_allreduce(argv: list[str]) -> int:
     return 0
 
 
-run_raw = run
-
-
 def register(sub) -> None:
     p = sub.add_parser("bench", help="scaling study: runtime, speedup, efficiency, breakdown, plots; allreduce",
                        add_help=False, usage=HELP)
     p.add_argument("argv", nargs=argparse.REMAINDER)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, raw=True)

@@ -9,8 +9,8 @@ import sys
 from trainscale._version import __version__
 from trainscale.errors import TrainscaleError
 
-# Each module defines `register(subparsers)` which adds its parser and sets `func`.
-# A module that is missing (not written yet) is skipped, so the CLI grows one file at a time.
+# Each module defines `register(subparsers)`, which adds its parser and sets `func`; a command that parses
+# the rest of its line itself (it passes options on to a script: `run`, `bench SCRIPT`) also sets `raw`.
 SUBCOMMANDS = (
     "run",
     "workloads",
@@ -27,9 +27,6 @@ SUBCOMMANDS = (
 )
 
 
-RAW_COMMANDS: dict = {}
-
-
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser with every subcommand, or with just ``only`` (a known subcommand's name): a command
     imports its own module and not the others' (``trainscale run`` starts sooner)."""
@@ -40,16 +37,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"trainscale {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in (only,) if only in SUBCOMMANDS else SUBCOMMANDS:
-        try:
-            module = importlib.import_module(f"trainscale.cli.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"trainscale.cli.{name}":
-                continue
-            raise
-        module.register(sub)
-        if hasattr(module, "run_raw"):
-            RAW_COMMANDS[name] = module.run_raw
+        importlib.import_module(f"trainscale.cli.{name}").register(sub)
     return parser
+
+
+def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser | None:
+    actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return actions[0].choices.get(name) if actions else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,8 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(argv[0] if argv else None)
     # Commands that pass the rest of the line to a script (`run`, `bench SCRIPT`) parse it themselves:
     # argparse cannot hand options it does not know through a subparser.
-    if argv and argv[0] in RAW_COMMANDS:
-        args = argparse.Namespace(argv=argv[1:], func=RAW_COMMANDS[argv[0]])
+    command = _subcommand(parser, argv[0]) if argv else None
+    if command is not None and command.get_default("raw"):
+        args = argparse.Namespace(argv=argv[1:], func=command.get_default("func"))
     else:
         args = parser.parse_args(argv)
     if not getattr(args, "func", None):

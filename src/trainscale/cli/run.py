@@ -122,11 +122,8 @@ def finished_lines(ranks: int, result) -> str:
             f"trainscale: next: trainscale report {shlex.quote(run)}")
 
 
-run_raw = run
-
-
 def register(sub) -> None:
     p = sub.add_parser("run", help="launch a script or workload on N ranks (torchrun's options, trainscale's defaults)",
                        add_help=False)
     p.add_argument("argv", nargs=argparse.REMAINDER)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, raw=True)

@@ -286,11 +286,8 @@ def submit_and_watch(spec, profile, plan, ns) -> int:
     return 0 if final.state == "COMPLETED" else 1
 
 
-run_raw = run
-
-
 def register(sub) -> None:
     p = sub.add_parser("slurm", help="render, lint, submit and watch a SLURM batch job (torchrun or srun mode)",
                        add_help=False)
     p.add_argument("argv", nargs=argparse.REMAINDER)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, raw=True)

@@ -188,11 +188,8 @@ def status(argv: list[str]) -> int:
     return 0
 
 
-run_raw = run
-
-
 def register(sub) -> None:
     p = sub.add_parser("sweep", help="a grid of configurations as one SLURM job array (or here), and its results",
                        add_help=False, usage=HELP)
     p.add_argument("argv", nargs=argparse.REMAINDER)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, raw=True)

@@ -117,8 +117,6 @@ def run(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     p = sub.add_parser("tune", help="search batch, threads, workers, DDP buckets and compression within a budget",
                        add_help=False)
-    p.set_defaults(func=run)
+    p.add_argument("argv", nargs=argparse.REMAINDER)
+    p.set_defaults(func=run, raw=True)
 
-
-def run_raw(args: argparse.Namespace) -> int:
-    return run(args)
