@@ -210,3 +210,17 @@ def planned_device(device: str, gpus: bool | None) -> str:
     if device not in (None, "auto") or gpus is None:
         return device
     return "cuda" if gpus else "cpu"
+
+
+def check_training(opts: TrainOptions, world_size: int, *, gpus: bool | None, samples: int | None, what: str) -> None:
+    """A loop-based workload's preflight, before anything is launched: the strategy for this world size,
+    batch and accumulation, ``--compile``, and ``samples`` (when cheap to know) enough for every rank."""
+    from trainscale.data import check_shardable
+    from trainscale.strategies import check_strategy
+
+    check_strategy(opts.strategy, world_size, batch_size=opts.batch_size, device=planned_device(opts.device, gpus),
+                   accumulation=opts.grad_accum, compile=opts.compile)
+    if opts.compile:
+        check_compile()
+    if samples is not None:
+        check_shardable(samples, world_size, opts.batch_size, what=what)

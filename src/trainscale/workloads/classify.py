@@ -12,12 +12,11 @@ import torch
 from torch import nn
 
 import trainscale
-from trainscale.data import DeviceTensorLoader, DistributedLoader, check_shardable
+from trainscale.data import DeviceTensorLoader, DistributedLoader
 from trainscale.data.images import ImageSplit, download_mnist, load_images, mnist_present
-from trainscale.strategies import check_strategy
 from trainscale.strategies.base import OptimizerSpec
 from trainscale.train import Loop, Task, TrainOptions, parse
-from trainscale.train.options import apply_threads, check_compile, planned_device
+from trainscale.train.options import apply_threads, check_training
 
 Builder = Callable[[argparse.Namespace], nn.Module]
 """A workload's model from its parsed options (its own ones included)."""
@@ -81,8 +80,5 @@ def check(argv: list[str], world_size: int, name: str, build: Builder, *, gpus: 
     is launched."""
     opts, args = parse(argv, prog=f"trainscale run [launch options] --workload {name}", defaults=defaults, extra=extra)
     build(args)
-    check_strategy(opts.strategy, world_size, batch_size=opts.batch_size, device=planned_device(opts.device, gpus),
-                   accumulation=opts.grad_accum, compile=opts.compile)
-    if opts.compile:
-        check_compile()
-    check_shardable(len(_split(opts, "train")), world_size, opts.batch_size, what=f"'{opts.data}' training set")
+    check_training(opts, world_size, gpus=gpus, samples=len(_split(opts, "train")),
+                   what=f"'{opts.data}' training set")

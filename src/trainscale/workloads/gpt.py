@@ -26,13 +26,12 @@ from torch import nn
 
 import trainscale
 from trainscale.checkpoint import atomic_write_text
-from trainscale.data import DeviceTensorLoader, check_shardable
+from trainscale.data import DeviceTensorLoader
 from trainscale.errors import ConfigError
-from trainscale.strategies import check_strategy
 from trainscale.strategies.base import OptimizerSpec
 from trainscale.train import Loop, Task, TrainOptions, parse
 from trainscale.train.metrics import MetricStreams
-from trainscale.train.options import apply_threads, check_compile, planned_device
+from trainscale.train.options import apply_threads, check_training
 from trainscale.workloads import text
 
 MARKER = "experiment.json"
@@ -194,19 +193,15 @@ def evaluate(model: nn.Module, val: torch.Tensor, rt, batch_size: int) -> float:
 def preflight(argv: list[str], world_size: int, *, gpus: bool | None = None) -> None:
     opts, args = _parse(argv)
     GPT(seq_len=args.seq_len, width=args.n_embd, depth=1, heads=args.n_head)
-    check_strategy(opts.strategy, world_size, batch_size=opts.batch_size,
-                   device=planned_device(opts.device, gpus), accumulation=opts.grad_accum, compile=opts.compile)
-    if opts.compile:
-        check_compile()
+    builtin = not (args.hub_dataset or args.tokenizer)  # the built-in corpus in bytes is cheap to measure here
+    check_training(opts, world_size, gpus=gpus, what="built-in corpus (windows)",
+                   samples=(len(text.encode(text.builtin_corpus())) * 9 // 10 - 1) // args.seq_len if builtin else None)
     exp = Path(args.experiment_dir)
     if exp.exists() and not (exp / MARKER).exists() and any(exp.iterdir()):
         raise ConfigError(f"{exp} exists, is not empty and is not a trainscale experiment",
                           hint="pick a new --experiment-dir; nothing in it was touched")
     if (exp / MARKER).exists():
         check_resumable(exp, args.tokenizer)
-    if not (args.hub_dataset or args.tokenizer):  # the built-in corpus in bytes is cheap to measure here
-        n_windows = (len(text.encode(text.builtin_corpus())) * 9 // 10 - 1) // args.seq_len
-        check_shardable(n_windows, world_size, opts.batch_size, what="built-in corpus (windows)")
 
 
 if __name__ == "__main__":
