@@ -22,8 +22,6 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from trainscale.errors import RankFailed
-
 RUNNER = "trainscale.launch.runner"
 
 
@@ -37,7 +35,7 @@ def launch(fn: Callable[..., Any], /, *args: Any, nproc: int | str = 1, max_rest
     ``all_ranks``: show every rank's output, not rank 0's only."""
     from trainscale.launch.local import LocalLaunchSpec
     from trainscale.launch.local import launch as run_agent
-    from trainscale.launch.runner import read_failures, read_results, write_call
+    from trainscale.launch.runner import failure, read_failures, read_results, write_call
     from trainscale.launch.torchrun import resolve_nproc
 
     ranks = resolve_nproc(nproc)
@@ -51,18 +49,3 @@ def launch(fn: Callable[..., Any], /, *args: Any, nproc: int | str = 1, max_rest
         if not outcome.ok:
             raise failure(read_failures(Path(tmp)), outcome.summary, getattr(fn, "__qualname__", repr(fn)))
         return read_results(Path(tmp), ranks)
-
-
-def failure(records: list[dict[str, Any]], summary: str, what: str) -> RankFailed:
-    """The first rank's recorded exception as a RankFailed (chained to the exception itself), or the
-    launcher's summary when no rank recorded one (killed by a signal, out of memory)."""
-    if not records:
-        return RankFailed(f"{what} failed before any rank recorded an exception:\n{summary.strip()}", rank=None,
-                          traceback=summary)
-    first = records[0]
-    error = RankFailed(f"{what} failed on rank {first['rank']}"
-                       + (f" ({first['host']})" if first.get("host") else "")
-                       + f":\n{first['traceback'].rstrip()}", rank=first["rank"], traceback=first["traceback"])
-    if isinstance(first.get("exception"), BaseException):
-        error.__cause__ = first["exception"]
-    return error

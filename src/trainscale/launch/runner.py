@@ -91,6 +91,23 @@ def read_failures(directory: Path) -> list[dict[str, Any]]:
     return sorted(found, key=lambda r: (any(m in r["traceback"] for m in _PEER_GONE), r["when"], r["rank"]))
 
 
+def failure(records: list[dict[str, Any]], summary: str, what: str):
+    """The first rank's recorded exception as a RankFailed (chained to the exception itself), or the
+    launcher's summary when no rank recorded one (killed by a signal, out of memory)."""
+    from trainscale.errors import RankFailed
+
+    if not records:
+        return RankFailed(f"{what} failed before any rank recorded an exception:\n{summary.strip()}", rank=None,
+                          traceback=summary)
+    first = records[0]
+    error = RankFailed(f"{what} failed on rank {first['rank']}"
+                       + (f" ({first['host']})" if first.get("host") else "")
+                       + f":\n{first['traceback'].rstrip()}", rank=first["rank"], traceback=first["traceback"])
+    if isinstance(first.get("exception"), BaseException):
+        error.__cause__ = first["exception"]
+    return error
+
+
 def _rank() -> int:
     from trainscale.env import detect
 
