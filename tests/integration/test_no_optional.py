@@ -14,9 +14,9 @@ from pathlib import Path
 import trainscale
 from helpers.container_image import copy_distributions
 
-CORE = ("torch", "numpy", "python-hostlist", "psutil", "rich")
+CORE = ("torch", "numpy", "python-hostlist", "psutil", "rich", "cloudpickle")
 OPTIONAL = ("scikit-learn", "matplotlib", "transformers", "accelerate", "tokenizers", "tensorboard", "deepspeed",
-            "hjson", "wandb")
+            "hjson", "wandb", "mlflow-skinny", "nbclient", "ipykernel")
 
 
 def test_cnn_runs_with_nothing_optional_installed(tmp_path):
