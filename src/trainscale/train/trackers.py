@@ -44,7 +44,8 @@ def parse_trackers(value: str | Iterable[str] | None) -> tuple[str, ...]:
     names = tuple(dict.fromkeys(n.strip().lower() for n in items if n.strip()))
     for name in names:
         if name not in TRACKERS:
-            raise ConfigError(f"tracker {name!r} unknown", hint=did_you_mean(name, TRACKERS))
+            raise ConfigError(f"tracker {name!r} unknown: trainscale writes to tensorboard, wandb, mlflow and csv",
+                              hint=did_you_mean(name, TRACKERS))
         package = PACKAGES.get(name)
         if package and importlib.util.find_spec(package) is None:
             raise ConfigError(f"tracker {name} needs the {package} package, which is not installed here",
