@@ -37,7 +37,7 @@ from trainscale.strategies import get_strategy
 from trainscale.strategies.base import OptimizerSource
 from trainscale.train import fault
 from trainscale.train.console import Progress, duration
-from trainscale.train.metrics import LossLog, write_metrics
+from trainscale.train.metrics import LossLog, epoch_curves, write_metrics
 from trainscale.train.observing import Observer
 from trainscale.train.options import TrainOptions
 from trainscale.train.timing import EpochClock, StepClock
@@ -304,12 +304,7 @@ class Loop:
                             train_loss=record["train_loss"], **held_out)
         if self.opts.trackers:  # values already the same on every rank: rank 0 writes them
             self.losses.flush()  # the steps before this one first: W&B takes steps in order only
-            curves = {"epoch": epoch + 1, "train/epoch_loss": record["train_loss"], "train/lr": record["lr"],
-                      "perf/samples_per_s": record["samples_per_s"], "perf/epoch_time_s": epoch_time,
-                      **{"val/" + k.removeprefix("test_"): v for k, v in held_out.items()}}
-            if self.task.tokens_per_sample:
-                curves["perf/tokens_per_s"] = record["tokens_per_s"]
-            self._log(curves, self.step)
+            self._log(epoch_curves(record, held_out), self.step)
         shown = ", ".join(f"held-out loss {v:.4f}" if k == "test_loss" else f"{k} {v:.2%}" if k == "accuracy"
                           else f"{k} {v:.4f}" for k, v in held_out.items())
         eta = self.progress.eta(self.step) if self.step < self.total else None

@@ -50,3 +50,13 @@ def write_metrics(path: str | os.PathLike | None, result: dict[str, Any], runtim
     """The run's metrics as JSON, atomically, on rank 0 (``--metrics-out``)."""
     if path and runtime.is_main:
         atomic_write_text(Path(path), json.dumps(result, indent=2, default=str))
+
+
+def epoch_curves(record: dict[str, Any], held_out: dict[str, float]) -> dict[str, float]:
+    """An epoch's record as the trackers' curves: train/, val/ (held-out, ``test_`` dropped) and perf/."""
+    curves = {"epoch": record["epoch"], "train/epoch_loss": record["train_loss"], "train/lr": record["lr"],
+              "perf/samples_per_s": record["samples_per_s"], "perf/epoch_time_s": record["time_s"],
+              **{"val/" + k.removeprefix("test_"): v for k, v in held_out.items()}}
+    if "tokens_per_s" in record:
+        curves["perf/tokens_per_s"] = record["tokens_per_s"]
+    return curves
