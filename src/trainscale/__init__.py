@@ -1,16 +1,19 @@
 """trainscale: one PyTorch training script from a laptop CPU to many SLURM nodes."""
 
 from trainscale._version import __version__
-from trainscale.errors import CheckpointError, ConfigError, LaunchError, TrainscaleError
+from trainscale.errors import CheckpointError, ConfigError, LaunchError, RankFailed, TrainscaleError
 
 __all__ = [
     "__version__",
     "init",
+    "launch",
+    "slurm",
     "Runtime",
     "TrainscaleError",
     "ConfigError",
     "LaunchError",
     "CheckpointError",
+    "RankFailed",
 ]
 
 
@@ -20,6 +23,10 @@ def __getattr__(name: str):
         from trainscale.train.session import init
 
         return init
+    if name in ("launch", "slurm"):  # trainscale.launch(fn, ...) (a callable package), trainscale.slurm.submit(...)
+        import importlib
+
+        return importlib.import_module(f"trainscale.{name}")
     if name == "Runtime":
         from trainscale.runtime import Runtime
 

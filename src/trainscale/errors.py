@@ -41,6 +41,17 @@ class SlurmError(TrainscaleError):
     """A SLURM command failed or a job ended in a state that is not COMPLETED."""
 
 
+class RankFailed(TrainscaleError):
+    """A rank of a launched function (``trainscale.launch``) or a submitted job (``trainscale.slurm``) raised:
+    ``rank`` is the first that did (None when none recorded an exception), ``traceback`` its traceback as
+    text; the rank's own exception is ``__cause__`` when it could be sent back."""
+
+    def __init__(self, message: str, *, rank: int | None, traceback: str = "", hint: str | None = None) -> None:
+        self.rank = rank
+        self.traceback = traceback
+        super().__init__(message, hint=hint)
+
+
 def did_you_mean(value: str, valid: list[str] | tuple[str, ...]) -> str:
     """A hint listing the valid choices, closest first when one is close."""
     import difflib

@@ -17,9 +17,9 @@ import pytest
 import trainscale
 from helpers.container_image import copy_distributions
 
-CORE = ("torch", "numpy", "python-hostlist", "psutil", "rich")
+CORE = ("torch", "numpy", "python-hostlist", "psutil", "rich", "cloudpickle")
 OPTIONAL = ("scikit-learn", "matplotlib", "transformers", "accelerate", "tokenizers", "tensorboard", "deepspeed",
-            "hjson", "wandb")
+            "hjson", "wandb", "mlflow-skinny", "nbclient", "ipykernel")
 
 
 @pytest.fixture(scope="module")

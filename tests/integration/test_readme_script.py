@@ -1,5 +1,6 @@
 """The README's DDP script, as printed there, runs on one process and on 2 gloo ranks through
-`trainscale run`: it trains (the loss falls), prints once per epoch, and uses no deprecated call."""
+`trainscale run`: it trains (the loss falls), prints once per epoch, logs its loss to metrics.csv, uses no
+deprecated call, resumes from its checkpoint when run again, and `trainscale slurm --requeue` lints it clean."""
 
 from __future__ import annotations
 
@@ -25,14 +26,33 @@ def _losses(output: str) -> list[float]:
 
 
 def test_the_readme_script_runs_on_one_process_and_on_two_ranks(tmp_path):
-    (tmp_path / "train.py").write_text(readme_script())
-    plain = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=240,
+    one, two = tmp_path / "one", tmp_path / "two"
+    for where in (one, two):
+        where.mkdir()
+        (where / "train.py").write_text(readme_script())
+    plain = subprocess.run([sys.executable, "train.py"], cwd=one, capture_output=True, text=True, timeout=240,
                            env={k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE"))})
-    two = trainscale("run", "--nproc-per-node", "2", "--log-dir", "logs", "train.py", cwd=tmp_path)
-    for proc in (plain, two):
+    ranks = trainscale("run", "--nproc-per-node", "2", "--log-dir", "logs", "train.py", cwd=two)
+    for proc in (plain, ranks):
         output = proc.stdout + proc.stderr
         assert proc.returncode == 0, output
         losses = _losses(output)
         assert len(losses) == 5, output  # once per epoch: rank 0 only
         assert losses[-1] < losses[0] / 2, losses
         assert "deprecated" not in output, output
+    logged = next((two / "logs").glob("*/metrics.csv")).read_text().splitlines()
+    assert [row.split(",")[:2] for row in logged[1:]] == [[str(e), "loss"] for e in range(5)], logged
+    assert "metrics go to" in plain.stdout and list((one / "trainscale-logs").glob("run-*/metrics.csv"))
+    again = trainscale("run", "--nproc-per-node", "2", "--log-dir", "logs", "train.py", cwd=two)
+    assert again.returncode == 0 and not _losses(again.stdout), again.stdout + again.stderr
+    assert "resumed from checkpoints/" in again.stdout and "at step 5" in again.stdout, again.stdout
+
+
+def test_requeue_lint_knows_the_readme_script_is_resumable(tmp_path):
+    from trainscale.launch.slurm import SlurmJobSpec, lint
+
+    (tmp_path / "train.py").write_text(readme_script())
+    spec = SlurmJobSpec(script=str(tmp_path / "train.py"), profile="local-test", time="00:10:00", requeue=True)
+    from trainscale.profiles import load_profile
+
+    assert not [f for f in lint(spec, load_profile("local-test")) if "checkpoint through trainscale" in f.message]

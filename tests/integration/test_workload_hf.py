@@ -18,13 +18,17 @@ RUN = ["run", "--nproc-per-node", "2", "--log-dir", "logs", "--workload", "hf-fi
 
 
 def test_trainer_runs_data_parallel_with_per_device_batch_from_the_global_batch(in_tmp, capsys):
-    code = main([*RUN, "--max-steps", "8", "--global-batch", "8", "--output-dir", "out", "--metrics-out", "m.json"])
+    code = main([*RUN, "--max-steps", "8", "--global-batch", "8", "--output-dir", "out", "--metrics-out", "m.json",
+                 "--log-every", "2", "--tracker", "csv"])
     out = capsys.readouterr()
     assert code == 0, out.err
     metrics = json.loads((in_tmp / "m.json").read_text())
     assert metrics["world_size"] == 2 and metrics["per_device_batch"] == 4 and metrics["steps"] == 8
     assert metrics["model"] == "DistributedDataParallel" and metrics["train_loss"] > 0
     assert (in_tmp / "out" / "trainscale-hf.json").exists()
+    # the Trainer's log records reach the trackers through rt.log (rank 0 writes), in its output directory
+    rows = (in_tmp / "out" / "metrics.csv").read_text().splitlines()
+    assert [r.split(",")[0] for r in rows if ",train/loss," in r] == ["2", "4", "6", "8"], rows
 
 
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")

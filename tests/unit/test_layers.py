@@ -16,7 +16,7 @@ LAYERS = {
     "topology": 2,
     "runtime": 3,
     "strategies": 4, "data": 4, "checkpoint": 4, "observe": 4,
-    "launch": 5, "profiles": 5, "config": 5, "train": 5,
+    "launch": 5, "profiles": 5, "config": 5, "train": 5, "slurm": 5,
     "bench": 6, "doctor": 6, "workloads": 6, "report": 6,
     "cli": 7,
 }

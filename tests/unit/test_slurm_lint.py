@@ -240,3 +240,28 @@ def test_partial_node_and_unlimited_time_are_explained(script):
 def test_both_memory_options_are_refused(script):
     with pytest.raises(ConfigError, match="both --mem and --mem-per-gpu"):
         SlurmJobSpec(script=script, time="5", mem="100G", mem_per_gpu="10G")
+
+
+@pytest.mark.parametrize("source, warned", [
+    ("print('hi')\n", True),  # no trainscale at all: the warning signal would end it, too
+    ("import torch\nimport trainscale\nfrom torch.utils.checkpoint import checkpoint\n"
+     "with trainscale.init() as rt:\n    y = torch.utils.checkpoint.checkpoint(f, x)\n    z = checkpoint(f, x)\n", True),
+    ("import trainscale\nwith trainscale.init() as rt:\n    start = rt.resume(model, opt)\n"
+     "    rt.checkpoint(1, model, opt)\n", False),
+    ("from trainscale.checkpoint import Checkpointer\nckpt = Checkpointer('c', rt)\n", False),
+    ("from trainscale.train import Loop, Task\nLoop(rt, opts, task).run()\n", False),
+])
+def test_requeue_or_chain_of_a_script_that_does_not_checkpoint_through_trainscale_warns(tmp_path, source, warned):
+    path = tmp_path / "train.py"
+    path.write_text(source)
+    for continued in ({"requeue": True}, {"chain": 2}):
+        spec = SlurmJobSpec(script=str(path), profile="lumi", time="01:00:00", account="project_465000000", **continued)
+        hits = [f for f in lint(spec, builtin("lumi")) if "does not checkpoint through trainscale" in f.message]
+        assert len(hits) == int(warned), hits
+        if warned:
+            assert hits[0].level == WARNING and "rt.resume(model, optimizer)" in hits[0].hint
+            assert ("--requeue" if "requeue" in continued else "--chain 2") in hits[0].message
+    plain = SlurmJobSpec(script=str(path), profile="lumi", time="01:00:00", account="project_465000000")
+    assert not [f for f in lint(plain, builtin("lumi")) if "checkpoint through" in f.message]  # no requeue: no word
+    workload = SlurmJobSpec(workload="cnn", profile="lumi", time="01:00:00", account="project_465000000", requeue=True)
+    assert not [f for f in lint(workload, builtin("lumi")) if "checkpoint through" in f.message]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import gc
-import logging
 import os
 import sys
 import tempfile
@@ -28,8 +27,6 @@ from trainscale.errors import ConfigError
 from trainscale.runtime.device import pick_backend, pick_device
 from trainscale.runtime.seed import seed_everything
 from trainscale.runtime.threads import apply_thread_count
-
-log = logging.getLogger("trainscale")
 
 
 @dataclass(kw_only=True)
@@ -124,11 +121,6 @@ class Runtime:
             print(f"[rank {self.rank}]", *args, **kwargs, flush=True)
         elif self.is_main:
             print(*args, **kwargs, flush=True)
-
-    def log(self, message: str, *args, level: int = logging.INFO) -> None:
-        """Log on rank 0 only."""
-        if self.is_main:
-            log.log(level, message, *args)
 
     def mean(self, value: float | torch.Tensor) -> float:
         """The mean of a scalar metric over all ranks (every rank gets the same number)."""

@@ -11,8 +11,9 @@ model, an optimizer, a loss, its data), the :class:`Loop` does the rest, the sam
 - gradient accumulation (``--grad-accum``): no gradient sync before the last micro-batch, and
   DeepSpeed's engine stepping every micro-batch, both through the strategy's protocol;
 - evaluation at each epoch's end, per-epoch records (time with the device waited for, samples/s,
-  losses, the optional ``--breakdown``), progress lines with rate and ETA (console.py), metric streams,
-  the per-rank memory table and ``--metrics-out``.
+  losses, the optional ``--breakdown``), progress lines with rate and ETA (console.py), the training
+  curves to the trackers chosen with ``--tracker`` (``rt.log``: train/trackers.py), the per-rank memory
+  table and ``--metrics-out``; where the run's files go, said once at the start.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from trainscale.strategies import get_strategy
 from trainscale.strategies.base import OptimizerSource
 from trainscale.train import fault
 from trainscale.train.console import Progress, duration
-from trainscale.train.metrics import LossLog, MetricStreams, write_metrics
+from trainscale.train.metrics import LossLog, epoch_curves, write_metrics
 from trainscale.train.observing import Observer
 from trainscale.train.options import TrainOptions
 from trainscale.train.timing import EpochClock, StepClock
@@ -75,12 +76,14 @@ class Loop:
     """``Loop(rt, opts, task).run()`` -> the run's result (also written to ``--metrics-out``).
 
     ``checkpoint_dir``: where checkpoints go (default ``--checkpoint-dir``; none: no checkpoints);
-    ``resume``: whether to resume from the newest one there; ``streams``: per-rank metric streams;
-    ``state_file``: a human-readable JSON of the newest checkpoint (seed 003's state.json).
+    ``resume``: whether to resume from the newest one there; ``state_file``: a human-readable JSON of the
+    newest checkpoint (seed 003's state.json); ``tracker_dir``: where the ``--tracker`` trackers write
+    (default: the run directory), ``tracker_id``: their run's id there (gpt: the experiment's own).
     """
 
     def __init__(self, rt: Any, opts: TrainOptions, task: Task, *, checkpoint_dir: str | Path | None = None,
-                 resume: bool = True, streams: MetricStreams | None = None, state_file: Path | None = None) -> None:
+                 resume: bool = True, state_file: Path | None = None, tracker_dir: str | Path | None = None,
+                 tracker_id: str | None = None) -> None:
         self.rt, self.opts, self.task = rt, opts, task
         self.accumulation = opts.grad_accum
         self.steps_per_epoch = len(task.loader) // self.accumulation
@@ -92,8 +95,8 @@ class Loop:
             self.total = opts.max_steps if task.past_epochs else min(opts.max_steps, self.total)
         directory = checkpoint_dir or opts.checkpoint_dir
         self.directory, self.resume, self.state_file = directory, resume, state_file
-        self.losses = LossLog(streams)
-        self.streams = streams
+        self.tracker_dir, self.tracker_id = tracker_dir, tracker_id
+        self.losses = LossLog(self._log if opts.trackers else None)
         self.step = 0
         self.saved_at = -1
         self.checkpoint_stalls: list[float] = []  # seconds training waited, per save
@@ -187,6 +190,9 @@ class Loop:
                                  samples_per_step=self.per_rank_samples * rt.world_size,
                                  epochs=None if self.task.past_epochs else opts.epochs, every=opts.log_every)
         rt.print(self._describe())
+        rt.print(self._where())
+        if opts.trackers:
+            rt.use_trackers(opts.trackers, directory=self.tracker_dir, run_id=self.tracker_id)
         history: list[dict] = []
         preempted = False
         epochs = itertools.count(epoch) if self.task.past_epochs else range(epoch, opts.epochs)
@@ -268,6 +274,18 @@ class Loop:
                 f"batch {opts.batch_size}{accumulation}, {self.steps_per_epoch} steps/epoch, strategy "
                 f"{self.strategy.name}, device {rt.device}")
 
+    def _where(self) -> str:
+        """Where this run's files go (said once, on rank 0)."""
+        run_dir = self.rt.env.run_dir if self.observer.enabled else None
+        parts = [f"run directory {run_dir} (step records: trainscale report {run_dir})" if run_dir else
+                 "no run directory (launch with trainscale run or trainscale slurm for step records)"]
+        parts.append(f"checkpoints in {self.directory}" if self.checkpointer is not None else
+                     "no checkpoints (--checkpoint-dir DIR saves and resumes them)")
+        return "Files: " + "; ".join(parts)
+
+    def _log(self, values: dict[str, float], step: int) -> None:
+        self.rt.log(values, step=step)
+
     def _lr(self) -> float:
         return float(self.lr_optimizer.param_groups[0]["lr"]) if self.lr_optimizer is not None else self.opts.lr
 
@@ -284,9 +302,9 @@ class Loop:
         record["breakdown"] = self.clock.summary()
         self.observer.epoch(epoch + 1, self.model, time_s=epoch_time, samples_per_s=record["samples_per_s"],
                             train_loss=record["train_loss"], **held_out)
-        if self.streams is not None:
-            for key, value in held_out.items():
-                self.streams.add_scalar("val/" + key.removeprefix("test_"), value, self.step)
+        if self.opts.trackers:  # values already the same on every rank: rank 0 writes them
+            self.losses.flush()  # the steps before this one first: W&B takes steps in order only
+            self._log(epoch_curves(record, held_out), self.step)
         shown = ", ".join(f"held-out loss {v:.4f}" if k == "test_loss" else f"{k} {v:.2%}" if k == "accuracy"
                           else f"{k} {v:.4f}" for k, v in held_out.items())
         eta = self.progress.eta(self.step) if self.step < self.total else None
@@ -329,8 +347,6 @@ class Loop:
     def _result(self, history: list[dict], preempted: bool) -> dict[str, Any]:
         rt, strategy = self.rt, self.strategy
         self.losses.flush()
-        if self.streams is not None:
-            self.streams.close()
         result = {"workload": self.task.name, "world_size": rt.world_size, "num_nodes": rt.num_nodes,
                   "device": str(rt.device), "backend": rt.backend, "strategy": strategy.name,
                   "options": asdict(self.opts), "steps": self.step, "epochs": history, "preempted": preempted,

@@ -1,19 +1,14 @@
-"""What the training loop reports: losses kept on the device until a reader needs them, per-rank
-metric streams, and the run's metrics JSON (``--metrics-out``, the format ``trainscale bench`` and
-sweeps read).
-
-Metric streams (seed 003's habit) are grouped under one experiment: a TensorBoard event file per
-rank under ``<experiment>/tensorboard/rank<N>`` and, when wandb is installed, one offline wandb run
-per rank in a group named after the experiment. Either backend is optional.
+"""What the training loop reports: losses kept on the device until a reader needs them (then handed to
+``rt.log`` and the trackers: train/trackers.py), and the run's metrics JSON (``--metrics-out``, the format
+``trainscale bench`` and sweeps read).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -26,10 +21,11 @@ FLUSH_EVERY = 256
 class LossLog:
     """Per-step losses, kept on the device: reading one back (``float(loss)``) waits for the GPU, and
     doing it every micro-step stalls the pipeline. :meth:`flush` reads all pending ones in one transfer,
-    when a log line, a checkpoint or the end needs them, and hands them to the metric streams."""
+    when a log line, a checkpoint or the end needs them, and hands each to ``log(values, step)``
+    (``rt.log``) when given."""
 
-    def __init__(self, streams: "MetricStreams | None" = None) -> None:
-        self.streams = streams
+    def __init__(self, log: Callable[[dict[str, float], int], None] | None = None) -> None:
+        self.log = log
         self.last = float("nan")
         self._pending: list[tuple[int, torch.Tensor]] = []
 
@@ -42,9 +38,9 @@ class LossLog:
         """The newest loss (NaN before the first), after reading every pending one back."""
         if self._pending:
             values = torch.stack([loss for _, loss in self._pending]).tolist()
-            if self.streams is not None:
+            if self.log is not None:
                 for (step, _), value in zip(self._pending, values):
-                    self.streams.add_scalar("train/loss", value, step)
+                    self.log({"train/loss": value}, step)
             self.last = values[-1]
             self._pending.clear()
         return self.last
@@ -56,41 +52,11 @@ def write_metrics(path: str | os.PathLike | None, result: dict[str, Any], runtim
         atomic_write_text(Path(path), json.dumps(result, indent=2, default=str))
 
 
-class MetricStreams:
-    """``add_scalar(tag, value, step)`` to every available backend; ``close()`` ends them all."""
-
-    def __init__(self, directory: Path, rank: int, group: str, run_id: str | None = None) -> None:
-        """``run_id``: the experiment's own random id, so two experiments in directories of the same
-        name never resume each other's wandb runs (the group name is used without it)."""
-        self.tensorboard: Any = None
-        self.wandb_run: Any = None
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:  # tensorboard is not installed
-            pass
-        else:
-            self.tensorboard = SummaryWriter(log_dir=str(Path(directory) / "tensorboard" / f"rank{rank}"))
-        try:
-            import wandb
-        except ImportError:
-            return
-        # Offline unless the user chose a mode: ranks on compute nodes usually have no network.
-        mode = os.environ.get("WANDB_MODE", "offline")
-        self.wandb_run = wandb.init(project="trainscale", group=group, name=f"rank{rank}", dir=str(directory),
-                                    mode=mode, resume="allow", id=re.sub(r"[^A-Za-z0-9_-]", "_", f"{run_id or group}-rank{rank}"))
-
-    @property
-    def backends(self) -> list[str]:
-        return [name for name, b in (("tensorboard", self.tensorboard), ("wandb", self.wandb_run)) if b is not None]
-
-    def add_scalar(self, tag: str, value: float, step: int) -> None:
-        if self.tensorboard is not None:
-            self.tensorboard.add_scalar(tag, value, step)
-        if self.wandb_run is not None:
-            self.wandb_run.log({tag: value}, step=step)
-
-    def close(self) -> None:
-        if self.tensorboard is not None:
-            self.tensorboard.close()
-        if self.wandb_run is not None:
-            self.wandb_run.finish()
+def epoch_curves(record: dict[str, Any], held_out: dict[str, float]) -> dict[str, float]:
+    """An epoch's record as the trackers' curves: train/, val/ (held-out, ``test_`` dropped) and perf/."""
+    curves = {"epoch": record["epoch"], "train/epoch_loss": record["train_loss"], "train/lr": record["lr"],
+              "perf/samples_per_s": record["samples_per_s"], "perf/epoch_time_s": record["time_s"],
+              **{"val/" + k.removeprefix("test_"): v for k, v in held_out.items()}}
+    if "tokens_per_s" in record:
+        curves["perf/tokens_per_s"] = record["tokens_per_s"]
+    return curves

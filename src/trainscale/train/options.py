@@ -52,6 +52,9 @@ class TrainOptions:
     (None: wherever that is safe, i.e. not where a strategy's engine writes its own files, as DeepSpeed's)."""
     metrics_out: str | None = None
     """Write per-epoch metrics as JSON here (rank 0)."""
+    trackers: tuple[str, ...] = ()
+    """Experiment trackers for the training curves, a comma list of tensorboard, wandb, mlflow, csv: written by
+    rank 0 in the run directory (gpt: the experiment directory, hf-finetune: --output-dir), offline."""
     timeout_s: float = 1800.0
     """Collective timeout in seconds: a rank that stops participating becomes an error after this."""
     log_every: int | None = None
@@ -98,6 +101,9 @@ class TrainOptions:
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"--threads {self.threads} must be >= 1",
                               hint="CPU threads per rank, e.g. --threads 1; leave it out to keep OMP_NUM_THREADS")
+        from trainscale.train.trackers import parse_trackers
+
+        object.__setattr__(self, "trackers", parse_trackers(self.trackers))  # a config file may give "csv,wandb"
         if self.checkpoint_async:  # refused where it cannot be done, before anything is launched
             from trainscale.checkpoint import resolve_async
             from trainscale.strategies import get_strategy
@@ -125,7 +131,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, defaults: TrainOptions
 
     def add(flag: str, name: str, **kwargs: Any) -> None:
         value = getattr(defaults, name)
-        shown = "" if value is None or isinstance(value, bool) else f" (default: {value})"
+        shown = "" if value is None or isinstance(value, bool) or value == () else f" (default: {value})"
         parser.add_argument(flag, dest=name, default=d, help=(docs[name] + shown).replace("%", "%%"), **kwargs)
 
     parser.add_argument("--config", default=None, help="TOML file with a [train] table of these options "
@@ -140,6 +146,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, defaults: TrainOptions
             ("--checkpoint-every", "checkpoint_every", {"type": int}),
             ("--checkpoint-async", "checkpoint_async", {"action": argparse.BooleanOptionalAction}),
             ("--metrics-out", "metrics_out", {}), ("--timeout", "timeout_s", {"type": float}),
+            ("--tracker", "trackers", {"type": _tracker_list, "metavar": "NAME[,NAME]"}),
             ("--log-every", "log_every", {"type": int}), ("--breakdown", "breakdown", {"action": "store_true"}),
             ("--download", "download", {"action": "store_true"}),
             ("--deterministic", "deterministic", {"action": "store_true"}),
@@ -148,6 +155,10 @@ def add_common_arguments(parser: argparse.ArgumentParser, defaults: TrainOptions
         add(flag, name, **kwargs)
     parser.add_argument("--no-shuffle", dest="shuffle", action="store_false", default=d,
                         help="keep the data's order (default: shuffle every epoch, seeded, the same at any world size)")
+
+
+def _tracker_list(text: str) -> tuple[str, ...]:
+    return tuple(t.strip() for t in text.split(",") if t.strip())
 
 
 def options_from_args(args: argparse.Namespace, defaults: TrainOptions | None = None,

@@ -11,6 +11,9 @@
 
 As short as Lightning Fabric's, and what trainscale adds stays: detection of the launch, the device,
 the process group, seeds, ``rt.guard`` against hangs, checkpoints that resume on any world size.
+``rt.log({"loss": ...}, step=...)`` feeds the trackers chosen with ``trainscale.init(trackers=...)``
+(train/trackers.py); ``rt.resume(model, opt)`` and ``rt.checkpoint(step, model, opt, every=N)`` make a script
+resumable, after a crash, a restart or a SLURM requeue (train/resumable.py).
 Gradient accumulation: ``with rt.no_sync(model, enabled=not last):`` around the accumulating
 micro-batches (DeepSpeed accumulates by itself: give ``accumulation=`` to setup and step every micro-batch).
 """
@@ -19,14 +22,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
 
 import torch
 from torch import nn
 
 from trainscale.checkpoint import ModelState
-from trainscale.errors import ConfigError
+from trainscale.errors import ConfigError, did_you_mean
 from trainscale.runtime.runtime import Runtime, init as init_runtime
 from trainscale.strategies import get_strategy
 from trainscale.strategies.base import OptimizerSource, Strategy
@@ -38,6 +43,11 @@ class Session(Runtime):
     """A :class:`~trainscale.runtime.Runtime` with ``setup``/``backward``/``no_sync`` for the models it set up."""
 
     _setups: list[tuple[nn.Module, Strategy]] = field(default_factory=list)
+    _tracker_names: tuple[str, ...] | None = None
+    _trackers: Any = None
+    _log_step: int = 0
+    _resumable: Any = None
+    _tracker_dir: Path | None = None
 
     def setup(self, model: nn.Module, optimizer: OptimizerSource, *, strategy: str | Strategy = "ddp",
               micro_batch_size: int | None = None, accumulation: int | None = None) -> tuple[nn.Module, Any]:
@@ -74,6 +84,85 @@ class Session(Runtime):
         wrapped, strategy = self._find(model)
         return strategy.checkpoint_state(wrapped, inner(optimizer))
 
+    # -- metrics: one call, every tracker ----------------------------------------------------------
+    def use_trackers(self, trackers: str | Iterable[str], *, directory: str | Path | None = None,
+                     name: str | None = None, run_id: str | None = None) -> None:
+        """Send :meth:`log`'s values to ``trackers`` (tensorboard, wandb, mlflow, csv), written by rank 0 in
+        ``directory`` (default: the run directory of ``trainscale run``/``slurm``, else
+        ``trainscale-logs/run-<date>-<time>``); rank 0 says once where each one writes. Every rank calls it."""
+        from trainscale.train.trackers import Trackers, parse_trackers
+
+        names = parse_trackers(trackers)
+        self._close_trackers()
+        self._tracker_names = names
+        if self.is_main and names:
+            where = Path(directory) if directory is not None else default_run_dir(self)
+            self._trackers = Trackers(names, where, name=name, run_id=run_id)
+            self.print(f"trainscale: metrics go to {where}: {self._trackers.describe()}")
+
+    def log(self, values: Mapping[str, Any], *, step: int | None = None, reduce: str | None = None) -> None:
+        """Write scalar metrics to every tracker chosen (a CSV file in the run directory when none was).
+
+        Rank 0's values are written and the other ranks' ignored, unless ``reduce`` ("mean", "sum", "max",
+        "min") combines every rank's first: then it is a collective, called by every rank with the same
+        keys. ``step``: the x axis (default: one more than the last call's)."""
+        if reduce is not None:
+            values = self._reduce(values, reduce)
+        if step is None:
+            step = self._log_step
+        self._log_step = step + 1
+        if not self.is_main:
+            return
+        if self._tracker_names is None:  # nothing chosen: a CSV file, so rt.log never drops values silently
+            self.use_trackers(("csv",))
+        if self._trackers is not None:
+            self._trackers.log(values, step)
+
+    def _reduce(self, values: Mapping[str, Any], how: str) -> dict[str, float]:
+        import torch.distributed as dist
+
+        ops = {"mean": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+        if how not in ops:
+            raise ConfigError(f"rt.log(reduce={how!r}) unknown", hint=did_you_mean(str(how), tuple(ops)))
+        keys = sorted(values)  # the same order on every rank
+        dtype = torch.float32 if self.uses_nccl else torch.float64
+        tensor = torch.stack([torch.as_tensor(values[k]).detach().to(self.device, dtype).reshape(()) for k in keys]) \
+            if keys else torch.zeros(0, dtype=dtype, device=self.device)
+        if self.is_distributed:
+            dist.all_reduce(tensor, op=ops[how])
+            if how == "mean":
+                tensor /= self.world_size
+        return dict(zip(keys, tensor.tolist()))
+
+    def _close_trackers(self) -> None:
+        trackers, self._trackers = self._trackers, None
+        if trackers is not None:
+            trackers.close()
+
+    # -- resumable scripts ------------------------------------------------------------------------
+    def resume(self, model: nn.Module, optimizer: Any, *, directory: str | Path | None = None, **state: Any) -> int:
+        """Restore ``model``, ``optimizer``, the RNGs and any ``state`` entries with state_dict/load_state_dict
+        (an LR scheduler, trainscale's loaders) from the newest checkpoint; returns its step, 0 when there is
+        none. Also arms SLURM's warning signal for :meth:`checkpoint`. Every rank calls it."""
+        from trainscale.train.resumable import Resumable
+
+        self._resumable = self._resumable or Resumable(self, directory)
+        return self._resumable.resume(model, optimizer, state)
+
+    def checkpoint(self, step: int, model: nn.Module, optimizer: Any, *, every: int = 1,
+                   directory: str | Path | None = None, **state: Any) -> None:
+        """Save a checkpoint at ``step`` when it is a multiple of ``every``, and whenever SLURM's warning
+        signal came: then, once it is saved, the job requeues (``--requeue``) or stops for the chain's next link
+        (``--chain``) and this process ends. Every rank calls it at every step (or at every epoch)."""
+        from trainscale.train.resumable import Resumable
+
+        self._resumable = self._resumable or Resumable(self, directory)
+        self._resumable.checkpoint(step, model, optimizer, state, every=every)
+
+    def close(self, synchronize: bool = True) -> None:
+        self._close_trackers()
+        super().close(synchronize=synchronize)
+
     def strategy_of(self, model: nn.Module | None = None) -> Strategy:
         return self._find(model)[1]
 
@@ -93,7 +182,28 @@ class Session(Runtime):
                           hint="pass the model rt.setup returned, not the one you gave it")
 
 
-def init(**kwargs: Any) -> Session:
-    """``trainscale.init``: :func:`trainscale.runtime.init` (same arguments), returning a :class:`Session`."""
+def init(*, trackers: str | Iterable[str] | None = None, run_dir: str | Path | None = None, **kwargs: Any) -> Session:
+    """``trainscale.init``: :func:`trainscale.runtime.init` (same arguments), returning a :class:`Session`.
+
+    ``trackers``: where :meth:`Session.log` writes ("tensorboard", "wandb", "mlflow", "csv", or a comma list);
+    ``run_dir``: the directory they write in (default: the run's, see :meth:`Session.use_trackers`)."""
     runtime = init_runtime(**kwargs)
-    return Session(**{f.name: getattr(runtime, f.name) for f in dataclasses.fields(Runtime)})
+    session = Session(**{f.name: getattr(runtime, f.name) for f in dataclasses.fields(Runtime)})
+    session._tracker_dir = Path(run_dir) if run_dir is not None else None
+    if trackers is not None:
+        try:
+            session.use_trackers(trackers)
+        except BaseException:
+            session.close(synchronize=False)
+            raise
+    return session
+
+
+def default_run_dir(rt: Any) -> Path:
+    """The run directory ``trainscale run`` and ``trainscale slurm`` give the ranks, else a new
+    ``trainscale-logs/run-<date>-<time>`` (a plain ``python train.py``)."""
+    if getattr(rt, "_tracker_dir", None) is not None:
+        return rt._tracker_dir
+    if rt.env.run_dir:
+        return Path(rt.env.run_dir)
+    return Path("trainscale-logs") / f"run-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -6,7 +6,8 @@
 - the experiment directory made on rank 0 between barriers; an existing one is resumed, a foreign
   non-empty one refused (never clobbered);
 - checkpoints of model, optimizer, LR scheduler, step and RNG, plus a human-readable state.json;
-- per-rank metric streams under one experiment (TensorBoard event files per rank; wandb offline if installed);
+- the training curves in the experiment directory, to the trackers chosen with ``--tracker`` (TensorBoard,
+  W&B offline, MLflow's local store, CSV), one run per experiment that a resumed run continues;
 - gradient accumulation without an all-reduce on the accumulating micro-steps (the training loop's).
 """
 
@@ -30,7 +31,6 @@ from trainscale.data import DeviceTensorLoader
 from trainscale.errors import ConfigError
 from trainscale.strategies.base import OptimizerSpec
 from trainscale.train import Loop, Task, TrainOptions, parse
-from trainscale.train.metrics import MetricStreams
 from trainscale.train.options import apply_threads, check_training
 from trainscale.workloads import text
 
@@ -83,7 +83,7 @@ def _extra(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-head", type=int, default=4, help="attention heads; must divide --n-embd (default: 4)")
     parser.add_argument("--warmup", type=int, default=20, help="LR warm-up steps, then cosine decay (default: 20)")
     parser.add_argument("--experiment-dir", default="runs/gpt",
-                        help="data cache, checkpoints, state.json and TensorBoard files; an existing experiment is "
+                        help="data cache, checkpoints, state.json and the --tracker files; an existing experiment is "
                              "resumed (default: runs/gpt)")
     parser.add_argument("--hub-dataset", default=None, help="a HF dataset name instead of the built-in corpus")
     parser.add_argument("--tokenizer", default=None,
@@ -102,7 +102,7 @@ def _parse(argv: list[str]):
 
 def open_experiment(rt, directory: Path, tokenizer: str | None = None) -> tuple[bool, dict]:
     """Seed 003's pattern: every rank checks, rank 0 creates, everybody waits. Returns (resuming, the
-    experiment's record: a random id for its metric streams, the tokenizer its checkpoints were trained with)."""
+    experiment's record: a random id for its trackers' run, the tokenizer its checkpoints were trained with)."""
     marker = directory / MARKER
     exists = marker.exists()
     foreign = directory.exists() and not exists and any(directory.iterdir())
@@ -171,9 +171,9 @@ def main(argv: list[str] | None = None) -> dict:
             scheduler=lambda optimizer, total: torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(args.warmup,
                                                                                                         total)),
             extra={"vocab": tokens["vocab"], "train_windows": int(train.shape[0]), "experiment_dir": str(exp)})
-        streams = MetricStreams(exp, rt.rank, exp.resolve().name, run_id=record.get("id"))
-        loop = Loop(rt, opts, task, checkpoint_dir=opts.checkpoint_dir or exp / "checkpoints", streams=streams,
-                    resume=resuming or bool(opts.checkpoint_dir), state_file=exp / "state.json")
+        loop = Loop(rt, opts, task, checkpoint_dir=opts.checkpoint_dir or exp / "checkpoints",
+                    resume=resuming or bool(opts.checkpoint_dir), state_file=exp / "state.json", tracker_dir=exp,
+                    tracker_id=record.get("id"))
         return loop.run()
 
 

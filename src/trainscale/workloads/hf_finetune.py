@@ -5,7 +5,9 @@
 Offline by default: a tiny GPT-Neo built from a config, byte-level tokens, and movie-review-like text
 generated here. With a hub: ``--pretrained EleutherAI/gpt-neo-125M --hub-dataset imdb``.
 The Trainer gets what the seeds set by hand: per-device batch = global batch / world size,
-``ddp_backend`` by device (gloo on CPU, nccl on GPU), output printed once.
+``ddp_backend`` by device (gloo on CPU, nccl on GPU), output printed once. Its logs (loss, learning rate,
+gradient norm) go to the trackers chosen with ``--tracker`` through a callback calling ``rt.log``, the
+same trackers and files as the other workloads (the Trainer's own ``report_to`` integrations stay off).
 """
 
 from __future__ import annotations
@@ -226,6 +228,9 @@ def _train(rt, run: Plan) -> dict:
     if rt.is_main:
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / MARKER, json.dumps({"workload": "hf-finetune", "world_size": rt.world_size}))
+    if opts.trackers:  # in the output directory, once it is marked as this workload's
+        rt.use_trackers(opts.trackers, directory=out)
+        trainer.add_callback(tracker_callback(rt))
     rt.print(f"hf-finetune: {rt.world_size} rank(s) x per-device batch {per_device}"
              f"{f' x accumulation {accum}' if accum > 1 else ''} = global batch {args.global_batch * accum}, "
              f"strategy {strategy}, backend {rt.backend}, {'CPU' if run.use_cpu else 'GPU'}")
@@ -246,6 +251,20 @@ def _train(rt, run: Plan) -> dict:
     rt.print(f"hf-finetune: {output.global_step} steps, train loss {output.training_loss:.4f}, {elapsed:.1f}s")
     write_metrics(opts.metrics_out, result, rt)
     return result
+
+
+def tracker_callback(rt):
+    """A TrainerCallback handing each of the Trainer's log records to ``rt.log`` (rank 0 writes)."""
+    from transformers import TrainerCallback
+
+    class ToTrackers(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            numbers = {f"train/{k}": v for k, v in (logs or {}).items()
+                       if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            if numbers:
+                rt.log(numbers, step=state.global_step)
+
+    return ToTrackers()
 
 
 def barrier_on_own_gpu(rt) -> None:

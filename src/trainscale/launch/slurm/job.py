@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from trainscale._version import __version__
 from trainscale.errors import ConfigError
@@ -165,10 +165,18 @@ def prepare_run(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> t
     return plan, script
 
 
-def submit_job(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan, *, run: Runner | None = None) -> JobRecord:
+def submit_job(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan, *, run: Runner | None = None,
+               before_submit: Callable[[JobPlan], None] | None = None) -> JobRecord:
     """Prepare the run, ``sbatch --parsable`` it (``--chain N``: N times, each after the one before) and save
-    the records; returns the first job's."""
+    the records; returns the first job's. ``before_submit(plan)`` writes what the job reads into its run
+    directory before sbatch (``trainscale.slurm``'s pickled call)."""
     plan, script = prepare_run(spec, profile, plan)
+    if before_submit is not None:
+        try:
+            before_submit(plan)
+        except BaseException:
+            shutil.rmtree(plan.run_dir, ignore_errors=True)  # nothing was submitted: nothing half-made stays
+            raise
     records: list[JobRecord] = []
     for link in range(spec.chain):
         extra = (f"--dependency=afterany:{records[-1].job_id}",) if records else ()

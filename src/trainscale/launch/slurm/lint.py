@@ -221,6 +221,27 @@ def _gpus(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> list[Fi
     return out
 
 
+RESUMABLE_HINT = ("make it resumable with rt in four lines: start = rt.resume(model, optimizer) before the loop, "
+                  "loop from start, and rt.checkpoint(step + 1, model, optimizer, every=100) in it (README, "
+                  "'Resumable anywhere'); or use --workload, whose training loop checkpoints")
+
+
+def _continuation(spec: SlurmJobSpec, plan: JobPlan) -> list[Finding]:
+    """--requeue/--chain on a script that does not checkpoint through trainscale starts again from zero."""
+    from trainscale.launch.slurm.continuation import continues
+
+    if not continues(spec) or spec.workload or (spec.module or "").startswith("trainscale.") \
+            or plan.facts.path is None or plan.facts.checkpoints:
+        return []
+    how = "--requeue" if spec.requeue else f"--chain {spec.chain}"
+    what = Path(plan.facts.path).name
+    why = ("a requeued job or the chain's next link runs it again from the beginning" if plan.facts.imports_trainscale
+           else "it does not import trainscale, so SLURM's warning signal ends it without a checkpoint, and a requeued "
+                "job or the chain's next link runs it again from the beginning")
+    return [Finding(WARNING, f"{how}: {what} does not checkpoint through trainscale (no rt.checkpoint/rt.resume, "
+                    f"Checkpointer, Loop or built-in workload in its source): {why}", RESUMABLE_HINT)]
+
+
 def _duplicates(spec: SlurmJobSpec, text: str | None) -> list[Finding]:
     """An extra --sbatch line repeating an option trainscale already writes."""
     if text is None:
@@ -271,7 +292,7 @@ def lint(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan | None = Non
     rendered = "\n".join(sbatch_lines(spec, profile, plan))
     found = (_tasks(spec, plan) + _binding(spec, profile, plan) + _cpus(spec, profile, plan)
              + _resources(spec, profile, plan) + _container(spec, profile, plan) + _code(spec, plan)
-             + _gpus(spec, profile, plan)
+             + _gpus(spec, profile, plan) + _continuation(spec, plan)
              + _duplicates(spec, rendered) + _target(spec, plan, preflight))
     order = {ERROR: 0, WARNING: 1, NOTE: 2}
     return sorted(found, key=lambda f: order[f.level])

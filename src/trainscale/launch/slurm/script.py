@@ -5,6 +5,8 @@ Facts that matter before submission (and imports.py's: what it adds to sys.path,
 - does it pick its GPU by a rank index (``torch.cuda.set_device(local_rank)``, ``f"cuda:{rank}"``,
   ``device_ids=[local_rank]``, ``x.to(engine.local_rank)``)? Then each srun task must see every GPU of
   its node: with only its own GPU visible that index would be out of range.
+- does it checkpoint through trainscale (``rt.checkpoint``/``rt.resume``, a ``Checkpointer``, the training
+  ``Loop``, a built-in workload)? Only then does ``--requeue`` or ``--chain`` continue it where it stopped.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ class ScriptFacts:
     """Directories the script adds to sys.path relative to its own file: (directory, put first) (imports.py)."""
     imports: tuple[tuple[str, int, bool], ...] = ()
     """Top-level modules it imports: (name, line, inside try)."""
+    checkpoints: bool = False
+    """It saves and resumes through trainscale: ``rt.checkpoint``/``rt.resume``, a Checkpointer, the Loop, a
+    built-in workload (so a requeued job or a chain's next link continues it)."""
 
 
 def _is_zero(node: ast.AST) -> bool:
@@ -64,14 +69,36 @@ def _selects_by_index(node: ast.AST) -> bool:
     return False
 
 
+_CHECKPOINTING_NAMES = ("Checkpointer", "Loop")
+_CHECKPOINTING_MODULES = ("trainscale.checkpoint", "trainscale.workloads")
+
+
+def _checkpoints(node: ast.AST) -> bool:
+    """One node that shows the script saves and resumes through trainscale."""
+    if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("trainscale"):
+        return (node.module or "").startswith(_CHECKPOINTING_MODULES) or \
+            any(a.name in _CHECKPOINTING_NAMES for a in node.names)
+    if isinstance(node, ast.Import):
+        return any(a.name.startswith(_CHECKPOINTING_MODULES) for a in node.names)
+    if isinstance(node, ast.Call):
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in ("checkpoint", "resume"):
+            # rt.checkpoint(...)/rt.resume(...): a runtime's, not torch.utils.checkpoint.checkpoint(fn, x)
+            return isinstance(func.value, ast.Name) and func.value.id != "checkpoint"
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        return name in _CHECKPOINTING_NAMES
+    return False
+
+
 def facts_from_source(source: str, path: str = "<script>") -> ScriptFacts:
     try:
         tree = ast.parse(source, path)
     except SyntaxError:
         return ScriptFacts(path=path)
-    imports = False
+    imports = checkpoints = False
     first: ast.AST | None = None
     for node in ast.walk(tree):
+        checkpoints = checkpoints or _checkpoints(node)
         if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "trainscale" for a in node.names):
             imports = True
         elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "trainscale":
@@ -83,13 +110,14 @@ def facts_from_source(source: str, path: str = "<script>") -> ScriptFacts:
     from trainscale.launch.slurm.imports import imported, path_additions
 
     return ScriptFacts(path=path, imports_trainscale=imports, gpu_index_line=line, gpu_index_code=code,
-                       path_additions=path_additions(tree, str(Path(path).absolute())), imports=imported(tree))
+                       path_additions=path_additions(tree, str(Path(path).absolute())), imports=imported(tree),
+                       checkpoints=imports and checkpoints)
 
 
 def script_facts(script: str | None = None, module: str | None = None, workload: str | None = None) -> ScriptFacts:
     """Facts about the job's target; a built-in workload is trainscale itself (it selects its own GPU)."""
     if workload:
-        return ScriptFacts(imports_trainscale=True)
+        return ScriptFacts(imports_trainscale=True, checkpoints=True)
     path = None
     if script:
         path = Path(script)

@@ -1,0 +1,189 @@
+"""Submit a function or a script from Python, and await it: ``trainscale.slurm`` (submitit's shape).
+
+    job = trainscale.slurm.submit(train, 1e-3, profile="lumi", account="project_465000000", nodes=2,
+                                  time="01:00:00")
+    job.state            # PENDING, RUNNING, COMPLETED, ...
+    job.result()         # waits; rank 0's return value, or RankFailed with the failing rank's traceback
+    job.logs(rank=1)     # one rank's output; job.logs() the batch output
+    job.cancel()
+    jobs = trainscale.slurm.map_array(train, [1e-3, 3e-4, 1e-4], profile=..., time=...)  # one array job
+    [j.result() for j in jobs]
+
+The options are ``trainscale slurm``'s, by their field names (``SlurmJobSpec``: nodes, gpus_per_node, time,
+account, partition, launcher, container, modules, python, output_dir, ...), resolved in the same order
+(defaults < profile < ``config=`` file's [slurm] table < TRAINSCALE_SLURM_* < these arguments), linted and
+submitted by the same code as ``trainscale slurm --submit``: the same batch script, run directory, code
+snapshot and job record (``trainscale jobs``/``logs``/``cancel`` know the job too).
+
+A function runs on every rank inside the normal launch through launch/runner.py; its call is pickled into
+the run directory (cloudpickle: by reference when its module imports on the nodes, by value when it is
+defined in a notebook or ``__main__``), and rank 0's return value comes back pickled. Pickles run code when
+read: submit your own code only. The job snapshots the project the function comes from (its module's, or
+the working directory's for a notebook), as a script's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from trainscale.errors import ConfigError, did_you_mean
+from trainscale.launch.slurm.future import Job
+from trainscale.launch.slurm.spec import SlurmJobSpec
+
+RUNNER = "trainscale.launch.runner"
+_TARGET = ("script", "module", "workload", "args", "command_line", "sweep", "array")
+"""SlurmJobSpec fields the API sets itself."""
+
+
+def _options() -> tuple[str, ...]:
+    return tuple(f.name for f in fields(SlurmJobSpec) if f.name not in _TARGET) + ("config",)
+
+
+def _code_root(fn: Callable[..., Any]) -> Path | None:
+    """The project a function's job snapshots: its module's, or the working directory's when it has no
+    importable file (a notebook, ``__main__``); None outside a project or for installed packages."""
+    import site
+
+    from trainscale.launch.slurm.snapshot import project_root
+
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    file = getattr(module, "__file__", None)
+    if module is None or module.__name__ == "__main__" or not file:
+        return project_root(Path.cwd())
+    here = Path(file).absolute()
+    installed = [*site.getsitepackages(), site.getusersitepackages(), sys.prefix, sys.base_prefix]
+    if any(str(here).startswith(str(Path(p).absolute())) for p in installed if p):
+        return None
+    return project_root(here.parent)
+
+
+def build_spec(target: dict[str, Any], options: dict[str, Any], *, environ: dict[str, str] | None = None):
+    """(spec, profile) from the target and the caller's options, in the one resolution order."""
+    from trainscale.config import load_config_file, resolve
+    from trainscale.profiles import load_profile
+
+    valid = _options()
+    for key in options:
+        if key not in valid:
+            raise ConfigError(f"trainscale.slurm: unknown option {key!r}", hint=did_you_mean(key, valid))
+    given = dict(options)
+    config = load_config_file(given.pop("config")) if given.get("config") else None
+    if "output_dir" in given:
+        given["output_dir"] = Path(given["output_dir"])
+    for key in ("modules", "setup", "container_setup", "binds", "extra_sbatch"):
+        if isinstance(given.get(key), str):
+            given[key] = (given[key],)
+    try:
+        spec, _ = resolve(SlurmJobSpec, section="slurm", config=config,
+                          environ=os.environ if environ is None else environ, cli={**given, **target})
+    except ConfigError as exc:
+        if "time" in str(exc) and "missing" in str(exc):
+            raise ConfigError("trainscale.slurm: time= is required",
+                              hint='give the job\'s time limit, e.g. time="01:00:00"') from None
+        raise
+    return spec, load_profile(spec.profile)
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return "trainscale-" + re.sub(r"[^A-Za-z0-9._-]", "_", getattr(fn, "__name__", "function"))
+
+
+def _function_target(fn: Callable[..., Any], options: dict[str, Any], args: tuple[str, ...] = ()) -> dict[str, Any]:
+    target = {"module": RUNNER, "args": ("$TRAINSCALE_RUN_DIR",),
+              "command_line": ("trainscale.slurm", f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)!s}")}
+    if "job_name" not in options:
+        target["job_name"] = _name(fn)
+    if "snapshot" not in options:
+        root = _code_root(fn)
+        if root is not None:
+            target["snapshot"] = str(root)
+    return target
+
+
+def _submit(spec, profile, write):
+    """Lint (errors refuse, warnings are said), then the same submission as ``trainscale slurm --submit``."""
+    from trainscale.launch.slurm import lint, resolve
+    from trainscale.launch.slurm.job import snapshot_findings, submit_job
+    from trainscale.launch.slurm.lint import WARNING, errors
+
+    plan = resolve(spec, profile)
+    findings = lint(spec, profile, plan) + snapshot_findings(spec, plan)
+    bad = errors(findings)
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise ConfigError(f"trainscale.slurm: {bad[0].message}{more}", hint=bad[0].hint)
+    for finding in findings:
+        if finding.level == WARNING:
+            print(f"trainscale.slurm: {finding}", file=sys.stderr, flush=True)
+    return submit_job(spec, profile, plan, before_submit=write)
+
+
+def submit(fn: Callable[..., Any] | str | os.PathLike, /, *args: Any, **options: Any) -> Job:
+    """Submit ``fn(*args)`` (or a script path with its arguments) as one SLURM job on ``options``' allocation;
+    returns its :class:`Job`. Keyword arguments for ``fn``: ``functools.partial``."""
+    if isinstance(fn, (str, os.PathLike)):
+        target = {"script": str(fn), "args": tuple(str(a) for a in args),
+                  "command_line": ("trainscale.slurm", str(fn), *map(str, args))}
+        spec, profile = build_spec(target, options)
+        record = _submit(spec, profile, None)
+        _say(record, spec)
+        return Job(record.job_id, Path(record.run_dir), record, function=False)
+    from trainscale.launch.runner import write_call
+
+    spec, profile = build_spec(_function_target(fn, options), options)
+    record = _submit(spec, profile, lambda plan: write_call(plan.run_dir, fn, args))
+    _say(record, spec)
+    return Job(record.job_id, Path(record.run_dir), record)
+
+
+def map_array(fn: Callable[..., Any], /, *iterables: Iterable[Any], max_parallel: int | None = None,
+              **options: Any) -> list[Job]:
+    """``fn(a, b, ...)`` for each element of zip(*iterables), as one SLURM array job (element i in the run's
+    ``task-<i>/``); a :class:`Job` per element, in order. ``max_parallel``: elements running at once."""
+    from trainscale.launch.runner import write_call
+
+    calls = list(zip(*iterables))
+    if not calls:
+        raise ConfigError("trainscale.slurm.map_array: no parameters to map over",
+                          hint="pass one list per argument of the function, e.g. map_array(train, [1e-3, 3e-4], ...)")
+    if max_parallel is not None and max_parallel < 1:
+        raise ConfigError(f"max_parallel={max_parallel} must be at least 1", hint="e.g. max_parallel=2")
+    array = f"0-{len(calls) - 1}" + (f"%{max_parallel}" if max_parallel else "")
+    spec, profile = build_spec({**_function_target(fn, options), "array": array, "sweep": True}, options)
+
+    def write(plan) -> None:
+        (plan.run_dir / "tasks").mkdir(exist_ok=True)
+        for i, call in enumerate(calls):
+            (plan.run_dir / "tasks" / f"{i}.args").write_text("")  # the array task adds no arguments
+            write_call(plan.run_dir / f"task-{i}", fn, call)
+
+    record = _submit(spec, profile, write)
+    _say(record, spec)
+    return [Job(f"{record.job_id}_{i}", Path(record.run_dir) / f"task-{i}", record) for i in range(len(calls))]
+
+
+def _say(record, spec) -> None:
+    what = f"array job {record.job_id} ({spec.array})" if spec.array else f"job {record.job_id}"
+    print(f"trainscale.slurm: submitted {what}, world size {record.world_size}; run directory {record.run_dir}",
+          file=sys.stderr, flush=True)
+
+
+class Executor:
+    """submitit's executor shape: the options once, then ``submit`` and ``map_array``."""
+
+    def __init__(self, **options: Any) -> None:
+        self.options = dict(options)
+
+    def update_parameters(self, **options: Any) -> None:
+        self.options.update(options)
+
+    def submit(self, fn: Callable[..., Any] | str, /, *args: Any) -> Job:
+        return submit(fn, *args, **self.options)
+
+    def map_array(self, fn: Callable[..., Any], /, *iterables: Iterable[Any]) -> list[Job]:
+        return map_array(fn, *iterables, **self.options)

@@ -1,0 +1,75 @@
+"""Any script resumable in four lines, over the Checkpointer the built-in workloads use:
+
+    start = rt.resume(model, optimizer)                        # the newest checkpoint's step; 0 on a fresh start
+    for step in range(start, steps):
+        ...                                                    # one training step
+        rt.checkpoint(step + 1, model, optimizer, every=100)   # also on SLURM's warning: save, requeue, exit
+
+Where checkpoints go: ``directory=`` when given; in a job of ``trainscale slurm`` the run directory's
+``checkpoints/`` (it outlives requeues and chain links, as the built-in workloads' do); else ``./checkpoints``,
+so running the same command again resumes. What is saved: the model and optimizer the strategy's way
+(``rt.checkpoint_state``), the RNGs, the step and every extra ``name=obj`` with state_dict/load_state_dict.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from trainscale.checkpoint import Checkpointer, RNGState
+from trainscale.errors import ConfigError
+
+STEP = "step"
+
+
+def default_directory(rt: Any) -> Path:
+    if rt.env.job_dir and rt.env.run_dir:  # a trainscale SLURM job: what requeues and chain links share
+        return Path(rt.env.run_dir) / "checkpoints"
+    return Path("checkpoints")
+
+
+class Resumable:
+    """The Checkpointer and the preemption flag behind ``rt.resume`` and ``rt.checkpoint``."""
+
+    def __init__(self, rt: Any, directory: str | Path | None) -> None:
+        self.rt = rt
+        self.directory = Path(directory) if directory is not None else default_directory(rt)
+        self.checkpointer: Checkpointer | None = None
+        # From here on SLURM's warning signal only sets a flag, read at the next rt.checkpoint.
+        self.preemption = rt.handle_preemption()
+
+    def _entries(self, model: Any, optimizer: Any, state: dict[str, Any]) -> dict[str, Any]:
+        clash = sorted({"model", "optimizer", "rng", STEP} & set(state))
+        if clash:
+            raise ConfigError(f"rt.resume/rt.checkpoint: {clash} are trainscale's own checkpoint entries",
+                              hint="give your extra entries other names, e.g. scheduler=..., loader=...")
+        if self.checkpointer is None:
+            self.checkpointer = Checkpointer(self.directory, self.rt, strategy=self.rt.strategy_of(model))
+        return {"model": self.rt.checkpoint_state(model, optimizer), "rng": RNGState(self.rt.device), **state}
+
+    def resume(self, model: Any, optimizer: Any, state: dict[str, Any]) -> int:
+        entries = self._entries(model, optimizer, state)
+        found = self.checkpointer.restore(entries)
+        if found is None:
+            self.rt.print(f"trainscale: no checkpoint in {self.directory} yet: starting at step 0")
+            return 0
+        step = int(found.contents.get(STEP, found.step))
+        self.rt.print(f"trainscale: resumed from {found.path} at step {step}")
+        return step
+
+    def checkpoint(self, step: int, model: Any, optimizer: Any, state: dict[str, Any], *, every: int) -> None:
+        if every < 1:
+            raise ConfigError(f"rt.checkpoint(every={every}) must be >= 1", hint="e.g. every=100 (steps)")
+        stop = self.preemption.requested()  # agreed across ranks: all save the same step
+        if step % every and not stop:
+            return
+        entries = self._entries(model, optimizer, state)
+        self.checkpointer.save(step, {**entries, STEP: step})
+        if not stop:
+            return
+        head = (f"trainscale: preempted ({self.preemption.received or 'signal on another rank'}) at step {step}: "
+                f"checkpoint saved to {self.directory}")
+        self.preemption.requeue_and_log(head, self.rt.print)
+        self.rt.close()
+        sys.exit(0)  # the job continues in its requeued run or the chain's next link, from this checkpoint

@@ -1,0 +1,70 @@
+"""``trainscale.launch(fn, *args, nproc=N)``: the notebook shipped in examples/ run by a real Jupyter kernel
+(nbclient + ipykernel), its functions defined in the notebook itself; and from a plain script, keyword
+arguments through functools.partial, a rank killed by a signal reported without a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+NOTEBOOK = Path(__file__).parents[2] / "examples" / "launch.ipynb"
+
+
+def _output(cell) -> str:
+    return "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
+
+
+@pytest.mark.slow
+def test_the_example_notebook_runs_a_notebook_function_on_two_ranks(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    client = nbclient.NotebookClient(notebook, timeout=240, kernel_name="python3",
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    client.execute(env={**os.environ, "OMP_NUM_THREADS": "1"})
+    code = [c for c in notebook.cells if c.cell_type == "code"]
+    results = _output(code[2])
+    assert "rank 0 of 2: mean loss" in results and "rank 1 of 2: mean loss" in results, results
+    losses = {line.split()[-1] for line in results.splitlines() if line.startswith("rank ")}
+    assert len(losses) == 1 and float(losses.pop()) < 0.5, results  # the same mean on both ranks, trained down
+    assert "rank 1 failed: RuntimeError('rank 1 gives up')" in _output(code[3]), _output(code[3])
+    assert (tmp_path / "trainscale-logs").is_dir()  # the ranks' logs, beside the notebook
+
+
+SCRIPT = '''
+import functools, os, signal, sys
+import trainscale
+
+def scaled(x, *, factor):
+    with trainscale.init() as rt:
+        return rt.rank * factor + x
+
+def killed():
+    with trainscale.init() as rt:
+        if rt.rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        rt.barrier()
+
+if __name__ == "__main__":
+    print("RESULT", trainscale.launch(functools.partial(scaled, factor=10), 1, nproc=2), flush=True)
+    try:
+        trainscale.launch(killed, nproc=2)
+    except trainscale.RankFailed as error:
+        print("FAILED", error.rank, "|", error, flush=True)
+'''
+
+
+@pytest.mark.slow
+def test_from_a_script_results_by_rank_and_a_killed_rank(tmp_path):
+    (tmp_path / "run.py").write_text(SCRIPT)
+    done = subprocess.run([sys.executable, "run.py"], cwd=tmp_path, capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "RESULT [1, 11]" in done.stdout, done.stdout
+    # SIGKILL leaves no exception to send back: the launcher's summary names the rank and the signal
+    assert "FAILED None | killed failed before any rank recorded an exception:" in done.stdout, done.stdout
+    assert "first failing rank: 1" in done.stdout and "SIGKILL" in done.stdout, done.stdout

@@ -1,0 +1,107 @@
+"""One metrics call, every tracker: the real libraries write real files, read back with their own readers
+(TensorBoard's EventAccumulator, MLflow's client, W&B's offline run file, csv), from a built-in workload
+on 2 ranks (the trackers chosen in a config file's [train] table) and from ``rt.log`` in user code on 2 gloo
+ranks (``reduce=`` combining the ranks' values into rank 0)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers.multiproc import run_on_ranks
+
+
+def wandb_history(run_file: Path) -> list[dict[str, float]]:
+    """The history rows of a W&B offline run file (``run-<id>.wandb``): a 7-byte header (``:W&B``, magic,
+    version), then LevelDB-log records (32 KiB blocks; checksum, length, type) holding protobuf Records."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = run_file.read_bytes()
+    assert data[:4] == b":W&B", data[:8]
+    rows, pending, pos, block = [], b"", 7, 32768
+    while pos + 7 <= len(data):
+        room = block - pos % block
+        if room < 7:  # a block's tail too short for a header is padding
+            pos += room
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if kind == 0:
+            pos += room
+            continue
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        pending = chunk if kind in (1, 2) else pending + chunk  # FULL/FIRST start, MIDDLE/LAST continue
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            if record.WhichOneof("record_type") == "history":
+                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                             for item in record.history.item})
+    return rows
+
+
+@pytest.mark.slow
+def test_a_workload_writes_every_tracker_chosen_in_a_config_file(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (tmp_path / "job.toml").write_text('[train]\ntrackers = ["tensorboard", "wandb", "mlflow", "csv"]\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "MLFLOW_"))}
+    done = subprocess.run([sys.executable, "-m", "trainscale", "run", "--nproc-per-node", "2", "--log-dir", "logs",
+                           "--workload", "cnn", "--max-steps", "6", "--log-every", "0", "--config", "job.toml"],
+                          cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = next(p for p in (tmp_path / "logs").iterdir() if (p / "trackers.json").exists())
+    said = [line for line in done.stdout.splitlines() if "metrics go to" in line]
+    assert len(said) == 1, done.stdout  # where each tracker writes: once, on rank 0
+    for where in ("tensorboard --logdir", "wandb offline", "mlflow file://", f"csv {run}/metrics.csv"):
+        assert where in said[0], said[0]
+    assert f"Files: run directory {run}" in done.stdout, done.stdout
+
+    tensorboard = EventAccumulator(str(run / "tensorboard"))
+    tensorboard.Reload()
+    assert [e.step for e in tensorboard.Scalars("train/loss")] == [1, 2, 3, 4, 5, 6]
+    assert [e.step for e in tensorboard.Scalars("val/accuracy")] == [6]
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3's own switch for reading its file store
+    client = MlflowClient((run / "mlruns").as_uri())
+    run_id = json.loads((run / "trackers.json").read_text())["mlflow_run_id"]
+    assert [m.step for m in client.get_metric_history(run_id, "train/loss")] == [1, 2, 3, 4, 5, 6]
+    assert client.get_run(run_id).info.status == "FINISHED" and client.get_run(run_id).info.run_name == run.name
+
+    with open(run / "metrics.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    losses = [(int(r["step"]), float(r["value"])) for r in rows if r["key"] == "train/loss"]
+    assert [s for s, _ in losses] == [1, 2, 3, 4, 5, 6]
+    assert [e.value for e in tensorboard.Scalars("train/loss")] == pytest.approx([v for _, v in losses])
+
+    offline = list((run / "wandb").glob("offline-run-*"))
+    assert len(offline) == 1, list((run / "wandb").iterdir())
+    history = wandb_history(next(offline[0].glob("run-*.wandb")))
+    assert [h["_step"] for h in history if "train/loss" in h] == [1, 2, 3, 4, 5, 6]
+    assert any("val/test_loss" not in h and "val/loss" in h for h in history)
+
+
+def log_from_every_rank(run_dir: str) -> None:
+    import trainscale
+
+    with trainscale.init(run_dir=run_dir) as rt:  # no trackers chosen: rt.log writes a CSV file
+        for step in range(3):
+            rt.log({"mean_rank": rt.rank, "two": 2.0}, step=step, reduce="mean")
+            rt.log({"max_rank": rt.rank + step}, step=step, reduce="max")
+            rt.log({"own_rank": rt.rank}, step=step)  # rank 0's own value; the others' are ignored
+
+
+def test_rt_log_reduces_over_ranks_into_rank_zero(tmp_path):
+    run_on_ranks(log_from_every_rank, 2, str(tmp_path / "run"))
+    with open(tmp_path / "run" / "metrics.csv", newline="") as fh:
+        rows = [(int(r["step"]), r["key"], float(r["value"])) for r in csv.DictReader(fh)]
+    assert rows == [row for step in range(3) for row in (
+        (step, "mean_rank", 0.5), (step, "two", 2.0), (step, "max_rank", 1.0 + step), (step, "own_rank", 0.0))]
