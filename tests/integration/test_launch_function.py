@@ -32,7 +32,7 @@ def test_the_example_notebook_runs_a_notebook_function_on_two_ranks(tmp_path):
     losses = {line.split()[-1] for line in results.splitlines() if line.startswith("rank ")}
     assert len(losses) == 1 and float(losses.pop()) < 0.5, results  # the same mean on both ranks, trained down
     assert "rank 1 failed: RuntimeError('rank 1 gives up')" in _output(code[3]), _output(code[3])
-    assert (tmp_path / "trainscale-logs").is_dir()  # the ranks' logs, beside the notebook
+    assert (tmp_path / "trainscale-runs").is_dir()  # the ranks' logs, beside the notebook
 
 
 SCRIPT = '''

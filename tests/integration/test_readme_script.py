@@ -42,7 +42,7 @@ def test_the_readme_script_runs_on_one_process_and_on_two_ranks(tmp_path):
         assert "deprecated" not in output, output
     logged = next((two / "logs").glob("*/metrics.csv")).read_text().splitlines()
     assert [row.split(",")[:2] for row in logged[1:]] == [[str(e), "loss"] for e in range(5)], logged
-    assert "metrics go to" in plain.stdout and list((one / "trainscale-logs").glob("run-*/metrics.csv"))
+    assert "metrics go to" in plain.stdout and list((one / "trainscale-runs").glob("train-*/metrics.csv"))
     again = trainscale("run", "--nproc-per-node", "2", "--log-dir", "logs", "train.py", cwd=two)
     assert again.returncode == 0 and not _losses(again.stdout), again.stdout + again.stderr
     assert "resumed from checkpoints/" in again.stdout and "at step 5" in again.stdout, again.stdout

@@ -31,7 +31,7 @@ def launch(fn: Callable[..., Any], /, *args: Any, nproc: int | str = 1, max_rest
     """Run ``fn(*args)`` on ``nproc`` ranks of this machine (N, or ``gpu``/``cpu``/``auto`` as torchrun reads
     ``--nproc-per-node``); returns the ranks' return values, indexed by rank. Keyword arguments for ``fn``:
     ``functools.partial``. ``max_restarts``: restarts of all ranks after a failure (torchrun's); ``log_dir``:
-    where each rank's output goes (default ``./trainscale-logs``); ``env``: extra variables for the ranks;
+    where each rank's output goes (default ``./trainscale-runs``); ``env``: extra variables for the ranks;
     ``all_ranks``: show every rank's output, not rank 0's only."""
     from trainscale.launch.local import LocalLaunchSpec
     from trainscale.launch.local import launch as run_agent

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,7 +90,7 @@ class Session(Runtime):
                      name: str | None = None, run_id: str | None = None) -> None:
         """Send :meth:`log`'s values to ``trackers`` (tensorboard, wandb, mlflow, csv), written by rank 0 in
         ``directory`` (default: the run directory of ``trainscale run``/``slurm``, else
-        ``trainscale-logs/run-<date>-<time>``); rank 0 says once where each one writes. Every rank calls it."""
+        ``trainscale-runs/<script>-<date>-<time>``); rank 0 says once where each one writes. Every rank calls it."""
         from trainscale.train.trackers import Trackers, parse_trackers
 
         names = parse_trackers(trackers)
@@ -201,9 +202,12 @@ def init(*, trackers: str | Iterable[str] | None = None, run_dir: str | Path | N
 
 def default_run_dir(rt: Any) -> Path:
     """The run directory ``trainscale run`` and ``trainscale slurm`` give the ranks, else a new
-    ``trainscale-logs/run-<date>-<time>`` (a plain ``python train.py``)."""
+    ``trainscale-runs/<script>-<date>-<time>`` (a plain ``python train.py``), named as `trainscale run`
+    names its runs."""
+    from trainscale.launch.rundir import DEFAULT_ROOT
+
     if getattr(rt, "_tracker_dir", None) is not None:
         return rt._tracker_dir
     if rt.env.run_dir:
         return Path(rt.env.run_dir)
-    return Path("trainscale-logs") / f"run-{time.strftime('%Y%m%d-%H%M%S')}"
+    return DEFAULT_ROOT / f"{Path(sys.argv[0]).stem or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}"
