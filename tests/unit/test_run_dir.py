@@ -68,3 +68,34 @@ def test_the_run_record_says_what_ran_and_how_it_ended(tmp_path, monkeypatch):
     assert rundir.shown(tmp_path / "trainscale-runs" / "cnn-1") == "trainscale-runs/cnn-1"
     assert rundir.shown(tmp_path.parent / "logs" / "r") == "../logs/r"  # seed 003's --log-dir ../logs
     assert rundir.shown(Path("/elsewhere/run")) == "/elsewhere/run"
+
+
+def test_the_newest_run_is_latest_and_a_users_own_latest_is_left_alone(tmp_path):
+    from trainscale.launch.rundir import create
+
+    first = create(tmp_path, "cnn")
+    assert (tmp_path / "latest").resolve() == first.resolve()
+    second = create(tmp_path, "cnn")
+    assert second != first and (tmp_path / "latest").resolve() == second.resolve()
+    assert (tmp_path / "latest").is_symlink() and not list(tmp_path.glob(".latest.*"))
+    mine = tmp_path / "elsewhere"
+    mine.mkdir()
+    (mine / "latest").write_text("the user's own\n")
+    create(mine, "cnn")
+    assert (mine / "latest").read_text() == "the user's own\n"
+
+
+def test_last_is_the_newest_job_submitted_with_trainscale(tmp_path, monkeypatch):
+    import pytest
+
+    from trainscale.errors import SlurmError
+    from trainscale.launch.slurm.jobdir import STATE_VAR, JobRecord, load_record, save_record
+
+    monkeypatch.setenv(STATE_VAR, str(tmp_path))
+    with pytest.raises(SlurmError, match="no job submitted with trainscale"):
+        load_record("last")
+    common = dict(cluster="", name="j", launcher="srun", profile="local-test", script="s", output_dir=str(tmp_path),
+                  world_size=2, ranks_per_node=1, command="c")
+    save_record(JobRecord(job_id="9", submitted_at=100.0, **common))
+    save_record(JobRecord(job_id="10", submitted_at=200.0, **common))
+    assert load_record("last").job_id == "10"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from trainscale.bench import environment, plots as plotting, results, validity
 from trainscale.bench.study import StudySpec, choose_out_dir, plan
+from trainscale.launch.rundir import mark_latest
 from trainscale.errors import ConfigError
 
 
@@ -67,6 +68,7 @@ def run_study(spec: StudySpec, *, projection: ProjectionRequest | None = None, v
 
         jobs = prepare(spec.slurm, job_specs(the_plan, out_dir))
     out_dir.mkdir(parents=True, exist_ok=True)
+    mark_latest(out_dir)  # bench-out/latest: what `trainscale report bench-out/latest` reads next
     started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     runs = execute(the_plan, out_dir, verbose=verbose, console=console, jobs=jobs)
     study = {"target": spec.target, "baseline": the_plan.baseline.token, "environment": environment.collect(),

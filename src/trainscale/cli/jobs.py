@@ -63,19 +63,27 @@ def logs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _job(ref: str) -> str:
+    """A job id as given, or the newest job submitted with trainscale for ``last``."""
+    from trainscale.launch.slurm.jobdir import LAST, load_record
+
+    return load_record(ref).job_id if ref == LAST else ref
+
+
 def cancel(args: argparse.Namespace) -> int:
     from trainscale.launch.slurm import cancel as scancel
 
-    scancel(args.job_id, signal=args.signal)
+    job = _job(args.job_id)
+    scancel(job, signal=args.signal)
     what = f"sent {args.signal} to" if args.signal else "cancelled"
-    print(f"trainscale: {what} job {args.job_id}", file=sys.stderr)
+    print(f"trainscale: {what} job {job}", file=sys.stderr)
     return 0
 
 
 def attach(args: argparse.Namespace) -> int:
     from trainscale.launch.allocation import attach_command
 
-    command = attach_command(args.job_id, args.node, [c for c in args.command if c != "--"])
+    command = attach_command(_job(args.job_id), args.node, [c for c in args.command if c != "--"])
     os.execvp(command[0], command)  # the shell or command takes over this terminal
     return 0  # pragma: no cover
 
@@ -85,16 +93,16 @@ def register(sub) -> None:
     p.add_argument("--all", action="store_true", help="every user's jobs")
     p.set_defaults(func=jobs)
     p = sub.add_parser("logs", help="a job's batch output (with its first failing rank), or one rank's log")
-    p.add_argument("job_id", help="a job id of `trainscale jobs`")
+    p.add_argument("job_id", help="a job id of `trainscale jobs`, or `last`: the newest job submitted with trainscale")
     p.add_argument("--rank", type=int, default=None, help="show this global rank's output")
     p.add_argument("--tail", type=int, default=None, help="only the last N lines")
     p.set_defaults(func=logs)
     p = sub.add_parser("attach", help="a shell (or a command) on a running job's node: srun --jobid J --overlap")
-    p.add_argument("job_id", help="a running job's id")
+    p.add_argument("job_id", help="a running job's id, or `last`")
     p.add_argument("--node", default=None, help="which of the job's nodes (default: its first)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS... (default: an interactive shell)")
     p.set_defaults(func=attach)
     p = sub.add_parser("cancel", help="cancel a SLURM job (scancel)")
-    p.add_argument("job_id", help="the job's id (an array job's id cancels all its tasks, as scancel does)")
+    p.add_argument("job_id", help="the job's id (an array job's id cancels all its tasks, as scancel does), or `last`")
     p.add_argument("--signal", default=None, help="send this signal instead of cancelling, e.g. USR1")
     p.set_defaults(func=cancel)

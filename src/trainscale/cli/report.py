@@ -28,7 +28,8 @@ def register(sub) -> None:
                                    "directory, a sweep directory or a SLURM job submitted with trainscale: what ran, "
                                    "where, when and with which versions; a verdict; tables; plots.")
     p.add_argument("target", help="a run directory (what `trainscale run` names at its end), a `trainscale bench` "
-                                  "study directory, a `trainscale sweep` directory, or a SLURM job id")
+                                  "study directory, a `trainscale sweep` directory, a SLURM job id, or `last` (the newest "
+                                  "job submitted with trainscale); `<dir>/latest` is each kind's newest")
     p.add_argument("--out", help="where report.html, report.txt and the PNGs go (default: TARGET/report)")
     p.add_argument("--text", action="store_true", help="print the page as text only, write nothing")
     p.set_defaults(func=run)

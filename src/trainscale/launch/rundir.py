@@ -2,6 +2,7 @@
 its checkpoints (when the run makes them and no other place was given) and what ran.
 
     <log dir>/<label>-<YYYYmmdd-HHMMSS>[-k]/   the run (--log-dir DIR, default ./trainscale-runs)
+    <log dir>/latest -> the newest run directory
         run.json                   what ran: command, target, ranks and nodes, date, host, versions, outcome
         attempt_<k>/<local rank>/  torch's agent: stdout.log, stderr.log, error.json of every attempt
         metrics/                   the ranks' records (observe/records.py): what `trainscale report` reads
@@ -63,6 +64,26 @@ def label(target: str, args: tuple[str, ...], *, module: bool) -> str:
     return Path(target).stem or "run"
 
 
+LATEST = "latest"
+
+
+def mark_latest(directory: Path) -> None:
+    """``<parent>/latest`` -> ``directory``, so the next command names the newest run, study or job
+    without its date (``trainscale report trainscale-runs/latest``). Replaced only while it is a link:
+    a file or directory of the user's named ``latest`` is left alone. Best effort: no link, no harm."""
+    directory = Path(directory)
+    link = directory.parent / LATEST
+    if (link.exists() or link.is_symlink()) and not link.is_symlink():
+        return
+    tmp = directory.parent / f".{LATEST}.{os.getpid()}"
+    try:
+        tmp.unlink(missing_ok=True)
+        os.symlink(directory.name, tmp)
+        os.replace(tmp, link)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
 def create(root: Path, name: str, *, multinode: bool = False, now: datetime.datetime | None = None) -> Path:
     """A new run directory under ``root``: ``<name>-<stamp>``, ``-2``, ``-3``... when taken (made with an
     exclusive mkdir, so two runs started in the same second never share one). Each node of a multi-node
@@ -75,9 +96,10 @@ def create(root: Path, name: str, *, multinode: bool = False, now: datetime.date
         candidate = root / (base if k == 1 else f"{base}-{k}")
         try:
             candidate.mkdir()
-            return candidate
         except FileExistsError:
             continue
+        mark_latest(candidate)
+        return candidate
     raise FileExistsError(f"{root}: no free run directory name for {base}")
 
 

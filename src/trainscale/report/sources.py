@@ -44,12 +44,12 @@ def resolve(target: str) -> Source:
                               f"submission.json, results.json or sweep.json in it)",
                               hint=f"trainscale report takes {ACCEPTS}")
         return Source(kind, path)
-    if re.fullmatch(r"\d+(?:_\d+)?", target):
+    if re.fullmatch(r"\d+(?:_\d+)?|last", target):
         from trainscale.launch.slurm.jobdir import load_record
 
         record = load_record(target)
         run_dir = Path(record.run_dir) if record.run_dir else record.job_dir
-        return Source(kind_of(run_dir) or "run", run_dir, target)
+        return Source(kind_of(run_dir) or "run", run_dir, record.job_id)
     raise ConfigError(f"{target!r} is neither a directory nor a SLURM job id",
                       hint=f"trainscale report takes {ACCEPTS}")
 

@@ -146,6 +146,9 @@ def prepare_run(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> t
     check_snapshot(spec.snapshot, spec.script)
     plan = _fresh_run_dir(plan)
     plan.run_dir.mkdir(parents=True)
+    from trainscale.launch.rundir import mark_latest
+
+    mark_latest(plan.run_dir)  # trainscale-jobs/latest
     try:
         snapshot = take_snapshot(spec, plan)
     except BaseException:

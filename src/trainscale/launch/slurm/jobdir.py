@@ -92,7 +92,18 @@ def save_record(record: JobRecord) -> Path:
     return path
 
 
+LAST = "last"
+"""What ``trainscale logs|report|cancel|attach`` take for the newest job submitted with trainscale here."""
+
+
 def load_record(job_id: str) -> JobRecord:
+    """The record of ``job_id``, or of the newest job submitted with trainscale for ``last``."""
+    if job_id == LAST:
+        records = load_records()
+        if not records:
+            raise SlurmError(f"no job submitted with trainscale is recorded in {state_dir() / 'jobs'}",
+                             hint="submit one with `trainscale slurm ... --submit`, or give a job id")
+        return max(records, key=lambda r: (r.submitted_at or 0.0, r.job_id))
     path = _record_path(job_id)
     if not path.exists():
         raise SlurmError(f"no record of job {job_id} in {path.parent}",
