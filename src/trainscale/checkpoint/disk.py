@@ -68,13 +68,14 @@ def is_full(exc: BaseException) -> bool:
     return False
 
 
-def full_error(directory: Path, step: int, needed: int | None) -> CheckpointError:
-    """The error for a save of ``step`` that found the disk under ``directory`` full."""
+def full_error(directory: Path, step: int, needed: int | None, needs: str = "it needs") -> CheckpointError:
+    """The error for a save of ``step`` that found the disk under ``directory`` full; ``needed``: the
+    bytes ``needs`` (what was being written: the checkpoint, this rank's shards)."""
     try:
         free = f"{_mib(shutil.disk_usage(directory).free)} are free"
     except OSError:
         free = "the free space is unknown"
-    need = f"it needs about {_mib(needed)}, " if needed else ""
+    need = f"{needs} about {_mib(needed)}, " if needed else ""
     return CheckpointError(
         f"the disk holding {directory} is full: saving the checkpoint of step {step} failed ({need}{free})",
         hint=f"free space there, keep fewer checkpoints, or point --checkpoint-dir at a larger file system; the "
@@ -83,4 +84,4 @@ def full_error(directory: Path, step: int, needed: int | None) -> CheckpointErro
 
 
 def _mib(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n} bytes"
+    return f"{n / 2**20:.1f} MiB" if n >= 2**17 else f"{n} bytes"

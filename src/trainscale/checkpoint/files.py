@@ -120,7 +120,7 @@ def save_file(directory: Path, step: int, state: dict[str, Any], record: dict[st
 
     try:
         atomic_write(path, write, before_rename=seal)
-    except OSError as exc:
+    except (OSError, RuntimeError) as exc:  # torch.save's zip writer turns ENOSPC into a RuntimeError
         if disk.is_full(exc):
             raise disk.full_error(Path(directory), step, disk.state_bytes(state)) from exc
         raise

@@ -165,10 +165,10 @@ def _rest(state: dict[str, Any]) -> dict[str, Any]:
 
 def _failed(step: int, directory: Path, exc: BaseException, needed: int) -> CheckpointError:
     failures = getattr(exc, "failures", None) or {}
-    if any(disk.is_full(err[0]) for err in failures.values()):
-        full = disk.full_error(Path(directory), step, None)
-        return CheckpointError(f"{full.message} (failing: {_describe(exc)}; this rank's shards hold about "
-                               f"{needed / 2**20:.1f} MiB)", hint=full.hint)
+    full_on = sorted(rank for rank, err in failures.items() if disk.is_full(err[0]))
+    if full_on:
+        full = disk.full_error(Path(directory), step, needed, needs="this rank's shards need")
+        return CheckpointError(f"{full.message} on rank(s) {', '.join(map(str, full_on))}", hint=full.hint)
     return CheckpointError(f"saving the sharded checkpoint of step {step} failed: {_describe(exc)}",
                            hint=f"the newest complete checkpoint in {directory} stays the one to resume from; "
                                 "check free space and permissions")
@@ -181,7 +181,7 @@ def _complete(partial: Path, final: Path, rest: dict[str, Any], record: dict[str
     the partial directory removed."""
     try:
         _seal(partial, rest, record, writer)
-    except OSError as exc:
+    except (OSError, RuntimeError) as exc:  # torch.save's zip writer turns ENOSPC into a RuntimeError
         shutil.rmtree(partial, ignore_errors=True)
         if disk.is_full(exc):
             raise disk.full_error(final.parent, step, disk.state_bytes(rest)) from exc
