@@ -95,6 +95,31 @@ def test_a_damaged_newest_sharded_checkpoint_falls_back_to_the_previous_with_one
     assert not (tmp_path / "pwned").exists()
 
 
+def test_a_crafted_dcp_entry_is_refused_while_choosing_and_the_previous_checkpoint_is_used(tmp_path, rt, caplog):
+    """A non-tensor entry of the shards (pickled by DCP into __0_0.distcp, listed in a valid manifest)
+    is loaded with weights_only while the checkpoint is chosen, so it is skipped, not half-loaded."""
+    from trainscale.checkpoint.damage import Payload
+
+    ck = Checkpointer(tmp_path / "ck", rt, strategy=get_strategy("fsdp"), keep=5)
+    ck.save(1, {"model": {"w": torch.ones(4)}, "step": 1})
+    ck.save(2, {"model": {"w": torch.ones(4), "evil": Payload(tmp_path / "pwned")}, "step": 2})
+    with caplog.at_level(logging.WARNING, logger="trainscale.checkpoint"):
+        assert ck.latest().step == 1
+    warnings = _warnings(caplog)
+    assert len(warnings) == 1 and "__0_0.distcp holds the entry model.evil" in warnings[0] and "refused" in warnings[0]
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_a_file_the_manifest_does_not_list_makes_a_checkpoint_unverified(tmp_path, rt, caplog):
+    ck = Checkpointer(tmp_path / "ck", rt, strategy=get_strategy("fsdp"), keep=5)
+    ck.save(1, {"model": {"w": torch.ones(4)}, "step": 1})
+    newest = ck.save(2, {"model": {"w": torch.ones(4)}, "step": 2})
+    shutil.copy(newest / "__0_0.distcp", newest / "__1_0.distcp")  # e.g. a shard of another save copied in
+    with caplog.at_level(logging.WARNING, logger="trainscale.checkpoint"):
+        assert ck.latest().step == 1
+    assert "__1_0.distcp is not listed in the checkpoint's manifest" in caplog.text
+
+
 def test_torch_s_own_reader_would_run_a_crafted_metadata_trainscale_s_refuses_it(tmp_path):
     """The payload is live (torch's FileSystemReader runs it); trainscale's reader never does."""
     from torch.distributed.checkpoint import FileSystemReader

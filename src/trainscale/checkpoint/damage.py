@@ -27,7 +27,9 @@ DAMAGES = ("truncate", "zero", "flip", "delete", "payload")
 delete: removed; payload: replaced by a pickle that runs ``touch MARKER`` when unpickled unsafely."""
 
 
-class _Payload:
+class Payload:
+    """An object that, once unpickled with plain pickle, has run ``touch marker``."""
+
     def __init__(self, marker: Path) -> None:
         self.marker = marker
 
@@ -37,7 +39,7 @@ class _Payload:
 
 def payload_pickle(marker: Path) -> bytes:
     """A plain pickle that runs ``touch marker`` when loaded with ``pickle.load`` (torch's DCP reader)."""
-    return pickle.dumps(_Payload(Path(marker)))
+    return pickle.dumps(Payload(Path(marker)))
 
 
 def target_of(checkpoint: Path, kind: str, target: str | None = None) -> Path:
@@ -81,7 +83,7 @@ def damage(checkpoint: Path, kind: str, *, target: str | None = None, marker: Pa
         if marker is None:
             raise ValueError("a payload needs marker=, the file it would create")
         if victim.name.endswith(".pt"):  # a torch file: the payload rides inside a plausible checkpoint
-            torch.save({"payload": _Payload(Path(marker)), layout.RECORD: {"complete": True}}, victim)
+            torch.save({"payload": Payload(Path(marker)), layout.RECORD: {"complete": True}}, victim)
         else:
             victim.write_bytes(payload_pickle(Path(marker)))
         _reseal(Path(checkpoint), victim)

@@ -88,6 +88,34 @@ def read_metadata(path: Path) -> Any:
     return metadata
 
 
+def check_byte_entries(path: Path, metadata: Any, files: set[str]) -> None:
+    """Load every non-tensor entry stored in ``files`` (names inside the checkpoint ``path``) with
+    ``weights_only=True``, so that a refused one is found while the checkpoint is being chosen (and
+    skipped), not halfway through DCP's load. They are small: optimizer hyper-parameters and the like."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    wanted = {fqn for fqn, kind in metadata.state_dict_metadata.items() if isinstance(kind, BytesStorageMetadata)}
+    for index, where in sorted((metadata.storage_data or {}).items(), key=lambda item: item[0].fqn):
+        if index.fqn not in wanted or where.relative_path not in files:
+            continue
+        if where.transform_descriptors:
+            raise CheckpointError(f"{path / where.relative_path} stores {index.fqn} through stream transforms "
+                                  f"{list(where.transform_descriptors)}, which trainscale does not write",
+                                  hint=REFUSE)
+        with open(path / where.relative_path, "rb") as fh:
+            fh.seek(where.offset)
+            data = io.BytesIO(fh.read(where.length))
+        try:
+            torch.load(data, weights_only=True)
+        except pickle.UnpicklingError as exc:
+            raise CheckpointError(f"{path / where.relative_path} holds the entry {index.fqn}, whose objects are not "
+                                  "plain tensors/containers, and was refused", hint=REFUSE) from exc
+        except (RuntimeError, EOFError, ValueError, OSError) as exc:
+            raise CheckpointError(f"{path / where.relative_path}: the entry {index.fqn} is unreadable "
+                                  f"({type(exc).__name__})", hint="nothing to do: the previous checkpoint is used"
+                                  ) from None
+
+
 class SafeReader(FileSystemReader):
     """torch's reader, but ``.metadata`` goes through :func:`read_metadata`. It takes no ``rank``
     argument, so DCP never falls back to rank-local metadata files either."""
