@@ -135,7 +135,7 @@ class Loop:
         self.task.loader.load_state_dict({"epoch": epoch})
         self.rebuild = True  # before the first step: the strategy's after-resume step (DDP buckets)
         self.rt.print(f"Resumed from {found.path} at step {self.step} (epoch {epoch + 1}, batch {batch}); "
-                      f"written with world size {written}, now {self.rt.world_size}")
+                      f"written with world size {written}, now {self.rt.world_size}; {found.verified}")
         return epoch, batch * self.accumulation
 
     # -- running ---------------------------------------------------------------------------------
