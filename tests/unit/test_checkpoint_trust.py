@@ -174,6 +174,7 @@ def test_saves_hash_what_they_write_and_never_read_it_back(tmp_path, rt, monkeyp
         raise AssertionError(f"{path} was read back to hash it")
 
     monkeypatch.setattr(integrity, "hash_file", no_reading)
+    monkeypatch.setattr(integrity, "_hash_piece", no_reading)
     file = Checkpointer(tmp_path / "file", rt).save(1, {"w": torch.ones(4)})
     directory = Checkpointer(tmp_path / "dcp", rt, strategy=strategy).save(
         1, {"model": strategy.checkpoint_state(model, opt), "step": 1})
@@ -185,6 +186,29 @@ def test_saves_hash_what_they_write_and_never_read_it_back(tmp_path, rt, monkeyp
     for name, entry in marker[integrity.FILES].items():
         assert integrity.hash_file(directory / name) == entry
     assert not list(directory.glob(".files-*"))  # the per-rank records were merged into the marker
+
+
+@pytest.mark.parametrize("size", [0, 999, 1000, 3500])
+def test_pieces_hashed_while_writing_are_those_of_the_file_and_a_flip_names_its_piece(size, tmp_path, monkeypatch):
+    import hashlib
+    import os
+
+    monkeypatch.setattr(integrity, "PIECE", 1000)
+    data = os.urandom(size)
+    with open(tmp_path / "f", "wb") as fh:
+        stream = integrity.HashingStream(fh)
+        for start in range(0, size, 333):  # writes that straddle the pieces' boundaries
+            stream.write(data[start:start + 333])
+    entry = stream.entry()
+    pieces = [data[i:i + 1000] for i in range(0, size, 1000)] or [b""]
+    assert entry == {"size": size, "piece": 1000, "sha256": [hashlib.sha256(p).hexdigest() for p in pieces]}
+    assert integrity.hash_file(tmp_path / "f") == entry
+    assert integrity.verify(tmp_path, {"f": entry}, ["f"], threads=3).bytes == size
+    if size > 2000:
+        damage(tmp_path / "f", "flip")  # byte 1750: the second piece
+        with pytest.raises(CheckpointError, match=r"f does not match the SHA-256 in its manifest \(a changed byte "
+                                                  r"in bytes 1000-2000\)"):
+            integrity.verify(tmp_path, {"f": entry}, ["f"], threads=3)
 
 
 # ------------------------------------------------------------------------------ where checkpoints go

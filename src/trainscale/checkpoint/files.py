@@ -52,28 +52,24 @@ def read_torch_file(path: Path, map_location: str | torch.device = "cpu") -> Any
 def read_verified(path: Path, entry: dict[str, Any], map_location: str | torch.device = "cpu"
                   ) -> tuple[Any, integrity.Verified]:
     """:func:`read_torch_file` of a file whose manifest ``entry`` must match. The size is checked first;
-    the hash is computed on another thread while torch loads the file (nothing loaded is used before
-    it matches), so verifying costs little more than the load itself. CheckpointError names the file."""
+    the pieces are hashed on other threads while torch loads the file (nothing loaded is used before
+    they match), so verifying adds little to the load itself. CheckpointError names the file."""
     path = Path(path)
-    size = path.stat().st_size
-    if size != entry["size"]:
-        raise integrity.mismatch(path, entry, {"size": size, "sha256": ""})
+    error = integrity.check_size(path, entry)
+    if error is not None:
+        raise error
     with ThreadPoolExecutor(max_workers=1) as pool:
-        hashing = pool.submit(integrity.hash_file, path)
+        checking = pool.submit(integrity.verify, path.parent, {path.name: entry}, [path.name])
         failure: CheckpointError | None = None
         try:
             state = read_torch_file(path, map_location)
         except CheckpointError as exc:
             state, failure = None, exc
         loaded = time.perf_counter()
-        got = hashing.result()
-    waited = time.perf_counter() - loaded  # what verifying added to the load
-    bad = integrity.mismatch(path, entry, got)
-    if bad is not None:
-        raise bad  # the more precise reason when the bytes changed
+        checking.result()  # raises the more precise reason when the bytes changed
     if failure is not None:
         raise failure
-    return state, integrity.Verified(1, size, waited)
+    return state, integrity.Verified(1, entry["size"], time.perf_counter() - loaded)  # what verifying added
 
 
 def open_file(path: Path, map_location: str | torch.device = "cpu") -> tuple[dict[str, Any], integrity.Verified]:

@@ -5,11 +5,16 @@ and the file: torch.save's stream, DCP's shard streams), so a save never reads i
 Only files written by someone else's code (a strategy's native files: DeepSpeed opens its own) are
 hashed by reading them once, before the checkpoint is made visible.
 
-A manifest is JSON: the checkpoint's record, ``"files": {relative path: {"size", "sha256"}}`` and
-``"digest"``, the SHA-256 of all the rest (canonical JSON), so that a flipped byte in the manifest
-itself is caught too. It detects accidents (truncation, bit rot, a half-copied directory, a lost
-shard); it authenticates nothing: whoever can write a checkpoint can rewrite its manifest
-(docs/security.md: what keeps a crafted checkpoint from running code is the restricted unpickling).
+A manifest is JSON: the checkpoint's record, ``"files": {relative path: entry}`` and ``"digest"``,
+the SHA-256 of all the rest (canonical JSON), so that a flipped byte in the manifest itself is
+caught too. An entry is ``{"size": bytes, "piece": PIECE, "sha256": [one per PIECE bytes]}``: the
+SHA-256 of each 16 MiB piece rather than of the whole file, so that checking runs on every core
+(hashlib hashes outside the GIL) instead of one, while writing still hashes each byte once. A file
+of at most one piece has the digest ``sha256sum`` prints.
+
+It detects accidents (truncation, bit rot, a half-copied directory, a lost shard); it authenticates
+nothing: whoever can write a checkpoint can rewrite its manifest (docs/security.md: what keeps a
+crafted checkpoint from running code is the restricted unpickling).
 """
 
 from __future__ import annotations
@@ -26,11 +31,14 @@ from typing import Any, Iterable
 from trainscale.errors import CheckpointError
 
 FILES, DIGEST = "files", "digest"
-_CHUNK = 8 << 20  # hashlib releases the GIL on large updates: big reads let hashing run beside loading
+PIECE = 16 << 20
+"""Bytes per hashed piece: small enough to spread one shard over a node's cores, large enough that a
+200 GB checkpoint's manifest stays ~1 MB."""
+AGAIN = "nothing to do: the previous checkpoint is used"
 
 
 class HashingStream:
-    """A write-only stream that forwards every byte to ``raw`` and hashes it on the way.
+    """A write-only stream that forwards every byte to ``raw`` and hashes it on the way, piece by piece.
 
     Sequential writes only: seeking back would make the hash differ from the file, so it cannot
     (torch.save and DCP's shard writer never seek). Closing it flushes ``raw``; whoever opened
@@ -38,7 +46,9 @@ class HashingStream:
 
     def __init__(self, raw: Any) -> None:
         self.raw = raw
+        self._pieces: list[str] = []
         self._sha = hashlib.sha256()
+        self._filled = 0  # bytes in the current piece
         self.size = 0
         self.closed = False
 
@@ -46,7 +56,15 @@ class HashingStream:
         view = memoryview(data).cast("B")
         written = self.raw.write(view)
         written = len(view) if written is None else written
-        self._sha.update(view[:written])
+        view = view[:written]
+        while view:
+            take = min(len(view), PIECE - self._filled)
+            self._sha.update(view[:take])
+            self._filled += take
+            view = view[take:]
+            if self._filled == PIECE:
+                self._pieces.append(self._sha.hexdigest())
+                self._sha, self._filled = hashlib.sha256(), 0
         self.size += written
         return written
 
@@ -71,20 +89,41 @@ class HashingStream:
             self.closed = True
 
     def entry(self) -> dict[str, Any]:
-        """This stream's manifest entry: the size and SHA-256 of everything written so far."""
-        return {"size": self.size, "sha256": self._sha.hexdigest()}
+        """This stream's manifest entry: the size and piece hashes of everything written so far."""
+        last = [self._sha.hexdigest()] if self._filled or not self._pieces else []
+        return {"size": self.size, "piece": PIECE, "sha256": self._pieces + last}
+
+
+def _hash_piece(path: Path, index: int, piece: int) -> str:
+    sha = hashlib.sha256()
+    with open(path, "rb", buffering=0) as fh:
+        fh.seek(index * piece)
+        left, buffer = piece, bytearray(min(piece, 8 << 20))
+        view = memoryview(buffer)
+        while left and (n := fh.readinto(view[:min(left, len(buffer))])):
+            sha.update(view[:n])
+            left -= n
+    return sha.hexdigest()
 
 
 def hash_file(path: Path) -> dict[str, Any]:
     """A file's manifest entry, by reading it (for files someone else's code wrote)."""
-    sha, size = hashlib.sha256(), 0
-    buffer = bytearray(_CHUNK)
-    view = memoryview(buffer)
+    stream = HashingStream(_Discard())
     with open(path, "rb", buffering=0) as fh:
+        buffer = bytearray(8 << 20)
+        view = memoryview(buffer)
         while n := fh.readinto(buffer):
-            sha.update(view[:n])
-            size += n
-    return {"size": size, "sha256": sha.hexdigest()}
+            stream.write(view[:n])
+    return stream.entry()
+
+
+class _Discard:
+    def write(self, data: Any) -> int:
+        return len(data)
+
+
+def _pieces(size: int, piece: int) -> int:
+    return max(1, -(-size // piece))
 
 
 def _canonical(manifest: dict[str, Any]) -> bytes:
@@ -94,7 +133,7 @@ def _canonical(manifest: dict[str, Any]) -> bytes:
 
 def seal(manifest: dict[str, Any]) -> str:
     """``manifest`` (a record and its FILES) as the JSON text to write, with its DIGEST."""
-    return json.dumps({**manifest, DIGEST: hashlib.sha256(_canonical(manifest)).hexdigest()}, indent=2,
+    return json.dumps({**manifest, DIGEST: hashlib.sha256(_canonical(manifest)).hexdigest()}, indent=1,
                       sort_keys=True)
 
 
@@ -104,24 +143,25 @@ def unseal(path: Path) -> dict[str, Any]:
     try:
         manifest = json.loads(Path(path).read_bytes())
     except FileNotFoundError:
-        raise CheckpointError(f"{path} is missing: the save was interrupted before it completed",
-                              hint="nothing to do: the previous checkpoint is used") from None
+        raise CheckpointError(f"{path} is missing: the save was interrupted before it completed", hint=AGAIN) from None
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{path} is unreadable ({type(exc).__name__}): the checkpoint's manifest is damaged",
-                              hint="nothing to do: the previous checkpoint is used") from None
+                              hint=AGAIN) from None
     files = manifest.get(FILES) if isinstance(manifest, dict) else None
     if not isinstance(files, dict) or not all(_is_entry(e) for e in files.values()):
-        raise CheckpointError(f"{path} holds no manifest of the checkpoint's files",
-                              hint="nothing to do: the previous checkpoint is used")
+        raise CheckpointError(f"{path} holds no manifest of the checkpoint's files", hint=AGAIN)
     if manifest.get(DIGEST) != hashlib.sha256(_canonical(manifest)).hexdigest():
-        raise CheckpointError(f"{path} does not match its own digest: the checkpoint's manifest is damaged",
-                              hint="nothing to do: the previous checkpoint is used")
+        raise CheckpointError(f"{path} does not match its own digest: the checkpoint's manifest is damaged", hint=AGAIN)
     return manifest
 
 
 def _is_entry(entry: Any) -> bool:
-    return (isinstance(entry, dict) and isinstance(entry.get("size"), int) and isinstance(entry.get("sha256"), str)
-            and len(entry["sha256"]) == 64)
+    if not (isinstance(entry, dict) and isinstance(entry.get("size"), int) and isinstance(entry.get("piece"), int)
+            and entry["piece"] > 0 and isinstance(entry.get("sha256"), list)):
+        return False
+    digests = entry["sha256"]
+    return len(digests) == _pieces(entry["size"], entry["piece"]) and all(
+        isinstance(d, str) and len(d) == 64 for d in digests)
 
 
 def check_listing(root: Path, files: dict[str, Any], *, own: Iterable[str] = ()) -> None:
@@ -130,30 +170,23 @@ def check_listing(root: Path, files: dict[str, Any], *, own: Iterable[str] = ())
     root = Path(root)
     present = {p.relative_to(root).as_posix() for p in root.rglob("*") if not p.is_dir()} if root.is_dir() else set()
     for name in sorted(files):
-        path = root / name
         if name not in present:
-            raise CheckpointError(f"{path} is missing (it is listed in the checkpoint's manifest)",
-                                  hint="nothing to do: the previous checkpoint is used")
-        size = path.stat().st_size
-        if size != files[name]["size"]:
-            what = "empty" if size == 0 else ("truncated" if size < files[name]["size"] else "longer than written")
-            raise CheckpointError(f"{path} holds {size} bytes, its manifest says {files[name]['size']} ({what})",
-                                  hint="nothing to do: the previous checkpoint is used")
+            raise CheckpointError(f"{root / name} is missing (it is listed in the checkpoint's manifest)", hint=AGAIN)
+        error = check_size(root / name, files[name])
+        if error is not None:
+            raise error
     extra = sorted(present - set(files) - set(own))
     if extra:
-        raise CheckpointError(f"{root / extra[0]} is not listed in the checkpoint's manifest",
-                              hint="nothing to do: the previous checkpoint is used")
+        raise CheckpointError(f"{root / extra[0]} is not listed in the checkpoint's manifest", hint=AGAIN)
 
 
-def mismatch(path: Path, entry: dict[str, Any], got: dict[str, Any]) -> CheckpointError | None:
-    """The error for a file whose bytes are not those its manifest entry describes (None if they are)."""
-    if got == {"size": entry["size"], "sha256": entry["sha256"]}:
+def check_size(path: Path, entry: dict[str, Any]) -> CheckpointError | None:
+    """The error for a file whose size is not its manifest's (None when it is)."""
+    size = Path(path).stat().st_size
+    if size == entry["size"]:
         return None
-    if got["size"] != entry["size"]:
-        return CheckpointError(f"{path} holds {got['size']} bytes, its manifest says {entry['size']}",
-                               hint="nothing to do: the previous checkpoint is used")
-    return CheckpointError(f"{path} does not match the SHA-256 in its manifest (a changed byte)",
-                           hint="nothing to do: the previous checkpoint is used")
+    what = "empty" if size == 0 else ("truncated" if size < entry["size"] else "longer than written")
+    return CheckpointError(f"{path} holds {size} bytes, its manifest says {entry['size']} ({what})", hint=AGAIN)
 
 
 def share(files: dict[str, Any], rank: int, world_size: int) -> list[str]:
@@ -186,23 +219,30 @@ class Verified:
 
 
 def verify(root: Path, files: dict[str, Any], names: Iterable[str], threads: int | None = None) -> Verified:
-    """Hash ``names`` (relative to ``root``, a few at a time) against ``files``; CheckpointError naming
-    the first file that differs."""
+    """Hash the pieces of ``names`` (relative to ``root``) on ``threads`` threads (default: this
+    process's CPUs) against ``files``; CheckpointError naming the first file that differs. Sizes
+    are checked first (a stat each)."""
     names = sorted(names)
     began = time.perf_counter()
-    if names:
-        with ThreadPoolExecutor(max_workers=min(threads or default_threads(), len(names))) as pool:
-            got = list(pool.map(lambda n: hash_file(Path(root) / n), names))
-        for name, entry in zip(names, got):
-            error = mismatch(Path(root) / name, files[name], entry)
-            if error is not None:
-                raise error
+    for name in names:
+        error = check_size(Path(root) / name, files[name])
+        if error is not None:
+            raise error
+    jobs = [(name, i) for name in names for i in range(_pieces(files[name]["size"], files[name]["piece"]))]
+    if jobs:
+        with ThreadPoolExecutor(max_workers=min(threads or default_threads(), len(jobs))) as pool:
+            got = list(pool.map(lambda job: _hash_piece(Path(root) / job[0], job[1], files[job[0]]["piece"]), jobs))
+        for (name, i), digest in zip(jobs, got):
+            if digest != files[name]["sha256"][i]:
+                raise CheckpointError(f"{Path(root) / name} does not match the SHA-256 in its manifest (a changed "
+                                      f"byte in bytes {i * files[name]['piece']}-"
+                                      f"{min((i + 1) * files[name]['piece'], files[name]['size'])})", hint=AGAIN)
     return Verified(len(names), sum(files[n]["size"] for n in names), time.perf_counter() - began)
 
 
 def default_threads() -> int:
-    """Hashing threads per process: this rank's CPUs (hashlib runs outside the GIL), at most 4."""
+    """Hashing threads per process: this process's CPUs (a rank's own, where it is bound), at most 16."""
     try:
-        return max(1, min(4, len(os.sched_getaffinity(0))))
+        return max(1, min(16, len(os.sched_getaffinity(0))))
     except AttributeError:  # not Linux
-        return max(1, min(4, os.cpu_count() or 1))
+        return max(1, min(16, os.cpu_count() or 1))
