@@ -16,8 +16,9 @@ default size and widened to ~84 MB (benchmarks/checkpoint_stall.py's width). Per
 - cpu: the same two paths in CPU seconds of this process (every thread): the work verifying adds,
   which oversubscribed cores do not distort the way they distort wall time.
 
-Best of the repeats for each (the least disturbed run: on a shared machine other processes only ever
-add time); ratio = (verified - load) / load (goal <= 0.25). Files were just written, so both read
+Each load runs in a fresh process, as a resume does (fresh memory: page faults are part of a load),
+the two alternating which goes first. Best of the repeats for each (the least disturbed run: on a
+shared machine other processes only ever add time); ratio = (verified - load) / load (goal <= 0.25). Files were just written, so both read
 from the page cache: the worst case for the ratio (from a cold disk the read dominates both).
 """
 
@@ -31,7 +32,7 @@ from pathlib import Path
 from _common import PYTHON, clean_env, load, run, verdict
 
 
-def _dcp_load(path: Path) -> None:
+def _dcp_load(path: Path) -> dict:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
 
@@ -39,46 +40,52 @@ def _dcp_load(path: Path) -> None:
 
     state: dict = {}
     dcp.load(state, storage_reader=SafeReader(path), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    return state
 
 
-def _plain(path: Path) -> None:
+def child(directory: Path, how: str) -> None:
+    """One resume's load, in a fresh process as a resume is (fresh memory, nothing warmed up): prints
+    {"wall", "cpu", "hashing"} as JSON."""
+    import json
+    import warnings
+
     import torch
 
-    if path.is_file():
-        torch.load(path, weights_only=True)
+    from trainscale.checkpoint import find_latest, list_checkpoints
+
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    path, hashing = list_checkpoints(directory)[0][1], 0.0
+    began, cpu = time.perf_counter(), time.process_time()
+    if how == "verified":
+        found = find_latest(directory)
+        kept = (found, _dcp_load(found.path) if found.path.is_dir() else None)
+        hashing = found.verified.seconds
+    elif path.is_file():
+        kept = torch.load(path, weights_only=True)
     else:
-        _dcp_load(path)
-        torch.load(path / "extra.pt", weights_only=True)
-
-
-def _verified(directory: Path) -> tuple[Path, float]:
-    from trainscale.checkpoint import find_latest
-
-    found = find_latest(directory)
-    if found.path.is_dir():
-        _dcp_load(found.path)
-    return found.path, found.verified.seconds
+        kept = (_dcp_load(path), torch.load(path / "extra.pt", weights_only=True))
+    print(json.dumps({"wall": time.perf_counter() - began, "cpu": time.process_time() - cpu, "hashing": hashing}))
+    del kept
 
 
 def measure(directory: Path, repeats: int) -> dict[str, float]:
-    """Best-of-``repeats`` seconds of a plain load, a verified one and the hashing, and the size."""
-    import warnings
+    """Best-of-``repeats`` seconds (wall, CPU) of a plain load and a verified one, each in a fresh
+    process, alternating which goes first; the hashing's own time; the checkpoint's size."""
+    import json
 
-    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-    plain, verified, hashing, cpu_plain, cpu_verified = [], [], [], [], []
-    for _ in range(repeats):
-        began, cpu = time.perf_counter(), time.process_time()
-        path, hashed = _verified(directory)
-        verified.append(time.perf_counter() - began)
-        cpu_verified.append(time.process_time() - cpu)
-        hashing.append(hashed)
-        began, cpu = time.perf_counter(), time.process_time()
-        _plain(path)
-        plain.append(time.perf_counter() - began)
-        cpu_plain.append(time.process_time() - cpu)
+    from trainscale.checkpoint import list_checkpoints
+
+    got: dict[str, list[dict]] = {"plain": [], "verified": []}
+    for k in range(repeats):
+        for how in (("verified", "plain") if k % 2 else ("plain", "verified")):
+            _, out = run([PYTHON, __file__, "--child", str(directory), how], env=clean_env(), timeout=600)
+            got[how].append(json.loads(out.strip().splitlines()[-1]))
+    path = list_checkpoints(directory)[0][1]
     files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
-    return {"load": min(plain), "verified": min(verified), "hashing": min(hashing), "cpu_load": min(cpu_plain),
-            "cpu_verified": min(cpu_verified), "mib": sum(p.stat().st_size for p in files) / 2**20}
+    best = {how: {key: min(r[key] for r in runs) for key in ("wall", "cpu", "hashing")} for how, runs in got.items()}
+    return {"load": best["plain"]["wall"], "verified": best["verified"]["wall"], "hashing": best["verified"]["hashing"],
+            "cpu_load": best["plain"]["cpu"], "cpu_verified": best["verified"]["cpu"],
+            "mib": sum(p.stat().st_size for p in files) / 2**20}
 
 
 def synthetic(root: Path, mb: int) -> dict[str, Path]:
@@ -107,9 +114,12 @@ def gpt(root: Path, strategy: str, width: int) -> Path:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--mb", type=int, default=200)
+    p.add_argument("--child", nargs=2, metavar=("DIR", "HOW"), help=argparse.SUPPRESS)
     a = p.parse_args()
+    if a.child:
+        return child(Path(a.child[0]), a.child[1])
     root = Path(tempfile.mkdtemp(prefix="ts-ckpt-verify-"))
     cases = synthetic(root, a.mb)
     for strategy, kind in (("ddp", "rank-0 file"), ("fsdp", "DCP shards")):

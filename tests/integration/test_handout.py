@@ -6,6 +6,7 @@ scheduler halved the copy's lr while the optimizer kept training at the saved on
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -57,6 +58,7 @@ def resume_with_a_scheduler(root: str) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_a_scheduler_on_the_handed_optimizer_moves_the_learning_rate_that_trains_after_a_resume(tmp_path):
     for rank, out in run_on_ranks(resume_with_a_scheduler, 2, str(tmp_path)).items():
         assert out["handed"], rank
