@@ -1,6 +1,6 @@
 """What verifying a checkpoint against its manifest adds to a resume: a ratio, added / load.
 
-    .venv/bin/python benchmarks/checkpoint_verify.py [--repeats 7] [--mb 200]
+    .venv/bin/python benchmarks/checkpoint_verify.py [--repeats 5] [--mb 200]
 
 Checkpoints: a synthetic ~200 MB rank-0 file and the same state as DCP shards (one process), and the
 gpt workload's own checkpoints written by `trainscale run` (ddp: a rank-0 file; fsdp: shards), at its
@@ -18,8 +18,9 @@ default size and widened to ~84 MB (benchmarks/checkpoint_stall.py's width). Per
 
 Each load runs in a fresh process, as a resume does (fresh memory: page faults are part of a load),
 the two alternating which goes first. Best of the repeats for each (the least disturbed run: on a
-shared machine other processes only ever add time); ratio = (verified - load) / load (goal <= 0.25). Files were just written, so both read
-from the page cache: the worst case for the ratio (from a cold disk the read dominates both).
+shared machine other processes only ever add time); ratio = (verified - load) / load (goal <= 0.25).
+Files were just written, so both read from the page cache: the worst case for the ratio (from a
+cold disk the read dominates both).
 """
 
 from __future__ import annotations

@@ -30,7 +30,8 @@ def rt(monkeypatch, tmp_path):
 
 
 def _warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "trainscale.checkpoint" and r.levelno >= logging.WARNING]
+    return [r.getMessage() for r in caplog.records
+            if r.name == "trainscale.checkpoint" and r.levelno >= logging.WARNING]
 
 
 # ------------------------------------------------------------------------------ rank-0 files
