@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-
 from trainscale.checkpoint import disk, integrity, layout
 from trainscale.checkpoint.atomic import atomic_torch_save, atomic_write_text, fsync_dir
 from trainscale.checkpoint.files import AGAIN, read_verified
