@@ -15,9 +15,8 @@ import torch
 
 from trainscale.checkpoint import disk, integrity, layout
 from trainscale.checkpoint.atomic import atomic_write, atomic_write_text
+from trainscale.checkpoint.integrity import AGAIN
 from trainscale.errors import CheckpointError
-
-AGAIN = "nothing to do: the previous checkpoint is used"
 
 
 def _first_line(exc: BaseException) -> str:

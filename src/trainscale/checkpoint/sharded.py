@@ -20,7 +20,8 @@ from typing import Any, Callable
 
 from trainscale.checkpoint import disk, integrity, layout
 from trainscale.checkpoint.atomic import atomic_torch_save, atomic_write_text, fsync_dir
-from trainscale.checkpoint.files import AGAIN, read_verified
+from trainscale.checkpoint.files import read_verified
+from trainscale.checkpoint.integrity import AGAIN
 from trainscale.errors import CheckpointError
 
 
