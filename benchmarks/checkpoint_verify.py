@@ -26,6 +26,7 @@ cold disk the read dominates both).
 from __future__ import annotations
 
 import argparse
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -122,6 +123,13 @@ def main() -> None:
     if a.child:
         return child(Path(a.child[0]), a.child[1])
     root = Path(tempfile.mkdtemp(prefix="ts-ckpt-verify-"))
+    try:
+        report(root, a)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)  # ~0.7 GB of checkpoints
+
+
+def report(root: Path, a: argparse.Namespace) -> None:
     cases = synthetic(root, a.mb)
     for strategy, kind in (("ddp", "rank-0 file"), ("fsdp", "DCP shards")):
         cases[f"gpt workload (default), {kind}"] = gpt(root, strategy, 128)
