@@ -212,7 +212,7 @@ def test_sigkill_during_a_sharded_save_leaves_the_previous_checkpoint(tmp_path):
     assert found is not None and found.step == 1
 
 
-# Damages that one rank alone finds (rank 1's shard is hashed by one rank only), that every rank finds
+# Damages that one rank alone finds (each small shard is one piece, hashed by one rank), that every rank finds
 # (a payload in DCP's index, which every rank reads) and a rank-0 file's.
 DAMAGED = {"fsdp": [("truncate", "__0_0.distcp"), ("truncate", "__1_0.distcp"), ("flip", "__1_0.distcp"),
                     ("delete", "__1_0.distcp"), ("payload", ".metadata")],

@@ -205,11 +205,16 @@ def test_pieces_hashed_while_writing_are_those_of_the_file_and_a_flip_names_its_
     assert entry == {"size": size, "piece": 1000, "sha256": [hashlib.sha256(p).hexdigest() for p in pieces]}
     assert integrity.hash_file(tmp_path / "f") == entry
     assert integrity.verify(tmp_path, {"f": entry}, ["f"], threads=3).bytes == size
+    shares = [integrity.verify(tmp_path, {"f": entry}, ["f"], rank=r, world_size=2).bytes for r in (0, 1)]
+    assert sum(shares) == size  # two ranks hash every piece once between them
     if size > 2000:
-        damage(tmp_path / "f", "flip")  # byte 1750: the second piece
+        damage(tmp_path / "f", "flip")  # byte 1750: the second piece, rank 1's of 2
         with pytest.raises(CheckpointError, match=r"f does not match the SHA-256 in its manifest \(a changed byte "
                                                   r"in bytes 1000-2000\)"):
             integrity.verify(tmp_path, {"f": entry}, ["f"], threads=3)
+        integrity.verify(tmp_path, {"f": entry}, ["f"], rank=0, world_size=2)  # not rank 0's piece
+        with pytest.raises(CheckpointError, match="does not match"):
+            integrity.verify(tmp_path, {"f": entry}, ["f"], rank=1, world_size=2)
 
 
 # ------------------------------------------------------------------------------ where checkpoints go

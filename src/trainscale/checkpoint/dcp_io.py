@@ -88,16 +88,16 @@ def read_metadata(path: Path) -> Any:
     return metadata
 
 
-def check_byte_entries(path: Path, metadata: Any, files: set[str]) -> None:
-    """Load every non-tensor entry stored in ``files`` (names inside the checkpoint ``path``) with
-    ``weights_only=True``, so that a refused one is found while the checkpoint is being chosen (and
-    skipped), not halfway through DCP's load. They are small: optimizer hyper-parameters and the like."""
+def check_byte_entries(path: Path, metadata: Any, rank: int = 0, world_size: int = 1) -> None:
+    """Load this rank's share (``rank::world_size`` in name order) of the checkpoint's non-tensor
+    entries with ``weights_only=True``, so that a refused one is found while the checkpoint is being
+    chosen (and skipped), not halfway through DCP's load. They are small: optimizer hyper-parameters."""
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
     wanted = {fqn for fqn, kind in metadata.state_dict_metadata.items() if isinstance(kind, BytesStorageMetadata)}
-    for index, where in sorted((metadata.storage_data or {}).items(), key=lambda item: item[0].fqn):
-        if index.fqn not in wanted or where.relative_path not in files:
-            continue
+    entries = sorted(((index, where) for index, where in (metadata.storage_data or {}).items() if index.fqn in wanted),
+                     key=lambda item: (item[0].fqn, item[1].relative_path, item[1].offset))
+    for index, where in entries[rank::world_size]:
         if where.transform_descriptors:
             raise CheckpointError(f"{path / where.relative_path} stores {index.fqn} through stream transforms "
                                   f"{list(where.transform_descriptors)}, which trainscale does not write",

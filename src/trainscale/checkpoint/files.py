@@ -47,18 +47,20 @@ def read_torch_file(path: Path, map_location: str | torch.device = "cpu") -> Any
     return state
 
 
-def read_verified(path: Path, entry: dict[str, Any], map_location: str | torch.device = "cpu"
-                  ) -> tuple[Any, integrity.Verified]:
+def read_verified(path: Path, entry: dict[str, Any], map_location: str | torch.device = "cpu", *, rank: int = 0,
+                  world_size: int = 1) -> tuple[Any, integrity.Verified]:
     """:func:`read_torch_file` of a file whose manifest ``entry`` must match. The size is checked first;
     the pieces are hashed on other threads while torch loads the file (nothing loaded is used before
     they match), so verifying adds little to the load itself (``Verified.seconds``: the hashing's own
-    time, spent beside the load). CheckpointError names the file."""
+    time, spent beside the load). Ranks that all load the file hash ``rank::world_size`` of its pieces
+    each (the caller makes them agree). CheckpointError names the file."""
     path = Path(path)
     error = integrity.check_size(path, entry)
     if error is not None:
         raise error
     with ThreadPoolExecutor(max_workers=1) as pool:
-        checking = pool.submit(integrity.verify, path.parent, {path.name: entry}, [path.name])
+        checking = pool.submit(integrity.verify, path.parent, {path.name: entry}, [path.name], rank=rank,
+                               world_size=world_size)
         failure: CheckpointError | None = None
         try:
             state = read_torch_file(path, map_location)
@@ -70,9 +72,10 @@ def read_verified(path: Path, entry: dict[str, Any], map_location: str | torch.d
     return state, verified
 
 
-def open_file(path: Path, map_location: str | torch.device = "cpu") -> tuple[dict[str, Any], integrity.Verified]:
-    """One complete, verified checkpoint file and what verifying it cost; CheckpointError says why it
-    cannot be used."""
+def open_file(path: Path, map_location: str | torch.device = "cpu", *, rank: int = 0, world_size: int = 1
+              ) -> tuple[dict[str, Any], integrity.Verified]:
+    """One complete, verified checkpoint file and what verifying it cost (this rank's share of its
+    pieces, see :func:`read_verified`); CheckpointError says why it cannot be used."""
     path = Path(path)
     sidecar = layout.sidecar_path(path)
     if not sidecar.exists():
@@ -82,7 +85,7 @@ def open_file(path: Path, map_location: str | torch.device = "cpu") -> tuple[dic
     entry = manifest[integrity.FILES].get(path.name)
     if entry is None or len(manifest[integrity.FILES]) != 1:
         raise CheckpointError(f"{sidecar} is not the manifest of {path.name}", hint=AGAIN)
-    state, verified = read_verified(path, entry, map_location)
+    state, verified = read_verified(path, entry, map_location, rank=rank, world_size=world_size)
     if not isinstance(state, dict) or state.get(layout.RECORD, {}).get("complete") is not True:
         raise CheckpointError(f"{path} is not a complete trainscale checkpoint", hint="delete it or point --resume elsewhere")
     return state, verified

@@ -189,19 +189,6 @@ def check_size(path: Path, entry: dict[str, Any]) -> CheckpointError | None:
     return CheckpointError(f"{path} holds {size} bytes, its manifest says {entry['size']} ({what})", hint=AGAIN)
 
 
-def share(files: dict[str, Any], rank: int, world_size: int) -> list[str]:
-    """The files this rank hashes when every rank checks part of one checkpoint: largest first, each to
-    the rank with the fewest bytes so far (ties: the lowest rank), so every rank computes the same split."""
-    loads = [0] * world_size
-    mine = []
-    for name in sorted(files, key=lambda n: (-files[n]["size"], n)):
-        who = min(range(world_size), key=lambda r: (loads[r], r))
-        loads[who] += files[name]["size"]
-        if who == rank:
-            mine.append(name)
-    return mine
-
-
 @dataclass
 class Verified:
     """What checking a checkpoint cost on this rank: files and bytes hashed, and the seconds hashing
@@ -219,10 +206,13 @@ class Verified:
         return f"verified {self.files} file(s), {self.bytes / 2**20:.1f} MiB, in {self.seconds:.3f} s"
 
 
-def verify(root: Path, files: dict[str, Any], names: Iterable[str], threads: int | None = None) -> Verified:
-    """Hash the pieces of ``names`` (relative to ``root``) on ``threads`` threads (default: this
-    process's CPUs) against ``files``; CheckpointError naming the first file that differs. Sizes
-    are checked first (a stat each)."""
+def verify(root: Path, files: dict[str, Any], names: Iterable[str], *, rank: int = 0, world_size: int = 1,
+           threads: int | None = None) -> Verified:
+    """Check ``names`` (relative to ``root``) against ``files``: every size (a stat each), then this
+    rank's pieces, ``rank::world_size`` of all their pieces in name order (so ranks that each call
+    this with their own ``rank`` hash every piece once between them, and the caller makes them
+    agree), on ``threads`` threads (default: this process's CPUs). CheckpointError names the first
+    file that differs."""
     names = sorted(names)
     began = time.perf_counter()
     for name in names:
@@ -230,15 +220,18 @@ def verify(root: Path, files: dict[str, Any], names: Iterable[str], threads: int
         if error is not None:
             raise error
     jobs = [(name, i) for name in names for i in range(_pieces(files[name]["size"], files[name]["piece"]))]
-    if jobs:
-        with ThreadPoolExecutor(max_workers=min(threads or default_threads(), len(jobs))) as pool:
-            got = list(pool.map(lambda job: _hash_piece(Path(root) / job[0], job[1], files[job[0]]["piece"]), jobs))
-        for (name, i), digest in zip(jobs, got):
+    mine = jobs[rank::world_size]
+    if mine:
+        with ThreadPoolExecutor(max_workers=min(threads or default_threads(), len(mine))) as pool:
+            got = list(pool.map(lambda job: _hash_piece(Path(root) / job[0], job[1], files[job[0]]["piece"]), mine))
+        for (name, i), digest in zip(mine, got):
             if digest != files[name]["sha256"][i]:
+                piece = files[name]["piece"]
                 raise CheckpointError(f"{Path(root) / name} does not match the SHA-256 in its manifest (a changed "
-                                      f"byte in bytes {i * files[name]['piece']}-"
-                                      f"{min((i + 1) * files[name]['piece'], files[name]['size'])})", hint=AGAIN)
-    return Verified(len(names), sum(files[n]["size"] for n in names), time.perf_counter() - began)
+                                      f"byte in bytes {i * piece}-{min((i + 1) * piece, files[name]['size'])})",
+                                      hint=AGAIN)
+    hashed = sum(min(files[n]["piece"], files[n]["size"] - i * files[n]["piece"]) for n, i in mine)
+    return Verified(len({n for n, _ in mine}), hashed, time.perf_counter() - began)
 
 
 def default_threads() -> int:

@@ -65,9 +65,9 @@ def find_latest(directory: Path, map_location: str | torch.device = "cpu", runti
     warning each, naming the file.
 
     With a ``runtime`` of several ranks every rank calls this (sharded loads are collectives, so all
-    must pick the same checkpoint): rank 0's listing is the candidates, each rank checks its part of
-    each candidate in turn (integrity.share) and one all-gather per candidate decides, so a file that
-    one rank finds damaged makes every rank skip that checkpoint."""
+    must pick the same checkpoint): rank 0's listing is the candidates, each rank hashes its share of
+    each candidate's pieces in turn (integrity.verify) and one all-gather per candidate decides, so a
+    piece that one rank finds damaged makes every rank skip that checkpoint."""
     ranks = _Ranks(runtime)
     for step, path in ranks.same(layout.list_checkpoints(directory)):
         found, problem = None, None
@@ -101,7 +101,7 @@ def _open(path: Path, step: int, map_location: str | torch.device, ranks: "_Rank
     if path.is_dir():
         contents, shards, verified = sharded.open_checkpoint(path, ranks.rank, ranks.world_size)
         return Found(path, step, contents, shards, verified)
-    contents, verified = files.open_file(path, map_location)
+    contents, verified = files.open_file(path, map_location, rank=ranks.rank, world_size=ranks.world_size)
     return Found(path, step, contents, verified=verified)
 
 

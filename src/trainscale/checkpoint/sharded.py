@@ -230,18 +230,17 @@ def read_marker(path: Path) -> dict[str, Any]:
 def open_checkpoint(path: Path, rank: int = 0, world_size: int = 1
                     ) -> tuple[dict[str, Any], ShardedRef, integrity.Verified]:
     """A complete, verified sharded checkpoint: (its EXTRA entries with the record, its shards left on
-    disk, what verifying cost here). Every file is checked against the manifest: the shards split
-    among ``world_size`` ranks (each calls this with its ``rank``; the caller makes them agree), the
-    files every rank reads (EXTRA, DCP's index) by each of them. DCP's index is then unpickled with
-    the allow-list and the non-tensor entries of this rank's shards loaded with weights_only
+    disk, what verifying cost here). Every file is checked against the manifest: the shards' pieces
+    split among ``world_size`` ranks (each calls this with its ``rank``; the caller makes them agree),
+    the files every rank reads (EXTRA, DCP's index) by each of them. DCP's index is then unpickled with
+    the allow-list and this rank's share of the non-tensor entries loaded with weights_only
     (dcp_io.py), so that a refused one is skipped like a corrupt one."""
     path = Path(path)
     marker = read_marker(path)
     files = marker[integrity.FILES]
     read_by_all = (layout.EXTRA, layout.DCP_INDEX)
-    shards = {name: entry for name, entry in files.items() if name not in read_by_all}
-    mine = integrity.share(shards, rank, world_size)
-    verified = integrity.verify(path, files, mine)
+    shards = [name for name in files if name not in read_by_all]
+    verified = integrity.verify(path, files, shards, rank=rank, world_size=world_size)
     if layout.EXTRA not in files:
         raise CheckpointError(f"{path / layout.MARKER} lists no {layout.EXTRA}", hint=AGAIN)
     extra, cost = read_verified(path / layout.EXTRA, files[layout.EXTRA])
@@ -251,6 +250,6 @@ def open_checkpoint(path: Path, rank: int = 0, world_size: int = 1
 
         verified.add(integrity.verify(path, files, [layout.DCP_INDEX]))
         # Refused here, before the ranks choose this checkpoint, rather than halfway through DCP's load.
-        check_byte_entries(path, read_metadata(path / layout.DCP_INDEX), set(mine))
+        check_byte_entries(path, read_metadata(path / layout.DCP_INDEX), rank, world_size)
     record = {k: marker[k] for k in layout.RECORD_FIELDS if k in marker}
     return {**extra, layout.RECORD: record}, ShardedRef(path, marker["format"]), verified
