@@ -95,6 +95,7 @@ class HashingStream:
 
 
 def _hash_piece(path: Path, index: int, piece: int) -> str:
+    # Read, not mapped: a file truncated while mapped would kill the process with SIGBUS.
     sha = hashlib.sha256()
     with open(path, "rb", buffering=0) as fh:
         fh.seek(index * piece)
