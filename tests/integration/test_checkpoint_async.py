@@ -87,7 +87,7 @@ def failing_background_saves(root: str) -> dict:
 def test_a_failed_background_save_fails_every_rank_naming_the_path(tmp_path):
     results = run_on_ranks(failing_background_saves, 2, str(tmp_path))
     rank0, rank1 = results[0], results[1]
-    assert "background save of step 2 to" in rank0["file"] and "ckpt-00000002.pt failed: OSError" in rank0["file"]
+    assert "background save of step 2 to" in rank0["file"] and "ckpt-00000002.pt failed: the disk holding" in rank0["file"]
     assert "--no-checkpoint-async" in rank0["file"]
     assert "failed on rank(s) 0" in rank1["file"]  # rank 1 wrote nothing, and still stops
     assert rank0["file_latest"] == rank1["file_latest"] == 1
@@ -167,8 +167,10 @@ def contents(path: Path, scratch: Path) -> dict:
     single = scratch / f"{path.parent.name}-{path.name}.pt"
     dcp_to_torch_save(path, single)
     shards = torch.load(single, weights_only=False)  # our own test files
+    marker = json.loads((path / layout.MARKER).read_text())
+    # The manifest's hashes differ from save to save: DCP's .metadata records the save's own path and id.
     return {**shards, **torch.load(path / layout.EXTRA, weights_only=True),
-            "marker": json.loads((path / layout.MARKER).read_text())}
+            "marker": {k: v for k, v in marker.items() if k not in ("files", "digest")}}
 
 
 def assert_same(a, b, what: str) -> None:

@@ -78,6 +78,7 @@ def test_resume_after_epoch_two_equals_uninterrupted_run_bitwise(tmp_path):
     second = trainscale(*common, "--epochs", "4", "--checkpoint-dir", "resumed", cwd=tmp_path)
     assert second.returncode == 0, second.stderr
     assert "Resumed from" in second.stdout and "epoch 3" in second.stdout
+    assert "; verified 1 file(s)" in second.stdout  # the resume checked the file against its manifest
     straight = trainscale(*common, "--epochs", "4", "--checkpoint-dir", "straight", cwd=tmp_path)
     assert straight.returncode == 0, straight.stderr
     resumed, reference = _final_weights(tmp_path / "resumed"), _final_weights(tmp_path / "straight")

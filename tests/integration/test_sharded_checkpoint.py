@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 
 from helpers.multiproc import run_on_ranks
 from integration.test_strategies import batches, mlp
@@ -106,7 +106,8 @@ def test_save_on_2_resume_on_1_and_4_ranks_exactly(tmp_path):
     newest = tmp_path / "fsdp" / "ckpt-00000004"
     assert stat.S_IMODE(newest.stat().st_mode) == 0o700
     assert {stat.S_IMODE(f.stat().st_mode) for f in newest.iterdir()} == {0o600}
-    assert sorted(p.name for p in (tmp_path / "zero1").iterdir()) == ["ckpt-00000002.pt", "ckpt-00000004.pt"]
+    assert sorted(p.name for p in (tmp_path / "zero1").iterdir()) == ["ckpt-00000002.pt", "ckpt-00000002.pt.json",
+                                                                       "ckpt-00000004.pt", "ckpt-00000004.pt.json"]
     assert saved["fsdp"]["optimizer"]["state"], "optimizer state was saved"
     for world in (1, 4):
         resumed = run_on_ranks(resume, world, str(tmp_path))[0]
@@ -151,7 +152,7 @@ def test_interrupted_sharded_save_is_skipped(tmp_path, caplog):
     assert all("rank 1: OSError: disk full (injected)" in (r["error"] or "") for r in results.values()), results
     assert all(r["latest"] == 2 for r in results.values()), results
     assert not (tmp_path / "ckpt-00000004").exists()
-    assert (tmp_path / ".ckpt-00000004.partial").is_dir()  # what the failed save left, never listed
+    assert not (tmp_path / ".ckpt-00000004.partial").exists()  # the failed save left nothing half-written
 
     from trainscale.checkpoint import find_latest
 
@@ -209,3 +210,95 @@ def test_sigkill_during_a_sharded_save_leaves_the_previous_checkpoint(tmp_path):
     assert not (root / "ckpt-00000002").exists()
     found = find_latest(root)
     assert found is not None and found.step == 1
+
+
+# Damages that one rank alone finds (each small shard is one piece, hashed by one rank), that every rank finds
+# (a payload in DCP's index, which every rank reads) and a rank-0 file's.
+DAMAGED = {"fsdp": [("truncate", "__0_0.distcp"), ("truncate", "__1_0.distcp"), ("flip", "__1_0.distcp"),
+                    ("delete", "__1_0.distcp"), ("payload", ".metadata")],
+           "zero1": [("flip", None), ("zero", None), ("payload", None)]}
+
+
+def resume_past_damage(root: str, read_only: str | None) -> dict:
+    """Save steps 2 and 4, then for each damage of step 4 (in a copy): resume, on every rank."""
+    import logging
+
+    import trainscale
+    from trainscale.checkpoint import Checkpointer
+    from trainscale.checkpoint.damage import damage
+    from trainscale.errors import CheckpointError
+    from trainscale.strategies import get_strategy
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    logging.getLogger("trainscale.checkpoint").addHandler(handler)
+    out: dict = {"cases": []}
+    with trainscale.init(seed=0) as rt:
+        for name, cases in DAMAGED.items():
+            strategy = get_strategy(name)
+            model, opt = strategy.setup(mlp(), _adam(), rt)
+            good = Path(root) / name / "good"
+            ckpt = Checkpointer(good, rt, strategy=strategy, keep=5)
+            for step, (x, y) in enumerate(batches(rt.rank, rt.world_size), start=1):
+                strategy.backward(nn.functional.cross_entropy(model(x), y), model)
+                strategy.step(opt, model)
+                if step in (2, SAVED_STEP):
+                    ckpt.save(step, {**strategy.state_dict(model, opt), "step": step})
+                if step == 2:  # copies: a consolidated optimizer state may share the live tensors
+                    saved = tree_map(lambda v: v.clone() if torch.is_tensor(v) else v,
+                                     _full_state(strategy, model, opt))
+            for i, (kind, target) in enumerate(cases):
+                case = Path(root) / name / f"case{i}"
+                if rt.is_main:
+                    shutil.copytree(good, case)
+                    newest = case / ("ckpt-00000004" if name == "fsdp" else "ckpt-00000004.pt")
+                    damage(newest, kind, target=target, marker=Path(root) / "pwned")
+                rt.barrier()
+                before = len(records)
+                found = Checkpointer(case, rt, strategy=strategy).latest()
+                strategy.load_state_dict(model, opt, found.state)
+                try:
+                    _assert_same_tree(saved, _full_state(strategy, model, opt), f"{name} {kind}")
+                    same = True
+                except AssertionError as exc:
+                    same = str(exc)
+                out["cases"].append({"name": name, "kind": kind, "target": target, "step": found.step, "same": same,
+                                     "warnings": [r.getMessage() for r in records[before:]]})
+        if read_only:
+            try:
+                Checkpointer(read_only, rt)  # a rank-0 file: rank 0 alone writes, every rank agrees
+            except CheckpointError as exc:
+                out["read_only"] = exc.message
+    return out
+
+
+@pytest.mark.slow
+def test_every_rank_skips_a_newest_checkpoint_that_any_rank_finds_damaged(tmp_path):
+    """Each rank hashes its share of a sharded checkpoint; they agree (an all-gather) before any
+    loads, so a shard only rank 1 checks still sends both ranks back to step 2, with one warning
+    (rank 0's) naming the file. Before, the truncated shard made every restart fail and the
+    crafted .metadata ran its payload. A read-only --checkpoint-dir is refused on every rank."""
+    import subprocess
+
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(read_only)]).returncode == 0
+    try:
+        results = run_on_ranks(resume_past_damage, 2, str(tmp_path), str(read_only) if mounted else None, timeout=600)
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(read_only)], check=True)
+    for rank, out in results.items():
+        assert len(out["cases"]) == sum(map(len, DAMAGED.values()))
+        for case in out["cases"]:
+            assert case["step"] == 2 and case["same"] is True, (rank, case)
+            if rank == 0:
+                named = case["target"] or "ckpt-00000004.pt"
+                assert len(case["warnings"]) == 1 and named in case["warnings"][0], case
+            else:
+                assert case["warnings"] == [], case
+    assert not (tmp_path / "pwned").exists()
+    if mounted:
+        assert "is unusable: no file can be created" in results[0]["read_only"]
+        assert "is unusable on rank(s) 0" in results[1]["read_only"]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import trainscale
-from trainscale.checkpoint import Checkpointer, atomic_torch_save, find_latest, list_checkpoints, load_file
+from trainscale.checkpoint import Checkpointer, find_latest, list_checkpoints, load_file
 from trainscale.errors import CheckpointError
 
 
@@ -49,7 +49,7 @@ def test_exception_while_saving_leaves_previous_checkpoint_untouched(tmp_path, r
         ck.save(2, {"x": torch.zeros(4)})
     monkeypatch.undo()
     assert good.read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == [good.name]  # no temp file, no half file
+    assert sorted(p.name for p in tmp_path.iterdir()) == [good.name, good.name + ".json"]  # no temp or half file
     assert ck.latest().step == 1
 
 
@@ -60,26 +60,34 @@ def test_corrupt_newest_is_skipped_with_warning(tmp_path, rt, caplog):
     newest.write_bytes(newest.read_bytes()[:100])  # truncated
     found = find_latest(tmp_path)
     assert found.step == 1
-    assert "unreadable" in caplog.text
+    assert "ckpt-00000002.pt holds 100 bytes, its manifest says" in caplog.text
 
 
-def test_malicious_pickle_is_refused_and_never_runs(tmp_path):
+def test_unreadable_file_says_so_even_when_torch_gives_no_message(tmp_path):
+    """An empty EOFError used to become an IndexError while the message was built."""
+    from trainscale.checkpoint.files import read_torch_file
+
+    (tmp_path / "empty.pt").write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"is unreadable \(truncated or corrupt\)"):
+        read_torch_file(tmp_path / "empty.pt")
+
+
+def test_malicious_pickle_is_refused_and_never_runs(tmp_path, rt):
+    """A .pt whose manifest was re-sealed to match (an attacker can do that) still cannot run code."""
+    from trainscale.checkpoint.damage import damage
+
     marker = tmp_path / "pwned"
-
-    class Evil:
-        def __reduce__(self):
-            return (open, (str(marker), "w"))
-
-    path = tmp_path / "ckpt-00000001.pt"
-    torch.save({"payload": Evil(), "trainscale": {"complete": True}}, path)
-    with pytest.raises(CheckpointError, match="refused"):
+    path = Checkpointer(tmp_path / "ck", rt).save(1, {"x": torch.ones(1)})
+    damage(path, "payload", marker=marker)
+    with pytest.raises(CheckpointError, match="was refused: .*posix.system"):
         load_file(path)
     assert not marker.exists()
 
 
 def test_file_without_completion_record_is_not_complete(tmp_path):
-    path = tmp_path / "ckpt-00000005.pt"
-    atomic_torch_save({"x": torch.ones(1)}, path)
+    from trainscale.checkpoint.files import save_file
+
+    path = save_file(tmp_path, 5, {"x": torch.ones(1)}, {"complete": False})
     with pytest.raises(CheckpointError, match="not a complete"):
         load_file(path)
 

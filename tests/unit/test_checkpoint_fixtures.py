@@ -1,6 +1,7 @@
-"""Checkpoints written before the checkpoint contract changed (tests/fixtures/checkpoints, made by
-make_fixtures.py with the code of commit 7fdb190) still load, exactly: a rank-0 file (ddp) and a
-sharded DCP directory written by two ranks (fsdp), each into a model with other weights."""
+"""Checkpoints written by an earlier version of this code (tests/fixtures/checkpoints, made by
+make_fixtures.py when layout.FORMAT became 2) still verify and load, exactly: a rank-0 file (ddp) and
+a sharded DCP directory written by two ranks (fsdp), each into a model with other weights. A change
+that breaks them changes the on-disk contract: raise layout.FORMAT and remake them."""
 
 from __future__ import annotations
 

@@ -10,6 +10,8 @@ from typing import Any, Callable
 
 import torch
 
+from trainscale.checkpoint.integrity import HashingStream
+
 PRIVATE = 0o600  # training state is the user's alone
 
 
@@ -21,8 +23,10 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, write: Callable[[io.BufferedWriter], None], mode: int = PRIVATE) -> None:
-    """Temp file in the same directory, write, flush + fsync, ``os.replace``, fsync the directory."""
+def atomic_write(path: Path, write: Callable[[io.BufferedWriter], None], mode: int = PRIVATE, *,
+                 before_rename: Callable[[], None] | None = None) -> None:
+    """Temp file in the same directory, write, flush + fsync, ``before_rename()``, ``os.replace``,
+    fsync the directory. On any failure the temp file is removed and ``path`` is left as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -32,6 +36,8 @@ def atomic_write(path: Path, write: Callable[[io.BufferedWriter], None], mode: i
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
+        if before_rename is not None:
+            before_rename()
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -42,13 +48,18 @@ def atomic_write(path: Path, write: Callable[[io.BufferedWriter], None], mode: i
     fsync_dir(path.parent)
 
 
-def atomic_torch_save(obj: Any, path: Path, *, before_rename: Callable[[], None] | None = None) -> None:
-    def write(fh: io.BufferedWriter) -> None:
-        torch.save(obj, fh)
-        if before_rename is not None:
-            before_rename()
+def atomic_torch_save(obj: Any, path: Path, *, before_rename: Callable[[], None] | None = None) -> dict[str, Any]:
+    """``torch.save(obj)`` to ``path`` atomically; returns the file's manifest entry (size, SHA-256),
+    hashed as it was written."""
+    entry: dict[str, Any] = {}
 
-    atomic_write(path, write)
+    def write(fh: io.BufferedWriter) -> None:
+        stream = HashingStream(fh)
+        torch.save(obj, stream)
+        entry.update(stream.entry())
+
+    atomic_write(path, write, before_rename=before_rename)
+    return entry
 
 
 def atomic_write_text(path: Path, text: str) -> None:

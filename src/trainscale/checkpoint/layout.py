@@ -4,16 +4,28 @@ One directory holds the checkpoints of one run, newest step wins::
 
     ckpt-00000040.pt          a rank-0 file (ddp, zero1): one torch.save'd dict, its "trainscale"
                               entry records FORMAT, version, world size, strategy, step, complete=True
+    ckpt-00000040.pt.json     its manifest: the same record, the .pt's size and SHA-256, a digest
     ckpt-00000080/            a sharded checkpoint (fsdp, deepspeed), written by every rank:
         .metadata, *.distcp   DCP's index and shards of "model" and "optimizer" (format "dcp"),
                               or a strategy's native files (format = the strategy's name)
         extra.pt              everything else: step, RNG, scheduler, ... (rank 0)
-        trainscale.json       the completion marker, written last: the same record as above
+        trainscale.json       the completion marker and manifest, written last: the record above,
+                              every other file's size and SHA-256, a digest
     .ckpt-00000120.partial/   a sharded save in progress (renamed into place when complete)
+        .files-00003.json     while it is in progress: the sizes and hashes of rank 3's shards
     .ckpt-00000120.pt.*.tmp   a rank-0 file being written (atomic.py renames it into place)
 
+A checkpoint is *verified* when every file its manifest lists is there with that size and SHA-256,
+nothing else is, and the manifest matches its own digest (integrity.py); only a verified checkpoint
+is resumed from. A sharded checkpoint's manifest is written inside the partial directory before the
+one rename that makes it visible, so it is part of the same atomic commit. A rank-0 file keeps its
+manifest beside it (a sidecar), so its name, its single rename and ``torch.load(path)`` stay as they
+were: the sidecar is renamed into place *before* the .pt, so at every instant either the .pt is
+absent, or the sidecar describes bytes that are not (yet) the .pt's and the pair does not verify,
+or both are complete. A .pt without a valid sidecar entry is never taken as verified.
+
 Names carry at least eight digits (``ckpt-{step:08d}``); partial and temporary names are never listed.
-Checkpoints of every FORMAT so far (1) load.
+Only this FORMAT (2: manifests) loads; nothing written with FORMAT 1 was released.
 """
 
 from __future__ import annotations
@@ -22,10 +34,14 @@ import re
 from pathlib import Path
 from typing import Any, Iterator
 
-FORMAT = 1
+FORMAT = 2
 """Version of the layout and of the record below; raise it when either changes incompatibly."""
 MARKER = "trainscale.json"
-"""A sharded checkpoint's completion marker (the record, as JSON), written after every shard."""
+"""A sharded checkpoint's completion marker and manifest (JSON), written after every other file."""
+SIDECAR = ".json"
+"""Appended to a rank-0 file's name: its manifest (``ckpt-00000040.pt.json``)."""
+RANK_FILES = ".files-{rank:05d}.json"
+"""Inside a partial directory: one rank's shard sizes and hashes, merged into MARKER by rank 0."""
 EXTRA = "extra.pt"
 """A sharded checkpoint's rank-0 file of everything that is not model/optimizer shards."""
 DCP_INDEX = ".metadata"
@@ -42,6 +58,11 @@ _DIRECTORY = re.compile(r"^ckpt-(\d{8,})$")
 
 def file_path(directory: Path, step: int) -> Path:
     return Path(directory) / f"ckpt-{step:08d}.pt"
+
+
+def sidecar_path(file: Path) -> Path:
+    """The manifest of the rank-0 file ``file``."""
+    return Path(file).with_name(Path(file).name + SIDECAR)
 
 
 def directory_path(directory: Path, step: int) -> Path:
@@ -66,6 +87,8 @@ def leftovers(directory: Path) -> Iterator[Path]:
     """What interrupted saves left behind: partial directories and temporary files, never complete."""
     yield from Path(directory).glob(".ckpt-*.partial")
     yield from Path(directory).glob(".ckpt-*.tmp")
+    # A sidecar renamed into place by a save killed before its .pt was.
+    yield from (p for p in Path(directory).glob("ckpt-*.pt" + SIDECAR) if not p.with_suffix("").exists())
 
 
 def record(*, version: str, world_size: int, strategy: str, step: int, format: Any = FORMAT) -> dict[str, Any]:

@@ -1,9 +1,11 @@
 """Save on rank 0 (or on every rank, sharded), resume everywhere: model, optimizer, scheduler, loop
 counters, RNG and loader state, kept to the newest ``keep`` checkpoints.
 
-The newest checkpoint that loads wins; an incomplete or corrupt one is skipped with a warning.
+The newest checkpoint that verifies and loads wins; an incomplete, corrupt or refused one is
+skipped with one warning naming the file, and every rank resumes from the same one (find_latest).
 What is saved is a mapping of entries (checkpoint/state.py); where it goes is layout.py's business;
-saving in the background (``asynchronous``) is background.py's.
+saving in the background (``asynchronous``) is background.py's; whether a checkpoint is intact,
+integrity.py's.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from trainscale._version import __version__
-from trainscale.checkpoint import background, files, layout, sharded
+from trainscale.checkpoint import background, disk, files, integrity, layout, sharded
 from trainscale.checkpoint.state import DCP, FILE, NATIVE, ModelState, Stateful
 from trainscale.errors import CheckpointError
 
@@ -34,6 +36,8 @@ class Found:
     """Everything saved except sharded model/optimizer state, with the record under ``"trainscale"``."""
     shards: sharded.ShardedRef | None = None
     """A sharded checkpoint's model/optimizer part, still on disk (None for a rank-0 file)."""
+    verified: integrity.Verified | None = None
+    """What checking it against its manifest cost on this rank (files, bytes, seconds added)."""
 
     @property
     def record(self) -> dict[str, Any]:
@@ -56,17 +60,78 @@ class Found:
         return cls(shards.path if shards else Path(""), step, contents, shards)
 
 
-def find_latest(directory: Path, map_location: str | torch.device = "cpu") -> Found | None:
-    """The newest checkpoint that loads; broken newer ones are reported and skipped."""
-    for step, path in layout.list_checkpoints(directory):
+def find_latest(directory: Path, map_location: str | torch.device = "cpu", runtime: Any = None) -> Found | None:
+    """The newest checkpoint that verifies and loads; newer ones that do not are skipped with one
+    warning each, naming the file.
+
+    With a ``runtime`` of several ranks every rank calls this (sharded loads are collectives, so all
+    must pick the same checkpoint): rank 0's listing is the candidates, each rank hashes its share of
+    each candidate's pieces in turn (integrity.verify) and one all-gather per candidate decides, so a
+    piece that one rank finds damaged makes every rank skip that checkpoint."""
+    ranks = _Ranks(runtime)
+    for step, path in ranks.same(layout.list_checkpoints(directory)):
+        found, problem = None, None
         try:
-            if path.is_dir():
-                contents, shards = sharded.open_checkpoint(path)
-                return Found(path, step, contents, shards)
-            return Found(path, step, files.load_file(path, map_location))
+            found = _open(Path(path), step, map_location, ranks)
         except CheckpointError as exc:
-            log.warning("skipping checkpoint: %s", exc)
+            problem = ("skip", exc.message)
+        except OSError as exc:  # vanished or unreadable between listing and reading
+            problem = ("skip", f"{path} is unreadable: {exc}")
+        except Exception as exc:  # not the checkpoint's fault: fail on every rank rather than hang the others
+            problem = ("fail", f"{type(exc).__name__}: {exc}")
+            if not ranks.distributed:
+                raise
+        problems = [(rank, p) for rank, p in enumerate(ranks.gather(problem)) if p is not None]
+        if not problems:
+            if found.verified is not None and ranks.rank == 0:
+                log.info("%s: %s", found.path, found.verified)
+            return found
+        failed = [f"rank {rank}: {text}" for rank, (kind, text) in problems if kind == "fail"]
+        if failed:
+            raise CheckpointError(f"reading {path} failed: {'; '.join(failed)}",
+                                  hint="this is not a damaged checkpoint; please report it")
+        if ranks.rank == 0:
+            rank, (_, text) = problems[0]
+            seen = f" (found by rank {rank})" if ranks.distributed else ""
+            log.warning("skipping checkpoint %s: %s%s", Path(path).name, text, seen)
     return None
+
+
+def _open(path: Path, step: int, map_location: str | torch.device, ranks: "_Ranks") -> Found:
+    if path.is_dir():
+        contents, shards, verified = sharded.open_checkpoint(path, ranks.rank, ranks.world_size)
+        return Found(path, step, contents, shards, verified)
+    contents, verified = files.open_file(path, map_location, rank=ranks.rank, world_size=ranks.world_size)
+    return Found(path, step, contents, verified=verified)
+
+
+class _Ranks:
+    """The ranks that choose a checkpoint together (just this process without a process group)."""
+
+    def __init__(self, runtime: Any) -> None:
+        self.distributed = bool(getattr(runtime, "is_distributed", False))
+        self.rank = runtime.rank if self.distributed else 0
+        self.world_size = runtime.world_size if self.distributed else 1
+
+    def same(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every rank."""
+        if not self.distributed:
+            return value
+        import torch.distributed as dist
+
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's ``value``, in rank order, on every rank."""
+        if not self.distributed:
+            return [value]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, value)
+        return out
 
 
 class Checkpointer:
@@ -79,6 +144,9 @@ class Checkpointer:
         state = {"model": strategy.checkpoint_state(model, opt), "scheduler": scheduler, "step": step}
         ckpt.save(step, state)         # every rank calls it
         found = ckpt.restore(state)    # in place; found.contents["step"] is the saved step
+
+    Constructing one is a collective when there is a process group (every rank constructs it): an
+    unusable directory (read-only, under a regular file) is refused here on every rank.
 
     ``asynchronous``: True saves in the background (background.py): ``save`` returns once the state
     is copied, and :meth:`wait` (every rank) returns once the save in flight is on disk; None does so
@@ -96,6 +164,8 @@ class Checkpointer:
         self.strategy = strategy if isinstance(strategy, str) else strategy.name
         self.storage = FILE if isinstance(strategy, str) else getattr(strategy, "storage", FILE)
         self.asynchronous = background.resolve_async(asynchronous, self.storage, self.strategy)
+        # Refused now, on every rank, rather than at the first save after hours of training.
+        disk.check_directory(self.directory, runtime, writes=self.storage != FILE or runtime.is_main)
         self._inflight = background.InFlight()
         self._stager: Any = None
         self._group: Any = None
@@ -208,6 +278,7 @@ class Checkpointer:
                 shutil.rmtree(old, ignore_errors=True)
             else:
                 old.unlink(missing_ok=True)
+                layout.sidecar_path(old).unlink(missing_ok=True)
         # What saves killed midway left: never complete, never loaded, now removed.
         for stale in layout.leftovers(self.directory):
             if stale.is_dir():
@@ -216,8 +287,9 @@ class Checkpointer:
                 stale.unlink(missing_ok=True)
 
     def latest(self) -> Found | None:
-        """The newest complete checkpoint, refused when another strategy wrote it."""
-        found = find_latest(self.directory, map_location="cpu")
+        """The newest complete, verified checkpoint, refused when another strategy wrote it. Every rank
+        calls it (find_latest: they agree on which)."""
+        found = find_latest(self.directory, map_location="cpu", runtime=self.runtime)
         if found is not None:
             written_by = found.record.get("strategy")
             if written_by not in (None, self.strategy):

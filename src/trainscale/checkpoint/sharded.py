@@ -3,26 +3,25 @@ world size reads them back (DCP reshards on load); or a strategy writes its own 
 
 A save goes to ``.ckpt-<step>.partial/`` and is renamed to ``ckpt-<step>/`` by rank 0 after every rank
 has finished and the marker is on disk, so an interrupted save never looks like a complete one: the
-partial name is never listed, and a directory without its marker (or without DCP's index) is
-skipped with a warning. Sharded checkpoints need a directory every rank can see (a shared file
-system on multi-node runs). The names are in layout.py.
+partial name is never listed, and a directory whose marker is missing, or whose files do not match
+the manifest in it (integrity.py), is skipped with a warning. Every rank hashes the files it writes
+as it writes them (dcp_io.HashingWriter); rank 0 collects the hashes into the marker. Sharded
+checkpoints need a directory every rank can see (a shared file system on multi-node runs). The
+names are in layout.py.
 """
 
 from __future__ import annotations
 
-import io
-import json
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
-
-from trainscale.checkpoint import layout
+from trainscale.checkpoint import disk, integrity, layout
 from trainscale.checkpoint.atomic import atomic_torch_save, atomic_write_text, fsync_dir
-from trainscale.checkpoint.files import read_torch_file
+from trainscale.checkpoint.files import read_verified
+from trainscale.checkpoint.integrity import AGAIN
 from trainscale.errors import CheckpointError
 
 
@@ -45,9 +44,12 @@ class ShardedRef:
 
         from torch.distributed.checkpoint.api import CheckpointException
 
+        from trainscale.checkpoint.dcp_io import SafeLoadPlanner, SafeReader
+
         wanted = {k: template[k] for k in layout.SHARDED_KEYS if k in template}
         try:
-            dcp.load(wanted, checkpoint_id=str(self.path), planner=_safe_load_planner(), no_dist=not _distributed())
+            dcp.load(wanted, storage_reader=SafeReader(self.path), planner=SafeLoadPlanner(),
+                     no_dist=not _distributed())
         except (Exception, CheckpointException) as exc:  # the latter is a BaseException
             raise CheckpointError(f"{self.path} could not be read into this model/optimizer: {_describe(exc)}",
                                   hint="was it written for another model or optimizer? Start a new checkpoint "
@@ -64,21 +66,6 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[-1] if text else ''}"
 
 
-def _safe_load_planner():
-    from torch.distributed.checkpoint import DefaultLoadPlanner
-
-    class SafeLoadPlanner(DefaultLoadPlanner):
-        """DCP unpickles non-tensor entries (optimizer hyper-parameters) with weights_only=False.
-        Each one must first load with weights_only=True, so a checkpoint's entries cannot run code."""
-
-        def load_bytes(self, read_item, value: io.BytesIO) -> None:
-            torch.load(value, weights_only=True)  # raises on anything but tensors and plain containers
-            value.seek(0)
-            super().load_bytes(read_item, value)
-
-    return SafeLoadPlanner()
-
-
 def _distributed() -> bool:
     import torch.distributed as dist
 
@@ -92,19 +79,25 @@ def save(directory: Path, step: int, state: dict[str, Any], runtime: Any, record
     partial directory into place; returns the final path on every rank."""
     final, partial = _begin(Path(directory), step, runtime)
     shards = {k: state[k] for k in layout.SHARDED_KEYS if k in state}
+    writer = None
     if shards:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.api import CheckpointException
 
+        from trainscale.checkpoint.dcp_io import HashingWriter
+
+        writer = HashingWriter(partial, runtime.rank)
         try:  # a collective; rank 0 writes .metadata last, after every rank's shards
-            dcp.save(shards, checkpoint_id=str(partial), no_dist=not _distributed())
+            dcp.save(shards, storage_writer=writer, no_dist=not _distributed())
         except CheckpointException as exc:  # a BaseException: turn it into an error a user can act on
-            raise _failed(step, directory, exc) from exc
+            if runtime.is_main:  # DCP reports on every rank once every rank has stopped writing
+                shutil.rmtree(partial, ignore_errors=True)
+            raise _failed(step, directory, exc, disk.state_bytes(shards)) from exc
     if write_native is not None:
         write_native(partial)
     runtime.barrier()  # every rank's shards are on disk
     if runtime.is_main:
-        _complete(partial, final, _rest(state), record, bool(shards))
+        _complete(partial, final, _rest(state), record, writer, step)
     runtime.barrier()  # nobody runs ahead (or exits) before the checkpoint is complete
     return final
 
@@ -121,11 +114,14 @@ def save_async(directory: Path, step: int, state: dict[str, Any], runtime: Any, 
     final, partial = _begin(Path(directory), step, runtime)
     shards = {k: state[k] for k in layout.SHARDED_KEYS if k in state}
     rest = stager.stage(_rest(state)) if runtime.is_main else None
-    upload = None
+    upload, writer, needed = None, None, disk.state_bytes(shards)
     if shards:
         import torch.distributed.checkpoint as dcp
 
-        response = dcp.async_save(shards, checkpoint_id=str(partial), process_group=group, async_stager=stager,
+        from trainscale.checkpoint.dcp_io import HashingWriter
+
+        writer = HashingWriter(partial, runtime.rank)
+        response = dcp.async_save(shards, storage_writer=writer, process_group=group, async_stager=stager,
                                   no_dist=not _distributed())
         upload = getattr(response, "upload_completion", response)  # a Future, or torch's newer response
 
@@ -136,11 +132,13 @@ def save_async(directory: Path, step: int, state: dict[str, Any], runtime: Any, 
             try:
                 upload.result()
             except CheckpointException as exc:
-                raise _failed(step, directory, exc) from exc
+                if runtime.is_main:
+                    shutil.rmtree(partial, ignore_errors=True)
+                raise _failed(step, directory, exc, needed) from exc
         if runtime.is_main:
             if before_rename is not None:
                 before_rename()
-            _complete(partial, final, rest, record, bool(shards))
+            _complete(partial, final, rest, record, writer, step)
 
     return final, finish
 
@@ -164,49 +162,94 @@ def _rest(state: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in state.items() if k not in layout.SHARDED_KEYS}
 
 
-def _failed(step: int, directory: Path, exc: BaseException) -> CheckpointError:
+def _failed(step: int, directory: Path, exc: BaseException, needed: int) -> CheckpointError:
+    failures = getattr(exc, "failures", None) or {}
+    full_on = sorted(rank for rank, err in failures.items() if disk.is_full(err[0]))
+    if full_on:
+        full = disk.full_error(Path(directory), step, needed, needs="this rank's shards need")
+        return CheckpointError(f"{full.message} on rank(s) {', '.join(map(str, full_on))}", hint=full.hint)
     return CheckpointError(f"saving the sharded checkpoint of step {step} failed: {_describe(exc)}",
                            hint=f"the newest complete checkpoint in {directory} stays the one to resume from; "
                                 "check free space and permissions")
 
 
-def _complete(partial: Path, final: Path, rest: dict[str, Any], record: dict[str, Any], shards: bool) -> None:
-    """Rank 0, once every rank's part is on disk: EXTRA, the marker, private modes, then the rename
-    that makes the checkpoint visible."""
-    atomic_torch_save(rest, partial / layout.EXTRA)
-    marker = {**record, "format": "dcp" if shards else record.get("strategy", "native"),
-              "sharded_format": layout.FORMAT}
-    atomic_write_text(partial / layout.MARKER, json.dumps(marker, indent=2))
-    for shard in partial.iterdir():
-        os.chmod(shard, 0o600)
-    fsync_dir(partial)
+def _complete(partial: Path, final: Path, rest: dict[str, Any], record: dict[str, Any], writer: Any,
+              step: int) -> None:
+    """Rank 0, once every rank's part is on disk: EXTRA, the marker with the manifest of every file,
+    private modes, then the rename that makes the checkpoint visible. A full disk: CheckpointError,
+    the partial directory removed."""
+    try:
+        _seal(partial, rest, record, writer)
+    except (OSError, RuntimeError) as exc:  # torch.save's zip writer turns ENOSPC into a RuntimeError
+        shutil.rmtree(partial, ignore_errors=True)
+        if disk.is_full(exc):
+            raise disk.full_error(final.parent, step, disk.state_bytes(rest)) from exc
+        raise
     if final.exists():  # the same step saved again (a resumed run)
         shutil.rmtree(final)
     os.replace(partial, final)
     fsync_dir(final.parent)
 
 
+def _seal(partial: Path, rest: dict[str, Any], record: dict[str, Any], writer: Any) -> None:
+    files: dict[str, Any] = {}
+    if writer is not None:
+        from trainscale.checkpoint.dcp_io import rank_entries
+
+        files.update(rank_entries(partial, int(record["world_size"])))
+        files[layout.DCP_INDEX] = writer.entries[layout.DCP_INDEX]
+    files[layout.EXTRA] = atomic_torch_save(rest, partial / layout.EXTRA)
+    for path in sorted(p for p in partial.rglob("*") if p.is_file()):
+        name = path.relative_to(partial).as_posix()
+        if name not in files:  # a strategy's native files: its own code wrote them, read them once
+            files[name] = integrity.hash_file(path)
+        os.chmod(path, 0o600)
+    marker = {**record, "format": "dcp" if writer is not None else record.get("strategy", "native"),
+              "sharded_format": layout.FORMAT, integrity.FILES: files}
+    atomic_write_text(partial / layout.MARKER, integrity.seal(marker))
+    fsync_dir(partial)
+
+
 def read_marker(path: Path) -> dict[str, Any]:
-    """The marker of a complete sharded checkpoint; CheckpointError says why ``path`` is not one."""
+    """The marker and manifest of a complete sharded checkpoint whose files are all there, with their
+    sizes, and nothing else (cheap: no file is read); CheckpointError says why ``path`` is not one."""
     marker_file = Path(path) / layout.MARKER
-    try:
-        marker = json.loads(marker_file.read_text())
-    except FileNotFoundError:
+    if not marker_file.exists():
         raise CheckpointError(f"{path} has no {layout.MARKER}: the save was interrupted before it completed",
-                              hint="delete it; the previous checkpoint will be used") from None
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{marker_file} is unreadable: {exc}", hint="delete the directory") from None
-    if not isinstance(marker, dict) or marker.get("complete") is not True:
+                              hint=AGAIN)
+    marker = integrity.unseal(marker_file)
+    if marker.get("complete") is not True:
         raise CheckpointError(f"{marker_file} does not mark a complete checkpoint", hint="delete the directory")
-    if marker.get("format") == "dcp" and not (Path(path) / layout.DCP_INDEX).is_file():
-        raise CheckpointError(f"{path} lacks DCP's {layout.DCP_INDEX} index: its shards are incomplete",
-                              hint="delete it; the previous checkpoint will be used")
+    if marker.get("format") == "dcp" and layout.DCP_INDEX not in marker[integrity.FILES]:
+        raise CheckpointError(f"{marker_file} lists no DCP {layout.DCP_INDEX} index: its shards are incomplete",
+                              hint=AGAIN)
+    integrity.check_listing(Path(path), marker[integrity.FILES], own=[layout.MARKER])
     return marker
 
 
-def open_checkpoint(path: Path) -> tuple[dict[str, Any], ShardedRef]:
-    """A complete sharded checkpoint: (its EXTRA entries with the record, its shards left on disk)."""
+def open_checkpoint(path: Path, rank: int = 0, world_size: int = 1
+                    ) -> tuple[dict[str, Any], ShardedRef, integrity.Verified]:
+    """A complete, verified sharded checkpoint: (its EXTRA entries with the record, its shards left on
+    disk, what verifying cost here). Every file is checked against the manifest: the shards' pieces
+    split among ``world_size`` ranks (each calls this with its ``rank``; the caller makes them agree),
+    the files every rank reads (EXTRA, DCP's index) by each of them. DCP's index is then unpickled with
+    the allow-list and this rank's share of the non-tensor entries loaded with weights_only
+    (dcp_io.py), so that a refused one is skipped like a corrupt one."""
+    path = Path(path)
     marker = read_marker(path)
-    extra = read_torch_file(Path(path) / layout.EXTRA)
+    files = marker[integrity.FILES]
+    read_by_all = (layout.EXTRA, layout.DCP_INDEX)
+    shards = [name for name in files if name not in read_by_all]
+    verified = integrity.verify(path, files, shards, rank=rank, world_size=world_size)
+    if layout.EXTRA not in files:
+        raise CheckpointError(f"{path / layout.MARKER} lists no {layout.EXTRA}", hint=AGAIN)
+    extra, cost = read_verified(path / layout.EXTRA, files[layout.EXTRA])
+    verified.add(cost)
+    if marker["format"] == "dcp":
+        from trainscale.checkpoint.dcp_io import check_byte_entries, read_metadata
+
+        verified.add(integrity.verify(path, files, [layout.DCP_INDEX]))
+        # Refused here, before the ranks choose this checkpoint, rather than halfway through DCP's load.
+        check_byte_entries(path, read_metadata(path / layout.DCP_INDEX), rank, world_size)
     record = {k: marker[k] for k in layout.RECORD_FIELDS if k in marker}
-    return {**extra, layout.RECORD: record}, ShardedRef(Path(path), marker["format"])
+    return {**extra, layout.RECORD: record}, ShardedRef(path, marker["format"]), verified

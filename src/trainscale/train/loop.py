@@ -143,7 +143,7 @@ class Loop:
         self.task.loader.load_state_dict({"epoch": epoch, "batch": batch * self.accumulation})
         self.resumed = True
         self.rt.print(f"Resumed from {found.path} at step {self.step} (epoch {epoch + 1}, batch {batch}); "
-                      f"written with world size {written}, now {self.rt.world_size}")
+                      f"written with world size {written}, now {self.rt.world_size}; {found.verified}")
         return epoch, batch
 
     def _after_resume(self) -> None:
