@@ -225,7 +225,7 @@ def resume_past_damage(root: str, read_only: str | None) -> dict:
 
     import trainscale
     from trainscale.checkpoint import Checkpointer
-    from trainscale.checkpoint.damage import damage
+    from helpers.damage import damage
     from trainscale.errors import CheckpointError
     from trainscale.strategies import get_strategy
 

@@ -74,7 +74,7 @@ def test_unreadable_file_says_so_even_when_torch_gives_no_message(tmp_path):
 
 def test_malicious_pickle_is_refused_and_never_runs(tmp_path, rt):
     """A .pt whose manifest was re-sealed to match (an attacker can do that) still cannot run code."""
-    from trainscale.checkpoint.damage import damage
+    from helpers.damage import damage
 
     marker = tmp_path / "pwned"
     path = Checkpointer(tmp_path / "ck", rt).save(1, {"x": torch.ones(1)})

@@ -1,6 +1,6 @@
 """What a checkpoint must be before it is resumed from, on one process: every file as its manifest
 says (size and SHA-256, hashed while written), nothing that unpickles into code, and a directory that
-can be written to. Each damage of checkpoint/damage.py to the newest checkpoint makes resume fall back
+can be written to. Each damage of tests/helpers/damage.py to the newest checkpoint makes resume fall back
 to the previous one with one warning naming the file; a payload never runs. The same on 2 real gloo
 ranks (every rank agrees): tests/integration/test_sharded_checkpoint.py."""
 
@@ -16,7 +16,7 @@ import torch
 
 import trainscale
 from trainscale.checkpoint import Checkpointer, find_latest, integrity, layout
-from trainscale.checkpoint.damage import DAMAGES, damage, payload_pickle
+from helpers.damage import DAMAGES, damage, payload_pickle
 from trainscale.errors import CheckpointError
 from trainscale.strategies import get_strategy
 from trainscale.strategies.base import OptimizerSpec
@@ -99,7 +99,7 @@ def test_a_damaged_newest_sharded_checkpoint_falls_back_to_the_previous_with_one
 def test_a_crafted_dcp_entry_is_refused_while_choosing_and_the_previous_checkpoint_is_used(tmp_path, rt, caplog):
     """A non-tensor entry of the shards (pickled by DCP into __0_0.distcp, listed in a valid manifest)
     is loaded with weights_only while the checkpoint is chosen, so it is skipped, not half-loaded."""
-    from trainscale.checkpoint.damage import Payload
+    from helpers.damage import Payload
 
     ck = Checkpointer(tmp_path / "ck", rt, strategy=get_strategy("fsdp"), keep=5)
     ck.save(1, {"model": {"w": torch.ones(4)}, "step": 1})

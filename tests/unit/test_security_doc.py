@@ -38,12 +38,16 @@ def _calls(tree: ast.AST):
 def test_trainscale_never_deserialises_code():
     forbidden = {"eval", "exec", "pickle.load", "pickle.loads", "marshal.load", "marshal.loads", "yaml.load",
                  "yaml.unsafe_load", "shelve.open", "dill.load", "dill.loads"}
-    found, unpicklers = [], []
+    # trainscale.launch(fn) / trainscale.slurm.submit(fn): the user's own call and results (docs/security.md)
+    own_code = {"src/trainscale/launch/runner.py", "src/trainscale/launch/slurm/future.py"}
+    found, unpicklers, own = [], [], set()
     for path in sorted(SOURCE.rglob("*.py")):
         tree = ast.parse(path.read_text())
         where = path.relative_to(ROOT)
         for call, name in _calls(tree):
-            if name in forbidden:
+            if name in forbidden and name == "pickle.loads" and str(where) in own_code:
+                own.add(str(where))
+            elif name in forbidden:
                 found.append(f"{where}:{call.lineno}: {name}")
             if name == "torch.load" and not any(k.arg == "weights_only" and isinstance(k.value, ast.Constant)
                                                 and k.value.value is True for k in call.keywords):
@@ -53,6 +57,7 @@ def test_trainscale_never_deserialises_code():
                 methods = {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
                 unpicklers.append((str(where), cls.name, "find_class" in methods))
     assert not found, found
+    assert own == own_code
     assert unpicklers == [("src/trainscale/checkpoint/dcp_io.py", "_MetadataUnpickler", True)]
 
 
