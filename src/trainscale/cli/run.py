@@ -100,13 +100,19 @@ def run(args: argparse.Namespace) -> int:
     spread = spread_over_allocation(args.argv)
     if spread is not None:
         return spread
+    from trainscale.launch.summary import attempts_lines
+
     spec = build_spec(args.argv)
     result = launch(spec)
+    if result.signal:  # stopped by Ctrl-C, SIGTERM, SIGHUP: one line, the shell's convention for the status
+        print(result.summary, file=sys.stderr, flush=True)
+        return 128 + result.signal
     if not result.ok:
         print(result.summary, file=sys.stderr, flush=True)
         return 1
-    print(f"trainscale: {spec.nproc_per_node} rank(s) finished in {result.seconds:.1f}s; per-rank logs in {result.log_dir}",
-          file=sys.stderr, flush=True)
+    lines = [f"trainscale: {spec.nproc_per_node} rank(s) finished in {result.seconds:.1f}s; per-rank logs in "
+             f"{result.log_dir}", *attempts_lines(list(result.attempts), spec.max_restarts + 1)]
+    print("\n".join(lines), file=sys.stderr, flush=True)
     return 0
 
 

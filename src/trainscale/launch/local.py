@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import shutil
 import signal
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from trainscale.errors import ConfigError, LaunchError
+from trainscale.launch.bootstrap import AGENT_PID_VAR, PREFIXED_VAR
 from trainscale.launch.ports import check_port_free, free_port, parse_endpoint, resolve
 from trainscale.launch.torchrun import LOGGING_OPTIONS
 from trainscale.topology.worker import PLAN_ENV
@@ -94,6 +96,7 @@ class LocalLaunchSpec:
         backend = self.torchrun.get("rdzv_backend")
         if backend is not None and not backend:
             raise ConfigError("--rdzv-backend is empty", hint="use c10d (or static with --master-addr/--master-port)")
+        _check_log_dir(self.torchrun.get("log_dir") or self.log_dir)
 
     @property
     def multinode(self) -> bool:
@@ -103,12 +106,34 @@ class LocalLaunchSpec:
         return name in self.torchrun
 
 
+def _check_log_dir(path: str | Path | None) -> None:
+    """--log-dir must be a directory or one that can be made: refused before launch, not at mkdir."""
+    if path is None:
+        return
+    wanted = Path(path)
+    for place in (wanted, *wanted.absolute().parents):
+        if place.exists():
+            if not place.is_dir():
+                what = "is a file" if place == wanted else f"is under {place}, which is a file"
+                raise ConfigError(f"--log-dir {path} {what}, not a directory",
+                                  hint="give a directory (it is created if missing), or leave --log-dir out for "
+                                       "./trainscale-logs")
+            if not os.access(place, os.W_OK | os.X_OK):
+                raise ConfigError(f"--log-dir {path}: {place} is not writable",
+                                  hint="give a directory you can write, or leave --log-dir out for ./trainscale-logs")
+            return
+
+
 @dataclass(frozen=True)
 class LaunchResult:
     ok: bool
     log_dir: Path | None
     summary: str
     seconds: float
+    signal: int | None = None
+    """The signal that stopped the launcher (its workers were stopped); None when the run ended by itself."""
+    attempts: tuple = ()
+    """summary.Attempt per run of the worker group when it was restarted; empty for a single attempt."""
 
 
 def worker_env(spec: LocalLaunchSpec, base: dict[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
@@ -122,6 +147,9 @@ def worker_env(spec: LocalLaunchSpec, base: dict[str, str] | None = None) -> tup
         extra["OMP_NUM_THREADS"] = str(n)
         notes.append(f"OMP_NUM_THREADS={n} ({usable_cores()} cores / {spec.nproc_per_node} ranks)")
     extra.setdefault("PYTHONUNBUFFERED", "1")
+    extra[AGENT_PID_VAR] = str(os.getpid())  # the workers' parent: they die with it (bootstrap.die_with_parent)
+    if not LOGGING_OPTIONS & set(spec.torchrun):  # trainscale's console: the agent prefixes every shown line
+        extra[PREFIXED_VAR] = "1"
     # torch 2.13's c10d rendezvous shares one TCPStore with the workers for the agent's whole life,
     # so a restarted group reads the dead group's gloo/NCCL addresses and fails to connect. With
     # sharing off, every restart gets a fresh store on a fresh port (tests/integration/test_faults.py).
@@ -249,10 +277,14 @@ def entrypoint(spec: LocalLaunchSpec) -> tuple[str, list[str]]:
 
 
 def launch(spec: LocalLaunchSpec) -> LaunchResult:
+    """Run the workers to the end. A failed run, and a launcher stopped by a signal (whose workers
+    torch's agent then stops), come back as a result with its summary, never as torch's traceback."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
     from trainscale.launch import summary
+    from trainscale.launch.agent import watching
 
     log_root = Path(spec.torchrun.get("log_dir") or spec.log_dir or Path("trainscale-logs")).absolute()
     extra, notes = worker_env(spec)
@@ -265,7 +297,8 @@ def launch(spec: LocalLaunchSpec) -> LaunchResult:
     os.environ.update(extra)  # the agent copies os.environ into each worker (and torch reads OMP_NUM_THREADS)
     started = time.monotonic()
     previous = _forward_to_workers(FORWARDED_SIGNALS)
-    config = None
+    previous.update(_handlers(STOP_SIGNALS))  # torch's agent installs its own: they end with this launch
+    config = watch = None
     try:
         config = launch_config(spec, log_root)  # checks the rendezvous before anything is written
         log_root.mkdir(parents=True, exist_ok=True)
@@ -273,16 +306,26 @@ def launch(spec: LocalLaunchSpec) -> LaunchResult:
             saved.setdefault(RUN_DIR_VAR, None)
             os.environ[RUN_DIR_VAR] = str(log_root / config.run_id)
         python, args = entrypoint(spec)
-        elastic_launch(config, python)(*args)
-        return LaunchResult(True, _run_dir(log_root, config.run_id), "", time.monotonic() - started)
+        say = functools.partial(print, file=sys.stderr, flush=True)
+        with watching(spec.max_restarts + 1, say, lambda: os.environ.get(RUN_DIR_VAR)) as watch:
+            elastic_launch(config, python)(*args)
+        return LaunchResult(True, _run_dir(log_root, config.run_id), "", time.monotonic() - started,
+                            attempts=tuple(watch.history(finished=True)))
     except ChildFailedError as exc:
         run_dir = _run_dir(log_root, config.run_id)
         failures = summary.from_child_failed(exc, _stderr_logs(run_dir))
         low, high = parse_nnodes(spec.nnodes)
         world = spec.nproc_per_node * low if low == high else None
-        text = summary.render(failures, world_size=world, log_dir=run_dir)
+        history = watch.history(failures[0] if failures else None) if watch else []
+        text = summary.render(failures, world_size=world, log_dir=run_dir, attempts=history,
+                              total_attempts=spec.max_restarts + 1)
         _dump_root_cause(exc, failures[0].rank if failures else None)
-        return LaunchResult(False, run_dir, text, time.monotonic() - started)
+        return LaunchResult(False, run_dir, text, time.monotonic() - started, attempts=tuple(history))
+    except SignalException as exc:  # torch's agent has stopped the workers (SIGTERM, then SIGKILL)
+        run_dir = _run_dir(log_root, config.run_id) if config is not None else None
+        workers = (watch.workers if watch is not None else 0) or spec.nproc_per_node
+        text = summary.stopped_line(int(exc.sigval), workers, run_dir or log_root)
+        return LaunchResult(False, run_dir, text, time.monotonic() - started, signal=int(exc.sigval))
     except Exception as exc:  # rendezvous timeouts and closed stores surface here
         name = type(exc).__name__
         store_wait = name == "DistStoreError" and "waiting for clients" in str(exc)  # static rendezvous
@@ -296,7 +339,11 @@ def launch(spec: LocalLaunchSpec) -> LaunchResult:
         raise
     finally:
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            if handler is not None:
+                try:
+                    signal.signal(sig, handler)
+                except ValueError:  # not the main thread: torch's agent could not install its own either
+                    break
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -322,6 +369,9 @@ def _dump_root_cause(exc, rank: int | None) -> None:
 RUN_DIR_VAR = "TRAINSCALE_RUN_DIR"
 """The run's directory for the ranks' records (metrics/): ``<log dir>/<run id>`` unless set already."""
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+"""What torch's agent answers by stopping the workers (``--signals-to-handle``'s default)."""
+
 FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 """SLURM's warning signals (``--signal=USR1@90``): the agent passes them on to its workers, whose
 trainscale runtime checkpoints at the next step boundary. (torchrun's agent would die of them.)"""
@@ -345,6 +395,11 @@ def _forward_to_workers(signals: tuple[int, ...]) -> dict[int, object]:
         except ValueError:  # not the main thread (launched from a library call): leave signals alone
             break
     return previous
+
+
+def _handlers(signals: tuple[int, ...]) -> dict[int, object]:
+    """The current handlers of ``signals``, to put back after the launch."""
+    return {sig: signal.getsignal(sig) for sig in signals}
 
 
 def _run_dir(log_root: Path, run_id: str) -> Path | None:
