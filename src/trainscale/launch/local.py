@@ -169,12 +169,13 @@ class Rendezvous:
 
 
 def plan_rendezvous(spec: LocalLaunchSpec, defaults: Mapping[str, Any]) -> Rendezvous:
-    """torchrun's rendezvous choice, with trainscale's store where torchrun would use a c10d one.
+    """torchrun's rendezvous choice, with trainscale's store where torchrun would listen everywhere.
 
     ``--standalone`` (or a single node with no endpoint and no ``--master-port``: torchrun's own
     shortcut) gets a private free port on 127.0.0.1; ``--rdzv-backend c10d --rdzv-endpoint H:P`` gets
     the c10d store bound to H's address only; ``static`` (``--master-addr/--master-port/--node-rank``)
-    and other backends are torch's own. Ports the store will listen on are checked free first.
+    gets torch's static store bound to the master address only; other backends are torch's own.
+    Ports the store will listen on are checked free first.
     """
     from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
 
@@ -251,10 +252,10 @@ def launch_config(spec: LocalLaunchSpec, log_root: Path):
         if omp is None:
             os.environ.pop("OMP_NUM_THREADS", None)
     backend = rdzv.backend
-    if backend == "c10d":
+    if backend in ("c10d", "static"):
         from trainscale.launch.rendezvous import register
 
-        backend = register()  # c10d with the store bound to the endpoint's address only
+        backend = register(backend)  # torch's, with the store bound to the endpoint's address only
     changes: dict[str, Any] = {"rdzv_backend": backend, "rdzv_endpoint": rdzv.endpoint, "run_id": rdzv.run_id,
                                "rdzv_configs": rdzv.configs}
     if not os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"):

@@ -45,7 +45,7 @@ class RankFailure:
 
     def describe(self) -> str:
         """``rank 1 on node1 (exit code 1: ValueError: boom)``: one line."""
-        why = f"{self.how}: {self.reason}" if self.reason and not self.reason.startswith("Signal ") else self.how
+        why = f"{self.how}: {self.reason}" if self.reason else self.how
         return f"rank {self.rank} on {self.host} ({_shorten(why)})"
 
 
@@ -93,6 +93,9 @@ def attempts_lines(attempts: list[Attempt], total: int) -> list[str]:
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing", "Broken pipe")
 
 
+_NO_ERROR_FILE = "<NONE>"  # torchelastic's message for a worker that left no error file (a signal, os._exit)
+
+
 def _traceback_of(error_data: Any) -> str:
     if not isinstance(error_data, dict):
         return ""
@@ -101,7 +104,7 @@ def _traceback_of(error_data: Any) -> str:
         extra = message.get("extraInfo", {})
         stack = extra.get("py_callstack", "")
         return stack or str(message.get("message", ""))
-    return str(message)
+    return "" if message == _NO_ERROR_FILE else str(message)
 
 
 def _tail(path: Path | None, lines: int = 20) -> str:

@@ -12,11 +12,13 @@ import torch
 from torch import nn
 
 import trainscale
+from trainscale.checkpoint import list_checkpoints
 from trainscale.data import DeviceTensorLoader, DistributedLoader, check_shardable
 from trainscale.data.images import ImageSplit, download_mnist, load_images, mnist_present
 from trainscale.strategies import check_strategy
 from trainscale.strategies.base import OptimizerSpec
 from trainscale.train import Loop, Task, TrainOptions, parse
+from trainscale.train.metrics import check_metrics_out
 from trainscale.train.options import apply_threads, check_compile, planned_device
 
 Builder = Callable[[argparse.Namespace], nn.Module]
@@ -86,3 +88,5 @@ def check(argv: list[str], world_size: int, name: str, build: Builder, *, gpus: 
     if opts.compile:
         check_compile()
     check_shardable(len(_split(opts, "train")), world_size, opts.batch_size, what=f"'{opts.data}' training set")
+    check_metrics_out(opts.metrics_out,
+                      resuming=bool(opts.checkpoint_dir and list_checkpoints(Path(opts.checkpoint_dir))))

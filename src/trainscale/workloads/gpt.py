@@ -25,13 +25,13 @@ import torch.nn.functional as F
 from torch import nn
 
 import trainscale
-from trainscale.checkpoint import atomic_write_text
+from trainscale.checkpoint import atomic_write_text, list_checkpoints
 from trainscale.data import DeviceTensorLoader, check_shardable
 from trainscale.errors import ConfigError
 from trainscale.strategies import check_strategy
 from trainscale.strategies.base import OptimizerSpec
 from trainscale.train import Loop, Task, TrainOptions, parse
-from trainscale.train.metrics import MetricStreams
+from trainscale.train.metrics import MetricStreams, check_metrics_out
 from trainscale.train.options import apply_threads, check_compile, planned_device
 from trainscale.workloads import text
 
@@ -202,6 +202,7 @@ def preflight(argv: list[str], world_size: int, *, gpus: bool | None = None) -> 
                           hint="pick a new --experiment-dir; nothing in it was touched")
     if (exp / MARKER).exists():
         check_resumable(exp, args.tokenizer)
+    check_metrics_out(opts.metrics_out, resuming=bool(list_checkpoints(Path(opts.checkpoint_dir or exp / "checkpoints"))))
     if not (args.hub_dataset or args.tokenizer):  # the built-in corpus in bytes is cheap to measure here
         n_windows = (len(text.encode(text.builtin_corpus())) * 9 // 10 - 1) // args.seq_len
         check_shardable(n_windows, world_size, opts.batch_size, what="built-in corpus (windows)")
