@@ -114,10 +114,10 @@ def _check_log_dir(path: str | Path | None) -> None:
     for place in (wanted, *wanted.absolute().parents):
         if place.exists():
             if not place.is_dir():
-                what = "is a file" if place == wanted else f"is under {place}, which is a file"
-                raise ConfigError(f"--log-dir {path} {what}, not a directory",
-                                  hint="give a directory (it is created if missing), or leave --log-dir out for "
-                                       "./trainscale-logs")
+                seen = (f"--log-dir {path} is a file, not a directory" if place == wanted else
+                        f"--log-dir {path} is under {place}, which is a file")
+                raise ConfigError(seen, hint="give a directory (it is created if missing), or leave --log-dir out "
+                                             "for ./trainscale-logs")
             if not os.access(place, os.W_OK | os.X_OK):
                 raise ConfigError(f"--log-dir {path}: {place} is not writable",
                                   hint="give a directory you can write, or leave --log-dir out for ./trainscale-logs")
