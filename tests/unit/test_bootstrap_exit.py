@@ -101,11 +101,12 @@ def test_a_worker_whose_agent_is_already_gone_never_runs_the_script(tmp_path):
     gone.wait()
     worker = {"TORCHELASTIC_RUN_ID": "x", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
-    proc = _bootstrap(tmp_path, "return", **worker, TRAINSCALE_AGENT_PID=str(gone.pid))
+    proc = _bootstrap(tmp_path, "return", **worker, TRAINSCALE_AGENT=f"{gone.pid}:x")
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert not (tmp_path / "atexit").exists()
-    alive = _bootstrap(tmp_path, "return", **worker, TRAINSCALE_AGENT_PID=str(os.getpid()))
-    assert alive.returncode == 0, alive.stderr
+    # another launch's value (a job submitted from inside a run inherits it): not this worker's agent
+    stale = _bootstrap(tmp_path, "return", **worker, TRAINSCALE_AGENT=f"{gone.pid}:another-run")
+    assert stale.returncode == 0, stale.stderr
 
 
 def test_die_with_parent_asks_the_kernel_for_sigkill(tmp_path):

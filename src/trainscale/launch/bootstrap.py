@@ -47,8 +47,9 @@ TASK_GPU_VAR = "TRAINSCALE_TASK_GPU"
 task's own GPU, so a script using ``cuda``/``cuda:0`` is right on every rank."""
 KIT_VAR = "TRAINSCALE_KIT"
 """Set by the kit's boot.py: the directory this module was imported from (removed before user code)."""
-AGENT_PID_VAR = "TRAINSCALE_AGENT_PID"
-"""Set by ``trainscale run``: the pid of the process that runs torch's agent (the workers' parent)."""
+AGENT_VAR = "TRAINSCALE_AGENT"
+"""Set by ``trainscale run``: ``PID:RUN_ID``, the process that runs torch's agent (the workers' parent)
+and its run id; a value whose run id is not this worker's (TORCHELASTIC_RUN_ID) is another launch's."""
 PREFIXED_VAR = "TRAINSCALE_PREFIXED_CONSOLE"
 """Set by ``trainscale run`` when the agent prefixes every line a worker shows with ``[rankN]:``."""
 
@@ -245,7 +246,7 @@ def die_with_parent(environ: Mapping[str, str] = os.environ) -> bool:
     its ranks training on and writing checkpoints with nobody watching. The kernel sends the signal
     when the thread that started this process ends: torch's agent starts and watches its workers
     from one thread for their whole life. A parent that died before ``prctl`` ran is caught by the
-    checks after it (``trainscale run`` names its pid in TRAINSCALE_AGENT_PID; the image's own
+    checks after it (``trainscale run`` names its pid in TRAINSCALE_AGENT; the image's own
     torchrun in a stock container does not, and the parent pid read first covers the rest).
     srun tasks are left alone: their parent is slurmstepd, which ends them itself. True when set.
     """
@@ -258,8 +259,9 @@ def die_with_parent(environ: Mapping[str, str] = os.environ) -> bool:
             return False
     except (OSError, AttributeError):  # no prctl here: nothing to set
         return False
-    agent = environ.get(AGENT_PID_VAR, "")
-    if os.getppid() != parent or (agent.isdigit() and not _alive(int(agent))):
+    pid, _, run_id = environ.get(AGENT_VAR, "").partition(":")
+    agent = int(pid) if pid.isdigit() and run_id == environ["TORCHELASTIC_RUN_ID"] else None
+    if os.getppid() != parent or (agent is not None and not _alive(agent)):
         os.kill(os.getpid(), signal.SIGKILL)  # the agent is already gone: do not start training
     return True
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from trainscale.errors import ConfigError, LaunchError
-from trainscale.launch.bootstrap import AGENT_PID_VAR, PREFIXED_VAR
+from trainscale.launch.bootstrap import AGENT_VAR, PREFIXED_VAR
 from trainscale.launch.ports import check_port_free, free_port, parse_endpoint, resolve
 from trainscale.launch.torchrun import LOGGING_OPTIONS
 from trainscale.topology.worker import PLAN_ENV
@@ -147,7 +147,6 @@ def worker_env(spec: LocalLaunchSpec, base: dict[str, str] | None = None) -> tup
         extra["OMP_NUM_THREADS"] = str(n)
         notes.append(f"OMP_NUM_THREADS={n} ({usable_cores()} cores / {spec.nproc_per_node} ranks)")
     extra.setdefault("PYTHONUNBUFFERED", "1")
-    extra[AGENT_PID_VAR] = str(os.getpid())  # the workers' parent: they die with it (bootstrap.die_with_parent)
     if not LOGGING_OPTIONS & set(spec.torchrun):  # trainscale's console: the agent prefixes every shown line
         extra[PREFIXED_VAR] = "1"
     # torch 2.13's c10d rendezvous shares one TCPStore with the workers for the agent's whole life,
@@ -302,6 +301,8 @@ def launch(spec: LocalLaunchSpec) -> LaunchResult:
     config = watch = None
     try:
         config = launch_config(spec, log_root)  # checks the rendezvous before anything is written
+        saved.setdefault(AGENT_VAR, os.environ.get(AGENT_VAR))
+        os.environ[AGENT_VAR] = f"{os.getpid()}:{config.run_id}"  # the workers die with it (bootstrap.py)
         log_root.mkdir(parents=True, exist_ok=True)
         if not os.environ.get(RUN_DIR_VAR):  # where the ranks' own records go (a SLURM job names its run's)
             saved.setdefault(RUN_DIR_VAR, None)
@@ -322,6 +323,9 @@ def launch(spec: LocalLaunchSpec) -> LaunchResult:
                               total_attempts=spec.max_restarts + 1)
         _dump_root_cause(exc, failures[0].rank if failures else None)
         return LaunchResult(False, run_dir, text, time.monotonic() - started, attempts=tuple(history))
+    except KeyboardInterrupt:  # Ctrl-C before torch's agent took the signal over: no worker was started
+        return LaunchResult(False, None, "trainscale: received SIGINT before any rank started; nothing is left "
+                                         "running", time.monotonic() - started, signal=int(signal.SIGINT))
     except SignalException as exc:  # torch's agent has stopped the workers (SIGTERM, then SIGKILL)
         run_dir = _run_dir(log_root, config.run_id) if config is not None else None
         workers = (watch.workers if watch is not None else 0) or spec.nproc_per_node
