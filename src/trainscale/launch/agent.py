@@ -1,4 +1,5 @@
-"""torch's LocalElasticAgent as `trainscale run` runs it: each restart announced, a signal answered.
+"""torch's LocalElasticAgent as `trainscale run` runs it: each restart announced, a signal answered,
+SLURM's warning signals passed on to the workers (:func:`take_signals`).
 
 ``elastic_launch`` builds its ``LocalElasticAgent`` itself and offers no hook for either, so for the
 length of one launch :func:`watching` puts a subclass in its place (``launcher.api`` looks the class up
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -122,3 +124,40 @@ def watching(total_attempts: int, say: Callable[[str], None], run_dir: Callable[
         launcher_api.LocalElasticAgent = base
         for logger in loggers:
             logger.removeFilter(quiet)
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+"""What torch's agent answers by stopping the workers (``--signals-to-handle``'s default)."""
+
+FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+"""SLURM's warning signals (``--signal=USR1@90``): the agent passes them on to its workers, whose
+trainscale runtime checkpoints at the next step boundary. (torchrun's agent would die of them.)"""
+
+
+def take_signals() -> Callable[[], None]:
+    """For one launch: FORWARDED_SIGNALS passed on to the workers. Returns what puts every handler
+    the launch changed back (torch's agent installs its own for STOP_SIGNALS when it starts workers)."""
+    previous = {sig: signal.getsignal(sig) for sig in (*STOP_SIGNALS, *FORWARDED_SIGNALS)}
+    try:
+        for sig in FORWARDED_SIGNALS:
+            signal.signal(sig, _forward)
+    except ValueError:  # not the main thread (launched from a library call): leave signals alone
+        return lambda: None
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+    return restore
+
+
+def _forward(signum, frame) -> None:
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "trainscale.launch.bootstrap" in " ".join(child.cmdline()):
+                child.send_signal(signum)
+        except psutil.Error:
+            continue

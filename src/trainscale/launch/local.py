@@ -284,7 +284,7 @@ def launch(spec: LocalLaunchSpec) -> LaunchResult:
     from torch.distributed.launcher.api import elastic_launch
 
     from trainscale.launch import summary
-    from trainscale.launch.agent import watching
+    from trainscale.launch.agent import take_signals, watching
 
     log_root = Path(spec.torchrun.get("log_dir") or spec.log_dir or Path("trainscale-logs")).absolute()
     extra, notes = worker_env(spec)
@@ -296,8 +296,7 @@ def launch(spec: LocalLaunchSpec) -> LaunchResult:
     saved = {k: os.environ.get(k) for k in extra}
     os.environ.update(extra)  # the agent copies os.environ into each worker (and torch reads OMP_NUM_THREADS)
     started = time.monotonic()
-    previous = _forward_to_workers(FORWARDED_SIGNALS)
-    previous.update(_handlers(STOP_SIGNALS))  # torch's agent installs its own: they end with this launch
+    restore_signals = take_signals()
     config = watch = None
     try:
         config = launch_config(spec, log_root)  # checks the rendezvous before anything is written
@@ -343,12 +342,7 @@ def launch(spec: LocalLaunchSpec) -> LaunchResult:
                                    f"--rdzv-id, check the first node is reachable, or raise --rdzv-timeout") from None
         raise
     finally:
-        for sig, handler in previous.items():
-            if handler is not None:
-                try:
-                    signal.signal(sig, handler)
-                except ValueError:  # not the main thread: torch's agent could not install its own either
-                    break
+        restore_signals()
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -373,39 +367,6 @@ def _dump_root_cause(exc, rank: int | None) -> None:
 
 RUN_DIR_VAR = "TRAINSCALE_RUN_DIR"
 """The run's directory for the ranks' records (metrics/): ``<log dir>/<run id>`` unless set already."""
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
-"""What torch's agent answers by stopping the workers (``--signals-to-handle``'s default)."""
-
-FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
-"""SLURM's warning signals (``--signal=USR1@90``): the agent passes them on to its workers, whose
-trainscale runtime checkpoints at the next step boundary. (torchrun's agent would die of them.)"""
-
-
-def _forward_to_workers(signals: tuple[int, ...]) -> dict[int, object]:
-    import psutil
-
-    def forward(signum, frame) -> None:
-        for child in psutil.Process().children(recursive=True):
-            try:
-                if "trainscale.launch.bootstrap" in " ".join(child.cmdline()):
-                    child.send_signal(signum)
-            except psutil.Error:
-                continue
-
-    previous = {}
-    for sig in signals:
-        try:
-            previous[sig] = signal.signal(sig, forward)
-        except ValueError:  # not the main thread (launched from a library call): leave signals alone
-            break
-    return previous
-
-
-def _handlers(signals: tuple[int, ...]) -> dict[int, object]:
-    """The current handlers of ``signals``, to put back after the launch."""
-    return {sig: signal.getsignal(sig) for sig in signals}
-
 
 def _run_dir(log_root: Path, run_id: str) -> Path | None:
     """The agent makes ``<log_root>/<run_id>_<random>/attempt_<k>/<local_rank>/std{out,err}.log``."""
