@@ -201,8 +201,11 @@ def test_usr1_checkpoints_at_a_step_boundary_and_a_rerun_matches_an_uninterrupte
     print(f"checkpointed and stopped {stopped:.1f}s after SIGUSR1")
 
 
-def test_stores_listen_on_loopback_only_for_a_single_node_run(tmp_path):
-    """Secure default: the rendezvous and worker stores bind the chosen interface, not every address."""
+@pytest.mark.parametrize("rendezvous", ["default", "static"])
+def test_stores_listen_on_loopback_only_for_a_single_node_run(tmp_path, rendezvous):
+    """Secure default: the rendezvous and worker stores bind the chosen interface, not every address,
+    whether trainscale picks the port or the user names it (torch's static rendezvous:
+    ``--master-addr 127.0.0.1 --master-port P``)."""
     script = tmp_path / "wait.py"
     script.write_text(textwrap.dedent("""
         import pathlib, sys, time
@@ -215,7 +218,9 @@ def test_stores_listen_on_loopback_only_for_a_single_node_run(tmp_path):
             rt.barrier()
     """))
     go = tmp_path / "go"
-    proc = start(["run", "--nproc-per-node", "2", "--log-dir", "logs", str(script), str(go)], tmp_path)
+    port = _free_port()
+    where = ["--master-addr", "127.0.0.1", "--master-port", str(port)] if rendezvous == "static" else []
+    proc = start(["run", "--nproc-per-node", "2", *where, "--log-dir", "logs", str(script), str(go)], tmp_path)
     try:
         wait_for(lambda: all((tmp_path / f"go.ready{r}").exists() for r in (0, 1)), 120, "both ranks")
         family = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
@@ -226,3 +231,5 @@ def test_stores_listen_on_loopback_only_for_a_single_node_run(tmp_path):
     assert proc.wait(timeout=60) == 0
     assert listening, "no listening socket found"
     assert {addr.ip for addr in listening} == {"127.0.0.1"}, listening
+    if rendezvous == "static":
+        assert port in {addr.port for addr in listening}  # the store the user named, on loopback only

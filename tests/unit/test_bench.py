@@ -49,6 +49,14 @@ def test_bad_tokens_name_the_problem(text, expected):
     assert "Hint:" in str(info.value)
 
 
+def test_empty_configs_are_refused_not_replaced_by_the_default_study():
+    with pytest.raises(ConfigError, match="--configs is empty"):
+        configs.parse_configs(configs.with_nodes("", ()), gpus_visible=0)
+    with pytest.raises(ConfigError, match="has an empty entry"):
+        configs.parse_configs(configs.with_nodes("", (2,)), gpus_visible=0, slurm=True, ranks_per_node=2)
+    assert configs.with_nodes(None, ()) == "1,2" and configs.with_nodes(None, (2,)) == "2n"
+
+
 def test_more_gpu_ranks_than_gpus_is_refused():
     with pytest.raises(ConfigError, match="asks for 8 GPU ranks but 4 GPU"):
         configs.parse_configs("8", gpus_visible=4)

@@ -1,9 +1,14 @@
-"""The worker entry point winds torch.distributed down before the interpreter shuts down."""
+"""How a worker ends (launch/bootstrap.py): the exit status the script chose, never an abort at teardown;
+a crash keeps its signal; a worker whose agent is gone does not run."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+
+import pytest
 
 SCRIPT = r"""
 import os, sys
@@ -30,3 +35,85 @@ def test_a_group_the_script_left_is_destroyed_and_its_threads_joined(tmp_path):
     lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
     assert int(lines["before"]) >= 2  # gloo's run loops and its transport loop
     assert lines["after"] == "0 False"
+
+
+# What torch 2.13 + gloo do at interpreter teardown in about a third of runs (a destructor that aborts),
+# made certain: an object whose destructor raises SIGABRT lives until the interpreter clears sys.modules.
+ENDS = r"""
+import atexit, os, pathlib, signal, sys, threading, time
+
+class AbortsAtTeardown:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGABRT)
+
+out, how = pathlib.Path(sys.argv[1]), sys.argv[2]
+if how in ("return", "0", "None", "3"):
+    sys.modules["aborts_at_teardown"] = AbortsAtTeardown()
+atexit.register(lambda: (out / "atexit").write_text("ran"))
+
+def writer():  # a background writer still busy when the script returns (a checkpoint, a log)
+    time.sleep(0.3)
+    (out / "thread").write_text("joined")
+
+threading.Thread(target=writer).start()
+print("no newline, still flushed", end="")
+if how == "raise":
+    raise ValueError("the script failed")
+if how == "abort":
+    os.abort()
+if how == "segfault":
+    import ctypes
+    ctypes.string_at(0)
+if how != "return":
+    sys.exit(None if how == "None" else int(how))
+"""
+
+
+def _bootstrap(tmp_path, how: str, **env: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "ends.py"
+    script.write_text(ENDS)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "TRAINSCALE_"))}
+    return subprocess.run([sys.executable, "-m", "trainscale.launch.bootstrap", "--script", str(script),
+                           str(tmp_path), how], capture_output=True, text=True, timeout=120, env={**environ, **env})
+
+
+@pytest.mark.parametrize("how, status", [("return", 0), ("0", 0), ("None", 0), ("3", 3)])
+def test_a_script_that_ends_by_itself_exits_with_its_own_status_and_no_teardown(tmp_path, how, status):
+    """Returned or sys.exit(N): N (0 after a return), never the abort of a destructor at teardown; what a
+    normal exit runs still runs (non-daemon threads joined, then atexit handlers, stdout flushed)."""
+    proc = _bootstrap(tmp_path, how)
+    assert proc.returncode == status, proc.stderr
+    assert proc.stdout == "no newline, still flushed"
+    assert (tmp_path / "thread").read_text() == "joined" and (tmp_path / "atexit").read_text() == "ran"
+
+
+@pytest.mark.parametrize("how, status", [("raise", 1), ("abort", -signal.SIGABRT), ("segfault", -signal.SIGSEGV)])
+def test_a_script_that_fails_or_crashes_keeps_its_exit_code_or_signal(tmp_path, how, status):
+    error_file = tmp_path / "error.json"
+    proc = _bootstrap(tmp_path, how, TORCHELASTIC_ERROR_FILE=str(error_file))
+    assert proc.returncode == status, proc.stderr
+    assert error_file.exists() == (how == "raise")  # a Python error is recorded; a crash has no traceback
+
+
+def test_a_worker_whose_agent_is_already_gone_never_runs_the_script(tmp_path):
+    """The race die_with_parent guards: the agent died before the worker asked for its death signal."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    worker = {"TORCHELASTIC_RUN_ID": "x", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    proc = _bootstrap(tmp_path, "return", **worker, TRAINSCALE_AGENT=f"{gone.pid}:x")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert not (tmp_path / "atexit").exists()
+    # another launch's value (a job submitted from inside a run inherits it): not this worker's agent
+    stale = _bootstrap(tmp_path, "return", **worker, TRAINSCALE_AGENT=f"{gone.pid}:another-run")
+    assert stale.returncode == 0, stale.stderr
+
+
+def test_die_with_parent_asks_the_kernel_for_sigkill(tmp_path):
+    probe = ("import ctypes, signal; from trainscale.launch.bootstrap import die_with_parent; "
+             "assert die_with_parent(); sig = ctypes.c_int(); "
+             "ctypes.CDLL(None).prctl(2, ctypes.byref(sig), 0, 0, 0); print(sig.value)")  # PR_GET_PDEATHSIG
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "TORCHELASTIC_RUN_ID": "x"})
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout) == signal.SIGKILL

@@ -80,7 +80,8 @@ def test_underscore_spellings_and_static_rendezvous_of_seed_002(tmp_path, script
                        "--master_port", str(port), script, "--deepspeed"])
     assert spec.nproc_per_node == 2 and spec.args == ("--deepspeed",)
     config = launch_config(spec, tmp_path / "logs")
-    assert config.rdzv_backend == "static" and config.rdzv_endpoint == f"127.0.0.1:{port}"
+    # torch's static rendezvous, its store bound to the master address (launch/rendezvous.py)
+    assert config.rdzv_backend == "trainscale-static" and config.rdzv_endpoint == f"127.0.0.1:{port}"
     assert config.rdzv_configs["rank"] == 0
 
 
@@ -148,6 +149,16 @@ def test_rendezvous_errors_name_the_fix(script):
         plan_rendezvous(build_spec(["--nnodes", "2", "--rdzv-backend", "c10d", script]), vars(defaults()))
     with pytest.raises(ConfigError, match="a standalone rendezvous is one node"):
         plan_rendezvous(build_spec(["--standalone", "--nnodes", "2", script]), vars(defaults()))
+
+
+def test_log_dir_that_is_a_file_is_refused_in_one_line_before_launch(script, tmp_path, capsys):
+    taken = tmp_path / "notes.txt"
+    taken.write_text("mine")
+    for given, message in ((taken, "is a file, not a directory"), (taken / "logs", "which is a file")):
+        assert main(["run", "--log-dir", str(given), script]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Hint:" in err and "Traceback" not in err, err
+    assert taken.read_text() == "mine"
 
 
 def test_unknown_option_is_named(script, capsys):

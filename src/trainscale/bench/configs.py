@@ -152,11 +152,12 @@ def scaled_max_steps(max_steps: int | None, config: RunConfig, baseline: RunConf
 
 
 def with_nodes(configs: str | None, nodes: tuple[int, ...]) -> str:
-    """``--configs`` plus one ``Nn`` configuration per ``--nodes`` entry (just those when --configs is not given)."""
-    tokens = [t.strip() for t in configs.split(",")] if configs else []
+    """``--configs`` plus one ``Nn`` configuration per ``--nodes`` entry (just those when --configs is not
+    given). ``--configs ''`` stays empty, for parse_configs to refuse: not the default study."""
+    tokens = [t.strip() for t in configs.split(",")] if configs is not None else []
     known = {t.lower() for t in tokens}
     tokens += [f"{n}n" for n in nodes if f"{n}n" not in known]
-    return ",".join(tokens) if tokens else "1,2"
+    return ",".join(tokens) if configs is not None or tokens else "1,2"
 
 
 def parse_int_list(text: str, option: str) -> tuple[int, ...]:

@@ -30,6 +30,8 @@ Only this FORMAT (2: manifests) loads; nothing written with FORMAT 1 was release
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from pathlib import Path
 from typing import Any, Iterator
@@ -95,3 +97,28 @@ def record(*, version: str, world_size: int, strategy: str, step: int, format: A
     """What a checkpoint says about itself; ``complete`` is the last thing a save writes."""
     return {"format": format, "version": version, "world_size": world_size, "strategy": strategy, "step": step,
             "complete": True}
+
+
+RUN_NOTE = "checkpoints.json"
+"""In a run's directory (TRAINSCALE_RUN_DIR): ``{"directory": ...}``, where the run's ranks save, so
+the launcher can name the checkpoint a restarted group resumes from without asking the ranks."""
+
+
+def note_directory(run_dir: str | Path, directory: Path) -> None:
+    """Rank 0: say where this run saves (atomically; a run directory that cannot be written is no error)."""
+    note = Path(run_dir) / RUN_NOTE
+    tmp = note.with_name(f".{RUN_NOTE}.{os.getpid()}.tmp")
+    try:
+        note.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"directory": str(Path(directory).absolute())}))
+        os.replace(tmp, note)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def noted_directory(run_dir: str | Path) -> Path | None:
+    """The checkpoint directory the run's ranks noted, or None."""
+    try:
+        return Path(json.loads((Path(run_dir) / RUN_NOTE).read_text())["directory"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

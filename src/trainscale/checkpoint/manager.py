@@ -170,6 +170,9 @@ class Checkpointer:
         self._stager: Any = None
         self._group: Any = None
         self._group_made = False
+        run_dir = getattr(getattr(runtime, "env", None), "run_dir", None)
+        if run_dir and getattr(runtime, "is_main", False):  # a restart can then name its checkpoint
+            layout.note_directory(run_dir, self.directory)
 
     def save(self, step: int, state: Mapping[str, Any], *, blocking: bool = False,
              on_complete: Callable[[], None] | None = None) -> Path:

@@ -102,24 +102,35 @@ def run(args: argparse.Namespace) -> int:
         return spread
     spec = build_spec(args.argv)
     result = launch(spec)
-    if not result.ok:
+    if result.signal:  # stopped by Ctrl-C, SIGTERM, SIGHUP: one line, the shell's convention for the status
         print(result.summary, file=sys.stderr, flush=True)
+        return 128 + result.signal
+    if not result.ok:
+        print(f"{result.summary}\n{next_line(result)}", file=sys.stderr, flush=True)
         return 1
-    print(finished_lines(spec.nproc_per_node, result), file=sys.stderr, flush=True)
+    print(finished_lines(spec, result), file=sys.stderr, flush=True)
     return 0
 
 
-def finished_lines(ranks: int, result) -> str:
-    """Where the run went, and the command that reads it next."""
+def next_line(result) -> str:
+    """The command that reads the run next: its report (per-rank logs and failures included)."""
     import shlex
 
     from trainscale.launch.rundir import shown
 
+    return f"trainscale: next: trainscale report {shlex.quote(shown(result.run_dir))}"
+
+
+def finished_lines(spec, result) -> str:
+    """Where the run went, its restarts if any, and the command that reads it next."""
+    from trainscale.launch.rundir import shown
+    from trainscale.launch.summary import attempts_lines
+
     run = shown(result.run_dir)
     where = (f"run directory {run} (records, every rank's logs, run.json)" if result.run_dir == result.log_dir
              else f"records in {run}, this node's logs in {shown(result.log_dir)}")
-    return (f"trainscale: {ranks} rank(s) finished in {result.seconds:.1f}s; {where}\n"
-            f"trainscale: next: trainscale report {shlex.quote(run)}")
+    return "\n".join([f"trainscale: {spec.nproc_per_node} rank(s) finished in {result.seconds:.1f}s; {where}",
+                      *attempts_lines(list(result.attempts), spec.max_restarts + 1), next_line(result)])
 
 
 def register(sub) -> None:

@@ -13,21 +13,30 @@ SLURM_LOCALID/NODE_RANK, seed 004) both see their own, distinct rank in either l
 Like torchelastic's ``@record``, a failure writes the worker's traceback to TORCHELASTIC_ERROR_FILE
 in the agent's JSON format, so a failure summary shows it without the user decorating main().
 
+How a worker ends is the truth about the user's code (:func:`exit_cleanly`): a script that returned
+(or raised ``SystemExit(0)``) exits 0 even where torch would abort while the interpreter tears down;
+a script that raised or crashed keeps its exit code or signal. A worker started by torch's agent dies
+with the agent (:func:`die_with_parent`): a SIGKILLed ``trainscale run`` leaves no rank training on.
+
 Standard library only (trainscale.env and trainscale.topology are too): a stock container without
 trainscale runs this module from the job kit (launch/kit.py), and it never imports torch itself.
 """
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import faulthandler
 import gc
 import json
 import os
 import runpy
+import signal
 import sys
+import threading
 import time
 import traceback
-from typing import Mapping, MutableMapping
+from typing import Mapping, MutableMapping, NoReturn
 
 BIND_VAR = "TRAINSCALE_CPU_BIND"
 """The binding plan from the launcher; format in trainscale/topology/worker.py."""
@@ -40,6 +49,11 @@ KIT_VAR = "TRAINSCALE_KIT"
 """Set by the kit's boot.py: the directory this module was imported from (removed before user code)."""
 SNAPSHOT_VAR, SNAPSHOT_OF_VAR = "TRAINSCALE_SNAPSHOT", "TRAINSCALE_SNAPSHOT_OF"
 """A submitted job's copy of its code, and the directory it was copied from (launch/slurm/snapshot.py)."""
+AGENT_VAR = "TRAINSCALE_AGENT"
+"""Set by ``trainscale run``: ``PID:RUN_ID``, the process that runs torch's agent (the workers' parent)
+and its run id; a value whose run id is not this worker's (TORCHELASTIC_RUN_ID) is another launch's."""
+PREFIXED_VAR = "TRAINSCALE_PREFIXED_CONSOLE"
+"""Set by ``trainscale run`` when the agent prefixes every line a worker shows with ``[rankN]:``."""
 
 # SLURM's task variables as torchrun's workers should see them: each agrees with RANK & co.
 _SLURM_FROM_WORLD = (
@@ -154,7 +168,7 @@ def record(fn):
         try:
             fn(argv)
         except SystemExit as exc:
-            if exc.code not in (None, 0):
+            if not succeeded(exc):
                 record_exception(exc)
             raise
         except BaseException as exc:
@@ -164,12 +178,30 @@ def record(fn):
     return wrapper
 
 
+def succeeded(exc: SystemExit) -> bool:
+    """``sys.exit()``, ``sys.exit(0)`` (and ``sys.exit(False)``): the interpreter's own exit status 0."""
+    return exc.code is None or (isinstance(exc.code, int) and exc.code == 0)
+
+
 USAGE = "usage: bootstrap (--script PATH | --module NAME | --exec PROGRAM) [ARGS...]"
 
 
 def main(argv: list[str]) -> None:
     set_error_file()  # first: @record writes there if anything below fails
-    _main(argv)
+    die_with_parent()
+    try:
+        _main(argv)
+    except SystemExit as exc:
+        if succeeded(exc):
+            exit_cleanly(0)
+        if isinstance(exc.code, int):  # sys.exit(3): 3 it is, whatever the teardown would do
+            exit_cleanly(exc.code, release=False)
+        raise  # sys.exit("message"): the interpreter prints it and exits 1
+    except BaseException:
+        if os.environ.get(PREFIXED_VAR):  # the agent prefixes this rank's lines already
+            sys.excepthook = _without_rank_prefix(sys.excepthook)
+        raise
+    exit_cleanly(0)
 
 
 @record
@@ -192,7 +224,6 @@ def _main(argv: list[str]) -> None:
     else:
         sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
         runpy.run_path(target, run_name="__main__")
-    release_process_groups()
 
 
 def leave_kit(environ: MutableMapping[str, str] = os.environ) -> None:
@@ -229,17 +260,109 @@ def enter_snapshot(environ: MutableMapping[str, str] = os.environ) -> None:
         environ["PYTHONPATH"] = os.pathsep.join(mapped(p) for p in environ["PYTHONPATH"].split(os.pathsep))
 
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent(environ: Mapping[str, str] = os.environ) -> bool:
+    """A worker of torch's agent (``trainscale run``, torchrun) gets SIGKILL when the agent dies.
+
+    Without it a SIGKILLed launcher (the OOM killer, ``kill -9``, a lost SSH session's cleanup) leaves
+    its ranks training on and writing checkpoints with nobody watching. The kernel sends the signal
+    when the thread that started this process ends: torch's agent starts and watches its workers
+    from one thread for their whole life. A parent that died before ``prctl`` ran is caught by the
+    checks after it (``trainscale run`` names its pid in TRAINSCALE_AGENT; the image's own
+    torchrun in a stock container does not, and the parent pid read first covers the rest).
+    srun tasks are left alone: their parent is slurmstepd, which ends them itself. True when set.
+    """
+    if not environ.get("TORCHELASTIC_RUN_ID") or not sys.platform.startswith("linux"):
+        return False
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):  # no prctl here: nothing to set
+        return False
+    pid, _, run_id = environ.get(AGENT_VAR, "").partition(":")
+    agent = int(pid) if pid.isdigit() and run_id == environ["TORCHELASTIC_RUN_ID"] else None
+    if os.getppid() != parent or (agent is not None and not _alive(agent)):
+        os.kill(os.getpid(), signal.SIGKILL)  # the agent is already gone: do not start training
+    return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def _without_rank_prefix(hook):
+    """``sys.excepthook`` without the ``[rankN]:`` prefix torch's ``init_process_group`` adds to
+    tracebacks (torch wraps the hook it found, once per initialisation): where the agent prefixes the
+    rank's lines itself, the traceback would read ``[rank0]: [rank0]: ...``. A hook of the user's own
+    stays."""
+    while getattr(hook, "__name__", "") == "_distributed_excepthook" and getattr(hook, "__closure__", None):
+        cells = dict(zip(hook.__code__.co_freevars, hook.__closure__))
+        if "old_hook" not in cells:
+            break
+        hook = cells["old_hook"].cell_contents
+    return hook
+
+
+def exit_cleanly(status: int, *, release: bool = True) -> NoReturn:
+    """After the user's code returned (or chose its exit status with ``sys.exit(N)``): end this
+    worker with that status, as the script meant.
+
+    With torch 2.13 and gloo, a process whose process group is still alive when the interpreter tears
+    down aborts in about a third of runs ("terminate called without an active exception", SIGABRT): a
+    gloo thread still dropping a finished collective needs the GIL to free a Python object, finds
+    the interpreter finalizing and unwinds through C++ code that may not throw (torch's upstream fix,
+    an atexit destroy, was abandoned). So this does what a normal exit does that a user may rely on,
+    in the interpreter's own order, and then leaves with ``os._exit`` instead of tearing down:
+
+    - non-daemon threads are joined (``threading._shutdown``: trainscale's background checkpoint
+      writer, ``concurrent.futures`` pools, the user's threads), as the interpreter does first;
+    - ``atexit`` handlers run (logging's flush, TensorBoard writers, the user's own);
+    - after success, process groups trainscale or the script left are destroyed
+      (:func:`release_process_groups`; ``release``);
+    - Python's and C's stdio buffers are flushed (a failing flush exits 120, as the interpreter does).
+
+    A script that raised or crashed is not ended here: it keeps its own exit code or signal.
+    """
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None:
+        shutdown()
+    else:  # an interpreter without it: join what it would have joined
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread() and not thread.daemon:
+                thread.join()
+    atexit._run_exitfuncs()
+    if release:
+        release_process_groups()
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream
+            status = status or 120
+    try:
+        ctypes.CDLL(None).fflush(None)  # what C and C++ code printed through stdio
+    except (OSError, AttributeError):
+        pass
+    os._exit(status)
+
+
 def release_process_groups() -> None:
     """After a clean run, let torch.distributed wind down while the interpreter is still whole.
 
-    A gloo worker thread drops each finished collective after the caller has moved on; when that
-    collective holds tensors created in Python the drop needs the GIL. Asked for during interpreter
-    shutdown, the GIL ends the thread with ``pthread_exit`` inside C++ code and the rank dies with
-    "terminate called without an active exception" (SIGABRT) after training succeeded. A full
-    collection here frees models in reference cycles (so a destroyed group can really go, joining
-    its threads) and outlasts the interpreter's switch interval, so a worker already waiting for the
-    GIL gets it before shutdown. A group the script left initialised is destroyed. Not done after
-    an error: destroying a group whose peers are gone can wait out the collective timeout.
+    A full collection frees models in reference cycles, so a destroyed group can really go (joining
+    its gloo threads); a group the script left initialised is destroyed (NCCL communicators are
+    freed in order rather than by the process's end). Not done after an error: destroying a group
+    whose peers are gone can wait out the collective timeout.
     """
     gc.collect()
     dist = sys.modules.get("torch.distributed")  # never import torch just for this

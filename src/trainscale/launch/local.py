@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import shutil
 import signal
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from trainscale.errors import ConfigError, LaunchError
+from trainscale.launch.bootstrap import AGENT_VAR, PREFIXED_VAR
 from trainscale.launch.ports import check_port_free, free_port, parse_endpoint, resolve
 from trainscale.launch.torchrun import LOGGING_OPTIONS
 from trainscale.topology.worker import PLAN_ENV
@@ -98,6 +100,7 @@ class LocalLaunchSpec:
         backend = self.torchrun.get("rdzv_backend")
         if backend is not None and not backend:
             raise ConfigError("--rdzv-backend is empty", hint="use c10d (or static with --master-addr/--master-port)")
+        _check_log_dir(self.torchrun.get("log_dir") or self.log_dir)
 
     @property
     def multinode(self) -> bool:
@@ -105,6 +108,24 @@ class LocalLaunchSpec:
 
     def given(self, name: str) -> bool:
         return name in self.torchrun
+
+
+def _check_log_dir(path: str | Path | None) -> None:
+    """--log-dir must be a directory or one that can be made: refused before launch, not at mkdir."""
+    if path is None:
+        return
+    wanted = Path(path)
+    for place in (wanted, *wanted.absolute().parents):
+        if place.exists():
+            if not place.is_dir():
+                seen = (f"--log-dir {path} is a file, not a directory" if place == wanted else
+                        f"--log-dir {path} is under {place}, which is a file")
+                raise ConfigError(seen, hint="give a directory (it is created if missing), or leave --log-dir out "
+                                             "for ./trainscale-runs")
+            if not os.access(place, os.W_OK | os.X_OK):
+                raise ConfigError(f"--log-dir {path}: {place} is not writable",
+                                  hint="give a directory you can write, or leave --log-dir out for ./trainscale-runs")
+            return
 
 
 @dataclass(frozen=True)
@@ -117,6 +138,10 @@ class LaunchResult:
     seconds: float
     run_dir: Path | None = None
     """Where the ranks' records went: what ``trainscale report`` reads."""
+    signal: int | None = None
+    """The signal that stopped the launcher (its workers were stopped); None when the run ended by itself."""
+    attempts: tuple = ()
+    """summary.Attempt per run of the worker group when it was restarted; empty for a single attempt."""
 
 
 def worker_env(spec: LocalLaunchSpec, base: dict[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
@@ -130,6 +155,8 @@ def worker_env(spec: LocalLaunchSpec, base: dict[str, str] | None = None) -> tup
         extra["OMP_NUM_THREADS"] = str(n)
         notes.append(f"OMP_NUM_THREADS={n} ({usable_cores()} cores / {spec.nproc_per_node} ranks)")
     extra.setdefault("PYTHONUNBUFFERED", "1")
+    if not LOGGING_OPTIONS & set(spec.torchrun):  # trainscale's console: the agent prefixes every shown line
+        extra[PREFIXED_VAR] = "1"
     # torch 2.13's c10d rendezvous shares one TCPStore with the workers for the agent's whole life,
     # so a restarted group reads the dead group's gloo/NCCL addresses and fails to connect. With
     # sharing off, every restart gets a fresh store on a fresh port (tests/integration/test_faults.py).
@@ -149,12 +176,13 @@ class Rendezvous:
 
 
 def plan_rendezvous(spec: LocalLaunchSpec, defaults: Mapping[str, Any]) -> Rendezvous:
-    """torchrun's rendezvous choice, with trainscale's store where torchrun would use a c10d one.
+    """torchrun's rendezvous choice, with trainscale's store where torchrun would listen everywhere.
 
     ``--standalone`` (or a single node with no endpoint and no ``--master-port``: torchrun's own
     shortcut) gets a private free port on 127.0.0.1; ``--rdzv-backend c10d --rdzv-endpoint H:P`` gets
     the c10d store bound to H's address only; ``static`` (``--master-addr/--master-port/--node-rank``)
-    and other backends are torch's own. Ports the store will listen on are checked free first.
+    gets torch's static store bound to the master address only; other backends are torch's own.
+    Ports the store will listen on are checked free first.
     """
     from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
 
@@ -240,10 +268,10 @@ def launch_config(spec: LocalLaunchSpec, log_root: Path):
         if omp is None:
             os.environ.pop("OMP_NUM_THREADS", None)
     backend = rdzv.backend
-    if backend == "c10d":
+    if backend in ("c10d", "static"):
         from trainscale.launch.rendezvous import register
 
-        backend = register()  # c10d with the store bound to the endpoint's address only
+        backend = register(backend)  # torch's, with the store bound to the endpoint's address only
     changes: dict[str, Any] = {"rdzv_backend": backend, "rdzv_endpoint": rdzv.endpoint, "run_id": rdzv.run_id,
                                "rdzv_configs": rdzv.configs}
     if not os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"):
@@ -266,10 +294,14 @@ def entrypoint(spec: LocalLaunchSpec) -> tuple[str, list[str]]:
 
 
 def launch(spec: LocalLaunchSpec) -> LaunchResult:
+    """Run the workers to the end. A failed run, and a launcher stopped by a signal (whose workers
+    torch's agent then stops), come back as a result with its summary, never as torch's traceback."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
     from trainscale.launch import rundir, summary
+    from trainscale.launch.agent import take_signals, watching
 
     log_root = Path(spec.run_dir or spec.torchrun.get("log_dir") or spec.log_dir or rundir.DEFAULT_ROOT).absolute()
     extra, notes = worker_env(spec)
@@ -281,29 +313,47 @@ def launch(spec: LocalLaunchSpec) -> LaunchResult:
     saved = {k: os.environ.get(k) for k in extra}
     os.environ.update(extra)  # the agent copies os.environ into each worker (and torch reads OMP_NUM_THREADS)
     started = time.monotonic()
-    previous = _forward_to_workers(FORWARDED_SIGNALS)
-    config = logs = run_dir = None
+    restore_signals = take_signals()
+    config = logs = run_dir = watch = None
     try:
         config = launch_config(spec, log_root)  # checks the rendezvous before anything is written
         logs, run_dir = _directories(spec, log_root)
         saved.setdefault(RUN_DIR_VAR, os.environ.get(RUN_DIR_VAR))
         os.environ[RUN_DIR_VAR] = str(run_dir)  # where the ranks' own records go
+        saved.setdefault(AGENT_VAR, os.environ.get(AGENT_VAR))
+        os.environ[AGENT_VAR] = f"{os.getpid()}:{config.run_id}"  # the workers die with it (bootstrap.py)
         if not spec.given("logs_specs"):  # torch's agent writes every attempt's logs into the run directory
             config = dataclasses.replace(config, logs_specs=rundir.logs_specs(logs, **_logging_options(spec)))
         spec = dataclasses.replace(spec, args=rundir.checkpoint_args(
             spec.target, spec.args, module=spec.module, max_restarts=spec.max_restarts, run_dir=run_dir))
         python, args = entrypoint(spec)
-        elastic_launch(config, python)(*args)
+        say = functools.partial(print, file=sys.stderr, flush=True)
+        with watching(spec.max_restarts + 1, say, lambda: str(run_dir)) as watch:
+            elastic_launch(config, python)(*args)
         rundir.end_record(logs, run_dir, ok=True, seconds=time.monotonic() - started)
-        return LaunchResult(True, logs, "", time.monotonic() - started, run_dir)
+        return LaunchResult(True, logs, "", time.monotonic() - started, run_dir,
+                            attempts=tuple(watch.history(finished=True)))
     except ChildFailedError as exc:
         rundir.end_record(logs, run_dir, ok=False, seconds=time.monotonic() - started)
         failures = summary.from_child_failed(exc, _stderr_logs(logs))
         low, high = parse_nnodes(spec.nnodes)
         world = spec.nproc_per_node * low if low == high else None
-        text = summary.render(failures, world_size=world, log_dir=logs)
+        history = watch.history(failures[0] if failures else None) if watch else []
+        text = summary.render(failures, world_size=world, log_dir=logs, attempts=history,
+                              total_attempts=spec.max_restarts + 1)
         _dump_root_cause(exc, failures[0].rank if failures else None)
-        return LaunchResult(False, logs, text, time.monotonic() - started, run_dir)
+        return LaunchResult(False, logs, text, time.monotonic() - started, run_dir, attempts=tuple(history))
+    except KeyboardInterrupt:  # Ctrl-C before torch's agent took the signal over: no worker was started
+        if logs is not None:
+            rundir.end_record(logs, run_dir, ok=False, seconds=time.monotonic() - started)
+        return LaunchResult(False, logs, "trainscale: received SIGINT before any rank started; nothing is left "
+                                         "running", time.monotonic() - started, run_dir, signal=int(signal.SIGINT))
+    except SignalException as exc:  # torch's agent has stopped the workers (SIGTERM, then SIGKILL)
+        if logs is not None:
+            rundir.end_record(logs, run_dir, ok=False, seconds=time.monotonic() - started)
+        workers = (watch.workers if watch is not None else 0) or spec.nproc_per_node
+        text = summary.stopped_line(int(exc.sigval), workers, logs or log_root)
+        return LaunchResult(False, logs, text, time.monotonic() - started, run_dir, signal=int(exc.sigval))
     except Exception as exc:  # rendezvous timeouts and closed stores surface here
         name = type(exc).__name__
         store_wait = name == "DistStoreError" and "waiting for clients" in str(exc)  # static rendezvous
@@ -316,8 +366,7 @@ def launch(spec: LocalLaunchSpec) -> LaunchResult:
                                    f"--rdzv-id, check the first node is reachable, or raise --rdzv-timeout") from None
         raise
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        restore_signals()
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -342,31 +391,6 @@ def _dump_root_cause(exc, rank: int | None) -> None:
 
 RUN_DIR_VAR = "TRAINSCALE_RUN_DIR"
 """The run's directory for the ranks' records (metrics/): the run directory unless set already."""
-
-FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
-"""SLURM's warning signals (``--signal=USR1@90``): the agent passes them on to its workers, whose
-trainscale runtime checkpoints at the next step boundary. (torchrun's agent would die of them.)"""
-
-
-def _forward_to_workers(signals: tuple[int, ...]) -> dict[int, object]:
-    import psutil
-
-    def forward(signum, frame) -> None:
-        for child in psutil.Process().children(recursive=True):
-            try:
-                if "trainscale.launch.bootstrap" in " ".join(child.cmdline()):
-                    child.send_signal(signum)
-            except psutil.Error:
-                continue
-
-    previous = {}
-    for sig in signals:
-        try:
-            previous[sig] = signal.signal(sig, forward)
-        except ValueError:  # not the main thread (launched from a library call): leave signals alone
-            break
-    return previous
-
 
 def _directories(spec: LocalLaunchSpec, log_root: Path) -> tuple[Path, Path]:
     """(this node's logs, the run directory the records go to): one new directory, or the caller's

@@ -1,8 +1,9 @@
-"""torchrun's c10d rendezvous, with its store listening on the chosen address only.
+"""torchrun's c10d and static rendezvous, with their store listening on the chosen address only.
 
 PyTorch's TCPStore listens on every address of the host. Handing it a socket already bound to the
 endpoint's address (``master_listen_fd``) keeps the store on that interface: loopback for a
-single-node run, the cluster network address of the first node for a multi-node job.
+single-node run (``--standalone``, or ``--master-addr 127.0.0.1``), the cluster network address of
+the first node for a multi-node job.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from trainscale.launch.ports import parse_endpoint, resolve
 from trainscale.runtime.store import bound_server
 
 BACKEND = "trainscale-c10d"
+STATIC = "trainscale-static"
 
 
 def _is_local(address: str) -> bool:
@@ -63,12 +65,40 @@ def _create_handler(params):
     return handler
 
 
-def register() -> str:
-    """Make the backend known to torch's rendezvous registry (idempotent); returns its name."""
+def _create_static_handler(params):
+    """torch's static rendezvous (``--master-addr/--master-port/--node-rank``), node 0's store bound to
+    the master address. The agents' store is the workers' too (torch's static rendezvous shares it)."""
+    from torch.distributed import TCPStore
+    from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous, create_rdzv_handler
+
+    torch_handler = create_rdzv_handler(params)  # torch's own checks of rank, endpoint and port
+
+    class BoundStaticRendezvous(StaticTCPRendezvous):
+        def get_backend(self) -> str:  # torch checks the handler reports the backend it was asked for
+            return STATIC
+
+        def next_rendezvous(self):
+            if not self._store:  # torch's would listen on every address
+                if self.rank == 0:
+                    self._store = bound_server(self.master_addr, self.master_port, self.timeout, self.world_size)
+                else:
+                    self._store = TCPStore(self.master_addr, self.master_port, self.world_size, False, self.timeout,
+                                           multi_tenant=True)
+            return super().next_rendezvous()
+
+    h = torch_handler
+    return BoundStaticRendezvous(h.master_addr, h.master_port, h.rank, h.world_size, h.run_id,
+                                 int(h.timeout.total_seconds()))
+
+
+def register(backend: str = "c10d") -> str:
+    """Make trainscale's bound variant of torch's ``c10d`` or ``static`` rendezvous known to torch's
+    registry (idempotent); returns its name."""
     from torch.distributed.elastic.rendezvous import rendezvous_handler_registry as registry
 
+    name, create = (STATIC, _create_static_handler) if backend == "static" else (BACKEND, _create_handler)
     try:
-        registry.register(BACKEND, _create_handler)
+        registry.register(name, create)
     except ValueError:  # already registered in this process
         pass
-    return BACKEND
+    return name

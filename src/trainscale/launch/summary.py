@@ -38,6 +38,57 @@ class RankFailure:
             return f"killed by {name}"
         return f"exit code {self.exitcode}"
 
+    @property
+    def reason(self) -> str:
+        """The exception's own line (``ValueError: boom``), the last line of its traceback; "" without one."""
+        lines = [line.strip() for line in self.traceback.splitlines() if line.strip()]
+        return lines[-1] if lines else ""
+
+    def describe(self) -> str:
+        """``rank 1 on node1 (exit code 1: ValueError: boom)``: one line."""
+        why = f"{self.how}: {self.reason}" if self.reason else self.how
+        return f"rank {self.rank} on {self.host} ({_shorten(why)})"
+
+
+def _shorten(text: str, width: int = 160) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One run of the worker group: its number (from 1) and, when it failed, the root-cause rank."""
+
+    number: int
+    failure: RankFailure | None = None
+    """None: the group finished (or was stopped) in this attempt."""
+
+
+def restart_line(number: int, failure: RankFailure, attempts: int, resume: str | None) -> str:
+    """What the console says when the agent restarts the group after attempt ``number`` failed."""
+    then = f"restarting all ranks (attempt {number + 1} of {attempts})"
+    return (f"trainscale: attempt {number} of {attempts} failed: {failure.describe()}; {then}"
+            + (f", {resume}" if resume else ""))
+
+
+def stopped_line(signum: int, workers: int, log_dir: Path | None) -> str:
+    """The launcher's one line when a signal stopped it (and torch's agent stopped its workers)."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    where = f"; per-rank logs in {log_dir}" if log_dir else ""
+    return f"trainscale: received {name}: stopped the {workers} rank(s) of this node{where}"
+
+
+def attempts_lines(attempts: list[Attempt], total: int) -> list[str]:
+    """The run's attempts and how each ended, for the end of a summary; nothing for a single attempt."""
+    if len(attempts) < 2:
+        return []
+    lines = [f"Attempts: {len(attempts)} of {total} (--max-restarts {total - 1}):"]
+    for a in attempts:
+        lines.append(f"  {a.number}: " + (f"failed, {a.failure.describe()}" if a.failure else "finished"))
+    return lines
+
 
 # Messages of a rank whose peer died first: never the root cause while a primary failure exists.
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing", "Broken pipe")
@@ -52,6 +103,9 @@ def hung_ranks(failure: RankFailure) -> list[int]:
     return [int(r) for r in match.group(1).replace(" ", "").split(",") if r] if match else []
 
 
+_NO_ERROR_FILE = "<NONE>"  # torchelastic's message for a worker that left no error file (a signal, os._exit)
+
+
 def _traceback_of(error_data: Any) -> str:
     if not isinstance(error_data, dict):
         return ""
@@ -60,7 +114,7 @@ def _traceback_of(error_data: Any) -> str:
         extra = message.get("extraInfo", {})
         stack = extra.get("py_callstack", "")
         return stack or str(message.get("message", ""))
-    return str(message)
+    return "" if message == _NO_ERROR_FILE else str(message)
 
 
 def _tail(path: Path | None, lines: int = 20) -> str:
@@ -93,7 +147,8 @@ def from_child_failed(error: Any, log_files: dict[int, Path] | None = None) -> l
     return sorted(out, key=lambda f: (f.secondary, f.timestamp, f.rank))
 
 
-def render(failures: list[RankFailure], world_size: int | None = None, log_dir: Path | None = None) -> str:
+def render(failures: list[RankFailure], world_size: int | None = None, log_dir: Path | None = None,
+           attempts: list[Attempt] | None = None, total_attempts: int = 1) -> str:
     if not failures:
         return "trainscale: the run failed, but no rank left a failure record."
     first = failures[0]
@@ -123,6 +178,9 @@ def render(failures: list[RankFailure], world_size: int | None = None, log_dir: 
             lines.append(f"  ranks {_ranges(stopped)}: stopped by the launcher after the first failure")
     if log_dir:
         lines += ["", f"Per-rank logs: {log_dir}"]
+    history = attempts_lines(list(attempts or []), total_attempts)
+    if history:
+        lines += ["", *history]
     lines.append("=" * 72)
     return "\n".join(lines)
 

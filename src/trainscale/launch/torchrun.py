@@ -24,14 +24,19 @@ Differences from torchrun when you give no option for them (docs/launch.md has t
                 (one per run under --log-dir, default ./trainscale-runs, with its records; `trainscale
                 report DIR` reads it); --redirects/--tee/--local-ranks-filter switch to torchrun's
                 behaviour, --all-ranks shows every rank prefixed [rankN]:
-  rendezvous    a single-node run gets a free port on 127.0.0.1 (torchrun: all addresses)
+  rendezvous    a single-node run gets a free port on 127.0.0.1; a store listens on the address
+                you give only (torchrun: all addresses)
   threads       OMP_NUM_THREADS = cores / ranks when unset (torchrun: 1)
   failures      one summary: first failing rank, host, exit code or signal, its traceback
                 (no @record needed), the other ranks' state
   workers       every worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
                 MASTER_PORT, NODE_RANK and SLURM_PROCID/SLURM_LOCALID/SLURM_NTASKS/... that agree
   signals       SIGUSR1/SIGUSR2 (SLURM's warnings) are passed on to the workers
-                (--signals-to-handle SIGUSR1 makes the agent stop them instead, as torchrun does)
+                (--signals-to-handle SIGUSR1 makes the agent stop them instead, as torchrun does);
+                Ctrl-C/SIGTERM/SIGHUP stop the workers: one line, exit status 128+signal
+  exit          a script that returned exits 0 (never torch's abort at interpreter exit); the
+                workers die with the launcher, even a SIGKILLed one
+  restarts      --max-restarts N: each restart is one line (rank, cause, attempt, checkpoint)
 
 Examples:
   trainscale run --nproc-per-node 2 --workload cnn --epochs 5 --batch-size 16 --lr 0.001

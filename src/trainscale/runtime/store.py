@@ -26,15 +26,20 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def bound_server(host: str, port: int, timeout: datetime.timedelta | None = None):
-    """A TCPStore server listening on ``host``'s address only (``port`` 0: the kernel picks one)."""
+def bound_server(host: str, port: int, timeout: datetime.timedelta | None = None, world_size: int | None = None):
+    """A TCPStore server listening on ``host``'s address only (``port`` 0: the kernel picks one).
+    With ``world_size`` it returns once that many clients (itself included) have connected, as
+    torch's static rendezvous waits for every node."""
     from torch.distributed import TCPStore
 
     sock = listening_socket(host, port)
     port = sock.getsockname()[1]
     kwargs = {"timeout": timeout} if timeout is not None else {}
+    if world_size is not None:
+        kwargs["world_size"] = world_size
     # The store's server takes the descriptor over and closes it with the last store using it.
-    return TCPStore(host, port, is_master=True, multi_tenant=True, master_listen_fd=sock.detach(), **kwargs)
+    return TCPStore(host, sock.getsockname()[1], is_master=True, multi_tenant=True,
+                    master_listen_fd=sock.detach(), **kwargs)
 
 
 def client(host: str, port: int, timeout: datetime.timedelta):

@@ -12,7 +12,8 @@ from typing import Any, Callable
 
 import torch
 
-from trainscale.checkpoint import atomic_write_text
+from trainscale.checkpoint import atomic_write
+from trainscale.errors import ConfigError
 
 FLUSH_EVERY = 256
 """Most training losses kept on the device between read-backs (when log lines are rare or off)."""
@@ -47,9 +48,46 @@ class LossLog:
 
 
 def write_metrics(path: str | os.PathLike | None, result: dict[str, Any], runtime: Any) -> None:
-    """The run's metrics as JSON, atomically, on rank 0 (``--metrics-out``)."""
+    """The run's metrics as JSON, atomically, on rank 0 (``--metrics-out``): a new file gets the mode
+    ``open()`` would give it (0666 less the umask), a file brought up to date by a resumed run keeps
+    its own."""
     if path and runtime.is_main:
-        atomic_write_text(Path(path), json.dumps(result, indent=2, default=str))
+        text = json.dumps(result, indent=2, default=str).encode()
+        atomic_write(Path(path), lambda fh: fh.write(text), mode=_mode_for(Path(path)))
+
+
+def check_metrics_out(path: str | os.PathLike | None, *, resuming: bool) -> None:
+    """Before launch: ``--metrics-out`` must not name a file that exists, unless this run resumes the
+    run that wrote it (its checkpoint directory holds a checkpoint): a finished run's results are
+    never overwritten by another run's."""
+    if not path:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise ConfigError(f"--metrics-out {path} is a directory", hint="give the path of a JSON file to write")
+    if target.exists() and not resuming:
+        raise ConfigError(f"--metrics-out {path} already exists and this run does not resume the one that wrote it",
+                          hint="give a new file, move the old one away, or resume that run (the same "
+                               "--checkpoint-dir, or --experiment-dir for gpt)")
+
+
+def _mode_for(path: Path) -> int:
+    try:
+        return path.stat().st_mode & 0o7777
+    except OSError:
+        return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    try:  # Linux says it without changing it
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def epoch_curves(record: dict[str, Any], held_out: dict[str, float]) -> dict[str, float]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, Sequence
 
 from trainscale.errors import ConfigError
@@ -223,11 +224,15 @@ def planned_device(device: str, gpus: bool | None) -> str:
     return "cuda" if gpus else "cpu"
 
 
-def check_training(opts: TrainOptions, world_size: int, *, gpus: bool | None, samples: int | None, what: str) -> None:
+def check_training(opts: TrainOptions, world_size: int, *, gpus: bool | None, samples: int | None, what: str,
+                   checkpoint_dir: str | Path | None) -> None:
     """A loop-based workload's preflight, before anything is launched: the strategy for this world size,
-    batch and accumulation, ``--compile``, and ``samples`` (when cheap to know) enough for every rank."""
+    batch and accumulation, ``--compile``, ``samples`` (when cheap to know) enough for every rank, and a
+    ``--metrics-out`` that is new unless this run resumes from ``checkpoint_dir``."""
+    from trainscale.checkpoint import list_checkpoints
     from trainscale.data import check_shardable
     from trainscale.strategies import check_strategy
+    from trainscale.train.metrics import check_metrics_out
 
     check_strategy(opts.strategy, world_size, batch_size=opts.batch_size, device=planned_device(opts.device, gpus),
                    accumulation=opts.grad_accum, compile=opts.compile)
@@ -235,3 +240,5 @@ def check_training(opts: TrainOptions, world_size: int, *, gpus: bool | None, sa
         check_compile()
     if samples is not None:
         check_shardable(samples, world_size, opts.batch_size, what=what)
+    resuming = bool(checkpoint_dir) and not opts.fresh and bool(list_checkpoints(Path(checkpoint_dir)))
+    check_metrics_out(opts.metrics_out, resuming=resuming)

@@ -81,4 +81,4 @@ def check(argv: list[str], world_size: int, name: str, build: Builder, *, gpus: 
     opts, args = parse(argv, prog=f"trainscale run [launch options] --workload {name}", defaults=defaults, extra=extra)
     build(args)
     check_training(opts, world_size, gpus=gpus, samples=len(_split(opts, "train")),
-                   what=f"'{opts.data}' training set")
+                   what=f"'{opts.data}' training set", checkpoint_dir=opts.checkpoint_dir)

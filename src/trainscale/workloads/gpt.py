@@ -194,9 +194,10 @@ def preflight(argv: list[str], world_size: int, *, gpus: bool | None = None) -> 
     opts, args = _parse(argv)
     GPT(seq_len=args.seq_len, width=args.n_embd, depth=1, heads=args.n_head)
     builtin = not (args.hub_dataset or args.tokenizer)  # the built-in corpus in bytes is cheap to measure here
-    check_training(opts, world_size, gpus=gpus, what="built-in corpus (windows)",
-                   samples=(len(text.encode(text.builtin_corpus())) * 9 // 10 - 1) // args.seq_len if builtin else None)
     exp = Path(args.experiment_dir)
+    check_training(opts, world_size, gpus=gpus, what="built-in corpus (windows)",
+                   samples=(len(text.encode(text.builtin_corpus())) * 9 // 10 - 1) // args.seq_len if builtin else None,
+                   checkpoint_dir=opts.checkpoint_dir or exp / "checkpoints")
     if exp.exists() and not (exp / MARKER).exists() and any(exp.iterdir()):
         raise ConfigError(f"{exp} exists, is not empty and is not a trainscale experiment",
                           hint="pick a new --experiment-dir; nothing in it was touched")

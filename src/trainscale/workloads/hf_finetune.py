@@ -32,7 +32,7 @@ from trainscale.runtime.device import MIXED_BACKEND
 from trainscale.strategies import parse_spec, process_group_backend
 from trainscale.strategies.hf_trainer import prepare_environment, trainer_arguments
 from trainscale.train import TrainOptions, parse
-from trainscale.train.metrics import write_metrics
+from trainscale.train.metrics import check_metrics_out, write_metrics
 from trainscale.train.options import apply_threads, check_compile
 
 MARKER = "trainscale-hf.json"
@@ -124,6 +124,7 @@ def plan(argv: list[str], world_size: int, *, gpus: bool | None = None) -> Plan:
                           hint="pick a new --output-dir; nothing in it was touched")
     if opts.compile:
         check_compile()
+    check_metrics_out(opts.metrics_out, resuming=(out / MARKER).exists() and any(out.glob("checkpoint-*")))
     per_device = args.global_batch // world_size
     use_cpu = opts.device == "cpu" or not (torch.cuda.is_available() if gpus is None else gpus)
     strategy_args = trainer_arguments(opts.strategy, world_size=world_size, per_device=per_device, use_cpu=use_cpu,

@@ -1,0 +1,163 @@
+"""torch's LocalElasticAgent as `trainscale run` runs it: each restart announced, a signal answered,
+SLURM's warning signals passed on to the workers (:func:`take_signals`).
+
+``elastic_launch`` builds its ``LocalElasticAgent`` itself and offers no hook for either, so for the
+length of one launch :func:`watching` puts a subclass in its place (``launcher.api`` looks the class up
+when it builds the agent). The subclass only observes torch's own steps:
+
+- ``_monitor_workers`` returns a failed group: the root-cause rank is kept (summary.py orders them);
+- ``_restart_workers`` after a failure: one console line (which rank, why, attempt k of N, and the
+  checkpoint the ranks will resume from when they save through trainscale);
+- ``_invoke_run`` ends with torch's ``SignalException`` (SIGTERM/SIGINT/SIGHUP/SIGQUIT to the
+  launcher): the signal is kept and the console stops showing the ranks' output before torch stops
+  them, so a rank's KeyboardInterrupt traceback lands in its log file and not on the console.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from trainscale.launch import summary
+
+
+@dataclass
+class Watch:
+    """What the agent did during one launch."""
+
+    total_attempts: int
+    """1 + --max-restarts."""
+    attempts: list[summary.Attempt] = field(default_factory=list)
+    """The attempts that failed and were restarted, in order."""
+    signal: int | None = None
+    """The signal that stopped the launcher (torch's agent stopped the workers), if any."""
+    workers: int = 0
+    """Workers of the last attempt on this node."""
+
+    def history(self, last: summary.RankFailure | None = None, *, finished: bool = False) -> list[summary.Attempt]:
+        """Every attempt: the restarted ones, then the last (failed with ``last``, or finished)."""
+        if not self.attempts:
+            return []
+        return [*self.attempts, summary.Attempt(len(self.attempts) + 1, None if finished else last)]
+
+
+def resume_note(run_dir: str | None) -> str | None:
+    """Where a restarted group resumes, when its ranks save through trainscale's Checkpointer."""
+    from trainscale.checkpoint import layout
+
+    directory = layout.noted_directory(run_dir) if run_dir else None
+    if directory is None:
+        return None
+    found = layout.list_checkpoints(directory)
+    if not found:
+        return f"from the start (no checkpoint in {directory} yet)"
+    return f"resuming from {found[0][1]} (step {found[0][0]})"
+
+
+# torch's lines that trainscale's own replace (the summary, the restart line, the signal line).
+_REPLACED = ("Received %s death signal", "Sending process %s closing signal", "failed (exitcode: %s)",
+             "[%s] Worker group %s. %s/%s attempts left")
+
+
+class _Quieter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_REPLACED)
+
+
+_LOGGERS = ("torch.distributed.elastic.multiprocessing.api", "torch.distributed.elastic.agent.server.api")
+
+
+@contextlib.contextmanager
+def watching(total_attempts: int, say: Callable[[str], None], run_dir: Callable[[], str | None]) -> Iterator[Watch]:
+    """For one ``elastic_launch``: torch's agent, announcing restarts through ``say`` and keeping
+    the signal that stopped it. ``run_dir()`` names the run's directory (where the ranks note their
+    checkpoint directory)."""
+    import torch.distributed.launcher.api as launcher_api
+    from torch.distributed.elastic.agent.server.api import WorkerState
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    base = launcher_api.LocalElasticAgent
+    watch = Watch(total_attempts)
+    pending: list[summary.RankFailure] = []
+
+    class Agent(base):  # type: ignore[misc, valid-type]
+        def _monitor_workers(self, worker_group):
+            result = super()._monitor_workers(worker_group)
+            watch.workers = len(worker_group.workers)
+            if result.is_failed():
+                logs = {int(k): Path(v) for k, v in (getattr(self._pcontext, "stderrs", None) or {}).items()}
+                pending[:] = summary.from_child_failed(result, logs)[:1]
+            return result
+
+        def _restart_workers(self, worker_group):
+            if worker_group.state in (WorkerState.FAILED, WorkerState.UNHEALTHY) and pending:
+                number = len(watch.attempts) + 1
+                watch.attempts.append(summary.Attempt(number, pending[0]))
+                say(summary.restart_line(number, pending[0], total_attempts, resume_note(run_dir())))
+                pending.clear()
+            elif worker_group.state == WorkerState.HEALTHY:  # torch does not count these as restarts
+                say("trainscale: a node joined or left the rendezvous; restarting this node's ranks")
+            super()._restart_workers(worker_group)
+
+        def _invoke_run(self, *args, **kwargs):
+            try:
+                return super()._invoke_run(*args, **kwargs)
+            except SignalException as exc:
+                watch.signal = int(exc.sigval)
+                for tail in getattr(self._pcontext, "_tail_logs", ()):  # before torch signals the ranks
+                    tail.stop()
+                raise
+
+    quiet = _Quieter()
+    loggers = [] if os.environ.get("LOGLEVEL") else [logging.getLogger(name) for name in _LOGGERS]
+    for logger in loggers:
+        logger.addFilter(quiet)
+    launcher_api.LocalElasticAgent = Agent
+    try:
+        yield watch
+    finally:
+        launcher_api.LocalElasticAgent = base
+        for logger in loggers:
+            logger.removeFilter(quiet)
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+"""What torch's agent answers by stopping the workers (``--signals-to-handle``'s default)."""
+
+FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+"""SLURM's warning signals (``--signal=USR1@90``): the agent passes them on to its workers, whose
+trainscale runtime checkpoints at the next step boundary. (torchrun's agent would die of them.)"""
+
+
+def take_signals() -> Callable[[], None]:
+    """For one launch: FORWARDED_SIGNALS passed on to the workers. Returns what puts every handler
+    the launch changed back (torch's agent installs its own for STOP_SIGNALS when it starts workers)."""
+    previous = {sig: signal.getsignal(sig) for sig in (*STOP_SIGNALS, *FORWARDED_SIGNALS)}
+    try:
+        for sig in FORWARDED_SIGNALS:
+            signal.signal(sig, _forward)
+    except ValueError:  # not the main thread (launched from a library call): leave signals alone
+        return lambda: None
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+    return restore
+
+
+def _forward(signum, frame) -> None:
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "trainscale.launch.bootstrap" in " ".join(child.cmdline()):
+                child.send_signal(signum)
+        except psutil.Error:
+            continue
