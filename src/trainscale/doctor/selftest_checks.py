@@ -401,7 +401,7 @@ def check_breakdown(rt, allreduce: dict | None = None) -> Check:
     summary = clock.summary()
     per_step = {k: summary[k] / STEPS for k in ("compute", "communication", "communication_total", "optimizer")}
     implied = implied_comm_s(summary["gradient_bytes"], rt.world_size, allreduce)
-    status, why = breakdown_verdict(per_step, implied)
+    status, why = breakdown_verdict(per_step, implied, gpu=rt.device.type != "cpu")
     return Check(name="breakdown", status=status, detail={**per_step, "implied_s": implied},
                  figure=f"communication in flight {per_step['communication_total'] * 1e3:.2f} ms/step, exposed "
                         f"{per_step['communication'] * 1e3:.2f} ms, compute {per_step['compute'] * 1e3:.2f} ms"
@@ -421,10 +421,12 @@ def implied_comm_s(gradient_bytes: int, world_size: int, allreduce: dict | None)
     return gradient_bytes * 2 * (world_size - 1) / world_size / busbw
 
 
-def breakdown_verdict(per_step: dict[str, float], implied_s: float | None) -> tuple[str, str]:
-    """FAIL when the breakdown measures no communication, more exposed than in flight, or less than
-    BREAKDOWN_SHARE of what the bus bandwidth implies (it would then report a step as compute that is
-    really waiting); WARN when there is no bandwidth to compare with."""
+def breakdown_verdict(per_step: dict[str, float], implied_s: float | None, *, gpu: bool) -> tuple[str, str]:
+    """FAIL when the breakdown measures no communication, more exposed than in flight, or, on GPUs, less
+    than BREAKDOWN_SHARE of what the bus bandwidth implies (it would then report a step as compute that is
+    really waiting); WARN when there is no bandwidth to compare with. On CPU ranks the shortfall is a WARN:
+    their all-reduce and training share the cores, so the bandwidth measured alone varies with the load
+    (on 2 cores shared by 4 ranks it implied 145 ms where training saw 66 ms)."""
     total, exposed = per_step["communication_total"], per_step["communication"]
     if total <= 0:
         return "fail", "the breakdown measured no communication"
@@ -433,6 +435,6 @@ def breakdown_verdict(per_step: dict[str, float], implied_s: float | None) -> tu
     if implied_s is None:
         return "warn", "no bus bandwidth to compare with (the all-reduce check did not run)"
     if total < BREAKDOWN_SHARE * implied_s:
-        return "fail", (f"it sees less than {BREAKDOWN_SHARE:.0%} of that: the breakdown misses communication and "
+        return "fail" if gpu else "warn", (f"it sees less than {BREAKDOWN_SHARE:.0%} of that: the breakdown misses communication and "
                         "would count it as compute")
     return "pass", ""
