@@ -95,7 +95,7 @@ def test_the_training_loop_records_itself_unless_told_not_to(tmp_path):
     done = subprocess.run([*argv[:6], "--log-dir", str(tmp_path / "logs"), *argv[6:]], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    (run_dir,) = [d for d in (tmp_path / "logs").iterdir() if (d / "metrics").is_dir()]  # beside torch's log dir
+    (run_dir,) = [d for d in (tmp_path / "logs").iterdir() if (d / "metrics").is_dir() and not d.is_symlink()]  # beside torch's log dir
     metrics = run_dir / "metrics"
     ranks = {r: [json.loads(line) for line in (metrics / f"rank-{r}.jsonl").read_text().splitlines()] for r in (0, 1)}
     for rank, records in ranks.items():

@@ -82,7 +82,8 @@ def test_a_run_is_one_directory_and_the_report_command_it_prints_reads_it(tmp_pa
                       TRAINSCALE_FAULT="exit:rank=1:step=6", OMP_NUM_THREADS="1")
     assert done.returncode == 0, done.stderr
     (runs,) = tmp_path.iterdir()  # nothing beside the one directory of runs
-    (run,) = runs.iterdir()  # and one directory for this run
+    (run,) = [p for p in runs.iterdir() if not p.is_symlink()]  # and one directory for this run
+    assert (runs / "latest").resolve() == run.resolve()  # with its "latest" link
     assert runs.name == "trainscale-runs" and run.name.startswith("cnn-")
     assert f"run directory trainscale-runs/{run.name} (records, every rank's logs, run.json)" in done.stderr
     assert "Resumed from" in done.stdout and str(run / "checkpoints") in done.stdout
@@ -114,7 +115,7 @@ def test_torchruns_own_log_dir_spelling_holds_the_run_directory(tmp_path):
                       "--log-dir", "../logs", "train_llm.py", cwd=work, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "hello from" not in done.stdout  # redirected, as torchrun does
-    (run,) = (tmp_path / "logs").iterdir()
+    (run,) = [p for p in (tmp_path / "logs").iterdir() if not p.is_symlink()]  # not the "latest" link
     assert run.name.startswith("train_llm-") and not (work / "trainscale-runs").exists()
     for rank in (0, 1):
         assert (run / "attempt_0" / str(rank) / "stdout.log").read_text().strip() == f"hello from {rank}"
