@@ -45,6 +45,9 @@ def test_a_restarted_workload_keeps_its_checkpoints_in_the_run_directory(tmp_pat
     own = (*args, "--checkpoint-dir=ck")
     assert rundir.checkpoint_args("trainscale.workloads", own, module=True, max_restarts=2, run_dir=tmp_path) == own
     assert rundir.checkpoint_args("train.py", ("--x",), module=False, max_restarts=2, run_dir=tmp_path) == ("--x",)
+    # gpt resumes from its --experiment-dir, where running the same command again looks
+    gpt = ("gpt", "--experiment-dir", "exp")
+    assert rundir.checkpoint_args("trainscale.workloads", gpt, module=True, max_restarts=2, run_dir=tmp_path) == gpt
 
 
 def test_the_run_record_says_what_ran_and_how_it_ended(tmp_path, monkeypatch):

@@ -6,7 +6,7 @@ its checkpoints (when the run makes them and no other place was given) and what 
         run.json                   what ran: command, target, ranks and nodes, date, host, versions, outcome
         attempt_<k>/<local rank>/  torch's agent: stdout.log, stderr.log, error.json of every attempt
         metrics/                   the ranks' records (observe/records.py): what `trainscale report` reads
-        checkpoints/               a built-in workload's checkpoints under --max-restarts k > 0 without
+        checkpoints/               cnn/vit checkpoints under --max-restarts k > 0 without
                                    --checkpoint-dir: a restarted group resumes from here
         report/                    written by `trainscale report <run>`
 
@@ -103,12 +103,18 @@ def create(root: Path, name: str, *, multinode: bool = False, now: datetime.date
     raise FileExistsError(f"{root}: no free run directory name for {base}")
 
 
+OWN_CHECKPOINTS = {"gpt": "--experiment-dir", "hf-finetune": "--output-dir"}
+"""Built-in workloads whose checkpoints live in a directory of their own, and the option that names it."""
+
+
 def checkpoint_args(target: str, args: tuple[str, ...], *, module: bool, max_restarts: int,
                     run_dir: Path) -> tuple[str, ...]:
     """A built-in workload restarted by the agent resumes from its checkpoints: with ``--max-restarts k > 0``
     and no ``--checkpoint-dir`` they go into the run directory (as a SLURM job's go into its run directory).
-    A run without restarts makes no checkpoints unless asked: a later run never resumes a finished one."""
-    if not (module and target == WORKLOADS_MODULE) or max_restarts <= 0:
+    A run without restarts makes no checkpoints unless asked: a later run never resumes a finished one.
+    gpt and hf-finetune keep theirs in their own directory (OWN_CHECKPOINTS), where a later run of the
+    same command looks for them: left alone."""
+    if not (module and target == WORKLOADS_MODULE) or max_restarts <= 0 or (args[:1] and args[0] in OWN_CHECKPOINTS):
         return args
     if any(a == "--checkpoint-dir" or a.startswith("--checkpoint-dir=") for a in args):
         return args
