@@ -156,3 +156,28 @@ def test_resume_on_four_ranks_is_bitwise_too(tmp_path):
     a, b = _final_weights(tmp_path / "r"), _final_weights(tmp_path / "s")
     for key in b:
         assert torch.equal(a[key], b[key]), key
+
+
+def test_a_trainscale_refusal_inside_the_ranks_is_one_line_not_a_traceback(tmp_path):
+    """A mistake trainscale catches only once the ranks run (here rt.resume given an entry named like its
+    own) reads as it would before launch: the message and its fix on one line, on the console and in the
+    summary; the stack stays in the rank's error file for whoever wants it."""
+    (tmp_path / "train.py").write_text(textwrap.dedent("""
+        import torch
+        import trainscale
+
+        rt = trainscale.init()
+        model = torch.nn.Linear(2, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        start = rt.resume(model, opt, step=3)
+    """))
+    proc = trainscale("run", "--nproc-per-node", "2", "--log-dir", "logs", "train.py", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    summary = [line for line in proc.stderr.splitlines() if line.startswith("trainscale: ranks 0-1 stopped:")]
+    assert len(summary) == 1 and "ConfigError: " in summary[0] and "own checkpoint entries (hint: " in summary[0]
+    assert "[rank0]: trainscale: error: ConfigError: " in proc.stderr
+    (run,) = [p for p in (tmp_path / "logs").iterdir() if not p.is_symlink()]
+    errors = list(run.glob("attempt_0/*/error.json"))
+    assert errors and all("Traceback" in e.read_text() for e in errors)
+    assert f"trainscale: next: trainscale report logs/{run.name}" in proc.stderr

@@ -153,8 +153,10 @@ def record_exception(exc: BaseException, environ: Mapping[str, str] = os.environ
             return
     except OSError:
         pass
-    data = {"message": {"message": f"{type(exc).__name__}: {exc}",
-                        "extraInfo": {"py_callstack": traceback.format_exc(), "timestamp": str(int(time.time()))}}}
+    extra = {"py_callstack": traceback.format_exc(), "timestamp": str(int(time.time()))}
+    if _is_trainscale_error(exc):
+        extra["trainscale_error"] = one_line(exc)
+    data = {"message": {"message": f"{type(exc).__name__}: {exc}", "extraInfo": extra}}
     try:
         with open(path, "w") as fh:
             json.dump(data, fh)
@@ -178,6 +180,18 @@ def record(fn):
     return wrapper
 
 
+def _is_trainscale_error(exc: BaseException) -> bool:
+    """A trainscale refusal raised in the rank (by the class's module: this module imports nothing of
+    trainscale's, so that the job kit can run it in a stock container)."""
+    return any(cls.__module__ == "trainscale.errors" for cls in type(exc).__mro__)
+
+
+def one_line(exc: BaseException) -> str:
+    """``CheckpointError: what was seen (hint: the fix)`` on one line."""
+    message, hint = getattr(exc, "message", str(exc)), getattr(exc, "hint", None)
+    return f"{type(exc).__name__}: {message}" + (f" (hint: {hint})" if hint else "")
+
+
 def succeeded(exc: SystemExit) -> bool:
     """``sys.exit()``, ``sys.exit(0)`` (and ``sys.exit(False)``): the interpreter's own exit status 0."""
     return exc.code is None or (isinstance(exc.code, int) and exc.code == 0)
@@ -197,7 +211,10 @@ def main(argv: list[str]) -> None:
         if isinstance(exc.code, int):  # sys.exit(3): 3 it is, whatever the teardown would do
             exit_cleanly(exc.code, release=False)
         raise  # sys.exit("message"): the interpreter prints it and exits 1
-    except BaseException:
+    except BaseException as exc:
+        if _is_trainscale_error(exc):  # a refusal that names its fix: one line, as before launch (error file: stack)
+            print(f"trainscale: error: {one_line(exc)}", file=sys.stderr, flush=True)
+            exit_cleanly(1, release=False)
         if os.environ.get(PREFIXED_VAR):  # the agent prefixes this rank's lines already
             sys.excepthook = _without_rank_prefix(sys.excepthook)
         raise

@@ -22,6 +22,8 @@ class RankFailure:
     timestamp: float
     traceback: str
     log_tail: str
+    error: str = ""
+    """A trainscale error the rank raised (its class, message and hint: a refusal that names the fix), else ""."""
 
     @property
     def secondary(self) -> bool:
@@ -117,6 +119,13 @@ def _traceback_of(error_data: Any) -> str:
     return "" if message == _NO_ERROR_FILE else str(message)
 
 
+def _trainscale_error_of(error_data: Any) -> str:
+    """What the worker bootstrap recorded for a TrainscaleError (``extraInfo.trainscale_error``)."""
+    message = error_data.get("message") if isinstance(error_data, dict) else None
+    extra = message.get("extraInfo", {}) if isinstance(message, dict) else {}
+    return str(extra.get("trainscale_error") or "") if isinstance(extra, dict) else ""
+
+
 def _tail(path: Path | None, lines: int = 20) -> str:
     if path is None or not path.exists():
         return ""
@@ -143,7 +152,7 @@ def from_child_failed(error: Any, log_files: dict[int, Path] | None = None) -> l
             when = Path(failure.error_file).stat().st_mtime
         out.append(RankFailure(rank=rank, local_rank=failure.local_rank, host=host, pid=failure.pid,
                                exitcode=failure.exitcode, timestamp=when,
-                               traceback=_traceback_of(data), log_tail=_tail(log)))
+                               traceback=_traceback_of(data), log_tail=_tail(log), error=_trainscale_error_of(data)))
     return sorted(out, key=lambda f: (f.secondary, f.timestamp, f.rank))
 
 
@@ -152,6 +161,10 @@ def render(failures: list[RankFailure], world_size: int | None = None, log_dir: 
     if not failures:
         return "trainscale: the run failed, but no rank left a failure record."
     first = failures[0]
+    if first.error:  # a refusal that names its fix: the message, not a traceback
+        same = [f.rank for f in failures if f.error == first.error]
+        who = f"rank {first.rank}" if len(same) == 1 else f"ranks {_ranges(sorted(same))}"
+        return f"trainscale: {who} stopped: {first.error}" + (f"\nPer-rank logs: {log_dir}" if log_dir else "")
     lines = [
         "=" * 72,
         f"trainscale: training FAILED — first failing rank: {first.rank} on {first.host} "
