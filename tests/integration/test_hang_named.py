@@ -54,6 +54,10 @@ def run_scenarios(plan: list[tuple[str, str, int]]) -> list[str | None]:
         rt.on_collective_timeout(lambda error: 1 / 0)  # a broken callback must not hide the diagnosis
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+        # Every rank at the start line through the store's long wait: on a loaded machine one rank may start
+        # seconds after another, and the short timeout is for the hang, not for a late start.
+        base.set(f"ready/{k}/{rank}", "1")
+        base.wait([f"ready/{k}/{r}" for r in range(world)], WAIT)
         model, opt = rt.setup(model, torch.optim.SGD(model.parameters(), lr=0.1), strategy=f"ddp:comm_hook={hook}")
         release = f"release/{k}"
         message = None
