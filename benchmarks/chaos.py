@@ -156,8 +156,10 @@ def disturbed(kind: str, config: Config, work: Path, rng: random.Random, referen
     if kind == "damage":  # two checkpoints: the newest damaged, the one before it intact
         while len(checkpoints(exp)) < 2 and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-    else:
-        time.sleep(rng.uniform(0.3, 0.9) * reference_s)
+    else:  # a random moment once the ranks exist (a loaded machine may take seconds to start them)
+        while len(ranks_of(launcher)) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.1, 0.8) * reference_s)
     if proc.poll() is not None:
         output = proc.stdout.read()
         return Outcome(proc.returncode == 0, proc.returncode == 0 and equal(final_state(exp), reference),
