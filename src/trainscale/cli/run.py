@@ -67,10 +67,9 @@ def spread_over_allocation(argv: list[str], environ=None) -> int | None:
     """Inside an allocation (salloc, a batch script) with --nnodes > 1: one agent per node through
     ``srun --overlap``; None when this run stays on this node."""
     import os
-    import subprocess
 
     from trainscale.cli.split import given_dests, split_command
-    from trainscale.launch.allocation import plan_spread
+    from trainscale.launch.allocation import plan_spread, run_spread
     from trainscale.launch.local import parse_nnodes
     from trainscale.launch.torchrun import parser as torchrun_parser
 
@@ -83,15 +82,8 @@ def spread_over_allocation(argv: list[str], environ=None) -> int | None:
                        given_dests(parser, split.options, environ), environ)
     if plan is None:
         return None
-    probe = subprocess.run(plan.port_probe, capture_output=True, text=True, timeout=120)
-    if probe.returncode != 0 or not probe.stdout.strip().isdigit():
-        raise ConfigError(f"could not start a step on {plan.nodes[0]} of this allocation: "
-                          f"{(probe.stderr or probe.stdout).strip() or f'exit code {probe.returncode}'}",
-                          hint="is the allocation still alive (squeue)? srun --overlap needs SLURM 20.11 or newer")
-    command = [part.replace("{port}", probe.stdout.strip()) for part in plan.launch]
-    print(f"trainscale: inside allocation {environ['SLURM_JOB_ID']}: one agent per node on {','.join(plan.nodes)} "
-          f"(srun --overlap), rendezvous on {plan.nodes[0]}:{probe.stdout.strip()}", file=sys.stderr, flush=True)
-    return subprocess.call(command)
+    return run_spread(plan, environ["SLURM_JOB_ID"],
+                      say=lambda line: print(f"trainscale: {line}", file=sys.stderr, flush=True))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -106,61 +106,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def submit_sweep(spec, profile, plan, grid) -> int:
-    import time
+    from trainscale.launch.slurm.sweep import submit_array
 
-    from trainscale.launch.slurm.jobdir import JobRecord, save_record
-    from trainscale.launch.slurm.job import prepare_run
-    from trainscale.launch.slurm.render import batch_output_pattern
-    from trainscale.launch.slurm.submit import submit
-    from trainscale.launch.slurm.sweep import record_jobs, write_tasks
-
-    plan, script = prepare_run(spec, profile, plan)
-    configs = write_tasks(plan.run_dir, grid, workload=bool(spec.workload))
-    sub = submit(script)
-    record_jobs(plan.run_dir, [sub.job_id])
-    save_record(JobRecord(job_id=sub.job_id, cluster=sub.cluster, name=spec.name, launcher=plan.launcher,
-                          profile=profile.name, script=str(script), output_dir=str(plan.output_dir),
-                          world_size=plan.world_size, ranks_per_node=plan.ranks_per_node,
-                          command=" ".join(spec.command_line), submitted_at=time.time(),
-                          batch_output_pattern=batch_output_pattern(spec, plan), run_dir=str(plan.run_dir)))
-    print(f"trainscale sweep: submitted array job {sub.job_id} ({len(configs)} tasks, --array={spec.array}); "
-          f"run directory {plan.run_dir}; results: trainscale sweep status {plan.run_dir}", file=sys.stderr, flush=True)
-    print(plan.run_dir, flush=True)
+    sub, run_dir, count = submit_array(spec, profile, plan, grid)
+    print(f"trainscale sweep: submitted array job {sub.job_id} ({count} tasks, --array={spec.array}); "
+          f"run directory {run_dir}; results: trainscale sweep status {run_dir}", file=sys.stderr, flush=True)
+    print(run_dir, flush=True)
     return 0
 
 
 def run_local(spec, ns) -> int:
     """One configuration after another on this node, each launched as `trainscale run` launches."""
-    import time
+    from trainscale.launch.slurm.sweep import run_here
 
-    from trainscale.launch.local import LocalLaunchSpec, launch
-    from trainscale.launch.slurm.sweep import write_tasks
-
-    grid = _grid(ns)
-    run_dir = Path(spec.output_dir).absolute() / (spec.run_name or f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    if run_dir.exists():
-        raise ConfigError(f"{run_dir} exists", hint="wait a second, or give another --output-dir")
-    run_dir.mkdir(parents=True)
-    configs = write_tasks(run_dir, grid, workload=bool(spec.workload))
-    target, module = (("trainscale.workloads", True) if spec.workload else
-                      (spec.module, True) if spec.module else (spec.script, False))
-    head = (spec.workload,) if spec.workload else ()
-    failed = 0
-    for i, config in enumerate(configs):
-        task = run_dir / f"task-{i}"
-        task.mkdir(exist_ok=True)
-        extra = (run_dir / "tasks" / f"{i}.args").read_text().splitlines()
-        print(f"trainscale sweep: task {i}/{len(configs)}: " + " ".join(f"{k}={v}" for k, v in config.items()),
-              file=sys.stderr, flush=True)
-        result = launch(LocalLaunchSpec(target=target, module=module, args=(*head, *spec.args, *extra),
-                                        nproc_per_node=ns.nproc_per_node or 1, log_dir=task / "logs",
-                                        env={"TRAINSCALE_RUN_DIR": str(task)}))
-        if result.ok:
-            (task / "finished").write_text(time.strftime("%Y-%m-%dT%H:%M:%S\n"))
-        else:
-            failed += 1
-            (task / "failed").write_text("launch failed\n")
-            print(result.summary, file=sys.stderr, flush=True)
+    run_dir, failed = run_here(spec, _grid(ns), nproc_per_node=ns.nproc_per_node or 1,
+                               say=lambda line: print(f"trainscale sweep: {line}", file=sys.stderr, flush=True))
     status([str(run_dir)])
     return 1 if failed else 0
 

@@ -75,3 +75,19 @@ def attach_command(job_id: str, node: str | None, command: list[str]) -> list[st
         return ["srun", "--jobid", job_id, "--overlap", "--nodes=1", "--ntasks=1", *where, *command]
     return ["srun", "--jobid", job_id, "--overlap", "--nodes=1", "--ntasks=1", *where, "--pty",
             os.environ.get("SHELL", "/bin/bash"), "-l"]
+
+
+def run_spread(plan: Spread, job_id: str, *, say) -> int:
+    """Start one agent per node of the allocation (``srun --overlap``) on a port checked free on the first
+    node; the exit status of the step."""
+    import subprocess
+
+    probe = subprocess.run(plan.port_probe, capture_output=True, text=True, timeout=120)
+    port = probe.stdout.strip()
+    if probe.returncode != 0 or not port.isdigit():
+        raise ConfigError(f"could not start a step on {plan.nodes[0]} of this allocation: "
+                          f"{(probe.stderr or probe.stdout).strip() or f'exit code {probe.returncode}'}",
+                          hint="is the allocation still alive (squeue)? srun --overlap needs SLURM 20.11 or newer")
+    say(f"inside allocation {job_id}: one agent per node on {','.join(plan.nodes)} (srun --overlap), "
+        f"rendezvous on {plan.nodes[0]}:{port}")
+    return subprocess.call([part.replace("{port}", port) for part in plan.launch])

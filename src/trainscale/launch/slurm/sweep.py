@@ -213,3 +213,58 @@ def plot(run_dir: Path, results: list[TaskResult], metric: str | None) -> Path |
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def submit_array(spec: Any, profile: Any, plan: Any, grid: dict[str, list[str]]) -> tuple[Any, Path, int]:
+    """Write the tasks' arguments into the run directory, submit the array job and record it as
+    ``trainscale slurm --submit`` records a job: (the submission, the run directory, the task count)."""
+    import time
+
+    from trainscale.launch.slurm.job import prepare_run
+    from trainscale.launch.slurm.jobdir import JobRecord, save_record
+    from trainscale.launch.slurm.render import batch_output_pattern
+    from trainscale.launch.slurm.submit import submit
+
+    plan, script = prepare_run(spec, profile, plan)
+    configs = write_tasks(plan.run_dir, grid, workload=bool(spec.workload))
+    sub = submit(script)
+    record_jobs(plan.run_dir, [sub.job_id])
+    save_record(JobRecord(job_id=sub.job_id, cluster=sub.cluster, name=spec.name, launcher=plan.launcher,
+                          profile=profile.name, script=str(script), output_dir=str(plan.output_dir),
+                          world_size=plan.world_size, ranks_per_node=plan.ranks_per_node,
+                          command=" ".join(spec.command_line), submitted_at=time.time(),
+                          batch_output_pattern=batch_output_pattern(spec, plan), run_dir=str(plan.run_dir)))
+    return sub, plan.run_dir, len(configs)
+
+
+def run_here(spec: Any, grid: dict[str, list[str]], *, nproc_per_node: int, say: Any) -> tuple[Path, int]:
+    """``trainscale sweep --local``: one configuration after another on this node, each launched as
+    ``trainscale run`` launches it, in its own ``task-I/``: (the run directory, how many failed)."""
+    import time
+
+    from trainscale.launch.local import LocalLaunchSpec, launch
+
+    run_dir = Path(spec.output_dir).absolute() / (spec.run_name or f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if run_dir.exists():
+        raise ConfigError(f"{run_dir} exists", hint="wait a second, or give another --output-dir")
+    run_dir.mkdir(parents=True)
+    configs = write_tasks(run_dir, grid, workload=bool(spec.workload))
+    target, module = (("trainscale.workloads", True) if spec.workload else
+                      (spec.module, True) if spec.module else (spec.script, False))
+    head = (spec.workload,) if spec.workload else ()
+    failed = 0
+    for i, config in enumerate(configs):
+        task = run_dir / f"task-{i}"
+        task.mkdir(exist_ok=True)
+        extra = (run_dir / "tasks" / f"{i}.args").read_text().splitlines()
+        say(f"task {i}/{len(configs)}: " + " ".join(f"{k}={v}" for k, v in config.items()))
+        result = launch(LocalLaunchSpec(target=target, module=module, args=(*head, *spec.args, *extra),
+                                        nproc_per_node=nproc_per_node, log_dir=task / "logs",
+                                        env={"TRAINSCALE_RUN_DIR": str(task)}))
+        if result.ok:
+            (task / "finished").write_text(time.strftime("%Y-%m-%dT%H:%M:%S\n"))
+        else:
+            failed += 1
+            (task / "failed").write_text("launch failed\n")
+            say(result.summary)
+    return run_dir, failed
