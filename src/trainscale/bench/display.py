@@ -127,8 +127,9 @@ class StudyDisplay:
         if match:
             row.epoch = int(match.group(1))
             row.detail = f"loss {match.group(2)}, accuracy {match.group(3)}"
-        elif not text.startswith("trainscale: set"):
-            row.detail = text
+        elif not row.epoch and not text.startswith("trainscale: set"):
+            row.detail = text  # what the run is doing until its first epoch ends; then the epoch's loss stays
+            # (the memory table and the launcher's closing lines that follow are not the run's last word)
         if self.verbose:
             self.console.print(f"[dim]{name}[/] {text}", markup=True, highlight=False)
         self._refresh()
