@@ -278,8 +278,8 @@ def launch(spec: LocalLaunchSpec) -> LaunchResult:
     except ChildFailedError as exc:
         run_dir = _run_dir(log_root, config.run_id)
         failures = summary.from_child_failed(exc, _stderr_logs(run_dir))
-        low, high = parse_nnodes(spec.nnodes)
-        world = spec.nproc_per_node * low if low == high else None
+        high = parse_nnodes(spec.nnodes)[1]
+        world = spec.nproc_per_node if high == 1 else None  # on several nodes, the others' agents name their ranks
         text = summary.render(failures, world_size=world, log_dir=run_dir)
         _dump_root_cause(exc, failures[0].rank if failures else None)
         return LaunchResult(False, run_dir, text, time.monotonic() - started)

@@ -28,7 +28,7 @@ _WRAPPER_FRAMES = ("torch/distributed/elastic/multiprocessing/errors", "trainsca
                    "<frozen runpy>")
 _SRUN_TASK = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.+)$")
 _SUMMARY = re.compile(r"first failing rank: (\d+) on (\S+) \(local rank (\d+), pid \d+\), (.+)$")
-_OTHER = re.compile(r"^rank (\d+) on (\S+): (.+)$")
+_OTHER = re.compile(r"^ranks? ([\d,\-]+) on (\S+): (.+)$")
 TAIL_BYTES = 256 * 1024
 """What is read of the end of a log: a rank's last lines, a node's failure summary (printed last)."""
 
@@ -266,7 +266,7 @@ def _others(failure: Failure, summaries: list[Failure]) -> tuple[str, ...]:
     for line in (line for f in summaries for line in f.others):
         m = _OTHER.match(line)
         if m:
-            parsed.append((int(m.group(1)), m.group(2), m.group(3)))
+            parsed += [(rank, m.group(2), m.group(3)) for rank in _expand(m.group(1))]
         else:
             kept.append(line)
     return grouped(parsed) + tuple(dict.fromkeys(kept))
