@@ -51,7 +51,7 @@ def main() -> None:
         pre = rt.handle_preemption()
         for step in range(start, a.steps):
             t0 = time.perf_counter()
-            if NODE == a.fail_on and rt.local_rank == 0 and step == a.fail_at:
+            if a.fail_on and NODE == a.fail_on and rt.local_rank == 0 and step == a.fail_at:
                 raise RuntimeError(f"injected failure of rank {rt.rank} on {NODE} at step {step}")
             x, y = batch(step, rt.rank)
             t1 = time.perf_counter()
