@@ -1,5 +1,6 @@
 """The failure triage of a 64-rank job (8 nodes x 8) in both launch modes: the first failing rank named with
-its traceback, the 63 others in one line per way of failing, and only the ends of the (long) logs read."""
+its traceback, the 63 others in one line per way of failing, and only the ends of the (long) logs read; and
+one rank's log in torchrun mode read from its own node's log only."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from pathlib import Path
 
 from trainscale.launch import summary
+from trainscale.launch.slurm.jobdir import JobRecord, rank_log_text
 from trainscale.launch.slurm.triage import find_failure
 
 RANKS, PER_NODE, FIRST = 64, 8, 43
@@ -78,3 +80,25 @@ def test_torchrun_mode_at_64_ranks(tmp_path):
                               "ranks 1-7,9-15,17-23,25-31,33-42,44-47,49-55,57-63 on 8 nodes: exit code 1 "
                               "(after the first failure)"), failure.others
     assert read < 8 * 300 * 1024, read  # the end of each node's log, not all of it
+
+
+def test_one_ranks_log_in_torchrun_mode_comes_from_its_own_nodes_log(tmp_path):
+    run = tmp_path / "run"
+    (run / "metrics").mkdir(parents=True)
+    (run / "7").mkdir()
+    (run / "7.out").write_text("trainscale: job 7 on n[1-8], master n4:29500, restart 0, logs in ...\n")
+    where = {r: (r // PER_NODE + 3) % 8 for r in range(RANKS)}  # torchrun numbers the nodes as they arrive
+    for rank, k in where.items():
+        (run / "metrics" / f"rank-{rank}.jsonl").write_text(json.dumps({"kind": "meta", "node": f"n{k + 1}"}) + "\n")
+    for k in range(8):
+        ranks = [r for r in range(RANKS) if where[r] == k]
+        (run / "7" / f"node-{k}.out").write_text("".join(f"[rank{r}]: {line}\n" for r in ranks
+                                                        for line in LOG.splitlines()[:5000]))
+    record = JobRecord(job_id="7", name="sim", launcher="torchrun", profile="p", script="", output_dir="",
+                       world_size=RANKS, ranks_per_node=PER_NODE, run_dir=str(run))
+    one_log = (run / "7" / "node-0.out").stat().st_size
+    before = rchar()
+    text = rank_log_text(record, FIRST)
+    read = rchar() - before
+    assert text.splitlines() == LOG.splitlines()[:5000]
+    assert read < 1.5 * one_log, (read, one_log)  # its node's log, not all eight
