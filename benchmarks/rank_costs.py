@@ -189,8 +189,9 @@ class Run:
                                                     timestamp=t + k * 0.001, traceback=tb, log_tail=""))
             failures.sort(key=lambda f: (f.secondary, f.timestamp, f.rank))
             text = summary.render(failures, world_size=self.ranks, log_dir=attempt.parent)
-            (job / f"node-{node_of(n * RANKS_PER_NODE)}.out").write_text("".join(lines) + text + "\n")
-        (self.run_dir / "200.out").write_text("trainscale: job 200\n")
+            (job / f"node-{n}.out").write_text("".join(lines) + text + "\n")  # srun's %n: the node's index
+        (self.run_dir / "200.out").write_text(f"trainscale: job 200 on nid[00001-{self.nodes:05d}], master nid00001:29500,"
+                                              " restart 0\n")
         return job
 
     def _sweep(self) -> Path:
