@@ -314,7 +314,7 @@ def store_ticks(run: Run, repeats: int) -> dict[str, tuple[float, int]]:
     import datetime
 
     from trainscale.observe.stragglers import StragglerWatch
-    from trainscale.observe.window import Publisher, RankWindow
+    from trainscale.observe.window import KEY, Publisher, RankWindow
     from trainscale.runtime.store import bound_server, client
 
     timeout = datetime.timedelta(seconds=60)
@@ -330,9 +330,14 @@ def store_ticks(run: Run, repeats: int) -> dict[str, tuple[float, int]]:
     watch = StragglerWatch(run.run_dir, say=lambda text: None, store=client("127.0.0.1", server.port, timeout),
                            world_size=run.ranks)
 
+    last = [KEY.format(rank=run.ranks - 1)]
+
     def publish_all() -> None:
         for p in publishers:
             p.maybe(force=True)
+        # TCPStore answers no set: a request after them on the same connection returns once the server has
+        # applied them all (without it the watch's connection could look first, and the time is the sends')
+        assert ranks.check(last)
 
     out = {"store: every rank publishes once": timed(publish_all, repeats)}
 
