@@ -1,12 +1,14 @@
 # Two commands for a fresh machine:
 #   make demo   - create .venv if needed, run a small scaling study of the cnn workload (1 and 2 CPU ranks)
 #   make test   - create .venv if needed, run the whole test suite (starts and stops a 2-node SLURM test cluster)
+#   make test-scale - trainscale at 16 SLURM nodes (a 16-node test cluster on this machine) and 64 local
+#                   ranks: tests/scale, left out of `make test` (minutes, most of the memory; docs/scaling.md)
 #   make test-gpu - the GPU suite (tests/gpu) on this machine's GPUs; every test skips without GPUs.
 #                   Needs a CUDA/ROCm torch: TORCH_SPEC='torch>=2.4' make test-gpu on a fresh machine.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-gpu venv clean
+.PHONY: demo test test-scale test-gpu venv clean
 
 venv:
 	@bash scripts/setup-env.sh
@@ -16,6 +18,9 @@ demo: venv
 
 test: venv
 	$(PY) -m pytest -q -p no:cacheprovider
+
+test-scale: venv
+	$(PY) -m pytest tests/scale -m scale -v -s -p no:cacheprovider --timeout 3600
 
 test-gpu: venv
 	$(PY) -m pytest tests/gpu -v -rs -p no:cacheprovider --timeout 1800

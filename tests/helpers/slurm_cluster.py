@@ -1,11 +1,14 @@
-"""The local 2-node SLURM test cluster (tests/slurm/cluster.sh) as a session fixture, shared by every
-test directory that needs it (tests/slurm, tests/conformance): registered in tests/conftest.py.
+"""The local SLURM test clusters (tests/slurm/cluster.sh) as session fixtures, shared by every test
+directory that needs them: registered in tests/conftest.py.
 
-The session fixture ``slurm_cluster`` starts the cluster when it is not up, puts ``SLURM_CONF`` into
-``os.environ`` for its lifetime, and stops the cluster at the end when a test session started it and
-no other test session still uses it (several sessions may share the one cluster, each holding a
-lease file). A cluster someone started by hand is left running; so is any cluster when
-``TRAINSCALE_TEST_CLUSTER_KEEP=1``.
+The session fixture ``slurm_cluster`` (2 nodes; tests/slurm, tests/conformance) starts the cluster when it
+is not up, puts ``SLURM_CONF`` into ``os.environ`` for its lifetime, and stops the cluster at the end
+when a test session started it and no other test session still uses it (several sessions may share the
+one cluster, each holding a lease file). A cluster someone started by hand is left running; so is any
+cluster when ``TRAINSCALE_TEST_CLUSTER_KEEP=1``. ``scale_cluster`` (tests/scale) is the same for a
+16-node cluster (``TRAINSCALE_TEST_CLUSTER_NODES`` another size) in a directory and on ports of its own,
+so it never replaces the shared 2-node one; it leaves ``os.environ`` alone (its tests pass
+``cluster.env``), so one session may hold both.
 
 If the cluster cannot be started (not root, no apt, install failure) the fixture fails with the
 reason when ``CI=true`` and skips otherwise.
@@ -28,6 +31,9 @@ import pytest
 HERE = Path(__file__).resolve().parents[1] / "slurm"
 CLUSTER_SH = HERE / "cluster.sh"
 DEFAULT_DIR = "/tmp/trainscale-slurm"
+"""The 2-node cluster's directory; an N-node cluster's is ``DEFAULT_DIR-<N>n`` (cluster.sh)."""
+SCALE_NODES = 16
+"""The scale tests' cluster (TRAINSCALE_TEST_CLUSTER_NODES overrides)."""
 UP_TIMEOUT_S = 900  # includes apt-get install on a fresh machine
 SESSION_ENV: set[str] = set()
 """Environment variables the session-scoped cluster fixture sets for every later test."""
@@ -48,7 +54,7 @@ class SlurmCluster:
     env: dict[str, str]
     """Variables a SLURM client needs, e.g. {"SLURM_CONF": ".../slurm.conf"}."""
     nodes: tuple[str, ...] = ("n1", "n2")
-    """Node names, in order; the first is the master address of a 2-node job."""
+    """Node names, in order; the first is the master address of a job on all of them."""
     partition: str = "debug"
     """The default partition, holding all nodes."""
     cpus_per_node: int = 4
@@ -99,12 +105,15 @@ class SlurmCluster:
         return self.wait_state(job_id, TERMINAL_STATES, timeout)
 
 
-def _cluster_dir() -> Path:
+def _cluster_dir(nodes: int = 2) -> Path:
+    if nodes != 2:  # TRAINSCALE_TEST_CLUSTER_DIR names the shared 2-node cluster's only
+        return Path(f"{DEFAULT_DIR}-{nodes}n")
     return Path(os.environ.get("TRAINSCALE_TEST_CLUSTER_DIR", DEFAULT_DIR))
 
 
-def _cluster_sh(command: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(CLUSTER_SH), command], capture_output=True, text=True, timeout=timeout)
+def _cluster_sh(command: str, timeout: float, nodes: int = 2) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TRAINSCALE_TEST_CLUSTER_NODES": str(nodes), "TRAINSCALE_TEST_CLUSTER_DIR": str(_cluster_dir(nodes))}
+    return subprocess.run(["bash", str(CLUSTER_SH), command], capture_output=True, text=True, timeout=timeout, env=env)
 
 
 @contextlib.contextmanager
@@ -142,40 +151,57 @@ def _unavailable(reason: str) -> None:
     pytest.skip(f"SLURM test cluster unavailable: {reason}")
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster() -> Iterator[SlurmCluster]:
-    cluster_dir = _cluster_dir()
+@contextlib.contextmanager
+def cluster_session(nodes: int) -> Iterator[SlurmCluster]:
+    """The N-node cluster for this test session: started unless up, stopped after the last lease."""
+    cluster_dir = _cluster_dir(nodes)
     if os.name != "posix" or os.geteuid() != 0:
         _unavailable(f"{CLUSTER_SH} needs root (slurmd runs jobs as their user)")
     started_marker = cluster_dir / "started-by-tests"
     lease = None
     with _leases_locked(cluster_dir) as leases:
-        if _cluster_sh("check", timeout=30).returncode != 0:
+        if _cluster_sh("check", timeout=30, nodes=nodes).returncode != 0:
             t0 = time.monotonic()
-            proc = _cluster_sh("up", timeout=UP_TIMEOUT_S)
+            proc = _cluster_sh("up", timeout=UP_TIMEOUT_S, nodes=nodes)
             if proc.returncode != 0:
-                _unavailable(f"`{CLUSTER_SH} up` exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+                _unavailable(f"`{CLUSTER_SH} up` ({nodes} nodes) exited {proc.returncode}:\n{proc.stderr[-3000:]}")
             started_marker.touch()
-            print(f"SLURM test cluster started in {time.monotonic() - t0:.1f}s; {proc.stdout.strip()}")
+            print(f"SLURM test cluster ({nodes} nodes) started in {time.monotonic() - t0:.1f}s; {proc.stdout.strip()}")
         lease = leases / str(os.getpid())
         lease.touch()
-    env = {"SLURM_CONF": str(cluster_dir / "slurm.conf")}
-    saved = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
-    SESSION_ENV.update(env)  # the per-module environment check (tests/conftest.py) leaves these alone
     try:
-        yield SlurmCluster(dir=cluster_dir, env=env)
+        yield SlurmCluster(dir=cluster_dir, env={"SLURM_CONF": str(cluster_dir / "slurm.conf")},
+                           nodes=tuple(f"n{i + 1}" for i in range(nodes)))
     finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
         with _leases_locked(cluster_dir) as leases:
             lease.unlink(missing_ok=True)
             keep = os.environ.get("TRAINSCALE_TEST_CLUSTER_KEEP") == "1"
             if not _live_leases(leases) and started_marker.exists() and not keep:
-                proc = _cluster_sh("down", timeout=120)
+                proc = _cluster_sh("down", timeout=120 + 10 * nodes, nodes=nodes)
                 started_marker.unlink(missing_ok=True)
                 if proc.returncode != 0:
                     pytest.fail(f"`{CLUSTER_SH} down` exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[SlurmCluster]:
+    with cluster_session(2) as cluster:
+        saved = {name: os.environ.get(name) for name in cluster.env}
+        os.environ.update(cluster.env)
+        SESSION_ENV.update(cluster.env)  # the per-module environment check (tests/conftest.py) leaves these alone
+        try:
+            yield cluster
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+@pytest.fixture(scope="session")
+def scale_cluster() -> Iterator[SlurmCluster]:
+    """The scale tests' cluster (16 nodes); ``os.environ`` untouched: pass ``cluster.env`` to its commands."""
+    nodes = int(os.environ.get("TRAINSCALE_TEST_CLUSTER_NODES") or SCALE_NODES)
+    with cluster_session(nodes) as cluster:
+        yield cluster

@@ -1,24 +1,39 @@
 #!/usr/bin/env bash
-# A real 2-node SLURM cluster (nodes n1 and n2) on this one machine, for tests.
+# A real SLURM cluster of N nodes (n1 ... nN; N=2 unless TRAINSCALE_TEST_CLUSTER_NODES says) on this
+# one machine, for tests: one slurmd -N per node, all on this machine's cores.
 #
 #   cluster.sh up       install (if needed), configure and start munged, slurmctld,
-#                       slurmd -N n1, slurmd -N n2; wait until both nodes are idle.
+#                       slurmd -N n1 ... slurmd -N nN; wait until every node is idle.
 #                       A cluster that is already up and healthy is reused.
 #   cluster.sh down     cancel all jobs, stop the daemons started by `up` (by pid file).
 #   cluster.sh status   sinfo and squeue of the cluster.
 #   cluster.sh check    exit 0 when the cluster is up, healthy and configured as now.
 #   cluster.sh env      the variables a client needs (SLURM_CONF=...).
 #
-# Everything lives in $TRAINSCALE_TEST_CLUSTER_DIR (default /tmp/trainscale-slurm): its own
+# Everything lives in $TRAINSCALE_TEST_CLUSTER_DIR (default /tmp/trainscale-slurm for the test suite's
+# 2 nodes, /tmp/trainscale-slurm-<N>n for any other N, on ports of its own, so a 16-node cluster for
+# the scale tests never replaces the 2-node one that test sessions share): its own
 # munge key and socket, slurm.conf, state, spool, logs and pid files. Daemons and
 # clients find the config through SLURM_CONF, so /etc/slurm is not used. Needs root
 # (slurmd runs jobs as their user; SlurmUser=root). Never used on a user's cluster.
 set -euo pipefail
 
-DIR=${TRAINSCALE_TEST_CLUSTER_DIR:-/tmp/trainscale-slurm}
-CTLD_PORT=${TRAINSCALE_TEST_CLUSTER_CTLD_PORT:-16817}
-NODES=(n1 n2)
-NODE_PORTS=(17001 17002)
+N=${TRAINSCALE_TEST_CLUSTER_NODES:-2}
+[[ $N =~ ^[1-9][0-9]?$ ]] || { echo "cluster.sh: TRAINSCALE_TEST_CLUSTER_NODES=$N: give 1 to 99 nodes" >&2; exit 2; }
+if ((N == 2)); then
+    DIR=${TRAINSCALE_TEST_CLUSTER_DIR:-/tmp/trainscale-slurm}
+    CTLD_PORT=${TRAINSCALE_TEST_CLUSTER_CTLD_PORT:-16817}
+    FIRST_NODE_PORT=17001
+else # other sizes: a directory and ports of their own (17100 + 100 N ... + N - 1)
+    DIR=${TRAINSCALE_TEST_CLUSTER_DIR:-/tmp/trainscale-slurm-${N}n}
+    CTLD_PORT=${TRAINSCALE_TEST_CLUSTER_CTLD_PORT:-$((16900 + N))}
+    FIRST_NODE_PORT=$((17100 + 100 * N))
+fi
+NODES=() NODE_PORTS=()
+for ((i = 0; i < N; i++)); do
+    NODES+=("n$((i + 1))")
+    NODE_PORTS+=("$((FIRST_NODE_PORT + i))")
+done
 NODE_CPUS=4            # more than the machine has: allowed by config_overrides
 NODE_MEMORY_MB=8000
 CRED_EXPIRE_S=10       # step credential lifetime = how long a requeued job waits
@@ -92,7 +107,7 @@ render_config() {
     local nodelist
     nodelist=$(IFS=,; echo "${NODES[*]}")
     {
-        echo "# Written by tests/slurm/cluster.sh: a 2-node test cluster on one machine."
+        echo "# Written by tests/slurm/cluster.sh: a $N-node test cluster on one machine."
         echo "ClusterName=trainscale-test"
         echo "SlurmctldHost=$host(127.0.0.1)"
         echo "SlurmctldPort=$CTLD_PORT"
@@ -135,7 +150,7 @@ render_config() {
 }
 
 ensure_hosts() {
-    # The first node name becomes MASTER_ADDR in jobs, so n1/n2 must resolve.
+    # The first node name becomes MASTER_ADDR in jobs, so n1 ... nN must resolve.
     local n missing=()
     for n in "${NODES[@]}"; do
         getent hosts "$n" >/dev/null || missing+=("$n")
@@ -148,7 +163,7 @@ ensure_hosts() {
 
 print_where() {
     echo "SLURM_CONF=$SLURM_CONF"
-    echo "logs: $DIR/log (slurmctld.log, slurmd-n1.log, slurmd-n2.log, munged.log)"
+    echo "logs: $DIR/log (slurmctld.log, slurmd-n1.log ... slurmd-n$N.log, munged.log)"
 }
 
 # The daemons must not inherit fd 9 (the cluster.lock held by `locked`).
@@ -286,7 +301,7 @@ status) cmd_status ;;
 check) healthy ;;
 env) echo "SLURM_CONF=$SLURM_CONF" ;;
 *)
-    echo "usage: $0 up|down|status|check|env   (cluster dir: \$TRAINSCALE_TEST_CLUSTER_DIR, now $DIR)" >&2
+    echo "usage: [TRAINSCALE_TEST_CLUSTER_NODES=N] $0 up|down|status|check|env   (cluster dir: \$TRAINSCALE_TEST_CLUSTER_DIR, now $DIR)" >&2
     exit 2
     ;;
 esac

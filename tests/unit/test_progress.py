@@ -132,3 +132,32 @@ def test_ranks_in_step_with_the_same_collectives_issued_name_nobody():
     a.close(), b.close()
     assert "no rank is behind in steps or in collectives issued" in text and "did not arrive" not in text
     assert "Python stack" not in text
+
+
+class _Counting:
+    def __init__(self, store) -> None:
+        self.store, self.calls = store, []
+
+    def __getattr__(self, name):
+        def call(*args):
+            self.calls.append(name)
+            return getattr(self.store, name)(*args)
+        return call
+
+
+def test_64_ranks_records_are_read_in_two_requests_and_a_missing_one_is_named():
+    """Every waiting rank reads every rank's record when a collective times out: at 1,024 ranks two requests
+    per rank each, from every rank at once, was two million requests to rank 0's store."""
+    server = TCPStore("127.0.0.1", 0, world_size=1, is_master=True, timeout=datetime.timedelta(seconds=5))
+    for rank in range(64):
+        if rank != 41:
+            server.set(f"trainscale/progress/{rank}", json.dumps({"step": 9 if rank != 7 else 8, "op": "op",
+                                                                  "issued": {}}))
+    reader = _peer(0, 64, _Counting(server))
+    reader._own = True  # a connection of its own, as under torch >= 2.5 (no timeout to put back)
+    seen = reader._read_all()
+    assert seen[41] is None and seen[7] == Seen(8, "op", {}) and len(seen) == 64  # rank 41 never published
+    server.set("trainscale/progress/41", json.dumps({"step": 9, "op": "op", "issued": {}}))
+    reader.store.calls.clear()
+    seen = reader._read_all()
+    assert reader.store.calls == ["check", "multi_get"] and behind(seen, 9) == [7], reader.store.calls

@@ -141,7 +141,7 @@ def status(argv: list[str]) -> int:
     for row in (header, *rows):
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
     files = write_results(Path(ns.dir), header, rows)
-    png = plot(Path(ns.dir), results, metric)
+    png = plot(Path(ns.dir), results, metric, ns.higher_is_better)
     done = sum(r.state == "finished" for r in results)
     print(f"\n{done} of {len(results)} task(s) finished" + (f"; best first by {metric}" if metric else "")
           + f". Written: {files['csv']}, {files['markdown']}" + (f", {png}" if png else ""))

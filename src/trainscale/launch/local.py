@@ -336,8 +336,8 @@ def launch(spec: LocalLaunchSpec) -> LaunchResult:
     except ChildFailedError as exc:
         rundir.end_record(logs, run_dir, ok=False, seconds=time.monotonic() - started)
         failures = summary.from_child_failed(exc, _stderr_logs(logs))
-        low, high = parse_nnodes(spec.nnodes)
-        world = spec.nproc_per_node * low if low == high else None
+        high = parse_nnodes(spec.nnodes)[1]
+        world = spec.nproc_per_node if high == 1 else None  # on several nodes, the others' agents name their ranks
         history = watch.history(failures[0] if failures else None) if watch else []
         text = summary.render(failures, world_size=world, log_dir=logs, attempts=history,
                               total_attempts=spec.max_restarts + 1)

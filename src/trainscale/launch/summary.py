@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -126,10 +127,16 @@ def _trainscale_error_of(error_data: Any) -> str:
     return str(extra.get("trainscale_error") or "") if isinstance(extra, dict) else ""
 
 
-def _tail(path: Path | None, lines: int = 20) -> str:
-    if path is None or not path.exists():
+def _tail(path: Path | None, lines: int = 20, size: int = 64 * 1024) -> str:
+    """The last lines of a log, from its last ``size`` bytes only (a long run's logs are large)."""
+    if path is None:
         return ""
-    text = path.read_text(errors="replace").splitlines()
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, 2) - size))
+            text = fh.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
     return "\n".join(text[-lines:])
 
 
@@ -144,16 +151,18 @@ def from_child_failed(error: Any, log_files: dict[int, Path] | None = None) -> l
                 data = json.loads(Path(failure.error_file).read_text())
             except (OSError, json.JSONDecodeError):
                 data = {}
-        log = (log_files or {}).get(failure.local_rank)
         # torchelastic's timestamps are whole seconds; the error file's mtime orders ranks that
         # failed within the same second.
         when = float(failure.timestamp)
         if failure.error_file and Path(failure.error_file).exists():
             when = Path(failure.error_file).stat().st_mtime
         out.append(RankFailure(rank=rank, local_rank=failure.local_rank, host=host, pid=failure.pid,
-                               exitcode=failure.exitcode, timestamp=when,
-                               traceback=_traceback_of(data), log_tail=_tail(log), error=_trainscale_error_of(data)))
-    return sorted(out, key=lambda f: (f.secondary, f.timestamp, f.rank))
+                               exitcode=failure.exitcode, timestamp=when, traceback=_traceback_of(data),
+                               log_tail="", error=_trainscale_error_of(data)))
+    out.sort(key=lambda f: (f.secondary, f.timestamp, f.rank))
+    if out:  # the first's log only: it is the one rendered (reading every rank's would cost the sum of all logs)
+        out[0] = dataclasses.replace(out[0], log_tail=_tail((log_files or {}).get(out[0].local_rank)))
+    return out
 
 
 def render(failures: list[RankFailure], world_size: int | None = None, log_dir: Path | None = None,
@@ -180,10 +189,15 @@ def render(failures: list[RankFailure], world_size: int | None = None, log_dir: 
         lines += ["", f"No Python traceback (the process did not raise); last lines of rank {first.rank}'s log:",
                   first.log_tail.rstrip()]
     others = failures[1:]
-    if others:
+    if others:  # one line per host and way of failing: 1,023 ranks that died of the first are not 1,023 lines
         lines += ["", "Other ranks:"]
-        lines += [f"  rank {f.rank} on {f.host}: {f.how}" + (" (after the first failure)" if f.secondary else "")
-                  + (" — the hung rank" if f.rank in hung else "") for f in others]
+        groups: dict[tuple[str, str], list[int]] = {}
+        for f in others:
+            how = f.how + (" (after the first failure)" if f.secondary else "") + (" — the hung rank" if f.rank in hung
+                                                                                  else "")
+            groups.setdefault((f.host, how), []).append(f.rank)
+        lines += [f"  rank {ranks[0]} on {host}: {how}" if len(ranks) == 1 else
+                  f"  ranks {_ranges(sorted(ranks))} on {host}: {how}" for (host, how), ranks in groups.items()]
     if world_size:
         failed = {f.rank for f in failures}
         stopped = [r for r in range(world_size) if r not in failed]

@@ -9,7 +9,9 @@ for the next batch), ``compute_s`` (this rank's own computing, without waiting a
 what tells a slow rank from the ranks waiting for it), ``comm_s`` (exposed communication and waiting),
 ``samples``, ``tokens``. Lines
 are buffered and written in blocks (every ``flush_every`` records or ``flush_after_s`` seconds, and at
-close), so recording costs no I/O on most steps and no collective ever.
+close), so recording costs no I/O on most steps and no collective ever. Where the rank is one of a
+process group, it also keeps a summary of its last steps for rank 0's straggler watch and puts it in the
+group's store at most every half second (observe/window.py): rank 0 then reads no rank's file.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import socket
 import time
 from pathlib import Path
 from typing import Any, Iterator
+
+from trainscale.observe.window import Publisher, RankWindow, default_store
 
 METRICS = "metrics"
 RUN_DIR_VAR = "TRAINSCALE_RUN_DIR"
@@ -70,20 +74,29 @@ class JsonLines:
 
 
 class RankRecorder:
-    """One rank's metrics stream. Cheap: a dict append per step; a file write every ``flush_every`` steps."""
+    """One rank's metrics stream. Cheap: a dict append per step; a file write every ``flush_every`` steps.
+
+    ``store``: where the summary for the straggler watch goes; "auto" (default) is the process group's
+    when this process is one of two or more ranks, None keeps it to the files."""
 
     def __init__(self, run_dir: str | Path, rank: int, *, flush_every: int = 50, flush_after_s: float = 5.0,
-                 **meta: Any) -> None:
+                 store: Any = "auto", window: int = 20, **meta: Any) -> None:
         self.rank = rank
         self.out = JsonLines(metrics_dir(run_dir) / f"rank-{rank}.jsonl", flush_every, flush_after_s)
-        self.out.write({"kind": "meta", "rank": rank, "host": socket.gethostname(),
-                        "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname(), "pid": os.getpid(),
-                        "t": time.time(), "cpus": _affinity(), **meta})
+        first = {"kind": "meta", "rank": rank, "host": socket.gethostname(),
+                 "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname(), "pid": os.getpid(),
+                 "t": time.time(), "cpus": _affinity(), **meta}
+        self.out.write(first)
         self.out.flush()  # the meta line at once: a reader learns of the rank before its first block
+        self.window = RankWindow(window, first)
+        self.publisher = Publisher(default_store() if store == "auto" else store, rank, self.window)
 
     def step(self, step: int, step_s: float, **fields: float | int | None) -> None:
-        self.out.write({"kind": "step", "step": step, "t": time.time(), "step_s": step_s,
-                        **{k: v for k, v in fields.items() if v is not None}})
+        record = {"kind": "step", "step": step, "t": time.time(), "step_s": step_s,
+                  **{k: v for k, v in fields.items() if v is not None}}
+        self.out.write(record)
+        self.window.add(record)
+        self.publisher.maybe()
 
     def epoch(self, epoch: int, **fields: Any) -> None:
         self.out.write({"kind": "epoch", "epoch": epoch, "t": time.time(), **fields})
@@ -95,6 +108,7 @@ class RankRecorder:
 
     def close(self) -> None:
         self.out.close()
+        self.publisher.maybe(force=True)
 
 
 def _affinity() -> list[int]:

@@ -4,6 +4,7 @@ has its tables and says how to get the plots."""
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 from trainscale.report.gather import Gathered
@@ -16,6 +17,11 @@ COLOURS = {"data": "#8da0cb", "compute": "#66c2a5", "backward": "#a6d854", "opti
 MISSING = "plots need matplotlib, which is not installed: pip install 'trainscale[bench]'"
 WIDE = (10, 4)
 """Inches at 100 dpi: the page's width, so a plot is as wide as the tables above it."""
+
+
+MANY = 32
+"""Above this many ranks (or utilisation series) a plot gets a numeric rank axis and the series their median
+and range: 1,024 labelled bars and a 1,024-entry legend took over a minute to draw (benchmarks/rank_costs.py)."""
 
 
 def pyplot():
@@ -42,10 +48,16 @@ def run_plots(g: Gathered, out: Path, prefix: str = "") -> list[tuple[str, Path]
     if plt is None or not g.ranks:
         return []
     made = []
-    names = [str(r.rank) for r in g.ranks]
+    many = len(g.ranks) > MANY  # one line over a numeric rank axis, not a labelled bar per rank
+    names = [r.rank if many else str(r.rank) for r in g.ranks]
+    medians, p90s = [r.step_median_s * 1e3 for r in g.ranks], [r.step_p90_s * 1e3 for r in g.ranks]
     fig, ax = plt.subplots(figsize=WIDE)
-    ax.bar(names, [r.step_median_s * 1e3 for r in g.ranks], color="#1b9e77", label="median")
-    ax.scatter(names, [r.step_p90_s * 1e3 for r in g.ranks], color="#d95f02", zorder=3, label="p90")
+    if many:
+        ax.plot(names, medians, color="#1b9e77", lw=0.8, label="median")
+        ax.plot(names, p90s, ".", color="#d95f02", ms=2, label="p90")
+    else:
+        ax.bar(names, medians, color="#1b9e77", label="median")
+        ax.scatter(names, p90s, color="#d95f02", zorder=3, label="p90")
     ax.set_xlabel("rank")
     ax.set_ylabel("step time (ms)")
     ax.set_title("Step time per rank")
@@ -56,8 +68,12 @@ def run_plots(g: Gathered, out: Path, prefix: str = "") -> list[tuple[str, Path]
     bottom = [0.0] * len(names)
     for key, colour in COLOURS.items():
         values = [r.shares[key] * 1e3 for r in g.ranks]
-        ax.bar(names, values, bottom=bottom, color=colour, label=SHARE_LABELS[key])
+        if not many:
+            ax.bar(names, values, bottom=bottom, color=colour, label=SHARE_LABELS[key])
         bottom = [b + v for b, v in zip(bottom, values)]
+    if many:
+        ax.stackplot(names, *[[r.shares[key] * 1e3 for r in g.ranks] for key in COLOURS],
+                     colors=list(COLOURS.values()), labels=[SHARE_LABELS[key] for key in COLOURS])
     ax.set_xlabel("rank")
     ax.set_ylabel("ms per step")
     ax.set_title("Where each rank's step goes")
@@ -87,6 +103,8 @@ def utilisation(g: Gathered) -> dict[str, tuple[list[float], list[float]]]:
     if not starts:
         return series
     t0 = min(starts)
+    if sum(len(s[0].get("gpus", [])) + len(s[0].get("procs", [])) for s in g.samples.values() if s) > MANY:
+        return _spread(g, t0)
     for host, samples in g.samples.items():
         for s in samples:
             for gpu in s.get("gpus", []):
@@ -98,6 +116,28 @@ def utilisation(g: Gathered) -> dict[str, tuple[list[float], list[float]]]:
                 ts.append(s["t"] - t0)
                 vs.append(float(proc.get("cpu_pct") or 0.0))
     return series
+
+
+def _spread(g: Gathered, t0: float, bins: int = 200) -> dict[str, tuple[list[float], list[float]]]:
+    """Many series (a node's every GPU and rank process, on every node) as their median, lowest and highest
+    in ``bins`` time slices, GPUs and CPUs apart."""
+    end = max(s["t"] for samples in g.samples.values() for s in samples) - t0 or 1.0
+    slices: dict[str, dict[int, list[float]]] = {"GPU": {}, "CPU": {}}
+    for samples in g.samples.values():
+        for s in samples:
+            i = min(bins - 1, int((s["t"] - t0) / end * bins))
+            slices["GPU"].setdefault(i, []).extend(float(x.get("util_pct") or 0.0) for x in s.get("gpus", []))
+            slices["CPU"].setdefault(i, []).extend(float(p.get("cpu_pct") or 0.0) for p in s.get("procs", []))
+    out: dict[str, tuple[list[float], list[float]]] = {}
+    for kind, by_slice in slices.items():
+        full = sorted(i for i, values in by_slice.items() if values)
+        if not full:
+            continue
+        ts = [(i + 0.5) * end / bins for i in full]
+        label = "GPUs" if kind == "GPU" else "rank processes' CPU"
+        for name, pick in (("median", statistics.median), ("lowest", min), ("highest", max)):
+            out[f"{label}, {name}"] = (ts, [pick(by_slice[i]) for i in full])
+    return out
 
 
 def model_plot(study: dict, out: Path) -> Path | None:

@@ -23,7 +23,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from trainscale.errors import SlurmError
+from trainscale.errors import SlurmError, TrainscaleError
 
 STATE_VAR = "TRAINSCALE_STATE_DIR"
 
@@ -132,11 +132,34 @@ def rank_log_text(record: JobRecord, rank: int) -> str:
         return path.read_text(errors="replace")
     prefix = f"[rank{rank}]: "
     lines = []
-    for node_log in sorted(job_dir.glob("node-*.out")):
+    likely = _node_log_of(record, rank)  # read every node's log only when the rank's own node is not known
+    for node_log in ([likely] if likely else []) + [p for p in sorted(job_dir.glob("node-*.out")) if p != likely]:
         lines += [ln[len(prefix):] for ln in node_log.read_text(errors="replace").splitlines() if ln.startswith(prefix)]
+        if lines:  # a rank's lines are all in its node's log
+            break
     if not lines:
         raise SlurmError(f"rank {rank} has printed nothing in {job_dir}/node-*.out", hint="it may not have started yet")
     return "\n".join(lines) + "\n"
+
+
+def _node_log_of(record: JobRecord, rank: int) -> Path | None:
+    """torchrun mode: ``node-<K>.out`` of the node rank ``rank`` ran on — its record's node (the first line of
+    ``metrics/rank-<R>.jsonl``) at its place K in the job's node list (the batch output's first line) — or
+    None where either is not known. At 1,024 ranks the node logs are all ranks' output together."""
+    if not record.run_dir:
+        return None
+    try:
+        with open(Path(record.run_dir) / "metrics" / f"rank-{rank}.jsonl") as fh:
+            node = json.loads(fh.readline()).get("node")
+        with open(record.batch_output, errors="replace") as fh:
+            found = re.search(r"^trainscale: job \S+ on (\S+),", fh.readline())
+        from trainscale.env.slurm import expand_nodelist
+
+        nodes = expand_nodelist(found.group(1)) if found else []
+    except (OSError, ValueError, AttributeError, TrainscaleError):
+        return None
+    path = record.job_dir / f"node-{nodes.index(node)}.out" if node in nodes else None
+    return path if path is not None and path.exists() else None
 
 
 def load_records(directory: Path | None = None) -> list[JobRecord]:

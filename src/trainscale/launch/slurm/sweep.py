@@ -190,9 +190,16 @@ def write_results(run_dir: Path, header: list[str], rows: list[list[str]]) -> di
     return {"csv": run_dir / "results.csv", "markdown": run_dir / "results.md"}
 
 
-def plot(run_dir: Path, results: list[TaskResult], metric: str | None) -> Path | None:
-    """A bar per task of ``metric`` (best first), when matplotlib is installed and a metric is known."""
-    have = [r for r in results if metric and metric in r.metrics]
+PLOT_TASKS = 30
+"""The plot shows the best this many tasks: a bar per task of a 1,024-task sweep is unreadable, and drawing
+1,024 labelled bars took 16 s (benchmarks/rank_costs.py); the table and CSV have every task."""
+
+
+def plot(run_dir: Path, results: list[TaskResult], metric: str | None, higher_is_better: bool = False) -> Path | None:
+    """A bar per task of ``metric`` for the best :data:`PLOT_TASKS` tasks, best first, when matplotlib is
+    installed and a metric is known."""
+    ranked_have = [r for r in ranked(results, metric, higher_is_better) if metric and metric in r.metrics]
+    have = ranked_have[:PLOT_TASKS]
     if len(have) < 2:
         return None
     try:
@@ -207,7 +214,8 @@ def plot(run_dir: Path, results: list[TaskResult], metric: str | None) -> Path |
     ax.bar(range(len(have)), [r.metrics[metric] for r in have], color="#4477aa")
     ax.set_xticks(range(len(have)), labels, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel(metric)
-    ax.set_title(f"sweep {Path(run_dir).name}: {metric}, best first")
+    best = f"the best {len(have)} of {len(ranked_have)} tasks" if len(have) < len(ranked_have) else "best first"
+    ax.set_title(f"sweep {Path(run_dir).name}: {metric}, {best}")
     fig.tight_layout()
     path = Path(run_dir) / "results.png"
     fig.savefig(path, dpi=100)

@@ -7,6 +7,10 @@ earliest ``error.json`` under ``torchrun/`` tells which node's summary holds the
 Files are ordered by modification time (nanoseconds): the JSON's own timestamp has 1 s resolution,
 and ranks that fail because a peer died do so within the same second.
 
+What it reads stays small at 1,024 ranks (benchmarks/rank_costs.py): one error file, the end of each log
+it needs (never a whole log: a long run's logs are large), a stat per error file; and the other failed
+ranks come out grouped, one line per way of failing ("ranks 0-19,22-1023 on 127 nodes: Terminated").
+
 Some jobs fail before any rank runs: SLURM cannot start the job step (``srun: error: Unable to
 layout tasks on given cpus``, ``Unable to create step for job``), or the program does not exist on the
 node. No rank has a traceback then; :func:`step_failure` names SLURM's own message and the fix.
@@ -24,6 +28,9 @@ _WRAPPER_FRAMES = ("torch/distributed/elastic/multiprocessing/errors", "trainsca
                    "<frozen runpy>")
 _SRUN_TASK = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.+)$")
 _SUMMARY = re.compile(r"first failing rank: (\d+) on (\S+) \(local rank (\d+), pid \d+\), (.+)$")
+_OTHER = re.compile(r"^ranks? ([\d,\-]+) on (\S+): (.+)$")
+TAIL_BYTES = 256 * 1024
+"""What is read of the end of a log: a rank's last lines, a node's failure summary (printed last)."""
 
 
 @dataclass(frozen=True)
@@ -144,10 +151,48 @@ def _by_time(paths: list[Path]) -> list[Path]:
     return sorted(paths, key=lambda p: (p.stat().st_mtime_ns, str(p)))
 
 
-def _tail(path: Path, lines: int = 20) -> str:
-    if not path.exists():
+def read_end(path: Path, size: int = TAIL_BYTES) -> str:
+    """The last ``size`` bytes of a file, from a line start ('' when it cannot be read)."""
+    try:
+        with open(path, "rb") as fh:
+            end = fh.seek(0, 2)
+            fh.seek(max(0, end - size))
+            if end > size:
+                fh.readline()  # the cut line
+            return fh.read().decode(errors="replace")
+    except OSError:
         return ""
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    return "\n".join(read_end(path, 64 * 1024).splitlines()[-lines:])
+
+
+def _ranges(values: list[int]) -> str:
+    values = sorted(set(values))
+    out, start = [], 0
+    for i in range(1, len(values) + 1):
+        if i == len(values) or values[i] != values[i - 1] + 1:
+            out.append(str(values[start]) if i - 1 == start else f"{values[start]}-{values[i - 1]}")
+            start = i
+    return ",".join(out)
+
+
+def grouped(others: list[tuple[int, str, str]]) -> tuple[str, ...]:
+    """``(rank, host, how)`` of the other failed ranks, one line per ``how`` (in the order first seen):
+    ``rank 3 on n2: Terminated``, ``ranks 0-19,22-31 on 16 nodes: Terminated``."""
+    by_how: dict[str, list[tuple[int, str]]] = {}
+    for rank, host, how in others:
+        by_how.setdefault(how, []).append((rank, host))
+    lines = []
+    for how, ranks in by_how.items():
+        hosts = sorted({h for _, h in ranks if h})
+        where = f" on {hosts[0]}" if len(hosts) == 1 else f" on {len(hosts)} nodes" if hosts else ""
+        if len(ranks) == 1:
+            lines.append(f"rank {ranks[0][0]}{where}: {how}")
+        else:
+            lines.append(f"ranks {_ranges([r for r, _ in ranks])}{where}: {how}")
+    return tuple(lines)
 
 
 def srun_failure(job_dir: Path, batch_output: str) -> Failure | None:
@@ -162,10 +207,10 @@ def srun_failure(job_dir: Path, batch_output: str) -> Failure | None:
     else:
         return None
     host, how = tasks.get(first, ("", ""))
-    others = [f"rank {r}" + (f" on {tasks[r][0]}: {tasks[r][1]}" if r in tasks else ": raised too (after the first)")
+    others = [(r, *tasks[r]) if r in tasks else (r, "", "raised too (after the first)")
               for r in dict.fromkeys(ranks[1:] + list(tasks)) if r != first]
     return Failure(rank=first, host=host, how=how or "raised an exception", traceback=tb,
-                   log_tail=_tail(job_dir / f"rank-{first}.out"), others=tuple(others))
+                   log_tail=_tail(job_dir / f"rank-{first}.out"), others=grouped(others))
 
 
 def _summaries(text: str) -> list[tuple[Failure, str]]:
@@ -213,27 +258,36 @@ def torch_agent_failure(job_dir: Path, logs: str) -> Failure | None:
     return Failure(rank=int(first["rank"]), host=first["host"], how=how, traceback=tb, others=others)
 
 
+def _others(failure: Failure, summaries: list[Failure]) -> tuple[str, ...]:
+    """Every node's failed ranks but ``failure``'s, grouped where they say ``rank R on HOST: how``; lines
+    of another form (a summary's ``ranks ...: stopped``) once each, as they are."""
+    parsed = [(f.rank, f.host, f.how) for f in summaries if f is not failure]
+    kept = []
+    for line in (line for f in summaries for line in f.others):
+        m = _OTHER.match(line)
+        if m:
+            parsed += [(rank, m.group(2), m.group(3)) for rank in _expand(m.group(1))]
+        else:
+            kept.append(line)
+    return grouped(parsed) + tuple(dict.fromkeys(kept))
+
+
 def torchrun_failure(job_dir: Path) -> Failure | None:
     summaries = []
     texts = []
     for node_log in sorted(job_dir.glob("node-*.out")):
-        texts.append(node_log.read_text(errors="replace"))
+        texts.append(read_end(node_log))  # the agent's summary is the last thing it prints
         summaries += _summaries(texts[-1])
     if not summaries:
         return torch_agent_failure(job_dir, "\n".join(texts))
+    failure = summaries[0][0]
     errors = _by_time(list((job_dir / "torchrun").glob("**/error.json")))
     if errors:
         first_tb = callstack(errors[0]).strip().splitlines()
         key = first_tb[-1] if first_tb else ""
-        for failure, tb in summaries:
-            if key and key in tb:
-                rest = [f"rank {f.rank} on {f.host}: {f.how}" for f, _ in summaries if f is not failure]
-                return Failure(rank=failure.rank, host=failure.host, how=failure.how, traceback=failure.traceback,
-                               others=tuple(rest) + failure.others)
-    failure = summaries[0][0]
-    rest = [f"rank {f.rank} on {f.host}: {f.how}" for f, _ in summaries[1:]]
+        failure = next((f for f, tb in summaries if key and key in tb), failure)
     return Failure(rank=failure.rank, host=failure.host, how=failure.how, traceback=failure.traceback,
-                   others=tuple(rest) + failure.others)
+                   others=_others(failure, [f for f, _ in summaries]))
 
 
 def find_failure(job_dir: Path, launcher: str, batch_output: str = "") -> Failure | None:

@@ -1,0 +1,107 @@
+"""Each rank's own summary of its last steps, published to the process group's store for the straggler watch.
+
+Rank 0 must not read every rank's record file every 10 s: at 1,024 ranks on a parallel file system that is
+1,024 opens and all their new lines per look (benchmarks/rank_costs.py). So each rank keeps its own last
+two windows of "own" times (data wait + compute, the times that tell a slow rank from the ranks waiting
+for it) and, when it writes its records, puts a few numbers in the store under ``trainscale/window/<R>``:
+
+    {"w": the window, "n": steps kept (up to 2 w), "now": median own time of the last window, "before": of
+     the window before, "data": median data wait of the last window, "compute": median compute, "node": ...,
+     "cpus": [...]}
+
+and rank 0 reads all of them with one ``multi_get`` (observe/stragglers.py): its work per look is one
+small value per rank, whatever the run's length, and no file is opened.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections import deque
+from typing import Any
+
+KEY = "trainscale/window/{rank}"
+PUBLISH_EVERY_S = 0.5
+"""At most this often per rank (a recorder flushing every step must not talk to the store every step)."""
+
+
+def own_time(record: dict[str, Any]) -> float | None:
+    """A rank's own work in a step: data wait + compute when recorded, else the whole step."""
+    if "data_s" in record or "compute_s" in record:
+        return float(record.get("data_s") or 0.0) + float(record.get("compute_s") or 0.0)
+    return record.get("step_s")
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+class RankWindow:
+    """One rank's last ``2 * window`` step records with an own time, summarised on demand."""
+
+    def __init__(self, window: int, meta: dict[str, Any] | None = None) -> None:
+        self.window = window
+        self.steps: deque[tuple[float, float | None, float | None]] = deque(maxlen=2 * window)
+        self.meta = {"node": (meta or {}).get("node") or (meta or {}).get("host", "?"),
+                     "cpus": list((meta or {}).get("cpus") or [])}
+
+    def add(self, record: dict[str, Any]) -> None:
+        own = own_time(record)
+        if record.get("kind", "step") == "step" and own is not None:
+            data, compute = record.get("data_s"), record.get("compute_s")
+            self.steps.append((float(own), None if data is None else float(data),
+                               None if compute is None else float(compute)))
+
+    def summary(self) -> dict[str, Any]:
+        last, before = list(self.steps)[-self.window:], list(self.steps)[:-self.window]
+        return {"w": self.window, "n": len(self.steps), "now": _median([s[0] for s in last]), "before": _median([s[0] for s in before]),
+                "data": _median([s[1] for s in last if s[1] is not None]),
+                "compute": _median([s[2] for s in last if s[2] is not None]), **self.meta}
+
+
+def default_store() -> Any:
+    """The process group's store when this process is one of several ranks, else None."""
+    try:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+            return None
+        return dist.distributed_c10d._get_default_store()
+    except Exception:  # no process group, or a torch without the accessor: the files are read instead
+        return None
+
+
+def own_connection(store: Any) -> Any:
+    """A connection of the reader's own (torch >= 2.5): rank 0's watch thread never shares the main
+    thread's connection, nor waits with its timeout."""
+    try:
+        return store.clone()
+    except Exception:
+        return store
+
+
+class Publisher:
+    """Puts a rank's window summary in the store, at most every ``every_s`` seconds (and at the end)."""
+
+    def __init__(self, store: Any, rank: int, window: RankWindow, every_s: float = PUBLISH_EVERY_S) -> None:
+        self.store, self.key, self.window, self.every_s = store, KEY.format(rank=rank), window, every_s
+        self._at = float("-inf")
+
+    def maybe(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.store is None or (not force and now - self._at < self.every_s):
+            return
+        self._at = now
+        try:
+            self.store.set(self.key, json.dumps(self.window.summary(), separators=(",", ":")))
+        except Exception:  # the store went away (teardown, rank 0 gone): the watch is a nicety
+            self.store = None
+
+
+def read_all(store: Any, world_size: int) -> dict[int, dict[str, Any]] | None:
+    """Every rank's published summary (one round trip), or None while some rank has published none yet."""
+    keys = [KEY.format(rank=r) for r in range(world_size)]
+    if not store.check(keys):
+        return None
+    return {r: json.loads(raw) for r, raw in enumerate(store.multi_get(keys))}
