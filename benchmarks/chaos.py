@@ -159,7 +159,7 @@ def disturbed(kind: str, config: Config, work: Path, rng: random.Random, referen
     else:  # a random moment once the ranks exist (a loaded machine may take seconds to start them)
         while len(ranks_of(launcher)) < 2 and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        time.sleep(rng.uniform(0.1, 0.8) * reference_s)
+        time.sleep(rng.uniform(0.05, 0.5) * reference_s)
     if proc.poll() is not None:
         output = proc.stdout.read()
         return Outcome(proc.returncode == 0, proc.returncode == 0 and equal(final_state(exp), reference),
