@@ -26,8 +26,8 @@ def test_save_and_latest_roundtrip(tmp_path, rt):
         ck.save(step, {"w": torch.full((3,), float(step)), "step": step})
     assert [s for s, _ in list_checkpoints(tmp_path)] == [30, 20]  # pruned to keep=2
     found = ck.latest()
-    assert found.step == 30 and torch.equal(found.state["w"], torch.full((3,), 30.0))
-    meta = found.state["trainscale"]
+    assert found.step == 30 and torch.equal(found.contents["w"], torch.full((3,), 30.0))
+    meta = found.record
     assert meta["world_size"] == 1 and meta["strategy"] == "ddp" and meta["version"] == trainscale.__version__
 
 

@@ -76,7 +76,7 @@ class FSDPStrategy(StrategyBase):
     name: str = "fsdp"
     storage = DCP
     scaler: Any = field(default=None, init=False, repr=False)
-    """The loss scaler of an fp16 run (None otherwise), made by :meth:`setup`."""
+    """The loss scaler of an fp16 run (None otherwise), made by :meth:`wrap`."""
 
     def __post_init__(self) -> None:
         if self.mixed_precision not in MIXED_PRECISION:
