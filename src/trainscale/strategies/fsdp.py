@@ -182,12 +182,6 @@ class FSDPStrategy(StrategyBase):
 
         return get_model_state_dict(self.unwrap(model), options=StateDictOptions(full_state_dict=True))
 
-    def full_state_dict(self, model: nn.Module, optimizer: Any) -> dict[str, Any]:
-        """Unsharded model and optimizer state on the CPU of every rank (a collective; for export/tests)."""
-        model_state, optim_state = get_state_dict(
-            model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return {"model": model_state, "optimizer": optim_state}
-
 
 class ShardedState(ModelState):
     """Sharded DTensor state dicts (torch's get_state_dict), every rank writing its shards; the fp16 loss
