@@ -94,14 +94,24 @@ def synthetic(root: Path, mb: int) -> dict[str, Path]:
     import torch
 
     import trainscale
-    from trainscale.checkpoint import Checkpointer
+    from trainscale.checkpoint import Checkpointer, ModelState
+    from trainscale.checkpoint.state import DCP
     from trainscale.strategies import get_strategy
+
+    class Shards(ModelState):  # the same tensors, kept as DCP shards as FSDP keeps its state
+        storage = DCP
+
+        def state_dict(self) -> dict:
+            return {"model": state}
+
+        def load_state_dict(self, state_dict: dict) -> None:
+            raise NotImplementedError
 
     n = mb * 2**20 // 4 // 8
     state = {f"w{i}": torch.randn(n) for i in range(8)}
     with trainscale.init(environ={}, set_threads=False) as rt:
         Checkpointer(root / "file", rt).save(1, {"model": state, "step": 1})
-        Checkpointer(root / "dcp", rt, strategy=get_strategy("fsdp")).save(1, {"model": state, "step": 1})
+        Checkpointer(root / "dcp", rt, strategy=get_strategy("fsdp")).save(1, {"model": Shards(), "step": 1})
     return {f"synthetic {mb} MB, rank-0 file": root / "file", f"synthetic {mb} MB, DCP shards": root / "dcp"}
 
 

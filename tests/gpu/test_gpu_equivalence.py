@@ -22,11 +22,11 @@ def ddp_params(device: str) -> dict[str, torch.Tensor]:
 
     with trainscale.init(device=device, timeout_s=120) as rt, exact_fp32():
         strategy = get_strategy("ddp")
-        model, opt = strategy.setup(mlp(), lambda p: torch.optim.SGD(p, lr=0.05), rt)
+        model, opt = strategy.wrap(mlp(), lambda p: torch.optim.SGD(p, lr=0.05), rt)
         for i in range(STEPS):
             x, y = batch(i, rt)
-            strategy.backward(torch.nn.functional.cross_entropy(model(x), y), model)
-            strategy.step(opt, model)
+            strategy.backward_loss(torch.nn.functional.cross_entropy(model(x), y), model)
+            strategy.micro_step(opt, model, last=True)
         return params(model)
 
 

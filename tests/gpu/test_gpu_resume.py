@@ -45,14 +45,15 @@ def save_half(device: str, root: str) -> dict:
 
     with ts.init(device=device, timeout_s=120, deterministic=device == "cuda") as rt:
         strategy = get_strategy("ddp")
-        model, opt = strategy.setup(mlp(dropout=0.2), lambda p: torch.optim.SGD(p, lr=0.05), rt)
+        model, opt = strategy.wrap(mlp(dropout=0.2), lambda p: torch.optim.SGD(p, lr=0.05), rt)
         ckpt = Checkpointer(root, rt, strategy=strategy)
         for i in range(2 * STEPS):
             x, y = batch(i, rt)
-            strategy.backward(torch.nn.functional.cross_entropy(model(x), y), model)
-            strategy.step(opt, model)
+            strategy.backward_loss(torch.nn.functional.cross_entropy(model(x), y), model)
+            strategy.micro_step(opt, model, last=True)
             if i + 1 == STEPS:
-                ckpt.save(STEPS, {**strategy.state_dict(model, opt), "step": STEPS, "rng": rng_state(rt.device)})
+                ckpt.save(STEPS, {"model": strategy.checkpoint_state(model, opt), "step": STEPS,
+                                  "rng": rng_state(rt.device)})
         return {"params": params(model), "device": str(rt.device)}
 
 
@@ -66,16 +67,15 @@ def resume_half(device: str, root: str) -> dict:
 
     with ts.init(device=device, timeout_s=120, deterministic=device == "cuda") as rt:
         strategy = get_strategy("ddp")
-        model, opt = strategy.setup(mlp(dropout=0.2), lambda p: torch.optim.SGD(p, lr=0.05), rt)
-        found = Checkpointer(root, rt, strategy=strategy).latest()
-        strategy.load_state_dict(model, opt, found.state)
-        set_rng_state(found.state["rng"], rt.device)
+        model, opt = strategy.wrap(mlp(dropout=0.2), lambda p: torch.optim.SGD(p, lr=0.05), rt)
+        found = Checkpointer(root, rt, strategy=strategy).restore({"model": strategy.checkpoint_state(model, opt)})
+        set_rng_state(found.contents["rng"], rt.device)
         x, y = batch(0, rt)
         rebuild_buckets(model, lambda: torch.nn.functional.cross_entropy(model(x), y).backward(), rt.device)
         for i in range(STEPS, 2 * STEPS):
             x, y = batch(i, rt)
-            strategy.backward(torch.nn.functional.cross_entropy(model(x), y), model)
-            strategy.step(opt, model)
+            strategy.backward_loss(torch.nn.functional.cross_entropy(model(x), y), model)
+            strategy.micro_step(opt, model, last=True)
         return {"params": params(model), "device": str(rt.device)}
 
 

@@ -28,16 +28,16 @@ def train_all(device: str, specs: list[str], backend: str | None = None) -> dict
         for spec in specs:
             options = {"micro_batch_size": 32 // rt.world_size} if spec.startswith("deepspeed") else {}
             strategy = get_strategy(spec, **options)
-            model, opt = strategy.setup(mlp(), OptimizerSpec(torch.optim.SGD, {"lr": 0.05}), rt)
+            model, opt = strategy.wrap(mlp(), OptimizerSpec(torch.optim.SGD, {"lr": 0.05}), rt)
             for i in range(STEPS):
                 x, y = batch(i, rt)
-                strategy.backward(torch.nn.functional.cross_entropy(model(x).float(), y), model)
+                strategy.backward_loss(torch.nn.functional.cross_entropy(model(x).float(), y), model)
                 if getattr(strategy, "cpu_offload", False):
                     # clipping reduces the host-side shards: needs gloo beside nccl (trainscale's mixed group)
                     if strategy.scaler is not None:
                         strategy.scaler.unscale_(opt)
                     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                strategy.step(opt, model)
+                strategy.micro_step(opt, model, last=True)
             out[spec] = {"params": _full_params(strategy, model, opt), "device": str(next(
                 strategy.unwrap(model).parameters()).device), "backend": rt.backend}
     return out

@@ -40,13 +40,13 @@ def train_with_trainscale() -> dict[str, torch.Tensor]:
         loader = DeviceTensorLoader.for_runtime(images, labels, runtime=rt,
                                                 batch_size=GLOBAL_BATCH // rt.world_size, shuffle=False)
         strategy = get_strategy("ddp")
-        model, opt = strategy.setup(_model(), lambda p: torch.optim.SGD(p, lr=0.05), rt)
+        model, opt = strategy.wrap(_model(), lambda p: torch.optim.SGD(p, lr=0.05), rt)
         batches = iter(loader)
         for _ in range(STEPS):
             x, y = next(batches)
             loss = torch.nn.functional.nll_loss(model(x), y)
-            strategy.backward(loss, model)
-            strategy.step(opt, model)
+            strategy.backward_loss(loss, model)
+            strategy.micro_step(opt, model, last=True)
         return {k: v.detach().clone() for k, v in strategy.unwrap(model).state_dict().items()}
 
 

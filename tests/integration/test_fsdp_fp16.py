@@ -29,16 +29,14 @@ def train(rt, spec: str) -> tuple[dict[str, torch.Tensor], dict]:
     y = torch.randint(0, 4, (STEPS, GLOBAL_BATCH), generator=g)
     per = GLOBAL_BATCH // rt.world_size
     strategy = get_strategy(spec)
-    model, opt = strategy.setup(mlp(), OptimizerSpec(torch.optim.SGD, {"lr": 1e5}), rt)
+    model, opt = strategy.wrap(mlp(), OptimizerSpec(torch.optim.SGD, {"lr": 1e5}), rt)
     for i in range(STEPS):
         xs, ys = x[i, rt.rank * per:(rt.rank + 1) * per], y[i, rt.rank * per:(rt.rank + 1) * per]
-        strategy.backward(nn.functional.cross_entropy(model(xs).float(), ys) * TINY, model)
-        strategy.step(opt, model)
-    if hasattr(strategy, "full_state_dict"):
-        params = strategy.full_state_dict(model, opt)["model"]
-        saved = {k: v for k, v in strategy.state_dict(model, opt).items() if k not in ("model", "optimizer")}
-    else:
-        params, saved = strategy.unwrap(model).state_dict(), {}
+        strategy.backward_loss(nn.functional.cross_entropy(model(xs).float(), ys) * TINY, model)
+        strategy.micro_step(opt, model, last=True)
+    params = strategy.full_model_state(model)
+    checkpointed = strategy.checkpoint_state(model, opt).state_dict()
+    saved = {k: v for k, v in checkpointed.items() if k not in ("model", "optimizer")}
     return {k: v.detach().float().clone() for k, v in params.items()}, saved
 
 

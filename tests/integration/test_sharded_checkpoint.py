@@ -33,7 +33,7 @@ def _full_state(strategy, model, opt) -> dict:
 
     if strategy.name == "zero1":
         return {"model": {k: v.clone() for k, v in strategy.unwrap(model).state_dict().items()},
-                "optimizer": strategy.state_dict(model, opt)["optimizer"]}
+                "optimizer": strategy.checkpoint_state(model, opt).state_dict()["optimizer"]}
     # fsdp: gathered on every rank (cpu_offload=False keeps every rank's copy) and compared on rank 0
     msd, osd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True))
     return {"model": msd, "optimizer": osd}
@@ -48,13 +48,13 @@ def save_two_ranks(root: str) -> dict:
     with trainscale.init(seed=0) as rt:
         for name in ("fsdp", "zero1"):
             strategy = get_strategy(name)
-            model, opt = strategy.setup(mlp(), _adam(), rt)
+            model, opt = strategy.wrap(mlp(), _adam(), rt)
             ckpt = Checkpointer(Path(root) / name, rt, strategy=strategy)
             for step, (x, y) in enumerate(batches(rt.rank, rt.world_size), start=1):
-                strategy.backward(nn.functional.cross_entropy(model(x), y), model)
-                strategy.step(opt, model)
+                strategy.backward_loss(nn.functional.cross_entropy(model(x), y), model)
+                strategy.micro_step(opt, model, last=True)
                 if step in (2, SAVED_STEP):
-                    ckpt.save(step, {**strategy.state_dict(model, opt), "step": step, "note": "kept"})
+                    ckpt.save(step, {"model": strategy.checkpoint_state(model, opt), "step": step, "note": "kept"})
             out[name] = _full_state(strategy, model, opt)
     return out
 
@@ -73,11 +73,11 @@ def resume(root: str) -> dict:
             with torch.no_grad():
                 for p in model.parameters():
                     p.normal_()
-            model, opt = strategy.setup(model, _adam(), rt)
-            found = Checkpointer(Path(root) / name, rt, strategy=strategy).latest()
-            strategy.load_state_dict(model, opt, found.state)
-            out[name] = {"step": found.step, "extra": (found.state["step"], found.state["note"]),
-                         "written_by": found.state["trainscale"]["world_size"],
+            model, opt = strategy.wrap(model, _adam(), rt)
+            found = Checkpointer(Path(root) / name, rt, strategy=strategy).restore(
+                {"model": strategy.checkpoint_state(model, opt)})
+            out[name] = {"step": found.step, "extra": (found.contents["step"], found.contents["note"]),
+                         "written_by": found.record["world_size"],
                          **_full_state(strategy, model, opt)}
     return out
 
@@ -128,9 +128,9 @@ def failing_save(root: str) -> dict:
 
     with trainscale.init(seed=0) as rt:
         strategy = get_strategy("fsdp")
-        model, opt = strategy.setup(mlp(), _adam(), rt)
+        model, opt = strategy.wrap(mlp(), _adam(), rt)
         ckpt = Checkpointer(root, rt, strategy=strategy)
-        ckpt.save(2, {**strategy.state_dict(model, opt), "step": 2})
+        ckpt.save(2, {"model": strategy.checkpoint_state(model, opt), "step": 2})
         if rt.rank == 1:
             def broken(self, plan, planner):
                 raise OSError("disk full (injected)")
@@ -138,7 +138,7 @@ def failing_save(root: str) -> dict:
             FileSystemWriter.write_data = broken
         error = None
         try:
-            ckpt.save(4, {**strategy.state_dict(model, opt), "step": 4})
+            ckpt.save(4, {"model": strategy.checkpoint_state(model, opt), "step": 4})
         except CheckpointError as exc:  # DCP reports one rank's failure on every rank
             error = str(exc)
         rt.barrier()
@@ -170,17 +170,25 @@ def test_interrupted_sharded_save_is_skipped(tmp_path, caplog):
 
 SHARDED_SAVER = """
 import sys, torch, trainscale
-from trainscale.checkpoint import Checkpointer
+from trainscale.checkpoint import Checkpointer, ModelState
+from trainscale.checkpoint.state import DCP
 from trainscale.strategies import get_strategy
 from trainscale.strategies.base import OptimizerSpec
+
+class Big(ModelState):  # 256 MB of shards: slow enough to be killed midway
+    storage = DCP
+    def state_dict(self):
+        return {"model": {"w": torch.randn(64, 1024, 1024)}}
+    def load_state_dict(self, state_dict):
+        pass
+
 with trainscale.init(environ={}, set_threads=False) as rt:
     strategy = get_strategy("fsdp")
-    model, opt = strategy.setup(torch.nn.Linear(4, 4), OptimizerSpec(torch.optim.SGD, {"lr": 0.1}), rt)
+    model, opt = strategy.wrap(torch.nn.Linear(4, 4), OptimizerSpec(torch.optim.SGD, {"lr": 0.1}), rt)
     ckpt = Checkpointer(sys.argv[1], rt, strategy=strategy, keep=5)
-    ckpt.save(1, {**strategy.state_dict(model, opt), "step": 1})
+    ckpt.save(1, {"model": strategy.checkpoint_state(model, opt), "step": 1})
     print("first saved", flush=True)
-    big = {"model": {"w": torch.randn(64, 1024, 1024)}}  # 256 MB of shards: slow enough to be killed midway
-    ckpt.save(2, {**big, "step": 2})
+    ckpt.save(2, {"model": Big(), "step": 2})
 """
 
 
@@ -237,14 +245,14 @@ def resume_past_damage(root: str, read_only: str | None) -> dict:
     with trainscale.init(seed=0) as rt:
         for name, cases in DAMAGED.items():
             strategy = get_strategy(name)
-            model, opt = strategy.setup(mlp(), _adam(), rt)
+            model, opt = strategy.wrap(mlp(), _adam(), rt)
             good = Path(root) / name / "good"
             ckpt = Checkpointer(good, rt, strategy=strategy, keep=5)
             for step, (x, y) in enumerate(batches(rt.rank, rt.world_size), start=1):
-                strategy.backward(nn.functional.cross_entropy(model(x), y), model)
-                strategy.step(opt, model)
+                strategy.backward_loss(nn.functional.cross_entropy(model(x), y), model)
+                strategy.micro_step(opt, model, last=True)
                 if step in (2, SAVED_STEP):
-                    ckpt.save(step, {**strategy.state_dict(model, opt), "step": step})
+                    ckpt.save(step, {"model": strategy.checkpoint_state(model, opt), "step": step})
                 if step == 2:  # copies: a consolidated optimizer state may share the live tensors
                     saved = tree_map(lambda v: v.clone() if torch.is_tensor(v) else v,
                                      _full_state(strategy, model, opt))
@@ -256,8 +264,8 @@ def resume_past_damage(root: str, read_only: str | None) -> dict:
                     damage(newest, kind, target=target, marker=Path(root) / "pwned")
                 rt.barrier()
                 before = len(records)
-                found = Checkpointer(case, rt, strategy=strategy).latest()
-                strategy.load_state_dict(model, opt, found.state)
+                found = Checkpointer(case, rt, strategy=strategy).restore(
+                    {"model": strategy.checkpoint_state(model, opt)})
                 try:
                     _assert_same_tree(saved, _full_state(strategy, model, opt), f"{name} {kind}")
                     same = True

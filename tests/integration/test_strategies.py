@@ -44,15 +44,12 @@ def train(rt, spec: str, optimizer) -> tuple[dict[str, torch.Tensor], dict[str, 
     from trainscale.strategies import get_strategy
 
     strategy = get_strategy(spec)
-    model, opt = strategy.setup(mlp(), optimizer, rt)
+    model, opt = strategy.wrap(mlp(), optimizer, rt)
     for x, y in batches(rt.rank, rt.world_size):
-        strategy.backward(nn.functional.cross_entropy(model(x), y), model)
-        strategy.step(opt, model)
-    if hasattr(strategy, "full_state_dict"):
-        params = strategy.full_state_dict(model, opt)["model"]
-    else:
-        params = {k: v.detach().clone() for k, v in strategy.unwrap(model).state_dict().items()}
-    return {k: v.float() for k, v in params.items()}, strategy.held_bytes(model, opt)
+        strategy.backward_loss(nn.functional.cross_entropy(model(x), y), model)
+        strategy.micro_step(opt, model, last=True)
+    params = strategy.full_model_state(model)
+    return {k: v.detach().float().clone() for k, v in params.items()}, strategy.held_bytes(model, opt)
 
 
 def all_strategies() -> dict:

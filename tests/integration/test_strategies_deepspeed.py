@@ -54,13 +54,13 @@ def deepspeed_vs_ddp(root: str) -> dict:
     with trainscale.init(seed=0) as rt:
         ddp_params, ddp_bytes = train(rt, "ddp", adam)
         strategy = _deepspeed(rt)
-        engine, opt = strategy.setup(mlp(), adam, rt)
+        engine, opt = strategy.wrap(mlp(), adam, rt)
         for x, y in batches(rt.rank, rt.world_size):
-            strategy.backward(nn.functional.cross_entropy(engine(x), y), engine)
-            strategy.step(opt, engine)
+            strategy.backward_loss(nn.functional.cross_entropy(engine(x), y), engine)
+            strategy.micro_step(opt, engine, last=True)
         ds_bytes = strategy.held_bytes(engine, opt)
         ckpt = Checkpointer(root, rt, strategy=strategy)
-        ckpt.save(4, {**strategy.state_dict(engine, opt), "step": 4})
+        ckpt.save(4, {"model": strategy.checkpoint_state(engine, opt), "step": 4})
         saved = {"params": _full_params(engine), "optimizer": _optimizer_tensors(engine)}
 
         again = _deepspeed(rt)  # a fresh engine from other weights, resumed from the checkpoint
@@ -68,12 +68,11 @@ def deepspeed_vs_ddp(root: str) -> dict:
         with torch.no_grad():
             for p in model.parameters():
                 p.normal_()
-        engine2, opt2 = again.setup(model, adam, rt)
-        found = Checkpointer(root, rt, strategy=again).latest()
-        again.load_state_dict(engine2, opt2, found.state)
+        engine2, opt2 = again.wrap(model, adam, rt)
+        found = Checkpointer(root, rt, strategy=again).restore({"model": again.checkpoint_state(engine2, opt2)})
         resumed = {"params": _full_params(engine2), "optimizer": _optimizer_tensors(engine2)}
     return {"ddp": ddp_params, "ddp_bytes": ddp_bytes, "ds": saved["params"], "ds_bytes": ds_bytes,
-            "saved": saved, "resumed": resumed, "found_step": found.step, "format": found.state["sharded"].format}
+            "saved": saved, "resumed": resumed, "found_step": found.step, "format": found.shards.format}
 
 
 def test_deepspeed_zero3_matches_ddp_shards_state_and_resumes(tmp_path):
@@ -110,10 +109,10 @@ from trainscale.strategies.base import OptimizerSpec
 
 with trainscale.init(device="cpu", set_threads=False) as rt:
     strategy = get_strategy("deepspeed:stage=1", micro_batch_size=4)
-    engine, opt = strategy.setup(torch.nn.Linear(8, 2), OptimizerSpec(torch.optim.SGD, {"lr": 0.1}), rt)
+    engine, opt = strategy.wrap(torch.nn.Linear(8, 2), OptimizerSpec(torch.optim.SGD, {"lr": 0.1}), rt)
     loss = engine(torch.randn(4, 8)).sum()
-    strategy.backward(loss, engine)
-    strategy.step(opt, engine)
+    strategy.backward_loss(loss, engine)
+    strategy.micro_step(opt, engine, last=True)
     from deepspeed.accelerator import get_accelerator
     print(json.dumps({"param": str(next(engine.module.parameters()).device), "engine": str(engine.device),
                       "accelerator": get_accelerator().device_name()}))

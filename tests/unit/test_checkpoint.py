@@ -26,8 +26,8 @@ def test_save_and_latest_roundtrip(tmp_path, rt):
         ck.save(step, {"w": torch.full((3,), float(step)), "step": step})
     assert [s for s, _ in list_checkpoints(tmp_path)] == [30, 20]  # pruned to keep=2
     found = ck.latest()
-    assert found.step == 30 and torch.equal(found.state["w"], torch.full((3,), 30.0))
-    meta = found.state["trainscale"]
+    assert found.step == 30 and torch.equal(found.contents["w"], torch.full((3,), 30.0))
+    meta = found.record
     assert meta["world_size"] == 1 and meta["strategy"] == "ddp" and meta["version"] == trainscale.__version__
 
 
@@ -185,3 +185,13 @@ def test_entries_that_clash_with_the_model_state_are_refused(tmp_path, rt):
     with pytest.raises(CheckpointError, match="2 model states in one checkpoint"):
         Checkpointer(tmp_path, rt).save(1, {"a": state, "b": state})
     assert not list(tmp_path.iterdir())
+
+
+def test_entries_without_a_model_state_are_a_rank_0_file_whatever_the_strategy(tmp_path, rt):
+    """Where state goes is its ModelState's storage; without one (metrics, counters) rank 0 writes a
+    file, also under a Checkpointer made for a sharded strategy."""
+    from trainscale.strategies import get_strategy
+
+    path = Checkpointer(tmp_path, rt, strategy=get_strategy("fsdp")).save(1, {"x": torch.ones(2), "step": 1})
+    assert path.is_file() and path.name == "ckpt-00000001.pt"
+    assert torch.equal(find_latest(tmp_path).contents["x"], torch.ones(2))

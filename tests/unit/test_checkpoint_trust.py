@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import trainscale
-from trainscale.checkpoint import Checkpointer, find_latest, integrity, layout
+from trainscale.checkpoint import Checkpointer, ModelState, find_latest, integrity, layout
+from trainscale.checkpoint.state import DCP
 from helpers.damage import DAMAGES, damage, payload_pickle
 from trainscale.errors import CheckpointError
 from trainscale.strategies import get_strategy
@@ -32,6 +33,21 @@ def rt(monkeypatch, tmp_path):
 def _warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records
             if r.name == "trainscale.checkpoint" and r.levelno >= logging.WARNING]
+
+
+class Shards(ModelState):
+    """Any entries under "model", kept as DCP shards as FSDP keeps its state (for crafted contents)."""
+
+    storage = DCP
+
+    def __init__(self, entries: dict) -> None:
+        self.entries = entries
+
+    def state_dict(self) -> dict:
+        return {"model": self.entries}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.entries = state_dict["model"]
 
 
 # ------------------------------------------------------------------------------ rank-0 files
@@ -102,8 +118,8 @@ def test_a_crafted_dcp_entry_is_refused_while_choosing_and_the_previous_checkpoi
     from helpers.damage import Payload
 
     ck = Checkpointer(tmp_path / "ck", rt, strategy=get_strategy("fsdp"), keep=5)
-    ck.save(1, {"model": {"w": torch.ones(4)}, "step": 1})
-    ck.save(2, {"model": {"w": torch.ones(4), "evil": Payload(tmp_path / "pwned")}, "step": 2})
+    ck.save(1, {"model": Shards({"w": torch.ones(4)}), "step": 1})
+    ck.save(2, {"model": Shards({"w": torch.ones(4), "evil": Payload(tmp_path / "pwned")}), "step": 2})
     with caplog.at_level(logging.WARNING, logger="trainscale.checkpoint"):
         assert ck.latest().step == 1
     warnings = _warnings(caplog)
@@ -113,8 +129,8 @@ def test_a_crafted_dcp_entry_is_refused_while_choosing_and_the_previous_checkpoi
 
 def test_a_file_the_manifest_does_not_list_makes_a_checkpoint_unverified(tmp_path, rt, caplog):
     ck = Checkpointer(tmp_path / "ck", rt, strategy=get_strategy("fsdp"), keep=5)
-    ck.save(1, {"model": {"w": torch.ones(4)}, "step": 1})
-    newest = ck.save(2, {"model": {"w": torch.ones(4)}, "step": 2})
+    ck.save(1, {"model": Shards({"w": torch.ones(4)}), "step": 1})
+    newest = ck.save(2, {"model": Shards({"w": torch.ones(4)}), "step": 2})
     shutil.copy(newest / "__0_0.distcp", newest / "__1_0.distcp")  # e.g. a shard of another save copied in
     with caplog.at_level(logging.WARNING, logger="trainscale.checkpoint"):
         assert ck.latest().step == 1

@@ -26,9 +26,9 @@ def test_strategy_counts_params_grads_and_optimizer_state(in_tmp, monkeypatch):
 
     with trainscale.init(environ={}, device="cpu", set_threads=False) as rt:
         strategy = get_strategy("ddp")
-        model, opt = strategy.setup(torch.nn.Linear(100, 10), OptimizerSpec(torch.optim.Adam, {"lr": 0.1}), rt)
-        strategy.backward(model(torch.randn(4, 100)).sum(), model)
-        strategy.step(opt, model)
+        model, opt = strategy.wrap(torch.nn.Linear(100, 10), OptimizerSpec(torch.optim.Adam, {"lr": 0.1}), rt)
+        strategy.backward_loss(model(torch.randn(4, 100)).sum(), model)
+        strategy.micro_step(opt, model, last=True)
         held = strategy.held_bytes(model, opt)
         assert held["params"] == held["grads"] == 1010 * 4
         assert held["optimizer"] >= 2 * 1010 * 4  # exp_avg + exp_avg_sq (+ step counters)

@@ -83,21 +83,6 @@ def test_backward_before_setup_names_the_fix(rt):
     assert "rt.setup(" in caught.value.hint
 
 
-def test_the_older_calls_still_train_and_say_what_replaces_them(rt):
-    from trainscale.strategies import get_strategy
-
-    x, y = _data()
-    strategy = get_strategy("ddp")
-    with pytest.warns(DeprecationWarning, match=r"strategy.setup\(model, factory, rt\) is deprecated.*rt.setup"):
-        model, opt = strategy.setup(_model(), lambda params: torch.optim.SGD(params, lr=0.1), rt)
-    with pytest.warns(DeprecationWarning, match="rt.backward"):
-        strategy.backward(nn.functional.cross_entropy(model(x), y), model)
-    with pytest.warns(DeprecationWarning, match=r"opt.step\(\); opt.zero_grad\(\)"):
-        strategy.step(opt, model)
-    assert all(p.grad is None for p in model.parameters())  # the older step zeroed the gradients, and still does
-    assert not torch.equal(model[0].weight, _model()[0].weight)
-
-
 def test_an_lr_scheduler_takes_the_optimizer_setup_hands_out(rt):
     from trainscale.strategies.handout import through_strategy
 

@@ -44,21 +44,6 @@ class Found:
         """What the checkpoint says about itself: format, version, world size, strategy, step."""
         return self.contents[layout.RECORD]
 
-    @property
-    def state(self) -> dict[str, Any]:
-        """The older dict form, for ``strategy.load_state_dict(model, optimizer, found.state)``: the
-        contents, and a sharded checkpoint's shards under ``"sharded"``. Deprecated (one release):
-        use ``Checkpointer.restore``."""
-        return {**self.contents, "sharded": self.shards} if self.shards is not None else self.contents
-
-    @classmethod
-    def from_state(cls, state: dict[str, Any]) -> "Found":
-        """The inverse of :attr:`state`, for the dict form's ``strategy.load_state_dict``."""
-        shards = next((v for v in state.values() if isinstance(v, sharded.ShardedRef)), None)
-        contents = {k: v for k, v in state.items() if v is not shards}
-        step = int(contents.get(layout.RECORD, {}).get("step", 0))
-        return cls(shards.path if shards else Path(""), step, contents, shards)
-
 
 def find_latest(directory: Path, map_location: str | torch.device = "cpu", runtime: Any = None) -> Found | None:
     """The newest checkpoint that verifies and loads; newer ones that do not are skipped with one
@@ -137,8 +122,10 @@ class _Ranks:
 class Checkpointer:
     """Checkpoints with the barriers the seeds describe, kept to the newest ``keep``.
 
-    ``strategy``: a name or a strategy object; its ``storage`` decides where state goes when the saved
-    entries carry no :class:`ModelState` (the older dict form).
+    ``strategy``: a name or a strategy object. Its name is recorded (a checkpoint another strategy
+    wrote is refused); its ``storage`` says up front whether every rank writes and whether saves may go
+    in the background. What a save writes where is the saved :class:`ModelState`'s ``storage``;
+    entries without one are rank 0's file.
 
         ckpt = Checkpointer("ckpts", rt, strategy=strategy)
         state = {"model": strategy.checkpoint_state(model, opt), "scheduler": scheduler, "step": step}
@@ -181,7 +168,7 @@ class Checkpointer:
         ``blocking``, after the save in flight has finished; ``on_complete`` runs on rank 0 once the
         checkpoint is on disk (in the background, for a background save)."""
         model, entries = _split(state)
-        storage = model.storage if model is not None else self.storage
+        storage = model.storage if model is not None else FILE
         record = layout.record(version=__version__, world_size=self.runtime.world_size, strategy=self.strategy,
                                step=step)
         if model is not None:

@@ -124,28 +124,24 @@ class Runtime:
 
     def mean(self, value: float | torch.Tensor) -> float:
         """The mean of a scalar metric over all ranks (every rank gets the same number)."""
-        tensor = torch.as_tensor(value, dtype=torch.float32 if self.uses_nccl else torch.float64)
-        tensor = tensor.detach().clone().to(self.device).reshape(1)
-        if self.is_distributed:
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-            tensor /= self.world_size
-        return float(tensor.item())
+        return self.means([value])[0]
 
-    def means(self, values: Sequence[float]) -> list[float]:
+    def means(self, values: Sequence[float | torch.Tensor]) -> list[float]:
         """:meth:`mean` of several scalars in one all-reduce."""
-        tensor = torch.tensor(list(values), dtype=torch.float32 if self.uses_nccl else torch.float64,
-                              device=self.device)
-        if self.is_distributed:
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-            tensor /= self.world_size
-        return tensor.tolist()
+        return self._all_reduce(values, mean=True)
 
     def sum(self, value: float | torch.Tensor) -> float:
-        tensor = torch.as_tensor(value, dtype=torch.float32 if self.uses_nccl else torch.float64)
-        tensor = tensor.detach().clone().to(self.device).reshape(1)
+        """The sum of a scalar over all ranks (totals, counts: exact where a mean times N would round)."""
+        return self._all_reduce([value], mean=False)[0]
+
+    def _all_reduce(self, values: Sequence[float | torch.Tensor], *, mean: bool) -> list[float]:
+        dtype = torch.float32 if self.uses_nccl else torch.float64
+        tensor = torch.stack([torch.as_tensor(v, dtype=dtype).detach().to(self.device).reshape(()) for v in values])
         if self.is_distributed:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-        return float(tensor.item())
+            if mean:
+                tensor /= self.world_size
+        return tensor.tolist()
 
     @contextlib.contextmanager
     def rank_zero_first(self, local: bool = False) -> Iterator[None]:

@@ -17,7 +17,6 @@ What a training loop needs from a strategy, and nothing that depends on which on
 from __future__ import annotations
 
 import contextlib
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterable, Protocol, Union, runtime_checkable
 
@@ -51,7 +50,6 @@ class OptimizerSpec:
 # What wrap() accepts: an optimizer built on the model's parameters, an OptimizerSpec, or any callable
 # params -> optimizer.
 OptimizerSource = Union[torch.optim.Optimizer, OptimizerSpec, Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]]
-OptimizerFactory = OptimizerSource  # the older name
 
 
 @runtime_checkable
@@ -124,20 +122,11 @@ def one_rank_group(runtime: Any) -> None:
     runtime.owns_process_group = True
 
 
-def _deprecated(old: str, new: str) -> None:
-    warnings.warn(f"{old} is deprecated and goes in the next release: {new}", DeprecationWarning, stacklevel=3)
-
-
 class StrategyBase:
     """What a plain torch loop does, shared by the strategies; each overrides what it does differently."""
 
     storage: ClassVar[str] = FILE
     _grad_bytes: int = 0
-
-    @property
-    def sharded_checkpoint(self) -> bool:
-        """The older name: True when every rank writes its own part of a checkpoint."""
-        return self.storage != FILE
 
     def with_batch(self, micro_batch_size: int, accumulation: int | None = None) -> Any:
         return self
@@ -206,29 +195,3 @@ class StrategyBase:
         held = self.local_state(model, optimizer)
         grads = self._grad_bytes or tensor_bytes(p.grad for p in model.parameters())
         return {"params": tensor_bytes(held["params"]), "grads": grads, "optimizer": tensor_bytes(held["optimizer"])}
-
-    # -- the dict form of checkpoint state (Checkpointer.save(step, {**strategy.state_dict(...), ...})) ----
-    def state_dict(self, model: nn.Module, optimizer: Any) -> dict[str, Any]:
-        """Model and optimizer state in the form this strategy checkpoints."""
-        return self.checkpoint_state(model, optimizer).state_dict()
-
-    def load_state_dict(self, model: nn.Module, optimizer: Any, state: dict[str, Any]) -> None:
-        """Restore from ``Found.state`` (the dict form; ``Checkpointer.restore`` is the typed one)."""
-        from trainscale.checkpoint.manager import Found, restore_model
-
-        restore_model(self.checkpoint_state(model, optimizer), Found.from_state(state))
-
-    # -- the older calls, kept for one release --------------------------------------------------
-    def setup(self, model: nn.Module, make_optimizer: OptimizerSource, runtime: Any) -> tuple[nn.Module, Any]:
-        _deprecated("strategy.setup(model, factory, rt)",
-                    "model, opt = rt.setup(model, optimizer, strategy=...) (or strategy.wrap(model, optimizer, rt))")
-        return self.wrap(model, make_optimizer, runtime)
-
-    def backward(self, loss: torch.Tensor, model: nn.Module) -> None:
-        _deprecated("strategy.backward(loss, model)", "rt.backward(loss) after rt.setup(...)")
-        self.backward_loss(loss, model)
-
-    def step(self, optimizer: Any, model: nn.Module) -> None:
-        _deprecated("strategy.step(optimizer, model)",
-                    "opt.step(); opt.zero_grad() with the optimizer rt.setup returns")
-        self.micro_step(optimizer, model, last=True)

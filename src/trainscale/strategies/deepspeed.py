@@ -231,10 +231,6 @@ class DeepSpeedStrategy(StrategyBase):
     def checkpoint_state(self, model: Any, optimizer: Any) -> ModelState:
         return EngineState(model)
 
-    def state_dict(self, model: Any, optimizer: Any) -> dict[str, Any]:
-        """The dict form: the engine's state as one entry, which the Checkpointer writes DeepSpeed's way."""
-        return {"model": self.checkpoint_state(model, optimizer)}
-
     def held_bytes(self, model: Any, optimizer: Any) -> dict[str, int]:
         """At rest. Parameters: each one's ZeRO-3 partition (``ds_tensor``) plus the ones DeepSpeed keeps
         whole (below stage3_param_persistence_threshold, or stages 0-2); copies gathered for a forward

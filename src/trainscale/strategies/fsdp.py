@@ -76,7 +76,7 @@ class FSDPStrategy(StrategyBase):
     name: str = "fsdp"
     storage = DCP
     scaler: Any = field(default=None, init=False, repr=False)
-    """The loss scaler of an fp16 run (None otherwise), made by :meth:`setup`."""
+    """The loss scaler of an fp16 run (None otherwise), made by :meth:`wrap`."""
 
     def __post_init__(self) -> None:
         if self.mixed_precision not in MIXED_PRECISION:
@@ -181,12 +181,6 @@ class FSDPStrategy(StrategyBase):
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         return get_model_state_dict(self.unwrap(model), options=StateDictOptions(full_state_dict=True))
-
-    def full_state_dict(self, model: nn.Module, optimizer: Any) -> dict[str, Any]:
-        """Unsharded model and optimizer state on the CPU of every rank (a collective; for export/tests)."""
-        model_state, optim_state = get_state_dict(
-            model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return {"model": model_state, "optimizer": optim_state}
 
 
 class ShardedState(ModelState):
