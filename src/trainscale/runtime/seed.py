@@ -38,8 +38,7 @@ def set_rng_state(state: dict, device: torch.device | None = None) -> None:
     """Restore :func:`rng_state`'s states; the GPU state goes into ``device``, this rank's GPU.
 
     Checkpoints are written by rank 0, so every rank restores rank 0's states: the ranks are seeded
-    alike and draw alike, so in an uninterrupted run they hold the same states too. Older
-    checkpoints kept a list of every visible GPU's state; its first entry is rank 0's own GPU.
+    alike and draw alike, so in an uninterrupted run they hold the same states too.
     """
     python = state["python"]
     random.setstate((python[0], tuple(python[1]), python[2]))
@@ -50,6 +49,4 @@ def set_rng_state(state: dict, device: torch.device | None = None) -> None:
     saved = state.get("cuda")
     if saved is None or device is None or device.type != "cuda":
         return
-    if isinstance(saved, (list, tuple)):  # the older every-GPU form
-        saved = saved[0]
     torch.cuda.set_rng_state(saved, device)
