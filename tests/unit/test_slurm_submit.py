@@ -200,7 +200,7 @@ def test_explain_failed_job_names_first_rank(tmp_path):
 
 
 def test_port_module_prints_a_free_port_and_names_a_busy_one():
-    from trainscale.launch.slurm.port import choose
+    from trainscale.launch.ports import choose
 
     port = choose("127.0.0.1")
     assert 0 < port < 65536
@@ -210,7 +210,7 @@ def test_port_module_prints_a_free_port_and_names_a_busy_one():
         taken = busy.getsockname()[1]
         with pytest.raises(LaunchError, match=f"port {taken} on 127.0.0.1"):
             choose("127.0.0.1", taken)
-        done = subprocess.run([sys.executable, "-m", "trainscale.launch.slurm.port", "--host", "127.0.0.1",
+        done = subprocess.run([sys.executable, "-m", "trainscale.launch.ports", "--host", "127.0.0.1",
                                "--port", str(taken)], capture_output=True, text=True, env=dict(os.environ))
         assert done.returncode == 1 and f"port {taken} on 127.0.0.1" in done.stderr and done.stdout == ""
 
