@@ -81,8 +81,12 @@ class SharedMemoryAllReduce:
         names: list[Any] = [None]
         if self.rank == 0:
             names[0] = os.path.join(_directory(), f"trainscale-shm-{uuid.uuid4().hex}")
-            with open(names[0] + ".buf", "wb") as f:
-                f.truncate(size)
+            # 0600, whatever the umask: the gradients are this job's, not other users' of the node
+            fd = os.open(names[0] + ".buf", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            try:
+                os.ftruncate(fd, size)
+            finally:
+                os.close(fd)
         dist.broadcast_object_list(names, src=0, group=process_group)
         base = names[0]
         seen: list[Any] = [None] * self.world  # one host name, but maybe a container's own /dev/shm per rank
@@ -97,7 +101,7 @@ class SharedMemoryAllReduce:
                                           hint="comm_hook=none, or share the host's /dev/shm with the container")
         self.arena = torch.from_file(base + ".buf", shared=True, size=size, dtype=torch.uint8)
         self._pipes = [f"{base}.{r}" for r in range(self.world)]
-        os.mkfifo(self._pipes[self.rank])
+        os.mkfifo(self._pipes[self.rank], 0o600)
         self._inbox = os.open(self._pipes[self.rank], os.O_RDWR | os.O_NONBLOCK)  # RDWR: never EOF, never blocks
         dist.barrier(group=process_group)
         self._outbox = {r: os.open(p, os.O_WRONLY | os.O_NONBLOCK) for r, p in enumerate(self._pipes) if r != self.rank}
