@@ -13,7 +13,9 @@ random among ddp / zero1 / fsdp x synchronous / background saves, and does one o
                  that would `touch` a marker file), run again: it must skip that checkpoint with a
                  warning naming it, resume from the previous one, and never run the payload.
 
-Every trial's final checkpoint is compared with an uninterrupted run's of the same configuration:
+A launcher killed after the run's last save leaves nothing to train: the rerun refuses to train 0 steps
+(exit 1, by design: docs/launch.md) and the trial counts as survived when that last checkpoint is the
+undisturbed run's, bitwise. Every trial's final checkpoint is compared with an uninterrupted run's of the same configuration:
 "bitwise" means every tensor of the model and optimizer state is equal. Prints one line per trial
 and: trials, survived, bitwise-equal, orphans, payloads executed.
 """
@@ -165,7 +167,11 @@ def disturbed(kind: str, config: Config, work: Path, rng: random.Random, referen
         return Outcome(proc.returncode == 0, proc.returncode == 0 and equal(final_state(exp), reference),
                        detail="finished before the fault")
     ranks = ranks_of(launcher)
-    if kind == "kill-rank" and ranks:
+    if kind == "kill-rank" and not ranks:  # the ranks have just ended: the run is finishing by itself
+        proc.communicate()
+        return Outcome(proc.returncode == 0, proc.returncode == 0 and equal(final_state(exp), reference),
+                       detail="finished before the fault")
+    if kind == "kill-rank":
         victim = rng.choice(ranks)
         detail = f"SIGKILL rank pid {victim.pid}"
         victim.send_signal(signal.SIGKILL)
@@ -194,7 +200,12 @@ def disturbed(kind: str, config: Config, work: Path, rng: random.Random, referen
         detail += f"; {how} {changed.relative_to(exp)}"
     code, output = run(argv)
     survived = code == 0
-    if not survived:
+    last = checkpoints(exp)[-1] if checkpoints(exp) else None
+    if not survived and "resuming would train nothing" in output and last is not None and \
+            last.name.startswith(f"ckpt-{STEPS:08d}"):
+        # killed after its last save: the work was done, and the rerun says so and changes nothing (exit 1)
+        survived, detail = True, detail + "; it had saved its last step: the rerun refused to train nothing"
+    elif not survived:
         detail += tail(output)
     if kind == "damage" and survived and "skipping checkpoint" not in output.lower() and newest.name not in output:
         detail += "; no warning named the damaged checkpoint"
@@ -231,11 +242,13 @@ def main() -> int:
         if not ns.keep and outcome.survived and outcome.equal:  # a failed trial's directory stays, to read
             shutil.rmtree(work, ignore_errors=True)
     n = len(rows)
+    injected = sum(r[3].detail != "finished before the fault" for r in rows)
     survived = sum(r[3].survived for r in rows)
     equal_ = sum(r[3].equal for r in rows)
     orphans = sum(r[3].orphans for r in rows)
     payloads = sum(r[3].payload_ran for r in rows)
-    print(f"\ntrials {n}, survived {survived} ({survived / n:.0%}), bitwise-equal {equal_} ({equal_ / n:.0%}), "
+    print(f"\ntrials {n} ({injected} with a fault injected; the others ended before it), "
+          f"survived {survived} ({survived / n:.0%}), bitwise-equal {equal_} ({equal_ / n:.0%}), "
           f"orphaned ranks {orphans}, payloads executed {payloads}")
     failed = [r for r in rows if not (r[3].survived and r[3].equal)]
     if failed:
