@@ -77,6 +77,11 @@ def checkpoints(exp: Path) -> list[Path]:
         if directory.is_dir() else []
 
 
+def newest_step(exp: Path) -> int:
+    found = checkpoints(exp)
+    return int(found[-1].name.split("-")[1].split(".")[0]) if found else 0
+
+
 def final_state(exp: Path) -> dict[str, torch.Tensor]:
     """The model and optimizer tensors of the run's last checkpoint, whole (DCP shards gathered)."""
     last = checkpoints(exp)[-1]
@@ -155,13 +160,17 @@ def disturbed(kind: str, config: Config, work: Path, rng: random.Random, referen
     launcher = psutil.Process(proc.pid)
     detail, orphans, marker = "", 0, work / "payload-ran"
     deadline = time.monotonic() + 300
-    if kind == "damage":  # two checkpoints: the newest damaged, the one before it intact
-        while len(checkpoints(exp)) < 2 and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-    else:  # a random moment once the ranks exist (a loaded machine may take seconds to start them)
-        while len(ranks_of(launcher)) < 2 and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(rng.uniform(0.05, 0.5) * reference_s)
+    if kind == "damage":  # at least two checkpoints: the newest damaged, the one before it intact
+        saves = rng.randrange(2, STEPS // EVERY)
+        while (len(checkpoints(exp)) < 2 or newest_step(exp) < saves * EVERY) and proc.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.02)
+    else:  # a random moment of the training: after a random number of saves (0 to all but the last)
+        saves = rng.randrange(0, STEPS // EVERY)
+        while (len(ranks_of(launcher)) < 2 or newest_step(exp) < saves * EVERY) and proc.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 0.3))
     if proc.poll() is not None:
         output = proc.stdout.read()
         return Outcome(proc.returncode == 0, proc.returncode == 0 and equal(final_state(exp), reference),
@@ -173,7 +182,7 @@ def disturbed(kind: str, config: Config, work: Path, rng: random.Random, referen
                        detail="finished before the fault")
     if kind == "kill-rank":
         victim = rng.choice(ranks)
-        detail = f"SIGKILL rank pid {victim.pid}"
+        detail = f"SIGKILL rank pid {victim.pid} after step {newest_step(exp)}'s checkpoint"
         victim.send_signal(signal.SIGKILL)
         try:
             output, _ = proc.communicate(timeout=600)
@@ -192,7 +201,8 @@ def disturbed(kind: str, config: Config, work: Path, rng: random.Random, referen
     orphans = len(left)
     for p in left:
         p.kill()
-    detail = f"SIGKILL launcher at {len(checkpoints(exp))} checkpoint(s)" + (f", {orphans} orphan(s)" if orphans else "")
+    detail = (f"SIGKILL launcher after step {newest_step(exp)}'s checkpoint" if checkpoints(exp) else
+              "SIGKILL launcher before the first checkpoint") + (f", {orphans} orphan(s)" if orphans else "")
     if kind == "damage":
         newest = checkpoints(exp)[-1]
         how = rng.choice(DAMAGES)
