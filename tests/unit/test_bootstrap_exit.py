@@ -117,3 +117,16 @@ def test_die_with_parent_asks_the_kernel_for_sigkill(tmp_path):
                           env={**os.environ, "TORCHELASTIC_RUN_ID": "x"})
     assert proc.returncode == 0, proc.stderr
     assert int(proc.stdout) == signal.SIGKILL
+
+
+def test_only_refusals_that_name_a_fix_are_shown_in_one_line():
+    """A ConfigError/CheckpointError raised in a rank reads as one line; a hang (CollectiveTimeout, whose
+    message names the hung rank and carries its stack) keeps its whole report."""
+    from trainscale.errors import CheckpointError, ConfigError, MissingOption
+    from trainscale.launch.bootstrap import _is_trainscale_error, one_line
+    from trainscale.runtime.progress import CollectiveTimeout
+
+    assert all(_is_trainscale_error(e) for e in (ConfigError("x"), CheckpointError("x"), MissingOption("train", "lr")))
+    assert not any(_is_trainscale_error(e) for e in (CollectiveTimeout("rank 1 hung"), ValueError("x")))
+    assert one_line(CheckpointError("ckpt-2 is damaged", hint="use --fresh")) == \
+        "CheckpointError: ckpt-2 is damaged (hint: use --fresh)"

@@ -180,10 +180,15 @@ def record(fn):
     return wrapper
 
 
+REFUSALS = ("ConfigError", "CheckpointError")
+"""trainscale's errors that name a fix (a bad option, an unusable checkpoint): one line, like before launch.
+Failures of the run itself (CollectiveTimeout naming a hung rank with its stack, RankFailed) keep theirs."""
+
+
 def _is_trainscale_error(exc: BaseException) -> bool:
-    """A trainscale refusal raised in the rank (by the class's module: this module imports nothing of
-    trainscale's, so that the job kit can run it in a stock container)."""
-    return any(cls.__module__ == "trainscale.errors" for cls in type(exc).__mro__)
+    """A trainscale refusal raised in the rank (known by its classes' module and names: this module imports
+    nothing of trainscale's, so that the job kit can run it in a stock container)."""
+    return any(cls.__module__ == "trainscale.errors" and cls.__name__ in REFUSALS for cls in type(exc).__mro__)
 
 
 def one_line(exc: BaseException) -> str:
