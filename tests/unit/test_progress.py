@@ -155,9 +155,23 @@ def test_64_ranks_records_are_read_in_two_requests_and_a_missing_one_is_named():
                                                                   "issued": {}}))
     reader = _peer(0, 64, _Counting(server))
     reader._own = True  # a connection of its own, as under torch >= 2.5 (no timeout to put back)
+    reader.step = 9  # where the reading rank is (its own record is taken as it is now, not from the store)
     seen = reader._read_all()
     assert seen[41] is None and seen[7] == Seen(8, "op", {}) and len(seen) == 64  # rank 41 never published
     server.set("trainscale/progress/41", json.dumps({"step": 9, "op": "op", "issued": {}}))
     reader.store.calls.clear()
     seen = reader._read_all()
     assert reader.store.calls == ["check", "multi_get"] and behind(seen, 9) == [7], reader.store.calls
+
+
+def test_a_rank_never_names_itself_from_a_stale_copy_of_its_own_record():
+    """A store set is not acknowledged, so the store's copy of the reading rank's record may be a heartbeat
+    old: under load rank 0 named itself with the hung rank ("rank(s) 0, 1 did not arrive")."""
+    server = TCPStore("127.0.0.1", 0, world_size=1, is_master=True, timeout=datetime.timedelta(seconds=5))
+    server.set("trainscale/progress/0", json.dumps({"step": 2, "op": "op", "issued": {"pg:0": 8}}))  # stale
+    server.set("trainscale/progress/1", json.dumps({"step": 2, "op": "op", "issued": {"pg:0": 8}}))  # hung
+    reader = _peer(0, 2, server)
+    reader._own = True
+    reader.step, reader.op = 2, "op"
+    reader.issued = lambda: {"pg:0": 9}  # it has issued one more collective since it last published
+    assert behind(reader._read_all(), 2) == [1]

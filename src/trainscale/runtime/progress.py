@@ -232,6 +232,14 @@ class ProgressTracker:
         return self._read_all()
 
     def _read_all(self) -> dict[int, Seen | str | None]:
+        """Every rank's record, this rank's own as it is now: the store's copy of it may be a heartbeat old
+        (a store ``set`` is not acknowledged), and a rank must never name itself as the one behind."""
+        out = self._read_records()
+        if out:
+            out[self.runtime.rank] = Seen(self.step, self.op, self.issued())
+        return out
+
+    def _read_records(self) -> dict[int, Seen | str | None]:
         out: dict[int, Seen | str | None] = {}
         if self.store is None:
             return out
