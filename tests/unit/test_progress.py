@@ -175,3 +175,28 @@ def test_a_rank_never_names_itself_from_a_stale_copy_of_its_own_record():
     reader.step, reader.op = 2, "op"
     reader.issued = lambda: {"pg:0": 9}  # it has issued one more collective since it last published
     assert behind(reader._read_all(), 2) == [1]
+
+
+def test_a_channel_of_a_destroyed_group_is_not_counted():
+    """comm_hook=shm's barrier count belongs to its process group: after that group is destroyed (a run
+    over, the hook not yet garbage collected), the next run's ranks must not compare its old counts (two
+    runs in one process named the waiting rank itself as behind)."""
+    import torch.distributed as dist
+
+    from trainscale.runtime.progress import collectives_issued, track
+
+    class Channel:
+        collectives = 5
+
+    channel = Channel()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        track("shm:old", channel, dist.group.WORLD)
+        assert collectives_issued()["shm:old"] == 5
+    finally:
+        dist.destroy_process_group()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        assert "shm:old" not in collectives_issued()
+    finally:
+        dist.destroy_process_group()

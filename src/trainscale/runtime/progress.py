@@ -76,10 +76,16 @@ class Seen(NamedTuple):
 _CHANNELS: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
 
 
-def track(name: str, channel: Any) -> None:
+def track(name: str, channel: Any, group: "dist.ProcessGroup") -> None:
     """Count ``channel.collectives`` (an int that every rank's copy raises alike per collective) in this
-    rank's record: for collectives that do not go through a process group (``comm_hook=shm``)."""
+    rank's record while ``group``, the process group whose ranks share it, lives: for collectives that do
+    not go through a process group (``comm_hook=shm``). A channel of a destroyed group is not counted
+    (it may outlive its group until garbage collection, with counts from a run that is over)."""
+    _CHANNEL_GROUPS[name] = weakref.ref(group)
     _CHANNELS[name] = channel
+
+
+_CHANNEL_GROUPS: "dict[str, weakref.ref]" = {}
 
 
 def collectives_issued() -> dict[str, int]:
@@ -95,8 +101,12 @@ def collectives_issued() -> dict[str, int]:
             out[f"pg:{name}"] = int(group._get_sequence_number_for_group())
         except (AttributeError, RuntimeError, ValueError):
             continue
+    alive = {id(group) for group, _ in groups}
     for name, channel in list(_CHANNELS.items()):
-        out[name] = int(getattr(channel, "collectives", 0))
+        ref = _CHANNEL_GROUPS.get(name)
+        group = ref() if ref is not None else None
+        if group is not None and id(group) in alive:
+            out[name] = int(getattr(channel, "collectives", 0))
     return out
 
 

@@ -113,7 +113,7 @@ class SharedMemoryAllReduce:
         self._round = 0
         # The barrier rounds are this hook's collectives: a rank stuck before one has fewer, which is
         # how the guard names it (runtime/progress.py); the gloo group never sees these.
-        progress.track(f"shm:{os.path.basename(base)}", self)
+        progress.track(f"shm:{os.path.basename(base)}", self, process_group or dist.group.WORLD)
 
     @property
     def collectives(self) -> int:
