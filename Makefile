@@ -7,6 +7,9 @@
 #                   Needs a CUDA/ROCm torch: TORCH_SPEC='torch>=2.4' make test-gpu on a fresh machine.
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# Test files spread over this many pytest processes (pytest-xdist): the SLURM tests mostly wait on the
+# scheduler, so two processes overlap that wait with the CPU-bound tests even on 2 cores.
+TEST_WORKERS ?= 2
 
 .PHONY: demo test test-scale test-gpu venv clean
 
@@ -17,7 +20,7 @@ demo: venv
 	$(PY) -m trainscale bench --workload cnn --configs 1,2 --epochs 2 --out bench-out/demo-$$(date +%Y%m%d-%H%M%S)
 
 test: venv
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 test-scale: venv
 	$(PY) -m pytest tests/scale -m scale -v -s -p no:cacheprovider --timeout 3600

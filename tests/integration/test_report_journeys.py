@@ -89,7 +89,7 @@ def test_a_run_is_one_directory_and_the_report_command_it_prints_reads_it(tmp_pa
     assert "Resumed from" in done.stdout and str(run / "checkpoints") in done.stdout
     for attempt in ("attempt_0", "attempt_1"):
         assert {p.name for p in (run / attempt).iterdir()} == {"0", "1"}
-    assert sorted(p.name for p in run.iterdir()) == ["attempt_0", "attempt_1", "checkpoints", "metrics", "run.json"]
+    assert sorted(p.name for p in run.iterdir()) == ["attempt_0", "attempt_1", "checkpoints", "checkpoints.json", "metrics", "run.json"]
 
     (command,) = [ln.removeprefix("trainscale: next: ") for ln in done.stderr.splitlines()
                   if ln.startswith("trainscale: next: ")]

@@ -125,4 +125,7 @@ def test_bench_sizes_the_trainer_by_its_global_batch_and_records_every_step(in_t
     # work equal (half the steps on two ranks); the workload's own step count is what was recorded
     assert (one["global_batch"], two["global_batch"]) == (2, 4)
     assert (one["steps"], one["samples"], two["steps"], two["samples"]) == (4, 8, 2, 8)
-    assert two["speedup"] == pytest.approx(two["samples"] / two["runtime_s"] / (one["samples"] / one["runtime_s"]))
+    # a speedup above what two ranks on these cores allow (the machine shared with other work) is kept
+    # apart as rejected, never shown as a result: either way it is the ratio of the two throughputs
+    speedup = two["speedup"] if two["speedup"] is not None else two["rejected"]["speedup"]
+    assert speedup == pytest.approx(two["samples"] / two["runtime_s"] / (one["samples"] / one["runtime_s"]))
