@@ -28,6 +28,7 @@ SKIPPED = {
     ".venv/bin/python -m pytest tests/unit -q": "part of this suite",
     ".venv/bin/python -m pytest tests/slurm -q": "part of this suite",
     "make test-gpu": "needs a GPU (docs/gpu.md)",
+    "make test-scale": "a 16-node cluster and 64 ranks: minutes and most of the memory (docs/scaling.md)",
 }
 REPLACED = {
     # `make demo` makes .venv first; here it exists (the suite runs in it), so the recipe's own command runs
