@@ -114,7 +114,7 @@ def test_8_nodes_both_modes_train_and_a_preempted_job_resumes_bitwise(scale_clus
         assert torch.equal(ours[key], theirs[key]), key
 
     report = cli(scale_cluster, pre_dir, "report", job)
-    assert "over 16 rank(s)" in report, report
+    assert "16 rank(s) on 8 node(s)" in report, report
     assert (run_dir / "report" / "report.html").exists()
     print(f"\n[scale] 8 nodes x 2 ranks, torchrun (job {reference}) and srun (job {job}, preempted at step 4, "
           f"requeued, resumed bitwise) side by side: {took:.0f}s")
@@ -141,6 +141,6 @@ def test_16_nodes_a_rank_on_node_11_fails_and_is_named(scale_cluster, tmp_path, 
     own = cli(scale_cluster, tmp_path, "logs", job, "--rank", str(rank))
     assert f"injected failure of rank {rank} on n11" in own, own
     report = cli(scale_cluster, tmp_path, "report", job)
-    assert "over 32 rank(s)" in report, report
+    assert "32 rank(s) on 16 node(s)" in report, report
     print(f"\n[scale] 16 nodes x 2 ranks, {launcher} mode (job {job}): rank {rank} on n11 failed at step 5 and was "
           f"named; job to FAILED in {took:.0f}s")
