@@ -11,6 +11,7 @@ from torch.distributed import TCPStore
 
 from trainscale.runtime import peers, progress
 from trainscale.runtime.progress import UNREACHABLE, ProgressTracker, Seen, behind
+from helpers.counting_store import Counting
 
 
 def _tracker():
@@ -134,17 +135,6 @@ def test_ranks_in_step_with_the_same_collectives_issued_name_nobody():
     assert "Python stack" not in text
 
 
-class _Counting:
-    def __init__(self, store) -> None:
-        self.store, self.calls = store, []
-
-    def __getattr__(self, name):
-        def call(*args):
-            self.calls.append(name)
-            return getattr(self.store, name)(*args)
-        return call
-
-
 def test_64_ranks_records_are_read_in_two_requests_and_a_missing_one_is_named():
     """Every waiting rank reads every rank's record when a collective times out: at 1,024 ranks two requests
     per rank each, from every rank at once, was two million requests to rank 0's store."""
@@ -153,7 +143,7 @@ def test_64_ranks_records_are_read_in_two_requests_and_a_missing_one_is_named():
         if rank != 41:
             server.set(f"trainscale/progress/{rank}", json.dumps({"step": 9 if rank != 7 else 8, "op": "op",
                                                                   "issued": {}}))
-    reader = _peer(0, 64, _Counting(server))
+    reader = _peer(0, 64, Counting(server))
     reader._own = True  # a connection of its own, as under torch >= 2.5 (no timeout to put back)
     reader.step = 9  # where the reading rank is (its own record is taken as it is now, not from the store)
     seen = reader._read_all()

@@ -14,22 +14,10 @@ from trainscale.observe.records import RankRecorder
 from trainscale.observe.stragglers import RankTail, StragglerWatch
 from trainscale.observe.window import Publisher, RankWindow
 from trainscale.runtime.store import bound_server, client
+from helpers.counting_store import Counting
 
 RANKS = 64
 SLOW = 37
-
-
-class Counting:
-    """A store that counts the requests made through it."""
-
-    def __init__(self, store) -> None:
-        self.store, self.calls = store, []
-
-    def __getattr__(self, name):
-        def call(*args):
-            self.calls.append(name)
-            return getattr(self.store, name)(*args)
-        return call
 
 
 def _steps(rank: int, n: int) -> list[dict]:
