@@ -21,7 +21,7 @@ import torch
 
 from trainscale._version import __version__
 from trainscale.checkpoint import background, disk, files, integrity, layout, sharded
-from trainscale.checkpoint.state import FILE, ModelState, Stateful, Storage
+from trainscale.checkpoint.state import FILE, ModelState, Stateful
 from trainscale.errors import CheckpointError
 
 log = logging.getLogger("trainscale.checkpoint")
@@ -174,34 +174,32 @@ class Checkpointer:
             entries = _merge(model.state_dict(), entries)
         self.wait()  # the previous save first: one in flight at most, its failure raised here
         if self.asynchronous and not blocking and storage.can_background:
-            return self._save_in_background(step, entries, record, storage, on_complete)
+            # Staged now (training waits), written in the background (background.py).
+            if self._stager is None:
+                self._stager = background.stager(getattr(self.runtime, "device", None))
+            path, write = storage.save_async(self.directory, step, entries, record, self.runtime,
+                                             stager=self._stager, group=lambda: self._group,
+                                             before_rename=lambda: background.hold_point(step))
+            if write is None:  # nothing to write on this rank
+                return path
+
+            def job() -> None:
+                write()
+                self._saved(on_complete)
+
+            self._inflight.start(step, path, job)
+            return path
         path = storage.save(self.directory, step, entries, record, self.runtime, model)
+        self._saved(on_complete)
+        self.runtime.barrier()  # nobody runs ahead (or exits) before the checkpoint is on disk
+        return path
+
+    def _saved(self, on_complete: Callable[[], None] | None) -> None:
+        """Once a checkpoint is on disk, rank 0 removes the old ones and runs ``on_complete``."""
         if self.runtime.is_main:
             self._prune()
             if on_complete is not None:
                 on_complete()
-        self.runtime.barrier()  # nobody runs ahead (or exits) before the checkpoint is on disk
-        return path
-
-    def _save_in_background(self, step: int, entries: dict[str, Any], record: dict[str, Any], storage: Storage,
-                            on_complete: Callable[[], None] | None) -> Path:
-        """Stage now (training waits), write in the background (background.py)."""
-        if self._stager is None:
-            self._stager = background.stager(getattr(self.runtime, "device", None))
-        path, write = storage.save_async(self.directory, step, entries, record, self.runtime, stager=self._stager,
-                                         group=lambda: self._group, before_rename=lambda: background.hold_point(step))
-        if write is None:  # nothing to write on this rank
-            return path
-
-        def job() -> None:
-            write()
-            if self.runtime.is_main:
-                self._prune()
-                if on_complete is not None:
-                    on_complete()
-
-        self._inflight.start(step, path, job)
-        return path
 
     @functools.cached_property
     def _group(self) -> Any:
