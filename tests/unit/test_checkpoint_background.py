@@ -179,12 +179,12 @@ def test_process_exit_finishes_the_save_in_flight(tmp_path):
 
 # -------------------------------------------------------------------------- where it is safe, and options
 def test_background_saves_where_the_storage_allows_them():
-    assert background.resolve_async(None, FILE, "ddp") and background.resolve_async(None, DCP, "fsdp")
-    assert not background.resolve_async(False, FILE, "ddp")
-    assert not background.resolve_async(None, NATIVE, "deepspeed")  # auto: synchronous there
-    assert not background.resolve_async(False, NATIVE, "deepspeed")
+    assert FILE.resolve_async(None, "ddp") and DCP.resolve_async(None, "fsdp")
+    assert not FILE.resolve_async(False, "ddp")
+    assert not NATIVE.resolve_async(None, "deepspeed")  # auto: synchronous there
+    assert not NATIVE.resolve_async(False, "deepspeed")
     with pytest.raises(ConfigError, match="engine writes its own checkpoint files") as caught:
-        background.resolve_async(True, NATIVE, "deepspeed")
+        NATIVE.resolve_async(True, "deepspeed")
     assert "--no-checkpoint-async" in caught.value.hint
 
 

@@ -12,7 +12,7 @@ memory), a worker thread then writes it, makes it durable and renames it into pl
 - Sharded (DCP) saves go through ``torch.distributed.checkpoint.async_save``, whose background part
   plans and gathers over a process group of its own (gloo), never over the training's collectives.
 - Where the state cannot be staged (a strategy's ``native`` files: DeepSpeed's engine writes them
-  itself), saves stay synchronous; asking for background saves there is refused.
+  itself), saves stay synchronous; asking for background saves there is refused (``Storage.resolve_async``).
 """
 
 from __future__ import annotations
@@ -26,30 +26,12 @@ from typing import Any, Callable
 
 import torch
 
-from trainscale.checkpoint.state import DCP, FILE
-from trainscale.errors import CheckpointError, ConfigError
-
-BACKGROUND_STORAGES = (FILE, DCP)
-"""Storages whose state trainscale itself writes, so it can stage it and write it in the background."""
+from trainscale.errors import CheckpointError
 
 HOLD = "TRAINSCALE_CHECKPOINT_HOLD"
 """A test hook, ``STEP:FIFO``: the background save of STEP stops just before it would become visible
 (its temporary file or partial directory written), writes ``"PID STEP"`` into the named pipe FIFO and
 waits forever, so that a test can kill the process while the save is in flight."""
-
-
-def resolve_async(asked: bool | None, storage: str, strategy: str) -> bool:
-    """Whether saves of ``storage`` run in the background: as ``asked`` (``--checkpoint-async`` /
-    ``--no-checkpoint-async``), or where it is safe when None; asked where it is not: ConfigError."""
-    if storage in BACKGROUND_STORAGES:
-        return asked is not False
-    if asked:
-        raise ConfigError(
-            f"--checkpoint-async: the {strategy} strategy's engine writes its own checkpoint files ({storage} "
-            "storage), which trainscale cannot stage and save in the background",
-            hint="use --no-checkpoint-async (or leave the option out: saves are then synchronous for this "
-                 "strategy), or a strategy whose checkpoints trainscale writes (ddp, zero1, fsdp)")
-    return False
 
 
 def stager(device: torch.device | None = None) -> Any:

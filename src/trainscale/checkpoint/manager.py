@@ -10,6 +10,7 @@ integrity.py's.
 
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ import torch
 
 from trainscale._version import __version__
 from trainscale.checkpoint import background, disk, files, integrity, layout, sharded
-from trainscale.checkpoint.state import DCP, FILE, NATIVE, ModelState, Stateful
+from trainscale.checkpoint.state import FILE, ModelState, Stateful
 from trainscale.errors import CheckpointError
 
 log = logging.getLogger("trainscale.checkpoint")
@@ -150,13 +151,11 @@ class Checkpointer:
         self.keep = keep
         self.strategy = strategy if isinstance(strategy, str) else strategy.name
         self.storage = FILE if isinstance(strategy, str) else getattr(strategy, "storage", FILE)
-        self.asynchronous = background.resolve_async(asynchronous, self.storage, self.strategy)
+        self.asynchronous = self.storage.resolve_async(asynchronous, self.strategy)
         # Refused now, on every rank, rather than at the first save after hours of training.
-        disk.check_directory(self.directory, runtime, writes=self.storage != FILE or runtime.is_main)
+        disk.check_directory(self.directory, runtime, writes=self.storage.writes_on_every_rank or runtime.is_main)
         self._inflight = background.InFlight()
         self._stager: Any = None
-        self._group: Any = None
-        self._group_made = False
         run_dir = getattr(getattr(runtime, "env", None), "run_dir", None)
         if run_dir and getattr(runtime, "is_main", False):  # a restart can then name its checkpoint
             layout.note_directory(run_dir, self.directory)
@@ -172,58 +171,40 @@ class Checkpointer:
         record = layout.record(version=__version__, world_size=self.runtime.world_size, strategy=self.strategy,
                                step=step)
         if model is not None:
-            entries = _merge(model.state_dict() if storage != NATIVE else {}, entries)
+            entries = _merge(model.state_dict(), entries)
         self.wait()  # the previous save first: one in flight at most, its failure raised here
-        if self.asynchronous and not blocking and storage in background.BACKGROUND_STORAGES:
-            return self._save_in_background(step, entries, record, storage, on_complete)
-        if storage == FILE:
-            self.runtime.barrier()  # everybody has finished the step that is being saved
-            path = layout.file_path(self.directory, step)
-            if self.runtime.is_main:
-                files.save_file(self.directory, step, entries, record)
-        else:
-            write = model.write if storage == NATIVE and model is not None else None
-            path = sharded.save(self.directory, step, entries, self.runtime, record, write_native=write)
+        if self.asynchronous and not blocking and storage.can_background:
+            # Staged now (training waits), written in the background (background.py).
+            if self._stager is None:
+                self._stager = background.stager(getattr(self.runtime, "device", None))
+            path, write = storage.save_async(self.directory, step, entries, record, self.runtime,
+                                             stager=self._stager, group=lambda: self._group,
+                                             before_rename=lambda: background.hold_point(step))
+            if write is None:  # nothing to write on this rank
+                return path
+
+            def job() -> None:
+                write()
+                self._saved(on_complete)
+
+            self._inflight.start(step, path, job)
+            return path
+        path = storage.save(self.directory, step, entries, record, self.runtime, model)
+        self._saved(on_complete)
+        self.runtime.barrier()  # nobody runs ahead (or exits) before the checkpoint is on disk
+        return path
+
+    def _saved(self, on_complete: Callable[[], None] | None) -> None:
+        """Once a checkpoint is on disk, rank 0 removes the old ones and runs ``on_complete``."""
         if self.runtime.is_main:
             self._prune()
             if on_complete is not None:
                 on_complete()
-        self.runtime.barrier()  # nobody runs ahead (or exits) before the checkpoint is on disk
-        return path
 
-    def _save_in_background(self, step: int, entries: dict[str, Any], record: dict[str, Any], storage: str,
-                            on_complete: Callable[[], None] | None) -> Path:
-        """Stage now (training waits), write in the background (background.py)."""
-        main = self.runtime.is_main
-        if self._stager is None:
-            self._stager = background.stager(getattr(self.runtime, "device", None))
-
-        def hold() -> None:  # a test hook, a no-op otherwise
-            background.hold_point(step)
-
-        if storage == FILE:
-            path = layout.file_path(self.directory, step)
-            if not main:
-                return path  # rank 0 alone writes the file
-            staged = self._stager.stage(entries)
-
-            def write() -> None:
-                files.save_file(self.directory, step, staged, record, before_rename=hold)
-        else:
-            if not self._group_made:  # every rank, at the same (first) save
-                self._group, self._group_made = background.checkpoint_group(self.runtime), True
-            path, write = sharded.save_async(self.directory, step, entries, self.runtime, record,
-                                             stager=self._stager, group=self._group, before_rename=hold)
-
-        def job() -> None:
-            write()
-            if main:
-                self._prune()
-                if on_complete is not None:
-                    on_complete()
-
-        self._inflight.start(step, path, job)
-        return path
+    @functools.cached_property
+    def _group(self) -> Any:
+        """The background's own process group, made by every rank at the same (first) save that needs it."""
+        return background.checkpoint_group(self.runtime)
 
     def wait(self) -> None:
         """Every rank: return once the background save in flight is complete on every rank; one that
@@ -256,7 +237,7 @@ class Checkpointer:
             return None
         model, _ = _split(state)
         if model is not None:
-            restore_model(model, found)
+            model.storage.restore(model, found)
         for name, entry in state.items():
             if isinstance(entry, Stateful) and not isinstance(entry, ModelState) and name in found.contents:
                 entry.load_state_dict(found.contents[name])
@@ -289,24 +270,6 @@ class Checkpointer:
                          "moved aside, not deleted) or give another checkpoint or experiment directory",
                 )
         return found
-
-
-def restore_model(model: ModelState, found: Found) -> None:
-    """Load ``found``'s model/optimizer state into ``model``, the way ``model.storage`` keeps it."""
-    if model.storage == NATIVE:
-        if found.shards is None or found.shards.format == "dcp":
-            raise CheckpointError(f"{found.path} was not written by the {found.record.get('strategy')} strategy's "
-                                  "own format", hint="resume with the strategy that wrote it, or start a new "
-                                                     "checkpoint directory")
-        model.read(found.path, found.record)
-        return
-    if found.shards is None:  # a rank-0 file holds everything (read by every rank)
-        model.load_state_dict(found.contents)
-        return
-    if model.storage != DCP:
-        raise CheckpointError(f"{found.path} is sharded; this strategy keeps rank-0 files",
-                              hint=f"resume with --strategy {found.record.get('strategy')}")
-    model.load_state_dict({**found.contents, **found.shards.load(model.state_dict())})
 
 
 def _split(state: Mapping[str, Any]) -> tuple[ModelState | None, dict[str, Any]]:

@@ -23,7 +23,7 @@ from typing import Any, Callable, ClassVar, Iterable, Protocol, Union, runtime_c
 import torch
 from torch import nn
 
-from trainscale.checkpoint.state import FILE, ModelState
+from trainscale.checkpoint.state import FILE, ModelState, Storage
 from trainscale.errors import ConfigError
 from trainscale.runtime.memory import tensor_bytes
 
@@ -55,8 +55,8 @@ OptimizerSource = Union[torch.optim.Optimizer, OptimizerSpec, Callable[[Iterable
 @runtime_checkable
 class Strategy(Protocol):
     name: str
-    storage: str
-    """How its checkpoints are kept: file (rank 0), dcp (every rank's shards) or native (its own files)."""
+    storage: Storage
+    """How its checkpoints are kept: FILE (rank 0), DCP (every rank's shards) or NATIVE (its own files)."""
 
     def with_batch(self, micro_batch_size: int, accumulation: int | None = None) -> "Strategy": ...
 
@@ -125,7 +125,7 @@ def one_rank_group(runtime: Any) -> None:
 class StrategyBase:
     """What a plain torch loop does, shared by the strategies; each overrides what it does differently."""
 
-    storage: ClassVar[str] = FILE
+    storage: ClassVar[Storage] = FILE
     _grad_bytes: int = 0
 
     def with_batch(self, micro_batch_size: int, accumulation: int | None = None) -> Any:

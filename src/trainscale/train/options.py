@@ -106,11 +106,10 @@ class TrainOptions:
 
         object.__setattr__(self, "trackers", parse_trackers(self.trackers))  # a config file may give "csv,wandb"
         if self.checkpoint_async:  # refused where it cannot be done, before anything is launched
-            from trainscale.checkpoint import resolve_async
             from trainscale.strategies import get_strategy
 
             strategy = get_strategy(self.strategy)
-            resolve_async(True, strategy.storage, strategy.name)
+            strategy.storage.resolve_async(True, strategy.name)
 
     def runtime_options(self) -> dict[str, Any]:
         """``trainscale.init``'s arguments for these options: device, seed, collective timeout, determinism,
