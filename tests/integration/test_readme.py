@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.browser import check_page, chromium, screenshot  # noqa: F401  (chromium: a fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -102,7 +103,7 @@ def test_every_readme_command_is_placed():
 @pytest.mark.slurm
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_readme_commands_run_in_order_in_one_fresh_directory(slurm_cluster, tmp_path):
+def test_readme_commands_run_in_order_in_one_fresh_directory(slurm_cluster, tmp_path, chromium, capsys):
     text = README.read_text()
     (tmp_path / "train.py").write_text(readme_train_script(text))
     (tmp_path / "readme.sh").write_text(script(text))
@@ -117,8 +118,33 @@ def test_readme_commands_run_in_order_in_one_fresh_directory(slurm_cluster, tmp_
     # what the README promises the commands leave behind, for the next command a reader types
     # make demo's study with the page `trainscale report bench-out/latest` drew right after it (a later
     # study, the SLURM one, has become bench-out/latest since, and README reads it as text only)
-    demo = [p for p in (tmp_path / "bench-out").glob("demo-*") if not p.is_symlink()]
-    assert len(demo) == 1 and (demo[0] / "report" / "report.html").is_file(), demo
+    (demo,) = [p for p in (tmp_path / "bench-out").glob("demo-*") if not p.is_symlink()]
+    assert (demo / "report" / "report.html").is_file(), demo
     assert ((tmp_path / "bench-out" / "latest") / "results.json").is_file()
     assert (tmp_path / "trainscale-runs" / "latest" / "run.json").is_file()
     assert (tmp_path / "tuned.toml").is_file() and (tmp_path / "study1" / "results.json").is_file()
+
+    # make demo then `trainscale report` on its study, as the demo's last line says
+    assert f"next: trainscale report bench-out/{demo.name}   (the page" in done.stdout
+    for name in ("01-1", "02-2"):  # one directory per configuration: its records, logs, what ran
+        run = demo / "runs" / name
+        assert (run / "metrics" / "rank-0.jsonl").is_file() and (run / "run.json").is_file()
+        assert (run / "attempt_0" / "0" / "stdout.log").is_file() and (run / "metrics.json").is_file()
+    report = subprocess.run([sys.executable, "-m", "trainscale", "report", demo, "--text"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr
+    text = report.stdout
+    assert "what ran   scaling study of workload cnn: weak scaling, 2 epoch(s)" in text
+    assert re.search(r"versions\s+trainscale \S+, torch \S+, python \S+", text) and "host       " in text
+    assert re.search(r"^\[(problem|note|good)\] DDP 2 CPU ranks: ", text, re.M), text  # the study's verdict
+    assert re.search(r"^Single CPU rank\s+1\s", text, re.M) and re.search(r"^DDP 2 CPU ranks\s+2\s", text, re.M)
+    for section in ("== Single CPU rank (01-1) ==", "== DDP 2 CPU ranks (02-2) =="):  # each one's own verdict
+        part = text.split(section)[1].split("\n== ")[0]
+        assert re.search(r"^\[(problem|note|good)\] ", part, re.M) and re.search(r"^rank\s+host\s+steps", part, re.M)
+    assert "(no plots" not in text and "matplotlib is not installed" not in text
+    for png in ("speedup.png", "throughput.png", "breakdown.png"):
+        assert "plot: " in text and png in text
+    page = demo / "report" / "report.html"
+    assert check_page(chromium, page, tmp_path / "chrome") >= 3  # the study's speedup, throughput, breakdown
+    screenshot(chromium, page, tmp_path / "chrome", demo / "report" / "screenshot.png", capsys,
+               "`make demo`'s study report", height=4200)

@@ -1,7 +1,7 @@
-"""From one command to the next, as README says, in one fresh directory each: `make demo`'s study then
-`trainscale report` on it; `trainscale run` then the `trainscale report` command it prints; torchrun's
-own `--log-dir` spelling; a sweep then its report. Headless Chromium opens each page (screenshots in the
-test's output)."""
+"""From one command to the next, as README says, in one fresh directory each: `trainscale run` then the
+`trainscale report` command it prints; torchrun's own `--log-dir` spelling; a sweep then its report.
+Headless Chromium opens each page (screenshots in the test's output). `make demo` then `trainscale report`
+on its study is checked in test_readme.py, where README runs both."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from helpers.browser import check_page, chromium, screenshot  # noqa: F401  (chr
 
 pytest.importorskip("matplotlib")
 
-ROOT = Path(__file__).resolve().parents[2]
 FAST_CNN = ["--data", "synthetic", "--samples", "256", "--batch-size", "16", "--log-every", "0"]
 
 
@@ -30,47 +29,6 @@ def _env(**extra: str) -> dict[str, str]:
 def trainscale(*args: str, cwd: Path, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "trainscale", *args], cwd=cwd, env=_env(**env), capture_output=True,
                           text=True, timeout=timeout)
-
-
-def demo_command() -> str:
-    """The bench line of the Makefile's demo target, as make would run it with this interpreter."""
-    recipe = ROOT.joinpath("Makefile").read_text().split("\ndemo:", 1)[1].split("\n\n", 1)[0]
-    (line,) = [ln.strip() for ln in recipe.splitlines()[1:] if "trainscale bench" in ln]
-    return line.replace("$(PY)", shlex.quote(sys.executable)).replace("$$", "$")
-
-
-@pytest.mark.slow
-def test_make_demo_then_report_shows_the_whole_study(tmp_path, chromium, capsys):
-    demo = subprocess.run(["bash", "-c", demo_command()], cwd=tmp_path, env=_env(), capture_output=True, text=True,
-                          timeout=900)
-    assert demo.returncode == 0, demo.stdout + demo.stderr
-    (next_line,) = [ln for ln in demo.stdout.splitlines() if ln.startswith("next: trainscale report ")]
-    report_argv = shlex.split(next_line.removeprefix("next: ").split("   (")[0])
-    study = tmp_path / report_argv[-1]
-    assert (study / "results.json").is_file() and study.parent.name == "bench-out"
-    for name in ("01-1", "02-2"):  # one directory per configuration: its records, logs, what ran
-        run = study / "runs" / name
-        assert (run / "metrics" / "rank-0.jsonl").is_file() and (run / "run.json").is_file()
-        assert (run / "attempt_0" / "0" / "stdout.log").is_file() and (run / "metrics.json").is_file()
-
-    report = trainscale(*report_argv[1:], cwd=tmp_path)
-    assert report.returncode == 0, report.stderr
-    text = report.stdout
-    assert "what ran   scaling study of workload cnn: weak scaling, 2 epoch(s)" in text
-    assert re.search(r"versions\s+trainscale \S+, torch \S+, python \S+", text) and "host       " in text
-    assert re.search(r"^\[(problem|note|good)\] DDP 2 CPU ranks: ", text, re.M), text  # the study's verdict
-    assert re.search(r"^Single CPU rank\s+1\s", text, re.M) and re.search(r"^DDP 2 CPU ranks\s+2\s", text, re.M)
-    for section in ("== Single CPU rank (01-1) ==", "== DDP 2 CPU ranks (02-2) =="):  # each one's own verdict
-        part = text.split(section)[1].split("\n== ")[0]
-        assert re.search(r"^\[(problem|note|good)\] ", part, re.M) and re.search(r"^rank\s+host\s+steps", part, re.M)
-    assert "(no plots" not in text and "matplotlib is not installed" not in text
-    for png in ("speedup.png", "throughput.png", "breakdown.png"):
-        assert f"plot: " in text and png in text
-
-    page = study / "report" / "report.html"
-    assert check_page(chromium, page, tmp_path / "chrome") >= 3  # the study's speedup, throughput, breakdown
-    screenshot(chromium, page, tmp_path / "chrome", study / "report" / "screenshot.png", capsys,
-               "`make demo`'s study report", height=4200)
 
 
 @pytest.mark.slow
