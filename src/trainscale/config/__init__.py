@@ -94,10 +94,11 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def from_environment(cls: type, section: str, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+def from_environment(cls: type | tuple[type, ...], section: str,
+                     environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     environ = os.environ if environ is None else environ
     prefix = f"TRAINSCALE_{section.upper()}_"
-    types_ = _field_types(cls)
+    types_ = _group_types(cls if isinstance(cls, tuple) else (cls,))
     out = {}
     for key, text in environ.items():
         if not key.startswith(prefix):
@@ -110,15 +111,38 @@ def from_environment(cls: type, section: str, environ: Mapping[str, str] | None 
     return out
 
 
+def _group_types(classes: tuple[type, ...]) -> dict[str, Any]:
+    """The fields of dataclasses that share one section; a name in two of them would be ambiguous."""
+    types_: dict[str, Any] = {}
+    for cls in classes:
+        for name, annotation in _field_types(cls).items():
+            if name in types_:
+                raise TypeError(f"{cls.__name__}.{name} is also a field of another class in this section")
+            types_[name] = annotation
+    return types_
+
+
 def resolve(cls: type[T], *, section: str, defaults: Mapping[str, Any] | None = None,
             profile: Mapping[str, Any] | None = None,
             config: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None,
             cli: Mapping[str, Any] | None = None) -> tuple[T, dict[str, str]]:
     """Build ``cls`` from the sources in ORDER; ``cli`` holds only options the user actually gave."""
-    valid = _field_types(cls)
+    (built,), origin = resolve_group((cls,), section=section, defaults=defaults, profile=profile, config=config,
+                                     environ=environ, cli=cli)
+    return built, origin
+
+
+def resolve_group(classes: tuple[type, ...], *, section: str, defaults: Mapping[str, Any] | None = None,
+                  profile: Mapping[str, Any] | None = None,
+                  config: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None,
+                  cli: Mapping[str, Any] | None = None) -> tuple[tuple[Any, ...], dict[str, str]]:
+    """:func:`resolve` for dataclasses that share one section (a workload's own options beside
+    ``TrainOptions`` in ``[train]``): each source may hold any of their fields, a name none of them has is
+    refused, and each class is built from its own fields."""
+    valid = _group_types(classes)
     table = dict((config or {}).get(section, {})) if config is not None else {}
     layers = [("default", dict(defaults or {})), ("profile", dict(profile or {})), ("config file", table),
-              ("environment", from_environment(cls, section, environ)),
+              ("environment", from_environment(classes, section, environ)),
               ("command line", {k: v for k, v in (cli or {}).items() if v is not None})]
     merged: dict[str, Any] = {}
     origin: dict[str, str] = {}
@@ -133,15 +157,20 @@ def resolve(cls: type[T], *, section: str, defaults: Mapping[str, Any] | None = 
                 origin.pop(key, None)
             else:
                 origin[key] = source
+    return tuple(_build(cls, section, merged) for cls in classes), origin
+
+
+def _build(cls: type, section: str, merged: Mapping[str, Any]) -> Any:
+    mine = {name: merged[name] for name in _field_types(cls) if name in merged}
     required = [f.name for f in dataclasses.fields(cls) if f.init and f.default is dataclasses.MISSING
                 and f.default_factory is dataclasses.MISSING]
-    missing = [name for name in required if name not in merged]
+    missing = [name for name in required if name not in mine]
     if missing:
         raise MissingOption(section, missing[0])
     try:
-        return cls(**merged), origin
+        return cls(**mine)
     except TypeError as exc:
         raise ConfigError(f"{section} options: {exc}", hint="check the types in your config file") from None
 
 
-__all__ = ["ORDER", "resolve", "load_config_file", "from_environment", "field_docs"]
+__all__ = ["ORDER", "resolve", "resolve_group", "load_config_file", "from_environment", "field_docs"]

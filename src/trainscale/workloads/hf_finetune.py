@@ -12,7 +12,6 @@ same trackers and files as the other workloads (the Trainer's own ``report_to`` 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -73,13 +72,20 @@ class TokenBlocks(torch.utils.data.Dataset):
         return {"input_ids": ids, "labels": ids.clone(), "attention_mask": torch.ones_like(ids)}
 
 
-def _extra(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--global-batch", type=int, default=16, help="samples per optimizer step over all ranks, split evenly over them (default: 16)")
-    parser.add_argument("--block-size", type=int, default=64, help="tokens per training block (default: 64)")
-    parser.add_argument("--output-dir", default="runs/hf-finetune",
-                        help="the Trainer's output_dir: checkpoints and logs (default: runs/hf-finetune)")
-    parser.add_argument("--pretrained", default=None, help="a hub model name (needs a network)")
-    parser.add_argument("--hub-dataset", default=None, help="a hub dataset with a 'text' column, e.g. imdb")
+@dataclass(frozen=True, kw_only=True)
+class HFOptions:
+    """hf-finetune's own options, beside the common ones (the same [train] table and TRAINSCALE_TRAIN_ variables)."""
+
+    global_batch: int = 16
+    """Samples per optimizer step over all ranks, split evenly over them."""
+    block_size: int = 64
+    """Tokens per training block."""
+    output_dir: str = "runs/hf-finetune"
+    """The Trainer's output_dir: checkpoints and logs."""
+    pretrained: str | None = None
+    """A hub model name (needs a network)."""
+    hub_dataset: str | None = None
+    """A hub dataset with a 'text' column, e.g. imdb."""
 
 
 DEFAULTS = TrainOptions(epochs=1, lr=5e-4, log_every=10, loader="dataloader")  # the Trainer's own DataLoader
@@ -91,7 +97,7 @@ class Plan:
 
     opts: TrainOptions
     """The common training options."""
-    args: argparse.Namespace
+    own: HFOptions
     """This workload's own options."""
     per_device: int
     """Per-rank batch: --global-batch / world size."""
@@ -107,7 +113,8 @@ class Plan:
 def plan(argv: list[str], world_size: int, *, gpus: bool | None = None) -> Plan:
     """Check ``argv`` for ``world_size`` ranks. ``gpus``: whether the ranks will see GPUs (a SLURM job
     planned on a login node knows it from the job's resources); ``None``: whether this machine has any."""
-    opts, args = parse(argv, prog="trainscale run [launch options] --workload hf-finetune", defaults=DEFAULTS, extra=_extra)
+    opts, args = parse(argv, prog="trainscale run [launch options] --workload hf-finetune", defaults=DEFAULTS,
+                       workload=HFOptions)
     given = any(a == "--batch-size" or a.startswith("--batch-size=") for a in argv)
     if given or opts.batch_size != DEFAULTS.batch_size:  # also from a config file or the environment
         per_rank = max(1, args.global_batch // world_size)
@@ -129,7 +136,7 @@ def plan(argv: list[str], world_size: int, *, gpus: bool | None = None) -> Plan:
     use_cpu = opts.device == "cpu" or not (torch.cuda.is_available() if gpus is None else gpus)
     strategy_args = trainer_arguments(opts.strategy, world_size=world_size, per_device=per_device, use_cpu=use_cpu,
                                       accumulation=opts.grad_accum)
-    return Plan(opts=opts, args=args, per_device=per_device, use_cpu=use_cpu, strategy_args=strategy_args,
+    return Plan(opts=opts, own=args, per_device=per_device, use_cpu=use_cpu, strategy_args=strategy_args,
                 backend=None if use_cpu else process_group_backend(opts.strategy))
 
 
@@ -199,7 +206,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def _train(rt, run: Plan) -> dict:
-    opts, args, per_device = run.opts, run.args, run.per_device
+    opts, args, per_device = run.opts, run.own, run.per_device
     from transformers import Trainer, TrainingArguments, set_seed
     from transformers.trainer_utils import get_last_checkpoint
 
@@ -294,9 +301,9 @@ def preflight(argv: list[str], world_size: int, *, gpus: bool | None = None) -> 
     except ImportError:
         raise ConfigError("the hf-finetune workload needs transformers", hint="pip install 'trainscale[lm]'") from None
     run = plan(argv, world_size, gpus=gpus)
-    if not (run.args.hub_dataset or run.args.pretrained):  # the built-in data is cheap to measure here
-        blocks = len(TokenBlocks(tokenize(run.args, review_corpus()), run.args.block_size))
-        check_shardable(blocks, world_size, run.per_device, what=f"built-in reviews ({run.args.block_size}-token blocks)")
+    if not (run.own.hub_dataset or run.own.pretrained):  # the built-in data is cheap to measure here
+        blocks = len(TokenBlocks(tokenize(run.own, review_corpus()), run.own.block_size))
+        check_shardable(blocks, world_size, run.per_device, what=f"built-in reviews ({run.own.block_size}-token blocks)")
 
 
 if __name__ == "__main__":
