@@ -1,5 +1,6 @@
 """Options of the training loop that every built-in workload accepts, parsed into a validated dataclass and
-resolved in the one documented order (defaults < config file < environment < command line)."""
+resolved in the one documented order (defaults < config file < environment < command line); a workload's own
+options (its own frozen dataclass) resolve beside them, from the same [train] table and variables."""
 
 from __future__ import annotations
 
