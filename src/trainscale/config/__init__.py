@@ -12,11 +12,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-import types
 import typing
 from pathlib import Path
 from typing import Any, Mapping, TypeVar
 
+from trainscale.convert import convert, kinds
 from trainscale.errors import ConfigError, MissingOption, did_you_mean
 
 if sys.version_info >= (3, 11):
@@ -45,35 +45,14 @@ def _field_types(cls: type) -> dict[str, Any]:
 
 
 def _coerce(name: str, text: str, annotation: Any, source: str) -> Any:
-    """Turn an environment string into the field's type."""
-    origin = typing.get_origin(annotation)
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    if origin in (typing.Union, types.UnionType):
-        if text.lower() in ("", "none", "null"):
-            return None
-        annotation = args[0]
-        origin = typing.get_origin(annotation)
+    """Turn an environment string into the field's type (several values: comma-separated)."""
     try:
-        if annotation is bool:
-            lowered = text.strip().lower()
-            if lowered not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
-                raise ValueError(text)
-            return lowered in ("1", "true", "yes", "on")
-        if annotation in (int, float, str):
-            return annotation(text)
-        if origin in (tuple, list):
-            items = [x.strip() for x in text.split(",") if x.strip()]
-            return tuple(items) if origin is tuple else items
-        if origin is dict:  # KEY=VALUE,KEY=VALUE
-            pairs = [x.split("=", 1) for x in text.split(",") if x.strip()]
-            if any(len(p) != 2 or not p[0].strip() for p in pairs):
-                raise ValueError(text)
-            return {k.strip(): v for k, v in pairs}
+        return convert(text, annotation, sep=",")
     except ValueError:
-        kind = "KEY=VALUE,..." if origin is dict else getattr(annotation, "__name__", annotation)
+        first = kinds(annotation)[0]
+        kind = "KEY=VALUE,..." if (typing.get_origin(first) or first) is dict else getattr(first, "__name__", first)
         raise ConfigError(f"{source}: {name}={text!r} is not a valid {kind}",
                           hint=f"give {name} as a {kind}") from None
-    return text
 
 
 def field_docs(cls: type) -> dict[str, str]:
