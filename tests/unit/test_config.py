@@ -16,7 +16,6 @@ def test_each_source_overrides_the_one_before(tmp_path):
     cfg.write_text('[train]\nbatch_size = 32\nlr = 0.01\nepochs = 3\n')
     opts, origin = resolve(
         TrainOptions, section="train",
-        profile={"batch_size": 8, "epochs": 9, "partition": "ignored-by-train"},
         config=load_config_file(cfg),
         environ={"TRAINSCALE_TRAIN_LR": "0.5", "TRAINSCALE_TRAIN_EPOCHS": "4"},
         cli={"epochs": 7, "seed": None},

@@ -5,6 +5,12 @@
 Each source is a plain mapping of field name -> value; the config file is TOML (one table per
 section, e.g. ``[slurm]`` or ``[train]``), the environment is ``TRAINSCALE_<SECTION>_<FIELD>``.
 ``resolve`` returns the validated dataclass and where each non-default value came from.
+
+The cluster profile is not a mapping passed here: a SLURM job spec leaves a field None ("the
+profile's") and the profile fills exactly those when the job's plan is derived
+(``launch/slurm/spec.py`` ``resolve``), which puts it above the defaults and below every source by
+construction. Its values cannot be a layer here because some of them go with what a source chose
+(the profile's memory per GPU gives way to ``--mem``). The profile's *name* resolves here, as any option.
 """
 
 from __future__ import annotations
@@ -102,17 +108,16 @@ def _group_types(classes: tuple[type, ...]) -> dict[str, Any]:
 
 
 def resolve(cls: type[T], *, section: str, defaults: Mapping[str, Any] | None = None,
-            profile: Mapping[str, Any] | None = None,
             config: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None,
             cli: Mapping[str, Any] | None = None) -> tuple[T, dict[str, str]]:
-    """Build ``cls`` from the sources in ORDER; ``cli`` holds only options the user actually gave."""
-    (built,), origin = resolve_group((cls,), section=section, defaults=defaults, profile=profile, config=config,
-                                     environ=environ, cli=cli)
+    """Build ``cls`` from the sources in ORDER (the profile aside, see above); ``cli`` holds only options the
+    user actually gave."""
+    (built,), origin = resolve_group((cls,), section=section, defaults=defaults, config=config, environ=environ,
+                                     cli=cli)
     return built, origin
 
 
 def resolve_group(classes: tuple[type, ...], *, section: str, defaults: Mapping[str, Any] | None = None,
-                  profile: Mapping[str, Any] | None = None,
                   config: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None,
                   cli: Mapping[str, Any] | None = None) -> tuple[tuple[Any, ...], dict[str, str]]:
     """:func:`resolve` for dataclasses that share one section (a workload's own options beside
@@ -120,7 +125,7 @@ def resolve_group(classes: tuple[type, ...], *, section: str, defaults: Mapping[
     refused, and each class is built from its own fields."""
     valid = _group_types(classes)
     table = dict((config or {}).get(section, {})) if config is not None else {}
-    layers = [("default", dict(defaults or {})), ("profile", dict(profile or {})), ("config file", table),
+    layers = [("default", dict(defaults or {})), ("config file", table),
               ("environment", from_environment(classes, section, environ)),
               ("command line", {k: v for k, v in (cli or {}).items() if v is not None})]
     merged: dict[str, Any] = {}
@@ -128,8 +133,6 @@ def resolve_group(classes: tuple[type, ...], *, section: str, defaults: Mapping[
     for source, values in layers:
         for key, value in values.items():
             if key not in valid:
-                if source == "profile":
-                    continue  # profiles carry more than any one dataclass needs
                 raise ConfigError(f"{source}: unknown {section} option {key!r}", hint=did_you_mean(key, list(valid)))
             merged[key] = tuple(value) if isinstance(value, list) and typing.get_origin(valid[key]) is tuple else value
             if source == "default":
