@@ -54,7 +54,7 @@ def _convert(key: str, value: str, hint: Any) -> Any:
     """A typed value, converted as a TRAINSCALE_ variable is (trainscale/convert.py) but with several values
     joined by ``+`` (``,`` separates the options); a field that also takes a word (``bucket_cap_mb: float | str``
     for ``auto``) keeps what is not a number or a boolean as the string, and the strategy validates it."""
-    if any(typing.get_origin(kind) is dict or kind is dict for kind in kinds(hint)) and str not in kinds(hint):
+    if any((typing.get_origin(kind) or kind) is dict for kind in kinds(hint)) and str not in kinds(hint):
         raise ConfigError(f"strategy option {key} takes a mapping, which a strategy string cannot give",
                           hint=f"set {key} from Python (get_strategy(..., {key}={{...}})) or in the config= file")
     try:
