@@ -33,16 +33,20 @@ def _csv_steps(path, key="train/loss"):
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", pytest.param("deepspeed:stage=3", marks=needs_deepspeed)])
-def test_gpt_trains_with_accumulation_and_writes_its_experiment(in_tmp, strategy):
+def test_gpt_trains_with_accumulation_and_writes_its_experiment(in_tmp, monkeypatch, strategy):
+    # gpt's own options from the [train] table and a TRAINSCALE_TRAIN_ variable, as the common ones (SMALL's shape)
+    (in_tmp / "job.toml").write_text("[train]\nn_layer = 2\nn_embd = 64\nseq_len = 64\nlog_every = 0\n")
+    monkeypatch.setenv("TRAINSCALE_TRAIN_N_HEAD", "2")
     code = main(["run", "--nproc-per-node", "2", "--log-dir", "logs", "--workload", "gpt", "--strategy", strategy,
                  "--max-steps", "6", "--grad-accum", "2", "--experiment-dir", "exp", "--metrics-out", "m.json",
-                 "--tracker", "tensorboard", *SMALL])
+                 "--tracker", "tensorboard", "--config", "job.toml"])
     assert code == 0
     exp = in_tmp / "exp"
     assert (exp / "experiment.json").exists() and json.loads((exp / "state.json").read_text())["step"] == 6
     assert list((exp / "tensorboard").glob("events.out.tfevents.*"))  # the experiment's curves, rank 0 writes
     metrics = json.loads((in_tmp / "m.json").read_text())
     assert metrics["steps"] == 6 and metrics["strategy"] == strategy.split(":")[0]
+    assert metrics["train_windows"] == (int(text.encode(text.builtin_corpus()).numel() * 0.9) - 1) // 64  # seq_len
     # The LR schedule steps once per optimizer step, not per micro-batch, under every strategy:
     # 6 of the default 20 warm-up steps done -> 3e-4 * 7/20.
     assert metrics["epochs"][-1]["lr"] == pytest.approx(1.05e-4)

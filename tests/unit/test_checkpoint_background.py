@@ -211,7 +211,7 @@ def test_checkpoint_async_resolves_from_command_line_environment_and_config_file
 
         parser = argparse.ArgumentParser()
         add_common_arguments(parser)
-        return options_from_args(parser.parse_args(argv), environ=environ).checkpoint_async
+        return options_from_args(parser.parse_args(argv), environ=environ)[0].checkpoint_async
 
     assert resolved([], {}) is None  # auto
     assert resolved(["--checkpoint-async"], {}) is True

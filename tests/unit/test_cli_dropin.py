@@ -208,6 +208,8 @@ def test_ntasks_and_typed_gpus(job_script):
 
 
 def test_config_file_then_environment_then_command_line(tmp_path, job_script):
+    from trainscale.cli.slurm import build
+
     config = tmp_path / "job.toml"
     config.write_text('[slurm]\nprofile = "lumi"\naccount = "from-file"\ntime = "00:30:00"\n'
                       'modules = ["use /appl/local/containers/ai-modules", "load singularity-AI-bindings"]\n'
@@ -219,6 +221,10 @@ def test_config_file_then_environment_then_command_line(tmp_path, job_script):
     spec = slurm_spec(["--config", str(config), "-A", "from-line", "--module", "load X", "--dry-run", job_script],
                       {"TRAINSCALE_SLURM_ACCOUNT": "from-env"})
     assert spec.account == "from-line" and spec.modules == ("load X",)  # a later source replaces the whole list
+    spec, profile, _, _ = build(["--config", str(config), "--dry-run", job_script], {"TRAINSCALE_SLURM_PROFILE": "cyclone"})
+    assert spec.profile == profile.name == "cyclone"  # the profile's name too: the environment beats the file
+    assert build(["--config", str(config), "--profile", "local-test", "--dry-run", job_script],
+                 {"TRAINSCALE_SLURM_PROFILE": "cyclone"})[1].name == "local-test"
     config.write_text('[slurm]\nacount = "typo"\ntime = "5"\n')
     with pytest.raises(ConfigError, match="unknown slurm option 'acount'") as err:
         slurm_spec(["--config", str(config), "--dry-run", job_script])

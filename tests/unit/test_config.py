@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from trainscale.config import load_config_file, resolve
@@ -14,7 +16,6 @@ def test_each_source_overrides_the_one_before(tmp_path):
     cfg.write_text('[train]\nbatch_size = 32\nlr = 0.01\nepochs = 3\n')
     opts, origin = resolve(
         TrainOptions, section="train",
-        profile={"batch_size": 8, "epochs": 9, "partition": "ignored-by-train"},
         config=load_config_file(cfg),
         environ={"TRAINSCALE_TRAIN_LR": "0.5", "TRAINSCALE_TRAIN_EPOCHS": "4"},
         cli={"epochs": 7, "seed": None},
@@ -86,3 +87,38 @@ def test_a_required_option_no_source_gave_is_a_typed_error():
     assert (missing.value.section, missing.value.option) == ("slurm", "time")
     assert "TRAINSCALE_SLURM_TIME" in missing.value.hint
     assert resolve(Job, section="slurm", environ={"TRAINSCALE_SLURM_TIME": "5"}, cli={})[0].time == "5"
+
+
+def test_variables_and_strategy_options_convert_alike_each_with_its_separator():
+    """One converter (trainscale/convert.py): a strategy spec joins several values with + because , separates
+    its options; a TRAINSCALE_ variable uses ,. A field that takes a number or a word takes both from either."""
+    import dataclasses
+
+    from trainscale.convert import convert
+    from trainscale.strategies import get_strategy
+
+    assert convert("Block,Head", tuple[str, ...]) == convert("Block+Head", tuple[str, ...], sep="+") == ("Block", "Head")
+    assert get_strategy("fsdp:unit_modules=Block+Head").unit_modules == ("Block", "Head")
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Comm:
+        bucket_cap_mb: float | str = "auto"
+        """MiB or auto."""
+        hook: str | None = "auto"
+        """A hook, or none."""
+
+    assert resolve(Comm, section="ddp", environ={"TRAINSCALE_DDP_BUCKET_CAP_MB": "auto"})[0].bucket_cap_mb == "auto"
+    comm, _ = resolve(Comm, section="ddp", environ={"TRAINSCALE_DDP_BUCKET_CAP_MB": "2.5", "TRAINSCALE_DDP_HOOK": "none"})
+    assert (comm.bucket_cap_mb, comm.hook) == (2.5, None)
+    assert get_strategy("ddp:bucket_cap_mb=2.5").bucket_cap_mb == 2.5 and get_strategy("ddp:bucket_cap_mb=auto")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
+def test_a_mapping_strategy_option_is_refused_from_a_string():
+    from trainscale.strategies import get_strategy
+
+    with pytest.raises(ConfigError, match="strategy option overrides takes a mapping, which a strategy string "
+                                          "cannot give") as caught:
+        get_strategy("deepspeed:overrides=steps_per_print=1")
+    assert "get_strategy(..., overrides={...})" in caught.value.hint
+    assert get_strategy("deepspeed", overrides={"steps_per_print": 1}).overrides == {"steps_per_print": 1}

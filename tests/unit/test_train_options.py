@@ -64,7 +64,7 @@ def test_threads_compile_and_workers_resolve_in_the_one_order():
     import argparse
 
     env = {"TRAINSCALE_TRAIN_THREADS": "2", "TRAINSCALE_TRAIN_COMPILE": "true"}
-    opts = options_from_args(argparse.Namespace(config=None), environ=env)
+    opts, _ = options_from_args(argparse.Namespace(config=None), environ=env)
     assert (opts.threads, opts.compile) == (2, True)
     with pytest.raises(ConfigError, match="--threads 0 must be >= 1") as caught:
         TrainOptions(threads=0)

@@ -171,9 +171,6 @@ def build(argv: list[str], environ=None, *, extend=None, command: str = "slurm")
     cli["args"] = tuple(split.rest)
     cli["command_line"] = ("trainscale", command, *argv)
     config = load_config_file(ns.config) if ns.config else None
-    profile_name = cli.get("profile") or (config or {}).get("slurm", {}).get("profile") \
-        or (environ or {}).get("TRAINSCALE_SLURM_PROFILE") or "generic-nvidia"
-    profile = load_profile(profile_name)
     try:
         spec, _ = resolve(SlurmJobSpec, section="slurm", config=config, environ=environ, cli=cli)
     except MissingOption as exc:
@@ -181,6 +178,7 @@ def build(argv: list[str], environ=None, *, extend=None, command: str = "slurm")
             raise
         raise ConfigError("--time is required", hint="give the job's time limit, e.g. -t 01:00:00 "
                                                      "(or time = \"01:00:00\" in the [slurm] table)") from None
+    profile = load_profile(spec.profile)  # named in the one order, as any option (the environment beats the file)
     spec = _with_profile_name(spec, profile.name)
     preflight = None
     if spec.workload:

@@ -5,6 +5,12 @@
 Each source is a plain mapping of field name -> value; the config file is TOML (one table per
 section, e.g. ``[slurm]`` or ``[train]``), the environment is ``TRAINSCALE_<SECTION>_<FIELD>``.
 ``resolve`` returns the validated dataclass and where each non-default value came from.
+
+The cluster profile is not a mapping passed here: a SLURM job spec leaves a field None ("the
+profile's") and the profile fills exactly those when the job's plan is derived
+(``launch/slurm/spec.py`` ``resolve``), which puts it above the defaults and below every source by
+construction. Its values cannot be a layer here because some of them go with what a source chose
+(the profile's memory per GPU gives way to ``--mem``). The profile's *name* resolves here, as any option.
 """
 
 from __future__ import annotations
@@ -12,11 +18,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-import types
 import typing
 from pathlib import Path
 from typing import Any, Mapping, TypeVar
 
+from trainscale.convert import convert, kinds
 from trainscale.errors import ConfigError, MissingOption, did_you_mean
 
 if sys.version_info >= (3, 11):
@@ -45,35 +51,14 @@ def _field_types(cls: type) -> dict[str, Any]:
 
 
 def _coerce(name: str, text: str, annotation: Any, source: str) -> Any:
-    """Turn an environment string into the field's type."""
-    origin = typing.get_origin(annotation)
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    if origin in (typing.Union, types.UnionType):
-        if text.lower() in ("", "none", "null"):
-            return None
-        annotation = args[0]
-        origin = typing.get_origin(annotation)
+    """Turn an environment string into the field's type (several values: comma-separated)."""
     try:
-        if annotation is bool:
-            lowered = text.strip().lower()
-            if lowered not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
-                raise ValueError(text)
-            return lowered in ("1", "true", "yes", "on")
-        if annotation in (int, float, str):
-            return annotation(text)
-        if origin in (tuple, list):
-            items = [x.strip() for x in text.split(",") if x.strip()]
-            return tuple(items) if origin is tuple else items
-        if origin is dict:  # KEY=VALUE,KEY=VALUE
-            pairs = [x.split("=", 1) for x in text.split(",") if x.strip()]
-            if any(len(p) != 2 or not p[0].strip() for p in pairs):
-                raise ValueError(text)
-            return {k.strip(): v for k, v in pairs}
+        return convert(text, annotation, sep=",")
     except ValueError:
-        kind = "KEY=VALUE,..." if origin is dict else getattr(annotation, "__name__", annotation)
+        first = kinds(annotation)[0]
+        kind = "KEY=VALUE,..." if (typing.get_origin(first) or first) is dict else getattr(first, "__name__", first)
         raise ConfigError(f"{source}: {name}={text!r} is not a valid {kind}",
                           hint=f"give {name} as a {kind}") from None
-    return text
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -94,10 +79,11 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def from_environment(cls: type, section: str, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+def from_environment(cls: type | tuple[type, ...], section: str,
+                     environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     environ = os.environ if environ is None else environ
     prefix = f"TRAINSCALE_{section.upper()}_"
-    types_ = _field_types(cls)
+    types_ = _group_types(cls if isinstance(cls, tuple) else (cls,))
     out = {}
     for key, text in environ.items():
         if not key.startswith(prefix):
@@ -110,38 +96,63 @@ def from_environment(cls: type, section: str, environ: Mapping[str, str] | None 
     return out
 
 
+def _group_types(classes: tuple[type, ...]) -> dict[str, Any]:
+    """The fields of dataclasses that share one section; a name in two of them would be ambiguous."""
+    types_: dict[str, Any] = {}
+    for cls in classes:
+        for name, annotation in _field_types(cls).items():
+            if name in types_:
+                raise TypeError(f"{cls.__name__}.{name} is also a field of another class in this section")
+            types_[name] = annotation
+    return types_
+
+
 def resolve(cls: type[T], *, section: str, defaults: Mapping[str, Any] | None = None,
-            profile: Mapping[str, Any] | None = None,
             config: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None,
             cli: Mapping[str, Any] | None = None) -> tuple[T, dict[str, str]]:
-    """Build ``cls`` from the sources in ORDER; ``cli`` holds only options the user actually gave."""
-    valid = _field_types(cls)
+    """Build ``cls`` from the sources in ORDER (the profile aside, see above); ``cli`` holds only options the
+    user actually gave."""
+    (built,), origin = resolve_group((cls,), section=section, defaults=defaults, config=config, environ=environ,
+                                     cli=cli)
+    return built, origin
+
+
+def resolve_group(classes: tuple[type, ...], *, section: str, defaults: Mapping[str, Any] | None = None,
+                  config: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None,
+                  cli: Mapping[str, Any] | None = None) -> tuple[tuple[Any, ...], dict[str, str]]:
+    """:func:`resolve` for dataclasses that share one section (a workload's own options beside
+    ``TrainOptions`` in ``[train]``): each source may hold any of their fields, a name none of them has is
+    refused, and each class is built from its own fields."""
+    valid = _group_types(classes)
     table = dict((config or {}).get(section, {})) if config is not None else {}
-    layers = [("default", dict(defaults or {})), ("profile", dict(profile or {})), ("config file", table),
-              ("environment", from_environment(cls, section, environ)),
+    layers = [("default", dict(defaults or {})), ("config file", table),
+              ("environment", from_environment(classes, section, environ)),
               ("command line", {k: v for k, v in (cli or {}).items() if v is not None})]
     merged: dict[str, Any] = {}
     origin: dict[str, str] = {}
     for source, values in layers:
         for key, value in values.items():
             if key not in valid:
-                if source == "profile":
-                    continue  # profiles carry more than any one dataclass needs
                 raise ConfigError(f"{source}: unknown {section} option {key!r}", hint=did_you_mean(key, list(valid)))
             merged[key] = tuple(value) if isinstance(value, list) and typing.get_origin(valid[key]) is tuple else value
             if source == "default":
                 origin.pop(key, None)
             else:
                 origin[key] = source
+    return tuple(_build(cls, section, merged) for cls in classes), origin
+
+
+def _build(cls: type, section: str, merged: Mapping[str, Any]) -> Any:
+    mine = {name: merged[name] for name in _field_types(cls) if name in merged}
     required = [f.name for f in dataclasses.fields(cls) if f.init and f.default is dataclasses.MISSING
                 and f.default_factory is dataclasses.MISSING]
-    missing = [name for name in required if name not in merged]
+    missing = [name for name in required if name not in mine]
     if missing:
         raise MissingOption(section, missing[0])
     try:
-        return cls(**merged), origin
+        return cls(**mine)
     except TypeError as exc:
         raise ConfigError(f"{section} options: {exc}", hint="check the types in your config file") from None
 
 
-__all__ = ["ORDER", "resolve", "load_config_file", "from_environment", "field_docs"]
+__all__ = ["ORDER", "resolve", "resolve_group", "load_config_file", "from_environment", "field_docs"]

@@ -11,6 +11,7 @@ import importlib
 import typing
 from typing import Any
 
+from trainscale.convert import convert, kinds
 from trainscale.errors import ConfigError, did_you_mean
 from trainscale.strategies.base import Strategy
 
@@ -50,31 +51,19 @@ def _coerce(cls: type, options: dict[str, Any]) -> dict[str, Any]:
 
 
 def _convert(key: str, value: str, hint: Any) -> Any:
-    """A typed value; a field that also takes a word (``bucket_cap_mb: float | str`` for ``auto``) keeps
-    what is not a number or a boolean as the string, and the strategy validates it."""
-    kinds = set(typing.get_args(hint)) or {hint}
-    if value.lower() in ("none", "null") and type(None) in kinds:
-        return None
-    if bool in kinds:
-        if value.lower() in ("1", "true", "yes", "on"):
-            return True
-        if value.lower() in ("0", "false", "no", "off"):
-            return False
-        if str not in kinds:
+    """A typed value, converted as a TRAINSCALE_ variable is (trainscale/convert.py) but with several values
+    joined by ``+`` (``,`` separates the options); a field that also takes a word (``bucket_cap_mb: float | str``
+    for ``auto``) keeps what is not a number or a boolean as the string, and the strategy validates it."""
+    if any((typing.get_origin(kind) or kind) is dict for kind in kinds(hint)) and str not in kinds(hint):
+        raise ConfigError(f"strategy option {key} takes a mapping, which a strategy string cannot give",
+                          hint=f"set {key} from Python (get_strategy(..., {key}={{...}})) or in the config= file")
+    try:
+        return convert(value, hint, sep="+")
+    except ValueError:
+        if bool in kinds(hint):
             raise ConfigError(f"strategy option {key}={value!r} is not a boolean",
-                              hint=f"use {key}=true or {key}=false")
-    for kind in (int, float):
-        if kind in kinds:
-            try:
-                return kind(value)
-            except ValueError:
-                if str in kinds:
-                    return value
-                raise ConfigError(f"strategy option {key}={value!r} is not a number",
-                                  hint=f"e.g. {key}=1") from None
-    if typing.get_origin(hint) is tuple or tuple in kinds:
-        return tuple(v for v in value.split("+") if v)  # several values: a+b
-    return value
+                              hint=f"use {key}=true or {key}=false") from None
+        raise ConfigError(f"strategy option {key}={value!r} is not a number", hint=f"e.g. {key}=1") from None
 
 
 def get_strategy(name: str | Strategy, **options: Any) -> Strategy:

@@ -1,14 +1,17 @@
 """Options of the training loop that every built-in workload accepts, parsed into a validated dataclass and
-resolved in the one documented order (defaults < config file < environment < command line)."""
+resolved in the one documented order (defaults < config file < environment < command line); a workload's own
+options (its own frozen dataclass) resolve beside them, from the same [train] table and variables."""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, TypeVar
 
 from trainscale.errors import ConfigError
+
+W = TypeVar("W")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,31 +164,53 @@ def _tracker_list(text: str) -> tuple[str, ...]:
     return tuple(t.strip() for t in text.split(",") if t.strip())
 
 
-def options_from_args(args: argparse.Namespace, defaults: TrainOptions | None = None,
-                      environ: dict[str, str] | None = None) -> TrainOptions:
-    """defaults < config file (--config, [train] table) < TRAINSCALE_TRAIN_* < command line."""
-    from trainscale.config import load_config_file, resolve
+def add_workload_arguments(parser: argparse.ArgumentParser, workload: type) -> None:
+    """A flag per field of a workload's own options dataclass (``seq_len``: ``--seq-len``), typed by the
+    field and described by its docstring; like the common options, each defaults to "not given"."""
+    import dataclasses
+    import types
+    import typing
 
-    names = {f.name for f in fields(TrainOptions)}
+    from trainscale.config import field_docs
+
+    docs, hints = field_docs(workload), typing.get_type_hints(workload)
+    for f in dataclasses.fields(workload):
+        kind = hints[f.name]
+        if typing.get_origin(kind) in (typing.Union, types.UnionType):  # X | None: the flag takes an X
+            kind = next(a for a in typing.get_args(kind) if a is not type(None))
+        shown = "" if f.default is None or isinstance(f.default, bool) else f" (default: {f.default})"
+        kwargs: dict[str, Any] = ({"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind})
+        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=argparse.SUPPRESS,
+                            help=(docs[f.name] + shown).replace("%", "%%"), **kwargs)
+
+
+def options_from_args(args: argparse.Namespace, defaults: TrainOptions | None = None,
+                      environ: dict[str, str] | None = None, workload: type[W] | None = None
+                      ) -> tuple[TrainOptions, W | None]:
+    """defaults < config file (--config, [train] table) < TRAINSCALE_TRAIN_* < command line, for the common
+    options and the ``workload``'s own ones alike (one table, one variable prefix)."""
+    from trainscale.config import load_config_file, resolve_group
+
+    classes = (TrainOptions,) if workload is None else (TrainOptions, workload)
+    names = {f.name for cls in classes for f in fields(cls)}
     given = {k: v for k, v in vars(args).items() if k in names}
     config = load_config_file(args.config) if getattr(args, "config", None) else None
     base = {f.name: getattr(defaults, f.name) for f in fields(TrainOptions)} if defaults else None
-    opts, _ = resolve(TrainOptions, section="train", defaults=base, config=config, environ=environ, cli=given)
-    for name in names:  # workloads may read their options from the namespace too
-        setattr(args, name, getattr(opts, name))
-    return opts
+    built, _ = resolve_group(classes, section="train", defaults=base, config=config, environ=environ, cli=given)
+    return built[0], (built[1] if workload is not None else None)
 
 
-def parse(argv: Sequence[str], prog: str, defaults: TrainOptions | None = None,
-          extra: callable | None = None) -> tuple[TrainOptions, argparse.Namespace]:
+def parse(argv: Sequence[str], prog: str, defaults: TrainOptions | None = None, workload: type[W] | None = None,
+          environ: dict[str, str] | None = None) -> tuple[TrainOptions, W | None]:
+    """The common options and, with ``workload`` (a frozen dataclass), the workload's own ones, each from
+    the command line, --config's [train] table or TRAINSCALE_TRAIN_<NAME>."""
     parser = argparse.ArgumentParser(prog=prog, description="The workload's options (the launch options are in "
                                                             "`trainscale run --help`). Each can also come from "
                                                             "--config's [train] table or TRAINSCALE_TRAIN_<NAME>.")
     add_common_arguments(parser, defaults)
-    if extra:
-        extra(parser)
-    args = parser.parse_args(list(argv))
-    return options_from_args(args, defaults), args
+    if workload is not None:
+        add_workload_arguments(parser, workload)
+    return options_from_args(parser.parse_args(list(argv)), defaults, environ, workload)
 
 
 def apply_threads(opts: TrainOptions, rt: Any) -> None:

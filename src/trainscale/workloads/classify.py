@@ -4,9 +4,8 @@ model, its data, a loss and a held-out check here; the training loop (train/loop
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -18,8 +17,8 @@ from trainscale.strategies.base import OptimizerSpec
 from trainscale.train import Loop, Task, TrainOptions, parse
 from trainscale.train.options import apply_threads, check_training
 
-Builder = Callable[[argparse.Namespace], nn.Module]
-"""A workload's model from its parsed options (its own ones included)."""
+Builder = Callable[[Any], nn.Module]
+"""A workload's model from its own options (its ``workload`` dataclass; None for a workload without any)."""
 
 
 def make_loader(split: ImageSplit, opts: TrainOptions, rt, shuffle: bool):
@@ -52,9 +51,10 @@ def _split(opts: TrainOptions, part: str) -> ImageSplit:
     return load_images(opts.data, part, data_dir=opts.data_dir, samples=opts.samples, seed=opts.seed)
 
 
-def run(argv: list[str], name: str, build: Builder, *, defaults: TrainOptions | None = None, extra=None) -> dict:
+def run(argv: list[str], name: str, build: Builder, *, defaults: TrainOptions | None = None, workload: type | None = None) -> dict:
     """Parse ``argv`` and train ``build``'s model on every rank of this launch."""
-    opts, args = parse(argv, prog=f"trainscale run [launch options] --workload {name}", defaults=defaults, extra=extra)
+    opts, own = parse(argv, prog=f"trainscale run [launch options] --workload {name}", defaults=defaults,
+                      workload=workload)
     with trainscale.init(**opts.runtime_options()) as rt:
         apply_threads(opts, rt)
         if opts.data == "mnist" and opts.download:
@@ -68,17 +68,18 @@ def run(argv: list[str], name: str, build: Builder, *, defaults: TrainOptions | 
             x, y = batch[0].to(rt.device, non_blocking=True), batch[1].to(rt.device, non_blocking=True)
             return nn.functional.nll_loss(model(x), y)
 
-        task = Task(name=name, model=lambda: build(args), optimizer=OptimizerSpec(torch.optim.Adam, {"lr": opts.lr}),
+        task = Task(name=name, model=lambda: build(own), optimizer=OptimizerSpec(torch.optim.Adam, {"lr": opts.lr}),
                     loss=loss, loader=make_loader(train, opts, rt, opts.shuffle), samples=len(train),
                     evaluate=lambda model: evaluate(model, test, rt))
         return Loop(rt, opts, task).run()
 
 
 def check(argv: list[str], world_size: int, name: str, build: Builder, *, gpus: bool | None = None,
-          defaults: TrainOptions | None = None, extra=None) -> None:
+          defaults: TrainOptions | None = None, workload: type | None = None) -> None:
     """Check the options, the model's shape and that the data can feed every rank, before any process
     is launched."""
-    opts, args = parse(argv, prog=f"trainscale run [launch options] --workload {name}", defaults=defaults, extra=extra)
-    build(args)
+    opts, own = parse(argv, prog=f"trainscale run [launch options] --workload {name}", defaults=defaults,
+                      workload=workload)
+    build(own)
     check_training(opts, world_size, gpus=gpus, samples=len(_split(opts, "train")),
                    what=f"'{opts.data}' training set", checkpoint_dir=opts.checkpoint_dir)

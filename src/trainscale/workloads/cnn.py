@@ -34,11 +34,11 @@ class CNN(nn.Module):
 
 
 def main(argv: list[str] | None = None) -> dict:
-    return run(sys.argv[1:] if argv is None else argv, "cnn", lambda args: CNN())
+    return run(sys.argv[1:] if argv is None else argv, "cnn", lambda _: CNN())
 
 
 def preflight(argv: list[str], world_size: int, *, gpus: bool | None = None) -> None:
-    check(argv, world_size, "cnn", lambda args: CNN(), gpus=gpus)
+    check(argv, world_size, "cnn", lambda _: CNN(), gpus=gpus)
 
 
 if __name__ == "__main__":

@@ -13,12 +13,12 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -55,14 +55,18 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
+def check_heads(width: int, heads: int) -> None:
+    if width % heads:
+        raise ConfigError(f"--n-embd {width} is not divisible by --n-head {heads}", hint="e.g. --n-embd 128 --n-head 4")
+
+
 class GPT(nn.Module):
     _no_split_modules = ("Block",)  # FSDP shards per transformer block (and the rest as the root)
 
     def __init__(self, *, vocab: int = text.VOCAB, seq_len: int = 128, width: int = 128, depth: int = 4,
                  heads: int = 4) -> None:
         super().__init__()
-        if width % heads:
-            raise ConfigError(f"--n-embd {width} is not divisible by --n-head {heads}", hint="e.g. --n-embd 128 --n-head 4")
+        check_heads(width, heads)
         self.tok = nn.Embedding(vocab, width)
         self.pos = nn.Embedding(seq_len, width)
         self.blocks = nn.ModuleList(Block(width, heads) for _ in range(depth))
@@ -76,28 +80,38 @@ class GPT(nn.Module):
         return self.head(self.ln(x))
 
 
-def _extra(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seq-len", type=int, default=128, help="tokens per training window (default: 128)")
-    parser.add_argument("--n-layer", type=int, default=4, help="transformer blocks (default: 4)")
-    parser.add_argument("--n-embd", type=int, default=128, help="embedding width (default: 128)")
-    parser.add_argument("--n-head", type=int, default=4, help="attention heads; must divide --n-embd (default: 4)")
-    parser.add_argument("--warmup", type=int, default=20, help="LR warm-up steps, then cosine decay (default: 20)")
-    parser.add_argument("--experiment-dir", default="runs/gpt",
-                        help="data cache, checkpoints, state.json and the --tracker files; an existing experiment is "
-                             "resumed (default: runs/gpt)")
-    parser.add_argument("--hub-dataset", default=None, help="a HF dataset name instead of the built-in corpus")
-    parser.add_argument("--tokenizer", default=None,
-                        help="a HF tokenizer (hub name or save_pretrained directory) instead of bytes")
+@dataclass(frozen=True, kw_only=True)
+class GPTOptions:
+    """gpt's own options, beside the common ones (the same [train] table and TRAINSCALE_TRAIN_ variables)."""
+
+    seq_len: int = 128
+    """Tokens per training window."""
+    n_layer: int = 4
+    """Transformer blocks."""
+    n_embd: int = 128
+    """Embedding width."""
+    n_head: int = 4
+    """Attention heads; must divide --n-embd."""
+    warmup: int = 20
+    """LR warm-up steps, then cosine decay."""
+    experiment_dir: str = "runs/gpt"
+    """Data cache, checkpoints, state.json and the --tracker files; an existing experiment is resumed."""
+    hub_dataset: str | None = None
+    """A HF dataset name instead of the built-in corpus."""
+    tokenizer: str | None = None
+    """A HF tokenizer (hub name or save_pretrained directory) instead of bytes."""
+
+    def __post_init__(self) -> None:
+        if self.seq_len < 2:
+            raise ConfigError(f"--seq-len {self.seq_len} must be >= 2", hint="e.g. --seq-len 128")
+        check_heads(self.n_embd, self.n_head)
 
 
 DEFAULTS = TrainOptions(epochs=1, batch_size=8, lr=3e-4)
 
 
-def _parse(argv: list[str]):
-    opts, args = parse(argv, prog="trainscale run [launch options] --workload gpt", defaults=DEFAULTS, extra=_extra)
-    if args.seq_len < 2:
-        raise ConfigError(f"--seq-len {args.seq_len} must be >= 2", hint="e.g. --seq-len 128")
-    return opts, args
+def _parse(argv: list[str]) -> tuple[TrainOptions, GPTOptions]:
+    return parse(argv, prog="trainscale run [launch options] --workload gpt", defaults=DEFAULTS, workload=GPTOptions)
 
 
 def open_experiment(rt, directory: Path, tokenizer: str | None = None) -> tuple[bool, dict]:
@@ -149,26 +163,26 @@ def lm_loss(model: nn.Module, batch: tuple[torch.Tensor], reduction: str = "mean
 
 
 def main(argv: list[str] | None = None) -> dict:
-    opts, args = _parse(sys.argv[1:] if argv is None else argv)
-    exp = Path(args.experiment_dir)
+    opts, gpt = _parse(sys.argv[1:] if argv is None else argv)
+    exp = Path(gpt.experiment_dir)
     with trainscale.init(**opts.runtime_options()) as rt:
         apply_threads(opts, rt)
-        resuming, record = open_experiment(rt, exp, args.tokenizer)
+        resuming, record = open_experiment(rt, exp, gpt.tokenizer)
         if resuming:
             rt.print(f"Resumed experiment {exp}")
         with rt.rank_zero_first():  # tokenize once; the others read the cache
-            cache = text.prepare(exp / "data", args.hub_dataset or "builtin", tokenizer=args.tokenizer)
+            cache = text.prepare(exp / "data", gpt.hub_dataset or "builtin", tokenizer=gpt.tokenizer)
         tokens = text.load(cache)
-        train = text.windows(tokens["train"], args.seq_len)
-        val = text.windows(tokens["val"], args.seq_len)
+        train = text.windows(tokens["train"], gpt.seq_len)
+        val = text.windows(tokens["val"], gpt.seq_len)
         task = Task(
-            name="gpt", loss=lm_loss, samples=int(train.shape[0]), past_epochs=True, tokens_per_sample=args.seq_len,
-            model=lambda: GPT(vocab=tokens["vocab"], seq_len=args.seq_len, width=args.n_embd, depth=args.n_layer,
-                              heads=args.n_head),
+            name="gpt", loss=lm_loss, samples=int(train.shape[0]), past_epochs=True, tokens_per_sample=gpt.seq_len,
+            model=lambda: GPT(vocab=tokens["vocab"], seq_len=gpt.seq_len, width=gpt.n_embd, depth=gpt.n_layer,
+                              heads=gpt.n_head),
             optimizer=OptimizerSpec(torch.optim.AdamW, {"lr": opts.lr, "weight_decay": 0.1}),
             loader=DeviceTensorLoader.for_runtime(train, runtime=rt, batch_size=opts.batch_size, shuffle=opts.shuffle),
             evaluate=lambda model: {"test_loss": evaluate(model, val, rt, opts.batch_size)},
-            scheduler=lambda optimizer, total: torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(args.warmup,
+            scheduler=lambda optimizer, total: torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(gpt.warmup,
                                                                                                         total)),
             extra={"vocab": tokens["vocab"], "train_windows": int(train.shape[0]), "experiment_dir": str(exp)})
         loop = Loop(rt, opts, task, checkpoint_dir=opts.checkpoint_dir or exp / "checkpoints",
@@ -191,18 +205,18 @@ def evaluate(model: nn.Module, val: torch.Tensor, rt, batch_size: int) -> float:
 
 
 def preflight(argv: list[str], world_size: int, *, gpus: bool | None = None) -> None:
-    opts, args = _parse(argv)
-    GPT(seq_len=args.seq_len, width=args.n_embd, depth=1, heads=args.n_head)
-    builtin = not (args.hub_dataset or args.tokenizer)  # the built-in corpus in bytes is cheap to measure here
-    exp = Path(args.experiment_dir)
+    opts, gpt = _parse(argv)
+    GPT(seq_len=gpt.seq_len, width=gpt.n_embd, depth=1, heads=gpt.n_head)
+    builtin = not (gpt.hub_dataset or gpt.tokenizer)  # the built-in corpus in bytes is cheap to measure here
+    exp = Path(gpt.experiment_dir)
     check_training(opts, world_size, gpus=gpus, what="built-in corpus (windows)",
-                   samples=(len(text.encode(text.builtin_corpus())) * 9 // 10 - 1) // args.seq_len if builtin else None,
+                   samples=(len(text.encode(text.builtin_corpus())) * 9 // 10 - 1) // gpt.seq_len if builtin else None,
                    checkpoint_dir=opts.checkpoint_dir or exp / "checkpoints")
     if exp.exists() and not (exp / MARKER).exists() and any(exp.iterdir()):
         raise ConfigError(f"{exp} exists, is not empty and is not a trainscale experiment",
                           hint="pick a new --experiment-dir; nothing in it was touched")
     if (exp / MARKER).exists():
-        check_resumable(exp, args.tokenizer)
+        check_resumable(exp, gpt.tokenizer)
 
 
 if __name__ == "__main__":

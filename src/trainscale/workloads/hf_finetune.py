@@ -12,7 +12,6 @@ same trackers and files as the other workloads (the Trainer's own ``report_to`` 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -73,13 +72,20 @@ class TokenBlocks(torch.utils.data.Dataset):
         return {"input_ids": ids, "labels": ids.clone(), "attention_mask": torch.ones_like(ids)}
 
 
-def _extra(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--global-batch", type=int, default=16, help="samples per optimizer step over all ranks, split evenly over them (default: 16)")
-    parser.add_argument("--block-size", type=int, default=64, help="tokens per training block (default: 64)")
-    parser.add_argument("--output-dir", default="runs/hf-finetune",
-                        help="the Trainer's output_dir: checkpoints and logs (default: runs/hf-finetune)")
-    parser.add_argument("--pretrained", default=None, help="a hub model name (needs a network)")
-    parser.add_argument("--hub-dataset", default=None, help="a hub dataset with a 'text' column, e.g. imdb")
+@dataclass(frozen=True, kw_only=True)
+class HFOptions:
+    """hf-finetune's own options, beside the common ones (the same [train] table and TRAINSCALE_TRAIN_ variables)."""
+
+    global_batch: int = 16
+    """Samples per optimizer step over all ranks, split evenly over them."""
+    block_size: int = 64
+    """Tokens per training block."""
+    output_dir: str = "runs/hf-finetune"
+    """The Trainer's output_dir: checkpoints and logs."""
+    pretrained: str | None = None
+    """A hub model name (needs a network)."""
+    hub_dataset: str | None = None
+    """A hub dataset with a 'text' column, e.g. imdb."""
 
 
 DEFAULTS = TrainOptions(epochs=1, lr=5e-4, log_every=10, loader="dataloader")  # the Trainer's own DataLoader
@@ -91,7 +97,7 @@ class Plan:
 
     opts: TrainOptions
     """The common training options."""
-    args: argparse.Namespace
+    own: HFOptions
     """This workload's own options."""
     per_device: int
     """Per-rank batch: --global-batch / world size."""
@@ -107,29 +113,30 @@ class Plan:
 def plan(argv: list[str], world_size: int, *, gpus: bool | None = None) -> Plan:
     """Check ``argv`` for ``world_size`` ranks. ``gpus``: whether the ranks will see GPUs (a SLURM job
     planned on a login node knows it from the job's resources); ``None``: whether this machine has any."""
-    opts, args = parse(argv, prog="trainscale run [launch options] --workload hf-finetune", defaults=DEFAULTS, extra=_extra)
+    opts, own = parse(argv, prog="trainscale run [launch options] --workload hf-finetune", defaults=DEFAULTS,
+                       workload=HFOptions)
     given = any(a == "--batch-size" or a.startswith("--batch-size=") for a in argv)
     if given or opts.batch_size != DEFAULTS.batch_size:  # also from a config file or the environment
-        per_rank = max(1, args.global_batch // world_size)
+        per_rank = max(1, own.global_batch // world_size)
         raise ConfigError(f"hf-finetune sizes its batch with --global-batch (split over the ranks), not "
                           f"--batch-size (got --batch-size {opts.batch_size})",
                           hint=f"e.g. --global-batch {per_rank * world_size}: {per_rank} per device on "
                                f"{world_size} rank(s)")
-    if args.global_batch < world_size or args.global_batch % world_size:
-        raise ConfigError(f"--global-batch {args.global_batch} does not split evenly over {world_size} rank(s)",
+    if own.global_batch < world_size or own.global_batch % world_size:
+        raise ConfigError(f"--global-batch {own.global_batch} does not split evenly over {world_size} rank(s)",
                           hint=f"use a multiple of {world_size}, e.g. --global-batch {world_size * 8}")
-    out = Path(args.output_dir)
+    out = Path(own.output_dir)
     if out.exists() and any(out.iterdir()) and not (out / MARKER).exists():
         raise ConfigError(f"{out} exists, is not empty and was not written by trainscale",
                           hint="pick a new --output-dir; nothing in it was touched")
     if opts.compile:
         check_compile()
     check_metrics_out(opts.metrics_out, resuming=(out / MARKER).exists() and any(out.glob("checkpoint-*")))
-    per_device = args.global_batch // world_size
+    per_device = own.global_batch // world_size
     use_cpu = opts.device == "cpu" or not (torch.cuda.is_available() if gpus is None else gpus)
     strategy_args = trainer_arguments(opts.strategy, world_size=world_size, per_device=per_device, use_cpu=use_cpu,
                                       accumulation=opts.grad_accum)
-    return Plan(opts=opts, args=args, per_device=per_device, use_cpu=use_cpu, strategy_args=strategy_args,
+    return Plan(opts=opts, own=own, per_device=per_device, use_cpu=use_cpu, strategy_args=strategy_args,
                 backend=None if use_cpu else process_group_backend(opts.strategy))
 
 
@@ -148,37 +155,37 @@ def tiny_config(vocab_size: int = 256, max_positions: int = 128):
                         window_size=32, bos_token_id=0, eos_token_id=0)
 
 
-def build_model(args):
+def build_model(own: HFOptions):
     from transformers import GPTNeoForCausalLM
 
-    if args.pretrained:  # a hub name, or a local directory written by save_pretrained
-        model = GPTNeoForCausalLM.from_pretrained(args.pretrained)
-        if args.block_size > model.config.max_position_embeddings:
-            raise ConfigError(f"--block-size {args.block_size} is longer than {args.pretrained}'s "
+    if own.pretrained:  # a hub name, or a local directory written by save_pretrained
+        model = GPTNeoForCausalLM.from_pretrained(own.pretrained)
+        if own.block_size > model.config.max_position_embeddings:
+            raise ConfigError(f"--block-size {own.block_size} is longer than {own.pretrained}'s "
                               f"{model.config.max_position_embeddings} positions",
                               hint=f"use --block-size {model.config.max_position_embeddings} or less")
         return model
-    return GPTNeoForCausalLM(tiny_config(max_positions=max(128, args.block_size)))
+    return GPTNeoForCausalLM(tiny_config(max_positions=max(128, own.block_size)))
 
 
-def texts(args) -> list[str]:
-    if args.hub_dataset:  # pragma: no cover - needs a hub
+def texts(own: HFOptions) -> list[str]:
+    if own.hub_dataset:  # pragma: no cover - needs a hub
         try:
             from datasets import load_dataset
         except ImportError:
             raise ConfigError("--hub-dataset needs the 'datasets' package", hint="pip install datasets") from None
-        return list(load_dataset(args.hub_dataset, split="train")["text"][:20000])
+        return list(load_dataset(own.hub_dataset, split="train")["text"][:20000])
     return review_corpus()
 
 
-def tokenize(args, corpus: list[str]) -> torch.Tensor:
+def tokenize(own: HFOptions, corpus: list[str]) -> torch.Tensor:
     """Byte ids for the built-in tiny model; the pretrained model's own tokenizer with --pretrained
     (a hub name or a local directory saved with ``save_pretrained``)."""
-    if not args.pretrained:
+    if not own.pretrained:
         return torch.frombuffer(bytearray("\n".join(corpus).encode("utf-8")), dtype=torch.uint8).to(torch.int64)
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(args.pretrained)
+    tokenizer = AutoTokenizer.from_pretrained(own.pretrained)
     end = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
     ids = [i for encoded in tokenizer(corpus)["input_ids"] for i in encoded + end]
     return torch.tensor(ids, dtype=torch.int64)
@@ -199,7 +206,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def _train(rt, run: Plan) -> dict:
-    opts, args, per_device = run.opts, run.args, run.per_device
+    opts, own, per_device = run.opts, run.own, run.per_device
     from transformers import Trainer, TrainingArguments, set_seed
     from transformers.trainer_utils import get_last_checkpoint
 
@@ -211,7 +218,7 @@ def _train(rt, run: Plan) -> dict:
         barrier_on_own_gpu(rt)
     for note in prepare_environment(run.strategy_args, rt):  # before TrainingArguments imports DeepSpeed
         rt.print(f"hf-finetune: {note}")
-    out = Path(args.output_dir)
+    out = Path(own.output_dir)
     resume = (out / MARKER).exists() and any(out.glob("checkpoint-*"))
     training_args = TrainingArguments(**{
         "output_dir": str(out), "per_device_train_batch_size": per_device, "learning_rate": opts.lr,
@@ -221,8 +228,8 @@ def _train(rt, run: Plan) -> dict:
         "report_to": "none", "disable_tqdm": True, "seed": opts.seed, "dataloader_num_workers": opts.num_workers,
         "torch_compile": opts.compile, **run.strategy_args})
     with rt.rank_zero_first():  # rank 0 downloads and caches a hub dataset or model first
-        dataset = TokenBlocks(tokenize(args, texts(args)), args.block_size)
-        model = build_model(args)
+        dataset = TokenBlocks(tokenize(own, texts(own)), own.block_size)
+        model = build_model(own)
     trainer = Trainer(model=model, args=training_args, train_dataset=dataset)
     accum = training_args.gradient_accumulation_steps
     strategy = parse_spec(opts.strategy)[0]
@@ -233,7 +240,7 @@ def _train(rt, run: Plan) -> dict:
         rt.use_trackers(opts.trackers, directory=out)
         trainer.add_callback(tracker_callback(rt))
     rt.print(f"hf-finetune: {rt.world_size} rank(s) x per-device batch {per_device}"
-             f"{f' x accumulation {accum}' if accum > 1 else ''} = global batch {args.global_batch * accum}, "
+             f"{f' x accumulation {accum}' if accum > 1 else ''} = global batch {own.global_batch * accum}, "
              f"strategy {strategy}, backend {rt.backend}, {'CPU' if run.use_cpu else 'GPU'}")
     last = get_last_checkpoint(str(out)) if resume else None
     if last is not None:
@@ -243,7 +250,7 @@ def _train(rt, run: Plan) -> dict:
     elapsed = time.perf_counter() - started
     # steps the Trainer took in this call (a resumed run starts past its checkpoint's step)
     steps = output.global_step - (int(Path(last).name.split("-")[-1]) if last else 0)
-    samples = steps * args.global_batch * accum
+    samples = steps * own.global_batch * accum
     result = {"workload": "hf-finetune", "world_size": rt.world_size, "steps": output.global_step,
               "train_loss": output.training_loss, "train_time_s": elapsed, "per_device_batch": per_device,
               "strategy": opts.strategy, "model": type(trainer.model_wrapped).__name__, "blocks": len(dataset),
@@ -294,9 +301,9 @@ def preflight(argv: list[str], world_size: int, *, gpus: bool | None = None) -> 
     except ImportError:
         raise ConfigError("the hf-finetune workload needs transformers", hint="pip install 'trainscale[lm]'") from None
     run = plan(argv, world_size, gpus=gpus)
-    if not (run.args.hub_dataset or run.args.pretrained):  # the built-in data is cheap to measure here
-        blocks = len(TokenBlocks(tokenize(run.args, review_corpus()), run.args.block_size))
-        check_shardable(blocks, world_size, run.per_device, what=f"built-in reviews ({run.args.block_size}-token blocks)")
+    if not (run.own.hub_dataset or run.own.pretrained):  # the built-in data is cheap to measure here
+        blocks = len(TokenBlocks(tokenize(run.own, review_corpus()), run.own.block_size))
+        check_shardable(blocks, world_size, run.per_device, what=f"built-in reviews ({run.own.block_size}-token blocks)")
 
 
 if __name__ == "__main__":

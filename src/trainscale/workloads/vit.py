@@ -5,8 +5,8 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -33,17 +33,21 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
+def check_shape(*, image_size: int, patch_size: int, width: int, heads: int) -> None:
+    if image_size % patch_size:
+        raise ConfigError(f"--patch-size {patch_size} does not divide the image size {image_size}",
+                          hint="use a divisor of 28, e.g. 4, 7 or 14")
+    if width % heads:
+        raise ConfigError(f"--width {width} is not divisible by --heads {heads}", hint="e.g. --width 64 --heads 4")
+
+
 class ViT(nn.Module):
     _no_split_modules = ("Block",)  # FSDP shards per transformer block (and the rest as the root)
 
     def __init__(self, *, image_size: int = 28, patch_size: int = 7, channels: int = 1, width: int = 64,
                  depth: int = 4, heads: int = 4, num_classes: int = 10) -> None:
         super().__init__()
-        if image_size % patch_size:
-            raise ConfigError(f"--patch-size {patch_size} does not divide the image size {image_size}",
-                              hint="use a divisor of 28, e.g. 4, 7 or 14")
-        if width % heads:
-            raise ConfigError(f"--width {width} is not divisible by --heads {heads}", hint="e.g. --width 64 --heads 4")
+        check_shape(image_size=image_size, patch_size=patch_size, width=width, heads=heads)
         n_patches = (image_size // patch_size) ** 2
         self.patchify = nn.Conv2d(channels, width, kernel_size=patch_size, stride=patch_size)
         self.cls = nn.Parameter(torch.zeros(1, 1, width))
@@ -60,26 +64,36 @@ class ViT(nn.Module):
         return F.log_softmax(self.head(self.norm(x[:, 0])), dim=1)
 
 
-def _extra(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--patch-size", type=int, default=7, help="image patch side in pixels (default: 7)")
-    parser.add_argument("--width", type=int, default=64, help="embedding width (default: 64)")
-    parser.add_argument("--depth", type=int, default=4, help="transformer blocks (default: 4)")
-    parser.add_argument("--heads", type=int, default=4, help="attention heads; must divide --width (default: 4)")
+@dataclass(frozen=True, kw_only=True)
+class ViTOptions:
+    """vit's own options, beside the common ones (the same [train] table and TRAINSCALE_TRAIN_ variables)."""
+
+    patch_size: int = 7
+    """Image patch side in pixels."""
+    width: int = 64
+    """Embedding width."""
+    depth: int = 4
+    """Transformer blocks."""
+    heads: int = 4
+    """Attention heads; must divide --width."""
+
+    def __post_init__(self) -> None:
+        check_shape(image_size=28, patch_size=self.patch_size, width=self.width, heads=self.heads)
 
 
 DEFAULTS = TrainOptions(epochs=3, batch_size=32, lr=1e-3)
 
 
-def build(args: argparse.Namespace) -> ViT:
-    return ViT(patch_size=args.patch_size, width=args.width, depth=args.depth, heads=args.heads)
+def build(own: ViTOptions) -> ViT:
+    return ViT(patch_size=own.patch_size, width=own.width, depth=own.depth, heads=own.heads)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    return run(sys.argv[1:] if argv is None else argv, "vit", build, defaults=DEFAULTS, extra=_extra)
+    return run(sys.argv[1:] if argv is None else argv, "vit", build, defaults=DEFAULTS, workload=ViTOptions)
 
 
 def preflight(argv: list[str], world_size: int, *, gpus: bool | None = None) -> None:
-    check(argv, world_size, "vit", build, gpus=gpus, defaults=DEFAULTS, extra=_extra)
+    check(argv, world_size, "vit", build, gpus=gpus, defaults=DEFAULTS, workload=ViTOptions)
 
 
 if __name__ == "__main__":
