@@ -39,3 +39,26 @@ def get_workload(name: str) -> Workload:
     if name not in found:
         raise ConfigError(f"unknown workload {name!r}", hint=did_you_mean(name, list(found)))
     return found[name]
+
+
+def workload_preflight(name: str):
+    """The workload's own check of its arguments before anything launches, ``preflight(args, world_size, ...)``,
+    or None when it has none."""
+    import importlib
+
+    return getattr(importlib.import_module(get_workload(name).module), "preflight", None)
+
+
+def job_preflight(spec):
+    """What lint runs over a SLURM job's arguments: the workload's preflight, or for a script its own
+    --deepspeed_config read as DeepSpeed reads it; None for a module."""
+    if spec.workload:
+        return workload_preflight(spec.workload)
+    if not spec.script:
+        return None
+    from trainscale.launch.preflight import check_script_args
+
+    def preflight(args, world_size, *, gpus):
+        check_script_args(args, world_size, device="cuda" if gpus else "cpu")
+
+    return preflight
