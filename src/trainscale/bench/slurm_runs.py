@@ -73,6 +73,28 @@ class SlurmTarget:
                             python=self.python, command_line=command_line)
 
 
+SLURM_ONLY = ("profile", "gpus_per_node", "time", "account", "partition", "reservation", "launcher", "python", "poll")
+"""The options of ``--slurm`` besides ``--nodes`` (their SlurmTarget field names differ only for gpus and poll)."""
+
+
+def target_from_options(*, slurm: bool, nodes, options: dict) -> SlurmTarget | None:
+    """The SlurmTarget of ``--slurm ...`` (``options``: SLURM_ONLY's values, None when not given), or None;
+    SLURM options without --slurm are refused."""
+    given = [f"--{name.replace('_', '-')}" for name in SLURM_ONLY if options.get(name) is not None]
+    if not slurm:
+        if given or nodes is not None:
+            raise ConfigError(f"{', '.join(given or ['--nodes'])} only apply to SLURM jobs",
+                              hint="add --slurm --profile NAME --time HH:MM:SS, or drop them to run on this node")
+        return None
+    if not options.get("profile") or not options.get("time"):
+        raise ConfigError("--slurm needs --profile and --time",
+                          hint="e.g. --slurm --profile lumi --account project_465000000 --time 00:30:00 "
+                               "(`trainscale profiles` lists the profiles)")
+    keep = {k: options.get(k) for k in ("profile", "time", "account", "partition", "reservation", "launcher", "python")}
+    poll = options.get("poll")
+    return SlurmTarget(**keep, ranks_per_node=options.get("gpus_per_node"), poll_s=2.0 if poll is None else poll)
+
+
 @dataclass(frozen=True)
 class PreparedJob:
     spec: SlurmJobSpec
