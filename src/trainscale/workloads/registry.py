@@ -62,3 +62,20 @@ def job_preflight(spec):
         check_script_args(args, world_size, device="cuda" if gpus else "cpu")
 
     return preflight
+
+
+def launch_preflight(workload: str | None, args: list[str], *, nproc_per_node: int, nnodes: str,
+                     python: bool = True) -> None:
+    """Before a local launch: the workload's preflight when the world size is fixed (``--nnodes MIN:MAX`` leaves
+    it open), else a Python script's own --deepspeed_config."""
+    from trainscale.launch.local import parse_nnodes
+
+    low, high = parse_nnodes(nnodes)
+    if workload:
+        check = workload_preflight(workload) if low == high else None
+        if check:
+            check(args, nproc_per_node * low)
+    elif python:
+        from trainscale.launch.preflight import check_script_args
+
+        check_script_args(args, nproc_per_node * low)
