@@ -9,7 +9,7 @@ import sys
 
 
 def jobs(args: argparse.Namespace) -> int:
-    from trainscale.launch.slurm import job_info, squeue
+    from trainscale.launch.slurm import squeue
     from trainscale.launch.slurm.chains import queue_table
 
     user = None if args.all else (os.environ.get("USER") or getpass.getuser())
@@ -17,12 +17,7 @@ def jobs(args: argparse.Namespace) -> int:
     if not found:
         print(f"no jobs in the queue{'' if args.all else f' for {user}'}")
         return 0
-
-    def state_of(job_id: str) -> str:
-        info = job_info(job_id)
-        return info.state if info is not None else "UNKNOWN"
-
-    print("\n".join(queue_table(found, state_of)))
+    print("\n".join(queue_table(found)))
     return 0
 
 

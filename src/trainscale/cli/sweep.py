@@ -37,9 +37,9 @@ def _extend(parser: argparse.ArgumentParser) -> tuple[str, ...]:
 
 def sweep_parser() -> argparse.ArgumentParser:
     """trainscale slurm's options, the sweep's own, and the sweep's description: `trainscale sweep --help`."""
-    from trainscale.cli.slurm import _parser
+    from trainscale.cli.slurm_options import parser
 
-    p = _parser()
+    p = parser()
     p.prog, p.usage, p.description = "trainscale sweep", argparse.SUPPRESS, HELP
     _extend(p)
     return p

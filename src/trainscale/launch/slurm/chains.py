@@ -49,9 +49,15 @@ def chains(records: list[JobRecord], queued: list[JobInfo], state_of: Callable[[
     return out
 
 
-def queue_table(found: list[JobInfo], state_of: Callable[[str], str]) -> list[str]:
-    """``trainscale jobs``: squeue's jobs, each chain trainscale submitted as one line after them."""
+def queue_table(found: list[JobInfo]) -> list[str]:
+    """``trainscale jobs``: squeue's jobs, each chain trainscale submitted as one line after them (a link
+    squeue no longer lists is asked for with sacct/scontrol)."""
     from trainscale.launch.slurm.jobdir import load_records
+    from trainscale.launch.slurm.queue import job_info
+
+    def state_of(job_id: str) -> str:
+        info = job_info(job_id)
+        return info.state if info is not None else "UNKNOWN"
 
     grouped = chains(load_records(), found, state_of)
     in_chain = {job for c in grouped for job, _ in c.links}
