@@ -22,9 +22,6 @@ in its own directory DIR/task-I/ where it may write metrics.json (workloads do).
   trainscale sweep status trainscale-jobs/trainscale-cnn-20261123-140000
 """
 
-_OWN = ("grid", "grid_file", "max_parallel", "local", "nproc_per_node")
-
-
 def _extend(parser: argparse.ArgumentParser) -> tuple[str, ...]:
     group = parser.add_argument_group("the sweep")
     group.add_argument("--grid", help="KEY=V1,V2 ... (one word per key)")
@@ -32,7 +29,7 @@ def _extend(parser: argparse.ArgumentParser) -> tuple[str, ...]:
     group.add_argument("--max-parallel", type=int, help="array tasks running at once (sbatch --array ...%%K)")
     group.add_argument("--local", action="store_true", default=None, help="run here, one configuration after another")
     group.add_argument("--nproc-per-node", type=int, help="with --local: ranks per configuration (default 1)")
-    return _OWN
+    return ("grid", "grid_file", "max_parallel", "local", "nproc_per_node")  # not job spec fields
 
 
 def sweep_parser() -> argparse.ArgumentParser:
@@ -69,15 +66,12 @@ def run(args: argparse.Namespace) -> int:
         spec, _, ns, _ = build(argv, os.environ, extend=_extend, command="sweep")
         return run_local(spec, ns)
     spec, profile, ns, preflight = build(argv, os.environ, extend=_extend, command="sweep")
-    grid = grid_of(ns.grid, ns.grid_file)
-    import dataclasses
-
     from trainscale.launch.slurm import lint, render, resolve
     from trainscale.launch.slurm.lint import errors
-    from trainscale.launch.slurm.sweep import array_range, configurations
+    from trainscale.launch.slurm.sweep import array_job, configurations, submit_array
 
-    array = array_range(len(configurations(grid)), ns.max_parallel, option="--max-parallel ")
-    spec = dataclasses.replace(spec, array=array, sweep=True)
+    grid = grid_of(ns.grid, ns.grid_file)
+    spec = array_job(spec, grid, ns.max_parallel)
     if ns.dry_run == ns.submit:
         raise ConfigError("give exactly one of --dry-run or --submit", hint="start with --dry-run")
     plan = resolve(spec, profile)
@@ -92,12 +86,6 @@ def run(args: argparse.Namespace) -> int:
     if errors(findings):
         _say(f"{len(errors(findings))} error(s): not submitted")
         return 2
-    return submit_sweep(spec, profile, plan, grid)
-
-
-def submit_sweep(spec, profile, plan, grid) -> int:
-    from trainscale.launch.slurm.sweep import submit_array
-
     sub, run_dir, count = submit_array(spec, profile, plan, grid)
     _say(f"submitted array job {sub.job_id} ({count} tasks, --array={spec.array}); run directory {run_dir}; "
          f"results: trainscale sweep status {run_dir}")

@@ -86,6 +86,14 @@ def array_range(count: int, max_parallel: int | None, *, option: str) -> str:
     return f"0-{count - 1}" + (f"%{max_parallel}" if max_parallel else "")
 
 
+def array_job(spec: Any, grid: dict[str, list[str]], max_parallel: int | None) -> Any:
+    """The job spec as the sweep's one array job: a task per configuration of ``grid``."""
+    import dataclasses
+
+    array = array_range(len(configurations(grid)), max_parallel, option="--max-parallel ")
+    return dataclasses.replace(spec, array=array, sweep=True)
+
+
 def configurations(grid: dict[str, list[str]]) -> list[dict[str, str]]:
     """Every combination, the first key varying slowest."""
     keys = list(grid)
