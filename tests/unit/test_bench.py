@@ -89,6 +89,16 @@ def test_weak_scaling_max_steps_keep_the_work_equal():
     assert configs.scaled_max_steps(None, four, one, "weak") is None
 
 
+def test_the_python_api_refuses_what_the_command_refuses(tmp_path):
+    """StudySpec itself refuses two targets and a missing script, as `trainscale bench` does."""
+    script = tmp_path / "train.py"
+    script.write_text("")
+    with pytest.raises(ConfigError, match=r"both --workload cnn and script '.*train.py' given"):
+        StudySpec(workload="cnn", script=str(script))
+    with pytest.raises(ConfigError, match="script 'missing.py' does not exist"):
+        StudySpec(script="missing.py")
+
+
 def test_plan_checks_everything_before_launching(tmp_path):
     spec = StudySpec(workload="cnn", configs="1,2,4", scaling="strong", batch_size=30, out_dir=tmp_path / "s")
     with pytest.raises(ConfigError, match="not divisible by 4"):

@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from trainscale.cli import bench, slurm, sweep, tune
+from trainscale.cli import bench, slurm_options, sweep, tune
 from trainscale.cli.main import build_parser, main
 from trainscale.launch.torchrun import parser as torchrun_parser
 from trainscale.train.options import add_common_arguments
@@ -38,7 +38,7 @@ PARSERS = {
     "trainscale": build_parser,
     "trainscale run (torchrun's options)": torchrun_parser,
     "trainscale run --workload": workload_parser,
-    "trainscale slurm": slurm._parser,
+    "trainscale slurm": slurm_options.parser,
     "trainscale sweep": sweep.sweep_parser,
     "trainscale bench": bench._parser,
     "trainscale tune": tune._parser,

@@ -74,6 +74,7 @@ def test_the_config_file_is_a_train_table_the_workloads_read(tmp_path):
     ({"budget_s": 5}, "too short for even one trial"),
     ({"max_steps": 2}, "too few steps"),
     ({"batches": (16, 0)}, "every batch must be >= 1"),
+    ({"workload": "cnnn"}, "unknown workload 'cnnn'"),  # the Python API too, not only `trainscale tune`
 ])
 def test_bad_specs_are_refused(kwargs, message):
     with pytest.raises(ConfigError, match=message):

@@ -288,3 +288,12 @@ def project(measured: Measured, network: Network, ranks: list[int],
             options: ModelOptions = ModelOptions(), calibration: Calibration | None = None) -> list[Prediction]:
     usable = [n for n in ranks if network.max_ranks is None or n <= network.max_ranks]
     return [predict(measured, network, n, options, calibration) for n in usable]
+
+
+def presets_table() -> str:
+    """``trainscale bench --list-interconnects``: every preset with its numbers and where they come from."""
+    lines = [f"{'preset':<14} {'busbw GB/s':>10} {'latency us':>10}  source"]
+    for p in PRESETS.values():
+        lines.append(f"{p.name:<14} {p.busbw_Bps / 1e9:>10.1f} {p.latency_us:>10.0f}  {p.link_gbit:g} Gb/s x "
+                     f"{p.links_per_node} x {p.efficiency:.0%}: {p.source}")
+    return "\n".join(lines)

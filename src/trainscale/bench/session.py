@@ -47,6 +47,30 @@ class Outcome:
     def ok(self) -> bool:
         return all(r.get("status") == "ok" for r in self.study["runs"])
 
+    def summary(self, *, sweep: bool) -> list[str]:
+        """What ``trainscale bench`` prints when the study is done: the table, its caveats, the files written."""
+        study = self.study
+        lines = ["", results.sweep_table(study) if sweep else results.markdown_table(study), "", *validity.notes(study)]
+        if study.get("shared_hardware") and not sweep:
+            lines.append(f"Shared hardware: {study['shared_hardware']}")
+        if results.model_check(study):
+            lines.append(results.model_check(study))
+        if results.busy_warning(study):
+            lines.append(f"Warning: {results.busy_warning(study)}")
+        lines += [f"Suggestion: {text}" for text in results.suggestions(study)]
+        if study.get("projection_error"):
+            lines.append(f"No projection: {study['projection_error']}")
+        return lines + [f"{name:>10}: {path}" for name, path in (*self.files.items(), *self.plots.items())]
+
+
+def projection_request(*, project_to: int | None, interconnect: str | None, links_per_node: int | None,
+                       overlap: float) -> ProjectionRequest | None:
+    """``--project-to``/``--interconnect`` (either asks for a projection; the other defaults), or None."""
+    if project_to is None and interconnect is None:
+        return None
+    return ProjectionRequest(project_to=project_to or 1024, interconnect=interconnect or "measured",
+                             links_per_node=links_per_node, overlap=overlap)
+
 
 def run_study(spec: StudySpec, *, projection: ProjectionRequest | None = None, validate: bool = False,
               make_plots: bool = True, verbose: bool = False, console=None) -> Outcome:

@@ -73,6 +73,33 @@ class SlurmTarget:
                             python=self.python, command_line=command_line)
 
 
+SLURM_ONLY = ("profile", "gpus_per_node", "time", "account", "partition", "reservation", "launcher", "python", "poll")
+"""``trainscale bench``'s options of ``--slurm`` besides ``--nodes``, in the order a refusal names them."""
+
+
+_EXAMPLE = "--slurm --profile lumi --account project_465000000 --time 00:30:00 (`trainscale profiles` lists the profiles)"
+
+
+def target_from_options(*, slurm: bool, options: dict, nodes=None, poll: float | None = None,
+                        unused: str = "only apply to SLURM jobs", here: str = "run on this node",
+                        example: str = _EXAMPLE) -> SlurmTarget | None:
+    """The SlurmTarget of ``--slurm ...`` (``options``: the SLURM options' values by field name, None when not
+    given; gpus_per_node and poll as the command spells them), or None; SLURM options without --slurm are refused
+    (``unused``, ``here``: how the command says so; ``example``: a whole --slurm line). ``poll``: seconds between
+    queue polls when ``options`` has none."""
+    given = [f"--{name.replace('_', '-')}" for name, value in options.items() if value is not None]
+    if not slurm:
+        if given or nodes is not None:
+            raise ConfigError(f"{', '.join(given or ['--nodes'])} {unused}",
+                              hint=f"add --slurm --profile NAME --time HH:MM:SS, or drop them to {here}")
+        return None
+    if not options.get("profile") or not options.get("time"):
+        raise ConfigError("--slurm needs --profile and --time", hint=f"e.g. {example}")
+    keep = {k: options.get(k) for k in ("profile", "time", "account", "partition", "reservation", "launcher", "python")}
+    poll = options.get("poll", poll)
+    return SlurmTarget(**keep, ranks_per_node=options.get("gpus_per_node"), poll_s=2.0 if poll is None else poll)
+
+
 @dataclass(frozen=True)
 class PreparedJob:
     spec: SlurmJobSpec

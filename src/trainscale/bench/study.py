@@ -60,6 +60,12 @@ class StudySpec:
     """Run each configuration as a SLURM job (``--slurm``) instead of on this node."""
 
     def __post_init__(self) -> None:
+        if self.workload and self.script:
+            raise ConfigError(f"both --workload {self.workload} and script {self.script!r} given",
+                              hint="benchmark one of them")
+        if self.script and not Path(self.script).is_file():
+            raise ConfigError(f"script {self.script!r} does not exist",
+                              hint="give the path of a training script, or --workload NAME (see `trainscale workloads`)")
         if (self.workload is None) == (self.script is None):
             raise ConfigError("give exactly one of --workload NAME or SCRIPT",
                               hint="e.g. trainscale bench --workload cnn --configs 1,2, or trainscale bench train.py")

@@ -1,5 +1,5 @@
 """`trainscale tune`: which settings make this training fastest here. Pure planning and choosing;
-``cli/tune.py`` launches the trials.
+``bench/tuning.py`` launches the trials.
 
 The knobs are what the courses' users tune by hand, each spelled as the workloads and ``trainscale run``
 take it, so the result is a config file every command accepts:
@@ -111,6 +111,10 @@ class TuneSpec:
             raise ConfigError("ranks, batch and cores must be >= 1", hint="e.g. --nproc-per-node 2 --batch-size 16")
         if any(b < 1 for b in self.batches):
             raise ConfigError(f"--batches {self.batches}: every batch must be >= 1", hint="e.g. --batches 8,16,32")
+        if self.workload is not None:
+            from trainscale.workloads.registry import get_workload
+
+            get_workload(self.workload)  # an unknown name is refused here, with the list
 
     @property
     def ddp(self) -> bool:

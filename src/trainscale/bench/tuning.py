@@ -90,3 +90,40 @@ def tune(spec: TuneSpec, say: Callable[[str], None]) -> Outcome:
         default_rate = measure(spec, default, work, n + 1).samples_per_s
         best_rate = measure(spec, best, work, n + 2).samples_per_s
     return Outcome(search, best, default, best_rate, default_rate, budget_reached=setting is not None)
+
+
+def check_command(*, workload: str | None, script: str | None, out: Path) -> None:
+    """``trainscale tune``'s refusals before a TuneSpec: two targets, a script that is not there, an ``--out``
+    that would be overwritten."""
+    if script and workload:
+        raise ConfigError(f"both --workload {workload} and script {script!r} given", hint="tune one of them")
+    if script and not Path(script).is_file():
+        raise ConfigError(f"script {script!r} does not exist", hint="give a training script, or --workload NAME")
+    if out.exists():
+        raise ConfigError(f"{out} already exists: tune does not overwrite it", hint="--out another file, or move it")
+
+
+def report(spec: TuneSpec, done: Outcome, out: Path) -> list[str]:
+    """Write the best setting's config file to ``out``; the lines that say what was found and where it went."""
+    import socket
+
+    from trainscale.bench.tune import gain, render_config
+
+    best, default = done.best, done.default
+    lines = [f"  (budget reached: {len(done.search.trials)} trial(s); raise --budget to search further)"] \
+        if done.budget_reached else []
+    if best != default:
+        g = gain(done.best_rate, done.default_rate)
+        lines.append(f"\nbest: {best.describe()}" + (f"; {g:.2f}x the defaults' throughput ({done.best_rate:.0f} vs "
+                                                     f"{done.default_rate:.0f} samples/s, measured again side by side)"
+                                                     if g else ""))
+    else:
+        lines.append(f"\nbest: the defaults ({best.describe()}, {done.default_rate:.0f} samples/s): nothing tried beat "
+                     "them by more than 3%")
+    if best.batch_size != spec.batch_size:
+        lines.append(f"note: the per-rank batch changed from {spec.batch_size} to {best.batch_size}: the global batch "
+                     "and the training change with it; scale the learning rate to match")
+    out.write_text(render_config(spec, best, default_rate=done.default_rate, best_rate=done.best_rate,
+                                 host=socket.gethostname()))
+    return lines + [f"wrote {out}: trainscale run --nproc-per-node {spec.nproc_per_node} --workload "
+                    f"{spec.workload or 'NAME'} --config {out}"]

@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from trainscale.errors import ConfigError
+from trainscale.cli.bench_allreduce import add_slurm_options, run_allreduce, slurm_target
+
 
 HELP = """usage: trainscale bench [--workload NAME | SCRIPT [ARGS...]] [--configs cpu,1,2,4] [--scaling weak|strong]
                         [--batch-size B] [--epochs E] [--max-steps S] [--data SRC] [--samples N]
@@ -38,43 +39,6 @@ Examples:
   trainscale bench allreduce --nproc 2 --hook shm
   trainscale bench allreduce --slurm --profile lumi --account project_465000000 --time 00:10:00 --nodes 2
 """
-
-SLURM_ONLY = ("profile", "gpus_per_node", "time", "account", "partition", "reservation", "launcher", "python", "poll")
-
-
-def add_slurm_options(p: argparse.ArgumentParser, nodes_help: str) -> None:
-    p.add_argument("--slurm", action="store_true", help="run as SLURM jobs (as `trainscale slurm --submit`)")
-    p.add_argument("--profile", default=None, help="the cluster profile of the jobs (`trainscale profiles`)")
-    p.add_argument("--nodes", default=None, help=nodes_help)
-    p.add_argument("--gpus-per-node", type=int, default=None, help="on CPU-only profiles: ranks per node")
-    p.add_argument("--time", default=None, help="time limit of each job")
-    p.add_argument("--account", help="sbatch -A of the jobs (default: the profile's)")
-    p.add_argument("--partition", help="sbatch -p of the jobs (default: the profile's)")
-    p.add_argument("--reservation", help="sbatch --reservation of the jobs")
-    p.add_argument("--launcher", choices=("torchrun", "srun"),
-                   help="one torchrun per node or one srun task per rank (default: the profile's)")
-    p.add_argument("--python", help="the Python the jobs run (default: as `trainscale slurm` chooses it)")
-    p.add_argument("--poll", type=float, default=None, help="seconds between queue polls")
-
-
-def slurm_target(ns: argparse.Namespace):
-    """The SlurmTarget of ``--slurm ...``, or None; SLURM options without --slurm are refused."""
-    from trainscale.bench.slurm_runs import SlurmTarget
-
-    given = [f"--{name.replace('_', '-')}" for name in SLURM_ONLY if getattr(ns, name) is not None]
-    if not ns.slurm:
-        if given or ns.nodes is not None:
-            raise ConfigError(f"{', '.join(given or ['--nodes'])} only apply to SLURM jobs",
-                              hint="add --slurm --profile NAME --time HH:MM:SS, or drop them to run on this node")
-        return None
-    if not ns.profile or not ns.time:
-        raise ConfigError("--slurm needs --profile and --time",
-                          hint="e.g. --slurm --profile lumi --account project_465000000 --time 00:30:00 "
-                               "(`trainscale profiles` lists the profiles)")
-    return SlurmTarget(profile=ns.profile, time=ns.time, ranks_per_node=ns.gpus_per_node, account=ns.account,
-                       partition=ns.partition, reservation=ns.reservation, launcher=ns.launcher, python=ns.python,
-                       poll_s=2.0 if ns.poll is None else ns.poll)
-
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trainscale bench", usage=HELP.split("\n\n")[0].removeprefix("usage: "),
@@ -108,60 +72,30 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def split_argv(argv: list[str]) -> tuple[list[str], str | None, list[str], list[str]]:
-    """(bench options, script or None, script args, workload args after ``--``)."""
-    from trainscale.cli.split import split_command
-
-    split = split_command(_parser(), argv, double_dash="rest")
-    if split.target is None:
-        return split.options, None, [], split.rest
-    return split.options, split.target, split.rest, []
-
-
-def list_interconnects() -> str:
-    from trainscale.bench.projection import PRESETS
-
-    lines = [f"{'preset':<14} {'busbw GB/s':>10} {'latency us':>10}  source"]
-    for p in PRESETS.values():
-        lines.append(f"{p.name:<14} {p.busbw_Bps / 1e9:>10.1f} {p.latency_us:>10.0f}  {p.link_gbit:g} Gb/s x "
-                     f"{p.links_per_node} x {p.efficiency:.0%}: {p.source}")
-    return "\n".join(lines)
-
-
 def build(argv: list[str]):
     """(StudySpec, ProjectionRequest | None, namespace) from the command line; raises ConfigError."""
     from trainscale.bench.configs import parse_int_list, with_nodes
-    from trainscale.bench.session import ProjectionRequest
+    from trainscale.bench.environment import visible_gpus
+    from trainscale.bench.session import projection_request
     from trainscale.bench.study import StudySpec
+    from trainscale.cli.split import split_command
 
-    options, script, script_args, workload_args = split_argv(argv)
-    ns = _parser().parse_args(options)
+    split = split_command(_parser(), argv, double_dash="rest")
+    ns = _parser().parse_args(split.options)
+    script, script_args, workload_args = (split.target, split.rest, []) if split.target else (None, [], split.rest)
     if ns.list_interconnects:
         return None, None, ns
-    if script and ns.workload:
-        raise ConfigError(f"both --workload {ns.workload} and script {script!r} given", hint="benchmark one of them")
-    if script and not Path(script).is_file():
-        raise ConfigError(f"script {script!r} does not exist",
-                          hint="give the path of a training script, or --workload NAME (see `trainscale workloads`)")
     target = slurm_target(ns)
     configs = with_nodes(ns.configs, parse_int_list(ns.nodes, "--nodes") if ns.nodes else ())
-    if target is None:
-        import torch
-
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    else:
-        gpus = 0  # this login node's GPUs say nothing about the compute nodes: the profile does
     spec = StudySpec(
         workload=ns.workload if (ns.workload or script) else "cnn", script=script, script_args=tuple(script_args),
         configs=configs, slurm=target, scaling=ns.scaling, batch_size=ns.batch_size, epochs=ns.epochs, max_steps=ns.max_steps,
         data=ns.data, samples=ns.samples, workload_args=tuple(workload_args), baseline=ns.baseline,
         sweep_batches=parse_int_list(ns.sweep_batch, "--sweep-batch") if ns.sweep_batch else (),
-        out_dir=Path(ns.out) if ns.out else None, gpus_visible=gpus)
-    projection = None
-    if ns.project_to is not None or ns.interconnect is not None:
-        projection = ProjectionRequest(project_to=ns.project_to or 1024, interconnect=ns.interconnect or "measured",
-                                       links_per_node=ns.links_per_node, overlap=ns.overlap)
-    return spec, projection, ns
+        out_dir=Path(ns.out) if ns.out else None,
+        gpus_visible=0 if target is not None else visible_gpus())  # a login node's GPUs say nothing of the compute nodes'
+    return spec, projection_request(project_to=ns.project_to, interconnect=ns.interconnect,
+                                    links_per_node=ns.links_per_node, overlap=ns.overlap), ns
 
 
 def run(args: argparse.Namespace) -> int:
@@ -173,109 +107,25 @@ def run(args: argparse.Namespace) -> int:
         return run_allreduce(argv[1:])
     spec, projection, ns = build(argv)
     if ns.list_interconnects:
-        print(list_interconnects())
+        from trainscale.bench.projection import presets_table
+
+        print(presets_table())
         return 0
-    from trainscale.bench.results import markdown_table, sweep_table
     from trainscale.bench.session import run_study
+    from trainscale.launch.rundir import shown
 
     if spec.slurm is None and spec.gpus_visible == 0 and any(t.strip() not in ("cpu",) for t in spec.configs.split(",")):
         print("trainscale bench: no GPU visible: configuration N runs N CPU ranks (gloo)", file=sys.stderr)
     outcome = run_study(spec, projection=projection, validate=ns.validate, make_plots=not ns.no_plots,
                         verbose=ns.verbose)
-    study = outcome.study
-    print()
-    print(sweep_table(study) if spec.sweep_batches else markdown_table(study))
-    print()
-    from trainscale.bench.validity import notes
-
-    for line in notes(study):
-        print(line)
-    if study.get("shared_hardware") and not spec.sweep_batches:
-        print(f"Shared hardware: {study['shared_hardware']}")
-    from trainscale.bench.results import busy_warning, model_check, suggestions
-
-    if model_check(study):
-        print(model_check(study))
-
-    if busy_warning(study):
-        print(f"Warning: {busy_warning(study)}")
-    for text in suggestions(study):
-        print(f"Suggestion: {text}")
-    if study.get("projection_error"):
-        print(f"No projection: {study['projection_error']}")
-    for name, path in outcome.files.items():
-        print(f"{name:>10}: {path}")
-    for name, path in outcome.plots.items():
-        print(f"{name:>10}: {path}")
+    print("\n".join(outcome.summary(sweep=bool(spec.sweep_batches))))
     for line in outcome.missing:
         print(f"trainscale bench: {line}; the results are written", file=sys.stderr)
-    from trainscale.launch.rundir import shown
-
     print(f"next: trainscale report {shown(outcome.out_dir)}   (the page: verdicts, tables, plots)")
-    failed = [r for r in study["runs"] if r.get("status") != "ok"]
+    failed = [r for r in outcome.study["runs"] if r.get("status") != "ok"]
     for r in failed:
         print(f"\n{r['name']} ({r['label']}) failed:\n{r.get('failure', '')}", file=sys.stderr)
     return 1 if failed else 0
-
-
-def run_allreduce(argv: list[str]) -> int:
-    from trainscale.bench.allreduce import DEFAULT_SIZES, HOOKS, parse_sizes, table
-    from trainscale.bench.study import choose_out_dir
-
-    p = argparse.ArgumentParser(prog="trainscale bench allreduce")
-    p.add_argument("--sizes", default=DEFAULT_SIZES, help="SMALLEST..LARGEST (doubling) or a list, e.g. 1KB..16MB")
-    p.add_argument("--nproc", type=int, default=None, help="ranks on this node (with --slurm: per node)")
-    p.add_argument("--iters", type=int, default=20, help="timed iterations per size at most (default: 20)")
-    p.add_argument("--budget", type=float, default=1.0, help="seconds per size at most")
-    p.add_argument("--device", default="auto", help="auto (GPUs when visible), cpu or cuda")
-    p.add_argument("--out", default=None, help="the results' new directory (default: bench-out/allreduce/<date-time>)")
-    p.add_argument("--hook", default="none", choices=HOOKS,
-                   help="none: the backend's all-reduce; shm: DDP's shared-memory average (CPU ranks of one node); "
-                        "auto: as --strategy ddp's default")
-    add_slurm_options(p, "nodes of the job (with --slurm), default 1")
-    ns = p.parse_args(argv)
-    parse_sizes(ns.sizes)  # errors before any launch
-    target = slurm_target(ns)
-    if ns.nproc is not None and ns.gpus_per_node is not None:
-        raise ConfigError("--nproc and --gpus-per-node both give ranks per node", hint="give one of them")
-    nproc = ns.nproc if ns.nproc is not None else ns.gpus_per_node
-    if target is not None and nproc is None:
-        nproc = target.nodes_ranks
-        if nproc is None:
-            raise ConfigError(f"profile {target.profile!r} has no GPUs per node to say how many ranks a node runs",
-                              hint="give --gpus-per-node R (ranks per node)")
-    nproc = 2 if nproc is None else nproc
-    if nproc < 1:
-        raise ConfigError(f"--nproc {nproc}: an all-reduce needs at least one rank", hint="e.g. --nproc 2")
-    nodes = 1
-    if target is not None and ns.nodes is not None:
-        try:
-            nodes = int(ns.nodes)
-        except ValueError:
-            raise ConfigError(f"--nodes {ns.nodes!r} is not a number of nodes", hint="e.g. --nodes 2") from None
-    out_dir = choose_out_dir(Path(ns.out) if ns.out else None, root=Path("bench-out") / "allreduce")
-    out_file = out_dir / "allreduce.json"
-    if target is None:
-        from trainscale.bench.runner import measure_allreduce
-
-        out_dir.mkdir(parents=True, exist_ok=True)
-        result = measure_allreduce(nproc, ns.sizes, out_file, out_dir / "logs", iters=ns.iters,
-                                   budget_s=ns.budget, device=ns.device, hook=ns.hook)
-    else:
-        from trainscale.bench.slurm_runs import allreduce_job, measure_allreduce
-
-        job = allreduce_job(target, nodes=nodes, ranks_per_node=nproc, sizes=ns.sizes, out_file=out_file.absolute(),
-                            output_dir=out_dir / "job", iters=ns.iters, budget_s=ns.budget, device=ns.device,
-                            name="bench-allreduce", hook=ns.hook)  # linted before anything is written
-        out_dir.mkdir(parents=True, exist_ok=True)
-        result = measure_allreduce(target, job, out_file,
-                                   on_line=lambda text: print(f"trainscale bench: {text}", file=sys.stderr, flush=True))
-    if not result or "rows" not in result:
-        print((result or {}).get("error", "all-reduce benchmark failed"), file=sys.stderr)
-        return 1
-    print(table(result))
-    print(f"\njson: {out_file}")
-    return 0
 
 
 def register(sub) -> None:

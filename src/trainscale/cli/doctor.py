@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,33 +17,14 @@ def _forwarded(args) -> list[str]:
     return out
 
 
-def _merge(files: list[Path]):
-    """Rank 0's report, plus the network findings of ranks that could not gather theirs to rank 0."""
-    from trainscale.doctor import Report
-
-    reports = [Report.from_dict(json.loads(p.read_text())) for p in files]
-    main, rest = reports[0], reports[1:]
-    extra = tuple(f for r in rest for f in r.findings if f.rank is not None)
-    ranks = max(main.ranks_reporting, len({f.rank for f in main.findings + extra if f.rank is not None}))
-    return Report(host=main.host, created=main.created, command=main.command, findings=main.findings + extra,
-                  ranks_reporting=ranks)
-
-
 def _launched(args) -> int:
     from trainscale.doctor import render, render_json
-    from trainscale.launch.local import LocalLaunchSpec, launch
+    from trainscale.doctor.launched import launched_report
 
-    with tempfile.TemporaryDirectory(prefix="trainscale-doctor-") as tmp:
-        output = Path(tmp) / "report.json"
-        spec = LocalLaunchSpec(target="trainscale.doctor", module=True, nproc_per_node=args.nproc,
-                               args=(*_forwarded(args), "--output", str(output)),
-                               log_dir=Path(args.log_dir) if args.log_dir else Path(tmp) / "logs")
-        result = launch(spec)
-        files = sorted(Path(tmp).glob("report.json.rank*"), key=lambda p: int(p.name.rpartition("rank")[2]))
-        if not output.exists():
-            print(result.summary or "trainscale doctor: the ranks wrote no report", file=sys.stderr)
-            return 1
-        report = _merge([output, *files])
+    report, result = launched_report(args.nproc, _forwarded(args), Path(args.log_dir) if args.log_dir else None)
+    if report is None:
+        print(result.summary or "trainscale doctor: the ranks wrote no report", file=sys.stderr)
+        return 1
     report = replace(report, command="trainscale doctor " + shlex.join(
         ["--nproc", str(args.nproc), *_forwarded(args), *(["--json"] if args.json else [])]))
     sys.stdout.write(render_json(report) if args.json else render(report))

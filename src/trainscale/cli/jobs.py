@@ -9,57 +9,23 @@ import sys
 
 
 def jobs(args: argparse.Namespace) -> int:
-    from trainscale.launch.slurm import job_info, squeue
-    from trainscale.launch.slurm.chains import chains
-    from trainscale.launch.slurm.jobdir import load_records
+    from trainscale.launch.slurm import squeue
+    from trainscale.launch.slurm.chains import queue_table
 
     user = None if args.all else (os.environ.get("USER") or getpass.getuser())
     found = squeue(user=user)
     if not found:
         print(f"no jobs in the queue{'' if args.all else f' for {user}'}")
         return 0
-
-    def state_of(job_id: str) -> str:
-        info = job_info(job_id)
-        return info.state if info is not None else "UNKNOWN"
-
-    grouped = chains(load_records(), found, state_of)
-    in_chain = {job for c in grouped for job, _ in c.links}
-    print(f"{'JOBID':<10} {'NAME':<24} {'STATE':<12} {'TIME':>10} {'LIMIT':>10}  NODELIST(REASON)")
-    for j in found:
-        if j.job_id in in_chain:
-            continue
-        where = j.nodelist if j.state == "RUNNING" else f"({j.reason})" if j.reason else j.nodelist
-        print(f"{j.job_id:<10} {j.name[:24]:<24} {j.state:<12} {j.elapsed:>10} {j.time_limit:>10}  {where}")
-    for c in grouped:
-        first = c.links[0][0]
-        print(f"{first + '+':<10} {c.name[:24]:<24} {c.state:<12} {'chain':>10} {len(c.links):>9}x  {c.describe()}")
+    print("\n".join(queue_table(found)))
     return 0
 
 
 def logs(args: argparse.Namespace) -> int:
-    from trainscale.launch.slurm import load_record, rank_log_text
-    from trainscale.launch.slurm.triage import find_failure
-    from trainscale.launch.slurm.watch import batch_text
+    from trainscale.launch.slurm import load_record
+    from trainscale.launch.slurm.watch import log_lines
 
-    record = load_record(args.job_id)
-    if args.rank is not None:
-        text = rank_log_text(record, args.rank)
-        print(f"==> rank {args.rank} of job {record.job_id} ({record.launcher} mode) <==")
-    else:
-        text = batch_text(record)
-        print(f"==> batch output of job {record.job_id}: {record.batch_output} <==")
-    lines = text.splitlines()
-    if args.tail:
-        lines = lines[-args.tail:]
-    print("\n".join(lines))
-    if args.rank is None:
-        failure = find_failure(record.job_dir, record.launcher, text)
-        if failure is not None:
-            print(f"\n==> failure of job {record.job_id} <==")
-            print(failure.describe())
-        print(f"\n(per-rank logs: trainscale logs {record.job_id} --rank R, R in 0..{record.world_size - 1}; "
-              f"files in {record.job_dir})")
+    print("\n".join(log_lines(load_record(args.job_id), args.rank, args.tail)))
     return 0
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from pathlib import Path
 
@@ -17,8 +16,9 @@ _SPEC_FIELDS = ("nproc_per_node", "nnodes", "max_restarts", "log_dir", "training
 def build_spec(argv: list[str], environ=None):
     from trainscale.cli.split import given_dests, split_command
     from trainscale.launch.local import LocalLaunchSpec, parse_nnodes
+    from trainscale.launch.torchrun import check_ranks_filter, resolve_nproc
     from trainscale.launch.torchrun import parser as torchrun_parser
-    from trainscale.launch.torchrun import resolve_nproc
+    from trainscale.workloads.registry import launch_preflight
 
     parser = torchrun_parser()
     split = split_command(parser, argv, target_options=("--workload",))
@@ -32,21 +32,11 @@ def build_spec(argv: list[str], environ=None):
         raise ConfigError("--workload with -m/--no-python", hint="a workload is run by name: drop -m/--no-python")
     nproc = resolve_nproc(ns.nproc_per_node)
     parse_nnodes(ns.nnodes)
-    _check_filter(ns.local_ranks_filter)
+    check_ranks_filter(ns.local_ranks_filter)
     script_args = list(split.rest)
+    launch_preflight(workload, script_args, nproc_per_node=nproc, nnodes=ns.nnodes, python=not ns.no_python)
     if workload:
-        from trainscale.workloads.registry import get_workload
-
-        low, high = parse_nnodes(ns.nnodes)
-        if low == high:
-            preflight = getattr(importlib.import_module(get_workload(workload).module), "preflight", None)
-            if preflight:
-                preflight(script_args, nproc * low)
         target, script_args = "trainscale.workloads", [workload, *script_args]
-    elif not ns.no_python:
-        from trainscale.launch.preflight import check_script_args
-
-        check_script_args(script_args, nproc * parse_nnodes(ns.nnodes)[0])
     given = given_dests(parser, split.options, environ)
     torchrun = {dest: getattr(ns, dest) for dest in given if dest not in _SPEC_FIELDS}
     return LocalLaunchSpec(
@@ -55,12 +45,6 @@ def build_spec(argv: list[str], environ=None):
         log_dir=Path(ns.log_dir) if ns.log_dir else None, console_all_ranks=ns.all_ranks,
         rdzv_timeout_s=ns.rdzv_timeout, torchrun=torchrun,
     )
-
-
-def _check_filter(value: str) -> None:
-    if value and not all(part.strip().isdigit() for part in value.split(",")):
-        raise ConfigError(f"--local-ranks-filter {value!r} is not a list of local ranks",
-                          hint="write them comma-separated, e.g. --local-ranks-filter 0,1")
 
 
 def spread_over_allocation(argv: list[str], environ=None) -> int | None:
@@ -88,6 +72,7 @@ def spread_over_allocation(argv: list[str], environ=None) -> int | None:
 
 def run(args: argparse.Namespace) -> int:
     from trainscale.launch.local import launch
+    from trainscale.launch.summary import finished_lines, next_line
 
     spread = spread_over_allocation(args.argv)
     if spread is not None:
@@ -100,29 +85,8 @@ def run(args: argparse.Namespace) -> int:
     if not result.ok:
         print(f"{result.summary}\n{next_line(result)}", file=sys.stderr, flush=True)
         return 1
-    print(finished_lines(spec, result), file=sys.stderr, flush=True)
+    print(finished_lines(spec.nproc_per_node, spec.max_restarts, result), file=sys.stderr, flush=True)
     return 0
-
-
-def next_line(result) -> str:
-    """The command that reads the run next: its report (per-rank logs and failures included)."""
-    import shlex
-
-    from trainscale.launch.rundir import shown
-
-    return f"trainscale: next: trainscale report {shlex.quote(shown(result.run_dir))}"
-
-
-def finished_lines(spec, result) -> str:
-    """Where the run went, its restarts if any, and the command that reads it next."""
-    from trainscale.launch.rundir import shown
-    from trainscale.launch.summary import attempts_lines
-
-    run = shown(result.run_dir)
-    where = (f"run directory {run} (records, every rank's logs, run.json)" if result.run_dir == result.log_dir
-             else f"records in {run}, this node's logs in {shown(result.log_dir)}")
-    return "\n".join([f"trainscale: {spec.nproc_per_node} rank(s) finished in {result.seconds:.1f}s; {where}",
-                      *attempts_lines(list(result.attempts), spec.max_restarts + 1), next_line(result)])
 
 
 def register(sub) -> None:

@@ -21,20 +21,11 @@ SLURM_ONLY = ("profile", "time", "gpus_per_node", "account", "partition", "reser
 
 def _target(ns: argparse.Namespace):
     """The SLURM target of ``--slurm ...``, or None; SLURM options without --slurm are refused."""
-    given = [f"--{name.replace('_', '-')}" for name in SLURM_ONLY if getattr(ns, name) is not None]
-    if not ns.slurm:
-        if given:
-            raise ConfigError(f"{', '.join(given)} only apply with --slurm",
-                              hint="add --slurm --profile NAME --time HH:MM:SS, or drop them to check this node")
-        return None
-    if not ns.profile or not ns.time:
-        raise ConfigError("--slurm needs --profile and --time",
-                          hint="e.g. --slurm --profile lumi --account project_465000000 --nodes 2 --time 00:15:00")
-    from trainscale.bench.slurm_runs import SlurmTarget
+    from trainscale.bench.slurm_runs import target_from_options
 
-    return SlurmTarget(profile=ns.profile, time=ns.time, ranks_per_node=ns.gpus_per_node, account=ns.account,
-                       partition=ns.partition, reservation=ns.reservation, launcher=ns.launcher, python=ns.python,
-                       poll_s=ns.poll)
+    return target_from_options(slurm=ns.slurm, options={k: getattr(ns, k) for k in SLURM_ONLY}, poll=ns.poll,
+                               unused="only apply with --slurm", here="check this node",
+                               example="--slurm --profile lumi --account project_465000000 --nodes 2 --time 00:15:00")
 
 
 def run(ns: argparse.Namespace) -> int:

@@ -22,9 +22,6 @@ in its own directory DIR/task-I/ where it may write metrics.json (workloads do).
   trainscale sweep status trainscale-jobs/trainscale-cnn-20261123-140000
 """
 
-_OWN = ("grid", "grid_file", "max_parallel", "local", "nproc_per_node")
-
-
 def _extend(parser: argparse.ArgumentParser) -> tuple[str, ...]:
     group = parser.add_argument_group("the sweep")
     group.add_argument("--grid", help="KEY=V1,V2 ... (one word per key)")
@@ -32,25 +29,21 @@ def _extend(parser: argparse.ArgumentParser) -> tuple[str, ...]:
     group.add_argument("--max-parallel", type=int, help="array tasks running at once (sbatch --array ...%%K)")
     group.add_argument("--local", action="store_true", default=None, help="run here, one configuration after another")
     group.add_argument("--nproc-per-node", type=int, help="with --local: ranks per configuration (default 1)")
-    return _OWN
-
-
-def _grid(ns) -> dict[str, list[str]]:
-    from trainscale.launch.slurm.sweep import load_grid_file, parse_grid
-
-    if bool(ns.grid) == bool(ns.grid_file):
-        raise ConfigError("give exactly one of --grid or --grid-file", hint="e.g. --grid 'lr=1e-3,3e-4 batch_size=16,32'")
-    return parse_grid(ns.grid) if ns.grid else load_grid_file(ns.grid_file)
+    return ("grid", "grid_file", "max_parallel", "local", "nproc_per_node")  # not job spec fields
 
 
 def sweep_parser() -> argparse.ArgumentParser:
     """trainscale slurm's options, the sweep's own, and the sweep's description: `trainscale sweep --help`."""
-    from trainscale.cli.slurm import _parser
+    from trainscale.cli.slurm_options import parser
 
-    p = _parser()
+    p = parser()
     p.prog, p.usage, p.description = "trainscale sweep", argparse.SUPPRESS, HELP
     _extend(p)
     return p
+
+
+def _say(line: str) -> None:
+    print(f"trainscale sweep: {line}", file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,73 +53,57 @@ def run(args: argparse.Namespace) -> int:
     if argv[:1] in (["-h"], ["--help"]):
         sweep_parser().print_help()
         return 0
-    import dataclasses
     import os
 
     from trainscale.cli.slurm import build
-
-    from trainscale.cli.slurm import _parser
     from trainscale.cli.split import split_command
+    from trainscale.launch.slurm.sweep import grid_of
 
-    parser = _parser()
-    _extend(parser)
-    options = split_command(parser, argv, target_options=("--workload", "-m")).options
+    options = split_command(sweep_parser(), argv, target_options=("--workload", "-m")).options
     if "--local" in options:
         if not any(a in ("-t", "--time") or a.startswith("--time=") for a in options):
             argv = ["-t", "UNLIMITED", *argv]  # a local sweep has no time limit
         spec, _, ns, _ = build(argv, os.environ, extend=_extend, command="sweep")
         return run_local(spec, ns)
     spec, profile, ns, preflight = build(argv, os.environ, extend=_extend, command="sweep")
-    grid = _grid(ns)
-    from trainscale.launch.slurm.sweep import configurations
-
-    count = len(configurations(grid))
-    if ns.max_parallel is not None and ns.max_parallel < 1:
-        raise ConfigError(f"--max-parallel {ns.max_parallel} must be at least 1", hint="e.g. --max-parallel 2")
-    array = f"0-{count - 1}" + (f"%{ns.max_parallel}" if ns.max_parallel else "")
-    spec = dataclasses.replace(spec, array=array, sweep=True)
-    if ns.dry_run == ns.submit:
-        raise ConfigError("give exactly one of --dry-run or --submit", hint="start with --dry-run")
     from trainscale.launch.slurm import lint, render, resolve
     from trainscale.launch.slurm.lint import errors
+    from trainscale.launch.slurm.sweep import array_job, configurations, submit_array
 
+    grid = grid_of(ns.grid, ns.grid_file)
+    spec = array_job(spec, grid, ns.max_parallel)
+    if ns.dry_run == ns.submit:
+        raise ConfigError("give exactly one of --dry-run or --submit", hint="start with --dry-run")
     plan = resolve(spec, profile)
     findings = lint(spec, profile, plan, preflight=preflight)
     for f in findings:
-        print(f"trainscale sweep: {f}", file=sys.stderr, flush=True)
+        _say(str(f))
     for i, config in enumerate(configurations(grid)):
-        print(f"trainscale sweep: task {i}: " + " ".join(f"{k}={v}" for k, v in config.items()), file=sys.stderr)
+        _say(f"task {i}: " + " ".join(f"{k}={v}" for k, v in config.items()))
     if ns.dry_run:
         print(render(spec, profile, plan), end="")
         return 2 if errors(findings) else 0
     if errors(findings):
-        print(f"trainscale sweep: {len(errors(findings))} error(s): not submitted", file=sys.stderr, flush=True)
+        _say(f"{len(errors(findings))} error(s): not submitted")
         return 2
-    return submit_sweep(spec, profile, plan, grid)
-
-
-def submit_sweep(spec, profile, plan, grid) -> int:
-    from trainscale.launch.slurm.sweep import submit_array
-
     sub, run_dir, count = submit_array(spec, profile, plan, grid)
-    print(f"trainscale sweep: submitted array job {sub.job_id} ({count} tasks, --array={spec.array}); "
-          f"run directory {run_dir}; results: trainscale sweep status {run_dir}", file=sys.stderr, flush=True)
+    _say(f"submitted array job {sub.job_id} ({count} tasks, --array={spec.array}); run directory {run_dir}; "
+         f"results: trainscale sweep status {run_dir}")
     print(run_dir, flush=True)
     return 0
 
 
 def run_local(spec, ns) -> int:
-    """One configuration after another on this node, each launched as `trainscale run` launches."""
-    from trainscale.launch.slurm.sweep import run_here
+    """One configuration after another on this node, each launched as `trainscale run` launches it."""
+    from trainscale.launch.slurm.sweep import grid_of, run_here
 
-    run_dir, failed = run_here(spec, _grid(ns), nproc_per_node=ns.nproc_per_node or 1,
-                               say=lambda line: print(f"trainscale sweep: {line}", file=sys.stderr, flush=True))
+    run_dir, failed = run_here(spec, grid_of(ns.grid, ns.grid_file), nproc_per_node=ns.nproc_per_node or 1, say=_say)
     status([str(run_dir)])
     return 1 if failed else 0
 
 
 def status(argv: list[str]) -> int:
-    from trainscale.launch.slurm.sweep import choose_metric, gather, plot, ranked, table, write_results
+    from trainscale.launch.slurm.sweep import status as sweep_status
 
     p = argparse.ArgumentParser(prog="trainscale sweep status", description="A sweep's results, best first: a table, "
                                 "CSV and Markdown files and a plot in its directory.")
@@ -134,17 +111,7 @@ def status(argv: list[str]) -> int:
     p.add_argument("--metric", help="rank by this metric (default: test_loss, val_loss, loss or train_loss)")
     p.add_argument("--higher-is-better", action="store_true", help="rank the largest value first (e.g. accuracy)")
     ns = p.parse_args(argv)
-    results = gather(Path(ns.dir))
-    metric = choose_metric(results, ns.metric)
-    header, rows = table(ranked(results, metric, ns.higher_is_better), metric)
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    for row in (header, *rows):
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
-    files = write_results(Path(ns.dir), header, rows)
-    png = plot(Path(ns.dir), results, metric, ns.higher_is_better)
-    done = sum(r.state == "finished" for r in results)
-    print(f"\n{done} of {len(results)} task(s) finished" + (f"; best first by {metric}" if metric else "")
-          + f". Written: {files['csv']}, {files['markdown']}" + (f", {png}" if png else ""))
+    print("\n".join(sweep_status(Path(ns.dir), ns.metric, ns.higher_is_better)))
     return 0
 
 

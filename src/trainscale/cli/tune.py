@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 from pathlib import Path
-
-from trainscale.errors import ConfigError
 
 USAGE = """trainscale tune [--workload NAME | SCRIPT [ARGS...]] [--nproc-per-node N] [--batch-size B]
                        [--batches 8,16,32] [--budget SECONDS] [--max-steps S] [--strategy S] [--loader L]
@@ -50,39 +47,28 @@ def _parser() -> argparse.ArgumentParser:
 
 def build(argv: list[str]):
     from trainscale.bench.configs import parse_int_list
+    from trainscale.bench.environment import visible_gpus
     from trainscale.bench.tune import TuneSpec
+    from trainscale.bench.tuning import check_command
     from trainscale.cli.split import split_command
 
     split = split_command(_parser(), argv, double_dash="rest")
     ns = _parser().parse_args(split.options)
     script, script_args, workload_args = (split.target, split.rest, []) if split.target else (None, [], split.rest)
-    if script and ns.workload:
-        raise ConfigError(f"both --workload {ns.workload} and script {script!r} given", hint="tune one of them")
-    if script and not Path(script).is_file():
-        raise ConfigError(f"script {script!r} does not exist", hint="give a training script, or --workload NAME")
     out = Path(ns.out)
-    if out.exists():
-        raise ConfigError(f"{out} already exists: tune does not overwrite it", hint="--out another file, or move it")
-    device = ns.device
-    if device == "auto":
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    check_command(workload=ns.workload, script=script, out=out)
+    device = ("cuda" if visible_gpus() else "cpu") if ns.device == "auto" else ns.device
     spec = TuneSpec(workload=None if script else (ns.workload or "cnn"), script=script, script_args=tuple(script_args),
                     workload_args=tuple(workload_args), nproc_per_node=ns.nproc_per_node, batch_size=ns.batch_size,
                     strategy=ns.strategy, loader=ns.loader, device=device, cores=os.cpu_count() or 1,
                     budget_s=ns.budget, max_steps=ns.max_steps,
                     batches=parse_int_list(ns.batches, "--batches") if ns.batches else ())
-    if script is None:
-        from trainscale.workloads.registry import get_workload
-
-        get_workload(spec.workload)  # an unknown name is refused here, with the list
     return spec, out
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainscale.bench.tune import gain, knobs, render_config
-    from trainscale.bench.tuning import tune
+    from trainscale.bench.tune import knobs
+    from trainscale.bench.tuning import report, tune
 
     argv = list(args.argv)
     if argv and argv[0] in ("-h", "--help"):
@@ -93,24 +79,7 @@ def run(args: argparse.Namespace) -> int:
           f"budget {spec.budget_s:.0f}s, {spec.max_steps} steps per trial; knobs: "
           f"{', '.join(k for k, _ in knobs(spec))}", flush=True)
     done = tune(spec, say=lambda line: print(line, flush=True))
-    best, default = done.best, done.default
-    if done.budget_reached:
-        print(f"  (budget reached: {len(done.search.trials)} trial(s); raise --budget to search further)")
-    if best != default:
-        g = gain(done.best_rate, done.default_rate)
-        print(f"\nbest: {best.describe()}" + (f"; {g:.2f}x the defaults' throughput ({done.best_rate:.0f} vs "
-                                                 f"{done.default_rate:.0f} samples/s, measured again side by side)"
-                                                 if g else ""))
-    else:
-        print(f"\nbest: the defaults ({best.describe()}, {done.default_rate:.0f} samples/s): nothing tried beat them "
-              "by more than 3%")
-    if best.batch_size != spec.batch_size:
-        print(f"note: the per-rank batch changed from {spec.batch_size} to {best.batch_size}: the global batch and "
-              "the training change with it; scale the learning rate to match")
-    out.write_text(render_config(spec, best, default_rate=done.default_rate, best_rate=done.best_rate,
-                                 host=socket.gethostname()))
-    print(f"wrote {out}: trainscale run --nproc-per-node {spec.nproc_per_node} --workload "
-          f"{spec.workload or 'NAME'} --config {out}")
+    print("\n".join(report(spec, done, out)))
     return 0
 
 

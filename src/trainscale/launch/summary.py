@@ -100,6 +100,26 @@ _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote w
 _HUNG = re.compile(r"rank\(s\) ([\d, ]+) did not arrive")
 
 
+def next_line(result) -> str:
+    """The command that reads a run next: its report (per-rank logs and failures included)."""
+    import shlex
+
+    from trainscale.launch.rundir import shown
+
+    return f"trainscale: next: trainscale report {shlex.quote(shown(result.run_dir))}"
+
+
+def finished_lines(nproc_per_node: int, max_restarts: int, result) -> str:
+    """Where a finished local run went, its restarts if any, and the command that reads it next."""
+    from trainscale.launch.rundir import shown
+
+    run = shown(result.run_dir)
+    where = (f"run directory {run} (records, every rank's logs, run.json)" if result.run_dir == result.log_dir
+             else f"records in {run}, this node's logs in {shown(result.log_dir)}")
+    return "\n".join([f"trainscale: {nproc_per_node} rank(s) finished in {result.seconds:.1f}s; {where}",
+                      *attempts_lines(list(result.attempts), max_restarts + 1), next_line(result)])
+
+
 def hung_ranks(failure: RankFailure) -> list[int]:
     """The ranks ``failure``'s error names as hung, if it is a collective timeout that names them."""
     match = _HUNG.search(failure.traceback)

@@ -100,3 +100,10 @@ def resolve_nproc(value: str | int) -> int:
     except ValueError:
         raise ConfigError(f"--nproc-per-node {value!r} is not a number or one of auto, cpu, gpu, xpu",
                           hint="use a positive integer, gpu (one per GPU), cpu (one per core) or auto") from None
+
+
+def check_ranks_filter(value: str | None) -> None:
+    """``--local-ranks-filter``: comma-separated local ranks (torchrun itself fails on anything else mid-launch)."""
+    if value and not all(part.strip().isdigit() for part in value.split(",")):
+        raise ConfigError(f"--local-ranks-filter {value!r} is not a list of local ranks",
+                          hint="write them comma-separated, e.g. --local-ranks-filter 0,1")

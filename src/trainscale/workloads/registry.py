@@ -39,3 +39,43 @@ def get_workload(name: str) -> Workload:
     if name not in found:
         raise ConfigError(f"unknown workload {name!r}", hint=did_you_mean(name, list(found)))
     return found[name]
+
+
+def workload_preflight(name: str):
+    """The workload's own check of its arguments before anything launches, ``preflight(args, world_size, ...)``,
+    or None when it has none."""
+    import importlib
+
+    return getattr(importlib.import_module(get_workload(name).module), "preflight", None)
+
+
+def job_preflight(spec):
+    """What lint runs over a SLURM job's arguments: the workload's preflight, or for a script its own
+    --deepspeed_config read as DeepSpeed reads it; None for a module."""
+    if spec.workload:
+        return workload_preflight(spec.workload)
+    if not spec.script:
+        return None
+    from trainscale.launch.preflight import check_script_args
+
+    def preflight(args, world_size, *, gpus):
+        check_script_args(args, world_size, device="cuda" if gpus else "cpu")
+
+    return preflight
+
+
+def launch_preflight(workload: str | None, args: list[str], *, nproc_per_node: int, nnodes: str,
+                     python: bool = True) -> None:
+    """Before a local launch: the workload's preflight when the world size is fixed (``--nnodes MIN:MAX`` leaves
+    it open), else a Python script's own --deepspeed_config."""
+    from trainscale.launch.local import parse_nnodes
+
+    low, high = parse_nnodes(nnodes)
+    if workload:
+        check = workload_preflight(workload) if low == high else None
+        if check:
+            check(args, nproc_per_node * low)
+    elif python:
+        from trainscale.launch.preflight import check_script_args
+
+        check_script_args(args, nproc_per_node * low)

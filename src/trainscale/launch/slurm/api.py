@@ -151,9 +151,9 @@ def map_array(fn: Callable[..., Any], /, *iterables: Iterable[Any], max_parallel
     if not calls:
         raise ConfigError("trainscale.slurm.map_array: no parameters to map over",
                           hint="pass one list per argument of the function, e.g. map_array(train, [1e-3, 3e-4], ...)")
-    if max_parallel is not None and max_parallel < 1:
-        raise ConfigError(f"max_parallel={max_parallel} must be at least 1", hint="e.g. max_parallel=2")
-    array = f"0-{len(calls) - 1}" + (f"%{max_parallel}" if max_parallel else "")
+    from trainscale.launch.slurm.sweep import array_range
+
+    array = array_range(len(calls), max_parallel, option="max_parallel=")
     spec, profile = build_spec({**_function_target(fn, options), "array": array, "sweep": True}, options)
 
     def write(plan) -> None:

@@ -47,3 +47,28 @@ def chains(records: list[JobRecord], queued: list[JobInfo], state_of: Callable[[
         states = tuple((r.job_id, in_queue.get(r.job_id) or state_of(r.job_id)) for r in links)
         out.append(Chain(run_dir=run_dir, name=links[0].name, links=states))
     return out
+
+
+def queue_table(found: list[JobInfo]) -> list[str]:
+    """``trainscale jobs``: squeue's jobs, each chain trainscale submitted as one line after them (a link
+    squeue no longer lists is asked for with sacct/scontrol)."""
+    from trainscale.launch.slurm.jobdir import load_records
+    from trainscale.launch.slurm.queue import job_info
+
+    def state_of(job_id: str) -> str:
+        info = job_info(job_id)
+        return info.state if info is not None else "UNKNOWN"
+
+    grouped = chains(load_records(), found, state_of)
+    in_chain = {job for c in grouped for job, _ in c.links}
+    lines = [f"{'JOBID':<10} {'NAME':<24} {'STATE':<12} {'TIME':>10} {'LIMIT':>10}  NODELIST(REASON)"]
+    for j in found:
+        if j.job_id in in_chain:
+            continue
+        where = j.nodelist if j.state == "RUNNING" else f"({j.reason})" if j.reason else j.nodelist
+        lines.append(f"{j.job_id:<10} {j.name[:24]:<24} {j.state:<12} {j.elapsed:>10} {j.time_limit:>10}  {where}")
+    for c in grouped:
+        first = c.links[0][0]
+        lines.append(f"{first + '+':<10} {c.name[:24]:<24} {c.state:<12} {'chain':>10} {len(c.links):>9}x  "
+                     f"{c.describe()}")
+    return lines

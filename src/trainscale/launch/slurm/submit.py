@@ -8,7 +8,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainscale.errors import SlurmError
+from trainscale.errors import ConfigError, SlurmError
 from trainscale.launch.slurm.queue import Runner
 
 
@@ -77,12 +77,20 @@ UNREACHABLE = re.compile(r"Unable to contact slurm controller|Could not establis
 """sbatch's words when it never got the scheduler's answer (not a refusal of the job)."""
 
 
-def ask_test_only(script_text: str, *, run: Runner | None = None) -> tuple[str, str]:
+def ask_test_only(script_text: str, *, required: bool = False, run: Runner | None = None) -> tuple[str, str]:
     """``sbatch --test-only``: whether and when SLURM would start this script (it submits nothing).
 
-    Returns (``accepts`` | ``refuses`` | ``unreachable``, what sbatch said): an unreachable scheduler (no
-    controller, no configuration, no munge) is not a refusal of the job."""
+    Returns (``accepts`` | ``refuses`` | ``unreachable`` | ``no sbatch``, what sbatch said): an unreachable
+    scheduler (no controller, no configuration, no munge) is not a refusal of the job. Without sbatch on
+    PATH the answer is ``no sbatch``, or, when the answer is ``required`` (--test-only), an error."""
+    import shutil
     import tempfile
+
+    if run is None and not shutil.which("sbatch"):
+        if required:
+            raise ConfigError("--test-only needs sbatch, which is not on this machine's PATH",
+                              hint="run it on a SLURM login node, or use --dry-run")
+        return "no sbatch", ""
 
     with tempfile.NamedTemporaryFile("w", suffix=".sbatch", prefix="trainscale-test-only-") as handle:
         handle.write(script_text)
@@ -98,3 +106,13 @@ def ask_test_only(script_text: str, *, run: Runner | None = None) -> tuple[str, 
     if done.returncode == 0:
         return "accepts", said
     return ("unreachable" if UNREACHABLE.search(said) else "refuses"), said
+
+
+def test_only_lines(answer: str, said: str) -> list[str]:
+    """What ``trainscale slurm`` says about an :func:`ask_test_only` answer (nothing when there is no sbatch)."""
+    if answer == "unreachable":
+        return [f"trainscale slurm: could not ask the scheduler (sbatch --test-only: {said}); the job was not checked "
+                "by SLURM", "  hint: run it where the SLURM controller answers (a login node; `squeue` works there)"]
+    if answer == "no sbatch":
+        return []
+    return [f"trainscale slurm: sbatch --test-only {'accepts' if answer == 'accepts' else 'REFUSES'} the job: {said}"]

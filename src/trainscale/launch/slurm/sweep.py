@@ -71,6 +71,29 @@ def load_grid_file(path: str | Path) -> dict[str, list[str]]:
     return grid
 
 
+def grid_of(grid: str | None, grid_file: str | None) -> dict[str, list[str]]:
+    """The grid of ``--grid`` or of ``--grid-file`` (exactly one of them)."""
+    if bool(grid) == bool(grid_file):
+        raise ConfigError("give exactly one of --grid or --grid-file", hint="e.g. --grid 'lr=1e-3,3e-4 batch_size=16,32'")
+    return parse_grid(grid) if grid else load_grid_file(grid_file)
+
+
+def array_range(count: int, max_parallel: int | None, *, option: str) -> str:
+    """sbatch's ``--array`` for ``count`` tasks, at most ``max_parallel`` running at once; ``option`` is how the
+    caller spells max_parallel (``--max-parallel `` or ``max_parallel=``)."""
+    if max_parallel is not None and max_parallel < 1:
+        raise ConfigError(f"{option}{max_parallel} must be at least 1", hint=f"e.g. {option}2")
+    return f"0-{count - 1}" + (f"%{max_parallel}" if max_parallel else "")
+
+
+def array_job(spec: Any, grid: dict[str, list[str]], max_parallel: int | None) -> Any:
+    """The job spec as the sweep's one array job: a task per configuration of ``grid``."""
+    import dataclasses
+
+    array = array_range(len(configurations(grid)), max_parallel, option="--max-parallel ")
+    return dataclasses.replace(spec, array=array, sweep=True)
+
+
 def configurations(grid: dict[str, list[str]]) -> list[dict[str, str]]:
     """Every combination, the first key varying slowest."""
     keys = list(grid)
@@ -188,6 +211,20 @@ def write_results(run_dir: Path, header: list[str], rows: list[list[str]]) -> di
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     (run_dir / "results.md").write_text("\n".join(lines) + "\n")
     return {"csv": run_dir / "results.csv", "markdown": run_dir / "results.md"}
+
+
+def status(run_dir: Path, metric: str | None, higher_is_better: bool) -> list[str]:
+    """``trainscale sweep status``: the table, best first, and a line naming the results files it writes."""
+    results = gather(run_dir)
+    metric = choose_metric(results, metric)
+    header, rows = table(ranked(results, metric, higher_is_better), metric)
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in (header, *rows)]
+    files = write_results(run_dir, header, rows)
+    png = plot(run_dir, results, metric, higher_is_better)
+    done = sum(r.state == "finished" for r in results)
+    return lines + [f"\n{done} of {len(results)} task(s) finished" + (f"; best first by {metric}" if metric else "")
+                    + f". Written: {files['csv']}, {files['markdown']}" + (f", {png}" if png else "")]
 
 
 PLOT_TASKS = 30

@@ -112,3 +112,25 @@ def describe_progress(info: JobInfo) -> str:
 def batch_text(record: JobRecord) -> str:
     path = Path(record.batch_output)
     return path.read_text(errors="replace") if path.exists() else ""
+
+
+def log_lines(record: JobRecord, rank: int | None, tail: int | None) -> list[str]:
+    """``trainscale logs``: one rank's output, or the batch output with the job's first failure and where the
+    per-rank logs are."""
+    from trainscale.launch.slurm.jobdir import rank_log_text
+
+    if rank is not None:
+        text = rank_log_text(record, rank)
+        head = f"==> rank {rank} of job {record.job_id} ({record.launcher} mode) <=="
+    else:
+        text = batch_text(record)
+        head = f"==> batch output of job {record.job_id}: {record.batch_output} <=="
+    body = text.splitlines()
+    lines = [head, "\n".join(body[-tail:] if tail else body)]
+    if rank is None:
+        failure = find_failure(record.job_dir, record.launcher, text)
+        if failure is not None:
+            lines += [f"\n==> failure of job {record.job_id} <==", failure.describe()]
+        lines.append(f"\n(per-rank logs: trainscale logs {record.job_id} --rank R, R in 0..{record.world_size - 1}; "
+                     f"files in {record.job_dir})")
+    return lines
