@@ -3,6 +3,11 @@
 The function must be importable (module level) and picklable, as must its arguments and result.
 Ranks see the variables torchrun would set, so ``trainscale.init()`` inside them detects a real
 torchrun-style launch and builds a real process group on loopback.
+
+Ranks are forked from a server process that imported torch once (multiprocessing's forkserver, with
+OMP_NUM_THREADS=1 as a torchrun worker has it), not started as fresh interpreters that each import torch
+again: the suite starts a few hundred ranks. Nothing else is imported there, and the server starts no
+thread or process group, so each rank still makes its own.
 """
 
 from __future__ import annotations
@@ -43,11 +48,28 @@ def _child(fn_ref, args, kwargs, rank, world_size, port, extra_env, queue):
         queue.put((rank, False, traceback.format_exc()))
 
 
+def _context() -> mp.context.BaseContext:
+    from multiprocessing import forkserver
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed"])
+    saved = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"  # what the server's torch reads as it loads (the ranks inherit it)
+    try:
+        forkserver.ensure_running()
+    finally:
+        if saved is None:
+            del os.environ["OMP_NUM_THREADS"]
+        else:
+            os.environ["OMP_NUM_THREADS"] = saved
+    return ctx
+
+
 def run_on_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 180,
                  env: dict[str, str] | None = None, rank_env: dict[int, dict[str, str]] | None = None,
                  **kwargs: Any) -> dict[int, Any]:
     """``rank_env``: variables for single ranks on top of ``env`` (e.g. one CUDA_VISIBLE_DEVICES each)."""
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     queue = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_child, args=((fn.__module__, fn.__qualname__), args, kwargs, r, world_size, port,
