@@ -59,10 +59,6 @@ class SlurmTarget:
         """What ``Nn`` means: ranks on each node."""
         return self.ranks_per_node or self.cluster.gpus_per_node or None
 
-    @property
-    def uses_gpus(self) -> bool:
-        return self.cluster.gpus_per_node > 0
-
     def job(self, *, name: str, nodes: int, ranks_per_node: int, output_dir: Path, workload: str | None = None,
             module: str | None = None, script: str | None = None, args: tuple[str, ...] = (),
             env: dict[str, str] | None = None, command_line: tuple[str, ...] = ()) -> SlurmJobSpec:

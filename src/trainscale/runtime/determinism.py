@@ -37,10 +37,6 @@ def enable_determinism(environ: MutableMapping[str, str] | None = None) -> list[
     return notes
 
 
-def determinism_enabled() -> bool:
-    return torch.are_deterministic_algorithms_enabled()
-
-
 @contextlib.contextmanager
 def deterministic(enabled: bool = True) -> Iterator[None]:
     """Deterministic algorithms for a block only (``trainscale selftest``'s resume check), then as before:

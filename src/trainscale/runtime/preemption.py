@@ -30,10 +30,6 @@ STOPPED = "stopped"
 # TRAINSCALE_PREEMPT_CHECK_EVERY) and the job's facts are read by env/ into LaunchEnv.
 
 
-def job_to_requeue(environ: dict[str, str] | None = None) -> str | None:
-    return detect(environ).requeue_job
-
-
 class Preemption:
     """Installs its handler for the preemption signals when made (``Runtime.handle_preemption``); the
     handlers it replaced come back with :meth:`restore`."""

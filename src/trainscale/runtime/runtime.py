@@ -158,9 +158,6 @@ class Runtime:
             if first:
                 self.barrier()
 
-    def local_rank_zero_first(self) -> contextlib.AbstractContextManager[None]:
-        return self.rank_zero_first(local=True)
-
     @contextlib.contextmanager
     def guard(self, step: int, op: str = "training step (gradient all-reduce)") -> Iterator[None]:
         """Wrap one training step: records progress, and turns a collective timeout into an error

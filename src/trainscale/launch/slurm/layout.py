@@ -40,10 +40,6 @@ class Target:
     """Prepended to PYTHONPATH: the snapshot of an explicit ``--snapshot DIR`` (so ``-m pkg.mod`` imports it)."""
 
 
-def run_dir_for(output_dir: Path, name: str, stamp: str) -> Path:
-    return Path(output_dir) / f"{name}-{stamp}"
-
-
 def code_root_for(script: str | None, module: str | None, snapshot: str | None, facts: ScriptFacts) -> Path | None:
     """Where the job's code is snapshotted from (launch/slurm/snapshot.py); None: nothing is copied."""
     from trainscale.launch.slurm.snapshot import code_root, module_root
