@@ -11,20 +11,8 @@ from trainscale.errors import TrainscaleError
 
 # Each module defines `register(subparsers)`, which adds its parser and sets `func`; a command that parses
 # the rest of its line itself (it passes options on to a script: `run`, `bench SCRIPT`) also sets `raw`.
-SUBCOMMANDS = (
-    "run",
-    "workloads",
-    "slurm",
-    "sweep",
-    "jobs",
-    "bind",
-    "profiles",
-    "bench",
-    "tune",
-    "report",
-    "doctor",
-    "selftest",
-)
+SUBCOMMANDS = ("run", "workloads", "slurm", "sweep", "jobs", "bind", "profiles", "bench", "tune", "report", "doctor",
+               "selftest")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
