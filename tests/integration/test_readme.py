@@ -130,7 +130,7 @@ def test_readme_commands_run_in_order_in_one_fresh_directory(slurm_cluster, tmp_
         run = demo / "runs" / name
         assert (run / "metrics" / "rank-0.jsonl").is_file() and (run / "run.json").is_file()
         assert (run / "attempt_0" / "0" / "stdout.log").is_file() and (run / "metrics.json").is_file()
-    report = subprocess.run([sys.executable, "-m", "trainscale", "report", demo, "--text"], cwd=tmp_path, env=env,
+    report = subprocess.run([sys.executable, "-m", "trainscale", "report", demo], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=300)
     assert report.returncode == 0, report.stderr
     text = report.stdout
