@@ -68,3 +68,19 @@ def in_tmp(tmp_path, monkeypatch):
     """Run the test with the working directory in a fresh temporary folder."""
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files in order of their expected length, longest first: README's journey (ten minutes alone), then files
+    with SLURM or slow tests, then the rest. make test spreads whole files over processes (--dist loadfile) in
+    this order, so the longest starts at once instead of ending the run alone."""
+    def weight(item) -> int:
+        if item.path.name == "test_readme.py":
+            return 0
+        return 1 if item.get_closest_marker("slurm") or item.get_closest_marker("slow") else 2
+
+    first: dict[Path, tuple[int, int]] = {}
+    for index, item in enumerate(items):
+        w, i = first.get(item.path, (3, index))
+        first[item.path] = (min(w, weight(item)), i)
+    items[:] = sorted(items, key=lambda item: first[item.path])
