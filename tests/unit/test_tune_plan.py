@@ -17,14 +17,15 @@ else:  # pragma: no cover
 
 
 def test_the_knobs_follow_what_the_run_can_change():
-    one_cpu = TuneSpec(workload="cnn", nproc_per_node=1, cores=8)
+    one_cpu = TuneSpec(workload="cnn", nproc_per_node=1, cores=8, device="cpu")
     assert knobs(one_cpu) == [("batch_size", (16, 8, 32, 64)), ("threads", (None, 1, 2, 4))]
     two = TuneSpec(workload="cnn", nproc_per_node=2, cores=2, loader="dataloader", batches=(32, 64))
     assert [k for k, _ in knobs(two)] == ["batch_size", "num_workers", "bucket_cap_mb", "comm_hook"]
     assert dict(knobs(two))["comm_hook"] == (None, "fp16", "bf16", "powersgd")
     gpu_fsdp = TuneSpec(workload="cnn", nproc_per_node=4, device="cuda", strategy="fsdp")
     assert [k for k, _ in knobs(gpu_fsdp)] == ["batch_size"]  # no CPU threads, no DDP buckets
-    script = TuneSpec(workload=None, script="train.py", script_args=("--bs", "{batch}"), nproc_per_node=2, cores=4)
+    script = TuneSpec(workload=None, script="train.py", script_args=("--bs", "{batch}"), nproc_per_node=2, cores=4,
+                      device="cpu")
     assert [k for k, _ in knobs(script)] == ["batch_size", "threads"]
 
 
@@ -73,7 +74,9 @@ def test_the_config_file_is_a_train_table_the_workloads_read(tmp_path):
     ({"workload": None, "script": "train.py", "script_args": ("--bs", "32")}, "through {batch}"),
     ({"budget_s": 5}, "too short for even one trial"),
     ({"max_steps": 2}, "too few steps"),
-    ({"batches": (16, 0)}, "every batch must be >= 1"),
+    ({"batches": (16, 0)}, "--batches '16,0' contains 0"),
+    ({"loader": "tensr"}, "--loader 'tensr' is not one of tensor, dataloader"),  # a [tune] table has no argparse choices
+    ({"device": "gpu"}, "--device 'gpu' is not one of auto, cpu, cuda"),
     ({"workload": "cnnn"}, "unknown workload 'cnnn'"),  # the Python API too, not only `trainscale tune`
 ])
 def test_bad_specs_are_refused(kwargs, message):

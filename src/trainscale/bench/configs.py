@@ -160,6 +160,13 @@ def with_nodes(configs: str | None, nodes: tuple[int, ...]) -> str:
     return ",".join(tokens) if configs is not None or tokens else "1,2"
 
 
+def int_tuple(value, option: str) -> tuple[int, ...]:
+    """Numbers as a command line or a variable spells them (``16,32``) or a TOML array (``[16, 32]``)."""
+    if not value:
+        return ()
+    return parse_int_list(value if isinstance(value, str) else ",".join(str(v) for v in value), option)
+
+
 def parse_int_list(text: str, option: str) -> tuple[int, ...]:
     try:
         values = tuple(int(v) for v in str(text).split(","))

@@ -47,6 +47,11 @@ class Outcome:
     def ok(self) -> bool:
         return all(r.get("status") == "ok" for r in self.study["runs"])
 
+    def failures(self) -> list[str]:
+        """Each failed run with what it said, for stderr."""
+        return [f"\n{r['name']} ({r['label']}) failed:\n{r.get('failure', '')}" for r in self.study["runs"]
+                if r.get("status") != "ok"]
+
     def summary(self, *, sweep: bool) -> list[str]:
         """What ``trainscale bench`` prints when the study is done: the table, its caveats, the files written."""
         study = self.study

@@ -14,7 +14,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainscale.bench.configs import (RunConfig, find_baseline, parse_configs, per_rank_batch, scaled_max_steps)
+from trainscale.bench.configs import (RunConfig, find_baseline, int_tuple, parse_configs, per_rank_batch,
+                                     scaled_max_steps)
 from trainscale.bench.slurm_runs import SlurmTarget
 from trainscale.errors import ConfigError
 
@@ -24,7 +25,8 @@ BATCH_ENV = "TRAINSCALE_BENCH_BATCH"
 
 @dataclass(frozen=True, kw_only=True)
 class StudySpec:
-    """What to measure, where, and where the results go."""
+    """What to measure, where, and where the results go. ``trainscale bench`` resolves it in the one order
+    (``bench/options.py``: a ``[bench]`` table, ``TRAINSCALE_BENCH_<FIELD>``, the command line)."""
 
     workload: str | None = None
     """Built-in workload name (``--workload cnn``); or give ``script``."""
@@ -60,6 +62,13 @@ class StudySpec:
     """Run each configuration as a SLURM job (``--slurm``) instead of on this node."""
 
     def __post_init__(self) -> None:
+        # a command line, a variable and a TOML file spell these differently: one form from here on
+        object.__setattr__(self, "sweep_batches", int_tuple(self.sweep_batches, "--sweep-batch"))
+        if not isinstance(self.configs, str):  # configs = ["cpu", 1, 2] or configs = 2
+            tokens = self.configs if isinstance(self.configs, (list, tuple)) else (self.configs,)
+            object.__setattr__(self, "configs", ",".join(str(t) for t in tokens))
+        if isinstance(self.out_dir, str):
+            object.__setattr__(self, "out_dir", Path(self.out_dir) if self.out_dir else None)
         if self.workload and self.script:
             raise ConfigError(f"both --workload {self.workload} and script {self.script!r} given",
                               hint="benchmark one of them")
@@ -78,6 +87,12 @@ class StudySpec:
         if self.sweep_batches and self.scaling == "strong":
             raise ConfigError("--sweep-batch sweeps the per-rank batch, which strong scaling fixes",
                               hint="drop --scaling strong for a sweep")
+
+    @property
+    def cpu_ranks(self) -> bool:
+        """Whether a configuration N runs N CPU ranks: on this node, no GPU visible, and not only ``cpu``."""
+        here = self.slurm is None and self.gpus_visible == 0
+        return here and any(t.strip() != "cpu" for t in self.configs.split(","))
 
     @property
     def target(self) -> str:

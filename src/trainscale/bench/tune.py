@@ -28,6 +28,8 @@ from trainscale.errors import ConfigError
 
 NOISE = 0.03
 """A change must beat the best so far by more than this fraction to be kept (run-to-run noise)."""
+LOADERS = ("tensor", "dataloader")
+DEVICES = ("auto", "cpu", "cuda")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,7 +74,8 @@ class Setting:
 
 @dataclass(frozen=True, kw_only=True)
 class TuneSpec:
-    """What to tune, where, for how long."""
+    """What to tune, where, for how long. ``trainscale tune`` resolves it in the one order (``bench/options.py``:
+    a ``[tune]`` table, ``TRAINSCALE_TUNE_<FIELD>``, the command line)."""
 
     workload: str | None = "cnn"
     """A built-in workload, or None with ``script``."""
@@ -83,21 +86,37 @@ class TuneSpec:
     workload_args: tuple[str, ...] = ()
     """Further arguments of the workload, kept in every trial."""
     nproc_per_node: int = 1
+    """Ranks of every trial, as ``trainscale run``."""
     batch_size: int = 16
     """The default per-rank batch the search starts from."""
     strategy: str = "ddp"
+    """The workload's ``--strategy`` for every trial."""
     loader: str = "tensor"
-    device: str = "cpu"
-    """cpu or cuda: what the ranks train on (threads are tuned on CPU ranks only)."""
+    """The workload's ``--loader``; dataloader also tries DataLoader workers."""
+    device: str = "auto"
+    """cpu or cuda: what the ranks train on (threads are tuned on CPU ranks only); auto: cuda where a GPU is
+    visible."""
     cores: int = 1
     """CPU cores of this machine (threads per rank x ranks never exceed them)."""
     budget_s: float = 300.0
+    """Seconds for the whole search."""
     max_steps: int = 30
+    """Optimizer steps per trial."""
     batches: tuple[int, ...] = ()
     """Per-rank batches to try; empty: the default, half, twice and four times it."""
-    extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        from trainscale.bench.configs import int_tuple
+
+        object.__setattr__(self, "batches", int_tuple(self.batches, "--batches"))  # 8,16 or [8, 16]; each >= 1
+        for flag, value, choices in (("--loader", self.loader, LOADERS), ("--device", self.device, DEVICES)):
+            if value not in choices:
+                raise ConfigError(f"{flag} {value!r} is not one of {', '.join(choices)}",
+                                  hint=f"e.g. {flag} {choices[1]}")
+        if self.device == "auto":
+            from trainscale.bench.environment import visible_gpus
+
+            object.__setattr__(self, "device", "cuda" if visible_gpus() else "cpu")
         if (self.workload is None) == (self.script is None):
             raise ConfigError("tune needs one target: --workload NAME or a SCRIPT", hint="e.g. --workload cnn")
         if self.script is not None and not any("{batch}" in a for a in self.script_args):
@@ -109,8 +128,6 @@ class TuneSpec:
             raise ConfigError(f"--max-steps {self.max_steps}: too few steps to time", hint="e.g. --max-steps 30")
         if self.nproc_per_node < 1 or self.batch_size < 1 or self.cores < 1:
             raise ConfigError("ranks, batch and cores must be >= 1", hint="e.g. --nproc-per-node 2 --batch-size 16")
-        if any(b < 1 for b in self.batches):
-            raise ConfigError(f"--batches {self.batches}: every batch must be >= 1", hint="e.g. --batches 8,16,32")
         if self.workload is not None:
             from trainscale.workloads.registry import get_workload
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from trainscale.bench.tune import Search, Setting, Trial, TuneSpec
+from trainscale.bench.tune import Search, Setting, Trial, TuneSpec, knobs
 from trainscale.errors import ConfigError
 
 
@@ -90,6 +90,13 @@ def tune(spec: TuneSpec, say: Callable[[str], None]) -> Outcome:
         default_rate = measure(spec, default, work, n + 1).samples_per_s
         best_rate = measure(spec, best, work, n + 2).samples_per_s
     return Outcome(search, best, default, best_rate, default_rate, budget_reached=setting is not None)
+
+
+def headline(spec: TuneSpec) -> str:
+    """What ``trainscale tune`` says before the first trial."""
+    return (f"trainscale tune: {spec.workload or spec.script}, {spec.nproc_per_node} rank(s) on {spec.device}, "
+            f"budget {spec.budget_s:.0f}s, {spec.max_steps} steps per trial; knobs: "
+            f"{', '.join(k for k, _ in knobs(spec))}")
 
 
 def check_command(*, workload: str | None, script: str | None, out: Path) -> None:

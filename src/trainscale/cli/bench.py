@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from trainscale.cli.bench_allreduce import add_slurm_options, run_allreduce, slurm_target
 
 
 HELP = """usage: trainscale bench [--workload NAME | SCRIPT [ARGS...]] [--configs cpu,1,2,4] [--scaling weak|strong]
-                        [--batch-size B] [--epochs E] [--max-steps S] [--data SRC] [--samples N]
+                        [--config FILE] [--batch-size B] [--epochs E] [--max-steps S] [--data SRC] [--samples N]
                         [--baseline TOKEN] [--sweep-batch 16,32,64] [--out DIR]
                         [--project-to N] [--interconnect PRESET|measured] [--links-per-node K] [--validate]
                         [--no-plots] [--verbose] [-- WORKLOAD ARGS...]
@@ -34,6 +33,7 @@ Examples:
   trainscale bench --workload cnn --configs 1 --sweep-batch 16,32,64,128 --epochs 1
   trainscale bench --workload cnn --configs 1,2 --project-to 1024 --interconnect ib-hdr200 --validate
   trainscale bench --configs 1,2 train.py --batch-size {batch}
+  trainscale bench --config study.toml --epochs 1   (its [bench] table: configs = "1,2", scaling = "strong", ...)
   trainscale bench --slurm --profile local-test --gpus-per-node 2 --time 00:10:00 --configs 1 --nodes 1,2
   trainscale bench allreduce --nproc 2 --sizes 1KB..16MB
   trainscale bench allreduce --nproc 2 --hook shm
@@ -43,14 +43,14 @@ Examples:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trainscale bench", usage=HELP.split("\n\n")[0].removeprefix("usage: "),
                                 description=HELP.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workload", default=None, help="a built-in workload (`trainscale workloads`); or give SCRIPT [ARGS...]")
-    p.add_argument("--configs", default=None,
-                   help="configurations to run: cpu, N ranks here, NxM / Nn with --slurm (default: 1,2)")
-    p.add_argument("--scaling", default="weak", choices=("weak", "strong"),
+    p.add_argument("--config", help="a TOML file whose [bench] table sets these options by field name (as StudySpec)")
+    p.add_argument("--workload", help="a built-in workload (`trainscale workloads`); or give SCRIPT [ARGS...]")
+    p.add_argument("--configs", help="configurations to run: cpu, N ranks here, NxM / Nn with --slurm (default: 1,2)")
+    p.add_argument("--scaling", choices=("weak", "strong"),
                    help="weak: --batch-size per rank (seed 004's recipe); strong: --batch-size is the global batch "
                         "(default: weak)")
-    p.add_argument("--batch-size", type=int, default=16, help="per-rank (weak) or global (strong) batch (default: 16)")
-    p.add_argument("--epochs", type=int, default=2, help="epochs of every run (default: 2)")
+    p.add_argument("--batch-size", type=int, help="per-rank (weak) or global (strong) batch (default: 16)")
+    p.add_argument("--epochs", type=int, help="epochs of every run (default: 2)")
     p.add_argument("--max-steps", type=int, default=None, help="stop every run after this many optimizer steps")
     p.add_argument("--data", default=None, help="the workload's --data (default: its own)")
     p.add_argument("--samples", type=int, default=None, help="the workload's --samples for synthetic data")
@@ -72,28 +72,18 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def build(argv: list[str]):
-    """(StudySpec, ProjectionRequest | None, namespace) from the command line; raises ConfigError."""
-    from trainscale.bench.configs import parse_int_list, with_nodes
-    from trainscale.bench.environment import visible_gpus
+def build(argv: list[str], environ=None):
+    """(StudySpec, ProjectionRequest | None, namespace) from the command line over --config's [bench] table and
+    TRAINSCALE_BENCH_*; raises ConfigError."""
+    from trainscale.bench.options import study_spec
     from trainscale.bench.session import projection_request
-    from trainscale.bench.study import StudySpec
     from trainscale.cli.split import split_command
 
     split = split_command(_parser(), argv, double_dash="rest")
     ns = _parser().parse_args(split.options)
-    script, script_args, workload_args = (split.target, split.rest, []) if split.target else (None, [], split.rest)
     if ns.list_interconnects:
         return None, None, ns
-    target = slurm_target(ns)
-    configs = with_nodes(ns.configs, parse_int_list(ns.nodes, "--nodes") if ns.nodes else ())
-    spec = StudySpec(
-        workload=ns.workload if (ns.workload or script) else "cnn", script=script, script_args=tuple(script_args),
-        configs=configs, slurm=target, scaling=ns.scaling, batch_size=ns.batch_size, epochs=ns.epochs, max_steps=ns.max_steps,
-        data=ns.data, samples=ns.samples, workload_args=tuple(workload_args), baseline=ns.baseline,
-        sweep_batches=parse_int_list(ns.sweep_batch, "--sweep-batch") if ns.sweep_batch else (),
-        out_dir=Path(ns.out) if ns.out else None,
-        gpus_visible=0 if target is not None else visible_gpus())  # a login node's GPUs say nothing of the compute nodes'
+    spec = study_spec(vars(ns), target=split.target, rest=split.rest, slurm=slurm_target(ns), environ=environ)
     return spec, projection_request(project_to=ns.project_to, interconnect=ns.interconnect,
                                     links_per_node=ns.links_per_node, overlap=ns.overlap), ns
 
@@ -114,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     from trainscale.bench.session import run_study
     from trainscale.launch.rundir import shown
 
-    if spec.slurm is None and spec.gpus_visible == 0 and any(t.strip() not in ("cpu",) for t in spec.configs.split(",")):
+    if spec.cpu_ranks:
         print("trainscale bench: no GPU visible: configuration N runs N CPU ranks (gloo)", file=sys.stderr)
     outcome = run_study(spec, projection=projection, validate=ns.validate, make_plots=not ns.no_plots,
                         verbose=ns.verbose)
@@ -122,10 +112,9 @@ def run(args: argparse.Namespace) -> int:
     for line in outcome.missing:
         print(f"trainscale bench: {line}; the results are written", file=sys.stderr)
     print(f"next: trainscale report {shown(outcome.out_dir)}   (the page: verdicts, tables, plots)")
-    failed = [r for r in outcome.study["runs"] if r.get("status") != "ok"]
-    for r in failed:
-        print(f"\n{r['name']} ({r['label']}) failed:\n{r.get('failure', '')}", file=sys.stderr)
-    return 1 if failed else 0
+    for text in outcome.failures():
+        print(text, file=sys.stderr)
+    return 0 if outcome.ok else 1
 
 
 def register(sub) -> None:

@@ -109,21 +109,25 @@ def _group_types(classes: tuple[type, ...]) -> dict[str, Any]:
 
 def resolve(cls: type[T], *, section: str, defaults: Mapping[str, Any] | None = None,
             config: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None,
-            cli: Mapping[str, Any] | None = None) -> tuple[T, dict[str, str]]:
+            cli: Mapping[str, Any] | None = None,
+            fixed: Mapping[str, Any] | None = None) -> tuple[T, dict[str, str]]:
     """Build ``cls`` from the sources in ORDER (the profile aside, see above); ``cli`` holds only options the
-    user actually gave."""
+    user actually gave. ``fixed``: fields the command decides itself (a positional SCRIPT, a detected GPU
+    count), passed as they are; no source may name them."""
     (built,), origin = resolve_group((cls,), section=section, defaults=defaults, config=config, environ=environ,
-                                     cli=cli)
+                                     cli=cli, fixed=fixed)
     return built, origin
 
 
 def resolve_group(classes: tuple[type, ...], *, section: str, defaults: Mapping[str, Any] | None = None,
                   config: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None,
-                  cli: Mapping[str, Any] | None = None) -> tuple[tuple[Any, ...], dict[str, str]]:
+                  cli: Mapping[str, Any] | None = None,
+                  fixed: Mapping[str, Any] | None = None) -> tuple[tuple[Any, ...], dict[str, str]]:
     """:func:`resolve` for dataclasses that share one section (a workload's own options beside
     ``TrainOptions`` in ``[train]``): each source may hold any of their fields, a name none of them has is
     refused, and each class is built from its own fields."""
-    valid = _group_types(classes)
+    fixed = dict(fixed or {})
+    valid = {name: kind for name, kind in _group_types(classes).items() if name not in fixed}
     table = dict((config or {}).get(section, {})) if config is not None else {}
     layers = [("default", dict(defaults or {})), ("config file", table),
               ("environment", from_environment(classes, section, environ)),
@@ -139,7 +143,7 @@ def resolve_group(classes: tuple[type, ...], *, section: str, defaults: Mapping[
                 origin.pop(key, None)
             else:
                 origin[key] = source
-    return tuple(_build(cls, section, merged) for cls in classes), origin
+    return tuple(_build(cls, section, {**merged, **fixed}) for cls in classes), origin
 
 
 def _build(cls: type, section: str, merged: Mapping[str, Any]) -> Any:
