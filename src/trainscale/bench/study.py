@@ -20,7 +20,7 @@ from trainscale.bench.slurm_runs import SlurmTarget
 from trainscale.errors import ConfigError
 
 METRICS_ENV = "TRAINSCALE_METRICS_OUT"
-BATCH_ENV = "TRAINSCALE_BENCH_BATCH"
+BATCH_ENV = "TRAINSCALE_BATCH"
 
 
 @dataclass(frozen=True, kw_only=True)
