@@ -14,8 +14,9 @@ from trainscale.errors import CheckpointError
 
 
 @pytest.fixture
-def rt(monkeypatch, tmp_path):
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # torch sets it on first use
+def rt(monkeypatch, tmp_path_factory):
+    # torch sets it (and makes the directory) on first use: not inside the directory a test checks is empty
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("inductor")))
     with trainscale.init(environ={}, set_threads=False) as runtime:
         yield runtime
 
