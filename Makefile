@@ -21,7 +21,7 @@ demo: venv
 	$(PY) -m trainscale bench --workload cnn --configs 1,2 --epochs 2 --out bench-out/demo-$$(date +%Y%m%d-%H%M%S)
 
 test: venv
-	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test-scale: venv
 	$(PY) -m pytest tests/scale -m scale -v -s -p no:cacheprovider --timeout 3600

@@ -72,8 +72,9 @@ def in_tmp(tmp_path, monkeypatch):
 
 def pytest_collection_modifyitems(config, items):
     """Files in order of their expected length, longest first: README's journey (ten minutes alone), then files
-    with SLURM or slow tests, then the rest. make test spreads whole files over processes (--dist loadfile) in
-    this order, so the longest starts at once instead of ending the run alone."""
+    with SLURM or slow tests, then the rest. make test spreads whole files over processes in this order
+    (--dist loadfile --no-loadscope-reorder; by default xdist puts files with the most tests first), so the
+    longest starts at once instead of ending the run alone."""
     def weight(item) -> int:
         if item.path.name == "test_readme.py":
             return 0
