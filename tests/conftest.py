@@ -85,3 +85,20 @@ def pytest_collection_modifyitems(config, items):
         w, i = first.get(item.path, (3, index))
         first[item.path] = (min(w, weight(item)), i)
     items[:] = sorted(items, key=lambda item: first[item.path])
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """make test's --dist loadfile, with tests/slurm and tests/conformance (which submits jobs too) as one
+    unit: their files run one after another on one process. The test cluster has two nodes, so their jobs
+    queue behind each other anyway; run side by side they only wait longer, past the tests' watch limits
+    (seen with three processes). README's journey, which submits a few, is the only other submitter."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SlurmTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return "tests/slurm" if path.startswith(("tests/slurm/", "tests/conformance/")) else path
+
+    return SlurmTogether(config, log)

@@ -32,10 +32,14 @@ def test_tune_searches_within_its_budget_and_run_takes_the_result(tmp_path):
     took = time.monotonic() - started
     assert done.returncode == 0, done.stderr + done.stdout
     trials = re.findall(r"^\s+\d+\. (batch \d+[^\n]*?)\s{2,}(\d+) samples/s", done.stdout, re.M)
-    assert trials[:2] and trials[0][0] == "batch 16" and trials[1][0] == "batch 32", done.stdout
+    assert trials and trials[0][0] == "batch 16", done.stdout  # the defaults first
     assert re.search(r"^best: ", done.stdout, re.M), done.stdout
     # the search stops when the next trial and the final pair would not fit: at most one trial over
     slowest = max(float(s) for s in re.findall(r"\((\d+)s\)", done.stdout))
+    if len(trials) > 1:
+        assert trials[1][0] == "batch 32", done.stdout  # then the next batch
+    else:  # a busy machine: the first trial's pace left no room for one more and the final pair
+        assert 4 * (slowest + 1) > budget, done.stdout  # (seconds printed rounded down)
     assert took <= budget + 3 * slowest + 30, done.stdout
 
     table = tomllib.loads((tmp_path / "tuned.toml").read_text())["train"]
