@@ -179,9 +179,9 @@ def test_a_trainscale_refusal_inside_the_ranks_is_one_line_not_a_traceback(tmp_p
     summary = [line for line in proc.stderr.splitlines()
                if re.match(r"trainscale: (rank [01]|ranks 0-1) stopped: ConfigError: ", line)]
     assert len(summary) == 1 and "own checkpoint entries (hint: " in summary[0], proc.stderr
-    # a rank's own echo of that line ("[rank1]: trainscale: error: ConfigError: ...") is there when the rank
-    # printed it before the launcher stopped it (CI saw runs with one, the other, and neither): the summary
-    # line above is what the run promises
+    # rank 0's own echo of that line ("[rank0]: trainscale: error: ConfigError: ...") is on the console only
+    # when rank 0 refused before the launcher stopped it (the console shows local rank 0 alone; when rank 1
+    # refuses first, it has none): the summary line above is what the run promises
     (run,) = [p for p in (tmp_path / "logs").iterdir() if not p.is_symlink()]
     errors = list(run.glob("attempt_0/*/error.json"))
     assert errors and all("Traceback" in e.read_text() for e in errors)
