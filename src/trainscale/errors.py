@@ -1,6 +1,16 @@
-"""Errors a user can cause, each naming what was seen, what was expected and how to fix it."""
+"""Errors a user can cause, each naming what was seen, what was expected and how to fix it; and the
+one writer of a rank's error file (torchelastic's format), which the launcher's summary reads.
+
+Standard library only: the job kit (launch/kit.py) carries this module for the worker bootstrap.
+"""
 
 from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from typing import Mapping
 
 
 class TrainscaleError(Exception):
@@ -59,3 +69,56 @@ def did_you_mean(value: str, valid: list[str] | tuple[str, ...]) -> str:
     close = difflib.get_close_matches(value, list(valid), n=1)
     listed = ", ".join(sorted(valid))
     return f"did you mean '{close[0]}'? Valid: {listed}" if close else f"valid choices: {listed}"
+
+
+REFUSALS = ("ConfigError", "CheckpointError")
+"""trainscale's errors that name a fix (a bad option, an unusable checkpoint): one line, like before launch.
+Failures of the run itself (CollectiveTimeout naming a hung rank with its stack, RankFailed) keep theirs."""
+
+
+def is_refusal(exc: BaseException) -> bool:
+    """A trainscale refusal, known by its classes' module and names (a script in a stock container imports
+    the image's own trainscale, whose classes are not this module's)."""
+    return any(cls.__module__ == "trainscale.errors" and cls.__name__ in REFUSALS for cls in type(exc).__mro__)
+
+
+def one_line(exc: BaseException) -> str:
+    """``CheckpointError: what was seen (hint: the fix)`` on one line."""
+    message, hint = getattr(exc, "message", str(exc)), getattr(exc, "hint", None)
+    return f"{type(exc).__name__}: {message}" + (f" (hint: {hint})" if hint else "")
+
+
+def succeeded(exc: SystemExit) -> bool:
+    """``sys.exit()``, ``sys.exit(0)`` (and ``sys.exit(False)``): the interpreter's own exit status 0."""
+    return exc.code is None or (isinstance(exc.code, int) and exc.code == 0)
+
+
+_STARTED = time.time()
+
+
+def record_error(exc: BaseException, environ: Mapping[str, str] = os.environ) -> None:
+    """Write ``exc`` to TORCHELASTIC_ERROR_FILE in torchelastic's format
+    (``{"message": {"message", "extraInfo": {"py_callstack", "timestamp"}}}``), a refusal's one line in
+    ``extraInfo.trainscale_error``. The first record of this process is kept: it is the closest to the
+    error (``trainscale.init()``'s block records before it closes the process group, the worker bootstrap
+    after the script has unwound)."""
+    path = environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or (isinstance(exc, SystemExit) and succeeded(exc)):
+        return
+    try:
+        if os.path.getmtime(path) >= _STARTED - 1:
+            return
+    except OSError:
+        pass
+    extra = {"py_callstack": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+             "timestamp": str(int(time.time()))}
+    if is_refusal(exc):
+        extra["trainscale_error"] = one_line(exc)
+    data = {"message": {"message": f"{type(exc).__name__}: {exc}", "extraInfo": extra}}
+    try:
+        with open(path, "w") as fh:
+            json.dump(data, fh)
+    except OSError as err:  # never hide the real error behind this one
+        import sys
+
+        print(f"trainscale: could not write the error file {path}: {err}", file=sys.stderr)

@@ -123,7 +123,7 @@ def test_only_refusals_that_name_a_fix_are_shown_in_one_line():
     """A ConfigError/CheckpointError raised in a rank reads as one line; a hang (CollectiveTimeout, whose
     message names the hung rank and carries its stack) keeps its whole report."""
     from trainscale.errors import CheckpointError, ConfigError, MissingOption
-    from trainscale.launch.bootstrap import _is_trainscale_error, one_line
+    from trainscale.errors import is_refusal as _is_trainscale_error, one_line
     from trainscale.runtime.progress import CollectiveTimeout
 
     assert all(_is_trainscale_error(e) for e in (ConfigError("x"), CheckpointError("x"), MissingOption("train", "lr")))

@@ -19,7 +19,6 @@ import contextlib
 import logging
 import os
 import signal
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -60,10 +59,6 @@ def resume_note(run_dir: str | None) -> str | None:
     return f"resuming from {found[0][1]} (step {found[0][0]})"
 
 
-PEER_EXIT_S = 3.0
-"""How long a restart waits for the rank whose exit broke its peers' connections to end too."""
-
-
 # torch's lines that trainscale's own replace (the summary, the restart line, the signal line).
 _REPLACED = ("Received %s death signal", "Sending process %s closing signal", "failed (exitcode: %s)",
              "[%s] Worker group %s. %s/%s attempts left")
@@ -96,15 +91,9 @@ def watching(total_attempts: int, say: Callable[[str], None], run_dir: Callable[
             watch.workers = len(worker_group.workers)
             if result.is_failed():
                 logs = {int(k): Path(v) for k, v in (getattr(self._pcontext, "stderrs", None) or {}).items()}
+                # torch's context has stopped the other ranks before returning: every rank's failure is here
+                # (summary orders the root cause first: a rank's own recorded error before peers that lost it)
                 failures = summary.from_child_failed(result, logs)
-                # Only ranks that lost a peer have ended: the peer that failed first is still exiting (its
-                # sockets close before its process ends). Its own failure is the cause to announce.
-                deadline = time.monotonic() + PEER_EXIT_S
-                while failures and all(f.secondary for f in failures) and time.monotonic() < deadline:
-                    time.sleep(0.1)
-                    again = super()._monitor_workers(worker_group)
-                    if again.is_failed():
-                        result, failures = again, summary.from_child_failed(again, logs)
                 pending[:] = failures[:1]
             return result
 

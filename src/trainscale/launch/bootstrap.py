@@ -18,7 +18,7 @@ How a worker ends is the truth about the user's code (:func:`exit_cleanly`): a s
 a script that raised or crashed keeps its exit code or signal. A worker started by torch's agent dies
 with the agent (:func:`die_with_parent`): a SIGKILLed ``trainscale run`` leaves no rank training on.
 
-Standard library only (trainscale.env and trainscale.topology are too): a stock container without
+Standard library only (trainscale.errors, trainscale.env and trainscale.topology are too): a stock container without
 trainscale runs this module from the job kit (launch/kit.py), and it never imports torch itself.
 """
 
@@ -28,15 +28,14 @@ import atexit
 import ctypes
 import faulthandler
 import gc
-import json
 import os
 import runpy
 import signal
 import sys
 import threading
-import time
-import traceback
 from typing import Mapping, MutableMapping, NoReturn
+
+from trainscale.errors import is_refusal, one_line, record_error, succeeded
 
 BIND_VAR = "TRAINSCALE_CPU_BIND"
 """The binding plan from the launcher; format in trainscale/topology/worker.py."""
@@ -138,68 +137,16 @@ def set_error_file(environ: MutableMapping[str, str] = os.environ) -> None:
     environ["TORCHELASTIC_ERROR_FILE"] = os.path.join(directory, f"error-rank{rank}.json")
 
 
-_STARTED = time.time()
-
-
-def record_exception(exc: BaseException, environ: Mapping[str, str] = os.environ) -> None:
-    """torchelastic's error-file format: {"message": {"message", "extraInfo": {"py_callstack", "timestamp"}}}.
-
-    A file written during this run is the script's own ``@record`` (closer to the error): kept."""
-    path = environ.get("TORCHELASTIC_ERROR_FILE")
-    if not path:
-        return
-    try:
-        if os.path.getmtime(path) >= _STARTED - 1:
-            return
-    except OSError:
-        pass
-    extra = {"py_callstack": traceback.format_exc(), "timestamp": str(int(time.time()))}
-    if _is_trainscale_error(exc):
-        extra["trainscale_error"] = one_line(exc)
-    data = {"message": {"message": f"{type(exc).__name__}: {exc}", "extraInfo": extra}}
-    try:
-        with open(path, "w") as fh:
-            json.dump(data, fh)
-    except OSError as err:  # never hide the real error behind this one
-        print(f"trainscale: could not write the error file {path}: {err}", file=sys.stderr)
-
-
 def record(fn):
     def wrapper(argv: list[str]) -> None:
         faulthandler.enable(all_threads=True)  # a segfault still leaves Python stacks on stderr
         try:
             fn(argv)
-        except SystemExit as exc:
-            if not succeeded(exc):
-                record_exception(exc)
-            raise
         except BaseException as exc:
-            record_exception(exc)
+            record_error(exc)
             raise
 
     return wrapper
-
-
-REFUSALS = ("ConfigError", "CheckpointError")
-"""trainscale's errors that name a fix (a bad option, an unusable checkpoint): one line, like before launch.
-Failures of the run itself (CollectiveTimeout naming a hung rank with its stack, RankFailed) keep theirs."""
-
-
-def _is_trainscale_error(exc: BaseException) -> bool:
-    """A trainscale refusal raised in the rank (known by its classes' module and names: this module imports
-    nothing of trainscale's, so that the job kit can run it in a stock container)."""
-    return any(cls.__module__ == "trainscale.errors" and cls.__name__ in REFUSALS for cls in type(exc).__mro__)
-
-
-def one_line(exc: BaseException) -> str:
-    """``CheckpointError: what was seen (hint: the fix)`` on one line."""
-    message, hint = getattr(exc, "message", str(exc)), getattr(exc, "hint", None)
-    return f"{type(exc).__name__}: {message}" + (f" (hint: {hint})" if hint else "")
-
-
-def succeeded(exc: SystemExit) -> bool:
-    """``sys.exit()``, ``sys.exit(0)`` (and ``sys.exit(False)``): the interpreter's own exit status 0."""
-    return exc.code is None or (isinstance(exc.code, int) and exc.code == 0)
 
 
 USAGE = "usage: bootstrap (--script PATH | --module NAME | --exec PROGRAM) [ARGS...]"
@@ -217,7 +164,7 @@ def main(argv: list[str]) -> None:
             exit_cleanly(exc.code, release=False)
         raise  # sys.exit("message"): the interpreter prints it and exits 1
     except BaseException as exc:
-        if _is_trainscale_error(exc):  # a refusal that names its fix: one line, as before launch (error file: stack)
+        if is_refusal(exc):  # a refusal that names its fix: one line, as before launch (error file: stack)
             print(f"trainscale: error: {one_line(exc)}", file=sys.stderr, flush=True)
             exit_cleanly(1, release=False)
         if os.environ.get(PREFIXED_VAR):  # the agent prefixes this rank's lines already

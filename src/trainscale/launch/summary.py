@@ -28,11 +28,15 @@ class RankFailure:
 
     @property
     def secondary(self) -> bool:
-        """Failed because another rank failed: the agent's SIGTERM, or a peer's closed connection."""
-        return self.exitcode == -signal.SIGTERM or any(m in self.traceback for m in _PEER_GONE)
+        """Failed because another rank failed: a peer's closed connection, or the agent's SIGTERM to a rank
+        that had recorded no error of its own (one that had was stopped on its way out)."""
+        peer_gone = any(m in self.traceback for m in _PEER_GONE)
+        return peer_gone or (self.exitcode == -signal.SIGTERM and not self.traceback)
 
     @property
     def how(self) -> str:
+        if self.exitcode == -signal.SIGTERM and not self.secondary:
+            return "failed, then stopped by SIGTERM while exiting"
         if self.exitcode < 0:
             try:
                 name = signal.Signals(-self.exitcode).name

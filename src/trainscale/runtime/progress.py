@@ -43,7 +43,7 @@ from typing import Any, Callable, NamedTuple
 
 import torch.distributed as dist
 
-from trainscale.errors import TrainscaleError
+from trainscale.errors import TrainscaleError, record_error
 from trainscale.runtime import peers
 
 _KEY = "trainscale/progress/{rank}"
@@ -408,14 +408,9 @@ def end_process(runtime: Any, error: CollectiveTimeout) -> None:
     print(f"trainscale: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
     _dump_flight_recorder(runtime.rank)
     try:
-        raise error  # inside an except block, torch's ErrorHandler records the stack with the message
+        raise error  # the stack it records is the one this raise gives it
     except CollectiveTimeout as exc:
-        try:
-            from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
-
-            ErrorHandler().record_exception(exc)
-        except Exception as err:  # never hide the real error behind this one
-            print(f"trainscale: could not write the error file: {err}", file=sys.stderr, flush=True)
+        record_error(exc)
     sys.stderr.flush()
     os._exit(1)
 

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from trainscale.env import LaunchEnv, detect
-from trainscale.errors import ConfigError
+from trainscale.errors import ConfigError, record_error
 from trainscale.runtime.device import pick_backend, pick_device
 from trainscale.runtime.seed import seed_everything
 from trainscale.runtime.threads import apply_thread_count
@@ -234,6 +234,8 @@ class Runtime:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        if exc is not None:  # before the group closes: the peers fail as soon as it does, and the launcher
+            record_error(exc)  # names the rank whose error file holds a cause of its own
         self.close(synchronize=exc_type is None)
 
     def describe(self) -> str:
