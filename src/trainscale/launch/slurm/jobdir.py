@@ -132,34 +132,38 @@ def rank_log_text(record: JobRecord, rank: int) -> str:
         return path.read_text(errors="replace")
     prefix = f"[rank{rank}]: "
     lines = []
-    likely = _node_log_of(record, rank)  # read every node's log only when the rank's own node is not known
-    for node_log in ([likely] if likely else []) + [p for p in sorted(job_dir.glob("node-*.out")) if p != likely]:
-        lines += [ln[len(prefix):] for ln in node_log.read_text(errors="replace").splitlines() if ln.startswith(prefix)]
-        if lines:  # a rank's lines are all in its node's log
-            break
+    for node_log in _node_logs_of(record, rank):
+        with open(node_log, errors="replace") as fh:
+            lines += [ln[len(prefix):].rstrip("\n") for ln in fh if ln.startswith(prefix)]
     if not lines:
         raise SlurmError(f"rank {rank} has printed nothing in {job_dir}/node-*.out", hint="it may not have started yet")
     return "\n".join(lines) + "\n"
 
 
-def _node_log_of(record: JobRecord, rank: int) -> Path | None:
-    """torchrun mode: ``node-<K>.out`` of the node rank ``rank`` ran on — its record's node (the first line of
-    ``metrics/rank-<R>.jsonl``) at its place K in the job's node list (the batch output's first line) — or
-    None where either is not known. At 1,024 ranks the node logs are all ranks' output together."""
+def _node_logs_of(record: JobRecord, rank: int) -> list[Path]:
+    """torchrun mode: the ``node-<K>.out`` logs that hold rank ``rank``'s lines. Its node's first: its record's
+    node (the first line of ``metrics/rank-<R>.jsonl``) at its place K in the job's node list (the batch
+    output's first line, which names the attempt too); the other nodes' logs after it only when that is not
+    known or the job was requeued (torch's rendezvous numbers the nodes in the order they join, so another
+    attempt may run the rank on another node). At 1,024 ranks the node logs are all ranks' output together:
+    one is read, not all."""
+    every = sorted(record.job_dir.glob("node-*.out"))
     if not record.run_dir:
-        return None
+        return every
     try:
         with open(Path(record.run_dir) / "metrics" / f"rank-{rank}.jsonl") as fh:
             node = json.loads(fh.readline()).get("node")
-        with open(record.batch_output, errors="replace") as fh:
-            found = re.search(r"^trainscale: job \S+ on (\S+),", fh.readline())
+        with open(record.batch_output, errors="replace") as fh:  # the latest attempt's (SLURM truncates it)
+            found = re.search(r"^trainscale: job \S+ on (\S+),.* restart (\d+),", fh.readline())
         from trainscale.env.slurm import expand_nodelist
 
         nodes = expand_nodelist(found.group(1)) if found else []
     except (OSError, ValueError, AttributeError, TrainscaleError):
-        return None
-    path = record.job_dir / f"node-{nodes.index(node)}.out" if node in nodes else None
-    return path if path is not None and path.exists() else None
+        return every
+    first = record.job_dir / f"node-{nodes.index(node)}.out" if node in nodes else None
+    if first is None or not first.exists():
+        return every
+    return [first] + ([p for p in every if p != first] if int(found.group(2)) > 0 else [])
 
 
 def load_records(directory: Path | None = None) -> list[JobRecord]:
