@@ -22,7 +22,7 @@ out_dir = "study"
 [tune]
 nproc_per_node = 2
 batches = [8, 16]
-budget_s = 60
+budget = 60
 loader = "dataloader"
 device = "cpu"
 
@@ -60,18 +60,18 @@ def test_tune_file_then_environment_then_command_line(tmp_path):
     (tmp_path / "tune.toml").write_text(TABLES)
     out = str(tmp_path / "tuned.toml")
     spec, _ = tune.build(["--config", str(tmp_path / "tune.toml"), "--budget", "90", "--out", out],
-                         environ={"TRAINSCALE_TUNE_BUDGET_S": "120", "TRAINSCALE_TUNE_BATCHES": "4,8"})
+                         environ={"TRAINSCALE_TUNE_BUDGET": "120", "TRAINSCALE_TUNE_BATCHES": "4,8"})
     assert (spec.nproc_per_node, spec.loader, spec.device, spec.workload) == (2, "dataloader", "cpu", "cnn")
     assert spec.batches == (4, 8)  # the environment beats the file
-    assert spec.budget_s == 90  # the command line beats both
+    assert spec.budget == 90  # the command line beats both
     plain, _ = tune.build(["--workload", "cnn", "--out", out], environ={})
-    assert (plain.nproc_per_node, plain.batch_size, plain.budget_s, plain.max_steps, plain.strategy,
+    assert (plain.nproc_per_node, plain.batch_size, plain.budget, plain.max_steps, plain.strategy,
             plain.loader, plain.batches) == (1, 16, 300.0, 30, "ddp", "tensor", ())
 
 
 def test_tune_refuses_a_misspelt_name(tmp_path):
-    (tmp_path / "tune.toml").write_text("[tune]\nbudget = 60\n")
-    with pytest.raises(ConfigError, match="(?s)unknown tune option 'budget'.*did you mean 'budget_s'"):
+    (tmp_path / "tune.toml").write_text("[tune]\nbudget_s = 60\n")
+    with pytest.raises(ConfigError, match="(?s)unknown tune option 'budget_s'.*did you mean 'budget'"):
         tune.build(["--config", str(tmp_path / "tune.toml"), "--out", str(tmp_path / "t.toml")], environ={})
     with pytest.raises(ConfigError, match="(?s)TRAINSCALE_TUNE_LOADR names no tune option.*did you mean 'loader'"):
         tune.build(["--out", str(tmp_path / "t.toml")], environ={"TRAINSCALE_TUNE_LOADR": "dataloader"})

@@ -47,7 +47,7 @@ def test_coordinate_descent_keeps_only_what_beats_the_noise():
 
 
 def test_a_failed_trial_is_never_best_and_the_budget_keeps_room_for_the_final_pair():
-    search = Search(TuneSpec(workload="cnn", budget_s=100))
+    search = Search(TuneSpec(workload="cnn", budget=100))
     search.record(Trial(Setting(batch_size=16), 100.0, 20.0))
     search.record(Trial(Setting(batch_size=8), None, 25.0, "out of memory"))
     assert search.best == Setting(batch_size=16)
@@ -72,7 +72,7 @@ def test_the_config_file_is_a_train_table_the_workloads_read(tmp_path):
 @pytest.mark.parametrize("kwargs, message", [
     ({"workload": None}, "tune needs one target"),
     ({"workload": None, "script": "train.py", "script_args": ("--bs", "32")}, "through {batch}"),
-    ({"budget_s": 5}, "too short for even one trial"),
+    ({"budget": 5}, "too short for even one trial"),
     ({"max_steps": 2}, "too few steps"),
     ({"batches": (16, 0)}, "--batches '16,0' contains 0"),
     ({"loader": "tensr"}, "--loader 'tensr' is not one of tensor, dataloader"),  # a [tune] table has no argparse choices

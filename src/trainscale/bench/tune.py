@@ -98,7 +98,7 @@ class TuneSpec:
     visible."""
     cores: int = 1
     """CPU cores of this machine (threads per rank x ranks never exceed them)."""
-    budget_s: float = 300.0
+    budget: float = 300.0
     """Seconds for the whole search."""
     max_steps: int = 30
     """Optimizer steps per trial."""
@@ -122,8 +122,8 @@ class TuneSpec:
         if self.script is not None and not any("{batch}" in a for a in self.script_args):
             raise ConfigError(f"{self.script}: tune sets the per-rank batch through {{batch}} in the script's arguments, "
                               "and there is none", hint=f"e.g. trainscale tune {self.script} --batch-size {{batch}}")
-        if self.budget_s < 10:
-            raise ConfigError(f"--budget {self.budget_s:g}s is too short for even one trial", hint="e.g. --budget 300")
+        if self.budget < 10:
+            raise ConfigError(f"--budget {self.budget:g}s is too short for even one trial", hint="e.g. --budget 300")
         if self.max_steps < 5:
             raise ConfigError(f"--max-steps {self.max_steps}: too few steps to time", hint="e.g. --max-steps 30")
         if self.nproc_per_node < 1 or self.batch_size < 1 or self.cores < 1:
@@ -214,7 +214,7 @@ class Search:
         """Whether another trial fits in the budget at the slowest trial's pace so far, keeping room for
         ``reserve`` more (the final measurement of the best and the defaults)."""
         slowest = max((t.seconds for t in self.trials), default=0.0)
-        return elapsed_s + (1 + reserve) * slowest <= self.spec.budget_s
+        return elapsed_s + (1 + reserve) * slowest <= self.spec.budget
 
 
 def gain(best_rate: float | None, default_rate: float | None) -> float | None:

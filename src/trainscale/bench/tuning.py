@@ -70,7 +70,7 @@ class Outcome:
 
 
 def tune(spec: TuneSpec, say: Callable[[str], None]) -> Outcome:
-    """The search within ``spec.budget_s``, each trial said as it ends; the defaults must run."""
+    """The search within ``spec.budget``, each trial said as it ends; the defaults must run."""
     search = Search(spec)
     work = Path(tempfile.mkdtemp(prefix="trainscale-tune-"))
     started = time.monotonic()
@@ -95,7 +95,7 @@ def tune(spec: TuneSpec, say: Callable[[str], None]) -> Outcome:
 def headline(spec: TuneSpec) -> str:
     """What ``trainscale tune`` says before the first trial."""
     return (f"trainscale tune: {spec.workload or spec.script}, {spec.nproc_per_node} rank(s) on {spec.device}, "
-            f"budget {spec.budget_s:.0f}s, {spec.max_steps} steps per trial; knobs: "
+            f"budget {spec.budget:.0f}s, {spec.max_steps} steps per trial; knobs: "
             f"{', '.join(k for k, _ in knobs(spec))}")
 
 
