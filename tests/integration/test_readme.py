@@ -9,18 +9,31 @@ place, fails the test with the command and its output.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from helpers.browser import check_page, chromium, screenshot  # noqa: F401  (chromium: a fixture)
 
+from trainscale.doctor.selftest import HANG_MARGIN_S
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+SELFTEST_CHECKS = ["devices", "all-reduce", "equivalence", "strategies", "resume", "breakdown", "binding", "hang"]
+MARK = "## README $ "
+"""Printed before each command on both streams (then each command's output can be found)."""
+CLOCK = "## README @ "
 
 SKIPPED = {
     "make test": "the whole suite, which runs this test",
@@ -81,10 +94,12 @@ def script(text: str) -> str:
     for command in commands(text):
         k = key(command)
         if k in SKIPPED:
-            parts.append(f"echo {shlex.quote(f'== skipped: {k} ({SKIPPED[k]})')}")
+            parts.append(f"echo {shlex.quote(f'{MARK}{k}: skipped ({SKIPPED[k]})')}")
             continue
         run = REPLACED[k]() if k in REPLACED else command
-        parts += [f"echo {shlex.quote(f'== {k}')} >&2", run]
+        mark = shlex.quote(MARK + k)
+        # on both streams, so that each command's output can be found, and when it started
+        parts += [f"echo {mark}; echo {mark} >&2; echo \"{CLOCK}$(date +%s.%N)\" >&2", run]
     return "\n".join(parts) + "\n"
 
 
@@ -100,21 +115,53 @@ def test_every_readme_command_is_placed():
     assert len(keys) >= 40  # README's command lines, not a handful
 
 
-@pytest.mark.slurm
-@pytest.mark.slow
-@pytest.mark.timeout(1800)
-def test_readme_commands_run_in_order_in_one_fresh_directory(slurm_cluster, tmp_path, chromium, capsys):
+@dataclass
+class Readme:
+    """README's commands, run once in one fresh directory; the tests below read what they left."""
+
+    dir: Path
+    done: subprocess.CompletedProcess
+    env: dict[str, str]
+
+    def output(self, command: str, stream: str = "stdout") -> str:
+        """What the README command starting with ``command`` printed on ``stream``."""
+        lines = getattr(self.done, stream).splitlines()
+        start = next(i for i, line in enumerate(lines) if line.startswith(MARK + command)) + 1
+        end = next((i for i in range(start, len(lines)) if lines[i].startswith(MARK)), len(lines))
+        return "\n".join(lines[start:end]) + "\n"
+
+
+    def seconds(self, command: str) -> float:
+        """How long the README command starting with ``command`` took (to the start of the next one)."""
+        lines = self.done.stderr.splitlines()
+        starts = [float(line[len(CLOCK):]) for line in lines if line.startswith(CLOCK)]
+        index = [line[len(MARK):] for line in lines if line.startswith(MARK)].index(
+            next(line[len(MARK):] for line in lines if line.startswith(MARK + command)))
+        return starts[index + 1] - starts[index]
+
+
+@pytest.fixture(scope="module")
+def readme(slurm_cluster, tmp_path_factory) -> Readme:
     text = README.read_text()
+    tmp_path = tmp_path_factory.mktemp("readme")
     (tmp_path / "train.py").write_text(readme_train_script(text))
     (tmp_path / "readme.sh").write_text(script(text))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINSCALE_", "RANK", "WORLD_SIZE"))}
     env.update(slurm_cluster.env, PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",
                TRAINSCALE_STATE_DIR=str(tmp_path / "state"), WANDB_MODE="offline")
     done = subprocess.run(["bash", "readme.sh"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
-    ran = [line[3:] for line in done.stderr.splitlines() if line.startswith("== ")]
+    ran = [line[len(MARK):] for line in done.stderr.splitlines() if line.startswith(MARK)]
     assert done.returncode == 0, (f"README command failed: {ran[-1] if ran else '?'}\n--- stdout (tail)\n"
                                   f"{done.stdout[-4000:]}\n--- stderr (tail)\n{done.stderr[-6000:]}")
     assert len(ran) == sum(key(c) not in SKIPPED for c in commands(text))
+    return Readme(tmp_path, done, env)
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_readme_commands_run_in_order_in_one_fresh_directory(readme, chromium, capsys):
+    tmp_path, done, env = readme.dir, readme.done, readme.env
     # what the README promises the commands leave behind, for the next command a reader types
     # make demo's study with the page `trainscale report bench-out/latest` drew right after it (a later
     # study, the SLURM one, has become bench-out/latest since, and README reads it as text only)
@@ -148,3 +195,121 @@ def test_readme_commands_run_in_order_in_one_fresh_directory(slurm_cluster, tmp_
     assert check_page(chromium, page, tmp_path / "chrome") >= 3  # the study's speedup, throughput, breakdown
     screenshot(chromium, page, tmp_path / "chrome", demo / "report" / "screenshot.png", capsys,
                "`make demo`'s study report", height=4200)
+
+
+def _selftest(readme: Readme, nodes: int) -> tuple[Path, dict, dict]:
+    """README's selftest on ``nodes`` node(s) (both write under selftest-out/): its directory, report and rows."""
+    found = [(p.parent, json.loads(p.read_text())) for p in (readme.dir / "selftest-out").glob("*/selftest.json")]
+    ((directory, report),) = [(d, r) for d, r in found if r["meta"]["num_nodes"] == nodes]
+    return directory, report, {c["name"]: c for c in report["checks"]}
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # the first test to run sets README's run up
+def test_readme_selftest_passes_every_cpu_check_and_writes_the_ticket_files(readme):
+    """`trainscale selftest --skip deepspeed`: the gloo subset, end to end, through the training launcher."""
+    directory, report, rows = _selftest(readme, 1)
+    assert list(rows) == SELFTEST_CHECKS and all(c["status"] == "pass" for c in rows.values()), rows
+    assert report["meta"]["world_size"] == 2 and report["meta"]["backend"] == "gloo"
+    # the figures a ticket needs: bandwidth, equivalence, time to the named error
+    assert rows["all-reduce"]["detail"]["plateau"]["busbw_Bps"] > 0
+    assert rows["equivalence"]["detail"]["max_rel"] <= 1e-6
+    assert rows["resume"]["detail"]["bitwise"] is True
+    assert rows["breakdown"]["detail"]["communication_total"] > 0
+    hang = rows["hang"]["detail"]  # README keeps the default --hang-timeout 10
+    assert "rank(s) 1 did not arrive" in hang["message"] and 10.0 <= hang["seconds"] <= 10.0 + HANG_MARGIN_S
+    assert hang["stack"] and "in stop_participating" in hang["message"]  # the hung rank's stack, from its heartbeat
+    printed = readme.output("trainscale selftest --skip deepspeed")
+    assert "strategies   PASS   zero1 = ddp bitwise, fsdp" in printed and "deepspeed skipped" in printed
+    assert "Summary: 8 passed, 0 failed" in printed
+    assert (directory / "selftest.txt").read_text() in printed
+    assert (directory / "logs" / "checks").is_dir() and (directory / "logs" / "hang").is_dir()
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # the first test to run sets README's run up
+def test_readme_selftest_on_slurm_runs_two_jobs_and_reports_every_check(readme):
+    """`trainscale selftest --slurm`: both launches are real batch jobs made by `trainscale slurm`'s plan, lint
+    and submission; the hang job fails as it must, naming the stopped rank."""
+    _, report, rows = _selftest(readme, 2)
+    assert report["meta"]["world_size"] == 4
+    assert all(c["status"] in ("pass", "warn") for c in rows.values()), rows  # binding depends on the profile
+    assert "rank(s) 3 did not arrive" in rows["hang"]["detail"]["message"]
+    assert "in stop_participating" in rows["hang"]["detail"]["message"]  # its stack, through the store of a 2-node job
+    assert readme.output("trainscale selftest --slurm", "stderr").count("submitted job") == 2
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # the first test to run sets README's run up
+def test_readme_tune_searches_within_its_budget_and_run_takes_the_result(readme):
+    """`trainscale tune --budget 60` then `trainscale run --config tuned.toml`: the defaults first, the search
+    within its budget, and the run trains with the best per-rank batch it wrote."""
+    budget = 60
+    printed = readme.output("trainscale tune --workload cnn")
+    trials = re.findall(r"^\s+\d+\. (batch \d+[^\n]*?)\s{2,}(\d+) samples/s", printed, re.M)
+    assert trials and trials[0][0] == "batch 16", printed  # the defaults first
+    assert re.search(r"^best: ", printed, re.M), printed
+    # the search stops when the next trial and the final pair would not fit: at most one trial over
+    slowest = max(float(s) for s in re.findall(r"\((\d+)s\)", printed))
+    if len(trials) == 1:  # a busy machine: the first trial's pace left no room for one more and the final pair
+        assert 4 * (slowest + 1) > budget, printed  # (seconds printed rounded down)
+    assert readme.seconds("trainscale tune --workload cnn") <= budget + 3 * slowest + 30, printed
+    batch = tomllib.loads((readme.dir / "tuned.toml").read_text())["train"]["batch_size"]
+    assert f"2 rank(s) x batch {batch}," in readme.output("trainscale run --nproc-per-node 2 --workload cnn --epochs 1 "
+                                                          "--config tuned.toml")
+
+
+def _trainscale(readme: Readme, *argv: str) -> subprocess.CompletedProcess[str]:
+    """The next command a reader types, in README's directory and environment."""
+    return subprocess.run([sys.executable, "-m", "trainscale", *argv], cwd=readme.dir, env=readme.env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # the first test to run sets README's run up
+def test_readme_study_on_slurm_runs_each_configuration_as_a_job_and_reports_it(readme, slurm_cluster):
+    """`trainscale bench --slurm --configs 1 --nodes 2`: each configuration a real batch job, the study's numbers
+    what the jobs measured; `trainscale logs` and `trainscale report` then read the jobs."""
+    (study,) = [p.parent for p in (readme.dir / "bench-out").glob("*/results.json") if not p.parent.is_symlink()
+                and [r["config"] for r in json.loads(p.read_text())["runs"]] == ["1", "2n"]]  # not bench-out/latest
+    runs = json.loads((study / "results.json").read_text())["runs"]
+    # nodes and world size as the ranks reported them from inside the jobs, not as planned
+    assert [(r["config"], r["status"], r["nodes"], r["world_size"]) for r in runs] == [
+        ("1", "ok", 1, 1), ("2n", "ok", 2, 4)]
+    for r in runs:
+        assert r["epochs"] and r["samples_per_s"] > 0 and r["slurm_job"]
+        assert slurm_cluster.job_state(r["slurm_job"]) == "COMPLETED"
+        assert Path(r["log_dir"]).is_dir()
+    # a speedup above what the shared machine allows (other jobs on its cores) is kept, but not as a result
+    speedup = runs[1]["speedup"] or (runs[1]["rejected"] or {}).get("speedup")
+    printed = readme.output("trainscale bench --workload cnn --slurm")
+    assert speedup > 0 and "| DDP 2 nodes x 2 CPU ranks | 4 |" in printed, printed
+    logs = _trainscale(readme, "logs", runs[1]["slurm_job"], "--rank", "0")
+    assert logs.returncode == 0 and "Epoch 1:" in logs.stdout, logs.stderr
+    # the study's report finds each job's records in its run directory; a job id gives that run's page
+    report = _trainscale(readme, "report", str(study), "--text")
+    assert report.returncode == 0, report.stderr
+    two_nodes = report.stdout.split("== DDP 2 nodes x 2 CPU ranks (02-2n) ==")[1]
+    assert [line.split()[0] for line in two_nodes.splitlines() if re.match(r"^\d\s", line)] == ["0", "1", "2", "3"]
+    job = _trainscale(readme, "report", runs[1]["slurm_job"], "--text")
+    assert job.returncode == 0, job.stderr
+    assert f"SLURM      job {runs[1]['slurm_job']}, profile local-test" in job.stdout
+    assert "ranks      4 rank(s) on 2 node(s), torchrun launch mode" in job.stdout
+    assert "== SLURM accounting ==" in job.stdout
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # the first test to run sets README's run up
+def test_readme_allreduce_on_slurm_is_one_two_node_job(readme):
+    (result,) = [r for r in (json.loads(p.read_text()) for p in (readme.dir / "bench-out" / "allreduce").glob("*/allreduce.json"))
+                 if r["num_nodes"] == 2]
+    assert result["world_size"] == 4
+    assert [row["bytes"] for row in result["rows"]][:3] == [1024, 2048, 4096] and result["rows"][-1]["bytes"] == 4 << 20
+    assert all(row["busbw_Bps"] == row["algbw_Bps"] * 1.5 > 0 for row in result["rows"])
+    assert "submitted job" in readme.output("trainscale bench allreduce --slurm", "stderr")
+    assert "busbw" in readme.output("trainscale bench allreduce --slurm")
