@@ -94,19 +94,22 @@ def succeeded(exc: SystemExit) -> bool:
 
 
 _STARTED = time.time()
+_RECORDED: list[BaseException] = []
+"""The exception this process recorded (its stack grows as it unwinds: recorded again, it is rewritten)."""
 
 
 def record_error(exc: BaseException, environ: Mapping[str, str] = os.environ) -> None:
     """Write ``exc`` to TORCHELASTIC_ERROR_FILE in torchelastic's format
     (``{"message": {"message", "extraInfo": {"py_callstack", "timestamp"}}}``), a refusal's one line in
-    ``extraInfo.trainscale_error``. The first record of this process is kept: it is the closest to the
-    error (``trainscale.init()``'s block records before it closes the process group, the worker bootstrap
-    after the script has unwound)."""
+    ``extraInfo.trainscale_error``. ``trainscale.init()``'s block records before it closes the process group
+    (its peers fail the moment it does); the worker bootstrap records again after the script has unwound,
+    rewriting the same exception with its whole stack. Any other record of this run is kept: the script's
+    own ``@record``, or the error a script turned into ``sys.exit(1)``, is closer to the cause."""
     path = environ.get("TORCHELASTIC_ERROR_FILE")
     if not path or (isinstance(exc, SystemExit) and succeeded(exc)):
         return
     try:
-        if os.path.getmtime(path) >= _STARTED - 1:
+        if os.path.getmtime(path) >= _STARTED - 1 and not (_RECORDED and _RECORDED[0] is exc):
             return
     except OSError:
         pass
@@ -115,9 +118,11 @@ def record_error(exc: BaseException, environ: Mapping[str, str] = os.environ) ->
     if is_refusal(exc):
         extra["trainscale_error"] = one_line(exc)
     data = {"message": {"message": f"{type(exc).__name__}: {exc}", "extraInfo": extra}}
-    try:
-        with open(path, "w") as fh:
+    try:  # whole or not at all: the launcher may stop this rank mid-write, and it reads the file
+        with open(f"{path}.tmp{os.getpid()}", "w") as fh:
             json.dump(data, fh)
+        os.replace(f"{path}.tmp{os.getpid()}", path)
+        _RECORDED[:] = [exc]
     except OSError as err:  # never hide the real error behind this one
         import sys
 

@@ -123,20 +123,26 @@ class Readme:
     done: subprocess.CompletedProcess
     env: dict[str, str]
 
-    def output(self, command: str, stream: str = "stdout") -> str:
-        """What the README command starting with ``command`` printed on ``stream``."""
+    def command(self, start: str) -> str:
+        """The one README command that starts with ``start``."""
+        ran = [line[len(MARK):] for line in self.done.stderr.splitlines() if line.startswith(MARK)]
+        found = [k for k in ran if k.startswith(start)]
+        assert len(found) == 1, f"README runs {len(found)} command(s) starting with {start!r}: {found}"
+        return found[0]
+
+    def output(self, start: str, stream: str = "stdout") -> str:
+        """What the README command starting with ``start`` printed on ``stream``."""
         lines = getattr(self.done, stream).splitlines()
-        start = next(i for i, line in enumerate(lines) if line.startswith(MARK + command)) + 1
-        end = next((i for i in range(start, len(lines)) if lines[i].startswith(MARK)), len(lines))
-        return "\n".join(lines[start:end]) + "\n"
+        begin = lines.index(MARK + self.command(start)) + 1
+        end = next((i for i in range(begin, len(lines)) if lines[i].startswith(MARK)), len(lines))
+        return "\n".join(lines[begin:end]) + "\n"
 
-
-    def seconds(self, command: str) -> float:
-        """How long the README command starting with ``command`` took (to the start of the next one)."""
+    def seconds(self, start: str) -> float:
+        """How long the README command starting with ``start`` took (to the start of the next one)."""
         lines = self.done.stderr.splitlines()
+        ran = [line[len(MARK):] for line in lines if line.startswith(MARK)]
         starts = [float(line[len(CLOCK):]) for line in lines if line.startswith(CLOCK)]
-        index = [line[len(MARK):] for line in lines if line.startswith(MARK)].index(
-            next(line[len(MARK):] for line in lines if line.startswith(MARK + command)))
+        index = ran.index(self.command(start))
         return starts[index + 1] - starts[index]
 
 
@@ -247,7 +253,7 @@ def test_readme_selftest_on_slurm_runs_two_jobs_and_reports_every_check(readme):
 def test_readme_tune_searches_within_its_budget_and_run_takes_the_result(readme):
     """`trainscale tune --budget 60` then `trainscale run --config tuned.toml`: the defaults first, the search
     within its budget, and the run trains with the best per-rank batch it wrote."""
-    budget = 60
+    budget = float(re.search(r"--budget (\d+)", readme.command("trainscale tune --workload cnn")).group(1))
     printed = readme.output("trainscale tune --workload cnn")
     trials = re.findall(r"^\s+\d+\. (batch \d+[^\n]*?)\s{2,}(\d+) samples/s", printed, re.M)
     assert trials and trials[0][0] == "batch 16", printed  # the defaults first
@@ -257,9 +263,15 @@ def test_readme_tune_searches_within_its_budget_and_run_takes_the_result(readme)
     if len(trials) == 1:  # a busy machine: the first trial's pace left no room for one more and the final pair
         assert 4 * (slowest + 1) > budget, printed  # (seconds printed rounded down)
     assert readme.seconds("trainscale tune --workload cnn") <= budget + 3 * slowest + 30, printed
-    batch = tomllib.loads((readme.dir / "tuned.toml").read_text())["train"]["batch_size"]
-    assert f"2 rank(s) x batch {batch}," in readme.output("trainscale run --nproc-per-node 2 --workload cnn --epochs 1 "
-                                                          "--config tuned.toml")
+    table = tomllib.loads((readme.dir / "tuned.toml").read_text())["train"]
+    assert f"2 rank(s) x batch {table['batch_size']}," in readme.output(
+        "trainscale run --nproc-per-node 2 --workload cnn --epochs 1 --config tuned.toml")
+    (run,) = [p.parent for p in (readme.dir / "trainscale-runs").glob("*/run.json") if not p.parent.is_symlink()
+              and "tuned.toml" in json.loads(p.read_text())["command"]]
+    with open(run / "metrics" / "rank-0.jsonl") as fh:
+        meta = json.loads(fh.readline())  # what the ranks trained with
+    assert meta["batch_size"] == table["batch_size"]
+    assert meta["strategy"] == table.get("strategy", "ddp").split(":")[0]
 
 
 def _trainscale(readme: Readme, *argv: str) -> subprocess.CompletedProcess[str]:

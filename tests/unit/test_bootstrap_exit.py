@@ -3,6 +3,7 @@ a crash keeps its signal; a worker whose agent is gone does not run."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -130,3 +131,36 @@ def test_only_refusals_that_name_a_fix_are_shown_in_one_line():
     assert not any(_is_trainscale_error(e) for e in (CollectiveTimeout("rank 1 hung"), ValueError("x")))
     assert one_line(CheckpointError("ckpt-2 is damaged", hint="use --fresh")) == \
         "CheckpointError: ckpt-2 is damaged (hint: use --fresh)"
+
+
+def test_the_error_file_holds_the_first_error_with_its_whole_stack(tmp_path):
+    """`trainscale.init()`'s block records an exception before its group closes; the bootstrap records the same
+    one again once it has unwound (its whole stack); a later, different error (a script's sys.exit(1) after
+    it) keeps the first. The file is never left half written."""
+    from trainscale import errors
+
+    environ = {"TORCHELASTIC_ERROR_FILE": str(tmp_path / "error.json")}
+
+    def stack() -> str:
+        return json.loads((tmp_path / "error.json").read_text())["message"]["extraInfo"]["py_callstack"]
+
+    def failing_step():
+        raise ValueError("shard 3 is corrupt")
+
+    def with_block():
+        try:
+            failing_step()
+        except ValueError as exc:
+            errors.record_error(exc, environ)  # as Runtime.__exit__ does
+            raise
+
+    try:
+        with_block()
+    except ValueError as exc:
+        assert "test_the_error_file_holds" not in stack()  # the frames up to the with block only
+        errors.record_error(exc, environ)  # as the bootstrap does
+    assert "test_the_error_file_holds" in stack() and "in failing_step" in stack()
+    errors.record_error(SystemExit(1), environ)
+    assert json.loads((tmp_path / "error.json").read_text())["message"]["message"] == "ValueError: shard 3 is corrupt"
+    errors.record_error(SystemExit(0), environ)  # success records nothing
+    assert [p.name for p in tmp_path.iterdir()] == ["error.json"]

@@ -108,19 +108,19 @@ def test_rank_logs_torchrun_mode_from_prefixed_node_logs(tmp_path):
     assert rank_log_text(rec, 0) == "a\n"
 
 
-@pytest.mark.parametrize("restart", [0, 1])
-def test_a_requeued_rank_that_moved_node_keeps_both_attempts_lines(tmp_path, restart):
-    """torch's rendezvous numbers nodes as they join: attempt 2 may run rank 0 on the other node (CI saw its
-    lines missing). Not requeued, only the rank's own node's log is read."""
+@pytest.mark.parametrize("moved", [False, True])
+def test_a_rank_moved_to_another_node_by_a_later_attempt_keeps_both_attempts_lines(tmp_path, moved):
+    """torch's rendezvous numbers nodes as they join: attempt 2 (a requeue, or a restart by the agent) may run
+    rank 0 on the other node (CI saw its lines missing). A rank that stayed has only its node's log read."""
     rec = dataclasses.replace(record(tmp_path, "torchrun"), run_dir=str(tmp_path / "run"))
     (tmp_path / "run" / "metrics").mkdir(parents=True)
-    (tmp_path / "run" / "metrics" / "rank-0.jsonl").write_text(json.dumps({"kind": "meta", "node": "n1"}) + "\n")
+    metas = [{"kind": "meta", "node": "n1"}, {"kind": "step"}, {"kind": "meta", "node": "n2" if moved else "n1"}]
+    (tmp_path / "run" / "metrics" / "rank-0.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metas))
     rec.job_dir.mkdir(parents=True)
-    Path(rec.batch_output).write_text(f"trainscale: job 42 on n[1-2], master n1:1, restart {restart}, logs in x\n")
-    (rec.job_dir / "node-0.out").write_text("[rank0]: attempt 1\n[rank1]: b\n")
-    (rec.job_dir / "node-1.out").write_text("[rank2]: c\n[rank0]: Attempt 2 of this job\n")
-    expected = "attempt 1\nAttempt 2 of this job\n" if restart else "attempt 1\n"
-    assert rank_log_text(rec, 0) == expected
+    Path(rec.batch_output).write_text("trainscale: job 42 on n[1-2], master n1:1, restart 1, logs in x\n")
+    (rec.job_dir / "node-0.out").write_text("[rank0]: attempt 1\n[rank1]: b\n" + ("" if moved else "[rank0]: 2\n"))
+    (rec.job_dir / "node-1.out").write_text("[rank2]: c\n" + ("[rank0]: 2\n" if moved else "[rank0]: never read\n"))
+    assert rank_log_text(rec, 0) == "attempt 1\n2\n"
 
 
 def error_file(path: Path, message: str, stack: str) -> None:

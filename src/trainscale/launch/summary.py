@@ -98,7 +98,8 @@ def attempts_lines(attempts: list[Attempt], total: int) -> list[str]:
 
 
 # Messages of a rank whose peer died first: never the root cause while a primary failure exists.
-_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing", "Broken pipe")
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing", "Broken pipe",
+              "got 0 bytes")  # c10d's store: "Failed to recv, got 0 bytes" when the rank hosting it is gone
 # How a rank that timed out names the rank(s) it waited for (runtime/progress.py's CollectiveTimeout):
 # those hung ranks, ended by the launcher afterwards, are the root cause.
 _HUNG = re.compile(r"rank\(s\) ([\d, ]+) did not arrive")

@@ -140,30 +140,33 @@ def rank_log_text(record: JobRecord, rank: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+_META = re.compile(r'^\{"kind":\s*"meta"')
+
+
 def _node_logs_of(record: JobRecord, rank: int) -> list[Path]:
-    """torchrun mode: the ``node-<K>.out`` logs that hold rank ``rank``'s lines. Its node's first: its record's
-    node (the first line of ``metrics/rank-<R>.jsonl``) at its place K in the job's node list (the batch
-    output's first line, which names the attempt too); the other nodes' logs after it only when that is not
-    known or the job was requeued (torch's rendezvous numbers the nodes in the order they join, so another
-    attempt may run the rank on another node). At 1,024 ranks the node logs are all ranks' output together:
-    one is read, not all."""
+    """torchrun mode: the ``node-<K>.out`` logs that hold rank ``rank``'s lines, in the order its attempts
+    first ran on them. Each attempt of the rank writes a meta record naming its node
+    (``metrics/rank-<R>.jsonl``; torch's rendezvous numbers the nodes in the order they join, so a restart or
+    a requeue may move the rank); K is that node's place in the job's node list (the batch output's first
+    line). All logs when that is not known. At 1,024 ranks the node logs are all ranks' output together: a
+    rank that stayed on its node has one read, not all."""
     every = sorted(record.job_dir.glob("node-*.out"))
     if not record.run_dir:
         return every
     try:
-        with open(Path(record.run_dir) / "metrics" / f"rank-{rank}.jsonl") as fh:
-            node = json.loads(fh.readline()).get("node")
-        with open(record.batch_output, errors="replace") as fh:  # the latest attempt's (SLURM truncates it)
-            found = re.search(r"^trainscale: job \S+ on (\S+),.* restart (\d+),", fh.readline())
+        with open(Path(record.run_dir) / "metrics" / f"rank-{rank}.jsonl", errors="replace") as fh:
+            visited = list(dict.fromkeys(json.loads(line).get("node") for line in fh if _META.match(line)))
+        with open(record.batch_output, errors="replace") as fh:
+            found = re.search(r"^trainscale: job \S+ on (\S+),", fh.readline())
         from trainscale.env.slurm import expand_nodelist
 
         nodes = expand_nodelist(found.group(1)) if found else []
     except (OSError, ValueError, AttributeError, TrainscaleError):
         return every
-    first = record.job_dir / f"node-{nodes.index(node)}.out" if node in nodes else None
-    if first is None or not first.exists():
-        return every
-    return [first] + ([p for p in every if p != first] if int(found.group(2)) > 0 else [])
+    logs = [record.job_dir / f"node-{nodes.index(node)}.out" for node in visited if node in nodes]
+    if not visited or len(logs) < len(visited) or not all(log.exists() for log in logs):
+        return every  # a node the last allocation does not hold, or a log not written
+    return logs
 
 
 def load_records(directory: Path | None = None) -> list[JobRecord]:
