@@ -118,10 +118,11 @@ def record_error(exc: BaseException, environ: Mapping[str, str] = os.environ) ->
     if is_refusal(exc):
         extra["trainscale_error"] = one_line(exc)
     data = {"message": {"message": f"{type(exc).__name__}: {exc}", "extraInfo": extra}}
+    partial = f"{path}.tmp{os.getpid()}"
     try:  # whole or not at all: the launcher may stop this rank mid-write, and it reads the file
-        with open(f"{path}.tmp{os.getpid()}", "w") as fh:
+        with open(partial, "w") as fh:
             json.dump(data, fh)
-        os.replace(f"{path}.tmp{os.getpid()}", path)
+        os.replace(partial, path)
         _RECORDED[:] = [exc]
     except OSError as err:  # never hide the real error behind this one
         import sys

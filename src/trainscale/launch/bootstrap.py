@@ -18,8 +18,9 @@ How a worker ends is the truth about the user's code (:func:`exit_cleanly`): a s
 a script that raised or crashed keeps its exit code or signal. A worker started by torch's agent dies
 with the agent (:func:`die_with_parent`): a SIGKILLed ``trainscale run`` leaves no rank training on.
 
-Standard library only (trainscale.errors, trainscale.env and trainscale.topology are too): a stock container without
-trainscale runs this module from the job kit (launch/kit.py), and it never imports torch itself.
+Standard library only (trainscale.errors, trainscale.env and trainscale.topology are too): a stock
+container without trainscale runs this module from the job kit (launch/kit.py), and it never imports
+torch itself.
 """
 
 from __future__ import annotations
