@@ -164,3 +164,19 @@ def test_the_error_file_holds_the_first_error_with_its_whole_stack(tmp_path):
     assert json.loads((tmp_path / "error.json").read_text())["message"]["message"] == "ValueError: shard 3 is corrupt"
     errors.record_error(SystemExit(0), environ)  # success records nothing
     assert [p.name for p in tmp_path.iterdir()] == ["error.json"]
+
+
+def test_a_rank_that_only_lost_its_peer_is_not_named_as_the_cause(tmp_path):
+    import cloudpickle
+
+    from trainscale.launch.runner import error_path, failure, read_failures
+
+    gone = "RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:41235"
+    error_path(tmp_path, 0).write_bytes(cloudpickle.dumps({"rank": 0, "traceback": gone, "exception": None}))
+    summary = "first failing rank: 1 (killed by SIGKILL)"
+    killed = failure(read_failures(tmp_path), summary, "train")  # the SIGKILLed rank recorded nothing
+    assert killed.rank is None and str(killed).startswith("train failed before any rank recorded an exception")
+    own = "Traceback (most recent call last):\nValueError: bad batch"
+    error_path(tmp_path, 1).write_bytes(cloudpickle.dumps({"rank": 1, "traceback": own, "exception": None}))
+    raised = failure(read_failures(tmp_path), summary, "train")
+    assert raised.rank == 1 and "ValueError: bad batch" in str(raised)

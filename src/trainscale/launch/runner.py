@@ -71,14 +71,12 @@ def read_results(directory: Path, world_size: int) -> list[Any]:
     return [pickle.loads(result_path(directory, rank).read_bytes()) for rank in range(world_size)]
 
 
-_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing", "Broken pipe")
-"""A rank whose peer died first says so: never the one to report while another rank raised by itself."""
-
-
 def read_failures(directory: Path) -> list[dict[str, Any]]:
-    """The ranks' recorded exceptions, the root cause first: the earliest of those not caused by another
-    rank's end."""
+    """The ranks' own recorded exceptions, earliest first. A rank's report that a peer's end closed its
+    connection is left out: it is never the cause (a SIGKILLed rank records nothing; the launcher names it)."""
     import pickle
+
+    from trainscale.launch.summary import lost_peer
 
     found = []
     for path in Path(directory).glob("error-rank*.pkl"):
@@ -87,8 +85,9 @@ def read_failures(directory: Path) -> list[dict[str, Any]]:
         except Exception:  # a record that cannot be read (a class gone since) still names its rank in its name
             record = {"rank": int(path.stem.removeprefix("error-rank")), "traceback": "", "exception": None}
         record["when"] = path.stat().st_mtime
-        found.append(record)
-    return sorted(found, key=lambda r: (any(m in r["traceback"] for m in _PEER_GONE), r["when"], r["rank"]))
+        if not lost_peer(record["traceback"]):
+            found.append(record)
+    return sorted(found, key=lambda r: (r["when"], r["rank"]))
 
 
 def failure(records: list[dict[str, Any]], summary: str, what: str):

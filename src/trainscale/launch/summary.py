@@ -30,8 +30,7 @@ class RankFailure:
     def secondary(self) -> bool:
         """Failed because another rank failed: a peer's closed connection, or the agent's SIGTERM to a rank
         that had recorded no error of its own (one that had was stopped on its way out)."""
-        peer_gone = any(m in self.traceback for m in _PEER_GONE)
-        return peer_gone or (self.exitcode == -signal.SIGTERM and not self.traceback)
+        return lost_peer(self.traceback) or (self.exitcode == -signal.SIGTERM and not self.traceback)
 
     @property
     def how(self) -> str:
@@ -100,6 +99,13 @@ def attempts_lines(attempts: list[Attempt], total: int) -> list[str]:
 # Messages of a rank whose peer died first: never the root cause while a primary failure exists.
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing", "Broken pipe",
               "got 0 bytes")  # c10d's store: "Failed to recv, got 0 bytes" when the rank hosting it is gone
+
+
+def lost_peer(traceback: str) -> bool:
+    """The traceback is a rank's report that another rank's end closed its connection: never a root cause."""
+    return any(m in traceback for m in _PEER_GONE)
+
+
 # How a rank that timed out names the rank(s) it waited for (runtime/progress.py's CollectiveTimeout):
 # those hung ranks, ended by the launcher afterwards, are the root cause.
 _HUNG = re.compile(r"rank\(s\) ([\d, ]+) did not arrive")
