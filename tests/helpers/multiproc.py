@@ -6,8 +6,8 @@ torchrun-style launch and builds a real process group on loopback.
 
 Ranks are forked from a server process that imported torch once (multiprocessing's forkserver, with
 OMP_NUM_THREADS=1 as a torchrun worker has it), not started as fresh interpreters that each import torch
-again: the suite starts a few hundred ranks. Nothing else is imported there, and the server starts no
-thread or process group, so each rank still makes its own.
+again: the suite starts a few hundred ranks. Only torch's own modules are imported there (no trainscale),
+and the server starts no thread or process group, so each rank still makes its own.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ def _context() -> mp.context.BaseContext:
     from multiprocessing import forkserver
 
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed"])
+    # torch._dynamo: torch's Optimizer imports it on first use (a second import of torch's size, per rank)
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "torch.distributed.checkpoint"])
     saved = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"  # what the server's torch reads as it loads (the ranks inherit it)
     try:

@@ -67,20 +67,28 @@ def kill_rank_after_first_checkpoint(proc: subprocess.Popen, ckpt_dir: Path, ran
     return time.monotonic()
 
 
-def test_sigkilled_rank_restarts_and_resumes_to_identical_weights(tmp_path):
-    common = ["run", "--nproc-per-node", "2", "--log-dir", "logs", *FAST_CNN, "--epochs", "6",
-              "--checkpoint-every", "8"]
-    proc = start([*common[:1], "--max-restarts", "1", *common[1:], "--checkpoint-dir", "faulty"], tmp_path)
+SIX_EPOCHS = ["run", "--nproc-per-node", "2", "--log-dir", "logs", *FAST_CNN, "--epochs", "6", "--checkpoint-every", "8"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict[str, torch.Tensor]:
+    """The final weights of SIX_EPOCHS run straight through: what an interrupted run must end with."""
+    cwd = tmp_path_factory.mktemp("uninterrupted")
+    reference = run([*SIX_EPOCHS, "--checkpoint-dir", "clean"], cwd)
+    assert reference.returncode == 0, reference.stderr
+    return weights(cwd / "clean")
+
+
+def test_sigkilled_rank_restarts_and_resumes_to_identical_weights(tmp_path, uninterrupted):
+    proc = start([*SIX_EPOCHS[:1], "--max-restarts", "1", *SIX_EPOCHS[1:], "--checkpoint-dir", "faulty"], tmp_path)
     killed_at = kill_rank_after_first_checkpoint(proc, tmp_path / "faulty")
     out, err = proc.communicate(timeout=300)
     recovered = time.monotonic() - killed_at
     assert proc.returncode == 0, err
     assert "Resumed from" in out
-    reference = run([*common, "--checkpoint-dir", "clean"], tmp_path)
-    assert reference.returncode == 0, reference.stderr
-    a, b = weights(tmp_path / "faulty"), weights(tmp_path / "clean")
-    for key in b:
-        assert torch.equal(a[key], b[key]), key
+    a = weights(tmp_path / "faulty")
+    for key in uninterrupted:
+        assert torch.equal(a[key], uninterrupted[key]), key
     print(f"recovered and finished {recovered:.1f}s after the SIGKILL")
 
 
@@ -178,13 +186,13 @@ def test_two_jobs_on_one_host_never_join_each_other(tmp_path):
         assert f"TOKENS 2 [{token}, {token}]" in out
 
 
-def test_usr1_checkpoints_at_a_step_boundary_and_a_rerun_matches_an_uninterrupted_run(tmp_path):
+def test_usr1_checkpoints_at_a_step_boundary_and_a_rerun_matches_an_uninterrupted_run(tmp_path, uninterrupted):
     """SLURM's warning signal, delivered to the launcher: forwarded to the workers, which agree on a
     step, checkpoint and stop; running the same command again finishes the job exactly."""
-    common = ["run", "--nproc-per-node", "2", "--log-dir", "logs", *FAST_CNN, "--epochs", "6"]
+    common = SIX_EPOCHS
     proc = start([*common, "--checkpoint-dir", "pre"], tmp_path)
     wait_for(lambda: worker_pid(proc, 0) and worker_pid(proc, 1), 60, "both workers")
-    # wait until training is under way: the first end-of-epoch checkpoint appears
+    # wait until training is under way: the first checkpoint (step 8) appears
     wait_for(lambda: any((tmp_path / "pre").glob("ckpt-*.pt")), 120, "the first checkpoint")
     signalled = time.monotonic()
     proc.send_signal(signal.SIGUSR1)
@@ -194,10 +202,9 @@ def test_usr1_checkpoints_at_a_step_boundary_and_a_rerun_matches_an_uninterrupte
     assert "Preempted (SIGUSR1) at step" in out and "run the same command again" in out
     rerun = run([*common, "--checkpoint-dir", "pre"], tmp_path)
     assert rerun.returncode == 0 and "Resumed from" in rerun.stdout, rerun.stderr
-    clean = run([*common, "--checkpoint-dir", "clean"], tmp_path)
-    a, b = weights(tmp_path / "pre"), weights(tmp_path / "clean")
-    for key in b:
-        assert torch.equal(a[key], b[key]), key
+    a = weights(tmp_path / "pre")
+    for key in uninterrupted:
+        assert torch.equal(a[key], uninterrupted[key]), key
     print(f"checkpointed and stopped {stopped:.1f}s after SIGUSR1")
 
 

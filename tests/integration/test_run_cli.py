@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -72,10 +73,16 @@ def _final_weights(ckpt_dir: Path) -> dict[str, torch.Tensor]:
     return torch.load(newest, weights_only=True)["model"]
 
 
-def test_resume_after_epoch_two_equals_uninterrupted_run_bitwise(tmp_path):
+def test_resume_after_epoch_two_equals_uninterrupted_run_bitwise_and_continues_on_another_world_size(tmp_path):
     common = ["run", "--nproc-per-node", "2", "--log-dir", "logs", "--workload", "cnn", *FAST_CNN]
     first = trainscale(*common, "--epochs", "2", "--checkpoint-dir", "resumed", cwd=tmp_path)
     assert first.returncode == 0, first.stderr
+    shutil.copytree(tmp_path / "resumed", tmp_path / "grown")
+    # an end-of-epoch checkpoint from 2 ranks continues on 1 rank
+    grown = trainscale(*common[:1], "--nproc-per-node", "1", *common[3:], "--epochs", "3", "--checkpoint-dir", "grown",
+                       cwd=tmp_path)
+    assert grown.returncode == 0, grown.stderr
+    assert "written with world size 2, now 1" in grown.stdout
     second = trainscale(*common, "--epochs", "4", "--checkpoint-dir", "resumed", cwd=tmp_path)
     assert second.returncode == 0, second.stderr
     assert "Resumed from" in second.stdout and "epoch 3" in second.stdout
@@ -107,23 +114,6 @@ def test_bad_input_is_refused_before_any_process_starts(in_tmp, capsys, argv, me
     assert not (in_tmp / "logs").exists()  # nothing was launched
 
 
-def test_resume_with_another_world_size(tmp_path):
-    base = ["run", "--log-dir", "logs", "--workload", "cnn", *FAST_CNN]
-    # an end-of-epoch checkpoint from 2 ranks continues on 1 rank
-    assert trainscale(*base[:1], "--nproc-per-node", "2", *base[1:], "--epochs", "1", "--checkpoint-dir", "a",
-                      cwd=tmp_path).returncode == 0
-    grown = trainscale(*base[:1], "--nproc-per-node", "1", *base[1:], "--epochs", "2", "--checkpoint-dir", "a",
-                       cwd=tmp_path)
-    assert grown.returncode == 0, grown.stderr
-    assert "written with world size 2, now 1" in grown.stdout
-    # a mid-epoch checkpoint from 2 ranks is explained, not silently mis-sharded
-    assert trainscale(*base[:1], "--nproc-per-node", "2", *base[1:], "--max-steps", "3", "--checkpoint-every", "3",
-                      "--checkpoint-dir", "b", cwd=tmp_path).returncode == 0
-    refused = trainscale(*base[:1], "--nproc-per-node", "1", *base[1:], "--checkpoint-dir", "b", cwd=tmp_path)
-    assert refused.returncode != 0
-    assert "written by 2 rank(s) in the middle of epoch 1" in refused.stderr and "giving 2 ranks" in refused.stderr
-
-
 @pytest.mark.parametrize("strategy, message", [
     ("fsdpp", "did you mean 'fsdp'"),
     ("deepspeed:config=missing_ds_config.json", "missing_ds_config.json"),
@@ -144,12 +134,17 @@ def test_ds_config_with_unknown_stage_is_refused_before_launch(in_tmp, capsys):
     assert not (in_tmp / "logs").exists()
 
 
-def test_resume_on_four_ranks_is_bitwise_too(tmp_path):
+def test_resume_on_four_ranks_is_bitwise_too_and_a_mid_epoch_checkpoint_needs_its_world_size(tmp_path):
     """With 3+ ranks the all-reduce's rounding follows DDP's bucket layout; a resumed run must lay out
     its buckets as the uninterrupted run did (strategies/ddp.py::rebuild_buckets)."""
     base = ["run", "--nproc-per-node", "4", "--log-dir", "logs", "--workload", "cnn", *FAST_CNN]
     assert trainscale(*base, "--max-steps", "5", "--checkpoint-every", "5", "--checkpoint-dir", "r",
                       cwd=tmp_path).returncode == 0
+    shutil.copytree(tmp_path / "r", tmp_path / "mid")
+    # a mid-epoch checkpoint (4 steps an epoch: step 5 is inside epoch 2) is explained on 1 rank, not mis-sharded
+    refused = trainscale(*base[:1], "--nproc-per-node", "1", *base[3:], "--checkpoint-dir", "mid", cwd=tmp_path)
+    assert refused.returncode != 0
+    assert "written by 4 rank(s) in the middle of epoch 2" in refused.stderr and "giving 4 ranks" in refused.stderr
     resumed = trainscale(*base, "--max-steps", "12", "--checkpoint-dir", "r", cwd=tmp_path)
     assert resumed.returncode == 0 and "Resumed from" in resumed.stdout, resumed.stderr
     straight = trainscale(*base, "--max-steps", "12", "--checkpoint-dir", "s", cwd=tmp_path)
