@@ -114,9 +114,9 @@ class TuneSpec:
                 raise ConfigError(f"{flag} {value!r} is not one of {', '.join(choices)}",
                                   hint=f"e.g. {flag} {choices[1]}")
         if self.device == "auto":
-            from trainscale.bench.environment import visible_gpus
+            from trainscale.runtime.device import visible_gpu_count
 
-            object.__setattr__(self, "device", "cuda" if visible_gpus() else "cpu")
+            object.__setattr__(self, "device", "cuda" if visible_gpu_count() else "cpu")
         if (self.workload is None) == (self.script is None):
             raise ConfigError("tune needs one target: --workload NAME or a SCRIPT", hint="e.g. --workload cnn")
         if self.script is not None and not any("{batch}" in a for a in self.script_args):
