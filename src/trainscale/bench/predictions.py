@@ -204,12 +204,10 @@ def attach_projection(study: dict, network: Network, project_to: int, *, scaling
 def averaging_hook(workload_args: tuple[str, ...] | list[str]) -> str:
     """What the study's DDP runs averaged with, for the all-reduce benchmark's ``--hook``: ``shm`` or
     ``auto`` as named in ``--strategy ...:comm_hook=`` (default auto), the backend's (none) otherwise."""
-    args = list(workload_args)
-    spec = next((a.split("=", 1)[1] for a in args if a.startswith("--strategy=")), None)
-    if spec is None and "--strategy" in args[:-1]:
-        spec = args[args.index("--strategy") + 1]
-    options = dict(o.split("=", 1) for o in (spec or "").partition(":")[2].split(",") if "=" in o)
-    hook = options.get("comm_hook", "auto").lower()
+    from trainscale.launch.preflight import option_value
+    from trainscale.strategies import parse_spec
+
+    hook = parse_spec(option_value(workload_args, "--strategy") or "ddp")[1].get("comm_hook", "auto").lower()
     return hook if hook in ("auto", "shm") else "none"
 
 
