@@ -17,17 +17,11 @@ import itertools
 import json
 import math
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trainscale.errors import ConfigError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 PREFERRED_METRICS = ("test_loss", "val_loss", "eval_loss", "loss", "train_loss")
@@ -52,12 +46,9 @@ def parse_grid(text: str) -> dict[str, list[str]]:
 
 def load_grid_file(path: str | Path) -> dict[str, list[str]]:
     """A TOML file: ``[grid]`` with a list per key, e.g. ``lr = [1e-3, 3e-4]``."""
-    try:
-        data = tomllib.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"grid file {path} does not exist", hint="give a TOML file with a [grid] table") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"grid file {path} is not valid TOML: {exc}", hint="check the line named above") from None
+    from trainscale.config import read_toml
+
+    data = read_toml(path, "grid file", "give a TOML file with a [grid] table")
     table = data.get("grid")
     if not isinstance(table, dict) or not table:
         raise ConfigError(f"grid file {path} has no [grid] table", hint='[grid]\nlr = [1e-3, 3e-4]')
