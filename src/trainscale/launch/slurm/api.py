@@ -106,7 +106,8 @@ def _function_target(fn: Callable[..., Any], options: dict[str, Any], args: tupl
 
 
 def _submit(spec, profile, write):
-    """Lint (errors refuse, warnings are said), then the same submission as ``trainscale slurm --submit``."""
+    """Lint (errors refuse, warnings are said), then the same submission as ``trainscale slurm --submit``,
+    said on stderr."""
     from trainscale.launch.slurm import lint, resolve
     from trainscale.launch.slurm.job import snapshot_findings, submit_job
     from trainscale.launch.slurm.lint import WARNING, errors
@@ -120,25 +121,25 @@ def _submit(spec, profile, write):
     for finding in findings:
         if finding.level == WARNING:
             print(f"trainscale.slurm: {finding}", file=sys.stderr, flush=True)
-    return submit_job(spec, profile, plan, before_submit=write)
+    record = submit_job(spec, profile, plan, before_submit=write)
+    what = f"array job {record.job_id} ({spec.array})" if spec.array else f"job {record.job_id}"
+    print(f"trainscale.slurm: submitted {what}, world size {record.world_size}; run directory {record.run_dir}",
+          file=sys.stderr, flush=True)
+    return record
 
 
 def submit(fn: Callable[..., Any] | str | os.PathLike, /, *args: Any, **options: Any) -> Job:
     """Submit ``fn(*args)`` (or a script path with its arguments) as one SLURM job on ``options``' allocation;
     returns its :class:`Job`. Keyword arguments for ``fn``: ``functools.partial``."""
-    if isinstance(fn, (str, os.PathLike)):
-        target = {"script": str(fn), "args": tuple(str(a) for a in args),
-                  "command_line": ("trainscale.slurm", str(fn), *map(str, args))}
-        spec, profile = build_spec(target, options)
-        record = _submit(spec, profile, None)
-        _say(record, spec)
-        return Job(record.job_id, Path(record.run_dir), record, function=False)
     from trainscale.launch.runner import write_call
 
-    spec, profile = build_spec(_function_target(fn, options), options)
-    record = _submit(spec, profile, lambda plan: write_call(plan.run_dir, fn, args))
-    _say(record, spec)
-    return Job(record.job_id, Path(record.run_dir), record)
+    script = isinstance(fn, (str, os.PathLike))
+    target = ({"script": str(fn), "args": tuple(str(a) for a in args),
+               "command_line": ("trainscale.slurm", str(fn), *map(str, args))} if script
+              else _function_target(fn, options))
+    spec, profile = build_spec(target, options)
+    record = _submit(spec, profile, None if script else lambda plan: write_call(plan.run_dir, fn, args))
+    return Job(record.job_id, Path(record.run_dir), record, function=not script)
 
 
 def map_array(fn: Callable[..., Any], /, *iterables: Iterable[Any], max_parallel: int | None = None,
@@ -163,14 +164,7 @@ def map_array(fn: Callable[..., Any], /, *iterables: Iterable[Any], max_parallel
             write_call(plan.run_dir / f"task-{i}", fn, call)
 
     record = _submit(spec, profile, write)
-    _say(record, spec)
     return [Job(f"{record.job_id}_{i}", Path(record.run_dir) / f"task-{i}", record) for i in range(len(calls))]
-
-
-def _say(record, spec) -> None:
-    what = f"array job {record.job_id} ({spec.array})" if spec.array else f"job {record.job_id}"
-    print(f"trainscale.slurm: submitted {what}, world size {record.world_size}; run directory {record.run_dir}",
-          file=sys.stderr, flush=True)
 
 
 class Executor:
