@@ -95,12 +95,8 @@ def all_reduce_check(runtime, numel: int, repeats: int = 5) -> Finding:
     tensor = torch.full((numel,), float(runtime.rank + 1), dtype=torch.float32, device=runtime.device)
     expected = n * (n + 1) / 2
 
-    def sync() -> None:
-        if runtime.device.type == "cuda":
-            torch.cuda.synchronize(runtime.device)
-
     dist.all_reduce(tensor)
-    sync()
+    runtime.synchronize()
     got = float(tensor[0].item()), float(tensor[-1].item())
     if got != (expected, expected):
         return error(NETWORK, "all-reduce", f"all-reduce of {n} ranks gave {got[0]} (first) / {got[1]} (last), "
@@ -108,10 +104,10 @@ def all_reduce_check(runtime, numel: int, repeats: int = 5) -> Finding:
                      "NCCL_P2P_DISABLE=1 / NCCL_IB_DISABLE=1 to find the transport at fault", got=list(got))
     times = []
     for _ in range(repeats):
-        sync()
+        runtime.synchronize()
         started = time.perf_counter()
         dist.all_reduce(tensor)
-        sync()
+        runtime.synchronize()
         times.append(time.perf_counter() - started)
     median = statistics.median(times)
     size = numel * 4
