@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from trainscale._version import __version__
 from trainscale.errors import ConfigError
 from trainscale.launch.slurm.jobdir import JobRecord, save_record
 from trainscale.launch.slurm.layout import check_snapshot, target_in_run
@@ -82,12 +81,8 @@ def _jsonable(value: Any) -> Any:
 
 def submission_record(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan,
                       snapshot: dict[str, Any] | None = None) -> dict[str, Any]:
-    try:
-        import torch
+    from trainscale.launch.rundir import versions
 
-        torch_version = torch.__version__
-    except ImportError:  # pragma: no cover - torch is a dependency
-        torch_version = None
     code = plan.code_root or spec.script
     python = job_python(spec, profile)
     return {
@@ -100,7 +95,7 @@ def submission_record(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan
         "profile": profile.name,
         "plan": {"launcher": plan.launcher, "nodes": plan.nodes, "ranks_per_node": plan.ranks_per_node,
                  "world_size": plan.world_size, "cpus_per_rank": plan.cpus_per_rank, "time_s": plan.time_s},
-        "versions": {"trainscale": __version__, "torch": torch_version, "python": platform.python_version()},
+        "versions": versions(),
         "python": {"command": python.command, "source": python.source, "job_kit": python.kit},
         "git": git_state(Path(code).absolute()) if code else None,
         "snapshot": snapshot,
