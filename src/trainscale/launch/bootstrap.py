@@ -266,7 +266,7 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # exists, owned by someone else
-        return True
+        pass
     return True
 
 
@@ -303,13 +303,7 @@ def exit_cleanly(status: int, *, release: bool = True) -> NoReturn:
 
     A script that raised or crashed is not ended here: it keeps its own exit code or signal.
     """
-    shutdown = getattr(threading, "_shutdown", None)
-    if shutdown is not None:
-        shutdown()
-    else:  # an interpreter without it: join what it would have joined
-        for thread in threading.enumerate():
-            if thread is not threading.current_thread() and not thread.daemon:
-                thread.join()
+    threading._shutdown()  # type: ignore[attr-defined]  # CPython's own, since 3.0
     atexit._run_exitfuncs()
     if release:
         release_process_groups()
