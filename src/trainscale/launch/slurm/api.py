@@ -2,24 +2,11 @@
 
     job = trainscale.slurm.submit(train, 1e-3, profile="lumi", account="project_465000000", nodes=2,
                                   time="01:00:00")
-    job.state            # PENDING, RUNNING, COMPLETED, ...
     job.result()         # waits; rank 0's return value, or RankFailed with the failing rank's traceback
-    job.logs(rank=1)     # one rank's output; job.logs() the batch output
-    job.cancel()
-    jobs = trainscale.slurm.map_array(train, [1e-3, 3e-4, 1e-4], profile=..., time=...)  # one array job
-    [j.result() for j in jobs]
 
-The options are ``trainscale slurm``'s, by their field names (``SlurmJobSpec``: nodes, gpus_per_node, time,
-account, partition, launcher, container, modules, python, output_dir, ...), resolved in the same order
-(defaults < profile < ``config=`` file's [slurm] table < TRAINSCALE_SLURM_* < these arguments), linted and
-submitted by the same code as ``trainscale slurm --submit``: the same batch script, run directory, code
-snapshot and job record (``trainscale jobs``/``logs``/``cancel`` know the job too).
-
-A function runs on every rank inside the normal launch through launch/runner.py; its call is pickled into
-the run directory (cloudpickle: by reference when its module imports on the nodes, by value when it is
-defined in a notebook or ``__main__``), and rank 0's return value comes back pickled. Pickles run code when
-read: submit your own code only. The job snapshots the project the function comes from (its module's, or
-the working directory's for a notebook), as a script's.
+The options are ``trainscale slurm``'s by field name, resolved, linted and submitted by the same code as
+``trainscale slurm --submit``; a function's call is pickled into the run directory and run on every rank
+by launch/runner.py. The whole story: docs/ecosystem.md (``trainscale.slurm``).
 """
 
 from __future__ import annotations
