@@ -163,6 +163,17 @@ def prepare_run(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> t
     return plan, script
 
 
+def job_record(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan, script: Path, sub: Any, *,
+               chain_link: int = 0) -> JobRecord:
+    """What trainscale keeps of a submitted job (``trainscale jobs``, ``logs``, ``cancel`` read it)."""
+    return JobRecord(job_id=sub.job_id, cluster=sub.cluster, name=spec.name, launcher=plan.launcher,
+                     profile=profile.name, script=str(script), output_dir=str(plan.output_dir),
+                     world_size=plan.world_size, ranks_per_node=plan.ranks_per_node,
+                     command=" ".join(spec.command_line), submitted_at=time.time(),
+                     batch_output_pattern=batch_output_pattern(spec, plan), run_dir=str(plan.run_dir),
+                     chain_link=chain_link)
+
+
 def submit_job(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan, *, run: Runner | None = None,
                before_submit: Callable[[JobPlan], None] | None = None) -> JobRecord:
     """Prepare the run, ``sbatch --parsable`` it (``--chain N``: N times, each after the one before) and save
@@ -178,13 +189,8 @@ def submit_job(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan, *, ru
     records: list[JobRecord] = []
     for link in range(spec.chain):
         extra = (f"--dependency=afterany:{records[-1].job_id}",) if records else ()
-        sub = submit(script, run=run, extra=extra)
-        records.append(JobRecord(job_id=sub.job_id, cluster=sub.cluster, name=spec.name, launcher=plan.launcher,
-                                 profile=profile.name, script=str(script), output_dir=str(plan.output_dir),
-                                 world_size=plan.world_size, ranks_per_node=plan.ranks_per_node,
-                                 command=" ".join(spec.command_line), submitted_at=time.time(),
-                                 batch_output_pattern=batch_output_pattern(spec, plan), run_dir=str(plan.run_dir),
-                                 chain_link=link + 1 if spec.chain > 1 else 0))
+        records.append(job_record(spec, profile, plan, script, submit(script, run=run, extra=extra),
+                                  chain_link=link + 1 if spec.chain > 1 else 0))
         if spec.chain > 1:  # the links file is what each link reads to cancel the others
             (plan.run_dir / "links").write_text("".join(f"{r.job_id}\n" for r in records))
     for record in records:

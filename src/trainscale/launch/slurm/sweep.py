@@ -254,22 +254,15 @@ def plot(run_dir: Path, results: list[TaskResult], metric: str | None, higher_is
 def submit_array(spec: Any, profile: Any, plan: Any, grid: dict[str, list[str]]) -> tuple[Any, Path, int]:
     """Write the tasks' arguments into the run directory, submit the array job and record it as
     ``trainscale slurm --submit`` records a job: (the submission, the run directory, the task count)."""
-    import time
-
-    from trainscale.launch.slurm.job import prepare_run
-    from trainscale.launch.slurm.jobdir import JobRecord, save_record
-    from trainscale.launch.slurm.render import batch_output_pattern
+    from trainscale.launch.slurm.job import job_record, prepare_run
+    from trainscale.launch.slurm.jobdir import save_record
     from trainscale.launch.slurm.submit import submit
 
     plan, script = prepare_run(spec, profile, plan)
     configs = write_tasks(plan.run_dir, grid, workload=bool(spec.workload))
     sub = submit(script)
     record_jobs(plan.run_dir, [sub.job_id])
-    save_record(JobRecord(job_id=sub.job_id, cluster=sub.cluster, name=spec.name, launcher=plan.launcher,
-                          profile=profile.name, script=str(script), output_dir=str(plan.output_dir),
-                          world_size=plan.world_size, ranks_per_node=plan.ranks_per_node,
-                          command=" ".join(spec.command_line), submitted_at=time.time(),
-                          batch_output_pattern=batch_output_pattern(spec, plan), run_dir=str(plan.run_dir)))
+    save_record(job_record(spec, profile, plan, script, sub))
     return sub, plan.run_dir, len(configs)
 
 
