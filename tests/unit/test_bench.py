@@ -729,7 +729,7 @@ def test_the_speedup_plot_draws_no_rejected_point_and_marks_disturbed_ones(tmp_p
         drawn[path.name] = fig
         return path
 
-    monkeypatch.setattr(plots, "_save", keep)
+    monkeypatch.setattr(plots, "save", keep)
     study = _loaded_study()
     plots.speedup_plot(study, tmp_path / "speedup.png")
     fig = drawn["speedup.png"]
