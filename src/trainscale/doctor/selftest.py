@@ -114,17 +114,9 @@ def _default_nproc(spec: SelftestSpec) -> int:
 
 def out_directory(requested: Path | None, now: datetime.datetime | None = None) -> Path:
     """A new directory for this selftest: never one holding anything already."""
-    if requested is not None:
-        if requested.exists() and any(requested.iterdir()):
-            raise ConfigError(f"--out {requested} already exists and is not empty",
-                              hint="give a new directory, or leave --out out for selftest-out/<timestamp>")
-        return requested
-    stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
-    candidate, k = Path("selftest-out") / stamp, 1
-    while candidate.exists():
-        k += 1
-        candidate = Path("selftest-out") / f"{stamp}-{k}"
-    return candidate
+    from trainscale.bench.study import choose_out_dir
+
+    return choose_out_dir(requested, Path("selftest-out"), now, kept="a report")
 
 
 def rank_args(spec: SelftestSpec, phase: str, out: Path, workdir: Path) -> tuple[str, ...]:
