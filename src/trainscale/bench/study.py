@@ -188,12 +188,12 @@ def _preflight(workload: str, runs: list[PlannedRun]) -> None:
 
 
 def choose_out_dir(requested: Path | None, root: Path = Path("bench-out"), now: datetime.datetime | None = None,
-                   *, kept: str = "a study") -> Path:
-    """A fresh directory for the study (``kept``: what it holds), ``root/<timestamp>`` unless ``requested``:
-    never one that holds anything already."""
+                   *, kept: str = "a study is never overwritten") -> Path:
+    """A fresh directory for the study, ``root/<timestamp>`` unless ``requested``: never one that holds
+    anything already (``kept``: the refusal's reason)."""
     if requested is not None:
         if requested.exists() and any(requested.iterdir()):
-            raise ConfigError(f"--out {requested} already exists and is not empty; {kept} is never overwritten",
+            raise ConfigError(f"--out {requested} already exists and is not empty; {kept}",
                               hint=f"give a new directory, or leave --out out for {root}/<timestamp>")
         return requested
     stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")

@@ -116,7 +116,7 @@ def out_directory(requested: Path | None, now: datetime.datetime | None = None) 
     """A new directory for this selftest: never one holding anything already."""
     from trainscale.bench.study import choose_out_dir
 
-    return choose_out_dir(requested, Path("selftest-out"), now, kept="a report")
+    return choose_out_dir(requested, Path("selftest-out"), now, kept="a report is never overwritten")
 
 
 def rank_args(spec: SelftestSpec, phase: str, out: Path, workdir: Path) -> tuple[str, ...]:
