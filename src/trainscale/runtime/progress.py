@@ -1,33 +1,9 @@
 """Turn a collective that never completes into an error that names the hung rank(s), with their stack.
 
-Each rank's background heartbeat records in the process group's store the step it is in and how
-many collectives it has issued on each process group (and on ``comm_hook=shm``'s shared memory).
-When a collective times out, the rank that noticed reads everybody's record and names the ranks
-that hold the others up:
-
-- a rank whose step is behind (it stopped between steps, before ``rt.guard``), or
-- a rank in the same step that issued fewer collectives than the others (it stopped *inside* the
-  step: in the forward pass, in backward between two buckets, in the optimizer) — the ranks waiting
-  in a collective have issued it, the rank they wait for has not.
-
-It then asks those ranks for their Python stack (runtime/peers.py: their heartbeat answers through
-the store, across nodes) and puts it in the error, instead of the backend's bare "Timed out".
-
-Two ways a timeout is noticed:
-
-- gloo (CPU): the collective blocks the main thread and raises after the timeout, inside
-  ``rt.guard(step)``, which turns it into :class:`CollectiveTimeout` (:meth:`ProgressTracker.explain`).
-- NCCL (GPU): collectives are asynchronous. The main thread runs ahead and later blocks in a CUDA
-  synchronisation that no Python exception can reach, while NCCL's own watchdog would end the
-  process with a bare abort. So on NCCL the heartbeat thread also *watches*: when this rank has not
-  entered a new step for the collective timeout and some rank is behind (confirmed on a second look),
-  it names that rank, reports the error the way an uncaught one is reported (stderr, the launcher's
-  error file) and ends the process (:meth:`ProgressTracker._watch`). ``trainscale.init`` gives NCCL's
-  watchdog a longer timeout (runtime/nccl.py ``watchdog_timeout``) so that this diagnosis comes first.
-
-The heartbeat talks to the store over a connection of its own (``Store.clone``) with a short timeout:
-the default store's timeout, which every later ``new_group``, NCCL communicator and DeviceMesh
-waits with, is never touched.
+Each rank's heartbeat (:class:`ProgressTracker`) records in the store its step and the collectives it
+has issued per channel; the rank that notices a timeout (gloo: inside ``rt.guard``, :meth:`~ProgressTracker.explain`;
+NCCL: the heartbeat itself watches, :meth:`~ProgressTracker._watch`) names the ranks :func:`behind` and
+asks them for their stacks (runtime/peers.py). How and why, gloo and NCCL: docs/gpu.md, "Hangs".
 """
 
 from __future__ import annotations
