@@ -27,7 +27,6 @@ from typing import Any, Iterator
 from trainscale.observe.window import Publisher, RankWindow, default_store
 
 METRICS = "metrics"
-RUN_DIR_VAR = "TRAINSCALE_RUN_DIR"
 
 
 def metrics_dir(run_dir: str | Path) -> Path:

@@ -18,8 +18,6 @@ Runner = Callable[..., subprocess.CompletedProcess]
 # States after which the job will not run again by itself.
 TERMINAL = frozenset({"COMPLETED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "CANCELLED", "PREEMPTED",
                       "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT", "REQUEUE_HOLD"})
-ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_FED",
-                    "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"})
 
 SQUEUE_FORMAT = "%i|%j|%T|%M|%l|%D|%u|%r|%N"
 SQUEUE_FIELDS = ("job_id", "name", "state", "elapsed", "time_limit", "nodes", "user", "reason", "nodelist")
