@@ -30,8 +30,6 @@ LINK_BYTES = 10 * 1024**2
 """A file larger than this is linked, not copied."""
 MAX_FILES = 20_000
 MAX_BYTES = 200 * 1024**2
-SNAPSHOT_VAR, SNAPSHOT_OF_VAR = "TRAINSCALE_SNAPSHOT", "TRAINSCALE_SNAPSHOT_OF"
-"""Exported in the batch script: the copy, and the root it was taken from (read by launch/bootstrap.py)."""
 
 
 @dataclass(frozen=True)
