@@ -23,6 +23,7 @@ pass after the per-size warm-up) includes connection set-up.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import time
@@ -148,10 +149,8 @@ def reducer(rt, hook: str, largest: int):
         hook = "shm" if rt.is_distributed and applies(rt.device, rt.backend, rt.world_size) else "none"
     if hook == "shm" and rt.is_distributed:
         check_device(rt.device)
-        try:
+        with contextlib.suppress(SharedMemoryUnavailable):  # several nodes: the backend's, as training's auto
             return "shm", SharedMemoryAllReduce(largest).average
-        except SharedMemoryUnavailable:
-            pass  # several nodes: the backend's all-reduce, as training's auto does
     return "none", dist.all_reduce
 
 

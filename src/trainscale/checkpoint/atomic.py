@@ -40,10 +40,7 @@ def atomic_write(path: Path, write: Callable[[io.BufferedWriter], None], mode: i
             before_rename()
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
 

@@ -26,6 +26,7 @@ torch itself.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import faulthandler
 import gc
@@ -313,10 +314,8 @@ def exit_cleanly(status: int, *, release: bool = True) -> NoReturn:
                 stream.flush()
         except (OSError, ValueError):  # a closed pipe or stream
             status = status or 120
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).fflush(None)  # what C and C++ code printed through stdio
-    except (OSError, AttributeError):
-        pass
     os._exit(status)
 
 

@@ -8,6 +8,7 @@ asks them for their stacks (runtime/peers.py). How and why, gloo and NCCL: docs/
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -211,10 +212,8 @@ class ProgressTracker:
         if self.store is None:
             return {}
         self._stop.set()
-        try:
+        with contextlib.suppress(Exception):
             self._publish()
-        except Exception:
-            pass
         return self._read_all()
 
     def _read_all(self) -> dict[int, Seen | str | None]:
@@ -292,11 +291,9 @@ class ProgressTracker:
 
     def _post(self, text: str, *, complete: bool) -> None:
         if self.store is not None:
-            try:
-                with self._lock:
-                    peers.post(self.store, text, complete=complete)
-            except Exception:  # the store went with rank 0: this rank's own error still tells
-                pass
+            # the store may have gone with rank 0: this rank's own error still tells
+            with contextlib.suppress(Exception), self._lock:
+                peers.post(self.store, text, complete=complete)
 
     def _stacks(self, ranks: list[int], seen: dict[int, Any]) -> dict[int, str | None]:
         """The stacks of the hung ranks that have a heartbeat to answer (they recorded a step)."""

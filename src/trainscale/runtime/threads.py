@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -27,10 +28,8 @@ def apply_thread_count(local_world_size: int) -> tuple[int, str | None]:
     """Set OMP_NUM_THREADS (and torch's pool) when the user has not; return (threads, reason or None)."""
     raw = os.environ.get("OMP_NUM_THREADS")
     if raw:
-        try:
+        with contextlib.suppress(ValueError):
             torch.set_num_threads(max(1, int(raw)))
-        except ValueError:
-            pass
         return torch.get_num_threads(), None
     count = threads_per_rank(local_world_size)
     os.environ["OMP_NUM_THREADS"] = str(count)
