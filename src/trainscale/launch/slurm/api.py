@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from trainscale.errors import ConfigError, did_you_mean
+from trainscale.launch.function import RUNNER
 from trainscale.launch.slurm.future import Job
 from trainscale.launch.slurm.spec import SlurmJobSpec
 
-RUNNER = "trainscale.launch.runner"
 _TARGET = ("script", "module", "workload", "args", "command_line", "sweep", "array")
 """SlurmJobSpec fields the API sets itself."""
 
