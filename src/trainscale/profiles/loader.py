@@ -76,10 +76,7 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> ClusterProfile:
     """A profile by name (user profiles win over built-ins) or from a ``.toml`` path."""
     text = os.fspath(name_or_path)
     if text.endswith(".toml") or os.sep in text:
-        path = Path(text).expanduser()
-        if not path.is_file():
-            raise ConfigError(f"profile file {path} does not exist", hint="give a profile name or a path to a .toml file")
-        return profile_from_file(path)
+        return profile_from_file(Path(text).expanduser())
     return profile_from_file(_source(text).path)
 
 
@@ -110,7 +107,7 @@ def merge_profile_data(parent: dict[str, Any], child: dict[str, Any]) -> dict[st
 
 def _resolved_data(path: Path, chain: tuple[str, ...] = ()) -> dict[str, Any]:
     """The file's table with its ``extends`` chain merged in (parents first)."""
-    data = read_toml(path, "profile file", "give the path of a profile's TOML file", "check quotes and brackets")
+    data = read_toml(path, "profile file", "give a profile name or a path to a .toml file", "check quotes and brackets")
     parent_name = data.get("extends")
     if parent_name is None:
         return data
