@@ -239,10 +239,7 @@ class ProgressTracker:
             except Exception:  # the store may be gone with rank 0: each rank's own answer below
                 raws = None
             if raws is not None:
-                for rank, raw in enumerate(raws):
-                    record = json.loads(raw)
-                    out[rank] = Seen(int(record["step"]), str(record["op"]), dict(record.get("issued", {})))
-                return out
+                return {rank: _seen(raw) for rank, raw in enumerate(raws)}
             for rank in range(self.runtime.world_size):
                 key = _KEY.format(rank=rank)
                 try:
@@ -252,8 +249,7 @@ class ProgressTracker:
                         out[rank] = None
                         continue
                     with self._lock:
-                        raw = json.loads(self.store.get(key))
-                    out[rank] = Seen(int(raw["step"]), str(raw["op"]), dict(raw.get("issued", {})))
+                        out[rank] = _seen(self.store.get(key))
                 except Exception:  # the store itself may be gone with rank 0
                     out[rank] = UNREACHABLE
         finally:
@@ -327,6 +323,11 @@ class ProgressTracker:
                          "stuck holding the GIL)")
         self._post("\n".join(lines), complete=True)
         return CollectiveTimeout("\n".join(lines), hint=HINT)
+
+
+def _seen(raw: bytes | str) -> Seen:
+    record = json.loads(raw)
+    return Seen(int(record["step"]), str(record["op"]), dict(record.get("issued", {})))
 
 
 def behind(seen: dict[int, Any], step: int) -> list[int]:
