@@ -6,6 +6,7 @@ Standard library only: the job kit (launch/kit.py) carries this module for the w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -108,11 +109,9 @@ def record_error(exc: BaseException, environ: Mapping[str, str] = os.environ) ->
     path = environ.get("TORCHELASTIC_ERROR_FILE")
     if not path or (isinstance(exc, SystemExit) and succeeded(exc)):
         return
-    try:
+    with contextlib.suppress(OSError):
         if os.path.getmtime(path) >= _STARTED - 1 and not (_RECORDED and _RECORDED[0] is exc):
             return
-    except OSError:
-        pass
     extra = {"py_callstack": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
              "timestamp": str(int(time.time()))}
     if is_refusal(exc):

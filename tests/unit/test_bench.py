@@ -199,7 +199,8 @@ def test_every_size_is_all_reduced_once_before_any_is_timed(monkeypatch):
 
     calls = []
     monkeypatch.setattr(dist, "all_reduce", lambda tensor, op=None: calls.append(tensor.numel() * 4))
-    rt = SimpleNamespace(is_distributed=True, device=torch.device("cpu"), world_size=2, barrier=lambda: None)
+    rt = SimpleNamespace(is_distributed=True, device=torch.device("cpu"), world_size=2, barrier=lambda: None,
+                         synchronize=lambda: None)
     rows = allreduce.measure(rt, (1024, 8192), iters=3, warmup=1, budget_s=0.01)
     assert calls[:2] == [1024, 8192]  # the untimed pass over every size comes first
     assert [r["bytes"] for r in rows] == [1024, 8192] and all(r["iters"] >= 3 for r in rows)
@@ -728,7 +729,7 @@ def test_the_speedup_plot_draws_no_rejected_point_and_marks_disturbed_ones(tmp_p
         drawn[path.name] = fig
         return path
 
-    monkeypatch.setattr(plots, "_save", keep)
+    monkeypatch.setattr(plots, "save", keep)
     study = _loaded_study()
     plots.speedup_plot(study, tmp_path / "speedup.png")
     fig = drawn["speedup.png"]

@@ -40,9 +40,9 @@ def test_the_report_of_64_ranks_draws_lines_and_spreads(tmp_path, monkeypatch):
     drawn = {}
     save = plots.save
 
-    def counting(fig, path, plt):
+    def counting(fig, path):
         drawn[path.name] = sum(len(ax.patches) for ax in fig.axes)  # a bar is a patch
-        return save(fig, path, plt)
+        return save(fig, path)
 
     monkeypatch.setattr(plots, "save", counting)
     build(str(tmp_path), tmp_path / "report")

@@ -23,6 +23,7 @@ pass after the per-size warm-up) includes connection set-up.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import time
@@ -148,10 +149,8 @@ def reducer(rt, hook: str, largest: int):
         hook = "shm" if rt.is_distributed and applies(rt.device, rt.backend, rt.world_size) else "none"
     if hook == "shm" and rt.is_distributed:
         check_device(rt.device)
-        try:
+        with contextlib.suppress(SharedMemoryUnavailable):  # several nodes: the backend's, as training's auto
             return "shm", SharedMemoryAllReduce(largest).average
-        except SharedMemoryUnavailable:
-            pass  # several nodes: the backend's all-reduce, as training's auto does
     return "none", dist.all_reduce
 
 
@@ -163,15 +162,11 @@ def measure(rt, sizes: tuple[int, ...], iters: int, warmup: int, budget_s: float
 
     all_reduce = reduce or dist.all_reduce
 
-    def sync() -> None:
-        if rt.device.type == "cuda":
-            torch.cuda.synchronize(rt.device)
-
     rows = []
     if rt.is_distributed:  # connection set-up for every size (and so every algorithm), untimed
         for size in sizes:
             all_reduce(torch.ones(size // ELEMENT_BYTES, dtype=torch.float32, device=rt.device))
-        sync()
+        rt.synchronize()
     for size in sizes:
         count = size // ELEMENT_BYTES
         buf = torch.ones(count, dtype=torch.float32, device=rt.device)
@@ -181,10 +176,10 @@ def measure(rt, sizes: tuple[int, ...], iters: int, warmup: int, budget_s: float
             continue
         for _ in range(max(1, warmup)):
             all_reduce(buf)
-        sync()
+        rt.synchronize()
         start = time.perf_counter()
         all_reduce(buf)
-        sync()
+        rt.synchronize()
         # Every rank must run the same number of iterations: agree on the slowest rank's estimate.
         one = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=rt.device)
         dist.all_reduce(one, op=dist.ReduceOp.MAX)
@@ -193,7 +188,7 @@ def measure(rt, sizes: tuple[int, ...], iters: int, warmup: int, budget_s: float
         start = time.perf_counter()
         for _ in range(n_iter):
             all_reduce(buf)
-        sync()
+        rt.synchronize()
         took = torch.tensor([(time.perf_counter() - start) / n_iter], dtype=torch.float64, device=rt.device)
         dist.all_reduce(took, op=dist.ReduceOp.MAX)  # a collective is as slow as its slowest rank
         seconds = float(took)

@@ -48,9 +48,3 @@ def collect() -> dict:
         "trainscale": __version__,
     }
 
-
-def visible_gpus() -> int:
-    """CUDA GPUs this process sees (what a configuration ``N`` runs on here)."""
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -43,12 +43,12 @@ def study_spec(ns: Mapping[str, Any], *, target: str | None = None, rest=(), slu
     """The study of ``trainscale bench`` (``ns``: its parsed options; ``target``, ``rest``: SCRIPT and its
     arguments, or the workload's after ``--``; ``slurm``: the ``--slurm`` target)."""
     from trainscale.bench.configs import parse_int_list, with_nodes
-    from trainscale.bench.environment import visible_gpus
+    from trainscale.runtime.device import visible_gpu_count
     from trainscale.config import resolve
 
     nodes = parse_int_list(ns["nodes"], "--nodes") if ns.get("nodes") else ()
     # a login node's GPUs say nothing of the compute nodes'
-    fixed = {**_target(target, rest), "slurm": slurm, "gpus_visible": 0 if slurm is not None else visible_gpus()}
+    fixed = {**_target(target, rest), "slurm": slurm, "gpus_visible": 0 if slurm is not None else visible_gpu_count()}
     # with no SCRIPT the study is of the cnn workload unless a source names one
     spec, origin = resolve(StudySpec, defaults={} if target else {"workload": "cnn"},
                            **_sources(StudySpec, "bench", ns, fixed, environ))

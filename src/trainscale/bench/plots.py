@@ -19,14 +19,22 @@ def available() -> bool:
     return importlib.util.find_spec("matplotlib") is not None
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib's pyplot on the Agg backend; None without matplotlib."""
     try:
         import matplotlib
     except ImportError:
-        raise ConfigError(MISSING, hint="pip install 'trainscale[bench]' (or matplotlib), or pass --no-plots") from None
+        return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _pyplot():
+    plt = pyplot()
+    if plt is None:
+        raise ConfigError(MISSING, hint="pip install 'trainscale[bench]' (or matplotlib), or pass --no-plots")
     return plt
 
 
@@ -75,7 +83,7 @@ def speedup_plot(study: dict, path: Path) -> Path:
     if rejected:  # never drawn as a result: named under the axes with the reason
         text = "\n".join(f"not shown: {r['label']}, {r['rejected']['reason']}" for r in rejected)
         fig.text(0.01, -0.02, text, fontsize=8, color="#b00", ha="left", va="top", wrap=True)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def _tick(run: dict) -> str:
@@ -101,7 +109,7 @@ def throughput_plot(study: dict, path: Path) -> Path:
     if any(r.get("disturbed") for r in runs):
         fig.text(0.01, -0.02, "* hatched: disturbed, other work kept its CPUs busy while it ran", fontsize=8,
                  color="#b00", ha="left", va="top")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 LABELS = {"data": "data wait", "compute": "compute (forward + backward)", "communication": "communication (exposed)",
@@ -131,7 +139,7 @@ def breakdown_plot(study: dict, path: Path) -> Path | None:
     ax.legend(handles[::-1], names[::-1], loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)
     ax.margins(y=0.15)
     ax.grid(True, axis="y", alpha=0.3)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def sweep_plot(study: dict, path: Path) -> Path:
@@ -155,7 +163,7 @@ def sweep_plot(study: dict, path: Path) -> Path:
         ax.grid(True, alpha=0.3)
         ax.legend()
     fig.suptitle(f"Batch-size sweep: {study['target']}")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def _short(run: dict) -> str:
@@ -163,7 +171,7 @@ def _short(run: dict) -> str:
         f"\nbatch {run['per_rank_batch']}" if run.get("sweep") else "")
 
 
-def _save(fig, path: Path) -> Path:
+def save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=100, bbox_inches="tight")  # titles, outside legends and notes never clipped
     import matplotlib.pyplot as plt

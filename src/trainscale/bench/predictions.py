@@ -11,8 +11,8 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
+from statistics import geometric_mean
 
 from trainscale.bench.projection import (HOST_SECTIONS, Calibration, Measured, ModelOptions, Network, Prediction,
                                          hideable_s, predict, project, projection_ranks)
@@ -103,14 +103,14 @@ def fit_calibration(points: list[tuple[dict, ModelOptions, Prediction]]) -> Cali
     comm = [breakdown(run)["communication_total"] / pred.comm_s for run, options, pred in points
             if breakdown(run).get("communication_total", 0.0) > 0 and pred.comm_s > 0
             and options.ranks_per_core <= 1]
-    comm_factor = _geomean(comm) if comm else 1.0
+    comm_factor = geometric_mean(comm) if comm else 1.0
     sections = {}
     for name in HOST_SECTIONS:
         ratios = [measured_section(run, options, pred, name, comm_factor) / getattr(pred, f"{name}_s")
                   for run, options, pred in points
                   if breakdown(run).get(name, 0.0) > 0 and getattr(pred, f"{name}_s") > 0]
         if ratios:
-            sections[name] = _geomean(ratios)
+            sections[name] = geometric_mean(ratios)
     overlaps = [o for o in (measured_overlap(run, options) for run, options, _ in points) if o is not None]
     return Calibration(sections=sections, comm=comm_factor,
                        overlap=sum(overlaps) / len(overlaps) if overlaps else None,
@@ -124,10 +124,6 @@ def measured_section(run: dict, options: ModelOptions, plain: Prediction, name: 
     if name != "compute" or options.ranks_per_core <= 1:
         return b[name]
     return b["compute"] + max(0.0, b.get("communication_total", 0.0) - plain.comm_s * comm_factor)
-
-
-def _geomean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 def validate(study: dict, measure) -> list[dict]:
@@ -208,12 +204,10 @@ def attach_projection(study: dict, network: Network, project_to: int, *, scaling
 def averaging_hook(workload_args: tuple[str, ...] | list[str]) -> str:
     """What the study's DDP runs averaged with, for the all-reduce benchmark's ``--hook``: ``shm`` or
     ``auto`` as named in ``--strategy ...:comm_hook=`` (default auto), the backend's (none) otherwise."""
-    args = list(workload_args)
-    spec = next((a.split("=", 1)[1] for a in args if a.startswith("--strategy=")), None)
-    if spec is None and "--strategy" in args[:-1]:
-        spec = args[args.index("--strategy") + 1]
-    options = dict(o.split("=", 1) for o in (spec or "").partition(":")[2].split(",") if "=" in o)
-    hook = options.get("comm_hook", "auto").lower()
+    from trainscale.launch.preflight import option_value
+    from trainscale.strategies import parse_spec
+
+    hook = parse_spec(option_value(workload_args, "--strategy") or "ddp")[1].get("comm_hook", "auto").lower()
     return hook if hook in ("auto", "shm") else "none"
 
 

@@ -139,8 +139,7 @@ def execute(plan: Plan, out_dir: Path, *, verbose: bool = False, console=None, j
 
 
 def measure_allreduce(nproc: int, sizes: str, out_file: Path, log_dir: Path, *, iters: int = 20,
-                      budget_s: float = 1.0, device: str = "auto", quiet: bool = True,
-                      hook: str = "none") -> dict | None:
+                      budget_s: float = 1.0, device: str = "auto", hook: str = "none") -> dict | None:
     """Launch ``trainscale.bench.allreduce`` on ``nproc`` local ranks like training; its JSON, or None."""
     import contextlib
     import io
@@ -151,8 +150,7 @@ def measure_allreduce(nproc: int, sizes: str, out_file: Path, log_dir: Path, *, 
                            args=("--sizes", sizes, "--iters", str(iters), "--budget", str(budget_s), "--device", device,
                                  "--hook", hook, "--out", str(out_file.absolute())))
     sink = io.StringIO()
-    with contextlib.redirect_stdout(sink) if quiet else contextlib.nullcontext(), \
-            contextlib.redirect_stderr(sink) if quiet else contextlib.nullcontext():
+    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
         result = launch(spec)
     if not result.ok:
         return {"error": result.summary}

@@ -173,11 +173,9 @@ def plan(spec: StudySpec, *, preflight: bool = True) -> Plan:
 
 def _preflight(workload: str, runs: list[PlannedRun]) -> None:
     """The workload's own checks (options, data large enough for every rank) for each run."""
-    import importlib
+    from trainscale.workloads.registry import workload_preflight
 
-    from trainscale.workloads.registry import get_workload
-
-    check = getattr(importlib.import_module(get_workload(workload).module), "preflight", None)
+    check = workload_preflight(workload)
     if check is None:
         return
     for run in runs:
@@ -189,12 +187,14 @@ def _preflight(workload: str, runs: list[PlannedRun]) -> None:
                               f"{exc.message}", hint=exc.hint) from None
 
 
-def choose_out_dir(requested: Path | None, root: Path = Path("bench-out"), now: datetime.datetime | None = None) -> Path:
-    """A fresh directory for the study: never one that already holds a study."""
+def choose_out_dir(requested: Path | None, root: Path = Path("bench-out"), now: datetime.datetime | None = None,
+                   *, kept: str = "a study is never overwritten") -> Path:
+    """A fresh directory for the study, ``root/<timestamp>`` unless ``requested``: never one that holds
+    anything already (``kept``: the refusal's reason)."""
     if requested is not None:
         if requested.exists() and any(requested.iterdir()):
-            raise ConfigError(f"--out {requested} already exists and is not empty; a study is never overwritten",
-                              hint="give a new directory, or leave --out out for bench-out/<timestamp>")
+            raise ConfigError(f"--out {requested} already exists and is not empty; {kept}",
+                              hint=f"give a new directory, or leave --out out for {root}/<timestamp>")
         return requested
     stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
     candidate, k = root / stamp, 1

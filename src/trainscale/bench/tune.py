@@ -1,21 +1,6 @@
-"""`trainscale tune`: which settings make this training fastest here. Pure planning and choosing;
-``bench/tuning.py`` launches the trials.
-
-The knobs are what the courses' users tune by hand, each spelled as the workloads and ``trainscale run``
-take it, so the result is a config file every command accepts:
-
-- ``batch_size`` (``--batch-size``): per-rank batch — more samples per step, but it changes the
-  training (the global batch; scale the learning rate with it): reported, never hidden;
-- ``threads`` (``--threads``): CPU threads per rank (CPU ranks);
-- ``num_workers`` (``--num-workers``): DataLoader workers (``--loader dataloader`` only);
-- ``bucket_cap_mb`` and ``comm_hook`` (``--strategy ddp:bucket_cap_mb=N,comm_hook=NAME``): DDP's gradient
-  buckets and compression (DDP with two or more ranks).
-
-Search: coordinate descent from the defaults — one knob at a time over its values with the others at
-the best so far, a value kept only when it beats the best by more than the noise margin — until the
-time budget would run out. Each trial is a short real run (``--max-steps``) launched like training; its
-throughput is the samples/s the run measured itself. The best and the defaults are then measured once
-more, interleaved, and the gain reported is from that pair.
+"""`trainscale tune`: which settings make this training fastest here. Pure planning and choosing
+(the knobs, a coordinate descent from the defaults, the config file written); ``bench/tuning.py`` launches
+the trials. The knobs and the search: docs/scaling.md, "`trainscale tune`".
 """
 
 from __future__ import annotations
@@ -114,9 +99,9 @@ class TuneSpec:
                 raise ConfigError(f"{flag} {value!r} is not one of {', '.join(choices)}",
                                   hint=f"e.g. {flag} {choices[1]}")
         if self.device == "auto":
-            from trainscale.bench.environment import visible_gpus
+            from trainscale.runtime.device import visible_gpu_count
 
-            object.__setattr__(self, "device", "cuda" if visible_gpus() else "cpu")
+            object.__setattr__(self, "device", "cuda" if visible_gpu_count() else "cpu")
         if (self.workload is None) == (self.script is None):
             raise ConfigError("tune needs one target: --workload NAME or a SCRIPT", hint="e.g. --workload cnn")
         if self.script is not None and not any("{batch}" in a for a in self.script_args):

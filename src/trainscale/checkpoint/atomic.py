@@ -40,17 +40,15 @@ def atomic_write(path: Path, write: Callable[[io.BufferedWriter], None], mode: i
             before_rename()
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
 
 
-def atomic_torch_save(obj: Any, path: Path, *, before_rename: Callable[[], None] | None = None) -> dict[str, Any]:
+def atomic_torch_save(obj: Any, path: Path, *,
+                      before_rename: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """``torch.save(obj)`` to ``path`` atomically; returns the file's manifest entry (size, SHA-256),
-    hashed as it was written."""
+    hashed as it was written, which ``before_rename(entry)`` is given too."""
     entry: dict[str, Any] = {}
 
     def write(fh: io.BufferedWriter) -> None:
@@ -58,7 +56,7 @@ def atomic_torch_save(obj: Any, path: Path, *, before_rename: Callable[[], None]
         torch.save(obj, stream)
         entry.update(stream.entry())
 
-    atomic_write(path, write, before_rename=before_rename)
+    atomic_write(path, write, before_rename=None if before_rename is None else lambda: before_rename(entry))
     return entry
 
 

@@ -4,7 +4,6 @@ written atomically and hashed as they are written; read back only when the manif
 
 from __future__ import annotations
 
-import io
 import pickle
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
@@ -14,7 +13,7 @@ from typing import Any, Callable
 import torch
 
 from trainscale.checkpoint import disk, integrity, layout
-from trainscale.checkpoint.atomic import atomic_write, atomic_write_text
+from trainscale.checkpoint.atomic import atomic_torch_save, atomic_write_text
 from trainscale.checkpoint.integrity import AGAIN
 from trainscale.errors import CheckpointError
 
@@ -102,21 +101,14 @@ def save_file(directory: Path, step: int, state: dict[str, Any], record: dict[st
     fsync directory), hashed while torch.save writes it. ``before_rename``: called once the temporary
     file is written (a test hook's place). A full disk: CheckpointError, nothing left behind."""
     path = layout.file_path(directory, step)
-    entry: dict[str, Any] = {}
 
-    def write(fh: io.BufferedWriter) -> None:
-        stream = integrity.HashingStream(fh)
-        torch.save({**state, layout.RECORD: record}, stream)
-        entry.update(stream.entry())
-
-    def seal() -> None:  # the manifest first: until the .pt is renamed, the pair does not verify
+    def seal(entry: dict[str, Any]) -> None:  # the manifest first: until the .pt is renamed, the pair does not verify
         if before_rename is not None:
             before_rename()
-        atomic_write_text(layout.sidecar_path(path),
-                          integrity.seal({**record, integrity.FILES: {path.name: dict(entry)}}))
+        atomic_write_text(layout.sidecar_path(path), integrity.seal({**record, integrity.FILES: {path.name: entry}}))
 
     try:
-        atomic_write(path, write, before_rename=seal)
+        atomic_torch_save({**state, layout.RECORD: record}, path, before_rename=seal)
     except (OSError, RuntimeError) as exc:  # torch.save's zip writer turns ENOSPC into a RuntimeError
         if disk.is_full(exc):
             raise disk.full_error(Path(directory), step, disk.state_bytes(state)) from exc

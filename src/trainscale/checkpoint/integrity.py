@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -237,7 +236,6 @@ def verify(root: Path, files: dict[str, Any], names: Iterable[str], *, rank: int
 
 def default_threads() -> int:
     """Hashing threads per process: this process's CPUs (a rank's own, where it is bound), at most 16."""
-    try:
-        return max(1, min(16, len(os.sched_getaffinity(0))))
-    except AttributeError:  # not Linux
-        return max(1, min(16, os.cpu_count() or 1))
+    from trainscale.topology.apply import current_affinity
+
+    return max(1, min(16, len(current_affinity())))

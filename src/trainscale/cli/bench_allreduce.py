@@ -1,4 +1,4 @@
-"""`trainscale bench allreduce`, and the --slurm options it shares with `trainscale bench`."""
+"""`trainscale bench allreduce`, and the --slurm options it shares with `trainscale bench` and `selftest`."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import sys
 from pathlib import Path
 
 
-def add_slurm_options(p: argparse.ArgumentParser, nodes_help: str) -> None:
+def add_slurm_options(p: argparse.ArgumentParser, nodes_help: str, nodes_type: type = str) -> None:
+    """The --slurm options of `trainscale bench`, `bench allreduce` and `selftest`."""
     p.add_argument("--slurm", action="store_true", help="run as SLURM jobs (as `trainscale slurm --submit`)")
     p.add_argument("--profile", default=None, help="the cluster profile of the jobs (`trainscale profiles`)")
-    p.add_argument("--nodes", default=None, help=nodes_help)
+    p.add_argument("--nodes", type=nodes_type, default=None, help=nodes_help)
     p.add_argument("--gpus-per-node", type=int, default=None, help="on CPU-only profiles: ranks per node")
     p.add_argument("--time", default=None, help="time limit of each job")
     p.add_argument("--account", help="sbatch -A of the jobs (default: the profile's)")

@@ -7,6 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from trainscale.cli.bench_allreduce import add_slurm_options
 from trainscale.errors import ConfigError
 
 EXAMPLES = """examples:
@@ -72,16 +73,5 @@ def register(sub) -> None:
     p.add_argument("--nondeterministic", action="store_true",
                    help="check resume within 1e-5 without deterministic mode instead of bitwise with it (GPUs)")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
-    p.add_argument("--slurm", action="store_true", help="run the checks as SLURM jobs of --profile")
-    p.add_argument("--profile", default=None, help="the cluster profile of the SLURM jobs (`trainscale profiles`)")
-    p.add_argument("--nodes", type=int, default=None, help="nodes of the SLURM jobs (default 1)")
-    p.add_argument("--time", default=None, help="time limit of each job, e.g. 00:15:00")
-    p.add_argument("--gpus-per-node", type=int, default=None, help="ranks per node of the jobs (default: the profile's)")
-    p.add_argument("--account", help="sbatch -A of the jobs (default: the profile's)")
-    p.add_argument("--partition", help="sbatch -p of the jobs (default: the profile's)")
-    p.add_argument("--reservation", help="sbatch --reservation of the jobs")
-    p.add_argument("--launcher", choices=("torchrun", "srun"),
-                   help="one torchrun per node or one srun task per rank (default: the profile's)")
-    p.add_argument("--python", help="Python on the compute nodes (default: this one)")
-    p.add_argument("--poll", type=float, default=2.0, help="seconds between queue polls")
+    add_slurm_options(p, "nodes of the SLURM jobs (default 1)", nodes_type=int)
     p.set_defaults(func=run)

@@ -34,15 +34,22 @@ T = TypeVar("T")
 ORDER = ("default", "profile", "config file", "environment", "command line")
 
 
-def load_config_file(path: str | Path) -> dict[str, Any]:
+def read_toml(path: str | Path, what: str, missing: str, invalid: str = "check the line named above") -> dict[str, Any]:
+    """A TOML file's tables; a missing or invalid file is a ConfigError naming ``what`` with the hint for it."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist", hint="give the path of a TOML file, e.g. --config job.toml")
+        raise ConfigError(f"{what} {path} does not exist", hint=missing)
     try:
         with path.open("rb") as fh:
             return tomllib.load(fh)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}", hint="check the line named above") from None
+        raise ConfigError(f"{what} {path} is not valid TOML: {exc}", hint=invalid) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror}", hint="check its permissions") from None
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    return read_toml(path, "config file", "give the path of a TOML file, e.g. --config job.toml")
 
 
 def _field_types(cls: type) -> dict[str, Any]:

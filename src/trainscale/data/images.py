@@ -56,10 +56,8 @@ def read_idx(path: Path) -> torch.Tensor:
 
 
 def _find(root: Path, stem: str) -> Path | None:
-    for candidate in (root / stem, root / f"{stem}.gz", root / "MNIST" / "raw" / stem, root / "MNIST" / "raw" / f"{stem}.gz"):
-        if candidate.exists():
-            return candidate
-    return None
+    return next((c for c in (root / stem, root / f"{stem}.gz", root / "MNIST" / "raw" / stem,
+                             root / "MNIST" / "raw" / f"{stem}.gz") if c.exists()), None)
 
 
 def mnist_present(root: Path) -> bool:

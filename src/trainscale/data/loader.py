@@ -38,7 +38,20 @@ class _Resumable(Sampler):
         return len(self.sampler)
 
 
-class DistributedLoader:
+class _EpochState:
+    """Where the next ``for`` loop starts (its epoch and the batches of it already done): checkpoint state."""
+
+    epoch = start = 0
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "batch": self.start}
+
+    def load_state_dict(self, state: dict) -> None:
+        """The next ``for`` loop runs epoch ``state["epoch"]`` from its batch ``state.get("batch", 0)``."""
+        self.epoch, self.start = int(state["epoch"]), int(state.get("batch", 0))
+
+
+class DistributedLoader(_EpochState):
     """Iterate one epoch per ``for`` loop; the sampler's epoch advances by itself.
 
     State (where the next ``for`` loop starts: its epoch and the batches of it already done) goes into
@@ -57,8 +70,6 @@ class DistributedLoader:
                                  pin_memory=pin_memory, drop_last=drop_last,
                                  persistent_workers=num_workers > 0, **loader_kwargs)
         self.batch_size = batch_size
-        self.epoch = 0
-        self.start = 0
 
     @classmethod
     def for_runtime(cls, dataset: Dataset, runtime, **kwargs: Any) -> "DistributedLoader":
@@ -75,15 +86,8 @@ class DistributedLoader:
         self.epoch += 1
         yield from self.loader
 
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "batch": self.start}
 
-    def load_state_dict(self, state: dict) -> None:
-        """The next ``for`` loop runs epoch ``state["epoch"]`` from its batch ``state.get("batch", 0)``."""
-        self.epoch, self.start = int(state["epoch"]), int(state.get("batch", 0))
-
-
-class DeviceTensorLoader:
+class DeviceTensorLoader(_EpochState):
     """Small data kept whole on the device; batches are index slices, no per-sample Python work.
 
     Sharding follows DistributedSampler exactly (permute with seed + epoch, pad or drop to a multiple
@@ -103,8 +107,6 @@ class DeviceTensorLoader:
         self.tensors = tuple(t.to(device, non_blocking=True) for t in tensors)
         self.n, self.batch_size, self.rank, self.world_size = n, batch_size, rank, world_size
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
-        self.epoch = 0
-        self.start = 0
 
     @classmethod
     def for_runtime(cls, *tensors: torch.Tensor, runtime, **kwargs: Any) -> "DeviceTensorLoader":
@@ -137,10 +139,3 @@ class DeviceTensorLoader:
         for i in range(start, len(self)):
             batch = indices[i * self.batch_size:(i + 1) * self.batch_size]
             yield tuple(t.index_select(0, batch) for t in self.tensors)
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "batch": self.start}
-
-    def load_state_dict(self, state: dict) -> None:
-        """The next ``for`` loop runs epoch ``state["epoch"]`` from its batch ``state.get("batch", 0)``."""
-        self.epoch, self.start = int(state["epoch"]), int(state.get("batch", 0))

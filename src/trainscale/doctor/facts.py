@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import os
 import platform
-import socket
 import sys
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from trainscale.topology import Topology, current_affinity, detect_topology
+from trainscale.topology import Topology, detect_topology
 
 VISIBLE_VARS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 
@@ -120,11 +119,3 @@ def read_devices(environ: Mapping[str, str] | None = None, topology: Topology | 
                        topology=topology)
     except Exception as exc:
         return Devices(accelerator="none", visible=visible, topology=topology, error=f"{type(exc).__name__}: {exc}")
-
-
-def read_affinity() -> frozenset[int]:
-    return current_affinity()
-
-
-def hostname() -> str:
-    return socket.gethostname()

@@ -6,6 +6,7 @@ import argparse
 import datetime
 import os
 import shlex
+import socket
 import sys
 from pathlib import Path
 from typing import Mapping
@@ -16,6 +17,7 @@ from trainscale.doctor.local import collect_binding, collect_devices, collect_la
 from trainscale.doctor.local import cpus_per_rank
 from trainscale.doctor.network import ALONE, GATHERED, run_network
 from trainscale.doctor.render import Report, render, render_json
+from trainscale.topology import current_affinity
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -35,8 +37,8 @@ def build_report(args: argparse.Namespace, environ: Mapping[str, str], command: 
     """Collect every section. Returns the report and whether this process should print it (rank 0 only)."""
     versions = facts.read_versions()
     devices = facts.read_devices(environ)
-    affinity = facts.read_affinity()
-    host = facts.hostname()
+    affinity = current_affinity()
+    host = socket.gethostname()
     findings: list[Finding] = collect_versions(versions) + collect_devices(devices, versions)
     launch_findings, env = collect_launch(environ)
     findings += launch_findings

@@ -6,16 +6,13 @@ from __future__ import annotations
 import socket
 import statistics
 import time
-from typing import Callable, Mapping
+from typing import Mapping
 
 from trainscale.doctor.finding import NETWORK, Finding, error, ok, warning
 from trainscale.env import LaunchEnv
 from trainscale.topology import format_cpulist
 
 GATHERED, SENT, ALONE = "gathered", "sent", "alone"
-
-Resolver = Callable[..., list]
-Connector = Callable[..., socket.socket]
 
 SINGLE_HINT = ("run it on the ranks of a job: `trainscale doctor --nproc 2 --network`, "
                "`trainscale run --nproc-per-node 2 -m trainscale.doctor --network`, "
@@ -28,10 +25,10 @@ def _tag(findings: list[Finding], rank: int) -> list[Finding]:
     return [replace(f, rank=rank) for f in findings]
 
 
-def check_resolution(host: str, port: int, resolve: Resolver = socket.getaddrinfo) -> tuple[Finding, str | None]:
+def check_resolution(host: str, port: int) -> tuple[Finding, str | None]:
     """Does the master address resolve? Returns the finding and the first address (None when it does not)."""
     try:
-        infos = resolve(host, port, type=socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError, OSError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
         return error(NETWORK, "master address", f"{host!r} (MASTER_ADDR, port {port}) does not resolve: {reason}",
@@ -42,8 +39,7 @@ def check_resolution(host: str, port: int, resolve: Resolver = socket.getaddrinf
               addresses=addresses), addresses[0]
 
 
-def check_port_listening(host: str, address: str, port: int, *, wait_s: float, connect: Connector =
-                         socket.create_connection) -> Finding:
+def check_port_listening(host: str, address: str, port: int, *, wait_s: float) -> Finding:
     """Connect to the store's port, retrying for ``wait_s`` (rank 0 may still be starting it)."""
     deadline = time.monotonic() + wait_s
     attempts = 0
@@ -51,7 +47,7 @@ def check_port_listening(host: str, address: str, port: int, *, wait_s: float, c
         attempts += 1
         started = time.perf_counter()
         try:
-            with connect((address, port), timeout=min(5.0, max(0.5, wait_s))):
+            with socket.create_connection((address, port), timeout=min(5.0, max(0.5, wait_s))):
                 ms = (time.perf_counter() - started) * 1000
             return ok(NETWORK, "master port", f"TCP connect to {host}:{port} ({address}) in {ms:.2f} ms",
                       host=host, port=port, connect_ms=round(ms, 3), attempts=attempts)
@@ -95,12 +91,8 @@ def all_reduce_check(runtime, numel: int, repeats: int = 5) -> Finding:
     tensor = torch.full((numel,), float(runtime.rank + 1), dtype=torch.float32, device=runtime.device)
     expected = n * (n + 1) / 2
 
-    def sync() -> None:
-        if runtime.device.type == "cuda":
-            torch.cuda.synchronize(runtime.device)
-
     dist.all_reduce(tensor)
-    sync()
+    runtime.synchronize()
     got = float(tensor[0].item()), float(tensor[-1].item())
     if got != (expected, expected):
         return error(NETWORK, "all-reduce", f"all-reduce of {n} ranks gave {got[0]} (first) / {got[1]} (last), "
@@ -108,10 +100,10 @@ def all_reduce_check(runtime, numel: int, repeats: int = 5) -> Finding:
                      "NCCL_P2P_DISABLE=1 / NCCL_IB_DISABLE=1 to find the transport at fault", got=list(got))
     times = []
     for _ in range(repeats):
-        sync()
+        runtime.synchronize()
         started = time.perf_counter()
         dist.all_reduce(tensor)
-        sync()
+        runtime.synchronize()
         times.append(time.perf_counter() - started)
     median = statistics.median(times)
     size = numel * 4
@@ -161,8 +153,7 @@ def check_overlap(findings: list[Finding]) -> list[Finding]:
 
 
 def run_network(env: LaunchEnv | None, environ: Mapping[str, str], *, host: str, affinity: frozenset[int],
-                timeout_s: float = 60.0, numel: int = 1 << 20,
-                resolve: Resolver = socket.getaddrinfo) -> tuple[list[Finding], str]:
+                timeout_s: float = 60.0, numel: int = 1 << 20) -> tuple[list[Finding], str]:
     """Every rank runs this. Returns (findings, outcome): outcome ``gathered`` on rank 0 with every rank's
     findings, ``sent`` on the other ranks (rank 0 reports theirs), ``alone`` when no gather was possible
     (single process, or a check failed before the process group was up): this rank must report its own."""
@@ -174,7 +165,7 @@ def run_network(env: LaunchEnv | None, environ: Mapping[str, str], *, host: str,
                    SINGLE_HINT)], ALONE
     master, port = env.master_addr or "", env.master_port or 0  # LaunchEnv guarantees both when distributed
     mine: list[Finding] = []
-    resolved, address = check_resolution(master, port, resolve)
+    resolved, address = check_resolution(master, port)
     mine.append(resolved)
     if address is None:
         return _tag(mine, env.rank), ALONE

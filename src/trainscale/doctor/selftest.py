@@ -114,17 +114,9 @@ def _default_nproc(spec: SelftestSpec) -> int:
 
 def out_directory(requested: Path | None, now: datetime.datetime | None = None) -> Path:
     """A new directory for this selftest: never one holding anything already."""
-    if requested is not None:
-        if requested.exists() and any(requested.iterdir()):
-            raise ConfigError(f"--out {requested} already exists and is not empty",
-                              hint="give a new directory, or leave --out out for selftest-out/<timestamp>")
-        return requested
-    stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
-    candidate, k = Path("selftest-out") / stamp, 1
-    while candidate.exists():
-        k += 1
-        candidate = Path("selftest-out") / f"{stamp}-{k}"
-    return candidate
+    from trainscale.bench.study import choose_out_dir
+
+    return choose_out_dir(requested, Path("selftest-out"), now, kept="a report is never overwritten")
 
 
 def rank_args(spec: SelftestSpec, phase: str, out: Path, workdir: Path) -> tuple[str, ...]:
@@ -150,9 +142,7 @@ def run_selftest(spec: SelftestSpec, command: str, say: Callable[[str], None] = 
                             created=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                             versions={k: v for k, v in asdict(read_versions()).items() if k != "executable"})
     hang = nproc * spec.nodes >= 2 and "hang" not in spec.skip
-    phases = {"checks": (checks_file, True)}
-    if hang:
-        phases["hang"] = (hang_file, False)
+    phases = {"checks": checks_file, **({"hang": hang_file} if hang else {})}
     if spec.slurm is not None:
         outcomes = _run_slurm(spec, nproc, out_dir, phases, say, command)
     else:
@@ -219,7 +209,7 @@ def _run_local(spec: SelftestSpec, nproc: int, out_dir: Path, phases: dict, say)
     # Bound like `trainscale run` binds when asked, so the binding check checks trainscale's plan.
     env = {} if os.environ.get(PLAN_ENV) else {PLAN_ENV: "topology"}
     outcomes = {}
-    for phase, (out, _) in phases.items():
+    for phase, out in phases.items():
         say(f"{phase}: {nproc} local rank(s)" + (" (expected to fail: one rank stops)" if phase == "hang" else ""))
         launch_spec = LocalLaunchSpec(target=MODULE, module=True, nproc_per_node=nproc, env=env,
                                       args=rank_args(spec, phase, out, out_dir / "work"),
@@ -253,7 +243,7 @@ def _run_slurm(spec: SelftestSpec, nproc: int, out_dir: Path, phases: dict, say,
     jobs = {f"selftest-{phase}": target.job(
         name=f"selftest-{phase}", nodes=spec.nodes, ranks_per_node=nproc, module=MODULE,
         output_dir=(out_dir / "jobs" / phase).absolute(), args=rank_args(spec, phase, out, out_dir / "work"),
-        command_line=tuple(shlex.split(command))) for phase, (out, _) in phases.items()}
+        command_line=tuple(shlex.split(command))) for phase, out in phases.items()}
     prepared = prepare(target, jobs)  # every job linted before the first is submitted
     outcomes = {}
     for phase in phases:

@@ -28,7 +28,6 @@ from trainscale.doctor.selftest_checks import (Check, batch, check_allreduce, ch
                                                check_equivalence, check_resume, check_strategies, gather, mlp)
 from trainscale.doctor.selftest import hang_record
 
-CHECKS = ("devices", "all-reduce", "equivalence", "strategies", "resume", "breakdown", "binding")
 HANG_STEP = 2
 HOLD = "TRAINSCALE_SELFTEST_HOLD"
 """A test hook, a rank number: that rank, once it has named the hang, waits before it records (as the

@@ -26,6 +26,7 @@ torch itself.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import faulthandler
 import gc
@@ -266,7 +267,7 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # exists, owned by someone else
-        return True
+        pass
     return True
 
 
@@ -303,13 +304,7 @@ def exit_cleanly(status: int, *, release: bool = True) -> NoReturn:
 
     A script that raised or crashed is not ended here: it keeps its own exit code or signal.
     """
-    shutdown = getattr(threading, "_shutdown", None)
-    if shutdown is not None:
-        shutdown()
-    else:  # an interpreter without it: join what it would have joined
-        for thread in threading.enumerate():
-            if thread is not threading.current_thread() and not thread.daemon:
-                thread.join()
+    threading._shutdown()  # type: ignore[attr-defined]  # CPython's own, since 3.0
     atexit._run_exitfuncs()
     if release:
         release_process_groups()
@@ -319,10 +314,8 @@ def exit_cleanly(status: int, *, release: bool = True) -> NoReturn:
                 stream.flush()
         except (OSError, ValueError):  # a closed pipe or stream
             status = status or 120
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).fflush(None)  # what C and C++ code printed through stdio
-    except (OSError, AttributeError):
-        pass
     os._exit(status)
 
 

@@ -8,6 +8,7 @@ the first node for a multi-node job.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import socket
 
@@ -97,8 +98,6 @@ def register(backend: str = "c10d") -> str:
     from torch.distributed.elastic.rendezvous import rendezvous_handler_registry as registry
 
     name, create = (STATIC, _create_static_handler) if backend == "static" else (BACKEND, _create_handler)
-    try:
+    with contextlib.suppress(ValueError):  # already registered in this process
         registry.register(name, create)
-    except ValueError:  # already registered in this process
-        pass
     return name

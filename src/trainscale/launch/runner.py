@@ -13,10 +13,8 @@ failure summary. Each rank leaves in DIR:
     error-rank<R>.pkl        rank R's exception: its rank, host, traceback (and the exception itself when it pickles)
     job.json                 rank 0: the SLURM job and its job directory (an array task's logs are found by it)
 
-Pickling: the call is pickled with cloudpickle, which pickles a function by reference (module and name,
-imported again on the ranks) when its module can be imported, and by value when it cannot: a function
-defined in a notebook or in the ``__main__`` script. Unpickling runs code: these files are for your own
-code only, as any pickle (docs/security.md).
+The call is pickled with cloudpickle (by reference or by value: docs/ecosystem.md). Unpickling runs
+code: these files are for your own code only, as any pickle (docs/security.md).
 """
 
 from __future__ import annotations

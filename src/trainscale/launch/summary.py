@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainscale.topology.cpulist import format_cpulist
+
 
 @dataclass(frozen=True)
 class RankFailure:
@@ -140,7 +142,8 @@ def hung_ranks(failure: RankFailure) -> list[int]:
 _NO_ERROR_FILE = "<NONE>"  # torchelastic's message for a worker that left no error file (a signal, os._exit)
 
 
-def _traceback_of(error_data: Any) -> str:
+def traceback_of(error_data: Any) -> str:
+    """The traceback (else the message) ``@record`` wrote into an error file's JSON; '' for none."""
     if not isinstance(error_data, dict):
         return ""
     message = error_data.get("message", error_data)
@@ -158,17 +161,22 @@ def _trainscale_error_of(error_data: Any) -> str:
     return str(extra.get("trainscale_error") or "") if isinstance(extra, dict) else ""
 
 
-def _tail(path: Path | None, lines: int = 20, size: int = 64 * 1024) -> str:
-    """The last lines of a log, from its last ``size`` bytes only (a long run's logs are large)."""
-    if path is None:
-        return ""
+def read_end(path: Path, size: int = 256 * 1024) -> str:
+    """The last ``size`` bytes of a file, from a line start ('' when it cannot be read)."""
     try:
         with open(path, "rb") as fh:
-            fh.seek(max(0, fh.seek(0, 2) - size))
-            text = fh.read().decode(errors="replace").splitlines()
+            end = fh.seek(0, 2)
+            fh.seek(max(0, end - size))
+            if end > size:
+                fh.readline()  # the cut line
+            return fh.read().decode(errors="replace")
     except OSError:
         return ""
-    return "\n".join(text[-lines:])
+
+
+def tail(path: Path | None, lines: int = 20) -> str:
+    """The last lines of a log, from its last 64 KiB only (a long run's logs are large)."""
+    return "\n".join(read_end(path, 64 * 1024).splitlines()[-lines:]) if path is not None else ""
 
 
 def from_child_failed(error: Any, log_files: dict[int, Path] | None = None) -> list[RankFailure]:
@@ -188,11 +196,11 @@ def from_child_failed(error: Any, log_files: dict[int, Path] | None = None) -> l
         if failure.error_file and Path(failure.error_file).exists():
             when = Path(failure.error_file).stat().st_mtime
         out.append(RankFailure(rank=rank, local_rank=failure.local_rank, host=host, pid=failure.pid,
-                               exitcode=failure.exitcode, timestamp=when, traceback=_traceback_of(data),
+                               exitcode=failure.exitcode, timestamp=when, traceback=traceback_of(data),
                                log_tail="", error=_trainscale_error_of(data)))
     out.sort(key=lambda f: (f.secondary, f.timestamp, f.rank))
     if out:  # the first's log only: it is the one rendered (reading every rank's would cost the sum of all logs)
-        out[0] = dataclasses.replace(out[0], log_tail=_tail((log_files or {}).get(out[0].local_rank)))
+        out[0] = dataclasses.replace(out[0], log_tail=tail((log_files or {}).get(out[0].local_rank)))
     return out
 
 
@@ -203,7 +211,7 @@ def render(failures: list[RankFailure], world_size: int | None = None, log_dir: 
     first = failures[0]
     if first.error:  # a refusal that names its fix: the message, not a traceback
         same = [f.rank for f in failures if f.error == first.error]
-        who = f"rank {first.rank}" if len(same) == 1 else f"ranks {_ranges(sorted(same))}"
+        who = f"rank {first.rank}" if len(same) == 1 else f"ranks {format_cpulist(same)}"
         return f"trainscale: {who} stopped: {first.error}" + (f"\nPer-rank logs: {log_dir}" if log_dir else "")
     lines = [
         "=" * 72,
@@ -228,12 +236,12 @@ def render(failures: list[RankFailure], world_size: int | None = None, log_dir: 
                                                                                   else "")
             groups.setdefault((f.host, how), []).append(f.rank)
         lines += [f"  rank {ranks[0]} on {host}: {how}" if len(ranks) == 1 else
-                  f"  ranks {_ranges(sorted(ranks))} on {host}: {how}" for (host, how), ranks in groups.items()]
+                  f"  ranks {format_cpulist(ranks)} on {host}: {how}" for (host, how), ranks in groups.items()]
     if world_size:
         failed = {f.rank for f in failures}
         stopped = [r for r in range(world_size) if r not in failed]
         if stopped:
-            lines.append(f"  ranks {_ranges(stopped)}: stopped by the launcher after the first failure")
+            lines.append(f"  ranks {format_cpulist(stopped)}: stopped by the launcher after the first failure")
     if log_dir:
         lines += ["", f"Per-rank logs: {log_dir}"]
     history = attempts_lines(list(attempts or []), total_attempts)
@@ -241,15 +249,3 @@ def render(failures: list[RankFailure], world_size: int | None = None, log_dir: 
         lines += ["", *history]
     lines.append("=" * 72)
     return "\n".join(lines)
-
-
-def _ranges(values: list[int]) -> str:
-    out, start, prev = [], values[0], values[0]
-    for v in values[1:] + [None]:  # type: ignore[list-item]
-        if v is not None and v == prev + 1:
-            prev = v
-            continue
-        out.append(str(start) if start == prev else f"{start}-{prev}")
-        if v is not None:
-            start = prev = v
-    return ",".join(out)

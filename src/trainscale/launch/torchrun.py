@@ -11,9 +11,6 @@ import argparse
 
 from trainscale.errors import ConfigError
 
-TRAINSCALE_OPTIONS = ("--workload", "--all-ranks", "--rdzv-timeout")
-"""Options trainscale adds to torchrun's: everything else on the line is torchrun's."""
-
 LOGGING_OPTIONS = frozenset({"redirects", "tee", "local_ranks_filter", "logs_specs"})
 """Giving any of these switches trainscale's console (rank 0 shown, every rank teed to a file) off:
 torchrun's meaning of all of them applies."""

@@ -20,13 +20,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainscale.runtime.nccl import EXPECTED_NETWORK_VAR, TRANSPORT_DEBUG_VARS, transport_log
+from trainscale.runtime.nccl import EXPECTED_NETWORK_VAR, transport_log
 
-KINDS = ("ofi", "ib", "socket")
 EXPECTED_VAR = EXPECTED_NETWORK_VAR
 REQUIRED_VAR = "TRAINSCALE_INTERCONNECT_REQUIRED"
 """1: a multi-node job on another network stops at its start instead of warning."""
-DEBUG_VARS = TRANSPORT_DEBUG_VARS
 _USING = re.compile(r"NCCL INFO Using network (?P<net>.+?)\s*$")
 _VIA = re.compile(r"via NET/(?P<net>[^/]+)")
 _NO_PLUGIN = re.compile(r"NCCL INFO NET/Plugin.*(No plugin found|cannot open shared object|Could not find)", re.I)

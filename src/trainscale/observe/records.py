@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from trainscale.observe.window import Publisher, RankWindow, default_store
+from trainscale.topology.apply import current_affinity
 
 METRICS = "metrics"
-RUN_DIR_VAR = "TRAINSCALE_RUN_DIR"
 
 
 def metrics_dir(run_dir: str | Path) -> Path:
@@ -85,7 +85,7 @@ class RankRecorder:
         self.out = JsonLines(metrics_dir(run_dir) / f"rank-{rank}.jsonl", flush_every, flush_after_s)
         first = {"kind": "meta", "rank": rank, "host": socket.gethostname(),
                  "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname(), "pid": os.getpid(),
-                 "t": time.time(), "cpus": _affinity(), **meta}
+                 "t": time.time(), "cpus": sorted(current_affinity()), **meta}
         self.out.write(first)
         self.out.flush()  # the meta line at once: a reader learns of the rank before its first block
         self.window = RankWindow(window, first)
@@ -109,13 +109,6 @@ class RankRecorder:
     def close(self) -> None:
         self.out.close()
         self.publisher.maybe(force=True)
-
-
-def _affinity() -> list[int]:
-    try:
-        return sorted(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return []
 
 
 def read_lines(path: Path) -> Iterator[dict[str, Any]]:

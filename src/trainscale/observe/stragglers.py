@@ -1,22 +1,10 @@
 """Stragglers named while training: one slow rank holds every other rank back at each collective.
 
-Rank 0 looks in a side thread — no collective, nothing on the step path — every ``every_s`` seconds, and
-when one rank's own time per step stays above the others' by more than ``ratio`` over a window of
-``window`` steps, says once which rank, on which host, by how much, and the likely cause:
-
-- data wait: its time waiting for the next batch is the difference (loader workers, I/O, a slow disk);
-- compute: its own computing is (a slower or throttled device, or CPU threads competing);
-- binding: its CPUs are few or shared with another rank's (trainscale bind / the job's CPU layout).
-
-A synchronous data-parallel step makes every rank wait for the slowest, so the step times of ranks
-look alike; the per-rank data-wait and compute times (measured before the gradient all-reduce) are
-what tell the slow rank apart. The verdict compares those "own" times.
-
-Where the ranks share a process group, each rank summarises its own last two windows and publishes the
-summary to the group's store as it records its steps, at most every half second (observe/window.py); rank 0 reads them all with
-one ``multi_get``: a look costs one small value per rank and opens no file, at 8 ranks or 1,024
-(docs/scaling.md). Without a store (records written by another process) it reads the record files,
-only what was written since its last look and at most the last two windows of each.
+A synchronous step makes every rank wait for the slowest, so the ranks' step times look alike; their own
+times (data wait and compute, measured before the gradient all-reduce) tell the slow rank apart, and the
+verdict compares those. Rank 0 looks in a side thread, reading the summaries the ranks publish to the
+store (observe/window.py) or, without one, the ends of their record files. Thresholds, causes and
+costs: docs/observability.md ("Stragglers") and docs/scaling.md.
 """
 
 from __future__ import annotations

@@ -8,20 +8,15 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
-import sys
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from trainscale.config import read_toml
 from trainscale.errors import ConfigError, did_you_mean
 from trainscale.profiles.schema import ClusterProfile, ContainerSpec
 from trainscale.topology.cpulist import parse_cpulist
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
 
 CONFIG_DIR_ENV = "TRAINSCALE_CONFIG_DIR"
 _CORE_LIST_KEYS = ("reserved_cores",)
@@ -81,10 +76,7 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> ClusterProfile:
     """A profile by name (user profiles win over built-ins) or from a ``.toml`` path."""
     text = os.fspath(name_or_path)
     if text.endswith(".toml") or os.sep in text:
-        path = Path(text).expanduser()
-        if not path.is_file():
-            raise ConfigError(f"profile file {path} does not exist", hint="give a profile name or a path to a .toml file")
-        return profile_from_file(path)
+        return profile_from_file(Path(text).expanduser())
     return profile_from_file(_source(text).path)
 
 
@@ -101,15 +93,6 @@ def _source(name: str, *, builtin_only: bool = False) -> ProfileSource:
     return sources[name]
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        return tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"profile file {path} is not valid TOML: {exc}", hint="check quotes and brackets") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read profile file {path}: {exc.strerror}") from None
-
-
 def merge_profile_data(parent: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
     """``child`` over ``parent`` by the rule of :data:`MERGED_TABLES`."""
     merged = dict(parent)
@@ -124,7 +107,7 @@ def merge_profile_data(parent: dict[str, Any], child: dict[str, Any]) -> dict[st
 
 def _resolved_data(path: Path, chain: tuple[str, ...] = ()) -> dict[str, Any]:
     """The file's table with its ``extends`` chain merged in (parents first)."""
-    data = _read_toml(path)
+    data = read_toml(path, "profile file", "give a profile name or a path to a .toml file", "check quotes and brackets")
     parent_name = data.get("extends")
     if parent_name is None:
         return data

@@ -7,6 +7,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from trainscale.bench.plots import pyplot, save
 from trainscale.report.gather import Gathered
 
 SHARE_LABELS = {"data": "data", "compute": "forward", "backward": "backward", "optimizer": "optimizer",
@@ -22,24 +23,6 @@ WIDE = (10, 4)
 MANY = 32
 """Above this many ranks (or utilisation series) a plot gets a numeric rank axis and the series their median
 and range: 1,024 labelled bars and a 1,024-entry legend took over a minute to draw (benchmarks/rank_costs.py)."""
-
-
-def pyplot():
-    try:
-        import matplotlib
-    except ImportError:
-        return None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save(fig, path: Path, plt) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=100, bbox_inches="tight")  # titles and outside legends never clipped
-    plt.close(fig)
-    return path
 
 
 def run_plots(g: Gathered, out: Path, prefix: str = "") -> list[tuple[str, Path]]:
@@ -62,7 +45,7 @@ def run_plots(g: Gathered, out: Path, prefix: str = "") -> list[tuple[str, Path]
     ax.set_ylabel("step time (ms)")
     ax.set_title("Step time per rank")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    made.append(("Step time per rank", save(fig, out / f"{prefix}step-time.png", plt)))
+    made.append(("Step time per rank", save(fig, out / f"{prefix}step-time.png")))
 
     fig, ax = plt.subplots(figsize=WIDE)
     bottom = [0.0] * len(names)
@@ -80,7 +63,7 @@ def run_plots(g: Gathered, out: Path, prefix: str = "") -> list[tuple[str, Path]
     ax.set_ylim(0, max(bottom) * 1.08)  # the stack's top (other) inside the axes
     handles, labels = ax.get_legend_handles_labels()  # top to bottom as the bars stack, beside them, never over
     ax.legend(handles[::-1], labels[::-1], loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    made.append(("Time shares per rank", save(fig, out / f"{prefix}time-shares.png", plt)))
+    made.append(("Time shares per rank", save(fig, out / f"{prefix}time-shares.png")))
 
     series = utilisation(g)
     if series:
@@ -93,7 +76,7 @@ def run_plots(g: Gathered, out: Path, prefix: str = "") -> list[tuple[str, Path]
         ax.set_ylim(0, max(100, max(max(v) for _, v in series.values()) * 1.05))
         ax.set_title("Utilisation over time")
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-        made.append(("Utilisation over time", save(fig, out / f"{prefix}utilisation.png", plt)))
+        made.append(("Utilisation over time", save(fig, out / f"{prefix}utilisation.png")))
     return made
 
 
@@ -154,4 +137,4 @@ def model_plot(study: dict, out: Path) -> Path | None:
     ax.set_ylabel("step time after the first epoch (ms)")
     ax.set_title("Scaling model: measured and predicted")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    return save(fig, out / "measured-vs-predicted.png", plt)
+    return save(fig, out / "measured-vs-predicted.png")

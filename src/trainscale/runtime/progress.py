@@ -1,37 +1,14 @@
 """Turn a collective that never completes into an error that names the hung rank(s), with their stack.
 
-Each rank's background heartbeat records in the process group's store the step it is in and how
-many collectives it has issued on each process group (and on ``comm_hook=shm``'s shared memory).
-When a collective times out, the rank that noticed reads everybody's record and names the ranks
-that hold the others up:
-
-- a rank whose step is behind (it stopped between steps, before ``rt.guard``), or
-- a rank in the same step that issued fewer collectives than the others (it stopped *inside* the
-  step: in the forward pass, in backward between two buckets, in the optimizer) — the ranks waiting
-  in a collective have issued it, the rank they wait for has not.
-
-It then asks those ranks for their Python stack (runtime/peers.py: their heartbeat answers through
-the store, across nodes) and puts it in the error, instead of the backend's bare "Timed out".
-
-Two ways a timeout is noticed:
-
-- gloo (CPU): the collective blocks the main thread and raises after the timeout, inside
-  ``rt.guard(step)``, which turns it into :class:`CollectiveTimeout` (:meth:`ProgressTracker.explain`).
-- NCCL (GPU): collectives are asynchronous. The main thread runs ahead and later blocks in a CUDA
-  synchronisation that no Python exception can reach, while NCCL's own watchdog would end the
-  process with a bare abort. So on NCCL the heartbeat thread also *watches*: when this rank has not
-  entered a new step for the collective timeout and some rank is behind (confirmed on a second look),
-  it names that rank, reports the error the way an uncaught one is reported (stderr, the launcher's
-  error file) and ends the process (:meth:`ProgressTracker._watch`). ``trainscale.init`` gives NCCL's
-  watchdog a longer timeout (runtime/nccl.py ``watchdog_timeout``) so that this diagnosis comes first.
-
-The heartbeat talks to the store over a connection of its own (``Store.clone``) with a short timeout:
-the default store's timeout, which every later ``new_group``, NCCL communicator and DeviceMesh
-waits with, is never touched.
+Each rank's heartbeat (:class:`ProgressTracker`) records in the store its step and the collectives it
+has issued per channel; the rank that notices a timeout (gloo: inside ``rt.guard``, :meth:`~ProgressTracker.explain`;
+NCCL: the heartbeat itself watches, :meth:`~ProgressTracker._watch`) names the ranks :func:`behind` and
+asks them for their stacks (runtime/peers.py). How and why, gloo and NCCL: docs/gpu.md, "Hangs".
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -235,10 +212,8 @@ class ProgressTracker:
         if self.store is None:
             return {}
         self._stop.set()
-        try:
+        with contextlib.suppress(Exception):
             self._publish()
-        except Exception:
-            pass
         return self._read_all()
 
     def _read_all(self) -> dict[int, Seen | str | None]:
@@ -264,10 +239,7 @@ class ProgressTracker:
             except Exception:  # the store may be gone with rank 0: each rank's own answer below
                 raws = None
             if raws is not None:
-                for rank, raw in enumerate(raws):
-                    record = json.loads(raw)
-                    out[rank] = Seen(int(record["step"]), str(record["op"]), dict(record.get("issued", {})))
-                return out
+                return {rank: _seen(raw) for rank, raw in enumerate(raws)}
             for rank in range(self.runtime.world_size):
                 key = _KEY.format(rank=rank)
                 try:
@@ -277,8 +249,7 @@ class ProgressTracker:
                         out[rank] = None
                         continue
                     with self._lock:
-                        raw = json.loads(self.store.get(key))
-                    out[rank] = Seen(int(raw["step"]), str(raw["op"]), dict(raw.get("issued", {})))
+                        out[rank] = _seen(self.store.get(key))
                 except Exception:  # the store itself may be gone with rank 0
                     out[rank] = UNREACHABLE
         finally:
@@ -316,11 +287,9 @@ class ProgressTracker:
 
     def _post(self, text: str, *, complete: bool) -> None:
         if self.store is not None:
-            try:
-                with self._lock:
-                    peers.post(self.store, text, complete=complete)
-            except Exception:  # the store went with rank 0: this rank's own error still tells
-                pass
+            # the store may have gone with rank 0: this rank's own error still tells
+            with contextlib.suppress(Exception), self._lock:
+                peers.post(self.store, text, complete=complete)
 
     def _stacks(self, ranks: list[int], seen: dict[int, Any]) -> dict[int, str | None]:
         """The stacks of the hung ranks that have a heartbeat to answer (they recorded a step)."""
@@ -354,6 +323,11 @@ class ProgressTracker:
                          "stuck holding the GIL)")
         self._post("\n".join(lines), complete=True)
         return CollectiveTimeout("\n".join(lines), hint=HINT)
+
+
+def _seen(raw: bytes | str) -> Seen:
+    record = json.loads(raw)
+    return Seen(int(record["step"]), str(record["op"]), dict(record.get("issued", {})))
 
 
 def behind(seen: dict[int, Any], step: int) -> list[int]:

@@ -33,7 +33,6 @@ def bound_server(host: str, port: int, timeout: datetime.timedelta | None = None
     from torch.distributed import TCPStore
 
     sock = listening_socket(host, port)
-    port = sock.getsockname()[1]
     kwargs = {"timeout": timeout} if timeout is not None else {}
     if world_size is not None:
         kwargs["world_size"] = world_size

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
 
-
-def _affinity() -> set[int]:
-    try:
-        return set(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        return set(range(os.cpu_count() or 1))
+from trainscale.topology.apply import current_affinity
 
 
 def usable_cores() -> int:
-    return len(_affinity())
+    return len(current_affinity())
 
 
 def threads_per_rank(local_world_size: int, cores: int | None = None) -> int:
@@ -27,10 +23,8 @@ def apply_thread_count(local_world_size: int) -> tuple[int, str | None]:
     """Set OMP_NUM_THREADS (and torch's pool) when the user has not; return (threads, reason or None)."""
     raw = os.environ.get("OMP_NUM_THREADS")
     if raw:
-        try:
+        with contextlib.suppress(ValueError):
             torch.set_num_threads(max(1, int(raw)))
-        except ValueError:
-            pass
         return torch.get_num_threads(), None
     count = threads_per_rank(local_world_size)
     os.environ["OMP_NUM_THREADS"] = str(count)
@@ -42,7 +36,7 @@ def node_cpus(runtime) -> int:
     """CPUs the ranks of rank 0's node can run on, together: the union of their affinities (one
     all-gather: every rank calls it). Ranks bound to their own cores add up; unbound ranks share the
     node's. What a job's nodes really give it, which a profile's ``cpus_per_node`` may overstate."""
-    mine = sorted(_affinity())
+    mine = sorted(current_affinity())
     if not runtime.is_distributed:
         return len(mine)
     import torch.distributed as dist

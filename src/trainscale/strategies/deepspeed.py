@@ -212,10 +212,8 @@ class DeepSpeedStrategy(StrategyBase):
 
     def torch_optimizer(self, optimizer: Any) -> torch.optim.Optimizer | None:
         # A ZeRO optimizer steps a torch optimizer on its flat partitions; that one carries the LR.
-        for candidate in (optimizer, getattr(optimizer, "optimizer", None)):
-            if isinstance(candidate, torch.optim.Optimizer):
-                return candidate
-        return None
+        return next((c for c in (optimizer, getattr(optimizer, "optimizer", None))
+                     if isinstance(c, torch.optim.Optimizer)), None)
 
     def user_optimizer(self, optimizer: Any, model: Any) -> Any:
         from trainscale.strategies.handout import through_strategy

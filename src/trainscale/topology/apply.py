@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Iterable
 
@@ -31,12 +32,10 @@ def apply_cpu_binding(cpus: Iterable[int]) -> frozenset[int]:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, wanted)
     else:
-        try:
+        with contextlib.suppress(ImportError, AttributeError, OSError):
             import psutil
 
             psutil.Process().cpu_affinity(sorted(wanted))
-        except (ImportError, AttributeError, OSError):
-            pass
     return current_affinity()
 
 

@@ -56,10 +56,7 @@ class Topology:
         return result
 
     def numa_of(self, cpu: int) -> int | None:
-        for node in self.numa_nodes:
-            if cpu in node.cpus:
-                return node.index
-        return None
+        return next((node.index for node in self.numa_nodes if cpu in node.cpus), None)
 
     def describe(self) -> list[str]:
         lines = [f"CPUs: {format_cpulist(self.cpus) or 'unknown'} ({len(self.cpus)})"]

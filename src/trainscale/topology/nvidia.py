@@ -17,6 +17,26 @@ def _cells(line: str) -> list[str]:
     return [c.strip() for c in _ANSI.sub("", line).rstrip("\n").split("\t")]
 
 
+def _matrix(text: str) -> tuple[list[str], list[tuple[int, list[str]]]]:
+    """``nvidia-smi topo -m``'s column names and its GPU rows (index, cells), up to the legend."""
+    lines = [_ANSI.sub("", line) for line in text.splitlines()]
+    header_at = next((i for i, line in enumerate(lines) if "CPU Affinity" in line), None)
+    if header_at is None:
+        raise ConfigError("nvidia-smi topo -m output has no 'CPU Affinity' column",
+                          hint="pass the full output of `nvidia-smi topo -m`")
+    rows = []
+    for line in lines[header_at + 1:]:
+        match = _GPU_ROW.match(line)
+        if not match:
+            if line.strip().startswith("Legend"):
+                break
+            continue
+        # nvidia-smi pads cells with spaces and sometimes doubles tabs; drop empties to realign.
+        rows.append((int(match.group(1)), [c for c in _cells(line)[1:] if c != ""]))
+    # The header starts with an empty cell above the row names; columns line up with the rows' cells.
+    return [h for h in _cells(lines[header_at]) if h], rows
+
+
 def parse_nvidia_topo(text: str) -> tuple[GpuInfo, ...]:
     """GPUs with their CPU and NUMA affinity from ``nvidia-smi topo -m`` output.
 
@@ -24,30 +44,13 @@ def parse_nvidia_topo(text: str) -> tuple[GpuInfo, ...]:
     "NUMA Affinity", sometimes "GPU NUMA ID"), then one row per device; only GPU rows matter.
     "N/A" (single-socket machines, VMs) leaves the field empty.
     """
-    lines = text.splitlines()
-    header_at = next((i for i, line in enumerate(lines) if "CPU Affinity" in _ANSI.sub("", line)), None)
-    if header_at is None:
-        raise ConfigError("nvidia-smi topo -m output has no 'CPU Affinity' column",
-                          hint="pass the full output of `nvidia-smi topo -m`")
-    header = _cells(lines[header_at])
-    # The header starts with an empty cell above the row names; columns line up with the row's cells.
-    if header and header[0] == "":
-        header = header[1:]
-    header = [h for h in header if h]
+    header, rows = _matrix(text)
     cpu_col = header.index("CPU Affinity")
     numa_col = header.index("NUMA Affinity") if "NUMA Affinity" in header else None
     gpus: list[GpuInfo] = []
-    for line in lines[header_at + 1:]:
-        plain = _ANSI.sub("", line)
-        match = _GPU_ROW.match(plain)
-        if not match:
-            if plain.strip().startswith("Legend"):
-                break
-            continue
-        # nvidia-smi pads cells with spaces and sometimes doubles tabs; drop empties to realign.
-        cells = [c for c in _cells(plain)[1:] if c != ""]
+    for index, cells in rows:
         if len(cells) <= cpu_col:
-            raise ConfigError(f"nvidia-smi topo row for GPU{match.group(1)} has {len(cells)} cells, "
+            raise ConfigError(f"nvidia-smi topo row for GPU{index} has {len(cells)} cells, "
                               f"expected at least {cpu_col + 1}", hint="is the output complete and tab-separated?")
         cpu_text = cells[cpu_col]
         cpus = () if cpu_text.upper() == "N/A" else parse_cpulist(cpu_text)
@@ -55,31 +58,16 @@ def parse_nvidia_topo(text: str) -> tuple[GpuInfo, ...]:
         if numa_col is not None and numa_col < len(cells):
             first = cells[numa_col].split(",")[0].split("-")[0]
             numa = int(first) if first.isdigit() else None
-        gpus.append(GpuInfo(index=int(match.group(1)), vendor="nvidia", cpus=cpus, numa_node=numa))
+        gpus.append(GpuInfo(index=index, vendor="nvidia", cpus=cpus, numa_node=numa))
     return tuple(sorted(gpus, key=lambda g: g.index))
 
 
 def parse_nvidia_links(text: str) -> dict[tuple[int, int], str]:
     """(GPU i, GPU j) -> the link between them as ``nvidia-smi topo -m`` names it, for i != j."""
-    lines = [_ANSI.sub("", line) for line in text.splitlines()]
-    header_at = next((i for i, line in enumerate(lines) if "CPU Affinity" in line), None)
-    if header_at is None:
-        raise ConfigError("nvidia-smi topo -m output has no 'CPU Affinity' column",
-                          hint="pass the full output of `nvidia-smi topo -m`")
-    columns = [h for h in _cells(lines[header_at]) if h]
-    gpu_columns = {i: int(name[3:]) for i, name in enumerate(columns) if _GPU_ROW.match(name)}
-    links: dict[tuple[int, int], str] = {}
-    for line in lines[header_at + 1:]:
-        match = _GPU_ROW.match(line)
-        if not match:
-            if line.strip().startswith("Legend"):
-                break
-            continue
-        cells = [c for c in _cells(line)[1:] if c != ""]
-        for col, other in gpu_columns.items():
-            if col < len(cells) and other != int(match.group(1)):
-                links[(int(match.group(1)), other)] = cells[col]
-    return links
+    header, rows = _matrix(text)
+    gpu_columns = {i: int(name[3:]) for i, name in enumerate(header) if _GPU_ROW.match(name)}
+    return {(index, other): cells[col] for index, cells in rows for col, other in gpu_columns.items()
+            if col < len(cells) and other != index}
 
 
 NVLINK_GBPS_PER_LINK = 25.0

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -79,12 +80,10 @@ def _mode_for(path: Path) -> int:
 
 
 def _umask() -> int:
-    try:  # Linux says it without changing it
+    with contextlib.suppress(OSError, ValueError, IndexError):  # Linux says it without changing it
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("Umask:"):
                 return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
     mask = os.umask(0o022)
     os.umask(mask)
     return mask

@@ -1,21 +1,8 @@
-"""What the training loop records about itself (docs/observability.md), when the run has a directory
-(``TRAINSCALE_RUN_DIR``: every ``trainscale run`` and ``trainscale slurm`` run; ``TRAINSCALE_RECORD=0``
-turns it off):
-
-- every rank: one ``step`` record per optimizer step in ``metrics/rank-<R>.jsonl`` — the step's time and
-  its phases as the loop's one clock timed them (train/timing.StepClock): ``data_s`` (waiting for the
-  batch), ``compute_s`` (the forward pass: the rank's own work before its first collective, which is
-  what tells a slow rank from the ranks waiting for it), ``backward_s`` (backward, with DDP's gradient
-  all-reduces in it), ``optimizer_s``; per epoch, DDP's
-  own timing (torch measures forward, backward compute, communication and their overlap on sampled
-  iterations: ``_get_ddp_logging_data``); at the end a summary with FLOPs per step, the device's peak,
-  MFU and peak memory;
-- local rank 0: the node's device sampler (observe/sampler.py);
-- rank 0: the straggler watch (observe/stragglers.py), and the network check: which transport NCCL
-  picked (its INFO log, armed by the runtime where a profile names the cluster's fast network).
-
-Nothing here synchronises the device or adds a collective (the clock's records read CUDA events ``lag``
-steps late).
+"""What the training loop records about itself, when the run has a directory (``TRAINSCALE_RUN_DIR``;
+``TRAINSCALE_RECORD=0`` turns it off): every rank's step records, timed by the loop's one clock
+(train/timing.StepClock), DDP's own timing per epoch and an end summary (FLOPs, MFU, peak memory); local
+rank 0's device sampler; rank 0's straggler watch and network check. Nothing here synchronises the device
+or adds a collective. The files and fields: docs/observability.md.
 """
 
 from __future__ import annotations

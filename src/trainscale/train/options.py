@@ -149,7 +149,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, defaults: TrainOptions
             ("--checkpoint-every", "checkpoint_every", {"type": int}),
             ("--checkpoint-async", "checkpoint_async", {"action": argparse.BooleanOptionalAction}),
             ("--metrics-out", "metrics_out", {}), ("--timeout", "timeout_s", {"type": float}),
-            ("--tracker", "trackers", {"type": _tracker_list, "metavar": "NAME[,NAME]"}),
+            ("--tracker", "trackers", {"metavar": "NAME[,NAME]"}),
             ("--log-every", "log_every", {"type": int}), ("--breakdown", "breakdown", {"action": "store_true"}),
             ("--download", "download", {"action": "store_true"}),
             ("--deterministic", "deterministic", {"action": "store_true"}),
@@ -158,10 +158,6 @@ def add_common_arguments(parser: argparse.ArgumentParser, defaults: TrainOptions
         add(flag, name, **kwargs)
     parser.add_argument("--no-shuffle", dest="shuffle", action="store_false", default=d,
                         help="keep the data's order (default: shuffle every epoch, seeded, the same at any world size)")
-
-
-def _tracker_list(text: str) -> tuple[str, ...]:
-    return tuple(t.strip() for t in text.split(",") if t.strip())
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser, workload: type) -> None:

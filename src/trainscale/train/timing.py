@@ -10,19 +10,10 @@ The breakdown is off by default: timing each phase needs those synchronisations,
 little on GPUs. Communication is measured by watching DDP's communication hook, which timestamps each
 bucket's all-reduce: the hook chosen with ``--strategy ddp:comm_hook=...`` (fp16, bf16, powersgd) is
 watched as it is, compression included; without one the timer registers a plain all-reduce
-(``strategies/comm_hooks.py``: a DDP model has one hook, so the timer observes it, never replaces it):
-
-- ``communication``: *exposed* communication, the time backward still waited for all-reduces after
-  the last gradient was ready (the part DDP could not hide behind backward); it is taken out of
-  ``compute`` so that data + compute + communication + optimizer adds up to the timed sections;
-- ``communication_total``: how long any all-reduce was in flight (hidden plus exposed);
-- ``communication_overlapped``: ``communication_total - communication``, what ran during backward;
-- ``buckets``: the most bucket all-reduces seen in one step.
-
-A blocking hook (``comm_hook=shm``: the bucket is averaged before backward goes on) overlaps nothing:
-all of its time is exposed.
-
-Every section is averaged over the ranks, as the epoch time is.
+(``strategies/comm_hooks.py``: a DDP model has one hook, so the timer observes it, never replaces it).
+What each section means (exposed ``communication`` is taken out of ``compute``; ``communication_total``
+is all of it, hidden or not): docs/scaling.md, "Reading the breakdown". A blocking hook (``comm_hook=shm``)
+overlaps nothing: all of its time is exposed. Every section is averaged over the ranks.
 
 On the CPU (gloo) the timestamps are the host's clock: the hook's future completes when the
 all-reduce has. On CUDA (NCCL) that future completes as soon as the all-reduce is *queued*, so

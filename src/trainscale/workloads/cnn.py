@@ -13,8 +13,6 @@ import torch.nn.functional as F
 
 from trainscale.workloads.classify import check, run
 
-DATA_SOURCES = "digits (shipped with trainscale, offline, default), mnist (IDX files in --data-dir), synthetic (--samples N)"
-
 
 class CNN(nn.Module):
     """conv 1->32 k3, conv 32->64 k3, max-pool 2, fc 9216->128, fc 128->10, log-softmax."""

@@ -2,24 +2,11 @@
 
     job = trainscale.slurm.submit(train, 1e-3, profile="lumi", account="project_465000000", nodes=2,
                                   time="01:00:00")
-    job.state            # PENDING, RUNNING, COMPLETED, ...
     job.result()         # waits; rank 0's return value, or RankFailed with the failing rank's traceback
-    job.logs(rank=1)     # one rank's output; job.logs() the batch output
-    job.cancel()
-    jobs = trainscale.slurm.map_array(train, [1e-3, 3e-4, 1e-4], profile=..., time=...)  # one array job
-    [j.result() for j in jobs]
 
-The options are ``trainscale slurm``'s, by their field names (``SlurmJobSpec``: nodes, gpus_per_node, time,
-account, partition, launcher, container, modules, python, output_dir, ...), resolved in the same order
-(defaults < profile < ``config=`` file's [slurm] table < TRAINSCALE_SLURM_* < these arguments), linted and
-submitted by the same code as ``trainscale slurm --submit``: the same batch script, run directory, code
-snapshot and job record (``trainscale jobs``/``logs``/``cancel`` know the job too).
-
-A function runs on every rank inside the normal launch through launch/runner.py; its call is pickled into
-the run directory (cloudpickle: by reference when its module imports on the nodes, by value when it is
-defined in a notebook or ``__main__``), and rank 0's return value comes back pickled. Pickles run code when
-read: submit your own code only. The job snapshots the project the function comes from (its module's, or
-the working directory's for a notebook), as a script's.
+The options are ``trainscale slurm``'s by field name, resolved, linted and submitted by the same code as
+``trainscale slurm --submit``; a function's call is pickled into the run directory and run on every rank
+by launch/runner.py. The whole story: docs/ecosystem.md (``trainscale.slurm``).
 """
 
 from __future__ import annotations
@@ -32,10 +19,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from trainscale.errors import ConfigError, did_you_mean
+from trainscale.launch.function import RUNNER
 from trainscale.launch.slurm.future import Job
 from trainscale.launch.slurm.spec import SlurmJobSpec
 
-RUNNER = "trainscale.launch.runner"
 _TARGET = ("script", "module", "workload", "args", "command_line", "sweep", "array")
 """SlurmJobSpec fields the API sets itself."""
 
@@ -106,7 +93,8 @@ def _function_target(fn: Callable[..., Any], options: dict[str, Any], args: tupl
 
 
 def _submit(spec, profile, write):
-    """Lint (errors refuse, warnings are said), then the same submission as ``trainscale slurm --submit``."""
+    """Lint (errors refuse, warnings are said), then the same submission as ``trainscale slurm --submit``,
+    said on stderr."""
     from trainscale.launch.slurm import lint, resolve
     from trainscale.launch.slurm.job import snapshot_findings, submit_job
     from trainscale.launch.slurm.lint import WARNING, errors
@@ -120,25 +108,25 @@ def _submit(spec, profile, write):
     for finding in findings:
         if finding.level == WARNING:
             print(f"trainscale.slurm: {finding}", file=sys.stderr, flush=True)
-    return submit_job(spec, profile, plan, before_submit=write)
+    record = submit_job(spec, profile, plan, before_submit=write)
+    what = f"array job {record.job_id} ({spec.array})" if spec.array else f"job {record.job_id}"
+    print(f"trainscale.slurm: submitted {what}, world size {record.world_size}; run directory {record.run_dir}",
+          file=sys.stderr, flush=True)
+    return record
 
 
 def submit(fn: Callable[..., Any] | str | os.PathLike, /, *args: Any, **options: Any) -> Job:
     """Submit ``fn(*args)`` (or a script path with its arguments) as one SLURM job on ``options``' allocation;
     returns its :class:`Job`. Keyword arguments for ``fn``: ``functools.partial``."""
-    if isinstance(fn, (str, os.PathLike)):
-        target = {"script": str(fn), "args": tuple(str(a) for a in args),
-                  "command_line": ("trainscale.slurm", str(fn), *map(str, args))}
-        spec, profile = build_spec(target, options)
-        record = _submit(spec, profile, None)
-        _say(record, spec)
-        return Job(record.job_id, Path(record.run_dir), record, function=False)
     from trainscale.launch.runner import write_call
 
-    spec, profile = build_spec(_function_target(fn, options), options)
-    record = _submit(spec, profile, lambda plan: write_call(plan.run_dir, fn, args))
-    _say(record, spec)
-    return Job(record.job_id, Path(record.run_dir), record)
+    script = isinstance(fn, (str, os.PathLike))
+    target = ({"script": str(fn), "args": tuple(str(a) for a in args),
+               "command_line": ("trainscale.slurm", str(fn), *map(str, args))} if script
+              else _function_target(fn, options))
+    spec, profile = build_spec(target, options)
+    record = _submit(spec, profile, None if script else lambda plan: write_call(plan.run_dir, fn, args))
+    return Job(record.job_id, Path(record.run_dir), record, function=not script)
 
 
 def map_array(fn: Callable[..., Any], /, *iterables: Iterable[Any], max_parallel: int | None = None,
@@ -163,14 +151,7 @@ def map_array(fn: Callable[..., Any], /, *iterables: Iterable[Any], max_parallel
             write_call(plan.run_dir / f"task-{i}", fn, call)
 
     record = _submit(spec, profile, write)
-    _say(record, spec)
     return [Job(f"{record.job_id}_{i}", Path(record.run_dir) / f"task-{i}", record) for i in range(len(calls))]
-
-
-def _say(record, spec) -> None:
-    what = f"array job {record.job_id} ({spec.array})" if spec.array else f"job {record.job_id}"
-    print(f"trainscale.slurm: submitted {what}, world size {record.world_size}; run directory {record.run_dir}",
-          file=sys.stderr, flush=True)
 
 
 class Executor:

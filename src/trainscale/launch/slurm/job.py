@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from trainscale._version import __version__
 from trainscale.errors import ConfigError
 from trainscale.launch.slurm.jobdir import JobRecord, save_record
 from trainscale.launch.slurm.layout import check_snapshot, target_in_run
@@ -82,12 +81,8 @@ def _jsonable(value: Any) -> Any:
 
 def submission_record(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan,
                       snapshot: dict[str, Any] | None = None) -> dict[str, Any]:
-    try:
-        import torch
+    from trainscale.launch.rundir import versions
 
-        torch_version = torch.__version__
-    except ImportError:  # pragma: no cover - torch is a dependency
-        torch_version = None
     code = plan.code_root or spec.script
     python = job_python(spec, profile)
     return {
@@ -100,7 +95,7 @@ def submission_record(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan
         "profile": profile.name,
         "plan": {"launcher": plan.launcher, "nodes": plan.nodes, "ranks_per_node": plan.ranks_per_node,
                  "world_size": plan.world_size, "cpus_per_rank": plan.cpus_per_rank, "time_s": plan.time_s},
-        "versions": {"trainscale": __version__, "torch": torch_version, "python": platform.python_version()},
+        "versions": versions(),
         "python": {"command": python.command, "source": python.source, "job_kit": python.kit},
         "git": git_state(Path(code).absolute()) if code else None,
         "snapshot": snapshot,
@@ -168,6 +163,17 @@ def prepare_run(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> t
     return plan, script
 
 
+def job_record(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan, script: Path, sub: Any, *,
+               chain_link: int = 0) -> JobRecord:
+    """What trainscale keeps of a submitted job (``trainscale jobs``, ``logs``, ``cancel`` read it)."""
+    return JobRecord(job_id=sub.job_id, cluster=sub.cluster, name=spec.name, launcher=plan.launcher,
+                     profile=profile.name, script=str(script), output_dir=str(plan.output_dir),
+                     world_size=plan.world_size, ranks_per_node=plan.ranks_per_node,
+                     command=" ".join(spec.command_line), submitted_at=time.time(),
+                     batch_output_pattern=batch_output_pattern(spec, plan), run_dir=str(plan.run_dir),
+                     chain_link=chain_link)
+
+
 def submit_job(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan, *, run: Runner | None = None,
                before_submit: Callable[[JobPlan], None] | None = None) -> JobRecord:
     """Prepare the run, ``sbatch --parsable`` it (``--chain N``: N times, each after the one before) and save
@@ -183,13 +189,8 @@ def submit_job(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan, *, ru
     records: list[JobRecord] = []
     for link in range(spec.chain):
         extra = (f"--dependency=afterany:{records[-1].job_id}",) if records else ()
-        sub = submit(script, run=run, extra=extra)
-        records.append(JobRecord(job_id=sub.job_id, cluster=sub.cluster, name=spec.name, launcher=plan.launcher,
-                                 profile=profile.name, script=str(script), output_dir=str(plan.output_dir),
-                                 world_size=plan.world_size, ranks_per_node=plan.ranks_per_node,
-                                 command=" ".join(spec.command_line), submitted_at=time.time(),
-                                 batch_output_pattern=batch_output_pattern(spec, plan), run_dir=str(plan.run_dir),
-                                 chain_link=link + 1 if spec.chain > 1 else 0))
+        records.append(job_record(spec, profile, plan, script, submit(script, run=run, extra=extra),
+                                  chain_link=link + 1 if spec.chain > 1 else 0))
         if spec.chain > 1:  # the links file is what each link reads to cancel the others
             (plan.run_dir / "links").write_text("".join(f"{r.job_id}\n" for r in records))
     for record in records:

@@ -18,8 +18,6 @@ Runner = Callable[..., subprocess.CompletedProcess]
 # States after which the job will not run again by itself.
 TERMINAL = frozenset({"COMPLETED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "CANCELLED", "PREEMPTED",
                       "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT", "REQUEUE_HOLD"})
-ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_FED",
-                    "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"})
 
 SQUEUE_FORMAT = "%i|%j|%T|%M|%l|%D|%u|%r|%N"
 SQUEUE_FIELDS = ("job_id", "name", "state", "elapsed", "time_limit", "nodes", "user", "reason", "nodelist")
@@ -133,15 +131,12 @@ def _run(run: Runner | None, argv: list[str]) -> subprocess.CompletedProcess:
                          hint="the SLURM controller may be overloaded or down; try again") from None
 
 
-def squeue(run: Runner | None = None, *, user: str | None = None, job_id: str | None = None,
-           all_states: bool = False) -> list[JobInfo]:
+def squeue(run: Runner | None = None, *, user: str | None = None, job_id: str | None = None) -> list[JobInfo]:
     argv = ["squeue", "--noheader", f"--format={SQUEUE_FORMAT}"]
     if user:
         argv.append(f"--user={user}")
     if job_id:
         argv.append(f"--jobs={job_id}")
-    if all_states:
-        argv.append("--states=all")
     done = _run(run, argv)
     if done.returncode != 0:
         if job_id and "Invalid job id" in (done.stderr or ""):

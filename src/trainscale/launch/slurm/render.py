@@ -12,12 +12,12 @@ import shlex
 from pathlib import Path
 
 from trainscale._version import __version__
+from trainscale.launch.bootstrap import ERROR_DIR_VAR, SNAPSHOT_OF_VAR, SNAPSHOT_VAR, TASK_GPU_VAR
 from trainscale.launch.slurm.container import container_prefix, port_command, required_modules
 from trainscale.launch.slurm.continuation import continues, preemptible, start_lines, warning_signal
 from trainscale.launch.slurm.continuation import exports as continuation_exports
 from trainscale.launch.slurm.jobargs import check_lines, job_words
 from trainscale.launch.slurm.layout import target_in_run
-from trainscale.launch.slurm.snapshot import SNAPSHOT_OF_VAR, SNAPSHOT_VAR
 from trainscale.launch.slurm.spec import JobPlan, SlurmJobSpec, format_time, resolve
 from trainscale.launch.slurm.toolchain import job_python, module_lines as job_module_lines, profile_module_lines
 from trainscale.profiles import slurm_cpu_bind, worker_bind_env
@@ -25,10 +25,8 @@ from trainscale.profiles.schema import ClusterProfile
 from trainscale.topology.cpulist import format_cpulist
 from trainscale.topology.worker import PLAN_ENV
 
-ERROR_DIR_VAR = "TRAINSCALE_ERROR_DIR"
 JOB_DIR_VAR = "TRAINSCALE_JOB_DIR"
 RUN_DIR_VAR = "TRAINSCALE_RUN_DIR"
-TASK_GPU_VAR = "TRAINSCALE_TASK_GPU"
 
 
 def batch_output_pattern(spec: SlurmJobSpec, plan: JobPlan) -> str:

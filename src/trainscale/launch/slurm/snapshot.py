@@ -1,28 +1,7 @@
 """The code a job runs: a snapshot of the script's project, copied into the run directory at submission.
 
-``trainscale run scripts/train.py`` imports what lies next to the script, what the script adds to
-``sys.path`` relative to its own file (``sys.path.append(os.path.join(os.path.dirname(__file__), ".."))``)
-and what the working directory holds. A submitted job sees the same, frozen at submission:
-
-- **The root** is ``--snapshot DIR`` when given; else the nearest ancestor of the script holding
-  ``.git``, ``pyproject.toml``, ``setup.py`` or ``setup.cfg`` (the search stops below your home
-  directory); else the script's own directory. It is widened to hold the directories the script adds
-  to ``sys.path`` relative to its own file (never to your home directory or ``/``).
-- **The files**: in a git work tree ``git ls-files --cached --others --exclude-standard`` (tracked and
-  untracked-but-not-ignored); elsewhere every file below the root except hidden directories.
-- **Left out**: version-control and cache directories, virtual environments (any directory holding
-  ``pyvenv.cfg``), ``*.egg-info``, ``*.pyc``, trainscale's own output directories and the job's
-  ``--output-dir``.
-- **Linked, not copied** (the job reads them where they are, at job time): directories named like data
-  or outputs (``data``, ``datasets``, ``checkpoints``, ``runs``, ``outputs``, ``logs``, ... unless they
-  are Python packages), files with data suffixes (``.pt``, ``.safetensors``, ``.npy``, ``.h5``,
-  ``.parquet``, ``.tar``, ``.sif``, ...) and files over :data:`LINK_BYTES`; in a git work tree also
-  ignored entries named so.
-- **Limits**: more than :data:`MAX_FILES` files or :data:`MAX_BYTES` bytes to copy is refused before
-  submission, naming the largest directories.
-
-The job runs ``<run>/src/<root name>/<the script's path below the root>``, and its bootstrap maps
-every import path inside the root (working directory, PYTHONPATH, editable installs) to the copy.
+Its root, which files are copied, left out or linked, the limits (:data:`MAX_FILES`, :data:`MAX_BYTES`,
+:data:`LINK_BYTES`) and how the job's imports find the copy: docs/slurm.md, "The code a job runs".
 """
 
 from __future__ import annotations
@@ -51,8 +30,6 @@ LINK_BYTES = 10 * 1024**2
 """A file larger than this is linked, not copied."""
 MAX_FILES = 20_000
 MAX_BYTES = 200 * 1024**2
-SNAPSHOT_VAR, SNAPSHOT_OF_VAR = "TRAINSCALE_SNAPSHOT", "TRAINSCALE_SNAPSHOT_OF"
-"""Exported in the batch script: the copy, and the root it was taken from (read by launch/bootstrap.py)."""
 
 
 @dataclass(frozen=True)

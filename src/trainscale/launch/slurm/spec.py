@@ -222,12 +222,10 @@ class SlurmJobSpec:
         if self.signal is not None and not _SIGNAL.match(self.signal):
             raise ConfigError(f"--signal {self.signal!r} is not SIG[@SECONDS]",
                               hint="e.g. --signal USR1@90 (SIGUSR1 90 s before the time limit)")
-        if self.run_name is not None and not _JOB_NAME.match(self.run_name):
-            raise ConfigError(f"run name {self.run_name!r} has characters that do not belong in a file name",
-                              hint="use letters, digits, '.', '_' and '-'")
-        if self.job_name is not None and not _JOB_NAME.match(self.job_name):
-            raise ConfigError(f"--job-name {self.job_name!r} has characters that do not belong in a file name",
-                              hint="use letters, digits, '.', '_' and '-'")
+        for what, name in (("run name", self.run_name), ("--job-name", self.job_name)):
+            if name is not None and not _JOB_NAME.match(name):
+                raise ConfigError(f"{what} {name!r} has characters that do not belong in a file name",
+                                  hint="use letters, digits, '.', '_' and '-'")
         if self.master_port is not None and not 1024 <= self.master_port < 65536:
             raise ConfigError(f"master port {self.master_port} out of range", hint="use 1024-65535, or leave it out")
         if self.chain < 1 or self.max_requeues < 0:

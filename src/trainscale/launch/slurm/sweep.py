@@ -17,17 +17,11 @@ import itertools
 import json
 import math
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trainscale.errors import ConfigError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 PREFERRED_METRICS = ("test_loss", "val_loss", "eval_loss", "loss", "train_loss")
@@ -52,12 +46,9 @@ def parse_grid(text: str) -> dict[str, list[str]]:
 
 def load_grid_file(path: str | Path) -> dict[str, list[str]]:
     """A TOML file: ``[grid]`` with a list per key, e.g. ``lr = [1e-3, 3e-4]``."""
-    try:
-        data = tomllib.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"grid file {path} does not exist", hint="give a TOML file with a [grid] table") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"grid file {path} is not valid TOML: {exc}", hint="check the line named above") from None
+    from trainscale.config import read_toml
+
+    data = read_toml(path, "grid file", "give a TOML file with a [grid] table")
     table = data.get("grid")
     if not isinstance(table, dict) or not table:
         raise ConfigError(f"grid file {path} has no [grid] table", hint='[grid]\nlr = [1e-3, 3e-4]')
@@ -263,22 +254,15 @@ def plot(run_dir: Path, results: list[TaskResult], metric: str | None, higher_is
 def submit_array(spec: Any, profile: Any, plan: Any, grid: dict[str, list[str]]) -> tuple[Any, Path, int]:
     """Write the tasks' arguments into the run directory, submit the array job and record it as
     ``trainscale slurm --submit`` records a job: (the submission, the run directory, the task count)."""
-    import time
-
-    from trainscale.launch.slurm.job import prepare_run
-    from trainscale.launch.slurm.jobdir import JobRecord, save_record
-    from trainscale.launch.slurm.render import batch_output_pattern
+    from trainscale.launch.slurm.job import job_record, prepare_run
+    from trainscale.launch.slurm.jobdir import save_record
     from trainscale.launch.slurm.submit import submit
 
     plan, script = prepare_run(spec, profile, plan)
     configs = write_tasks(plan.run_dir, grid, workload=bool(spec.workload))
     sub = submit(script)
     record_jobs(plan.run_dir, [sub.job_id])
-    save_record(JobRecord(job_id=sub.job_id, cluster=sub.cluster, name=spec.name, launcher=plan.launcher,
-                          profile=profile.name, script=str(script), output_dir=str(plan.output_dir),
-                          world_size=plan.world_size, ranks_per_node=plan.ranks_per_node,
-                          command=" ".join(spec.command_line), submitted_at=time.time(),
-                          batch_output_pattern=batch_output_pattern(spec, plan), run_dir=str(plan.run_dir)))
+    save_record(job_record(spec, profile, plan, script, sub))
     return sub, plan.run_dir, len(configs)
 
 

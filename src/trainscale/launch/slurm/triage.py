@@ -23,14 +23,15 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainscale.launch.summary import read_end, tail, traceback_of
+from trainscale.topology.cpulist import format_cpulist
+
 # Frames of the machinery between the launcher and the user's code: hidden from the summary.
 _WRAPPER_FRAMES = ("torch/distributed/elastic/multiprocessing/errors", "trainscale/launch/bootstrap.py",
                    "<frozen runpy>")
 _SRUN_TASK = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.+)$")
 _SUMMARY = re.compile(r"first failing rank: (\d+) on (\S+) \(local rank (\d+), pid \d+\), (.+)$")
 _OTHER = re.compile(r"^ranks? ([\d,\-]+) on (\S+): (.+)$")
-TAIL_BYTES = 256 * 1024
-"""What is read of the end of a log: a rank's last lines, a node's failure summary (printed last)."""
 
 
 @dataclass(frozen=True)
@@ -138,44 +139,13 @@ def srun_task_errors(batch_output: str) -> dict[int, tuple[str, str]]:
 def callstack(path: Path) -> str:
     """The traceback @record wrote into an error file ('' when it cannot be read)."""
     try:
-        data = json.loads(path.read_text())
+        return traceback_of(json.loads(path.read_text()))
     except (OSError, json.JSONDecodeError):
         return ""
-    message = data.get("message", data) if isinstance(data, dict) else data
-    if isinstance(message, dict):
-        return message.get("extraInfo", {}).get("py_callstack", "") or str(message.get("message", ""))
-    return str(message)
 
 
 def _by_time(paths: list[Path]) -> list[Path]:
     return sorted(paths, key=lambda p: (p.stat().st_mtime_ns, str(p)))
-
-
-def read_end(path: Path, size: int = TAIL_BYTES) -> str:
-    """The last ``size`` bytes of a file, from a line start ('' when it cannot be read)."""
-    try:
-        with open(path, "rb") as fh:
-            end = fh.seek(0, 2)
-            fh.seek(max(0, end - size))
-            if end > size:
-                fh.readline()  # the cut line
-            return fh.read().decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _tail(path: Path, lines: int = 20) -> str:
-    return "\n".join(read_end(path, 64 * 1024).splitlines()[-lines:])
-
-
-def _ranges(values: list[int]) -> str:
-    values = sorted(set(values))
-    out, start = [], 0
-    for i in range(1, len(values) + 1):
-        if i == len(values) or values[i] != values[i - 1] + 1:
-            out.append(str(values[start]) if i - 1 == start else f"{values[start]}-{values[i - 1]}")
-            start = i
-    return ",".join(out)
 
 
 def grouped(others: list[tuple[int, str, str]]) -> tuple[str, ...]:
@@ -191,7 +161,7 @@ def grouped(others: list[tuple[int, str, str]]) -> tuple[str, ...]:
         if len(ranks) == 1:
             lines.append(f"rank {ranks[0][0]}{where}: {how}")
         else:
-            lines.append(f"ranks {_ranges([r for r, _ in ranks])}{where}: {how}")
+            lines.append(f"ranks {format_cpulist(r for r, _ in ranks)}{where}: {how}")
     return tuple(lines)
 
 
@@ -210,7 +180,7 @@ def srun_failure(job_dir: Path, batch_output: str) -> Failure | None:
     others = [(r, *tasks[r]) if r in tasks else (r, "", "raised too (after the first)")
               for r in dict.fromkeys(ranks[1:] + list(tasks)) if r != first]
     return Failure(rank=first, host=host, how=how or "raised an exception", traceback=tb,
-                   log_tail=_tail(job_dir / f"rank-{first}.out"), others=grouped(others))
+                   log_tail=tail(job_dir / f"rank-{first}.out"), others=grouped(others))
 
 
 def _summaries(text: str) -> list[tuple[Failure, str]]:
