@@ -32,8 +32,9 @@ pytestmark = pytest.mark.slow
 
 def env_for(tmp_path: Path) -> dict[str, str]:
     # DeepSpeed builds a communication op on its first start: share trainscale's cache of it.
-    cache = os.environ.get("TORCH_EXTENSIONS_DIR") or str(Path.home() / ".cache" / "trainscale" / "torch_extensions")
-    return {**os.environ, "TRAINSCALE_STATE_DIR": str(tmp_path / "state"), "TORCH_EXTENSIONS_DIR": cache}
+    from trainscale.strategies.deepspeed import extensions_dir
+
+    return {**os.environ, "TRAINSCALE_STATE_DIR": str(tmp_path / "state"), "TORCH_EXTENSIONS_DIR": extensions_dir()}
 
 
 def trainscale(tmp_path: Path, *argv: str, env: dict[str, str] | None = None,

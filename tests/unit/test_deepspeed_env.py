@@ -4,6 +4,8 @@ Plain data in, variables out; DeepSpeed itself runs in tests/integration/test_st
 from __future__ import annotations
 
 import importlib.util
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -60,9 +62,14 @@ def test_device_cpu_on_a_gpu_node_selects_deepspeeds_cpu_accelerator():
 
 
 def test_extensions_are_cached_under_trainscale_unless_set(monkeypatch, tmp_path):
-    from trainscale.strategies.deepspeed import prepare_environment
+    from trainscale.strategies.deepspeed import extensions_dir, prepare_environment
 
     monkeypatch.setenv("HOME", str(tmp_path))
     environ = {"LOCAL_RANK": "0", "DS_ACCELERATOR": "cpu"}
     prepare_environment(_rank("cpu", 0), environ)
-    assert environ["TORCH_EXTENSIONS_DIR"] == str(tmp_path / ".cache" / "trainscale" / "torch_extensions")
+    cache = Path(environ["TORCH_EXTENSIONS_DIR"])
+    assert cache.parent == tmp_path / ".cache" / "trainscale" / "torch_extensions"
+    # one directory per environment: another interpreter prefix (another venv or container) gets its own
+    monkeypatch.setattr(sys, "prefix", "/opt/another-venv")
+    assert Path(extensions_dir({})).parent == cache.parent and Path(extensions_dir({})) != cache
+    assert extensions_dir({"TORCH_EXTENSIONS_DIR": "/x"}) == "/x"

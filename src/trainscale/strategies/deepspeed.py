@@ -3,8 +3,8 @@ one built from trainscale's options. An optional extra: ``pip install 'trainscal
 
 First start: DeepSpeed compiles a shared-memory communication op for CPU runs (and fused optimizers
 when a config asks for DeepSpeed's own Adam). The build is cached in ``TORCH_EXTENSIONS_DIR``, which
-trainscale points at ``~/.cache/trainscale/torch_extensions`` unless it is set: the first run pays
-about a minute, later ones a few seconds.
+trainscale points at a directory of this environment's own under ``~/.cache/trainscale/torch_extensions``
+unless it is set: the first run pays about a minute, later ones a few seconds.
 
 Gradient accumulation is DeepSpeed's own: ``with_batch`` sets ``gradient_accumulation_steps`` from the
 loop's, and ``micro_step`` steps the engine after every micro-batch; DeepSpeed scales the loss, skips
@@ -46,9 +46,17 @@ CHECKPOINT_TAG = "deepspeed"
 
 
 def extensions_dir(environ: dict[str, str] | None = None) -> str:
-    """Where compiled DeepSpeed ops are cached: $TORCH_EXTENSIONS_DIR, else ~/.cache/trainscale/torch_extensions."""
+    """Where compiled DeepSpeed ops are cached: $TORCH_EXTENSIONS_DIR, else one directory per Python
+    environment and torch under ~/.cache/trainscale/torch_extensions. An op's build names the headers of
+    the torch it was built for: two environments sharing one directory (two venvs, a container and a
+    venv, one home on every node) would rebuild it on every switch, or load one built for another torch."""
     environ = os.environ if environ is None else environ
-    return environ.get("TORCH_EXTENSIONS_DIR") or str(Path.home() / ".cache" / "trainscale" / "torch_extensions")
+    if environ.get("TORCH_EXTENSIONS_DIR"):
+        return environ["TORCH_EXTENSIONS_DIR"]
+    import hashlib
+
+    key = hashlib.sha256(f"{sys.prefix}\0{torch.__version__}".encode()).hexdigest()[:12]
+    return str(Path.home() / ".cache" / "trainscale" / "torch_extensions" / f"py{sys.version_info[0]}{sys.version_info[1]}-{key}")
 
 
 def prepare_environment(runtime: Any, environ: MutableMapping[str, str] | None = None) -> list[str]:
