@@ -325,3 +325,18 @@ def test_readme_allreduce_on_slurm_is_one_two_node_job(readme):
     assert all(row["busbw_Bps"] == row["algbw_Bps"] * 1.5 > 0 for row in result["rows"])
     assert "submitted job" in readme.output("trainscale bench allreduce --slurm", "stderr")
     assert "busbw" in readme.output("trainscale bench allreduce --slurm")
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # the first test to run sets README's run up
+def test_readme_workload_job_trains_on_two_nodes_of_two_ranks(readme):
+    """`trainscale slurm ... --submit --watch --workload cnn` (torchrun mode; srun mode is in
+    tests/slurm/test_slurm_e2e.py): the job completed, and rank 0's log, read with `trainscale logs`, shows
+    the workload saw 4 ranks and trained."""
+    printed = readme.output("trainscale slurm --profile local-test -N 2 --gpus-per-node 2 -t 00:10:00 --submit")
+    job = re.search(r"^Job (\d+) \(trainscale-cnn\) COMPLETED", printed, re.M)
+    assert job, printed
+    log0 = _trainscale(readme, "logs", job.group(1), "--rank", "0")
+    assert log0.returncode == 0, log0.stderr
+    assert "4 rank(s) x batch 16" in log0.stdout and re.search(r"Epoch 1: loss [\d.]+", log0.stdout), log0.stdout

@@ -45,9 +45,9 @@ def rank_log(tmp_path: Path, job_id: str, rank: int) -> str:
     return done.stdout
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_cnn_workload_completes(slurm_cluster, tmp_path, launcher):
-    done, job_id, _ = submit_watch(tmp_path, launcher, "--workload", "cnn", "--max-steps", "20", "--batch-size", "16")
+def test_cnn_workload_completes_in_srun_mode(slurm_cluster, tmp_path):
+    """torchrun mode: README's own job (tests/integration/test_readme.py)."""
+    done, job_id, _ = submit_watch(tmp_path, "srun", "--workload", "cnn", "--max-steps", "20", "--batch-size", "16")
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
     assert f"Job {job_id} (trainscale-cnn) COMPLETED" in done.stdout
     log0 = rank_log(tmp_path, job_id, 0)
