@@ -31,10 +31,12 @@ pytestmark = pytest.mark.slow
 
 
 def env_for(tmp_path: Path) -> dict[str, str]:
-    # DeepSpeed builds a communication op on its first start: share trainscale's cache of it.
+    # DeepSpeed builds a communication op on its first start: share trainscale's cache of it, built by the
+    # venv's ninja as in README's activated venv (the system's ninja keeps another build log and rebuilds it)
     from trainscale.strategies.deepspeed import extensions_dir
 
-    return {**os.environ, "TRAINSCALE_STATE_DIR": str(tmp_path / "state"), "TORCH_EXTENSIONS_DIR": extensions_dir()}
+    return {**os.environ, "TRAINSCALE_STATE_DIR": str(tmp_path / "state"), "TORCH_EXTENSIONS_DIR": extensions_dir(),
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
 
 
 def trainscale(tmp_path: Path, *argv: str, env: dict[str, str] | None = None,

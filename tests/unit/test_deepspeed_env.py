@@ -4,6 +4,7 @@ Plain data in, variables out; DeepSpeed itself runs in tests/integration/test_st
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -73,3 +74,26 @@ def test_extensions_are_cached_under_trainscale_unless_set(monkeypatch, tmp_path
     monkeypatch.setattr(sys, "prefix", "/opt/another-venv")
     assert Path(extensions_dir({})).parent == cache.parent and Path(extensions_dir({})) != cache
     assert extensions_dir({"TORCH_EXTENSIONS_DIR": "/x"}) == "/x"
+
+
+def test_ops_are_built_with_this_environments_ninja(monkeypatch, tmp_path):
+    """Two ninja versions keep incompatible logs in one build directory: a job whose PATH finds the system's
+    ninja would rebuild the op a shell's venv ninja built, and back. The environment's own ninja goes first."""
+    from trainscale.strategies.deepspeed import prepare_environment
+
+    bin_dir = tmp_path / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "ninja").write_text("#!/bin/sh\n")
+    (bin_dir / "ninja").chmod(0o755)
+    other = tmp_path / "usr-bin"
+    other.mkdir()
+    (other / "ninja").write_text("#!/bin/sh\n")
+    (other / "ninja").chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(bin_dir / "python"))
+    environ = {"LOCAL_RANK": "0", "DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": "/x", "PATH": str(other)}
+    notes = prepare_environment(_rank("cpu", 0), environ)
+    assert environ["PATH"].split(os.pathsep) == [str(bin_dir), str(other)]
+    assert any(str(bin_dir) in n for n in notes)
+    # already first: nothing changes, nothing said
+    notes = prepare_environment(_rank("cpu", 0), environ)
+    assert environ["PATH"].split(os.pathsep) == [str(bin_dir), str(other)] and not any("PATH" in n for n in notes)

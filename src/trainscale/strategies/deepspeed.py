@@ -4,7 +4,8 @@ one built from trainscale's options. An optional extra: ``pip install 'trainscal
 First start: DeepSpeed compiles a shared-memory communication op for CPU runs (and fused optimizers
 when a config asks for DeepSpeed's own Adam). The build is cached in ``TORCH_EXTENSIONS_DIR``, which
 trainscale points at a directory of this environment's own under ``~/.cache/trainscale/torch_extensions``
-unless it is set: the first run pays about a minute, later ones a few seconds.
+unless it is set, and builds with this environment's ``ninja`` whatever PATH says: the first run pays
+about a minute, later ones a few seconds.
 
 Gradient accumulation is DeepSpeed's own: ``with_batch`` sets ``gradient_accumulation_steps`` from the
 loop's, and ``micro_step`` steps the engine after every micro-batch; DeepSpeed scales the loss, skips
@@ -27,6 +28,7 @@ import contextlib
 import dataclasses
 import importlib.util
 import os
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,6 +73,12 @@ def prepare_environment(runtime: Any, environ: MutableMapping[str, str] | None =
         environ["TORCH_EXTENSIONS_DIR"] = extensions_dir(environ)
         notes.append(f"TORCH_EXTENSIONS_DIR={environ['TORCH_EXTENSIONS_DIR']} (DeepSpeed's compiled ops are "
                      "cached there; the first start builds them)")
+    own_ninja = Path(sys.executable).parent / "ninja"
+    if "PATH" in environ and own_ninja.is_file() and shutil.which("ninja", path=environ["PATH"]) != str(own_ninja):
+        # torch builds ops with the first ninja on PATH; two ninja versions keep incompatible build logs in
+        # the same cache, so each would rebuild what the other built (a SLURM job's PATH vs a shell's)
+        environ["PATH"] = f"{own_ninja.parent}{os.pathsep}{environ['PATH']}"
+        notes.append(f"PATH starts with {own_ninja.parent} (DeepSpeed's ops are built with this environment's ninja)")
     if runtime.device.type == "cpu" and environ.get("DS_ACCELERATOR") != "cpu":
         # DeepSpeed would pick the GPU whenever CUDA is available and move the model there.
         environ["DS_ACCELERATOR"] = "cpu"
