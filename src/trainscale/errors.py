@@ -77,6 +77,13 @@ REFUSALS = ("ConfigError", "CheckpointError")
 Failures of the run itself (CollectiveTimeout naming a hung rank with its stack, RankFailed) keep theirs."""
 
 
+PEER_CLOSED = ("Connection closed by peer", "Connection reset by peer")
+"""How gloo reports that another rank's end closed the connection: that rank timed out, or died."""
+PEER_GONE = (*PEER_CLOSED, "remote worker crashing", "Broken pipe",
+             "got 0 bytes")  # c10d's store: "Failed to recv, got 0 bytes" when the rank hosting it is gone
+"""Every report of a rank that only lost a peer: never a run's root cause (launch/summary.py)."""
+
+
 def is_refusal(exc: BaseException) -> bool:
     """A trainscale refusal, known by its classes' module and names (a script in a stock container imports
     the image's own trainscale, whose classes are not this module's)."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainscale.errors import PEER_GONE
 from trainscale.topology.cpulist import format_cpulist
 
 
@@ -98,14 +99,9 @@ def attempts_lines(attempts: list[Attempt], total: int) -> list[str]:
     return lines
 
 
-# Messages of a rank whose peer died first: never the root cause while a primary failure exists.
-_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing", "Broken pipe",
-              "got 0 bytes")  # c10d's store: "Failed to recv, got 0 bytes" when the rank hosting it is gone
-
-
 def lost_peer(traceback: str) -> bool:
     """The traceback is a rank's report that another rank's end closed its connection: never a root cause."""
-    return any(m in traceback for m in _PEER_GONE)
+    return any(m in traceback for m in PEER_GONE)
 
 
 # How a rank that timed out names the rank(s) it waited for (runtime/progress.py's CollectiveTimeout):

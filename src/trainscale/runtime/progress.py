@@ -20,13 +20,12 @@ from typing import Any, Callable, NamedTuple
 
 import torch.distributed as dist
 
-from trainscale.errors import TrainscaleError, record_error
+from trainscale.errors import PEER_CLOSED, TrainscaleError, record_error
 from trainscale.runtime import peers
 
 _KEY = "trainscale/progress/{rank}"
 _TIMEOUT_MARKERS = ("Timed out", "timed out", "Timeout", "DistBackendError", "Watchdog caught collective operation timeout",
                     "timeout caused pair closure")  # gloo: a pair an earlier timeout closed (several buckets)
-_PEER_GONE_MARKERS = ("Connection closed by peer", "Connection reset by peer")  # a peer timed out (or died)
 UNREACHABLE = "unreachable"
 """What :meth:`ProgressTracker.others` records for a rank whose record could not be read (store gone)."""
 READ_TIMEOUT = datetime.timedelta(seconds=5)
@@ -264,7 +263,7 @@ class ProgressTracker:
         text = f"{type(error).__name__}: {error}"
         if any(marker in text for marker in _TIMEOUT_MARKERS):
             return self._error(self.others())
-        if any(marker in text for marker in _PEER_GONE_MARKERS):
+        if any(marker in text for marker in PEER_CLOSED):  # a peer timed out (or died)
             return self._relay()
         return None
 
