@@ -103,3 +103,18 @@ def test_a_wrong_target_is_refused_naming_what_the_report_takes(tmp_path, target
     assert "is neither a directory nor a SLURM job id" in err[0]
     assert err[1].startswith("Hint: trainscale report takes a run directory") and "study directory" in err[1] and \
         "sweep" in err[1] and "job" in err[1]
+
+
+def test_reading_a_run_does_not_import_torch(tmp_path):
+    """`trainscale report` on a run reads files: it must not pay torch's import (1.5-3 s a call) through the
+    bench package or a strategy's advice, which only a study's report asks for."""
+    import sys
+
+    run = tmp_path / "trainscale-runs" / "cnn-20261124-120000"
+    _records(run)
+    (run / "run.json").write_text(json.dumps({"command": ["trainscale", "run", "--workload", "cnn"]}))
+    probe = ("import sys\nfrom trainscale.cli.main import main\n"
+             f"code = main(['report', {str(run)!r}, '--text'])\n"
+             "print('exit', code, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.stdout.splitlines()[-1] == "exit 0 False", done.stdout[-2000:] + done.stderr[-2000:]

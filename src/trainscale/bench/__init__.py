@@ -8,7 +8,16 @@ Pieces: configs (tokens, batches), study (spec, plan), runner (launch, records),
 JSON/CSV/Markdown), plots, allreduce (busbw), projection (pure model), predictions (model vs measured).
 """
 
-from trainscale.bench.session import Outcome, ProjectionRequest, run_study
-from trainscale.bench.study import StudySpec, plan
+import importlib
 
-__all__ = ["Outcome", "ProjectionRequest", "StudySpec", "plan", "run_study"]
+_EXPORTS = {"Outcome": "session", "ProjectionRequest": "session", "run_study": "session", "StudySpec": "study",
+            "plan": "study"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    """Imported when first used: `trainscale report` reads a study through bench's pure modules (plots,
+    results) and must not pay for the launcher's torch imports of bench.session."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

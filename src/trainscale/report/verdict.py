@@ -83,11 +83,10 @@ def findings(g: Gathered) -> list[Finding]:
 def _strategy_advice(g: Gathered) -> str | None:
     """The strategy's own suggestion for the run the report is about (a study's largest run): e.g. ZeRO-1
     when every DDP rank spends a large share of the step on the whole optimizer step."""
-    from trainscale.strategies import advice
-
     runs = [r for r in (g.study or {}).get("runs", []) if r.get("status") == "ok" and r.get("strategy")]
     if not runs:
         return None
+    from trainscale.strategies import advice  # imports torch: only a study's report pays for it
     run = max(runs, key=lambda r: r["world_size"])
     share = (run.get("breakdown") or {}).get("optimizer_fraction")
     return advice(run["strategy"], int(run["world_size"]), share) if share is not None else None
