@@ -21,8 +21,8 @@ from typing import Any, Mapping
 
 from trainscale.errors import ConfigError, LaunchError
 from trainscale.launch.bootstrap import AGENT_VAR, PREFIXED_VAR
-from trainscale.launch.ports import check_port_free, free_port, parse_endpoint, resolve
-from trainscale.launch.torchrun import LOGGING_OPTIONS
+from trainscale.launch.ports import check_port_free, choose, parse_endpoint, resolve
+from trainscale.launch.torchrun import LOGGING_OPTIONS, defaults
 from trainscale.topology.worker import PLAN_ENV
 
 def parse_nnodes(value: str | int) -> tuple[int, int]:
@@ -201,8 +201,7 @@ def plan_rendezvous(spec: LocalLaunchSpec, defaults: Mapping[str, Any]) -> Rende
         if high > 1:
             raise ConfigError(f"--standalone with --nnodes {spec.nnodes}: a standalone rendezvous is one node",
                               hint="drop --standalone and give every node --rdzv-backend c10d --rdzv-endpoint FIRST:PORT")
-        port = free_port("127.0.0.1")
-        check_port_free("127.0.0.1", port)
+        port = choose("127.0.0.1")
         run_id = f"trainscale-{uuid.uuid4().hex[:12]}"  # torchrun too ignores --rdzv-id with --standalone
         return Rendezvous("c10d", f"127.0.0.1:{port}", run_id, {**timeouts, **configs, "is_host": True})
     if backend == "static":
@@ -232,21 +231,12 @@ def plan_rendezvous(spec: LocalLaunchSpec, defaults: Mapping[str, Any]) -> Rende
     return Rendezvous(backend, endpoint, run_id, {**timeouts, **configs})  # etcd, etcd-v2, a plugin: torch's own
 
 
-def _logging(spec: LocalLaunchSpec, opts: dict, log_root: Path) -> dict:
-    """torchrun's logging options as trainscale defaults them, unless the user gave any of them."""
+def _console(spec: LocalLaunchSpec) -> dict[str, str]:
+    """torchrun's redirects, tee and local_ranks_filter as trainscale defaults them, unless the user gave any
+    of the logging options (then torchrun's, as given or defaulted)."""
     if LOGGING_OPTIONS & set(spec.torchrun):
-        return {"log_dir": str(log_root)}  # torchrun's redirects/tee/filter as given or defaulted
-    return {"log_dir": str(log_root), "redirects": "3", "tee": "3",
-            "local_ranks_filter": "" if spec.console_all_ranks else "0"}
-
-
-def _logging_options(spec: LocalLaunchSpec) -> dict[str, str]:
-    """redirects, tee and local_ranks_filter as the launch uses them (torchrun's strings)."""
-    from trainscale.launch.torchrun import defaults
-
-    opts = {**vars(defaults()), **spec.torchrun}
-    opts.update(_logging(spec, opts, Path(".")))
-    return {key: opts[key] for key in ("redirects", "tee", "local_ranks_filter")}
+        return {}
+    return {"redirects": "3", "tee": "3", "local_ranks_filter": "" if spec.console_all_ranks else "0"}
 
 
 def launch_config(spec: LocalLaunchSpec, log_root: Path):
@@ -254,12 +244,9 @@ def launch_config(spec: LocalLaunchSpec, log_root: Path):
     the user gave none: rendezvous store, console and log files, loopback for one node."""
     from torch.distributed.run import config_from_args
 
-    from trainscale.launch.torchrun import defaults
-
     base = vars(defaults())
     opts = {**base, **spec.torchrun, "nproc_per_node": str(spec.nproc_per_node), "nnodes": spec.nnodes,
-            "max_restarts": spec.max_restarts}
-    opts.update(_logging(spec, opts, log_root))
+            "max_restarts": spec.max_restarts, "log_dir": str(log_root), **_console(spec)}
     rdzv = plan_rendezvous(spec, base)  # before anything is written (torch's logs spec makes the log directory)
     omp = os.environ.get("OMP_NUM_THREADS")
     try:
@@ -323,7 +310,9 @@ def launch(spec: LocalLaunchSpec) -> LaunchResult:
         saved.setdefault(AGENT_VAR, os.environ.get(AGENT_VAR))
         os.environ[AGENT_VAR] = f"{os.getpid()}:{config.run_id}"  # the workers die with it (bootstrap.py)
         if not spec.given("logs_specs"):  # torch's agent writes every attempt's logs into the run directory
-            config = dataclasses.replace(config, logs_specs=rundir.logs_specs(logs, **_logging_options(spec)))
+            console = {**vars(defaults()), **spec.torchrun, **_console(spec)}
+            config = dataclasses.replace(config, logs_specs=rundir.logs_specs(
+                logs, **{key: console[key] for key in ("redirects", "tee", "local_ranks_filter")}))
         spec = dataclasses.replace(spec, args=rundir.checkpoint_args(
             spec.target, spec.args, module=spec.module, max_restarts=spec.max_restarts, run_dir=run_dir))
         python, args = entrypoint(spec)
@@ -336,8 +325,7 @@ def launch(spec: LocalLaunchSpec) -> LaunchResult:
     except ChildFailedError as exc:
         rundir.end_record(logs, run_dir, ok=False, seconds=time.monotonic() - started)
         failures = summary.from_child_failed(exc, _stderr_logs(logs))
-        high = parse_nnodes(spec.nnodes)[1]
-        world = spec.nproc_per_node if high == 1 else None  # on several nodes, the others' agents name their ranks
+        world = None if spec.multinode else spec.nproc_per_node  # on several nodes, the others' agents name theirs
         history = watch.history(failures[0] if failures else None) if watch else []
         text = summary.render(failures, world_size=world, log_dir=logs, attempts=history,
                               total_attempts=spec.max_restarts + 1)
