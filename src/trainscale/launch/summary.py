@@ -39,13 +39,7 @@ class RankFailure:
     def how(self) -> str:
         if self.exitcode == -signal.SIGTERM and not self.secondary:
             return "failed, then stopped by SIGTERM while exiting"
-        if self.exitcode < 0:
-            try:
-                name = signal.Signals(-self.exitcode).name
-            except ValueError:
-                name = f"signal {-self.exitcode}"
-            return f"killed by {name}"
-        return f"exit code {self.exitcode}"
+        return f"killed by {_signal_name(-self.exitcode)}" if self.exitcode < 0 else f"exit code {self.exitcode}"
 
     @property
     def reason(self) -> str:
@@ -56,11 +50,14 @@ class RankFailure:
     def describe(self) -> str:
         """``rank 1 on node1 (exit code 1: ValueError: boom)``: one line."""
         why = f"{self.how}: {self.reason}" if self.reason else self.how
-        return f"rank {self.rank} on {self.host} ({_shorten(why)})"
+        return f"rank {self.rank} on {self.host} ({why if len(why) <= 160 else why[:159] + '…'})"
 
 
-def _shorten(text: str, width: int = 160) -> str:
-    return text if len(text) <= width else text[:width - 1] + "…"
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 @dataclass(frozen=True)
@@ -81,12 +78,8 @@ def restart_line(number: int, failure: RankFailure, attempts: int, resume: str |
 
 def stopped_line(signum: int, workers: int, log_dir: Path | None) -> str:
     """The launcher's one line when a signal stopped it (and torch's agent stopped its workers)."""
-    try:
-        name = signal.Signals(signum).name
-    except ValueError:
-        name = f"signal {signum}"
     where = f"; per-rank logs in {log_dir}" if log_dir else ""
-    return f"trainscale: received {name}: stopped the {workers} rank(s) of this node{where}"
+    return f"trainscale: received {_signal_name(signum)}: stopped the {workers} rank(s) of this node{where}"
 
 
 def attempts_lines(attempts: list[Attempt], total: int) -> list[str]:
