@@ -19,11 +19,15 @@ from trainscale.env.address import resolve  # one resolver for launcher and runt
 __all__ = ["resolve", "free_port", "check_port_free", "parse_endpoint", "choose", "main"]
 
 
+def tcp_socket(address: str) -> socket.socket:
+    """A TCP socket of the address's family (IPv6 when it has a colon)."""
+    return socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port the OS says is free on ``host`` right now (the kernel picks it at random)."""
     address = resolve(host)
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
+    with tcp_socket(address) as sock:
         sock.bind((address, 0))
         return int(sock.getsockname()[1])
 
@@ -31,8 +35,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 def check_port_free(host: str, port: int) -> None:
     """Raise a LaunchError naming host and port when something already listens there."""
     address = resolve(host)
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
+    with tcp_socket(address) as sock:
         try:
             sock.bind((address, port))
         except OSError as exc:

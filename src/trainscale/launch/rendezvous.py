@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import socket
 
 from trainscale.errors import LaunchError
-from trainscale.launch.ports import parse_endpoint, resolve
+from trainscale.launch.ports import parse_endpoint, resolve, tcp_socket
 from trainscale.runtime.store import bound_server
 
 BACKEND = "trainscale-c10d"
@@ -21,8 +20,7 @@ STATIC = "trainscale-static"
 
 
 def _is_local(address: str) -> bool:
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
+    with tcp_socket(address) as probe:
         try:
             probe.bind((address, 0))
             return True
