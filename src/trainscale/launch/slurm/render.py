@@ -85,24 +85,19 @@ def sbatch_lines(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> 
     return [f"#SBATCH {o}" for o in opts]
 
 
-def target_args(spec: SlurmJobSpec, launcher: str, plan: JobPlan) -> list[str]:
+# How each launcher takes a workload, a module and a script: `trainscale run`'s options, and the
+# bootstrap's (the workloads' dispatcher takes the name as its first argument).
+_TARGET_OPTIONS = {"torchrun": {"workload": ["--workload"], "module": ["-m"], "script": []},
+                   "srun": {"workload": ["--module", "trainscale.workloads"], "module": ["--module"],
+                            "script": ["--script"]}}
+
+
+def target_args(spec: SlurmJobSpec, launcher: str, plan: JobPlan) -> str:
     """What to run, in the form the launcher takes: the script's copy in the run's snapshot, then its
     arguments with job-time variables expanded (jobargs.py)."""
-    script = target_in_run(spec.script, spec.snapshot, plan.code_root, plan.run_dir).script
-    if launcher == "torchrun":  # `trainscale run` options
-        if spec.workload:
-            head = ["--workload", spec.workload]
-        elif spec.module:
-            head = ["-m", spec.module]
-        else:
-            head = [str(script)]
-    else:  # bootstrap's options: the workloads' dispatcher takes the name as its first argument
-        if spec.workload:
-            head = ["--module", "trainscale.workloads", spec.workload]
-        elif spec.module:
-            head = ["--module", spec.module]
-        else:
-            head = ["--script", str(script)]
+    kind, target = (("workload", spec.workload) if spec.workload else ("module", spec.module) if spec.module else
+                    ("script", target_in_run(spec.script, spec.snapshot, plan.code_root, plan.run_dir).script))
+    head = [*_TARGET_OPTIONS[launcher][kind], str(target)]
     line = " ".join([_q(a) for a in head] + job_words(spec.args)[0])
     if spec.workload and continues(spec) and not spec.sweep and \
             not any(a.startswith("--checkpoint-dir") for a in spec.args):
@@ -110,7 +105,7 @@ def target_args(spec: SlurmJobSpec, launcher: str, plan: JobPlan) -> list[str]:
         line += ' --checkpoint-dir "$RUN_DIR/checkpoints"'
     if spec.sweep:
         line += ' "${TASK_ARGS[@]}"'  # this array task's configuration (and its own directory)
-    return [line] if line else []
+    return line
 
 
 def bind_env(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> dict[str, str]:
@@ -143,11 +138,11 @@ def launch_command(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -
                 '--rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv-id "$SLURM_JOB_ID"']
         if kit:  # the Python's own torchrun, each worker started through the kit's bootstrap
             return ([f"{py} -m torch.distributed.run"] + rdzv + ['--log-dir "$JOB_DIR/torchrun" --tee 3']
-                    + [f'"$KIT/boot.py" {target_args(spec, "srun", plan)[0]}'])
-        return [f"{py} -m trainscale run"] + rdzv + ['--log-dir "$JOB_DIR/torchrun" --all-ranks'] \
-            + target_args(spec, "torchrun", plan)
+                    + [f'"$KIT/boot.py" {target_args(spec, "srun", plan)}'])
+        return [f"{py} -m trainscale run"] + rdzv + ['--log-dir "$JOB_DIR/torchrun" --all-ranks',
+                                                     target_args(spec, "torchrun", plan)]
     run = f'{py} "$KIT/boot.py"' if kit else f"{py} -m trainscale.launch.bootstrap"
-    return [run] + target_args(spec, "srun", plan)
+    return [run, target_args(spec, "srun", plan)]
 
 
 def srun_command(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> str:
