@@ -43,17 +43,12 @@ def parse_time(text: str) -> int:
         raise ConfigError(f"time {text!r} is not a SLURM time",
                           hint="write it as sbatch does: MINUTES, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or "
                                "UNLIMITED, e.g. --time 01:30:00 or -t 1-12")
-    days, a, b, c = m.groups()
-    parts = [int(x) for x in (a, b, c) if x is not None]
+    days, *rest = m.groups()
+    parts = [int(x) for x in rest if x is not None]
     if days is not None:  # D-HH, D-HH:MM, D-HH:MM:SS
         parts += [0] * (3 - len(parts))
-        hours, minutes, seconds = parts
-        return int(days) * 86400 + hours * 3600 + minutes * 60 + seconds
-    if len(parts) == 1:  # minutes
-        return parts[0] * 60
-    if len(parts) == 2:  # MM:SS
-        return parts[0] * 60 + parts[1]
-    return parts[0] * 3600 + parts[1] * 60 + parts[2]
+    units = (3600, 60, 1) if len(parts) == 3 else (60, 1)  # H:M:S; M or M:S
+    return int(days or 0) * 86400 + sum(p * u for p, u in zip(parts, units))
 
 
 def format_time(seconds: int) -> str:
