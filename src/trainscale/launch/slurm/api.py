@@ -34,19 +34,13 @@ def _options() -> tuple[str, ...]:
 def _code_root(fn: Callable[..., Any]) -> Path | None:
     """The project a function's job snapshots: its module's, or the working directory's when it has no
     importable file (a notebook, ``__main__``); None outside a project or for installed packages."""
-    import site
-
-    from trainscale.launch.slurm.snapshot import project_root
+    from trainscale.launch.slurm.snapshot import installed, project_root
 
     module = sys.modules.get(getattr(fn, "__module__", None) or "")
     file = getattr(module, "__file__", None)
     if module is None or module.__name__ == "__main__" or not file:
         return project_root(Path.cwd())
-    here = Path(file).absolute()
-    installed = [*site.getsitepackages(), site.getusersitepackages(), sys.prefix, sys.base_prefix]
-    if any(str(here).startswith(str(Path(p).absolute())) for p in installed if p):
-        return None
-    return project_root(here.parent)
+    return None if installed(Path(file)) else project_root(Path(file).absolute().parent)
 
 
 def build_spec(target: dict[str, Any], options: dict[str, Any], *, environ: dict[str, str] | None = None):
