@@ -252,18 +252,14 @@ def plot(run_dir: Path, results: list[TaskResult], metric: str | None, higher_is
 
 
 def submit_array(spec: Any, profile: Any, plan: Any, grid: dict[str, list[str]]) -> tuple[Any, Path, int]:
-    """Write the tasks' arguments into the run directory, submit the array job and record it as
-    ``trainscale slurm --submit`` records a job: (the submission, the run directory, the task count)."""
-    from trainscale.launch.slurm.job import job_record, prepare_run
-    from trainscale.launch.slurm.jobdir import save_record
-    from trainscale.launch.slurm.submit import submit
+    """Submit the array job as ``trainscale slurm --submit`` submits a job, the tasks' arguments written into
+    its run directory first: (the job's record, the run directory, the task count)."""
+    from trainscale.launch.slurm.job import submit_job
 
-    plan, script = prepare_run(spec, profile, plan)
-    configs = write_tasks(plan.run_dir, grid, workload=bool(spec.workload))
-    sub = submit(script)
-    record_jobs(plan.run_dir, [sub.job_id])
-    save_record(job_record(spec, profile, plan, script, sub))
-    return sub, plan.run_dir, len(configs)
+    record = submit_job(spec, profile, plan,
+                        before_submit=lambda plan: write_tasks(plan.run_dir, grid, workload=bool(spec.workload)))
+    record_jobs(Path(record.run_dir), [record.job_id])
+    return record, Path(record.run_dir), len(configurations(grid))
 
 
 def run_here(spec: Any, grid: dict[str, list[str]], *, nproc_per_node: int, say: Any) -> tuple[Path, int]:
