@@ -50,9 +50,9 @@ def explain(info: JobInfo, record: JobRecord | None = None) -> str:
         details.append(f"requeued {info.restarts} time(s)")
     lines = [head + (f" ({'; '.join(details)})" if details else "") + "."]
     if record is not None and info.state != "COMPLETED":
-        batch_text = record.batch_output.read_text(errors="replace") if record.batch_output.exists() else ""
-        step = step_failure(batch_text)
-        failure = None if step else find_failure(record.job_dir, record.launcher, batch_text)
+        output = batch_text(record)
+        step = step_failure(output)
+        failure = None if step else find_failure(record.job_dir, record.launcher, output)
         if step is not None:  # no rank ran: there is no traceback to read
             lines.append(step.describe())
             hint = step.hint
@@ -62,8 +62,8 @@ def explain(info: JobInfo, record: JobRecord | None = None) -> str:
                 who = f"rank {failure.rank}" if failure.rank is not None else "the failing rank"
                 hint = (f"{who} left no Python traceback: its log's last lines are above; "
                         "`trainscale logs JOBID --rank R` shows any rank's output")
-        elif batch_text.strip():
-            lines += ["Last lines of the batch output:", "\n".join(batch_text.splitlines()[-15:])]
+        elif output.strip():
+            lines += ["Last lines of the batch output:", "\n".join(output.splitlines()[-15:])]
             if info.state == "FAILED":
                 hint = "no rank left a traceback: the batch output's last lines above say what stopped the job"
     if hint:
