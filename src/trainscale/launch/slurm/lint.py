@@ -25,6 +25,8 @@ from trainscale.launch.slurm.spec import (
 from trainscale.profiles.schema import ClusterProfile
 
 ERROR, WARNING, NOTE = "error", "warning", "note"
+VENV_FIX = ("make a venv inside the image (python3 -m venv --system-site-packages VENV; VENV/bin/pip install "
+            "trainscale) and pass --python VENV/bin/python")
 _URI = re.compile(r"^[a-z][a-z0-9+.-]*://")
 
 
@@ -169,10 +171,7 @@ def _container(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> li
         where = f"needs trainscale importable inside {image}; a stock image does" if image else \
             "needs trainscale importable in the python3 its module lines give; a module's Python does"
         out.append(Finding(WARNING, f"{what} {where} not have it (the job stops in its first seconds if so)",
-                           "make a venv inside the image (python3 -m venv --system-site-packages VENV; "
-                           "VENV/bin/pip install trainscale) and pass --python VENV/bin/python" if image else
-                           "make a venv on top of the module (python3 -m venv --system-site-packages VENV; "
-                           "VENV/bin/pip install trainscale) and pass --python VENV/bin/python"))
+                           VENV_FIX if image else VENV_FIX.replace("inside the image", "on top of the module")))
     return out
 
 
