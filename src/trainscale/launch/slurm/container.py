@@ -1,8 +1,5 @@
-"""The container around a job's commands, in the forms centres document (pure; golden-tested).
-
-    singularity|apptainer exec [-B binds] [flags] IMAGE  [bash -c 'SETUP; exec "$@"' bash]  python3 ...
-    singularity|apptainer run  [-B binds] [flags] IMAGE  ...      (the image's runscript sets up first)
-    srun --container-image=IMAGE --container-mounts=...  ...      (pyxis/enroot on NVIDIA clusters)
+"""The container around a job's commands, in the forms centres document (pure; golden-tested; the forms:
+docs/slurm.md, "Container forms centres document").
 
 The job's own directories are bound in as well (the job output directory with the kit, the logs and
 the run's snapshot of the code; the code's original root, which the snapshot's links to data point
