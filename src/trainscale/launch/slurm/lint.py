@@ -241,10 +241,8 @@ def _continuation(spec: SlurmJobSpec, plan: JobPlan) -> list[Finding]:
                     f"Checkpointer, Loop or built-in workload in its source): {why}", RESUMABLE_HINT)]
 
 
-def _duplicates(spec: SlurmJobSpec, text: str | None) -> list[Finding]:
+def _duplicates(text: str) -> list[Finding]:
     """An extra --sbatch line repeating an option trainscale already writes."""
-    if text is None:
-        return []
     seen: dict[str, int] = {}
     for line in text.splitlines():
         m = re.match(r"#SBATCH (--[\w-]+)", line)
@@ -292,7 +290,7 @@ def lint(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan | None = Non
     found = (_tasks(spec, plan) + _binding(spec, profile, plan) + _cpus(spec, profile, plan)
              + _resources(spec, profile, plan) + _container(spec, profile, plan) + _code(spec, plan)
              + _gpus(spec, profile, plan) + _continuation(spec, plan)
-             + _duplicates(spec, rendered) + _target(spec, plan, preflight))
+             + _duplicates(rendered) + _target(spec, plan, preflight))
     order = {ERROR: 0, WARNING: 1, NOTE: 2}
     return sorted(found, key=lambda f: order[f.level])
 
