@@ -33,10 +33,6 @@ CHECK = ("import importlib.util, importlib.metadata as md, sys\n"
 OTHER = "another Python: --python PATH; other modules: --module LINE, --no-profile-modules"
 
 
-def _needs(spec: SlurmJobSpec, plan: JobPlan, python: JobPython) -> tuple[str, ...]:
-    return required_modules(spec, plan, True) if python.kit else ("torch", "trainscale")
-
-
 def container_command(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan, python: str) -> list[str]:
     """``RUNTIME exec|run [-B ...] [flags] IMAGE [setup] PYTHON -c CHECK``: the job's own way into the image."""
     c = container_of(profile)
@@ -116,7 +112,7 @@ def probe_python(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan, *, 
     python = job_python(spec, profile)
     if spec.container:
         return _container(spec, profile, plan, python, run)
-    need = _needs(spec, plan, python)
+    need = required_modules(spec, plan, True) if python.kit else ("torch", "trainscale")
     lines = module_lines(spec, profile)
     fix = (f"load the module that provides {' and '.join(need)} (--module 'load PyTorch/...'), or name a Python "
            "with --python PATH" if python.kit else
