@@ -32,14 +32,18 @@ from trainscale.launch.slurm.toolchain import job_python
 from trainscale.profiles.schema import ClusterProfile
 
 
-def checked_plan(spec: SlurmJobSpec, profile: ClusterProfile, *, preflight=None, what: str = "") -> JobPlan:
-    """Resolve and lint; the first error becomes a ConfigError (``what`` says which job, for a study)."""
-    plan = resolve(spec, profile)
-    bad = errors(lint(spec, profile, plan, preflight=preflight))
+def refuse_errors(findings: list[Finding], what: str = "") -> None:
+    """The first error among ``findings`` as a ConfigError (``what`` says which job, for a study)."""
+    bad = errors(findings)
     if bad:
-        first = bad[0]
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        raise ConfigError(f"{what}{first.message}{more}", hint=first.hint or "see `trainscale slurm --dry-run`")
+        raise ConfigError(f"{what}{bad[0].message}{more}", hint=bad[0].hint or "see `trainscale slurm --dry-run`")
+
+
+def checked_plan(spec: SlurmJobSpec, profile: ClusterProfile, *, preflight=None, what: str = "") -> JobPlan:
+    """Resolve and lint; the first error becomes a ConfigError."""
+    plan = resolve(spec, profile)
+    refuse_errors(lint(spec, profile, plan, preflight=preflight), what)
     return plan
 
 
