@@ -73,7 +73,7 @@ def mark_latest(directory: Path) -> None:
     a file or directory of the user's named ``latest`` is left alone. Best effort: no link, no harm."""
     directory = Path(directory)
     link = directory.parent / LATEST
-    if (link.exists() or link.is_symlink()) and not link.is_symlink():
+    if link.exists() and not link.is_symlink():
         return
     tmp = directory.parent / f".{LATEST}.{os.getpid()}"
     try:
@@ -122,15 +122,11 @@ def checkpoint_args(target: str, args: tuple[str, ...], *, module: bool, max_res
 
 
 def versions() -> dict[str, str | None]:
+    import torch  # imported already: torch's agent is this module's base
+
     from trainscale._version import __version__
 
-    try:
-        import torch
-
-        torch_version = torch.__version__
-    except ImportError:  # pragma: no cover - torch is a dependency
-        torch_version = None
-    return {"trainscale": __version__, "torch": torch_version, "python": platform.python_version()}
+    return {"trainscale": __version__, "torch": torch.__version__, "python": platform.python_version()}
 
 
 def write_record(run_dir: Path, **fields: Any) -> Path:
