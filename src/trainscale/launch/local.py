@@ -97,8 +97,7 @@ class LocalLaunchSpec:
                               hint="give the path of your training script, or -m MODULE for a module")
         if self.rdzv_timeout_s <= 0:
             raise ConfigError(f"--rdzv-timeout {self.rdzv_timeout_s} must be positive", hint="e.g. 900 seconds")
-        backend = self.torchrun.get("rdzv_backend")
-        if backend is not None and not backend:
+        if self.torchrun.get("rdzv_backend") == "":
             raise ConfigError("--rdzv-backend is empty", hint="use c10d (or static with --master-addr/--master-port)")
         _check_log_dir(self.torchrun.get("log_dir") or self.log_dir)
 
@@ -271,12 +270,8 @@ def launch_config(spec: LocalLaunchSpec, log_root: Path):
 def entrypoint(spec: LocalLaunchSpec) -> tuple[str, list[str]]:
     """What each worker runs: trainscale's bootstrap around the script, module or program."""
     python = os.environ.get("PYTHON_EXEC", sys.executable)  # torchrun's override of the interpreter
-    if spec.no_python:
-        kind, target = "--exec", spec.target
-    elif spec.module:
-        kind, target = "--module", spec.target
-    else:
-        kind, target = "--script", str(Path(spec.target).absolute())
+    kind = "--exec" if spec.no_python else "--module" if spec.module else "--script"
+    target = str(Path(spec.target).absolute()) if kind == "--script" else spec.target
     return python, ["-u", "-m", "trainscale.launch.bootstrap", kind, target, *spec.args]
 
 
@@ -401,11 +396,7 @@ def _directories(spec: LocalLaunchSpec, log_root: Path) -> tuple[Path, Path]:
     return logs, run
 
 
-def _stderr_logs(run_dir: Path | None) -> dict[int, Path]:
+def _stderr_logs(run_dir: Path) -> dict[int, Path]:
     """local rank -> its stderr log in the newest attempt."""
-    if run_dir is None or not run_dir.exists():
-        return {}
     attempts = sorted(run_dir.glob("attempt_*"), key=lambda p: int(p.name.split("_")[1]))
-    if not attempts:
-        return {}
-    return {int(d.name): d / "stderr.log" for d in attempts[-1].iterdir() if d.name.isdigit()}
+    return {int(d.name): d / "stderr.log" for d in attempts[-1].iterdir() if d.name.isdigit()} if attempts else {}
