@@ -66,7 +66,7 @@ def build_spec(target: dict[str, Any], options: dict[str, Any], *, environ: dict
     return spec, load_profile(spec.profile)
 
 
-def _function_target(fn: Callable[..., Any], options: dict[str, Any], args: tuple[str, ...] = ()) -> dict[str, Any]:
+def _function_target(fn: Callable[..., Any], options: dict[str, Any]) -> dict[str, Any]:
     target = {"module": RUNNER, "args": ("$TRAINSCALE_RUN_DIR",),
               "command_line": ("trainscale.slurm", f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)!s}")}
     if "job_name" not in options:
