@@ -86,10 +86,8 @@ def attempts_lines(attempts: list[Attempt], total: int) -> list[str]:
     """The run's attempts and how each ended, for the end of a summary; nothing for a single attempt."""
     if len(attempts) < 2:
         return []
-    lines = [f"Attempts: {len(attempts)} of {total} (--max-restarts {total - 1}):"]
-    for a in attempts:
-        lines.append(f"  {a.number}: " + (f"failed, {a.failure.describe()}" if a.failure else "finished"))
-    return lines
+    return [f"Attempts: {len(attempts)} of {total} (--max-restarts {total - 1}):",
+            *(f"  {a.number}: " + (f"failed, {a.failure.describe()}" if a.failure else "finished") for a in attempts)]
 
 
 def lost_peer(traceback: str) -> bool:
@@ -174,16 +172,15 @@ def from_child_failed(error: Any, log_files: dict[int, Path] | None = None) -> l
     out = []
     for rank, failure in error.failures.items():
         data = failure.error_file_data
-        if not data and failure.error_file and Path(failure.error_file).exists():
+        error_file = Path(failure.error_file) if failure.error_file else None
+        if not data and error_file and error_file.exists():
             try:
-                data = json.loads(Path(failure.error_file).read_text())
+                data = json.loads(error_file.read_text())
             except (OSError, json.JSONDecodeError):
                 data = {}
         # torchelastic's timestamps are whole seconds; the error file's mtime orders ranks that
         # failed within the same second.
-        when = float(failure.timestamp)
-        if failure.error_file and Path(failure.error_file).exists():
-            when = Path(failure.error_file).stat().st_mtime
+        when = error_file.stat().st_mtime if error_file and error_file.exists() else float(failure.timestamp)
         out.append(RankFailure(rank=rank, local_rank=failure.local_rank, host=host, pid=failure.pid,
                                exitcode=failure.exitcode, timestamp=when, traceback=traceback_of(data),
                                log_tail="", error=_trainscale_error_of(data)))
