@@ -20,11 +20,9 @@ class Chain:
     def state(self) -> str:
         """The chain's state: the link that ended the run decides; else the first link still to come."""
         states = [s for _, s in self.links]
-        for state in states:
-            if state in ("RUNNING", "PENDING", "REQUEUED", "COMPLETING", "CONFIGURING"):
-                return state
-        if "COMPLETED" in states:
-            return "COMPLETED"  # the finishing link completed; the links after it were cancelled
+        live = [s for s in states if s in ("RUNNING", "PENDING", "REQUEUED", "COMPLETING", "CONFIGURING")]
+        if live or "COMPLETED" in states:  # a chain that completed: its links after the finishing one were cancelled
+            return live[0] if live else "COMPLETED"
         return states[-1] if states else "UNKNOWN"
 
     def describe(self) -> str:

@@ -158,10 +158,8 @@ def grouped(others: list[tuple[int, str, str]]) -> tuple[str, ...]:
     for how, ranks in by_how.items():
         hosts = sorted({h for _, h in ranks if h})
         where = f" on {hosts[0]}" if len(hosts) == 1 else f" on {len(hosts)} nodes" if hosts else ""
-        if len(ranks) == 1:
-            lines.append(f"rank {ranks[0][0]}{where}: {how}")
-        else:
-            lines.append(f"ranks {format_cpulist(r for r, _ in ranks)}{where}: {how}")
+        who = f"rank {ranks[0][0]}" if len(ranks) == 1 else f"ranks {format_cpulist(r for r, _ in ranks)}"
+        lines.append(f"{who}{where}: {how}")
     return tuple(lines)
 
 
