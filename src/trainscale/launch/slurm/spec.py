@@ -68,11 +68,6 @@ def parse_mem_gb(text: str) -> float:
     return value * {"K": 1 / 1024**2, "M": 1 / 1024, "G": 1.0, "T": 1024.0}[unit]
 
 
-def _positive(name: str, value: int | None) -> None:
-    if value is not None and value < 1:
-        raise ConfigError(f"{name}={value}: must be at least 1", hint=f"leave {name} out to derive it from the profile")
-
-
 @dataclass(frozen=True, kw_only=True)
 class SlurmJobSpec:
     """One training job on a SLURM cluster, as the user asked for it (sbatch's names where sbatch has one)."""
@@ -200,8 +195,10 @@ class SlurmJobSpec:
                               hint="e.g. trainscale slurm train.py --profile lumi ..., or --workload cnn")
         if self.nodes < 1:
             raise ConfigError(f"--nodes {self.nodes}: at least one node is needed", hint="use --nodes 1 or more")
-        for name in ("gpus_per_node", "cpus_per_gpu", "cpus_per_task", "tasks_per_node", "ntasks"):
-            _positive(name.replace("_", "-"), getattr(self, name))
+        for name in ("gpus-per-node", "cpus-per-gpu", "cpus-per-task", "tasks-per-node", "ntasks"):
+            if (value := getattr(self, name.replace("-", "_"))) is not None and value < 1:
+                raise ConfigError(f"{name}={value}: must be at least 1", hint=f"leave {name} out to derive it from "
+                                  "the profile")
         if self.ntasks is not None and self.ntasks % self.nodes:
             raise ConfigError(f"-n/--ntasks {self.ntasks} is not a multiple of --nodes {self.nodes}",
                               hint=f"trainscale runs the same number of ranks on every node: use -n "
