@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from trainscale.errors import ConfigError, LaunchError
-from trainscale.launch.bootstrap import AGENT_VAR, PREFIXED_VAR
+from trainscale.launch.bootstrap import AGENT_VAR, PREFIXED_VAR, RUN_DIR_VAR
 from trainscale.launch.ports import check_port_free, choose, parse_endpoint, resolve
 from trainscale.launch.torchrun import LOGGING_OPTIONS, defaults
 from trainscale.topology.worker import PLAN_ENV
@@ -175,14 +175,9 @@ class Rendezvous:
 
 
 def plan_rendezvous(spec: LocalLaunchSpec, defaults: Mapping[str, Any]) -> Rendezvous:
-    """torchrun's rendezvous choice, with trainscale's store where torchrun would listen everywhere.
-
-    ``--standalone`` (or a single node with no endpoint and no ``--master-port``: torchrun's own
-    shortcut) gets a private free port on 127.0.0.1; ``--rdzv-backend c10d --rdzv-endpoint H:P`` gets
-    the c10d store bound to H's address only; ``static`` (``--master-addr/--master-port/--node-rank``)
-    gets torch's static store bound to the master address only; other backends are torch's own.
-    Ports the store will listen on are checked free first.
-    """
+    """torchrun's rendezvous choice, with trainscale's store bound to the endpoint's address where torchrun
+    would listen everywhere (docs/launch.md, "single-node rendezvous"); ports it listens on are checked free
+    first. A single node with no endpoint and no ``--master-port`` is standalone, as torchrun's own shortcut."""
     from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
 
     opts = {**defaults, **spec.torchrun}
@@ -297,6 +292,13 @@ def launch(spec: LocalLaunchSpec) -> LaunchResult:
     started = time.monotonic()
     restore_signals = take_signals()
     config = logs = run_dir = watch = None
+
+    def ended(ok: bool, summary_text: str = "", **fields: Any) -> LaunchResult:
+        """The result, with its outcome in the run's run.json once the run has directories."""
+        if logs is not None:
+            rundir.end_record(logs, run_dir, ok=ok, seconds=time.monotonic() - started)
+        return LaunchResult(ok, logs, summary_text, time.monotonic() - started, run_dir, **fields)
+
     try:
         config = launch_config(spec, log_root)  # checks the rendezvous before anything is written
         logs, run_dir = _directories(spec, log_root)
@@ -314,29 +316,21 @@ def launch(spec: LocalLaunchSpec) -> LaunchResult:
         say = functools.partial(print, file=sys.stderr, flush=True)
         with watching(spec.max_restarts + 1, say, lambda: str(run_dir)) as watch:
             elastic_launch(config, python)(*args)
-        rundir.end_record(logs, run_dir, ok=True, seconds=time.monotonic() - started)
-        return LaunchResult(True, logs, "", time.monotonic() - started, run_dir,
-                            attempts=tuple(watch.history(finished=True)))
+        return ended(True, attempts=tuple(watch.history(finished=True)))
     except ChildFailedError as exc:
-        rundir.end_record(logs, run_dir, ok=False, seconds=time.monotonic() - started)
         failures = summary.from_child_failed(exc, _stderr_logs(logs))
         world = None if spec.multinode else spec.nproc_per_node  # on several nodes, the others' agents name theirs
         history = watch.history(failures[0] if failures else None) if watch else []
         text = summary.render(failures, world_size=world, log_dir=logs, attempts=history,
                               total_attempts=spec.max_restarts + 1)
         _dump_root_cause(exc, failures[0].rank if failures else None)
-        return LaunchResult(False, logs, text, time.monotonic() - started, run_dir, attempts=tuple(history))
+        return ended(False, text, attempts=tuple(history))
     except KeyboardInterrupt:  # Ctrl-C before torch's agent took the signal over: no worker was started
-        if logs is not None:
-            rundir.end_record(logs, run_dir, ok=False, seconds=time.monotonic() - started)
-        return LaunchResult(False, logs, "trainscale: received SIGINT before any rank started; nothing is left "
-                                         "running", time.monotonic() - started, run_dir, signal=int(signal.SIGINT))
+        return ended(False, "trainscale: received SIGINT before any rank started; nothing is left running",
+                     signal=int(signal.SIGINT))
     except SignalException as exc:  # torch's agent has stopped the workers (SIGTERM, then SIGKILL)
-        if logs is not None:
-            rundir.end_record(logs, run_dir, ok=False, seconds=time.monotonic() - started)
         workers = (watch.workers if watch is not None else 0) or spec.nproc_per_node
-        text = summary.stopped_line(int(exc.sigval), workers, logs or log_root)
-        return LaunchResult(False, logs, text, time.monotonic() - started, run_dir, signal=int(exc.sigval))
+        return ended(False, summary.stopped_line(int(exc.sigval), workers, logs or log_root), signal=int(exc.sigval))
     except Exception as exc:  # rendezvous timeouts and closed stores surface here
         name = type(exc).__name__
         store_wait = name == "DistStoreError" and "waiting for clients" in str(exc)  # static rendezvous
@@ -372,8 +366,6 @@ def _dump_root_cause(exc, rank: int | None) -> None:
         get_error_handler().dump_error_file(failure.error_file, failure.exitcode)
 
 
-RUN_DIR_VAR = "TRAINSCALE_RUN_DIR"
-"""The run's directory for the ranks' records (metrics/): the run directory unless set already."""
 
 def _directories(spec: LocalLaunchSpec, log_root: Path) -> tuple[Path, Path]:
     """(this node's logs, the run directory the records go to): one new directory, or the caller's
