@@ -42,6 +42,8 @@ SNAPSHOT_VAR, SNAPSHOT_OF_VAR = "TRAINSCALE_SNAPSHOT", "TRAINSCALE_SNAPSHOT_OF"
 AGENT_VAR = "TRAINSCALE_AGENT"
 """Set by ``trainscale run``: ``PID:RUN_ID``, the process that runs torch's agent (the workers' parent)
 and its run id; a value whose run id is not this worker's (TORCHELASTIC_RUN_ID) is another launch's."""
+RUN_DIR_VAR = "TRAINSCALE_RUN_DIR"
+"""The run's directory for the ranks' records (metrics/): `trainscale run`'s, a SLURM job's run, a sweep task's."""
 PREFIXED_VAR = "TRAINSCALE_PREFIXED_CONSOLE"
 """Set by ``trainscale run`` when the agent prefixes every line a worker shows with ``[rankN]:``."""
 

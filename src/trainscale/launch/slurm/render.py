@@ -12,7 +12,7 @@ import shlex
 from pathlib import Path
 
 from trainscale._version import __version__
-from trainscale.launch.bootstrap import ERROR_DIR_VAR, SNAPSHOT_OF_VAR, SNAPSHOT_VAR, TASK_GPU_VAR
+from trainscale.launch.bootstrap import ERROR_DIR_VAR, RUN_DIR_VAR, SNAPSHOT_OF_VAR, SNAPSHOT_VAR, TASK_GPU_VAR
 from trainscale.launch.slurm.container import container_prefix, port_command, required_modules
 from trainscale.launch.slurm.continuation import continues, preemptible, start_lines, warning_signal
 from trainscale.launch.slurm.continuation import exports as continuation_exports
@@ -26,7 +26,6 @@ from trainscale.topology.cpulist import format_cpulist
 from trainscale.topology.worker import PLAN_ENV
 
 JOB_DIR_VAR = "TRAINSCALE_JOB_DIR"
-RUN_DIR_VAR = "TRAINSCALE_RUN_DIR"
 
 
 def batch_output_pattern(spec: SlurmJobSpec, plan: JobPlan) -> str:
@@ -45,11 +44,6 @@ def _dq(value: str) -> str:
     if re.fullmatch(r"[A-Za-z0-9_@%+=:,./-]+", value):
         return value
     return '"' + re.sub(r'([\\"`])', r"\\\1", value).replace("$(", "\\$(") + '"'
-
-
-def _cont(lines: list[str], indent: str = "    ") -> str:
-    """Join command pieces into a multi-line shell command with backslash continuations."""
-    return (" \\\n" + indent).join(lines)
 
 
 def sbatch_lines(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> list[str]:
@@ -169,7 +163,7 @@ def srun_command(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> 
     if continues(spec):
         srun.append("--open-mode=append")
     srun += wrapper.srun_options
-    return _cont(srun + wrapper.words + launch_command(spec, profile, plan))
+    return " \\\n    ".join(srun + wrapper.words + launch_command(spec, profile, plan))  # one piece per line
 
 
 def header(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> list[str]:
