@@ -70,7 +70,7 @@ def _create_static_handler(params):
     from torch.distributed import TCPStore
     from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous, create_rdzv_handler
 
-    torch_handler = create_rdzv_handler(params)  # torch's own checks of rank, endpoint and port
+    h = create_rdzv_handler(params)  # torch's own checks of rank, endpoint and port
 
     class BoundStaticRendezvous(StaticTCPRendezvous):
         def get_backend(self) -> str:  # torch checks the handler reports the backend it was asked for
@@ -85,7 +85,6 @@ def _create_static_handler(params):
                                            multi_tenant=True)
             return super().next_rendezvous()
 
-    h = torch_handler
     return BoundStaticRendezvous(h.master_addr, h.master_port, h.rank, h.world_size, h.run_id,
                                  int(h.timeout.total_seconds()))
 
