@@ -120,12 +120,6 @@ def finished_lines(nproc_per_node: int, max_restarts: int, result) -> str:
                       *attempts_lines(list(result.attempts), max_restarts + 1), next_line(result)])
 
 
-def hung_ranks(failure: RankFailure) -> list[int]:
-    """The ranks ``failure``'s error names as hung, if it is a collective timeout that names them."""
-    match = _HUNG.search(failure.traceback)
-    return [int(r) for r in match.group(1).replace(" ", "").split(",") if r] if match else []
-
-
 _NO_ERROR_FILE = "<NONE>"  # torchelastic's message for a worker that left no error file (a signal, os._exit)
 
 
@@ -135,9 +129,7 @@ def traceback_of(error_data: Any) -> str:
         return ""
     message = error_data.get("message", error_data)
     if isinstance(message, dict):
-        extra = message.get("extraInfo", {})
-        stack = extra.get("py_callstack", "")
-        return stack or str(message.get("message", ""))
+        return message.get("extraInfo", {}).get("py_callstack", "") or str(message.get("message", ""))
     return "" if message == _NO_ERROR_FILE else str(message)
 
 
@@ -204,7 +196,8 @@ def render(failures: list[RankFailure], world_size: int | None = None, log_dir: 
         f"trainscale: training FAILED — first failing rank: {first.rank} on {first.host} "
         f"(local rank {first.local_rank}, pid {first.pid}), {first.how}",
     ]
-    hung = hung_ranks(first)
+    match = _HUNG.search(first.traceback)  # a collective timeout that names the ranks it waited for
+    hung = [int(r) for r in match.group(1).replace(" ", "").split(",") if r] if match else []
     if hung:
         lines.append(f"Root cause: rank(s) {', '.join(map(str, hung))} hung (stopped participating); rank "
                      f"{first.rank} timed out waiting and names it below, with its Python stack where it could get it")
