@@ -115,12 +115,6 @@ def write_tasks(run_dir: Path, grid: dict[str, list[str]], *, workload: bool) ->
     return configs
 
 
-def record_jobs(run_dir: Path, job_ids: list[str]) -> None:
-    data = json.loads((run_dir / "sweep.json").read_text())
-    data["jobs"] = data.get("jobs", []) + job_ids
-    (run_dir / "sweep.json").write_text(json.dumps(data, indent=2))
-
-
 @dataclass(frozen=True)
 class TaskResult:
     index: int
@@ -258,7 +252,9 @@ def submit_array(spec: Any, profile: Any, plan: Any, grid: dict[str, list[str]])
 
     record = submit_job(spec, profile, plan,
                         before_submit=lambda plan: write_tasks(plan.run_dir, grid, workload=bool(spec.workload)))
-    record_jobs(Path(record.run_dir), [record.job_id])
+    sweep = Path(record.run_dir) / "sweep.json"
+    data = json.loads(sweep.read_text())
+    sweep.write_text(json.dumps({**data, "jobs": data.get("jobs", []) + [record.job_id]}, indent=2))
     return record, Path(record.run_dir), len(configurations(grid))
 
 
