@@ -100,8 +100,7 @@ def load_record(job_id: str) -> JobRecord:
                          hint=f"only jobs submitted with `trainscale slurm --submit` are known; set {STATE_VAR} to the "
                               "state directory used at submission")
     try:
-        data = json.loads(path.read_text())
-        return JobRecord(**data)
+        return JobRecord(**json.loads(path.read_text()))
     except (json.JSONDecodeError, TypeError) as exc:
         raise SlurmError(f"the record {path} cannot be read: {exc}", hint="delete it; the job's files are untouched") from None
 

@@ -241,11 +241,8 @@ def _others(failure: Failure, summaries: list[Failure]) -> tuple[str, ...]:
 
 
 def torchrun_failure(job_dir: Path) -> Failure | None:
-    summaries = []
-    texts = []
-    for node_log in sorted(job_dir.glob("node-*.out")):
-        texts.append(read_end(node_log))  # the agent's summary is the last thing it prints
-        summaries += _summaries(texts[-1])
+    texts = [read_end(log) for log in sorted(job_dir.glob("node-*.out"))]  # the agent's summary is its last output
+    summaries = [found for text in texts for found in _summaries(text)]
     if not summaries:
         return torch_agent_failure(job_dir, "\n".join(texts))
     failure = summaries[0][0]
