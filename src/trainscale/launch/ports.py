@@ -1,12 +1,8 @@
 """Choose and check TCP ports for the rendezvous store: random, free, bound to the chosen interface.
 
 Standard library only: a batch script runs ``main`` with any Python, a stock container's included
-(the job kit, launch/kit.py), to print a port that is free on the job's first node::
-
-    MASTER_PORT=$(python3 "$KIT/port.py" --host "$MASTER_ADDR")
-
-With ``--port P`` the port is checked instead of chosen; a busy port ends the job before any rank
-starts, with a message naming host and port.
+(the job kit, launch/kit.py), to print a port that is free on the job's first node, or to check the
+``--port P`` it was given (docs/slurm.md, "The two launch modes": master port).
 """
 
 from __future__ import annotations
