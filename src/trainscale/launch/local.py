@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 from trainscale.errors import ConfigError, LaunchError
 from trainscale.launch.bootstrap import AGENT_VAR, PREFIXED_VAR, RUN_DIR_VAR
-from trainscale.launch.ports import check_port_free, choose, parse_endpoint, resolve
+from trainscale.launch.ports import check_port_free, choose, importable, parse_endpoint, resolve
 from trainscale.launch.torchrun import LOGGING_OPTIONS, defaults
 from trainscale.topology.worker import PLAN_ENV
 
@@ -81,13 +81,7 @@ class LocalLaunchSpec:
             raise ConfigError("both -m/--module and --no-python", hint="use -m for a Python module, --no-python for a "
                                                                       "program that is not Python (as torchrun)")
         if self.module:
-            import importlib.util
-
-            try:
-                found = importlib.util.find_spec(self.target)
-            except (ImportError, ValueError):
-                found = None
-            if found is None:
+            if not importable(self.target):
                 raise ConfigError(f"module {self.target!r} cannot be found", hint="check the name and that it is installed")
         elif self.no_python:
             if not (Path(self.target).is_file() or shutil.which(self.target)):

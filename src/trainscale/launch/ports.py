@@ -12,7 +12,7 @@ import socket
 from trainscale.errors import LaunchError
 from trainscale.env.address import resolve  # one resolver for launcher and runtime
 
-__all__ = ["resolve", "free_port", "check_port_free", "parse_endpoint", "choose", "main"]
+__all__ = ["resolve", "free_port", "check_port_free", "parse_endpoint", "choose", "importable", "main"]
 
 
 def tcp_socket(address: str) -> socket.socket:
@@ -70,7 +70,7 @@ def choose(host: str, port: int | None = None) -> int:
     return port
 
 
-def _importable(name: str) -> bool:
+def importable(name: str) -> bool:
     import importlib.util
 
     try:
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=None, help="check this port instead of choosing one")
     parser.add_argument("--require", default="", help="comma list of modules this Python must be able to import")
     ns = parser.parse_args(argv)
-    missing = [name for name in ns.require.split(",") if name and not _importable(name)]
+    missing = [name for name in ns.require.split(",") if name and not importable(name)]
     if missing:
         print(f"trainscale: error: {sys.executable} (Python {sys.version.split()[0]}) cannot import "
               f"{', '.join(missing)}", file=sys.stderr, flush=True)
