@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from trainscale.launch.slurm.jobdir import JobRecord
-from trainscale.launch.slurm.queue import JobInfo
+from trainscale.launch.slurm.jobdir import JobRecord, load_records
+from trainscale.launch.slurm.queue import JobInfo, job_info
 
 
 @dataclass(frozen=True)
@@ -50,9 +50,6 @@ def chains(records: list[JobRecord], queued: list[JobInfo], state_of: Callable[[
 def queue_table(found: list[JobInfo]) -> list[str]:
     """``trainscale jobs``: squeue's jobs, each chain trainscale submitted as one line after them (a link
     squeue no longer lists is asked for with sacct/scontrol)."""
-    from trainscale.launch.slurm.jobdir import load_records
-    from trainscale.launch.slurm.queue import job_info
-
     def state_of(job_id: str) -> str:
         info = job_info(job_id)
         return info.state if info is not None else "UNKNOWN"

@@ -8,7 +8,7 @@ from typing import Callable
 
 from trainscale.errors import SlurmError
 from trainscale.launch.slurm import queue
-from trainscale.launch.slurm.jobdir import JobRecord
+from trainscale.launch.slurm.jobdir import JobRecord, rank_log_text
 from trainscale.launch.slurm.queue import JobInfo, Runner
 from trainscale.launch.slurm.triage import find_failure, step_failure
 
@@ -117,8 +117,6 @@ def batch_text(record: JobRecord) -> str:
 def log_lines(record: JobRecord, rank: int | None, tail: int | None) -> list[str]:
     """``trainscale logs``: one rank's output, or the batch output with the job's first failure and where the
     per-rank logs are."""
-    from trainscale.launch.slurm.jobdir import rank_log_text
-
     if rank is not None:
         text = rank_log_text(record, rank)
         head = f"==> rank {rank} of job {record.job_id} ({record.launcher} mode) <=="
