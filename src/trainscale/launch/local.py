@@ -360,7 +360,6 @@ def _dump_root_cause(exc, rank: int | None) -> None:
         get_error_handler().dump_error_file(failure.error_file, failure.exitcode)
 
 
-
 def _directories(spec: LocalLaunchSpec, log_root: Path) -> tuple[Path, Path]:
     """(this node's logs, the run directory the records go to): one new directory, or the caller's
     (``spec.run_dir``); records whose home is set already (a SLURM job's run) stay there."""
