@@ -286,8 +286,7 @@ def lint(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan | None = Non
              + _resources(spec, profile, plan) + _container(spec, profile, plan) + _code(spec, plan)
              + _gpus(spec, profile, plan) + _continuation(spec, plan)
              + _duplicates(rendered) + _target(spec, plan, preflight))
-    order = {ERROR: 0, WARNING: 1, NOTE: 2}
-    return sorted(found, key=lambda f: order[f.level])
+    return sorted(found, key=lambda f: (ERROR, WARNING, NOTE).index(f.level))
 
 
 def errors(findings: list[Finding]) -> list[Finding]:

@@ -167,13 +167,9 @@ def srun_failure(job_dir: Path, batch_output: str) -> Failure | None:
     tasks = srun_task_errors(batch_output)
     files = _by_time(list((job_dir / "errors").glob("error-rank*.json")))
     ranks = [int(re.search(r"(\d+)", p.stem.rsplit("rank", 1)[1]).group(1)) for p in files]  # type: ignore[union-attr]
-    if ranks:
-        first = ranks[0]
-        tb = callstack(files[0])
-    elif tasks:
-        first, tb = next(iter(tasks)), ""
-    else:
+    if not ranks and not tasks:
         return None
+    first, tb = (ranks[0], callstack(files[0])) if ranks else (next(iter(tasks)), "")
     host, how = tasks.get(first, ("", ""))
     others = [(r, *tasks[r]) if r in tasks else (r, "", "raised too (after the first)")
               for r in dict.fromkeys(ranks[1:] + list(tasks)) if r != first]
