@@ -3,14 +3,9 @@ SLURM's warning signals passed on to the workers (:func:`take_signals`).
 
 ``elastic_launch`` builds its ``LocalElasticAgent`` itself and offers no hook for either, so for the
 length of one launch :func:`watching` puts a subclass in its place (``launcher.api`` looks the class up
-when it builds the agent). The subclass only observes torch's own steps:
-
-- ``_monitor_workers`` returns a failed group: the root-cause rank is kept (summary.py orders them);
-- ``_restart_workers`` after a failure: one console line (which rank, why, attempt k of N, and the
-  checkpoint the ranks will resume from when they save through trainscale);
-- ``_invoke_run`` ends with torch's ``SignalException`` (SIGTERM/SIGINT/SIGHUP/SIGQUIT to the
-  launcher): the signal is kept and the console stops showing the ranks' output before torch stops
-  them, so a rank's KeyboardInterrupt traceback lands in its log file and not on the console.
+when it builds the agent). The subclass only observes torch's own steps: a failed group's root-cause
+rank, each restart (one console line), and the signal that stopped the launcher (the console stops
+showing the ranks' output first, so a rank's KeyboardInterrupt traceback lands in its log, not there).
 """
 
 from __future__ import annotations

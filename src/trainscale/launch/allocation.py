@@ -70,11 +70,8 @@ def plan_spread(options: list[str], target: list[str], nnodes: int, given: froze
 
 def attach_command(job_id: str, node: str | None, command: list[str]) -> list[str]:
     """``srun --jobid J --overlap`` into a running job: a login shell with a terminal, or the command."""
-    where = ["-w", node] if node else []
-    if command:
-        return ["srun", "--jobid", job_id, "--overlap", "--nodes=1", "--ntasks=1", *where, *command]
-    return ["srun", "--jobid", job_id, "--overlap", "--nodes=1", "--ntasks=1", *where, "--pty",
-            os.environ.get("SHELL", "/bin/bash"), "-l"]
+    return ["srun", "--jobid", job_id, "--overlap", "--nodes=1", "--ntasks=1", *(["-w", node] if node else []),
+            *(command or ["--pty", os.environ.get("SHELL", "/bin/bash"), "-l"])]
 
 
 def run_spread(plan: Spread, job_id: str, *, say) -> int:

@@ -1,22 +1,11 @@
 """What each worker runs first: give it a consistent world, bind its CPUs, then run the user's
 script, module or program, recording its error.
 
-Every worker, whoever started it (torchrun's agent, `trainscale run`, one srun task per rank), gets
-the same variables, set from the one launch environment trainscale detects (docs/launch.md):
-
-    RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK NODE_RANK MASTER_ADDR MASTER_PORT
-    SLURM_PROCID SLURM_LOCALID SLURM_NODEID SLURM_NTASKS ...   (agreeing with RANK & co., see below)
-
-so a torchrun-style script (reads RANK/LOCAL_RANK) and a SLURM-style script (reads SLURM_PROCID/
-SLURM_LOCALID/NODE_RANK, seed 004) both see their own, distinct rank in either launch mode.
-
-Like torchelastic's ``@record``, a failure writes the worker's traceback to TORCHELASTIC_ERROR_FILE
-in the agent's JSON format, so a failure summary shows it without the user decorating main().
-
-How a worker ends is the truth about the user's code (:func:`exit_cleanly`): a script that returned
-(or raised ``SystemExit(0)``) exits 0 even where torch would abort while the interpreter tears down;
-a script that raised or crashed keeps its exit code or signal. A worker started by torch's agent dies
-with the agent (:func:`die_with_parent`): a SIGKILLed ``trainscale run`` leaves no rank training on.
+Every worker, whoever started it, gets the same variables from the one launch environment trainscale
+detects, so a torchrun-style and a SLURM-style script both see their own rank (the table and why:
+docs/launch.md, "What every worker sees"). Like torchelastic's ``@record``, a failure writes the
+worker's traceback to TORCHELASTIC_ERROR_FILE, so a summary shows it without the user decorating main().
+How a worker ends (:func:`exit_cleanly`, :func:`die_with_parent`): docs/launch.md, "How a run ends".
 
 Standard library only (trainscale.errors, trainscale.env and trainscale.topology are too): a stock
 container without trainscale runs this module from the job kit (launch/kit.py), and it never imports
@@ -53,6 +42,8 @@ SNAPSHOT_VAR, SNAPSHOT_OF_VAR = "TRAINSCALE_SNAPSHOT", "TRAINSCALE_SNAPSHOT_OF"
 AGENT_VAR = "TRAINSCALE_AGENT"
 """Set by ``trainscale run``: ``PID:RUN_ID``, the process that runs torch's agent (the workers' parent)
 and its run id; a value whose run id is not this worker's (TORCHELASTIC_RUN_ID) is another launch's."""
+RUN_DIR_VAR = "TRAINSCALE_RUN_DIR"
+"""The run's directory for the ranks' records (metrics/): `trainscale run`'s, a SLURM job's run, a sweep task's."""
 PREFIXED_VAR = "TRAINSCALE_PREFIXED_CONSOLE"
 """Set by ``trainscale run`` when the agent prefixes every line a worker shows with ``[rankN]:``."""
 
@@ -139,33 +130,24 @@ def set_error_file(environ: MutableMapping[str, str] = os.environ) -> None:
     environ["TORCHELASTIC_ERROR_FILE"] = os.path.join(directory, f"error-rank{rank}.json")
 
 
-def record(fn):
-    def wrapper(argv: list[str]) -> None:
-        faulthandler.enable(all_threads=True)  # a segfault still leaves Python stacks on stderr
-        try:
-            fn(argv)
-        except BaseException as exc:
-            record_error(exc)
-            raise
-
-    return wrapper
-
-
 USAGE = "usage: bootstrap (--script PATH | --module NAME | --exec PROGRAM) [ARGS...]"
 
 
 def main(argv: list[str]) -> None:
-    set_error_file()  # first: @record writes there if anything below fails
+    set_error_file()  # first: record_error writes there if anything below fails (as @record would)
     die_with_parent()
+    faulthandler.enable(all_threads=True)  # a segfault still leaves Python stacks on stderr
     try:
         _main(argv)
     except SystemExit as exc:
+        record_error(exc)  # nothing for a successful exit
         if succeeded(exc):
             exit_cleanly(0)
         if isinstance(exc.code, int):  # sys.exit(3): 3 it is, whatever the teardown would do
             exit_cleanly(exc.code, release=False)
         raise  # sys.exit("message"): the interpreter prints it and exits 1
     except BaseException as exc:
+        record_error(exc)
         if is_refusal(exc):  # a refusal that names its fix: one line, as before launch (error file: stack)
             print(f"trainscale: error: {one_line(exc)}", file=sys.stderr, flush=True)
             exit_cleanly(1, release=False)
@@ -175,7 +157,6 @@ def main(argv: list[str]) -> None:
     exit_cleanly(0)
 
 
-@record
 def _main(argv: list[str]) -> None:
     if len(argv) < 2 or argv[0] not in ("--script", "--module", "--exec"):
         raise SystemExit(USAGE)
@@ -289,19 +270,10 @@ def exit_cleanly(status: int, *, release: bool = True) -> NoReturn:
     worker with that status, as the script meant.
 
     With torch 2.13 and gloo, a process whose process group is still alive when the interpreter tears
-    down aborts in about a third of runs ("terminate called without an active exception", SIGABRT): a
-    gloo thread still dropping a finished collective needs the GIL to free a Python object, finds
-    the interpreter finalizing and unwinds through C++ code that may not throw (torch's upstream fix,
-    an atexit destroy, was abandoned). So this does what a normal exit does that a user may rely on,
-    in the interpreter's own order, and then leaves with ``os._exit`` instead of tearing down:
-
-    - non-daemon threads are joined (``threading._shutdown``: trainscale's background checkpoint
-      writer, ``concurrent.futures`` pools, the user's threads), as the interpreter does first;
-    - ``atexit`` handlers run (logging's flush, TensorBoard writers, the user's own);
-    - after success, process groups trainscale or the script left are destroyed
-      (:func:`release_process_groups`; ``release``);
-    - Python's and C's stdio buffers are flushed (a failing flush exits 120, as the interpreter does).
-
+    down aborts in about a third of runs (SIGABRT: a gloo thread needs the GIL of an interpreter that is
+    finalizing; docs/launch.md, "How a run ends"). So this does what a normal exit does that a user may
+    rely on, in the interpreter's own order (threads joined, ``atexit`` handlers, after success the
+    process groups released, stdio flushed: a failing flush exits 120), then leaves with ``os._exit``.
     A script that raised or crashed is not ended here: it keeps its own exit code or signal.
     """
     threading._shutdown()  # type: ignore[attr-defined]  # CPython's own, since 3.0

@@ -7,12 +7,9 @@
 
     results = trainscale.launch(train, 1e-3, nproc=2)      # [(0, ...), (1, ...)], indexed by rank
 
-The ranks are fresh processes started by torch's elastic agent with trainscale's defaults (launch/local.py:
-loopback rendezvous on a free port, OMP_NUM_THREADS, CPU binding, per-rank logs, the failure summary), each
-running the pickled call through launch/runner.py. Nothing is forked from the caller, so a notebook
-kernel that already touched CUDA is safe, and a function defined in the notebook itself is sent by value
-(cloudpickle). A rank that raises makes this raise :class:`~trainscale.errors.RankFailed` with that
-rank and its traceback (the rank's own exception is its ``__cause__`` when it pickles).
+The ranks are fresh processes started by torch's elastic agent with trainscale's defaults (launch/local.py),
+each running the pickled call through launch/runner.py: nothing is forked from the caller (docs/ecosystem.md,
+"Notebooks and plain Python").
 """
 
 from __future__ import annotations

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from trainscale.errors import ConfigError, LaunchError
-from trainscale.launch.bootstrap import AGENT_VAR, PREFIXED_VAR
-from trainscale.launch.ports import check_port_free, free_port, parse_endpoint, resolve
-from trainscale.launch.torchrun import LOGGING_OPTIONS
+from trainscale.launch.bootstrap import AGENT_VAR, PREFIXED_VAR, RUN_DIR_VAR
+from trainscale.launch.ports import check_port_free, choose, importable, parse_endpoint, resolve
+from trainscale.launch.torchrun import LOGGING_OPTIONS, defaults
 from trainscale.topology.worker import PLAN_ENV
 
 def parse_nnodes(value: str | int) -> tuple[int, int]:
@@ -81,13 +81,7 @@ class LocalLaunchSpec:
             raise ConfigError("both -m/--module and --no-python", hint="use -m for a Python module, --no-python for a "
                                                                       "program that is not Python (as torchrun)")
         if self.module:
-            import importlib.util
-
-            try:
-                found = importlib.util.find_spec(self.target)
-            except (ImportError, ValueError):
-                found = None
-            if found is None:
+            if not importable(self.target):
                 raise ConfigError(f"module {self.target!r} cannot be found", hint="check the name and that it is installed")
         elif self.no_python:
             if not (Path(self.target).is_file() or shutil.which(self.target)):
@@ -97,8 +91,7 @@ class LocalLaunchSpec:
                               hint="give the path of your training script, or -m MODULE for a module")
         if self.rdzv_timeout_s <= 0:
             raise ConfigError(f"--rdzv-timeout {self.rdzv_timeout_s} must be positive", hint="e.g. 900 seconds")
-        backend = self.torchrun.get("rdzv_backend")
-        if backend is not None and not backend:
+        if self.torchrun.get("rdzv_backend") == "":
             raise ConfigError("--rdzv-backend is empty", hint="use c10d (or static with --master-addr/--master-port)")
         _check_log_dir(self.torchrun.get("log_dir") or self.log_dir)
 
@@ -176,14 +169,9 @@ class Rendezvous:
 
 
 def plan_rendezvous(spec: LocalLaunchSpec, defaults: Mapping[str, Any]) -> Rendezvous:
-    """torchrun's rendezvous choice, with trainscale's store where torchrun would listen everywhere.
-
-    ``--standalone`` (or a single node with no endpoint and no ``--master-port``: torchrun's own
-    shortcut) gets a private free port on 127.0.0.1; ``--rdzv-backend c10d --rdzv-endpoint H:P`` gets
-    the c10d store bound to H's address only; ``static`` (``--master-addr/--master-port/--node-rank``)
-    gets torch's static store bound to the master address only; other backends are torch's own.
-    Ports the store will listen on are checked free first.
-    """
+    """torchrun's rendezvous choice, with trainscale's store bound to the endpoint's address where torchrun
+    would listen everywhere (docs/launch.md, "single-node rendezvous"); ports it listens on are checked free
+    first. A single node with no endpoint and no ``--master-port`` is standalone, as torchrun's own shortcut."""
     from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
 
     opts = {**defaults, **spec.torchrun}
@@ -201,8 +189,7 @@ def plan_rendezvous(spec: LocalLaunchSpec, defaults: Mapping[str, Any]) -> Rende
         if high > 1:
             raise ConfigError(f"--standalone with --nnodes {spec.nnodes}: a standalone rendezvous is one node",
                               hint="drop --standalone and give every node --rdzv-backend c10d --rdzv-endpoint FIRST:PORT")
-        port = free_port("127.0.0.1")
-        check_port_free("127.0.0.1", port)
+        port = choose("127.0.0.1")
         run_id = f"trainscale-{uuid.uuid4().hex[:12]}"  # torchrun too ignores --rdzv-id with --standalone
         return Rendezvous("c10d", f"127.0.0.1:{port}", run_id, {**timeouts, **configs, "is_host": True})
     if backend == "static":
@@ -232,21 +219,12 @@ def plan_rendezvous(spec: LocalLaunchSpec, defaults: Mapping[str, Any]) -> Rende
     return Rendezvous(backend, endpoint, run_id, {**timeouts, **configs})  # etcd, etcd-v2, a plugin: torch's own
 
 
-def _logging(spec: LocalLaunchSpec, opts: dict, log_root: Path) -> dict:
-    """torchrun's logging options as trainscale defaults them, unless the user gave any of them."""
+def _console(spec: LocalLaunchSpec) -> dict[str, str]:
+    """torchrun's redirects, tee and local_ranks_filter as trainscale defaults them, unless the user gave any
+    of the logging options (then torchrun's, as given or defaulted)."""
     if LOGGING_OPTIONS & set(spec.torchrun):
-        return {"log_dir": str(log_root)}  # torchrun's redirects/tee/filter as given or defaulted
-    return {"log_dir": str(log_root), "redirects": "3", "tee": "3",
-            "local_ranks_filter": "" if spec.console_all_ranks else "0"}
-
-
-def _logging_options(spec: LocalLaunchSpec) -> dict[str, str]:
-    """redirects, tee and local_ranks_filter as the launch uses them (torchrun's strings)."""
-    from trainscale.launch.torchrun import defaults
-
-    opts = {**vars(defaults()), **spec.torchrun}
-    opts.update(_logging(spec, opts, Path(".")))
-    return {key: opts[key] for key in ("redirects", "tee", "local_ranks_filter")}
+        return {}
+    return {"redirects": "3", "tee": "3", "local_ranks_filter": "" if spec.console_all_ranks else "0"}
 
 
 def launch_config(spec: LocalLaunchSpec, log_root: Path):
@@ -254,12 +232,9 @@ def launch_config(spec: LocalLaunchSpec, log_root: Path):
     the user gave none: rendezvous store, console and log files, loopback for one node."""
     from torch.distributed.run import config_from_args
 
-    from trainscale.launch.torchrun import defaults
-
     base = vars(defaults())
     opts = {**base, **spec.torchrun, "nproc_per_node": str(spec.nproc_per_node), "nnodes": spec.nnodes,
-            "max_restarts": spec.max_restarts}
-    opts.update(_logging(spec, opts, log_root))
+            "max_restarts": spec.max_restarts, "log_dir": str(log_root), **_console(spec)}
     rdzv = plan_rendezvous(spec, base)  # before anything is written (torch's logs spec makes the log directory)
     omp = os.environ.get("OMP_NUM_THREADS")
     try:
@@ -284,12 +259,8 @@ def launch_config(spec: LocalLaunchSpec, log_root: Path):
 def entrypoint(spec: LocalLaunchSpec) -> tuple[str, list[str]]:
     """What each worker runs: trainscale's bootstrap around the script, module or program."""
     python = os.environ.get("PYTHON_EXEC", sys.executable)  # torchrun's override of the interpreter
-    if spec.no_python:
-        kind, target = "--exec", spec.target
-    elif spec.module:
-        kind, target = "--module", spec.target
-    else:
-        kind, target = "--script", str(Path(spec.target).absolute())
+    kind = "--exec" if spec.no_python else "--module" if spec.module else "--script"
+    target = str(Path(spec.target).absolute()) if kind == "--script" else spec.target
     return python, ["-u", "-m", "trainscale.launch.bootstrap", kind, target, *spec.args]
 
 
@@ -315,6 +286,13 @@ def launch(spec: LocalLaunchSpec) -> LaunchResult:
     started = time.monotonic()
     restore_signals = take_signals()
     config = logs = run_dir = watch = None
+
+    def ended(ok: bool, summary_text: str = "", **fields: Any) -> LaunchResult:
+        """The result, with its outcome in the run's run.json once the run has directories."""
+        if logs is not None:
+            rundir.end_record(logs, run_dir, ok=ok, seconds=time.monotonic() - started)
+        return LaunchResult(ok, logs, summary_text, time.monotonic() - started, run_dir, **fields)
+
     try:
         config = launch_config(spec, log_root)  # checks the rendezvous before anything is written
         logs, run_dir = _directories(spec, log_root)
@@ -323,37 +301,30 @@ def launch(spec: LocalLaunchSpec) -> LaunchResult:
         saved.setdefault(AGENT_VAR, os.environ.get(AGENT_VAR))
         os.environ[AGENT_VAR] = f"{os.getpid()}:{config.run_id}"  # the workers die with it (bootstrap.py)
         if not spec.given("logs_specs"):  # torch's agent writes every attempt's logs into the run directory
-            config = dataclasses.replace(config, logs_specs=rundir.logs_specs(logs, **_logging_options(spec)))
+            console = {**vars(defaults()), **spec.torchrun, **_console(spec)}
+            config = dataclasses.replace(config, logs_specs=rundir.logs_specs(
+                logs, **{key: console[key] for key in ("redirects", "tee", "local_ranks_filter")}))
         spec = dataclasses.replace(spec, args=rundir.checkpoint_args(
             spec.target, spec.args, module=spec.module, max_restarts=spec.max_restarts, run_dir=run_dir))
         python, args = entrypoint(spec)
         say = functools.partial(print, file=sys.stderr, flush=True)
         with watching(spec.max_restarts + 1, say, lambda: str(run_dir)) as watch:
             elastic_launch(config, python)(*args)
-        rundir.end_record(logs, run_dir, ok=True, seconds=time.monotonic() - started)
-        return LaunchResult(True, logs, "", time.monotonic() - started, run_dir,
-                            attempts=tuple(watch.history(finished=True)))
+        return ended(True, attempts=tuple(watch.history(finished=True)))
     except ChildFailedError as exc:
-        rundir.end_record(logs, run_dir, ok=False, seconds=time.monotonic() - started)
         failures = summary.from_child_failed(exc, _stderr_logs(logs))
-        high = parse_nnodes(spec.nnodes)[1]
-        world = spec.nproc_per_node if high == 1 else None  # on several nodes, the others' agents name their ranks
+        world = None if spec.multinode else spec.nproc_per_node  # on several nodes, the others' agents name theirs
         history = watch.history(failures[0] if failures else None) if watch else []
         text = summary.render(failures, world_size=world, log_dir=logs, attempts=history,
                               total_attempts=spec.max_restarts + 1)
         _dump_root_cause(exc, failures[0].rank if failures else None)
-        return LaunchResult(False, logs, text, time.monotonic() - started, run_dir, attempts=tuple(history))
+        return ended(False, text, attempts=tuple(history))
     except KeyboardInterrupt:  # Ctrl-C before torch's agent took the signal over: no worker was started
-        if logs is not None:
-            rundir.end_record(logs, run_dir, ok=False, seconds=time.monotonic() - started)
-        return LaunchResult(False, logs, "trainscale: received SIGINT before any rank started; nothing is left "
-                                         "running", time.monotonic() - started, run_dir, signal=int(signal.SIGINT))
+        return ended(False, "trainscale: received SIGINT before any rank started; nothing is left running",
+                     signal=int(signal.SIGINT))
     except SignalException as exc:  # torch's agent has stopped the workers (SIGTERM, then SIGKILL)
-        if logs is not None:
-            rundir.end_record(logs, run_dir, ok=False, seconds=time.monotonic() - started)
         workers = (watch.workers if watch is not None else 0) or spec.nproc_per_node
-        text = summary.stopped_line(int(exc.sigval), workers, logs or log_root)
-        return LaunchResult(False, logs, text, time.monotonic() - started, run_dir, signal=int(exc.sigval))
+        return ended(False, summary.stopped_line(int(exc.sigval), workers, logs or log_root), signal=int(exc.sigval))
     except Exception as exc:  # rendezvous timeouts and closed stores surface here
         name = type(exc).__name__
         store_wait = name == "DistStoreError" and "waiting for clients" in str(exc)  # static rendezvous
@@ -389,9 +360,6 @@ def _dump_root_cause(exc, rank: int | None) -> None:
         get_error_handler().dump_error_file(failure.error_file, failure.exitcode)
 
 
-RUN_DIR_VAR = "TRAINSCALE_RUN_DIR"
-"""The run's directory for the ranks' records (metrics/): the run directory unless set already."""
-
 def _directories(spec: LocalLaunchSpec, log_root: Path) -> tuple[Path, Path]:
     """(this node's logs, the run directory the records go to): one new directory, or the caller's
     (``spec.run_dir``); records whose home is set already (a SLURM job's run) stay there."""
@@ -413,11 +381,7 @@ def _directories(spec: LocalLaunchSpec, log_root: Path) -> tuple[Path, Path]:
     return logs, run
 
 
-def _stderr_logs(run_dir: Path | None) -> dict[int, Path]:
+def _stderr_logs(run_dir: Path) -> dict[int, Path]:
     """local rank -> its stderr log in the newest attempt."""
-    if run_dir is None or not run_dir.exists():
-        return {}
     attempts = sorted(run_dir.glob("attempt_*"), key=lambda p: int(p.name.split("_")[1]))
-    if not attempts:
-        return {}
-    return {int(d.name): d / "stderr.log" for d in attempts[-1].iterdir() if d.name.isdigit()}
+    return {int(d.name): d / "stderr.log" for d in attempts[-1].iterdir() if d.name.isdigit()} if attempts else {}

@@ -1,12 +1,8 @@
 """Choose and check TCP ports for the rendezvous store: random, free, bound to the chosen interface.
 
 Standard library only: a batch script runs ``main`` with any Python, a stock container's included
-(the job kit, launch/kit.py), to print a port that is free on the job's first node::
-
-    MASTER_PORT=$(python3 "$KIT/port.py" --host "$MASTER_ADDR")
-
-With ``--port P`` the port is checked instead of chosen; a busy port ends the job before any rank
-starts, with a message naming host and port.
+(the job kit, launch/kit.py), to print a port that is free on the job's first node, or to check the
+``--port P`` it was given (docs/slurm.md, "The two launch modes": master port).
 """
 
 from __future__ import annotations
@@ -16,14 +12,18 @@ import socket
 from trainscale.errors import LaunchError
 from trainscale.env.address import resolve  # one resolver for launcher and runtime
 
-__all__ = ["resolve", "free_port", "check_port_free", "parse_endpoint", "choose", "main"]
+__all__ = ["resolve", "free_port", "check_port_free", "parse_endpoint", "choose", "importable", "main"]
+
+
+def tcp_socket(address: str) -> socket.socket:
+    """A TCP socket of the address's family (IPv6 when it has a colon)."""
+    return socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A port the OS says is free on ``host`` right now (the kernel picks it at random)."""
     address = resolve(host)
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
+    with tcp_socket(address) as sock:
         sock.bind((address, 0))
         return int(sock.getsockname()[1])
 
@@ -31,8 +31,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 def check_port_free(host: str, port: int) -> None:
     """Raise a LaunchError naming host and port when something already listens there."""
     address = resolve(host)
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
+    with tcp_socket(address) as sock:
         try:
             sock.bind((address, port))
         except OSError as exc:
@@ -71,7 +70,7 @@ def choose(host: str, port: int | None = None) -> int:
     return port
 
 
-def _importable(name: str) -> bool:
+def importable(name: str) -> bool:
     import importlib.util
 
     try:
@@ -91,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=None, help="check this port instead of choosing one")
     parser.add_argument("--require", default="", help="comma list of modules this Python must be able to import")
     ns = parser.parse_args(argv)
-    missing = [name for name in ns.require.split(",") if name and not _importable(name)]
+    missing = [name for name in ns.require.split(",") if name and not importable(name)]
     if missing:
         print(f"trainscale: error: {sys.executable} (Python {sys.version.split()[0]}) cannot import "
               f"{', '.join(missing)}", file=sys.stderr, flush=True)

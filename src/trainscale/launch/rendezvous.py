@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import socket
 
 from trainscale.errors import LaunchError
-from trainscale.launch.ports import parse_endpoint, resolve
+from trainscale.launch.ports import parse_endpoint, resolve, tcp_socket
 from trainscale.runtime.store import bound_server
 
 BACKEND = "trainscale-c10d"
@@ -21,8 +20,7 @@ STATIC = "trainscale-static"
 
 
 def _is_local(address: str) -> bool:
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
+    with tcp_socket(address) as probe:
         try:
             probe.bind((address, 0))
             return True
@@ -72,7 +70,7 @@ def _create_static_handler(params):
     from torch.distributed import TCPStore
     from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous, create_rdzv_handler
 
-    torch_handler = create_rdzv_handler(params)  # torch's own checks of rank, endpoint and port
+    h = create_rdzv_handler(params)  # torch's own checks of rank, endpoint and port
 
     class BoundStaticRendezvous(StaticTCPRendezvous):
         def get_backend(self) -> str:  # torch checks the handler reports the backend it was asked for
@@ -87,7 +85,6 @@ def _create_static_handler(params):
                                            multi_tenant=True)
             return super().next_rendezvous()
 
-    h = torch_handler
     return BoundStaticRendezvous(h.master_addr, h.master_port, h.rank, h.world_size, h.run_id,
                                  int(h.timeout.total_seconds()))
 

@@ -1,14 +1,7 @@
 """One run, one directory: where `trainscale run` keeps a run's records, every attempt's per-rank logs,
-its checkpoints (when the run makes them and no other place was given) and what ran.
-
-    <log dir>/<label>-<YYYYmmdd-HHMMSS>[-k]/   the run (--log-dir DIR, default ./trainscale-runs)
-    <log dir>/latest -> the newest run directory
-        run.json                   what ran: command, target, ranks and nodes, date, host, versions, outcome
-        attempt_<k>/<local rank>/  torch's agent: stdout.log, stderr.log, error.json of every attempt
-        metrics/                   the ranks' records (observe/records.py): what `trainscale report` reads
-        checkpoints/               cnn/vit checkpoints under --max-restarts k > 0 without
-                                   --checkpoint-dir: a restarted group resumes from here
-        report/                    written by `trainscale report <run>`
+its checkpoints (when the run makes them and no other place was given) and what ran
+(``<log dir>/<label>-<YYYYmmdd-HHMMSS>[-k]/``, and ``<log dir>/latest``; its contents: docs/launch.md, the
+table's "log directory" row, and ``trainscale report`` writes ``report/`` into it).
 
 torch's agent names its log directory ``<log dir>/<run id>_<random>/``, one per agent; trainscale
 hands it :class:`RunLogsSpecs`, which writes the attempts into the run directory itself. ``--log-dir``
@@ -73,7 +66,7 @@ def mark_latest(directory: Path) -> None:
     a file or directory of the user's named ``latest`` is left alone. Best effort: no link, no harm."""
     directory = Path(directory)
     link = directory.parent / LATEST
-    if (link.exists() or link.is_symlink()) and not link.is_symlink():
+    if link.exists() and not link.is_symlink():
         return
     tmp = directory.parent / f".{LATEST}.{os.getpid()}"
     try:
@@ -122,15 +115,11 @@ def checkpoint_args(target: str, args: tuple[str, ...], *, module: bool, max_res
 
 
 def versions() -> dict[str, str | None]:
+    import torch  # imported already: torch's agent is this module's base
+
     from trainscale._version import __version__
 
-    try:
-        import torch
-
-        torch_version = torch.__version__
-    except ImportError:  # pragma: no cover - torch is a dependency
-        torch_version = None
-    return {"trainscale": __version__, "torch": torch_version, "python": platform.python_version()}
+    return {"trainscale": __version__, "torch": torch.__version__, "python": platform.python_version()}
 
 
 def write_record(run_dir: Path, **fields: Any) -> Path:

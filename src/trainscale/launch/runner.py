@@ -105,22 +105,6 @@ def failure(records: list[dict[str, Any]], summary: str, what: str):
     return error
 
 
-def _rank() -> int:
-    from trainscale.env import detect
-
-    return detect().rank
-
-
-def _enter(payload: dict[str, Any]) -> None:
-    """The submitter's import path, after the worker's own; a submitted job's entries point at its snapshot."""
-    for entry in payload["sys_path"]:
-        if entry and entry not in sys.path:
-            sys.path.append(entry)
-    from trainscale.launch.bootstrap import enter_snapshot
-
-    enter_snapshot()
-
-
 def main(argv: list[str]) -> None:
     if len(argv) != 1:
         raise SystemExit("usage: python -m trainscale.launch.runner DIR (DIR holds call.pkl)")
@@ -128,11 +112,16 @@ def main(argv: list[str]) -> None:
 
     import cloudpickle
 
+    from trainscale.env import detect
+    from trainscale.launch.bootstrap import enter_snapshot
+
     directory = Path(argv[0])
-    rank = _rank()
+    rank = detect().rank
     error_path(directory, rank).unlink(missing_ok=True)  # a restarted or requeued attempt starts clean
     payload = pickle.loads((directory / CALL).read_bytes())
-    _enter(payload)
+    # the submitter's import path, after the worker's own; a submitted job's entries point at its snapshot
+    sys.path += [entry for entry in dict.fromkeys(payload["sys_path"]) if entry and entry not in sys.path]
+    enter_snapshot()
     if rank == 0 and os.environ.get("SLURM_JOB_ID"):
         job = {"job_id": os.environ["SLURM_JOB_ID"], "job_dir": os.environ.get("TRAINSCALE_JOB_DIR")}
         _write(directory / "job.json", json.dumps(job).encode())

@@ -39,13 +39,7 @@ class RankFailure:
     def how(self) -> str:
         if self.exitcode == -signal.SIGTERM and not self.secondary:
             return "failed, then stopped by SIGTERM while exiting"
-        if self.exitcode < 0:
-            try:
-                name = signal.Signals(-self.exitcode).name
-            except ValueError:
-                name = f"signal {-self.exitcode}"
-            return f"killed by {name}"
-        return f"exit code {self.exitcode}"
+        return f"killed by {_signal_name(-self.exitcode)}" if self.exitcode < 0 else f"exit code {self.exitcode}"
 
     @property
     def reason(self) -> str:
@@ -56,11 +50,14 @@ class RankFailure:
     def describe(self) -> str:
         """``rank 1 on node1 (exit code 1: ValueError: boom)``: one line."""
         why = f"{self.how}: {self.reason}" if self.reason else self.how
-        return f"rank {self.rank} on {self.host} ({_shorten(why)})"
+        return f"rank {self.rank} on {self.host} ({why if len(why) <= 160 else why[:159] + '…'})"
 
 
-def _shorten(text: str, width: int = 160) -> str:
-    return text if len(text) <= width else text[:width - 1] + "…"
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 @dataclass(frozen=True)
@@ -81,22 +78,16 @@ def restart_line(number: int, failure: RankFailure, attempts: int, resume: str |
 
 def stopped_line(signum: int, workers: int, log_dir: Path | None) -> str:
     """The launcher's one line when a signal stopped it (and torch's agent stopped its workers)."""
-    try:
-        name = signal.Signals(signum).name
-    except ValueError:
-        name = f"signal {signum}"
     where = f"; per-rank logs in {log_dir}" if log_dir else ""
-    return f"trainscale: received {name}: stopped the {workers} rank(s) of this node{where}"
+    return f"trainscale: received {_signal_name(signum)}: stopped the {workers} rank(s) of this node{where}"
 
 
 def attempts_lines(attempts: list[Attempt], total: int) -> list[str]:
     """The run's attempts and how each ended, for the end of a summary; nothing for a single attempt."""
     if len(attempts) < 2:
         return []
-    lines = [f"Attempts: {len(attempts)} of {total} (--max-restarts {total - 1}):"]
-    for a in attempts:
-        lines.append(f"  {a.number}: " + (f"failed, {a.failure.describe()}" if a.failure else "finished"))
-    return lines
+    return [f"Attempts: {len(attempts)} of {total} (--max-restarts {total - 1}):",
+            *(f"  {a.number}: " + (f"failed, {a.failure.describe()}" if a.failure else "finished") for a in attempts)]
 
 
 def lost_peer(traceback: str) -> bool:
@@ -129,12 +120,6 @@ def finished_lines(nproc_per_node: int, max_restarts: int, result) -> str:
                       *attempts_lines(list(result.attempts), max_restarts + 1), next_line(result)])
 
 
-def hung_ranks(failure: RankFailure) -> list[int]:
-    """The ranks ``failure``'s error names as hung, if it is a collective timeout that names them."""
-    match = _HUNG.search(failure.traceback)
-    return [int(r) for r in match.group(1).replace(" ", "").split(",") if r] if match else []
-
-
 _NO_ERROR_FILE = "<NONE>"  # torchelastic's message for a worker that left no error file (a signal, os._exit)
 
 
@@ -144,9 +129,7 @@ def traceback_of(error_data: Any) -> str:
         return ""
     message = error_data.get("message", error_data)
     if isinstance(message, dict):
-        extra = message.get("extraInfo", {})
-        stack = extra.get("py_callstack", "")
-        return stack or str(message.get("message", ""))
+        return message.get("extraInfo", {}).get("py_callstack", "") or str(message.get("message", ""))
     return "" if message == _NO_ERROR_FILE else str(message)
 
 
@@ -181,16 +164,15 @@ def from_child_failed(error: Any, log_files: dict[int, Path] | None = None) -> l
     out = []
     for rank, failure in error.failures.items():
         data = failure.error_file_data
-        if not data and failure.error_file and Path(failure.error_file).exists():
+        error_file = Path(failure.error_file) if failure.error_file else None
+        if not data and error_file and error_file.exists():
             try:
-                data = json.loads(Path(failure.error_file).read_text())
+                data = json.loads(error_file.read_text())
             except (OSError, json.JSONDecodeError):
                 data = {}
         # torchelastic's timestamps are whole seconds; the error file's mtime orders ranks that
         # failed within the same second.
-        when = float(failure.timestamp)
-        if failure.error_file and Path(failure.error_file).exists():
-            when = Path(failure.error_file).stat().st_mtime
+        when = error_file.stat().st_mtime if error_file and error_file.exists() else float(failure.timestamp)
         out.append(RankFailure(rank=rank, local_rank=failure.local_rank, host=host, pid=failure.pid,
                                exitcode=failure.exitcode, timestamp=when, traceback=traceback_of(data),
                                log_tail="", error=_trainscale_error_of(data)))
@@ -214,7 +196,8 @@ def render(failures: list[RankFailure], world_size: int | None = None, log_dir: 
         f"trainscale: training FAILED — first failing rank: {first.rank} on {first.host} "
         f"(local rank {first.local_rank}, pid {first.pid}), {first.how}",
     ]
-    hung = hung_ranks(first)
+    match = _HUNG.search(first.traceback)  # a collective timeout that names the ranks it waited for
+    hung = [int(r) for r in match.group(1).replace(" ", "").split(",") if r] if match else []
     if hung:
         lines.append(f"Root cause: rank(s) {', '.join(map(str, hung))} hung (stopped participating); rank "
                      f"{first.rank} timed out waiting and names it below, with its Python stack where it could get it")

@@ -78,8 +78,8 @@ def resolve_nproc(value: str | int) -> int:
     try:
         n = int(text)
     except ValueError:
-        n = None
-    if n is not None:
+        pass
+    else:
         if n < 1:
             raise ConfigError(f"--nproc-per-node {n}: at least one process per node is needed",
                               hint="use --nproc-per-node 1 or more, or gpu (one per visible GPU)")

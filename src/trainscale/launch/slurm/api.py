@@ -27,26 +27,16 @@ _TARGET = ("script", "module", "workload", "args", "command_line", "sweep", "arr
 """SlurmJobSpec fields the API sets itself."""
 
 
-def _options() -> tuple[str, ...]:
-    return tuple(f.name for f in fields(SlurmJobSpec) if f.name not in _TARGET) + ("config",)
-
-
 def _code_root(fn: Callable[..., Any]) -> Path | None:
     """The project a function's job snapshots: its module's, or the working directory's when it has no
     importable file (a notebook, ``__main__``); None outside a project or for installed packages."""
-    import site
-
-    from trainscale.launch.slurm.snapshot import project_root
+    from trainscale.launch.slurm.snapshot import installed, project_root
 
     module = sys.modules.get(getattr(fn, "__module__", None) or "")
     file = getattr(module, "__file__", None)
     if module is None or module.__name__ == "__main__" or not file:
         return project_root(Path.cwd())
-    here = Path(file).absolute()
-    installed = [*site.getsitepackages(), site.getusersitepackages(), sys.prefix, sys.base_prefix]
-    if any(str(here).startswith(str(Path(p).absolute())) for p in installed if p):
-        return None
-    return project_root(here.parent)
+    return None if installed(Path(file)) else project_root(Path(file).absolute().parent)
 
 
 def build_spec(target: dict[str, Any], options: dict[str, Any], *, environ: dict[str, str] | None = None):
@@ -54,7 +44,7 @@ def build_spec(target: dict[str, Any], options: dict[str, Any], *, environ: dict
     from trainscale.config import load_config_file, resolve
     from trainscale.profiles import load_profile
 
-    valid = _options()
+    valid = tuple(f.name for f in fields(SlurmJobSpec) if f.name not in _TARGET) + ("config",)
     for key in options:
         if key not in valid:
             raise ConfigError(f"trainscale.slurm: unknown option {key!r}", hint=did_you_mean(key, valid))
@@ -76,15 +66,11 @@ def build_spec(target: dict[str, Any], options: dict[str, Any], *, environ: dict
     return spec, load_profile(spec.profile)
 
 
-def _name(fn: Callable[..., Any]) -> str:
-    return "trainscale-" + re.sub(r"[^A-Za-z0-9._-]", "_", getattr(fn, "__name__", "function"))
-
-
-def _function_target(fn: Callable[..., Any], options: dict[str, Any], args: tuple[str, ...] = ()) -> dict[str, Any]:
+def _function_target(fn: Callable[..., Any], options: dict[str, Any]) -> dict[str, Any]:
     target = {"module": RUNNER, "args": ("$TRAINSCALE_RUN_DIR",),
               "command_line": ("trainscale.slurm", f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)!s}")}
     if "job_name" not in options:
-        target["job_name"] = _name(fn)
+        target["job_name"] = "trainscale-" + re.sub(r"[^A-Za-z0-9._-]", "_", getattr(fn, "__name__", "function"))
     if "snapshot" not in options:
         root = _code_root(fn)
         if root is not None:
@@ -96,15 +82,12 @@ def _submit(spec, profile, write):
     """Lint (errors refuse, warnings are said), then the same submission as ``trainscale slurm --submit``,
     said on stderr."""
     from trainscale.launch.slurm import lint, resolve
-    from trainscale.launch.slurm.job import snapshot_findings, submit_job
-    from trainscale.launch.slurm.lint import WARNING, errors
+    from trainscale.launch.slurm.job import refuse_errors, snapshot_findings, submit_job
+    from trainscale.launch.slurm.lint import WARNING
 
     plan = resolve(spec, profile)
     findings = lint(spec, profile, plan) + snapshot_findings(spec, plan)
-    bad = errors(findings)
-    if bad:
-        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        raise ConfigError(f"trainscale.slurm: {bad[0].message}{more}", hint=bad[0].hint)
+    refuse_errors(findings, "trainscale.slurm: ")
     for finding in findings:
         if finding.level == WARNING:
             print(f"trainscale.slurm: {finding}", file=sys.stderr, flush=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from trainscale.launch.slurm.jobdir import JobRecord
-from trainscale.launch.slurm.queue import JobInfo
+from trainscale.launch.slurm.jobdir import JobRecord, load_records
+from trainscale.launch.slurm.queue import JobInfo, job_info
 
 
 @dataclass(frozen=True)
@@ -20,11 +20,9 @@ class Chain:
     def state(self) -> str:
         """The chain's state: the link that ended the run decides; else the first link still to come."""
         states = [s for _, s in self.links]
-        for state in states:
-            if state in ("RUNNING", "PENDING", "REQUEUED", "COMPLETING", "CONFIGURING"):
-                return state
-        if "COMPLETED" in states:
-            return "COMPLETED"  # the finishing link completed; the links after it were cancelled
+        live = [s for s in states if s in ("RUNNING", "PENDING", "REQUEUED", "COMPLETING", "CONFIGURING")]
+        if live or "COMPLETED" in states:  # a chain that completed: its links after the finishing one were cancelled
+            return live[0] if live else "COMPLETED"
         return states[-1] if states else "UNKNOWN"
 
     def describe(self) -> str:
@@ -52,9 +50,6 @@ def chains(records: list[JobRecord], queued: list[JobInfo], state_of: Callable[[
 def queue_table(found: list[JobInfo]) -> list[str]:
     """``trainscale jobs``: squeue's jobs, each chain trainscale submitted as one line after them (a link
     squeue no longer lists is asked for with sacct/scontrol)."""
-    from trainscale.launch.slurm.jobdir import load_records
-    from trainscale.launch.slurm.queue import job_info
-
     def state_of(job_id: str) -> str:
         info = job_info(job_id)
         return info.state if info is not None else "UNKNOWN"

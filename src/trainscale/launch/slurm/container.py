@@ -1,8 +1,5 @@
-"""The container around a job's commands, in the forms centres document (pure; golden-tested).
-
-    singularity|apptainer exec [-B binds] [flags] IMAGE  [bash -c 'SETUP; exec "$@"' bash]  python3 ...
-    singularity|apptainer run  [-B binds] [flags] IMAGE  ...      (the image's runscript sets up first)
-    srun --container-image=IMAGE --container-mounts=...  ...      (pyxis/enroot on NVIDIA clusters)
+"""The container around a job's commands, in the forms centres document (pure; golden-tested; the forms:
+docs/slurm.md, "Container forms centres document").
 
 The job's own directories are bound in as well (the job output directory with the kit, the logs and
 the run's snapshot of the code; the code's original root, which the snapshot's links to data point
@@ -38,22 +35,12 @@ def container_of(profile: ClusterProfile) -> ContainerSpec:
     return ContainerSpec(flags={"nvidia": ("--nv",), "amd": ("--rocm",)}.get(profile.gpu_vendor, ()))
 
 
-def _covered(path: str, binds: list[str]) -> bool:
-    for bind in binds:
-        src = bind.split(":", 1)[0].rstrip("/")
-        if src and (path == src or path.startswith(src + "/")):
-            return True
-    return False
-
-
 def binds_of(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> list[str]:
     """The profile's binds, the job's ``--bind``s, then the job's own directories unless already bound."""
     binds = list(container_of(profile).binds) + list(spec.binds)
-    own = [str(plan.output_dir)]
-    if plan.code_root is not None:
-        own.append(str(plan.code_root))
-    for path in own:
-        if not _covered(path, binds):
+    for path in [str(plan.output_dir)] + ([str(plan.code_root)] if plan.code_root is not None else []):
+        sources = [bind.split(":", 1)[0].rstrip("/") for bind in binds]
+        if not any(src and (path == src or path.startswith(src + "/")) for src in sources):
             binds.append(path)
     return binds
 
@@ -96,16 +83,12 @@ def port_command(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan, pyt
                  require: tuple[str, ...]) -> list[str]:
     """The lines that set MASTER_PORT; with the kit they also prove the job's Python can run the job and
     name it in the batch output."""
-    py = _q(python.command)
+    program = '"$KIT/port.py"' if python.kit else "-m trainscale.launch.ports"
+    cmd = f'{_q(python.command)} {program} --host "$MASTER_ADDR"' \
+        + (f" --port {spec.master_port}" if spec.master_port else "")
     if not python.kit:
-        cmd = f'{py} -m trainscale.launch.ports --host "$MASTER_ADDR"'
-        if spec.master_port:
-            cmd += f" --port {spec.master_port}"
         return [f"MASTER_PORT=$({cmd})"]
     wrapper = container_prefix(spec, profile, plan)
-    cmd = f'{py} "$KIT/port.py" --host "$MASTER_ADDR"'
-    if spec.master_port:
-        cmd += f" --port {spec.master_port}"
     cmd += " --require " + ",".join(require)
     if wrapper.srun_options:  # pyxis: only srun can enter the image; one task on this (the first) node
         run = " ".join(["srun --nodes=1 --ntasks=1 -w \"$MASTER_ADDR\"", *wrapper.srun_options, *wrapper.words, cmd])

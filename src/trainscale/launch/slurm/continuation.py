@@ -1,15 +1,8 @@
 """How a job continues past its time limit: requeues (capped) and chains of jobs (pure; golden-tested).
 
-On SLURM's warning signal (``--signal``, USR1 by default) the ranks checkpoint at a step boundary
-(runtime/preemption.py). Then, by what the batch script exported:
-
-- ``--requeue``: rank 0 requeues the job (same job id, same run directory) until ``--max-requeues K``
-  requeues have happened; after that it stops instead and the job ends with exit code 75 and says so.
-- ``--chain N``: N jobs linked with ``afterany``; a link that got the signal stops (its successor
-  resumes from the run's checkpoints). The link whose training ends cancels the links after it;
-  a link that fails for a reason the next one cannot fix (an exception, OUT_OF_MEMORY) cancels them too.
-
-A link that starts after the run has finished or failed exits at once.
+On SLURM's warning signal the ranks checkpoint at a step boundary (runtime/preemption.py), then requeue or
+stop by what the batch script exported here; the behaviour: docs/slurm.md, "Long runs: chains and capped
+requeues".
 """
 
 from __future__ import annotations

@@ -15,9 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from trainscale.errors import RankFailed, SlurmError
+from trainscale.launch.runner import failure, read_failures, read_results, result_path
 from trainscale.launch.slurm import queue
 from trainscale.launch.slurm.jobdir import JobRecord, load_record, rank_log_text
 from trainscale.launch.slurm.queue import JobInfo
+from trainscale.launch.slurm.submit import cancel as scancel
+from trainscale.launch.slurm.triage import find_failure
+from trainscale.launch.slurm.watch import batch_text, explain
 
 RESULT_WAIT_S = 60.0
 """How long a COMPLETED job's result file may take to appear here (a shared file system's caches)."""
@@ -97,14 +101,10 @@ class Job:
     def results(self, timeout: float | None = None) -> list[Any]:
         """Wait, then every rank's return value, indexed by rank (a function's job only)."""
         self.result(timeout)
-        from trainscale.launch.runner import read_results
-
         return read_results(self.directory, self.record.world_size)
 
     def _result(self) -> Any:
         import pickle
-
-        from trainscale.launch.runner import result_path
 
         path = result_path(self.directory, 0)
         deadline = time.monotonic() + RESULT_WAIT_S
@@ -117,18 +117,12 @@ class Job:
         return pickle.loads(path.read_bytes())
 
     def _failure(self, info: JobInfo) -> Exception:
-        from trainscale.launch.runner import failure, read_failures
-        from trainscale.launch.slurm.watch import explain
-
         records = read_failures(self.directory) if self.function else []
         if records:
             return failure(records, "", f"job {self.job_id}")
         own = self._own_record()
         text = explain(info, own)
         if own is not None and info.state == "FAILED":
-            from trainscale.launch.slurm.triage import find_failure
-            from trainscale.launch.slurm.watch import batch_text
-
             found = find_failure(own.job_dir, own.launcher, batch_text(own))
             if found is not None and found.rank is not None:
                 return RankFailed(text, rank=found.rank, traceback=found.traceback)
@@ -160,6 +154,4 @@ class Job:
         return rank_log_text(own, rank)
 
     def cancel(self) -> None:
-        from trainscale.launch.slurm.submit import cancel
-
-        cancel(self.job_id)
+        scancel(self.job_id)

@@ -17,7 +17,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-_PATH_FUNCS = ("dirname", "abspath", "realpath", "normpath", "join")
+_PATH_FUNCS = {"dirname": os.path.dirname, "abspath": os.path.abspath, "realpath": os.path.abspath,
+               "normpath": os.path.normpath}
 
 
 @dataclass(frozen=True)
@@ -80,10 +81,7 @@ def _eval(node: ast.AST, env: dict[str, Value], file: str) -> Value | None:
     if func == "join":
         return Value(os.path.join(*(v.text for v in values)), from_file)
     if func in _PATH_FUNCS and len(values) == 1:
-        text = values[0].text
-        out = {"dirname": os.path.dirname, "abspath": os.path.abspath, "realpath": os.path.abspath,
-               "normpath": os.path.normpath}[func](text)
-        return Value(out, from_file)
+        return Value(_PATH_FUNCS[func](values[0].text), from_file)
     if func in ("Path", "PurePath", "PosixPath", "str", "fspath") and len(values) == 1:
         return values[0]
     return None

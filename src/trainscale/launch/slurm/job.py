@@ -32,14 +32,18 @@ from trainscale.launch.slurm.toolchain import job_python
 from trainscale.profiles.schema import ClusterProfile
 
 
-def checked_plan(spec: SlurmJobSpec, profile: ClusterProfile, *, preflight=None, what: str = "") -> JobPlan:
-    """Resolve and lint; the first error becomes a ConfigError (``what`` says which job, for a study)."""
-    plan = resolve(spec, profile)
-    bad = errors(lint(spec, profile, plan, preflight=preflight))
+def refuse_errors(findings: list[Finding], what: str = "") -> None:
+    """The first error among ``findings`` as a ConfigError (``what`` says which job, for a study)."""
+    bad = errors(findings)
     if bad:
-        first = bad[0]
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        raise ConfigError(f"{what}{first.message}{more}", hint=first.hint or "see `trainscale slurm --dry-run`")
+        raise ConfigError(f"{what}{bad[0].message}{more}", hint=bad[0].hint or "see `trainscale slurm --dry-run`")
+
+
+def checked_plan(spec: SlurmJobSpec, profile: ClusterProfile, *, preflight=None, what: str = "") -> JobPlan:
+    """Resolve and lint; the first error becomes a ConfigError."""
+    plan = resolve(spec, profile)
+    refuse_errors(lint(spec, profile, plan, preflight=preflight), what)
     return plan
 
 
@@ -69,16 +73,6 @@ def git_state(path: Path) -> dict[str, Any] | None:
     return {"commit": head.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, (tuple, list)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    return value
-
-
 def submission_record(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan,
                       snapshot: dict[str, Any] | None = None) -> dict[str, Any]:
     from trainscale.launch.rundir import versions
@@ -91,7 +85,7 @@ def submission_record(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan
         "host": platform.node(),
         "user": os.environ.get("USER", ""),
         "cwd": os.getcwd(),
-        "spec": _jsonable(dataclasses.asdict(spec)),
+        "spec": dataclasses.asdict(spec),  # its paths written as strings (json.dumps's default=str)
         "profile": profile.name,
         "plan": {"launcher": plan.launcher, "nodes": plan.nodes, "ranks_per_node": plan.ranks_per_node,
                  "world_size": plan.world_size, "cpus_per_rank": plan.cpus_per_rank, "time_s": plan.time_s},
@@ -102,16 +96,14 @@ def submission_record(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan
     }
 
 
-def snapshot_listing(spec: SlurmJobSpec, plan: JobPlan) -> Manifest | None:
+def snapshot_listing(plan: JobPlan) -> Manifest | None:
     """What the job's snapshot will hold (nothing is written); None when the job copies no code."""
-    if plan.code_root is None:
-        return None
-    return list_snapshot(plan.code_root, exclude=[plan.output_dir])
+    return None if plan.code_root is None else list_snapshot(plan.code_root, exclude=[plan.output_dir])
 
 
 def snapshot_findings(spec: SlurmJobSpec, plan: JobPlan) -> list[Finding]:
     """What the job's code will be (a note), or an error when the snapshot is above the limits."""
-    manifest = snapshot_listing(spec, plan)
+    manifest = snapshot_listing(plan)
     if manifest is None:
         return []
     if manifest.over_limit:
@@ -125,7 +117,7 @@ def snapshot_findings(spec: SlurmJobSpec, plan: JobPlan) -> list[Finding]:
 
 def take_snapshot(spec: SlurmJobSpec, plan: JobPlan) -> dict[str, Any] | None:
     """Copy the job's code into the run; the record of what was copied (for submission.json)."""
-    manifest = snapshot_listing(spec, plan)
+    manifest = snapshot_listing(plan)
     if manifest is None:
         return None
     target = target_in_run(spec.script, spec.snapshot, plan.code_root, plan.run_dir)
@@ -158,7 +150,7 @@ def prepare_run(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> t
 
         kit = write_kit(plan.output_dir)
     record = submission_record(spec, profile, plan, snapshot)
-    (plan.run_dir / "submission.json").write_text(json.dumps(record, indent=2) + "\n")
+    (plan.run_dir / "submission.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
     script = write_script(render(spec, profile, plan, kit_dir=kit), plan.run_dir / "job.sbatch")
     return plan, script
 

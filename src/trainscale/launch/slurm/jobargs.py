@@ -1,16 +1,8 @@
 """The script's arguments in the batch script: job-time variables expand, nothing else does (pure).
 
-In a hand-written batch script ``python train.py --out $OUTPUT_DIR/$SLURM_JOB_ID`` expands both
-variables when the job runs. trainscale does the same for the arguments after the script: each is
-written as one double-quoted word in which ``$NAME`` and ``${NAME}`` expand, so
-
-- an argument is never split into words or glob-expanded, and ``$(...)``, backquotes and every other
-  ``$`` form stay literal (no command runs that you did not write);
-- your shell has already expanded what it knew at submission: ``'$SLURM_JOB_ID'`` in single quotes
-  reaches trainscale as written and expands in the job;
-- ``\\$`` is a literal ``$`` (``'\\$HOME'`` passes the four characters ``$HOME``);
-- a variable that is not set in the job stops it before launch, naming the variable (a batch script
-  under ``set -u`` would die on it with bash's own message).
+Each argument is one double-quoted word in which only ``$NAME`` and ``${NAME}`` expand (``\\$`` is a
+literal ``$``), so no command runs that you did not write; the rules: docs/slurm.md, "Script arguments:
+job-time variables".
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
-"""Where a job's files are: the submission record, the job directory and each rank's log.
+"""Where a job's files are: the submission record, the job directory and each rank's log (the layout:
+docs/slurm.md, "Files of a job: the run directory").
 
-Layout (the run directory is launch/slurm/layout.py's)::
-
-    <run>/job.sbatch                   the rendered script, as submitted
-    <run>/<id>.out                     the batch step's stdout+stderr (and SLURM's own messages)
-    <run>/<id>/                        the job directory, made by the script:
-        rank-<R>.out                   srun mode: rank R's stdout+stderr
-        node-<K>.out                   torchrun mode: node K's agent, every rank's lines prefixed [rankR]:
-        torchrun/<run>/attempt_<k>/<local rank>/   torchrun mode: the elastic agent's per-worker logs
-        errors/error-rank<R>.json      srun mode: rank R's traceback (written by @record)
-
-At submission trainscale writes a small JSON record per job under the state directory
-(``$TRAINSCALE_STATE_DIR``, else ``$XDG_STATE_HOME/trainscale``, else ``~/.local/state/trainscale``)
+At submission trainscale writes a small JSON record per job under the state directory (:func:`state_dir`)
 so ``trainscale logs JOBID`` can find the files later.
 """
 
@@ -110,8 +100,7 @@ def load_record(job_id: str) -> JobRecord:
                          hint=f"only jobs submitted with `trainscale slurm --submit` are known; set {STATE_VAR} to the "
                               "state directory used at submission")
     try:
-        data = json.loads(path.read_text())
-        return JobRecord(**data)
+        return JobRecord(**json.loads(path.read_text()))
     except (json.JSONDecodeError, TypeError) as exc:
         raise SlurmError(f"the record {path} cannot be read: {exc}", hint="delete it; the job's files are untouched") from None
 

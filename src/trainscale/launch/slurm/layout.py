@@ -1,17 +1,7 @@
 """Where one submission's files live: the run directory (pure path arithmetic; job.py creates it).
 
-    <output-dir>/<name>-<stamp>/       the run: one per `trainscale slurm --submit`
-        job.sbatch                     the batch script as submitted
-        submission.json                command, resolved job spec, versions, git commit of your code
-        src/<root name>/               the snapshot of your script's project (snapshot.py): the job runs the
-                                       script at the same path in it, so an edit after --submit never
-                                       reaches a queued job
-        checkpoints/                   the built-in workloads' checkpoints: requeues and chain links resume here
-        links                          a chain's job ids, in order
-        finished | failed              the chain's end, written by the link that saw it
-        <jobid>/                       one SLURM job (a requeue keeps it, a chain link has its own):
-            rank-<R>.out, node-<K>.out, errors/, torchrun/, stopped
-        <jobid>.out                    that job's batch output
+Its layout, one per `trainscale slurm --submit` (``<output-dir>/<name>-<stamp>/``): docs/slurm.md, "Files of a
+job: the run directory". The job runs the script at the same path in the snapshot ``src/<root name>/``.
 """
 
 from __future__ import annotations

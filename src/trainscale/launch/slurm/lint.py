@@ -13,6 +13,10 @@ from pathlib import Path
 from typing import Callable
 
 from trainscale.errors import TrainscaleError, did_you_mean
+from trainscale.launch.slurm.container import container_of
+from trainscale.launch.slurm.continuation import continues
+from trainscale.launch.slurm.imports import unseen_imports
+from trainscale.launch.slurm.render import sbatch_lines
 from trainscale.launch.slurm.spec import (
     UNLIMITED,
     JobPlan,
@@ -22,9 +26,12 @@ from trainscale.launch.slurm.spec import (
     resolve,
     usable_cpus,
 )
+from trainscale.launch.slurm.toolchain import job_python
 from trainscale.profiles.schema import ClusterProfile
 
 ERROR, WARNING, NOTE = "error", "warning", "note"
+VENV_FIX = ("make a venv inside the image (python3 -m venv --system-site-packages VENV; VENV/bin/pip install "
+            "trainscale) and pass --python VENV/bin/python")
 _URI = re.compile(r"^[a-z][a-z0-9+.-]*://")
 
 
@@ -144,8 +151,6 @@ def _resources(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> li
         out.append(Finding(WARNING, f"partition {plan.partition!r} is not one profile {profile.name} knows",
                            did_you_mean(plan.partition, profile.partitions)))
     if spec.container and profile.container is None:
-        from trainscale.launch.slurm.container import container_of
-
         runtime = container_of(profile)
         out.append(Finding(NOTE, f"profile {profile.name} has no [container] table: the job runs `{runtime.runtime} "
                            f"{runtime.mode}{''.join(' ' + f for f in runtime.flags)}` with the job's own binds only",
@@ -155,8 +160,6 @@ def _resources(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> li
 
 
 def _container(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> list[Finding]:
-    from trainscale.launch.slurm.toolchain import job_python
-
     out = []
     image = spec.container
     if image and not _URI.match(image) and not Path(image).expanduser().exists():
@@ -169,10 +172,7 @@ def _container(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> li
         where = f"needs trainscale importable inside {image}; a stock image does" if image else \
             "needs trainscale importable in the python3 its module lines give; a module's Python does"
         out.append(Finding(WARNING, f"{what} {where} not have it (the job stops in its first seconds if so)",
-                           "make a venv inside the image (python3 -m venv --system-site-packages VENV; "
-                           "VENV/bin/pip install trainscale) and pass --python VENV/bin/python" if image else
-                           "make a venv on top of the module (python3 -m venv --system-site-packages VENV; "
-                           "VENV/bin/pip install trainscale) and pass --python VENV/bin/python"))
+                           VENV_FIX if image else VENV_FIX.replace("inside the image", "on top of the module")))
     return out
 
 
@@ -180,8 +180,6 @@ def _code(spec: SlurmJobSpec, plan: JobPlan) -> list[Finding]:
     """What the job will not see of the code ``trainscale run`` would import (launch/slurm/snapshot.py)."""
     if not spec.script or plan.code_root is None or not Path(spec.script).is_file():
         return []
-    from trainscale.launch.slurm.imports import unseen_imports
-
     root, script = plan.code_root, Path(spec.script).absolute()
     if root not in script.parents:
         return [Finding(ERROR, f"the script {spec.script} is outside --snapshot {spec.snapshot}: the job runs the "
@@ -228,8 +226,6 @@ RESUMABLE_HINT = ("make it resumable with rt in four lines: start = rt.resume(mo
 
 def _continuation(spec: SlurmJobSpec, plan: JobPlan) -> list[Finding]:
     """--requeue/--chain on a script that does not checkpoint through trainscale starts again from zero."""
-    from trainscale.launch.slurm.continuation import continues
-
     if not continues(spec) or spec.workload or (spec.module or "").startswith("trainscale.") \
             or plan.facts.path is None or plan.facts.checkpoints:
         return []
@@ -242,10 +238,8 @@ def _continuation(spec: SlurmJobSpec, plan: JobPlan) -> list[Finding]:
                     f"Checkpointer, Loop or built-in workload in its source): {why}", RESUMABLE_HINT)]
 
 
-def _duplicates(spec: SlurmJobSpec, text: str | None) -> list[Finding]:
+def _duplicates(text: str) -> list[Finding]:
     """An extra --sbatch line repeating an option trainscale already writes."""
-    if text is None:
-        return []
     seen: dict[str, int] = {}
     for line in text.splitlines():
         m = re.match(r"#SBATCH (--[\w-]+)", line)
@@ -287,15 +281,12 @@ def lint(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan | None = Non
     launch layer cannot import workloads, so the caller passes it.
     """
     plan = plan or resolve(spec, profile)
-    from trainscale.launch.slurm.render import sbatch_lines
-
     rendered = "\n".join(sbatch_lines(spec, profile, plan))
     found = (_tasks(spec, plan) + _binding(spec, profile, plan) + _cpus(spec, profile, plan)
              + _resources(spec, profile, plan) + _container(spec, profile, plan) + _code(spec, plan)
              + _gpus(spec, profile, plan) + _continuation(spec, plan)
-             + _duplicates(spec, rendered) + _target(spec, plan, preflight))
-    order = {ERROR: 0, WARNING: 1, NOTE: 2}
-    return sorted(found, key=lambda f: order[f.level])
+             + _duplicates(rendered) + _target(spec, plan, preflight))
+    return sorted(found, key=lambda f: (ERROR, WARNING, NOTE).index(f.level))
 
 
 def errors(findings: list[Finding]) -> list[Finding]:

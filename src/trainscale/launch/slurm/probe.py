@@ -1,15 +1,9 @@
 """Before submitting, look at the Python the job will run (launch/slurm/toolchain.py) from the login node,
-the job's way where that can be done here:
-
-- in a container: start the image once with the job's runtime, binds and set-up lines (LUMI's and most
-  centres' login nodes have the runtime);
-- after module lines: load them in a bash shell as the batch script does, then ask ``python3``;
-- an absolute ``--python``, or the interpreter running trainscale: ask it directly.
+the job's way where that can be done here: inside the image, through the module lines in a bash shell,
+or by asking the interpreter (docs/slurm.md, "Which Python the job runs").
 
 Each answer is a lint finding: a note naming the Python and its torch, or an error when it cannot run
-the job (no torch; no trainscale where the job needs it). Where nothing can be probed here (pyxis
-images, no ``module`` command, no container runtime) the note says the job resolves it when it starts
-(its batch output then names it). Acts (starts processes), so it is kept apart from the pure lint.
+the job. Acts (starts processes), so it is kept apart from the pure lint.
 """
 
 from __future__ import annotations
@@ -20,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 from trainscale.launch.slurm.container import _setup_words, binds_of, container_of, required_modules
-from trainscale.launch.slurm.lint import ERROR, NOTE, Finding
+from trainscale.launch.slurm.lint import ERROR, NOTE, VENV_FIX, Finding
 from trainscale.launch.slurm.spec import JobPlan, SlurmJobSpec
 from trainscale.launch.slurm.toolchain import JobPython, job_python, module_lines
 from trainscale.profiles.schema import ClusterProfile
@@ -36,13 +30,7 @@ CHECK = ("import importlib.util, importlib.metadata as md, sys\n"
          "missing = [m for m in sys.argv[1:] if importlib.util.find_spec(m) is None]\n"
          "print(sys.executable, sys.version.split()[0], v('torch'), *missing)\n"
          "sys.exit(3 if missing else 0)")
-VENV_FIX = ("make a venv inside the image (python3 -m venv --system-site-packages VENV; VENV/bin/pip install "
-            "trainscale) and pass --python VENV/bin/python")
 OTHER = "another Python: --python PATH; other modules: --module LINE, --no-profile-modules"
-
-
-def _needs(spec: SlurmJobSpec, plan: JobPlan, python: JobPython) -> tuple[str, ...]:
-    return required_modules(spec, plan, True) if python.kit else ("torch", "trainscale")
 
 
 def container_command(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan, python: str) -> list[str]:
@@ -124,7 +112,7 @@ def probe_python(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan, *, 
     python = job_python(spec, profile)
     if spec.container:
         return _container(spec, profile, plan, python, run)
-    need = _needs(spec, plan, python)
+    need = required_modules(spec, plan, True) if python.kit else ("torch", "trainscale")
     lines = module_lines(spec, profile)
     fix = (f"load the module that provides {' and '.join(need)} (--module 'load PyTorch/...'), or name a Python "
            "with --python PATH" if python.kit else

@@ -132,11 +132,8 @@ def _run(run: Runner | None, argv: list[str]) -> subprocess.CompletedProcess:
 
 
 def squeue(run: Runner | None = None, *, user: str | None = None, job_id: str | None = None) -> list[JobInfo]:
-    argv = ["squeue", "--noheader", f"--format={SQUEUE_FORMAT}"]
-    if user:
-        argv.append(f"--user={user}")
-    if job_id:
-        argv.append(f"--jobs={job_id}")
+    argv = ["squeue", "--noheader", f"--format={SQUEUE_FORMAT}", *([f"--user={user}"] if user else []),
+            *([f"--jobs={job_id}"] if job_id else [])]
     done = _run(run, argv)
     if done.returncode != 0:
         if job_id and "Invalid job id" in (done.stderr or ""):
@@ -151,17 +148,13 @@ def sacct(job_id: str, run: Runner | None = None) -> JobInfo | None:
         done = _run(run, ["sacct", "--jobs", job_id, "--noheader", "--parsable2", f"--format={SACCT_FORMAT}"])
     except SlurmError:
         return None
-    if done.returncode != 0:
-        return None
-    return parse_sacct(done.stdout, job_id)
+    return parse_sacct(done.stdout, job_id) if done.returncode == 0 else None
 
 
 def scontrol_job(job_id: str, run: Runner | None = None) -> JobInfo | None:
     """What the controller still remembers (finished jobs stay for MinJobAge seconds)."""
     done = _run(run, ["scontrol", "show", "job", "-o", job_id])
-    if done.returncode != 0:
-        return None
-    return info_from_scontrol(done.stdout)
+    return info_from_scontrol(done.stdout) if done.returncode == 0 else None
 
 
 def job_info(job_id: str, run: Runner | None = None) -> JobInfo | None:

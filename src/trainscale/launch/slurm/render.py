@@ -12,7 +12,7 @@ import shlex
 from pathlib import Path
 
 from trainscale._version import __version__
-from trainscale.launch.bootstrap import ERROR_DIR_VAR, SNAPSHOT_OF_VAR, SNAPSHOT_VAR, TASK_GPU_VAR
+from trainscale.launch.bootstrap import ERROR_DIR_VAR, RUN_DIR_VAR, SNAPSHOT_OF_VAR, SNAPSHOT_VAR, TASK_GPU_VAR
 from trainscale.launch.slurm.container import container_prefix, port_command, required_modules
 from trainscale.launch.slurm.continuation import continues, preemptible, start_lines, warning_signal
 from trainscale.launch.slurm.continuation import exports as continuation_exports
@@ -26,7 +26,6 @@ from trainscale.topology.cpulist import format_cpulist
 from trainscale.topology.worker import PLAN_ENV
 
 JOB_DIR_VAR = "TRAINSCALE_JOB_DIR"
-RUN_DIR_VAR = "TRAINSCALE_RUN_DIR"
 
 
 def batch_output_pattern(spec: SlurmJobSpec, plan: JobPlan) -> str:
@@ -45,11 +44,6 @@ def _dq(value: str) -> str:
     if re.fullmatch(r"[A-Za-z0-9_@%+=:,./-]+", value):
         return value
     return '"' + re.sub(r'([\\"`])', r"\\\1", value).replace("$(", "\\$(") + '"'
-
-
-def _cont(lines: list[str], indent: str = "    ") -> str:
-    """Join command pieces into a multi-line shell command with backslash continuations."""
-    return (" \\\n" + indent).join(lines)
 
 
 def sbatch_lines(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> list[str]:
@@ -85,24 +79,19 @@ def sbatch_lines(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> 
     return [f"#SBATCH {o}" for o in opts]
 
 
-def target_args(spec: SlurmJobSpec, launcher: str, plan: JobPlan) -> list[str]:
+# How each launcher takes a workload, a module and a script: `trainscale run`'s options, and the
+# bootstrap's (the workloads' dispatcher takes the name as its first argument).
+_TARGET_OPTIONS = {"torchrun": {"workload": ["--workload"], "module": ["-m"], "script": []},
+                   "srun": {"workload": ["--module", "trainscale.workloads"], "module": ["--module"],
+                            "script": ["--script"]}}
+
+
+def target_args(spec: SlurmJobSpec, launcher: str, plan: JobPlan) -> str:
     """What to run, in the form the launcher takes: the script's copy in the run's snapshot, then its
     arguments with job-time variables expanded (jobargs.py)."""
-    script = target_in_run(spec.script, spec.snapshot, plan.code_root, plan.run_dir).script
-    if launcher == "torchrun":  # `trainscale run` options
-        if spec.workload:
-            head = ["--workload", spec.workload]
-        elif spec.module:
-            head = ["-m", spec.module]
-        else:
-            head = [str(script)]
-    else:  # bootstrap's options: the workloads' dispatcher takes the name as its first argument
-        if spec.workload:
-            head = ["--module", "trainscale.workloads", spec.workload]
-        elif spec.module:
-            head = ["--module", spec.module]
-        else:
-            head = ["--script", str(script)]
+    kind, target = (("workload", spec.workload) if spec.workload else ("module", spec.module) if spec.module else
+                    ("script", target_in_run(spec.script, spec.snapshot, plan.code_root, plan.run_dir).script))
+    head = [*_TARGET_OPTIONS[launcher][kind], str(target)]
     line = " ".join([_q(a) for a in head] + job_words(spec.args)[0])
     if spec.workload and continues(spec) and not spec.sweep and \
             not any(a.startswith("--checkpoint-dir") for a in spec.args):
@@ -110,7 +99,7 @@ def target_args(spec: SlurmJobSpec, launcher: str, plan: JobPlan) -> list[str]:
         line += ' --checkpoint-dir "$RUN_DIR/checkpoints"'
     if spec.sweep:
         line += ' "${TASK_ARGS[@]}"'  # this array task's configuration (and its own directory)
-    return [line] if line else []
+    return line
 
 
 def bind_env(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> dict[str, str]:
@@ -143,11 +132,11 @@ def launch_command(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -
                 '--rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv-id "$SLURM_JOB_ID"']
         if kit:  # the Python's own torchrun, each worker started through the kit's bootstrap
             return ([f"{py} -m torch.distributed.run"] + rdzv + ['--log-dir "$JOB_DIR/torchrun" --tee 3']
-                    + [f'"$KIT/boot.py" {target_args(spec, "srun", plan)[0]}'])
-        return [f"{py} -m trainscale run"] + rdzv + ['--log-dir "$JOB_DIR/torchrun" --all-ranks'] \
-            + target_args(spec, "torchrun", plan)
+                    + [f'"$KIT/boot.py" {target_args(spec, "srun", plan)}'])
+        return [f"{py} -m trainscale run"] + rdzv + ['--log-dir "$JOB_DIR/torchrun" --all-ranks',
+                                                     target_args(spec, "torchrun", plan)]
     run = f'{py} "$KIT/boot.py"' if kit else f"{py} -m trainscale.launch.bootstrap"
-    return [run] + target_args(spec, "srun", plan)
+    return [run, target_args(spec, "srun", plan)]
 
 
 def srun_command(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> str:
@@ -174,7 +163,7 @@ def srun_command(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> 
     if continues(spec):
         srun.append("--open-mode=append")
     srun += wrapper.srun_options
-    return _cont(srun + wrapper.words + launch_command(spec, profile, plan))
+    return " \\\n    ".join(srun + wrapper.words + launch_command(spec, profile, plan))  # one piece per line
 
 
 def header(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> list[str]:
@@ -186,7 +175,7 @@ def header(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> list[s
         mode = f"torchrun mode: one task per node runs {agent}, which starts {plan.ranks_per_node} rank(s) on its node"
     else:
         mode = f"srun mode: one task per rank ({plan.ranks_per_node} per node), ranks read from SLURM's variables"
-    lines = [
+    return [
         "#!/bin/bash",
         f"# Generated by trainscale {__version__}. Change the command and render again rather than editing by hand.",
         f"# Command: {command}",
@@ -199,7 +188,6 @@ def header(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> list[s
            + (" (the script imports trainscale: that Python must have it too)" if plan.facts.imports_trainscale else "")
            if python.kit else "") + ".",
     ]
-    return lines
 
 
 def module_lines(spec: SlurmJobSpec, profile: ClusterProfile) -> list[str]:

@@ -16,6 +16,8 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainscale.launch.slurm.imports import imported, path_additions
+
 
 @dataclass(frozen=True)
 class ScriptFacts:
@@ -107,8 +109,6 @@ def facts_from_source(source: str, path: str = "<script>") -> ScriptFacts:
             first = node
     line = first.lineno if first is not None else None
     code = source.splitlines()[line - 1].strip() if line else ""
-    from trainscale.launch.slurm.imports import imported, path_additions
-
     return ScriptFacts(path=path, imports_trainscale=imports, gpu_index_line=line, gpu_index_code=code,
                        path_additions=path_additions(tree, str(Path(path).absolute())), imports=imported(tree),
                        checkpoints=imports and checkpoints)

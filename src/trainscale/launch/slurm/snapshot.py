@@ -97,11 +97,19 @@ def code_root(script: str, reached: Iterable[str] = (), snapshot: str | None = N
     return widen(project_root(path.parent) or path.parent, reached)
 
 
+def installed(path: Path) -> bool:
+    """Inside site-packages or the interpreter's own prefix: code a job imports in place, never snapshots."""
+    import site
+    import sys
+
+    places = [*site.getsitepackages(), site.getusersitepackages(), sys.prefix, sys.base_prefix]
+    return any(str(Path(path).absolute()).startswith(str(Path(p).absolute())) for p in places if p)
+
+
 def module_root(module: str) -> Path | None:
     """For ``-m pkg.mod``: the project holding the package found from the working directory, or None when it
     is installed (site-packages) or not in a project: then the job imports it in place."""
     import importlib.machinery
-    import site
     import sys
 
     top = module.split(".")[0]
@@ -116,11 +124,7 @@ def module_root(module: str) -> Path | None:
             break
     else:
         return None
-    installed = [*site.getsitepackages(), site.getusersitepackages(), sys.prefix, sys.base_prefix]
-    where = Path(entry).absolute()
-    if any(str(where).startswith(str(Path(p).absolute())) for p in installed if p):
-        return None
-    return project_root(where)
+    return None if installed(Path(entry)) else project_root(Path(entry).absolute())
 
 
 def _git_listing(root: Path) -> tuple[list[str], list[str]] | None:

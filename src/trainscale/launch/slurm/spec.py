@@ -43,17 +43,12 @@ def parse_time(text: str) -> int:
         raise ConfigError(f"time {text!r} is not a SLURM time",
                           hint="write it as sbatch does: MINUTES, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or "
                                "UNLIMITED, e.g. --time 01:30:00 or -t 1-12")
-    days, a, b, c = m.groups()
-    parts = [int(x) for x in (a, b, c) if x is not None]
+    days, *rest = m.groups()
+    parts = [int(x) for x in rest if x is not None]
     if days is not None:  # D-HH, D-HH:MM, D-HH:MM:SS
         parts += [0] * (3 - len(parts))
-        hours, minutes, seconds = parts
-        return int(days) * 86400 + hours * 3600 + minutes * 60 + seconds
-    if len(parts) == 1:  # minutes
-        return parts[0] * 60
-    if len(parts) == 2:  # MM:SS
-        return parts[0] * 60 + parts[1]
-    return parts[0] * 3600 + parts[1] * 60 + parts[2]
+    units = (3600, 60, 1) if len(parts) == 3 else (60, 1)  # H:M:S; M or M:S
+    return int(days or 0) * 86400 + sum(p * u for p, u in zip(parts, units))
 
 
 def format_time(seconds: int) -> str:
@@ -71,11 +66,6 @@ def parse_mem_gb(text: str) -> float:
         raise ConfigError(f"memory {text!r} is not a SLURM size", hint="write a number with a unit, e.g. 60G or 500M")
     value, unit = float(m.group(1)), (m.group(2) or "M").upper()
     return value * {"K": 1 / 1024**2, "M": 1 / 1024, "G": 1.0, "T": 1024.0}[unit]
-
-
-def _positive(name: str, value: int | None) -> None:
-    if value is not None and value < 1:
-        raise ConfigError(f"{name}={value}: must be at least 1", hint=f"leave {name} out to derive it from the profile")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,8 +195,10 @@ class SlurmJobSpec:
                               hint="e.g. trainscale slurm train.py --profile lumi ..., or --workload cnn")
         if self.nodes < 1:
             raise ConfigError(f"--nodes {self.nodes}: at least one node is needed", hint="use --nodes 1 or more")
-        for name in ("gpus_per_node", "cpus_per_gpu", "cpus_per_task", "tasks_per_node", "ntasks"):
-            _positive(name.replace("_", "-"), getattr(self, name))
+        for name in ("gpus-per-node", "cpus-per-gpu", "cpus-per-task", "tasks-per-node", "ntasks"):
+            if (value := getattr(self, name.replace("-", "_"))) is not None and value < 1:
+                raise ConfigError(f"{name}={value}: must be at least 1", hint=f"leave {name} out to derive it from "
+                                  "the profile")
         if self.ntasks is not None and self.ntasks % self.nodes:
             raise ConfigError(f"-n/--ntasks {self.ntasks} is not a multiple of --nodes {self.nodes}",
                               hint=f"trainscale runs the same number of ranks on every node: use -n "

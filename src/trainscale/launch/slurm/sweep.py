@@ -115,12 +115,6 @@ def write_tasks(run_dir: Path, grid: dict[str, list[str]], *, workload: bool) ->
     return configs
 
 
-def record_jobs(run_dir: Path, job_ids: list[str]) -> None:
-    data = json.loads((run_dir / "sweep.json").read_text())
-    data["jobs"] = data.get("jobs", []) + job_ids
-    (run_dir / "sweep.json").write_text(json.dumps(data, indent=2))
-
-
 @dataclass(frozen=True)
 class TaskResult:
     index: int
@@ -252,18 +246,16 @@ def plot(run_dir: Path, results: list[TaskResult], metric: str | None, higher_is
 
 
 def submit_array(spec: Any, profile: Any, plan: Any, grid: dict[str, list[str]]) -> tuple[Any, Path, int]:
-    """Write the tasks' arguments into the run directory, submit the array job and record it as
-    ``trainscale slurm --submit`` records a job: (the submission, the run directory, the task count)."""
-    from trainscale.launch.slurm.job import job_record, prepare_run
-    from trainscale.launch.slurm.jobdir import save_record
-    from trainscale.launch.slurm.submit import submit
+    """Submit the array job as ``trainscale slurm --submit`` submits a job, the tasks' arguments written into
+    its run directory first: (the job's record, the run directory, the task count)."""
+    from trainscale.launch.slurm.job import submit_job
 
-    plan, script = prepare_run(spec, profile, plan)
-    configs = write_tasks(plan.run_dir, grid, workload=bool(spec.workload))
-    sub = submit(script)
-    record_jobs(plan.run_dir, [sub.job_id])
-    save_record(job_record(spec, profile, plan, script, sub))
-    return sub, plan.run_dir, len(configs)
+    record = submit_job(spec, profile, plan,
+                        before_submit=lambda plan: write_tasks(plan.run_dir, grid, workload=bool(spec.workload)))
+    sweep = Path(record.run_dir) / "sweep.json"
+    data = json.loads(sweep.read_text())
+    sweep.write_text(json.dumps({**data, "jobs": data.get("jobs", []) + [record.job_id]}, indent=2))
+    return record, Path(record.run_dir), len(configurations(grid))
 
 
 def run_here(spec: Any, grid: dict[str, list[str]], *, nproc_per_node: int, say: Any) -> tuple[Path, int]:

@@ -1,19 +1,8 @@
 """What the job's shell loads and which Python it runs (pure; the probe in probe.py checks it).
 
-Module lines: the profile's ``modules`` (a container job: the profile's ``[container] modules`` when
-it has that key: a stock image brings its own software stack), then the job's ``--module`` lines;
-``--no-profile-modules`` leaves the profile's out.
-
-The Python, as a hand-written batch script would pick it:
-
-    --python PATH                      that Python (a bare name such as python3 is looked up at job time)
-    --container IMAGE                  python3 inside the image, after its set-up lines
-    module lines (profile or --module) python3 first on the job's PATH after them (a PyTorch module's)
-    otherwise                          the interpreter running trainscale (sys.executable)
-
-A Python found at job time (python3 after modules or in an image) may not have trainscale, so such a
-job takes trainscale's worker side from the job kit (launch/kit.py), exactly as a stock container does.
-An absolute ``--python`` outside a container must have trainscale installed (the probe checks it).
+The module lines and the Python, as a hand-written batch script would pick them: docs/slurm.md, "Site
+environment" and "Which Python the job runs". A Python found at job time (python3 after modules or in an
+image) may not have trainscale, so such a job takes trainscale's worker side from the job kit (launch/kit.py).
 """
 
 from __future__ import annotations

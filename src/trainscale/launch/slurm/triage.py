@@ -158,10 +158,8 @@ def grouped(others: list[tuple[int, str, str]]) -> tuple[str, ...]:
     for how, ranks in by_how.items():
         hosts = sorted({h for _, h in ranks if h})
         where = f" on {hosts[0]}" if len(hosts) == 1 else f" on {len(hosts)} nodes" if hosts else ""
-        if len(ranks) == 1:
-            lines.append(f"rank {ranks[0][0]}{where}: {how}")
-        else:
-            lines.append(f"ranks {format_cpulist(r for r, _ in ranks)}{where}: {how}")
+        who = f"rank {ranks[0][0]}" if len(ranks) == 1 else f"ranks {format_cpulist(r for r, _ in ranks)}"
+        lines.append(f"{who}{where}: {how}")
     return tuple(lines)
 
 
@@ -169,13 +167,9 @@ def srun_failure(job_dir: Path, batch_output: str) -> Failure | None:
     tasks = srun_task_errors(batch_output)
     files = _by_time(list((job_dir / "errors").glob("error-rank*.json")))
     ranks = [int(re.search(r"(\d+)", p.stem.rsplit("rank", 1)[1]).group(1)) for p in files]  # type: ignore[union-attr]
-    if ranks:
-        first = ranks[0]
-        tb = callstack(files[0])
-    elif tasks:
-        first, tb = next(iter(tasks)), ""
-    else:
+    if not ranks and not tasks:
         return None
+    first, tb = (ranks[0], callstack(files[0])) if ranks else (next(iter(tasks)), "")
     host, how = tasks.get(first, ("", ""))
     others = [(r, *tasks[r]) if r in tasks else (r, "", "raised too (after the first)")
               for r in dict.fromkeys(ranks[1:] + list(tasks)) if r != first]
@@ -243,11 +237,8 @@ def _others(failure: Failure, summaries: list[Failure]) -> tuple[str, ...]:
 
 
 def torchrun_failure(job_dir: Path) -> Failure | None:
-    summaries = []
-    texts = []
-    for node_log in sorted(job_dir.glob("node-*.out")):
-        texts.append(read_end(node_log))  # the agent's summary is the last thing it prints
-        summaries += _summaries(texts[-1])
+    texts = [read_end(log) for log in sorted(job_dir.glob("node-*.out"))]  # the agent's summary is its last output
+    summaries = [found for text in texts for found in _summaries(text)]
     if not summaries:
         return torch_agent_failure(job_dir, "\n".join(texts))
     failure = summaries[0][0]

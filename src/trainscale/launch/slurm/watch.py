@@ -8,7 +8,7 @@ from typing import Callable
 
 from trainscale.errors import SlurmError
 from trainscale.launch.slurm import queue
-from trainscale.launch.slurm.jobdir import JobRecord
+from trainscale.launch.slurm.jobdir import JobRecord, rank_log_text
 from trainscale.launch.slurm.queue import JobInfo, Runner
 from trainscale.launch.slurm.triage import find_failure, step_failure
 
@@ -50,9 +50,9 @@ def explain(info: JobInfo, record: JobRecord | None = None) -> str:
         details.append(f"requeued {info.restarts} time(s)")
     lines = [head + (f" ({'; '.join(details)})" if details else "") + "."]
     if record is not None and info.state != "COMPLETED":
-        batch_text = record.batch_output.read_text(errors="replace") if record.batch_output.exists() else ""
-        step = step_failure(batch_text)
-        failure = None if step else find_failure(record.job_dir, record.launcher, batch_text)
+        output = batch_text(record)
+        step = step_failure(output)
+        failure = None if step else find_failure(record.job_dir, record.launcher, output)
         if step is not None:  # no rank ran: there is no traceback to read
             lines.append(step.describe())
             hint = step.hint
@@ -62,8 +62,8 @@ def explain(info: JobInfo, record: JobRecord | None = None) -> str:
                 who = f"rank {failure.rank}" if failure.rank is not None else "the failing rank"
                 hint = (f"{who} left no Python traceback: its log's last lines are above; "
                         "`trainscale logs JOBID --rank R` shows any rank's output")
-        elif batch_text.strip():
-            lines += ["Last lines of the batch output:", "\n".join(batch_text.splitlines()[-15:])]
+        elif output.strip():
+            lines += ["Last lines of the batch output:", "\n".join(output.splitlines()[-15:])]
             if info.state == "FAILED":
                 hint = "no rank left a traceback: the batch output's last lines above say what stopped the job"
     if hint:
@@ -117,8 +117,6 @@ def batch_text(record: JobRecord) -> str:
 def log_lines(record: JobRecord, rank: int | None, tail: int | None) -> list[str]:
     """``trainscale logs``: one rank's output, or the batch output with the job's first failure and where the
     per-rank logs are."""
-    from trainscale.launch.slurm.jobdir import rank_log_text
-
     if rank is not None:
         text = rank_log_text(record, rank)
         head = f"==> rank {rank} of job {record.job_id} ({record.launcher} mode) <=="
