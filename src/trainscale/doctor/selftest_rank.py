@@ -24,8 +24,9 @@ import torch
 from torch import nn
 
 import trainscale
-from trainscale.doctor.selftest_checks import (Check, batch, check_allreduce, check_breakdown, check_devices,
-                                               check_equivalence, check_resume, check_strategies, gather, mlp)
+from trainscale.doctor.selftest_checks import (NEEDS_RANKS, SGD, Check, batch, check_allreduce, check_breakdown,
+                                               check_devices, check_equivalence, check_resume, check_strategies,
+                                               gather, mlp)
 from trainscale.doctor.selftest import hang_record
 
 HANG_STEP = 2
@@ -104,7 +105,8 @@ def run_checks(rt, args, nccl_log: str | None = None) -> list[dict]:
             continue
         started = time.perf_counter()
         try:
-            found = run()
+            found = (Check(name=name, status="skip", figure="needs 2 or more ranks")
+                     if name in NEEDS_RANKS and rt.world_size < 2 else run())
         except Exception as exc:  # one broken check must not hide the others' results
             found = Check(name=name, status="fail", figure=f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
         row = found.to_dict()
@@ -116,8 +118,6 @@ def run_checks(rt, args, nccl_log: str | None = None) -> list[dict]:
 
 def run_hang(rt, args) -> None:
     """The last rank stops inside step 2; every other rank records when and how the hang was named."""
-    from trainscale.strategies.base import OptimizerSpec
-
     hung = rt.world_size - 1
     entered: dict[str, float] = {}
     held = os.environ.get(HOLD) == str(rt.rank)
@@ -131,7 +131,7 @@ def run_hang(rt, args) -> None:
             "timeout_s": args.timeout, "backend": rt.backend}) + "\n")
 
     rt.on_collective_timeout(record)
-    model, opt = rt.setup(mlp(), OptimizerSpec(torch.optim.SGD, {"lr": 0.05}), strategy="ddp")
+    model, opt = rt.setup(mlp(), SGD, strategy="ddp")
     for step in range(HANG_STEP + 2):
         if step == HANG_STEP:
             entered["at"] = time.monotonic()
