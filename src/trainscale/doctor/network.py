@@ -8,7 +8,7 @@ import statistics
 import time
 from typing import Mapping
 
-from trainscale.doctor.finding import NETWORK, Finding, error, ok, warning
+from trainscale.doctor.finding import NETWORK, Finding, at_level, error, ok, warning
 from trainscale.env import LaunchEnv
 from trainscale.topology import format_cpulist
 
@@ -128,8 +128,7 @@ def transport_check(runtime, env: LaunchEnv, environ: Mapping[str, str], nccl_lo
     verdict = (interconnect.check_file(nccl_log, expected=expected, multi_node=env.num_nodes > 1, required=required)
                if backend == "nccl" else interconnect.judge(interconnect.Transport((), False, ()), expected=expected,
                                                             multi_node=env.num_nodes > 1, backend="gloo"))
-    maker = {"ok": ok, "warning": warning, "error": error}[verdict.level]
-    return maker(NETWORK, "transport", verdict.message, verdict.hint, expected=expected)
+    return at_level(verdict.level)(NETWORK, "transport", verdict.message, verdict.hint, expected=expected)
 
 
 def check_overlap(findings: list[Finding]) -> list[Finding]:
