@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from statistics import geometric_mean
 
 from trainscale.bench.projection import (HOST_SECTIONS, Calibration, Measured, ModelOptions, Network, Prediction,
@@ -206,14 +205,3 @@ def averaging_hook(workload_args: tuple[str, ...] | list[str]) -> str:
     hook = parse_spec(option_value(workload_args, "--strategy") or "ddp")[1].get("comm_hook", "auto").lower()
     return hook if hook in ("auto", "shm") else "none"
 
-
-def allreduce_measurer(out_dir: Path, device: str = "auto", hook: str = "auto"):
-    """A ``measure(n, sizes)`` that launches the all-reduce benchmark like training; ``hook``: what the
-    runs' DDP averaged with (``auto``: as ``comm_hook=auto``, shared memory for CPU ranks of one node)."""
-    from trainscale.bench.runner import measure_allreduce
-
-    def measure(n: int, sizes: str) -> dict | None:
-        return measure_allreduce(n, sizes, out_dir / f"allreduce-{n}.json", out_dir / "runs" / f"allreduce-{n}",
-                                 iters=30, budget_s=2.0, device=device, hook=hook)
-
-    return measure

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from trainscale.bench import results
@@ -137,21 +136,3 @@ def execute(plan: Plan, out_dir: Path, *, verbose: bool = False, console=None, j
             records.append(execute_run(plan, run, out_dir, display, jobs))
     return records
 
-
-def measure_allreduce(nproc: int, sizes: str, out_file: Path, log_dir: Path, *, iters: int = 20,
-                      budget_s: float = 1.0, device: str = "auto", hook: str = "none") -> dict | None:
-    """Launch ``trainscale.bench.allreduce`` on ``nproc`` local ranks like training; its JSON, or None."""
-    import contextlib
-    import io
-
-    from trainscale.launch.local import LocalLaunchSpec, launch
-
-    spec = LocalLaunchSpec(target="trainscale.bench.allreduce", module=True, nproc_per_node=nproc, log_dir=log_dir,
-                           args=("--sizes", sizes, "--iters", str(iters), "--budget", str(budget_s), "--device", device,
-                                 "--hook", hook, "--out", str(out_file.absolute())))
-    sink = io.StringIO()
-    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-        result = launch(spec)
-    if not result.ok:
-        return {"error": result.summary}
-    return json.loads(out_file.read_text())

@@ -147,7 +147,7 @@ def _achievable(study: dict, spec: StudySpec) -> str | None:
 
 
 def _predict(study: dict, spec: StudySpec, out_dir: Path, projection: ProjectionRequest | None, validate: bool) -> None:
-    from trainscale.bench import predictions
+    from trainscale.bench import allreduce_run, predictions
     from trainscale.bench.projection import get_preset
 
     if not (projection or validate) or not any(r.get("breakdown") for r in study["runs"]):
@@ -157,12 +157,12 @@ def _predict(study: dict, spec: StudySpec, out_dir: Path, projection: Projection
     except ConfigError as exc:
         study["projection_error"] = str(exc)
         return
-    if spec.slurm is not None:
-        from trainscale.bench.slurm_runs import allreduce_measurer
+    hook = predictions.averaging_hook(spec.workload_args)  # what the runs' DDP averaged with
 
-        measure = allreduce_measurer(spec.slurm, out_dir, hook=predictions.averaging_hook(spec.workload_args))
-    else:
-        measure = predictions.allreduce_measurer(out_dir, hook=predictions.averaging_hook(spec.workload_args))
+    def measure(n: int, sizes: str) -> dict:  # n ranks on one node, here or as one SLURM job
+        return allreduce_run.measure(spec.slurm, nproc=n, sizes=sizes, out_file=out_dir / f"allreduce-{n}.json",
+                                     logs=out_dir / "runs" / f"allreduce-{n}", iters=30, budget_s=2.0, hook=hook,
+                                     name=f"bench-allreduce-{n}")
     if validate or (projection and projection.interconnect == "measured"):
         checked = predictions.validate(study, measure)
         # the model's error where only the training ran (all runs' where other work disturbed every one)
