@@ -2,11 +2,7 @@
 (disturbed), and speedups above what the hardware allows (impossible: something other than the training
 was measured, most often a disturbed baseline).
 
-Every run gets ``disturbed`` (why its own timing is unreliable, or None). Every run with a speedup gets
-``speedup_disturbed`` (its own or the baseline's disturbance: a speedup compares both). A speedup above
-:data:`SUPERLINEAR_LIMIT` times the most its hardware allows is moved out of ``speedup``, ``efficiency``
-and ``efficiency_vs_achievable`` into ``rejected`` (with the limit and the reason): the table, the
-Markdown, the CSV, the plots and the report then show "—(disturbed)" and say why, never the number.
+What each mark means and where it shows: docs/scaling.md, "Disturbed runs and impossible speedups".
 """
 
 from __future__ import annotations
