@@ -42,11 +42,11 @@ def study_spec(ns: Mapping[str, Any], *, target: str | None = None, rest=(), slu
                environ: Mapping[str, str] | None = None) -> StudySpec:
     """The study of ``trainscale bench`` (``ns``: its parsed options; ``target``, ``rest``: SCRIPT and its
     arguments, or the workload's after ``--``; ``slurm``: the ``--slurm`` target)."""
-    from trainscale.bench.configs import parse_int_list, with_nodes
+    from trainscale.bench.configs import int_tuple, with_nodes
     from trainscale.runtime.device import visible_gpu_count
     from trainscale.config import resolve
 
-    nodes = parse_int_list(ns["nodes"], "--nodes") if ns.get("nodes") else ()
+    nodes = int_tuple(ns.get("nodes"), "--nodes")
     # a login node's GPUs say nothing of the compute nodes'
     fixed = {**_target(target, rest), "slurm": slurm, "gpus_visible": 0 if slurm is not None else visible_gpu_count()}
     # with no SCRIPT the study is of the cnn workload unless a source names one
