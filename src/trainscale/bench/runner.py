@@ -6,7 +6,8 @@ from pathlib import Path
 
 from trainscale.bench import results
 from trainscale.bench.display import Row, StudyDisplay
-from trainscale.bench.study import BATCH_ENV, METRICS_ENV, Plan, PlannedRun, read_metrics
+from trainscale.bench.metrics import METRICS_ENV
+from trainscale.bench.study import BATCH_ENV, Plan, PlannedRun, read_metrics
 
 
 def _target(spec_plan: Plan, run: PlannedRun, run_dir: Path) -> tuple[str, bool, tuple[str, ...], dict[str, str]]:
@@ -122,16 +123,13 @@ def _load() -> float | None:
         return None
 
 
-def rows_for(plan: Plan) -> list[Row]:
-    epochs = plan.spec.epochs if plan.spec.workload else None
-    return [Row(r.name, r.config.label, r.config.world_size, r.per_rank_batch, epochs) for r in plan.runs]
-
-
 def execute(plan: Plan, out_dir: Path, *, verbose: bool = False, console=None, jobs: dict | None = None) -> list[dict]:
     where = f" (SLURM jobs, profile {plan.spec.slurm.profile})" if jobs is not None else ""
     title = f"trainscale bench: {plan.spec.target}{where} -> {out_dir}"
+    epochs = plan.spec.epochs if plan.spec.workload else None
+    rows = [Row(r.name, r.config.label, r.config.world_size, r.per_rank_batch, epochs) for r in plan.runs]
     records = []
-    with StudyDisplay(title, rows_for(plan), verbose=verbose, console=console) as display:
+    with StudyDisplay(title, rows, verbose=verbose, console=console) as display:
         for run in plan.runs:
             records.append(execute_run(plan, run, out_dir, display, jobs))
     return records

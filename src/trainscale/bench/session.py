@@ -8,7 +8,7 @@ from pathlib import Path
 
 from trainscale.bench import environment, plots as plotting, results, validity
 from trainscale.bench.study import StudySpec, choose_out_dir, plan
-from trainscale.launch.rundir import mark_latest
+from trainscale.launch.rundir import command_line, mark_latest
 from trainscale.errors import ConfigError
 
 
@@ -102,7 +102,7 @@ def run_study(spec: StudySpec, *, projection: ProjectionRequest | None = None, v
     runs = execute(the_plan, out_dir, verbose=verbose, console=console, jobs=jobs)
     study = {"target": spec.target, "baseline": the_plan.baseline.token, "environment": environment.collect(),
              "spec": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items()},
-             "started_at": started, "command": command(), "runs": runs}
+             "started_at": started, "command": command_line(), "runs": runs}
     results.add_speedups(runs, the_plan.baseline.token)
     study["shared_hardware"] = _achievable(study, spec)
     validity.assess(runs, the_plan.baseline.token, cores=study["environment"].get("cores"))
@@ -122,12 +122,6 @@ def run_study(spec: StudySpec, *, projection: ProjectionRequest | None = None, v
         plot_paths = plotting.make_all(study, out_dir)
     files = results.write_all(out_dir, study, plot_paths)
     return Outcome(out_dir, study, files, plot_paths, tuple(missing))
-
-
-def command() -> list[str]:
-    from trainscale.launch.rundir import command_line
-
-    return command_line()
 
 
 def _achievable(study: dict, spec: StudySpec) -> str | None:

@@ -19,7 +19,6 @@ from trainscale.bench.configs import (RunConfig, find_baseline, int_tuple, parse
 from trainscale.bench.slurm_runs import SlurmTarget
 from trainscale.errors import ConfigError
 
-METRICS_ENV = "TRAINSCALE_METRICS_OUT"
 BATCH_ENV = "TRAINSCALE_BATCH"
 
 
@@ -141,10 +140,6 @@ def _workload_args(spec: StudySpec, config: RunConfig, batch: int, max_steps: in
     return (*args, *spec.workload_args)
 
 
-def _script_args(spec: StudySpec, batch: int) -> tuple[str, ...]:
-    return tuple(a.replace("{batch}", str(batch)) for a in spec.script_args)
-
-
 def plan(spec: StudySpec, *, preflight: bool = True) -> Plan:
     """Every run of the study with its batch sizes and arguments; raises ConfigError before any launch."""
     configs = spec.parsed_configs()
@@ -161,7 +156,8 @@ def plan(spec: StudySpec, *, preflight: bool = True) -> Plan:
             index += 1
             batch = batch_option if spec.sweep_batches else per_rank_batch(config, batch_option, spec.scaling)
             steps = scaled_max_steps(spec.max_steps, config, baseline, "weak" if spec.sweep_batches else spec.scaling)
-            args = _workload_args(spec, config, batch, steps) if spec.workload else _script_args(spec, batch)
+            args = (_workload_args(spec, config, batch, steps) if spec.workload
+                    else tuple(a.replace("{batch}", str(batch)) for a in spec.script_args))
             slug = re.sub(r"[^a-zA-Z0-9]+", "-", config.token).strip("-") or "run"
             name = f"{index:02d}-{slug}" + (f"-b{batch}" if spec.sweep_batches else "")
             out.runs.append(PlannedRun(name, config, batch, batch * config.world_size, steps, args,
