@@ -215,16 +215,8 @@ def markdown_document(study: dict, plots: dict[str, str]) -> str:
              f"torch {env['torch']}, trainscale {env['trainscale']}.", "",
              sweep_table(study) if spec.get("sweep_batches") else markdown_table(study), ""]
     parts += [f"{line}\n" for line in notes(study)]
-    if study.get("shared_hardware"):
-        parts += [f"**Shared hardware:** {study['shared_hardware']}", ""]
-    check = model_check(study)
-    if check:
-        parts += [check, ""]
-    busy = busy_warning(study)
-    if busy:
-        parts += [f"**Warning:** {busy}", ""]
-    for text in suggestions(study):
-        parts += [f"**Suggestion:** {text}", ""]
+    for label, text in caveats(study):
+        parts += [f"**{label}:** {text}" if label else text, ""]
     proj = study.get("projection")
     if proj:
         parts += [f"Projection: {proj['network']['name']}, busbw {proj['network']['busbw_Bps'] / 1e9:.2f} GB/s, "
@@ -232,6 +224,14 @@ def markdown_document(study: dict, plots: dict[str, str]) -> str:
                   f"({proj['gradient_bytes'] / 1e6:.1f} MB of gradients); model in docs/scaling.md.", ""]
     parts += [f"![{name}]({Path(path).name})" for name, path in plots.items()]
     return "\n".join(parts) + "\n"
+
+
+def caveats(study: dict) -> list[tuple[str, str]]:
+    """(label, sentence) of what goes under a study's table after its marks' notes: shared hardware, the
+    model check (no label), a busy machine, suggestions."""
+    found = [("Shared hardware", study.get("shared_hardware")), ("", model_check(study)),
+             ("Warning", busy_warning(study)), *(("Suggestion", text) for text in suggestions(study))]
+    return [(label, text) for label, text in found if text]
 
 
 def model_check(study: dict) -> str | None:

@@ -56,13 +56,8 @@ class Outcome:
         """What ``trainscale bench`` prints when the study is done: the table, its caveats, the files written."""
         study = self.study
         lines = ["", results.sweep_table(study) if sweep else results.markdown_table(study), "", *validity.notes(study)]
-        if study.get("shared_hardware") and not sweep:
-            lines.append(f"Shared hardware: {study['shared_hardware']}")
-        if results.model_check(study):
-            lines.append(results.model_check(study))
-        if results.busy_warning(study):
-            lines.append(f"Warning: {results.busy_warning(study)}")
-        lines += [f"Suggestion: {text}" for text in results.suggestions(study)]
+        lines += [f"{label}: {text}" if label else text for label, text in results.caveats(study)
+                  if not (sweep and label == "Shared hardware")]  # a sweep's table has no speedups
         if study.get("projection_error"):
             lines.append(f"No projection: {study['projection_error']}")
         return lines + [f"{name:>10}: {path}" for name, path in (*self.files.items(), *self.plots.items())]
