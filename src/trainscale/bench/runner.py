@@ -20,15 +20,6 @@ def _target(spec_plan: Plan, run: PlannedRun, run_dir: Path) -> tuple[str, bool,
     return str(Path(spec.script).absolute()), False, tuple(run.args), env
 
 
-def launch_spec(spec_plan: Plan, run: PlannedRun, run_dir: Path):
-    """The LocalLaunchSpec of one run (what ``trainscale run`` would build for it)."""
-    from trainscale.launch.local import LocalLaunchSpec
-
-    target, module, args, env = _target(spec_plan, run, run_dir)
-    return LocalLaunchSpec(target=target, module=module, args=args, nproc_per_node=run.config.nproc_per_node,
-                           run_dir=run_dir, env=env)  # one directory: metrics.json, records, logs, run.json
-
-
 def job_specs(spec_plan: Plan, out_dir: Path) -> dict:
     """run name -> the SlurmJobSpec of each run (``--slurm``): what ``trainscale slurm`` would submit for it."""
     target = spec_plan.spec.slurm
@@ -67,11 +58,13 @@ def execute_run(plan: Plan, run: PlannedRun, out_dir: Path, display: StudyDispla
         record.update(slurm_job=outcome.job_id, log_dir=str(outcome.job_dir),
                       run_dir=_relative(outcome.job_dir.parent, out_dir))
     else:
-        from trainscale.launch.local import launch
+        from trainscale.launch.local import LocalLaunchSpec, launch
 
+        target, module, args, env = _target(plan, run, run_dir)  # as `trainscale run` would launch it
         record["load_before"] = _load()
-        with display.capture(run.name):
-            result = launch(launch_spec(plan, run, run_dir))
+        with display.capture(run.name):  # one directory: metrics.json, records, logs, run.json
+            result = launch(LocalLaunchSpec(target=target, module=module, args=args, env=env, run_dir=run_dir,
+                                            nproc_per_node=run.config.nproc_per_node))
         ok, seconds, summary = result.ok, result.seconds, result.summary
         record["log_dir"] = str(result.log_dir) if result.log_dir else None
         record["run_dir"] = _relative(run_dir, out_dir)  # where `trainscale report` finds its records
