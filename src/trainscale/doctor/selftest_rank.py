@@ -1,12 +1,9 @@
 """What each rank of ``trainscale selftest`` runs: ``python -m trainscale.doctor.selftest_rank checks|hang``.
 
 ``checks`` runs every check of doctor/selftest_checks.py (plus the CPU binding) and rank 0 writes the
-results as JSON. ``hang`` is a separate launch, expected to fail: the last rank stops participating
-inside step 2 (after its forward pass, in ``rt.guard`` as the README's loop has it) and every other
-rank records, in a file of its own, how long it took until its error named that rank (through
-``Runtime.on_collective_timeout``, the path a user's own script would take), before that error ends
-it. Every rank records: the first to end makes the launcher end the others (torch's agent, or
-``srun --kill-on-bad-exit``), so any one of them may be the only one that gets to write.
+results as JSON. ``hang`` is a separate launch, expected to fail: the last rank stops inside step 2 and
+every other rank records in a file of its own, through ``Runtime.on_collective_timeout`` as a user's
+script would, how long until its error named that rank (why every rank: docs/gpu.md, the hang row).
 """
 
 from __future__ import annotations
