@@ -26,7 +26,7 @@ def collect() -> dict:
     from trainscale._version import __version__
     from trainscale.runtime.threads import usable_cores
 
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count() if torch.cuda.is_available() else 0)]
     cpu = cpu_model()
     return {
         "host": socket.gethostname(),
