@@ -1,13 +1,7 @@
-"""`trainscale bench` and `trainscale tune` options in the one order of ``trainscale.config``:
-
-    StudySpec / TuneSpec defaults < --config FILE's [bench] / [tune] table < TRAINSCALE_BENCH_* /
-    TRAINSCALE_TUNE_* < the command line
-
-The command line is argparse's namespace, None where an option was not given; the few options whose
-command-line name is not the field's are renamed here, and the dataclasses convert the values a command
-line, a variable and a TOML file spell differently (``16,32`` or ``[16, 32]``). What the command decides
-itself (SCRIPT and its arguments, the GPUs it sees, the cores, the ``--slurm`` target) is no option.
-"""
+"""`trainscale bench` and `trainscale tune` options in the one order of ``trainscale.config`` (docs/architecture.md):
+StudySpec / TuneSpec defaults < --config FILE's [bench] / [tune] table < TRAINSCALE_BENCH_* / TRAINSCALE_TUNE_* <
+the command line (argparse's namespace, None where an option was not given). What the command decides itself
+(SCRIPT and its arguments, the GPUs it sees, the cores, the ``--slurm`` target) is no option."""
 
 from __future__ import annotations
 

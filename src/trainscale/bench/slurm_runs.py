@@ -1,11 +1,5 @@
-"""A study's runs as SLURM jobs (``trainscale bench --slurm``).
-
-Each configuration becomes one batch job, rendered, linted and submitted exactly as
-``trainscale slurm --submit`` does it (same launch modes, binding, port, job directory and
-``trainscale logs JOBID``), then watched to its end. The workload writes its metrics into the study
-directory, so that directory must be visible from the compute nodes (home, project and scratch
-file systems are, on clusters). Every job is linted before the first one is submitted.
-"""
+"""A study's runs as SLURM jobs (``trainscale bench --slurm``), each rendered, linted and submitted exactly as
+``trainscale slurm --submit`` does it, then watched to its end: docs/scaling.md, "On SLURM"."""
 
 from __future__ import annotations
 
