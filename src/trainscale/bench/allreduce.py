@@ -183,8 +183,6 @@ def measure(rt, sizes: tuple[int, ...], iters: int, warmup: int, budget_s: float
 
 
 def main(argv: list[str] | None = None) -> dict:
-    import sys
-
     import trainscale
 
     p = argparse.ArgumentParser(prog="trainscale.bench.allreduce")
@@ -195,7 +193,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--device", default="auto")
     p.add_argument("--out", default=None)
     p.add_argument("--hook", default="none", choices=HOOKS, help="none (the backend's all-reduce), shm, or auto (as training)")
-    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    args = p.parse_args(argv)
     parse_sizes(args.sizes)  # a bad list fails before the process group
     with trainscale.init(device=args.device) as rt:
         sizes = sizes_for(args.sizes, rt.device.type)

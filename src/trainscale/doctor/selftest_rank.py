@@ -12,7 +12,6 @@ import argparse
 import json
 import os
 import socket
-import sys
 import threading
 import time
 from pathlib import Path
@@ -154,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip", default="", help="checks to skip, comma-separated")
     p.add_argument("--nondeterministic", dest="deterministic", action="store_false",
                    help="leave deterministic mode off: resume is checked within a tolerance instead of bitwise")
-    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    args = p.parse_args(argv)
     # Deterministic mode matters on GPUs only (CPU runs repeat themselves already), and only the resume
     # check runs in it; cuBLAS reads its workspace setting before its first call.
     gpu = args.device != "cpu" and torch.cuda.is_available()
