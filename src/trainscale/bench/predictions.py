@@ -1,13 +1,7 @@
-"""Put the projection model next to a study's measurements.
-
-- ``validate``: predict every measured multi-rank run's step time in its steady state (after the first
-  epoch's warm-up) from the single-rank run's and the all-reduce bus bandwidth measured at that rank
-  count on this machine, calibrated with what the *other*
-  multi-rank runs recorded (leave one out: a run never calibrates its own prediction); the error
-  says how far to trust it, before and after calibration.
-- ``attach_projection``: predicted rows at 8 ... N ranks for a preset (or the measured) network, with
-  the overlap the runs measured.
-"""
+"""Put the projection model next to a study's measurements: ``validate`` predicts each measured multi-rank
+run's steady step from the single-rank run and the all-reduce measured at its rank count, calibrated on the
+*other* runs (leave one out); ``attach_projection`` adds predicted rows for a preset (or the measured)
+network. The method: docs/scaling.md, "Validation and calibration on this machine"."""
 
 from __future__ import annotations
 
