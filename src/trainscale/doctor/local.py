@@ -26,10 +26,11 @@ def collect_versions(v: Versions) -> list[Finding]:
     found = [ok(VERSIONS, "trainscale", v.trainscale),
              ok(VERSIONS, "python", f"{v.python} at {v.executable}"),
              ok(VERSIONS, "platform", v.platform)]
+    packages = [ok(VERSIONS, name, version or "not installed", version=version) for name, version in v.packages.items()]
     if v.torch is None:
         found.append(error(VERSIONS, "torch", f"cannot import torch: {v.torch_error}",
                            "install PyTorch into this environment (https://pytorch.org/get-started/locally/)"))
-        return found + _packages(v)
+        return found + packages
     build = f"CUDA {v.cuda}" if v.cuda else f"ROCm/HIP {v.hip}" if v.hip else "CPU-only build"
     found.append(ok(VERSIONS, "torch", f"{v.torch} ({build})", torch=v.torch, cuda=v.cuda, hip=v.hip))
     if v.cuda or v.hip:
@@ -46,11 +47,7 @@ def collect_versions(v: Versions) -> list[Finding]:
     else:
         found.append(error(VERSIONS, "backends", "torch.distributed has no backend (gloo, nccl, mpi all missing)",
                            "install a PyTorch build with distributed support (the official wheels have it)"))
-    return found + _packages(v)
-
-
-def _packages(v: Versions) -> list[Finding]:
-    return [ok(VERSIONS, name, version or "not installed", version=version) for name, version in v.packages.items()]
+    return found + packages
 
 
 def collect_devices(d: Devices, v: Versions) -> list[Finding]:
