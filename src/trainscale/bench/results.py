@@ -32,9 +32,8 @@ def per_step_breakdown(epochs: list[dict], step_time_s: float) -> dict | None:
     total = sum(out[k] for k in SECTIONS)
     # exposed (the step waited for it) and overlapped (in flight while backward computed) communication
     out["communication_overlapped"] = max(0.0, out["communication_total"] - out["communication"])
-    out["communication_fraction"] = out["communication"] / total if total > 0 else 0.0
-    out["communication_overlapped_fraction"] = out["communication_overlapped"] / total if total > 0 else 0.0
-    out["optimizer_fraction"] = out["optimizer"] / total if total > 0 else 0.0
+    for key in ("communication", "communication_overlapped", "optimizer"):
+        out[f"{key}_fraction"] = out[key] / total if total > 0 else 0.0
     out["gradient_bytes"] = int(timed[-1]["breakdown"].get("gradient_bytes", 0))
     out["buckets"] = int(max(e["breakdown"].get("buckets", 0) for e in timed))
     return out

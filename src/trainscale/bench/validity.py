@@ -33,7 +33,7 @@ def assess(runs: list[dict], baseline_token: str, *, cores: int | None) -> None:
     """Mark every run of a study in place (after speedups and the achievable ideal are known). Marking again
     gives the same marks: the report marks a study whose maker did not."""
     for run in runs:
-        for key, value in ((run.get("rejected") or {}).items() if run.get("rejected") else ()):
+        for key, value in (run.get("rejected") or {}).items():
             if key in FIGURES:
                 run[key] = value
         run["disturbed"] = disturbance(run, cores) if run.get("status") == "ok" else None
