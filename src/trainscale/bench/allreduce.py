@@ -4,20 +4,10 @@
     busbw = algbw * 2 (n - 1) / n             (the per-link load of a ring all-reduce; comparable
                                                across rank counts and to the hardware's link speed)
 
-``python -m trainscale.bench.allreduce --sizes 1KB..16MB --out F`` is what each rank runs.
-
-``--hook shm`` times DDP's shared-memory average (``ddp:comm_hook=shm``) instead of the backend's
-all-reduce; ``auto`` picks it where training's ``comm_hook=auto`` would (CPU ranks of one node), so a
-study's validation measures the path its runs took. The default, ``none``, is the backend's.
-
-Sizes: ``auto`` (the default) sweeps 1KB..1GB on GPUs and 1KB..16MB on CPUs. NCCL's bus bandwidth
-keeps rising well past 16 MB (nccl-tests sweep to gigabytes); a sweep that stops early reports a
-fraction of the link speed. The result says whether the largest sizes reached the plateau.
-
-Warm-up: NCCL sets up its connections lazily, per peer and per algorithm/protocol, on the first
-collective that needs them, and picks algorithms by message size. One untimed all-reduce of every
-size of the sweep comes first, so no size's timing (nor its iteration count, estimated from a timed
-pass after the per-size warm-up) includes connection set-up.
+``python -m trainscale.bench.allreduce --sizes 1KB..16MB --out F`` is what each rank runs. ``--hook shm``
+times DDP's shared-memory average (``ddp:comm_hook=shm``) instead of the backend's all-reduce, and
+``auto`` picks it where training's ``comm_hook=auto`` would, so a study's validation measures the path
+its runs took. The sweeps, the warm-up before any timing and the plateau: docs/gpu.md, "Timing".
 """
 
 from __future__ import annotations
@@ -89,19 +79,13 @@ def format_size(size: float) -> str:
     return f"{int(size)}B"
 
 
-def bus_factor(world_size: int) -> float:
-    """nccl-tests' all-reduce correction: each rank sends and receives 2 (n-1)/n of the buffer."""
-    if world_size < 1:
-        raise ConfigError(f"world size {world_size}", hint="at least one rank")
-    return 2.0 * (world_size - 1) / world_size
-
-
 def bandwidths(size_bytes: int, seconds: float, world_size: int) -> tuple[float, float]:
-    """(algbw, busbw) in bytes per second."""
+    """(algbw, busbw) in bytes per second; busbw is nccl-tests' correction, each rank sends and receives
+    2 (n-1)/n of the buffer."""
     if seconds <= 0:
         raise ConfigError(f"all-reduce time {seconds}s", hint="times must be positive")
     algbw = size_bytes / seconds
-    return algbw, algbw * bus_factor(world_size)
+    return algbw, algbw * 2.0 * (world_size - 1) / world_size
 
 
 def table(result: dict) -> str:
@@ -199,8 +183,6 @@ def measure(rt, sizes: tuple[int, ...], iters: int, warmup: int, budget_s: float
 
 
 def main(argv: list[str] | None = None) -> dict:
-    import sys
-
     import trainscale
 
     p = argparse.ArgumentParser(prog="trainscale.bench.allreduce")
@@ -211,7 +193,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--device", default="auto")
     p.add_argument("--out", default=None)
     p.add_argument("--hook", default="none", choices=HOOKS, help="none (the backend's all-reduce), shm, or auto (as training)")
-    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    args = p.parse_args(argv)
     parse_sizes(args.sizes)  # a bad list fails before the process group
     with trainscale.init(device=args.device) as rt:
         sizes = sizes_for(args.sizes, rt.device.type)

@@ -1,7 +1,11 @@
-"""``trainscale bench allreduce``: how many ranks and nodes, then the measurement here or as one SLURM job."""
+"""``trainscale bench allreduce``: how many ranks and nodes, then the measurement here or as one SLURM job
+(also a study's, for its model check)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 from pathlib import Path
 from typing import Callable
 
@@ -31,6 +35,39 @@ def shape(*, nproc: int | None, gpus_per_node: int | None, nodes: str | None,
         raise ConfigError(f"--nodes {nodes!r} is not a number of nodes", hint="e.g. --nodes 2") from None
 
 
+def measure(target: SlurmTarget | None, *, nproc: int, sizes: str, out_file: Path, logs: Path, iters: int,
+            budget_s: float, nodes: int = 1, device: str = "auto", hook: str = "none", name: str = "bench-allreduce",
+            say: Callable[[str], None] | None = None) -> dict:
+    """Launch bench/allreduce.py like training, on ``nproc`` local ranks or as one SLURM job of ``nodes`` x
+    ``nproc`` (linted before ``out_file``'s directory is made); its JSON, or ``{"error": why}``."""
+    args = ("--sizes", sizes, "--iters", str(iters), "--budget", str(budget_s), "--device", device)
+    if target is None:
+        from trainscale.launch.local import LocalLaunchSpec, launch
+
+        out_file.parent.mkdir(parents=True, exist_ok=True)
+        spec = LocalLaunchSpec(target="trainscale.bench.allreduce", module=True, nproc_per_node=nproc, log_dir=logs,
+                               args=(*args, "--hook", hook, "--out", str(out_file.absolute())))
+        sink = io.StringIO()
+        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            result = launch(spec)
+        return json.loads(out_file.read_text()) if result.ok else {"error": result.summary}
+    from trainscale.bench.slurm_runs import prepare, run_job
+
+    job = target.job(name=name, nodes=nodes, ranks_per_node=nproc, output_dir=logs.absolute(),
+                     module="trainscale.bench.allreduce", command_line=("trainscale", "bench", "allreduce", "--slurm"),
+                     args=(*args, *(("--hook", hook) if hook != "none" else ()), "--out", str(out_file.absolute())))
+    prepared = prepare(target, {name: job})[name]  # linted before anything is written
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    outcome = run_job(target, prepared, on_line=say)
+    if not outcome.ok:
+        return {"error": outcome.summary}
+    try:
+        return json.loads(out_file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        return {"error": f"job {outcome.job_id} completed but wrote no result to {out_file} ({exc}); is the output "
+                         "directory on a file system the compute nodes share?"}
+
+
 def run(*, target: SlurmTarget | None, nproc: int, nodes: int, sizes: str, out: Path | None, iters: int,
         budget_s: float, device: str, hook: str, say: Callable[[str], None]) -> tuple[dict | None, Path]:
     """Measure in a new directory (``out``, or bench-out/allreduce/<date-time>); (the result, its JSON file)."""
@@ -38,16 +75,5 @@ def run(*, target: SlurmTarget | None, nproc: int, nodes: int, sizes: str, out: 
 
     out_dir = choose_out_dir(out, root=Path("bench-out") / "allreduce")
     out_file = out_dir / "allreduce.json"
-    if target is None:
-        from trainscale.bench.runner import measure_allreduce
-
-        out_dir.mkdir(parents=True, exist_ok=True)
-        return measure_allreduce(nproc, sizes, out_file, out_dir / "logs", iters=iters, budget_s=budget_s,
-                                 device=device, hook=hook), out_file
-    from trainscale.bench.slurm_runs import allreduce_job, measure_allreduce
-
-    job = allreduce_job(target, nodes=nodes, ranks_per_node=nproc, sizes=sizes, out_file=out_file.absolute(),
-                        output_dir=out_dir / "job", iters=iters, budget_s=budget_s, device=device,
-                        name="bench-allreduce", hook=hook)  # linted before anything is written
-    out_dir.mkdir(parents=True, exist_ok=True)
-    return measure_allreduce(target, job, out_file, on_line=say), out_file
+    return measure(target, nproc=nproc, nodes=nodes, sizes=sizes, out_file=out_file, iters=iters, budget_s=budget_s,
+                   logs=out_dir / ("logs" if target is None else "job"), device=device, hook=hook, say=say), out_file

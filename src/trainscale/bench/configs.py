@@ -161,15 +161,12 @@ def with_nodes(configs: str | None, nodes: tuple[int, ...]) -> str:
 
 
 def int_tuple(value, option: str) -> tuple[int, ...]:
-    """Numbers as a command line or a variable spells them (``16,32``) or a TOML array (``[16, 32]``)."""
+    """Numbers, each >= 1, as a command line or a variable spells them (``16,32``) or a TOML array (``[16, 32]``)."""
     if not value:
         return ()
-    return parse_int_list(value if isinstance(value, str) else ",".join(str(v) for v in value), option)
-
-
-def parse_int_list(text: str, option: str) -> tuple[int, ...]:
+    text = value if isinstance(value, str) else ",".join(str(v) for v in value)
     try:
-        values = tuple(int(v) for v in str(text).split(","))
+        values = tuple(int(v) for v in text.split(","))
     except ValueError:
         raise ConfigError(f"{option} {text!r} is not a comma-separated list of numbers",
                           hint=f"e.g. {option} 16,32,64,128") from None

@@ -51,9 +51,6 @@ class _LineSink(io.TextIOBase):
             self.on_line(line)
         return len(text)
 
-    def flush(self) -> None:
-        pass
-
 
 class StudyDisplay:
     """A rich Live table when the console is a terminal; plain one-line updates otherwise."""

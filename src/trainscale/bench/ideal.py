@@ -1,11 +1,8 @@
 """The achievable ideal: the speedup each configuration's hardware allows, next to the linear one.
 
-Linear speedup assumes every added rank brings its own hardware. On one machine that is often false:
-trainscale gives a single CPU rank every core (``OMP_NUM_THREADS`` = cores / ranks), so 2 ranks on the
-same cores have the same compute as 1 and cannot be faster than 1.0x; two "nodes" of the local test
-cluster share one machine. The ideal here counts the compute units a configuration may use — GPUs, or
-the cores its ranks x threads cover, per node, counted once where nodes share a machine — and divides by
-the baseline's. Efficiency is reported against both.
+Linear speedup assumes every added rank brings its own hardware; ranks that share cores (or nodes that are
+one machine) cannot reach it. Why, and what counts as a compute unit: docs/scaling.md, "The achievable
+ideal".
 """
 
 from __future__ import annotations
@@ -65,8 +62,9 @@ def add_achievable(runs: list[dict], baseline: str, *, cores_per_node: int, thre
         speedup = run.get("speedup")
         run["efficiency_vs_achievable"] = (speedup / run["achievable_speedup"]
                                            if speedup is not None and run["achievable_speedup"] else None)
-    shared = [r for r in runs if r["world_size"] > 1 and r["achievable_speedup"] is not None and base is not None
-              and r["achievable_speedup"] < r["world_size"] / max(1, _world(runs, baseline))]
+    base_world = next((int(r["world_size"]) for r in runs if r["config"] == baseline), 1)
+    shared = [r for r in runs if r["world_size"] > 1 and r["achievable_speedup"] is not None  # so base is known
+              and r["achievable_speedup"] < r["world_size"] / max(1, base_world)]
     if not shared:
         return None
     names = ", ".join(f"{r['label']} ({r['achievable_speedup']:.2f}x)" for r in shared)
@@ -74,6 +72,3 @@ def add_achievable(runs: list[dict], baseline: str, *, cores_per_node: int, thre
             f"linear speedup is out of reach, and the most their cores allow is {names}. Efficiency is given "
             f"against both.")
 
-
-def _world(runs: list[dict], token: str) -> int:
-    return next((int(r["world_size"]) for r in runs if r["config"] == token), 1)

@@ -1,13 +1,7 @@
-"""`trainscale bench` and `trainscale tune` options in the one order of ``trainscale.config``:
-
-    StudySpec / TuneSpec defaults < --config FILE's [bench] / [tune] table < TRAINSCALE_BENCH_* /
-    TRAINSCALE_TUNE_* < the command line
-
-The command line is argparse's namespace, None where an option was not given; the few options whose
-command-line name is not the field's are renamed here, and the dataclasses convert the values a command
-line, a variable and a TOML file spell differently (``16,32`` or ``[16, 32]``). What the command decides
-itself (SCRIPT and its arguments, the GPUs it sees, the cores, the ``--slurm`` target) is no option.
-"""
+"""`trainscale bench` and `trainscale tune` options in the one order of ``trainscale.config`` (docs/architecture.md):
+StudySpec / TuneSpec defaults < --config FILE's [bench] / [tune] table < TRAINSCALE_BENCH_* / TRAINSCALE_TUNE_* <
+the command line (argparse's namespace, None where an option was not given). What the command decides itself
+(SCRIPT and its arguments, the GPUs it sees, the cores, the ``--slurm`` target) is no option."""
 
 from __future__ import annotations
 
@@ -42,11 +36,11 @@ def study_spec(ns: Mapping[str, Any], *, target: str | None = None, rest=(), slu
                environ: Mapping[str, str] | None = None) -> StudySpec:
     """The study of ``trainscale bench`` (``ns``: its parsed options; ``target``, ``rest``: SCRIPT and its
     arguments, or the workload's after ``--``; ``slurm``: the ``--slurm`` target)."""
-    from trainscale.bench.configs import parse_int_list, with_nodes
+    from trainscale.bench.configs import int_tuple, with_nodes
     from trainscale.runtime.device import visible_gpu_count
     from trainscale.config import resolve
 
-    nodes = parse_int_list(ns["nodes"], "--nodes") if ns.get("nodes") else ()
+    nodes = int_tuple(ns.get("nodes"), "--nodes")
     # a login node's GPUs say nothing of the compute nodes'
     fixed = {**_target(target, rest), "slurm": slurm, "gpus_visible": 0 if slurm is not None else visible_gpu_count()}
     # with no SCRIPT the study is of the cnn workload unless a source names one

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainscale.errors import ConfigError
-
 COLOURS = {"data": "#8da0cb", "compute": "#66c2a5", "communication": "#fc8d62", "optimizer": "#e78ac3",
            "other": "#b3b3b3"}
-
-
 MISSING = "plots need matplotlib, which is not installed"
 
 
@@ -31,19 +27,12 @@ def pyplot():
     return plt
 
 
-def _pyplot():
-    plt = pyplot()
-    if plt is None:
-        raise ConfigError(MISSING, hint="pip install 'trainscale[bench]' (or matplotlib), or pass --no-plots")
-    return plt
-
-
 def _ok(study: dict) -> list[dict]:
     return [r for r in study["runs"] if r.get("status") == "ok"]
 
 
 def speedup_plot(study: dict, path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     runs = [r for r in _ok(study) if r.get("speedup") is not None]
     rejected = [r for r in _ok(study) if r.get("rejected")]
     base = next(r for r in study["runs"] if r["config"] == study["baseline"])
@@ -87,11 +76,13 @@ def speedup_plot(study: dict, path: Path) -> Path:
 
 
 def _tick(run: dict) -> str:
-    return _short(run) + ("*" if run.get("disturbed") else "")
+    """A run's bar label: its label shortened, its batch in a sweep, "*" when disturbed."""
+    batch = f"\nbatch {run['per_rank_batch']}" if run.get("sweep") else ""
+    return run["label"].replace("DDP ", "").replace(" x ", "x") + batch + ("*" if run.get("disturbed") else "")
 
 
 def throughput_plot(study: dict, path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     runs = [r for r in _ok(study) if r.get("samples_per_s")]
     fig, ax = plt.subplots(figsize=(10, 4.5))
     bars = ax.bar([_tick(r) for r in runs], [r["samples_per_s"] for r in runs],
@@ -117,7 +108,7 @@ LABELS = {"data": "data wait", "compute": "compute (forward + backward)", "commu
 
 
 def breakdown_plot(study: dict, path: Path) -> Path | None:
-    plt = _pyplot()
+    plt = pyplot()
     runs = [r for r in _ok(study) if r.get("breakdown")]
     if not runs:
         return None
@@ -143,7 +134,7 @@ def breakdown_plot(study: dict, path: Path) -> Path | None:
 
 
 def sweep_plot(study: dict, path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
     by_config: dict[str, list[dict]] = {}
     for r in _ok(study):
@@ -166,11 +157,6 @@ def sweep_plot(study: dict, path: Path) -> Path:
     return save(fig, path)
 
 
-def _short(run: dict) -> str:
-    return run["label"].replace("DDP ", "").replace(" x ", "x") + (
-        f"\nbatch {run['per_rank_batch']}" if run.get("sweep") else "")
-
-
 def save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=100, bbox_inches="tight")  # titles, outside legends and notes never clipped
@@ -181,7 +167,7 @@ def save(fig, path: Path) -> Path:
 
 
 def make_all(study: dict, out_dir: Path) -> dict[str, str]:
-    """Write every plot that has data; name -> path."""
+    """Write every plot that has data (matplotlib is there: ``available()``); name -> path."""
     out: dict[str, str] = {}
     if not _ok(study):
         return out

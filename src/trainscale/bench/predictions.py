@@ -1,17 +1,10 @@
-"""Put the projection model next to a study's measurements.
-
-- ``validate``: predict every measured multi-rank run's step time in its steady state (after the first
-  epoch's warm-up) from the single-rank run's and the all-reduce bus bandwidth measured at that rank
-  count on this machine, calibrated with what the *other*
-  multi-rank runs recorded (leave one out: a run never calibrates its own prediction); the error
-  says how far to trust it, before and after calibration.
-- ``attach_projection``: predicted rows at 8 ... N ranks for a preset (or the measured) network, with
-  the overlap the runs measured.
-"""
+"""Put the projection model next to a study's measurements: ``validate`` predicts each measured multi-rank
+run's steady step from the single-rank run and the all-reduce measured at its rank count, calibrated on the
+*other* runs (leave one out); ``attach_projection`` adds predicted rows for a preset (or the measured)
+network. The method: docs/scaling.md, "Validation and calibration on this machine"."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from statistics import geometric_mean
 
 from trainscale.bench.projection import (HOST_SECTIONS, Calibration, Measured, ModelOptions, Network, Prediction,
@@ -91,13 +84,9 @@ def measured_overlap(run: dict, options: ModelOptions) -> float | None:
 
 def fit_calibration(points: list[tuple[dict, ModelOptions, Prediction]]) -> Calibration | None:
     """Per-section and communication factors (geometric means of measured / modelled) and the mean
-    measured overlap, from multi-rank runs and their uncalibrated predictions.
-
-    The communication factor comes only from runs with a core per thread. Where ranks take turns on
-    cores (``ranks_per_core`` > 1), the in-training all-reduce also holds the wait for core-mates still
-    computing: core time the model counts as compute (projection.py). For those runs that wait, the
-    all-reduce time beyond the ring model (times the factor) is added back to the measured compute
-    before the compute factor is taken (docs/scaling.md has what this changed)."""
+    measured overlap, from multi-rank runs and their uncalibrated predictions. Only runs with a core per
+    thread teach the communication factor: where ranks take turns on cores, the all-reduce also holds the
+    wait for core-mates, which the model counts as compute (measured_section; docs/scaling.md)."""
     if not points:
         return None
     comm = [breakdown(run)["communication_total"] / pred.comm_s for run, options, pred in points
@@ -149,20 +138,20 @@ def validate(study: dict, measure) -> list[dict]:
         options = ModelOptions(scaling=scaling, contention=contention(run, source),
                                ranks_per_core=run.get("ranks_per_core") or 1.0,
                                buckets=breakdown(run).get("buckets") or None)
-        points.append((run, network, options, scaling, predict(measured, network, run["world_size"], options)))
-    for run, network, options, scaling, plain in points:  # a disturbed run calibrates nothing
-        calibration = fit_calibration([(r, o, p) for r, _, o, _, p in points if r is not run and not disturbed(r)])
+        points.append((run, network, options, predict(measured, network, run["world_size"], options)))
+    for run, network, options, plain in points:  # a disturbed run calibrates nothing
+        calibration = fit_calibration([(r, o, p) for r, _, o, p in points if r is not run and not disturbed(r)])
         pred = predict(measured, network, run["world_size"], options, calibration) if calibration else plain
         measured_step = step_time(run)
         run["predicted_step_s"] = pred.step_s
-        run["prediction"] = {**pred.as_dict(), "network": network.__dict__, "scaling": scaling,
+        run["prediction"] = {**pred.as_dict(), "network": network.__dict__, "scaling": options.scaling,
                              "contention": options.contention, "measured_step_s": measured_step,
                              "from_epoch": (run.get("steady") or {}).get("from_epoch", 1),
                              "error": pred.step_s / measured_step - 1,
                              "uncalibrated_error": plain.step_s / measured_step - 1,
                              "calibrated_on": list(calibration.runs) if calibration else [],
                              "disturbed": disturbed(run)}
-    everything = fit_calibration([(r, o, p) for r, _, o, _, p in points if not disturbed(r)])
+    everything = fit_calibration([(r, o, p) for r, _, o, p in points if not disturbed(r)])
     if everything:
         study["calibration"] = {"sections": everything.sections, "comm": everything.comm,
                                 "overlap": everything.overlap, "runs": list(everything.runs)}
@@ -210,14 +199,3 @@ def averaging_hook(workload_args: tuple[str, ...] | list[str]) -> str:
     hook = parse_spec(option_value(workload_args, "--strategy") or "ddp")[1].get("comm_hook", "auto").lower()
     return hook if hook in ("auto", "shm") else "none"
 
-
-def allreduce_measurer(out_dir: Path, device: str = "auto", hook: str = "auto"):
-    """A ``measure(n, sizes)`` that launches the all-reduce benchmark like training; ``hook``: what the
-    runs' DDP averaged with (``auto``: as ``comm_hook=auto``, shared memory for CPU ranks of one node)."""
-    from trainscale.bench.runner import measure_allreduce
-
-    def measure(n: int, sizes: str) -> dict | None:
-        return measure_allreduce(n, sizes, out_dir / f"allreduce-{n}.json", out_dir / "runs" / f"allreduce-{n}",
-                                 iters=30, budget_s=2.0, device=device, hook=hook)
-
-    return measure

@@ -1,27 +1,8 @@
 """Predict DDP step time, speedup and efficiency at many ranks from one measured rank. Pure.
 
-The model (assumptions stated in docs/scaling.md):
-
-    compute(n)  = compute(1) * per-rank batch(n) / per-rank batch(1)     (linear in the batch)
-    comm(n)     = 2 (n-1)/n * gradient bytes / busbw + buckets * 2 (n-1) * latency    (ring all-reduce)
-    exposed(n)  = max(0, comm(n) - overlap * backward(n) * (buckets-1)/buckets),  backward = 2/3 of fwd+bwd
-    step(n)     = data(n) + compute(n) + optimizer + exposed(n)
-
-``contention`` is how much less hardware each rank has than the single measured rank: n ranks on the
-cores one rank already used (one CPU node) get 1/n of them each, so their host work (data, compute,
-optimizer, the rest) takes n times as long with perfect threading. It is ranks x the measured rank's
-compute units / the run's compute units (bench/ideal.py); 1 where every rank brings its own GPU. Where the ranks' threads outnumber
-the cores (``ranks_per_core`` r > 1) ranks take turns on them: a rank that has finished backward waits in
-its all-reduce for the core-mates still computing, and the cores stay busy with their work meanwhile.
-The model's compute is that *core time* (the rank's own forward+backward and the turns it gives its
-core-mates), so the wait is part of it and not added to the communication; the timer shows it inside
-the all-reduce, which is why a measured run's compute looks shorter and its communication longer.
-
-A :class:`Calibration` corrects the model with what measured multi-rank runs recorded: per section,
-how far its measured time was from the model (threads rarely scale perfectly, so time-sharing cores
-costs less than n times); how long the in-training all-reduces took against the ring model with the
-all-reduce benchmark's bandwidth (per-bucket times from the DDP hook); and how much of the backward
-pass the run actually hid communication behind (the overlap).
+The model, its assumptions, the contention factor for ranks that share hardware and the calibration
+with measured runs: docs/scaling.md, "The projection model" and "Validation and calibration on this
+machine".
 """
 
 from __future__ import annotations
@@ -249,7 +230,8 @@ def predict(measured: Measured, network: Network, ranks: int, options: ModelOpti
     compute = measured.compute_s * work * share * cal.factor("compute")
     optimizer = measured.optimizer_s * share * cal.factor("optimizer")
     other = measured.other_s * share * cal.factor("other")
-    comm = modelled_comm(measured.gradient_bytes, ranks, network, options) * cal.comm
+    buckets = max(1, options.buckets or bucket_count(measured.gradient_bytes, options.bucket_bytes))
+    comm = ring_allreduce_s(measured.gradient_bytes, ranks, network.busbw_Bps, network.latency_s, buckets) * cal.comm
     overlap = options.overlap if cal.overlap is None else cal.overlap
     exposed = max(0.0, comm - overlap * hideable_s(compute, measured.gradient_bytes, options))
     step = data + compute + optimizer + other + exposed
@@ -262,12 +244,6 @@ def hideable_s(compute_s: float, gradient_bytes: int, options: ModelOptions = Mo
     ready, so the last bucket always runs after backward and only the other buckets' share can hide."""
     buckets = max(1, options.buckets or bucket_count(gradient_bytes, options.bucket_bytes))
     return options.backward_fraction * compute_s * (buckets - 1) / buckets
-
-
-def modelled_comm(gradient_bytes: int, ranks: int, network: Network, options: ModelOptions = ModelOptions()) -> float:
-    """The ring model's all-reduce seconds per step for ``gradient_bytes`` in DDP's buckets."""
-    buckets = options.buckets or bucket_count(gradient_bytes, options.bucket_bytes)
-    return ring_allreduce_s(gradient_bytes, ranks, network.busbw_Bps, network.latency_s, max(1, buckets))
 
 
 def projection_ranks(start: int, stop: int) -> list[int]:

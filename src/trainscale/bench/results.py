@@ -32,9 +32,8 @@ def per_step_breakdown(epochs: list[dict], step_time_s: float) -> dict | None:
     total = sum(out[k] for k in SECTIONS)
     # exposed (the step waited for it) and overlapped (in flight while backward computed) communication
     out["communication_overlapped"] = max(0.0, out["communication_total"] - out["communication"])
-    out["communication_fraction"] = out["communication"] / total if total > 0 else 0.0
-    out["communication_overlapped_fraction"] = out["communication_overlapped"] / total if total > 0 else 0.0
-    out["optimizer_fraction"] = out["optimizer"] / total if total > 0 else 0.0
+    for key in ("communication", "communication_overlapped", "optimizer"):
+        out[f"{key}_fraction"] = out[key] / total if total > 0 else 0.0
     out["gradient_bytes"] = int(timed[-1]["breakdown"].get("gradient_bytes", 0))
     out["buckets"] = int(max(e["breakdown"].get("buckets", 0) for e in timed))
     return out
@@ -215,16 +214,8 @@ def markdown_document(study: dict, plots: dict[str, str]) -> str:
              f"torch {env['torch']}, trainscale {env['trainscale']}.", "",
              sweep_table(study) if spec.get("sweep_batches") else markdown_table(study), ""]
     parts += [f"{line}\n" for line in notes(study)]
-    if study.get("shared_hardware"):
-        parts += [f"**Shared hardware:** {study['shared_hardware']}", ""]
-    check = model_check(study)
-    if check:
-        parts += [check, ""]
-    busy = busy_warning(study)
-    if busy:
-        parts += [f"**Warning:** {busy}", ""]
-    for text in suggestions(study):
-        parts += [f"**Suggestion:** {text}", ""]
+    for label, text in caveats(study):
+        parts += [f"**{label}:** {text}" if label else text, ""]
     proj = study.get("projection")
     if proj:
         parts += [f"Projection: {proj['network']['name']}, busbw {proj['network']['busbw_Bps'] / 1e9:.2f} GB/s, "
@@ -232,6 +223,14 @@ def markdown_document(study: dict, plots: dict[str, str]) -> str:
                   f"({proj['gradient_bytes'] / 1e6:.1f} MB of gradients); model in docs/scaling.md.", ""]
     parts += [f"![{name}]({Path(path).name})" for name, path in plots.items()]
     return "\n".join(parts) + "\n"
+
+
+def caveats(study: dict) -> list[tuple[str, str]]:
+    """(label, sentence) of what goes under a study's table after its marks' notes: shared hardware, the
+    model check (no label), a busy machine, suggestions."""
+    found = [("Shared hardware", study.get("shared_hardware")), ("", model_check(study)),
+             ("Warning", busy_warning(study)), *(("Suggestion", text) for text in suggestions(study))]
+    return [(label, text) for label, text in found if text]
 
 
 def model_check(study: dict) -> str | None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from trainscale.bench import results
 from trainscale.bench.display import Row, StudyDisplay
-from trainscale.bench.study import BATCH_ENV, METRICS_ENV, Plan, PlannedRun, read_metrics
+from trainscale.bench.metrics import METRICS_ENV
+from trainscale.bench.study import BATCH_ENV, Plan, PlannedRun, read_metrics
 
 
 def _target(spec_plan: Plan, run: PlannedRun, run_dir: Path) -> tuple[str, bool, tuple[str, ...], dict[str, str]]:
@@ -18,15 +18,6 @@ def _target(spec_plan: Plan, run: PlannedRun, run_dir: Path) -> tuple[str, bool,
     if spec.workload:
         return "trainscale.workloads", True, (spec.workload, *run.args, "--metrics-out", str(metrics.absolute())), env
     return str(Path(spec.script).absolute()), False, tuple(run.args), env
-
-
-def launch_spec(spec_plan: Plan, run: PlannedRun, run_dir: Path):
-    """The LocalLaunchSpec of one run (what ``trainscale run`` would build for it)."""
-    from trainscale.launch.local import LocalLaunchSpec
-
-    target, module, args, env = _target(spec_plan, run, run_dir)
-    return LocalLaunchSpec(target=target, module=module, args=args, nproc_per_node=run.config.nproc_per_node,
-                           run_dir=run_dir, env=env)  # one directory: metrics.json, records, logs, run.json
 
 
 def job_specs(spec_plan: Plan, out_dir: Path) -> dict:
@@ -67,11 +58,13 @@ def execute_run(plan: Plan, run: PlannedRun, out_dir: Path, display: StudyDispla
         record.update(slurm_job=outcome.job_id, log_dir=str(outcome.job_dir),
                       run_dir=_relative(outcome.job_dir.parent, out_dir))
     else:
-        from trainscale.launch.local import launch
+        from trainscale.launch.local import LocalLaunchSpec, launch
 
+        target, module, args, env = _target(plan, run, run_dir)  # as `trainscale run` would launch it
         record["load_before"] = _load()
-        with display.capture(run.name):
-            result = launch(launch_spec(plan, run, run_dir))
+        with display.capture(run.name):  # one directory: metrics.json, records, logs, run.json
+            result = launch(LocalLaunchSpec(target=target, module=module, args=args, env=env, run_dir=run_dir,
+                                            nproc_per_node=run.config.nproc_per_node))
         ok, seconds, summary = result.ok, result.seconds, result.summary
         record["log_dir"] = str(result.log_dir) if result.log_dir else None
         record["run_dir"] = _relative(run_dir, out_dir)  # where `trainscale report` finds its records
@@ -123,35 +116,14 @@ def _load() -> float | None:
         return None
 
 
-def rows_for(plan: Plan) -> list[Row]:
-    epochs = plan.spec.epochs if plan.spec.workload else None
-    return [Row(r.name, r.config.label, r.config.world_size, r.per_rank_batch, epochs) for r in plan.runs]
-
-
 def execute(plan: Plan, out_dir: Path, *, verbose: bool = False, console=None, jobs: dict | None = None) -> list[dict]:
     where = f" (SLURM jobs, profile {plan.spec.slurm.profile})" if jobs is not None else ""
     title = f"trainscale bench: {plan.spec.target}{where} -> {out_dir}"
+    epochs = plan.spec.epochs if plan.spec.workload else None
+    rows = [Row(r.name, r.config.label, r.config.world_size, r.per_rank_batch, epochs) for r in plan.runs]
     records = []
-    with StudyDisplay(title, rows_for(plan), verbose=verbose, console=console) as display:
+    with StudyDisplay(title, rows, verbose=verbose, console=console) as display:
         for run in plan.runs:
             records.append(execute_run(plan, run, out_dir, display, jobs))
     return records
 
-
-def measure_allreduce(nproc: int, sizes: str, out_file: Path, log_dir: Path, *, iters: int = 20,
-                      budget_s: float = 1.0, device: str = "auto", hook: str = "none") -> dict | None:
-    """Launch ``trainscale.bench.allreduce`` on ``nproc`` local ranks like training; its JSON, or None."""
-    import contextlib
-    import io
-
-    from trainscale.launch.local import LocalLaunchSpec, launch
-
-    spec = LocalLaunchSpec(target="trainscale.bench.allreduce", module=True, nproc_per_node=nproc, log_dir=log_dir,
-                           args=("--sizes", sizes, "--iters", str(iters), "--budget", str(budget_s), "--device", device,
-                                 "--hook", hook, "--out", str(out_file.absolute())))
-    sink = io.StringIO()
-    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-        result = launch(spec)
-    if not result.ok:
-        return {"error": result.summary}
-    return json.loads(out_file.read_text())

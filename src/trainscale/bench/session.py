@@ -8,7 +8,7 @@ from pathlib import Path
 
 from trainscale.bench import environment, plots as plotting, results, validity
 from trainscale.bench.study import StudySpec, choose_out_dir, plan
-from trainscale.launch.rundir import mark_latest
+from trainscale.launch.rundir import command_line, mark_latest
 from trainscale.errors import ConfigError
 
 
@@ -56,13 +56,8 @@ class Outcome:
         """What ``trainscale bench`` prints when the study is done: the table, its caveats, the files written."""
         study = self.study
         lines = ["", results.sweep_table(study) if sweep else results.markdown_table(study), "", *validity.notes(study)]
-        if study.get("shared_hardware") and not sweep:
-            lines.append(f"Shared hardware: {study['shared_hardware']}")
-        if results.model_check(study):
-            lines.append(results.model_check(study))
-        if results.busy_warning(study):
-            lines.append(f"Warning: {results.busy_warning(study)}")
-        lines += [f"Suggestion: {text}" for text in results.suggestions(study)]
+        lines += [f"{label}: {text}" if label else text for label, text in results.caveats(study)
+                  if not (sweep and label == "Shared hardware")]  # a sweep's table has no speedups
         if study.get("projection_error"):
             lines.append(f"No projection: {study['projection_error']}")
         return lines + [f"{name:>10}: {path}" for name, path in (*self.files.items(), *self.plots.items())]
@@ -102,7 +97,7 @@ def run_study(spec: StudySpec, *, projection: ProjectionRequest | None = None, v
     runs = execute(the_plan, out_dir, verbose=verbose, console=console, jobs=jobs)
     study = {"target": spec.target, "baseline": the_plan.baseline.token, "environment": environment.collect(),
              "spec": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items()},
-             "started_at": started, "command": command(), "runs": runs}
+             "started_at": started, "command": command_line(), "runs": runs}
     results.add_speedups(runs, the_plan.baseline.token)
     study["shared_hardware"] = _achievable(study, spec)
     validity.assess(runs, the_plan.baseline.token, cores=study["environment"].get("cores"))
@@ -124,12 +119,6 @@ def run_study(spec: StudySpec, *, projection: ProjectionRequest | None = None, v
     return Outcome(out_dir, study, files, plot_paths, tuple(missing))
 
 
-def command() -> list[str]:
-    from trainscale.launch.rundir import command_line
-
-    return command_line()
-
-
 def _achievable(study: dict, spec: StudySpec) -> str | None:
     """Each run's achievable speedup (bench/ideal.py): this machine's cores, or the SLURM profile's nodes."""
     import os
@@ -147,7 +136,7 @@ def _achievable(study: dict, spec: StudySpec) -> str | None:
 
 
 def _predict(study: dict, spec: StudySpec, out_dir: Path, projection: ProjectionRequest | None, validate: bool) -> None:
-    from trainscale.bench import predictions
+    from trainscale.bench import allreduce_run, predictions
     from trainscale.bench.projection import get_preset
 
     if not (projection or validate) or not any(r.get("breakdown") for r in study["runs"]):
@@ -157,12 +146,12 @@ def _predict(study: dict, spec: StudySpec, out_dir: Path, projection: Projection
     except ConfigError as exc:
         study["projection_error"] = str(exc)
         return
-    if spec.slurm is not None:
-        from trainscale.bench.slurm_runs import allreduce_measurer
+    hook = predictions.averaging_hook(spec.workload_args)  # what the runs' DDP averaged with
 
-        measure = allreduce_measurer(spec.slurm, out_dir, hook=predictions.averaging_hook(spec.workload_args))
-    else:
-        measure = predictions.allreduce_measurer(out_dir, hook=predictions.averaging_hook(spec.workload_args))
+    def measure(n: int, sizes: str) -> dict:  # n ranks on one node, here or as one SLURM job
+        return allreduce_run.measure(spec.slurm, nproc=n, sizes=sizes, out_file=out_dir / f"allreduce-{n}.json",
+                                     logs=out_dir / "runs" / f"allreduce-{n}", iters=30, budget_s=2.0, hook=hook,
+                                     name=f"bench-allreduce-{n}")
     if validate or (projection and projection.interconnect == "measured"):
         checked = predictions.validate(study, measure)
         # the model's error where only the training ran (all runs' where other work disturbed every one)

@@ -1,16 +1,9 @@
-"""A study's runs as SLURM jobs (``trainscale bench --slurm``).
-
-Each configuration becomes one batch job, rendered, linted and submitted exactly as
-``trainscale slurm --submit`` does it (same launch modes, binding, port, job directory and
-``trainscale logs JOBID``), then watched to its end. The workload writes its metrics into the study
-directory, so that directory must be visible from the compute nodes (home, project and scratch
-file systems are, on clusters). Every job is linted before the first one is submitted.
-"""
+"""A study's runs as SLURM jobs (``trainscale bench --slurm``), each rendered, linted and submitted exactly as
+``trainscale slurm --submit`` does it, then watched to its end: docs/scaling.md, "On SLURM"."""
 
 from __future__ import annotations
 
 import functools
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,39 +133,3 @@ def run_job(target: SlurmTarget, job: PreparedJob, *, on_line=None) -> JobOutcom
     return JobOutcome(ok=final.state == "COMPLETED", seconds=time.monotonic() - started,
                       summary=explain(final, record), job_id=record.job_id, job_dir=record.job_dir)
 
-
-def allreduce_job(target: SlurmTarget, *, nodes: int, ranks_per_node: int, sizes: str, out_file: Path,
-                  output_dir: Path, iters: int = 20, budget_s: float = 1.0, device: str = "auto",
-                  name: str = "allreduce", hook: str = "none") -> PreparedJob:
-    args = ("--sizes", sizes, "--iters", str(iters), "--budget", str(budget_s), "--device", device,
-            *(("--hook", hook) if hook != "none" else ()), "--out", str(out_file.absolute()))
-    spec = target.job(name=name, nodes=nodes, ranks_per_node=ranks_per_node, output_dir=output_dir.absolute(),
-                      module="trainscale.bench.allreduce", args=args,
-                      command_line=("trainscale", "bench", "allreduce", "--slurm"))
-    return prepare(target, {name: spec})[name]
-
-
-def measure_allreduce(target: SlurmTarget, job: PreparedJob, out_file: Path, *, on_line=None) -> dict:
-    """Run a prepared all-reduce job; its JSON, or ``{"error": explanation}``."""
-    outcome = run_job(target, job, on_line=on_line)
-    if not outcome.ok:
-        return {"error": outcome.summary}
-    try:
-        return json.loads(out_file.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        return {"error": f"job {outcome.job_id} completed but wrote no result to {out_file} ({exc}); is the output "
-                         "directory on a file system the compute nodes share?"}
-
-
-def allreduce_measurer(target: SlurmTarget, out_dir: Path, device: str = "auto", hook: str = "none"):
-    """``measure(n, sizes)`` for the model check: n ranks on one node, as one SLURM job; ``hook``: what
-    the runs' DDP averaged with (bench/allreduce.py's ``--hook``)."""
-
-    def measure(n: int, sizes: str) -> dict | None:
-        out_file = out_dir / f"allreduce-{n}.json"
-        job = allreduce_job(target, nodes=1, ranks_per_node=n, sizes=sizes, out_file=out_file,
-                            output_dir=out_dir / "runs" / f"allreduce-{n}", iters=30, budget_s=2.0, device=device,
-                            name=f"bench-allreduce-{n}", hook=hook)
-        return measure_allreduce(target, job, out_file)
-
-    return measure

@@ -19,7 +19,6 @@ from trainscale.bench.configs import (RunConfig, find_baseline, int_tuple, parse
 from trainscale.bench.slurm_runs import SlurmTarget
 from trainscale.errors import ConfigError
 
-METRICS_ENV = "TRAINSCALE_METRICS_OUT"
 BATCH_ENV = "TRAINSCALE_BATCH"
 
 
@@ -141,16 +140,13 @@ def _workload_args(spec: StudySpec, config: RunConfig, batch: int, max_steps: in
     return (*args, *spec.workload_args)
 
 
-def _script_args(spec: StudySpec, batch: int) -> tuple[str, ...]:
-    return tuple(a.replace("{batch}", str(batch)) for a in spec.script_args)
-
-
-def plan(spec: StudySpec, *, preflight: bool = True) -> Plan:
-    """Every run of the study with its batch sizes and arguments; raises ConfigError before any launch."""
+def plan(spec: StudySpec) -> Plan:
+    """Every run of the study with its batch sizes and arguments; raises ConfigError before any launch, the
+    workload's own checks (options, data large enough for every rank) included."""
     configs = spec.parsed_configs()
     baseline = find_baseline(configs, spec.baseline)
     if spec.workload:
-        from trainscale.workloads.registry import get_workload
+        from trainscale.workloads.registry import get_workload, workload_preflight
 
         get_workload(spec.workload)
     out = Plan(spec, configs, baseline)
@@ -161,30 +157,21 @@ def plan(spec: StudySpec, *, preflight: bool = True) -> Plan:
             index += 1
             batch = batch_option if spec.sweep_batches else per_rank_batch(config, batch_option, spec.scaling)
             steps = scaled_max_steps(spec.max_steps, config, baseline, "weak" if spec.sweep_batches else spec.scaling)
-            args = _workload_args(spec, config, batch, steps) if spec.workload else _script_args(spec, batch)
+            args = (_workload_args(spec, config, batch, steps) if spec.workload
+                    else tuple(a.replace("{batch}", str(batch)) for a in spec.script_args))
             slug = re.sub(r"[^a-zA-Z0-9]+", "-", config.token).strip("-") or "run"
             name = f"{index:02d}-{slug}" + (f"-b{batch}" if spec.sweep_batches else "")
             out.runs.append(PlannedRun(name, config, batch, batch * config.world_size, steps, args,
                                        bool(spec.sweep_batches)))
-    if preflight and spec.workload:
-        _preflight(spec.workload, out.runs)
-    return out
-
-
-def _preflight(workload: str, runs: list[PlannedRun]) -> None:
-    """The workload's own checks (options, data large enough for every rank) for each run."""
-    from trainscale.workloads.registry import workload_preflight
-
-    check = workload_preflight(workload)
-    if check is None:
-        return
-    for run in runs:
+    check = workload_preflight(spec.workload) if spec.workload else None
+    for run in out.runs if check else ():
         try:
             # a GPU configuration planned where no GPU is (a login node) is checked for its GPUs
             check(list(run.args), run.config.world_size, gpus=run.config.gpus or None)
         except ConfigError as exc:
             raise ConfigError(f"configuration {run.config.token!r} (batch {run.per_rank_batch} per rank): "
                               f"{exc.message}", hint=exc.hint) from None
+    return out
 
 
 def choose_out_dir(requested: Path | None, root: Path = Path("bench-out"), now: datetime.datetime | None = None,

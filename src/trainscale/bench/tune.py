@@ -40,21 +40,17 @@ class Setting:
 
     def workload_args(self, base_strategy: str) -> list[str]:
         args = ["--batch-size", str(self.batch_size)]
-        if self.threads is not None:
-            args += ["--threads", str(self.threads)]
-        if self.num_workers is not None:
-            args += ["--num-workers", str(self.num_workers)]
+        args += [arg for knob in ("threads", "num_workers") if getattr(self, knob) is not None
+                 for arg in (f"--{knob.replace('_', '-')}", str(getattr(self, knob)))]
         strategy = self.strategy(base_strategy)
         if strategy != base_strategy:
             args += ["--strategy", strategy]
         return args
 
     def describe(self) -> str:
-        parts = [f"batch {self.batch_size}"]
-        parts += [f"{k.replace('_', ' ')} {v}" for k, v in (("threads", self.threads), ("num_workers", self.num_workers),
-                                                           ("bucket_cap_mb", self.bucket_cap_mb),
-                                                           ("comm_hook", self.comm_hook)) if v is not None]
-        return ", ".join(parts)
+        knobs = dataclasses.asdict(self)
+        return ", ".join([f"batch {knobs.pop('batch_size')}", *(f"{k.replace('_', ' ')} {v}" for k, v in knobs.items()
+                                                                if v is not None)])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -221,10 +217,7 @@ def render_config(spec: TuneSpec, best: Setting, *, default_rate: float | None, 
         lines.append(f"# the per-rank batch changed from {spec.batch_size}: the global batch changes with it, "
                      "scale the learning rate (--lr) to match")
     lines += ["", "[train]", f"batch_size = {best.batch_size}"]
-    if best.threads is not None:
-        lines.append(f"threads = {best.threads}")
-    if best.num_workers is not None:
-        lines.append(f"num_workers = {best.num_workers}")
+    lines += [f"{knob} = {value}" for knob in ("threads", "num_workers") if (value := getattr(best, knob)) is not None]
     from trainscale.train.options import TrainOptions
 
     strategy = best.strategy(spec.strategy)

@@ -26,7 +26,8 @@ def trial_command(spec: TuneSpec, setting: Setting, metrics: Path, log_dir: Path
     head = [sys.executable, "-m", "trainscale", "run", "--nproc-per-node", str(spec.nproc_per_node),
             "--log-dir", str(log_dir)]
     if spec.script is not None:
-        from trainscale.bench.study import BATCH_ENV, METRICS_ENV
+        from trainscale.bench.metrics import METRICS_ENV
+        from trainscale.bench.study import BATCH_ENV
 
         if setting.threads is not None:
             env["OMP_NUM_THREADS"] = str(setting.threads)

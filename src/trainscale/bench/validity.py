@@ -2,11 +2,7 @@
 (disturbed), and speedups above what the hardware allows (impossible: something other than the training
 was measured, most often a disturbed baseline).
 
-Every run gets ``disturbed`` (why its own timing is unreliable, or None). Every run with a speedup gets
-``speedup_disturbed`` (its own or the baseline's disturbance: a speedup compares both). A speedup above
-:data:`SUPERLINEAR_LIMIT` times the most its hardware allows is moved out of ``speedup``, ``efficiency``
-and ``efficiency_vs_achievable`` into ``rejected`` (with the limit and the reason): the table, the
-Markdown, the CSV, the plots and the report then show "—(disturbed)" and say why, never the number.
+What each mark means and where it shows: docs/scaling.md, "Disturbed runs and impossible speedups".
 """
 
 from __future__ import annotations
@@ -37,7 +33,7 @@ def assess(runs: list[dict], baseline_token: str, *, cores: int | None) -> None:
     """Mark every run of a study in place (after speedups and the achievable ideal are known). Marking again
     gives the same marks: the report marks a study whose maker did not."""
     for run in runs:
-        for key, value in ((run.get("rejected") or {}).items() if run.get("rejected") else ()):
+        for key, value in (run.get("rejected") or {}).items():
             if key in FIGURES:
                 run[key] = value
         run["disturbed"] = disturbance(run, cores) if run.get("status") == "ok" else None

@@ -3,6 +3,7 @@ outside the network checks; the collect_* functions take these records, so tests
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import sys
@@ -83,22 +84,17 @@ def read_versions() -> Versions:
         import torch
     except Exception as exc:  # the report is most useful exactly when torch is broken
         return Versions(**base, torch_error=f"{type(exc).__name__}: {exc}")
-    nccl = None
-    try:
+    nccl, backends = None, ()
+    with contextlib.suppress(Exception):  # None: not readable (no GPU, a build without it)
         if torch.cuda.is_available() or torch.version.cuda or torch.version.hip:
             raw = torch.cuda.nccl.version()
             nccl = ".".join(map(str, raw)) if isinstance(raw, tuple) else str(raw)
-    except Exception:
-        nccl = None
-    backends = ()
-    try:
+    with contextlib.suppress(Exception):
         import torch.distributed as dist
 
         if dist.is_available():
             checks = (("gloo", dist.is_gloo_available), ("nccl", dist.is_nccl_available), ("mpi", dist.is_mpi_available))
             backends = tuple(name for name, check in checks if check())
-    except Exception:
-        backends = ()
     return Versions(**base, torch=torch.__version__, cuda=torch.version.cuda, hip=getattr(torch.version, "hip", None),
                     nccl=nccl, backends=backends)
 

@@ -50,18 +50,11 @@ class Finding:
         return asdict(self)
 
 
-def ok(section: str, check: str, message: str, hint: str = "", **detail: Any) -> Finding:
-    return Finding(section=section, check=check, level="ok", message=message, hint=hint, detail=detail)
+def at_level(level: str):
+    def make(section: str, check: str, message: str, hint: str = "", **detail: Any) -> Finding:
+        return Finding(section=section, check=check, level=level, message=message, hint=hint, detail=detail)
+    return make
 
 
-def warning(section: str, check: str, message: str, hint: str, **detail: Any) -> Finding:
-    return Finding(section=section, check=check, level="warning", message=message, hint=hint, detail=detail)
-
-
-def error(section: str, check: str, message: str, hint: str, **detail: Any) -> Finding:
-    return Finding(section=section, check=check, level="error", message=message, hint=hint, detail=detail)
-
-
-def worst(findings: list[Finding]) -> str:
-    """The most serious level among the findings (ok when there are none)."""
-    return max((f.level for f in findings), key=LEVELS.index, default="ok")
+ok, warning, error = at_level("ok"), at_level("warning"), at_level("error")
+"""A finding of each level (a warning or an error without a hint is refused)."""

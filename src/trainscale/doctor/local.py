@@ -26,10 +26,11 @@ def collect_versions(v: Versions) -> list[Finding]:
     found = [ok(VERSIONS, "trainscale", v.trainscale),
              ok(VERSIONS, "python", f"{v.python} at {v.executable}"),
              ok(VERSIONS, "platform", v.platform)]
+    packages = [ok(VERSIONS, name, version or "not installed", version=version) for name, version in v.packages.items()]
     if v.torch is None:
         found.append(error(VERSIONS, "torch", f"cannot import torch: {v.torch_error}",
                            "install PyTorch into this environment (https://pytorch.org/get-started/locally/)"))
-        return found + _packages(v)
+        return found + packages
     build = f"CUDA {v.cuda}" if v.cuda else f"ROCm/HIP {v.hip}" if v.hip else "CPU-only build"
     found.append(ok(VERSIONS, "torch", f"{v.torch} ({build})", torch=v.torch, cuda=v.cuda, hip=v.hip))
     if v.cuda or v.hip:
@@ -46,11 +47,7 @@ def collect_versions(v: Versions) -> list[Finding]:
     else:
         found.append(error(VERSIONS, "backends", "torch.distributed has no backend (gloo, nccl, mpi all missing)",
                            "install a PyTorch build with distributed support (the official wheels have it)"))
-    return found + _packages(v)
-
-
-def _packages(v: Versions) -> list[Finding]:
-    return [ok(VERSIONS, name, version or "not installed", version=version) for name, version in v.packages.items()]
+    return found + packages
 
 
 def collect_devices(d: Devices, v: Versions) -> list[Finding]:
@@ -104,36 +101,28 @@ def collect_launch(environ: Mapping[str, str]) -> tuple[list[Finding], LaunchEnv
     return [found, variables], env
 
 
-def binding_plan(env: LaunchEnv | None, topology: Topology, environ: Mapping[str, str]):
-    """(plan or None, requested?, note): the plan TRAINSCALE_CPU_BIND asks for, else the one trainscale would make."""
-    lws = env.local_world_size if env else 1
-    local_rank = env.local_rank if env else 0
-    value = environ.get(PLAN_ENV, "").strip()
-    requested = value not in ("", "none")
-    try:
-        if requested:
-            return plan_from_env(value, lws, detect=lambda: topology, environ=environ, local_rank=local_rank), True, ""
-        node = [g.index for g in topology.gpus]
-        order = gpu_order(visible_gpus(environ, node), node, local_rank, lws) if node else None
-        return plan_binding(topology, lws, gpu_order=order), False, ""
-    except TrainscaleError as exc:
-        return None, requested, exc.message
-
-
 def collect_binding(env: LaunchEnv | None, topology: Topology, affinity: frozenset[int],
                     environ: Mapping[str, str]) -> list[Finding]:
-    local_rank = env.local_rank if env else 0
+    lws, local_rank = (env.local_world_size, env.local_rank) if env else (1, 0)
     numa = sorted({n for n in (topology.numa_of(c) for c in affinity) if n is not None})
     actual = (f"{format_cpulist(sorted(affinity))} ({len(affinity)} CPU(s)"
               + (f", NUMA node(s) {', '.join(map(str, numa))})" if numa else ")"))
     found = [ok(BINDING, "affinity", f"local rank {local_rank} may run on CPUs {actual}", cpus=sorted(affinity))]
-    plan, requested, problem = binding_plan(env, topology, environ)
-    if plan is None:
+    value = environ.get(PLAN_ENV, "").strip()
+    requested = value not in ("", "none")
+    try:  # the plan TRAINSCALE_CPU_BIND asks for, else the one trainscale would make
         if requested:
-            found.append(warning(BINDING, "plan", f"{PLAN_ENV}={environ.get(PLAN_ENV)!r} cannot be used: {problem}",
+            plan = plan_from_env(value, lws, detect=lambda: topology, environ=environ, local_rank=local_rank)
+        else:
+            node = [g.index for g in topology.gpus]
+            order = gpu_order(visible_gpus(environ, node), node, local_rank, lws) if node else None
+            plan = plan_binding(topology, lws, gpu_order=order)
+    except TrainscaleError as exc:
+        if requested:
+            found.append(warning(BINDING, "plan", f"{PLAN_ENV}={environ.get(PLAN_ENV)!r} cannot be used: {exc.message}",
                                  "run `trainscale bind` to see a plan that fits this node, or unset it"))
         else:
-            found.append(ok(BINDING, "plan", f"trainscale cannot plan a binding here: {problem}"))
+            found.append(ok(BINDING, "plan", f"trainscale cannot plan a binding here: {exc.message}"))
         return found
     mine = plan.ranks[local_rank] if local_rank < plan.local_world_size else None
     planned = set(mine.cpus) if mine else set()

@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     parser = argparse.ArgumentParser(prog="python -m trainscale.doctor", description=__doc__)
     add_options(parser)
     parser.add_argument("--output", type=Path, default=None, help=argparse.SUPPRESS)  # JSON for `doctor --nproc`
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
     environ = os.environ if environ is None else environ
     command = "python -m trainscale.doctor " + shlex.join(sys.argv[1:] if argv is None else argv)
     report, speaks = build_report(args, environ, command.strip())

@@ -8,7 +8,7 @@ import statistics
 import time
 from typing import Mapping
 
-from trainscale.doctor.finding import NETWORK, Finding, error, ok, warning
+from trainscale.doctor.finding import NETWORK, Finding, at_level, error, ok, warning
 from trainscale.env import LaunchEnv
 from trainscale.topology import format_cpulist
 
@@ -76,12 +76,6 @@ def check_port_free(host: str, address: str, port: int) -> Finding:
     return ok(NETWORK, "master port", f"{host}:{port} is free for rank 0's store", host=host, port=port)
 
 
-def identity(env: LaunchEnv, host: str, affinity: frozenset[int], device: str) -> Finding:
-    return ok(NETWORK, "host", f"{host}, local rank {env.local_rank}, node {env.node_rank}, device {device}, "
-              f"CPUs {format_cpulist(sorted(affinity))}", host=host, node=env.node_rank, local_rank=env.local_rank,
-              cpus=sorted(affinity))
-
-
 def all_reduce_check(runtime, numel: int, repeats: int = 5) -> Finding:
     """All-reduce (rank+1) over every rank; the sum must be n(n+1)/2. Reports the median time and bus bandwidth."""
     import torch
@@ -128,8 +122,7 @@ def transport_check(runtime, env: LaunchEnv, environ: Mapping[str, str], nccl_lo
     verdict = (interconnect.check_file(nccl_log, expected=expected, multi_node=env.num_nodes > 1, required=required)
                if backend == "nccl" else interconnect.judge(interconnect.Transport((), False, ()), expected=expected,
                                                             multi_node=env.num_nodes > 1, backend="gloo"))
-    maker = {"ok": ok, "warning": warning, "error": error}[verdict.level]
-    return maker(NETWORK, "transport", verdict.message, verdict.hint, expected=expected)
+    return at_level(verdict.level)(NETWORK, "transport", verdict.message, verdict.hint, expected=expected)
 
 
 def check_overlap(findings: list[Finding]) -> list[Finding]:
@@ -164,9 +157,8 @@ def run_network(env: LaunchEnv | None, environ: Mapping[str, str], *, host: str,
         return [ok(NETWORK, "network", "single process: no master address, port or other rank to probe",
                    SINGLE_HINT)], ALONE
     master, port = env.master_addr or "", env.master_port or 0  # LaunchEnv guarantees both when distributed
-    mine: list[Finding] = []
     resolved, address = check_resolution(master, port)
-    mine.append(resolved)
+    mine = [resolved]
     if address is None:
         return _tag(mine, env.rank), ALONE
     # torchrun's workers reach the agent's store, which is up before they start; otherwise (srun/MPI tasks,
@@ -201,7 +193,9 @@ def _collective(env: LaunchEnv, environ: Mapping[str, str], mine: list[Finding],
                           "check that all ranks started and use the same MASTER_ADDR/MASTER_PORT"))
         return _tag(mine, env.rank), ALONE
     with runtime:
-        mine.insert(0, identity(env, host, affinity, str(runtime.device)))
+        mine.insert(0, ok(NETWORK, "host", f"{host}, local rank {env.local_rank}, node {env.node_rank}, device "
+                          f"{runtime.device}, CPUs {format_cpulist(sorted(affinity))}", host=host, node=env.node_rank,
+                          local_rank=env.local_rank, cpus=sorted(affinity)))  # what check_overlap compares
         try:
             mine.append(all_reduce_check(runtime, numel))
         except Exception as exc:

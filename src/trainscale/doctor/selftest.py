@@ -262,9 +262,8 @@ def render(report: SelftestReport) -> str:
              f"{meta.get('device', '?')} ({meta.get('backend') or 'no process group'})")
     lines = [f"trainscale selftest: {where}; host {report.host}, {report.created}",
              f"trainscale {versions.get('trainscale')}, torch {versions.get('torch')}"
-             + (f", CUDA {versions['cuda']}" if versions.get("cuda") else "")
-             + (f", ROCm {versions['hip']}" if versions.get("hip") else "")
-             + (f", NCCL {versions['nccl']}" if versions.get("nccl") else ""),
+             + "".join(f", {name} {versions[k]}" for k, name in (("cuda", "CUDA"), ("hip", "ROCm"), ("nccl", "NCCL"))
+                       if versions.get(k)),
              "", f"{'check':<12} {'result':<6} figures"]
     for check in report.checks:
         lines.append(f"{check['name']:<12} {STATUS.get(check['status'], check['status']):<6} {check['figure']}")

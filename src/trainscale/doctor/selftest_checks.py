@@ -3,12 +3,8 @@ in order and gathers the results on rank 0; ``doctor/selftest.py`` launches the 
 
 Each check takes the Runtime and returns a :class:`Check`: pass, fail, warn or skip, the figures a
 support ticket needs, and details. Every check is a collective: all ranks call it, in the same order.
-The same behaviours are tested in ``tests/gpu/`` (GPUs) and ``tests/integration`` (gloo).
-
-Tolerances (docs/gpu.md): N ranks against one process, fp32 with TF32 off, max |Δ| / max |p| per
-tensor after K plain-SGD steps: 1e-6 on CPUs, 1e-5 on GPUs (the all-reduce sums in another order).
-ZeRO-1 equals DDP bitwise; FSDP and DeepSpeed agree with DDP within the same tolerance. A resumed run
-equals the uninterrupted one bitwise on CPUs and with deterministic mode on GPUs, else within 1e-5.
+The same behaviours are tested in ``tests/gpu/`` (GPUs) and ``tests/integration`` (gloo). The
+tolerances, and what makes each row FAIL or WARN: docs/gpu.md.
 """
 
 from __future__ import annotations
@@ -25,6 +21,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from trainscale.strategies import get_strategy
+from trainscale.strategies.base import OptimizerSpec
+
 STEPS, GLOBAL_BATCH, WIDTH = 4, 32, 64
 BREAKDOWN_WIDTH, BREAKDOWN_LAYERS = 1024, 6
 """The breakdown check's model: 6 x (1024 x 1024 + 1024) fp32 parameters, 25.2 MB of gradients (more than
@@ -33,6 +32,9 @@ ALLREDUCE_SHARE = 0.5
 """An all-reduce over GPUs joined by NVLink must reach this share of their links' bandwidth (WARN below)."""
 BREAKDOWN_SHARE = 0.5
 """The breakdown must see at least this share of the communication the measured bus bandwidth implies."""
+NEEDS_RANKS = ("all-reduce", "equivalence", "strategies", "breakdown")
+"""The checks that compare ranks: skipped on one."""
+SGD = OptimizerSpec(torch.optim.SGD, {"lr": 0.05})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,12 +104,6 @@ def gather(rt, value: Any) -> list[Any]:
     return out
 
 
-def needs_ranks(name: str, rt) -> Check | None:
-    if rt.world_size < 2:
-        return Check(name=name, status="skip", figure="needs 2 or more ranks")
-    return None
-
-
 def _gpu_id(device: torch.device) -> str:
     """The GPU's PCI address where torch knows it (unique per device: two GCDs of an MI250X may share a
     UUID, or have none), else its UUID, else its name and index."""
@@ -156,9 +152,6 @@ def check_allreduce(rt, sizes: str, nccl_log: str | None = None) -> Check:
     what the node's GPU links imply (a single-node GPU job) and with the transport NCCL picked."""
     from trainscale.bench.allreduce import format_size, measure, plateau, sizes_for
 
-    skipped = needs_ranks("all-reduce", rt)
-    if skipped:
-        return skipped
     n = rt.world_size
     t = torch.full((1 << 16,), float(rt.rank + 1), device=rt.device)
     dist.all_reduce(t)
@@ -239,16 +232,9 @@ def _train(rt, model: nn.Module, step_fn, steps: range, timed: bool = False) -> 
 
 def check_equivalence(rt) -> Check:
     """DDP on N ranks equals one process on the whole batch; step times of both (one warm-up step each)."""
-    from trainscale.strategies import get_strategy
-    from trainscale.strategies.base import OptimizerSpec
-
-    skipped = needs_ranks("equivalence", rt)
-    if skipped:
-        return skipped
-    sgd = OptimizerSpec(torch.optim.SGD, {"lr": 0.05})
     with exact_fp32():
         strategy = get_strategy("ddp")
-        model, opt = strategy.wrap(mlp(), sgd, rt)
+        model, opt = strategy.wrap(mlp(), SGD, rt)
 
         def ddp_step(m, i):
             x, y = batch(i, rt)
@@ -283,21 +269,14 @@ def check_strategies(rt, skip: set[str]) -> Check:
     """ZeRO-1 equals DDP bitwise; FSDP (and DeepSpeed when installed) within the tolerance."""
     import importlib.util
 
-    from trainscale.strategies import get_strategy
-    from trainscale.strategies.base import OptimizerSpec
-
-    skipped = needs_ranks("strategies", rt)
-    if skipped:
-        return skipped
     names = ["ddp", "zero1", "fsdp"]
     if "deepspeed" not in skip and importlib.util.find_spec("deepspeed") is not None:
         names.append("deepspeed")
-    sgd = OptimizerSpec(torch.optim.SGD, {"lr": 0.05})
     results = {}
     with exact_fp32():
         for name in names:
             strategy = get_strategy(name).with_batch(GLOBAL_BATCH // rt.world_size)
-            model, opt = strategy.wrap(mlp(), sgd, rt)
+            model, opt = strategy.wrap(mlp(), SGD, rt)
             for i in range(STEPS):
                 x, y = batch(i, rt)
                 train_step(strategy, model, opt, nn.functional.cross_entropy(model(x), y))
@@ -330,10 +309,7 @@ def check_resume(rt, workdir: Path, deterministic: bool) -> Check:
     uninterrupted run ended (dropout on: the RNG state, CPU and GPU, is part of the resume)."""
     from trainscale.checkpoint import Checkpointer, RNGState
     from trainscale.runtime.seed import rng_state, set_rng_state
-    from trainscale.strategies import get_strategy
-    from trainscale.strategies.base import OptimizerSpec
 
-    sgd = OptimizerSpec(torch.optim.SGD, {"lr": 0.05})
     start = rng_state(rt.device)
     directory = workdir / "resume"
     strategy = get_strategy("ddp")
@@ -342,7 +318,7 @@ def check_resume(rt, workdir: Path, deterministic: bool) -> Check:
         x, y = batch(i, rt)
         train_step(strategy, m, opt, nn.functional.cross_entropy(m(x), y))
 
-    model, opt = strategy.wrap(mlp(dropout=0.1), sgd, rt)
+    model, opt = strategy.wrap(mlp(dropout=0.1), SGD, rt)
     ckpt = Checkpointer(directory, rt, strategy=strategy)
     for i in range(2 * STEPS):
         step(model, i, opt)
@@ -356,7 +332,7 @@ def check_resume(rt, workdir: Path, deterministic: bool) -> Check:
     with torch.no_grad():
         for p in fresh.parameters():
             p.add_(1.0)  # other weights: only the checkpoint can make this run match
-    model, opt = strategy.wrap(fresh, sgd, rt)
+    model, opt = strategy.wrap(fresh, SGD, rt)
     Checkpointer(directory, rt, strategy=strategy).restore({"model": strategy.checkpoint_state(model, opt),
                                                             "rng": RNGState(rt.device)})
     x, y = batch(0, rt)
@@ -378,13 +354,8 @@ def check_resume(rt, workdir: Path, deterministic: bool) -> Check:
 def check_breakdown(rt, allreduce: dict | None = None) -> Check:
     """The step breakdown sees the gradient all-reduce (on NCCL, through CUDA events) as long as the
     measured bus bandwidth says it takes; ``allreduce``: the all-reduce check's result (its rows)."""
-    from trainscale.strategies import get_strategy
-    from trainscale.strategies.base import OptimizerSpec
     from trainscale.train.timing import StepClock
 
-    skipped = needs_ranks("breakdown", rt)
-    if skipped:
-        return skipped
     strategy = get_strategy("ddp:comm_hook=none")  # the backend's all-reduce: what the all-reduce check timed
     torch.manual_seed(7)
     layers = [nn.Linear(BREAKDOWN_WIDTH, BREAKDOWN_WIDTH) for _ in range(BREAKDOWN_LAYERS)]

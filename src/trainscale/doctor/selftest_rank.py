@@ -1,12 +1,9 @@
 """What each rank of ``trainscale selftest`` runs: ``python -m trainscale.doctor.selftest_rank checks|hang``.
 
 ``checks`` runs every check of doctor/selftest_checks.py (plus the CPU binding) and rank 0 writes the
-results as JSON. ``hang`` is a separate launch, expected to fail: the last rank stops participating
-inside step 2 (after its forward pass, in ``rt.guard`` as the README's loop has it) and every other
-rank records, in a file of its own, how long it took until its error named that rank (through
-``Runtime.on_collective_timeout``, the path a user's own script would take), before that error ends
-it. Every rank records: the first to end makes the launcher end the others (torch's agent, or
-``srun --kill-on-bad-exit``), so any one of them may be the only one that gets to write.
+results as JSON. ``hang`` is a separate launch, expected to fail: the last rank stops inside step 2 and
+every other rank records in a file of its own, through ``Runtime.on_collective_timeout`` as a user's
+script would, how long until its error named that rank (why every rank: docs/gpu.md, the hang row).
 """
 
 from __future__ import annotations
@@ -15,7 +12,6 @@ import argparse
 import json
 import os
 import socket
-import sys
 import threading
 import time
 from pathlib import Path
@@ -24,8 +20,9 @@ import torch
 from torch import nn
 
 import trainscale
-from trainscale.doctor.selftest_checks import (Check, batch, check_allreduce, check_breakdown, check_devices,
-                                               check_equivalence, check_resume, check_strategies, gather, mlp)
+from trainscale.doctor.selftest_checks import (NEEDS_RANKS, SGD, Check, batch, check_allreduce, check_breakdown,
+                                               check_devices, check_equivalence, check_resume, check_strategies,
+                                               gather, mlp)
 from trainscale.doctor.selftest import hang_record
 
 HANG_STEP = 2
@@ -104,7 +101,8 @@ def run_checks(rt, args, nccl_log: str | None = None) -> list[dict]:
             continue
         started = time.perf_counter()
         try:
-            found = run()
+            found = (Check(name=name, status="skip", figure="needs 2 or more ranks")
+                     if name in NEEDS_RANKS and rt.world_size < 2 else run())
         except Exception as exc:  # one broken check must not hide the others' results
             found = Check(name=name, status="fail", figure=f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
         row = found.to_dict()
@@ -116,8 +114,6 @@ def run_checks(rt, args, nccl_log: str | None = None) -> list[dict]:
 
 def run_hang(rt, args) -> None:
     """The last rank stops inside step 2; every other rank records when and how the hang was named."""
-    from trainscale.strategies.base import OptimizerSpec
-
     hung = rt.world_size - 1
     entered: dict[str, float] = {}
     held = os.environ.get(HOLD) == str(rt.rank)
@@ -131,7 +127,7 @@ def run_hang(rt, args) -> None:
             "timeout_s": args.timeout, "backend": rt.backend}) + "\n")
 
     rt.on_collective_timeout(record)
-    model, opt = rt.setup(mlp(), OptimizerSpec(torch.optim.SGD, {"lr": 0.05}), strategy="ddp")
+    model, opt = rt.setup(mlp(), SGD, strategy="ddp")
     for step in range(HANG_STEP + 2):
         if step == HANG_STEP:
             entered["at"] = time.monotonic()
@@ -157,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip", default="", help="checks to skip, comma-separated")
     p.add_argument("--nondeterministic", dest="deterministic", action="store_false",
                    help="leave deterministic mode off: resume is checked within a tolerance instead of bitwise")
-    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    args = p.parse_args(argv)
     # Deterministic mode matters on GPUs only (CPU runs repeat themselves already), and only the resume
     # check runs in it; cuBLAS reads its workspace setting before its first call.
     gpu = args.device != "cpu" and torch.cuda.is_available()

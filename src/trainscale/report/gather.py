@@ -31,7 +31,6 @@ class RankStats:
     tokens_per_s: float | None
     mfu: float | None
     peak_mem_bytes: int | None
-    cpus: list[int]
 
 
 @dataclass
@@ -73,7 +72,7 @@ def rank_stats(rank: int, records: list[dict]) -> RankStats | None:
                      step_median_s=statistics.median(times), step_p90_s=_pct(times, 0.9), shares=shares,
                      samples_per_s=samples / total if samples and total else None,
                      tokens_per_s=tokens / total if tokens and total else None, mfu=summary.get("mfu"),
-                     peak_mem_bytes=summary.get("peak_mem_bytes"), cpus=list(meta.get("cpus") or []))
+                     peak_mem_bytes=summary.get("peak_mem_bytes"))
 
 
 def parse_sacct(text: str) -> dict[str, Any] | None:

@@ -87,6 +87,12 @@ def _run_verdict(g: Gathered) -> list[Finding]:
     return found
 
 
+def _run_section(title: str, where: Path) -> Section:
+    """A study's configuration or a sweep's task: its verdict and ranks."""
+    g = read_run(where)
+    return Section(title, verdict=_run_verdict(g), tables=[rank_table(g)] if g.ranks else [])
+
+
 def run_page(source: Source, out: Path | None, sacct_run) -> Page:
     g = read_run(source.path, job_id=source.job_id, sacct_run=sacct_run)
     sections = []
@@ -139,14 +145,9 @@ def study_page(source: Source, out: Path | None, sacct_run) -> Page:
             images.append(("Scaling model: measured and predicted", model))
     sections = [Section("Scaling study", tables=[table], images=images)]
     for run in study.get("runs", []):
-        where = records_dir(source.path, run)
-        if where is None:
-            sections.append(Section(f"{run['label']} ({run['name']})", verdict=[Finding(
-                "note", "no records of this configuration" + (": it failed" if run.get("status") != "ok" else ""))]))
-            continue
-        g = read_run(where)
-        sections.append(Section(f"{run['label']} ({run['name']})", verdict=_run_verdict(g),
-                                tables=[rank_table(g)] if g.ranks else []))
+        title, where = f"{run['label']} ({run['name']})", records_dir(source.path, run)
+        sections.append(_run_section(title, where) if where else Section(title, verdict=[Finding(
+            "note", "no records of this configuration" + (": it failed" if run.get("status") != "ok" else ""))]))
     return Page("study", f"Scaling study {source.path.name}", source.path, study_facts(study, source.path),
                 study_findings(study), sections)
 
@@ -166,12 +167,9 @@ def sweep_page(source: Source, out: Path | None, sacct_run) -> Page:
             images.append((f"{metric} per task, best first", path))
     sections = [Section("Tasks", tables=[Table(head, rows, [f"best first by {metric}" if metric else
                                                              "no task reported a known metric"])], images=images)]
-    for r in results:
-        task = source.path / f"task-{r.index}"
-        if (task / "metrics").is_dir():
-            g = read_run(task)
-            sections.append(Section(f"task {r.index}: " + " ".join(f"{k}={v}" for k, v in r.config.items()),
-                                    verdict=_run_verdict(g), tables=[rank_table(g)] if g.ranks else []))
+    sections += [_run_section(f"task {r.index}: " + " ".join(f"{k}={v}" for k, v in r.config.items()),
+                              source.path / f"task-{r.index}")
+                 for r in results if (source.path / f"task-{r.index}" / "metrics").is_dir()]
     data = json.loads((source.path / "sweep.json").read_text())
     submission = source.path / "submission.json"
     facts = sweep_facts(data, json.loads(submission.read_text()) if submission.is_file() else None, source.path,

@@ -25,6 +25,14 @@ MANY = 32
 and range: 1,024 labelled bars and a 1,024-entry legend took over a minute to draw (benchmarks/rank_costs.py)."""
 
 
+def _label(ax, xlabel: str, ylabel: str, title: str, **legend) -> None:
+    """Axis labels, title, and the legend beside the axes, never over the data."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, **legend)
+
+
 def run_plots(g: Gathered, out: Path, prefix: str = "") -> list[tuple[str, Path]]:
     """(caption, PNG) of one run: step time and time shares per rank, utilisation over time."""
     plt = pyplot()
@@ -41,10 +49,7 @@ def run_plots(g: Gathered, out: Path, prefix: str = "") -> list[tuple[str, Path]
     else:
         ax.bar(names, medians, color="#1b9e77", label="median")
         ax.scatter(names, p90s, color="#d95f02", zorder=3, label="p90")
-    ax.set_xlabel("rank")
-    ax.set_ylabel("step time (ms)")
-    ax.set_title("Step time per rank")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    _label(ax, "rank", "step time (ms)", "Step time per rank")
     made.append(("Step time per rank", save(fig, out / f"{prefix}step-time.png")))
 
     fig, ax = plt.subplots(figsize=WIDE)
@@ -57,12 +62,9 @@ def run_plots(g: Gathered, out: Path, prefix: str = "") -> list[tuple[str, Path]
     if many:
         ax.stackplot(names, *[[r.shares[key] * 1e3 for r in g.ranks] for key in COLOURS],
                      colors=list(COLOURS.values()), labels=[SHARE_LABELS[key] for key in COLOURS])
-    ax.set_xlabel("rank")
-    ax.set_ylabel("ms per step")
-    ax.set_title("Where each rank's step goes")
     ax.set_ylim(0, max(bottom) * 1.08)  # the stack's top (other) inside the axes
-    handles, labels = ax.get_legend_handles_labels()  # top to bottom as the bars stack, beside them, never over
-    ax.legend(handles[::-1], labels[::-1], loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    handles, labels = ax.get_legend_handles_labels()  # top to bottom as the bars stack
+    _label(ax, "rank", "ms per step", "Where each rank's step goes", handles=handles[::-1], labels=labels[::-1])
     made.append(("Time shares per rank", save(fig, out / f"{prefix}time-shares.png")))
 
     series = utilisation(g)
@@ -71,11 +73,8 @@ def run_plots(g: Gathered, out: Path, prefix: str = "") -> list[tuple[str, Path]
         for label, (ts, values) in series.items():  # markers: a short run may have one sample
             ax.plot(ts, values, marker="o", ms=3, label=label)
         ax.set_xlim(left=0, right=max(1.0, max(max(t) for t, _ in series.values()) * 1.02))
-        ax.set_xlabel("seconds since the first sample")
-        ax.set_ylabel("utilisation (%)")
         ax.set_ylim(0, max(100, max(max(v) for _, v in series.values()) * 1.05))
-        ax.set_title("Utilisation over time")
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+        _label(ax, "seconds since the first sample", "utilisation (%)", "Utilisation over time", fontsize=8)
         made.append(("Utilisation over time", save(fig, out / f"{prefix}utilisation.png")))
     return made
 
@@ -133,8 +132,6 @@ def model_plot(study: dict, out: Path) -> Path | None:
     xs = [str(r["world_size"]) + ("*" if r.get("disturbed") else "") for r in measured]
     ax.plot(xs, [r["prediction"]["measured_step_s"] * 1e3 for r in measured], "o-", label="measured")
     ax.plot(xs, [r["prediction"]["step_s"] * 1e3 for r in measured], "s--", label="predicted")
-    ax.set_xlabel("ranks (* disturbed by other work)")
-    ax.set_ylabel("step time after the first epoch (ms)")
-    ax.set_title("Scaling model: measured and predicted")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    _label(ax, "ranks (* disturbed by other work)", "step time after the first epoch (ms)",
+           "Scaling model: measured and predicted")
     return save(fig, out / "measured-vs-predicted.png")

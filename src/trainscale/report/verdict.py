@@ -13,12 +13,14 @@ HIGH_COMM_SHARE = 0.30
 HIGH_DATA_SHARE = 0.15
 STRAGGLER_RATIO = 1.2
 LOW_CPU_EFFICIENCY = 0.5
+LEVELS = ("problem", "note", "good")
+"""A finding's levels, in the order a verdict lists them."""
 
 
 @dataclass(frozen=True)
 class Finding:
     level: str
-    """problem, note or good."""
+    """One of LEVELS."""
     text: str
 
 
@@ -76,8 +78,7 @@ def findings(g: Gathered) -> list[Finding]:
         out.append(Finding("problem", suggestion))
     if not any(f.level == "problem" for f in out) and g.ranks:
         out.insert(0, Finding("good", "no problem found: ranks in step, communication and data wait small"))
-    order = {"problem": 0, "note": 1, "good": 2}
-    return sorted(out, key=lambda f: order[f.level])
+    return sorted(out, key=lambda f: LEVELS.index(f.level))
 
 
 def _strategy_advice(g: Gathered) -> str | None:
@@ -90,7 +91,6 @@ def _strategy_advice(g: Gathered) -> str | None:
     run = max(runs, key=lambda r: r["world_size"])
     share = (run.get("breakdown") or {}).get("optimizer_fraction")
     return advice(run["strategy"], int(run["world_size"]), share) if share is not None else None
-
 
 
 GOOD_EFFICIENCY = 0.8
@@ -128,8 +128,7 @@ def study_findings(study: dict) -> list[Finding]:
         out.append(Finding("note", model_check(study)))
     if study.get("projection_error"):
         out.append(Finding("note", f"no projection: {study['projection_error']}"))
-    order = {"problem": 0, "note": 1, "good": 2}
-    return sorted(out, key=lambda f: order[f.level])
+    return sorted(out, key=lambda f: LEVELS.index(f.level))
 
 
 def _scaling(run: dict, base: dict | None) -> Finding:
@@ -167,8 +166,7 @@ def sweep_findings(results: list, metric: str | None) -> list[Finding]:
                                    f"{best.metrics[metric]:.6g}"))
     out.append(Finding("note" if failed or pending else "good",
                        f"{len(done)} of {len(results)} task(s) finished"))
-    order = {"problem": 0, "note": 1, "good": 2}
-    return sorted(out, key=lambda f: order[f.level])
+    return sorted(out, key=lambda f: LEVELS.index(f.level))
 
 
 def _config(result) -> str:
