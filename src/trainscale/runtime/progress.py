@@ -373,11 +373,7 @@ def end_process(runtime: Any, error: CollectiveTimeout) -> None:
     NCCL's flight-recorder trace (best effort, where this torch can dump it on demand), the
     launcher's error file (torchelastic's format, so `trainscale run` names it in its summary), exit 1.
     """
-    for callback in list(getattr(runtime, "timeout_callbacks", ())):
-        try:
-            callback(error)
-        except Exception as exc:  # a broken callback must not hide the diagnosis
-            print(f"trainscale: timeout callback failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+    call_timeout_callbacks(getattr(runtime, "timeout_callbacks", ()), error)
     print(f"trainscale: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
     _dump_flight_recorder(runtime.rank)
     try:
@@ -386,6 +382,14 @@ def end_process(runtime: Any, error: CollectiveTimeout) -> None:
         record_error(exc)
     sys.stderr.flush()
     os._exit(1)
+
+
+def call_timeout_callbacks(callbacks: Any, error: CollectiveTimeout) -> None:
+    for callback in list(callbacks):
+        try:
+            callback(error)
+        except Exception as exc:  # a broken callback must not hide the diagnosis
+            print(f"trainscale: timeout callback failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
 
 def _dump_flight_recorder(rank: int) -> None:

@@ -47,30 +47,15 @@ class Runtime:
     _progress: Any = None
     _preemption: Any = None
 
-    # -- where am I ---------------------------------------------------------------------------
-    @property
-    def rank(self) -> int:
-        return self.env.rank
-
-    @property
-    def local_rank(self) -> int:
-        return self.env.local_rank
-
-    @property
-    def world_size(self) -> int:
-        return self.env.world_size
-
-    @property
-    def local_world_size(self) -> int:
-        return self.env.local_world_size
-
-    @property
-    def node_rank(self) -> int:
-        return self.env.node_rank
-
-    @property
-    def num_nodes(self) -> int:
-        return self.env.num_nodes
+    # -- where am I (the launch environment's fields) -------------------------------------------
+    rank = property(lambda self: self.env.rank)
+    local_rank = property(lambda self: self.env.local_rank)
+    world_size = property(lambda self: self.env.world_size)
+    local_world_size = property(lambda self: self.env.local_world_size)
+    node_rank = property(lambda self: self.env.node_rank)
+    num_nodes = property(lambda self: self.env.num_nodes)
+    restart_count = property(lambda self: self.env.restart_count)
+    attempt = property(lambda self: self.env.attempt, doc="0 on the first run; counts SLURM requeues and torchrun restarts.")
 
     @property
     def is_main(self) -> bool:
@@ -88,10 +73,6 @@ class Runtime:
     def uses_nccl(self) -> bool:
         """True for ``nccl`` and for the mixed ``cpu:gloo,cuda:nccl`` group (its GPU tensors go to NCCL)."""
         return "nccl" in (self.backend or "")
-
-    @property
-    def restart_count(self) -> int:
-        return self.env.restart_count
 
     # -- collectives and helpers ----------------------------------------------------------------
     def barrier(self) -> None:
@@ -174,12 +155,9 @@ class Runtime:
             explained = self._progress.explain(exc)
             if explained is None:
                 raise
-            for callback in list(self.timeout_callbacks):
-                try:
-                    callback(explained)
-                except Exception as failed:  # a broken callback must not hide the diagnosis
-                    print(f"trainscale: timeout callback failed: {type(failed).__name__}: {failed}",
-                          file=sys.stderr, flush=True)
+            from trainscale.runtime.progress import call_timeout_callbacks
+
+            call_timeout_callbacks(self.timeout_callbacks, explained)
             if explained is exc:
                 raise
             raise explained from exc
@@ -198,11 +176,6 @@ class Runtime:
     def preemption(self):
         """The Preemption installed by :meth:`handle_preemption`, or None (reading this changes nothing)."""
         return self._preemption
-
-    @property
-    def attempt(self) -> int:
-        """0 on the first run; counts SLURM requeues and torchrun restarts."""
-        return self.env.attempt
 
     # -- teardown -------------------------------------------------------------------------------
     def close(self, synchronize: bool = True) -> None:
