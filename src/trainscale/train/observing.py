@@ -15,6 +15,7 @@ from typing import Any, Callable
 import torch
 
 from trainscale.errors import ConfigError
+from trainscale.runtime.memory import peak_memory
 
 RECORD_VAR = "TRAINSCALE_RECORD"
 
@@ -129,7 +130,7 @@ class Observer:
             self.flops_per_step = step_flops(module, build, loss, self._batch, micro_batches)
         dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
         summary: dict[str, Any] = {"steps_recorded": len(self.step_times),
-                                   "peak_mem_bytes": peak_memory(self.rt.device)}
+                                   "peak_mem_bytes": peak_memory(self.rt.device)[0]}
         if self.flops_per_step:
             from trainscale.observe.flops import mfu, peak_for
 
@@ -164,7 +165,8 @@ def step_flops(module: torch.nn.Module, build: Callable[[], torch.nn.Module],
     try:
         if plain:
             buffers = {name: b.detach().clone() for name, b in module.named_buffers()}
-            devices = [module_device(module)] if module_device(module).type == "cuda" else []
+            device = next((p.device for p in module.parameters()), torch.device("cpu"))
+            devices = [device] if device.type == "cuda" else []
             with torch.random.fork_rng(devices=devices), torch.no_grad():
                 forward = count_step_flops(lambda: loss(module, batch))
             with torch.no_grad():
@@ -180,10 +182,6 @@ def step_flops(module: torch.nn.Module, build: Callable[[], torch.nn.Module],
             return count_step_flops(lambda: loss(copy, fake_batch).backward()) * micro_batches
     except Exception:  # counting is a nicety: a model it cannot count still trains
         return None
-
-
-def module_device(module: torch.nn.Module) -> torch.device:
-    return next((p.device for p in module.parameters()), torch.device("cpu"))
 
 
 def ddp_timing(model: Any) -> dict[str, float] | None:
@@ -203,14 +201,3 @@ def ddp_timing(model: Any) -> dict[str, float] | None:
     out["exposed_comm_s"] = max(0.0, out["comm_s"] - out["overlap_s"])
     out["buckets"] = len(str(data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes") or "").split(","))
     return out
-
-
-def peak_memory(device: torch.device) -> int | None:
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    try:
-        import resource
-
-        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
-    except (ImportError, OSError):
-        return None
