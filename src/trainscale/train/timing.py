@@ -1,26 +1,15 @@
 """Epoch wall time, and the one clock of a step (:class:`StepClock`): its phases feed the per-step records
 and the optional breakdown of an epoch into data loading, forward+backward, gradient communication,
-optimizer.
+optimizer. Why both wait for the device and time all-reduces with CUDA events: docs/gpu.md, "Timing";
+what each section means: docs/scaling.md, "Reading the breakdown". The breakdown is off by default (its
+synchronisations cost a little on GPUs); every section is averaged over the ranks.
 
-CUDA runs asynchronously: the host queues work and moves on, so a clock read on the host measures
-queuing, not work. :class:`EpochClock` waits for the device at both ends of an epoch; the breakdown
-synchronises around every section.
-
-The breakdown is off by default: timing each phase needs those synchronisations, which cost a
-little on GPUs. Communication is measured by watching DDP's communication hook, which timestamps each
-bucket's all-reduce: the hook chosen with ``--strategy ddp:comm_hook=...`` (fp16, bf16, powersgd) is
-watched as it is, compression included; without one the timer registers a plain all-reduce
-(``strategies/comm_hooks.py``: a DDP model has one hook, so the timer observes it, never replaces it).
-What each section means (exposed ``communication`` is taken out of ``compute``; ``communication_total``
-is all of it, hidden or not): docs/scaling.md, "Reading the breakdown". A blocking hook (``comm_hook=shm``)
-overlaps nothing: all of its time is exposed. Every section is averaged over the ranks.
-
-On the CPU (gloo) the timestamps are the host's clock: the hook's future completes when the
-all-reduce has. On CUDA (NCCL) that future completes as soon as the all-reduce is *queued*, so
-host timestamps would show no communication at all; there the timestamps are CUDA events recorded
-on the device's own timeline (the start on the stream that produced the bucket, the end on the
-stream the future's callback runs on, which waits for the all-reduce), read after the section's
-synchronisation.
+Communication is measured by watching DDP's one communication hook (``strategies/comm_hooks.py``): the
+``comm_hook=`` chosen, as it is (compression included), else a plain all-reduce the timer registers. A
+blocking hook (``comm_hook=shm``) overlaps nothing: all of its time is exposed. On the CPU (gloo) the
+timestamps are the host's clock (the hook's future completes when the all-reduce has); on CUDA, events
+on the device's timeline: the start on the stream that produced the bucket, the end on the stream the
+future's callback runs on (which waits for the all-reduce), read after the section's synchronisation.
 """
 
 from __future__ import annotations
