@@ -21,17 +21,9 @@ second, so both are set (to the user's value when they set either)."""
 
 def watchdog_timeout(timeout: datetime.timedelta) -> datetime.timedelta:
     """NCCL's watchdog timeout for a job whose collective timeout is ``timeout``: that plus
-    ``max(NCCL_BACKSTOP_S, timeout)``.
-
-    trainscale's progress monitor (runtime/progress.py) names the hung rank once this rank has been in
-    one step for ``timeout``; NCCL's watchdog, which can only abort the process, stays as the backstop
-    for runs without ``rt.guard``. Both count from the stuck collective only when the host waits in the
-    step that queued it. A host that runs ahead of its GPU queues the stuck collective and enters the
-    next step(s) later, so counted from the queuing the monitor fires at ``timeout`` + that run-ahead.
-    A fixed 30 s margin let NCCL abort first, with no rank named, whenever the host ran further ahead
-    (a slow data loader, a long step); a margin of a whole timeout tolerates as much run-ahead as the
-    job allows one step to take, and never less than 30 s.
-    """
+    ``max(NCCL_BACKSTOP_S, timeout)``, so that the progress monitor (runtime/progress.py) names the hung rank
+    first even where the host ran ahead of its GPU by as long as the job allows one step to take; NCCL's
+    watchdog, which can only abort, stays the backstop (docs/gpu.md, "Hangs")."""
     margin = max(datetime.timedelta(seconds=NCCL_BACKSTOP_S), timeout)
     return timeout + margin
 
