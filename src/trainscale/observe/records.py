@@ -4,14 +4,11 @@
     <run dir>/metrics/node-<host>.jsonl {"kind": "sample", ...} from the device sampler (observe/sampler.py)
     <run dir>/metrics/events.jsonl      {"kind": "straggler" | "interconnect", ...} said while training
 
-A step record: ``step``, ``t`` (wall clock), ``step_s``, and where the loop can tell: ``data_s`` (waiting
-for the next batch), ``compute_s`` (this rank's own computing, without waiting at a collective: that is
-what tells a slow rank from the ranks waiting for it), ``comm_s`` (exposed communication and waiting),
-``samples``, ``tokens``. Lines
-are buffered and written in blocks (every ``flush_every`` records or ``flush_after_s`` seconds, and at
-close), so recording costs no I/O on most steps and no collective ever. Where the rank is one of a
-process group, it also keeps a summary of its last steps for rank 0's straggler watch and puts it in the
-group's store at most every half second (observe/window.py): rank 0 then reads no rank's file.
+Each record's fields: docs/observability.md. Lines are buffered and written in blocks (every ``flush_every``
+records or ``flush_after_s`` seconds, and at close), so recording costs no I/O on most steps and no
+collective ever. Where the rank is one of a process group, it also keeps a summary of its last steps for
+rank 0's straggler watch and puts it in the group's store at most every half second (observe/window.py):
+rank 0 then reads no rank's file.
 """
 
 from __future__ import annotations
@@ -127,10 +124,7 @@ def read_lines(path: Path) -> Iterator[dict[str, Any]]:
 def read_run(run_dir: str | Path) -> dict[str, Any]:
     """Everything a run recorded: {"ranks": {R: [records]}, "nodes": {host: [samples]}, "events": [...]}."""
     root = metrics_dir(run_dir)
-    ranks = {}
-    for path in sorted(root.glob("rank-*.jsonl")):
-        rank = int(path.stem.split("-", 1)[1])
-        ranks[rank] = list(read_lines(path))
+    ranks = {int(path.stem.split("-", 1)[1]): list(read_lines(path)) for path in root.glob("rank-*.jsonl")}
     nodes = {path.stem.split("-", 1)[1]: list(read_lines(path)) for path in sorted(root.glob("node-*.jsonl"))}
     return {"ranks": dict(sorted(ranks.items())), "nodes": nodes, "events": list(read_lines(root / "events.jsonl"))}
 
