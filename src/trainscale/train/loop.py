@@ -93,8 +93,7 @@ class Loop:
         self.total = self.steps_per_epoch * opts.epochs  # optimizer steps of the whole run
         if opts.max_steps is not None:
             self.total = opts.max_steps if task.past_epochs else min(opts.max_steps, self.total)
-        directory = checkpoint_dir or opts.checkpoint_dir
-        self.directory, self.resume, self.state_file = directory, resume, state_file
+        self.directory, self.resume, self.state_file = checkpoint_dir or opts.checkpoint_dir, resume, state_file
         self.tracker_dir, self.tracker_id = tracker_dir, tracker_id
         self.losses = LossLog(self._log if opts.trackers else None)
         self.step = 0
@@ -353,7 +352,10 @@ class Loop:
                   "attempt": rt.attempt, "train_time_s": sum(h["time_s"] for h in history),
                   # what this rank really had (a study's achievable ideal counts these, not what a profile claims)
                   "threads": torch.get_num_threads(), "usable_cpus": node_cpus(rt),
-                  **self._checkpoint_metrics(), **(self.task.extra or {})}
+                  # whether saves ran in the background and how long training waited for them (this rank)
+                  "checkpoint_async": self.checkpointer is not None and self.checkpointer.asynchronous,
+                  "checkpoint_stall_s": self.checkpoint_stalls, "checkpoint_wait_s": self.checkpoint_waits,
+                  **(self.task.extra or {})}
         # the per-rank memory table on rank 0 (a collective)
         result["memory"] = memory_report(rt, strategy.held_bytes(self.model, self.optimizer), strategy.name)
         recorded = self.observer.close(self.model, strategy.unwrap(self.model), build=self.task.model,
@@ -363,11 +365,6 @@ class Loop:
         write_metrics(self.opts.metrics_out, result, rt)
         result["model"] = strategy.unwrap(self.model)
         return result
-
-    def _checkpoint_metrics(self) -> dict[str, Any]:
-        """Whether saves ran in the background and how long training waited for them (this rank)."""
-        return {"checkpoint_async": self.checkpointer is not None and self.checkpointer.asynchronous,
-                "checkpoint_stall_s": self.checkpoint_stalls, "checkpoint_wait_s": self.checkpoint_waits}
 
 
 def set_aside(directory: Path, rt: Any) -> Path | None:
