@@ -1,19 +1,9 @@
 """The training loop every built-in workload runs: a workload says what to train (:class:`Task`: a
-model, an optimizer, a loss, its data), the :class:`Loop` does the rest, the same way for all:
-
-- the strategy (``--strategy``) wraps the model, for the loop's micro-batch size and accumulation;
-- resume from the newest checkpoint: model, optimizer, LR scheduler, RNG, loader epoch and the
-  position in it, then the strategy's after-resume step (DDP's bucket layout), so a resumed run
-  continues bitwise like one never interrupted;
-- periodic (``--checkpoint-every``), end-of-epoch, final and preemption checkpoints, written in the
-  background where that is safe (``--checkpoint-async``; training waits only while the state is
-  copied, recorded per save as ``checkpoint_stall_s``), complete on disk before the run ends or requeues;
-- gradient accumulation (``--grad-accum``): no gradient sync before the last micro-batch, and
-  DeepSpeed's engine stepping every micro-batch, both through the strategy's protocol;
-- evaluation at each epoch's end, per-epoch records (time with the device waited for, samples/s,
-  losses, the optional ``--breakdown``), progress lines with rate and ETA (console.py), the training
-  curves to the trackers chosen with ``--tracker`` (``rt.log``: train/trackers.py), the per-rank memory
-  table and ``--metrics-out``; where the run's files go, said once at the start.
+model, an optimizer, a loss, its data), the :class:`Loop` does the rest, the same way for all: the
+strategy's wrapping, resume (bitwise, loader position included), periodic, end-of-epoch, final and
+preemption checkpoints (in the background where safe), gradient accumulation, evaluation, per-epoch
+records, progress lines, the trackers' curves, the memory table and ``--metrics-out``. What each of
+these does: docs/workloads.md, "The training loop".
 """
 
 from __future__ import annotations

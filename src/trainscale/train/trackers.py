@@ -1,18 +1,9 @@
 """Experiment trackers behind one call: ``rt.log({"loss": ...}, step=...)`` writes to every tracker chosen
-(``--tracker tensorboard,wandb,mlflow,csv``, ``[train] trackers``, ``trainscale.init(trackers=...)``).
-
-Rank 0 alone writes (one run per experiment, as Accelerate and Lightning do); ``rt.log(..., reduce="mean")``
-first averages per-rank values into it. Every tracker writes into one directory, the run's:
-
-    <dir>/tensorboard/        TensorBoard event files          tensorboard --logdir <dir>/tensorboard
-    <dir>/wandb/              W&B, offline unless WANDB_MODE says otherwise     wandb sync <dir>/wandb/offline-run-*
-    <dir>/mlruns/             MLflow's file store (unless MLFLOW_TRACKING_URI is set)
-    <dir>/metrics.csv         step,key,value,time: one row per value
-    <dir>/trackers.json       the W&B and MLflow run ids, so a restart, requeue or chain link continues the same runs
-
-Nothing needs a network at run time. Each tracker's package is an optional extra
-(``pip install 'trainscale[tensorboard]'``, ``[wandb]``, ``[mlflow]``); a missing one is refused when the
-options are read, before anything is launched.
+(``--tracker tensorboard,wandb,mlflow,csv``, ``[train] trackers``, ``trainscale.init(trackers=...)``), rank 0
+alone, all into the run's directory (``tensorboard/``, ``wandb/``, ``mlruns/``, ``metrics.csv``, and
+``trackers.json``: the run ids a restart continues), offline. What each writes and how to view it:
+docs/ecosystem.md, "One metrics call, every tracker". Each tracker's package is an optional extra; a
+missing one is refused when the options are read, before anything is launched.
 """
 
 from __future__ import annotations
