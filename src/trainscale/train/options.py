@@ -235,15 +235,6 @@ def check_compile() -> None:
                           hint="install one (e.g. apt install g++, or set CXX), or leave --compile out") from None
 
 
-def planned_device(device: str, gpus: bool | None) -> str:
-    """The device a preflight checks for: ``--device`` when given; with ``auto``, what the ranks will
-    have (``gpus``: a SLURM job planned on a login node knows it from its resources), or this machine's
-    choice when ``gpus`` is None."""
-    if device not in (None, "auto") or gpus is None:
-        return device
-    return "cuda" if gpus else "cpu"
-
-
 def check_training(opts: TrainOptions, world_size: int, *, gpus: bool | None, samples: int | None, what: str,
                    checkpoint_dir: str | Path | None) -> None:
     """A loop-based workload's preflight, before anything is launched: the strategy for this world size,
@@ -254,7 +245,10 @@ def check_training(opts: TrainOptions, world_size: int, *, gpus: bool | None, sa
     from trainscale.strategies import check_strategy
     from trainscale.train.metrics import check_metrics_out
 
-    check_strategy(opts.strategy, world_size, batch_size=opts.batch_size, device=planned_device(opts.device, gpus),
+    # --device when given; with auto, what the ranks will have (``gpus``: a SLURM job planned on a login node
+    # knows it from its resources), or this machine's choice when ``gpus`` is None
+    device = opts.device if opts.device not in (None, "auto") or gpus is None else ("cuda" if gpus else "cpu")
+    check_strategy(opts.strategy, world_size, batch_size=opts.batch_size, device=device,
                    accumulation=opts.grad_accum, compile=opts.compile)
     if opts.compile:
         check_compile()
