@@ -20,8 +20,6 @@ from typing import Any, Iterable, Mapping
 from trainscale.errors import ConfigError, did_you_mean
 
 TRACKERS = ("tensorboard", "wandb", "mlflow", "csv")
-PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
-"""The package each tracker imports (csv needs none)."""
 STATE_FILE = "trackers.json"
 FILE_STORE_VAR = "MLFLOW_ALLOW_FILE_STORE"
 
@@ -37,9 +35,8 @@ def parse_trackers(value: str | Iterable[str] | None) -> tuple[str, ...]:
         if name not in TRACKERS:
             raise ConfigError(f"tracker {name!r} unknown: trainscale writes to tensorboard, wandb, mlflow and csv",
                               hint=did_you_mean(name, TRACKERS))
-        package = PACKAGES.get(name)
-        if package and importlib.util.find_spec(package) is None:
-            raise ConfigError(f"tracker {name} needs the {package} package, which is not installed here",
+        if name != "csv" and importlib.util.find_spec(name) is None:  # each other tracker imports its namesake
+            raise ConfigError(f"tracker {name} needs the {name} package, which is not installed here",
                               hint=f"pip install 'trainscale[{name}]', or leave {name} out of the trackers")
     return names
 
