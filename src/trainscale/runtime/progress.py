@@ -224,9 +224,6 @@ class ProgressTracker:
         return out
 
     def _read_records(self) -> dict[int, Seen | str | None]:
-        out: dict[int, Seen | str | None] = {}
-        if self.store is None:
-            return out
         previous = None if self._own else self.store.timeout
         if previous is not None:  # the shared connection (torch without Store.clone): put it back below
             self.store.set_timeout(READ_TIMEOUT)
@@ -239,6 +236,7 @@ class ProgressTracker:
                 raws = None
             if raws is not None:
                 return {rank: _seen(raw) for rank, raw in enumerate(raws)}
+            out: dict[int, Seen | str | None] = {}
             for rank in range(self.runtime.world_size):
                 key = _KEY.format(rank=rank)
                 try:
