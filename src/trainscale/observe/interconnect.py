@@ -67,11 +67,7 @@ _INTRA = re.compile(r"via (?P<kind>P2P|SHM|NET)\b")
 def intra_node_transports(text: str) -> tuple[str, ...]:
     """How NCCL connects its channels (``Channel 00/0 : 0[0] -> 1[1] via P2P/IPC``): P2P (NVLink or PCIe
     peer access), SHM (through host memory: P2P unavailable) or NET, in order of appearance."""
-    kinds: list[str] = []
-    for match in _INTRA.finditer(text):
-        if match.group("kind") not in kinds:
-            kinds.append(match.group("kind"))
-    return tuple(kinds)
+    return tuple(dict.fromkeys(match.group("kind") for match in _INTRA.finditer(text)))
 
 
 def parse_nccl_log(text: str) -> Transport:
