@@ -50,11 +50,6 @@ def device_key(name: str) -> str | None:
     return next((key for part, key in NAMES if part in upper), None)
 
 
-def dtype_key(dtype: torch.dtype, *, tf32: bool = False) -> str:
-    key = DTYPES.get(dtype, "fp32")
-    return "tf32" if key == "fp32" and tf32 else key
-
-
 def cpu_probe(dtype: torch.dtype = torch.float32, size: int = 512, seconds: float = 0.3, windows: int = 6) -> float:
     """FLOP/s this process's threads reach on a square matmul (what 'peak' means on a CPU).
 
@@ -83,12 +78,11 @@ def peak_for(device: torch.device, dtype: torch.dtype) -> Peak | None:
     if device.type == "cpu":
         return Peak(cpu_probe(dtype if dtype in (torch.float32, torch.float64) else torch.float32),
                     f"measured: {torch.get_num_threads()} thread(s), matmul probe")
-    name = torch.cuda.get_device_name(device)
-    key = device_key(name)
+    key = device_key(torch.cuda.get_device_name(device))
     if key is None:
         return None
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    kind = dtype_key(dtype, tf32=tf32)
+    kind = DTYPES.get(dtype, "fp32")
+    kind = "tf32" if kind == "fp32" and torch.backends.cuda.matmul.allow_tf32 else kind
     value = PEAKS[key].get(kind) or PEAKS[key]["fp32"]
     return Peak(value, f"{key} {kind} dense peak (data sheet)")
 
