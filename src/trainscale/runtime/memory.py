@@ -77,12 +77,6 @@ class RankMemory:
         return self.params + self.grads + self.optimizer
 
 
-def measure(runtime: Any, held: dict[str, int]) -> RankMemory:
-    peak, source = peak_memory(runtime.device)
-    return RankMemory(rank=runtime.rank, peak_bytes=peak, peak_source=source,
-                      **{k: int(held.get(k, 0)) for k in KINDS})
-
-
 def gather(runtime: Any, mine: RankMemory) -> list[RankMemory]:
     """Every rank's RankMemory, in rank order, on every rank (a collective: all ranks call it)."""
     if not runtime.is_distributed:
@@ -112,7 +106,9 @@ def format_table(rows: list[RankMemory], strategy: str = "") -> str:
 def report(runtime: Any, held: dict[str, int], strategy: str = "", print_table: bool = True) -> dict:
     """Measure this rank, gather all ranks, print the table on rank 0; returns a JSON-ready dict
     ``{"unit": "bytes", "peak_source": ..., "ranks": [{rank, peak_bytes, params, grads, optimizer, state}]}``."""
-    rows = gather(runtime, measure(runtime, held))
+    peak, source = peak_memory(runtime.device)
+    rows = gather(runtime, RankMemory(rank=runtime.rank, peak_bytes=peak, peak_source=source,
+                                      **{k: int(held.get(k, 0)) for k in KINDS}))
     if print_table and runtime.is_main:
         print(format_table(rows, strategy), flush=True)
     return {"unit": "bytes", "peak_source": rows[0].peak_source,
