@@ -187,6 +187,7 @@ Other ranks:
 
 def test_torchrun_failure_picks_the_node_with_the_earliest_error(tmp_path):
     job_dir = tmp_path / "job"
+    written = time.time_ns()  # one clock reading for both files: node 1's error is 5 ms older, however slow the writes
     for node, (rank, local, other, tb, delay) in {
         "0": (0, 0, 1, "Traceback:\nDistBackendError: Connection closed by peer", 0),
         "1": (3, 1, 2, USER_TB.rstrip(), -5_000_000),
@@ -197,8 +198,7 @@ def test_torchrun_failure_picks_the_node_with_the_earliest_error(tmp_path):
         err = job_dir / "torchrun" / f"42_{node}" / "attempt_0" / str(local) / "error.json"
         err.parent.mkdir(parents=True)
         error_file(err, "x", tb)
-        t = time.time_ns() + delay
-        os.utime(err, ns=(t, t))
+        os.utime(err, ns=(written + delay, written + delay))
     failure = find_failure(job_dir, "torchrun")
     assert (failure.rank, failure.host) == (3, "h1")
     assert "RuntimeError: boom on 3" in failure.traceback
