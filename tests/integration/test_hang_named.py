@@ -91,6 +91,12 @@ def run_scenarios(plan: list[tuple[str, str, int]]) -> list[str | None]:
         dist.destroy_process_group()
         base.set(f"closed/{k}/{rank}", "1")
         base.wait([f"closed/{k}/{r}" for r in range(world)], WAIT)
+    # rank 0 hosts the store: it returns (and its process takes the store down) only after every other rank's
+    # last request, else a rank still waiting on the barrier above loses its connection on a loaded machine
+    if rank == 0:
+        base.wait([f"left/{r}" for r in range(1, world)], WAIT)
+    else:
+        base.set(f"left/{rank}", "1")
     return found
 
 
