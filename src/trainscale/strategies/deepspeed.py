@@ -40,7 +40,7 @@ from torch import nn
 from trainscale.checkpoint.state import NATIVE, ModelState
 from trainscale.errors import CheckpointError, ConfigError
 from trainscale.runtime.memory import tensor_bytes
-from trainscale.strategies.base import one_rank_group, OptimizerSource, StrategyBase
+from trainscale.strategies.base import one_rank_group, OptimizerSource, StrategyBase, state_tensors
 from trainscale.strategies.optim import build_optimizer, parameter_names
 from trainscale.strategies.ds_config import PRECISIONS, STAGES, build_ds_config, load_ds_config, validate_ds_config
 
@@ -134,7 +134,6 @@ class DeepSpeedStrategy(StrategyBase):
         if self.gradient_accumulation_steps < 1:
             raise ConfigError(f"gradient_accumulation_steps={self.gradient_accumulation_steps} must be >= 1",
                               hint="1 means no accumulation")
-        self._grad_bytes = 0
 
     # -- configuration ---------------------------------------------------------------------------
     def with_batch(self, micro_batch_size: int, accumulation: int | None = None) -> "DeepSpeedStrategy":
@@ -254,10 +253,8 @@ class DeepSpeedStrategy(StrategyBase):
         params += [p.ds_tensor for p in model.module.parameters() if hasattr(p, "ds_tensor")]
         zero = model.optimizer
         masters = getattr(zero, "single_partition_of_fp32_groups", None) or getattr(zero, "fp32_partitioned_groups_flat", [])
-        inner = getattr(zero, "optimizer", zero)
-        state = [v for per in getattr(inner, "state", {}).values() for v in per.values() if torch.is_tensor(v)]
-        return {"params": tensor_bytes(params),
-                "grads": self._grad_bytes, "optimizer": tensor_bytes(list(masters) + state)}
+        state = state_tensors(getattr(zero, "optimizer", zero))
+        return {"params": tensor_bytes(params), "grads": self._grad_bytes, "optimizer": tensor_bytes(list(masters) + state)}
 
 
 class EngineState(ModelState):
