@@ -186,7 +186,8 @@ class DeepSpeedStrategy(StrategyBase):
         model = model.to(runtime.device)
         client_optimizer = None if "optimizer" in config else build_optimizer(optimizer, model, names)
         engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=client_optimizer, config=config)
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(_precision_of(config))
+        bf16 = config.get("bf16", config.get("bfloat16", {})).get("enabled")
+        dtype = torch.bfloat16 if bf16 else torch.float16 if config.get("fp16", {}).get("enabled") else None
         if dtype is not None:
             engine.module.register_forward_pre_hook(_cast_inputs(dtype))
         return engine, optimizer
@@ -308,12 +309,6 @@ def _tensors_in(value: Any) -> list[torch.Tensor]:
     if isinstance(value, (list, tuple)):
         return [t for v in value for t in _tensors_in(v)]
     return []
-
-
-def _precision_of(config: dict[str, Any]) -> str:
-    if config.get("bf16", config.get("bfloat16", {})).get("enabled"):
-        return "bf16"
-    return "fp16" if config.get("fp16", {}).get("enabled") else "fp32"
 
 
 def _cast_inputs(dtype: torch.dtype):

@@ -138,9 +138,6 @@ def validate_ds_config(config: dict[str, Any], world_size: int, *, device: str |
     unknown ZeRO stage, batch sizes that do not fit the world size, fp16 on CPU, or fp16 with bf16.
     ``micro_option``: the option the per-rank batch came from (``--batch-size``), offered as a fix.
     """
-    if not isinstance(config, dict):
-        raise ConfigError(f"a ds_config must be a dict (JSON object), not {type(config).__name__}",
-                          hint='e.g. {"train_micro_batch_size_per_gpu": 16, "zero_optimization": {"stage": 2}}')
     if world_size < 1:
         raise ConfigError(f"world size {world_size} must be >= 1", hint="count every rank of the job")
     config = copy.deepcopy(config)
