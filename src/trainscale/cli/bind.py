@@ -4,8 +4,7 @@ from __future__ import annotations
 
 
 def _print_plan(plan) -> None:
-    for line in plan.describe():
-        print(line)
+    print("\n".join(plan.describe()))
     if plan.shared:
         print("WARNING: fewer cores than ranks, so some ranks share cores.")
     print(f"\nsrun (one task per GPU): {plan.cpu_bind_option()}")
@@ -26,16 +25,14 @@ def run(args) -> int:
         if topology is not None:
             print(f"profile {profile.name}: binding = \"topology\": planned on each node at run time; "
                   f"shown here for THIS machine.")
-            for line in topology.describe():
-                print(f"  {line}")
+            print("\n".join(f"  {line}" for line in topology.describe()))
         plan = binding_plan(profile, ranks, topology)
         print(f"Binding plan for {ranks} local rank(s) per node ({plan.source}):")
         _print_plan(plan)
         return 0
     topology = detect_topology()
     print("Detected topology (" + "; ".join(topology.sources) + "):")
-    for line in topology.describe():
-        print(f"  {line}")
+    print("\n".join(f"  {line}" for line in topology.describe()))
     ranks = args.ranks or len(topology.gpus) or 1
     plan = plan_binding(topology, ranks, reserved=parse_cpulist(args.reserved or ""))
     print(f"\nBinding plan for {ranks} local rank(s) ({plan.source}):")

@@ -9,12 +9,8 @@ from pathlib import Path
 
 
 def _forwarded(args) -> list[str]:
-    out = ["--timeout", str(args.timeout), "--size-mib", str(args.size_mib)]
-    if args.network:
-        out.append("--network")
-    if args.workers is not None:
-        out += ["--workers", str(args.workers)]
-    return out
+    return ["--timeout", str(args.timeout), "--size-mib", str(args.size_mib), *(["--network"] if args.network else []),
+            *(["--workers", str(args.workers)] if args.workers is not None else [])]
 
 
 def _launched(args) -> int:

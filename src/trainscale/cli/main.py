@@ -29,17 +29,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser | None:
-    actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    return actions[0].choices.get(name) if actions else None
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv[0] if argv else None)
     # Commands that pass the rest of the line to a script (`run`, `bench SCRIPT`) parse it themselves:
     # argparse cannot hand options it does not know through a subparser.
-    command = _subcommand(parser, argv[0]) if argv else None
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    command = subparsers.choices.get(argv[0]) if argv else None
     if command is not None and command.get_default("raw"):
         args = argparse.Namespace(argv=argv[1:], func=command.get_default("func"))
     else:

@@ -61,9 +61,7 @@ def run(args: argparse.Namespace) -> int:
         answer, said = ask_test_only(text, required=ns.test_only)  # when and where SLURM would start it
         for line in test_only_lines(answer, said):
             print(line, file=sys.stderr, flush=True)
-        if errors(findings):
-            return 2
-        return 1 if ns.test_only and answer != "accepts" else 0
+        return 2 if errors(findings) else 1 if ns.test_only and answer != "accepts" else 0
     if errors(findings):
         _say(f"{len(errors(findings))} error(s): not submitted")
         return 2

@@ -60,17 +60,21 @@ def run(args: argparse.Namespace) -> int:
     from trainscale.launch.slurm.sweep import grid_of
 
     options = split_command(sweep_parser(), argv, target_options=("--workload", "-m")).options
-    if "--local" in options:
-        if not any(a in ("-t", "--time") or a.startswith("--time=") for a in options):
-            argv = ["-t", "UNLIMITED", *argv]  # a local sweep has no time limit
-        spec, _, ns, _ = build(argv, os.environ, extend=_extend, command="sweep")
-        return run_local(spec, ns)
+    local = "--local" in options
+    if local and not any(a in ("-t", "--time") or a.startswith("--time=") for a in options):
+        argv = ["-t", "UNLIMITED", *argv]  # a local sweep has no time limit
     spec, profile, ns, preflight = build(argv, os.environ, extend=_extend, command="sweep")
+    grid = grid_of(ns.grid, ns.grid_file)
+    if local:  # one configuration after another on this node, each launched as `trainscale run` launches it
+        from trainscale.launch.slurm.sweep import run_here
+
+        run_dir, failed = run_here(spec, grid, nproc_per_node=ns.nproc_per_node or 1, say=_say)
+        status([str(run_dir)])
+        return 1 if failed else 0
     from trainscale.launch.slurm import lint, render, resolve
     from trainscale.launch.slurm.lint import errors
     from trainscale.launch.slurm.sweep import array_job, configurations, submit_array
 
-    grid = grid_of(ns.grid, ns.grid_file)
     spec = array_job(spec, grid, ns.max_parallel)
     if ns.dry_run == ns.submit:
         raise ConfigError("give exactly one of --dry-run or --submit", hint="start with --dry-run")
@@ -91,15 +95,6 @@ def run(args: argparse.Namespace) -> int:
          f"results: trainscale sweep status {run_dir}")
     print(run_dir, flush=True)
     return 0
-
-
-def run_local(spec, ns) -> int:
-    """One configuration after another on this node, each launched as `trainscale run` launches it."""
-    from trainscale.launch.slurm.sweep import grid_of, run_here
-
-    run_dir, failed = run_here(spec, grid_of(ns.grid, ns.grid_file), nproc_per_node=ns.nproc_per_node or 1, say=_say)
-    status([str(run_dir)])
-    return 1 if failed else 0
 
 
 def status(argv: list[str]) -> int:

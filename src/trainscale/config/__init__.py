@@ -155,9 +155,8 @@ def resolve_group(classes: tuple[type, ...], *, section: str, defaults: Mapping[
 
 def _build(cls: type, section: str, merged: Mapping[str, Any]) -> Any:
     mine = {name: merged[name] for name in _field_types(cls) if name in merged}
-    required = [f.name for f in dataclasses.fields(cls) if f.init and f.default is dataclasses.MISSING
-                and f.default_factory is dataclasses.MISSING]
-    missing = [name for name in required if name not in mine]
+    missing = [f.name for f in dataclasses.fields(cls) if f.init and f.name not in mine
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
         raise MissingOption(section, missing[0])
     try:

@@ -17,10 +17,9 @@ def check_shardable(dataset_len: int, world_size: int, batch_size: int, what: st
         raise ConfigError(f"batch size {batch_size} must be >= 1", hint="give the per-rank batch size, e.g. --batch-size 16")
     need = world_size * batch_size
     if dataset_len < need:
-        raise ConfigError(
-            f"the {what} has {dataset_len} samples but {world_size} rank(s) x batch size {batch_size} need at least {need}",
-            hint=f"use a batch size <= {max(1, dataset_len // world_size)}, fewer ranks, or more data",
-        )
+        raise ConfigError(f"the {what} has {dataset_len} samples but {world_size} rank(s) x batch size {batch_size} "
+                          f"need at least {need}", hint=f"use a batch size <= {max(1, dataset_len // world_size)}, "
+                                                        "fewer ranks, or more data")
 
 
 class _Resumable(Sampler):
@@ -52,12 +51,9 @@ class _EpochState:
 
 
 class DistributedLoader(_EpochState):
-    """Iterate one epoch per ``for`` loop; the sampler's epoch advances by itself.
-
-    State (where the next ``for`` loop starts: its epoch and the batches of it already done) goes into
-    checkpoints via ``state_dict``/``load_state_dict``, so a resumed run shuffles exactly as an
-    uninterrupted one and starts mid-epoch without loading the batches it skips.
-    """
+    """Iterate one epoch per ``for`` loop; the sampler's epoch advances by itself. Its state goes into
+    checkpoints, so a resumed run shuffles exactly as an uninterrupted one and starts mid-epoch without
+    loading the batches it skips."""
 
     def __init__(self, dataset: Dataset, *, batch_size: int, rank: int = 0, world_size: int = 1,
                  shuffle: bool = True, seed: int = 0, drop_last: bool = True, num_workers: int = 0,
@@ -114,12 +110,8 @@ class DeviceTensorLoader(_EpochState):
         return cls(*tensors, rank=runtime.rank, world_size=runtime.world_size, device=runtime.device, **kwargs)
 
     def _shard_indices(self, epoch: int) -> torch.Tensor:
-        if self.shuffle:
-            gen = torch.Generator()
-            gen.manual_seed(self.seed + epoch)
-            order = torch.randperm(self.n, generator=gen)
-        else:
-            order = torch.arange(self.n)
+        seeded = torch.Generator().manual_seed(self.seed + epoch)
+        order = torch.randperm(self.n, generator=seeded) if self.shuffle else torch.arange(self.n)
         if self.drop_last:
             total = (self.n // self.world_size) * self.world_size
             order = order[:total]

@@ -1,12 +1,5 @@
-"""Cluster profiles as data (TOML): loading, listing, and the CPU-GPU binding each profile implies.
-
-For the SLURM renderer::
-
-    slurm_cpu_bind(profile, local_world_size)  -> "--cpu-bind=mask_cpu:0x..,0x.." | "--cpu-bind=none" | ""
-    worker_bind_env(profile, local_world_size) -> {"TRAINSCALE_CPU_BIND": ...} to export for the workers
-
-Inside a worker, ``trainscale.topology.bind_worker(local_rank, local_world_size)`` reads that variable.
-"""
+"""Cluster profiles as data (TOML): loading, listing, and the CPU-GPU binding each profile implies (for the
+SLURM renderer; inside a worker, ``trainscale.topology.bind_worker`` reads what it exports)."""
 
 from __future__ import annotations
 
@@ -51,10 +44,8 @@ def binding_plan(profile: ClusterProfile, local_world_size: int, topology: Topol
 
 
 def slurm_cpu_bind(profile: ClusterProfile, local_world_size: int) -> str:
-    """The ``srun`` option for one task per GPU: masks for a map profile, ``none`` where workers bind themselves.
-
-    Empty string: leave SLURM's default binding (profiles with ``binding = "none"``).
-    """
+    """The ``srun`` option for one task per GPU: masks for a map profile, ``none`` where workers bind themselves,
+    empty to leave SLURM's default binding (``binding = "none"``)."""
     if profile.binding == "map":
         plan = binding_plan(profile, local_world_size)
         return plan.cpu_bind_option() if plan else ""

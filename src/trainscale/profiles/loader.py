@@ -19,7 +19,6 @@ from trainscale.profiles.schema import ClusterProfile, ContainerSpec
 from trainscale.topology.cpulist import parse_cpulist
 
 CONFIG_DIR_ENV = "TRAINSCALE_CONFIG_DIR"
-_CORE_LIST_KEYS = ("reserved_cores",)
 _TUPLE_KEYS = ("partitions", "modules", "setup")
 _SCALARS: dict[str, tuple[type, ...]] = {
     "description": (str,), "gpu_vendor": (str,), "binding": (str,), "default_launcher": (str,), "max_time": (str,),
@@ -134,8 +133,7 @@ def _fields(cls: type) -> list[str]:
 def _check_keys(data: dict[str, Any], valid: list[str], origin: str, where: str = "") -> None:
     for key in data:
         if key not in valid:
-            raise ConfigError(f"{origin}: unknown key {where}{key!r}",
-                              hint=did_you_mean(key, valid))
+            raise ConfigError(f"{origin}: unknown key {where}{key!r}", hint=did_you_mean(key, valid))
 
 
 def _cores(value: Any, origin: str, key: str) -> tuple[int, ...]:
@@ -164,9 +162,8 @@ def profile_from_dict(data: dict[str, Any], *, name: str, origin: str = "<dict>"
             if not isinstance(values[key], list) or not all(isinstance(x, str) for x in values[key]):
                 raise ConfigError(f"{origin}: {key} must be a list of strings", hint=f'e.g. {key} = ["..."]')
             values[key] = tuple(values[key])
-    for key in _CORE_LIST_KEYS:
-        if key in values:
-            values[key] = _cores(values[key], origin, key)
+    if "reserved_cores" in values:
+        values["reserved_cores"] = _cores(values["reserved_cores"], origin, "reserved_cores")
     if "gpu_cores" in values:
         table = values["gpu_cores"]
         if not isinstance(table, dict):

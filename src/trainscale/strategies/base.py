@@ -1,17 +1,7 @@
 """The small protocol every parallel strategy implements (ddp, zero1, fsdp, deepspeed), and what they share.
 
-What a training loop needs from a strategy, and nothing that depends on which one it is:
-
-- ``with_batch(micro_batch_size, accumulation)``: the strategy for a loop of that shape (DeepSpeed's
-  config needs both; the others return themselves);
-- ``wrap(model, optimizer, runtime)``: the model moved and wrapped, and its optimizer (a ready one,
-  parameter groups included, or a factory);
-- ``backward_loss``, ``accumulate(model, last=...)`` (no gradient sync before the last micro-batch),
-  ``micro_step(optimizer, model, last=...)`` (the optimizer steps on the last one, or DeepSpeed's
-  engine decides), ``optimizer_step`` and ``zero_grad`` for scripts that step by hand;
-- ``checkpoint_state(model, optimizer)``: a ModelState for the Checkpointer (checkpoint/state.py);
-- ``after_resume(model, forward_backward)``: what a resumed run does before its first step;
-- ``unwrap``, ``full_model_state``, ``held_bytes``, ``torch_optimizer``: to look inside.
+What a training loop needs from a strategy, and nothing that depends on which one it is: the methods
+of :class:`Strategy`, each a plain torch loop's step in :class:`StrategyBase` unless a strategy differs.
 """
 
 from __future__ import annotations
@@ -58,7 +48,8 @@ class Strategy(Protocol):
     storage: Storage
     """How its checkpoints are kept: FILE (rank 0), DCP (every rank's shards) or NATIVE (its own files)."""
 
-    def with_batch(self, micro_batch_size: int, accumulation: int | None = None) -> "Strategy": ...
+    def with_batch(self, micro_batch_size: int, accumulation: int | None = None) -> "Strategy":
+        """The strategy for a loop of that shape (DeepSpeed's config needs both; the others return themselves)."""
 
     def wrap(self, model: nn.Module, optimizer: OptimizerSource, runtime: Any) -> tuple[nn.Module, Any]:
         """Move/wrap the model for this strategy and give its optimizer; return (model, optimizer)."""
@@ -71,15 +62,18 @@ class Strategy(Protocol):
     def micro_step(self, optimizer: Any, model: nn.Module, *, last: bool) -> None:
         """After one micro-batch's backward: on the last, the optimizer steps and gradients are cleared."""
 
-    def optimizer_step(self, optimizer: Any, model: nn.Module) -> None: ...
+    def optimizer_step(self, optimizer: Any, model: nn.Module) -> None:
+        """For scripts that step by hand (with :meth:`zero_grad`)."""
 
     def zero_grad(self, optimizer: Any, model: nn.Module) -> None: ...
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager: ...
 
-    def checkpoint_state(self, model: nn.Module, optimizer: Any) -> ModelState: ...
+    def checkpoint_state(self, model: nn.Module, optimizer: Any) -> ModelState:
+        """A ModelState for the Checkpointer (checkpoint/state.py)."""
 
-    def after_resume(self, model: nn.Module, forward_backward: Callable[[], None]) -> None: ...
+    def after_resume(self, model: nn.Module, forward_backward: Callable[[], None]) -> None:
+        """What a resumed run does before its first step."""
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The user's module inside any wrapper."""
@@ -120,6 +114,11 @@ def one_rank_group(runtime: Any) -> None:
     backend = "nccl" if runtime.device.type == "cuda" else "gloo"
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     runtime.owns_process_group = True
+
+
+def state_tensors(optimizer: Any) -> list[torch.Tensor]:
+    """The tensors of an optimizer's per-parameter state (its moments, step counts...)."""
+    return [v for per in getattr(optimizer, "state", {}).values() for v in per.values() if torch.is_tensor(v)]
 
 
 class StrategyBase:
@@ -187,9 +186,7 @@ class StrategyBase:
 
     def local_state(self, model: nn.Module, optimizer: Any) -> dict[str, list[torch.Tensor]]:
         """Parameter and optimizer-state tensors this rank holds (DTensors count their local shard)."""
-        state = getattr(optimizer, "state", {})
-        return {"params": list(model.parameters()),
-                "optimizer": [v for per in state.values() for v in per.values() if torch.is_tensor(v)]}
+        return {"params": list(model.parameters()), "optimizer": state_tensors(optimizer)}
 
     def held_bytes(self, model: nn.Module, optimizer: Any) -> dict[str, int]:
         held = self.local_state(model, optimizer)

@@ -66,12 +66,10 @@ def _make(name: str, *, powersgd_rank: int = 1, powersgd_start: int = 10,
           gradient_bytes: int = 0) -> tuple[Callable, Any]:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-    if name == "allreduce":  # what DDP does itself, in Python: what the timer registers when no hook is chosen
-        return default_hooks.allreduce_hook, None
-    if name == "fp16":
-        return default_hooks.fp16_compress_hook, None
-    if name == "bf16":
-        return default_hooks.bf16_compress_hook, None
+    stateless = {"allreduce": default_hooks.allreduce_hook,  # DDP's own, in Python: the timer's when no hook is chosen
+                 "fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
+    if name in stateless:
+        return stateless[name], None
     if name == "powersgd":
         state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=powersgd_rank,
                                             start_powerSGD_iter=powersgd_start)

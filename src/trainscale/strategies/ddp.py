@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -127,8 +128,6 @@ class DDPStrategy(StrategyBase):
         their collectives in different orders: measured in torch 2.13, gloo aborts ("Received data size
         doesn't match expected size"). NCCL orders them on the stream. So on anything but NCCL PowerSGD
         gets one bucket (no overlap): chosen by auto, refused for an explicit smaller size."""
-        import torch.distributed as dist
-
         ordered = runtime.device.type == "cuda" and "nccl" in str(dist.get_backend())
         if self.comm_hook != "powersgd" or ordered:
             return self.bucket_arguments(model)
@@ -154,7 +153,11 @@ class DDPStrategy(StrategyBase):
         model = model.to(runtime.device)
         if not runtime.is_distributed:
             return model
-        hook = self.resolved_hook(runtime)
+        hook = self.comm_hook
+        if hook == "auto":  # shm for 2+ gloo ranks on the CPU (falling back to none below where they share no memory)
+            from trainscale.strategies.shm_allreduce import applies
+
+            hook = "shm" if applies(runtime.device, dist.get_backend(), dist.get_world_size()) else "none"
         comm_hooks.check_backend(hook, runtime.device)
         if hook == "shm":
             from trainscale.strategies.shm_allreduce import check_device
@@ -180,17 +183,6 @@ class DDPStrategy(StrategyBase):
                     raise
                 # auto: the ranks cannot share memory (several nodes): DDP's own all-reduce, as with none
         return ddp
-
-    def resolved_hook(self, runtime: Any) -> str:
-        """The hook ``comm_hook`` names; ``auto``: ``shm`` for 2+ gloo ranks on the CPU (it falls back to
-        ``none`` when the ranks turn out not to share a node's memory), else ``none``."""
-        if self.comm_hook != "auto":
-            return self.comm_hook
-        import torch.distributed as dist
-
-        from trainscale.strategies.shm_allreduce import applies
-
-        return "shm" if applies(runtime.device, dist.get_backend(), dist.get_world_size()) else "none"
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         if getattr(getattr(model, "_orig_mod", model), "static_graph", False):

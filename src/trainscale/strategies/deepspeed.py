@@ -40,7 +40,7 @@ from torch import nn
 from trainscale.checkpoint.state import NATIVE, ModelState
 from trainscale.errors import CheckpointError, ConfigError
 from trainscale.runtime.memory import tensor_bytes
-from trainscale.strategies.base import one_rank_group, OptimizerSource, StrategyBase
+from trainscale.strategies.base import one_rank_group, OptimizerSource, StrategyBase, state_tensors
 from trainscale.strategies.optim import build_optimizer, parameter_names
 from trainscale.strategies.ds_config import PRECISIONS, STAGES, build_ds_config, load_ds_config, validate_ds_config
 
@@ -134,7 +134,6 @@ class DeepSpeedStrategy(StrategyBase):
         if self.gradient_accumulation_steps < 1:
             raise ConfigError(f"gradient_accumulation_steps={self.gradient_accumulation_steps} must be >= 1",
                               hint="1 means no accumulation")
-        self._grad_bytes = 0
 
     # -- configuration ---------------------------------------------------------------------------
     def with_batch(self, micro_batch_size: int, accumulation: int | None = None) -> "DeepSpeedStrategy":
@@ -187,7 +186,8 @@ class DeepSpeedStrategy(StrategyBase):
         model = model.to(runtime.device)
         client_optimizer = None if "optimizer" in config else build_optimizer(optimizer, model, names)
         engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=client_optimizer, config=config)
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(_precision_of(config))
+        bf16 = config.get("bf16", config.get("bfloat16", {})).get("enabled")
+        dtype = torch.bfloat16 if bf16 else torch.float16 if config.get("fp16", {}).get("enabled") else None
         if dtype is not None:
             engine.module.register_forward_pre_hook(_cast_inputs(dtype))
         return engine, optimizer
@@ -254,10 +254,8 @@ class DeepSpeedStrategy(StrategyBase):
         params += [p.ds_tensor for p in model.module.parameters() if hasattr(p, "ds_tensor")]
         zero = model.optimizer
         masters = getattr(zero, "single_partition_of_fp32_groups", None) or getattr(zero, "fp32_partitioned_groups_flat", [])
-        inner = getattr(zero, "optimizer", zero)
-        state = [v for per in getattr(inner, "state", {}).values() for v in per.values() if torch.is_tensor(v)]
-        return {"params": tensor_bytes(params),
-                "grads": self._grad_bytes, "optimizer": tensor_bytes(list(masters) + state)}
+        state = state_tensors(getattr(zero, "optimizer", zero))
+        return {"params": tensor_bytes(params), "grads": self._grad_bytes, "optimizer": tensor_bytes(list(masters) + state)}
 
 
 class EngineState(ModelState):
@@ -311,12 +309,6 @@ def _tensors_in(value: Any) -> list[torch.Tensor]:
     if isinstance(value, (list, tuple)):
         return [t for v in value for t in _tensors_in(v)]
     return []
-
-
-def _precision_of(config: dict[str, Any]) -> str:
-    if config.get("bf16", config.get("bfloat16", {})).get("enabled"):
-        return "bf16"
-    return "fp16" if config.get("fp16", {}).get("enabled") else "fp32"
 
 
 def _cast_inputs(dtype: torch.dtype):

@@ -49,11 +49,9 @@ def fsdp2() -> SimpleNamespace:
     ``_composable`` package before (the floor, torch 2.4, has it only there)."""
     import torch.distributed.fsdp as public
 
-    if all(hasattr(public, name) for name in FSDP2_NAMES):
-        return SimpleNamespace(**{name: getattr(public, name) for name in FSDP2_NAMES})
-    from torch.distributed._composable import fsdp as composable
-
-    return SimpleNamespace(**{name: getattr(composable, name) for name in FSDP2_NAMES})
+    if not all(hasattr(public, name) for name in FSDP2_NAMES):
+        from torch.distributed._composable import fsdp as public
+    return SimpleNamespace(**{name: getattr(public, name) for name in FSDP2_NAMES})
 
 
 @dataclass(kw_only=True)

@@ -52,7 +52,12 @@ def trainer_arguments(spec: str, *, world_size: int, per_device: int, use_cpu: b
             args[strategy.mixed_precision] = True  # bf16=True / fp16=True
         return args
     if strategy.name == "deepspeed":
-        _check_user_micro_batch(strategy.config, per_device)
+        user = load_ds_config(strategy.config) if isinstance(strategy.config, str) else strategy.config
+        given = user.get("train_micro_batch_size_per_gpu") if isinstance(user, dict) else None
+        if given not in (None, "auto", per_device):
+            raise ConfigError(f"ds_config train_micro_batch_size_per_gpu={given}, but --global-batch ÷ world size "
+                              f"gives a per-device batch of {per_device}",
+                              hint='set it to "auto" (the Trainer fills it in) or change --global-batch')
         strategy = strategy.with_batch(per_device, accumulation if accumulation > 1 else None)
         config = strategy.ds_config(world_size, "cpu" if use_cpu else "cuda")
         # The Trainer checks that its own arguments agree with the ds_config; make them agree.
@@ -71,13 +76,3 @@ def prepare_environment(strategy_args: dict[str, Any], runtime: Any) -> list[str
     from trainscale.strategies.deepspeed import prepare_environment as prepare_deepspeed
 
     return prepare_deepspeed(runtime)
-
-
-def _check_user_micro_batch(config: Any, per_device: int) -> None:
-    if isinstance(config, str):
-        config = load_ds_config(config)
-    given = config.get("train_micro_batch_size_per_gpu") if isinstance(config, dict) else None
-    if given not in (None, "auto", per_device):
-        raise ConfigError(f"ds_config train_micro_batch_size_per_gpu={given}, but --global-batch ÷ world size "
-                          f"gives a per-device batch of {per_device}",
-                          hint='set it to "auto" (the Trainer fills it in) or change --global-batch')

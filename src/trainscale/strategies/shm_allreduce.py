@@ -39,19 +39,8 @@ from trainscale.runtime import progress
 DEFAULT_TIMEOUT_S = 1800.0  # torch's default process-group timeout (30 min) for a rank that never arrives
 
 
-def _directory() -> str:
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-
-
 class SharedMemoryUnavailable(ConfigError):
     """The ranks cannot share memory (several nodes, or separate /dev/shm); ``auto`` falls back to none."""
-
-
-def node_names(process_group: Any = None) -> set[str]:
-    """The host names the ranks run on (a collective: every rank calls it)."""
-    hosts: list[Any] = [None] * dist.get_world_size(process_group)
-    dist.all_gather_object(hosts, socket.gethostname(), group=process_group)
-    return set(hosts)
 
 
 def group_timeout_s(process_group: Any = None) -> float:
@@ -70,7 +59,10 @@ class SharedMemoryAllReduce:
         self.world = dist.get_world_size(process_group)
         self.rank = dist.get_rank(process_group)
         self.timeout_s = group_timeout_s(process_group)
-        hosts = node_names(process_group) if hosts is None else hosts
+        if hosts is None:  # the host names the ranks run on
+            gathered: list[Any] = [None] * self.world
+            dist.all_gather_object(gathered, socket.gethostname(), group=process_group)
+            hosts = set(gathered)
         if len(hosts) > 1:
             raise SharedMemoryUnavailable(f"comm_hook=shm averages gradients through one node's shared memory, but the ranks run "
                               f"on {len(hosts)} nodes ({', '.join(sorted(hosts)[:4])})",
@@ -80,7 +72,8 @@ class SharedMemoryAllReduce:
         size = self.slot * (self.world + 1)
         names: list[Any] = [None]
         if self.rank == 0:
-            names[0] = os.path.join(_directory(), f"trainscale-shm-{uuid.uuid4().hex}")
+            shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+            names[0] = os.path.join(shm, f"trainscale-shm-{uuid.uuid4().hex}")
             # 0600, whatever the umask: the gradients are this job's, not other users' of the node
             fd = os.open(names[0] + ".buf", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
             try:

@@ -22,7 +22,7 @@ from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from trainscale.checkpoint.state import ModelState
-from trainscale.strategies.base import OptimizerSource
+from trainscale.strategies.base import OptimizerSource, state_tensors
 from trainscale.strategies.ddp import DDPStrategy, ReplicaState
 from trainscale.strategies.optim import as_recipe, build_optimizer, parameter_names
 
@@ -50,15 +50,13 @@ class Zero1Strategy(DDPStrategy):
         return None  # the optimizer step is already split over the ranks
 
     def checkpoint_state(self, model: nn.Module, optimizer: Any) -> ModelState:
-        if not isinstance(optimizer, ZeroRedundancyOptimizer):
-            return ReplicaState(self.unwrap(model), optimizer)
-        return PartitionedState(self.unwrap(model), optimizer)
+        partitioned = isinstance(optimizer, ZeroRedundancyOptimizer)
+        return (PartitionedState if partitioned else ReplicaState)(self.unwrap(model), optimizer)
 
     def local_state(self, model: nn.Module, optimizer: Any) -> dict[str, list[torch.Tensor]]:
         held = super().local_state(model, optimizer)
         if isinstance(optimizer, ZeroRedundancyOptimizer):
-            state = optimizer.optim.state  # this rank's partition only
-            held["optimizer"] = [v for per in state.values() for v in per.values() if torch.is_tensor(v)]
+            held["optimizer"] = state_tensors(optimizer.optim)  # this rank's partition only
         return held
 
 

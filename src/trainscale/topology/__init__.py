@@ -1,14 +1,4 @@
-"""What hardware? Parse tool output and sysfs into data, plan CPU sets per local rank; ``apply`` binds.
-
-Public API::
-
-    parse_cpulist("1-7,9-15") / format_cpulist(cores) / cores_to_mask(cores) / mask_to_cores("0xfe")
-    parse_nvidia_topo(text) / parse_rocm_toponuma(text) / read_numa_nodes(root)
-    detect_topology(root="/") -> Topology
-    plan_binding(gpu_cores | topology, local_world_size, reserved=..., cpus_per_node=...) -> BindingPlan
-    plan_cpu_only(usable, local_world_size, reserved=...) -> BindingPlan
-    bind_worker(local_rank, local_world_size) -> BindingReport   (inside a worker; reads TRAINSCALE_CPU_BIND)
-"""
+"""What hardware? Parse tool output and sysfs into data, plan CPU sets per local rank; ``apply`` binds."""
 
 from trainscale.topology.apply import apply_cpu_binding, current_affinity, far_from_gpu
 from trainscale.topology.cpulist import cores_to_mask, format_cpulist, mask_to_cores, parse_cpulist

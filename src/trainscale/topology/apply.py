@@ -40,12 +40,9 @@ def apply_cpu_binding(cpus: Iterable[int]) -> frozenset[int]:
 
 
 def far_from_gpu(actual: Iterable[int], gpu_cores: Iterable[int]) -> bool:
-    """True when most of the cores a rank runs on are not close to its GPU (worth a warning).
-
-    Unknown GPU-local cores (empty) never count as far.
-    """
-    close = set(gpu_cores)
-    running = set(actual)
+    """True when most of the cores a rank runs on are not close to its GPU (worth a warning); unknown
+    GPU-local cores (empty) never count as far."""
+    close, running = set(gpu_cores), set(actual)
     if not close or not running:
         return False
     return len(running & close) * 2 < len(running)

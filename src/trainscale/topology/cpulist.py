@@ -23,10 +23,8 @@ def parse_cpulist(text: str | Iterable[int]) -> tuple[int, ...]:
             start = int(lo)
             end = int(hi) if sep else start
         except ValueError:
-            raise ConfigError(
-                f"cannot read core list {text!r}: {part!r} is not a core number or a range",
-                hint='write core lists like "49-55" or "1-7,9-15"',
-            ) from None
+            raise ConfigError(f"cannot read core list {text!r}: {part!r} is not a core number or a range",
+                              hint='write core lists like "49-55" or "1-7,9-15"') from None
         if start < 0 or end < start:
             raise ConfigError(f"cannot read core list {text!r}: range {part!r} is empty or negative",
                               hint='ranges go from low to high, e.g. "1-7"')
@@ -36,16 +34,13 @@ def parse_cpulist(text: str | Iterable[int]) -> tuple[int, ...]:
 
 def format_cpulist(cores: Iterable[int]) -> str:
     """``(0, 1, 2, 3, 8)`` -> ``"0-3,8"``: the compact form sysfs and taskset use."""
-    ordered = sorted(set(cores))
-    parts: list[str] = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(parts)
+    runs: list[list[int]] = []  # [first, last] of each run of consecutive cores
+    for core in sorted(set(cores)):
+        if runs and runs[-1][1] == core - 1:
+            runs[-1][1] = core
+        else:
+            runs.append([core, core])
+    return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in runs)
 
 
 def cores_to_mask(cores: Iterable[int]) -> str:

@@ -49,11 +49,7 @@ class Topology:
     def gpu_cores(self) -> dict[int, tuple[int, ...]]:
         """GPU index -> its close cores, falling back to its NUMA node's cores, then to every CPU."""
         by_node = {n.index: n.cpus for n in self.numa_nodes}
-        result: dict[int, tuple[int, ...]] = {}
-        for gpu in self.gpus:
-            cores = gpu.cpus or by_node.get(gpu.numa_node if gpu.numa_node is not None else -1, ()) or self.cpus
-            result[gpu.index] = tuple(cores)
-        return result
+        return {gpu.index: tuple(gpu.cpus or by_node.get(gpu.numa_node, ()) or self.cpus) for gpu in self.gpus}
 
     def numa_of(self, cpu: int) -> int | None:
         return next((node.index for node in self.numa_nodes if cpu in node.cpus), None)

@@ -214,16 +214,13 @@ def plan_binding(gpu_cores: Mapping[int, Iterable[int]] | Topology, local_world_
         what = "GPU(s) visible" if gpu_order is not None else "GPU(s)"
         raise ConfigError(f"{local_world_size} local ranks but the node has {len(gpus)} {what}",
                           hint=f"run at most {len(gpus)} rank(s) per node, one per GPU")
-    wanted = {}
+    # Ranks whose GPUs are close to the same cores share them out between themselves.
+    by_set: dict[tuple[int, ...], list[int]] = {}
     for rank in range(local_world_size):
         close = tuple(c for c in parse_cpulist(gpu_cores[gpus[rank]]) if c not in skip)
         if not close:
             raise ConfigError(f"GPU {gpus[rank]} has no close cores left after removing reserved cores",
                               hint="check the profile's gpu_cores and reserved_cores")
-        wanted[rank] = close
-    # Ranks whose GPUs are close to the same cores share them out between themselves.
-    by_set: dict[tuple[int, ...], list[int]] = {}
-    for rank, close in wanted.items():
         by_set.setdefault(close, []).append(rank)
     cpus: dict[int, tuple[int, ...]] = {}
     shared = False

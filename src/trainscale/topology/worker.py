@@ -87,28 +87,24 @@ def bind_worker(local_rank: int, local_world_size: int, *, environ: Mapping[str,
     """
     environ = os.environ if environ is None else environ
     before = current_affinity()
+    unbound = dict(local_rank=local_rank, gpu=None, requested=(), actual=tuple(sorted(before)), applied=False, far=False)
     try:
         plan = plan or plan_from_env(environ.get(PLAN_ENV, ""), local_world_size, detect, environ=environ,
                                      local_rank=local_rank)
     except ConfigError as exc:
-        return BindingReport(local_rank=local_rank, gpu=None, requested=(), actual=tuple(sorted(before)),
-                             applied=False, far=False, note=f"not bound: {exc.message}")
+        return BindingReport(**unbound, note=f"not bound: {exc.message}")
     if plan is None:
-        return BindingReport(local_rank=local_rank, gpu=None, requested=(), actual=tuple(sorted(before)),
-                             applied=False, far=False)
-    rank = plan.ranks[local_rank] if local_rank < plan.local_world_size else None
-    if rank is None:
-        return BindingReport(local_rank=local_rank, gpu=None, requested=(), actual=tuple(sorted(before)), applied=False,
-                             far=False, note=f"not bound: the plan covers {plan.local_world_size} local ranks")
+        return BindingReport(**unbound)
+    if local_rank >= plan.local_world_size:
+        return BindingReport(**unbound, note=f"not bound: the plan covers {plan.local_world_size} local ranks")
+    rank = plan.ranks[local_rank]
     allowed = [c for c in rank.cpus if c in before]
-    note = ""
     if not allowed:
         return BindingReport(local_rank=local_rank, gpu=rank.gpu, requested=rank.cpus, actual=tuple(sorted(before)),
                              applied=False, far=rank.gpu is not None and far_from_gpu(before, rank.cpus),
                              note=f"not bound: planned CPUs {rank.cpulist} are outside this process's allowed "
                                   f"CPUs {format_cpulist(before)} (the job did not get them)")
-    if len(allowed) < len(rank.cpus):
-        note = f"only {format_cpulist(allowed)} of the planned CPUs are allowed in this job"
+    note = f"only {format_cpulist(allowed)} of the planned CPUs are allowed in this job" if len(allowed) < len(rank.cpus) else ""
     actual = apply_cpu_binding(allowed)
     return BindingReport(local_rank=local_rank, gpu=rank.gpu, requested=rank.cpus, actual=tuple(sorted(actual)),
                          applied=actual != before, far=rank.gpu is not None and far_from_gpu(actual, rank.cpus),

@@ -33,6 +33,7 @@ from trainscale.strategies.hf_trainer import prepare_environment, trainer_argume
 from trainscale.train import TrainOptions, parse
 from trainscale.train.metrics import check_metrics_out, write_metrics
 from trainscale.train.options import apply_threads, check_compile
+from trainscale.workloads import text
 
 MARKER = "trainscale-hf.json"
 _SUBJECTS = ["The film", "This movie", "The sequel", "The director's new picture", "The documentary", "The remake"]
@@ -168,21 +169,11 @@ def build_model(own: HFOptions):
     return GPTNeoForCausalLM(tiny_config(max_positions=max(128, own.block_size)))
 
 
-def texts(own: HFOptions) -> list[str]:
-    if own.hub_dataset:  # pragma: no cover - needs a hub
-        try:
-            from datasets import load_dataset
-        except ImportError:
-            raise ConfigError("--hub-dataset needs the 'datasets' package", hint="pip install datasets") from None
-        return list(load_dataset(own.hub_dataset, split="train")["text"][:20000])
-    return review_corpus()
-
-
 def tokenize(own: HFOptions, corpus: list[str]) -> torch.Tensor:
     """Byte ids for the built-in tiny model; the pretrained model's own tokenizer with --pretrained
     (a hub name or a local directory saved with ``save_pretrained``)."""
     if not own.pretrained:
-        return torch.frombuffer(bytearray("\n".join(corpus).encode("utf-8")), dtype=torch.uint8).to(torch.int64)
+        return text.encode("\n".join(corpus))
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(own.pretrained)
@@ -228,7 +219,8 @@ def _train(rt, run: Plan) -> dict:
         "report_to": "none", "disable_tqdm": True, "seed": opts.seed, "dataloader_num_workers": opts.num_workers,
         "torch_compile": opts.compile, **run.strategy_args})
     with rt.rank_zero_first():  # rank 0 downloads and caches a hub dataset or model first
-        dataset = TokenBlocks(tokenize(own, texts(own)), own.block_size)
+        dataset = TokenBlocks(tokenize(own, text.hub_texts(own.hub_dataset) if own.hub_dataset else review_corpus()),
+                              own.block_size)
         model = build_model(own)
     trainer = Trainer(model=model, args=training_args, train_dataset=dataset)
     accum = training_args.gradient_accumulation_steps

@@ -23,14 +23,13 @@ def builtin_corpus() -> str:
     return "\n\n".join(topics[key] for key in sorted(topics))
 
 
-def hub_corpus(name: str, split: str = "train", field: str = "text", limit: int = 20000) -> str:  # pragma: no cover
-    """Text from a HF dataset (needs `datasets` and a network)."""
+def hub_texts(name: str, split: str = "train", field: str = "text", limit: int = 20000) -> list[str]:  # pragma: no cover
+    """Texts from a HF dataset (needs `datasets` and a network)."""
     try:
         from datasets import load_dataset
     except ImportError:
         raise ConfigError("--hub-dataset needs the 'datasets' package", hint="pip install datasets") from None
-    rows = load_dataset(name, split=split)
-    return "\n\n".join(rows[field][:limit])
+    return list(load_dataset(name, split=split)[field][:limit])
 
 
 def encode(text: str) -> torch.Tensor:
@@ -67,7 +66,7 @@ def prepare(cache_dir: Path, text_source: str = "builtin", val_fraction: float =
             tokenizer: str | None = None) -> Path:
     """Tokenize once into ``cache_dir`` (call on rank 0 inside ``rank_zero_first``); returns the file.
     Bytes (vocabulary 256) unless ``tokenizer`` names a HF tokenizer."""
-    text = builtin_corpus() if text_source == "builtin" else hub_corpus(text_source)
+    text = builtin_corpus() if text_source == "builtin" else "\n\n".join(hub_texts(text_source))
     digest = hashlib.sha256(f"{tokenizer or 'bytes'}\0{text}".encode()).hexdigest()[:12]
     path = Path(cache_dir) / f"tokens-{digest}.pt"
     if not path.exists():
