@@ -97,3 +97,40 @@ def test_ops_are_built_with_this_environments_ninja(monkeypatch, tmp_path):
     # already first: nothing changes, nothing said
     notes = prepare_environment(_rank("cpu", 0), environ)
     assert environ["PATH"].split(os.pathsep) == [str(bin_dir), str(other)] and not any("PATH" in n for n in notes)
+
+
+def test_a_lock_left_by_a_stopped_build_is_refused_naming_the_file(tmp_path):
+    """torch's builder waits for its lock file to disappear: one left by a build that was stopped (Ctrl-C,
+    a killed job) would hold every rank forever without a word."""
+    import time
+
+    from trainscale.errors import ConfigError
+    from trainscale.strategies.deepspeed import STALE_LOCK_S, check_build_locks
+
+    lock = tmp_path / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir()
+    lock.touch()
+    now = time.time()
+    check_build_locks(tmp_path, now=now + 60)  # another rank building right now: wait for it, as torch does
+    check_build_locks(tmp_path / "not-built-yet", now=now)
+    with pytest.raises(ConfigError, match=r"holds a lock 20 min old, .*lock, left by a build that was stopped") as err:
+        check_build_locks(tmp_path, now=now + 1200)
+    assert err.value.hint == f"remove {lock} and start again" and 1200 > STALE_LOCK_S
+
+
+def test_the_launcher_refuses_a_stale_build_lock_before_any_rank_starts(tmp_path):
+    import os
+    import subprocess
+
+    cache = tmp_path / "extensions"
+    lock = cache / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    os.utime(lock, (1_000_000_000, 1_000_000_000))
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(cache), "TRAINSCALE_STATE_DIR": str(tmp_path / "state")}
+    done = subprocess.run([sys.executable, "-m", "trainscale", "run", "--nproc-per-node", "2", "--workload", "gpt",
+                           "--max-steps", "2", "--strategy", "deepspeed:stage=2"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "left by a build that was stopped" in done.stderr and f"remove {lock}" in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "trainscale-runs").exists()  # nothing started

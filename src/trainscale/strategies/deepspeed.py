@@ -61,6 +61,26 @@ def extensions_dir(environ: dict[str, str] | None = None) -> str:
     return str(Path.home() / ".cache" / "trainscale" / "torch_extensions" / f"py{sys.version_info[0]}{sys.version_info[1]}-{key}")
 
 
+STALE_LOCK_S = 900
+"""A build lock older than this was left by a stopped build (a build takes a minute or two, even on 2 busy cores)."""
+
+
+def check_build_locks(directory: str | Path, now: float | None = None) -> None:
+    """Refuse to start on a lock file that a stopped build left in the op cache: torch's builder waits for it
+    to disappear and would hold every rank forever, silently."""
+    import time
+
+    now = time.time() if now is None else now
+    for lock in sorted(Path(directory).glob("*/lock")):
+        with contextlib.suppress(FileNotFoundError):  # a build that just finished removed it
+            age = now - lock.stat().st_mtime
+            if age > STALE_LOCK_S:
+                old = f"{age / 3600:.0f} h" if age >= 7200 else f"{age / 60:.0f} min"
+                raise ConfigError(f"DeepSpeed's op cache holds a lock {old} old, {lock}, "
+                                  "left by a build that was stopped: torch's builder would wait for it forever",
+                                  hint=f"remove {lock} and start again")
+
+
 def prepare_environment(runtime: Any, environ: MutableMapping[str, str] | None = None) -> list[str]:
     """Make DeepSpeed use this rank's device; returns a note for each variable set (for rank 0's log).
 
@@ -173,12 +193,14 @@ class DeepSpeedStrategy(StrategyBase):
 
     def preflight(self, world_size: int, device: str | None = None) -> None:
         self.ds_config(world_size, device)
+        check_build_locks(extensions_dir())
 
     # -- the protocol ----------------------------------------------------------------------------
     def wrap(self, model: nn.Module, optimizer: OptimizerSource, runtime: Any) -> tuple[nn.Module, Any]:
         config = self.ds_config(runtime.world_size, runtime.device.type)
         for note in prepare_environment(runtime):
             runtime.print(f"trainscale: {note}")
+        check_build_locks(os.environ["TORCH_EXTENSIONS_DIR"])
         one_rank_group(runtime)
         import deepspeed
 
