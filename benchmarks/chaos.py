@@ -116,7 +116,7 @@ def equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 
 def ranks_of(launcher: psutil.Process) -> list[psutil.Process]:
     try:
-        return [p for p in launcher.children(recursive=True) if "trainscale.launch.bootstrap" in " ".join(p.cmdline())]
+        return [p for p in launcher.children(recursive=True) if p.name().startswith("ts-rank")]  # forked workers
     except psutil.Error:
         return []
 

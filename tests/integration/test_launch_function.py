@@ -4,6 +4,7 @@ arguments through functools.partial, a rank killed by a signal reported without 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -68,3 +69,43 @@ def test_from_a_script_results_by_rank_and_a_killed_rank(tmp_path):
     # SIGKILL leaves no exception to send back: the launcher's summary names the rank and the signal
     assert "FAILED None | killed failed before any rank recorded an exception:" in done.stdout, done.stdout
     assert "first failing rank: 1" in done.stdout and "SIGKILL" in done.stdout, done.stdout
+
+
+AGAIN = '''
+import json, os, sys
+import torch
+import trainscale
+
+def seen():  # what the worker was given, before trainscale.init() would set anything
+    with open("/proc/self/comm") as comm:
+        return os.environ.get("CHOSEN"), os.getcwd(), torch.get_num_threads(), os.getppid(), comm.read().strip()
+
+if __name__ == "__main__":
+    os.environ.update(CHOSEN="first", OMP_NUM_THREADS="1")
+    first = trainscale.launch(seen, nproc=2)
+    os.environ.update(CHOSEN="second", OMP_NUM_THREADS="2")
+    os.chdir(sys.argv[1])
+    second = trainscale.launch(seen, nproc=2)
+    print("RESULT", json.dumps({"first": first, "second": second, "launcher": os.getpid()}), flush=True)
+'''
+
+
+@pytest.mark.slow
+def test_a_second_launch_in_one_process_forks_from_the_same_forkserver_with_the_environment_of_now(tmp_path):
+    """trainscale's own workers are forked from one forkserver that imported torch once; a later launch
+    from the same process (a notebook) must not see the environment, directory or thread count of the
+    launch that started that forkserver."""
+    (tmp_path / "run.py").write_text(AGAIN)
+    (tmp_path / "later").mkdir()
+    done = subprocess.run([sys.executable, "run.py", str(tmp_path / "later")], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
+    result = json.loads(line[len("RESULT "):])
+    first, second, launcher = result["first"], result["second"], result["launcher"]
+    assert [r[0] for r in first] == ["first"] * 2 and [r[0] for r in second] == ["second"] * 2, line
+    assert {r[1] for r in first} == {str(tmp_path)} and {r[1] for r in second} == {str(tmp_path / "later")}, line
+    assert [r[2] for r in first] == [1, 1] and [r[2] for r in second] == [2, 2], line  # OMP_NUM_THREADS of each launch
+    assert [r[4] for r in first + second] == ["ts-rank0", "ts-rank1"] * 2, line  # named for ps and top
+    parents = {r[3] for r in first + second}
+    assert len(parents) == 1 and launcher not in parents, line  # one forkserver forked all four, not the launcher

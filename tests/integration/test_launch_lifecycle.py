@@ -246,3 +246,28 @@ def test_a_signal_to_the_launcher_stops_everything_with_one_line(tmp_path, signu
     assert not any(c.status == psutil.CONN_LISTEN for c in psutil.net_connections(kind="inet")
                    if c.pid in {p.pid for p in family}), "a socket still listens"
     assert mapped and not any(Path(name).exists() for name in mapped), f"shared memory left: {mapped}"
+
+
+@pytest.mark.slow
+def test_forked_workers_of_a_workload_and_their_forkserver_die_with_a_sigkilled_launcher(tmp_path):
+    """A workload's ranks are forked from a forkserver (launch/local.py), not started by the agent: they
+    must still die with it, and the forkserver too."""
+    console = tmp_path / "console.txt"
+    with console.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "trainscale", "run", "--nproc-per-node", "2", "--log-dir", "logs",
+                                 "--workload", "cnn", "--data", "synthetic", "--samples", "200000", "--log-every", "0"],
+                                cwd=tmp_path, env=_env(), stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 180
+    while "[rank0]: cnn:" not in console.read_text():  # set up and training
+        assert proc.poll() is None, console.read_text()
+        assert time.monotonic() < deadline, "the ranks never started training"
+        time.sleep(0.1)
+    workers = [c for c in psutil.Process(proc.pid).children(recursive=True) if c.name().startswith("ts-rank")]
+    assert len(workers) == 2 and len({w.ppid() for w in workers}) == 1 and workers[0].ppid() != proc.pid
+    forkserver = psutil.Process(workers[0].ppid())
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    left = _wait_gone([*workers, forkserver], timeout=10)
+    for p in left:  # do not leave them training on whatever happens
+        p.kill()
+    assert not left, f"{[p.pid for p in left]} outlived their launcher"

@@ -64,6 +64,22 @@ class _Quieter(logging.Filter):
         return not str(record.msg).startswith(_REPLACED)
 
 
+def _every_failure(context, group, failures: dict) -> None:
+    """torch's context for function workers (trainscale's own, forked) returns the first rank it saw fail;
+    its context for processes returns every rank that ended badly, the ranks it stopped included. Add
+    the others as that one would, so the summary can order the root cause first either way."""
+    processes = getattr(getattr(context, "_pc", None), "processes", None)
+    if not processes:
+        return
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    for local_rank, process in enumerate(processes):
+        rank = group.workers[local_rank].global_rank
+        if rank not in failures and process.exitcode not in (0, None):
+            failures[rank] = ProcessFailure(local_rank=local_rank, pid=process.pid, exitcode=process.exitcode,
+                                            error_file=context.error_files[local_rank])
+
+
 _LOGGERS = ("torch.distributed.elastic.multiprocessing.api", "torch.distributed.elastic.agent.server.api")
 
 
@@ -81,10 +97,16 @@ def watching(total_attempts: int, say: Callable[[str], None], run_dir: Callable[
     pending: list[summary.RankFailure] = []
 
     class Agent(base):  # type: ignore[misc, valid-type]
+        def _start_workers(self, worker_group):
+            pids = super()._start_workers(worker_group)
+            _workers[:] = pids.values()  # where _forward sends SLURM's warning signals
+            return pids
+
         def _monitor_workers(self, worker_group):
             result = super()._monitor_workers(worker_group)
             watch.workers = len(worker_group.workers)
             if result.is_failed():
+                _every_failure(self._pcontext, worker_group, result.failures)
                 logs = {int(k): Path(v) for k, v in (getattr(self._pcontext, "stderrs", None) or {}).items()}
                 # torch's context has stopped the other ranks before returning: every rank's failure is here
                 # (summary orders the root cause first: a rank's own recorded error before peers that lost it)
@@ -120,6 +142,7 @@ def watching(total_attempts: int, say: Callable[[str], None], run_dir: Callable[
         yield watch
     finally:
         launcher_api.LocalElasticAgent = base
+        _workers.clear()
         for logger in loggers:
             logger.removeFilter(quiet)
 
@@ -150,12 +173,12 @@ def take_signals() -> Callable[[], None]:
     return restore
 
 
-def _forward(signum, frame) -> None:
-    import psutil
+_workers: list[int] = []
+"""The pids of the workers the agent started last (a script's interpreter, or a worker forked from the
+forkserver of trainscale's own modules)."""
 
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if "trainscale.launch.bootstrap" in " ".join(child.cmdline()):
-                child.send_signal(signum)
-        except psutil.Error:
-            continue
+
+def _forward(signum, frame) -> None:
+    for pid in _workers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)

@@ -19,12 +19,13 @@ import contextlib
 import ctypes
 import faulthandler
 import gc
+import io
 import os
 import runpy
 import signal
 import sys
 import threading
-from typing import Mapping, MutableMapping, NoReturn
+from typing import Mapping, MutableMapping
 
 from trainscale.errors import is_refusal, one_line, record_error, succeeded
 
@@ -133,7 +134,8 @@ def set_error_file(environ: MutableMapping[str, str] = os.environ) -> None:
 USAGE = "usage: bootstrap (--script PATH | --module NAME | --exec PROGRAM) [ARGS...]"
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str], *, forked: bool = False) -> None:
+    """Run one worker. ``forked``: started by :func:`forked` (it returns after a clean run)."""
     set_error_file()  # first: record_error writes there if anything below fails (as @record would)
     die_with_parent()
     faulthandler.enable(all_threads=True)  # a segfault still leaves Python stacks on stderr
@@ -142,10 +144,13 @@ def main(argv: list[str]) -> None:
     except SystemExit as exc:
         record_error(exc)  # nothing for a successful exit
         if succeeded(exc):
-            exit_cleanly(0)
+            return exit_cleanly(0, forked=forked)
         if isinstance(exc.code, int):  # sys.exit(3): 3 it is, whatever the teardown would do
             exit_cleanly(exc.code, release=False)
-        raise  # sys.exit("message"): the interpreter prints it and exits 1
+        if forked:  # sys.exit("message"): what the interpreter would do
+            print(exc.code, file=sys.stderr, flush=True)
+            exit_cleanly(1, release=False)
+        raise  # the interpreter prints it and exits 1
     except BaseException as exc:
         record_error(exc)
         if is_refusal(exc):  # a refusal that names its fix: one line, as before launch (error file: stack)
@@ -153,8 +158,70 @@ def main(argv: list[str]) -> None:
             exit_cleanly(1, release=False)
         if os.environ.get(PREFIXED_VAR):  # the agent prefixes this rank's lines already
             sys.excepthook = _without_rank_prefix(sys.excepthook)
+        if forked:  # what the interpreter would do; torch's own @record must not overwrite the error file
+            sys.excepthook(type(exc), exc, exc.__traceback__)
+            if isinstance(exc, KeyboardInterrupt):
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGINT)
+            exit_cleanly(1, release=False)
         raise
-    exit_cleanly(0)
+    exit_cleanly(0, forked=forked)
+
+
+# The environment this module was imported with: in a forkserver's preload, the forkserver's (see forked).
+_IMPORTED_WITH = dict(os.environ)
+# What torch's agent sets for each worker (torch/distributed/elastic/agent/server/local_elastic_agent.py).
+_AGENT_SETS = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
+               "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS",
+               "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+
+
+def forked(environ: dict[str, str], cwd: str, argv: list[str]) -> None:
+    """One worker of trainscale's own (a workload, allreduce, `launch(fn)`'s runner) as torch's agent
+    starts a function: forked from a forkserver that imported torch once for the node (launch/local.py,
+    docs/launch.md "Workers of trainscale's own"). It is then the worker :func:`main` would be.
+
+    The forkserver may be older than this launch (a notebook launches again), so the worker takes the
+    launcher's ``environ`` and ``cwd`` as they are now, then what the agent set for this rank; what
+    the interpreter would have read from them at start, it is given here: unbuffered output
+    (PYTHONUNBUFFERED), the thread count (OMP_NUM_THREADS), and its name in ``ps``."""
+    _leave_forkserver()
+    own = {k: v for k, v in os.environ.items()
+           if _IMPORTED_WITH.get(k) != v or k in _AGENT_SETS or k.startswith("TORCHELASTIC_")}
+    os.environ.clear()
+    os.environ.update({**environ, **own})
+    os.chdir(cwd)
+    if os.environ.get("PYTHONUNBUFFERED"):
+        for name in ("stdout", "stderr"):
+            stream = getattr(sys, name)
+            setattr(sys, name, io.TextIOWrapper(io.FileIO(stream.fileno(), "w", closefd=False), write_through=True,
+                                                encoding=stream.encoding, errors=stream.errors))
+    torch = sys.modules.get("torch")  # loaded by the forkserver, whose OpenMP read its own environment
+    if torch is not None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    name_process(f"ts-rank{os.environ.get('RANK', '')}")
+    main(argv, forked=True)
+
+
+def _leave_forkserver() -> None:
+    """Close this worker's copy of the launcher's end of the forkserver's lifeline (multiprocessing hands
+    it to every forked child, so that the child could fork from the server too). The forkserver ends when
+    no process holds it: with the workers' copies closed, when the launcher ends, even by SIGKILL, and
+    the workers then die with the forkserver (:func:`die_with_parent`)."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver  # type: ignore[attr-defined]
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        server._forkserver_alive_fd = None
+
+
+def name_process(name: str) -> None:
+    """The name ``ps``/``top`` show for this process (a forked worker's would be its forkserver's)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
 
 
 def _main(argv: list[str]) -> None:
@@ -212,7 +279,7 @@ def enter_snapshot(environ: MutableMapping[str, str] = os.environ) -> None:
         environ["PYTHONPATH"] = os.pathsep.join(mapped(p) for p in environ["PYTHONPATH"].split(os.pathsep))
 
 
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15  # <linux/prctl.h>
 
 
 def die_with_parent(environ: Mapping[str, str] = os.environ) -> bool:
@@ -224,7 +291,9 @@ def die_with_parent(environ: Mapping[str, str] = os.environ) -> bool:
     from one thread for their whole life. A parent that died before ``prctl`` ran is caught by the
     checks after it (``trainscale run`` names its pid in TRAINSCALE_AGENT; the image's own
     torchrun in a stock container does not, and the parent pid read first covers the rest).
-    srun tasks are left alone: their parent is slurmstepd, which ends them itself. True when set.
+    srun tasks are left alone: their parent is slurmstepd, which ends them itself. A worker forked from
+    trainscale's forkserver (:func:`forked`) has the forkserver as its parent, which ends with the agent.
+    True when set.
     """
     if not environ.get("TORCHELASTIC_RUN_ID") or not sys.platform.startswith("linux"):
         return False
@@ -265,7 +334,7 @@ def _without_rank_prefix(hook):
     return hook
 
 
-def exit_cleanly(status: int, *, release: bool = True) -> NoReturn:
+def exit_cleanly(status: int, *, release: bool = True, forked: bool = False) -> None:
     """After the user's code returned (or chose its exit status with ``sys.exit(N)``): end this
     worker with that status, as the script meant.
 
@@ -288,6 +357,8 @@ def exit_cleanly(status: int, *, release: bool = True) -> NoReturn:
             status = status or 120
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).fflush(None)  # what C and C++ code printed through stdio
+    if forked and status == 0:
+        return  # torch's agent waits for the function to return; its process ends with os._exit too
     os._exit(status)
 
 
