@@ -15,8 +15,11 @@ TEST_WORKERS ?= 3
 
 .PHONY: demo test test-scale test-gpu venv clean
 
+# compileall: every rank and launcher is a new interpreter importing trainscale; where PYTHONDONTWRITEBYTECODE
+# is set, none would write its bytecode, and each would compile the same sources again (~0.2 CPU-s each).
 venv:
 	@bash scripts/setup-env.sh
+	@$(PY) -m compileall -q src tests > /dev/null
 
 demo: venv
 	$(PY) -m trainscale bench --workload cnn --configs 1,2 --epochs 2 --out bench-out/demo-$$(date +%Y%m%d-%H%M%S)

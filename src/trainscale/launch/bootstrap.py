@@ -176,6 +176,11 @@ _AGENT_SETS = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LO
                "TORCH_NCCL_ASYNC_ERROR_HANDLING")
 
 
+FORKSERVER_IGNORES = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+"""What the forkserver of trainscale's own workers ignores: srun and a terminal signal every process of the
+step or group, and the forkserver dying of one would take every worker with it (their parent)."""
+
+
 def forked(environ: dict[str, str], cwd: str, argv: list[str]) -> None:
     """One worker of trainscale's own (a workload, allreduce, `launch(fn)`'s runner) as torch's agent
     starts a function: forked from a forkserver that imported torch once for the node (launch/local.py,
@@ -185,6 +190,8 @@ def forked(environ: dict[str, str], cwd: str, argv: list[str]) -> None:
     launcher's ``environ`` and ``cwd`` as they are now, then what the agent set for this rank; what
     the interpreter would have read from them at start, it is given here: unbuffered output
     (PYTHONUNBUFFERED), the thread count (OMP_NUM_THREADS), and its name in ``ps``."""
+    for sig in FORKSERVER_IGNORES:  # the forkserver ignores them (launch/local.py); a worker answers them
+        signal.signal(sig, signal.SIG_DFL)
     _leave_forkserver()
     own = {k: v for k, v in os.environ.items()
            if _IMPORTED_WITH.get(k) != v or k in _AGENT_SETS or k.startswith("TORCHELASTIC_")}

@@ -268,6 +268,27 @@ def own_worker(spec: LocalLaunchSpec) -> bool:
             and "PYTHON_EXEC" not in os.environ)
 
 
+def start_forkserver() -> None:
+    """Start the forkserver now (its import of torch overlaps the rendezvous), with multiprocessing's
+    resource tracker, both ignoring FORKSERVER_IGNORES: srun passes SLURM's warning signal (and scancel
+    its SIGTERM) to every process of the step, a terminal its SIGHUP to every process of the group; the
+    launcher answers those for its workers, and the forkserver must not die of one (its workers would
+    die with it). An ignored signal stays ignored across exec; each worker sets them back (bootstrap.forked)."""
+    from multiprocessing import forkserver
+
+    from trainscale.launch.bootstrap import FORKSERVER_IGNORES
+
+    try:
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in FORKSERVER_IGNORES}
+    except ValueError:  # not the main thread: it cannot change handlers (a library call)
+        previous = {}
+    try:
+        forkserver.ensure_running()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def entrypoint(spec: LocalLaunchSpec) -> tuple[Any, list[Any]]:
     """What each worker runs: trainscale's bootstrap around the script, module or program.
 
@@ -283,6 +304,7 @@ def entrypoint(spec: LocalLaunchSpec) -> tuple[Any, list[Any]]:
         from trainscale.launch.bootstrap import forked
 
         multiprocessing.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+        start_forkserver()
         return forked, [dict(os.environ), os.getcwd(), [kind, target, *spec.args]]
     python = os.environ.get("PYTHON_EXEC", sys.executable)  # torchrun's override of the interpreter
     return python, ["-u", "-m", "trainscale.launch.bootstrap", kind, target, *spec.args]
