@@ -81,6 +81,8 @@ def seen():  # what the worker was given, before trainscale.init() would set any
         return os.environ.get("CHOSEN"), os.getcwd(), torch.get_num_threads(), os.getppid(), comm.read().strip()
 
 if __name__ == "__main__":
+    from trainscale.launch import bootstrap
+    bootstrap.FORK_OWN_WORKERS = True  # as trainscale's command line does in its own process
     os.environ.update(CHOSEN="first", OMP_NUM_THREADS="1")
     first = trainscale.launch(seen, nproc=2)
     os.environ.update(CHOSEN="second", OMP_NUM_THREADS="2")
@@ -92,9 +94,10 @@ if __name__ == "__main__":
 
 @pytest.mark.slow
 def test_a_second_launch_in_one_process_forks_from_the_same_forkserver_with_the_environment_of_now(tmp_path):
-    """trainscale's own workers are forked from one forkserver that imported torch once; a later launch
-    from the same process (a notebook) must not see the environment, directory or thread count of the
-    launch that started that forkserver."""
+    """Where trainscale's command line owns the process, trainscale's own workers are forked from one
+    forkserver that imported torch once; a later launch from the same process (`trainscale bench`'s next
+    configuration) must not see the environment, directory or thread count of the launch that started
+    that forkserver. (launch(fn)'s runner is trainscale's own module; here it carries the probe.)"""
     (tmp_path / "run.py").write_text(AGAIN)
     (tmp_path / "later").mkdir()
     done = subprocess.run([sys.executable, "run.py", str(tmp_path / "later")], cwd=tmp_path, capture_output=True,

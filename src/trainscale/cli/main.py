@@ -30,6 +30,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; without ``argv``, as this process's own command (``trainscale ...``)."""
+    if argv is None:
+        from trainscale.launch import bootstrap  # standard library only
+
+        bootstrap.FORK_OWN_WORKERS = True  # this process is trainscale's: its forkserver can serve the workers
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv[0] if argv else None)
     # Commands that pass the rest of the line to a script (`run`, `bench SCRIPT`) parse it themselves:

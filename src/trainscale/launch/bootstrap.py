@@ -176,6 +176,12 @@ _AGENT_SETS = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LO
                "TORCH_NCCL_ASYNC_ERROR_HANDLING")
 
 
+FORK_OWN_WORKERS = False
+"""Set by trainscale's command line in its own process (cli/main.py): trainscale's own workers are then
+forked from multiprocessing's forkserver, which trainscale sets up for them (launch/local.py). There is one
+forkserver per process: in a library caller's process (a notebook's ``trainscale.launch(fn)``) it is the
+caller's, so there they start as fresh interpreters, as a script's workers do."""
+
 FORKSERVER_IGNORES = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 """What the forkserver of trainscale's own workers ignores: srun and a terminal signal every process of the
 step or group, and the forkserver dying of one would take every worker with it (their parent)."""

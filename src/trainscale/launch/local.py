@@ -262,10 +262,13 @@ which any optimizer imports on first use (together ~2.5 CPU-seconds a process)."
 
 
 def own_worker(spec: LocalLaunchSpec) -> bool:
-    """A module of trainscale's own (a workload, allreduce, `launch(fn)`'s runner), on the interpreter
-    trainscale runs on: its workers are forked from a preloaded forkserver (:func:`entrypoint`)."""
-    return (spec.module and spec.target.split(".")[0] == "trainscale" and sys.platform.startswith("linux")
-            and "PYTHON_EXEC" not in os.environ)
+    """A module of trainscale's own (a workload, the all-reduce of doctor and selftest), launched from
+    trainscale's command line on the interpreter it runs on: its workers are forked from a preloaded
+    forkserver (:func:`entrypoint`; bootstrap.FORK_OWN_WORKERS says why only there)."""
+    from trainscale.launch import bootstrap
+
+    return (bootstrap.FORK_OWN_WORKERS and bool(spec.module) and spec.target.split(".")[0] == "trainscale"
+            and sys.platform.startswith("linux") and "PYTHON_EXEC" not in os.environ)
 
 
 def start_forkserver() -> None:
