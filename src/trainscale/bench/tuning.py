@@ -72,8 +72,11 @@ class Outcome:
 
 def tune(spec: TuneSpec, say: Callable[[str], None]) -> Outcome:
     """The search within ``spec.budget``, each trial said as it ends; the defaults must run."""
-    search = Search(spec)
-    work = Path(tempfile.mkdtemp(prefix="trainscale-tune-"))
+    with tempfile.TemporaryDirectory(prefix="trainscale-tune-") as tmp:  # the trials' metrics and logs
+        return _search(spec, Search(spec), Path(tmp), say)
+
+
+def _search(spec: TuneSpec, search: Search, work: Path, say: Callable[[str], None]) -> Outcome:
     started = time.monotonic()
     n, setting = 0, None
     while (setting := search.next()) is not None and (n == 0 or search.time_left(time.monotonic() - started)):
