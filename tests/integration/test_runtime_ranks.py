@@ -52,8 +52,9 @@ def raises_inside() -> bool:
     import trainscale
 
     try:
-        with trainscale.init():
-            raise KeyError("boom")
+        with trainscale.init() as rt:
+            rt.barrier()  # every rank joined: one that raised at once could close its end of gloo's mesh
+            raise KeyError("boom")  # while a slower peer was still connecting (a failed init, not this test)
     except KeyError:
         pass
     return dist.is_initialized()
