@@ -44,6 +44,21 @@ def _restore_environ_per_module():
     yield from _restored("a module fixture")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _forks_as_the_command_line(pytestconfig):
+    """Tests run trainscale's command line in this process (``main([...])``), as ``trainscale ...`` runs in a
+    process of its own: trainscale's own workers (workloads, launch(fn)'s runner, the all-reduce) are then
+    forked from this process's forkserver, started here once, outside any test's captured output (its
+    workers write to their log files; launch/local.py)."""
+    from helpers.multiproc import start_forkserver
+
+    from trainscale.launch import bootstrap
+
+    bootstrap.FORK_OWN_WORKERS = True
+    with pytestconfig.pluginmanager.getplugin("capturemanager").global_and_fixture_disabled():
+        start_forkserver()
+
+
 @pytest.fixture(autouse=True)
 def _no_process_group():
     yield

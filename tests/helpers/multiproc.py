@@ -4,10 +4,10 @@ The function must be importable (module level) and picklable, as must its argume
 Ranks see the variables torchrun would set, so ``trainscale.init()`` inside them detects a real
 torchrun-style launch and builds a real process group on loopback.
 
-Ranks are forked from a server process that imported torch once (multiprocessing's forkserver, with
-OMP_NUM_THREADS=1 as a torchrun worker has it), not started as fresh interpreters that each import torch
-again: the suite starts a few hundred ranks. Only torch's own modules are imported there (no trainscale),
-and the server starts no thread or process group, so each rank still makes its own.
+Ranks are forked from a server process that imported torch once (this process's forkserver, the one
+trainscale's own workers fork from: :func:`start_forkserver`), not started as fresh interpreters that each
+import torch again: the suite starts a few hundred ranks. The server starts no thread or process group,
+so each rank still makes its own.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import multiprocessing as mp
 import importlib
 import os
 import pickle
+import signal
 import socket
 import traceback
 from typing import Any, Callable
@@ -28,6 +29,10 @@ def _free_port() -> int:
 
 
 def _child(fn_ref, args, kwargs, rank, world_size, port, extra_env, queue):
+    from trainscale.launch.bootstrap import FORKSERVER_IGNORES
+
+    for sig in FORKSERVER_IGNORES:  # the forkserver ignores them; a torchrun worker does not
+        signal.signal(sig, signal.SIG_DFL)
     os.environ.update({
         "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
         "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
@@ -48,22 +53,28 @@ def _child(fn_ref, args, kwargs, rank, world_size, port, extra_env, queue):
         queue.put((rank, False, traceback.format_exc()))
 
 
-def _context() -> mp.context.BaseContext:
-    from multiprocessing import forkserver
+def start_forkserver() -> None:
+    """This test process's one forkserver, as trainscale's command line starts it in its own process
+    (launch/local.py): trainscale's own workers of an in-process ``main([...])`` fork from it, and so do
+    the ranks of :func:`run_on_ranks`. Its torch loads with OMP_NUM_THREADS=1, as a
+    torchrun worker's does; each rank of theirs still sets its own thread count."""
+    from trainscale.launch.local import FORKSERVER_PRELOAD, start_forkserver as start
 
-    ctx = mp.get_context("forkserver")
-    # torch._dynamo: torch's Optimizer imports it on first use (a second import of torch's size, per rank)
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "torch.distributed.checkpoint"])
+    mp.set_forkserver_preload(list(FORKSERVER_PRELOAD))
     saved = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"  # what the server's torch reads as it loads (the ranks inherit it)
+    os.environ["OMP_NUM_THREADS"] = "1"
     try:
-        forkserver.ensure_running()
+        start()
     finally:
         if saved is None:
             del os.environ["OMP_NUM_THREADS"]
         else:
             os.environ["OMP_NUM_THREADS"] = saved
-    return ctx
+
+
+def _context() -> mp.context.BaseContext:
+    start_forkserver()  # started once, by the session (tests/conftest.py) or here
+    return mp.get_context("forkserver")
 
 
 def run_on_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 180,
