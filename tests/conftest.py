@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -55,7 +56,8 @@ def _forks_as_the_command_line(pytestconfig):
     from trainscale.launch import bootstrap
 
     bootstrap.FORK_OWN_WORKERS = True
-    with pytestconfig.pluginmanager.getplugin("capturemanager").global_and_fixture_disabled():
+    capture = pytestconfig.pluginmanager.getplugin("capturemanager")  # None under -p no:capture
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
         start_forkserver()
 
 

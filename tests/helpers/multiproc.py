@@ -29,10 +29,9 @@ def _free_port() -> int:
 
 
 def _child(fn_ref, args, kwargs, rank, world_size, port, extra_env, queue):
-    from trainscale.launch.bootstrap import FORKSERVER_IGNORES
+    from trainscale.launch.bootstrap import FORKSERVER_BLOCKS
 
-    for sig in FORKSERVER_IGNORES:  # the forkserver ignores them; a torchrun worker does not
-        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORKSERVER_BLOCKS)  # the forkserver blocks them; a torchrun worker does not
     os.environ.update({
         "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
         "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -25,9 +26,9 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def start(args: list[str], cwd: Path, *, session: bool = False, **extra: str) -> subprocess.Popen:
+def start(args: list[str], cwd: Path, **extra: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "trainscale", *args], cwd=cwd, env=_env(**extra),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=session)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def run(args: list[str], cwd: Path, timeout: float = 240, **extra: str) -> subprocess.CompletedProcess:
@@ -192,15 +193,17 @@ def test_usr1_checkpoints_at_a_step_boundary_and_a_rerun_matches_an_uninterrupte
     it, to every process of the launch (the workers' forkserver too, which must not die of it): the
     workers agree on a step, checkpoint and stop; running the same command again finishes the job exactly."""
     common = SIX_EPOCHS
-    proc = start([*common, "--checkpoint-dir", "pre"], tmp_path, session=to == "every-process")
+    proc = start([*common, "--checkpoint-dir", "pre"], tmp_path)
     wait_for(lambda: worker_pid(proc, 0) and worker_pid(proc, 1), 60, "both workers")
     # wait until training is under way: the first checkpoint (step 8) appears
     wait_for(lambda: any((tmp_path / "pre").glob("ckpt-*.pt")), 120, "the first checkpoint")
     signalled = time.monotonic()
     if to == "launcher":
         proc.send_signal(signal.SIGUSR1)
-    else:
-        os.killpg(proc.pid, signal.SIGUSR1)
+    else:  # srun signals every process of its step, whatever their session: the workers are in their own
+        for process in [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.send_signal(signal.SIGUSR1)
     out, err = proc.communicate(timeout=120)
     stopped = time.monotonic() - signalled
     assert proc.returncode == 0, err

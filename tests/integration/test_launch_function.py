@@ -77,8 +77,10 @@ import torch
 import trainscale
 
 def seen():  # what the worker was given, before trainscale.init() would set anything
+    import numpy
     with open("/proc/self/comm") as comm:
-        return os.environ.get("CHOSEN"), os.getcwd(), torch.get_num_threads(), os.getppid(), comm.read().strip()
+        return (os.environ.get("CHOSEN"), os.getcwd(), torch.get_num_threads(), os.getppid(), comm.read().strip(),
+                os.getsid(0) == os.getpid(), int(numpy.random.randint(1 << 30)))
 
 if __name__ == "__main__":
     from trainscale.launch import bootstrap
@@ -110,5 +112,7 @@ def test_a_second_launch_in_one_process_forks_from_the_same_forkserver_with_the_
     assert {r[1] for r in first} == {str(tmp_path)} and {r[1] for r in second} == {str(tmp_path / "later")}, line
     assert [r[2] for r in first] == [1, 1] and [r[2] for r in second] == [2, 2], line  # OMP_NUM_THREADS of each launch
     assert [r[4] for r in first + second] == ["ts-rank0", "ts-rank1"] * 2, line  # named for ps and top
+    assert all(r[5] for r in first + second), line  # each in a session of its own, as torch starts a script's
+    assert len({r[6] for r in first + second}) == 4, line  # numpy's generator seeded anew in each, as when fresh
     parents = {r[3] for r in first + second}
     assert len(parents) == 1 and launcher not in parents, line  # one forkserver forked all four, not the launcher

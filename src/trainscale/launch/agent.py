@@ -67,15 +67,17 @@ class _Quieter(logging.Filter):
 def _every_failure(context, group, failures: dict) -> None:
     """torch's context for function workers (trainscale's own, forked) returns the first rank it saw fail;
     its context for processes returns every rank that ended badly, the ranks it stopped included. Add
-    the others as that one would, so the summary can order the root cause first either way."""
+    the others as that one would, so the summary can order the root cause first either way; not a rank
+    that had returned and was waiting for the others (a script's would have exited 0)."""
     processes = getattr(getattr(context, "_pc", None), "processes", None)
     if not processes:
         return
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
+    returned = getattr(context, "_return_values", {})
     for local_rank, process in enumerate(processes):
         rank = group.workers[local_rank].global_rank
-        if rank not in failures and process.exitcode not in (0, None):
+        if rank not in failures and local_rank not in returned and process.exitcode not in (0, None):
             failures[rank] = ProcessFailure(local_rank=local_rank, pid=process.pid, exitcode=process.exitcode,
                                             error_file=context.error_files[local_rank])
 

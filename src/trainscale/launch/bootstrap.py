@@ -182,38 +182,46 @@ forked from multiprocessing's forkserver, which trainscale sets up for them (lau
 forkserver per process: in a library caller's process (a notebook's ``trainscale.launch(fn)``) it is the
 caller's, so there they start as fresh interpreters, as a script's workers do."""
 
-FORKSERVER_IGNORES = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
-"""What the forkserver of trainscale's own workers ignores: srun and a terminal signal every process of the
-step or group, and the forkserver dying of one would take every worker with it (their parent)."""
+FORKSERVER_BLOCKS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+"""What the forkserver of trainscale's own workers keeps blocked: srun and a terminal signal every process
+of the step or group, and the forkserver dying of one would take every worker with it (their parent)."""
 
 
-def forked(environ: dict[str, str], cwd: str, argv: list[str]) -> None:
+def forked(launcher: dict, *argv: str) -> None:
     """One worker of trainscale's own (a workload, allreduce, `launch(fn)`'s runner) as torch's agent
     starts a function: forked from a forkserver that imported torch once for the node (launch/local.py,
     docs/launch.md "Workers of trainscale's own"). It is then the worker :func:`main` would be.
 
     The forkserver may be older than this launch (a notebook launches again), so the worker takes the
-    launcher's ``environ`` and ``cwd`` as they are now, then what the agent set for this rank; what
-    the interpreter would have read from them at start, it is given here: unbuffered output
-    (PYTHONUNBUFFERED), the thread count (OMP_NUM_THREADS), and its name in ``ps``."""
-    for sig in FORKSERVER_IGNORES:  # the forkserver ignores them (launch/local.py); a worker answers them
-        signal.signal(sig, signal.SIG_DFL)
-    _leave_forkserver()
-    own = {k: v for k, v in os.environ.items()
-           if _IMPORTED_WITH.get(k) != v or k in _AGENT_SETS or k.startswith("TORCHELASTIC_")}
-    os.environ.clear()
-    os.environ.update({**environ, **own})
-    os.chdir(cwd)
-    if os.environ.get("PYTHONUNBUFFERED"):
-        for name in ("stdout", "stderr"):
-            stream = getattr(sys, name)
-            setattr(sys, name, io.TextIOWrapper(io.FileIO(stream.fileno(), "w", closefd=False), write_through=True,
-                                                encoding=stream.encoding, errors=stream.errors))
-    torch = sys.modules.get("torch")  # loaded by the forkserver, whose OpenMP read its own environment
-    if torch is not None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    name_process(f"ts-rank{os.environ.get('RANK', '')}")
-    main(argv, forked=True)
+    launcher's ``environ`` and ``cwd`` as they are now, then what the agent set for this rank; what a
+    fresh interpreter started by the agent would have, it is given here: unbuffered output
+    (PYTHONUNBUFFERED), the thread count (OMP_NUM_THREADS), a session of its own (a terminal's Ctrl-C
+    reaches the launcher, which stops the workers), numpy's global generator seeded anew, and its name."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORKSERVER_BLOCKS)  # one sent meanwhile arrives now
+    try:
+        _leave_forkserver()
+        os.setsid()
+        own = {k: v for k, v in os.environ.items()
+               if _IMPORTED_WITH.get(k) != v or k in _AGENT_SETS or k.startswith("TORCHELASTIC_")}
+        os.environ.clear()
+        os.environ.update({**launcher["environ"], **own})
+        os.chdir(launcher["cwd"])
+        if os.environ.get("PYTHONUNBUFFERED"):
+            for name in ("stdout", "stderr"):
+                stream = getattr(sys, name)
+                setattr(sys, name, io.TextIOWrapper(io.FileIO(stream.fileno(), "w", closefd=False),
+                                                    write_through=True, encoding=stream.encoding, errors=stream.errors))
+        torch = sys.modules.get("torch")  # loaded by the forkserver, whose OpenMP read its own environment
+        if torch is not None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
+            torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        numpy = sys.modules.get("numpy")  # torch's import seeded it in the server: every worker would draw alike
+        if numpy is not None:
+            numpy.random.seed()
+        name_process(f"ts-rank{os.environ.get('RANK', '')}")
+        main(list(argv), forked=True)
+    except KeyboardInterrupt:  # outside the script (torch's wrapper would take it for a clean end): die of it
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
 
 
 def _leave_forkserver() -> None:

@@ -257,41 +257,40 @@ def launch_config(spec: LocalLaunchSpec, log_root: Path):
 
 
 FORKSERVER_PRELOAD = ("torch", "torch._dynamo", "torch.distributed", "torch.distributed.checkpoint",
-                      "trainscale.launch.bootstrap", "trainscale.launch.frozen")
+                      "trainscale.launch.bootstrap", "trainscale.launch.forkserver")
 """What the forkserver of trainscale's own workers imports once for the node: torch, and torch._dynamo,
 which any optimizer imports on first use (together ~2.5 CPU-seconds a process), DCP for sharded checkpoints;
-last, frozen.py takes all of it out of the garbage collector's care."""
+last, launch/forkserver.py, which readies the server."""
 
 
 def own_worker(spec: LocalLaunchSpec) -> bool:
     """A module of trainscale's own (a workload, the all-reduce of doctor and selftest), launched from
-    trainscale's command line on the interpreter it runs on: its workers are forked from a preloaded
-    forkserver (:func:`entrypoint`; bootstrap.FORK_OWN_WORKERS says why only there)."""
+    trainscale's command line on the interpreter it runs on with torchrun's default start method here: its
+    workers are forked from a preloaded forkserver (:func:`entrypoint`; bootstrap.FORK_OWN_WORKERS says why
+    only there). ``--start-method spawn`` or ``fork`` gives them fresh interpreters, as a script's."""
     from trainscale.launch import bootstrap
 
     return (bootstrap.FORK_OWN_WORKERS and bool(spec.module) and spec.target.split(".")[0] == "trainscale"
+            and spec.torchrun.get("start_method", "forkserver") == "forkserver"
             and sys.platform.startswith("linux") and "PYTHON_EXEC" not in os.environ)
 
 
 def start_forkserver() -> None:
     """Start the forkserver now (its import of torch overlaps the rendezvous), with multiprocessing's
-    resource tracker, both ignoring FORKSERVER_IGNORES: srun passes SLURM's warning signal (and scancel
+    resource tracker, both with FORKSERVER_BLOCKS blocked: srun passes SLURM's warning signal (and scancel
     its SIGTERM) to every process of the step, a terminal its SIGHUP to every process of the group; the
     launcher answers those for its workers, and the forkserver must not die of one (its workers would
-    die with it). An ignored signal stays ignored across exec; each worker sets them back (bootstrap.forked)."""
+    die with it). A blocked signal stays blocked across exec, and one sent meanwhile waits: each worker
+    unblocks them first and then gets it (bootstrap.forked)."""
     from multiprocessing import forkserver
 
-    from trainscale.launch.bootstrap import FORKSERVER_IGNORES
+    from trainscale.launch.bootstrap import FORKSERVER_BLOCKS
 
-    try:
-        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in FORKSERVER_IGNORES}
-    except ValueError:  # not the main thread: it cannot change handlers (a library call)
-        previous = {}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, FORKSERVER_BLOCKS)  # this thread's: what it starts inherits
     try:
         forkserver.ensure_running()
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def entrypoint(spec: LocalLaunchSpec) -> tuple[Any, list[Any]]:
@@ -300,7 +299,8 @@ def entrypoint(spec: LocalLaunchSpec) -> tuple[Any, list[Any]]:
     A user's script or program gets a fresh interpreter, as under torchrun. trainscale's own modules run
     as torch's function entrypoint, forked from a forkserver that imported torch once (docs/launch.md,
     "Workers of trainscale's own"): on a node of 8 ranks that is one import of torch from the parallel
-    filesystem instead of 8."""
+    filesystem instead of 8. Its arguments are the bootstrap's, each a string of its own, so that torch's
+    agent replaces ``${local_rank}`` in them as it does in a script's."""
     kind = "--exec" if spec.no_python else "--module" if spec.module else "--script"
     target = str(Path(spec.target).absolute()) if kind == "--script" else spec.target
     if own_worker(spec):
@@ -310,7 +310,7 @@ def entrypoint(spec: LocalLaunchSpec) -> tuple[Any, list[Any]]:
 
         multiprocessing.set_forkserver_preload(list(FORKSERVER_PRELOAD))
         start_forkserver()
-        return forked, [dict(os.environ), os.getcwd(), [kind, target, *spec.args]]
+        return forked, [{"environ": dict(os.environ), "cwd": os.getcwd()}, kind, target, *spec.args]
     python = os.environ.get("PYTHON_EXEC", sys.executable)  # torchrun's override of the interpreter
     return python, ["-u", "-m", "trainscale.launch.bootstrap", kind, target, *spec.args]
 
