@@ -6,22 +6,22 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 
+from helpers.cli import in_process
+
 from trainscale.cli.main import main
 
 FAST_CNN = ["--data", "synthetic", "--samples", "256", "--batch-size", "16", "--log-every", "0"]
 
 
-def trainscale(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "SLURM_"))}
-    return subprocess.run([sys.executable, "-m", "trainscale", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+def trainscale(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`trainscale ARGS` in ``cwd``: what is under test here is the launch, not the launcher's own process."""
+    return in_process(*args, cwd=cwd)
 
 
 def test_two_ranks_exit_zero_with_a_log_per_rank_and_rank0_on_console(tmp_path):

@@ -139,7 +139,7 @@ def test_compiled_cnn_trains_on_two_ranks_and_its_checkpoint_resumes_uncompiled(
 
     common = ["run", "--nproc-per-node", "2", "--log-dir", "logs", "--workload", "cnn", "--epochs", "1", *FAST_CNN,
               "--breakdown", "--checkpoint-dir", "ckpt", "--checkpoint-every", "2", "--metrics-out", "m.json"]
-    first = trainscale(*common, "--compile", "--max-steps", "4", cwd=tmp_path, timeout=800)
+    first = trainscale(*common, "--compile", "--max-steps", "4", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     metrics = json.loads((tmp_path / "m.json").read_text())
     assert metrics["options"]["compile"] is True and metrics["epochs"][-1]["breakdown"]["buckets"] == 2
