@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from helpers.cli import in_process
 from helpers.multiproc import run_on_ranks
 from integration.test_strategies import batches, mlp
 from trainscale.checkpoint import find_latest, layout, list_checkpoints
@@ -147,15 +148,16 @@ def test_dcp_background_saves_never_use_the_training_process_group(tmp_path):
 
 
 # ------------------------------------------------------------------------------- through `trainscale run`
-def trainscale(args: list[str], cwd: Path, **extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainscale", *args], cwd=cwd, env=_env(**extra),
-                          capture_output=True, text=True, timeout=300)
+CLEAN = ("RANK", "WORLD_SIZE", "MASTER_", "SLURM_", "TRAINSCALE_")
+"""Variables a launch here starts without."""
+
+
+def trainscale(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return in_process(*args, cwd=cwd, drop=CLEAN)
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "SLURM_",
-                                                                   "TRAINSCALE_"))}
-    return {**env, **extra}
+    return {**{k: v for k, v in os.environ.items() if not k.startswith(CLEAN)}, **extra}
 
 
 def contents(path: Path, scratch: Path) -> dict:

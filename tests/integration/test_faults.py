@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from helpers.cli import in_process
 
 FAST_CNN = ["--workload", "cnn", "--data", "synthetic", "--samples", "512", "--batch-size", "16", "--log-every", "0"]
 
@@ -29,6 +30,11 @@ def _env(**extra: str) -> dict[str, str]:
 def start(args: list[str], cwd: Path, **extra: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "trainscale", *args], cwd=cwd, env=_env(**extra),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def here(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """The same command in this process: where the launch is under test, not the launcher's own process."""
+    return in_process(*args, cwd=cwd, drop=("RANK", "WORLD_SIZE", "MASTER_", "SLURM_", "TRAINSCALE_FAULT"))
 
 
 def run(args: list[str], cwd: Path, timeout: float = 240, **extra: str) -> subprocess.CompletedProcess:
@@ -75,7 +81,7 @@ SIX_EPOCHS = ["run", "--nproc-per-node", "2", "--log-dir", "logs", *FAST_CNN, "-
 def uninterrupted(tmp_path_factory) -> dict[str, torch.Tensor]:
     """The final weights of SIX_EPOCHS run straight through: what an interrupted run must end with."""
     cwd = tmp_path_factory.mktemp("uninterrupted")
-    reference = run([*SIX_EPOCHS, "--checkpoint-dir", "clean"], cwd)
+    reference = here([*SIX_EPOCHS, "--checkpoint-dir", "clean"], cwd)
     assert reference.returncode == 0, reference.stderr
     return weights(cwd / "clean")
 
@@ -151,8 +157,8 @@ def _free_port() -> int:
 
 
 def test_unresolvable_master_is_reported_before_start(tmp_path):
-    proc = run(["run", "--rdzv-endpoint", "no-such-host.invalid:29400", "--log-dir", "logs", "--workload", "cnn"],
-               tmp_path, timeout=60)
+    proc = here(["run", "--rdzv-endpoint", "no-such-host.invalid:29400", "--log-dir", "logs", "--workload", "cnn"],
+                tmp_path)
     assert proc.returncode == 2 and "'no-such-host.invalid' does not resolve" in proc.stderr
     assert not (tmp_path / "logs").exists()
 
@@ -162,8 +168,8 @@ def test_busy_port_is_reported_naming_host_and_port(tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        proc = run(["run", "--rdzv-endpoint", f"127.0.0.1:{port}", "--log-dir", "logs", "--workload", "cnn"],
-                   tmp_path, timeout=60)
+        proc = here(["run", "--rdzv-endpoint", f"127.0.0.1:{port}", "--log-dir", "logs", "--workload", "cnn"],
+                    tmp_path)
     assert proc.returncode == 2 and f"port {port} on 127.0.0.1" in proc.stderr and "not free" in proc.stderr
 
 
@@ -208,7 +214,7 @@ def test_usr1_checkpoints_at_a_step_boundary_and_a_rerun_matches_an_uninterrupte
     stopped = time.monotonic() - signalled
     assert proc.returncode == 0, err
     assert "Preempted (SIGUSR1) at step" in out and "run the same command again" in out
-    rerun = run([*common, "--checkpoint-dir", "pre"], tmp_path)
+    rerun = here([*common, "--checkpoint-dir", "pre"], tmp_path)
     assert rerun.returncode == 0 and "Resumed from" in rerun.stdout, rerun.stderr
     a = weights(tmp_path / "pre")
     for key in uninterrupted:
