@@ -5,13 +5,12 @@ from __future__ import annotations
 import csv
 import html
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers.cli import in_process
 
 pytest.importorskip("matplotlib")
 
@@ -20,10 +19,10 @@ from trainscale.bench import ProjectionRequest, StudySpec, run_study  # noqa: E4
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINSCALE_", "RANK", "WORLD_SIZE", "MASTER_"))}
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
+def bench(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`trainscale ARGV` in this process (the study is under test, not the command's own process)."""
+    return in_process(*argv, cwd=cwd, env={"PYTHONUNBUFFERED": "1"},
+                      drop=("TRAINSCALE_", "RANK", "WORLD_SIZE", "MASTER_"))
 
 
 @pytest.mark.slow
@@ -93,8 +92,7 @@ def test_small_strong_scaling_study_writes_consistent_files(tmp_path):
     assert calibrated in md
 
     # the report puts measured and predicted side by side
-    report = subprocess.run([sys.executable, "-m", "trainscale", "report", str(out), "--out", str(tmp_path / "report")],
-                            capture_output=True, text=True, env=_env(), timeout=120)
+    report = bench("report", str(out), "--out", str(tmp_path / "report"), cwd=tmp_path)
     assert report.returncode == 0, report.stderr
     page = html.unescape((tmp_path / "report" / "report.html").read_text())
     assert "Scaling model" in page and calibrated in page
@@ -126,9 +124,8 @@ def test_a_user_script_reports_through_the_recorder_and_cli_prints_the_table(tmp
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     out = tmp_path / "s"
-    proc = subprocess.run([sys.executable, "-m", "trainscale", "bench", "--configs", "1,2", "--scaling", "strong",
-                           "--batch-size", "8", "--out", str(out), str(script), "--bs", "{batch}"],
-                          capture_output=True, text=True, env=_env(), cwd=tmp_path, timeout=240)
+    proc = bench("bench", "--configs", "1,2", "--scaling", "strong", "--batch-size", "8", "--out", str(out),
+                 str(script), "--bs", "{batch}", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     study = json.loads((out / "results.json").read_text())
     assert [(r["per_rank_batch"], r["timed"], r["samples"]) for r in study["runs"]] == [(8, "epochs", 40),
@@ -142,9 +139,7 @@ def test_bad_input_fails_before_anything_launches(tmp_path):
                            (["--configs", "1,2", "--baseline", "4"], "--baseline '4' is not one of"),
                            (["--configs", "1,2", "--scaling", "strong", "--batch-size", "15"], "not divisible by 2")):
         out = tmp_path / "never"
-        proc = subprocess.run([sys.executable, "-m", "trainscale", "bench", "--workload", "cnn", *argv,
-                               "--out", str(out)], capture_output=True, text=True, env=_env(), cwd=tmp_path,
-                              timeout=120)
+        proc = bench("bench", "--workload", "cnn", *argv, "--out", str(out), cwd=tmp_path)
         assert proc.returncode == 2, proc.stderr
         assert expected in proc.stderr and "Hint:" in proc.stderr
         assert not out.exists() and not list(Path(tmp_path).glob("trainscale-runs"))
@@ -153,9 +148,8 @@ def test_bad_input_fails_before_anything_launches(tmp_path):
 @pytest.mark.slow
 def test_allreduce_command(tmp_path):
     out = tmp_path / "ar"
-    proc = subprocess.run([sys.executable, "-m", "trainscale", "bench", "allreduce", "--nproc", "2", "--sizes",
-                           "1KB..8KB", "--iters", "5", "--out", str(out)], capture_output=True, text=True,
-                          env=_env(), cwd=tmp_path, timeout=180)
+    proc = bench("bench", "allreduce", "--nproc", "2", "--sizes", "1KB..8KB", "--iters", "5", "--out", str(out),
+                 cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads((out / "allreduce.json").read_text())
     assert result["world_size"] == 2 and [r["bytes"] for r in result["rows"]] == [1024, 2048, 4096, 8192]
@@ -168,9 +162,8 @@ def test_allreduce_command(tmp_path):
 @pytest.mark.slow
 def test_allreduce_command_times_the_shared_memory_average(tmp_path):
     out = tmp_path / "ar"
-    proc = subprocess.run([sys.executable, "-m", "trainscale", "bench", "allreduce", "--nproc", "2", "--sizes",
-                           "4KB,1MB", "--iters", "5", "--hook", "auto", "--out", str(out)], capture_output=True,
-                          text=True, env=_env(), cwd=tmp_path, timeout=180)
+    proc = bench("bench", "allreduce", "--nproc", "2", "--sizes", "4KB,1MB", "--iters", "5", "--hook", "auto",
+                 "--out", str(out), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads((out / "allreduce.json").read_text())
     assert result["hook"] == "shm" and [r["bytes"] for r in result["rows"]] == [4096, 1024**2]  # auto: CPU ranks, one node

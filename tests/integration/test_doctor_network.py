@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from helpers.cli import in_process
+
 LAUNCHER_PREFIXES = ("RANK", "LOCAL_", "WORLD_SIZE", "GROUP_", "MASTER_", "SLURM_", "TORCHELASTIC", "OMPI_", "PMI_",
                      "TRAINSCALE_")
 
@@ -20,9 +22,9 @@ def _clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _trainscale(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainscale", *args], cwd=cwd, env=env or _clean_env(),
-                          capture_output=True, text=True, timeout=180)
+def _here(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """The same command in this process (the launch is under test, not the command's own process)."""
+    return in_process(*args, cwd=cwd, env={"GLOO_SOCKET_IFNAME": "lo"}, drop=LAUNCHER_PREFIXES)
 
 
 def _network(report: dict) -> dict[tuple[int, str], dict]:
@@ -43,15 +45,15 @@ def _assert_passing_all_reduce(report: dict, ranks: int) -> None:
 
 
 def test_doctor_nproc_2_reports_a_passing_all_reduce_from_both_ranks(tmp_path):
-    proc = _trainscale("doctor", "--nproc", "2", "--network", "--json", "--size-mib", "1", cwd=tmp_path)
+    proc = _here("doctor", "--nproc", "2", "--network", "--json", "--size-mib", "1", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     _assert_passing_all_reduce(json.loads(proc.stdout), 2)
     assert list(tmp_path.iterdir()) == []  # logs and the rank files went to a temporary directory
 
 
 def test_doctor_module_under_trainscale_run_prints_one_report_on_rank0(tmp_path):
-    proc = _trainscale("run", "--nproc-per-node", "2", "--log-dir", "logs", "-m", "trainscale.doctor",
-                       "--network", "--size-mib", "1", cwd=tmp_path)
+    proc = _here("run", "--nproc-per-node", "2", "--log-dir", "logs", "-m", "trainscale.doctor",
+                 "--network", "--size-mib", "1", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("Summary:") == 1
     for rank in (0, 1):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from helpers.browser import check_page, chromium, screenshot  # noqa: F401  (chromium: a fixture)
+from helpers.cli import in_process
 
 SCRIPT = textwrap.dedent("""
     import os, time
@@ -89,11 +90,8 @@ def test_the_training_loop_records_itself_unless_told_not_to(tmp_path):
 
     from trainscale.workloads.cnn import CNN
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINSCALE_")}
-    argv = [sys.executable, "-m", "trainscale", "run", "--nproc-per-node", "2", "--workload", "cnn", "--epochs", "1",
-            "--log-every", "0"]
-    done = subprocess.run([*argv[:6], "--log-dir", str(tmp_path / "logs"), *argv[6:]], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
+    argv = ["run", "--nproc-per-node", "2", "--workload", "cnn", "--epochs", "1", "--log-every", "0"]
+    done = in_process(*argv[:3], "--log-dir", str(tmp_path / "logs"), *argv[3:], cwd=tmp_path, drop=("TRAINSCALE_",))
     assert done.returncode == 0, done.stderr
     (run_dir,) = [d for d in (tmp_path / "logs").iterdir() if (d / "metrics").is_dir() and not d.is_symlink()]  # beside torch's log dir
     metrics = run_dir / "metrics"
@@ -121,8 +119,7 @@ def test_the_training_loop_records_itself_unless_told_not_to(tmp_path):
     assert report.returncode == 0 and re.search(r"^1\s+\S+\s+\d+", report.stdout, re.M), report.stdout
     assert "backward  optimizer  comm" in report.stdout
 
-    quiet = subprocess.run([*argv[:6], "--log-dir", str(tmp_path / "quiet"), *argv[6:], "--max-steps", "5"],
-                           env={**env, "TRAINSCALE_RECORD": "0"}, cwd=tmp_path, capture_output=True, text=True,
-                           timeout=300)
+    quiet = in_process(*argv[:3], "--log-dir", str(tmp_path / "quiet"), *argv[3:], "--max-steps", "5", cwd=tmp_path,
+                       env={"TRAINSCALE_RECORD": "0"}, drop=("TRAINSCALE_",))
     assert quiet.returncode == 0, quiet.stderr
     assert not list((tmp_path / "quiet").glob("*/metrics"))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from helpers.browser import check_page, chromium, screenshot  # noqa: F401  (chromium: a fixture)
+from helpers.cli import in_process
 
 pytest.importorskip("matplotlib")
 
@@ -31,13 +32,20 @@ def trainscale(*args: str, cwd: Path, timeout: float = 300, **env: str) -> subpr
                           text=True, timeout=timeout)
 
 
+def here(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    """The same command in this process: the run or sweep that makes the report's input (the report itself
+    runs as the user's next command does)."""
+    return in_process(*args, cwd=cwd, env={"PYTHONUNBUFFERED": "1", **env},
+                      drop=("TRAINSCALE_", "RANK", "WORLD_SIZE", "MASTER_", "SLURM_"))
+
+
 @pytest.mark.slow
 def test_a_run_is_one_directory_and_the_report_command_it_prints_reads_it(tmp_path, chromium, capsys):
     """Rank 1 exits at step 6 of the first attempt; the agent restarts the group, which resumes from the
     checkpoint of step 4 written into the run directory."""
-    done = trainscale("run", "--nproc-per-node", "2", "--max-restarts", "1", "--workload", "cnn", *FAST_CNN,
-                      "--max-steps", "10", "--checkpoint-every", "4", "--no-checkpoint-async", cwd=tmp_path,
-                      TRAINSCALE_FAULT="exit:rank=1:step=6", OMP_NUM_THREADS="1")
+    done = here("run", "--nproc-per-node", "2", "--max-restarts", "1", "--workload", "cnn", *FAST_CNN,
+                "--max-steps", "10", "--checkpoint-every", "4", "--no-checkpoint-async", cwd=tmp_path,
+                TRAINSCALE_FAULT="exit:rank=1:step=6", OMP_NUM_THREADS="1")
     assert done.returncode == 0, done.stderr
     (runs,) = tmp_path.iterdir()  # nothing beside the one directory of runs
     (run,) = [p for p in runs.iterdir() if not p.is_symlink()]  # and one directory for this run
@@ -87,8 +95,8 @@ def test_torchruns_own_log_dir_spelling_holds_the_run_directory(tmp_path):
 
 @pytest.mark.slow
 def test_a_sweep_then_its_report(tmp_path):
-    done = trainscale("sweep", "--local", "--nproc-per-node", "1", "--grid", "lr=1e-3,3e-4", "--workload", "cnn",
-                      *FAST_CNN, "--max-steps", "4", cwd=tmp_path, OMP_NUM_THREADS="1")
+    done = here("sweep", "--local", "--nproc-per-node", "1", "--grid", "lr=1e-3,3e-4", "--workload", "cnn",
+                *FAST_CNN, "--max-steps", "4", cwd=tmp_path, OMP_NUM_THREADS="1")
     assert done.returncode == 0, done.stdout + done.stderr
     (sweep,) = [p.parent for p in tmp_path.rglob("sweep.json")]
     report = trainscale("report", str(sweep), cwd=tmp_path)

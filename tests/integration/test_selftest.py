@@ -3,20 +3,13 @@ cluster is README's (tests/integration/test_readme.py reads its report, tables a
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
+from helpers.cli import in_process
 
 from trainscale.doctor.selftest import hang_record, hang_row
 from trainscale.doctor.selftest_rank import HOLD
 
 
-def _clean_env(**extra: str) -> dict[str, str]:
-    return {**{k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "SLURM_",
-                                                                          "TRAINSCALE_FAULT", "TRAINSCALE_CPU_BIND"))},
-            **extra}
 
 
 @pytest.mark.slow
@@ -25,10 +18,9 @@ def test_the_hang_row_passes_on_four_ranks_when_the_launcher_ends_rank_0_before_
     the rest: rank 0, held here before it records (as when its heartbeat ticks last), is ended first.
     Only rank 0 used to record, and the row said "no rank reported a named error" (issue 22 item 1)."""
     out = tmp_path / "hang.json"
-    done = subprocess.run([sys.executable, "-m", "trainscale", "run", "--nproc-per-node", "4", "--log-dir", "logs",
-                           "-m", "trainscale.doctor.selftest_rank", "hang", "--out", str(out), "--workdir", "work",
-                           "--timeout", "3"], cwd=tmp_path, env=_clean_env(**{HOLD: "0"}),
-                          capture_output=True, text=True, timeout=300)
+    done = in_process("run", "--nproc-per-node", "4", "--log-dir", "logs", "-m", "trainscale.doctor.selftest_rank",
+                      "hang", "--out", str(out), "--workdir", "work", "--timeout", "3", cwd=tmp_path, env={HOLD: "0"},
+                      drop=("RANK", "WORLD_SIZE", "MASTER_", "SLURM_", "TRAINSCALE_FAULT", "TRAINSCALE_CPU_BIND"))
     assert done.returncode != 0
     row = hang_row(out, 3.0, (False, done.stderr))
     assert row["status"] == "pass", row

@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from helpers.cli import in_process
 from helpers.multiproc import run_on_ranks
 
 
@@ -52,11 +50,9 @@ def test_a_workload_writes_every_tracker_chosen_in_a_config_file(tmp_path, monke
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     (tmp_path / "job.toml").write_text('[train]\ntrackers = ["tensorboard", "wandb", "mlflow", "csv"]\n')
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "MLFLOW_"))}
-    done = subprocess.run([sys.executable, "-m", "trainscale", "run", "--nproc-per-node", "2", "--log-dir", "logs",
-                           "--workload", "cnn", "--max-steps", "6", "--log-every", "0", "--config", "job.toml"],
-                          cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                          timeout=300)
+    done = in_process("run", "--nproc-per-node", "2", "--log-dir", "logs", "--workload", "cnn", "--max-steps", "6",
+                      "--log-every", "0", "--config", "job.toml", cwd=tmp_path, env={"OMP_NUM_THREADS": "1"},
+                      drop=("WANDB_", "MLFLOW_"))
     assert done.returncode == 0, done.stdout + done.stderr
     run = next(p for p in (tmp_path / "logs").iterdir() if (p / "trackers.json").exists() and not p.is_symlink())
     said = [line for line in done.stdout.splitlines() if "metrics go to" in line]

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers.cli import in_process
 
 from trainscale.cli.main import main
 from trainscale.workloads import text
@@ -17,9 +18,8 @@ SMALL = ["--n-layer", "2", "--n-embd", "64", "--n-head", "2", "--seq-len", "64",
 
 
 def _run(tmp, *args, env=None):
-    full = {**{k: v for k, v in os.environ.items() if not k.startswith("TRAINSCALE_FAULT")}, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "trainscale", "run", "--nproc-per-node", "2", "--log-dir", "logs",
-                           *args], cwd=tmp, env=full, capture_output=True, text=True, timeout=300)
+    return in_process("run", "--nproc-per-node", "2", "--log-dir", "logs", *args, cwd=tmp, env=env,
+                      drop=("TRAINSCALE_FAULT",))
 
 
 needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
