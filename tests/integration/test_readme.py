@@ -251,7 +251,7 @@ def test_readme_selftest_on_slurm_runs_two_jobs_and_reports_every_check(readme):
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # the first test to run sets README's run up
 def test_readme_tune_searches_within_its_budget_and_run_takes_the_result(readme):
-    """`trainscale tune --budget 30` then `trainscale run --config tuned.toml`: the defaults first, the search
+    """`trainscale tune --budget 20` then `trainscale run --config tuned.toml`: the defaults first, the search
     within its budget, and the run trains with the best per-rank batch it wrote."""
     budget = float(re.search(r"--budget (\d+)", readme.command("trainscale tune --workload cnn")).group(1))
     printed = readme.output("trainscale tune --workload cnn")
