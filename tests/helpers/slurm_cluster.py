@@ -35,6 +35,8 @@ DEFAULT_DIR = "/tmp/trainscale-slurm"
 SCALE_NODES = 16
 """The scale tests' cluster (TRAINSCALE_TEST_CLUSTER_NODES overrides)."""
 UP_TIMEOUT_S = 900  # includes apt-get install on a fresh machine
+IN_USE_CHECK_S = 120
+"""How long a session waits for a cluster another session holds to pass `cluster.sh check`."""
 SESSION_ENV: set[str] = set()
 """Environment variables the session-scoped cluster fixture sets for every later test."""
 TERMINAL_STATES = frozenset(
@@ -160,7 +162,17 @@ def cluster_session(nodes: int) -> Iterator[SlurmCluster]:
     started_marker = cluster_dir / "started-by-tests"
     lease = None
     with _leases_locked(cluster_dir) as leases:
-        if _cluster_sh("check", timeout=30, nodes=nodes).returncode != 0:
+        if _live_leases(leases):
+            # Another session's jobs may be running: `up` would restart the daemons under them. A check
+            # can fail for a moment under load (sinfo timing out), so it is asked again, not overruled.
+            deadline = time.monotonic() + IN_USE_CHECK_S
+            while (check := _cluster_sh("check", timeout=30, nodes=nodes)).returncode != 0:
+                if time.monotonic() > deadline:
+                    _unavailable(f"the {nodes}-node cluster another test session uses has not been healthy for "
+                                 f"{IN_USE_CHECK_S}s (`{CLUSTER_SH} check`: {check.stderr.strip()[-2000:]}); "
+                                 f"logs in {cluster_dir / 'log'}")
+                time.sleep(1)
+        elif _cluster_sh("check", timeout=30, nodes=nodes).returncode != 0:
             t0 = time.monotonic()
             proc = _cluster_sh("up", timeout=UP_TIMEOUT_S, nodes=nodes)
             if proc.returncode != 0:

@@ -79,9 +79,10 @@ all_daemons_alive() {
     for f in $(pidfiles); do pid_alive "$f" || return 1; done
 }
 
-# True when sinfo lists every node in a usable state (idle, or busy with jobs).
+# True when sinfo lists every node in a usable state (idle, or busy with jobs, or
+# completing one: a node is `comp` for a moment after every job).
 nodes_ready() {
-    local want=${1:-idle|mix|alloc}
+    local want=${1:-idle|mix|alloc|comp}
     local states
     states=$(sinfo -h -N -o '%N %t' 2>/dev/null | sort -u) || return 1
     local n
