@@ -7,7 +7,8 @@ torchrun-style launch and builds a real process group on loopback.
 Ranks are forked from a server process that imported torch once (this process's forkserver, the one
 trainscale's own workers fork from: :func:`start_forkserver`), not started as fresh interpreters that each
 import torch again: the suite starts a few hundred ranks. The server starts no thread or process group,
-so each rank still makes its own.
+so each rank still makes its own. A rank's output (warnings, its own prints) goes to a file of its own, shown
+with the error when a rank fails, not into the suite's output.
 """
 
 from __future__ import annotations
@@ -16,9 +17,13 @@ import multiprocessing as mp
 import importlib
 import os
 import pickle
+import queue as queue_module
 import signal
+import shutil
 import socket
+import tempfile
 import traceback
+from pathlib import Path
 from typing import Any, Callable
 
 
@@ -28,9 +33,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _child(fn_ref, args, kwargs, rank, world_size, port, extra_env, queue):
+def _child(fn_ref, args, kwargs, rank, world_size, port, extra_env, queue, output):
     from trainscale.launch.bootstrap import FORKSERVER_BLOCKS
 
+    fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, FORKSERVER_BLOCKS)  # the forkserver blocks them; a torchrun worker does not
     os.environ.update({
         "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
@@ -83,16 +92,23 @@ def run_on_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: f
     ctx = _context()
     queue = ctx.Queue()
     port = _free_port()
+    outputs = Path(tempfile.mkdtemp(prefix="ranks-"))
     procs = [ctx.Process(target=_child, args=((fn.__module__, fn.__qualname__), args, kwargs, r, world_size, port,
-                                              {**(env or {}), **(rank_env or {}).get(r, {})}, queue))
+                                              {**(env or {}), **(rank_env or {}).get(r, {})}, queue,
+                                              str(outputs / f"rank-{r}.log")))
              for r in range(world_size)]
     for p in procs:
         p.start()
     results: dict[int, Any] = {}
     errors: dict[int, str] = {}
+    timed_out = False
     try:
         for _ in range(world_size):
-            rank, ok, value = queue.get(timeout=timeout)
+            try:
+                rank, ok, value = queue.get(timeout=timeout)
+            except queue_module.Empty:
+                timed_out = True
+                break
             if ok:
                 results[rank] = pickle.loads(value)
             else:
@@ -101,11 +117,17 @@ def run_on_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: f
                 break
     finally:
         for p in procs:
-            p.join(timeout=30 if not errors else 2)
+            p.join(timeout=2 if errors or timed_out else 30)
             if p.is_alive():
                 p.kill()
                 p.join()
+        printed = {r: (outputs / f"rank-{r}.log").read_text(errors="replace") if (outputs / f"rank-{r}.log").exists()
+                   else "" for r in range(world_size)}
+        shutil.rmtree(outputs, ignore_errors=True)
+    if timed_out:
+        tails = "".join(f"\n--- rank {r}'s output (tail)\n{printed[r][-1500:]}" for r in range(world_size))
+        raise TimeoutError(f"{world_size - len(results)} rank(s) gave no result within {timeout}s{tails}")
     if errors:
         rank, text = sorted(errors.items())[0]
-        raise RuntimeError(f"rank {rank} failed:\n{text}")
+        raise RuntimeError(f"rank {rank} failed:\n{text}\n--- rank {rank}'s output (tail)\n{printed[rank][-3000:]}")
     return results

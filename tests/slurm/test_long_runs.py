@@ -17,8 +17,8 @@ import torch
 
 from helpers.cli import trainscale, wait_for
 
-CNN = ["--workload", "cnn", "--data", "synthetic", "--samples", "2048", "--batch-size", "16", "--epochs", "3",
-       "--checkpoint-every", "8", "--log-every", "0"]
+CNN = ["--workload", "cnn", "--data", "synthetic", "--samples", "1024", "--batch-size", "16", "--epochs", "3",
+       "--checkpoint-every", "4", "--log-every", "0"]
 JOB = ["--profile", "local-test", "-N", "2", "--gpus-per-node", "2", "-t", "00:10:00", "--launcher", "srun",
        "-c", "2", "--python", sys.executable]
 

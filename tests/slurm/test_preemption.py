@@ -13,8 +13,8 @@ import torch
 
 from helpers.cli import trainscale, wait_for
 
-CNN = ["--workload", "cnn", "--data", "synthetic", "--samples", "2048", "--batch-size", "16", "--epochs", "4",
-       "--checkpoint-every", "8", "--log-every", "0"]
+CNN = ["--workload", "cnn", "--data", "synthetic", "--samples", "1024", "--batch-size", "16", "--epochs", "4",
+       "--checkpoint-every", "4", "--log-every", "0"]
 
 
 def newest_weights(directory: Path) -> dict[str, torch.Tensor]:
