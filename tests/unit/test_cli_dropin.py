@@ -256,6 +256,32 @@ def test_dry_run_asks_the_scheduler_when_sbatch_is_there(tmp_path, job_script, m
     assert not (tmp_path / "jobs").exists()  # neither wrote a script or submitted
 
 
+def test_submitting_a_script_does_not_import_torch(tmp_path, job_script):
+    """`trainscale slurm --submit script.py` writes a run directory and calls sbatch: torch's import (2-3 CPU-s,
+    most of a submission) is the job's, not the submitting command's. sbatch is faked (the real one:
+    tests/slurm); the submission record still names the installed torch."""
+    import json
+    import subprocess
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    sbatch = bin_dir / "sbatch"
+    sbatch.write_text("#!/bin/sh\ncase \"$*\" in *--parsable*) echo 4242 ;; "
+                      "*) echo 'sbatch: Job 99 to start at 2026-11-23T14:00:00' >&2 ;; esac\n")
+    sbatch.chmod(sbatch.stat().st_mode | stat.S_IEXEC)
+    probe = ("import sys\nfrom trainscale.cli.main import main\n"
+             f"code = main(['slurm', '--profile', 'local-test', '-N', '2', '-t', '5', '--output-dir', 'jobs', "
+             f"'--submit', {job_script!r}])\nprint('exit', code, 'torch' in sys.modules)")
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env=env)
+    assert done.stdout.splitlines()[-1] == "exit 0 False", done.stdout[-2000:] + done.stderr[-2000:]
+    assert "submitted job 4242" in done.stderr
+    record = json.loads((tmp_path / "jobs" / "latest" / "submission.json").read_text())
+    assert record["versions"]["torch"] == torch.__version__
+
+
 def test_test_only_needs_sbatch(tmp_path, job_script, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.chdir(tmp_path)

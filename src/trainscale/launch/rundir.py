@@ -23,26 +23,25 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, Std
-
 DEFAULT_ROOT = Path("trainscale-runs")
 RUN_RECORD = "run.json"
 WORKLOADS_MODULE = "trainscale.workloads"
 
 
-class RunLogsSpecs(DefaultLogsSpecs):
-    """torch's per-attempt, per-rank log files (DefaultLogsSpecs), written into the run directory itself
-    instead of a fresh ``<run id>_<random>`` directory beside it."""
+def logs_specs(run_dir: Path, *, redirects: str, tee: str, local_ranks_filter: str) -> Any:
+    """The run's logs spec from torchrun's logging options, as torch's ``config_from_args`` reads them:
+    torch's per-attempt, per-rank log files (``DefaultLogsSpecs``), written into the run directory itself
+    instead of a fresh ``<run id>_<random>`` directory beside it. torch is imported here, by the launcher
+    that has it loaded already: the rest of this module serves commands that never load torch (a submission)."""
+    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, Std
 
-    def _make_log_dir(self, log_dir: str | None, rdzv_run_id: str) -> str:
-        # DefaultLogsSpecs calls this once, at the first attempt, for the directory its attempts go in
-        # (tests/unit/test_run_dir.py holds torch to it)
-        os.makedirs(str(log_dir), exist_ok=True)
-        return str(log_dir)
+    class RunLogsSpecs(DefaultLogsSpecs):
+        def _make_log_dir(self, log_dir: str | None, rdzv_run_id: str) -> str:
+            # DefaultLogsSpecs calls this once, at the first attempt, for the directory its attempts go in
+            # (tests/unit/test_run_dir.py holds torch to it)
+            os.makedirs(str(log_dir), exist_ok=True)
+            return str(log_dir)
 
-
-def logs_specs(run_dir: Path, *, redirects: str, tee: str, local_ranks_filter: str) -> RunLogsSpecs:
-    """The run's logs spec from torchrun's logging options, as torch's ``config_from_args`` reads them."""
     ranks = {int(r) for r in local_ranks_filter.split(",")} if local_ranks_filter else None
     return RunLogsSpecs(log_dir=str(run_dir), redirects=Std.from_str(redirects), tee=Std.from_str(tee),
                         local_ranks_filter=ranks)
@@ -115,11 +114,17 @@ def checkpoint_args(target: str, args: tuple[str, ...], *, module: bool, max_res
 
 
 def versions() -> dict[str, str | None]:
-    import torch  # imported already: torch's agent is this module's base
+    """trainscale's, torch's and Python's versions here; torch's without importing it where it is not loaded."""
+    from importlib import metadata
 
     from trainscale._version import __version__
 
-    return {"trainscale": __version__, "torch": torch.__version__, "python": platform.python_version()}
+    torch = sys.modules.get("torch")
+    try:
+        torch_version = torch.__version__ if torch else metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = None
+    return {"trainscale": __version__, "torch": torch_version, "python": platform.python_version()}
 
 
 def write_record(run_dir: Path, **fields: Any) -> Path:
