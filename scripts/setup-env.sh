@@ -24,14 +24,10 @@ if [ -z "${TORCH_SPEC:-}" ]; then
   fi
 fi
 echo "setup-env: installing $TORCH_SPEC and trainscale[$EXTRAS] into $VENV"
-# --no-compile, then one compileall on every core: pip compiles file by file in one process (about 30 s of the
-# install on 2 cores).
-"$VENV/bin/pip" install -q --no-compile --disable-pip-version-check "$TORCH_SPEC"
+"$VENV/bin/pip" install -q --disable-pip-version-check "$TORCH_SPEC"
 # The constraint keeps torch where it is while the extras are resolved.
 CONSTRAINT=$(mktemp)
 "$VENV/bin/python" -c 'import torch; print("torch==" + torch.__version__)' > "$CONSTRAINT"
-PIP_CONSTRAINT="$CONSTRAINT" "$VENV/bin/pip" install -q --no-compile --disable-pip-version-check -e ".[$EXTRAS]"
+PIP_CONSTRAINT="$CONSTRAINT" "$VENV/bin/pip" install -q --disable-pip-version-check -e ".[$EXTRAS]"
 rm -f "$CONSTRAINT"
-# Some packages ship files that are not Python 3 (templates, test data): pip skips them too.
-"$VENV/bin/python" -m compileall -q -j 0 "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null 2>&1 || true
 touch "$STAMP"
