@@ -105,10 +105,12 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """make test's --dist loadfile, with tests/slurm and tests/conformance (which submits jobs too) as one
-    unit: their files run one after another on one process. The test cluster has two nodes, so their jobs
-    queue behind each other anyway; run side by side they only wait longer, past the tests' watch limits
-    (seen with three processes). README's journey, which submits a few, is the only other submitter."""
+    """make test's --dist loadfile, with tests/slurm and the conformance tests that submit jobs as one unit:
+    they run one after another on one process. The test cluster has two nodes, so their jobs queue behind
+    each other anyway; run side by side they only wait longer, past the tests' watch limits (seen with three
+    processes). README's journey, which submits a few, is the only other submitter. The conformance tests
+    that launch on this machine are a unit of their own: in the chain they made it the run's last minutes,
+    with one process left working."""
     if config.getoption("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -116,6 +118,6 @@ def pytest_xdist_make_scheduler(config, log):
     class SlurmTogether(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = super()._split_scope(nodeid)
-            return "tests/slurm" if path.startswith(("tests/slurm/", "tests/conformance/")) else path
+            return "tests/slurm" if path.startswith("tests/slurm/") or "::test_style_under_slurm" in nodeid else path
 
     return SlurmTogether(config, log)
