@@ -75,3 +75,40 @@ def test_every_failed_forked_rank_is_named_but_not_one_that_had_returned():
     _every_failure(context, group, failures)
     assert sorted(failures) == [5, 6] and failures[5] == "torch's own"
     assert (failures[6].local_rank, failures[6].pid, failures[6].exitcode) == (2, 12, -15)
+
+
+def _wait_on(event) -> None:
+    event.wait()
+
+
+def test_a_rank_killed_while_it_waited_for_the_others_does_not_hold_the_launcher(tmp_path):
+    """torch's agent lets returned function workers go with a multiprocessing Event, whose set() waits for every
+    waiting process to answer. Two real processes wait on one; one is SIGKILLed while it waits (the chaos
+    benchmark's trial 7): set() still returns, and the live one is let go."""
+    import multiprocessing as mp
+    import os
+    import signal
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from trainscale.launch.agent import release_without_waiting
+
+    ctx = mp.get_context("spawn")
+    event = ctx.Event()
+    killed, live = ctx.Process(target=_wait_on, args=(event,)), ctx.Process(target=_wait_on, args=(event,))
+    killed.start()
+    live.start()
+    deadline = time.monotonic() + 60
+    while event._cond._sleeping_count.get_value() < 2:  # both inside Condition.wait, as a returned rank is
+        assert time.monotonic() < deadline, "the processes never waited"
+        time.sleep(0.01)
+    os.kill(killed.pid, signal.SIGKILL)
+    killed.join()
+    release_without_waiting(SimpleNamespace(_worker_finished_event=event))
+    setter = threading.Thread(target=event.set, daemon=True)  # multiprocessing's own set() would never return
+    setter.start()
+    setter.join(timeout=30)
+    assert not setter.is_alive() and event.is_set()
+    live.join(timeout=30)
+    assert live.exitcode == 0 and killed.exitcode == -signal.SIGKILL

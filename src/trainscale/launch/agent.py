@@ -64,6 +64,30 @@ class _Quieter(logging.Filter):
         return not str(record.msg).startswith(_REPLACED)
 
 
+def release_without_waiting(context) -> None:
+    """torch's context for function workers (trainscale's own, forked) lets the ranks that returned go through a
+    multiprocessing Event, whose ``set()`` then waits for every waiting rank to answer: one SIGKILLed while it
+    waited never answers, and the agent would wait forever (docs/reliability.md). This context's ``set()``
+    wakes them and waits for none; a killed rank is then seen as the exit it was."""
+    event = getattr(context, "_worker_finished_event", None)
+    if event is None:
+        return
+    cond = event._cond
+
+    def set_() -> None:
+        locked = cond.acquire(timeout=5)  # a rank killed within Event.wait's few locked lines keeps the lock
+        try:
+            event._flag.acquire(False)
+            event._flag.release()
+            while cond._sleeping_count.acquire(False):
+                cond._wait_semaphore.release()
+        finally:
+            if locked:
+                cond.release()
+
+    event.set = set_
+
+
 def _every_failure(context, group, failures: dict) -> None:
     """torch's context for function workers (trainscale's own, forked) returns the first rank it saw fail;
     its context for processes returns every rank that ended badly, the ranks it stopped included. Add
@@ -102,6 +126,7 @@ def watching(total_attempts: int, say: Callable[[str], None], run_dir: Callable[
         def _start_workers(self, worker_group):
             pids = super()._start_workers(worker_group)
             _workers[:] = pids.values()  # where _forward sends SLURM's warning signals
+            release_without_waiting(self._pcontext)
             return pids
 
         def _monitor_workers(self, worker_group):
