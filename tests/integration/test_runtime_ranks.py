@@ -92,3 +92,40 @@ def srun_style_wrapper(base: dict) -> tuple:
     os.environ.update(base)
     os.environ.update({"SLURM_PROCID": rank, "SLURM_LOCALID": "0", "SLURM_NODEID": rank})
     return srun_style()
+
+
+def frees_its_model_after_close(peer_may_finish) -> str:
+    """A DDP model that outlives the close, freed while a gloo worker still holds a collective's Python tensor."""
+    import gc
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import trainscale
+
+    with trainscale.init() as rt:
+        model = DDP(torch.nn.Linear(2, 2))
+        model(torch.ones(1, 2)).sum().backward()
+        group = dist.group.WORLD
+    if rt.rank == 1:
+        # The tensor's Python object is dropped at once; gloo's worker keeps the tensor until rank 0 joins
+        # in, then needs the GIL to drop that object too.
+        group.allreduce([torch.ones(1)])
+        del group
+        peer_may_finish.set()
+        del model  # if the Reducer held the group's last reference: ~ProcessGroupGloo joins that worker here
+        gc.collect()
+        return "freed"
+    peer_may_finish.wait()
+    group.allreduce([torch.ones(1)]).wait()
+    return "freed"
+
+
+def test_a_model_freed_after_close_does_not_deadlock_in_gloo_teardown():
+    # Ranks fork from the forkserver, as trainscale's own workers do: it imported torch._dynamo before any
+    # group existed (imported later, it keeps references to the group, hiding this deadlock).
+    import multiprocessing
+
+    event = multiprocessing.get_context("forkserver").Event()
+    assert run_on_ranks(frees_its_model_after_close, 2, event, timeout=60) == {0: "freed", 1: "freed"}

@@ -10,6 +10,7 @@ Stripped of detection and safety, this is the familiar DDP preamble:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import gc
@@ -27,6 +28,26 @@ from trainscale.errors import ConfigError, record_error
 from trainscale.runtime.device import pick_backend, pick_device
 from trainscale.runtime.seed import seed_everything
 from trainscale.runtime.threads import apply_thread_count
+
+
+# Process groups a clean close destroyed, each still referenced here until the interpreter exits. A DDP
+# model outlives the close (a script returns it, or holds it), and its C++ Reducer keeps the group alive;
+# if the Reducer held the last reference, freeing the model would run ~ProcessGroupGloo under the GIL, which
+# joins gloo's worker threads while one may still need the GIL to drop a finished collective's Python
+# tensors: a deadlock (docs/reliability.md). torch's binding drops its own reference with the GIL released.
+_DESTROYED_GROUPS: list[Any] = []
+
+
+def _keep_until_exit(groups: Any) -> None:
+    if not _DESTROYED_GROUPS:
+        atexit.register(_release_destroyed_groups)
+    _DESTROYED_GROUPS.extend(groups)
+
+
+def _release_destroyed_groups() -> None:
+    gc.collect()  # models in reference cycles go first: the references dropped next are then the last
+    _DESTROYED_GROUPS.clear()
+    atexit.unregister(_release_destroyed_groups)
 
 
 @dataclass(kw_only=True)
@@ -197,6 +218,8 @@ class Runtime:
                 if synchronize:
                     self.barrier()
             finally:
+                if synchronize:
+                    _keep_until_exit(dist.distributed_c10d._world.pg_map)
                 dist.destroy_process_group()
                 # Hands the GIL to a gloo worker still dropping a finished collective (it needs the
                 # GIL for Python-made tensors) before the interpreter can shut down under it:
