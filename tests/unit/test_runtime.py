@@ -202,3 +202,24 @@ def test_a_single_process_node_has_the_cpus_it_may_run_on():
     from trainscale.runtime.threads import node_cpus, usable_cores
 
     assert node_cpus(SimpleNamespace(is_distributed=False)) == usable_cores() == len(os.sched_getaffinity(0))
+
+
+def test_a_group_kept_past_its_close_is_let_go_at_the_next_close():
+    """A clean close keeps its groups referenced (a model freed later must not tear gloo down under the GIL:
+    tests/integration/test_runtime_ranks.py), but only until the next close: a notebook or a test process
+    that opens and closes many runtimes holds one retired group's threads, not one set per run."""
+    import torch._dynamo  # noqa: F401  (imported while a group exists, torch's DDP pins that group for good)
+    import torch.distributed as dist
+
+    def threads() -> int:
+        return len(os.listdir(f"/proc/{os.getpid()}/task"))
+
+    counts = []
+    for _ in range(4):
+        with trainscale.init(environ={}, set_threads=False) as rt:
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            rt.owns_process_group = True
+            model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+        del model
+        counts.append(threads())
+    assert counts == [counts[0]] * 4, counts

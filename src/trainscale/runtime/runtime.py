@@ -30,24 +30,26 @@ from trainscale.runtime.seed import seed_everything
 from trainscale.runtime.threads import apply_thread_count
 
 
-# Process groups a clean close destroyed, each still referenced here until the interpreter exits. A DDP
-# model outlives the close (a script returns it, or holds it), and its C++ Reducer keeps the group alive;
+# The process groups the last clean close destroyed, still referenced here until the next close or exit. A
+# DDP model outlives the close (a script returns it, or holds it), and its C++ Reducer keeps the group alive;
 # if the Reducer held the last reference, freeing the model would run ~ProcessGroupGloo under the GIL, which
 # joins gloo's worker threads while one may still need the GIL to drop a finished collective's Python
-# tensors: a deadlock (docs/reliability.md). torch's binding drops its own reference with the GIL released.
-_DESTROYED_GROUPS: list[Any] = []
+# tensors: a deadlock (docs/launch.md). torch's binding drops a reference of ours with the GIL released.
+_RETIRED_GROUPS: list[Any] = []
 
 
-def _keep_until_exit(groups: Any) -> None:
-    if not _DESTROYED_GROUPS:
-        atexit.register(_release_destroyed_groups)
-    _DESTROYED_GROUPS.extend(groups)
+def _retire(groups: Any) -> None:
+    # The previous close's groups go now: their workers have had the GIL since (this close's barrier
+    # released it), so they are idle.
+    _RETIRED_GROUPS[:] = list(groups)
+    atexit.unregister(_release_retired_groups)  # registered once
+    atexit.register(_release_retired_groups)
 
 
-def _release_destroyed_groups() -> None:
-    gc.collect()  # models in reference cycles go first: the references dropped next are then the last
-    _DESTROYED_GROUPS.clear()
-    atexit.unregister(_release_destroyed_groups)
+def _release_retired_groups() -> None:
+    if _RETIRED_GROUPS:
+        gc.collect()  # models in reference cycles go first: the references dropped next are then the last
+        _RETIRED_GROUPS.clear()
 
 
 @dataclass(kw_only=True)
@@ -219,7 +221,7 @@ class Runtime:
                     self.barrier()
             finally:
                 if synchronize:
-                    _keep_until_exit(dist.distributed_c10d._world.pg_map)
+                    _retire(dist.distributed_c10d._world.pg_map)
                 dist.destroy_process_group()
                 # Hands the GIL to a gloo worker still dropping a finished collective (it needs the
                 # GIL for Python-made tensors) before the interpreter can shut down under it:
