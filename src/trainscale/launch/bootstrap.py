@@ -394,8 +394,10 @@ def release_process_groups() -> None:
     gc.collect()
     dist = sys.modules.get("torch.distributed")  # never import torch just for this
     if dist is not None and dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+        groups = list(dist.distributed_c10d._world.pg_map)  # the last references, dropped with the GIL released
+        dist.destroy_process_group()  # (a model's Reducer dropping them would hold it: docs/launch.md)
         gc.collect()
+        del groups
 
 
 if __name__ == "__main__":
