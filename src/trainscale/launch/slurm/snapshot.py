@@ -154,19 +154,19 @@ class _Rules:
 
     def __init__(self, root: Path, exclude: Iterable[Path]):
         self.root = root
-        self.exclude = [Path(p).absolute() for p in exclude]
-        self._venv: dict[Path, bool] = {}
+        self.exclude = [str(Path(p).absolute()) for p in exclude]
+        self._skip: dict[Path, bool] = {}  # asked once per directory, not once per file below it
 
     def excluded(self, path: Path) -> bool:
-        return any(path == e or e in path.parents for e in self.exclude)
+        text = str(path)
+        return any(text == e or text.startswith(e + os.sep) for e in self.exclude)
 
     def skip_dir(self, path: Path) -> bool:
-        name = path.name
-        if name in SKIP_DIRS or name.endswith(".egg-info") or self.excluded(path):
-            return True
-        if path not in self._venv:
-            self._venv[path] = (path / "pyvenv.cfg").exists()
-        return self._venv[path]
+        if path not in self._skip:
+            name = path.name
+            self._skip[path] = (name in SKIP_DIRS or name.endswith(".egg-info") or self.excluded(path)
+                                or (path / "pyvenv.cfg").exists())
+        return self._skip[path]
 
     @staticmethod
     def link_dir(path: Path) -> bool:
