@@ -24,10 +24,17 @@ if [ -z "${TORCH_SPEC:-}" ]; then
   fi
 fi
 echo "setup-env: installing $TORCH_SPEC and trainscale[$EXTRAS] into $VENV"
-"$VENV/bin/pip" install -q --disable-pip-version-check "$TORCH_SPEC"
+# Bytecode is compiled on every core rather than by pip, file by file on one: torch's while pip installs the
+# rest, then the rest. (Every rank and launcher imports these; some run with -B and would never write it.)
+SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+"$VENV/bin/pip" install -q --disable-pip-version-check --no-compile "$TORCH_SPEC"
+"$VENV/bin/python" -m compileall -q "$SITE/torch" >/dev/null 2>&1 &
+COMPILING=$!
 # The constraint keeps torch where it is while the extras are resolved.
 CONSTRAINT=$(mktemp)
-"$VENV/bin/python" -c 'import torch; print("torch==" + torch.__version__)' > "$CONSTRAINT"
-PIP_CONSTRAINT="$CONSTRAINT" "$VENV/bin/pip" install -q --disable-pip-version-check -e ".[$EXTRAS]"
+"$VENV/bin/python" -c 'from importlib.metadata import version; print("torch==" + version("torch"))' > "$CONSTRAINT"
+PIP_CONSTRAINT="$CONSTRAINT" "$VENV/bin/pip" install -q --disable-pip-version-check --no-compile -e ".[$EXTRAS]"
 rm -f "$CONSTRAINT"
+wait "$COMPILING" || true  # a file for another Python version does not compile; pip skips those too
+"$VENV/bin/python" -m compileall -q -j 0 "$SITE" >/dev/null 2>&1 || true
 touch "$STAMP"
