@@ -17,6 +17,7 @@ So `exec IMAGE python3 ...` without set-up finds no Python with torch (the early
 from __future__ import annotations
 
 import importlib.metadata as md
+import importlib.util
 import os
 import re
 import shutil
@@ -78,7 +79,7 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 def _copy_tree(src: Path, dst: Path, skip: tuple[str, ...] = ()) -> None:
     for root, dirs, files in os.walk(src):
         rel = Path(root).relative_to(src)
-        dirs[:] = [d for d in dirs if str(rel / d) not in skip and d != "__pycache__"]
+        dirs[:] = [d for d in dirs if str(rel / d) not in skip]
         for f in files:
             path = Path(root) / f
             if path.is_symlink():
@@ -90,14 +91,22 @@ def _copy_tree(src: Path, dst: Path, skip: tuple[str, ...] = ()) -> None:
 
 
 def copy_distributions(names: tuple[str, ...], site: Path, refuse: tuple[str, ...] = NOT_IN_IMAGE) -> None:
-    """Hard-link (or copy) the installed distributions ``names`` need into the site-packages ``site``."""
+    """Hard-link (or copy) the installed distributions ``names`` need into the site-packages ``site``, each
+    module with its bytecode: a stock image ships it compiled, and a read-only image cannot cache it (without
+    it every rank would compile torch again, seconds of CPU each). The bytecode is not in a distribution's
+    file list when the environment compiled it after pip installed it."""
     ours = Path(sysconfig.get_paths()["purelib"])
     site.mkdir(parents=True, exist_ok=True)
     for dist in closure(names, refuse):
         for file in dist.files or []:
             src = Path(dist.locate_file(file))
-            if src.is_file() and ours in src.parents:
-                _link_or_copy(src, site / src.relative_to(ours))
+            if not (src.is_file() and ours in src.parents):
+                continue
+            _link_or_copy(src, site / src.relative_to(ours))
+            if src.suffix == ".py":
+                cached = Path(importlib.util.cache_from_source(str(src)))
+                if cached.is_file() and not (site / cached.relative_to(ours)).exists():
+                    _link_or_copy(cached, site / cached.relative_to(ours))
 
 
 def build_image(dest: Path) -> Path:
