@@ -256,11 +256,8 @@ def launch_config(spec: LocalLaunchSpec, log_root: Path):
     return dataclasses.replace(config, **changes)
 
 
-FORKSERVER_PRELOAD = ("torch", "torch._dynamo", "torch.distributed", "torch.distributed.checkpoint",
-                      "trainscale.launch.bootstrap", "trainscale.launch.forkserver")
-"""What the forkserver of trainscale's own workers imports once for the node: torch, and torch._dynamo,
-which any optimizer imports on first use (together ~2.5 CPU-seconds a process), DCP for sharded checkpoints;
-last, launch/forkserver.py, which readies the server."""
+FORKSERVER_PRELOAD = ("trainscale.launch.forkserver",)
+"""What the forkserver of trainscale's own workers imports once for the node (launch/forkserver.py)."""
 
 
 def own_worker(spec: LocalLaunchSpec) -> bool:
