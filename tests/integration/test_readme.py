@@ -335,7 +335,7 @@ def test_readme_allreduce_on_slurm_is_one_two_node_job(readme):
 @pytest.mark.timeout(1800)  # the first test to run sets README's run up
 def test_readme_workload_job_trains_on_two_nodes_of_two_ranks(readme):
     """`trainscale slurm ... --submit --watch --workload cnn` (torchrun mode; srun mode is in
-    tests/slurm/test_slurm_e2e.py): the job completed, and rank 0's log, read with `trainscale logs`, shows
+    tests/slurm/test_preemption.py): the job completed, and rank 0's log, read with `trainscale logs`, shows
     the workload saw 4 ranks and trained."""
     printed = readme.output("trainscale slurm --profile local-test -N 2 --gpus-per-node 2 -t 00:10:00 --submit")
     job = re.search(r"^Job (\d+) \(trainscale-cnn\) COMPLETED", printed, re.M)

@@ -68,7 +68,9 @@ def test_chain_finishes_in_link_two_and_cancels_link_three(slurm_cluster, tmp_pa
 
 def test_requeue_cap_reached_ends_the_job_clearly(slurm_cluster, tmp_path):
     t0 = time.monotonic()
-    job, run_dir = submitted(trainscale(tmp_path, "slurm", *JOB, "--output-dir", str(tmp_path / "jobs"),
+    one_rank = ["--profile", "local-test", "-N", "1", "--gpus-per-node", "1", "-t", "00:10:00", "--launcher", "srun",
+                "-c", "2", "--python", sys.executable]  # the cap is the job's, whatever its ranks
+    job, run_dir = submitted(trainscale(tmp_path, "slurm", *one_rank, "--output-dir", str(tmp_path / "jobs"),
                                         "--requeue", "--max-requeues", "0", "--submit", *CNN))
     wait_for(lambda: any((run_dir / "checkpoints").glob("ckpt-*.pt")), 180, "the first checkpoint")
     slurm_cluster.run("scancel", "--signal=USR1", "--batch", job)

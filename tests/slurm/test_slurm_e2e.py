@@ -45,16 +45,6 @@ def rank_log(tmp_path: Path, job_id: str, rank: int) -> str:
     return done.stdout
 
 
-def test_cnn_workload_completes_in_srun_mode(slurm_cluster, tmp_path):
-    """torchrun mode: README's own job (tests/integration/test_readme.py)."""
-    done, job_id, _ = submit_watch(tmp_path, "srun", "--workload", "cnn", "--max-steps", "20", "--batch-size", "16")
-    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
-    assert f"Job {job_id} (trainscale-cnn) COMPLETED" in done.stdout
-    log0 = rank_log(tmp_path, job_id, 0)
-    assert "4 rank(s) x batch 16" in log0, log0  # the workload saw world size 4
-    assert re.search(r"Epoch 1: loss [\d.]+", log0), log0
-
-
 ENV_LINE = re.compile(r"ENV rank=(?P<rank>\d+) local_rank=(?P<local>\d+) node_rank=(?P<node_rank>\d+) "
                       r"world=(?P<world>\d+) local_world=(?P<local_world>\d+) source=(?P<source>\S+) "
                       r"node=(?P<node>\S+) RANK=(?P<env_rank>\S+) LOCAL_RANK=(?P<env_local>\S+)")
