@@ -102,11 +102,10 @@ def copy_distributions(names: tuple[str, ...], site: Path, refuse: tuple[str, ..
             src = Path(dist.locate_file(file))
             if not (src.is_file() and ours in src.parents):
                 continue
-            _link_or_copy(src, site / src.relative_to(ours))
-            if src.suffix == ".py":
-                cached = Path(importlib.util.cache_from_source(str(src)))
-                if cached.is_file() and not (site / cached.relative_to(ours)).exists():
-                    _link_or_copy(cached, site / cached.relative_to(ours))
+            cached = Path(importlib.util.cache_from_source(str(src))) if src.suffix == ".py" else None
+            for path in (src, cached) if cached and cached.is_file() else (src,):
+                if not (site / path.relative_to(ours)).exists():  # a record that lists the bytecode too
+                    _link_or_copy(path, site / path.relative_to(ours))
 
 
 def build_image(dest: Path) -> Path:

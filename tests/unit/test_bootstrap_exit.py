@@ -180,3 +180,23 @@ def test_a_rank_that_only_lost_its_peer_is_not_named_as_the_cause(tmp_path):
     error_path(tmp_path, 1).write_bytes(cloudpickle.dumps({"rank": 1, "traceback": own, "exception": None}))
     raised = failure(read_failures(tmp_path), summary, "train")
     assert raised.rank == 1 and "ValueError: bad batch" in str(raised)
+
+
+def test_the_forkserver_imports_torch_with_the_collector_paused_and_freezes_it():
+    """trainscale's own processes import torch without the collector's full passes over its objects, then
+    collect as usual; the forkserver's imports leave the collector's care for good (gc.freeze)."""
+    code = ("import gc, sys\n"
+            "from trainscale.launch.bootstrap import collector_paused\n"
+            "with collector_paused():\n"
+            "    assert not gc.isenabled()\n"
+            "assert gc.isenabled()\n"
+            "gc.disable()\n"
+            "with collector_paused():\n"
+            "    pass\n"
+            "assert not gc.isenabled()  # a caller's choice is kept\n"
+            "gc.enable()\n"
+            "import trainscale.launch.forkserver\n"
+            "assert gc.isenabled() and gc.get_freeze_count() > 100_000, gc.get_freeze_count()\n"
+            "assert {'torch._dynamo', 'torch.distributed.checkpoint'} <= set(sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
