@@ -52,7 +52,9 @@ def submit_watch(root: Path, env: dict[str, str], *options: str, cwd: Path | Non
     what --watch printed)."""
     t0 = time.monotonic()
     cwd = cwd or root
-    done = trainscale(cwd, env, "slurm", "-N", "2", "--gpus-per-node", "2", "-t", "00:05:00",
+    # one rank per node: what the journey needs is two nodes (per-node ranks are tests/slurm/test_slurm_e2e.py's),
+    # 2 CPUs per task: the test nodes declare 4 on 2 real cores, and srun cannot lay a task out wider than those
+    done = trainscale(cwd, env, "slurm", "-N", "2", "--gpus-per-node", "1", "-c", "2", "-t", "00:05:00",
                       "--output-dir", str(root.parent / "jobs"), *options, "--submit", "--watch", "--poll", "0.5",
                       "--watch-timeout", str(timeout), os.path.relpath(root / "scripts" / "train.py", cwd),
                       "--output-path", "$OUT_BASE/job-$SLURM_JOB_ID", "--note", NOTE)
@@ -64,7 +66,7 @@ def submit_watch(root: Path, env: dict[str, str], *options: str, cwd: Path | Non
     return m.group(1), Path(m.group(2)), done.stdout
 
 
-def ranks(out: Path, job_id: str, run_dir: Path, world: int = 4) -> list[dict]:
+def ranks(out: Path, job_id: str, run_dir: Path, world: int = 2) -> list[dict]:
     """Every rank's record: its place, the arguments it got, and mypkg imported from the run's snapshot."""
     found = [json.loads(p.read_text()) for p in sorted((out / f"job-{job_id}").glob("rank-*.json"))]
     assert sorted(r["rank"] for r in found) == list(range(world)), found
