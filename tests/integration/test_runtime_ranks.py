@@ -94,7 +94,7 @@ def srun_style_wrapper(base: dict) -> tuple:
     return srun_style()
 
 
-def frees_its_model_after_close(peer_may_finish) -> str:
+def frees_its_model_after_close(peer_may_finish, peer_finished) -> str:
     """A DDP model that outlives the close, freed while a gloo worker still holds a collective's Python tensor."""
     import gc
 
@@ -116,9 +116,11 @@ def frees_its_model_after_close(peer_may_finish) -> str:
         peer_may_finish.set()
         del model  # if the Reducer held the group's last reference: ~ProcessGroupGloo joins that worker here
         gc.collect()
+        peer_finished.wait()  # rank 0's half of the all-reduce is read before this process's sockets close
         return "freed"
     peer_may_finish.wait()
     group.allreduce([torch.ones(1)]).wait()
+    peer_finished.set()
     return "freed"
 
 
@@ -127,5 +129,5 @@ def test_a_model_freed_after_close_does_not_deadlock_in_gloo_teardown():
     # group existed (imported later, it keeps references to the group, hiding this deadlock).
     import multiprocessing
 
-    event = multiprocessing.get_context("forkserver").Event()
-    assert run_on_ranks(frees_its_model_after_close, 2, event, timeout=60) == {0: "freed", 1: "freed"}
+    ctx = multiprocessing.get_context("forkserver")
+    assert run_on_ranks(frees_its_model_after_close, 2, ctx.Event(), ctx.Event(), timeout=60) == {0: "freed", 1: "freed"}
