@@ -106,18 +106,19 @@ _RECORDED: list[BaseException] = []
 """The exception this process recorded (its stack grows as it unwinds: recorded again, it is rewritten)."""
 
 
-def record_error(exc: BaseException, environ: Mapping[str, str] = os.environ) -> None:
+def record_error(exc: BaseException, environ: Mapping[str, str] = os.environ, *, replace: bool = False) -> None:
     """Write ``exc`` to TORCHELASTIC_ERROR_FILE in torchelastic's format
     (``{"message": {"message", "extraInfo": {"py_callstack", "timestamp"}}}``), a refusal's one line in
     ``extraInfo.trainscale_error``. ``trainscale.init()``'s block records before it closes the process group
     (its peers fail the moment it does); the worker bootstrap records again after the script has unwound,
     rewriting the same exception with its whole stack. Any other record of this run is kept: the script's
-    own ``@record``, or the error a script turned into ``sys.exit(1)``, is closer to the cause."""
+    own ``@record``, or the error a script turned into ``sys.exit(1)``, is closer to the cause — except with
+    ``replace``: a collective timeout the hang watch explained names the cause better than the script's record."""
     path = environ.get("TORCHELASTIC_ERROR_FILE")
     if not path or (isinstance(exc, SystemExit) and succeeded(exc)):
         return
     with contextlib.suppress(OSError):
-        if os.path.getmtime(path) >= _STARTED - 1 and not (_RECORDED and _RECORDED[0] is exc):
+        if not replace and os.path.getmtime(path) >= _STARTED - 1 and not (_RECORDED and _RECORDED[0] is exc):
             return
     extra = {"py_callstack": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
              "timestamp": str(int(time.time()))}

@@ -1,5 +1,6 @@
-"""The step heartbeat: publishes progress to a real store and is gone once closed; who is behind; the
-stack a hung rank's heartbeat sends on request; the diagnosis a peer relays."""
+"""The heartbeat (runtime/progress.py): it publishes progress to a real store and is gone once closed; a
+collective timeout is explained with the missing rank and the stack its heartbeat sends; a peer relays the
+diagnosis; the records of many ranks are read in two requests; the watch's notice comes once."""
 
 from __future__ import annotations
 
@@ -9,86 +10,64 @@ from types import SimpleNamespace
 
 from torch.distributed import TCPStore
 
-from trainscale.runtime import peers, progress
-from trainscale.runtime.progress import UNREACHABLE, ProgressTracker, Seen, behind
+from trainscale.runtime import ledger, peers, progress
+from trainscale.runtime.progress import UNREACHABLE, Heartbeat
 from helpers.counting_store import Counting
 
 
-def _tracker():
-    runtime = SimpleNamespace(is_distributed=False, rank=0, world_size=1, timeout=datetime.timedelta(seconds=5))
-    tracker = ProgressTracker(runtime)
-    tracker.store = TCPStore("127.0.0.1", 0, world_size=1, is_master=True, timeout=datetime.timedelta(seconds=5))
-    return tracker
+def _store(timeout_s: float = 5.0) -> TCPStore:
+    return TCPStore("127.0.0.1", 0, world_size=1, is_master=True, timeout=datetime.timedelta(seconds=timeout_s))
 
 
-def test_heartbeat_publishes_the_step_and_is_joined_on_close():
+def _peer(rank: int, world: int, store, **kwargs) -> Heartbeat:
+    runtime = SimpleNamespace(is_distributed=False, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=5))
+    beat = Heartbeat(runtime, **kwargs)
+    beat.store = store
+    return beat
+
+
+def test_the_heartbeat_publishes_the_step_and_is_joined_on_close():
     """A heartbeat left running into interpreter shutdown aborts the process (SIGABRT) after a good run."""
-    tracker = _tracker()
-    tracker.mark(7, "gradient all-reduce")
-    assert tracker.beating
-    assert json.loads(tracker.store.get("trainscale/progress/0")) == {"step": 7, "op": "gradient all-reduce",
-                                                                      "issued": {}}
-    tracker.close()
-    assert not tracker.beating
-
-
-def test_others_reports_every_rank_record():
-    tracker = _tracker()
-    tracker.mark(3)
-    assert tracker.others() == {0: Seen(3, "gradient all-reduce", {})}
-    tracker.close()
+    beat = _peer(0, 1, _store())
+    beat.mark(7, "gradient all-reduce")
+    assert beat.beating
+    record = json.loads(beat.store.get("trainscale/progress/0"))
+    assert (record["step"], record["op"], record["issued"], record["beat"]) == (7, "gradient all-reduce", {}, 1)
+    assert "test_the_heartbeat_publishes_the_step" in record["site"]  # where the main thread is
+    beat.close()
+    assert not beat.beating
 
 
 def test_every_way_gloo_words_a_timeout_is_explained_and_other_errors_are_not():
     """With several DDP buckets, the bucket that surfaces first may be one whose pair an earlier
     bucket's timeout closed: gloo then says "Application timeout caused pair closure" (seen in CI)."""
-    runtime = SimpleNamespace(is_distributed=True, rank=0, world_size=2, timeout=datetime.timedelta(seconds=5))
-    tracker = ProgressTracker(runtime)
-    tracker.store = TCPStore("127.0.0.1", 0, world_size=1, is_master=True, timeout=datetime.timedelta(seconds=5))
-    tracker.mark(3)
+    beat = _peer(0, 2, _store())
+    beat.issued = lambda: {"pg:0": 4}
+    beat.mark(3)
     for text in ("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Timed out waiting 5000ms for recv operation",
                  "Application timeout caused pair closure"):
-        explained = tracker.explain(RuntimeError(text))
+        explained = beat.explain(RuntimeError(text))
         assert explained is not None and "rank(s) 1 did not arrive" in str(explained), text
-    assert tracker.explain(RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x8 and 6x2)")) is None
-    tracker.close()
-
-
-def test_a_rank_in_the_same_step_with_fewer_collectives_is_behind():
-    """Hung inside the step: the waiting ranks issued the all-reduce, it did not (issue 20 item 4)."""
-    waiting = Seen(5, "op", {"pg:0": 12, "shm:x": 40})
-    assert behind({0: waiting, 1: Seen(5, "op", {"pg:0": 11, "shm:x": 40}), 2: waiting}, 5) == [1]
-    assert behind({0: waiting, 1: Seen(5, "op", {"pg:0": 12, "shm:x": 38})}, 5) == [1]  # comm_hook=shm
-    assert behind({0: waiting, 1: Seen(4, "op", {"pg:0": 12, "shm:x": 40})}, 5) == [1]  # before the step
-    assert behind({0: waiting, 1: None}, 5) == [1]
-    assert behind({0: waiting, 1: waiting, 2: UNREACHABLE}, 5) == []  # in step: a long evaluation everywhere
-    # of two laggards the farthest back holds the other up (the other waits in a collective it issued)
-    assert behind({0: waiting, 1: Seen(5, "op", {"pg:0": 10}), 2: Seen(5, "op", {"pg:0": 11})}, 5) == [1]
-    # a group only some ranks belong to compares those ranks only
-    assert behind({0: Seen(5, "op", {"pg:0": 3, "pg:1": 7}), 1: Seen(5, "op", {"pg:0": 3})}, 5) == []
-
-
-def _peer(rank: int, world: int, store) -> ProgressTracker:
-    runtime = SimpleNamespace(is_distributed=False, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=5))
-    tracker = ProgressTracker(runtime)
-    tracker.store = store
-    return tracker
+    assert beat.explain(RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x8 and 6x2)")) is None
+    beat.close()
 
 
 def test_the_error_names_the_hung_rank_with_the_stack_its_heartbeat_sends():
-    """Rank 1's heartbeat answers rank 0's request with its main thread's stack: this test's, which waits in
+    """Rank 1's heartbeat answers rank 0's request with its stacks: this test's main thread, which waits in
     peers.request. Its record says step 3 with one all-reduce fewer than rank 0."""
-    store = TCPStore("127.0.0.1", 0, world_size=1, is_master=True, timeout=datetime.timedelta(seconds=5))
+    store = _store()
     waiting, hung = _peer(0, 2, store), _peer(1, 2, store)
     waiting.issued, hung.issued = (lambda: {"pg:0": 8}), (lambda: {"pg:0": 7})
-    waiting.mark(3)
+    waiting.mark(3, "gradient all-reduce")
     hung.mark(3)
     error = waiting.explain(RuntimeError("[gloo/transport/tcp/pair.cc:534] Timed out waiting 5000ms for recv"))
     waiting.close(), hung.close()
     text = str(error)
-    assert "rank 0: gradient all-reduce at step 3 did not complete within 5s — rank(s) 1 did not arrive" in text
-    assert "rank 1: step 3, 1 collective(s) behind; rank 0: step 3" in text
-    assert "rank 1's Python stack (main thread, innermost last):" in text and ", in request\n" in text
+    assert text.startswith("rank 0: gradient all-reduce at step 3 did not complete within 5s: rank(s) 0 waited"), text
+    assert "gradient all-reduce (collective #8 of process group 0), issued at " in text
+    assert "— rank(s) 1 did not arrive" in text
+    assert "rank 1 on " in text and ": step 3, at " in text and "1 collective(s) behind" in text
+    assert "rank 1's Python stack (every thread, innermost last):" in text and ", in request\n" in text
     assert "in test_the_error_names_the_hung_rank_with_the_stack_its_heartbeat_sends" in text
     assert peers.await_diagnosis(store, 0) == text.split("\nHint:")[0]  # posted for the peers to relay
 
@@ -97,9 +76,9 @@ def test_a_peer_whose_connection_a_timed_out_rank_closed_relays_its_diagnosis(mo
     """gloo: the rank that timed out closes its connections; its peers fail at once with "Connection closed
     by peer". They carry the diagnosis it posted; after a peer that crashed (nothing posted) the error stays."""
     monkeypatch.setattr(peers, "WAIT_S", 0.2)
-    store = TCPStore("127.0.0.1", 0, world_size=1, is_master=True, timeout=datetime.timedelta(seconds=5))
+    store = _store()
     peer = _peer(2, 4, store)
-    peer.mark(3)
+    peer.mark(3, "gradient all-reduce")
     closed = RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:27530")
     assert peer.explain(closed) is None
     peers.post(store, "rank 0: step 3 did not complete within 5s — rank(s) 3 did not arrive", complete=False)
@@ -111,21 +90,21 @@ def test_a_peer_whose_connection_a_timed_out_rank_closed_relays_its_diagnosis(mo
 
 
 def test_the_store_timeout_every_later_group_waits_with_is_left_alone():
-    """The tracker reads with a short timeout on a connection of its own (issue 22 item 5)."""
-    store = TCPStore("127.0.0.1", 0, world_size=1, is_master=True, timeout=datetime.timedelta(minutes=30))
+    """The heartbeat reads with a short timeout on a connection of its own (issue 22 item 5)."""
+    store = _store(timeout_s=1800)
     own, separate = progress._own_connection(store)
     assert separate and own.timeout == progress.READ_TIMEOUT and store.timeout == datetime.timedelta(minutes=30)
     shared = _peer(0, 2, store)  # the fallback on a torch without Store.clone: set for the reads, then put back
     shared.mark(1)
-    shared.others()
+    shared._read_records()
     assert store.timeout == datetime.timedelta(minutes=30)
     shared.close()
 
 
 def test_ranks_in_step_with_the_same_collectives_issued_name_nobody():
-    """Every rank issued as many collectives, yet one timed out: they wait in different ones (a mismatch),
-    which no rank's record can blame; the message says so instead of naming a healthy rank."""
-    store = TCPStore("127.0.0.1", 0, world_size=1, is_master=True, timeout=datetime.timedelta(seconds=5))
+    """Every rank issued as many collectives, yet one timed out: the message says nobody is behind instead of
+    naming a healthy rank."""
+    store = _store()
     a, b = _peer(0, 2, store), _peer(1, 2, store)
     a.issued = b.issued = lambda: {"pg:0": 9}
     a.mark(4), b.mark(4)
@@ -135,36 +114,86 @@ def test_ranks_in_step_with_the_same_collectives_issued_name_nobody():
     assert "Python stack" not in text
 
 
-def test_64_ranks_records_are_read_in_two_requests_and_a_missing_one_is_named():
+def test_64_ranks_records_are_read_in_two_requests_and_a_missing_one_is_named(monkeypatch):
     """Every waiting rank reads every rank's record when a collective times out: at 1,024 ranks two requests
     per rank each, from every rank at once, was two million requests to rank 0's store."""
-    server = TCPStore("127.0.0.1", 0, world_size=1, is_master=True, timeout=datetime.timedelta(seconds=5))
+    monkeypatch.setattr(peers, "WAIT_S", 0.1)  # rank 7 has no heartbeat to send its stack
+    server = _store()
     for rank in range(64):
         if rank != 41:
-            server.set(f"trainscale/progress/{rank}", json.dumps({"step": 9 if rank != 7 else 8, "op": "op",
-                                                                  "issued": {}}))
+            server.set(f"trainscale/progress/{rank}", json.dumps({"step": 9, "issued": {"pg:0": 20 if rank != 7 else 19},
+                                                                  "beat": 1}))
     reader = _peer(0, 64, Counting(server))
     reader._own = True  # a connection of its own, as under torch >= 2.5 (no timeout to put back)
-    reader.step = 9  # where the reading rank is (its own record is taken as it is now, not from the store)
-    seen = reader._read_all()
-    assert seen[41] is None and seen[7] == Seen(8, "op", {}) and len(seen) == 64  # rank 41 never published
-    server.set("trainscale/progress/41", json.dumps({"step": 9, "op": "op", "issued": {}}))
+    raws = reader._read_records()
+    assert raws[41] is None and raws[7]["issued"] == {"pg:0": 19} and len(raws) == 64  # rank 41 never published
+    server.set("trainscale/progress/41", json.dumps({"step": 9, "issued": {"pg:0": 20}, "beat": 1}))
     reader.store.calls.clear()
-    seen = reader._read_all()
-    assert reader.store.calls == ["check", "multi_get"] and behind(seen, 9) == [7], reader.store.calls
+    reader.step, reader.issued = 9, lambda: {"pg:0": 20}
+    verdict = reader.diagnose_now()
+    reads = [call for call in reader.store.calls if call in ("check", "multi_get", "get")]
+    assert reads == ["check", "multi_get"], reader.store.calls
+    assert verdict.culprits == [7] and "rank(s) 7 did not arrive" in verdict.text()
 
 
-def test_a_rank_never_names_itself_from_a_stale_copy_of_its_own_record():
+def test_a_rank_never_names_itself_from_a_stale_copy_of_its_own_record(monkeypatch):
     """A store set is not acknowledged, so the store's copy of the reading rank's record may be a heartbeat
     old: under load rank 0 named itself with the hung rank ("rank(s) 0, 1 did not arrive")."""
-    server = TCPStore("127.0.0.1", 0, world_size=1, is_master=True, timeout=datetime.timedelta(seconds=5))
-    server.set("trainscale/progress/0", json.dumps({"step": 2, "op": "op", "issued": {"pg:0": 8}}))  # stale
-    server.set("trainscale/progress/1", json.dumps({"step": 2, "op": "op", "issued": {"pg:0": 8}}))  # hung
+    monkeypatch.setattr(peers, "WAIT_S", 0.1)
+    server = _store()
+    server.set("trainscale/progress/0", json.dumps({"step": 2, "issued": {"pg:0": 8}}))  # stale
+    server.set("trainscale/progress/1", json.dumps({"step": 2, "issued": {"pg:0": 8}}))  # hung
     reader = _peer(0, 2, server)
     reader._own = True
     reader.step, reader.op = 2, "op"
     reader.issued = lambda: {"pg:0": 9}  # it has issued one more collective since it last published
-    assert behind(reader._read_all(), 2) == [1]
+    assert reader.diagnose_now().culprits == [1]
+
+
+def test_an_unreachable_store_names_rank_zero_at_once():
+    """srun mode: rank 0 hosts the store; a stopped rank 0 makes every read fail. The reader gives up after one
+    failed request (not one timeout per rank) and names rank 0."""
+    class Gone:
+        timeout = datetime.timedelta(seconds=5)
+
+        def __getattr__(self, name):
+            def fail(*args):
+                raise RuntimeError("Connection refused")
+            return fail
+
+    reader = _peer(1, 8, Gone())
+    reader._own = True
+    assert reader._read_records() == {rank: UNREACHABLE for rank in range(8)}
+    reader.step, reader.issued = 3, lambda: {"pg:0": 5}
+    verdict = reader.diagnose_now()
+    assert verdict.kind == "unresponsive" and verdict.culprits == [0], verdict.text()
+
+
+def test_the_watch_gives_one_notice_per_hang_to_its_listeners(capsys):
+    """Rank 0 waits in a collective past the notice interval while rank 1 has issued one fewer: one notice (on
+    stderr and to the listeners), however often the watch looks; progress again clears it for the next hang."""
+    store = _store()
+    watcher, hung = _peer(0, 2, store, notice_s=0.5), _peer(1, 2, store)
+    watcher.issued, hung.issued = (lambda: {"pg:0": 8}), (lambda: {"pg:0": 7})
+    heard = []
+    watcher.listeners.append(heard.append)
+    hung.mark(3)
+    hung._publish(0.0)
+    now = watcher._changed_at + 5.0  # rank 0 has been stalled 5 s: it publishes its ledger and looks
+    watcher.step = 3
+    ledger_entry = {"pg": "pg:0", "seq": 8, "op": "all_reduce", "sizes": [[354]], "site": "train.py:40 in main",
+                    "age_s": 5.0, "done": False}
+    watcher._ledger = lambda *args: [ledger_entry]
+    watcher._progress = (3, {"pg:0": 8})
+    for _ in range(3):
+        watcher._next_look = 0.0
+        watcher._look(now)
+    hung.close()
+    assert len(heard) == 1 and heard[0].culprits == [1] and heard[0].kind == "missing"
+    err = capsys.readouterr().err
+    assert err.count("trainscale: hang: rank(s) 0 waited 5s in all_reduce of shape [354]") == 1, err
+    watcher._look(watcher._changed_at + 0.1)  # progress again
+    assert watcher.noticed is None
 
 
 def test_a_channel_of_a_destroyed_group_is_not_counted():
@@ -173,20 +202,18 @@ def test_a_channel_of_a_destroyed_group_is_not_counted():
     runs in one process named the waiting rank itself as behind)."""
     import torch.distributed as dist
 
-    from trainscale.runtime.progress import collectives_issued, track
-
     class Channel:
         collectives = 5
 
     channel = Channel()
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        track("shm:old", channel, dist.group.WORLD)
-        assert collectives_issued()["shm:old"] == 5
+        ledger.track("shm:old", channel, dist.group.WORLD)
+        assert ledger.issued()["shm:old"] == 5
     finally:
         dist.destroy_process_group()
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        assert "shm:old" not in collectives_issued()
+        assert "shm:old" not in ledger.issued()
     finally:
         dist.destroy_process_group()

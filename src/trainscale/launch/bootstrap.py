@@ -47,6 +47,8 @@ RUN_DIR_VAR = "TRAINSCALE_RUN_DIR"
 """The run's directory for the ranks' records (metrics/): `trainscale run`'s, a SLURM job's run, a sweep task's."""
 PREFIXED_VAR = "TRAINSCALE_PREFIXED_CONSOLE"
 """Set by ``trainscale run`` when the agent prefixes every line a worker shows with ``[rankN]:``."""
+RECORD_VAR, NOTICE_VAR = "TRAINSCALE_RECORD", "TRAINSCALE_HANG_NOTICE"
+"""``0`` switches off the step records (observe/hooks.py), the hang watch (runtime/progress.py)."""
 
 # SLURM's task variables as torchrun's workers should see them: each agrees with RANK & co.
 _SLURM_FROM_WORLD = (
@@ -142,6 +144,7 @@ def main(argv: list[str], *, forked: bool = False) -> None:
     try:
         _main(argv)
     except SystemExit as exc:
+        stop_observing()
         record_error(exc)  # nothing for a successful exit
         if succeeded(exc):
             return exit_cleanly(0, forked=forked)
@@ -152,6 +155,11 @@ def main(argv: list[str], *, forked: bool = False) -> None:
             exit_cleanly(1, release=False)
         raise  # the interpreter prints it and exits 1
     except BaseException as exc:
+        explained = explain_hang(exc)  # a collective timeout: the hang watch's verdict is the cause
+        stop_observing()
+        if explained is not None:
+            record_error(explained, replace=True)
+            exc = explained
         record_error(exc)
         if is_refusal(exc):  # a refusal that names its fix: one line, as before launch (error file: stack)
             print(f"trainscale: error: {one_line(exc)}", file=sys.stderr, flush=True)
@@ -164,7 +172,10 @@ def main(argv: list[str], *, forked: bool = False) -> None:
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
                 os.kill(os.getpid(), signal.SIGINT)
             exit_cleanly(1, release=False)
+        if explained is not None:
+            raise explained  # the interpreter prints it with the timeout that caused it
         raise
+    stop_observing()
     exit_cleanly(0, forked=forked)
 
 
@@ -274,6 +285,8 @@ def _main(argv: list[str]) -> None:
     export_world_env()
     narrow_gpu()
     apply_bind_from_env()
+    if kind != "--exec":
+        observe_when_torch_loads()
     leave_kit()
     enter_snapshot()
     if kind == "--exec":  # a program, not Python (torchrun's --no-python): it inherits the world above
@@ -291,6 +304,116 @@ def _main(argv: list[str]) -> None:
     else:
         sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
         runpy.run_path(target, run_name="__main__")
+
+
+_OBSERVING: list = []
+"""The recorder and the heartbeat's group watch, once the script imported torch."""
+
+
+def observe_when_torch_loads(environ: MutableMapping[str, str] = os.environ) -> None:
+    """Zero code: what trainscale learns about any script (docs/observability.md). When the script imports
+    torch, the recorder's hooks go in (observe/hooks.py: every rank's steps, with a run directory) and a
+    watch starts the rank's heartbeat once its process group exists (runtime/progress.py: a hang's culprit
+    named). torch's flight recorder keeps the last collectives (it must be asked for before the group
+    exists). Nothing here may fail the script: what cannot start says so in one line."""
+    records = str(environ.get(RECORD_VAR, "1")).strip().lower() not in ("0", "false", "no", "off")
+    watch = str(environ.get(NOTICE_VAR, "")).strip() not in ("0", "0.0")
+    if not (records and environ.get(RUN_DIR_VAR)) and not watch:
+        return
+    if watch and not environ.get("TORCH_FR_BUFFER_SIZE") and not environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        environ["TORCH_FR_BUFFER_SIZE"] = "256"
+    kit = environ.get(KIT_VAR)
+    start = lambda: _start_observing(environ, kit, records=records, watch=watch)  # noqa: E731
+    if "torch" in sys.modules:
+        start()
+    else:
+        sys.meta_path.insert(0, _AfterImport("torch", start))
+
+
+class _AfterImport:
+    """A meta path finder that runs ``then`` right after module ``name`` has been imported (once)."""
+
+    def __init__(self, name: str, then) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        import importlib.util
+
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run, then = spec.loader.exec_module, self.then
+
+        def exec_module(module):
+            run(module)
+            then()
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _start_observing(environ: MutableMapping[str, str], kit: str | None, *, records: bool, watch: bool) -> None:
+    try:
+        hooks, progress = _observers(kit)
+        recorder = hooks.install(environ.get(RUN_DIR_VAR)) if records else None
+        listeners = (recorder.hang_noticed,) if recorder is not None else ()
+        group_watch = progress.GroupWatch(environ, listeners).start() if watch else None
+        _OBSERVING[:] = [recorder, group_watch]
+    except Exception as exc:  # an image's older torch, a module it lacks: the script runs on, unobserved
+        print(f"trainscale: this rank is not observed (no step records or hang watch): {type(exc).__name__}: {exc}",
+              file=sys.stderr, flush=True)
+
+
+def _observers(kit: str | None):
+    """The recorder and heartbeat modules: from trainscale where the script's Python has it, else from the
+    job kit (a stock container), whose copy then stays loaded (a script importing trainscale there gets it)."""
+    import importlib
+    import importlib.util
+
+    if kit and importlib.util.find_spec("trainscale.observe") is None:
+        sys.path.insert(0, kit)
+        try:
+            for name in [n for n in sys.modules if n == "trainscale" or n.startswith("trainscale.")]:
+                del sys.modules[name]
+            return importlib.import_module("trainscale.observe.hooks"), importlib.import_module("trainscale.runtime.progress")
+        finally:
+            sys.path.remove(kit)
+    return importlib.import_module("trainscale.observe.hooks"), importlib.import_module("trainscale.runtime.progress")
+
+
+def explain_hang(exc: BaseException) -> BaseException | None:
+    """A collective timeout (or a peer's closed connection after one) as the heartbeat's verdict on who was
+    missing, chained to ``exc``; None for anything else."""
+    progress = sys.modules.get("trainscale.runtime.progress")
+    beat = progress.current() if progress is not None else None
+    if beat is None or isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        return None
+    try:
+        explained = beat.explain(exc)
+    except Exception:
+        return None
+    if explained is None or explained is exc:
+        return None
+    explained.__cause__ = exc
+    explained.__traceback__ = exc.__traceback__
+    return explained
+
+
+def stop_observing() -> None:
+    """Before the worker ends: the recorder's last records and summary, then the heartbeat stopped (a thread
+    left in a store call at interpreter shutdown aborts the process)."""
+    observing, _OBSERVING[:] = list(_OBSERVING), []
+    for part, stop in zip(observing, ("finish", "stop")):
+        if part is not None:
+            try:
+                getattr(part, stop)()
+            except Exception as exc:
+                print(f"trainscale: {stop} of the observation failed: {type(exc).__name__}: {exc}",
+                      file=sys.stderr, flush=True)
 
 
 def leave_kit(environ: MutableMapping[str, str] = os.environ) -> None:

@@ -114,8 +114,10 @@ def finished_lines(nproc_per_node: int, max_restarts: int, result) -> str:
     from trainscale.launch.rundir import shown
 
     run = shown(result.run_dir)
-    where = (f"run directory {run} (records, every rank's logs, run.json)" if result.run_dir == result.log_dir
-             else f"records in {run}, this node's logs in {shown(result.log_dir)}")
+    records = any((Path(result.run_dir) / "metrics").glob("rank-*.jsonl")) if result.run_dir else False
+    what = "step records" if records else "no step records: no rank ran an optimizer step"
+    where = (f"run directory {run} ({what}, every rank's logs, run.json)" if result.run_dir == result.log_dir
+             else f"{'records' if records else 'no step records'} in {run}, this node's logs in {shown(result.log_dir)}")
     return "\n".join([f"trainscale: {nproc_per_node} rank(s) finished in {result.seconds:.1f}s; {where}",
                       *attempts_lines(list(result.attempts), max_restarts + 1), next_line(result)])
 

@@ -101,3 +101,26 @@ def mfu(flops_per_step: float, step_s: float, peak: float, devices: int = 1) -> 
     if not step_s or step_s <= 0 or not peak or devices < 1:
         return None
     return flops_per_step / step_s / (peak * devices)
+
+
+def plain_parameters(module: torch.nn.Module) -> bool:
+    """Parameters held whole by this rank (ddp, zero1, no wrapper): not sharded by FSDP or DeepSpeed stage 3."""
+    return all(type(p.data) is torch.Tensor and p.numel() > 0 and not hasattr(p, "ds_id") for p in module.parameters())
+
+
+def plain_step_flops(module: torch.nn.Module, forward: Callable[[torch.nn.Module], object],
+                     micro_batches: int = 1) -> int | None:
+    """FLOPs of one optimizer step of a module with plain parameters: ``forward(module)`` once without
+    gradients (random state and buffers restored after), backward counted as twice the forward — what
+    FlopCounterMode counts for matmuls and convolutions. None for a sharded module."""
+    if not plain_parameters(module):
+        return None
+    buffers = {name: b.detach().clone() for name, b in module.named_buffers()}
+    device = next((p.device for p in module.parameters()), torch.device("cpu"))
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), torch.no_grad():
+        counted = count_step_flops(lambda: forward(module))
+    with torch.no_grad():
+        for name, b in module.named_buffers():
+            b.copy_(buffers[name])
+    return 3 * counted * micro_batches

@@ -1,5 +1,13 @@
 """Process group, device, seeds and teardown, as one explicit Runtime object."""
 
-from trainscale.runtime.runtime import Runtime, init
-
 __all__ = ["Runtime", "init"]
+
+
+def __getattr__(name: str):
+    # Lazy: the heartbeat (runtime/progress.py), which every worker loads when its script imports torch, and
+    # the job kit's copy of it need none of the Runtime's own modules.
+    if name in __all__:
+        from trainscale.runtime import runtime
+
+        return getattr(runtime, name)
+    raise AttributeError(f"module 'trainscale.runtime' has no attribute {name!r}")

@@ -59,9 +59,10 @@ def answer(store: Any, rank: int, answered: int) -> int:
     return asked
 
 
-def request(store: Any, ranks: Iterable[int], wait_s: float = WAIT_S) -> dict[int, str | None]:
-    """Ask ``ranks`` for their stacks and wait (at most ``wait_s``) for their heartbeats to answer;
-    rank -> stack text, None for a rank that did not answer in time."""
+def request(store: Any, ranks: Iterable[int], wait_s: float | None = None) -> dict[int, str | None]:
+    """Ask ``ranks`` for their stacks and wait (at most ``wait_s``, default :data:`WAIT_S`) for their heartbeats
+    to answer; rank -> stack text, None for a rank that did not answer in time."""
+    wait_s = WAIT_S if wait_s is None else wait_s
     wanted = {rank: store.add(_REQUEST.format(rank), 1) for rank in ranks}
     out: dict[int, str | None] = {rank: None for rank in wanted}
     deadline = time.monotonic() + wait_s

@@ -1,92 +1,107 @@
-"""Turn a collective that never completes into an error that names the hung rank(s), with their stack.
+"""Every rank's heartbeat, and the hang watch that names who the others wait for — on any script.
 
-Each rank's heartbeat (:class:`ProgressTracker`) records in the store its step and the collectives it
-has issued per channel; the rank that notices a timeout (gloo: inside ``rt.guard``, :meth:`~ProgressTracker.explain`;
-NCCL: the heartbeat itself watches, :meth:`~ProgressTracker._watch`) names the ranks :func:`behind` and
-asks them for their stacks (runtime/peers.py). How and why, gloo and NCCL: docs/gpu.md, "Hangs".
+Each rank of a process group of two or more has one heartbeat (:class:`Heartbeat`, a daemon thread,
+every 0.5 s): it publishes to the job's store what the rank is doing — its step (optimizer steps, from the
+recorder's hooks: observe/hooks.py; or ``rt.guard``'s), the collectives it has issued per process group,
+where its main thread is — and, once its progress has stalled a few seconds, its collectives in flight
+(torch's flight recorder: runtime/ledger.py) and every thread's stack. Rank 0's heartbeat watches (rank 1's,
+when rank 0 stops responding): when ranks have waited in one collective for the notice interval
+(``TRAINSCALE_HANG_NOTICE``, default 20 s; 0 switches the watch off), it prints ONE notice naming the waiting
+ranks and the missing, desynchronised or unresponsive one(s) with host, pid, place and stacks
+(runtime/hangs.py), and posts it for the other ranks. Nothing is killed for it: a rank-0 download behind a
+barrier gets the notice and goes on. At the collective timeout the rank whose collective fails ends with that
+verdict (:meth:`Heartbeat.explain`: the worker bootstrap for any script, ``rt.guard`` for trainscale's API;
+on NCCL, where no exception reaches a waiting main thread, the heartbeat itself: :func:`end_process`).
+
+The bootstrap starts the heartbeat as soon as the script's process group exists (:func:`watch_for_group`).
+A rank whose Python holds the GIL cannot beat: a C-level watchdog (``faulthandler``), re-armed every beat,
+then writes its stacks to ``<run dir>/hangs/``. How and why: docs/reliability.md, "Hangs".
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import faulthandler
 import json
 import os
+import socket
 import sys
 import threading
 import time
-import weakref
-from typing import Any, Callable, NamedTuple
+from pathlib import Path
+from typing import Any, Callable
 
+import torch
 import torch.distributed as dist
 
 from trainscale.errors import PEER_CLOSED, TrainscaleError, record_error
-from trainscale.runtime import peers
+from trainscale.runtime import hangs, ledger, peers
 
 _KEY = "trainscale/progress/{rank}"
+NOTICE_VAR = "TRAINSCALE_HANG_NOTICE"
+DEFAULT_NOTICE_S = 20.0
+"""Seconds ranks wait in one collective before the notice: a hang is named within half a minute of its start."""
+DETAIL_AFTER_S = 3.0
+"""A rank whose progress stalled this long publishes its collectives in flight and its stacks (every 2 s)."""
+LIVE_S = 2.0
+"""A record is published at least this often: its beat count is the watcher's sign of life."""
+LOOK_AFTER_S, LOOK_EVERY_S = 2.0, 1.0
+"""The watcher reads every record once its own progress stalled this long, then this often."""
+WATCHDOG_S = 8.0
+"""A heartbeat silent this long (the GIL held) has the C watchdog write the rank's stacks."""
 _TIMEOUT_MARKERS = ("Timed out", "timed out", "Timeout", "DistBackendError", "Watchdog caught collective operation timeout",
                     "timeout caused pair closure")  # gloo: a pair an earlier timeout closed (several buckets)
-UNREACHABLE = "unreachable"
-"""What :meth:`ProgressTracker.others` records for a rank whose record could not be read (store gone)."""
+UNREACHABLE = hangs.UNREACHABLE
 READ_TIMEOUT = datetime.timedelta(seconds=5)
-"""The tracker's own store connection gives up after this: a store gone with rank 0 must not hold up
+"""The heartbeat's own store connection gives up after this: a store gone with rank 0 must not hold up
 the diagnosis for the job's whole collective timeout."""
-MAX_STACKS = 4
-"""Stacks put in one error: the first hung ranks' (the rest are named)."""
-HINT = ("look at the named rank's stack and log for a hang or crash (deadlock, data loader stall, NFS); raise "
-        "--timeout if a step can legitimately take that long")
+HINT = hangs.HINT
+
+track = ledger.track
+collectives_issued = ledger.issued
 
 
 class CollectiveTimeout(TrainscaleError):
     """A collective did not complete within the timeout because some rank(s) stopped participating."""
 
 
-class Seen(NamedTuple):
-    """One rank's record: its step, what it was doing, collectives issued per channel."""
-
-    step: int
-    op: str
-    issued: dict[str, int]
-
-
-_CHANNELS: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
-
-
-def track(name: str, channel: Any, group: "dist.ProcessGroup") -> None:
-    """Count ``channel.collectives`` (an int that every rank's copy raises alike per collective) in this
-    rank's record while ``group``, the process group whose ranks share it, lives: for collectives that do
-    not go through a process group (``comm_hook=shm``). A channel of a destroyed group is not counted
-    (it may outlive its group until garbage collection, with counts from a run that is over)."""
-    _CHANNEL_GROUPS[name] = weakref.ref(group)
-    _CHANNELS[name] = channel
-
-
-_CHANNEL_GROUPS: "dict[str, weakref.ref]" = {}
-
-
-def collectives_issued() -> dict[str, int]:
-    """Collectives this rank has issued so far: per process group (torch's sequence number, raised
-    when a collective is issued, before it completes) and per tracked channel."""
-    out: dict[str, int] = {}
+def notice_interval(environ: Any = os.environ) -> float:
+    raw = str(environ.get(NOTICE_VAR, "")).strip()
     try:
-        groups = list(dist.distributed_c10d._world.pg_names.items())
-    except (AttributeError, RuntimeError):  # another thread is creating a group: next beat
-        groups = []
-    for group, name in groups:
-        try:
-            out[f"pg:{name}"] = int(group._get_sequence_number_for_group())
-        except (AttributeError, RuntimeError, ValueError):
-            continue
-    alive = {id(group) for group, _ in groups}
-    for name, channel in list(_CHANNELS.items()):
-        ref = _CHANNEL_GROUPS.get(name)
-        group = ref() if ref is not None else None
-        if group is not None and id(group) in alive:
-            out[name] = int(getattr(channel, "collectives", 0))
-    return out
+        return max(0.0, float(raw)) if raw else DEFAULT_NOTICE_S
+    except ValueError:
+        return DEFAULT_NOTICE_S
 
 
-def _store():
+class GroupView:
+    """What the heartbeat needs of a Runtime, read from torch.distributed's default group (a plain script's)."""
+
+    is_distributed = True
+
+    def __init__(self) -> None:
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.backend = str(dist.get_backend())
+        self.uses_nccl = "nccl" in self.backend
+        timeout = _group_timeout(self.backend)
+        # NCCL's own watchdog aborts at the timeout with no word of who was missing: end a little before it
+        margin = min(10.0, 0.1 * timeout.total_seconds()) if self.uses_nccl else 0.0
+        self.timeout = timeout - datetime.timedelta(seconds=margin)
+        self.timeout_callbacks: list = []
+
+
+def _group_timeout(backend: str) -> datetime.timedelta:
+    """The default group's collective timeout (the script's ``init_process_group(timeout=)``)."""
+    group = dist.group.WORLD
+    for device in ("cuda", "cpu"):
+        with contextlib.suppress(Exception):
+            return group._get_backend(torch.device(device)).options._timeout
+    with contextlib.suppress(Exception):
+        return dist.distributed_c10d._get_default_timeout(backend)
+    return datetime.timedelta(minutes=30)
+
+
+def _store() -> Any:
     try:
         return dist.distributed_c10d._get_default_store()
     except (RuntimeError, ValueError, AttributeError):
@@ -94,290 +109,462 @@ def _store():
 
 
 def _own_connection(store: Any) -> tuple[Any, bool]:
-    """(store, own): a connection of the tracker's own with :data:`READ_TIMEOUT` where torch can clone
-    one (torch >= 2.5); else the shared one, whose timeout :meth:`ProgressTracker._read_all` restores."""
+    """(store, own): a connection of the heartbeat's own with :data:`READ_TIMEOUT` where torch can clone
+    one (torch >= 2.5); else the shared one, whose timeout :meth:`Heartbeat._read_records` restores."""
     if store is None:
         return None, False
     try:
         own = store.clone()
         own.set_timeout(READ_TIMEOUT)
         return own, True
-    except Exception:  # no clone in this torch, or this store cannot: the shared one, carefully
+    except Exception:
         return store, False
 
 
-class ProgressTracker:
-    """Per-step progress, published to the store by a background heartbeat (no I/O on the step path).
+class Heartbeat:
+    """One rank's heartbeat thread and, on rank 0 (or rank 1 standing in), the hang watch.
 
-    The heartbeat keeps running while the main thread is stuck, so a rank that stopped still shows
-    where it was, and answers requests for its stack. ``watch`` (default: on NCCL) makes the
-    heartbeat also detect a stall itself; ``on_hang`` is what it does then (default: report and end
-    the process, see :func:`end_process`).
-    """
+    ``watch`` (default: on NCCL) makes it also end the process itself at the collective timeout
+    (``on_hang``, default :func:`end_process`); ``notice_s``: the notice interval (0: no notices)."""
 
     HEARTBEAT_S = 0.5
 
-    def __init__(self, runtime: Any, *, watch: bool | None = None,
-                 on_hang: Callable[[CollectiveTimeout], None] | None = None) -> None:
+    def __init__(self, runtime: Any, *, watch: bool | None = None, notice_s: float | None = None,
+                 on_hang: Callable[[CollectiveTimeout], None] | None = None, run_dir: str | None = None) -> None:
         self.runtime = runtime
+        self.rank, self.world_size = runtime.rank, runtime.world_size
         self.store, self._own = _own_connection(_store() if runtime.is_distributed else None)
+        self.group = dist.group.WORLD if runtime.is_distributed else None
         self.step = -1
         self.op = ""
         self.watch = bool(getattr(runtime, "uses_nccl", False)) if watch is None else watch
+        self.notice_s = notice_interval() if notice_s is None else notice_s
         self.on_hang = on_hang or (lambda error: end_process(runtime, error))
+        self.listeners: list[Callable[[hangs.Verdict], None]] = []
+        """Called with each notice's verdict (the recorder writes it to the run's events)."""
+        self.issued: Callable[[], dict[str, int]] = ledger.issued
         self.fired: CollectiveTimeout | None = None
-        self.issued: Callable[[], dict[str, int]] = collectives_issued
-        """What this rank has issued, read at every beat (a test stands in for process groups here)."""
-        self._marked_at = time.monotonic()
+        self.noticed: hangs.Verdict | None = None
+        self.host, self.pid = os.environ.get("SLURMD_NODENAME") or socket.gethostname(), os.getpid()
+        self._beats = 0
+        self._progress: tuple | None = None
+        self._changed_at = time.monotonic()
+        self._detail: tuple[float, dict] | None = None
+        self._published: tuple[str, float] | None = None
         self._next_look = 0.0
-        self._suspects: dict[int, Any] | None = None
-        self._published: str | None = None
+        self._seen: dict[int, tuple[int, float]] = {}  # the watcher's: rank -> (its beat, when it last changed)
         self._answered = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._dump_file = _watchdog_file(run_dir, self.rank)
+        self.dump_path = self._dump_file.name if self._dump_file is not None else None
 
-    def mark(self, step: int, op: str = "gradient all-reduce") -> None:
-        self.step, self.op = step, op
-        self._marked_at = time.monotonic()
+    # -- the step -----------------------------------------------------------------------------------
+    def mark(self, step: int, op: str = "") -> None:
+        """``rt.guard``'s: this rank is at ``step``, doing ``op``. Starts the thread on the first call."""
+        self.step, self.op = step, op or self.op
+        self.start()
+
+    def start(self) -> "Heartbeat":
         if self.store is not None and self._thread is None:
-            self._publish()
-            self._thread = threading.Thread(target=self._beat, name="trainscale-progress", daemon=True)
+            self._publish(time.monotonic())
+            self._thread = threading.Thread(target=self._beat, name="trainscale-heartbeat", daemon=True)
             self._thread.start()
-
-    def _publish(self) -> None:
-        if self.store is None:
-            return
-        record = json.dumps({"step": self.step, "op": self.op, "issued": self.issued()})
-        if record == self._published:
-            return
-        with self._lock:
-            self.store.set(_KEY.format(rank=self.runtime.rank), record)
-        self._published = record
-
-    def _beat(self) -> None:
-        while not self._stop.wait(self.HEARTBEAT_S):
-            try:
-                self._publish()
-                with self._lock:
-                    self._answered = peers.answer(self.store, self.runtime.rank, self._answered)
-                if self.watch and self.fired is None:
-                    self._watch()
-            except Exception:  # the store went away (teardown, rank 0 gone): stop quietly
-                return
-
-    def _watch(self) -> None:
-        """Stalled for the collective timeout with some rank behind: that rank stopped participating.
-
-        The rank behind must be seen so on two looks a few heartbeats apart, with the same record: a
-        peer that issued the collective a moment ago may not have published it yet."""
-        now = time.monotonic()
-        timeout_s = self.runtime.timeout.total_seconds()
-        if now - self._marked_at < timeout_s or now < self._next_look:
-            return
-        seen = self._read_all()
-        suspects = {r: seen[r] for r in behind(seen, self.step)}
-        if self.runtime.rank in suspects:  # this rank is the one others wait for: it waits in no collective
-            suspects = {}
-        if not suspects or suspects != self._suspects:
-            self._suspects = suspects or None
-            # Everybody in step (a long checkpoint or evaluation on every rank) is no hang: look again
-            # later rather than reading every rank's record at every heartbeat.
-            self._next_look = now + (4 * self.HEARTBEAT_S if suspects
-                                     else min(30.0, max(self.HEARTBEAT_S, timeout_s / 4)))
-            return
-        self.fired = self._error(seen, waited_s=now - self._marked_at)
-        self._stop.set()
-        self.on_hang(self.fired)
-
-    def close(self, timeout_s: float = 5.0) -> None:
-        """Stop the heartbeat and wait for it (bounded: a store that hangs cannot hold up the exit).
-
-        The wait matters: a daemon thread still inside a store call when the interpreter shuts
-        down is ended by ``pthread_exit`` inside C++ code, and the process dies with
-        "terminate called without an active exception" (SIGABRT) after training succeeded.
-        """
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout_s)
+        return self
 
     @property
     def beating(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def others(self) -> dict[int, Seen | str | None]:
-        """rank -> its :class:`Seen` record; None when a rank never recorded anything,
-        ``UNREACHABLE`` when its record could not be read (the store went with rank 0)."""
-        if self.store is None:
-            return {}
-        self._stop.set()
-        with contextlib.suppress(Exception):
-            self._publish()
-        return self._read_all()
+    def since(self) -> float:
+        return time.monotonic() - self._changed_at
 
-    def _read_all(self) -> dict[int, Seen | str | None]:
-        """Every rank's record, this rank's own as it is now: the store's copy of it may be a heartbeat old
-        (a store ``set`` is not acknowledged), and a rank must never name itself as the one behind."""
-        out = self._read_records()
-        if out:
-            out[self.runtime.rank] = Seen(self.step, self.op, self.issued())
+    # -- publishing -----------------------------------------------------------------------------------
+    def _record(self, now: float) -> dict[str, Any]:
+        progress = (self.step, self.issued())
+        if progress != self._progress:
+            self._progress, self._changed_at, self._detail = progress, now, None
+        since = now - self._changed_at
+        frame = ledger.main_frame()
+        record = {"step": self.step, "op": self.op, "issued": progress[1], "site": ledger.site(frame),
+                  "host": self.host, "pid": self.pid, "dump": self.dump_path}
+        if since >= DETAIL_AFTER_S:
+            if self._detail is None or now - self._detail[0] >= LIVE_S:
+                self._detail = (now, {"ledger": self._ledger(frame, progress[1], record["site"], since),
+                                      "stacks": ledger.stacks()})
+            record.update(self._detail[1])
+        return record
+
+    def _ledger(self, frame: Any, issued: dict[str, int], site: str | None, since: float) -> list[dict[str, Any]]:
+        """This rank's last collectives; without a flight recorder, the one its main thread waits in."""
+        found = ledger.recent()
+        if found is not None:
+            return found
+        op = ledger.waiting_in(frame)
+        group = min(issued, default=None)
+        return [{"pg": group, "seq": issued[group], "op": op, "sizes": None, "site": site, "age_s": since,
+                 "done": False}] if op and group else []
+
+    def _publish(self, now: float) -> dict[str, Any] | None:
+        if self.store is None:
+            return None
+        record = self._record(now)
+        text = json.dumps(record, default=str)
+        if self._published and self._published[0] == text and now - self._published[1] < LIVE_S:
+            return record
+        self._beats += 1
+        with self._lock:
+            self.store.set(_KEY.format(rank=self.rank),
+                           json.dumps({**record, "beat": self._beats, "since": round(now - self._changed_at, 2)},
+                                      default=str))
+        self._published = (text, now)
+        return record
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.HEARTBEAT_S):
+            try:
+                if self.group is not None and not _alive(self.group):
+                    return  # the group was destroyed (the script closed it): nothing left to watch
+                now = time.monotonic()
+                self._rearm_watchdog()
+                self._publish(now)
+                with self._lock:
+                    self._answered = peers.answer(self.store, self.rank, self._answered)
+                self._look(now)
+            except Exception:  # the store went away (teardown, rank 0 gone): stop quietly
+                return
+
+    # -- watching -------------------------------------------------------------------------------------
+    def _look(self, now: float) -> None:
+        since = now - self._changed_at
+        if since < LOOK_AFTER_S:
+            self.noticed = None  # progress again: a later hang gets a notice of its own
+            return
+        if now < self._next_look or self.fired is not None:
+            return
+        self._next_look = now + LOOK_EVERY_S
+        timeout_s = self.runtime.timeout.total_seconds()
+        ends = self.watch and since >= timeout_s
+        notices = self.notice_s > 0 and self.noticed is None and self.rank in (0, 1)
+        if not (ends or notices):
+            return
+        if not ends and self.rank == 1 and self._rank_zero_alive():
+            return  # rank 1 only stands in for a rank 0 that stopped responding
+        if notices:
+            verdict = hangs.diagnose(self._states(now), notice_s=self.notice_s)
+            if verdict is not None:
+                self.noticed = verdict
+                self._notice(verdict)
+        if ends:
+            verdict = self.diagnose_now()
+            if verdict is not None and verdict.culprits and self.rank not in verdict.culprits:
+                self.fired = self._error(verdict, waited_s=since)
+                self._stop.set()
+                self.on_hang(self.fired)
+
+    def _rank_zero_alive(self) -> bool:
+        try:
+            with self._lock:
+                raw = self.store.get(_KEY.format(rank=0))
+        except Exception:
+            return False  # the store went with rank 0 (srun mode: rank 0 hosts it)
+        beat = json.loads(raw).get("beat", 0)
+        seen = self._seen.get(0)
+        now = time.monotonic()
+        if seen is None or seen[0] != beat:
+            self._seen[0] = (beat, now)
+            return True
+        return now - seen[1] < hangs.STALE_S
+
+    def _notice(self, verdict: hangs.Verdict) -> None:
+        print(f"trainscale: hang: {verdict.text()}\n  hint: {HINT}", file=sys.stderr, flush=True)
+        with contextlib.suppress(Exception), self._lock:
+            peers.post(self.store, verdict.text(), complete=True)
+        for listener in list(self.listeners):
+            with contextlib.suppress(Exception):
+                listener(verdict)
+
+    def _states(self, now: float, waiting: bool = False) -> dict[int, Any]:
+        """Every rank's state as the watcher sees it now (its own fresh; others from the store). ``waiting``:
+        this rank knows it waits in a collective (its own timed out): its state says which, whatever its age."""
+        out: dict[int, Any] = {}
+        for rank, raw in self._read_records().items():
+            if not isinstance(raw, dict):
+                out[rank] = raw
+                continue
+            beat = int(raw.get("beat", 0))
+            seen = self._seen.get(rank)
+            if seen is None or seen[0] != beat:
+                self._seen[rank] = seen = (beat, now)
+            state = hangs.State.from_record(rank, raw, silent_s=now - seen[1])
+            if not state.responsive:
+                state.process = _process_state(state.host, state.pid)
+                if not state.stacks and state.dump:
+                    state.stacks = _read_dump(state.dump)
+            out[rank] = state
+        own = {**self._record(now), "since": now - self._changed_at}
+        state = out[self.rank] = hangs.State.from_record(self.rank, own)
+        if waiting:
+            if not state.ledger:
+                state.ledger = ledger.recent() or []
+            if not state.wait:  # its collective timed out and was let go: the last one it issued
+                state.ledger.append(self._assumed_wait(own))
         return out
 
-    def _read_records(self) -> dict[int, Seen | str | None]:
+    def _assumed_wait(self, own: dict[str, Any]) -> dict[str, Any]:
+        """This rank's collective that timed out, when no flight record holds it: its last one issued."""
+        issued = own.get("issued") or {}
+        group = max(issued, key=issued.get) if issued else "pg:?"
+        op = ledger.waiting_in(ledger.main_frame()) or self.op or "a collective"
+        return {"pg": group, "seq": issued.get(group, 0), "op": op, "sizes": None, "site": own.get("site"),
+                "age_s": own["since"], "done": False, "assumed": True}
+
+    def _read_records(self) -> dict[int, Any]:
+        if self.store is None:
+            return {}
         previous = None if self._own else self.store.timeout
         if previous is not None:  # the shared connection (torch without Store.clone): put it back below
             self.store.set_timeout(READ_TIMEOUT)
         try:
-            keys = [_KEY.format(rank=rank) for rank in range(self.runtime.world_size)]
-            try:  # every rank has published: all records in one request, not two per rank (1,024 ranks
-                with self._lock:  # diagnosing at once made two million requests to rank 0's store)
+            keys = [_KEY.format(rank=rank) for rank in range(self.world_size)]
+            try:  # every rank has published: all records in one request, not two per rank
+                with self._lock:
                     raws = self.store.multi_get(keys) if self.store.check(keys) else None
-            except Exception:  # the store may be gone with rank 0: each rank's own answer below
-                raws = None
-            if raws is not None:
-                return {rank: _seen(raw) for rank, raw in enumerate(raws)}
-            out: dict[int, Seen | str | None] = {}
-            for rank in range(self.runtime.world_size):
-                key = _KEY.format(rank=rank)
-                try:
-                    with self._lock:
-                        present = self.store.check([key])
-                    if not present:
-                        out[rank] = None
-                        continue
-                    with self._lock:
-                        out[rank] = _seen(self.store.get(key))
-                except Exception:  # the store itself may be gone with rank 0
-                    out[rank] = UNREACHABLE
+                    if raws is None:  # some rank has not published (yet): one check each
+                        raws = [self.store.get(key) if self.store.check([key]) else None for key in keys]
+            except Exception:  # the store itself is gone (with rank 0, which hosts it in srun mode)
+                return {rank: UNREACHABLE for rank in range(self.world_size)}
+            return {rank: json.loads(raw) if raw is not None else None for rank, raw in enumerate(raws)}
         finally:
             if previous is not None:
                 self.store.set_timeout(previous)
-        return out
 
+    # -- at the collective timeout ----------------------------------------------------------------------
     def explain(self, error: BaseException) -> CollectiveTimeout | None:
-        """A CollectiveTimeout naming the missing ranks when ``error`` is a timeout; else None."""
+        """A CollectiveTimeout naming the ranks it waited for when ``error`` is a collective timeout; the
+        posted diagnosis when a peer that timed out closed its connections; else None."""
         if isinstance(error, CollectiveTimeout):
             return error
         text = f"{type(error).__name__}: {error}"
         if any(marker in text for marker in _TIMEOUT_MARKERS):
-            return self._error(self.others())
-        if any(marker in text for marker in PEER_CLOSED):  # a peer timed out (or died)
+            self._stop.set()
+            return self._error(self.diagnose_now(), waited_s=None)
+        if any(marker in text for marker in PEER_CLOSED):
             return self._relay()
         return None
 
+    def diagnose_now(self) -> hangs.Verdict | None:
+        """This rank waits (its collective failed): the verdict now, asking the culprits for their stacks."""
+        if self.store is None:
+            return None
+        with contextlib.suppress(Exception):
+            self._publish(time.monotonic())
+        states = self._states(time.monotonic(), waiting=True)
+        first = hangs.diagnose(states, notice_s=0.0, observer=self.rank)
+        if first is None or not first.culprits:
+            return first
+        asked = [r for r in first.culprits if isinstance(states.get(r), hangs.State) and not states[r].stacks
+                 and r != self.rank][:4]
+        fetched: dict[int, str | None] = {}
+        if asked:
+            with contextlib.suppress(Exception), self._lock:
+                fetched = peers.request(self.store, asked)
+        return hangs.diagnose(states, notice_s=0.0, observer=self.rank, stacks=fetched)
+
+    def _error(self, verdict: hangs.Verdict | None, waited_s: float | None) -> CollectiveTimeout:
+        timeout_s = self.runtime.timeout.total_seconds()
+        waited = f" (waited {waited_s:.0f}s)" if waited_s is not None else ""
+        what = self.op or "a collective"
+        head = f"rank {self.rank}: {what} at step {self.step} did not complete within {timeout_s:.0f}s{waited}"
+        if verdict is None:
+            text = f"{head} — no rank's heartbeat says who holds it up (their records are unreachable or absent)"
+        elif verdict.kind == "stuck":
+            text = f"{head} — no rank is behind in steps or in collectives issued: {verdict.text()}"
+        else:
+            text = f"{head}: {verdict.text()}"
+        with contextlib.suppress(Exception), self._lock:
+            peers.post(self.store, text, complete=True)
+        return CollectiveTimeout(text, hint=HINT)
+
     def _relay(self) -> CollectiveTimeout | None:
-        """A peer closed its connection: if it timed out, it posts its diagnosis, which this rank's error
-        carries (runtime/peers.py); a peer that crashed posts none, and the error stays as it was."""
+        """A peer closed its connection: if it timed out, it posted its diagnosis, which this rank's error
+        carries; a peer that crashed posts none, and the error stays as it was."""
         self._stop.set()
         if self.store is None:
             return None
         try:
             with self._lock:
                 found = peers.await_diagnosis(self.store, peers.WAIT_S + 2 * self.HEARTBEAT_S)
-        except Exception:  # the store went with rank 0
+        except Exception:
             found = None
         if found is None:
             return None
-        return CollectiveTimeout(
-            f"rank {self.runtime.rank}: {self.op} at step {self.step} failed: a peer timed out and closed its "
-            f"connections; its diagnosis: {found}", hint=HINT)
+        what = f"rank {self.rank}: {self.op or 'a collective'} at step {self.step} failed"
+        return CollectiveTimeout(f"{what}: a peer timed out and closed its connections; its diagnosis: {found}",
+                                 hint=HINT)
 
-    def _post(self, text: str, *, complete: bool) -> None:
-        if self.store is not None:
-            # the store may have gone with rank 0: this rank's own error still tells
-            with contextlib.suppress(Exception), self._lock:
-                peers.post(self.store, text, complete=complete)
+    # -- the end --------------------------------------------------------------------------------------
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the heartbeat and wait for it (bounded: a store that hangs cannot hold up the exit).
 
-    def _stacks(self, ranks: list[int], seen: dict[int, Any]) -> dict[int, str | None]:
-        """The stacks of the hung ranks that have a heartbeat to answer (they recorded a step)."""
-        asked = [r for r in ranks if isinstance(seen.get(r), Seen) and r != self.runtime.rank][:MAX_STACKS]
-        if not asked or self.store is None:
-            return {}
-        try:
-            with self._lock:
-                return peers.request(self.store, asked)
-        except Exception:  # the store went with rank 0: the names still stand
-            return {}
+        A daemon thread still inside a store call when the interpreter shuts down is ended inside C++
+        code, and the process dies with "terminate called without an active exception" (SIGABRT)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+        if self._dump_file is not None:
+            with contextlib.suppress(Exception):
+                faulthandler.cancel_dump_traceback_later()
+                empty = not self._dump_file.tell()
+                self._dump_file.close()
+                if empty:  # nothing was held up: leave no file behind
+                    os.unlink(self._dump_file.name)
+                    with contextlib.suppress(OSError):
+                        os.rmdir(os.path.dirname(self._dump_file.name))
+        global _heartbeat
+        if _heartbeat is self:
+            _heartbeat = None
 
-    def _error(self, seen: dict[int, Any], waited_s: float | None = None) -> CollectiveTimeout:
-        hung = behind(seen, self.step)
-        unreachable = sorted(r for r, rec in seen.items() if rec == UNREACHABLE)
-        timeout_s = self.runtime.timeout.total_seconds()
-        if hung:
-            who = f"rank(s) {', '.join(map(str, hung))} did not arrive"
-        elif unreachable and len(unreachable) == len(seen):
-            who = "the other ranks' records are unreachable: rank 0, which holds them, may have died"
-        else:
-            who = ("no rank is behind in steps or in collectives issued; the ranks may be waiting in different "
-                   "collectives, or one is stuck inside a collective")
-        waited = f" (waited {waited_s:.0f}s)" if waited_s is not None else ""
-        lines = [f"rank {self.runtime.rank}: {self.op} at step {self.step} did not complete within {timeout_s:.0f}s"
-                 f"{waited} — {who} (last seen: {_describe(seen, hung)})"]
-        self._post(lines[0], complete=False)
-        for rank, text in self._stacks(hung, seen).items():
-            lines.append(f"rank {rank}'s Python stack (main thread, innermost last):\n{text}" if text else
-                         f"rank {rank} did not send its stack within {peers.WAIT_S:g}s (its Python may be "
-                         "stuck holding the GIL)")
-        self._post("\n".join(lines), complete=True)
-        return CollectiveTimeout("\n".join(lines), hint=HINT)
+    def _rearm_watchdog(self) -> None:
+        if self._dump_file is None:
+            return
+        if self._dump_file.tell():  # it fired while this thread was held up, and the rank went on: stale
+            self._dump_file.seek(0)
+            self._dump_file.truncate()
+        faulthandler.dump_traceback_later(WATCHDOG_S, repeat=False, file=self._dump_file)
 
 
-def _seen(raw: bytes | str) -> Seen:
-    record = json.loads(raw)
-    return Seen(int(record["step"]), str(record["op"]), dict(record.get("issued", {})))
+def _alive(group: Any) -> bool:
+    try:
+        return dist.is_initialized() and group in dist.distributed_c10d._world.pg_map
+    except Exception:
+        return False
 
 
-def behind(seen: dict[int, Any], step: int) -> list[int]:
-    """The ranks holding the others up: no record, a step before ``step``, or — in ``step`` or later —
-    the fewest collectives issued on a channel where another rank has issued more (that rank waits
-    in a collective the laggard never joined; of several laggards the farthest back is the cause)."""
-    out = {r for r, rec in seen.items() if rec is None or (isinstance(rec, Seen) and rec.step < step)}
-    current = {r: rec for r, rec in seen.items() if isinstance(rec, Seen) and r not in out}
-    channels = {name for rec in current.values() for name in rec.issued}
-    for name in channels:
-        counts = {r: rec.issued[name] for r, rec in current.items() if name in rec.issued}
-        if len(counts) > 1 and min(counts.values()) < max(counts.values()):
-            out |= {r for r, n in counts.items() if n == min(counts.values())}
-    return sorted(out)
+def _watchdog_file(run_dir: str | None, rank: int) -> Any:
+    if not run_dir:
+        return None
+    try:
+        path = Path(run_dir) / "hangs" / f"stacks-rank{rank}.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return open(path, "wb+")
+    except OSError:
+        return None
 
 
-def _describe(seen: dict[int, Any], hung: list[int], limit: int = 16) -> str:
-    """Every rank's record, the hung ones first; ranks alike beyond ``limit`` summed up."""
-    most: dict[str, int] = {}
-    for rec in seen.values():
-        if isinstance(rec, Seen):
-            for name, n in rec.issued.items():
-                most[name] = max(most.get(name, n), n)
+def _process_state(host: str, pid: int | None) -> str | None:
+    """How a silent rank's process is, where the watcher can see it (the same host): stopped or running."""
+    if not pid or host not in (socket.gethostname(), os.environ.get("SLURMD_NODENAME")):
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return "gone"
+    return {"T": "stopped (SIGSTOP or a debugger)", "t": "stopped by a debugger", "R": "running",
+            "D": "in uninterruptible I/O", "Z": "exited"}.get(fields[0], None)
 
-    def one(rank: int) -> str:
-        rec = seen[rank]
-        if rec == UNREACHABLE:
-            return f"rank {rank}: unreachable"
-        if rec is None:
-            return f"rank {rank}: never started"
-        lag = sum(most[name] - n for name, n in rec.issued.items() if n < most[name])
-        return f"rank {rank}: step {rec.step}" + (f", {lag} collective(s) behind" if lag else "")
 
-    order = hung + [r for r in sorted(seen) if r not in hung]
-    shown = "; ".join(one(r) for r in order[:limit])
-    return shown + (f"; {len(order) - limit} more rank(s)" if len(order) > limit else "")
+def _read_dump(path: str, limit: int = 6000) -> str | None:
+    """A silent rank's stacks as its C watchdog wrote them (faulthandler: innermost first), its threads only."""
+    with contextlib.suppress(OSError):
+        blocks = Path(path).read_text(errors="replace").strip().split("\n\n")
+        own = [b for b in blocks if "trainscale/runtime/progress.py" not in b and "trainscale/observe/" not in b
+               and "File " in b]
+        if own:
+            return ("(written by its C watchdog while its Python was held; innermost first)\n"
+                    + "\n\n".join(own)[-limit:])
+    return None
+
+
+# -- the process's heartbeat ------------------------------------------------------------------------------
+_heartbeat: Heartbeat | None = None
+
+
+def current() -> Heartbeat | None:
+    return _heartbeat
+
+
+def note_step(step: int) -> None:
+    """The recorder's hooks: this rank finished optimizer step ``step``."""
+    beat = _heartbeat
+    if beat is not None:
+        beat.step = step
+
+
+def for_runtime(runtime: Any) -> Heartbeat:
+    """``rt.guard``'s heartbeat: the process's own when it watches this runtime's group, else a new one."""
+    global _heartbeat
+    beat = _heartbeat
+    if beat is not None and runtime.is_distributed and beat.group is dist.group.WORLD and beat.beating:
+        beat.runtime = runtime
+        beat.watch = bool(getattr(runtime, "uses_nccl", False))
+        return beat
+    beat = Heartbeat(runtime, run_dir=getattr(getattr(runtime, "env", None), "run_dir", None))
+    if runtime.is_distributed:
+        _heartbeat = beat
+    return beat
+
+
+def start_for_group(environ: Any = os.environ, listeners: tuple = ()) -> Heartbeat | None:
+    """The process's heartbeat for the default process group, started now (two or more ranks), once."""
+    global _heartbeat
+    if _heartbeat is not None and _heartbeat.group is dist.group.WORLD:
+        return _heartbeat
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return None
+    beat = Heartbeat(GroupView(), run_dir=environ.get("TRAINSCALE_RUN_DIR"))
+    beat.listeners.extend(listeners)
+    beat.watch = beat.watch and beat.notice_s > 0  # NCCL: end with the verdict before NCCL's watchdog aborts
+    _heartbeat = beat.start()
+    return beat
+
+
+class GroupWatch:
+    """A daemon thread that starts the heartbeat when the script's process group appears (and again for a
+    new one): nothing to call from the script."""
+
+    def __init__(self, environ: Any = os.environ, listeners: tuple = ()) -> None:
+        self.environ, self.listeners = environ, listeners
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="trainscale-groupwatch", daemon=True)
+
+    def start(self) -> "GroupWatch":
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.25):
+            with contextlib.suppress(Exception):
+                start_for_group(self.environ, self.listeners)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(2.0)
+        beat = _heartbeat
+        if beat is not None:
+            beat.close()
 
 
 def end_process(runtime: Any, error: CollectiveTimeout) -> None:
-    """What the watching heartbeat does on a hang: the main thread is stuck where no exception can
-    reach it, so report the error as an uncaught one would be, then end the process ourselves.
+    """What the watching heartbeat does at the timeout on NCCL: the main thread is stuck where no exception
+    can reach it, so report the error as an uncaught one would be, then end the process ourselves.
 
-    In order: the runtime's timeout callbacks (``rt.on_collective_timeout``), the error on stderr,
-    NCCL's flight-recorder trace (best effort, where this torch can dump it on demand), the
-    launcher's error file (torchelastic's format, so `trainscale run` names it in its summary), exit 1.
+    In order: the launcher's error file first (torchelastic's format, so `trainscale run` names it in its
+    summary, even if what follows hangs on a wedged device), the runtime's timeout callbacks
+    (``rt.on_collective_timeout``), the error on stderr, NCCL's flight-recorder trace (best effort, in a
+    thread of its own waited for a bounded time), exit 1.
     """
-    call_timeout_callbacks(getattr(runtime, "timeout_callbacks", ()), error)
-    print(f"trainscale: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
-    _dump_flight_recorder(runtime.rank)
     try:
         raise error  # the stack it records is the one this raise gives it
     except CollectiveTimeout as exc:
         record_error(exc)
+    call_timeout_callbacks(getattr(runtime, "timeout_callbacks", ()), error)
+    print(f"trainscale: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+    dumping = threading.Thread(target=_dump_flight_recorder, args=(runtime.rank,), daemon=True)
+    dumping.start()
+    dumping.join(10.0)
     sys.stderr.flush()
     os._exit(1)
 
@@ -398,8 +585,6 @@ def _dump_flight_recorder(rank: int) -> None:
     """
     prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE") or os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
     try:
-        import torch
-
         dump = getattr(torch._C._distributed_c10d, "_dump_nccl_trace", None)
         if prefix is None or dump is None:
             return

@@ -166,11 +166,12 @@ class Runtime:
     def guard(self, step: int, op: str = "training step (gradient all-reduce)") -> Iterator[None]:
         """Wrap one training step: records progress, and turns a collective timeout into an error
         naming the rank(s) that hold the others up — stopped before this step or inside it — with
-        their Python stacks (see runtime/progress.py)."""
+        their Python stacks (see runtime/progress.py; a script that never calls it gets the same from the worker
+        bootstrap's heartbeat)."""
         if self._progress is None:
-            from trainscale.runtime.progress import ProgressTracker
+            from trainscale.runtime import progress
 
-            self._progress = ProgressTracker(self)
+            self._progress = progress.for_runtime(self)
         self._progress.mark(step, op)
         try:
             yield

@@ -1,0 +1,426 @@
+"""The one recorder: what every rank trainscale starts records about its training steps, with no change to
+the script — a user's plain DDP loop, an HF ``Trainer``, a DeepSpeed engine, or a built-in workload alike.
+
+The worker bootstrap installs it when the script imports torch (launch/bootstrap.py), if the run has a
+directory (``TRAINSCALE_RUN_DIR``) and ``TRAINSCALE_RECORD`` is not ``0``. It sees the steps through what
+torch exposes to anyone:
+
+- torch's global optimizer step hooks: a step is an optimizer step (DeepSpeed's engine and HF's
+  ``Trainer`` step a torch optimizer inside; a step that skips it, an fp16 overflow, is no step);
+- torch's global module forward hooks, for the top-level modules only (a module called while no other
+  is running): their forward passes, and the batch they got (samples, tokens);
+- the autograd engine's end-of-backward callback, queued from a hook on the forward's output, and queued
+  again from there so that it runs after DDP's own (which waits for the last gradient all-reduce).
+
+The phases go through one clock (observe/steps.py) into ``metrics/rank-<R>.jsonl`` in the records' format
+(observe/records.py), so ``trainscale report``, the straggler watch and the studies read a script's run
+as they read a workload's. Each step also tells the rank's heartbeat (runtime/progress.py), which names
+a hung rank. Hooks never change a tensor: training is bitwise the same with and without them. What it
+costs: ``benchmarks/record_overhead.py``; the fields: docs/observability.md.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import threading
+import weakref
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from trainscale.observe.steps import StepMarks
+
+RECORD_VAR = "TRAINSCALE_RECORD"
+_current: "Recorder | None" = None
+_lock = threading.Lock()
+
+
+def recording_on(environ: Any = os.environ) -> bool:
+    return str(environ.get(RECORD_VAR, "1")).strip().lower() not in ("0", "false", "no", "off")
+
+
+def current() -> "Recorder | None":
+    """This process's recorder, if one is installed."""
+    return _current
+
+
+def install(run_dir: str | Path | None, *, environ: Any = os.environ) -> "Recorder | None":
+    """The process's recorder, installed now if it is not (None without a run directory or when switched off)."""
+    global _current
+    with _lock:
+        if _current is not None and _current.active:
+            return _current
+        if not run_dir or not recording_on(environ):
+            return None
+        _current = Recorder(run_dir, environ=environ).install()
+        return _current
+
+
+def _tensors(value: Any, depth: int = 0) -> list[torch.Tensor]:
+    """The tensors in a forward's output: a tensor, a tuple/list/dict of them (an HF ModelOutput is a dict)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if depth > 2:
+        return []
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v, depth + 1)]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v, depth + 1)]
+    return []
+
+
+def batch_size(args: tuple, kwargs: dict) -> tuple[int | None, int | None]:
+    """(samples, tokens) of a forward's input: its first tensor's first dimension; a 2-D integer input
+    (token ids, B x T) also counts tokens. HF models take ``input_ids=`` by keyword."""
+    first = kwargs.get("input_ids") if isinstance(kwargs.get("input_ids"), torch.Tensor) else None
+    if first is None:
+        found = _tensors(args) or _tensors(kwargs)
+        first = found[0] if found else None
+    if first is None or first.dim() == 0:
+        return None, None
+    tokens = first.numel() if first.dim() == 2 and not first.is_floating_point() else None
+    return int(first.shape[0]), tokens
+
+
+def unwrap(module: torch.nn.Module) -> torch.nn.Module:
+    """The user's module inside DDP, a DeepSpeed engine or torch.compile's wrapper."""
+    for _ in range(4):
+        inner = getattr(module, "module", None) or getattr(module, "_orig_mod", None)
+        if not isinstance(inner, torch.nn.Module):
+            return module
+        module = inner
+    return module
+
+
+def strategy_of(module: torch.nn.Module) -> str:
+    """What wraps the model, as trainscale's strategies are named."""
+    names = {type(m).__name__ for m in (module, getattr(module, "module", None)) if m is not None}
+    if "DeepSpeedEngine" in names or any("DeepSpeed" in n for n in names):
+        stage = getattr(module, "zero_optimization_stage", lambda: None)()
+        return f"deepspeed{f' zero{stage}' if stage else ''}"
+    if "FullyShardedDataParallel" in names or type(module).__name__.startswith("FSDP"):
+        return "fsdp"
+    if "DistributedDataParallel" in names:
+        return "ddp"
+    return "none"
+
+
+class Recorder:
+    """The hooks and what they feed: the step clock, this rank's record file, and on rank 0 the straggler watch."""
+
+    def __init__(self, run_dir: str | Path, *, environ: Any = os.environ) -> None:
+        self.run_dir, self.environ = str(run_dir), environ
+        self.pid = os.getpid()  # a forked DataLoader worker inherits the hooks: it records nothing
+        self.active = False
+        self.step = 0
+        self.marks: StepMarks | None = None
+        self.out: Any = None  # observe/records.RankRecorder, from the first step
+        self.sampler = self.watch = None
+        self.meta: dict[str, Any] = {}
+        self.count_flops: Callable[[], int | None] | None = None
+        """A counter of one step's FLOPs (the training loop's, for sharded models); default: the lead
+        module's forward on its first batch, counted once at the second step's start."""
+        self.flops_per_step: int | None = None
+        self.step_times: list[float] = []
+        self.summary: dict[str, Any] | None = None
+        self._depth = 0
+        self._lead: Any = None  # weakref to the first top-level module of the first step: its batches count
+        self._first_batch: tuple | None = None
+        self._stepped = False  # an optimizer stepped since the last forward: the step ends at the next forward
+        self._forwarded = False
+        self._samples = self._tokens = 0
+        self._backward_armed = False
+        self._autocast: torch.dtype | None = None
+        self._handles: list[Any] = []
+        self._lock = threading.Lock()
+
+    # -- installing -------------------------------------------------------------------------------
+    def install(self) -> "Recorder":
+        from torch.nn.modules import module as nn_module
+        from torch.optim import optimizer as optim
+
+        self._handles = [nn_module.register_module_forward_pre_hook(self._forward_pre),
+                         nn_module.register_module_forward_hook(self._forward_post, with_kwargs=True,
+                                                                always_call=True),
+                         optim.register_optimizer_step_pre_hook(self._optimizer_pre),
+                         optim.register_optimizer_step_post_hook(self._optimizer_post)]
+        self.active = True
+        return self
+
+    def uninstall(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles, self.active = [], False
+
+    def _ours(self) -> bool:
+        return self.active and os.getpid() == self.pid and not _compiling()
+
+    # -- the hooks ----------------------------------------------------------------------------------
+    def _forward_pre(self, module: torch.nn.Module, args: tuple) -> None:
+        depth, self._depth = self._depth, self._depth + 1
+        if depth or not torch.is_grad_enabled() or not self._ours():
+            return
+        if self.marks is None:
+            self.marks = StepMarks(_device(module, args))
+        if self._stepped:  # the previous step ended with its last optimizer step
+            self._end_step()
+            self._maybe_count_flops()
+        self.marks.mark("data")
+
+    def _forward_post(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        self._depth = depth = max(0, self._depth - 1)
+        if depth or not torch.is_grad_enabled() or not self._ours() or self.marks is None:
+            return
+        self.marks.mark("forward")
+        self._forwarded = True
+        if self._lead is None:
+            self._lead = weakref.ref(module)
+            self._autocast = _autocast_dtype(self.marks.device)
+        if self._lead() is module:
+            samples, tokens = batch_size(args, kwargs)
+            self._samples += samples or 0
+            self._tokens += tokens or 0
+            if self._first_batch is None and self.step == 0:
+                self._first_batch = (args, kwargs)
+        if not self._backward_armed:
+            for tensor in _tensors(output):
+                if tensor.requires_grad:
+                    tensor.register_hook(self._backward_started)
+                    self._backward_armed = True
+
+    def _backward_started(self, grad: Any) -> None:
+        if self._backward_armed:
+            self._backward_armed = False
+            engine = torch.autograd.Variable._execution_engine
+            # queued again from the first callback: it then runs after the callbacks queued meanwhile,
+            # DDP's (which waits for the gradient all-reduces) among them
+            engine.queue_callback(lambda: engine.queue_callback(self._backward_ended))
+
+    def _backward_ended(self) -> None:
+        if self.marks is not None and self._ours():
+            self.marks.mark("backward")
+
+    def _optimizer_pre(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
+        if self.marks is not None and self._forwarded and self._ours():
+            self.marks.mark("other")
+
+    def _optimizer_post(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
+        if self.marks is None or not self._forwarded or not self._ours():
+            return
+        self.marks.mark("optimizer")
+        if not self._stepped:
+            self._stepped = True
+            self.step += 1
+            _tell_heartbeat(self.step)
+
+    # -- steps ------------------------------------------------------------------------------------
+    def _end_step(self) -> None:
+        self._stepped = self._forwarded = self._backward_armed = False
+        self.marks.end_step(self._fields(), carry=True)
+        self._samples = self._tokens = 0
+        self._write(self.marks.ready())
+
+    def _fields(self) -> dict[str, Any]:
+        return {"step": self.step, "samples": self._samples or None, "tokens": self._tokens or None}
+
+    def _write(self, records: list[dict[str, Any]]) -> None:
+        if not records:
+            return
+        if self.out is None:
+            self._open()
+        for record in records:
+            step, step_s = record.pop("step"), record.pop("step_s")
+            self.step_times.append(step_s)
+            self.out.step(step, step_s, **record)
+
+    def _open(self) -> None:
+        """This rank's record file, its device sampler (local rank 0) and straggler watch (rank 0)."""
+        from trainscale.observe.records import RankRecorder
+        from trainscale.observe.sampler import node_name, start_sampler
+
+        rank, world, local_rank, local_world, backend = _place(self.environ)
+        lead = self._lead() if self._lead is not None else None
+        device = self.marks.device if self.marks is not None else torch.device("cpu")
+        meta = {"script": os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else None,
+                "strategy": strategy_of(lead) if lead is not None else None, **self.meta}
+        self.out = RankRecorder(self.run_dir, rank, world_size=world, device=str(device), backend=backend,
+                                threads=torch.get_num_threads(), **meta)
+        try:
+            from trainscale.observe.devices import publish
+
+            publish(self.run_dir, node_name(), rank, device)
+            self.sampler = start_sampler(self.run_dir, local_rank=local_rank, local_ranks=local_world,
+                                         environ=self.environ)
+        except Exception as exc:  # psutil missing in a stock image, a driver hiccup: the records still go on
+            print(f"trainscale: device sampling off: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        if rank == 0 and world > 1:
+            from trainscale.observe.stragglers import StragglerWatch
+
+            say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
+            try:
+                self.watch = StragglerWatch(self.run_dir, say=say, every_s=_float(self.environ, "TRAINSCALE_STRAGGLER_EVERY",
+                                                                                 10.0)).start()
+            except Exception:  # no store to read: the report still names a straggler from the files
+                self.watch = None
+
+    def _maybe_count_flops(self) -> None:
+        """At the second step's start (outside the optimizer's step), once: its time is not the step's."""
+        if self.flops_per_step is not None or self.step != 1:
+            return
+        try:
+            counted = self.count_flops() if self.count_flops is not None else self._plain_flops()
+        except Exception:  # counting is a nicety: a model it cannot count still trains
+            counted = None
+        self.flops_per_step = counted or 0
+        self._first_batch = None
+        self.marks.start_step()  # the count is no part of the next step
+
+    def _plain_flops(self) -> int | None:
+        lead = self._lead() if self._lead is not None else None
+        if lead is None or self._first_batch is None:
+            return None
+        from trainscale.observe.flops import plain_step_flops
+
+        args, kwargs = self._first_batch
+        return plain_step_flops(unwrap(lead), lambda model: model(*args, **kwargs))
+
+    # -- what the training loop adds ------------------------------------------------------------------
+    def epoch(self, epoch: int, **fields: Any) -> None:
+        """An epoch record (the built-in loop's): the steps it finished go first."""
+        if self.marks is not None:
+            self._write(self.marks.ready(flush=True))
+        if self.out is not None:
+            self.out.epoch(epoch, **fields)
+
+    def flush(self) -> None:
+        if self.out is not None:
+            self.out.out.flush()
+
+    def hang_noticed(self, verdict: Any) -> None:
+        """The heartbeat's notice (rank 0): into the run's events, for the report; the steps so far to disk."""
+        from trainscale.observe.records import note_event
+
+        note_event(self.run_dir, **verdict.event())
+        self.flush()
+
+    # -- the end ----------------------------------------------------------------------------------------
+    def finish(self) -> dict[str, Any] | None:
+        """The last steps, the summary (FLOPs, MFU, peak memory, DDP's own timing), threads stopped, hooks
+        removed. Once; returns the summary (None when no step was recorded)."""
+        if not self.active:
+            return self.summary
+        self.uninstall()
+        if self.marks is None:
+            return None
+        if self._stepped:
+            self.marks.end_step(self._fields())
+        self._write(self.marks.ready(flush=True))
+        if self.out is None:
+            return None
+        from trainscale.runtime.memory import peak_memory
+
+        device = self.marks.device
+        summary: dict[str, Any] = {"steps_recorded": len(self.step_times), "peak_mem_bytes": peak_memory(device)[0]}
+        lead = self._lead() if self._lead is not None else None
+        timing = ddp_timing(lead) if lead is not None else None
+        if timing:
+            summary["ddp"] = timing
+        if self.flops_per_step:
+            from trainscale.observe.flops import mfu, peak_for
+
+            median = statistics.median(self.step_times) if self.step_times else None
+            dtype = self._autocast or _param_dtype(lead)
+            peak = peak_for(device, dtype)
+            summary.update(flops_per_step=self.flops_per_step, step_median_s=median, flops_dtype=str(dtype),
+                           peak_flops=peak.flops if peak else None, peak_source=peak.source if peak else None,
+                           mfu=mfu(self.flops_per_step, median, peak.flops) if peak and median else None)
+        if self.watch is not None:
+            self.watch.check()
+            self.watch.stop()
+        if self.sampler is not None:
+            self.sampler.sample()
+            self.sampler.stop()
+        self.out.summary(**summary)
+        self.out.close()
+        self.summary = summary
+        return summary
+
+
+def _param_dtype(module: Any) -> torch.dtype:
+    if module is None:
+        return torch.float32
+    return next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
+
+
+def _float(environ: Any, name: str, default: float) -> float:
+    try:
+        return float(environ.get(name, default))
+    except (TypeError, ValueError):
+        return default
+
+
+def _place(environ: Any) -> tuple[int, int, int, int, str | None]:
+    """(rank, world size, local rank, local world size, backend): the process group's where there is one."""
+    import torch.distributed as dist
+
+    rank = int(environ.get("RANK", environ.get("SLURM_PROCID", 0)) or 0)
+    world = int(environ.get("WORLD_SIZE", environ.get("SLURM_NTASKS", 1)) or 1)
+    backend = None
+    if dist.is_available() and dist.is_initialized():
+        rank, world, backend = dist.get_rank(), dist.get_world_size(), str(dist.get_backend())
+    local = int(environ.get("LOCAL_RANK", environ.get("SLURM_LOCALID", 0)) or 0)
+    local_world = int(environ.get("LOCAL_WORLD_SIZE", environ.get("SLURM_NTASKS_PER_NODE", 1)) or 1)
+    return rank, world, local, local_world, backend
+
+
+def _tell_heartbeat(step: int) -> None:
+    from trainscale.runtime import progress
+
+    progress.note_step(step)
+
+
+def ddp_timing(model: Any) -> dict[str, float] | None:
+    """DDP's own averages (seconds per iteration over its sampled iterations), with exposed = comm - overlap."""
+    getter = getattr(model, "_get_ddp_logging_data", None)
+    if getter is None:
+        return None
+    try:
+        data = getter()
+    except Exception:
+        return None
+    keys = {"forward_s": "avg_forward_compute_time", "backward_compute_s": "avg_backward_compute_time",
+            "comm_s": "avg_backward_comm_time", "overlap_s": "avg_backward_compute_comm_overlap_time"}
+    if not all(isinstance(data.get(v), int) for v in keys.values()):
+        return None  # fewer iterations than DDP's first sample
+    out = {k: data[v] / 1e9 for k, v in keys.items()}
+    out["exposed_comm_s"] = max(0.0, out["comm_s"] - out["overlap_s"])
+    out["buckets"] = len(str(data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes") or "").split(","))
+    return out
+
+
+def _device(module: torch.nn.Module, args: tuple) -> torch.device:
+    found = _tensors(args)
+    if found:
+        return found[0].device
+    param = next(module.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
+
+
+def _compiling() -> bool:
+    """Inside torch.compile's tracing: the hooks then do nothing (a side effect there is a graph break)."""
+    compiler = getattr(torch, "compiler", None)
+    check = getattr(compiler, "is_compiling", None)
+    return bool(check()) if check is not None else False
+
+
+def _autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """The dtype autocast computes in on ``device`` now (the step's compute dtype for MFU), or None."""
+    try:
+        if torch.is_autocast_enabled(device.type):
+            return torch.get_autocast_dtype(device.type)
+    except (TypeError, AttributeError, RuntimeError):  # an older torch: the parameters' dtype counts
+        pass
+    return None

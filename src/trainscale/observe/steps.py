@@ -1,0 +1,93 @@
+"""The one clock of a step: timestamps at the edges of its phases, turned into one record per optimizer step.
+
+Whoever sees a phase end says so with :meth:`StepMarks.mark` — the recorder's hooks (observe/hooks.py) for any
+script: the top-level module's forward, the end of backward, the optimizer's step. The interval since the
+previous mark (or the step's start) is the phase that ended, so the phases add up to the step:
+
+    data       waiting for the batch and the host's own work before the first forward (``data_s``)
+    forward    the top-level modules' forward passes, the rank's own work before its first collective (``compute_s``)
+    backward   backward, with the gradient all-reduces it waits for (``backward_s``)
+    optimizer  the optimizer's step (``optimizer_s``)
+    other      host work between backward and the optimizer (clipping, logging): in no field, the report's "other"
+
+Repeated phases (accumulated micro-batches) add up. No device synchronisation: on a GPU each mark is a CUDA
+event on the current stream, read ``lag`` steps later when it has completed; on a CPU the host clock.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+RECORD_FIELD = {"data": "data_s", "forward": "compute_s", "backward": "backward_s", "optimizer": "optimizer_s",
+                "other": None}
+"""Each phase's field in a step record (observe/records.py); ``other`` is left to the report."""
+
+
+class StepMarks:
+    """Marks of the step in progress, and the finished steps waiting for their times."""
+
+    def __init__(self, device: Any = None, *, lag: int = 2) -> None:
+        self.events = getattr(device, "type", "cpu") == "cuda"
+        self.device, self.lag = device, lag
+        self._marks: list[tuple[str, Any]] = []
+        self._pending: list[tuple[dict, list[tuple[str, Any]]]] = []
+
+    def start_step(self) -> None:
+        self._marks = [("start", self._now())]
+
+    @property
+    def started(self) -> bool:
+        return bool(self._marks)
+
+    def mark(self, phase: str) -> None:
+        if phase not in RECORD_FIELD:
+            raise ValueError(f"unknown phase {phase!r}: one of {', '.join(RECORD_FIELD)}")
+        if not self._marks:
+            self.start_step()
+        self._marks.append((phase, self._now()))
+
+    def end_step(self, fields: dict[str, Any], *, carry: bool = False) -> None:
+        """The step ends at its last mark; ``fields`` go into its record as they are. ``carry``: the next
+        step starts where this one ended (the time since is the next step's)."""
+        last = self._marks[-1][1] if self._marks else None
+        if len(self._marks) > 1:
+            self._pending.append((fields, self._marks))
+        self._marks = [("start", last)] if carry and last is not None else []
+
+    def ready(self, *, flush: bool = False) -> list[dict[str, Any]]:
+        """Finished steps as records; on a GPU those whose last event completed, and every step older
+        than ``lag`` (waiting on an event that old costs nothing in practice), or all with ``flush``."""
+        out = []
+        while self._pending:
+            fields, marks = self._pending[0]
+            last = marks[-1][1]
+            if self.events and not (flush or len(self._pending) > self.lag or last.query()):
+                break
+            if self.events:
+                last.synchronize()
+            self._pending.pop(0)
+            out.append({**fields, **self._durations(marks)})
+        return out
+
+    def _durations(self, marks: list[tuple[str, Any]]) -> dict[str, float]:
+        def seconds(a: Any, b: Any) -> float:
+            return b - a if not self.events else a.elapsed_time(b) / 1000.0
+
+        out = {field: 0.0 for field in RECORD_FIELD.values() if field}
+        for (_, before), (phase, after) in zip(marks, marks[1:]):
+            if RECORD_FIELD[phase]:
+                out[RECORD_FIELD[phase]] += seconds(before, after)
+        out["step_s"] = seconds(marks[0][1], marks[-1][1])
+        return out
+
+    def _now(self) -> Any:
+        if not self.events:
+            return time.perf_counter()
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        # on this rank's GPU explicitly: a mark may come from a thread whose current device is another one
+        # (the autograd engine's, at the end of backward)
+        event.record(torch.cuda.current_stream(self.device))
+        return event

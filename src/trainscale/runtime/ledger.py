@@ -1,0 +1,190 @@
+"""This rank's ledger of collectives, read from what torch keeps anyway: how many each process group has
+issued (its sequence number), and which are still in flight — their op, sizes and the Python frame that
+issued them — from torch's flight recorder (gloo and NCCL, torch >= 2.8 for gloo; ``TORCH_FR_BUFFER_SIZE``,
+which the worker bootstrap sets). Without the flight recorder, where the main thread stands says which
+collective it waits in. Also: where a thread is (its innermost frame of the user's code), and every
+thread's stack. Read by the heartbeat (runtime/progress.py); nothing here changes anything.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import sys
+import sysconfig
+import threading
+import time
+import traceback
+import weakref
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+FR_BUFFER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+FR_ENTRIES = "256"
+"""Collectives the flight recorder keeps per rank (a ring): enough for the ones in flight at any moment."""
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_SKIP = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, sysconfig.get_paths()["stdlib"] + os.sep,
+         *(os.path.join(_PACKAGE, part) + os.sep for part in ("runtime", "observe", "launch", "strategies")))
+"""Where a frame is machinery, not the place a user would look: torch, the standard library, trainscale's
+runtime, recorder, bootstrap and strategies (a built-in workload's loop is its code)."""
+_OWN = tuple(os.path.join(_PACKAGE, part) + os.sep for part in ("runtime", "observe"))
+
+_CHANNELS: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
+_CHANNEL_GROUPS: "dict[str, weakref.ref]" = {}
+
+
+def enable_flight_recorder(environ: Any = os.environ) -> None:
+    """Keep the last collectives of every process group, gloo's too (before the group exists; the user's wins)."""
+    if not any(environ.get(name) for name in FR_BUFFER_VARS):
+        environ["TORCH_FR_BUFFER_SIZE"] = FR_ENTRIES
+
+
+def track(name: str, channel: Any, group: "dist.ProcessGroup") -> None:
+    """Count ``channel.collectives`` (an int that every rank's copy raises alike per collective) among this
+    rank's issued collectives while ``group``, the process group whose ranks share it, lives: for collectives
+    that do not go through a process group (``comm_hook=shm``)."""
+    _CHANNEL_GROUPS[name] = weakref.ref(group)
+    _CHANNELS[name] = channel
+
+
+def issued() -> dict[str, int]:
+    """Collectives this rank has issued so far: per process group (torch's sequence number, raised when a
+    collective is issued, before it completes) and per tracked channel."""
+    out: dict[str, int] = {}
+    try:
+        groups = list(dist.distributed_c10d._world.pg_names.items())
+    except (AttributeError, RuntimeError):  # another thread is creating a group: next beat
+        groups = []
+    for group, name in groups:
+        try:
+            out[f"pg:{name}"] = int(group._get_sequence_number_for_group())
+        except (AttributeError, RuntimeError, ValueError):
+            continue
+    alive = {id(group) for group, _ in groups}
+    for name, channel in list(_CHANNELS.items()):
+        ref = _CHANNEL_GROUPS.get(name)
+        group = ref() if ref is not None else None
+        if group is not None and id(group) in alive:
+            out[name] = int(getattr(channel, "collectives", 0))
+    return out
+
+
+def recent(limit: int = 8) -> list[dict[str, Any]] | None:
+    """This rank's last ``limit`` collectives, oldest first, from torch's flight recorder: {"pg", "seq", "op",
+    "sizes", "site", "age_s", "done"} (``done``: completed here). None where torch keeps no flight record (then
+    :func:`waiting_in` tells where the main thread waits). A collective another rank called differently
+    (a desync) shows here even when gloo let one side complete it."""
+    try:
+        dump = torch._C._distributed_c10d._dump_fr_trace(True, True, False)
+        entries = _PlainData(io.BytesIO(dump)).load().get("entries", [])
+    except Exception:
+        return None
+    now = time.time_ns()
+    out = []
+    for entry in entries[-limit:]:
+        if entry.get("is_p2p"):
+            continue
+        group = entry.get("process_group") or ("?",)
+        op = str(entry.get("profiling_name") or "?").split(":", 1)[-1]
+        frames = entry.get("frames") or []
+        if any(f.get("name") == "_engine_run_backward" for f in frames):
+            op += " in backward (DDP's gradient all-reduce)" if op == "all_reduce" else " in backward"
+        out.append({"pg": f"pg:{group[0]}", "seq": int(entry.get("collective_seq_id") or 0), "op": op,
+                    "sizes": entry.get("input_sizes"), "site": site_of_frames(frames),
+                    "age_s": round(max(0.0, (now - int(entry.get("time_created_ns") or now)) / 1e9), 2),
+                    "done": bool(entry.get("retired"))})
+    out.sort(key=lambda e: (e["pg"], e["seq"]))
+    return out
+
+
+class _PlainData(pickle.Unpickler):
+    """The flight recorder's dump is a pickle of plain dicts, lists and strings (torch's own bytes, from this
+    process): read it admitting no class at all (docs/security.md)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"the flight recorder's dump names {module}.{name}: refused")
+
+
+def waiting_in(frame: Any) -> str | None:
+    """The collective a thread waits in, from its frames alone (no flight recorder): a torch.distributed
+    call, or backward (DDP's gradient all-reduce is waited for at its end); None elsewhere."""
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if path.endswith(os.path.join("distributed", "distributed_c10d.py")) and not frame.f_code.co_name.startswith("_"):
+            return frame.f_code.co_name
+        if frame.f_code.co_name == "_engine_run_backward":
+            return "backward"
+        frame = frame.f_back
+    return None
+
+
+def _user_frame(path: str) -> bool:
+    return not (path.startswith(_SKIP) or path.startswith("<"))
+
+
+def _own_code(path: str) -> bool:
+    return _user_frame(path) and "site-packages" not in path and "dist-packages" not in path
+
+
+def describe(path: str, line: int, name: str) -> str:
+    return f"{os.path.relpath(path) if not os.path.relpath(path).startswith('..') else path}:{line} in {name}"
+
+
+def site_of_frames(frames: list[dict[str, Any]]) -> str | None:
+    """Where a collective was issued (flight-recorder frames, innermost first): the innermost frame outside
+    torch, and the innermost of the user's own files where that one is a library's (HF's Trainer)."""
+    outer = next((f for f in frames if _user_frame(str(f.get("filename", "")))), None)
+    if outer is None:
+        return None
+    text = describe(str(outer["filename"]), int(outer.get("line", 0)), str(outer.get("name", "?")))
+    if not _own_code(str(outer["filename"])):
+        own = next((f for f in frames if _own_code(str(f.get("filename", "")))), None)
+        if own is not None:
+            text += f", from {describe(str(own['filename']), int(own.get('line', 0)), str(own.get('name', '?')))}"
+    return text
+
+
+def site(frame: Any) -> str | None:
+    """Where a thread is: its innermost frame outside torch, the standard library and trainscale (the
+    innermost frame itself when there is none), and the user's own file where that is a library's."""
+    frames = []
+    while frame is not None:
+        frames.append({"filename": frame.f_code.co_filename, "line": frame.f_lineno, "name": frame.f_code.co_name})
+        frame = frame.f_back
+    while frames and frames[0]["filename"].startswith(_OWN):  # this module's own look at the thread
+        frames.pop(0)
+    found = site_of_frames(frames)
+    if found is None and frames:
+        return describe(frames[0]["filename"], frames[0]["line"], frames[0]["name"])
+    if found is not None and frames and frames[0]["filename"] != found.split(":")[0]:
+        inner = frames[0]
+        if not _user_frame(inner["filename"]):  # waiting in a library call: say which
+            found = f"{found} (in {os.path.basename(inner['filename'])}:{inner['line']} {inner['name']})"
+    return found
+
+
+def main_frame() -> Any:
+    return sys._current_frames().get(threading.main_thread().ident)
+
+
+_LAUNCH = (os.path.join(_PACKAGE, "launch", "bootstrap.py"), "<frozen runpy>")
+
+
+def stacks(limit_chars: int = 6000, frames: int = 14) -> str:
+    """Every thread's Python stack, innermost last, trainscale's own threads and the bootstrap's frames left
+    out (the main thread first)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    main = threading.main_thread().ident
+    parts = []
+    for ident, frame in sorted(sys._current_frames().items(), key=lambda item: item[0] != main):
+        name = names.get(ident, f"thread {ident}")
+        if name.startswith("trainscale-") or ident == threading.get_ident():
+            continue
+        summary = [f for f in traceback.extract_stack(frame) if f.filename not in _LAUNCH]
+        text = "".join(traceback.format_list(summary[-frames:])).rstrip()
+        parts.append(f"Thread {name}{' (main)' if ident == main else ''}:\n{text}")
+    out = "\n".join(parts)
+    return out if len(out) <= limit_chars else out[:limit_chars] + "\n..."
