@@ -176,6 +176,82 @@ def test_elastic_record_restarts_and_error_file(tmp_path):
     assert "elastic_record.py" in error["extraInfo"]["py_callstack"]
 
 
+# ------------------------------------------------------- what trainscale learns about a script that never imports it
+PLAIN = SCRIPTS / "ddp_plain.py"
+
+
+def plain_env(tmp_path: Path, out: Path, **knobs: str) -> dict[str, str]:
+    return {**env_for(tmp_path), "OUT": str(out), **knobs}
+
+
+def report_text(tmp_path: Path, target: str) -> str:
+    done = trainscale(tmp_path, "report", target, "--text", timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def rank_rows(text: str) -> dict[int, list[str]]:
+    """The report's per-rank table: rank -> its cells."""
+    block = text.split("== Ranks ==", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+    return {int(line.split()[0]): line.split() for line in block if line.split() and line.split()[0].isdigit()}
+
+
+def test_recording_and_the_hang_watch_leave_training_bitwise_the_same(tmp_path):
+    """The hooks only read: the same weights on every rank with and without them."""
+    sums = {}
+    for label, knobs in (("observed", {}), ("off", {"TRAINSCALE_RECORD": "0", "TRAINSCALE_HANG_NOTICE": "0"})):
+        out = tmp_path / label
+        done = trainscale(tmp_path, "run", "--nproc-per-node", "2", "--log-dir", str(tmp_path / label / "runs"),
+                          str(PLAIN), env=plain_env(tmp_path, out, STEPS="30", **knobs))
+        assert done.returncode == 0, done.stderr
+        sums[label] = {r["checksum"] for r in results(out, 2)}
+        metrics = list((tmp_path / label / "runs").glob("ddp_plain-*/metrics/rank-*.jsonl"))
+        assert len(metrics) == (2 if label == "observed" else 0), metrics
+    assert sums["observed"] == sums["off"] and len(sums["off"]) == 1, sums
+
+
+def test_a_plain_script_gets_step_records_a_full_report_and_its_straggler_named_while_training(tmp_path):
+    """Seed 004's kind of script, rank 1's data loading 15 ms slower per batch: the live watch names it with its
+    cause, and `trainscale report` gives every rank's steps, phases and the straggler."""
+    out = tmp_path / "out"
+    done = trainscale(tmp_path, "run", "--nproc-per-node", "2", "--log-dir", str(tmp_path / "runs"), str(PLAIN),
+                      env=plain_env(tmp_path, out, STEPS="240", SLOW_RANK="1", SLOW_MS="15",
+                                    TRAINSCALE_STRAGGLER_EVERY="1"))
+    assert done.returncode == 0, done.stderr
+    said = done.stdout + done.stderr
+    assert "trainscale: straggler: rank 1 on " in said and "data wait" in said, said[-3000:]
+    assert "(step records, every rank's logs, run.json)" in done.stderr
+    text = report_text(tmp_path, str(next((tmp_path / "runs").glob("ddp_plain-*"))))
+    rows = rank_rows(text)
+    assert sorted(rows) == [0, 1] and all(row[2] == "240" for row in rows.values()), text
+    assert "[problem] rank 1 on " in text and "data wait" in text, text
+    assert "strategy   ddp" in text and "ddp_plain.py" in text.split("== Ranks ==")[0]
+
+
+def test_a_plain_script_hang_is_named_within_the_notice_and_is_the_root_cause_at_the_timeout(tmp_path):
+    """Rank 1's reader stops at step 5: one notice naming rank 1 and where it is (its Python stack), then, at the
+    script's own collective timeout, the verdict as the root cause: in the summary, the launcher's error file
+    (seed 003's TORCHELASTIC_ERROR_FILE) and the report."""
+    out = tmp_path / "out"
+    env = plain_env(tmp_path, out, HANG_RANK="1", HANG_STEP="5", PG_TIMEOUT="12", TRAINSCALE_HANG_NOTICE="3",
+                    TORCHELASTIC_ERROR_FILE=str(tmp_path / "error.json"))
+    t0 = time.monotonic()
+    done = trainscale(tmp_path, "run", "--nproc-per-node", "2", "--log-dir", str(tmp_path / "runs"), str(PLAIN), env=env)
+    print(f"\n[hang] ended in {time.monotonic() - t0:.1f}s")
+    said = done.stdout + done.stderr
+    assert done.returncode == 1, said[-3000:]
+    notices = [line for line in said.splitlines() if "trainscale: hang: " in line]
+    assert len(notices) == 1 and "rank(s) 1 did not arrive" in notices[0], said[-4000:]
+    assert "waited 3s in all_reduce" in notices[0] or "waited 4s in all_reduce" in notices[0], notices
+    assert "in __getitem__" in said and "time.sleep(3600)" in said  # rank 1's own place and stack
+    assert "Root cause: rank(s) 1 hung (stopped participating)" in done.stderr
+    recorded = json.loads((tmp_path / "error.json").read_text())["message"]["message"]
+    assert "CollectiveTimeout" in recorded and "rank(s) 1 did not arrive" in recorded, recorded
+    text = report_text(tmp_path, str(next((tmp_path / "runs").glob("ddp_plain-*"))))
+    assert "[problem] the run failed: first failing rank: 0" in text and "Root cause: rank(s) 1 hung" in text
+    assert "[problem] hang: rank(s) 0 waited" in text and sorted(rank_rows(text)) == [0, 1], text
+
+
 # ----------------------------------------------------------------------------- trainscale slurm, both launch modes
 def submit_watch(tmp_path: Path, launcher: str, ranks_per_node: int, args: list[str]) -> tuple[str, str, float]:
     # The test nodes declare 4 CPUs on a 2-core machine and srun cannot lay out one task wider than

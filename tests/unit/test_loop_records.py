@@ -1,5 +1,6 @@
-"""The training loop's own records (train/observing.py): step phases, FLOPs counted without touching the run,
-DDP's timing, the network check, and the switch."""
+"""Step records (observe/steps.py's clock, observe/hooks.py's recorder) and what the training loop adds
+(train/observing.py): step phases, FLOPs counted without touching the run, DDP's timing, the network check,
+and the switch."""
 
 from __future__ import annotations
 
@@ -11,27 +12,29 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from trainscale.errors import ConfigError
-from trainscale.train.observing import Observer, ddp_timing, step_flops
-from trainscale.train.timing import StepClock
+from trainscale.observe import hooks
+from trainscale.observe.hooks import ddp_timing
+from trainscale.observe.steps import StepMarks
+from trainscale.train.observing import check_network, recorder_for, step_flops
 
 NCCL = __import__("pathlib").Path(__file__).resolve().parents[1] / "fixtures" / "nccl"
 
 
 def test_step_marks_add_repeated_phases_and_need_no_device_sync():
-    marks = StepClock(types.SimpleNamespace(device=torch.device("cpu")), nn.Linear(2, 2), record=True)
-    clock = iter([0.0, 0.1, 0.3, 0.6, 0.7, 0.8, 1.0, 1.3, 1.4])  # two micro-batches
+    marks = StepMarks(torch.device("cpu"))
+    clock = iter([0.0, 0.1, 0.3, 0.6, 0.7, 0.8, 1.0, 1.3, 1.35, 1.4])  # two micro-batches, then clipping
     marks._now = lambda: next(clock)
     marks.start_step()
-    for phase in ("data", "forward", "backward", "optimizer") * 2:
-        with marks.phase(phase):
-            pass
-    marks.end_step(step=1, samples=32)
+    for phase in ("data", "forward", "backward", "optimizer", "data", "forward", "backward", "other", "optimizer"):
+        marks.mark(phase)
+    marks.end_step({"step": 1, "samples": 32}, carry=True)
     (record,) = marks.ready()
     assert record["step"] == 1 and record["samples"] == 32
     assert record["step_s"] == pytest.approx(1.4)
     assert record["data_s"] == pytest.approx(0.1 + 0.1) and record["compute_s"] == pytest.approx(0.2 + 0.2)
-    assert record["backward_s"] == pytest.approx(0.3 + 0.3) and record["optimizer_s"] == pytest.approx(0.1 + 0.1)
+    assert record["backward_s"] == pytest.approx(0.3 + 0.3) and record["optimizer_s"] == pytest.approx(0.1 + 0.05)
     assert marks.ready() == []
+    assert marks._marks == [("start", 1.4)]  # carried: the next step starts where this one ended
 
 
 class Net(nn.Module):
@@ -90,9 +93,16 @@ def _rt(**kw):
 
 
 def test_records_need_a_run_directory_and_can_be_switched_off(tmp_path):
-    assert not Observer.for_run(_rt()).enabled
-    assert Observer.for_run(_rt(run_dir=str(tmp_path)), environ={}).enabled
-    assert not Observer.for_run(_rt(run_dir=str(tmp_path)), environ={"TRAINSCALE_RECORD": "0"}).enabled
+    assert recorder_for(_rt(), environ={}) is None
+    assert recorder_for(_rt(run_dir=str(tmp_path)), environ={"TRAINSCALE_RECORD": "0"}) is None
+    recorder = recorder_for(_rt(run_dir=str(tmp_path)), environ={})
+    try:
+        assert recorder is not None and recorder.active and hooks.current() is recorder
+        assert recorder_for(_rt(run_dir=str(tmp_path / "other")), environ={}) is recorder  # one per process
+    finally:
+        recorder.finish()
+    assert not recorder.active and recorder.finish() is None  # no step seen: nothing written
+    assert not (tmp_path / "metrics").exists()
 
 
 @pytest.mark.parametrize("log, required, outcome", [
@@ -103,16 +113,15 @@ def test_records_need_a_run_directory_and_can_be_switched_off(tmp_path):
 def test_the_network_check_after_the_first_step(tmp_path, capsys, log, required, outcome):
     environ = {"TRAINSCALE_INTERCONNECT": "ofi", "NCCL_DEBUG_FILE": str(NCCL / log),
                "TRAINSCALE_INTERCONNECT_REQUIRED": "1" if required else "0"}
-    observer = Observer(_rt(), str(tmp_path), environ=environ)
     if outcome == "error":
         with pytest.raises(ConfigError, match="not the cluster's fast network"):
-            observer.check_network()
+            check_network(_rt(), str(tmp_path), environ)
     else:
-        observer.check_network()
+        check_network(_rt(), str(tmp_path), environ)
     said = capsys.readouterr().err
     assert ("trainscale: network:" in said) == (outcome != "ok")
     assert f'"level":"{outcome}"' in (tmp_path / "metrics" / "events.jsonl").read_text()
     # gloo ranks, one node or no profile expectation: nothing to check
-    Observer(_rt(backend="gloo"), str(tmp_path / "g"), environ=environ).check_network()
-    Observer(_rt(num_nodes=1), str(tmp_path / "one"), environ=environ).check_network()
+    check_network(_rt(backend="gloo"), str(tmp_path / "g"), environ)
+    check_network(_rt(num_nodes=1), str(tmp_path / "one"), environ)
     assert not (tmp_path / "g").exists() and not (tmp_path / "one").exists()

@@ -361,7 +361,8 @@ def _start_observing(environ: MutableMapping[str, str], kit: str | None, *, reco
         hooks, progress = _observers(kit)
         recorder = hooks.install(environ.get(RUN_DIR_VAR)) if records else None
         listeners = (recorder.hang_noticed,) if recorder is not None else ()
-        group_watch = progress.GroupWatch(environ, listeners).start() if watch else None
+        on_stall = (recorder.flush,) if recorder is not None else ()
+        group_watch = progress.GroupWatch(environ, listeners, on_stall).start() if watch else None
         _OBSERVING[:] = [recorder, group_watch]
     except Exception as exc:  # an image's older torch, a module it lacks: the script runs on, unobserved
         print(f"trainscale: this rank is not observed (no step records or hang watch): {type(exc).__name__}: {exc}",

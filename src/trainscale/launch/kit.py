@@ -7,7 +7,8 @@ A container job's batch script runs, with the image's own Python:
     python3 "$KIT/boot.py" --script train.py ARGS...       # each worker: world, GPU, CPUs, @record
 
 The kit is a copy of those modules (`trainscale.env`, `trainscale.topology`, the bootstrap and the
-port check) in a directory named after their content hash, written once beside the jobs at
+port check, and the recorder and heartbeat the bootstrap loads once the script has imported the image's
+torch) in a directory named after their content hash, written once beside the jobs at
 submission: a queued job keeps running the kit it was submitted with. Before the user's script
 starts, the bootstrap drops the kit from ``sys.path`` (``leave_kit``), so a script that imports
 trainscale gets the image's own installation or a plain ModuleNotFoundError.
@@ -25,8 +26,9 @@ import trainscale
 
 PACKAGE = Path(trainscale.__file__).parent
 
-# Relative to the package; each is standard library only (tests/unit/test_kit.py runs them with a
-# bare interpreter that has neither torch nor trainscale's dependencies).
+# Relative to the package; each is standard library only, or imported only after the script imported torch
+# (tests/unit/test_worker_world.py runs the kit with a bare interpreter that has neither torch nor trainscale's
+# dependencies; tests/slurm/test_containers.py records a script's steps in a stock image).
 MODULES = (
     "__init__.py", "_version.py", "errors.py",
     "env/__init__.py", "env/address.py", "env/base.py", "env/mpi.py", "env/single.py", "env/slurm.py",
@@ -34,6 +36,12 @@ MODULES = (
     "topology/__init__.py", "topology/apply.py", "topology/cpulist.py", "topology/detect.py", "topology/model.py",
     "topology/nvidia.py", "topology/plan.py", "topology/rocm.py", "topology/sysfs.py", "topology/worker.py",
     "launch/__init__.py", "launch/bootstrap.py", "launch/ports.py",
+    # loaded only after the script imported the image's torch (launch/bootstrap.py observe_when_torch_loads):
+    # the step records and the hang watch, for a script in a stock container too
+    "observe/__init__.py", "observe/hooks.py", "observe/steps.py", "observe/records.py", "observe/window.py",
+    "observe/sampler.py", "observe/devices.py", "observe/stragglers.py", "observe/flops.py",
+    "runtime/__init__.py", "runtime/progress.py", "runtime/ledger.py", "runtime/hangs.py", "runtime/peers.py",
+    "runtime/memory.py",
 )
 
 BOOT = '''"""trainscale job kit: run one worker (see trainscale/launch/bootstrap.py)."""

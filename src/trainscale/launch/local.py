@@ -338,7 +338,7 @@ def launch(spec: LocalLaunchSpec) -> LaunchResult:
     def ended(ok: bool, summary_text: str = "", **fields: Any) -> LaunchResult:
         """The result, with its outcome in the run's run.json once the run has directories."""
         if logs is not None:
-            rundir.end_record(logs, run_dir, ok=ok, seconds=time.monotonic() - started)
+            rundir.end_record(logs, run_dir, ok=ok, seconds=time.monotonic() - started, summary=summary_text)
         return LaunchResult(ok, logs, summary_text, time.monotonic() - started, run_dir, **fields)
 
     try:

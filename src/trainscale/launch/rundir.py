@@ -147,8 +147,12 @@ def describes_itself(records: Path) -> bool:
     return not (records / RUN_RECORD).exists() and not (records / "submission.json").exists()
 
 
-def end_record(logs: Path, records: Path, *, ok: bool, seconds: float) -> None:
-    """The outcome, in each run.json this launch started."""
+def end_record(logs: Path, records: Path, *, ok: bool, seconds: float, summary: str = "") -> None:
+    """The outcome, in each run.json this launch started; a failed run's summary's first words (who failed
+    first, how, the root cause), for `trainscale report`."""
+    failure = [line.strip().removeprefix("trainscale: training FAILED — ").split("; rank ")[0]
+               for line in summary.splitlines()
+               if line.startswith(("trainscale: training FAILED", "Root cause:"))] if not ok else []
     for where in {logs, records}:
         path = where / RUN_RECORD
         try:
@@ -156,7 +160,7 @@ def end_record(logs: Path, records: Path, *, ok: bool, seconds: float) -> None:
         except (OSError, json.JSONDecodeError):
             mine = False
         if mine:
-            write_record(where, ok=ok, seconds=round(seconds, 3))
+            write_record(where, ok=ok, seconds=round(seconds, 3), **({"failure": failure} if failure else {}))
 
 
 def start_record(run_dir: Path, *, target: str, args: tuple[str, ...], module: bool, no_python: bool,

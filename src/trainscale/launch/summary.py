@@ -97,7 +97,9 @@ def lost_peer(traceback: str) -> bool:
 
 # How a rank that timed out names the rank(s) it waited for (runtime/progress.py's CollectiveTimeout):
 # those hung ranks, ended by the launcher afterwards, are the root cause.
-_HUNG = re.compile(r"rank\(s\) ([\d, ]+) did not arrive")
+_HUNG = re.compile(r"rank\(s\) ([\d, ]+) (did not arrive|issued a different collective|stopped responding)")
+_HOW = {"did not arrive": "hung (stopped participating)", "issued a different collective":
+        "called a different collective than the others (a desync)", "stopped responding": "stopped responding"}
 
 
 def next_line(result) -> str:
@@ -155,9 +157,20 @@ def read_end(path: Path, size: int = 256 * 1024) -> str:
         return ""
 
 
+_CRASH_LINES = ("terminate called", "  what():", "Fatal Python error")
+"""How a C++ exception or abort announces itself: the line that says why comes before faulthandler's stacks
+(gloo's "Is there a distributed collective mismatch in your code?" among them)."""
+
+
 def tail(path: Path | None, lines: int = 20) -> str:
-    """The last lines of a log, from its last 64 KiB only (a long run's logs are large)."""
-    return "\n".join(read_end(path, 64 * 1024).splitlines()[-lines:]) if path is not None else ""
+    """The last lines of a log, from its last 64 KiB only (a long run's logs are large); a crash's own words
+    first, faulthandler's list of extension modules left out."""
+    if path is None:
+        return ""
+    text = read_end(path, 64 * 1024).splitlines()
+    said = [line for line in text if line.startswith(_CRASH_LINES)][-4:]
+    last = [line for line in text[-lines:] if not line.startswith("Extension modules:") and line not in said]
+    return "\n".join(said + (["..."] if said and last else []) + last)
 
 
 def from_child_failed(error: Any, log_files: dict[int, Path] | None = None) -> list[RankFailure]:
@@ -201,7 +214,7 @@ def render(failures: list[RankFailure], world_size: int | None = None, log_dir: 
     match = _HUNG.search(first.traceback)  # a collective timeout that names the ranks it waited for
     hung = [int(r) for r in match.group(1).replace(" ", "").split(",") if r] if match else []
     if hung:
-        lines.append(f"Root cause: rank(s) {', '.join(map(str, hung))} hung (stopped participating); rank "
+        lines.append(f"Root cause: rank(s) {', '.join(map(str, hung))} {_HOW[match.group(2)]}; rank "
                      f"{first.rank} timed out waiting and names it below, with its Python stack where it could get it")
     if first.traceback:
         lines += ["", f"Traceback of rank {first.rank}:", first.traceback.rstrip()]

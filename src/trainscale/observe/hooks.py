@@ -121,8 +121,8 @@ class Recorder:
         self.sampler = self.watch = None
         self.meta: dict[str, Any] = {}
         self.count_flops: Callable[[], int | None] | None = None
-        """A counter of one step's FLOPs (the training loop's, for sharded models); default: the lead
-        module's forward on its first batch, counted once at the second step's start."""
+        """A counter of one step's FLOPs, called at the end (the training loop's: it counts sharded models too);
+        without one, the lead module's forward on its first batch is counted once at the second step's start."""
         self.flops_per_step: int | None = None
         self.step_times: list[float] = []
         self.summary: dict[str, Any] | None = None
@@ -244,7 +244,8 @@ class Recorder:
         rank, world, local_rank, local_world, backend = _place(self.environ)
         lead = self._lead() if self._lead is not None else None
         device = self.marks.device if self.marks is not None else torch.device("cpu")
-        meta = {"script": os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else None,
+        script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+        meta = {"script": script if script and script != "__main__.py" else None,
                 "strategy": strategy_of(lead) if lead is not None else None, **self.meta}
         self.out = RankRecorder(self.run_dir, rank, world_size=world, device=str(device), backend=backend,
                                 threads=torch.get_num_threads(), **meta)
@@ -254,7 +255,9 @@ class Recorder:
             publish(self.run_dir, node_name(), rank, device)
             self.sampler = start_sampler(self.run_dir, local_rank=local_rank, local_ranks=local_world,
                                          environ=self.environ)
-        except Exception as exc:  # psutil missing in a stock image, a driver hiccup: the records still go on
+        except ImportError:  # psutil is not in a stock image: the steps are recorded, the node is not sampled
+            self.sampler = None
+        except Exception as exc:  # a driver hiccup: the records still go on
             print(f"trainscale: device sampling off: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         if rank == 0 and world > 1:
             from trainscale.observe.stragglers import StragglerWatch
@@ -268,10 +271,10 @@ class Recorder:
 
     def _maybe_count_flops(self) -> None:
         """At the second step's start (outside the optimizer's step), once: its time is not the step's."""
-        if self.flops_per_step is not None or self.step != 1:
+        if self.flops_per_step is not None or self.step != 1 or self.count_flops is not None:
             return
         try:
-            counted = self.count_flops() if self.count_flops is not None else self._plain_flops()
+            counted = self._plain_flops()
         except Exception:  # counting is a nicety: a model it cannot count still trains
             counted = None
         self.flops_per_step = counted or 0
@@ -294,6 +297,13 @@ class Recorder:
             self._write(self.marks.ready(flush=True))
         if self.out is not None:
             self.out.epoch(epoch, **fields)
+
+    def discard_step(self) -> None:
+        """What the hooks saw since the last step was no training step (a resumed run's warm-up pass)."""
+        if self.marks is not None:
+            self.marks.start_step()
+        self._forwarded = self._backward_armed = False
+        self._samples = self._tokens = 0
 
     def flush(self) -> None:
         if self.out is not None:
@@ -320,6 +330,8 @@ class Recorder:
         self._write(self.marks.ready(flush=True))
         if self.out is None:
             return None
+        if self.count_flops is not None and not self.flops_per_step:
+            self.flops_per_step = self.count_flops()
         from trainscale.runtime.memory import peak_memory
 
         device = self.marks.device

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -51,20 +52,24 @@ class JsonLines:
         self.flush_after_s = flush_after_s
         self._pending: list[str] = []
         self._flushed = time.monotonic()
+        self._lock = threading.Lock()  # the heartbeat flushes a stalled rank's records from its own thread
 
     def write(self, record: dict[str, Any]) -> None:
-        self._pending.append(json.dumps(_clean(record), separators=(",", ":")))
+        line = json.dumps(_clean(record), separators=(",", ":"))
+        with self._lock:
+            self._pending.append(line)
         if len(self._pending) >= self.flush_every or time.monotonic() - self._flushed >= self.flush_after_s:
             self.flush()
 
     def flush(self) -> None:
-        self._flushed = time.monotonic()
-        if not self._pending:
-            return
-        block = "\n".join(self._pending) + "\n"
-        self._pending.clear()
-        with open(self.path, "a") as fh:
-            fh.write(block)
+        with self._lock:
+            self._flushed = time.monotonic()
+            if not self._pending:
+                return
+            block = "\n".join(self._pending) + "\n"
+            self._pending.clear()
+            with open(self.path, "a") as fh:
+                fh.write(block)
 
     def close(self) -> None:
         self.flush()

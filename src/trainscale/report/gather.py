@@ -31,6 +31,8 @@ class RankStats:
     tokens_per_s: float | None
     mfu: float | None
     peak_mem_bytes: int | None
+    own_median_s: float | None = None
+    """Median of its own work per step (data wait + forward): what tells a slow rank from those waiting for it."""
 
 
 @dataclass
@@ -61,18 +63,21 @@ def rank_stats(rank: int, records: list[dict]) -> RankStats | None:
     times = [float(r["step_s"]) for r in steps]
     total = sum(times)
     shares = {k: sum(float(r.get(f"{k}_s") or 0.0) for r in steps) / len(steps) for k in SHARES}
-    ddp = next((r["ddp"] for r in reversed(records) if r.get("kind") == "epoch" and r.get("ddp")), None)
+    ddp = next((r["ddp"] for r in reversed(records) if r.get("kind") in ("epoch", "summary") and r.get("ddp")), None)
     if not shares["comm"] and ddp:  # DDP's own measurement: the all-reduce time backward waited for
         shares["comm"] = min(float(ddp.get("exposed_comm_s") or 0.0), shares["backward"])
         shares["backward"] -= shares["comm"]
     shares["other"] = max(0.0, total / len(steps) - sum(shares.values()))
+    own = [float(r.get("data_s") or 0.0) + float(r.get("compute_s") or 0.0) for r in steps
+           if "data_s" in r or "compute_s" in r]
     samples = sum(int(r.get("samples") or 0) for r in steps)
     tokens = sum(int(r.get("tokens") or 0) for r in steps)
     return RankStats(rank=rank, host=meta.get("node") or meta.get("host", "?"), steps=len(steps),
                      step_median_s=statistics.median(times), step_p90_s=_pct(times, 0.9), shares=shares,
                      samples_per_s=samples / total if samples and total else None,
                      tokens_per_s=tokens / total if tokens and total else None, mfu=summary.get("mfu"),
-                     peak_mem_bytes=summary.get("peak_mem_bytes"))
+                     peak_mem_bytes=summary.get("peak_mem_bytes"),
+                     own_median_s=statistics.median(own) if own else None)
 
 
 def parse_sacct(text: str) -> dict[str, Any] | None:
@@ -135,7 +140,26 @@ def read_run(run_dir: Path, *, job_id: str | None = None,
     meta = next((recs[0] for recs in recorded["ranks"].values() if recs and recs[0].get("kind") == "meta"), {})
     return Gathered(source=run_dir, ranks=ranks, samples=recorded["nodes"], events=recorded["events"],
                     accounting=acct, accounting_note=note, submission=_json(run_dir / "submission.json"),
-                    extra={"run": info, "meta": meta, "job_id": job_id})
+                    extra={"run": info, "meta": meta, "job_id": job_id,
+                           "failure": info.get("failure") or _job_failure(job_id, acct)})
+
+
+def _job_failure(job_id: str | None, acct: dict | None) -> list[str] | None:
+    """A failed SLURM job's first failing rank and how, from its files (launch/slurm/triage.py)."""
+    if not job_id or not acct or str(acct.get("State", "")).split()[0] in ("COMPLETED", "RUNNING", "PENDING", ""):
+        return None
+    from trainscale.launch.slurm.jobdir import load_record
+    from trainscale.launch.slurm.triage import find_failure, step_failure
+
+    try:
+        record = load_record(job_id)
+        output = record.batch_output.read_text(errors="replace") if record.batch_output.is_file() else ""
+        found = step_failure(output) or find_failure(record.job_dir, record.launcher, output)
+    except Exception:  # no record of it here, or its files are gone: sacct's state still says it failed
+        return [f"job {job_id} ended {acct.get('State')}; its files do not say which rank failed"]
+    if found is None:
+        return [f"job {job_id} ended {acct.get('State')}; its files do not say which rank failed"]
+    return [f"job {job_id} ended {acct.get('State')}: {found.describe().splitlines()[0]}"]
 
 
 def _json(path: Path) -> dict | None:

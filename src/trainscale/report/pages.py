@@ -77,13 +77,16 @@ def rank_table(g: Gathered) -> Table:
 def _run_verdict(g: Gathered) -> list[Finding]:
     found = findings(g)
     run = g.extra.get("run") or {}
-    if run.get("ok") is False:
+    failure = g.extra.get("failure")
+    if failure:
+        found.insert(0, Finding("problem", "the run failed: " + "; ".join(failure)))
+    elif run.get("ok") is False:
         found.insert(0, Finding("problem", "the run failed: the first failing rank's traceback is in its "
                                            f"attempt_<k>/<rank>/ logs under {g.source}"))
     if not g.ranks:
-        found.append(Finding("note", "no step records in metrics/: TRAINSCALE_RECORD=0, a script that records "
-                                     "nothing (trainscale.observe.records.RankRecorder, docs/observability.md), "
-                                     "or a run that stopped before its first step"))
+        found.append(Finding("note", "no step records in metrics/: TRAINSCALE_RECORD=0, a script that ran no "
+                                     "optimizer step (docs/observability.md), or a run that stopped before its "
+                                     "first step"))
     return found
 
 

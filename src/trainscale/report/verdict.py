@@ -12,6 +12,7 @@ LOW_GPU_UTIL = 60.0
 HIGH_COMM_SHARE = 0.30
 HIGH_DATA_SHARE = 0.15
 STRAGGLER_RATIO = 1.2
+MIN_STRAGGLER_STEPS = 20
 LOW_CPU_EFFICIENCY = 0.5
 LEVELS = ("problem", "note", "good")
 """A finding's levels, in the order a verdict lists them."""
@@ -32,8 +33,12 @@ def findings(g: Gathered) -> list[Finding]:
                                           f"slower: {event['cause']}"))
         elif event.get("kind") == "interconnect" and event.get("level") in ("warning", "error"):
             out.append(Finding("problem", f"network: {event['message']}"))
+        elif event.get("kind") == "hang":
+            out.append(Finding("problem", f"hang: {event['message']} (the ranks' records below end where they waited)"))
     if g.ranks and not any(e.get("kind") == "straggler" for e in g.events):
-        own = {r.rank: r.shares["data"] + r.shares["compute"] or r.step_median_s for r in g.ranks}
+        # medians of each rank's own work per step (data wait + forward), over enough steps to mean something:
+        # a mean is its warm-up step's, and a few steps are noise
+        own = {r.rank: r.own_median_s or r.step_median_s for r in g.ranks if r.steps >= MIN_STRAGGLER_STEPS}
         if len(own) > 1:
             worst = max(own, key=own.get)
             others = statistics.median(v for k, v in own.items() if k != worst)

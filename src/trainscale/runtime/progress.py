@@ -142,6 +142,9 @@ class Heartbeat:
         self.on_hang = on_hang or (lambda error: end_process(runtime, error))
         self.listeners: list[Callable[[hangs.Verdict], None]] = []
         """Called with each notice's verdict (the recorder writes it to the run's events)."""
+        self.on_stall: list[Callable[[], None]] = []
+        """Called once each time this rank's progress stalls a few seconds (the recorder writes its records out:
+        a rank ended by the launcher after a hang keeps its steps)."""
         self.issued: Callable[[], dict[str, int]] = ledger.issued
         self.fired: CollectiveTimeout | None = None
         self.noticed: hangs.Verdict | None = None
@@ -190,6 +193,10 @@ class Heartbeat:
         record = {"step": self.step, "op": self.op, "issued": progress[1], "site": ledger.site(frame),
                   "host": self.host, "pid": self.pid, "dump": self.dump_path}
         if since >= DETAIL_AFTER_S:
+            if self._detail is None:
+                for call in list(self.on_stall):
+                    with contextlib.suppress(Exception):
+                        call()
             if self._detail is None or now - self._detail[0] >= LIVE_S:
                 self._detail = (now, {"ledger": self._ledger(frame, progress[1], record["site"], since),
                                       "stacks": ledger.stacks()})
@@ -506,7 +513,7 @@ def for_runtime(runtime: Any) -> Heartbeat:
     return beat
 
 
-def start_for_group(environ: Any = os.environ, listeners: tuple = ()) -> Heartbeat | None:
+def start_for_group(environ: Any = os.environ, listeners: tuple = (), on_stall: tuple = ()) -> Heartbeat | None:
     """The process's heartbeat for the default process group, started now (two or more ranks), once."""
     global _heartbeat
     if _heartbeat is not None and _heartbeat.group is dist.group.WORLD:
@@ -515,6 +522,7 @@ def start_for_group(environ: Any = os.environ, listeners: tuple = ()) -> Heartbe
         return None
     beat = Heartbeat(GroupView(), run_dir=environ.get("TRAINSCALE_RUN_DIR"))
     beat.listeners.extend(listeners)
+    beat.on_stall.extend(on_stall)
     beat.watch = beat.watch and beat.notice_s > 0  # NCCL: end with the verdict before NCCL's watchdog aborts
     _heartbeat = beat.start()
     return beat
@@ -524,8 +532,8 @@ class GroupWatch:
     """A daemon thread that starts the heartbeat when the script's process group appears (and again for a
     new one): nothing to call from the script."""
 
-    def __init__(self, environ: Any = os.environ, listeners: tuple = ()) -> None:
-        self.environ, self.listeners = environ, listeners
+    def __init__(self, environ: Any = os.environ, listeners: tuple = (), on_stall: tuple = ()) -> None:
+        self.environ, self.listeners, self.on_stall = environ, listeners, on_stall
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="trainscale-groupwatch", daemon=True)
 
@@ -536,7 +544,7 @@ class GroupWatch:
     def _loop(self) -> None:
         while not self._stop.wait(0.25):
             with contextlib.suppress(Exception):
-                start_for_group(self.environ, self.listeners)
+                start_for_group(self.environ, self.listeners, self.on_stall)
 
     def stop(self) -> None:
         self._stop.set()

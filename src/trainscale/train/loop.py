@@ -28,7 +28,8 @@ from trainscale.strategies.base import OptimizerSource
 from trainscale.train import fault
 from trainscale.train.console import Progress, duration
 from trainscale.train.metrics import LossLog, epoch_curves, write_metrics
-from trainscale.train.observing import Observer
+from trainscale.observe.hooks import ddp_timing
+from trainscale.train.observing import check_network, recorder_for, step_flops
 from trainscale.train.options import TrainOptions
 from trainscale.train.timing import EpochClock, StepClock
 
@@ -93,6 +94,7 @@ class Loop:
         self.fault = fault.planned()
         self.resumed = False
         self.per_rank_samples = opts.batch_size * self.accumulation
+        self._first_batch: Any = None  # a step's FLOPs are counted with it at the end
 
     # -- setting up ------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -167,13 +169,18 @@ class Loop:
         preemption = rt.handle_preemption()  # from here on SIGUSR1 only sets a flag, checked at step boundaries
         if rt.attempt:
             rt.print(f"Attempt {rt.attempt + 1} of this job (restarted or requeued {rt.attempt} time(s))")
-        self.observer = Observer.for_run(rt)
+        # the recorder every script has (observe/hooks.py) records the steps; the loop adds what it alone knows
+        self.recorder = recorder_for(rt)
+        if self.recorder is not None:
+            self.recorder.meta.update(workload=self.task.name, strategy=self.strategy.name,
+                                      batch_size=opts.batch_size, accumulation=self.accumulation)
+            self.recorder.step = self.step
         # before any backward: with --breakdown it watches DDP's communication hook
-        self.clock = StepClock(rt, self.model, breakdown=opts.breakdown, record=self.observer.enabled)
-        self.observer.start(self.clock, workload=self.task.name, strategy=self.strategy.name,
-                            batch_size=opts.batch_size, accumulation=self.accumulation)
+        self.clock = StepClock(rt, self.model, breakdown=opts.breakdown)
         if self.resumed and self.step < self.total:
             self._after_resume()
+            if self.recorder is not None:
+                self.recorder.discard_step()  # the discarded step is no step
         epoch_clock = EpochClock(rt)  # waits for the GPU: its queued work is part of the epoch
         self.progress = Progress(steps_per_epoch=self.steps_per_epoch, total=self.total,
                                  samples_per_step=self.per_rank_samples * rt.world_size,
@@ -203,24 +210,22 @@ class Loop:
                 self._save()
             self._finish_saves()
         finally:
-            self.observer.flush()
+            if self.recorder is not None:
+                self.recorder.flush()
         return self._result(history, preempted)
 
     def _epoch(self, epoch: int, done: int, preemption: Any) -> tuple[int, torch.Tensor, bool]:
         """One epoch's steps from its step ``done`` (or up to the run's last); (steps done, their summed
         loss on the device, whether a preemption stopped it)."""
-        rt, opts, clock = self.rt, self.opts, self.clock
+        rt, opts = self.rt, self.opts
         batches = iter(self.task.loader)  # from where the loader was put (a resumed run: mid-epoch)
         seen, loss_sum = 0, torch.zeros((), device=rt.device)
         while done < self.steps_per_epoch and self.step < self.total:
             fault.maybe_inject(self.step, rt.env, self.fault)
-            clock.start_step()
             loss = self._optimizer_step(batches)
             self.step, done, seen = self.step + 1, done + 1, seen + 1
-            clock.end_step(step=self.step, samples=self.per_rank_samples,
-                           tokens=self.per_rank_samples * self.task.tokens_per_sample
-                           if self.task.tokens_per_sample else None)
-            self.observer.step_done()
+            if seen == 1 and self.recorder is not None:
+                check_network(rt, self.recorder.run_dir)
             loss_sum += loss
             self.losses.add(self.step, loss)
             if self.progress.due(self.step, done) and rt.is_main:
@@ -240,7 +245,8 @@ class Loop:
             last = micro == self.accumulation - 1
             with clock.phase("data"):
                 batch = next(batches)
-            self.observer.keep_batch(batch)  # the first one: a step's FLOPs are counted with it at the end
+            if self._first_batch is None:
+                self._first_batch = batch
             with self.rt.guard(self.step):
                 with strategy.accumulate(model, last=last):
                     with clock.phase("forward"):
@@ -265,7 +271,7 @@ class Loop:
 
     def _where(self) -> str:
         """Where this run's files go (said once, on rank 0)."""
-        run_dir = self.rt.env.run_dir if self.observer.enabled else None
+        run_dir = self.recorder.run_dir if self.recorder is not None else None
         parts = [f"run directory {run_dir} (step records: trainscale report {run_dir})" if run_dir else
                  "no run directory (launch with trainscale run or trainscale slurm for step records)"]
         parts.append(f"checkpoints in {self.directory}" if self.checkpointer is not None else
@@ -289,8 +295,10 @@ class Loop:
         if self.task.tokens_per_sample:
             record["tokens_per_s"] = record["samples_per_s"] * self.task.tokens_per_sample
         record["breakdown"] = self.clock.summary()
-        self.observer.epoch(epoch + 1, self.model, time_s=epoch_time, samples_per_s=record["samples_per_s"],
-                            train_loss=record["train_loss"], **held_out)
+        if self.recorder is not None:
+            timing = ddp_timing(self.model)
+            self.recorder.epoch(epoch + 1, time_s=epoch_time, samples_per_s=record["samples_per_s"],
+                                train_loss=record["train_loss"], **held_out, **({"ddp": timing} if timing else {}))
         if self.opts.trackers:  # values already the same on every rank: rank 0 writes them
             self.losses.flush()  # the steps before this one first: W&B takes steps in order only
             self._log(epoch_curves(record, held_out), self.step)
@@ -348,8 +356,13 @@ class Loop:
                   **(self.task.extra or {})}
         # the per-rank memory table on rank 0 (a collective)
         result["memory"] = memory_report(rt, strategy.held_bytes(self.model, self.optimizer), strategy.name)
-        recorded = self.observer.close(self.model, strategy.unwrap(self.model), build=self.task.model,
-                                       loss=self.task.loss, micro_batches=self.accumulation)
+        recorded = None
+        if self.recorder is not None:
+            if self._first_batch is not None:  # sharded models are counted the loop's way (a fake copy)
+                module, batch = strategy.unwrap(self.model), self._first_batch
+                self.recorder.count_flops = lambda: step_flops(module, self.task.model, self.task.loss, batch,
+                                                               self.accumulation)
+            recorded = self.recorder.finish()
         if recorded is not None:
             result["recorded"] = recorded
         write_metrics(self.opts.metrics_out, result, rt)

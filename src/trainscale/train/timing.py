@@ -1,6 +1,6 @@
-"""Epoch wall time, and the one clock of a step (:class:`StepClock`): its phases feed the per-step records
-and the optional breakdown of an epoch into data loading, forward+backward, gradient communication,
-optimizer. Why both wait for the device and time all-reduces with CUDA events: docs/gpu.md, "Timing";
+"""Epoch wall time, and the optional ``--breakdown`` of an epoch into data loading, forward+backward,
+gradient communication, optimizer (:class:`StepClock`); the per-step records are the recorder's, the same
+for any script (observe/hooks.py). Why both wait for the device and time all-reduces with CUDA events: docs/gpu.md, "Timing";
 what each section means: docs/scaling.md, "Reading the breakdown". The breakdown is off by default (its
 synchronisations cost a little on GPUs); every section is averaged over the ranks.
 
@@ -45,25 +45,16 @@ class EpochClock:
 BREAKDOWN_SECTION = {"data": "data", "forward": "compute", "backward": "compute", "optimizer": "optimizer"}
 """Where each phase of a step goes in the epoch's ``--breakdown``: forward and backward are its compute
 (backward's exposed communication taken out)."""
-RECORD_FIELD = {"data": "data_s", "forward": "compute_s", "backward": "backward_s", "optimizer": "optimizer_s"}
-"""Each phase's field in the per-step records (observe/records.py): ``compute_s`` is the forward pass,
-the rank's own work before its first collective (what tells a slow rank from the ranks waiting for it)."""
 
 
 class StepClock:
-    """The one clock of a training step: ``with clock.phase("data" | "forward" | "backward" | "optimizer")``
-    around each phase, between :meth:`start_step` and :meth:`end_step`. It feeds both consumers:
+    """The ``--breakdown`` of a training loop's epochs: ``with clock.phase("data" | "forward" | "backward" |
+    "optimizer")`` around each phase; :meth:`summary` gives the epoch's seconds per section, each phase timed
+    between device synchronisations, DDP's communication hook watched for the all-reduces. Without
+    ``breakdown`` every phase is a no-op. (The per-step records are the recorder's: observe/hooks.py.)"""
 
-    - ``record``: a record per step (:meth:`ready`) with each phase's seconds, repeated phases
-      (accumulated micro-batches) added up, and the step's time. No device synchronisation: on a GPU
-      the phase ends are CUDA events, read ``lag`` steps later when they have completed. A phase runs
-      from the end of the previous one (or the step's start), so the phases add up to the step.
-    - ``breakdown`` (``--breakdown``): the epoch's seconds per section (:meth:`summary`), each phase
-      timed between device synchronisations, DDP's communication hook watched for the all-reduces.
-    """
-
-    def __init__(self, runtime, model, *, breakdown: bool = False, record: bool = False, lag: int = 2) -> None:
-        self.breakdown, self.record, self.lag = breakdown, record, lag
+    def __init__(self, runtime, model, *, breakdown: bool = False) -> None:
+        self.breakdown = breakdown
         self.runtime = runtime
         self.device = runtime.device
         self.events = self.device.type == "cuda"  # CUDA events instead of the host clock (see above)
@@ -73,17 +64,10 @@ class StepClock:
         self._lock = threading.Lock()
         self._intervals: list[list] = []  # [start, end, blocking] marks of this phase's bucket all-reduces
         self._ref = None  # CUDA: the event every mark of the current phase is timed from
-        self._marks: list[tuple[str, object]] = []
-        self._pending: list[tuple[dict, list[tuple[str, object]]]] = []
         self.gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         if breakdown and hasattr(model, "register_comm_hook"):  # DDP (compiled or not): watch its one hook
             hook = comm_hooks.attached(model) or comm_hooks.attach(model)
             hook.observer = self
-
-    # -- a step -----------------------------------------------------------------------------------
-    def start_step(self) -> None:
-        if self.record:
-            self._marks = [("start", self._now())]
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -91,8 +75,6 @@ class StepClock:
             raise ValueError(f"unknown phase {name!r}: one of {', '.join(BREAKDOWN_SECTION)}")
         if not self.breakdown:
             yield
-            if self.record:
-                self._marks.append((name, self._now()))
             return
         self._sync()
         with self._lock:
@@ -102,45 +84,12 @@ class StepClock:
         start = self._now()
         yield
         stop = self._now()
-        if self.record:
-            self._marks.append((name, stop))
         self._sync()
         start_s, end_s = self._seconds(start), self._seconds(stop)
         exposed = self._exposed(end_s)
         self.totals[BREAKDOWN_SECTION[name]] += end_s - start_s - exposed
         if exposed:
             self.totals["communication"] += exposed
-
-    def end_step(self, **fields) -> None:
-        if self.record:
-            self._pending.append((fields, self._marks))
-            self._marks = []
-
-    def ready(self, *, flush: bool = False) -> list[dict]:
-        """Finished steps as records; on a GPU those whose last event completed, and every step older
-        than ``lag`` (waiting on an event that old costs nothing in practice), or all with ``flush``."""
-        out = []
-        while self._pending:
-            fields, marks = self._pending[0]
-            last = marks[-1][1]
-            old = len(self._pending) > self.lag
-            if self.events and not (flush or old or last.query()):
-                break
-            if self.events:
-                last.synchronize()
-            self._pending.pop(0)
-            out.append({**fields, **self._durations(marks)})
-        return out
-
-    def _durations(self, marks: list[tuple[str, object]]) -> dict[str, float]:
-        def seconds(a, b) -> float:
-            return b - a if not self.events else a.elapsed_time(b) / 1000.0
-
-        out = {field: 0.0 for field in RECORD_FIELD.values()}
-        for (_, before), (phase, after) in zip(marks, marks[1:]):
-            out[RECORD_FIELD[phase]] += seconds(before, after)
-        out["step_s"] = seconds(marks[0][1], marks[-1][1])
-        return out
 
     # -- timestamps -------------------------------------------------------------------------------
     def _sync(self) -> None:
