@@ -284,3 +284,7 @@ def test_style_under_slurm(slurm_cluster, tmp_path, style, launcher):
     check_world(found, world, per_node)
     nodes = {r["env"]["SLURMD_NODENAME"] for r in found}
     assert nodes == {"n1", "n2"}, nodes  # the ranks really ran on both nodes
+    if style != "elastic @record":  # every style that trains: every rank's steps, with no change to the script
+        text = report_text(tmp_path, job_id)
+        assert sorted(rank_rows(text)) == list(range(world)), text
+        assert "the run failed" not in text and "no step records" not in text

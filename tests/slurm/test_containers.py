@@ -64,6 +64,16 @@ def submit_watch(sandbox, tmp_path: Path, launcher: str, *extra: str) -> tuple[s
     return done, seconds
 
 
+def assert_recorded(sandbox, tmp_path: Path, done: subprocess.CompletedProcess[str], world: int) -> None:
+    """Every rank's steps were recorded inside the stock image (the kit's recorder on the image's torch), and
+    `trainscale report JOB` reads them."""
+    job_id = re.search(r"submitted job (\d+)", done.stderr).group(1)
+    report = trainscale(sandbox, tmp_path, "report", job_id, "--text", timeout=120)
+    assert report.returncode == 0, report.stderr
+    table = report.stdout.split("== Ranks ==", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+    assert sorted(int(line.split()[0]) for line in table if line[:1].isdigit()) == list(range(world)), report.stdout
+
+
 def test_torchrun_mode_exec_with_setup_line_runs_a_slurm_style_script(slurm_cluster, sandbox, tmp_path):
     """LUMI's older images: `singularity exec IMAGE` needs `$WITH_CONDA` first; the image's own torchrun
     starts the ranks; seed 004's script reads SLURM_PROCID/SLURM_LOCALID/NODE_RANK; data bound at /data."""
@@ -77,6 +87,7 @@ def test_torchrun_mode_exec_with_setup_line_runs_a_slurm_style_script(slurm_clus
     assert "COMPLETED" in done.stdout
     results(out, 4)
     assert (data / "digits.pt").exists()  # written inside the container at /data, the job's own bind
+    assert_recorded(sandbox, tmp_path, done, 4)
     batch = next((tmp_path / "jobs").glob("*/*.out")).read_text()
     assert "-m torch.distributed.run" in next((tmp_path / "jobs").glob("*/job.sbatch")).read_text()
     assert "master n1:" in batch
@@ -92,6 +103,7 @@ def test_srun_mode_run_form_with_host_setup_runs_a_torchrun_style_script(slurm_c
     found = results(out, 4)
     assert {r["env"]["JOB_SETUP_MARK"] for r in found} == {"from-setup"}
     assert "singularity run" in next((tmp_path / "jobs").glob("*/job.sbatch")).read_text()
+    assert_recorded(sandbox, tmp_path, done, 4)
 
 
 def test_image_without_torch_fails_in_its_first_seconds_naming_image_and_fix(slurm_cluster, sandbox, tmp_path):

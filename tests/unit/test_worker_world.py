@@ -125,3 +125,21 @@ def test_kit_leaves_the_images_own_trainscale_to_the_script(tmp_path):
     import trainscale
 
     assert Path(done.stdout.strip()).resolve() == Path(trainscale.__file__).resolve()  # not the kit's copy
+
+
+def test_the_kit_holds_every_module_the_recorder_and_heartbeat_load():
+    """A stock image has no trainscale: what the bootstrap loads once the script imports torch, and what those
+    modules import later, must all be in the kit (tests/slurm/test_containers.py records a job's steps there)."""
+    import ast
+
+    from trainscale.launch.bootstrap import OBSERVERS
+    from trainscale.launch.kit import MODULES, PACKAGE
+
+    kit = {m.removesuffix(".py").replace("/", ".").removesuffix(".__init__") for m in MODULES}
+    assert {name.removeprefix("trainscale.") for name in OBSERVERS} <= kit
+    for name in OBSERVERS:  # and every trainscale module they import, lazily or not
+        tree = ast.parse((PACKAGE / (name.removeprefix("trainscale.").replace(".", "/") + ".py")).read_text())
+        imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        for module in imported:
+            if module.startswith("trainscale."):
+                assert module.removeprefix("trainscale.") in kit or module in OBSERVERS, (name, module)

@@ -369,21 +369,34 @@ def _start_observing(environ: MutableMapping[str, str], kit: str | None, *, reco
               file=sys.stderr, flush=True)
 
 
+OBSERVERS = ("trainscale.observe.hooks", "trainscale.runtime.progress", "trainscale.observe.records",
+             "trainscale.observe.sampler", "trainscale.observe.devices", "trainscale.observe.stragglers",
+             "trainscale.observe.flops", "trainscale.runtime.memory")
+"""The recorder, the heartbeat, and every module they import later (the job kit holds them all)."""
+
+
 def _observers(kit: str | None):
-    """The recorder and heartbeat modules: from trainscale where the script's Python has it, else from the
-    job kit (a stock container), whose copy then stays loaded (a script importing trainscale there gets it)."""
+    """The recorder and heartbeat modules: from trainscale where the script's Python has it, else from the job
+    kit (a stock container). The kit's copies stay loaded by their full names, which is how they import one
+    another, but not the package itself: the script's ``import trainscale`` there still finds nothing."""
     import importlib
     import importlib.util
 
-    if kit and importlib.util.find_spec("trainscale.observe") is None:
-        sys.path.insert(0, kit)
-        try:
-            for name in [n for n in sys.modules if n == "trainscale" or n.startswith("trainscale.")]:
-                del sys.modules[name]
-            return importlib.import_module("trainscale.observe.hooks"), importlib.import_module("trainscale.runtime.progress")
-        finally:
-            sys.path.remove(kit)
-    return importlib.import_module("trainscale.observe.hooks"), importlib.import_module("trainscale.runtime.progress")
+    try:
+        own = importlib.util.find_spec("trainscale.observe") is not None
+    except ModuleNotFoundError:  # no trainscale at all in this Python (a stock image)
+        own = False
+    if not kit or own:
+        return importlib.import_module(OBSERVERS[0]), importlib.import_module(OBSERVERS[1])
+    sys.path.insert(0, kit)
+    try:
+        for name in [n for n in sys.modules if n == "trainscale" or n.startswith("trainscale.")]:
+            del sys.modules[name]  # an image's older trainscale without these modules
+        loaded = [importlib.import_module(name) for name in OBSERVERS]
+    finally:
+        sys.path.remove(kit)
+        sys.modules.pop("trainscale", None)
+    return loaded[0], loaded[1]
 
 
 def explain_hang(exc: BaseException) -> BaseException | None:
