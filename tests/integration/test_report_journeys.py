@@ -51,7 +51,7 @@ def test_a_run_is_one_directory_and_the_report_command_it_prints_reads_it(tmp_pa
     (run,) = [p for p in runs.iterdir() if not p.is_symlink()]  # and one directory for this run
     assert (runs / "latest").resolve() == run.resolve()  # with its "latest" link
     assert runs.name == "trainscale-runs" and run.name.startswith("cnn-")
-    assert f"run directory trainscale-runs/{run.name} (records, every rank's logs, run.json)" in done.stderr
+    assert f"run directory trainscale-runs/{run.name} (step records, every rank's logs, run.json)" in done.stderr
     assert "Resumed from" in done.stdout and str(run / "checkpoints") in done.stdout
     for attempt in ("attempt_0", "attempt_1"):
         assert {p.name for p in (run / attempt).iterdir()} == {"0", "1"}

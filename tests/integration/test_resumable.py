@@ -52,3 +52,72 @@ def test_a_signal_stops_every_rank_with_a_checkpoint_and_the_rerun_ends_bitwise_
     assert "no checkpoint in checkpoints yet: starting at step 0" in straight.stdout
     final = [re.search(r"FINAL (.*)", p.stdout).group(1) for p in (resumed, straight)]
     assert final[0] == final[1], final
+
+
+LOADER_SCRIPT = '''
+import json, os, sys
+import torch
+from torch import nn
+import trainscale
+from trainscale.data import DistributedLoader
+
+class Ids(torch.utils.data.Dataset):
+    def __len__(self):
+        return 256
+    def __getitem__(self, i):
+        return torch.tensor([float(i)]), i
+
+with trainscale.init(seed=0) as rt:
+    model, optimizer = rt.setup(nn.Linear(1, 1), lambda p: torch.optim.SGD(p, lr=1e-3), strategy="ddp")
+    loader = DistributedLoader.for_runtime(Ids(), rt, batch_size=4)
+    step = start = rt.resume(model, optimizer, loader=loader)
+    seen = open(f"seen-rank{rt.rank}.txt", "a")
+    while step < 80:  # 32 steps an epoch: 2.5 epochs
+        epoch = loader.state_dict()["epoch"]  # the epoch this for loop runs (a resumed one: from mid-epoch)
+        for x, ids in loader:
+            loss = model(x).pow(2).mean()
+            rt.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            step += 1
+            seen.write(" ".join(f"{epoch}:{i}" for i in ids.tolist()) + "\\n")
+            seen.flush()
+            rt.checkpoint(step, model, optimizer, every=10, loader=loader)
+            if step == int(os.environ.get("STOP_AT", "0")) and start == 0:
+                raise SystemExit(3)  # a crash right after a checkpoint mid-epoch
+            if step == 80:
+                break
+'''
+
+
+@pytest.mark.slow
+def test_a_script_resumed_mid_epoch_trains_every_remaining_sample_once(tmp_path):
+    """issue 35 item 1: the loader's checkpoint state is the epoch it is in and the batches of it handed out, not
+    the next epoch's start. Stopped at step 20 (mid-epoch 0) and run again: the samples each epoch trained on are
+    the uninterrupted run's, none skipped and none repeated (sample-id logs of both ranks)."""
+    import collections
+
+    for name in ("stopped", "straight"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "train.py").write_text(LOADER_SCRIPT)
+    run = ("run", "--nproc-per-node", "2", "--log-dir", "logs", "train.py")
+    from helpers.cli import in_process
+
+    crashed = in_process(*run, cwd=tmp_path / "stopped", env={"STOP_AT": "20"})
+    assert crashed.returncode == 1 and "exit code 3" in crashed.stderr, crashed.stdout + crashed.stderr
+    for where in ("stopped", "straight"):
+        done = trainscale(*run, cwd=tmp_path / where)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    def per_epoch(where: str) -> dict[str, collections.Counter]:
+        counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        for rank in (0, 1):
+            for line in (tmp_path / where / f"seen-rank{rank}.txt").read_text().split():
+                epoch, sample = line.split(":")
+                counts[epoch][int(sample)] += 1
+        return counts
+
+    stopped, straight = per_epoch("stopped"), per_epoch("straight")
+    assert stopped == straight
+    assert all(set(c.values()) == {1} for c in straight.values())  # every sample once per epoch
+    assert sorted(straight["0"]) == list(range(256))  # the interrupted epoch whole

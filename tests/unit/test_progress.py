@@ -217,3 +217,39 @@ def test_a_channel_of_a_destroyed_group_is_not_counted():
         assert "shm:old" not in ledger.issued()
     finally:
         dist.destroy_process_group()
+
+
+def test_the_heartbeat_imports_nothing_while_the_script_may_be_importing():
+    """A module imported from the heartbeat's thread while the script's main thread imports the same modules is
+    left half-initialised in one of them: a loaded SLURM job's DDP constructor failed with "cannot import name
+    'IndentedBuffer' from partially initialized module 'torch._inductor.utils'" when the flight recorder's dump
+    symbolised its stack traces (800 modules, torch._dynamo among them). A stalled rank's whole record, built
+    in a fresh interpreter, imports no module."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import datetime, os, sys, threading
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0", TORCH_FR_BUFFER_SIZE="64")
+        import torch, torch.distributed as dist
+        from types import SimpleNamespace
+        from trainscale.runtime.progress import Heartbeat
+        store = dist.TCPStore("127.0.0.1", 0, world_size=1, is_master=True)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        dist.all_reduce(torch.ones(3))
+        beat = Heartbeat(SimpleNamespace(is_distributed=False, rank=0, world_size=2,
+                                         timeout=datetime.timedelta(seconds=5)))
+        beat.store = store
+        before, records = set(sys.modules), []
+        def look():  # from a thread of its own, as the heartbeat: stalled 10 s, its ledger and every thread's stack
+            records.extend([beat._record(beat._changed_at + 10), beat._record(beat._changed_at + 20)])
+        thread = threading.Thread(target=look)
+        thread.start(); thread.join()
+        assert records[-1]["ledger"] and "Thread MainThread (main)" in records[-1]["stacks"], records
+        print(sorted(set(sys.modules) - before))
+        dist.destroy_process_group()
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout

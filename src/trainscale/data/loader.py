@@ -38,16 +38,33 @@ class _Resumable(Sampler):
 
 
 class _EpochState:
-    """Where the next ``for`` loop starts (its epoch and the batches of it already done): checkpoint state."""
+    """Where the loader is, as checkpoint state: inside an epoch, that epoch and the batches of it handed out;
+    between epochs, where the next ``for`` loop starts. A run interrupted mid-epoch resumes the rest of that
+    epoch, every batch of it once (an ``iter()`` left unfinished still gives way to the next epoch: the
+    training loop's ``for``, which drops the micro-batches an accumulation does not fill)."""
 
     epoch = start = 0
+    """Where the next ``for`` loop starts."""
+    _position: tuple[int, int] | None = None
+    """(epoch, batches handed out) of the ``for`` loop in progress, None between epochs."""
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "batch": self.start}
+        epoch, batch = self._position if self._position is not None else (self.epoch, self.start)
+        return {"epoch": epoch, "batch": batch}
 
     def load_state_dict(self, state: dict) -> None:
         """The next ``for`` loop runs epoch ``state["epoch"]`` from its batch ``state.get("batch", 0)``."""
         self.epoch, self.start = int(state["epoch"]), int(state.get("batch", 0))
+        self._position = None
+
+    def _epoch(self) -> tuple[int, int]:
+        """A ``for`` loop begins: (its epoch, its first batch); the next one starts the epoch after."""
+        epoch, start = self.epoch, self.start
+        self.epoch, self.start, self._position = epoch + 1, 0, (epoch, start)
+        return epoch, start
+
+    def _handed_out(self, epoch: int, batches: int, last: bool) -> None:
+        self._position = None if last else (epoch, batches)
 
 
 class DistributedLoader(_EpochState):
@@ -77,10 +94,13 @@ class DistributedLoader(_EpochState):
         return len(self.loader)
 
     def __iter__(self) -> Iterator:
-        self.sampler.set_epoch(self.epoch)
-        self._resumable.skip, self.start = self.start * self.batch_size, 0
-        self.epoch += 1
-        yield from self.loader
+        epoch, start = self._epoch()
+        self.sampler.set_epoch(epoch)
+        self._resumable.skip = start * self.batch_size
+        total = len(self.loader)
+        for done, batch in enumerate(self.loader, start + 1):
+            self._handed_out(epoch, done, done == total)
+            yield batch
 
 
 class DeviceTensorLoader(_EpochState):
@@ -125,9 +145,9 @@ class DeviceTensorLoader(_EpochState):
         return per_rank // self.batch_size
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
-        indices = self._shard_indices(self.epoch).to(self.tensors[0].device)
-        start, self.start = self.start, 0
-        self.epoch += 1
+        epoch, start = self._epoch()
+        indices = self._shard_indices(epoch).to(self.tensors[0].device)
         for i in range(start, len(self)):
             batch = indices[i * self.batch_size:(i + 1) * self.batch_size]
+            self._handed_out(epoch, i + 1, i + 1 == len(self))
             yield tuple(t.index_select(0, batch) for t in self.tensors)

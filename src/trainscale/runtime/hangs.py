@@ -90,7 +90,8 @@ class Verdict:
 
     def event(self) -> dict[str, Any]:
         return {"kind": "hang", "verdict": self.kind, "waiting": self.waiting, "culprits": self.culprits,
-                "collective": self.collective, "waited_s": round(self.waited_s, 1), "message": self.lines[0]}
+                "collective": self.collective, "waited_s": round(self.waited_s, 1), "message": self.lines[0],
+                "text": self.text()[:6000]}
 
 
 def _ranks(ranks: list[int]) -> str:

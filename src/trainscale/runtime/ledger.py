@@ -72,30 +72,36 @@ def issued() -> dict[str, int]:
     return out
 
 
-def recent(limit: int = 8) -> list[dict[str, Any]] | None:
+def recent(limit: int = 8, frame: Any = None) -> list[dict[str, Any]] | None:
     """This rank's last ``limit`` collectives, oldest first, from torch's flight recorder: {"pg", "seq", "op",
     "sizes", "site", "age_s", "done"} (``done``: completed here). None where torch keeps no flight record (then
     :func:`waiting_in` tells where the main thread waits). A collective another rank called differently
-    (a desync) shows here even when gloo let one side complete it."""
+    (a desync) shows here even when gloo let one side complete it.
+
+    The dump is asked for without its stack traces: symbolising them imports some 800 modules (torch._dynamo
+    among them) the first time, and an import from this thread while the script's main thread imports the same
+    modules leaves one of them half-initialised there (seen: DDP's constructor failing in a loaded job). Where
+    a collective is still in flight, the main thread's ``frame`` says where the rank waits for it."""
     try:
-        dump = torch._C._distributed_c10d._dump_fr_trace(True, True, False)
+        dump = torch._C._distributed_c10d._dump_fr_trace(True, False, False)
         entries = _PlainData(io.BytesIO(dump)).load().get("entries", [])
     except Exception:
         return None
     now = time.time_ns()
+    waits_in = waiting_in(frame) if frame is not None else None
+    where = site(frame) if frame is not None else None
     out = []
     for entry in entries[-limit:]:
         if entry.get("is_p2p"):
             continue
         group = entry.get("process_group") or ("?",)
         op = str(entry.get("profiling_name") or "?").split(":", 1)[-1]
-        frames = entry.get("frames") or []
-        if any(f.get("name") == "_engine_run_backward" for f in frames):
+        done = bool(entry.get("retired"))
+        if not done and waits_in == "backward":
             op += " in backward (DDP's gradient all-reduce)" if op == "all_reduce" else " in backward"
         out.append({"pg": f"pg:{group[0]}", "seq": int(entry.get("collective_seq_id") or 0), "op": op,
-                    "sizes": entry.get("input_sizes"), "site": site_of_frames(frames),
-                    "age_s": round(max(0.0, (now - int(entry.get("time_created_ns") or now)) / 1e9), 2),
-                    "done": bool(entry.get("retired"))})
+                    "sizes": entry.get("input_sizes"), "site": None if done else where,
+                    "age_s": round(max(0.0, (now - int(entry.get("time_created_ns") or now)) / 1e9), 2), "done": done})
     out.sort(key=lambda e: (e["pg"], e["seq"]))
     return out
 

@@ -205,7 +205,7 @@ class Heartbeat:
 
     def _ledger(self, frame: Any, issued: dict[str, int], site: str | None, since: float) -> list[dict[str, Any]]:
         """This rank's last collectives; without a flight recorder, the one its main thread waits in."""
-        found = ledger.recent()
+        found = ledger.recent(frame=frame)
         if found is not None:
             return found
         op = ledger.waiting_in(frame)
@@ -314,7 +314,7 @@ class Heartbeat:
         state = out[self.rank] = hangs.State.from_record(self.rank, own)
         if waiting:
             if not state.ledger:
-                state.ledger = ledger.recent() or []
+                state.ledger = ledger.recent(frame=ledger.main_frame()) or []
             if not state.wait:  # its collective timed out and was let go: the last one it issued
                 state.ledger.append(self._assumed_wait(own))
         return out
