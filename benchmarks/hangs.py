@@ -51,7 +51,7 @@ HANG_DATA = textwrap.dedent('''
 
     KIND, RANK, STEP = os.environ["HANG_KIND"], int(os.environ["HANG_RANK"]), int(os.environ["HANG_STEP"])
     OUT = os.environ["OUT"]
-    ARMED = os.path.join(OUT, "hang-armed")
+    ARMED = os.path.join(OUT, f"hang-armed-rank{os.environ.get('RANK', '0')}")  # this rank's (a worker's too)
     state = {"step": 0}
 
     def started():

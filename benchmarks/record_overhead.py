@@ -92,15 +92,72 @@ def in_process(blocks: int, steps: int) -> None:
             for mode in ("on", "off") if k % 2 == 0 else ("off", "on"):
                 recorder = hooks.Recorder(run_dir / name.split()[0] / mode, environ={}).install() if mode == "on" \
                     else None
+                if recorder is not None:
+                    recorder.flops_per_step = 0  # counted once per run, not per block: timed on its own below
                 times[mode].append(block())
                 if recorder is not None:
                     recorder.finish()
+        from trainscale.observe.flops import plain_step_flops
+
+        began = time.perf_counter()
+        counted = plain_step_flops(model, lambda m: loss_of(m))
+        flops_s = time.perf_counter() - began
         on, off = statistics.median(times["on"]), statistics.median(times["off"])
+        best = min(times["on"]) / min(times["off"])
         print(f"{name}: {on * 1e3:.3f} ms/step observed vs {off * 1e3:.3f} ms/step not "
-              f"(median of {blocks} blocks of {steps} steps each, interleaved): ratio {on / off:.4f}: "
-              f"{verdict(on / off, 1.01, higher_is_better=False)}", flush=True)
+              f"(median of {blocks} blocks of {steps} steps each, interleaved): ratio {on / off:.4f} "
+              f"(fastest blocks: {best:.4f}); once per run: counting a step's FLOPs ({counted / 1e9:.2f} GFLOP) took "
+              f"{flops_s * 1e3:.0f} ms, left out of every step record", flush=True)
+        direct = hooks_cost(model_calls(model, loss_of))
+        print(f"  the hooks' own work: {direct * 1e6:.0f} us per step = {direct / off:.2%} of this step: "
+              f"{verdict(1 + direct / off, 1.01, higher_is_better=False)}", flush=True)
     beat_s = heartbeat_cost(run_dir)
     print(f"heartbeat: {beat_s * 1e6:.0f} us of work per beat every 0.5 s = {beat_s / 0.5:.3%} of one core")
+
+
+def model_calls(model, loss_of) -> int:
+    """Module calls in one forward (every one passes the global module hooks)."""
+    import torch
+
+    calls = []
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(lambda m, a: calls.append(m))
+    try:
+        with torch.no_grad():
+            loss_of(model)
+    finally:
+        handle.remove()
+    return len(calls)
+
+
+def hooks_cost(module_calls: int, steps: int = 3000) -> float:
+    """Seconds the recorder adds to one step with ``module_calls`` module calls per forward: a step of a model
+    that does nearly nothing (nn.Identity layers, one Linear), with and without the recorder, best of 5 each."""
+    import torch
+    from torch import nn
+
+    from trainscale.observe import hooks
+
+    model = nn.Sequential(nn.Linear(4, 4), *(nn.Identity() for _ in range(max(0, module_calls - 2))))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(2, 4)
+
+    def run() -> float:
+        began = time.perf_counter()
+        for _ in range(steps):
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+        return (time.perf_counter() - began) / steps
+
+    run()
+    off, on = [], []
+    for _ in range(5):
+        off.append(run())
+        recorder = hooks.Recorder(tempfile.mkdtemp(prefix="ts-hooks-"), environ={}).install()
+        recorder.flops_per_step = 0
+        on.append(run())
+        recorder.finish()
+    return max(0.0, min(on) - min(off))
 
 
 def heartbeat_cost(run_dir: Path, beats: int = 400) -> float:

@@ -136,6 +136,9 @@ class Recorder:
         self._autocast: torch.dtype | None = None
         self._handles: list[Any] = []
         self._lock = threading.Lock()
+        self._compiling: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_compiling",
+                                                      lambda: False)
+        """Inside torch.compile's tracing the hooks do nothing (a side effect there is a graph break)."""
 
     # -- installing -------------------------------------------------------------------------------
     def install(self) -> "Recorder":
@@ -156,7 +159,7 @@ class Recorder:
         self._handles, self.active = [], False
 
     def _ours(self) -> bool:
-        return self.active and os.getpid() == self.pid and not _compiling()
+        return self.active and os.getpid() == self.pid and not self._compiling()
 
     # -- the hooks ----------------------------------------------------------------------------------
     def _forward_pre(self, module: torch.nn.Module, args: tuple) -> None:
@@ -419,13 +422,6 @@ def _device(module: torch.nn.Module, args: tuple) -> torch.device:
         return found[0].device
     param = next(module.parameters(), None)
     return param.device if param is not None else torch.device("cpu")
-
-
-def _compiling() -> bool:
-    """Inside torch.compile's tracing: the hooks then do nothing (a side effect there is a graph break)."""
-    compiler = getattr(torch, "compiler", None)
-    check = getattr(compiler, "is_compiling", None)
-    return bool(check()) if check is not None else False
 
 
 def _autocast_dtype(device: torch.device) -> torch.dtype | None:

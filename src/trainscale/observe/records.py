@@ -55,7 +55,10 @@ class JsonLines:
         self._lock = threading.Lock()  # the heartbeat flushes a stalled rank's records from its own thread
 
     def write(self, record: dict[str, Any]) -> None:
-        line = json.dumps(_clean(record), separators=(",", ":"))
+        try:  # a record without NaN or infinity (nearly all) is written as it is: no walk over its values first
+            line = json.dumps(record, separators=(",", ":"), allow_nan=False)
+        except ValueError:
+            line = json.dumps(_clean(record), separators=(",", ":"))
         with self._lock:
             self._pending.append(line)
         if len(self._pending) >= self.flush_every or time.monotonic() - self._flushed >= self.flush_after_s:

@@ -238,8 +238,15 @@ class Heartbeat:
                 self._publish(now)
                 with self._lock:
                     self._answered = peers.answer(self.store, self.rank, self._answered)
-                self._look(now)
             except Exception:  # the store went away (teardown, rank 0 gone): stop quietly
+                return
+            try:
+                self._look(now)
+            except Exception as exc:  # a bug in the watch must not pass for "no hang": say so, once
+                import traceback
+
+                print(f"trainscale: the hang watch stopped: {type(exc).__name__}: {exc}\n"
+                      f"{traceback.format_exc(limit=-3)}", file=sys.stderr, flush=True)
                 return
 
     # -- watching -------------------------------------------------------------------------------------
