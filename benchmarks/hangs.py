@@ -40,6 +40,7 @@ from pathlib import Path
 
 from _common import PYTHON, ROOT, clean_env, load
 
+CLUSTER_ENV: dict[str, str] = {}
 KINDS = ("data-sleep", "worker-stuck", "skip", "extra", "shape", "gil", "sigstop")
 DATA_KINDS = ("data-sleep", "worker-stuck", "gil", "sigstop")
 
@@ -68,16 +69,9 @@ HANG_DATA = textwrap.dedent('''
         def __len__(self):
             return self.n
         def __getitem__(self, i):
-            if KIND != "none" and os.path.exists(ARMED):  # a file: a DataLoader worker sees it too
-                info = torch.utils.data.get_worker_info()
-                if KIND == "worker-stuck" and info is not None:
+            if KIND == "worker-stuck" and os.path.exists(ARMED):  # a file: the DataLoader worker sees it too
+                if torch.utils.data.get_worker_info() is not None:
                     started(); time.sleep(3600)
-                if KIND == "data-sleep" and info is None:
-                    started(); time.sleep(3600)
-                if KIND == "gil" and info is None:
-                    started(); re.match(r"(a+)+$", "a" * 64 + "b")
-                if KIND == "sigstop" and info is None:
-                    started(); os.kill(os.getpid(), signal.SIGSTOP)
             g = torch.Generator().manual_seed(i)
             if self.tokens:
                 ids = torch.randint(0, 128, (32,), generator=g)
@@ -86,10 +80,18 @@ HANG_DATA = textwrap.dedent('''
             return x, int(x.sum() > 0)
 
     def next_step():
-        """Called once per step before the next batch is loaded: arms the data-side hang on the culprit."""
+        """Called once per step, where the next batch's loading starts: the culprit's data-side hang."""
         state["step"] += 1
-        if here() and KIND in ("data-sleep", "worker-stuck", "gil", "sigstop"):
+        if not here():
+            return
+        if KIND == "worker-stuck":  # its DataLoader worker stops at its next sample
             open(ARMED, "w").close()
+        if KIND == "data-sleep":  # a stuck reader (NFS, a lock)
+            started(); time.sleep(3600)
+        if KIND == "gil":  # a regular expression that backtracks for hours, the GIL held throughout
+            started(); re.match(r"(a+)+$", "a" * 64 + "b")
+        if KIND == "sigstop":
+            started(); os.kill(os.getpid(), signal.SIGSTOP)
 
     def metric(value):
         """The per-step metric all-reduce the plain loop makes; the collective kinds bend it on the culprit."""
@@ -201,10 +203,16 @@ def events(root: Path) -> list[dict]:
     return found
 
 
+def cluster_env() -> dict[str, str]:
+    """What a SLURM client needs to reach the local test cluster (tests/slurm/cluster.sh env)."""
+    done = subprocess.run(["bash", str(ROOT / "tests" / "slurm" / "cluster.sh"), "env"], capture_output=True, text=True)
+    return dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line and not line.startswith("logs"))
+
+
 def env_for(out: Path, kind: str, step: int) -> dict[str, str]:
     from trainscale.strategies.deepspeed import extensions_dir
 
-    return clean_env(OUT=str(out), HANG_KIND=kind, HANG_RANK="1", HANG_STEP=str(step),
+    return clean_env(**CLUSTER_ENV,OUT=str(out), HANG_KIND=kind, HANG_RANK="1", HANG_STEP=str(step),
                      TORCH_EXTENSIONS_DIR=extensions_dir(), OMP_NUM_THREADS="1",
                      PATH=f"{Path(PYTHON).parent}{os.pathsep}{os.environ['PATH']}",
                      TRAINSCALE_STATE_DIR=str(out / "state"))
@@ -315,6 +323,8 @@ def main() -> None:
     p.add_argument("--out", default=None)
     a = p.parse_args()
     rng = random.Random(a.seed)
+    if set(a.modes.split(",")) - {"local"}:
+        CLUSTER_ENV.update(cluster_env())
     root = workdir(Path(tempfile.mkdtemp(prefix="ts-hangs-")))
     kinds = KINDS if a.kinds == "all" else tuple(a.kinds.split(","))
     rows = []

@@ -97,3 +97,44 @@ def _reseal(checkpoint: Path, changed: Path) -> None:
     root = checkpoint if checkpoint.is_dir() else checkpoint.parent
     manifest[integrity.FILES][changed.relative_to(root).as_posix()] = integrity.hash_file(changed)
     manifest_path.write_text(integrity.seal(manifest))
+
+
+CRAFTS = ("outside-path", "huge-length", "shifted-offset", "renamed")
+"""What someone who can write a sharded checkpoint crafts from DCP's own allow-listed types, the manifest
+re-sealed to match: outside-path (a non-tensor entry read from an absolute host path); huge-length (one read
+of 2^40 bytes); shifted-offset (a tensor's bytes 4 bytes off: they verify, but do not load); renamed (a link
+``ckpt-<N+10>`` to the newest, so its name and its record disagree on the step)."""
+
+
+def craft(checkpoint: Path, kind: str) -> Path:
+    """Craft ``checkpoint`` (a sharded ``ckpt-N/``) the way ``kind`` names (:data:`CRAFTS`); returns the path
+    a resume now meets first."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    from trainscale.checkpoint.dcp_io import read_metadata
+
+    checkpoint = Path(checkpoint)
+    if kind == "renamed":
+        step = int(checkpoint.name.split("-")[1]) + 10
+        link = checkpoint.with_name(f"ckpt-{step:08d}")
+        link.symlink_to(checkpoint.name)
+        return link
+    index = checkpoint / layout.DCP_INDEX
+    metadata = read_metadata(index)
+    kinds = metadata.state_dict_metadata
+    for key, where in metadata.storage_data.items():
+        is_bytes = isinstance(kinds.get(key.fqn), BytesStorageMetadata)
+        if kind == "outside-path" and is_bytes:
+            where.relative_path = "/etc/hostname"
+            break
+        if kind == "huge-length" and is_bytes:
+            where.length = 2 ** 40
+            break
+        if kind == "shifted-offset" and not is_bytes:
+            where.offset += 4
+            break
+    else:
+        raise ValueError(f"no entry to craft {kind!r} in {checkpoint}")
+    index.write_bytes(pickle.dumps(metadata))
+    _reseal(checkpoint, index)
+    return checkpoint

@@ -178,7 +178,7 @@ def test_ending_the_process_reports_like_an_uncaught_error(tmp_path):
     script = textwrap.dedent(f"""
         import datetime
         from types import SimpleNamespace
-        from trainscale.runtime.progress import CollectiveTimeout, end_process
+        from trainscale.runtime.hangwatch import CollectiveTimeout, end_process
 
         error = CollectiveTimeout("rank 0: step 3 did not complete within 5s — rank(s) 1 did not arrive",
                                   hint="look at the named rank's log")

@@ -50,7 +50,7 @@ def test_exception_while_saving_leaves_previous_checkpoint_untouched(tmp_path, r
         ck.save(2, {"x": torch.zeros(4)})
     monkeypatch.undo()
     assert good.read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == [good.name, good.name + ".json"]  # no temp or half file
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != ".trainscale.lock") == [good.name, good.name + ".json"]  # no temp or half file
     assert ck.latest().step == 1
 
 
@@ -185,7 +185,7 @@ def test_entries_that_clash_with_the_model_state_are_refused(tmp_path, rt):
         Checkpointer(tmp_path, rt).save(1, {"model": state, "optimizer": {"lr": 1}})
     with pytest.raises(CheckpointError, match="2 model states in one checkpoint"):
         Checkpointer(tmp_path, rt).save(1, {"a": state, "b": state})
-    assert not list(tmp_path.iterdir())
+    assert [p.name for p in tmp_path.iterdir()] == [".trainscale.lock"]  # nothing but the run's lock
 
 
 def test_entries_without_a_model_state_are_a_rank_0_file_whatever_the_strategy(tmp_path, rt):
@@ -196,3 +196,38 @@ def test_entries_without_a_model_state_are_a_rank_0_file_whatever_the_strategy(t
     path = Checkpointer(tmp_path, rt, strategy=get_strategy("fsdp")).save(1, {"x": torch.ones(2), "step": 1})
     assert path.is_file() and path.name == "ckpt-00000001.pt"
     assert torch.equal(find_latest(tmp_path).contents["x"], torch.ones(2))
+
+
+def test_a_second_run_on_a_checkpoint_directory_is_refused_naming_the_holder_until_it_is_gone(tmp_path, rt):
+    """issue 35 item 2: one run per checkpoint directory. Another process's Checkpointer on the directory is
+    refused in one line naming its pid and host; once that process is gone — killed, no clean-up — the lock
+    is free. The same process may open the directory again (a resume and a save, a second runtime)."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, trainscale; from trainscale.checkpoint import Checkpointer\n"
+        "rt = trainscale.init(environ={'TRAINSCALE_RUN_DIR': '/runs/first'}, set_threads=False)\n"
+        f"c = Checkpointer({str(tmp_path)!r}, rt)\nc.save(1, {{'step': 1}})\nprint('held', flush=True)\n"
+        "sys.stdin.read()")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(CheckpointError) as refused:
+            Checkpointer(tmp_path, rt).save(1, {"step": 1})  # the first save (or resume) takes the lock
+        text = str(refused.value)
+        assert f"checkpoint directory {tmp_path} is in use by another run (pid {holder.pid} on " \
+               f"{socket.gethostname()}, run directory /runs/first, since " in text, text
+        assert "give this one another --checkpoint-dir" in text
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    first = Checkpointer(tmp_path, rt)  # the holder died without a word: its lock went with it
+    assert first.restore({}).step == 1
+    second = Checkpointer(tmp_path, rt)  # this process again: shared
+    second.save(2, {"step": 2})
+    second.close()
+    first.save(3, {"step": 3})
+    first.close()

@@ -17,7 +17,7 @@ import torch
 import trainscale
 from trainscale.checkpoint import Checkpointer, ModelState, find_latest, integrity, layout
 from trainscale.checkpoint.state import DCP
-from helpers.damage import DAMAGES, damage, payload_pickle
+from helpers.damage import CRAFTS, DAMAGES, craft, damage, payload_pickle
 from trainscale.errors import CheckpointError
 from trainscale.strategies import get_strategy
 from trainscale.strategies.base import OptimizerSpec
@@ -270,9 +270,10 @@ def test_a_full_disk_fails_the_save_naming_the_directory_and_the_need_and_leaves
                                               r"step 2 failed \(.*need.? about 1\.\d MiB.* are free") as caught:
         ck.save(2, state)
     assert "--checkpoint-dir" in caught.value.hint
-    listed = sorted(p.name for p in (disk / "ck").iterdir())
+    listed = sorted(p.name for p in (disk / "ck").iterdir() if p.name != ".trainscale.lock")  # the run's lock
     assert listed == (["ckpt-00000001.pt", "ckpt-00000001.pt.json"] if where == "file" else ["ckpt-00000001"])
     assert ck.latest().step == 1
+    ck.close()  # its lock's file is open on the tmpfs the fixture unmounts
 
 
 def test_an_unusable_checkpoint_directory_is_refused_when_the_checkpointer_is_made(tmp_path, rt, mount):
@@ -296,3 +297,35 @@ def test_damage_names_what_it_changed(tmp_path, rt):
         damage(path, "melt")
     shutil.rmtree(tmp_path / "ck")
     assert find_latest(tmp_path / "ck") is None
+
+
+@pytest.mark.parametrize("kind", CRAFTS)
+def test_a_crafted_checkpoint_of_allow_listed_types_is_skipped_like_a_damaged_one(kind, tmp_path, rt, caplog):
+    """issue 35 item 3: an index placing an entry in a host file or asking for 2^40 bytes (once a MemoryError on
+    every rank that stopped the resume), a tensor 4 bytes off with the manifest re-sealed (once a failure inside
+    DCP's load after the checkpoint was chosen, with torch's advice to load with weights_only=False), a link
+    named for another step: each is skipped with one warning, and the previous checkpoint is resumed."""
+    strategy, model, opt = _fsdp(rt, seed=1)
+    ck = Checkpointer(tmp_path / "ck", rt, strategy=strategy, keep=5)
+    ck.save(1, {"model": strategy.checkpoint_state(model, opt), "step": 1})
+    saved = _weights(strategy, model)
+    strategy.backward_loss(model(torch.ones(2, 16)).sum(), model)
+    strategy.micro_step(opt, model, last=True)
+    newest = ck.save(2, {"model": strategy.checkpoint_state(model, opt), "step": 2})
+    if kind == "renamed":
+        saved = _weights(strategy, model)  # the real newest is resumed, under its own name
+    met = craft(newest, kind)
+
+    strategy, model, opt = _fsdp(rt, seed=2)
+    with caplog.at_level(logging.WARNING, logger="trainscale.checkpoint"):
+        found = ck.restore({"model": strategy.checkpoint_state(model, opt)})
+    assert found.step == (2 if kind == "renamed" else 1), found.path
+    restored = _weights(strategy, model)
+    assert all(torch.equal(restored[k], saved[k]) for k in saved)
+    warnings = _warnings(caplog)
+    assert len(warnings) == 1 and met.name in warnings[0], warnings
+    assert "weights_only" not in warnings[0] and "False" not in warnings[0], warnings
+    expected = {"outside-path": "'/etc/hostname', which is not a file of this checkpoint's manifest",
+                "huge-length": "+1099511627776 of __0_0.distcp", "shifted-offset": "loading it failed",
+                "renamed": "is named for step 12, but its record says step 2"}[kind]
+    assert expected in warnings[0], warnings

@@ -13,7 +13,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from trainscale.errors import ConfigError
 from trainscale.observe import hooks
-from trainscale.observe.hooks import ddp_timing
+from trainscale.observe.models import ddp_timing
 from trainscale.observe.steps import StepMarks
 from trainscale.train.observing import check_network, recorder_for, step_flops
 

@@ -10,8 +10,9 @@ from types import SimpleNamespace
 
 from torch.distributed import TCPStore
 
-from trainscale.runtime import ledger, peers, progress
-from trainscale.runtime.progress import UNREACHABLE, Heartbeat
+from trainscale.runtime import hangwatch, ledger, peers, progress
+from trainscale.runtime.hangwatch import UNREACHABLE
+from trainscale.runtime.progress import Heartbeat
 from helpers.counting_store import Counting
 
 
@@ -93,7 +94,7 @@ def test_the_store_timeout_every_later_group_waits_with_is_left_alone():
     """The heartbeat reads with a short timeout on a connection of its own (issue 22 item 5)."""
     store = _store(timeout_s=1800)
     own, separate = progress._own_connection(store)
-    assert separate and own.timeout == progress.READ_TIMEOUT and store.timeout == datetime.timedelta(minutes=30)
+    assert separate and own.timeout == hangwatch.READ_TIMEOUT and store.timeout == datetime.timedelta(minutes=30)
     shared = _peer(0, 2, store)  # the fallback on a torch without Store.clone: set for the reads, then put back
     shared.mark(1)
     shared._read_records()

@@ -1,5 +1,6 @@
 """trainscale's own storage for torch.distributed.checkpoint (DCP): a writer that hashes every file as
-it writes it, and a reader that never unpickles anything but DCP's own metadata types.
+it writes it, and a reader that never unpickles anything but DCP's own metadata types, and reads nothing
+the checkpoint's manifest does not list (:func:`check_storage`).
 
 torch's ``FileSystemReader.read_metadata`` loads ``.metadata`` with plain ``pickle.load``: a crafted
 file runs any code it names. :func:`read_metadata` unpickles it with an allow-list instead: exactly the
@@ -88,6 +89,26 @@ def read_metadata(path: Path) -> Any:
     return metadata
 
 
+def check_storage(path: Path, metadata: Any, files: dict[str, Any]) -> None:
+    """Every item DCP's index places in a shard — tensors and non-tensor entries alike — lies inside a file of
+    the checkpoint's manifest: a bare name the manifest lists (not an absolute path or one that climbs out,
+    which a crafted index could point at any file of the host) and bytes ``offset`` to ``offset + length``
+    within that file's size. Checked before anything is read: a crafted length (2^40 bytes of /dev/zero) would
+    otherwise be allocated on every rank."""
+    for index, where in (metadata.storage_data or {}).items():
+        name = str(getattr(where, "relative_path", ""))
+        entry = files.get(name)
+        if entry is None or Path(name).is_absolute() or ".." in Path(name).parts or "/" in name:
+            raise CheckpointError(f"{path / layout.DCP_INDEX} places {getattr(index, 'fqn', index)} in {name!r}, which "
+                                  "is not a file of this checkpoint's manifest, and was refused", hint=REFUSE)
+        offset, length = getattr(where, "offset", None), getattr(where, "length", None)
+        if not (isinstance(offset, int) and isinstance(length, int) and 0 <= offset
+                and 0 <= length <= entry["size"] - offset):
+            raise CheckpointError(f"{path / layout.DCP_INDEX} places {getattr(index, 'fqn', index)} at bytes "
+                                  f"{offset}+{length} of {name}, which holds {entry['size']} bytes, and was refused",
+                                  hint=REFUSE)
+
+
 def check_byte_entries(path: Path, metadata: Any, rank: int = 0, world_size: int = 1) -> None:
     """Load this rank's share (``rank::world_size`` in name order) of the checkpoint's non-tensor
     entries with ``weights_only=True``, so that a refused one is found while the checkpoint is being
@@ -116,9 +137,25 @@ def check_byte_entries(path: Path, metadata: Any, rank: int = 0, world_size: int
                                   ) from None
 
 
+class UnreadableShards(CheckpointError):
+    """A checkpoint's shards whose bytes verified against the manifest but do not load (a tensor's bytes
+    somewhere else than its index says): the checkpoint is skipped like a damaged one. A checkpoint that
+    loads but does not fit this model stays a refusal."""
+
+
 class SafeReader(FileSystemReader):
     """torch's reader, but ``.metadata`` goes through :func:`read_metadata`. It takes no ``rank``
-    argument, so DCP never falls back to rank-local metadata files either."""
+    argument, so DCP never falls back to rank-local metadata files either. Reading the shards' bytes
+    fails as :class:`UnreadableShards`."""
+
+    def read_data(self, plan: Any, planner: Any) -> Any:  # type: ignore[override]
+        try:
+            return super().read_data(plan, planner)
+        except CheckpointError:
+            raise
+        except Exception as exc:
+            raise UnreadableShards(f"{self.path}: its shards' bytes do not load ({type(exc).__name__})",
+                                   hint="nothing to do: the previous checkpoint is used") from exc
 
     def read_metadata(self) -> Any:  # type: ignore[override]
         from torch.distributed.checkpoint.metadata import StorageMeta

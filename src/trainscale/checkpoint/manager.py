@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import shutil
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -20,7 +21,8 @@ from typing import Any, Callable, Mapping
 import torch
 
 from trainscale._version import __version__
-from trainscale.checkpoint import background, disk, files, integrity, layout, sharded
+from trainscale.checkpoint import background, disk, files, integrity, layout, lock, sharded
+from trainscale.checkpoint.dcp_io import UnreadableShards
 from trainscale.checkpoint.state import FILE, ModelState, Stateful
 from trainscale.errors import CheckpointError
 
@@ -46,9 +48,11 @@ class Found:
         return self.contents[layout.RECORD]
 
 
-def find_latest(directory: Path, map_location: str | torch.device = "cpu", runtime: Any = None) -> Found | None:
-    """The newest checkpoint that verifies and loads; newer ones that do not are skipped with one
-    warning each, naming the file.
+def find_latest(directory: Path, map_location: str | torch.device = "cpu", runtime: Any = None, *,
+                exclude: frozenset[Path] = frozenset()) -> Found | None:
+    """The newest checkpoint that verifies and loads (but ``exclude``, which failed later); newer ones that do
+    not are skipped with one warning each, naming the file: damaged, crafted, or whose name, manifest and record
+    disagree on its step. Whatever goes wrong while reading a candidate skips it.
 
     With a ``runtime`` of several ranks every rank calls this (sharded loads are collectives, so all
     must pick the same checkpoint): rank 0's listing is the candidates, each rank hashes its share of
@@ -56,39 +60,49 @@ def find_latest(directory: Path, map_location: str | torch.device = "cpu", runti
     piece that one rank finds damaged makes every rank skip that checkpoint."""
     ranks = _Ranks(runtime)
     for step, path in ranks.same(layout.list_checkpoints(directory)):
+        if Path(path) in exclude:
+            continue
         found, problem = None, None
         try:
             found = _open(Path(path), step, map_location, ranks)
         except CheckpointError as exc:
-            problem = ("skip", exc.message)
+            problem = exc.message
         except OSError as exc:  # vanished or unreadable between listing and reading
-            problem = ("skip", f"{path} is unreadable: {exc}")
-        except Exception as exc:  # not the checkpoint's fault: fail on every rank rather than hang the others
-            problem = ("fail", f"{type(exc).__name__}: {exc}")
-            if not ranks.distributed:
-                raise
-        problems = [(rank, p) for rank, p in enumerate(ranks.gather(problem)) if p is not None]
-        if not problems:
-            if found.verified is not None and ranks.rank == 0:
-                log.info("%s: %s", found.path, found.verified)
-            return found
-        failed = [f"rank {rank}: {text}" for rank, (kind, text) in problems if kind == "fail"]
-        if failed:
-            raise CheckpointError(f"reading {path} failed: {'; '.join(failed)}",
-                                  hint="this is not a damaged checkpoint; please report it")
-        if ranks.rank == 0:
-            rank, (_, text) = problems[0]
-            seen = f" (found by rank {rank})" if ranks.distributed else ""
-            log.warning("skipping checkpoint %s: %s%s", Path(path).name, text, seen)
+            problem = f"{path} is unreadable: {exc}"
+        except Exception as exc:  # anything else a candidate does to its reader: it is skipped on every rank
+            problem = f"reading it failed: {plain_words(exc)}"
+        if not ranks.gather_ok(problem, path):
+            continue
+        if found.verified is not None and ranks.rank == 0:
+            log.info("%s: %s", found.path, found.verified)
+        return found
     return None
+
+
+def plain_words(exc: BaseException) -> str:
+    """An exception in one line, without torch's advice to load with ``weights_only=False`` (the very
+    protection docs/security.md relies on): a weights-only refusal is said for what it is."""
+    text = f"{type(exc).__name__}: {exc}"
+    if "weights_only" in text or "Weights only load failed" in text:
+        return f"{type(exc).__name__}: its bytes are not what trainscale writes (a weights-only load refused them)"
+    line = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return line if len(line) <= 300 else line[:299] + "…"
 
 
 def _open(path: Path, step: int, map_location: str | torch.device, ranks: "_Ranks") -> Found:
     if path.is_dir():
         contents, shards, verified = sharded.open_checkpoint(path, ranks.rank, ranks.world_size)
-        return Found(path, step, contents, shards, verified)
-    contents, verified = files.open_file(path, map_location, rank=ranks.rank, world_size=ranks.world_size)
-    return Found(path, step, contents, verified=verified)
+        found = Found(path, step, contents, shards, verified)
+    else:
+        contents, verified = files.open_file(path, map_location, rank=ranks.rank, world_size=ranks.world_size)
+        found = Found(path, step, contents, verified=verified)
+    said = {"its record": found.record.get("step"), "its saved step": found.contents.get("step")}
+    differ = {where: value for where, value in said.items() if isinstance(value, int) and value != step}
+    if differ:  # a checkpoint renamed or linked under another step's name
+        raise CheckpointError(f"{path} is named for step {step}, but " + " and ".join(
+            f"{where} says step {value}" for where, value in differ.items()),
+            hint="a checkpoint is resumed under its own step only: rename it back, or delete it")
+    return found
 
 
 class _Ranks:
@@ -108,6 +122,15 @@ class _Ranks:
         box = [value]
         dist.broadcast_object_list(box, src=0)
         return box[0]
+
+    def gather_ok(self, problem: str | None, path: Any) -> bool:
+        """Whether no rank had a ``problem`` with the checkpoint at ``path``; rank 0 warns once when one did."""
+        problems = [(rank, p) for rank, p in enumerate(self.gather(problem)) if p is not None]
+        if problems and self.rank == 0:
+            rank, text = problems[0]
+            seen = f" (found by rank {rank})" if self.distributed else ""
+            log.warning("skipping checkpoint %s: %s%s", Path(path).name, text, seen)
+        return not problems
 
     def gather(self, value: Any) -> list[Any]:
         """Every rank's ``value``, in rank order, on every rank."""
@@ -154,11 +177,30 @@ class Checkpointer:
         self.asynchronous = self.storage.resolve_async(asynchronous, self.strategy)
         # Refused now, on every rank, rather than at the first save after hours of training.
         disk.check_directory(self.directory, runtime, writes=self.storage.writes_on_every_rank or runtime.is_main)
+        run_dir = getattr(getattr(runtime, "env", None), "run_dir", None)
+        self._run_dir, self._locked = run_dir, None
         self._inflight = background.InFlight()
         self._stager: Any = None
-        run_dir = getattr(getattr(runtime, "env", None), "run_dir", None)
         if run_dir and getattr(runtime, "is_main", False):  # a restart can then name its checkpoint
             layout.note_directory(run_dir, self.directory)
+
+    def _lock(self) -> None:
+        """One run per directory (lock.py), from the first save or resume of one that exists: rank 0 takes it,
+        every rank learns whether it could (a collective); released by :meth:`close` or with the process."""
+        if self._locked is not None:
+            return
+        main = getattr(self.runtime, "is_main", True)
+        holder = lock.acquire(self.directory, self._run_dir) if main else None
+        self._locked = main and holder is None
+        if self._locked:  # released by close(), or when a Checkpointer dropped without close() is collected
+            self._unlock = weakref.finalize(self, lock.release, self.directory)
+        holder = _Ranks(self.runtime).same(holder)
+        if holder is not None:
+            self._locked = None
+            raise CheckpointError(
+                f"checkpoint directory {self.directory} is in use by another run ({holder})",
+                hint="two runs on one directory damage each other's checkpoints: wait for that run to end or stop "
+                     "it, or give this one another --checkpoint-dir")
 
     def save(self, step: int, state: Mapping[str, Any], *, blocking: bool = False,
              on_complete: Callable[[], None] | None = None) -> Path:
@@ -166,6 +208,7 @@ class Checkpointer:
         (on every rank). In the background when this Checkpointer is ``asynchronous`` and not
         ``blocking``, after the save in flight has finished; ``on_complete`` runs on rank 0 once the
         checkpoint is on disk (in the background, for a background save)."""
+        self._lock()
         model, entries = _split(state)
         storage = model.storage if model is not None else FILE
         record = layout.record(version=__version__, world_size=self.runtime.world_size, strategy=self.strategy,
@@ -228,20 +271,35 @@ class Checkpointer:
         if self._stager is not None:
             self._stager.close()
             self._stager = None
+        if self._locked:
+            self._unlock()  # once, however often it is called
+        self._locked = None
 
     def restore(self, state: Mapping[str, Any]) -> Found | None:
         """Load the newest complete checkpoint into ``state``'s ModelState and Stateful entries (every
-        rank calls it: sharded loads are collectives). None when there is none yet."""
-        found = self.latest()
-        if found is None:
-            return None
+        rank calls it: sharded loads are collectives). None when there is none yet. A checkpoint whose load
+        fails on any rank after it was chosen (shards whose bytes verify but do not load) is skipped like a
+        damaged one, and the previous one is loaded over whatever it had set."""
         model, _ = _split(state)
-        if model is not None:
-            model.storage.restore(model, found)
-        for name, entry in state.items():
-            if isinstance(entry, Stateful) and not isinstance(entry, ModelState) and name in found.contents:
-                entry.load_state_dict(found.contents[name])
-        return found
+        if _Ranks(self.runtime).same(self.directory.is_dir()):
+            self._lock()  # before resuming from what another run may be writing
+        failed: frozenset[Path] = frozenset()
+        while True:
+            found = self.latest(exclude=failed)
+            if found is None:
+                return None
+            problem = None
+            try:
+                if model is not None:
+                    model.storage.restore(model, found)
+            except UnreadableShards as exc:  # not a checkpoint of another model: that stays a refusal
+                problem = f"loading it failed: {exc.message}"
+            if _Ranks(self.runtime).gather_ok(problem, found.path):
+                for name, entry in state.items():
+                    if isinstance(entry, Stateful) and not isinstance(entry, ModelState) and name in found.contents:
+                        entry.load_state_dict(found.contents[name])
+                return found
+            failed |= {found.path}
 
     def _prune(self) -> None:
         for _, old in layout.list_checkpoints(self.directory)[self.keep:]:
@@ -257,10 +315,10 @@ class Checkpointer:
             else:
                 stale.unlink(missing_ok=True)
 
-    def latest(self) -> Found | None:
-        """The newest complete, verified checkpoint, refused when another strategy wrote it. Every rank
-        calls it (find_latest: they agree on which)."""
-        found = find_latest(self.directory, map_location="cpu", runtime=self.runtime)
+    def latest(self, exclude: frozenset[Path] = frozenset()) -> Found | None:
+        """The newest complete, verified checkpoint (but ``exclude``), refused when another strategy wrote it.
+        Every rank calls it (find_latest: they agree on which)."""
+        found = find_latest(self.directory, map_location="cpu", runtime=self.runtime, exclude=exclude)
         if found is not None:
             written_by = found.record.get("strategy")
             if written_by not in (None, self.strategy):

@@ -44,13 +44,18 @@ class ShardedRef:
 
         from torch.distributed.checkpoint.api import CheckpointException
 
-        from trainscale.checkpoint.dcp_io import SafeLoadPlanner, SafeReader
+        from trainscale.checkpoint.dcp_io import SafeLoadPlanner, SafeReader, UnreadableShards
 
         wanted = {k: template[k] for k in layout.SHARDED_KEYS if k in template}
         try:
             dcp.load(wanted, storage_reader=SafeReader(self.path), planner=SafeLoadPlanner(),
                      no_dist=not _distributed())
         except (Exception, CheckpointException) as exc:  # the latter is a BaseException
+            causes = [exc, *(f[0] for f in (getattr(exc, "failures", None) or {}).values()
+                             if isinstance(f, tuple) and f)]
+            if any(isinstance(cause, UnreadableShards) for cause in causes):  # bytes, not this model: skip it
+                raise UnreadableShards(f"{self.path}: its shards' bytes do not load",
+                                       hint="nothing to do: the previous checkpoint is used") from exc
             raise CheckpointError(f"{self.path} could not be read into this model/optimizer: {_describe(exc)}",
                                   hint="was it written for another model or optimizer? Start a new checkpoint "
                                        "directory, or resume with the code that wrote it") from exc
@@ -246,10 +251,12 @@ def open_checkpoint(path: Path, rank: int = 0, world_size: int = 1
     extra, cost = read_verified(path / layout.EXTRA, files[layout.EXTRA])
     verified.add(cost)
     if marker["format"] == "dcp":
-        from trainscale.checkpoint.dcp_io import check_byte_entries, read_metadata
+        from trainscale.checkpoint.dcp_io import check_byte_entries, check_storage, read_metadata
 
         verified.add(integrity.verify(path, files, [layout.DCP_INDEX]))
         # Refused here, before the ranks choose this checkpoint, rather than halfway through DCP's load.
-        check_byte_entries(path, read_metadata(path / layout.DCP_INDEX), rank, world_size)
+        metadata = read_metadata(path / layout.DCP_INDEX)
+        check_storage(path, metadata, files)
+        check_byte_entries(path, metadata, rank, world_size)
     record = {k: marker[k] for k in layout.RECORD_FIELDS if k in marker}
     return {**extra, layout.RECORD: record}, ShardedRef(path, marker["format"]), verified

@@ -31,6 +31,8 @@ from typing import Any, Callable
 
 import torch
 
+from trainscale.observe.models import (autocast_dtype, batch_size, ddp_timing, device_of, param_dtype, strategy_of,
+                                       tensors, unwrap)
 from trainscale.observe.steps import StepMarks
 
 RECORD_VAR = "TRAINSCALE_RECORD"
@@ -57,55 +59,6 @@ def install(run_dir: str | Path | None, *, environ: Any = os.environ) -> "Record
             return None
         _current = Recorder(run_dir, environ=environ).install()
         return _current
-
-
-def _tensors(value: Any, depth: int = 0) -> list[torch.Tensor]:
-    """The tensors in a forward's output: a tensor, a tuple/list/dict of them (an HF ModelOutput is a dict)."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if depth > 2:
-        return []
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v, depth + 1)]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v, depth + 1)]
-    return []
-
-
-def batch_size(args: tuple, kwargs: dict) -> tuple[int | None, int | None]:
-    """(samples, tokens) of a forward's input: its first tensor's first dimension; a 2-D integer input
-    (token ids, B x T) also counts tokens. HF models take ``input_ids=`` by keyword."""
-    first = kwargs.get("input_ids") if isinstance(kwargs.get("input_ids"), torch.Tensor) else None
-    if first is None:
-        found = _tensors(args) or _tensors(kwargs)
-        first = found[0] if found else None
-    if first is None or first.dim() == 0:
-        return None, None
-    tokens = first.numel() if first.dim() == 2 and not first.is_floating_point() else None
-    return int(first.shape[0]), tokens
-
-
-def unwrap(module: torch.nn.Module) -> torch.nn.Module:
-    """The user's module inside DDP, a DeepSpeed engine or torch.compile's wrapper."""
-    for _ in range(4):
-        inner = getattr(module, "module", None) or getattr(module, "_orig_mod", None)
-        if not isinstance(inner, torch.nn.Module):
-            return module
-        module = inner
-    return module
-
-
-def strategy_of(module: torch.nn.Module) -> str:
-    """What wraps the model, as trainscale's strategies are named."""
-    names = {type(m).__name__ for m in (module, getattr(module, "module", None)) if m is not None}
-    if "DeepSpeedEngine" in names or any("DeepSpeed" in n for n in names):
-        stage = getattr(module, "zero_optimization_stage", lambda: None)()
-        return f"deepspeed{f' zero{stage}' if stage else ''}"
-    if "FullyShardedDataParallel" in names or type(module).__name__.startswith("FSDP"):
-        return "fsdp"
-    if "DistributedDataParallel" in names:
-        return "ddp"
-    return "none"
 
 
 class Recorder:
@@ -167,7 +120,7 @@ class Recorder:
         if depth or not torch.is_grad_enabled() or not self._ours():
             return
         if self.marks is None:
-            self.marks = StepMarks(_device(module, args))
+            self.marks = StepMarks(device_of(module, args))
         if self._stepped:  # the previous step ended with its last optimizer step
             self._end_step()
             self._maybe_count_flops()
@@ -181,7 +134,7 @@ class Recorder:
         self._forwarded = True
         if self._lead is None:
             self._lead = weakref.ref(module)
-            self._autocast = _autocast_dtype(self.marks.device)
+            self._autocast = autocast_dtype(self.marks.device)
         if self._lead() is module:
             samples, tokens = batch_size(args, kwargs)
             self._samples += samples or 0
@@ -189,7 +142,7 @@ class Recorder:
             if self._first_batch is None and self.step == 0:
                 self._first_batch = (args, kwargs)
         if not self._backward_armed:
-            for tensor in _tensors(output):
+            for tensor in tensors(output):
                 if tensor.requires_grad:
                     tensor.register_hook(self._backward_started)
                     self._backward_armed = True
@@ -347,7 +300,7 @@ class Recorder:
             from trainscale.observe.flops import mfu, peak_for
 
             median = statistics.median(self.step_times) if self.step_times else None
-            dtype = self._autocast or _param_dtype(lead)
+            dtype = self._autocast or param_dtype(lead)
             peak = peak_for(device, dtype)
             summary.update(flops_per_step=self.flops_per_step, step_median_s=median, flops_dtype=str(dtype),
                            peak_flops=peak.flops if peak else None, peak_source=peak.source if peak else None,
@@ -362,12 +315,6 @@ class Recorder:
         self.out.close()
         self.summary = summary
         return summary
-
-
-def _param_dtype(module: Any) -> torch.dtype:
-    if module is None:
-        return torch.float32
-    return next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
 
 
 def _float(environ: Any, name: str, default: float) -> float:
@@ -395,40 +342,3 @@ def _tell_heartbeat(step: int) -> None:
     from trainscale.runtime import progress
 
     progress.note_step(step)
-
-
-def ddp_timing(model: Any) -> dict[str, float] | None:
-    """DDP's own averages (seconds per iteration over its sampled iterations), with exposed = comm - overlap."""
-    getter = getattr(model, "_get_ddp_logging_data", None)
-    if getter is None:
-        return None
-    try:
-        data = getter()
-    except Exception:
-        return None
-    keys = {"forward_s": "avg_forward_compute_time", "backward_compute_s": "avg_backward_compute_time",
-            "comm_s": "avg_backward_comm_time", "overlap_s": "avg_backward_compute_comm_overlap_time"}
-    if not all(isinstance(data.get(v), int) for v in keys.values()):
-        return None  # fewer iterations than DDP's first sample
-    out = {k: data[v] / 1e9 for k, v in keys.items()}
-    out["exposed_comm_s"] = max(0.0, out["comm_s"] - out["overlap_s"])
-    out["buckets"] = len(str(data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes") or "").split(","))
-    return out
-
-
-def _device(module: torch.nn.Module, args: tuple) -> torch.device:
-    found = _tensors(args)
-    if found:
-        return found[0].device
-    param = next(module.parameters(), None)
-    return param.device if param is not None else torch.device("cpu")
-
-
-def _autocast_dtype(device: torch.device) -> torch.dtype | None:
-    """The dtype autocast computes in on ``device`` now (the step's compute dtype for MFU), or None."""
-    try:
-        if torch.is_autocast_enabled(device.type):
-            return torch.get_autocast_dtype(device.type)
-    except (TypeError, AttributeError, RuntimeError):  # an older torch: the parameters' dtype counts
-        pass
-    return None

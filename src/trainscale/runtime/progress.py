@@ -35,10 +35,9 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from trainscale.errors import PEER_CLOSED, TrainscaleError, record_error
 from trainscale.runtime import hangs, ledger, peers
+from trainscale.runtime.hangwatch import KEY, READ_TIMEOUT, CollectiveTimeout, Watching, end_process
 
-_KEY = "trainscale/progress/{rank}"
 NOTICE_VAR = "TRAINSCALE_HANG_NOTICE"
 DEFAULT_NOTICE_S = 20.0
 """Seconds ranks wait in one collective before the notice: a hang is named within half a minute of its start."""
@@ -46,24 +45,8 @@ DETAIL_AFTER_S = 3.0
 """A rank whose progress stalled this long publishes its collectives in flight and its stacks (every 2 s)."""
 LIVE_S = 2.0
 """A record is published at least this often: its beat count is the watcher's sign of life."""
-LOOK_AFTER_S, LOOK_EVERY_S = 2.0, 1.0
-"""The watcher reads every record once its own progress stalled this long, then this often."""
 WATCHDOG_S = 8.0
 """A heartbeat silent this long (the GIL held) has the C watchdog write the rank's stacks."""
-_TIMEOUT_MARKERS = ("Timed out", "timed out", "Timeout", "DistBackendError", "Watchdog caught collective operation timeout",
-                    "timeout caused pair closure")  # gloo: a pair an earlier timeout closed (several buckets)
-UNREACHABLE = hangs.UNREACHABLE
-READ_TIMEOUT = datetime.timedelta(seconds=5)
-"""The heartbeat's own store connection gives up after this: a store gone with rank 0 must not hold up
-the diagnosis for the job's whole collective timeout."""
-HINT = hangs.HINT
-
-track = ledger.track
-collectives_issued = ledger.issued
-
-
-class CollectiveTimeout(TrainscaleError):
-    """A collective did not complete within the timeout because some rank(s) stopped participating."""
 
 
 def notice_interval(environ: Any = os.environ) -> float:
@@ -121,8 +104,8 @@ def _own_connection(store: Any) -> tuple[Any, bool]:
         return store, False
 
 
-class Heartbeat:
-    """One rank's heartbeat thread and, on rank 0 (or rank 1 standing in), the hang watch.
+class Heartbeat(Watching):
+    """One rank's heartbeat thread and, on rank 0 (or rank 1 standing in), the hang watch (runtime/hangwatch.py).
 
     ``watch`` (default: on NCCL) makes it also end the process itself at the collective timeout
     (``on_hang``, default :func:`end_process`); ``notice_s``: the notice interval (0: no notices)."""
@@ -222,7 +205,7 @@ class Heartbeat:
             return record
         self._beats += 1
         with self._lock:
-            self.store.set(_KEY.format(rank=self.rank),
+            self.store.set(KEY.format(rank=self.rank),
                            json.dumps({**record, "beat": self._beats, "since": round(now - self._changed_at, 2)},
                                       default=str))
         self._published = (text, now)
@@ -248,175 +231,6 @@ class Heartbeat:
                 print(f"trainscale: the hang watch stopped: {type(exc).__name__}: {exc}\n"
                       f"{traceback.format_exc(limit=-3)}", file=sys.stderr, flush=True)
                 return
-
-    # -- watching -------------------------------------------------------------------------------------
-    def _look(self, now: float) -> None:
-        since = now - self._changed_at
-        if since < LOOK_AFTER_S:
-            self.noticed = None  # progress again: a later hang gets a notice of its own
-            return
-        if now < self._next_look or self.fired is not None:
-            return
-        self._next_look = now + LOOK_EVERY_S
-        timeout_s = self.runtime.timeout.total_seconds()
-        ends = self.watch and since >= timeout_s
-        notices = self.notice_s > 0 and self.noticed is None and self.rank in (0, 1)
-        if not (ends or notices):
-            return
-        if not ends and self.rank == 1 and self._rank_zero_alive():
-            return  # rank 1 only stands in for a rank 0 that stopped responding
-        if notices:
-            verdict = hangs.diagnose(self._states(now), notice_s=self.notice_s)
-            if verdict is not None:
-                self.noticed = verdict
-                self._notice(verdict)
-        if ends:
-            verdict = self.diagnose_now()
-            if verdict is not None and verdict.culprits and self.rank not in verdict.culprits:
-                self.fired = self._error(verdict, waited_s=since)
-                self._stop.set()
-                self.on_hang(self.fired)
-
-    def _rank_zero_alive(self) -> bool:
-        try:
-            with self._lock:
-                raw = self.store.get(_KEY.format(rank=0))
-        except Exception:
-            return False  # the store went with rank 0 (srun mode: rank 0 hosts it)
-        beat = json.loads(raw).get("beat", 0)
-        seen = self._seen.get(0)
-        now = time.monotonic()
-        if seen is None or seen[0] != beat:
-            self._seen[0] = (beat, now)
-            return True
-        return now - seen[1] < hangs.STALE_S
-
-    def _notice(self, verdict: hangs.Verdict) -> None:
-        print(f"trainscale: hang: {verdict.text()}\n  hint: {HINT}", file=sys.stderr, flush=True)
-        with contextlib.suppress(Exception), self._lock:
-            peers.post(self.store, verdict.text(), complete=True)
-        for listener in list(self.listeners):
-            with contextlib.suppress(Exception):
-                listener(verdict)
-
-    def _states(self, now: float, waiting: bool = False) -> dict[int, Any]:
-        """Every rank's state as the watcher sees it now (its own fresh; others from the store). ``waiting``:
-        this rank knows it waits in a collective (its own timed out): its state says which, whatever its age."""
-        out: dict[int, Any] = {}
-        for rank, raw in self._read_records().items():
-            if not isinstance(raw, dict):
-                out[rank] = raw
-                continue
-            beat = int(raw.get("beat", 0))
-            seen = self._seen.get(rank)
-            if seen is None or seen[0] != beat:
-                self._seen[rank] = seen = (beat, now)
-            state = hangs.State.from_record(rank, raw, silent_s=now - seen[1])
-            if not state.responsive:
-                state.process = _process_state(state.host, state.pid)
-                if not state.stacks and state.dump:
-                    state.stacks = _read_dump(state.dump)
-            out[rank] = state
-        own = {**self._record(now), "since": now - self._changed_at}
-        state = out[self.rank] = hangs.State.from_record(self.rank, own)
-        if waiting:
-            if not state.ledger:
-                state.ledger = ledger.recent(frame=ledger.main_frame()) or []
-            if not state.wait:  # its collective timed out and was let go: the last one it issued
-                state.ledger.append(self._assumed_wait(own))
-        return out
-
-    def _assumed_wait(self, own: dict[str, Any]) -> dict[str, Any]:
-        """This rank's collective that timed out, when no flight record holds it: its last one issued."""
-        issued = own.get("issued") or {}
-        group = max(issued, key=issued.get) if issued else "pg:?"
-        op = ledger.waiting_in(ledger.main_frame()) or self.op or "a collective"
-        return {"pg": group, "seq": issued.get(group, 0), "op": op, "sizes": None, "site": own.get("site"),
-                "age_s": own["since"], "done": False, "assumed": True}
-
-    def _read_records(self) -> dict[int, Any]:
-        if self.store is None:
-            return {}
-        previous = None if self._own else self.store.timeout
-        if previous is not None:  # the shared connection (torch without Store.clone): put it back below
-            self.store.set_timeout(READ_TIMEOUT)
-        try:
-            keys = [_KEY.format(rank=rank) for rank in range(self.world_size)]
-            try:  # every rank has published: all records in one request, not two per rank
-                with self._lock:
-                    raws = self.store.multi_get(keys) if self.store.check(keys) else None
-                    if raws is None:  # some rank has not published (yet): one check each
-                        raws = [self.store.get(key) if self.store.check([key]) else None for key in keys]
-            except Exception:  # the store itself is gone (with rank 0, which hosts it in srun mode)
-                return {rank: UNREACHABLE for rank in range(self.world_size)}
-            return {rank: json.loads(raw) if raw is not None else None for rank, raw in enumerate(raws)}
-        finally:
-            if previous is not None:
-                self.store.set_timeout(previous)
-
-    # -- at the collective timeout ----------------------------------------------------------------------
-    def explain(self, error: BaseException) -> CollectiveTimeout | None:
-        """A CollectiveTimeout naming the ranks it waited for when ``error`` is a collective timeout; the
-        posted diagnosis when a peer that timed out closed its connections; else None."""
-        if isinstance(error, CollectiveTimeout):
-            return error
-        text = f"{type(error).__name__}: {error}"
-        if any(marker in text for marker in _TIMEOUT_MARKERS):
-            self._stop.set()
-            return self._error(self.diagnose_now(), waited_s=None)
-        if any(marker in text for marker in PEER_CLOSED):
-            return self._relay()
-        return None
-
-    def diagnose_now(self) -> hangs.Verdict | None:
-        """This rank waits (its collective failed): the verdict now, asking the culprits for their stacks."""
-        if self.store is None:
-            return None
-        with contextlib.suppress(Exception):
-            self._publish(time.monotonic())
-        states = self._states(time.monotonic(), waiting=True)
-        first = hangs.diagnose(states, notice_s=0.0, observer=self.rank)
-        if first is None or not first.culprits:
-            return first
-        asked = [r for r in first.culprits if isinstance(states.get(r), hangs.State) and not states[r].stacks
-                 and r != self.rank][:4]
-        fetched: dict[int, str | None] = {}
-        if asked:
-            with contextlib.suppress(Exception), self._lock:
-                fetched = peers.request(self.store, asked)
-        return hangs.diagnose(states, notice_s=0.0, observer=self.rank, stacks=fetched)
-
-    def _error(self, verdict: hangs.Verdict | None, waited_s: float | None) -> CollectiveTimeout:
-        timeout_s = self.runtime.timeout.total_seconds()
-        waited = f" (waited {waited_s:.0f}s)" if waited_s is not None else ""
-        what = self.op or "a collective"
-        head = f"rank {self.rank}: {what} at step {self.step} did not complete within {timeout_s:.0f}s{waited}"
-        if verdict is None:
-            text = f"{head} — no rank's heartbeat says who holds it up (their records are unreachable or absent)"
-        elif verdict.kind == "stuck":
-            text = f"{head} — no rank is behind in steps or in collectives issued: {verdict.text()}"
-        else:
-            text = f"{head}: {verdict.text()}"
-        with contextlib.suppress(Exception), self._lock:
-            peers.post(self.store, text, complete=True)
-        return CollectiveTimeout(text, hint=HINT)
-
-    def _relay(self) -> CollectiveTimeout | None:
-        """A peer closed its connection: if it timed out, it posted its diagnosis, which this rank's error
-        carries; a peer that crashed posts none, and the error stays as it was."""
-        self._stop.set()
-        if self.store is None:
-            return None
-        try:
-            with self._lock:
-                found = peers.await_diagnosis(self.store, peers.WAIT_S + 2 * self.HEARTBEAT_S)
-        except Exception:
-            found = None
-        if found is None:
-            return None
-        what = f"rank {self.rank}: {self.op or 'a collective'} at step {self.step} failed"
-        return CollectiveTimeout(f"{what}: a peer timed out and closed its connections; its diagnosis: {found}",
-                                 hint=HINT)
 
     # -- the end --------------------------------------------------------------------------------------
     def close(self, timeout_s: float = 5.0) -> None:
@@ -465,30 +279,6 @@ def _watchdog_file(run_dir: str | None, rank: int) -> Any:
         return open(path, "wb+")
     except OSError:
         return None
-
-
-def _process_state(host: str, pid: int | None) -> str | None:
-    """How a silent rank's process is, where the watcher can see it (the same host): stopped or running."""
-    if not pid or host not in (socket.gethostname(), os.environ.get("SLURMD_NODENAME")):
-        return None
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return "gone"
-    return {"T": "stopped (SIGSTOP or a debugger)", "t": "stopped by a debugger", "R": "running",
-            "D": "in uninterruptible I/O", "Z": "exited"}.get(fields[0], None)
-
-
-def _read_dump(path: str, limit: int = 6000) -> str | None:
-    """A silent rank's stacks as its C watchdog wrote them (faulthandler: innermost first), its threads only."""
-    with contextlib.suppress(OSError):
-        blocks = Path(path).read_text(errors="replace").strip().split("\n\n")
-        own = [b for b in blocks if "trainscale/runtime/progress.py" not in b and "trainscale/observe/" not in b
-               and "File " in b]
-        if own:
-            return ("(written by its C watchdog while its Python was held; innermost first)\n"
-                    + "\n\n".join(own)[-limit:])
-    return None
 
 
 # -- the process's heartbeat ------------------------------------------------------------------------------
@@ -562,49 +352,3 @@ class GroupWatch:
             beat.close()
 
 
-def end_process(runtime: Any, error: CollectiveTimeout) -> None:
-    """What the watching heartbeat does at the timeout on NCCL: the main thread is stuck where no exception
-    can reach it, so report the error as an uncaught one would be, then end the process ourselves.
-
-    In order: the launcher's error file first (torchelastic's format, so `trainscale run` names it in its
-    summary, even if what follows hangs on a wedged device), the runtime's timeout callbacks
-    (``rt.on_collective_timeout``), the error on stderr, NCCL's flight-recorder trace (best effort, in a
-    thread of its own waited for a bounded time), exit 1.
-    """
-    try:
-        raise error  # the stack it records is the one this raise gives it
-    except CollectiveTimeout as exc:
-        record_error(exc)
-    call_timeout_callbacks(getattr(runtime, "timeout_callbacks", ()), error)
-    print(f"trainscale: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
-    dumping = threading.Thread(target=_dump_flight_recorder, args=(runtime.rank,), daemon=True)
-    dumping.start()
-    dumping.join(10.0)
-    sys.stderr.flush()
-    os._exit(1)
-
-
-def call_timeout_callbacks(callbacks: Any, error: CollectiveTimeout) -> None:
-    for callback in list(callbacks):
-        try:
-            callback(error)
-        except Exception as exc:  # a broken callback must not hide the diagnosis
-            print(f"trainscale: timeout callback failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-
-
-def _dump_flight_recorder(rank: int) -> None:
-    """Write this rank's NCCL flight-recorder trace where NCCL's own dump on timeout would go.
-
-    Ending the process before NCCL's watchdog means NCCL never dumps it; torch's CUDA builds can
-    dump on demand through a private hook, so this is best effort and silent when it is missing.
-    """
-    prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE") or os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
-    try:
-        dump = getattr(torch._C._distributed_c10d, "_dump_nccl_trace", None)
-        if prefix is None or dump is None:
-            return
-        with open(f"{prefix}{rank}", "wb") as fh:
-            fh.write(dump())
-        print(f"trainscale: NCCL flight recorder trace written to {prefix}{rank}", file=sys.stderr, flush=True)
-    except Exception:
-        return

@@ -179,7 +179,7 @@ class Runtime:
             explained = self._progress.explain(exc)
             if explained is None:
                 raise
-            from trainscale.runtime.progress import call_timeout_callbacks
+            from trainscale.runtime.hangwatch import call_timeout_callbacks
 
             call_timeout_callbacks(self.timeout_callbacks, explained)
             if explained is exc:

@@ -28,7 +28,7 @@ from trainscale.strategies.base import OptimizerSource
 from trainscale.train import fault
 from trainscale.train.console import Progress, duration
 from trainscale.train.metrics import LossLog, epoch_curves, write_metrics
-from trainscale.observe.hooks import ddp_timing
+from trainscale.observe.models import ddp_timing
 from trainscale.train.observing import check_network, recorder_for, step_flops
 from trainscale.train.options import TrainOptions
 from trainscale.train.timing import EpochClock, StepClock

@@ -1,0 +1,101 @@
+"""What a module and its batch say about themselves, read without changing either: the tensors in a forward's
+output, the batch's samples and tokens, the module inside DDP/DeepSpeed/compile wrappers and which of those
+wraps it, its device and dtype, autocast's, and DDP's own timing. For the recorder (observe/hooks.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def tensors(value: Any, depth: int = 0) -> list[torch.Tensor]:
+    """The tensors in a forward's output: a tensor, a tuple/list/dict of them (an HF ModelOutput is a dict)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if depth > 2:
+        return []
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in tensors(v, depth + 1)]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in tensors(v, depth + 1)]
+    return []
+
+
+def batch_size(args: tuple, kwargs: dict) -> tuple[int | None, int | None]:
+    """(samples, tokens) of a forward's input: its first tensor's first dimension; a 2-D integer input
+    (token ids, B x T) also counts tokens. HF models take ``input_ids=`` by keyword."""
+    first = kwargs.get("input_ids") if isinstance(kwargs.get("input_ids"), torch.Tensor) else None
+    if first is None:
+        found = tensors(args) or tensors(kwargs)
+        first = found[0] if found else None
+    if first is None or first.dim() == 0:
+        return None, None
+    tokens = first.numel() if first.dim() == 2 and not first.is_floating_point() else None
+    return int(first.shape[0]), tokens
+
+
+def unwrap(module: torch.nn.Module) -> torch.nn.Module:
+    """The user's module inside DDP, a DeepSpeed engine or torch.compile's wrapper."""
+    for _ in range(4):
+        inner = getattr(module, "module", None) or getattr(module, "_orig_mod", None)
+        if not isinstance(inner, torch.nn.Module):
+            return module
+        module = inner
+    return module
+
+
+def strategy_of(module: torch.nn.Module) -> str:
+    """What wraps the model, as trainscale's strategies are named."""
+    names = {type(m).__name__ for m in (module, getattr(module, "module", None)) if m is not None}
+    if "DeepSpeedEngine" in names or any("DeepSpeed" in n for n in names):
+        stage = getattr(module, "zero_optimization_stage", lambda: None)()
+        return f"deepspeed{f' zero{stage}' if stage else ''}"
+    if "FullyShardedDataParallel" in names or type(module).__name__.startswith("FSDP"):
+        return "fsdp"
+    if "DistributedDataParallel" in names:
+        return "ddp"
+    return "none"
+
+
+def param_dtype(module: Any) -> torch.dtype:
+    if module is None:
+        return torch.float32
+    return next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
+
+
+def ddp_timing(model: Any) -> dict[str, float] | None:
+    """DDP's own averages (seconds per iteration over its sampled iterations), with exposed = comm - overlap."""
+    getter = getattr(model, "_get_ddp_logging_data", None)
+    if getter is None:
+        return None
+    try:
+        data = getter()
+    except Exception:
+        return None
+    keys = {"forward_s": "avg_forward_compute_time", "backward_compute_s": "avg_backward_compute_time",
+            "comm_s": "avg_backward_comm_time", "overlap_s": "avg_backward_compute_comm_overlap_time"}
+    if not all(isinstance(data.get(v), int) for v in keys.values()):
+        return None  # fewer iterations than DDP's first sample
+    out = {k: data[v] / 1e9 for k, v in keys.items()}
+    out["exposed_comm_s"] = max(0.0, out["comm_s"] - out["overlap_s"])
+    out["buckets"] = len(str(data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes") or "").split(","))
+    return out
+
+
+def device_of(module: torch.nn.Module, args: tuple) -> torch.device:
+    found = tensors(args)
+    if found:
+        return found[0].device
+    param = next(module.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
+
+
+def autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """The dtype autocast computes in on ``device`` now (the step's compute dtype for MFU), or None."""
+    try:
+        if torch.is_autocast_enabled(device.type):
+            return torch.get_autocast_dtype(device.type)
+    except (TypeError, AttributeError, RuntimeError):  # an older torch: the parameters' dtype counts
+        pass
+    return None
