@@ -56,8 +56,11 @@ HANG_DATA = textwrap.dedent('''
     state = {"step": 0}
 
     def started():
+        import json, socket
+        where = {"t": time.time(), "host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+                 "pid": os.getpid()}
         with open(os.path.join(OUT, "hang-started"), "w") as fh:
-            fh.write(repr(time.time()))
+            json.dump(where, fh)
 
     def here():
         return dist.is_initialized() and dist.get_rank() == RANK and state["step"] == STEP
@@ -179,22 +182,25 @@ DS_CONFIG = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps":
              "zero_allow_untested_optimizer": True}
 SCRIPTS = {"plain": ("plain.py", PLAIN, []), "hf": ("hf_train.py", HF, []),
            "deepspeed": ("ds_train.py", DS, ["--deepspeed", "--deepspeed_config", "ds_config.json"])}
-EXPECTED_PLACE = {"data-sleep": "in __getitem__", "worker-stuck": "dataloader.py", "gil": "not responding",
+EXPECTED_PLACE = {"data-sleep": "in next_step", "worker-stuck": "dataloader.py", "gil": "not responding",
                   "sigstop": "stopped", "skip": "desync", "extra": "desync", "shape": "desync"}
 
 
 def workdir(root: Path) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "hang_data.py").write_text(HANG_DATA)
+    """The scripts, in a directory of their own: a SLURM job snapshots the directory it is submitted from."""
+    scripts = root / "scripts"
+    scripts.mkdir(parents=True, exist_ok=True)
+    (scripts / "hang_data.py").write_text(HANG_DATA)
     for name, text, _ in SCRIPTS.values():
-        (root / name).write_text(text)
-    (root / "ds_config.json").write_text(json.dumps(DS_CONFIG))
-    return root
+        (scripts / name).write_text(text)
+    (scripts / "ds_config.json").write_text(json.dumps(DS_CONFIG))
+    return scripts
 
 
-def events(root: Path) -> list[dict]:
+def events(out: Path) -> list[dict]:
+    """The notices in a trial's own run (trainscale run's run directory, or the job's)."""
     found = []
-    for path in root.glob("**/metrics/events.jsonl"):
+    for path in [*out.glob("runs/*-*/metrics/events.jsonl"), *out.glob("jobs/trainscale-*/metrics/events.jsonl")]:
         for line in path.read_text().splitlines():
             try:
                 found.append(json.loads(line))
@@ -212,7 +218,7 @@ def cluster_env() -> dict[str, str]:
 def env_for(out: Path, kind: str, step: int) -> dict[str, str]:
     from trainscale.strategies.deepspeed import extensions_dir
 
-    return clean_env(**CLUSTER_ENV,OUT=str(out), HANG_KIND=kind, HANG_RANK="1", HANG_STEP=str(step),
+    return clean_env(**CLUSTER_ENV, OUT=str(out), HANG_KIND=kind, HANG_RANK="1", HANG_STEP=str(step),
                      TORCH_EXTENSIONS_DIR=extensions_dir(), OMP_NUM_THREADS="1",
                      PATH=f"{Path(PYTHON).parent}{os.pathsep}{os.environ['PATH']}",
                      TRAINSCALE_STATE_DIR=str(out / "state"))
@@ -244,12 +250,12 @@ def stop(proc: subprocess.Popen | None, job: str | None) -> str:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
         return proc.stdout.read() if proc.stdout else ""
-    subprocess.run(["scancel", job], capture_output=True)
+    subprocess.run(["scancel", job], capture_output=True, env={**os.environ, **CLUSTER_ENV})
     return ""
 
 
 def trial(mode: str, script: str, kind: str, step: int, root: Path, give_up: float) -> dict:
-    out = Path(tempfile.mkdtemp(prefix=f"{mode}-{script}-{kind}-", dir=root))
+    out = Path(tempfile.mkdtemp(prefix=f"{mode}-{script}-{kind}-", dir=root.parent))
     env = env_for(out, kind, step)
     began = time.time()
     proc, job = start(mode, script, root, out, env)
@@ -263,7 +269,8 @@ def trial(mode: str, script: str, kind: str, step: int, root: Path, give_up: flo
             crashed = True
             break
         if job is not None:
-            state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout
+            state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True,
+                                   env={**os.environ, **CLUSTER_ENV}).stdout
             if not state.strip():
                 crashed = True
                 break
@@ -271,7 +278,8 @@ def trial(mode: str, script: str, kind: str, step: int, root: Path, give_up: flo
     said = stop(proc, job)
     if job is not None:
         said = "\n".join(p.read_text(errors="replace") for p in (out / "jobs").glob("**/*.out"))
-    hung_at = float((out / "hang-started").read_text()) if (out / "hang-started").exists() else None
+    culprit = json.loads((out / "hang-started").read_text()) if (out / "hang-started").exists() else None
+    hung_at = culprit["t"] if culprit else None
     row = {"mode": mode, "script": script, "kind": kind, "step": step, "hung": hung_at is not None}
     if notice is None:
         row.update(detected=False, crashed=crashed,
@@ -279,18 +287,19 @@ def trial(mode: str, script: str, kind: str, step: int, root: Path, give_up: flo
                    said=said[-1500:])
         return row
     text = notice.get("text") or notice.get("message", "")
-    host = "n2" if mode != "local" else os.uname().nodename
     place = EXPECTED_PLACE[kind]
+    # its host (and pid) as the culprit itself wrote them: in torchrun mode the rendezvous numbers the nodes
+    where = f"rank 1 on {culprit['host']} (pid {culprit['pid']})" if culprit and kind != "worker-stuck" else \
+        f"rank 1 on {culprit['host']}" if culprit else "?"
     row.update(detected=True, seconds=notice["t"] - hung_at if hung_at else None, verdict=notice.get("verdict"),
-               culprit=1 in (notice.get("culprits") or []), host=f"rank 1 on {host}" in text or kind in
-               ("skip", "extra", "shape"),
+               culprit=1 in (notice.get("culprits") or []), host=where in text or kind in ("skip", "extra", "shape"),
                place=(notice.get("verdict") == "desync") if place == "desync" else place in text,
                text=text[:1500])
     return row
 
 
 def clean(mode: str, root: Path, k: int) -> dict:
-    out = Path(tempfile.mkdtemp(prefix=f"clean-{mode}-", dir=root))
+    out = Path(tempfile.mkdtemp(prefix=f"clean-{mode}-", dir=root.parent))
     env = {**env_for(out, "none", -1), "STEPS": "40"}
     busy = subprocess.Popen([PYTHON, "-c", "while True: pass"])
     try:

@@ -166,12 +166,18 @@ WAITING = textwrap.dedent("""
 """)
 
 
-def _start(tmp_path: Path) -> tuple[subprocess.Popen, list[psutil.Process]]:
+def _start(tmp_path: Path, ignored: tuple[int, ...] = ()) -> tuple[subprocess.Popen, list[psutil.Process]]:
+    """The launcher with two waiting ranks; ``ignored``: signals it starts with ignored (``nohup``, ``&``)."""
     script = tmp_path / "waiting.py"
     script.write_text(WAITING)
+
+    def ignore() -> None:
+        for signum in ignored:
+            signal.signal(signum, signal.SIG_IGN)
+
     proc = subprocess.Popen([sys.executable, "-m", "trainscale", "run", "--nproc-per-node", "2", "--log-dir", "logs",
                              str(script), str(tmp_path)], cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=ignore if ignored else None)
     deadline = time.monotonic() + 180
     while not all((tmp_path / f"training{r}").exists() for r in (0, 1)):
         assert proc.poll() is None, proc.communicate()
@@ -246,6 +252,36 @@ def test_a_signal_to_the_launcher_stops_everything_with_one_line(tmp_path, signu
     assert not any(c.status == psutil.CONN_LISTEN for c in psutil.net_connections(kind="inet")
                    if c.pid in {p.pid for p in family}), "a socket still listens"
     assert mapped and not any(Path(name).exists() for name in mapped), f"shared memory left: {mapped}"
+
+
+@pytest.mark.slow
+def test_a_launcher_started_under_nohup_stops_a_workloads_ranks_at_once(tmp_path):
+    """issue 35 item 4: `nohup trainscale run ... &` starts with SIGHUP and SIGINT ignored. A workload's ranks
+    are forked from a forkserver that inherited that before torch's agent took the signals over, and the agent
+    passes the signal it gets on to them: they held the stop up 30 s, until a SIGKILL."""
+    console = tmp_path / "console.txt"
+
+    def nohup() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    with console.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "trainscale", "run", "--nproc-per-node", "2", "--log-dir", "logs",
+                                 "--workload", "cnn", "--data", "synthetic", "--samples", "200000", "--log-every", "0"],
+                                cwd=tmp_path, env=_env(), stdout=out, stderr=subprocess.STDOUT, preexec_fn=nohup)
+    deadline = time.monotonic() + 180
+    while "[rank0]: cnn:" not in console.read_text():  # set up and training
+        assert proc.poll() is None, console.read_text()
+        assert time.monotonic() < deadline, "the ranks never started training"
+        time.sleep(0.1)
+    workers = [c for c in psutil.Process(proc.pid).children(recursive=True) if c.name().startswith("ts-rank")]
+    began = time.monotonic()
+    proc.send_signal(signal.SIGHUP)  # the terminal closing (what nohup was for), or `kill -HUP`
+    proc.wait(timeout=120)
+    took = time.monotonic() - began
+    for p in _wait_gone(workers, timeout=5):
+        p.kill()
+    assert proc.returncode == 128 + signal.SIGHUP and took < 15, (proc.returncode, took, console.read_text()[-2000:])
 
 
 @pytest.mark.slow

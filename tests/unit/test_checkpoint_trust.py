@@ -276,6 +276,23 @@ def test_a_full_disk_fails_the_save_naming_the_directory_and_the_need_and_leaves
     ck.close()  # its lock's file is open on the tmpfs the fixture unmounts
 
 
+def test_a_full_disk_under_a_background_sharded_save_says_so(tmp_path, rt, mount):
+    """issue 35 item 4: the background save's shard writer (torch's zip stream) reported a full disk as
+    "RuntimeError: [enforce fail at inline_container.cc:672] unexpected pos"."""
+    disk = mount("size=1m")
+    strategy = get_strategy("fsdp")
+    model, opt = strategy.wrap(torch.nn.Linear(256, 256), OptimizerSpec(torch.optim.SGD, {"lr": 0.1}), rt)
+    ck = Checkpointer(disk / "ck", rt, strategy=strategy, keep=5, asynchronous=True)
+    ck.save(1, {"model": strategy.checkpoint_state(model, opt), "step": 1})
+    ck.save(2, {"model": Shards({"w": torch.zeros(256 * 1024)}), "step": 2})  # 1 MiB more, in the background
+    with pytest.raises(CheckpointError, match=rf"the disk holding {disk / 'ck'} is full: saving the checkpoint of "
+                                              r"step 2 failed") as caught:
+        ck.wait()
+    assert "inline_container" not in str(caught.value) and "--checkpoint-dir" in caught.value.hint
+    assert ck.latest().step == 1
+    ck.close()
+
+
 def test_an_unusable_checkpoint_directory_is_refused_when_the_checkpointer_is_made(tmp_path, rt, mount):
     (tmp_path / "file").write_text("not a directory")
     with pytest.raises(CheckpointError, match=r"--checkpoint-dir .*file/ck is unusable: .*file is a file, not a "

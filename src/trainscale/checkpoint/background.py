@@ -98,10 +98,12 @@ class InFlight:
         if error is None:
             return None
         what = error.message if isinstance(error, CheckpointError) else f"{type(error).__name__}: {error}"
+        own_hint = getattr(error, "hint", None) if isinstance(error, CheckpointError) else None
         failed = CheckpointError(
             f"the background save of step {save.step} to {save.path} failed: {what}",
-            hint=f"the newest complete checkpoint in {save.path.parent} stays the one to resume from; check free "
-                 "space and permissions there, or save in the training's own time with --no-checkpoint-async")
+            hint=(f"{own_hint}; or save in the training's own time with --no-checkpoint-async" if own_hint else
+                  f"the newest complete checkpoint in {save.path.parent} stays the one to resume from; check free "
+                  "space and permissions there, or save in the training's own time with --no-checkpoint-async"))
         failed.__cause__ = error
         return failed
 

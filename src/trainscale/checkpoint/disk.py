@@ -59,11 +59,21 @@ def state_bytes(state: Any) -> int:
     return sum(t.numel() * t.element_size() for t in tree_leaves(state) if isinstance(t, torch.Tensor))
 
 
-def is_full(exc: BaseException) -> bool:
-    """Whether ``exc`` (or what caused it) is a full disk or an exhausted quota."""
+_ZIP_WRITER = ("inline_container.cc", "PytorchStreamWriter failed writing", "unexpected pos")
+"""How torch.save's zip stream reports a write that failed (no errno: DCP's background writer, torch.save)."""
+
+
+def is_full(exc: BaseException, directory: Path | None = None, needed: int | None = None) -> bool:
+    """Whether ``exc`` (or what caused it) is a full disk or an exhausted quota; also torch's zip writer's
+    bare failure when the disk under ``directory`` has less free space left than the save ``needed``."""
     while exc is not None:
         if isinstance(exc, OSError) and exc.errno in FULL:
             return True
+        if directory is not None and any(marker in str(exc) for marker in _ZIP_WRITER):
+            try:
+                return shutil.disk_usage(directory).free < max(needed or 0, 2**20)
+            except OSError:
+                return False
         exc = exc.__cause__ or exc.__context__
     return False
 

@@ -95,9 +95,10 @@ def save(directory: Path, step: int, state: dict[str, Any], runtime: Any, record
         try:  # a collective; rank 0 writes .metadata last, after every rank's shards
             dcp.save(shards, storage_writer=writer, no_dist=not _distributed())
         except CheckpointException as exc:  # a BaseException: turn it into an error a user can act on
+            failed = _failed(step, directory, exc, disk.state_bytes(shards))
             if runtime.is_main:  # DCP reports on every rank once every rank has stopped writing
                 shutil.rmtree(partial, ignore_errors=True)
-            raise _failed(step, directory, exc, disk.state_bytes(shards)) from exc
+            raise failed from exc
     if write_native is not None:
         write_native(partial)
     runtime.barrier()  # every rank's shards are on disk
@@ -136,10 +137,11 @@ def save_async(directory: Path, step: int, state: dict[str, Any], runtime: Any, 
 
             try:
                 upload.result()
-            except CheckpointException as exc:
+            except (Exception, CheckpointException) as exc:  # the latter is a BaseException
+                failed = _failed(step, directory, exc, needed)
                 if runtime.is_main:
                     shutil.rmtree(partial, ignore_errors=True)
-                raise _failed(step, directory, exc, needed) from exc
+                raise failed from exc
         if runtime.is_main:
             if before_rename is not None:
                 before_rename()
@@ -168,8 +170,10 @@ def _rest(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def _failed(step: int, directory: Path, exc: BaseException, needed: int) -> CheckpointError:
-    failures = getattr(exc, "failures", None) or {}
-    full_on = sorted(rank for rank, err in failures.items() if disk.is_full(err[0]))
+    """The error for a failed save of ``step`` (before its partial directory is removed: a full disk is still
+    full then); a full disk named as one on the rank(s) it filled up for."""
+    failures = getattr(exc, "failures", None) or {0: (exc, None)}
+    full_on = sorted(rank for rank, err in failures.items() if disk.is_full(err[0], Path(directory), needed))
     if full_on:
         full = disk.full_error(Path(directory), step, needed, needs="this rank's shards need")
         return CheckpointError(f"{full.message} on rank(s) {', '.join(map(str, full_on))}", hint=full.hint)
@@ -186,8 +190,9 @@ def _complete(partial: Path, final: Path, rest: dict[str, Any], record: dict[str
     try:
         _seal(partial, rest, record, writer)
     except (OSError, RuntimeError) as exc:  # torch.save's zip writer turns ENOSPC into a RuntimeError
+        full = disk.is_full(exc, final.parent, disk.state_bytes(rest))  # before the partial directory goes
         shutil.rmtree(partial, ignore_errors=True)
-        if disk.is_full(exc):
+        if full:
             raise disk.full_error(final.parent, step, disk.state_bytes(rest)) from exc
         raise
     if final.exists():  # the same step saved again (a resumed run)

@@ -124,6 +124,17 @@ def apply_bind_from_env(environ: Mapping[str, str] = os.environ) -> None:
         print(f"trainscale: {report.describe()}", file=sys.stderr, flush=True)
 
 
+def heed_stop_signals() -> None:
+    """A launcher started with ``nohup`` or ``&`` from a script ignores SIGHUP (and SIGINT) and its workers
+    inherit that; torch's agent, which answers those signals itself, passes the one it got on to the workers
+    when it stops them, and ignoring it they would hold the stop up for its 30 s before a SIGKILL. A worker
+    takes the interpreter's own default back (a script that sets its own handler later keeps it)."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def set_error_file(environ: MutableMapping[str, str] = os.environ) -> None:
     """Point @record at ``<dir>/error-rank<R>.json`` so every srun task leaves its traceback in the job dir."""
     directory = environ.get(ERROR_DIR_VAR)
@@ -139,6 +150,7 @@ USAGE = "usage: bootstrap (--script PATH | --module NAME | --exec PROGRAM) [ARGS
 def main(argv: list[str], *, forked: bool = False) -> None:
     """Run one worker. ``forked``: started by :func:`forked` (it returns after a clean run)."""
     set_error_file()  # first: record_error writes there if anything below fails (as @record would)
+    heed_stop_signals()
     die_with_parent()
     faulthandler.enable(all_threads=True)  # a segfault still leaves Python stacks on stderr
     try:

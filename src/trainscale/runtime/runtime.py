@@ -258,8 +258,11 @@ def init(
     Works unchanged for one process (no process group) and for N ranks from torchrun, srun or mpirun.
     ``deterministic``: bitwise-repeatable GPU runs (runtime/determinism.py, docs/gpu.md).
     """
-    if timeout_s <= 0:
-        raise ConfigError(f"timeout_s={timeout_s} must be positive", hint="give the collective timeout in seconds, e.g. 600")
+    if not 0 < timeout_s < 2**31 / 1000:  # nan and inf fail this too; torch keeps it in int32 milliseconds
+        raise ConfigError(f"timeout_s={timeout_s} must be a number of seconds > 0 and below 2147483",
+                          hint="give the collective timeout in seconds, e.g. 600")
+    if not 0 <= seed < 2**63:
+        raise ConfigError(f"seed={seed} is outside 0 ... 2**63 - 1 (torch's seeds are 64-bit)", hint="e.g. seed=0")
     environ = os.environ if environ is None else environ
     env = detect(environ)
     notes: list[str] = []

@@ -94,8 +94,12 @@ class TrainOptions:
             raise ConfigError(f"--checkpoint-every {self.checkpoint_every} is negative", hint="use 0 or more steps")
         if self.samples < 1:
             raise ConfigError(f"--samples {self.samples} must be >= 1", hint="e.g. --samples 60000")
-        if self.timeout_s <= 0:
-            raise ConfigError(f"--timeout {self.timeout_s} must be > 0", hint="seconds, e.g. --timeout 600")
+        if not 0 < self.timeout_s < 2**31 / 1000:  # nan and inf fail this too; torch keeps it in int32 milliseconds
+            raise ConfigError(f"--timeout {self.timeout_s} must be a number of seconds > 0 and below 2147483",
+                              hint="seconds, e.g. --timeout 600")
+        if not 0 <= self.seed < 2**63:
+            raise ConfigError(f"--seed {self.seed} is outside 0 ... 2**63 - 1 (torch's seeds are 64-bit)",
+                              hint="e.g. --seed 0")
         if self.num_workers < 0:
             raise ConfigError(f"--num-workers {self.num_workers} is negative", hint="0 (load in the rank) or more")
         if self.num_workers and self.loader != "dataloader":

@@ -105,6 +105,11 @@ class GPTOptions:
         if self.seq_len < 2:
             raise ConfigError(f"--seq-len {self.seq_len} must be >= 2", hint="e.g. --seq-len 128")
         check_heads(self.n_embd, self.n_head)
+        given = Path(self.experiment_dir)
+        for place in (given, *given.absolute().parents):
+            if place.exists() and not place.is_dir():  # refused before launch, not as a traceback on every rank
+                raise ConfigError(f"--experiment-dir {self.experiment_dir}: {place} is a file, not a directory",
+                                  hint="give a directory (it is created if missing), e.g. --experiment-dir runs/gpt")
 
 
 DEFAULTS = TrainOptions(epochs=1, batch_size=8, lr=3e-4)

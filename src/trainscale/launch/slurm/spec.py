@@ -45,10 +45,15 @@ def parse_time(text: str) -> int:
                                "UNLIMITED, e.g. --time 01:30:00 or -t 1-12")
     days, *rest = m.groups()
     parts = [int(x) for x in rest if x is not None]
+    over = any(p >= 60 for p in parts[1:]) or (days is not None and bool(parts) and parts[0] >= 24)
     if days is not None:  # D-HH, D-HH:MM, D-HH:MM:SS
         parts += [0] * (3 - len(parts))
     units = (3600, 60, 1) if len(parts) == 3 else (60, 1)  # H:M:S; M or M:S
-    return int(days or 0) * 86400 + sum(p * u for p, u in zip(parts, units))
+    seconds = int(days or 0) * 86400 + sum(p * u for p, u in zip(parts, units))
+    if over:  # sbatch would read it otherwise than it is written
+        raise ConfigError(f"time {text!r}: minutes and seconds after the first field are 0-59, hours 0-23 after "
+                          "a day count", hint=f"write it as --time {format_time(seconds)}")
+    return seconds
 
 
 def format_time(seconds: int) -> str:
