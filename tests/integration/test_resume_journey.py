@@ -75,3 +75,28 @@ def test_a_restarted_run_that_had_finished_ends_cleanly():
     loop.rt.attempt = 0
     with pytest.raises(CheckpointError, match="resuming would train nothing"):
         Loop._nothing_to_train(loop, SimpleNamespace(path="d/ckpt-00000010.pt"))
+
+
+def _on_two_ranks(directory: str, epochs: int) -> tuple[int, str]:
+    import contextlib
+    import io
+
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):
+        steps = train(directory, epochs=epochs)["steps"]
+    return steps, said.getvalue()
+
+
+@pytest.mark.slow
+def test_an_end_of_epoch_checkpoint_of_one_rank_resumes_on_two_where_it_ended(tmp_path):
+    """issue 35 item 4: the way out the refusal of a mid-epoch world-size change names — an end-of-epoch
+    checkpoint — was itself refused on 2 ranks as "would train nothing" (step 8 of 1 rank compared with 2 ranks'
+    last step 4). One epoch of one rank is one epoch of two: the second epoch is trained."""
+    from helpers.multiproc import run_on_ranks
+
+    ckpt = tmp_path / "ckpt"
+    assert train(ckpt, epochs=1)["steps"] == 8  # 64 samples, batch 8, one rank
+    found = run_on_ranks(_on_two_ranks, 2, str(ckpt), 2, timeout=120)
+    steps, said = found[0]
+    assert steps == 8 and found[1][0] == 8, found  # epoch 2 of 2: 4 steps of 2 ranks after the 4 of epoch 1
+    assert "at step 4 (epoch 2, batch 0); written with world size 1, now 2" in said, said

@@ -25,10 +25,18 @@ def test_an_existing_file_is_refused_before_launch_unless_the_run_resumes(in_tmp
     err = capsys.readouterr().err
     assert "--metrics-out m.json already exists" in err and "Hint:" in err and "Traceback" not in err
     assert not (in_tmp / "logs").exists() and json.loads((in_tmp / "m.json").read_text()) == {"mine": True}
-    # the same run resuming (its checkpoint directory holds a checkpoint) brings its own file up to date
+    # a run resuming any checkpoint overwrote it (issue 35 item 4): the file must say it was written for those
     (in_tmp / "ckpt").mkdir()
     (in_tmp / "ckpt" / "ckpt-00000004.pt").write_bytes(b"")
-    check_metrics_out(in_tmp / "m.json", resuming=True)
+    with pytest.raises(ConfigError, match="already exists and this run does not resume the one that wrote it"):
+        check_metrics_out(in_tmp / "m.json", resuming=True, checkpoints=in_tmp / "ckpt")
+    resumed = [*cnn, "--checkpoint-dir", "ckpt"]
+    assert main(resumed) == 2 and json.loads((in_tmp / "m.json").read_text()) == {"mine": True}
+    # the run that wrote it, resuming from the same checkpoints, brings its own file up to date
+    write_metrics(in_tmp / "ours.json", {"steps": 4}, MAIN, checkpoints=in_tmp / "ckpt")
+    check_metrics_out(in_tmp / "ours.json", resuming=True, checkpoints=in_tmp / "ckpt")
+    with pytest.raises(ConfigError, match="already exists"):  # ... and only that run
+        check_metrics_out(in_tmp / "ours.json", resuming=True, checkpoints=in_tmp / "other")
     with pytest.raises(ConfigError, match="is a directory"):
         check_metrics_out(in_tmp / "ckpt", resuming=True)
 
@@ -44,4 +52,5 @@ def test_a_new_file_gets_the_umask_mode_and_an_updated_one_keeps_its_own(tmp_pat
     shared.write_text("{}")
     shared.chmod(0o664)
     write_metrics(shared, {"steps": 2}, MAIN)
-    assert stat.S_IMODE(shared.stat().st_mode) == 0o664 and json.loads(shared.read_text()) == {"steps": 2}
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o664
+    assert json.loads(shared.read_text()) == {"steps": 2, "checkpoints_of": None}

@@ -126,11 +126,14 @@ class Loop:
         found = self.checkpointer.restore(self._state()) if self.checkpointer and self.resume else None
         if found is None:
             return 0, 0
-        self.step = self.saved_at = int(found.contents["step"])
+        saved = int(found.contents["step"])
+        written = int(found.record["world_size"])
+        epoch, batch = resume_position(found, saved, self.steps_per_epoch, self.rt.world_size)
+        # in this world's steps: an end-of-epoch checkpoint of another world size is that many epochs of these
+        self.step = self.saved_at = saved if written == self.rt.world_size or self.task.past_epochs \
+            else epoch * self.steps_per_epoch + batch
         if self.step >= self.total:
             self._nothing_to_train(found)
-        written = int(found.record["world_size"])
-        epoch, batch = resume_position(found, self.step, self.steps_per_epoch, self.rt.world_size)
         self.task.loader.load_state_dict({"epoch": epoch, "batch": batch * self.accumulation})
         self.resumed = True
         self.rt.print(f"Resumed from {found.path} at step {self.step} (epoch {epoch + 1}, batch {batch}); "
@@ -365,7 +368,7 @@ class Loop:
             recorded = self.recorder.finish()
         if recorded is not None:
             result["recorded"] = recorded
-        write_metrics(self.opts.metrics_out, result, rt)
+        write_metrics(self.opts.metrics_out, result, rt, checkpoints=self.directory)
         result["model"] = strategy.unwrap(self.model)
         return result
 
@@ -395,7 +398,7 @@ def resume_position(found: Any, step: int, steps_per_epoch: int, world_size: int
     raise CheckpointError(
         f"{found.path} was written by {saved_world} rank(s) in the middle of epoch {epoch + 1} (batch {batch}); "
         f"this run has {world_size} rank(s), which would split that epoch's remaining samples differently",
-        hint=f"resume with --nproc-per-node/--nodes giving {saved_world} ranks, or resume from an end-of-epoch "
-             f"checkpoint (save with --checkpoint-every 0); sharded strategies (fsdp) reshard any step",
+        hint=f"resume with --nproc-per-node/--nodes giving {saved_world} ranks, or from an end-of-epoch checkpoint "
+             "(save with --checkpoint-every 0), which any number of ranks resumes",
     )
 

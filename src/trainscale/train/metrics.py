@@ -48,25 +48,39 @@ class LossLog:
         return self.last
 
 
-def write_metrics(path: str | os.PathLike | None, result: dict[str, Any], runtime: Any) -> None:
-    """The run's metrics as JSON, atomically, on rank 0 (``--metrics-out``): a new file gets the mode
-    ``open()`` would give it (0666 less the umask), a file brought up to date by a resumed run keeps
-    its own."""
+WRITTEN_FOR = "checkpoints_of"
+"""The field of a metrics file that names the directory whose checkpoints its run saved and resumed."""
+
+
+def write_metrics(path: str | os.PathLike | None, result: dict[str, Any], runtime: Any,
+                  checkpoints: str | os.PathLike | None = None) -> None:
+    """The run's metrics as JSON, atomically, on rank 0 (``--metrics-out``), with the directory of the run's
+    ``checkpoints`` (a resumed run may bring the file up to date: :func:`check_metrics_out`). A new file gets
+    the mode ``open()`` would give it (0666 less the umask), a file brought up to date keeps its own."""
     if path and runtime.is_main:
-        text = json.dumps(result, indent=2, default=str).encode()
+        written = {**result, WRITTEN_FOR: str(Path(checkpoints).resolve()) if checkpoints else None}
+        text = json.dumps(written, indent=2, default=str).encode()
         atomic_write(Path(path), lambda fh: fh.write(text), mode=_mode_for(Path(path)))
 
 
-def check_metrics_out(path: str | os.PathLike | None, *, resuming: bool) -> None:
-    """Before launch: ``--metrics-out`` must not name a file that exists, unless this run resumes the
-    run that wrote it (its checkpoint directory holds a checkpoint): a finished run's results are
-    never overwritten by another run's."""
+def check_metrics_out(path: str | os.PathLike | None, *, resuming: bool,
+                      checkpoints: str | os.PathLike | None = None) -> None:
+    """Before launch: ``--metrics-out`` must not name a file that exists, unless this run resumes the run that
+    wrote it — it resumes from ``checkpoints`` and the file says it was written for those checkpoints: a file of
+    your own, or another run's results, is never overwritten."""
     if not path:
         return
     target = Path(path)
     if target.is_dir():
         raise ConfigError(f"--metrics-out {path} is a directory", hint="give the path of a JSON file to write")
-    if target.exists() and not resuming:
+    if not target.exists():
+        return
+    try:
+        written_for = json.loads(target.read_text()).get(WRITTEN_FOR)
+    except (OSError, ValueError, AttributeError):
+        written_for = None
+    ours = resuming and checkpoints is not None and written_for == str(Path(checkpoints).resolve())
+    if not ours:
         raise ConfigError(f"--metrics-out {path} already exists and this run does not resume the one that wrote it",
                           hint="give a new file, move the old one away, or resume that run (the same "
                                "--checkpoint-dir, or --experiment-dir for gpt)")

@@ -259,4 +259,4 @@ def check_training(opts: TrainOptions, world_size: int, *, gpus: bool | None, sa
     if samples is not None:
         check_shardable(samples, world_size, opts.batch_size, what=what)
     resuming = bool(checkpoint_dir) and not opts.fresh and bool(list_checkpoints(Path(checkpoint_dir)))
-    check_metrics_out(opts.metrics_out, resuming=resuming)
+    check_metrics_out(opts.metrics_out, resuming=resuming, checkpoints=checkpoint_dir)

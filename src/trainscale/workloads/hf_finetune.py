@@ -132,7 +132,8 @@ def plan(argv: list[str], world_size: int, *, gpus: bool | None = None) -> Plan:
                           hint="pick a new --output-dir; nothing in it was touched")
     if opts.compile:
         check_compile()
-    check_metrics_out(opts.metrics_out, resuming=(out / MARKER).exists() and any(out.glob("checkpoint-*")))
+    check_metrics_out(opts.metrics_out, resuming=(out / MARKER).exists() and any(out.glob("checkpoint-*")),
+                      checkpoints=out)
     per_device = own.global_batch // world_size
     use_cpu = opts.device == "cpu" or not (torch.cuda.is_available() if gpus is None else gpus)
     strategy_args = trainer_arguments(opts.strategy, world_size=world_size, per_device=per_device, use_cpu=use_cpu,
@@ -249,7 +250,7 @@ def _train(rt, run: Plan) -> dict:
               "epochs": [{"epoch": 1, "time_s": elapsed, "train_loss": output.training_loss, "steps": steps,
                           "samples": samples, "samples_per_s": samples / max(elapsed, 1e-9)}]}
     rt.print(f"hf-finetune: {output.global_step} steps, train loss {output.training_loss:.4f}, {elapsed:.1f}s")
-    write_metrics(opts.metrics_out, result, rt)
+    write_metrics(opts.metrics_out, result, rt, checkpoints=own.output_dir)
     return result
 
 
