@@ -282,6 +282,10 @@ def test_a_launcher_started_under_nohup_stops_a_workloads_ranks_at_once(tmp_path
     for p in _wait_gone(workers, timeout=5):
         p.kill()
     assert proc.returncode == 128 + signal.SIGHUP and took < 15, (proc.returncode, took, console.read_text()[-2000:])
+    said = [line for line in console.read_text().splitlines() if not line.startswith("[rank0]:")]
+    assert [line for line in said if "OMP_NUM_THREADS" not in line] == [  # one line: torch's per rank left out
+        f"trainscale: received SIGHUP: stopped the 2 rank(s) of this node; per-rank logs in "
+        f"{next(p for p in (tmp_path / 'logs').iterdir() if not p.is_symlink())}"], said
 
 
 @pytest.mark.slow

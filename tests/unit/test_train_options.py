@@ -109,3 +109,23 @@ def test_compile_with_deepspeed_is_refused_before_launch():
     with pytest.raises(ConfigError, match="--compile with --strategy deepspeed") as caught:
         check_strategy("deepspeed:stage=2", 2, batch_size=16, compile=True)
     assert "leave --compile out" in caught.value.hint
+
+
+def test_bad_numbers_and_an_unusable_checkpoint_directory_are_refused_in_the_launcher(in_tmp, capsys):
+    """issue 35 item 4: --timeout nan/inf, --seed 2**70 and --experiment-dir naming a file ended in a traceback on
+    every rank; an unusable --checkpoint-dir was refused only once every rank had started (75-160 s loaded),
+    headed by the rank that relayed it. Each is one line from the launcher, before any rank starts."""
+    from trainscale.cli.main import main
+
+    (in_tmp / "afile").write_text("not a directory")
+    run = ["run", "--nproc-per-node", "2", "--log-dir", "logs", "--workload"]
+    cases = {("cnn", "--timeout", "nan"): "--timeout nan must be a number of seconds",
+             ("cnn", "--timeout", "inf"): "--timeout inf must be a number of seconds",
+             ("cnn", "--seed", str(2**70)): f"--seed {2**70} is outside 0 ... 2**63 - 1",
+             ("gpt", "--experiment-dir", "afile"): "--experiment-dir afile: ",
+             ("cnn", "--checkpoint-dir", "afile/ck"): "--checkpoint-dir afile/ck is unusable: "}
+    for argv, said in cases.items():
+        assert main([*run, *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err and err.count("\n") <= 2, (argv, err)
+    assert not (in_tmp / "logs").exists()  # no rank was started

@@ -55,8 +55,8 @@ def resume_note(run_dir: str | None) -> str | None:
 
 
 # torch's lines that trainscale's own replace (the summary, the restart line, the signal line).
-_REPLACED = ("Received %s death signal", "Sending process %s closing signal", "failed (exitcode: %s)",
-             "[%s] Worker group %s. %s/%s attempts left")
+_REPLACED = ("Received %s death signal", "Sending process %s closing signal", "Closing process %s via signal %s",
+             "failed (exitcode: %s)", "[%s] Worker group %s. %s/%s attempts left")
 
 
 class _Quieter(logging.Filter):

@@ -244,6 +244,7 @@ def forked(launcher: dict, *argv: str) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, FORKSERVER_BLOCKS)  # one sent meanwhile arrives now
     try:
         _leave_forkserver()
+        die_with_launcher(launcher["environ"])
         os.setsid()
         own = {k: v for k, v in os.environ.items()
                if _IMPORTED_WITH.get(k) != v or k in _AGENT_SETS or k.startswith("TORCHELASTIC_")}
@@ -266,6 +267,29 @@ def forked(launcher: dict, *argv: str) -> None:
     except KeyboardInterrupt:  # outside the script (torch's wrapper would take it for a clean end): die of it
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
+
+
+def die_with_launcher(environ: Mapping[str, str]) -> bool:
+    """A forked worker's parent is the forkserver, which ends when the launcher does, and the worker with it
+    (PR_SET_PDEATHSIG): a chain that waits for the forkserver to be scheduled, late on a starved node. So the
+    worker also watches the launcher itself through a pidfd (Linux >= 5.3), in a thread that only waits: when the
+    launcher's process ends, however (SIGKILL, the OOM killer), this one does too. True when watching."""
+    pid, _, _ = environ.get(AGENT_VAR, "").partition(":")
+    if not pid.isdigit() or not hasattr(os, "pidfd_open"):
+        return False
+    try:
+        fd = os.pidfd_open(int(pid))
+    except OSError:  # already gone: die_with_parent's checks end this worker
+        return False
+
+    def wait() -> None:
+        import select
+
+        select.select([fd], [], [])  # readable once the process has ended
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=wait, name="trainscale-launcher-watch", daemon=True).start()
+    return True
 
 
 def _leave_forkserver() -> None:
@@ -418,8 +442,8 @@ def explain_hang(exc: BaseException) -> BaseException | None:
     beat = progress.current() if progress is not None else None
     if beat is None or isinstance(exc, (KeyboardInterrupt, SystemExit)):
         return None
-    try:
-        explained = beat.explain(exc)
+    try:  # a peer's closed connection is not waited on here: the launcher's summary names the rank that timed out
+        explained = beat.explain(exc, relay=False)
     except Exception:
         return None
     if explained is None or explained is exc:

@@ -151,16 +151,17 @@ class Watching:
                 self.store.set_timeout(previous)
 
     # -- at the collective timeout ----------------------------------------------------------------------
-    def explain(self, error: BaseException) -> CollectiveTimeout | None:
-        """A CollectiveTimeout naming the ranks it waited for when ``error`` is a collective timeout; the
-        posted diagnosis when a peer that timed out closed its connections; else None."""
+    def explain(self, error: BaseException, *, relay: bool = True) -> CollectiveTimeout | None:
+        """A CollectiveTimeout naming the ranks it waited for when ``error`` is a collective timeout; with
+        ``relay``, the posted diagnosis when a peer that timed out closed its connections (waiting for it a few
+        seconds: a peer that crashed posts none); else None."""
         if isinstance(error, CollectiveTimeout):
             return error
         text = f"{type(error).__name__}: {error}"
         if any(marker in text for marker in _TIMEOUT_MARKERS):
             self._stop.set()
             return self._error(self.diagnose_now(), waited_s=None)
-        if any(marker in text for marker in PEER_CLOSED):
+        if relay and any(marker in text for marker in PEER_CLOSED):
             return self._relay()
         return None
 

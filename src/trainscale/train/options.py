@@ -258,5 +258,13 @@ def check_training(opts: TrainOptions, world_size: int, *, gpus: bool | None, sa
         check_compile()
     if samples is not None:
         check_shardable(samples, world_size, opts.batch_size, what=what)
+    if checkpoint_dir:  # here, before any rank starts: refused in the workers it costs a start of every rank
+        from trainscale.checkpoint.disk import unusable
+
+        problem = unusable(Path(checkpoint_dir))
+        if problem is not None:
+            raise ConfigError(f"--checkpoint-dir {checkpoint_dir} is unusable: {problem}",
+                              hint="point --checkpoint-dir at a directory you can write to (created if missing), "
+                                   "or fix its permissions / remount it read-write")
     resuming = bool(checkpoint_dir) and not opts.fresh and bool(list_checkpoints(Path(checkpoint_dir)))
     check_metrics_out(opts.metrics_out, resuming=resuming, checkpoints=checkpoint_dir)
