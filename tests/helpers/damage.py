@@ -107,17 +107,19 @@ of 2^40 bytes); shifted-offset (a tensor's bytes 4 bytes off: they verify, but d
 
 
 def craft(checkpoint: Path, kind: str) -> Path:
-    """Craft ``checkpoint`` (a sharded ``ckpt-N/``) the way ``kind`` names (:data:`CRAFTS`); returns the path
-    a resume now meets first."""
+    """Craft ``checkpoint`` (a sharded ``ckpt-N/``; "renamed" a rank-0 file too) the way ``kind`` names
+    (:data:`CRAFTS`); returns the path a resume now meets first."""
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
     from trainscale.checkpoint.dcp_io import read_metadata
 
     checkpoint = Path(checkpoint)
-    if kind == "renamed":
-        step = int(checkpoint.name.split("-")[1]) + 10
-        link = checkpoint.with_name(f"ckpt-{step:08d}")
+    if kind == "renamed":  # a sharded directory, or a rank-0 file with its manifest
+        step = int(checkpoint.name.split("-")[1].split(".")[0]) + 10
+        link = checkpoint.with_name(f"ckpt-{step:08d}{'' if checkpoint.is_dir() else '.pt'}")
         link.symlink_to(checkpoint.name)
+        if not checkpoint.is_dir():
+            layout.sidecar_path(link).symlink_to(layout.sidecar_path(checkpoint).name)
         return link
     index = checkpoint / layout.DCP_INDEX
     metadata = read_metadata(index)
