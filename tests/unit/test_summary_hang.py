@@ -52,3 +52,15 @@ def test_a_relayed_diagnosis_names_the_hung_rank_when_no_rank_that_timed_out_got
 def test_other_failures_name_no_hung_rank():
     text = render([_failure(1, 1, "RuntimeError: CUDA out of memory", 10.0)], world_size=2)
     assert "Root cause" not in text and "hung" not in text
+
+
+def test_a_rank_gloo_aborted_for_a_collective_mismatch_is_said_to_be_that():
+    """A rank that skipped or added an all-reduce of another size: no hang, gloo aborts the rank that receives the
+    odd message. The summary says what that means before the faulthandler noise."""
+    abort = RankFailure(rank=0, local_rank=0, host="node1", pid=100, exitcode=-signal.SIGABRT, timestamp=10.0,
+                        traceback="", log_tail="terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+                        "  what():  [enforce fail at pair.cc:456] op.preamble.length <= op.nbytes. 356 vs 4. Received "
+                        "data size doesn't match expected size. Is there a distributed collective mismatch in your code?")
+    text = render([abort], world_size=2)
+    assert "Root cause: the ranks called different collectives (gloo received a message of another size than rank 0's" \
+           in text and "Is there a distributed collective mismatch" in text

@@ -158,6 +158,8 @@ def read_end(path: Path, size: int = 256 * 1024) -> str:
 
 
 _CRASH_LINES = ("terminate called", "  what():", "Fatal Python error")
+_MISMATCH = "collective mismatch"
+"""gloo's words for a message of another size than the collective expected."""
 """How a C++ exception or abort announces itself: the line that says why comes before faulthandler's stacks
 (gloo's "Is there a distributed collective mismatch in your code?" among them)."""
 
@@ -216,6 +218,10 @@ def render(failures: list[RankFailure], world_size: int | None = None, log_dir: 
     if hung:
         lines.append(f"Root cause: rank(s) {', '.join(map(str, hung))} {_HOW[match.group(2)]}; rank "
                      f"{first.rank} timed out waiting and names it below, with its Python stack where it could get it")
+    elif _MISMATCH in first.log_tail:
+        lines.append(f"Root cause: the ranks called different collectives (gloo received a message of another size "
+                     f"than rank {first.rank}'s collective expected, and aborted it): a rank skipped a collective, "
+                     "made an extra one, or passed another shape")
     if first.traceback:
         lines += ["", f"Traceback of rank {first.rank}:", first.traceback.rstrip()]
     elif first.log_tail:
