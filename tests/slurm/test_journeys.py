@@ -138,14 +138,18 @@ def test_a_modules_python_runs_the_job(slurm_cluster, sandbox, tmp_path):
 
 
 def test_a_step_slurm_cannot_lay_out_is_named_with_its_fix(slurm_cluster, tmp_path):
-    """One task four CPUs wide on nodes that declare four CPUs over two real cores: srun's own failure, which
-    no rank's traceback can explain."""
+    """One task four CPUs wide on nodes that declare four CPUs over two real cores: the profile's default
+    (one rank per node in srun mode) runs, as the profile's nodes share their cores (issue 35 item 6e: the
+    user had to find -c 2); bound by SLURM all the same, srun's own failure, which no rank's traceback can
+    explain."""
     script = tmp_path / "hello.py"
     script.write_text("print('hello')\n")
-    done = trainscale(tmp_path, job_env(tmp_path), "slurm", "--profile", "local-test", "-N", "1", "--gpus-per-node",
-                      "1", "-c", "4", "-t", "5", "--launcher", "srun", "--python", sys.executable,
-                      "--output-dir", str(tmp_path / "jobs"), "--submit", "--watch", "--poll", "0.5",
-                      "--watch-timeout", "120", str(script), timeout=180)
+    submit = ("slurm", "--profile", "local-test", "-N", "1", "--gpus-per-node", "1", "-t", "5", "--launcher", "srun",
+              "--python", sys.executable, "--output-dir", str(tmp_path / "jobs"), "--submit", "--watch", "--poll",
+              "0.5", "--watch-timeout", "120")
+    ran = trainscale(tmp_path, job_env(tmp_path), *submit, str(script), timeout=180)
+    assert ran.returncode == 0 and "COMPLETED" in ran.stdout, ran.stdout + ran.stderr
+    done = trainscale(tmp_path, job_env(tmp_path), *submit, "-c", "4", "--cpu-bind", "cores", str(script), timeout=180)
     print(f"\n[journeys] a step SLURM cannot lay out:\n{done.stdout}")
     assert done.returncode == 1 and "FAILED" in done.stdout, done.stdout + done.stderr
     assert "SLURM could not start the ranks: the step's tasks do not fit the CPUs" in done.stdout

@@ -90,6 +90,9 @@ def test_failing_rank_is_named(slurm_cluster, tmp_path, launcher):
     logs = trainscale(tmp_path, "logs", job_id, timeout=60)
     assert "First failing rank: rank 3" in logs.stdout, logs.stdout
     assert "deliberate failure on rank 3" in rank_log(tmp_path, job_id, 3)
+    report = trainscale(tmp_path, "report", job_id, "--text", timeout=120)  # the test cluster keeps no accounting
+    assert report.returncode == 0, report.stderr
+    assert f"job {job_id} ended FAILED: First failing rank: rank 3" in report.stdout, report.stdout
 
 
 def test_jobs_lists_and_cancel_cancels(slurm_cluster, tmp_path):

@@ -79,7 +79,8 @@ def test_binding_helpers_for_topology_and_none_profiles():
     assert worker_bind_env(cyclone, 4) == {PLAN_ENV: "topology"}
     assert binding_plan(cyclone, 4) is None  # needs the node's topology
     local = load_profile("local-test")
-    assert slurm_cpu_bind(local, 2) == "" and worker_bind_env(local, 2) == {} and binding_plan(local, 2) is None
+    assert slurm_cpu_bind(local, 2) == "--cpu-bind=none"  # its nodes share one machine's cores
+    assert worker_bind_env(local, 2) == {} and binding_plan(local, 2) is None
 
 
 def test_unknown_profile_lists_valid_ones():

@@ -329,3 +329,54 @@ def test_test_only_tells_an_unreachable_scheduler_from_a_refusal(said, code, ans
 
     fake = lambda argv, **kw: subprocess.CompletedProcess(argv, code, "", said)  # noqa: E731
     assert ask_test_only("#!/bin/bash\n", run=fake) == (answer, said)
+
+
+def test_a_module_linked_from_outside_the_snapshot_is_copied_so_the_job_imports_it(tmp_path):
+    """issue 35 item 6a: the workshop's reference_solution/util.py -> ../util.py, snapshotted from
+    reference_solution/ (no git): the link dangled in the job's copy and every rank failed with "No module named
+    'util'". A link resolving inside the copy stays a link; one resolving outside it is copied as the file it is."""
+    workshop = tmp_path / "workshop"
+    (workshop / "reference_solution").mkdir(parents=True)
+    (workshop / "util.py").write_text("VALUE = 7\n")
+    (workshop / "reference_solution" / "train.py").write_text("import util\nprint(util.VALUE)\n")
+    (workshop / "reference_solution" / "util.py").symlink_to("../util.py")
+    (workshop / "reference_solution" / "same.py").symlink_to("train.py")
+    root = workshop / "reference_solution"
+    dest = tmp_path / "job" / "src"
+    snap.write_snapshot(snap.list_snapshot(root), dest)
+    assert not (dest / "util.py").is_symlink() and (dest / "util.py").read_text() == "VALUE = 7\n"
+    assert os.readlink(dest / "same.py") == "train.py"
+    done = subprocess.run([sys.executable, str(dest / "train.py")], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.strip() == "7", done.stderr
+
+
+def test_an_arithmetic_expansion_in_the_arguments_is_computed_when_the_job_runs(tmp_path):
+    """issue 35 item 6b: the workshop's `--num-workers $(( SLURM_CPUS_PER_TASK / SLURM_GPUS_PER_NODE ))` reached
+    the script literally, to fail after the queue wait. Names, numbers and + - * / % ( ) expand as in a batch
+    script; a command substitution inside one stays literal."""
+    args = ("--num-workers", "$(( SLURM_CPUS_PER_TASK / SLURM_GPUS_PER_NODE ))", "$((2*(3+4)))", "$((1+$(touch pwned)))")
+    words, names = job_words(args)
+    assert names == ("SLURM_CPUS_PER_TASK", "SLURM_GPUS_PER_NODE")
+    script = "set -euo pipefail\nSLURM_CPUS_PER_TASK=14\nSLURM_GPUS_PER_NODE=2\n" + "\n".join(check_lines(names)) + \
+        "\nprintf '%s\\n' " + " ".join(words)
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["--num-workers", "7", "14", "$((1+$(touch pwned)))"]
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_a_config_file_read_from_the_working_directory_is_named_at_submission(tmp_path, monkeypatch, capsys):
+    """issue 35 item 6c: nanoGPT's `train.py config/train_gpt2.py` execs its config by a path from the working
+    directory, which a job keeps (the directory submitted from): an edit after submission reached a held job
+    while the docs said none would. The submission now says which file the job reads live."""
+    from trainscale.cli.main import main
+
+    (tmp_path / "config").mkdir()
+    (tmp_path / "train.py").write_text("print(1)\n")
+    (tmp_path / "config" / "train_gpt2.py").write_text("batch_size = 12\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TRAINSCALE_STATE_DIR", str(tmp_path / "state"))
+    assert main(["slurm", "--profile", "local-test", "-N", "1", "-t", "5", "--dry-run", "train.py",
+                 "config/train_gpt2.py", "--out_dir=out"]) == 0
+    err = capsys.readouterr().err
+    assert f"note: the job reads config/train_gpt2.py from {tmp_path} when it runs, not from the snapshot" in err

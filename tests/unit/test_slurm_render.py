@@ -7,6 +7,7 @@ and review the diff.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -417,3 +418,13 @@ def test_profile_caches_are_set_and_env_overrides_them():
     profile_line = 'export HF_HOME="/scratch/${SLURM_JOB_ACCOUNT}/${USER}/cache/huggingface"  # profile'
     assert profile_line in text and "export TOKENIZERS_PARALLELISM=false  # profile" in text
     assert text.index(profile_line) < text.index("export HF_HOME=/flash/p/hf  # command")  # the later export wins
+
+
+def test_nodes_sharing_one_machines_cores_are_not_bound_by_slurm():
+    """local-test's nodes are one machine: SLURM's default binding cannot lay out one rank per node four
+    CPUs wide on two real cores (issue 35 item 6e)."""
+    spec = SlurmJobSpec(script="train.py", profile="local-test", nodes=2, gpus_per_node=1, time="5",
+                        launcher="srun")
+    text = render(spec, builtin("local-test"))
+    assert "--cpus-per-task=4" in text and "--cpu-bind=none" in text
+    assert "--cpu-bind" not in render(spec, dataclasses.replace(builtin("local-test"), shares_cores=False))

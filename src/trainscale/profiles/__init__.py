@@ -45,14 +45,15 @@ def binding_plan(profile: ClusterProfile, local_world_size: int, topology: Topol
 
 def slurm_cpu_bind(profile: ClusterProfile, local_world_size: int) -> str:
     """The ``srun`` option for one task per GPU: masks for a map profile, ``none`` where workers bind themselves,
-    empty to leave SLURM's default binding (``binding = "none"``)."""
+    empty to leave SLURM's default binding (``binding = "none"``), ``none`` also where the nodes share one
+    machine's cores (``shares_cores``: SLURM's binding cannot lay out a task wider than the real cores)."""
     if profile.binding == "map":
         plan = binding_plan(profile, local_world_size)
         return plan.cpu_bind_option() if plan else ""
     if profile.binding == "topology":
         # The cores are only known on the node: SLURM must not pin first, the worker binds (bind_worker).
         return "--cpu-bind=none"
-    return ""
+    return "--cpu-bind=none" if profile.shares_cores else ""
 
 
 def worker_bind_env(profile: ClusterProfile, local_world_size: int) -> dict[str, str]:

@@ -145,21 +145,34 @@ def read_run(run_dir: Path, *, job_id: str | None = None,
 
 
 def _job_failure(job_id: str | None, acct: dict | None) -> list[str] | None:
-    """A failed SLURM job's first failing rank and how, from its files (launch/slurm/triage.py)."""
-    if not job_id or not acct or str(acct.get("State", "")).split()[0] in ("COMPLETED", "RUNNING", "PENDING", ""):
+    """A failed SLURM job's first failing rank and how, from its files (launch/slurm/triage.py); its state from
+    sacct, else from what the scheduler still says (a cluster without accounting)."""
+    if not job_id:
+        return None
+    state = str((acct or {}).get("State", "")).split()[0] if acct else ""
+    if not state:
+        from trainscale.launch.slurm.queue import job_info
+
+        try:
+            info = job_info(job_id)
+        except Exception:  # no scheduler reachable from here: the job's own files still tell
+            info = None
+        state = info.state if info is not None else ""
+    if state in ("COMPLETED", "RUNNING", "PENDING", "COMPLETING", "CONFIGURING"):
         return None
     from trainscale.launch.slurm.jobdir import load_record
     from trainscale.launch.slurm.triage import find_failure, step_failure
 
+    ended = f"job {job_id} ended {state}" if state else f"job {job_id}"
     try:
         record = load_record(job_id)
         output = record.batch_output.read_text(errors="replace") if record.batch_output.is_file() else ""
         found = step_failure(output) or find_failure(record.job_dir, record.launcher, output)
-    except Exception:  # no record of it here, or its files are gone: sacct's state still says it failed
-        return [f"job {job_id} ended {acct.get('State')}; its files do not say which rank failed"]
-    if found is None:
-        return [f"job {job_id} ended {acct.get('State')}; its files do not say which rank failed"]
-    return [f"job {job_id} ended {acct.get('State')}: {found.describe().splitlines()[0]}"]
+    except Exception:  # no record of it here, or its files are gone
+        found = None
+    if found is not None:
+        return [f"{ended}: {found.describe().splitlines()[0]}"]
+    return [f"{ended}; its files do not say which rank failed"] if state else None
 
 
 def _json(path: Path) -> dict | None:

@@ -110,9 +110,25 @@ def snapshot_findings(spec: SlurmJobSpec, plan: JobPlan) -> list[Finding]:
         return [Finding(ERROR, *over_limit_message(manifest))]
     what = str(Path(spec.script).absolute().relative_to(manifest.root)) if spec.script and \
         manifest.root in Path(spec.script).absolute().parents else spec.module or spec.script
-    return [Finding(NOTE, f"the job runs {what} from a snapshot of {manifest.root} taken at submission: "
-                    f"{manifest.describe()}", "--snapshot DIR snapshots another directory; what is left out or linked: "
-                    "docs/slurm.md#the-code-a-job-runs")]
+    found = [Finding(NOTE, f"the job runs {what} from a snapshot of {manifest.root} taken at submission: "
+                     f"{manifest.describe()}", "--snapshot DIR snapshots another directory; what is left out or "
+                     "linked: docs/slurm.md#the-code-a-job-runs")]
+    read_live = [arg for arg in spec.args if _live_file(arg)]
+    if read_live:  # nanoGPT's `train.py config/train_gpt2.py`: exec'd by a path from the working directory
+        found.append(Finding(NOTE, f"the job reads {', '.join(read_live[:3])} from {Path.cwd()} when it runs, not "
+                             "from the snapshot (its working directory is the one you submit from): an edit before "
+                             "the job starts reaches it",
+                             "to freeze it too, pass its path in the snapshot, or a copy of it"))
+    return found
+
+
+_CODE_SUFFIXES = (".py", ".yaml", ".yml", ".toml", ".cfg", ".ini", ".json")
+
+
+def _live_file(arg: str) -> bool:
+    """A script argument naming, relative to the working directory, a code or config file that exists here."""
+    path = Path(arg.split("=", 1)[1] if arg.startswith("--") and "=" in arg else arg)
+    return not path.is_absolute() and path.suffix in _CODE_SUFFIXES and path.is_file()
 
 
 def take_snapshot(spec: SlurmJobSpec, plan: JobPlan) -> dict[str, Any] | None:

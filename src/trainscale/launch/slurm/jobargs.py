@@ -1,8 +1,8 @@
 """The script's arguments in the batch script: job-time variables expand, nothing else does (pure).
 
-Each argument is one double-quoted word in which only ``$NAME`` and ``${NAME}`` expand (``\\$`` is a
-literal ``$``), so no command runs that you did not write; the rules: docs/slurm.md, "Script arguments:
-job-time variables".
+Each argument is one double-quoted word in which only ``$NAME``, ``${NAME}`` and arithmetic ``$(( ... ))``
+of names and numbers expand (``\\$`` is a literal ``$``), so no command runs that you did not write; the
+rules: docs/slurm.md, "Script arguments: job-time variables".
 """
 
 from __future__ import annotations
@@ -10,7 +10,11 @@ from __future__ import annotations
 import re
 import shlex
 
-_VAR = re.compile(r"\\\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+_VAR = re.compile(r"\\\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)"
+                  r"|\$\(\(([A-Za-z0-9_\s+\-*/%()]+)\)\)")
+"""``\\$``, ``${NAME}``, ``$NAME``, and an arithmetic expansion of names, numbers and + - * / % ( ) only (the
+workshop's ``--num-workers $(( SLURM_CPUS_PER_TASK / SLURM_GPUS_PER_NODE ))``): nothing that runs a command."""
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _escaped(text: str) -> str:
@@ -27,6 +31,9 @@ def job_word(arg: str) -> tuple[str, tuple[str, ...]]:
         out.append(_escaped(arg[pos:m.start()]))
         if m.group(0) == "\\$":
             out.append("\\$")
+        elif m.group(3) is not None:  # $(( ... )): expanded by the job's shell, as in a hand-written batch script
+            out.append("$((" + m.group(3) + "))")
+            names += _NAME.findall(m.group(3))
         else:
             name = m.group(1) or m.group(2)
             out.append("${" + name + "}")

@@ -277,6 +277,18 @@ def over_limit_message(manifest: Manifest) -> tuple[str, str]:
     return message, hint
 
 
+def _lands_in(link: Path, target: str, root: Path, copied: set[str]) -> bool:
+    """Whether the link's ``target`` is something the snapshot copies (so that it resolves in the copy as here)."""
+    if os.path.isabs(target):
+        return False
+    resolved = Path(os.path.normpath(link.parent / target))
+    try:
+        rel = resolved.relative_to(root).as_posix()
+    except ValueError:
+        return False
+    return rel in copied or any(name.startswith(rel + "/") for name in copied)
+
+
 def write_snapshot(manifest: Manifest, dest: Path) -> str:
     """Copy the manifest's files and make its links under ``dest``; returns the sha256 of what the job runs
     (every copied path and its content, every link and its target)."""
@@ -285,14 +297,22 @@ def write_snapshot(manifest: Manifest, dest: Path) -> str:
         raise ConfigError(message, hint=hint)
     digest = hashlib.sha256()
     dest.mkdir(parents=True, exist_ok=True)
+    copied = set(manifest.files)
     for rel in manifest.files:
         src, out = manifest.root / rel, dest / rel
         out.parent.mkdir(parents=True, exist_ok=True)
         if src.is_symlink():
             target = os.readlink(src)
-            os.symlink(target, out)
-            digest.update(f"{rel}\0link\0{target}\0".encode())
-            continue
+            if _lands_in(src, target, manifest.root, copied):  # resolves inside the copy too: kept as a link
+                os.symlink(target, out)
+                digest.update(f"{rel}\0link\0{target}\0".encode())
+                continue
+            if not src.is_file():  # a directory or nothing outside the copy: the original, as a data link
+                os.symlink(src.resolve(), out)
+                digest.update(f"{rel}\0link\0{src.resolve()}\0".encode())
+                continue
+            # a file whose relative target would dangle in the copy (the workshop's util.py -> ../util.py with
+            # the project's parent left out): its content, as the job must import it
         data = src.read_bytes()
         out.write_bytes(data)
         shutil.copymode(src, out)
