@@ -34,6 +34,7 @@ bitwise-equal, orphans (and the worst time the ranks took to die), payloads exec
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import re
@@ -204,6 +205,18 @@ def at_random_moment(proc: subprocess.Popen, launcher: psutil.Process, exp: Path
     return proc.poll() is None
 
 
+def at_random_step(proc: subprocess.Popen, log: Path, step: int) -> bool:
+    """Wait until the user's script has logged ``step`` steps (its 160 steps take less than its ranks' start, so
+    a moment drawn over the run's time would mostly land before its first step); False when it ended first."""
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline:
+        with contextlib.suppress(FileNotFoundError):
+            if log.read_text().count("\n") >= step:
+                break
+        time.sleep(0.005)
+    return proc.poll() is None
+
+
 def kill_launcher(launcher: psutil.Process, proc: subprocess.Popen, ranks: list[psutil.Process]) -> tuple[int, float]:
     """SIGKILL the launcher; (ranks left after 15 s, seconds until the last rank was gone)."""
     launcher.send_signal(signal.SIGKILL)
@@ -347,7 +360,7 @@ def user_loader(work: Path, rng: random.Random, reference_s: float, reference: s
     proc = subprocess.Popen(argv, cwd=work, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     launcher = psutil.Process(proc.pid)
-    if not at_random_moment(proc, launcher, work / "none", rng, reference_s):
+    if not at_random_step(proc, work / "seen-rank0.txt", rng.randint(1, 159)):
         output, _ = proc.communicate()
         return Outcome(proc.returncode == 0, "FINAL " + reference in output, detail="finished before the fault")
     orphans, gone_s = kill_launcher(launcher, proc, rank_processes(launcher))
@@ -382,14 +395,18 @@ def main() -> int:
     p.add_argument("--trials", type=int, default=36)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep", action="store_true", help="keep the trials' directories")
+    p.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, in turn (default: all: {','.join(KINDS)})")
     ns = p.parse_args()
     rng = random.Random(ns.seed)
+    kinds = [k for k in ns.kinds.split(",") if k]
+    if not kinds or set(kinds) - set(KINDS):
+        p.error(f"--kinds: choose from {', '.join(KINDS)}")
     root = Path(tempfile.mkdtemp(prefix="trainscale-chaos-"))
     references: dict[Any, tuple[float, Any]] = {}
     rows = []
     for trial in range(1, ns.trials + 1):
         config = Config(rng.choice(STRATEGIES), rng.choice(SAVES))
-        kind = KINDS[(trial - 1) % len(KINDS)]  # each kind as often, configurations at random
+        kind = kinds[(trial - 1) % len(kinds)]  # each kind as often, configurations at random
         work = root / f"trial-{trial:03d}"
         if kind == "user-loader":
             if "user" not in references:

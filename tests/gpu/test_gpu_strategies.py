@@ -73,6 +73,18 @@ def test_fsdp_cpu_offload_on_gpus_clips_over_the_mixed_group(gpus):
     assert all(torch.isfinite(v).all() for v in r["fsdp:cpu_offload=true"]["params"].values())
 
 
+@pytest.mark.needs_cuda
+def test_fsdp_cpu_offload_alone_on_one_gpu(gpus):
+    """issue 39 defect 7: one rank, no process group of the runtime's: FSDP shards over a group of its own
+    with gloo beside nccl, with and without mixed precision, and its parameters live on the host."""
+    gpus.need(1)
+    specs = ["fsdp:cpu_offload=true", "fsdp:mixed_precision=bf16,cpu_offload=true"]
+    r = run_on_ranks(train_all, 1, "cuda", specs, timeout=600)[0]
+    for spec in specs:
+        assert all(torch.isfinite(v).all() for v in r[spec]["params"].values()), spec
+        assert r[spec]["device"] == "cpu", r[spec]  # the offloaded shards
+
+
 @needs_deepspeed
 def test_deepspeed_matches_ddp_on_gpus(gpus):
     gpus.need(2)

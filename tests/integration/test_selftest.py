@@ -4,12 +4,25 @@ cluster is README's (tests/integration/test_readme.py reads its report, tables a
 from __future__ import annotations
 
 import pytest
+import json
+
 from helpers.cli import in_process
 
 from trainscale.doctor.selftest import hang_record, hang_row
 from trainscale.doctor.selftest_rank import HOLD
 
+DROP = ("RANK", "WORLD_SIZE", "MASTER_", "SLURM_", "TRAINSCALE_FAULT", "TRAINSCALE_CPU_BIND")
 
+
+@pytest.mark.slow
+def test_the_equivalence_row_passes_on_a_world_size_that_does_not_divide_32(tmp_path):
+    """Issue 39 item 3: the global batch was 32 whatever the world size, so 3 ranks trained on 30 samples while
+    the one-process reference trained on 32 and a healthy 3-node x 8-GPU cluster (24 ranks) failed the row."""
+    done = in_process("selftest", "--nproc", "3", "--skip", "all-reduce,strategies,resume,breakdown,binding,hang",
+                      "--out", str(tmp_path / "out"), "--json", cwd=tmp_path, drop=DROP)
+    rows = {row["name"]: row for row in json.loads((tmp_path / "out" / "selftest.json").read_text())["checks"]}
+    assert rows["equivalence"]["status"] == "pass", (rows["equivalence"], done.stderr[-2000:])
+    assert "DDP on 3 ranks" in rows["equivalence"]["figure"] and done.returncode == 0
 
 
 @pytest.mark.slow
@@ -20,7 +33,7 @@ def test_the_hang_row_passes_on_four_ranks_when_the_launcher_ends_rank_0_before_
     out = tmp_path / "hang.json"
     done = in_process("run", "--nproc-per-node", "4", "--log-dir", "logs", "-m", "trainscale.doctor.selftest_rank",
                       "hang", "--out", str(out), "--workdir", "work", "--timeout", "3", cwd=tmp_path, env={HOLD: "0"},
-                      drop=("RANK", "WORLD_SIZE", "MASTER_", "SLURM_", "TRAINSCALE_FAULT", "TRAINSCALE_CPU_BIND"))
+                      drop=DROP)
     assert done.returncode != 0
     row = hang_row(out, 3.0, (False, done.stderr))
     assert row["status"] == "pass", row

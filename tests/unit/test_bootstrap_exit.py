@@ -88,6 +88,46 @@ def test_a_script_that_ends_by_itself_exits_with_its_own_status_and_no_teardown(
     assert (tmp_path / "thread").read_text() == "joined" and (tmp_path / "atexit").read_text() == "ran"
 
 
+C_ATEXIT = r"""
+import ctypes, os, pathlib, signal, sys
+
+class AbortsAtTeardown:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGABRT)
+
+sys.modules["aborts_at_teardown"] = AbortsAtTeardown()
+out = pathlib.Path(sys.argv[1])
+# a profiler's flush as C registers it (glibc's atexit() is __cxa_atexit with no object)
+flush = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _: (out / "c-atexit").write_text("ran"))
+ctypes.CDLL(None).__cxa_atexit(flush, None, None)
+"""
+
+
+@pytest.mark.parametrize("mode", ["", "full"])
+def test_a_profilers_c_atexit_handler_runs_only_when_asked_for(tmp_path, mode):
+    """os._exit skips C-level atexit handlers, where Nsight, rocprof or Darshan flush: TRAINSCALE_EXIT=full ends
+    a successful worker through C's exit (issue 39), the interpreter's teardown still skipped."""
+    script = tmp_path / "profiled.py"
+    script.write_text(C_ATEXIT)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "TRAINSCALE_"))}
+    proc = subprocess.run([sys.executable, "-m", "trainscale.launch.bootstrap", "--script", str(script),
+                           str(tmp_path)], capture_output=True, text=True, timeout=120,
+                          env={**environ, **({"TRAINSCALE_EXIT": mode} if mode else {})})
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "c-atexit").exists() == (mode == "full")
+
+
+def test_a_worker_forked_from_a_process_that_had_initialised_cuda_is_refused():
+    from types import SimpleNamespace
+
+    from trainscale.launch.bootstrap import check_no_cuda_inherited
+
+    check_no_cuda_inherited(None)  # no torch in the forkserver
+    check_no_cuda_inherited(SimpleNamespace(cuda=SimpleNamespace(_is_in_bad_fork=lambda: False)))
+    with pytest.raises(RuntimeError, match="forked from a process that had initialised CUDA"):
+        check_no_cuda_inherited(SimpleNamespace(cuda=SimpleNamespace(_is_in_bad_fork=lambda: True)))
+
+
 @pytest.mark.parametrize("how, status", [("raise", 1), ("abort", -signal.SIGABRT), ("segfault", -signal.SIGSEGV)])
 def test_a_script_that_fails_or_crashes_keeps_its_exit_code_or_signal(tmp_path, how, status):
     error_file = tmp_path / "error.json"

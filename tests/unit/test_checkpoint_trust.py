@@ -293,6 +293,23 @@ def test_a_full_disk_under_a_background_sharded_save_says_so(tmp_path, rt, mount
     ck.close()
 
 
+def test_a_background_sharded_save_touches_no_cuda_stream_where_cuda_is_available(tmp_path, rt, monkeypatch):
+    """issue 39 defect 1: with CUDA available, torch's overlapping loader synced current_stream() from DCP's
+    writer thread, on GPU 0 whatever the rank's device (a CUDA context per rank there on an 8-GPU node)."""
+    touched = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: touched.append(a) or pytest.fail("stream"))
+    strategy = get_strategy("fsdp")
+    model, opt = strategy.wrap(torch.nn.Linear(64, 64), OptimizerSpec(torch.optim.SGD, {"lr": 0.1}), rt)
+    for asynchronous in (True, False):
+        ck = Checkpointer(tmp_path / f"ck-{asynchronous}", rt, strategy=strategy, keep=5, asynchronous=asynchronous)
+        ck.save(1, {"model": strategy.checkpoint_state(model, opt), "step": 1})
+        ck.wait()
+        assert ck.latest().step == 1
+        ck.close()
+    assert touched == []
+
+
 def test_an_unusable_checkpoint_directory_is_refused_when_the_checkpointer_is_made(tmp_path, rt, mount):
     (tmp_path / "file").write_text("not a directory")
     with pytest.raises(CheckpointError, match=r"--checkpoint-dir .*file/ck is unusable: .*file is a file, not a "

@@ -72,6 +72,29 @@ def test_step_flops_leave_the_run_untouched_and_match_torchs_count():
     model.fc.weight.ds_id = 0
     assert step_flops(model, Net, _loss, batch) == exact.get_total_flops() == 2 * forward.get_total_flops()
     assert step_flops(model, Net, lambda m, b: m(b[0]).sum().item(), batch) is None  # reads a value: not countable
+    # issue 39 defect 4: a batch on the rank's GPU (here the meta device stands for it) met a copy built on the
+    # CPU and nothing was counted: FSDP and ZeRO-3 runs had no FLOPs or MFU on GPUs
+    on_device = (torch.empty(8, 64, device="meta"),)
+    assert step_flops(model, Net, lambda m, b: m(b[0]).pow(2).mean(), on_device) == exact.get_total_flops()
+
+
+def test_a_sharded_modules_compute_dtype_is_its_mixed_precision_not_its_fp32_shards(tmp_path):
+    """issue 39 defect 4: FSDP keeps fp32 shards and computes in bf16; against the fp32 peak, MFU read ~15x high."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from trainscale.observe.models import param_dtype
+
+    assert param_dtype(Net()) == torch.float32
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model = Net()
+        fully_shard(model, mesh=init_device_mesh("cpu", (1,)), mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
+        assert next(model.parameters()).dtype == torch.float32 and param_dtype(model) == torch.bfloat16
+    finally:
+        dist.destroy_process_group()
 
 
 def test_ddp_timing_reads_torchs_own_averages():

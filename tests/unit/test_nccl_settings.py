@@ -67,16 +67,16 @@ def test_nccl_watchdog_gets_the_backstop_beyond_the_collective_timeout(monkeypat
     monkeypatch.setattr(runtime.dist, "init_process_group", lambda **kwargs: seen.update(kwargs))
     timeout = datetime.timedelta(seconds=60)
     runtime._init_process_group(_rank0_env(), "nccl", torch.device("cpu"), timeout)
-    assert seen["timeout"] == nccl.watchdog_timeout(timeout) == datetime.timedelta(seconds=60 + 60)
+    assert seen["timeout"] == nccl.watchdog_timeout(timeout) == datetime.timedelta(seconds=60 + 30)
     runtime._init_process_group(_rank0_env(), "gloo", torch.device("cpu"), timeout)
     assert seen["timeout"] == timeout  # gloo raises in the main thread at the timeout itself
 
 
-@pytest.mark.parametrize("timeout_s, watchdog_s", [(5, 35), (30, 60), (60, 120), (1800, 3600)])
-def test_nccl_watchdog_waits_a_whole_timeout_more_and_never_less_than_30s(timeout_s, watchdog_s):
-    """The monitor names the hung rank ``timeout`` after the host entered the stalled step; a host that
-    ran ahead entered it up to a step's time after NCCL queued the stuck collective. A fixed 30 s margin
-    (the old backstop) let NCCL's watchdog abort first, with no rank named, past 30 s of run-ahead."""
+@pytest.mark.parametrize("timeout_s, watchdog_s", [(5, 35), (60, 90), (1800, 1830)])
+def test_nccl_watchdog_waits_30s_beyond_the_timeout_not_a_whole_timeout_more(timeout_s, watchdog_s):
+    """issue 39 defect 6: the watchdog waited timeout + max(30 s, timeout), an hour of every GPU for a hang
+    nobody is blamed for (all ranks in one collective) at the default 30 minutes. The hang watch times a
+    collective from when it was queued, as NCCL does (tests/unit/test_progress.py), so 30 s is its margin."""
     timeout = datetime.timedelta(seconds=timeout_s)
     assert nccl.watchdog_timeout(timeout) == datetime.timedelta(seconds=watchdog_s)
 

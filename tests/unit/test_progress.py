@@ -197,6 +197,32 @@ def test_the_watch_gives_one_notice_per_hang_to_its_listeners(capsys):
     assert watcher.noticed is None
 
 
+def test_the_watch_times_a_collective_from_when_it_was_queued_as_nccls_watchdog_does(capsys):
+    """A host that ran ahead of its GPU queued the stuck all-reduce long before its own progress stalled: the
+    watch ends the process at the collective's age reaching the timeout, not a host stall's (NCCL's watchdog
+    waits only 30 s more: issue 39 defect 6)."""
+    store = _store()
+    watcher, hung = _peer(0, 2, store, watch=True, notice_s=0), _peer(1, 2, store)
+    watcher.issued, hung.issued = (lambda: {"pg:0": 8}), (lambda: {"pg:0": 7})
+    hung.mark(3)
+    hung._publish(0.0)
+    fired = []
+    watcher.on_hang = fired.append
+    watcher.step, watcher._progress = 3, (3, {"pg:0": 8})
+    now = watcher._changed_at + 3.0  # its own progress stalled 3 s ago; the collective was queued 4 s ago
+    queued = {"pg": "pg:0", "seq": 8, "op": "all_reduce", "sizes": [[354]], "site": "train.py:40 in main",
+              "age_s": 4.0, "done": False}
+    watcher._detail = (now, {"ledger": [queued], "stacks": ""})
+    watcher._ledger = lambda *args: [queued]
+    watcher._next_look = 0.0
+    watcher._look(now)
+    assert fired == []  # 4 s of the 5 s timeout
+    watcher._next_look = 0.0
+    watcher._look(now + 1.5)  # 5.5 s queued, 4.5 s stalled
+    hung.close()
+    assert len(fired) == 1 and "rank(s) 1" in str(fired[0]), fired
+
+
 def test_a_channel_of_a_destroyed_group_is_not_counted():
     """comm_hook=shm's barrier count belongs to its process group: after that group is destroyed (a run
     over, the hook not yet garbage collected), the next run's ranks must not compare its old counts (two

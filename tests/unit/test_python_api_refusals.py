@@ -49,5 +49,6 @@ def test_rt_log_resume_and_checkpoint_refuse_what_they_cannot_do(rt, tmp_path):
     assert rt.resume(model, optimizer) == 0
     rt.checkpoint(1, model, optimizer, every=2)  # not a multiple of every: nothing saved
     rt.checkpoint(2, model, optimizer, every=2)
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["ckpt-00000002.pt", "ckpt-00000002.pt.json"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        ".trainscale.lock", "ckpt-00000002.pt", "ckpt-00000002.pt.json"]  # the run's lock on its directory
     assert rt.resume(model, optimizer) == 2

@@ -94,6 +94,36 @@ def test_fsdp_cpu_offload_asks_for_gloo_beside_nccl_and_refuses_an_nccl_only_gro
     check_offload_backend(True, "cpu", "gloo")
 
 
+@pytest.mark.parametrize("spec", ["fsdp:cpu_offload=true", "fsdp:mixed_precision=bf16,cpu_offload=true"])
+def test_one_gpu_fsdp_with_cpu_offload_shards_over_a_group_of_its_own_with_gloo(spec, monkeypatch):
+    """issue 39 defect 7: alone on one GPU, fsdp with cpu_offload was refused ("needs a process group with
+    gloo ... but this one is None": the runtime has no group, the strategy's own was nccl-only) or, without
+    mixed precision, not offloaded at all. The GPU itself is faked at its boundaries (the module's .to, the
+    group, FSDP's sharding); tests/gpu/test_gpu_strategies.py runs it for real."""
+    from types import SimpleNamespace
+
+    from trainscale.runtime.device import MIXED_BACKEND
+    from trainscale.strategies import fsdp, get_strategy
+    from trainscale.strategies.base import OptimizerSpec
+
+    class Reached(Exception):
+        pass
+
+    class OnGpu(torch.nn.Linear):
+        def to(self, *args, **kwargs):
+            return self
+
+    groups = []
+    monkeypatch.setattr(fsdp, "one_rank_group", lambda rt, backend=None: groups.append(backend))
+    monkeypatch.setattr(fsdp.dist, "is_initialized", lambda: bool(groups))
+    monkeypatch.setattr(fsdp.dist, "get_backend", lambda *args: groups[-1] or "nccl")
+    monkeypatch.setattr(fsdp, "fsdp2", lambda: (_ for _ in ()).throw(Reached()))  # past the group's check
+    rt = SimpleNamespace(device=torch.device("cuda", 0), is_distributed=False, backend=None)
+    with pytest.raises(Reached):
+        get_strategy(spec).wrap(OnGpu(4, 4), OptimizerSpec(torch.optim.SGD, {"lr": 0.1}), rt)
+    assert groups == [MIXED_BACKEND]
+
+
 @pytest.mark.parametrize("cores, ranks, expected", [(64, 8, 8), (2, 4, 1), (56, 8, 7), (7, 2, 3)])
 def test_threads_per_rank(cores, ranks, expected):
     assert threads_per_rank(ranks, cores) == expected

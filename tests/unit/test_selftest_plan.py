@@ -144,3 +144,122 @@ def test_gcds_that_share_a_uuid_are_told_apart_by_their_pci_address(monkeypatch)
         uuid="", name="AMD Instinct MI250X", pci_domain_id=0, pci_bus_id=buses[device.index], pci_device_id=0))
     assert selftest_checks._gpu_id(torch.device("cuda", 0)) == "0000:c1:00.0"
     assert selftest_checks._gpu_id(torch.device("cuda", 0)) != selftest_checks._gpu_id(torch.device("cuda", 1))
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 24, 64])
+def test_the_ranks_shares_of_a_selftest_batch_make_up_the_whole_batch_on_any_world_size(world_size):
+    """Issue 39 item 3: 32 samples split 32 // 24 = 1 each left 8 out of DDP (the one-process reference
+    trained on all 32) and 32 // 64 = 0 left every rank an empty batch (three rows failed on NaN)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from trainscale.doctor.selftest_checks import batch
+
+    def rt(rank: int) -> SimpleNamespace:
+        return SimpleNamespace(rank=rank, world_size=world_size, device=torch.device("cpu"))
+
+    x, y = batch(1, rt(0), whole=True)
+    shares = [batch(1, rt(r)) for r in range(world_size)]
+    assert len(x) >= 32 and len({len(sx) for sx, _ in shares}) == 1
+    assert torch.equal(torch.cat([sx for sx, _ in shares]), x) and torch.equal(torch.cat([sy for _, sy in shares]), y)
+
+
+DGX_BUSES = (0x07, 0x0F, 0x47, 0x4E, 0x87, 0x90, 0xB7, 0xBD)
+"""The PCI buses of a DGX A100's GPUs 0..7 (tests/fixtures/topology/nvidia-smi-query-gpu-dgx-a100-8gpu.csv)."""
+
+
+def _node_links_on_ranks(monkeypatch, device_index, physical, ranks: int = 4) -> list:
+    """``node_links`` of a single-node job's ``ranks`` ranks on the fixtures' DGX A100, one thread each (their
+    gather through a barrier): rank r drives ``cuda:device_index(r)``, which CUDA reports as the node's GPU
+    ``physical(r)``. Faked at the boundary: torch's device properties, nvidia-smi's outputs, the gather."""
+    import threading
+    from types import SimpleNamespace
+
+    import torch
+
+    from trainscale.doctor import selftest_checks
+    from trainscale.topology import detect
+
+    outputs = {"topo": (FIXTURES / "topology" / "nvidia-smi-topo-dgx-a100-8gpu.txt").read_text(),
+               "--query-gpu=index,pci.bus_id,uuid":
+                   (FIXTURES / "topology" / "nvidia-smi-query-gpu-dgx-a100-8gpu.csv").read_text()}
+    monkeypatch.setattr(detect, "run_tool", lambda argv, timeout=15.0: outputs.get(argv[1]))
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    here = threading.local()
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(
+        name="NVIDIA A100-SXM4-80GB", uuid="", pci_domain_id=0, pci_bus_id=DGX_BUSES[physical(here.rank)],
+        pci_device_id=0))
+    barrier, slots = threading.Barrier(ranks, timeout=10), [None] * ranks
+
+    def gather(rt, value):
+        slots[rt.rank] = value
+        barrier.wait()
+        every = list(slots)
+        barrier.wait()
+        return every
+
+    monkeypatch.setattr(selftest_checks, "gather", gather)
+    results: list = [None] * ranks
+
+    def rank(r: int) -> None:
+        here.rank = r
+        rt = SimpleNamespace(rank=r, local_rank=r, world_size=ranks, local_world_size=ranks, node_rank=0,
+                             num_nodes=1, is_distributed=True, device=torch.device("cuda", device_index(r)))
+        try:
+            results[r] = selftest_checks.node_links(rt)
+        except Exception as exc:  # raised below, in the test's thread
+            results[r] = exc
+            barrier.abort()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(ranks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for found in results:
+        if isinstance(found, Exception):
+            raise found
+    return results
+
+
+@pytest.mark.parametrize("launch, visible, count, device_index, physical", [
+    ("torchrun", "4,5,6,7", 4, lambda r: r, lambda r: 4 + r),  # local rank r drives cuda:r, the node's GPU 4 + r
+    ("srun", "0", 1, lambda r: 0, lambda r: 4 + r),  # a cgroup per task: each rank's only GPU is its cuda:0
+], ids=["torchrun", "srun"])
+def test_the_all_reduce_row_expects_nvlink_between_the_physical_gpus_the_ranks_drive(
+        monkeypatch, launch, visible, count, device_index, physical):
+    """Issue 39 item 5: the expectation took torch's visible indices for the node's, so with
+    CUDA_VISIBLE_DEVICES=4,5,6,7, or srun's one GPU per task, there was none, and the SHM fallback's warning
+    could never fire where per-task cgroups cause it. The ranks' GPUs are now found by PCI address."""
+    import torch
+
+    from trainscale.doctor.selftest_checks import allreduce_verdict
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    every = _node_links_on_ranks(monkeypatch, device_index, physical)
+    assert len(set(every)) == 1, every  # every rank judges alike
+    expected, links = every[0]
+    assert expected == 300.0 and links == "GPUs 4,5,6,7: NVLink between every pair (weakest NV12: 12 x 25 GB/s)"
+    status, why = allreduce_verdict(231.0, expected, links, ["P2P"])
+    assert status == "pass" and "expected >= 150 GB/s over NVLink" in why
+    status, why = allreduce_verdict(21.0, expected, links, ["P2P"])  # a PCIe link's speed
+    assert status == "warn" and "below 150 GB/s" in why and "fell back from NVLink to PCIe or shared memory" in why
+    status, why = allreduce_verdict(231.0, expected, links, ["SHM"])  # what per-task cgroups make NCCL do
+    assert status == "warn" and "through host memory" in why and "srun --gpus-per-task" in why
+
+
+def test_no_nvlink_expectation_when_nvidia_smi_does_not_list_the_jobs_other_gpus():
+    """Where a cgroup per task hides the other GPUs from nvidia-smi too, their links are unknown: the row says
+    so instead of judging four GPUs by the one it sees."""
+    from trainscale.doctor.selftest_checks import job_links
+
+    topo = (FIXTURES / "topology" / "nvidia-smi-topo-dgx-a100-8gpu.txt").read_text()
+    query = (FIXTURES / "topology" / "nvidia-smi-query-gpu-dgx-a100-8gpu.csv").read_text()
+    job = [{"pci": f"0000:{bus:02x}:00.0", "uuid": None} for bus in DGX_BUSES[4:]]
+    assert job_links(topo, query, job)[0] == 300.0
+    expected, why = job_links(topo, "0, 00000000:87:00.0, GPU-5d2c1f0e-8a41-4b7e-9c3d-0a1b2c3d4e54\n", job)
+    assert expected is None and "does not list the job's GPU(s) 0000:90:00.0, 0000:b7:00.0, 0000:bd:00.0" in why
+    by_uuid = [{"pci": None, "uuid": "5d2c1f0e-8a41-4b7e-9c3d-0a1b2c3d4e5" + str(i)} for i in (0, 1)]  # torch's spelling
+    assert job_links(topo, query, by_uuid) == (300.0, "GPUs 0,1: NVLink between every pair (weakest NV12: 12 x 25 GB/s)")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from trainscale.bench.study import StudySpec, plan as plan_study
@@ -71,14 +73,55 @@ def test_a_task_that_sees_only_its_own_gpu_barriers_on_it(monkeypatch):
     import torch
     from accelerate.state import PartialState
 
-    from trainscale.workloads.hf_finetune import barrier_on_own_gpu
+    from trainscale.workloads.hf_finetune import accelerate_on_own_gpu
 
     monkeypatch.setattr(PartialState, "wait_for_everyone", PartialState.wait_for_everyone)  # restored after
+    for name in ("ACCELERATE_TORCH_DEVICE", "ACCELERATE_BYPASS_DEVICE_MAP"):  # set here, restored after
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     barriers = []
     torchrun_worker = SimpleNamespace(device=torch.device("cuda", 1), local_rank=1, barrier=lambda: barriers.append(1))
-    barrier_on_own_gpu(torchrun_worker)  # sees every GPU of the node: accelerate's own barrier is right
+    accelerate_on_own_gpu(torchrun_worker)  # sees every GPU of the node: accelerate's own barrier is right
     assert PartialState.wait_for_everyone.__module__.startswith("accelerate")
+    assert "ACCELERATE_BYPASS_DEVICE_MAP" not in os.environ
+    monkeypatch.delenv("ACCELERATE_TORCH_DEVICE")
     srun_task = SimpleNamespace(device=torch.device("cuda", 0), local_rank=1, barrier=lambda: barriers.append(0))
-    barrier_on_own_gpu(srun_task)
+    accelerate_on_own_gpu(srun_task)
     PartialState.wait_for_everyone(SimpleNamespace(use_distributed=True))
-    assert barriers == [0]
+    assert barriers == [0] and os.environ["ACCELERATE_TORCH_DEVICE"] == "cuda:0"
+
+
+DDP_IDS = """
+import os, sys, torch, torch.distributed as dist
+from types import SimpleNamespace
+from accelerate import Accelerator
+from trainscale.workloads.hf_finetune import accelerate_on_own_gpu
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+if sys.argv[2] == "srun":  # a task that sees one GPU, local rank 1
+    accelerate_on_own_gpu(SimpleNamespace(device=torch.device("cuda", 0), local_rank=1, barrier=dist.barrier))
+    os.environ.pop("ACCELERATE_TORCH_DEVICE")  # this machine has no cuda:0 to put the model on
+seen = {}
+class DDP(torch.nn.Module):  # the boundary: what accelerate would hand torch's DDP
+    def __init__(self, module, **kwargs):
+        super().__init__()
+        seen.update(kwargs)
+torch.nn.parallel.DistributedDataParallel = DDP
+Accelerator.multi_device = property(lambda self: True)  # one process stands for one of a job's many
+Accelerator(cpu=True).prepare_model(torch.nn.Linear(2, 2))
+print(seen["device_ids"])
+"""
+
+
+@pytest.mark.parametrize("mode, device_ids", [("torchrun", "[1]"), ("srun", "None")])
+def test_accelerate_wraps_ddp_on_the_tasks_own_gpu(mode, device_ids, tmp_path):
+    """issue 39 defect 2: accelerate gave DDP device_ids=[LOCAL_RANK]; a task that sees only its own GPU
+    (srun mode) has no cuda:1, and every task but a node's first crashed in the Trainer's DDP path."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "LOCAL_RANK": "1", "RANK": "0", "WORLD_SIZE": "1"}
+    env.pop("ACCELERATE_BYPASS_DEVICE_MAP", None)
+    done = subprocess.run([sys.executable, "-c", DDP_IDS, str(tmp_path / "store"), mode], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == device_ids

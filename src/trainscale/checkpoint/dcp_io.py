@@ -212,10 +212,16 @@ class HashingWriter(FileSystemWriter):
     """torch's file-system writer (one shard file per rank, fsync'd), hashing what it writes. Each rank
     leaves its shards' sizes and hashes in ``layout.RANK_FILES`` of the partial directory once they are
     written (before DCP's last gather, so they are all on disk when the coordinator finishes); the
-    coordinator's ``.metadata`` entry stays in :attr:`entries`."""
+    coordinator's ``.metadata`` entry stays in :attr:`entries`.
+
+    It copies nothing ahead (``per_thread_copy_ahead=0``): with any copy-ahead torch picks its overlapping
+    loader wherever CUDA is available, which syncs ``torch.cuda.current_stream()`` from the writing thread;
+    a background save writes from a fresh thread, whose device is GPU 0, so every rank of a node opened a
+    CUDA context there. A background save's state is in host memory already; a synchronous one copies each
+    GPU tensor in the calling thread, on the rank's own device."""
 
     def __init__(self, path: Path, rank: int) -> None:
-        super().__init__(path)
+        super().__init__(path, per_thread_copy_ahead=0)
         self.fs = _HashingFileSystem()
         self.owner_rank = rank
 

@@ -24,7 +24,7 @@ from torch import nn
 from trainscale.strategies import get_strategy
 from trainscale.strategies.base import OptimizerSpec
 
-STEPS, GLOBAL_BATCH, WIDTH = 4, 32, 64
+STEPS, MIN_GLOBAL_BATCH, WIDTH = 4, 32, 64
 BREAKDOWN_WIDTH, BREAKDOWN_LAYERS = 1024, 6
 """The breakdown check's model: 6 x (1024 x 1024 + 1024) fp32 parameters, 25.2 MB of gradients (more than
 one DDP bucket), so that its all-reduce takes measurable time on any link."""
@@ -77,12 +77,20 @@ def mlp(dropout: float = 0.0) -> nn.Module:
     return nn.Sequential(*layers, nn.Linear(WIDTH, 8))
 
 
+def global_batch(world_size: int) -> int:
+    """MIN_GLOBAL_BATCH rounded up to a multiple of the world size, so that every rank gets the same share
+    of it: 32 on 1, 2, 4 ... 32 ranks as before; 48 on 24 ranks, where 32 // 24 left 8 samples out of DDP
+    but not out of the one-process reference (equivalence failed), and 64 on 64, where every share was empty."""
+    return -(-MIN_GLOBAL_BATCH // world_size) * world_size
+
+
 def batch(step: int, rt, whole: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Step ``step``'s global batch (seeded by the step), or this rank's even share of it."""
+    size = global_batch(rt.world_size)
     g = torch.Generator().manual_seed(1000 + step)
-    x, y = torch.randn(GLOBAL_BATCH, WIDTH, generator=g), torch.randint(0, 8, (GLOBAL_BATCH,), generator=g)
+    x, y = torch.randn(size, WIDTH, generator=g), torch.randint(0, 8, (size,), generator=g)
     if not whole:
-        per = GLOBAL_BATCH // rt.world_size
+        per = size // rt.world_size
         x, y = x[rt.rank * per:(rt.rank + 1) * per], y[rt.rank * per:(rt.rank + 1) * per]
     return x.to(rt.device), y.to(rt.device)
 
@@ -193,22 +201,36 @@ def allreduce_verdict(busbw_gbps: float, expected_gbps: float | None, links: str
 
 
 def node_links(rt) -> tuple[float | None, str]:
-    """(GB/s an all-reduce over this node's job GPUs should reach, why), from ``nvidia-smi topo -m``."""
+    """(GB/s an all-reduce over the job's GPUs on this node should reach, why), from ``nvidia-smi topo -m``.
+    Every rank's GPU is gathered by PCI address or UUID, which nvidia-smi's node-wide indices are found
+    from: torch's indices are not the node's (``CUDA_VISIBLE_DEVICES=4,5,6,7``, srun's one GPU per task)."""
+    from trainscale.observe.devices import identity
     from trainscale.topology.detect import run_tool
-    from trainscale.topology.nvidia import expected_busbw_gbps, parse_nvidia_links
-    from trainscale.topology.plan import gpu_order, visible_gpus
 
-    node = list(range(torch.cuda.device_count()))
-    order = gpu_order(visible_gpus(os.environ, node), node, rt.local_rank, rt.local_world_size)
-    mine = order[rt.local_rank] if rt.local_rank < len(order) else None
-    gpus = sorted({g for g in gather(rt, mine) if g is not None})
+    job = gather(rt, identity(rt.device))
     text = run_tool(["nvidia-smi", "topo", "-m"]) if torch.version.cuda else None
     if not text:
         return None, "no nvidia-smi topology (AMD GPUs: no expectation)"
+    return job_links(text, run_tool(["nvidia-smi", "--query-gpu=index,pci.bus_id,uuid", "--format=csv,noheader"])
+                     or "", job)
+
+
+def job_links(topo: str, query: str, job: list[dict]) -> tuple[float | None, str]:
+    """node_links on captured outputs: ``topo`` of ``nvidia-smi topo -m``, ``query`` of ``nvidia-smi
+    --query-gpu=index,pci.bus_id,uuid --format=csv,noheader``, ``job`` every rank's GPU identity. No
+    expectation when nvidia-smi here does not list every GPU of the job (a cgroup hides the others)."""
+    from trainscale.topology.nvidia import expected_busbw_gbps, parse_nvidia_links
+    from trainscale.topology.plan import node_gpu_indices
+
     try:
-        return expected_busbw_gbps(parse_nvidia_links(text), gpus)
+        gpus, missing = node_gpu_indices(query, job)
+        expected, why = expected_busbw_gbps(parse_nvidia_links(topo), gpus)
     except Exception as exc:  # an output this parser does not know: no expectation rather than a failed check
-        return None, f"nvidia-smi topo -m not understood ({exc})"
+        return None, f"nvidia-smi output not understood ({exc})"
+    if missing:
+        return None, (f"nvidia-smi here does not list the job's GPU(s) {', '.join(missing)} (hidden from it, as "
+                      "a cgroup per task does): links unknown, no expectation")
+    return expected, f"GPUs {','.join(map(str, gpus))}: {why}"
 
 
 def _transports(nccl_log: str | None) -> list[str]:
@@ -275,7 +297,7 @@ def check_strategies(rt, skip: set[str]) -> Check:
     results = {}
     with exact_fp32():
         for name in names:
-            strategy = get_strategy(name).with_batch(GLOBAL_BATCH // rt.world_size)
+            strategy = get_strategy(name).with_batch(global_batch(rt.world_size) // rt.world_size)
             model, opt = strategy.wrap(mlp(), SGD, rt)
             for i in range(STEPS):
                 x, y = batch(i, rt)

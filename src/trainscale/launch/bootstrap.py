@@ -243,6 +243,7 @@ def forked(launcher: dict, *argv: str) -> None:
     reaches the launcher, which stops the workers), numpy's global generator seeded anew, and its name."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, FORKSERVER_BLOCKS)  # one sent meanwhile arrives now
     try:
+        check_no_cuda_inherited(sys.modules.get("torch"))
         _leave_forkserver()
         die_with_launcher(launcher["environ"])
         os.setsid()
@@ -267,6 +268,17 @@ def forked(launcher: dict, *argv: str) -> None:
     except KeyboardInterrupt:  # outside the script (torch's wrapper would take it for a clean end): die of it
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
+
+
+def check_no_cuda_inherited(torch) -> None:
+    """A forked worker whose forkserver had initialised CUDA cannot use a GPU (torch: "Cannot re-initialize
+    CUDA in forked subprocess"). The forkserver imports torch and never touches a device; this holds it to
+    that, in words, before the worker's code meets it in the middle of its model set-up."""
+    bad_fork = getattr(getattr(torch, "cuda", None), "_is_in_bad_fork", None)
+    if bad_fork is not None and bad_fork():
+        raise RuntimeError("trainscale: this worker was forked from a process that had initialised CUDA (the "
+                           "launcher's forkserver must not): its GPU is unusable here; a bug in trainscale, or "
+                           "a module the forkserver preloads touched the device")
 
 
 def die_with_launcher(environ: Mapping[str, str]) -> bool:
@@ -555,6 +567,10 @@ def _without_rank_prefix(hook):
     return hook
 
 
+EXIT_VAR = "TRAINSCALE_EXIT"
+"""``full``: a successful worker ends through the C library's ``exit`` (see :func:`exit_cleanly`)."""
+
+
 def exit_cleanly(status: int, *, release: bool = True, forked: bool = False) -> None:
     """After the user's code returned (or chose its exit status with ``sys.exit(N)``): end this
     worker with that status, as the script meant.
@@ -565,6 +581,11 @@ def exit_cleanly(status: int, *, release: bool = True, forked: bool = False) -> 
     rely on, in the interpreter's own order (threads joined, ``atexit`` handlers, after success the
     process groups released, stdio flushed: a failing flush exits 120), then leaves with ``os._exit``.
     A script that raised or crashed is not ended here: it keeps its own exit code or signal.
+
+    ``os._exit`` skips what C code registered with ``atexit()`` and C++ destructors: where a profiler
+    (Nsight Systems, rocprof, Darshan) flushes its trace there, ``TRAINSCALE_EXIT=full`` ends a successful
+    worker through the C library's ``exit`` instead (after the same steps; the Python interpreter is still
+    not torn down, which is what aborted).
     """
     threading._shutdown()  # type: ignore[attr-defined]  # CPython's own, since 3.0
     atexit._run_exitfuncs()
@@ -578,6 +599,8 @@ def exit_cleanly(status: int, *, release: bool = True, forked: bool = False) -> 
             status = status or 120
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).fflush(None)  # what C and C++ code printed through stdio
+    if status == 0 and os.environ.get(EXIT_VAR) == "full":
+        ctypes.CDLL(None).exit(0)  # C atexit handlers and destructors run; returns never
     if forked and status == 0:
         return  # torch's agent waits for the function to return; its process ends with os._exit too
     os._exit(status)

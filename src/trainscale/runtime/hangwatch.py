@@ -55,6 +55,7 @@ class Watching:
             return
         self._next_look = now + LOOK_EVERY_S
         timeout_s = self.runtime.timeout.total_seconds()
+        since = max(since, self._in_flight_s(now))  # NCCL's clock: a host that ran ahead queued it earlier
         ends = self.watch and since >= timeout_s
         notices = self.notice_s > 0 and self.noticed is None and self.rank in (0, 1)
         if not (ends or notices):
@@ -72,6 +73,16 @@ class Watching:
                 self.fired = self._error(verdict, waited_s=since)
                 self._stop.set()
                 self.on_hang(self.fired)
+
+    def _in_flight_s(self, now: float) -> float:
+        """How long this rank's oldest collective still in flight has been queued (its flight record's age),
+        0 without one: NCCL's watchdog times a collective from when it was queued, and a host that runs ahead
+        of its GPU queues it before it enters the step its own stall is timed from."""
+        if not self._detail:
+            return 0.0
+        at, detail = self._detail
+        ages = [e.get("age_s") or 0.0 for e in detail.get("ledger") or () if not e.get("done")]
+        return max(ages) + (now - at) if ages else 0.0
 
     def _rank_zero_alive(self) -> bool:
         try:

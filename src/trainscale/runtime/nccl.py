@@ -12,7 +12,7 @@ from typing import MutableMapping
 from trainscale.errors import LaunchError
 
 NCCL_BACKSTOP_S = 30.0
-"""The least NCCL's own watchdog waits beyond the collective timeout (see :func:`watchdog_timeout`)."""
+"""How long NCCL's own watchdog waits beyond the collective timeout (see :func:`watchdog_timeout`)."""
 
 DUMP_FILE_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 """Where the flight recorder dumps, newest name first: torch >= 2.7 reads both, older torch only the
@@ -21,11 +21,11 @@ second, so both are set (to the user's value when they set either)."""
 
 def watchdog_timeout(timeout: datetime.timedelta) -> datetime.timedelta:
     """NCCL's watchdog timeout for a job whose collective timeout is ``timeout``: that plus
-    ``max(NCCL_BACKSTOP_S, timeout)``, so that the progress monitor (runtime/progress.py) names the hung rank
-    first even where the host ran ahead of its GPU by as long as the job allows one step to take; NCCL's
-    watchdog, which can only abort, stays the backstop (docs/gpu.md, "Hangs")."""
-    margin = max(datetime.timedelta(seconds=NCCL_BACKSTOP_S), timeout)
-    return timeout + margin
+    ``NCCL_BACKSTOP_S``. The hang watch (runtime/hangwatch.py) times a stuck collective from when it was
+    queued, as NCCL does (its flight record's age), so it names the hung rank first and ends the process;
+    NCCL's watchdog, which can only abort, is the backstop where nothing watches or nobody is to blame
+    (docs/gpu.md, "Hangs"). It once waited a whole timeout more, every GPU of a hung job idle twice as long."""
+    return timeout + datetime.timedelta(seconds=NCCL_BACKSTOP_S)
 
 
 def enable_flight_recorder(environ: MutableMapping[str, str] | None = None, job_dir: str | None = None) -> str:

@@ -103,15 +103,16 @@ class Strategy(Protocol):
         """What to try when the optimizer step took ``optimizer_share`` of a step on ``world_size`` ranks."""
 
 
-def one_rank_group(runtime: Any) -> None:
+def one_rank_group(runtime: Any, backend: str | None = None) -> None:
     """A process group of this one process where a strategy needs one even alone (DeepSpeed's engine;
-    FSDP's mixed precision, which lives in its sharding); trainscale's Runtime makes none for one
-    process. The Runtime then owns it: its close() is the one teardown path."""
+    FSDP's mixed precision and CPU offload, which live in its sharding); trainscale's Runtime makes none
+    for one process. ``backend``: the device's own by default. The Runtime then owns it: its close() is
+    the one teardown path."""
     import torch.distributed as dist
 
     if dist.is_initialized():
         return
-    backend = "nccl" if runtime.device.type == "cuda" else "gloo"
+    backend = backend or ("nccl" if runtime.device.type == "cuda" else "gloo")
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     runtime.owns_process_group = True
 

@@ -86,10 +86,14 @@ class FSDPStrategy(StrategyBase):
     def wrap(self, model: nn.Module, optimizer: OptimizerSource, runtime: Any) -> tuple[nn.Module, Any]:
         names = parameter_names(model)  # the sharded parameters are new objects with the same names
         model = model.to(runtime.device)
-        if not runtime.is_distributed and self.mixed_precision != "none":
-            # Alone, FSDP has nothing to shard, but its mixed precision lives in the sharding: shard over
-            # a group of one, so that a study's 1-rank baseline computes in the dtype its N-rank runs do.
-            one_rank_group(runtime)
+        offload = self.cpu_offload and runtime.device.type == "cuda"
+        if not runtime.is_distributed and (self.mixed_precision != "none" or offload):
+            # Alone, FSDP has nothing to shard, but its mixed precision and CPU offload live in the sharding:
+            # shard over a group of one, so that a study's 1-rank baseline computes in the dtype its N-rank
+            # runs do, and one GPU holds a model that fits only offloaded. Offload reduces host shards: gloo too.
+            from trainscale.runtime.device import MIXED_BACKEND
+
+            one_rank_group(runtime, MIXED_BACKEND if offload else None)
         if dist.is_available() and dist.is_initialized():
             self._shard(model, runtime)
             if self.mixed_precision == "fp16":
@@ -115,7 +119,8 @@ class FSDPStrategy(StrategyBase):
         return through_strategy(optimizer, self, model)  # opt.step() must go through the scaler
 
     def _shard(self, model: nn.Module, runtime: Any) -> None:
-        check_offload_backend(self.cpu_offload, runtime.device.type, runtime.backend)
+        # a one-process run's group is the strategy's own (one_rank_group), not the runtime's (None)
+        check_offload_backend(self.cpu_offload, runtime.device.type, runtime.backend or str(dist.get_backend()))
         from torch.distributed.device_mesh import init_device_mesh
 
         api = fsdp2()

@@ -155,6 +155,46 @@ def visible_gpus(environ: Mapping[str, str], node_gpus: Iterable[int]) -> tuple[
     return tuple(order) if narrowed else None
 
 
+def node_gpu_indices(query: str, gpus: Iterable[Mapping[str, str | None]]) -> tuple[list[int], list[str]]:
+    """Node-local indices (nvidia-smi's, those of ``nvidia-smi topo -m``) of ``gpus``, and the GPUs that
+    ``nvidia-smi --query-gpu=index,pci.bus_id,uuid --format=csv,noheader`` (``query``) does not list.
+
+    Each GPU is named as torch knows it (``{"pci": "0000:87:00.0", "uuid": ...}``, observe/devices.py's
+    ``identity``): unlike a torch index, a PCI address or UUID names the same GPU in every process, whatever
+    ``CUDA_VISIBLE_DEVICES`` or a per-task cgroup renumbered (with ``4,5,6,7`` cuda:0 is GPU 4; with srun's
+    one GPU per task every rank drives a cuda:0). Lines that do not start with an index are skipped.
+    """
+    index_of: dict[str, int] = {}
+    for line in query.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) >= 2 and fields[0].isdigit():
+            index_of[_pci(fields[1])] = int(fields[0])
+            if len(fields) > 2 and fields[2]:
+                index_of[_uuid(fields[2])] = int(fields[0])
+    found: set[int] = set()
+    missing: list[str] = []
+    for gpu in gpus:
+        keys = [_pci(gpu["pci"])] if gpu.get("pci") else []
+        keys += [_uuid(gpu["uuid"])] if gpu.get("uuid") else []
+        index = next((index_of[k] for k in keys if k in index_of), None)
+        if index is None:
+            missing.append(str(gpu.get("pci") or gpu.get("uuid")))
+        else:
+            found.add(index)
+    return sorted(found), missing
+
+
+def _pci(address: str) -> str:
+    """``00000000:87:00.0`` (nvidia-smi) and ``0000:87:00.0`` (torch) alike -> ``0000:87:00.0``."""
+    domain, bus, rest = address.strip().lower().split(":")
+    device, _, function = rest.partition(".")
+    return f"{int(domain, 16):04x}:{int(bus, 16):02x}:{int(device, 16):02x}.{function or '0'}"
+
+
+def _uuid(uuid: str) -> str:
+    return uuid.strip().lower().removeprefix("gpu-")
+
+
 def gpu_order(visible: Sequence[int] | None, node_gpus: Iterable[int], local_rank: int,
               local_world_size: int) -> list[int]:
     """The node-local GPU each local rank drives, in local-rank order (what :func:`plan_binding` maps).

@@ -205,9 +205,7 @@ def _train(rt, run: Plan) -> dict:
     set_seed(opts.seed)
     apply_threads(opts, rt)
     if rt.device.type == "cuda":
-        # accelerate would derive the GPU from LOCAL_RANK (modulo the visible count); use trainscale's.
-        os.environ.setdefault("ACCELERATE_TORCH_DEVICE", str(rt.device))
-        barrier_on_own_gpu(rt)
+        accelerate_on_own_gpu(rt)
     for note in prepare_environment(run.strategy_args, rt):  # before TrainingArguments imports DeepSpeed
         rt.print(f"hf-finetune: {note}")
     out = Path(own.output_dir)
@@ -268,13 +266,18 @@ def tracker_callback(rt):
     return ToTrackers()
 
 
-def barrier_on_own_gpu(rt) -> None:
-    """accelerate's ``wait_for_everyone`` (the Trainer calls it around saves and on resume) barriers on
-    ``cuda:{LOCAL_RANK}``, which does not exist in a task that sees only its own GPU (srun mode: each
-    task's visibility is narrowed to one device): "invalid device ordinal". Where the rank's device is
-    not ``cuda:{LOCAL_RANK}``, its barrier is trainscale's, on the rank's own device."""
+def accelerate_on_own_gpu(rt) -> None:
+    """accelerate takes the GPU from LOCAL_RANK: its device (given trainscale's instead), DDP's
+    ``device_ids=[LOCAL_RANK]`` and ``wait_for_everyone``'s barrier on ``cuda:{LOCAL_RANK}`` (the Trainer
+    calls it around saves and on resume). In a task that sees only its own GPU (srun mode: each task's
+    visibility is narrowed to one device) local rank 1's ``cuda:1`` does not exist: "invalid device
+    ordinal" on every task but the first of a node. There, DDP is left to take the device from the model
+    (accelerate's ``ACCELERATE_BYPASS_DEVICE_MAP``: ``device_ids=None``, valid for a one-device module), and
+    the barrier is trainscale's, on the rank's own device."""
+    os.environ.setdefault("ACCELERATE_TORCH_DEVICE", str(rt.device))
     if rt.device.index == rt.local_rank:
         return
+    os.environ["ACCELERATE_BYPASS_DEVICE_MAP"] = "true"
     from accelerate.state import PartialState
 
     accelerates = PartialState.wait_for_everyone
