@@ -195,3 +195,24 @@ def test_ending_the_process_reports_like_an_uncaught_error(tmp_path):
     assert "rank(s) 1 did not arrive" in recorded["message"]
     assert "CollectiveTimeout" in recorded["extraInfo"]["py_callstack"]
     assert callback_file.read_text() == "rank 0: step 3 did not complete within 5s — rank(s) 1 did not arrive"
+
+
+def test_a_flight_recorder_dump_that_never_returns_neither_hides_the_error_nor_keeps_the_process(tmp_path):
+    """issue 39 defect 8: the dump (a wedged GPU can hold it forever) ran before the error file was written:
+    the launcher's summary lost the named hang. The error file comes first; the dump gets a bounded wait."""
+    error_file = tmp_path / "error.json"
+    script = textwrap.dedent("""
+        import threading
+        from types import SimpleNamespace
+        from trainscale.runtime import hangwatch
+
+        hangwatch._dump_flight_recorder = lambda rank: threading.Event().wait()  # wedged
+        hangwatch.DUMP_WAIT_S = 0.5
+        hangwatch.end_process(SimpleNamespace(rank=0, timeout_callbacks=[]),
+                              hangwatch.CollectiveTimeout("rank 0: step 3 did not complete within 5s — rank(s) 1 "
+                                                          "did not arrive"))
+    """)
+    env = {**os.environ, "TORCHELASTIC_ERROR_FILE": str(error_file)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert "rank(s) 1 did not arrive" in json.loads(error_file.read_text())["message"]["message"]

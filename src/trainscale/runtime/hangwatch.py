@@ -251,6 +251,10 @@ def _read_dump(path: str, limit: int = 6000) -> str | None:
     return None
 
 
+DUMP_WAIT_S = 10.0
+"""How long :func:`end_process` waits for NCCL's flight-recorder dump, which a wedged GPU can hold forever."""
+
+
 def end_process(runtime: Any, error: CollectiveTimeout) -> None:
     """What the watching heartbeat does at the timeout on NCCL: the main thread is stuck where no exception
     can reach it, so report the error as an uncaught one would be, then end the process ourselves.
@@ -268,7 +272,7 @@ def end_process(runtime: Any, error: CollectiveTimeout) -> None:
     print(f"trainscale: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
     dumping = threading.Thread(target=_dump_flight_recorder, args=(runtime.rank,), daemon=True)
     dumping.start()
-    dumping.join(10.0)
+    dumping.join(DUMP_WAIT_S)
     sys.stderr.flush()
     os._exit(1)
 
