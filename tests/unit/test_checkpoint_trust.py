@@ -293,6 +293,33 @@ def test_a_full_disk_under_a_background_sharded_save_says_so(tmp_path, rt, mount
     ck.close()
 
 
+def test_a_link_named_like_a_checkpoint_neither_displaces_a_real_one_nor_blocks_a_save(tmp_path, rt, caplog):
+    """Found by the chaos benchmark: a crafted link ckpt-20 -> ckpt-10, skipped on resume, counted as the newest
+    by retention (keep=2): the real ckpt-10 was deleted at the save of step 15, and the save of step 20 failed on
+    the link left dangling (NotADirectoryError). A copy under another step's name is refused for its record."""
+    strategy, model, opt = _fsdp(rt, seed=1)
+    directory = tmp_path / "ck"
+    ck = Checkpointer(directory, rt, strategy=strategy, keep=2)
+    for step in (5, 10):
+        ck.save(step, {"model": strategy.checkpoint_state(model, opt), "step": step})
+    ck.close()
+    craft(directory / "ckpt-00000010", "renamed")  # ckpt-00000020 -> ckpt-00000010
+    ck = Checkpointer(directory, rt, strategy=strategy, keep=2)
+    with caplog.at_level(logging.WARNING, logger="trainscale.checkpoint"):
+        assert ck.restore({"model": strategy.checkpoint_state(model, opt)}).step == 10
+    assert "ckpt-00000020 is a symbolic link" in " ".join(_warnings(caplog))
+    ck.save(15, {"model": strategy.checkpoint_state(model, opt), "step": 15})
+    assert (directory / "ckpt-00000010").is_dir()  # the link is not one of the 2 kept
+    ck.save(20, {"model": strategy.checkpoint_state(model, opt), "step": 20})
+    assert not (directory / "ckpt-00000020").is_symlink() and ck.latest().step == 20
+    shutil.copytree(directory / "ckpt-00000020", directory / "ckpt-00000030")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="trainscale.checkpoint"):
+        assert ck.latest().step == 20
+    assert "is named for step 30, but its record says step 20" in " ".join(_warnings(caplog))
+    ck.close()
+
+
 def test_a_background_sharded_save_touches_no_cuda_stream_where_cuda_is_available(tmp_path, rt, monkeypatch):
     """issue 39 defect 1: with CUDA available, torch's overlapping loader synced current_stream() from DCP's
     writer thread, on GPU 0 whatever the rank's device (a CUDA context per rank there on an 8-GPU node)."""
@@ -361,5 +388,5 @@ def test_a_crafted_checkpoint_of_allow_listed_types_is_skipped_like_a_damaged_on
     assert "weights_only" not in warnings[0] and "False" not in warnings[0], warnings
     expected = {"outside-path": "'/etc/hostname', which is not a file of this checkpoint's manifest",
                 "huge-length": "+1099511627776 of __0_0.distcp", "shifted-offset": "loading it failed",
-                "renamed": "is named for step 12, but its record says step 2"}[kind]
+                "renamed": "is a symbolic link to ckpt-00000002, not a checkpoint trainscale wrote"}[kind]
     assert expected in warnings[0], warnings

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import shutil
 import weakref
 from dataclasses import dataclass
@@ -90,6 +91,9 @@ def plain_words(exc: BaseException) -> str:
 
 
 def _open(path: Path, step: int, map_location: str | torch.device, ranks: "_Ranks") -> Found:
+    if path.is_symlink():  # it would load whatever it points at, here or on another run's disk
+        raise CheckpointError(f"{path} is a symbolic link to {os.readlink(path)}, not a checkpoint trainscale "
+                              "wrote (its saves never make one)")
     if path.is_dir():
         contents, shards, verified = sharded.open_checkpoint(path, ranks.rank, ranks.world_size)
         found = Found(path, step, contents, shards, verified)
@@ -302,7 +306,10 @@ class Checkpointer:
             failed |= {found.path}
 
     def _prune(self) -> None:
-        for _, old in layout.list_checkpoints(self.directory)[self.keep:]:
+        # A link named like a checkpoint is none of this run's (never loaded: find_latest): counted, it would
+        # have a real checkpoint deleted in its place, and left dangling, block the save of its step.
+        own = [(step, path) for step, path in layout.list_checkpoints(self.directory) if not path.is_symlink()]
+        for _, old in own[self.keep:]:
             if old.is_dir():
                 shutil.rmtree(old, ignore_errors=True)
             else:

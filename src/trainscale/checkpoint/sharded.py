@@ -195,7 +195,9 @@ def _complete(partial: Path, final: Path, rest: dict[str, Any], record: dict[str
         if full:
             raise disk.full_error(final.parent, step, disk.state_bytes(rest)) from exc
         raise
-    if final.exists():  # the same step saved again (a resumed run)
+    if final.is_symlink():  # not one of ours (find_latest skipped it): the link goes, never its target
+        final.unlink()
+    elif final.exists():  # the same step saved again (a resumed run)
         shutil.rmtree(final)
     os.replace(partial, final)
     fsync_dir(final.parent)
