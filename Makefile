@@ -3,8 +3,10 @@
 #   make test   - create .venv if needed, run the whole test suite (starts and stops a 2-node SLURM test cluster)
 #   make test-scale - trainscale at 16 SLURM nodes (a 16-node test cluster on this machine) and 64 local
 #                   ranks: tests/scale, left out of `make test` (minutes, most of the memory; docs/scaling.md)
-#   make test-gpu - the GPU suite (tests/gpu) on this machine's GPUs; every test skips without GPUs.
-#                   Needs a CUDA/ROCm torch: TORCH_SPEC='torch>=2.4' make test-gpu on a fresh machine.
+#   make test-gpu - the GPU suite (tests/gpu) on this machine's GPUs, with .venv's python where there is one, else
+#                   the system's python3 and its CUDA/ROCm torch (PYTHONPATH=src: nothing built or installed). It
+#                   fails with one line when no GPU is visible or no test passed. The whole check of a bare GPU
+#                   machine (the suite, selftest, the seed CNN's time, every strategy) is scripts/gpu-check.sh OUTDIR.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # Test files spread over this many pytest processes (pytest-xdist), longest first (tests/conftest.py): the
@@ -30,8 +32,10 @@ test: venv
 test-scale: venv
 	$(PY) -m pytest tests/scale -m scale -v -s -p no:cacheprovider --timeout 3600
 
-test-gpu: venv
-	$(PY) -m pytest tests/gpu -v -rs -p no:cacheprovider --timeout 1800
+# -o timeout: a selftest on 8 GPUs outlasts pyproject's 300 s per test; an image without pytest-timeout warns only.
+GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
+test-gpu:
+	PYTHONPATH=src $(GPU_PY) -m pytest tests/gpu -v -rs -p no:cacheprovider -o timeout=1800
 
 clean:
 	rm -rf bench-out trainscale-runs
