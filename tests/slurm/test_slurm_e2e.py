@@ -115,6 +115,11 @@ def test_jobs_lists_and_cancel_cancels(slurm_cluster, tmp_path):
     final = watch(job_id, poll_s=0.5, timeout_s=120)
     assert final.state == "CANCELLED"
     assert f"Job {job_id} (trainscale-ddp_check) CANCELLED: was cancelled" in explain(final)
+    again = trainscale(tmp_path, "cancel", job_id, timeout=60)  # scancel itself says nothing and exits 0
+    assert again.returncode == 0 and f"job {job_id} already ended CANCELLED: nothing to cancel" in again.stderr
+    unknown = trainscale(tmp_path, "cancel", "999999", timeout=60)
+    assert unknown.returncode == 2 and "SLURM knows no job 999999: nothing cancelled" in unknown.stderr
+    assert "cancelled job" not in unknown.stderr
 
 
 def test_busy_master_port_is_named_before_training(slurm_cluster, tmp_path):
@@ -143,5 +148,9 @@ def test_dry_run_asks_the_real_scheduler(slurm_cluster, tmp_path):
     assert "#SBATCH --job-name=probe" in ok.stdout and "#SBATCH --time=00:05:00" in ok.stdout
     assert re.search(r"sbatch --test-only accepts the job: .*Job \d+ to start at .* on nodes n\[1-2\]", ok.stderr), ok.stderr
     too_big = trainscale(tmp_path, *args[:4], "3", *args[5:], "--test-only", str(SCRIPT), timeout=60)
-    assert "sbatch --test-only REFUSES the job" in too_big.stderr, too_big.stderr
+    assert too_big.returncode == 1 and "sbatch --test-only REFUSES the job" in too_big.stderr, too_big.stderr
+    # --dry-run too: a script SLURM refuses is no success (it exited 0, the refusal after the whole script)
+    refused = trainscale(tmp_path, *args[:4], "3", *args[5:], "--dry-run", str(SCRIPT), timeout=60)
+    assert refused.returncode == 1 and "sbatch --test-only REFUSES the job" in refused.stderr, refused.stderr
+    assert "#SBATCH --nodes=3" in refused.stdout
     assert not (tmp_path / "jobs").exists()  # nothing written, nothing submitted

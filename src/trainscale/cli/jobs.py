@@ -37,9 +37,18 @@ def _job(ref: str) -> str:
 
 
 def cancel(args: argparse.Namespace) -> int:
+    from trainscale.errors import SlurmError
     from trainscale.launch.slurm import cancel as scancel
+    from trainscale.launch.slurm.queue import TERMINAL, job_info
 
     job = _job(args.job_id)
+    info = job_info(job)  # scancel says nothing, and exits 0, for a job it does not know or that has ended
+    if info is None:
+        raise SlurmError(f"SLURM knows no job {job}: nothing cancelled",
+                         hint="`trainscale jobs` lists yours; `trainscale cancel last` the newest you submitted")
+    if info.state in TERMINAL:
+        print(f"trainscale: job {job} already ended {info.state}: nothing to cancel", file=sys.stderr)
+        return 0
     scancel(job, signal=args.signal)
     what = f"sent {args.signal} to" if args.signal else "cancelled"
     print(f"trainscale: {what} job {job}", file=sys.stderr)

@@ -56,12 +56,15 @@ def run(args: argparse.Namespace) -> int:
         _say(str(f))
     if ns.dry_run or ns.test_only:
         text = render(spec, profile, plan)
+        answer, said = ask_test_only(text, required=ns.test_only)  # when and where SLURM would start it
+        for line in test_only_lines(answer, said):  # before the script: a refusal is the news
+            print(line, file=sys.stderr, flush=True)
         if ns.dry_run:
             print(text, end="")
-        answer, said = ask_test_only(text, required=ns.test_only)  # when and where SLURM would start it
-        for line in test_only_lines(answer, said):
-            print(line, file=sys.stderr, flush=True)
-        return 2 if errors(findings) else 1 if ns.test_only and answer != "accepts" else 0
+        if errors(findings):
+            return 2
+        # a refusal fails either; an unanswered question fails only --test-only, which asked for the answer
+        return 1 if answer == "refuses" or (ns.test_only and answer != "accepts") else 0
     if errors(findings):
         _say(f"{len(errors(findings))} error(s): not submitted")
         return 2
