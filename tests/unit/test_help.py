@@ -66,3 +66,19 @@ def test_each_command_prints_its_own_help(capsys, argv, own):
     assert exit_code(argv) in (0, None)
     out = capsys.readouterr().out
     assert own in out and "usage: trainscale slurm" not in out
+
+
+def helps(parser: argparse.ArgumentParser):
+    yield parser.format_help()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from helps(sub)
+
+
+@pytest.mark.parametrize("name", list(PARSERS))
+def test_no_help_text_says_none(name):
+    """Python's None leaked into 12 help strings ("None: the profile's default"); on a command line it is the
+    option not given (issue 38 item 2)."""
+    said = [line.strip() for text in helps(PARSERS[name]()) for line in text.splitlines() if "None" in line]
+    assert said == []

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 import typing
 from pathlib import Path
@@ -70,7 +71,8 @@ def _coerce(name: str, text: str, annotation: Any, source: str) -> Any:
 
 def field_docs(cls: type) -> dict[str, str]:
     """Each field's docstring (the string literal under it, as this project documents every field), for
-    ``--help``: the dataclass stays the one place an option is described."""
+    ``--help``: the dataclass stays the one place an option is described. Python's ``None`` there is, on
+    the command line, the option not given."""
     import ast
     import inspect
 
@@ -82,8 +84,13 @@ def field_docs(cls: type) -> dict[str, str]:
         for node, after in zip(body, body[1:]):
             if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
                     and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
-                docs[node.target.id] = " ".join(after.value.value.split())
+                text = " ".join(after.value.value.split())
+                docs[node.target.id] = _NONE.sub(lambda m: "(not given)" if m.group(0) == "(None)" else "not given:",
+                                                 text)
     return docs
+
+
+_NONE = re.compile(r"\(None\)|\bNone:")
 
 
 def from_environment(cls: type | tuple[type, ...], section: str,
