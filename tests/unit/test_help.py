@@ -82,3 +82,26 @@ def test_no_help_text_says_none(name):
     option not given (issue 38 item 2)."""
     said = [line.strip() for text in helps(PARSERS[name]()) for line in text.splitlines() if "None" in line]
     assert said == []
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["run", "--workload", "cnn", "--nproc-per-node", "2"],
+     "Hint: --nproc-per-node is a launch option: put it before --workload"),
+    (["slurm", "--bogus"], "Hint: `trainscale slurm --help` lists its options"),
+    (["bench", "--bogus"], "Hint: `trainscale bench --help` lists its options"),
+    (["nonsense"], "Hint: `trainscale --help` lists its options"),
+])
+def test_a_command_line_mistake_is_one_line_and_a_hint_without_the_usage(capsys, argv, hint):
+    """issue 38 item 2: argparse's errors came after 10-26 lines of usage, with no fix named (a launch option
+    after --workload: 26 lines, then "unrecognized arguments")."""
+    if argv[0] == "run":  # the workload's own parser, as the launcher's preflight and each rank run it
+        from trainscale.workloads import cnn
+
+        with pytest.raises(SystemExit) as ended:
+            cnn.main(argv[2:])
+        code = ended.value.code
+    else:
+        code = exit_code(argv)
+    err = capsys.readouterr().err.splitlines()
+    assert code == 2 and len(err) == 2, err
+    assert ": error: " in err[0] and err[1].startswith(hint) and "usage:" not in "\n".join(err)

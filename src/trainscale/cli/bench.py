@@ -41,7 +41,9 @@ Examples:
 """
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="trainscale bench", usage=HELP.split("\n\n")[0].removeprefix("usage: "),
+    from trainscale.config.argparsing import Parser
+
+    p = Parser(prog="trainscale bench", usage=HELP.split("\n\n")[0].removeprefix("usage: "),
                                 description=HELP.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="a TOML file whose [bench] table sets these options by field name (as StudySpec)")
     p.add_argument("--workload", help="a built-in workload (`trainscale workloads`); or give SCRIPT [ARGS...]")

@@ -34,7 +34,9 @@ def run_allreduce(argv: list[str]) -> int:
     from trainscale.bench import allreduce_run
     from trainscale.bench.allreduce import DEFAULT_SIZES, HOOKS, parse_sizes, table
 
-    p = argparse.ArgumentParser(prog="trainscale bench allreduce")
+    from trainscale.config.argparsing import Parser
+
+    p = Parser(prog="trainscale bench allreduce")
     p.add_argument("--sizes", default=DEFAULT_SIZES, help="SMALLEST..LARGEST (doubling) or a list, e.g. 1KB..16MB")
     p.add_argument("--nproc", type=int, default=None, help="ranks on this node (with --slurm: per node)")
     p.add_argument("--iters", type=int, default=20, help="timed iterations per size at most (default: 20)")

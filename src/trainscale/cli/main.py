@@ -18,7 +18,9 @@ SUBCOMMANDS = ("run", "workloads", "slurm", "sweep", "jobs", "bind", "profiles",
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser with every subcommand, or with just ``only`` (a known subcommand's name): a command
     imports its own module and not the others' (``trainscale run`` starts sooner)."""
-    parser = argparse.ArgumentParser(
+    from trainscale.config.argparsing import Parser
+
+    parser = Parser(
         prog="trainscale",
         description="Run one PyTorch training script on 1 CPU process, N GPUs or many SLURM nodes.",
     )

@@ -32,7 +32,9 @@ def _plain(group, *options: tuple[str, ...]) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="trainscale slurm", usage=argparse.SUPPRESS, description=HELP,
+    from trainscale.config.argparsing import Parser
+
+    p = Parser(prog="trainscale slurm", usage=argparse.SUPPRESS, description=HELP,
                                 epilog=RESOLUTION, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 argument_default=None)
     job = p.add_argument_group("the allocation (sbatch's options)")

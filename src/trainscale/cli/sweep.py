@@ -100,7 +100,9 @@ def run(args: argparse.Namespace) -> int:
 def status(argv: list[str]) -> int:
     from trainscale.launch.slurm.sweep import status as sweep_status
 
-    p = argparse.ArgumentParser(prog="trainscale sweep status", description="A sweep's results, best first: a table, "
+    from trainscale.config.argparsing import Parser
+
+    p = Parser(prog="trainscale sweep status", description="A sweep's results, best first: a table, "
                                 "CSV and Markdown files and a plot in its directory.")
     p.add_argument("dir", help="the sweep's run directory (printed by trainscale sweep)")
     p.add_argument("--metric", help="rank by this metric (default: test_loss, val_loss, loss or train_loss)")

@@ -27,7 +27,9 @@ Examples:
 def _parser() -> argparse.ArgumentParser:
     from trainscale.bench.tune import DEVICES, LOADERS
 
-    p = argparse.ArgumentParser(prog="trainscale tune", usage=USAGE, description=DESCRIPTION,
+    from trainscale.config.argparsing import Parser
+
+    p = Parser(prog="trainscale tune", usage=USAGE, description=DESCRIPTION,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="a TOML file whose [tune] table sets these options by field name (as TuneSpec)")
     p.add_argument("--workload", help="a built-in workload to tune (`trainscale workloads`); or give "

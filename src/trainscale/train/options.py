@@ -204,13 +204,29 @@ def parse(argv: Sequence[str], prog: str, defaults: TrainOptions | None = None, 
           environ: dict[str, str] | None = None) -> tuple[TrainOptions, W | None]:
     """The common options and, with ``workload`` (a frozen dataclass), the workload's own ones, each from
     the command line, --config's [train] table or TRAINSCALE_TRAIN_<NAME>."""
-    parser = argparse.ArgumentParser(prog=prog, description="The workload's options (the launch options are in "
-                                                            "`trainscale run --help`). Each can also come from "
-                                                            "--config's [train] table or TRAINSCALE_TRAIN_<NAME>.")
+    from trainscale.config.argparsing import Parser
+
+    parser = Parser(prog=prog, hint=_launch_option_here, description="The workload's options (the launch options "
+                    "are in `trainscale run --help`). Each can also come from --config's [train] table or "
+                    "TRAINSCALE_TRAIN_<NAME>.")
     add_common_arguments(parser, defaults)
     if workload is not None:
         add_workload_arguments(parser, workload)
     return options_from_args(parser.parse_args(list(argv)), defaults, environ, workload)
+
+
+def _launch_option_here(message: str) -> str | None:
+    """The fix for a launch option given after ``--workload`` (``run --workload cnn --nproc-per-node 2``)."""
+    from trainscale.config.argparsing import unrecognized
+    from trainscale.launch.torchrun import parser as launch_parser
+
+    launch = {s for action in launch_parser()._actions for s in action.option_strings}
+    misplaced = [name for name in unrecognized(message) if name in launch]
+    if not misplaced:
+        return None
+    return (f"{', '.join(misplaced)} {'is a launch option' if len(misplaced) == 1 else 'are launch options'}: "
+            f"put {'it' if len(misplaced) == 1 else 'them'} before --workload (trainscale run --nproc-per-node 2 "
+            "--workload cnn ...)")
 
 
 def apply_threads(opts: TrainOptions, rt: Any) -> None:
