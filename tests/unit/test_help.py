@@ -86,7 +86,7 @@ def test_no_help_text_says_none(name):
 
 @pytest.mark.parametrize("argv, hint", [
     (["run", "--workload", "cnn", "--nproc-per-node", "2"],
-     "Hint: --nproc-per-node is a launch option: put it before --workload"),
+     "Hint: --nproc-per-node: launch option(s) go before --workload"),
     (["slurm", "--bogus"], "Hint: `trainscale slurm --help` lists its options"),
     (["bench", "--bogus"], "Hint: `trainscale bench --help` lists its options"),
     (["nonsense"], "Hint: `trainscale --help` lists its options"),

@@ -224,8 +224,7 @@ def _launch_option_here(message: str) -> str | None:
     misplaced = [name for name in unrecognized(message) if name in launch]
     if not misplaced:
         return None
-    return (f"{', '.join(misplaced)} {'is a launch option' if len(misplaced) == 1 else 'are launch options'}: "
-            f"put {'it' if len(misplaced) == 1 else 'them'} before --workload (trainscale run --nproc-per-node 2 "
+    return (f"{', '.join(misplaced)}: launch option(s) go before --workload (trainscale run --nproc-per-node 2 "
             "--workload cnn ...)")
 
 
