@@ -98,7 +98,7 @@ def _assert_same_tree(a, b, what: str) -> None:
 def test_save_on_2_resume_on_1_and_4_ranks_exactly(tmp_path):
     saved = run_on_ranks(save_two_ranks, 2, str(tmp_path))[0]
     listing = sorted(p.name for p in (tmp_path / "fsdp").iterdir())
-    assert listing == ["ckpt-00000002", "ckpt-00000004"], listing  # keep=2, no partial dirs left
+    assert listing == [".trainscale.lock", "ckpt-00000002", "ckpt-00000004"], listing  # keep=2, no partial dirs left
     assert json.loads((tmp_path / "fsdp" / "ckpt-00000004" / "trainscale.json").read_text())["format"] == "dcp"
     # training state is the user's alone: the directory and every file in it
     import stat
@@ -106,8 +106,8 @@ def test_save_on_2_resume_on_1_and_4_ranks_exactly(tmp_path):
     newest = tmp_path / "fsdp" / "ckpt-00000004"
     assert stat.S_IMODE(newest.stat().st_mode) == 0o700
     assert {stat.S_IMODE(f.stat().st_mode) for f in newest.iterdir()} == {0o600}
-    assert sorted(p.name for p in (tmp_path / "zero1").iterdir()) == ["ckpt-00000002.pt", "ckpt-00000002.pt.json",
-                                                                       "ckpt-00000004.pt", "ckpt-00000004.pt.json"]
+    assert sorted(p.name for p in (tmp_path / "zero1").iterdir()) == [".trainscale.lock", "ckpt-00000002.pt",
+                                                                       "ckpt-00000002.pt.json", "ckpt-00000004.pt", "ckpt-00000004.pt.json"]
     assert saved["fsdp"]["optimizer"]["state"], "optimizer state was saved"
     for world in (1, 4):
         resumed = run_on_ranks(resume, world, str(tmp_path))[0]

@@ -25,4 +25,4 @@ def test_fsdp_from_the_cli_checkpoints_resumes_and_reports_memory(tmp_path):
     assert second.returncode == 0, second.stderr
     assert "Resumed from ckpt/ckpt-00000002 at step 2" in second.stdout + second.stderr
     assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == 4
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["ckpt-00000002", "ckpt-00000004"]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [".trainscale.lock", "ckpt-00000002", "ckpt-00000004"]

@@ -147,10 +147,24 @@ def test_dry_run_asks_the_real_scheduler(slurm_cluster, tmp_path):
     assert ok.returncode == 0, ok.stderr
     assert "#SBATCH --job-name=probe" in ok.stdout and "#SBATCH --time=00:05:00" in ok.stdout
     assert re.search(r"sbatch --test-only accepts the job: .*Job \d+ to start at .* on nodes n\[1-2\]", ok.stderr), ok.stderr
+    # more nodes than the partition has: the lint knows it from sinfo (a profile's numbers cannot), and the
+    # scheduler's refusal is still asked for and said
     too_big = trainscale(tmp_path, *args[:4], "3", *args[5:], "--test-only", str(SCRIPT), timeout=60)
-    assert too_big.returncode == 1 and "sbatch --test-only REFUSES the job" in too_big.stderr, too_big.stderr
-    # --dry-run too: a script SLURM refuses is no success (it exited 0, the refusal after the whole script)
-    refused = trainscale(tmp_path, *args[:4], "3", *args[5:], "--dry-run", str(SCRIPT), timeout=60)
+    assert too_big.returncode == 2, too_big.stderr
+    assert "error: --nodes 3 but partition debug (sinfo -p debug) has 2 node(s)" in too_big.stderr, too_big.stderr
+    assert "sbatch --test-only REFUSES the job" in too_big.stderr
+    memory = trainscale(tmp_path, *args, "--mem", "900G", "--dry-run", str(SCRIPT), timeout=60)
+    assert memory.returncode == 2 and "900 GB per node asked for (--mem 900G), but the nodes of partition debug " \
+        "(sinfo -p debug) have 7.81 GB" in memory.stderr, memory.stderr
+    # --dry-run too: a script SLURM refuses is no success (it exited 0, the refusal after the whole script);
+    # a feature no node has is what only the scheduler knows
+    refused = trainscale(tmp_path, *args, "--sbatch=--constraint=nosuch", "--dry-run", str(SCRIPT), timeout=60)
     assert refused.returncode == 1 and "sbatch --test-only REFUSES the job" in refused.stderr, refused.stderr
-    assert "#SBATCH --nodes=3" in refused.stdout
+    assert "#SBATCH --constraint=nosuch" in refused.stdout
+    # another cluster's job (LUMI's partition): this scheduler cannot judge it, so it is not asked and not refused
+    lumi = trainscale(tmp_path, "slurm", "--profile", "lumi", "-A", "project_1", "-N", "2", "-t", "5", "--python",
+                      sys.executable, "--output-dir", str(tmp_path / "jobs"), "--dry-run", str(SCRIPT), timeout=60)
+    assert lumi.returncode == 0, lumi.stderr
+    assert "this machine's SLURM has no partition 'standard-g' (it has debug): it is not the cluster profile lumi " \
+        "describes" in lumi.stderr and "sbatch --test-only" not in lumi.stderr, lumi.stderr
     assert not (tmp_path / "jobs").exists()  # nothing written, nothing submitted

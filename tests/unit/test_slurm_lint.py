@@ -265,3 +265,34 @@ def test_requeue_or_chain_of_a_script_that_does_not_checkpoint_through_trainscal
     assert not [f for f in lint(plain, builtin("lumi")) if "checkpoint through" in f.message]  # no requeue: no word
     workload = SlurmJobSpec(workload="cnn", profile="lumi", time="01:00:00", account="project_465000000", requeue=True)
     assert not [f for f in lint(workload, builtin("lumi")) if "checkpoint through" in f.message]
+
+
+def test_the_partition_here_checks_the_job_with_its_real_sizes(script):
+    """sinfo's rows (one per node shape or state, ``+`` where some nodes have more) make one partition;
+    a job larger than it is an error before sbatch; another cluster's partition is not judged here."""
+    from trainscale.launch.slurm import cluster
+    from trainscale.launch.slurm.spec import resolve
+
+    rows = "gpu*|3|64|257000+\ngpu*|1|128|515000\ndebug|2|4+|8000\n"
+    parts = cluster.parse(rows)
+    assert parts["gpu"] == cluster.Partition("gpu", True, 4, 64, 257000 / 1024)
+    assert cluster.partitions(run=lambda *a, **k: type("Done", (), {"returncode": 0, "stdout": rows})()) == parts
+    assert cluster.partitions(run=lambda *a, **k: type("Done", (), {"returncode": 1, "stdout": ""})()) is None
+
+    profile = builtin("local-test")
+    fits = SlurmJobSpec(script=script, profile="local-test", nodes=4, time="5", partition="gpu")
+    assert cluster.findings(resolve(fits, profile), profile, parts) == ([], True)
+    big = SlurmJobSpec(script=script, profile="local-test", nodes=5, time="5", mem="300G", partition="gpu")
+    found, here = cluster.findings(resolve(big, profile), profile, parts)
+    assert here and [f.level for f in found] == [ERROR, ERROR]
+    only(found, ERROR, "--nodes 5 but partition gpu (sinfo -p gpu) has 4 node(s)")
+    assert only(found, ERROR, "300 GB per node asked for (--mem 300G)").hint == "use --mem 251G or less"
+
+    lumi = SlurmJobSpec(script=script, profile="lumi", nodes=2, time="01:00:00", account="project_465000000")
+    found, here = cluster.findings(resolve(lumi, builtin("lumi")), builtin("lumi"), parts)
+    assert not here and "no partition 'standard-g' (it has gpu, debug)" in only(found, "note", "standard-g").message
+    assert cluster.findings(resolve(lumi, builtin("lumi")), builtin("lumi"), None) == ([], True)  # no sinfo here
+    bare = ClusterProfile(name="bare", gpus_per_node=0, cpus_per_node=4)  # no partition named: the default one
+    found, here = cluster.findings(resolve(SlurmJobSpec(script=script, profile="bare", nodes=5, time="5"), bare),
+                                   bare, parts)
+    assert here and "partition gpu" in only(found, ERROR, "--nodes 5").message

@@ -51,12 +51,13 @@ def run(args: argparse.Namespace) -> int:
     if [ns.dry_run, ns.submit, ns.test_only].count(True) != 1:
         raise ConfigError("give exactly one of --dry-run (print the script), --test-only (ask the scheduler) or "
                           "--submit (sbatch it)", hint="start with --dry-run to read the script trainscale would submit")
-    plan, findings = check(spec, profile, preflight=preflight)
+    plan, findings, here = check(spec, profile, preflight=preflight)
     for f in findings:
         _say(str(f))
     if ns.dry_run or ns.test_only:
         text = render(spec, profile, plan)
-        answer, said = ask_test_only(text, required=ns.test_only)  # when and where SLURM would start it
+        # when and where SLURM would start it; another cluster's scheduler cannot say (the note above says so)
+        answer, said = ask_test_only(text, required=ns.test_only) if here else ("elsewhere", "")
         for line in test_only_lines(answer, said):  # before the script: a refusal is the news
             print(line, file=sys.stderr, flush=True)
         if ns.dry_run:

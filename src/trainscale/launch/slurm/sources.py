@@ -64,14 +64,18 @@ def job_spec(cli: dict, *, config_file: str | None, environ: Mapping[str, str] |
     return spec, profile
 
 
-def check(spec: SlurmJobSpec, profile: ClusterProfile, *, preflight: Callable | None = None) -> tuple[JobPlan, list]:
-    """(plan, findings): lint, the code snapshot and the job's Python, errors first."""
+def check(spec: SlurmJobSpec, profile: ClusterProfile, *,
+          preflight: Callable | None = None) -> tuple[JobPlan, list, bool]:
+    """(plan, findings, whether this machine's scheduler is the job's cluster): lint, the partition's real sizes,
+    the code snapshot and the job's Python, errors first."""
+    from trainscale.launch.slurm import cluster
     from trainscale.launch.slurm.job import snapshot_findings
     from trainscale.launch.slurm.lint import lint
     from trainscale.launch.slurm.probe import probe_python
 
     plan = resolve(spec, profile)
-    findings = lint(spec, profile, plan, preflight=preflight) + snapshot_findings(spec, plan) \
+    sized, here = cluster.findings(plan, profile, cluster.partitions())
+    findings = lint(spec, profile, plan, preflight=preflight) + sized + snapshot_findings(spec, plan) \
         + probe_python(spec, profile, plan)
     findings.sort(key=lambda f: ("error", "warning", "note").index(f.level))
-    return plan, findings
+    return plan, findings, here
