@@ -14,8 +14,8 @@ Then it times, median of ``--repeats``:
   real TCPStore (as in a process group), and what the store serves when every rank publishes; without a
   store, reading the record files: after every rank wrote one more block of steps, and its first look
   (a watch that starts on a long run's files);
-- the failure triage after the job (`trainscale logs JOBID`, the watcher's explanation), both modes;
-- one rank's log (`trainscale logs JOBID --rank R`), torchrun mode (the node logs hold it);
+- the failure triage after the job (`trainscale jobs JOBID`, the watcher's explanation), both modes;
+- one rank's log (`trainscale jobs JOBID --rank R`), torchrun mode (the node logs hold it);
 - the report: gather (read the run) and render (text, HTML and plots);
 - `trainscale sweep status` over a sweep of N tasks;
 - the launcher's end-of-run summary (torchelastic's failure records -> the text naming the first).

@@ -288,7 +288,7 @@ def _trainscale(readme: Readme, *argv: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.timeout(1800)  # the first test to run sets README's run up
 def test_readme_study_on_slurm_runs_each_configuration_as_a_job_and_reports_it(readme, slurm_cluster):
     """`trainscale bench --slurm --configs 1 --nodes 2`: each configuration a real batch job, the study's numbers
-    what the jobs measured; `trainscale logs` and `trainscale report` then read the jobs."""
+    what the jobs measured; `trainscale jobs` and `trainscale report` then read the jobs."""
     (study,) = [p.parent for p in (readme.dir / "bench-out").glob("*/results.json") if not p.parent.is_symlink()
                 and [r["config"] for r in json.loads(p.read_text())["runs"]] == ["1", "2n"]]  # not bench-out/latest
     runs = json.loads((study / "results.json").read_text())["runs"]
@@ -303,7 +303,7 @@ def test_readme_study_on_slurm_runs_each_configuration_as_a_job_and_reports_it(r
     speedup = runs[1]["speedup"] or (runs[1]["rejected"] or {}).get("speedup")
     printed = readme.output("trainscale bench --workload cnn --slurm")
     assert speedup > 0 and "| DDP 2 nodes x 2 CPU ranks | 4 |" in printed, printed
-    logs = _trainscale(readme, "logs", runs[1]["slurm_job"], "--rank", "0")
+    logs = _trainscale(readme, "jobs", runs[1]["slurm_job"], "--rank", "0")
     assert logs.returncode == 0 and "Epoch 1:" in logs.stdout, logs.stderr
     # the study's report finds each job's records in its run directory; a job id gives that run's page
     report = _trainscale(readme, "report", str(study), "--text")
@@ -335,11 +335,11 @@ def test_readme_allreduce_on_slurm_is_one_two_node_job(readme):
 @pytest.mark.timeout(1800)  # the first test to run sets README's run up
 def test_readme_workload_job_trains_on_two_nodes_of_two_ranks(readme):
     """`trainscale slurm ... --submit --watch --workload cnn` (torchrun mode; srun mode is in
-    tests/slurm/test_preemption.py): the job completed, and rank 0's log, read with `trainscale logs`, shows
+    tests/slurm/test_preemption.py): the job completed, and rank 0's log, read with `trainscale jobs`, shows
     the workload saw 4 ranks and trained."""
     printed = readme.output("trainscale slurm --profile local-test -N 2 --gpus-per-node 2 -t 00:10:00 --submit")
     job = re.search(r"^Job (\d+) \(trainscale-cnn\) COMPLETED", printed, re.M)
     assert job, printed
-    log0 = _trainscale(readme, "logs", job.group(1), "--rank", "0")
+    log0 = _trainscale(readme, "jobs", job.group(1), "--rank", "0")
     assert log0.returncode == 0, log0.stderr
     assert "4 rank(s) x batch 16" in log0.stdout and re.search(r"Epoch 1: loss [\d.]+", log0.stdout), log0.stdout

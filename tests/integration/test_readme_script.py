@@ -46,6 +46,9 @@ def test_the_readme_script_runs_on_one_process_and_on_two_ranks(tmp_path):
     again = trainscale("run", "--nproc-per-node", "2", "--log-dir", "logs", "train.py", cwd=two)
     assert again.returncode == 0 and not _losses(again.stdout), again.stdout + again.stderr
     assert "resumed from checkpoints/" in again.stdout and "at step 5" in again.stdout, again.stdout
+    # the finished run started again trains nothing, and says so (README's examples must not do it silently)
+    assert "at step 5 and trained nothing: the loop had no step left" in again.stdout, again.stdout
+    assert "trained nothing" not in ranks.stdout  # the first run trained
 
 
 def test_requeue_lint_knows_the_readme_script_is_resumable(tmp_path):

@@ -6,10 +6,10 @@ checkpoints through trainscale) in both launch modes:
 
 - 8 nodes, torchrun mode: trains to the end (the reference);
 - 8 nodes, srun mode, at the same time: preempted (SIGUSR1 to the batch shell) after step 4, checkpoints,
-  requeues, resumes, and ends with the reference's weights bitwise; `trainscale logs JOB --rank R` and
+  requeues, resumes, and ends with the reference's weights bitwise; `trainscale jobs JOB --rank R` and
   `trainscale report JOB` work on it;
 - 16 nodes, each mode: the first rank on node n11 raises at step 5; the watcher's explanation and
-  `trainscale logs JOB` name that rank, on n11, with its traceback, and the other 31 ranks in one line.
+  `trainscale jobs JOB` name that rank, on n11, with its traceback, and the other 31 ranks in one line.
 
 2 ranks per node (32 at once): the machine has 2 cores and 24 GB; 32 ranks of torch are about 5 GB
 (PSS; 150 MiB each) and the 16 agents of torchrun mode 2.5 GB more. Wall times and the peak memory
@@ -102,12 +102,12 @@ def test_8_nodes_both_modes_train_and_a_preempted_job_resumes_bitwise(scale_clus
     states = {reference: scale_cluster.wait_done(reference, timeout=900),
               job: scale_cluster.wait_done(job, timeout=900)}
     took = time.monotonic() - t0
-    assert states == {reference: "COMPLETED", job: "COMPLETED"}, (states, cli(scale_cluster, pre_dir, "logs", job))
+    assert states == {reference: "COMPLETED", job: "COMPLETED"}, (states, cli(scale_cluster, pre_dir, "jobs", job))
 
-    rank0 = cli(scale_cluster, pre_dir, "logs", job, "--rank", "0")
+    rank0 = cli(scale_cluster, pre_dir, "jobs", job, "--rank", "0")
     assert "Preempted (SIGUSR1) at step 4" in rank0 and f"requeueing SLURM job {job}" in rank0, rank0
     assert "resumed at step 4, attempt 2" in rank0 and f"finished {STEPS} steps" in rank0, rank0
-    last = cli(scale_cluster, pre_dir, "logs", job, "--rank", "15")  # the last node's second rank: its own file
+    last = cli(scale_cluster, pre_dir, "jobs", job, "--rank", "15")  # the last node's second rank: its own file
     assert "Traceback" not in last, last
     ours, theirs = final_weights(pre_dir / "checkpoints"), final_weights(ref_dir / "checkpoints")
     for key in theirs:
@@ -126,7 +126,7 @@ def test_16_nodes_a_rank_on_node_11_fails_and_is_named(scale_cluster, tmp_path, 
     job, run_dir = submit(scale_cluster, tmp_path, 16, launcher, "--fail-on", "n11", "--fail-at", "5")
     state = scale_cluster.wait_done(job, timeout=900)
     took = time.monotonic() - t0
-    out = cli(scale_cluster, tmp_path, "logs", job)
+    out = cli(scale_cluster, tmp_path, "jobs", job)
     assert state == "FAILED", out
     raised = re.search(r"injected failure of rank (\d+) on n11 at step 5", out)
     assert raised, out
@@ -138,7 +138,7 @@ def test_16_nodes_a_rank_on_node_11_fails_and_is_named(scale_cluster, tmp_path, 
     if launcher == "srun":
         assert rank == 20  # SLURM's block distribution: tasks 20 and 21 on the 11th node
 
-    own = cli(scale_cluster, tmp_path, "logs", job, "--rank", str(rank))
+    own = cli(scale_cluster, tmp_path, "jobs", job, "--rank", str(rank))
     assert f"injected failure of rank {rank} on n11" in own, own
     report = cli(scale_cluster, tmp_path, "report", job)
     assert "32 rank(s) on 16 node(s)" in report, report

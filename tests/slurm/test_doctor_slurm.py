@@ -26,7 +26,7 @@ def test_doctor_network_on_two_nodes(slurm_cluster, tmp_path, launcher):
                        "-m", "trainscale.doctor", "--network", "--size-mib", "1")
     job = re.search(r"submitted job (\d+)", done.stderr)
     assert job and done.returncode == 0, f"{done.stdout}\n{done.stderr}"
-    log = _trainscale(tmp_path, "logs", job.group(1), "--rank", "0", timeout=60)
+    log = _trainscale(tmp_path, "jobs", job.group(1), "--rank", "0", timeout=60)
     assert log.returncode == 0, log.stderr
     text = log.stdout
     assert text.count("Summary:") == 1 and "from 4 rank(s)" in text, text

@@ -52,7 +52,7 @@ def test_chain_finishes_in_link_two_and_cancels_link_three(slurm_cluster, tmp_pa
     assert "stopped (stopped for the next link of the chain)" in batch1, batch1
     assert f"training finished in link {links[1]}" in batch2 and "cancelling the chain's other links" in batch2
     assert (run_dir / "finished").read_text().strip() == f"job {links[1]}"
-    log2 = trainscale(tmp_path, "logs", links[1], "--rank", "0", timeout=60).stdout
+    log2 = trainscale(tmp_path, "jobs", links[1], "--rank", "0", timeout=60).stdout
     assert "Resumed from" in log2, log2
     # the same training, never interrupted, same ranks and threads per rank (bitwise comparable); the job
     # gave each rank its CPUs per rank (2) or fewer, where the node's cores were fewer: its records say
@@ -149,7 +149,7 @@ def test_an_edit_after_submit_does_not_reach_the_queued_job(slurm_cluster, tmp_p
     (code / "helpers" / "__init__.py").write_text("VERSION = 'edited'\n")
     slurm_cluster.run("scontrol", "release", job)
     assert slurm_cluster.wait_done(job, timeout=120) == "COMPLETED"
-    out = trainscale(tmp_path, "logs", job, "--rank", "0", timeout=60).stdout
+    out = trainscale(tmp_path, "jobs", job, "--rank", "0", timeout=60).stdout
     assert "SCRIPT as submitted, HELPERS as submitted" in out, out
     record = json.loads((run_dir / "submission.json").read_text())
     assert record["git"] == {"commit": commit, "dirty": False}
@@ -165,7 +165,7 @@ def test_attach_runs_a_command_on_a_running_jobs_node(slurm_cluster, tmp_path):
                                         "--submit", str(script)))
     try:
         wait_for(lambda: (run_dir / "up").exists(), 120, "the job to run")
-        done = trainscale(tmp_path, "attach", job, "--", "printenv", "SLURMD_NODENAME", timeout=60)
+        done = trainscale(tmp_path, "jobs", job, "--attach", "--", "printenv", "SLURMD_NODENAME", timeout=60)
         assert done.returncode == 0 and done.stdout.strip() == "n1", done.stdout + done.stderr
     finally:
         slurm_cluster.run("scancel", job, check=False)

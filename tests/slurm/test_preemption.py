@@ -52,7 +52,7 @@ def test_usr1_to_the_batch_shell_requeues_and_resumes_to_identical_weights(slurm
     requeued = time.monotonic() - signalled
     state = slurm_cluster.wait_done(job, timeout=240)
     finished = time.monotonic() - signalled
-    out = trainscale(tmp_path, "logs", job, "--rank", "0", timeout=60).stdout
+    out = trainscale(tmp_path, "jobs", job, "--rank", "0", timeout=60).stdout
     assert state == "COMPLETED", out
     # logged before `scontrol requeue`, which ends the attempt at once (a line after it may never be written)
     assert "Preempted (SIGUSR1) at step" in out and f"requeueing SLURM job {job}" in out, out

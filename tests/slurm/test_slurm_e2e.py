@@ -40,7 +40,7 @@ def submit_watch(tmp_path: Path, launcher: str, *target: str) -> tuple[subproces
 
 
 def rank_log(tmp_path: Path, job_id: str, rank: int) -> str:
-    done = trainscale(tmp_path, "logs", job_id, "--rank", str(rank), timeout=60)
+    done = trainscale(tmp_path, "jobs", job_id, "--rank", str(rank), timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -55,7 +55,7 @@ def test_ranks_see_their_place_and_agree(slurm_cluster, tmp_path, launcher):
     done, job_id, _ = submit_watch(tmp_path, launcher, str(SCRIPT), "--steps", "5")
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
     envs, sums = {}, {}
-    for rank in range(4):  # `trainscale logs JOBID --rank R` for every rank, 0 and 3 included
+    for rank in range(4):  # `trainscale jobs JOBID --rank R` for every rank, 0 and 3 included
         text = rank_log(tmp_path, job_id, rank)
         env = ENV_LINE.search(text)
         assert env, f"rank {rank}'s log has no ENV line:\n{text}"
@@ -87,7 +87,7 @@ def test_failing_rank_is_named(slurm_cluster, tmp_path, launcher):
     assert f"Job {job_id} (trainscale-ddp_check) FAILED" in done.stdout
     assert "First failing rank: rank 3" in done.stdout, done.stdout
     assert "RuntimeError: deliberate failure on rank 3 at step 1" in done.stdout
-    logs = trainscale(tmp_path, "logs", job_id, timeout=60)
+    logs = trainscale(tmp_path, "jobs", job_id, timeout=60)
     assert "First failing rank: rank 3" in logs.stdout, logs.stdout
     assert "deliberate failure on rank 3" in rank_log(tmp_path, job_id, 3)
     report = trainscale(tmp_path, "report", job_id, "--text", timeout=120)  # the test cluster keeps no accounting
@@ -110,14 +110,14 @@ def test_jobs_lists_and_cancel_cancels(slurm_cluster, tmp_path):
     assert listed.returncode == 0
     row = [line for line in listed.stdout.splitlines() if line.startswith(job_id + " ")]
     assert row and "trainscale-ddp_check" in row[0] and ("RUNNING" in row[0] or "PENDING" in row[0]), listed.stdout
-    cancelled = trainscale(tmp_path, "cancel", job_id, timeout=60)
+    cancelled = trainscale(tmp_path, "jobs", job_id, "--cancel", timeout=60)
     assert cancelled.returncode == 0, cancelled.stderr
     final = watch(job_id, poll_s=0.5, timeout_s=120)
     assert final.state == "CANCELLED"
     assert f"Job {job_id} (trainscale-ddp_check) CANCELLED: was cancelled" in explain(final)
-    again = trainscale(tmp_path, "cancel", job_id, timeout=60)  # scancel itself says nothing and exits 0
+    again = trainscale(tmp_path, "jobs", job_id, "--cancel", timeout=60)  # scancel itself says nothing and exits 0
     assert again.returncode == 0 and f"job {job_id} already ended CANCELLED: nothing to cancel" in again.stderr
-    unknown = trainscale(tmp_path, "cancel", "999999", timeout=60)
+    unknown = trainscale(tmp_path, "jobs", "999999", "--cancel", timeout=60)
     assert unknown.returncode == 2 and "SLURM knows no job 999999: nothing cancelled" in unknown.stderr
     assert "cancelled job" not in unknown.stderr
 

@@ -168,7 +168,7 @@ def test_cli_profiles_table(capsys, user_dir):
     write(user_dir, "broken", 'gpus_per_nod = 1\n')
     assert main(["profiles"]) == 0
     out = capsys.readouterr().out
-    lines = {line.split()[0]: line for line in out.splitlines() if line and not line.startswith(("NAME", "User", "Show"))}
+    lines = {line.split()[0]: line for line in out.splitlines() if line and not line.startswith(("NAME", "User", "One profile"))}
     assert set(lines) == BUILTINS | {"broken"}
     assert "built-in" in lines["cyclone"] and "gpu" in lines["cyclone"] and " 4 " in lines["cyclone"]
     assert "replaces built-in" in lines["lumi"] and "my LUMI" in lines["lumi"]
@@ -182,8 +182,8 @@ def test_cli_profiles_show_one(capsys):
     assert "0:49-55 1:57-63" in out and "reserved_cores       0,8,16,24,32,40,48,56" in out
 
 
-def test_cli_bind_lumi(capsys):
-    assert main(["bind", "--profile", "lumi"]) == 0
+def test_cli_profile_binding_lumi(capsys):
+    assert main(["profiles", "lumi"]) == 0
     out = capsys.readouterr().out
     assert f"--cpu-bind=mask_cpu:{LUMI_MASKS}" in out
     rows = [line.split() for line in out.splitlines() if line[:1].isdigit()]
@@ -191,21 +191,25 @@ def test_cli_bind_lumi(capsys):
         ["49-55", "57-63", "17-23", "25-31", "1-7", "9-15", "33-39", "41-47"], LUMI_MASKS.split(",")))]
 
 
-def test_cli_bind_lumi_fewer_ranks(capsys):
-    assert main(["bind", "--profile", "lumi", "--ranks", "2"]) == 0
+def test_cli_profile_binding_lumi_fewer_ranks(capsys):
+    assert main(["profiles", "lumi", "--ranks", "2"]) == 0
     assert "--cpu-bind=mask_cpu:0xfe000000000000,0xfe00000000000000\n" in capsys.readouterr().out
 
 
-def test_cli_bind_detected_and_errors(capsys):
-    assert main(["bind", "--ranks", "1"]) == 0
+def test_cli_profile_binding_detected_and_errors(capsys):
+    assert main(["profiles", "--here", "--ranks", "1"]) == 0
     out = capsys.readouterr().out
     assert "Detected topology" in out and "--cpu-bind=mask_cpu:0x" in out
-    assert main(["bind", "--profile", "lumi", "--ranks", "9"]) == 2
+    assert main(["profiles", "lumi", "--here"]) == 2 and "a profile (lumi) and --here together" in capsys.readouterr().err
+    assert main(["profiles", "lumi", "--reserved", "0"]) == 2
+    assert "--reserved applies to this machine's plan" in capsys.readouterr().err
+    assert main(["profiles", "--ranks", "2"]) == 2 and "name a profile, or --here" in capsys.readouterr().err
+    assert main(["profiles", "lumi", "--ranks", "9"]) == 2
     assert "9 local ranks but the node has 8 GPU" in capsys.readouterr().err
-    assert main(["bind", "--profile", "nope"]) == 2
+    assert main(["profiles", "nope"]) == 2
     assert "unknown cluster profile 'nope'" in capsys.readouterr().err
-    assert main(["bind", "--profile", "local-test"]) == 0
-    assert 'binding = "none"' in capsys.readouterr().out
+    assert main(["profiles", "local-test"]) == 0
+    assert 'Binding: "none": trainscale leaves CPU affinity' in capsys.readouterr().out
 
 
 def test_user_profile_extends_a_builtin_and_changes_only_what_it_sets(user_dir, capsys):

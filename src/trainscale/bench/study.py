@@ -73,7 +73,7 @@ class StudySpec:
                               hint="benchmark one of them")
         if self.script and not Path(self.script).is_file():
             raise ConfigError(f"script {self.script!r} does not exist",
-                              hint="give the path of a training script, or --workload NAME (see `trainscale workloads`)")
+                              hint="give the path of a training script, or --workload NAME (`trainscale run --help` lists them)")
         if (self.workload is None) == (self.script is None):
             raise ConfigError("give exactly one of --workload NAME or SCRIPT",
                               hint="e.g. trainscale bench --workload cnn --configs 1,2, or trainscale bench train.py")

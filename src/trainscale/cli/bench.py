@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     p = Parser(prog="trainscale bench", usage=HELP.split("\n\n")[0].removeprefix("usage: "),
                                 description=HELP.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="a TOML file whose [bench] table sets these options by field name (as StudySpec)")
-    p.add_argument("--workload", help="a built-in workload (`trainscale workloads`); or give SCRIPT [ARGS...]")
+    p.add_argument("--workload", help="a built-in workload (`trainscale run --help` lists them); or give SCRIPT [ARGS...]")
     p.add_argument("--configs", help="configurations to run: cpu, N ranks here, NxM / Nn with --slurm (default: 1,2)")
     p.add_argument("--scaling", choices=("weak", "strong"),
                    help="weak: --batch-size per rank (seed 004's recipe); strong: --batch-size is the global batch "

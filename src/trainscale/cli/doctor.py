@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 import shlex
 import sys
 from dataclasses import replace
@@ -47,7 +49,12 @@ def register(sub) -> None:
     p = sub.add_parser("doctor", help="one paste-able report: versions, devices, launch, binding, threads, network",
                        description="Check this environment. Under a launcher, run `python -m trainscale.doctor` "
                                    "on every rank instead (e.g. `trainscale run --nproc-per-node 2 -m "
-                                   "trainscale.doctor --network`, or `srun python -m trainscale.doctor --network`).")
+                                   "trainscale.doctor --network`, or `srun python -m trainscale.doctor --network`).",
+                       epilog="examples:\n"
+                              "  trainscale doctor                   # this process: versions, devices, binding, threads\n"
+                              "  trainscale doctor --nproc 2 --network  # 2 local ranks and the collectives between them\n"
+                              "  trainscale doctor --json > doctor.json  # for a support ticket\n",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     add_options(p)
     p.add_argument("--nproc", type=int, default=None, metavar="N",
                    help="start N local ranks through trainscale's launcher and report from all of them")

@@ -1,4 +1,6 @@
-"""`trainscale jobs`, `trainscale logs JOBID [--rank K]`, `trainscale cancel JOBID` (parsing and printing only)."""
+"""`trainscale jobs [JOB] [--rank R | --cancel | --signal S | --attach]`: one door for SLURM jobs (parsing and
+printing only). Without JOB the queue; with JOB its output (the batch output with its first failing rank, or one
+rank's log), or an act on it: scancel, a signal, a shell on its node."""
 
 from __future__ import annotations
 
@@ -7,8 +9,18 @@ import getpass
 import os
 import sys
 
+from trainscale.errors import ConfigError
 
-def jobs(args: argparse.Namespace) -> int:
+EXAMPLES = """examples:
+  trainscale jobs                      # your jobs in the queue (squeue), a chain as one line
+  trainscale jobs last                 # the newest job you submitted: its batch output, first failing rank first
+  trainscale jobs 123456 --rank 3      # rank 3's output (--tail 50: its last 50 lines)
+  trainscale jobs last --cancel        # scancel; --signal USR1 sends a signal instead
+  trainscale jobs 123456 --attach      # a shell on its first node (srun --jobid J --overlap); -- nvidia-smi runs one command
+"""
+
+
+def queue(args: argparse.Namespace) -> int:
     from trainscale.launch.slurm import squeue
     from trainscale.launch.slurm.chains import queue_table
 
@@ -45,7 +57,7 @@ def cancel(args: argparse.Namespace) -> int:
     info = job_info(job)  # scancel says nothing, and exits 0, for a job it does not know or that has ended
     if info is None:
         raise SlurmError(f"SLURM knows no job {job}: nothing cancelled",
-                         hint="`trainscale jobs` lists yours; `trainscale cancel last` the newest you submitted")
+                         hint="`trainscale jobs` lists yours; `trainscale jobs last --cancel` the newest you submitted")
     if info.state in TERMINAL:
         print(f"trainscale: job {job} already ended {info.state}: nothing to cancel", file=sys.stderr)
         return 0
@@ -58,26 +70,58 @@ def cancel(args: argparse.Namespace) -> int:
 def attach(args: argparse.Namespace) -> int:
     from trainscale.launch.allocation import attach_command
 
-    command = attach_command(_job(args.job_id), args.node, [c for c in args.command if c != "--"])
+    command = attach_command(_job(args.job_id), args.node, args.command)
     os.execvp(command[0], command)  # the shell or command takes over this terminal
     return 0  # pragma: no cover
 
 
+def run(raw: argparse.Namespace) -> int:
+    head, tail = (raw.argv[:raw.argv.index("--")], raw.argv[raw.argv.index("--") + 1:]) if "--" in raw.argv \
+        else (raw.argv, [])
+    args = _PARSER.parse_args(head)  # what follows `--` is --attach's command, options and all
+    args.command = tail
+    acts = [name for name, given in (("--cancel", args.cancel), ("--signal", args.signal), ("--attach", args.attach))
+            if given]
+    if len(acts) > 1:
+        raise ConfigError(f"{' and '.join(acts)} together: one act on a job at a time",
+                          hint="--cancel ends it, --signal S only signals it, --attach opens a shell on its node")
+    reading = [name for name, given in (("--rank", args.rank is not None), ("--tail", args.tail is not None)) if given]
+    if args.job_id is None:
+        if acts or reading or args.node or args.command:
+            raise ConfigError(f"{(acts + reading + ['--node'] * bool(args.node) + ['COMMAND'])[0]} needs a job",
+                              hint="give its id (or `last`, the newest you submitted): trainscale jobs JOB ...")
+        return queue(args)
+    if args.all:
+        raise ConfigError("--all lists every user's queue; it takes no job", hint="trainscale jobs --all")
+    if acts and reading:
+        raise ConfigError(f"{reading[0]} reads a job's output; {acts[0]} acts on it", hint="give one of them")
+    if (args.node or args.command) and not args.attach:
+        raise ConfigError("--node and a command are for --attach", hint="trainscale jobs JOB --attach --node HOST -- CMD")
+    if args.attach:
+        return attach(args)
+    if acts:
+        return cancel(args)
+    return logs(args)
+
+
+_PARSER: argparse.ArgumentParser
+
+
 def register(sub) -> None:
-    p = sub.add_parser("jobs", help="your SLURM jobs and their states (squeue)")
-    p.add_argument("--all", action="store_true", help="every user's jobs")
-    p.set_defaults(func=jobs)
-    p = sub.add_parser("logs", help="a job's batch output (with its first failing rank), or one rank's log")
-    p.add_argument("job_id", help="a job id of `trainscale jobs`, or `last`: the newest job submitted with trainscale")
+    global _PARSER
+    p = _PARSER = sub.add_parser("jobs", help="your SLURM jobs (squeue); one job's output, or cancel, signal or attach to it",
+                       description="Without JOB: your jobs in the queue. With JOB (an id, or `last`: the newest job "
+                                   "submitted with trainscale here): its batch output with the first failing rank, "
+                                   "one rank's output, or an act on it.",
+                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("job_id", nargs="?", metavar="JOB", help="a job id of `trainscale jobs`, or `last`")
+    p.add_argument("--all", action="store_true", help="every user's jobs (the queue only)")
     p.add_argument("--rank", type=int, default=None, help="show this global rank's output")
-    p.add_argument("--tail", type=int, default=None, help="only the last N lines")
-    p.set_defaults(func=logs)
-    p = sub.add_parser("attach", help="a shell (or a command) on a running job's node: srun --jobid J --overlap")
-    p.add_argument("job_id", help="a running job's id, or `last`")
-    p.add_argument("--node", default=None, help="which of the job's nodes (default: its first)")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS... (default: an interactive shell)")
-    p.set_defaults(func=attach)
-    p = sub.add_parser("cancel", help="cancel a SLURM job (scancel)")
-    p.add_argument("job_id", help="the job's id (an array job's id cancels all its tasks, as scancel does), or `last`")
-    p.add_argument("--signal", default=None, help="send this signal instead of cancelling, e.g. USR1")
-    p.set_defaults(func=cancel)
+    p.add_argument("--tail", type=int, default=None, metavar="N", help="only the last N lines")
+    p.add_argument("--cancel", action="store_true",
+                   help="cancel it (scancel; an array job's id cancels all its tasks, as scancel does)")
+    p.add_argument("--signal", default=None, metavar="SIG", help="send this signal instead of cancelling, e.g. USR1")
+    p.add_argument("--attach", action="store_true",
+                   help="a shell on a running job's node (srun --jobid J --overlap); -- COMMAND runs one command")
+    p.add_argument("--node", default=None, help="with --attach: which of the job's nodes (default: its first)")
+    p.set_defaults(func=run, raw=True)  # parses its own line: what follows `--` is a command

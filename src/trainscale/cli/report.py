@@ -26,7 +26,12 @@ def register(sub) -> None:
     p = sub.add_parser("report", help="what ran and how well it used its hardware: verdict, tables, plots (one page)",
                        description="One self-contained HTML page (and its text) on a run directory, a bench study "
                                    "directory, a sweep directory or a SLURM job submitted with trainscale: what ran, "
-                                   "where, when and with which versions; a verdict; tables; plots.")
+                                   "where, when and with which versions; a verdict; tables; plots.",
+                       epilog="examples:\n"
+                              "  trainscale report trainscale-runs/latest      # the newest local run\n"
+                              "  trainscale report last                        # the newest SLURM job submitted here\n"
+                              "  trainscale report bench-out/latest --text     # a scaling study, as text only\n",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target", help="a run directory (what `trainscale run` names at its end), a `trainscale bench` "
                                   "study directory, a `trainscale sweep` directory, a SLURM job id, or `last` (the newest "
                                   "job submitted with trainscale); `<dir>/latest` is each kind's newest")

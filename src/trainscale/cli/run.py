@@ -13,14 +13,23 @@ _SPEC_FIELDS = ("nproc_per_node", "nnodes", "max_restarts", "log_dir", "training
                 "module", "no_python", "run_path", "workload", "all_ranks", "rdzv_timeout")
 
 
+def _parser():
+    """torchrun's parser with trainscale's options; its help ends with the built-in workloads."""
+    from trainscale.launch.torchrun import parser as torchrun_parser
+    from trainscale.workloads.registry import table
+
+    parser = torchrun_parser()
+    parser.epilog += "\nBuilt-in workloads (--workload NAME):\n" + "\n".join(table()) + "\n"
+    return parser
+
+
 def build_spec(argv: list[str], environ=None):
     from trainscale.cli.split import given_dests, split_command
     from trainscale.launch.local import LocalLaunchSpec, parse_nnodes
     from trainscale.launch.torchrun import check_ranks_filter, resolve_nproc
-    from trainscale.launch.torchrun import parser as torchrun_parser
     from trainscale.workloads.registry import launch_preflight
 
-    parser = torchrun_parser()
+    parser = _parser()
     split = split_command(parser, argv, target_options=("--workload",))
     ns = parser.parse_args(split.options + ([split.target] if split.target and not split.target_option else []))
     workload = split.target if split.target_option == "--workload" else None
@@ -55,10 +64,9 @@ def spread_over_allocation(argv: list[str], environ=None) -> int | None:
     from trainscale.cli.split import given_dests, split_command
     from trainscale.launch.allocation import plan_spread, run_spread
     from trainscale.launch.local import parse_nnodes
-    from trainscale.launch.torchrun import parser as torchrun_parser
 
     environ = os.environ if environ is None else environ
-    parser = torchrun_parser()
+    parser = _parser()
     split = split_command(parser, argv, target_options=("--workload",))
     ns = parser.parse_args(split.options)
     target = ([split.target_option] if split.target_option else []) + ([split.target] if split.target else [])

@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     spec, profile, ns, preflight = build(args.argv, os.environ)
     if ns.watch and spec.chain > 1:
         raise ConfigError("--watch follows one job; a chain is several",
-                          hint="follow it with `trainscale jobs` (a chain is one line there) and `trainscale logs JOBID`")
+                          hint="follow it with `trainscale jobs` (a chain is one line there) and `trainscale jobs JOBID`")
     if [ns.dry_run, ns.submit, ns.test_only].count(True) != 1:
         raise ConfigError("give exactly one of --dry-run (print the script), --test-only (ask the scheduler) or "
                           "--submit (sbatch it)", hint="start with --dry-run to read the script trainscale would submit")
@@ -80,7 +80,7 @@ def submit_and_watch(spec, profile, plan, ns) -> int:
     record = submit_job(spec, profile, plan)
     chain = f"chain of {spec.chain} jobs from " if spec.chain > 1 else ""
     _say(f"submitted {chain}job {record.job_id} ({plan.launcher} mode, world size {plan.world_size}); run directory "
-         f"{record.run_dir} (trainscale logs {record.job_id} [--rank R])")
+         f"{record.run_dir} (trainscale jobs {record.job_id} [--rank R])")
     if not ns.watch:
         print(record.job_id, flush=True)  # alone on stdout, for scripts
         return 0

@@ -32,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     p = Parser(prog="trainscale tune", usage=USAGE, description=DESCRIPTION,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="a TOML file whose [tune] table sets these options by field name (as TuneSpec)")
-    p.add_argument("--workload", help="a built-in workload to tune (`trainscale workloads`); or give "
+    p.add_argument("--workload", help="a built-in workload to tune (`trainscale run --help` lists them); or give "
                                       "SCRIPT [ARGS...] with {batch} where the per-rank batch goes")
     p.add_argument("--nproc-per-node", "--nproc_per_node", type=int,
                    help="ranks of every trial, as `trainscale run` (default: 1)")

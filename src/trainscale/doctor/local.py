@@ -120,7 +120,7 @@ def collect_binding(env: LaunchEnv | None, topology: Topology, affinity: frozens
     except TrainscaleError as exc:
         if requested:
             found.append(warning(BINDING, "plan", f"{PLAN_ENV}={environ.get(PLAN_ENV)!r} cannot be used: {exc.message}",
-                                 "run `trainscale bind` to see a plan that fits this node, or unset it"))
+                                 "run `trainscale profiles --here` to see a plan that fits this node, or unset it"))
         else:
             found.append(ok(BINDING, "plan", f"trainscale cannot plan a binding here: {exc.message}"))
         return found
@@ -129,7 +129,7 @@ def collect_binding(env: LaunchEnv | None, topology: Topology, affinity: frozens
     if not requested:
         found.append(ok(BINDING, "plan", f"no binding requested ({PLAN_ENV} unset); trainscale's plan "
                         f"({plan.source}) would give local rank {local_rank} CPUs {format_cpulist(sorted(planned))}",
-                        f"export {PLAN_ENV}=topology to apply it, or see `trainscale bind`"))
+                        f"export {PLAN_ENV}=topology to apply it, or see `trainscale profiles --here`"))
     elif set(affinity) == planned or (set(affinity) <= planned and affinity):
         found.append(ok(BINDING, "plan", f"bound as planned ({plan.source}): CPUs {format_cpulist(sorted(planned))}"
                         + ("" if set(affinity) == planned else " (only the part of it this job may use)")))
@@ -137,7 +137,7 @@ def collect_binding(env: LaunchEnv | None, topology: Topology, affinity: frozens
         found.append(warning(BINDING, "plan", f"{PLAN_ENV} plans CPUs {format_cpulist(sorted(planned))} for local "
                              f"rank {local_rank} but it runs on {format_cpulist(sorted(affinity))}",
                              "the plan is applied by trainscale's worker bootstrap (`trainscale run`, `trainscale "
-                             "slurm`); under plain srun give --cpu-bind=mask_cpu:... (`trainscale bind` prints it)"))
+                             "slurm`); under plain srun give --cpu-bind=mask_cpu:... (`trainscale profiles --here` prints it)"))
     gpus = topology.gpu_cores()
     gpu = mine.gpu if mine and mine.gpu is not None else None
     if gpu is not None and far_from_gpu(affinity, gpus.get(gpu, ())):

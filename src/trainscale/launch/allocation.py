@@ -1,6 +1,6 @@
 """Inside an allocation you already hold (``salloc -N 2``, or a batch script): `trainscale run --nnodes 2`
 starts one agent per node with ``srun --overlap``, as a batch job's torchrun mode does, and
-`trainscale attach JOBID` opens a shell or runs a command on a running job's node.
+`trainscale jobs JOBID --attach` opens a shell or runs a command on a running job's node.
 
 Planning is pure (over the environment); the CLI executes the commands.
 """

@@ -58,7 +58,7 @@ def parser() -> argparse.ArgumentParser:
             action.help = argparse.SUPPRESS
     own = p.add_argument_group("trainscale")
     own.add_argument("--workload", default=None, metavar="NAME",
-                     help="run a built-in workload (`trainscale workloads`) instead of a script; its options follow")
+                     help="run a built-in workload (listed below) instead of a script; its options follow")
     own.add_argument("--all-ranks", action="store_true",
                      help="show every rank's output on the console, prefixed [rankN]: (default: rank 0 only)")
     own.add_argument("--rdzv-timeout", type=int, default=900, metavar="S",

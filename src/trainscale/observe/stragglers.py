@@ -54,14 +54,14 @@ def _cause(mine: dict[str, Any], others: list[dict[str, Any]]) -> str:
         return (f"data wait ({data * 1e3:.1f} ms per step vs {data_o * 1e3:.1f} ms): its loader cannot keep up "
                 "(DataLoader workers, I/O, a slow file system)")
     if cpus and cpus_o and cpus < cpus_o:
-        return (f"CPU binding: it may use {cpus} CPU(s), the others {cpus_o:g} (trainscale bind shows the plan; "
+        return (f"CPU binding: it may use {cpus} CPU(s), the others {cpus_o:g} (trainscale profiles --here shows the plan; "
                 "check the job's CPU layout)")
     shared = set(mine.get("cpus") or []) & {c for o in others if o.get("node") == mine.get("node")
                                             for c in (o.get("cpus") or [])}
     if shared:
         return f"CPU binding: it shares CPU(s) {sorted(shared)[:8]} with another rank of its node"
     return (f"compute ({comp * 1e3:.1f} ms per step vs {comp_o * 1e3:.1f} ms): a slower, throttled or busier device "
-            "(nvidia-smi / rocm-smi on its node; trainscale attach JOBID --node HOST)")
+            "(nvidia-smi / rocm-smi on its node; trainscale jobs JOBID --attach --node HOST)")
 
 
 def find_in_windows(windows: dict[int, dict[str, Any]], *, ratio: float = DEFAULT_RATIO,

@@ -36,6 +36,10 @@ class Resumable:
         self.rt = rt
         self.directory = Path(directory) if directory is not None else default_directory(rt)
         self.checkpointer: Checkpointer | None = None
+        self.resumed: tuple[Path, int] | None = None
+        """(checkpoint, step) this run resumed from; with no optimizer step after it, the run trained nothing."""
+        self.steps = 0
+        self._counting: Any = None
         # From here on SLURM's warning signal only sets a flag, read at the next rt.checkpoint.
         self.preemption = rt.handle_preemption()
 
@@ -56,7 +60,24 @@ class Resumable:
             return 0
         step = int(found.contents.get(STEP, found.step))
         self.rt.print(f"trainscale: resumed from {found.path} at step {step}")
+        if self._counting is None:  # torch's global hook: any optimizer's step, whoever calls it
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+
+            self._counting = register_optimizer_step_post_hook(lambda *_: setattr(self, "steps", self.steps + 1))
+        self.resumed = (Path(found.path), step)
         return step
+
+    def close(self) -> None:
+        """Say so when this run resumed and then trained nothing (a finished run started again: its checkpoints
+        already hold the last step, so the loop had nothing left)."""
+        if self._counting is not None:
+            self._counting.remove()
+            self._counting = None
+        if self.resumed and not self.steps:
+            path, step = self.resumed
+            self.rt.print(f"trainscale: warning: this run resumed from {path} at step {step} and trained nothing: "
+                          "the loop had no step left\n  hint: to train anew, move the checkpoint directory "
+                          f"{self.directory} aside (it is the run's default: ./checkpoints, or the job's run directory)")
 
     def checkpoint(self, step: int, model: Any, optimizer: Any, state: dict[str, Any], *, every: int) -> None:
         if every < 1:

@@ -161,6 +161,8 @@ class Session(Runtime):
         self._resumable.checkpoint(step, model, optimizer, state, every=every)
 
     def close(self, synchronize: bool = True) -> None:
+        if self._resumable is not None:
+            self._resumable.close()
         self._close_trackers()
         super().close(synchronize=synchronize)
 

@@ -79,3 +79,13 @@ def launch_preflight(workload: str | None, args: list[str], *, nproc_per_node: i
         from trainscale.launch.preflight import check_script_args
 
         check_script_args(args, nproc_per_node * low)
+
+
+def table() -> list[str]:
+    """The built-in workloads as ``trainscale run --help`` lists them."""
+    present = available()
+    lines = [f"  {'NAME':<13} {'SEED':<8} DESCRIPTION"]
+    for name, w in WORKLOADS.items():
+        lines.append(f"  {name:<13} {w.seed:<8} {w.description}{'' if name in present else '  (not in this installation)'}")
+    return lines + ["  Each takes --epochs, --max-steps, --batch-size (per rank), --lr, --strategy, --seed; "
+                    "trainscale run --workload NAME --help lists all."]

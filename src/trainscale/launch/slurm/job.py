@@ -1,4 +1,4 @@
-"""From a linted plan to a submitted job whose record ``trainscale logs`` can find.
+"""From a linted plan to a submitted job whose record ``trainscale jobs JOB`` can find.
 
 Shared by ``trainscale slurm --submit``, ``trainscale sweep`` and ``trainscale bench --slurm``. A
 submission makes its run directory (launch/slurm/layout.py) first: the batch script, a copy of the
@@ -173,7 +173,7 @@ def prepare_run(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> t
 
 def job_record(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan, script: Path, sub: Any, *,
                chain_link: int = 0) -> JobRecord:
-    """What trainscale keeps of a submitted job (``trainscale jobs``, ``logs``, ``cancel`` read it)."""
+    """What trainscale keeps of a submitted job (``trainscale jobs`` reads it)."""
     return JobRecord(job_id=sub.job_id, cluster=sub.cluster, name=spec.name, launcher=plan.launcher,
                      profile=profile.name, script=str(script), output_dir=str(plan.output_dir),
                      world_size=plan.world_size, ranks_per_node=plan.ranks_per_node,

@@ -2,7 +2,7 @@
 docs/slurm.md, "Files of a job: the run directory").
 
 At submission trainscale writes a small JSON record per job under the state directory (:func:`state_dir`)
-so ``trainscale logs JOBID`` can find the files later.
+so ``trainscale jobs JOBID`` can find the files later.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def save_record(record: JobRecord) -> Path:
 
 
 LAST = "last"
-"""What ``trainscale logs|report|cancel|attach`` take for the newest job submitted with trainscale here."""
+"""What ``trainscale jobs|report`` take for the newest job submitted with trainscale here."""
 
 
 def load_record(job_id: str) -> JobRecord:

@@ -300,7 +300,7 @@ def render(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan | None = N
                    + "  # the network the ranks' collectives must use between nodes (profile)")
     out += continuation_exports(spec, handles)
     if python.kit and plan.launcher == "torchrun":
-        out.append("export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]: '  # trainscale logs --rank reads it")
+        out.append("export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]: '  # trainscale jobs JOB --rank reads it")
         if warning_signal(spec, handles):
             out.append("export PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2  "
                        "# torchrun passes SLURM's warning on to the workers")

@@ -15,7 +15,7 @@ from trainscale.launch.slurm.triage import find_failure, step_failure
 MEANING = {
     "COMPLETED": ("finished: every task exited with code 0", ""),
     "FAILED": ("failed: the batch script or a task exited non-zero",
-               "read the first failing rank's traceback above; `trainscale logs JOBID --rank R` shows any rank's output"),
+               "read the first failing rank's traceback above; `trainscale jobs JOBID --rank R` shows any rank's output"),
     "TIMEOUT": ("reached its time limit and was stopped by SLURM",
                 "ask for more --time, or checkpoint regularly and use --signal USR1@90 so the job saves and "
                 "requeues before the limit"),
@@ -61,7 +61,7 @@ def explain(info: JobInfo, record: JobRecord | None = None) -> str:
             if not failure.traceback and info.state == "FAILED":
                 who = f"rank {failure.rank}" if failure.rank is not None else "the failing rank"
                 hint = (f"{who} left no Python traceback: its log's last lines are above; "
-                        "`trainscale logs JOBID --rank R` shows any rank's output")
+                        "`trainscale jobs JOBID --rank R` shows any rank's output")
         elif output.strip():
             lines += ["Last lines of the batch output:", "\n".join(output.splitlines()[-15:])]
             if info.state == "FAILED":
@@ -87,7 +87,7 @@ def watch(job_id: str, *, run: Runner | None = None, poll_s: float = 2.0, timeou
             if missing >= 3:  # gone from squeue, sacct and scontrol: nothing more can be learnt
                 raise SlurmError(f"job {job_id} is not known to squeue, sacct or scontrol",
                                  hint="it may have ended longer ago than the controller remembers (MinJobAge); "
-                                      "look at its files with `trainscale logs JOBID`")
+                                      "look at its files with `trainscale jobs JOBID`")
         else:
             missing = 0
             seen = (info.state, info.restarts)
@@ -98,7 +98,7 @@ def watch(job_id: str, *, run: Runner | None = None, poll_s: float = 2.0, timeou
                 return info
         if timeout_s is not None and clock() - start > timeout_s:
             raise SlurmError(f"job {job_id} still {info.state if info else 'unknown'} after {timeout_s:.0f}s of watching",
-                             hint="it keeps running; watch again later or cancel it with `trainscale cancel JOBID`")
+                             hint="it keeps running; watch again later or cancel it with `trainscale jobs JOBID --cancel`")
         sleep(poll_s)
 
 
@@ -115,7 +115,7 @@ def batch_text(record: JobRecord) -> str:
 
 
 def log_lines(record: JobRecord, rank: int | None, tail: int | None) -> list[str]:
-    """``trainscale logs``: one rank's output, or the batch output with the job's first failure and where the
+    """``trainscale jobs JOB``: one rank's output, or the batch output with the job's first failure and where the
     per-rank logs are."""
     if rank is not None:
         text = rank_log_text(record, rank)
@@ -129,6 +129,6 @@ def log_lines(record: JobRecord, rank: int | None, tail: int | None) -> list[str
         failure = find_failure(record.job_dir, record.launcher, text)
         if failure is not None:
             lines += [f"\n==> failure of job {record.job_id} <==", failure.describe()]
-        lines.append(f"\n(per-rank logs: trainscale logs {record.job_id} --rank R, R in 0..{record.world_size - 1}; "
+        lines.append(f"\n(per-rank logs: trainscale jobs {record.job_id} --rank R, R in 0..{record.world_size - 1}; "
                      f"files in {record.job_dir})")
     return lines
