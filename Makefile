@@ -1,6 +1,8 @@
 # Two commands for a fresh machine:
-#   make demo   - create .venv if needed, run a small scaling study of the cnn workload (1 and 2 CPU ranks)
-#   make test   - create .venv if needed, run the whole test suite (starts and stops a 2-node SLURM test cluster)
+#   make demo   - create .venv with what the demo needs (torch, trainscale, matplotlib), run a small scaling study
+#                 of the cnn workload (1 and 2 CPU ranks)
+#   make test   - create .venv with everything the tests use (DeepSpeed, transformers, trackers, pytest, ...), run
+#                 the whole test suite (starts and stops a 2-node SLURM test cluster)
 #   make test-scale - trainscale at 16 SLURM nodes (a 16-node test cluster on this machine) and 64 local
 #                   ranks: tests/scale, left out of `make test` (minutes, most of the memory; docs/scaling.md)
 #   make test-gpu - the GPU suite (tests/gpu) on this machine's GPUs, with .venv's python where there is one, else
@@ -15,15 +17,19 @@ PY := $(VENV)/bin/python
 # a requeued job's log) were races in trainscale, fixed.
 TEST_WORKERS ?= 3
 
-.PHONY: demo test test-scale test-gpu venv clean
+.PHONY: demo test test-scale test-gpu venv venv-demo clean
 
 # compileall: every rank and launcher is a new interpreter importing trainscale; where PYTHONDONTWRITEBYTECODE
 # is set, none would write its bytecode, and each would compile the same sources again (~0.2 CPU-s each).
 venv:
-	@bash scripts/setup-env.sh
+	@EXTRAS=test bash scripts/setup-env.sh
 	@$(PY) -m compileall -q src tests > /dev/null
 
-demo: venv
+venv-demo:
+	@EXTRAS=bench bash scripts/setup-env.sh
+	@$(PY) -m compileall -q src > /dev/null
+
+demo: venv-demo
 	$(PY) -m trainscale bench --workload cnn --configs 1,2 --epochs 2 --out bench-out/demo-$$(date +%Y%m%d-%H%M%S)
 
 test: venv

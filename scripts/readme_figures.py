@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
+README = ROOT / "docs" / "tour.md"  # the tour holds the generated blocks README once did
 STRATEGIES = (("ddp", "ddp"), ("zero1", "zero1"), ("fsdp", "fsdp"),
               ("deepspeed:config={tmp}/ds3.json", "deepspeed stage 3 (persistence threshold 0)"))
 DS3 = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}

@@ -1,5 +1,6 @@
-"""README is a test: every command of its ```bash blocks runs, in order, in one fresh directory, as a
-newcomer pastes them into one shell (the README's script saved as train.py first, as README says).
+"""README is a test: every command of its ```bash blocks, then of docs/tour.md's (the tour of every command
+README points to), runs in order in one fresh directory, as a newcomer pastes them into one shell (the
+README's script saved as train.py first, as README says).
 
 Cluster lines run on the two-node SLURM test cluster (README's `--profile local-test`); lines for a real
 site (`--profile lumi`) are dry runs in README itself. The few commands that cannot run here are listed in
@@ -30,6 +31,7 @@ else:  # pragma: no cover
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+TOUR = ROOT / "docs" / "tour.md"
 SELFTEST_CHECKS = ["devices", "all-reduce", "equivalence", "strategies", "resume", "breakdown", "binding", "hang"]
 MARK = "## README $ "
 """Printed before each command on both streams (then each command's output can be found)."""
@@ -38,11 +40,9 @@ CLOCK = "## README @ "
 SKIPPED = {
     "make test": "the whole suite, which runs this test",
     "source .venv/bin/activate": "this test's environment has trainscale on PATH already",
-    "pip install 'trainscale[trackers]'": "no network in tests; the test extra installs the trackers",
-    ".venv/bin/python -m pytest tests/unit -q": "part of this suite",
-    ".venv/bin/python -m pytest tests/slurm -q": "part of this suite",
-    "make test-gpu": "needs a GPU (docs/gpu.md)",
-    "make test-scale": "a 16-node cluster and 64 ranks: minutes and most of the memory (docs/scaling.md)",
+    "pip install -e '.[trackers]'": "no network in tests; the test extra installs the trackers",
+    "singularity exec lumi-pytorch.sif bash -c '$WITH_CONDA && python3 -m venv --system-site-packages venv-ts && "
+    "venv-ts/bin/pip install -e ~/trainscale'": "LUMI's image and singularity: the dry run after it is the test",
 }
 REPLACED = {
     # `make demo` makes .venv first; here it exists (the suite runs in it), so the recipe's own command runs
@@ -108,11 +108,21 @@ def readme_train_script(text: str) -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
+def pasted() -> str:
+    """README, then the tour: what a reader pastes, in order."""
+    return README.read_text() + "\n" + TOUR.read_text()
+
+
 def test_every_readme_command_is_placed():
-    """A command SKIPPED or REPLACED names must still be in README (else the table is stale)."""
-    keys = {key(c) for c in commands(README.read_text())}
+    """A command SKIPPED or REPLACED names must still be in README or the tour (else the table is stale)."""
+    keys = {key(c) for c in commands(pasted())}
     assert set(SKIPPED) | set(REPLACED) <= keys, (set(SKIPPED) | set(REPLACED)) - keys
-    assert len(keys) >= 40  # README's command lines, not a handful
+    assert len(keys) >= 40  # the command lines, not a handful
+
+
+def test_readme_is_short():
+    """A newcomer reads README in five minutes: at most 200 lines, the rest in docs/ (issue 38)."""
+    assert len(README.read_text().splitlines()) <= 200
 
 
 @dataclass
@@ -148,9 +158,9 @@ class Readme:
 
 @pytest.fixture(scope="module")
 def readme(slurm_cluster, tmp_path_factory) -> Readme:
-    text = README.read_text()
+    text = pasted()
     tmp_path = tmp_path_factory.mktemp("readme")
-    (tmp_path / "train.py").write_text(readme_train_script(text))
+    (tmp_path / "train.py").write_text(readme_train_script(README.read_text()))
     (tmp_path / "readme.sh").write_text(script(text))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINSCALE_", "RANK", "WORLD_SIZE"))}
     env.update(slurm_cluster.env, PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",

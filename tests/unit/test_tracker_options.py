@@ -26,7 +26,7 @@ def test_unknown_tracker_and_missing_package_are_refused_with_the_fix(monkeypatc
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
     with pytest.raises(ConfigError, match="tracker wandb needs the wandb package") as missing:
         parse_trackers("csv,wandb")
-    assert "pip install 'trainscale[wandb]'" in missing.value.hint
+    assert "pip install wandb, or leave" in missing.value.hint
 
 
 def test_a_workloads_trackers_resolve_in_the_one_order(tmp_path, monkeypatch):

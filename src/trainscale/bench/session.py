@@ -41,7 +41,7 @@ class Outcome:
     files: dict[str, Path]
     plots: dict[str, str]
     missing: tuple[str, ...] = ()
-    """Optional parts left out, each with how to get it (``pip install 'trainscale[bench]'``)."""
+    """Optional parts left out, each with how to get it (``pip install matplotlib``)."""
 
     @property
     def ok(self) -> bool:
@@ -111,7 +111,7 @@ def run_study(spec: StudySpec, *, projection: ProjectionRequest | None = None, v
     plot_paths: dict[str, str] = {}
     missing: list[str] = []
     if make_plots and not plotting.available():
-        missing.append(f"{plotting.MISSING}: pip install 'trainscale[bench]' (then `trainscale report {out_dir}` "
+        missing.append(f"{plotting.MISSING}: pip install matplotlib (then `trainscale report {out_dir}` "
                        "draws them)")
     elif make_plots:
         plot_paths = plotting.make_all(study, out_dir)

@@ -15,7 +15,7 @@ SHARE_LABELS = {"data": "data", "compute": "forward", "backward": "backward", "o
 """The per-rank table's column names: the legend says what the table says."""
 COLOURS = {"data": "#8da0cb", "compute": "#66c2a5", "backward": "#a6d854", "optimizer": "#e78ac3", "comm": "#fc8d62",
            "other": "#b3b3b3"}
-MISSING = "plots need matplotlib, which is not installed: pip install 'trainscale[bench]'"
+MISSING = "plots need matplotlib, which is not installed: pip install matplotlib"
 WIDE = (10, 4)
 """Inches at 100 dpi: the page's width, so a plot is as wide as the tables above it."""
 

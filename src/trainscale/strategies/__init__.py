@@ -81,7 +81,7 @@ def get_strategy(name: str | Strategy, **options: Any) -> Strategy:
         if exc.name == module_name:
             raise ConfigError(f"strategy {key!r} is not available in this build", hint="use --strategy ddp") from None
         raise ConfigError(f"strategy {key!r} needs the package {exc.name!r}",
-                          hint=f"pip install 'trainscale[{key}]'") from None
+                          hint=f"pip install {exc.name}") from None
     cls = getattr(module, cls_name)
     return cls(**_coerce(cls, options))
 

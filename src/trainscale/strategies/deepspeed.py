@@ -1,5 +1,5 @@
 """DeepSpeed ZeRO (stages 1-3) through ``deepspeed.initialize``: the user's own ``ds_config.json``, or
-one built from trainscale's options. An optional extra: ``pip install 'trainscale[deepspeed]'``.
+one built from trainscale's options. Optional: ``pip install deepspeed``.
 
 First start: DeepSpeed compiles a shared-memory communication op for CPU runs (and fused optimizers
 when a config asks for DeepSpeed's own Adam). The build is cached in ``TORCH_EXTENSIONS_DIR``, which
@@ -146,7 +146,7 @@ class DeepSpeedStrategy(StrategyBase):
     def __post_init__(self) -> None:
         if importlib.util.find_spec("deepspeed") is None:
             raise ConfigError("strategy 'deepspeed' needs the package 'deepspeed', which is not installed",
-                              hint="pip install 'trainscale[deepspeed]', or use --strategy fsdp / zero1")
+                              hint="pip install deepspeed, or use --strategy fsdp / zero1")
         if self.stage not in STAGES:
             raise ConfigError(f"deepspeed stage={self.stage!r} is not a ZeRO stage", hint="use 0, 1, 2 or 3")
         if self.precision not in PRECISIONS:

@@ -24,6 +24,10 @@ STATE_FILE = "trackers.json"
 FILE_STORE_VAR = "MLFLOW_ALLOW_FILE_STORE"
 
 
+PACKAGES = {"mlflow": "mlflow-skinny"}
+"""The pip package of a tracker whose import name differs (MLflow's skinny client has the local file store)."""
+
+
 def parse_trackers(value: str | Iterable[str] | None) -> tuple[str, ...]:
     """``"tensorboard,csv"`` or ``["tensorboard", "csv"]`` -> ``("tensorboard", "csv")``, each known and
     its package installed."""
@@ -37,7 +41,7 @@ def parse_trackers(value: str | Iterable[str] | None) -> tuple[str, ...]:
                               hint=did_you_mean(name, TRACKERS))
         if name != "csv" and importlib.util.find_spec(name) is None:  # each other tracker imports its namesake
             raise ConfigError(f"tracker {name} needs the {name} package, which is not installed here",
-                              hint=f"pip install 'trainscale[{name}]', or leave {name} out of the trackers")
+                              hint=f"pip install {PACKAGES.get(name, name)}, or leave {name} out of the trackers")
     return names
 
 

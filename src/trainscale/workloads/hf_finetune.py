@@ -295,7 +295,7 @@ def preflight(argv: list[str], world_size: int, *, gpus: bool | None = None) -> 
     try:
         import transformers  # noqa: F401
     except ImportError:
-        raise ConfigError("the hf-finetune workload needs transformers", hint="pip install 'trainscale[lm]'") from None
+        raise ConfigError("the hf-finetune workload needs transformers", hint="pip install transformers accelerate") from None
     run = plan(argv, world_size, gpus=gpus)
     if not (run.own.hub_dataset or run.own.pretrained):  # the built-in data is cheap to measure here
         blocks = len(TokenBlocks(tokenize(run.own, review_corpus()), run.own.block_size))

@@ -56,7 +56,7 @@ def hub_encode(tokenizer_name: str, text: str) -> tuple[torch.Tensor, int]:
     try:
         from transformers import AutoTokenizer
     except ImportError:
-        raise ConfigError("--tokenizer needs the 'transformers' package", hint="pip install 'trainscale[lm]'") from None
+        raise ConfigError("--tokenizer needs the 'transformers' package", hint="pip install transformers") from None
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_name)
     ids = [i for chunk in text.split("\n\n") for i in tokenizer(chunk + "\n\n")["input_ids"]]
     return torch.tensor(ids, dtype=torch.int64), len(tokenizer)

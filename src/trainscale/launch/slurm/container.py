@@ -98,7 +98,7 @@ def port_command(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan, pyt
     if spec.container:
         what = f"the image {spec.container}"
         fix = ("the script imports trainscale: make a venv inside the image (python3 -m venv --system-site-packages), "
-               "pip install trainscale into it and pass --python VENV/bin/python"
+               "pip install -e YOUR_TRAINSCALE_CLONE into it and pass --python VENV/bin/python"
                if "trainscale" in require else
                f"check --python (now {python.command}), or run the image's own set-up first: --container-setup "
                "'$WITH_CONDA' (LUMI's images) or --container-run")

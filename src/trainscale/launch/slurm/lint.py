@@ -31,7 +31,7 @@ from trainscale.profiles.schema import ClusterProfile
 
 ERROR, WARNING, NOTE = "error", "warning", "note"
 VENV_FIX = ("make a venv inside the image (python3 -m venv --system-site-packages VENV; VENV/bin/pip install "
-            "trainscale) and pass --python VENV/bin/python")
+            "-e YOUR_TRAINSCALE_CLONE) and pass --python VENV/bin/python")
 _URI = re.compile(r"^[a-z][a-z0-9+.-]*://")
 
 
