@@ -13,6 +13,11 @@ _SPEC_FIELDS = ("nproc_per_node", "nnodes", "max_restarts", "log_dir", "training
                 "module", "no_python", "run_path", "workload", "all_ranks", "rdzv_timeout")
 
 
+SHAPING = ("--nproc-per-node", "--nnodes", "--max-restarts", "--standalone", "--rdzv-endpoint", "--node-rank",
+           "--master-addr", "--master-port", "--log-dir")
+"""torchrun's options that shape the launch: after the script, one of them is most likely a misplaced one."""
+
+
 def _parser():
     """torchrun's parser with trainscale's options; its help ends with the built-in workloads."""
     from trainscale.launch.torchrun import parser as torchrun_parser
@@ -24,9 +29,9 @@ def _parser():
 
 
 def build_spec(argv: list[str], environ=None):
-    from trainscale.cli.split import given_dests, split_command
+    from trainscale.cli.split import given_dests, misplaced_option, split_command
     from trainscale.launch.local import LocalLaunchSpec, parse_nnodes
-    from trainscale.launch.torchrun import check_ranks_filter, resolve_nproc
+    from trainscale.launch.torchrun import check_ranks_filter, nproc_fits, resolve_nproc
     from trainscale.workloads.registry import launch_preflight
 
     parser = _parser()
@@ -34,12 +39,19 @@ def build_spec(argv: list[str], environ=None):
     ns = parser.parse_args(split.options + ([split.target] if split.target and not split.target_option else []))
     workload = split.target if split.target_option == "--workload" else None
     target = workload or split.target
+    wrong = misplaced_option(parser, split, SHAPING)
+    if wrong:
+        raise ConfigError(f"{wrong} after {target} goes to {target}, which never reads it",
+                          hint=f"launch options go before the script: trainscale run {wrong} ... {target} [ARGS]")
     if not target:
         raise ConfigError("nothing to run", hint="give a script (trainscale run train.py), -m MODULE, or --workload NAME "
                                                  "(trainscale run --nproc-per-node 2 --workload cnn)")
     if workload and (ns.module or ns.no_python):
         raise ConfigError("--workload with -m/--no-python", hint="a workload is run by name: drop -m/--no-python")
     nproc = resolve_nproc(ns.nproc_per_node)
+    crowded = nproc_fits(nproc, ns.nproc_per_node)
+    if crowded:
+        print(f"trainscale: {crowded}", file=sys.stderr, flush=True)
     parse_nnodes(ns.nnodes)
     check_ranks_filter(ns.local_ranks_filter)
     script_args = list(split.rest)

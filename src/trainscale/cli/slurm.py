@@ -8,6 +8,12 @@ import sys
 from trainscale.errors import ConfigError
 
 
+SHAPING = ("--nodes", "--gpus-per-node", "--ntasks", "--time", "--account", "--partition", "--cpus-per-task",
+           "--launcher", "--mem", "--nproc-per-node", "--nproc_per_node", "--nnodes")
+"""Options that shape the job (sbatch's, and torchrun's ranks and nodes, which trainscale slurm spells as sbatch
+does): after the script, one of them is most likely a misplaced one."""
+
+
 def build(argv: list[str], environ=None, *, extend=None, command: str = "slurm"):
     """(spec, profile, namespace, preflight) from the command line, config file and environment.
 
@@ -15,7 +21,7 @@ def build(argv: list[str], environ=None, *, extend=None, command: str = "slurm")
     are not job spec fields."""
     from trainscale.cli.slurm_options import ACTIONS
     from trainscale.cli.slurm_options import parser as options_parser
-    from trainscale.cli.split import split_command
+    from trainscale.cli.split import misplaced_option, split_command
     from trainscale.launch.slurm.sources import job_spec, spec_values
     from trainscale.workloads.registry import job_preflight
 
@@ -25,6 +31,13 @@ def build(argv: list[str], environ=None, *, extend=None, command: str = "slurm")
     ns = parser.parse_args(split.options)
     cli = spec_values({k: v for k, v in vars(ns).items() if k not in own and v is not None})
     target = {"--workload": "workload", "-m": "module"}.get(split.target_option, "script")
+    wrong = misplaced_option(parser, split, SHAPING)
+    if wrong:
+        instead = {"--nproc-per-node": "--gpus-per-node N (ranks per node)", "--nproc_per_node":
+                   "--gpus-per-node N (ranks per node)", "--nnodes": "-N/--nodes N"}.get(wrong, wrong)
+        raise ConfigError(f"{wrong} after {split.target} goes to {split.target}, which never reads it",
+                          hint=f"trainscale {command}'s options go before the script: trainscale {command} "
+                               f"{instead} ... {split.target} [ARGS]")
     if split.target:
         cli[target] = split.target
     cli |= {"args": tuple(split.rest), "command_line": ("trainscale", command, *argv)}

@@ -95,3 +95,30 @@ def given_dests(parser: argparse.ArgumentParser, options: list[str], environ=Non
         if action.option_strings and f"PET_{action.dest.upper()}" in environ:
             found.add(action.dest)
     return frozenset(found)
+
+
+def misplaced_option(parser: argparse.ArgumentParser, split: Split, shaping: tuple[str, ...]) -> str | None:
+    """The first option among the script's arguments that is one of the command's ``shaping`` options (those that
+    shape the launch: nodes, ranks, time) when neither the script nor a Python file beside it mentions its name: it
+    was meant for trainscale and would go to the script (``slurm --submit train.py --nproc-per-node 2`` once
+    submitted a 1-rank job). A script that does read it (its name appears) keeps it; a module's or a workload's
+    arguments are not judged here."""
+    from pathlib import Path
+
+    script = Path(split.target) if split.target and not split.target_option else None
+    if script is None or not script.is_file():
+        return None
+    text: str | None = None
+    for token in split.rest:
+        name = token.split("=", 1)[0] if token.startswith("--") else token
+        action = parser._option_string_actions.get(name) if token.startswith("-") else None
+        strings = action.option_strings if action else [name] if name in shaping else []  # another launcher's
+        if not set(strings) & set(shaping):
+            continue
+        if text is None:  # the script and its siblings (an args.py it imports): where its parser would name it
+            files = [script, *sorted(p for p in script.parent.glob("*.py") if p != script)[:200]]
+            text = "\n".join(f.read_text(errors="replace") for f in files).lower().replace("-", "_")
+        words = [s.lstrip("-").replace("-", "_") for s in strings if s.startswith("--")]
+        if not any(word in text for word in words):
+            return name
+    return None
