@@ -108,6 +108,17 @@ def test_rank_logs_torchrun_mode_from_prefixed_node_logs(tmp_path):
     assert rank_log_text(rec, 0) == "a\n"
 
 
+def test_a_rank_that_printed_nothing_has_empty_output_once_the_nodes_logged(tmp_path):
+    """job.logs(rank=R) and `trainscale jobs J --rank R` give the same answer: empty for a rank that printed
+    nothing (issue 38: the Python API said "may not have started yet" of a COMPLETED job's silent rank)."""
+    rec = record(tmp_path, "torchrun")
+    rec.job_dir.mkdir(parents=True)
+    with pytest.raises(SlurmError, match="no node log in"):  # no node has logged: the ranks have not started
+        rank_log_text(rec, 2)
+    (rec.job_dir / "node-0.out").write_text("[rank0]: a\n")
+    assert rank_log_text(rec, 2) == ""
+
+
 @pytest.mark.parametrize("moved", [False, True])
 def test_a_rank_moved_to_another_node_by_a_later_attempt_keeps_both_attempts_lines(tmp_path, moved):
     """torch's rendezvous numbers nodes as they join: attempt 2 (a requeue, or a restart by the agent) may run
@@ -279,12 +290,12 @@ def test_logs_cli_shows_batch_output_failure_and_rank(tmp_path, state, capsys):
     error_file(rec.job_dir / "errors" / "error-rank3.json", "RuntimeError: boom on 3", USER_TB)
     (rec.job_dir / "rank-3.out").write_text("rank three says hi\n")
     rec.batch_output.write_text("trainscale: job 42 on n[1-2]\nsrun: error: n2: task 3: Exited with exit code 1\n")
-    assert main(["logs", "42"]) == 0
+    assert main(["jobs", "42"]) == 0
     out = capsys.readouterr().out
     assert "trainscale: job 42 on n[1-2]" in out and "First failing rank: rank 3 on n2" in out
-    assert main(["logs", "42", "--rank", "3"]) == 0
+    assert main(["jobs", "42", "--rank", "3"]) == 0
     assert "rank three says hi" in capsys.readouterr().out
-    assert main(["logs", "42", "--rank", "9"]) == 2
+    assert main(["jobs", "42", "--rank", "9"]) == 2
     assert "rank 9 is outside 0..3" in capsys.readouterr().err
 
 
