@@ -165,6 +165,38 @@ def test_gathered_results_best_first(tmp_path):
         gather(tmp_path / "task-0")
 
 
+def test_a_submitted_sweep_s_unfinished_tasks_take_the_scheduler_s_states(tmp_path):
+    """sweep status said `pending` of tasks squeue showed running (issue 38): a task with no result yet shows
+    what the queue (squeue --array) says, then its accounting; a task the scheduler forgot says so."""
+    import subprocess
+
+    write_tasks(tmp_path, {"lr": ["1", "2", "3", "4", "5"]}, workload=False)
+    data = json.loads((tmp_path / "sweep.json").read_text())
+    (tmp_path / "sweep.json").write_text(json.dumps({**data, "jobs": ["77"]}))
+    (tmp_path / "task-0").mkdir()
+    (tmp_path / "task-0" / "finished").write_text("")
+    asked = []
+
+    def fake(argv, **_):
+        asked.append(argv[0])
+        out = ""
+        if argv[0] == "squeue" and "--jobs=77" in argv:
+            assert "--array" in argv
+            out = ("77_1|sweep|RUNNING|0:10|10:00|1|me|None|n1\n"
+                   "77_2|sweep|PENDING|0:00|10:00|1|me|Resources|\n")
+        elif argv[0] == "sacct" and argv[2] == "77_3":
+            out = "77_3|sweep|CANCELLED by 0|0:0|00:00:03|n2|0\n"
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    states = [r.state for r in gather(tmp_path, run=fake)]
+    assert states == ["finished", "running", "pending (Resources)", "cancelled", "not in the queue, no result"]
+    assert "sacct" in asked  # only for the tasks the queue no longer holds
+    local = tmp_path / "local"
+    write_tasks(local, {"lr": ["1"]}, workload=False)  # run here: no job, nothing asked
+    asked.clear()
+    assert [r.state for r in gather(local, run=fake)] == ["pending"] and not asked
+
+
 def test_sweep_script_reads_its_task(tmp_path):
     text = render(spec(array="0-3%2", sweep=True), LOCAL)
     bash_ok(text)

@@ -131,9 +131,11 @@ def _run(run: Runner | None, argv: list[str]) -> subprocess.CompletedProcess:
                          hint="the SLURM controller may be overloaded or down; try again") from None
 
 
-def squeue(run: Runner | None = None, *, user: str | None = None, job_id: str | None = None) -> list[JobInfo]:
+def squeue(run: Runner | None = None, *, user: str | None = None, job_id: str | None = None,
+           array: bool = False) -> list[JobInfo]:
+    """The queue's jobs; ``array``: one line per array task (``JOB_I``), pending ones too, as ``squeue --array``."""
     argv = ["squeue", "--noheader", f"--format={SQUEUE_FORMAT}", *([f"--user={user}"] if user else []),
-            *([f"--jobs={job_id}"] if job_id else [])]
+            *([f"--jobs={job_id}"] if job_id else []), *(["--array"] if array else [])]
     done = _run(run, argv)
     if done.returncode != 0:
         if job_id and "Invalid job id" in (done.stderr or ""):

@@ -120,7 +120,8 @@ class TaskResult:
     index: int
     config: dict[str, str]
     state: str
-    """finished, failed (exit code), or pending (not finished yet: queued, running, or never started)."""
+    """finished, failed (exit code), or for a task with no result yet the scheduler's state (running, pending
+    (reason), cancelled, ...); pending for a sweep run here whose task has not run."""
     metrics: dict[str, float]
 
 
@@ -135,12 +136,41 @@ def _flat_metrics(data: Any) -> dict[str, float]:
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))}
 
 
-def gather(run_dir: Path) -> list[TaskResult]:
+def scheduler_states(job_id: str, tasks: list[int], run: Any = None) -> dict[int, str]:
+    """What the scheduler says of an array job's ``tasks`` that left no result: the queue's state (``running``,
+    ``pending (Resources)``) while they are in it, then their accounting's (``cancelled``, ``node_fail``); a
+    task the scheduler no longer knows is left out. No scheduler here: nothing."""
+    from trainscale.errors import SlurmError
+    from trainscale.launch.slurm.queue import job_info, squeue
+
+    try:
+        live = {j.job_id: j for j in squeue(run, job_id=job_id, array=True)}
+    except SlurmError:
+        return {}
+    out = {}
+    for i in tasks:
+        info = live.get(f"{job_id}_{i}")
+        if info is None:
+            try:
+                info = job_info(f"{job_id}_{i}", run)
+            except SlurmError:
+                info = None
+        if info is not None:
+            out[i] = info.state.lower() + (f" ({info.reason})" if info.reason and info.state == "PENDING" else "")
+    return out
+
+
+def gather(run_dir: Path, run: Any = None) -> list[TaskResult]:
     path = Path(run_dir) / "sweep.json"
     if not path.exists():
         raise ConfigError(f"{run_dir} is not a sweep's run directory (no sweep.json)",
                           hint="give the directory `trainscale sweep` printed when it submitted the sweep")
-    configs = json.loads(path.read_text())["configurations"]
+    sweep = json.loads(path.read_text())
+    configs = sweep["configurations"]
+    ended = {i for i in range(len(configs)) if any((Path(run_dir) / f"task-{i}" / m).exists()
+                                                    for m in ("finished", "failed"))}
+    jobs = sweep.get("jobs") or []  # a sweep run here has none: a task without a result has not run yet
+    asked = scheduler_states(jobs[-1], [i for i in range(len(configs)) if i not in ended], run) if jobs else {}
     out = []
     for i, config in enumerate(configs):
         task = Path(run_dir) / f"task-{i}"
@@ -149,7 +179,7 @@ def gather(run_dir: Path) -> list[TaskResult]:
         elif (task / "failed").exists():
             state = "failed (" + (task / "failed").read_text().strip() + ")"
         else:
-            state = "pending"
+            state = asked.get(i, "pending" if not jobs else "not in the queue, no result")
         try:
             metrics = _flat_metrics(json.loads((task / "metrics.json").read_text()))
         except (OSError, json.JSONDecodeError):
