@@ -350,6 +350,8 @@ def test_readme_workload_job_trains_on_two_nodes_of_two_ranks(readme):
     printed = readme.output("trainscale slurm --profile local-test -N 2 --gpus-per-node 2 -t 00:10:00 --submit")
     job = re.search(r"^Job (\d+) \(trainscale-cnn\) COMPLETED", printed, re.M)
     assert job, printed
+    said = readme.output("trainscale slurm --profile local-test -N 2 --gpus-per-node 2 -t 00:10:00 --submit", "stderr")
+    assert f"trainscale slurm: next: trainscale report {job.group(1)}" in said, said  # --watch ends with the next step
     log0 = _trainscale(readme, "jobs", job.group(1), "--rank", "0")
     assert log0.returncode == 0, log0.stderr
     assert "4 rank(s) x batch 16" in log0.stdout and re.search(r"Epoch 1: loss [\d.]+", log0.stdout), log0.stdout

@@ -97,10 +97,55 @@ def submit_and_watch(spec, profile, plan, ns) -> int:
     if not ns.watch:
         print(record.job_id, flush=True)  # alone on stdout, for scripts
         return 0
+    progress = Progress(record.run_dir)
     final = watch(record.job_id, poll_s=ns.poll, timeout_s=ns.watch_timeout,
-                  on_change=lambda info: _say(describe_progress(info)))
+                  on_change=lambda info: progress.say(describe_progress(info)), on_poll=progress.poll)
+    progress.end()
     print(explain(final, record), flush=True)
+    _say(f"next: trainscale report {record.job_id}   (its page: per-rank step times, where the time went; "
+         f"trainscale jobs {record.job_id} for its output)")
     return 0 if final.state == "COMPLETED" else 1
+
+
+class Progress:
+    """``--watch``'s lines: each state change, and while the job runs its training (step, pace, loss, ETA: from
+    the ranks' records in its run directory), on a terminal one line rewritten in place, elsewhere a line at
+    most every :data:`EVERY_S` seconds when it changed."""
+
+    EVERY_S = 30.0
+
+    def __init__(self, run_dir, stream=None) -> None:
+        self.run_dir, self.stream = run_dir, stream or sys.stderr
+        self.live = self.stream.isatty()
+        self.shown, self.at, self.open = None, -self.EVERY_S, False
+
+    def say(self, line: str) -> None:
+        self.end()
+        print(f"trainscale slurm: {line}", file=self.stream, flush=True)
+
+    def poll(self, info) -> None:
+        import time
+
+        from trainscale.launch.slurm.watch import training_progress
+
+        if info.state != "RUNNING":
+            return
+        text = training_progress(self.run_dir)
+        now = time.monotonic()
+        if text is None or text == self.shown or (not self.live and now - self.at < self.EVERY_S):
+            return
+        self.shown, self.at = text, now
+        if self.live:
+            self.stream.write(f"\r\033[Ktrainscale slurm: job {info.job_id}: {text}")
+            self.stream.flush()
+            self.open = True
+        else:
+            print(f"trainscale slurm: job {info.job_id}: {text}", file=self.stream, flush=True)
+
+    def end(self) -> None:
+        if self.open:
+            self.stream.write("\n")
+            self.open = False
 
 
 def register(sub) -> None:

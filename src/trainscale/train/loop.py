@@ -176,7 +176,8 @@ class Loop:
         self.recorder = recorder_for(rt)
         if self.recorder is not None:
             self.recorder.meta.update(workload=self.task.name, strategy=self.strategy.name,
-                                      batch_size=opts.batch_size, accumulation=self.accumulation)
+                                      batch_size=opts.batch_size, accumulation=self.accumulation,
+                                      total_steps=self.total)  # the run's last step: a watcher's ETA
             self.recorder.step = self.step
         # before any backward: with --breakdown it watches DDP's communication hook
         self.clock = StepClock(rt, self.model, breakdown=opts.breakdown)

@@ -74,9 +74,10 @@ def explain(info: JobInfo, record: JobRecord | None = None) -> str:
 
 
 def watch(job_id: str, *, run: Runner | None = None, poll_s: float = 2.0, timeout_s: float | None = None,
-          on_change: Callable[[JobInfo], None] | None = None,
+          on_change: Callable[[JobInfo], None] | None = None, on_poll: Callable[[JobInfo], None] | None = None,
           clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> JobInfo:
-    """Poll until the job reaches a final state; ``on_change`` sees every new state (RUNNING, REQUEUED...)."""
+    """Poll until the job reaches a final state; ``on_change`` sees every new state (RUNNING, REQUEUED...),
+    ``on_poll`` every answer that is not final (a running job's training progress is read there)."""
     start = clock()
     last: tuple[str, int] | None = None
     missing = 0
@@ -96,10 +97,79 @@ def watch(job_id: str, *, run: Runner | None = None, poll_s: float = 2.0, timeou
             last = seen
             if info.terminal:
                 return info
+            if on_poll is not None:
+                on_poll(info)
         if timeout_s is not None and clock() - start > timeout_s:
             raise SlurmError(f"job {job_id} still {info.state if info else 'unknown'} after {timeout_s:.0f}s of watching",
                              hint="it keeps running; watch again later or cancel it with `trainscale jobs JOBID --cancel`")
         sleep(poll_s)
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 \
+        else f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def training_progress(run_dir: str | Path | None, now: float | None = None) -> str | None:
+    """A running job's training, from rank 0's step records and the run's metrics.csv (what the ranks write to
+    the run directory as they train): ``step 120 of 400, 0.031 s/step, loss 0.412, training for 0:42, ETA 0:09``
+    (the total and ETA where the loop knows its last step; a script's loss where it logs one with rt.log).
+    None before the first step record."""
+    import json
+
+    if not run_dir:
+        return None
+    records = Path(run_dir) / "metrics" / "rank-0.jsonl"
+    try:
+        with open(records, "rb") as fh:
+            meta = json.loads(fh.readline())
+            fh.seek(0, 2)
+            fh.seek(max(0, fh.tell() - 8192))
+            tail = fh.read().decode(errors="replace").splitlines()
+    except (OSError, ValueError):
+        return None
+    steps = []
+    for line in tail:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # the first line of the window, cut
+        if record.get("kind") == "step":
+            steps.append(record)
+    if not steps:
+        return None
+    last = steps[-1]
+    pace = sorted(r["step_s"] for r in steps[-20:])[len(steps[-20:]) // 2]  # the median of the last 20
+    total = meta.get("total_steps")
+    said = [f"step {last['step']}" + (f" of {total}" if total else ""), f"{pace:.3g} s/step"]
+    loss = _last_loss(Path(run_dir) / "metrics.csv")
+    if loss is not None:
+        said.append(f"loss {loss:.4g}")
+    now = time.time() if now is None else now
+    said.append(f"training for {_clock(now - meta.get('t', now))}")
+    if total and total > last["step"]:
+        said.append(f"ETA {_clock((total - last['step']) * pace)}")
+    return ", ".join(said)
+
+
+def _last_loss(path: Path) -> float | None:
+    """The newest value of a key named like a loss in a run's metrics.csv (rt.log's csv tracker: step,key,value)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, 2)
+            fh.seek(max(0, fh.tell() - 4096))
+            rows = fh.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    for row in reversed(rows):
+        cells = row.split(",")
+        if len(cells) >= 3 and "loss" in cells[1]:
+            try:
+                return float(cells[2])
+            except ValueError:
+                continue
+    return None
 
 
 def describe_progress(info: JobInfo) -> str:
