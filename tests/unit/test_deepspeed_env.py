@@ -134,3 +134,17 @@ def test_the_launcher_refuses_a_stale_build_lock_before_any_rank_starts(tmp_path
     assert done.returncode == 2, done.stderr[-2000:]
     assert "left by a build that was stopped" in done.stderr and f"remove {lock}" in done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "trainscale-runs").exists()  # nothing started
+
+
+def test_the_first_start_says_it_compiles_the_cpu_op_and_a_cached_one_says_nothing(tmp_path):
+    """DeepSpeed's first CPU start compiles its shared-memory op for about a minute without a word (issue 38
+    item 6): trainscale names the build before it starts, and only when the op is not cached yet."""
+    from trainscale.strategies.deepspeed import CPU_OP, op_to_build
+
+    assert op_to_build(tmp_path, "cpu") == CPU_OP
+    assert op_to_build(tmp_path, "cuda") is None
+    (tmp_path / CPU_OP).mkdir()
+    (tmp_path / CPU_OP / "build.ninja").write_text("")  # a build stopped half way: still to build
+    assert op_to_build(tmp_path, "cpu") == CPU_OP
+    (tmp_path / CPU_OP / f"{CPU_OP}.so").write_bytes(b"\x7fELF")
+    assert op_to_build(tmp_path, "cpu") is None

@@ -30,6 +30,7 @@ import importlib.util
 import os
 import shutil
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, MutableMapping
@@ -61,6 +62,17 @@ def extensions_dir(environ: dict[str, str] | None = None) -> str:
     return str(Path.home() / ".cache" / "trainscale" / "torch_extensions" / f"py{sys.version_info[0]}{sys.version_info[1]}-{key}")
 
 
+CPU_OP = "deepspeed_shm_comm"
+"""The op DeepSpeed compiles for CPU ranks (its shared-memory collectives), on its first start per environment."""
+
+
+def op_to_build(directory: str | Path, device_type: str) -> str | None:
+    """The op this start will compile (a minute on 2 cores, silent otherwise), or None when it is cached."""
+    if device_type != "cpu":
+        return None  # GPU builds happen only for ops a config asks for (DeepSpeed's own Adam), and DeepSpeed names them
+    return None if (Path(directory) / CPU_OP / f"{CPU_OP}.so").is_file() else CPU_OP
+
+
 STALE_LOCK_S = 900
 """A build lock older than this was left by a stopped build (a build takes a minute or two, even on 2 busy cores)."""
 
@@ -68,8 +80,6 @@ STALE_LOCK_S = 900
 def check_build_locks(directory: str | Path, now: float | None = None) -> None:
     """Refuse to start on a lock file that a stopped build left in the op cache: torch's builder waits for it
     to disappear and would hold every rank forever, silently."""
-    import time
-
     now = time.time() if now is None else now
     for lock in sorted(Path(directory).glob("*/lock")):
         with contextlib.suppress(FileNotFoundError):  # a build that just finished removed it
@@ -207,7 +217,15 @@ class DeepSpeedStrategy(StrategyBase):
         names = parameter_names(model)
         model = model.to(runtime.device)
         client_optimizer = None if "optimizer" in config else build_optimizer(optimizer, model, names)
+        cache = os.environ["TORCH_EXTENSIONS_DIR"]
+        building = op_to_build(cache, runtime.device.type)
+        if building:  # silence for a minute reads as a hang
+            runtime.print(f"trainscale: DeepSpeed compiles {building} (once per environment, about a minute on 2 "
+                          f"cores; cached in {cache})")
+        started = time.monotonic()
         engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=client_optimizer, config=config)
+        if building and not op_to_build(cache, runtime.device.type):
+            runtime.print(f"trainscale: {building} compiled in {time.monotonic() - started:.0f} s")
         bf16 = config.get("bf16", config.get("bfloat16", {})).get("enabled")
         dtype = torch.bfloat16 if bf16 else torch.float16 if config.get("fp16", {}).get("enabled") else None
         if dtype is not None:
