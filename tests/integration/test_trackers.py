@@ -16,9 +16,10 @@ from helpers.cli import in_process
 from helpers.multiproc import run_on_ranks
 
 
-def wandb_history(run_file: Path) -> list[dict[str, float]]:
-    """The history rows of a W&B offline run file (``run-<id>.wandb``): a 7-byte header (``:W&B``, magic,
-    version), then LevelDB-log records (32 KiB blocks; checksum, length, type) holding protobuf Records."""
+def wandb_history(run_file: Path, wanted: str = "history") -> list[dict[str, float]]:
+    """The history rows (or ``wanted="config"``: the config updates) of a W&B offline run file (``run-<id>.wandb``):
+    a 7-byte header (``:W&B``, magic, version), then LevelDB-log records (32 KiB blocks; checksum, length, type)
+    holding protobuf Records."""
     from wandb.proto import wandb_internal_pb2
 
     data = run_file.read_bytes()
@@ -38,9 +39,12 @@ def wandb_history(run_file: Path) -> list[dict[str, float]]:
         if kind in (1, 4):
             record = wandb_internal_pb2.Record()
             record.ParseFromString(pending)
-            if record.WhichOneof("record_type") == "history":
+            if record.WhichOneof("record_type") == wanted == "history":
                 rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
                              for item in record.history.item})
+            elif record.WhichOneof("record_type") == wanted == "config":
+                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                             for item in record.config.update})
     return rows
 
 
@@ -77,10 +81,22 @@ def test_a_workload_writes_every_tracker_chosen_in_a_config_file(tmp_path, monke
     losses = [(int(r["step"]), float(r["value"])) for r in rows if r["key"] == "train/loss"]
     assert [s for s, _ in losses] == [1, 2, 3, 4, 5, 6]
     assert [e.value for e in tensorboard.Scalars("train/loss")] == pytest.approx([v for _, v in losses])
+    # each value keeps its own step's time (read back together at the end, they once all had the flush's)
+    stamps = [float(r["time"]) for r in rows if r["key"] == "train/loss"]
+    assert stamps == sorted(stamps) and len(set(stamps)) > 1, stamps
+    assert [e.wall_time for e in tensorboard.Scalars("train/loss")] == pytest.approx(stamps, abs=2e-3)
+    assert [m.timestamp / 1000 for m in client.get_metric_history(run_id, "train/loss")] == pytest.approx(stamps, abs=2e-3)
+    # the run's configuration as hyperparameters, each tracker's own way
+    assert client.get_run(run_id).data.params["max_steps"] == "6"
+    assert client.get_run(run_id).data.params["workload"] == "cnn"
+    assert json.loads((run / "hyperparameters.json").read_text())["world_size"] == 2
+    assert "_hparams_/session_start_info" in tensorboard.PluginTagToContent("hparams")
 
     offline = list((run / "wandb").glob("offline-run-*"))
     assert len(offline) == 1, list((run / "wandb").iterdir())
     history = wandb_history(next(offline[0].glob("run-*.wandb")))
+    config = {k: v for update in wandb_history(next(offline[0].glob("run-*.wandb")), "config") for k, v in update.items()}
+    assert config["max_steps"] == 6 and config["workload"] == "cnn", config
     assert [h["_step"] for h in history if "train/loss" in h] == [1, 2, 3, 4, 5, 6]
     assert any("val/test_loss" not in h and "val/loss" in h for h in history)
 

@@ -192,7 +192,9 @@ class Loop:
         rt.print(self._describe())
         rt.print(self._where())
         if opts.trackers:
-            rt.use_trackers(opts.trackers, directory=self.tracker_dir, run_id=self.tracker_id)
+            rt.use_trackers(opts.trackers, directory=self.tracker_dir, run_id=self.tracker_id,
+                            config={"workload": self.task.name, "world_size": rt.world_size,
+                                    "strategy": self.strategy.name, **asdict(opts)})
         history: list[dict] = []
         preempted = False
         epochs = itertools.count(epoch) if self.task.past_epochs else range(epoch, opts.epochs)
@@ -282,8 +284,8 @@ class Loop:
                      "no checkpoints (--checkpoint-dir DIR saves and resumes them)")
         return "Files: " + "; ".join(parts)
 
-    def _log(self, values: dict[str, float], step: int) -> None:
-        self.rt.log(values, step=step)
+    def _log(self, values: dict[str, float], step: int, at: float | None = None) -> None:
+        self.rt.log(values, step=step, at=at)
 
     def _lr(self) -> float:
         return float(self.lr_optimizer.param_groups[0]["lr"]) if self.lr_optimizer is not None else self.opts.lr

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,23 +27,23 @@ class LossLog:
     when a log line, a checkpoint or the end needs them, and hands each to ``log(values, step)``
     (``rt.log``) when given."""
 
-    def __init__(self, log: Callable[[dict[str, float], int], None] | None = None) -> None:
+    def __init__(self, log: Callable[..., None] | None = None) -> None:
         self.log = log
         self.last = float("nan")
-        self._pending: list[tuple[int, torch.Tensor]] = []
+        self._pending: list[tuple[int, torch.Tensor, float]] = []
 
     def add(self, step: int, loss: torch.Tensor) -> None:
-        self._pending.append((step, loss))
+        self._pending.append((step, loss, time.time()))  # each value keeps its step's time, not the read-back's
         if len(self._pending) >= FLUSH_EVERY:
             self.flush()
 
     def flush(self) -> float:
         """The newest loss (NaN before the first), after reading every pending one back."""
         if self._pending:
-            values = torch.stack([loss for _, loss in self._pending]).tolist()
+            values = torch.stack([loss for _, loss, _ in self._pending]).tolist()
             if self.log is not None:
-                for (step, _), value in zip(self._pending, values):
-                    self.log({"train/loss": value}, step)
+                for (step, _, at), value in zip(self._pending, values):
+                    self.log({"train/loss": value}, step, at=at)
             self.last = values[-1]
             self._pending.clear()
         return self.last

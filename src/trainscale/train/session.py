@@ -87,10 +87,13 @@ class Session(Runtime):
 
     # -- metrics: one call, every tracker ----------------------------------------------------------
     def use_trackers(self, trackers: str | Iterable[str], *, directory: str | Path | None = None,
-                     name: str | None = None, run_id: str | None = None) -> None:
+                     name: str | None = None, run_id: str | None = None,
+                     config: Mapping[str, Any] | None = None) -> None:
         """Send :meth:`log`'s values to ``trackers`` (tensorboard, wandb, mlflow, csv), written by rank 0 in
         ``directory`` (default: the run directory of ``trainscale run``/``slurm``, else
-        ``trainscale-runs/<script>-<date>-<time>``); rank 0 says once where each one writes. Every rank calls it."""
+        ``trainscale-runs/<script>-<date>-<time>``); rank 0 says once where each one writes. Every rank calls it.
+        ``config``: the run's hyperparameters, each tracker's own way (default: the command line and the world
+        size: what a script's run is known by)."""
         from trainscale.train.trackers import Trackers, parse_trackers
 
         names = parse_trackers(trackers)
@@ -98,15 +101,21 @@ class Session(Runtime):
         self._tracker_names = names
         if self.is_main and names:
             where = Path(directory) if directory is not None else default_run_dir(self)
-            self._trackers = Trackers(names, where, name=name, run_id=run_id)
+            if config is None:
+                import sys
+
+                config = {"command": " ".join(sys.argv), "world_size": self.world_size, "device": str(self.device)}
+            self._trackers = Trackers(names, where, name=name, run_id=run_id, config=config)
             self.print(f"trainscale: metrics go to {where}: {self._trackers.describe()}")
 
-    def log(self, values: Mapping[str, Any], *, step: int | None = None, reduce: str | None = None) -> None:
+    def log(self, values: Mapping[str, Any], *, step: int | None = None, reduce: str | None = None,
+            at: float | None = None) -> None:
         """Write scalar metrics to every tracker chosen (a CSV file in the run directory when none was).
 
         Rank 0's values are written and the other ranks' ignored, unless ``reduce`` ("mean", "sum", "max",
         "min") combines every rank's first: then it is a collective, called by every rank with the same
-        keys. ``step``: the x axis (default: one more than the last call's)."""
+        keys. ``step``: the x axis (default: one more than the last call's); ``at``: when the values were measured
+        (seconds since the epoch, default now)."""
         if reduce is not None:
             values = self._reduce(values, reduce)
         if step is None:
@@ -117,7 +126,7 @@ class Session(Runtime):
         if self._tracker_names is None:  # nothing chosen: a CSV file, so rt.log never drops values silently
             self.use_trackers(("csv",))
         if self._trackers is not None:
-            self._trackers.log(values, step)
+            self._trackers.log(values, step, at)
 
     def _reduce(self, values: Mapping[str, Any], how: str) -> dict[str, float]:
         import torch.distributed as dist

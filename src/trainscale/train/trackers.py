@@ -57,9 +57,15 @@ class _TensorBoard:
     def describe(self) -> str:
         return f"tensorboard {self.path} (view: tensorboard --logdir {self.path})"
 
-    def log(self, values: Mapping[str, float], step: int) -> None:
+    def log(self, values: Mapping[str, float], step: int, at: float) -> None:
         for key, value in values.items():
-            self.writer.add_scalar(key, value, step)
+            self.writer.add_scalar(key, value, step, walltime=at)
+
+    def hyperparameters(self, config: Mapping[str, Any]) -> None:
+        from torch.utils.tensorboard.summary import hparams
+
+        for summary in hparams(dict(config), {}):  # into this run's own file: TensorBoard's HPARAMS tab
+            self.writer.file_writer.add_summary(summary)
 
     def close(self) -> None:
         self.writer.close()
@@ -84,8 +90,11 @@ class _Wandb:
             return f"wandb offline {self.path} (upload: wandb sync {self.path})"
         return f"wandb {self.mode} run {self.run.id} (files {self.path})"
 
-    def log(self, values: Mapping[str, float], step: int) -> None:
-        self.run.log(dict(values), step=step)
+    def log(self, values: Mapping[str, float], step: int, at: float) -> None:
+        self.run.log(dict(values), step=step)  # W&B stamps the time itself: no API takes another
+
+    def hyperparameters(self, config: Mapping[str, Any]) -> None:
+        self.run.config.update(dict(config), allow_val_change=True)
 
     def close(self) -> None:
         self.run.finish()
@@ -125,11 +134,19 @@ class _MLflow:
             else f"run {self.run_id}"
         return f"mlflow {self.uri} (view: {view})"
 
-    def log(self, values: Mapping[str, float], step: int) -> None:
+    def log(self, values: Mapping[str, float], step: int, at: float) -> None:
         from mlflow.entities import Metric
 
-        now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(_mlflow_key(k), v, now, step) for k, v in values.items()])
+        stamp = int(at * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(_mlflow_key(k), v, stamp, step) for k, v in values.items()])
+
+    def hyperparameters(self, config: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        have = self.client.get_run(self.run_id).data.params  # a resumed run's: MLflow refuses to change a param
+        params = [Param(_mlflow_key(k), str(v)[:6000]) for k, v in config.items() if _mlflow_key(k) not in have]
+        if params:
+            self.client.log_batch(self.run_id, params=params)
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id)
@@ -154,10 +171,12 @@ class _Csv:
     def describe(self) -> str:
         return f"csv {self.path}"
 
-    def log(self, values: Mapping[str, float], step: int) -> None:
-        now = round(time.time(), 3)
-        self.writer.writerows([step, k, repr(v), now] for k, v in values.items())
+    def log(self, values: Mapping[str, float], step: int, at: float) -> None:
+        self.writer.writerows([step, k, repr(v), round(at, 3)] for k, v in values.items())
         self.file.flush()
+
+    def hyperparameters(self, config: Mapping[str, Any]) -> None:
+        (self.path.parent / "hyperparameters.json").write_text(json.dumps(dict(config), indent=2, default=str) + "\n")
 
     def close(self) -> None:
         self.file.close()
@@ -174,7 +193,7 @@ class Trackers:
     each other's runs)."""
 
     def __init__(self, names: Iterable[str], directory: str | os.PathLike, *, name: str | None = None,
-                 run_id: str | None = None) -> None:
+                 run_id: str | None = None, config: Mapping[str, Any] | None = None) -> None:
         self.names = parse_trackers(list(names))
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -187,6 +206,10 @@ class Trackers:
         try:
             for tracker in self.names:
                 self.backends.append(_BACKENDS[tracker](self.directory, self.state))
+            if config:  # the run's configuration, each tracker's own way (Accelerate's init_trackers(config=...))
+                flat = hyperparameters(config)
+                for backend in self.backends:
+                    backend.hyperparameters(flat)
         except BaseException:
             self.close()
             raise
@@ -196,15 +219,30 @@ class Trackers:
         """Where each tracker writes, with the command that shows it."""
         return "; ".join(b.describe() for b in self.backends)
 
-    def log(self, values: Mapping[str, Any], step: int) -> None:
+    def log(self, values: Mapping[str, Any], step: int, at: float | None = None) -> None:
+        """``at``: when the values were measured (seconds since the epoch; default now): values read back
+        together, a whole epoch's losses at its end, keep each step's own time."""
         numbers = {str(k): _number(k, v) for k, v in values.items()}
+        at = time.time() if at is None else at
         for backend in self.backends:
-            backend.log(numbers, step)
+            backend.log(numbers, step, at)
 
     def close(self) -> None:
         backends, self.backends = self.backends, []
         for backend in backends:
             backend.close()
+
+
+def hyperparameters(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's configuration as the trackers take it: nested tables flattened to ``a/b`` keys, values that are
+    not a number, a bool or a string written as text (a tuple of trackers, a path, None)."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, Mapping):
+            flat.update({f"{key}/{k}": v for k, v in hyperparameters(value).items()})
+        else:
+            flat[str(key)] = value if isinstance(value, (bool, int, float, str)) else str(value)
+    return flat
 
 
 def _number(key: Any, value: Any) -> float:

@@ -228,7 +228,8 @@ def _train(rt, run: Plan) -> dict:
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / MARKER, json.dumps({"workload": "hf-finetune", "world_size": rt.world_size}))
     if opts.trackers:  # in the output directory, once it is marked as this workload's
-        rt.use_trackers(opts.trackers, directory=out)
+        rt.use_trackers(opts.trackers, directory=out, config={"workload": "hf-finetune", "world_size": rt.world_size,
+                                                               **{k: v for k, v in vars(opts).items()}})
         trainer.add_callback(tracker_callback(rt))
     rt.print(f"hf-finetune: {rt.world_size} rank(s) x per-device batch {per_device}"
              f"{f' x accumulation {accum}' if accum > 1 else ''} = global batch {own.global_batch * accum}, "
