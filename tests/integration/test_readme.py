@@ -197,7 +197,8 @@ def test_readme_commands_run_in_order_in_one_fresh_directory(readme, chromium, c
                             capture_output=True, text=True, timeout=300)
     assert report.returncode == 0, report.stderr
     text = report.stdout
-    assert "what ran   scaling study of workload cnn: weak scaling, 2 epoch(s)" in text
+    assert "what ran   scaling study of workload cnn: a fixed problem: 2 epoch(s) at each size, per-rank batch 16 " \
+        "(the global batch grows with the ranks)" in text
     assert re.search(r"versions\s+trainscale \S+, torch \S+, python \S+", text) and "host       " in text
     assert re.search(r"^\[(problem|note|good)\] DDP 2 CPU ranks: ", text, re.M), text  # the study's verdict
     assert re.search(r"^Single CPU rank\s+1\s", text, re.M) and re.search(r"^DDP 2 CPU ranks\s+2\s", text, re.M)

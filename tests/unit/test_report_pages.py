@@ -89,7 +89,8 @@ def test_a_studys_page_never_shows_an_impossible_speedup_and_gives_each_configur
     assert page.sections[1].verdict[0].text == "no records of this configuration"
     assert page.sections[2].tables[0].rows[0][:3] == ["0", "n1", "20"]  # its ranks, from its own records
     facts = dict(page.facts)
-    assert facts["what ran"].startswith("scaling study of workload cnn: weak scaling, 2 epoch(s)")
+    assert facts["what ran"] == ("scaling study of workload cnn: a fixed problem: 2 epoch(s) at each size, per-rank "
+                                 "batch 16 (the global batch grows with the ranks), baseline 1")
     assert facts["command"] == "trainscale bench --workload cnn --configs 1,2"
 
 

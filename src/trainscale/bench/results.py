@@ -205,10 +205,24 @@ def csv_text(study: dict) -> str:
     return buf.getvalue()
 
 
+def study_mode(spec: dict) -> str:
+    """What a study held fixed, in the words HPC users read: every size trains the same data (a fixed problem:
+    strong scaling of the run), with the per-rank batch fixed (the global batch grows: each step's work per
+    rank stays, the ML sense of weak scaling) or the global batch fixed (each rank's share shrinks)."""
+    batch = spec.get("batch_size", "?")
+    if spec.get("max_steps"):
+        work = f"{spec['max_steps']} step(s) of the baseline's batch (the same samples at each size)"
+    else:
+        work = f"{spec.get('epochs', '?')} epoch(s) at each size"
+    if spec.get("scaling") == "strong":
+        return f"a fixed problem: {work}, global batch {batch} split over the ranks"
+    return f"a fixed problem: {work}, per-rank batch {batch} (the global batch grows with the ranks)"
+
+
 def markdown_document(study: dict, plots: dict[str, str]) -> str:
     env = study["environment"]
     spec = study["spec"]
-    mode = "batch-size sweep" if spec.get("sweep_batches") else f"{spec['scaling']} scaling"
+    mode = "batch-size sweep" if spec.get("sweep_batches") else study_mode(spec)
     parts = [f"# Scaling study: {study['target']}", "",
              f"{mode}; baseline {study['baseline']}; {env['device']}, {env['cores']} cores on {env['host']}; "
              f"torch {env['torch']}, trainscale {env['trainscale']}.", "",

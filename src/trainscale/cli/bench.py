@@ -49,8 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--workload", help="a built-in workload (`trainscale run --help` lists them); or give SCRIPT [ARGS...]")
     p.add_argument("--configs", help="configurations to run: cpu, N ranks here, NxM / Nn with --slurm (default: 1,2)")
     p.add_argument("--scaling", choices=("weak", "strong"),
-                   help="weak: --batch-size per rank (seed 004's recipe); strong: --batch-size is the global batch "
-                        "(default: weak)")
+                   help="what --batch-size fixes as the ranks grow (every size trains the same data either way): weak, "
+                        "the per-rank batch (seed 004's recipe; the global batch grows); strong, the global batch "
+                        "(split over the ranks) (default: weak)")
     p.add_argument("--batch-size", type=int, help="per-rank (weak) or global (strong) batch (default: 16)")
     p.add_argument("--epochs", type=int, help="epochs of every run (default: 2)")
     p.add_argument("--max-steps", type=int, default=None, help="stop every run after this many optimizer steps")

@@ -82,12 +82,13 @@ def _low(nnodes: Any) -> int:
 def study_facts(study: dict, path: Path) -> Facts:
     env, spec = study.get("environment") or {}, study.get("spec") or {}
     runs = study.get("runs") or []
-    mode = "batch-size sweep" if spec.get("sweep_batches") else f"{spec.get('scaling', '?')} scaling"
+    from trainscale.bench.results import study_mode
+
+    mode = "batch-size sweep" if spec.get("sweep_batches") else study_mode(spec)
     configs = ", ".join(f"{r['label']} ({r['world_size']} rank(s), {r.get('nodes') or 1} node(s))" for r in runs)
     strategies = sorted({str(r["strategy"]) for r in runs if r.get("strategy")})
     where = "SLURM jobs, profile " + str((spec.get("slurm") or {}).get("profile")) if spec.get("slurm") else "this node"
-    return [("what ran", f"scaling study of {study.get('target', '-')}: {mode}, {spec.get('epochs', '?')} epoch(s), "
-                         f"batch {spec.get('batch_size', '?')}, baseline {study.get('baseline', '-')}"),
+    return [("what ran", f"scaling study of {study.get('target', '-')}: {mode}, baseline {study.get('baseline', '-')}"),
             ("ranks", configs or "-"), ("strategy", ", ".join(strategies) or "-"),
             ("date", _when(study.get("started_at"))),
             ("host", f"{env.get('host', '-')} ({env.get('cores', '?')} cores, {env.get('device', '-')}); "
