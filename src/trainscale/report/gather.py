@@ -33,6 +33,9 @@ class RankStats:
     peak_mem_bytes: int | None
     own_median_s: float | None = None
     """Median of its own work per step (data wait + forward): what tells a slow rank from those waiting for it."""
+    first_step_s: float | None = None
+    """Its first step, left out of ``shares`` (with 3 steps or more): it holds the wait for every rank's start-up
+    (the first collective waits for the last rank to arrive), compilation and first allocations."""
 
 
 @dataclass
@@ -62,12 +65,13 @@ def rank_stats(rank: int, records: list[dict]) -> RankStats | None:
         return None
     times = [float(r["step_s"]) for r in steps]
     total = sum(times)
-    shares = {k: sum(float(r.get(f"{k}_s") or 0.0) for r in steps) / len(steps) for k in SHARES}
+    steady = steps[1:] if len(steps) >= 3 else steps  # the first step is the start-up's, not the training's
+    shares = {k: sum(float(r.get(f"{k}_s") or 0.0) for r in steady) / len(steady) for k in SHARES}
     ddp = next((r["ddp"] for r in reversed(records) if r.get("kind") in ("epoch", "summary") and r.get("ddp")), None)
     if not shares["comm"] and ddp:  # DDP's own measurement: the all-reduce time backward waited for
         shares["comm"] = min(float(ddp.get("exposed_comm_s") or 0.0), shares["backward"])
         shares["backward"] -= shares["comm"]
-    shares["other"] = max(0.0, total / len(steps) - sum(shares.values()))
+    shares["other"] = max(0.0, sum(float(r["step_s"]) for r in steady) / len(steady) - sum(shares.values()))
     own = [float(r.get("data_s") or 0.0) + float(r.get("compute_s") or 0.0) for r in steps
            if "data_s" in r or "compute_s" in r]
     samples = sum(int(r.get("samples") or 0) for r in steps)
@@ -77,7 +81,8 @@ def rank_stats(rank: int, records: list[dict]) -> RankStats | None:
                      samples_per_s=samples / total if samples and total else None,
                      tokens_per_s=tokens / total if tokens and total else None, mfu=summary.get("mfu"),
                      peak_mem_bytes=summary.get("peak_mem_bytes"),
-                     own_median_s=statistics.median(own) if own else None)
+                     own_median_s=statistics.median(own) if own else None,
+                     first_step_s=times[0] if steady is not steps else None)
 
 
 def parse_sacct(text: str) -> dict[str, Any] | None:

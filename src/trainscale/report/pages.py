@@ -70,8 +70,9 @@ def rank_table(g: Gathered) -> Table:
                      f"{r.mfu:.1%}" if r.mfu is not None else "-",
                      f"{r.peak_mem_bytes / 2**20:.0f} MiB" if r.peak_mem_bytes else "-"])
     return Table(head, rows, ["data: waiting for the next batch; forward: this rank's own computing; comm: "
-                              "communication the step waited for (exposed); shares of the mean step (the time-shares "
-                              "plot), which a few slow steps make longer than the median"])
+                              "communication the step waited for (exposed); shares of the mean step after the first "
+                              "(the start-up's: the time-shares plot), which a few slow steps make longer than the "
+                              "median"])
 
 
 def _run_verdict(g: Gathered) -> list[Finding]:

@@ -14,6 +14,9 @@ HIGH_DATA_SHARE = 0.15
 STRAGGLER_RATIO = 1.2
 MIN_STRAGGLER_STEPS = 20
 LOW_CPU_EFFICIENCY = 0.5
+STARTUP_WAIT_S = 2.0
+STARTUP_RATIO = 10.0
+"""A first step this much longer than the steady mean step (and over STARTUP_WAIT_S) is the start-up's wait."""
 LEVELS = ("problem", "note", "good")
 """A finding's levels, in the order a verdict lists them."""
 
@@ -47,15 +50,23 @@ def findings(g: Gathered) -> list[Finding]:
                 out.append(Finding("problem", f"rank {worst} on {r.host} was {own[worst] / others - 1:.0%} slower than "
                                               "the others in its own work per step"))
     if g.ranks:
-        step = statistics.median(r.step_median_s for r in g.ranks)
-        comm = statistics.median(r.shares["comm"] for r in g.ranks)
-        data = statistics.median(r.shares["data"] for r in g.ranks)
-        if step > 0 and comm / step >= HIGH_COMM_SHARE:
-            out.append(Finding("problem", f"communication takes {comm / step:.0%} of the step: larger per-rank batch, "
+        # shares of the mean step after the first, as the rank table shows them: a verdict names a figure the
+        # tables show (a rank waiting for another's start-up, in the first step, is not communication)
+        comm = statistics.median(_share(r, "comm") for r in g.ranks)
+        data = statistics.median(_share(r, "data") for r in g.ranks)
+        if comm >= HIGH_COMM_SHARE:
+            out.append(Finding("problem", f"communication takes {comm:.0%} of the step: larger per-rank batch, "
                                           "gradient accumulation, a sharded strategy, or overlap (docs/scaling.md)"))
-        if step > 0 and data / step >= HIGH_DATA_SHARE:
-            out.append(Finding("problem", f"waiting for data takes {data / step:.0%} of the step: more DataLoader "
+        if data >= HIGH_DATA_SHARE:
+            out.append(Finding("problem", f"waiting for data takes {data:.0%} of the step: more DataLoader "
                                           "workers (within the rank's CPUs), pinned memory, data on fast storage"))
+        started = [r for r in g.ranks if r.first_step_s is not None and r.first_step_s > max(
+            STARTUP_WAIT_S, STARTUP_RATIO * sum(r.shares.values()))]
+        if started:
+            slowest = max(started, key=lambda r: r.first_step_s)
+            out.append(Finding("note", f"the first step took up to {slowest.first_step_s:.1f} s (rank {slowest.rank}): "
+                                       "the ranks' start-up (the first collective waits for the last rank to arrive: "
+                                       "imports, trackers, data); it is left out of the shares below"))
         mfus = [r.mfu for r in g.ranks if r.mfu is not None]
         if mfus:
             out.append(Finding("note", f"model FLOPs utilisation {statistics.median(mfus):.1%} of the devices' peak"))
@@ -84,6 +95,11 @@ def findings(g: Gathered) -> list[Finding]:
     if not any(f.level == "problem" for f in out) and g.ranks:
         out.insert(0, Finding("good", "no problem found: ranks in step, communication and data wait small"))
     return sorted(out, key=lambda f: LEVELS.index(f.level))
+
+
+def _share(r, part: str) -> float:
+    step = sum(r.shares.values())
+    return r.shares[part] / step if step > 0 else 0.0
 
 
 def _strategy_advice(g: Gathered) -> str | None:

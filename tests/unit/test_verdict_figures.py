@@ -1,0 +1,42 @@
+"""A verdict names a cause only when the tables show it (issue 38 item 4): a rank that waited for another's
+start-up at its first collective (rank 0 starting four trackers) once read "communication takes 97% of the
+step", a figure in no table. The shares leave the first step out; the start-up wait is named as what it is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainscale.report.gather import Gathered, rank_stats
+from trainscale.report.pages import rank_table
+from trainscale.report.verdict import findings
+
+
+def steps(first_comm_s: float, n: int = 30) -> list[dict]:
+    records = [{"kind": "meta", "rank": 0, "node": "n1"}]
+    for i in range(1, n + 1):
+        comm = first_comm_s if i == 1 else 0.002
+        records.append({"kind": "step", "step": i, "step_s": 0.020 + comm, "data_s": 0.001, "compute_s": 0.008,
+                        "backward_s": 0.007, "optimizer_s": 0.002, "comm_s": comm, "samples": 16})
+    return records
+
+
+def test_a_start_up_wait_in_the_first_step_is_not_communication():
+    waiting = rank_stats(1, steps(first_comm_s=9.5))  # rank 1 waited 9.5 s for rank 0's trackers at step 1
+    starting = rank_stats(0, steps(first_comm_s=0.002))
+    g = Gathered(source=Path("."), ranks=[starting, waiting], samples={}, events=[])
+    said = findings(g)
+    assert not any("communication takes" in f.text for f in said), said
+    (note,) = [f for f in said if "first step" in f.text]
+    assert note.level == "note" and "the first step took up to 9.5 s (rank 1)" in note.text
+    # the table's comm share and the verdict's come from the same steps: 2 ms of a 22 ms step
+    assert rank_table(g).rows[1][9] == "9%"
+
+
+def test_communication_the_tables_show_is_named_with_their_figure():
+    records = steps(first_comm_s=0.03)
+    for r in records[2:]:
+        r["comm_s"], r["step_s"] = 0.03, 0.048  # every step waits 30 ms for its all-reduce
+    heavy = rank_stats(0, records)
+    g = Gathered(source=Path("."), ranks=[heavy, rank_stats(1, records)], samples={}, events=[])
+    (said,) = [f for f in findings(g) if "communication takes" in f.text]
+    assert said.text.startswith(f"communication takes {rank_table(g).rows[0][9]} of the step")
