@@ -7,8 +7,8 @@ every core's threads, then 2 ranks with one thread each, batch 16 per rank, `--b
 ratio is measured within one study, a minute apart at most; the result is the median over the repeats.
 Speedup = time per training sample of 1 rank / that of 2 ranks (goal >= 1.0; it was 0.89 with one
 gradient bucket, 0.88 with the bucket rule and gloo's all-reduce). The achievable bound beside it is
-bench/ideal.py's: what the cores the 2 ranks may use allow against the baseline's (1.00x on a 2-core
-machine, where both use the same two cores, if threads scaled linearly; one rank's two threads do not).
+bench/ideal.py's one ceiling: the cores the 2 ranks may use against one core per baseline rank (2.00x on a
+2-core machine: a threaded 1-rank baseline runs at least at one core's speed).
 `--before` adds, interleaved, the same study with `--strategy ddp:comm_hook=none` (gloo's all-reduce over
 loopback instead of the shared-memory average that `auto` picks for CPU ranks on one node).
 """

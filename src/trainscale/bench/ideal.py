@@ -46,6 +46,18 @@ def hardware(run: dict, *, cores_per_node: int, threads_per_rank: int | None = N
                     ranks_per_core=max(1.0, threads_on_machine / cores_per_node))
 
 
+def ceiling(run: Hardware, world: int, base: Hardware, base_world: int) -> float:
+    """The most speedup ``run``'s hardware allows against the baseline's: the one ceiling a study holds its
+    figures to. GPUs: their count's ratio. CPU cores: the run's cores against one core per baseline rank (a
+    baseline rank runs at least at one core's speed, however well its threads scale), and never above linear:
+    4 ranks on 2 shared cores allow 2x against 1 rank, not 4x; 2 ranks on the 2 cores a threaded 1-rank baseline
+    also used allow up to 2x (as far as its threads fell short of 2 cores)."""
+    linear = world / max(1, base_world)
+    if run.kind == "gpu":
+        return run.units / base.units
+    return min(linear, run.units / max(1, base_world))
+
+
 def add_achievable(runs: list[dict], baseline: str, *, cores_per_node: int, threads_per_rank: int | None = None,
                    nodes_share_cores: bool = False) -> str | None:
     """Fill each run's ``hardware``, ``achievable_speedup`` and ``efficiency_vs_achievable``; returns a sentence
@@ -53,22 +65,22 @@ def add_achievable(runs: list[dict], baseline: str, *, cores_per_node: int, thre
     units = {r["config"]: hardware(r, cores_per_node=cores_per_node, threads_per_rank=threads_per_rank,
                                    nodes_share_cores=nodes_share_cores) for r in runs}
     base = units.get(baseline)
+    base_world = next((int(r["world_size"]) for r in runs if r["config"] == baseline), 1)
     for run in runs:
         hw = units[run["config"]]
         run["hardware"] = hw.describe
         run["compute_units"], run["compute_kind"], run["ranks_per_core"] = hw.units, hw.kind, hw.ranks_per_core
         same_kind = base is not None and hw.kind == base.kind and base.units > 0
-        run["achievable_speedup"] = hw.units / base.units if same_kind else None
+        run["achievable_speedup"] = ceiling(hw, int(run["world_size"]), base, base_world) if same_kind else None
         speedup = run.get("speedup")
         run["efficiency_vs_achievable"] = (speedup / run["achievable_speedup"]
                                            if speedup is not None and run["achievable_speedup"] else None)
-    base_world = next((int(r["world_size"]) for r in runs if r["config"] == baseline), 1)
     shared = [r for r in runs if r["world_size"] > 1 and r["achievable_speedup"] is not None  # so base is known
               and r["achievable_speedup"] < r["world_size"] / max(1, base_world)]
     if not shared:
         return None
     names = ", ".join(f"{r['label']} ({r['achievable_speedup']:.2f}x)" for r in shared)
-    return (f"These configurations share their hardware with the baseline, which already uses {base.describe}: "
-            f"linear speedup is out of reach, and the most their cores allow is {names}. Efficiency is given "
-            f"against both.")
+    return (f"These configurations run more ranks than cores against the baseline's one core per rank: linear "
+            f"speedup is out of reach, and the most their cores allow is {names}. Efficiency is given against "
+            f"both.")
 
