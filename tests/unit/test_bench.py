@@ -187,6 +187,23 @@ def test_the_table_says_whether_the_sweep_reached_the_bandwidth_plateau():
     flat = {**rising, "rows": rows(1e9, 9e9, 9.2e9)}
     assert allreduce.plateau(flat["rows"])["reached"] and "plateau reached" in allreduce.table(flat)
     assert allreduce.plateau(rows(1e9)) is None
+    # a fall is no plateau (issue 38: 4 MB fell 60% and the table said "plateau reached")
+    fell = {**rising, "rows": rows(1e9, 9e9, 3.6e9)}
+    assert allreduce.plateau(fell["rows"]) == {"busbw_Bps": 9e9, "reached": False, "largest_bytes": 4096,
+                                               "fell": pytest.approx(0.6)}
+    said = allreduce.table(fell)
+    assert "no plateau: the largest size fell 60% below the one before" in said and "plateau reached" not in said
+    disturbed = {**flat, "disturbed": "the machine's load average was 15.0 on 2 cores as it started"}
+    assert "* disturbed: the machine's load average was 15.0 on 2 cores" in allreduce.table(disturbed)
+
+
+def test_a_loaded_machine_is_named_before_a_sweep(monkeypatch):
+    import os
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (15.0, 9.0, 4.0))
+    assert allreduce.disturbance(cores=2) == "the machine's load average was 15.0 on 2 cores as it started"
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.5, 0.5, 0.5))
+    assert allreduce.disturbance(cores=2) is None
 
 
 def test_every_size_is_all_reduced_once_before_any_is_timed(monkeypatch):

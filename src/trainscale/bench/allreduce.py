@@ -26,7 +26,8 @@ DEFAULT_SIZES = "auto"
 CPU_SIZES = "1KB..16MB"
 GPU_SIZES = "1KB..1GB"
 PLATEAU_GAIN = 1.05
-"""The sweep reached the bandwidth plateau when the largest size's busbw is within 5% of the one before."""
+"""The sweep reached the bandwidth plateau when the largest size's busbw is within 5% of the one before
+(either way: a larger fall is no plateau but a disturbance, another job on the cores or the link)."""
 ELEMENT_BYTES = 4  # float32, as nccl-tests' default
 HOOKS = ("none", "shm", "auto")
 """What ``--hook`` times: the backend's all-reduce, DDP's shared-memory average, or what comm_hook=auto picks."""
@@ -98,10 +99,34 @@ def table(result: dict) -> str:
                      f"{row['algbw_Bps'] / 1e9:>13.3f} {row['busbw_Bps'] / 1e9:>13.3f}")
     reached = plateau(result["rows"])
     if reached is not None:
-        lines.append(f"peak busbw {reached['busbw_Bps'] / 1e9:.3f} GB/s; "
-                     + ("plateau reached at the largest sizes" if reached["reached"] else
-                        "still rising at the largest size: sweep larger messages (--sizes ...4GB) for the link's speed"))
+        lines.append(f"peak busbw {reached['busbw_Bps'] / 1e9:.3f} GB/s; " + plateau_words(reached))
+    if result.get("disturbed"):
+        lines.append(f"* disturbed: {result['disturbed']}: these figures are not the link's alone; measure again on a "
+                     "quiet machine")
     return "\n".join(lines)
+
+
+def plateau_words(reached: dict) -> str:
+    if reached.get("fell"):
+        return (f"no plateau: the largest size fell {reached['fell']:.0%} below the one before (other work on the "
+                "cores or the link while it ran): measure again on a quiet machine")
+    if reached["reached"]:
+        return "plateau reached at the largest sizes"
+    return "still rising at the largest size: sweep larger messages (--sizes ...4GB) for the link's speed"
+
+
+def disturbance(cores: int | None = None) -> str | None:
+    """Other work on this machine as the sweep starts: a load average above its cores (bench/validity.py's rule
+    for runs nothing sampled)."""
+    import os
+
+    if not cores:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return None
+    return f"the machine's load average was {load:.1f} on {cores} cores as it started" if load > cores else None
 
 
 def plateau(rows: list[dict]) -> dict | None:
@@ -110,8 +135,9 @@ def plateau(rows: list[dict]) -> dict | None:
     if len(timed) < 2:
         return None
     last, before = timed[-1]["busbw_Bps"], timed[-2]["busbw_Bps"]
-    return {"busbw_Bps": max(r["busbw_Bps"] for r in timed), "reached": last < before * PLATEAU_GAIN,
-            "largest_bytes": timed[-1]["bytes"]}
+    fell = 1 - last / before if last * PLATEAU_GAIN < before else None
+    return {"busbw_Bps": max(r["busbw_Bps"] for r in timed), "reached": fell is None and last < before * PLATEAU_GAIN,
+            "largest_bytes": timed[-1]["bytes"], **({"fell": fell} if fell is not None else {})}
 
 
 def nearest_row(result: dict, size_bytes: int) -> dict:
@@ -195,12 +221,14 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--hook", default="none", choices=HOOKS, help="none (the backend's all-reduce), shm, or auto (as training)")
     args = p.parse_args(argv)
     parse_sizes(args.sizes)  # a bad list fails before the process group
+    disturbed = disturbance()  # before this sweep's own ranks add to the load
     with trainscale.init(device=args.device) as rt:
         sizes = sizes_for(args.sizes, rt.device.type)
         hook, reduce = reducer(rt, args.hook, max(sizes))
         rows = measure(rt, sizes, args.iters, args.warmup, args.budget, reduce)
         result = {"world_size": rt.world_size, "num_nodes": rt.num_nodes, "backend": rt.backend,
-                  "device": str(rt.device), "hook": hook, "rows": rows, "plateau": plateau(rows)}
+                  "device": str(rt.device), "hook": hook, "rows": rows, "plateau": plateau(rows),
+                  "disturbed": disturbed if rt.device.type == "cpu" else None}  # GPUs' links are not the cores
         if rt.is_main:
             print(table(result), flush=True)
             if args.out:

@@ -158,7 +158,7 @@ def check_devices(rt) -> Check:
 def check_allreduce(rt, sizes: str, nccl_log: str | None = None) -> Check:
     """The sum is right, and the bus bandwidth over a short sweep (bench/allreduce.py's method), against
     what the node's GPU links imply (a single-node GPU job) and with the transport NCCL picked."""
-    from trainscale.bench.allreduce import format_size, measure, plateau, sizes_for
+    from trainscale.bench.allreduce import format_size, measure, plateau, plateau_words, sizes_for
 
     n = rt.world_size
     t = torch.full((1 << 16,), float(rt.rank + 1), device=rt.device)
@@ -174,7 +174,7 @@ def check_allreduce(rt, sizes: str, nccl_log: str | None = None) -> Check:
     links = node_links(rt) if rt.device.type == "cuda" and rt.num_nodes == 1 else (None, "")
     transports = sorted({k for found in gather(rt, _transports(nccl_log)) for k in found})
     status, judged = allreduce_verdict(at["busbw_Bps"] / 1e9, *links, transports)
-    note = "plateau reached" if best["reached"] else "still rising at the largest size"
+    note = plateau_words(best).split(":")[0]
     return Check(name="all-reduce", status=status,
                  detail={"rows": rows, "plateau": best, "expected_gbps": links[0], "links": links[1],
                          "transports": transports},
