@@ -200,3 +200,15 @@ def test_cli_doctor_prints_json(capsys):
     cli(["doctor", "--json", "--workers", "0"])
     data = json.loads(capsys.readouterr().out)
     assert {f["section"] for f in data["findings"]} == set(SECTIONS)
+
+
+def test_a_loaded_machine_is_a_warning_not_ok():
+    """`doctor` said [ok] to everything at load 12 on 2 cores (issue 38): the load past the cores, less this
+    launch's own ranks, is named."""
+    from trainscale.doctor.local import collect_load
+
+    (busy,) = collect_load(12.0, cores=2, ranks_here=2)
+    assert busy.level == "warning" and busy.message.startswith("load average 12.0 on 2 core(s): other work")
+    assert busy.hint and busy.detail == {"load": 12.0, "cores": 2}
+    assert collect_load(3.5, cores=2, ranks_here=2)[0].level == "ok"  # its own two ranks are not other work
+    assert collect_load(None, cores=2)[0].level == "ok"

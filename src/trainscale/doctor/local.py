@@ -202,3 +202,18 @@ def collect_threads(environ: Mapping[str, str], cpus: int, why: str, *, workers:
         found.append(ok(THREADS, "DataLoader workers", f"{workers} worker(s) for {cpus} CPU(s) per rank",
                         workers=workers))
     return found
+
+
+def collect_load(load: float | None, cores: int, ranks_here: int = 1) -> list[Finding]:
+    """Other work on this machine: a load average above its cores (less this launch's own ranks) makes every timing
+    here (the network check, a study, the selftest) the other work's as much as the training's."""
+    if load is None:
+        return [ok(THREADS, "machine load", "not known (no load average on this system)")]
+    other = max(0.0, load - ranks_here)
+    if other > cores:
+        return [warning(THREADS, "machine load", f"load average {load:.1f} on {cores} core(s): other work is running "
+                        "here, and every timing taken now (doctor --network, bench, selftest, training) is disturbed "
+                        "by it", "measure on a quiet node (an exclusive allocation), or after the other work ends "
+                        "(top shows it)", load=load, cores=cores)]
+    return [ok(THREADS, "machine load", f"load average {load:.1f} on {cores} core(s)", load=load, cores=cores)]
+

@@ -13,7 +13,8 @@ from typing import Mapping
 
 from trainscale.doctor import facts
 from trainscale.doctor.finding import NETWORK, Finding, ok
-from trainscale.doctor.local import collect_binding, collect_devices, collect_launch, collect_threads, collect_versions
+from trainscale.doctor.local import (collect_binding, collect_devices, collect_launch, collect_load, collect_threads,
+                                    collect_versions)
 from trainscale.doctor.local import cpus_per_rank
 from trainscale.doctor.network import ALONE, GATHERED, run_network
 from trainscale.doctor.render import Report, render, render_json
@@ -33,6 +34,13 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                         help="size of the --network all-reduce tensor (default 4 MiB)")
 
 
+def _load() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
+
+
 def build_report(args: argparse.Namespace, environ: Mapping[str, str], command: str) -> tuple[Report, bool]:
     """Collect every section. Returns the report and whether this process should print it (rank 0 only)."""
     versions = facts.read_versions()
@@ -45,6 +53,7 @@ def build_report(args: argparse.Namespace, environ: Mapping[str, str], command: 
     findings += collect_binding(env, devices.topology, affinity, environ)
     cpus, why = cpus_per_rank(env, devices.topology, affinity, environ)
     findings += collect_threads(environ, cpus, why, workers=args.workers, torch_threads=_torch_threads())
+    findings += collect_load(_load(), len(affinity) or 1, int((env.local_world_size if env else 1) or 1))
     ranks = 1
     speaks = env is None or env.rank == 0
     if not args.network:
