@@ -126,10 +126,11 @@ def test_restarts_are_announced_with_their_cause_and_a_crash_keeps_its_signal(tm
     ckpt = tmp_path / "ckpt"
     # one line per restart: who failed, why, which attempt, where the ranks resume; the cause is rank 1's
     # error although rank 0 ended first (it lost its peer, whose process went on until the agent stopped it)
-    assert (f"trainscale: attempt 1 of 3 failed: rank 1 on " in err and
-            "(failed, then stopped by SIGTERM while exiting: ValueError: rank 1 fails in attempt 0); "
-            "restarting all ranks (attempt 2 of 3), "
-            f"resuming from {ckpt / 'ckpt-00000001.pt'} (step 1)" in err), err
+    # rank 1's exit with its error, or (on a loaded machine, its teardown slower than the agent) its stop by the
+    # agent's SIGTERM while it exited: both are what happened, and both name its error
+    assert re.search(r"trainscale: attempt 1 of 3 failed: rank 1 on \S+ \((failed, then stopped by SIGTERM while "
+                     r"exiting|exit code 1): ValueError: rank 1 fails in attempt 0\); restarting all ranks \(attempt 2 "
+                     r"of 3\), resuming from " + re.escape(f"{ckpt / 'ckpt-00000001.pt'} (step 1)"), err), err
     assert re.search(r"attempt 2 of 3 failed: rank 1 on \S+ \(killed by SIGSEGV\); restarting all ranks "
                      r"\(attempt 3 of 3\), resuming from .*ckpt-00000002\.pt \(step 2\)", err), err
     # the summary ends with the attempts and their causes

@@ -265,10 +265,10 @@ def test_readme_selftest_on_slurm_runs_two_jobs_and_reports_every_check(readme):
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # the first test to run sets README's run up
 def test_readme_tune_searches_within_its_budget_and_run_takes_the_result(readme):
-    """`trainscale tune --budget 20` then `trainscale run --config tuned.toml`: the defaults first, the search
+    """`trainscale plan --tune --budget 20` then `trainscale run --config tuned.toml`: the defaults first, the search
     within its budget, and the run trains with the best per-rank batch it wrote."""
-    budget = float(re.search(r"--budget (\d+)", readme.command("trainscale tune --workload cnn")).group(1))
-    printed = readme.output("trainscale tune --workload cnn")
+    budget = float(re.search(r"--budget (\d+)", readme.command("trainscale plan --tune --workload cnn")).group(1))
+    printed = readme.output("trainscale plan --tune --workload cnn")
     trials = re.findall(r"^\s+\d+\. (batch \d+[^\n]*?)\s{2,}(\d+) samples/s", printed, re.M)
     assert trials and trials[0][0] == "batch 16", printed  # the defaults first
     assert re.search(r"^best: ", printed, re.M), printed
@@ -276,7 +276,7 @@ def test_readme_tune_searches_within_its_budget_and_run_takes_the_result(readme)
     slowest = max(float(s) for s in re.findall(r"\((\d+)s\)", printed))
     if len(trials) == 1:  # a busy machine: the first trial's pace left no room for one more and the final pair
         assert 4 * (slowest + 1) > budget, printed  # (seconds printed rounded down)
-    assert readme.seconds("trainscale tune --workload cnn") <= budget + 3 * slowest + 30, printed
+    assert readme.seconds("trainscale plan --tune --workload cnn") <= budget + 3 * slowest + 30, printed
     table = tomllib.loads((readme.dir / "tuned.toml").read_text())["train"]
     assert f"2 rank(s) x batch {table['batch_size']}," in readme.output(
         "trainscale run --nproc-per-node 2 --workload cnn --epochs 1 --config tuned.toml")

@@ -1,4 +1,4 @@
-"""`trainscale tune` refusing before or at its first trial. The search within its budget and `trainscale run`
+"""`trainscale plan --tune` refusing before or at its first trial. The search within its budget and `trainscale run`
 training with the file it wrote are README's commands (tests/integration/test_readme.py)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ def test_defaults_that_do_not_run_stop_the_search(tmp_path):
     (tmp_path / "tmp").mkdir()
     env = {**_env(), "TRAINSCALE_FAULT": "raise:rank=0:step=1",  # every trial fails in its first step
            "TMPDIR": str(tmp_path / "tmp")}
-    done = subprocess.run([sys.executable, "-m", "trainscale", "tune", "--workload", "cnn", "--budget", "60",
+    done = subprocess.run([sys.executable, "-m", "trainscale", "plan", "--tune", "--workload", "cnn", "--budget", "60",
                            "--max-steps", "5"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "the defaults do not run" in done.stderr, done.stderr + done.stdout
     assert not (tmp_path / "tuned.toml").exists()
@@ -24,7 +24,7 @@ def test_defaults_that_do_not_run_stop_the_search(tmp_path):
 
 
 def test_a_strategy_option_that_does_not_exist_is_refused_before_any_trial(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "trainscale", "tune", "--workload", "cnn", "--strategy", "ddp:bogus=1",
+    done = subprocess.run([sys.executable, "-m", "trainscale", "plan", "--tune", "--workload", "cnn", "--strategy", "ddp:bogus=1",
                            "--budget", "60", "--max-steps", "5"], cwd=tmp_path, env=_env(), capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 2 and "has no option 'bogus'" in done.stderr, done.stderr + done.stdout

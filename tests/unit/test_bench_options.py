@@ -1,4 +1,4 @@
-"""`trainscale bench` and `trainscale tune` resolve their options in the one order (issue 23 item 2):
+"""`trainscale bench` and `trainscale plan --tune` resolve their options in the one order (issue 23 item 2):
 StudySpec/TuneSpec defaults < --config's [bench]/[tune] table < TRAINSCALE_BENCH_*/TRAINSCALE_TUNE_* < the
 command line, with a misspelt name refused as for [train]."""
 

@@ -184,6 +184,8 @@ def slurm_spec(argv, environ=None):
 
 
 def test_sbatch_short_options(job_script):
+    with open(job_script, "a") as fh:  # a script with its own -N: what follows it is its own
+        fh.write("\nimport argparse\nargparse.ArgumentParser().add_argument('-N', '--nodes', type=int)\n")
     spec = slurm_spec(["--profile", "lumi", "-N", "2", "-t", "1:00:00", "-A", "proj", "-p", "standard-g", "-J", "exp",
                        "-c", "7", "-q", "normal", "-C", "nvme", "-o", "out-%j.log", "-e", "err-%j.log", "-d", "afterok:1",
                        "-a", "0-3%1", "-D", "/tmp", "--dry-run", job_script, "-N", "5"])

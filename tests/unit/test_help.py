@@ -41,7 +41,7 @@ PARSERS = {
     "trainscale slurm": slurm_options.parser,
     "trainscale sweep": sweep.sweep_parser,
     "trainscale bench": bench._parser,
-    "trainscale tune": tune._parser,
+    "trainscale plan --tune": tune._parser,
 }
 
 
@@ -59,7 +59,7 @@ def exit_code(argv: list[str]) -> int | None:
 
 @pytest.mark.parametrize("argv, own", [
     (["sweep", "--help"], "trainscale sweep"), (["bench", "--help"], "--configs CONFIGS"),
-    (["bench", "allreduce", "--help"], "--iters ITERS"), (["tune", "--help"], "--budget BUDGET"),
+    (["bench", "allreduce", "--help"], "--iters ITERS"), (["plan", "--tune", "--help"], "--budget BUDGET"),
     (["run", "--workload", "gpt", "--help"], "--seq-len SEQ_LEN"), (["sweep", "status", "--help"], "--metric"),
 ])
 def test_each_command_prints_its_own_help(capsys, argv, own):

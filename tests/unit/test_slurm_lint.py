@@ -163,6 +163,8 @@ def test_config_error_for_missing_time(script):
 def test_cli_dry_run_prints_script_and_keeps_script_args(script, capsys):
     from trainscale.cli.main import main
 
+    with open(script, "a") as fh:  # the script reads --nodes and --time itself: after it, they are its own
+        fh.write("import argparse\np = argparse.ArgumentParser()\np.add_argument('--nodes')\np.add_argument('--time')\n")
     rc = main(["slurm", "--profile", "local-test", "--nodes", "2", "--gpus-per-node", "2", "--time", "10",
                "--launcher", "srun", "--dry-run", script, "--nodes", "7", "--time", "x"])
     out = capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""`trainscale tune`'s search, without running anything: the knobs a spec has, the order of the coordinate
+"""`trainscale plan --tune`'s search, without running anything: the knobs a spec has, the order of the coordinate
 descent, the noise margin, the budget, the config file it writes and the refusals."""
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def test_the_config_file_is_a_train_table_the_workloads_read(tmp_path):
     ({"batches": (16, 0)}, "--batches '16,0' contains 0"),
     ({"loader": "tensr"}, "--loader 'tensr' is not one of tensor, dataloader"),  # a [tune] table has no argparse choices
     ({"device": "gpu"}, "--device 'gpu' is not one of auto, cpu, cuda"),
-    ({"workload": "cnnn"}, "unknown workload 'cnnn'"),  # the Python API too, not only `trainscale tune`
+    ({"workload": "cnnn"}, "unknown workload 'cnnn'"),  # the Python API too, not only `trainscale plan --tune`
 ])
 def test_bad_specs_are_refused(kwargs, message):
     with pytest.raises(ConfigError, match=message):

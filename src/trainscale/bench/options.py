@@ -1,4 +1,4 @@
-"""`trainscale bench` and `trainscale tune` options in the one order of ``trainscale.config`` (docs/architecture.md):
+"""`trainscale bench` and `trainscale plan --tune` options in the one order of ``trainscale.config`` (docs/architecture.md):
 StudySpec / TuneSpec defaults < --config FILE's [bench] / [tune] table < TRAINSCALE_BENCH_* / TRAINSCALE_TUNE_* <
 the command line (argparse's namespace, None where an option was not given). What the command decides itself
 (SCRIPT and its arguments, the GPUs it sees, the cores, the ``--slurm`` target) is no option."""
@@ -53,7 +53,7 @@ def study_spec(ns: Mapping[str, Any], *, target: str | None = None, rest=(), slu
 
 def tune_spec(ns: Mapping[str, Any], *, target: str | None = None, rest=(),
               environ: Mapping[str, str] | None = None) -> TuneSpec:
-    """The search of ``trainscale tune`` (``ns``: its parsed options; ``target``, ``rest``: as for a study)."""
+    """The search of ``trainscale plan --tune`` (``ns``: its parsed options; ``target``, ``rest``: as for a study)."""
     from trainscale.config import resolve
 
     fixed = {**_target(target, rest), "cores": os.cpu_count() or 1}

@@ -1,6 +1,6 @@
-"""`trainscale tune`: which settings make this training fastest here. Pure planning and choosing
+"""`trainscale plan --tune`: which settings make this training fastest here. Pure planning and choosing
 (the knobs, a coordinate descent from the defaults, the config file written); ``bench/tuning.py`` launches
-the trials. The knobs and the search: docs/scaling.md, "`trainscale tune`".
+the trials. The knobs and the search: docs/scaling.md, "`trainscale plan --tune`".
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class Setting:
 
 @dataclass(frozen=True, kw_only=True)
 class TuneSpec:
-    """What to tune, where, for how long. ``trainscale tune`` resolves it in the one order (``bench/options.py``:
+    """What to tune, where, for how long. ``trainscale plan --tune`` resolves it in the one order (``bench/options.py``:
     a ``[tune]`` table, ``TRAINSCALE_TUNE_<FIELD>``, the command line)."""
 
     workload: str | None = "cnn"
@@ -102,7 +102,7 @@ class TuneSpec:
             raise ConfigError("tune needs one target: --workload NAME or a SCRIPT", hint="e.g. --workload cnn")
         if self.script is not None and not any("{batch}" in a for a in self.script_args):
             raise ConfigError(f"{self.script}: tune sets the per-rank batch through {{batch}} in the script's arguments, "
-                              "and there is none", hint=f"e.g. trainscale tune {self.script} --batch-size {{batch}}")
+                              "and there is none", hint=f"e.g. trainscale plan --tune {self.script} --batch-size {{batch}}")
         if self.budget < 10:
             raise ConfigError(f"--budget {self.budget:g}s is too short for even one trial", hint="e.g. --budget 300")
         if self.max_steps < 5:
@@ -207,7 +207,7 @@ def render_config(spec: TuneSpec, best: Setting, *, default_rate: float | None, 
     """The ``[train]`` table run/slurm/bench take through the workload's ``--config FILE``."""
     now = now or datetime.datetime.now()
     g = gain(best_rate, default_rate)
-    lines = [f"# trainscale tune, {now:%Y-%m-%d %H:%M} on {host}: {spec.workload or spec.script}, "
+    lines = [f"# trainscale plan --tune, {now:%Y-%m-%d %H:%M} on {host}: {spec.workload or spec.script}, "
              f"{spec.nproc_per_node} rank(s) on {spec.device}",
              f"# defaults {default_rate or 0:.0f} samples/s -> these {best_rate or 0:.0f} samples/s"
              + (f" ({g:.2f}x)" if g else ""),

@@ -1,4 +1,4 @@
-"""`trainscale tune`'s acting part: each trial a short real run launched as ``trainscale run`` launches it,
+"""`trainscale plan --tune`'s acting part: each trial a short real run launched as ``trainscale run`` launches it,
 the search driven to its budget, the best and the defaults measured again side by side. The choosing
 is bench/tune.py's (pure); the CLI only parses and prints.
 """
@@ -97,14 +97,14 @@ def _search(spec: TuneSpec, search: Search, work: Path, say: Callable[[str], Non
 
 
 def headline(spec: TuneSpec) -> str:
-    """What ``trainscale tune`` says before the first trial."""
-    return (f"trainscale tune: {spec.workload or spec.script}, {spec.nproc_per_node} rank(s) on {spec.device}, "
+    """What ``trainscale plan --tune`` says before the first trial."""
+    return (f"trainscale plan --tune: {spec.workload or spec.script}, {spec.nproc_per_node} rank(s) on {spec.device}, "
             f"budget {spec.budget:.0f}s, {spec.max_steps} steps per trial; knobs: "
             f"{', '.join(k for k, _ in knobs(spec))}")
 
 
 def check_command(*, workload: str | None, script: str | None, out: Path) -> None:
-    """``trainscale tune``'s refusals before a TuneSpec: two targets, a script that is not there, an ``--out``
+    """``trainscale plan --tune``'s refusals before a TuneSpec: two targets, a script that is not there, an ``--out``
     that would be overwritten."""
     if script and workload:
         raise ConfigError(f"both --workload {workload} and script {script!r} given", hint="tune one of them")

@@ -11,7 +11,7 @@ from trainscale.errors import TrainscaleError
 
 # Each module defines `register(subparsers)`, which adds its parser and sets `func`; a command that parses
 # the rest of its line itself (it passes options on to a script: `run`, `bench SCRIPT`) also sets `raw`.
-SUBCOMMANDS = ("run", "slurm", "sweep", "jobs", "profiles", "bench", "tune", "report", "doctor", "selftest")
+SUBCOMMANDS = ("run", "slurm", "sweep", "jobs", "profiles", "bench", "plan", "report", "doctor", "selftest")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

@@ -1,12 +1,13 @@
-"""`trainscale tune`: search per-rank batch, threads, DataLoader workers, DDP buckets and gradient compression
-for a workload or script within a time budget; print the best with its gain and write it as a config file."""
+"""`trainscale plan --tune`: search per-rank batch, threads, DataLoader workers, DDP buckets and gradient compression
+for a workload or script within a time budget; print the best with its gain and write it as a config file.
+Not a command of its own: `trainscale plan` (cli/plan.py) hands a line with --tune to :func:`run_tune`."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-USAGE = """trainscale tune [--workload NAME | SCRIPT [ARGS...]] [--nproc-per-node N] [--batch-size B]
+USAGE = """trainscale plan --tune [--workload NAME | SCRIPT [ARGS...]] [--nproc-per-node N] [--batch-size B]
                        [--batches 8,16,32] [--budget SECONDS] [--max-steps S] [--strategy S] [--loader L]
                        [--config FILE] [--out FILE] [-- WORKLOAD ARGS...]"""
 DESCRIPTION = """Each trial is a short real run (--max-steps steps) launched like `trainscale run`; the search changes one
@@ -17,9 +18,9 @@ printed is from that pair. The result is a [train] table (default tuned.toml) th
 pass to the workload with --config.
 
 Examples:
-  trainscale tune --workload cnn --nproc-per-node 2 --budget 300
-  trainscale tune --workload cnn --loader dataloader --batches 16,32,64 --budget 600 --out cnn.toml
-  trainscale tune train.py --batch-size {batch} --nproc-per-node 2
+  trainscale plan --tune --workload cnn --nproc-per-node 2 --budget 300
+  trainscale plan --tune --workload cnn --loader dataloader --batches 16,32,64 --budget 600 --out cnn.toml
+  trainscale plan --tune train.py --batch-size {batch} --nproc-per-node 2
   trainscale run --nproc-per-node 2 --workload cnn --config tuned.toml
 """
 
@@ -29,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
 
     from trainscale.config.argparsing import Parser
 
-    p = Parser(prog="trainscale tune", usage=USAGE, description=DESCRIPTION,
+    p = Parser(prog="trainscale plan --tune", usage=USAGE, description=DESCRIPTION,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="a TOML file whose [tune] table sets these options by field name (as TuneSpec)")
     p.add_argument("--workload", help="a built-in workload to tune (`trainscale run --help` lists them); or give "
@@ -61,10 +62,9 @@ def build(argv: list[str], environ=None):
     return tune_spec(vars(ns), target=split.target, rest=split.rest, environ=environ), out
 
 
-def run(args: argparse.Namespace) -> int:
+def run_tune(argv: list[str]) -> int:
     from trainscale.bench.tuning import headline, report, tune
 
-    argv = list(args.argv)
     if argv and argv[0] in ("-h", "--help"):
         _parser().print_help()
         return 0
@@ -73,11 +73,3 @@ def run(args: argparse.Namespace) -> int:
     done = tune(spec, say=lambda line: print(line, flush=True))
     print("\n".join(report(spec, done, out)))
     return 0
-
-
-def register(sub) -> None:
-    p = sub.add_parser("tune", help="search batch, threads, workers, DDP buckets and compression within a budget",
-                       add_help=False)
-    p.add_argument("argv", nargs=argparse.REMAINDER)
-    p.set_defaults(func=run, raw=True)
-

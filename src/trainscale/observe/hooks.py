@@ -91,6 +91,11 @@ class Recorder:
         self._lock = threading.Lock()
         self._compiling: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_compiling",
                                                       lambda: False)
+        from trainscale.observe.state import PLAN_STEPS_VAR, StateCount
+
+        self.plan_steps = int(_float(environ, PLAN_STEPS_VAR, 0))
+        """``trainscale plan``'s calibration: count the state, stop after this many steps (0: a normal run)."""
+        self.state = StateCount() if self.plan_steps > 0 else None
         """Inside torch.compile's tracing the hooks do nothing (a side effect there is a graph break)."""
 
     # -- installing -------------------------------------------------------------------------------
@@ -125,6 +130,8 @@ class Recorder:
             self._end_step()
             self._maybe_count_flops()
         self.marks.mark("data")
+        if self.state is not None:
+            self.state.forward_started()
 
     def _forward_post(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         self._depth = depth = max(0, self._depth - 1)
@@ -139,6 +146,8 @@ class Recorder:
             samples, tokens = batch_size(args, kwargs)
             self._samples += samples or 0
             self._tokens += tokens or 0
+            if self.state is not None:
+                self.state.forward_ended(samples)
             if self._first_batch is None and self.step == 0:
                 self._first_batch = (args, kwargs)
         if not self._backward_armed:
@@ -162,6 +171,8 @@ class Recorder:
     def _optimizer_pre(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
         if self.marks is not None and self._forwarded and self._ours():
             self.marks.mark("other")
+            if self.state is not None:
+                self.state.before_step(optimizer)
 
     def _optimizer_post(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
         if self.marks is None or not self._forwarded or not self._ours():
@@ -171,6 +182,17 @@ class Recorder:
             self._stepped = True
             self.step += 1
             _tell_heartbeat(self.step)
+        if self.state is not None:
+            self.state.after_step(optimizer)
+            if self.step > self.plan_steps:  # the calibration has its steps: the state, then the end
+                self._calibrated()
+
+    def _calibrated(self) -> None:
+        if self.out is None:
+            self._open()
+        self.out.out.write(self.state.record())
+        self.finish()
+        raise SystemExit(0)
 
     # -- steps ------------------------------------------------------------------------------------
     def _end_step(self) -> None:

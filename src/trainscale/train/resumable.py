@@ -23,7 +23,16 @@ from trainscale.errors import ConfigError
 STEP = "step"
 
 
+CHECKPOINT_DIR_VAR = "TRAINSCALE_CHECKPOINT_DIR"
+"""Where rt.checkpoint/rt.resume keep a run's checkpoints when the script names none (``trainscale plan``'s
+calibration points it at a directory of its own: it must neither resume from nor write into the run's)."""
+
+
 def default_directory(rt: Any) -> Path:
+    import os
+
+    if os.environ.get(CHECKPOINT_DIR_VAR):
+        return Path(os.environ[CHECKPOINT_DIR_VAR])
     if rt.env.job_dir and rt.env.run_dir:  # a trainscale SLURM job: what requeues and chain links share
         return Path(rt.env.run_dir) / "checkpoints"
     return Path("checkpoints")

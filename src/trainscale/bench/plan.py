@@ -1,0 +1,236 @@
+"""``trainscale plan``: before an allocation is spent, the memory each rank needs under every strategy and the step
+time, speedup and efficiency at 1…N ranks — from one short calibration run of the script or workload as it is
+(observe/state.py counts its parameters, gradients, optimizer state and activations; the recorder its step
+phases). Pure: the calibration's records in, the plan out.
+
+The memory model is ZeRO's (Rajbhandari et al., 2020) on the measured bytes: DDP holds everything on every rank
+(and a bucket copy of the gradients), ZeRO-1 shards the optimizer state, ZeRO-2 the gradients too, ZeRO-3 and
+FSDP the parameters too; activations scale with the per-rank batch. The time model is the study's projection
+(bench/projection.py): DDP's ring all-reduce of the gradients over the interconnect, overlapped with backward.
+Every figure says what it was calibrated on; what the model cannot see is listed with the figures.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from trainscale.bench.projection import Measured, ModelOptions, Network, predict
+from trainscale.errors import ConfigError
+
+STRATEGIES = ("ddp", "zero1", "deepspeed:stage=1", "deepspeed:stage=2", "fsdp", "deepspeed:stage=3")
+"""Least sharding first: the first that fits is the recommendation (less sharding, less communication)."""
+MARGIN = 0.10
+"""Memory kept free for what the model does not count (the allocator's slack, kernels' workspaces)."""
+UNSEEN = ("the allocator's slack and fragmentation, and a custom kernel's workspace (kept free by a 10% margin)",
+          "FSDP and ZeRO-3 gather one wrapped block's full parameters at a time (the largest block is not counted)",
+          "activation checkpointing or offloading the script does inside its own code (counted as it ran)",
+          "the sharded strategies' extra collectives (all-gather, reduce-scatter: about 1.5x DDP's bytes): the step "
+          "times model DDP")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What the calibration run measured on one rank."""
+
+    params: int
+    grads: int
+    optimizer: int
+    activations: int
+    """Bytes the forward kept for backward at ``batch`` samples."""
+    batch: int
+    steps: list[dict]
+    """The step records after the first (the first pays for warm-up)."""
+    dtypes: tuple[str, ...] = ()
+    device: str = "cpu"
+
+    @classmethod
+    def from_records(cls, records: list[dict]) -> "Calibration":
+        state = next((r for r in records if r.get("kind") == "state"), None)
+        meta = next((r for r in records if r.get("kind") == "meta"), {})
+        steps = [r for r in records if r.get("kind") == "step" and r.get("step_s")]
+        if state is None or not state.get("params_bytes"):
+            raise ConfigError("the calibration run recorded no optimizer step with parameters",
+                              hint="plan needs a script that trains (a torch optimizer's step); its own output above "
+                                   "says why it stopped")
+        if len(steps) < 2:
+            raise ConfigError(f"the calibration run recorded {len(steps)} step(s)", hint="give it more: --steps 5")
+        batch = int(state.get("activation_samples") or steps[-1].get("samples") or 1)
+        return cls(params=int(state["params_bytes"]), grads=int(state["grads_bytes"]),
+                   optimizer=int(state["optimizer_bytes"]), activations=int(state["activation_bytes"]),
+                   batch=batch, steps=steps[1:], dtypes=tuple(state.get("param_dtypes") or ()),
+                   device=str(meta.get("device", "cpu")))
+
+    def measured(self) -> Measured:
+        """The median step's phases, as the projection takes them."""
+        def median(key: str) -> float:
+            return statistics.median(float(r.get(key) or 0.0) for r in self.steps)
+
+        data, forward, backward, optimizer = (median(k) for k in ("data_s", "compute_s", "backward_s", "optimizer_s"))
+        step = median("step_s")
+        other = max(0.0, step - data - forward - backward - optimizer)
+        return Measured(data_s=data, compute_s=forward + backward, optimizer_s=optimizer, other_s=other,
+                        batch=self.batch, gradient_bytes=self.grads)
+
+    def spread(self) -> tuple[float, float]:
+        """The step's 10th and 90th percentile over the median: how far one calibration's pace can be trusted."""
+        times = sorted(float(r["step_s"]) for r in self.steps)
+        mid = statistics.median(times)
+        low, high = times[int(0.1 * (len(times) - 1))], times[int(round(0.9 * (len(times) - 1)))]
+        return low / mid, high / mid
+
+
+@dataclass(frozen=True)
+class Memory:
+    strategy: str
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    buffers: float
+    """DDP's gradient buckets (a copy of the gradients)."""
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations + self.buffers
+
+
+def memory(cal: Calibration, strategy: str, world: int, batch: int) -> Memory:
+    """Bytes one rank holds under ``strategy`` at ``world`` ranks and ``batch`` samples per rank."""
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"strategy {strategy!r} is not one plan models", hint=", ".join(STRATEGIES))
+    n = max(1, world)
+    p, g, o = float(cal.params), float(cal.grads), float(cal.optimizer)
+    act = cal.activations * batch / max(1, cal.batch)
+    shard = {"ddp": (1, 1, 1), "zero1": (1, 1, n), "deepspeed:stage=1": (1, 1, n), "deepspeed:stage=2": (1, n, n),
+             "deepspeed:stage=3": (n, n, n), "fsdp": (n, n, n)}[strategy]
+    buckets = g if strategy in ("ddp", "zero1") and n > 1 else 0.0
+    return Memory(strategy, p / shard[0], g / shard[1], o / shard[2], act, buckets)
+
+
+@dataclass
+class Plan:
+    calibration: Calibration
+    what: str
+    """The script or workload."""
+    ranks_per_node: int
+    nodes: int
+    batch: int
+    device_bytes: float | None
+    """Memory one rank may use (a GPU's, or the node's share per rank); None: not known."""
+    device_source: str
+    network: Network
+    network_source: str
+    memory: list[Memory] = field(default_factory=list)
+    times: list[dict] = field(default_factory=list)
+    recommended: str | None = None
+    unseen: tuple[str, ...] = UNSEEN
+    target_gpus: bool = False
+    """The plan is for GPUs (a GPU profile): a CPU calibration's times are not theirs, and it says so."""
+
+    @property
+    def world(self) -> int:
+        return self.ranks_per_node * self.nodes
+
+    def fits(self, m: Memory) -> bool | None:
+        return None if self.device_bytes is None else m.total <= self.device_bytes * (1 - MARGIN)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"what": self.what, "ranks_per_node": self.ranks_per_node, "nodes": self.nodes, "batch": self.batch,
+                "device_bytes": self.device_bytes, "device_source": self.device_source,
+                "network": asdict(self.network), "network_source": self.network_source,
+                "calibration": {k: v for k, v in asdict(self.calibration).items() if k != "steps"} | {
+                    "steps": len(self.calibration.steps)},
+                "memory": [asdict(m) | {"total": m.total, "fits": self.fits(m)} for m in self.memory],
+                "times": self.times, "times_from": self.calibration.device, "for_gpus": self.target_gpus,
+                "recommended": self.recommended, "not_counted": list(self.unseen)}
+
+
+def ladder(ranks_per_node: int, nodes: int) -> list[tuple[int, int]]:
+    """(ranks, nodes) from one rank up: powers of two within a node, then whole nodes doubling to ``nodes``."""
+    out, n = [], 1
+    while n < ranks_per_node:
+        out.append((n, 1))
+        n *= 2
+    m = 1
+    while True:
+        out.append((ranks_per_node * m, m))
+        if m >= nodes:
+            return out
+        m = min(m * 2, nodes)
+
+
+def make_plan(cal: Calibration, *, what: str, ranks_per_node: int, nodes: int, batch: int | None,
+              device_bytes: float | None, device_source: str, network: Network, network_source: str,
+              target_gpus: bool = False) -> Plan:
+    batch = batch or cal.batch
+    plan = Plan(cal, what, ranks_per_node, nodes, batch, device_bytes, device_source, network, network_source,
+                target_gpus=target_gpus)
+    plan.memory = [memory(cal, s, plan.world, batch) for s in STRATEGIES]
+    measured = cal.measured()
+    low, high = cal.spread()
+    for ranks, used_nodes in ladder(ranks_per_node, nodes):
+        # within one node the all-reduce does not cross the interconnect; the model charges it anyway (stated)
+        p = predict(measured, network, ranks, ModelOptions(scaling="weak"))
+        base = predict(measured, network, 1, ModelOptions(scaling="weak"))
+        speedup = p.samples_per_s / base.samples_per_s
+        plan.times.append({"ranks": ranks, "nodes": used_nodes, "step_s": p.step_s, "band_s": [p.step_s * low,
+                           p.step_s * high], "exposed_comm_s": p.exposed_comm_s, "speedup": speedup,
+                           "efficiency": speedup / ranks, "samples_per_s": p.samples_per_s})
+    fitting = [m for m in plan.memory if plan.fits(m) is not False]
+    plan.recommended = fitting[0].strategy if fitting else None  # the least sharding that fits: the fastest
+    return plan
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def render(plan: Plan, submit: str | None) -> list[str]:
+    cal = plan.calibration
+    low, high = cal.spread()
+    lines = [f"plan for {plan.what}: calibrated on 1 rank here ({cal.device}, {len(cal.steps) + 1} steps, batch "
+             f"{cal.batch}, {'/'.join(cal.dtypes) or '?'}): parameters {_size(cal.params)}, gradients "
+             f"{_size(cal.grads)}, optimizer state {_size(cal.optimizer)}, activations {_size(cal.activations)} "
+             f"per {cal.batch} samples", ""]
+    room = (f"{_size(plan.device_bytes)} per rank ({plan.device_source}), {MARGIN:.0%} kept free"
+            if plan.device_bytes else f"not known ({plan.device_source})")
+    lines.append(f"Memory per rank at {plan.world} rank(s), batch {plan.batch} per rank; room: {room}")
+    head = ("strategy", "params", "grads", "optimizer", "activations", "buckets", "total", "fits")
+    rows = [(m.strategy, _size(m.params), _size(m.grads), _size(m.optimizer), _size(m.activations),
+             _size(m.buffers) if m.buffers else "-", _size(m.total),
+             {True: "yes", False: "NO", None: "?"}[plan.fits(m)]) for m in plan.memory]
+    lines += _table(head, rows)
+    lines += ["", f"Step time and speedup with ddp, batch {plan.batch} per rank, over {plan.network_source} "
+              f"(busbw {plan.network.busbw_Bps / 1e9:.1f} GB/s); band: the calibration's 10th-90th percentile step "
+              f"({low:.2f}x-{high:.2f}x of its median)"]
+    rows = [(str(t["ranks"]), str(t["nodes"]), f"{t['step_s'] * 1e3:.1f}",
+             f"{t['band_s'][0] * 1e3:.1f}-{t['band_s'][1] * 1e3:.1f}", f"{t['speedup']:.2f}x", f"{t['efficiency']:.0%}")
+            for t in plan.times]
+    lines += _table(("ranks", "nodes", "step (ms)", "band (ms)", "speedup", "efficiency"), rows)
+    if plan.target_gpus and not cal.device.startswith("cuda"):
+        lines.append(f"These step times are this machine's {cal.device}'s: on the profile's GPUs the compute is "
+                     "faster and communication's share larger. Run plan on one of its GPUs for their times; the "
+                     "memory above holds either way.")
+    lines.append("")
+    if plan.recommended:
+        why = "it fits" if plan.fits(next(m for m in plan.memory if m.strategy == plan.recommended)) else \
+            "the room per rank is not known"
+        lines.append(f"Recommended: --strategy {plan.recommended} ({why}; more sharding saves memory this run does "
+                     f"not need and adds communication)")
+    else:
+        lines.append("Recommended: nothing fits: a smaller per-rank batch (activations), more ranks (the sharded "
+                     "strategies divide the state), or a device with more memory")
+    if submit:
+        lines.append(f"Submit: {submit}")
+    lines += ["", "Not counted:"] + [f"  - {u}" for u in plan.unseen]
+    return lines
+
+
+def _table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    return ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in (head, *rows)]

@@ -1,0 +1,109 @@
+"""``trainscale plan``'s acting part: the calibration run (one rank, a few steps, launched as ``trainscale run``
+launches it, its records read back), the room per rank and the network the plan is made for. The modelling is
+bench/plan.py's (pure); the CLI only parses and prints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from trainscale.bench.plan import Calibration
+from trainscale.bench.projection import Network, get_preset
+from trainscale.errors import ConfigError
+
+PROFILE_NETWORKS = {"ofi": "slingshot-11", "ib": "ib-hdr200", "socket": "ethernet-25g"}
+"""A profile's ``interconnect`` as the projection's preset (the preset's numbers: bench --list-interconnects)."""
+DEFAULT_NETWORK = "ethernet-25g"
+
+
+def calibrate(*, script: str | None, args: tuple[str, ...], workload: str | None, batch: int | None, steps: int,
+              say: Callable[[str], None], timeout_s: float = 900.0) -> Calibration:
+    """Run the script (or workload) on one rank until ``steps`` optimizer steps are recorded, then read its state
+    and step records. A script runs in the working directory (its relative paths), its rt.checkpoint files in a
+    directory of the calibration's own (it neither resumes from nor writes into the run's); a workload in a
+    temporary directory."""
+    from trainscale.observe.state import PLAN_STEPS_VAR
+    from trainscale.train.resumable import CHECKPOINT_DIR_VAR
+
+    with tempfile.TemporaryDirectory(prefix="trainscale-plan-") as tmp:
+        logs = Path(tmp) / "runs"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINSCALE_TRAIN_")}
+        env.update({PLAN_STEPS_VAR: str(steps), CHECKPOINT_DIR_VAR: str(Path(tmp) / "checkpoints"),
+                    "TRAINSCALE_RECORD": "1", "TRAINSCALE_HANG_NOTICE": "0"})
+        head = [sys.executable, "-m", "trainscale", "run", "--nproc-per-node", "1", "--log-dir", str(logs)]
+        if workload:
+            line = [*head, "--workload", workload, *args, *(["--batch-size", str(batch)] if batch else []),
+                    "--epochs", "1000", "--log-every", "0"]
+            cwd = tmp
+        else:
+            line, cwd = [*head, str(Path(script).absolute()), *args], os.getcwd()
+        say(f"calibrating: {shlex.join(line[3:])} (1 rank, stopped after {steps + 1} optimizer steps)")
+        try:
+            done = subprocess.run(line, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise ConfigError(f"the calibration run took more than {timeout_s:.0f} s for {steps + 1} steps",
+                              hint="give fewer --steps, or a smaller batch") from None
+        found = sorted(logs.glob("*/metrics/rank-0.jsonl"))
+        if done.returncode == 0 and not found:  # it ended by itself before a step: nothing to plan from
+            raise ConfigError("the calibration run recorded no optimizer step with parameters: the script ended "
+                              "without training", hint="plan needs a script that trains (a torch optimizer's step)")
+        if done.returncode != 0 or not found:
+            tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+            raise ConfigError(f"the calibration run failed (exit {done.returncode}):\n{tail}",
+                              hint="run the same line with trainscale run to see why")
+        records = [json.loads(line) for line in found[0].read_text().splitlines() if line.strip()]
+    return Calibration.from_records(records)
+
+
+def room(profile, ranks_per_node: int) -> tuple[float | None, str]:
+    """Memory one rank may use: the profile's GPU (or its node's share per rank), else this machine's."""
+    if profile is not None:
+        if profile.gpus_per_node and profile.mem_per_gpu_gb:
+            return profile.mem_per_gpu_gb * 2**30, f"profile {profile.name}: {profile.mem_per_gpu_gb:g} GB per GPU"
+        if profile.mem_per_node_gb:
+            return (profile.mem_per_node_gb * 2**30 / ranks_per_node,
+                    f"profile {profile.name}: {profile.mem_per_node_gb:g} GB per node / {ranks_per_node} rank(s)")
+        return None, f"profile {profile.name} gives no memory"
+    import torch
+
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        return float(props.total_memory), f"this machine's GPU 0, {props.name}"
+    try:
+        import psutil
+
+        total = psutil.virtual_memory().total
+    except ImportError:
+        return None, "psutil is not installed"
+    return total / ranks_per_node, f"this machine's {total / 2**30:.1f} GiB / {ranks_per_node} rank(s)"
+
+
+def network(name: str | None, profile) -> tuple[Network, str]:
+    """The interconnect the time model charges: --interconnect, else the profile's, else an assumption said so."""
+    if name:
+        return get_preset(name).network(), f"--interconnect {name}"
+    if profile is not None and PROFILE_NETWORKS.get(profile.interconnect):
+        preset = PROFILE_NETWORKS[profile.interconnect]
+        return get_preset(preset).network(), f"{preset} (profile {profile.name})"
+    return get_preset(DEFAULT_NETWORK).network(), f"{DEFAULT_NETWORK} (assumed: give --interconnect NAME)"
+
+
+def submit_line(*, profile, nodes: int, ranks_per_node: int, strategy: str | None, workload: str | None,
+                script: str | None, args: tuple[str, ...], batch: int | None) -> str:
+    """The command that runs the recommended configuration."""
+    target = ["--workload", workload, *args, *(["--strategy", strategy] if strategy else []),
+              *(["--batch-size", str(batch)] if batch else [])] if workload else [script, *args]
+    if profile is None:
+        return shlex.join(["trainscale", "run", "--nproc-per-node", str(ranks_per_node), *target])
+    head = ["trainscale", "slurm", "--profile", profile.name, "-N", str(nodes), "--gpus-per-node", str(ranks_per_node),
+            "-t", "01:00:00", *(["-A", "PROJECT"] if profile.requires_account else []), "--submit"]
+    line = shlex.join([*head, *target])
+    return line + ("" if workload or not strategy else f"   (the strategy is your script's: rt.setup(..., "
+                                                       f"strategy={strategy!r}))")

@@ -1,0 +1,102 @@
+"""`trainscale plan` on a script as users bring it (plain torch.distributed + DDP, no trainscale import): one
+rank's calibration counts its state exactly, stops after the steps it needs, exits 0, and leaves the run's
+checkpoint directory alone; the plan's memory and time tables follow from those counts (issue 37, first part)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+PLAIN = '''
+import os
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group("gloo")
+model = DDP(nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)))
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+x, y = torch.randn(1024, 64), torch.randint(0, 10, (1024,))
+for epoch in range(1000):  # far more than a calibration needs: plan stops it
+    for i in range(0, 1024, 32):
+        loss = nn.functional.cross_entropy(model(x[i:i + 32]), y[i:i + 32])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+dist.destroy_process_group()
+'''
+
+RESUMABLE = '''
+import torch
+from torch import nn
+import trainscale
+
+with trainscale.init(seed=0) as rt:
+    model = nn.Linear(8, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = rt.setup(model, optimizer, strategy="ddp")
+    start = rt.resume(model, optimizer)
+    for step in range(start, 100):
+        loss = model(torch.randn(4, 8)).pow(2).mean()
+        rt.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        rt.checkpoint(step + 1, model, optimizer)  # every step
+'''
+
+
+def plan(tmp_path, *args):
+    return subprocess.run([sys.executable, "-m", "trainscale", "plan", *args], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_a_plain_ddp_script_is_calibrated_exactly_and_planned(tmp_path):
+    (tmp_path / "train.py").write_text(PLAIN)
+    done = plan(tmp_path, "--nproc-per-node", "4", "--nodes", "2", "--profile", "lumi", "--json", "train.py")
+    assert done.returncode == 0, done.stderr
+    made = json.loads(done.stdout)
+    params = (64 * 256 + 256 + 256 * 10 + 10) * 4
+    cal = made["calibration"]
+    assert (cal["params"], cal["grads"], cal["optimizer"]) == (params, params, 2 * params)  # Adam: two moments
+    # at least the input batch and the ReLU's output (saved once for itself and the next layer), at most every
+    # intermediate of 32 rows and the targets; never the whole data set the batch is a view of (1024 rows)
+    assert cal["batch"] == 32 and cal["steps"] == 5
+    assert 32 * (64 + 256) * 4 <= cal["activations"] <= 32 * (64 + 256 + 256 + 10 + 10) * 4 + 32 * 8, cal
+    assert cal["activations"] < 1024 * 64 * 4
+    memory = {m["strategy"]: m for m in made["memory"]}
+    assert memory["ddp"]["total"] == params * 5 + cal["activations"]  # P + G + O (2P) + DDP's bucket copy of G + A
+    assert memory["zero1"]["optimizer"] == 2 * params / 8 and memory["fsdp"]["params"] == params / 8
+    assert all(m["fits"] for m in made["memory"]) and made["recommended"] == "ddp"
+    assert [(t["ranks"], t["nodes"]) for t in made["times"]] == [(1, 1), (2, 1), (4, 1), (8, 2)]
+    assert made["times"][0]["speedup"] == 1.0 and made["network_source"] == "slingshot-11 (profile lumi)"
+    assert made["for_gpus"] and made["times_from"] == "cpu" and made["device_source"].startswith("profile lumi")
+    assert made["submit"].startswith("trainscale slurm --profile lumi -N 2 --gpus-per-node 4 -t 01:00:00 -A PROJECT")
+    assert "calibrating: run --nproc-per-node 1" in done.stderr
+
+
+def test_the_calibration_keeps_its_checkpoints_to_itself_and_the_text_says_what_it_cannot_see(tmp_path):
+    (tmp_path / "train.py").write_text(RESUMABLE)
+    done = plan(tmp_path, "--steps", "3", "train.py")
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "checkpoints").exists()  # a later real run must not resume from the calibration's
+    text = done.stdout
+    assert "calibrated on 1 rank here (cpu, 4 steps, batch 4, float32): parameters 72 B, gradients 72 B" in text
+    assert "Memory per rank at 1 rank(s), batch 4 per rank; room: " in text and "Recommended: --strategy ddp" in text
+    assert "Submit: trainscale run --nproc-per-node 1 train.py" in text and "Not counted:" in text
+    assert "These step times are this machine's" not in text  # planned for here: they are its own
+
+
+def test_plan_refuses_before_calibrating(tmp_path):
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    done = plan(tmp_path, "train.py", "--nodes", "2")
+    assert done.returncode == 2 and "--nodes after train.py goes to train.py, which never reads it" in done.stderr
+    done = plan(tmp_path, "--workload", "cnnn")
+    assert done.returncode == 2 and "unknown workload 'cnnn'" in done.stderr and "calibrating" not in done.stderr
+    done = plan(tmp_path, "train.py")  # no optimizer step at all
+    assert done.returncode == 2 and "recorded no optimizer step" in done.stderr
+    (tmp_path / "broken.py").write_text("raise SystemExit('no data here')\n")
+    done = plan(tmp_path, "broken.py")
+    assert done.returncode == 2 and "the calibration run failed (exit 1):" in done.stderr, done.stderr
+    assert "run the same line with trainscale run" in done.stderr

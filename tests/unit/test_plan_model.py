@@ -1,0 +1,67 @@
+"""bench/plan.py, the pure part of `trainscale plan`: ZeRO's accounting on measured bytes, the rank ladder, the
+recommendation (the least sharding that fits), and what the calibration's records must hold."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainscale.bench.plan import Calibration, ladder, make_plan, memory, render
+from trainscale.bench.projection import get_preset
+from trainscale.errors import ConfigError
+
+GiB = 2**30
+
+
+def calibration(params=GiB, activations=GiB // 4, batch=8) -> Calibration:
+    steps = [{"kind": "step", "step": i, "step_s": 0.1 + 0.001 * i, "data_s": 0.01, "compute_s": 0.03,
+              "backward_s": 0.05, "optimizer_s": 0.01, "samples": batch} for i in range(1, 12)]
+    state = {"kind": "state", "params_bytes": params, "grads_bytes": params, "optimizer_bytes": 2 * params,
+             "activation_bytes": activations, "activation_samples": batch, "param_dtypes": ["float32"]}
+    return Calibration.from_records([{"kind": "meta", "device": "cuda:0"}, *steps, state])
+
+
+def test_zero_s_accounting_on_the_measured_bytes():
+    cal = calibration()
+    at8 = {s: memory(cal, s, 8, 16) for s in ("ddp", "zero1", "deepspeed:stage=2", "fsdp", "deepspeed:stage=3")}
+    assert at8["ddp"].total == GiB * (1 + 1 + 2 + 0.5 + 1)  # P, G, O, A at twice the batch, DDP's bucket copy
+    assert at8["zero1"].optimizer == 2 * GiB / 8 and at8["zero1"].grads == GiB
+    assert at8["deepspeed:stage=2"].grads == GiB / 8 and at8["deepspeed:stage=2"].buffers == 0
+    assert at8["fsdp"].total == at8["deepspeed:stage=3"].total == GiB * 4 / 8 + GiB / 2
+    assert memory(cal, "ddp", 1, 8).buffers == 0  # one rank: no all-reduce, no buckets
+    with pytest.raises(ConfigError, match="not one plan models"):
+        memory(cal, "pipeline", 8, 8)
+
+
+def test_the_least_sharding_that_fits_is_recommended():
+    cal = calibration()
+    network = get_preset("ib-hdr200").network()
+    roomy = make_plan(cal, what="w", ranks_per_node=8, nodes=2, batch=None, device_bytes=80 * GiB, device_source="x",
+                      network=network, network_source="ib")
+    assert roomy.recommended == "ddp" and all(roomy.fits(m) for m in roomy.memory)
+    tight = make_plan(cal, what="w", ranks_per_node=8, nodes=2, batch=None, device_bytes=3 * GiB, device_source="x",
+                      network=network, network_source="ib")
+    fitting = [m.strategy for m in tight.memory if tight.fits(m)]
+    assert tight.recommended == fitting[0] == "deepspeed:stage=1"  # ddp 5.25 GiB, zero1 3.4 (its buckets): not in 2.7
+    none = make_plan(cal, what="w", ranks_per_node=1, nodes=1, batch=None, device_bytes=GiB, device_source="x",
+                     network=network, network_source="ib")
+    assert none.recommended is None
+    assert "Recommended: nothing fits: a smaller per-rank batch" in "\n".join(render(none, None))
+    times = roomy.times
+    assert [(t["ranks"], t["nodes"]) for t in times] == [(1, 1), (2, 1), (4, 1), (8, 1), (16, 2)]
+    assert times[0]["speedup"] == 1.0 and all(t["band_s"][0] <= t["step_s"] <= t["band_s"][1] for t in times)
+    assert all(0 < t["efficiency"] <= 1.0 for t in times)
+
+
+def test_the_rank_ladder():
+    assert ladder(1, 1) == [(1, 1)]
+    assert ladder(4, 1) == [(1, 1), (2, 1), (4, 1)]
+    assert ladder(8, 6) == [(1, 1), (2, 1), (4, 1), (8, 1), (16, 2), (32, 4), (48, 6)]
+
+
+def test_a_calibration_without_state_or_steps_is_refused():
+    with pytest.raises(ConfigError, match="recorded no optimizer step"):
+        Calibration.from_records([{"kind": "meta"}, {"kind": "step", "step": 1, "step_s": 0.1}])
+    with pytest.raises(ConfigError, match="recorded 1 step"):
+        Calibration.from_records([{"kind": "step", "step": 1, "step_s": 0.1},
+                                  {"kind": "state", "params_bytes": 4, "grads_bytes": 4, "optimizer_bytes": 0,
+                                   "activation_bytes": 0}])
