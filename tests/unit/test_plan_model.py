@@ -65,3 +65,16 @@ def test_a_calibration_without_state_or_steps_is_refused():
         Calibration.from_records([{"kind": "step", "step": 1, "step_s": 0.1},
                                   {"kind": "state", "params_bytes": 4, "grads_bytes": 4, "optimizer_bytes": 0,
                                    "activation_bytes": 0}])
+
+
+def test_cpu_ranks_planned_on_the_cores_the_calibration_used_share_them():
+    """2 ranks on the 2 cores one 2-thread rank used are not planned 2x faster."""
+    cal = calibration(params=2**20, activations=2**20)  # small gradients: the network is no bound
+    object.__setattr__(cal, "threads", 2)
+    network = get_preset("ethernet-25g").network()
+    here = make_plan(cal, what="w", ranks_per_node=2, nodes=1, batch=None, device_bytes=None, device_source="x",
+                     network=network, network_source="n", shared_cores=2)
+    assert here.times[1]["speedup"] < 1.05  # the cores, not the ranks, bound it
+    elsewhere = make_plan(cal, what="w", ranks_per_node=2, nodes=1, batch=None, device_bytes=None, device_source="x",
+                          network=network, network_source="n")
+    assert elsewhere.times[1]["speedup"] > 1.9

@@ -27,7 +27,9 @@ UNSEEN = ("the allocator's slack and fragmentation, and a custom kernel's worksp
           "FSDP and ZeRO-3 gather one wrapped block's full parameters at a time (the largest block is not counted)",
           "activation checkpointing or offloading the script does inside its own code (counted as it ran)",
           "the sharded strategies' extra collectives (all-gather, reduce-scatter: about 1.5x DDP's bytes): the step "
-          "times model DDP")
+          "times model DDP",
+          "within a node the all-reduce runs over the node's own links (NVLink, shared memory), faster than the "
+          "interconnect the times charge")
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ class Calibration:
     """The step records after the first (the first pays for warm-up)."""
     dtypes: tuple[str, ...] = ()
     device: str = "cpu"
+    threads: int = 1
+    """CPU threads the calibration's rank ran (on CPU: the cores it used)."""
 
     @classmethod
     def from_records(cls, records: list[dict]) -> "Calibration":
@@ -60,7 +64,7 @@ class Calibration:
         return cls(params=int(state["params_bytes"]), grads=int(state["grads_bytes"]),
                    optimizer=int(state["optimizer_bytes"]), activations=int(state["activation_bytes"]),
                    batch=batch, steps=steps[1:], dtypes=tuple(state.get("param_dtypes") or ()),
-                   device=str(meta.get("device", "cpu")))
+                   device=str(meta.get("device", "cpu")), threads=int(meta.get("threads") or 1))
 
     def measured(self) -> Measured:
         """The median step's phases, as the projection takes them."""
@@ -163,7 +167,10 @@ def ladder(ranks_per_node: int, nodes: int) -> list[tuple[int, int]]:
 
 def make_plan(cal: Calibration, *, what: str, ranks_per_node: int, nodes: int, batch: int | None,
               device_bytes: float | None, device_source: str, network: Network, network_source: str,
-              target_gpus: bool = False) -> Plan:
+              target_gpus: bool = False, shared_cores: int | None = None) -> Plan:
+    """``shared_cores``: CPU ranks planned on this machine's cores, the calibration's rank having used
+    ``cal.threads`` of them: more ranks share them (the projection's contention), so 2 ranks on the 2 cores one
+    rank used are not 2x faster."""
     batch = batch or cal.batch
     plan = Plan(cal, what, ranks_per_node, nodes, batch, device_bytes, device_source, network, network_source,
                 target_gpus=target_gpus)
@@ -172,7 +179,9 @@ def make_plan(cal: Calibration, *, what: str, ranks_per_node: int, nodes: int, b
     low, high = cal.spread()
     for ranks, used_nodes in ladder(ranks_per_node, nodes):
         # within one node the all-reduce does not cross the interconnect; the model charges it anyway (stated)
-        p = predict(measured, network, ranks, ModelOptions(scaling="weak"))
+        on_node = ranks // used_nodes
+        contention = max(1.0, on_node * cal.threads / shared_cores) if shared_cores else 1.0
+        p = predict(measured, network, ranks, ModelOptions(scaling="weak", contention=contention))
         base = predict(measured, network, 1, ModelOptions(scaling="weak"))
         speedup = p.samples_per_s / base.samples_per_s
         plan.times.append({"ranks": ranks, "nodes": used_nodes, "step_s": p.step_s, "band_s": [p.step_s * low,

@@ -9,8 +9,8 @@ import json
 import sys
 from pathlib import Path
 
-USAGE = """trainscale plan [--workload NAME | SCRIPT [ARGS...]] [--nproc-per-node N] [--nodes M] [--profile P]
-                       [--batch-size B] [--interconnect NAME] [--steps S] [--json]
+USAGE = """trainscale plan [--nproc-per-node N] [--nodes M] [--profile P] [--batch-size B] [--interconnect NAME]
+                       [--steps S] [--json] (SCRIPT [ARGS...] | --workload NAME [-- WORKLOAD ARGS...])
        trainscale plan --tune [--workload NAME | SCRIPT [ARGS...]] [tune options: trainscale plan --tune --help]"""
 DESCRIPTION = """One rank runs the script (or workload) unchanged for a few optimizer steps, here, on CPU or one GPU:
 trainscale counts its parameters, gradients, optimizer state and the activations its forward keeps, and times its
@@ -60,13 +60,13 @@ def run(args: argparse.Namespace) -> int:
     from trainscale.errors import ConfigError
 
     parser = _parser()
-    split = split_command(parser, argv, target_options=("--workload",))
+    split = split_command(parser, argv, double_dash="rest")  # --workload is an option; its own after `--`
     wrong = misplaced_option(parser, split, ("--nproc-per-node", "--nodes", "--profile", "--interconnect", "--steps"))
     if wrong:
         raise ConfigError(f"{wrong} after {split.target} goes to {split.target}, which never reads it",
                           hint=f"plan's options go before the script: trainscale plan {wrong} ... {split.target} [ARGS]")
-    ns = parser.parse_args(split.options + (["--workload", split.target] if split.target_option else []))
-    return plan(ns, None if ns.workload else split.target, tuple(split.rest))
+    ns = parser.parse_args(split.options)
+    return plan(ns, split.target, tuple(split.rest))
 
 
 def plan(ns: argparse.Namespace, script: str | None, args: tuple[str, ...]) -> int:
@@ -74,7 +74,7 @@ def plan(ns: argparse.Namespace, script: str | None, args: tuple[str, ...]) -> i
     from trainscale.bench.plan import make_plan, render
     from trainscale.errors import ConfigError
 
-    if bool(ns.workload) == bool(script):
+    if bool(ns.workload) == bool(script):  # both, or neither
         raise ConfigError("give one thing to plan: --workload NAME or SCRIPT [ARGS]",
                           hint="trainscale plan --workload gpt --nproc-per-node 8, or trainscale plan train.py")
     if script and not Path(script).is_file():
@@ -98,7 +98,8 @@ def plan(ns: argparse.Namespace, script: str | None, args: tuple[str, ...]) -> i
     made = make_plan(cal, what=f"workload {ns.workload}" if ns.workload else " ".join([script, *args]),
                      ranks_per_node=ns.nproc_per_node, nodes=ns.nodes, batch=ns.batch_size, device_bytes=device_bytes,
                      device_source=device_source, network=network, network_source=network_source,
-                     target_gpus=bool(profile is not None and profile.gpus_per_node))
+                     target_gpus=bool(profile is not None and profile.gpus_per_node),
+                     shared_cores=_cores() if profile is None and not cal.device.startswith("cuda") else None)
     submit = planning.submit_line(profile=profile, nodes=ns.nodes, ranks_per_node=ns.nproc_per_node,
                                   strategy=made.recommended, workload=ns.workload, script=script, args=args,
                                   batch=ns.batch_size)
@@ -107,6 +108,12 @@ def plan(ns: argparse.Namespace, script: str | None, args: tuple[str, ...]) -> i
     else:
         print("\n".join(render(made, submit)))
     return 0
+
+
+def _cores() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def register(sub) -> None:
