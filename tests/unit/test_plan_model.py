@@ -78,3 +78,16 @@ def test_cpu_ranks_planned_on_the_cores_the_calibration_used_share_them():
     elsewhere = make_plan(cal, what="w", ranks_per_node=2, nodes=1, batch=None, device_bytes=None, device_source="x",
                           network=network, network_source="n")
     assert elsewhere.times[1]["speedup"] > 1.9
+
+
+def test_dataloader_workers_only_where_the_data_wait_asks_for_them():
+    cal = calibration(params=2**20, activations=2**20)  # data wait 0.01 of a 0.1 s step: 10%
+    network = get_preset("ib-ndr400").network()
+    waiting = make_plan(cal, what="w", ranks_per_node=8, nodes=1, batch=None, device_bytes=None, device_source="x",
+                        network=network, network_source="n", cpus_per_rank=7)
+    assert waiting.workers() == 4 and "7 CPU(s)" in "\n".join(render(waiting, None))
+    assert make_plan(cal, what="w", ranks_per_node=8, nodes=1, batch=None, device_bytes=None, device_source="x",
+                     network=network, network_source="n", cpus_per_rank=1).workers() == 0  # no core to spare
+    for step in cal.steps:
+        step["data_s"] = 0.001  # 1%: workers would cost the rank's cores for nothing
+    assert waiting.workers() == 0

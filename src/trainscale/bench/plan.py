@@ -21,6 +21,8 @@ from trainscale.errors import ConfigError
 
 STRATEGIES = ("ddp", "zero1", "deepspeed:stage=1", "deepspeed:stage=2", "fsdp", "deepspeed:stage=3")
 """Least sharding first: the first that fits is the recommendation (less sharding, less communication)."""
+DATA_SHARE = 0.05
+"""A data wait above this share of the step asks for DataLoader workers."""
 MARGIN = 0.10
 """Memory kept free for what the model does not count (the allocator's slack, kernels' workspaces)."""
 UNSEEN = ("the allocator's slack and fragmentation, and a custom kernel's workspace (kept free by a 10% margin)",
@@ -132,6 +134,21 @@ class Plan:
     unseen: tuple[str, ...] = UNSEEN
     target_gpus: bool = False
     """The plan is for GPUs (a GPU profile): a CPU calibration's times are not theirs, and it says so."""
+    cpus_per_rank: int | None = None
+    """CPUs each rank gets (the profile's usable cores per node, or this machine's, over the ranks per node)."""
+
+    def data_share(self) -> float:
+        """The calibration's data wait as a share of its median step."""
+        steps = self.calibration.steps
+        step = statistics.median(float(r["step_s"]) for r in steps)
+        return statistics.median(float(r.get("data_s") or 0.0) for r in steps) / step if step > 0 else 0.0
+
+    def workers(self) -> int:
+        """DataLoader workers per rank: none while the data wait is small (they cost the rank's cores), else the
+        rank's CPUs less the training process's, at most 4 (more rarely pays: docs/scaling.md)."""
+        if self.cpus_per_rank is None or self.data_share() < DATA_SHARE:
+            return 0
+        return max(0, min(4, self.cpus_per_rank - 1))
 
     @property
     def world(self) -> int:
@@ -148,6 +165,8 @@ class Plan:
                     "steps": len(self.calibration.steps)},
                 "memory": [asdict(m) | {"total": m.total, "fits": self.fits(m)} for m in self.memory],
                 "times": self.times, "times_from": self.calibration.device, "for_gpus": self.target_gpus,
+                "cpus_per_rank": self.cpus_per_rank, "dataloader_workers": self.workers(),
+                "data_share": self.data_share(),
                 "recommended": self.recommended, "not_counted": list(self.unseen)}
 
 
@@ -167,13 +186,13 @@ def ladder(ranks_per_node: int, nodes: int) -> list[tuple[int, int]]:
 
 def make_plan(cal: Calibration, *, what: str, ranks_per_node: int, nodes: int, batch: int | None,
               device_bytes: float | None, device_source: str, network: Network, network_source: str,
-              target_gpus: bool = False, shared_cores: int | None = None) -> Plan:
+              target_gpus: bool = False, shared_cores: int | None = None, cpus_per_rank: int | None = None) -> Plan:
     """``shared_cores``: CPU ranks planned on this machine's cores, the calibration's rank having used
     ``cal.threads`` of them: more ranks share them (the projection's contention), so 2 ranks on the 2 cores one
     rank used are not 2x faster."""
     batch = batch or cal.batch
     plan = Plan(cal, what, ranks_per_node, nodes, batch, device_bytes, device_source, network, network_source,
-                target_gpus=target_gpus)
+                target_gpus=target_gpus, cpus_per_rank=cpus_per_rank)
     plan.memory = [memory(cal, s, plan.world, batch) for s in STRATEGIES]
     measured = cal.measured()
     low, high = cal.spread()
@@ -234,6 +253,11 @@ def render(plan: Plan, submit: str | None) -> list[str]:
     else:
         lines.append("Recommended: nothing fits: a smaller per-rank batch (activations), more ranks (the sharded "
                      "strategies divide the state), or a device with more memory")
+    if plan.cpus_per_rank is not None:
+        workers = plan.workers()
+        lines.append(f"Per rank: {plan.cpus_per_rank} CPU(s) (-c {plan.cpus_per_rank} in srun mode; torchrun mode takes "
+                     f"the node's), {workers} DataLoader worker(s): the data wait was {plan.data_share():.0%} of the "
+                     f"calibration's step" + (" (workers pay above 5%)" if not workers else ""))
     if submit:
         lines.append(f"Submit: {submit}")
     lines += ["", "Not counted:"] + [f"  - {u}" for u in plan.unseen]

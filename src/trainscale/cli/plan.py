@@ -73,6 +73,7 @@ def plan(ns: argparse.Namespace, script: str | None, args: tuple[str, ...]) -> i
     from trainscale.bench import planning
     from trainscale.bench.plan import make_plan, render
     from trainscale.errors import ConfigError
+    from trainscale.launch.slurm.spec import usable_cpus
 
     if bool(ns.workload) == bool(script):  # both, or neither
         raise ConfigError("give one thing to plan: --workload NAME or SCRIPT [ARGS]",
@@ -99,7 +100,9 @@ def plan(ns: argparse.Namespace, script: str | None, args: tuple[str, ...]) -> i
                      ranks_per_node=ns.nproc_per_node, nodes=ns.nodes, batch=ns.batch_size, device_bytes=device_bytes,
                      device_source=device_source, network=network, network_source=network_source,
                      target_gpus=bool(profile is not None and profile.gpus_per_node),
-                     shared_cores=_cores() if profile is None and not cal.device.startswith("cuda") else None)
+                     shared_cores=_cores() if profile is None and not cal.device.startswith("cuda") else None,
+                     cpus_per_rank=max(1, (usable_cpus(profile) if profile is not None else _cores())
+                                       // ns.nproc_per_node))
     submit = planning.submit_line(profile=profile, nodes=ns.nodes, ranks_per_node=ns.nproc_per_node,
                                   strategy=made.recommended, workload=ns.workload, script=script, args=args,
                                   batch=ns.batch_size)
