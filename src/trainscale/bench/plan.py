@@ -104,15 +104,17 @@ class Memory:
 
 def memory(cal: Calibration, strategy: str, world: int, batch: int) -> Memory:
     """Bytes one rank holds under ``strategy`` at ``world`` ranks and ``batch`` samples per rank."""
+    from trainscale.strategies import state_sharding
+
     if strategy not in STRATEGIES:
         raise ConfigError(f"strategy {strategy!r} is not one plan models", hint=", ".join(STRATEGIES))
     n = max(1, world)
+    shard = state_sharding(strategy)  # the strategy's own account of what it divides over the ranks
     p, g, o = float(cal.params), float(cal.grads), float(cal.optimizer)
     act = cal.activations * batch / max(1, cal.batch)
-    shard = {"ddp": (1, 1, 1), "zero1": (1, 1, n), "deepspeed:stage=1": (1, 1, n), "deepspeed:stage=2": (1, n, n),
-             "deepspeed:stage=3": (n, n, n), "fsdp": (n, n, n)}[strategy]
-    buckets = g if strategy in ("ddp", "zero1") and n > 1 else 0.0
-    return Memory(strategy, p / shard[0], g / shard[1], o / shard[2], act, buckets)
+    buckets = g if shard.buckets and n > 1 else 0.0
+    return Memory(strategy, p / (n if shard.params else 1), g / (n if shard.grads else 1),
+                  o / (n if shard.optimizer else 1), act, buckets)
 
 
 @dataclass

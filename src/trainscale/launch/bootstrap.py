@@ -419,7 +419,7 @@ def _start_observing(environ: MutableMapping[str, str], kit: str | None, *, reco
 
 OBSERVERS = ("trainscale.observe.hooks", "trainscale.runtime.progress", "trainscale.observe.records",
              "trainscale.observe.sampler", "trainscale.observe.devices", "trainscale.observe.stragglers",
-             "trainscale.observe.flops", "trainscale.runtime.memory")
+             "trainscale.observe.flops", "trainscale.runtime.memory", "trainscale.observe.state")
 """The recorder, the heartbeat, and every module they import later (the job kit holds them all)."""
 
 

@@ -123,3 +123,28 @@ def process_group_backend(spec: str) -> str | None:
 
 __all__ = ["Strategy", "get_strategy", "check_strategy", "advice", "process_group_backend", "parse_spec",
            "REGISTRY"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Sharding:
+    """What each rank holds a 1/N share of under a strategy (ZeRO's accounting), and whether it keeps DDP's
+    gradient buckets (a copy of the gradients): what ``trainscale plan`` needs to know of a strategy without
+    building it (DeepSpeed need not be installed to plan for it)."""
+
+    params: bool
+    grads: bool
+    optimizer: bool
+    buckets: bool
+
+
+def state_sharding(spec: str) -> Sharding:
+    """A strategy spec's :class:`Sharding`: ``deepspeed:stage=K`` by its stage (3 by default, as the strategy)."""
+    name, options = parse_spec(spec)
+    if name not in REGISTRY:
+        raise ConfigError(f"unknown strategy {name!r}", hint=did_you_mean(name, list(REGISTRY)))
+    if name == "deepspeed":
+        stage = int(options.get("stage", 3))
+        return Sharding(params=stage >= 3, grads=stage >= 2, optimizer=stage >= 1, buckets=False)
+    return {"ddp": Sharding(False, False, False, True), "zero1": Sharding(False, False, True, True),
+            "fsdp": Sharding(True, True, True, False)}.get(name, Sharding(False, False, False, False))
+
