@@ -266,7 +266,7 @@ def measure(run: Run, repeats: int) -> dict[str, tuple[float, int]]:
     out["triage, torchrun mode"] = timed(lambda: triage(run.torchrun_job, "torchrun", ""), repeats)
     record = JobRecord(job_id="200", name="sim", launcher="torchrun", profile="sim", script="", output_dir="",
                        world_size=run.ranks, ranks_per_node=RANKS_PER_NODE, run_dir=str(run.run_dir))
-    out["logs --rank R, torchrun mode"] = timed(lambda: rank_log_text(record, run.first), repeats)
+    out["jobs JOB --rank R, torchrun mode"] = timed(lambda: rank_log_text(record, run.first), repeats)
     out["report gather"] = timed(lambda: gather(str(run.run_dir)), repeats)
     g = gather(str(run.run_dir))
     report_dir = run.root / "report"

@@ -60,11 +60,11 @@ def test_a_plain_ddp_script_is_calibrated_exactly_and_planned(tmp_path):
     params = (64 * 256 + 256 + 256 * 10 + 10) * 4
     cal = made["calibration"]
     assert (cal["params"], cal["grads"], cal["optimizer"]) == (params, params, 2 * params)  # Adam: two moments
-    # at least the input batch and the ReLU's output (saved once for itself and the next layer), at most every
-    # intermediate of 32 rows and the targets; never the whole data set the batch is a view of (1024 rows)
+    # the input batch, the ReLU's output (saved once for itself and the next layer), log-softmax's output and the
+    # targets: never the weights (a Linear saves its weight transposed) nor the data set the batch is a view of
     assert cal["batch"] == 32 and cal["steps"] == 5
-    assert 32 * (64 + 256) * 4 <= cal["activations"] <= 32 * (64 + 256 + 256 + 10 + 10) * 4 + 32 * 8, cal
-    assert cal["activations"] < 1024 * 64 * 4
+    expected = 32 * (64 + 256 + 10) * 4 + 32 * 8
+    assert expected <= cal["activations"] <= expected + 64, cal  # (+ a scalar or two of the loss)
     memory = {m["strategy"]: m for m in made["memory"]}
     assert memory["ddp"]["total"] == params * 5 + cal["activations"]  # P + G + O (2P) + DDP's bucket copy of G + A
     assert memory["zero1"]["optimizer"] == 2 * params / 8 and memory["fsdp"]["params"] == params / 8

@@ -184,13 +184,14 @@ def test_a_submitted_sweep_s_unfinished_tasks_take_the_scheduler_s_states(tmp_pa
             assert "--array" in argv
             out = ("77_1|sweep|RUNNING|0:10|10:00|1|me|None|n1\n"
                    "77_2|sweep|PENDING|0:00|10:00|1|me|Resources|\n")
-        elif argv[0] == "sacct" and argv[2] == "77_3":
-            out = "77_3|sweep|CANCELLED by 0|0:0|00:00:03|n2|0\n"
+        elif argv[0] == "sacct":  # the whole array in one call
+            assert argv[2] == "77"
+            out = "77_0|COMPLETED\n77_0.batch|COMPLETED\n77_3|CANCELLED by 0\n"
         return subprocess.CompletedProcess(argv, 0, out, "")
 
     states = [r.state for r in gather(tmp_path, run=fake)]
     assert states == ["finished", "running", "pending (Resources)", "cancelled", "not in the queue, no result"]
-    assert "sacct" in asked  # only for the tasks the queue no longer holds
+    assert asked.count("sacct") == 1 and asked.count("squeue") == 1  # one call each for the whole array
     local = tmp_path / "local"
     write_tasks(local, {"lr": ["1"]}, workload=False)  # run here: no job, nothing asked
     asked.clear()

@@ -40,3 +40,21 @@ def test_a_script_that_reads_the_option_keeps_it(in_tmp, capsys):
     assert misplaced_option(parser, split_command(parser, ["-m", "pkg.train", "--max-restarts", "2"]), SHAPING) is None
     assert misplaced_option(parser, split_command(parser, ["--workload", "cnn", "--max-restarts", "2"],
                                                   target_options=("--workload",)), SHAPING) is None
+
+
+def test_the_word_alone_is_not_a_parser_reading_the_option(in_tmp):
+    """`import time` reads no --time, `num_nodes` no --nodes; a dataclass field (HfArgumentParser) or a package's
+    parser below the script's directory does."""
+    from trainscale.cli.slurm_options import parser as slurm_parser
+    from trainscale.cli.split import misplaced_option, split_command
+    from trainscale.cli.slurm import SHAPING
+
+    parser = slurm_parser()
+    (in_tmp / "train.py").write_text("import time\nnum_nodes = 2\nprint(time.time(), num_nodes)\n")
+    line = ["--profile", "local-test", "--dry-run", "train.py", "--time", "5"]
+    assert misplaced_option(parser, split_command(parser, line, target_options=("--workload", "-m")), SHAPING) == \
+        "--time"
+    (in_tmp / "pkg").mkdir()
+    (in_tmp / "pkg" / "args.py").write_text("from dataclasses import dataclass\n@dataclass\nclass Args:\n"
+                                            "    time: int = 5\n")
+    assert misplaced_option(parser, split_command(parser, line, target_options=("--workload", "-m")), SHAPING) is None

@@ -34,6 +34,7 @@ def test_the_launcher_says_it_before_starting(in_tmp, capsys, monkeypatch):
     from trainscale.cli.run import build_spec
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # CPU ranks, on any machine
     (in_tmp / "train.py").write_text("print('hi')\n")
     spec = build_spec(["--nproc-per-node", "3", "train.py"], environ={})
     assert spec.nproc_per_node == 3

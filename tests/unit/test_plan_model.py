@@ -91,3 +91,31 @@ def test_dataloader_workers_only_where_the_data_wait_asks_for_them():
     for step in cal.steps:
         step["data_s"] = 0.001  # 1%: workers would cost the rank's cores for nothing
     assert waiting.workers() == 0
+
+
+def test_the_state_count_sees_activations_once_per_micro_batch_and_never_the_weights():
+    """observe/state.py on a real model: a Linear's saved weight (transposed: the same storage) is a parameter;
+    with gradient accumulation the largest micro-batch counts, not their sum (each backward frees its own)."""
+    import torch
+    from torch import nn
+
+    from trainscale.observe.state import StateCount
+
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    optimizer = torch.optim.Adam(model.parameters())
+    count = StateCount()
+    for _ in range(2):  # two micro-batches of 8, one optimizer step
+        count.forward_started()
+        out = model(torch.randn(8, 16))
+        count.forward_ended(8)
+        nn.functional.cross_entropy(out, torch.zeros(8, dtype=torch.long)).backward()
+    count.before_step(optimizer)
+    optimizer.step()
+    count.after_step(optimizer)
+    params = (16 * 32 + 32 + 32 * 4 + 4) * 4
+    assert (count.params, count.grads, count.optimizer) == (params, params, 2 * params)
+    # one micro-batch: its input, the ReLU's output, log-softmax's output, the targets (8 int64), and the loss's
+    # scalar weight; not the weights (+2,560 bytes) and not both micro-batches (x2)
+    expected = 8 * (16 + 32 + 4) * 4 + 8 * 8
+    assert expected <= count.activations <= expected + 8, count.activations
+    assert count.record()["activation_samples"] == 8

@@ -32,13 +32,20 @@ def test_progress_reads_step_pace_loss_and_eta(tmp_path):
 def test_watch_lines_change_at_most_every_30_s_off_a_terminal(tmp_path):
     from trainscale.cli.slurm import Progress
 
-    stream = io.StringIO()
-    progress = Progress(run_dir(tmp_path, total=100), stream=stream)
+    stream, now = io.StringIO(), [1000.0]
+    where = run_dir(tmp_path, total=100)
+    progress = Progress(where, stream=stream, clock=lambda: now[0])
     running = JobInfo(job_id="7", name="x", state="RUNNING")
     progress.say("job 7: RUNNING on n1")
     progress.poll(running)
-    progress.poll(running)  # the same progress: not repeated
-    progress.poll(JobInfo(job_id="7", name="x", state="PENDING"))
+    progress.poll(JobInfo(job_id="7", name="x", state="PENDING"))  # not running: nothing to say
+    with open(where / "metrics" / "rank-0.jsonl", "a") as fh:  # the job trains on
+        fh.write(json.dumps({"kind": "step", "step": 41, "t": 1041.0, "step_s": 0.5}) + "\n")
+    now[0] += 10
+    progress.poll(running)  # changed, but 10 s after the last line: not yet
+    now[0] += 25
+    progress.poll(running)  # 35 s: the new step is said
     lines = stream.getvalue().splitlines()
     assert lines[0] == "trainscale slurm: job 7: RUNNING on n1"
-    assert len(lines) == 2 and lines[1].startswith("trainscale slurm: job 7: step 40 of 100, 0.5 s/step, loss 1.25")
+    assert lines[1].startswith("trainscale slurm: job 7: step 40 of 100, 0.5 s/step, loss 1.25")
+    assert len(lines) == 3 and lines[2].startswith("trainscale slurm: job 7: step 41 of 100")

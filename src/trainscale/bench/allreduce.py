@@ -108,8 +108,8 @@ def table(result: dict) -> str:
 
 def plateau_words(reached: dict) -> str:
     if reached.get("fell"):
-        return (f"no plateau: the largest size fell {reached['fell']:.0%} below the one before (other work on the "
-                "cores or the link while it ran): measure again on a quiet machine")
+        return (f"no plateau: the largest size fell {reached['fell']:.0%} below the one before (the cache "
+                "outgrown, or other work on the cores or the link: measure again to tell which)")
     if reached["reached"]:
         return "plateau reached at the largest sizes"
     return "still rising at the largest size: sweep larger messages (--sizes ...4GB) for the link's speed"
@@ -120,8 +120,7 @@ def disturbance(cores: int | None = None) -> str | None:
     for runs nothing sampled)."""
     import os
 
-    if not cores:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = cores or os.cpu_count() or 1  # the load average is the whole machine's: against all its cores
     try:
         load = os.getloadavg()[0]
     except OSError:

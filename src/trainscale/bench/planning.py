@@ -100,8 +100,12 @@ def submit_line(*, profile, nodes: int, ranks_per_node: int, strategy: str | Non
     """The command that runs the recommended configuration."""
     target = ["--workload", workload, *args, *(["--strategy", strategy] if strategy else []),
               *(["--batch-size", str(batch)] if batch else [])] if workload else [script, *args]
-    if profile is None:
+    if profile is None and nodes == 1:
         return shlex.join(["trainscale", "run", "--nproc-per-node", str(ranks_per_node), *target])
+    if profile is None:  # several nodes need a cluster: name its profile
+        line = shlex.join(["trainscale", "slurm", "--profile", "YOURS", "-N", str(nodes), "--gpus-per-node",
+                           str(ranks_per_node), "-t", "01:00:00", "--submit", *target])
+        return line + "   (--profile: your cluster's, trainscale profiles)"
     head = ["trainscale", "slurm", "--profile", profile.name, "-N", str(nodes), "--gpus-per-node", str(ranks_per_node),
             "-t", "01:00:00", *(["-A", "PROJECT"] if profile.requires_account else []), "--submit"]
     line = shlex.join([*head, *target])

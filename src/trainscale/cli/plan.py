@@ -49,10 +49,13 @@ def run(args: argparse.Namespace) -> int:
     from trainscale.cli.split import split_command
 
     argv = list(args.argv)
-    if "--tune" in argv:
+    # plan's own --tune: before the script (a file) and before `--`; the script's own --tune is its own
+    head = argv[:next((i for i, a in enumerate(argv) if a == "--" or Path(a).is_file()), len(argv))]
+    if "--tune" in head:
         from trainscale.cli.tune import run_tune
 
-        return run_tune([a for a in argv if a != "--tune"])
+        at = argv.index("--tune")
+        return run_tune(argv[:at] + argv[at + 1:])
     if argv and argv[0] in ("-h", "--help"):
         _parser().print_help()
         return 0
@@ -106,6 +109,7 @@ def plan(ns: argparse.Namespace, script: str | None, args: tuple[str, ...]) -> i
     submit = planning.submit_line(profile=profile, nodes=ns.nodes, ranks_per_node=ns.nproc_per_node,
                                   strategy=made.recommended, workload=ns.workload, script=script, args=args,
                                   batch=ns.batch_size)
+    submit = submit if made.recommended else None  # nothing fits: no line that would run out of memory
     if ns.json:
         print(json.dumps(made.as_dict() | {"submit": submit}, indent=2))
     else:

@@ -114,8 +114,10 @@ class Progress:
 
     EVERY_S = 30.0
 
-    def __init__(self, run_dir, stream=None) -> None:
-        self.run_dir, self.stream = run_dir, stream or sys.stderr
+    def __init__(self, run_dir, stream=None, clock=None) -> None:
+        import time
+
+        self.run_dir, self.stream, self.clock = run_dir, stream or sys.stderr, clock or time.monotonic
         self.live = self.stream.isatty()
         self.shown, self.at, self.open = None, -self.EVERY_S, False
 
@@ -124,14 +126,12 @@ class Progress:
         print(f"trainscale slurm: {line}", file=self.stream, flush=True)
 
     def poll(self, info) -> None:
-        import time
-
         from trainscale.launch.slurm.watch import training_progress
 
         if info.state != "RUNNING":
             return
         text = training_progress(self.run_dir)
-        now = time.monotonic()
+        now = self.clock()
         if text is None or text == self.shown or (not self.live and now - self.at < self.EVERY_S):
             return
         self.shown, self.at = text, now

@@ -9,6 +9,7 @@ read from the command's own argparse parser (never a hand-kept list), so a flag 
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass
 
 
@@ -115,10 +116,12 @@ def misplaced_option(parser: argparse.ArgumentParser, split: Split, shaping: tup
         strings = action.option_strings if action else [name] if name in shaping else []  # another launcher's
         if not set(strings) & set(shaping):
             continue
-        if text is None:  # the script and its siblings (an args.py it imports): where its parser would name it
-            files = [script, *sorted(p for p in script.parent.glob("*.py") if p != script)[:200]]
-            text = "\n".join(f.read_text(errors="replace") for f in files).lower().replace("-", "_")
+        if text is None:  # the script and the Python files below its directory (an args.py, a src/ package)
+            files = [script, *sorted(p for p in script.parent.glob("**/*.py") if p != script)[:500]]
+            text = "\n".join(f.read_text(errors="replace") for f in files).replace("-", "_")
         words = [s.lstrip("-").replace("-", "_") for s in strings if s.startswith("--")]
-        if not any(word in text for word in words):
+        # named as a parser names it: the flag itself, the quoted word (argparse's dest), or a dataclass field
+        # (HfArgumentParser's); not the word anywhere ("import time", "runtime", "num_nodes" read no --time/--nodes)
+        if not any(re.search(rf"(__{w}|['\"]{w}['\"])(?![A-Za-z0-9_])|^\s*{w}\s*:", text, re.M) for w in words):
             return name
     return None

@@ -53,7 +53,8 @@ def build_report(args: argparse.Namespace, environ: Mapping[str, str], command: 
     findings += collect_binding(env, devices.topology, affinity, environ)
     cpus, why = cpus_per_rank(env, devices.topology, affinity, environ)
     findings += collect_threads(environ, cpus, why, workers=args.workers, torch_threads=_torch_threads())
-    findings += collect_load(_load(), len(affinity) or 1, int((env.local_world_size if env else 1) or 1))
+    # the load average is the whole machine's: held against all its cores, not this job's share of them
+    findings += collect_load(_load(), os.cpu_count() or 1, int((env.local_world_size if env else 1) or 1))
     ranks = 1
     speaks = env is None or env.rank == 0
     if not args.network:

@@ -91,12 +91,12 @@ class Recorder:
         self._lock = threading.Lock()
         self._compiling: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_compiling",
                                                       lambda: False)
+        """Inside torch.compile's tracing the hooks do nothing (a side effect there is a graph break)."""
         from trainscale.observe.state import PLAN_STEPS_VAR, StateCount
 
         self.plan_steps = int(_float(environ, PLAN_STEPS_VAR, 0))
         """``trainscale plan``'s calibration: count the state, stop after this many steps (0: a normal run)."""
         self.state = StateCount() if self.plan_steps > 0 else None
-        """Inside torch.compile's tracing the hooks do nothing (a side effect there is a graph break)."""
 
     # -- installing -------------------------------------------------------------------------------
     def install(self) -> "Recorder":
@@ -188,10 +188,7 @@ class Recorder:
                 self._calibrated()
 
     def _calibrated(self) -> None:
-        if self.out is None:
-            self._open()
-        self.out.out.write(self.state.record())
-        self.finish()
+        self.finish()  # it writes the state record
         raise SystemExit(0)
 
     # -- steps ------------------------------------------------------------------------------------
@@ -308,6 +305,8 @@ class Recorder:
         self._write(self.marks.ready(flush=True))
         if self.out is None:
             return None
+        if self.state is not None and self.state.params:  # a calibration that ended sooner than its steps too
+            self.out.out.write(self.state.record())
         if self.count_flops is not None and not self.flops_per_step:
             self.flops_per_step = self.count_flops()
         from trainscale.runtime.memory import peak_memory

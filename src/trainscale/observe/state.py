@@ -48,47 +48,62 @@ def _parameters(optimizer: Any) -> list[torch.Tensor]:
 
 class StateCount:
     """Bytes of one rank's state: parameters and gradients before the first optimizer step, optimizer state after
-    it, activations of the first step's forward (the tensors autograd saved for backward)."""
+    it, activations of the first step (the tensors autograd saved for backward from the model's forward to the
+    optimizer's step: the loss's included)."""
 
     def __init__(self) -> None:
         self.params = self.grads = self.optimizer = self.activations = 0
         self.dtypes: set[str] = set()
         self.samples: int | None = None
-        self._saved: list[torch.Tensor] = []
+        self._saved: dict[tuple, tuple[int, int]] = {}
+        """What the forward saved, by its key: (its storage's address, its bytes). Sizes only: holding the tensors
+        would keep them alive past their backward and raise the calibration's own peak."""
+        self._batches: list[dict[tuple, tuple[int, int]]] = []
         self._hooks: Any = None
         self.counted_forward = False
 
     # -- activations: the forward of the first step -----------------------------------------------
     def forward_started(self) -> None:
-        if self.counted_forward or self._hooks is not None:
+        if self._hooks is not None:  # the next micro-batch of the same step (gradient accumulation): counted apart,
+            self._batches.append(self._saved)  # the previous one's activations are freed by its backward
+            self._saved = {}
+            return
+        if self.counted_forward:
             return
 
         def pack(tensor: torch.Tensor) -> torch.Tensor:
-            self._saved.append(tensor)
+            key = _key(tensor)
+            if key is not None:
+                self._saved.setdefault(key, (key[0], tensor.numel() * tensor.element_size()))
             return tensor  # handed back unchanged: training is the same
 
         self._hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor)
         self._hooks.__enter__()
 
     def forward_ended(self, samples: int | None) -> None:
-        if self._hooks is None:
-            return
-        self._hooks.__exit__(None, None, None)
-        self._hooks = None
-        self.counted_forward = True
-        self.samples = samples
+        """The lead module's forward ended; the counting goes on through the loss (computed outside the model in
+        most scripts: its log-softmax is an LM's largest activation) until the optimizer's step."""
+        if self._hooks is not None and self.samples is None:
+            self.samples = samples
 
     # -- the optimizer's step ---------------------------------------------------------------------
     def before_step(self, optimizer: Any) -> None:
+        if self._hooks is not None:  # on the thread that entered them (backward's threads never see them)
+            self._hooks.__exit__(None, None, None)
+            self._hooks = None
+            self.counted_forward = True
         params = _parameters(optimizer)
         if not params or self.params:
             return
         self.params = _bytes(params)
         self.grads = _bytes([p.grad for p in params if p.grad is not None])
         self.dtypes = {str(p.dtype).replace("torch.", "") for p in params}
-        # the weights a layer saves for its backward are the parameters, not activations
-        self.activations = _bytes(self._saved, {k for k in map(_key, params) if k is not None})
-        self._saved = []
+        # the weights a layer saves for its backward are the parameters, not activations, in any view of them
+        # (a Linear saves its weight transposed: the same storage, another shape)
+        storages = {k[0] for k in map(_key, params) if k is not None}
+        self.activations = max(sum(size for address, size in saved.values() if address not in storages)
+                               for saved in [*self._batches, self._saved])  # the largest micro-batch's
+        self._saved, self._batches = {}, []
 
     def after_step(self, optimizer: Any) -> None:
         state = getattr(optimizer, "state", {})

@@ -76,13 +76,13 @@ class Resumable:
         self.resumed = (Path(found.path), step)
         return step
 
-    def close(self) -> None:
+    def close(self, ended_well: bool = True) -> None:
         """Say so when this run resumed and then trained nothing (a finished run started again: its checkpoints
         already hold the last step, so the loop had nothing left)."""
         if self._counting is not None:
             self._counting.remove()
             self._counting = None
-        if self.resumed and not self.steps:
+        if self.resumed and not self.steps and ended_well:
             path, step = self.resumed
             self.rt.print(f"trainscale: warning: this run resumed from {path} at step {step} and trained nothing: "
                           "the loop had no step left\n  hint: to train anew, move the checkpoint directory "

@@ -171,7 +171,7 @@ class Session(Runtime):
 
     def close(self, synchronize: bool = True) -> None:
         if self._resumable is not None:
-            self._resumable.close()
+            self._resumable.close(ended_well=synchronize)  # a run that raised is not told to move its checkpoints
         self._close_trackers()
         super().close(synchronize=synchronize)
 

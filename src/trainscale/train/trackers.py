@@ -12,6 +12,7 @@ import csv
 import importlib.util
 import json
 import os
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -145,8 +146,8 @@ class _MLflow:
 
         have = self.client.get_run(self.run_id).data.params  # a resumed run's: MLflow refuses to change a param
         params = [Param(_mlflow_key(k), str(v)[:6000]) for k, v in config.items() if _mlflow_key(k) not in have]
-        if params:
-            self.client.log_batch(self.run_id, params=params)
+        for at in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
+            self.client.log_batch(self.run_id, params=params[at:at + 100])
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id)
@@ -209,7 +210,11 @@ class Trackers:
             if config:  # the run's configuration, each tracker's own way (Accelerate's init_trackers(config=...))
                 flat = hyperparameters(config)
                 for backend in self.backends:
-                    backend.hyperparameters(flat)
+                    try:
+                        backend.hyperparameters(flat)
+                    except Exception as exc:  # the run's curves matter more than its configuration's copy
+                        print(f"trainscale: {backend.name}: the hyperparameters were not logged: "
+                              f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         except BaseException:
             self.close()
             raise

@@ -138,10 +138,13 @@ def _flat_metrics(data: Any) -> dict[str, float]:
 
 def scheduler_states(job_id: str, tasks: list[int], run: Any = None) -> dict[int, str]:
     """What the scheduler says of an array job's ``tasks`` that left no result: the queue's state (``running``,
-    ``pending (Resources)``) while they are in it, then their accounting's (``cancelled``, ``node_fail``); a
-    task the scheduler no longer knows is left out. No scheduler here: nothing."""
+    ``pending (Resources)``) while they are in it, then their accounting's (``cancelled``, ``node_fail``), each
+    from one call for the whole array (a 1,000-task sweep is two commands, not thousands); a task neither knows
+    is left out. No scheduler here: nothing."""
+    import subprocess
+
     from trainscale.errors import SlurmError
-    from trainscale.launch.slurm.queue import job_info, squeue
+    from trainscale.launch.slurm.queue import squeue
 
     try:
         live = {j.job_id: j for j in squeue(run, job_id=job_id, array=True)}
@@ -150,13 +153,20 @@ def scheduler_states(job_id: str, tasks: list[int], run: Any = None) -> dict[int
     out = {}
     for i in tasks:
         info = live.get(f"{job_id}_{i}")
-        if info is None:
-            try:
-                info = job_info(f"{job_id}_{i}", run)
-            except SlurmError:
-                info = None
         if info is not None:
             out[i] = info.state.lower() + (f" ({info.reason})" if info.reason and info.state == "PENDING" else "")
+    gone = [i for i in tasks if i not in out]
+    if gone:
+        try:
+            done = (run or subprocess.run)(["sacct", "--jobs", job_id, "--noheader", "--parsable2",
+                                            "--format=JobID,State"], capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            return out
+        states = dict(line.split("|")[:2] for line in done.stdout.splitlines() if line.count("|") >= 1)
+        for i in gone:
+            state = states.get(f"{job_id}_{i}")
+            if state:
+                out[i] = state.split()[0].rstrip("+").lower()
     return out
 
 
