@@ -166,5 +166,6 @@ def test_dry_run_asks_the_real_scheduler(slurm_cluster, tmp_path):
                       sys.executable, "--output-dir", str(tmp_path / "jobs"), "--dry-run", str(SCRIPT), timeout=60)
     assert lumi.returncode == 0, lumi.stderr
     assert "this machine's SLURM has no partition 'standard-g' (it has debug): it is not the cluster profile lumi " \
-        "describes" in lumi.stderr and "sbatch --test-only" not in lumi.stderr, lumi.stderr
+        "describes" in lumi.stderr and "sbatch --test-only was not asked" in lumi.stderr, lumi.stderr
+    assert "REFUSES" not in lumi.stderr
     assert not (tmp_path / "jobs").exists()  # nothing written, nothing submitted

@@ -294,6 +294,13 @@ def test_the_partition_here_checks_the_job_with_its_real_sizes(script):
     found, here = cluster.findings(resolve(lumi, builtin("lumi")), builtin("lumi"), parts)
     assert not here and "no partition 'standard-g' (it has gpu, debug)" in only(found, "note", "standard-g").message
     assert cluster.findings(resolve(lumi, builtin("lumi")), builtin("lumi"), None) == ([], True)  # no sinfo here
+    listed = SlurmJobSpec(script=script, profile="local-test", nodes=3, time="5", partition="nosuch,debug")
+    found, here = cluster.findings(resolve(listed, profile), profile, parts)  # -p a,b: the first that is here
+    assert here and "partition debug" in only(found, ERROR, "--nodes 3").message
+    nodefault = cluster.parse("gpu|3|64|257000\n")
+    bare0 = ClusterProfile(name="bare0", gpus_per_node=0, cpus_per_node=4)
+    assert cluster.findings(resolve(SlurmJobSpec(script=script, profile="bare0", nodes=9, time="5"), bare0), bare0,
+                            nodefault) == ([], True)  # nothing asked, no default: the scheduler answers
     bare = ClusterProfile(name="bare", gpus_per_node=0, cpus_per_node=4)  # no partition named: the default one
     found, here = cluster.findings(resolve(SlurmJobSpec(script=script, profile="bare", nodes=5, time="5"), bare),
                                    bare, parts)

@@ -61,7 +61,8 @@ def partitions(run: Callable | None = None) -> dict[str, Partition] | None:
     if run is None and not shutil.which("sinfo"):
         return None
     try:
-        done = (run or subprocess.run)(["sinfo", "-h", "-o", FORMAT], capture_output=True, text=True, timeout=30)
+        done = (run or subprocess.run)(["sinfo", "-a", "-h", "-o", FORMAT], capture_output=True, text=True,
+                                       timeout=30)  # -a: hidden partitions too
     except (OSError, subprocess.TimeoutExpired):
         return None
     return parse(done.stdout) or None if done.returncode == 0 else None
@@ -72,7 +73,10 @@ def findings(plan: JobPlan, profile: ClusterProfile, parts: dict[str, Partition]
     if parts is None:
         return [], True  # no scheduler answered here: sbatch --test-only says so itself
     wanted = plan.partition or next((p.name for p in parts.values() if p.default), None)
-    part = parts.get(wanted) if wanted else None
+    if wanted is None:
+        return [], True  # no partition asked for and no default here: the scheduler answers for itself
+    named = [w.strip() for w in wanted.split(",") if w.strip()]  # -p a,b: the first of them that is here
+    part = next((parts[w] for w in named if w in parts), None)
     if part is None:
         return [Finding(NOTE, f"this machine's SLURM has no partition {wanted!r} (it has {', '.join(parts)}): it is "
                         f"not the cluster profile {profile.name} describes, so nothing here checked the job with "

@@ -109,11 +109,13 @@ def ask_test_only(script_text: str, *, required: bool = False, run: Runner | Non
 
 
 def test_only_lines(answer: str, said: str) -> list[str]:
-    """What ``trainscale slurm`` says about an :func:`ask_test_only` answer (nothing when there is no sbatch, or
-    when the scheduler here is another cluster's and was not asked)."""
+    """What ``trainscale slurm`` says about an :func:`ask_test_only` answer (nothing when there is no sbatch)."""
     if answer == "unreachable":
         return [f"trainscale slurm: could not ask the scheduler (sbatch --test-only: {said}); the job was not checked "
                 "by SLURM", "  hint: run it where the SLURM controller answers (a login node; `squeue` works there)"]
-    if answer in ("no sbatch", "elsewhere"):
+    if answer == "elsewhere":
+        return ["trainscale slurm: sbatch --test-only was not asked: this machine's scheduler is not the job's "
+                "cluster (the note above)"]
+    if answer == "no sbatch":
         return []
     return [f"trainscale slurm: sbatch --test-only {'accepts' if answer == 'accepts' else 'REFUSES'} the job: {said}"]
