@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from trainscale.bench.plan import Calibration
+from trainscale.bench.plan import Calibration, Plan, make_plan
 from trainscale.bench.projection import Network, get_preset
 from trainscale.errors import ConfigError
 
@@ -111,3 +111,46 @@ def submit_line(*, profile, nodes: int, ranks_per_node: int, strategy: str | Non
     line = shlex.join([*head, *target])
     return line + ("" if workload or not strategy else f"   (the strategy is your script's: rt.setup(..., "
                                                        f"strategy={strategy!r}))")
+
+
+def make(*, script: str | None, args: tuple[str, ...], workload: str | None, profile_name: str | None,
+         ranks_per_node: int, nodes: int, batch: int | None, interconnect: str | None, steps: int,
+         say: Callable[[str], None]) -> tuple[Plan, str | None]:
+    """``trainscale plan``: the refusals, the calibration, the plan and the line that submits it (None when
+    nothing fits: no line that would run out of memory)."""
+    if bool(workload) == bool(script):  # both, or neither
+        raise ConfigError("give one thing to plan: --workload NAME or SCRIPT [ARGS]",
+                          hint="trainscale plan --workload gpt --nproc-per-node 8, or trainscale plan train.py")
+    if script and not Path(script).is_file():
+        raise ConfigError(f"script {script} not found", hint="give the path of your training script")
+    for name, value in (("--nproc-per-node", ranks_per_node), ("--nodes", nodes), ("--steps", steps)):
+        if value < 1:
+            raise ConfigError(f"{name} {value}: at least 1", hint="e.g. 2")
+    profile = None
+    if profile_name:
+        from trainscale.profiles import load_profile
+
+        profile = load_profile(profile_name)
+    if workload:
+        from trainscale.workloads.registry import get_workload
+
+        get_workload(workload)  # an unknown name is refused before the calibration
+    net, net_source = network(interconnect, profile)
+    cal = calibrate(script=script, args=args, workload=workload, batch=batch, steps=steps, say=say)
+    device_bytes, device_source = room(profile, ranks_per_node)
+    if profile is not None:
+        from trainscale.launch.slurm.spec import usable_cpus
+
+        cpus = usable_cpus(profile)
+    else:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    made = make_plan(cal, what=f"workload {workload}" if workload else " ".join([script, *args]),
+                     ranks_per_node=ranks_per_node, nodes=nodes, batch=batch, device_bytes=device_bytes,
+                     device_source=device_source, network=net, network_source=net_source,
+                     target_gpus=bool(profile is not None and profile.gpus_per_node),
+                     shared_cores=cpus if profile is None and not cal.device.startswith("cuda") else None,
+                     cpus_per_rank=max(1, cpus // ranks_per_node))
+    submit = submit_line(profile=profile, nodes=nodes, ranks_per_node=ranks_per_node, strategy=made.recommended,
+                         workload=workload, script=script, args=args, batch=batch)
+    return made, submit if made.recommended else None
+

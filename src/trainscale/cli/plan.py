@@ -73,54 +73,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def plan(ns: argparse.Namespace, script: str | None, args: tuple[str, ...]) -> int:
-    from trainscale.bench import planning
-    from trainscale.bench.plan import make_plan, render
-    from trainscale.errors import ConfigError
-    from trainscale.launch.slurm.spec import usable_cpus
+    from trainscale.bench.plan import render
+    from trainscale.bench.planning import make
 
-    if bool(ns.workload) == bool(script):  # both, or neither
-        raise ConfigError("give one thing to plan: --workload NAME or SCRIPT [ARGS]",
-                          hint="trainscale plan --workload gpt --nproc-per-node 8, or trainscale plan train.py")
-    if script and not Path(script).is_file():
-        raise ConfigError(f"script {script} not found", hint="give the path of your training script")
-    for name in ("nproc_per_node", "nodes", "steps"):
-        if getattr(ns, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} {getattr(ns, name)}: at least 1", hint="e.g. 2")
-    profile = None
-    if ns.profile:
-        from trainscale.profiles import load_profile
-
-        profile = load_profile(ns.profile)
-    if ns.workload:
-        from trainscale.workloads.registry import get_workload
-
-        get_workload(ns.workload)  # an unknown name is refused before the calibration
-    network, network_source = planning.network(ns.interconnect, profile)
-    cal = planning.calibrate(script=script, args=args, workload=ns.workload, batch=ns.batch_size, steps=ns.steps,
-                             say=lambda line: print(f"trainscale plan: {line}", file=sys.stderr, flush=True))
-    device_bytes, device_source = planning.room(profile, ns.nproc_per_node)
-    made = make_plan(cal, what=f"workload {ns.workload}" if ns.workload else " ".join([script, *args]),
-                     ranks_per_node=ns.nproc_per_node, nodes=ns.nodes, batch=ns.batch_size, device_bytes=device_bytes,
-                     device_source=device_source, network=network, network_source=network_source,
-                     target_gpus=bool(profile is not None and profile.gpus_per_node),
-                     shared_cores=_cores() if profile is None and not cal.device.startswith("cuda") else None,
-                     cpus_per_rank=max(1, (usable_cpus(profile) if profile is not None else _cores())
-                                       // ns.nproc_per_node))
-    submit = planning.submit_line(profile=profile, nodes=ns.nodes, ranks_per_node=ns.nproc_per_node,
-                                  strategy=made.recommended, workload=ns.workload, script=script, args=args,
-                                  batch=ns.batch_size)
-    submit = submit if made.recommended else None  # nothing fits: no line that would run out of memory
+    made, submit = make(script=script, args=args, workload=ns.workload, profile_name=ns.profile,
+                        ranks_per_node=ns.nproc_per_node, nodes=ns.nodes, batch=ns.batch_size,
+                        interconnect=ns.interconnect, steps=ns.steps,
+                        say=lambda line: print(f"trainscale plan: {line}", file=sys.stderr, flush=True))
     if ns.json:
         print(json.dumps(made.as_dict() | {"submit": submit}, indent=2))
     else:
         print("\n".join(render(made, submit)))
     return 0
-
-
-def _cores() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def register(sub) -> None:
