@@ -765,3 +765,22 @@ def test_the_speedup_plot_draws_no_rejected_point_and_marks_disturbed_ones(tmp_p
     ax = drawn["breakdown.png"].axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["1 ranks*", "2 ranks*", "4 ranks"]
     assert ax.get_legend().get_texts()[-1].get_text() == "data wait"  # top to bottom as the bars stack
+
+
+def test_bench_slurm_on_shared_cores_is_held_to_their_ceiling():
+    """issue 38: `bench --slurm` on the test cluster (2 nodes that are one 2-core machine) credited 4 ranks with
+    4.06x* "406% of the 1.00x achievable". One ceiling: the 2 shared cores' 2x; 4.06x is not a result."""
+    from trainscale.bench import validity
+    from trainscale.bench.ideal import add_achievable
+
+    runs = [{"config": "1", "label": "Single CPU rank", "world_size": 1, "nodes": 1, "nproc_per_node": 1,
+             "device": "cpu", "status": "ok", "speedup": 1.0, "efficiency": 1.0, "usable_cpus": 2},
+            {"config": "2n", "label": "DDP 2 nodes x 2 CPU ranks", "world_size": 4, "nodes": 2, "nproc_per_node": 2,
+             "device": "cpu", "status": "ok", "speedup": 4.06, "efficiency": 1.015, "usable_cpus": 2}]
+    add_achievable(runs, "1", cores_per_node=4, nodes_share_cores=True)  # the profile claims 4, the runs saw 2
+    validity.assess(runs, "1", cores=2)
+    two_nodes = runs[1]
+    assert two_nodes["achievable_speedup"] == 2.0
+    assert two_nodes["speedup"] is None and two_nodes["efficiency_vs_achievable"] is None
+    assert two_nodes["rejected"]["speedup"] == 4.06
+    assert "4.06x measured, above the 2.00x its hardware allows" in two_nodes["rejected"]["reason"]
