@@ -338,3 +338,22 @@ def test_failure_under_the_images_own_torchrun_is_named(tmp_path):
     failure = find_failure(job_dir, "torchrun")
     assert failure is not None and failure.rank == 1 and failure.how == "exit code 1", failure
     assert "ValueError: rank one is broken" in failure.traceback
+
+
+def test_every_submission_meets_the_partitions_real_sizes(tmp_path, monkeypatch):
+    """The sinfo check is in the one submission path (trainscale slurm, sweep, bench --slurm, trainscale.slurm):
+    a job larger than the partition here is refused before anything is written or sbatch is run."""
+    from trainscale.errors import ConfigError
+    from trainscale.launch.slurm import SlurmJobSpec, cluster, resolve
+    from trainscale.launch.slurm.job import submit_job
+    from trainscale.profiles import load_profile
+
+    monkeypatch.setattr(cluster, "partitions", lambda run=None: cluster.parse("debug*|2|4|8000\n"))
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    profile = load_profile("local-test")
+    spec = SlurmJobSpec(script=str(script), profile="local-test", nodes=3, time="5",
+                        output_dir=str(tmp_path / "jobs"))
+    with pytest.raises(ConfigError, match=r"--nodes 3 but partition debug \(sinfo -p debug\) has 2 node\(s\)"):
+        submit_job(spec, profile, resolve(spec, profile))
+    assert not (tmp_path / "jobs").exists()  # nothing written

@@ -186,7 +186,13 @@ def submit_job(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan, *, ru
                before_submit: Callable[[JobPlan], None] | None = None) -> JobRecord:
     """Prepare the run, ``sbatch --parsable`` it (``--chain N``: N times, each after the one before) and save
     the records; returns the first job's. ``before_submit(plan)`` writes what the job reads into its run
-    directory before sbatch (``trainscale.slurm``'s pickled call)."""
+    directory before sbatch (``trainscale.slurm``'s pickled call). Every way in (``trainscale slurm``, ``sweep``,
+    ``bench --slurm``, ``trainscale.slurm``) meets the partition's real sizes here (``sinfo``: more nodes, CPUs
+    or memory than it has is refused before anything is written); a test's fake ``run`` has no partitions."""
+    if run is None:
+        from trainscale.launch.slurm import cluster
+
+        refuse_errors(cluster.findings(plan, profile, cluster.partitions())[0])
     plan, script = prepare_run(spec, profile, plan)
     if before_submit is not None:
         try:
