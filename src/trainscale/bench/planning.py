@@ -143,7 +143,9 @@ def make(*, script: str | None, args: tuple[str, ...], workload: str | None, pro
 
         cpus = usable_cpus(profile)
     else:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        from trainscale.topology.apply import current_affinity
+
+        cpus = len(current_affinity()) or 1
     made = make_plan(cal, what=f"workload {workload}" if workload else " ".join([script, *args]),
                      ranks_per_node=ranks_per_node, nodes=nodes, batch=batch, device_bytes=device_bytes,
                      device_source=device_source, network=net, network_source=net_source,

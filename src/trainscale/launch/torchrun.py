@@ -102,8 +102,6 @@ def resolve_nproc(value: str | int) -> int:
 def nproc_fits(n: int, given: str | int) -> str | None:
     """N ranks against this node: above its visible GPUs, a number is refused (rank N would get no GPU: each rank
     takes ``cuda:{local_rank}``); above its cores, a warning line (returned) says they share them."""
-    import os
-
     import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -111,7 +109,9 @@ def nproc_fits(n: int, given: str | int) -> str | None:
         raise ConfigError(f"--nproc-per-node {n} but this node shows {gpus} GPU(s): local rank {gpus} and above "
                           "would have none", hint=f"use --nproc-per-node gpu ({gpus}), or hide the GPUs "
                           "(CUDA_VISIBLE_DEVICES=) to run CPU ranks")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    from trainscale.topology.apply import current_affinity
+
+    cores = len(current_affinity()) or 1
     if not gpus and n > cores:
         return (f"warning: {n} ranks on {cores} core(s): they take turns on the cores, so each step is slower than "
                 f"with {cores} rank(s), and a scaling figure from this run measures the sharing")
