@@ -134,17 +134,21 @@ def test_ds_config_with_unknown_stage_is_refused_before_launch(in_tmp, capsys):
     assert not (in_tmp / "logs").exists()
 
 
-def test_resume_on_four_ranks_is_bitwise_too_and_a_mid_epoch_checkpoint_needs_its_world_size(tmp_path):
+def test_resume_on_four_ranks_is_bitwise_too_and_a_mid_epoch_checkpoint_resumes_on_one_rank(tmp_path):
     """With 3+ ranks the all-reduce's rounding follows DDP's bucket layout; a resumed run must lay out
-    its buckets as the uninterrupted run did (strategies/ddp.py::rebuild_buckets)."""
+    its buckets as the uninterrupted run did (strategies/ddp.py::rebuild_buckets). The same mid-epoch checkpoint
+    resumes on 1 rank: the rest of the epoch (the global cursor), the global batch kept by accumulation."""
     base = ["run", "--nproc-per-node", "4", "--log-dir", "logs", "--workload", "cnn", *FAST_CNN]
     assert trainscale(*base, "--max-steps", "5", "--checkpoint-every", "5", "--checkpoint-dir", "r",
                       cwd=tmp_path).returncode == 0
     shutil.copytree(tmp_path / "r", tmp_path / "mid")
-    # a mid-epoch checkpoint (4 steps an epoch: step 5 is inside epoch 2) is explained on 1 rank, not mis-sharded
-    refused = trainscale(*base[:1], "--nproc-per-node", "1", *base[3:], "--checkpoint-dir", "mid", cwd=tmp_path)
-    assert refused.returncode != 0
-    assert "written by 4 rank(s) in the middle of epoch 2" in refused.stderr and "giving 4 ranks" in refused.stderr
+    # a mid-epoch checkpoint (4 steps an epoch: step 5 is inside epoch 2) resumes on 1 rank: 3 steps of 4 x 16 left
+    one = trainscale(*base[:1], "--nproc-per-node", "1", *base[3:], "--epochs", "2", "--checkpoint-dir", "mid",
+                     cwd=tmp_path)
+    assert one.returncode == 0, one.stderr
+    assert "global batch 64 kept on 1 rank(s) (the checkpoint's 4): gradient accumulation 4 x batch 16" in one.stdout
+    assert "at step 5 (epoch 2, 64 of its 256 samples done)" in one.stdout, one.stdout
+    assert "step 8/8" in one.stdout  # 5 + the epoch's 3 steps left
     resumed = trainscale(*base, "--max-steps", "12", "--checkpoint-dir", "r", cwd=tmp_path)
     assert resumed.returncode == 0 and "Resumed from" in resumed.stdout, resumed.stderr
     straight = trainscale(*base, "--max-steps", "12", "--checkpoint-dir", "s", cwd=tmp_path)

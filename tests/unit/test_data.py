@@ -14,17 +14,27 @@ def _indices_from(loader) -> list[list[int]]:
     return [batch[0].tolist() for batch in loader]
 
 
+@pytest.mark.parametrize("drop_last", [True, False])
 @pytest.mark.parametrize("shuffle", [False, True])
 @pytest.mark.parametrize("world", [1, 2, 3])
-def test_tensor_loader_matches_distributed_sampler(shuffle, world):
+def test_both_loaders_shard_exactly_like_torchs_distributed_sampler(shuffle, world, drop_last):
+    from torch.utils.data import DistributedSampler
+
     n, bs = 23, 2
     idx = torch.arange(n)
     for rank in range(world):
-        ours = DeviceTensorLoader(idx, batch_size=bs, rank=rank, world_size=world, shuffle=shuffle, seed=5)
-        ref = DistributedLoader(TensorDataset(idx), batch_size=bs, rank=rank, world_size=world, shuffle=shuffle,
-                                seed=5)
-        for _ in range(2):  # two epochs: the epoch advances by itself in both
-            assert _indices_from(ours) == _indices_from(ref)
+        ours = DeviceTensorLoader(idx, batch_size=bs, rank=rank, world_size=world, shuffle=shuffle, seed=5,
+                                  drop_last=drop_last)
+        theirs = DistributedLoader(TensorDataset(idx), batch_size=bs, rank=rank, world_size=world, shuffle=shuffle,
+                                   seed=5, drop_last=drop_last)
+        torchs = DistributedSampler(TensorDataset(idx), num_replicas=world, rank=rank, shuffle=shuffle, seed=5,
+                                    drop_last=drop_last)
+        for epoch in range(2):  # two epochs: the epoch advances by itself in ours
+            torchs.set_epoch(epoch)
+            order = list(torchs)
+            whole = len(order) // bs * bs if drop_last else len(order)
+            expected = [order[i:i + bs] for i in range(0, whole, bs)]
+            assert _indices_from(ours) == expected == _indices_from(theirs)
 
 
 def test_epochs_reshuffle_without_set_epoch():
@@ -64,8 +74,8 @@ def test_a_loader_put_mid_epoch_starts_there_without_reading_what_it_skips(kind)
     list(whole)
     second_epoch = _indices_from(whole)
     resumed = make()
-    resumed.load_state_dict({"epoch": 1, "batch": 2})
-    assert resumed.state_dict() == {"epoch": 1, "batch": 2}
+    resumed.load_state_dict({"epoch": 1, "consumed": 2 * 4 * 2})  # 2 batches of 4 on each of 2 ranks
+    assert resumed.state_dict() == {"epoch": 1, "consumed": 16, "samples": 40}
     assert _indices_from(resumed) == second_epoch[2:]
     if kind == "dataloader":
         assert resumed.loader.dataset.reads == 4 * len(second_epoch[2:])  # the skipped batches were never read

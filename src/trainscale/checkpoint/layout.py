@@ -93,10 +93,33 @@ def leftovers(directory: Path) -> Iterator[Path]:
     yield from (p for p in Path(directory).glob("ckpt-*.pt" + SIDECAR) if not p.with_suffix("").exists())
 
 
-def record(*, version: str, world_size: int, strategy: str, step: int, format: Any = FORMAT) -> dict[str, Any]:
-    """What a checkpoint says about itself; ``complete`` is the last thing a save writes."""
+def record(*, version: str, world_size: int, strategy: str, step: int, format: Any = FORMAT,
+           **about: Any) -> dict[str, Any]:
+    """What a checkpoint says about itself (``about``: what its writer adds, e.g. the loop's global batch);
+    ``complete`` is the last thing a save writes."""
     return {"format": format, "version": version, "world_size": world_size, "strategy": strategy, "step": step,
-            "complete": True}
+            **about, "complete": True}
+
+
+def manifest_path(path: Path) -> Path:
+    """Where the checkpoint at ``path`` (a rank-0 file or a sharded directory) keeps its JSON manifest."""
+    path = Path(path)
+    return path / MARKER if path.is_dir() else sidecar_path(path)
+
+
+def newest_record(directory: Path) -> dict[str, Any] | None:
+    """What the newest checkpoint in ``directory`` says about itself, read from its JSON manifest without
+    verifying anything (a hint for shaping a run before it resumes; the resume verifies and decides). None
+    where there is none or it cannot be read."""
+    import json
+
+    for _, path in list_checkpoints(directory)[:1]:
+        try:
+            said = json.loads(manifest_path(path).read_text())
+        except (OSError, ValueError):
+            return None
+        return said if isinstance(said, dict) else None
+    return None
 
 
 RUN_NOTE = "checkpoints.json"

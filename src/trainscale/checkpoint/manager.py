@@ -29,6 +29,10 @@ from trainscale.errors import CheckpointError
 
 log = logging.getLogger("trainscale.checkpoint")
 
+PORTABLE = {"ddp", "zero1", "fsdp"}
+"""Strategies that resume each other's checkpoints (strategies/portable.py): ddp's and zero1's rank-0 files hold
+the whole model and optimizer state in torch's own form, fsdp's DCP shards are read into any layout."""
+
 
 @dataclass(frozen=True)
 class Found:
@@ -163,6 +167,8 @@ class Checkpointer:
     Constructing one is a collective when there is a process group (every rank constructs it): an
     unusable directory (read-only, under a regular file) is refused here on every rank.
 
+    ``about``: fields every checkpoint's record carries besides trainscale's own (the loop's global batch).
+
     ``asynchronous``: True saves in the background (background.py): ``save`` returns once the state
     is copied, and :meth:`wait` (every rank) returns once the save in flight is on disk; None does so
     wherever the storage allows it (rank-0 files and DCP shards, not a strategy's native files);
@@ -170,12 +176,14 @@ class Checkpointer:
     """
 
     def __init__(self, directory: str | Path, runtime: Any, *, keep: int = 2, strategy: Any = "ddp",
-                 asynchronous: bool | None = False) -> None:
+                 asynchronous: bool | None = False, about: Mapping[str, Any] | None = None) -> None:
         if keep < 1:
             raise CheckpointError(f"keep={keep} must be >= 1", hint="keep at least the newest checkpoint")
         self.directory = Path(directory)
         self.runtime = runtime
         self.keep = keep
+        self.about = dict(about or {})
+        """Added to every checkpoint's record (and manifest), e.g. the training loop's global batch."""
         self.strategy = strategy if isinstance(strategy, str) else strategy.name
         self.storage = FILE if isinstance(strategy, str) else getattr(strategy, "storage", FILE)
         self.asynchronous = self.storage.resolve_async(asynchronous, self.strategy)
@@ -216,7 +224,7 @@ class Checkpointer:
         model, entries = _split(state)
         storage = model.storage if model is not None else FILE
         record = layout.record(version=__version__, world_size=self.runtime.world_size, strategy=self.strategy,
-                               step=step)
+                               step=step, **self.about)
         if model is not None:
             entries = _merge(model.state_dict(), entries)
         self.wait()  # the previous save first: one in flight at most, its failure raised here
@@ -298,6 +306,10 @@ class Checkpointer:
                     model.storage.restore(model, found)
             except UnreadableShards as exc:  # not a checkpoint of another model: that stays a refusal
                 problem = f"loading it failed: {exc.message}"
+            except (RuntimeError, KeyError, ValueError, TypeError) as exc:  # torch's load_state_dict: other keys
+                raise CheckpointError(f"{found.path} holds another model's state: {_mismatch(exc)}",
+                                      hint="start a new checkpoint directory (--fresh moves these checkpoints "
+                                           "aside), or resume with the model and optimizer that wrote it") from exc
             if _Ranks(self.runtime).gather_ok(problem, found.path):
                 for name, entry in state.items():
                     if isinstance(entry, Stateful) and not isinstance(entry, ModelState) and name in found.contents:
@@ -328,13 +340,26 @@ class Checkpointer:
         found = find_latest(self.directory, map_location="cpu", runtime=self.runtime, exclude=exclude)
         if found is not None:
             written_by = found.record.get("strategy")
-            if written_by not in (None, self.strategy):
+            if written_by not in (None, self.strategy) and {written_by, self.strategy} - PORTABLE:
                 raise CheckpointError(
                     f"{found.path} was written by strategy {written_by!r}, this run uses {self.strategy!r}",
                     hint=f"resume with --strategy {written_by}; or start anew: add --fresh (the checkpoints are "
                          "moved aside, not deleted) or give another checkpoint or experiment directory",
                 )
         return found
+
+
+def _mismatch(exc: BaseException) -> str:
+    """torch's load_state_dict refusal (every key listed) in a few words; anything else in its first line."""
+    text = str(exc)
+    if "Error(s) in loading state_dict" not in text:
+        return plain_words(exc)
+    lines = [line.strip() for line in text.splitlines()]
+    missing = sum(line.count('"') // 2 for line in lines if line.startswith("Missing key(s)"))
+    unexpected = sum(line.count('"') // 2 for line in lines if line.startswith("Unexpected key(s)"))
+    shapes = sum(line.startswith("size mismatch") for line in lines)
+    return (f"its parameters are not this model's ({missing} of this model's missing, {unexpected} not this "
+            f"model's, {shapes} of another shape)")
 
 
 def _split(state: Mapping[str, Any]) -> tuple[ModelState | None, dict[str, Any]]:

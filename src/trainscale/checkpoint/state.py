@@ -96,10 +96,13 @@ class _File(Storage):
                                                                            before_rename=before_rename)
 
     def restore(self, model, found):
-        if found.shards is not None:
-            raise CheckpointError(f"{found.path} is sharded; this strategy keeps rank-0 files",
+        if found.shards is None:
+            model.load_state_dict(found.contents)
+        elif found.shards.format == "dcp":  # another strategy's shards (fsdp), read whole into this layout
+            model.load_state_dict({**found.contents, **model.from_shards(found.shards)})
+        else:
+            raise CheckpointError(f"{found.path} is in the {found.shards.format} strategy's own format",
                                   hint=f"resume with --strategy {found.record.get('strategy')}")
-        model.load_state_dict(found.contents)
 
 
 class _DCP(Storage):
@@ -155,6 +158,12 @@ class ModelState(ABC):
 
     @abstractmethod
     def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+    def from_shards(self, shards: Any) -> dict[str, Any]:
+        """``FILE`` storage: another strategy's DCP shards (``shards``, a sharded.ShardedRef) as the entries
+        this state's rank-0 file would hold (every rank calls it: a collective)."""
+        raise CheckpointError(f"{type(self).__name__} cannot read another strategy's shards",
+                              hint="resume with the strategy that wrote the checkpoint")
 
     def write(self, directory: Path) -> None:
         """``NATIVE`` storage: write this rank's files into ``directory`` (every rank calls it)."""

@@ -222,6 +222,11 @@ class ReplicaState(ModelState):
         self.module.load_state_dict(state_dict["model"])
         self.optimizer.load_state_dict(state_dict["optimizer"])
 
+    def from_shards(self, shards: Any) -> dict[str, Any]:
+        from trainscale.strategies.portable import from_shards
+
+        return from_shards(self.module, self.optimizer, shards)
+
 
 def rebuild_buckets(model: nn.Module, forward_backward, device: torch.device | None = None) -> None:
     """Let DDP lay out its gradient buckets now, as an uninterrupted run did after its first step.

@@ -203,8 +203,15 @@ class ShardedState(ModelState):
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        set_state_dict(self.model, self.optimizer, model_state_dict=state_dict["model"],
-                       optim_state_dict=state_dict["optimizer"], options=StateDictOptions())
+        from trainscale.strategies.portable import by_name, by_position, optimizer_names
+
+        model_state, optim_state, options = state_dict["model"], state_dict["optimizer"], StateDictOptions()
+        if by_position(optim_state):  # a rank-0 file (ddp, zero1): the whole state, the optimizer's by position
+            names = optimizer_names(self.model, self.optimizer)
+            optim_state = by_name(optim_state, names, "the checkpoint")
+            options = StateDictOptions(full_state_dict=True)  # every rank read the file: each keeps its shards
+        set_state_dict(self.model, self.optimizer, model_state_dict=model_state, optim_state_dict=optim_state,
+                       options=options)
         if self.scaler is not None and state_dict.get("grad_scaler"):
             self.scaler.load_state_dict(state_dict["grad_scaler"])
 

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from trainscale.checkpoint import Checkpointer, RNGState, atomic_write_text
+from trainscale.checkpoint import Checkpointer, RNGState, atomic_write_text, layout
 from trainscale.errors import CheckpointError, ConfigError
 from trainscale.runtime.memory import report as memory_report
 from trainscale.runtime.threads import node_cpus
@@ -77,7 +77,8 @@ class Loop:
                  tracker_id: str | None = None) -> None:
         self.rt, self.opts, self.task = rt, opts, task
         self.accumulation = opts.grad_accum
-        self.steps_per_epoch = len(task.loader) // self.accumulation
+        self.epoch_batches = len(task.loader)  # micro-batches of a whole epoch on this rank
+        self.steps_per_epoch = self.epoch_batches // self.accumulation
         if self.steps_per_epoch < 1:
             raise ConfigError(f"one epoch has {len(task.loader)} micro-batches, fewer than --grad-accum "
                               f"{self.accumulation}", hint="lower --grad-accum or --batch-size")
@@ -99,7 +100,9 @@ class Loop:
     # -- setting up ------------------------------------------------------------------------------
     def _build(self) -> None:
         rt, opts, task = self.rt, self.opts, self.task
-        self.strategy = get_strategy(opts.strategy).with_batch(opts.batch_size, self.accumulation)
+        self.strategy = get_strategy(opts.strategy)
+        self._keep_global_batch()
+        self.strategy = self.strategy.with_batch(opts.batch_size, self.accumulation)
         torch.manual_seed(opts.seed)  # identical initial weights on every rank and every world size
         self.model, self.optimizer = self.strategy.wrap(task.model(), task.optimizer, rt)
         if opts.compile:  # --compile: the wrapped model, so DDP's buckets still overlap backward
@@ -110,35 +113,90 @@ class Loop:
         if self.directory is not None and opts.fresh:
             set_aside(Path(self.directory), rt)
         self.checkpointer = (Checkpointer(self.directory, rt, strategy=self.strategy,
-                                          asynchronous=opts.checkpoint_async)
+                                          asynchronous=opts.checkpoint_async,
+                                          about={"global_batch": self.global_batch})
                              if self.directory is not None else None)
 
     def _state(self) -> dict[str, Any]:
         """What a checkpoint holds (the entries the built-in workloads have always saved)."""
         state = {"model": self.strategy.checkpoint_state(self.model, self.optimizer), "step": self.step,
-                 "rng": RNGState(self.rt.device), "epoch_steps": self.steps_per_epoch}
+                 "rng": RNGState(self.rt.device), "data": self.task.loader, "global_batch": self.global_batch}
         if self.scheduler is not None:
             state["scheduler"] = self.scheduler
         return state
 
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step over all ranks."""
+        return self.opts.batch_size * self.accumulation * self.rt.world_size
+
     def _resume(self) -> tuple[int, int]:
-        """(epoch, optimizer steps of it already done) to start from; the loader is put there."""
+        """(epoch, optimizer steps of it already done) to start from. The loader's state is a global cursor
+        (data/loader.py): a checkpoint of any number of ranks, mid-epoch or not, resumes the rest of its epoch
+        on this run's ranks, every sample of it once."""
         found = self.checkpointer.restore(self._state()) if self.checkpointer and self.resume else None
         if found is None:
             return 0, 0
-        saved = int(found.contents["step"])
+        self.step = self.saved_at = int(found.contents["step"])
         written = int(found.record["world_size"])
-        epoch, batch = resume_position(found, saved, self.steps_per_epoch, self.rt.world_size)
-        # in this world's steps: an end-of-epoch checkpoint of another world size is that many epochs of these
-        self.step = self.saved_at = saved if written == self.rt.world_size or self.task.past_epochs \
-            else epoch * self.steps_per_epoch + batch
+        saved_batch = int(found.contents.get("global_batch") or self.global_batch)
+        if saved_batch != self.global_batch:
+            self.rt.print(f"trainscale: global batch {saved_batch} (the checkpoint's, on {written} rank(s)) is now "
+                          f"{self.global_batch} on {self.rt.world_size} rank(s)" + self._why_not)
+        loader = self.task.loader
+        position = loader.state_dict()
+        if len(loader) < self.accumulation:  # less than one step of this shape left in the epoch
+            self.rt.print(f"trainscale: the {loader.remaining()} sample(s) left of epoch {position['epoch'] + 1} "
+                          f"make less than one step of {self.rt.world_size} rank(s) x batch {self.opts.batch_size}"
+                          f"{' x accumulation ' + str(self.accumulation) if self.accumulation > 1 else ''}: the "
+                          "next epoch starts now")
+            loader.load_state_dict({"epoch": position["epoch"] + 1, "consumed": 0})
+            position = loader.state_dict()
+        epoch, done = position["epoch"], self.steps_per_epoch - len(loader) // self.accumulation
+        if not self.task.past_epochs:  # the rest of this epoch on this shape, then whole epochs
+            left = (len(loader) // self.accumulation + self.steps_per_epoch * (self.opts.epochs - epoch - 1)
+                    if epoch < self.opts.epochs else 0)
+            self.total = self.step + left
+            if self.opts.max_steps is not None:
+                self.total = min(self.total, self.opts.max_steps)
         if self.step >= self.total:
             self._nothing_to_train(found)
-        self.task.loader.load_state_dict({"epoch": epoch, "batch": batch * self.accumulation})
         self.resumed = True
-        self.rt.print(f"Resumed from {found.path} at step {self.step} (epoch {epoch + 1}, batch {batch}); "
-                      f"written with world size {written}, now {self.rt.world_size}; {found.verified}")
-        return epoch, batch
+        by = found.record.get("strategy")
+        self.rt.print(f"Resumed from {found.path} at step {self.step} (epoch {epoch + 1}, {position['consumed']} "
+                      f"of its {position['samples']} samples done); written with world size {written}, now "
+                      f"{self.rt.world_size}" + (f"; by strategy {by}, now {self.strategy.name}"
+                                                 if by and by != self.strategy.name else "") + f"; {found.verified}")
+        return epoch, done
+
+    def _keep_global_batch(self) -> None:
+        """Before the strategy is shaped: a run resuming a checkpoint written on another number of ranks keeps
+        its global batch by gradient accumulation where a whole number of micro-batches makes it (said in one
+        line); the resume says so where it cannot (:attr:`_why_not`)."""
+        self._why_not = ""
+        said = (layout.newest_record(Path(self.directory))
+                if self.directory is not None and self.resume and not self.opts.fresh else None)
+        saved, written = (said or {}).get("global_batch"), (said or {}).get("world_size")
+        if not isinstance(saved, int) or not isinstance(written, int) or saved == self.global_batch:
+            return
+        per_micro = self.opts.batch_size * self.rt.world_size
+        if saved % per_micro:
+            self._why_not = f": no whole number of micro-batches of {per_micro} makes {saved}"
+            return
+        if saved // per_micro > 1 and getattr(self.strategy, "static_graph", None) is True:
+            self._why_not = f": {self.strategy.name}:static_graph=true does not accumulate"
+            return
+        if self.epoch_batches < saved // per_micro:
+            self._why_not = f": an epoch has fewer than {saved // per_micro} micro-batches"
+            return
+        self.accumulation = saved // per_micro
+        self.steps_per_epoch = self.epoch_batches // self.accumulation
+        self.per_rank_samples = self.opts.batch_size * self.accumulation
+        self.total = self.steps_per_epoch * self.opts.epochs
+        if self.opts.max_steps is not None:
+            self.total = self.opts.max_steps if self.task.past_epochs else min(self.opts.max_steps, self.total)
+        self.rt.print(f"trainscale: global batch {saved} kept on {self.rt.world_size} rank(s) (the checkpoint's "
+                      f"{written}): gradient accumulation {self.accumulation} x batch {self.opts.batch_size}")
 
     def _after_resume(self) -> None:
         """The strategy's step before the first resumed one (DDP lays out its gradient buckets as the
@@ -224,12 +282,16 @@ class Loop:
         """One epoch's steps from its step ``done`` (or up to the run's last); (steps done, their summed
         loss on the device, whether a preemption stopped it)."""
         rt, opts = self.rt, self.opts
-        batches = iter(self.task.loader)  # from where the loader was put (a resumed run: mid-epoch)
+        loader = self.task.loader
+        steps = len(loader) // self.accumulation  # the whole epoch, or what is left of it (a resumed run)
+        batches = iter(loader)  # from where the loader was put (a resumed run: mid-epoch)
         seen, loss_sum = 0, torch.zeros((), device=rt.device)
-        while done < self.steps_per_epoch and self.step < self.total:
+        while seen < steps and self.step < self.total:
             fault.maybe_inject(self.step, rt.env, self.fault)
             loss = self._optimizer_step(batches)
             self.step, done, seen = self.step + 1, done + 1, seen + 1
+            if seen == steps:  # what an accumulation does not fill stays unread: a save from here on is the next epoch's
+                loader.end_epoch()
             if seen == 1 and self.recorder is not None:
                 check_network(rt, self.recorder.run_dir)
             loss_sum += loss
@@ -390,18 +452,3 @@ def set_aside(directory: Path, rt: Any) -> Path | None:
         rt.print(f"--fresh: moved the checkpoints in {directory} aside to {moved}; starting from step 0")
     rt.barrier()
     return moved
-
-
-def resume_position(found: Any, step: int, steps_per_epoch: int, world_size: int) -> tuple[int, int]:
-    """(epoch, step within it) to continue from; explains what to do when the world size changed mid-epoch."""
-    saved_world = int(found.record["world_size"])
-    epoch, batch = divmod(step, int(found.contents.get("epoch_steps", steps_per_epoch)))
-    if saved_world == world_size or batch == 0:  # at an epoch boundary a new world size shards the next one
-        return epoch, batch
-    raise CheckpointError(
-        f"{found.path} was written by {saved_world} rank(s) in the middle of epoch {epoch + 1} (batch {batch}); "
-        f"this run has {world_size} rank(s), which would split that epoch's remaining samples differently",
-        hint=f"resume with --nproc-per-node/--nodes giving {saved_world} ranks, or from an end-of-epoch checkpoint "
-             "(save with --checkpoint-every 0), which any number of ranks resumes",
-    )
-
