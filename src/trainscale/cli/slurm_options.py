@@ -38,7 +38,10 @@ def parser() -> argparse.ArgumentParser:
                                 epilog=RESOLUTION, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 argument_default=None)
     job = p.add_argument_group("the allocation (sbatch's options)")
-    job.add_argument("-N", "--nodes", type=int)
+    job.add_argument("-N", "--nodes", metavar="N|MIN-MAX",
+                     help="nodes; MIN-MAX: when a node fails, continue on the others down to MIN (docs/slurm.md)")
+    job.add_argument("--spare-nodes", type=int, metavar="K",
+                     help="also allocate K spare nodes; a failed node's part restarts on one at once")
     job.add_argument("--gpus-per-node", metavar="[TYPE:]N", help="GPUs per node (CPU-only profiles: ranks per node)")
     job.add_argument("-n", "--ntasks", type=int, help="total ranks (with --nodes: ranks per node)")
     job.add_argument("-t", "--time", help="time limit, any sbatch form (MM, HH:MM:SS, D-HH:MM, UNLIMITED...)")

@@ -38,6 +38,8 @@ def findings(g: Gathered) -> list[Finding]:
             out.append(Finding("problem", f"network: {event['message']}"))
         elif event.get("kind") == "hang":
             out.append(Finding("problem", f"hang: {event['message']} (the ranks' records below end where they waited)"))
+        elif event.get("kind") == "node_lost":  # the job healed itself (launch/slurm/healing.py)
+            out.append(Finding("note", str(event.get("message"))))
     if g.ranks and not any(e.get("kind") == "straggler" for e in g.events):
         # medians of each rank's own work per step (data wait + forward), over enough steps to mean something:
         # a mean is its warm-up step's, and a few steps are noise

@@ -111,8 +111,9 @@ def end_lines(spec: SlurmJobSpec) -> list[str]:
     return out
 
 
-def preemptible(srun_line: str, spec: SlurmJobSpec, handles_signal: bool = True) -> list[str]:
-    """Run the step in the background so this shell can pass a signal on, then decide how the job ends."""
+def preemptible(srun_line: str, spec: SlurmJobSpec, handles_signal: bool = True, ending: bool = True) -> list[str]:
+    """Run the step in the background so this shell can pass a signal on, then (``ending``) decide how the job
+    ends."""
     name = signal_name(spec, handles_signal) or "SIGUSR1"
     short = name.removeprefix("SIG")
     return [
@@ -127,5 +128,5 @@ def preemptible(srun_line: str, spec: SlurmJobSpec, handles_signal: bool = True)
         '  wait "$SRUN_PID" && status=0 || status=$?',
         '  kill -0 "$SRUN_PID" 2>/dev/null || break',
         "done",
-        *end_lines(spec),
+        *(end_lines(spec) if ending else []),
     ]

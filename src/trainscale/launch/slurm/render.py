@@ -14,7 +14,8 @@ from pathlib import Path
 from trainscale._version import __version__
 from trainscale.launch.bootstrap import ERROR_DIR_VAR, RUN_DIR_VAR, SNAPSHOT_OF_VAR, SNAPSHOT_VAR, TASK_GPU_VAR
 from trainscale.launch.slurm.container import container_prefix, port_command, required_modules
-from trainscale.launch.slurm.continuation import continues, preemptible, start_lines, warning_signal
+from trainscale.launch.slurm import healing
+from trainscale.launch.slurm.continuation import continues, end_lines, preemptible, start_lines, warning_signal
 from trainscale.launch.slurm.continuation import exports as continuation_exports
 from trainscale.launch.slurm.jobargs import check_lines, job_words
 from trainscale.launch.slurm.layout import target_in_run
@@ -47,7 +48,10 @@ def _dq(value: str) -> str:
 
 
 def sbatch_lines(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> list[str]:
-    opts = [f"--job-name={spec.name}", f"--nodes={spec.nodes}", f"--ntasks-per-node={plan.tasks_per_node}"]
+    opts = [f"--job-name={spec.name}", f"--nodes={healing.allocated(spec)}",
+            f"--ntasks-per-node={plan.tasks_per_node}"]
+    if spec.heals:
+        opts.append("--no-kill")  # a node failure leaves the job its other nodes (healing.py)
     if plan.cpus_per_task:
         opts.append(f"--cpus-per-task={plan.cpus_per_task}")
     if plan.gpus_per_node:
@@ -93,7 +97,7 @@ def target_args(spec: SlurmJobSpec, launcher: str, plan: JobPlan) -> str:
                     ("script", target_in_run(spec.script, spec.snapshot, plan.code_root, plan.run_dir).script))
     head = [*_TARGET_OPTIONS[launcher][kind], str(target)]
     line = " ".join([_q(a) for a in head] + job_words(spec.args)[0])
-    if spec.workload and continues(spec) and not spec.sweep and \
+    if spec.workload and (continues(spec) or spec.heals) and not spec.sweep and \
             not any(a.startswith("--checkpoint-dir") for a in spec.args):
         # the run directory outlives requeues and chain links: every attempt resumes from here
         line += ' --checkpoint-dir "$RUN_DIR/checkpoints"'
@@ -128,7 +132,8 @@ def launch_command(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -
     python = job_python(spec, profile)
     py, kit = _q(python.command), python.kit  # kit: a Python without trainscale (a stock image, a module's)
     if plan.launcher == "torchrun":
-        rdzv = ['--nnodes "$SLURM_NNODES"', f"--nproc-per-node {plan.ranks_per_node}",
+        rdzv = ['--nnodes "$RUN_NODES"' if spec.heals else '--nnodes "$SLURM_NNODES"',
+                f"--nproc-per-node {plan.ranks_per_node}",
                 '--rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv-id "$SLURM_JOB_ID"']
         if kit:  # the Python's own torchrun, each worker started through the kit's bootstrap
             return ([f"{py} -m torch.distributed.run"] + rdzv + ['--log-dir "$JOB_DIR/torchrun" --tee 3']
@@ -160,8 +165,10 @@ def srun_command(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> 
         if bind:
             srun.append(bind)
         srun.append('--output="$JOB_DIR/rank-%t.out"')
-    if continues(spec):
+    if continues(spec) or spec.heals:
         srun.append("--open-mode=append")
+    if spec.heals:
+        srun += healing.srun_options(1 if plan.launcher == "torchrun" else plan.tasks_per_node)
     srun += wrapper.srun_options
     return " \\\n    ".join(srun + wrapper.words + launch_command(spec, profile, plan))  # one piece per line
 
@@ -304,11 +311,12 @@ def render(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan | None = N
         if warning_signal(spec, handles):
             out.append("export PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2  "
                        "# torchrun passes SLURM's warning on to the workers")
+    port = port_command(spec, profile, plan, python, required_modules(spec, plan, python.kit))
     out += [
         "",
         "# Rendezvous: the first node of the allocation; a port checked free there (this step runs on it).",
         'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
-        *port_command(spec, profile, plan, python, required_modules(spec, plan, python.kit)),
+        *port,
         "export MASTER_ADDR MASTER_PORT",
         'echo "trainscale: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, master $MASTER_ADDR:$MASTER_PORT, '
         'restart ${SLURM_RESTART_COUNT:-0}, logs in $JOB_DIR"',
@@ -316,7 +324,11 @@ def render(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan | None = N
     ]
     out += check_lines(job_words(spec.args)[1])
     srun = srun_command(spec, profile, plan)
-    if continues(spec):
+    if spec.heals:
+        step = preemptible(srun, spec, handles, ending=False) if continues(spec) else [srun + " && status=0 || status=$?"]
+        out += healing.lines(spec, step, end_lines(spec) if continues(spec) else ['exit "$status"'],
+                             again=[*port, "export MASTER_PORT"])
+    elif continues(spec):
         out += preemptible(srun, spec, handles)
     elif spec.sweep:
         out += [srun + " && status=0 || status=$?",

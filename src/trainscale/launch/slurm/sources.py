@@ -22,6 +22,15 @@ def spec_values(given: dict) -> dict:
     """The command line's option values as SlurmJobSpec fields: ``--gpus-per-node TYPE:N``, ``--env KEY=VALUE``
     and the repeatable options' lists."""
     values = dict(given)
+    if isinstance(values.get("nodes"), str):  # N, or sbatch's MIN-MAX
+        text = values.pop("nodes")
+        low, sep, high = text.partition("-")
+        if not (low.isdigit() and (high.isdigit() or not sep)):
+            raise ConfigError(f"--nodes {text!r} is not N or MIN-MAX", hint="e.g. --nodes 4, or --nodes 2-4 (start on "
+                                                                           "4, continue on as few as 2)")
+        values["nodes"] = int(high or low)
+        if sep:
+            values["min_nodes"] = int(low)
     if "gpus_per_node" in values:
         text = str(values.pop("gpus_per_node"))
         kind, _, count = text.rpartition(":")

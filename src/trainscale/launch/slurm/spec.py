@@ -88,7 +88,11 @@ class SlurmJobSpec:
     profile: str = "generic-nvidia"
     """Name of the cluster profile (``trainscale profiles`` lists them)."""
     nodes: int = 1
-    """Nodes to allocate (``-N``)."""
+    """Nodes to run on (``-N``; of ``--nodes MIN-MAX``, MAX)."""
+    min_nodes: int | None = None
+    """``--nodes MIN-MAX``: the job continues on as few as MIN nodes after losing some (None: ``nodes``)."""
+    spare_nodes: int = 0
+    """``--spare-nodes K``: nodes allocated beside ``nodes`` that the job starts on once one of its nodes fails."""
     gpus_per_node: int | None = None
     """GPUs per node; on CPU-only profiles the ranks per node. None: from ``ntasks``, else the profile's count (or 1)."""
     gpu_type: str | None = None
@@ -192,6 +196,11 @@ class SlurmJobSpec:
     command_line: tuple[str, ...] = ()
     """The command that produced this job, recorded in the script's header."""
 
+    @property
+    def heals(self) -> bool:
+        """Whether a node lost mid-run is left out and the run resumes on the others in the same allocation."""
+        return self.spare_nodes > 0 or (self.min_nodes is not None and self.min_nodes < self.nodes)
+
     def __post_init__(self) -> None:
         chosen = [x for x in (self.script, self.module, self.workload) if x]
         if len(chosen) != 1:
@@ -225,6 +234,14 @@ class SlurmJobSpec:
                                   hint="use letters, digits, '.', '_' and '-'")
         if self.master_port is not None and not 1024 <= self.master_port < 65536:
             raise ConfigError(f"master port {self.master_port} out of range", hint="use 1024-65535, or leave it out")
+        if self.min_nodes is not None and not 1 <= self.min_nodes <= self.nodes:
+            raise ConfigError(f"--nodes {self.min_nodes}-{self.nodes}: MIN must be 1 to MAX",
+                              hint="e.g. --nodes 2-4: start on 4 nodes, continue on as few as 2")
+        if self.spare_nodes < 0:
+            raise ConfigError(f"--spare-nodes {self.spare_nodes} is negative", hint="use 0 or more spare nodes")
+        if self.heals and self.sweep:
+            raise ConfigError("--spare-nodes / --nodes MIN-MAX with a sweep: each array task is its own job",
+                              hint="leave them out of trainscale sweep")
         if self.chain < 1 or self.max_requeues < 0:
             raise ConfigError(f"--chain {self.chain} / --max-requeues {self.max_requeues}: need a chain of 1 job or "
                               "more and 0 requeues or more", hint="e.g. --chain 3 --max-requeues 2")

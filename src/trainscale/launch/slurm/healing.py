@@ -1,0 +1,82 @@
+"""How a job outlives a node (pure; golden-tested): ``--nodes MIN-MAX`` and ``--spare-nodes K``.
+
+The job is allocated with ``--no-kill``, so SLURM keeps it when one of its nodes fails. The batch step runs
+the training step on ``RUN_NODES`` of the allocation; when that step fails and SLURM reports nodes of the
+allocation down, failed or not responding, they are left out (``--exclude``) and the step starts again on
+the nodes that are left — a spare first, else fewer, down to MIN — resuming from the newest checkpoint (the
+global data cursor: every sample once, whatever the number of ranks). A failure with no node lost is the
+run's own and ends the job; so does a lost node after which the run made no progress (no newer checkpoint
+than at the previous recovery), instead of burning the allocation on a crash loop. Each recovery is a
+``node_lost`` event in the run's ``metrics/events.jsonl`` (report) and a line in the job's output. The
+behaviour: docs/slurm.md, "Self-healing jobs".
+"""
+
+from __future__ import annotations
+
+from trainscale.launch.slurm.spec import SlurmJobSpec
+
+DOWN_STATES = "down,drain,fail,no_respond"
+"""sinfo states of a node the job must leave out (``sinfo -t``)."""
+
+
+def allocated(spec: SlurmJobSpec) -> str:
+    """sbatch's ``--nodes``: MAX and the spares. Not MIN-MAX itself: given a range, SLURM starts the job on as
+    few as MIN nodes (seen on the test cluster with all its nodes idle); MIN is the floor of the recovery."""
+    return str(spec.nodes + spec.spare_nodes)
+
+
+def srun_options(tasks_per_node: int) -> list[str]:
+    """The step on the nodes the job runs on now, without the lost ones."""
+    return ['--nodes="$RUN_NODES"', f'--ntasks="$((RUN_NODES * {tasks_per_node}))"',
+            '${LOST_NODES:+--exclude="$LOST_NODES"}']
+
+
+def lines(spec: SlurmJobSpec, step: list[str], after: list[str], again: list[str]) -> list[str]:
+    """The step (``step``: lines that run it once and leave its exit code in ``$status``) in a loop that leaves
+    lost nodes out; ``again`` before each new try (a fresh rendezvous port: the failed step's may linger); then
+    ``after`` (how the job ends, by ``$status``)."""
+    low = spec.min_nodes or spec.nodes
+    words = [f"--nodes {low}-{spec.nodes}" if low < spec.nodes else "",
+             f"--spare-nodes {spec.spare_nodes}" if spec.spare_nodes else ""]
+    said = ", ".join(w for w in words if w)
+    return [
+        f"# Self-healing ({said}): SLURM keeps the allocation when a node fails (--no-kill); the step starts",
+        "# again without the lost node(s), on a spare or on fewer nodes (down to MIN), from the newest checkpoint.",
+        f"MAX_NODES={spec.nodes} MIN_NODES={low}",
+        'RUN_NODES=$(( SLURM_NNODES < MAX_NODES ? SLURM_NNODES : MAX_NODES ))',
+        'LOST_NODES="" LAST_CKPT="" recovered=0',
+        "newest_checkpoint() {  # the newest checkpoint's step anywhere in the run directory (progress between tries)",
+        '  find "$RUN_DIR" -maxdepth 4 -name "ckpt-[0-9]*" 2>/dev/null | sed "s/.*ckpt-0*//; s/[.].*//" | sort -n '
+        '| tail -n1 || true',
+        "}",
+        "while true; do",
+        *["  " + line for line in step],
+        '  [ "$status" -eq 0 ] && break',
+        '  [ -f "$JOB_DIR/stopped" ] && break  # stopped with a checkpoint (time limit, preemption): as below',
+        f'  lost=$(sinfo -h -N -n "$SLURM_JOB_NODELIST" -t {DOWN_STATES} -o %N 2>/dev/null | sort -u | paste -sd, - || true)',
+        '  if [ -z "$lost" ] || [ "$lost" = "$LOST_NODES" ]; then break; fi  # no node lost: the failure is the run\'s',
+        '  ckpt=$(newest_checkpoint)',
+        '  if [ "$recovered" -gt 0 ] && [ "$ckpt" = "$LAST_CKPT" ]; then',
+        '    echo "trainscale: node(s) $lost lost, but the run made no progress since the last recovery (newest '
+        'checkpoint: step ${ckpt:-none}): stopping instead of looping (exit code $status)"',
+        "    break",
+        "  fi",
+        '  alive=$(( SLURM_NNODES - $(echo "$lost" | tr , "\\n" | grep -c . || true) ))',
+        '  if [ "$alive" -lt "$MIN_NODES" ]; then',
+        '    echo "trainscale: node(s) $lost lost; $alive node(s) left, fewer than MIN $MIN_NODES: the job ends '
+        '(exit code $status); resubmit it to resume from the newest checkpoint"',
+        "    break",
+        "  fi",
+        '  RUN_NODES=$(( alive < MAX_NODES ? alive : MAX_NODES )) LOST_NODES=$lost LAST_CKPT=$ckpt '
+        'recovered=$((recovered + 1))',
+        '  mkdir -p "$RUN_DIR/metrics"',
+        '  printf \'{"t": %s, "kind": "node_lost", "job": "%s", "nodes": "%s", "run_nodes": %s, "step": "%s", '
+        '"message": "node(s) %s lost in job %s: resumed on %s node(s) from checkpoint step %s"}\\n\' '
+        '"$(date +%s)" "$SLURM_JOB_ID" "$lost" "$RUN_NODES" "${ckpt:-0}" "$lost" "$SLURM_JOB_ID" "$RUN_NODES" '
+        '"${ckpt:-0}" >> "$RUN_DIR/metrics/events.jsonl"',
+        '  echo "trainscale: node(s) $lost lost (SLURM: down, failed or not responding); resuming on $RUN_NODES '
+        'node(s) without them, from the newest checkpoint (step ${ckpt:-0})"',
+        *["  " + line for line in again],
+        "done",
+        *after,
+    ]

@@ -1,0 +1,85 @@
+"""Self-healing jobs (issue 36 item 2) on a real 3-node test cluster: a node marked down mid-epoch (what SLURM
+does when a node's daemon stops answering) is left out and the run resumes by itself, on the remaining nodes
+(``--nodes 2-3``) or on a spare (``-N 2 --spare-nodes 1``), from its newest checkpoint, every sample of the
+epoch once (the global cursor), the node named in the job's output and the run's report."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers.cli import trainscale, wait_for
+from helpers.slurm_cluster import cluster_session
+
+CNN = ["--workload", "cnn", "--data", "synthetic", "--samples", "1536", "--batch-size", "16", "--epochs", "1",
+       "--checkpoint-every", "4", "--log-every", "0"]
+JOB = ["--profile", "local-test", "-t", "00:10:00", "--launcher", "srun", "-c", "1", "--python", sys.executable]
+
+
+@pytest.fixture(scope="module")
+def cluster3():
+    with cluster_session(3) as cluster:
+        yield cluster
+
+
+def lose_node(cluster, name: str) -> None:
+    """What a node's death does on the test cluster, where every node is this machine: its slurmd and the job's
+    processes on it killed, and the node marked down (what slurmctld does once the node stops answering, after
+    SlurmdTimeout)."""
+    os.kill(int((cluster.dir / "run" / f"slurmd-{name}.pid").read_text()), signal.SIGKILL)
+    mark = f"SLURMD_NODENAME={name}".encode()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if mark in (proc / "environ").read_bytes().split(b"\0"):
+                    os.kill(int(proc.name), signal.SIGKILL)
+            except OSError:  # gone meanwhile, or not ours to read
+                pass
+    cluster.run("scontrol", "update", f"nodename={name}", "state=down", "reason=trainscale-test-node-lost")
+
+
+def revive_node(cluster, name: str) -> None:
+    cluster.run("slurmd", "-N", name, check=False)
+    cluster.run("scontrol", "update", f"nodename={name}", "state=resume", check=False)  # ReturnToService may have
+
+
+def submitted(done: subprocess.CompletedProcess[str]) -> tuple[str, Path]:
+    m = re.search(r"job (\d+) .*run directory (\S+)", done.stderr)
+    assert done.returncode == 0 and m, f"{done.stdout}\n{done.stderr}"
+    return m.group(1), Path(m.group(2))
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("shape, lost, runs_on", [(["--nodes", "2-3"], "n3", 2),
+                                                  (["-N", "2", "--spare-nodes", "1"], "n2", 2)])
+def test_a_node_lost_mid_epoch_is_left_out_and_the_run_finishes_by_itself(cluster3, tmp_path, shape, lost, runs_on):
+    env = cluster3.env
+    job, run_dir = submitted(trainscale(tmp_path, "slurm", *JOB, *shape, "--output-dir", str(tmp_path / "jobs"),
+                                        "--submit", *CNN, env=env))
+    ckdir = run_dir / "checkpoints"
+    wait_for(lambda: any(ckdir.glob("ckpt-*.pt")), 240, "the first checkpoint")
+    lose_node(cluster3, lost)
+    try:
+        state = cluster3.wait_done(job, timeout=400)
+    finally:
+        revive_node(cluster3, lost)
+    batch = (run_dir / f"{job}.out").read_text()
+    assert state == "COMPLETED", batch[-4000:]
+    assert f"node(s) {lost} lost" in batch and f"resuming on {runs_on} node(s)" in batch, batch[-4000:]
+    events = [json.loads(line) for line in (run_dir / "metrics" / "events.jsonl").read_text().splitlines()]
+    healed = [e for e in events if e.get("kind") == "node_lost"]
+    assert len(healed) == 1 and healed[0]["nodes"] == lost, events
+    report = trainscale(tmp_path, "report", str(run_dir), env=env)
+    assert f"node(s) {lost} lost in job {job}" in report.stdout, report.stdout[-3000:]
+    # the resumed step ran the rest of the epoch on the nodes left and ended it: its last step is the run's last
+    logs = "\n".join(p.read_text() for p in (run_dir / job).rglob("*.out"))
+    assert re.search(r"Resumed from .* written with world size 3, now 2", logs) or "spare" in " ".join(shape), logs
+    done = re.findall(r"Epoch 1: .* step (\d+)/(\d+)", logs)
+    assert done and done[-1][0] == done[-1][1], logs[-3000:]

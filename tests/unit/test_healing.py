@@ -1,0 +1,103 @@
+"""The self-healing loop of a batch script (launch/slurm/healing.py), run by bash with srun and sinfo faked at
+the process boundary: a node lost is left out and the step starts again; the job ends on a failure with no node
+lost, below MIN nodes, and on a crash loop (a node lost again with no newer checkpoint). The real thing, on the
+3-node test cluster: tests/slurm/test_self_healing.py."""
+
+from __future__ import annotations
+
+import subprocess
+import textwrap
+
+import pytest
+
+from trainscale.errors import ConfigError
+from trainscale.launch.slurm import healing
+from trainscale.launch.slurm.render import render
+from trainscale.launch.slurm.sources import spec_values
+from trainscale.launch.slurm.spec import SlurmJobSpec
+from trainscale.profiles import load_profile
+
+FAKES = """
+set -euo pipefail
+SLURM_NNODES=3 SLURM_JOB_NODELIST="n[1-3]" SLURM_JOB_ID=7 RUN_DIR="$PWD" JOB_DIR="$PWD/7"
+tries=0
+sinfo() { [ -f down ] && sort down || true; }
+step() {  # one try: says where it runs; a node dies (or not) and, with progress, a newer checkpoint appears
+  tries=$((tries + 1))
+  echo "try $tries on $RUN_NODES node(s) excluding ${LOST_NODES:-none}, port $MASTER_PORT"
+  [ -n "${DIES[$tries]:-}" ] && echo "${DIES[$tries]}" >> down
+  [ -n "${PROGRESS:-}" ] && touch "ckpt-0000000$tries.pt"
+  [ "$tries" -ge "${SUCCEED_AT:-99}" ] && return 0
+  return "${EXIT:-1}"
+}
+"""
+
+
+def run(tmp_path, spec: SlurmJobSpec, setup: str) -> subprocess.CompletedProcess[str]:
+    body = healing.lines(spec, ["step && status=0 || status=$?"], ['exit "$status"'],
+                         again=["MASTER_PORT=$((MASTER_PORT + 1))"])
+    script = FAKES + "MASTER_PORT=100\n" + textwrap.dedent(setup) + "\n".join(body) + "\n"
+    return subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=30)
+
+
+SPEC = dict(workload="cnn", time="10", profile="local-test")
+
+
+def test_a_node_lost_is_left_out_until_the_run_ends_well(tmp_path):
+    done = run(tmp_path, SlurmJobSpec(nodes=3, min_nodes=2, **SPEC),
+               "DIES=([1]=n3); PROGRESS=1 SUCCEED_AT=2\n")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "try 1 on 3 node(s) excluding none, port 100" in done.stdout
+    assert "node(s) n3 lost" in done.stdout and "resuming on 2 node(s)" in done.stdout
+    assert "try 2 on 2 node(s) excluding n3, port 101" in done.stdout  # a fresh rendezvous port
+    assert '"kind": "node_lost", "job": "7", "nodes": "n3", "run_nodes": 2' in (tmp_path / "metrics" / "events.jsonl").read_text()
+
+
+def test_a_failure_with_no_node_lost_is_the_runs_own_and_ends_the_job(tmp_path):
+    done = run(tmp_path, SlurmJobSpec(nodes=3, min_nodes=2, **SPEC), "EXIT=3\n")
+    assert done.returncode == 3 and "try 2" not in done.stdout and "lost" not in done.stdout, done.stdout
+
+
+def test_a_crash_loop_stops_instead_of_burning_the_allocation(tmp_path):
+    done = run(tmp_path, SlurmJobSpec(nodes=3, min_nodes=1, **SPEC), "DIES=([1]=n3 [2]=n2)\n")
+    assert done.returncode == 1
+    assert "node(s) n3 lost" in done.stdout and "try 2 on 2 node(s) excluding n3" in done.stdout
+    assert "node(s) n2,n3 lost, but the run made no progress since the last recovery" in done.stdout, done.stdout
+    assert "try 3" not in done.stdout
+
+
+def test_fewer_nodes_than_min_end_the_job_saying_how_to_resume(tmp_path):
+    done = run(tmp_path, SlurmJobSpec(nodes=3, min_nodes=2, **SPEC), "DIES=([1]=n3 [2]=n2); PROGRESS=1\n")
+    assert done.returncode == 1
+    assert "1 node(s) left, fewer than MIN 2: the job ends (exit code 1); resubmit it" in done.stdout, done.stdout
+
+
+def test_a_spare_takes_the_lost_nodes_place(tmp_path):
+    done = run(tmp_path, SlurmJobSpec(nodes=2, spare_nodes=1, **SPEC), "DIES=([1]=n2 [2]=n1); PROGRESS=1\n")
+    assert "try 1 on 2 node(s) excluding none" in done.stdout and "try 2 on 2 node(s) excluding n2" in done.stdout
+    assert "1 node(s) left, fewer than MIN 2" in done.stdout, done.stdout
+
+
+def test_the_batch_script_allocates_max_and_spares_with_no_kill_and_runs_on_run_nodes():
+    for spec, nodes in ((SlurmJobSpec(nodes=4, min_nodes=2, launcher="torchrun", **SPEC), 4),
+                        (SlurmJobSpec(nodes=2, spare_nodes=1, launcher="srun", **SPEC), 3)):
+        text = render(spec, load_profile("local-test"))
+        assert f"#SBATCH --nodes={nodes}\n" in text and "#SBATCH --no-kill\n" in text
+        assert '--nodes="$RUN_NODES"' in text and '${LOST_NODES:+--exclude="$LOST_NODES"}' in text
+        assert ('--nnodes "$RUN_NODES"' in text) == (spec.launcher == "torchrun")
+        assert "--checkpoint-dir \"$RUN_DIR/checkpoints\"" in text  # a workload resumes from the run's
+    plain = render(SlurmJobSpec(nodes=2, **SPEC), load_profile("local-test"))
+    assert "--no-kill" not in plain and "RUN_NODES" not in plain
+
+
+@pytest.mark.parametrize("given, message", [({"nodes": "3-2"}, "MIN must be 1 to MAX"),
+                                            ({"nodes": "two-3"}, "is not N or MIN-MAX"),
+                                            ({"nodes": "2", "spare_nodes": -1}, "is negative")])
+def test_bad_node_counts_are_refused_naming_the_fix(given, message):
+    with pytest.raises(ConfigError, match=message):
+        SlurmJobSpec(**SPEC, **spec_values(given))
+
+
+def test_nodes_min_max_reads_as_sbatch_spells_it():
+    assert spec_values({"nodes": "2-4"}) == {"nodes": 4, "min_nodes": 2}
+    assert spec_values({"nodes": "3"}) == {"nodes": 3}
