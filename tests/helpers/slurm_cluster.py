@@ -20,6 +20,7 @@ import contextlib
 import fcntl
 import os
 import re
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -98,6 +99,25 @@ class SlurmCluster:
                 pytest.fail(f"job {job_id} still {state} after {timeout}s (waiting for {sorted(states)}): "
                             f"{self.job_fields(job_id)}; logs in {self.log_dir}")
             time.sleep(0.2)
+
+    def lose_node(self, name: str) -> None:
+        """What a node's death does here, where every node is this machine: its slurmd and the job processes on it
+        killed, and the node marked down (what slurmctld does once a node stops answering, after SlurmdTimeout)."""
+        os.kill(int((self.dir / "run" / f"slurmd-{name}.pid").read_text()), signal.SIGKILL)
+        mark = f"SLURMD_NODENAME={name}".encode()
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit():
+                try:
+                    if mark in (proc / "environ").read_bytes().split(b"\0"):
+                        os.kill(int(proc.name), signal.SIGKILL)
+                except OSError:  # gone meanwhile
+                    pass
+        self.run("scontrol", "update", f"nodename={name}", "state=down", "reason=trainscale-test-node-lost")
+
+    def revive_node(self, name: str) -> None:
+        """The node back: its slurmd started again and the node resumed (ReturnToService may have done that)."""
+        self.run("slurmd", "-N", name, check=False)
+        self.run("scontrol", "update", f"nodename={name}", "state=resume", check=False)
 
     def wait_done(self, job_id: str, timeout: float = 120) -> str:
         """Poll until the job has ended; returns its final state.

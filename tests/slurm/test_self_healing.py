@@ -6,9 +6,7 @@ epoch once (the global cursor), the node named in the job's output and the run's
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -29,27 +27,6 @@ def cluster3():
         yield cluster
 
 
-def lose_node(cluster, name: str) -> None:
-    """What a node's death does on the test cluster, where every node is this machine: its slurmd and the job's
-    processes on it killed, and the node marked down (what slurmctld does once the node stops answering, after
-    SlurmdTimeout)."""
-    os.kill(int((cluster.dir / "run" / f"slurmd-{name}.pid").read_text()), signal.SIGKILL)
-    mark = f"SLURMD_NODENAME={name}".encode()
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if mark in (proc / "environ").read_bytes().split(b"\0"):
-                    os.kill(int(proc.name), signal.SIGKILL)
-            except OSError:  # gone meanwhile, or not ours to read
-                pass
-    cluster.run("scontrol", "update", f"nodename={name}", "state=down", "reason=trainscale-test-node-lost")
-
-
-def revive_node(cluster, name: str) -> None:
-    cluster.run("slurmd", "-N", name, check=False)
-    cluster.run("scontrol", "update", f"nodename={name}", "state=resume", check=False)  # ReturnToService may have
-
-
 def submitted(done: subprocess.CompletedProcess[str]) -> tuple[str, Path]:
     m = re.search(r"job (\d+) .*run directory (\S+)", done.stderr)
     assert done.returncode == 0 and m, f"{done.stdout}\n{done.stderr}"
@@ -65,11 +42,11 @@ def test_a_node_lost_mid_epoch_is_left_out_and_the_run_finishes_by_itself(cluste
                                         "--submit", *CNN, env=env))
     ckdir = run_dir / "checkpoints"
     wait_for(lambda: any(ckdir.glob("ckpt-*.pt")), 240, "the first checkpoint")
-    lose_node(cluster3, lost)
+    cluster3.lose_node(lost)
     try:
         state = cluster3.wait_done(job, timeout=400)
     finally:
-        revive_node(cluster3, lost)
+        cluster3.revive_node(lost)
     batch = (run_dir / f"{job}.out").read_text()
     assert state == "COMPLETED", batch[-4000:]
     assert f"node(s) {lost} lost" in batch and f"resuming on {runs_on} node(s)" in batch, batch[-4000:]

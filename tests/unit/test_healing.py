@@ -92,7 +92,9 @@ def test_the_batch_script_allocates_max_and_spares_with_no_kill_and_runs_on_run_
 
 @pytest.mark.parametrize("given, message", [({"nodes": "3-2"}, "MIN must be 1 to MAX"),
                                             ({"nodes": "two-3"}, "is not N or MIN-MAX"),
-                                            ({"nodes": "2", "spare_nodes": -1}, "is negative")])
+                                            ({"nodes": "2", "spare_nodes": -1}, "spare nodes"),
+                                            ({"nodes": "1-2", "sweep": True, "array": "0-3"},
+                                             "each array task is its own job")])
 def test_bad_node_counts_are_refused_naming_the_fix(given, message):
     with pytest.raises(ConfigError, match=message):
         SlurmJobSpec(**SPEC, **spec_values(given))

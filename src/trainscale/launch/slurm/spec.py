@@ -238,7 +238,8 @@ class SlurmJobSpec:
             raise ConfigError(f"--nodes {self.min_nodes}-{self.nodes}: MIN must be 1 to MAX",
                               hint="e.g. --nodes 2-4: start on 4 nodes, continue on as few as 2")
         if self.spare_nodes < 0:
-            raise ConfigError(f"--spare-nodes {self.spare_nodes} is negative", hint="use 0 or more spare nodes")
+            raise ConfigError(f"--spare-nodes {self.spare_nodes}: a negative number of spare nodes",
+                              hint="use 0 or more spare nodes")
         if self.heals and self.sweep:
             raise ConfigError("--spare-nodes / --nodes MIN-MAX with a sweep: each array task is its own job",
                               hint="leave them out of trainscale sweep")
