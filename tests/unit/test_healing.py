@@ -20,6 +20,8 @@ from trainscale.profiles import load_profile
 FAKES = """
 set -euo pipefail
 SLURM_NNODES=3 SLURM_JOB_NODELIST="n[1-3]" SLURM_JOB_ID=7 RUN_DIR="$PWD" JOB_DIR="$PWD/7"
+TRAINSCALE_NODE_WAIT=${TRAINSCALE_NODE_WAIT:-0}
+scontrol() { echo "SlurmdTimeout           = 300 sec"; }
 tries=0
 sinfo() { [ -f down ] && sort down || true; }
 step() {  # one try: says where it runs; a node dies (or not) and, with progress, a newer checkpoint appears
@@ -55,7 +57,22 @@ def test_a_node_lost_is_left_out_until_the_run_ends_well(tmp_path):
 
 def test_a_failure_with_no_node_lost_is_the_runs_own_and_ends_the_job(tmp_path):
     done = run(tmp_path, SlurmJobSpec(nodes=3, min_nodes=2, **SPEC), "EXIT=3\n")
-    assert done.returncode == 3 and "try 2" not in done.stdout and "lost" not in done.stdout, done.stdout
+    assert done.returncode == 3 and "try 2" not in done.stdout and "resuming" not in done.stdout, done.stdout
+    assert "SLURM reports no node lost yet: waiting up to 0 s" in done.stdout
+
+
+def test_a_node_slurm_marks_down_only_after_the_step_failed_is_still_healed(tmp_path):
+    """A dead node fails the step at once; SLURM marks it down later (SlurmdTimeout): the loop waits for that."""
+    done = run(tmp_path, SlurmJobSpec(nodes=3, min_nodes=2, **SPEC),
+               "TRAINSCALE_NODE_WAIT=60 SUCCEED_AT=2\nsleep() { echo n3 > down; }\n")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "waiting up to 60 s" in done.stdout and "node(s) n3 lost" in done.stdout and "try 2 on 2" in done.stdout
+
+
+def test_the_wait_defaults_to_the_clusters_slurmd_timeout(tmp_path):
+    done = run(tmp_path, SlurmJobSpec(nodes=3, min_nodes=2, **SPEC),
+               "unset TRAINSCALE_NODE_WAIT; EXIT=3\nsleep() { echo n1 > down; }\n")
+    assert "waiting up to 300 s" in done.stdout, done.stdout
 
 
 def test_a_crash_loop_stops_instead_of_burning_the_allocation(tmp_path):

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from trainscale.launch.slurm.spec import SlurmJobSpec
 
+WAIT_VAR = "TRAINSCALE_NODE_WAIT"
+"""Seconds a failed step waits for SLURM to report a node down (default: the cluster's SlurmdTimeout)."""
 DOWN_STATES = "down,drain,fail,no_respond"
 """sinfo states of a node the job must leave out (``sinfo -t``)."""
 
@@ -45,6 +47,14 @@ def lines(spec: SlurmJobSpec, step: list[str], after: list[str], again: list[str
         f"MAX_NODES={spec.nodes} MIN_NODES={low}",
         'RUN_NODES=$(( SLURM_NNODES < MAX_NODES ? SLURM_NNODES : MAX_NODES ))',
         'LOST_NODES="" LAST_CKPT="" recovered=0',
+        "# a node that dies fails the step before SLURM says so (it marks a silent node down after SlurmdTimeout):",
+        "# a failed step with no node down yet waits that long for SLURM's verdict before it counts as the run's own",
+        f"NODE_WAIT=${{{WAIT_VAR}:-$(scontrol show config 2>/dev/null | awk '/^SlurmdTimeout/ {{print $3; exit}}' "
+        "|| true)}",
+        'NODE_WAIT=${NODE_WAIT:-300}',
+        "down_nodes() {",
+        f'  sinfo -h -N -n "$SLURM_JOB_NODELIST" -t {DOWN_STATES} -o %N 2>/dev/null | sort -u | paste -sd, - || true',
+        "}",
         "newest_checkpoint() {  # the newest checkpoint's step anywhere in the run directory (progress between tries)",
         '  find "$RUN_DIR" -maxdepth 4 -name "ckpt-[0-9]*" 2>/dev/null | sed "s/.*ckpt-0*//; s/[.].*//" | sort -n '
         '| tail -n1 || true',
@@ -53,7 +63,16 @@ def lines(spec: SlurmJobSpec, step: list[str], after: list[str], again: list[str
         *["  " + line for line in step],
         '  [ "$status" -eq 0 ] && break',
         '  [ -f "$JOB_DIR/stopped" ] && break  # stopped with a checkpoint (time limit, preemption): as below',
-        f'  lost=$(sinfo -h -N -n "$SLURM_JOB_NODELIST" -t {DOWN_STATES} -o %N 2>/dev/null | sort -u | paste -sd, - || true)',
+        '  lost=$(down_nodes)',
+        '  if [ -z "$lost" ] || [ "$lost" = "$LOST_NODES" ]; then',
+        '    echo "trainscale: the step failed (exit code $status) and SLURM reports no node lost yet: waiting up to '
+        '$NODE_WAIT s for its verdict (SlurmdTimeout)"',
+        "    waited=0",
+        '    while [ "$waited" -lt "$NODE_WAIT" ]; do',
+        '      sleep 5; waited=$((waited + 5)); lost=$(down_nodes)',
+        '      if [ -n "$lost" ] && [ "$lost" != "$LOST_NODES" ]; then break; fi',
+        "    done",
+        "  fi",
         '  if [ -z "$lost" ] || [ "$lost" = "$LOST_NODES" ]; then break; fi  # no node lost: the failure is the run\'s',
         '  ckpt=$(newest_checkpoint)',
         '  if [ "$recovered" -gt 0 ] && [ "$ckpt" = "$LAST_CKPT" ]; then',
