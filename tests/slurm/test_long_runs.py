@@ -83,6 +83,29 @@ def test_requeue_cap_reached_ends_the_job_clearly(slurm_cluster, tmp_path):
     print(f"\n[requeue cap] job {job}: stopped by the cap {seconds:.1f}s after submission")
 
 
+def test_one_array_task_requeued_alone_resumes_its_own_checkpoints(slurm_cluster, tmp_path):
+    """issue 36 item 3: SLURM's warning to one task of an array requeues that task only (``JOBID_TASK``, not the
+    array, which Lightning requeues whole), and it resumes from its own directory's checkpoints."""
+    done = trainscale(tmp_path, "sweep", "--grid", "lr=1e-3,3e-3", "--profile", "local-test", "-N", "1",
+                      "--gpus-per-node", "1", "-t", "00:10:00", "--python", sys.executable, "--requeue",
+                      "--output-dir", str(tmp_path / "jobs"), "--submit", "--workload", "cnn", "--data", "synthetic",
+                      "--samples", "2048", "--batch-size", "16", "--epochs", "1", "--checkpoint-every", "4",
+                      "--log-every", "0")
+    m = re.search(r"submitted array job (\d+) \(2 tasks", done.stderr)
+    assert done.returncode == 0 and m, done.stderr
+    array, run_dir = m.group(1), Path(done.stdout.strip())
+    wait_for(lambda: any((run_dir / "task-1" / "checkpoints").glob("ckpt-*.pt")), 180, "task 1's first checkpoint")
+    slurm_cluster.run("scancel", "--signal=USR1", "--batch", f"{array}_1")
+    wait_for(lambda: all((run_dir / f"task-{i}" / "finished").exists() or (run_dir / f"task-{i}" / "failed").exists()
+                         for i in range(2)), 300, "both array tasks")
+    assert all((run_dir / f"task-{i}" / "finished").exists() for i in range(2))
+    restarts = {i: slurm_cluster.job_fields(f"{array}_{i}").get("Restarts") for i in range(2)}
+    assert restarts == {0: "0", 1: "1"}, restarts
+    logs = {p.relative_to(run_dir): p.read_text(errors="replace") for p in run_dir.rglob("*.out") if p.is_file()}
+    resumed = [name for name, text in logs.items() if "Resumed from" in text]
+    assert len(resumed) == 1 and "task-1/checkpoints/ckpt-" in logs[resumed[0]], sorted(map(str, logs))
+
+
 def test_sweep_two_by_two_as_one_array_job(slurm_cluster, tmp_path):
     t0 = time.monotonic()
     done = trainscale(tmp_path, "sweep", "--grid", "lr=1e-3,3e-3 batch-size=16,32", "--max-parallel", "2",

@@ -101,6 +101,8 @@ def target_args(spec: SlurmJobSpec, launcher: str, plan: JobPlan) -> str:
             not any(a.startswith("--checkpoint-dir") for a in spec.args):
         # the run directory outlives requeues and chain links: every attempt resumes from here
         line += ' --checkpoint-dir "$RUN_DIR/checkpoints"'
+    if spec.workload and spec.sweep and continues(spec) and not any(a.startswith("--checkpoint-dir") for a in spec.args):
+        line += ' --checkpoint-dir "$TASK_DIR/checkpoints"'  # a requeued task resumes its own run, no other's
     if spec.sweep:
         line += ' "${TASK_ARGS[@]}"'  # this array task's configuration (and its own directory)
     return line
