@@ -121,3 +121,25 @@ def test_a_script_resumed_mid_epoch_trains_every_remaining_sample_once(tmp_path)
     assert stopped == straight
     assert all(set(c.values()) == {1} for c in straight.values())  # every sample once per epoch
     assert sorted(straight["0"]) == list(range(256))  # the interrupted epoch whole
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_run_near_its_time_limit_saves_before_it_without_a_signal(tmp_path):
+    """issue 36 item 3: a job's end known (TRAINSCALE_JOB_END, which the batch script reads from squeue) and no
+    warning signal at all: the ranks stop together with a checkpoint once the time left would hold no more than
+    1.5 of their measured saves and the steps to their next agreement, so the save ends before the limit."""
+    import time
+
+    from helpers.cli import in_process
+
+    end = int(time.time()) + 40
+    run = ("run", "--nproc-per-node", "2", "--log-dir", "logs", "--workload", "cnn", "--data", "synthetic",
+           "--samples", "256", "--batch-size", "16", "--log-every", "0", "--epochs", "100000",
+           "--checkpoint-every", "4", "--checkpoint-dir", "ckpt")
+    stopped = in_process(*run, cwd=tmp_path, env={"TRAINSCALE_JOB_END": str(end)})
+    said = stopped.stdout + stopped.stderr
+    assert "Preempted (the time limit in " in said and ", a save takes " in said, said[-3000:]
+    step = int(re.search(r"Preempted .* at step (\d+)", said).group(1))
+    last = tmp_path / "ckpt" / f"ckpt-{step:08d}.pt"
+    assert last.exists() and last.stat().st_mtime < end, "the last save did not end before the limit"

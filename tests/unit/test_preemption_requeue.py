@@ -63,3 +63,31 @@ def test_requeue_and_log_says_the_line_first_then_the_outcome(tmp_path, monkeypa
     assert said == ["Preempted at step 7; requeueing SLURM job 4242 (scontrol requeue); this attempt ends here",
                     "requeued SLURM job 4242 (scontrol requeue)",
                     "Preempted at step 9; not a SLURM job: run the same command again to resume from the checkpoint"]
+
+
+def test_the_last_save_is_timed_from_measured_saves_to_end_before_the_limit(monkeypatch):
+    """issue 36 item 3: with the job's end known (TRAINSCALE_JOB_END) the flag goes up once the time left holds no
+    more than 1.5 saves, the steps until the ranks next agree (10) and 5 s; never without a measured save, and a
+    job end already past when the run starts (another job's, a skewed clock) is ignored."""
+    import time
+
+    now = time.time()
+    monkeypatch.setenv("TRAINSCALE_JOB_END", str(int(now) + 600))
+    preemption = Preemption(SimpleNamespace(is_main=True, is_distributed=False))
+    try:
+        assert not preemption.requested()  # no save measured yet: nothing to time from
+        preemption.save_seconds = lambda: 100.0
+        preemption._last_call = None
+        # steps of 20 s: 11 of them (to the next agreement) and 1.5 saves need 375 s; 380 s left still hold them
+        assert not any(preemption._time_is_up(now + t) for t in range(0, 240, 20))
+        assert preemption._time_is_up(now + 240)  # 360 s left: the save starts now
+        assert preemption.received.startswith("the time limit in ") and "a save takes 100 s" in preemption.received
+    finally:
+        preemption.restore()
+    monkeypatch.setenv("TRAINSCALE_JOB_END", str(int(now) - 5))
+    past = Preemption(SimpleNamespace(is_main=True, is_distributed=False))
+    try:
+        past.save_seconds = lambda: 100.0
+        assert past.job_end is None and not past.requested()
+    finally:
+        past.restore()

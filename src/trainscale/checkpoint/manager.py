@@ -14,6 +14,7 @@ import functools
 import logging
 import os
 import shutil
+import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,6 +185,8 @@ class Checkpointer:
         self.keep = keep
         self.about = dict(about or {})
         """Added to every checkpoint's record (and manifest), e.g. the training loop's global batch."""
+        self.durations: list[float] = []
+        """Seconds each complete save took on this rank (staging and the background write, for a background one)."""
         self.strategy = strategy if isinstance(strategy, str) else strategy.name
         self.storage = FILE if isinstance(strategy, str) else getattr(strategy, "storage", FILE)
         self.asynchronous = self.storage.resolve_async(asynchronous, self.strategy)
@@ -221,6 +224,7 @@ class Checkpointer:
         ``blocking``, after the save in flight has finished; ``on_complete`` runs on rank 0 once the
         checkpoint is on disk (in the background, for a background save)."""
         self._lock()
+        began = time.perf_counter()
         model, entries = _split(state)
         storage = model.storage if model is not None else FILE
         record = layout.record(version=__version__, world_size=self.runtime.world_size, strategy=self.strategy,
@@ -238,8 +242,12 @@ class Checkpointer:
             if write is None:  # nothing to write on this rank
                 return path
 
+            staged = time.perf_counter() - began
+
             def job() -> None:
+                started = time.perf_counter()
                 write()
+                self.durations.append(staged + time.perf_counter() - started)
                 self._saved(on_complete)
 
             self._inflight.start(step, path, job)
@@ -247,7 +255,12 @@ class Checkpointer:
         path = storage.save(self.directory, step, entries, record, self.runtime, model)
         self._saved(on_complete)
         self.runtime.barrier()  # nobody runs ahead (or exits) before the checkpoint is on disk
+        self.durations.append(time.perf_counter() - began)
         return path
+
+    def save_seconds(self) -> float | None:
+        """How long a save takes here: the longest of the last three (None before the first)."""
+        return max(self.durations[-3:]) if self.durations else None
 
     def _saved(self, on_complete: Callable[[], None] | None) -> None:
         """Once a checkpoint is on disk, rank 0 removes the old ones and runs ``on_complete``."""

@@ -58,6 +58,9 @@ class LaunchEnv:
     """Signals that mean "checkpoint and stop" (TRAINSCALE_PREEMPT_SIGNALS, e.g. SIGUSR2)."""
     preempt_check_every: int = 10
     """Steps between the ranks' agreement on a preemption (TRAINSCALE_PREEMPT_CHECK_EVERY)."""
+    job_end: float | None = None
+    """When the job's time limit ends, in seconds since the epoch (TRAINSCALE_JOB_END, from squeue at the job's
+    start): the last save is timed from measured save durations to finish before it."""
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -129,6 +132,8 @@ def job_facts(environ: Mapping[str, str]) -> dict[str, Any]:
         facts["requeue_job"] = environ.get("SLURM_JOB_ID") or None
     if environ.get("TRAINSCALE_MAX_REQUEUES"):
         facts["max_requeues"] = read_int(environ, "TRAINSCALE_MAX_REQUEUES", "trainscale")
+    if environ.get("TRAINSCALE_JOB_END"):
+        facts["job_end"] = float(read_int(environ, "TRAINSCALE_JOB_END", "trainscale"))
     if environ.get("TRAINSCALE_PREEMPT_CHECK_EVERY"):
         facts["preempt_check_every"] = max(1, read_int(environ, "TRAINSCALE_PREEMPT_CHECK_EVERY", "trainscale"))
     return facts

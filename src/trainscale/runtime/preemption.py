@@ -2,7 +2,11 @@
 
 SLURM sends ``--signal=USR1@SECONDS`` before the time limit or a preemption. The handler only sets
 a flag; the training loop asks :meth:`Preemption.requested` at each step boundary, which agrees on
-the answer across ranks (one tiny all-reduce), so every rank checkpoints at the same step. Then
+the answer across ranks (one tiny all-reduce), so every rank checkpoints at the same step. Where the job's
+end is known (``TRAINSCALE_JOB_END``, which trainscale's batch scripts export) and the loop says how long its
+saves take (:attr:`Preemption.save_seconds`), the flag is also set once the time left would no longer hold
+one and a half saves and the steps until the ranks next agree: a save longer than SLURM's warning still ends
+before the limit. Then
 rank 0 requeues the job with ``scontrol requeue`` (array jobs in their ``JOBID_TASK`` form) or, where
 ``scontrol`` is not reachable (inside a container), leaves a marker for the batch script to do it.
 """
@@ -13,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -41,6 +46,10 @@ class Preemption:
         self._calls = 0
         env = getattr(runtime, "env", None) or detect()
         self.check_every = env.preempt_check_every
+        self.job_end = env.job_end if env.job_end and env.job_end > time.time() else None  # a past end: not ours
+        self.save_seconds: Callable[[], float | None] | None = None
+        """How long a save takes (the loop's measured ones); with ``job_end``, the last save is timed from it."""
+        self._last_call: float | None = None
         self.signals = [getattr(signal, name) for name in env.preempt_signals]
         self._previous = {sig: signal.signal(sig, self._handle) for sig in self.signals}
 
@@ -49,11 +58,14 @@ class Preemption:
         self.received = signal.Signals(signum).name
 
     def requested(self) -> bool:
-        """True on every rank once any rank has received the signal (call at every step boundary).
+        """True on every rank once any rank has received the signal, or the job's end comes too close for one
+        more save (call at every step boundary).
 
         The ranks compare flags every ``check_every`` calls only (one tiny all-reduce), which keeps
         the step path free of a collective; SLURM's warning comes a minute or more ahead.
         """
+        if not self.flag and self._time_is_up():
+            self.flag = True
         if not self.runtime.is_distributed:
             return self.flag
         self._calls += 1
@@ -62,6 +74,19 @@ class Preemption:
         flag = torch.tensor([1.0 if self.flag else 0.0], device=self.runtime.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item() > 0)
+
+    def _time_is_up(self, now: float | None = None) -> bool:
+        """Whether the time left holds no more than 1.5 saves, the steps until the ranks next agree and 5 s."""
+        now = time.time() if now is None else now
+        step, self._last_call = (now - self._last_call if self._last_call is not None else 0.0), now
+        save = self.save_seconds() if self.job_end is not None and self.save_seconds is not None else None
+        if not save:
+            return False
+        left = self.job_end - now
+        if left > 1.5 * save + (self.check_every + 1) * step + 5.0:
+            return False
+        self.received = f"the time limit in {max(0.0, left):.0f} s, a save takes {save:.0f} s"
+        return True
 
     def requeue(self, before: Callable[[str], None] | None = None) -> str:
         """Ask SLURM to run this job again (rank 0 only); returns what was done, for the log.

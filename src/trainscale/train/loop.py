@@ -228,6 +228,8 @@ class Loop:
         self._build()
         epoch, done = self._resume()
         preemption = rt.handle_preemption()  # from here on SIGUSR1 only sets a flag, checked at step boundaries
+        if self.checkpointer is not None:  # the last save before the time limit is timed from the measured ones
+            preemption.save_seconds = self.checkpointer.save_seconds
         if rt.attempt:
             rt.print(f"Attempt {rt.attempt + 1} of this job (restarted or requeued {rt.attempt} time(s))")
         # the recorder every script has (observe/hooks.py) records the steps; the loop adds what it alone knows

@@ -59,6 +59,7 @@ class Resumable:
                               hint="give your extra entries other names, e.g. scheduler=..., loader=...")
         if self.checkpointer is None:
             self.checkpointer = Checkpointer(self.directory, self.rt, strategy=self.rt.strategy_of(model))
+            self.preemption.save_seconds = self.checkpointer.save_seconds  # the last save timed before the limit
         return {"model": self.rt.checkpoint_state(model, optimizer), "rng": RNGState(self.rt.device), **state}
 
     def resume(self, model: Any, optimizer: Any, state: dict[str, Any]) -> int:

@@ -12,6 +12,7 @@ from trainscale.launch.slurm.spec import SlurmJobSpec
 ON_SIGNAL_VAR = "TRAINSCALE_ON_SIGNAL"
 MAX_REQUEUES_VAR = "TRAINSCALE_MAX_REQUEUES"
 SIGNALS_VAR = "TRAINSCALE_PREEMPT_SIGNALS"
+JOB_END_VAR = "TRAINSCALE_JOB_END"
 STOPPED = "stopped"
 EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped with a checkpoint, not finished
 DEFAULT_WARNING = "USR1@120"
@@ -46,6 +47,10 @@ def exports(spec: SlurmJobSpec, handles_signal: bool = True) -> list[str]:
         out.append(f"export {ON_SIGNAL_VAR}=stop  # link of a chain: on the signal, checkpoint and stop")
     if spec.requeue:
         out.append(f"export {MAX_REQUEUES_VAR}={spec.max_requeues}  # --max-requeues: after that, stop")
+    if name:  # the ranks time their last save from measured ones to end before the limit (runtime/preemption.py)
+        out.append(f'{JOB_END_VAR}=$(end=$(squeue -h -j "$SLURM_JOB_ID" -o %e 2>/dev/null) && [ -n "$end" ] && '
+                   'date -d "$end" +%s 2>/dev/null || true)')
+        out.append(f"export {JOB_END_VAR}  # the time limit: the last save is timed to end before it")
     return out
 
 
