@@ -100,3 +100,22 @@ def test_plan_refuses_before_calibrating(tmp_path):
     done = plan(tmp_path, "broken.py")
     assert done.returncode == 2 and "the calibration run failed (exit 1):" in done.stderr, done.stderr
     assert "run the same line with trainscale run" in done.stderr
+
+
+def test_verify_runs_the_cheapest_configurations_and_prints_predicted_against_measured(tmp_path):
+    """issue 37: `plan --verify` runs 2 ranks of the workload under ddp, zero1 and fsdp here; the held bytes the
+    plan predicted for the fullest rank are the run's own memory table's: ddp's whole, fsdp's halved, zero1's
+    optimizer state partitioned in whole tensors as torch does it (cnn's fc1 alone is most of it)."""
+    done = plan(tmp_path, "--nproc-per-node", "2", "--verify", "--json", "--workload", "cnn", "--", "--data",
+                "synthetic", "--samples", "512", "--batch-size", "16")
+    assert done.returncode == 0, done.stderr[-3000:]
+    made = json.loads(done.stdout)
+    checked = {v["strategy"]: v for v in made["verified"]}
+    assert set(checked) == {"ddp", "zero1", "fsdp"} and all(v["ranks"] == 2 for v in checked.values())
+    assert all(abs(v["held_error"]) < 0.02 for v in checked.values()), checked
+    assert all(v["measured_step_s"] > 0 and v["step_error"] is not None for v in checked.values())
+    assert done.stderr.count("verifying: run --nproc-per-node 2") == 3
+    text = plan(tmp_path, "--nproc-per-node", "2", "--verify", "--steps", "3", "--workload", "cnn", "--", "--data",
+                "synthetic", "--samples", "512", "--batch-size", "16")
+    assert "Verified here (--verify: 2 rank(s), batch 16 per rank" in text.stdout, text.stdout[-3000:]
+    assert "2 x fsdp" in text.stdout

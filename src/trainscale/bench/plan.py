@@ -47,6 +47,8 @@ class Calibration:
     steps: list[dict]
     """The step records after the first (the first pays for warm-up)."""
     dtypes: tuple[str, ...] = ()
+    groups: tuple[tuple[int, ...], ...] = ()
+    """Each optimizer parameter group's parameter sizes (elements), for ZeRO-1's whole-tensor partitions."""
     device: str = "cpu"
     threads: int = 1
     """CPU threads the calibration's rank ran (on CPU: the cores it used)."""
@@ -66,6 +68,7 @@ class Calibration:
         return cls(params=int(state["params_bytes"]), grads=int(state["grads_bytes"]),
                    optimizer=int(state["optimizer_bytes"]), activations=int(state["activation_bytes"]),
                    batch=batch, steps=steps[1:], dtypes=tuple(state.get("param_dtypes") or ()),
+                   groups=tuple(tuple(int(n) for n in g) for g in state.get("param_groups") or ()),
                    device=str(meta.get("device", "cpu")), threads=int(meta.get("threads") or 1))
 
     def measured(self) -> Measured:
@@ -113,8 +116,27 @@ def memory(cal: Calibration, strategy: str, world: int, batch: int) -> Memory:
     p, g, o = float(cal.params), float(cal.grads), float(cal.optimizer)
     act = cal.activations * batch / max(1, cal.batch)
     buckets = g if shard.buckets and n > 1 else 0.0
-    return Memory(strategy, p / (n if shard.params else 1), g / (n if shard.grads else 1),
-                  o / (n if shard.optimizer else 1), act, buckets)
+    optimizer = o / (n if shard.optimizer else 1)
+    if strategy == "zero1" and n > 1 and cal.groups:  # torch's ZeRO-1 keeps tensors whole: its fullest rank
+        optimizer = o * whole_tensor_share(cal.groups, n)
+    return Memory(strategy, p / (n if shard.params else 1), g / (n if shard.grads else 1), optimizer, act, buckets)
+
+
+def whole_tensor_share(groups: tuple[tuple[int, ...], ...], ranks: int) -> float:
+    """The largest share of the parameters (by elements) one rank owns when ZeroRedundancyOptimizer partitions
+    them: in each group, largest first, each to the rank holding the fewest elements so far (torch's
+    ``_partition_parameters``)."""
+    total = sum(sum(g) for g in groups)
+    if not total:
+        return 1.0 / ranks
+    held = [0] * ranks
+    for group in groups:
+        sizes = [0] * ranks
+        for numel in sorted(group, reverse=True):
+            rank = sizes.index(min(sizes))
+            sizes[rank] += numel
+            held[rank] += numel
+    return max(held) / total
 
 
 @dataclass
@@ -138,6 +160,24 @@ class Plan:
     """The plan is for GPUs (a GPU profile): a CPU calibration's times are not theirs, and it says so."""
     cpus_per_rank: int | None = None
     """CPUs each rank gets (the profile's usable cores per node, or this machine's, over the ranks per node)."""
+    shared_cores: int | None = None
+    """CPU ranks planned on this machine share its cores (make_plan)."""
+    verified: list[dict] = field(default_factory=list)
+    """``--verify``: the cheapest configurations run here, predicted against measured (bench/planning.py)."""
+
+    def predict(self, ranks: int, nodes: int = 1) -> dict:
+        """Step time, band, speedup and efficiency at ``ranks`` over ``nodes`` (ddp's all-reduce)."""
+        cal = self.calibration
+        measured, (low, high) = cal.measured(), cal.spread()
+        # within one node the all-reduce does not cross the interconnect; the model charges it anyway (stated)
+        on_node = ranks // nodes
+        contention = max(1.0, on_node * cal.threads / self.shared_cores) if self.shared_cores else 1.0
+        p = predict(measured, self.network, ranks, ModelOptions(scaling="weak", contention=contention))
+        base = predict(measured, self.network, 1, ModelOptions(scaling="weak"))
+        speedup = p.samples_per_s / base.samples_per_s
+        return {"ranks": ranks, "nodes": nodes, "step_s": p.step_s, "band_s": [p.step_s * low, p.step_s * high],
+                "exposed_comm_s": p.exposed_comm_s, "speedup": speedup, "efficiency": speedup / ranks,
+                "samples_per_s": p.samples_per_s}
 
     def data_share(self) -> float:
         """The calibration's data wait as a share of its median step."""
@@ -169,7 +209,7 @@ class Plan:
                 "times": self.times, "times_from": self.calibration.device, "for_gpus": self.target_gpus,
                 "cpus_per_rank": self.cpus_per_rank, "dataloader_workers": self.workers(),
                 "data_share": self.data_share(),
-                "recommended": self.recommended, "not_counted": list(self.unseen)}
+                "recommended": self.recommended, "not_counted": list(self.unseen), "verified": self.verified}
 
 
 def ladder(ranks_per_node: int, nodes: int) -> list[tuple[int, int]]:
@@ -194,20 +234,9 @@ def make_plan(cal: Calibration, *, what: str, ranks_per_node: int, nodes: int, b
     rank used are not 2x faster."""
     batch = batch or cal.batch
     plan = Plan(cal, what, ranks_per_node, nodes, batch, device_bytes, device_source, network, network_source,
-                target_gpus=target_gpus, cpus_per_rank=cpus_per_rank)
+                target_gpus=target_gpus, cpus_per_rank=cpus_per_rank, shared_cores=shared_cores)
     plan.memory = [memory(cal, s, plan.world, batch) for s in STRATEGIES]
-    measured = cal.measured()
-    low, high = cal.spread()
-    for ranks, used_nodes in ladder(ranks_per_node, nodes):
-        # within one node the all-reduce does not cross the interconnect; the model charges it anyway (stated)
-        on_node = ranks // used_nodes
-        contention = max(1.0, on_node * cal.threads / shared_cores) if shared_cores else 1.0
-        p = predict(measured, network, ranks, ModelOptions(scaling="weak", contention=contention))
-        base = predict(measured, network, 1, ModelOptions(scaling="weak"))
-        speedup = p.samples_per_s / base.samples_per_s
-        plan.times.append({"ranks": ranks, "nodes": used_nodes, "step_s": p.step_s, "band_s": [p.step_s * low,
-                           p.step_s * high], "exposed_comm_s": p.exposed_comm_s, "speedup": speedup,
-                           "efficiency": speedup / ranks, "samples_per_s": p.samples_per_s})
+    plan.times = [plan.predict(ranks, used_nodes) for ranks, used_nodes in ladder(ranks_per_node, nodes)]
     fitting = [m for m in plan.memory if plan.fits(m) is not False]
     plan.recommended = fitting[0].strategy if fitting else None  # the least sharding that fits: the fastest
     return plan
@@ -262,8 +291,23 @@ def render(plan: Plan, submit: str | None) -> list[str]:
                      f"calibration's step" + (" (workers pay above 5%)" if not workers else ""))
     if submit:
         lines.append(f"Submit: {submit}")
+    if plan.verified:
+        lines += ["", f"Verified here (--verify: {plan.verified[0]['ranks']} rank(s), batch {plan.batch} per rank, "
+                      f"each configuration run {plan.verified[0]['steps']} steps; error = measured / predicted - 1):"]
+        rows = [(v["config"], f"{v['predicted_step_s'] * 1e3:.1f} ({v['band_s'][0] * 1e3:.1f}-"
+                 f"{v['band_s'][1] * 1e3:.1f})", f"{v['measured_step_s'] * 1e3:.1f}", _error(v["step_error"]),
+                 _size(v["predicted_held"]), _size(v["measured_held"]) if v["measured_held"] is not None else "-",
+                 _error(v["held_error"])) for v in plan.verified]
+        lines += _table(("configuration", "step ms predicted (band)", "measured", "error", "held predicted",
+                         "measured", "error"), rows)
+        lines.append("held: parameters, gradients and optimizer state of the fullest rank (the run's own memory "
+                     "table; a script's: what its rank 0 held)")
     lines += ["", "Not counted:"] + [f"  - {u}" for u in plan.unseen]
     return lines
+
+
+def _error(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.1%}"
 
 
 def _table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:

@@ -23,32 +23,40 @@ PROFILE_NETWORKS = {"ofi": "slingshot-11", "ib": "ib-hdr200", "socket": "etherne
 DEFAULT_NETWORK = "ethernet-25g"
 
 
-def calibrate(*, script: str | None, args: tuple[str, ...], workload: str | None, batch: int | None, steps: int,
-              say: Callable[[str], None], timeout_s: float = 900.0) -> Calibration:
-    """Run the script (or workload) on one rank until ``steps`` optimizer steps are recorded, then read its state
-    and step records. A script runs in the working directory (its relative paths), its rt.checkpoint files in a
-    directory of the calibration's own (it neither resumes from nor writes into the run's); a workload in a
-    temporary directory."""
+def short_run(*, script: str | None, args: tuple[str, ...], workload: str | None, batch: int | None, steps: int,
+              say: Callable[[str], None], nproc: int = 1, strategy: str | None = None,
+              timeout_s: float = 900.0) -> tuple[list[dict], dict | None]:
+    """Run the script (or workload) on ``nproc`` ranks here for ``steps`` optimizer steps and more: rank 0's
+    records, and a workload's metrics (its memory table). A script runs in the working directory (its relative
+    paths) and is stopped after ``steps`` by its recorder (observe/state.py); its rt.checkpoint files go to a
+    directory of the run's own (it neither resumes from nor writes into the user's). A workload runs
+    ``steps + 1`` steps to its normal end in a temporary directory."""
     from trainscale.observe.state import PLAN_STEPS_VAR
     from trainscale.train.resumable import CHECKPOINT_DIR_VAR
 
     with tempfile.TemporaryDirectory(prefix="trainscale-plan-") as tmp:
-        logs = Path(tmp) / "runs"
+        logs, metrics = Path(tmp) / "runs", Path(tmp) / "metrics.json"
         env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINSCALE_TRAIN_")}
-        env.update({PLAN_STEPS_VAR: str(steps), CHECKPOINT_DIR_VAR: str(Path(tmp) / "checkpoints"),
-                    "TRAINSCALE_RECORD": "1", "TRAINSCALE_HANG_NOTICE": "0"})
-        head = [sys.executable, "-m", "trainscale", "run", "--nproc-per-node", "1", "--log-dir", str(logs)]
+        env.update({CHECKPOINT_DIR_VAR: str(Path(tmp) / "checkpoints"), "TRAINSCALE_RECORD": "1",
+                    "TRAINSCALE_HANG_NOTICE": "0"})
+        head = [sys.executable, "-m", "trainscale", "run", "--nproc-per-node", str(nproc), "--log-dir", str(logs)]
         if workload:
             line = [*head, "--workload", workload, *args, *(["--batch-size", str(batch)] if batch else []),
-                    "--epochs", "1000", "--log-every", "0"]
+                    *(["--strategy", strategy] if strategy else []), "--epochs", "1000", "--log-every", "0"]
+            if nproc == 1:  # the calibration: the state counted, then stopped by the recorder
+                env[PLAN_STEPS_VAR] = str(steps)
+            else:
+                line += ["--max-steps", str(steps + 1), "--metrics-out", str(metrics)]
             cwd = tmp
         else:
+            env[PLAN_STEPS_VAR] = str(steps)
             line, cwd = [*head, str(Path(script).absolute()), *args], os.getcwd()
-        say(f"calibrating: {shlex.join(line[3:])} (1 rank, stopped after {steps + 1} optimizer steps)")
+        say(f"{'calibrating' if nproc == 1 else 'verifying'}: {shlex.join(line[3:])} ({nproc} rank(s), "
+            f"{steps + 1} optimizer steps)")
         try:
             done = subprocess.run(line, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            raise ConfigError(f"the calibration run took more than {timeout_s:.0f} s for {steps + 1} steps",
+            raise ConfigError(f"the run took more than {timeout_s:.0f} s for {steps + 1} steps",
                               hint="give fewer --steps, or a smaller batch") from None
         found = sorted(logs.glob("*/metrics/rank-0.jsonl"))
         if done.returncode == 0 and not found:  # it ended by itself before a step: nothing to plan from
@@ -56,10 +64,53 @@ def calibrate(*, script: str | None, args: tuple[str, ...], workload: str | None
                               "without training", hint="plan needs a script that trains (a torch optimizer's step)")
         if done.returncode != 0 or not found:
             tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
-            raise ConfigError(f"the calibration run failed (exit {done.returncode}):\n{tail}",
-                              hint="run the same line with trainscale run to see why")
+            raise ConfigError(f"the {'calibration' if nproc == 1 else 'verification'} run failed (exit "
+                              f"{done.returncode}):\n{tail}", hint="run the same line with trainscale run to see why")
         records = [json.loads(line) for line in found[0].read_text().splitlines() if line.strip()]
+        return records, json.loads(metrics.read_text()) if metrics.exists() else None
+
+
+def calibrate(*, script: str | None, args: tuple[str, ...], workload: str | None, batch: int | None, steps: int,
+              say: Callable[[str], None]) -> Calibration:
+    """One rank, ``steps`` optimizer steps: what its state holds and how long its steps take."""
+    records, _ = short_run(script=script, args=args, workload=workload, batch=batch, steps=steps, say=say)
     return Calibration.from_records(records)
+
+
+VERIFIED = ("ddp", "zero1", "fsdp")
+"""The strategies ``--verify`` runs for a workload (DeepSpeed's first start compiles for a minute: left out)."""
+
+
+def verify(plan: Plan, *, script: str | None, args: tuple[str, ...], workload: str | None, steps: int,
+           say: Callable[[str], None]) -> list[dict]:
+    """``plan --verify``: the cheapest several-rank configuration the plan predicts (2 ranks here; 1 where the plan
+    is for one), under each strategy trainscale runs for a workload (a script's own for a script), run here for
+    a few steps: the predicted step time and held bytes against the measured ones."""
+    import statistics
+
+    from trainscale.bench.plan import memory
+
+    ranks = 2 if plan.world > 1 else 1
+    predicted = plan.predict(ranks, 1)
+    out = []
+    for strategy in (VERIFIED if workload else (None,)):
+        records, metrics = short_run(script=script, args=args, workload=workload, batch=plan.batch, steps=steps,
+                                     say=say, nproc=ranks, strategy=strategy)
+        times = [float(r["step_s"]) for r in records if r.get("kind") == "step" and r.get("step_s")][1:]
+        if metrics and metrics.get("memory"):  # the fullest rank, as the plan predicts it (what must fit)
+            held = float(max(row["params"] + row["grads"] + row["optimizer"] for row in metrics["memory"]["ranks"]))
+        else:
+            state = next((r for r in records if r.get("kind") == "state"), None)
+            held = float(state["params_bytes"] + state["grads_bytes"] + state["optimizer_bytes"]) if state else None
+        m = memory(plan.calibration, strategy or "ddp", ranks, plan.batch)
+        want = m.params + m.grads + m.optimizer
+        step = statistics.median(times) if times else float("nan")
+        out.append({"config": f"{ranks} x {strategy or 'your script'}", "ranks": ranks, "strategy": strategy,
+                    "steps": len(times) + 1, "predicted_step_s": predicted["step_s"], "band_s": predicted["band_s"],
+                    "measured_step_s": step, "step_error": step / predicted["step_s"] - 1 if times else None,
+                    "predicted_held": want, "measured_held": held,
+                    "held_error": held / want - 1 if held is not None and want else None})
+    return out
 
 
 def room(profile, ranks_per_node: int) -> tuple[float | None, str]:
@@ -115,9 +166,10 @@ def submit_line(*, profile, nodes: int, ranks_per_node: int, strategy: str | Non
 
 def make(*, script: str | None, args: tuple[str, ...], workload: str | None, profile_name: str | None,
          ranks_per_node: int, nodes: int, batch: int | None, interconnect: str | None, steps: int,
-         say: Callable[[str], None]) -> tuple[Plan, str | None]:
+         say: Callable[[str], None], check: bool = False) -> tuple[Plan, str | None]:
     """``trainscale plan``: the refusals, the calibration, the plan and the line that submits it (None when
-    nothing fits: no line that would run out of memory)."""
+    nothing fits: no line that would run out of memory); ``check`` (``--verify``): the cheapest configurations run
+    here, predicted against measured."""
     if bool(workload) == bool(script):  # both, or neither
         raise ConfigError("give one thing to plan: --workload NAME or SCRIPT [ARGS]",
                           hint="trainscale plan --workload gpt --nproc-per-node 8, or trainscale plan train.py")
@@ -154,5 +206,7 @@ def make(*, script: str | None, args: tuple[str, ...], workload: str | None, pro
                      cpus_per_rank=max(1, cpus // ranks_per_node))
     submit = submit_line(profile=profile, nodes=nodes, ranks_per_node=ranks_per_node, strategy=made.recommended,
                          workload=workload, script=script, args=args, batch=batch)
+    if check:
+        made.verified = verify(made, script=script, args=args, workload=workload, steps=steps, say=say)
     return made, submit if made.recommended else None
 

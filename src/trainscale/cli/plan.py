@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 USAGE = """trainscale plan [--nproc-per-node N] [--nodes M] [--profile P] [--batch-size B] [--interconnect NAME]
-                       [--steps S] [--json] (SCRIPT [ARGS...] | --workload NAME [-- WORKLOAD ARGS...])
+                       [--steps S] [--verify] [--json] (SCRIPT [ARGS...] | --workload NAME [-- WORKLOAD ARGS...])
        trainscale plan --tune [--workload NAME | SCRIPT [ARGS...]] [tune options: trainscale plan --tune --help]"""
 DESCRIPTION = """One rank runs the script (or workload) unchanged for a few optimizer steps, here, on CPU or one GPU:
 trainscale counts its parameters, gradients, optimizer state and the activations its forward keeps, and times its
@@ -22,6 +22,7 @@ cannot see is listed under it.
 Examples:
   trainscale plan --workload gpt --nproc-per-node 8 --nodes 4 --profile lumi
   trainscale plan train.py --nproc-per-node 4 --json > plan.json
+  trainscale plan --workload cnn --nproc-per-node 2 --verify       # then predicted against measured, here
   trainscale plan --tune --workload cnn --nproc-per-node 2 --budget 300     # short real trials: tuned.toml
 """
 
@@ -41,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--interconnect", help="the network between nodes (bench --list-interconnects; default: the "
                    "profile's, else ethernet-25g, said as an assumption)")
     p.add_argument("--steps", type=int, default=5, help="optimizer steps of the calibration (default: 5)")
+    p.add_argument("--verify", action="store_true", help="then run the cheapest configurations here (2 ranks; a "
+                   "workload under ddp, zero1 and fsdp) and print predicted against measured")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     return p
 
@@ -64,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
 
     parser = _parser()
     split = split_command(parser, argv, double_dash="rest")  # --workload is an option; its own after `--`
-    wrong = misplaced_option(parser, split, ("--nproc-per-node", "--nodes", "--profile", "--interconnect", "--steps"))
+    wrong = misplaced_option(parser, split, ("--nproc-per-node", "--nodes", "--profile", "--interconnect", "--steps",
+                                            "--verify"))
     if wrong:
         raise ConfigError(f"{wrong} after {split.target} goes to {split.target}, which never reads it",
                           hint=f"plan's options go before the script: trainscale plan {wrong} ... {split.target} [ARGS]")
@@ -78,7 +82,7 @@ def plan(ns: argparse.Namespace, script: str | None, args: tuple[str, ...]) -> i
 
     made, submit = make(script=script, args=args, workload=ns.workload, profile_name=ns.profile,
                         ranks_per_node=ns.nproc_per_node, nodes=ns.nodes, batch=ns.batch_size,
-                        interconnect=ns.interconnect, steps=ns.steps,
+                        interconnect=ns.interconnect, steps=ns.steps, check=ns.verify,
                         say=lambda line: print(f"trainscale plan: {line}", file=sys.stderr, flush=True))
     if ns.json:
         print(json.dumps(made.as_dict() | {"submit": submit}, indent=2))

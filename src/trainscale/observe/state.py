@@ -54,6 +54,8 @@ class StateCount:
     def __init__(self) -> None:
         self.params = self.grads = self.optimizer = self.activations = 0
         self.dtypes: set[str] = set()
+        self.groups: list[list[int]] = []
+        """Each optimizer parameter group's parameter sizes (elements): how ZeRO-1 partitions them."""
         self.samples: int | None = None
         self._saved: dict[tuple, tuple[int, int]] = {}
         """What the forward saved, by its key: (its storage's address, its bytes). Sizes only: holding the tensors
@@ -96,6 +98,8 @@ class StateCount:
         if not params or self.params:
             return
         self.params = _bytes(params)
+        self.groups = [[p.numel() for p in group.get("params", []) if isinstance(p, torch.Tensor)]
+                       for group in getattr(optimizer, "param_groups", [])]
         self.grads = _bytes([p.grad for p in params if p.grad is not None])
         self.dtypes = {str(p.dtype).replace("torch.", "") for p in params}
         # the weights a layer saves for its backward are the parameters, not activations, in any view of them
@@ -114,4 +118,4 @@ class StateCount:
     def record(self) -> dict[str, Any]:
         return {"kind": "state", "params_bytes": self.params, "grads_bytes": self.grads,
                 "optimizer_bytes": self.optimizer, "activation_bytes": self.activations,
-                "activation_samples": self.samples, "param_dtypes": sorted(self.dtypes)}
+                "activation_samples": self.samples, "param_dtypes": sorted(self.dtypes), "param_groups": self.groups}
