@@ -119,3 +119,17 @@ def test_the_state_count_sees_activations_once_per_micro_batch_and_never_the_wei
     expected = 8 * (16 + 32 + 4) * 4 + 8 * 8
     assert expected <= count.activations <= expected + 8, count.activations
     assert count.record()["activation_samples"] == 8
+
+
+def test_a_workload_sized_by_its_global_batch_gets_that_option_in_the_line_that_runs_it():
+    """hf-finetune refuses --batch-size (its batch is --global-batch, split over the ranks): plan's per-rank batch
+    reaches it as the global one, in the submit line and in the calibration's own run."""
+    from trainscale.bench.planning import submit_line
+    from trainscale.workloads.registry import get_workload
+
+    line = submit_line(profile=None, nodes=1, ranks_per_node=4, strategy="ddp", workload="hf-finetune", script=None,
+                       args=(), batch=8)
+    assert line.endswith("--workload hf-finetune --strategy ddp --global-batch 32") and "--batch-size" not in line
+    assert get_workload("cnn").batch_args(8, 4) == ["--batch-size", "8"]
+    assert get_workload("hf-finetune").batch_args(8, 1) == ["--global-batch", "8"]
+    assert get_workload("gpt").batch_args(None, 4) == []

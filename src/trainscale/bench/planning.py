@@ -41,7 +41,9 @@ def short_run(*, script: str | None, args: tuple[str, ...], workload: str | None
                     "TRAINSCALE_HANG_NOTICE": "0"})
         head = [sys.executable, "-m", "trainscale", "run", "--nproc-per-node", str(nproc), "--log-dir", str(logs)]
         if workload:
-            line = [*head, "--workload", workload, *args, *(["--batch-size", str(batch)] if batch else []),
+            from trainscale.workloads.registry import get_workload
+
+            line = [*head, "--workload", workload, *args, *get_workload(workload).batch_args(batch, nproc),
                     *(["--strategy", strategy] if strategy else []), "--epochs", "1000", "--log-every", "0"]
             if nproc == 1:  # the calibration: the state counted, then stopped by the recorder
                 env[PLAN_STEPS_VAR] = str(steps)
@@ -149,8 +151,13 @@ def network(name: str | None, profile) -> tuple[Network, str]:
 def submit_line(*, profile, nodes: int, ranks_per_node: int, strategy: str | None, workload: str | None,
                 script: str | None, args: tuple[str, ...], batch: int | None) -> str:
     """The command that runs the recommended configuration."""
-    target = ["--workload", workload, *args, *(["--strategy", strategy] if strategy else []),
-              *(["--batch-size", str(batch)] if batch else [])] if workload else [script, *args]
+    if workload:
+        from trainscale.workloads.registry import get_workload
+
+        target = ["--workload", workload, *args, *(["--strategy", strategy] if strategy else []),
+                  *get_workload(workload).batch_args(batch, ranks_per_node * nodes)]
+    else:
+        target = [script, *args]
     if profile is None and nodes == 1:
         return shlex.join(["trainscale", "run", "--nproc-per-node", str(ranks_per_node), *target])
     if profile is None:  # several nodes need a cluster: name its profile

@@ -13,6 +13,14 @@ class Workload:
     module: str
     description: str
     seed: str
+    global_batch: bool = False
+    """Its batch is given for all ranks together (``--global-batch``), not per rank (``--batch-size``)."""
+
+    def batch_args(self, per_rank: int | None, ranks: int) -> list[str]:
+        """The options that give this workload ``per_rank`` samples per rank on ``ranks`` ranks."""
+        if not per_rank:
+            return []
+        return ["--global-batch", str(per_rank * ranks)] if self.global_batch else ["--batch-size", str(per_rank)]
 
 
 WORKLOADS: dict[str, Workload] = {
@@ -22,7 +30,7 @@ WORKLOADS: dict[str, Workload] = {
         Workload("vit", "trainscale.workloads.vit", "a small Vision Transformer classifier", "002"),
         Workload("gpt", "trainscale.workloads.gpt", "a GPT-2-style causal LM with a custom training loop", "003"),
         Workload("hf-finetune", "trainscale.workloads.hf_finetune", "GPT-Neo-style fine-tune with the HF Trainer",
-                 "000/001"),
+                 "000/001", global_batch=True),
     )
 }
 
