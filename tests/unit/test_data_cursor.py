@@ -112,3 +112,9 @@ def test_a_state_for_a_dataset_of_another_size_is_refused():
     loader = make("tensor", 0, 1)
     with pytest.raises(ConfigError, match="dataset of 50 samples; this one has 97"):
         loader.load_state_dict({"epoch": 0, "consumed": 10, "samples": 50})
+
+
+def test_a_per_rank_batch_position_of_old_is_refused_not_read_as_the_epochs_start():
+    loader = make("dataloader", 0, 2)
+    with pytest.raises(ConfigError, match="batch position of some ranks"):
+        loader.load_state_dict({"epoch": 1, "batch": 2})

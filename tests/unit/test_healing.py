@@ -28,7 +28,8 @@ step() {  # one try: says where it runs; a node dies (or not) and, with progress
   tries=$((tries + 1))
   echo "try $tries on $RUN_NODES node(s) excluding ${LOST_NODES:-none}, port $MASTER_PORT"
   [ -n "${DIES[$tries]:-}" ] && echo "${DIES[$tries]}" >> down
-  [ -n "${PROGRESS:-}" ] && touch "ckpt-0000000$tries.pt"
+  [ -n "${BACK[$tries]:-}" ] && sed -i "/^${BACK[$tries]}\$/d" down  # returned to service, still not the job's
+  [ -n "${PROGRESS:-}" ] && mkdir -p checkpoints && touch "checkpoints/ckpt-0000000$tries.pt"
   [ "$tries" -ge "${SUCCEED_AT:-99}" ] && return 0
   return "${EXIT:-1}"
 }
@@ -79,7 +80,7 @@ def test_a_crash_loop_stops_instead_of_burning_the_allocation(tmp_path):
     done = run(tmp_path, SlurmJobSpec(nodes=3, min_nodes=1, **SPEC), "DIES=([1]=n3 [2]=n2)\n")
     assert done.returncode == 1
     assert "node(s) n3 lost" in done.stdout and "try 2 on 2 node(s) excluding n3" in done.stdout
-    assert "node(s) n2,n3 lost, but the run made no progress since the last recovery" in done.stdout, done.stdout
+    assert "node(s) n2 lost, but the run made no progress since the last recovery" in done.stdout, done.stdout
     assert "try 3" not in done.stdout
 
 
@@ -120,3 +121,12 @@ def test_bad_node_counts_are_refused_naming_the_fix(given, message):
 def test_nodes_min_max_reads_as_sbatch_spells_it():
     assert spec_values({"nodes": "2-4"}) == {"nodes": 4, "min_nodes": 2}
     assert spec_values({"nodes": "3"}) == {"nodes": 3}
+
+
+def test_a_lost_node_returned_to_service_stays_left_out(tmp_path):
+    """SLURM may resume a node the job lost (ReturnToService): it is no node of this job's any more, and counts
+    as lost when the next one dies."""
+    done = run(tmp_path, SlurmJobSpec(nodes=3, min_nodes=2, **SPEC),
+               "DIES=([1]=n3 [2]=n2); BACK=([2]=n3); PROGRESS=1\n")
+    assert "try 2 on 2 node(s) excluding n3" in done.stdout
+    assert "node(s) n2 lost; 1 node(s) left, fewer than MIN 2" in done.stdout, done.stdout

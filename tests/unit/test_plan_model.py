@@ -133,3 +133,13 @@ def test_a_workload_sized_by_its_global_batch_gets_that_option_in_the_line_that_
     assert get_workload("cnn").batch_args(8, 4) == ["--batch-size", "8"]
     assert get_workload("hf-finetune").batch_args(8, 1) == ["--global-batch", "8"]
     assert get_workload("gpt").batch_args(None, 4) == []
+
+
+def test_zero1_is_planned_in_whole_tensors_over_all_groups_as_torch_partitions_them():
+    """ZeroRedundancyOptimizer: group by group, largest first, each parameter to the rank holding the fewest
+    elements so far over all groups (not per group)."""
+    from trainscale.bench.plan import whole_tensor_share
+
+    assert whole_tensor_share(((10,), (10,)), 2) == 0.5
+    assert whole_tensor_share(((90, 5, 5),), 2) == 0.9  # one tensor is most of the model: its rank holds it
+    assert whole_tensor_share(((4, 3, 3, 2),), 2) == 0.5

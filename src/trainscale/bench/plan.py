@@ -50,6 +50,8 @@ class Calibration:
     groups: tuple[tuple[int, ...], ...] = ()
     """Each optimizer parameter group's parameter sizes (elements), for ZeRO-1's whole-tensor partitions."""
     device: str = "cpu"
+    strategy: str | None = None
+    """What wrapped the script's model, as the recorder saw it (observe/models.strategy_of): ddp, fsdp, ..."""
     threads: int = 1
     """CPU threads the calibration's rank ran (on CPU: the cores it used)."""
 
@@ -69,7 +71,15 @@ class Calibration:
                    optimizer=int(state["optimizer_bytes"]), activations=int(state["activation_bytes"]),
                    batch=batch, steps=steps[1:], dtypes=tuple(state.get("param_dtypes") or ()),
                    groups=tuple(tuple(int(n) for n in g) for g in state.get("param_groups") or ()),
-                   device=str(meta.get("device", "cpu")), threads=int(meta.get("threads") or 1))
+                   device=str(meta.get("device", "cpu")), threads=int(meta.get("threads") or 1),
+                   strategy=meta.get("strategy"))
+
+    def modelled_strategy(self) -> str:
+        """The plan's name for the strategy the calibrated script used (ddp's model for an unwrapped one)."""
+        name = self.strategy or "ddp"
+        if name.startswith("deepspeed zero"):
+            return f"deepspeed:stage={name.removeprefix('deepspeed zero')}"
+        return name if name in STRATEGIES else "ddp"
 
     def measured(self) -> Measured:
         """The median step's phases, as the projection takes them."""
@@ -117,25 +127,22 @@ def memory(cal: Calibration, strategy: str, world: int, batch: int) -> Memory:
     act = cal.activations * batch / max(1, cal.batch)
     buckets = g if shard.buckets and n > 1 else 0.0
     optimizer = o / (n if shard.optimizer else 1)
-    if strategy == "zero1" and n > 1 and cal.groups:  # torch's ZeRO-1 keeps tensors whole: its fullest rank
+    if shard.whole_tensors and n > 1 and cal.groups:  # torch's ZeRO-1 keeps tensors whole: its fullest rank
         optimizer = o * whole_tensor_share(cal.groups, n)
     return Memory(strategy, p / (n if shard.params else 1), g / (n if shard.grads else 1), optimizer, act, buckets)
 
 
 def whole_tensor_share(groups: tuple[tuple[int, ...], ...], ranks: int) -> float:
     """The largest share of the parameters (by elements) one rank owns when ZeroRedundancyOptimizer partitions
-    them: in each group, largest first, each to the rank holding the fewest elements so far (torch's
-    ``_partition_parameters``)."""
+    them: group by group, largest first, each to the rank holding the fewest elements so far over all groups
+    (torch's ``_partition_parameters``)."""
     total = sum(sum(g) for g in groups)
     if not total:
         return 1.0 / ranks
-    held = [0] * ranks
+    held = [0] * ranks  # one count over all the groups, as torch keeps it
     for group in groups:
-        sizes = [0] * ranks
         for numel in sorted(group, reverse=True):
-            rank = sizes.index(min(sizes))
-            sizes[rank] += numel
-            held[rank] += numel
+            held[held.index(min(held))] += numel
     return max(held) / total
 
 

@@ -58,7 +58,8 @@ def short_run(*, script: str | None, args: tuple[str, ...], workload: str | None
         try:
             done = subprocess.run(line, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            raise ConfigError(f"the run took more than {timeout_s:.0f} s for {steps + 1} steps",
+            said = "the calibration run took more than" if nproc == 1 else "the verification run took more than"
+            raise ConfigError(f"{said} {timeout_s:.0f} s for {steps + 1} steps",
                               hint="give fewer --steps, or a smaller batch") from None
         found = sorted(logs.glob("*/metrics/rank-0.jsonl"))
         if done.returncode == 0 and not found:  # it ended by itself before a step: nothing to plan from
@@ -66,8 +67,9 @@ def short_run(*, script: str | None, args: tuple[str, ...], workload: str | None
                               "without training", hint="plan needs a script that trains (a torch optimizer's step)")
         if done.returncode != 0 or not found:
             tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
-            raise ConfigError(f"the {'calibration' if nproc == 1 else 'verification'} run failed (exit "
-                              f"{done.returncode}):\n{tail}", hint="run the same line with trainscale run to see why")
+            said = "the calibration run failed" if nproc == 1 else "the verification run failed"
+            raise ConfigError(f"{said} (exit {done.returncode}):\n{tail}",
+                              hint="run the same line with trainscale run to see why")
         records = [json.loads(line) for line in found[0].read_text().splitlines() if line.strip()]
         return records, json.loads(metrics.read_text()) if metrics.exists() else None
 
@@ -104,10 +106,12 @@ def verify(plan: Plan, *, script: str | None, args: tuple[str, ...], workload: s
         else:
             state = next((r for r in records if r.get("kind") == "state"), None)
             held = float(state["params_bytes"] + state["grads_bytes"] + state["optimizer_bytes"]) if state else None
-        m = memory(plan.calibration, strategy or "ddp", ranks, plan.batch)
+        modelled = strategy or plan.calibration.modelled_strategy()  # a script's own, as its run showed it
+        m = memory(plan.calibration, modelled, ranks, plan.batch)
         want = m.params + m.grads + m.optimizer
         step = statistics.median(times) if times else float("nan")
-        out.append({"config": f"{ranks} x {strategy or 'your script'}", "ranks": ranks, "strategy": strategy,
+        out.append({"config": f"{ranks} x {strategy or f'your script ({modelled})'}", "ranks": ranks,
+                    "strategy": strategy or modelled,
                     "steps": len(times) + 1, "predicted_step_s": predicted["step_s"], "band_s": predicted["band_s"],
                     "measured_step_s": step, "step_error": step / predicted["step_s"] - 1 if times else None,
                     "predicted_held": want, "measured_held": held,

@@ -231,7 +231,9 @@ class Checkpointer:
                                step=step, **self.about)
         if model is not None:
             entries = _merge(model.state_dict(), entries)
+        waited = time.perf_counter()
         self.wait()  # the previous save first: one in flight at most, its failure raised here
+        began += time.perf_counter() - waited  # this save's own time, not the wait for the previous one
         if self.asynchronous and not blocking and storage.can_background:
             # Staged now (training waits), written in the background (background.py).
             if self._stager is None:
@@ -319,7 +321,9 @@ class Checkpointer:
                     model.storage.restore(model, found)
             except UnreadableShards as exc:  # not a checkpoint of another model: that stays a refusal
                 problem = f"loading it failed: {exc.message}"
-            except (RuntimeError, KeyError, ValueError, TypeError) as exc:  # torch's load_state_dict: other keys
+            except (RuntimeError, KeyError) as exc:
+                if isinstance(exc, RuntimeError) and "Error(s) in loading state_dict" not in str(exc):
+                    raise  # out of memory, a collective's failure: not the checkpoint's to answer for
                 raise CheckpointError(f"{found.path} holds another model's state: {_mismatch(exc)}",
                                       hint="start a new checkpoint directory (--fresh moves these checkpoints "
                                            "aside), or resume with the model and optimizer that wrote it") from exc

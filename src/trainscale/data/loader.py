@@ -76,6 +76,11 @@ class _EpochState:
     def load_state_dict(self, state: dict) -> None:
         """The next ``for`` loop runs epoch ``state["epoch"]`` from its ``state["consumed"]``-th sample; a state
         for a dataset of another size is refused (its cursor would point into other samples)."""
+        if "consumed" not in state and state.get("batch"):  # a per-rank position: on which ranks is not known
+            raise ConfigError("the loader state gives a batch position of some ranks (written before trainscale kept "
+                              "a global cursor), not how much of the epoch was consumed",
+                              hint="resume with the trainscale that wrote it, or start anew (--fresh, or another "
+                                   "checkpoint directory)")
         samples = state.get("samples")
         if samples is not None and int(samples) != self._size():
             raise ConfigError(f"the loader state was saved for a dataset of {samples} samples; this one has "

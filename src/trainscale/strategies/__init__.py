@@ -135,6 +135,8 @@ class Sharding:
     grads: bool
     optimizer: bool
     buckets: bool
+    whole_tensors: bool = False
+    """The optimizer state is divided in whole tensors (torch's ZeroRedundancyOptimizer), not split evenly."""
 
 
 def state_sharding(spec: str) -> Sharding:
@@ -145,6 +147,6 @@ def state_sharding(spec: str) -> Sharding:
     if name == "deepspeed":
         stage = int(options.get("stage", 3))
         return Sharding(params=stage >= 3, grads=stage >= 2, optimizer=stage >= 1, buckets=False)
-    return {"ddp": Sharding(False, False, False, True), "zero1": Sharding(False, False, True, True),
+    return {"ddp": Sharding(False, False, False, True), "zero1": Sharding(False, False, True, True, True),
             "fsdp": Sharding(True, True, True, False)}.get(name, Sharding(False, False, False, False))
 

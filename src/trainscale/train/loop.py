@@ -137,10 +137,15 @@ class Loop:
         found = self.checkpointer.restore(self._state()) if self.checkpointer and self.resume else None
         if found is None:
             return 0, 0
+        if "data" not in found.contents:
+            raise CheckpointError(f"{found.path} was written before trainscale kept the data position as a global "
+                                  "cursor (it has no 'data' entry): where its epoch stands is not known",
+                                  hint="resume it with the trainscale that wrote it, or start anew with --fresh (the "
+                                       "checkpoints are moved aside, not deleted)")
         self.step = self.saved_at = int(found.contents["step"])
         written = int(found.record["world_size"])
         saved_batch = int(found.contents.get("global_batch") or self.global_batch)
-        if saved_batch != self.global_batch:
+        if saved_batch != self.global_batch and written != self.rt.world_size:
             self.rt.print(f"trainscale: global batch {saved_batch} (the checkpoint's, on {written} rank(s)) is now "
                           f"{self.global_batch} on {self.rt.world_size} rank(s)" + self._why_not)
         loader = self.task.loader
@@ -177,7 +182,8 @@ class Loop:
         said = (layout.newest_record(Path(self.directory))
                 if self.directory is not None and self.resume and not self.opts.fresh else None)
         saved, written = (said or {}).get("global_batch"), (said or {}).get("world_size")
-        if not isinstance(saved, int) or not isinstance(written, int) or saved == self.global_batch:
+        if not isinstance(saved, int) or not isinstance(written, int) or saved == self.global_batch \
+                or written == self.rt.world_size:  # the same ranks: a new --batch-size/--grad-accum is the user's
             return
         per_micro = self.opts.batch_size * self.rt.world_size
         if saved % per_micro:

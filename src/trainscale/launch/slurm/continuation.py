@@ -126,7 +126,7 @@ def preemptible(srun_line: str, spec: SlurmJobSpec, handles_signal: bool = True,
         f"# (scancel --signal={short} --batch) is passed on through srun. The ranks checkpoint at the next step",
         "# boundary; rank 0 requeues the job or stops (chain link, requeue cap), as exported above.",
         f"trap 'echo \"trainscale: batch shell got {name}, passing it to the ranks\"; "
-        f"kill -{short} \"$SRUN_PID\" 2>/dev/null' {short}",
+        f"kill -{short} \"$SRUN_PID\" 2>/dev/null || true' {short}",
         srun_line + " &",
         "SRUN_PID=$!",
         "while true; do  # `wait` returns early when the trap runs: wait again until srun has ended",
