@@ -159,3 +159,48 @@ def test_a_missing_module_system_is_a_clear_job_error(slurm_cluster, sandbox, tm
                       "--watch-timeout", "120", str(SCRIPTS / "ddp_torchrun.py"), "--experiment-dir", "e", "--out", "o")
     assert done.returncode == 1 and "FAILED" in done.stdout, done.stdout + done.stderr
     assert "this job loads modules, but there is no `module` command on" in done.stdout
+
+
+def test_a_requeue_from_an_image_without_scontrol_is_done_by_the_batch_step(slurm_cluster, sandbox, tmp_path):
+    """issue 36 item 3, where Lightning's auto-requeue fails (Lightning#21404): the ranks run in a stock image with
+    no ``scontrol`` (bound over by /dev/null here, as in images without SLURM's tools) and trainscale in a venv
+    inside the image (README's LUMI recipe). On the warning, rank 0 leaves the marker, the batch step (on the
+    host) requeues the job, and the requeued job resumes from its checkpoint to the end."""
+    import importlib
+    import shutil
+
+    venv, site = tmp_path / "venv-ts", tmp_path / "site"
+    subprocess.run(["singularity", "exec", str(sandbox["image"]), "bash", "-c",
+                    f"$WITH_CONDA && python3 -m venv --system-site-packages {venv}"],
+                   env=env_for(sandbox, tmp_path), check=True, capture_output=True, timeout=120)
+    site.mkdir()
+    for name in ("trainscale", "psutil", "rich", "markdown_it", "mdurl", "pygments", "hostlist", "cloudpickle"):
+        found = Path(importlib.import_module(name).__file__)  # what `pip install -e trainscale` would bring
+        if found.name == "__init__.py":
+            shutil.copytree(found.parent, site / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(found, site / found.name)
+    py = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    (venv / "lib" / py / "site-packages" / "trainscale-copy.pth").write_text(f"{site}\n")
+    done = trainscale(sandbox, tmp_path, "slurm", "--profile", "local-test-containers", "-N", "1", "--gpus-per-node",
+                      "1", "-t", "00:05:00", "--launcher", "srun", "--output-dir", str(tmp_path / "jobs"),
+                      "--container", str(sandbox["image"]), "--python", str(venv / "bin" / "python"),
+                      "--bind", "/dev/null:/usr/bin/scontrol", "--bind", "/dev/null:/bin/scontrol", "--requeue",
+                      "--submit", "--workload", "cnn", "--data", "synthetic", "--samples", "1024", "--batch-size",
+                      "16", "--epochs", "1", "--checkpoint-every", "4", "--log-every", "0")
+    m = re.search(r"job (\d+) .*run directory (\S+)", done.stderr)
+    assert done.returncode == 0 and m, done.stdout + done.stderr
+    job, run_dir = m.group(1), Path(m.group(2))
+    deadline = time.monotonic() + 180
+    while not any((run_dir / "checkpoints").glob("ckpt-*.pt")):
+        assert time.monotonic() < deadline, f"no checkpoint after 180 s: {(run_dir / f'{job}.out').read_text()}"
+        time.sleep(0.2)
+    slurm_cluster.run("scancel", "--signal=USR1", "--batch", job)
+    state = slurm_cluster.wait_done(job, timeout=300)
+    batch = (run_dir / f"{job}.out").read_text()
+    ranks = "\n".join(p.read_text() for p in (run_dir / job).glob("rank-*.out"))
+    assert state == "COMPLETED", batch[-3000:]
+    assert "scontrol is not reachable here (container?)" in ranks, ranks[-3000:]
+    assert f"trainscale: requeueing {job} from the batch step" in batch, batch[-3000:]
+    assert slurm_cluster.job_fields(job).get("Restarts") == "1"
+    assert "Resumed from" in ranks and "Attempt 2 of this job" in ranks, ranks[-3000:]

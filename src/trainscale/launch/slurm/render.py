@@ -76,6 +76,8 @@ def sbatch_lines(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> 
         opts.append(f"--signal={signal}")
     if spec.requeue is not None:  # otherwise the site's JobRequeue decides
         opts.append("--requeue" if spec.requeue else "--no-requeue")
+    if spec.requeue:  # a requeued job writes the same batch output: every attempt's lines kept, not the last one's
+        opts.append("--open-mode=append")
     opts.append(f"--output={batch_output_pattern(spec, plan)}")
     if spec.error:
         opts.append(f"--error={spec.error}")
