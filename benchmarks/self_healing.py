@@ -97,11 +97,7 @@ def trial(cluster, root: Path, index: int, strategy: str, spare: bool, rng: rand
              if (run_dir / "ids-0-0.txt").exists() else False, 300, f"step {at} of job {job}")
     victim = rng.choice(["n2"] if spare else ["n2", "n3"])
     lost_at = time.time()
-    cluster.lose_node(victim)
-    try:
-        state = cluster.wait_done(job, timeout=600)
-    finally:
-        cluster.revive_node(victim)
+    state = cluster.lose_node_of(job, victim, timeout=600)
     batch = (run_dir / f"{job}.out").read_text()
     first, second = read_ids(run_dir, 0), read_ids(run_dir, 1)
     logs = "\n".join(p.read_text() for p in (run_dir / job).glob("*.out"))

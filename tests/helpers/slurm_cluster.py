@@ -119,6 +119,14 @@ class SlurmCluster:
         self.run("slurmd", "-N", name, check=False)
         self.run("scontrol", "update", f"nodename={name}", "state=resume", check=False)
 
+    def lose_node_of(self, job_id: str, name: str, timeout: float = 400) -> str:
+        """Lose node ``name`` under a running job, wait for the job's end (its final state), then revive the node."""
+        self.lose_node(name)
+        try:
+            return self.wait_done(job_id, timeout=timeout)
+        finally:
+            self.revive_node(name)
+
     def wait_done(self, job_id: str, timeout: float = 120) -> str:
         """Poll until the job has ended; returns its final state.
 

@@ -42,11 +42,7 @@ def test_a_node_lost_mid_epoch_is_left_out_and_the_run_finishes_by_itself(cluste
                                         "--submit", *CNN, env=env))
     ckdir = run_dir / "checkpoints"
     wait_for(lambda: any(ckdir.glob("ckpt-*.pt")), 240, "the first checkpoint")
-    cluster3.lose_node(lost)
-    try:
-        state = cluster3.wait_done(job, timeout=400)
-    finally:
-        cluster3.revive_node(lost)
+    state = cluster3.lose_node_of(job, lost)
     batch = (run_dir / f"{job}.out").read_text()
     assert state == "COMPLETED", batch[-4000:]
     assert f"node(s) {lost} lost" in batch and f"resuming on {runs_on} node(s)" in batch, batch[-4000:]
