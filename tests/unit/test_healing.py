@@ -17,7 +17,7 @@ from trainscale.launch.slurm.sources import spec_values
 from trainscale.launch.slurm.spec import SlurmJobSpec
 from trainscale.profiles import load_profile
 
-FAKES = """
+FAKES = r"""
 set -euo pipefail
 SLURM_NNODES=3 SLURM_JOB_NODELIST="n[1-3]" SLURM_JOB_ID=7 RUN_DIR="$PWD" JOB_DIR="$PWD/7"
 TRAINSCALE_NODE_WAIT=${TRAINSCALE_NODE_WAIT:-0}

@@ -81,7 +81,7 @@ class SharedMemoryAllReduce:
             finally:
                 os.close(fd)
         dist.broadcast_object_list(names, src=0, group=process_group)
-        base = names[0]
+        self.base = base = names[0]  # the buffer is base.buf, rank r's pipe base.r
         seen: list[Any] = [None] * self.world  # one host name, but maybe a container's own /dev/shm per rank
         dist.all_gather_object(seen, os.path.exists(base + ".buf"), group=process_group)
         if not all(seen):

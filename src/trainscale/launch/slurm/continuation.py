@@ -91,9 +91,12 @@ def _cancel_others(why: str) -> list[str]:
 def end_lines(spec: SlurmJobSpec) -> list[str]:
     """After srun (``$status`` holds its exit code): requeue from the batch step, stop, finish, fail."""
     out = [
+        # the marker goes first: a requeue ends this shell at once, and a marker left behind would requeue
+        # the next attempt again when it ends
         'if [ -f "$JOB_DIR/requeue-requested" ]; then',
-        '  echo "trainscale: requeueing $(cat "$JOB_DIR/requeue-requested") from the batch step"',
-        '  scontrol requeue "$(cat "$JOB_DIR/requeue-requested")" && rm -f "$JOB_DIR/requeue-requested"',
+        '  target=$(cat "$JOB_DIR/requeue-requested"); rm -f "$JOB_DIR/requeue-requested"',
+        '  echo "trainscale: requeueing $target from the batch step"',
+        '  scontrol requeue "$target" || echo "trainscale: scontrol requeue $target failed; resume: submit the run again"',
         "fi",
         f'if [ -f "$JOB_DIR/{STOPPED}" ]; then',
     ]
