@@ -1,8 +1,10 @@
 """Any shape, any strategy, exactly once (issue 36 item 1) with real ranks: a script using ``DistributedLoader``
 and ``rt.resume``/``rt.checkpoint`` is stopped at a random mid-epoch step on S ranks under one strategy and
 resumed on R ranks under another of ddp, zero1 and fsdp (DCP reshards the sharded state). The parameters the resumed run starts from are the ones
-saved, bit for bit, and every sample of each epoch is trained once (sample-id logs of every rank). The data
-cursor itself, for every S, R in 1..4 and 20 seeds of three interruptions: tests/unit/test_data_cursor.py."""
+saved, bit for bit, and every sample of each epoch is trained once (sample-id logs of every rank). The whole
+matrix S, R in 1..4 x ddp, zero1, fsdp (each saved checkpoint resumed under every strategy) with real ranks, four
+save launches and four resume launches; the data cursor through 20 seeds of three interruptions on random shapes
+(in one process: what is handed out depends on the cursor alone): tests/unit/test_data_cursor.py."""
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ class Ids(torch.utils.data.Dataset):
         return torch.tensor([float(i), 1.0]), i
 
 def digest(model):
-    """Every parameter, whole (a collective for fsdp), as one hash."""
+    """Every parameter, whole (a collective for fsdp), as one hash: rank 0's (cpu_offload leaves the others none)."""
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return hashlib.sha256(b"".join(full[k].detach().contiguous().numpy().tobytes() for k in sorted(full))).hexdigest()
 
@@ -109,3 +111,146 @@ def test_a_checkpoint_of_another_model_is_refused_by_name_never_loaded(tmp_path)
                            "--strategy", strategy, "--max-steps", "2", "--checkpoint-dir", "c", cwd=tmp_path)
         assert other.returncode == 1 and said in other.stderr, other.stderr[-2000:]
         assert "Traceback" not in other.stdout + other.stderr
+
+
+# -- the whole matrix with real ranks: S, R in 1..4 x ddp, zero1, fsdp ------------------------------------------
+# One launch per S saves a checkpoint under each strategy at a random mid-epoch step of epoch 1; one launch per R
+# resumes every one of them (4 shapes x 3 strategies) under each strategy. 240 samples, 2 per rank and step: the
+# stop is a multiple of 24 samples, so what is left of the epoch splits over any R in 1..4 with no drop_last tail,
+# and "every sample once" is exact.
+MATRIX_N, MATRIX_BATCH, STRATEGIES = 240, 2, ("ddp", "zero1", "fsdp")
+
+
+def matrix_stop(saved: int, strategy: str) -> int:
+    """Steps into epoch 1 at which S ranks stop: k*S*2 samples, a multiple of 24, somewhere mid-epoch."""
+    consumed = 24 * random.Random(f"{saved}{strategy}").randrange(1, MATRIX_N // 24)
+    return consumed // (saved * MATRIX_BATCH)
+
+
+def _matrix_parts(rt, strategy: str):
+    import torch
+    from torch import nn
+
+    from trainscale.data import DistributedLoader
+
+    class Ids(torch.utils.data.Dataset):
+        def __len__(self):
+            return MATRIX_N
+
+        def __getitem__(self, i):
+            return torch.tensor([float(i), 1.0]), i
+
+    torch.manual_seed(0)
+    model, optimizer = rt.setup(nn.Sequential(nn.Linear(2, 8), nn.Linear(8, 1)),
+                                lambda p: torch.optim.Adam(p, lr=1e-2), strategy=strategy)
+    return model, optimizer, DistributedLoader.for_runtime(Ids(), rt, batch_size=MATRIX_BATCH)
+
+
+def _digest(model) -> str:
+    """The whole weights as one hash, on rank 0 (a collective for fsdp; cpu_offload leaves the others none)."""
+    import hashlib
+
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return hashlib.sha256(b"".join(full[k].detach().contiguous().numpy().tobytes() for k in sorted(full))).hexdigest()
+
+
+def save_on_s_ranks(root: str) -> dict:
+    """Each strategy: epoch 0 whole, then the stop's steps of epoch 1, a checkpoint; the ids trained in epoch 1."""
+    from pathlib import Path
+
+    import trainscale
+    from trainscale.checkpoint import Checkpointer, RNGState
+
+    out = {}
+    with trainscale.init(seed=0) as rt:
+        for strategy in STRATEGIES:
+            model, optimizer, loader = _matrix_parts(rt, strategy)
+            stop, seen, step = matrix_stop(rt.world_size, strategy), [], 0
+            for x, ids in loader:  # epoch 0
+                model(x).pow(2).mean().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+            for x, ids in loader:  # epoch 1, up to the stop
+                model(x).pow(2).mean().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                seen += ids.tolist()
+                step += 1
+                if step == stop:
+                    break
+            saver = Checkpointer(Path(root) / strategy, rt, strategy=rt.strategy_of(model))
+            saver.save(step, {"model": rt.checkpoint_state(model, optimizer), "rng": RNGState(rt.device),
+                              "loader": loader})
+            saver.close()
+            out[strategy] = (seen, _digest(model))
+    return out
+
+
+def resume_on_r_ranks(copies: str) -> dict:
+    """Every copy ``<S>-<saved strategy>-<strategy>``: restored under its last strategy; the weights' digest,
+    the ids this rank is handed for the rest of epoch 1, and the loss of one more step (the optimizer state works)."""
+    from pathlib import Path
+
+    import trainscale
+    from trainscale.checkpoint import Checkpointer, RNGState
+
+    out = {}
+    with trainscale.init(seed=0) as rt:
+        for directory in sorted(Path(copies).iterdir()):
+            strategy = directory.name.split("-")[2]
+            model, optimizer, loader = _matrix_parts(rt, strategy)
+            restorer = Checkpointer(directory, rt, strategy=rt.strategy_of(model))
+            found = restorer.restore({"model": rt.checkpoint_state(model, optimizer), "rng": RNGState(rt.device),
+                                      "loader": loader})
+            assert found is not None, directory
+            digest, ids, loss = _digest(model), [], None
+            for x, batch_ids in loader:
+                ids += batch_ids.tolist()
+                if loss is None:
+                    loss = model(x).pow(2).mean()
+                    loss.backward()
+                    optimizer.step()
+                    optimizer.zero_grad()
+                    loss = float(loss)
+            restorer.close()
+            out[directory.name] = (loader.state_dict()["epoch"], digest, ids, loss)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_every_shape_and_strategy_pair_resumes_the_saved_weights_and_the_rest_of_the_epoch_once(tmp_path):
+    """Done-when of issue 36 with real ranks: S, R in {1, 2, 3, 4} x {ddp, zero1, fsdp} saved and resumed under
+    every strategy (144 resumes): 0 duplicated, 0 skipped samples in the interrupted epoch, the saved weights."""
+    import shutil
+
+    from helpers.multiproc import run_on_ranks
+
+    saved = {}
+    for s in range(1, 5):
+        results = run_on_ranks(save_on_s_ranks, s, str(tmp_path / f"saved-{s}"), timeout=300)
+        for strategy in STRATEGIES:
+            seen = [i for rank in range(s) for i in results[rank][strategy][0]]
+            assert len(seen) == len(set(seen)) == matrix_stop(s, strategy) * s * MATRIX_BATCH
+            saved[s, strategy] = (seen, results[0][strategy][1])  # the whole weights, gathered on rank 0
+    for r in range(1, 5):
+        copies = tmp_path / f"copies-{r}"
+        for (s, strategy) in saved:
+            for then in STRATEGIES:  # a directory of its own each: one run per checkpoint directory
+                shutil.copytree(tmp_path / f"saved-{s}" / strategy, copies / f"{s}-{strategy}-{then}")
+        results = run_on_ranks(resume_on_r_ranks, r, str(copies), timeout=300)
+        for name in results[0]:
+            s, strategy, then = name.split("-")
+            seen, digest = saved[int(s), strategy]
+            epochs = {results[rank][name][0] for rank in range(r)}
+            assert epochs == {2}, (name, r, epochs)  # the loader finished epoch 1
+            assert results[0][name][1] == digest, (name, r)  # the saved weights, whole on rank 0
+            rest = [i for rank in range(r) for i in results[rank][name][2]]
+            assert len(rest) == len(set(rest)), (name, r, "a sample handed out twice")
+            assert not set(rest) & set(seen), (name, r, "a sample trained before the stop handed out again")
+            assert set(rest) | set(seen) == set(range(MATRIX_N)), (name, r, "samples skipped")
+            losses = {results[rank][name][3] for rank in range(r)}
+            assert len(losses) <= r and all(loss == loss for loss in losses)  # a finite step after the resume
+        assert len(results[0]) == 36
