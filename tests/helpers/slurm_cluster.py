@@ -105,13 +105,23 @@ class SlurmCluster:
         killed, and the node marked down (what slurmctld does once a node stops answering, after SlurmdTimeout)."""
         os.kill(int((self.dir / "run" / f"slurmd-{name}.pid").read_text()), signal.SIGKILL)
         mark = f"SLURMD_NODENAME={name}".encode()
+        on_node, stepds = [], set()
         for proc in Path("/proc").iterdir():
             if proc.name.isdigit():
                 try:
                     if mark in (proc / "environ").read_bytes().split(b"\0"):
-                        os.kill(int(proc.name), signal.SIGKILL)
+                        on_node.append(int(proc.name))
+                        parent = (proc / "stat").read_text().rsplit(")", 1)[1].split()[1]
+                        if Path(f"/proc/{parent}/comm").read_text().startswith("slurmstepd"):
+                            stepds.add(int(parent))
                 except OSError:  # gone meanwhile
                     pass
+        # the node's step daemons first: a dead node reports nothing, not even its batch script's death
+        for pid in [*stepds, *on_node]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
         self.run("scontrol", "update", f"nodename={name}", "state=down", "reason=trainscale-test-node-lost")
 
     def revive_node(self, name: str) -> None:

@@ -56,3 +56,29 @@ def test_a_node_lost_mid_epoch_is_left_out_and_the_run_finishes_by_itself(cluste
     assert re.search(r"Resumed from .* written with world size 3, now 2", logs) or "spare" in " ".join(shape), logs
     done = re.findall(r"Epoch 1: .* step (\d+)/(\d+)", logs)
     assert done and done[-1][0] == done[-1][1], logs[-3000:]
+
+
+@pytest.mark.timeout(600)
+def test_a_lost_batch_host_is_requeued_by_slurm_without_it_and_the_run_finishes_once(cluster3, tmp_path):
+    """The batch host's node ends the whole job (the batch shell dies with it): a self-healing job is submitted
+    ``--requeue``, so SLURM requeues it and schedules it on nodes that are up; the requeued attempt names the lost
+    node and resumes from the newest checkpoint, the interrupted epoch's samples once (the global cursor)."""
+    env = cluster3.env
+    job, run_dir = submitted(trainscale(tmp_path, "slurm", *JOB, "--nodes", "1-2", "--output-dir",
+                                        str(tmp_path / "jobs"), "--submit", *CNN, env=env))
+    ckdir = run_dir / "checkpoints"
+    wait_for(lambda: any(ckdir.glob("ckpt-*.pt")), 240, "the first checkpoint")
+    host = cluster3.job_fields(job)["BatchHost"]
+    state = cluster3.lose_node_of(job, host, timeout=240)
+    batch = (run_dir / f"{job}.out").read_text()
+    assert state == "COMPLETED", batch[-4000:]
+    assert cluster3.job_fields(job).get("Restarts") == "1"
+    assert f"node(s) {host} lost with the last attempt" in batch, batch[-4000:]
+    events = [json.loads(line) for line in (run_dir / "metrics" / "events.jsonl").read_text().splitlines()]
+    assert [e["nodes"] for e in events if e.get("kind") == "node_lost"] == [host], events
+    report = trainscale(tmp_path, "report", str(run_dir), env=env)
+    assert f"node(s) {host} lost in job {job}" in report.stdout, report.stdout[-3000:]
+    logs = "\n".join(p.read_text() for p in (run_dir / job).rglob("*.out"))
+    assert "Resumed from" in logs, logs[-3000:]
+    done = re.findall(r"Epoch 1: .* step (\d+)/(\d+)", logs)
+    assert done and done[-1][0] == done[-1][1], logs[-3000:]

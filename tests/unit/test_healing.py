@@ -19,9 +19,12 @@ from trainscale.profiles import load_profile
 
 FAKES = r"""
 set -euo pipefail
-SLURM_NNODES=3 SLURM_JOB_NODELIST="n[1-3]" SLURM_JOB_ID=7 RUN_DIR="$PWD" JOB_DIR="$PWD/7"
+SLURM_NNODES=3 SLURM_JOB_NODELIST="n[1-3]" SLURM_JOB_ID=7 RUN_DIR="$PWD" JOB_DIR="$PWD/7" SLURMD_NODENAME=n1
+mkdir -p "$JOB_DIR"
 TRAINSCALE_NODE_WAIT=${TRAINSCALE_NODE_WAIT:-0}
-scontrol() { echo "SlurmdTimeout           = 300 sec"; }
+scontrol() { if [ "$1" = show ] && [ "$2" = hostnames ]; then printf "n1\nn2\nn3\n"; else echo "SlurmdTimeout           = 300 sec"; fi; }
+srun() { echo "$*" > guard; }  # the batch host's guard (started in the background)
+kill() { wait "$1" 2>/dev/null || true; }  # ... and stopped at the end: here, once it has written what it was
 tries=0
 sinfo() { [ -f down ] && sort down || true; }
 step() {  # one try: says where it runs; a node dies (or not) and, with progress, a newer checkpoint appears
@@ -130,3 +133,21 @@ def test_a_lost_node_returned_to_service_stays_left_out(tmp_path):
                "DIES=([1]=n3 [2]=n2); BACK=([2]=n3); PROGRESS=1\n")
     assert "try 2 on 2 node(s) excluding n3" in done.stdout
     assert "node(s) n2 lost; 1 node(s) left, fewer than MIN 2" in done.stdout, done.stdout
+
+
+def test_the_batch_hosts_guard_runs_on_another_node_and_a_requeued_attempt_names_the_lost_host(tmp_path):
+    """SLURM keeps a --no-kill job whose batch host died (nothing runs in it): a guard step on another node
+    requeues it; the requeued attempt names the node(s) of the last attempt that are down now."""
+    first = run(tmp_path, SlurmJobSpec(nodes=3, min_nodes=2, **SPEC), "SUCCEED_AT=1\n")
+    assert first.returncode == 0, first.stdout + first.stderr
+    guard = (tmp_path / "guard").read_text()
+    assert "--overlap" in guard and '--nodelist=n3' in guard and "scontrol requeue" in guard, guard
+    assert (tmp_path / "7" / "nodes").read_text() == "n[1-3]\n"
+    assert "lost with the last attempt" not in first.stdout  # a first attempt names nothing
+    again = run(tmp_path, SlurmJobSpec(nodes=3, min_nodes=2, **SPEC),
+                "SLURM_RESTART_COUNT=1 SLURM_JOB_NODELIST=n[2-3] SUCCEED_AT=1 PROGRESS=1\necho n1 > down\n")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "node(s) n1 lost with the last attempt (the batch host's node ends the whole job); SLURM requeued it" \
+        in again.stdout, again.stdout
+    events = (tmp_path / "metrics" / "events.jsonl").read_text()
+    assert '"kind": "node_lost", "job": "7", "nodes": "n1"' in events and "the batch host" in events

@@ -33,6 +33,51 @@ def srun_options(tasks_per_node: int) -> list[str]:
             '${LOST_NODES:+--exclude="$LOST_NODES"}']
 
 
+def requeued_lines() -> list[str]:
+    """The batch host's node fails the whole job (this shell dies with it), which no loop here can heal: SLURM
+    requeues the job (it is submitted ``--requeue``) and schedules it without the down node. The requeued attempt
+    names the node(s) of the last attempt SLURM reports down, as a recovery in the loop does."""
+    return [
+        "# the batch host's node fails the whole job: SLURM requeues it (--requeue) without the down node; this",
+        "# attempt names the node(s) of the last one that are down now",
+        'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && [ -s "$JOB_DIR/nodes" ]; then',
+        f'  gone=$(sinfo -h -N -n "$(cat "$JOB_DIR/nodes")" -t {DOWN_STATES} -o %N 2>/dev/null | sort -u | paste -sd, - '
+        '|| true)',
+        '  if [ -n "$gone" ]; then',
+        '    mkdir -p "$RUN_DIR/metrics"',
+        '    printf \'{"t": %s, "kind": "node_lost", "job": "%s", "nodes": "%s", "run_nodes": %s, "step": "%s", '
+        '"message": "node(s) %s lost in job %s (the batch host: SLURM requeued the job): resumed on %s node(s) from '
+        'checkpoint step %s"}\\n\' "$(date +%s)" "$SLURM_JOB_ID" "$gone" "$RUN_NODES" "$(newest_checkpoint)" "$gone" '
+        '"$SLURM_JOB_ID" "$RUN_NODES" "$(newest_checkpoint)" >> "$RUN_DIR/metrics/events.jsonl"',
+        '    echo "trainscale: node(s) $gone lost with the last attempt (the batch host\'s node ends the whole job); '
+        'SLURM requeued it: resuming on $RUN_NODES node(s) ($SLURM_JOB_NODELIST) from the newest checkpoint '
+        '(step $(newest_checkpoint))"',
+        "  fi",
+        "fi",
+        'echo "$SLURM_JOB_NODELIST" > "$JOB_DIR/nodes"',
+    ]
+
+
+def guard_lines() -> list[str]:
+    """SLURM keeps a ``--no-kill`` allocation even when the failed node is the batch host: the job would stay
+    RUNNING with nothing in it until its time limit (seen on the test cluster). A guard step on another node of
+    the allocation requeues the job once SLURM reports the batch host down."""
+    return [
+        "# the batch host's node can fail too: SLURM then keeps the allocation (--no-kill) with nothing running in",
+        "# it; a guard on another node requeues the job once SLURM reports this node down",
+        'GUARD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" 2>/dev/null | grep -vx "$SLURMD_NODENAME" '
+        '| tail -n1 || true)',
+        'if [ -n "$GUARD_NODE" ]; then',
+        '  srun --overlap --nodes=1 --ntasks=1 --nodelist="$GUARD_NODE" --cpu-bind=none --job-name=heal-guard '
+        '--output="$JOB_DIR/guard.out" --open-mode=append '
+        "bash -c 'while sleep 10; do if sinfo -h -n \"$0\" -t down -o %N | grep -q .; then "
+        "echo \"trainscale: the batch host $0 is down: requeueing job $1\"; scontrol requeue \"$1\"; exit 0; fi; done' "
+        '"$SLURMD_NODENAME" "$SLURM_JOB_ID" &',
+        "  GUARD_PID=$!",
+        "fi",
+    ]
+
+
 def lines(spec: SlurmJobSpec, step: list[str], after: list[str], again: list[str]) -> list[str]:
     """The step (``step``: lines that run it once and leave its exit code in ``$status``) in a loop that leaves
     lost nodes out; ``again`` before each new try (a fresh rendezvous port: the failed step's may linger); then
@@ -65,6 +110,8 @@ def lines(spec: SlurmJobSpec, step: list[str], after: list[str], again: list[str
         '  comm -13 <(echo "$LOST_NODES" | tr , "\\n" | grep . | sort -u) <(down_nodes | tr , "\\n" | grep . | sort -u) '
         '| paste -sd, - || true',
         "}",
+        *requeued_lines(),
+        *guard_lines(),
         "while true; do",
         *["  " + line for line in step],
         '  [ "$status" -eq 0 ] && break',
@@ -104,5 +151,6 @@ def lines(spec: SlurmJobSpec, step: list[str], after: list[str], again: list[str
         'node(s) without them, from the newest checkpoint (step ${ckpt:-0})"',
         *["  " + line for line in again],
         "done",
+        'if [ -n "${GUARD_PID:-}" ]; then kill "$GUARD_PID" 2>/dev/null || true; fi',
         *after,
     ]

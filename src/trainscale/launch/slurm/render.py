@@ -74,9 +74,11 @@ def sbatch_lines(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> 
     signal = warning_signal(spec, plan.facts.imports_trainscale)
     if signal:
         opts.append(f"--signal={signal}")
-    if spec.requeue is not None:  # otherwise the site's JobRequeue decides
-        opts.append("--requeue" if spec.requeue else "--no-requeue")
-    if spec.requeue:  # a requeued job writes the same batch output: every attempt's lines kept, not the last one's
+    # otherwise the site's JobRequeue decides; a self-healing job is requeued when its batch host's node fails
+    requeue = spec.requeue if spec.requeue is not None or not spec.heals else True
+    if requeue is not None:
+        opts.append("--requeue" if requeue else "--no-requeue")
+    if requeue:  # a requeued job writes the same batch output: every attempt's lines kept, not the last one's
         opts.append("--open-mode=append")
     opts.append(f"--output={batch_output_pattern(spec, plan)}")
     if spec.error:
