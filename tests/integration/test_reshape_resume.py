@@ -254,3 +254,78 @@ def test_every_shape_and_strategy_pair_resumes_the_saved_weights_and_the_rest_of
             losses = {results[rank][name][3] for rank in range(r)}
             assert len(losses) <= r and all(loss == loss for loss in losses)  # a finite step after the resume
         assert len(results[0]) == 36
+
+
+# -- DeepSpeed's own files resume under ddp, zero1 and fsdp -------------------------------------------------------
+DS_SCRIPT = '''
+import os
+import torch
+from torch import nn
+import trainscale
+from trainscale.data import DistributedLoader
+
+class Data(torch.utils.data.Dataset):
+    def __len__(self):
+        return 96
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(4, generator=g), torch.randn(1, generator=g)
+
+stop = int(os.environ["STOP_AT"])
+with trainscale.init(seed=0) as rt:
+    strategy = os.environ["STRATEGY"]
+    model, optimizer = rt.setup(nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1)),
+                                lambda p: torch.optim.Adam(p, lr=1e-2), strategy=strategy, micro_batch_size=4)
+    loader = DistributedLoader.for_runtime(Data(), rt, batch_size=4)
+    step = rt.resume(model, optimizer, loader=loader)
+    whole = lambda: {k: v.detach().float().cpu().clone() for k, v in rt._find(model)[1].full_model_state(model).items()}
+    if step:
+        resumed = whole()  # a collective under fsdp: every rank
+        if rt.rank == 0:
+            torch.save(resumed, "resumed.pt")
+    for x, y in loader:
+        rt.backward((model(x) - y).pow(2).mean(), model)
+        optimizer.step()
+        optimizer.zero_grad()
+        step += 1
+        if step == stop:
+            rt.checkpoint(step, model, optimizer, every=stop, loader=loader)
+            saved = whole()
+            if rt.rank == 0:
+                torch.save(saved, "saved.pt")
+        if step == stop + 1:
+            after = whole()
+            if rt.rank == 0:
+                torch.save(after, f"after-{os.environ['ATTEMPT']}.pt")
+            break
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("stage, then, ranks", [(1, "ddp", 2), (2, "fsdp", 2), (3, "zero1", 2), (2, "fsdp", 3),
+                                                (3, "ddp", 1)])
+def test_deepspeeds_own_files_resume_under_another_strategy_with_their_optimizer_state(tmp_path, stage, then, ranks):
+    """DeepSpeed ZeRO (stage 1, 2, 3) on 2 ranks checkpoints at step 3 and trains one more step; the same
+    checkpoint resumed under ddp, fsdp or zero1 starts from the saved weights on any number of ranks, and on 2
+    its next step (the same samples: the cursor) lands where DeepSpeed's did: the Adam moments and step count
+    came along (and DeepSpeed no longer clips the gradients where the others do not)."""
+    import torch
+
+    (tmp_path / "train.py").write_text(DS_SCRIPT)
+    env = {"STRATEGY": f"deepspeed:stage={stage}", "STOP_AT": "3", "ATTEMPT": "0"}
+    first = trainscale("run", "--nproc-per-node", "2", "--log-dir", "logs", "train.py", cwd=tmp_path, env=env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    second = trainscale("run", "--nproc-per-node", str(ranks), "--log-dir", "logs", "train.py", cwd=tmp_path,
+                        env={**env, "STRATEGY": then, "ATTEMPT": "1"})
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "resumed from checkpoints/ckpt-00000003 at step 3" in second.stdout, second.stdout
+    saved, resumed = torch.load(tmp_path / "saved.pt"), torch.load(tmp_path / "resumed.pt")
+    assert saved.keys() == resumed.keys() and all(torch.equal(saved[k], resumed[k]) for k in saved)
+    if ranks != 2:
+        return  # another global batch from here on: the next step is another step
+    theirs, ours = torch.load(tmp_path / "after-0.pt"), torch.load(tmp_path / "after-1.pt")
+    moved = max(float((theirs[k] - saved[k]).abs().max()) for k in saved)
+    assert moved > 1e-4  # the step changed the weights: the comparison below means something
+    for k in theirs:
+        assert torch.allclose(ours[k], theirs[k], rtol=0, atol=1e-6), (k, float((ours[k] - theirs[k]).abs().max()))

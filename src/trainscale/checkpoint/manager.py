@@ -32,7 +32,8 @@ log = logging.getLogger("trainscale.checkpoint")
 
 PORTABLE = {"ddp", "zero1", "fsdp"}
 """Strategies that resume each other's checkpoints (strategies/portable.py): ddp's and zero1's rank-0 files hold
-the whole model and optimizer state in torch's own form, fsdp's DCP shards are read into any layout."""
+the whole model and optimizer state in torch's own form, fsdp's DCP shards are read into any layout. DeepSpeed's
+own files resume under each of them too (its ZeRO partitions merged), not the other way round."""
 
 
 @dataclass(frozen=True)
@@ -357,7 +358,8 @@ class Checkpointer:
         found = find_latest(self.directory, map_location="cpu", runtime=self.runtime, exclude=exclude)
         if found is not None:
             written_by = found.record.get("strategy")
-            if written_by not in (None, self.strategy) and {written_by, self.strategy} - PORTABLE:
+            portable = {written_by, self.strategy} <= PORTABLE or (written_by == "deepspeed" and self.strategy in PORTABLE)
+            if written_by not in (None, self.strategy) and not portable:
                 raise CheckpointError(
                     f"{found.path} was written by strategy {written_by!r}, this run uses {self.strategy!r}",
                     hint=f"resume with --strategy {written_by}; or start anew: add --fresh (the checkpoints are "

@@ -98,11 +98,8 @@ class _File(Storage):
     def restore(self, model, found):
         if found.shards is None:
             model.load_state_dict(found.contents)
-        elif found.shards.format == "dcp":  # another strategy's shards (fsdp), read whole into this layout
+        else:  # another strategy's shards (fsdp's DCP, DeepSpeed's own files), read whole into this layout
             model.load_state_dict({**found.contents, **model.from_shards(found.shards)})
-        else:
-            raise CheckpointError(f"{found.path} is in the {found.shards.format} strategy's own format",
-                                  hint=f"resume with --strategy {found.record.get('strategy')}")
 
 
 class _DCP(Storage):
@@ -121,6 +118,8 @@ class _DCP(Storage):
     def restore(self, model, found):
         if found.shards is None:  # a rank-0 file holds everything (read by every rank)
             model.load_state_dict(found.contents)
+        elif found.shards.format != "dcp":  # a strategy's own files (DeepSpeed's), read whole as a rank-0 file
+            model.load_state_dict({**found.contents, **model.from_shards(found.shards)})
         else:
             model.load_state_dict({**found.contents, **found.shards.load(model.state_dict())})
 

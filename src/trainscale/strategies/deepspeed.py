@@ -324,8 +324,8 @@ class EngineState(ModelState):
         world = getattr(self.engine, "dp_world_size", saved)
         if saved != world:
             raise CheckpointError(f"{directory} holds DeepSpeed ZeRO shards for {saved} rank(s); this run has {world}",
-                                  hint=f"resume with {saved} ranks, or convert it with DeepSpeed's ds_to_universal.py "
-                                       "and load it yourself; fsdp checkpoints reshard to any world size")
+                                  hint=f"resume with {saved} ranks, or under --strategy fsdp, zero1 or ddp, which read "
+                                       "DeepSpeed's files on any number of ranks")
         load_path, _ = self.engine.load_checkpoint(str(directory), tag=CHECKPOINT_TAG, load_optimizer_states=True,
                                                    load_lr_scheduler_states=False)
         if load_path is None:

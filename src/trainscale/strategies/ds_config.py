@@ -71,6 +71,9 @@ def build_ds_config(*, micro_batch_size: int, gradient_accumulation_steps: int =
         "bf16": {"enabled": precision == "bf16"},
         "fp16": {"enabled": precision == "fp16"},
         "zero_allow_untested_optimizer": True,  # any torch optimizer; DeepSpeed only lists a few as tested
+        # DeepSpeed clips the gradients' norm at 1.0 unless told otherwise; ddp, zero1 and fsdp do not, and the
+        # same script must train the same model under each (a script that clips does so itself)
+        "gradient_clipping": 0.0,
         "steps_per_print": 2**31 - 1,  # trainscale prints progress itself
     }
     if optimizer is not None:

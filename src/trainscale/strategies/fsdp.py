@@ -202,6 +202,12 @@ class ShardedState(ModelState):
             state["grad_scaler"] = self.scaler.state_dict()
         return state
 
+    def from_shards(self, shards: Any) -> dict[str, Any]:
+        """Another strategy's own files (DeepSpeed's) as a rank-0 file's entries; DCP shards load directly."""
+        from trainscale.strategies.portable import from_shards
+
+        return from_shards(self.model, self.optimizer, shards)
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         from trainscale.strategies.portable import by_name, by_position, optimizer_names
 
