@@ -4,10 +4,10 @@
 
 On the 3-node test cluster (tests/slurm/cluster.sh; every node is this machine) each trial submits a job of a
 plain user script (DistributedLoader, rt.resume, rt.checkpoint every 3 steps, one epoch, each rank logging the
-sample ids of each step) with ``--nodes 2-3`` (continue on fewer) or ``-N 2 --spare-nodes 1`` (continue on the
-spare), under ddp or fsdp in turn, and at a random step of the epoch kills a node the job runs on (not the
-first, which holds the batch step): its slurmd and its ranks die and SLURM marks it down
-(SlurmCluster.lose_node). Per trial and in total it prints: recovered (the job completed by itself, the node
+sample ids of each step) with ``--nodes 2-3`` (continue on fewer), ``-N 2 --spare-nodes 1`` (continue on the
+spare) or ``--nodes 1-2`` losing its batch host (SLURM requeues the job without it), under ddp or fsdp in turn,
+and at a random step of the epoch kills a node the job runs on: its step daemons, slurmd and ranks die and
+SLURM marks it down (SlurmCluster.lose_node). Per trial and in total it prints: recovered (the job completed by itself, the node
 named in its output), seconds from the loss to the first step trained again, steps lost (trained after the
 newest checkpoint, so trained again), and the exactly-once check: the ids the epoch committed (the first
 attempt's steps up to the checkpoint resumed from, then every step after) hold no sample twice and leave out
@@ -53,7 +53,7 @@ with trainscale.init(seed=0) as rt:
     loader = DistributedLoader.for_runtime(Ids(), rt, batch_size=%(batch)d)
     step = rt.resume(model, optimizer, loader=loader)
     log = open(os.path.join(os.environ["TRAINSCALE_RUN_DIR"],
-                            f"ids-{os.environ['SLURM_STEP_ID']}-{rt.rank}.txt"), "a")
+                            f"ids-{os.environ.get('SLURM_RESTART_COUNT', '0')}.{os.environ['SLURM_STEP_ID']}-{rt.rank}.txt"), "a")
     while loader.state_dict()["epoch"] < 1:
         for x, ids in loader:
             model(x).pow(2).mean().backward()
@@ -67,10 +67,16 @@ with trainscale.init(seed=0) as rt:
 ''' % {"n": N, "batch": BATCH, "every": EVERY}
 
 
-def read_ids(run_dir: Path, attempt: int) -> dict[int, list[tuple[int, float, list[int]]]]:
-    """rank -> [(step, time, ids)] of one srun step (attempt) of the job."""
+def attempts(run_dir: Path) -> list[str]:
+    """The training attempts, in order: ``RESTART.STEP`` (a requeue restarts SLURM's step ids)."""
+    keys = {p.name[len("ids-"):].rsplit("-", 1)[0] for p in run_dir.glob("ids-*-*.txt")}
+    return sorted(keys, key=lambda k: tuple(int(x) for x in k.split(".")))
+
+
+def read_ids(run_dir: Path, attempt: str | None) -> dict[int, list[tuple[int, float, list[int]]]]:
+    """rank -> [(step, time, ids)] of one attempt (``RESTART.STEP``) of the job."""
     out: dict[int, list] = {}
-    for path in run_dir.glob(f"ids-{attempt}-*.txt"):
+    for path in run_dir.glob(f"ids-{attempt}-*.txt") if attempt else ():
         rows = []
         for line in path.read_text().splitlines():
             step, at, *ids = line.split()
@@ -79,27 +85,37 @@ def read_ids(run_dir: Path, attempt: int) -> dict[int, list[tuple[int, float, li
     return out
 
 
-def trial(cluster, root: Path, index: int, strategy: str, spare: bool, rng: random.Random) -> dict:
+SHAPES = {"fewer": ["--nodes", "2-3"], "spare": ["-N", "2", "--spare-nodes", "1"], "host": ["--nodes", "1-2"]}
+
+
+def trial(cluster, root: Path, index: int, strategy: str, mode: str, rng: random.Random) -> dict:
     work = root / f"trial-{index}"
     work.mkdir()
     (work / "train.py").write_text(SCRIPT)
-    shape = ["-N", "2", "--spare-nodes", "1"] if spare else ["--nodes", "2-3"]
+    shape = SHAPES[mode]
     done = trainscale(work, "slurm", "--profile", "local-test", "-t", "00:10:00", "--launcher", "srun", "-c", "1",
                       "--python", sys.executable, *shape, "--env", f"STRATEGY={strategy}", "--output-dir",
                       str(work / "jobs"), "--submit", "train.py", env=cluster.env)
     m = re.search(r"job (\d+) .*run directory (\S+)", done.stderr)
     assert done.returncode == 0 and m, done.stdout + done.stderr
     job, run_dir = m.group(1), Path(m.group(2))
-    ranks = 2 if spare else 3
+    ranks = 3 if mode == "fewer" else 2
     steps = N // (ranks * BATCH)
     at = rng.randrange(EVERY + 1, int(steps * 0.7))  # a random step of the epoch, after the first checkpoint
-    wait_for(lambda: sum(1 for _ in (run_dir / "ids-0-0.txt").open()) >= at
-             if (run_dir / "ids-0-0.txt").exists() else False, 300, f"step {at} of job {job}")
-    victim = rng.choice(["n2"] if spare else ["n2", "n3"])
+
+    def rank0_steps() -> int:
+        found = list(run_dir.glob("ids-0.*-0.txt"))
+        return sum(1 for _ in found[0].open()) if found else 0
+
+    wait_for(lambda: rank0_steps() >= at, 300, f"step {at} of job {job}")
+    host = cluster.job_fields(job)["BatchHost"]
+    nodes = [n for n in ("n1", "n2", "n3") if n != host]
+    victim = host if mode == "host" else rng.choice(nodes[:1] if mode == "spare" else nodes)
     lost_at = time.time()
     state = cluster.lose_node_of(job, victim, timeout=600)
     batch = (run_dir / f"{job}.out").read_text()
-    first, second = read_ids(run_dir, 0), read_ids(run_dir, 1)
+    keys = attempts(run_dir)
+    first, second = read_ids(run_dir, keys[0]), read_ids(run_dir, keys[1] if len(keys) > 1 else None)
     logs = "\n".join(p.read_text() for p in (run_dir / job).glob("*.out"))
     resumed = re.search(r"resumed from \S*ckpt-(\d+)", logs)
     from_step = int(resumed.group(1)) if resumed else 0
@@ -111,7 +127,7 @@ def trial(cluster, root: Path, index: int, strategy: str, spare: bool, rng: rand
     last_world = len(second) or ranks
     twice = sum(c - 1 for c in committed.values() if c > 1)
     missing = N - len(committed)
-    return {"strategy": strategy, "spare": spare, "job": job, "state": state, "node": victim, "at": at,
+    return {"strategy": strategy, "mode": mode, "job": job, "state": state, "node": victim, "at": at,
             "recovered": state == "COMPLETED" and f"node(s) {victim} lost" in batch,
             "seconds": (again - lost_at) if again else None, "steps_lost": trained_before - from_step,
             "twice": twice, "missing": missing,
@@ -124,19 +140,19 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rng = random.Random(args.seed)
-    configs = [(s, spare) for spare in (False, True) for s in ("ddp", "fsdp")]
+    configs = [(s, mode) for mode in SHAPES for s in ("ddp", "fsdp")]
     results = []
     with cluster_session(3) as cluster, tempfile.TemporaryDirectory(prefix="trainscale-heal-") as tmp:
         for i in range(args.trials):
-            strategy, spare = configs[i % len(configs)]
-            r = trial(cluster, Path(tmp), i, strategy, spare, rng)
+            strategy, mode = configs[i % len(configs)]
+            r = trial(cluster, Path(tmp), i, strategy, mode, rng)
             results.append(r)
-            print(f"trial {i + 1}: {strategy:4} {'spare' if spare else 'fewer':5} node {r['node']} lost at step "
+            print(f"trial {i + 1}: {strategy:4} {mode:5} node {r['node']} lost at step "
                   f"{r['at']:3}: {'recovered' if r['recovered'] else 'NOT recovered (' + r['state'] + ')'}, "
                   f"training again after {r['seconds']:.1f} s, {r['steps_lost']} step(s) lost, "
                   f"{r['twice']} sample(s) twice, {r['missing']} left out: "
                   f"{'exactly once' if r['once'] else 'NOT exactly once'}" if r["seconds"] is not None else
-                  f"trial {i + 1}: {strategy} spare={spare}: no second attempt ({r['state']})", flush=True)
+                  f"trial {i + 1}: {strategy} {mode}: no second attempt ({r['state']})", flush=True)
     times = [r["seconds"] for r in results if r["seconds"] is not None]
     print(f"\ntrials {len(results)}, recovered {sum(r['recovered'] for r in results)}, exactly once "
           f"{sum(r['once'] for r in results)}; from the loss to training again: median "
