@@ -5,7 +5,7 @@
 On the 3-node test cluster (tests/slurm/cluster.sh; every node is this machine) each trial submits a job of a
 plain user script (DistributedLoader, rt.resume, rt.checkpoint every 3 steps, one epoch, each rank logging the
 sample ids of each step) with ``--nodes 2-3`` (continue on fewer), ``-N 2 --spare-nodes 1`` (continue on the
-spare) or ``--nodes 1-2`` losing its batch host (SLURM requeues the job without it), under ddp or fsdp in turn,
+spare) or ``--nodes 1-2`` losing its batch host (``--watch`` requeues the job without it), under ddp or fsdp in turn,
 and at a random step of the epoch kills a node the job runs on: its step daemons, slurmd and ranks die and
 SLURM marks it down (SlurmCluster.lose_node). Per trial and in total it prints: recovered (the job completed by itself, the node
 named in its output), seconds from the loss to the first step trained again, steps lost (trained after the
@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import random
 import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -29,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from helpers.cli import trainscale, wait_for  # noqa: E402
+from helpers.cli import wait_for  # noqa: E402
 from helpers.slurm_cluster import cluster_session  # noqa: E402
 
 N, BATCH, EVERY = 1440, 8, 3
@@ -92,12 +94,18 @@ def trial(cluster, root: Path, index: int, strategy: str, mode: str, rng: random
     work = root / f"trial-{index}"
     work.mkdir()
     (work / "train.py").write_text(SCRIPT)
-    shape = SHAPES[mode]
-    done = trainscale(work, "slurm", "--profile", "local-test", "-t", "00:10:00", "--launcher", "srun", "-c", "1",
-                      "--python", sys.executable, *shape, "--env", f"STRATEGY={strategy}", "--output-dir",
-                      str(work / "jobs"), "--submit", "train.py", env=cluster.env)
-    m = re.search(r"job (\d+) .*run directory (\S+)", done.stderr)
-    assert done.returncode == 0 and m, done.stdout + done.stderr
+    argv = [sys.executable, "-m", "trainscale", "slurm", "--profile", "local-test", "-t", "00:10:00", "--launcher",
+            "srun", "-c", "1", "--python", sys.executable, *SHAPES[mode], "--env", f"STRATEGY={strategy}",
+            "--output-dir", str(work / "jobs"), "--submit", "train.py"]
+    if mode == "host":  # SLURM keeps a --no-kill job whose batch host is lost: --watch requeues it
+        argv[-1:-1] = ["--watch", "--poll", "0.5"]
+    watching = subprocess.Popen(argv, cwd=work, env={**os.environ, **cluster.env}, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    seen = ""
+    while not (m := re.search(r"job (\d+) .*run directory (\S+)", seen)):
+        line = watching.stderr.readline()
+        assert line, seen + watching.stdout.read()  # ended without submitting
+        seen += line
     job, run_dir = m.group(1), Path(m.group(2))
     ranks = 3 if mode == "fewer" else 2
     steps = N // (ranks * BATCH)
@@ -113,6 +121,7 @@ def trial(cluster, root: Path, index: int, strategy: str, mode: str, rng: random
     victim = host if mode == "host" else rng.choice(nodes[:1] if mode == "spare" else nodes)
     lost_at = time.time()
     state = cluster.lose_node_of(job, victim, timeout=600)
+    watching.communicate(timeout=120)
     batch = (run_dir / f"{job}.out").read_text()
     keys = attempts(run_dir)
     first, second = read_ids(run_dir, keys[0]), read_ids(run_dir, keys[1] if len(keys) > 1 else None)

@@ -102,7 +102,9 @@ class SlurmCluster:
 
     def lose_node(self, name: str) -> None:
         """What a node's death does here, where every node is this machine: its slurmd and the job processes on it
-        killed, and the node marked down (what slurmctld does once a node stops answering, after SlurmdTimeout)."""
+        gone (its step daemons first: a dead node reports nothing, not even its batch script's end), and the node
+        marked down (what slurmctld does once a node stops answering, after SlurmdTimeout). (Freezing the step
+        daemons instead made this SLURM's slurmctld segfault.) :meth:`revive_node` kills what was frozen."""
         os.kill(int((self.dir / "run" / f"slurmd-{name}.pid").read_text()), signal.SIGKILL)
         mark = f"SLURMD_NODENAME={name}".encode()
         on_node, stepds = [], set()
@@ -116,16 +118,24 @@ class SlurmCluster:
                             stepds.add(int(parent))
                 except OSError:  # gone meanwhile
                     pass
-        # the node's step daemons first: a dead node reports nothing, not even its batch script's death
+        # a dead node closes no connection: its srun clients (a batch host's) are frozen, not killed, or the
+        # steps they started on other nodes would see them go; the rest dies, step daemons first
+        frozen = [pid for pid in on_node if _comm(pid) == "srun"]
+        for pid in frozen:
+            _signal(pid, signal.SIGSTOP)
         for pid in [*stepds, *on_node]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+            if pid not in frozen:
+                _signal(pid, signal.SIGKILL)
+        (self.dir / "run" / f"frozen-{name}").write_text(" ".join(map(str, frozen)))
         self.run("scontrol", "update", f"nodename={name}", "state=down", "reason=trainscale-test-node-lost")
 
     def revive_node(self, name: str) -> None:
-        """The node back: its slurmd started again and the node resumed (ReturnToService may have done that)."""
+        """The node back: what froze with it killed, its slurmd started again and the node resumed
+        (ReturnToService may have done that)."""
+        frozen = self.dir / "run" / f"frozen-{name}"
+        for pid in frozen.read_text().split() if frozen.exists() else ():
+            _signal(int(pid), signal.SIGKILL)
+        frozen.unlink(missing_ok=True)
         self.run("slurmd", "-N", name, check=False)
         self.run("scontrol", "update", f"nodename={name}", "state=resume", check=False)
 
@@ -143,6 +153,20 @@ class SlurmCluster:
         The timeout is generous because other test sessions may share the cluster
         and hold its CPUs for a while."""
         return self.wait_state(job_id, TERMINAL_STATES, timeout)
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except OSError:  # gone meanwhile
+        pass
 
 
 def _cluster_dir(nodes: int = 2) -> Path:

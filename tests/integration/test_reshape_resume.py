@@ -274,8 +274,15 @@ class Data(torch.utils.data.Dataset):
 stop = int(os.environ["STOP_AT"])
 with trainscale.init(seed=0) as rt:
     strategy = os.environ["STRATEGY"]
-    model, optimizer = rt.setup(nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1)),
-                                lambda p: torch.optim.Adam(p, lr=1e-2), strategy=strategy, micro_batch_size=4)
+    net = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 1))
+    make = lambda p: torch.optim.Adam(p, lr=1e-2)
+    if os.environ["OPTIM"] == "sgd-groups":  # a frozen layer, two groups with their own options, momentum
+        net[0].weight.requires_grad_(False)
+        trained = [(n, p) for n, p in net.named_parameters() if p.requires_grad]
+        make = torch.optim.SGD([{"params": [p for n, p in trained if n.endswith("weight")], "weight_decay": 0.1},
+                                {"params": [p for n, p in trained if n.endswith("bias")], "weight_decay": 0.0}],
+                               lr=5e-2, momentum=0.9)
+    model, optimizer = rt.setup(net, make, strategy=strategy, micro_batch_size=4)
     loader = DistributedLoader.for_runtime(Data(), rt, batch_size=4)
     step = rt.resume(model, optimizer, loader=loader)
     whole = lambda: {k: v.detach().float().cpu().clone() for k, v in rt._find(model)[1].full_model_state(model).items()}
@@ -303,17 +310,21 @@ with trainscale.init(seed=0) as rt:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("stage, then, ranks", [(1, "ddp", 2), (2, "fsdp", 2), (3, "zero1", 2), (2, "fsdp", 3),
-                                                (3, "ddp", 1)])
-def test_deepspeeds_own_files_resume_under_another_strategy_with_their_optimizer_state(tmp_path, stage, then, ranks):
+@pytest.mark.parametrize("stage, then, ranks, optim", [(1, "ddp", 2, "adam"), (2, "fsdp", 2, "adam"),
+                                                       (3, "zero1", 2, "adam"), (2, "fsdp", 3, "adam"),
+                                                       (3, "ddp", 1, "adam"), (2, "zero1", 2, "sgd-groups"),
+                                                       (3, "fsdp", 2, "sgd-groups")])
+def test_deepspeeds_own_files_resume_under_another_strategy_with_their_optimizer_state(tmp_path, stage, then, ranks,
+                                                                                      optim):
     """DeepSpeed ZeRO (stage 1, 2, 3) on 2 ranks checkpoints at step 3 and trains one more step; the same
     checkpoint resumed under ddp, fsdp or zero1 starts from the saved weights on any number of ranks, and on 2
     its next step (the same samples: the cursor) lands where DeepSpeed's did: the Adam moments and step count
-    came along (and DeepSpeed no longer clips the gradients where the others do not)."""
+    came along (and DeepSpeed no longer clips the gradients where the others do not); also with a frozen layer
+    and two parameter groups of their own options under SGD with momentum."""
     import torch
 
     (tmp_path / "train.py").write_text(DS_SCRIPT)
-    env = {"STRATEGY": f"deepspeed:stage={stage}", "STOP_AT": "3", "ATTEMPT": "0"}
+    env = {"STRATEGY": f"deepspeed:stage={stage}", "STOP_AT": "3", "ATTEMPT": "0", "OPTIM": optim}
     first = trainscale("run", "--nproc-per-node", "2", "--log-dir", "logs", "train.py", cwd=tmp_path, env=env)
     assert first.returncode == 0, first.stdout + first.stderr
     second = trainscale("run", "--nproc-per-node", str(ranks), "--log-dir", "logs", "train.py", cwd=tmp_path,
@@ -329,3 +340,93 @@ def test_deepspeeds_own_files_resume_under_another_strategy_with_their_optimizer
     assert moved > 1e-4  # the step changed the weights: the comparison below means something
     for k in theirs:
         assert torch.allclose(ours[k], theirs[k], rtol=0, atol=1e-6), (k, float((ours[k] - theirs[k]).abs().max()))
+
+
+# -- three interruptions per run, 20 seeds, real ranks ----------------------------------------------------------
+# Each seed's run is 4 segments on random shapes (1-4 ranks) and strategies, stopped at 3 random points of its 2
+# epochs (multiples of 24 samples: no drop_last tail on any shape). The segments of one round that share a shape
+# run in one launch, each from its seed's own checkpoint directory: 4 rounds x at most 4 shapes = 16 launches.
+def interrupted_chain(seed: int) -> tuple[list[int], list[str], list[int]]:
+    rng = random.Random(f"chain{seed}")
+    shapes = [rng.randint(1, 4) for _ in range(4)]
+    strategies = [rng.choice(STRATEGIES) for _ in range(4)]
+    stops = [24 * k for k in sorted(rng.sample(range(1, 2 * MATRIX_N // 24), 3))] + [2 * MATRIX_N]
+    return shapes, strategies, stops
+
+
+def run_segments(root: str, jobs: list[tuple[int, int]]) -> dict:
+    """Each (seed, segment): restore the seed's newest checkpoint (segments after the first), train to the
+    segment's stop, checkpoint (all but the last). The weights' digest after the restore and at the save, and
+    the (epoch, ids) this rank trained."""
+    from pathlib import Path
+
+    import trainscale
+    from trainscale.checkpoint import Checkpointer, RNGState
+
+    out = {}
+    with trainscale.init(seed=0) as rt:
+        for seed, k in jobs:
+            shapes, strategies, stops = interrupted_chain(seed)
+            model, optimizer, loader = _matrix_parts(rt, strategies[k])
+            keeper = Checkpointer(Path(root) / f"seed{seed}", rt, strategy=rt.strategy_of(model))
+            entries = {"model": rt.checkpoint_state(model, optimizer), "rng": RNGState(rt.device), "loader": loader}
+            resumed = None
+            if k:
+                assert keeper.restore(entries) is not None
+                resumed = _digest(model)
+            offset, end, seen = (stops[k - 1] if k else 0), stops[k], []
+            while offset < end:
+                epoch = loader.state_dict()["epoch"]
+                for x, ids in loader:
+                    model(x).pow(2).mean().backward()
+                    optimizer.step()
+                    optimizer.zero_grad()
+                    seen.append((epoch, ids.tolist()))
+                    offset += rt.world_size * MATRIX_BATCH
+                    if offset == end:
+                        break
+            saved = None
+            if k < 3:
+                keeper.save(offset, entries)  # the step: the samples trained so far (it only grows)
+                saved = _digest(model)
+            keeper.close()
+            out[seed, k] = (resumed, saved, seen)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_three_random_interruptions_on_random_shapes_and_strategies_over_20_seeds(tmp_path):
+    from helpers.multiproc import run_on_ranks
+
+    seeds = range(20)
+    results: dict = {}
+    for k in range(4):
+        for ranks in range(1, 5):
+            jobs = [(seed, k) for seed in seeds if interrupted_chain(seed)[0][k] == ranks]
+            if jobs:
+                per_rank = run_on_ranks(run_segments, ranks, str(tmp_path), jobs, timeout=300)
+                for job in jobs:
+                    results[job] = [per_rank[r][job] for r in range(ranks)]
+    for seed in seeds:
+        shapes, strategies, stops = interrupted_chain(seed)
+        for k in range(1, 4):  # every segment starts from the weights the previous one saved
+            assert results[seed, k][0][0] == results[seed, k - 1][0][1], (seed, k, shapes, strategies)
+        for epoch in (0, 1):
+            ids = [i for k in range(4) for rank in results[seed, k] for e, batch in rank[2] if e == epoch
+                   for i in batch]
+            assert sorted(ids) == list(range(MATRIX_N)), (seed, epoch, shapes, strategies, stops)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_deepspeed_resuming_its_own_files_on_another_world_size_names_the_strategies_that_can(tmp_path):
+    (tmp_path / "train.py").write_text(DS_SCRIPT)
+    env = {"STRATEGY": "deepspeed:stage=2", "STOP_AT": "3", "ATTEMPT": "0", "OPTIM": "adam"}
+    first = trainscale("run", "--nproc-per-node", "2", "--log-dir", "logs", "train.py", cwd=tmp_path, env=env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    again = trainscale("run", "--nproc-per-node", "3", "--log-dir", "logs", "train.py", cwd=tmp_path,
+                       env={**env, "ATTEMPT": "1"})
+    assert again.returncode == 1, again.stdout + again.stderr
+    assert "holds DeepSpeed ZeRO shards for 2 rank(s); this run has 3" in again.stderr, again.stderr[-2000:]
+    assert "or under --strategy fsdp, zero1 or ddp" in again.stderr and "Traceback" not in again.stderr

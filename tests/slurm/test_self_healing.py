@@ -59,24 +59,35 @@ def test_a_node_lost_mid_epoch_is_left_out_and_the_run_finishes_by_itself(cluste
 
 
 @pytest.mark.timeout(600)
-def test_a_lost_batch_host_is_requeued_by_slurm_without_it_and_the_run_finishes_once(cluster3, tmp_path):
-    """The batch host's node ends the whole job (the batch shell dies with it): a self-healing job is submitted
-    ``--requeue``, so SLURM requeues it and schedules it on nodes that are up; the requeued attempt names the lost
-    node and resumes from the newest checkpoint, the interrupted epoch's samples once (the global cursor)."""
-    env = cluster3.env
-    job, run_dir = submitted(trainscale(tmp_path, "slurm", *JOB, "--nodes", "1-2", "--output-dir",
-                                        str(tmp_path / "jobs"), "--submit", *CNN, env=env))
-    ckdir = run_dir / "checkpoints"
-    wait_for(lambda: any(ckdir.glob("ckpt-*.pt")), 240, "the first checkpoint")
-    host = cluster3.job_fields(job)["BatchHost"]
-    state = cluster3.lose_node_of(job, host, timeout=240)
+def test_a_lost_batch_host_is_requeued_by_watch_without_it_and_the_run_finishes_once(cluster3, tmp_path):
+    """The batch host's node takes the batch step with it, and SLURM 22.05 keeps a --no-kill job RUNNING with
+    nothing in it (every step ended) until its time limit: ``--watch`` sees the batch host down and requeues the
+    job; SLURM schedules it on nodes that are up; the requeued attempt names the lost node and resumes from the
+    newest checkpoint to the end of the epoch."""
+    import os
+
+    env = {**os.environ, **cluster3.env, "TRAINSCALE_STATE_DIR": str(tmp_path / "state")}
+    watching = subprocess.Popen([sys.executable, "-m", "trainscale", "slurm", *JOB, "--nodes", "1-2", "--output-dir",
+                                 str(tmp_path / "jobs"), "--submit", "--watch", "--poll", "0.5", *CNN], cwd=tmp_path,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: any((tmp_path / "jobs").glob("*/checkpoints/ckpt-*.pt")), 240, "the first checkpoint")
+        run_dir = next((tmp_path / "jobs").glob("*/checkpoints")).parent
+        job = next(p.stem for p in run_dir.glob("*.out"))  # the batch output: JOBID.out
+        host = cluster3.job_fields(job)["BatchHost"]
+        state = cluster3.lose_node_of(job, host, timeout=300)
+        out, err = watching.communicate(timeout=120)
+    finally:
+        watching.kill()
     batch = (run_dir / f"{job}.out").read_text()
     assert state == "COMPLETED", batch[-4000:]
+    assert watching.returncode == 0, out + err
+    assert f"the batch host {host} of job {job} is down" in err and "requeued it" in err, err[-3000:]
     assert cluster3.job_fields(job).get("Restarts") == "1"
     assert f"node(s) {host} lost with the last attempt" in batch, batch[-4000:]
     events = [json.loads(line) for line in (run_dir / "metrics" / "events.jsonl").read_text().splitlines()]
     assert [e["nodes"] for e in events if e.get("kind") == "node_lost"] == [host], events
-    report = trainscale(tmp_path, "report", str(run_dir), env=env)
+    report = trainscale(tmp_path, "report", str(run_dir), env=cluster3.env)
     assert f"node(s) {host} lost in job {job}" in report.stdout, report.stdout[-3000:]
     logs = "\n".join(p.read_text() for p in (run_dir / job).rglob("*.out"))
     assert "Resumed from" in logs, logs[-3000:]

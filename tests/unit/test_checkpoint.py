@@ -233,3 +233,31 @@ def test_a_second_run_on_a_checkpoint_directory_is_refused_naming_the_holder_unt
     second.close()
     first.save(3, {"step": 3})
     first.close()
+
+
+def test_deepspeed_files_that_cannot_be_converted_are_one_named_error(tmp_path, monkeypatch):
+    """strategies/portable.py reads DeepSpeed's ZeRO files for ddp, zero1 and fsdp (with DeepSpeed's zero_to_fp32
+    helpers; stubbed here, raising as they do on files without DeepSpeed's records): files it cannot convert and
+    a machine without DeepSpeed are CheckpointErrors naming the way out, not tracebacks from the helpers."""
+    import sys
+    import types
+
+    from trainscale.strategies.portable import from_deepspeed
+
+    helpers = types.ModuleType("deepspeed.utils.zero_to_fp32")
+
+    def refuse(files):
+        raise ValueError(f"{files} is not a model state checkpoint")
+
+    helpers.get_model_state_files = lambda directory: [f"{directory}/mp_rank_00_model_states.pt"]
+    helpers.parse_model_states = refuse
+    utils = types.ModuleType("deepspeed.utils")
+    utils.zero_to_fp32 = helpers
+    monkeypatch.setitem(sys.modules, "deepspeed", types.ModuleType("deepspeed"))
+    monkeypatch.setitem(sys.modules, "deepspeed.utils", utils)
+    with pytest.raises(CheckpointError, match="holds DeepSpeed files trainscale cannot convert") as got:
+        from_deepspeed(tmp_path)
+    assert "--strategy deepspeed" in got.value.hint
+    monkeypatch.setitem(sys.modules, "deepspeed.utils", None)  # import fails as where DeepSpeed is not installed
+    with pytest.raises(CheckpointError, match="which need DeepSpeed installed to read"):
+        from_deepspeed(tmp_path)

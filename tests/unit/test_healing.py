@@ -6,6 +6,7 @@ lost, below MIN nodes, and on a crash loop (a node lost again with no newer chec
 from __future__ import annotations
 
 import subprocess
+import types
 import textwrap
 
 import pytest
@@ -23,8 +24,6 @@ SLURM_NNODES=3 SLURM_JOB_NODELIST="n[1-3]" SLURM_JOB_ID=7 RUN_DIR="$PWD" JOB_DIR
 mkdir -p "$JOB_DIR"
 TRAINSCALE_NODE_WAIT=${TRAINSCALE_NODE_WAIT:-0}
 scontrol() { if [ "$1" = show ] && [ "$2" = hostnames ]; then printf "n1\nn2\nn3\n"; else echo "SlurmdTimeout           = 300 sec"; fi; }
-srun() { echo "$*" > guard; }  # the batch host's guard (started in the background)
-kill() { wait "$1" 2>/dev/null || true; }  # ... and stopped at the end: here, once it has written what it was
 tries=0
 sinfo() { [ -f down ] && sort down || true; }
 step() {  # one try: says where it runs; a node dies (or not) and, with progress, a newer checkpoint appears
@@ -135,19 +134,49 @@ def test_a_lost_node_returned_to_service_stays_left_out(tmp_path):
     assert "node(s) n2 lost; 1 node(s) left, fewer than MIN 2" in done.stdout, done.stdout
 
 
-def test_the_batch_hosts_guard_runs_on_another_node_and_a_requeued_attempt_names_the_lost_host(tmp_path):
-    """SLURM keeps a --no-kill job whose batch host died (nothing runs in it): a guard step on another node
-    requeues it; the requeued attempt names the node(s) of the last attempt that are down now."""
-    first = run(tmp_path, SlurmJobSpec(nodes=3, min_nodes=2, **SPEC), "SUCCEED_AT=1\n")
-    assert first.returncode == 0, first.stdout + first.stderr
-    guard = (tmp_path / "guard").read_text()
-    assert "--overlap" in guard and '--nodelist=n3' in guard and "scontrol requeue" in guard, guard
-    assert (tmp_path / "7" / "nodes").read_text() == "n[1-3]\n"
-    assert "lost with the last attempt" not in first.stdout  # a first attempt names nothing
+def test_watch_requeues_a_job_whose_batch_host_is_down_and_the_next_attempt_names_it(tmp_path):
+    """SLURM keeps a --no-kill job whose batch host died RUNNING with nothing in it: --watch marks the host lost
+    and requeues the job (a fake scontrol/sinfo here; the real one: tests/slurm/test_self_healing.py); the
+    requeued attempt names it once and resumes."""
+    calls, said = [], []
+
+    def slurm(argv, **_):
+        calls.append(argv)
+        out = {"scontrol": "JobId=7 JobState=RUNNING BatchHost=n1 NodeList=n[2-3]", "sinfo": "n1\n"}.get(argv[0], "")
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    (tmp_path / "7").mkdir()
+    watch = healing.BatchHostWatch("7", str(tmp_path / "7"), run=slurm, say=said.append, clock=lambda: 0.0)
+    watch.poll(types.SimpleNamespace(state="PENDING"))
+    assert calls == []  # only a running job is looked at
+    watch.poll(types.SimpleNamespace(state="RUNNING"))
+    assert ["scontrol", "requeue", "7"] in calls and "requeued it" in said[0]
+    assert (tmp_path / "7" / "batch-host-lost").read_text() == "n1\n"
     again = run(tmp_path, SlurmJobSpec(nodes=3, min_nodes=2, **SPEC),
-                "SLURM_RESTART_COUNT=1 SLURM_JOB_NODELIST=n[2-3] SUCCEED_AT=1 PROGRESS=1\necho n1 > down\n")
+                "SLURM_RESTART_COUNT=1 SLURM_JOB_NODELIST=n[2-3] SUCCEED_AT=1 PROGRESS=1\n")
     assert again.returncode == 0, again.stdout + again.stderr
-    assert "node(s) n1 lost with the last attempt (the batch host's node ends the whole job); SLURM requeued it" \
-        in again.stdout, again.stdout
+    assert "node(s) n1 lost with the last attempt (the batch host's node ends the whole job); the job was " \
+        "requeued" in again.stdout, again.stdout
     events = (tmp_path / "metrics" / "events.jsonl").read_text()
     assert '"kind": "node_lost", "job": "7", "nodes": "n1"' in events and "the batch host" in events
+    assert not (tmp_path / "7" / "batch-host-lost").exists()  # named once: a later requeue (time limit) is not a loss
+    first = run(tmp_path, SlurmJobSpec(nodes=3, min_nodes=2, **SPEC), "SUCCEED_AT=1\n")
+    assert "lost with the last attempt" not in first.stdout
+
+
+def test_a_batch_host_lost_past_the_requeue_cap_stops_and_no_requeue_cancels(tmp_path):
+    (tmp_path / "7").mkdir()
+    (tmp_path / "7" / "batch-host-lost").write_text("n1\n")
+    capped = run(tmp_path, SlurmJobSpec(nodes=3, min_nodes=2, max_requeues=2, **SPEC),
+                 "SLURM_RESTART_COUNT=3 SUCCEED_AT=1\n")
+    assert capped.returncode == 75 and "requeued 3 times, more than --max-requeues 2" in capped.stdout
+    calls = []
+
+    def slurm(argv, **_):
+        calls.append(argv)
+        out = {"scontrol": "BatchHost=n1", "sinfo": "n1\n"}.get(argv[0], "")
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    healing.BatchHostWatch("7", str(tmp_path / "7"), requeue=False, run=slurm, say=lambda line: None,
+                           clock=lambda: 0.0).poll(types.SimpleNamespace(state="RUNNING"))
+    assert ["scancel", "7"] in calls and not any(c[:2] == ["scontrol", "requeue"] for c in calls)

@@ -98,8 +98,15 @@ def submit_and_watch(spec, profile, plan, ns) -> int:
         print(record.job_id, flush=True)  # alone on stdout, for scripts
         return 0
     progress = Progress(record.run_dir)
+    on_poll = progress.poll
+    if spec.heals:  # SLURM keeps a --no-kill job whose batch host is lost: requeue it (launch/slurm/healing.py)
+        from trainscale.launch.slurm.healing import BatchHostWatch
+
+        host = BatchHostWatch(record.job_id, str(record.job_dir), requeue=spec.requeue is not False,
+                              say=progress.say)
+        on_poll = lambda info: (progress.poll(info), host.poll(info))  # noqa: E731
     final = watch(record.job_id, poll_s=ns.poll, timeout_s=ns.watch_timeout,
-                  on_change=lambda info: progress.say(describe_progress(info)), on_poll=progress.poll)
+                  on_change=lambda info: progress.say(describe_progress(info)), on_poll=on_poll)
     progress.end()
     print(explain(final, record), flush=True)
     _say(f"next: trainscale report {record.job_id}   (its page: per-rank step times, where the time went; "

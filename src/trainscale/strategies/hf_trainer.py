@@ -60,7 +60,8 @@ def trainer_arguments(spec: str, *, world_size: int, per_device: int, use_cpu: b
                               hint='set it to "auto" (the Trainer fills it in) or change --global-batch')
         strategy = strategy.with_batch(per_device, accumulation if accumulation > 1 else None)
         config = strategy.ds_config(world_size, "cpu" if use_cpu else "cuda")
-        if strategy.config is None:  # the Trainer clips by its max_grad_norm under every strategy: so here too
+        if strategy.config is None and "gradient_clipping" not in strategy.overrides:
+            # the Trainer clips by its max_grad_norm under every strategy: so here too
             config["gradient_clipping"] = "auto"
         # The Trainer checks that its own arguments agree with the ds_config; make them agree.
         return {"deepspeed": config, "gradient_accumulation_steps": config["gradient_accumulation_steps"],

@@ -54,11 +54,12 @@ def from_shards(module: nn.Module, optimizer: Any, shards: Any) -> dict[str, Any
     keyed by position). Every rank calls it (DCP's load is a collective)."""
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+    plain = portable_optimizer(optimizer)
     if shards.format == "deepspeed":
         from trainscale.strategies.deepspeed import CHECKPOINT_TAG
 
-        return from_deepspeed(shards.path / CHECKPOINT_TAG)
-    plain = portable_optimizer(optimizer)
+        whole = from_deepspeed(shards.path / CHECKPOINT_TAG)
+        return {"model": whole["model"], "optimizer": named_to_positions(whole["optimizer"], module, plain, shards.path)}
     model_state, optim_state = get_state_dict(module, plain)
     loaded = shards.load({"model": model_state, "optimizer": optim_state})
     set_state_dict(module, plain, model_state_dict=loaded["model"], optim_state_dict=loaded["optimizer"])
@@ -70,11 +71,12 @@ ANOTHER = ("start a new checkpoint directory (--fresh moves these checkpoints as
 
 
 def from_deepspeed(directory: Any) -> dict[str, Any]:
-    """DeepSpeed ZeRO's own files (``directory``: the tag folder ``save_checkpoint`` wrote; any stage, any world
-    size) as the ``{"model", "optimizer"}`` a ddp rank-0 file holds: the fp32 master weights and the base
-    optimizer's state, each flat partition merged and cut at the parameters by DeepSpeed's own zero_to_fp32
-    helpers, the state keyed by position in the param groups' order. Every rank reads the files (they are small
-    next to a rank's share of a model large enough to need ZeRO-3)."""
+    """DeepSpeed ZeRO's own files (``directory``: the tag folder ``save_checkpoint`` wrote; stages 1-3, any world
+    size) as whole state keyed by parameter name: ``{"model": fp32 master weights and buffers, "optimizer":
+    {"state": {name: ...}, "param_groups": [{..., "params": [names]}]}}``. Every flat ZeRO partition (the
+    masters and each tensor of the base optimizer's state: Adam's moments, SGD's momentum...) is merged over the
+    ranks and cut at the parameters by DeepSpeed's own zero_to_fp32 helpers; the files are memory-mapped, so a
+    rank holds the whole state once (as a ddp rank-0 file's reader does)."""
     import contextlib
     import io
     from pathlib import Path
@@ -85,48 +87,80 @@ def from_deepspeed(directory: Any) -> dict[str, Any]:
         from deepspeed.utils import zero_to_fp32 as z
     except ImportError as exc:
         raise CheckpointError(f"{directory} holds DeepSpeed's own files, which need DeepSpeed installed to read",
-                              hint="pip install deepspeed (trainscale[deepspeed]), or resume with --strategy "
-                                   "deepspeed where it is installed") from exc
+                              hint="install DeepSpeed (pip install deepspeed), or resume with --strategy deepspeed "
+                                   "where it is installed") from exc
     directory = Path(directory)
-    with contextlib.redirect_stdout(io.StringIO()):  # the helpers print their progress
-        models = z.parse_model_states(z.get_model_state_files(str(directory)))
-        files = z.get_optim_files(str(directory))
-        optims = [torch.load(f, map_location="cpu", weights_only=False)["optimizer_state_dict"] for f in files]
-        stage = int(optims[0]["zero_stage"])
-        world = max(optims[0]["partition_count"]) if isinstance(optims[0]["partition_count"], list) \
-            else int(optims[0]["partition_count"])
-        paddings = optims[0].get("param_alignment_paddings")
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # the helpers print their progress
+            return _merged_deepspeed(z, directory, torch)
+    except CheckpointError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as exc:
+        raise CheckpointError(f"{directory} holds DeepSpeed files trainscale cannot convert ({type(exc).__name__}: "
+                              f"{str(exc)[:200]})", hint="resume it with --strategy deepspeed on the number of ranks "
+                                                        "that wrote it") from exc
 
-        def merged(flat_groups: list) -> dict[str, torch.Tensor]:
-            if stage <= 2:
-                out = z._get_fp32_state_dict_from_zero2_checkpoint(world, flat_groups, models, False, paddings)
-            else:
-                out = z._get_fp32_state_dict_from_zero3_checkpoint(world, flat_groups, models, False)
-            return z.to_torch_tensor(out)
 
-        key = "single_partition_of_fp32_groups" if stage <= 2 else "fp32_flat_groups"
-        model = merged([o[key] for o in optims])
-        base = [o.get("base_optimizer_state") or o["optimizer_state_dict"] for o in optims]  # stages 1-2, 3
-        moments = {}
-        for name in ("exp_avg", "exp_avg_sq"):
-            if all(name in s for s in base[0]["state"].values()):
-                moments[name] = merged([[b["state"][i][name] for i in sorted(b["state"])] for b in base])
-    names = [n for shapes in models[0].param_shapes for n in shapes]
-    steps = [b["step"] for b in base[0]["state"].values() if "step" in b]
-    step = torch.as_tensor(steps[0], dtype=torch.float32).clone() if steps else None
-    state = {}
-    for position, name in enumerate(names):
-        entry = {k: v[name].detach().clone() for k, v in moments.items()}
-        if step is not None:
-            entry["step"] = step.clone()
-        if entry:
-            state[position] = entry
-    groups, start = [], 0
-    for shapes, group in zip(models[0].param_shapes, base[0]["param_groups"]):
+def _merged_deepspeed(z: Any, directory: Any, torch: Any) -> dict[str, Any]:
+    models = z.parse_model_states(z.get_model_state_files(str(directory)))
+    optims = [torch.load(f, map_location="cpu", mmap=True, weights_only=False)["optimizer_state_dict"]
+              for f in z.get_optim_files(str(directory))]
+    stage = int(optims[0]["zero_stage"])
+    count = optims[0]["partition_count"]
+    world = max(count) if isinstance(count, list) else int(count)
+    paddings = optims[0].get("param_alignment_paddings")
+    shapes = models[0].param_shapes  # one entry per flat partition: a group (stages 1-2), a sub-group (stage 3)
+
+    def merged(flat_groups: list) -> dict[str, Any]:
+        if stage <= 2:
+            out = z._get_fp32_state_dict_from_zero2_checkpoint(world, flat_groups, models, False, paddings)
+        else:
+            out = z._get_fp32_state_dict_from_zero3_checkpoint(world, flat_groups, models, False)
+        return {k: v.detach().clone() for k, v in z.to_torch_tensor(out).items()}
+
+    model = merged([o["single_partition_of_fp32_groups" if stage <= 2 else "fp32_flat_groups"] for o in optims])
+    base = [o.get("base_optimizer_state") or o["optimizer_state_dict"] for o in optims]  # stages 1-2, 3
+    flats = [base[r]["state"] for r in range(len(base))]
+    first = flats[0][min(flats[0])] if flats[0] else {}
+    partitioned = [k for k, v in first.items() if torch.is_tensor(v) and v.dim() == 1]
+    per_param = {k: v for k, v in first.items() if k not in partitioned}  # "step" and other numbers
+    names_of = [n for group in shapes for n in group]
+    state: dict[str, dict[str, Any]] = {n: {k: (v.clone() if torch.is_tensor(v) else v) for k, v in per_param.items()}
+                                        for n in names_of}
+    for key in partitioned:
+        for name, value in merged([[s[i][key] for i in sorted(s)] for s in flats]).items():
+            if name in state:
+                state[name][key] = value
+    groups, taken = [], 0
+    for group in base[0]["param_groups"]:  # each holds its flat partitions' indices (its sub-groups, stage 3)
+        parts = shapes[taken:taken + len(group["params"])]
+        taken += len(group["params"])
         groups.append({**{k: v for k, v in group.items() if k != "params"},
-                       "params": list(range(start, start + len(shapes)))})
-        start += len(shapes)
-    if len(groups) != len(models[0].param_shapes):  # ZeRO-3 sub-groups: one torch group for them all
-        groups = [{**{k: v for k, v in base[0]["param_groups"][0].items() if k != "params"},
-                   "params": list(range(len(names)))}]
-    return {"model": {k: v.detach().clone() for k, v in model.items()}, "optimizer": {"state": state, "param_groups": groups}}
+                       "params": [n for part in parts for n in part]})
+    if taken != len(shapes):
+        raise CheckpointError(f"{directory}: its optimizer's {len(base[0]['param_groups'])} group(s) cover "
+                              f"{taken} of its {len(shapes)} flat partitions", hint="resume it with --strategy deepspeed")
+    return {"model": model, "optimizer": {"state": {n: v for n, v in state.items() if v}, "param_groups": groups}}
+
+
+def named_to_positions(optim: dict[str, Any], module: nn.Module, optimizer: Any, where: Any) -> dict[str, Any]:
+    """A name-keyed optimizer state (:func:`from_deepspeed`) in ``optimizer``'s own layout, keyed by position as
+    torch's ``optimizer.state_dict()`` is: each of its groups with the saved group's options for its parameters;
+    parameters the checkpoint has no state for (frozen ones, say) start without. A saved parameter this model does
+    not have: another model's checkpoint (CheckpointError)."""
+    names = optimizer_names(module, optimizer)
+    position = {n: i for i, n in enumerate(names)}
+    unknown = sorted(set(optim["state"]) - set(position))
+    if unknown:
+        raise CheckpointError(f"{where} holds optimizer state for {len(unknown)} parameter(s) this model's optimizer "
+                              f"does not have ({', '.join(unknown[:3])}): it was written for another model",
+                              hint=ANOTHER)
+    group_of = {n: g for g in optim["param_groups"] for n in g["params"]}
+    groups, start = [], 0
+    for group in optimizer.param_groups:
+        mine = names[start:start + len(group["params"])]
+        saved = next((group_of[n] for n in mine if n in group_of), None)
+        options = {k: v for k, v in (saved or group).items() if k != "params"}
+        groups.append({**options, "params": list(range(start, start + len(mine)))})
+        start += len(mine)
+    return {"state": {position[n]: v for n, v in optim["state"].items()}, "param_groups": groups}

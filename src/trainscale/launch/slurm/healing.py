@@ -13,6 +13,9 @@ behaviour: docs/slurm.md, "Self-healing jobs".
 
 from __future__ import annotations
 
+from typing import Any
+
+from trainscale.launch.slurm.continuation import EXIT_STOPPED
 from trainscale.launch.slurm.spec import SlurmJobSpec
 
 WAIT_VAR = "TRAINSCALE_NODE_WAIT"
@@ -33,47 +36,30 @@ def srun_options(tasks_per_node: int) -> list[str]:
             '${LOST_NODES:+--exclude="$LOST_NODES"}']
 
 
-def requeued_lines() -> list[str]:
+def requeued_lines(spec: SlurmJobSpec) -> list[str]:
     """The batch host's node fails the whole job (this shell dies with it), which no loop here can heal: SLURM
-    requeues the job (it is submitted ``--requeue``) and schedules it without the down node. The requeued attempt
-    names the node(s) of the last attempt SLURM reports down, as a recovery in the loop does."""
+    keeps a ``--no-kill`` job RUNNING with nothing in it and ends every step on the other nodes too (seen on
+    SLURM 22.05; no step can stand guard). ``--watch`` (:class:`BatchHostWatch`) leaves ``batch-host-lost`` in the
+    job directory and requeues the job, which SLURM schedules without the down node. The requeued attempt names
+    that node as a recovery in the loop does, and stops once the job was requeued more than ``--max-requeues``
+    times (a batch host lost again and again)."""
     return [
-        "# the batch host's node fails the whole job: SLURM requeues it (--requeue) without the down node; this",
-        "# attempt names the node(s) of the last one that are down now",
-        'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && [ -s "$JOB_DIR/nodes" ]; then',
-        f'  gone=$(sinfo -h -N -n "$(cat "$JOB_DIR/nodes")" -t {DOWN_STATES} -o %N 2>/dev/null | sort -u | paste -sd, - '
-        '|| true)',
-        '  if [ -n "$gone" ]; then',
-        '    mkdir -p "$RUN_DIR/metrics"',
-        '    printf \'{"t": %s, "kind": "node_lost", "job": "%s", "nodes": "%s", "run_nodes": %s, "step": "%s", '
-        '"message": "node(s) %s lost in job %s (the batch host: SLURM requeued the job): resumed on %s node(s) from '
+        "# a requeued attempt after --watch found the batch host down (the job was requeued without it)",
+        'if [ -s "$JOB_DIR/batch-host-lost" ]; then',
+        '  gone=$(cat "$JOB_DIR/batch-host-lost"); rm -f "$JOB_DIR/batch-host-lost"',
+        f'  if [ "${{SLURM_RESTART_COUNT:-0}}" -gt {spec.max_requeues} ]; then',
+        f'    echo "trainscale: the batch host $gone was lost; job $SLURM_JOB_ID was requeued $SLURM_RESTART_COUNT '
+        f'times, more than --max-requeues {spec.max_requeues}: it stops here (resume: submit the run again)"',
+        f"    exit {EXIT_STOPPED}",
+        "  fi",
+        '  mkdir -p "$RUN_DIR/metrics"',
+        '  printf \'{"t": %s, "kind": "node_lost", "job": "%s", "nodes": "%s", "run_nodes": %s, "step": "%s", '
+        '"message": "node(s) %s lost in job %s (the batch host: the job was requeued): resumed on %s node(s) from '
         'checkpoint step %s"}\\n\' "$(date +%s)" "$SLURM_JOB_ID" "$gone" "$RUN_NODES" "$(newest_checkpoint)" "$gone" '
         '"$SLURM_JOB_ID" "$RUN_NODES" "$(newest_checkpoint)" >> "$RUN_DIR/metrics/events.jsonl"',
-        '    echo "trainscale: node(s) $gone lost with the last attempt (the batch host\'s node ends the whole job); '
-        'SLURM requeued it: resuming on $RUN_NODES node(s) ($SLURM_JOB_NODELIST) from the newest checkpoint '
+        '  echo "trainscale: node(s) $gone lost with the last attempt (the batch host\'s node ends the whole job); '
+        'the job was requeued: resuming on $RUN_NODES node(s) ($SLURM_JOB_NODELIST) from the newest checkpoint '
         '(step $(newest_checkpoint))"',
-        "  fi",
-        "fi",
-        'echo "$SLURM_JOB_NODELIST" > "$JOB_DIR/nodes"',
-    ]
-
-
-def guard_lines() -> list[str]:
-    """SLURM keeps a ``--no-kill`` allocation even when the failed node is the batch host: the job would stay
-    RUNNING with nothing in it until its time limit (seen on the test cluster). A guard step on another node of
-    the allocation requeues the job once SLURM reports the batch host down."""
-    return [
-        "# the batch host's node can fail too: SLURM then keeps the allocation (--no-kill) with nothing running in",
-        "# it; a guard on another node requeues the job once SLURM reports this node down",
-        'GUARD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" 2>/dev/null | grep -vx "$SLURMD_NODENAME" '
-        '| tail -n1 || true)',
-        'if [ -n "$GUARD_NODE" ]; then',
-        '  srun --overlap --nodes=1 --ntasks=1 --nodelist="$GUARD_NODE" --cpu-bind=none --job-name=heal-guard '
-        '--output="$JOB_DIR/guard.out" --open-mode=append '
-        "bash -c 'while sleep 10; do if sinfo -h -n \"$0\" -t down -o %N | grep -q .; then "
-        "echo \"trainscale: the batch host $0 is down: requeueing job $1\"; scontrol requeue \"$1\"; exit 0; fi; done' "
-        '"$SLURMD_NODENAME" "$SLURM_JOB_ID" &',
-        "  GUARD_PID=$!",
         "fi",
     ]
 
@@ -110,8 +96,7 @@ def lines(spec: SlurmJobSpec, step: list[str], after: list[str], again: list[str
         '  comm -13 <(echo "$LOST_NODES" | tr , "\\n" | grep . | sort -u) <(down_nodes | tr , "\\n" | grep . | sort -u) '
         '| paste -sd, - || true',
         "}",
-        *requeued_lines(),
-        *guard_lines(),
+        *requeued_lines(spec),
         "while true; do",
         *["  " + line for line in step],
         '  [ "$status" -eq 0 ] && break',
@@ -151,6 +136,52 @@ def lines(spec: SlurmJobSpec, step: list[str], after: list[str], again: list[str
         'node(s) without them, from the newest checkpoint (step ${ckpt:-0})"',
         *["  " + line for line in again],
         "done",
-        'if [ -n "${GUARD_PID:-}" ]; then kill "$GUARD_PID" 2>/dev/null || true; fi',
         *after,
     ]
+
+
+LOST_MARKER = "batch-host-lost"
+"""Left in the job directory by :class:`BatchHostWatch` before it requeues the job: the host's name."""
+
+
+class BatchHostWatch:
+    """``--watch`` of a self-healing job: SLURM keeps a ``--no-kill`` job whose batch host went down RUNNING, with
+    nothing left in it, until its time limit. Once SLURM reports the batch host down, this marks it lost in the
+    job directory and requeues the job (``scontrol requeue``), or cancels it when it may not be requeued."""
+
+    def __init__(self, job_id: str, job_dir: str, *, requeue: bool = True, run: Any = None,
+                 say: Any = print, every_s: float = 10.0, clock: Any = None) -> None:
+        import time
+
+        self.job_id, self.job_dir, self.requeue, self.run, self.say = job_id, job_dir, requeue, run, say
+        self.every_s, self.clock, self._next = every_s, clock or time.monotonic, 0.0
+
+    def _ask(self, argv: list[str]) -> str:
+        import subprocess
+
+        try:
+            done = (self.run or subprocess.run)(argv, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        return done.stdout if done.returncode == 0 else ""
+
+    def poll(self, info: Any) -> None:
+        if info.state != "RUNNING" or self.clock() < self._next:
+            return
+        self._next = self.clock() + self.every_s
+        fields = dict(field.split("=", 1) for field in self._ask(["scontrol", "show", "job", "-o", self.job_id]).split()
+                      if "=" in field)
+        host = fields.get("BatchHost", "")
+        if not host or not self._ask(["sinfo", "-h", "-N", "-n", host, "-t", "down", "-o", "%N"]).strip():
+            return
+        from pathlib import Path
+
+        if self.requeue:
+            (Path(self.job_dir) / LOST_MARKER).write_text(host + "\n")
+            self._ask(["scontrol", "requeue", self.job_id])
+            self.say(f"the batch host {host} of job {self.job_id} is down, and SLURM keeps a --no-kill "
+                     "job running with nothing in it: requeued it, to resume without the node")
+        else:
+            self._ask(["scancel", self.job_id])
+            self.say(f"the batch host {host} of job {self.job_id} is down and the job may not be "
+                     "requeued (--no-requeue): cancelled it rather than let it hold its nodes to the time limit")
