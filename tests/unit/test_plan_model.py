@@ -143,3 +143,23 @@ def test_zero1_is_planned_in_whole_tensors_over_all_groups_as_torch_partitions_t
     assert whole_tensor_share(((10,), (10,)), 2) == 0.5
     assert whole_tensor_share(((90, 5, 5),), 2) == 0.9  # one tensor is most of the model: its rank holds it
     assert whole_tensor_share(((4, 3, 3, 2),), 2) == 0.5
+
+
+def test_the_largest_per_rank_batch_that_fits_is_recommended_in_powers_of_two():
+    """The state (P, G, O: 4 GiB under ddp, plus DDP's bucket copy) stays; activations grow with the batch
+    (a quarter GiB per 8 samples): 80 GiB with 10% free leaves 67 GiB for them, 2144 samples: 2048."""
+    cal = calibration()
+    network = get_preset("ib-hdr200").network()
+    roomy = make_plan(cal, what="w", ranks_per_node=8, nodes=2, batch=None, device_bytes=80 * GiB, device_source="x",
+                      network=network, network_source="ib")
+    best = roomy.recommended_batch()
+    assert best == {"strategy": "ddp", "largest": 2048, "global": 2048 * 16}
+    assert memory(cal, "ddp", 16, 2048).total <= 80 * GiB * 0.9 < memory(cal, "ddp", 16, 4096).total
+    assert "Per-rank batch: up to 2048 fits under ddp (global 32768 at 16 rank(s)); planned 8" in "\n".join(
+        render(roomy, None))
+    tight = make_plan(cal, what="w", ranks_per_node=1, nodes=1, batch=None, device_bytes=GiB, device_source="x",
+                      network=network, network_source="ib")
+    assert tight.recommended_batch() == {"strategy": None, "largest": 0, "global": 0}
+    unknown = make_plan(cal, what="w", ranks_per_node=1, nodes=1, batch=None, device_bytes=None, device_source="x",
+                        network=network, network_source="ib")
+    assert unknown.recommended_batch() is None and unknown.as_dict()["recommended_batch"] is None

@@ -206,6 +206,20 @@ class Plan:
     def fits(self, m: Memory) -> bool | None:
         return None if self.device_bytes is None else m.total <= self.device_bytes * (1 - MARGIN)
 
+    def largest_batch(self, strategy: str) -> int | None:
+        """The largest per-rank batch, a power of two, whose memory under ``strategy`` fits the room with its
+        margin (activations grow with the batch, the state does not); 0 when not even the state fits, None when
+        the room is not known."""
+        if self.device_bytes is None:
+            return None
+        cal, room = self.calibration, self.device_bytes * (1 - MARGIN)
+        fixed = memory(cal, strategy, self.world, 0).total
+        per_sample = cal.activations / max(1, cal.batch)
+        if fixed > room:
+            return 0
+        most = int((room - fixed) / per_sample) if per_sample > 0 else 2**20
+        return 1 << (most.bit_length() - 1) if most >= 1 else 0
+
     def as_dict(self) -> dict[str, Any]:
         return {"what": self.what, "ranks_per_node": self.ranks_per_node, "nodes": self.nodes, "batch": self.batch,
                 "device_bytes": self.device_bytes, "device_source": self.device_source,
@@ -216,7 +230,20 @@ class Plan:
                 "times": self.times, "times_from": self.calibration.device, "for_gpus": self.target_gpus,
                 "cpus_per_rank": self.cpus_per_rank, "dataloader_workers": self.workers(),
                 "data_share": self.data_share(),
-                "recommended": self.recommended, "not_counted": list(self.unseen), "verified": self.verified}
+                "recommended": self.recommended, "recommended_batch": self.recommended_batch(),
+                "not_counted": list(self.unseen), "verified": self.verified}
+
+    def recommended_batch(self) -> dict[str, Any] | None:
+        """Per-rank batch: the largest that fits under the recommended strategy (or, where nothing fits at the
+        planned batch, under the least sharding that fits some batch), and what it does to the global batch."""
+        order = [self.recommended] if self.recommended else [m.strategy for m in self.memory]
+        for strategy in order:
+            most = self.largest_batch(strategy)
+            if most is None:
+                return None
+            if most >= 1:
+                return {"strategy": strategy, "largest": most, "global": most * self.world}
+        return {"strategy": None, "largest": 0, "global": 0}
 
 
 def ladder(ranks_per_node: int, nodes: int) -> list[tuple[int, int]]:
@@ -291,6 +318,14 @@ def render(plan: Plan, submit: str | None) -> list[str]:
     else:
         lines.append("Recommended: nothing fits: a smaller per-rank batch (activations), more ranks (the sharded "
                      "strategies divide the state), or a device with more memory")
+    best = plan.recommended_batch()
+    if best and best["largest"]:
+        lines.append(f"Per-rank batch: up to {best['largest']} fits under {best['strategy']} (global "
+                     f"{best['global']} at {plan.world} rank(s)); planned {plan.batch}. Larger batches use the GPU "
+                     "better; keep the global batch your optimizer's settings were tuned for, or retune the LR")
+    elif best:
+        lines.append("Per-rank batch: the model's state does not fit a rank under any strategy at this number of "
+                     "ranks, at any batch: more ranks for the sharded strategies, or a device with more memory")
     if plan.cpus_per_rank is not None:
         workers = plan.workers()
         lines.append(f"Per rank: {plan.cpus_per_rank} CPU(s) (-c {plan.cpus_per_rank} in srun mode; torchrun mode takes "
