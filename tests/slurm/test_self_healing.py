@@ -59,15 +59,18 @@ def test_a_node_lost_mid_epoch_is_left_out_and_the_run_finishes_by_itself(cluste
 
 
 @pytest.mark.timeout(600)
-def test_a_lost_batch_host_is_requeued_by_watch_without_it_and_the_run_finishes_once(cluster3, tmp_path):
+@pytest.mark.parametrize("nodes, fewer", [("1-2", False), ("2-3", True)])
+def test_a_lost_batch_host_is_requeued_by_watch_without_it_and_the_run_finishes_once(cluster3, tmp_path, nodes,
+                                                                                    fewer):
     """The batch host's node takes the batch step with it, and SLURM 22.05 keeps a --no-kill job RUNNING with
     nothing in it (every step ended) until its time limit: ``--watch`` sees the batch host down and requeues the
     job; SLURM schedules it on nodes that are up; the requeued attempt names the lost node and resumes from the
-    newest checkpoint to the end of the epoch."""
+    newest checkpoint to the end of the epoch: on as many nodes when the partition has one free (``--nodes 1-2``
+    of 3), else on fewer (``--nodes 2-3``: the requeued job asks for the 2 that are up)."""
     import os
 
     env = {**os.environ, **cluster3.env, "TRAINSCALE_STATE_DIR": str(tmp_path / "state")}
-    watching = subprocess.Popen([sys.executable, "-m", "trainscale", "slurm", *JOB, "--nodes", "1-2", "--output-dir",
+    watching = subprocess.Popen([sys.executable, "-m", "trainscale", "slurm", *JOB, "--nodes", nodes, "--output-dir",
                                  str(tmp_path / "jobs"), "--submit", "--watch", "--poll", "0.5", *CNN], cwd=tmp_path,
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -83,6 +86,8 @@ def test_a_lost_batch_host_is_requeued_by_watch_without_it_and_the_run_finishes_
     assert state == "COMPLETED", batch[-4000:]
     assert watching.returncode == 0, out + err
     assert f"the batch host {host} of job {job} is down" in err and "requeued it" in err, err[-3000:]
+    assert ("so it asks for 2 (of 3; --nodes MIN 2)" in err) == fewer, err[-3000:]
+    assert "resuming on 2 node(s)" in batch, batch[-4000:]
     assert cluster3.job_fields(job).get("Restarts") == "1"
     assert f"node(s) {host} lost with the last attempt" in batch, batch[-4000:]
     events = [json.loads(line) for line in (run_dir / "metrics" / "events.jsonl").read_text().splitlines()]

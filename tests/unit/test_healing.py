@@ -142,15 +142,19 @@ def test_watch_requeues_a_job_whose_batch_host_is_down_and_the_next_attempt_name
 
     def slurm(argv, **_):
         calls.append(argv)
-        out = {"scontrol": "JobId=7 JobState=RUNNING BatchHost=n1 NodeList=n[2-3]", "sinfo": "n1\n"}.get(argv[0], "")
+        out = {"scontrol": "JobId=7 JobState=RUNNING BatchHost=n1 NodeList=n[2-3] Partition=debug NtasksPerN:B:S:C=4:0:*:*",
+               "sinfo": "n1 down*\nn2 mix\nn3 idle\n" if "-p" in argv else "n1\n"}.get(argv[0], "")
         return subprocess.CompletedProcess(argv, 0, out, "")
 
     (tmp_path / "7").mkdir()
-    watch = healing.BatchHostWatch("7", str(tmp_path / "7"), run=slurm, say=said.append, clock=lambda: 0.0)
+    watch = healing.BatchHostWatch("7", str(tmp_path / "7"), nodes=3, min_nodes=2, run=slurm, say=said.append,
+                                   clock=lambda: 0.0)
     watch.poll(types.SimpleNamespace(state="PENDING"))
     assert calls == []  # only a running job is looked at
     watch.poll(types.SimpleNamespace(state="RUNNING"))
     assert ["scontrol", "requeue", "7"] in calls and "requeued it" in said[0]
+    # 2 of its partition's nodes are up: the requeued job asks for those rather than wait for the third
+    assert ["scontrol", "update", "jobid=7", "NumNodes=2", "NumTasks=8"] in calls and "asks for 2 (of 3; --nodes MIN 2)" in said[0]
     assert (tmp_path / "7" / "batch-host-lost").read_text() == "n1\n"
     again = run(tmp_path, SlurmJobSpec(nodes=3, min_nodes=2, **SPEC),
                 "SLURM_RESTART_COUNT=1 SLURM_JOB_NODELIST=n[2-3] SUCCEED_AT=1 PROGRESS=1\n")
@@ -177,6 +181,6 @@ def test_a_batch_host_lost_past_the_requeue_cap_stops_and_no_requeue_cancels(tmp
         out = {"scontrol": "BatchHost=n1", "sinfo": "n1\n"}.get(argv[0], "")
         return subprocess.CompletedProcess(argv, 0, out, "")
 
-    healing.BatchHostWatch("7", str(tmp_path / "7"), requeue=False, run=slurm, say=lambda line: None,
-                           clock=lambda: 0.0).poll(types.SimpleNamespace(state="RUNNING"))
+    healing.BatchHostWatch("7", str(tmp_path / "7"), nodes=3, min_nodes=2, requeue=False, run=slurm,
+                           say=lambda line: None, clock=lambda: 0.0).poll(types.SimpleNamespace(state="RUNNING"))
     assert ["scancel", "7"] in calls and not any(c[:2] == ["scontrol", "requeue"] for c in calls)

@@ -100,9 +100,10 @@ def submit_and_watch(spec, profile, plan, ns) -> int:
     progress = Progress(record.run_dir)
     on_poll = progress.poll
     if spec.heals:  # SLURM keeps a --no-kill job whose batch host is lost: requeue it (launch/slurm/healing.py)
-        from trainscale.launch.slurm.healing import BatchHostWatch
+        from trainscale.launch.slurm.healing import BatchHostWatch, allocated
 
-        host = BatchHostWatch(record.job_id, str(record.job_dir), requeue=spec.requeue is not False,
+        host = BatchHostWatch(record.job_id, str(record.job_dir), nodes=int(allocated(spec)),
+                              min_nodes=spec.min_nodes or spec.nodes, requeue=spec.requeue is not False,
                               say=progress.say)
         on_poll = lambda info: (progress.poll(info), host.poll(info))  # noqa: E731
     final = watch(record.job_id, poll_s=ns.poll, timeout_s=ns.watch_timeout,

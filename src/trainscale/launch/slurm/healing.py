@@ -149,11 +149,13 @@ class BatchHostWatch:
     nothing left in it, until its time limit. Once SLURM reports the batch host down, this marks it lost in the
     job directory and requeues the job (``scontrol requeue``), or cancels it when it may not be requeued."""
 
-    def __init__(self, job_id: str, job_dir: str, *, requeue: bool = True, run: Any = None,
-                 say: Any = print, every_s: float = 10.0, clock: Any = None) -> None:
+    def __init__(self, job_id: str, job_dir: str, *, nodes: int, min_nodes: int, requeue: bool = True,
+                 run: Any = None, say: Any = print, every_s: float = 10.0, clock: Any = None) -> None:
         import time
 
         self.job_id, self.job_dir, self.requeue, self.run, self.say = job_id, job_dir, requeue, run, say
+        self.nodes, self.min_nodes = nodes, min_nodes
+        """What the job asks for (MAX and the spares) and the least it runs on (MIN)."""
         self.every_s, self.clock, self._next = every_s, clock or time.monotonic, 0.0
 
     def _ask(self, argv: list[str]) -> str:
@@ -180,8 +182,22 @@ class BatchHostWatch:
             (Path(self.job_dir) / LOST_MARKER).write_text(host + "\n")
             self._ask(["scontrol", "requeue", self.job_id])
             self.say(f"the batch host {host} of job {self.job_id} is down, and SLURM keeps a --no-kill "
-                     "job running with nothing in it: requeued it, to resume without the node")
+                     "job running with nothing in it: requeued it, to resume without the node" + self._fewer(fields))
         else:
             self._ask(["scancel", self.job_id])
             self.say(f"the batch host {host} of job {self.job_id} is down and the job may not be "
                      "requeued (--no-requeue): cancelled it rather than let it hold its nodes to the time limit")
+
+    def _fewer(self, fields: dict[str, str]) -> str:
+        """The requeued job asks for its nodes again: where its partition has fewer up (not down, drained or
+        failing), ask for those, down to MIN (``--nodes MIN-MAX``), rather than wait for the lost one."""
+        asked = self.nodes
+        states = self._ask(["sinfo", "-h", "-N", "-p", fields.get("Partition", ""), "-o", "%N %t"]).split("\n")
+        up = len({line.split()[0] for line in states if len(line.split()) == 2
+                  and not line.split()[1].rstrip("*~#!%$@^-").startswith(("down", "drain", "fail", "maint"))})
+        if up >= asked or up < self.min_nodes:
+            return ""
+        per_node = int(fields.get("NtasksPerN:B:S:C", "0").split(":")[0] or 0)  # --ntasks-per-node: tasks follow
+        self._ask(["scontrol", "update", f"jobid={self.job_id}", f"NumNodes={up}",
+                   *([f"NumTasks={up * per_node}"] if per_node else [])])
+        return f"; its partition has {up} node(s) up, so it asks for {up} (of {asked}; --nodes MIN {self.min_nodes})"
