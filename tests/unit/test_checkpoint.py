@@ -237,20 +237,16 @@ def test_a_second_run_on_a_checkpoint_directory_is_refused_naming_the_holder_unt
 
 def test_deepspeed_files_that_cannot_be_converted_are_one_named_error(tmp_path, monkeypatch):
     """strategies/portable.py reads DeepSpeed's ZeRO files for ddp, zero1 and fsdp (with DeepSpeed's zero_to_fp32
-    helpers; stubbed here, raising as they do on files without DeepSpeed's records): files it cannot convert and
-    a machine without DeepSpeed are CheckpointErrors naming the way out, not tracebacks from the helpers."""
+    helpers, stubbed here): files it cannot convert (a model-state file without DeepSpeed's records) and a
+    machine without DeepSpeed are CheckpointErrors naming the way out, not tracebacks."""
     import sys
     import types
 
     from trainscale.strategies.portable import from_deepspeed
 
     helpers = types.ModuleType("deepspeed.utils.zero_to_fp32")
-
-    def refuse(files):
-        raise ValueError(f"{files} is not a model state checkpoint")
-
     helpers.get_model_state_files = lambda directory: [f"{directory}/mp_rank_00_model_states.pt"]
-    helpers.parse_model_states = refuse
+    torch.save({"module": {}}, tmp_path / "mp_rank_00_model_states.pt")  # without DeepSpeed's records
     utils = types.ModuleType("deepspeed.utils")
     utils.zero_to_fp32 = helpers
     monkeypatch.setitem(sys.modules, "deepspeed", types.ModuleType("deepspeed"))

@@ -75,10 +75,12 @@ def from_deepspeed(directory: Any) -> dict[str, Any]:
     size) as whole state keyed by parameter name: ``{"model": fp32 master weights and buffers, "optimizer":
     {"state": {name: ...}, "param_groups": [{..., "params": [names]}]}}``. Every flat ZeRO partition (the
     masters and each tensor of the base optimizer's state: Adam's moments, SGD's momentum...) is merged over the
-    ranks and cut at the parameters by DeepSpeed's own zero_to_fp32 helpers; the files are memory-mapped, so a
-    rank holds the whole state once (as a ddp rank-0 file's reader does)."""
+    ranks and cut at the parameters by DeepSpeed's own zero_to_fp32 helpers; the files are read by torch's
+    weights-only loader (DeepSpeed's three classes admitted: nothing else runs) and memory-mapped, so a rank
+    holds the whole state once (as a ddp rank-0 file's reader does)."""
     import contextlib
     import io
+    import pickle
     from pathlib import Path
 
     import torch
@@ -95,16 +97,50 @@ def from_deepspeed(directory: Any) -> dict[str, Any]:
             return _merged_deepspeed(z, directory, torch)
     except CheckpointError:
         raise
-    except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as exc:
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError, OSError, pickle.UnpicklingError) as exc:
         raise CheckpointError(f"{directory} holds DeepSpeed files trainscale cannot convert ({type(exc).__name__}: "
                               f"{str(exc)[:200]})", hint="resume it with --strategy deepspeed on the number of ranks "
                                                         "that wrote it") from exc
 
 
+def _deepspeed_globals() -> list:
+    """The classes DeepSpeed's optimizer files pickle besides tensors (its loss scaler, its ZeRO-stage enum, its
+    fragment addresses): admitted to torch's weights-only loader, which rebuilds them without running any other
+    code (docs/security.md)."""
+    out = []
+    for module, name in (("deepspeed.runtime.fp16.loss_scaler", "LossScaler"),
+                         ("deepspeed.runtime.zero.config", "ZeroStageEnum"),
+                         ("deepspeed.utils.tensor_fragment", "fragment_address")):
+        try:
+            out.append(getattr(__import__(module, fromlist=[name]), name))
+        except (ImportError, AttributeError):  # another DeepSpeed version: a file that needs it is refused
+            pass
+    return out
+
+
+def _model_states(z: Any, directory: Any, torch: Any) -> list:
+    """DeepSpeed's model-state files as its zero_to_fp32 helpers take them (``parse_model_states``'s work, read
+    with torch's weights-only loader instead of full unpickling)."""
+    out = []
+    for path in z.get_model_state_files(str(directory)):
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        if "buffer_names" not in state:
+            raise ValueError(f"{path} is not a DeepSpeed model state file")
+        buffers = {k: v.float() if v.is_floating_point() else v for k, v in state["module"].items()
+                   if k in state["buffer_names"]}
+        out.append(z.zero_model_state(buffers=buffers, param_shapes=state["param_shapes"],
+                                      shared_params=[[k, v] for k, v in state["shared_params"].items()],
+                                      ds_version=state.get("ds_version"),
+                                      frozen_param_shapes=state.get("frozen_param_shapes"),
+                                      frozen_param_fragments=state.get("frozen_param_fragments")))
+    return out
+
+
 def _merged_deepspeed(z: Any, directory: Any, torch: Any) -> dict[str, Any]:
-    models = z.parse_model_states(z.get_model_state_files(str(directory)))
-    optims = [torch.load(f, map_location="cpu", mmap=True, weights_only=False)["optimizer_state_dict"]
-              for f in z.get_optim_files(str(directory))]
+    models = _model_states(z, directory, torch)
+    with torch.serialization.safe_globals(_deepspeed_globals()):
+        optims = [torch.load(f, map_location="cpu", mmap=True, weights_only=True)["optimizer_state_dict"]
+                  for f in z.get_optim_files(str(directory))]
     stage = int(optims[0]["zero_stage"])
     count = optims[0]["partition_count"]
     world = max(count) if isinstance(count, list) else int(count)
