@@ -171,8 +171,9 @@ class BatchHostWatch:
         if info.state != "RUNNING" or self.clock() < self._next:
             return
         self._next = self.clock() + self.every_s
-        fields = dict(field.split("=", 1) for field in self._ask(["scontrol", "show", "job", "-o", self.job_id]).split()
-                      if "=" in field)
+        from trainscale.launch.slurm.queue import parse_scontrol
+
+        fields = parse_scontrol(self._ask(["scontrol", "show", "job", "-o", self.job_id]))
         host = fields.get("BatchHost", "")
         if not host or not self._ask(["sinfo", "-h", "-N", "-n", host, "-t", "down", "-o", "%N"]).strip():
             return
@@ -193,8 +194,9 @@ class BatchHostWatch:
         failing), ask for those, down to MIN (``--nodes MIN-MAX``), rather than wait for the lost one."""
         asked = self.nodes
         states = self._ask(["sinfo", "-h", "-N", "-p", fields.get("Partition", ""), "-o", "%N %t"]).split("\n")
+        gone = tuple(DOWN_STATES.split(",")) + ("maint",)  # sinfo's short states start with these words
         up = len({line.split()[0] for line in states if len(line.split()) == 2
-                  and not line.split()[1].rstrip("*~#!%$@^-").startswith(("down", "drain", "fail", "maint"))})
+                  and not line.split()[1].rstrip("*~#!%$@^-").startswith(gone)})
         if up >= asked or up < self.min_nodes:
             return ""
         per_node = int(fields.get("NtasksPerN:B:S:C", "0").split(":")[0] or 0)  # --ntasks-per-node: tasks follow
