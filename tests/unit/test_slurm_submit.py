@@ -357,3 +357,20 @@ def test_every_submission_meets_the_partitions_real_sizes(tmp_path, monkeypatch)
     with pytest.raises(ConfigError, match=r"--nodes 3 but partition debug \(sinfo -p debug\) has 2 node\(s\)"):
         submit_job(spec, profile, resolve(spec, profile))
     assert not (tmp_path / "jobs").exists()  # nothing written
+
+
+def test_a_refusal_in_torchrun_mode_is_the_jobs_first_failure_with_its_fix(tmp_path):
+    """Each node's agent summarises a trainscale refusal in one line (`ranks 2-3 stopped: CheckpointError: ...
+    (hint: ...)`), with no traceback: the job's explanation is that line, not "no rank left a traceback"."""
+    rec = record(tmp_path, "torchrun")
+    line = ("CheckpointError: runs/gpt/checkpoints/ckpt-00000011.pt is at step 11, at or past this run's last step 11 "
+            "(--max-steps 11): resuming would train nothing (hint: to train on, raise --max-steps above 11)")
+    rec.job_dir.mkdir(parents=True, exist_ok=True)
+    for node, ranks in (("0", "2-3"), ("1", "0-1")):
+        (rec.job_dir / f"node-{node}.out").write_text(f"[rank2]: trainscale: error: {line}\n"
+                                                       f"trainscale: ranks {ranks} stopped: {line}\nPer-rank logs: x\n")
+    rec.batch_output.write_text("srun: error: n1: task 0: Exited with exit code 1\n")
+    text = explain(JobInfo(job_id="42", name="gpt", state="FAILED", exit_code=1, signal=0), rec)
+    assert f"First failing rank: rank 2 stopped: {line}" in text, text
+    assert "no rank left a traceback" not in text and "left no Python traceback" not in text
+    assert text.count("resuming would train nothing") == 1

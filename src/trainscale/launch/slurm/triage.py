@@ -32,6 +32,8 @@ _WRAPPER_FRAMES = ("torch/distributed/elastic/multiprocessing/errors", "trainsca
 _SRUN_TASK = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.+)$")
 _SUMMARY = re.compile(r"first failing rank: (\d+) on (\S+) \(local rank (\d+), pid \d+\), (.+)$")
 _OTHER = re.compile(r"^ranks? ([\d,\-]+) on (\S+): (.+)$")
+_REFUSED = re.compile(r"^trainscale: ranks? ([\d,\-]+) stopped: (.+)$")
+"""A node's summary of a trainscale refusal (launch/summary.render): its one line names the fix, no traceback."""
 
 
 @dataclass(frozen=True)
@@ -89,9 +91,13 @@ class Failure:
     traceback: str = ""
     log_tail: str = ""
     others: tuple[str, ...] = field(default_factory=tuple)
+    refusal: bool = False
+    """trainscale refused to go on (``how``: its one line, the fix in it): no traceback to look for."""
 
     def describe(self) -> str:
         who = f"rank {self.rank}" if self.rank is not None else "a rank"
+        if self.refusal:
+            return f"First failing rank: {who} stopped: {self.how}"
         lines = [f"First failing rank: {who}" + (f" on {self.host}" if self.host else "")
                  + (f", {self.how}" if self.how else "")]
         if self.traceback:
@@ -182,6 +188,10 @@ def _summaries(text: str) -> list[tuple[Failure, str]]:
     found = []
     lines = text.splitlines()
     for i, line in enumerate(lines):
+        refused = _REFUSED.match(line)
+        if refused:
+            found.append((Failure(rank=_expand(refused.group(1))[0], how=refused.group(2).strip(), refusal=True), ""))
+            continue
         m = _SUMMARY.search(line)
         if not m:
             continue
@@ -247,8 +257,9 @@ def torchrun_failure(job_dir: Path) -> Failure | None:
         first_tb = callstack(errors[0]).strip().splitlines()
         key = first_tb[-1] if first_tb else ""
         failure = next((f for f, tb in summaries if key and key in tb), failure)
+    same = [f for f, _ in summaries if not (f.refusal and f is not failure and f.how == failure.how)]  # said once
     return Failure(rank=failure.rank, host=failure.host, how=failure.how, traceback=failure.traceback,
-                   others=_others(failure, [f for f, _ in summaries]))
+                   others=_others(failure, same), refusal=failure.refusal)
 
 
 def find_failure(job_dir: Path, launcher: str, batch_output: str = "") -> Failure | None:

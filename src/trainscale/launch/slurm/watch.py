@@ -58,7 +58,9 @@ def explain(info: JobInfo, record: JobRecord | None = None) -> str:
             hint = step.hint
         elif failure is not None:
             lines.append(failure.describe())
-            if not failure.traceback and info.state == "FAILED":
+            if failure.refusal:
+                hint = None  # its one line names the fix
+            elif not failure.traceback and info.state == "FAILED":
                 who = f"rank {failure.rank}" if failure.rank is not None else "the failing rank"
                 hint = (f"{who} left no Python traceback: its log's last lines are above; "
                         "`trainscale jobs JOBID --rank R` shows any rank's output")
