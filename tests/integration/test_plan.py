@@ -62,7 +62,7 @@ def test_a_plain_ddp_script_is_calibrated_exactly_and_planned(tmp_path):
     assert (cal["params"], cal["grads"], cal["optimizer"]) == (params, params, 2 * params)  # Adam: two moments
     # the input batch, the ReLU's output (saved once for itself and the next layer), log-softmax's output and the
     # targets: never the weights (a Linear saves its weight transposed) nor the data set the batch is a view of
-    assert cal["batch"] == 32 and cal["steps"] == 5
+    assert cal["batch"] == 32 and cal["recorded"] == 11 and cal["steps"] == 9  # the first 2 warm up
     expected = 32 * (64 + 256 + 10) * 4 + 32 * 8
     assert expected <= cal["activations"] <= expected + 64, cal  # (+ a scalar or two of the loss)
     memory = {m["strategy"]: m for m in made["memory"]}
@@ -120,3 +120,81 @@ def test_verify_runs_the_cheapest_configurations_and_prints_predicted_against_me
                 "synthetic", "--samples", "512", "--batch-size", "16")
     assert "Verified here (--verify: 2 rank(s), batch 16 per rank" in text.stdout, text.stdout[-3000:]
     assert "2 x fsdp" in text.stdout
+
+
+HUNGRY = '''
+import sys
+import torch
+from torch import nn
+
+batch = int(sys.argv[1])
+model = nn.Linear(1024, 1024)
+optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+for step in range(1000):  # plan and the capped run stop it
+    wide = model(torch.randn(batch, 1024)).repeat(1, 256)  # 1 MiB per sample
+    loss = torch.exp(wide * 1e-3).mean()                   # exp keeps its 1 MiB output per sample for backward
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+'''
+
+
+def memory_cgroup(name: str, limit: int):
+    """A fresh memory cgroup of ``limit`` bytes (v2, else v1): its directory; None where this machine gives none
+    (not root, no memory controller)."""
+    from pathlib import Path
+
+    base = Path("/sys/fs/cgroup")
+    v2 = (base / "cgroup.controllers").exists() and "memory" in (base / "cgroup.controllers").read_text().split()
+    path, limit_file = (base / name, "memory.max") if v2 else (base / "memory" / name, "memory.limit_in_bytes")
+    try:
+        path.mkdir()
+        (path / limit_file).write_text(str(limit))
+    except OSError:
+        return None
+    return path
+
+
+def test_the_fit_verdict_is_what_the_kernel_does_under_a_memory_limit(tmp_path):
+    """issue 37: plan run inside a 3 GiB memory cgroup (SLURM's --mem on the node it runs on) plans for that
+    room: the script fits (yes) and its calibration ran there. For a 600 MiB node (--mem 600M) the plan says
+    NO, and in a 600 MiB cgroup the kernel kills the same run for memory."""
+    import contextlib
+    import os
+
+    import pytest
+
+    (tmp_path / "hungry.py").write_text(HUNGRY)
+    roomy = memory_cgroup(f"trainscale-test-{os.getpid()}-roomy", 3 * 2**30)
+    tight = memory_cgroup(f"trainscale-test-{os.getpid()}-tight", 600 * 2**20)
+    if roomy is None or tight is None:
+        pytest.skip("no memory cgroup can be made here (root and a memory controller are needed)")
+
+    def join(cgroup):
+        return lambda: (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+
+    try:
+        inside = subprocess.run([sys.executable, "-m", "trainscale", "plan", "--steps", "3", "--json", "hungry.py",
+                                 "256"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                                preexec_fn=join(roomy))
+        assert inside.returncode == 0, inside.stderr[-3000:]
+        made = json.loads(inside.stdout)
+        assert made["device_source"] == "this process's cgroup limit, 3.0 GiB / 1 rank(s)"
+        ddp = next(m for m in made["memory"] if m["strategy"] == "ddp")
+        assert ddp["verdict"] == "yes" and 600 * 2**20 < ddp["peak"] < 0.9 * 3 * 2**30, ddp
+        small = plan(tmp_path, "--steps", "3", "--mem", "600M", "--json", "hungry.py", "256")
+        assert small.returncode == 0, small.stderr[-3000:]
+        assert next(m for m in json.loads(small.stdout)["memory"] if m["strategy"] == "ddp")["verdict"] == "NO"
+        capped = subprocess.run([sys.executable, "-m", "trainscale", "run", "--nproc-per-node", "1", "hungry.py",
+                                 "256"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                                env={**os.environ, "TRAINSCALE_PLAN_STEPS": "3"}, preexec_fn=join(tight))
+        assert capped.returncode != 0, capped.stdout[-2000:]
+        failcnt = tight / "memory.failcnt"
+        events = tight / "memory.events"
+        hit = int(failcnt.read_text()) if failcnt.exists() else int(
+            dict(line.split() for line in events.read_text().splitlines())["oom_kill"])
+        assert hit > 0  # the kernel stopped it at the limit, not some other failure
+    finally:
+        for cgroup in (roomy, tight):  # empty: every process in it has been waited for
+            with contextlib.suppress(OSError):
+                cgroup.rmdir()

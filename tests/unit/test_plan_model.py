@@ -163,3 +163,80 @@ def test_the_largest_per_rank_batch_that_fits_is_recommended_in_powers_of_two():
     unknown = make_plan(cal, what="w", ranks_per_node=1, nodes=1, batch=None, device_bytes=None, device_source="x",
                         network=network, network_source="ib")
     assert unknown.recommended_batch() is None and unknown.as_dict()["recommended_batch"] is None
+
+
+def test_the_peak_is_the_counted_bytes_the_gathered_parameters_and_the_calibrations_overhead():
+    """The calibration's peak beyond what it counted (the runtime, the step's temporaries) is carried to every
+    configuration; FSDP and ZeRO-3 gather the parameters a rank does not hold (all of them: an upper bound).
+    The verdict: yes within the room less 10%, tight within the room, NO beyond it."""
+    import dataclasses
+
+    cal = dataclasses.replace(calibration(params=GiB, activations=GiB), peak=7 * GiB)  # counted 5 GiB
+    assert cal.overhead == 2 * GiB
+    ddp, fsdp = memory(cal, "ddp", 4, 8), memory(cal, "fsdp", 4, 8)
+    assert ddp.peak == ddp.total + 2 * GiB and ddp.held == 4 * GiB  # P, G, O; the buckets are not held state
+    assert fsdp.gathered == GiB * 3 / 4 and fsdp.peak == fsdp.total + GiB * 3 / 4 + 2 * GiB
+    network = get_preset("ib-hdr200").network()
+
+    def verdict(room: float) -> str:
+        plan = make_plan(cal, what="w", ranks_per_node=4, nodes=1, batch=None, device_bytes=room, device_source="x",
+                         network=network, network_source="ib")
+        return plan.verdict(next(m for m in plan.memory if m.strategy == "ddp"))
+
+    assert (verdict(ddp.peak / 0.9), verdict(ddp.peak / 0.95), verdict(ddp.peak * 0.99)) == ("yes", "tight", "NO")
+    no_peak = calibration()  # a calibration that measured no peak plans the counted bytes alone
+    assert no_peak.overhead == 0 and memory(no_peak, "ddp", 4, 8).peak == memory(no_peak, "ddp", 4, 8).total
+
+
+def test_each_strategy_is_charged_its_own_collectives_and_its_share_of_the_optimizer_step():
+    """On a slow network with large parameters: ZeRO-1 adds the parameters' broadcast after the step, FSDP the
+    forward's all-gather (exposed) on top of backward's hidden ones; each sharded optimizer steps 1/N of the
+    state. One rank has no collectives: every strategy plans the calibration's step."""
+    import dataclasses
+
+    from trainscale.bench.plan import collectives
+
+    assert collectives("ddp") == (1.0, 0.0, 0.0) and collectives("zero1") == (1.0, 0.0, 0.5)
+    assert collectives("deepspeed:stage=2") == (0.5, 0.0, 0.5) and collectives("fsdp") == (0.5, 0.5, 0.5)
+    cal = calibration(params=GiB)
+    slow = make_plan(cal, what="w", ranks_per_node=8, nodes=1, batch=None, device_bytes=None, device_source="x",
+                     network=get_preset("ethernet-25g").network(), network_source="e")
+    step = {s: slow.predict(8, 1, s)["step_s"] for s in ("ddp", "zero1", "fsdp", "deepspeed:stage=1")}
+    assert step["ddp"] < step["zero1"] and step["deepspeed:stage=1"] < step["zero1"]
+    assert step["fsdp"] > step["ddp"]
+    alone = {s: slow.predict(1, 1, s)["step_s"] for s in ("ddp", "zero1", "fsdp")}
+    assert alone["ddp"] == alone["zero1"] == alone["fsdp"]
+    # a long optimizer step on a fast network: ZeRO-1's share of it pays for its broadcast
+    busy = calibration(params=2**20)
+    for record in busy.steps:
+        record["optimizer_s"] = 0.5
+    fast = dataclasses.replace(slow, calibration=busy, network=get_preset("ib-ndr400").network())
+    assert fast.predict(8, 1, "zero1")["step_s"] < fast.predict(8, 1, "ddp")["step_s"]
+    # twice the per-rank batch: twice the data wait and compute, the same optimizer step and collectives
+    assert slow.predict(1, 1, "ddp", batch=16)["step_s"] == pytest.approx(
+        slow.predict(1, 1, "ddp")["step_s"] + 0.01 + 0.08, rel=1e-6)
+
+
+def test_the_room_is_the_mem_asked_for_else_this_process_cgroup_limit(tmp_path):
+    """--mem is sbatch's (per node, shared by its ranks); without it, on a CPU, a cgroup limit below the
+    machine's memory (SLURM's --mem on the node plan runs on) is the room: v2's memory.max, v1's
+    memory.limit_in_bytes; "max" and v1's 2^63 are no limit."""
+    from trainscale.bench.planning import cgroup_limit, room
+
+    assert room(None, 2, "8G") == (4 * GiB, "--mem 8G / 2 rank(s)")
+    with pytest.raises(ConfigError, match="not a SLURM size"):
+        room(None, 1, "lots")
+    proc, root = tmp_path / "cgroup", tmp_path / "fs"
+    (root / "job").mkdir(parents=True)
+    proc.write_text("0::/job\n")
+    (root / "job" / "memory.max").write_text("max\n")
+    assert cgroup_limit(proc, root) is None
+    (root / "job" / "memory.max").write_text(f"{3 * GiB}\n")
+    assert cgroup_limit(proc, root) == 3 * GiB
+    (root / "memory" / "slurm" / "job_1").mkdir(parents=True)
+    proc.write_text("5:cpuset:/\n4:memory:/slurm/job_1\n0::/\n")
+    (root / "memory" / "slurm" / "job_1" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    assert cgroup_limit(proc, root) is None
+    (root / "memory" / "slurm" / "job_1" / "memory.limit_in_bytes").write_text(f"{GiB}\n")
+    assert cgroup_limit(proc, root) == GiB
+    assert cgroup_limit(tmp_path / "none", root) is None

@@ -23,13 +23,17 @@ STRATEGIES = ("ddp", "zero1", "deepspeed:stage=1", "deepspeed:stage=2", "fsdp", 
 """Least sharding first: the first that fits is the recommendation (less sharding, less communication)."""
 DATA_SHARE = 0.05
 """A data wait above this share of the step asks for DataLoader workers."""
+WARMUP = 2
+"""Steps left out of a step-time median: the first pay for the allocator's, the thread pools' and the caches' warm-up."""
 MARGIN = 0.10
 """Memory kept free for what the model does not count (the allocator's slack, kernels' workspaces)."""
 UNSEEN = ("the allocator's slack and fragmentation, and a custom kernel's workspace (kept free by a 10% margin)",
-          "FSDP and ZeRO-3 gather one wrapped block's full parameters at a time (the largest block is not counted)",
+          "FSDP and ZeRO-3 gather one wrapped block's full parameters at a time: the peak charges all of them (the "
+          "blocks are not known before the strategy wraps the model), an upper bound",
           "activation checkpointing or offloading the script does inside its own code (counted as it ran)",
-          "the sharded strategies' extra collectives (all-gather, reduce-scatter: about 1.5x DDP's bytes): the step "
-          "times model DDP",
+          "an evaluation the script runs between its training steps (its own batch, its own peak)",
+          "the sharded strategies' own per-block work (FSDP's flat parameters, ZeRO's partition bookkeeping): their "
+          "times charge their collectives' bytes, not their Python",
           "within a node the all-reduce runs over the node's own links (NVLink, shared memory), faster than the "
           "interconnect the times charge")
 
@@ -54,6 +58,19 @@ class Calibration:
     """What wrapped the script's model, as the recorder saw it (observe/models.strategy_of): ddp, fsdp, ..."""
     threads: int = 1
     """CPU threads the calibration's rank ran (on CPU: the cores it used)."""
+    recorded: int = 0
+    """Step records the calibration wrote (its warm-up included)."""
+    peak: int | None = None
+    """The calibration rank's peak memory over its steps (its summary: CUDA's max_memory_allocated, or the
+    process's peak RSS)."""
+
+    @property
+    def overhead(self) -> float:
+        """What the peak held beyond the counted state and activations: the runtime (on CPU the interpreter and
+        its libraries), the step's temporaries. Carried unchanged to every configuration (0 when not measured)."""
+        if not self.peak:
+            return 0.0
+        return max(0.0, self.peak - (self.params + self.grads + self.optimizer + self.activations))
 
     @classmethod
     def from_records(cls, records: list[dict]) -> "Calibration":
@@ -65,14 +82,16 @@ class Calibration:
                               hint="plan needs a script that trains (a torch optimizer's step); its own output above "
                                    "says why it stopped")
         if len(steps) < 2:
-            raise ConfigError(f"the calibration run recorded {len(steps)} step(s)", hint="give it more: --steps 5")
+            raise ConfigError(f"the calibration run recorded {len(steps)} step(s)", hint="give it more: --steps 10")
         batch = int(state.get("activation_samples") or steps[-1].get("samples") or 1)
+        summary = next((r for r in records if r.get("kind") == "summary"), {})
         return cls(params=int(state["params_bytes"]), grads=int(state["grads_bytes"]),
                    optimizer=int(state["optimizer_bytes"]), activations=int(state["activation_bytes"]),
-                   batch=batch, steps=steps[1:], dtypes=tuple(state.get("param_dtypes") or ()),
+                   batch=batch, steps=steady(steps), dtypes=tuple(state.get("param_dtypes") or ()),
                    groups=tuple(tuple(int(n) for n in g) for g in state.get("param_groups") or ()),
                    device=str(meta.get("device", "cpu")), threads=int(meta.get("threads") or 1),
-                   strategy=meta.get("strategy"))
+                   strategy=meta.get("strategy"), recorded=len(steps),
+                   peak=summary.get("steps_peak_mem_bytes") or summary.get("peak_mem_bytes") or None)
 
     def modelled_strategy(self) -> str:
         """The plan's name for the strategy the calibrated script used (ddp's model for an unwrapped one)."""
@@ -100,6 +119,11 @@ class Calibration:
         return low / mid, high / mid
 
 
+def steady(steps: list) -> list:
+    """The steps a median is taken over: after the warm-up (:data:`WARMUP`), or after the first of a short run."""
+    return steps[WARMUP:] if len(steps) > 2 * WARMUP else steps[1:]
+
+
 @dataclass(frozen=True)
 class Memory:
     strategy: str
@@ -109,14 +133,30 @@ class Memory:
     activations: float
     buffers: float
     """DDP's gradient buckets (a copy of the gradients)."""
+    gathered: float = 0.0
+    """FSDP's and ZeRO-3's parameters gathered for a block's forward and backward (all of them: an upper bound)."""
+    overhead: float = 0.0
+    """The calibration's peak beyond its counted bytes (Calibration.overhead)."""
 
     @property
     def total(self) -> float:
         return self.params + self.grads + self.optimizer + self.activations + self.buffers
 
+    @property
+    def held(self) -> float:
+        """Parameters, gradients and optimizer state: what a run's own memory table shows per rank."""
+        return self.params + self.grads + self.optimizer
 
-def memory(cal: Calibration, strategy: str, world: int, batch: int) -> Memory:
-    """Bytes one rank holds under ``strategy`` at ``world`` ranks and ``batch`` samples per rank."""
+    @property
+    def peak(self) -> float:
+        """The rank's predicted peak: the total, the gathered parameters and the calibration's overhead."""
+        return self.total + self.gathered + self.overhead
+
+
+def memory(cal: Calibration, strategy: str, world: int, batch: int, overhead: bool = True) -> Memory:
+    """Bytes one rank holds under ``strategy`` at ``world`` ranks and ``batch`` samples per rank; ``overhead``:
+    its peak carries the calibration's (not where the calibration's memory is not the target's: a CPU's RSS
+    for a GPU)."""
     from trainscale.strategies import state_sharding
 
     if strategy not in STRATEGIES:
@@ -129,7 +169,29 @@ def memory(cal: Calibration, strategy: str, world: int, batch: int) -> Memory:
     optimizer = o / (n if shard.optimizer else 1)
     if shard.whole_tensors and n > 1 and cal.groups:  # torch's ZeRO-1 keeps tensors whole: its fullest rank
         optimizer = o * whole_tensor_share(cal.groups, n)
-    return Memory(strategy, p / (n if shard.params else 1), g / (n if shard.grads else 1), optimizer, act, buckets)
+    gathered = p * (n - 1) / n if shard.params else 0.0
+    return Memory(strategy, p / (n if shard.params else 1), g / (n if shard.grads else 1), optimizer, act, buckets,
+                  gathered, cal.overhead if overhead else 0.0)
+
+
+def collectives(strategy: str) -> tuple[float, float, float]:
+    """What ``strategy`` communicates per step, in all-reduces of the gradients' or parameters' bytes (a
+    reduce-scatter or an all-gather moves half an all-reduce's): (gradients' share that backward can hide,
+    parameters' share backward can hide, parameters' share exposed). DDP all-reduces the gradients in
+    buckets during backward; torch's ZeRO-1 too, then the updated parameters go from their owners to every
+    rank after the step; DeepSpeed's stages 1 and 2 reduce-scatter the gradients and all-gather the updated
+    parameters; FSDP and ZeRO-3 reduce-scatter the gradients, all-gather each block's parameters for backward
+    (prefetched: hidden) and for forward (exposed)."""
+    from trainscale.strategies import state_sharding
+
+    shard = state_sharding(strategy)
+    if shard.params:
+        return 0.5, 0.5, 0.5
+    if shard.buckets and not shard.optimizer:  # ddp
+        return 1.0, 0.0, 0.0
+    if shard.buckets:  # torch's ZeRO-1: DDP's all-reduce, then the parameters broadcast
+        return 1.0, 0.0, 0.5
+    return 0.5, 0.0, 0.5  # DeepSpeed stages 1-2
 
 
 def whole_tensor_share(groups: tuple[tuple[int, ...], ...], ranks: int) -> float:
@@ -172,19 +234,36 @@ class Plan:
     verified: list[dict] = field(default_factory=list)
     """``--verify``: the cheapest configurations run here, predicted against measured (bench/planning.py)."""
 
-    def predict(self, ranks: int, nodes: int = 1) -> dict:
-        """Step time, band, speedup and efficiency at ``ranks`` over ``nodes`` (ddp's all-reduce)."""
+    def predict(self, ranks: int, nodes: int = 1, strategy: str = "ddp", batch: int | None = None) -> dict:
+        """Step time, band, speedup and efficiency at ``ranks`` over ``nodes`` under ``strategy``, ``batch``
+        samples per rank (default: the calibration's): the projection's step with its collectives
+        (:func:`collectives`) and, where the strategy shards the optimizer state, each rank stepping only its
+        share; the data wait and the compute scale with the batch."""
+        from dataclasses import replace
+
+        from trainscale.bench.projection import ring_allreduce_s
+
         cal = self.calibration
         measured, (low, high) = cal.measured(), cal.spread()
-        # within one node the all-reduce does not cross the interconnect; the model charges it anyway (stated)
+        if batch and batch != measured.batch:
+            work = batch / measured.batch
+            measured = replace(measured, data_s=measured.data_s * work, compute_s=measured.compute_s * work,
+                               batch=batch)
+        # within one node the collectives do not cross the interconnect; the model charges it anyway (stated)
         on_node = ranks // nodes
         contention = max(1.0, on_node * cal.threads / self.shared_cores) if self.shared_cores else 1.0
-        p = predict(measured, self.network, ranks, ModelOptions(scaling="weak", contention=contention))
+        grads, params_hidden, params_exposed = collectives(strategy)
+        share = memory(cal, strategy, ranks, measured.batch).optimizer / cal.optimizer if cal.optimizer else 1.0
+        hidden = int(grads * cal.grads + params_hidden * cal.params)
+        sharded = replace(measured, optimizer_s=measured.optimizer_s * share, gradient_bytes=hidden)
+        p = predict(sharded, self.network, ranks, ModelOptions(scaling="weak", contention=contention))
+        exposed = ring_allreduce_s(params_exposed * cal.params, ranks, self.network.busbw_Bps, self.network.latency_s)
+        step = p.step_s + exposed
         base = predict(measured, self.network, 1, ModelOptions(scaling="weak"))
-        speedup = p.samples_per_s / base.samples_per_s
-        return {"ranks": ranks, "nodes": nodes, "step_s": p.step_s, "band_s": [p.step_s * low, p.step_s * high],
-                "exposed_comm_s": p.exposed_comm_s, "speedup": speedup, "efficiency": speedup / ranks,
-                "samples_per_s": p.samples_per_s}
+        speedup = ranks * base.step_s / step  # samples per second over one rank's, the per-rank batch the same
+        return {"ranks": ranks, "nodes": nodes, "strategy": strategy, "step_s": step,
+                "band_s": [step * low, step * high], "exposed_comm_s": p.exposed_comm_s + exposed,
+                "speedup": speedup, "efficiency": speedup / ranks, "samples_per_s": ranks * measured.batch / step}
 
     def data_share(self) -> float:
         """The calibration's data wait as a share of its median step."""
@@ -203,8 +282,25 @@ class Plan:
     def world(self) -> int:
         return self.ranks_per_node * self.nodes
 
+    @property
+    def same_memory(self) -> bool:
+        """Whether the calibration measured the memory the plan is for (not a CPU's for a GPU profile)."""
+        return not (self.target_gpus and not self.calibration.device.startswith("cuda"))
+
+    def rank_memory(self, strategy: str, world: int, batch: int) -> Memory:
+        """:func:`memory`, its peak carrying the calibration's overhead where that is the target's memory."""
+        return memory(self.calibration, strategy, world, batch, overhead=self.same_memory)
+
     def fits(self, m: Memory) -> bool | None:
-        return None if self.device_bytes is None else m.total <= self.device_bytes * (1 - MARGIN)
+        """The rank's predicted peak within the room less the margin (None: the room is not known)."""
+        return None if self.device_bytes is None else m.peak <= self.device_bytes * (1 - MARGIN)
+
+    def verdict(self, m: Memory) -> str:
+        """yes (within the room less its margin), tight (within the room, not its margin: what the model does not
+        count may not fit), NO, or ? (the room is not known)."""
+        if self.device_bytes is None:
+            return "?"
+        return "yes" if self.fits(m) else "tight" if m.peak <= self.device_bytes else "NO"
 
     def largest_batch(self, strategy: str) -> int | None:
         """The largest per-rank batch, a power of two, whose memory under ``strategy`` fits the room with its
@@ -213,7 +309,7 @@ class Plan:
         if self.device_bytes is None:
             return None
         cal, room = self.calibration, self.device_bytes * (1 - MARGIN)
-        fixed = memory(cal, strategy, self.world, 0).total
+        fixed = self.rank_memory(strategy, self.world, 0).peak
         per_sample = cal.activations / max(1, cal.batch)
         if fixed > room:
             return 0
@@ -226,7 +322,10 @@ class Plan:
                 "network": asdict(self.network), "network_source": self.network_source,
                 "calibration": {k: v for k, v in asdict(self.calibration).items() if k != "steps"} | {
                     "steps": len(self.calibration.steps)},
-                "memory": [asdict(m) | {"total": m.total, "fits": self.fits(m)} for m in self.memory],
+                "memory": [asdict(m) | {"total": m.total, "held": m.held, "peak": m.peak, "fits": self.fits(m),
+                                        "verdict": self.verdict(m),
+                                        "step_s": self.predict(self.world, self.nodes, m.strategy)["step_s"]}
+                           for m in self.memory],
                 "times": self.times, "times_from": self.calibration.device, "for_gpus": self.target_gpus,
                 "cpus_per_rank": self.cpus_per_rank, "dataloader_workers": self.workers(),
                 "data_share": self.data_share(),
@@ -269,10 +368,12 @@ def make_plan(cal: Calibration, *, what: str, ranks_per_node: int, nodes: int, b
     batch = batch or cal.batch
     plan = Plan(cal, what, ranks_per_node, nodes, batch, device_bytes, device_source, network, network_source,
                 target_gpus=target_gpus, cpus_per_rank=cpus_per_rank, shared_cores=shared_cores)
-    plan.memory = [memory(cal, s, plan.world, batch) for s in STRATEGIES]
-    plan.times = [plan.predict(ranks, used_nodes) for ranks, used_nodes in ladder(ranks_per_node, nodes)]
+    plan.memory = [plan.rank_memory(s, plan.world, batch) for s in STRATEGIES]
     fitting = [m for m in plan.memory if plan.fits(m) is not False]
-    plan.recommended = fitting[0].strategy if fitting else None  # the least sharding that fits: the fastest
+    plan.recommended = fitting[0].strategy if fitting else None  # the least sharding that fits (the table
+    # shows each strategy's predicted step: where the optimizer step is long, ZeRO-1's shorter one may pay)
+    plan.times = [plan.predict(ranks, used_nodes, plan.recommended or "ddp")
+                  for ranks, used_nodes in ladder(ranks_per_node, nodes)]
     return plan
 
 
@@ -286,19 +387,31 @@ def _size(n: float) -> str:
 def render(plan: Plan, submit: str | None) -> list[str]:
     cal = plan.calibration
     low, high = cal.spread()
-    lines = [f"plan for {plan.what}: calibrated on 1 rank here ({cal.device}, {len(cal.steps) + 1} steps, batch "
+    ran = cal.recorded or len(cal.steps) + 1
+    lines = [f"plan for {plan.what}: calibrated on 1 rank here ({cal.device}, {ran} steps, batch "
              f"{cal.batch}, {'/'.join(cal.dtypes) or '?'}): parameters {_size(cal.params)}, gradients "
              f"{_size(cal.grads)}, optimizer state {_size(cal.optimizer)}, activations {_size(cal.activations)} "
              f"per {cal.batch} samples", ""]
-    room = (f"{_size(plan.device_bytes)} per rank ({plan.device_source}), {MARGIN:.0%} kept free"
-            if plan.device_bytes else f"not known ({plan.device_source})")
+    room = (f"{_size(plan.device_bytes)} per rank ({plan.device_source}); fits: yes within it less {MARGIN:.0%}, "
+            f"tight within it only" if plan.device_bytes else f"not known ({plan.device_source})")
     lines.append(f"Memory per rank at {plan.world} rank(s), batch {plan.batch} per rank; room: {room}")
-    head = ("strategy", "params", "grads", "optimizer", "activations", "buckets", "total", "fits")
+    head = ("strategy", "params", "grads", "optimizer", "activations", "buckets", "peak", "fits",
+            f"step at {plan.world} (ms)")
     rows = [(m.strategy, _size(m.params), _size(m.grads), _size(m.optimizer), _size(m.activations),
-             _size(m.buffers) if m.buffers else "-", _size(m.total),
-             {True: "yes", False: "NO", None: "?"}[plan.fits(m)]) for m in plan.memory]
+             _size(m.buffers) if m.buffers else "-", _size(m.peak), plan.verdict(m),
+             f"{plan.predict(plan.world, plan.nodes, m.strategy)['step_s'] * 1e3:.1f}") for m in plan.memory]
     lines += _table(head, rows)
-    lines += ["", f"Step time and speedup with ddp, batch {plan.batch} per rank, over {plan.network_source} "
+    if cal.peak and plan.same_memory:
+        source = "CUDA allocated" if cal.device.startswith("cuda") else "process RSS"
+        lines.append(f"peak: the above, the sharded strategies' gathered parameters and {_size(cal.overhead)} the "
+                     f"calibration's peak ({_size(cal.peak)}, {source}) held beyond them (the runtime, the step's "
+                     "temporaries)")
+    elif not plan.same_memory:
+        lines.append("peak: the above and the sharded strategies' gathered parameters (the calibration's memory was "
+                     "this CPU's, not the GPU's: the step's temporaries are kept free by the margin)")
+    threads = f", each rank on {cal.threads} thread(s)" if cal.device == "cpu" else ""
+    lines += ["", f"Step time and speedup with {plan.recommended or 'ddp'}, batch {plan.batch} per rank{threads}, over "
+              f"{plan.network_source} "
               f"(busbw {plan.network.busbw_Bps / 1e9:.1f} GB/s); band: the calibration's 10th-90th percentile step "
               f"({low:.2f}x-{high:.2f}x of its median)"]
     rows = [(str(t["ranks"]), str(t["nodes"]), f"{t['step_s'] * 1e3:.1f}",
@@ -336,16 +449,25 @@ def render(plan: Plan, submit: str | None) -> list[str]:
     if plan.verified:
         lines += ["", f"Verified here (--verify: {plan.verified[0]['ranks']} rank(s), batch {plan.batch} per rank, "
                       f"each configuration run {plan.verified[0]['steps']} steps; error = measured / predicted - 1):"]
-        rows = [(v["config"], f"{v['predicted_step_s'] * 1e3:.1f} ({v['band_s'][0] * 1e3:.1f}-"
-                 f"{v['band_s'][1] * 1e3:.1f})", f"{v['measured_step_s'] * 1e3:.1f}", _error(v["step_error"]),
-                 _size(v["predicted_held"]), _size(v["measured_held"]) if v["measured_held"] is not None else "-",
-                 _error(v["held_error"])) for v in plan.verified]
-        lines += _table(("configuration", "step ms predicted (band)", "measured", "error", "held predicted",
-                         "measured", "error"), rows)
-        lines.append("held: parameters, gradients and optimizer state of the fullest rank (the run's own memory "
-                     "table; a script's: what its rank 0 held)")
+        lines += verified_table(plan.verified)
     lines += ["", "Not counted:"] + [f"  - {u}" for u in plan.unseen]
     return lines
+
+
+def verified_table(verified: list[dict]) -> list[str]:
+    """Predicted against measured, a row per configuration (``--verify``, the plan-accuracy benchmark)."""
+    def size(value: float | None) -> str:
+        return "-" if value is None else _size(value)
+
+    rows = [(v["config"], f"{v['predicted_step_s'] * 1e3:.1f} ({v['band_s'][0] * 1e3:.1f}-"
+             f"{v['band_s'][1] * 1e3:.1f})", f"{v['measured_step_s'] * 1e3:.1f}", _error(v["step_error"]),
+             size(v["predicted_held"]), size(v["measured_held"]), _error(v["held_error"]),
+             size(v.get("predicted_peak")), size(v.get("measured_peak")), _error(v.get("peak_error")))
+            for v in verified]
+    return _table(("configuration", "step ms predicted (band)", "measured", "error", "held predicted", "measured",
+                   "error", "peak predicted", "measured", "error"), rows) + [
+        "held: parameters, gradients and optimizer state of the fullest rank (the run's own memory table; a "
+        "script's: what its rank 0 held); peak: the fullest rank's (process RSS on CPU, CUDA allocated on a GPU)"]
 
 
 def _error(value: float | None) -> str:

@@ -24,13 +24,14 @@ DEFAULT_NETWORK = "ethernet-25g"
 
 
 def short_run(*, script: str | None, args: tuple[str, ...], workload: str | None, batch: int | None, steps: int,
-              say: Callable[[str], None], nproc: int = 1, strategy: str | None = None,
-              timeout_s: float = 900.0) -> tuple[list[dict], dict | None]:
+              say: Callable[[str], None], nproc: int = 1, strategy: str | None = None, threads: int | None = None,
+              timeout_s: float = 900.0) -> tuple[list[dict], dict | None, list[int]]:
     """Run the script (or workload) on ``nproc`` ranks here for ``steps`` optimizer steps and more: rank 0's
-    records, and a workload's metrics (its memory table). A script runs in the working directory (its relative
+    records, a workload's metrics (its memory table) and every rank's peak memory over its training steps. A script runs in the working directory (its relative
     paths) and is stopped after ``steps`` by its recorder (observe/state.py); its rt.checkpoint files go to a
     directory of the run's own (it neither resumes from nor writes into the user's). A workload runs
-    ``steps + 1`` steps to its normal end in a temporary directory."""
+    ``steps + 1`` steps to its normal end in a temporary directory. ``threads``: the rank's OMP_NUM_THREADS (a
+    user's own setting is kept)."""
     from trainscale.observe.state import PLAN_STEPS_VAR
     from trainscale.train.resumable import CHECKPOINT_DIR_VAR
 
@@ -39,6 +40,8 @@ def short_run(*, script: str | None, args: tuple[str, ...], workload: str | None
         env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINSCALE_TRAIN_")}
         env.update({CHECKPOINT_DIR_VAR: str(Path(tmp) / "checkpoints"), "TRAINSCALE_RECORD": "1",
                     "TRAINSCALE_HANG_NOTICE": "0"})
+        if threads and "OMP_NUM_THREADS" not in env:
+            env["OMP_NUM_THREADS"] = str(threads)
         head = [sys.executable, "-m", "trainscale", "run", "--nproc-per-node", str(nproc), "--log-dir", str(logs)]
         if workload:
             from trainscale.workloads.registry import get_workload
@@ -71,13 +74,18 @@ def short_run(*, script: str | None, args: tuple[str, ...], workload: str | None
             raise ConfigError(f"{said} (exit {done.returncode}):\n{tail}",
                               hint="run the same line with trainscale run to see why")
         records = [json.loads(line) for line in found[0].read_text().splitlines() if line.strip()]
-        return records, json.loads(metrics.read_text()) if metrics.exists() else None
+        peaks = [summary["steps_peak_mem_bytes"] for path in sorted(found[0].parent.glob("rank-*.jsonl"))
+                 for summary in map(json.loads, filter(str.strip, path.read_text().splitlines()))
+                 if summary.get("kind") == "summary" and summary.get("steps_peak_mem_bytes")]
+        return records, json.loads(metrics.read_text()) if metrics.exists() else None, peaks
 
 
 def calibrate(*, script: str | None, args: tuple[str, ...], workload: str | None, batch: int | None, steps: int,
-              say: Callable[[str], None]) -> Calibration:
-    """One rank, ``steps`` optimizer steps: what its state holds and how long its steps take."""
-    records, _ = short_run(script=script, args=args, workload=workload, batch=batch, steps=steps, say=say)
+              say: Callable[[str], None], threads: int | None = None) -> Calibration:
+    """One rank, ``steps`` optimizer steps: what its state holds and how long its steps take (on CPU with
+    ``threads`` threads: those a rank of the planned node gets)."""
+    records, _, _ = short_run(script=script, args=args, workload=workload, batch=batch, steps=steps, say=say,
+                              threads=threads)
     return Calibration.from_records(records)
 
 
@@ -89,38 +97,58 @@ def verify(plan: Plan, *, script: str | None, args: tuple[str, ...], workload: s
            say: Callable[[str], None]) -> list[dict]:
     """``plan --verify``: the cheapest several-rank configuration the plan predicts (2 ranks here; 1 where the plan
     is for one), under each strategy trainscale runs for a workload (a script's own for a script), run here for
-    a few steps: the predicted step time and held bytes against the measured ones."""
-    import statistics
-
-    from trainscale.bench.plan import memory
-
+    a few steps: the predicted step time, held bytes and peak against the measured ones."""
     ranks = 2 if plan.world > 1 else 1
-    predicted = plan.predict(ranks, 1)
     out = []
     for strategy in (VERIFIED if workload else (None,)):
-        records, metrics = short_run(script=script, args=args, workload=workload, batch=plan.batch, steps=steps,
-                                     say=say, nproc=ranks, strategy=strategy)
-        times = [float(r["step_s"]) for r in records if r.get("kind") == "step" and r.get("step_s")][1:]
-        if metrics and metrics.get("memory"):  # the fullest rank, as the plan predicts it (what must fit)
-            held = float(max(row["params"] + row["grads"] + row["optimizer"] for row in metrics["memory"]["ranks"]))
-        else:
-            state = next((r for r in records if r.get("kind") == "state"), None)
-            held = float(state["params_bytes"] + state["grads_bytes"] + state["optimizer_bytes"]) if state else None
-        modelled = strategy or plan.calibration.modelled_strategy()  # a script's own, as its run showed it
-        m = memory(plan.calibration, modelled, ranks, plan.batch)
-        want = m.params + m.grads + m.optimizer
-        step = statistics.median(times) if times else float("nan")
-        out.append({"config": f"{ranks} x {strategy or f'your script ({modelled})'}", "ranks": ranks,
-                    "strategy": strategy or modelled,
-                    "steps": len(times) + 1, "predicted_step_s": predicted["step_s"], "band_s": predicted["band_s"],
-                    "measured_step_s": step, "step_error": step / predicted["step_s"] - 1 if times else None,
-                    "predicted_held": want, "measured_held": held,
-                    "held_error": held / want - 1 if held is not None and want else None})
+        records, metrics, peaks = short_run(script=script, args=args, workload=workload, batch=plan.batch,
+                                            steps=steps, say=say, nproc=ranks, strategy=strategy)
+        out.append(compare(plan, records, metrics, peaks, ranks=ranks, nodes=1, strategy=strategy))
     return out
 
 
-def room(profile, ranks_per_node: int) -> tuple[float | None, str]:
-    """Memory one rank may use: the profile's GPU (or its node's share per rank), else this machine's."""
+def compare(plan: Plan, records: list[dict], metrics: dict | None, peaks: list[int], *, ranks: int, nodes: int,
+            strategy: str | None, batch: int | None = None) -> dict:
+    """One measured configuration against the plan: the median step after the first, the held bytes of the
+    fullest rank (a workload's memory table; a script's rank 0 records) and the largest peak of any rank over its
+    training steps (``peaks``), each with its error."""
+    import statistics
+
+    from trainscale.bench.plan import steady
+
+    times = steady([float(r["step_s"]) for r in records if r.get("kind") == "step" and r.get("step_s")])
+    if metrics and metrics.get("memory"):  # the fullest rank, as the plan predicts it (what must fit)
+        held = float(max(row["params"] + row["grads"] + row["optimizer"] for row in metrics["memory"]["ranks"]))
+    else:
+        state = next((r for r in records if r.get("kind") == "state"), None)
+        held = float(state["params_bytes"] + state["grads_bytes"] + state["optimizer_bytes"]) if state else None
+    peak = float(max(peaks)) if peaks else None
+    modelled = strategy or plan.calibration.modelled_strategy()  # a script's own, as its run showed it
+    m = plan.rank_memory(modelled, ranks, batch or plan.batch)
+    predicted = plan.predict(ranks, nodes, modelled, batch=batch or plan.batch)
+    step = statistics.median(times) if times else float("nan")
+
+    def error(measured: float | None, want: float) -> float | None:
+        return measured / want - 1 if measured is not None and want else None
+
+    return {"config": f"{ranks} x {strategy or f'your script ({modelled})'}" + (f" on {nodes} nodes" if nodes > 1
+                                                                               else ""),
+            "ranks": ranks, "nodes": nodes, "strategy": modelled, "steps": len(times) + 1,
+            "predicted_step_s": predicted["step_s"], "band_s": predicted["band_s"], "measured_step_s": step,
+            "step_error": error(step, predicted["step_s"]) if times else None,
+            "predicted_held": m.held, "measured_held": held, "held_error": error(held, m.held),
+            "predicted_peak": m.peak, "measured_peak": peak,
+            "peak_error": error(peak, m.peak) if plan.calibration.peak else None}
+
+
+def room(profile, ranks_per_node: int, mem: str | None = None) -> tuple[float | None, str]:
+    """Memory one rank may use: ``--mem`` (sbatch's: per node) over the ranks, else the profile's GPU (or its
+    node's share per rank), else this machine's (its GPU, or its memory within this process's cgroup limit:
+    SLURM's ``--mem`` on the node the plan runs on)."""
+    if mem:
+        from trainscale.launch.slurm.spec import parse_mem_gb
+
+        return parse_mem_gb(mem) * 2**30 / ranks_per_node, f"--mem {mem} / {ranks_per_node} rank(s)"
     if profile is not None:
         if profile.gpus_per_node and profile.mem_per_gpu_gb:
             return profile.mem_per_gpu_gb * 2**30, f"profile {profile.name}: {profile.mem_per_gpu_gb:g} GB per GPU"
@@ -136,10 +164,37 @@ def room(profile, ranks_per_node: int) -> tuple[float | None, str]:
     try:
         import psutil
 
-        total = psutil.virtual_memory().total
+        total, what = float(psutil.virtual_memory().total), "this machine's"
     except ImportError:
         return None, "psutil is not installed"
-    return total / ranks_per_node, f"this machine's {total / 2**30:.1f} GiB / {ranks_per_node} rank(s)"
+    limit = cgroup_limit()
+    if limit is not None and limit < total:
+        total, what = limit, "this process's cgroup limit,"
+    return total / ranks_per_node, f"{what} {total / 2**30:.1f} GiB / {ranks_per_node} rank(s)"
+
+
+def cgroup_limit(proc: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """The memory limit of this process's cgroup (v2 ``memory.max``, v1 ``memory.limit_in_bytes``); None
+    where there is none or it cannot be read."""
+    try:
+        lines = proc.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2's unified hierarchy
+            candidate = root / path.lstrip("/") / "memory.max"
+        elif "memory" in controllers.split(","):
+            candidate = root / "memory" / path.lstrip("/") / "memory.limit_in_bytes"
+        else:
+            continue
+        try:
+            text = candidate.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**60:  # "max", or v1's page-rounded 2^63: no limit
+            return float(text)
+    return None
 
 
 def network(name: str | None, profile) -> tuple[Network, str]:
@@ -177,7 +232,7 @@ def submit_line(*, profile, nodes: int, ranks_per_node: int, strategy: str | Non
 
 def make(*, script: str | None, args: tuple[str, ...], workload: str | None, profile_name: str | None,
          ranks_per_node: int, nodes: int, batch: int | None, interconnect: str | None, steps: int,
-         say: Callable[[str], None], check: bool = False) -> tuple[Plan, str | None]:
+         say: Callable[[str], None], check: bool = False, mem: str | None = None) -> tuple[Plan, str | None]:
     """``trainscale plan``: the refusals, the calibration, the plan and the line that submits it (None when
     nothing fits: no line that would run out of memory); ``check`` (``--verify``): the cheapest configurations run
     here, predicted against measured."""
@@ -199,8 +254,10 @@ def make(*, script: str | None, args: tuple[str, ...], workload: str | None, pro
 
         get_workload(workload)  # an unknown name is refused before the calibration
     net, net_source = network(interconnect, profile)
-    cal = calibrate(script=script, args=args, workload=workload, batch=batch, steps=steps, say=say)
-    device_bytes, device_source = room(profile, ranks_per_node)
+    if mem:
+        from trainscale.launch.slurm.spec import parse_mem_gb
+
+        parse_mem_gb(mem)  # a size SLURM would refuse is refused before the calibration
     if profile is not None:
         from trainscale.launch.slurm.spec import usable_cpus
 
@@ -209,6 +266,14 @@ def make(*, script: str | None, args: tuple[str, ...], workload: str | None, pro
         from trainscale.topology.apply import current_affinity
 
         cpus = len(current_affinity()) or 1
+    import torch
+
+    here_on_cpu = profile is None and not torch.cuda.is_available()
+    # on this machine's CPUs, the calibrating rank gets the threads each planned rank will (`run` gives each
+    # rank its share of the cores): a rank's pace on 1 thread is not half its pace on 2
+    cal = calibrate(script=script, args=args, workload=workload, batch=batch, steps=steps, say=say,
+                    threads=max(1, cpus // ranks_per_node) if here_on_cpu else None)
+    device_bytes, device_source = room(profile, ranks_per_node, mem)
     made = make_plan(cal, what=f"workload {workload}" if workload else " ".join([script, *args]),
                      ranks_per_node=ranks_per_node, nodes=nodes, batch=batch, device_bytes=device_bytes,
                      device_source=device_source, network=net, network_source=net_source,
@@ -221,3 +286,56 @@ def make(*, script: str | None, args: tuple[str, ...], workload: str | None, pro
         made.verified = verify(made, script=script, args=args, workload=workload, steps=steps, say=say)
     return made, submit if made.recommended else None
 
+
+
+def plan_study(spec, study_plan, say: Callable[[str], None]) -> tuple[Plan | None, str | None]:
+    """``trainscale bench``'s plan, made before its runs as ``trainscale plan`` makes it (one rank's short
+    calibration here) for the study's largest configuration: (the plan, None), or (None, why there is none)."""
+    if spec.sweep_batches:
+        return None, "a batch-size sweep is not planned"
+    largest = max(study_plan.configs, key=lambda c: (c.nnodes, c.nproc_per_node))
+    baseline = next(r for r in study_plan.runs if r.config == study_plan.baseline)
+    script_args = tuple(a.replace("{batch}", str(baseline.per_rank_batch)) for a in spec.script_args)
+    data = [*(["--data", spec.data] if spec.data else []), *(["--samples", str(spec.samples)] if spec.samples else [])]
+    try:
+        made, _ = make(script=spec.script, args=script_args if spec.script else (*data, *spec.workload_args),
+                       workload=spec.workload, profile_name=spec.slurm.cluster.name if spec.slurm else None,
+                       ranks_per_node=largest.nproc_per_node, nodes=largest.nnodes, batch=baseline.per_rank_batch,
+                       interconnect=None, steps=10, say=say)
+    except ConfigError as exc:
+        return None, exc.message.splitlines()[0]
+    return made, None
+
+
+def against(made: Plan, runs: list[dict], out_dir: Path) -> list[dict]:
+    """Each measured configuration of a study beside what its plan predicted: the step (the median of its rank 0's
+    step records after the warm-up, as the calibration's), the fullest rank's held bytes (its memory table) and
+    its ranks' largest peak over their training steps."""
+    from trainscale.bench.plan import STRATEGIES
+    from trainscale.bench.predictions import disturbed
+    from trainscale.observe.records import read_lines
+
+    rows = []
+    for run in runs:
+        if run.get("status") != "ok" or not run.get("run_dir"):
+            continue
+        found = sorted((out_dir / run["run_dir"]).glob("metrics/rank-*.jsonl"))
+        records = list(read_lines(found[0])) if found else []
+        peaks = [r["steps_peak_mem_bytes"] for path in found for r in read_lines(path)
+                 if r.get("kind") == "summary" and r.get("steps_peak_mem_bytes")]
+        metrics = read_json(Path(run["metrics_file"])) if run.get("metrics_file") else None
+        strategy = run.get("strategy") or "ddp"
+        modelled = strategy if strategy in STRATEGIES else "ddp"
+        row = compare(made, records, metrics, peaks, ranks=run["world_size"], nodes=run["nodes"], strategy=modelled,
+                      batch=run["per_rank_batch"])
+        row.update(config=run["label"], modelled=modelled if modelled == strategy else f"ddp (for {strategy})",
+                   disturbed=disturbed(run))
+        rows.append(row)
+    return rows
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None

@@ -9,8 +9,8 @@ import json
 import sys
 from pathlib import Path
 
-USAGE = """trainscale plan [--nproc-per-node N] [--nodes M] [--profile P] [--batch-size B] [--interconnect NAME]
-                       [--steps S] [--verify] [--json] (SCRIPT [ARGS...] | --workload NAME [-- WORKLOAD ARGS...])
+USAGE = """trainscale plan [--nproc-per-node N] [--nodes M] [--profile P] [--batch-size B] [--mem SIZE]
+                       [--interconnect NAME] [--steps S] [--verify] [--json] (SCRIPT [ARGS...] | --workload NAME [-- WORKLOAD ARGS...])
        trainscale plan --tune [--workload NAME | SCRIPT [ARGS...]] [tune options: trainscale plan --tune --help]"""
 DESCRIPTION = """One rank runs the script (or workload) unchanged for a few optimizer steps, here, on CPU or one GPU:
 trainscale counts its parameters, gradients, optimizer state and the activations its forward keeps, and times its
@@ -39,9 +39,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", help="the cluster profile whose GPUs, memory and network to plan for (default: here)")
     p.add_argument("--batch-size", type=int, help="per-rank batch to plan for (default: the calibration's); a "
                    "workload is calibrated with it")
+    p.add_argument("--mem", help="memory per node, as sbatch's --mem (e.g. 64G): the room the ranks of a node "
+                   "share (default: the profile's GPU or node memory, else this machine's within its cgroup limit)")
     p.add_argument("--interconnect", help="the network between nodes (bench --list-interconnects; default: the "
                    "profile's, else ethernet-25g, said as an assumption)")
-    p.add_argument("--steps", type=int, default=5, help="optimizer steps of the calibration (default: 5)")
+    p.add_argument("--steps", type=int, default=10, help="optimizer steps of the calibration (default: 10; the "
+                   "first 2 warm up and are left out of its step time)")
     p.add_argument("--verify", action="store_true", help="then run the cheapest configurations here (2 ranks; a "
                    "workload under ddp, zero1 and fsdp) and print predicted against measured")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -68,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     parser = _parser()
     split = split_command(parser, argv, double_dash="rest")  # --workload is an option; its own after `--`
     wrong = misplaced_option(parser, split, ("--nproc-per-node", "--nodes", "--profile", "--interconnect", "--steps",
-                                            "--verify"))
+                                            "--verify", "--mem"))
     if wrong:
         raise ConfigError(f"{wrong} after {split.target} goes to {split.target}, which never reads it",
                           hint=f"plan's options go before the script: trainscale plan {wrong} ... {split.target} [ARGS]")
@@ -82,7 +85,7 @@ def plan(ns: argparse.Namespace, script: str | None, args: tuple[str, ...]) -> i
 
     made, submit = make(script=script, args=args, workload=ns.workload, profile_name=ns.profile,
                         ranks_per_node=ns.nproc_per_node, nodes=ns.nodes, batch=ns.batch_size,
-                        interconnect=ns.interconnect, steps=ns.steps, check=ns.verify,
+                        interconnect=ns.interconnect, steps=ns.steps, check=ns.verify, mem=ns.mem,
                         say=lambda line: print(f"trainscale plan: {line}", file=sys.stderr, flush=True))
     if ns.json:
         print(json.dumps(made.as_dict() | {"submit": submit}, indent=2))

@@ -78,6 +78,9 @@ class Recorder:
         without one, the lead module's forward on its first batch is counted once at the second step's start."""
         self.flops_per_step: int | None = None
         self.step_times: list[float] = []
+        self.steps_peak = 0
+        """The rank's peak memory at the end of its last completed step: the training steps' (what ``plan``
+        predicts), before an evaluation or the end of the run raises the whole run's."""
         self.summary: dict[str, Any] | None = None
         self._depth = 0
         self._lead: Any = None  # weakref to the first top-level module of the first step: its batches count
@@ -187,12 +190,19 @@ class Recorder:
             if self.step > self.plan_steps:  # the calibration has its steps: the state, then the end
                 self._calibrated()
 
+    def _note_peak(self) -> None:
+        from trainscale.runtime.memory import peak_memory
+
+        self.steps_peak = peak_memory(self.marks.device)[0]  # a running maximum: the latest is the largest
+
     def _calibrated(self) -> None:
+        self._note_peak()
         self.finish()  # it writes the state record
         raise SystemExit(0)
 
     # -- steps ------------------------------------------------------------------------------------
     def _end_step(self) -> None:
+        self._note_peak()
         self._stepped = self._forwarded = self._backward_armed = False
         self.marks.end_step(self._fields(), carry=True)
         self._samples = self._tokens = 0
@@ -312,7 +322,8 @@ class Recorder:
         from trainscale.runtime.memory import peak_memory
 
         device = self.marks.device
-        summary: dict[str, Any] = {"steps_recorded": len(self.step_times), "peak_mem_bytes": peak_memory(device)[0]}
+        summary: dict[str, Any] = {"steps_recorded": len(self.step_times), "peak_mem_bytes": peak_memory(device)[0],
+                                   "steps_peak_mem_bytes": self.steps_peak or None}
         lead = self._lead() if self._lead is not None else None
         timing = ddp_timing(lead) if lead is not None else None
         if timing:
