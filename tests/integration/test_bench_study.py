@@ -79,6 +79,14 @@ def test_small_strong_scaling_study_writes_consistent_files(tmp_path):
         b["communication_total"] - b["communication"])
     assert [p["ranks"] for p in study["projection"]["rows"]] == [8, 16, 32, 64]
 
+    # the plan, made before the runs as `trainscale plan` makes it, beside each configuration (issue 37): the held
+    # bytes it predicted are each run's memory table's, its per-rank batch each configuration's own (strong scaling)
+    planned = study["plan"]
+    assert planned["ranks_per_node"] == 4 and planned["batch"] == 32
+    assert [r["config"] for r in planned["against"]] == [r["label"] for r in study["runs"]]
+    assert all(r["held_error"] == 0.0 for r in planned["against"]), planned["against"]
+    assert all(r["measured_step_s"] > 0 and r["predicted_peak"] > r["predicted_held"] for r in planned["against"])
+
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert [r["config"] for r in rows] == ["1", "2", "4"]
     assert float(rows[1]["speedup"] or rows[1]["rejected_speedup"]) == pytest.approx(figures["speedup"])
@@ -89,13 +97,14 @@ def test_small_strong_scaling_study_writes_consistent_files(tmp_path):
         assert (out / f"{name}.png").read_bytes()[:8] == PNG
     assert (out / "runs" / "02-2" / "metrics.json").is_file()
     calibrated = "each calibrated on the others' records" if quiet else "uncalibrated"
-    assert calibrated in md
+    assert calibrated in md and "## The plan against the measurements" in md
 
     # the report puts measured and predicted side by side
     report = bench("report", str(out), "--out", str(tmp_path / "report"), cwd=tmp_path)
     assert report.returncode == 0, report.stderr
     page = html.unescape((tmp_path / "report" / "report.html").read_text())
     assert "Scaling model" in page and calibrated in page
+    assert "The plan against the measurements" in page and "The plan made before the runs" in report.stdout
     assert re.search(r"^DDP 4 CPU ranks\s+4\s", report.stdout, re.M), report.stdout
     assert calibrated in report.stdout
     assert (tmp_path / "report" / "measured-vs-predicted.png").read_bytes()[:8] == PNG

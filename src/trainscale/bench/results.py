@@ -228,6 +228,9 @@ def markdown_document(study: dict, plots: dict[str, str]) -> str:
              f"torch {env['torch']}, trainscale {env['trainscale']}.", "",
              sweep_table(study) if spec.get("sweep_batches") else markdown_table(study), ""]
     parts += [f"{line}\n" for line in notes(study)]
+    planned = plan_table(study)
+    if planned:
+        parts += ["## The plan against the measurements", "", planned, ""]
     for label, text in caveats(study):
         parts += [f"**{label}:** {text}" if label else text, ""]
     proj = study.get("projection")
@@ -239,10 +242,72 @@ def markdown_document(study: dict, plots: dict[str, str]) -> str:
     return "\n".join(parts) + "\n"
 
 
+def plan_rows(study: dict) -> tuple[list[str], list[list[str]], str] | None:
+    """The study's plan (made before its runs, bench/planning.py) against each configuration: header, rows and
+    a sentence under them; None for a study without a plan."""
+    plan = study.get("plan") or {}
+    if not plan:
+        return None
+    if plan.get("error"):
+        return [], [], f"No plan for this study: {plan['error']}."
+
+    def size(value) -> str:
+        return "-" if value is None else f"{value / 2**20:.1f} MiB"
+
+    def error(value) -> str:
+        return "-" if value is None else f"{value:+.0%}"
+
+    head = ["configuration", "strategy modelled", "step ms planned", "measured", "error", "held planned",
+            "measured", "error", "peak planned", "measured", "error"]
+    rows = [[r["config"] + (" *" if r.get("disturbed") else ""), r.get("modelled") or r["strategy"],
+             f"{r['predicted_step_s'] * 1e3:.1f}", _fmt(r["measured_step_s"] * 1e3, "{:.1f}")
+             if r["measured_step_s"] == r["measured_step_s"] else "-", error(r["step_error"]),
+             size(r["predicted_held"]), size(r["measured_held"]), error(r["held_error"]),
+             size(r.get("predicted_peak")), size(r.get("measured_peak")), error(r.get("peak_error"))]
+            for r in plan.get("against") or []]
+    cal = plan.get("calibration") or {}
+    note = (f"Planned before the runs from one rank's {cal.get('steps', '?')}-step calibration here "
+            f"({plan.get('times_from', '?')}, batch {cal.get('batch', '?')}, {cal.get('threads', '?')} thread(s)) over "
+            f"{plan.get('network_source', '?')}, as `trainscale plan` plans; measured: the median step after the "
+            "warm-up, the fullest rank's memory table, the largest peak over the training steps; error = measured / "
+            "planned - 1" + ("; * disturbed: other work shared its cores" if any(
+                r.get("disturbed") for r in plan.get("against") or []) else ""))
+    return head, rows, note
+
+
+def plan_check(study: dict) -> str | None:
+    """One sentence: how far the study's plan was from its measurements (undisturbed configurations)."""
+    rows = [r for r in (study.get("plan") or {}).get("against") or [] if not r.get("disturbed")]
+    if not rows:
+        return None
+
+    def worst(key: str) -> str:
+        errors = [abs(r[key]) for r in rows if r.get(key) is not None]
+        return f"{max(errors):.0%}" if errors else "-"
+
+    return (f"The plan made before the runs: largest |error| over {len(rows)} undisturbed configuration(s): step "
+            f"time {worst('step_error')}, held bytes {worst('held_error')}, peak {worst('peak_error')} (the table "
+            "\"The plan against the measurements\")")
+
+
+def plan_table(study: dict) -> str | None:
+    found = plan_rows(study)
+    if found is None:
+        return None
+    head, rows, note = found
+    if not head:
+        return note
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n\n" + note + "."
+
+
 def caveats(study: dict) -> list[tuple[str, str]]:
     """(label, sentence) of what goes under a study's table after its marks' notes: shared hardware, the
-    model check (no label), a busy machine, suggestions."""
+    model check and the plan's (no label), a busy machine, suggestions."""
+    no_plan = ((study.get("plan") or {}).get("error"))
     found = [("Shared hardware", study.get("shared_hardware")), ("", model_check(study)),
+             ("", plan_check(study) or (f"No plan for this study: {no_plan}" if no_plan else None)),
              ("Warning", busy_warning(study)), *(("Suggestion", text) for text in suggestions(study))]
     return [(label, text) for label, text in found if text]
 

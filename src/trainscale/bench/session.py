@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -94,10 +95,17 @@ def run_study(spec: StudySpec, *, projection: ProjectionRequest | None = None, v
     out_dir.mkdir(parents=True, exist_ok=True)
     mark_latest(out_dir)  # bench-out/latest: what `trainscale report bench-out/latest` reads next
     started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    from trainscale.bench.planning import against, plan_study
+
+    # the plan first, as `trainscale plan` makes it, so that every study shows the model's error
+    made, no_plan = plan_study(spec, the_plan, say=lambda line: print(f"trainscale bench: plan: {line}",
+                                                                      file=sys.stderr, flush=True))
     runs = execute(the_plan, out_dir, verbose=verbose, console=console, jobs=jobs)
     study = {"target": spec.target, "baseline": the_plan.baseline.token, "environment": environment.collect(),
              "spec": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items()},
              "started_at": started, "command": command_line(), "runs": runs}
+    study["plan"] = ({**made.as_dict(), "against": against(made, runs, out_dir)} if made is not None
+                     else {"error": no_plan})
     results.add_speedups(runs, the_plan.baseline.token)
     study["shared_hardware"] = _achievable(study, spec)
     validity.assess(runs, the_plan.baseline.token, cores=study["environment"].get("cores"))

@@ -122,7 +122,7 @@ STUDY_PLOTS = {"speedup": "Speedup against the ideal", "throughput": "Throughput
 
 def study_page(source: Source, out: Path | None, sacct_run) -> Page:
     from trainscale.bench import plots as study_plots
-    from trainscale.bench.results import markdown_table, sweep_table
+    from trainscale.bench.results import markdown_table, plan_rows, sweep_table
     from trainscale.bench.validity import notes
 
     study = json.loads((source.path / "results.json").read_text())
@@ -148,6 +148,11 @@ def study_page(source: Source, out: Path | None, sacct_run) -> Page:
         if model is not None:
             images.append(("Scaling model: measured and predicted", model))
     sections = [Section("Scaling study", tables=[table], images=images)]
+    planned = plan_rows(study)
+    if planned and planned[0]:
+        sections.append(Section("The plan against the measurements", tables=[Table(*planned[:2], [planned[2]])]))
+    elif planned:
+        sections.append(Section("The plan against the measurements", verdict=[Finding("note", planned[2])]))
     for run in study.get("runs", []):
         title, where = f"{run['label']} ({run['name']})", records_dir(source.path, run)
         sections.append(_run_section(title, where) if where else Section(title, verdict=[Finding(
