@@ -356,3 +356,19 @@ def test_readme_workload_job_trains_on_two_nodes_of_two_ranks(readme):
     log0 = _trainscale(readme, "jobs", job.group(1), "--rank", "0")
     assert log0.returncode == 0, log0.stderr
     assert "4 rank(s) x batch 16" in log0.stdout and re.search(r"Epoch 1: loss [\d.]+", log0.stdout), log0.stdout
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # the first test to run sets README's run up
+def test_readme_plan_answers_in_a_minute_and_its_verify_measures_what_it_predicted(readme):
+    """README's plan for 4 LUMI nodes (calibrated here) fits and names the line that submits it; `--verify` runs
+    2 ranks of train.py here and the held bytes it predicted are what the ranks held (issue 37)."""
+    line = "trainscale plan --nproc-per-node 8 --nodes 4 --profile lumi train.py"
+    lumi = readme.output(line)
+    assert "Recommended: --strategy ddp (it fits" in lumi and "Submit: trainscale slurm --profile lumi -N 4" in lumi
+    assert readme.seconds(line) < 60, readme.seconds(line)
+    checked = readme.output("trainscale plan --nproc-per-node 2 --verify train.py")
+    row = re.search(r"^2 x your script \(ddp\)\s.*$", checked, re.M)
+    assert row, checked
+    assert re.findall(r"[+-]\d+\.\d%", row.group(0))[1] == "+0.0%", row.group(0)  # held: predicted = measured

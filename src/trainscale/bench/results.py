@@ -277,17 +277,21 @@ def plan_rows(study: dict) -> tuple[list[str], list[list[str]], str] | None:
 
 def plan_check(study: dict) -> str | None:
     """One sentence: how far the study's plan was from its measurements (undisturbed configurations)."""
-    rows = [r for r in (study.get("plan") or {}).get("against") or [] if not r.get("disturbed")]
-    if not rows:
+    every = (study.get("plan") or {}).get("against") or []
+    rows = [r for r in every if not r.get("disturbed")]
+    if not every:
         return None
 
     def worst(key: str) -> str:
         errors = [abs(r[key]) for r in rows if r.get(key) is not None]
         return f"{max(errors):.0%}" if errors else "-"
 
-    return (f"The plan made before the runs: largest |error| over {len(rows)} undisturbed configuration(s): step "
-            f"time {worst('step_error')}, held bytes {worst('held_error')}, peak {worst('peak_error')} (the table "
-            "\"The plan against the measurements\")")
+    which = f"{len(rows)} undisturbed configuration(s)"
+    if not rows:  # other work disturbed every run: their errors, said so
+        rows, which = every, f"{len(every)} configuration(s), every one disturbed by other work on its cores"
+    return (f"The plan made before the runs: largest |error| over {which}: step time {worst('step_error')}, held "
+            f"bytes {worst('held_error')}, peak {worst('peak_error')} (the table \"The plan against the "
+            "measurements\")")
 
 
 def plan_table(study: dict) -> str | None:
