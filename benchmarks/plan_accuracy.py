@@ -6,16 +6,16 @@
 
 Part 1, the matrix. For the workloads cnn, vit and gpt and a course-style DDP script (torchrun's variables,
 DistributedSampler, DDP, no trainscale import), `plan`'s own calibration (one rank, --steps optimizer steps,
-bench/planning.py) makes the plan, exactly as `trainscale plan` does (its default network, this machine's
-cores). Then each configuration runs for the same steps: 1 rank; 2 ranks here under ddp, zero1 and fsdp (the
-script: its own DDP); 4 ranks as 2 nodes x 2 on the SLURM test cluster (tests/slurm/cluster.sh; its nodes are
-this machine, so the 4 ranks, one thread each, share its cores and are predicted as such). As `plan` does for
-2 ranks here, the calibration (and the 1-rank configuration) runs on the threads each of 2 ranks gets. Per configuration: the predicted and
-measured held bytes (parameters, gradients, optimizer state of the fullest rank: the run's memory table, a
-script's state count), peak memory over the training steps (process RSS: the largest rank's) and median step
-after the first. A configuration counts as disturbed when the machine's CPUs were more than 10% busy in the
-second before it started (other work: what no model of the training predicts); the step-time figure leaves
-those out, as the studies do.
+bench/planning.py) makes the plan, exactly as `trainscale plan` does (its default network, this machine's cores).
+Then each configuration runs for the same steps: 1 rank; 2 ranks here under ddp, zero1 and fsdp (the script: its
+own DDP); 4 ranks as 2 nodes x 2 on the SLURM test cluster (tests/slurm/cluster.sh; its nodes are this machine, so
+the 4 ranks, one thread each, share its cores and are predicted as such). As `plan` does for 2 ranks here, the
+calibration (and the 1-rank configuration) runs on the threads each of 2 ranks gets. Per configuration: the
+predicted and measured held bytes (parameters, gradients, optimizer state of the fullest rank: the run's memory
+table, a script's state count), peak memory over the training steps (process RSS: the largest rank's) and median
+step after the first. A configuration counts as disturbed when the machine's CPUs were more than 10% busy in the
+second before it started (other work: what no model of the training predicts); the step-time figure leaves those
+out, as the studies do.
 
 Part 2, memory caps. --caps configurations, each a target and per-rank batch drawn at random: `plan`'s
 calibration here, uncapped, at that batch; a cap drawn between 0.5x and 2x of its predicted peak; the plan's

@@ -24,7 +24,8 @@ STRATEGIES = ("ddp", "zero1", "deepspeed:stage=1", "deepspeed:stage=2", "fsdp", 
 DATA_SHARE = 0.05
 """A data wait above this share of the step asks for DataLoader workers."""
 WARMUP = 2
-"""Steps left out of a step-time median: the first pay for the allocator's, the thread pools' and the caches' warm-up."""
+"""Steps left out of a step-time median: the first pay for the allocator's, the thread pools' and the caches'
+warm-up."""
 MARGIN = 0.10
 """Memory kept free for what the model does not count (the allocator's slack, kernels' workspaces)."""
 UNSEEN = ("the allocator's slack and fragmentation, and a custom kernel's workspace (kept free by a 10% margin)",

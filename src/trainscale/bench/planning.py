@@ -27,11 +27,11 @@ def short_run(*, script: str | None, args: tuple[str, ...], workload: str | None
               say: Callable[[str], None], nproc: int = 1, strategy: str | None = None, threads: int | None = None,
               timeout_s: float = 900.0) -> tuple[list[dict], dict | None, list[int]]:
     """Run the script (or workload) on ``nproc`` ranks here for ``steps`` optimizer steps and more: rank 0's
-    records, a workload's metrics (its memory table) and every rank's peak memory over its training steps. A script runs in the working directory (its relative
-    paths) and is stopped after ``steps`` by its recorder (observe/state.py); its rt.checkpoint files go to a
-    directory of the run's own (it neither resumes from nor writes into the user's). A workload runs
-    ``steps + 1`` steps to its normal end in a temporary directory. ``threads``: the rank's OMP_NUM_THREADS (a
-    user's own setting is kept)."""
+    records, a workload's metrics (its memory table) and every rank's peak memory over its training steps. A script
+    runs in the working directory (its relative paths) and is stopped after ``steps`` by its recorder
+    (observe/state.py); its rt.checkpoint files go to a directory of the run's own (it neither resumes from nor
+    writes into the user's). A workload runs ``steps + 1`` steps to its normal end in a temporary directory.
+    ``threads``: the rank's OMP_NUM_THREADS (a user's own setting is kept)."""
     from trainscale.observe.state import PLAN_STEPS_VAR
     from trainscale.train.resumable import CHECKPOINT_DIR_VAR
 
@@ -81,11 +81,11 @@ def short_run(*, script: str | None, args: tuple[str, ...], workload: str | None
 
 
 def calibrate(*, script: str | None, args: tuple[str, ...], workload: str | None, batch: int | None, steps: int,
-              say: Callable[[str], None], threads: int | None = None) -> Calibration:
+              say: Callable[[str], None], threads: int | None = None, timeout_s: float = 900.0) -> Calibration:
     """One rank, ``steps`` optimizer steps: what its state holds and how long its steps take (on CPU with
     ``threads`` threads: those a rank of the planned node gets)."""
     records, _, _ = short_run(script=script, args=args, workload=workload, batch=batch, steps=steps, say=say,
-                              threads=threads)
+                              threads=threads, timeout_s=timeout_s)
     return Calibration.from_records(records)
 
 
@@ -232,7 +232,8 @@ def submit_line(*, profile, nodes: int, ranks_per_node: int, strategy: str | Non
 
 def make(*, script: str | None, args: tuple[str, ...], workload: str | None, profile_name: str | None,
          ranks_per_node: int, nodes: int, batch: int | None, interconnect: str | None, steps: int,
-         say: Callable[[str], None], check: bool = False, mem: str | None = None) -> tuple[Plan, str | None]:
+         say: Callable[[str], None], check: bool = False, mem: str | None = None,
+         timeout_s: float = 900.0) -> tuple[Plan, str | None]:
     """``trainscale plan``: the refusals, the calibration, the plan and the line that submits it (None when
     nothing fits: no line that would run out of memory); ``check`` (``--verify``): the cheapest configurations run
     here, predicted against measured."""
@@ -271,7 +272,7 @@ def make(*, script: str | None, args: tuple[str, ...], workload: str | None, pro
     here_on_cpu = profile is None and not torch.cuda.is_available()
     # on this machine's CPUs, the calibrating rank gets the threads each planned rank will (`run` gives each
     # rank its share of the cores): a rank's pace on 1 thread is not half its pace on 2
-    cal = calibrate(script=script, args=args, workload=workload, batch=batch, steps=steps, say=say,
+    cal = calibrate(script=script, args=args, workload=workload, batch=batch, steps=steps, say=say, timeout_s=timeout_s,
                     threads=max(1, cpus // ranks_per_node) if here_on_cpu else None)
     device_bytes, device_source = room(profile, ranks_per_node, mem)
     made = make_plan(cal, what=f"workload {workload}" if workload else " ".join([script, *args]),
@@ -288,6 +289,11 @@ def make(*, script: str | None, args: tuple[str, ...], workload: str | None, pro
 
 
 
+STUDY_CALIBRATION_S = 180.0
+"""A study's plan gives up after this long (said in the study; its runs go on): a model too large for where
+``bench`` runs (a login node planning a SLURM study) should cost the study minutes, not a quarter of an hour."""
+
+
 def plan_study(spec, study_plan, say: Callable[[str], None]) -> tuple[Plan | None, str | None]:
     """``trainscale bench``'s plan, made before its runs as ``trainscale plan`` makes it (one rank's short
     calibration here) for the study's largest configuration: (the plan, None), or (None, why there is none)."""
@@ -301,7 +307,7 @@ def plan_study(spec, study_plan, say: Callable[[str], None]) -> tuple[Plan | Non
         made, _ = make(script=spec.script, args=script_args if spec.script else (*data, *spec.workload_args),
                        workload=spec.workload, profile_name=spec.slurm.cluster.name if spec.slurm else None,
                        ranks_per_node=largest.nproc_per_node, nodes=largest.nnodes, batch=baseline.per_rank_batch,
-                       interconnect=None, steps=10, say=say)
+                       interconnect=None, steps=10, say=say, timeout_s=STUDY_CALIBRATION_S)
     except ConfigError as exc:
         return None, exc.message.splitlines()[0]
     return made, None

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 USAGE = """trainscale plan [--nproc-per-node N] [--nodes M] [--profile P] [--batch-size B] [--mem SIZE]
-                       [--interconnect NAME] [--steps S] [--verify] [--json] (SCRIPT [ARGS...] | --workload NAME [-- WORKLOAD ARGS...])
+                       [--interconnect NAME] [--steps S] [--verify] [--json]
+                       (SCRIPT [ARGS...] | --workload NAME [-- WORKLOAD ARGS...])
        trainscale plan --tune [--workload NAME | SCRIPT [ARGS...]] [tune options: trainscale plan --tune --help]"""
 DESCRIPTION = """One rank runs the script (or workload) unchanged for a few optimizer steps, here, on CPU or one GPU:
 trainscale counts its parameters, gradients, optimizer state and the activations its forward keeps, and times its
