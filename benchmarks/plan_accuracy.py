@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "src"))
 
 from trainscale.bench.plan import Calibration, make_plan, memory, verified_table  # noqa: E402
-from trainscale.bench.planning import compare, network, short_run  # noqa: E402
+from trainscale.bench.planning import compare, network, short_run, steps_peaks  # noqa: E402
 from trainscale.errors import ConfigError  # noqa: E402
 
 STRATEGIES = ("ddp", "zero1", "fsdp")
@@ -176,9 +176,7 @@ def measure_slurm(cluster, target: str, work: Path, steps: int, *, strategy: str
     run_dir = Path(found.group(1))
     files = sorted(run_dir.glob("metrics/rank-*.jsonl"))
     records = [json.loads(x) for x in files[0].read_text().splitlines() if x.strip()]
-    peaks = [r["steps_peak_mem_bytes"] for f in files for r in map(json.loads, filter(str.strip, f.read_text()
-                                                                                   .splitlines()))
-             if r.get("kind") == "summary" and r.get("steps_peak_mem_bytes")]
+    peaks = steps_peaks(run_dir / "metrics")
     return {"records": records, "metrics": json.loads(metrics.read_text()) if metrics.exists() else None,
             "peaks": peaks, "busy_before": quiet}
 

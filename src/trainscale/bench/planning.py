@@ -17,6 +17,7 @@ from typing import Callable
 from trainscale.bench.plan import Calibration, Plan, make_plan
 from trainscale.bench.projection import Network, get_preset
 from trainscale.errors import ConfigError
+from trainscale.observe.records import read_lines
 
 PROFILE_NETWORKS = {"ofi": "slingshot-11", "ib": "ib-hdr200", "socket": "ethernet-25g"}
 """A profile's ``interconnect`` as the projection's preset (the preset's numbers: bench --list-interconnects)."""
@@ -73,11 +74,8 @@ def short_run(*, script: str | None, args: tuple[str, ...], workload: str | None
             said = "the calibration run failed" if nproc == 1 else "the verification run failed"
             raise ConfigError(f"{said} (exit {done.returncode}):\n{tail}",
                               hint="run the same line with trainscale run to see why")
-        records = [json.loads(line) for line in found[0].read_text().splitlines() if line.strip()]
-        peaks = [summary["steps_peak_mem_bytes"] for path in sorted(found[0].parent.glob("rank-*.jsonl"))
-                 for summary in map(json.loads, filter(str.strip, path.read_text().splitlines()))
-                 if summary.get("kind") == "summary" and summary.get("steps_peak_mem_bytes")]
-        return records, json.loads(metrics.read_text()) if metrics.exists() else None, peaks
+        records = list(read_lines(found[0]))
+        return records, json.loads(metrics.read_text()) if metrics.exists() else None, steps_peaks(found[0].parent)
 
 
 def calibrate(*, script: str | None, args: tuple[str, ...], workload: str | None, batch: int | None, steps: int,
@@ -319,7 +317,7 @@ def against(made: Plan, runs: list[dict], out_dir: Path) -> list[dict]:
     its ranks' largest peak over their training steps."""
     from trainscale.bench.plan import STRATEGIES
     from trainscale.bench.predictions import disturbed
-    from trainscale.observe.records import read_lines
+    from trainscale.bench.study import read_metrics
 
     rows = []
     for run in runs:
@@ -327,11 +325,10 @@ def against(made: Plan, runs: list[dict], out_dir: Path) -> list[dict]:
             continue
         found = sorted((out_dir / run["run_dir"]).glob("metrics/rank-*.jsonl"))
         records = list(read_lines(found[0])) if found else []
-        peaks = [r["steps_peak_mem_bytes"] for path in found for r in read_lines(path)
-                 if r.get("kind") == "summary" and r.get("steps_peak_mem_bytes")]
-        metrics = read_json(Path(run["metrics_file"])) if run.get("metrics_file") else None
+        metrics = read_metrics(Path(run["metrics_file"])) if run.get("metrics_file") else None
         strategy = run.get("strategy") or "ddp"
         modelled = strategy if strategy in STRATEGIES else "ddp"
+        peaks = steps_peaks(out_dir / run["run_dir"] / "metrics")
         row = compare(made, records, metrics, peaks, ranks=run["world_size"], nodes=run["nodes"], strategy=modelled,
                       batch=run["per_rank_batch"])
         row.update(config=run["label"], modelled=modelled if modelled == strategy else f"ddp (for {strategy})",
@@ -340,8 +337,8 @@ def against(made: Plan, runs: list[dict], out_dir: Path) -> list[dict]:
     return rows
 
 
-def read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
+
+def steps_peaks(metrics_dir: Path) -> list[int]:
+    """Each rank's peak memory over its training steps, from its records' summary (observe/hooks.py)."""
+    return [r["steps_peak_mem_bytes"] for path in sorted(metrics_dir.glob("rank-*.jsonl")) for r in read_lines(path)
+            if r.get("kind") == "summary" and r.get("steps_peak_mem_bytes")]
