@@ -32,7 +32,7 @@ from typing import Any, Callable
 import torch
 
 from trainscale.observe.models import (autocast_dtype, batch_size, ddp_timing, device_of, param_dtype, strategy_of,
-                                       tensors, unwrap)
+                                       tensors, unit_bytes, unwrap)
 from trainscale.observe.steps import StepMarks
 
 RECORD_VAR = "TRAINSCALE_RECORD"
@@ -231,7 +231,8 @@ class Recorder:
         device = self.marks.device if self.marks is not None else torch.device("cpu")
         script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
         meta = {"script": script if script and script != "__main__.py" else None,
-                "strategy": strategy_of(lead) if lead is not None else None, **self.meta}
+                "strategy": strategy_of(lead) if lead is not None else None,
+                "unit_bytes": unit_bytes(lead) if lead is not None else None, **self.meta}
         self.out = RankRecorder(self.run_dir, rank, world_size=world, device=str(device), backend=backend,
                                 threads=torch.get_num_threads(), **meta)
         try:

@@ -58,6 +58,27 @@ def strategy_of(module: torch.nn.Module) -> str:
     return "none"
 
 
+def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The submodules FSDP shards as units of their own (the root is one more): the model's own
+    ``_no_split_modules`` (its repeated blocks, the Hugging Face convention), else every direct child with
+    parameters. strategies/fsdp.py wraps by it; the recorder counts them for ``trainscale plan``."""
+    blocks = set(getattr(model, "_no_split_modules", None) or ())
+    if blocks:  # fully_shard renames a unit's class FSDP<name>
+        return [m for m in model.modules() if type(m).__name__.removeprefix("FSDP") in blocks and m is not model]
+    return [child for child in model.children() if any(True for _ in child.parameters())]
+
+
+def unit_bytes(module: torch.nn.Module) -> list[int]:
+    """Parameter bytes of each of :func:`shard_units`' units, then the root's own (what is left)."""
+    model = unwrap(module)
+
+    def size(m: torch.nn.Module) -> int:
+        return sum(p.numel() * p.element_size() for p in m.parameters())
+
+    units = [size(u) for u in shard_units(model)]
+    return [*units, max(0, size(model) - sum(units))]
+
+
 def param_dtype(module: Any) -> torch.dtype:
     """The dtype ``module`` computes in: a sharded module's mixed-precision dtype (FSDP keeps fp32 shards and
     computes in its policy's ``param_dtype``: measured against the fp32 peak, a bf16 step's MFU would read

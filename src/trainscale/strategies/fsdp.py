@@ -37,6 +37,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 from trainscale.checkpoint.state import DCP, ModelState
 from trainscale.errors import ConfigError
+from trainscale.observe.models import shard_units
 from trainscale.strategies.base import OptimizerSource, StrategyBase, one_rank_group
 from trainscale.strategies.optim import build_optimizer, parameter_names
 
@@ -70,6 +71,9 @@ class FSDPStrategy(StrategyBase):
     """Class names of submodules to shard as separate units (e.g. ("Block",)); default: the model's own
     ``_no_split_modules`` (its repeated blocks, the Hugging Face convention), else every direct child
     of the model that has parameters."""
+    shard_alone: bool = False
+    """Shard over a group of one when the run has one process (otherwise it runs unwrapped): FSDP's own
+    per-unit work measured on one rank, as ``trainscale plan`` calibrates it."""
 
     name: str = "fsdp"
     storage = DCP
@@ -87,7 +91,7 @@ class FSDPStrategy(StrategyBase):
         names = parameter_names(model)  # the sharded parameters are new objects with the same names
         model = model.to(runtime.device)
         offload = self.cpu_offload and runtime.device.type == "cuda"
-        if not runtime.is_distributed and (self.mixed_precision != "none" or offload):
+        if not runtime.is_distributed and (self.mixed_precision != "none" or offload or self.shard_alone):
             # Alone, FSDP has nothing to shard, but its mixed precision and CPU offload live in the sharding:
             # shard over a group of one, so that a study's 1-rank baseline computes in the dtype its N-rank
             # runs do, and one GPU holds a model that fits only offloaded. Offload reduces host shards: gloo too.
@@ -146,10 +150,7 @@ class FSDPStrategy(StrategyBase):
                 raise ConfigError(f"fsdp unit_modules={list(self.unit_modules)} matched no submodule",
                                   hint=f"module classes in this model: {', '.join(found)}")
             return units
-        blocks = set(getattr(model, "_no_split_modules", None) or ())
-        if blocks:
-            return [m for m in model.modules() if type(m).__name__ in blocks and m is not model]
-        return [child for child in model.children() if any(True for _ in child.parameters())]
+        return shard_units(model)
 
     @contextlib.contextmanager
     def no_sync(self, model: nn.Module) -> Iterator[None]:
