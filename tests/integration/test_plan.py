@@ -77,6 +77,21 @@ def test_a_plain_ddp_script_is_calibrated_exactly_and_planned(tmp_path):
     assert "calibrating: run --nproc-per-node 1" in done.stderr
 
 
+def test_a_scripts_own_ddp_on_cpu_ranks_here_pays_the_all_reduce_measured_among_them(tmp_path):
+    """Planned for 2 ranks on this machine's CPUs, the script's own DDP all-reduces over gloo: the plan measures
+    gloo's all-reduce among 2 ranks here and charges it at the gradients' size (no shared-memory sweep: that is
+    trainscale's ddp's, not the script's); a script's model is the script's to wrap, so no FSDP calibration."""
+    (tmp_path / "train.py").write_text(PLAIN)
+    done = plan(tmp_path, "--nproc-per-node", "2", "--steps", "4", "--json", "train.py")
+    assert done.returncode == 0, done.stderr
+    made = json.loads(done.stdout)
+    assert [(w["ranks"], w["hook"]) for w in made["collectives_measured"]] == [(2, "none")]
+    assert made["own_calibrations"] == {} and "measuring: the all-reduce among 2 ranks here" in done.stderr
+    sweep = made["collectives_measured"][0]["points"]
+    one, two = (t["step_s"] for t in made["times"])
+    assert two >= one + sweep[0][1] * 0.99  # at least the smallest all-reduce's time: the gradients' all-reduce
+
+
 def test_the_calibration_keeps_its_checkpoints_to_itself_and_the_text_says_what_it_cannot_see(tmp_path):
     (tmp_path / "train.py").write_text(RESUMABLE)
     done = plan(tmp_path, "--steps", "3", "train.py")
@@ -116,6 +131,10 @@ def test_verify_runs_the_cheapest_configurations_and_prints_predicted_against_me
     assert all(abs(v["held_error"]) < 0.02 for v in checked.values()), checked
     assert all(v["measured_step_s"] > 0 and v["step_error"] is not None for v in checked.values())
     assert done.stderr.count("verifying: run --nproc-per-node 2") == 3
+    # 2 CPU ranks here: their collectives measured among 2 ranks (gloo's, and trainscale's ddp's shared-memory
+    # average), FSDP's pace from its own calibration over a group of one
+    assert sorted((w["ranks"], w["hook"]) for w in made["collectives_measured"]) == [(2, "none"), (2, "shm")]
+    assert set(made["own_calibrations"]) == {"fsdp"} and "--strategy fsdp:shard_alone=true" in done.stderr
     text = plan(tmp_path, "--nproc-per-node", "2", "--verify", "--steps", "3", "--workload", "cnn", "--", "--data",
                 "synthetic", "--samples", "512", "--batch-size", "16")
     assert "Verified here (--verify: 2 rank(s), batch 16 per rank" in text.stdout, text.stdout[-3000:]

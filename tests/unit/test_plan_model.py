@@ -217,6 +217,68 @@ def test_each_strategy_is_charged_its_own_collectives_and_its_share_of_the_optim
         slow.predict(1, 1, "ddp")["step_s"] + 0.01 + 0.08, rel=1e-6)
 
 
+def test_measured_collectives_and_a_strategys_own_calibration_price_the_sharded_strategies():
+    """Where the ranks will share this machine, each collective a sharded strategy adds costs the all-reduce
+    of its bytes measured among that many ranks: FSDP three per unit (forward and backward all-gathers, the
+    gradients' reduce-scatter), ZeRO-1 a broadcast (half an all-reduce) per parameter tensor; DDP's own
+    all-reduce is priced as ever. FSDP's pace and peak are its own one-rank calibration's, beyond one rank."""
+    import dataclasses
+
+    from trainscale.bench.plan import Sweep, sharded_comm_s
+
+    sweep = Sweep.from_result({"world_size": 2, "rows": [
+        {"bytes": 4, "time_s": 0.001, "iters": 20}, {"bytes": 2**20, "time_s": 0.003, "iters": 20},
+        {"bytes": 2**22, "time_s": 0.009, "iters": 20}, {"bytes": 2**24, "time_s": float("nan"), "iters": 0}]})
+    assert sweep.points[-1][0] == 2**22  # an untimed size is left out
+    assert (sweep.seconds(1), sweep.seconds(2**21), sweep.seconds(2**23)) == pytest.approx((0.001, 0.005, 0.018),
+                                                                                              rel=1e-3)
+    with pytest.raises(ConfigError, match="timed nothing"):
+        Sweep.from_result({"world_size": 1, "rows": [{"bytes": 4, "time_s": float("nan"), "iters": 0}]})
+    steps = [{"kind": "step", "step": i, "step_s": 0.1, "data_s": 0.01, "compute_s": 0.03, "backward_s": 0.05,
+              "optimizer_s": 0.01, "samples": 8} for i in range(1, 12)]
+    state = {"kind": "state", "params_bytes": 2**22, "grads_bytes": 2**22, "optimizer_bytes": 2**23,
+             "activation_bytes": 2**20, "activation_samples": 8, "param_dtypes": ["float32"],
+             "param_groups": [[2**19, 2**19]]}  # two tensors of 2 MiB
+    meta = {"kind": "meta", "device": "cpu", "threads": 1, "unit_bytes": [2**21, 2**21, 0]}
+    cal = Calibration.from_records([meta, *steps, state, {"kind": "summary", "steps_peak_mem_bytes": 2**28}])
+    assert cal.units == (2**21, 2**21, 0) and cal.tensor_bytes() == [2**21, 2**21]
+    def count(strategy: str) -> float:
+        return sharded_comm_s(strategy, cal, lambda size: 1.0)
+
+    assert (count("fsdp"), count("zero1"), count("deepspeed:stage=2"), count("ddp")) == (9, 1, 2, 0)
+    assert sharded_comm_s("fsdp", cal, sweep.seconds) == pytest.approx(3 * (0.005 + 0.005 + 0.001))
+    # two broadcasts, half an all-reduce each
+    assert sharded_comm_s("zero1", cal, sweep.seconds) == pytest.approx(0.005)
+    slower = [dict(r, step_s=0.15, compute_s=0.06, backward_s=0.07) for r in steps]  # FSDP's own per-unit work
+    own = Calibration.from_records([meta, *slower, state, {"kind": "summary", "steps_peak_mem_bytes": 2**29}])
+    network = get_preset("ethernet-25g").network()
+    common = dict(what="w", ranks_per_node=2, nodes=1, batch=None, device_bytes=None, device_source="x",
+                  network=network, network_source="e", shared_cores=2)
+    plain = make_plan(cal, **common)
+    measured = make_plan(cal, **common, own={"fsdp": own}, sweeps=[sweep])
+    fsdp_alone = dataclasses.replace(measured, sweeps=[], own={"fsdp": own}).predict(2, 1, "fsdp")["step_s"]
+    # its own step, its optimizer's half, and its collectives as measured
+    assert measured.predict(2, 1, "fsdp")["step_s"] == pytest.approx(0.15 - 0.005 + 3 * 0.011)
+    assert fsdp_alone > plain.predict(2, 1, "fsdp")["step_s"]  # without a sweep: FSDP's own pace, the network's
+    assert measured.predict(2, 1, "ddp")["step_s"] == pytest.approx(0.1 + 0.009)  # a script's own DDP: gloo's
+    shm = dataclasses.replace(sweep, hook="shm", points=((4.0, 0.0005), (2.0**22, 0.002)))
+    with_shm = dataclasses.replace(measured, sweeps=[sweep, shm])  # trainscale's ddp: its shared-memory average
+    assert with_shm.predict(2, 1, "ddp")["step_s"] == pytest.approx(0.1 + 0.002)
+    assert with_shm.predict(2, 1, "fsdp")["step_s"] == measured.predict(2, 1, "fsdp")["step_s"]
+    assert measured.predict(1, 1, "fsdp")["step_s"] == plain.predict(1, 1, "ddp")["step_s"]  # alone: unwrapped
+    assert measured.predict(2, 1, "fsdp")["speedup"] == pytest.approx(
+        2 * plain.predict(1, 1, "ddp")["step_s"] / measured.predict(2, 1, "fsdp")["step_s"])
+    # zero1: DDP's all-reduce, half the optimizer step (one of two equal tensors), two broadcasts
+    assert measured.predict(2, 1, "zero1")["step_s"] == pytest.approx(0.1 - 0.005 + 0.009 + 0.005)
+    fsdp_peak = measured.rank_memory("fsdp", 2, 8)
+    assert fsdp_peak.overhead == own.overhead > cal.overhead  # FSDP's runtime memory, from its own calibration
+    # with no sweep, every added collective pays the network's latency per ring step
+    latency = plain.predict(4, 1, "fsdp")["step_s"] - dataclasses.replace(
+        plain, network=dataclasses.replace(network, latency_s=0.0)).predict(4, 1, "fsdp")["step_s"]
+    # its 9 added collectives, the exposed parameters' ring and the gradients': 2 (n - 1) steps each
+    assert latency == pytest.approx((9 + 1 + 1) * 2 * 3 * network.latency_s, rel=1e-6)
+
+
 def test_the_room_is_the_mem_asked_for_else_this_process_cgroup_limit(tmp_path):
     """--mem is sbatch's (per node, shared by its ranks); without it, on a CPU, a cgroup limit below the
     machine's memory (SLURM's --mem on the node plan runs on) is the room: v2's memory.max, v1's
@@ -240,3 +302,26 @@ def test_the_room_is_the_mem_asked_for_else_this_process_cgroup_limit(tmp_path):
     (root / "memory" / "slurm" / "job_1" / "memory.limit_in_bytes").write_text(f"{GiB}\n")
     assert cgroup_limit(proc, root) == GiB
     assert cgroup_limit(tmp_path / "none", root) is None
+
+
+def test_a_plan_measures_only_what_its_strategies_take_here():
+    """A script's own DDP and the sharded strategies go over gloo; trainscale's ddp averages in shared memory; a
+    study measures what its one strategy needs (its plan is made before its runs, on the README's path)."""
+    from trainscale.bench.planning import study_strategy, sweep_hooks
+
+    assert sweep_hooks(False, None) == sweep_hooks(False, "fsdp") == ("none",)
+    assert sweep_hooks(True, None) == sweep_hooks(True, "zero1") == ("none", "shm")
+    assert (sweep_hooks(True, "ddp"), sweep_hooks(True, "fsdp")) == (("shm",), ("none",))
+    assert study_strategy(("--data", "synthetic")) == "ddp"
+    assert study_strategy(("--strategy", "fsdp:mixed_precision=bf16")) == "fsdp"
+    assert study_strategy(("--epochs", "1", "--strategy=zero1")) == "zero1"
+
+
+def test_an_all_reduce_here_that_fails_stops_the_plan_with_what_to_check(monkeypatch):
+    from trainscale.bench import allreduce_run
+    from trainscale.bench.planning import sweeps_here
+
+    monkeypatch.setattr(allreduce_run, "measure", lambda *a, **k: {"error": "rank 1 exited with 1"})
+    with pytest.raises(ConfigError, match="the all-reduce among 2 ranks here failed: rank 1 exited") as err:
+        sweeps_here(2, lambda line: None, ("none",))
+    assert "trainscale doctor" in err.value.hint

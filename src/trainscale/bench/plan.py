@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from trainscale.bench.projection import Measured, ModelOptions, Network, predict
 from trainscale.errors import ConfigError
@@ -29,14 +29,15 @@ warm-up."""
 MARGIN = 0.10
 """Memory kept free for what the model does not count (the allocator's slack, kernels' workspaces)."""
 UNSEEN = ("the allocator's slack and fragmentation, and a custom kernel's workspace (kept free by a 10% margin)",
-          "FSDP and ZeRO-3 gather one wrapped block's full parameters at a time: the peak charges all of them (the "
-          "blocks are not known before the strategy wraps the model), an upper bound",
+          "FSDP and ZeRO-3 gather one unit's full parameters at a time, and prefetch the next: the peak charges "
+          "all of them, an upper bound",
           "activation checkpointing or offloading the script does inside its own code (counted as it ran)",
           "an evaluation the script runs between its training steps (its own batch, its own peak)",
-          "the sharded strategies' own per-block work (FSDP's flat parameters, ZeRO's partition bookkeeping): their "
-          "times charge their collectives' bytes, not their Python",
-          "within a node the all-reduce runs over the node's own links (NVLink, shared memory), faster than the "
-          "interconnect the times charge")
+          "ZeRO's and DeepSpeed's own bookkeeping, and FSDP's per-unit work in a script (a workload's FSDP pace is "
+          "its own calibration's, over a group of one): their times charge their collectives only",
+          "where no all-reduce was measured among the planned ranks (CPU ranks here are), within a node the "
+          "collectives run over the node's own links (NVLink, shared memory), faster than the interconnect the "
+          "times charge")
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,9 @@ class Calibration:
     peak: int | None = None
     """The calibration rank's peak memory over its steps (its summary: CUDA's max_memory_allocated, or the
     process's peak RSS)."""
+    units: tuple[int, ...] = ()
+    """Parameter bytes of each unit FSDP and ZeRO-3 gather at a time (observe/models.shard_units), the root's
+    own last."""
 
     @property
     def overhead(self) -> float:
@@ -92,7 +96,14 @@ class Calibration:
                    groups=tuple(tuple(int(n) for n in g) for g in state.get("param_groups") or ()),
                    device=str(meta.get("device", "cpu")), threads=int(meta.get("threads") or 1),
                    strategy=meta.get("strategy"), recorded=len(steps),
-                   peak=summary.get("steps_peak_mem_bytes") or summary.get("peak_mem_bytes") or None)
+                   peak=summary.get("steps_peak_mem_bytes") or summary.get("peak_mem_bytes") or None,
+                   units=tuple(int(b) for b in meta.get("unit_bytes") or ()))
+
+    def tensor_bytes(self) -> list[float]:
+        """Each parameter tensor's bytes (the optimizer's groups' sizes at the parameters' mean element size)."""
+        sizes = [n for group in self.groups for n in group]
+        element = self.params / max(1, sum(sizes))
+        return [n * element for n in sizes]
 
     def modelled_strategy(self) -> str:
         """The plan's name for the strategy the calibrated script used (ddp's model for an unwrapped one)."""
@@ -195,6 +206,61 @@ def collectives(strategy: str) -> tuple[float, float, float]:
     return 0.5, 0.0, 0.5  # DeepSpeed stages 1-2
 
 
+@dataclass(frozen=True)
+class Sweep:
+    """The backend's all-reduce time by message size among ``ranks`` ranks, measured where they will run
+    (bench/allreduce.py's sweep): what one collective of a sharded strategy costs there, its fixed cost
+    included. On CPUs sharing cores that cost, not the bytes, is what FSDP's and ZeRO-1's many small
+    collectives add to a step."""
+
+    ranks: int
+    points: tuple[tuple[float, float], ...]
+    """(bytes, seconds), smallest first."""
+    hook: str = "none"
+    """What it timed: the backend's all-reduce (none), or DDP's shared-memory average (shm: what trainscale's
+    ddp and zero1 average gradients with on one node's CPUs, comm_hook=auto)."""
+
+    @classmethod
+    def from_result(cls, result: dict) -> "Sweep":
+        points = sorted((float(r["bytes"]), float(r["time_s"])) for r in result.get("rows", [])
+                        if r.get("time_s") == r.get("time_s") and r.get("iters"))  # NaN: not timed
+        if not points:
+            raise ConfigError("the all-reduce sweep timed nothing", hint="it needs 2 or more ranks")
+        return cls(int(result["world_size"]), tuple(points), str(result.get("hook") or "none"))
+
+    def seconds(self, size: float) -> float:
+        """Linear between the measured sizes; below the smallest its time (the fixed cost), above the largest
+        the largest's time per byte."""
+        points = self.points
+        if size <= points[0][0]:
+            return points[0][1]
+        for (b0, t0), (b1, t1) in zip(points, points[1:]):
+            if size <= b1:
+                return t0 + (t1 - t0) * (size - b0) / (b1 - b0)
+        return points[-1][1] * size / points[-1][0]
+
+
+def sharded_comm_s(strategy: str, cal: Calibration, cost: Callable[[float], float]) -> float:
+    """What ``strategy``'s own collectives add to a step beyond DDP's, each charged ``cost`` of its bytes: an
+    all-reduce's (measured: :meth:`Sweep.seconds`; on gloo an all-gather or reduce-scatter takes 0.6x-2x that,
+    or the network's latency alone). FSDP and ZeRO-3 all-gather every
+    unit for forward and for backward and reduce-scatter its gradients; torch's ZeRO-1 broadcasts every
+    parameter from its owner after the step, all started at once (a broadcast is half an all-reduce, a ring's
+    one pass: measured on gloo, 0.26 ms each against the all-reduce's 0.5 ms at 2 ranks); DeepSpeed's stages 1
+    and 2 reduce-scatter the gradients and all-gather the parameters, bucketed. None can hide behind compute
+    that needs the same cores."""
+    from trainscale.strategies import state_sharding
+
+    shard = state_sharding(strategy)
+    if shard.params:
+        return 3 * sum(cost(b) for b in (cal.units or (cal.params,)))
+    if shard.whole_tensors:
+        return sum(cost(b) for b in cal.tensor_bytes() or (cal.params,)) / 2
+    if shard.optimizer:
+        return cost(cal.grads) + cost(cal.params)
+    return 0.0
+
+
 def whole_tensor_share(groups: tuple[tuple[int, ...], ...], ranks: int) -> float:
     """The largest share of the parameters (by elements) one rank owns when ZeroRedundancyOptimizer partitions
     them: group by group, largest first, each to the rank holding the fewest elements so far over all groups
@@ -234,6 +300,13 @@ class Plan:
     """CPU ranks planned on this machine share its cores (make_plan)."""
     verified: list[dict] = field(default_factory=list)
     """``--verify``: the cheapest configurations run here, predicted against measured (bench/planning.py)."""
+    own: dict[str, Calibration] = field(default_factory=dict)
+    """A strategy's own one-rank calibration (fsdp sharded over a group of one: its per-unit work), where one
+    was run; the others' times and peaks are the plain calibration's."""
+    sweeps: list[Sweep] = field(default_factory=list)
+    """All-reduces measured where the ranks will run (CPU ranks here): at a world size with one, the
+    collectives cost what it measured, not the network's model. The backend's (none) prices the sharded
+    strategies' collectives, and DDP's all-reduce where no shm sweep was measured (a script's own DDP)."""
 
     def predict(self, ranks: int, nodes: int = 1, strategy: str = "ddp", batch: int | None = None) -> dict:
         """Step time, band, speedup and efficiency at ``ranks`` over ``nodes`` under ``strategy``, ``batch``
@@ -243,28 +316,49 @@ class Plan:
         from dataclasses import replace
 
         from trainscale.bench.projection import ring_allreduce_s
+        from trainscale.strategies import state_sharding
 
         cal = self.calibration
-        measured, (low, high) = cal.measured(), cal.spread()
+        # the strategy's own pace where it was calibrated (alone, fsdp runs unwrapped: the plain pace)
+        timed = self.own.get(strategy, cal) if ranks > 1 else cal
+        measured, (low, high) = timed.measured(), timed.spread()
+        plain = cal.measured()
         if batch and batch != measured.batch:
             work = batch / measured.batch
-            measured = replace(measured, data_s=measured.data_s * work, compute_s=measured.compute_s * work,
-                               batch=batch)
+            measured, plain = (replace(m, data_s=m.data_s * work, compute_s=m.compute_s * work, batch=batch)
+                               for m in (measured, plain))
         # within one node the collectives do not cross the interconnect; the model charges it anyway (stated)
         on_node = ranks // nodes
         contention = max(1.0, on_node * cal.threads / self.shared_cores) if self.shared_cores else 1.0
         grads, params_hidden, params_exposed = collectives(strategy)
         share = memory(cal, strategy, ranks, measured.batch).optimizer / cal.optimizer if cal.optimizer else 1.0
+        # measured where the ranks run: every collective as measured, none on the network (a study measures only
+        # what its strategy takes: the other strategies' collectives then go by the one sweep it has)
+        sweep = self.sweep(ranks) or self.sweep(ranks, "shm")
+        if sweep is not None:
+            grads = params_hidden = 0.0
         hidden = int(grads * cal.grads + params_hidden * cal.params)
         sharded = replace(measured, optimizer_s=measured.optimizer_s * share, gradient_bytes=hidden)
         p = predict(sharded, self.network, ranks, ModelOptions(scaling="weak", contention=contention))
-        exposed = ring_allreduce_s(params_exposed * cal.params, ranks, self.network.busbw_Bps, self.network.latency_s)
+        if ranks == 1:
+            exposed = 0.0
+        elif sweep is not None:  # DDP's all-reduce by the path it takes (synchronous on busy cores: exposed)
+            ddp = self.sweep(ranks, "shm") or sweep
+            averaged = ddp.seconds(cal.grads) if state_sharding(strategy).buckets else 0.0
+            exposed = averaged + sharded_comm_s(strategy, cal, sweep.seconds)
+        else:  # the network's model: the exposed bytes, and every collective's latency (its ring steps)
+            exposed = ring_allreduce_s(params_exposed * cal.params, ranks, self.network.busbw_Bps,
+                                       self.network.latency_s)
+            exposed += sharded_comm_s(strategy, cal, lambda size: 2 * (ranks - 1) * self.network.latency_s)
         step = p.step_s + exposed
-        base = predict(measured, self.network, 1, ModelOptions(scaling="weak"))
+        base = predict(plain, self.network, 1, ModelOptions(scaling="weak"))
         speedup = ranks * base.step_s / step  # samples per second over one rank's, the per-rank batch the same
         return {"ranks": ranks, "nodes": nodes, "strategy": strategy, "step_s": step,
                 "band_s": [step * low, step * high], "exposed_comm_s": p.exposed_comm_s + exposed,
                 "speedup": speedup, "efficiency": speedup / ranks, "samples_per_s": ranks * measured.batch / step}
+
+    def sweep(self, ranks: int, hook: str = "none") -> Sweep | None:
+        return next((w for w in self.sweeps if w.ranks == ranks and w.hook == hook), None)
 
     def data_share(self) -> float:
         """The calibration's data wait as a share of its median step."""
@@ -290,7 +384,11 @@ class Plan:
 
     def rank_memory(self, strategy: str, world: int, batch: int) -> Memory:
         """:func:`memory`, its peak carrying the calibration's overhead where that is the target's memory."""
-        return memory(self.calibration, strategy, world, batch, overhead=self.same_memory)
+        from dataclasses import replace
+
+        m = memory(self.calibration, strategy, world, batch, overhead=self.same_memory)
+        own = self.own.get(strategy)
+        return replace(m, overhead=own.overhead) if own is not None and self.same_memory else m
 
     def fits(self, m: Memory) -> bool | None:
         """The rank's predicted peak within the room less the margin (None: the room is not known)."""
@@ -331,7 +429,10 @@ class Plan:
                 "cpus_per_rank": self.cpus_per_rank, "dataloader_workers": self.workers(),
                 "data_share": self.data_share(),
                 "recommended": self.recommended, "recommended_batch": self.recommended_batch(),
-                "not_counted": list(self.unseen), "verified": self.verified}
+                "not_counted": list(self.unseen), "verified": self.verified,
+                "collectives_measured": [asdict(w) for w in self.sweeps],
+                "own_calibrations": {name: {"step_s": c.measured().step_s, "peak": c.peak, "steps": len(c.steps)}
+                                     for name, c in self.own.items()}}
 
     def recommended_batch(self) -> dict[str, Any] | None:
         """Per-rank batch: the largest that fits under the recommended strategy (or, where nothing fits at the
@@ -362,13 +463,15 @@ def ladder(ranks_per_node: int, nodes: int) -> list[tuple[int, int]]:
 
 def make_plan(cal: Calibration, *, what: str, ranks_per_node: int, nodes: int, batch: int | None,
               device_bytes: float | None, device_source: str, network: Network, network_source: str,
-              target_gpus: bool = False, shared_cores: int | None = None, cpus_per_rank: int | None = None) -> Plan:
+              target_gpus: bool = False, shared_cores: int | None = None, cpus_per_rank: int | None = None,
+              own: dict[str, Calibration] | None = None, sweeps: list[Sweep] | None = None) -> Plan:
     """``shared_cores``: CPU ranks planned on this machine's cores, the calibration's rank having used
     ``cal.threads`` of them: more ranks share them (the projection's contention), so 2 ranks on the 2 cores one
     rank used are not 2x faster."""
     batch = batch or cal.batch
     plan = Plan(cal, what, ranks_per_node, nodes, batch, device_bytes, device_source, network, network_source,
-                target_gpus=target_gpus, cpus_per_rank=cpus_per_rank, shared_cores=shared_cores)
+                target_gpus=target_gpus, cpus_per_rank=cpus_per_rank, shared_cores=shared_cores,
+                own=dict(own or {}), sweeps=list(sweeps or []))
     plan.memory = [plan.rank_memory(s, plan.world, batch) for s in STRATEGIES]
     fitting = [m for m in plan.memory if plan.fits(m) is not False]
     plan.recommended = fitting[0].strategy if fitting else None  # the least sharding that fits (the table
@@ -411,10 +514,15 @@ def render(plan: Plan, submit: str | None) -> list[str]:
         lines.append("peak: the above and the sharded strategies' gathered parameters (the calibration's memory was "
                      "this CPU's, not the GPU's: the step's temporaries are kept free by the margin)")
     threads = f", each rank on {cal.threads} thread(s)" if cal.device == "cpu" else ""
-    lines += ["", f"Step time and speedup with {plan.recommended or 'ddp'}, batch {plan.batch} per rank{threads}, over "
-              f"{plan.network_source} "
-              f"(busbw {plan.network.busbw_Bps / 1e9:.1f} GB/s); band: the calibration's 10th-90th percentile step "
-              f"({low:.2f}x-{high:.2f}x of its median)"]
+    over = f"over {plan.network_source} (busbw {plan.network.busbw_Bps / 1e9:.1f} GB/s)"
+    if plan.sweeps:
+        measured = sorted({w.ranks for w in plan.sweeps})
+        over = (f"the collectives at {', '.join(map(str, measured))} rank(s) as measured here (the backend's "
+                f"all-reduce{', DDP' + chr(39) + 's shared-memory average' if plan.sweep(measured[0], 'shm') else ''}),"
+                f" the rest {over}")
+    own = f"; {', '.join(plan.own)}'s pace its own calibration's" if plan.own else ""
+    lines += ["", f"Step time and speedup with {plan.recommended or 'ddp'}, batch {plan.batch} per rank{threads}, "
+              f"{over}{own}; band: the calibration's 10th-90th percentile step ({low:.2f}x-{high:.2f}x of its median)"]
     rows = [(str(t["ranks"]), str(t["nodes"]), f"{t['step_s'] * 1e3:.1f}",
              f"{t['band_s'][0] * 1e3:.1f}-{t['band_s'][1] * 1e3:.1f}", f"{t['speedup']:.2f}x", f"{t['efficiency']:.0%}")
             for t in plan.times]

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from trainscale.bench.plan import Calibration, Plan, make_plan
+from trainscale.bench.plan import Calibration, Plan, Sweep, make_plan
 from trainscale.bench.projection import Network, get_preset
 from trainscale.errors import ConfigError
 from trainscale.observe.records import read_lines
@@ -79,12 +79,51 @@ def short_run(*, script: str | None, args: tuple[str, ...], workload: str | None
 
 
 def calibrate(*, script: str | None, args: tuple[str, ...], workload: str | None, batch: int | None, steps: int,
-              say: Callable[[str], None], threads: int | None = None, timeout_s: float = 900.0) -> Calibration:
+              say: Callable[[str], None], threads: int | None = None, timeout_s: float = 900.0,
+              strategy: str | None = None) -> Calibration:
     """One rank, ``steps`` optimizer steps: what its state holds and how long its steps take (on CPU with
-    ``threads`` threads: those a rank of the planned node gets)."""
+    ``threads`` threads: those a rank of the planned node gets); a workload under ``strategy``."""
     records, _, _ = short_run(script=script, args=args, workload=workload, batch=batch, steps=steps, say=say,
-                              threads=threads, timeout_s=timeout_s)
+                              threads=threads, timeout_s=timeout_s, strategy=strategy)
     return Calibration.from_records(records)
+
+
+OWN_CALIBRATIONS = {"fsdp": "fsdp:shard_alone=true"}
+"""What a workload's plan also calibrates, one rank each: FSDP over a group of one does its per-unit work (its
+flat copies, its hooks, the optimizer over sharded tensors) that the plain calibration never does."""
+SWEEP_SIZES = "4B,16KB,256KB,1MB,4MB,16MB"
+
+
+def sweep_hooks(workload: bool, strategy: str | None) -> tuple[str, ...]:
+    """What a plan for ``strategy`` (None: every strategy) measures among CPU ranks here: the backend's
+    all-reduce (none) for the sharded strategies' collectives and a script's own DDP, trainscale's shared-memory
+    average (shm: comm_hook=auto) for a workload's ddp and zero1 gradients."""
+    if not workload:
+        return ("none",)
+    if strategy is None:
+        return ("none", "shm")
+    if strategy == "ddp":
+        return ("shm",)
+    return ("none", "shm") if strategy == "zero1" else ("none",)
+
+
+def sweeps_here(ranks: int, say: Callable[[str], None], hooks: tuple[str, ...]) -> list[Sweep]:
+    """The all-reduce among ``ranks`` ranks on this machine (bench/allreduce.py, launched like training) where
+    the planned CPU ranks share its cores, timed by each of ``hooks`` (:func:`sweep_hooks`)."""
+    from trainscale.bench.allreduce_run import measure
+
+    out = []
+    for hook in hooks:
+        say(f"measuring: the all-reduce among {ranks} ranks here ({SWEEP_SIZES}"
+            f"{', DDP' + chr(39) + 's shared-memory average' if hook == 'shm' else ''})")
+        with tempfile.TemporaryDirectory(prefix="trainscale-plan-") as tmp:
+            result = measure(None, nproc=ranks, sizes=SWEEP_SIZES, out_file=Path(tmp) / "allreduce.json",
+                             logs=Path(tmp) / "runs", iters=20, budget_s=0.3, device="cpu", hook=hook)
+        if "error" in result:
+            raise ConfigError(f"the all-reduce among {ranks} ranks here failed: {result['error']}",
+                              hint="trainscale doctor checks that ranks here can reach each other")
+        out.append(Sweep.from_result(result))
+    return out
 
 
 VERIFIED = ("ddp", "zero1", "fsdp")
@@ -231,10 +270,11 @@ def submit_line(*, profile, nodes: int, ranks_per_node: int, strategy: str | Non
 def make(*, script: str | None, args: tuple[str, ...], workload: str | None, profile_name: str | None,
          ranks_per_node: int, nodes: int, batch: int | None, interconnect: str | None, steps: int,
          say: Callable[[str], None], check: bool = False, mem: str | None = None,
-         timeout_s: float = 900.0) -> tuple[Plan, str | None]:
+         timeout_s: float = 900.0, only: str | None = None) -> tuple[Plan, str | None]:
     """``trainscale plan``: the refusals, the calibration, the plan and the line that submits it (None when
     nothing fits: no line that would run out of memory); ``check`` (``--verify``): the cheapest configurations run
-    here, predicted against measured."""
+    here, predicted against measured. ``only``: the one strategy whose times must be right (a study's): what only
+    the others need is not measured (their times then fall back to what was)."""
     if bool(workload) == bool(script):  # both, or neither
         raise ConfigError("give one thing to plan: --workload NAME or SCRIPT [ARGS]",
                           hint="trainscale plan --workload gpt --nproc-per-node 8, or trainscale plan train.py")
@@ -270,15 +310,21 @@ def make(*, script: str | None, args: tuple[str, ...], workload: str | None, pro
     here_on_cpu = profile is None and not torch.cuda.is_available()
     # on this machine's CPUs, the calibrating rank gets the threads each planned rank will (`run` gives each
     # rank its share of the cores): a rank's pace on 1 thread is not half its pace on 2
+    threads = max(1, cpus // ranks_per_node) if here_on_cpu else None
     cal = calibrate(script=script, args=args, workload=workload, batch=batch, steps=steps, say=say, timeout_s=timeout_s,
-                    threads=max(1, cpus // ranks_per_node) if here_on_cpu else None)
+                    threads=threads)
+    own = {name: calibrate(script=None, args=args, workload=workload, batch=batch, steps=steps, say=say,
+                           timeout_s=timeout_s, threads=threads, strategy=spec)
+           for name, spec in OWN_CALIBRATIONS.items() if only in (None, name)} if workload else {}
+    sweeps = sweeps_here(ranks_per_node, say, sweep_hooks(bool(workload), only)) \
+        if here_on_cpu and ranks_per_node > 1 else []
     device_bytes, device_source = room(profile, ranks_per_node, mem)
     made = make_plan(cal, what=f"workload {workload}" if workload else " ".join([script, *args]),
                      ranks_per_node=ranks_per_node, nodes=nodes, batch=batch, device_bytes=device_bytes,
                      device_source=device_source, network=net, network_source=net_source,
                      target_gpus=bool(profile is not None and profile.gpus_per_node),
                      shared_cores=cpus if profile is None and not cal.device.startswith("cuda") else None,
-                     cpus_per_rank=max(1, cpus // ranks_per_node))
+                     cpus_per_rank=max(1, cpus // ranks_per_node), own=own, sweeps=sweeps)
     submit = submit_line(profile=profile, nodes=nodes, ranks_per_node=ranks_per_node, strategy=made.recommended,
                          workload=workload, script=script, args=args, batch=batch)
     if check:
@@ -290,6 +336,17 @@ def make(*, script: str | None, args: tuple[str, ...], workload: str | None, pro
 STUDY_CALIBRATION_S = 180.0
 """A study's plan gives up after this long (said in the study; its runs go on): a model too large for where
 ``bench`` runs (a login node planning a SLURM study) should cost the study minutes, not a quarter of an hour."""
+
+
+def study_strategy(args: tuple[str, ...]) -> str:
+    """The strategy a workload study's arguments ask for (its name: ``fsdp:mixed_precision=bf16`` is fsdp),
+    ddp by default as the workloads'."""
+    for i, arg in enumerate(args):
+        if arg == "--strategy" and i + 1 < len(args):
+            return args[i + 1].split(":")[0]
+        if arg.startswith("--strategy="):
+            return arg.partition("=")[2].split(":")[0]
+    return "ddp"
 
 
 def plan_study(spec, study_plan, say: Callable[[str], None]) -> tuple[Plan | None, str | None]:
@@ -305,7 +362,8 @@ def plan_study(spec, study_plan, say: Callable[[str], None]) -> tuple[Plan | Non
         made, _ = make(script=spec.script, args=script_args if spec.script else (*data, *spec.workload_args),
                        workload=spec.workload, profile_name=spec.slurm.cluster.name if spec.slurm else None,
                        ranks_per_node=largest.nproc_per_node, nodes=largest.nnodes, batch=baseline.per_rank_batch,
-                       interconnect=None, steps=10, say=say, timeout_s=STUDY_CALIBRATION_S)
+                       interconnect=None, steps=10, say=say, timeout_s=STUDY_CALIBRATION_S,
+                       only=study_strategy(spec.workload_args) if spec.workload else None)
     except ConfigError as exc:
         return None, exc.message.splitlines()[0]
     return made, None
