@@ -325,3 +325,23 @@ def test_an_all_reduce_here_that_fails_stops_the_plan_with_what_to_check(monkeyp
     with pytest.raises(ConfigError, match="the all-reduce among 2 ranks here failed: rank 1 exited") as err:
         sweeps_here(2, lambda line: None, ("none",))
     assert "trainscale doctor" in err.value.hint
+
+
+def test_a_strategys_own_calibration_that_fails_leaves_the_plan_on_the_plain_pace(monkeypatch):
+    """FSDP's own calibration is a refinement: when it fails (a model FSDP cannot wrap), the plan is still made,
+    says so, and fsdp's row keeps the plain calibration's pace."""
+    from trainscale.bench import planning
+
+    def calibrate(**kwargs):
+        if kwargs.get("strategy"):
+            raise ConfigError("the calibration run failed (exit 1):\nfully_shard: no parameters")
+        return calibration()
+
+    monkeypatch.setattr(planning, "calibrate", calibrate)
+    monkeypatch.setattr(planning, "sweeps_here", lambda *a, **k: [])
+    said = []
+    made, _ = planning.make(script=None, args=(), workload="cnn", profile_name=None, ranks_per_node=1, nodes=1,
+                            batch=None, interconnect=None, steps=3, say=said.append)
+    assert made.own == {} and any("fsdp's own calibration failed (the calibration run failed (exit 1):)" in line
+                                  for line in said), said
+    assert made.predict(2, 1, "fsdp")["step_s"] > 0

@@ -313,9 +313,14 @@ def make(*, script: str | None, args: tuple[str, ...], workload: str | None, pro
     threads = max(1, cpus // ranks_per_node) if here_on_cpu else None
     cal = calibrate(script=script, args=args, workload=workload, batch=batch, steps=steps, say=say, timeout_s=timeout_s,
                     threads=threads)
-    own = {name: calibrate(script=None, args=args, workload=workload, batch=batch, steps=steps, say=say,
-                           timeout_s=timeout_s, threads=threads, strategy=spec)
-           for name, spec in OWN_CALIBRATIONS.items() if only in (None, name)} if workload else {}
+    own = {}
+    for name, spec in OWN_CALIBRATIONS.items() if workload else ():
+        if only in (None, name):
+            try:
+                own[name] = calibrate(script=None, args=args, workload=workload, batch=batch, steps=steps, say=say,
+                                      timeout_s=timeout_s, threads=threads, strategy=spec)
+            except ConfigError as exc:  # the plan goes on: that strategy's pace is then the plain calibration's
+                say(f"{name}'s own calibration failed ({exc.message.splitlines()[0]}): its times are ddp's pace")
     sweeps = sweeps_here(ranks_per_node, say, sweep_hooks(bool(workload), only)) \
         if here_on_cpu and ranks_per_node > 1 else []
     device_bytes, device_source = room(profile, ranks_per_node, mem)
