@@ -259,19 +259,25 @@ def matrix(targets: list[str], work: Path, steps: int, slurm: bool, save, repeat
     return out
 
 
-def sweeps(counts: tuple[int, ...]) -> dict[str, dict]:
-    """plan's all-reduce sweep among each count of ranks here (the test cluster's 2 x 2 are this machine's 4)."""
-    from trainscale.bench.allreduce_run import measure as sweep
-    from trainscale.bench.planning import SWEEP_SIZES
+def sweeps(ranks: int) -> list[dict]:
+    """plan's all-reduce sweeps here, as `trainscale plan --nproc-per-node 4` (a workload) measures them: among 2
+    and 4 ranks, gloo's and trainscale's shared-memory average (the test cluster's 2 x 2 are this machine's 4)."""
+    from dataclasses import asdict
 
-    out = {}
-    for n in counts:
-        for hook in ("none", "shm"):
-            say(f"the all-reduce among {n} ranks here ({hook})")
-            with tempfile.TemporaryDirectory(prefix="trainscale-plan-bench-") as tmp:
-                out[f"{n}-{hook}"] = sweep(None, nproc=n, sizes=SWEEP_SIZES, out_file=Path(tmp) / "allreduce.json",
-                                           logs=Path(tmp) / "runs", iters=20, budget_s=0.3, device="cpu", hook=hook)
-    return out
+    from trainscale.bench.planning import sweeps_here
+
+    return [asdict(w) for w in sweeps_here(ranks, say, ("none", "shm"))]
+
+
+def listed(found: list | dict) -> list[dict]:
+    """A file's sweeps (an older file keyed them by ranks and hook)."""
+    return list(found.values()) if isinstance(found, dict) else found
+
+
+def swept(raw: list[dict]) -> list[Sweep]:
+    """The sweeps a file holds (an older file: the all-reduce results themselves)."""
+    return [Sweep.from_result(r) if "rows" in r else Sweep(**{**r, "points": tuple(map(tuple, r["points"]))})
+            for r in raw if "error" not in r]
 
 
 def cgroup_dir(name: str) -> tuple[Path, str]:
@@ -345,11 +351,11 @@ def _remove(path: Path) -> None:
 
 # -- the tables, from the raw measurements -----------------------------------------------------------------------
 
-def analyse_matrix(raw: list[dict], measured: dict[str, dict]) -> list[dict]:
+def analyse_matrix(raw: list[dict], measured: list[dict]) -> list[dict]:
     rows = []
     net, net_source = network(None, None)
     cores = os.cpu_count() or 1
-    swept = [Sweep.from_result(r) for r in measured.values() if "error" not in r]
+    sweeps_here = swept(measured)
     for entry in raw:
         cal = Calibration.from_records(entry["calibration"]["records"])
         own = {name: Calibration.from_records(run["records"]) for name, run in entry.get("own", {}).items()}
@@ -358,7 +364,7 @@ def analyse_matrix(raw: list[dict], measured: dict[str, dict]) -> list[dict]:
         plan = make_plan(cal, what=entry["target"], ranks_per_node=2, nodes=1, batch=entry["batch"],
                          device_bytes=None, device_source="-", network=net, network_source=net_source,
                          shared_cores=cores, own=own,
-                         sweeps=[w for w in swept if w.hook == "none" or entry["target"] != "script"])
+                         sweeps=[w for w in sweeps_here if w.hook == "none" or entry["target"] != "script"])
         configs: dict[tuple, list[dict]] = {}
         for run in entry["runs"]:
             # the test cluster's nodes are this machine: its ranks share its cores, predicted as one node's
@@ -445,14 +451,14 @@ def main() -> None:
         parts = [json.loads(Path(path).read_text()) for path in args.source.split(",")]
         raw = {"matrix": [m for part in parts for m in part.get("matrix", [])],
                "caps": [c for part in parts for c in part.get("caps", [])],
-               "sweeps": {k: v for part in parts for k, v in part.get("sweeps", {}).items()}}
+               "sweeps": [w for part in parts for w in listed(part.get("sweeps") or [])]}
     else:
         targets = args.targets.split(",")
         work = Path(tempfile.mkdtemp(prefix="trainscale-plan-bench-"))  # kept when something fails: its logs
         (work / "course_ddp.py").write_text(SCRIPT)
         (work / "capped.py").write_text(CAPPED)
         t0 = time.monotonic()
-        measured = {} if args.no_matrix else sweeps((2, 4) if not args.no_slurm else (2,))
+        measured = [] if args.no_matrix else sweeps(4 if not args.no_slurm else 2)
         raw = {"steps": args.steps, "cores": os.cpu_count(), "started": time.strftime("%Y-%m-%d %H:%M"),
                "sweeps": measured,
                "matrix": [] if args.no_matrix else matrix(targets, work, args.steps, not args.no_slurm,
@@ -464,7 +470,7 @@ def main() -> None:
         Path(args.out).write_text(json.dumps(raw))
         shutil.rmtree(work)
         print(f"measured in {raw['seconds']:.0f} s; raw records in {args.out}", file=sys.stderr)
-    report(analyse_matrix(raw["matrix"], raw.get("sweeps", {})), analyse_caps(raw["caps"]))
+    report(analyse_matrix(raw["matrix"], raw.get("sweeps", [])), analyse_caps(raw["caps"]))
 
 
 if __name__ == "__main__":

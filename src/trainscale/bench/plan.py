@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from trainscale.bench.projection import Measured, ModelOptions, Network, predict
 from trainscale.errors import ConfigError
@@ -35,9 +35,9 @@ UNSEEN = ("the allocator's slack and fragmentation, and a custom kernel's worksp
           "an evaluation the script runs between its training steps (its own batch, its own peak)",
           "ZeRO's and DeepSpeed's own bookkeeping, and FSDP's per-unit work in a script (a workload's FSDP pace is "
           "its own calibration's, over a group of one): their times charge their collectives only",
-          "where no all-reduce was measured among the planned ranks (CPU ranks here are), within a node the "
-          "collectives run over the node's own links (NVLink, shared memory), faster than the interconnect the "
-          "times charge")
+          "where no all-reduce was measured among the planned ranks (CPU ranks here are): the fixed cost of each "
+          "of a sharded strategy's many collectives, and within a node the node's own links (NVLink, shared "
+          "memory), faster than the interconnect the times charge")
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class Calibration:
     process's peak RSS)."""
     units: tuple[int, ...] = ()
     """Parameter bytes of each unit FSDP and ZeRO-3 gather at a time (observe/models.shard_units), the root's
-    own last."""
+    own last; a unit without parameters of its own gathers nothing and is left out."""
 
     @property
     def overhead(self) -> float:
@@ -97,7 +97,7 @@ class Calibration:
                    device=str(meta.get("device", "cpu")), threads=int(meta.get("threads") or 1),
                    strategy=meta.get("strategy"), recorded=len(steps),
                    peak=summary.get("steps_peak_mem_bytes") or summary.get("peak_mem_bytes") or None,
-                   units=tuple(int(b) for b in meta.get("unit_bytes") or ()))
+                   units=tuple(int(b) for b in meta.get("unit_bytes") or () if int(b) > 0))
 
     def tensor_bytes(self) -> list[float]:
         """Each parameter tensor's bytes (the optimizer's groups' sizes at the parameters' mean element size)."""
@@ -206,7 +206,7 @@ def collectives(strategy: str) -> tuple[float, float, float]:
     return 0.5, 0.0, 0.5  # DeepSpeed stages 1-2
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Sweep:
     """The backend's all-reduce time by message size among ``ranks`` ranks, measured where they will run
     (bench/allreduce.py's sweep): what one collective of a sharded strategy costs there, its fixed cost
@@ -217,16 +217,25 @@ class Sweep:
     points: tuple[tuple[float, float], ...]
     """(bytes, seconds), smallest first."""
     hook: str = "none"
-    """What it timed: the backend's all-reduce (none), or DDP's shared-memory average (shm: what trainscale's
-    ddp and zero1 average gradients with on one node's CPUs, comm_hook=auto)."""
+    """What it timed (:attr:`HOOKS`)."""
+    HOOKS: ClassVar[dict[str, str]] = {
+        "none": "the backend's all-reduce",
+        "shm": "DDP's shared-memory average, trainscale's ddp and zero1 on one node's CPUs (comm_hook=auto)"}
+
+    def __post_init__(self) -> None:
+        sizes = [b for b, _ in self.points]
+        if (self.ranks < 2 or self.hook not in self.HOOKS or not sizes or sizes != sorted(set(sizes))
+                or min(sizes) <= 0 or min(t for _, t in self.points) < 0):
+            raise ConfigError(f"an all-reduce sweep among {self.ranks} rank(s), hook {self.hook!r}, "
+                              f"{len(sizes)} timed size(s): nothing a step can be priced with",
+                              hint="measure it again: trainscale bench allreduce --nproc N shows the sweep")
 
     @classmethod
     def from_result(cls, result: dict) -> "Sweep":
         points = sorted((float(r["bytes"]), float(r["time_s"])) for r in result.get("rows", [])
-                        if r.get("time_s") == r.get("time_s") and r.get("iters"))  # NaN: not timed
-        if not points:
-            raise ConfigError("the all-reduce sweep timed nothing", hint="it needs 2 or more ranks")
-        return cls(int(result["world_size"]), tuple(points), str(result.get("hook") or "none"))
+                        if isinstance(r.get("time_s"), (int, float)) and r["time_s"] == r["time_s"]
+                        and r.get("iters"))  # NaN: not timed
+        return cls(ranks=int(result["world_size"]), points=tuple(points), hook=str(result.get("hook") or "none"))
 
     def seconds(self, size: float) -> float:
         """Linear between the measured sizes; below the smallest its time (the fixed cost), above the largest
@@ -346,10 +355,9 @@ class Plan:
             ddp = self.sweep(ranks, "shm") or sweep
             averaged = ddp.seconds(cal.grads) if state_sharding(strategy).buckets else 0.0
             exposed = averaged + sharded_comm_s(strategy, cal, sweep.seconds)
-        else:  # the network's model: the exposed bytes, and every collective's latency (its ring steps)
+        else:  # the network's model: the exposed bytes (a collective's fixed cost is not modelled: UNSEEN)
             exposed = ring_allreduce_s(params_exposed * cal.params, ranks, self.network.busbw_Bps,
                                        self.network.latency_s)
-            exposed += sharded_comm_s(strategy, cal, lambda size: 2 * (ranks - 1) * self.network.latency_s)
         step = p.step_s + exposed
         base = predict(plain, self.network, 1, ModelOptions(scaling="weak"))
         speedup = ranks * base.step_s / step  # samples per second over one rank's, the per-rank batch the same
@@ -387,7 +395,7 @@ class Plan:
         from dataclasses import replace
 
         m = memory(self.calibration, strategy, world, batch, overhead=self.same_memory)
-        own = self.own.get(strategy)
+        own = self.own.get(strategy) if world > 1 else None  # alone, fsdp runs unwrapped: the plain peak
         return replace(m, overhead=own.overhead) if own is not None and self.same_memory else m
 
     def fits(self, m: Memory) -> bool | None:
@@ -431,8 +439,8 @@ class Plan:
                 "recommended": self.recommended, "recommended_batch": self.recommended_batch(),
                 "not_counted": list(self.unseen), "verified": self.verified,
                 "collectives_measured": [asdict(w) for w in self.sweeps],
-                "own_calibrations": {name: {"step_s": c.measured().step_s, "peak": c.peak, "steps": len(c.steps)}
-                                     for name, c in self.own.items()}}
+                "own_calibrations": {name: {"step_s": c.measured().step_s, "peak": c.peak, "steps": len(c.steps),
+                                            "strategy": c.strategy} for name, c in self.own.items()}}
 
     def recommended_batch(self) -> dict[str, Any] | None:
         """Per-rank batch: the largest that fits under the recommended strategy (or, where nothing fits at the
@@ -516,10 +524,9 @@ def render(plan: Plan, submit: str | None) -> list[str]:
     threads = f", each rank on {cal.threads} thread(s)" if cal.device == "cpu" else ""
     over = f"over {plan.network_source} (busbw {plan.network.busbw_Bps / 1e9:.1f} GB/s)"
     if plan.sweeps:
-        measured = sorted({w.ranks for w in plan.sweeps})
-        over = (f"the collectives at {', '.join(map(str, measured))} rank(s) as measured here (the backend's "
-                f"all-reduce{', DDP' + chr(39) + 's shared-memory average' if plan.sweep(measured[0], 'shm') else ''}),"
-                f" the rest {over}")
+        counts = ", ".join(map(str, sorted({w.ranks for w in plan.sweeps})))
+        timed = "; ".join(dict.fromkeys(Sweep.HOOKS[w.hook] for w in plan.sweeps))
+        over = f"the collectives at {counts} rank(s) as measured here ({timed}), the rest {over}"
     own = f"; {', '.join(plan.own)}'s pace its own calibration's" if plan.own else ""
     lines += ["", f"Step time and speedup with {plan.recommended or 'ddp'}, batch {plan.batch} per rank{threads}, "
               f"{over}{own}; band: the calibration's 10th-90th percentile step ({low:.2f}x-{high:.2f}x of its median)"]

@@ -94,35 +94,38 @@ flat copies, its hooks, the optimizer over sharded tensors) that the plain calib
 SWEEP_SIZES = "4B,16KB,256KB,1MB,4MB,16MB"
 
 
-def sweep_hooks(workload: bool, strategy: str | None) -> tuple[str, ...]:
+def sweep_hooks(workload_args: tuple[str, ...] | None, strategy: str | None) -> tuple[str, ...]:
     """What a plan for ``strategy`` (None: every strategy) measures among CPU ranks here: the backend's
-    all-reduce (none) for the sharded strategies' collectives and a script's own DDP, trainscale's shared-memory
-    average (shm: comm_hook=auto) for a workload's ddp and zero1 gradients."""
-    if not workload:
+    all-reduce (none) for the sharded strategies' collectives and a script's own DDP (``workload_args`` None),
+    and for a workload's ddp and zero1 gradients what they average with (bench/predictions.averaging_hook:
+    trainscale's shared-memory average unless ``comm_hook`` names another)."""
+    from trainscale.bench.predictions import averaging_hook
+
+    if workload_args is None:
         return ("none",)
-    if strategy is None:
-        return ("none", "shm")
-    if strategy == "ddp":
-        return ("shm",)
-    return ("none", "shm") if strategy == "zero1" else ("none",)
+    ddp = "shm" if averaging_hook(workload_args) in ("auto", "shm") else "none"
+    wanted = {"ddp": (ddp,), "zero1": ("none", ddp)}.get(strategy or "", ("none",)) if strategy else ("none", ddp)
+    return tuple(dict.fromkeys(wanted))
 
 
-def sweeps_here(ranks: int, say: Callable[[str], None], hooks: tuple[str, ...]) -> list[Sweep]:
-    """The all-reduce among ``ranks`` ranks on this machine (bench/allreduce.py, launched like training) where
-    the planned CPU ranks share its cores, timed by each of ``hooks`` (:func:`sweep_hooks`)."""
+def sweeps_here(ranks_per_node: int, say: Callable[[str], None], hooks: tuple[str, ...]) -> list[Sweep]:
+    """The all-reduce on this machine (bench/allreduce.py, launched like training) among each count of ranks
+    the plan's rows and ``--verify`` run here (2, 4, ... up to ``ranks_per_node``), timed by each of ``hooks``
+    (:func:`sweep_hooks`)."""
     from trainscale.bench.allreduce_run import measure
+    from trainscale.bench.plan import ladder
 
     out = []
-    for hook in hooks:
-        say(f"measuring: the all-reduce among {ranks} ranks here ({SWEEP_SIZES}"
-            f"{', DDP' + chr(39) + 's shared-memory average' if hook == 'shm' else ''})")
-        with tempfile.TemporaryDirectory(prefix="trainscale-plan-") as tmp:
-            result = measure(None, nproc=ranks, sizes=SWEEP_SIZES, out_file=Path(tmp) / "allreduce.json",
-                             logs=Path(tmp) / "runs", iters=20, budget_s=0.3, device="cpu", hook=hook)
-        if "error" in result:
-            raise ConfigError(f"the all-reduce among {ranks} ranks here failed: {result['error']}",
-                              hint="trainscale doctor checks that ranks here can reach each other")
-        out.append(Sweep.from_result(result))
+    for ranks in sorted({n for n, _ in ladder(ranks_per_node, 1) if n > 1}):
+        for hook in hooks:
+            say(f"measuring: the all-reduce among {ranks} ranks here ({SWEEP_SIZES}, {Sweep.HOOKS[hook]})")
+            with tempfile.TemporaryDirectory(prefix="trainscale-plan-") as tmp:
+                result = measure(None, nproc=ranks, sizes=SWEEP_SIZES, out_file=Path(tmp) / "allreduce.json",
+                                 logs=Path(tmp) / "runs", iters=20, budget_s=0.3, device="cpu", hook=hook)
+            if "error" in result:
+                raise ConfigError(f"the all-reduce among {ranks} ranks here failed: {result['error']}",
+                                  hint="trainscale doctor checks that ranks here can reach each other")
+            out.append(Sweep.from_result(result))
     return out
 
 
@@ -314,14 +317,16 @@ def make(*, script: str | None, args: tuple[str, ...], workload: str | None, pro
     cal = calibrate(script=script, args=args, workload=workload, batch=batch, steps=steps, say=say, timeout_s=timeout_s,
                     threads=threads)
     own = {}
-    for name, spec in OWN_CALIBRATIONS.items() if workload else ():
+    # one rank runs FSDP unwrapped: its own calibration only matters for a plan of several
+    for name, spec in OWN_CALIBRATIONS.items() if workload and ranks_per_node * nodes > 1 else ():
         if only in (None, name):
             try:
                 own[name] = calibrate(script=None, args=args, workload=workload, batch=batch, steps=steps, say=say,
                                       timeout_s=timeout_s, threads=threads, strategy=spec)
             except ConfigError as exc:  # the plan goes on: that strategy's pace is then the plain calibration's
-                say(f"{name}'s own calibration failed ({exc.message.splitlines()[0]}): its times are ddp's pace")
-    sweeps = sweeps_here(ranks_per_node, say, sweep_hooks(bool(workload), only)) \
+                cause = [line for line in exc.message.splitlines() if line.strip()][-1]
+                say(f"{name}'s own calibration failed ({cause}): its times are ddp's pace")
+    sweeps = sweeps_here(ranks_per_node, say, sweep_hooks(args if workload else None, only)) \
         if here_on_cpu and ranks_per_node > 1 else []
     device_bytes, device_source = room(profile, ranks_per_node, mem)
     made = make_plan(cal, what=f"workload {workload}" if workload else " ".join([script, *args]),
@@ -344,14 +349,12 @@ STUDY_CALIBRATION_S = 180.0
 
 
 def study_strategy(args: tuple[str, ...]) -> str:
-    """The strategy a workload study's arguments ask for (its name: ``fsdp:mixed_precision=bf16`` is fsdp),
-    ddp by default as the workloads'."""
-    for i, arg in enumerate(args):
-        if arg == "--strategy" and i + 1 < len(args):
-            return args[i + 1].split(":")[0]
-        if arg.startswith("--strategy="):
-            return arg.partition("=")[2].split(":")[0]
-    return "ddp"
+    """The strategy a workload study's arguments ask for, by name (``fsdp:mixed_precision=bf16`` is fsdp); the
+    workloads' ddp by default."""
+    from trainscale.launch.preflight import option_value
+    from trainscale.strategies import parse_spec
+
+    return parse_spec(option_value(args, "--strategy") or "ddp")[0]
 
 
 def plan_study(spec, study_plan, say: Callable[[str], None]) -> tuple[Plan | None, str | None]:

@@ -69,14 +69,17 @@ def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def unit_bytes(module: torch.nn.Module) -> list[int]:
-    """Parameter bytes of each of :func:`shard_units`' units, then the root's own (what is left)."""
+    """Parameter bytes of each of :func:`shard_units`' outermost units (a unit inside another is counted in
+    it), then the root's own (what is left)."""
     model = unwrap(module)
+    units = shard_units(model)
+    inner = {id(m) for u in units for m in u.modules() if m is not u}
 
     def size(m: torch.nn.Module) -> int:
         return sum(p.numel() * p.element_size() for p in m.parameters())
 
-    units = [size(u) for u in shard_units(model)]
-    return [*units, max(0, size(model) - sum(units))]
+    sizes = [size(u) for u in units if id(u) not in inner]
+    return [*sizes, max(0, size(model) - sum(sizes))]
 
 
 def param_dtype(module: Any) -> torch.dtype:

@@ -95,6 +95,7 @@ class FSDPStrategy(StrategyBase):
             # Alone, FSDP has nothing to shard, but its mixed precision and CPU offload live in the sharding:
             # shard over a group of one, so that a study's 1-rank baseline computes in the dtype its N-rank
             # runs do, and one GPU holds a model that fits only offloaded. Offload reduces host shards: gloo too.
+            # shard_alone asks for it outright: one rank doing FSDP's own per-unit work (plan's calibration).
             from trainscale.runtime.device import MIXED_BACKEND
 
             one_rank_group(runtime, MIXED_BACKEND if offload else None)
