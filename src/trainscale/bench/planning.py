@@ -100,12 +100,16 @@ def sweep_hooks(workload_args: tuple[str, ...] | None, strategy: str | None) -> 
     and for a workload's ddp and zero1 gradients what they average with (bench/predictions.averaging_hook:
     trainscale's shared-memory average unless ``comm_hook`` names another)."""
     from trainscale.bench.predictions import averaging_hook
+    from trainscale.strategies import state_sharding
 
     if workload_args is None:
         return ("none",)
     ddp = "shm" if averaging_hook(workload_args) in ("auto", "shm") else "none"
-    wanted = {"ddp": (ddp,), "zero1": ("none", ddp)}.get(strategy or "", ("none",)) if strategy else ("none", ddp)
-    return tuple(dict.fromkeys(wanted))
+    if strategy is None:
+        return tuple(dict.fromkeys(("none", ddp)))
+    shard = state_sharding(strategy)  # DDP's buckets average with ddp's hook; what a strategy shards, with gloo
+    wanted = (("none",) if shard.params or shard.grads or shard.optimizer else ()) + ((ddp,) if shard.buckets else ())
+    return tuple(dict.fromkeys(wanted)) or ("none",)
 
 
 def sweeps_here(ranks_per_node: int, say: Callable[[str], None], hooks: tuple[str, ...]) -> list[Sweep]:
