@@ -53,7 +53,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "src"))
 
-from trainscale.bench.plan import Calibration, Sweep, make_plan, memory, verified_table  # noqa: E402
+from trainscale.bench.plan import Calibration, make_plan, memory  # noqa: E402
+from trainscale.bench.plan_comm import Sweep  # noqa: E402
+from trainscale.bench.plan_text import verified_table  # noqa: E402
 from trainscale.bench.planning import OWN_CALIBRATIONS, compare, network, short_run, steps_peaks  # noqa: E402
 from trainscale.errors import ConfigError  # noqa: E402
 

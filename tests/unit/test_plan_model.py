@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainscale.bench.plan import Calibration, ladder, make_plan, memory, render
+from trainscale.bench.plan import Calibration, ladder, make_plan, memory
+from trainscale.bench.plan_text import render
 from trainscale.bench.projection import get_preset
 from trainscale.errors import ConfigError
 
@@ -138,7 +139,7 @@ def test_a_workload_sized_by_its_global_batch_gets_that_option_in_the_line_that_
 def test_zero1_is_planned_in_whole_tensors_over_all_groups_as_torch_partitions_them():
     """ZeroRedundancyOptimizer: group by group, largest first, each parameter to the rank holding the fewest
     elements so far over all groups (not per group)."""
-    from trainscale.bench.plan import whole_tensor_share
+    from trainscale.bench.plan_comm import whole_tensor_share
 
     assert whole_tensor_share(((10,), (10,)), 2) == 0.5
     assert whole_tensor_share(((90, 5, 5),), 2) == 0.9  # one tensor is most of the model: its rank holds it
@@ -194,7 +195,7 @@ def test_each_strategy_is_charged_its_own_collectives_and_its_share_of_the_optim
     state. One rank has no collectives: every strategy plans the calibration's step."""
     import dataclasses
 
-    from trainscale.bench.plan import collectives
+    from trainscale.bench.plan_comm import collectives
 
     assert collectives("ddp") == (1.0, 0.0, 0.0) and collectives("zero1") == (1.0, 0.0, 0.5)
     assert collectives("deepspeed:stage=2") == (0.5, 0.0, 0.5) and collectives("fsdp") == (0.5, 0.5, 0.5)
@@ -224,7 +225,7 @@ def test_measured_collectives_and_a_strategys_own_calibration_price_the_sharded_
     all-reduce is priced as ever. FSDP's pace and peak are its own one-rank calibration's, beyond one rank."""
     import dataclasses
 
-    from trainscale.bench.plan import Sweep, sharded_comm_s
+    from trainscale.bench.plan_comm import Sweep, sharded_comm_s
 
     sweep = Sweep.from_result({"world_size": 2, "rows": [
         {"bytes": 4, "time_s": 0.001, "iters": 20}, {"bytes": 2**20, "time_s": 0.003, "iters": 20},

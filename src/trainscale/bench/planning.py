@@ -14,7 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from trainscale.bench.plan import Calibration, Plan, Sweep, make_plan
+from trainscale.bench.plan import Calibration, Plan, make_plan
+from trainscale.bench.plan_comm import Sweep
 from trainscale.bench.projection import Network, get_preset
 from trainscale.errors import ConfigError
 from trainscale.observe.records import read_lines

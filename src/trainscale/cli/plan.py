@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def plan(ns: argparse.Namespace, script: str | None, args: tuple[str, ...]) -> int:
-    from trainscale.bench.plan import render
+    from trainscale.bench.plan_text import render
     from trainscale.bench.planning import make
 
     made, submit = make(script=script, args=args, workload=ns.workload, profile_name=ns.profile,
