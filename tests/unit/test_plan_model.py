@@ -7,7 +7,7 @@ import pytest
 
 from trainscale.bench.plan import Calibration, ladder, make_plan, memory
 from trainscale.bench.plan_text import render
-from trainscale.bench.projection import get_preset
+from trainscale.bench.plan_comm import get_network
 from trainscale.errors import ConfigError
 
 GiB = 2**30
@@ -35,7 +35,7 @@ def test_zero_s_accounting_on_the_measured_bytes():
 
 def test_the_least_sharding_that_fits_is_recommended():
     cal = calibration()
-    network = get_preset("ib-hdr200").network()
+    network = get_network("ib-hdr200")
     roomy = make_plan(cal, what="w", ranks_per_node=8, nodes=2, batch=None, device_bytes=80 * GiB, device_source="x",
                       network=network, network_source="ib")
     assert roomy.recommended == "ddp" and all(roomy.fits(m) for m in roomy.memory)
@@ -72,7 +72,7 @@ def test_cpu_ranks_planned_on_the_cores_the_calibration_used_share_them():
     """2 ranks on the 2 cores one 2-thread rank used are not planned 2x faster."""
     cal = calibration(params=2**20, activations=2**20)  # small gradients: the network is no bound
     object.__setattr__(cal, "threads", 2)
-    network = get_preset("ethernet-25g").network()
+    network = get_network("ethernet-25g")
     here = make_plan(cal, what="w", ranks_per_node=2, nodes=1, batch=None, device_bytes=None, device_source="x",
                      network=network, network_source="n", shared_cores=2)
     assert here.times[1]["speedup"] < 1.05  # the cores, not the ranks, bound it
@@ -83,7 +83,7 @@ def test_cpu_ranks_planned_on_the_cores_the_calibration_used_share_them():
 
 def test_dataloader_workers_only_where_the_data_wait_asks_for_them():
     cal = calibration(params=2**20, activations=2**20)  # data wait 0.01 of a 0.1 s step: 10%
-    network = get_preset("ib-ndr400").network()
+    network = get_network("ib-ndr400")
     waiting = make_plan(cal, what="w", ranks_per_node=8, nodes=1, batch=None, device_bytes=None, device_source="x",
                         network=network, network_source="n", cpus_per_rank=7)
     assert waiting.workers() == 4 and "7 CPU(s)" in "\n".join(render(waiting, None))
@@ -150,7 +150,7 @@ def test_the_largest_per_rank_batch_that_fits_is_recommended_in_powers_of_two():
     """The state (P, G, O: 4 GiB under ddp, plus DDP's bucket copy) stays; activations grow with the batch
     (a quarter GiB per 8 samples): 80 GiB with 10% free leaves 67 GiB for them, 2144 samples: 2048."""
     cal = calibration()
-    network = get_preset("ib-hdr200").network()
+    network = get_network("ib-hdr200")
     roomy = make_plan(cal, what="w", ranks_per_node=8, nodes=2, batch=None, device_bytes=80 * GiB, device_source="x",
                       network=network, network_source="ib")
     best = roomy.recommended_batch()
@@ -177,7 +177,7 @@ def test_the_peak_is_the_counted_bytes_the_gathered_parameters_and_the_calibrati
     ddp, fsdp = memory(cal, "ddp", 4, 8), memory(cal, "fsdp", 4, 8)
     assert ddp.peak == ddp.total + 2 * GiB and ddp.held == 4 * GiB  # P, G, O; the buckets are not held state
     assert fsdp.gathered == GiB * 3 / 4 and fsdp.peak == fsdp.total + GiB * 3 / 4 + 2 * GiB
-    network = get_preset("ib-hdr200").network()
+    network = get_network("ib-hdr200")
 
     def verdict(room: float) -> str:
         plan = make_plan(cal, what="w", ranks_per_node=4, nodes=1, batch=None, device_bytes=room, device_source="x",
@@ -201,7 +201,7 @@ def test_each_strategy_is_charged_its_own_collectives_and_its_share_of_the_optim
     assert collectives("deepspeed:stage=2") == (0.5, 0.0, 0.5) and collectives("fsdp") == (0.5, 0.5, 0.5)
     cal = calibration(params=GiB)
     slow = make_plan(cal, what="w", ranks_per_node=8, nodes=1, batch=None, device_bytes=None, device_source="x",
-                     network=get_preset("ethernet-25g").network(), network_source="e")
+                     network=get_network("ethernet-25g"), network_source="e")
     step = {s: slow.predict(8, 1, s)["step_s"] for s in ("ddp", "zero1", "fsdp", "deepspeed:stage=1")}
     assert step["ddp"] < step["zero1"] and step["deepspeed:stage=1"] < step["zero1"]
     assert step["fsdp"] > step["ddp"]
@@ -211,7 +211,7 @@ def test_each_strategy_is_charged_its_own_collectives_and_its_share_of_the_optim
     busy = calibration(params=2**20)
     for record in busy.steps:
         record["optimizer_s"] = 0.5
-    fast = dataclasses.replace(slow, calibration=busy, network=get_preset("ib-ndr400").network())
+    fast = dataclasses.replace(slow, calibration=busy, network=get_network("ib-ndr400"))
     assert fast.predict(8, 1, "zero1")["step_s"] < fast.predict(8, 1, "ddp")["step_s"]
     # twice the per-rank batch: twice the data wait and compute, the same optimizer step and collectives
     assert slow.predict(1, 1, "ddp", batch=16)["step_s"] == pytest.approx(
@@ -255,7 +255,7 @@ def test_measured_collectives_and_a_strategys_own_calibration_price_the_sharded_
     assert sharded_comm_s("zero1", cal, sweep.seconds) == pytest.approx(0.005)
     slower = [dict(r, step_s=0.15, compute_s=0.06, backward_s=0.07) for r in steps]  # FSDP's own per-unit work
     own = Calibration.from_records([meta, *slower, state, {"kind": "summary", "steps_peak_mem_bytes": 2**29}])
-    network = get_preset("ethernet-25g").network()
+    network = get_network("ethernet-25g")
     common = dict(what="w", ranks_per_node=2, nodes=1, batch=None, device_bytes=None, device_source="x",
                   network=network, network_source="e", shared_cores=2)
     plain = make_plan(cal, **common)

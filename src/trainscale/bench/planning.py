@@ -15,13 +15,12 @@ from pathlib import Path
 from typing import Callable
 
 from trainscale.bench.plan import Calibration, Plan, make_plan
-from trainscale.bench.plan_comm import Sweep
-from trainscale.bench.projection import Network, get_preset
+from trainscale.bench.plan_comm import Network, Sweep, get_network
 from trainscale.errors import ConfigError
 from trainscale.observe.records import read_lines
 
 PROFILE_NETWORKS = {"ofi": "slingshot-11", "ib": "ib-hdr200", "socket": "ethernet-25g"}
-"""A profile's ``interconnect`` as the projection's preset (the preset's numbers: bench --list-interconnects)."""
+"""A profile's ``interconnect`` as the plan's network (bench/plan_comm.NETWORKS)."""
 DEFAULT_NETWORK = "ethernet-25g"
 
 
@@ -98,9 +97,8 @@ SWEEP_SIZES = "4B,16KB,256KB,1MB,4MB,16MB"
 def sweep_hooks(workload_args: tuple[str, ...] | None, strategy: str | None) -> tuple[str, ...]:
     """What a plan for ``strategy`` (None: every strategy) measures among CPU ranks here: the backend's
     all-reduce (none) for the sharded strategies' collectives and a script's own DDP (``workload_args`` None),
-    and for a workload's ddp and zero1 gradients what they average with (bench/predictions.averaging_hook:
+    and for a workload's ddp and zero1 gradients what they average with (:func:`averaging_hook`:
     trainscale's shared-memory average unless ``comm_hook`` names another)."""
-    from trainscale.bench.predictions import averaging_hook
     from trainscale.strategies import state_sharding
 
     if workload_args is None:
@@ -111,6 +109,16 @@ def sweep_hooks(workload_args: tuple[str, ...] | None, strategy: str | None) -> 
     shard = state_sharding(strategy)  # DDP's buckets average with ddp's hook; what a strategy shards, with gloo
     wanted = (("none",) if shard.params or shard.grads or shard.optimizer else ()) + ((ddp,) if shard.buckets else ())
     return tuple(dict.fromkeys(wanted)) or ("none",)
+
+
+def averaging_hook(workload_args: tuple[str, ...] | list[str]) -> str:
+    """What a workload's DDP averages with, for the all-reduce benchmark's ``--hook``: ``shm`` or ``auto`` as
+    named in ``--strategy ...:comm_hook=`` (default auto), the backend's (none) otherwise."""
+    from trainscale.launch.preflight import option_value
+    from trainscale.strategies import parse_spec
+
+    hook = parse_spec(option_value(workload_args, "--strategy") or "ddp")[1].get("comm_hook", "auto").lower()
+    return hook if hook in ("auto", "shm") else "none"
 
 
 def sweeps_here(ranks_per_node: int, say: Callable[[str], None], hooks: tuple[str, ...]) -> list[Sweep]:
@@ -245,11 +253,11 @@ def cgroup_limit(proc: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys
 def network(name: str | None, profile) -> tuple[Network, str]:
     """The interconnect the time model charges: --interconnect, else the profile's, else an assumption said so."""
     if name:
-        return get_preset(name).network(), f"--interconnect {name}"
+        return get_network(name), f"--interconnect {name}"
     if profile is not None and PROFILE_NETWORKS.get(profile.interconnect):
         preset = PROFILE_NETWORKS[profile.interconnect]
-        return get_preset(preset).network(), f"{preset} (profile {profile.name})"
-    return get_preset(DEFAULT_NETWORK).network(), f"{DEFAULT_NETWORK} (assumed: give --interconnect NAME)"
+        return get_network(preset), f"{preset} (profile {profile.name})"
+    return get_network(DEFAULT_NETWORK), f"{DEFAULT_NETWORK} (assumed: give --interconnect NAME)"
 
 
 def submit_line(*, profile, nodes: int, ranks_per_node: int, strategy: str | None, workload: str | None,
@@ -387,8 +395,8 @@ def against(made: Plan, runs: list[dict], out_dir: Path) -> list[dict]:
     step records after the warm-up, as the calibration's), the fullest rank's held bytes (its memory table) and
     its ranks' largest peak over their training steps."""
     from trainscale.bench.plan import STRATEGIES
-    from trainscale.bench.predictions import disturbed
     from trainscale.bench.study import read_metrics
+    from trainscale.observe.sampler import OTHER_WORK_SHARE
 
     rows = []
     for run in runs:
@@ -403,7 +411,7 @@ def against(made: Plan, runs: list[dict], out_dir: Path) -> list[dict]:
         row = compare(made, records, metrics, peaks, ranks=run["world_size"], nodes=run["nodes"], strategy=modelled,
                       batch=run["per_rank_batch"])
         row.update(config=run["label"], modelled=modelled if modelled == strategy else f"ddp (for {strategy})",
-                   disturbed=disturbed(run))
+                   disturbed=(run.get("other_cpu_share") or 0.0) >= OTHER_WORK_SHARE)
         rows.append(row)
     return rows
 
