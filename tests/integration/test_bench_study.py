@@ -88,7 +88,7 @@ def test_small_strong_scaling_study_writes_consistent_files(tmp_path):
     assert report.returncode == 0, report.stderr
     page = html.unescape((tmp_path / "report" / "report.html").read_text())
     assert "Scaling model" not in page
-    assert "The plan against the measurements" in page and "The plan made before the runs" in report.stdout
+    assert "The plan against the measurements" in page and "Plan vs measured, furthest off" in report.stdout
     assert re.search(r"^DDP 4 CPU ranks\s+4\s", report.stdout, re.M), report.stdout
 
     with pytest.raises(Exception, match="already exists"):

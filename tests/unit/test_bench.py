@@ -289,7 +289,7 @@ def test_table_csv_and_document():
     study = _study()
     table = results.markdown_table(study)
     assert table.splitlines()[0] == ("| Version | Workers | Runtime (s) | Speedup | Parallel efficiency | Achievable "
-                                     "| Eff. vs achievable | Samples/s | Comm. exposed | Comm. overlapped |")
+                                     "| Share of achievable | Samples/s | Comm. exposed | Comm. overlapped |")
     assert "| 2 ranks | 2 | 5.0 | 1.60x | 80% |" in table
     rows = list(csv.DictReader(io.StringIO(results.csv_text(study))))
     assert [r["config"] for r in rows] == ["1", "2", "4"]
@@ -299,6 +299,27 @@ def test_table_csv_and_document():
     study["runs"][1]["load_before"] = 5.0
     doc = results.markdown_document(study, {"speedup": "/x/speedup.png"})
     assert "![speedup](speedup.png)" in doc and "machine was busy" in doc
+
+
+def test_the_plan_check_is_signed_and_names_the_configuration_in_plain_words():
+    """Issue 46/48: a study's plan line said "largest |error| ... step time 42% ... held bytes ...": unsigned, no
+    configuration, jargon. Now each figure is signed (+: more than planned), names its configuration and both values."""
+    def row(config, step, measured, disturbed=None):
+        return {"config": config, "strategy": "ddp", "predicted_step_s": step, "measured_step_s": measured,
+                "step_error": measured / step - 1, "predicted_held": 2**20, "measured_held": 2**20, "held_error": 0.0,
+                "predicted_peak": 100 * 2**20, "measured_peak": 95 * 2**20, "peak_error": -0.05,
+                "disturbed": disturbed}
+
+    study = {"plan": {"against": [row("Single CPU rank", 0.0020, 0.0021), row("DDP 2 CPU ranks", 0.0031, 0.0044),
+                                  row("DDP 4 CPU ranks", 0.001, 0.1, disturbed="other work kept 40% of its CPUs busy")]}}
+    said = results.plan_check(study)
+    assert said.startswith("Plan vs measured, furthest off: step time +42% on DDP 2 CPU ranks (planned 3.1 ms, "
+                           "measured 4.4 ms)"), said
+    assert "memory for parameters, gradients and optimizer state +0% on Single CPU rank" in said
+    assert "peak memory -5% on Single CPU rank (planned 100.0 MiB, measured 95.0 MiB)" in said
+    assert "held" not in said and "|error|" not in said and "4 CPU ranks" not in said  # the disturbed one is left out
+    table = results.plan_table(study)
+    assert "model state planned" in table and "DDP 4 CPU ranks *" in table
 
 
 def test_exposed_and_overlapped_communication_per_step():

@@ -166,6 +166,58 @@ def test_the_largest_per_rank_batch_that_fits_is_recommended_in_powers_of_two():
     assert unknown.recommended_batch() is None and unknown.as_dict()["recommended_batch"] is None
 
 
+def test_a_batch_the_memory_does_not_bound_is_said_as_any_batch_not_a_huge_number():
+    """Issue 46: a small model on a large room said "batch up to 134217728 fits"; beyond ANY_BATCH samples per rank
+    the memory bounds nothing a training uses, and the line says so."""
+    from trainscale.bench.plan import ANY_BATCH
+
+    cal = calibration(params=2**20, activations=2**10)  # 1 MiB of parameters, 128 bytes of activations a sample
+    roomy = make_plan(cal, what="w", ranks_per_node=1, nodes=1, batch=None, device_bytes=64 * GiB, device_source="x",
+                      network=get_network("ib-hdr200"), network_source="ib")
+    assert roomy.largest_batch("ddp") > ANY_BATCH
+    assert roomy.recommended_batch() == {"strategy": "ddp", "largest": None, "any": True, "global": None}
+    said = "\n".join(render(roomy, None))
+    assert "Per-rank batch: any batch up to your dataset fits under ddp" in said
+    assert str(roomy.largest_batch("ddp")) not in said
+
+
+def test_a_calibration_too_noisy_for_a_band_says_so_instead_of_a_range():
+    """Issue 46: a band of 0.6-172.5 ms around a 1.2 ms step predicts nothing; past NOISY the plan says the
+    calibration was too noisy, and the network's figure is in plain words (bus bandwidth)."""
+    quiet = make_plan(calibration(), what="w", ranks_per_node=2, nodes=1, batch=None, device_bytes=80 * GiB,
+                      device_source="x", network=get_network("ib-hdr200"), network_source="ib")
+    said = "\n".join(render(quiet, None))
+    assert not quiet.calibration.noisy and "band: the calibration's 10th-90th percentile step" in said
+    assert "bus bandwidth 23.0 GB/s" in said and "busbw" not in said
+    steps = [{"kind": "step", "step": i, "step_s": t, "data_s": 0.0, "compute_s": t / 2, "backward_s": t / 2,
+              "optimizer_s": 0.0, "samples": 8} for i, t in enumerate([0.5, 0.5, 0.0006, 0.0012, 0.0012, 0.0013,
+                                                                       0.0011, 0.0012, 0.17, 0.2, 0.0012, 0.3], 1)]
+    state = {"kind": "state", "params_bytes": GiB, "grads_bytes": GiB, "optimizer_bytes": GiB,
+             "activation_bytes": GiB, "activation_samples": 8}
+    noisy = make_plan(Calibration.from_records([{"kind": "meta"}, *steps, state]), what="w", ranks_per_node=2,
+                      nodes=1, batch=None, device_bytes=80 * GiB, device_source="x", network=get_network("ib-hdr200"),
+                      network_source="ib")
+    said = "\n".join(render(noisy, None))
+    assert noisy.calibration.noisy and "too noisy to predict a range from; give more --steps than 12" in said
+    rows = [line for line in said.splitlines() if line.startswith(("1 ", "2 "))]
+    assert len(rows) == 2 and all("too noisy" in line for line in rows), said
+
+
+def test_verified_rows_name_disturbed_runs_and_model_state_in_plain_words():
+    """Issue 46: `plan --verify` marks a run other work disturbed as a study marks it, and says "model state" (memory
+    for parameters, gradients and optimizer state), not "held"."""
+    from trainscale.bench.plan_text import verified_table
+
+    row = {"config": "2 x ddp", "predicted_step_s": 0.002, "band_s": [0.0018, 0.0025], "measured_step_s": 0.003,
+           "step_error": 0.5, "predicted_held": 2**20, "measured_held": 2**20, "held_error": 0.0,
+           "predicted_peak": None, "measured_peak": None, "peak_error": None}
+    quiet = "\n".join(verified_table([row | {"disturbed": None}]))
+    assert "model state predicted" in quiet and "held" not in quiet and "*" not in quiet and "+50.0%" in quiet
+    busy = "\n".join(verified_table([row | {"disturbed": "other work kept 35% of its CPUs busy"}]))
+    assert "2 x ddp *" in busy
+    assert "* disturbed, its times say little about the plan: 2 x ddp: other work kept 35% of its CPUs busy" in busy
+
+
 def test_the_peak_is_the_counted_bytes_the_gathered_parameters_and_the_calibrations_overhead():
     """The calibration's peak beyond what it counted (the runtime, the step's temporaries) is carried to every
     configuration; FSDP and ZeRO-3 gather the parameters a rank does not hold (all of them: an upper bound).

@@ -29,6 +29,10 @@ WARMUP = 2
 """Steps left out of a step-time median: the first pay for the allocator's, the thread pools' and the caches'
 warm-up."""
 MARGIN = 0.10
+NOISY = 3.0
+"""The calibration's 90th-percentile step over its 10th beyond which its band predicts nothing (said instead)."""
+ANY_BATCH = 2**16
+"""Samples per rank from which the memory no longer bounds the batch in any training: said as "any batch"."""
 """Memory kept free for what the model does not count (the allocator's slack, kernels' workspaces)."""
 UNSEEN = ("the allocator's slack and fragmentation, and a custom kernel's workspace (kept free by a 10% margin)",
           "FSDP and ZeRO-3 gather one unit's full parameters at a time, and prefetch the next: the peak charges "
@@ -151,6 +155,12 @@ class Calibration:
         mid = statistics.median(times)
         low, high = times[int(0.1 * (len(times) - 1))], times[int(round(0.9 * (len(times) - 1)))]
         return low / mid, high / mid
+
+    @property
+    def noisy(self) -> bool:
+        """Its steps varied too much (:data:`NOISY`) for a band around them to mean anything."""
+        low, high = self.spread()
+        return high > NOISY * low
 
 
 def steady(steps: list) -> list:
@@ -374,6 +384,8 @@ class Plan:
             most = self.largest_batch(strategy)
             if most is None:
                 return None
+            if most >= ANY_BATCH:  # the memory does not bound it: the dataset and the optimisation do
+                return {"strategy": strategy, "largest": None, "any": True, "global": None}
             if most >= 1:
                 return {"strategy": strategy, "largest": most, "global": most * self.world}
         return {"strategy": None, "largest": 0, "global": 0}

@@ -26,9 +26,10 @@ DEFAULT_NETWORK = "ethernet-25g"
 
 def short_run(*, script: str | None, args: tuple[str, ...], workload: str | None, batch: int | None, steps: int,
               say: Callable[[str], None], nproc: int = 1, strategy: str | None = None, threads: int | None = None,
-              timeout_s: float = 900.0) -> tuple[list[dict], dict | None, list[int]]:
+              timeout_s: float = 900.0) -> tuple[list[dict], dict | None, list[int], float | None]:
     """Run the script (or workload) on ``nproc`` ranks here for ``steps`` optimizer steps and more: rank 0's
-    records, a workload's metrics (its memory table) and every rank's peak memory over its training steps. A script
+    records, a workload's metrics (its memory table), every rank's peak memory over its training steps and the share
+    of its CPUs other work kept busy (bench/runner.other_load; None: not sampled). A script
     runs in the working directory (its relative paths) and is stopped after ``steps`` by its recorder
     (observe/state.py); its rt.checkpoint files go to a directory of the run's own (it neither resumes from nor
     writes into the user's). A workload runs ``steps + 1`` steps to its normal end in a temporary directory.
@@ -74,8 +75,11 @@ def short_run(*, script: str | None, args: tuple[str, ...], workload: str | None
             said = "the calibration run failed" if nproc == 1 else "the verification run failed"
             raise ConfigError(f"{said} (exit {done.returncode}):\n{tail}",
                               hint="run the same line with trainscale run to see why")
+        from trainscale.bench.runner import other_load
+
         records = list(read_lines(found[0]))
-        return records, json.loads(metrics.read_text()) if metrics.exists() else None, steps_peaks(found[0].parent)
+        return (records, json.loads(metrics.read_text()) if metrics.exists() else None, steps_peaks(found[0].parent),
+                other_load(found[0].parent.parent))
 
 
 def calibrate(*, script: str | None, args: tuple[str, ...], workload: str | None, batch: int | None, steps: int,
@@ -83,7 +87,7 @@ def calibrate(*, script: str | None, args: tuple[str, ...], workload: str | None
               strategy: str | None = None) -> Calibration:
     """One rank, ``steps`` optimizer steps: what its state holds and how long its steps take (on CPU with
     ``threads`` threads: those a rank of the planned node gets); a workload under ``strategy``."""
-    records, _, _ = short_run(script=script, args=args, workload=workload, batch=batch, steps=steps, say=say,
+    records, _, _, _ = short_run(script=script, args=args, workload=workload, batch=batch, steps=steps, say=say,
                               threads=threads, timeout_s=timeout_s, strategy=strategy)
     return Calibration.from_records(records)
 
@@ -150,20 +154,24 @@ def verify(plan: Plan, *, script: str | None, args: tuple[str, ...], workload: s
            say: Callable[[str], None]) -> list[dict]:
     """``plan --verify``: the cheapest several-rank configuration the plan predicts (2 ranks here; 1 where the plan
     is for one), under each strategy trainscale runs for a workload (a script's own for a script), run here for
-    a few steps: the predicted step time, held bytes and peak against the measured ones."""
+    a few steps: the predicted step time, model state and peak against the measured ones, a run that other work
+    disturbed marked as a study marks it (bench/validity.disturbance)."""
+    from trainscale.bench.validity import disturbance
+
     ranks = 2 if plan.world > 1 else 1
     out = []
     for strategy in (VERIFIED if workload else (None,)):
-        records, metrics, peaks = short_run(script=script, args=args, workload=workload, batch=plan.batch,
-                                            steps=steps, say=say, nproc=ranks, strategy=strategy)
-        out.append(compare(plan, records, metrics, peaks, ranks=ranks, nodes=1, strategy=strategy))
+        records, metrics, peaks, share = short_run(script=script, args=args, workload=workload, batch=plan.batch,
+                                                   steps=steps, say=say, nproc=ranks, strategy=strategy)
+        out.append(compare(plan, records, metrics, peaks, ranks=ranks, nodes=1, strategy=strategy)
+                   | {"other_cpu_share": share, "disturbed": disturbance({"other_cpu_share": share}, None)})
     return out
 
 
 def compare(plan: Plan, records: list[dict], metrics: dict | None, peaks: list[int], *, ranks: int, nodes: int,
             strategy: str | None, batch: int | None = None) -> dict:
-    """One measured configuration against the plan: the median step after the first, the held bytes of the
-    fullest rank (a workload's memory table; a script's rank 0 records) and the largest peak of any rank over its
+    """One measured configuration against the plan: the median step after the first, the model state
+    (parameters, gradients and optimizer state) of the fullest rank (a workload's memory table; a script's rank 0 records) and the largest peak of any rank over its
     training steps (``peaks``), each with its error."""
     import statistics
 
@@ -392,11 +400,11 @@ def plan_study(spec, study_plan, say: Callable[[str], None]) -> tuple[Plan | Non
 
 def against(made: Plan, runs: list[dict], out_dir: Path) -> list[dict]:
     """Each measured configuration of a study beside what its plan predicted: the step (the median of its rank 0's
-    step records after the warm-up, as the calibration's), the fullest rank's held bytes (its memory table) and
+    step records after the warm-up, as the calibration's), the fullest rank's model state (its memory table) and
     its ranks' largest peak over their training steps."""
     from trainscale.bench.plan import STRATEGIES
     from trainscale.bench.study import read_metrics
-    from trainscale.observe.sampler import OTHER_WORK_SHARE
+    from trainscale.bench.validity import disturbance
 
     rows = []
     for run in runs:
@@ -411,7 +419,7 @@ def against(made: Plan, runs: list[dict], out_dir: Path) -> list[dict]:
         row = compare(made, records, metrics, peaks, ranks=run["world_size"], nodes=run["nodes"], strategy=modelled,
                       batch=run["per_rank_batch"])
         row.update(config=run["label"], modelled=modelled if modelled == strategy else f"ddp (for {strategy})",
-                   disturbed=(run.get("other_cpu_share") or 0.0) >= OTHER_WORK_SHARE)
+                   disturbed=disturbance(run, None))
         rows.append(row)
     return rows
 

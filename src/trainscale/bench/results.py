@@ -129,7 +129,7 @@ def _speed(run: dict, key: str, pattern: str) -> str:
 
 def markdown_table(study: dict) -> str:
     """Seed 004's table: Version | Workers | Runtime (s) | Speedup | Parallel efficiency (+ a few more)."""
-    head = ["Version", "Workers", "Runtime (s)", "Speedup", "Parallel efficiency", "Achievable", "Eff. vs achievable",
+    head = ["Version", "Workers", "Runtime (s)", "Speedup", "Parallel efficiency", "Achievable", "Share of achievable",
             "Samples/s", "Comm. exposed", "Comm. overlapped"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in study["runs"]:
@@ -235,7 +235,7 @@ def plan_rows(study: dict) -> tuple[list[str], list[list[str]], str] | None:
     def error(value) -> str:
         return "-" if value is None else f"{value:+.0%}"
 
-    head = ["configuration", "strategy modelled", "step ms planned", "measured", "error", "held planned",
+    head = ["configuration", "strategy modelled", "step ms planned", "measured", "error", "model state planned",
             "measured", "error", "peak planned", "measured", "error"]
     rows = [[r["config"] + (" *" if r.get("disturbed") else ""), r.get("modelled") or r["strategy"],
              f"{r['predicted_step_s'] * 1e3:.1f}", _fmt(r["measured_step_s"] * 1e3, "{:.1f}")
@@ -247,29 +247,43 @@ def plan_rows(study: dict) -> tuple[list[str], list[list[str]], str] | None:
     note = (f"Planned before the runs from one rank's {cal.get('steps', '?')}-step calibration here "
             f"({plan.get('times_from', '?')}, batch {cal.get('batch', '?')}, {cal.get('threads', '?')} thread(s)) over "
             f"{plan.get('network_source', '?')}, as `trainscale plan` plans; measured: the median step after the "
-            "warm-up, the fullest rank's memory table, the largest peak over the training steps; error = measured / "
-            "planned - 1" + ("; * disturbed: other work shared its cores" if any(
+            "warm-up, the fullest rank's memory table, the largest peak over the training steps; model state: memory "
+            "for parameters, gradients and optimizer state; error = measured / planned - 1 (+: more than planned)" + ("; * disturbed: other work shared its cores" if any(
                 r.get("disturbed") for r in plan.get("against") or []) else ""))
     return head, rows, note
 
 
 def plan_check(study: dict) -> str | None:
-    """One sentence: how far the study's plan was from its measurements (undisturbed configurations)."""
+    """One sentence: where the study's plan was furthest from its measurements (undisturbed configurations), each
+    signed (+: the run took longer or held more than planned), with its configuration and both figures."""
     every = (study.get("plan") or {}).get("against") or []
     rows = [r for r in every if not r.get("disturbed")]
     if not every:
         return None
-
-    def worst(key: str) -> str:
-        errors = [abs(r[key]) for r in rows if r.get(key) is not None]
-        return f"{max(errors):.0%}" if errors else "-"
-
-    which = f"{len(rows)} undisturbed configuration(s)"
+    which = ""
     if not rows:  # other work disturbed every run: their errors, said so
-        rows, which = every, f"{len(every)} configuration(s), every one disturbed by other work on its cores"
-    return (f"The plan made before the runs: largest |error| over {which}: step time {worst('step_error')}, held "
-            f"bytes {worst('held_error')}, peak {worst('peak_error')} (the table \"The plan against the "
-            "measurements\")")
+        rows, which = every, " (every configuration disturbed by other work on its cores)"
+
+    def ms(value: float) -> str:
+        return f"{value * 1e3:.1f} ms"
+
+    def mib(value: float) -> str:
+        return f"{value / 2**20:.1f} MiB"
+
+    parts = []
+    for what, error, planned, measured, show in (
+            ("step time", "step_error", "predicted_step_s", "measured_step_s", ms),
+            ("memory for parameters, gradients and optimizer state", "held_error", "predicted_held", "measured_held", mib),
+            ("peak memory", "peak_error", "predicted_peak", "measured_peak", mib)):
+        found = [r for r in rows if r.get(error) is not None]
+        if found:
+            r = max(found, key=lambda r: abs(r[error]))
+            parts.append(f"{what} {r[error]:+.0%} on {r['config']} (planned {show(r[planned])}, measured "
+                         f"{show(r[measured])})")
+    if not parts:
+        return f"Plan vs measured{which}: nothing measured to compare"
+    return (f"Plan vs measured, furthest off{which}: " + "; ".join(parts) + " (+: more than planned; every "
+            "configuration in \"The plan against the measurements\")")
 
 
 def plan_table(study: dict) -> str | None:
