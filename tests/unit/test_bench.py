@@ -311,7 +311,7 @@ def test_the_plan_check_is_signed_and_names_the_configuration_in_plain_words():
                 "disturbed": disturbed}
 
     study = {"plan": {"against": [row("Single CPU rank", 0.0020, 0.0021), row("DDP 2 CPU ranks", 0.0031, 0.0044),
-                                  row("DDP 4 CPU ranks", 0.001, 0.1, disturbed="other work kept 40% of its CPUs busy")]}}
+                                  row("DDP 4 CPU ranks", 0.001, 0.1, disturbed="other work kept 40% of its CPUs")]}}
     said = results.plan_check(study)
     assert said.startswith("Plan vs measured, furthest off: step time +42% on DDP 2 CPU ranks (planned 3.1 ms, "
                            "measured 4.4 ms)"), said

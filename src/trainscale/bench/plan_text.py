@@ -49,7 +49,8 @@ def render(plan: Plan, submit: str | None) -> list[str]:
     own = f"; {', '.join(plan.own)}'s pace its own calibration's" if plan.own else ""
     band = (f"no band: the calibration's steps ranged {low:.2f}x-{high:.2f}x of its median (10th-90th percentile), "
             f"too noisy to predict a range from; give more --steps than {ran} or calibrate on a quieter machine"
-            if cal.noisy else f"band: the calibration's 10th-90th percentile step ({low:.2f}x-{high:.2f}x of its median)")
+            if cal.noisy else f"band: the calibration's 10th-90th percentile step ({low:.2f}x-{high:.2f}x of its "
+                              "median)")
     lines += ["", f"Step time and speedup with {plan.recommended or 'ddp'}, batch {plan.batch} per rank{threads}, "
               f"{over}{own}; {band}"]
     rows = [(str(t["ranks"]), str(t["nodes"]), f"{t['step_s'] * 1e3:.1f}",
@@ -102,8 +103,9 @@ def verified_table(verified: list[dict]) -> list[str]:
     def size(value: float | None) -> str:
         return "-" if value is None else _size(value)
 
-    rows = [(v["config"] + (" *" if v.get("disturbed") else ""), f"{v['predicted_step_s'] * 1e3:.1f} ({v['band_s'][0] * 1e3:.1f}-"
-             f"{v['band_s'][1] * 1e3:.1f})", f"{v['measured_step_s'] * 1e3:.1f}", _error(v["step_error"]),
+    rows = [(v["config"] + (" *" if v.get("disturbed") else ""), f"{v['predicted_step_s'] * 1e3:.1f} ("
+             f"{v['band_s'][0] * 1e3:.1f}-{v['band_s'][1] * 1e3:.1f})", f"{v['measured_step_s'] * 1e3:.1f}",
+             _error(v["step_error"]),
              size(v["predicted_held"]), size(v["measured_held"]), _error(v["held_error"]),
              size(v.get("predicted_peak")), size(v.get("measured_peak")), _error(v.get("peak_error")))
             for v in verified]

@@ -170,9 +170,9 @@ def verify(plan: Plan, *, script: str | None, args: tuple[str, ...], workload: s
 
 def compare(plan: Plan, records: list[dict], metrics: dict | None, peaks: list[int], *, ranks: int, nodes: int,
             strategy: str | None, batch: int | None = None) -> dict:
-    """One measured configuration against the plan: the median step after the first, the model state
-    (parameters, gradients and optimizer state) of the fullest rank (a workload's memory table; a script's rank 0 records) and the largest peak of any rank over its
-    training steps (``peaks``), each with its error."""
+    """One measured configuration against the plan: the median step after the first, the model state (parameters,
+    gradients and optimizer state) of the fullest rank (a workload's memory table; a script's rank 0 records) and
+    the largest peak of any rank over its training steps (``peaks``), each with its error."""
     import statistics
 
     from trainscale.bench.plan import steady

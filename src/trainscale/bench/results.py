@@ -248,8 +248,9 @@ def plan_rows(study: dict) -> tuple[list[str], list[list[str]], str] | None:
             f"({plan.get('times_from', '?')}, batch {cal.get('batch', '?')}, {cal.get('threads', '?')} thread(s)) over "
             f"{plan.get('network_source', '?')}, as `trainscale plan` plans; measured: the median step after the "
             "warm-up, the fullest rank's memory table, the largest peak over the training steps; model state: memory "
-            "for parameters, gradients and optimizer state; error = measured / planned - 1 (+: more than planned)" + ("; * disturbed: other work shared its cores" if any(
-                r.get("disturbed") for r in plan.get("against") or []) else ""))
+            "for parameters, gradients and optimizer state; error = measured / planned - 1 (+: more than planned)"
+            + ("; * disturbed: other work shared its cores"
+               if any(r.get("disturbed") for r in plan.get("against") or []) else ""))
     return head, rows, note
 
 
@@ -273,7 +274,8 @@ def plan_check(study: dict) -> str | None:
     parts = []
     for what, error, planned, measured, show in (
             ("step time", "step_error", "predicted_step_s", "measured_step_s", ms),
-            ("memory for parameters, gradients and optimizer state", "held_error", "predicted_held", "measured_held", mib),
+            ("memory for parameters, gradients and optimizer state", "held_error", "predicted_held", "measured_held",
+             mib),
             ("peak memory", "peak_error", "predicted_peak", "measured_peak", mib)):
         found = [r for r in rows if r.get(error) is not None]
         if found:

@@ -51,8 +51,9 @@ def register(sub) -> None:
                                   "job submitted with trainscale); `<dir>/latest` is each kind's newest")
     p.add_argument("--out", help="where report.html, report.txt and the PNGs go (default: TARGET/report)")
     p.add_argument("--text", action="store_true", help="print the page as text only, write nothing")
-    p.add_argument("--against", metavar="BASE", help="another run directory: each step phase, throughput, peak memory "
-                   "and MFU side by side with signed changes, and what differs between the runs (prints, writes nothing)")
+    p.add_argument("--against", metavar="BASE", help="another run directory: each step phase, throughput, peak "
+                   "memory and MFU side by side with signed changes, and what differs between the runs (prints, "
+                   "writes nothing)")
     p.add_argument("--max-regression", metavar="PCT", type=float, help="with --against: exit 3 when the step time "
                    "grew by more than PCT percent")
     p.set_defaults(func=run)
