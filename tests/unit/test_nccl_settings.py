@@ -30,8 +30,11 @@ def test_the_flight_recorder_size_is_torchs_documented_one_under_one_name_and_a_
     nccl.py set under the old name: an NCCL job kept 256 and both names were set."""
     from trainscale.launch import bootstrap
 
-    for enable in (nccl.enable_flight_recorder, lambda env: bootstrap._start_observing(
-            env, None, records=False, watch=True)):
+    def observing(environ):  # the worker bootstrap once the script imported torch; its group watch stopped after
+        bootstrap._start_observing(environ, None, records=False, watch=True)
+        bootstrap._OBSERVING.pop().stop()
+
+    for enable in (nccl.enable_flight_recorder, observing):
         environ = {"TRAINSCALE_TRACE_DIR": str(tmp_path), **given}
         enable(environ)
         sizes = {k: environ[k] for k in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE") if k in environ}
