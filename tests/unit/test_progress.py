@@ -291,10 +291,11 @@ def test_the_hang_timeout_ends_a_waiting_rank_and_by_default_only_once_training_
     monkeypatch.setenv(progress.HANG_TIMEOUT_VAR, "10")
     assert progress.hang_timeout() == (10.0, True)
     store = _store()
-    for limit, step, ends in (((600.0, False), -1, False), ((600.0, False), 0, True), ((10.0, True), -1, True)):
+    for limit, step, behind, ends in (((600.0, False), -1, 1, False), ((600.0, False), 0, 1, True),
+                                      ((10.0, True), -1, 1, True), ((10.0, True), 0, 0, True)):  # 0 behind: stuck
         watcher, hung = _peer(0, 2, store, notice_s=0), _peer(1, 2, store)
         watcher.hang_timeout = limit
-        watcher.issued, hung.issued = (lambda: {"pg:0": 8}), (lambda: {"pg:0": 7})
+        watcher.issued, hung.issued = (lambda: {"pg:0": 8}), (lambda behind=behind: {"pg:0": 8 - behind})
         hung.mark(step)
         hung._publish(0.0)
         fired = []
@@ -308,7 +309,8 @@ def test_the_hang_timeout_ends_a_waiting_rank_and_by_default_only_once_training_
         hung.close()
         assert len(fired) == ends, (limit, step, fired)
         if ends:
-            assert f"no progress for {limit[0] + 1:.0f}s" in str(fired[0]) and "rank(s) 1 did not arrive" in str(fired[0])
+            assert f"no progress for {limit[0] + 1:.0f}s" in str(fired[0])
+            assert ("rank(s) 1 did not arrive" if behind else "the collective itself is stuck") in str(fired[0])
 
 
 def test_a_negative_hang_timeout_is_refused_before_launch(tmp_path):
@@ -322,3 +324,20 @@ def test_a_negative_hang_timeout_is_refused_before_launch(tmp_path):
     with pytest.raises(ConfigError, match=r"--hang-timeout -5 must be 0 \(never\) or more seconds"):
         LocalLaunchSpec(target=str(script), hang_timeout_s=-5)
     assert LocalLaunchSpec(target=str(script), hang_timeout_s=0).hang_timeout_s == 0
+
+
+def test_the_heartbeat_thread_works_on_the_ranks_gpu_on_nccl(monkeypatch):
+    """NCCL's flight recorder queries its CUDA events from the heartbeat's thread, whose current GPU would be
+    GPU 0 (a context there from every rank): the thread sets the rank's own GPU first (issue 47 N1)."""
+    import threading
+
+    import torch
+
+    chosen = []
+    monkeypatch.setattr(progress.torch.cuda, "set_device",
+                        lambda device: chosen.append((threading.current_thread().name, device)))
+    beat = _peer(0, 1, _store())
+    beat.runtime.uses_nccl, beat.runtime.device = True, torch.device("cuda", 3)
+    beat.mark(0)
+    beat.close()
+    assert chosen == [("trainscale-heartbeat", torch.device("cuda", 3))]

@@ -72,7 +72,8 @@ class Watching:
                 self._notice(verdict)
         if ends:
             verdict = self.diagnose_now()
-            if verdict is not None and verdict.culprits and self.rank not in verdict.culprits:
+            # past the hang timeout a stuck collective (nobody to blame) ends too; NCCL's watchdog is its backstop
+            if verdict is not None and (verdict.culprits or hung) and self.rank not in verdict.culprits:
                 self.fired = self._error(verdict, waited_s=since, limit_s=limit if hung else None)
                 self._stop.set()
                 self.on_hang(self.fired)
