@@ -45,8 +45,8 @@ DEFAULT_NOTICE_S = 20.0
 """Seconds ranks wait in one collective before the notice: a hang is named within half a minute of its start."""
 HANG_TIMEOUT_VAR = "TRAINSCALE_HANG_TIMEOUT"
 DEFAULT_HANG_TIMEOUT_S = 600.0
-"""Without `--hang-timeout`: a hang ends the job after 10 minutes with no progress, counted only once the rank has
-finished a training step (a rank-0 download behind a barrier before training is not a hang)."""
+"""Without `--hang-timeout`: a hang ends the job after 10 minutes with no progress, counted only once the rank's
+training steps began (a rank-0 download behind a barrier before training is not a hang)."""
 DETAIL_AFTER_S = 3.0
 """A rank whose progress stalled this long publishes its collectives in flight and its stacks (every 2 s)."""
 LIVE_S = 2.0
