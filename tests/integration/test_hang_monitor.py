@@ -206,7 +206,7 @@ def test_a_flight_recorder_dump_that_never_returns_neither_hides_the_error_nor_k
         from types import SimpleNamespace
         from trainscale.runtime import hangwatch
 
-        hangwatch._dump_flight_recorder = lambda rank: threading.Event().wait()  # wedged
+        hangwatch._dump_flight_recorder = lambda *args: threading.Event().wait()  # wedged
         hangwatch.DUMP_WAIT_S = 0.5
         hangwatch.end_process(SimpleNamespace(rank=0, timeout_callbacks=[]),
                               hangwatch.CollectiveTimeout("rank 0: step 3 did not complete within 5s — rank(s) 1 "

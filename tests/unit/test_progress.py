@@ -334,7 +334,7 @@ def test_the_heartbeat_thread_works_on_the_ranks_gpu_on_nccl(monkeypatch):
     import torch
 
     chosen = []
-    monkeypatch.setattr(progress.torch.cuda, "set_device",
+    monkeypatch.setattr(hangwatch.torch.cuda, "set_device",
                         lambda device: chosen.append((threading.current_thread().name, device)))
     beat = _peer(0, 1, _store())
     beat.runtime.uses_nccl, beat.runtime.device = True, torch.device("cuda", 3)

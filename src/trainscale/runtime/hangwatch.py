@@ -278,7 +278,7 @@ def end_process(runtime: Any, error: CollectiveTimeout) -> None:
         record_error(exc)
     call_timeout_callbacks(getattr(runtime, "timeout_callbacks", ()), error)
     print(f"trainscale: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
-    dumping = threading.Thread(target=_dump_flight_recorder, args=(runtime.rank,), daemon=True)
+    dumping = threading.Thread(target=_dump_flight_recorder, args=(runtime.rank, runtime), daemon=True)
     dumping.start()
     dumping.join(DUMP_WAIT_S)
     sys.stderr.flush()
@@ -293,13 +293,23 @@ def call_timeout_callbacks(callbacks: Any, error: CollectiveTimeout) -> None:
             print(f"trainscale: timeout callback failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
 
-def _dump_flight_recorder(rank: int) -> None:
+def use_ranks_gpu(runtime: Any) -> None:
+    """On NCCL, make this thread's GPU the rank's: NCCL's flight recorder queries its CUDA events from the thread
+    that dumps it, and a new thread's GPU is GPU 0 (a CUDA context there from every rank)."""
+    device = getattr(runtime, "device", None)
+    if getattr(runtime, "uses_nccl", False) and getattr(device, "type", "") == "cuda":
+        with contextlib.suppress(Exception):
+            torch.cuda.set_device(device)
+
+
+def _dump_flight_recorder(rank: int, runtime: Any = None) -> None:
     """Write this rank's NCCL flight-recorder trace where NCCL's own dump on timeout would go.
 
     Ending the process before NCCL's watchdog means NCCL never dumps it; torch's CUDA builds can
     dump on demand through a private hook, so this is best effort and silent when it is missing.
     """
     prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE") or os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+    use_ranks_gpu(runtime)
     try:
         dump = getattr(torch._C._distributed_c10d, "_dump_nccl_trace", None)
         if prefix is None or dump is None:

@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from trainscale.runtime import hangs, ledger, peers
-from trainscale.runtime.hangwatch import KEY, READ_TIMEOUT, CollectiveTimeout, Watching, end_process
+from trainscale.runtime.hangwatch import KEY, READ_TIMEOUT, CollectiveTimeout, Watching, end_process, use_ranks_gpu
 
 NOTICE_VAR = "TRAINSCALE_HANG_NOTICE"
 DEFAULT_NOTICE_S = 20.0
@@ -243,12 +243,7 @@ class Heartbeat(Watching):
         return record
 
     def _beat(self) -> None:
-        device = getattr(self.runtime, "device", None)
-        if getattr(self.runtime, "uses_nccl", False) and getattr(device, "type", "") == "cuda":
-            # NCCL's flight recorder queries its CUDA events from this thread: on the rank's own GPU, not a
-            # new thread's GPU 0 (a context there for every rank)
-            with contextlib.suppress(Exception):
-                torch.cuda.set_device(device)
+        use_ranks_gpu(self.runtime)  # before NCCL's flight recorder is read from this thread
         while not self._stop.wait(self.HEARTBEAT_S):
             try:
                 if self.group is not None and not _alive(self.group):
