@@ -48,7 +48,11 @@ def spec_values(given: dict) -> dict:
             env[key] = value
         values["env"] = env
     if "hang_timeout" in values:  # the workers' hang watch reads it (runtime/progress.py)
-        values["env"] = {**values.get("env", {}), "TRAINSCALE_HANG_TIMEOUT": f"{values.pop('hang_timeout'):g}"}
+        seconds = values.pop("hang_timeout")
+        if not 0 <= seconds < float("inf"):
+            raise ConfigError(f"--hang-timeout {seconds:g} must be 0 (never) or more seconds",
+                              hint="e.g. --hang-timeout 600")
+        values["env"] = {**values.get("env", {}), "TRAINSCALE_HANG_TIMEOUT": f"{seconds:g}"}
     values.update({key: tuple(values[key]) for key in _LISTS if key in values})
     if "output_dir" in values:
         values["output_dir"] = Path(values["output_dir"])
