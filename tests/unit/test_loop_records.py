@@ -75,7 +75,13 @@ def test_step_flops_leave_the_run_untouched_and_match_torchs_count():
     # issue 39 defect 4: a batch on the rank's GPU (here the meta device stands for it) met a copy built on the
     # CPU and nothing was counted: FSDP and ZeRO-3 runs had no FLOPs or MFU on GPUs
     on_device = (torch.empty(8, 64, device="meta"),)
-    assert step_flops(model, Net, lambda m, b: m(b[0]).pow(2).mean(), on_device) == exact.get_total_flops()
+    assert step_flops(model, Net, lambda m, b: m(b[0]).pow(2).mean(), on_device,
+                      device="meta") == exact.get_total_flops()
+    # issue 47 D4: the workloads' loss (workloads/classify.py) moves a loader's CPU batch to the rank's GPU, where
+    # a copy built on the CPU did not follow: cnn/mlp under fsdp or ZeRO-3 on a GPU had no FLOPs or MFU
+    moved = step_flops(model, Net, lambda m, b: m(b[0].to("meta", non_blocking=True)).pow(2).mean(), batch,
+                       device="meta")
+    assert moved == exact.get_total_flops()
 
 
 def test_a_sharded_modules_compute_dtype_is_its_mixed_precision_not_its_fp32_shards(tmp_path):

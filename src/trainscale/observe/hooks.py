@@ -334,7 +334,7 @@ class Recorder:
 
             median = statistics.median(self.step_times) if self.step_times else None
             dtype = self._autocast or param_dtype(lead)
-            peak = peak_for(device, dtype)
+            peak = peak_for(device, dtype, getattr(self.flops_per_step, "conv_share", 0.0))
             summary.update(flops_per_step=self.flops_per_step, step_median_s=median, flops_dtype=str(dtype),
                            peak_flops=peak.flops if peak else None, peak_source=peak.source if peak else None,
                            mfu=mfu(self.flops_per_step, median, peak.flops) if peak and median else None)
