@@ -37,6 +37,43 @@ def test_step_marks_add_repeated_phases_and_need_no_device_sync():
     assert marks._marks == [("start", 1.4)]  # carried: the next step starts where this one ended
 
 
+def test_no_event_is_recorded_or_queried_while_the_script_captures_a_cuda_graph(monkeypatch):
+    """issue 47 N9: a mark inside the user's CUDA-graph capture recorded a CUDA event into the user's graph (and
+    querying one fails a capture). Here the capture is torch's own flag, faked; the events are stand-ins."""
+
+    class Event:
+        def __init__(self, t):
+            self.t = t
+
+        def query(self):
+            return True
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return (other.t - self.t) * 1000.0
+
+    clock = iter(range(100))
+    capturing = [True]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    marks = StepMarks(torch.device("cuda", 0))
+    marks._now = lambda: Event(next(clock))
+    marks.start_step()
+    marks.mark("forward")
+    assert marks._marks == [] and marks.ready(flush=True) == []  # nothing recorded during the capture
+    capturing[0] = False
+    for phase in ("data", "forward", "backward"):
+        marks.mark(phase)
+    capturing[0] = True
+    marks.mark("optimizer")  # the captured optimizer step: its time runs on into the next mark
+    marks.end_step({"step": 1})
+    assert marks.ready(flush=True) == []  # not even queried while capturing
+    capturing[0] = False
+    (record,) = marks.ready(flush=True)
+    assert record["step_s"] == 3.0 and record["optimizer_s"] == 0.0 and record["backward_s"] == 1.0
+
+
 class Net(nn.Module):
     def __init__(self) -> None:
         super().__init__()
