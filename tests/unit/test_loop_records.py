@@ -191,3 +191,45 @@ def test_the_network_check_after_the_first_step(tmp_path, capsys, log, required,
     check_network(_rt(backend="gloo"), str(tmp_path / "g"), environ)
     check_network(_rt(num_nodes=1), str(tmp_path / "one"), environ)
     assert not (tmp_path / "g").exists() and not (tmp_path / "one").exists()
+
+
+class Normalize(nn.Module):
+    """A torchvision-style transform: an nn.Module without parameters, called on each sample."""
+
+    def forward(self, x):
+        return (x - 0.5) / 0.25
+
+
+class Samples(torch.utils.data.Dataset):
+    def __init__(self) -> None:
+        self.transform, self.x = Normalize(), torch.rand(32, 64)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.transform(self.x[i])  # with gradients on, in the training process (num_workers=0)
+
+
+def test_the_lead_module_is_the_model_not_a_transform_the_loader_calls_first(tmp_path):
+    """issue 47 N4: the first top-level module called with gradients on became the recorder's lead, its device
+    the step clock's: transforms in a num_workers=0 DataLoader won, so a GPU run was timed on the host, and
+    the samples and FLOPs counted were those of one sample through Normalize."""
+    from trainscale.observe.records import read_run
+
+    torch.manual_seed(0)
+    model = nn.Linear(64, 32)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    recorder = hooks.Recorder(tmp_path, environ={}).install()
+    try:
+        for (x,) in zip(torch.utils.data.DataLoader(Samples(), batch_size=8, num_workers=0)):
+            nn.functional.mse_loss(model(x), torch.zeros(8, 32)).backward()  # the loss is a module too
+            opt.step()
+            opt.zero_grad()
+        summary = recorder.finish()
+    finally:
+        recorder.uninstall()
+    assert recorder._lead() is model
+    assert summary["flops_per_step"] == 3 * 2 * 8 * 64 * 32  # the model's forward and backward on a batch of 8
+    steps = [r for r in read_run(tmp_path)["ranks"][0] if r["kind"] == "step"]
+    assert [r["samples"] for r in steps] == [8, 8, 8, 8]

@@ -83,7 +83,7 @@ class Recorder:
         predicts), before an evaluation or the end of the run raises the whole run's."""
         self.summary: dict[str, Any] | None = None
         self._depth = 0
-        self._lead: Any = None  # weakref to the first top-level module of the first step: its batches count
+        self._lead: Any = None  # weakref to the first top-level module with parameters: its batches count
         self._first_batch: tuple | None = None
         self._stepped = False  # an optimizer stepped since the last forward: the step ends at the next forward
         self._forwarded = False
@@ -124,11 +124,21 @@ class Recorder:
 
     # -- the hooks ----------------------------------------------------------------------------------
     def _forward_pre(self, module: torch.nn.Module, args: tuple) -> None:
+        param = None
+        if not self._depth:
+            param = next(module.parameters(), None)
+            if param is None:  # a transform (Normalize, RandomCrop), a loss: no model, no step of its own
+                return
         depth, self._depth = self._depth, self._depth + 1
         if depth or not torch.is_grad_enabled() or not self._ours():
             return
-        if self.marks is None:
-            self.marks = StepMarks(device_of(module, args))
+        on_gpu = param.device.type == "cuda"
+        if self.marks is None or (on_gpu and self.marks.device.type != "cuda"):
+            # the first model with parameters, or the first on a GPU after one on the host: its device times
+            # the steps, and it becomes the lead (its batches are the samples, its FLOPs the step's)
+            self.marks = StepMarks(param.device if on_gpu else device_of(module, args))
+            self._lead = self._first_batch = None
+            self._samples = self._tokens = 0
         if self._stepped:  # the previous step ended with its last optimizer step
             self._end_step()
             self._maybe_count_flops()
@@ -137,7 +147,9 @@ class Recorder:
             self.state.forward_started()
 
     def _forward_post(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        self._depth = depth = max(0, self._depth - 1)
+        if not self._depth:  # a top-level module without parameters (its forward_pre did not count it)
+            return
+        self._depth = depth = self._depth - 1
         if depth or not torch.is_grad_enabled() or not self._ours() or self.marks is None:
             return
         self.marks.mark("forward")
