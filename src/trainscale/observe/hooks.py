@@ -337,6 +337,8 @@ class Recorder:
         device = self.marks.device
         summary: dict[str, Any] = {"steps_recorded": len(self.step_times), "peak_mem_bytes": peak_memory(device)[0],
                                    "steps_peak_mem_bytes": self.steps_peak or None}
+        if device.type == "cuda":  # the caching allocator's own peak: what plan's fit allows beyond the allocations
+            summary["reserved_peak_bytes"] = int(torch.cuda.max_memory_reserved(device))
         lead = self._lead() if self._lead is not None else None
         timing = ddp_timing(lead) if lead is not None else None
         if timing:
