@@ -296,7 +296,8 @@ fi
 read -r -a PYTEST_EXTRA <<<"${TRAINSCALE_GPU_CHECK_PYTEST_ARGS:-}"
 run_step gpu-suite $((150 + 90 * EXTRA_GPUS)) "$OUT/gpu-suite.log" "$OUT/gpu-suite.log" \
   "$PYTHON" -m pytest tests/gpu -v -rs -p no:cacheprovider --junitxml "$OUT/junit.xml" \
-  --ignore tests/gpu/test_gpu_one_card.py -k "not test_selftest_passes_on_this_nodes_gpus and not test_nccl_hang_notice" \
+  --ignore tests/gpu/test_gpu_one_card.py \
+  -k "not test_selftest_passes_on_this_nodes_gpus and not test_nccl_hang_notice" \
   "${PYTEST_EXTRA[@]}"
 
 # --- selftest: one rank per visible GPU (one CPU rank in the CPU check mode, as on a 1-GPU machine)
@@ -330,7 +331,8 @@ run_test recorder 30 "$ONE_CARD::test_the_recorder_times_the_gpu_and_rates_the_m
 if grep -qs 'def test_nccl_hang_notice' tests/gpu/*.py; then
   run_test nccl-hang-notice 60 tests/gpu -k test_nccl_hang_notice
 else
-  ! wanted nccl-hang-notice || record nccl-hang-notice skip 0 0 "tests/gpu has no test_nccl_hang_notice* (the flight recorder's hang notice)"
+  ! wanted nccl-hang-notice || record nccl-hang-notice skip 0 0 \
+    "tests/gpu has no test_nccl_hang_notice* (the flight recorder's hang notice)"
 fi
 
 # --- summary.txt

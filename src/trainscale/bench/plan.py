@@ -105,7 +105,8 @@ class Calibration:
                    device=str(meta.get("device", "cpu")), threads=int(meta.get("threads") or 1),
                    strategy=meta.get("strategy"), recorded=len(steps),
                    peak=summary.get("steps_peak_mem_bytes") or summary.get("peak_mem_bytes") or None,
-                   reserve=max(0, int(summary.get("reserved_peak_bytes") or 0) - int(summary.get("peak_mem_bytes") or 0)),
+                   reserve=max(0, int(summary.get("reserved_peak_bytes") or 0)
+                               - int(summary.get("peak_mem_bytes") or 0)),
                    units=tuple(int(b) for b in meta.get("unit_bytes") or () if int(b) > 0))
 
     def tensor_bytes(self) -> list[float]:
