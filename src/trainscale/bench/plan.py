@@ -34,6 +34,10 @@ NOISY = 3.0
 ANY_BATCH = 2**16
 """Samples per rank from which the memory no longer bounds the batch in any training: said as "any batch"."""
 """Memory kept free for what the model does not count (the allocator's slack, kernels' workspaces)."""
+GPU_RUNTIME_BYTES = 1 << 30
+"""On a GPU, beyond the margin: what CUDA's max_memory_allocated never counts, the CUDA context (~0.5 GiB with
+torch's lazy module loading on an H100), cuBLAS's workspaces and NCCL's buffers (NCCL_BUFFSIZE, 4 MiB, per
+channel and peer). The allocator's cached blocks are measured (:attr:`Calibration.reserve`)."""
 UNSEEN = ("the allocator's slack and fragmentation, and a custom kernel's workspace (kept free by a 10% margin)",
           "FSDP and ZeRO-3 gather one unit's full parameters at a time, and prefetch the next: the peak charges "
           "all of them, an upper bound",
@@ -92,6 +96,9 @@ class Calibration:
     peak: int | None = None
     """The calibration rank's peak memory over its steps (its summary: CUDA's max_memory_allocated, or the
     process's peak RSS)."""
+    reserve: int = 0
+    """On a GPU, what CUDA's caching allocator held beyond its allocations at the calibration's peak
+    (max_memory_reserved - max_memory_allocated): cached and fragmented blocks, memory the GPU does not have free."""
     units: tuple[int, ...] = ()
     """Parameter bytes of each unit FSDP and ZeRO-3 gather at a time (observe/models.shard_units), the root's
     own last; a unit without parameters of its own gathers nothing and is left out."""
@@ -124,6 +131,8 @@ class Calibration:
                    device=str(meta.get("device", "cpu")), threads=int(meta.get("threads") or 1),
                    strategy=meta.get("strategy"), recorded=len(steps),
                    peak=summary.get("steps_peak_mem_bytes") or summary.get("peak_mem_bytes") or None,
+                   reserve=max(0, int(summary.get("reserved_peak_bytes") or 0)
+                               - int(summary.get("peak_mem_bytes") or 0)),
                    units=tuple(int(b) for b in meta.get("unit_bytes") or () if int(b) > 0))
 
     def tensor_bytes(self) -> list[float]:
@@ -332,9 +341,19 @@ class Plan:
         own = self.own.get(strategy) if world > 1 else None  # alone, fsdp runs unwrapped: the plain peak
         return replace(m, overhead=own.overhead) if own is not None and self.same_memory else m
 
+    @property
+    def room(self) -> float | None:
+        """What a rank's predicted peak may reach: the device's memory less the margin and, on a GPU, less what
+        max_memory_allocated does not count (the runtime's constant, the calibration's allocator reserve)."""
+        if self.device_bytes is None:
+            return None
+        on_gpu = self.calibration.device.startswith("cuda")
+        allowance = GPU_RUNTIME_BYTES + (self.calibration.reserve if on_gpu else 0) if self.target_gpus or on_gpu else 0
+        return self.device_bytes * (1 - MARGIN) - allowance
+
     def fits(self, m: Memory) -> bool | None:
-        """The rank's predicted peak within the room less the margin (None: the room is not known)."""
-        return None if self.device_bytes is None else m.peak <= self.device_bytes * (1 - MARGIN)
+        """The rank's predicted peak within the room (None: the room is not known)."""
+        return None if self.room is None else m.peak <= self.room
 
     def verdict(self, m: Memory) -> str:
         """yes (within the room less its margin), tight (within the room, not its margin: what the model does not
@@ -349,7 +368,7 @@ class Plan:
         the room is not known."""
         if self.device_bytes is None:
             return None
-        cal, room = self.calibration, self.device_bytes * (1 - MARGIN)
+        cal, room = self.calibration, self.room
         fixed = self.rank_memory(strategy, self.world, 0).peak
         per_sample = cal.activations / max(1, cal.batch)
         if fixed > room:

@@ -25,7 +25,8 @@ import runpy
 import signal
 import sys
 import threading
-from typing import Mapping, MutableMapping
+from pathlib import Path
+from typing import Any, Mapping, MutableMapping
 
 from trainscale.errors import is_refusal, one_line, record_error, succeeded
 
@@ -245,7 +246,7 @@ def forked(launcher: dict, *argv: str) -> None:
     reaches the launcher, which stops the workers), numpy's global generator seeded anew, and its name."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, FORKSERVER_BLOCKS)  # one sent meanwhile arrives now
     try:
-        check_no_cuda_inherited(sys.modules.get("torch"))
+        check_no_cuda_inherited(sys.modules.get("torch"), sys.modules.get("trainscale.launch.forkserver"))
         _leave_forkserver()
         die_with_launcher(launcher["environ"])
         os.setsid()
@@ -272,15 +273,29 @@ def forked(launcher: dict, *argv: str) -> None:
         os.kill(os.getpid(), signal.SIGINT)
 
 
-def check_no_cuda_inherited(torch) -> None:
+def check_no_cuda_inherited(torch, server: Any = None) -> None:
     """A forked worker whose forkserver had initialised CUDA cannot use a GPU (torch: "Cannot re-initialize
     CUDA in forked subprocess"). The forkserver imports torch and never touches a device; this holds it to
-    that, in words, before the worker's code meets it in the middle of its model set-up."""
+    that, in words, before the worker's code meets it in the middle of its model set-up: torch's own lazy
+    initialisation (its bad-fork flag), and any library's ``cuInit`` (``server``: the forkserver's module, which
+    asked the driver itself after its imports; its answer is inherited)."""
     bad_fork = getattr(getattr(torch, "cuda", None), "_is_in_bad_fork", None)
-    if bad_fork is not None and bad_fork():
+    if (bad_fork is not None and bad_fork()) or getattr(server, "CUDA_DRIVER_INITIALISED", False):
         raise RuntimeError("trainscale: this worker was forked from a process that had initialised CUDA (the "
                            "launcher's forkserver must not): its GPU is unusable here; a bug in trainscale, or "
                            "a module the forkserver preloads touched the device")
+
+
+def cuda_driver_initialised() -> bool:
+    """Whether some library of this process called the CUDA driver's ``cuInit``: without it ``cuDeviceGetCount``
+    answers CUDA_ERROR_NOT_INITIALIZED (3) and initialises nothing. No driver loaded: none could have."""
+    try:
+        if "libcuda.so" not in Path("/proc/self/maps").read_text():
+            return False
+        count = ctypes.c_int()
+        return ctypes.CDLL("libcuda.so.1").cuDeviceGetCount(ctypes.byref(count)) != 3
+    except (OSError, AttributeError):
+        return False
 
 
 def die_with_launcher(environ: Mapping[str, str]) -> bool:
