@@ -18,7 +18,7 @@
 #   checkpoint:async  a background checkpoint save, and the next run resuming from it
 #   recorder          the step recorder's device, samples, FLOPs and MFU on a model fed through
 #                     torchvision-style transforms (nn.Modules without parameters) in a num_workers=0 loader
-#   nccl-hang-notice  tests/gpu's test_nccl_hang_notice* (the flight recorder's notice of a hung collective);
+#   nccl-hang-notice  tests/gpu's test_nccls_own_flight_recorder* (NCCL's flight recorder holds a collective kept in flight, as the hang notice reads it);
 #                     skipped, saying so, where the suite has none
 # OUTDIR (new or empty) gets 7 files: summary.txt (device, driver, torch build, each step's status, seconds
 # and limit), junit.xml, selftest.json, setup.log, gpu-suite.log (the suite and every pytest step), selftest.log,
@@ -297,7 +297,7 @@ read -r -a PYTEST_EXTRA <<<"${TRAINSCALE_GPU_CHECK_PYTEST_ARGS:-}"
 run_step gpu-suite $((150 + 90 * EXTRA_GPUS)) "$OUT/gpu-suite.log" "$OUT/gpu-suite.log" \
   "$PYTHON" -m pytest tests/gpu -v -rs -p no:cacheprovider --junitxml "$OUT/junit.xml" \
   --ignore tests/gpu/test_gpu_one_card.py \
-  -k "not test_selftest_passes_on_this_nodes_gpus and not test_nccl_hang_notice" \
+  -k "not test_selftest_passes_on_this_nodes_gpus and not test_nccls_own_flight_recorder" \
   "${PYTEST_EXTRA[@]}"
 
 # --- selftest: one rank per visible GPU (one CPU rank in the CPU check mode, as on a 1-GPU machine)
@@ -328,11 +328,11 @@ run_test checkpoint:async 45 "$ONE_CARD::test_a_background_checkpoint_save_resum
 run_test recorder 30 "$ONE_CARD::test_the_recorder_times_the_gpu_and_rates_the_model_not_its_transforms"
 
 # --- nccl-hang-notice: the flight recorder's test, where the suite has it
-if grep -qs 'def test_nccl_hang_notice' tests/gpu/*.py; then
-  run_test nccl-hang-notice 60 tests/gpu -k test_nccl_hang_notice
+if grep -qs 'def test_nccls_own_flight_recorder' tests/gpu/*.py; then
+  run_test nccl-hang-notice 60 tests/gpu -k test_nccls_own_flight_recorder
 else
   ! wanted nccl-hang-notice || record nccl-hang-notice skip 0 0 \
-    "tests/gpu has no test_nccl_hang_notice* (the flight recorder's hang notice)"
+    "tests/gpu has no test_nccls_own_flight_recorder* (the flight recorder's hang notice)"
 fi
 
 # --- summary.txt
