@@ -33,7 +33,12 @@ class RankFailure:
     def secondary(self) -> bool:
         """Failed because another rank failed: a peer's closed connection, or the agent's SIGTERM to a rank
         that had recorded no error of its own (one that had was stopped on its way out)."""
-        return lost_peer(self.traceback) or (self.exitcode == -signal.SIGTERM and not self.traceback)
+        return bool(self.lost) or (self.exitcode == -signal.SIGTERM and not self.traceback)
+
+    @property
+    def lost(self) -> str:
+        """How a rank that lost a peer said so (``connection closed by peer``); "" for any other failure."""
+        return next((m.lower() for m in PEER_GONE if m in self.traceback), "")
 
     @property
     def how(self) -> str:
@@ -231,9 +236,10 @@ def render(failures: list[RankFailure], world_size: int | None = None, log_dir: 
     if others:  # one line per host and way of failing: 1,023 ranks that died of the first are not 1,023 lines
         lines += ["", "Other ranks:"]
         groups: dict[tuple[str, str], list[int]] = {}
+        after = "another rank" if first.secondary else f"rank {first.rank}"  # never a rank that only lost a peer
         for f in others:
-            how = f.how + (" (after the first failure)" if f.secondary else "") + (" — the hung rank" if f.rank in hung
-                                                                                  else "")
+            how = (f"{f.how} — the hung rank" if f.rank in hung else
+                   f"stopped after {after} failed ({f.lost or f.how})" if f.secondary else f.how)
             groups.setdefault((f.host, how), []).append(f.rank)
         lines += [f"  rank {ranks[0]} on {host}: {how}" if len(ranks) == 1 else
                   f"  ranks {format_cpulist(ranks)} on {host}: {how}" for (host, how), ranks in groups.items()]
