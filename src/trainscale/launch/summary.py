@@ -118,14 +118,15 @@ def next_line(result) -> str:
 
 def finished_lines(nproc_per_node: int, max_restarts: int, result) -> str:
     """Where a finished local run went, its restarts if any, and the command that reads it next."""
-    from trainscale.launch.rundir import shown
+    from trainscale.launch.rundir import shown, trained_here
 
     run = shown(result.run_dir)
-    records = any((Path(result.run_dir) / "metrics").glob("rank-*.jsonl")) if result.run_dir else False
-    what = "step records" if records else "no step records: no rank ran an optimizer step"
-    where = (f"run directory {run} ({what}, every rank's logs, run.json)" if result.run_dir == result.log_dir
+    records = trained_here(result.run_dir)
+    what = "step records, " if records else ""
+    where = (f"run directory {run} ({what}every rank's logs, run.json)" if result.run_dir == result.log_dir
              else f"{'records' if records else 'no step records'} in {run}, this node's logs in {shown(result.log_dir)}")
-    return "\n".join([f"trainscale: {nproc_per_node} rank(s) finished in {result.seconds:.1f}s; {where}",
+    ended = "finished" if records else "ended without training: no rank ran an optimizer step"
+    return "\n".join([f"trainscale: {nproc_per_node} rank(s) {ended} in {result.seconds:.1f}s; {where}",
                       *attempts_lines(list(result.attempts), max_restarts + 1), next_line(result)])
 
 
