@@ -95,19 +95,18 @@ class Session(Runtime):
         """Send :meth:`log`'s values to ``trackers`` (tensorboard, wandb, mlflow, csv), written by rank 0 in
         ``directory`` (default: the run directory of ``trainscale run``/``slurm``, else
         ``trainscale-runs/<script>-<date>-<time>``); rank 0 says once where each one writes. Every rank calls it.
-        ``config``: the run's hyperparameters, each tracker's own way (default: the command line and the world
-        size: what a script's run is known by)."""
-        from trainscale.train.trackers import Trackers, parse_trackers
+        ``config``: the run's hyperparameters, each tracker's own way (default: the script's ``--name value``
+        options, each its own, the command line and the world size: what a script's run is known by)."""
+        from trainscale.train.trackers import Trackers, command_options, parse_trackers
 
         names = parse_trackers(trackers)
         self._close_trackers()
         self._tracker_names = names
         if self.is_main and names:
             where = Path(directory) if directory is not None else default_run_dir(self)
-            if config is None:
-                import sys
-
-                config = {"command": " ".join(sys.argv), "world_size": self.world_size, "device": str(self.device)}
+            if config is None:  # the script's options, each a parameter of its own, and what ran it
+                config = {**command_options(sys.argv[1:]), "command": " ".join(sys.argv),
+                          "world_size": self.world_size, "device": str(self.device)}
             self._trackers = Trackers(names, where, name=name, run_id=run_id, config=config)
             self.print(f"trainscale: metrics go to {where}: {self._trackers.describe()}")
 
