@@ -142,7 +142,8 @@ def test_restarts_are_announced_with_their_cause_and_a_crash_keeps_its_signal(tm
     console = proc.stdout + err
     # rank 0 only lost its peer: its traceback (when the agent's stop did not come first) stays in its log, without
     # torch's own rank prefix
-    assert "by peer" not in console and "[rank0]: Traceback" not in console and "[rank0]: [rank0]:" not in console
+    assert not re.search("Connection (closed|reset) by peer", console), console  # gloo's own words
+    assert "[rank0]: Traceback" not in console and "[rank0]: [rank0]:" not in console
     log = (tmp_path / "logs" / "latest" / "attempt_0" / "0" / "stderr.log").read_text()
     assert "[rank0]:" not in log and ("Traceback" not in log or "this rank lost a rank that ended first" in log), log
     # the user's atexit handler ran in the attempt that finished
