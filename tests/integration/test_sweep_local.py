@@ -38,6 +38,7 @@ def test_a_local_sweeps_status_says_how_a_task_failed_and_ranks_by_what_was_logg
     done = trainscale("sweep", "--local", "--nproc-per-node", "2", "--grid", "lr=0.5,0.2,0.1", "sw.py", cwd=tmp_path)
     assert done.returncode == 1, done.stderr  # one task failed
     (sweep,) = [p.parent for p in tmp_path.rglob("sweep.json")]
+    assert (tmp_path / "trainscale-jobs" / ".gitignore").read_text().splitlines()[-1] == "*"  # no source to commit
     status = trainscale("sweep", "status", str(sweep), "--metric", "loss", cwd=tmp_path)
     assert status.returncode == 0, status.stderr
     header, *rows = status.stdout.split("\n\n")[0].splitlines()

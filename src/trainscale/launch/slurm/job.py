@@ -143,6 +143,16 @@ def take_snapshot(spec: SlurmJobSpec, plan: JobPlan) -> dict[str, Any] | None:
             "script": str(Path(spec.script).absolute().relative_to(manifest.root)) if spec.script else None}
 
 
+def make_jobs_folder(jobs: Path) -> bool:
+    """Make the folder of jobs (``trainscale-jobs``) when it is missing, with a ``.gitignore`` of ``*`` in it, as a
+    virtualenv does: what trainscale writes there is no source to commit. Whether it was made."""
+    if jobs.exists():
+        return False
+    jobs.mkdir(parents=True)
+    (jobs / ".gitignore").write_text("# made by trainscale: the files of its jobs\n*\n")
+    return True
+
+
 def prepare_run(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> Path:
     """Make the run directory ``plan.run_dir`` (a fresh one): the code the job will run, submission.json, the
     batch script. Returns the script."""
@@ -186,12 +196,9 @@ def submit_job(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan, *, ru
     check_snapshot(spec.snapshot, spec.script)
     plan = _fresh_run_dir(plan)
     jobs = plan.run_dir.parent
-    made = not jobs.exists()
     records: list[JobRecord] = []
+    made = make_jobs_folder(jobs)
     try:
-        if made:  # as a virtualenv does: what trainscale writes here is no source to commit
-            jobs.mkdir(parents=True)
-            (jobs / ".gitignore").write_text("# made by trainscale: the files of submitted jobs\n*\n")
         script = prepare_run(spec, profile, plan)
         if before_submit is not None:
             before_submit(plan)

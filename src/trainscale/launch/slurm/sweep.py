@@ -334,7 +334,10 @@ def run_here(spec: Any, grid: dict[str, list[str]], *, nproc_per_node: int, say:
     run_dir = Path(spec.output_dir).absolute() / (spec.run_name or f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     if run_dir.exists():
         raise ConfigError(f"{run_dir} exists", hint="wait a second, or give another --output-dir")
-    run_dir.mkdir(parents=True)
+    from trainscale.launch.slurm.job import make_jobs_folder
+
+    make_jobs_folder(run_dir.parent)
+    run_dir.mkdir()
     configs = write_tasks(run_dir, grid, workload=bool(spec.workload))
     target, module = (("trainscale.workloads", True) if spec.workload else
                       (spec.module, True) if spec.module else (spec.script, False))
