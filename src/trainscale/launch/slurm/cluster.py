@@ -5,7 +5,8 @@ laptop's), or none. Where the job's partition is on this scheduler, its real nod
 per node check the job (the lint's profile numbers are a cluster's typical node, not this partition's).
 Where this scheduler has none of the profile's partitions, it is another cluster: it cannot check the job,
 and ``sbatch --test-only`` here would answer for that other cluster, so it is not asked. Where it has one of
-them (or the profile names none), a partition it lacks is a mistake ``sbatch --test-only`` refuses. Acts (starts ``sinfo``), so it is kept apart from the pure lint.
+them (or the profile names none), a partition it lacks is a mistake ``sbatch --test-only`` refuses. Acts
+(starts ``sinfo``), so it is kept apart from the pure lint.
 """
 
 from __future__ import annotations

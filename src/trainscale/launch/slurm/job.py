@@ -146,9 +146,10 @@ def take_snapshot(spec: SlurmJobSpec, plan: JobPlan) -> dict[str, Any] | None:
 def make_jobs_folder(jobs: Path) -> bool:
     """Make the folder of jobs (``trainscale-jobs``) when it is missing, with a ``.gitignore`` of ``*`` in it, as a
     virtualenv does: what trainscale writes there is no source to commit. Whether it was made."""
-    if jobs.exists():
+    try:
+        jobs.mkdir(parents=True)
+    except FileExistsError:  # there already (or made by a submission beside this one): not ours to remove
         return False
-    jobs.mkdir(parents=True)
     (jobs / ".gitignore").write_text("# made by trainscale: the files of its jobs\n*\n")
     return True
 
