@@ -302,7 +302,7 @@ def test_submitting_a_script_does_not_import_torch(tmp_path, job_script):
     assert record["versions"]["torch"] == torch.__version__
 
 
-def test_test_only_needs_sbatch(tmp_path, job_script, monkeypatch):
+def test_test_only_needs_sbatch(tmp_path, job_script, monkeypatch, capsys):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match="--test-only needs sbatch"):
@@ -310,3 +310,6 @@ def test_test_only_needs_sbatch(tmp_path, job_script, monkeypatch):
         import argparse
 
         slurm_run(argparse.Namespace(argv=["--profile", "local-test", "-t", "5", "--test-only", job_script]))
+    # --dry-run where there is no scheduler: it says the job was not checked, and it is no failure
+    assert slurm_run(argparse.Namespace(argv=["--profile", "local-test", "-t", "5", "--dry-run", job_script])) == 0
+    assert "no SLURM scheduler here (sbatch is not on PATH): the job was not checked by SLURM" in capsys.readouterr().err
