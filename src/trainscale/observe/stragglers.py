@@ -93,7 +93,8 @@ def _cause(phase: str, mine: dict[str, Any], others: list[dict[str, Any]]) -> st
     if cpus and cpus_o and cpus < cpus_o:
         said.append(f"Its CPU binding has {cpus} CPU(s), the others' {cpus_o:g} (trainscale profiles --here shows "
                     "the plan)")
-    node = [set(mine.get("cpus") or [])] + [set(o.get("cpus") or []) for o in others if o.get("node") == mine.get("node")]
+    node = [set(mine.get("cpus") or [])] + [set(o.get("cpus") or []) for o in others
+                                            if o.get("node") == mine.get("node")]
     overlap = [node[i] & set().union(*(n for j, n in enumerate(node) if j != i)) for i in range(len(node))]
     shared = overlap[0]
     if shared and not all(overlap[1:]):  # only where some rank of its node has CPUs of its own
