@@ -49,6 +49,8 @@ PREFIXED_VAR = "TRAINSCALE_PREFIXED_CONSOLE"
 """Set by ``trainscale run`` when the agent prefixes every line a worker shows with ``[rankN]:``."""
 RECORD_VAR, NOTICE_VAR = "TRAINSCALE_RECORD", "TRAINSCALE_HANG_NOTICE"
 """``0`` switches off the step records (observe/hooks.py), the hang watch (runtime/progress.py)."""
+HANG_TIMEOUT_VAR = "TRAINSCALE_HANG_TIMEOUT"
+"""`--hang-timeout`'s seconds for the workers' hang watch (runtime/progress.py)."""
 
 # SLURM's task variables as torchrun's workers should see them: each agrees with RANK & co.
 _SLURM_FROM_WORLD = (
@@ -362,14 +364,12 @@ def observe_when_torch_loads(environ: MutableMapping[str, str] = os.environ) -> 
     """Zero code: what trainscale learns about any script (docs/observability.md). When the script imports
     torch, the recorder's hooks go in (observe/hooks.py: every rank's steps, with a run directory) and a
     watch starts the rank's heartbeat once its process group exists (runtime/progress.py: a hang's culprit
-    named). torch's flight recorder keeps the last collectives (it must be asked for before the group
-    exists). Nothing here may fail the script: what cannot start says so in one line."""
+    named). torch's flight recorder keeps the last collectives (asked for before the group exists). Nothing
+    here may fail the script: what cannot start says so in one line."""
     records = str(environ.get(RECORD_VAR, "1")).strip().lower() not in ("0", "false", "no", "off")
     watch = str(environ.get(NOTICE_VAR, "")).strip() not in ("0", "0.0")
     if not (records and environ.get(RUN_DIR_VAR)) and not watch:
         return
-    if watch and not environ.get("TORCH_FR_BUFFER_SIZE") and not environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE"):
-        environ["TORCH_FR_BUFFER_SIZE"] = "256"
     kit = environ.get(KIT_VAR)
     start = lambda: _start_observing(environ, kit, records=records, watch=watch)  # noqa: E731
     if "torch" in sys.modules:
@@ -407,6 +407,8 @@ class _AfterImport:
 def _start_observing(environ: MutableMapping[str, str], kit: str | None, *, records: bool, watch: bool) -> None:
     try:
         hooks, progress = _observers(kit)
+        if watch:  # before the script's process group exists
+            progress.ledger.enable_flight_recorder(environ)
         recorder = hooks.install(environ.get(RUN_DIR_VAR)) if records else None
         listeners = (recorder.hang_noticed,) if recorder is not None else ()
         on_stall = (recorder.flush,) if recorder is not None else ()
