@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from trainscale.observe.records import metrics_dir
 from trainscale.observe.records import read_run as read_records
+from trainscale.observe.stragglers import diagnose
 
 SHARES = ("data", "compute", "backward", "optimizer", "comm")
 """What a step record may split its time into (train/observing.py); comm: exposed communication."""
@@ -31,8 +32,6 @@ class RankStats:
     tokens_per_s: float | None
     mfu: float | None
     peak_mem_bytes: int | None
-    own_median_s: float | None = None
-    """Median of its own work per step (data wait + forward): what tells a slow rank from those waiting for it."""
     first_step_s: float | None = None
     """Its first step, left out of ``shares`` (with 3 steps or more): it holds the wait for every rank's start-up
     (the first collective waits for the last rank to arrive), compilation and first allocations."""
@@ -72,8 +71,6 @@ def rank_stats(rank: int, records: list[dict]) -> RankStats | None:
         shares["comm"] = min(float(ddp.get("exposed_comm_s") or 0.0), shares["backward"])
         shares["backward"] -= shares["comm"]
     shares["other"] = max(0.0, sum(float(r["step_s"]) for r in steady) / len(steady) - sum(shares.values()))
-    own = [float(r.get("data_s") or 0.0) + float(r.get("compute_s") or 0.0) for r in steps
-           if "data_s" in r or "compute_s" in r]
     samples = sum(int(r.get("samples") or 0) for r in steps)
     tokens = sum(int(r.get("tokens") or 0) for r in steps)
     return RankStats(rank=rank, host=meta.get("node") or meta.get("host", "?"), steps=len(steps),
@@ -81,7 +78,6 @@ def rank_stats(rank: int, records: list[dict]) -> RankStats | None:
                      samples_per_s=samples / total if samples and total else None,
                      tokens_per_s=tokens / total if tokens and total else None, mfu=summary.get("mfu"),
                      peak_mem_bytes=summary.get("peak_mem_bytes"),
-                     own_median_s=statistics.median(own) if own else None,
                      first_step_s=times[0] if steady is not steps else None)
 
 
@@ -145,7 +141,7 @@ def read_run(run_dir: Path, *, job_id: str | None = None,
     meta = next((recs[0] for recs in recorded["ranks"].values() if recs and recs[0].get("kind") == "meta"), {})
     return Gathered(source=run_dir, ranks=ranks, samples=recorded["nodes"], events=recorded["events"],
                     accounting=acct, accounting_note=note, submission=_json(run_dir / "submission.json"),
-                    extra={"run": info, "meta": meta, "job_id": job_id,
+                    extra={"run": info, "meta": meta, "job_id": job_id, "diagnosis": diagnose(recorded["ranks"]),
                            "failure": info.get("failure") or _job_failure(job_id, acct)})
 
 
