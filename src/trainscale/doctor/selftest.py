@@ -237,7 +237,8 @@ def _run_slurm(spec: SelftestSpec, nproc: int, out_dir: Path, phases: dict, say,
                command: str) -> dict[str, tuple[bool, str]]:
     import shlex
 
-    from trainscale.bench.slurm_runs import prepare, run_job
+    from trainscale.bench.slurm_runs import prepare
+    from trainscale.launch.trial import on_slurm
 
     target = spec.slurm
     jobs = {f"selftest-{phase}": target.job(
@@ -247,8 +248,10 @@ def _run_slurm(spec: SelftestSpec, nproc: int, out_dir: Path, phases: dict, say,
     prepared = prepare(target, jobs)  # every job linted before the first is submitted
     outcomes = {}
     for phase in phases:
-        outcome = run_job(target, prepared[f"selftest-{phase}"], on_line=lambda text: say(f"{phase}: {text}"))
-        outcomes[phase] = (outcome.ok, outcome.summary)
+        job = prepared[f"selftest-{phase}"]
+        done = on_slurm(job.spec, target.cluster, job.plan, poll_s=target.poll_s,
+                        say=lambda text: say(f"{phase}: {text}"))
+        outcomes[phase] = (done.ok, done.summary)
     return outcomes
 
 
