@@ -69,7 +69,9 @@ def short_run(*, script: str | None, args: tuple[str, ...], workload: str | None
             raise ConfigError("the calibration run recorded no optimizer step with parameters: the script ended "
                               "without training", hint="plan needs a script that trains (a torch optimizer's step)")
         if not done.ok or not found.exists():
-            tail = "\n".join(done.summary.strip().splitlines()[-15:])
+            said = [line for line in done.summary.strip().splitlines()  # not the logs of a directory about to go
+                    if tmp not in line and not line.startswith("=====")]
+            tail = "\n".join(said[-15:])
             raise ConfigError(f"{what} failed:\n{tail}", hint="run the same line with trainscale run to see why")
         from trainscale.bench.runner import other_load
 
