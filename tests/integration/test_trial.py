@@ -8,6 +8,8 @@ import os
 import signal
 import threading
 
+import pytest
+
 from helpers.cli import wait_for
 
 from trainscale.errors import LaunchError
@@ -53,3 +55,14 @@ def test_a_trial_that_ends_in_time_is_not_timed_out(tmp_path):
     (tmp_path / "quick.py").write_text("print('done')\n")
     done = here(str(tmp_path / "quick.py"), run_dir=tmp_path / "run", timeout_s=300)
     assert done.ok and not done.timed_out, done.summary
+
+
+def test_a_calibration_past_its_timeout_is_refused_with_what_to_change(tmp_path):
+    from trainscale.bench.planning import short_run
+    from trainscale.errors import ConfigError
+
+    (tmp_path / "stuck.py").write_text(STUCK)
+    with pytest.raises(ConfigError, match="the calibration run took more than 5 s for 4 steps") as err:
+        short_run(script=str(tmp_path / "stuck.py"), args=(str(tmp_path / "seen.json"),), workload=None, batch=None,
+                  steps=3, say=lambda line: None, timeout_s=5)
+    assert "fewer --steps" in err.value.hint and (tmp_path / "seen.json").exists()
