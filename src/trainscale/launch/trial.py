@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable, Iterator, Mapping
 
 from trainscale.errors import LaunchError
 
@@ -111,8 +112,14 @@ def _quiet(quiet: bool) -> Iterator[None]:
         yield
         return
     sink = io.StringIO()  # torch's agent tees rank 0 to the sys.stdout/stderr of the moment it starts the ranks
-    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-        yield
+    agent = logging.getLogger("torch.distributed.elastic")  # and logs a failure to stderr itself
+    level = agent.level
+    agent.setLevel(logging.CRITICAL)
+    try:
+        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            yield
+    finally:
+        agent.setLevel(level)
 
 
 @contextlib.contextmanager
