@@ -59,7 +59,8 @@ def here(target: str, args: tuple[str, ...] = (), *, module: bool = False, nproc
                           hint="run trials one after the other: each borrows the process's environment")
     expired = threading.Event()
     try:
-        with _environ(env or {}), contextlib.chdir(cwd or os.getcwd()), _quiet(quiet), _deadline(timeout_s, expired):
+        quieted = _quiet() if quiet else contextlib.nullcontext()
+        with _environ(env or {}), contextlib.chdir(cwd or os.getcwd()), quieted, _deadline(timeout_s, expired):
             result = launch(spec)
     finally:
         _one.release()
@@ -90,29 +91,21 @@ def on_slurm(spec, profile, plan, *, poll_s: float, say: Callable[[str], None] |
 
 @contextlib.contextmanager
 def _environ(changes: Mapping[str, str | None]) -> Iterator[None]:
-    saved = {key: os.environ.get(key) for key in changes}
+    saved = dict(os.environ)
+    os.environ.update({key: value for key, value in changes.items() if value is not None})
+    for key in [key for key, value in changes.items() if value is None]:
+        os.environ.pop(key, None)
     try:
-        for key, value in changes.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
         yield
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 @contextlib.contextmanager
-def _quiet(quiet: bool) -> Iterator[None]:
-    if not quiet:
-        yield
-        return
-    sink = io.StringIO()  # torch's agent tees rank 0 to the sys.stdout/stderr of the moment it starts the ranks
-    agent = logging.getLogger("torch.distributed.elastic")  # and logs a failure to stderr itself
+def _quiet() -> Iterator[None]:
+    """torch's agent tees rank 0 to the sys.stdout/stderr of the moment it starts the ranks, and logs a failure."""
+    agent, sink = logging.getLogger("torch.distributed.elastic"), io.StringIO()
     level = agent.level
     agent.setLevel(logging.CRITICAL)
     try:
