@@ -66,3 +66,13 @@ def test_a_calibration_past_its_timeout_is_refused_with_what_to_change(tmp_path)
         short_run(script=str(tmp_path / "stuck.py"), args=(str(tmp_path / "seen.json"),), workload=None, batch=None,
                   steps=3, say=lambda line: None, timeout_s=5)
     assert "fewer --steps" in err.value.hint and (tmp_path / "seen.json").exists()
+
+
+def test_a_signal_that_stops_a_trial_reaches_the_caller_after_its_ranks_are_stopped(tmp_path):
+    """Ctrl-C during a calibration or a tune trial stops the command, not only that run."""
+    (tmp_path / "interrupt.py").write_text("import os, signal, sys, time\nopen(sys.argv[1], 'w').write(str(os.getpid()))"
+                                           "\nos.kill(os.getppid(), signal.SIGINT)\ntime.sleep(600)\n")
+    with pytest.raises(KeyboardInterrupt):
+        here(str(tmp_path / "interrupt.py"), (str(tmp_path / "pid"),), run_dir=tmp_path / "run", timeout_s=300)
+    with pytest.raises(ProcessLookupError):  # its rank was stopped first
+        os.kill(int((tmp_path / "pid").read_text()), 0)

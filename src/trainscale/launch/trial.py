@@ -5,7 +5,8 @@ this process, as ``trainscale run`` launches it) or as one SLURM job (submitted,
 
 Here, the launch borrows this process for its length: the environment and working directory it asks for are set
 and put back after, the launcher's signal handlers are put back by launch/local.py, and one launch runs at a time
-(the launcher's environment is the process's). A timeout stops the workers, never the caller.
+(the launcher's environment is the process's). A timeout stops the workers, never the caller; a signal that stops
+the launcher is raised again once it has stopped the workers, for the caller's own handler (Ctrl-C: KeyboardInterrupt).
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ def here(target: str, args: tuple[str, ...] = (), *, module: bool = False, nproc
             result = launch(spec)
     finally:
         _one.release()
+    if result.signal:  # the launcher was stopped (Ctrl-C, SIGTERM): the caller's own handler answers it, as before
+        signal.raise_signal(result.signal)
     return Trial(result.ok and not expired.is_set(), result.summary, result.seconds, result.run_dir,
                  timed_out=expired.is_set())
 
