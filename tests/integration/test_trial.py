@@ -9,7 +9,6 @@ import signal
 import threading
 
 import pytest
-
 from helpers.cli import wait_for
 
 from trainscale.errors import LaunchError
