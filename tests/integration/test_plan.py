@@ -120,7 +120,8 @@ def test_plan_refuses_before_calibrating(tmp_path):
     assert done.returncode == 2 and "recorded no optimizer step" in done.stderr
     (tmp_path / "broken.py").write_text("raise SystemExit('no data here')\n")
     done = plan(tmp_path, "broken.py")
-    assert done.returncode == 2 and "the calibration run failed (exit 1):" in done.stderr, done.stderr
+    assert done.returncode == 2 and "the calibration run failed:" in done.stderr, done.stderr
+    assert "SystemExit: no data here" in done.stderr and "trainscale-plan-" not in done.stderr  # its logs went
     assert "run the same line with trainscale run" in done.stderr
 
 

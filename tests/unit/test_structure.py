@@ -4,6 +4,7 @@ or sets a strategy's fields (it asks the protocol), and the checkpoint layout is
 from __future__ import annotations
 
 import ast
+import itertools
 from pathlib import Path
 
 import trainscale
@@ -61,3 +62,25 @@ def test_the_checkpoint_layout_is_a_leaf_module():
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert not {m for m in imported if m and m.startswith("trainscale")}, imported
+
+
+CALLS_ITSELF_ALLOWED = {
+    Path("launch/allocation.py"): "srun starts one `trainscale run` agent on each node of the allocation",
+}
+"""Where a `python -m trainscale` argv is a command line that runs elsewhere, not the library calling its own CLI."""
+
+
+def test_no_module_launches_trainscales_own_command_line():
+    """A short run is a trial (launch/trial.py, in this process, visible to the layer test), never a
+    ``python -m trainscale run`` subprocess; a rendered batch script's text (``-m trainscale run`` in a string)
+    is what the job runs, and not an argv."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.List, ast.Tuple)):
+                words = [n.value if isinstance(n, ast.Constant) else None for n in node.elts]
+                if any(a == "-m" and b == "trainscale" for a, b in itertools.pairwise(words)) \
+                        and rel not in CALLS_ITSELF_ALLOWED:
+                    found.append(f"{rel}:{node.lineno}")
+    assert not found, f"argv of `python -m trainscale` built in {found}: launch through launch/trial.py"

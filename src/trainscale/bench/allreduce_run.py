@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from pathlib import Path
 from typing import Callable
@@ -42,29 +40,27 @@ def measure(target: SlurmTarget | None, *, nproc: int, sizes: str, out_file: Pat
     ``nproc`` (linted before ``out_file``'s directory is made); its JSON, or ``{"error": why}``."""
     args = ("--sizes", sizes, "--iters", str(iters), "--budget", str(budget_s), "--device", device)
     if target is None:
-        from trainscale.launch.local import LocalLaunchSpec, launch
+        from trainscale.launch.trial import here
 
         out_file.parent.mkdir(parents=True, exist_ok=True)
-        spec = LocalLaunchSpec(target="trainscale.bench.allreduce", module=True, nproc_per_node=nproc, log_dir=logs,
-                               args=(*args, "--hook", hook, "--out", str(out_file.absolute())))
-        sink = io.StringIO()
-        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-            result = launch(spec)
-        return json.loads(out_file.read_text()) if result.ok else {"error": result.summary}
-    from trainscale.bench.slurm_runs import prepare, run_job
+        done = here("trainscale.bench.allreduce", (*args, "--hook", hook, "--out", str(out_file.absolute())),
+                    module=True, nproc=nproc, run_dir=logs)
+        return json.loads(out_file.read_text()) if done.ok else {"error": done.summary}
+    from trainscale.bench.slurm_runs import prepare
+    from trainscale.launch.trial import on_slurm
 
     job = target.job(name=name, nodes=nodes, ranks_per_node=nproc, output_dir=logs.absolute(),
                      module="trainscale.bench.allreduce", command_line=("trainscale", "bench", "allreduce", "--slurm"),
                      args=(*args, *(("--hook", hook) if hook != "none" else ()), "--out", str(out_file.absolute())))
     prepared = prepare(target, {name: job})[name]  # linted before anything is written
     out_file.parent.mkdir(parents=True, exist_ok=True)
-    outcome = run_job(target, prepared, on_line=say)
-    if not outcome.ok:
-        return {"error": outcome.summary}
+    done = on_slurm(prepared.spec, target.cluster, prepared.plan, poll_s=target.poll_s, say=say)
+    if not done.ok:
+        return {"error": done.summary}
     try:
         return json.loads(out_file.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        return {"error": f"job {outcome.job_id} completed but wrote no result to {out_file} ({exc}); is the output "
+        return {"error": f"job {done.job_id} completed but wrote no result to {out_file} ({exc}); is the output "
                          "directory on a file system the compute nodes share?"}
 
 

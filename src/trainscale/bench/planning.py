@@ -1,5 +1,5 @@
-"""``trainscale plan``'s acting part: the calibration run (one rank, a few steps, launched as ``trainscale run``
-launches it, its records read back), the room per rank and the network the plan is made for. The modelling is
+"""``trainscale plan``'s acting part: the calibration run (one rank, a few steps, a trial of launch/trial.py, its
+records read back), the room per rank and the network the plan is made for. The modelling is
 bench/plan.py's (pure); the CLI only parses and prints.
 """
 
@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -27,59 +25,58 @@ DEFAULT_NETWORK = "ethernet-25g"
 def short_run(*, script: str | None, args: tuple[str, ...], workload: str | None, batch: int | None, steps: int,
               say: Callable[[str], None], nproc: int = 1, strategy: str | None = None, threads: int | None = None,
               timeout_s: float = 900.0) -> tuple[list[dict], dict | None, list[int], float | None]:
-    """Run the script (or workload) on ``nproc`` ranks here for ``steps`` optimizer steps and more: rank 0's
-    records, a workload's metrics (its memory table), every rank's peak memory over its training steps and the share
-    of its CPUs other work kept busy (bench/runner.other_load; None: not sampled). A script
-    runs in the working directory (its relative paths) and is stopped after ``steps`` by its recorder
+    """Run the script (or workload) on ``nproc`` ranks here for ``steps`` optimizer steps and more (a trial,
+    launch/trial.py): rank 0's records, a workload's metrics (its memory table), every rank's peak memory over its
+    training steps and the share of its CPUs other work kept busy (bench/runner.other_load; None: not sampled). A
+    script runs in the working directory (its relative paths) and is stopped after ``steps`` by its recorder
     (observe/state.py); its rt.checkpoint files go to a directory of the run's own (it neither resumes from nor
     writes into the user's). A workload runs ``steps + 1`` steps to its normal end in a temporary directory.
     ``threads``: the rank's OMP_NUM_THREADS (a user's own setting is kept)."""
+    from trainscale.launch.trial import WORKLOADS, here
     from trainscale.observe.state import PLAN_STEPS_VAR
     from trainscale.train.resumable import CHECKPOINT_DIR_VAR
 
     with tempfile.TemporaryDirectory(prefix="trainscale-plan-") as tmp:
-        logs, metrics = Path(tmp) / "runs", Path(tmp) / "metrics.json"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINSCALE_TRAIN_")}
+        run_dir, metrics = Path(tmp) / "run", Path(tmp) / "metrics.json"
+        env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("TRAINSCALE_TRAIN_")}
         env.update({CHECKPOINT_DIR_VAR: str(Path(tmp) / "checkpoints"), "TRAINSCALE_RECORD": "1",
                     "TRAINSCALE_HANG_NOTICE": "0"})
-        if threads and "OMP_NUM_THREADS" not in env:
+        if threads and "OMP_NUM_THREADS" not in os.environ:
             env["OMP_NUM_THREADS"] = str(threads)
-        head = [sys.executable, "-m", "trainscale", "run", "--nproc-per-node", str(nproc), "--log-dir", str(logs)]
         if workload:
             from trainscale.workloads.registry import get_workload
 
-            line = [*head, "--workload", workload, *args, *get_workload(workload).batch_args(batch, nproc),
+            line = ["--workload", workload, *args, *get_workload(workload).batch_args(batch, nproc),
                     *(["--strategy", strategy] if strategy else []), "--epochs", "1000", "--log-every", "0"]
             if nproc == 1:  # the calibration: the state counted, then stopped by the recorder
                 env[PLAN_STEPS_VAR] = str(steps)
             else:
                 line += ["--max-steps", str(steps + 1), "--metrics-out", str(metrics)]
-            cwd = tmp
+            target, module, targs, cwd = WORKLOADS, True, (workload, *line[2:]), Path(tmp)
         else:
             env[PLAN_STEPS_VAR] = str(steps)
-            line, cwd = [*head, str(Path(script).absolute()), *args], os.getcwd()
-        say(f"{'calibrating' if nproc == 1 else 'verifying'}: {shlex.join(line[3:])} ({nproc} rank(s), "
-            f"{steps + 1} optimizer steps)")
-        try:
-            done = subprocess.run(line, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            said = "the calibration run took more than" if nproc == 1 else "the verification run took more than"
-            raise ConfigError(f"{said} {timeout_s:.0f} s for {steps + 1} steps",
-                              hint="give fewer --steps, or a smaller batch") from None
-        found = sorted(logs.glob("*/metrics/rank-0.jsonl"))
-        if done.returncode == 0 and not found:  # it ended by itself before a step: nothing to plan from
+            line = [str(Path(script).absolute()), *args]
+            target, module, targs, cwd = line[0], False, tuple(args), None
+        what = "the calibration run" if nproc == 1 else "the verification run"
+        shown = shlex.join(["run", "--nproc-per-node", str(nproc), *line])
+        say(f"{'calibrating' if nproc == 1 else 'verifying'}: {shown} ({nproc} rank(s), {steps + 1} optimizer steps)")
+        done = here(target, targs, module=module, nproc=nproc, run_dir=run_dir, env=env, cwd=cwd, timeout_s=timeout_s)
+        if done.timed_out:
+            raise ConfigError(f"{what} took more than {timeout_s:.0f} s for {steps + 1} steps",
+                              hint="give fewer --steps, or a smaller batch")
+        found = run_dir / "metrics" / "rank-0.jsonl"
+        if done.ok and not found.exists():  # it ended by itself before a step: nothing to plan from
             raise ConfigError("the calibration run recorded no optimizer step with parameters: the script ended "
                               "without training", hint="plan needs a script that trains (a torch optimizer's step)")
-        if done.returncode != 0 or not found:
-            tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
-            said = "the calibration run failed" if nproc == 1 else "the verification run failed"
-            raise ConfigError(f"{said} (exit {done.returncode}):\n{tail}",
-                              hint="run the same line with trainscale run to see why")
+        if not done.ok or not found.exists():
+            said = [line for line in done.summary.strip().splitlines()  # not the logs of a directory about to go
+                    if tmp not in line and not line.startswith("=====")]
+            tail = "\n".join(said[-15:])
+            raise ConfigError(f"{what} failed:\n{tail}", hint="run the same line with trainscale run to see why")
         from trainscale.bench.runner import other_load
 
-        records = list(read_lines(found[0]))
-        return (records, json.loads(metrics.read_text()) if metrics.exists() else None, steps_peaks(found[0].parent),
-                other_load(found[0].parent.parent))
+        return (list(read_lines(found)), json.loads(metrics.read_text()) if metrics.exists() else None,
+                steps_peaks(found.parent), other_load(run_dir))
 
 
 def calibrate(*, script: str | None, args: tuple[str, ...], workload: str | None, batch: int | None, steps: int,

@@ -50,24 +50,24 @@ def execute_run(plan: Plan, run: PlannedRun, out_dir: Path, display: StudyDispla
     record = base_record(run)
     display.start(run.name)
     if jobs is not None:
-        from trainscale.bench.slurm_runs import run_job
+        from trainscale.launch.trial import on_slurm
 
-        outcome = run_job(plan.spec.slurm, jobs[run.name], on_line=lambda text: display.line(run.name, text))
-        ok, seconds, summary = outcome.ok, outcome.seconds, outcome.summary
+        job = jobs[run.name]
+        done = on_slurm(job.spec, plan.spec.slurm.cluster, job.plan, poll_s=plan.spec.slurm.poll_s,
+                        say=lambda text: display.line(run.name, text))
         # the job's run directory (made at submission inside runs/<name>/job/) holds its records
-        record.update(slurm_job=outcome.job_id, log_dir=str(outcome.job_dir),
-                      run_dir=_relative(outcome.job_dir.parent, out_dir))
+        record.update(slurm_job=done.job_id, log_dir=str(done.run_dir), run_dir=_relative(done.run_dir.parent, out_dir))
     else:
-        from trainscale.launch.local import LocalLaunchSpec, launch
+        from trainscale.launch.trial import here
 
         target, module, args, env = _target(plan, run, run_dir)  # as `trainscale run` would launch it
         record["load_before"] = _load()
         with display.capture(run.name):  # one directory: metrics.json, records, logs, run.json
-            result = launch(LocalLaunchSpec(target=target, module=module, args=args, env=env, run_dir=run_dir,
-                                            nproc_per_node=run.config.nproc_per_node))
-        ok, seconds, summary = result.ok, result.seconds, result.summary
-        record["log_dir"] = str(result.log_dir) if result.log_dir else None
+            done = here(target, args, module=module, nproc=run.config.nproc_per_node, run_dir=run_dir, env=env,
+                        quiet=False)
+        record["log_dir"] = str(done.run_dir) if done.run_dir else None
         record["run_dir"] = _relative(run_dir, out_dir)  # where `trainscale report` finds its records
+    ok, seconds, summary = done.ok, done.seconds, done.summary
     record.update(launch_s=seconds, metrics_file=str(run_dir / "metrics.json"))
     if not ok:
         record.update(status="failed", failure=summary, **results.record_from_launch(seconds))

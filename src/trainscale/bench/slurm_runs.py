@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import functools
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,34 +101,3 @@ def prepare(target: SlurmTarget, specs: dict[str, SlurmJobSpec]) -> dict[str, Pr
 
     return {name: PreparedJob(spec, checked_plan(spec, target.cluster, what=f"run {name}: "))
             for name, spec in specs.items()}
-
-
-@dataclass
-class JobOutcome:
-    ok: bool
-    seconds: float
-    """From submission to the end of the job (queue wait included)."""
-    summary: str
-    """The final state in words (trainscale's explanation)."""
-    job_id: str
-    job_dir: Path
-
-
-def run_job(target: SlurmTarget, job: PreparedJob, *, on_line=None) -> JobOutcome:
-    """Submit, watch to a final state, explain it. Interrupted (Ctrl-C): the job is cancelled."""
-    from trainscale.launch.slurm import cancel, explain, watch
-    from trainscale.launch.slurm.job import submit_job
-    from trainscale.launch.slurm.watch import describe_progress
-
-    say = on_line or (lambda text: None)
-    started = time.monotonic()
-    record = submit_job(job.spec, target.cluster, job.plan)
-    say(f"submitted job {record.job_id} ({record.launcher} mode, world size {record.world_size})")
-    try:
-        final = watch(record.job_id, poll_s=target.poll_s, on_change=lambda info: say(describe_progress(info)))
-    except KeyboardInterrupt:
-        cancel(record.job_id)
-        raise
-    return JobOutcome(ok=final.state == "COMPLETED", seconds=time.monotonic() - started,
-                      summary=explain(final, record), job_id=record.job_id, job_dir=record.job_dir)
-

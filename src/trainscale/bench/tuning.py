@@ -1,4 +1,4 @@
-"""`trainscale plan --tune`'s acting part: each trial a short real run launched as ``trainscale run`` launches it,
+"""`trainscale plan --tune`'s acting part: each trial a short real run (launch/trial.py),
 the search driven to its budget, the best and the defaults measured again side by side. The choosing
 is bench/tune.py's (pure); the CLI only parses and prints.
 """
@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -19,12 +17,13 @@ from trainscale.bench.tune import Search, Setting, Trial, TuneSpec, knobs
 from trainscale.errors import ConfigError
 
 
-def trial_command(spec: TuneSpec, setting: Setting, metrics: Path, log_dir: Path) -> tuple[list[str], dict[str, str]]:
-    """The `trainscale run` line of one trial and its environment."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINSCALE_TRAIN_",))}
+def measure(spec: TuneSpec, setting: Setting, work: Path, n: int) -> Trial:
+    """Run trial ``n`` of ``setting`` (launch/trial.py); its throughput as the run measured it, or why it failed."""
+    from trainscale.launch.trial import WORKLOADS, here
+
+    metrics = work / f"trial-{n}.json"
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("TRAINSCALE_TRAIN_")}
     env["TRAINSCALE_RECORD"] = "0"  # a trial measures the training, not the recording
-    head = [sys.executable, "-m", "trainscale", "run", "--nproc-per-node", str(spec.nproc_per_node),
-            "--log-dir", str(log_dir)]
     if spec.script is not None:
         from trainscale.bench.metrics import METRICS_ENV
         from trainscale.bench.study import BATCH_ENV
@@ -32,32 +31,25 @@ def trial_command(spec: TuneSpec, setting: Setting, metrics: Path, log_dir: Path
         if setting.threads is not None:
             env["OMP_NUM_THREADS"] = str(setting.threads)
         env.update({METRICS_ENV: str(metrics), BATCH_ENV: str(setting.batch_size)})
+        target, module = spec.script, False
         args = [a.replace("{batch}", str(setting.batch_size)) for a in spec.script_args]
-        return [*head, spec.script, *args], env
-    args = [*spec.workload_args, "--device", spec.device, "--loader", spec.loader, "--max-steps", str(spec.max_steps),
-            "--epochs", "1000", "--log-every", "0", "--metrics-out", str(metrics), *setting.workload_args(spec.strategy)]
-    if "--strategy" not in args:
-        args += ["--strategy", spec.strategy]
-    return [*head, "--workload", spec.workload, *args], env
-
-
-def measure(spec: TuneSpec, setting: Setting, work: Path, n: int) -> Trial:
-    """Run trial ``n`` of ``setting``; its throughput as the run measured it, or why it failed."""
-    metrics = work / f"trial-{n}.json"
-    argv, env = trial_command(spec, setting, metrics, work / "logs")
-    started = time.monotonic()
-    done = subprocess.run(argv, env=env, capture_output=True, text=True)
-    seconds = time.monotonic() - started
-    if done.returncode != 0:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        return Trial(setting, None, seconds, " / ".join(tail) or f"exit {done.returncode}")
+    else:
+        target, module = WORKLOADS, True
+        args = [spec.workload, *spec.workload_args, "--device", spec.device, "--loader", spec.loader, "--max-steps",
+                str(spec.max_steps), "--epochs", "1000", "--log-every", "0", "--metrics-out", str(metrics),
+                *setting.workload_args(spec.strategy)]
+        if "--strategy" not in args:
+            args += ["--strategy", spec.strategy]
+    done = here(target, tuple(args), module=module, nproc=spec.nproc_per_node, run_dir=work / f"trial-{n}", env=env)
+    if not done.ok:
+        return Trial(setting, None, done.seconds, " / ".join(done.summary.strip().splitlines()[-3:]) or "failed")
     if not metrics.exists():
-        return Trial(setting, None, seconds, "the run wrote no metrics (a script reports through "
-                                             "trainscale.bench.metrics.EpochRecorder, as for trainscale bench)")
+        return Trial(setting, None, done.seconds, "the run wrote no metrics (a script reports through "
+                                                  "trainscale.bench.metrics.EpochRecorder, as for trainscale bench)")
     epochs = json.loads(metrics.read_text()).get("epochs") or []
     samples = sum(e["samples_per_s"] * e["time_s"] for e in epochs)
     elapsed = sum(e["time_s"] for e in epochs)
-    return Trial(setting, samples / elapsed if elapsed else None, seconds)
+    return Trial(setting, samples / elapsed if elapsed else None, done.seconds)
 
 
 @dataclass(frozen=True)

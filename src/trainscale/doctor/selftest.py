@@ -12,11 +12,8 @@ CUDA events, GPU-local CPUs) say so instead.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
-import io
 import json
-import logging
 import os
 import socket
 from dataclasses import asdict, dataclass, field
@@ -203,7 +200,7 @@ def hang_row(path: Path, timeout_s: float, outcome: tuple[bool, str]) -> dict[st
 
 
 def _run_local(spec: SelftestSpec, nproc: int, out_dir: Path, phases: dict, say) -> dict[str, tuple[bool, str]]:
-    from trainscale.launch.local import LocalLaunchSpec, launch
+    from trainscale.launch.trial import here
     from trainscale.topology import PLAN_ENV
 
     # Bound like `trainscale run` binds when asked, so the binding check checks trainscale's plan.
@@ -211,33 +208,19 @@ def _run_local(spec: SelftestSpec, nproc: int, out_dir: Path, phases: dict, say)
     outcomes = {}
     for phase, out in phases.items():
         say(f"{phase}: {nproc} local rank(s)" + (" (expected to fail: one rank stops)" if phase == "hang" else ""))
-        launch_spec = LocalLaunchSpec(target=MODULE, module=True, nproc_per_node=nproc, env=env,
-                                      args=rank_args(spec, phase, out, out_dir / "work"),
-                                      log_dir=out_dir / "logs" / phase)
-        sink = io.StringIO()  # the ranks' console output; every rank's log stays under logs/<phase>/
-        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink), _quiet_agent():
-            result = launch(launch_spec)
-        outcomes[phase] = (result.ok, result.summary)
+        # the ranks' console output is kept from the table; every rank's log stays under logs/<phase>/
+        done = here(MODULE, rank_args(spec, phase, out, out_dir / "work"), module=True, nproc=nproc, env=env,
+                    run_dir=out_dir / "logs" / phase)
+        outcomes[phase] = (done.ok, done.summary)
     return outcomes
-
-
-@contextlib.contextmanager
-def _quiet_agent():
-    """The elastic agent logs the expected failure of the hang launch to stderr itself; the table says it."""
-    logger = logging.getLogger("torch.distributed.elastic")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 def _run_slurm(spec: SelftestSpec, nproc: int, out_dir: Path, phases: dict, say,
                command: str) -> dict[str, tuple[bool, str]]:
     import shlex
 
-    from trainscale.bench.slurm_runs import prepare, run_job
+    from trainscale.bench.slurm_runs import prepare
+    from trainscale.launch.trial import on_slurm
 
     target = spec.slurm
     jobs = {f"selftest-{phase}": target.job(
@@ -247,8 +230,10 @@ def _run_slurm(spec: SelftestSpec, nproc: int, out_dir: Path, phases: dict, say,
     prepared = prepare(target, jobs)  # every job linted before the first is submitted
     outcomes = {}
     for phase in phases:
-        outcome = run_job(target, prepared[f"selftest-{phase}"], on_line=lambda text: say(f"{phase}: {text}"))
-        outcomes[phase] = (outcome.ok, outcome.summary)
+        job = prepared[f"selftest-{phase}"]
+        done = on_slurm(job.spec, target.cluster, job.plan, poll_s=target.poll_s,
+                        say=lambda text: say(f"{phase}: {text}"))
+        outcomes[phase] = (done.ok, done.summary)
     return outcomes
 
 
