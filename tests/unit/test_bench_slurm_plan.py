@@ -68,7 +68,7 @@ def test_slurm_options_are_checked_before_anything_runs(argv, message, tmp_path)
 
 
 def test_cli_builds_the_slurm_study():
-    spec, _, _ = cli.build(["--slurm", "--profile", "local-test", "--time", "00:05:00", "--gpus-per-node", "2",
+    spec, _ = cli.build(["--slurm", "--profile", "local-test", "--time", "00:05:00", "--gpus-per-node", "2",
                             "--configs", "1", "--nodes", "2", "--launcher", "srun", "--workload", "cnn"])
     assert spec.configs == "1,2n" and spec.slurm.launcher == "srun" and spec.slurm.nodes_ranks == 2
     assert [c.world_size for c in spec.parsed_configs()] == [1, 4]
