@@ -317,7 +317,7 @@ def test_the_report_names_other_work_on_the_ranks_cpus(tmp_path):
                 "procs": [{"cpu_pct": 70.0}, {"cpu_pct": 70.0}]}
 
     busy = findings(Gathered(source=tmp_path, ranks=[], samples={"n1": [sample(200.0)]}, events=[]))
-    assert [f.text for f in busy if f.level == "problem"] == [
+    assert [f.message for f in busy if f.level == "problem"] == [
         "other work kept 30% of the ranks' CPUs on n1 busy: every rank there ran slower for it (another job or "
         "process on the same cores; an exclusive allocation or a quiet node avoids it)"]
     assert not findings(Gathered(source=tmp_path, ranks=[], samples={"n1": [sample(145.0)]}, events=[]))
