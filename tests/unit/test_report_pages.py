@@ -40,7 +40,7 @@ def test_a_job_id_gives_its_run_page_with_what_ran_and_slurms_accounting(tmp_pat
 
     def sacct(argv, **_):
         assert argv[:3] == ["sacct", "-j", "4711"]
-        return subprocess.CompletedProcess(argv, 0, "4711|COMPLETED|00:10:00|8|00:40:00||2|0:0\n", "")
+        return subprocess.CompletedProcess(argv, 0, "4711|cnn|COMPLETED|0:0|00:10:00|n[1-2]|0|8|00:40:00||2\n", "")
 
     page = build("4711", tmp_path / "out", sacct_run=sacct)
     facts = dict(page.facts)
