@@ -248,7 +248,7 @@ def test_the_report_suggests_zero1_for_a_studys_ddp_run_dominated_by_the_optimiz
                 {"status": "ok", "world_size": 2, "strategy": strategy, "breakdown": {"optimizer_fraction": share}}]
         return Gathered(source=tmp_path, ranks=[], samples={}, events=[], study={"runs": runs})
 
-    texts = [f.text for f in findings(gathered("ddp", 0.31)) if f.level == "problem"]
+    texts = [f.message for f in findings(gathered("ddp", 0.31)) if f.level == "problem"]
     assert texts == ["the optimizer step takes 31% of the step and every rank runs all of it: try --strategy zero1 "
                      "(each of the 2 ranks updates its own part of the parameters, whole tensors at a time; "
                      "docs/strategies.md)"]

@@ -11,7 +11,7 @@ import trainscale
 
 PACKAGE = Path(trainscale.__file__).parent
 LAYERS = {
-    "errors": 0, "_version": 0, "convert": 0, "__main__": 7,
+    "errors": 0, "findings": 0, "_version": 0, "convert": 0, "__main__": 7,
     "env": 1,
     "topology": 2,
     "runtime": 3,

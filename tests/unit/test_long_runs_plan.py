@@ -191,7 +191,7 @@ def test_a_submitted_sweep_s_unfinished_tasks_take_the_scheduler_s_states(tmp_pa
                    "77_2|sweep|PENDING|0:00|10:00|1|me|Resources|\n")
         elif argv[0] == "sacct":  # the whole array in one call
             assert argv[2] == "77"
-            out = "77_0|COMPLETED\n77_0.batch|COMPLETED\n77_3|CANCELLED by 0\n"
+            out = "77_0|sweep|COMPLETED\n77_0.batch|batch|COMPLETED\n77_3|sweep|CANCELLED by 0\n"
         return subprocess.CompletedProcess(argv, 0, out, "")
 
     states = [r.state for r in gather(tmp_path, run=fake)]

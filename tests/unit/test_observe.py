@@ -15,7 +15,7 @@ from trainscale.observe.interconnect import arm, judge, parse_nccl_log
 from trainscale.observe.records import RankRecorder, read_run
 from trainscale.observe.sampler import Sampler, interval_from_env, other_cpu_share
 from trainscale.observe.stragglers import StragglerWatch, find_straggler
-from trainscale.report.gather import parse_sacct, rank_stats
+from trainscale.report.gather import accounting, rank_stats
 
 NCCL = Path(__file__).resolve().parents[1] / "fixtures" / "nccl"
 
@@ -269,10 +269,12 @@ def test_arm_sends_ncclss_lines_to_a_file_unless_the_user_chose(tmp_path):
 
 
 def test_sacct_row_and_cpu_efficiency():
-    text = ("4711|COMPLETED|00:10:00|8|00:40:00||2|0:0\n"
-            "4711.batch|COMPLETED|00:10:00|4|00:00:01|200M|1|0:0\n"
-            "4711.0|COMPLETED|00:09:58|8|00:39:59|1.5G|2|0:0\n")
-    row = parse_sacct(text)
+    import subprocess
+
+    text = ("4711|train|COMPLETED|0:0|00:10:00|n[1-2]|0|8|00:40:00||2\n"
+            "4711.batch|batch|COMPLETED|0:0|00:10:00|n1||4|00:00:01|200M|1\n"
+            "4711.0|python|COMPLETED|0:0|00:09:58|n[1-2]||8|00:39:59|1.5G|2\n")
+    row, note = accounting("4711", lambda argv, **_: subprocess.CompletedProcess(argv, 0, text, ""))
     assert row["State"] == "COMPLETED" and row["cpu_efficiency"] == pytest.approx(0.5)
     assert row["MaxRSS_bytes"] == int(1.5 * 2**30)
 
@@ -317,7 +319,7 @@ def test_the_report_names_other_work_on_the_ranks_cpus(tmp_path):
                 "procs": [{"cpu_pct": 70.0}, {"cpu_pct": 70.0}]}
 
     busy = findings(Gathered(source=tmp_path, ranks=[], samples={"n1": [sample(200.0)]}, events=[]))
-    assert [f.text for f in busy if f.level == "problem"] == [
+    assert [f.message for f in busy if f.level == "problem"] == [
         "other work kept 30% of the ranks' CPUs on n1 busy: every rank there ran slower for it (another job or "
         "process on the same cores; an exclusive allocation or a quiet node avoids it)"]
     assert not findings(Gathered(source=tmp_path, ranks=[], samples={"n1": [sample(145.0)]}, events=[]))

@@ -40,7 +40,7 @@ def test_a_job_id_gives_its_run_page_with_what_ran_and_slurms_accounting(tmp_pat
 
     def sacct(argv, **_):
         assert argv[:3] == ["sacct", "-j", "4711"]
-        return subprocess.CompletedProcess(argv, 0, "4711|COMPLETED|00:10:00|8|00:40:00||2|0:0\n", "")
+        return subprocess.CompletedProcess(argv, 0, "4711|cnn|COMPLETED|0:0|00:10:00|n[1-2]|0|8|00:40:00||2\n", "")
 
     page = build("4711", tmp_path / "out", sacct_run=sacct)
     facts = dict(page.facts)
@@ -84,9 +84,9 @@ def test_a_studys_page_never_shows_an_impossible_speedup_and_gives_each_configur
     table = page.sections[0].tables[0]
     assert table.rows[1][3:5] == ["—(disturbed)", "—(disturbed)"] and table.rows[0][2] == "116.6*"
     assert page.verdict[0].level == "problem" and "DDP 2 CPU ranks: no speedup shown: 7.76x measured, above the " \
-                                                   "1.00x its hardware allows (+20% for cache effects" in page.verdict[0].text
+                                                   "1.00x its hardware allows (+20% for cache effects" in page.verdict[0].message
     assert [s.title for s in page.sections[1:]] == ["Single CPU rank (01-1)", "DDP 2 CPU ranks (02-2)"]
-    assert page.sections[1].verdict[0].text == "no records of this configuration"
+    assert page.sections[1].verdict[0].message == "no records of this configuration"
     assert page.sections[2].tables[0].rows[0][:3] == ["0", "n1", "20"]  # its ranks, from its own records
     facts = dict(page.facts)
     assert facts["what ran"] == ("scaling study of workload cnn: a fixed problem: 2 epoch(s) at each size, per-rank "

@@ -42,14 +42,16 @@ def test_parse_squeue_rejects_other_formats():
     ("4107", "PREEMPTED", 0, 0, "", 2),
     ("4108", "REQUEUED", 0, 0, "", 1),
 ])
-def test_parse_sacct_picks_the_job_not_its_steps(job, state, code, sig, reason, restarts):
-    info = parse_sacct(fixture("sacct_examples.txt"), job)
+def test_parse_sacct_reads_the_job_and_its_steps(job, state, code, sig, reason, restarts):
+    (info,) = [r for r in parse_sacct(fixture("sacct_examples.txt")) if r.job_id == job]
     assert (info.state, info.exit_code, info.signal, info.reason, info.restarts) == (state, code, sig, reason, restarts)
     assert info.terminal == (state != "REQUEUED")
 
 
-def test_parse_sacct_unknown_job():
-    assert parse_sacct(fixture("sacct_examples.txt"), "9999") is None
+def test_parse_sacct_keeps_every_line_in_order():
+    rows = parse_sacct(fixture("sacct_examples.txt"))
+    assert [r.job_id for r in rows[:4]] == ["4101", "4101.batch", "4101.extern", "4101.0"] and len(rows) == 14
+    assert (rows[1].name, rows[1].nodelist, rows[1].alloc_cpus, rows[1].max_rss) == ("batch", "n1", 0, "")
 
 
 @pytest.mark.parametrize("name, state, code, reason", [
@@ -156,7 +158,7 @@ def test_explain_each_state_in_words(state, words):
 
 
 def test_explain_failed_with_exit_code():
-    text = explain(parse_sacct(fixture("sacct_examples.txt"), "4102"))
+    text = explain(next(r for r in parse_sacct(fixture("sacct_examples.txt")) if r.job_id == "4102"))
     assert "FAILED" in text and "exit code 1" in text
 
 

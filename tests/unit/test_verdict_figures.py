@@ -25,9 +25,9 @@ def test_a_start_up_wait_in_the_first_step_is_not_communication():
     starting = rank_stats(0, steps(first_comm_s=0.002))
     g = Gathered(source=Path("."), ranks=[starting, waiting], samples={}, events=[])
     said = findings(g)
-    assert not any("communication takes" in f.text for f in said), said
-    (note,) = [f for f in said if "first step" in f.text]
-    assert note.level == "note" and "the first step took up to 9.5 s (rank 1)" in note.text
+    assert not any("communication takes" in f.message for f in said), said
+    (note,) = [f for f in said if "first step" in f.message]
+    assert note.level == "note" and "the first step took up to 9.5 s (rank 1)" in note.message
     # the table's comm share and the verdict's come from the same steps: 2 ms of a 22 ms step
     assert rank_table(g).rows[1][9] == "9%"
 
@@ -38,5 +38,5 @@ def test_communication_the_tables_show_is_named_with_their_figure():
         r["comm_s"], r["step_s"] = 0.03, 0.048  # every step waits 30 ms for its all-reduce
     heavy = rank_stats(0, records)
     g = Gathered(source=Path("."), ranks=[heavy, rank_stats(1, records)], samples={}, events=[])
-    (said,) = [f for f in findings(g) if "communication takes" in f.text]
-    assert said.text.startswith(f"communication takes {rank_table(g).rows[0][9]} of the step")
+    (said,) = [f for f in findings(g) if "communication takes" in f.message]
+    assert said.message.startswith(f"communication takes {rank_table(g).rows[0][9]} of the step")

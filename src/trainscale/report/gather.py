@@ -16,7 +16,6 @@ from trainscale.observe.stragglers import diagnose
 
 SHARES = ("data", "compute", "backward", "optimizer", "comm")
 """What a step record may split its time into (train/observing.py); comm: exposed communication."""
-SACCT_FIELDS = "JobID,State,Elapsed,AllocCPUS,TotalCPU,MaxRSS,NNodes,ExitCode"
 
 
 @dataclass
@@ -81,21 +80,6 @@ def rank_stats(rank: int, records: list[dict]) -> RankStats | None:
                      first_step_s=times[0] if steady is not steps else None)
 
 
-def parse_sacct(text: str) -> dict[str, Any] | None:
-    """``sacct --parsable2 --noheader -o SACCT_FIELDS`` -> the job's row, with CPU efficiency computed."""
-    rows = [line.split("|") for line in text.strip().splitlines() if line.strip()]
-    keys = SACCT_FIELDS.split(",")
-    main = next((dict(zip(keys, r)) for r in rows if "." not in r[0]), None)
-    if main is None:
-        return None
-    rss = [_bytes(dict(zip(keys, r)).get("MaxRSS", "")) for r in rows]
-    main["MaxRSS_bytes"] = max(rss) if rss else 0
-    elapsed, cpu = _seconds(main.get("Elapsed", "")), _seconds(main.get("TotalCPU", ""))
-    cpus = int(main.get("AllocCPUS") or 0)
-    main["cpu_efficiency"] = cpu / (elapsed * cpus) if elapsed and cpus else None
-    return main
-
-
 def _seconds(text: str) -> float:
     text = text.strip()
     if not text:
@@ -117,15 +101,23 @@ def _bytes(text: str) -> int:
 
 
 def accounting(job_id: str, run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> tuple[dict | None, str]:
+    """The job's sacct line (launch/slurm/queue.py's one reader) as the page shows it, with the peak memory of its
+    steps and its CPU efficiency."""
+    from trainscale.errors import SlurmError
+    from trainscale.launch.slurm.queue import sacct
+
     try:
-        done = run(["sacct", "-j", job_id, "--parsable2", "--noheader", "-o", SACCT_FIELDS], capture_output=True,
-                   text=True, timeout=60)
-    except (FileNotFoundError, subprocess.TimeoutExpired) as exc:
-        return None, f"sacct not available here ({exc.__class__.__name__})"
-    if done.returncode != 0:
-        return None, f"sacct: {(done.stderr or done.stdout).strip()[:200]}"
-    row = parse_sacct(done.stdout)
-    return row, "" if row else "sacct returned no row for this job"
+        rows = sacct(job_id, run)
+    except SlurmError as exc:
+        return None, exc.message
+    main = next((r for r in rows if "." not in r.job_id), None)
+    if main is None:
+        return None, "sacct returned no row for this job"
+    elapsed, cpu = _seconds(main.elapsed), _seconds(main.total_cpu)
+    return {"State": f"{main.state} {main.reason}".strip(), "Elapsed": main.elapsed, "AllocCPUS": main.alloc_cpus,
+            "TotalCPU": main.total_cpu, "MaxRSS": main.max_rss, "NNodes": main.nodes,
+            "MaxRSS_bytes": max(_bytes(r.max_rss) for r in rows),
+            "cpu_efficiency": cpu / (elapsed * main.alloc_cpus) if elapsed and main.alloc_cpus else None}, ""
 
 
 def read_run(run_dir: Path, *, job_id: str | None = None,

@@ -40,7 +40,7 @@ STYLE = ("body{font-family:sans-serif;max-width:1100px;margin:1.5em auto;padding
 
 
 def _verdict(found: list[Finding]) -> str:
-    items = "".join(f'<li class="{f.level}">{html.escape(f.text)}</li>' for f in found)
+    items = "".join(f'<li class="{f.level}">{html.escape(f.message)}</li>' for f in found)
     return f'<ul class="verdict">{items}</ul>' if items else ""
 
 
@@ -82,10 +82,10 @@ def _text_table(t: Table) -> list[str]:
 def render_text(page: Page) -> str:
     width = max((len(k) for k, _ in page.facts), default=0)
     lines = [f"trainscale report: {page.title}", *(f"  {k.ljust(width)}  {v}" for k, v in page.facts), ""]
-    lines += [f"[{f.level}] {f.text}" for f in page.verdict]
+    lines += [f"[{f.level}] {f.message}" for f in page.verdict]
     for section in page.sections:
         lines += ["", f"== {section.title} =="]
-        lines += [f"[{f.level}] {f.text}" for f in section.verdict]
+        lines += [f"[{f.level}] {f.message}" for f in section.verdict]
         lines += section.paragraphs
         for t in section.tables:
             lines += _text_table(t)

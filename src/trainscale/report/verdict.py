@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
 
+from trainscale.findings import Finding
 from trainscale.report.gather import Gathered
 
 LOW_GPU_UTIL = 60.0
@@ -17,13 +17,6 @@ STARTUP_RATIO = 10.0
 """A first step this much longer than the steady mean step (and over STARTUP_WAIT_S) is the start-up's wait."""
 LEVELS = ("problem", "note", "good")
 """A finding's levels, in the order a verdict lists them."""
-
-
-@dataclass(frozen=True)
-class Finding:
-    level: str
-    """One of LEVELS."""
-    text: str
 
 
 def findings(g: Gathered) -> list[Finding]:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from trainscale.errors import TrainscaleError, did_you_mean
+from trainscale.findings import Finding
 from trainscale.launch.slurm.container import container_of
 from trainscale.launch.slurm.continuation import continues
 from trainscale.launch.slurm.imports import unseen_imports
@@ -33,19 +33,6 @@ ERROR, WARNING, NOTE = "error", "warning", "note"
 VENV_FIX = ("make a venv inside the image (python3 -m venv --system-site-packages VENV; VENV/bin/pip install "
             "-e YOUR_TRAINSCALE_CLONE) and pass --python VENV/bin/python")
 _URI = re.compile(r"^[a-z][a-z0-9+.-]*://")
-
-
-@dataclass(frozen=True)
-class Finding:
-    level: str
-    """error (the job is not submitted), warning, or note (what trainscale decided, and why)."""
-    message: str
-    """What was seen and why it is a problem."""
-    hint: str
-    """What to change."""
-
-    def __str__(self) -> str:
-        return f"{self.level}: {self.message}\n  hint: {self.hint}"
 
 
 def _extra(spec: SlurmJobSpec, *names: str) -> str | None:

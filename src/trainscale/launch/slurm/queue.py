@@ -21,7 +21,8 @@ TERMINAL = frozenset({"COMPLETED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_F
 
 SQUEUE_FORMAT = "%i|%j|%T|%M|%l|%D|%u|%r|%N"
 SQUEUE_FIELDS = ("job_id", "name", "state", "elapsed", "time_limit", "nodes", "user", "reason", "nodelist")
-SACCT_FORMAT = "JobID,JobName,State,ExitCode,Elapsed,NodeList,Restarts"
+SACCT_FORMAT = "JobID,JobName,State,ExitCode,Elapsed,NodeList,Restarts,AllocCPUS,TotalCPU,MaxRSS,NNodes"
+"""The one sacct format every caller reads (queue states, sweep tasks, the report's accounting)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,6 +43,10 @@ class JobInfo:
     nodelist: str = ""
     user: str = ""
     restarts: int = 0
+    alloc_cpus: int = 0  # these four: sacct's only (total_cpu, max_rss as it writes them: 01:02:03, 1.5G)
+    total_cpu: str = ""
+    max_rss: str = ""
+    nodes: int = 0
     source: str = ""
     """squeue, sacct or scontrol."""
 
@@ -79,18 +84,26 @@ def parse_squeue(text: str) -> list[JobInfo]:
     return jobs
 
 
-def parse_sacct(text: str, job_id: str) -> JobInfo | None:
-    """``sacct --parsable2 --noheader --format=SACCT_FORMAT``: the line of the job itself, not its steps."""
+def _int(text: str) -> int:
+    return int(text) if text.isdigit() else 0
+
+
+def parse_sacct(text: str) -> list[JobInfo]:
+    """``sacct --parsable2 --noheader --format=SACCT_FORMAT``: every line (jobs, their steps, array tasks) in order;
+    a line with fewer fields (an older capture) leaves the later ones empty."""
+    fields = SACCT_FORMAT.split(",")
+    rows = []
     for line in text.splitlines():
-        cells = line.split("|")
-        if len(cells) < 7 or cells[0] != job_id:
+        if not line.strip():
             continue
-        state, reason = _state(cells[2])
-        code, sig = _exit(cells[3])
-        return JobInfo(job_id=job_id, name=cells[1], state=state, reason=reason, exit_code=code, signal=sig,
-                       elapsed=cells[4], nodelist=cells[5], restarts=int(cells[6] or 0) if cells[6].isdigit() else 0,
-                       source="sacct")
-    return None
+        c = dict(zip(fields, line.split("|") + [""] * len(fields)))
+        state, reason = _state(c["State"])
+        code, sig = _exit(c["ExitCode"])
+        rows.append(JobInfo(job_id=c["JobID"], name=c["JobName"], state=state, reason=reason, exit_code=code,
+                            signal=sig, elapsed=c["Elapsed"], nodelist=c["NodeList"], restarts=_int(c["Restarts"]),
+                            alloc_cpus=_int(c["AllocCPUS"]), total_cpu=c["TotalCPU"], max_rss=c["MaxRSS"],
+                            nodes=_int(c["NNodes"]), source="sacct"))
+    return rows
 
 
 def parse_scontrol(text: str) -> dict[str, str]:
@@ -144,13 +157,14 @@ def squeue(run: Runner | None = None, *, user: str | None = None, job_id: str | 
     return parse_squeue(done.stdout)
 
 
-def sacct(job_id: str, run: Runner | None = None) -> JobInfo | None:
-    """The job's accounting record; None when sacct has no record or accounting is disabled."""
-    try:
-        done = _run(run, ["sacct", "--jobs", job_id, "--noheader", "--parsable2", f"--format={SACCT_FORMAT}"])
-    except SlurmError:
-        return None
-    return parse_sacct(done.stdout, job_id) if done.returncode == 0 else None
+def sacct(job_id: str, run: Runner | None = None) -> list[JobInfo]:
+    """The one sacct reader: every accounting line of a job (itself, its steps, its array's tasks).
+    Raises SlurmError when sacct is missing, silent or refuses (accounting disabled)."""
+    done = _run(run, ["sacct", "-j", job_id, "--noheader", "--parsable2", f"--format={SACCT_FORMAT}"])
+    if done.returncode != 0:
+        raise SlurmError(f"sacct: {(done.stderr or done.stdout).strip()[:200]}",
+                         hint="this cluster may keep no accounting; scontrol still knows recent jobs")
+    return parse_sacct(done.stdout)
 
 
 def scontrol_job(job_id: str, run: Runner | None = None) -> JobInfo | None:
@@ -164,4 +178,8 @@ def job_info(job_id: str, run: Runner | None = None) -> JobInfo | None:
     live = [j for j in squeue(run, job_id=job_id) if j.job_id == job_id]
     if live and live[0].state not in TERMINAL and live[0].state != "COMPLETING":
         return live[0]
-    return sacct(job_id, run) or scontrol_job(job_id, run) or (live[0] if live else None)
+    try:
+        own = next((r for r in sacct(job_id, run) if r.job_id == job_id), None)
+    except SlurmError:
+        own = None
+    return own or scontrol_job(job_id, run) or (live[0] if live else None)

@@ -159,10 +159,8 @@ def scheduler_states(job_id: str, tasks: list[int], run: Any = None) -> dict[int
     ``pending (Resources)``) while they are in it, then their accounting's (``cancelled``, ``node_fail``), each
     from one call for the whole array (a 1,000-task sweep is two commands, not thousands); a task neither knows
     is left out. No scheduler here: nothing."""
-    import subprocess
-
     from trainscale.errors import SlurmError
-    from trainscale.launch.slurm.queue import squeue
+    from trainscale.launch.slurm.queue import sacct, squeue
 
     try:
         live = {j.job_id: j for j in squeue(run, job_id=job_id, array=True)}
@@ -176,15 +174,12 @@ def scheduler_states(job_id: str, tasks: list[int], run: Any = None) -> dict[int
     gone = [i for i in tasks if i not in out]
     if gone:
         try:
-            done = (run or subprocess.run)(["sacct", "--jobs", job_id, "--noheader", "--parsable2",
-                                            "--format=JobID,State"], capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired):
+            states = {r.job_id: r.state for r in sacct(job_id, run)}
+        except SlurmError:
             return out
-        states = dict(line.split("|")[:2] for line in done.stdout.splitlines() if line.count("|") >= 1)
         for i in gone:
-            state = states.get(f"{job_id}_{i}")
-            if state:
-                out[i] = state.split()[0].rstrip("+").lower()
+            if f"{job_id}_{i}" in states:
+                out[i] = states[f"{job_id}_{i}"].lower()
     return out
 
 
