@@ -19,14 +19,12 @@ from typing import Any
 from trainscale.bench.plan_comm import Sweep, collectives, sharded_comm_s, whole_tensor_share
 from trainscale.bench.projection import Measured, ModelOptions, Network, predict
 from trainscale.errors import ConfigError
+from trainscale.observe.reading import steady
 
 STRATEGIES = ("ddp", "zero1", "deepspeed:stage=1", "deepspeed:stage=2", "fsdp", "deepspeed:stage=3")
 """Least sharding first: the first that fits is the recommendation (less sharding, less communication)."""
 DATA_SHARE = 0.05
 """A data wait above this share of the step asks for DataLoader workers."""
-WARMUP = 2
-"""Steps left out of a step-time median: the first pay for the allocator's, the thread pools' and the caches'
-warm-up."""
 MARGIN = 0.10
 """Memory kept free for what the model does not count (the allocator's slack, kernels' workspaces)."""
 UNSEEN = ("the allocator's slack and fragmentation, and a custom kernel's workspace (kept free by a 10% margin)",
@@ -130,11 +128,6 @@ class Calibration:
         mid = statistics.median(times)
         low, high = times[int(0.1 * (len(times) - 1))], times[int(round(0.9 * (len(times) - 1)))]
         return low / mid, high / mid
-
-
-def steady(steps: list) -> list:
-    """The steps a median is taken over: after the warm-up (:data:`WARMUP`), or after the first of a short run."""
-    return steps[WARMUP:] if len(steps) > 2 * WARMUP else steps[1:]
 
 
 @dataclass(frozen=True)

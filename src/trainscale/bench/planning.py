@@ -18,6 +18,7 @@ from trainscale.bench.plan import Calibration, Plan, make_plan
 from trainscale.bench.plan_comm import Sweep
 from trainscale.bench.projection import Network, get_preset
 from trainscale.errors import ConfigError
+from trainscale.observe.reading import steady, step_records, steps_peaks
 from trainscale.observe.records import read_lines
 
 PROFILE_NETWORKS = {"ofi": "slingshot-11", "ib": "ib-hdr200", "socket": "ethernet-25g"}
@@ -76,7 +77,8 @@ def short_run(*, script: str | None, args: tuple[str, ...], workload: str | None
             raise ConfigError(f"{said} (exit {done.returncode}):\n{tail}",
                               hint="run the same line with trainscale run to see why")
         records = list(read_lines(found[0]))
-        return records, json.loads(metrics.read_text()) if metrics.exists() else None, steps_peaks(found[0].parent)
+        return (records, json.loads(metrics.read_text()) if metrics.exists() else None,
+                steps_peaks(found[0].parent.parent))
 
 
 def calibrate(*, script: str | None, args: tuple[str, ...], workload: str | None, batch: int | None, steps: int,
@@ -159,9 +161,7 @@ def compare(plan: Plan, records: list[dict], metrics: dict | None, peaks: list[i
     training steps (``peaks``), each with its error."""
     import statistics
 
-    from trainscale.bench.plan import steady
-
-    times = steady([float(r["step_s"]) for r in records if r.get("kind") == "step" and r.get("step_s")])
+    times = [float(r["step_s"]) for r in steady(step_records(records))]
     if metrics and metrics.get("memory"):  # the fullest rank, as the plan predicts it (what must fit)
         held = float(max(row["params"] + row["grads"] + row["optimizer"] for row in metrics["memory"]["ranks"]))
     else:
@@ -399,17 +399,10 @@ def against(made: Plan, runs: list[dict], out_dir: Path) -> list[dict]:
         metrics = read_metrics(Path(run["metrics_file"])) if run.get("metrics_file") else None
         strategy = run.get("strategy") or "ddp"
         modelled = strategy if strategy in STRATEGIES else "ddp"
-        peaks = steps_peaks(out_dir / run["run_dir"] / "metrics")
+        peaks = steps_peaks(out_dir / run["run_dir"])
         row = compare(made, records, metrics, peaks, ranks=run["world_size"], nodes=run["nodes"], strategy=modelled,
                       batch=run["per_rank_batch"])
         row.update(config=run["label"], modelled=modelled if modelled == strategy else f"ddp (for {strategy})",
                    disturbed=disturbed(run))
         rows.append(row)
     return rows
-
-
-
-def steps_peaks(metrics_dir: Path) -> list[int]:
-    """Each rank's peak memory over its training steps, from its records' summary (observe/hooks.py)."""
-    return [r["steps_peak_mem_bytes"] for path in sorted(metrics_dir.glob("rank-*.jsonl")) for r in read_lines(path)
-            if r.get("kind") == "summary" and r.get("steps_peak_mem_bytes")]

@@ -5,7 +5,6 @@ is bench/tune.py's (pure); the CLI only parses and prints.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -19,45 +18,47 @@ from trainscale.bench.tune import Search, Setting, Trial, TuneSpec, knobs
 from trainscale.errors import ConfigError
 
 
-def trial_command(spec: TuneSpec, setting: Setting, metrics: Path, log_dir: Path) -> tuple[list[str], dict[str, str]]:
-    """The `trainscale run` line of one trial and its environment."""
+def trial_command(spec: TuneSpec, setting: Setting, log_dir: Path) -> tuple[list[str], dict[str, str]]:
+    """The `trainscale run` line of one trial and its environment: its steps recorded in its run directory
+    under ``log_dir``, as every run's are."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINSCALE_TRAIN_",))}
-    env["TRAINSCALE_RECORD"] = "0"  # a trial measures the training, not the recording
+    env.update({"TRAINSCALE_RECORD": "1", "TRAINSCALE_HANG_NOTICE": "0"})
     head = [sys.executable, "-m", "trainscale", "run", "--nproc-per-node", str(spec.nproc_per_node),
             "--log-dir", str(log_dir)]
     if spec.script is not None:
-        from trainscale.bench.metrics import METRICS_ENV
         from trainscale.bench.study import BATCH_ENV
 
         if setting.threads is not None:
             env["OMP_NUM_THREADS"] = str(setting.threads)
-        env.update({METRICS_ENV: str(metrics), BATCH_ENV: str(setting.batch_size)})
+        env[BATCH_ENV] = str(setting.batch_size)
         args = [a.replace("{batch}", str(setting.batch_size)) for a in spec.script_args]
         return [*head, spec.script, *args], env
     args = [*spec.workload_args, "--device", spec.device, "--loader", spec.loader, "--max-steps", str(spec.max_steps),
-            "--epochs", "1000", "--log-every", "0", "--metrics-out", str(metrics), *setting.workload_args(spec.strategy)]
+            "--epochs", "1000", "--log-every", "0", *setting.workload_args(spec.strategy)]
     if "--strategy" not in args:
         args += ["--strategy", spec.strategy]
     return [*head, "--workload", spec.workload, *args], env
 
 
 def measure(spec: TuneSpec, setting: Setting, work: Path, n: int) -> Trial:
-    """Run trial ``n`` of ``setting``; its throughput as the run measured it, or why it failed."""
-    metrics = work / f"trial-{n}.json"
-    argv, env = trial_command(spec, setting, metrics, work / "logs")
+    """Run trial ``n`` of ``setting``; its steady throughput from its step records (observe/reading.py), or why
+    it failed."""
+    from trainscale.observe.reading import run_timing
+
+    logs = work / f"trial-{n}"
+    argv, env = trial_command(spec, setting, logs)
     started = time.monotonic()
     done = subprocess.run(argv, env=env, capture_output=True, text=True)
     seconds = time.monotonic() - started
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
         return Trial(setting, None, seconds, " / ".join(tail) or f"exit {done.returncode}")
-    if not metrics.exists():
-        return Trial(setting, None, seconds, "the run wrote no metrics (a script reports through "
-                                             "trainscale.bench.metrics.EpochRecorder, as for trainscale bench)")
-    epochs = json.loads(metrics.read_text()).get("epochs") or []
-    samples = sum(e["samples_per_s"] * e["time_s"] for e in epochs)
-    elapsed = sum(e["time_s"] for e in epochs)
-    return Trial(setting, samples / elapsed if elapsed else None, seconds)
+    timing = next((run_timing(path.parent.parent) for path in sorted(logs.glob("*/metrics/rank-0.jsonl"))), None)
+    rate = ((timing or {}).get("steady") or {}).get("samples_per_s")
+    if rate is None:
+        return Trial(setting, None, seconds, "the run recorded no optimizer step with a batch (its step records: "
+                                             "docs/observability.md)")
+    return Trial(setting, rate, seconds)
 
 
 @dataclass(frozen=True)

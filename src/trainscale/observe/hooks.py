@@ -9,8 +9,9 @@ torch exposes to anyone:
   ``Trainer`` step a torch optimizer inside; a step that skips it, an fp16 overflow, is no step);
 - torch's global module forward hooks, for the top-level modules only (a module called while no other
   is running): their forward passes, and the batch they got (samples, tokens);
-- the autograd engine's end-of-backward callback, queued from a hook on the forward's output, and queued
-  again from there so that it runs after DDP's own (which waits for the last gradient all-reduce).
+- the autograd engine's end-of-backward callback, queued from a hook on the forward's output (backward's
+  own work ends there), and queued again from there so that it runs after those queued meanwhile: DDP's own,
+  which waits for the gradient all-reduces. The time between the two is the step's exposed communication.
 
 The phases go through one clock (observe/steps.py) into ``metrics/rank-<R>.jsonl`` in the records' format
 (observe/records.py), so ``trainscale report``, the straggler watch and the studies read a script's run
@@ -31,7 +32,7 @@ from typing import Any, Callable
 
 import torch
 
-from trainscale.observe.models import (autocast_dtype, batch_size, ddp_timing, device_of, param_dtype, strategy_of,
+from trainscale.observe.models import (autocast_dtype, batch_size, device_of, param_dtype, strategy_of,
                                        tensors, unit_bytes, unwrap)
 from trainscale.observe.steps import StepMarks
 
@@ -162,14 +163,18 @@ class Recorder:
     def _backward_started(self, grad: Any) -> None:
         if self._backward_armed:
             self._backward_armed = False
-            engine = torch.autograd.Variable._execution_engine
-            # queued again from the first callback: it then runs after the callbacks queued meanwhile,
-            # DDP's (which waits for the gradient all-reduces) among them
-            engine.queue_callback(lambda: engine.queue_callback(self._backward_ended))
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_ended)
 
     def _backward_ended(self) -> None:
         if self.marks is not None and self._ours():
             self.marks.mark("backward")
+            # queued again: it then runs after the callbacks queued during backward, DDP's (which waits for the
+            # gradient all-reduces) among them; the time between is the exposed communication
+            torch.autograd.Variable._execution_engine.queue_callback(self._waited)
+
+    def _waited(self) -> None:
+        if self.marks is not None and self._ours():
+            self.marks.mark("comm")
 
     def _optimizer_pre(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
         if self.marks is not None and self._forwarded and self._ours():
@@ -245,13 +250,13 @@ class Recorder:
             self.sampler = None
         except Exception as exc:  # a driver hiccup: the records still go on
             print(f"trainscale: device sampling off: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        if rank == 0 and world > 1:
+        every = _float(self.environ, "TRAINSCALE_STRAGGLER_EVERY", 10.0)
+        if rank == 0 and world > 1 and every > 0:
             from trainscale.observe.stragglers import StragglerWatch
 
             say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
             try:
-                self.watch = StragglerWatch(self.run_dir, say=say, every_s=_float(self.environ, "TRAINSCALE_STRAGGLER_EVERY",
-                                                                                 10.0)).start()
+                self.watch = StragglerWatch(self.run_dir, say=say, every_s=every).start()
             except Exception:  # no store to read: the report still names a straggler from the files
                 self.watch = None
 
@@ -304,7 +309,7 @@ class Recorder:
 
     # -- the end ----------------------------------------------------------------------------------------
     def finish(self) -> dict[str, Any] | None:
-        """The last steps, the summary (FLOPs, MFU, peak memory, DDP's own timing), threads stopped, hooks
+        """The last steps, the summary (FLOPs, MFU, peak memory), threads stopped, hooks
         removed. Once; returns the summary (None when no step was recorded)."""
         if not self.active:
             return self.summary
@@ -326,9 +331,6 @@ class Recorder:
         summary: dict[str, Any] = {"steps_recorded": len(self.step_times), "peak_mem_bytes": peak_memory(device)[0],
                                    "steps_peak_mem_bytes": self.steps_peak or None}
         lead = self._lead() if self._lead is not None else None
-        timing = ddp_timing(lead) if lead is not None else None
-        if timing:
-            summary["ddp"] = timing
         if self.flops_per_step:
             from trainscale.observe.flops import mfu, peak_for
 

@@ -6,7 +6,9 @@ previous mark (or the step's start) is the phase that ended, so the phases add u
 
     data       waiting for the batch and the host's own work before the first forward (``data_s``)
     forward    the top-level modules' forward passes, the rank's own work before its first collective (``compute_s``)
-    backward   backward, with the gradient all-reduces it waits for (``backward_s``)
+    backward   backward's own work, up to the end-of-backward callbacks (``backward_s``)
+    comm       the end-of-backward callbacks queued during backward: where a strategy waits for its gradient
+               collectives (DDP's and ZeRO-1's all-reduce, FSDP's reduce-scatter): exposed communication (``comm_s``)
     optimizer  the optimizer's step (``optimizer_s``)
     other      host work between backward and the optimizer (clipping, logging): in no field, the report's "other"
 
@@ -19,8 +21,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-RECORD_FIELD = {"data": "data_s", "forward": "compute_s", "backward": "backward_s", "optimizer": "optimizer_s",
-                "other": None}
+RECORD_FIELD = {"data": "data_s", "forward": "compute_s", "backward": "backward_s", "comm": "comm_s",
+                "optimizer": "optimizer_s", "other": None}
 """Each phase's field in a step record (observe/records.py); ``other`` is left to the report."""
 
 
