@@ -22,13 +22,14 @@ costs: ``benchmarks/record_overhead.py``; the fields: docs/observability.md.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import sys
 import threading
 import weakref
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -90,6 +91,7 @@ class Recorder:
         self._forwarded = False
         self._samples = self._tokens = 0
         self._backward_armed = False
+        self._grouped = False
         self._autocast: torch.dtype | None = None
         self._handles: list[Any] = []
         self._lock = threading.Lock()
@@ -130,6 +132,7 @@ class Recorder:
             return
         if self.marks is None:
             self.marks = StepMarks(device_of(module, args))
+            self._grouped = _place(self.environ)[1] > 1  # alone, no collective to wait for: no communication
         if self._stepped:  # the previous step ended with its last optimizer step
             self._end_step()
             self._maybe_count_flops()
@@ -168,12 +171,23 @@ class Recorder:
     def _backward_ended(self) -> None:
         if self.marks is not None and self._ours():
             self.marks.mark("backward")
-            # queued again: it then runs after the callbacks queued during backward, DDP's (which waits for the
-            # gradient all-reduces) among them; the time between is the exposed communication
-            torch.autograd.Variable._execution_engine.queue_callback(self._waited)
+            if self._grouped:  # queued again: it then runs after the callbacks queued during backward, DDP's
+                # (which waits for the gradient all-reduces) among them; the time between is the exposed communication
+                torch.autograd.Variable._execution_engine.queue_callback(self._waited)
 
     def _waited(self) -> None:
         if self.marks is not None and self._ours():
+            self.marks.mark("comm")
+
+    @contextlib.contextmanager
+    def blocking_collective(self) -> Iterator[None]:
+        """A collective that holds backward up while it runs (a blocking communication hook: ``comm_hook=shm``):
+        its time is the step's exposed communication, as DDP's end-of-backward wait is."""
+        timed = self.marks is not None and self._ours()
+        if timed:
+            self.marks.mark("backward")
+        yield
+        if timed:
             self.marks.mark("comm")
 
     def _optimizer_pre(self, optimizer: Any, args: tuple, kwargs: dict) -> None:

@@ -127,8 +127,9 @@ def run_timing(run_dir: str | Path) -> dict[str, Any] | None:
 
 
 def timing(stats: list[RankStats]) -> dict[str, Any] | None:
-    """The training's seconds (the ranks' mean of their steps' sums), steps, samples (all ranks'), the steady
-    step (the ranks' mean of their steady medians), rates, and the sections of a steady step."""
+    """The training's seconds (the ranks' mean of their steps' sums), steps, samples (all ranks'), the mean steady
+    step (``step_time_s``: the sections add up to it), the median one (``steady``: what one disturbed step does
+    not move; the ranks' mean of their medians), rates, and the sections of a steady step."""
     if not stats:
         return None
     runtime = sum(s.total_s for s in stats) / len(stats)
@@ -136,7 +137,8 @@ def timing(stats: list[RankStats]) -> dict[str, Any] | None:
     step = sum(s.steady_step_s for s in stats) / len(stats)
     per_step = sum(s.steady_samples or 0.0 for s in stats)
     return {"timed": "steps", "runtime_s": runtime, "steps": min(s.steps for s in stats), "samples": samples or None,
-            "samples_per_s": samples / runtime if samples and runtime > 0 else None, "step_time_s": step,
+            "samples_per_s": samples / runtime if samples and runtime > 0 else None,
+            "step_time_s": sum(sum(s.shares.values()) for s in stats) / len(stats),
             "steady": {"steps": len(steady(list(range(min(s.steps for s in stats))))), "step_time_s": step,
                        "samples_per_s": per_step / step if per_step and step > 0 else None},
             "breakdown": sections(stats)}
