@@ -41,7 +41,7 @@ test-scale: venv
 # -o timeout: a selftest on 8 GPUs outlasts pyproject's 300 s per test; an image without pytest-timeout warns only.
 GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
 test-gpu:
-	PYTHONPATH=src $(GPU_PY) -m pytest tests/gpu -v -rs -p no:cacheprovider -o timeout=1800
+	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m pytest tests/gpu -v -rs -p no:cacheprovider -o timeout=1800
 
 clean:
 	rm -rf bench-out trainscale-runs

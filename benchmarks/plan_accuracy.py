@@ -175,9 +175,9 @@ def measure(target: str, work: Path, steps: int, *, ranks: int, strategy: str | 
             threads: int | None = None) -> dict:
     quiet, before = busy_share(), pace()
     what = target_args(target, work, batch)
-    records, metrics, peaks = short_run(script=what["script"], args=what["args"], workload=what["workload"],
-                                        batch=batch if what["workload"] else None, steps=steps, say=say,
-                                        nproc=ranks, strategy=strategy, threads=threads)
+    records, metrics, peaks, _ = short_run(script=what["script"], args=what["args"], workload=what["workload"],
+                                           batch=batch if what["workload"] else None, steps=steps, say=say,
+                                           nproc=ranks, strategy=strategy, threads=threads)
     return {"records": records, "metrics": metrics, "peaks": peaks, "busy_before": quiet,
             "pace": [before, pace()]}
 
@@ -307,7 +307,7 @@ def capped(targets: list[str], work: Path, count: int, rng: random.Random) -> li
                  *_batch_args(target, batch)) if target != "script" else
                 (str(work / "course_ddp.py"), "--batch-size", str(batch)))
         print(f"cap {i + 1}/{count}: {target} batch {batch}", file=sys.stderr, flush=True)
-        records, _, _ = short_run(script=str(wrapper), args=args, workload=None, batch=None, steps=3, say=say)
+        records, _, _, _ = short_run(script=str(wrapper), args=args, workload=None, batch=None, steps=3, say=say)
         cal = Calibration.from_records(records)
         peak = memory(cal, "ddp", 1, batch).peak
         cap = int(peak * rng.uniform(0.5, 2.0))

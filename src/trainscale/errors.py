@@ -77,6 +77,9 @@ REFUSALS = ("ConfigError", "CheckpointError")
 Failures of the run itself (CollectiveTimeout naming a hung rank with its stack, RankFailed) keep theirs."""
 
 
+HUNG_EXIT = 124
+"""The exit status of a rank the hang watch ended, and of `trainscale run` whose root cause that hang is (as
+``timeout(1)``'s): docs/errors.md, docs/reliability.md "Hangs"."""
 PEER_CLOSED = ("Connection closed by peer", "Connection reset by peer")
 """How gloo reports that another rank's end closed the connection: that rank timed out, or died."""
 PEER_GONE = (*PEER_CLOSED, "remote worker crashing", "Broken pipe",

@@ -57,15 +57,17 @@ def test_one_visible_gpu_per_rank_is_cuda_0_whatever_the_local_rank(gpus):
 
 @pytest.mark.needs_cuda
 def test_more_ranks_than_visible_gpus_are_refused_before_nccl(gpus, tmp_path):
+    """The launcher refuses before any rank starts (launch/torchrun.py nproc_fits): with CUDA_VISIBLE_DEVICES
+    narrowed to one GPU, and with more ranks than the node's GPUs."""
     script = tmp_path / "probe.py"
     script.write_text("import trainscale\nwith trainscale.init(timeout_s=60):\n    pass\n")
     done = trainscale(tmp_path, "run", "--nproc-per-node", "2", "--log-dir", "logs", str(script),
                       CUDA_VISIBLE_DEVICES="0", timeout=300)
     assert done.returncode != 0
-    # one visible GPU for two torchrun workers: either refused by name, or NCCL's duplicate, explained
-    assert ("two ranks of this job use the same GPU" in done.stderr
-            or "local ranks would share the only visible GPU" in done.stderr), done.stderr[-3000:]
-    unnarrowed = trainscale(tmp_path, "run", "--nproc-per-node", str(gpus.count + 1), "--log-dir", "logs2",
-                            str(script), timeout=300)
+    assert "--nproc-per-node 2 but this node shows 1 GPU(s): local rank 1 and above would have none" in done.stderr, \
+        done.stderr[-3000:]
+    n = gpus.count
+    unnarrowed = trainscale(tmp_path, "run", "--nproc-per-node", str(n + 1), "--log-dir", "logs2", str(script),
+                            timeout=300)
     assert unnarrowed.returncode != 0
-    assert f"has no GPU of its own: {gpus.count + 1} ranks on this node but {gpus.count}" in unnarrowed.stderr
+    assert f"--nproc-per-node {n + 1} but this node shows {n} GPU(s): local rank {n} and above" in unnarrowed.stderr

@@ -14,7 +14,7 @@ from helpers.cli import in_process
 
 pytest.importorskip("matplotlib")
 
-from trainscale.bench import ProjectionRequest, StudySpec, run_study  # noqa: E402
+from trainscale.bench import StudySpec, run_study  # noqa: E402
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -30,7 +30,7 @@ def test_small_strong_scaling_study_writes_consistent_files(tmp_path):
     out = tmp_path / "study"
     spec = StudySpec(workload="cnn", configs="1,2,4", scaling="strong", batch_size=32, epochs=1, max_steps=8,
                      data="synthetic", samples=512, out_dir=out)
-    outcome = run_study(spec, projection=ProjectionRequest(project_to=64, interconnect="ib-hdr200"), validate=True)
+    outcome = run_study(spec)
     assert outcome.ok, [r.get("failure") for r in outcome.study["runs"]]
 
     study = json.loads((out / "results.json").read_text())
@@ -50,32 +50,16 @@ def test_small_strong_scaling_study_writes_consistent_files(tmp_path):
     assert one["breakdown"]["communication"] == 0.0
     b = two["breakdown"]
     assert 0.0 < b["communication_fraction"] < 0.9
-    assert b["communication"] > 0 and b["gradient_bytes"] == 4_799_528  # from the step records (observe/reading.py)
+    assert b["communication"] > 0  # from the step records (observe/reading.py)
     assert sum(b[k] for k in ("data", "compute", "communication", "optimizer", "other")) == pytest.approx(
         two["step_time_s"], rel=1e-6)
 
-    # the model was checked against the 2- and 4-rank runs with busbw measured here, each calibrated on the
-    # other's record only, and projected onward with the measured overlap (DDP's two buckets of the cnn:
-    # part of the all-reduce ran during backward)
-    assert two["prediction"]["network"]["busbw_Bps"] > 0 and two["predicted_step_s"] > 0
     # each run's node sampler said how much of its CPUs other work used (the sampler's last reading, at least)
     assert all(0.0 <= r["other_cpu_share"] <= 1.0 for r in study["runs"])
-    # the model is checked against the run's steady step (the records' median after the warm-up)
-    assert two["prediction"]["measured_step_s"] == pytest.approx(two["steady"]["step_time_s"])
-    # each calibrated on the other's record, unless other work on the machine disturbed that one (then it
-    # calibrates nothing: bench/predictions.py); a quiet machine calibrates both
-    quiet = [r["config"] for r in (two, four) if not r["prediction"]["disturbed"]]
-    assert two["prediction"]["calibrated_on"] == [c for c in ("4",) if c in quiet]
-    assert four["prediction"]["calibrated_on"] == [c for c in ("2",) if c in quiet]
-    assert (two["prediction"]["contention"], four["prediction"]["contention"]) == (2, 4)  # one rank had every core
     assert four["ranks_per_core"] == max(1.0, 4 / study["environment"]["cores"])
     cores = study["environment"]["cores"]  # what the ranks recorded they had: all of this machine's cores, shared
     assert [(r["usable_cpus"], r["threads"]) for r in study["runs"]] == [(cores, max(1, cores // n)) for n in (1, 2, 4)]
-    if quiet:
-        assert study["validation"]["calibrated"] and study["calibration"]["runs"] == quiet
-        assert study["calibration"]["sections"]["compute"] > 0
-        assert study["calibration"]["overlap"] == 0.0  # auto: the shared-memory hook blocks backward and hides nothing
-    assert [p["ranks"] for p in study["projection"]["rows"]] == [8, 16, 32, 64]
+    assert "projection" not in study and "validation" not in study  # the plan is the one model
 
     # the plan, made before the runs as `trainscale plan` makes it, beside each configuration (issue 37): the held
     # bytes it predicted are each run's memory table's, its per-rank batch each configuration's own (strong scaling)
@@ -91,22 +75,19 @@ def test_small_strong_scaling_study_writes_consistent_files(tmp_path):
     assert float(rows[1]["speedup"] or rows[1]["rejected_speedup"]) == pytest.approx(figures["speedup"])
     md = (out / "results.md").read_text()
     assert "| Version | Workers | Runtime (s) | Speedup | Parallel efficiency |" in md
-    assert "| DDP 2 CPU ranks | 2 |" in md and "| 64 ranks (projected) | 64 |" in md
+    assert "| DDP 2 CPU ranks | 2 |" in md and "projected" not in md
     for name in ("speedup", "throughput", "breakdown"):
         assert (out / f"{name}.png").read_bytes()[:8] == PNG
     assert (out / "runs" / "02-2" / "metrics.json").is_file()
-    calibrated = "each calibrated on the others' records" if quiet else "uncalibrated"
-    assert calibrated in md and "## The plan against the measurements" in md
+    assert "## The plan against the measurements" in md
 
-    # the report puts measured and predicted side by side
+    # the report puts the plan and the measurements side by side, once
     report = bench("report", str(out), "--out", str(tmp_path / "report"), cwd=tmp_path)
     assert report.returncode == 0, report.stderr
     page = html.unescape((tmp_path / "report" / "report.html").read_text())
-    assert "Scaling model" in page and calibrated in page
-    assert "The plan against the measurements" in page and "The plan made before the runs" in report.stdout
+    assert "Scaling model" not in page
+    assert "The plan against the measurements" in page and "Plan vs measured, furthest off" in report.stdout
     assert re.search(r"^DDP 4 CPU ranks\s+4\s", report.stdout, re.M), report.stdout
-    assert calibrated in report.stdout
-    assert (tmp_path / "report" / "measured-vs-predicted.png").read_bytes()[:8] == PNG
 
     with pytest.raises(Exception, match="already exists"):
         run_study(spec)  # the same --out again: refused, nothing overwritten

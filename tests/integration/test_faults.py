@@ -132,6 +132,41 @@ def test_hung_rank_becomes_a_named_error_and_nothing_is_left_behind(tmp_path):
     print(f"hang reported {elapsed:.1f}s after start (timeout 5s)")
 
 
+HUNG_IN_ITS_LOOP = textwrap.dedent("""\
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")  # gloo's own timeout: 30 minutes
+    for step in range(1000):
+        if dist.get_rank() == 1 and step == 3:
+            while True:
+                time.sleep(1)  # rank 1 hangs in its loop
+        dist.all_reduce(torch.ones(4))
+""")
+
+
+def test_the_hang_timeout_ends_a_hung_plain_script_with_the_culprit_as_root_cause(tmp_path):
+    """issue 46 item 5: a hang was named at ~21 s, and then the job waited out gloo's 30 minutes."""
+    (tmp_path / "hang.py").write_text(HUNG_IN_ITS_LOOP)
+    started = time.monotonic()
+    proc = run(["run", "--nproc-per-node", "2", "--log-dir", "logs", "--hang-timeout", "10", "hang.py"], tmp_path,
+               timeout=180)
+    elapsed = time.monotonic() - started
+    err = proc.stderr
+    assert proc.returncode == 124, err[-4000:]
+    host = socket.gethostname()
+    assert (f"Root cause: rank(s) 1 hung (stopped participating) — rank 1 on {host} (pid " in err
+            and "): step -1, at hang.py:10 in <module>" in err), err[-4000:]
+    assert "no progress for 10s" in err and "rank 1's Python stack" in err and "time.sleep(1)" in err, err[-4000:]
+    assert elapsed < 120, f"took {elapsed:.0f}s"
+    report = here(["report", "logs/latest", "--text"], tmp_path)
+    assert "Root cause: rank(s) 1 hung (stopped participating) — rank 1 on" in report.stdout, report.stdout
+    assert "traceback is in its" not in report.stdout
+    print(f"the hang ended the run {elapsed:.0f}s after start (--hang-timeout 10)")
+
+
 @pytest.mark.parametrize("rendezvous", ["c10d", "static"])
 def test_missing_node_ends_with_a_rendezvous_timeout(tmp_path, rendezvous):
     script = tmp_path / "noop.py"

@@ -173,7 +173,7 @@ def test_every_rank_in_the_same_long_step_is_not_a_hang():
 
 
 def test_ending_the_process_reports_like_an_uncaught_error(tmp_path):
-    """The default action: callbacks, stderr, the launcher's error file (torchelastic's format), exit 1."""
+    """The default action: callbacks, stderr, the launcher's error file (torchelastic's format), exit 124."""
     error_file, callback_file = tmp_path / "error.json", tmp_path / "callback.txt"
     script = textwrap.dedent(f"""
         import datetime
@@ -189,7 +189,7 @@ def test_ending_the_process_reports_like_an_uncaught_error(tmp_path):
     """)
     env = {**os.environ, "TORCHELASTIC_ERROR_FILE": str(error_file)}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 1 and "not reached" not in done.stdout
+    assert done.returncode == 124 and "not reached" not in done.stdout
     assert "CollectiveTimeout: rank 0: step 3 did not complete within 5s — rank(s) 1 did not arrive" in done.stderr
     recorded = json.loads(error_file.read_text())["message"]
     assert "rank(s) 1 did not arrive" in recorded["message"]
@@ -206,7 +206,7 @@ def test_a_flight_recorder_dump_that_never_returns_neither_hides_the_error_nor_k
         from types import SimpleNamespace
         from trainscale.runtime import hangwatch
 
-        hangwatch._dump_flight_recorder = lambda rank: threading.Event().wait()  # wedged
+        hangwatch._dump_flight_recorder = lambda *args: threading.Event().wait()  # wedged
         hangwatch.DUMP_WAIT_S = 0.5
         hangwatch.end_process(SimpleNamespace(rank=0, timeout_callbacks=[]),
                               hangwatch.CollectiveTimeout("rank 0: step 3 did not complete within 5s — rank(s) 1 "
@@ -214,5 +214,53 @@ def test_a_flight_recorder_dump_that_never_returns_neither_hides_the_error_nor_k
     """)
     env = {**os.environ, "TORCHELASTIC_ERROR_FILE": str(error_file)}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == 124, done.stderr
     assert "rank(s) 1 did not arrive" in json.loads(error_file.read_text())["message"]["message"]
+
+
+def a_background_save_during_a_stall() -> dict:
+    """Rank 0 (the culprit) never joins all-reduce #2 of the training's group, which rank 1 waits in; rank 0's
+    checkpoint writer meanwhile has issued the background save's collective on trainscale's own checkpoint group,
+    which rank 1's writer has not started (each rank's writer runs at its own pace)."""
+    import trainscale
+    import torch
+    import torch.distributed as dist
+    from trainscale.checkpoint.background import checkpoint_group
+    from trainscale.runtime.progress import Heartbeat
+
+    with trainscale.init(timeout_s=60, set_threads=False) as rt:
+        store = dist.distributed_c10d._get_default_store()
+        group = checkpoint_group(rt)
+        dist.all_reduce(torch.ones(1))  # collective #1 of the training's group, on both ranks
+        beat = Heartbeat(rt, notice_s=0)
+        found: dict = {}
+        if rt.rank == 0:
+            save = dist.all_reduce(torch.ones(4), group=group, async_op=True)  # the writer's, in flight
+            beat._publish(beat._changed_at)  # its progress as it stands, then 10 s later: stalled, its ledger
+            found["record"] = beat._publish(beat._changed_at + 10)
+            store.set("test/published", "1")
+            store.wait(["test/judged"], WAIT)
+            dist.all_reduce(torch.ones(1))  # rank 0 arrives at last
+        else:
+            step = dist.all_reduce(torch.ones(1), async_op=True)  # collective #2: rank 0 never comes
+            store.wait(["test/published"], WAIT)
+            verdict = beat.diagnose_now()
+            found.update(kind=verdict.kind, culprits=verdict.culprits, collective=verdict.collective)
+            store.set("test/judged", "1")
+            save = dist.all_reduce(torch.ones(4), group=group, async_op=True)  # rank 1's writer, later
+            step.wait()
+        save.wait()
+        beat.close()
+        return found
+
+
+def test_a_background_save_during_a_stall_does_not_change_the_verdict():
+    """issue 47 N5: the checkpoint group's collectives counted in the hang arithmetic, so rank 1, whose writer
+    had not yet started the save's collective, was named behind (or the save's collective was taken for the
+    one everybody waits in) while rank 0 held up the training's all-reduce."""
+    results = run_on_ranks(a_background_save_during_a_stall, 2, timeout=120)
+    assert results[1] == {"kind": "missing", "culprits": [0],
+                          "collective": "all_reduce of shape [1] (collective #2 of process group 0)"}, results[1]
+    record = results[0]["record"]
+    assert record["issued"] == {"pg:0": 1} and record["background_groups"] == {"pg:1": "trainscale-checkpoint"}
+    assert all(entry["pg"] == "pg:0" for entry in record["ledger"]), record["ledger"]

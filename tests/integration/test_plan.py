@@ -137,6 +137,9 @@ def test_verify_runs_the_cheapest_configurations_and_prints_predicted_against_me
     assert all(abs(v["held_error"]) < 0.02 for v in checked.values()), checked
     assert all(v["measured_step_s"] > 0 and v["step_error"] is not None for v in checked.values())
     assert done.stderr.count("verifying: run --nproc-per-node 2") == 3
+    # each run's sampler said how busy other work kept its CPUs; one it disturbed is marked as a study marks it
+    assert all(0.0 <= v["other_cpu_share"] <= 1.0 for v in checked.values()), checked
+    assert all(bool(v["disturbed"]) == (v["other_cpu_share"] >= 0.10) for v in checked.values()), checked
     # 2 CPU ranks here: their collectives measured among 2 ranks (gloo's, and trainscale's ddp's shared-memory
     # average), FSDP's pace from its own calibration over a group of one
     assert sorted((w["ranks"], w["hook"]) for w in made["collectives_measured"]) == [(2, "none"), (2, "shm")]

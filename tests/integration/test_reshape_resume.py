@@ -9,6 +9,7 @@ save launches and four resume launches; the data cursor through 20 seeds of thre
 from __future__ import annotations
 
 import collections
+import os
 import random
 
 import pytest
@@ -430,3 +431,44 @@ def test_deepspeed_resuming_its_own_files_on_another_world_size_names_the_strate
     assert again.returncode == 1, again.stdout + again.stderr
     assert "holds DeepSpeed ZeRO shards for 2 rank(s); this run has 3" in again.stderr, again.stderr[-2000:]
     assert "or under --strategy fsdp, zero1 or ddp" in again.stderr and "Traceback" not in again.stderr
+
+
+def convert_deepspeed_files(marks: str) -> dict:
+    """One rank's resume from DeepSpeed's files (their merge faked: it leaves a file in ``marks`` per call)."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import torch
+
+    import trainscale as ts
+    from trainscale.strategies import portable
+
+    def merge(directory):
+        (Path(marks) / f"merged-by-{os.environ['RANK']}").write_text(str(directory))
+        return {"model": {"weight": torch.full((2, 3), 7.0), "bias": torch.zeros(2)},
+                "optimizer": {"state": {"weight": {"step": torch.tensor(3.0), "exp_avg": torch.ones(2, 3)}},
+                              "param_groups": [{"lr": 0.5, "betas": (0.9, 0.99), "params": ["weight", "bias"]}]}}
+
+    portable.from_deepspeed = merge
+    with ts.init(device="cpu", timeout_s=60):
+        model = torch.nn.Linear(3, 2)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+        got = portable.from_shards(model, optimizer, SimpleNamespace(format="deepspeed", path=Path(marks)))
+    group, state = got["optimizer"]["param_groups"][0], got["optimizer"]["state"][0]
+    return {"weight": got["model"]["weight"].tolist(), "lr": group["lr"], "params": group["params"],
+            "step": float(state["step"]), "exp_avg": state["exp_avg"].tolist()}
+
+
+def test_deepspeeds_files_are_merged_once_per_node_and_read_by_its_other_ranks(tmp_path):
+    """issue 47 N6: every rank merged the whole model and its Adam state (~84 GB a rank for 7B); now local rank 0
+    of each node merges, its node's ranks read the result. Three ranks as two nodes (2 + 1): two merges."""
+    from helpers.multiproc import run_on_ranks
+
+    two_nodes = {r: {"LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(size), "GROUP_RANK": str(node)}
+                 for r, (local, size, node) in enumerate([(0, 2, 0), (1, 2, 0), (0, 1, 1)])}
+    results = run_on_ranks(convert_deepspeed_files, 3, str(tmp_path), rank_env=two_nodes,
+                           env={"TMPDIR": str(tmp_path)}, timeout=120)
+    assert sorted(p.name for p in tmp_path.glob("merged-by-*")) == ["merged-by-0", "merged-by-2"]
+    assert all(results[r] == results[0] for r in range(3)) and results[0]["weight"] == [[7.0] * 3] * 2
+    assert results[0]["lr"] == 0.5 and results[0]["params"] == [0, 1] and results[0]["step"] == 3.0
+    assert not list(tmp_path.glob("trainscale-deepspeed-*"))  # the node-local files are gone

@@ -118,7 +118,7 @@ def test_cnn_from_the_cli_overlaps_its_two_buckets_with_a_chosen_hook(tmp_path):
     assert metrics["options"]["strategy"] == "ddp:comm_hook=bf16" and "breakdown" not in metrics["epochs"][-1]
     (run_dir,) = [d for d in (tmp_path / "logs").iterdir() if (d / "metrics").is_dir() and not d.is_symlink()]
     b = sections(ranks(run_dir))  # the records hold the run's timing
-    assert b["gradient_bytes"] == 4_799_528 and b["communication"] > 0 and b["compute"] > 0
+    assert b["communication"] > 0 and b["compute"] > 0
     # --breakdown: rank 0's steady step, from its own records
     said = re.search(r"Step breakdown \(rank 0, median step ([\d.]+) ms\): data [\d.]+ ms, forward [\d.]+ ms, "
                      r"backward [\d.]+ ms, communication exposed ([\d.]+) ms", proc.stdout + proc.stderr)

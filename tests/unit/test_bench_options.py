@@ -33,14 +33,14 @@ lr = 0.5
 
 def test_bench_file_then_environment_then_command_line(tmp_path):
     (tmp_path / "study.toml").write_text(TABLES)
-    spec, _, _ = bench.build(["--config", str(tmp_path / "study.toml"), "--batch-size", "32"],
+    spec, _ = bench.build(["--config", str(tmp_path / "study.toml"), "--batch-size", "32"],
                              environ={"TRAINSCALE_BENCH_EPOCHS": "4", "TRAINSCALE_BENCH_BATCH_SIZE": "12"})
     assert (spec.workload, spec.configs, spec.scaling) == ("cnn", "cpu,2", "strong")  # the file
     assert spec.epochs == 4  # the environment beats the file
     assert spec.batch_size == 32  # the command line beats both
     assert spec.out_dir == Path("study") and spec.max_steps is None  # a file's string is the field's Path
 
-    sweep, _, _ = bench.build(["--workload", "cnn"], environ={"TRAINSCALE_BENCH_SWEEP_BATCHES": "16,32"})
+    sweep, _ = bench.build(["--workload", "cnn"], environ={"TRAINSCALE_BENCH_SWEEP_BATCHES": "16,32"})
     assert sweep.sweep_batches == (16, 32) and (sweep.configs, sweep.epochs, sweep.batch_size) == ("1,2", 2, 16)
 
 

@@ -126,6 +126,14 @@ def test_a_worker_forked_from_a_process_that_had_initialised_cuda_is_refused():
     check_no_cuda_inherited(SimpleNamespace(cuda=SimpleNamespace(_is_in_bad_fork=lambda: False)))
     with pytest.raises(RuntimeError, match="forked from a process that had initialised CUDA"):
         check_no_cuda_inherited(SimpleNamespace(cuda=SimpleNamespace(_is_in_bad_fork=lambda: True)))
+    # issue 47 N14: another library's cuInit in the forkserver leaves torch's flag down; the server asked the driver
+    torch_unaware = SimpleNamespace(cuda=SimpleNamespace(_is_in_bad_fork=lambda: False))
+    check_no_cuda_inherited(torch_unaware, SimpleNamespace(CUDA_DRIVER_INITIALISED=False))
+    with pytest.raises(RuntimeError, match="forked from a process that had initialised CUDA"):
+        check_no_cuda_inherited(torch_unaware, SimpleNamespace(CUDA_DRIVER_INITIALISED=True))
+    from trainscale.launch.bootstrap import cuda_driver_initialised
+
+    assert cuda_driver_initialised() is __import__("torch").cuda.is_initialized()  # here only torch could have
 
 
 @pytest.mark.parametrize("how, status", [("raise", 1), ("abort", -signal.SIGABRT), ("segfault", -signal.SIGSEGV)])

@@ -209,6 +209,18 @@ def test_ntasks_and_typed_gpus(job_script):
         slurm_spec(["--gpus-per-node", "four", "-t", "10", "--dry-run", job_script])
 
 
+def test_the_hang_timeout_goes_to_the_jobs_workers_in_the_batch_script(job_script):
+    from trainscale.launch.slurm import render
+    from trainscale.profiles import load_profile
+
+    spec = slurm_spec(["--profile", "generic-nvidia", "-t", "10", "--env", "A=1", "--hang-timeout", "120",
+                       "--dry-run", job_script])
+    assert spec.env == {"A": "1", "TRAINSCALE_HANG_TIMEOUT": "120"}
+    assert "export TRAINSCALE_HANG_TIMEOUT=120" in render(spec, load_profile("generic-nvidia"))
+    with pytest.raises(ConfigError, match=r"--hang-timeout -5 must be 0 \(never\) or more seconds"):
+        slurm_spec(["-t", "10", "--hang-timeout", "-5", "--dry-run", job_script])
+
+
 def test_config_file_then_environment_then_command_line(tmp_path, job_script):
     from trainscale.cli.slurm import build
 

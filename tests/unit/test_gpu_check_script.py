@@ -28,6 +28,20 @@ def env(**extra: str) -> dict[str, str]:
     return {**kept, "PYTHON": sys.executable, **extra}
 
 
+def hide_deepspeed(folder: Path) -> str:
+    """A PYTHONPATH entry whose sitecustomize hides DeepSpeed from every Python the script starts (as the GPU image,
+    which has none): its step must then say so and skip, not time out."""
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(
+        "import sys\nfrom importlib.machinery import PathFinder\n\n"
+        "class Hidden(PathFinder):\n"
+        "    @classmethod\n"
+        "    def find_spec(cls, name, path=None, target=None):\n"
+        "        return None if name.split('.')[0] == 'deepspeed' else PathFinder.find_spec(name, path, target)\n\n"
+        "sys.meta_path[:] = [Hidden if f is PathFinder else f for f in sys.meta_path]\n")
+    return str(folder)
+
+
 def probe_wheel(folder: Path) -> Path:
     """A pure-Python wheel of a distribution nobody has: the script puts it on PYTHONPATH as it is."""
     folder.mkdir()
@@ -39,12 +53,13 @@ def probe_wheel(folder: Path) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1500)
 def test_the_cpu_check_mode_runs_every_step_into_a_small_outdir(tmp_path):
     wheel = probe_wheel(tmp_path / "wheels")
-    done = subprocess.run(["bash", str(SCRIPT), "out"], cwd=tmp_path, capture_output=True, text=True, timeout=540,
+    done = subprocess.run(["bash", str(SCRIPT), "out"], cwd=tmp_path, capture_output=True, text=True, timeout=1400,
                           env=env(TRAINSCALE_GPU_SUITE_ON_CPU="1", TRAINSCALE_WHEELS=str(wheel.parent),
-                                  TRAINSCALE_GPU_CHECK_PYTEST_ARGS=f"-k {CHEAP_GPU_TEST}", TMPDIR=str(tmp_path)))
+                                  TRAINSCALE_GPU_CHECK_PYTEST_ARGS=f"-k {CHEAP_GPU_TEST}", TMPDIR=str(tmp_path),
+                                  PYTHONPATH=hide_deepspeed(tmp_path / "no-deepspeed")))
     out = tmp_path / "out"
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
 
@@ -59,9 +74,11 @@ def test_the_cpu_check_mode_runs_every_step_into_a_small_outdir(tmp_path):
     rows = {line.split()[0]: line.split()[1] for line in table}
     strategies = [name for name in rows if name.startswith("strategy:")]
     assert rows["gpu-visible"] == "skip" and "CPU check mode" in summary
-    assert {rows[name] for name in ("imports", "gpu-suite", "selftest", "seed-cnn")} == {"pass"}
-    assert {s.split(":")[1] for s in strategies} == {"ddp", "zero1", "fsdp", "deepspeed"}
-    assert all(rows[s] == "pass" or (s == "strategy:deepspeed" and rows[s] == "skip") for s in strategies), rows
+    assert {rows[name] for name in ("imports", "gpu-suite", "selftest", "seed-cnn", "checkpoint:async",
+                                    "recorder")} == {"pass"}, summary
+    assert [s.split(":")[1] for s in strategies] == ["ddp", "zero1", "fsdp", "fsdp-bf16", "deepspeed"]
+    assert all(rows[s] == "pass" for s in strategies[:-1]) and rows["strategy:deepspeed"] == "skip", summary
+    assert "deepspeed is not installed" in summary and rows["nccl-hang-notice"] in ("pass", "skip")
     assert "73.5 s" in summary and "1 passed, 0 failed, 0 skipped" in summary
     assert "result: PASS" in summary and done.stdout.endswith(summary)
     assert "torch:      " + torch.__version__ in summary
@@ -69,8 +86,25 @@ def test_the_cpu_check_mode_runs_every_step_into_a_small_outdir(tmp_path):
     suite = ET.parse(out / "junit.xml").getroot()
     assert int((suite if suite.tag == "testsuite" else suite.find("testsuite")).get("tests")) == 1
     assert json.loads((out / "selftest.json").read_text())["ok"] is True
+    assert "== strategy:fsdp-bf16" in (out / "gpu-suite.log").read_text()  # every pytest step's output there
     setup = (out / "setup.log").read_text()
     assert f"{wheel.name}: on PYTHONPATH" in setup and f":{wheel}:" in setup.replace("\n", ":")
+
+
+@NO_GPU
+@pytest.mark.timeout(300)
+def test_a_step_that_fails_fails_the_check(tmp_path):
+    """One step chosen (TRAINSCALE_GPU_CHECK_STEPS), its tests all deselected: pytest's exit code 5 is a failure,
+    the summary says which, and the check exits 1. Its wheels: the committed ones (scripts/wheels)."""
+    done = subprocess.run(["bash", str(SCRIPT), "out"], cwd=tmp_path, capture_output=True, text=True, timeout=280,
+                          env=env(TRAINSCALE_GPU_SUITE_ON_CPU="1", TRAINSCALE_GPU_CHECK_STEPS="gpu-suite",
+                                  TRAINSCALE_GPU_CHECK_PYTEST_ARGS="-k no_such_test", TMPDIR=str(tmp_path)))
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "result: FAIL (gpu-suite)" in summary and "exit code 5" in summary
+    rows = summary.split("\nstep ", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    assert [row.split()[0] for row in rows] == ["gpu-visible", "imports", "gpu-suite"]
+    assert "python_hostlist-2.3.0-py3-none-any.whl" in (tmp_path / "out" / "setup.log").read_text()
 
 
 @NO_GPU

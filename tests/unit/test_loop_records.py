@@ -37,6 +37,43 @@ def test_step_marks_add_repeated_phases_and_need_no_device_sync():
     assert marks._marks == [("start", 1.4)]  # carried: the next step starts where this one ended
 
 
+def test_no_event_is_recorded_or_queried_while_the_script_captures_a_cuda_graph(monkeypatch):
+    """issue 47 N9: a mark inside the user's CUDA-graph capture recorded a CUDA event into the user's graph (and
+    querying one fails a capture). Here the capture is torch's own flag, faked; the events are stand-ins."""
+
+    class Event:
+        def __init__(self, t):
+            self.t = t
+
+        def query(self):
+            return True
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return (other.t - self.t) * 1000.0
+
+    clock = iter(range(100))
+    capturing = [True]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    marks = StepMarks(torch.device("cuda", 0))
+    marks._now = lambda: Event(next(clock))
+    marks.start_step()
+    marks.mark("forward")
+    assert marks._marks == [] and marks.ready(flush=True) == []  # nothing recorded during the capture
+    capturing[0] = False
+    for phase in ("data", "forward", "backward"):
+        marks.mark(phase)
+    capturing[0] = True
+    marks.mark("optimizer")  # the captured optimizer step: its time runs on into the next mark
+    marks.end_step({"step": 1})
+    assert marks.ready(flush=True) == []  # not even queried while capturing
+    capturing[0] = False
+    (record,) = marks.ready(flush=True)
+    assert record["step_s"] == 3.0 and record["optimizer_s"] == 0.0 and record["backward_s"] == 1.0
+
+
 class Net(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -75,7 +112,13 @@ def test_step_flops_leave_the_run_untouched_and_match_torchs_count():
     # issue 39 defect 4: a batch on the rank's GPU (here the meta device stands for it) met a copy built on the
     # CPU and nothing was counted: FSDP and ZeRO-3 runs had no FLOPs or MFU on GPUs
     on_device = (torch.empty(8, 64, device="meta"),)
-    assert step_flops(model, Net, lambda m, b: m(b[0]).pow(2).mean(), on_device) == exact.get_total_flops()
+    assert step_flops(model, Net, lambda m, b: m(b[0]).pow(2).mean(), on_device,
+                      device="meta") == exact.get_total_flops()
+    # issue 47 D4: the workloads' loss (workloads/classify.py) moves a loader's CPU batch to the rank's GPU, where
+    # a copy built on the CPU did not follow: cnn/mlp under fsdp or ZeRO-3 on a GPU had no FLOPs or MFU
+    moved = step_flops(model, Net, lambda m, b: m(b[0].to("meta", non_blocking=True)).pow(2).mean(), batch,
+                       device="meta")
+    assert moved == exact.get_total_flops()
 
 
 def test_a_sharded_modules_compute_dtype_is_its_mixed_precision_not_its_fp32_shards(tmp_path):
@@ -137,3 +180,45 @@ def test_the_network_check_after_the_first_step(tmp_path, capsys, log, required,
     check_network(_rt(backend="gloo"), str(tmp_path / "g"), environ)
     check_network(_rt(num_nodes=1), str(tmp_path / "one"), environ)
     assert not (tmp_path / "g").exists() and not (tmp_path / "one").exists()
+
+
+class Normalize(nn.Module):
+    """A torchvision-style transform: an nn.Module without parameters, called on each sample."""
+
+    def forward(self, x):
+        return (x - 0.5) / 0.25
+
+
+class Samples(torch.utils.data.Dataset):
+    def __init__(self) -> None:
+        self.transform, self.x = Normalize(), torch.rand(32, 64)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.transform(self.x[i])  # with gradients on, in the training process (num_workers=0)
+
+
+def test_the_lead_module_is_the_model_not_a_transform_the_loader_calls_first(tmp_path):
+    """issue 47 N4: the first top-level module called with gradients on became the recorder's lead, its device
+    the step clock's: transforms in a num_workers=0 DataLoader won, so a GPU run was timed on the host, and
+    the samples and FLOPs counted were those of one sample through Normalize."""
+    from trainscale.observe.records import read_run
+
+    torch.manual_seed(0)
+    model = nn.Linear(64, 32)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    recorder = hooks.Recorder(tmp_path, environ={}).install()
+    try:
+        for (x,) in zip(torch.utils.data.DataLoader(Samples(), batch_size=8, num_workers=0)):
+            nn.functional.mse_loss(model(x), torch.zeros(8, 32)).backward()  # the loss is a module too
+            opt.step()
+            opt.zero_grad()
+        summary = recorder.finish()
+    finally:
+        recorder.uninstall()
+    assert recorder._lead() is model
+    assert summary["flops_per_step"] == 3 * 2 * 8 * 64 * 32  # the model's forward and backward on a batch of 8
+    steps = [r for r in read_run(tmp_path)["ranks"][0] if r["kind"] == "step"]
+    assert [r["samples"] for r in steps] == [8, 8, 8, 8]

@@ -21,7 +21,24 @@ def test_flight_recorder_dump_file_is_set_under_both_names(tmp_path):
     prefix = nccl.enable_flight_recorder(environ)
     assert environ["TORCH_FR_DUMP_TEMP_FILE"] == environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == prefix
     assert prefix == str(tmp_path / "traces" / "nccl_trace_rank_") and (tmp_path / "traces").is_dir()
-    assert environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and environ["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"
+    assert environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and environ["TORCH_FR_BUFFER_SIZE"] == "2000"
+
+
+@pytest.mark.parametrize("given", [{}, {"TORCH_FR_BUFFER_SIZE": "64"}, {"TORCH_NCCL_TRACE_BUFFER_SIZE": "5000"}])
+def test_the_flight_recorder_size_is_torchs_documented_one_under_one_name_and_a_users_wins(given, tmp_path):
+    """issue 47 N10: the bootstrap set TORCH_FR_BUFFER_SIZE=256, which torch reads before NCCL's 2000 that
+    nccl.py set under the old name: an NCCL job kept 256 and both names were set."""
+    from trainscale.launch import bootstrap
+
+    def observing(environ):  # the worker bootstrap once the script imported torch; its group watch stopped after
+        bootstrap._start_observing(environ, None, records=False, watch=True)
+        bootstrap._OBSERVING.pop().stop()
+
+    for enable in (nccl.enable_flight_recorder, observing):
+        environ = {"TRAINSCALE_TRACE_DIR": str(tmp_path), **given}
+        enable(environ)
+        sizes = {k: environ[k] for k in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE") if k in environ}
+        assert sizes == (given or {"TORCH_FR_BUFFER_SIZE": "2000"})
 
 
 @pytest.mark.parametrize("name", nccl.DUMP_FILE_VARS)
@@ -61,7 +78,7 @@ def test_nccl_watchdog_gets_the_backstop_beyond_the_collective_timeout(monkeypat
 
     seen = {}
     monkeypatch.setenv("TRAINSCALE_TRACE_DIR", str(tmp_path))
-    for name in ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", *nccl.DUMP_FILE_VARS):
+    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", *nccl.DUMP_FILE_VARS):
         monkeypatch.setenv(name, "")  # recorded, so what enable_flight_recorder sets is undone afterwards
         monkeypatch.delenv(name)
     monkeypatch.setattr(runtime.dist, "init_process_group", lambda **kwargs: seen.update(kwargs))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainscale.observe.flops import PEAKS, count_step_flops, cpu_probe, device_key, mfu
+from trainscale.observe.flops import PEAKS, count_step_flops, cpu_probe, device_key, mfu, peak_for, tf32_in_use
 from trainscale.observe.interconnect import arm, judge, parse_nccl_log
 from trainscale.observe.records import RankRecorder, read_run
 from trainscale.observe.sampler import Sampler, interval_from_env, other_cpu_share
@@ -59,6 +59,43 @@ def test_flops_of_a_step_and_mfu():
     assert {name: device_key(name) for name in names} == names
     assert PEAKS["H100 PCIe"]["bf16"] < PEAKS["H100 NVL"]["bf16"] < PEAKS["GH200"]["bf16"] == PEAKS["H100 SXM"]["bf16"]
     assert device_key("NVIDIA GeForce RTX 4090") is None and PEAKS["A100"]["bf16"] == 312e12
+
+
+@pytest.fixture
+def fp32_settings():
+    """torch's TF32 settings as they were, put back after (the newer ``fp32_precision`` ones: reading the older
+    ``allow_tf32`` after them raises)."""
+    levels = [torch.backends, torch.backends.cuda.matmul, torch.backends.cudnn, torch.backends.cudnn.conv]
+    saved = [level.fp32_precision for level in levels]
+    yield
+    for level, value in zip(levels, saved):
+        level.fp32_precision = value
+
+
+def test_the_mfu_peak_of_fp32_follows_torchs_tf32_settings_for_matmuls_and_convolutions(fp32_settings, monkeypatch):
+    """issue 47 N11: the peak read only the matmul flag, so convolutions (TF32 by cuDNN's default) were rated
+    against the plain fp32 peak (MFU up to 7x high on an H100), and torch's newer fp32_precision settings were
+    not read at all."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    gpu, row = torch.device("cuda", 0), PEAKS["H100 SXM"]
+    assert tf32_in_use() == (False, True)  # torch's defaults: matmuls in fp32, convolutions in TF32
+    assert peak_for(gpu, torch.float32).flops == row["fp32"]  # a step of matmuls only
+    assert peak_for(gpu, torch.float32, conv_share=1.0).flops == row["tf32"]  # a step of convolutions only
+    half = peak_for(gpu, torch.float32, conv_share=0.5)
+    assert half.flops == pytest.approx(1 / (0.5 / row["tf32"] + 0.5 / row["fp32"]))  # each half at its own rate
+    assert "convolutions (50% of the FLOPs) at tf32, matmuls at fp32" in half.source
+    assert peak_for(gpu, torch.bfloat16, conv_share=0.5).flops == row["bf16"]
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    torch.backends.cudnn.conv.fp32_precision = "ieee"
+    assert tf32_in_use() == (True, False)
+    assert peak_for(gpu, torch.float32, conv_share=1.0).flops == row["fp32"]
+    torch.backends.cuda.matmul.fp32_precision = torch.backends.cudnn.conv.fp32_precision = "none"
+    torch.backends.fp32_precision = "tf32"  # "none" inherits the global setting
+    assert tf32_in_use() == (True, True) and peak_for(gpu, torch.float32, conv_share=0.3).flops == row["tf32"]
+
+    conv = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 10))
+    flops = count_step_flops(lambda: conv(torch.randn(2, 1, 8, 8)).sum().backward())
+    assert 0 < flops.conv < flops and flops.times(3).conv_share == pytest.approx(flops.conv_share)
 
 
 def test_sampler_reads_this_nodes_ranks_and_gpus_through_its_seam(tmp_path, monkeypatch):

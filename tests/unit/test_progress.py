@@ -280,3 +280,64 @@ def test_the_heartbeat_imports_nothing_while_the_script_may_be_importing():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_the_hang_timeout_ends_a_waiting_rank_and_by_default_only_once_training_steps_ran(monkeypatch):
+    """issue 46 item 5: `--hang-timeout S` ends the job after S s with no progress (the waiting rank ends with the
+    verdict), from the first collective on; without it, 10 minutes counted only once training steps ran, so a
+    rank-0 download behind a barrier before training (every rank at step -1) is not ended by the default."""
+    monkeypatch.delenv(progress.HANG_TIMEOUT_VAR, raising=False)
+    assert progress.hang_timeout() == (600.0, False)
+    monkeypatch.setenv(progress.HANG_TIMEOUT_VAR, "10")
+    assert progress.hang_timeout() == (10.0, True)
+    store = _store()
+    for limit, step, behind, ends in (((600.0, False), -1, 1, False), ((600.0, False), 0, 1, True),
+                                      ((10.0, True), -1, 1, True), ((10.0, True), 0, 0, True)):  # 0 behind: stuck
+        watcher, hung = _peer(0, 2, store, notice_s=0), _peer(1, 2, store)
+        watcher.hang_timeout = limit
+        watcher.issued, hung.issued = (lambda: {"pg:0": 8}), (lambda behind=behind: {"pg:0": 8 - behind})
+        hung.mark(step)
+        hung._publish(0.0)
+        fired = []
+        watcher.on_hang = fired.append
+        watcher.step, watcher._progress = step, (step, {"pg:0": 8})
+        queued = {"pg": "pg:0", "seq": 8, "op": "barrier", "sizes": None, "site": "train.py:12 in main",
+                  "age_s": 1.0, "done": False}
+        watcher._ledger = lambda *args: [queued]
+        watcher._next_look = 0.0
+        watcher._look(watcher._changed_at + limit[0] + 1)
+        hung.close()
+        assert len(fired) == ends, (limit, step, fired)
+        if ends:
+            assert f"no progress for {limit[0] + 1:.0f}s" in str(fired[0])
+            assert ("rank(s) 1 did not arrive" if behind else "the collective itself is stuck") in str(fired[0])
+
+
+def test_a_negative_hang_timeout_is_refused_before_launch(tmp_path):
+    import pytest
+
+    from trainscale.errors import ConfigError
+    from trainscale.launch.local import LocalLaunchSpec
+
+    script = tmp_path / "train.py"
+    script.write_text("")
+    with pytest.raises(ConfigError, match=r"--hang-timeout -5 must be 0 \(never\) or more seconds"):
+        LocalLaunchSpec(target=str(script), hang_timeout_s=-5)
+    assert LocalLaunchSpec(target=str(script), hang_timeout_s=0).hang_timeout_s == 0
+
+
+def test_the_heartbeat_thread_works_on_the_ranks_gpu_on_nccl(monkeypatch):
+    """NCCL's flight recorder queries its CUDA events from the heartbeat's thread, whose current GPU would be
+    GPU 0 (a context there from every rank): the thread sets the rank's own GPU first (issue 47 N1)."""
+    import threading
+
+    import torch
+
+    chosen = []
+    monkeypatch.setattr(hangwatch.torch.cuda, "set_device",
+                        lambda device: chosen.append((threading.current_thread().name, device)))
+    beat = _peer(0, 1, _store())
+    beat.runtime.uses_nccl, beat.runtime.device = True, torch.device("cuda", 3)
+    beat.mark(0)
+    beat.close()
+    assert chosen == [("trainscale-heartbeat", torch.device("cuda", 3))]

@@ -99,7 +99,8 @@ def test_one_gpu_fsdp_with_cpu_offload_shards_over_a_group_of_its_own_with_gloo(
     """issue 39 defect 7: alone on one GPU, fsdp with cpu_offload was refused ("needs a process group with
     gloo ... but this one is None": the runtime has no group, the strategy's own was nccl-only) or, without
     mixed precision, not offloaded at all. The GPU itself is faked at its boundaries (the module's .to, the
-    group, FSDP's sharding); tests/gpu/test_gpu_strategies.py runs it for real."""
+    group, FSDP's sharding); tests/gpu/test_gpu_strategies.py runs it for real. Issue 47 N8: the whole model was
+    moved to the GPU first, so a model that fits only offloaded ran out of GPU memory before sharding."""
     from types import SimpleNamespace
 
     from trainscale.runtime.device import MIXED_BACKEND
@@ -109,8 +110,11 @@ def test_one_gpu_fsdp_with_cpu_offload_shards_over_a_group_of_its_own_with_gloo(
     class Reached(Exception):
         pass
 
+    moved = []
+
     class OnGpu(torch.nn.Linear):
         def to(self, *args, **kwargs):
+            moved.append(args)
             return self
 
     groups = []
@@ -122,6 +126,7 @@ def test_one_gpu_fsdp_with_cpu_offload_shards_over_a_group_of_its_own_with_gloo(
     with pytest.raises(Reached):
         get_strategy(spec).wrap(OnGpu(4, 4), OptimizerSpec(torch.optim.SGD, {"lr": 0.1}), rt)
     assert groups == [MIXED_BACKEND]
+    assert moved == []  # fully_shard moves each unit to the GPU in turn, its shards then to host memory
 
 
 @pytest.mark.parametrize("cores, ranks, expected", [(64, 8, 8), (2, 4, 1), (56, 8, 7), (7, 2, 3)])

@@ -5,12 +5,13 @@
     print(outcome.files["md"])
 
 Pieces: configs (tokens, batches), study (spec, plan), runner (launch, records), results (speedup,
-JSON/CSV/Markdown), plots, allreduce (busbw), projection (pure model), predictions (model vs measured).
+JSON/CSV/Markdown), plots, allreduce (bus bandwidth), plan* (the one model: `trainscale plan`, and each study's
+plan against its measurements).
 """
 
 import importlib
 
-_EXPORTS = {"Outcome": "session", "ProjectionRequest": "session", "run_study": "session", "StudySpec": "study",
+_EXPORTS = {"Outcome": "session", "run_study": "session", "StudySpec": "study",
             "plan": "study"}
 __all__ = sorted(_EXPORTS)
 

@@ -1,5 +1,5 @@
 """``trainscale bench allreduce``: how many ranks and nodes, then the measurement here or as one SLURM job
-(also a study's, for its model check)."""
+(also the plan's sweeps where the ranks run here)."""
 
 from __future__ import annotations
 

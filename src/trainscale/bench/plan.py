@@ -5,8 +5,9 @@ phases). Pure: the calibration's records in, the plan out.
 
 The memory model is ZeRO's (Rajbhandari et al., 2020) on the measured bytes: DDP holds everything on every rank
 (and a bucket copy of the gradients), ZeRO-1 shards the optimizer state, ZeRO-2 the gradients too, ZeRO-3 and
-FSDP the parameters too; activations scale with the per-rank batch. The time model is the study's projection
-(bench/projection.py): DDP's ring all-reduce of the gradients over the interconnect, overlapped with backward.
+FSDP the parameters too; activations scale with the per-rank batch. The time model: the calibration's phases,
+slowed where ranks share cores, and each strategy's collectives (bench/plan_comm.py) as measured where the ranks
+run or as a ring all-reduce over the interconnect, DDP's overlapped with backward (docs/scaling.md).
 Every figure says what it was calibrated on; what the model cannot see is listed with the figures.
 """
 
@@ -16,8 +17,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from trainscale.bench.plan_comm import Sweep, collectives, sharded_comm_s, whole_tensor_share
-from trainscale.bench.projection import Measured, ModelOptions, Network, predict
+from trainscale.bench.plan_comm import (Network, Sweep, bucket_count, collectives, ring_allreduce_s, sharded_comm_s,
+                                        whole_tensor_share)
 from trainscale.errors import ConfigError
 from trainscale.observe.reading import steady
 
@@ -26,7 +27,15 @@ STRATEGIES = ("ddp", "zero1", "deepspeed:stage=1", "deepspeed:stage=2", "fsdp", 
 DATA_SHARE = 0.05
 """A data wait above this share of the step asks for DataLoader workers."""
 MARGIN = 0.10
+NOISY = 3.0
+"""The calibration's 90th-percentile step over its 10th beyond which its band predicts nothing (said instead)."""
+ANY_BATCH = 2**16
+"""Samples per rank from which the memory no longer bounds the batch in any training: said as "any batch"."""
 """Memory kept free for what the model does not count (the allocator's slack, kernels' workspaces)."""
+GPU_RUNTIME_BYTES = 1 << 30
+"""On a GPU, beyond the margin: what CUDA's max_memory_allocated never counts, the CUDA context (~0.5 GiB with
+torch's lazy module loading on an H100), cuBLAS's workspaces and NCCL's buffers (NCCL_BUFFSIZE, 4 MiB, per
+channel and peer). The allocator's cached blocks are measured (:attr:`Calibration.reserve`)."""
 UNSEEN = ("the allocator's slack and fragmentation, and a custom kernel's workspace (kept free by a 10% margin)",
           "FSDP and ZeRO-3 gather one unit's full parameters at a time, and prefetch the next: the peak charges "
           "all of them, an upper bound",
@@ -37,6 +46,27 @@ UNSEEN = ("the allocator's slack and fragmentation, and a custom kernel's worksp
           "where no all-reduce was measured among the planned ranks (CPU ranks here are): the fixed cost of each "
           "of a sharded strategy's many collectives, and within a node the node's own links (NVLink, shared "
           "memory), faster than the interconnect the times charge")
+
+
+BACKWARD_SHARE = 2 / 3
+"""Share of forward + backward spent in backward (backward ~ 2x forward): what DDP's all-reduces can hide behind."""
+
+
+@dataclass(frozen=True)
+class Phases:
+    """One rank's median step, in seconds: what the time model scales."""
+
+    data_s: float
+    compute_s: float
+    """Forward and backward."""
+    optimizer_s: float
+    other_s: float
+    """The rest of the step (Python, bookkeeping): constant per step."""
+    batch: int
+
+    @property
+    def step_s(self) -> float:
+        return self.data_s + self.compute_s + self.optimizer_s + self.other_s
 
 
 @dataclass(frozen=True)
@@ -64,6 +94,9 @@ class Calibration:
     peak: int | None = None
     """The calibration rank's peak memory over its steps (its summary: CUDA's max_memory_allocated, or the
     process's peak RSS)."""
+    reserve: int = 0
+    """On a GPU, what CUDA's caching allocator held beyond its allocations at the calibration's peak
+    (max_memory_reserved - max_memory_allocated): cached and fragmented blocks, memory the GPU does not have free."""
     units: tuple[int, ...] = ()
     """Parameter bytes of each unit FSDP and ZeRO-3 gather at a time (observe/models.shard_units), the root's
     own last; a unit without parameters of its own gathers nothing and is left out."""
@@ -96,6 +129,8 @@ class Calibration:
                    device=str(meta.get("device", "cpu")), threads=int(meta.get("threads") or 1),
                    strategy=meta.get("strategy"), recorded=len(steps),
                    peak=summary.get("steps_peak_mem_bytes") or summary.get("peak_mem_bytes") or None,
+                   reserve=max(0, int(summary.get("reserved_peak_bytes") or 0)
+                               - int(summary.get("peak_mem_bytes") or 0)),
                    units=tuple(int(b) for b in meta.get("unit_bytes") or () if int(b) > 0))
 
     def tensor_bytes(self) -> list[float]:
@@ -111,16 +146,15 @@ class Calibration:
             return f"deepspeed:stage={name.removeprefix('deepspeed zero')}"
         return name if name in STRATEGIES else "ddp"
 
-    def measured(self) -> Measured:
-        """The median step's phases, as the projection takes them."""
+    def measured(self) -> Phases:
+        """The median step's phases."""
         def median(key: str) -> float:
             return statistics.median(float(r.get(key) or 0.0) for r in self.steps)
 
         data, forward, backward, optimizer = (median(k) for k in ("data_s", "compute_s", "backward_s", "optimizer_s"))
         step = median("step_s")
         other = max(0.0, step - data - forward - backward - optimizer)
-        return Measured(data_s=data, compute_s=forward + backward, optimizer_s=optimizer, other_s=other,
-                        batch=self.batch, gradient_bytes=self.grads)
+        return Phases(data, forward + backward, optimizer, other, self.batch)
 
     def spread(self) -> tuple[float, float]:
         """The step's 10th and 90th percentile over the median: how far one calibration's pace can be trusted."""
@@ -128,6 +162,12 @@ class Calibration:
         mid = statistics.median(times)
         low, high = times[int(0.1 * (len(times) - 1))], times[int(round(0.9 * (len(times) - 1)))]
         return low / mid, high / mid
+
+    @property
+    def noisy(self) -> bool:
+        """Its steps varied too much (:data:`NOISY`) for a band around them to mean anything."""
+        low, high = self.spread()
+        return high > NOISY * low
 
 
 @dataclass(frozen=True)
@@ -215,12 +255,11 @@ class Plan:
 
     def predict(self, ranks: int, nodes: int = 1, strategy: str = "ddp", batch: int | None = None) -> dict:
         """Step time, band, speedup and efficiency at ``ranks`` over ``nodes`` under ``strategy``, ``batch``
-        samples per rank (default: the calibration's): the projection's step with its collectives
-        (:func:`collectives`) and, where the strategy shards the optimizer state, each rank stepping only its
-        share; the data wait and the compute scale with the batch."""
+        samples per rank (default: the calibration's): its phases, slowed where ranks share cores, with the
+        strategy's collectives (:func:`collectives`) and, where the strategy shards the optimizer state, each rank
+        stepping only its share; the data wait and the compute scale with the batch."""
         from dataclasses import replace
 
-        from trainscale.bench.projection import ring_allreduce_s
         from trainscale.strategies import state_sharding
 
         cal = self.calibration
@@ -243,22 +282,23 @@ class Plan:
         if sweep is not None:
             grads = params_hidden = 0.0
         hidden = int(grads * cal.grads + params_hidden * cal.params)
-        sharded = replace(measured, optimizer_s=measured.optimizer_s * share, gradient_bytes=hidden)
-        p = predict(sharded, self.network, ranks, ModelOptions(scaling="weak", contention=contention))
-        if ranks == 1:
-            exposed = 0.0
-        elif sweep is not None:  # DDP's all-reduce by the path it takes (synchronous on busy cores: exposed)
+        host = replace(measured, data_s=measured.data_s * contention, compute_s=measured.compute_s * contention,
+                       optimizer_s=measured.optimizer_s * share * contention, other_s=measured.other_s * contention)
+        # a bucket's all-reduce starts when its last gradient is ready: the last bucket's never hides
+        buckets = max(1, bucket_count(hidden))
+        overlapped = ring_allreduce_s(hidden, ranks, self.network, buckets)
+        window = BACKWARD_SHARE * host.compute_s * (buckets - 1) / buckets
+        exposed = max(0.0, overlapped - window)
+        if sweep is not None:  # DDP's all-reduce by the path it takes (synchronous on busy cores: exposed)
             ddp = self.sweep(ranks, "shm") or sweep
             averaged = ddp.seconds(cal.grads) if state_sharding(strategy).buckets else 0.0
-            exposed = averaged + sharded_comm_s(strategy, cal, sweep.seconds)
-        else:  # the network's model: the exposed bytes (a collective's fixed cost is not modelled: UNSEEN)
-            exposed = ring_allreduce_s(params_exposed * cal.params, ranks, self.network.busbw_Bps,
-                                       self.network.latency_s)
-        step = p.step_s + exposed
-        base = predict(plain, self.network, 1, ModelOptions(scaling="weak"))
-        speedup = ranks * base.step_s / step  # samples per second over one rank's, the per-rank batch the same
+            exposed += averaged + sharded_comm_s(strategy, cal, sweep.seconds)
+        elif ranks > 1:  # the network's model: the exposed bytes (a collective's fixed cost is not modelled: UNSEEN)
+            exposed += ring_allreduce_s(params_exposed * cal.params, ranks, self.network)
+        step = host.step_s + exposed
+        speedup = ranks * plain.step_s / step  # samples per second over one rank's, the per-rank batch the same
         return {"ranks": ranks, "nodes": nodes, "strategy": strategy, "step_s": step,
-                "band_s": [step * low, step * high], "exposed_comm_s": p.exposed_comm_s + exposed,
+                "band_s": [step * low, step * high], "exposed_comm_s": exposed,
                 "speedup": speedup, "efficiency": speedup / ranks, "samples_per_s": ranks * measured.batch / step}
 
     def sweep(self, ranks: int, hook: str = "none") -> Sweep | None:
@@ -294,9 +334,19 @@ class Plan:
         own = self.own.get(strategy) if world > 1 else None  # alone, fsdp runs unwrapped: the plain peak
         return replace(m, overhead=own.overhead) if own is not None and self.same_memory else m
 
+    @property
+    def room(self) -> float | None:
+        """What a rank's predicted peak may reach: the device's memory less the margin and, on a GPU, less what
+        max_memory_allocated does not count (the runtime's constant, the calibration's allocator reserve)."""
+        if self.device_bytes is None:
+            return None
+        on_gpu = self.calibration.device.startswith("cuda")
+        allowance = GPU_RUNTIME_BYTES + (self.calibration.reserve if on_gpu else 0) if self.target_gpus or on_gpu else 0
+        return self.device_bytes * (1 - MARGIN) - allowance
+
     def fits(self, m: Memory) -> bool | None:
-        """The rank's predicted peak within the room less the margin (None: the room is not known)."""
-        return None if self.device_bytes is None else m.peak <= self.device_bytes * (1 - MARGIN)
+        """The rank's predicted peak within the room (None: the room is not known)."""
+        return None if self.room is None else m.peak <= self.room
 
     def verdict(self, m: Memory) -> str:
         """yes (within the room less its margin), tight (within the room, not its margin: what the model does not
@@ -311,7 +361,7 @@ class Plan:
         the room is not known."""
         if self.device_bytes is None:
             return None
-        cal, room = self.calibration, self.device_bytes * (1 - MARGIN)
+        cal, room = self.calibration, self.room
         fixed = self.rank_memory(strategy, self.world, 0).peak
         per_sample = cal.activations / max(1, cal.batch)
         if fixed > room:
@@ -346,6 +396,8 @@ class Plan:
             most = self.largest_batch(strategy)
             if most is None:
                 return None
+            if most >= ANY_BATCH:  # the memory does not bound it: the dataset and the optimisation do
+                return {"strategy": strategy, "largest": None, "any": True, "global": None}
             if most >= 1:
                 return {"strategy": strategy, "largest": most, "global": most * self.world}
         return {"strategy": None, "largest": 0, "global": 0}
@@ -370,7 +422,7 @@ def make_plan(cal: Calibration, *, what: str, ranks_per_node: int, nodes: int, b
               target_gpus: bool = False, shared_cores: int | None = None, cpus_per_rank: int | None = None,
               own: dict[str, Calibration] | None = None, sweeps: list[Sweep] | None = None) -> Plan:
     """``shared_cores``: CPU ranks planned on this machine's cores, the calibration's rank having used
-    ``cal.threads`` of them: more ranks share them (the projection's contention), so 2 ranks on the 2 cores one
+    ``cal.threads`` of them: more ranks share them (they slow each other), so 2 ranks on the 2 cores one
     rank used are not 2x faster."""
     batch = batch or cal.batch
     plan = Plan(cal, what, ranks_per_node, nodes, batch, device_bytes, device_source, network, network_source,

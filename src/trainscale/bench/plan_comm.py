@@ -1,15 +1,69 @@
 """What each strategy communicates per step, for ``trainscale plan`` (bench/plan.py): its collectives in
 all-reduces of the gradients' or parameters' bytes on a network's model, or each one priced as measured where
 the ranks will run (:class:`Sweep`); and how torch's ZeRO-1 partitions the optimizer state in whole tensors.
-Pure: the calibration's counts in, seconds or shares out.
+Pure: the calibration's counts in, seconds or shares out. The network's model and its presets:
+docs/scaling.md, "The plan's time model".
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
-from trainscale.errors import ConfigError
+from trainscale.errors import ConfigError, did_you_mean
+
+BUCKET_BYTES = 25 * 2**20
+"""DDP's default ``bucket_cap_mb``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Network:
+    """The bus bandwidth and latency a ring all-reduce sees between nodes (``plan --interconnect``)."""
+
+    name: str
+    busbw_Bps: float
+    """All-reduce bus bandwidth, bytes per second (nccl-tests' definition): line rate x links x efficiency."""
+    latency_s: float = 0.0
+    """Per ring step."""
+    source: str = ""
+    """Where the numbers come from."""
+
+    def __post_init__(self) -> None:
+        if not self.busbw_Bps > 0 or self.latency_s < 0:
+            raise ConfigError(f"network {self.name!r}: bus bandwidth {self.busbw_Bps} B/s, latency {self.latency_s} s",
+                              hint="bus bandwidth must be > 0 and latency >= 0")
+
+
+NETWORKS: dict[str, Network] = {n.name: n for n in (
+    Network(name="ethernet-25g", busbw_Bps=25e9 / 8 * 0.85, latency_s=30e-6,
+            source="IEEE 802.3by 25GBASE line rate, 85% of it over TCP sockets"),
+    Network(name="ib-hdr200", busbw_Bps=200e9 / 8 * 0.92, latency_s=5e-6,
+            source="InfiniBand HDR 200 Gb/s (ConnectX-6), one link, 92% of it"),
+    Network(name="ib-ndr400", busbw_Bps=400e9 / 8 * 0.90, latency_s=5e-6,
+            source="InfiniBand NDR 400 Gb/s (ConnectX-7), one link, 90% of it"),
+    Network(name="slingshot-11", busbw_Bps=4 * 200e9 / 8 * 0.80, latency_s=10e-6,
+            source="HPE Slingshot-11, 4 x 200 Gb/s NICs per LUMI-G node, 80% of them"),
+)}
+
+
+def get_network(name: str) -> Network:
+    if name not in NETWORKS:
+        raise ConfigError(f"unknown interconnect {name!r}", hint=did_you_mean(name, list(NETWORKS)))
+    return NETWORKS[name]
+
+
+def bucket_count(gradient_bytes: float) -> int:
+    """DDP's buckets (torch 2.13 measured: one bucket while the gradients fit in ``bucket_cap_mb``)."""
+    return math.ceil(gradient_bytes / BUCKET_BYTES) if gradient_bytes > 0 else 0
+
+
+def ring_allreduce_s(size_bytes: float, ranks: int, network: Network, buckets: int = 1) -> float:
+    """A ring all-reduce of ``size_bytes`` among ``ranks`` split into ``buckets`` messages."""
+    if ranks <= 1 or size_bytes <= 0:
+        return 0.0
+    steps = 2 * (ranks - 1)
+    return steps / ranks * size_bytes / network.busbw_Bps + buckets * steps * network.latency_s
 
 
 def collectives(strategy: str) -> tuple[float, float, float]:

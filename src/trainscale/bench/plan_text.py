@@ -4,7 +4,7 @@ predicted-against-measured table ``--verify`` and the plan-accuracy benchmark sh
 
 from __future__ import annotations
 
-from trainscale.bench.plan import MARGIN, Plan
+from trainscale.bench.plan import ANY_BATCH, MARGIN, Plan
 from trainscale.bench.plan_comm import Sweep
 
 
@@ -41,17 +41,21 @@ def render(plan: Plan, submit: str | None) -> list[str]:
         lines.append("peak: the above and the sharded strategies' gathered parameters (the calibration's memory was "
                      "this CPU's, not the GPU's: the step's temporaries are kept free by the margin)")
     threads = f", each rank on {cal.threads} thread(s)" if cal.device == "cpu" else ""
-    over = f"over {plan.network_source} (busbw {plan.network.busbw_Bps / 1e9:.1f} GB/s)"
+    over = f"over {plan.network_source} (bus bandwidth {plan.network.busbw_Bps / 1e9:.1f} GB/s)"
     if plan.sweeps:
         counts = ", ".join(map(str, sorted({w.ranks for w in plan.sweeps})))
         timed = "; ".join(dict.fromkeys(Sweep.HOOKS[w.hook] for w in plan.sweeps))
         over = f"the collectives at {counts} rank(s) as measured here ({timed}), the rest {over}"
     own = f"; {', '.join(plan.own)}'s pace its own calibration's" if plan.own else ""
+    band = (f"no band: the calibration's steps ranged {low:.2f}x-{high:.2f}x of its median (10th-90th percentile), "
+            f"too noisy to predict a range from; give more --steps than {ran} or calibrate on a quieter machine"
+            if cal.noisy else f"band: the calibration's 10th-90th percentile step ({low:.2f}x-{high:.2f}x of its "
+                              "median)")
     lines += ["", f"Step time and speedup with {plan.recommended or 'ddp'}, batch {plan.batch} per rank{threads}, "
-              f"{over}{own}; band: the calibration's 10th-90th percentile step ({low:.2f}x-{high:.2f}x of its median)"]
+              f"{over}{own}; {band}"]
     rows = [(str(t["ranks"]), str(t["nodes"]), f"{t['step_s'] * 1e3:.1f}",
-             f"{t['band_s'][0] * 1e3:.1f}-{t['band_s'][1] * 1e3:.1f}", f"{t['speedup']:.2f}x", f"{t['efficiency']:.0%}")
-            for t in plan.times]
+             "too noisy" if cal.noisy else f"{t['band_s'][0] * 1e3:.1f}-{t['band_s'][1] * 1e3:.1f}",
+             f"{t['speedup']:.2f}x", f"{t['efficiency']:.0%}") for t in plan.times]
     lines += _table(("ranks", "nodes", "step (ms)", "band (ms)", "speedup", "efficiency"), rows)
     if plan.target_gpus and not cal.device.startswith("cuda"):
         lines.append(f"These step times are this machine's {cal.device}'s: on the profile's GPUs the compute is "
@@ -67,7 +71,11 @@ def render(plan: Plan, submit: str | None) -> list[str]:
         lines.append("Recommended: nothing fits: a smaller per-rank batch (activations), more ranks (the sharded "
                      "strategies divide the state), or a device with more memory")
     best = plan.recommended_batch()
-    if best and best["largest"]:
+    if best and best.get("any"):
+        lines.append(f"Per-rank batch: any batch up to your dataset fits under {best['strategy']} (the memory allows "
+                     f"more than {ANY_BATCH} samples per rank); planned {plan.batch}. Keep the global batch your "
+                     "optimizer's settings were tuned for, or retune the LR")
+    elif best and best["largest"]:
         lines.append(f"Per-rank batch: up to {best['largest']} fits under {best['strategy']} (global "
                      f"{best['global']} at {plan.world} rank(s)); planned {plan.batch}. Larger batches use the GPU "
                      "better; keep the global batch your optimizer's settings were tuned for, or retune the LR")
@@ -90,19 +98,25 @@ def render(plan: Plan, submit: str | None) -> list[str]:
 
 
 def verified_table(verified: list[dict]) -> list[str]:
-    """Predicted against measured, a row per configuration (``--verify``, the plan-accuracy benchmark)."""
+    """Predicted against measured, a row per configuration (``--verify``, the plan-accuracy benchmark); a run other
+    work disturbed carries * and says so, as a study's does."""
     def size(value: float | None) -> str:
         return "-" if value is None else _size(value)
 
-    rows = [(v["config"], f"{v['predicted_step_s'] * 1e3:.1f} ({v['band_s'][0] * 1e3:.1f}-"
-             f"{v['band_s'][1] * 1e3:.1f})", f"{v['measured_step_s'] * 1e3:.1f}", _error(v["step_error"]),
+    rows = [(v["config"] + (" *" if v.get("disturbed") else ""), f"{v['predicted_step_s'] * 1e3:.1f} ("
+             f"{v['band_s'][0] * 1e3:.1f}-{v['band_s'][1] * 1e3:.1f})", f"{v['measured_step_s'] * 1e3:.1f}",
+             _error(v["step_error"]),
              size(v["predicted_held"]), size(v["measured_held"]), _error(v["held_error"]),
              size(v.get("predicted_peak")), size(v.get("measured_peak")), _error(v.get("peak_error")))
             for v in verified]
-    return _table(("configuration", "step ms predicted (band)", "measured", "error", "held predicted", "measured",
-                   "error", "peak predicted", "measured", "error"), rows) + [
-        "held: parameters, gradients and optimizer state of the fullest rank (the run's own memory table; a "
-        "script's: what its rank 0 held); peak: the fullest rank's (process RSS on CPU, CUDA allocated on a GPU)"]
+    disturbed = [f"{v['config']}: {v['disturbed']}" for v in verified if v.get("disturbed")]
+    return _table(("configuration", "step ms predicted (band)", "measured", "error", "model state predicted",
+                   "measured", "error", "peak predicted", "measured", "error"), rows) + [
+        "model state: memory for the parameters, gradients and optimizer state of the fullest rank (the run's own "
+        "memory table; a script's: its rank 0's); peak: the fullest rank's (process RSS on CPU, CUDA "
+        "allocated on a GPU); error: measured / predicted - 1 (+: the run took longer or more than predicted)"] + (
+        [f"* disturbed, its times say little about the plan: {'; '.join(disturbed)}. Run again on a quiet machine"]
+        if disturbed else [])
 
 
 def _error(value: float | None) -> str:

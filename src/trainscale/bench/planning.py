@@ -15,22 +15,22 @@ from pathlib import Path
 from typing import Callable
 
 from trainscale.bench.plan import Calibration, Plan, make_plan
-from trainscale.bench.plan_comm import Sweep
-from trainscale.bench.projection import Network, get_preset
+from trainscale.bench.plan_comm import Network, Sweep, get_network
 from trainscale.errors import ConfigError
-from trainscale.observe.reading import steady, step_records, steps_peaks
+from trainscale.observe.reading import other_work, steady, step_records, steps_peaks
 from trainscale.observe.records import read_lines
 
 PROFILE_NETWORKS = {"ofi": "slingshot-11", "ib": "ib-hdr200", "socket": "ethernet-25g"}
-"""A profile's ``interconnect`` as the projection's preset (the preset's numbers: bench --list-interconnects)."""
+"""A profile's ``interconnect`` as the plan's network (bench/plan_comm.NETWORKS)."""
 DEFAULT_NETWORK = "ethernet-25g"
 
 
 def short_run(*, script: str | None, args: tuple[str, ...], workload: str | None, batch: int | None, steps: int,
               say: Callable[[str], None], nproc: int = 1, strategy: str | None = None, threads: int | None = None,
-              timeout_s: float = 900.0) -> tuple[list[dict], dict | None, list[int]]:
+              timeout_s: float = 900.0) -> tuple[list[dict], dict | None, list[int], float | None]:
     """Run the script (or workload) on ``nproc`` ranks here for ``steps`` optimizer steps and more: rank 0's
-    records, a workload's metrics (its memory table) and every rank's peak memory over its training steps. A script
+    records, a workload's metrics (its memory table), every rank's peak memory over its training steps and the share
+    of its CPUs other work kept busy (observe/reading.other_work; None: not sampled). A script
     runs in the working directory (its relative paths) and is stopped after ``steps`` by its recorder
     (observe/state.py); its rt.checkpoint files go to a directory of the run's own (it neither resumes from nor
     writes into the user's). A workload runs ``steps + 1`` steps to its normal end in a temporary directory.
@@ -78,7 +78,7 @@ def short_run(*, script: str | None, args: tuple[str, ...], workload: str | None
                               hint="run the same line with trainscale run to see why")
         records = list(read_lines(found[0]))
         return (records, json.loads(metrics.read_text()) if metrics.exists() else None,
-                steps_peaks(found[0].parent.parent))
+                steps_peaks(found[0].parent.parent), other_work(found[0].parent.parent))
 
 
 def calibrate(*, script: str | None, args: tuple[str, ...], workload: str | None, batch: int | None, steps: int,
@@ -86,7 +86,7 @@ def calibrate(*, script: str | None, args: tuple[str, ...], workload: str | None
               strategy: str | None = None) -> Calibration:
     """One rank, ``steps`` optimizer steps: what its state holds and how long its steps take (on CPU with
     ``threads`` threads: those a rank of the planned node gets); a workload under ``strategy``."""
-    records, _, _ = short_run(script=script, args=args, workload=workload, batch=batch, steps=steps, say=say,
+    records, _, _, _ = short_run(script=script, args=args, workload=workload, batch=batch, steps=steps, say=say,
                               threads=threads, timeout_s=timeout_s, strategy=strategy)
     return Calibration.from_records(records)
 
@@ -100,9 +100,8 @@ SWEEP_SIZES = "4B,16KB,256KB,1MB,4MB,16MB"
 def sweep_hooks(workload_args: tuple[str, ...] | None, strategy: str | None) -> tuple[str, ...]:
     """What a plan for ``strategy`` (None: every strategy) measures among CPU ranks here: the backend's
     all-reduce (none) for the sharded strategies' collectives and a script's own DDP (``workload_args`` None),
-    and for a workload's ddp and zero1 gradients what they average with (bench/predictions.averaging_hook:
+    and for a workload's ddp and zero1 gradients what they average with (:func:`averaging_hook`:
     trainscale's shared-memory average unless ``comm_hook`` names another)."""
-    from trainscale.bench.predictions import averaging_hook
     from trainscale.strategies import state_sharding
 
     if workload_args is None:
@@ -113,6 +112,16 @@ def sweep_hooks(workload_args: tuple[str, ...] | None, strategy: str | None) -> 
     shard = state_sharding(strategy)  # DDP's buckets average with ddp's hook; what a strategy shards, with gloo
     wanted = (("none",) if shard.params or shard.grads or shard.optimizer else ()) + ((ddp,) if shard.buckets else ())
     return tuple(dict.fromkeys(wanted)) or ("none",)
+
+
+def averaging_hook(workload_args: tuple[str, ...] | list[str]) -> str:
+    """What a workload's DDP averages with, for the all-reduce benchmark's ``--hook``: ``shm`` or ``auto`` as
+    named in ``--strategy ...:comm_hook=`` (default auto), the backend's (none) otherwise."""
+    from trainscale.launch.preflight import option_value
+    from trainscale.strategies import parse_spec
+
+    hook = parse_spec(option_value(workload_args, "--strategy") or "ddp")[1].get("comm_hook", "auto").lower()
+    return hook if hook in ("auto", "shm") else "none"
 
 
 def sweeps_here(ranks_per_node: int, say: Callable[[str], None], hooks: tuple[str, ...]) -> list[Sweep]:
@@ -144,21 +153,25 @@ def verify(plan: Plan, *, script: str | None, args: tuple[str, ...], workload: s
            say: Callable[[str], None]) -> list[dict]:
     """``plan --verify``: the cheapest several-rank configuration the plan predicts (2 ranks here; 1 where the plan
     is for one), under each strategy trainscale runs for a workload (a script's own for a script), run here for
-    a few steps: the predicted step time, held bytes and peak against the measured ones."""
+    a few steps: the predicted step time, model state and peak against the measured ones, a run that other work
+    disturbed marked as a study marks it (bench/validity.disturbance)."""
+    from trainscale.bench.validity import disturbance
+
     ranks = 2 if plan.world > 1 else 1
     out = []
     for strategy in (VERIFIED if workload else (None,)):
-        records, metrics, peaks = short_run(script=script, args=args, workload=workload, batch=plan.batch,
-                                            steps=steps, say=say, nproc=ranks, strategy=strategy)
-        out.append(compare(plan, records, metrics, peaks, ranks=ranks, nodes=1, strategy=strategy))
+        records, metrics, peaks, share = short_run(script=script, args=args, workload=workload, batch=plan.batch,
+                                                   steps=steps, say=say, nproc=ranks, strategy=strategy)
+        out.append(compare(plan, records, metrics, peaks, ranks=ranks, nodes=1, strategy=strategy)
+                   | {"other_cpu_share": share, "disturbed": disturbance({"other_cpu_share": share}, None)})
     return out
 
 
 def compare(plan: Plan, records: list[dict], metrics: dict | None, peaks: list[int], *, ranks: int, nodes: int,
             strategy: str | None, batch: int | None = None) -> dict:
-    """One measured configuration against the plan: the median step after the first, the held bytes of the
-    fullest rank (a workload's memory table; a script's rank 0 records) and the largest peak of any rank over its
-    training steps (``peaks``), each with its error."""
+    """One measured configuration against the plan: the median step after the first, the model state (parameters,
+    gradients and optimizer state) of the fullest rank (a workload's memory table; a script's rank 0 records) and
+    the largest peak of any rank over its training steps (``peaks``), each with its error."""
     import statistics
 
     times = [float(r["step_s"]) for r in steady(step_records(records))]
@@ -245,11 +258,11 @@ def cgroup_limit(proc: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys
 def network(name: str | None, profile) -> tuple[Network, str]:
     """The interconnect the time model charges: --interconnect, else the profile's, else an assumption said so."""
     if name:
-        return get_preset(name).network(), f"--interconnect {name}"
+        return get_network(name), f"--interconnect {name}"
     if profile is not None and PROFILE_NETWORKS.get(profile.interconnect):
         preset = PROFILE_NETWORKS[profile.interconnect]
-        return get_preset(preset).network(), f"{preset} (profile {profile.name})"
-    return get_preset(DEFAULT_NETWORK).network(), f"{DEFAULT_NETWORK} (assumed: give --interconnect NAME)"
+        return get_network(preset), f"{preset} (profile {profile.name})"
+    return get_network(DEFAULT_NETWORK), f"{DEFAULT_NETWORK} (assumed: give --interconnect NAME)"
 
 
 def submit_line(*, profile, nodes: int, ranks_per_node: int, strategy: str | None, workload: str | None,
@@ -384,11 +397,11 @@ def plan_study(spec, study_plan, say: Callable[[str], None]) -> tuple[Plan | Non
 
 def against(made: Plan, runs: list[dict], out_dir: Path) -> list[dict]:
     """Each measured configuration of a study beside what its plan predicted: the step (the median of its rank 0's
-    step records after the warm-up, as the calibration's), the fullest rank's held bytes (its memory table) and
+    step records after the warm-up, as the calibration's), the fullest rank's model state (its memory table) and
     its ranks' largest peak over their training steps."""
     from trainscale.bench.plan import STRATEGIES
-    from trainscale.bench.predictions import disturbed
     from trainscale.bench.study import read_metrics
+    from trainscale.bench.validity import disturbance
 
     rows = []
     for run in runs:
@@ -403,6 +416,6 @@ def against(made: Plan, runs: list[dict], out_dir: Path) -> list[dict]:
         row = compare(made, records, metrics, peaks, ranks=run["world_size"], nodes=run["nodes"], strategy=modelled,
                       batch=run["per_rank_batch"])
         row.update(config=run["label"], modelled=modelled if modelled == strategy else f"ddp (for {strategy})",
-                   disturbed=disturbed(run))
+                   disturbed=disturbance(run, None))
         rows.append(row)
     return rows

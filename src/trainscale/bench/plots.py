@@ -36,9 +36,8 @@ def speedup_plot(study: dict, path: Path) -> Path:
     runs = [r for r in _ok(study) if r.get("speedup") is not None]
     rejected = [r for r in _ok(study) if r.get("rejected")]
     base = next(r for r in study["runs"] if r["config"] == study["baseline"])
-    proj = (study.get("projection") or {}).get("rows", [])
     fig, ax = plt.subplots(figsize=(10, 5))
-    xs = sorted({r["world_size"] for r in runs + rejected} | {p["ranks"] for p in proj} | {base["world_size"]})
+    xs = sorted({r["world_size"] for r in runs + rejected} | {base["world_size"]})
     ax.plot(xs, [x / base["world_size"] for x in xs], "k--", lw=1, label="ideal (linear)")
     reach = sorted((r["world_size"], r["achievable_speedup"]) for r in runs + rejected
                    if r.get("achievable_speedup") is not None)
@@ -55,14 +54,6 @@ def speedup_plot(study: dict, path: Path) -> Path:
     for r in runs:
         ax.annotate(r["label"] + ("*" if r.get("speedup_disturbed") else ""), (r["world_size"], r["speedup"]),
                     textcoords="offset points", xytext=(6, -12), fontsize=8)
-    if proj:
-        ax.plot([p["ranks"] for p in proj], [p["speedup"] for p in proj], "s-", color="#d95f02",
-                label=f"projected ({study['projection']['network']['name']})")
-        from matplotlib.ticker import FuncFormatter
-
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log", base=2)
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.set_xticks(xs, [str(x) for x in xs])
     ax.set_xlabel("ranks (workers)")
     ax.set_ylabel(f"speedup over {base['label']}")
@@ -120,10 +111,8 @@ def breakdown_plot(study: dict, path: Path) -> Path | None:
         ax.bar(labels, values, bottom=bottom, color=colour, label=LABELS[key])
         bottom = [b + v for b, v in zip(bottom, values)]
     for i, r in enumerate(runs):
-        hidden = r["breakdown"].get("communication_overlapped_fraction") or 0.0
-        ax.annotate(f"comm {r['breakdown']['communication_fraction']:.0%}" + (f"\n+{hidden:.0%} overlapped" if hidden
-                                                                              else ""),
-                    (i, bottom[i]), ha="center", va="bottom", fontsize=9)
+        ax.annotate(f"comm {r['breakdown']['communication_fraction']:.0%}", (i, bottom[i]), ha="center", va="bottom",
+                    fontsize=9)
     ax.set_ylabel("time per step (ms)")
     ax.set_title("Where a training step's time goes")
     handles, names = ax.get_legend_handles_labels()  # top to bottom as the bars stack, beside them, never over

@@ -69,16 +69,12 @@ def _speed(run: dict, key: str, pattern: str) -> str:
 
 def markdown_table(study: dict) -> str:
     """Seed 004's table: Version | Workers | Runtime (s) | Speedup | Parallel efficiency (+ a few more)."""
-    validated = any(r.get("predicted_step_s") is not None for r in study["runs"])
-    head = ["Version", "Workers", "Runtime (s)", "Speedup", "Parallel efficiency", "Achievable", "Eff. vs achievable",
+    head = ["Version", "Workers", "Runtime (s)", "Speedup", "Parallel efficiency", "Achievable", "Share of achievable",
             "Samples/s", "Comm. exposed"]
-    if validated:
-        head += ["Step (ms)", "Predicted (ms)", "Error"]  # the steady state's (after the first epoch)
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in study["runs"]:
         if r.get("status") != "ok":
-            lines.append(f"| {r['label']} | {r['world_size']} | failed | - | - | - | - | - | -"
-                         + (" | - | - | -" if validated else "") + " |")
+            lines.append(f"| {r['label']} | {r['world_size']} | failed | - | - | - | - | - | - |")
             continue
         breakdown = r.get("breakdown") or {}
         own = mark(r, "runtime_s")  # a disturbed run's own figures carry "*"; a rejected speedup is not shown
@@ -86,19 +82,6 @@ def markdown_table(study: dict) -> str:
                _speed(r, "efficiency", "{:.0%}"), _fmt(r.get("achievable_speedup"), "{:.2f}x"),
                _speed(r, "efficiency_vs_achievable", "{:.0%}"), _fmt(r.get("samples_per_s"), "{:.0f}") + own,
                _fmt(breakdown.get("communication_fraction"), "{:.0%}")]
-        if validated:
-            steady = (r.get("steady") or {}).get("step_time_s") or r.get("step_time_s")
-            pred = r.get("prediction") or {}
-            row += [_fmt(None if steady is None else steady * 1e3, "{:.1f}") + own,
-                    _fmt(None if pred.get("step_s") is None else pred["step_s"] * 1e3, "{:.1f}"),
-                    _fmt(pred.get("error"), "{:+.0%}")]
-        lines.append("| " + " | ".join(row) + " |")
-    for p in study.get("projection", {}).get("rows", []):
-        row = [f"{p['label']} (projected)", str(p["ranks"]), f"{p['runtime_s']:.1f}", f"{p['speedup']:.2f}x",
-               f"{p['efficiency']:.0%}", "-", "-", f"{p['samples_per_s']:.0f}",
-               f"{p['exposed_comm_s'] / p['step_s']:.0%}" if p["step_s"] else "-", "-"]
-        if validated:
-            row += ["-", f"{p['step_s'] * 1e3:.1f}" if p["step_s"] else "-", "-"]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -122,7 +105,7 @@ CSV_FIELDS = ("config", "label", "status", "world_size", "nodes", "nproc_per_nod
               "epochs", "steps", "samples", "runtime_s", "samples_per_s", "step_time_s", "speedup", "efficiency",
               "achievable_speedup", "efficiency_vs_achievable", "hardware",
               "train_loss", "test_loss", "accuracy", "data_s", "compute_s", "communication_s", "optimizer_s",
-              "other_s", "communication_fraction", "strategy", "predicted_step_s", "launch_s", "timed",
+              "other_s", "communication_fraction", "strategy", "launch_s", "timed",
               "disturbed", "speedup_disturbed", "rejected_speedup", "rejected_reason")
 
 
@@ -170,11 +153,6 @@ def markdown_document(study: dict, plots: dict[str, str]) -> str:
         parts += ["## The plan against the measurements", "", planned, ""]
     for label, text in caveats(study):
         parts += [f"**{label}:** {text}" if label else text, ""]
-    proj = study.get("projection")
-    if proj:
-        parts += [f"Projection: {proj['network']['name']}, busbw {proj['network']['busbw_Bps'] / 1e9:.2f} GB/s, "
-                  f"latency {proj['network']['latency_s'] * 1e6:.0f} us, from the {proj['from']} run "
-                  f"({proj['gradient_bytes'] / 1e6:.1f} MB of gradients); model in docs/scaling.md.", ""]
     parts += [f"![{name}]({Path(path).name})" for name, path in plots.items()]
     return "\n".join(parts) + "\n"
 
@@ -194,7 +172,7 @@ def plan_rows(study: dict) -> tuple[list[str], list[list[str]], str] | None:
     def error(value) -> str:
         return "-" if value is None else f"{value:+.0%}"
 
-    head = ["configuration", "strategy modelled", "step ms planned", "measured", "error", "held planned",
+    head = ["configuration", "strategy modelled", "step ms planned", "measured", "error", "model state planned",
             "measured", "error", "peak planned", "measured", "error"]
     rows = [[r["config"] + (" *" if r.get("disturbed") else ""), r.get("modelled") or r["strategy"],
              f"{r['predicted_step_s'] * 1e3:.1f}", _fmt(r["measured_step_s"] * 1e3, "{:.1f}")
@@ -206,29 +184,45 @@ def plan_rows(study: dict) -> tuple[list[str], list[list[str]], str] | None:
     note = (f"Planned before the runs from one rank's {cal.get('steps', '?')}-step calibration here "
             f"({plan.get('times_from', '?')}, batch {cal.get('batch', '?')}, {cal.get('threads', '?')} thread(s)) over "
             f"{plan.get('network_source', '?')}, as `trainscale plan` plans; measured: the median step after the "
-            "warm-up, the fullest rank's memory table, the largest peak over the training steps; error = measured / "
-            "planned - 1" + ("; * disturbed: other work shared its cores" if any(
-                r.get("disturbed") for r in plan.get("against") or []) else ""))
+            "warm-up, the fullest rank's memory table, the largest peak over the training steps; model state: memory "
+            "for parameters, gradients and optimizer state; error = measured / planned - 1 (+: more than planned)"
+            + ("; * disturbed: other work shared its cores"
+               if any(r.get("disturbed") for r in plan.get("against") or []) else ""))
     return head, rows, note
 
 
 def plan_check(study: dict) -> str | None:
-    """One sentence: how far the study's plan was from its measurements (undisturbed configurations)."""
+    """One sentence: where the study's plan was furthest from its measurements (undisturbed configurations), each
+    signed (+: the run took longer or held more than planned), with its configuration and both figures."""
     every = (study.get("plan") or {}).get("against") or []
     rows = [r for r in every if not r.get("disturbed")]
     if not every:
         return None
-
-    def worst(key: str) -> str:
-        errors = [abs(r[key]) for r in rows if r.get(key) is not None]
-        return f"{max(errors):.0%}" if errors else "-"
-
-    which = f"{len(rows)} undisturbed configuration(s)"
+    which = ""
     if not rows:  # other work disturbed every run: their errors, said so
-        rows, which = every, f"{len(every)} configuration(s), every one disturbed by other work on its cores"
-    return (f"The plan made before the runs: largest |error| over {which}: step time {worst('step_error')}, held "
-            f"bytes {worst('held_error')}, peak {worst('peak_error')} (the table \"The plan against the "
-            "measurements\")")
+        rows, which = every, " (every configuration disturbed by other work on its cores)"
+
+    def ms(value: float) -> str:
+        return f"{value * 1e3:.1f} ms"
+
+    def mib(value: float) -> str:
+        return f"{value / 2**20:.1f} MiB"
+
+    parts = []
+    for what, error, planned, measured, show in (
+            ("step time", "step_error", "predicted_step_s", "measured_step_s", ms),
+            ("memory for parameters, gradients and optimizer state", "held_error", "predicted_held", "measured_held",
+             mib),
+            ("peak memory", "peak_error", "predicted_peak", "measured_peak", mib)):
+        found = [r for r in rows if r.get(error) is not None]
+        if found:
+            r = max(found, key=lambda r: abs(r[error]))
+            parts.append(f"{what} {r[error]:+.0%} on {r['config']} (planned {show(r[planned])}, measured "
+                         f"{show(r[measured])})")
+    if not parts:
+        return f"Plan vs measured{which}: nothing measured to compare"
+    return (f"Plan vs measured, furthest off{which}: " + "; ".join(parts) + " (+: more than planned; every "
+            "configuration in \"The plan against the measurements\")")
 
 
 def plan_table(study: dict) -> str | None:
@@ -245,40 +239,12 @@ def plan_table(study: dict) -> str | None:
 
 def caveats(study: dict) -> list[tuple[str, str]]:
     """(label, sentence) of what goes under a study's table after its marks' notes: shared hardware, the
-    model check and the plan's (no label), a busy machine, suggestions."""
+    plan's check (no label), a busy machine, suggestions."""
     no_plan = ((study.get("plan") or {}).get("error"))
-    found = [("Shared hardware", study.get("shared_hardware")), ("", model_check(study)),
+    found = [("Shared hardware", study.get("shared_hardware")),
              ("", plan_check(study) or (f"No plan for this study: {no_plan}" if no_plan else None)),
              ("Warning", busy_warning(study)), *(("Suggestion", text) for text in suggestions(study))]
     return [(label, text) for label, text in found if text]
-
-
-def model_check(study: dict) -> str | None:
-    """The scaling model's error against this study's measured runs, plain and calibrated."""
-    v = study.get("validation") or {}
-    if v.get("mean_abs_error") is None:
-        return None
-    runs = ", ".join(v["runs"])
-    head = (f"Model check on this machine: predicted vs measured step time after the first epoch, mean |error| "
-            f"{v['mean_abs_error']:.0%} over configuration(s) {runs}")
-    if not v.get("calibrated"):
-        text = (f"{head} (uncalibrated: calibrating needs two or more undisturbed multi-rank configurations, "
-                f"each predicted from the others)")
-    else:
-        text = (f"{head}, each calibrated on the others' records ({v['mean_abs_error_uncalibrated']:.0%} with the "
-                f"plain model)")
-    if v.get("steady_epochs", 3) < 3:  # the median of fewer epochs cannot ignore a disturbed one
-        text += (f"; measured over {v['steady_epochs']} epoch(s) after the first: --epochs 4 or more lets the median "
-                 f"ignore one that something else on the machine slowed down")
-    disturbed = v.get("disturbed") or {}
-    if disturbed:
-        shares = ", ".join(f"{config} ({share:.0%} of its CPUs)" for config, share in disturbed.items())
-        text += (f". Other work kept CPUs busy while {shares} ran, which no model of the training predicts: "
-                 f"such a run calibrates nothing and is left out of the mean; measure again on a quiet machine")
-    if v.get("source_disturbed") is not None:
-        text += (f". Other work kept {v['source_disturbed']:.0%} of the single-rank run's CPUs busy, and every "
-                 f"prediction starts from it: measure again on a quiet machine")
-    return text
 
 
 def suggestions(study: dict) -> list[str]:

@@ -131,10 +131,13 @@ def failed_ranks(runtime: Any, failed: bool) -> list[int]:
 def checkpoint_group(runtime: Any) -> Any:
     """A process group of its own for DCP's background planning (every rank calls this, once): gloo,
     so that the background thread's collectives never interleave with the training's on the default
-    group (torch's async_save needs a CPU backend for them anyway)."""
+    group (torch's async_save needs a CPU backend for them anyway). Described ``trainscale-checkpoint``: its
+    collectives run on each rank's writer thread at that rank's own pace, and the hang watch leaves them out
+    (runtime/ledger.py)."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         return None
     timeout = getattr(runtime, "timeout", None)
-    return dist.new_group(backend="gloo", **({"timeout": timeout} if timeout is not None else {}))
+    return dist.new_group(backend="gloo", group_desc="trainscale-checkpoint",
+                          **({"timeout": timeout} if timeout is not None else {}))

@@ -11,13 +11,11 @@ from trainscale.cli.bench_allreduce import add_slurm_options, run_allreduce, slu
 HELP = """usage: trainscale bench [--workload NAME | SCRIPT [ARGS...]] [--configs cpu,1,2,4] [--scaling weak|strong]
                         [--config FILE] [--batch-size B] [--epochs E] [--max-steps S] [--data SRC] [--samples N]
                         [--baseline TOKEN] [--sweep-batch 16,32,64] [--out DIR]
-                        [--project-to N] [--interconnect PRESET|measured] [--links-per-node K] [--validate]
                         [--no-plots] [--verbose] [-- WORKLOAD ARGS...]
                         [--slurm --profile P --time T [--nodes 1,2] [--gpus-per-node G] [--account A]
                          [--partition P] [--reservation R] [--launcher torchrun|srun] [--python PATH] [--poll S]]
        trainscale bench allreduce [--sizes 1KB..16MB] [--nproc N] [--iters K] [--hook none|shm|auto] [--out DIR]
                                   [--slurm --profile P --time T --nodes N [--gpus-per-node G] ...]
-       trainscale bench --list-interconnects
 
 Configurations: cpu (1 process on CPU), N (N ranks on this node: GPUs when visible, else CPU ranks).
 With --slurm every configuration is one batch job (as `trainscale slurm --submit` makes it): N is N ranks
@@ -31,7 +29,6 @@ Examples:
   trainscale bench --workload cnn --configs 1,2 --epochs 2
   trainscale bench --workload cnn --configs 1,2,4 --scaling strong --batch-size 64 --max-steps 50
   trainscale bench --workload cnn --configs 1 --sweep-batch 16,32,64,128 --epochs 1
-  trainscale bench --workload cnn --configs 1,2 --project-to 1024 --interconnect ib-hdr200 --validate
   trainscale bench --configs 1,2 train.py --batch-size {batch}
   trainscale bench --config study.toml --epochs 1   (its [bench] table: configs = "1,2", scaling = "strong", ...)
   trainscale bench --slurm --profile local-test --gpus-per-node 2 --time 00:10:00 --configs 1 --nodes 1,2
@@ -60,35 +57,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", default=None, help="the configuration speedups are relative to (default: the first)")
     p.add_argument("--sweep-batch", default=None, help="per-rank batches to run every configuration with, e.g. 16,32,64")
     p.add_argument("--out", default=None, help="the study's new directory (default: bench-out/<date-time>)")
-    p.add_argument("--project-to", type=int, default=None, help="project the step time to this many ranks")
-    p.add_argument("--interconnect", default=None,
-                   help="the network of the projection: a preset (--list-interconnects) or 'measured'")
-    p.add_argument("--links-per-node", type=int, default=None, help="network links per node of the projection")
-    p.add_argument("--overlap", type=float, default=1.0,
-                   help="share of the all-reduce the projection lets backward hide, 0..1 (default: 1)")
-    p.add_argument("--validate", action="store_true",
-                   help="predict the measured multi-rank runs from the 1-rank run and measured busbw")
     p.add_argument("--no-plots", action="store_true", help="write the results without the PNG plots")
     p.add_argument("--verbose", action="store_true", help="show rank 0's output above the progress table")
-    p.add_argument("--list-interconnects", action="store_true", help="list the projection's network presets and exit")
     add_slurm_options(p, "node counts to add as Nn configurations, e.g. 1,2 (with --slurm)")
     return p
 
 
 def build(argv: list[str], environ=None):
-    """(StudySpec, ProjectionRequest | None, namespace) from the command line over --config's [bench] table and
-    TRAINSCALE_BENCH_*; raises ConfigError."""
+    """(StudySpec, namespace) from the command line over --config's [bench] table and TRAINSCALE_BENCH_*; raises
+    ConfigError."""
     from trainscale.bench.options import study_spec
-    from trainscale.bench.session import projection_request
     from trainscale.cli.split import split_command
 
     split = split_command(_parser(), argv, double_dash="rest")
     ns = _parser().parse_args(split.options)
-    if ns.list_interconnects:
-        return None, None, ns
     spec = study_spec(vars(ns), target=split.target, rest=split.rest, slurm=slurm_target(ns), environ=environ)
-    return spec, projection_request(project_to=ns.project_to, interconnect=ns.interconnect,
-                                    links_per_node=ns.links_per_node, overlap=ns.overlap), ns
+    return spec, ns
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,19 +82,13 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if argv and argv[0] == "allreduce":
         return run_allreduce(argv[1:])
-    spec, projection, ns = build(argv)
-    if ns.list_interconnects:
-        from trainscale.bench.projection import presets_table
-
-        print(presets_table())
-        return 0
+    spec, ns = build(argv)
     from trainscale.bench.session import run_study
     from trainscale.launch.rundir import shown
 
     if spec.cpu_ranks:
         print("trainscale bench: no GPU visible: configuration N runs N CPU ranks (gloo)", file=sys.stderr)
-    outcome = run_study(spec, projection=projection, validate=ns.validate, make_plots=not ns.no_plots,
-                        verbose=ns.verbose)
+    outcome = run_study(spec, make_plots=not ns.no_plots, verbose=ns.verbose)
     print("\n".join(outcome.summary(sweep=bool(spec.sweep_batches))))
     for line in outcome.missing:
         print(f"trainscale bench: {line}; the results are written", file=sys.stderr)

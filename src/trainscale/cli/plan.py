@@ -42,8 +42,10 @@ def _parser() -> argparse.ArgumentParser:
                    "workload is calibrated with it")
     p.add_argument("--mem", help="memory per node, as sbatch's --mem (e.g. 64G): the room the ranks of a node "
                    "share (default: the profile's GPU or node memory, else this machine's within its cgroup limit)")
-    p.add_argument("--interconnect", help="the network between nodes (bench --list-interconnects; default: the "
-                   "profile's, else ethernet-25g, said as an assumption)")
+    from trainscale.bench.plan_comm import NETWORKS
+
+    p.add_argument("--interconnect", help=f"the network between nodes: {', '.join(NETWORKS)} (docs/scaling.md; "
+                   "default: the profile's, else ethernet-25g, said as an assumption)")
     p.add_argument("--steps", type=int, default=10, help="optimizer steps of the calibration (default: 10; the "
                    "first 2 warm up and are left out of its step time)")
     p.add_argument("--verify", action="store_true", help="then run the cheapest configurations here (2 ranks; a "

@@ -10,7 +10,7 @@ from trainscale.errors import ConfigError
 
 # Options whose torchrun meaning trainscale takes over through its own spec fields.
 _SPEC_FIELDS = ("nproc_per_node", "nnodes", "max_restarts", "log_dir", "training_script", "training_script_args",
-                "module", "no_python", "run_path", "workload", "all_ranks", "rdzv_timeout")
+                "module", "no_python", "run_path", "workload", "all_ranks", "rdzv_timeout", "hang_timeout")
 
 
 SHAPING = ("--nproc-per-node", "--nnodes", "--max-restarts", "--standalone", "--rdzv-endpoint", "--node-rank",
@@ -64,7 +64,7 @@ def build_spec(argv: list[str], environ=None):
         target=target, args=tuple(script_args), module=bool(ns.module or workload), no_python=bool(ns.no_python),
         nproc_per_node=nproc, nnodes=ns.nnodes, max_restarts=ns.max_restarts,
         log_dir=Path(ns.log_dir) if ns.log_dir else None, console_all_ranks=ns.all_ranks,
-        rdzv_timeout_s=ns.rdzv_timeout, torchrun=torchrun,
+        rdzv_timeout_s=ns.rdzv_timeout, hang_timeout_s=ns.hang_timeout, torchrun=torchrun,
     )
 
 
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         return 128 + result.signal
     if not result.ok:
         print(f"{result.summary}\n{next_line(result)}", file=sys.stderr, flush=True)
-        return 1
+        return result.exit_code
     print(finished_lines(spec.nproc_per_node, spec.max_restarts, result), file=sys.stderr, flush=True)
     return 0
 

@@ -78,6 +78,9 @@ def parser() -> argparse.ArgumentParser:
                      help="leave out the profile's module lines (only --module's run)")
     run.add_argument("--setup", action="append", metavar="LINE", help="a shell line run before launch (repeatable)")
     run.add_argument("--env", action="append", metavar="KEY=VALUE", help="exported in the batch script")
+    run.add_argument("--hang-timeout", type=float, metavar="S",
+                     help="end the job after S seconds with no progress on any rank, naming the hung rank (exit "
+                          "status 124; 0: never; default: 600, counted once training steps ran)")
     run.add_argument("--python", help="the Python the job runs (default: python3 after the module lines or in the "
                                       "container, else the one running trainscale); a bare name is looked up at job "
                                       "time")

@@ -25,7 +25,8 @@ import runpy
 import signal
 import sys
 import threading
-from typing import Mapping, MutableMapping
+from pathlib import Path
+from typing import Any, Mapping, MutableMapping
 
 from trainscale.errors import is_refusal, one_line, record_error, succeeded
 
@@ -49,6 +50,8 @@ PREFIXED_VAR = "TRAINSCALE_PREFIXED_CONSOLE"
 """Set by ``trainscale run`` when the agent prefixes every line a worker shows with ``[rankN]:``."""
 RECORD_VAR, NOTICE_VAR = "TRAINSCALE_RECORD", "TRAINSCALE_HANG_NOTICE"
 """``0`` switches off the step records (observe/hooks.py), the hang watch (runtime/progress.py)."""
+HANG_TIMEOUT_VAR = "TRAINSCALE_HANG_TIMEOUT"
+"""`--hang-timeout`'s seconds for the workers' hang watch (runtime/progress.py)."""
 
 # SLURM's task variables as torchrun's workers should see them: each agrees with RANK & co.
 _SLURM_FROM_WORLD = (
@@ -243,7 +246,7 @@ def forked(launcher: dict, *argv: str) -> None:
     reaches the launcher, which stops the workers), numpy's global generator seeded anew, and its name."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, FORKSERVER_BLOCKS)  # one sent meanwhile arrives now
     try:
-        check_no_cuda_inherited(sys.modules.get("torch"))
+        check_no_cuda_inherited(sys.modules.get("torch"), sys.modules.get("trainscale.launch.forkserver"))
         _leave_forkserver()
         die_with_launcher(launcher["environ"])
         os.setsid()
@@ -270,15 +273,29 @@ def forked(launcher: dict, *argv: str) -> None:
         os.kill(os.getpid(), signal.SIGINT)
 
 
-def check_no_cuda_inherited(torch) -> None:
+def check_no_cuda_inherited(torch, server: Any = None) -> None:
     """A forked worker whose forkserver had initialised CUDA cannot use a GPU (torch: "Cannot re-initialize
     CUDA in forked subprocess"). The forkserver imports torch and never touches a device; this holds it to
-    that, in words, before the worker's code meets it in the middle of its model set-up."""
+    that, in words, before the worker's code meets it in the middle of its model set-up: torch's own lazy
+    initialisation (its bad-fork flag), and any library's ``cuInit`` (``server``: the forkserver's module, which
+    asked the driver itself after its imports; its answer is inherited)."""
     bad_fork = getattr(getattr(torch, "cuda", None), "_is_in_bad_fork", None)
-    if bad_fork is not None and bad_fork():
+    if (bad_fork is not None and bad_fork()) or getattr(server, "CUDA_DRIVER_INITIALISED", False):
         raise RuntimeError("trainscale: this worker was forked from a process that had initialised CUDA (the "
                            "launcher's forkserver must not): its GPU is unusable here; a bug in trainscale, or "
                            "a module the forkserver preloads touched the device")
+
+
+def cuda_driver_initialised() -> bool:
+    """Whether some library of this process called the CUDA driver's ``cuInit``: without it ``cuDeviceGetCount``
+    answers CUDA_ERROR_NOT_INITIALIZED (3) and initialises nothing. No driver loaded: none could have."""
+    try:
+        if "libcuda.so" not in Path("/proc/self/maps").read_text():
+            return False
+        count = ctypes.c_int()
+        return ctypes.CDLL("libcuda.so.1").cuDeviceGetCount(ctypes.byref(count)) != 3
+    except (OSError, AttributeError):
+        return False
 
 
 def die_with_launcher(environ: Mapping[str, str]) -> bool:
@@ -362,14 +379,12 @@ def observe_when_torch_loads(environ: MutableMapping[str, str] = os.environ) -> 
     """Zero code: what trainscale learns about any script (docs/observability.md). When the script imports
     torch, the recorder's hooks go in (observe/hooks.py: every rank's steps, with a run directory) and a
     watch starts the rank's heartbeat once its process group exists (runtime/progress.py: a hang's culprit
-    named). torch's flight recorder keeps the last collectives (it must be asked for before the group
-    exists). Nothing here may fail the script: what cannot start says so in one line."""
+    named). torch's flight recorder keeps the last collectives (asked for before the group exists). Nothing
+    here may fail the script: what cannot start says so in one line."""
     records = str(environ.get(RECORD_VAR, "1")).strip().lower() not in ("0", "false", "no", "off")
     watch = str(environ.get(NOTICE_VAR, "")).strip() not in ("0", "0.0")
     if not (records and environ.get(RUN_DIR_VAR)) and not watch:
         return
-    if watch and not environ.get("TORCH_FR_BUFFER_SIZE") and not environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE"):
-        environ["TORCH_FR_BUFFER_SIZE"] = "256"
     kit = environ.get(KIT_VAR)
     start = lambda: _start_observing(environ, kit, records=records, watch=watch)  # noqa: E731
     if "torch" in sys.modules:
@@ -407,6 +422,8 @@ class _AfterImport:
 def _start_observing(environ: MutableMapping[str, str], kit: str | None, *, records: bool, watch: bool) -> None:
     try:
         hooks, progress = _observers(kit)
+        if watch:  # before the script's process group exists
+            progress.ledger.enable_flight_recorder(environ)
         recorder = hooks.install(environ.get(RUN_DIR_VAR)) if records else None
         listeners = (recorder.hang_noticed,) if recorder is not None else ()
         on_stall = (recorder.flush,) if recorder is not None else ()

@@ -15,7 +15,7 @@ its workers would die with it. A server that multiprocessing starts again by its
 import gc
 import signal
 
-from trainscale.launch.bootstrap import FORKSERVER_BLOCKS, collector_paused
+from trainscale.launch.bootstrap import FORKSERVER_BLOCKS, collector_paused, cuda_driver_initialised
 
 signal.pthread_sigmask(signal.SIG_BLOCK, FORKSERVER_BLOCKS)
 with collector_paused():
@@ -23,4 +23,5 @@ with collector_paused():
     import torch._dynamo  # noqa: F401
     import torch.distributed  # noqa: F401
     import torch.distributed.checkpoint  # noqa: F401
+CUDA_DRIVER_INITIALISED = cuda_driver_initialised()  # by any library, not only torch: the workers refuse to start
 gc.freeze()

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from trainscale.errors import ConfigError, LaunchError
-from trainscale.launch.bootstrap import AGENT_VAR, PREFIXED_VAR, RUN_DIR_VAR
+from trainscale.errors import HUNG_EXIT, ConfigError, LaunchError
+from trainscale.launch.bootstrap import AGENT_VAR, HANG_TIMEOUT_VAR, PREFIXED_VAR, RUN_DIR_VAR
 from trainscale.launch.ports import check_port_free, choose, importable, parse_endpoint, resolve
 from trainscale.launch.torchrun import LOGGING_OPTIONS, defaults
 from trainscale.topology.worker import PLAN_ENV
@@ -65,6 +65,9 @@ class LocalLaunchSpec:
     """Show every rank's output on the console (prefixed); default: rank 0 only."""
     rdzv_timeout_s: int = 900
     """How long to wait for all nodes to arrive (torchrun's rdzv-conf timeout/join_timeout win)."""
+    hang_timeout_s: float | None = None
+    """End the job after this long with no progress on any rank (0: never); None: the workers' default
+    (runtime/progress.py, ``DEFAULT_HANG_TIMEOUT_S`` once training steps ran)."""
     torchrun: Mapping[str, Any] = field(default_factory=dict)
     """The other torchrun options the user gave (dest -> value, as torch's parser reads them); each
     wins over trainscale's default for it. Options not given keep torchrun's or trainscale's default."""
@@ -91,6 +94,9 @@ class LocalLaunchSpec:
                               hint="give the path of your training script, or -m MODULE for a module")
         if self.rdzv_timeout_s <= 0:
             raise ConfigError(f"--rdzv-timeout {self.rdzv_timeout_s} must be positive", hint="e.g. 900 seconds")
+        if self.hang_timeout_s is not None and not 0 <= self.hang_timeout_s < float("inf"):
+            raise ConfigError(f"--hang-timeout {self.hang_timeout_s:g} must be 0 (never) or more seconds",
+                              hint="e.g. --hang-timeout 600")
         if self.torchrun.get("rdzv_backend") == "":
             raise ConfigError("--rdzv-backend is empty", hint="use c10d (or static with --master-addr/--master-port)")
         _check_log_dir(self.torchrun.get("log_dir") or self.log_dir)
@@ -135,6 +141,8 @@ class LaunchResult:
     """The signal that stopped the launcher (its workers were stopped); None when the run ended by itself."""
     attempts: tuple = ()
     """summary.Attempt per run of the worker group when it was restarted; empty for a single attempt."""
+    exit_code: int = 1
+    """`trainscale run`'s exit status for a failed run: 124 (errors.HUNG_EXIT) when a hang ended it."""
 
 
 def worker_env(spec: LocalLaunchSpec, base: dict[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
@@ -148,6 +156,8 @@ def worker_env(spec: LocalLaunchSpec, base: dict[str, str] | None = None) -> tup
         extra["OMP_NUM_THREADS"] = str(n)
         notes.append(f"OMP_NUM_THREADS={n} ({usable_cores()} cores / {spec.nproc_per_node} ranks)")
     extra.setdefault("PYTHONUNBUFFERED", "1")
+    if spec.hang_timeout_s is not None:
+        extra[HANG_TIMEOUT_VAR] = f"{spec.hang_timeout_s:g}"
     if not LOGGING_OPTIONS & set(spec.torchrun):  # trainscale's console: the agent prefixes every shown line
         extra[PREFIXED_VAR] = "1"
     # torch 2.13's c10d rendezvous shares one TCPStore with the workers for the agent's whole life,
@@ -368,7 +378,8 @@ def launch(spec: LocalLaunchSpec) -> LaunchResult:
         text = summary.render(failures, world_size=world, log_dir=logs, attempts=history,
                               total_attempts=spec.max_restarts + 1)
         _dump_root_cause(exc, failures[0].rank if failures else None)
-        return ended(False, text, attempts=tuple(history))
+        hung = bool(failures) and failures[0].exitcode == HUNG_EXIT
+        return ended(False, text, attempts=tuple(history), exit_code=HUNG_EXIT if hung else 1)
     except KeyboardInterrupt:  # Ctrl-C before torch's agent took the signal over: no worker was started
         return ended(False, "trainscale: received SIGINT before any rank started; nothing is left running",
                      signal=int(signal.SIGINT))

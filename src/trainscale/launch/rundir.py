@@ -173,7 +173,19 @@ def start_record(run_dir: Path, *, target: str, args: tuple[str, ...], module: b
         target_kind="workload" if workload else ("module" if module else "program" if no_python else "script"),
         args=list(args[1:] if workload else args), nproc_per_node=nproc_per_node,
         nnodes=nnodes.split(":")[0] if len(set(nnodes.split(":"))) == 1 else nnodes,
-        max_restarts=max_restarts, records=str(records), logs=str(logs or run_dir), versions=versions())
+        max_restarts=max_restarts, records=str(records), logs=str(logs or run_dir), versions=versions(),
+        # what `report --against` names when two runs differ: the settings that change a step, the script's contents
+        environment={k: v for k, v in os.environ.items() if k.startswith(("TRAINSCALE_", "OMP_", "NCCL_"))},
+        script_sha256=_sha256(target) if not (module or no_python) else None)
+
+
+def _sha256(path: str) -> str | None:
+    import hashlib
+
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 def command_line() -> list[str]:

@@ -63,6 +63,9 @@ def parser() -> argparse.ArgumentParser:
                      help="show every rank's output on the console, prefixed [rankN]: (default: rank 0 only)")
     own.add_argument("--rdzv-timeout", type=int, default=900, metavar="S",
                      help="seconds to wait for every node at the rendezvous (rdzv-conf timeout/join_timeout win)")
+    own.add_argument("--hang-timeout", type=float, default=None, metavar="S",
+                     help="end the job after S seconds with no progress on any rank, naming the hung rank (exit "
+                          "status 124; 0: never; default: 600, counted once training steps ran)")
     return p
 
 

@@ -73,27 +73,74 @@ def cpu_probe(dtype: torch.dtype = torch.float32, size: int = 512, seconds: floa
     return best
 
 
-def peak_for(device: torch.device, dtype: torch.dtype) -> Peak | None:
-    """The peak for ``device`` (the CPU measured; a GPU from the table; None for an unknown GPU)."""
+def tf32_in_use() -> tuple[bool, bool]:
+    """Whether fp32 matmuls and fp32 convolutions run in TF32 now: torch's ``fp32_precision`` settings where
+    this torch has them ("none" inherits: cuda.matmul from the global one, cudnn.conv from cudnn's, then the
+    global one), else the older ``allow_tf32`` flags. cuDNN's convolutions default to TF32, matmuls do not.
+    (Reading ``allow_tf32`` after the new settings were used raises in torch >= 2.9: they come first.)"""
+    backends = torch.backends
+    if hasattr(backends, "fp32_precision") and hasattr(backends.cudnn, "conv"):
+        def resolved(*chain: object) -> bool:
+            said = [getattr(level, "fp32_precision", "none") for level in chain]
+            return next((p for p in said if p != "none"), "ieee") == "tf32"
+
+        return resolved(backends.cuda.matmul, backends), resolved(backends.cudnn.conv, backends.cudnn, backends)
+    return bool(backends.cuda.matmul.allow_tf32), bool(backends.cudnn.allow_tf32)
+
+
+def peak_for(device: torch.device, dtype: torch.dtype, conv_share: float = 0.0) -> Peak | None:
+    """The peak for ``device`` (the CPU measured; a GPU from the table; None for an unknown GPU). In fp32 a
+    GPU's matmuls and convolutions each run at the TF32 or the fp32 peak (:func:`tf32_in_use`); where they
+    differ, the step's peak is the rate at which it would do its FLOPs, ``conv_share`` of them convolutions,
+    each kind at its own peak."""
     if device.type == "cpu":
         return Peak(cpu_probe(dtype if dtype in (torch.float32, torch.float64) else torch.float32),
                     f"measured: {torch.get_num_threads()} thread(s), matmul probe")
     key = device_key(torch.cuda.get_device_name(device))
     if key is None:
         return None
-    kind = DTYPES.get(dtype, "fp32")
-    kind = "tf32" if kind == "fp32" and torch.backends.cuda.matmul.allow_tf32 else kind
-    value = PEAKS[key].get(kind) or PEAKS[key]["fp32"]
-    return Peak(value, f"{key} {kind} dense peak (data sheet)")
+    row, kind = PEAKS[key], DTYPES.get(dtype, "fp32")
+    if kind != "fp32":
+        return Peak(row.get(kind) or row["fp32"], f"{key} {kind} dense peak (data sheet)")
+    matmul, conv = ("tf32" if on and "tf32" in row else "fp32" for on in tf32_in_use())
+    if matmul == conv or conv_share <= 0 or conv_share >= 1:
+        kind = conv if conv_share >= 1 else matmul
+        return Peak(row[kind], f"{key} {kind} dense peak (data sheet)")
+    value = 1.0 / (conv_share / row[conv] + (1 - conv_share) / row[matmul])
+    return Peak(value, f"{key} dense peaks (data sheet): convolutions ({conv_share:.0%} of the FLOPs) at {conv}, "
+                       f"matmuls at {matmul}")
 
 
-def count_step_flops(step: Callable[[], object]) -> int:
+class Flops(int):
+    """A step's FLOPs, and how many of them were convolutions (their peak may differ: :func:`peak_for`)."""
+
+    conv: int = 0
+
+    def __new__(cls, total: int, conv: int = 0) -> "Flops":
+        made = super().__new__(cls, total)
+        made.conv = conv
+        return made
+
+    def times(self, n: int) -> "Flops":
+        return Flops(int(self) * n, self.conv * n)
+
+    @property
+    def conv_share(self) -> float:
+        return self.conv / int(self) if int(self) else 0.0
+
+
+CONV_OPS = ("convolution", "_convolution", "convolution_backward", "cudnn_convolution")
+
+
+def count_step_flops(step: Callable[[], object]) -> Flops:
     """FLOPs of one call of ``step`` (forward and backward of one batch), counted by torch itself."""
     from torch.utils.flop_counter import FlopCounterMode
 
     with FlopCounterMode(display=False) as counter:
         step()
-    return int(counter.get_total_flops())
+    by_op = counter.get_flop_counts().get("Global", {})
+    conv = sum(n for op, n in by_op.items() if str(op).removeprefix("aten.").split(".")[0] in CONV_OPS)
+    return Flops(int(counter.get_total_flops()), int(conv))
 
 
 def mfu(flops_per_step: float, step_s: float, peak: float, devices: int = 1) -> float | None:
@@ -109,7 +156,7 @@ def plain_parameters(module: torch.nn.Module) -> bool:
 
 
 def plain_step_flops(module: torch.nn.Module, forward: Callable[[torch.nn.Module], object],
-                     micro_batches: int = 1) -> int | None:
+                     micro_batches: int = 1) -> Flops | None:
     """FLOPs of one optimizer step of a module with plain parameters: ``forward(module)`` once without
     gradients (random state and buffers restored after), backward counted as twice the forward — what
     FlopCounterMode counts for matmuls and convolutions. None for a sharded module."""
@@ -123,4 +170,4 @@ def plain_step_flops(module: torch.nn.Module, forward: Callable[[torch.nn.Module
     with torch.no_grad():
         for name, b in module.named_buffers():
             b.copy_(buffers[name])
-    return 3 * counted * micro_batches
+    return counted.times(3 * micro_batches)

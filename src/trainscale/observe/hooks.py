@@ -85,7 +85,7 @@ class Recorder:
         predicts), before an evaluation or the end of the run raises the whole run's."""
         self.summary: dict[str, Any] | None = None
         self._depth = 0
-        self._lead: Any = None  # weakref to the first top-level module of the first step: its batches count
+        self._lead: Any = None  # weakref to the first top-level module with parameters: its batches count
         self._first_batch: tuple | None = None
         self._stepped = False  # an optimizer stepped since the last forward: the step ends at the next forward
         self._forwarded = False
@@ -127,11 +127,21 @@ class Recorder:
 
     # -- the hooks ----------------------------------------------------------------------------------
     def _forward_pre(self, module: torch.nn.Module, args: tuple) -> None:
+        param = None
+        if not self._depth:
+            param = next(module.parameters(), None)
+            if param is None:  # a transform (Normalize, RandomCrop), a loss: no model, no step of its own
+                return
         depth, self._depth = self._depth, self._depth + 1
         if depth or not torch.is_grad_enabled() or not self._ours():
             return
-        if self.marks is None:
-            self.marks = StepMarks(device_of(module, args))
+        on_gpu = param.device.type == "cuda"
+        if self.marks is None or (on_gpu and self.marks.device.type != "cuda"):
+            # the first model with parameters, or the first on a GPU after one on the host: its device times
+            # the steps, and it becomes the lead (its batches are the samples, its FLOPs the step's)
+            self.marks = StepMarks(param.device if on_gpu else device_of(module, args))
+            self._lead = self._first_batch = None
+            self._samples = self._tokens = 0
             self._grouped = _place(self.environ)[1] > 1  # alone, no collective to wait for: no communication
         if self._stepped:  # the previous step ended with its last optimizer step
             self._end_step()
@@ -141,7 +151,9 @@ class Recorder:
             self.state.forward_started()
 
     def _forward_post(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        self._depth = depth = max(0, self._depth - 1)
+        if not self._depth:  # a top-level module without parameters (its forward_pre did not count it)
+            return
+        self._depth = depth = self._depth - 1
         if depth or not torch.is_grad_enabled() or not self._ours() or self.marks is None:
             return
         self.marks.mark("forward")
@@ -344,13 +356,15 @@ class Recorder:
         device = self.marks.device
         summary: dict[str, Any] = {"steps_recorded": len(self.step_times), "peak_mem_bytes": peak_memory(device)[0],
                                    "steps_peak_mem_bytes": self.steps_peak or None}
+        if device.type == "cuda":  # the caching allocator's own peak: what plan's fit allows beyond the allocations
+            summary["reserved_peak_bytes"] = int(torch.cuda.max_memory_reserved(device))
         lead = self._lead() if self._lead is not None else None
         if self.flops_per_step:
             from trainscale.observe.flops import mfu, peak_for
 
             median = statistics.median(self.step_times) if self.step_times else None
             dtype = self._autocast or param_dtype(lead)
-            peak = peak_for(device, dtype)
+            peak = peak_for(device, dtype, getattr(self.flops_per_step, "conv_share", 0.0))
             summary.update(flops_per_step=self.flops_per_step, step_median_s=median, flops_dtype=str(dtype),
                            peak_flops=peak.flops if peak else None, peak_source=peak.source if peak else None,
                            mfu=mfu(self.flops_per_step, median, peak.flops) if peak and median else None)

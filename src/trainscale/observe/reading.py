@@ -60,8 +60,6 @@ class RankStats:
     steady_samples: float | None = None
     """Mean samples of its steady steps (this rank's)."""
     steps_peak_mem_bytes: int | None = None
-    param_bytes: int | None = None
-    """The model's parameter bytes as the recorder saw them (its meta's ``unit_bytes``): DDP's gradient bytes."""
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -93,8 +91,7 @@ def rank_stats(rank: int, records: list[dict]) -> RankStats | None:
                      first_step_s=times[0] if len(kept) < len(steps) else None, total_s=total, samples=samples,
                      steady_step_s=statistics.median(float(r["step_s"]) for r in kept),
                      steady_samples=sum(int(r.get("samples") or 0) for r in kept) / len(kept),
-                     steps_peak_mem_bytes=summary.get("steps_peak_mem_bytes"),
-                     param_bytes=sum(meta.get("unit_bytes") or []) or None)
+                     steps_peak_mem_bytes=summary.get("steps_peak_mem_bytes"))
 
 
 def ranks(run_dir: str | Path) -> list[RankStats]:
@@ -105,7 +102,7 @@ def ranks(run_dir: str | Path) -> list[RankStats]:
 
 def sections(stats: list[RankStats]) -> dict[str, float] | None:
     """Seconds of each section of a steady step (:data:`SECTIONS`), averaged over the ranks, and the shares of
-    the step a study shows (``communication_fraction``, ``optimizer_fraction``); the model's ``gradient_bytes``."""
+    the step a study shows (``communication_fraction``, ``optimizer_fraction``)."""
     if not stats:
         return None
 
@@ -117,7 +114,6 @@ def sections(stats: list[RankStats]) -> dict[str, float] | None:
     total = sum(out.values())
     for key in ("communication", "optimizer"):
         out[f"{key}_fraction"] = out[key] / total if total > 0 else 0.0
-    out["gradient_bytes"] = stats[0].param_bytes
     return out
 
 

@@ -59,8 +59,8 @@ def rank_cpus(procs: list[Any]) -> list[int]:
 
 
 OTHER_WORK_SHARE = 0.10
-"""Share of the ranks' CPUs other work may keep busy before a run counts as disturbed (bench --validate
-leaves it out, the report names it). Measured on a quiet 2-core host: 0.002-0.02 over 18 runs; a test
+"""Share of the ranks' CPUs other work may keep busy before a run counts as disturbed (its figures carry *,
+the plan's check leaves it out, the report names it). Measured on a quiet 2-core host: 0.002-0.02 over 18 runs; a test
 suite beside a study: 0.25; `yes`: 0.35."""
 
 

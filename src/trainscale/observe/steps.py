@@ -13,7 +13,9 @@ previous mark (or the step's start) is the phase that ended, so the phases add u
     other      host work between backward and the optimizer (clipping, logging): in no field, the report's "other"
 
 Repeated phases (accumulated micro-batches) add up. No device synchronisation: on a GPU each mark is a CUDA
-event on the current stream, read ``lag`` steps later when it has completed; on a CPU the host clock.
+event on the current stream, read ``lag`` steps later when it has completed; on a CPU the host clock. While the
+script captures a CUDA graph (``torch.cuda.is_current_stream_capturing()``) nothing is recorded or queried: an
+event recorded there would become part of the user's graph, and a query fails the capture.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ class StepMarks:
         self._pending: list[tuple[dict, list[tuple[str, Any]]]] = []
 
     def start_step(self) -> None:
-        self._marks = [("start", self._now())]
+        if not self._capturing():
+            self._marks = [("start", self._now())]
 
     @property
     def started(self) -> bool:
@@ -45,6 +48,8 @@ class StepMarks:
     def mark(self, phase: str) -> None:
         if phase not in RECORD_FIELD:
             raise ValueError(f"unknown phase {phase!r}: one of {', '.join(RECORD_FIELD)}")
+        if self._capturing():  # the phase runs on into the next mark after the capture
+            return
         if not self._marks:
             self.start_step()
         self._marks.append((phase, self._now()))
@@ -61,7 +66,7 @@ class StepMarks:
         """Finished steps as records; on a GPU those whose last event completed, and every step older
         than ``lag`` (waiting on an event that old costs nothing in practice), or all with ``flush``."""
         out = []
-        while self._pending:
+        while self._pending and not self._capturing():
             fields, marks = self._pending[0]
             last = marks[-1][1]
             if self.events and not (flush or len(self._pending) > self.lag or last.query()):
@@ -82,6 +87,13 @@ class StepMarks:
                 out[RECORD_FIELD[phase]] += seconds(before, after)
         out["step_s"] = seconds(marks[0][1], marks[-1][1])
         return out
+
+    def _capturing(self) -> bool:
+        if not self.events:
+            return False
+        import torch
+
+        return torch.cuda.is_current_stream_capturing()
 
     def _now(self) -> Any:
         if not self.events:

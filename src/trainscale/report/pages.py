@@ -144,9 +144,6 @@ def study_page(source: Source, out: Path | None, sacct_run) -> Page:
         if not own and study_plots.available():
             own = {name: Path(path) for name, path in study_plots.make_all(study, out).items()}
         images += [(caption, own[name]) for name, caption in STUDY_PLOTS.items() if name in own]
-        model = plots.model_plot(study, out)
-        if model is not None:
-            images.append(("Scaling model: measured and predicted", model))
     sections = [Section("Scaling study", tables=[table], images=images)]
     planned = plan_rows(study)
     if planned and planned[0]:

@@ -1,6 +1,5 @@
-"""The report's own PNGs (matplotlib, Agg): a run's step time and time shares per rank, utilisation over
-time, and a study's measured vs predicted step times. None of them without matplotlib: the page then
-has its tables and says how to get the plots."""
+"""The report's own PNGs (matplotlib, Agg): a run's step time and time shares per rank, and utilisation over
+time. None of them without matplotlib: the page then has its tables and says how to get the plots."""
 
 from __future__ import annotations
 
@@ -120,18 +119,3 @@ def _spread(g: Gathered, t0: float, bins: int = 200) -> dict[str, tuple[list[flo
         for name, pick in (("median", statistics.median), ("lowest", min), ("highest", max)):
             out[f"{label}, {name}"] = (ts, [pick(by_slice[i]) for i in full])
     return out
-
-
-def model_plot(study: dict, out: Path) -> Path | None:
-    """The scaling model's prediction beside each measured run (``bench --validate``)."""
-    plt = pyplot()
-    measured = [r for r in study.get("runs", []) if r.get("status") == "ok" and r.get("prediction")]
-    if plt is None or not measured:
-        return None
-    fig, ax = plt.subplots(figsize=WIDE)
-    xs = [str(r["world_size"]) + ("*" if r.get("disturbed") else "") for r in measured]
-    ax.plot(xs, [r["prediction"]["measured_step_s"] * 1e3 for r in measured], "o-", label="measured")
-    ax.plot(xs, [r["prediction"]["step_s"] * 1e3 for r in measured], "s--", label="predicted")
-    _label(ax, "ranks (* disturbed by other work)", "step time after the first epoch (ms)",
-           "Scaling model: measured and predicted")
-    return save(fig, out / "measured-vs-predicted.png")

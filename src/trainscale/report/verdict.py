@@ -123,7 +123,7 @@ GOOD_EFFICIENCY = 0.8
 def study_findings(study: dict) -> list[Finding]:
     """A scaling study's verdict: each configuration against what its hardware allows, worst first; figures
     that cannot be results (bench/validity.py) named with their reason, never as results."""
-    from trainscale.bench.results import busy_warning, model_check, plan_check, suggestions
+    from trainscale.bench.results import busy_warning, plan_check, suggestions
 
     out: list[Finding] = []
     runs = study.get("runs") or []
@@ -147,12 +147,8 @@ def study_findings(study: dict) -> list[Finding]:
     out += [Finding("problem", text) for text in suggestions(study)]
     if study.get("shared_hardware"):
         out.append(Finding("note", study["shared_hardware"]))
-    if model_check(study):
-        out.append(Finding("note", model_check(study)))
     if plan_check(study):
         out.append(Finding("note", plan_check(study)))
-    if study.get("projection_error"):
-        out.append(Finding("note", f"no projection: {study['projection_error']}"))
     return sorted(out, key=lambda f: LEVELS.index(f.level))
 
 

@@ -24,8 +24,9 @@ STALE_S = 6.0
 UNREACHABLE = "unreachable"
 """A rank whose record could not be read (the store went with rank 0)."""
 HINT = ("look at the named rank's stack and log for what holds it (a data loader stall, a deadlock, a rank that "
-        "skipped or added a collective); the run ends at the collective timeout (the timeout= of "
-        "init_process_group: 30 min for gloo, 10 for NCCL by default; --timeout for trainscale's workloads)")
+        "skipped or added a collective); the run ends at --hang-timeout (default 10 min once training steps ran) "
+        "or at the collective timeout (the timeout= of init_process_group: 30 min for gloo, 10 for NCCL by default; "
+        "--timeout for trainscale's workloads), whichever comes first")
 
 
 @dataclass

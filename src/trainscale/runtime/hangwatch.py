@@ -3,7 +3,8 @@ record — once its own progress has stalled, it reads them all, keeps track of 
 gives ONE notice when ranks have waited in a collective for the notice interval (runtime/hangs.py says who is
 missing, desynchronised or silent, and how); at the collective timeout the rank whose collective failed is
 explained with the same verdict (:meth:`Watching.explain`), and on NCCL, where no exception reaches a waiting
-main thread, the heartbeat ends the process with it (:func:`end_process`). A mixin of runtime/progress.py's
+main thread, the heartbeat ends the process with it (:func:`end_process`) — as it does on any backend at the hang
+timeout (`--hang-timeout`: that long with no progress). A mixin of runtime/progress.py's
 Heartbeat, whose attributes it reads (the store, the rank, its own record). docs/reliability.md, "Hangs".
 """
 
@@ -22,7 +23,7 @@ from typing import Any
 
 import torch
 
-from trainscale.errors import PEER_CLOSED, TrainscaleError, record_error
+from trainscale.errors import HUNG_EXIT, PEER_CLOSED, TrainscaleError, record_error
 from trainscale.runtime import hangs, ledger, peers
 
 KEY = "trainscale/progress/{rank}"
@@ -56,7 +57,9 @@ class Watching:
         self._next_look = now + LOOK_EVERY_S
         timeout_s = self.runtime.timeout.total_seconds()
         since = max(since, self._in_flight_s(now))  # NCCL's clock: a host that ran ahead queued it earlier
-        ends = self.watch and since >= timeout_s
+        limit, anytime = self.hang_timeout
+        hung = 0 < limit <= since and (anytime or self.step >= 0)  # --hang-timeout: gloo's too, before its own
+        ends = (self.watch and since >= timeout_s) or hung
         notices = self.notice_s > 0 and self.noticed is None and self.rank in (0, 1)
         if not (ends or notices):
             return
@@ -69,8 +72,9 @@ class Watching:
                 self._notice(verdict)
         if ends:
             verdict = self.diagnose_now()
-            if verdict is not None and verdict.culprits and self.rank not in verdict.culprits:
-                self.fired = self._error(verdict, waited_s=since)
+            # past the hang timeout a stuck collective (nobody to blame) ends too; NCCL's watchdog is its backstop
+            if verdict is not None and (verdict.culprits or hung) and self.rank not in verdict.culprits:
+                self.fired = self._error(verdict, waited_s=since, limit_s=limit if hung else None)
                 self._stop.set()
                 self.on_hang(self.fired)
 
@@ -194,11 +198,15 @@ class Watching:
                 fetched = peers.request(self.store, asked)
         return hangs.diagnose(states, notice_s=0.0, observer=self.rank, stacks=fetched)
 
-    def _error(self, verdict: hangs.Verdict | None, waited_s: float | None) -> CollectiveTimeout:
+    def _error(self, verdict: hangs.Verdict | None, waited_s: float | None,
+               limit_s: float | None = None) -> CollectiveTimeout:
         timeout_s = self.runtime.timeout.total_seconds()
         waited = f" (waited {waited_s:.0f}s)" if waited_s is not None else ""
         what = self.op or "a collective"
         head = f"rank {self.rank}: {what} at step {self.step} did not complete within {timeout_s:.0f}s{waited}"
+        if limit_s is not None:
+            head = (f"rank {self.rank}: hung — no progress for {waited_s:.0f}s in {what} at step {self.step}, "
+                    f"the hang timeout is {limit_s:.0f}s (--hang-timeout)")
         if verdict is None:
             text = f"{head} — no rank's heartbeat says who holds it up (their records are unreachable or absent)"
         elif verdict.kind == "stuck":
@@ -262,7 +270,7 @@ def end_process(runtime: Any, error: CollectiveTimeout) -> None:
     In order: the launcher's error file first (torchelastic's format, so `trainscale run` names it in its
     summary, even if what follows hangs on a wedged device), the runtime's timeout callbacks
     (``rt.on_collective_timeout``), the error on stderr, NCCL's flight-recorder trace (best effort, in a
-    thread of its own waited for a bounded time), exit 1.
+    thread of its own waited for a bounded time), exit status 124 (errors.HUNG_EXIT).
     """
     try:
         raise error  # the stack it records is the one this raise gives it
@@ -270,11 +278,11 @@ def end_process(runtime: Any, error: CollectiveTimeout) -> None:
         record_error(exc)
     call_timeout_callbacks(getattr(runtime, "timeout_callbacks", ()), error)
     print(f"trainscale: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
-    dumping = threading.Thread(target=_dump_flight_recorder, args=(runtime.rank,), daemon=True)
+    dumping = threading.Thread(target=_dump_flight_recorder, args=(runtime.rank, runtime), daemon=True)
     dumping.start()
     dumping.join(DUMP_WAIT_S)
     sys.stderr.flush()
-    os._exit(1)
+    os._exit(HUNG_EXIT)
 
 
 def call_timeout_callbacks(callbacks: Any, error: CollectiveTimeout) -> None:
@@ -285,13 +293,23 @@ def call_timeout_callbacks(callbacks: Any, error: CollectiveTimeout) -> None:
             print(f"trainscale: timeout callback failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
 
-def _dump_flight_recorder(rank: int) -> None:
+def use_ranks_gpu(runtime: Any) -> None:
+    """On NCCL, make this thread's GPU the rank's: NCCL's flight recorder queries its CUDA events from the thread
+    that dumps it, and a new thread's GPU is GPU 0 (a CUDA context there from every rank)."""
+    device = getattr(runtime, "device", None)
+    if getattr(runtime, "uses_nccl", False) and getattr(device, "type", "") == "cuda":
+        with contextlib.suppress(Exception):
+            torch.cuda.set_device(device)
+
+
+def _dump_flight_recorder(rank: int, runtime: Any = None) -> None:
     """Write this rank's NCCL flight-recorder trace where NCCL's own dump on timeout would go.
 
     Ending the process before NCCL's watchdog means NCCL never dumps it; torch's CUDA builds can
     dump on demand through a private hook, so this is best effort and silent when it is missing.
     """
     prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE") or os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+    use_ranks_gpu(runtime)
     try:
         dump = getattr(torch._C._distributed_c10d, "_dump_nccl_trace", None)
         if prefix is None or dump is None:

@@ -1,9 +1,11 @@
 """This rank's ledger of collectives, read from what torch keeps anyway: how many each process group has
 issued (its sequence number), and which are still in flight — their op, sizes and the Python frame that
-issued them — from torch's flight recorder (gloo and NCCL, torch >= 2.8 for gloo; ``TORCH_FR_BUFFER_SIZE``,
-which the worker bootstrap sets). Without the flight recorder, where the main thread stands says which
-collective it waits in. Also: where a thread is (its innermost frame of the user's code), and every
-thread's stack. Read by the heartbeat (runtime/progress.py); nothing here changes anything.
+issued them — from torch's flight recorders: gloo's and other CPU backends' (torch >= 2.8) and NCCL's, which is
+a recorder of its own with a dump of its own. Without a flight record, where the main thread stands says which
+collective it waits in. trainscale's own background groups (checkpoint/background.py's, named
+``trainscale-...``) are left out: their collectives run on a worker thread at each rank's own pace. Also: where
+a thread is (its innermost frame of the user's code), and every thread's stack. Read by the heartbeat
+(runtime/progress.py); nothing here changes anything.
 """
 
 from __future__ import annotations
@@ -23,8 +25,11 @@ import torch
 import torch.distributed as dist
 
 FR_BUFFER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
-FR_ENTRIES = "256"
-"""Collectives the flight recorder keeps per rank (a ring): enough for the ones in flight at any moment."""
+"""The flight recorder's size, newest name first (torch >= 2.7 reads both and warns about the second)."""
+FR_ENTRIES = "2000"
+"""torch's documented default size of the flight recorder (a ring of collectives per rank)."""
+OWN_GROUP = "trainscale-"
+"""How trainscale's own background process groups are described (``group_desc``)."""
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SKIP = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, sysconfig.get_paths()["stdlib"] + os.sep,
          *(os.path.join(_PACKAGE, part) + os.sep for part in ("runtime", "observe", "launch", "strategies")))
@@ -37,9 +42,12 @@ _CHANNEL_GROUPS: "dict[str, weakref.ref]" = {}
 
 
 def enable_flight_recorder(environ: Any = os.environ) -> None:
-    """Keep the last collectives of every process group, gloo's too (before the group exists; the user's wins)."""
-    if not any(environ.get(name) for name in FR_BUFFER_VARS):
-        environ["TORCH_FR_BUFFER_SIZE"] = FR_ENTRIES
+    """Keep the last collectives of every process group, gloo's too (before the group exists): torch's
+    documented size under the one name this torch reads first; a size the user gave under either name wins."""
+    if any(environ.get(name) for name in FR_BUFFER_VARS):
+        return
+    major, minor = (int(part) for part in torch.__version__.split(".")[:2])
+    environ[FR_BUFFER_VARS[0] if (major, minor) >= (2, 7) else FR_BUFFER_VARS[1]] = FR_ENTRIES
 
 
 def track(name: str, channel: Any, group: "dist.ProcessGroup") -> None:
@@ -50,17 +58,34 @@ def track(name: str, channel: Any, group: "dist.ProcessGroup") -> None:
     _CHANNELS[name] = channel
 
 
+def _groups() -> list[tuple[Any, str]]:
+    try:
+        return list(dist.distributed_c10d._world.pg_names.items())
+    except (AttributeError, RuntimeError):  # another thread is creating a group: next beat
+        return []
+
+
+def _own(desc: Any) -> bool:
+    return str(desc or "").startswith(OWN_GROUP)
+
+
+def own_groups() -> dict[str, str]:
+    """trainscale's own background groups ("pg:NAME" -> their description), which :func:`issued` and
+    :func:`recent` leave out."""
+    return {f"pg:{name}": str(getattr(group, "group_desc", "")) for group, name in _groups()
+            if _own(getattr(group, "group_desc", ""))}
+
+
 def issued() -> dict[str, int]:
     """Collectives this rank has issued so far: per process group (torch's sequence number, raised when a
-    collective is issued, before it completes) and per tracked channel."""
+    collective is issued, before it completes; trainscale's own background groups left out) and per tracked
+    channel."""
     out: dict[str, int] = {}
-    try:
-        groups = list(dist.distributed_c10d._world.pg_names.items())
-    except (AttributeError, RuntimeError):  # another thread is creating a group: next beat
-        groups = []
+    groups = _groups()
     for group, name in groups:
         try:
-            out[f"pg:{name}"] = int(group._get_sequence_number_for_group())
+            if not _own(getattr(group, "group_desc", "")):
+                out[f"pg:{name}"] = int(group._get_sequence_number_for_group())
         except (AttributeError, RuntimeError, ValueError):
             continue
     alive = {id(group) for group, _ in groups}
@@ -72,36 +97,64 @@ def issued() -> dict[str, int]:
     return out
 
 
+_DUMPS = (("_dump_fr_trace", False), ("_dump_nccl_trace", True))
+"""torch's flight recorders, each with a dump of its own, and whether to ask it for what is in flight only:
+gloo's and other CPU backends' (everything it keeps: a collective another rank called differently shows there
+even when gloo let one side complete it), and ProcessGroupNCCL's."""
+
+
+def _entries() -> list[tuple[dict[str, Any], bool]] | None:
+    """(entry, from NCCL's recorder) of every flight recorder, point-to-point ones and trainscale's own groups'
+    left out; None where none holds any (an empty dump is no record: the recorder of a backend this job does not
+    use, or one switched off)."""
+    found = []
+    for name, only_active in _DUMPS:
+        dump = getattr(torch._C._distributed_c10d, name, None)
+        if dump is None:
+            continue
+        try:
+            try:
+                raw = dump(includeCollectives=True, includeStackTraces=False, onlyActive=only_active)
+            except TypeError:  # a torch whose binding takes them by position only
+                raw = dump(True, False, only_active)
+            entries = _PlainData(io.BytesIO(raw)).load().get("entries") or ()
+        except Exception:
+            continue
+        found += [(entry, only_active) for entry in entries if not entry.get("is_p2p")
+                  and not _own((tuple(entry.get("process_group") or ()) + ("", ""))[1])]
+    return found or None
+
+
 def recent(limit: int = 8, frame: Any = None) -> list[dict[str, Any]] | None:
-    """This rank's last ``limit`` collectives, oldest first, from torch's flight recorder: {"pg", "seq", "op",
-    "sizes", "site", "age_s", "done"} (``done``: completed here). None where torch keeps no flight record (then
-    :func:`waiting_in` tells where the main thread waits). A collective another rank called differently
-    (a desync) shows here even when gloo let one side complete it.
+    """This rank's last ``limit`` collectives per process group, oldest first, from torch's flight recorders:
+    {"pg", "seq", "op", "sizes", "site", "age_s", "done"} (``done``: completed here). None where torch keeps no
+    flight record (then :func:`waiting_in` tells where the main thread waits). On NCCL a rank waits for its
+    collective in a CUDA synchronisation (``.item()``, ``synchronize``), not in torch.distributed: the record
+    says the collective is still in flight, and ``frame`` where the rank waits.
 
     The dump is asked for without its stack traces: symbolising them imports some 800 modules (torch._dynamo
     among them) the first time, and an import from this thread while the script's main thread imports the same
     modules leaves one of them half-initialised there (seen: DDP's constructor failing in a loaded job). Where
     a collective is still in flight, the main thread's ``frame`` says where the rank waits for it."""
-    try:
-        dump = torch._C._distributed_c10d._dump_fr_trace(True, False, False)
-        entries = _PlainData(io.BytesIO(dump)).load().get("entries", [])
-    except Exception:
+    entries = _entries()
+    if entries is None:
         return None
     now = time.time_ns()
     waits_in = waiting_in(frame) if frame is not None else None
     where = site(frame) if frame is not None else None
-    out = []
-    for entry in entries[-limit:]:
-        if entry.get("is_p2p"):
-            continue
+    per_group: dict[str, list[dict[str, Any]]] = {}
+    for entry, nccl in entries:
         group = entry.get("process_group") or ("?",)
         op = str(entry.get("profiling_name") or "?").split(":", 1)[-1]
-        done = bool(entry.get("retired"))
+        # NCCL's: completed on the GPU (retired without that: its watchdog let it go); gloo's: retired
+        done = entry.get("state") == "completed" or (not nccl and bool(entry.get("retired")))
         if not done and waits_in == "backward":
             op += " in backward (DDP's gradient all-reduce)" if op == "all_reduce" else " in backward"
-        out.append({"pg": f"pg:{group[0]}", "seq": int(entry.get("collective_seq_id") or 0), "op": op,
-                    "sizes": entry.get("input_sizes"), "site": None if done else where,
-                    "age_s": round(max(0.0, (now - int(entry.get("time_created_ns") or now)) / 1e9), 2), "done": done})
+        per_group.setdefault(f"pg:{group[0]}", []).append(
+            {"pg": f"pg:{group[0]}", "seq": int(entry.get("collective_seq_id") or 0), "op": op,
+             "sizes": entry.get("input_sizes"), "site": None if done else where,
+             "age_s": round(max(0.0, (now - int(entry.get("time_created_ns") or now)) / 1e9), 2), "done": done})
+    out = [e for group in per_group.values() for e in sorted(group, key=lambda e: e["seq"])[-limit:]]
     out.sort(key=lambda e: (e["pg"], e["seq"]))
     return out
 

@@ -37,7 +37,9 @@ def enable_flight_recorder(environ: MutableMapping[str, str] | None = None, job_
     itself (runtime/progress.py), so it has no reason to change how NCCL tears down after an error.
     """
     environ = os.environ if environ is None else environ
-    environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")  # torch >= 2.7 also reads TORCH_FR_BUFFER_SIZE
+    from trainscale.runtime import ledger
+
+    ledger.enable_flight_recorder(environ)  # torch's documented size, under one name; the user's wins
     environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
     given = next((environ[name] for name in DUMP_FILE_VARS if environ.get(name)), None)
     if given is None:

@@ -9,7 +9,9 @@ when rank 0 stops responding): when ranks have waited in one collective for the 
 (``TRAINSCALE_HANG_NOTICE``, default 20 s; 0 switches the watch off), it prints ONE notice naming the waiting
 ranks and the missing, desynchronised or unresponsive one(s) with host, pid, place and stacks
 (runtime/hangs.py), and posts it for the other ranks. Nothing is killed for it: a rank-0 download behind a
-barrier gets the notice and goes on. At the collective timeout the rank whose collective fails ends with that
+barrier gets the notice and goes on — until the hang timeout (``TRAINSCALE_HANG_TIMEOUT``, `--hang-timeout`):
+after that long with no progress, a waiting rank ends its process with the verdict (:func:`end_process`, exit
+status 124). At the collective timeout the rank whose collective fails ends with that
 verdict (:meth:`Heartbeat.explain`: the worker bootstrap for any script, ``rt.guard`` for trainscale's API;
 on NCCL, where no exception reaches a waiting main thread, the heartbeat itself: :func:`end_process`).
 
@@ -36,11 +38,15 @@ import torch
 import torch.distributed as dist
 
 from trainscale.runtime import hangs, ledger, peers
-from trainscale.runtime.hangwatch import KEY, READ_TIMEOUT, CollectiveTimeout, Watching, end_process
+from trainscale.runtime.hangwatch import KEY, READ_TIMEOUT, CollectiveTimeout, Watching, end_process, use_ranks_gpu
 
 NOTICE_VAR = "TRAINSCALE_HANG_NOTICE"
 DEFAULT_NOTICE_S = 20.0
 """Seconds ranks wait in one collective before the notice: a hang is named within half a minute of its start."""
+HANG_TIMEOUT_VAR = "TRAINSCALE_HANG_TIMEOUT"
+DEFAULT_HANG_TIMEOUT_S = 600.0
+"""Without `--hang-timeout`: a hang ends the job after 10 minutes with no progress, counted only once the rank's
+training steps began (a rank-0 download behind a barrier before training is not a hang)."""
 DETAIL_AFTER_S = 3.0
 """A rank whose progress stalled this long publishes its collectives in flight and its stacks (every 2 s)."""
 LIVE_S = 2.0
@@ -50,11 +56,22 @@ WATCHDOG_S = 8.0
 
 
 def notice_interval(environ: Any = os.environ) -> float:
-    raw = str(environ.get(NOTICE_VAR, "")).strip()
+    return _seconds(environ, NOTICE_VAR, DEFAULT_NOTICE_S)
+
+
+def hang_timeout(environ: Any = os.environ) -> tuple[float, bool]:
+    """(seconds with no progress that end the job, 0: never; whether they count before the first training
+    step): `--hang-timeout`'s from the first collective on, else :data:`DEFAULT_HANG_TIMEOUT_S` once steps ran."""
+    given = str(environ.get(HANG_TIMEOUT_VAR, "")).strip()
+    return _seconds(environ, HANG_TIMEOUT_VAR, DEFAULT_HANG_TIMEOUT_S), bool(given)
+
+
+def _seconds(environ: Any, name: str, default: float) -> float:
+    raw = str(environ.get(name, "")).strip()
     try:
-        return max(0.0, float(raw)) if raw else DEFAULT_NOTICE_S
+        return max(0.0, float(raw)) if raw else default
     except ValueError:
-        return DEFAULT_NOTICE_S
+        return default
 
 
 class GroupView:
@@ -71,6 +88,16 @@ class GroupView:
         margin = min(10.0, 0.1 * timeout.total_seconds()) if self.uses_nccl else 0.0
         self.timeout = timeout - datetime.timedelta(seconds=margin)
         self.timeout_callbacks: list = []
+        self.device = _group_device() if self.uses_nccl else torch.device("cpu")
+
+
+def _group_device() -> torch.device:
+    """The GPU of this rank's NCCL group: the one it was bound to, else the LOCAL_RANK-th (torch's convention)."""
+    with contextlib.suppress(Exception):
+        bound = dist.group.WORLD.bound_device_id
+        if bound is not None:
+            return bound
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % max(1, torch.cuda.device_count()))
 
 
 def _group_timeout(backend: str) -> datetime.timedelta:
@@ -122,6 +149,7 @@ class Heartbeat(Watching):
         self.op = ""
         self.watch = bool(getattr(runtime, "uses_nccl", False)) if watch is None else watch
         self.notice_s = notice_interval() if notice_s is None else notice_s
+        self.hang_timeout = hang_timeout()
         self.on_hang = on_hang or (lambda error: end_process(runtime, error))
         self.listeners: list[Callable[[hangs.Verdict], None]] = []
         """Called with each notice's verdict (the recorder writes it to the run's events)."""
@@ -175,6 +203,9 @@ class Heartbeat(Watching):
         frame = ledger.main_frame()
         record = {"step": self.step, "op": self.op, "issued": progress[1], "site": ledger.site(frame),
                   "host": self.host, "pid": self.pid, "dump": self.dump_path}
+        background = ledger.own_groups()
+        if background:  # left out of "issued" and the ledger: named, so a reader knows they exist
+            record["background_groups"] = background
         if since >= DETAIL_AFTER_S:
             if self._detail is None:
                 for call in list(self.on_stall):
@@ -212,6 +243,7 @@ class Heartbeat(Watching):
         return record
 
     def _beat(self) -> None:
+        use_ranks_gpu(self.runtime)  # before NCCL's flight recorder is read from this thread
         while not self._stop.wait(self.HEARTBEAT_S):
             try:
                 if self.group is not None and not _alive(self.group):

@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from trainscale.checkpoint.state import ModelState
 from trainscale.errors import ConfigError, did_you_mean
 from trainscale.strategies import comm_hooks
-from trainscale.strategies.base import OptimizerSource, StrategyBase
+from trainscale.strategies.base import OptimizerSource, StrategyBase, one_rank_group
 from trainscale.strategies.optim import build_optimizer, parameter_names
 
 MiB = 1024 * 1024
@@ -60,6 +60,10 @@ class DDPStrategy(StrategyBase):
     """PowerSGD's matrix approximation rank (higher: more accurate, more bytes)."""
     powersgd_start: int = 10
     """Optimizer steps all-reduced uncompressed before PowerSGD starts (at least 2)."""
+
+    replicate_alone: bool = False
+    """Wrap in DDP (zero1: and its ZeroRedundancyOptimizer) over a group of one when the run has one process
+    (otherwise it runs unwrapped): DDP's buckets, hooks and all-reduces through a real group on one GPU."""
 
     name: str = "ddp"
     _accumulation: int | None = field(default=None, init=False, repr=False)
@@ -152,7 +156,9 @@ class DDPStrategy(StrategyBase):
     def _replicate(self, model: nn.Module, runtime: Any) -> nn.Module:
         model = model.to(runtime.device)
         if not runtime.is_distributed:
-            return model
+            if not self.replicate_alone:
+                return model
+            one_rank_group(runtime)
         hook = self.comm_hook
         if hook == "auto":  # shm for 2+ gloo ranks on the CPU (falling back to none below where they share no memory)
             from trainscale.strategies.shm_allreduce import applies

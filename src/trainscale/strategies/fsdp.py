@@ -89,8 +89,9 @@ class FSDPStrategy(StrategyBase):
 
     def wrap(self, model: nn.Module, optimizer: OptimizerSource, runtime: Any) -> tuple[nn.Module, Any]:
         names = parameter_names(model)  # the sharded parameters are new objects with the same names
-        model = model.to(runtime.device)
         offload = self.cpu_offload and runtime.device.type == "cuda"
+        if not offload:  # offloaded, fully_shard moves one unit at a time to the GPU and its shards back to host
+            model = model.to(runtime.device)
         if not runtime.is_distributed and (self.mixed_precision != "none" or offload or self.shard_alone):
             # Alone, FSDP has nothing to shard, but its mixed precision and CPU offload live in the sharding:
             # shard over a group of one, so that a study's 1-rank baseline computes in the dtype its N-rank

@@ -58,7 +58,7 @@ def from_shards(module: nn.Module, optimizer: Any, shards: Any) -> dict[str, Any
     if shards.format == "deepspeed":
         from trainscale.strategies.deepspeed import CHECKPOINT_TAG
 
-        whole = from_deepspeed(shards.path / CHECKPOINT_TAG)
+        whole = deepspeed_once_per_node(shards.path / CHECKPOINT_TAG)
         return {"model": whole["model"], "optimizer": named_to_positions(whole["optimizer"], module, plain, shards.path)}
     model_state, optim_state = get_state_dict(module, plain)
     loaded = shards.load({"model": model_state, "optimizer": optim_state})
@@ -70,14 +70,59 @@ ANOTHER = ("start a new checkpoint directory (--fresh moves these checkpoints as
            "and optimizer that wrote it")
 
 
+def deepspeed_once_per_node(directory: Any) -> dict[str, Any]:
+    """:func:`from_deepspeed`, merged by one rank per node (local rank 0) into a node-local file (``TMPDIR``) that
+    the node's ranks then memory-map: the merged state (12 bytes a parameter under Adam: ~84 GB for 7B) sits in
+    the node's memory once, not once per rank. Every rank calls it (two barriers)."""
+    import os
+    import tempfile
+    import zlib
+    from pathlib import Path
+
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return from_deepspeed(directory)
+    from trainscale.env import detect
+
+    found = detect()
+    first = dist.get_rank() - found.local_rank  # the node's first rank: one file per node, whatever TMPDIR is
+    key = zlib.crc32(f"{Path(directory).resolve()} {os.environ.get('MASTER_ADDR')} {os.environ.get('MASTER_PORT')}"
+                     .encode())
+    path = Path(tempfile.gettempdir()) / f"trainscale-deepspeed-{key:08x}-{first}.pt"
+    failed: Exception | None = None
+    if found.local_rank == 0:
+        try:
+            whole = from_deepspeed(directory)
+            torch.save(whole, path.with_suffix(".part"))
+            os.replace(path.with_suffix(".part"), path)
+        except Exception as exc:  # said after the barrier: the node's other ranks must not wait forever
+            failed = exc
+    dist.barrier()
+    try:
+        if failed is not None:
+            raise failed
+        if not path.exists():
+            raise CheckpointError(f"{directory}: local rank 0 of this node could not convert DeepSpeed's files to "
+                                  f"{path}", hint="see local rank 0's error (free space in TMPDIR for the merged "
+                                                  "state: 12 bytes a parameter under Adam)")
+        return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    finally:
+        dist.barrier()  # every rank has mapped it: the name can go (the mappings stay)
+        if found.local_rank == 0:
+            path.unlink(missing_ok=True)
+            path.with_suffix(".part").unlink(missing_ok=True)
+
+
 def from_deepspeed(directory: Any) -> dict[str, Any]:
     """DeepSpeed ZeRO's own files (``directory``: the tag folder ``save_checkpoint`` wrote; stages 1-3, any world
     size) as whole state keyed by parameter name: ``{"model": fp32 master weights and buffers, "optimizer":
     {"state": {name: ...}, "param_groups": [{..., "params": [names]}]}}``. Every flat ZeRO partition (the
     masters and each tensor of the base optimizer's state: Adam's moments, SGD's momentum...) is merged over the
     ranks and cut at the parameters by DeepSpeed's own zero_to_fp32 helpers; the files are read by torch's
-    weights-only loader (DeepSpeed's three classes admitted: nothing else runs) and memory-mapped, so a rank
-    holds the whole state once (as a ddp rank-0 file's reader does)."""
+    weights-only loader (DeepSpeed's three classes admitted: nothing else runs) and memory-mapped; the merged
+    state is held whole (one rank per node does it: :func:`deepspeed_once_per_node`)."""
     import contextlib
     import io
     import pickle

@@ -39,7 +39,7 @@ class Zero1Strategy(DDPStrategy):
     def wrap(self, model: nn.Module, optimizer: OptimizerSource, runtime: Any) -> tuple[nn.Module, Any]:
         names = parameter_names(model)
         model = self._replicate(model, runtime)
-        if not runtime.is_distributed:  # one process: nothing to partition
+        if not runtime.is_distributed and not self.replicate_alone:  # one process: nothing to partition
             return model, build_optimizer(optimizer, model, names)
         recipe = as_recipe(optimizer, model, names)
         return model, ZeroRedundancyOptimizer(recipe.params(model), optimizer_class=recipe.cls,

@@ -427,7 +427,7 @@ class Loop:
             if self._first_batch is not None:  # sharded models are counted the loop's way (a fake copy)
                 module, batch = strategy.unwrap(self.model), self._first_batch
                 self.recorder.count_flops = lambda: step_flops(module, self.task.model, self.task.loss, batch,
-                                                               self.accumulation)
+                                                               self.accumulation, device=rt.device)
             recorded = self.recorder.finish()
         if recorded is not None:
             result["recorded"] = recorded

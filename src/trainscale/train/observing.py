@@ -24,13 +24,15 @@ def recorder_for(rt: Any, environ: Any = os.environ) -> Any:
 
 
 def step_flops(module: torch.nn.Module, build: Callable[[], torch.nn.Module],
-               loss: Callable[[Any, Any], torch.Tensor], batch: Any, micro_batches: int = 1) -> int | None:
+               loss: Callable[[Any, Any], torch.Tensor], batch: Any, micro_batches: int = 1, *,
+               device: Any = "cpu") -> int | None:
     """FLOPs of one optimizer step (forward + backward of ``micro_batches`` batches like ``batch``), by
     torch's FlopCounterMode: a module with plain parameters (ddp, zero1) as every script's is counted
     (observe/flops.py); a sharded one (fsdp, deepspeed) is rebuilt from ``build`` in fake tensors (shapes only;
-    importing that machinery takes about a second), on the CPU with a batch of the same shapes there (FLOPs
-    do not depend on the device; a copy of a GPU batch met a CPU model and nothing was counted). None where
-    neither works (e.g. the loss reads a value)."""
+    importing that machinery takes about a second) on the rank's ``device``, with a batch of the same shapes
+    where the batch was: the loss then moves it where it moves the real one (a copy built on the CPU met the
+    batch the loss had moved to the GPU, and nothing was counted). None where neither works (e.g. the loss
+    reads a value)."""
     try:
         counted = plain_step_flops(module, lambda m: loss(m, batch), micro_batches)
         if counted is not None:
@@ -39,10 +41,11 @@ def step_flops(module: torch.nn.Module, build: Callable[[], torch.nn.Module],
         from torch.utils._pytree import tree_map
 
         with torch.random.fork_rng(devices=[]), FakeTensorMode(allow_non_fake_inputs=True):
-            copy = build()
-            fake_batch = tree_map(lambda t: torch.empty(t.shape, dtype=t.dtype, device="cpu")  # fake: in the mode
+            with torch.device(device):
+                copy = build()
+            fake_batch = tree_map(lambda t: torch.empty(t.shape, dtype=t.dtype, device=t.device)  # fake: in the mode
                                   if isinstance(t, torch.Tensor) else t, batch)
-            return count_step_flops(lambda: loss(copy, fake_batch).backward()) * micro_batches
+            return count_step_flops(lambda: loss(copy, fake_batch).backward()).times(micro_batches)
     except Exception:  # counting is a nicety: a model it cannot count still trains
         return None
 

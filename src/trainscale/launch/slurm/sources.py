@@ -20,7 +20,7 @@ _LISTS = ("modules", "setup", "container_setup", "binds", "extra_sbatch")
 
 def spec_values(given: dict) -> dict:
     """The command line's option values as SlurmJobSpec fields: ``--gpus-per-node TYPE:N``, ``--env KEY=VALUE``
-    and the repeatable options' lists."""
+    (``--hang-timeout S`` among them) and the repeatable options' lists."""
     values = dict(given)
     if isinstance(values.get("nodes"), str):  # N, or sbatch's MIN-MAX
         text = values.pop("nodes")
@@ -47,6 +47,12 @@ def spec_values(given: dict) -> dict:
                 raise ConfigError(f"--env {item!r} is not KEY=VALUE", hint="e.g. --env NCCL_DEBUG=INFO")
             env[key] = value
         values["env"] = env
+    if "hang_timeout" in values:  # the workers' hang watch reads it (runtime/progress.py)
+        seconds = values.pop("hang_timeout")
+        if not 0 <= seconds < float("inf"):
+            raise ConfigError(f"--hang-timeout {seconds:g} must be 0 (never) or more seconds",
+                              hint="e.g. --hang-timeout 600")
+        values["env"] = {**values.get("env", {}), "TRAINSCALE_HANG_TIMEOUT": f"{seconds:g}"}
     values.update({key: tuple(values[key]) for key in _LISTS if key in values})
     if "output_dir" in values:
         values["output_dir"] = Path(values["output_dir"])
