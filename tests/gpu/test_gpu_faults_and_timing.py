@@ -1,5 +1,5 @@
 """A hung rank on NCCL becomes the named error within the collective timeout + 60 s; the step
-the step records see NCCL's communication; epochs are timed with the GPU waited for."""
+records see NCCL's communication; epochs are timed with the GPU waited for."""
 
 from __future__ import annotations
 

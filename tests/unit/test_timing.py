@@ -49,6 +49,7 @@ def gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", fake.Event)
     monkeypatch.setattr(torch.cuda, "synchronize", fake.synchronize)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: fake.streams.append(device))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     return fake
 
 
