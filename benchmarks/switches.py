@@ -2,11 +2,11 @@
 
     .venv/bin/python benchmarks/switches.py [--repeats 3] [--epochs 2] [--nproc 2] [--only NAME,...]
 
-Every case is `trainscale run --nproc-per-node 2 --workload cnn` (timed from its step records) with the same data, batch and
-steps, interleaved per repeat so drifting load hits all alike: plain `ddp` (here: the shared-memory
+Every case is `trainscale run --nproc-per-node 2 --workload cnn` (timed from its step records) with the same
+data, batch and steps, interleaved per repeat so drifting load hits all alike: plain `ddp` (here: the shared-memory
 average `auto` picks for CPU ranks on one node), `ddp:comm_hook=none` (gloo's all-reduce, overlapped), the
 communication hooks `ddp:comm_hook=fp16|bf16|powersgd`, `zero1` (the optimizer step sharded), and
-`--compile` (torch.compile of the wrapped model). Throughput is measured on the *last* epoch only, so
+`--compile` (torch.compile of the wrapped model). Throughput is the steady steps' (after the warm-up), so
 torch.compile's first-epoch compilation is reported apart (as the first epoch's extra seconds) instead
 of hiding in the ratio. Ratio = samples/s of the case / samples/s of plain ddp (median over repeats),
 with the exposed communication and optimizer time per step beside it. On gloo and CPU the hooks only
