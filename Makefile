@@ -29,8 +29,10 @@ venv-demo:
 	@EXTRAS=bench bash scripts/setup-env.sh
 	@$(PY) -m compileall -q src > /dev/null
 
+# the last line names what a new shell needs first: `trainscale` is on the PATH only with the venv active
 demo: venv-demo
 	$(PY) -m trainscale bench --workload cnn --configs 1,2 --epochs 2 --out bench-out/demo-$$(date +%Y%m%d-%H%M%S)
+	@echo "next: source $(VENV)/bin/activate && trainscale report bench-out/latest   (the study's page)"
 
 test: venv
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder

@@ -129,6 +129,8 @@ def test_hung_rank_becomes_a_named_error_and_nothing_is_left_behind(tmp_path):
     assert "in maybe_inject" in err and "— the hung rank" in err, err[-4000:]
     assert elapsed < 5 + 60 + 30
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    empty = [p for p in tmp_path.glob("logs/*/hangs/stacks-rank*.txt") if not p.stat().st_size]
+    assert not empty, empty  # a watchdog's file that nothing was written to
     print(f"hang reported {elapsed:.1f}s after start (timeout 5s)")
 
 

@@ -134,14 +134,18 @@ def test_restarts_are_announced_with_their_cause_and_a_crash_keeps_its_signal(tm
     assert re.search(r"attempt 2 of 3 failed: rank 1 on \S+ \(killed by SIGSEGV\); restarting all ranks "
                      r"\(attempt 3 of 3\), resuming from .*ckpt-00000002\.pt \(step 2\)", err), err
     # the summary ends with the attempts and their causes
-    tail = err[err.index("rank(s) finished"):]
+    tail = err[err.index("rank(s) ended without training"):]  # no optimizer step: the script only checkpoints
     assert "Attempts: 3 of 3 (--max-restarts 2):" in tail and "  3: finished" in tail
     assert "  1: failed, rank 1 on" in tail and "  2: failed, rank 1 on" in tail and "SIGSEGV" in tail
     # torch's lines that these replace are gone; a traceback carries one rank prefix
     assert "closing signal" not in err and "attempts left" not in err and "failed (exitcode" not in err
     console = proc.stdout + err
-    assert "[rank0]: Traceback (most recent call last):" in console, console  # rank 0's lost connection
-    assert "[rank0]: [rank0]:" not in console
+    # rank 0 only lost its peer: its traceback (when the agent's stop did not come first) stays in its log, without
+    # torch's own rank prefix
+    assert not re.search("Connection (closed|reset) by peer", console), console  # gloo's own words
+    assert "[rank0]: Traceback" not in console and "[rank0]: [rank0]:" not in console
+    log = (tmp_path / "logs" / "latest" / "attempt_0" / "0" / "stderr.log").read_text()
+    assert "[rank0]:" not in log and ("Traceback" not in log or "this rank lost a rank that ended first" in log), log
     # the user's atexit handler ran in the attempt that finished
     assert (tmp_path / "atexit-2").read_text() == "ran"
 

@@ -42,7 +42,7 @@ SKIPPED = {
     "source .venv/bin/activate": "this test's environment has trainscale on PATH already",
     "pip install -e '.[trackers]'": "no network in tests; the test extra installs the trackers",
     "singularity exec lumi-pytorch.sif bash -c '$WITH_CONDA && python3 -m venv --system-site-packages venv-ts && "
-    "venv-ts/bin/pip install -e ~/trainscale'": "LUMI's image and singularity: the dry run after it is the test",
+    "venv-ts/bin/pip install -e PATH_TO_CLONE'": "LUMI's image and singularity: the dry run after it is the test",
 }
 REPLACED = {
     # `make demo` makes .venv first; here it exists (the suite runs in it), so the recipe's own command runs

@@ -4,6 +4,7 @@ deprecated call, resumes from its checkpoint when run again, and `trainscale slu
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -43,12 +44,26 @@ def test_the_readme_script_runs_on_one_process_and_on_two_ranks(tmp_path):
     logged = next((two / "logs").glob("*/metrics.csv")).read_text().splitlines()
     assert [row.split(",")[:2] for row in logged[1:]] == [[str(e), "loss"] for e in range(5)], logged
     assert "metrics go to" in plain.stdout and list((one / "trainscale-runs").glob("train-*/metrics.csv"))
+    # one process is a run like any other: its run.json, the `latest` link, and a report naming the run itself
+    (run,) = [p for p in (one / "trainscale-runs").iterdir() if p.name.startswith("train-")]
+    assert (one / "trainscale-runs" / "latest").resolve() == run.resolve()
+    assert (one / "trainscale-runs" / ".gitignore").read_text() == "*\n"  # never untracked files in the user's git
+    record = json.loads((run / "run.json").read_text())
+    assert record["command"][1:] == ["train.py"] and record["nproc_per_node"] == 1 and record["ok"] is True, record
+    report = trainscale("report", "trainscale-runs/latest", cwd=one)
+    assert report.returncode == 0, report.stdout + report.stderr
+    assert f"Run {run.name}" in report.stdout and "Run latest" not in report.stdout, report.stdout
+    assert "1 rank(s) on 1 node(s)" in report.stdout and "finished after" in report.stdout, report.stdout
     again = trainscale("run", "--nproc-per-node", "2", "--log-dir", "logs", "train.py", cwd=two)
     assert again.returncode == 0 and not _losses(again.stdout), again.stdout + again.stderr
-    assert "resumed from checkpoints/" in again.stdout and "at step 5" in again.stdout, again.stdout
+    # the script counts epochs (rt.checkpoint(epoch + 1, ...)): the words say so
+    assert "resumed from checkpoints/" in again.stdout and "at epoch 5" in again.stdout, again.stdout
     # the finished run started again trains nothing, and says so (README's examples must not do it silently)
-    assert "at step 5 and trained nothing: the loop had no step left" in again.stdout, again.stdout
+    assert "at epoch 5 and trained nothing: the loop had no epoch left" in again.stdout, again.stdout
     assert "trained nothing" not in ranks.stdout  # the first run trained
+    assert "2 rank(s) ended without training: no rank ran an optimizer step" in again.stderr, again.stderr
+    report = trainscale("report", "logs/latest", cwd=two)
+    assert "outcome    ended without training (no optimizer step)" in report.stdout, report.stdout
 
 
 def test_requeue_lint_knows_the_readme_script_is_resumable(tmp_path):

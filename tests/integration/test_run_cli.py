@@ -66,6 +66,16 @@ def test_failing_rank_is_named_with_its_traceback(tmp_path):
     assert "first failing rank: 1" in proc.stderr
     assert "ValueError: shard 1 is corrupt" in proc.stderr
     assert "load_shard" in proc.stderr  # the traceback, not just the message
+    # the summary alone: rank 0's "Connection closed by peer" traceback stays in its log, one line says why it ended
+    assert proc.stderr.index("=" * 72) < proc.stderr.index("Traceback"), proc.stderr
+    assert "Connection closed" not in proc.stderr and "GLHF" not in proc.stderr, proc.stderr  # gloo's own words
+    assert re.search(r"\n  rank 0 on \S+: stopped after rank 1 failed \((connection (closed|reset) by peer|"
+                     r"broken pipe|killed by SIGTERM)\)\n",
+                     proc.stderr), proc.stderr
+    # the traceback starts at the user's code: none of the launcher's own frames (bootstrap, runpy)
+    traceback = proc.stderr.split("Traceback of rank 1:\nTraceback (most recent call last):\n")[1]
+    assert traceback.startswith(f'  File "{script}", line 10, in <module>'), traceback
+    assert "bootstrap.py" not in proc.stderr and "runpy" not in proc.stderr, proc.stderr
 
 
 def _final_weights(ckpt_dir: Path) -> dict[str, torch.Tensor]:

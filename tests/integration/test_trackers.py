@@ -117,3 +117,45 @@ def test_rt_log_reduces_over_ranks_into_rank_zero(tmp_path):
         rows = [(int(r["step"]), r["key"], float(r["value"])) for r in csv.DictReader(fh)]
     assert rows == [row for step in range(3) for row in (
         (step, "mean_rank", 0.5), (step, "two", 2.0), (step, "max_rank", 1.0 + step), (step, "own_rank", 0.0))]
+
+
+def test_a_scripts_command_line_options_are_hyperparameters_of_their_own(tmp_path, monkeypatch):
+    """``python train.py --lr 0.1 --batch-size=32 --amp``: lr, batch_size and amp are parameters of their own in
+    every tracker that has parameters (MLflow's params, W&B's config, TensorBoard's hparams), read back with
+    each one's own reader; the command line is kept beside them."""
+    import os
+    import subprocess
+    import sys
+
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    (tmp_path / "train.py").write_text(
+        "import trainscale\n"
+        "with trainscale.init(trackers='tensorboard,wandb,mlflow,csv') as rt:\n"
+        "    rt.log({'loss': 1.0}, step=0)\n")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("WANDB_", "MLFLOW_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TRAINSCALE_"))}
+    done = subprocess.run([sys.executable, "train.py", "--lr", "0.1", "--batch-size=32", "--amp"], cwd=tmp_path,
+                          env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = (tmp_path / "trainscale-runs" / "latest").resolve()
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient((run / "mlruns").as_uri())
+    params = client.get_run(json.loads((run / "trackers.json").read_text())["mlflow_run_id"]).data.params
+    assert (params["lr"], params["batch_size"], params["amp"]) == ("0.1", "32", "True"), params
+    assert params["command"] == "train.py --lr 0.1 --batch-size=32 --amp", params
+
+    (offline,) = (run / "wandb").glob("offline-run-*")
+    config = {k: v for update in wandb_history(next(offline.glob("run-*.wandb")), "config") for k, v in update.items()}
+    assert (config["lr"], config["batch_size"], config["amp"]) == (0.1, 32, True), config
+
+    tensorboard = EventAccumulator(str(run / "tensorboard"))
+    tensorboard.Reload()
+    start = plugin_data_pb2.HParamsPluginData.FromString(
+        tensorboard.PluginTagToContent("hparams")["_hparams_/session_start_info"]).session_start_info
+    assert start.hparams["lr"].number_value == 0.1 and start.hparams["batch_size"].number_value == 32
+    assert start.hparams["amp"].number_value == 1, start.hparams  # torch's hparams writes a bool as a number
+    assert json.loads((run / "hyperparameters.json").read_text())["lr"] == 0.1

@@ -169,3 +169,13 @@ def test_dry_run_asks_the_real_scheduler(slurm_cluster, tmp_path):
         "describes" in lumi.stderr and "sbatch --test-only was not asked" in lumi.stderr, lumi.stderr
     assert "REFUSES" not in lumi.stderr
     assert not (tmp_path / "jobs").exists()  # nothing written, nothing submitted
+    # this cluster's profile with a partition it lacks: a mistake, which the scheduler refuses in its own words,
+    # and a refused --submit leaves nothing behind
+    typo = ["slurm", "--profile", "local-test", "-N", "2", "-p", "nosuchpart", "-t", "10", "--python", sys.executable,
+            "--output-dir", str(tmp_path / "jobs")]
+    dry = trainscale(tmp_path, *typo, "--dry-run", str(SCRIPT), timeout=60)
+    assert dry.returncode == 1 and "sbatch --test-only REFUSES the job: " in dry.stderr, dry.stderr
+    assert "invalid partition specified: nosuchpart" in dry.stderr, dry.stderr
+    refused = trainscale(tmp_path, *typo, "--submit", str(SCRIPT), timeout=60)
+    assert refused.returncode == 2 and "invalid partition specified: nosuchpart" in refused.stderr, refused.stderr
+    assert not (tmp_path / "jobs").exists()  # no run directory, no latest link

@@ -195,11 +195,13 @@ def test_checkpoint_async_where_it_cannot_be_done_is_refused():
     assert TrainOptions(strategy="fsdp", checkpoint_async=True).checkpoint_async is True
 
 
-def test_a_checkpointer_over_native_files_refuses_background_saves(rt):
+def test_a_checkpointer_over_native_files_refuses_background_saves(rt, tmp_path):
+    # under tmp_path, not the working directory: a Checkpointer that takes its lock once left unused/.trainscale.lock
+    # in the repository (inside a folder that existed, which the no-stray-files fixture does not look into)
     with pytest.raises(ConfigError, match="engine writes its own checkpoint files"):
-        Checkpointer("unused", rt, strategy=get_strategy("deepspeed"), asynchronous=True)
-    assert not Checkpointer("unused", rt, strategy=get_strategy("deepspeed"), asynchronous=None).asynchronous
-    assert not Checkpointer("unused", rt).asynchronous  # the library's default stays synchronous
+        Checkpointer(tmp_path, rt, strategy=get_strategy("deepspeed"), asynchronous=True)
+    assert not Checkpointer(tmp_path, rt, strategy=get_strategy("deepspeed"), asynchronous=None).asynchronous
+    assert not Checkpointer(tmp_path, rt).asynchronous  # the library's default stays synchronous
 
 
 def test_checkpoint_async_resolves_from_command_line_environment_and_config_file(tmp_path):

@@ -45,3 +45,15 @@ def test_setup_says_what_it_installs_and_when_it_is_done():
     said = re.findall(r'^\s*say "([^"]+)"', text, re.M)
     assert len(said) >= 3 and said[0].startswith("installing into") and said[-1].startswith("done in")
     assert 'STAMP="$VENV/.trainscale-installed-$EXTRAS"' in text  # the demo's install is not the tests'
+
+
+def test_the_demos_last_line_works_in_a_new_shell():
+    """`make demo`'s last line is the command to paste next: in a new shell `trainscale` is on the PATH only once
+    the venv is active, so the line says so first (the study itself is replaced by `true` here)."""
+    import subprocess
+
+    done = subprocess.run(["make", "-s", "-o", "venv-demo", "demo", "PY=true"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1].startswith(
+        "next: source .venv/bin/activate && trainscale report bench-out/latest"), done.stdout

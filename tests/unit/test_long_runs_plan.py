@@ -159,8 +159,13 @@ def test_gathered_results_best_first(tmp_path):
     assert metric == "loss" and [r.index for r in ranked(results, metric)] == [1, 0, 2]
     assert [r.index for r in ranked(results, metric, higher_is_better=True)] == [0, 1, 2]
     assert (tmp_path / "tasks" / "2.args").read_text() == "--lr\n3\n"
-    with pytest.raises(ConfigError, match="no task reported the metric 'accuracy'"):
+    with pytest.raises(ConfigError, match="no task of the sweep logged the metric 'accuracy'"):
         choose_metric(results, "accuracy")
+    for i in (0, 1):  # none logged any: the refusal says how to log one
+        (tmp_path / f"task-{i}" / "metrics.json").unlink()
+    with pytest.raises(ConfigError, match="no task of the sweep logged the metric 'loss'") as caught:
+        choose_metric(gather(tmp_path), "loss")  # it said "best first by loss" of a table without it
+    assert "rt.log({'loss': value})" in caught.value.hint
     with pytest.raises(ConfigError, match="is not a sweep's run directory"):
         gather(tmp_path / "task-0")
 

@@ -24,7 +24,7 @@ def test_step_marks_add_repeated_phases_and_need_no_device_sync():
     clock = iter([0.0, 0.1, 0.3, 0.6, 0.7, 0.8, 1.0, 1.3, 1.32, 1.35, 1.4])  # two micro-batches, then clipping
     marks._now = lambda: next(clock)
     marks.start_step()
-    for phase in ("data", "forward", "backward", "optimizer", "data", "forward", "backward", "comm", "other",
+    for phase in ("data", "forward", "backward", "optimizer", "data", "forward", "backward", "sync", "other",
                   "optimizer"):
         marks.mark(phase)
     marks.end_step({"step": 1, "samples": 32}, carry=True)

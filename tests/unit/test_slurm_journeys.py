@@ -79,7 +79,8 @@ def _tree(root: Path) -> None:
     files = {"pkg/__init__.py": "x = 1\n", "train.py": "import pkg\n", "notes.txt": "n\n",
              "data/train.csv": "1,2\n", "mypkg/data/__init__.py": "", "model.pt": "weights",
              ".venv/lib/site.py": "", "env2/pyvenv.cfg": "", "env2/lib/x.py": "", "pkg/__pycache__/a.pyc": "",
-             "pkg/b.pyc": "", "trainscale-jobs/old/job.sbatch": "", "out/run/x.txt": "", "thing.egg-info/PKG": ""}
+             "pkg/b.pyc": "", "trainscale-jobs/old/job.sbatch": "", "out/run/x.txt": "", "thing.egg-info/PKG": "",
+             "checkpoints/ckpt-00000004.pt": "w", "ckpt/step-2.pt": "w", "lumi-pytorch.sif": "image", "img.SQSH": ""}
     for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
@@ -94,7 +95,9 @@ def test_listing_copies_code_links_data_and_leaves_out_caches_and_outputs(tmp_pa
     manifest = snap.list_snapshot(root, exclude=[root / "out"])
     assert manifest.mode == "files"
     assert sorted(manifest.files) == ["latest", "mypkg/data/__init__.py", "notes.txt", "pkg/__init__.py", "train.py"]
-    assert manifest.links == ("big.dat", "data", "model.pt")  # a package named data is code, not data
+    # a package named data is code, not data; a run's leftover checkpoints and the container image the job binds
+    # by its own path are neither copied nor linked (the LUMI dry run listed them as "linked")
+    assert manifest.links == ("big.dat", "data", "model.pt")
     dest = tmp_path / "run" / "src" / "proj"
     first = snap.write_snapshot(manifest, dest)
     assert (dest / "pkg" / "__init__.py").read_text() == "x = 1\n" and os.readlink(dest / "latest") == "train.py"
@@ -123,6 +126,7 @@ def test_a_git_work_tree_is_listed_by_git(tmp_path):
     assert not any(f.startswith(("build/", "env2/", ".venv/", "trainscale-jobs/")) for f in manifest.files)
     assert "data" in manifest.links and "model.pt" in manifest.links  # ignored data: linked for __file__ paths
     assert "build" not in manifest.links
+    assert not [p for p in (*manifest.files, *manifest.links) if p.startswith(("checkpoints", "ckpt", "lumi-", "img."))]
 
 
 def test_a_snapshot_above_the_limits_is_refused_naming_the_largest(tmp_path, monkeypatch):

@@ -294,6 +294,9 @@ def test_the_partition_here_checks_the_job_with_its_real_sizes(script):
     found, here = cluster.findings(resolve(lumi, builtin("lumi")), builtin("lumi"), parts)
     assert not here and "no partition 'standard-g' (it has gpu, debug)" in only(found, "note", "standard-g").message
     assert cluster.findings(resolve(lumi, builtin("lumi")), builtin("lumi"), None) == ([], True)  # no sinfo here
+    # the profile's cluster is this one (its partition debug is here): a partition it lacks is sbatch's to refuse
+    typo = SlurmJobSpec(script=script, profile="local-test", nodes=2, time="5", partition="nosuchpart")
+    assert cluster.findings(resolve(typo, profile), profile, parts) == ([], True)
     listed = SlurmJobSpec(script=script, profile="local-test", nodes=3, time="5", partition="nosuch,debug")
     found, here = cluster.findings(resolve(listed, profile), profile, parts)  # -p a,b: the first that is here
     assert here and "partition debug" in only(found, ERROR, "--nodes 3").message

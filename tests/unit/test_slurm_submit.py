@@ -279,6 +279,31 @@ def test_cli_submit_writes_script_record_and_prints_job_id(tmp_path, state, monk
     assert seen and seen[0].startswith("#!/bin/bash") and f"{script} --x 1" in seen[0]
     rec = load_record("555")
     assert rec.launcher == "torchrun" and rec.world_size == 1 and Path(rec.script).read_text() == seen[0]
+    jobs = tmp_path / "jobs"  # made by the submission: git is told to leave it alone, as in a virtualenv
+    assert (jobs / ".gitignore").read_text().splitlines()[-1] == "*"
+    assert (jobs / "latest").resolve() == Path(rec.run_dir)
+
+
+def test_a_refused_submission_leaves_no_run_directory_and_no_latest_link(tmp_path, state, monkeypatch):
+    from trainscale.cli import slurm as cli
+
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    refuse = lambda argv, **kwargs: subprocess.CompletedProcess(  # noqa: E731
+        argv, 1, "", "sbatch: error: invalid partition specified: nosuchpart\n")
+    argv = ["--profile", "local-test", "--time", "5", "-p", "nosuchpart", "--submit", str(script)]
+    jobs = tmp_path / "jobs"
+    monkeypatch.setattr("trainscale.launch.slurm.job.submit", lambda path, run=None, **kw: submit(path, run=refuse, **kw))
+    monkeypatch.setattr("trainscale.launch.slurm.cluster.partitions", lambda run=None: None)  # no sinfo answers
+    with pytest.raises(SlurmError, match="invalid partition specified: nosuchpart"):
+        cli.run(type("A", (), {"argv": ["--output-dir", str(jobs), *argv]})())
+    assert not jobs.exists()  # the folder it made for this job is gone with it
+    jobs.mkdir()
+    (jobs / "mine.txt").write_text("the user's\n")
+    with pytest.raises(SlurmError, match="invalid partition specified: nosuchpart"):
+        cli.run(type("A", (), {"argv": ["--output-dir", str(jobs), *argv]})())
+    assert sorted(p.name for p in jobs.iterdir()) == ["mine.txt"]  # no run directory, no latest link
+    assert not (state / "jobs").exists()  # no record
 
 
 def test_logs_cli_shows_batch_output_failure_and_rank(tmp_path, state, capsys):

@@ -39,9 +39,9 @@ def test_the_hung_rank_is_the_root_cause_and_marked_among_the_others():
     assert ("Root cause: rank(s) 3 hung (stopped participating); rank 1 timed out waiting and names it below, "
             "with its Python stack where it could get it") in text
     others = {line.split()[1]: line for line in text.splitlines() if line.startswith("  rank ")}
-    assert others["3"].endswith("killed by SIGTERM (after the first failure) — the hung rank")
-    assert others["2"].endswith("killed by SIGTERM (after the first failure)")
-    assert others["0"].endswith("exit code 1 (after the first failure)")
+    assert others["3"].endswith(": killed by SIGTERM — the hung rank")
+    assert others["2"].endswith(": stopped after rank 1 failed (killed by SIGTERM)")
+    assert others["0"].endswith(": stopped after rank 1 failed (connection closed by peer)"), others["0"]
 
 
 def test_a_relayed_diagnosis_names_the_hung_rank_when_no_rank_that_timed_out_got_to_report():

@@ -38,6 +38,6 @@ def test_the_summary_of_64_failed_ranks(tmp_path):
     assert f"first failing rank: {FIRST} on" in text and "RuntimeError: boom on 17" in text, text
     other = text[text.index("Other ranks:"):].splitlines()
     assert other[1].startswith("  ranks 0-16,18-63 on ") and other[1].endswith(
-        ": exit code 1 (after the first failure)"), other
+        f": stopped after rank {FIRST} failed (connection closed by peer)"), other
     assert other[2] == "", other  # the heading and one line for 63 ranks
     assert read < 512 * 1024, read  # the error files and the end of one log, not 64 logs of 0.9 MB

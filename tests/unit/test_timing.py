@@ -65,7 +65,7 @@ def test_nccl_communication_is_measured_on_the_device_not_when_it_was_queued(gpu
     gpu.now = 0.50                 # backward's kernels queued; its own work ends at 0.50 s on the device
     marks.mark("backward")        # the recorder's first end-of-backward callback
     gpu.now = 0.80                 # DDP's callback makes the stream wait for the all-reduce, done at 0.80 s
-    marks.mark("comm")            # the recorder's second callback, after DDP's
+    marks.mark("sync")            # the recorder's second callback, after DDP's
     gpu.now = 0.85
     marks.mark("optimizer")
     marks.end_step({"step": 1})

@@ -18,14 +18,46 @@ SHAPING = ("--nproc-per-node", "--nnodes", "--max-restarts", "--standalone", "--
 """torchrun's options that shape the launch: after the script, one of them is most likely a misplaced one."""
 
 
+USAGE = "trainscale run [torchrun's options] [trainscale's options] (SCRIPT | -m MODULE | --workload NAME) [ARGS...]"
+
+
 def _parser():
-    """torchrun's parser with trainscale's options; its help ends with the built-in workloads."""
+    """torchrun's parser with trainscale's options. Its help is short: torchrun's options named in one group
+    (torchrun's own help describes them), trainscale's described, then the built-in workloads; a mistake is
+    two lines, the error and the fix (config/argparsing.py), not a usage of 22 lines above it."""
+    import textwrap
+
+    from trainscale.config.argparsing import Parser
     from trainscale.launch.torchrun import parser as torchrun_parser
     from trainscale.workloads.registry import table
 
     parser = torchrun_parser()
+    parser.__class__ = Parser  # torch's parser (a new one each call), erring as every trainscale command does
+    parser.hint, parser.usage = lambda message: _did_you_mean(parser, message), USAGE
+    own = {a for g in parser._action_groups if g.title == "trainscale" for a in g._group_actions}
+    torchrun = [a for a in parser._actions if a not in own and a.dest != "help"]
+    names = " ".join("/".join(s for s in a.option_strings if "_" not in s) for a in torchrun if a.option_strings)
+    parser.add_argument_group("torchrun's options", textwrap.fill(
+        "every option of the installed torch's torchrun, with its meaning and PET_* variable (`torchrun --help` "
+        "describes them; their spellings with _ work too): " + names, 100))
+    for action in torchrun:
+        action.help = argparse.SUPPRESS
     parser.epilog += "\nBuilt-in workloads (--workload NAME):\n" + "\n".join(table()) + "\n"
     return parser
+
+
+def _did_you_mean(parser, message: str) -> str | None:
+    """For an option argparse did not recognise, the closest one of ``trainscale run``."""
+    import difflib
+
+    from trainscale.config.argparsing import unrecognized
+
+    options = [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
+    for name in unrecognized(message):
+        close = difflib.get_close_matches(name, options, n=1)
+        if close:
+            return f"did you mean {close[0]}? `trainscale run --help` lists the options"
+    return None
 
 
 def build_spec(argv: list[str], environ=None):

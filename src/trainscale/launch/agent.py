@@ -14,11 +14,13 @@ import contextlib
 import logging
 import os
 import signal
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
 from trainscale.launch import summary
+from trainscale.launch.bootstrap import LOST_PEER
 
 
 @dataclass
@@ -160,15 +162,34 @@ def watching(total_attempts: int, say: Callable[[str], None], run_dir: Callable[
                     tail.stop()
                 raise
 
+    import torch.distributed.elastic.multiprocessing.api as processes
+
+    tail_log = processes.TailLog
+
+    class ConsoleTail(tail_log):  # type: ignore[misc, valid-type]
+        """The console's copy of the ranks' output, without what a rank that only lost a peer says from its
+        LOST_PEER line on (its log keeps it; the summary names the rank that ended first)."""
+
+        def __init__(self, *args, **kwargs):
+            if "log_line_filter" not in kwargs and len(args) < 6:
+                lost = threading.local()  # torch tails each rank's file in a thread of its own
+
+                def shown(line: str) -> bool:
+                    lost.seen = getattr(lost, "seen", False) or line.startswith(LOST_PEER)
+                    return not lost.seen
+
+                kwargs["log_line_filter"] = shown
+            super().__init__(*args, **kwargs)
+
     quiet = _Quieter()
     loggers = [] if os.environ.get("LOGLEVEL") else [logging.getLogger(name) for name in _LOGGERS]
     for logger in loggers:
         logger.addFilter(quiet)
-    launcher_api.LocalElasticAgent = Agent
+    launcher_api.LocalElasticAgent, processes.TailLog = Agent, ConsoleTail
     try:
         yield watch
     finally:
-        launcher_api.LocalElasticAgent = base
+        launcher_api.LocalElasticAgent, processes.TailLog = base, tail_log
         _workers.clear()
         for logger in loggers:
             logger.removeFilter(quiet)

@@ -25,10 +25,11 @@ import runpy
 import signal
 import sys
 import threading
+import traceback
 from pathlib import Path
 from typing import Any, Mapping, MutableMapping
 
-from trainscale.errors import is_refusal, one_line, record_error, succeeded
+from trainscale.errors import PEER_GONE, is_refusal, one_line, record_error, succeeded
 
 BIND_VAR = "TRAINSCALE_CPU_BIND"
 """The binding plan from the launcher; format in trainscale/topology/worker.py."""
@@ -172,26 +173,52 @@ def main(argv: list[str], *, forked: bool = False) -> None:
     except BaseException as exc:
         explained = explain_hang(exc)  # a collective timeout: the hang watch's verdict is the cause
         stop_observing()
+        exc = from_users_code(explained or exc)
         if explained is not None:
-            record_error(explained, replace=True)
-            exc = explained
+            record_error(exc, replace=True)
         record_error(exc)
         if is_refusal(exc):  # a refusal that names its fix: one line, as before launch (error file: stack)
             print(f"trainscale: error: {one_line(exc)}", file=sys.stderr, flush=True)
             exit_cleanly(1, release=False)
-        if os.environ.get(PREFIXED_VAR):  # the agent prefixes this rank's lines already
+        if os.environ.get(PREFIXED_VAR):  # the agent prefixes this rank's lines already, and shows what it tails
             sys.excepthook = _without_rank_prefix(sys.excepthook)
-        if forked:  # what the interpreter would do; torch's own @record must not overwrite the error file
-            sys.excepthook(type(exc), exc, exc.__traceback__)
-            if isinstance(exc, KeyboardInterrupt):
-                signal.signal(signal.SIGINT, signal.SIG_DFL)
-                os.kill(os.getpid(), signal.SIGINT)
-            exit_cleanly(1, release=False)
-        if explained is not None:
-            raise explained  # the interpreter prints it with the timeout that caused it
-        raise
+            if any(m in "".join(traceback.format_exception(exc)) for m in PEER_GONE):
+                print(LOST_PEER, file=sys.stderr, flush=True)  # the console's summary names the rank that ended
+        # what the interpreter would do (a timeout with the hang watch's verdict as its cause), from the user's
+        # code on; torch's own @record must not overwrite the error file
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        if isinstance(exc, KeyboardInterrupt):
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        exit_cleanly(1, release=False)
     stop_observing()
     exit_cleanly(0, forked=forked)
+
+
+LOST_PEER = "trainscale: this rank lost a rank that ended first; its traceback is kept out of the console:"
+"""Said before the traceback of a rank that only lost a peer: `trainscale run`'s console shows nothing of
+that rank's from here on (launch/agent.py), its log keeps it all, and the summary names the rank that ended."""
+
+_OWN_FRAMES = (os.path.abspath(__file__), runpy.__file__, "<frozen runpy>")
+
+
+def from_users_code(exc: BaseException) -> BaseException:
+    """``exc`` (and the exceptions chained to it) with tracebacks that start at the user's code: this module's
+    and runpy's frames, which every worker's traceback would begin with, dropped."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        tb = e.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename in _OWN_FRAMES:
+            tb = tb.tb_next
+        if tb is not None:  # an error in this module itself keeps its frames
+            e.__traceback__ = tb
+        todo += [e.__cause__, e.__context__]
+    return exc
 
 
 # The environment this module was imported with: in a forkserver's preload, the forkserver's (see forked).

@@ -14,6 +14,7 @@ directory itself (bench: ``runs/<NN>-<config>/`` of its study).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -83,7 +84,11 @@ def create(root: Path, name: str, *, multinode: bool = False, now: datetime.date
     stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
     host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()  # SLURM nodes may share a hostname
     base = f"{name}-{stamp}" + (f"-{host}" if multinode else "")
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True)
+        (root / ".gitignore").write_text("*\n")  # as a virtualenv: runs are never the user's sources
+    except FileExistsError:
+        pass
     for k in range(1, 1000):
         candidate = root / (base if k == 1 else f"{base}-{k}")
         try:
@@ -153,6 +158,9 @@ def end_record(logs: Path, records: Path, *, ok: bool, seconds: float, summary: 
     failure = [line.strip().removeprefix("trainscale: training FAILED — ").split("; rank ")[0]
                for line in summary.splitlines()
                if line.startswith(("trainscale: training FAILED", "Root cause:"))] if not ok else []
+    drop_empty_stacks(records)
+    # the ranks' step records are the evidence of training (none: a finished run started again, resumed past its end)
+    trained = {"trained": trained_here(records)} if ok and os.environ.get("TRAINSCALE_RECORD", "1") != "0" else {}
     for where in {logs, records}:
         path = where / RUN_RECORD
         try:
@@ -160,14 +168,33 @@ def end_record(logs: Path, records: Path, *, ok: bool, seconds: float, summary: 
         except (OSError, json.JSONDecodeError):
             mine = False
         if mine:
-            write_record(where, ok=ok, seconds=round(seconds, 3), **({"failure": failure} if failure else {}))
+            write_record(where, ok=ok, seconds=round(seconds, 3), **({"failure": failure} if failure else trained))
+
+
+def drop_empty_stacks(records: Path | None) -> None:
+    """A rank's watchdog opens ``hangs/stacks-rank<R>.txt`` ahead, for its C thread to write when the rank is
+    held up; a rank the launcher stopped cannot remove its own empty one: they go, and ``hangs/`` if left empty."""
+    if not records:
+        return
+    for path in Path(records).glob("hangs/stacks-rank*.txt"):
+        with contextlib.suppress(OSError):
+            if not path.stat().st_size:
+                path.unlink()
+    with contextlib.suppress(OSError):
+        (Path(records) / "hangs").rmdir()
+
+
+def trained_here(records: Path | None) -> bool:
+    """Whether a rank recorded an optimizer step in ``records`` (metrics/rank-*.jsonl)."""
+    return bool(records) and any((Path(records) / "metrics").glob("rank-*.jsonl"))
 
 
 def start_record(run_dir: Path, *, target: str, args: tuple[str, ...], module: bool, no_python: bool,
-                 nproc_per_node: int, nnodes: str, max_restarts: int, records: Path, logs: Path | None = None) -> Path:
+                 nproc_per_node: int, nnodes: str, max_restarts: int, records: Path, logs: Path | None = None,
+                 command: list[str] | None = None) -> Path:
     workload = args[0] if module and target == WORKLOADS_MODULE and args else None
     return write_record(
-        run_dir, kind="run", command=command_line(), cwd=os.getcwd(),
+        run_dir, kind="run", command=command or command_line(), cwd=os.getcwd(),
         started_at=datetime.datetime.now().astimezone().isoformat(timespec="seconds"), host=socket.gethostname(),
         workload=workload, target=None if workload else target,
         target_kind="workload" if workload else ("module" if module else "program" if no_python else "script"),

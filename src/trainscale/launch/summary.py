@@ -33,7 +33,12 @@ class RankFailure:
     def secondary(self) -> bool:
         """Failed because another rank failed: a peer's closed connection, or the agent's SIGTERM to a rank
         that had recorded no error of its own (one that had was stopped on its way out)."""
-        return lost_peer(self.traceback) or (self.exitcode == -signal.SIGTERM and not self.traceback)
+        return bool(self.lost) or (self.exitcode == -signal.SIGTERM and not self.traceback)
+
+    @property
+    def lost(self) -> str:
+        """How a rank that lost a peer said so (``connection closed by peer``); "" for any other failure."""
+        return next((m.lower() for m in PEER_GONE if m in self.traceback), "")
 
     @property
     def how(self) -> str:
@@ -113,14 +118,15 @@ def next_line(result) -> str:
 
 def finished_lines(nproc_per_node: int, max_restarts: int, result) -> str:
     """Where a finished local run went, its restarts if any, and the command that reads it next."""
-    from trainscale.launch.rundir import shown
+    from trainscale.launch.rundir import shown, trained_here
 
     run = shown(result.run_dir)
-    records = any((Path(result.run_dir) / "metrics").glob("rank-*.jsonl")) if result.run_dir else False
-    what = "step records" if records else "no step records: no rank ran an optimizer step"
-    where = (f"run directory {run} ({what}, every rank's logs, run.json)" if result.run_dir == result.log_dir
+    records = trained_here(result.run_dir)
+    what = "step records, " if records else ""
+    where = (f"run directory {run} ({what}every rank's logs, run.json)" if result.run_dir == result.log_dir
              else f"{'records' if records else 'no step records'} in {run}, this node's logs in {shown(result.log_dir)}")
-    return "\n".join([f"trainscale: {nproc_per_node} rank(s) finished in {result.seconds:.1f}s; {where}",
+    ended = "finished" if records else "ended without training: no rank ran an optimizer step"
+    return "\n".join([f"trainscale: {nproc_per_node} rank(s) {ended} in {result.seconds:.1f}s; {where}",
                       *attempts_lines(list(result.attempts), max_restarts + 1), next_line(result)])
 
 
@@ -233,9 +239,10 @@ def render(failures: list[RankFailure], world_size: int | None = None, log_dir: 
     if others:  # one line per host and way of failing: 1,023 ranks that died of the first are not 1,023 lines
         lines += ["", "Other ranks:"]
         groups: dict[tuple[str, str], list[int]] = {}
+        after = "another rank" if first.secondary else f"rank {first.rank}"  # never a rank that only lost a peer
         for f in others:
-            how = f.how + (" (after the first failure)" if f.secondary else "") + (" — the hung rank" if f.rank in hung
-                                                                                  else "")
+            how = (f"{f.how} — the hung rank" if f.rank in hung else
+                   f"stopped after {after} failed ({f.lost or f.how})" if f.secondary else f.how)
             groups.setdefault((f.host, how), []).append(f.rank)
         lines += [f"  rank {ranks[0]} on {host}: {how}" if len(ranks) == 1 else
                   f"  ranks {format_cpulist(ranks)} on {host}: {how}" for (host, how), ranks in groups.items()]

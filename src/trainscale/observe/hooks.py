@@ -9,9 +9,11 @@ torch exposes to anyone:
   ``Trainer`` step a torch optimizer inside; a step that skips it, an fp16 overflow, is no step);
 - torch's global module forward hooks, for the top-level modules only (a module called while no other
   is running): their forward passes, and the batch they got (samples, tokens);
-- the autograd engine's end-of-backward callback, queued from a hook on the forward's output (backward's
-  own work ends there), and queued again from there so that it runs after those queued meanwhile: DDP's own,
-  which waits for the gradient all-reduces. The time between the two is the step's exposed communication.
+- the autograd engine's end-of-backward callback, queued from a hook on the forward's output (which also
+  marks backward's start): it runs before DDP's own (which waits for the last gradient all-reduce), and
+  queues itself again to run after it, so that backward's computing and its wait at the collective are
+  timed apart: who arrives last at the collective is who waits least there (observe/stragglers.py);
+- the DataLoader's iterator (``__next__``): the time a step spends fetching its batches, and that there is one.
 
 The phases go through one clock (observe/steps.py) into ``metrics/rank-<R>.jsonl`` in the records' format
 (observe/records.py), so ``trainscale report``, the straggler watch and the studies read a script's run
@@ -90,6 +92,8 @@ class Recorder:
         self._stepped = False  # an optimizer stepped since the last forward: the step ends at the next forward
         self._forwarded = False
         self._samples = self._tokens = 0
+        self._micro = self._micro_last = 0  # the lead module's forwards in this step and in the last (micro-batches)
+        self._loader: list[float] | None = None  # DataLoader time of this step and the next's, once one is seen
         self._backward_armed = False
         self._grouped = False
         self._autocast: torch.dtype | None = None
@@ -113,13 +117,13 @@ class Recorder:
                          nn_module.register_module_forward_hook(self._forward_post, with_kwargs=True,
                                                                 always_call=True),
                          optim.register_optimizer_step_pre_hook(self._optimizer_pre),
-                         optim.register_optimizer_step_post_hook(self._optimizer_post)]
+                         optim.register_optimizer_step_post_hook(self._optimizer_post), _time_loader(self)]
         self.active = True
         return self
 
     def uninstall(self) -> None:
         for handle in self._handles:
-            handle.remove()
+            handle() if callable(handle) else handle.remove()
         self._handles, self.active = [], False
 
     def _ours(self) -> bool:
@@ -165,6 +169,7 @@ class Recorder:
             samples, tokens = batch_size(args, kwargs)
             self._samples += samples or 0
             self._tokens += tokens or 0
+            self._micro += 1
             if self.state is not None:
                 self.state.forward_ended(samples)
             if self._first_batch is None and self.step == 0:
@@ -178,18 +183,18 @@ class Recorder:
     def _backward_started(self, grad: Any) -> None:
         if self._backward_armed:
             self._backward_armed = False
-            torch.autograd.Variable._execution_engine.queue_callback(self._backward_ended)
+            if self.marks is not None and self._ours():
+                self.marks.mark("between")  # forward's end to backward's start: the loss, a batch fetched there
+            engine = torch.autograd.Variable._execution_engine
+            # queued before any gradient is ready, so before DDP's (which waits for the gradient all-reduces):
+            # its first run ends backward's computing; queued again from there, it runs after DDP's wait
+            # (alone, there is no collective to wait for: no sync mark, no communication)
+            engine.queue_callback(lambda: (self._backward_mark("backward"), self._grouped and
+                                           engine.queue_callback(lambda: self._backward_mark("sync"))))
 
-    def _backward_ended(self) -> None:
+    def _backward_mark(self, phase: str) -> None:
         if self.marks is not None and self._ours():
-            self.marks.mark("backward")
-            if self._grouped:  # queued again: it then runs after the callbacks queued during backward, DDP's
-                # (which waits for the gradient all-reduces) among them; the time between is the exposed communication
-                torch.autograd.Variable._execution_engine.queue_callback(self._waited)
-
-    def _waited(self) -> None:
-        if self.marks is not None and self._ours():
-            self.marks.mark("comm")
+            self.marks.mark(phase)
 
     @contextlib.contextmanager
     def blocking_collective(self) -> Iterator[None]:
@@ -200,7 +205,13 @@ class Recorder:
             self.marks.mark("backward")
         yield
         if timed:
-            self.marks.mark("comm")
+            self.marks.mark("sync")
+
+    def _loader_time(self, seconds: float) -> None:
+        """A DataLoader's ``__next__`` took ``seconds``: this step's, or the next one's after the optimizer step."""
+        if self._ours():
+            self._loader = self._loader or [0.0, 0.0]
+            self._loader[1 if self._stepped else 0] += seconds
 
     def _optimizer_pre(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
         if self.marks is not None and self._forwarded and self._ours():
@@ -237,10 +248,14 @@ class Recorder:
         self._stepped = self._forwarded = self._backward_armed = False
         self.marks.end_step(self._fields(), carry=True)
         self._samples = self._tokens = 0
+        self._micro_last, self._micro = self._micro, 0
+        if self._loader:
+            self._loader = [self._loader[1], 0.0]
         self._write(self.marks.ready())
 
     def _fields(self) -> dict[str, Any]:
-        return {"step": self.step, "samples": self._samples or None, "tokens": self._tokens or None}
+        return {"step": self.step, "samples": self._samples or None, "tokens": self._tokens or None,
+                "micro_batches": self._micro or None, "loader_s": self._loader[0] if self._loader else None}
 
     def _write(self, records: list[dict[str, Any]]) -> None:
         if not records:
@@ -305,7 +320,7 @@ class Recorder:
         from trainscale.observe.flops import plain_step_flops
 
         args, kwargs = self._first_batch
-        return plain_step_flops(unwrap(lead), lambda model: model(*args, **kwargs))
+        return plain_step_flops(unwrap(lead), lambda model: model(*args, **kwargs), max(1, self._micro_last))
 
     # -- what the training loop adds ------------------------------------------------------------------
     def epoch(self, epoch: int, **fields: Any) -> None:
@@ -320,7 +335,7 @@ class Recorder:
         if self.marks is not None:
             self.marks.start_step()
         self._forwarded = self._backward_armed = False
-        self._samples = self._tokens = 0
+        self._samples = self._tokens = self._micro = 0
 
     def flush(self) -> None:
         if self.out is not None:
@@ -355,7 +370,8 @@ class Recorder:
 
         device = self.marks.device
         summary: dict[str, Any] = {"steps_recorded": len(self.step_times), "peak_mem_bytes": peak_memory(device)[0],
-                                   "steps_peak_mem_bytes": self.steps_peak or None}
+                                   "steps_peak_mem_bytes": self.steps_peak or None,
+                                   "micro_batches": self._micro_last or None}
         if device.type == "cuda":  # the caching allocator's own peak: what plan's fit allows beyond the allocations
             summary["reserved_peak_bytes"] = int(torch.cuda.max_memory_reserved(device))
         lead = self._lead() if self._lead is not None else None
@@ -399,6 +415,28 @@ def _place(environ: Any) -> tuple[int, int, int, int, str | None]:
     local = int(environ.get("LOCAL_RANK", environ.get("SLURM_LOCALID", 0)) or 0)
     local_world = int(environ.get("LOCAL_WORLD_SIZE", environ.get("SLURM_NTASKS_PER_NODE", 1)) or 1)
     return rank, world, local, local_world, backend
+
+
+def _time_loader(recorder: Recorder) -> Callable[[], None]:
+    """Every DataLoader iterator's ``__next__`` timed for ``recorder`` (a forked worker's is not: not its pid);
+    returns what undoes it. torch exposes no hook there, so the one method is wrapped."""
+    import functools
+    import time
+
+    from torch.utils.data import dataloader
+
+    original = dataloader._BaseDataLoaderIter.__next__
+
+    @functools.wraps(original)
+    def timed(iterator: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return original(iterator)
+        finally:
+            recorder._loader_time(time.perf_counter() - started)
+
+    dataloader._BaseDataLoaderIter.__next__ = timed
+    return lambda: setattr(dataloader._BaseDataLoaderIter, "__next__", original)
 
 
 def _tell_heartbeat(step: int) -> None:

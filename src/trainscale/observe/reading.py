@@ -47,8 +47,6 @@ class RankStats:
     tokens_per_s: float | None
     mfu: float | None
     peak_mem_bytes: int | None
-    own_median_s: float | None = None
-    """Median of its own work per step (data wait + forward): what tells a slow rank from those waiting for it."""
     first_step_s: float | None = None
     """Its first step where :func:`steady` leaves it out of ``shares``: it holds the wait for every rank's start-up,
     compilation and first allocations."""
@@ -78,8 +76,6 @@ def rank_stats(rank: int, records: list[dict]) -> RankStats | None:
     kept = steady(steps)
     shares = {k: sum(float(r.get(f"{k}_s") or 0.0) for r in kept) / len(kept) for k in SHARES}
     shares["other"] = max(0.0, sum(float(r["step_s"]) for r in kept) / len(kept) - sum(shares.values()))
-    own = [float(r.get("data_s") or 0.0) + float(r.get("compute_s") or 0.0) for r in steps
-           if "data_s" in r or "compute_s" in r]
     samples = sum(int(r.get("samples") or 0) for r in steps)
     tokens = sum(int(r.get("tokens") or 0) for r in steps)
     return RankStats(rank=rank, host=meta.get("node") or meta.get("host", "?"), steps=len(steps),
@@ -87,7 +83,6 @@ def rank_stats(rank: int, records: list[dict]) -> RankStats | None:
                      samples_per_s=samples / total if samples and total else None,
                      tokens_per_s=tokens / total if tokens and total else None, mfu=summary.get("mfu"),
                      peak_mem_bytes=summary.get("peak_mem_bytes"),
-                     own_median_s=statistics.median(own) if own else None,
                      first_step_s=times[0] if len(kept) < len(steps) else None, total_s=total, samples=samples,
                      steady_step_s=statistics.median(float(r["step_s"]) for r in kept),
                      steady_samples=sum(int(r.get("samples") or 0) for r in kept) / len(kept),

@@ -5,10 +5,10 @@ script: the top-level module's forward, the end of backward, the optimizer's ste
 previous mark (or the step's start) is the phase that ended, so the phases add up to the step:
 
     data       waiting for the batch and the host's own work before the first forward (``data_s``)
-    forward    the top-level modules' forward passes, the rank's own work before its first collective (``compute_s``)
-    backward   backward's own work, up to the end-of-backward callbacks (``backward_s``)
-    comm       the end-of-backward callbacks queued during backward: where a strategy waits for its gradient
-               collectives (DDP's and ZeRO-1's all-reduce, FSDP's reduce-scatter): exposed communication (``comm_s``)
+    forward    the top-level modules' forward passes (``compute_s``)
+    between    host work between forward and backward: the loss, nanoGPT's fetch of its next batch (``between_s``)
+    backward   backward's own computing, up to its end (``backward_s``)
+    sync       the wait at backward's end for the gradient all-reduces (DDP's): exposed communication (``comm_s``)
     optimizer  the optimizer's step (``optimizer_s``)
     other      host work between backward and the optimizer (clipping, logging): in no field, the report's "other"
 
@@ -23,8 +23,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-RECORD_FIELD = {"data": "data_s", "forward": "compute_s", "backward": "backward_s", "comm": "comm_s",
-                "optimizer": "optimizer_s", "other": None}
+RECORD_FIELD = {"data": "data_s", "forward": "compute_s", "between": "between_s", "backward": "backward_s",
+                "sync": "comm_s", "optimizer": "optimizer_s", "other": None}
 """Each phase's field in a step record (observe/records.py); ``other`` is left to the report."""
 
 

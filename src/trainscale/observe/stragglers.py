@@ -1,10 +1,13 @@
-"""Stragglers named while training: one slow rank holds every other rank back at each collective.
+"""Stragglers named by arrival: a synchronous step makes every rank wait at the gradient all-reduce for the
+last one to arrive, and all leave it together, so the rank that arrives last is the one that waits least
+there; its own time (the step less that wait), split into the step's phases against the same split on the
+ranks that waited for it, names the phase it lost its time in. No phase that accounts for most of it:
+"unexplained", never a guessed cause. A cause is named only with its evidence (the ranks' CPU bindings
+differ; a DataLoader fed the late phase), and the cost is the job's: the time every rank waits for it.
 
-A synchronous step makes every rank wait for the slowest, so the ranks' step times look alike; their own
-times (data wait and compute, measured before the gradient all-reduce) tell the slow rank apart, and the
-verdict compares those. Rank 0 looks in a side thread, reading the summaries the ranks publish to the
-store (observe/window.py) or, without one, the ends of their record files. Thresholds, causes and
-costs: docs/observability.md ("Stragglers") and docs/scaling.md.
+Rank 0 looks in a side thread, reading the summaries the ranks publish to the store (observe/window.py) or,
+without one, the ends of their record files; ``trainscale report`` reads the whole files
+(:func:`diagnose`). Thresholds and evidence: docs/observability.md ("How a straggler is named").
 """
 
 from __future__ import annotations
@@ -21,70 +24,115 @@ from typing import Any, Callable
 from trainscale.observe.records import metrics_dir, note_event
 from trainscale.observe.window import RankWindow, default_store, own_connection, own_time, read_all
 
-DEFAULT_RATIO = 1.2
+DEFAULT_SHARE = 0.1
+"""A rank is a straggler when the others wait for it this share of the step or more, in two windows running."""
+MIN_LATE_S = 0.002
+"""Nor for less than this per step: a busy host's timer noise on millisecond steps (a rank's own threads, the
+recorder's, the neighbours') shifts which rank arrives last by a fraction of a millisecond."""
+EXPLAINS = 0.5
+"""A phase names the late rank's time when it holds at least this share of it; otherwise "unexplained"."""
 DEFAULT_WINDOW = 20
+MIN_WINDOW = 3
+"""The fewest steps per window a report judges a short run by."""
+PHASE_TEXT = {
+    "loader": "fetching its batches from the DataLoader",
+    "data": "host work between steps (after the optimizer step, before the forward)",
+    "forward": "its forward",
+    "between": "host work between forward and backward (the loss; a nanoGPT-style fetch of the next batch)",
+    "backward": "its backward's computing",
+    "optimizer": "its optimizer step",
+    "other": "host work between backward and the optimizer step (clipping, logging)",
+    "unexplained": "unexplained: no phase of its step accounts for it",
+}
 
 
 @dataclass(frozen=True)
 class Straggler:
     rank: int
     host: str
-    slower_by: float
-    """Its own time per step over the others' median, minus one (0.28 = 28% slower)."""
-    own_s: float
+    phase: str
+    """A key of PHASE_TEXT: where its extra time went, or "unexplained"."""
+    late_s: float
+    """How much later than the others it arrives at the collective per step: what every other rank waits."""
+    step_s: float
+    """The job's median step."""
+    mine_s: float
     others_s: float
-    cause: str
+    """The phase's median on the late rank and on the others (its own time where unexplained)."""
+    cause: str = ""
+    """Evidence of a cause, and what to do, or empty."""
+
+    @property
+    def cost(self) -> float:
+        """The share of the job's step it costs: the job would be this much faster without it."""
+        return self.late_s / self.step_s if self.step_s > 0 else 0.0
 
     def describe(self) -> str:
-        return (f"rank {self.rank} on {self.host} was {self.slower_by:.0%} slower over the last steps "
-                f"({self.own_s * 1e3:.1f} ms of its own work per step vs {self.others_s * 1e3:.1f} ms on the others): "
-                f"{self.cause}")
+        ms = lambda s: f"{s * 1e3:.1f} ms"  # noqa: E731
+        where = (f"{PHASE_TEXT[self.phase]} ({ms(self.mine_s)} on it, {ms(self.others_s)} on the others)"
+                 if self.phase != "unexplained" else PHASE_TEXT[self.phase])
+        return (f"rank {self.rank} on {self.host} arrives last at the gradient all-reduce, {ms(self.late_s)} after "
+                f"the others each step: {where}. The job would be ~{self.cost:.0%} faster without it: "
+                f"{ms(self.late_s)} of each {ms(self.step_s)} step" + (f". {self.cause}" if self.cause else ""))
 
 
-def _cause(mine: dict[str, Any], others: list[dict[str, Any]]) -> str:
-    def median(values: list[float | None]) -> float:
-        known = [v for v in values if v is not None]
-        return statistics.median(known) if known else 0.0
+def _phase(mine: dict[str, float], others: dict[str, float], late_s: float) -> str:
+    extra = {k: mine[k] - others.get(k, 0.0) for k in mine if k != "loader"}
+    phase = max(extra, key=extra.get) if extra else "unexplained"
+    if phase == "unexplained" or extra[phase] < EXPLAINS * late_s:
+        return "unexplained"
+    loader = mine.get("loader", 0.0) - others.get("loader", 0.0)
+    return "loader" if phase in ("data", "between") and loader >= EXPLAINS * extra[phase] else phase
 
-    data, data_o = mine.get("data") or 0.0, median([o.get("data") for o in others])
-    comp, comp_o = mine.get("compute") or 0.0, median([o.get("compute") for o in others])
-    cpus = len(mine.get("cpus") or [])
-    cpus_o = median([len(o.get("cpus") or []) for o in others])
-    if data - data_o > max(comp - comp_o, 0.0) and data > data_o:
-        return (f"data wait ({data * 1e3:.1f} ms per step vs {data_o * 1e3:.1f} ms): its loader cannot keep up "
-                "(DataLoader workers, I/O, a slow file system)")
+
+def _cause(phase: str, mine: dict[str, Any], others: list[dict[str, Any]]) -> str:
+    """Only what a measurement shows: the late rank's binding differs from the others', or a DataLoader is
+    where its time went."""
+    said = []
+    cpus, cpus_o = len(mine.get("cpus") or []), statistics.median(len(o.get("cpus") or []) for o in others)
     if cpus and cpus_o and cpus < cpus_o:
-        return (f"CPU binding: it may use {cpus} CPU(s), the others {cpus_o:g} (trainscale profiles --here shows the plan; "
-                "check the job's CPU layout)")
-    shared = set(mine.get("cpus") or []) & {c for o in others if o.get("node") == mine.get("node")
-                                            for c in (o.get("cpus") or [])}
-    if shared:
-        return f"CPU binding: it shares CPU(s) {sorted(shared)[:8]} with another rank of its node"
-    return (f"compute ({comp * 1e3:.1f} ms per step vs {comp_o * 1e3:.1f} ms): a slower, throttled or busier device "
-            "(nvidia-smi / rocm-smi on its node; trainscale jobs JOBID --attach --node HOST)")
+        said.append(f"Its CPU binding has {cpus} CPU(s), the others' {cpus_o:g} (trainscale profiles --here shows "
+                    "the plan)")
+    node = [set(mine.get("cpus") or [])] + [set(o.get("cpus") or []) for o in others
+                                            if o.get("node") == mine.get("node")]
+    overlap = [node[i] & set().union(*(n for j, n in enumerate(node) if j != i)) for i in range(len(node))]
+    shared = overlap[0]
+    if shared and not all(overlap[1:]):  # only where some rank of its node has CPUs of its own
+        said.append(f"It shares CPU(s) {sorted(shared)[:8]} with another rank of its node, which the others "
+                    "do not")
+    if phase == "loader":
+        said.append("More DataLoader workers (num_workers, within the rank's CPUs), pinned memory or faster "
+                    "storage would feed it sooner")
+    return ". ".join(said)
 
 
-def find_in_windows(windows: dict[int, dict[str, Any]], *, ratio: float = DEFAULT_RATIO,
+def find_in_windows(windows: dict[int, dict[str, Any]], *, share: float = DEFAULT_SHARE,
                     window: int = DEFAULT_WINDOW) -> Straggler | None:
-    """Pure: from each rank's summary of its last two windows (observe/window.py), the slowest rank when it
-    stands out by ``ratio`` in the last window and was the slowest by ``ratio`` in the window before too (a
-    passing hiccup, another job's burst on a shared core, is not a straggler). Linear in the ranks. The
-    windows are the ranks' own (``w`` in a summary; ``window`` where a summary does not say)."""
-    if len(windows) < 2 or any(w.get("n", 0) < 2 * w.get("w", window) for w in windows.values()):
+    """Pure: from each rank's summary of its last two windows (observe/window.py), the rank that arrives last
+    at the collective when the others wait for it ``share`` of the step or more, in the last window and the
+    one before too (a passing hiccup, another job's burst on a shared core, is not a straggler). Linear in
+    the ranks. The windows are the ranks' own (``w`` in a summary; ``window`` where a summary does not say)."""
+    if len(windows) < 2 or any(w.get("n", 0) < 2 * w.get("w", window) or w.get("now") is None
+                               or w.get("before") is None for w in windows.values()):
         return None
+    step = statistics.median(float(w.get("step") or 0.0) for w in windows.values())
 
-    def slowest(key: str) -> tuple[int, float, float] | None:
+    def latest(key: str) -> tuple[int, float]:
         own = {r: float(w[key]) for r, w in windows.items()}
-        worst = max(own, key=own.get)
-        others = statistics.median(v for r, v in own.items() if r != worst)
-        return (worst, own[worst], others) if others > 0 and own[worst] / others >= ratio else None
+        late = max(own, key=own.get)
+        return late, own[late] - statistics.median(v for r, v in own.items() if r != late)
 
-    now, before = slowest("now"), slowest("before")
-    if now is None or before is None or now[0] != before[0]:
+    (late, late_s), (before, before_s) = latest("now"), latest("before")
+    if late != before or step <= 0 or min(late_s, before_s) < max(share * step, MIN_LATE_S):
         return None
-    worst, mine, others = now
-    return Straggler(rank=worst, host=windows[worst].get("node") or "?", slower_by=mine / others - 1, own_s=mine,
-                     others_s=others, cause=_cause(windows[worst], [w for r, w in windows.items() if r != worst]))
+    others = [w for r, w in windows.items() if r != late]
+    mine = windows[late].get("phases") or {}
+    theirs = {k: statistics.median(float((o.get("phases") or {}).get(k) or 0.0) for o in others) for k in mine}
+    phase = _phase(mine, theirs, late_s)
+    mine_s, others_s = ((mine[phase], theirs[phase]) if phase != "unexplained"
+                        else (windows[late]["now"], statistics.median(float(o["now"]) for o in others)))
+    return Straggler(rank=late, host=windows[late].get("node") or "?", phase=phase, late_s=late_s, step_s=step,
+                     mine_s=mine_s, others_s=others_s, cause=_cause(phase, windows[late], others))
 
 
 def summarise(records: list[dict[str, Any]], window: int = DEFAULT_WINDOW) -> dict[str, Any]:
@@ -96,10 +144,35 @@ def summarise(records: list[dict[str, Any]], window: int = DEFAULT_WINDOW) -> di
     return summary.summary()
 
 
-def find_straggler(ranks: dict[int, list[dict]], *, ratio: float = DEFAULT_RATIO,
+def find_straggler(ranks: dict[int, list[dict]], *, share: float = DEFAULT_SHARE,
                    window: int = DEFAULT_WINDOW) -> Straggler | None:
     """Pure: :func:`find_in_windows` over each rank's records (its meta record and steps)."""
-    return find_in_windows({r: summarise(recs, window) for r, recs in ranks.items()}, ratio=ratio, window=window)
+    return find_in_windows({r: summarise(recs, window) for r, recs in ranks.items()}, share=share, window=window)
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """What a report says of a finished run's steps (:func:`diagnose`)."""
+
+    straggler: Straggler | None
+    loader: bool
+    """A DataLoader fed some rank: only then is a DataLoader advised on."""
+    micro_batches: int | None
+    """The lead module's forwards per optimizer step (the median), which its FLOPs and tokens count."""
+
+
+def diagnose(ranks: dict[int, list[dict]]) -> Diagnosis:
+    """Pure: a finished run's records, every step but the first (the start-up's) in two windows as long as the
+    shortest rank's steps allow (``DEFAULT_WINDOW`` at most, ``MIN_WINDOW`` at least)."""
+    steps = {r: [x for x in recs if x.get("kind") == "step"][1:] for r, recs in ranks.items()}
+    window = min(DEFAULT_WINDOW, min((len(s) for s in steps.values()), default=0) // 2)
+    straggler = None
+    if len(ranks) > 1 and window >= MIN_WINDOW:
+        metas = {r: [x for x in recs if x.get("kind") == "meta"][:1] for r, recs in ranks.items()}
+        straggler = find_straggler({r: metas[r] + steps[r] for r in ranks}, window=window)
+    micro = [int(x["micro_batches"]) for s in steps.values() for x in s if x.get("micro_batches")]
+    return Diagnosis(straggler=straggler, loader=any("loader_s" in x for s in steps.values() for x in s),
+                     micro_batches=int(statistics.median(micro)) if micro else None)
 
 
 class RankTail:
@@ -157,10 +230,10 @@ class StragglerWatch:
     ``store``: where the ranks publish their summaries (observe/window.py); "auto" (default) is this
     process group's, when there is one of two or more ranks; None reads the record files in ``run_dir``."""
 
-    def __init__(self, run_dir, *, say: Callable[[str], None], every_s: float = 10.0, ratio: float = DEFAULT_RATIO,
+    def __init__(self, run_dir, *, say: Callable[[str], None], every_s: float = 10.0, share: float = DEFAULT_SHARE,
                  window: int = DEFAULT_WINDOW, store: Any = "auto", world_size: int | None = None) -> None:
         self.run_dir, self.say, self.every_s = Path(run_dir), say, every_s
-        self.ratio, self.window = ratio, window
+        self.share, self.window = share, window
         self.found: Straggler | None = None
         self.tails: dict[Path, RankTail] = {}
         if store == "auto":
@@ -195,12 +268,12 @@ class StragglerWatch:
         if self.found is not None:
             return None
         windows = self.windows()
-        found = find_in_windows(windows, ratio=self.ratio, window=self.window) if windows else None
+        found = find_in_windows(windows, share=self.share, window=self.window) if windows else None
         if found is not None:
             self.found = found
             self.say(f"trainscale: straggler: {found.describe()}")
-            note_event(self.run_dir, kind="straggler", rank=found.rank, host=found.host, slower_by=found.slower_by,
-                       cause=found.cause)
+            note_event(self.run_dir, kind="straggler", rank=found.rank, host=found.host, phase=found.phase,
+                       cost=found.cost, message=found.describe())
         return found
 
     def _loop(self) -> None:

@@ -2,15 +2,17 @@
 
 Rank 0 must not read every rank's record file every 10 s: at 1,024 ranks on a parallel file system that is
 1,024 opens and all their new lines per look (benchmarks/rank_costs.py). So each rank keeps its own last
-two windows of "own" times (data wait + compute, the times that tell a slow rank from the ranks waiting
-for it) and, when it writes its records, puts a few numbers in the store under ``trainscale/window/<R>``:
+two windows of steps and, when it writes its records, puts a few numbers in the store under
+``trainscale/window/<R>``:
 
     {"w": the window, "n": steps kept (up to 2 w), "now": median own time of the last window, "before": of
-     the window before, "data": median data wait of the last window, "compute": median compute, "node": ...,
-     "cpus": [...]}
+     the window before, "step": median step, "phases": {phase: median seconds} of the last window,
+     "loader": whether a DataLoader fed it, "node": ..., "cpus": [...]}
 
-and rank 0 reads all of them with one ``multi_get`` (observe/stragglers.py): its work per look is one
-small value per rank, whatever the run's length, and no file is opened.
+A rank's own time is its step less its wait at the gradient all-reduce (``comm_s``): the rank that arrives
+last at the collective waits least there, so it has the most. Rank 0 reads all of them with one
+``multi_get`` (observe/stragglers.py): its work per look is one small value per rank, whatever the run's
+length, and no file is opened.
 """
 
 from __future__ import annotations
@@ -24,13 +26,23 @@ from typing import Any
 KEY = "trainscale/window/{rank}"
 PUBLISH_EVERY_S = 0.5
 """At most this often per rank (a recorder flushing every step must not talk to the store every step)."""
+PHASES = {"data": "data_s", "loader": "loader_s", "forward": "compute_s", "between": "between_s",
+          "backward": "backward_s", "optimizer": "optimizer_s"}
+"""A step's phases (observe/steps.py) as a straggler is named by; ``loader`` (the DataLoader's time) lies
+inside ``data`` or ``between``, and ``other`` is the rest of the step less the wait (``comm_s``)."""
 
 
 def own_time(record: dict[str, Any]) -> float | None:
-    """A rank's own work in a step: data wait + compute when recorded, else the whole step."""
-    if "data_s" in record or "compute_s" in record:
-        return float(record.get("data_s") or 0.0) + float(record.get("compute_s") or 0.0)
-    return record.get("step_s")
+    """A rank's own work in a step: the step less its wait at the collective."""
+    step = record.get("step_s")
+    return None if step is None else float(step) - float(record.get("comm_s") or 0.0)
+
+
+def phases(record: dict[str, Any]) -> dict[str, float]:
+    """A step record's phases in seconds, ``other`` the rest of its own time."""
+    out = {name: float(record.get(field) or 0.0) for name, field in PHASES.items()}
+    out["other"] = max(0.0, (own_time(record) or 0.0) - sum(v for k, v in out.items() if k != "loader"))
+    return out
 
 
 def _median(values: list[float]) -> float | None:
@@ -38,26 +50,27 @@ def _median(values: list[float]) -> float | None:
 
 
 class RankWindow:
-    """One rank's last ``2 * window`` step records with an own time, summarised on demand."""
+    """One rank's last ``2 * window`` step records, summarised on demand."""
 
     def __init__(self, window: int, meta: dict[str, Any] | None = None) -> None:
         self.window = window
-        self.steps: deque[tuple[float, float | None, float | None]] = deque(maxlen=2 * window)
+        self.steps: deque[tuple[float, float, dict[str, float]]] = deque(maxlen=2 * window)
+        self.loader = False
         self.meta = {"node": (meta or {}).get("node") or (meta or {}).get("host", "?"),
                      "cpus": list((meta or {}).get("cpus") or [])}
 
     def add(self, record: dict[str, Any]) -> None:
         own = own_time(record)
         if record.get("kind", "step") == "step" and own is not None:
-            data, compute = record.get("data_s"), record.get("compute_s")
-            self.steps.append((float(own), None if data is None else float(data),
-                               None if compute is None else float(compute)))
+            self.steps.append((own, float(record["step_s"]), phases(record)))
+            self.loader = self.loader or "loader_s" in record
 
     def summary(self) -> dict[str, Any]:
         last, before = list(self.steps)[-self.window:], list(self.steps)[:-self.window]
-        return {"w": self.window, "n": len(self.steps), "now": _median([s[0] for s in last]), "before": _median([s[0] for s in before]),
-                "data": _median([s[1] for s in last if s[1] is not None]),
-                "compute": _median([s[2] for s in last if s[2] is not None]), **self.meta}
+        return {"w": self.window, "n": len(self.steps), "now": _median([s[0] for s in last]),
+                "before": _median([s[0] for s in before]), "step": _median([s[1] for s in last]),
+                "phases": {k: _median([s[2][k] for s in last]) for k in (last[0][2] if last else ())},
+                "loader": self.loader, **self.meta}
 
 
 def default_store() -> Any:

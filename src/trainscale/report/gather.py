@@ -12,6 +12,7 @@ from typing import Any, Callable
 from trainscale.observe.reading import RankStats, rank_stats
 from trainscale.observe.records import metrics_dir
 from trainscale.observe.records import read_run as read_records
+from trainscale.observe.stragglers import diagnose
 
 SACCT_FIELDS = "JobID,State,Elapsed,AllocCPUS,TotalCPU,MaxRSS,NNodes,ExitCode"
 
@@ -90,7 +91,7 @@ def read_run(run_dir: Path, *, job_id: str | None = None,
     meta = next((recs[0] for recs in recorded["ranks"].values() if recs and recs[0].get("kind") == "meta"), {})
     return Gathered(source=run_dir, ranks=ranks, samples=recorded["nodes"], events=recorded["events"],
                     accounting=acct, accounting_note=note, submission=_json(run_dir / "submission.json"),
-                    extra={"run": info, "meta": meta, "job_id": job_id,
+                    extra={"run": info, "meta": meta, "job_id": job_id, "diagnosis": diagnose(recorded["ranks"]),
                            "failure": info.get("failure") or _job_failure(job_id, acct)})
 
 

@@ -68,7 +68,9 @@ def run_facts(g: Gathered) -> Facts:
         facts.append(("attempts", f"{len(attempts)} ({', '.join(attempts)}), --max-restarts "
                                   f"{run.get('max_restarts', '?')}"))
     if run.get("ok") is not None:
-        facts.append(("outcome", f"{'finished' if run['ok'] else 'FAILED'} after {run.get('seconds', 0):.1f}s"))
+        ended = "FAILED" if not run["ok"] else "ended without training (no optimizer step)" \
+            if run.get("trained") is False else "finished"
+        facts.append(("outcome", f"{ended} after {run.get('seconds', 0):.1f}s"))
     return facts
 
 

@@ -70,7 +70,7 @@ def rank_table(g: Gathered) -> Table:
                      f"{r.mfu:.1%}" if r.mfu is not None else "-",
                      f"{r.peak_mem_bytes / 2**20:.0f} MiB" if r.peak_mem_bytes else "-"])
     return Table(head, rows, ["data: waiting for the next batch; forward: this rank's own computing; comm: "
-                              "communication the step waited for (exposed); shares of the mean step after the first "
+                              "the wait at backward's end for the gradient all-reduce (for a late rank too); shares of the mean step after the first "
                               "(the start-up's: the time-shares plot), which a few slow steps make longer than the "
                               "median"])
 

@@ -3,6 +3,7 @@ job id; and where each run of a study or sweep keeps its records."""
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,8 @@ def kind_of(path: Path) -> str | None:
 
 def resolve(target: str) -> Source:
     path = Path(target)
+    if path.is_symlink() and path.is_dir():  # `latest`: the run it names, by its own name
+        path = Path(os.path.normpath(path.parent / os.readlink(path)))
     if path.is_dir():
         kind = kind_of(path)
         if kind is None:

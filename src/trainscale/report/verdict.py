@@ -11,8 +11,6 @@ from trainscale.report.gather import Gathered
 LOW_GPU_UTIL = 60.0
 HIGH_COMM_SHARE = 0.30
 HIGH_DATA_SHARE = 0.15
-STRAGGLER_RATIO = 1.2
-MIN_STRAGGLER_STEPS = 20
 LOW_CPU_EFFICIENCY = 0.5
 STARTUP_WAIT_S = 2.0
 STARTUP_RATIO = 10.0
@@ -30,38 +28,36 @@ class Finding:
 
 def findings(g: Gathered) -> list[Finding]:
     out: list[Finding] = []
+    diagnosis = g.extra.get("diagnosis")
+    named = False
     for event in g.events:
-        if event.get("kind") == "straggler":
-            out.append(Finding("problem", f"rank {event['rank']} on {event['host']} was {event['slower_by']:.0%} "
-                                          f"slower: {event['cause']}"))
+        if event.get("kind") == "straggler" and not named:  # named while training: the same rule, its own windows
+            named = True
+            out.append(Finding("problem", f"straggler: {event['message']}"))
         elif event.get("kind") == "interconnect" and event.get("level") in ("warning", "error"):
             out.append(Finding("problem", f"network: {event['message']}"))
         elif event.get("kind") == "hang":
             out.append(Finding("problem", f"hang: {event['message']} (the ranks' records below end where they waited)"))
         elif event.get("kind") == "node_lost":  # the job healed itself (launch/slurm/healing.py)
             out.append(Finding("note", str(event.get("message"))))
-    if g.ranks and not any(e.get("kind") == "straggler" for e in g.events):
-        # medians of each rank's own work per step (data wait + forward), over enough steps to mean something:
-        # a mean is its warm-up step's, and a few steps are noise
-        own = {r.rank: r.own_median_s or r.step_median_s for r in g.ranks if r.steps >= MIN_STRAGGLER_STEPS}
-        if len(own) > 1:
-            worst = max(own, key=own.get)
-            others = statistics.median(v for k, v in own.items() if k != worst)
-            if others > 0 and own[worst] / others >= STRAGGLER_RATIO:
-                r = next(x for x in g.ranks if x.rank == worst)
-                out.append(Finding("problem", f"rank {worst} on {r.host} was {own[worst] / others - 1:.0%} slower than "
-                                              "the others in its own work per step"))
+    if not named and diagnosis is not None and diagnosis.straggler is not None:
+        named = True
+        out.append(Finding("problem", f"straggler: {diagnosis.straggler.describe()}"))
     if g.ranks:
         # shares of the mean step after the first, as the rank table shows them: a verdict names a figure the
         # tables show (a rank waiting for another's start-up, in the first step, is not communication)
         comm = statistics.median(_share(r, "comm") for r in g.ranks)
-        data = statistics.median(_share(r, "data") for r in g.ranks)
-        if comm >= HIGH_COMM_SHARE:
-            out.append(Finding("problem", f"communication takes {comm:.0%} of the step: larger per-rank batch, "
-                                          "gradient accumulation, a sharded strategy, or overlap (docs/scaling.md)"))
+        late = diagnosis.straggler.rank if diagnosis is not None and diagnosis.straggler is not None else None
+        data = statistics.median(_share(r, "data") for r in g.ranks if r.rank != late or len(g.ranks) == 1)
+        if comm >= HIGH_COMM_SHARE and not named:  # with a straggler the wait is its: it is said above
+            out.append(Finding("problem", f"communication takes {comm:.0%} of the step while the ranks arrive "
+                                          "together: larger per-rank batch, gradient accumulation, a sharded "
+                                          "strategy, or overlap (docs/scaling.md)"))
         if data >= HIGH_DATA_SHARE:
-            out.append(Finding("problem", f"waiting for data takes {data:.0%} of the step: more DataLoader "
-                                          "workers (within the rank's CPUs), pinned memory, data on fast storage"))
+            loader = diagnosis is not None and diagnosis.loader
+            out.append(Finding("problem", f"waiting for data takes {data:.0%} of the step: " + (
+                "more DataLoader workers (within the rank's CPUs), pinned memory, data on fast storage" if loader
+                else "the script's own work before each forward (no DataLoader was seen)")))
         started = [r for r in g.ranks if r.first_step_s is not None and r.first_step_s > max(
             STARTUP_WAIT_S, STARTUP_RATIO * sum(r.shares.values()))]
         if started:
@@ -71,7 +67,10 @@ def findings(g: Gathered) -> list[Finding]:
                                        "imports, trackers, data); it is left out of the shares below"))
         mfus = [r.mfu for r in g.ranks if r.mfu is not None]
         if mfus:
-            out.append(Finding("note", f"model FLOPs utilisation {statistics.median(mfus):.1%} of the devices' peak"))
+            micro = diagnosis.micro_batches if diagnosis is not None else None
+            out.append(Finding("note", f"model FLOPs utilisation {statistics.median(mfus):.1%} of the devices' peak"
+                                       + (f", counting the {micro} micro-batches of each optimizer step"
+                                          if micro and micro > 1 else "")))
     utils = [gpu.get("util_pct") for samples in g.samples.values() for s in samples for gpu in s.get("gpus", [])
              if gpu.get("util_pct") is not None]
     if utils:

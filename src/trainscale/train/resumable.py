@@ -14,13 +14,15 @@ so running the same command again resumes. What is saved: the model and optimize
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from trainscale.checkpoint import Checkpointer, RNGState
 from trainscale.errors import ConfigError
 
-STEP = "step"
+STEP, UNIT = "step", "unit"
+"""The checkpoint's counter, and what it counts: ``step`` (an optimizer step each) or ``epoch`` (more steps each)."""
 
 
 CHECKPOINT_DIR_VAR = "TRAINSCALE_CHECKPOINT_DIR"
@@ -47,8 +49,15 @@ class Resumable:
         self.checkpointer: Checkpointer | None = None
         self.resumed: tuple[Path, int] | None = None
         """(checkpoint, step) this run resumed from; with no optimizer step after it, the run trained nothing."""
-        self.steps = 0
-        self._counting: Any = None
+        self.steps: Counter[int] = Counter()
+        """Each optimizer's steps since :meth:`resume`, by torch's global hook (any optimizer's, whoever calls it;
+        a wrapping optimizer and the one it wraps step once each: the most of them is the run's steps)."""
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self._counting: Any = register_optimizer_step_post_hook(lambda opt, *_: self.steps.update((id(opt),)))
+        self.unit = "step"
+        self._last = (0, 0)
+        """The counter at the last rt.resume/rt.checkpoint, and the optimizer steps then."""
         # From here on SLURM's warning signal only sets a flag, read at the next rt.checkpoint.
         self.preemption = rt.handle_preemption()
 
@@ -69,12 +78,9 @@ class Resumable:
             self.rt.print(f"trainscale: no checkpoint in {self.directory} yet: starting at step 0")
             return 0
         step = int(found.contents.get(STEP, found.step))
-        self.rt.print(f"trainscale: resumed from {found.path} at step {step}")
-        if self._counting is None:  # torch's global hook: any optimizer's step, whoever calls it
-            from torch.optim.optimizer import register_optimizer_step_post_hook
-
-            self._counting = register_optimizer_step_post_hook(lambda *_: setattr(self, "steps", self.steps + 1))
-        self.resumed = (Path(found.path), step)
+        self.unit = str(found.contents.get(UNIT, "step"))
+        self.rt.print(f"trainscale: resumed from {found.path} at {self.unit} {step}")
+        self.steps, self._last, self.resumed = Counter(), (step, 0), (Path(found.path), step)
         return step
 
     def close(self, ended_well: bool = True) -> None:
@@ -85,21 +91,25 @@ class Resumable:
             self._counting = None
         if self.resumed and not self.steps and ended_well:
             path, step = self.resumed
-            self.rt.print(f"trainscale: warning: this run resumed from {path} at step {step} and trained nothing: "
-                          "the loop had no step left\n  hint: to train anew, move the checkpoint directory "
+            self.rt.print(f"trainscale: warning: this run resumed from {path} at {self.unit} {step} and trained "
+                          f"nothing: the loop had no {self.unit} left\n  hint: to train anew, move the checkpoint directory "
                           f"{self.directory} aside (it is the run's default: ./checkpoints, or the job's run directory)")
 
     def checkpoint(self, step: int, model: Any, optimizer: Any, state: dict[str, Any], *, every: int) -> None:
         if every < 1:
             raise ConfigError(f"rt.checkpoint(every={every}) must be >= 1", hint="e.g. every=100 (steps)")
+        (counter, steps), now = self._last, max(self.steps.values(), default=0)
+        if step > counter and now - steps > step - counter:  # more optimizer steps than counts: epochs
+            self.unit = "epoch"
+        self._last = (step, now)
         stop = self.preemption.requested()  # agreed across ranks: all save the same step
         if step % every and not stop:
             return
         entries = self._entries(model, optimizer, state)
-        self.checkpointer.save(step, {**entries, STEP: step})
+        self.checkpointer.save(step, {**entries, STEP: step, UNIT: self.unit})
         if not stop:
             return
-        head = (f"trainscale: preempted ({self.preemption.received or 'signal on another rank'}) at step {step}: "
+        head = (f"trainscale: preempted ({self.preemption.received or 'signal on another rank'}) at {self.unit} {step}: "
                 f"checkpoint saved to {self.directory}")
         self.preemption.requeue_and_log(head, self.rt.print)
         self.rt.close()

@@ -49,6 +49,9 @@ class Session(Runtime):
     _log_step: int = 0
     _resumable: Any = None
     _tracker_dir: Path | None = None
+    _own_run: Path | None = None
+    """The run directory this process made itself (no launcher gave one): its run.json's outcome is written at close."""
+    _started: float = field(default_factory=time.monotonic)
 
     def setup(self, model: nn.Module, optimizer: OptimizerSource, *, strategy: str | Strategy = "ddp",
               micro_batch_size: int | None = None, accumulation: int | None = None) -> tuple[nn.Module, Any]:
@@ -92,19 +95,18 @@ class Session(Runtime):
         """Send :meth:`log`'s values to ``trackers`` (tensorboard, wandb, mlflow, csv), written by rank 0 in
         ``directory`` (default: the run directory of ``trainscale run``/``slurm``, else
         ``trainscale-runs/<script>-<date>-<time>``); rank 0 says once where each one writes. Every rank calls it.
-        ``config``: the run's hyperparameters, each tracker's own way (default: the command line and the world
-        size: what a script's run is known by)."""
-        from trainscale.train.trackers import Trackers, parse_trackers
+        ``config``: the run's hyperparameters, each tracker's own way (default: the script's ``--name value``
+        options, each its own, the command line and the world size: what a script's run is known by)."""
+        from trainscale.train.trackers import Trackers, command_options, parse_trackers
 
         names = parse_trackers(trackers)
         self._close_trackers()
         self._tracker_names = names
         if self.is_main and names:
             where = Path(directory) if directory is not None else default_run_dir(self)
-            if config is None:
-                import sys
-
-                config = {"command": " ".join(sys.argv), "world_size": self.world_size, "device": str(self.device)}
+            if config is None:  # the script's options, each a parameter of its own, and what ran it
+                config = {**command_options(sys.argv[1:]), "command": " ".join(sys.argv),
+                          "world_size": self.world_size, "device": str(self.device)}
             self._trackers = Trackers(names, where, name=name, run_id=run_id, config=config)
             self.print(f"trainscale: metrics go to {where}: {self._trackers.describe()}")
 
@@ -170,9 +172,20 @@ class Session(Runtime):
         self._resumable.checkpoint(step, model, optimizer, state, every=every)
 
     def close(self, synchronize: bool = True) -> None:
+        resumed = self._resumable is not None and self._resumable.resumed is not None
         if self._resumable is not None:
             self._resumable.close(ended_well=synchronize)  # a run that raised is not told to move its checkpoints
         self._close_trackers()
+        if self._own_run is not None:
+            from trainscale.errors import succeeded
+            from trainscale.launch.rundir import write_record
+
+            run, self._own_run = self._own_run, None
+            exc = sys.exc_info()[1]  # closed by the with block's end: the exception it ends with, if any
+            ok = exc is None or (isinstance(exc, SystemExit) and succeeded(exc))
+            trained = {"trained": False} if resumed and not self._resumable.steps else {}  # resumed past its end
+            write_record(run, ok=ok, seconds=round(time.monotonic() - self._started, 3),
+                         **(trained if ok else {"failure": [f"{type(exc).__name__}: {exc}".splitlines()[0]]}))
         super().close(synchronize=synchronize)
 
     def strategy_of(self, model: nn.Module | None = None) -> Strategy:
@@ -211,14 +224,19 @@ def init(*, trackers: str | Iterable[str] | None = None, run_dir: str | Path | N
     return session
 
 
-def default_run_dir(rt: Any) -> Path:
-    """The run directory ``trainscale run`` and ``trainscale slurm`` give the ranks, else a new
-    ``trainscale-runs/<script>-<date>-<time>`` (a plain ``python train.py``), named as `trainscale run`
-    names its runs."""
-    from trainscale.launch.rundir import DEFAULT_ROOT
+def default_run_dir(rt: Session) -> Path:
+    """The run directory ``trainscale run`` and ``trainscale slurm`` give the ranks, else a run directory of its
+    own (a plain ``python train.py``), made as `trainscale run` makes its runs: ``trainscale-runs/<script>-<date>-
+    <time>`` with ``latest`` pointing at it and a run.json saying what ran (its outcome added at :meth:`Session.close`)."""
+    from trainscale.launch import rundir
 
-    if getattr(rt, "_tracker_dir", None) is not None:
+    if rt._tracker_dir is not None:
         return rt._tracker_dir
     if rt.env.run_dir:
         return Path(rt.env.run_dir)
-    return DEFAULT_ROOT / f"{Path(sys.argv[0]).stem or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}"
+    rt._tracker_dir = rt._own_run = rundir.create(rundir.DEFAULT_ROOT, Path(sys.argv[0]).stem or "run")
+    command = [Path(sys.executable).name, *sys.argv] if rt.env.source == "single" else None
+    rundir.start_record(rt._own_run, target=sys.argv[0], args=tuple(sys.argv[1:]), module=False, no_python=False,
+                        nproc_per_node=rt.local_world_size, nnodes=str(rt.num_nodes), max_restarts=0,
+                        records=rt._own_run.absolute(), command=command)
+    return rt._own_run

@@ -250,6 +250,33 @@ def hyperparameters(config: Mapping[str, Any]) -> dict[str, Any]:
     return flat
 
 
+def command_options(argv: Iterable[str]) -> dict[str, Any]:
+    """A script's argparse-style options as hyperparameters of their own, named as argparse names them:
+    ``--lr 0.1`` or ``--lr=0.1`` -> ``lr=0.1``, ``--batch-size 32`` -> ``batch_size=32``, a flag without a
+    value -> ``True``; numbers as numbers. Positional arguments and short options stay in the command line."""
+    args, out = list(argv), {}
+    for i, arg in enumerate(args):
+        if arg == "--":
+            break
+        if not arg.startswith("--") or len(arg) == 2:
+            continue
+        key, eq, value = arg[2:].partition("=")
+        nxt = args[i + 1] if i + 1 < len(args) else None
+        if not eq:
+            value = nxt if nxt is not None and (not nxt.startswith("-") or _is_number(nxt)) else True
+        out[key.replace("-", "_")] = value if value is True or not _is_number(value) else \
+            int(value) if value.lstrip("+-").isdigit() else float(value)
+    return out
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _number(key: Any, value: Any) -> float:
     """A float from a number, a bool or a one-element tensor (read back here, on rank 0)."""
     try:

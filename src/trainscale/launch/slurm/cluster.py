@@ -2,9 +2,11 @@
 
 A profile describes a cluster; the scheduler here may be that cluster, another one (a test cluster, a
 laptop's), or none. Where the job's partition is on this scheduler, its real node count, CPUs and memory
-per node check the job (the lint's profile numbers are a cluster's typical node, not this partition's);
-where it is not, this machine cannot check the job at all, and ``sbatch --test-only`` here would answer
-for another cluster, so it is not asked. Acts (starts ``sinfo``), so it is kept apart from the pure lint.
+per node check the job (the lint's profile numbers are a cluster's typical node, not this partition's).
+Where this scheduler has none of the profile's partitions, it is another cluster: it cannot check the job,
+and ``sbatch --test-only`` here would answer for that other cluster, so it is not asked. Where it has one of
+them (or the profile names none), a partition it lacks is a mistake ``sbatch --test-only`` refuses. Acts
+(starts ``sinfo``), so it is kept apart from the pure lint.
 """
 
 from __future__ import annotations
@@ -77,6 +79,8 @@ def findings(plan: JobPlan, profile: ClusterProfile, parts: dict[str, Partition]
         return [], True  # no partition asked for and no default here: the scheduler answers for itself
     named = [w.strip() for w in wanted.split(",") if w.strip()]  # -p a,b: the first of them that is here
     part = next((parts[w] for w in named if w in parts), None)
+    if part is None and (not profile.partitions or any(p in parts for p in profile.partitions)):
+        return [], True  # the profile's cluster is this one: a partition it lacks is sbatch's to refuse, in its words
     if part is None:
         return [Finding(NOTE, f"this machine's SLURM has no partition {wanted!r} (it has {', '.join(parts)}): it is "
                         f"not the cluster profile {profile.name} describes, so nothing here checked the job with "

@@ -143,20 +143,22 @@ def take_snapshot(spec: SlurmJobSpec, plan: JobPlan) -> dict[str, Any] | None:
             "script": str(Path(spec.script).absolute().relative_to(manifest.root)) if spec.script else None}
 
 
-def prepare_run(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> tuple[JobPlan, Path]:
-    """Make the run directory: the code the job will run, submission.json, the batch script. Returns the
-    plan with its final run directory, and the script."""
-    check_snapshot(spec.snapshot, spec.script)
-    plan = _fresh_run_dir(plan)
-    plan.run_dir.mkdir(parents=True)
-    from trainscale.launch.rundir import mark_latest
-
-    mark_latest(plan.run_dir)  # trainscale-jobs/latest
+def make_jobs_folder(jobs: Path) -> bool:
+    """Make the folder of jobs (``trainscale-jobs``) when it is missing, with a ``.gitignore`` of ``*`` in it, as a
+    virtualenv does: what trainscale writes there is no source to commit. Whether it was made."""
     try:
-        snapshot = take_snapshot(spec, plan)
-    except BaseException:
-        shutil.rmtree(plan.run_dir, ignore_errors=True)  # nothing half-made stays behind
-        raise
+        jobs.mkdir(parents=True)
+    except FileExistsError:  # there already (or made by a submission beside this one): not ours to remove
+        return False
+    (jobs / ".gitignore").write_text("# made by trainscale: the files of its jobs\n*\n")
+    return True
+
+
+def prepare_run(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> Path:
+    """Make the run directory ``plan.run_dir`` (a fresh one): the code the job will run, submission.json, the
+    batch script. Returns the script."""
+    plan.run_dir.mkdir(parents=True)
+    snapshot = take_snapshot(spec, plan)
     for pattern in (spec.output, spec.error):  # slurmd opens them before the script runs: their directory must exist
         if pattern and "%" not in str(Path(pattern).parent):
             Path(pattern).parent.mkdir(parents=True, exist_ok=True)
@@ -167,8 +169,7 @@ def prepare_run(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> t
         kit = write_kit(plan.output_dir)
     record = submission_record(spec, profile, plan, snapshot)
     (plan.run_dir / "submission.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
-    script = write_script(render(spec, profile, plan, kit_dir=kit), plan.run_dir / "job.sbatch")
-    return plan, script
+    return write_script(render(spec, profile, plan, kit_dir=kit), plan.run_dir / "job.sbatch")
 
 
 def job_record(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan, script: Path, sub: Any, *,
@@ -193,20 +194,30 @@ def submit_job(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan, *, ru
         from trainscale.launch.slurm import cluster
 
         refuse_errors(cluster.findings(plan, profile, cluster.partitions())[0])
-    plan, script = prepare_run(spec, profile, plan)
-    if before_submit is not None:
-        try:
-            before_submit(plan)
-        except BaseException:
-            shutil.rmtree(plan.run_dir, ignore_errors=True)  # nothing was submitted: nothing half-made stays
-            raise
+    check_snapshot(spec.snapshot, spec.script)
+    plan = _fresh_run_dir(plan)
+    jobs = plan.run_dir.parent
     records: list[JobRecord] = []
-    for link in range(spec.chain):
-        extra = (f"--dependency=afterany:{records[-1].job_id}",) if records else ()
-        records.append(job_record(spec, profile, plan, script, submit(script, run=run, extra=extra),
-                                  chain_link=link + 1 if spec.chain > 1 else 0))
-        if spec.chain > 1:  # the links file is what each link reads to cancel the others
-            (plan.run_dir / "links").write_text("".join(f"{r.job_id}\n" for r in records))
-    for record in records:
-        save_record(record)
+    made = make_jobs_folder(jobs)
+    try:
+        script = prepare_run(spec, profile, plan)
+        if before_submit is not None:
+            before_submit(plan)
+        for link in range(spec.chain):
+            extra = (f"--dependency=afterany:{records[-1].job_id}",) if records else ()
+            records.append(job_record(spec, profile, plan, script, submit(script, run=run, extra=extra),
+                                      chain_link=link + 1 if spec.chain > 1 else 0))
+            if spec.chain > 1:  # the links file is what each link reads to cancel the others
+                (plan.run_dir / "links").write_text("".join(f"{r.job_id}\n" for r in records))
+    except BaseException:
+        if not records:  # nothing was submitted (sbatch refused it, or it was never asked): nothing half-made stays
+            shutil.rmtree(jobs if made else plan.run_dir, ignore_errors=True)
+        raise
+    finally:
+        if records:
+            from trainscale.launch.rundir import mark_latest
+
+            mark_latest(plan.run_dir)  # trainscale-jobs/latest
+            for record in records:
+                save_record(record)
     return records[0]

@@ -19,13 +19,16 @@ from trainscale.errors import ConfigError
 MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
 SKIP_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".tox", ".nox", ".mypy_cache",
                        ".pytest_cache", ".ruff_cache", ".ipynb_checkpoints", "node_modules", ".eggs",
-                       "trainscale-jobs", "trainscale-runs"})
-LINK_DIRS = frozenset({"data", "datasets", "dataset", "checkpoints", "checkpoint", "ckpt", "ckpts", "runs", "outputs",
-                       "output", "logs", "results", "wandb", "mlruns", "lightning_logs", "bench-out"})
+                       "trainscale-jobs", "trainscale-runs", "checkpoints", "checkpoint", "ckpt", "ckpts"})
+"""Left out. Checkpoint directories too: a job reads and writes its checkpoints by --checkpoint-dir, from the
+working directory it was submitted from, never through its code's snapshot."""
+LINK_DIRS = frozenset({"data", "datasets", "dataset", "runs", "outputs", "output", "logs", "results", "wandb",
+                       "mlruns", "lightning_logs", "bench-out"})
 LINK_SUFFIXES = frozenset({".pt", ".pth", ".ckpt", ".safetensors", ".bin", ".npy", ".npz", ".h5", ".hdf5",
-                           ".parquet", ".arrow", ".tar", ".zip", ".gz", ".tgz", ".xz", ".zst", ".sif", ".sqsh",
-                           ".squashfs", ".pkl", ".pickle", ".idx", ".ubyte", ".tfrecord", ".lmdb", ".mdb"})
-SKIP_SUFFIXES = frozenset({".pyc", ".pyo"})
+                           ".parquet", ".arrow", ".tar", ".zip", ".gz", ".tgz", ".xz", ".zst", ".pkl", ".pickle",
+                           ".idx", ".ubyte", ".tfrecord", ".lmdb", ".mdb"})
+SKIP_SUFFIXES = frozenset({".pyc", ".pyo", ".sif", ".sqsh", ".squashfs"})
+"""Left out. Container images too: the container runtime opens the job's image by its own path (--container)."""
 LINK_BYTES = 10 * 1024**2
 """A file larger than this is linked, not copied."""
 MAX_FILES = 20_000
@@ -175,7 +178,7 @@ class _Rules:
     @staticmethod
     def file_kind(path: Path) -> tuple[str, int]:
         """(``skip``, ``link`` or ``copy``, size)."""
-        if path.suffix in SKIP_SUFFIXES:
+        if path.suffix.lower() in SKIP_SUFFIXES:
             return "skip", 0
         try:
             size = path.lstat().st_size

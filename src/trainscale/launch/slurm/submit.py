@@ -109,7 +109,7 @@ def ask_test_only(script_text: str, *, required: bool = False, run: Runner | Non
 
 
 def test_only_lines(answer: str, said: str) -> list[str]:
-    """What ``trainscale slurm`` says about an :func:`ask_test_only` answer (nothing when there is no sbatch)."""
+    """What ``trainscale slurm`` says about an :func:`ask_test_only` answer."""
     if answer == "unreachable":
         return [f"trainscale slurm: could not ask the scheduler (sbatch --test-only: {said}); the job was not checked "
                 "by SLURM", "  hint: run it where the SLURM controller answers (a login node; `squeue` works there)"]
@@ -117,5 +117,5 @@ def test_only_lines(answer: str, said: str) -> list[str]:
         return ["trainscale slurm: sbatch --test-only was not asked: this machine's scheduler is not the job's "
                 "cluster (the note above)"]
     if answer == "no sbatch":
-        return []
+        return ["trainscale slurm: no SLURM scheduler here (sbatch is not on PATH): the job was not checked by SLURM"]
     return [f"trainscale slurm: sbatch --test-only {'accepts' if answer == 'accepts' else 'REFUSES'} the job: {said}"]

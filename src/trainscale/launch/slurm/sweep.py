@@ -6,8 +6,9 @@ each configuration in its own directory, and one results table gathered from wha
     <run>/task-<i>/         task i's directory: checkpoints/, metrics.json, finished | failed
     <run>/results.csv|.md|.png   written by `trainscale sweep status`
 
-A task's metrics are what it writes to ``$TRAINSCALE_RUN_DIR/metrics.json``: the built-in workloads
-write their result (the last epoch's losses and accuracy are taken), a script a flat JSON object.
+A task's metrics are the last value of each key it logged with ``rt.log`` (``metrics.csv`` in its directory,
+the csv tracker's), and what it writes to ``$TRAINSCALE_RUN_DIR/metrics.json``: the built-in workloads write
+their result (the last epoch's losses and accuracy are taken), a script a flat JSON object.
 """
 
 from __future__ import annotations
@@ -136,6 +137,23 @@ def _flat_metrics(data: Any) -> dict[str, float]:
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))}
 
 
+def _logged(path: Path) -> dict[str, float]:
+    """The last value of each key ``rt.log`` wrote to a task's metrics.csv (step,key,value,time rows)."""
+    last: dict[str, float] = {}
+    try:
+        with open(path, newline="") as fh:
+            for row in csv.reader(fh):
+                try:
+                    value = float(row[2])
+                except (IndexError, ValueError):
+                    continue  # the header, a cut line
+                if math.isfinite(value):
+                    last[row[1]] = value
+    except OSError:
+        pass
+    return last
+
+
 def scheduler_states(job_id: str, tasks: list[int], run: Any = None) -> dict[int, str]:
     """What the scheduler says of an array job's ``tasks`` that left no result: the queue's state (``running``,
     ``pending (Resources)``) while they are in it, then their accounting's (``cancelled``, ``node_fail``), each
@@ -190,10 +208,11 @@ def gather(run_dir: Path, run: Any = None) -> list[TaskResult]:
             state = "failed (" + (task / "failed").read_text().strip() + ")"
         else:
             state = asked.get(i, "pending" if not jobs else "not in the queue, no result")
+        metrics = _logged(task / "metrics.csv")
         try:
-            metrics = _flat_metrics(json.loads((task / "metrics.json").read_text()))
+            metrics |= _flat_metrics(json.loads((task / "metrics.json").read_text()))
         except (OSError, json.JSONDecodeError):
-            metrics = {}
+            pass
         out.append(TaskResult(index=i, config=config, state=state, metrics=metrics))
     return out
 
@@ -201,19 +220,26 @@ def gather(run_dir: Path, run: Any = None) -> list[TaskResult]:
 def choose_metric(results: list[TaskResult], metric: str | None) -> str | None:
     names = {k for r in results for k in r.metrics}
     if metric:
-        if names and metric not in names:
-            raise ConfigError(f"no task reported the metric {metric!r}", hint=f"reported: {', '.join(sorted(names))}")
+        if metric not in names and not any(r.state.startswith(("finished", "failed")) for r in results):
+            return None  # nothing has ended, nothing logged yet: the table without a ranking
+        if metric not in names:
+            raise ConfigError(f"no task of the sweep logged the metric {metric!r}",
+                              hint=f"logged: {', '.join(sorted(names))}" if names else
+                              f"log it in the script, rt.log({{{metric!r}: value}}), or write it to "
+                              "$TRAINSCALE_RUN_DIR/metrics.json")
         return metric
     return next((m for m in PREFERRED_METRICS if m in names), None)
 
 
 def ranked(results: list[TaskResult], metric: str | None, higher_is_better: bool = False) -> list[TaskResult]:
-    """Best first by ``metric``; tasks without it after, in their order."""
+    """Best first by ``metric``, the finished tasks before the others (a failed or running task's value is not
+    its result); tasks without it after, in their order."""
     if metric is None:
         return list(results)
     have = [r for r in results if metric in r.metrics]
     rest = [r for r in results if metric not in r.metrics]
-    return sorted(have, key=lambda r: r.metrics[metric], reverse=higher_is_better) + rest
+    sign = -1 if higher_is_better else 1
+    return sorted(have, key=lambda r: (r.state != "finished", sign * r.metrics[metric])) + rest
 
 
 def table(results: list[TaskResult], metric: str | None) -> tuple[list[str], list[list[str]]]:
@@ -308,7 +334,10 @@ def run_here(spec: Any, grid: dict[str, list[str]], *, nproc_per_node: int, say:
     run_dir = Path(spec.output_dir).absolute() / (spec.run_name or f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     if run_dir.exists():
         raise ConfigError(f"{run_dir} exists", hint="wait a second, or give another --output-dir")
-    run_dir.mkdir(parents=True)
+    from trainscale.launch.slurm.job import make_jobs_folder
+
+    make_jobs_folder(run_dir.parent)
+    run_dir.mkdir()
     configs = write_tasks(run_dir, grid, workload=bool(spec.workload))
     target, module = (("trainscale.workloads", True) if spec.workload else
                       (spec.module, True) if spec.module else (spec.script, False))
@@ -326,6 +355,10 @@ def run_here(spec: Any, grid: dict[str, list[str]], *, nproc_per_node: int, say:
             (task / "finished").write_text(time.strftime("%Y-%m-%dT%H:%M:%S\n"))
         else:
             failed += 1
-            (task / "failed").write_text("launch failed\n")
+            try:  # the run's own words: who failed first and how (its exit code), as `trainscale run` says it
+                why = json.loads((task / "run.json").read_text())["failure"][0]
+            except (OSError, ValueError, KeyError, IndexError, TypeError):
+                why = "launch failed"  # no run.json: it never started
+            (task / "failed").write_text(why + "\n")
             say(result.summary)
     return run_dir, failed

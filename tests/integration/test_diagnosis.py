@@ -1,0 +1,70 @@
+"""The right story: a plain 2-rank gloo DDP script (tests/scripts/slow_rank.py, no trainscale import) run with
+`trainscale run --nproc-per-node 2`, rank 1 losing 40 ms per step in one place. The report names rank 1 and
+that place (by who arrives last at the gradient all-reduce and where its extra time went), what it costs the
+job, and no cause it has no evidence of; a clean run names no straggler. Each optimizer step's FLOPs count
+its micro-batches."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from helpers.cli import in_process
+from trainscale.observe.records import read_run
+from trainscale.observe.stragglers import PHASE_TEXT, diagnose
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "slow_rank.py"
+SLOW_S = 0.04
+PHASE = {"loader": "loader", "between": "between", "forward": "forward", "backward": "backward",
+         "after_step": "data"}
+"""Where rank 1 loses its time -> the phase the diagnosis must name."""
+UNFOUNDED = ("CPU binding", "shares CPU", "cannot keep up", "sharded strategy")
+
+
+def _run(tmp_path: Path, slow: str, accum: int = 1) -> tuple[Path, str]:
+    logs = tmp_path / "logs"
+    done = in_process("run", "--nproc-per-node", "2", "--log-dir", str(logs), str(SCRIPT), cwd=tmp_path,
+                      env={"SLOW": slow, "SLOW_S": str(SLOW_S), "STEPS": "14", "ACCUM": str(accum),
+                           "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    (run_dir,) = [d for d in logs.iterdir() if (d / "metrics").is_dir() and not d.is_symlink()]
+    report = in_process("report", str(run_dir), "--text", cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    return run_dir, "\n".join(line for line in report.stdout.splitlines() if line.startswith("["))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("slow", list(PHASE))
+def test_the_slow_rank_and_where_it_lost_its_time_are_named(tmp_path, slow):
+    run_dir, verdict = _run(tmp_path, slow)
+    found = diagnose(read_run(run_dir)["ranks"]).straggler
+    assert found is not None and (found.rank, found.phase) == (1, PHASE[slow]), (found, verdict)
+
+    said = re.search(r"\[problem\] straggler: rank 1 on \S+ arrives last at the gradient all-reduce, "
+                     r"[\d.]+ ms after the others each step: (.*)\. The job would be ~(\d+)% faster without it: "
+                     r"([\d.]+) ms of each ([\d.]+) ms step", verdict)
+    assert said and said[1].startswith(PHASE_TEXT[PHASE[slow]] + " ("), verdict
+    late, step = float(said[3]) / 1e3, float(said[4]) / 1e3
+    assert 0.75 * SLOW_S < late < 1.5 * SLOW_S and late < step and int(said[2]) == round(100 * late / step)
+    assert not any(text in verdict for text in UNFOUNDED), verdict
+    assert ("DataLoader workers" in verdict) == (slow == "loader"), verdict  # advice for what the script has
+    assert slow != "between" or "DataLoader" not in verdict  # nanoGPT's loop has none
+
+
+@pytest.mark.slow
+def test_a_clean_run_names_no_straggler_and_counts_every_micro_batch(tmp_path):
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    run_dir, verdict = _run(tmp_path, "clean", accum=2)
+    ranks = read_run(run_dir)["ranks"]
+    assert diagnose(ranks).straggler is None and "straggler" not in verdict, verdict
+    assert not any(text in verdict for text in UNFOUNDED[:3]), verdict
+    steps = [r for r in ranks[0] if r["kind"] == "step"]
+    assert {s["micro_batches"] for s in steps} == {2} and {s["samples"] for s in steps} == {16}
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Linear(64, 1))(torch.zeros(8, 32))
+    assert ranks[0][-1]["flops_per_step"] == 2 * 3 * counter.get_total_flops()  # both micro-batches
+    assert "counting the 2 micro-batches of each optimizer step" in verdict
