@@ -60,3 +60,11 @@ def load() -> str:
 def verdict(ratio: float, goal: float, higher_is_better: bool) -> str:
     ok = ratio >= goal if higher_is_better else ratio <= goal
     return f"{'meets' if ok else 'misses'} the goal ({'>=' if higher_is_better else '<='} {goal})"
+
+
+def recorded(log_dir: Path) -> dict:
+    """The timing of the one run under ``log_dir``, from its step records (trainscale's one reader)."""
+    from trainscale.observe.reading import run_timing
+
+    (run_dir,) = [d for d in Path(log_dir).iterdir() if (d / "metrics").is_dir() and not d.is_symlink()]
+    return run_timing(run_dir)

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/demo_speedup.py [--repeats 3] [--epochs 2] [--before]
 
 Each repeat is the demo itself, `trainscale bench --workload cnn --configs 1,2 --epochs 2` (1 rank with
-every core's threads, then 2 ranks with one thread each, batch 16 per rank, `--breakdown`), so each
+every core's threads, then 2 ranks with one thread each, batch 16 per rank, the step records), so each
 ratio is measured within one study, a minute apart at most; the result is the median over the repeats.
 Speedup = time per training sample of 1 rank / that of 2 ranks (goal >= 1.0; it was 0.89 with one
 gradient bucket, 0.88 with the bucket rule and gloo's all-reduce). The achievable bound beside it is
@@ -32,7 +32,7 @@ def study(out: Path, epochs: int, workload_args: list[str]) -> dict:
     two, one = runs["2"], runs["1"]
     b = two["breakdown"] or {}
     return {"speedup": two["speedup"], "achievable": two["achievable_speedup"], "step1": one["step_time_s"],
-            "step2": two["step_time_s"], "exposed": b.get("communication_fraction"), "buckets": b.get("buckets"),
+            "step2": two["step_time_s"], "exposed": b.get("communication_fraction"),
             "load": max(r.get("load_before") or 0.0 for r in runs.values())}
 
 
@@ -51,7 +51,7 @@ def main() -> None:
             m = study(tmp / f"{i}-{k}", a.epochs, args)
             seen[name].append(m)
             print(f"repeat {k + 1} {name}: 2 ranks / 1 rank = {m['speedup']:.2f}x (1 rank {m['step1'] * 1e3:.1f} "
-                  f"ms/step, 2 ranks {m['step2'] * 1e3:.1f} ms/step, {m['buckets']} bucket(s), exposed "
+                  f"ms/step, 2 ranks {m['step2'] * 1e3:.1f} ms/step, exposed "
                   f"communication {m['exposed']:.0%} of the step; load before a run up to {m['load']:.1f})",
                   flush=True)
     print()

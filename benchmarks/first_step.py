@@ -1,7 +1,6 @@
 """A trivial torchrun-compatible script: join the process group, do one all-reduce (the "first step"),
 record when it finished. Plain torch only, so `torchrun` and `trainscale run` start exactly the same thing."""
 
-import os
 import sys
 import time
 

@@ -6,7 +6,6 @@ DistributedSampler-style permutation; launched with `python -m torch.distributed
 
 import argparse
 import json
-import os
 import time
 
 import torch

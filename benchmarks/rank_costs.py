@@ -417,14 +417,14 @@ def main() -> None:
 def print_table(sizes: list[int], results: dict[int, dict[str, tuple[float, int]]], data: dict[int, int]) -> None:
     names = list(results[sizes[0]])
     lo, hi = sizes[0], sizes[-1]
-    print(f"\n| operation | " + " | ".join(f"{n} ranks" for n in sizes) + f" | time x ({lo}->{hi}) | read x |")
+    print("\n| operation | " + " | ".join(f"{n} ranks" for n in sizes) + f" | time x ({lo}->{hi}) | read x |")
     print("|---|" + "---|" * len(sizes) + "---|---|")
     for name in names:
         cells = [f"{results[n][name][0] * 1e3:.1f} ms ({results[n][name][1] / 2**20:.1f} MiB)" for n in sizes]
         t = results[hi][name][0] / max(results[lo][name][0], 1e-9)
         b = results[hi][name][1] / max(results[lo][name][1], 1)
         print(f"| {name} | " + " | ".join(cells) + f" | {t:.0f}x | {b:.0f}x |")
-    print(f"| (run directory) | " + " | ".join(f"{data[n] / 2**20:.0f} MiB" for n in sizes)
+    print("| (run directory) | " + " | ".join(f"{data[n] / 2**20:.0f} MiB" for n in sizes)
           + f" | | {data[hi] / data[lo]:.0f}x |")
     tick = results[hi]["straggler tick (store)"][0]
     print(f"\nstraggler tick at {hi} ranks: {tick * 1e3:.1f} ms = {tick / 10:.2%} of its 10 s period "

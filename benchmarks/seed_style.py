@@ -17,6 +17,8 @@ from pathlib import Path
 
 from _common import PYTHON, ROOT, clean_env, load, median, read_json, run, verdict
 
+from trainscale.observe.reading import run_timing
+
 
 def main() -> None:
     p = argparse.ArgumentParser()
@@ -28,12 +30,13 @@ def main() -> None:
     env = clean_env(OMP_NUM_THREADS=a.threads)
     rows = {"trainscale": [], "seed": []}
     for k in range(a.repeats):
-        m = tmp / f"ts-{k}.json"
+        m, records = tmp / f"ts-{k}.json", tmp / f"ts-{k}"
         wall, _ = run([PYTHON, "-m", "trainscale.workloads", "cnn", "--epochs", str(a.epochs), "--batch-size", "16",
-                       "--breakdown", "--log-every", "0", "--metrics-out", str(m)], env=env, cwd=tmp)
+                       "--log-every", "0", "--metrics-out", str(m)], env={**env, "TRAINSCALE_RUN_DIR": str(records)},
+                      cwd=tmp)
         d = read_json(m)
-        data = sum(e["breakdown"]["data"] for e in d["epochs"])
-        rows["trainscale"].append((wall, d["train_time_s"], data / d["train_time_s"]))
+        timing = run_timing(records)  # the data wait's share of the step, from the step records
+        rows["trainscale"].append((wall, d["train_time_s"], timing["breakdown"]["data"] / timing["step_time_s"]))
         m = tmp / f"seed-{k}.json"
         wall, _ = run([PYTHON, str(ROOT / "benchmarks" / "seed_style_train.py"), "--epochs", str(a.epochs),
                        "--out", str(m)], env=env, cwd=tmp)

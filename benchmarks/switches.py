@@ -2,11 +2,11 @@
 
     .venv/bin/python benchmarks/switches.py [--repeats 3] [--epochs 2] [--nproc 2] [--only NAME,...]
 
-Every case is `trainscale run --nproc-per-node 2 --workload cnn --breakdown` with the same data, batch and
-steps, interleaved per repeat so drifting load hits all alike: plain `ddp` (here: the shared-memory
+Every case is `trainscale run --nproc-per-node 2 --workload cnn` (timed from its step records) with the same
+data, batch and steps, interleaved per repeat so drifting load hits all alike: plain `ddp` (here: the shared-memory
 average `auto` picks for CPU ranks on one node), `ddp:comm_hook=none` (gloo's all-reduce, overlapped), the
 communication hooks `ddp:comm_hook=fp16|bf16|powersgd`, `zero1` (the optimizer step sharded), and
-`--compile` (torch.compile of the wrapped model). Throughput is measured on the *last* epoch only, so
+`--compile` (torch.compile of the wrapped model). Throughput is the steady steps' (after the warm-up), so
 torch.compile's first-epoch compilation is reported apart (as the first epoch's extra seconds) instead
 of hiding in the ratio. Ratio = samples/s of the case / samples/s of plain ddp (median over repeats),
 with the exposed communication and optimizer time per step beside it. On gloo and CPU the hooks only
@@ -20,7 +20,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from _common import PYTHON, clean_env, load, median, read_json, run
+from _common import PYTHON, clean_env, load, median, read_json, recorded, run
 
 CASES = {
     "ddp": ["--strategy", "ddp"],
@@ -34,16 +34,17 @@ CASES = {
 
 
 def measure(tmp: Path, name: str, args: list[str], a: argparse.Namespace) -> dict:
-    metrics = tmp / f"{name}.json"
-    run([PYTHON, "-m", "trainscale", "run", "--nproc-per-node", str(a.nproc), "--log-dir", str(tmp / "logs"),
+    metrics, logs = tmp / f"{name}.json", tmp / "logs" / name
+    run([PYTHON, "-m", "trainscale", "run", "--nproc-per-node", str(a.nproc), "--log-dir", str(logs),
          "--workload", "cnn", "--epochs", str(a.epochs), "--batch-size", str(a.batch_size), "--log-every", "0",
-         "--breakdown", "--metrics-out", str(metrics), *args], env=clean_env(), cwd=tmp, timeout=900)
-    epochs = read_json(metrics)["epochs"]
-    last, first = epochs[-1], epochs[0]
-    per_step = last["time_s"] / last["steps"]
-    out = {"rate": a.nproc * a.batch_size / per_step, "step": per_step, "first": first["time_s"] - last["time_s"]}
+         "--metrics-out", str(metrics), *args], env=clean_env(), cwd=tmp, timeout=900)
+    epochs = read_json(metrics)["epochs"]  # the loop's epoch wall times: what the first one's compilation costs
+    timing = recorded(logs)  # the steady step and its sections, from the step records
+    per_step = timing["steady"]["step_time_s"]
+    out = {"rate": a.nproc * a.batch_size / per_step, "step": per_step,
+           "first": epochs[0]["time_s"] - epochs[-1]["time_s"]}
     for key in ("communication", "optimizer"):
-        out[key] = last.get("breakdown", {}).get(key, 0.0) / last["steps"]
+        out[key] = timing["breakdown"][key]
     return out
 
 
@@ -71,7 +72,7 @@ def main() -> None:
         rate = median([m["rate"] for m in ms])
         print(f"{name:<24} {rate:>10.0f} {rate / base:>7.2f} {median([m['communication'] for m in ms]) * 1e3:>10.1f} ms"
               f" {median([m['optimizer'] for m in ms]) * 1e3:>7.1f} ms {median([m['first'] for m in ms]):>12.2f}")
-    print(f"(last of {a.epochs} epochs timed, median of {a.repeats}, {a.nproc} ranks, batch {a.batch_size} per rank); "
+    print(f"(steady steps timed, median of {a.repeats}, {a.nproc} ranks, batch {a.batch_size} per rank); "
           f"{load()}")
 
 

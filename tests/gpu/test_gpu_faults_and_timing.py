@@ -1,5 +1,5 @@
 """A hung rank on NCCL becomes the named error within the collective timeout + 60 s; the step
-breakdown sees NCCL's communication; epochs are timed with the GPU waited for."""
+records see NCCL's communication; epochs are timed with the GPU waited for."""
 
 from __future__ import annotations
 
@@ -51,13 +51,17 @@ def test_the_breakdown_counts_nccl_communication(gpus, tmp_path):
     done = trainscale(tmp_path, "run", "--nproc-per-node", "2", "--log-dir", "logs", *CNN, "--device", gpus.device,
                       "--epochs", "1", "--breakdown", "--metrics-out", "m.json")
     assert done.returncode == 0, done.stderr[-3000:]
+    from trainscale.observe.reading import run_timing
+
     epoch = json.loads((tmp_path / "m.json").read_text())["epochs"][0]
-    b = epoch["breakdown"]
+    (run_dir,) = [d for d in (tmp_path / "logs").iterdir() if (d / "metrics").is_dir() and not d.is_symlink()]
+    timing = run_timing(run_dir)  # the step records: CUDA events on each rank's stream, no synchronisation
+    b = timing["breakdown"]
     print(f"breakdown: {b}")
-    assert b["communication_total"] > 0 and b["buckets"] >= 1
-    timed = b["data"] + b["compute"] + b["communication"] + b["optimizer"]
-    # The sections are synchronised; the epoch clock waits for the GPU too: the sections fit in the epoch.
-    assert 0 < timed <= epoch["time_s"] * 1.05
+    assert b["communication"] > 0 and b["compute"] > 0  # DDP's wait for NCCL, on the device's timeline
+    # the events time work done, not queued: the steps fit in the epoch, whose clock waits for the GPU
+    assert 0 < timing["runtime_s"] <= epoch["time_s"] * 1.05
+    assert "Step breakdown (rank 0" in done.stdout + done.stderr
 
 
 NCCL_LEDGER = '''

@@ -10,7 +10,6 @@ import re
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 from helpers.browser import check_page, chromium, screenshot  # noqa: F401  (chromium: a fixture)
@@ -102,10 +101,10 @@ def test_the_training_loop_records_itself_unless_told_not_to(tmp_path):
         assert (meta["kind"], meta["rank"], meta["workload"], meta["strategy"]) == ("meta", rank, "cnn", "ddp")
         assert [s["step"] for s in steps] == list(range(1, len(steps) + 1)) and len(steps) > 20
         for s in steps:
-            phases = s["data_s"] + s["compute_s"] + s["backward_s"] + s["optimizer_s"]
+            phases = s["data_s"] + s["compute_s"] + s["backward_s"] + s["comm_s"] + s["optimizer_s"]
             assert s["samples"] == 16 and 0 < phases <= s["step_s"] * 1.0001
-        epoch = next(r for r in records if r["kind"] == "epoch")
-        assert epoch["ddp"]["comm_s"] > 0 and epoch["ddp"]["buckets"] >= 1  # DDP's own timing
+        # the exposed all-reduce: DDP's end-of-backward wait for it, timed by the one clock of a step
+        assert sum(s["comm_s"] for s in steps) > 0
         summary = records[-1]
         assert summary["kind"] == "summary" and summary["steps_recorded"] == len(steps)
         assert 0 < summary["mfu"] < 1 and summary["peak_mem_bytes"] > 0

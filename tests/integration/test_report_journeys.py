@@ -63,7 +63,7 @@ def test_a_run_is_one_directory_and_the_report_command_it_prints_reads_it(tmp_pa
     report = trainscale(*shlex.split(command)[1:], cwd=tmp_path)
     assert report.returncode == 0, report.stderr
     text = report.stdout
-    assert f"what ran   workload cnn --data synthetic" in text and "--max-restarts" in text
+    assert "what ran   workload cnn --data synthetic" in text and "--max-restarts" in text
     assert "ranks      2 rank(s) on 1 node(s), cpu (gloo)" in text and "strategy   ddp" in text
     assert re.search(r"^0\s+\S+\s+\d+\s", text, re.M) and re.search(r"^1\s+\S+\s+\d+\s", text, re.M)
     assert "outcome    finished after" in text

@@ -26,6 +26,19 @@ def test_the_equivalence_row_passes_on_a_world_size_that_does_not_divide_32(tmp_
 
 
 @pytest.mark.slow
+def test_the_breakdown_row_reads_the_all_reduce_from_the_step_records(tmp_path):
+    """The breakdown row is the step records' (observe/hooks.py, observe/reading.py): on 2 gloo ranks the exposed
+    all-reduce of 25.2 MB of gradients, compared with the bus bandwidth the all-reduce row measured."""
+    done = in_process("selftest", "--nproc", "2", "--skip", "equivalence,strategies,resume,binding,hang",
+                      "--out", str(tmp_path / "out"), "--json", cwd=tmp_path, drop=DROP)
+    rows = {row["name"]: row for row in json.loads((tmp_path / "out" / "selftest.json").read_text())["checks"]}
+    row = rows["breakdown"]
+    assert row["status"] in ("pass", "warn"), (row, done.stderr[-2000:])  # warn: CPU ranks share their cores
+    assert row["detail"]["communication"] > 0 and row["detail"]["backward"] > 0 and row["detail"]["implied_s"] > 0
+    assert row["figure"].startswith("communication exposed ")
+
+
+@pytest.mark.slow
 def test_the_hang_row_passes_on_four_ranks_when_the_launcher_ends_rank_0_before_it_records(tmp_path):
     """Every healthy rank names the hang at its own moment, and the first to end makes the launcher end
     the rest: rank 0, held here before it records (as when its heartbeat ticks last), is ended first.

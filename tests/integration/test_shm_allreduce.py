@@ -117,29 +117,33 @@ def test_ranks_on_two_hosts_are_refused_and_auto_falls_back():
 
 
 def train(rt, spec: str) -> tuple[dict[str, torch.Tensor], str | None, dict | None]:
+    import os
+    import tempfile
+
     from torch import nn
 
+    from trainscale.observe import hooks
+    from trainscale.observe.reading import ranks
     from trainscale.strategies import comm_hooks, get_strategy
     from trainscale.strategies.base import OptimizerSpec
-    from trainscale.train.timing import StepClock
 
     torch.manual_seed(3)
     net = nn.Sequential(nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 4))
     strategy = get_strategy(spec).with_batch(8, 1)
     net, opt = strategy.wrap(net, OptimizerSpec(torch.optim.Adam, {"lr": 1e-2}), rt)
-    clock = StepClock(rt, net, breakdown=True)
-    g = torch.Generator().manual_seed(rt.rank)
-    for _ in range(4):
-        x, y = torch.randn(8, 256, generator=g), torch.randint(0, 4, (8,), generator=g)
-        with clock.phase("forward"):
-            loss = nn.functional.cross_entropy(net(x), y)
-        with clock.phase("backward"):
-            strategy.backward_loss(loss, net)
-        strategy.micro_step(opt, net, last=True)
+    with tempfile.TemporaryDirectory() as run_dir:  # the process's recorder, as the worker bootstrap installs it
+        recorder = hooks.install(run_dir, environ={**os.environ, "TRAINSCALE_SAMPLE_INTERVAL": "0",
+                                                   "TRAINSCALE_STRAGGLER_EVERY": "0"})
+        g = torch.Generator().manual_seed(rt.rank)
+        for _ in range(4):
+            x, y = torch.randn(8, 256, generator=g), torch.randint(0, 4, (8,), generator=g)
+            strategy.backward_loss(nn.functional.cross_entropy(net(x), y), net)
+            strategy.micro_step(opt, net, last=True)
+        recorder.finish()
+        shares = next(s.shares for s in ranks(run_dir) if s.rank == rt.rank)
     hook = comm_hooks.attached(net)
-    summary = clock.summary()
     return ({k: v.detach().clone() for k, v in strategy.unwrap(net).state_dict().items()},
-            hook.name if hook else None, summary)
+            hook.name if hook else None, shares)
 
 
 def training_runs() -> dict:
@@ -158,7 +162,6 @@ def test_ddp_with_the_shared_memory_hook_trains_like_ddps_all_reduce():
         assert name == "shm", spec  # auto picks it: CPU ranks on one node
         assert all(torch.equal(params[k], gloo[k]) for k in gloo), spec
         assert all(torch.equal(params[k], r1[spec][0][k]) for k in params), spec
-        # the hook blocks backward while it averages: all of its time is exposed, none overlapped
-        assert summary["communication"] == pytest.approx(summary["communication_total"]) and summary["buckets"] >= 1
-    assert r0["ddp:comm_hook=none"][1] == "allreduce"  # the timer's plain all-reduce, watched
-    assert r0["ddp:comm_hook=none"][2]["communication_overlapped"] >= 0
+        # the hook holds backward up while it averages: the recorder counts that as exposed communication
+        assert summary["comm"] > 0 and summary["backward"] > 0, spec
+    assert r0["ddp:comm_hook=none"][1] is None and r0["ddp:comm_hook=none"][2]["comm"] > 0  # DDP's own all-reduce

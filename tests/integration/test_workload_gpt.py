@@ -126,7 +126,6 @@ def test_foreign_experiment_dir_is_refused_untouched(in_tmp, capsys):
 def test_the_loop_reads_losses_back_once_per_log_line_not_every_micro_step(in_tmp, monkeypatch):
     """float(loss) waits for the GPU; every micro-step it stalled the pipeline. Counted here: reads of
     a tensor's value made by the training loop itself (the one narrow instrument)."""
-    import importlib.util
 
     import torch
 

@@ -17,7 +17,6 @@ from trainscale.errors import ConfigError
 from trainscale.strategies import check_strategy, comm_hooks, get_strategy
 from trainscale.strategies.ddp import DDPStrategy, auto_bucket_cap_mb
 from trainscale.strategies.hf_trainer import trainer_arguments
-from trainscale.train.timing import StepClock
 from trainscale.workloads.cnn import CNN
 
 MiB = 1024 * 1024
@@ -77,16 +76,19 @@ def test_the_bucket_rule_is_a_quarter_of_the_gradient_between_1_and_25_mib():
 
 
 def _buckets(model: nn.Module, **ddp_kwargs) -> list[int]:
-    """Bucket all-reduces in each of DDP's first three backward passes (counted by a watched hook)."""
+    """Bucket all-reduces in each of DDP's first three backward passes (counted by a hook of the test's own)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
     ddp = DistributedDataParallel(model, **ddp_kwargs)
-    observer = Observer()
-    comm_hooks.attach(ddp).observer = observer
+
+    launched: list[int] = []
+    ddp.register_comm_hook(None, lambda state, bucket: launched.append(1) or allreduce_hook(state, bucket))
     x, y = torch.randn(4, 1, 28, 28), torch.randint(0, 10, (4,))
     counts = []
     for _ in range(3):
-        observer.events.clear()
+        launched.clear()
         nn.functional.nll_loss(ddp(x), y).backward()
-        counts.append(observer.events.count("begin"))
+        counts.append(len(launched))
     return counts
 
 
@@ -163,34 +165,17 @@ def test_powersgd_on_gloo_gets_one_bucket_and_an_explicit_smaller_one_is_refused
         assert get_strategy("ddp:comm_hook=fp16")._bucket_plan(CNN(), runtime) == DDPStrategy().bucket_arguments(CNN())
 
 
-class Observer:
-    def __init__(self) -> None:
-        self.events: list = []
-
-    def begin(self, blocking=False):
-        self.events.append("begin")
-        return len(self.events)
-
-    def end(self, mark) -> None:
-        self.events.append(("end", mark))
-
-
 def _done(value):
     future = torch.futures.Future()
     future.set_result(value)
     return future
 
 
-def test_a_watched_hook_is_timed_around_the_chosen_hook_and_passes_its_result_through():
+def test_the_chosen_hook_gets_each_bucket_and_passes_its_result_through():
     seen = []
     hook = comm_hooks.CommHook("fp16", lambda state, bucket: seen.append((state, bucket)) or _done(torch.ones(3)),
                                state="S")
-    unwatched = comm_hooks._run(hook, "bucket-0")
-    assert torch.equal(unwatched.wait(), torch.ones(3)) and seen == [("S", "bucket-0")]
-    hook.observer = Observer()
-    result = comm_hooks._run(hook, "bucket-1").wait()
-    assert torch.equal(result, torch.ones(3)) and seen[-1] == ("S", "bucket-1")
-    assert hook.observer.events == ["begin", ("end", 1)]
+    assert torch.equal(comm_hooks._run(hook, "bucket-0").wait(), torch.ones(3)) and seen == [("S", "bucket-0")]
 
 
 class FakeDDP(nn.Module):
@@ -207,21 +192,11 @@ class FakeDDP(nn.Module):
         self.hooks.append((state, hook))
 
 
-def test_the_breakdown_timer_watches_a_chosen_hook_instead_of_registering_its_own():
-    runtime = SimpleNamespace(device=torch.device("cpu"), means=list)
+def test_one_hook_is_registered_for_a_chosen_hook_and_none_without_one():
     chosen = FakeDDP()
     hook = comm_hooks.attach(chosen, "bf16")
-    timer = StepClock(runtime, chosen, breakdown=True)
-    assert len(chosen.hooks) == 1 and hook.observer is timer and hook.name == "bf16"
-
-    plain = FakeDDP()
-    timer = StepClock(runtime, plain, breakdown=True)  # no hook chosen: the timer's plain all-reduce
-    assert comm_hooks.attached(plain).name == "allreduce" and comm_hooks.attached(plain).observer is timer
-    assert len(plain.hooks) == 1
-
-    untimed = FakeDDP()
-    StepClock(runtime, untimed, breakdown=False)
-    assert untimed.hooks == [] and comm_hooks.attached(untimed) is None  # DDP keeps its built-in all-reduce
+    assert len(chosen.hooks) == 1 and comm_hooks.attached(chosen) is hook and hook.name == "bf16"
+    assert comm_hooks.attached(FakeDDP()) is None  # none chosen: DDP keeps its built-in all-reduce
 
 
 def test_the_hf_trainer_maps_auto_and_refuses_a_hook_it_cannot_run():

@@ -1,6 +1,6 @@
 """Step records (observe/steps.py's clock, observe/hooks.py's recorder) and what the training loop adds
-(train/observing.py): step phases, FLOPs counted without touching the run, DDP's timing, the network check,
-and the switch."""
+(train/observing.py): step phases, exposed communication, FLOPs counted without touching the run, the network
+check, and the switch."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from trainscale.errors import ConfigError
 from trainscale.observe import hooks
-from trainscale.observe.models import ddp_timing
 from trainscale.observe.steps import StepMarks
 from trainscale.train.observing import check_network, recorder_for, step_flops
 
@@ -22,15 +21,16 @@ NCCL = __import__("pathlib").Path(__file__).resolve().parents[1] / "fixtures" / 
 
 def test_step_marks_add_repeated_phases_and_need_no_device_sync():
     marks = StepMarks(torch.device("cpu"))
-    clock = iter([0.0, 0.1, 0.3, 0.6, 0.7, 0.8, 1.0, 1.3, 1.35, 1.4])  # two micro-batches, then clipping
+    clock = iter([0.0, 0.1, 0.3, 0.6, 0.7, 0.8, 1.0, 1.3, 1.32, 1.35, 1.4])  # two micro-batches, then clipping
     marks._now = lambda: next(clock)
     marks.start_step()
-    for phase in ("data", "forward", "backward", "optimizer", "data", "forward", "backward", "other", "optimizer"):
+    for phase in ("data", "forward", "backward", "optimizer", "data", "forward", "backward", "sync", "other",
+                  "optimizer"):
         marks.mark(phase)
     marks.end_step({"step": 1, "samples": 32}, carry=True)
     (record,) = marks.ready()
     assert record["step"] == 1 and record["samples"] == 32
-    assert record["step_s"] == pytest.approx(1.4)
+    assert record["step_s"] == pytest.approx(1.4) and record["comm_s"] == pytest.approx(0.02)
     assert record["data_s"] == pytest.approx(0.1 + 0.1) and record["compute_s"] == pytest.approx(0.2 + 0.2)
     assert record["backward_s"] == pytest.approx(0.3 + 0.3) and record["optimizer_s"] == pytest.approx(0.1 + 0.05)
     assert marks.ready() == []
@@ -138,17 +138,6 @@ def test_a_sharded_modules_compute_dtype_is_its_mixed_precision_not_its_fp32_sha
         assert next(model.parameters()).dtype == torch.float32 and param_dtype(model) == torch.bfloat16
     finally:
         dist.destroy_process_group()
-
-
-def test_ddp_timing_reads_torchs_own_averages():
-    data = {"avg_forward_compute_time": 2_000_000, "avg_backward_compute_time": 5_000_000,
-            "avg_backward_comm_time": 4_000_000, "avg_backward_compute_comm_overlap_time": 1_000_000,
-            "rebuilt_bucket_sizes": "4196352, 4202496"}
-    timing = ddp_timing(types.SimpleNamespace(_get_ddp_logging_data=lambda: data))
-    assert timing == {"forward_s": 0.002, "backward_compute_s": 0.005, "comm_s": 0.004, "overlap_s": 0.001,
-                      "exposed_comm_s": pytest.approx(0.003), "buckets": 2}
-    assert ddp_timing(types.SimpleNamespace(_get_ddp_logging_data=lambda: {})) is None  # before DDP's first sample
-    assert ddp_timing(nn.Linear(2, 2)) is None
 
 
 def _rt(**kw):

@@ -286,10 +286,10 @@ def test_rank_stats_from_records():
     assert stats.steps == 45 and stats.step_median_s == pytest.approx(0.1) and stats.mfu == 0.42
     assert stats.shares["data"] == pytest.approx(0.01) and stats.shares["comm"] == pytest.approx(0.035)
     assert stats.shares["other"] == pytest.approx(0.0, abs=1e-9)
-    # the loop's own records: backward holds DDP's exposed all-reduce, which DDP measured itself
+    # exposed communication is the records' own field (the recorder's end-of-backward callbacks), nothing else's
     loop = [{"kind": "meta", "rank": 0}, *({"kind": "step", "step": i, "step_s": 0.1, "data_s": 0.01, "compute_s": 0.02,
-                                            "backward_s": 0.05, "optimizer_s": 0.01} for i in range(5)),
-            {"kind": "epoch", "epoch": 1, "ddp": {"exposed_comm_s": 0.03}}]
+                                            "backward_s": 0.02, "comm_s": 0.03, "optimizer_s": 0.01} for i in range(5)),
+            {"kind": "epoch", "epoch": 1}]
     shares = rank_stats(0, loop).shares
     assert shares["comm"] == pytest.approx(0.03) and shares["backward"] == pytest.approx(0.02)
     assert shares["other"] == pytest.approx(0.01)

@@ -59,7 +59,7 @@ def test_a_gpus_room_leaves_out_what_max_memory_allocated_does_not_count():
     cuBLAS's workspaces, NCCL's buffers and the caching allocator's reserve were not allowed for."""
     from trainscale.bench.plan import GPU_RUNTIME_BYTES, MARGIN
 
-    network = get_preset("ib-hdr200").network()
+    network = get_network("ib-hdr200")
     cal = calibration()
     records = [{"kind": "meta", "device": "cuda:0"}, {"kind": "summary", "peak_mem_bytes": 5 * GiB,
                                                        "reserved_peak_bytes": 6 * GiB}]

@@ -1,16 +1,13 @@
-"""Timing on GPUs, with torch's CUDA events and synchronisation faked at their narrow seam: a fake
-device timeline stands for the GPU, where queued work finishes later than the host moves on."""
+"""Timing on GPUs (the one clock of a step, observe/steps.py), with torch's CUDA events and synchronisation
+faked at their narrow seam: a fake device timeline stands for the GPU, where queued work finishes later than
+the host moves on."""
 
 from __future__ import annotations
 
-import datetime
-from types import SimpleNamespace
-
 import pytest
 import torch
-from torch import nn
 
-from trainscale.train.timing import EpochClock, StepClock
+from trainscale.observe.steps import StepMarks
 
 
 class FakeDevice:
@@ -34,6 +31,12 @@ class FakeDevice:
             def elapsed_time(self, end: "Event") -> float:
                 return (end.at - self.at) * 1000.0  # milliseconds, as torch's
 
+            def query(self) -> bool:
+                return True
+
+            def synchronize(self) -> None:  # waits for this event only, not for the whole device
+                pass
+
         self.Event = Event
 
     def synchronize(self, device=None) -> None:
@@ -46,56 +49,31 @@ def gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", fake.Event)
     monkeypatch.setattr(torch.cuda, "synchronize", fake.synchronize)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: fake.streams.append(device))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     return fake
 
 
-def _runtime(device: str = "cuda:0"):
-    return SimpleNamespace(device=torch.device(device), means=lambda values: list(values),
-                           timeout=datetime.timedelta(seconds=5))
-
-
 def test_nccl_communication_is_measured_on_the_device_not_when_it_was_queued(gpu):
-    """NCCL's future completes when the all-reduce is queued: host timestamps gave ~0 s of
-    communication. On the device's timeline the 0.3 s all-reduce after the last bucket is exposed."""
-    timer = StepClock(_runtime(), nn.Linear(4, 4), breakdown=True)
-    with timer.phase("backward"):
-        gpu.now = 0.50                 # forward and backward queued; the last bucket is ready at 0.50 s
-        bucket = timer.begin()        # the comm hook, on the stream that produced the bucket
-        gpu.now = 0.80                 # the all-reduce queued behind it ends at 0.80 s on the device ...
-        timer.end(bucket)             # ... while its future's callback runs on the host right away
-    summary = timer.summary()
-    assert summary["communication"] == pytest.approx(0.30)
-    assert summary["communication_total"] == pytest.approx(0.30)
-    assert summary["compute"] == pytest.approx(0.50)
-    assert gpu.syncs == 2  # the phase waits for the device at both ends
+    """NCCL's all-reduce is queued at once: host timestamps gave ~0 s of communication. On the device's timeline
+    the 0.3 s DDP's end-of-backward callback made the stream wait for is the step's exposed communication."""
+    marks = StepMarks(torch.device("cuda", 0))
+    marks.start_step()
+    gpu.now = 0.05
+    marks.mark("data")
+    gpu.now = 0.20
+    marks.mark("forward")
+    gpu.now = 0.50                 # backward's kernels queued; its own work ends at 0.50 s on the device
+    marks.mark("backward")        # the recorder's first end-of-backward callback
+    gpu.now = 0.80                 # DDP's callback makes the stream wait for the all-reduce, done at 0.80 s
+    marks.mark("sync")            # the recorder's second callback, after DDP's
+    gpu.now = 0.85
+    marks.mark("optimizer")
+    marks.end_step({"step": 1})
+    (record,) = marks.ready(flush=True)
+    assert record["comm_s"] == pytest.approx(0.30) and record["backward_s"] == pytest.approx(0.30)
+    assert record["compute_s"] == pytest.approx(0.15) and record["step_s"] == pytest.approx(0.85)
+    assert gpu.syncs == 0  # no device synchronisation: events read when they have completed
     assert set(gpu.streams) == {torch.device("cuda", 0)}  # every event on this rank's GPU, from any thread
-
-
-def test_hidden_all_reduces_count_in_total_but_not_as_exposed(gpu):
-    timer = StepClock(_runtime(), nn.Linear(4, 4), breakdown=True)
-    with timer.phase("backward"):
-        gpu.now = 0.2
-        first = timer.begin()         # first bucket ready at 0.2 s
-        gpu.now = 0.45
-        timer.end(first)              # reduced while backward goes on
-        gpu.now = 0.5
-        second = timer.begin()        # the last bucket at 0.5 s
-        gpu.now = 0.6
-        timer.end(second)
-    summary = timer.summary()
-    assert summary["communication_total"] == pytest.approx(0.35)
-    assert summary["communication"] == pytest.approx(0.1)
-    assert summary["compute"] == pytest.approx(0.5)
-    assert summary["buckets"] == 2
-
-
-def test_the_epoch_clock_waits_for_the_device_before_reading_the_time(monkeypatch):
-    waited = []
-    runtime = SimpleNamespace(synchronize=lambda: waited.append("sync"))
-    clock = EpochClock(runtime)
-    clock.start()
-    assert waited == ["sync"]
-    assert clock.stop() >= 0.0 and waited == ["sync", "sync"]
 
 
 def test_the_classify_loop_times_its_epochs_with_the_device_waited_for(monkeypatch, in_tmp):

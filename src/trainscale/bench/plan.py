@@ -20,14 +20,12 @@ from typing import Any
 from trainscale.bench.plan_comm import (Network, Sweep, bucket_count, collectives, ring_allreduce_s, sharded_comm_s,
                                         whole_tensor_share)
 from trainscale.errors import ConfigError
+from trainscale.observe.reading import steady
 
 STRATEGIES = ("ddp", "zero1", "deepspeed:stage=1", "deepspeed:stage=2", "fsdp", "deepspeed:stage=3")
 """Least sharding first: the first that fits is the recommendation (less sharding, less communication)."""
 DATA_SHARE = 0.05
 """A data wait above this share of the step asks for DataLoader workers."""
-WARMUP = 2
-"""Steps left out of a step-time median: the first pay for the allocator's, the thread pools' and the caches'
-warm-up."""
 MARGIN = 0.10
 NOISY = 3.0
 """The calibration's 90th-percentile step over its 10th beyond which its band predicts nothing (said instead)."""
@@ -170,11 +168,6 @@ class Calibration:
         """Its steps varied too much (:data:`NOISY`) for a band around them to mean anything."""
         low, high = self.spread()
         return high > NOISY * low
-
-
-def steady(steps: list) -> list:
-    """The steps a median is taken over: after the warm-up (:data:`WARMUP`), or after the first of a short run."""
-    return steps[WARMUP:] if len(steps) > 2 * WARMUP else steps[1:]
 
 
 @dataclass(frozen=True)

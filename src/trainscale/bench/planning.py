@@ -15,6 +15,7 @@ from typing import Callable
 from trainscale.bench.plan import Calibration, Plan, make_plan
 from trainscale.bench.plan_comm import Network, Sweep, get_network
 from trainscale.errors import ConfigError
+from trainscale.observe.reading import other_work, steady, step_records, steps_peaks
 from trainscale.observe.records import read_lines
 
 PROFILE_NETWORKS = {"ofi": "slingshot-11", "ib": "ib-hdr200", "socket": "ethernet-25g"}
@@ -27,7 +28,7 @@ def short_run(*, script: str | None, args: tuple[str, ...], workload: str | None
               timeout_s: float = 900.0) -> tuple[list[dict], dict | None, list[int], float | None]:
     """Run the script (or workload) on ``nproc`` ranks here for ``steps`` optimizer steps and more (a trial,
     launch/trial.py): rank 0's records, a workload's metrics (its memory table), every rank's peak memory over its
-    training steps and the share of its CPUs other work kept busy (bench/runner.other_load; None: not sampled). A
+    training steps and the share of its CPUs other work kept busy (observe/reading.other_work; None: not sampled). A
     script runs in the working directory (its relative paths) and is stopped after ``steps`` by its recorder
     (observe/state.py); its rt.checkpoint files go to a directory of the run's own (it neither resumes from nor
     writes into the user's). A workload runs ``steps + 1`` steps to its normal end in a temporary directory.
@@ -57,12 +58,13 @@ def short_run(*, script: str | None, args: tuple[str, ...], workload: str | None
             env[PLAN_STEPS_VAR] = str(steps)
             line = [str(Path(script).absolute()), *args]
             target, module, targs, cwd = line[0], False, tuple(args), None
-        what = "the calibration run" if nproc == 1 else "the verification run"
+        calibrating = nproc == 1
         shown = shlex.join(["run", "--nproc-per-node", str(nproc), *line])
-        say(f"{'calibrating' if nproc == 1 else 'verifying'}: {shown} ({nproc} rank(s), {steps + 1} optimizer steps)")
+        say(f"{'calibrating' if calibrating else 'verifying'}: {shown} ({nproc} rank(s), {steps + 1} optimizer steps)")
         done = here(target, targs, module=module, nproc=nproc, run_dir=run_dir, env=env, cwd=cwd, timeout_s=timeout_s)
         if done.timed_out:
-            raise ConfigError(f"{what} took more than {timeout_s:.0f} s for {steps + 1} steps",
+            said = "the calibration run took more than" if calibrating else "the verification run took more than"
+            raise ConfigError(f"{said} {timeout_s:.0f} s for {steps + 1} steps",
                               hint="give fewer --steps, or a smaller batch")
         found = run_dir / "metrics" / "rank-0.jsonl"
         if done.ok and not found.exists():  # it ended by itself before a step: nothing to plan from
@@ -72,11 +74,10 @@ def short_run(*, script: str | None, args: tuple[str, ...], workload: str | None
             said = [line for line in done.summary.strip().splitlines()  # not the logs of a directory about to go
                     if tmp not in line and not line.startswith("=====")]
             tail = "\n".join(said[-15:])
-            raise ConfigError(f"{what} failed:\n{tail}", hint="run the same line with trainscale run to see why")
-        from trainscale.bench.runner import other_load
-
+            said = "the calibration run failed" if calibrating else "the verification run failed"
+            raise ConfigError(f"{said}:\n{tail}", hint="run the same line with trainscale run to see why")
         return (list(read_lines(found)), json.loads(metrics.read_text()) if metrics.exists() else None,
-                steps_peaks(found.parent), other_load(run_dir))
+                steps_peaks(run_dir), other_work(run_dir))
 
 
 def calibrate(*, script: str | None, args: tuple[str, ...], workload: str | None, batch: int | None, steps: int,
@@ -172,9 +173,7 @@ def compare(plan: Plan, records: list[dict], metrics: dict | None, peaks: list[i
     the largest peak of any rank over its training steps (``peaks``), each with its error."""
     import statistics
 
-    from trainscale.bench.plan import steady
-
-    times = steady([float(r["step_s"]) for r in records if r.get("kind") == "step" and r.get("step_s")])
+    times = [float(r["step_s"]) for r in steady(step_records(records))]
     if metrics and metrics.get("memory"):  # the fullest rank, as the plan predicts it (what must fit)
         held = float(max(row["params"] + row["grads"] + row["optimizer"] for row in metrics["memory"]["ranks"]))
     else:
@@ -412,17 +411,10 @@ def against(made: Plan, runs: list[dict], out_dir: Path) -> list[dict]:
         metrics = read_metrics(Path(run["metrics_file"])) if run.get("metrics_file") else None
         strategy = run.get("strategy") or "ddp"
         modelled = strategy if strategy in STRATEGIES else "ddp"
-        peaks = steps_peaks(out_dir / run["run_dir"] / "metrics")
+        peaks = steps_peaks(out_dir / run["run_dir"])
         row = compare(made, records, metrics, peaks, ranks=run["world_size"], nodes=run["nodes"], strategy=modelled,
                       batch=run["per_rank_batch"])
         row.update(config=run["label"], modelled=modelled if modelled == strategy else f"ddp (for {strategy})",
                    disturbed=disturbance(run, None))
         rows.append(row)
     return rows
-
-
-
-def steps_peaks(metrics_dir: Path) -> list[int]:
-    """Each rank's peak memory over its training steps, from its records' summary (observe/hooks.py)."""
-    return [r["steps_peak_mem_bytes"] for path in sorted(metrics_dir.glob("rank-*.jsonl")) for r in read_lines(path)
-            if r.get("kind") == "summary" and r.get("steps_peak_mem_bytes")]

@@ -111,10 +111,8 @@ def breakdown_plot(study: dict, path: Path) -> Path | None:
         ax.bar(labels, values, bottom=bottom, color=colour, label=LABELS[key])
         bottom = [b + v for b, v in zip(bottom, values)]
     for i, r in enumerate(runs):
-        hidden = r["breakdown"].get("communication_overlapped_fraction") or 0.0
-        ax.annotate(f"comm {r['breakdown']['communication_fraction']:.0%}" + (f"\n+{hidden:.0%} overlapped" if hidden
-                                                                              else ""),
-                    (i, bottom[i]), ha="center", va="bottom", fontsize=9)
+        ax.annotate(f"comm {r['breakdown']['communication_fraction']:.0%}", (i, bottom[i]), ha="center", va="bottom",
+                    fontsize=9)
     ax.set_ylabel("time per step (ms)")
     ax.set_title("Where a training step's time goes")
     handles, names = ax.get_legend_handles_labels()  # top to bottom as the bars stack, beside them, never over

@@ -11,90 +11,30 @@ import csv
 import io
 import json
 import os
-import statistics
 from pathlib import Path
 
 from trainscale.bench.validity import REJECTED, mark, notes
-
-SECTIONS = ("data", "compute", "communication", "optimizer", "other")
-
-
-def per_step_breakdown(epochs: list[dict], step_time_s: float) -> dict | None:
-    """Per-step seconds of each section summed over epochs; ``other`` is the untimed rest of the step."""
-    timed = [e for e in epochs if e.get("breakdown")]
-    steps = sum(e["steps"] for e in timed)
-    if not timed or not steps:
-        return None
-    out = {}
-    for key in ("data", "compute", "communication", "optimizer", "communication_total"):
-        out[key] = sum(float(e["breakdown"].get(key, 0.0)) for e in timed) / steps
-    out["other"] = max(0.0, step_time_s - sum(out[k] for k in SECTIONS[:4]))
-    total = sum(out[k] for k in SECTIONS)
-    # exposed (the step waited for it) and overlapped (in flight while backward computed) communication
-    out["communication_overlapped"] = max(0.0, out["communication_total"] - out["communication"])
-    for key in ("communication", "communication_overlapped", "optimizer"):
-        out[f"{key}_fraction"] = out[key] / total if total > 0 else 0.0
-    out["gradient_bytes"] = int(timed[-1]["breakdown"].get("gradient_bytes", 0))
-    out["buckets"] = int(max(e["breakdown"].get("buckets", 0) for e in timed))
-    return out
+from trainscale.observe.reading import SECTIONS
 
 
-def record_from_metrics(metrics: dict, *, global_batch: int) -> dict:
-    """What a run's metrics JSON (the workloads' --metrics-out format) says about its speed and result."""
-    epochs = metrics.get("epochs") or []
-    runtime = sum(float(e["time_s"]) for e in epochs)
-    steps = sum(int(e["steps"]) for e in epochs)
-    samples = sum(int(e.get("samples", e["steps"] * global_batch)) for e in epochs)
-    step_time = runtime / steps if steps else float("nan")
-    last = epochs[-1] if epochs else {}
-    return {
-        "timed": "epochs",
-        "runtime_s": runtime,
-        "epoch_times_s": [float(e["time_s"]) for e in epochs],
-        "epochs": len(epochs),
-        "steps": steps,
-        "samples": samples,
-        "samples_per_s": samples / runtime if runtime > 0 else float("nan"),
-        "step_time_s": step_time,
-        "median_epoch_samples_per_s": statistics.median(float(e["samples_per_s"]) for e in epochs) if epochs else None,
-        "train_loss": last.get("train_loss"),
-        "test_loss": last.get("test_loss"),
-        "accuracy": last.get("accuracy"),
-        "breakdown": per_step_breakdown(epochs, step_time),
-        "steady": steady_state(epochs, global_batch),
-        "strategy": (metrics.get("options") or {}).get("strategy") or metrics.get("strategy"),
-        "threads": metrics.get("threads"),
-        "usable_cpus": metrics.get("usable_cpus"),
-    }
 
-
-def steady_state(epochs: list[dict], global_batch: int) -> dict | None:
-    """What the scaling model predicts: the run after its first epoch (which also pays for warm-up: the
-    first steps allocate, build kernels and fill caches), every epoch where there is only one. Per step,
-    the median over those epochs (of the step time, and of each section): one epoch that something
-    else on the machine slowed down does not move it once there are three."""
-    kept = [e for e in (epochs[1:] if len(epochs) > 1 else epochs) if int(e["steps"]) > 0 and float(e["time_s"]) > 0]
-    if not kept:
-        return None
-    step_time = statistics.median(float(e["time_s"]) / int(e["steps"]) for e in kept)
-    rate = statistics.median(int(e.get("samples", e["steps"] * global_batch)) / float(e["time_s"]) for e in kept)
-    timed = [e for e in kept if e.get("breakdown")]
-    breakdown = None
-    if timed:
-        per_epoch = [per_step_breakdown([e], float(e["time_s"]) / int(e["steps"])) for e in timed]
-        breakdown = {key: statistics.median(b[key] for b in per_epoch)
-                     for key in ("data", "compute", "communication", "optimizer", "communication_total")}
-        breakdown["other"] = max(0.0, step_time - sum(breakdown[k] for k in SECTIONS[:4]))
-        breakdown.update(gradient_bytes=per_epoch[-1]["gradient_bytes"], buckets=max(b["buckets"] for b in per_epoch))
-    return {"from_epoch": int(kept[0].get("epoch", len(epochs) - len(kept) + 1)), "epochs": len(kept),
-            "step_time_s": step_time, "samples_per_s": rate, "breakdown": breakdown}
+def record_from_run(timing: dict | None, metrics: dict | None) -> dict:
+    """A run's record: its timing from its step records (observe/reading.run_timing), its result (losses, accuracy,
+    what the workload says of itself) from its metrics JSON where it wrote one."""
+    metrics = metrics or {}
+    last = (metrics.get("epochs") or [{}])[-1]
+    return {**(timing or {}), "epochs": len(metrics.get("epochs") or []) or None,
+            "train_loss": last.get("train_loss", metrics.get("train_loss")),
+            "test_loss": last.get("test_loss"), "accuracy": last.get("accuracy"),
+            "strategy": (metrics.get("options") or {}).get("strategy") or metrics.get("strategy"),
+            "threads": metrics.get("threads"), "usable_cpus": metrics.get("usable_cpus")}
 
 
 def record_from_launch(seconds: float) -> dict:
-    """A script that wrote no metrics: the whole launch is timed (includes process start-up)."""
-    return {"timed": "launch", "runtime_s": seconds, "epoch_times_s": [], "epochs": None, "steps": None,
-            "samples": None, "samples_per_s": None, "step_time_s": None, "train_loss": None, "test_loss": None,
-            "accuracy": None, "breakdown": None, "steady": None}
+    """A run that recorded no step (it failed, or recording was off): the whole launch is timed (start-up included)."""
+    return {"timed": "launch", "runtime_s": seconds, "epochs": None, "steps": None, "samples": None,
+            "samples_per_s": None, "step_time_s": None, "train_loss": None, "test_loss": None, "accuracy": None,
+            "breakdown": None, "steady": None}
 
 
 def add_speedups(runs: list[dict], baseline_token: str) -> None:
@@ -130,19 +70,18 @@ def _speed(run: dict, key: str, pattern: str) -> str:
 def markdown_table(study: dict) -> str:
     """Seed 004's table: Version | Workers | Runtime (s) | Speedup | Parallel efficiency (+ a few more)."""
     head = ["Version", "Workers", "Runtime (s)", "Speedup", "Parallel efficiency", "Achievable", "Share of achievable",
-            "Samples/s", "Comm. exposed", "Comm. overlapped"]
+            "Samples/s", "Comm. exposed"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in study["runs"]:
         if r.get("status") != "ok":
-            lines.append(f"| {r['label']} | {r['world_size']} | failed | - | - | - | - | - | - | - |")
+            lines.append(f"| {r['label']} | {r['world_size']} | failed | - | - | - | - | - | - |")
             continue
         breakdown = r.get("breakdown") or {}
         own = mark(r, "runtime_s")  # a disturbed run's own figures carry "*"; a rejected speedup is not shown
         row = [r["label"], str(r["world_size"]), f"{r['runtime_s']:.1f}{own}", _speed(r, "speedup", "{:.2f}x"),
                _speed(r, "efficiency", "{:.0%}"), _fmt(r.get("achievable_speedup"), "{:.2f}x"),
                _speed(r, "efficiency_vs_achievable", "{:.0%}"), _fmt(r.get("samples_per_s"), "{:.0f}") + own,
-               _fmt(breakdown.get("communication_fraction"), "{:.0%}"),
-               _fmt(breakdown.get("communication_overlapped_fraction"), "{:.0%}")]
+               _fmt(breakdown.get("communication_fraction"), "{:.0%}")]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -166,8 +105,7 @@ CSV_FIELDS = ("config", "label", "status", "world_size", "nodes", "nproc_per_nod
               "epochs", "steps", "samples", "runtime_s", "samples_per_s", "step_time_s", "speedup", "efficiency",
               "achievable_speedup", "efficiency_vs_achievable", "hardware",
               "train_loss", "test_loss", "accuracy", "data_s", "compute_s", "communication_s", "optimizer_s",
-              "other_s", "communication_fraction", "communication_total_s", "communication_overlapped_s",
-              "communication_overlapped_fraction", "buckets", "strategy", "launch_s", "timed",
+              "other_s", "communication_fraction", "strategy", "launch_s", "timed",
               "disturbed", "speedup_disturbed", "rejected_speedup", "rejected_reason")
 
 
@@ -178,10 +116,9 @@ def csv_text(study: dict) -> str:
     for r in study["runs"]:
         row = dict(r)
         breakdown = r.get("breakdown") or {}
-        for key in (*SECTIONS, "communication_total", "communication_overlapped"):
+        for key in SECTIONS:
             row[f"{key}_s"] = breakdown.get(key)
-        for key in ("communication_fraction", "communication_overlapped_fraction", "buckets"):
-            row[key] = breakdown.get(key)
+        row["communication_fraction"] = breakdown.get("communication_fraction")
         rejected = r.get("rejected") or {}
         row["rejected_speedup"], row["rejected_reason"] = rejected.get("speedup"), rejected.get("reason")
         writer.writerow(row)

@@ -6,14 +6,15 @@ from pathlib import Path
 
 from trainscale.bench import results
 from trainscale.bench.display import Row, StudyDisplay
-from trainscale.bench.metrics import METRICS_ENV
 from trainscale.bench.study import BATCH_ENV, Plan, PlannedRun, read_metrics
+from trainscale.observe.reading import other_work, run_timing
 
 
 def _target(spec_plan: Plan, run: PlannedRun, run_dir: Path) -> tuple[str, bool, tuple[str, ...], dict[str, str]]:
-    """(target, is a module, arguments, environment) of one run; the workload writes its metrics to run_dir."""
+    """(target, is a module, arguments, environment) of one run; a workload writes its results to run_dir (its
+    timing, as a script's, is in the run's step records)."""
     metrics = run_dir / "metrics.json"
-    env = {METRICS_ENV: str(metrics.absolute()), BATCH_ENV: str(run.per_rank_batch)}
+    env = {BATCH_ENV: str(run.per_rank_batch)}
     spec = spec_plan.spec
     if spec.workload:
         return "trainscale.workloads", True, (spec.workload, *run.args, "--metrics-out", str(metrics.absolute())), env
@@ -74,16 +75,18 @@ def execute_run(plan: Plan, run: PlannedRun, out_dir: Path, display: StudyDispla
         (run_dir / "failure.txt").write_text(summary + "\n")
         display.finish(run.name, False, "see " + str(run_dir / "failure.txt"))
         return record
-    metrics = read_metrics(run_dir / "metrics.json")
-    if metrics is None:
+    timing = run_timing(out_dir / record["run_dir"])  # the records: a workload's and a plain script's alike
+    if timing is None:
         record.update(status="ok", **results.record_from_launch(seconds))
-        display.finish(run.name, True, "no metrics written: whole launch timed")
-    else:
-        record.update(status="ok", **results.record_from_metrics(metrics, global_batch=run.global_batch))
-        record["nodes"] = metrics.get("num_nodes", record["nodes"])
-        record["device"] = metrics.get("device", record["device"])
-        record["other_cpu_share"] = other_load(out_dir / record["run_dir"]) if record["nodes"] == 1 else None
-        display.finish(run.name, True, f"{record['runtime_s']:.1f}s, {record['samples_per_s']:.0f} samples/s")
+        display.finish(run.name, True, "no step recorded: whole launch timed")
+        return record
+    metrics = read_metrics(run_dir / "metrics.json")
+    record.update(status="ok", **results.record_from_run(timing, metrics))
+    record["nodes"] = (metrics or {}).get("num_nodes", record["nodes"])
+    record["device"] = (metrics or {}).get("device", record["device"])
+    record["other_cpu_share"] = other_work(out_dir / record["run_dir"]) if record["nodes"] == 1 else None
+    rate = f", {record['samples_per_s']:.0f} samples/s" if record.get("samples_per_s") else ""
+    display.finish(run.name, True, f"{record['runtime_s']:.1f}s{rate}")
     return record
 
 
@@ -93,17 +96,6 @@ def _relative(path: Path, root: Path) -> str:
         return str(Path(path).absolute().relative_to(Path(root).absolute()))
     except ValueError:
         return str(Path(path).absolute())
-
-
-def other_load(run_dir: Path) -> float | None:
-    """The share of the run's CPUs other work kept busy while it trained, from its node sampler's records
-    (observe/sampler.py; None where sampling was off or took no sample)."""
-    from trainscale.observe.records import read_lines
-    from trainscale.observe.sampler import other_cpu_share
-
-    samples = [x for path in sorted(run_dir.glob("metrics/node-*.jsonl")) for x in read_lines(path)
-               if x.get("kind") == "sample"]
-    return other_cpu_share(samples)
 
 
 def _load() -> float | None:

@@ -1,9 +1,9 @@
 """A scaling study: spec -> plan (pure, every error before any launch) -> run each configuration.
 
 Each configuration is started through the same launcher as ``trainscale run`` (torch's elastic
-agent), so what is measured is what a user gets. Built-in workloads write their per-epoch metrics
-with ``--metrics-out``; a user script gets the path in ``TRAINSCALE_METRICS_OUT`` (see
-``trainscale.bench.metrics``) and is timed as a whole launch when it writes nothing.
+agent), so what is measured is what a user gets: its steps, from the records every run writes
+(observe/reading.py), a built-in workload's and a plain script's alike. A workload also writes its results
+(losses, accuracy) with ``--metrics-out``.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def _workload_args(spec: StudySpec, config: RunConfig, batch: int, max_steps: in
     # hf-finetune's Trainer sizes its batch globally; the study's batch is per rank for every workload.
     sizing = (["--global-batch", str(batch * config.world_size)] if spec.workload == "hf-finetune"
               else ["--batch-size", str(batch)])
-    args = ["--epochs", str(spec.epochs), *sizing, "--breakdown", "--log-every", "0"]
+    args = ["--epochs", str(spec.epochs), *sizing, "--log-every", "0"]
     if max_steps is not None:
         args += ["--max-steps", str(max_steps)]
     if spec.data:
@@ -196,4 +196,4 @@ def read_metrics(path: Path) -> dict | None:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return None
-    return data if isinstance(data, dict) and data.get("epochs") else None
+    return data if isinstance(data, dict) else None

@@ -5,7 +5,6 @@ is bench/tune.py's (pure); the CLI only parses and prints.
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 import time
@@ -18,38 +17,36 @@ from trainscale.errors import ConfigError
 
 
 def measure(spec: TuneSpec, setting: Setting, work: Path, n: int) -> Trial:
-    """Run trial ``n`` of ``setting`` (launch/trial.py); its throughput as the run measured it, or why it failed."""
+    """Run trial ``n`` of ``setting`` (launch/trial.py); its steady throughput from its step records
+    (observe/reading.py), or why it failed."""
     from trainscale.launch.trial import WORKLOADS, here
+    from trainscale.observe.reading import run_timing
 
-    metrics = work / f"trial-{n}.json"
     env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("TRAINSCALE_TRAIN_")}
-    env["TRAINSCALE_RECORD"] = "0"  # a trial measures the training, not the recording
+    env.update({"TRAINSCALE_RECORD": "1", "TRAINSCALE_HANG_NOTICE": "0"})
     if spec.script is not None:
-        from trainscale.bench.metrics import METRICS_ENV
         from trainscale.bench.study import BATCH_ENV
 
         if setting.threads is not None:
             env["OMP_NUM_THREADS"] = str(setting.threads)
-        env.update({METRICS_ENV: str(metrics), BATCH_ENV: str(setting.batch_size)})
+        env[BATCH_ENV] = str(setting.batch_size)
         target, module = spec.script, False
         args = [a.replace("{batch}", str(setting.batch_size)) for a in spec.script_args]
     else:
         target, module = WORKLOADS, True
         args = [spec.workload, *spec.workload_args, "--device", spec.device, "--loader", spec.loader, "--max-steps",
-                str(spec.max_steps), "--epochs", "1000", "--log-every", "0", "--metrics-out", str(metrics),
-                *setting.workload_args(spec.strategy)]
+                str(spec.max_steps), "--epochs", "1000", "--log-every", "0", *setting.workload_args(spec.strategy)]
         if "--strategy" not in args:
             args += ["--strategy", spec.strategy]
-    done = here(target, tuple(args), module=module, nproc=spec.nproc_per_node, run_dir=work / f"trial-{n}", env=env)
+    run_dir = work / f"trial-{n}"
+    done = here(target, tuple(args), module=module, nproc=spec.nproc_per_node, run_dir=run_dir, env=env)
     if not done.ok:
         return Trial(setting, None, done.seconds, " / ".join(done.summary.strip().splitlines()[-3:]) or "failed")
-    if not metrics.exists():
-        return Trial(setting, None, done.seconds, "the run wrote no metrics (a script reports through "
-                                                  "trainscale.bench.metrics.EpochRecorder, as for trainscale bench)")
-    epochs = json.loads(metrics.read_text()).get("epochs") or []
-    samples = sum(e["samples_per_s"] * e["time_s"] for e in epochs)
-    elapsed = sum(e["time_s"] for e in epochs)
-    return Trial(setting, samples / elapsed if elapsed else None, done.seconds)
+    rate = ((run_timing(run_dir) or {}).get("steady") or {}).get("samples_per_s")
+    if rate is None:
+        return Trial(setting, None, done.seconds, "the run recorded no optimizer step with a batch (its step "
+                                                  "records: docs/observability.md)")
+    return Trial(setting, rate, done.seconds)
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ With --slurm every configuration is one batch job (as `trainscale slurm --submit
 on one node, NxM is N nodes x M ranks, Nn is N nodes x the profile's GPUs (or --gpus-per-node) per node,
 and --nodes 1,2 adds 1n,2n. The study directory must be on a file system the compute nodes see.
 Weak scaling (default, seed 004's recipe) keeps --batch-size per rank; strong keeps it as the global batch.
-A SCRIPT gets its per-rank batch as {batch} in its arguments and TRAINSCALE_BATCH, and reports
-through trainscale.bench.metrics.EpochRecorder (else the whole launch is timed).
+A SCRIPT gets its per-rank batch as {batch} in its arguments and TRAINSCALE_BATCH; its steps are timed by
+the recorder every run has (no trainscale import needed), as a workload's are.
 
 Examples:
   trainscale bench --workload cnn --configs 1,2 --epochs 2

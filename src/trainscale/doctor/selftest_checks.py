@@ -374,30 +374,40 @@ def check_resume(rt, workdir: Path, deterministic: bool) -> Check:
 
 
 def check_breakdown(rt, allreduce: dict | None = None) -> Check:
-    """The step breakdown sees the gradient all-reduce (on NCCL, through CUDA events) as long as the
-    measured bus bandwidth says it takes; ``allreduce``: the all-reduce check's result (its rows)."""
-    from trainscale.train.timing import StepClock
+    """The step records (observe/hooks.py, the one clock of a step) see the gradient all-reduce (on NCCL, through
+    CUDA events) as long as the measured bus bandwidth says it takes; ``allreduce``: the all-reduce check's result
+    (its rows). A recorder of its own, in a directory of its own, records the check's steps."""
+    import tempfile
+
+    from trainscale.observe.hooks import Recorder
+    from trainscale.observe.reading import rank_stats
+    from trainscale.observe.records import metrics_dir, read_lines
 
     strategy = get_strategy("ddp:comm_hook=none")  # the backend's all-reduce: what the all-reduce check timed
     torch.manual_seed(7)
     layers = [nn.Linear(BREAKDOWN_WIDTH, BREAKDOWN_WIDTH) for _ in range(BREAKDOWN_LAYERS)]
     model, opt = strategy.wrap(nn.Sequential(*layers), OptimizerSpec(torch.optim.SGD, {"lr": 1e-4}), rt)
-    clock = StepClock(rt, model, breakdown=True)
-    for i in range(STEPS):
-        x = torch.randn(8, BREAKDOWN_WIDTH, generator=torch.Generator().manual_seed(i)).to(rt.device)
-        with clock.phase("forward"):
-            loss = model(x).square().mean()
-        with clock.phase("backward"):
-            strategy.backward_loss(loss, model)
-        with clock.phase("optimizer"):
-            strategy.micro_step(opt, model, last=True)
-    summary = clock.summary()
-    per_step = {k: summary[k] / STEPS for k in ("compute", "communication", "communication_total", "optimizer")}
-    implied = implied_comm_s(summary["gradient_bytes"], rt.world_size, allreduce)
+    with tempfile.TemporaryDirectory(prefix="trainscale-selftest-") as tmp:
+        recorder = Recorder(tmp, environ={**os.environ, "TRAINSCALE_SAMPLE_INTERVAL": "0",
+                                          "TRAINSCALE_STRAGGLER_EVERY": "0"}).install()
+        try:
+            for i in range(STEPS):
+                x = torch.randn(8, BREAKDOWN_WIDTH, generator=torch.Generator().manual_seed(i)).to(rt.device)
+                strategy.backward_loss(model(x).square().mean(), model)
+                strategy.micro_step(opt, model, last=True)
+        finally:
+            recorder.finish()
+        stats = rank_stats(rt.rank, list(read_lines(metrics_dir(tmp) / f"rank-{rt.rank}.jsonl")))
+    shares = stats.shares if stats is not None else {}
+    keys = ("compute", "backward", "comm", "optimizer")
+    per_step = dict(zip(("compute", "backward", "communication", "optimizer"),
+                        rt.means([float(shares.get(k, 0.0)) for k in keys])))
+    gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    implied = implied_comm_s(gradient_bytes, rt.world_size, allreduce)
     status, why = breakdown_verdict(per_step, implied, gpu=rt.device.type != "cpu")
     return Check(name="breakdown", status=status, detail={**per_step, "implied_s": implied},
-                 figure=f"communication in flight {per_step['communication_total'] * 1e3:.2f} ms/step, exposed "
-                        f"{per_step['communication'] * 1e3:.2f} ms, compute {per_step['compute'] * 1e3:.2f} ms"
+                 figure=f"communication exposed {per_step['communication'] * 1e3:.2f} ms/step, backward "
+                        f"{per_step['backward'] * 1e3:.2f} ms, forward {per_step['compute'] * 1e3:.2f} ms"
                         + (f" (the bus bandwidth implies {implied * 1e3:.2f} ms)" if implied else "")
                         + (f": {why}" if why else ""))
 
@@ -415,19 +425,18 @@ def implied_comm_s(gradient_bytes: int, world_size: int, allreduce: dict | None)
 
 
 def breakdown_verdict(per_step: dict[str, float], implied_s: float | None, *, gpu: bool) -> tuple[str, str]:
-    """FAIL when the breakdown measures no communication, more exposed than in flight, or, on GPUs, less
-    than BREAKDOWN_SHARE of what the bus bandwidth implies (it would then report a step as compute that is
-    really waiting); WARN when there is no bandwidth to compare with. On CPU ranks the shortfall is a WARN:
-    their all-reduce and training share the cores, so the bandwidth measured alone varies with the load
-    (on 2 cores shared by 4 ranks it implied 145 ms where training saw 66 ms)."""
-    total, exposed = per_step["communication_total"], per_step["communication"]
-    if total <= 0:
-        return "fail", "the breakdown measured no communication"
-    if exposed > total * 1.001:
-        return "fail", "more communication exposed than in flight: the breakdown's clock is inconsistent"
+    """FAIL when the step records measure no exposed communication, or, on GPUs, when backward and the exposed
+    communication together (the all-reduce runs within them) take less than BREAKDOWN_SHARE of what the bus
+    bandwidth implies (the marks would then time work queued, not done); WARN when there is no bandwidth to
+    compare with. On CPU ranks the shortfall is a WARN: their all-reduce and training share the cores, so the
+    bandwidth measured alone varies with the load (on 2 cores shared by 4 ranks it implied 145 ms where training
+    saw 66 ms)."""
+    exposed, seen = per_step["communication"], per_step["communication"] + per_step["backward"]
+    if exposed <= 0:
+        return "fail", "the step records measured no exposed communication"
     if implied_s is None:
         return "warn", "no bus bandwidth to compare with (the all-reduce check did not run)"
-    if total < BREAKDOWN_SHARE * implied_s:
-        return "fail" if gpu else "warn", (f"it sees less than {BREAKDOWN_SHARE:.0%} of that: the breakdown misses communication and "
-                        "would count it as compute")
+    if seen < BREAKDOWN_SHARE * implied_s:
+        return "fail" if gpu else "warn", (f"backward and the communication take less than {BREAKDOWN_SHARE:.0%} "
+                                           "of that: the step records miss communication")
     return "pass", ""

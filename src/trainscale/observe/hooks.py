@@ -24,17 +24,18 @@ costs: ``benchmarks/record_overhead.py``; the fields: docs/observability.md.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import sys
 import threading
 import weakref
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
-from trainscale.observe.models import (autocast_dtype, batch_size, ddp_timing, device_of, param_dtype, strategy_of,
+from trainscale.observe.models import (autocast_dtype, batch_size, device_of, param_dtype, strategy_of,
                                        tensors, unit_bytes, unwrap)
 from trainscale.observe.steps import StepMarks
 
@@ -94,6 +95,7 @@ class Recorder:
         self._micro = self._micro_last = 0  # the lead module's forwards in this step and in the last (micro-batches)
         self._loader: list[float] | None = None  # DataLoader time of this step and the next's, once one is seen
         self._backward_armed = False
+        self._grouped = False
         self._autocast: torch.dtype | None = None
         self._handles: list[Any] = []
         self._lock = threading.Lock()
@@ -144,6 +146,7 @@ class Recorder:
             self.marks = StepMarks(param.device if on_gpu else device_of(module, args))
             self._lead = self._first_batch = None
             self._samples = self._tokens = 0
+            self._grouped = _place(self.environ)[1] > 1  # alone, no collective to wait for: no communication
         if self._stepped:  # the previous step ended with its last optimizer step
             self._end_step()
             self._maybe_count_flops()
@@ -185,12 +188,24 @@ class Recorder:
             engine = torch.autograd.Variable._execution_engine
             # queued before any gradient is ready, so before DDP's (which waits for the gradient all-reduces):
             # its first run ends backward's computing; queued again from there, it runs after DDP's wait
-            engine.queue_callback(lambda: (self._backward_mark("backward"),
+            # (alone, there is no collective to wait for: no sync mark, no communication)
+            engine.queue_callback(lambda: (self._backward_mark("backward"), self._grouped and
                                            engine.queue_callback(lambda: self._backward_mark("sync"))))
 
     def _backward_mark(self, phase: str) -> None:
         if self.marks is not None and self._ours():
             self.marks.mark(phase)
+
+    @contextlib.contextmanager
+    def blocking_collective(self) -> Iterator[None]:
+        """A collective that holds backward up while it runs (a blocking communication hook: ``comm_hook=shm``):
+        its time is the step's exposed communication, as DDP's end-of-backward wait is."""
+        timed = self.marks is not None and self._ours()
+        if timed:
+            self.marks.mark("backward")
+        yield
+        if timed:
+            self.marks.mark("sync")
 
     def _loader_time(self, seconds: float) -> None:
         """A DataLoader's ``__next__`` took ``seconds``: this step's, or the next one's after the optimizer step."""
@@ -276,13 +291,13 @@ class Recorder:
             self.sampler = None
         except Exception as exc:  # a driver hiccup: the records still go on
             print(f"trainscale: device sampling off: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        if rank == 0 and world > 1:
+        every = _float(self.environ, "TRAINSCALE_STRAGGLER_EVERY", 10.0)
+        if rank == 0 and world > 1 and every > 0:
             from trainscale.observe.stragglers import StragglerWatch
 
             say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
             try:
-                self.watch = StragglerWatch(self.run_dir, say=say, every_s=_float(self.environ, "TRAINSCALE_STRAGGLER_EVERY",
-                                                                                 10.0)).start()
+                self.watch = StragglerWatch(self.run_dir, say=say, every_s=every).start()
             except Exception:  # no store to read: the report still names a straggler from the files
                 self.watch = None
 
@@ -335,7 +350,7 @@ class Recorder:
 
     # -- the end ----------------------------------------------------------------------------------------
     def finish(self) -> dict[str, Any] | None:
-        """The last steps, the summary (FLOPs, MFU, peak memory, DDP's own timing), threads stopped, hooks
+        """The last steps, the summary (FLOPs, MFU, peak memory), threads stopped, hooks
         removed. Once; returns the summary (None when no step was recorded)."""
         if not self.active:
             return self.summary
@@ -360,9 +375,6 @@ class Recorder:
         if device.type == "cuda":  # the caching allocator's own peak: what plan's fit allows beyond the allocations
             summary["reserved_peak_bytes"] = int(torch.cuda.max_memory_reserved(device))
         lead = self._lead() if self._lead is not None else None
-        timing = ddp_timing(lead) if lead is not None else None
-        if timing:
-            summary["ddp"] = timing
         if self.flops_per_step:
             from trainscale.observe.flops import mfu, peak_for
 

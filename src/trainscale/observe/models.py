@@ -1,6 +1,6 @@
 """What a module and its batch say about themselves, read without changing either: the tensors in a forward's
 output, the batch's samples and tokens, the module inside DDP/DeepSpeed/compile wrappers and which of those
-wraps it, its device and dtype, autocast's, and DDP's own timing. For the recorder (observe/hooks.py)."""
+wraps it, its device and dtype, autocast's. For the recorder (observe/hooks.py)."""
 
 from __future__ import annotations
 
@@ -99,25 +99,6 @@ def param_dtype(module: Any) -> torch.dtype:
         if isinstance(getattr(policy, "param_dtype", None), torch.dtype):
             return policy.param_dtype
     return next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
-
-
-def ddp_timing(model: Any) -> dict[str, float] | None:
-    """DDP's own averages (seconds per iteration over its sampled iterations), with exposed = comm - overlap."""
-    getter = getattr(model, "_get_ddp_logging_data", None)
-    if getter is None:
-        return None
-    try:
-        data = getter()
-    except Exception:
-        return None
-    keys = {"forward_s": "avg_forward_compute_time", "backward_compute_s": "avg_backward_compute_time",
-            "comm_s": "avg_backward_comm_time", "overlap_s": "avg_backward_compute_comm_overlap_time"}
-    if not all(isinstance(data.get(v), int) for v in keys.values()):
-        return None  # fewer iterations than DDP's first sample
-    out = {k: data[v] / 1e9 for k, v in keys.items()}
-    out["exposed_comm_s"] = max(0.0, out["comm_s"] - out["overlap_s"])
-    out["buckets"] = len(str(data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes") or "").split(","))
-    return out
 
 
 def device_of(module: torch.nn.Module, args: tuple) -> torch.device:

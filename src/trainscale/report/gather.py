@@ -4,36 +4,16 @@ accounting. Reading only (sacct is a subprocess, injectable)."""
 from __future__ import annotations
 
 import json
-import statistics
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from trainscale.observe.reading import RankStats, rank_stats
 from trainscale.observe.records import metrics_dir
 from trainscale.observe.records import read_run as read_records
 from trainscale.observe.stragglers import diagnose
 
-SHARES = ("data", "compute", "backward", "optimizer", "comm")
-"""What a step record may split its time into (train/observing.py); comm: exposed communication."""
-
-
-@dataclass
-class RankStats:
-    rank: int
-    host: str
-    steps: int
-    step_median_s: float
-    step_p90_s: float
-    shares: dict[str, float]
-    """Per-step seconds: data, compute (forward), backward, optimizer, comm (exposed), other."""
-    samples_per_s: float | None
-    tokens_per_s: float | None
-    mfu: float | None
-    peak_mem_bytes: int | None
-    first_step_s: float | None = None
-    """Its first step, left out of ``shares`` (with 3 steps or more): it holds the wait for every rank's start-up
-    (the first collective waits for the last rank to arrive), compilation and first allocations."""
 
 
 @dataclass
@@ -50,34 +30,6 @@ class Gathered:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))] if values else float("nan")
-
-
-def rank_stats(rank: int, records: list[dict]) -> RankStats | None:
-    meta = next((r for r in records if r.get("kind") == "meta"), {})
-    steps = [r for r in records if r.get("kind") == "step" and r.get("step_s") is not None]
-    summary = next((r for r in reversed(records) if r.get("kind") == "summary"), {})
-    if not steps:
-        return None
-    times = [float(r["step_s"]) for r in steps]
-    total = sum(times)
-    steady = steps[1:] if len(steps) >= 3 else steps  # the first step is the start-up's, not the training's
-    shares = {k: sum(float(r.get(f"{k}_s") or 0.0) for r in steady) / len(steady) for k in SHARES}
-    ddp = next((r["ddp"] for r in reversed(records) if r.get("kind") in ("epoch", "summary") and r.get("ddp")), None)
-    if not shares["comm"] and ddp:  # DDP's own measurement: the all-reduce time backward waited for
-        shares["comm"] = min(float(ddp.get("exposed_comm_s") or 0.0), shares["backward"])
-        shares["backward"] -= shares["comm"]
-    shares["other"] = max(0.0, sum(float(r["step_s"]) for r in steady) / len(steady) - sum(shares.values()))
-    samples = sum(int(r.get("samples") or 0) for r in steps)
-    tokens = sum(int(r.get("tokens") or 0) for r in steps)
-    return RankStats(rank=rank, host=meta.get("node") or meta.get("host", "?"), steps=len(steps),
-                     step_median_s=statistics.median(times), step_p90_s=_pct(times, 0.9), shares=shares,
-                     samples_per_s=samples / total if samples and total else None,
-                     tokens_per_s=tokens / total if tokens and total else None, mfu=summary.get("mfu"),
-                     peak_mem_bytes=summary.get("peak_mem_bytes"),
-                     first_step_s=times[0] if steady is not steps else None)
 
 
 def _seconds(text: str) -> float:

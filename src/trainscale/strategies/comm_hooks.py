@@ -1,11 +1,10 @@
-"""DDP communication hooks behind ``ddp:comm_hook=NAME``, in the one slot the ``--breakdown`` timer watches.
+"""DDP communication hooks behind ``ddp:comm_hook=NAME``.
 
 A DDP model carries at most one communication hook (torch refuses a second ``register_comm_hook``),
 so trainscale registers at most one: a :class:`CommHook` holding the chosen hook (torch's fp16 or bf16
-compression, PowerSGD, or the plain all-reduce) and an ``observer``. The timer (``train/timing.py``)
-becomes that observer and timestamps each bucket's communication, so a chosen hook is timed, never
-replaced. With ``comm_hook=none`` and no timer nothing is registered: DDP keeps its built-in C++
-all-reduce, the fastest path.
+compression, PowerSGD, shared memory). With ``comm_hook=none`` nothing is registered: DDP keeps its built-in
+C++ all-reduce, the fastest path. No hook is timed: the exposed communication of a step is the recorder's
+(observe/hooks.py), whichever hook runs.
 
 - ``fp16``/``bf16``: each bucket is cast to half precision, all-reduced, and cast back (half the bytes
   on the wire, some rounding). Before training, a one-element all-reduce in that dtype checks that the
@@ -33,41 +32,21 @@ _ATTRIBUTE = "_trainscale_comm_hook"  # where a DDP model keeps its CommHook, be
 
 
 class CommHook:
-    """The hook a DDP model calls for each gradient bucket, and who watches it.
-
-    ``observer``: an object with ``begin(blocking) -> mark`` and ``end(mark)`` (the ``--breakdown`` timer),
-    called when a bucket's communication is launched and when its result is ready; None: not watched.
-    """
+    """The hook a DDP model calls for each gradient bucket."""
 
     def __init__(self, name: str, fn: Callable[[Any, Any], torch.futures.Future], state: Any) -> None:
         self.name, self.fn, self.state = name, fn, state
-        self.observer: Any = None
-        self.blocking = name == "shm"
-        """The hook finishes its bucket before backward goes on: its whole time is exposed."""
 
 
 def _run(hook, bucket):  # no annotations: DDP checks them against its own types, and these are strings
-    observer = hook.observer
-    if observer is None:
-        return hook.fn(hook.state, bucket)
-    mark = observer.begin(blocking=hook.blocking)
-    future = hook.fn(hook.state, bucket)
-
-    def done(f: torch.futures.Future) -> torch.Tensor:
-        # CUDA: this may run as soon as NCCL has queued the work, but on a stream that waits for it,
-        # so a device event recorded here completes when the all-reduce has.
-        observer.end(mark)
-        return f.value()
-
-    return future.then(done)
+    return hook.fn(hook.state, bucket)
 
 
 def _make(name: str, *, powersgd_rank: int = 1, powersgd_start: int = 10,
           gradient_bytes: int = 0) -> tuple[Callable, Any]:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-    stateless = {"allreduce": default_hooks.allreduce_hook,  # DDP's own, in Python: the timer's when no hook is chosen
-                 "fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
+    stateless = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
     if name in stateless:
         return stateless[name], None
     if name == "powersgd":
@@ -81,7 +60,7 @@ def _make(name: str, *, powersgd_rank: int = 1, powersgd_start: int = 10,
     raise ConfigError(f"no communication hook {name!r}", hint="one of " + ", ".join(HOOKS))
 
 
-def attach(model: nn.Module, name: str = "allreduce", **options: Any) -> CommHook:
+def attach(model: nn.Module, name: str, **options: Any) -> CommHook:
     """Register the hook ``name`` on a DDP model (compiled or not) and return its CommHook."""
     ddp = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: the hook belongs to the DDP inside
     fn, state = _make(name, **options)

@@ -22,6 +22,7 @@ previous result. Refused (a ConfigError naming the fix) for ranks on several nod
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import socket
@@ -161,9 +162,14 @@ class SharedMemoryAllReduce:
 
 
 def shm_hook(state: SharedMemoryAllReduce, bucket: Any) -> torch.futures.Future:
-    """DDP communication hook: the bucket averaged through shared memory, returned as a done future."""
+    """DDP communication hook: the bucket averaged through shared memory, returned as a done future. It holds
+    backward up while it averages: the recorder (observe/hooks.py) counts that as exposed communication."""
+    from trainscale.observe import hooks
+
+    recorder = hooks.current()
     future: torch.futures.Future = torch.futures.Future()
-    future.set_result(state.average(bucket.buffer()))
+    with recorder.blocking_collective() if recorder is not None else contextlib.nullcontext():
+        future.set_result(state.average(bucket.buffer()))
     return future
 
 

@@ -1,5 +1,5 @@
-"""Training: the loop every built-in workload runs (loop.py), its options (options.py), timing
-(timing.py) and reports (metrics.py), and the simple path a script uses (session.py).
+"""Training: the loop every built-in workload runs (loop.py), its options (options.py),
+its results (metrics.py), and the simple path a script uses (session.py).
 
 Built on strategies/, checkpoint/ and data/; used by workloads/ and by ``trainscale.init()``.
 """

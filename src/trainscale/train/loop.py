@@ -28,10 +28,8 @@ from trainscale.strategies.base import OptimizerSource
 from trainscale.train import fault
 from trainscale.train.console import Progress, duration
 from trainscale.train.metrics import LossLog, epoch_curves, write_metrics
-from trainscale.observe.models import ddp_timing
 from trainscale.train.observing import check_network, recorder_for, step_flops
 from trainscale.train.options import TrainOptions
-from trainscale.train.timing import EpochClock, StepClock
 
 
 @dataclass(kw_only=True)
@@ -245,13 +243,10 @@ class Loop:
                                       batch_size=opts.batch_size, accumulation=self.accumulation,
                                       total_steps=self.total)  # the run's last step: a watcher's ETA
             self.recorder.step = self.step
-        # before any backward: with --breakdown it watches DDP's communication hook
-        self.clock = StepClock(rt, self.model, breakdown=opts.breakdown)
         if self.resumed and self.step < self.total:
             self._after_resume()
             if self.recorder is not None:
                 self.recorder.discard_step()  # the discarded step is no step
-        epoch_clock = EpochClock(rt)  # waits for the GPU: its queued work is part of the epoch
         self.progress = Progress(steps_per_epoch=self.steps_per_epoch, total=self.total,
                                  samples_per_step=self.per_rank_samples * rt.world_size,
                                  epochs=None if self.task.past_epochs else opts.epochs, every=opts.log_every)
@@ -268,14 +263,15 @@ class Loop:
             for epoch in epochs:
                 if self.step >= self.total:
                     break
-                epoch_clock.start()
-                self.clock.start_epoch()
+                rt.synchronize()  # the epoch's seconds are of work done, not queued: both ends wait for the device
+                began = time.perf_counter()
                 seen, epoch_loss, preempted = self._epoch(epoch, done, preemption)
                 done = 0
                 if preempted:
                     self._preempted(preemption)
                     break
-                history.append(self._record(epoch, seen, epoch_loss, epoch_clock.stop()))
+                rt.synchronize()
+                history.append(self._record(epoch, seen, epoch_loss, time.perf_counter() - began))
                 if not opts.checkpoint_every:
                     self._save()
             if not preempted and self.saved_at != self.step:
@@ -313,24 +309,20 @@ class Loop:
         return seen, loss_sum, False
 
     def _optimizer_step(self, batches) -> torch.Tensor:
-        """One optimizer step over ``--grad-accum`` micro-batches, each phase timed by the one clock; its
-        loss (the micro-batches' mean)."""
-        model, strategy, clock = self.model, self.strategy, self.clock
+        """One optimizer step over ``--grad-accum`` micro-batches (its phases timed by the recorder every script
+        has: observe/hooks.py); its loss (the micro-batches' mean)."""
+        model, strategy = self.model, self.strategy
         step_loss = torch.zeros((), device=self.rt.device)
         for micro in range(self.accumulation):
             last = micro == self.accumulation - 1
-            with clock.phase("data"):
-                batch = next(batches)
+            batch = next(batches)
             if self._first_batch is None:
                 self._first_batch = batch
             with self.rt.guard(self.step):
                 with strategy.accumulate(model, last=last):
-                    with clock.phase("forward"):
-                        loss = self.task.loss(model, batch) / self.accumulation
-                    with clock.phase("backward"):
-                        strategy.backward_loss(loss, model)
-                with clock.phase("optimizer"):
-                    strategy.micro_step(self.optimizer, model, last=last)
+                    loss = self.task.loss(model, batch) / self.accumulation
+                    strategy.backward_loss(loss, model)
+                strategy.micro_step(self.optimizer, model, last=last)
             step_loss += loss.detach()
         if self.scheduler is not None:
             self.scheduler.step()
@@ -370,11 +362,9 @@ class Loop:
         record.update(held_out)
         if self.task.tokens_per_sample:
             record["tokens_per_s"] = record["samples_per_s"] * self.task.tokens_per_sample
-        record["breakdown"] = self.clock.summary()
         if self.recorder is not None:
-            timing = ddp_timing(self.model)
             self.recorder.epoch(epoch + 1, time_s=epoch_time, samples_per_s=record["samples_per_s"],
-                                train_loss=record["train_loss"], **held_out, **({"ddp": timing} if timing else {}))
+                                train_loss=record["train_loss"], **held_out)
         if self.opts.trackers:  # values already the same on every rank: rank 0 writes them
             self.losses.flush()  # the steps before this one first: W&B takes steps in order only
             self._log(epoch_curves(record, held_out), self.step)
@@ -441,9 +431,25 @@ class Loop:
             recorded = self.recorder.finish()
         if recorded is not None:
             result["recorded"] = recorded
+            if self.opts.breakdown and rt.is_main:
+                rt.print(breakdown_line(self.recorder.run_dir, rt.rank))
         write_metrics(self.opts.metrics_out, result, rt, checkpoints=self.directory)
         result["model"] = strategy.unwrap(self.model)
         return result
+
+
+def breakdown_line(run_dir: str, rank: int) -> str:
+    """``--breakdown``: where this rank's steady step went, from its step records (observe/reading.py)."""
+    from trainscale.observe.records import metrics_dir, read_lines
+    from trainscale.observe.reading import rank_stats
+
+    stats = rank_stats(rank, list(read_lines(metrics_dir(run_dir) / f"rank-{rank}.jsonl")))
+    if stats is None:
+        return "Step breakdown: no step recorded"
+    parts = ", ".join(f"{name} {stats.shares[key] * 1e3:.2f} ms" for key, name in (
+        ("data", "data"), ("compute", "forward"), ("backward", "backward"), ("comm", "communication exposed"),
+        ("optimizer", "optimizer"), ("other", "other")))
+    return f"Step breakdown (rank {rank}, median step {stats.steady_step_s * 1e3:.2f} ms): {parts}"
 
 
 def set_aside(directory: Path, rt: Any) -> Path | None:

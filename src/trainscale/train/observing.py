@@ -1,7 +1,7 @@
 """What the built-in training loop adds to the recorder every script has (observe/hooks.py): its name,
-strategy and batch in the records, epoch records with DDP's own timing, a step's FLOPs counted its own way for
-sharded models, and the network check after the first step. Nothing here synchronises the device or adds a
-collective. The files and fields: docs/observability.md.
+strategy and batch in the records, epoch records (its wall time, losses, held-out metrics), a step's FLOPs
+counted its own way for sharded models, and the network check after the first step. Nothing here synchronises
+the device or adds a collective. The files and fields: docs/observability.md.
 """
 
 from __future__ import annotations

@@ -64,7 +64,8 @@ class TrainOptions:
     log_every: int | None = None
     """A progress line (rate, ETA) on rank 0 every N optimizer steps (0: never); default every 30 s."""
     breakdown: bool = False
-    """Time data loading, forward+backward, communication and optimizer step separately (adds syncs)."""
+    """At the end, rank 0's steady step split into data, forward, backward, exposed communication, optimizer
+    and other, from its step records (they are always recorded; ``trainscale report`` shows every rank's)."""
     download: bool = False
     """Download real data when missing (rank 0 first; needs a network)."""
     deterministic: bool = False
