@@ -8,6 +8,7 @@ its micro-batches."""
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,8 @@ PHASE = {"loader": "loader", "between": "between", "forward": "forward", "backwa
 FUNCTION = {"loader": "main.collate", "between": "main.get_batch", "forward": "Net.forward",
             "backward": "SlowBackward.backward", "after_step": "log_step"}
 """The function of each injected delay (its line is marked ``# place: <kind>`` in the script)."""
+if sys.version_info < (3, 11):  # no qualified names in code objects before: the function's own name
+    FUNCTION = {kind: name.rsplit(".", 1)[-1] for kind, name in FUNCTION.items()}
 STEPS = 150
 """Enough for the live watch's two windows (40 steps, checked every 0.2 s), its flag, and rank 1's samples."""
 UNFOUNDED = ("CPU binding", "shares CPU", "cannot keep up", "sharded strategy")
