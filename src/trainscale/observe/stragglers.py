@@ -291,13 +291,13 @@ class StragglerWatch:
             found = replace(self.found, place=place[self.found.phase])
         else:
             found = find_in_windows(windows, share=self.share, window=self.window) if windows else None
-            if found is not None and not found.place:
-                places.flag(self.run_dir, found.rank).touch()
         if found is not None:
             self.found = found
             self.say(f"trainscale: straggler: {found.describe()}")
             note_event(self.run_dir, kind="straggler", rank=found.rank, host=found.host, phase=found.phase,
                        cost=found.cost, place=found.place, message=found.describe())
+            if not found.place:  # the late rank's thread samples its stack (observe/place.py)
+                places.flag(self.run_dir, found.rank).touch()
         return found
 
     def _loop(self) -> None:
