@@ -1,12 +1,14 @@
 """The right story: a plain 2-rank gloo DDP script (tests/scripts/slow_rank.py, no trainscale import) run with
 `trainscale run --nproc-per-node 2`, rank 1 losing 40 ms per step in one place. The report names rank 1 and
 that place (by who arrives last at the gradient all-reduce and where its extra time went), what it costs the
-job, and no cause it has no evidence of; a clean run names no straggler. Each optimizer step's FLOPs count
+job, and no cause it has no evidence of, and — sampled on rank 1 once the live watch named it — the function
+and line of the script the time goes in; a clean run names no straggler and no place. Each optimizer step's FLOPs count
 its micro-batches."""
 
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,14 +22,21 @@ SLOW_S = 0.04
 PHASE = {"loader": "loader", "between": "between", "forward": "forward", "backward": "backward",
          "after_step": "data"}
 """Where rank 1 loses its time -> the phase the diagnosis must name."""
+FUNCTION = {"loader": "main.collate", "between": "main.get_batch", "forward": "Net.forward",
+            "backward": "SlowBackward.backward", "after_step": "log_step"}
+"""The function of each injected delay (its line is marked ``# place: <kind>`` in the script)."""
+if sys.version_info < (3, 11):  # no qualified names in code objects before: the function's own name
+    FUNCTION = {kind: name.rsplit(".", 1)[-1] for kind, name in FUNCTION.items()}
+STEPS = 150
+"""Enough for the live watch's two windows (40 steps, checked every 0.2 s), its flag, and rank 1's samples."""
 UNFOUNDED = ("CPU binding", "shares CPU", "cannot keep up", "sharded strategy")
 
 
 def _run(tmp_path: Path, slow: str, accum: int = 1) -> tuple[Path, str]:
     logs = tmp_path / "logs"
     done = in_process("run", "--nproc-per-node", "2", "--log-dir", str(logs), str(SCRIPT), cwd=tmp_path,
-                      env={"SLOW": slow, "SLOW_S": str(SLOW_S), "STEPS": "14", "ACCUM": str(accum),
-                           "OMP_NUM_THREADS": "1"})
+                      env={"SLOW": slow, "SLOW_S": str(SLOW_S), "STEPS": str(STEPS), "ACCUM": str(accum),
+                           "OMP_NUM_THREADS": "1", "TRAINSCALE_STRAGGLER_EVERY": "0.2"})
     assert done.returncode == 0, done.stderr
     (run_dir,) = [d for d in logs.iterdir() if (d / "metrics").is_dir() and not d.is_symlink()]
     report = in_process("report", str(run_dir), "--text", cwd=tmp_path)
@@ -39,8 +48,16 @@ def _run(tmp_path: Path, slow: str, accum: int = 1) -> tuple[Path, str]:
 @pytest.mark.parametrize("slow", list(PHASE))
 def test_the_slow_rank_and_where_it_lost_its_time_are_named(tmp_path, slow):
     run_dir, verdict = _run(tmp_path, slow)
-    found = diagnose(read_run(run_dir)["ranks"]).straggler
+    run = read_run(run_dir)
+    found = diagnose(run["ranks"]).straggler
     assert found is not None and (found.rank, found.phase) == (1, PHASE[slow]), (found, verdict)
+    line = next(i for i, text in enumerate(SCRIPT.read_text().splitlines(), 1) if text.endswith(f"# place: {slow}"))
+    assert found.place is not None and (found.place["function"], found.place["line"]) == (FUNCTION[slow], line)
+    assert found.place["file"].endswith("slow_rank.py") and found.place["share"] >= 0.6, found.place
+    where = f"`{FUNCTION[slow]}` ({found.place['file']}:{line})"
+    live = [e for e in run["events"] if e.get("kind") == "straggler"]
+    assert live and where in live[-1]["message"], live  # the live notice names it too
+    assert f"its time goes in {where}" in verdict, verdict
 
     said = re.search(r"\[problem\] straggler: rank 1 on \S+ arrives last at the gradient all-reduce, "
                      r"[\d.]+ ms after the others each step: (.*)\. The job would be ~(\d+)% faster without it: "
@@ -61,6 +78,7 @@ def test_a_clean_run_names_no_straggler_and_counts_every_micro_batch(tmp_path):
     run_dir, verdict = _run(tmp_path, "clean", accum=2)
     ranks = read_run(run_dir)["ranks"]
     assert diagnose(ranks).straggler is None and "straggler" not in verdict, verdict
+    assert not any(r.get("kind") == "place" for recs in ranks.values() for r in recs)  # never flagged, never sampled
     assert not any(text in verdict for text in UNFOUNDED[:3]), verdict
     steps = [r for r in ranks[0] if r["kind"] == "step"]
     assert {s["micro_batches"] for s in steps} == {2} and {s["samples"] for s in steps} == {16}

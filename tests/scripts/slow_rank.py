@@ -1,5 +1,6 @@
 """A plain 2-rank DDP script (no trainscale import) whose rank 1 loses SLOW_S seconds per step in one place,
-SLOW=loader | between | forward | backward | after_step | clean. ``between`` is nanoGPT's loop (no DataLoader:
+SLOW=loader | between | forward | backward | after_step | clean, each in its own function (the line marked
+``# place: <SLOW>``: where the stack sampler must find it). ``between`` is nanoGPT's loop (no DataLoader:
 the next batch fetched between forward and backward); the others read a DataLoader. ACCUM micro-batches per
 optimizer step (DDP's no_sync on all but the last). Run it with `trainscale run --nproc-per-node 2`."""
 
@@ -29,7 +30,7 @@ class SlowBackward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        time.sleep(SLOW_S)
+        time.sleep(SLOW_S)  # place: backward
         return grad
 
 
@@ -42,10 +43,15 @@ class Net(torch.nn.Module):
     def forward(self, x):
         h = torch.relu(self.a(x))
         if self.slow == "forward":
-            time.sleep(SLOW_S)
+            time.sleep(SLOW_S)  # place: forward
         if self.slow == "backward":
             h = SlowBackward.apply(h)
         return self.b(h)
+
+
+def log_step():
+    """After the optimizer step: a script's own logging, say."""
+    time.sleep(SLOW_S)  # place: after_step
 
 
 def main():
@@ -59,12 +65,12 @@ def main():
 
     def get_batch():  # nanoGPT's: a batch made on the spot, no DataLoader
         if slow == "between":
-            time.sleep(SLOW_S)
+            time.sleep(SLOW_S)  # place: between
         return torch.randn(BATCH, 32, generator=generator), torch.randn(BATCH, 1, generator=generator)
 
     def collate(items):
         if slow == "loader":
-            time.sleep(SLOW_S / ACCUM)
+            time.sleep(SLOW_S / ACCUM)  # place: loader
         return torch.stack([x for x, _ in items]), torch.stack([y for _, y in items])
 
     data = TensorDataset(torch.randn(BATCH * STEPS * ACCUM, 32), torch.randn(BATCH * STEPS * ACCUM, 1))
@@ -82,7 +88,7 @@ def main():
         opt.step()
         opt.zero_grad(set_to_none=True)
         if slow == "after_step":
-            time.sleep(SLOW_S)
+            log_step()
     dist.destroy_process_group()
 
 

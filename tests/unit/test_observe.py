@@ -216,6 +216,16 @@ def test_straggler_watch_says_it_once(tmp_path):
     events = read_run(tmp_path)["events"]
     assert events[0]["kind"] == "straggler" and (events[0]["rank"], events[0]["phase"]) == (1, "data")
     assert events[0]["message"] == said[0].removeprefix("trainscale: straggler: ")
+    # the late rank was flagged; once it records where its time goes, the watch names the place, once
+    assert (tmp_path / "metrics" / "late-rank-1").exists() and not (tmp_path / "metrics" / "late-rank-0").exists()
+    at = {"function": "get_batch", "file": "train.py", "line": 121, "share": 0.9, "samples": 250}
+    with open(tmp_path / "metrics" / "rank-1.jsonl", "a") as fh:
+        fh.write(json.dumps({"kind": "place", "places": {"data": at}}) + "\n")
+    assert watch.check().place == at and watch.check() is None and len(said) == 2
+    assert said[1].endswith("(40.0 ms on it, 10.0 ms on the others); its time goes in `get_batch` (train.py:121): "
+                            "90% of 250 samples of its stack there. The job would be ~30% faster without it: 30.0 ms "
+                            "of each 100.0 ms step"), said[1]
+    assert read_run(tmp_path)["events"][-1]["place"] == at
 
 
 def test_straggler_watch_reads_only_new_lines_and_keeps_two_windows(tmp_path):

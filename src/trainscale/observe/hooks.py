@@ -75,7 +75,7 @@ class Recorder:
         self.step = 0
         self.marks: StepMarks | None = None
         self.out: Any = None  # observe/records.RankRecorder, from the first step
-        self.sampler = self.watch = None
+        self.sampler = self.watch = self.place = None
         self.meta: dict[str, Any] = {}
         self.count_flops: Callable[[], int | None] | None = None
         """A counter of one step's FLOPs, called at the end (the training loop's: it counts sharded models too);
@@ -300,6 +300,10 @@ class Recorder:
                 self.watch = StragglerWatch(self.run_dir, say=say, every_s=every).start()
             except Exception:  # no store to read: the report still names a straggler from the files
                 self.watch = None
+        if world > 1:  # waits for the watch's flag; samples the stack only then (observe/place.py)
+            from trainscale.observe.place import StackSampler
+
+            self.place = StackSampler(self, rank).start()
 
     def _maybe_count_flops(self) -> None:
         """At the second step's start (outside the optimizer's step), once: its time is not the step's."""
@@ -387,6 +391,8 @@ class Recorder:
         if self.watch is not None:
             self.watch.check()
             self.watch.stop()
+        if self.place is not None:
+            self.place.stop()
         if self.sampler is not None:
             self.sampler.sample()
             self.sampler.stop()

@@ -17,10 +17,11 @@ import os
 import statistics
 import threading
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from trainscale.observe import place as places
 from trainscale.observe.records import metrics_dir, note_event
 from trainscale.observe.window import RankWindow, default_store, own_connection, own_time, read_all
 
@@ -61,6 +62,8 @@ class Straggler:
     """The phase's median on the late rank and on the others (its own time where unexplained)."""
     cause: str = ""
     """Evidence of a cause, and what to do, or empty."""
+    place: dict[str, Any] | None = None
+    """Where in the user's code the phase's time goes, sampled on the late rank (observe/place.py), or None."""
 
     @property
     def cost(self) -> float:
@@ -71,6 +74,7 @@ class Straggler:
         ms = lambda s: f"{s * 1e3:.1f} ms"  # noqa: E731
         where = (f"{PHASE_TEXT[self.phase]} ({ms(self.mine_s)} on it, {ms(self.others_s)} on the others)"
                  if self.phase != "unexplained" else PHASE_TEXT[self.phase])
+        where += f"; {places.describe(self.place)}" if self.place else ""
         return (f"rank {self.rank} on {self.host} arrives last at the gradient all-reduce, {ms(self.late_s)} after "
                 f"the others each step: {where}. The job would be ~{self.cost:.0%} faster without it: "
                 f"{ms(self.late_s)} of each {ms(self.step_s)} step" + (f". {self.cause}" if self.cause else ""))
@@ -132,7 +136,8 @@ def find_in_windows(windows: dict[int, dict[str, Any]], *, share: float = DEFAUL
     mine_s, others_s = ((mine[phase], theirs[phase]) if phase != "unexplained"
                         else (windows[late]["now"], statistics.median(float(o["now"]) for o in others)))
     return Straggler(rank=late, host=windows[late].get("node") or "?", phase=phase, late_s=late_s, step_s=step,
-                     mine_s=mine_s, others_s=others_s, cause=_cause(phase, windows[late], others))
+                     mine_s=mine_s, others_s=others_s, cause=_cause(phase, windows[late], others),
+                     place=(windows[late].get("place") or {}).get(phase))
 
 
 def summarise(records: list[dict[str, Any]], window: int = DEFAULT_WINDOW) -> dict[str, Any]:
@@ -141,6 +146,8 @@ def summarise(records: list[dict[str, Any]], window: int = DEFAULT_WINDOW) -> di
     for record in records:
         if record.get("kind") == "step":
             summary.add(record)
+        elif record.get("kind") == "place":
+            summary.meta["place"] = record.get("places")
     return summary.summary()
 
 
@@ -168,7 +175,8 @@ def diagnose(ranks: dict[int, list[dict]]) -> Diagnosis:
     window = min(DEFAULT_WINDOW, min((len(s) for s in steps.values()), default=0) // 2)
     straggler = None
     if len(ranks) > 1 and window >= MIN_WINDOW:
-        metas = {r: [x for x in recs if x.get("kind") == "meta"][:1] for r, recs in ranks.items()}
+        metas = {r: [x for x in recs if x.get("kind") == "meta"][:1] + [x for x in recs if x.get("kind") == "place"]
+                 for r, recs in ranks.items()}
         straggler = find_straggler({r: metas[r] + steps[r] for r in ranks}, window=window)
     micro = [int(x["micro_batches"]) for s in steps.values() for x in s if x.get("micro_batches")]
     return Diagnosis(straggler=straggler, loader=any("loader_s" in x for s in steps.values() for x in s),
@@ -188,6 +196,7 @@ class RankTail:
         self.path, self.offset, self.keep = path, 0, keep
         self.meta: dict[str, Any] | None = None
         self.steps: deque[dict[str, Any]] = deque(maxlen=keep)
+        self.place: list[dict[str, Any]] = []
 
     def read(self) -> list[dict[str, Any]]:
         try:
@@ -210,7 +219,7 @@ class RankTail:
         for line in chunk[:complete].splitlines():
             self._take(line)
         self.offset += complete
-        return ([self.meta] if self.meta else []) + list(self.steps)
+        return ([self.meta] if self.meta else []) + list(self.steps) + self.place
 
     def _take(self, line: bytes) -> None:
         try:
@@ -222,6 +231,8 @@ class RankTail:
                 self.meta = record
         elif record.get("kind") == "step" and own_time(record) is not None:
             self.steps.append(record)
+        elif record.get("kind") == "place":
+            self.place = [record]
 
 
 class StragglerWatch:
@@ -235,6 +246,8 @@ class StragglerWatch:
         self.run_dir, self.say, self.every_s = Path(run_dir), say, every_s
         self.share, self.window = share, window
         self.found: Straggler | None = None
+        self.placed = False
+        """The late rank published its places (none, perhaps, for the phase): nothing more to look for."""
         self.tails: dict[Path, RankTail] = {}
         if store == "auto":
             store = default_store()
@@ -265,19 +278,30 @@ class StragglerWatch:
                 for p in metrics_dir(self.run_dir).glob("rank-*.jsonl")}
 
     def check(self) -> Straggler | None:
-        if self.found is not None:
+        """Names a straggler once and flags its rank to sample its stack (observe/place.py); names it again,
+        with its place, when the rank has published one for the phase."""
+        if self.found is not None and (self.found.place or self.placed):
             return None
-        windows = self.windows()
-        found = find_in_windows(windows, share=self.share, window=self.window) if windows else None
+        windows = self.windows() or {}
+        if self.found is not None:
+            place = windows.get(self.found.rank, {}).get("place")
+            self.placed = place is not None
+            if not (place or {}).get(self.found.phase):
+                return None
+            found = replace(self.found, place=place[self.found.phase])
+        else:
+            found = find_in_windows(windows, share=self.share, window=self.window) if windows else None
         if found is not None:
             self.found = found
             self.say(f"trainscale: straggler: {found.describe()}")
             note_event(self.run_dir, kind="straggler", rank=found.rank, host=found.host, phase=found.phase,
-                       cost=found.cost, message=found.describe())
+                       cost=found.cost, place=found.place, message=found.describe())
+            if not found.place:  # the late rank's thread samples its stack (observe/place.py)
+                places.flag(self.run_dir, found.rank).touch()
         return found
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.every_s) and self.found is None:
+        while not self._stop.wait(self.every_s) and not (self.found is not None and (self.found.place or self.placed)):
             self.check()
 
     def stop(self) -> None:

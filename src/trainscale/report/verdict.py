@@ -22,12 +22,14 @@ LEVELS = ("problem", "note", "good")
 def findings(g: Gathered) -> list[Finding]:
     out: list[Finding] = []
     diagnosis = g.extra.get("diagnosis")
-    named = False
+    live = [e for e in g.events if e.get("kind") == "straggler"]  # named while training: the same rule, its own
+    named = bool(live)  # windows; the last names its place in the code too, once the late rank sampled it
+    later = diagnosis.straggler if diagnosis is not None and diagnosis.straggler is not None else None
+    if named:  # the records have the place when the run ended before the watch read it
+        text = later.describe() if later and later.place and not live[-1].get("place") else live[-1]["message"]
+        out.append(Finding("problem", f"straggler: {text}"))
     for event in g.events:
-        if event.get("kind") == "straggler" and not named:  # named while training: the same rule, its own windows
-            named = True
-            out.append(Finding("problem", f"straggler: {event['message']}"))
-        elif event.get("kind") == "interconnect" and event.get("level") in ("warning", "error"):
+        if event.get("kind") == "interconnect" and event.get("level") in ("warning", "error"):
             out.append(Finding("problem", f"network: {event['message']}"))
         elif event.get("kind") == "hang":
             out.append(Finding("problem", f"hang: {event['message']} (the ranks' records below end where they waited)"))
