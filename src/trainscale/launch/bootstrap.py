@@ -119,12 +119,12 @@ def apply_bind_from_env(environ: Mapping[str, str] = os.environ) -> None:
     """Bind this worker to its CPUs when the launcher handed down a plan (torchrun cannot bind)."""
     if not environ.get(BIND_VAR):
         return
+    from trainscale.env import detect
     from trainscale.topology import bind_worker
 
-    local_rank = int(environ.get("LOCAL_RANK", environ.get("SLURM_LOCALID", "0")))
-    local_world = int(environ.get("LOCAL_WORLD_SIZE", environ.get("SLURM_NTASKS_PER_NODE", "1")))
-    report = bind_worker(local_rank, local_world)
-    if local_rank == 0 or report.far:
+    env = detect(environ)
+    report = bind_worker(env.local_rank, env.local_world_size)
+    if env.local_rank == 0 or report.far:
         print(f"trainscale: {report.describe()}", file=sys.stderr, flush=True)
 
 

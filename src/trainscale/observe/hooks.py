@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from trainscale.env import detect, node_name
 from trainscale.observe.models import (autocast_dtype, batch_size, device_of, param_dtype, strategy_of,
                                        tensors, unit_bytes, unwrap)
 from trainscale.observe.steps import StepMarks
@@ -266,7 +267,7 @@ class Recorder:
     def _open(self) -> None:
         """This rank's record file, its device sampler (local rank 0) and straggler watch (rank 0)."""
         from trainscale.observe.records import RankRecorder
-        from trainscale.observe.sampler import node_name, start_sampler
+        from trainscale.observe.sampler import start_sampler
 
         rank, world, local_rank, local_world, backend = _place(self.environ)
         lead = self._lead() if self._lead is not None else None
@@ -402,8 +403,6 @@ def _float(environ: Any, name: str, default: float) -> float:
 def _place(environ: Any) -> tuple[int, int, int, int, str | None]:
     """(rank, world size, local rank, local world size, backend): the process group's where there is one."""
     import torch.distributed as dist
-
-    from trainscale.env import detect
 
     env = detect(environ)
     rank, world, backend = env.rank, env.world_size, None

@@ -1,14 +1,5 @@
-"""Zero code: all that a rank trainscale starts observes about any script (docs/observability.md), installed
-by the worker bootstrap (launch/bootstrap.py) with one call, :func:`observe_when_torch_loads`.
-
-When the script imports torch, the recorder's hooks go in (observe/hooks.py: every rank's steps, with a run
-directory) and a watch starts the rank's heartbeat once its process group exists (runtime/progress.py: a
-hang's culprit named). torch's flight recorder keeps the last collectives (asked for before the group exists).
-Nothing here may fail the script: what cannot start says so in one line.
-
-Standard library only until torch is imported (the job kit holds it: launch/kit.py); the launch facts come
-from trainscale.env.
-"""
+"""Zero code: what trainscale learns about any script (docs/observability.md), installed by the worker bootstrap
+with one call (:func:`observe_when_torch_loads`). Standard library only until torch loads (the job kit holds it)."""
 
 from __future__ import annotations
 
@@ -17,10 +8,8 @@ import os
 import sys
 from typing import Any, MutableMapping
 
-RECORD_VAR = "TRAINSCALE_RECORD"
-"""``0`` switches off the step records (observe/hooks.py)."""
-NOTICE_VAR = "TRAINSCALE_HANG_NOTICE"
-"""``0`` switches off the hang watch (runtime/progress.py)."""
+RECORD_VAR, NOTICE_VAR = "TRAINSCALE_RECORD", "TRAINSCALE_HANG_NOTICE"
+"""``0`` switches off the step records (observe/hooks.py), the hang watch (runtime/progress.py)."""
 
 
 def recording_on(environ: Any = os.environ) -> bool:
@@ -32,16 +21,18 @@ _OBSERVING: list = []
 
 
 def observe_when_torch_loads(environ: MutableMapping[str, str] = os.environ, *, kit: str | None = None) -> None:
-    """Install this rank's observation when the script imports torch (now if it has). ``kit``: the job kit's
-    directory, where the script's Python has no trainscale of its own (a stock container)."""
+    """When the script imports torch (now if it has), the recorder's hooks go in (observe/hooks.py: every rank's
+    steps, with a run directory) and a watch starts the rank's heartbeat once its process group exists
+    (runtime/progress.py: a hang's culprit named). torch's flight recorder keeps the last collectives (asked for
+    before the group exists). Nothing here may fail the script: what cannot start says so in one line. ``kit``:
+    the job kit's directory, where the script's Python has no trainscale of its own (a stock container)."""
     from trainscale.env import detect
 
     run_dir = detect(environ).run_dir
-    records = recording_on(environ)
     watch = str(environ.get(NOTICE_VAR, "")).strip() not in ("0", "0.0")
-    if not (records and run_dir) and not watch:
+    if not (run_dir and recording_on(environ)) and not watch:
         return
-    start = lambda: _start_observing(environ, kit, run_dir if records else None, watch=watch)  # noqa: E731
+    start = lambda: _start_observing(environ, kit, run_dir, watch=watch)  # noqa: E731
     if "torch" in sys.modules:
         start()
     else:
@@ -79,10 +70,9 @@ def _start_observing(environ: MutableMapping[str, str], kit: str | None, run_dir
         hooks, progress = _observers(kit)
         if watch:  # before the script's process group exists
             progress.ledger.enable_flight_recorder(environ)
-        recorder = hooks.install(run_dir, environ=environ) if run_dir else None
-        listeners = (recorder.hang_noticed,) if recorder is not None else ()
-        on_stall = (recorder.flush,) if recorder is not None else ()
-        group_watch = progress.GroupWatch(environ, listeners, on_stall).start() if watch else None
+        recorder = hooks.install(run_dir, environ=environ)  # None without a directory or with records off
+        told = ((recorder.hang_noticed,), (recorder.flush,)) if recorder is not None else ((), ())  # a hang, a stall
+        group_watch = progress.GroupWatch(environ, *told).start() if watch else None
         _OBSERVING[:] = [recorder, group_watch]
     except Exception as exc:  # an image's older torch, a module it lacks: the script runs on, unobserved
         print(f"trainscale: this rank is not observed (no step records or hang watch): {type(exc).__name__}: {exc}",
