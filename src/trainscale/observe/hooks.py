@@ -269,7 +269,10 @@ class Recorder:
         from trainscale.observe.records import RankRecorder
         from trainscale.observe.sampler import start_sampler
 
-        rank, world, local_rank, local_world, backend = _place(self.environ)
+        env, dist = detect(self.environ), torch.distributed  # the process group's rank and size where there is one
+        rank, world, backend = env.rank, env.world_size, None
+        if dist.is_available() and dist.is_initialized():
+            rank, world, backend = dist.get_rank(), dist.get_world_size(), str(dist.get_backend())
         lead = self._lead() if self._lead is not None else None
         device = self.marks.device if self.marks is not None else torch.device("cpu")
         script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
@@ -282,7 +285,7 @@ class Recorder:
             from trainscale.observe.devices import publish
 
             publish(self.run_dir, node_name(), rank, device)
-            self.sampler = start_sampler(self.run_dir, local_rank=local_rank, local_ranks=local_world,
+            self.sampler = start_sampler(self.run_dir, local_rank=env.local_rank, local_ranks=env.local_world_size,
                                          environ=self.environ)
         except ImportError:  # psutil is not in a stock image: the steps are recorded, the node is not sampled
             self.sampler = None
@@ -398,17 +401,6 @@ def _float(environ: Any, name: str, default: float) -> float:
         return float(environ.get(name, default))
     except (TypeError, ValueError):
         return default
-
-
-def _place(environ: Any) -> tuple[int, int, int, int, str | None]:
-    """(rank, world size, local rank, local world size, backend): the process group's where there is one."""
-    import torch.distributed as dist
-
-    env = detect(environ)
-    rank, world, backend = env.rank, env.world_size, None
-    if dist.is_available() and dist.is_initialized():
-        rank, world, backend = dist.get_rank(), dist.get_world_size(), str(dist.get_backend())
-    return rank, world, env.local_rank, env.local_world_size, backend
 
 
 def _time_loader(recorder: Recorder) -> Callable[[], None]:

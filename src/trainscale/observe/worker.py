@@ -4,6 +4,7 @@ with one call (:func:`observe_when_torch_loads`). Standard library only until to
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import sys
 from typing import Any, MutableMapping
@@ -48,8 +49,6 @@ class _AfterImport:
     def find_spec(self, fullname, path=None, target=None):
         if fullname != self.name:
             return None
-        import importlib.util
-
         with contextlib.suppress(ValueError):
             sys.meta_path.remove(self)
         spec = importlib.util.find_spec(fullname)
@@ -89,9 +88,6 @@ def _observers(kit: str | None):
     """The recorder and heartbeat modules: from trainscale where the script's Python has it, else from the job
     kit (a stock container). The kit's copies stay loaded by their full names, which is how they import one
     another, but not the package itself: the script's ``import trainscale`` there still finds nothing."""
-    import importlib
-    import importlib.util
-
     try:
         own = importlib.util.find_spec("trainscale.observe") is not None
     except ModuleNotFoundError:  # no trainscale at all in this Python (a stock image)
