@@ -269,10 +269,7 @@ class Recorder:
         from trainscale.observe.records import RankRecorder
         from trainscale.observe.sampler import start_sampler
 
-        env, dist = detect(self.environ), torch.distributed  # the process group's rank and size where there is one
-        rank, world, backend = env.rank, env.world_size, None
-        if dist.is_available() and dist.is_initialized():
-            rank, world, backend = dist.get_rank(), dist.get_world_size(), str(dist.get_backend())
+        rank, world, local_rank, local_world, backend = _place(self.environ)
         lead = self._lead() if self._lead is not None else None
         device = self.marks.device if self.marks is not None else torch.device("cpu")
         script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
@@ -285,7 +282,7 @@ class Recorder:
             from trainscale.observe.devices import publish
 
             publish(self.run_dir, node_name(), rank, device)
-            self.sampler = start_sampler(self.run_dir, local_rank=env.local_rank, local_ranks=env.local_world_size,
+            self.sampler = start_sampler(self.run_dir, local_rank=local_rank, local_ranks=local_world,
                                          environ=self.environ)
         except ImportError:  # psutil is not in a stock image: the steps are recorded, the node is not sampled
             self.sampler = None
@@ -423,6 +420,15 @@ def _time_loader(recorder: Recorder) -> Callable[[], None]:
 
     dataloader._BaseDataLoaderIter.__next__ = timed
     return lambda: setattr(dataloader._BaseDataLoaderIter, "__next__", original)
+
+
+def _place(environ: Any) -> tuple[int, int, int, int, str | None]:
+    """(rank, world size, local rank, local world size, backend): the process group's where there is one."""
+    env, dist = detect(environ), torch.distributed
+    rank, world, backend = env.rank, env.world_size, None
+    if dist.is_available() and dist.is_initialized():
+        rank, world, backend = dist.get_rank(), dist.get_world_size(), str(dist.get_backend())
+    return rank, world, env.local_rank, env.local_world_size, backend
 
 
 def _tell_heartbeat(step: int) -> None:
