@@ -222,3 +222,24 @@ def test_the_lead_module_is_the_model_not_a_transform_the_loader_calls_first(tmp
     assert summary["flops_per_step"] == 3 * 2 * 8 * 64 * 32  # the model's forward and backward on a batch of 8
     steps = [r for r in read_run(tmp_path)["ranks"][0] if r["kind"] == "step"]
     assert [r["samples"] for r in steps] == [8, 8, 8, 8]
+
+
+def test_a_rank_started_by_mpirun_records_under_its_own_rank_before_any_process_group(tmp_path):
+    """issue 45: the recorder read RANK/LOCAL_RANK (or SLURM's) itself, so every rank mpirun started wrote
+    rank-0.jsonl as local rank 0 (each sampling the node) until a process group existed; it asks env.detect()."""
+    from trainscale.observe.records import read_run
+
+    environ = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+               "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    recorder = hooks.Recorder(tmp_path, environ=environ).install()
+    try:
+        model(torch.ones(2, 4)).sum().backward()
+        opt.step()
+        recorder.finish()
+    finally:
+        recorder.uninstall()
+    meta = read_run(tmp_path)["ranks"][1][0]
+    assert (meta["kind"], meta["rank"], meta["world_size"]) == ("meta", 1, 2)
+    assert recorder.sampler is None  # local rank 1: the node is sampled by its local rank 0

@@ -28,11 +28,11 @@ def test_flight_recorder_dump_file_is_set_under_both_names(tmp_path):
 def test_the_flight_recorder_size_is_torchs_documented_one_under_one_name_and_a_users_wins(given, tmp_path):
     """issue 47 N10: the bootstrap set TORCH_FR_BUFFER_SIZE=256, which torch reads before NCCL's 2000 that
     nccl.py set under the old name: an NCCL job kept 256 and both names were set."""
-    from trainscale.launch import bootstrap
+    from trainscale.observe import worker
 
     def observing(environ):  # the worker bootstrap once the script imported torch; its group watch stopped after
-        bootstrap._start_observing(environ, None, records=False, watch=True)
-        bootstrap._OBSERVING.pop().stop()
+        worker._start_observing(environ, None, None, watch=True)
+        worker._OBSERVING.pop().stop()
 
     for enable in (nccl.enable_flight_recorder, observing):
         environ = {"TRAINSCALE_TRACE_DIR": str(tmp_path), **given}

@@ -84,3 +84,15 @@ def test_no_module_launches_trainscales_own_command_line():
                         and rel not in CALLS_ITSELF_ALLOWED:
                     found.append(f"{rel}:{node.lineno}")
     assert not found, f"argv of `python -m trainscale` built in {found}: launch through launch/trial.py"
+
+
+def test_observe_reads_launch_facts_only_through_env():
+    """issue 45: observe/ asks env.detect() (and env.node_name()) where a rank sits, never the launchers' own
+    variables, which only env/ knows in every form (torchrun's, srun's, mpirun's)."""
+    launchers = ("SLURM", "OMPI_", "PMI", "PALS_", "MPI_", "TORCHELASTIC_")
+    own = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR",
+           "MASTER_PORT", "TRAINSCALE_RUN_DIR", "TRAINSCALE_JOB_DIR"}
+    for path in sorted((PACKAGE / "observe").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                assert node.value not in own and not node.value.startswith(launchers), (path.name, node.value)

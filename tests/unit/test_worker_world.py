@@ -132,7 +132,7 @@ def test_the_kit_holds_every_module_the_recorder_and_heartbeat_load():
     modules import later, must all be in the kit (tests/slurm/test_containers.py records a job's steps there)."""
     import ast
 
-    from trainscale.launch.bootstrap import OBSERVERS
+    from trainscale.observe.worker import OBSERVERS
     from trainscale.launch.kit import MODULES, PACKAGE
 
     kit = {m.removesuffix(".py").replace("/", ".").removesuffix(".__init__") for m in MODULES}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 from typing import Callable, Mapping
 
 from trainscale.env import mpi, single, slurm, torchrun
@@ -33,6 +34,11 @@ def detect(environ: Mapping[str, str] | None = None) -> LaunchEnv:
     return dataclasses.replace(_launcher(environ), **job_facts(environ))
 
 
+def node_name(environ: Mapping[str, str] | None = None) -> str:
+    """This node's name: SLURM's own (SLURMD_NODENAME: two nodes may share a hostname), else the hostname."""
+    return (os.environ if environ is None else environ).get("SLURMD_NODENAME") or socket.gethostname()
+
+
 def _launcher(environ: Mapping[str, str]) -> LaunchEnv:
     forced = environ.get(OVERRIDE_VAR, "").strip().lower()
     if forced:
@@ -53,4 +59,4 @@ def _launcher(environ: Mapping[str, str]) -> LaunchEnv:
     raise AssertionError("single.detect always matches")  # pragma: no cover
 
 
-__all__ = ["LaunchEnv", "detect", "DETECTORS", "OVERRIDE_VAR"]
+__all__ = ["LaunchEnv", "detect", "node_name", "DETECTORS", "OVERRIDE_VAR"]

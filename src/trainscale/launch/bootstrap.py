@@ -7,7 +7,8 @@ docs/launch.md, "What every worker sees"). Like torchelastic's ``@record``, a fa
 worker's traceback to TORCHELASTIC_ERROR_FILE, so a summary shows it without the user decorating main().
 How a worker ends (:func:`exit_cleanly`, :func:`die_with_parent`): docs/launch.md, "How a run ends".
 
-Standard library only (trainscale.errors, trainscale.env and trainscale.topology are too): a stock
+Standard library only (trainscale.errors, trainscale.env, trainscale.topology and the observation it installs,
+observe/worker.py, are too, until the script imports torch): a stock
 container without trainscale runs this module from the job kit (launch/kit.py), and it imports torch
 itself only ahead of trainscale's own modules (:func:`collector_paused`).
 """
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any, Mapping, MutableMapping
 
 from trainscale.errors import PEER_GONE, is_refusal, one_line, record_error, succeeded
+from trainscale.observe.worker import explain_hang, observe_when_torch_loads, stop_observing
 
 BIND_VAR = "TRAINSCALE_CPU_BIND"
 """The binding plan from the launcher; format in trainscale/topology/worker.py."""
@@ -49,8 +51,6 @@ RUN_DIR_VAR = "TRAINSCALE_RUN_DIR"
 """The run's directory for the ranks' records (metrics/): `trainscale run`'s, a SLURM job's run, a sweep task's."""
 PREFIXED_VAR = "TRAINSCALE_PREFIXED_CONSOLE"
 """Set by ``trainscale run`` when the agent prefixes every line a worker shows with ``[rankN]:``."""
-RECORD_VAR, NOTICE_VAR = "TRAINSCALE_RECORD", "TRAINSCALE_HANG_NOTICE"
-"""``0`` switches off the step records (observe/hooks.py), the hang watch (runtime/progress.py)."""
 HANG_TIMEOUT_VAR = "TRAINSCALE_HANG_TIMEOUT"
 """`--hang-timeout`'s seconds for the workers' hang watch (runtime/progress.py)."""
 
@@ -119,12 +119,12 @@ def apply_bind_from_env(environ: Mapping[str, str] = os.environ) -> None:
     """Bind this worker to its CPUs when the launcher handed down a plan (torchrun cannot bind)."""
     if not environ.get(BIND_VAR):
         return
+    from trainscale.env import detect
     from trainscale.topology import bind_worker
 
-    local_rank = int(environ.get("LOCAL_RANK", environ.get("SLURM_LOCALID", "0")))
-    local_world = int(environ.get("LOCAL_WORLD_SIZE", environ.get("SLURM_NTASKS_PER_NODE", "1")))
-    report = bind_worker(local_rank, local_world)
-    if local_rank == 0 or report.far:
+    env = detect(environ)
+    report = bind_worker(env.local_rank, env.local_world_size)
+    if env.local_rank == 0 or report.far:
         print(f"trainscale: {report.describe()}", file=sys.stderr, flush=True)
 
 
@@ -378,7 +378,7 @@ def _main(argv: list[str]) -> None:
     narrow_gpu()
     apply_bind_from_env()
     if kind != "--exec":
-        observe_when_torch_loads()
+        observe_when_torch_loads(kit=os.environ.get(KIT_VAR))
     leave_kit()
     enter_snapshot()
     if kind == "--exec":  # a program, not Python (torchrun's --no-python): it inherits the world above
@@ -396,130 +396,6 @@ def _main(argv: list[str]) -> None:
     else:
         sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
         runpy.run_path(target, run_name="__main__")
-
-
-_OBSERVING: list = []
-"""The recorder and the heartbeat's group watch, once the script imported torch."""
-
-
-def observe_when_torch_loads(environ: MutableMapping[str, str] = os.environ) -> None:
-    """Zero code: what trainscale learns about any script (docs/observability.md). When the script imports
-    torch, the recorder's hooks go in (observe/hooks.py: every rank's steps, with a run directory) and a
-    watch starts the rank's heartbeat once its process group exists (runtime/progress.py: a hang's culprit
-    named). torch's flight recorder keeps the last collectives (asked for before the group exists). Nothing
-    here may fail the script: what cannot start says so in one line."""
-    records = str(environ.get(RECORD_VAR, "1")).strip().lower() not in ("0", "false", "no", "off")
-    watch = str(environ.get(NOTICE_VAR, "")).strip() not in ("0", "0.0")
-    if not (records and environ.get(RUN_DIR_VAR)) and not watch:
-        return
-    kit = environ.get(KIT_VAR)
-    start = lambda: _start_observing(environ, kit, records=records, watch=watch)  # noqa: E731
-    if "torch" in sys.modules:
-        start()
-    else:
-        sys.meta_path.insert(0, _AfterImport("torch", start))
-
-
-class _AfterImport:
-    """A meta path finder that runs ``then`` right after module ``name`` has been imported (once)."""
-
-    def __init__(self, name: str, then) -> None:
-        self.name, self.then = name, then
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != self.name:
-            return None
-        import importlib.util
-
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        run, then = spec.loader.exec_module, self.then
-
-        def exec_module(module):
-            run(module)
-            then()
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-def _start_observing(environ: MutableMapping[str, str], kit: str | None, *, records: bool, watch: bool) -> None:
-    try:
-        hooks, progress = _observers(kit)
-        if watch:  # before the script's process group exists
-            progress.ledger.enable_flight_recorder(environ)
-        recorder = hooks.install(environ.get(RUN_DIR_VAR)) if records else None
-        listeners = (recorder.hang_noticed,) if recorder is not None else ()
-        on_stall = (recorder.flush,) if recorder is not None else ()
-        group_watch = progress.GroupWatch(environ, listeners, on_stall).start() if watch else None
-        _OBSERVING[:] = [recorder, group_watch]
-    except Exception as exc:  # an image's older torch, a module it lacks: the script runs on, unobserved
-        print(f"trainscale: this rank is not observed (no step records or hang watch): {type(exc).__name__}: {exc}",
-              file=sys.stderr, flush=True)
-
-
-OBSERVERS = ("trainscale.observe.hooks", "trainscale.runtime.progress", "trainscale.observe.records",
-             "trainscale.observe.sampler", "trainscale.observe.devices", "trainscale.observe.stragglers",
-             "trainscale.observe.flops", "trainscale.runtime.memory", "trainscale.observe.state")
-"""The recorder, the heartbeat, and every module they import later (the job kit holds them all)."""
-
-
-def _observers(kit: str | None):
-    """The recorder and heartbeat modules: from trainscale where the script's Python has it, else from the job
-    kit (a stock container). The kit's copies stay loaded by their full names, which is how they import one
-    another, but not the package itself: the script's ``import trainscale`` there still finds nothing."""
-    import importlib
-    import importlib.util
-
-    try:
-        own = importlib.util.find_spec("trainscale.observe") is not None
-    except ModuleNotFoundError:  # no trainscale at all in this Python (a stock image)
-        own = False
-    if not kit or own:
-        return importlib.import_module(OBSERVERS[0]), importlib.import_module(OBSERVERS[1])
-    sys.path.insert(0, kit)
-    try:
-        for name in [n for n in sys.modules if n == "trainscale" or n.startswith("trainscale.")]:
-            del sys.modules[name]  # an image's older trainscale without these modules
-        loaded = [importlib.import_module(name) for name in OBSERVERS]
-    finally:
-        sys.path.remove(kit)
-        sys.modules.pop("trainscale", None)
-    return loaded[0], loaded[1]
-
-
-def explain_hang(exc: BaseException) -> BaseException | None:
-    """A collective timeout (or a peer's closed connection after one) as the heartbeat's verdict on who was
-    missing, chained to ``exc``; None for anything else."""
-    progress = sys.modules.get("trainscale.runtime.progress")
-    beat = progress.current() if progress is not None else None
-    if beat is None or isinstance(exc, (KeyboardInterrupt, SystemExit)):
-        return None
-    try:  # a peer's closed connection is not waited on here: the launcher's summary names the rank that timed out
-        explained = beat.explain(exc, relay=False)
-    except Exception:
-        return None
-    if explained is None or explained is exc:
-        return None
-    explained.__cause__ = exc
-    explained.__traceback__ = exc.__traceback__
-    return explained
-
-
-def stop_observing() -> None:
-    """Before the worker ends: the recorder's last records and summary, then the heartbeat stopped (a thread
-    left in a store call at interpreter shutdown aborts the process)."""
-    observing, _OBSERVING[:] = list(_OBSERVING), []
-    for part, stop in zip(observing, ("finish", "stop")):
-        if part is not None:
-            try:
-                getattr(part, stop)()
-            except Exception as exc:
-                print(f"trainscale: {stop} of the observation failed: {type(exc).__name__}: {exc}",
-                      file=sys.stderr, flush=True)
 
 
 def leave_kit(environ: MutableMapping[str, str] = os.environ) -> None:

@@ -36,9 +36,9 @@ MODULES = (
     "topology/__init__.py", "topology/apply.py", "topology/cpulist.py", "topology/detect.py", "topology/model.py",
     "topology/nvidia.py", "topology/plan.py", "topology/rocm.py", "topology/sysfs.py", "topology/worker.py",
     "launch/__init__.py", "launch/bootstrap.py", "launch/ports.py",
-    # loaded only after the script imported the image's torch (launch/bootstrap.py observe_when_torch_loads):
+    # installs the observation; what it loads only after the script imported the image's torch:
     # the step records and the hang watch, for a script in a stock container too
-    "observe/__init__.py", "observe/hooks.py", "observe/models.py", "observe/steps.py", "observe/records.py",
+    "observe/__init__.py", "observe/worker.py", "observe/hooks.py", "observe/models.py", "observe/steps.py", "observe/records.py",
     "observe/state.py",
     "observe/window.py", "observe/sampler.py", "observe/devices.py", "observe/stragglers.py", "observe/flops.py",
     "runtime/__init__.py", "runtime/progress.py", "runtime/hangwatch.py", "runtime/ledger.py", "runtime/hangs.py",

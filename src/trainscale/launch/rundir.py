@@ -24,6 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from trainscale.env import node_name
+
 DEFAULT_ROOT = Path("trainscale-runs")
 RUN_RECORD = "run.json"
 WORKLOADS_MODULE = "trainscale.workloads"
@@ -82,7 +84,7 @@ def create(root: Path, name: str, *, multinode: bool = False, now: datetime.date
     exclusive mkdir, so two runs started in the same second never share one). Each node of a multi-node
     run makes its own, named after its host."""
     stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
-    host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()  # SLURM nodes may share a hostname
+    host = node_name()
     base = f"{name}-{stamp}" + (f"-{host}" if multinode else "")
     try:
         root.mkdir(parents=True)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import traceback
 from pathlib import Path
@@ -112,7 +111,7 @@ def main(argv: list[str]) -> None:
 
     import cloudpickle
 
-    from trainscale.env import detect
+    from trainscale.env import detect, node_name
     from trainscale.launch.bootstrap import enter_snapshot
 
     directory = Path(argv[0])
@@ -131,7 +130,7 @@ def main(argv: list[str]) -> None:
         if isinstance(exc, SystemExit) and exc.code in (None, 0):
             result = None
         else:
-            record = {"rank": rank, "host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+            record = {"rank": rank, "host": node_name(),
                       "traceback": traceback.format_exc(), "exception": exc}
             try:
                 data = cloudpickle.dumps(record)

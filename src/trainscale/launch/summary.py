@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import signal
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainscale.env import node_name
 from trainscale.errors import PEER_GONE
 from trainscale.topology.cpulist import format_cpulist
 
@@ -183,7 +182,7 @@ def tail(path: Path | None, lines: int = 20) -> str:
 
 def from_child_failed(error: Any, log_files: dict[int, Path] | None = None) -> list[RankFailure]:
     """RankFailures from a ChildFailedError, earliest first."""
-    host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()  # SLURM nodes may share a hostname
+    host = node_name()
     out = []
     for rank, failure in error.failures.items():
         data = failure.error_file_data

@@ -1,7 +1,7 @@
 """The one recorder: what every rank trainscale starts records about its training steps, with no change to
 the script — a user's plain DDP loop, an HF ``Trainer``, a DeepSpeed engine, or a built-in workload alike.
 
-The worker bootstrap installs it when the script imports torch (launch/bootstrap.py), if the run has a
+The worker bootstrap installs it when the script imports torch (observe/worker.py), if the run has a
 directory (``TRAINSCALE_RUN_DIR``) and ``TRAINSCALE_RECORD`` is not ``0``. It sees the steps through what
 torch exposes to anyone:
 
@@ -35,17 +35,14 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from trainscale.env import detect, node_name
 from trainscale.observe.models import (autocast_dtype, batch_size, device_of, param_dtype, strategy_of,
                                        tensors, unit_bytes, unwrap)
 from trainscale.observe.steps import StepMarks
+from trainscale.observe.worker import recording_on
 
-RECORD_VAR = "TRAINSCALE_RECORD"
 _current: "Recorder | None" = None
 _lock = threading.Lock()
-
-
-def recording_on(environ: Any = os.environ) -> bool:
-    return str(environ.get(RECORD_VAR, "1")).strip().lower() not in ("0", "false", "no", "off")
 
 
 def current() -> "Recorder | None":
@@ -270,7 +267,7 @@ class Recorder:
     def _open(self) -> None:
         """This rank's record file, its device sampler (local rank 0) and straggler watch (rank 0)."""
         from trainscale.observe.records import RankRecorder
-        from trainscale.observe.sampler import node_name, start_sampler
+        from trainscale.observe.sampler import start_sampler
 
         rank, world, local_rank, local_world, backend = _place(self.environ)
         lead = self._lead() if self._lead is not None else None
@@ -409,20 +406,6 @@ def _float(environ: Any, name: str, default: float) -> float:
         return default
 
 
-def _place(environ: Any) -> tuple[int, int, int, int, str | None]:
-    """(rank, world size, local rank, local world size, backend): the process group's where there is one."""
-    import torch.distributed as dist
-
-    rank = int(environ.get("RANK", environ.get("SLURM_PROCID", 0)) or 0)
-    world = int(environ.get("WORLD_SIZE", environ.get("SLURM_NTASKS", 1)) or 1)
-    backend = None
-    if dist.is_available() and dist.is_initialized():
-        rank, world, backend = dist.get_rank(), dist.get_world_size(), str(dist.get_backend())
-    local = int(environ.get("LOCAL_RANK", environ.get("SLURM_LOCALID", 0)) or 0)
-    local_world = int(environ.get("LOCAL_WORLD_SIZE", environ.get("SLURM_NTASKS_PER_NODE", 1)) or 1)
-    return rank, world, local, local_world, backend
-
-
 def _time_loader(recorder: Recorder) -> Callable[[], None]:
     """Every DataLoader iterator's ``__next__`` timed for ``recorder`` (a forked worker's is not: not its pid);
     returns what undoes it. torch exposes no hook there, so the one method is wrapped."""
@@ -443,6 +426,15 @@ def _time_loader(recorder: Recorder) -> Callable[[], None]:
 
     dataloader._BaseDataLoaderIter.__next__ = timed
     return lambda: setattr(dataloader._BaseDataLoaderIter, "__next__", original)
+
+
+def _place(environ: Any) -> tuple[int, int, int, int, str | None]:
+    """(rank, world size, local rank, local world size, backend): the process group's where there is one."""
+    env, dist = detect(environ), torch.distributed
+    rank, world, backend = env.rank, env.world_size, None
+    if dist.is_available() and dist.is_initialized():
+        rank, world, backend = dist.get_rank(), dist.get_world_size(), str(dist.get_backend())
+    return rank, world, env.local_rank, env.local_world_size, backend
 
 
 def _tell_heartbeat(step: int) -> None:

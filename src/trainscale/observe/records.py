@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from trainscale.env import node_name
 from trainscale.observe.window import Publisher, RankWindow, default_store
 from trainscale.topology.apply import current_affinity
 
@@ -89,7 +90,7 @@ class RankRecorder:
         self.rank = rank
         self.out = JsonLines(metrics_dir(run_dir) / f"rank-{rank}.jsonl", flush_every, flush_after_s)
         first = {"kind": "meta", "rank": rank, "host": socket.gethostname(),
-                 "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname(), "pid": os.getpid(),
+                 "node": node_name(), "pid": os.getpid(),
                  "t": time.time(), "cpus": sorted(current_affinity()), **meta}
         self.out.write(first)
         self.out.flush()  # the meta line at once: a reader learns of the rank before its first block

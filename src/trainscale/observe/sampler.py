@@ -13,11 +13,11 @@ samples (default 5); 0 switches sampling off.
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from typing import Any, Callable
 
+from trainscale.env import node_name
 from trainscale.observe.records import JsonLines, metrics_dir
 
 INTERVAL_VAR = "TRAINSCALE_SAMPLE_INTERVAL"
@@ -145,11 +145,6 @@ class Sampler:
         if self._thread.is_alive():
             self._thread.join(timeout=self.interval_s + 5)
         self.out.close()
-
-
-def node_name() -> str:
-    """This node's name in file names (SLURM's own, where two nodes may share a hostname)."""
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def start_sampler(run_dir, *, local_rank: int, local_ranks: int = 1, environ=os.environ) -> Sampler | None:
