@@ -44,6 +44,8 @@ class State:
     """Where its main thread is."""
     host: str = "?"
     pid: int | None = None
+    counts: list[list[int]] = field(default_factory=list)
+    """[step, collectives issued on the default group by the end of it] for its last optimizer steps."""
     ledger: list[dict[str, Any]] | None = None
     """Its last collectives, oldest first: {"pg", "seq", "op", "sizes", "site", "age_s", "done"} (sent once its
     progress has stalled a few seconds)."""
@@ -118,6 +120,65 @@ def _silent(state: State) -> str:
         "its process is stopped, or its Python holds the GIL in C code")
     return (f"rank {state.rank} on {state.host}" + (f" (pid {state.pid})" if state.pid else "") +
             f": not responding for {state.silent_s:.0f}s ({how})")
+
+
+def count_desync(states: dict[int, Any]) -> Verdict | None:
+    """A desync shown by the ranks' collective counts at the end of the same optimizer step (each rank counts its
+    own at its step boundary, so no clock is compared): the first step where they differ, or None. The ranks whose
+    count differs from the most ranks' (from rank 0's where no count has a majority, as with two ranks) are named."""
+    counts = {r: {int(k): int(n) for k, n in s.counts} for r, s in states.items() if isinstance(s, State) and s.counts}
+    steps = sorted(set.intersection(*(set(c) for c in counts.values()))) if len(counts) > 1 else []
+    for step in steps:
+        at = {r: c[step] for r, c in counts.items()}
+        if len(set(at.values())) == 1:
+            continue
+        culprits, reference = _odd_ones(at)
+        common = at[reference]
+        lines = [f"desync: by the end of step {step} the ranks had issued different numbers of collectives on the "
+                 f"default process group (their gradients mix from then on) — rank(s) {_ranks(culprits)} issued a "
+                 f"different collective sequence than rank {reference}: it skipped or added a collective in step "
+                 f"{step}"]
+        lines += [f"  {_where(states[r])}: {n} collective(s) by the end of step {step}"
+                  + (f" ({n - common:+d} against rank {reference})" if n != common else "") for r, n in sorted(at.items())]
+        return Verdict(kind="desync", waiting=[], culprits=culprits, collective=f"step {step}", waited_s=0.0,
+                       lines=lines)
+    return None
+
+
+def _odd_ones(values: dict[int, Any]) -> tuple[list[int], int]:
+    """(the ranks whose value differs from the most ranks' — from rank 0's, or the lowest rank's, where no value
+    has a majority, as with two ranks —, the rank whose value they are compared with)."""
+    tally: dict[str, list[int]] = {}
+    for r, v in sorted(values.items()):
+        tally.setdefault(str(v), []).append(r)
+    most = max(len(ranks) for ranks in tally.values())
+    leaders = [ranks for ranks in tally.values() if len(ranks) == most]
+    common = min(leaders) if len(leaders) > 1 else leaders[0]
+    return sorted(r for r, v in values.items() if str(v) != str(values[common[0]])), common[0]
+
+
+def ledger_desync(states: dict[int, Any]) -> Verdict | None:
+    """A desync shown by the ranks' flight records: a collective with the same number on a process group that two
+    ranks issued with another op or other sizes (whoever waits, whether it completed anywhere), or None."""
+    seen: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
+    for r, s in states.items():
+        for e in (s.ledger or ()) if isinstance(s, State) else ():
+            if not e.get("assumed") and e.get("sizes") is not None:
+                seen.setdefault((str(e["pg"]), int(e["seq"])), {})[r] = e
+    for (group, seq), entries in sorted(seen.items(), key=lambda item: item[0][1]):
+        if len(entries) < 2 or len({(e.get("op"), str(e.get("sizes"))) for e in entries.values()}) == 1:
+            continue
+        culprits, reference = _odd_ones({r: (e.get("op"), e.get("sizes")) for r, e in entries.items()})
+        lines = [f"desync: the ranks called different collectives as collective #{seq} of process group "
+                 f"{group.removeprefix('pg:')} — rank(s) {_ranks(culprits)} issued a different collective than rank "
+                 f"{reference} (it skipped or added a collective before it, or passed another shape)"]
+        for r, e in sorted(entries.items()):
+            where = f"issued at {e['site']}" if e.get("site") else f"now at {states[r].site}" if states[r].site else ""
+            lines.append(f"  rank {r} on {states[r].host} (pid {states[r].pid}): {_collective(e)}"
+                         + (f", {where}" if where else ""))
+        return Verdict(kind="desync", waiting=[], culprits=culprits, collective=_collective(entries[reference]),
+                       waited_s=0.0, lines=lines)
+    return None
 
 
 def diagnose(states: dict[int, Any], *, notice_s: float, observer: int | None = None,

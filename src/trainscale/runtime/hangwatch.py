@@ -49,6 +49,8 @@ class Watching:
     # -- watching -------------------------------------------------------------------------------------
     def _look(self, now: float) -> None:
         since = now - self._changed_at
+        if self.rank == 0 and self.notice_s > 0 and self.fired is None:
+            self._desync(now, since)
         if since < LOOK_AFTER_S:
             self.noticed = None  # progress again: a later hang gets a notice of its own
             return
@@ -77,6 +79,27 @@ class Watching:
                 self.fired = self._error(verdict, waited_s=since, limit_s=limit if hung else None)
                 self._stop.set()
                 self.on_hang(self.fired)
+
+    def _desync(self, now: float, since: float) -> None:
+        """The watcher's live comparison: the ranks' collective counts at each new step boundary (every beat a
+        step ended), and, once stalled, the op and sizes of the collective each rank is in — a desync is proven
+        there and then, so the job ends with it at once instead of waiting out a notice interval while gloo or
+        NCCL mix the gradients or wait for a partner that never comes."""
+        stalled = since >= LOOK_AFTER_S and now >= self._next_look
+        if not stalled and (not self.counts or self.counts[-1] == self._compared):
+            return
+        states = self._states(now)
+        verdict = hangs.count_desync(states) or (hangs.ledger_desync(states) if stalled else None)
+        self._compared = self.counts[-1] if self.counts else None
+        if verdict is None:
+            return
+        print(f"trainscale: {verdict.text()}", file=sys.stderr, flush=True)
+        for listener in list(self.listeners):
+            with contextlib.suppress(Exception):
+                listener(verdict)
+        self.fired = self._error(verdict, waited_s=None, desync=True)
+        self._stop.set()
+        self.on_hang(self.fired)
 
     def _in_flight_s(self, now: float) -> float:
         """How long this rank's oldest collective still in flight has been queued (its flight record's age),
@@ -199,12 +222,14 @@ class Watching:
         return hangs.diagnose(states, notice_s=0.0, observer=self.rank, stacks=fetched)
 
     def _error(self, verdict: hangs.Verdict | None, waited_s: float | None,
-               limit_s: float | None = None) -> CollectiveTimeout:
+               limit_s: float | None = None, desync: bool = False) -> CollectiveTimeout:
         timeout_s = self.runtime.timeout.total_seconds()
         waited = f" (waited {waited_s:.0f}s)" if waited_s is not None else ""
         what = self.op or "a collective"
         head = f"rank {self.rank}: {what} at step {self.step} did not complete within {timeout_s:.0f}s{waited}"
-        if limit_s is not None:
+        if desync:
+            head = f"rank {self.rank}: the job was ended at step {self.step} by trainscale's watch"
+        elif limit_s is not None:
             head = (f"rank {self.rank}: hung — no progress for {waited_s:.0f}s in {what} at step {self.step}, "
                     f"the hang timeout is {limit_s:.0f}s (--hang-timeout)")
         if verdict is None:

@@ -22,6 +22,7 @@ then writes its stacks to ``<run dir>/hangs/``. How and why: docs/reliability.md
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime
 import faulthandler
@@ -51,6 +52,8 @@ DETAIL_AFTER_S = 3.0
 """A rank whose progress stalled this long publishes its collectives in flight and its stacks (every 2 s)."""
 LIVE_S = 2.0
 """A record is published at least this often: its beat count is the watcher's sign of life."""
+COUNTS_KEPT = 8
+"""Step boundaries whose collective counts a record carries: enough that ranks a few steps apart share some."""
 WATCHDOG_S = 8.0
 """A heartbeat silent this long (the GIL held) has the C watchdog write the rank's stacks."""
 
@@ -160,12 +163,15 @@ class Heartbeat(Watching):
         self.fired: CollectiveTimeout | None = None
         self.noticed: hangs.Verdict | None = None
         self.host, self.pid = os.environ.get("SLURMD_NODENAME") or socket.gethostname(), os.getpid()
+        self.counts: collections.deque = collections.deque(maxlen=COUNTS_KEPT)
+        """[step, collectives issued on the default group by its end], written at each optimizer step."""
         self._beats = 0
         self._progress: tuple | None = None
         self._changed_at = time.monotonic()
         self._detail: tuple[float, dict] | None = None
         self._published: tuple[str, float] | None = None
         self._next_look = 0.0
+        self._compared: list | None = None  # the watcher's: the step boundary whose counts it last compared
         self._seen: dict[int, tuple[int, float]] = {}  # the watcher's: rank -> (its beat, when it last changed)
         self._answered = 0
         self._lock = threading.Lock()
@@ -202,7 +208,7 @@ class Heartbeat(Watching):
         since = now - self._changed_at
         frame = ledger.main_frame()
         record = {"step": self.step, "op": self.op, "issued": progress[1], "site": ledger.site(frame),
-                  "host": self.host, "pid": self.pid, "dump": self.dump_path}
+                  "host": self.host, "pid": self.pid, "dump": self.dump_path, "counts": list(self.counts)}
         background = ledger.own_groups()
         if background:  # left out of "issued" and the ledger: named, so a reader knows they exist
             record["background_groups"] = background
@@ -326,6 +332,9 @@ def note_step(step: int) -> None:
     beat = _heartbeat
     if beat is not None:
         beat.step = step
+        # a counter read in memory (no system call): the watcher compares these across ranks (runtime/hangwatch.py)
+        with contextlib.suppress(Exception):
+            beat.counts.append([step, int(beat.group._get_sequence_number_for_group())])
 
 
 def for_runtime(runtime: Any) -> Heartbeat:
