@@ -158,15 +158,19 @@ def _odd_ones(values: dict[int, Any]) -> tuple[list[int], int]:
 
 
 def ledger_desync(states: dict[int, Any]) -> Verdict | None:
-    """A desync shown by the ranks' flight records: a collective with the same number on a process group that two
-    ranks issued with another op or other sizes (whoever waits, whether it completed anywhere), or None."""
+    """A desync shown by the ranks' flight records: a collective with the same number on a process group, still in
+    flight on some rank, that two ranks issued with another op or other sizes (done on one of them or not), or None."""
     seen: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
     for r, s in states.items():
         for e in (s.ledger or ()) if isinstance(s, State) else ():
             if not e.get("assumed") and e.get("sizes") is not None:
                 seen.setdefault((str(e["pg"]), int(e["seq"])), {})[r] = e
     for (group, seq), entries in sorted(seen.items(), key=lambda item: item[0][1]):
-        if len(entries) < 2 or len({(e.get("op"), str(e.get("sizes"))) for e in entries.values()}) == 1:
+        # one still in flight (the job is held up there), on ranks that all issued it in this group (a recorder
+        # keeps a destroyed group's collectives under the same name)
+        entries = {r: e for r, e in entries.items() if states[r].issued.get(group, -1) >= seq}
+        if len(entries) < 2 or all(e.get("done") for e in entries.values()) \
+                or len({(e.get("op"), str(e.get("sizes"))) for e in entries.values()}) == 1:
             continue
         culprits, reference = _odd_ones({r: (e.get("op"), e.get("sizes")) for r, e in entries.items()})
         lines = [f"desync: the ranks called different collectives as collective #{seq} of process group "
