@@ -127,9 +127,8 @@ def count_desync(states: dict[int, Any]) -> Verdict | None:
     own at its step boundary, so no clock is compared): the first step where they differ, or None. The ranks whose
     count differs from the most ranks' (from rank 0's where no count has a majority, as with two ranks) are named."""
     counts = {r: {int(k): int(n) for k, n in s.counts} for r, s in states.items() if isinstance(s, State) and s.counts}
-    steps = sorted(set.intersection(*(set(c) for c in counts.values()))) if len(counts) > 1 else []
-    for step in steps:
-        at = {r: c[step] for r, c in counts.items()}
+    for step in sorted({step for c in counts.values() for step in c}):
+        at = {r: c[step] for r, c in counts.items() if step in c}  # the ranks that ended it
         if len(set(at.values())) == 1:
             continue
         culprits, reference = _odd_ones(at)
