@@ -12,7 +12,7 @@ ranks and the missing, desynchronised or unresponsive one(s) with host, pid, pla
 barrier gets the notice and goes on — until the hang timeout (``TRAINSCALE_HANG_TIMEOUT``, `--hang-timeout`):
 after that long with no progress, a waiting rank ends its process with the verdict (:func:`end_process`, exit
 status 124). At the collective timeout the rank whose collective fails ends with that
-verdict (:meth:`Heartbeat.explain`: the worker bootstrap for any script, ``rt.guard`` for trainscale's API;
+verdict (:meth:`Watch.explain`: the worker bootstrap for any script, ``rt.guard`` for trainscale's API;
 on NCCL, where no exception reaches a waiting main thread, the heartbeat itself: :func:`end_process`).
 
 The bootstrap starts the heartbeat as soon as the script's process group exists (:func:`watch_for_group`).
@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from trainscale.runtime import hangs, ledger, peers
-from trainscale.runtime.hangwatch import KEY, READ_TIMEOUT, CollectiveTimeout, Watching, end_process, use_ranks_gpu
+from trainscale.runtime.hangwatch import KEY, READ_TIMEOUT, CollectiveTimeout, Watch, end_process, use_ranks_gpu
 
 NOTICE_VAR = "TRAINSCALE_HANG_NOTICE"
 DEFAULT_NOTICE_S = 20.0
@@ -123,7 +123,7 @@ def _store() -> Any:
 
 def _own_connection(store: Any) -> tuple[Any, bool]:
     """(store, own): a connection of the heartbeat's own with :data:`READ_TIMEOUT` where torch can clone
-    one (torch >= 2.5); else the shared one, whose timeout :meth:`Heartbeat._read_records` restores."""
+    one (torch >= 2.5); else the shared one, whose timeout :meth:`Watch._read_records` restores."""
     if store is None:
         return None, False
     try:
@@ -134,7 +134,7 @@ def _own_connection(store: Any) -> tuple[Any, bool]:
         return store, False
 
 
-class Heartbeat(Watching):
+class Heartbeat:
     """One rank's heartbeat thread and, on rank 0 (or rank 1 standing in), the hang watch (runtime/hangwatch.py).
 
     ``watch`` (default: on NCCL) makes it also end the process itself at the collective timeout
@@ -160,8 +160,6 @@ class Heartbeat(Watching):
         """Called once each time this rank's progress stalls a few seconds (the recorder writes its records out:
         a rank ended by the launcher after a hang keeps its steps)."""
         self.issued: Callable[[], dict[str, int]] = ledger.issued
-        self.fired: CollectiveTimeout | None = None
-        self.noticed: hangs.Verdict | None = None
         self.host, self.pid = os.environ.get("SLURMD_NODENAME") or socket.gethostname(), os.getpid()
         self.counts: collections.deque = collections.deque(maxlen=COUNTS_KEPT)
         """[step, collectives issued on the default group by its end], written at each optimizer step."""
@@ -170,15 +168,13 @@ class Heartbeat(Watching):
         self._changed_at = time.monotonic()
         self._detail: tuple[float, dict] | None = None
         self._published: tuple[str, float] | None = None
-        self._next_look = 0.0
-        self._compared: list | None = None  # the watcher's: the step boundary whose counts it last compared
-        self._seen: dict[int, tuple[int, float]] = {}  # the watcher's: rank -> (its beat, when it last changed)
         self._answered = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._dump_file = _watchdog_file(run_dir, self.rank)
         self.dump_path = self._dump_file.name if self._dump_file is not None else None
+        self.watcher = Watch(self)
 
     # -- the step -----------------------------------------------------------------------------------
     def mark(self, step: int, op: str = "") -> None:
@@ -262,7 +258,7 @@ class Heartbeat(Watching):
             except Exception:  # the store went away (teardown, rank 0 gone): stop quietly
                 return
             try:
-                self._look(now)
+                self.watcher.look(now)
             except Exception as exc:  # a bug in the watch must not pass for "no hang": say so, once
                 import traceback
 
