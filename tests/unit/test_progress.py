@@ -54,8 +54,8 @@ def test_every_way_gloo_words_a_timeout_is_explained_and_other_errors_are_not():
 
 
 def test_the_error_names_the_hung_rank_with_the_stack_its_heartbeat_sends():
-    """Rank 1's heartbeat answers rank 0's request with its stacks: this test's main thread, which waits in
-    peers.request. Its record says step 3 with one all-reduce fewer than rank 0."""
+    """Rank 1's heartbeat record carries its stacks once it stalled (within half the 5 s timeout): this test's main
+    thread, which waits for them in diagnose_now. Its record says step 3 with one all-reduce fewer than rank 0."""
     store = _store()
     waiting, hung = _peer(0, 2, store), _peer(1, 2, store)
     waiting.issued, hung.issued = (lambda: {"pg:0": 8}), (lambda: {"pg:0": 7})
@@ -68,7 +68,7 @@ def test_the_error_names_the_hung_rank_with_the_stack_its_heartbeat_sends():
     assert "gradient all-reduce (collective #8 of process group 0), issued at " in text
     assert "— rank(s) 1 did not arrive" in text
     assert "rank 1 on " in text and ": step 3, at " in text and "1 collective(s) behind" in text
-    assert "rank 1's Python stack (every thread, innermost last):" in text and ", in request\n" in text
+    assert "rank 1's Python stack (every thread, innermost last):" in text and ", in diagnose_now\n" in text
     assert "in test_the_error_names_the_hung_rank_with_the_stack_its_heartbeat_sends" in text
     assert peers.await_diagnosis(store, 0) == text.split("\nHint:")[0]  # posted for the peers to relay
 
@@ -76,7 +76,7 @@ def test_the_error_names_the_hung_rank_with_the_stack_its_heartbeat_sends():
 def test_a_peer_whose_connection_a_timed_out_rank_closed_relays_its_diagnosis(monkeypatch):
     """gloo: the rank that timed out closes its connections; its peers fail at once with "Connection closed
     by peer". They carry the diagnosis it posted; after a peer that crashed (nothing posted) the error stays."""
-    monkeypatch.setattr(peers, "WAIT_S", 0.2)
+    monkeypatch.setattr(hangwatch, "STACKS_WAIT_S", 0.2)
     store = _store()
     peer = _peer(2, 4, store)
     peer.mark(3, "gradient all-reduce")
@@ -118,7 +118,7 @@ def test_ranks_in_step_with_the_same_collectives_issued_name_nobody():
 def test_64_ranks_records_are_read_in_two_requests_and_a_missing_one_is_named(monkeypatch):
     """Every waiting rank reads every rank's record when a collective times out: at 1,024 ranks two requests
     per rank each, from every rank at once, was two million requests to rank 0's store."""
-    monkeypatch.setattr(peers, "WAIT_S", 0.1)  # rank 7 has no heartbeat to send its stack
+    monkeypatch.setattr(hangwatch, "STACKS_WAIT_S", 0.0)  # rank 7 has no heartbeat to send its stacks
     server = _store()
     for rank in range(64):
         if rank != 41:
@@ -140,7 +140,7 @@ def test_64_ranks_records_are_read_in_two_requests_and_a_missing_one_is_named(mo
 def test_a_rank_never_names_itself_from_a_stale_copy_of_its_own_record(monkeypatch):
     """A store set is not acknowledged, so the store's copy of the reading rank's record may be a heartbeat
     old: under load rank 0 named itself with the hung rank ("rank(s) 0, 1 did not arrive")."""
-    monkeypatch.setattr(peers, "WAIT_S", 0.1)
+    monkeypatch.setattr(hangwatch, "STACKS_WAIT_S", 0.1)
     server = _store()
     server.set("trainscale/progress/0", json.dumps({"step": 2, "issued": {"pg:0": 8}}))  # stale
     server.set("trainscale/progress/1", json.dumps({"step": 2, "issued": {"pg:0": 8}}))  # hung

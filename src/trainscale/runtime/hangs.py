@@ -184,11 +184,10 @@ def ledger_desync(states: dict[int, Any]) -> Verdict | None:
     return None
 
 
-def diagnose(states: dict[int, Any], *, notice_s: float, observer: int | None = None,
-             stacks: dict[int, str | None] | None = None) -> Verdict | None:
+def diagnose(states: dict[int, Any], *, notice_s: float, observer: int | None = None) -> Verdict | None:
     """The verdict once some rank has waited ``notice_s`` in a collective (``observer``: the rank asking, which
     knows it waits — its collective timed out), or None. ``states``: rank -> :class:`State`, None (no record:
-    never started) or :data:`UNREACHABLE`. ``stacks``: stacks fetched on request, for ranks whose record has none."""
+    never started) or :data:`UNREACHABLE`."""
     alive = {r: s for r, s in states.items() if isinstance(s, State)}
     waiting = {r: s for r, s in alive.items() if s.responsive and s.wait and (s.waited() >= notice_s or r == observer)}
     if not waiting:
@@ -218,11 +217,10 @@ def diagnose(states: dict[int, Any], *, notice_s: float, observer: int | None = 
     names = sorted(waiting)
     head = f"rank(s) {_ranks(names)} waited {waited:.0f}s in {_collective(entry)}" + (
         f", issued at {entry['site']}" if entry.get("site") else "")
-    stacks = stacks or {}
 
     def stack_of(rank: int) -> list[str]:
         state = alive.get(rank)
-        text = (state.stacks if state is not None else None) or stacks.get(rank)
+        text = state.stacks if state is not None else None
         if text:
             return [f"rank {rank}'s Python stack (every thread, innermost last):", text]
         if state is not None and not state.responsive:

@@ -37,6 +37,9 @@ READ_TIMEOUT = datetime.timedelta(seconds=5)
 """The heartbeat's own store connection gives up after this: a store gone with rank 0 must not hold up
 the diagnosis for the job's whole collective timeout."""
 HINT = hangs.HINT
+STACKS_WAIT_S = 5.0
+"""How long a rank whose collective failed waits for the culprits' records to carry their stacks: a few beats,
+loaded machines included. A rank whose Python holds the GIL cannot send them (its C watchdog writes them)."""
 
 
 class CollectiveTimeout(TrainscaleError):
@@ -222,13 +225,15 @@ class Watch:
         first = hangs.diagnose(states, notice_s=0.0, observer=self.beat.rank)
         if first is None or not first.culprits:
             return first
-        asked = [r for r in first.culprits if isinstance(states.get(r), hangs.State) and not states[r].stacks
-                 and r != self.beat.rank][:4]
-        fetched: dict[int, str | None] = {}
-        if asked:
-            with contextlib.suppress(Exception), self.beat._lock:
-                fetched = peers.request(self.beat.store, asked)
-        return hangs.diagnose(states, notice_s=0.0, observer=self.beat.rank, stacks=fetched)
+        # their stacks come with their records once their progress stalled (the heartbeat's stall record, sent within
+        # half the collective timeout): wait a few beats for them, not for a rank that stopped responding
+        deadline = time.monotonic() + STACKS_WAIT_S
+        while time.monotonic() < deadline and any(
+                isinstance(states.get(r), hangs.State) and states[r].responsive and not states[r].stacks
+                for r in first.culprits if r != self.beat.rank):
+            time.sleep(self.beat.HEARTBEAT_S / 2)
+            states = self._states(time.monotonic(), waiting=True)
+        return hangs.diagnose(states, notice_s=0.0, observer=self.beat.rank)
 
     def _error(self, verdict: hangs.Verdict | None, waited_s: float | None,
                limit_s: float | None = None, desync: bool = False) -> CollectiveTimeout:
@@ -259,7 +264,7 @@ class Watch:
             return None
         try:
             with self.beat._lock:
-                found = peers.await_diagnosis(self.beat.store, peers.WAIT_S + 2 * self.beat.HEARTBEAT_S)
+                found = peers.await_diagnosis(self.beat.store, STACKS_WAIT_S + 2 * self.beat.HEARTBEAT_S)
         except Exception:
             found = None
         if found is None:

@@ -38,7 +38,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from trainscale.runtime import hangs, ledger, peers
+from trainscale.runtime import hangs, ledger
 from trainscale.runtime.hangwatch import KEY, READ_TIMEOUT, CollectiveTimeout, Watch, end_process, use_ranks_gpu
 
 NOTICE_VAR = "TRAINSCALE_HANG_NOTICE"
@@ -168,7 +168,6 @@ class Heartbeat:
         self._changed_at = time.monotonic()
         self._detail: tuple[float, dict] | None = None
         self._published: tuple[str, float] | None = None
-        self._answered = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -208,7 +207,8 @@ class Heartbeat:
         background = ledger.own_groups()
         if background:  # left out of "issued" and the ledger: named, so a reader knows they exist
             record["background_groups"] = background
-        if since >= DETAIL_AFTER_S:
+        timeout = getattr(self.runtime, "timeout", None)  # a shorter collective timeout than that: half of it
+        if since >= min(DETAIL_AFTER_S, timeout.total_seconds() / 2 if timeout else DETAIL_AFTER_S):
             if self._detail is None:
                 for call in list(self.on_stall):
                     with contextlib.suppress(Exception):
@@ -253,8 +253,6 @@ class Heartbeat:
                 now = time.monotonic()
                 self._rearm_watchdog()
                 self._publish(now)
-                with self._lock:
-                    self._answered = peers.answer(self.store, self.rank, self._answered)
             except Exception:  # the store went away (teardown, rank 0 gone): stop quietly
                 return
             try:
