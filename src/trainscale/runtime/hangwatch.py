@@ -84,6 +84,8 @@ class Watch:
             if verdict is not None:
                 self.noticed = verdict
                 self._notice(verdict)
+        if ends and not (self.beat.watch and since >= timeout_s) and not self._in_collective(now):
+            return  # past --hang-timeout outside any collective: this rank may be the hung one; the waiting ones end
         if ends:
             verdict = self.diagnose_now()
             # past the hang timeout a stuck collective (nobody to blame) ends too; NCCL's watchdog is its backstop
@@ -112,6 +114,11 @@ class Watch:
         self.fired = self._error(verdict, waited_s=None, desync=True)
         self.beat._stop.set()
         self.beat.on_hang(self.fired)
+
+    def _in_collective(self, now: float) -> bool:
+        """Whether this rank waits in a collective: one in flight in its stall record, or its main thread in one."""
+        return any(not e.get("done") for e in self.beat._record(now).get("ledger") or ()) or \
+            ledger.waiting_in(ledger.main_frame()) is not None
 
     def _in_flight_s(self, now: float) -> float:
         """How long this rank's oldest collective still in flight has been queued (its flight record's age),
