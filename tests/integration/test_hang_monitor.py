@@ -119,7 +119,7 @@ def late_group(delay_s: float) -> str:
     with trainscale.init(timeout_s=60, set_threads=False) as rt:
         with rt.guard(0):
             dist.all_reduce(torch.ones(1))
-        assert len(rt._progress._read_records()) == 2  # the watcher's read
+        assert len(rt._progress.watcher._read_records()) == 2  # the watcher's read
         store = dist.PrefixStore("late-group/", dist.distributed_c10d._get_default_store())
         dist.barrier()
         if rt.rank == 1:
@@ -150,14 +150,14 @@ def everyone_in_a_long_step() -> dict:
         found: dict = {}
         tracker = rt._progress = Heartbeat(rt, watch=True, on_hang=lambda error: found.update(m=str(error)))
         looks = threading.Event()
-        original = tracker._read_records
+        original = tracker.watcher._read_records
 
         def read_all():
             records = original()
             looks.set()  # the heartbeat has looked at everybody at least once, after the timeout
             return records
 
-        tracker._read_records = read_all
+        tracker.watcher._read_records = read_all
         with rt.guard(0):
             if rt.rank == 0:
                 looks.wait(WAIT.total_seconds())
@@ -244,7 +244,7 @@ def a_background_save_during_a_stall() -> dict:
         else:
             step = dist.all_reduce(torch.ones(1), async_op=True)  # collective #2: rank 0 never comes
             store.wait(["test/published"], WAIT)
-            verdict = beat.diagnose_now()
+            verdict = beat.watcher.diagnose_now()
             found.update(kind=verdict.kind, culprits=verdict.culprits, collective=verdict.collective)
             store.set("test/judged", "1")
             save = dist.all_reduce(torch.ones(4), group=group, async_op=True)  # rank 1's writer, later

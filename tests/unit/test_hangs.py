@@ -3,7 +3,7 @@ is missing, who called another collective, who stopped responding; and no verdic
 
 from __future__ import annotations
 
-from trainscale.runtime.hangs import STALE_S, UNREACHABLE, State, diagnose
+from trainscale.runtime.hangs import STALE_S, UNREACHABLE, State, count_desync, diagnose, ledger_desync
 
 
 def _entry(seq: int, op: str = "all_reduce", sizes=((354,),), *, age: float = 25.0, done: bool = False,
@@ -95,3 +95,31 @@ def test_a_rank_without_a_record_is_missing_and_unreachable_records_blame_the_st
     assert verdict.culprits == [1] and "rank 1: no heartbeat" in verdict.text()
     verdict = diagnose({0: UNREACHABLE, 1: _state(1, 11, waiting), 2: UNREACHABLE}, notice_s=20.0)
     assert verdict.kind == "unresponsive" and verdict.culprits == [0]
+
+
+def test_counts_that_differ_at_the_end_of_the_same_step_name_the_odd_rank_and_the_step():
+    states = {r: _state(r, 40, counts=[[3, 9], [4, 12 if r != 2 else 11], [5, 15 if r != 2 else 14]])
+              for r in range(4)}
+    states[3].counts = states[3].counts[:1]  # a rank a step behind shares step 3 only: no evidence from it
+    verdict = count_desync(states)
+    assert (verdict.kind, verdict.culprits) == ("desync", [2]), verdict.text()
+    assert "by the end of step 4" in verdict.text() and "rank(s) 2 issued a different collective" in verdict.text()
+    assert "rank 2 on node1 (pid 102): step 5, at train.py:30 in main: 11 collective(s) by the end of step 4 " \
+           "(-1 against rank 0)" in verdict.text()
+    two = {r: _state(r, 40, counts=[[4, 12 + r]]) for r in range(2)}
+    assert count_desync(two).culprits == [1]  # no majority of two: compared with rank 0's
+    assert count_desync({r: _state(r, 40, counts=[[4, 12]]) for r in range(2)}) is None
+
+
+def test_a_collective_in_flight_that_another_rank_issued_with_another_shape_is_a_desync_with_its_site():
+    rank0 = _state(0, 10, [_entry(9, done=True), _entry(10, sizes=((1, 4),))])
+    rank1 = _state(1, 11, [_entry(10, sizes=((2,),), done=True, site=None), _entry(11, sizes=((2,),))],
+                   site="train.py:16 in main")
+    verdict = ledger_desync({0: rank0, 1: rank1})
+    assert (verdict.kind, verdict.culprits) == ("desync", [1])
+    assert "rank 1 on node0 (pid 101): all_reduce of shape [2] (collective #10 of process group 0), now at " \
+           "train.py:16 in main" in verdict.text()
+    # done everywhere (a destroyed group's entries under the same name), or not issued in this group: no evidence
+    assert ledger_desync({0: _state(0, 10, [_entry(10, done=True)]),
+                          1: _state(1, 10, [_entry(10, sizes=((2,),), done=True)])}) is None
+    assert ledger_desync({0: rank0, 1: _state(1, 9, [_entry(10, sizes=((2,),), done=True)])}) is None

@@ -47,28 +47,28 @@ def test_every_way_gloo_words_a_timeout_is_explained_and_other_errors_are_not():
     beat.mark(3)
     for text in ("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Timed out waiting 5000ms for recv operation",
                  "Application timeout caused pair closure"):
-        explained = beat.explain(RuntimeError(text))
+        explained = beat.watcher.explain(RuntimeError(text))
         assert explained is not None and "rank(s) 1 did not arrive" in str(explained), text
-    assert beat.explain(RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x8 and 6x2)")) is None
+    assert beat.watcher.explain(RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x8 and 6x2)")) is None
     beat.close()
 
 
 def test_the_error_names_the_hung_rank_with_the_stack_its_heartbeat_sends():
-    """Rank 1's heartbeat answers rank 0's request with its stacks: this test's main thread, which waits in
-    peers.request. Its record says step 3 with one all-reduce fewer than rank 0."""
+    """Rank 1's heartbeat record carries its stacks once it stalled (within half the 5 s timeout): this test's main
+    thread, which waits for them in diagnose_now. Its record says step 3 with one all-reduce fewer than rank 0."""
     store = _store()
     waiting, hung = _peer(0, 2, store), _peer(1, 2, store)
     waiting.issued, hung.issued = (lambda: {"pg:0": 8}), (lambda: {"pg:0": 7})
     waiting.mark(3, "gradient all-reduce")
     hung.mark(3)
-    error = waiting.explain(RuntimeError("[gloo/transport/tcp/pair.cc:534] Timed out waiting 5000ms for recv"))
+    error = waiting.watcher.explain(RuntimeError("[gloo/transport/tcp/pair.cc:534] Timed out waiting 5000ms for recv"))
     waiting.close(), hung.close()
     text = str(error)
     assert text.startswith("rank 0: gradient all-reduce at step 3 did not complete within 5s: rank(s) 0 waited"), text
     assert "gradient all-reduce (collective #8 of process group 0), issued at " in text
     assert "— rank(s) 1 did not arrive" in text
     assert "rank 1 on " in text and ": step 3, at " in text and "1 collective(s) behind" in text
-    assert "rank 1's Python stack (every thread, innermost last):" in text and ", in request\n" in text
+    assert "rank 1's Python stack (every thread, innermost last):" in text and ", in diagnose_now\n" in text
     assert "in test_the_error_names_the_hung_rank_with_the_stack_its_heartbeat_sends" in text
     assert peers.await_diagnosis(store, 0) == text.split("\nHint:")[0]  # posted for the peers to relay
 
@@ -76,14 +76,14 @@ def test_the_error_names_the_hung_rank_with_the_stack_its_heartbeat_sends():
 def test_a_peer_whose_connection_a_timed_out_rank_closed_relays_its_diagnosis(monkeypatch):
     """gloo: the rank that timed out closes its connections; its peers fail at once with "Connection closed
     by peer". They carry the diagnosis it posted; after a peer that crashed (nothing posted) the error stays."""
-    monkeypatch.setattr(peers, "WAIT_S", 0.2)
+    monkeypatch.setattr(hangwatch, "STACKS_WAIT_S", 0.2)
     store = _store()
     peer = _peer(2, 4, store)
     peer.mark(3, "gradient all-reduce")
     closed = RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:27530")
-    assert peer.explain(closed) is None
+    assert peer.watcher.explain(closed) is None
     peers.post(store, "rank 0: step 3 did not complete within 5s — rank(s) 3 did not arrive", complete=False)
-    relayed = str(peer.explain(closed))
+    relayed = str(peer.watcher.explain(closed))
     assert relayed.startswith("rank 2: gradient all-reduce at step 3 failed: a peer timed out and closed its "
                               "connections; its diagnosis: rank 0: step 3 did not complete within 5s — rank(s) 3 "
                               "did not arrive")
@@ -97,7 +97,7 @@ def test_the_store_timeout_every_later_group_waits_with_is_left_alone():
     assert separate and own.timeout == hangwatch.READ_TIMEOUT and store.timeout == datetime.timedelta(minutes=30)
     shared = _peer(0, 2, store)  # the fallback on a torch without Store.clone: set for the reads, then put back
     shared.mark(1)
-    shared._read_records()
+    shared.watcher._read_records()
     assert store.timeout == datetime.timedelta(minutes=30)
     shared.close()
 
@@ -109,7 +109,7 @@ def test_ranks_in_step_with_the_same_collectives_issued_name_nobody():
     a, b = _peer(0, 2, store), _peer(1, 2, store)
     a.issued = b.issued = lambda: {"pg:0": 9}
     a.mark(4), b.mark(4)
-    text = str(a.explain(RuntimeError("Timed out waiting 5000ms for recv operation to complete")))
+    text = str(a.watcher.explain(RuntimeError("Timed out waiting 5000ms for recv operation to complete")))
     a.close(), b.close()
     assert "no rank is behind in steps or in collectives issued" in text and "did not arrive" not in text
     assert "Python stack" not in text
@@ -118,7 +118,7 @@ def test_ranks_in_step_with_the_same_collectives_issued_name_nobody():
 def test_64_ranks_records_are_read_in_two_requests_and_a_missing_one_is_named(monkeypatch):
     """Every waiting rank reads every rank's record when a collective times out: at 1,024 ranks two requests
     per rank each, from every rank at once, was two million requests to rank 0's store."""
-    monkeypatch.setattr(peers, "WAIT_S", 0.1)  # rank 7 has no heartbeat to send its stack
+    monkeypatch.setattr(hangwatch, "STACKS_WAIT_S", 0.0)  # rank 7 has no heartbeat to send its stacks
     server = _store()
     for rank in range(64):
         if rank != 41:
@@ -126,12 +126,12 @@ def test_64_ranks_records_are_read_in_two_requests_and_a_missing_one_is_named(mo
                                                                   "beat": 1}))
     reader = _peer(0, 64, Counting(server))
     reader._own = True  # a connection of its own, as under torch >= 2.5 (no timeout to put back)
-    raws = reader._read_records()
+    raws = reader.watcher._read_records()
     assert raws[41] is None and raws[7]["issued"] == {"pg:0": 19} and len(raws) == 64  # rank 41 never published
     server.set("trainscale/progress/41", json.dumps({"step": 9, "issued": {"pg:0": 20}, "beat": 1}))
     reader.store.calls.clear()
     reader.step, reader.issued = 9, lambda: {"pg:0": 20}
-    verdict = reader.diagnose_now()
+    verdict = reader.watcher.diagnose_now()
     reads = [call for call in reader.store.calls if call in ("check", "multi_get", "get")]
     assert reads == ["check", "multi_get"], reader.store.calls
     assert verdict.culprits == [7] and "rank(s) 7 did not arrive" in verdict.text()
@@ -140,7 +140,7 @@ def test_64_ranks_records_are_read_in_two_requests_and_a_missing_one_is_named(mo
 def test_a_rank_never_names_itself_from_a_stale_copy_of_its_own_record(monkeypatch):
     """A store set is not acknowledged, so the store's copy of the reading rank's record may be a heartbeat
     old: under load rank 0 named itself with the hung rank ("rank(s) 0, 1 did not arrive")."""
-    monkeypatch.setattr(peers, "WAIT_S", 0.1)
+    monkeypatch.setattr(hangwatch, "STACKS_WAIT_S", 0.1)
     server = _store()
     server.set("trainscale/progress/0", json.dumps({"step": 2, "issued": {"pg:0": 8}}))  # stale
     server.set("trainscale/progress/1", json.dumps({"step": 2, "issued": {"pg:0": 8}}))  # hung
@@ -148,7 +148,7 @@ def test_a_rank_never_names_itself_from_a_stale_copy_of_its_own_record(monkeypat
     reader._own = True
     reader.step, reader.op = 2, "op"
     reader.issued = lambda: {"pg:0": 9}  # it has issued one more collective since it last published
-    assert reader.diagnose_now().culprits == [1]
+    assert reader.watcher.diagnose_now().culprits == [1]
 
 
 def test_an_unreachable_store_names_rank_zero_at_once():
@@ -164,9 +164,9 @@ def test_an_unreachable_store_names_rank_zero_at_once():
 
     reader = _peer(1, 8, Gone())
     reader._own = True
-    assert reader._read_records() == {rank: UNREACHABLE for rank in range(8)}
+    assert reader.watcher._read_records() == {rank: UNREACHABLE for rank in range(8)}
     reader.step, reader.issued = 3, lambda: {"pg:0": 5}
-    verdict = reader.diagnose_now()
+    verdict = reader.watcher.diagnose_now()
     assert verdict.kind == "unresponsive" and verdict.culprits == [0], verdict.text()
 
 
@@ -187,14 +187,14 @@ def test_the_watch_gives_one_notice_per_hang_to_its_listeners(capsys):
     watcher._ledger = lambda *args: [ledger_entry]
     watcher._progress = (3, {"pg:0": 8})
     for _ in range(3):
-        watcher._next_look = 0.0
-        watcher._look(now)
+        watcher.watcher._next_look = 0.0
+        watcher.watcher.look(now)
     hung.close()
     assert len(heard) == 1 and heard[0].culprits == [1] and heard[0].kind == "missing"
     err = capsys.readouterr().err
     assert err.count("trainscale: hang: rank(s) 0 waited 5s in all_reduce of shape [354]") == 1, err
-    watcher._look(watcher._changed_at + 0.1)  # progress again
-    assert watcher.noticed is None
+    watcher.watcher.look(watcher._changed_at + 0.1)  # progress again
+    assert watcher.watcher.noticed is None
 
 
 def test_the_watch_times_a_collective_from_when_it_was_queued_as_nccls_watchdog_does(capsys):
@@ -214,11 +214,11 @@ def test_the_watch_times_a_collective_from_when_it_was_queued_as_nccls_watchdog_
               "age_s": 4.0, "done": False}
     watcher._detail = (now, {"ledger": [queued], "stacks": ""})
     watcher._ledger = lambda *args: [queued]
-    watcher._next_look = 0.0
-    watcher._look(now)
+    watcher.watcher._next_look = 0.0
+    watcher.watcher.look(now)
     assert fired == []  # 4 s of the 5 s timeout
-    watcher._next_look = 0.0
-    watcher._look(now + 1.5)  # 5.5 s queued, 4.5 s stalled
+    watcher.watcher._next_look = 0.0
+    watcher.watcher.look(now + 1.5)  # 5.5 s queued, 4.5 s stalled
     hung.close()
     assert len(fired) == 1 and "rank(s) 1" in str(fired[0]), fired
 
@@ -304,8 +304,8 @@ def test_the_hang_timeout_ends_a_waiting_rank_and_by_default_only_once_training_
         queued = {"pg": "pg:0", "seq": 8, "op": "barrier", "sizes": None, "site": "train.py:12 in main",
                   "age_s": 1.0, "done": False}
         watcher._ledger = lambda *args: [queued]
-        watcher._next_look = 0.0
-        watcher._look(watcher._changed_at + limit[0] + 1)
+        watcher.watcher._next_look = 0.0
+        watcher.watcher.look(watcher._changed_at + limit[0] + 1)
         hung.close()
         assert len(fired) == ends, (limit, step, fired)
         if ends:

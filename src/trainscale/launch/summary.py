@@ -223,8 +223,9 @@ def render(failures: list[RankFailure], world_size: int | None = None, log_dir: 
     if hung:  # with where the first of them is (host, pid, step, file:line), as the verdict says it
         where = re.search(rf"^\s+(rank {hung[0]} on \S+ \(pid \d+\): .*)$", first.traceback, re.MULTILINE)
         lines.append(f"Root cause: rank(s) {', '.join(map(str, hung))} {_HOW[match.group(2)]}"
-                     + (f" — {where.group(1)}" if where else "") + f"; rank "
-                     f"{first.rank} timed out waiting and names it below, with its Python stack where it could get it")
+                     + (f" — {where.group(1)}" if where else "") + f"; rank {first.rank} "
+                     + ("named it" if "desync" in _HOW[match.group(2)] else "timed out waiting and names it")
+                     + " below, with its Python stack where it could get it")
     elif _MISMATCH in first.log_tail:
         lines.append(f"Root cause: the ranks called different collectives (gloo received a message of another size "
                      f"than rank {first.rank}'s collective expected, and aborted it): a rank skipped a collective, "

@@ -113,7 +113,7 @@ def explain_hang(exc: BaseException) -> BaseException | None:
     if beat is None or isinstance(exc, (KeyboardInterrupt, SystemExit)):
         return None
     try:  # a peer's closed connection is not waited on here: the launcher's summary names the rank that timed out
-        explained = beat.explain(exc, relay=False)
+        explained = beat.watcher.explain(exc, relay=False)
     except Exception:
         return None
     if explained is None or explained is exc:

@@ -44,6 +44,8 @@ class State:
     """Where its main thread is."""
     host: str = "?"
     pid: int | None = None
+    counts: list[list[int]] = field(default_factory=list)
+    """[step, collectives issued on the default group by the end of it] for its last optimizer steps."""
     ledger: list[dict[str, Any]] | None = None
     """Its last collectives, oldest first: {"pg", "seq", "op", "sizes", "site", "age_s", "done"} (sent once its
     progress has stalled a few seconds)."""
@@ -120,11 +122,72 @@ def _silent(state: State) -> str:
             f": not responding for {state.silent_s:.0f}s ({how})")
 
 
-def diagnose(states: dict[int, Any], *, notice_s: float, observer: int | None = None,
-             stacks: dict[int, str | None] | None = None) -> Verdict | None:
+def count_desync(states: dict[int, Any]) -> Verdict | None:
+    """A desync shown by the ranks' collective counts at the end of the same optimizer step (each rank counts its
+    own at its step boundary, so no clock is compared): the first step where they differ, or None. The ranks whose
+    count differs from the most ranks' (from rank 0's where no count has a majority, as with two ranks) are named."""
+    counts = {r: {int(k): int(n) for k, n in s.counts} for r, s in states.items() if isinstance(s, State) and s.counts}
+    for step in sorted({step for c in counts.values() for step in c}):
+        at = {r: c[step] for r, c in counts.items() if step in c}  # the ranks that ended it
+        if len(set(at.values())) == 1:
+            continue
+        culprits, reference = _odd_ones(at)
+        common = at[reference]
+        lines = [f"desync: by the end of step {step} the ranks had issued different numbers of collectives on the "
+                 f"default process group (their gradients mix from then on) — rank(s) {_ranks(culprits)} issued a "
+                 f"different collective sequence than rank {reference}: it skipped or added a collective in step "
+                 f"{step}"]
+        lines += [f"  {_where(states[r])}: {n} collective(s) by the end of step {step}"
+                  + (f" ({n - common:+d} against rank {reference})" if n != common else "") for r, n in sorted(at.items())]
+        return Verdict(kind="desync", waiting=[], culprits=culprits, collective=f"step {step}", waited_s=0.0,
+                       lines=lines)
+    return None
+
+
+def _odd_ones(values: dict[int, Any]) -> tuple[list[int], int]:
+    """(the ranks whose value differs from the most ranks' — from rank 0's, or the lowest rank's, where no value
+    has a majority, as with two ranks —, the rank whose value they are compared with)."""
+    tally: dict[str, list[int]] = {}
+    for r, v in sorted(values.items()):
+        tally.setdefault(str(v), []).append(r)
+    most = max(len(ranks) for ranks in tally.values())
+    leaders = [ranks for ranks in tally.values() if len(ranks) == most]
+    common = min(leaders) if len(leaders) > 1 else leaders[0]
+    return sorted(r for r, v in values.items() if str(v) != str(values[common[0]])), common[0]
+
+
+def ledger_desync(states: dict[int, Any]) -> Verdict | None:
+    """A desync shown by the ranks' flight records: a collective with the same number on a process group, still in
+    flight on some rank, that two ranks issued with another op or other sizes (done on one of them or not), or None."""
+    seen: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
+    for r, s in states.items():
+        for e in (s.ledger or ()) if isinstance(s, State) else ():
+            if not e.get("assumed") and e.get("sizes") is not None:
+                seen.setdefault((str(e["pg"]), int(e["seq"])), {})[r] = e
+    for (group, seq), entries in sorted(seen.items(), key=lambda item: item[0][1]):
+        # one still in flight (the job is held up there), on ranks that all issued it in this group (a recorder
+        # keeps a destroyed group's collectives under the same name)
+        entries = {r: e for r, e in entries.items() if states[r].issued.get(group, -1) >= seq}
+        if len(entries) < 2 or all(e.get("done") for e in entries.values()) \
+                or len({(e.get("op"), str(e.get("sizes"))) for e in entries.values()}) == 1:
+            continue
+        culprits, reference = _odd_ones({r: (e.get("op"), e.get("sizes")) for r, e in entries.items()})
+        lines = [f"desync: the ranks called different collectives as collective #{seq} of process group "
+                 f"{group.removeprefix('pg:')} — rank(s) {_ranks(culprits)} issued a different collective than rank "
+                 f"{reference} (it skipped or added a collective before it, or passed another shape)"]
+        for r, e in sorted(entries.items()):
+            where = f"issued at {e['site']}" if e.get("site") else f"now at {states[r].site}" if states[r].site else ""
+            lines.append(f"  rank {r} on {states[r].host} (pid {states[r].pid}): {_collective(e)}"
+                         + (f", {where}" if where else ""))
+        return Verdict(kind="desync", waiting=[], culprits=culprits, collective=_collective(entries[reference]),
+                       waited_s=0.0, lines=lines)
+    return None
+
+
+def diagnose(states: dict[int, Any], *, notice_s: float, observer: int | None = None) -> Verdict | None:
     """The verdict once some rank has waited ``notice_s`` in a collective (``observer``: the rank asking, which
     knows it waits — its collective timed out), or None. ``states``: rank -> :class:`State`, None (no record:
-    never started) or :data:`UNREACHABLE`. ``stacks``: stacks fetched on request, for ranks whose record has none."""
+    never started) or :data:`UNREACHABLE`."""
     alive = {r: s for r, s in states.items() if isinstance(s, State)}
     waiting = {r: s for r, s in alive.items() if s.responsive and s.wait and (s.waited() >= notice_s or r == observer)}
     if not waiting:
@@ -154,11 +217,10 @@ def diagnose(states: dict[int, Any], *, notice_s: float, observer: int | None = 
     names = sorted(waiting)
     head = f"rank(s) {_ranks(names)} waited {waited:.0f}s in {_collective(entry)}" + (
         f", issued at {entry['site']}" if entry.get("site") else "")
-    stacks = stacks or {}
 
     def stack_of(rank: int) -> list[str]:
         state = alive.get(rank)
-        text = (state.stacks if state is not None else None) or stacks.get(rank)
+        text = state.stacks if state is not None else None
         if text:
             return [f"rank {rank}'s Python stack (every thread, innermost last):", text]
         if state is not None and not state.responsive:

@@ -2,10 +2,10 @@
 record — once its own progress has stalled, it reads them all, keeps track of which ranks still beat, and
 gives ONE notice when ranks have waited in a collective for the notice interval (runtime/hangs.py says who is
 missing, desynchronised or silent, and how); at the collective timeout the rank whose collective failed is
-explained with the same verdict (:meth:`Watching.explain`), and on NCCL, where no exception reaches a waiting
+explained with the same verdict (:meth:`Watch.explain`), and on NCCL, where no exception reaches a waiting
 main thread, the heartbeat ends the process with it (:func:`end_process`) — as it does on any backend at the hang
-timeout (`--hang-timeout`: that long with no progress). A mixin of runtime/progress.py's
-Heartbeat, whose attributes it reads (the store, the rank, its own record). docs/reliability.md, "Hangs".
+timeout (`--hang-timeout`: that long with no progress). One :class:`Watch` per heartbeat
+(runtime/progress.py), given it: it reads the heartbeat's store, rank and own record. docs/reliability.md, "Hangs".
 """
 
 from __future__ import annotations
@@ -37,61 +37,103 @@ READ_TIMEOUT = datetime.timedelta(seconds=5)
 """The heartbeat's own store connection gives up after this: a store gone with rank 0 must not hold up
 the diagnosis for the job's whole collective timeout."""
 HINT = hangs.HINT
+STACKS_WAIT_S = 5.0
+"""How long a rank whose collective failed waits for the culprits' records to carry their stacks: a few beats,
+loaded machines included. A rank whose Python holds the GIL cannot send them (its C watchdog writes them)."""
 
 
 class CollectiveTimeout(TrainscaleError):
     """A collective did not complete within the timeout because some rank(s) stopped participating."""
 
 
-class Watching:
-    """The watch's side of a Heartbeat."""
+class Watch:
+    """The hang watch of one rank's heartbeat (runtime/progress.py), given it: reads its record, store and step;
+    keeps what it has seen of the other ranks."""
+
+    def __init__(self, beat: Any) -> None:
+        self.beat = beat
+        self.fired: CollectiveTimeout | None = None
+        self.noticed: hangs.Verdict | None = None
+        self._next_look = 0.0
+        self._seen: dict[int, tuple[int, float]] = {}  # rank -> (its beat, when it last changed)
+        self._compared: list | None = None  # the step boundary whose counts it last compared
 
     # -- watching -------------------------------------------------------------------------------------
-    def _look(self, now: float) -> None:
-        since = now - self._changed_at
+    def look(self, now: float) -> None:
+        since = now - self.beat._changed_at
+        if self.beat.rank == 0 and self.beat.notice_s > 0 and self.fired is None:
+            self._desync(now, since)
         if since < LOOK_AFTER_S:
             self.noticed = None  # progress again: a later hang gets a notice of its own
             return
         if now < self._next_look or self.fired is not None:
             return
         self._next_look = now + LOOK_EVERY_S
-        timeout_s = self.runtime.timeout.total_seconds()
+        timeout_s = self.beat.runtime.timeout.total_seconds()
         since = max(since, self._in_flight_s(now))  # NCCL's clock: a host that ran ahead queued it earlier
-        limit, anytime = self.hang_timeout
-        hung = 0 < limit <= since and (anytime or self.step >= 0)  # --hang-timeout: gloo's too, before its own
-        ends = (self.watch and since >= timeout_s) or hung
-        notices = self.notice_s > 0 and self.noticed is None and self.rank in (0, 1)
+        limit, anytime = self.beat.hang_timeout
+        hung = 0 < limit <= since and (anytime or self.beat.step >= 0)  # --hang-timeout: gloo's too, before its own
+        ends = (self.beat.watch and since >= timeout_s) or hung
+        notices = self.beat.notice_s > 0 and self.noticed is None and self.beat.rank in (0, 1)
         if not (ends or notices):
             return
-        if not ends and self.rank == 1 and self._rank_zero_alive():
+        if not ends and self.beat.rank == 1 and self._rank_zero_alive():
             return  # rank 1 only stands in for a rank 0 that stopped responding
         if notices:
-            verdict = hangs.diagnose(self._states(now), notice_s=self.notice_s)
+            verdict = hangs.diagnose(self._states(now), notice_s=self.beat.notice_s)
             if verdict is not None:
                 self.noticed = verdict
                 self._notice(verdict)
+        if ends and not (self.beat.watch and since >= timeout_s) and not self._in_collective(now):
+            return  # past --hang-timeout outside any collective: this rank may be the hung one; the waiting ones end
         if ends:
             verdict = self.diagnose_now()
             # past the hang timeout a stuck collective (nobody to blame) ends too; NCCL's watchdog is its backstop
-            if verdict is not None and (verdict.culprits or hung) and self.rank not in verdict.culprits:
+            if verdict is not None and (verdict.culprits or hung) and self.beat.rank not in verdict.culprits:
                 self.fired = self._error(verdict, waited_s=since, limit_s=limit if hung else None)
-                self._stop.set()
-                self.on_hang(self.fired)
+                self.beat._stop.set()
+                self.beat.on_hang(self.fired)
+
+    def _desync(self, now: float, since: float) -> None:
+        """The watcher's live comparison: the ranks' collective counts at each new step boundary (every beat a
+        step ended), and, once stalled, the op and sizes of the collective each rank is in — a desync is proven
+        there and then, so the job ends with it at once instead of waiting out a notice interval while gloo or
+        NCCL mix the gradients or wait for a partner that never comes."""
+        stalled = since >= LOOK_AFTER_S and now >= self._next_look
+        if not stalled and (not self.beat.counts or self.beat.counts[-1] == self._compared):
+            return
+        states = self._states(now)
+        verdict = hangs.count_desync(states) or (hangs.ledger_desync(states) if stalled else None)
+        self._compared = self.beat.counts[-1] if self.beat.counts else None
+        if verdict is None:
+            return
+        print(f"trainscale: {verdict.text()}", file=sys.stderr, flush=True)
+        for listener in list(self.beat.listeners):
+            with contextlib.suppress(Exception):
+                listener(verdict)
+        self.fired = self._error(verdict, waited_s=None, desync=True)
+        self.beat._stop.set()
+        self.beat.on_hang(self.fired)
+
+    def _in_collective(self, now: float) -> bool:
+        """Whether this rank waits in a collective: one in flight in its stall record, or its main thread in one."""
+        return any(not e.get("done") for e in self.beat._record(now).get("ledger") or ()) or \
+            ledger.waiting_in(ledger.main_frame()) is not None
 
     def _in_flight_s(self, now: float) -> float:
         """How long this rank's oldest collective still in flight has been queued (its flight record's age),
         0 without one: NCCL's watchdog times a collective from when it was queued, and a host that runs ahead
         of its GPU queues it before it enters the step its own stall is timed from."""
-        if not self._detail:
+        if not self.beat._detail:
             return 0.0
-        at, detail = self._detail
+        at, detail = self.beat._detail
         ages = [e.get("age_s") or 0.0 for e in detail.get("ledger") or () if not e.get("done")]
         return max(ages) + (now - at) if ages else 0.0
 
     def _rank_zero_alive(self) -> bool:
         try:
-            with self._lock:
-                raw = self.store.get(KEY.format(rank=0))
+            with self.beat._lock:
+                raw = self.beat.store.get(KEY.format(rank=0))
         except Exception:
             return False  # the store went with rank 0 (srun mode: rank 0 hosts it)
         beat = json.loads(raw).get("beat", 0)
@@ -104,9 +146,9 @@ class Watching:
 
     def _notice(self, verdict: hangs.Verdict) -> None:
         print(f"trainscale: hang: {verdict.text()}\n  hint: {HINT}", file=sys.stderr, flush=True)
-        with contextlib.suppress(Exception), self._lock:
-            peers.post(self.store, verdict.text(), complete=True)
-        for listener in list(self.listeners):
+        with contextlib.suppress(Exception), self.beat._lock:
+            peers.post(self.beat.store, verdict.text(), complete=True)
+        for listener in list(self.beat.listeners):
             with contextlib.suppress(Exception):
                 listener(verdict)
 
@@ -128,8 +170,8 @@ class Watching:
                 if not state.stacks and state.dump:
                     state.stacks = _read_dump(state.dump)
             out[rank] = state
-        own = {**self._record(now), "since": now - self._changed_at}
-        state = out[self.rank] = hangs.State.from_record(self.rank, own)
+        own = {**self.beat._record(now), "since": now - self.beat._changed_at}
+        state = out[self.beat.rank] = hangs.State.from_record(self.beat.rank, own)
         if waiting:
             if not state.ledger:
                 state.ledger = ledger.recent(frame=ledger.main_frame()) or []
@@ -141,29 +183,29 @@ class Watching:
         """This rank's collective that timed out, when no flight record holds it: its last one issued."""
         issued = own.get("issued") or {}
         group = max(issued, key=issued.get) if issued else "pg:?"
-        op = ledger.waiting_in(ledger.main_frame()) or self.op or "a collective"
+        op = ledger.waiting_in(ledger.main_frame()) or self.beat.op or "a collective"
         return {"pg": group, "seq": issued.get(group, 0), "op": op, "sizes": None, "site": own.get("site"),
                 "age_s": own["since"], "done": False, "assumed": True}
 
     def _read_records(self) -> dict[int, Any]:
-        if self.store is None:
+        if self.beat.store is None:
             return {}
-        previous = None if self._own else self.store.timeout
+        previous = None if self.beat._own else self.beat.store.timeout
         if previous is not None:  # the shared connection (torch without Store.clone): put it back below
-            self.store.set_timeout(READ_TIMEOUT)
+            self.beat.store.set_timeout(READ_TIMEOUT)
         try:
-            keys = [KEY.format(rank=rank) for rank in range(self.world_size)]
+            keys = [KEY.format(rank=rank) for rank in range(self.beat.world_size)]
             try:  # every rank has published: all records in one request, not two per rank
-                with self._lock:
-                    raws = self.store.multi_get(keys) if self.store.check(keys) else None
+                with self.beat._lock:
+                    raws = self.beat.store.multi_get(keys) if self.beat.store.check(keys) else None
                     if raws is None:  # some rank has not published (yet): one check each
-                        raws = [self.store.get(key) if self.store.check([key]) else None for key in keys]
+                        raws = [self.beat.store.get(key) if self.beat.store.check([key]) else None for key in keys]
             except Exception:  # the store itself is gone (with rank 0, which hosts it in srun mode)
-                return {rank: UNREACHABLE for rank in range(self.world_size)}
+                return {rank: UNREACHABLE for rank in range(self.beat.world_size)}
             return {rank: json.loads(raw) if raw is not None else None for rank, raw in enumerate(raws)}
         finally:
             if previous is not None:
-                self.store.set_timeout(previous)
+                self.beat.store.set_timeout(previous)
 
     # -- at the collective timeout ----------------------------------------------------------------------
     def explain(self, error: BaseException, *, relay: bool = True) -> CollectiveTimeout | None:
@@ -174,7 +216,7 @@ class Watching:
             return error
         text = f"{type(error).__name__}: {error}"
         if any(marker in text for marker in _TIMEOUT_MARKERS):
-            self._stop.set()
+            self.beat._stop.set()
             return self._error(self.diagnose_now(), waited_s=None)
         if relay and any(marker in text for marker in PEER_CLOSED):
             return self._relay()
@@ -182,30 +224,34 @@ class Watching:
 
     def diagnose_now(self) -> hangs.Verdict | None:
         """This rank waits (its collective failed): the verdict now, asking the culprits for their stacks."""
-        if self.store is None:
+        if self.beat.store is None:
             return None
         with contextlib.suppress(Exception):
-            self._publish(time.monotonic())
+            self.beat._publish(time.monotonic())
         states = self._states(time.monotonic(), waiting=True)
-        first = hangs.diagnose(states, notice_s=0.0, observer=self.rank)
+        first = hangs.diagnose(states, notice_s=0.0, observer=self.beat.rank)
         if first is None or not first.culprits:
             return first
-        asked = [r for r in first.culprits if isinstance(states.get(r), hangs.State) and not states[r].stacks
-                 and r != self.rank][:4]
-        fetched: dict[int, str | None] = {}
-        if asked:
-            with contextlib.suppress(Exception), self._lock:
-                fetched = peers.request(self.store, asked)
-        return hangs.diagnose(states, notice_s=0.0, observer=self.rank, stacks=fetched)
+        # their stacks come with their records once their progress stalled (the heartbeat's stall record, sent within
+        # half the collective timeout): wait a few beats for them, not for a rank that stopped responding
+        deadline = time.monotonic() + STACKS_WAIT_S
+        while time.monotonic() < deadline and any(
+                isinstance(states.get(r), hangs.State) and states[r].responsive and not states[r].stacks
+                for r in first.culprits if r != self.beat.rank):
+            time.sleep(self.beat.HEARTBEAT_S / 2)
+            states = self._states(time.monotonic(), waiting=True)
+        return hangs.diagnose(states, notice_s=0.0, observer=self.beat.rank)
 
     def _error(self, verdict: hangs.Verdict | None, waited_s: float | None,
-               limit_s: float | None = None) -> CollectiveTimeout:
-        timeout_s = self.runtime.timeout.total_seconds()
+               limit_s: float | None = None, desync: bool = False) -> CollectiveTimeout:
+        timeout_s = self.beat.runtime.timeout.total_seconds()
         waited = f" (waited {waited_s:.0f}s)" if waited_s is not None else ""
-        what = self.op or "a collective"
-        head = f"rank {self.rank}: {what} at step {self.step} did not complete within {timeout_s:.0f}s{waited}"
-        if limit_s is not None:
-            head = (f"rank {self.rank}: hung — no progress for {waited_s:.0f}s in {what} at step {self.step}, "
+        what = self.beat.op or "a collective"
+        head = f"rank {self.beat.rank}: {what} at step {self.beat.step} did not complete within {timeout_s:.0f}s{waited}"
+        if desync:
+            head = f"rank {self.beat.rank}: the job was ended at step {self.beat.step} by trainscale's watch"
+        elif limit_s is not None:
+            head = (f"rank {self.beat.rank}: hung — no progress for {waited_s:.0f}s in {what} at step {self.beat.step}, "
                     f"the hang timeout is {limit_s:.0f}s (--hang-timeout)")
         if verdict is None:
             text = f"{head} — no rank's heartbeat says who holds it up (their records are unreachable or absent)"
@@ -213,24 +259,24 @@ class Watching:
             text = f"{head} — no rank is behind in steps or in collectives issued: {verdict.text()}"
         else:
             text = f"{head}: {verdict.text()}"
-        with contextlib.suppress(Exception), self._lock:
-            peers.post(self.store, text, complete=True)
+        with contextlib.suppress(Exception), self.beat._lock:
+            peers.post(self.beat.store, text, complete=True)
         return CollectiveTimeout(text, hint=HINT)
 
     def _relay(self) -> CollectiveTimeout | None:
         """A peer closed its connection: if it timed out, it posted its diagnosis, which this rank's error
         carries; a peer that crashed posts none, and the error stays as it was."""
-        self._stop.set()
-        if self.store is None:
+        self.beat._stop.set()
+        if self.beat.store is None:
             return None
         try:
-            with self._lock:
-                found = peers.await_diagnosis(self.store, peers.WAIT_S + 2 * self.HEARTBEAT_S)
+            with self.beat._lock:
+                found = peers.await_diagnosis(self.beat.store, STACKS_WAIT_S + 2 * self.beat.HEARTBEAT_S)
         except Exception:
             found = None
         if found is None:
             return None
-        what = f"rank {self.rank}: {self.op or 'a collective'} at step {self.step} failed"
+        what = f"rank {self.beat.rank}: {self.beat.op or 'a collective'} at step {self.beat.step} failed"
         return CollectiveTimeout(f"{what}: a peer timed out and closed its connections; its diagnosis: {found}",
                                  hint=HINT)
 

@@ -12,7 +12,7 @@ ranks and the missing, desynchronised or unresponsive one(s) with host, pid, pla
 barrier gets the notice and goes on — until the hang timeout (``TRAINSCALE_HANG_TIMEOUT``, `--hang-timeout`):
 after that long with no progress, a waiting rank ends its process with the verdict (:func:`end_process`, exit
 status 124). At the collective timeout the rank whose collective fails ends with that
-verdict (:meth:`Heartbeat.explain`: the worker bootstrap for any script, ``rt.guard`` for trainscale's API;
+verdict (:meth:`Watch.explain`: the worker bootstrap for any script, ``rt.guard`` for trainscale's API;
 on NCCL, where no exception reaches a waiting main thread, the heartbeat itself: :func:`end_process`).
 
 The bootstrap starts the heartbeat as soon as the script's process group exists (:func:`watch_for_group`).
@@ -22,6 +22,7 @@ then writes its stacks to ``<run dir>/hangs/``. How and why: docs/reliability.md
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime
 import faulthandler
@@ -37,8 +38,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from trainscale.runtime import hangs, ledger, peers
-from trainscale.runtime.hangwatch import KEY, READ_TIMEOUT, CollectiveTimeout, Watching, end_process, use_ranks_gpu
+from trainscale.runtime import hangs, ledger
+from trainscale.runtime.hangwatch import KEY, READ_TIMEOUT, CollectiveTimeout, Watch, end_process, use_ranks_gpu
 
 NOTICE_VAR = "TRAINSCALE_HANG_NOTICE"
 DEFAULT_NOTICE_S = 20.0
@@ -51,6 +52,8 @@ DETAIL_AFTER_S = 3.0
 """A rank whose progress stalled this long publishes its collectives in flight and its stacks (every 2 s)."""
 LIVE_S = 2.0
 """A record is published at least this often: its beat count is the watcher's sign of life."""
+COUNTS_KEPT = 8
+"""Step boundaries whose collective counts a record carries: enough that ranks a few steps apart share some."""
 WATCHDOG_S = 8.0
 """A heartbeat silent this long (the GIL held) has the C watchdog write the rank's stacks."""
 
@@ -120,7 +123,7 @@ def _store() -> Any:
 
 def _own_connection(store: Any) -> tuple[Any, bool]:
     """(store, own): a connection of the heartbeat's own with :data:`READ_TIMEOUT` where torch can clone
-    one (torch >= 2.5); else the shared one, whose timeout :meth:`Heartbeat._read_records` restores."""
+    one (torch >= 2.5); else the shared one, whose timeout :meth:`Watch._read_records` restores."""
     if store is None:
         return None, False
     try:
@@ -131,7 +134,7 @@ def _own_connection(store: Any) -> tuple[Any, bool]:
         return store, False
 
 
-class Heartbeat(Watching):
+class Heartbeat:
     """One rank's heartbeat thread and, on rank 0 (or rank 1 standing in), the hang watch (runtime/hangwatch.py).
 
     ``watch`` (default: on NCCL) makes it also end the process itself at the collective timeout
@@ -157,22 +160,20 @@ class Heartbeat(Watching):
         """Called once each time this rank's progress stalls a few seconds (the recorder writes its records out:
         a rank ended by the launcher after a hang keeps its steps)."""
         self.issued: Callable[[], dict[str, int]] = ledger.issued
-        self.fired: CollectiveTimeout | None = None
-        self.noticed: hangs.Verdict | None = None
         self.host, self.pid = os.environ.get("SLURMD_NODENAME") or socket.gethostname(), os.getpid()
+        self.counts: collections.deque = collections.deque(maxlen=COUNTS_KEPT)
+        """[step, collectives issued on the default group by its end], written at each optimizer step."""
         self._beats = 0
         self._progress: tuple | None = None
         self._changed_at = time.monotonic()
         self._detail: tuple[float, dict] | None = None
         self._published: tuple[str, float] | None = None
-        self._next_look = 0.0
-        self._seen: dict[int, tuple[int, float]] = {}  # the watcher's: rank -> (its beat, when it last changed)
-        self._answered = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._dump_file = _watchdog_file(run_dir, self.rank)
         self.dump_path = self._dump_file.name if self._dump_file is not None else None
+        self.watcher = Watch(self)
 
     # -- the step -----------------------------------------------------------------------------------
     def mark(self, step: int, op: str = "") -> None:
@@ -202,11 +203,12 @@ class Heartbeat(Watching):
         since = now - self._changed_at
         frame = ledger.main_frame()
         record = {"step": self.step, "op": self.op, "issued": progress[1], "site": ledger.site(frame),
-                  "host": self.host, "pid": self.pid, "dump": self.dump_path}
+                  "host": self.host, "pid": self.pid, "dump": self.dump_path, "counts": list(self.counts)}
         background = ledger.own_groups()
         if background:  # left out of "issued" and the ledger: named, so a reader knows they exist
             record["background_groups"] = background
-        if since >= DETAIL_AFTER_S:
+        timeout = getattr(self.runtime, "timeout", None)  # a shorter collective timeout than that: half of it
+        if since >= min(DETAIL_AFTER_S, timeout.total_seconds() / 2 if timeout else DETAIL_AFTER_S):
             if self._detail is None:
                 for call in list(self.on_stall):
                     with contextlib.suppress(Exception):
@@ -251,12 +253,10 @@ class Heartbeat(Watching):
                 now = time.monotonic()
                 self._rearm_watchdog()
                 self._publish(now)
-                with self._lock:
-                    self._answered = peers.answer(self.store, self.rank, self._answered)
             except Exception:  # the store went away (teardown, rank 0 gone): stop quietly
                 return
             try:
-                self._look(now)
+                self.watcher.look(now)
             except Exception as exc:  # a bug in the watch must not pass for "no hang": say so, once
                 import traceback
 
@@ -326,6 +326,9 @@ def note_step(step: int) -> None:
     beat = _heartbeat
     if beat is not None:
         beat.step = step
+        # a counter read in memory (no system call): the watcher compares these across ranks (runtime/hangwatch.py)
+        with contextlib.suppress(Exception):
+            beat.counts.append([step, int(beat.group._get_sequence_number_for_group())])
 
 
 def for_runtime(runtime: Any) -> Heartbeat:

@@ -176,7 +176,7 @@ class Runtime:
         try:
             yield
         except Exception as exc:
-            explained = self._progress.explain(exc)
+            explained = self._progress.watcher.explain(exc)
             if explained is None:
                 raise
             from trainscale.runtime.hangwatch import call_timeout_callbacks
