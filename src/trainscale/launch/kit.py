@@ -39,7 +39,7 @@ MODULES = (
     # installs the observation; what it loads only after the script imported the image's torch:
     # the step records and the hang watch, for a script in a stock container too
     "observe/__init__.py", "observe/worker.py", "observe/hooks.py", "observe/models.py", "observe/steps.py", "observe/records.py",
-    "observe/state.py",
+    "observe/state.py", "observe/place.py",
     "observe/window.py", "observe/sampler.py", "observe/devices.py", "observe/stragglers.py", "observe/flops.py",
     "runtime/__init__.py", "runtime/progress.py", "runtime/hangwatch.py", "runtime/ledger.py", "runtime/hangs.py",
     "runtime/peers.py",
