@@ -6,7 +6,7 @@
 
 Part 1, the matrix. For the workloads cnn, vit and gpt and a course-style DDP script (torchrun's variables,
 DistributedSampler, DDP, no trainscale import), `plan`'s own calibration (one rank, --steps optimizer steps,
-bench/planning.py; for a workload also FSDP's own, over a group of one) and its all-reduce sweeps here (among 2
+plan/calibrate.py; for a workload also FSDP's own, over a group of one) and its all-reduce sweeps here (among 2
 and 4 ranks: gloo's, and trainscale's shared-memory average for the workloads' ddp) make the plan, exactly as
 `trainscale plan` does (its default network, this machine's cores).
 Then each configuration runs for the same steps: 1 rank; 2 ranks here under ddp, zero1 and fsdp (the script: its
@@ -53,10 +53,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "src"))
 
-from trainscale.bench.plan import Calibration, make_plan, memory  # noqa: E402
-from trainscale.bench.plan_comm import Sweep  # noqa: E402
-from trainscale.bench.plan_text import verified_table  # noqa: E402
-from trainscale.bench.planning import OWN_CALIBRATIONS, compare, network, short_run, steps_peaks  # noqa: E402
+from trainscale.plan.model import Calibration, make_plan, memory  # noqa: E402
+from trainscale.plan.comm import Sweep  # noqa: E402
+from trainscale.plan.text import verified_table  # noqa: E402
+from trainscale.plan.calibrate import OWN_CALIBRATIONS, compare, network, short_run, steps_peaks  # noqa: E402
 from trainscale.errors import ConfigError  # noqa: E402
 
 STRATEGIES = ("ddp", "zero1", "fsdp")
@@ -266,7 +266,7 @@ def sweeps(ranks: int) -> list[dict]:
     and 4 ranks, gloo's and trainscale's shared-memory average (the test cluster's 2 x 2 are this machine's 4)."""
     from dataclasses import asdict
 
-    from trainscale.bench.planning import sweeps_here
+    from trainscale.plan.calibrate import sweeps_here
 
     return [asdict(w) for w in sweeps_here(ranks, say, ("none", "shm"))]
 

@@ -17,7 +17,7 @@ TOL = 1e-5
 
 def ddp_params(device: str) -> dict[str, torch.Tensor]:
     import trainscale
-    from trainscale.doctor.selftest_checks import STEPS, batch, exact_fp32, mlp, params
+    from trainscale.selftest.checks import STEPS, batch, exact_fp32, mlp, params
     from trainscale.strategies import get_strategy
 
     with trainscale.init(device=device, timeout_s=120) as rt, exact_fp32():
@@ -32,7 +32,7 @@ def ddp_params(device: str) -> dict[str, torch.Tensor]:
 
 def one_process(device: str) -> dict[str, torch.Tensor]:
     """The whole global batch on one device, no process group at all."""
-    from trainscale.doctor.selftest_checks import STEPS, batch, exact_fp32, mlp, params
+    from trainscale.selftest.checks import STEPS, batch, exact_fp32, mlp, params
     from types import SimpleNamespace
 
     dev = torch.device(device if device == "cpu" else "cuda", 0) if device != "cpu" else torch.device("cpu")
@@ -73,6 +73,6 @@ def test_n_gpus_equal_one_process(gpus, reference, world):
 
 
 def one_process_start() -> dict[str, torch.Tensor]:
-    from trainscale.doctor.selftest_checks import mlp, params
+    from trainscale.selftest.checks import mlp, params
 
     return params(mlp())

@@ -39,7 +39,7 @@ def save_half(device: str, root: str) -> dict:
     """K steps with dropout and a checkpoint (all GPUs visible), then K more: the uninterrupted run."""
     import trainscale as ts
     from trainscale.checkpoint import Checkpointer
-    from trainscale.doctor.selftest_checks import STEPS, batch, mlp, params
+    from trainscale.selftest.checks import STEPS, batch, mlp, params
     from trainscale.runtime.seed import rng_state
     from trainscale.strategies import get_strategy
 
@@ -60,7 +60,7 @@ def save_half(device: str, root: str) -> dict:
 def resume_half(device: str, root: str) -> dict:
     import trainscale as ts
     from trainscale.checkpoint import Checkpointer
-    from trainscale.doctor.selftest_checks import STEPS, batch, mlp, params
+    from trainscale.selftest.checks import STEPS, batch, mlp, params
     from trainscale.runtime.seed import set_rng_state
     from trainscale.strategies import get_strategy
     from trainscale.strategies.ddp import rebuild_buckets

@@ -19,7 +19,7 @@ needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is No
 
 def train_all(device: str, specs: list[str], backend: str | None = None) -> dict:
     import trainscale as ts
-    from trainscale.doctor.selftest_checks import STEPS, _full_params, batch, exact_fp32, mlp
+    from trainscale.selftest.checks import STEPS, _full_params, batch, exact_fp32, mlp
     from trainscale.strategies import get_strategy
     from trainscale.strategies.base import OptimizerSpec
 

@@ -89,7 +89,7 @@ def test_a_scripts_own_ddp_on_cpu_ranks_here_pays_the_all_reduce_measured_among_
     made = json.loads(done.stdout)
     assert [(w["ranks"], w["hook"]) for w in made["collectives_measured"]] == [(2, "none")]
     assert made["own_calibrations"] == {} and "measuring: the all-reduce among 2 ranks here" in done.stderr
-    from trainscale.bench.plan_comm import Sweep
+    from trainscale.plan.comm import Sweep
 
     sweep = Sweep(**{**made["collectives_measured"][0], "points": tuple(map(tuple,
                                                                            made["collectives_measured"][0]["points"]))})

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from helpers.browser import check_page, chromium, screenshot  # noqa: F401  (chromium: a fixture)
 
-from trainscale.doctor.selftest import HANG_MARGIN_S
+from trainscale.selftest.run import HANG_MARGIN_S
 
 if sys.version_info >= (3, 11):
     import tomllib

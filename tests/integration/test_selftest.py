@@ -8,8 +8,8 @@ import json
 
 from helpers.cli import in_process
 
-from trainscale.doctor.selftest import hang_record, hang_row
-from trainscale.doctor.selftest_rank import HOLD
+from trainscale.selftest.run import hang_record, hang_row
+from trainscale.selftest.rank import HOLD
 
 DROP = ("RANK", "WORLD_SIZE", "MASTER_", "SLURM_", "TRAINSCALE_FAULT", "TRAINSCALE_CPU_BIND")
 
@@ -44,7 +44,7 @@ def test_the_hang_row_passes_on_four_ranks_when_the_launcher_ends_rank_0_before_
     the rest: rank 0, held here before it records (as when its heartbeat ticks last), is ended first.
     Only rank 0 used to record, and the row said "no rank reported a named error" (issue 22 item 1)."""
     out = tmp_path / "hang.json"
-    done = in_process("run", "--nproc-per-node", "4", "--log-dir", "logs", "-m", "trainscale.doctor.selftest_rank",
+    done = in_process("run", "--nproc-per-node", "4", "--log-dir", "logs", "-m", "trainscale.selftest.rank",
                       "hang", "--out", str(out), "--workdir", "work", "--timeout", "3", cwd=tmp_path, env={HOLD: "0"},
                       drop=DROP)
     assert done.returncode != 0

@@ -57,7 +57,7 @@ def test_a_trial_that_ends_in_time_is_not_timed_out(tmp_path):
 
 
 def test_a_calibration_past_its_timeout_is_refused_with_what_to_change(tmp_path):
-    from trainscale.bench.planning import short_run
+    from trainscale.plan.calibrate import short_run
     from trainscale.errors import ConfigError
 
     (tmp_path / "stuck.py").write_text(STUCK)

@@ -226,7 +226,7 @@ def test_every_size_is_all_reduced_once_before_any_is_timed(monkeypatch):
 
 
 def test_ring_allreduce_time_by_hand():
-    from trainscale.bench.plan_comm import Network, bucket_count, get_network, ring_allreduce_s
+    from trainscale.plan.comm import Network, bucket_count, get_network, ring_allreduce_s
 
     # 100 MB over 4 ranks at 10 GB/s busbw: 2*3/4 * 1e8 / 1e10 = 0.015 s; latency 2*3 steps * 2 buckets * 5 us
     net = Network(name="t", busbw_Bps=1e10, latency_s=5e-6)
@@ -462,7 +462,7 @@ def test_the_achievable_ideal_believes_what_the_runs_recorded_over_the_profile()
 
 
 def test_the_allreduce_benchmark_times_the_hook_the_studys_runs_averaged_with():
-    from trainscale.bench.planning import averaging_hook
+    from trainscale.plan.calibrate import averaging_hook
 
     assert averaging_hook(()) == "auto"
     assert averaging_hook(("--strategy", "ddp")) == "auto"

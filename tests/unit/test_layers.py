@@ -17,7 +17,7 @@ LAYERS = {
     "runtime": 3,
     "strategies": 4, "data": 4, "checkpoint": 4, "observe": 4,
     "launch": 5, "profiles": 5, "config": 5, "train": 5, "slurm": 5,
-    "bench": 6, "doctor": 6, "workloads": 6, "report": 6,
+    "bench": 6, "plan": 6, "selftest": 6, "doctor": 6, "workloads": 6, "report": 6,
     "cli": 7,
 }
 FACADE = 5

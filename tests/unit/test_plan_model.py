@@ -1,13 +1,13 @@
-"""bench/plan.py, the pure part of `trainscale plan`: ZeRO's accounting on measured bytes, the rank ladder, the
+"""plan/model.py, the pure part of `trainscale plan`: ZeRO's accounting on measured bytes, the rank ladder, the
 recommendation (the least sharding that fits), and what the calibration's records must hold."""
 
 from __future__ import annotations
 
 import pytest
 
-from trainscale.bench.plan import Calibration, ladder, make_plan, memory
-from trainscale.bench.plan_text import render
-from trainscale.bench.plan_comm import get_network
+from trainscale.plan.model import Calibration, ladder, make_plan, memory
+from trainscale.plan.text import render
+from trainscale.plan.comm import get_network
 from trainscale.errors import ConfigError
 
 GiB = 2**30
@@ -57,7 +57,7 @@ def test_the_least_sharding_that_fits_is_recommended():
 def test_a_gpus_room_leaves_out_what_max_memory_allocated_does_not_count():
     """issue 47 N12: the fit compared max_memory_allocated's peak with the GPU's memory less 10%; the CUDA context,
     cuBLAS's workspaces, NCCL's buffers and the caching allocator's reserve were not allowed for."""
-    from trainscale.bench.plan import GPU_RUNTIME_BYTES, MARGIN
+    from trainscale.plan.model import GPU_RUNTIME_BYTES, MARGIN
 
     network = get_network("ib-hdr200")
     cal = calibration()
@@ -158,7 +158,7 @@ def test_the_state_count_sees_activations_once_per_micro_batch_and_never_the_wei
 def test_a_workload_sized_by_its_global_batch_gets_that_option_in_the_line_that_runs_it():
     """hf-finetune refuses --batch-size (its batch is --global-batch, split over the ranks): plan's per-rank batch
     reaches it as the global one, in the submit line and in the calibration's own run."""
-    from trainscale.bench.planning import submit_line
+    from trainscale.plan.calibrate import submit_line
     from trainscale.workloads.registry import get_workload
 
     line = submit_line(profile=None, nodes=1, ranks_per_node=4, strategy="ddp", workload="hf-finetune", script=None,
@@ -172,7 +172,7 @@ def test_a_workload_sized_by_its_global_batch_gets_that_option_in_the_line_that_
 def test_zero1_is_planned_in_whole_tensors_over_all_groups_as_torch_partitions_them():
     """ZeroRedundancyOptimizer: group by group, largest first, each parameter to the rank holding the fewest
     elements so far over all groups (not per group)."""
-    from trainscale.bench.plan_comm import whole_tensor_share
+    from trainscale.plan.comm import whole_tensor_share
 
     assert whole_tensor_share(((10,), (10,)), 2) == 0.5
     assert whole_tensor_share(((90, 5, 5),), 2) == 0.9  # one tensor is most of the model: its rank holds it
@@ -202,7 +202,7 @@ def test_the_largest_per_rank_batch_that_fits_is_recommended_in_powers_of_two():
 def test_a_batch_the_memory_does_not_bound_is_said_as_any_batch_not_a_huge_number():
     """Issue 46: a small model on a large room said "batch up to 134217728 fits"; beyond ANY_BATCH samples per rank
     the memory bounds nothing a training uses, and the line says so."""
-    from trainscale.bench.plan import ANY_BATCH
+    from trainscale.plan.model import ANY_BATCH
 
     cal = calibration(params=2**20, activations=2**10)  # 1 MiB of parameters, 128 bytes of activations a sample
     roomy = make_plan(cal, what="w", ranks_per_node=1, nodes=1, batch=None, device_bytes=64 * GiB, device_source="x",
@@ -239,7 +239,7 @@ def test_a_calibration_too_noisy_for_a_band_says_so_instead_of_a_range():
 def test_verified_rows_name_disturbed_runs_and_model_state_in_plain_words():
     """Issue 46: `plan --verify` marks a run other work disturbed as a study marks it, and says "model state" (memory
     for parameters, gradients and optimizer state), not "held"."""
-    from trainscale.bench.plan_text import verified_table
+    from trainscale.plan.text import verified_table
 
     row = {"config": "2 x ddp", "predicted_step_s": 0.002, "band_s": [0.0018, 0.0025], "measured_step_s": 0.003,
            "step_error": 0.5, "predicted_held": 2**20, "measured_held": 2**20, "held_error": 0.0,
@@ -269,7 +269,7 @@ def test_the_peak_is_the_counted_bytes_the_gathered_parameters_and_the_calibrati
                          network=network, network_source="ib")
         return plan.verdict(next(m for m in plan.memory if m.strategy == "ddp"))
 
-    from trainscale.bench.plan import GPU_RUNTIME_BYTES  # a calibration on a GPU: the runtime allowed for too
+    from trainscale.plan.model import GPU_RUNTIME_BYTES  # a calibration on a GPU: the runtime allowed for too
 
     assert (verdict((ddp.peak + GPU_RUNTIME_BYTES) / 0.9), verdict(ddp.peak / 0.95),
             verdict(ddp.peak * 0.99)) == ("yes", "tight", "NO")
@@ -283,7 +283,7 @@ def test_each_strategy_is_charged_its_own_collectives_and_its_share_of_the_optim
     state. One rank has no collectives: every strategy plans the calibration's step."""
     import dataclasses
 
-    from trainscale.bench.plan_comm import collectives
+    from trainscale.plan.comm import collectives
 
     assert collectives("ddp") == (1.0, 0.0, 0.0) and collectives("zero1") == (1.0, 0.0, 0.5)
     assert collectives("deepspeed:stage=2") == (0.5, 0.0, 0.5) and collectives("fsdp") == (0.5, 0.5, 0.5)
@@ -313,7 +313,7 @@ def test_measured_collectives_and_a_strategys_own_calibration_price_the_sharded_
     all-reduce is priced as ever. FSDP's pace and peak are its own one-rank calibration's, beyond one rank."""
     import dataclasses
 
-    from trainscale.bench.plan_comm import Sweep, sharded_comm_s
+    from trainscale.plan.comm import Sweep, sharded_comm_s
 
     sweep = Sweep.from_result({"world_size": 2, "rows": [
         {"bytes": 4, "time_s": 0.001, "iters": 20}, {"bytes": 2**20, "time_s": 0.003, "iters": 20},
@@ -379,7 +379,7 @@ def test_the_room_is_the_mem_asked_for_else_this_process_cgroup_limit(tmp_path):
     """--mem is sbatch's (per node, shared by its ranks); without it, on a CPU, a cgroup limit below the
     machine's memory (SLURM's --mem on the node plan runs on) is the room: v2's memory.max, v1's
     memory.limit_in_bytes; "max" and v1's 2^63 are no limit."""
-    from trainscale.bench.planning import cgroup_limit, room
+    from trainscale.plan.calibrate import cgroup_limit, room
 
     assert room(None, 2, "8G") == (4 * GiB, "--mem 8G / 2 rank(s)")
     with pytest.raises(ConfigError, match="not a SLURM size"):
@@ -403,7 +403,7 @@ def test_the_room_is_the_mem_asked_for_else_this_process_cgroup_limit(tmp_path):
 def test_a_plan_measures_only_what_its_strategies_take_here():
     """A script's own DDP and the sharded strategies go over gloo; trainscale's ddp averages in shared memory; a
     study measures what its one strategy needs (its plan is made before its runs, on the README's path)."""
-    from trainscale.bench.planning import study_strategy, sweep_hooks
+    from trainscale.plan.calibrate import study_strategy, sweep_hooks
 
     assert sweep_hooks(None, None) == sweep_hooks(None, "fsdp") == ("none",)
     assert sweep_hooks((), None) == sweep_hooks((), "zero1") == ("none", "shm")
@@ -419,7 +419,7 @@ def test_a_plan_measures_only_what_its_strategies_take_here():
 
 def test_an_all_reduce_here_that_fails_stops_the_plan_with_what_to_check(monkeypatch):
     from trainscale.bench import allreduce_run
-    from trainscale.bench.planning import sweeps_here
+    from trainscale.plan.calibrate import sweeps_here
 
     monkeypatch.setattr(allreduce_run, "measure", lambda *a, **k: {"error": "rank 1 exited with 1"})
     with pytest.raises(ConfigError, match="the all-reduce among 2 ranks here failed: rank 1 exited") as err:
@@ -430,7 +430,7 @@ def test_an_all_reduce_here_that_fails_stops_the_plan_with_what_to_check(monkeyp
 def test_a_strategys_own_calibration_that_fails_leaves_the_plan_on_the_plain_pace(monkeypatch):
     """FSDP's own calibration is a refinement: when it fails (a model FSDP cannot wrap), the plan is still made,
     says so, and fsdp's row keeps the plain calibration's pace."""
-    from trainscale.bench import planning
+    from trainscale.plan import calibrate as planning
 
     def calibrate(**kwargs):
         if kwargs.get("strategy"):

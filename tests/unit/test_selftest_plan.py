@@ -7,7 +7,7 @@ import json
 import pytest
 
 from trainscale.cli.main import main
-from trainscale.doctor.selftest import hang_record, hang_row, out_directory
+from trainscale.selftest.run import hang_record, hang_row, out_directory
 from trainscale.errors import ConfigError
 
 
@@ -58,7 +58,7 @@ FIXTURES = __import__("pathlib").Path(__file__).resolve().parents[1] / "fixtures
 def test_the_all_reduce_row_warns_when_nvlinked_gpus_fell_back_to_pcie_or_shared_memory():
     """Issue 22 item 8: a node whose GPUs lost NVLink used to show PASS at any bandwidth. The expectation
     comes from `nvidia-smi topo -m` (captured DGX/HGX A100 outputs) and NCCL's own log of how it connected."""
-    from trainscale.doctor.selftest_checks import allreduce_verdict
+    from trainscale.selftest.checks import allreduce_verdict
     from trainscale.observe.interconnect import intra_node_transports
     from trainscale.topology.nvidia import expected_busbw_gbps, parse_nvidia_links
 
@@ -81,7 +81,7 @@ def test_the_all_reduce_row_warns_when_nvlinked_gpus_fell_back_to_pcie_or_shared
 def test_the_breakdown_row_fails_when_it_misses_the_communication_the_link_implies():
     """Issue 22 item 7: `communication_total > 0` passed with a 52 KB gradient whatever was measured. The
     row compares with the all-reduce check's bus bandwidth: step records that see a fraction of it fail."""
-    from trainscale.doctor.selftest_checks import breakdown_verdict, implied_comm_s
+    from trainscale.selftest.checks import breakdown_verdict, implied_comm_s
 
     allreduce = {"detail": {"rows": [{"bytes": 2**20, "busbw_Bps": 0.4e9}, {"bytes": 16 * 2**20, "busbw_Bps": 0.5e9}]}}
     implied = implied_comm_s(25_190_400, 2, allreduce)  # 25.2 MB of gradients at 0.5 GB/s (nearest: 16 MB)
@@ -103,7 +103,7 @@ def test_a_rank_whose_current_device_is_not_its_own_gpu_fails_the_devices_row(mo
 
     import torch
 
-    from trainscale.doctor import selftest_checks
+    from trainscale.selftest import checks as selftest_checks
 
     props = SimpleNamespace(uuid="GPU-1", name="H100", pci_domain_id=0, pci_bus_id=1, pci_device_id=0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
@@ -136,7 +136,7 @@ def test_gcds_that_share_a_uuid_are_told_apart_by_their_pci_address(monkeypatch)
 
     import torch
 
-    from trainscale.doctor import selftest_checks
+    from trainscale.selftest import checks as selftest_checks
 
     buses = {0: 0xC1, 1: 0xC6}
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(
@@ -153,7 +153,7 @@ def test_the_ranks_shares_of_a_selftest_batch_make_up_the_whole_batch_on_any_wor
 
     import torch
 
-    from trainscale.doctor.selftest_checks import batch
+    from trainscale.selftest.checks import batch
 
     def rt(rank: int) -> SimpleNamespace:
         return SimpleNamespace(rank=rank, world_size=world_size, device=torch.device("cpu"))
@@ -177,7 +177,7 @@ def _node_links_on_ranks(monkeypatch, device_index, physical, ranks: int = 4) ->
 
     import torch
 
-    from trainscale.doctor import selftest_checks
+    from trainscale.selftest import checks as selftest_checks
     from trainscale.topology import detect
 
     outputs = {"topo": (FIXTURES / "topology" / "nvidia-smi-topo-dgx-a100-8gpu.txt").read_text(),
@@ -233,7 +233,7 @@ def test_the_all_reduce_row_expects_nvlink_between_the_physical_gpus_the_ranks_d
     could never fire where per-task cgroups cause it. The ranks' GPUs are now found by PCI address."""
     import torch
 
-    from trainscale.doctor.selftest_checks import allreduce_verdict
+    from trainscale.selftest.checks import allreduce_verdict
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
@@ -252,7 +252,7 @@ def test_the_all_reduce_row_expects_nvlink_between_the_physical_gpus_the_ranks_d
 def test_no_nvlink_expectation_when_nvidia_smi_does_not_list_the_jobs_other_gpus():
     """Where a cgroup per task hides the other GPUs from nvidia-smi too, their links are unknown: the row says
     so instead of judging four GPUs by the one it sees."""
-    from trainscale.doctor.selftest_checks import job_links
+    from trainscale.selftest.checks import job_links
 
     topo = (FIXTURES / "topology" / "nvidia-smi-topo-dgx-a100-8gpu.txt").read_text()
     query = (FIXTURES / "topology" / "nvidia-smi-query-gpu-dgx-a100-8gpu.csv").read_text()

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from trainscale.bench.tune import NOISE, Search, Setting, Trial, TuneSpec, knobs, render_config
+from trainscale.plan.tune import NOISE, Search, Setting, Trial, TuneSpec, knobs, render_config
 from trainscale.errors import ConfigError
 
 if sys.version_info >= (3, 11):

@@ -10,7 +10,7 @@ import os
 from typing import Any, Mapping
 
 from trainscale.bench.study import StudySpec
-from trainscale.bench.tune import TuneSpec
+from trainscale.plan.tune import TuneSpec
 
 RENAMED = {"sweep_batch": "sweep_batches", "out": "out_dir"}
 """Options whose command-line name is not their field's (``--sweep-batch``: ``sweep_batches``)."""

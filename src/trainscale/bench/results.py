@@ -158,7 +158,7 @@ def markdown_document(study: dict, plots: dict[str, str]) -> str:
 
 
 def plan_rows(study: dict) -> tuple[list[str], list[list[str]], str] | None:
-    """The study's plan (made before its runs, bench/planning.py) against each configuration: header, rows and
+    """The study's plan (made before its runs, plan/calibrate.py) against each configuration: header, rows and
     a sentence under them; None for a study without a plan."""
     plan = study.get("plan") or {}
     if not plan:

@@ -52,7 +52,7 @@ def run_study(spec: StudySpec, *, make_plots: bool = True, verbose: bool = False
     out_dir.mkdir(parents=True, exist_ok=True)
     mark_latest(out_dir)  # bench-out/latest: what `trainscale report bench-out/latest` reads next
     started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-    from trainscale.bench.planning import against, plan_study
+    from trainscale.plan.calibrate import against, plan_study
 
     # the plan first, as `trainscale plan` makes it, so that every study shows the model's error
     made, no_plan = plan_study(spec, the_plan, say=lambda line: print(f"trainscale bench: plan: {line}",

@@ -42,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
                    "workload is calibrated with it")
     p.add_argument("--mem", help="memory per node, as sbatch's --mem (e.g. 64G): the room the ranks of a node "
                    "share (default: the profile's GPU or node memory, else this machine's within its cgroup limit)")
-    from trainscale.bench.plan_comm import NETWORKS
+    from trainscale.plan.comm import NETWORKS
 
     p.add_argument("--interconnect", help=f"the network between nodes: {', '.join(NETWORKS)} (docs/scaling.md; "
                    "default: the profile's, else ethernet-25g, said as an assumption)")
@@ -83,8 +83,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def plan(ns: argparse.Namespace, script: str | None, args: tuple[str, ...]) -> int:
-    from trainscale.bench.plan_text import render
-    from trainscale.bench.planning import make
+    from trainscale.plan.text import render
+    from trainscale.plan.calibrate import make
 
     made, submit = make(script=script, args=args, workload=ns.workload, profile_name=ns.profile,
                         ranks_per_node=ns.nproc_per_node, nodes=ns.nodes, batch=ns.batch_size,

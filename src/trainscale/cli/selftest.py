@@ -30,7 +30,7 @@ def _target(ns: argparse.Namespace):
 
 
 def run(ns: argparse.Namespace) -> int:
-    from trainscale.doctor.selftest import SelftestSpec, render, run_selftest, write_report
+    from trainscale.selftest.run import SelftestSpec, render, run_selftest, write_report
 
     if ns.gpus_per_node is not None and ns.nproc is not None:
         raise ConfigError("--nproc and --gpus-per-node both give ranks per node", hint="give one of them")

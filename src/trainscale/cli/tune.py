@@ -26,7 +26,7 @@ Examples:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from trainscale.bench.tune import DEVICES, LOADERS
+    from trainscale.plan.tune import DEVICES, LOADERS
 
     from trainscale.config.argparsing import Parser
 
@@ -52,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
 def build(argv: list[str], environ=None):
     """(TuneSpec, the --out file) from the command line over --config's [tune] table and TRAINSCALE_TUNE_*."""
     from trainscale.bench.options import tune_spec
-    from trainscale.bench.tuning import check_command
+    from trainscale.plan.tuning import check_command
     from trainscale.cli.split import split_command
 
     split = split_command(_parser(), argv, double_dash="rest")
@@ -63,7 +63,7 @@ def build(argv: list[str], environ=None):
 
 
 def run_tune(argv: list[str]) -> int:
-    from trainscale.bench.tuning import headline, report, tune
+    from trainscale.plan.tuning import headline, report, tune
 
     if argv and argv[0] in ("-h", "--help"):
         _parser().print_help()

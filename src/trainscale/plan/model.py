@@ -6,7 +6,7 @@ phases). Pure: the calibration's records in, the plan out.
 The memory model is ZeRO's (Rajbhandari et al., 2020) on the measured bytes: DDP holds everything on every rank
 (and a bucket copy of the gradients), ZeRO-1 shards the optimizer state, ZeRO-2 the gradients too, ZeRO-3 and
 FSDP the parameters too; activations scale with the per-rank batch. The time model: the calibration's phases,
-slowed where ranks share cores, and each strategy's collectives (bench/plan_comm.py) as measured where the ranks
+slowed where ranks share cores, and each strategy's collectives (plan/comm.py) as measured where the ranks
 run or as a ring all-reduce over the interconnect, DDP's overlapped with backward (docs/scaling.md).
 Every figure says what it was calibrated on; what the model cannot see is listed with the figures.
 """
@@ -17,7 +17,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from trainscale.bench.plan_comm import (Network, Sweep, bucket_count, collectives, ring_allreduce_s, sharded_comm_s,
+from trainscale.plan.comm import (Network, Sweep, bucket_count, collectives, ring_allreduce_s, sharded_comm_s,
                                         whole_tensor_share)
 from trainscale.errors import ConfigError
 from trainscale.observe.reading import steady
@@ -244,7 +244,7 @@ class Plan:
     shared_cores: int | None = None
     """CPU ranks planned on this machine share its cores (make_plan)."""
     verified: list[dict] = field(default_factory=list)
-    """``--verify``: the cheapest configurations run here, predicted against measured (bench/planning.py)."""
+    """``--verify``: the cheapest configurations run here, predicted against measured (plan/calibrate.py)."""
     own: dict[str, Calibration] = field(default_factory=dict)
     """A strategy's own one-rank calibration (fsdp sharded over a group of one: its per-unit work), where one
     was run; the others' times and peaks are the plain calibration's."""

@@ -1,6 +1,6 @@
 """``trainscale plan``'s acting part: the calibration run (one rank, a few steps, a trial of launch/trial.py, its
 records read back), the room per rank and the network the plan is made for. The modelling is
-bench/plan.py's (pure); the CLI only parses and prints.
+plan/model.py's (pure); the CLI only parses and prints.
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from trainscale.bench.plan import Calibration, Plan, make_plan
-from trainscale.bench.plan_comm import Network, Sweep, get_network
+from trainscale.plan.model import Calibration, Plan, make_plan
+from trainscale.plan.comm import Network, Sweep, get_network
 from trainscale.errors import ConfigError
 from trainscale.observe.reading import other_work, steady, step_records, steps_peaks
 from trainscale.observe.records import read_lines
 
 PROFILE_NETWORKS = {"ofi": "slingshot-11", "ib": "ib-hdr200", "socket": "ethernet-25g"}
-"""A profile's ``interconnect`` as the plan's network (bench/plan_comm.NETWORKS)."""
+"""A profile's ``interconnect`` as the plan's network (plan/comm.NETWORKS)."""
 DEFAULT_NETWORK = "ethernet-25g"
 
 
@@ -128,7 +128,7 @@ def sweeps_here(ranks_per_node: int, say: Callable[[str], None], hooks: tuple[st
     the plan's rows and ``--verify`` run here (2, 4, ... up to ``ranks_per_node``), timed by each of ``hooks``
     (:func:`sweep_hooks`)."""
     from trainscale.bench.allreduce_run import measure
-    from trainscale.bench.plan import ladder
+    from trainscale.plan.model import ladder
 
     out = []
     for ranks in sorted({n for n, _ in ladder(ranks_per_node, 1) if n > 1}):
@@ -398,7 +398,7 @@ def against(made: Plan, runs: list[dict], out_dir: Path) -> list[dict]:
     """Each measured configuration of a study beside what its plan predicted: the step (the median of its rank 0's
     step records after the warm-up, as the calibration's), the fullest rank's model state (its memory table) and
     its ranks' largest peak over their training steps."""
-    from trainscale.bench.plan import STRATEGIES
+    from trainscale.plan.model import STRATEGIES
     from trainscale.bench.study import read_metrics
     from trainscale.bench.validity import disturbance
 

@@ -1,6 +1,6 @@
-"""What each rank of ``trainscale selftest`` runs: ``python -m trainscale.doctor.selftest_rank checks|hang``.
+"""What each rank of ``trainscale selftest`` runs: ``python -m trainscale.selftest.rank checks|hang``.
 
-``checks`` runs every check of doctor/selftest_checks.py (plus the CPU binding) and rank 0 writes the
+``checks`` runs every check of selftest/checks.py (plus the CPU binding) and rank 0 writes the
 results as JSON. ``hang`` is a separate launch, expected to fail: the last rank stops inside step 2 and
 every other rank records in a file of its own, through ``Runtime.on_collective_timeout`` as a user's
 script would, how long until its error named that rank (why every rank: docs/gpu.md, the hang row).
@@ -20,10 +20,10 @@ import torch
 from torch import nn
 
 import trainscale
-from trainscale.doctor.selftest_checks import (NEEDS_RANKS, SGD, Check, batch, check_allreduce, check_breakdown,
+from trainscale.selftest.checks import (NEEDS_RANKS, SGD, Check, batch, check_allreduce, check_breakdown,
                                                check_devices, check_equivalence, check_resume, check_strategies,
                                                gather, mlp)
-from trainscale.doctor.selftest import hang_record
+from trainscale.selftest.run import hang_record
 
 HANG_STEP = 2
 HOLD = "TRAINSCALE_SELFTEST_HOLD"
@@ -143,7 +143,7 @@ def run_hang(rt, args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trainscale.doctor.selftest_rank")
+    p = argparse.ArgumentParser(prog="python -m trainscale.selftest.rank")
     p.add_argument("phase", choices=("checks", "hang"))
     p.add_argument("--out", required=True, help="JSON written by rank 0 (hang: one per rank beside it)")
     p.add_argument("--workdir", default=".", help="scratch space every rank sees (checkpoints)")

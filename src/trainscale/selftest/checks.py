@@ -1,5 +1,5 @@
-"""The checks of ``trainscale selftest``, as each rank runs them (``doctor/selftest_rank.py`` runs them
-in order and gathers the results on rank 0; ``doctor/selftest.py`` launches the ranks and reports).
+"""The checks of ``trainscale selftest``, as each rank runs them (``selftest/rank.py`` runs them
+in order and gathers the results on rank 0; ``selftest/run.py`` launches the ranks and reports).
 
 Each check takes the Runtime and returns a :class:`Check`: pass, fail, warn or skip, the figures a
 support ticket needs, and details. Every check is a collective: all ranks call it, in the same order.

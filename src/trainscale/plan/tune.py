@@ -1,5 +1,5 @@
 """`trainscale plan --tune`: which settings make this training fastest here. Pure planning and choosing
-(the knobs, a coordinate descent from the defaults, the config file written); ``bench/tuning.py`` launches
+(the knobs, a coordinate descent from the defaults, the config file written); ``plan/tuning.py`` launches
 the trials. The knobs and the search: docs/scaling.md, "`trainscale plan --tune`".
 """
 

@@ -1,11 +1,11 @@
-"""``trainscale plan``'s text: the plan (bench/plan.py) as the tables and lines the CLI prints, and the
+"""``trainscale plan``'s text: the plan (plan/model.py) as the tables and lines the CLI prints, and the
 predicted-against-measured table ``--verify`` and the plan-accuracy benchmark share.
 """
 
 from __future__ import annotations
 
-from trainscale.bench.plan import ANY_BATCH, MARGIN, Plan
-from trainscale.bench.plan_comm import Sweep
+from trainscale.plan.model import ANY_BATCH, MARGIN, Plan
+from trainscale.plan.comm import Sweep
 
 
 def _size(n: float) -> str:

@@ -1,4 +1,4 @@
-"""What each strategy communicates per step, for ``trainscale plan`` (bench/plan.py): its collectives in
+"""What each strategy communicates per step, for ``trainscale plan`` (plan/model.py): its collectives in
 all-reduces of the gradients' or parameters' bytes on a network's model, or each one priced as measured where
 the ranks will run (:class:`Sweep`); and how torch's ZeRO-1 partitions the optimizer state in whole tensors.
 Pure: the calibration's counts in, seconds or shares out. The network's model and its presets:
@@ -130,7 +130,7 @@ class Sweep:
 
 
 def sharded_comm_s(strategy: str, cal: Any, cost: Callable[[float], float]) -> float:
-    """What ``strategy``'s own collectives add to a step beyond DDP's (``cal``: bench/plan.Calibration's unit
+    """What ``strategy``'s own collectives add to a step beyond DDP's (``cal``: plan/model.Calibration's unit
     and tensor sizes), each charged ``cost`` of its bytes: an
     all-reduce's (measured: :meth:`Sweep.seconds`; on gloo an all-gather or reduce-scatter takes 0.6x-2x that,
     or the network's latency alone). FSDP and ZeRO-3 all-gather every

@@ -1,6 +1,6 @@
 """`trainscale plan --tune`'s acting part: each trial a short real run (launch/trial.py),
 the search driven to its budget, the best and the defaults measured again side by side. The choosing
-is bench/tune.py's (pure); the CLI only parses and prints.
+is plan/tune.py's (pure); the CLI only parses and prints.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from trainscale.bench.tune import Search, Setting, Trial, TuneSpec, knobs
+from trainscale.plan.tune import Search, Setting, Trial, TuneSpec, knobs
 from trainscale.errors import ConfigError
 
 
@@ -107,7 +107,7 @@ def report(spec: TuneSpec, done: Outcome, out: Path) -> list[str]:
     """Write the best setting's config file to ``out``; the lines that say what was found and where it went."""
     import socket
 
-    from trainscale.bench.tune import gain, render_config
+    from trainscale.plan.tune import gain, render_config
 
     best, default = done.best, done.default
     lines = [f"  (budget reached: {len(done.search.trials)} trial(s); raise --budget to search further)"] \

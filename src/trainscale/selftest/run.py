@@ -1,8 +1,8 @@
 """``trainscale selftest``: prove trainscale on this node's GPUs (or a SLURM job's), with figures.
 
-Two launches of ``python -m trainscale.doctor.selftest_rank``, made exactly as training is launched
+Two launches of ``python -m trainscale.selftest.rank``, made exactly as training is launched
 (``trainscale run``'s launcher locally; ``trainscale slurm``'s plan, lint and submission with
-``--slurm``): the checks (doctor/selftest_checks.py), then the hang, which is expected to fail with
+``--slurm``): the checks (selftest/checks.py), then the hang, which is expected to fail with
 an error naming the rank that stopped. The outcome is a pass/fail table and two files to attach to
 a support ticket, ``selftest.json`` and ``selftest.txt``, in the output directory.
 
@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from trainscale.errors import ConfigError, did_you_mean
 
-MODULE = "trainscale.doctor.selftest_rank"
+MODULE = "trainscale.selftest.rank"
 CHECK_NAMES = ("devices", "all-reduce", "equivalence", "strategies", "resume", "breakdown", "binding", "hang")
 HANG_MARGIN_S = 60.0
 """The promise: a hung rank is named within the collective timeout plus this."""
