@@ -167,7 +167,7 @@ def heartbeat_cost(run_dir: Path, beats: int = 400) -> float:
 
     from torch.distributed import TCPStore
 
-    from trainscale.runtime.progress import Heartbeat
+    from trainscale.runtime.hangwatch.heartbeat import Heartbeat
 
     store = TCPStore("127.0.0.1", 0, world_size=1, is_master=True, timeout=datetime.timedelta(seconds=10))
     runtime = SimpleNamespace(is_distributed=False, rank=0, world_size=2, timeout=datetime.timedelta(minutes=30))

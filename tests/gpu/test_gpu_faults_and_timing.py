@@ -67,7 +67,7 @@ def test_the_breakdown_counts_nccl_communication(gpus, tmp_path):
 NCCL_LEDGER = '''
 import json, os, socket, threading
 import torch, torch.distributed as dist
-from trainscale.runtime import ledger
+from trainscale.runtime.hangwatch import ledger
 
 with socket.socket() as s:
     s.bind(("127.0.0.1", 0))

@@ -25,7 +25,7 @@ def stalled_rank_zero() -> dict:
     import trainscale
     import torch
     import torch.distributed as dist
-    from trainscale.runtime.progress import Heartbeat
+    from trainscale.runtime.hangwatch.heartbeat import Heartbeat
 
     with trainscale.init(timeout_s=TIMEOUT_S, set_threads=False) as rt:
         store = dist.distributed_c10d._get_default_store()
@@ -65,7 +65,7 @@ def stalled_inside_the_step() -> dict:
     import trainscale
     import torch
     import torch.distributed as dist
-    from trainscale.runtime.progress import Heartbeat
+    from trainscale.runtime.hangwatch.heartbeat import Heartbeat
 
     with trainscale.init(timeout_s=TIMEOUT_S, set_threads=False) as rt:
         store = dist.distributed_c10d._get_default_store()
@@ -143,7 +143,7 @@ def everyone_in_a_long_step() -> dict:
     """Both ranks sit in the same step (a long checkpoint or evaluation) past the timeout: no hang."""
     import trainscale
     import torch.distributed as dist
-    from trainscale.runtime.progress import Heartbeat
+    from trainscale.runtime.hangwatch.heartbeat import Heartbeat
 
     with trainscale.init(timeout_s=TIMEOUT_S, set_threads=False) as rt:
         store = dist.distributed_c10d._get_default_store()
@@ -178,7 +178,7 @@ def test_ending_the_process_reports_like_an_uncaught_error(tmp_path):
     script = textwrap.dedent(f"""
         import datetime
         from types import SimpleNamespace
-        from trainscale.runtime.hangwatch import CollectiveTimeout, end_process
+        from trainscale.runtime.hangwatch.watch import CollectiveTimeout, end_process
 
         error = CollectiveTimeout("rank 0: step 3 did not complete within 5s — rank(s) 1 did not arrive",
                                   hint="look at the named rank's log")
@@ -204,7 +204,7 @@ def test_a_flight_recorder_dump_that_never_returns_neither_hides_the_error_nor_k
     script = textwrap.dedent("""
         import threading
         from types import SimpleNamespace
-        from trainscale.runtime import hangwatch
+        from trainscale.runtime.hangwatch import watch as hangwatch
 
         hangwatch._dump_flight_recorder = lambda *args: threading.Event().wait()  # wedged
         hangwatch.DUMP_WAIT_S = 0.5
@@ -226,7 +226,7 @@ def a_background_save_during_a_stall() -> dict:
     import torch
     import torch.distributed as dist
     from trainscale.checkpoint.background import checkpoint_group
-    from trainscale.runtime.progress import Heartbeat
+    from trainscale.runtime.hangwatch.heartbeat import Heartbeat
 
     with trainscale.init(timeout_s=60, set_threads=False) as rt:
         store = dist.distributed_c10d._get_default_store()

@@ -42,7 +42,7 @@ def run_scenarios(plan: list[tuple[str, str, int]]) -> list[str | None]:
     from torch import nn
 
     import trainscale
-    from trainscale.runtime.hangwatch import CollectiveTimeout
+    from trainscale.runtime.hangwatch.watch import CollectiveTimeout
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     base = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), world, is_master=rank == 0, timeout=WAIT)

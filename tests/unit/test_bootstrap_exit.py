@@ -173,7 +173,7 @@ def test_only_refusals_that_name_a_fix_are_shown_in_one_line():
     message names the hung rank and carries its stack) keeps its whole report."""
     from trainscale.errors import CheckpointError, ConfigError, MissingOption
     from trainscale.errors import is_refusal as _is_trainscale_error, one_line
-    from trainscale.runtime.hangwatch import CollectiveTimeout
+    from trainscale.runtime.hangwatch.watch import CollectiveTimeout
 
     assert all(_is_trainscale_error(e) for e in (ConfigError("x"), CheckpointError("x"), MissingOption("train", "lr")))
     assert not any(_is_trainscale_error(e) for e in (CollectiveTimeout("rank 1 hung"), ValueError("x")))

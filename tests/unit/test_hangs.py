@@ -1,9 +1,9 @@
-"""The verdict on a hang (runtime/hangs.py), from heartbeat records as the watcher holds them: who waits, who
+"""The verdict on a hang (runtime/hangwatch/verdict.py), from heartbeat records as the watcher holds them: who waits, who
 is missing, who called another collective, who stopped responding; and no verdict before the notice interval."""
 
 from __future__ import annotations
 
-from trainscale.runtime.hangs import STALE_S, UNREACHABLE, State, count_desync, diagnose, ledger_desync
+from trainscale.runtime.hangwatch.verdict import STALE_S, UNREACHABLE, State, count_desync, diagnose, ledger_desync
 
 
 def _entry(seq: int, op: str = "all_reduce", sizes=((354,),), *, age: float = 25.0, done: bool = False,

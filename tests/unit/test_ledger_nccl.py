@@ -1,4 +1,4 @@
-"""The ledger on NCCL (runtime/ledger.py): ProcessGroupNCCL keeps its own flight recorder, which only
+"""The ledger on NCCL (runtime/hangwatch/ledger.py): ProcessGroupNCCL keeps its own flight recorder, which only
 ``torch._C._distributed_c10d._dump_nccl_trace`` dumps; the gloo/CPU recorder's dump (``_dump_fr_trace``) is empty
 there. The dumps here have the shape torch's C++ FlightRecorder::dump serialises (FlightRecorderDetail.hpp,
 getCollectiveTrace; the keys torch/distributed/flight_recorder/components/types.py reads), pickled as torch does:
@@ -13,8 +13,8 @@ import time
 import pytest
 import torch
 
-from trainscale.runtime import ledger
-from trainscale.runtime.hangs import State, diagnose
+from trainscale.runtime.hangwatch import ledger
+from trainscale.runtime.hangwatch.verdict import State, diagnose
 
 GLOO_EMPTY = {"version": "2.10", "pg_config": {}, "pg_status": {}, "comm_lib_version": "", "entries": []}
 

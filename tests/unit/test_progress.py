@@ -1,4 +1,4 @@
-"""The heartbeat (runtime/progress.py): it publishes progress to a real store and is gone once closed; a
+"""The heartbeat (runtime/hangwatch/heartbeat.py): it publishes progress to a real store and is gone once closed; a
 collective timeout is explained with the missing rank and the stack its heartbeat sends; a peer relays the
 diagnosis; the records of many ranks are read in two requests; the watch's notice comes once."""
 
@@ -10,9 +10,12 @@ from types import SimpleNamespace
 
 from torch.distributed import TCPStore
 
-from trainscale.runtime import hangwatch, ledger, peers, progress
-from trainscale.runtime.hangwatch import UNREACHABLE
-from trainscale.runtime.progress import Heartbeat
+from trainscale.runtime.hangwatch import watch as hangwatch
+from trainscale.runtime.hangwatch import ledger
+from trainscale.runtime.hangwatch import peers
+from trainscale.runtime.hangwatch import heartbeat as progress
+from trainscale.runtime.hangwatch.watch import UNREACHABLE
+from trainscale.runtime.hangwatch.heartbeat import Heartbeat
 from helpers.counting_store import Counting
 
 
@@ -261,7 +264,7 @@ def test_the_heartbeat_imports_nothing_while_the_script_may_be_importing():
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0", TORCH_FR_BUFFER_SIZE="64")
         import torch, torch.distributed as dist
         from types import SimpleNamespace
-        from trainscale.runtime.progress import Heartbeat
+        from trainscale.runtime.hangwatch.heartbeat import Heartbeat
         store = dist.TCPStore("127.0.0.1", 0, world_size=1, is_master=True)
         dist.init_process_group("gloo", store=store, rank=0, world_size=1)
         dist.all_reduce(torch.ones(3))

@@ -59,7 +59,7 @@ def test_trainscale_never_deserialises_code():
     assert not found, found
     assert own == own_code
     assert unpicklers == [("src/trainscale/checkpoint/dcp_io.py", "_MetadataUnpickler", True),
-                          ("src/trainscale/runtime/ledger.py", "_PlainData", True)]
+                          ("src/trainscale/runtime/hangwatch/ledger.py", "_PlainData", True)]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")

@@ -7,7 +7,7 @@ import signal
 
 from trainscale.launch.summary import RankFailure, from_child_failed, render
 
-TIMED_OUT = ("Traceback (most recent call last):\n  ...\ntrainscale.runtime.hangwatch.CollectiveTimeout: rank 1: "
+TIMED_OUT = ("Traceback (most recent call last):\n  ...\ntrainscale.runtime.hangwatch.watch.CollectiveTimeout: rank 1: "
              "training step (gradient all-reduce) at step 3 did not complete within 5s — rank(s) 3 did not arrive "
              "(last seen: rank 3: step 3, 1 collective(s) behind; rank 0: step 3)\nrank 3's Python stack (main "
              "thread, innermost last):\n  File \"train.py\", line 21, in <module>\n    stall()")

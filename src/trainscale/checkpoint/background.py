@@ -133,7 +133,7 @@ def checkpoint_group(runtime: Any) -> Any:
     so that the background thread's collectives never interleave with the training's on the default
     group (torch's async_save needs a CPU backend for them anyway). Described ``trainscale-checkpoint``: its
     collectives run on each rank's writer thread at that rank's own pace, and the hang watch leaves them out
-    (runtime/ledger.py)."""
+    (runtime/hangwatch/ledger.py)."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):

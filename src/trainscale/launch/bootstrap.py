@@ -52,7 +52,7 @@ RUN_DIR_VAR = "TRAINSCALE_RUN_DIR"
 PREFIXED_VAR = "TRAINSCALE_PREFIXED_CONSOLE"
 """Set by ``trainscale run`` when the agent prefixes every line a worker shows with ``[rankN]:``."""
 HANG_TIMEOUT_VAR = "TRAINSCALE_HANG_TIMEOUT"
-"""`--hang-timeout`'s seconds for the workers' hang watch (runtime/progress.py)."""
+"""`--hang-timeout`'s seconds for the workers' hang watch (runtime/hangwatch/heartbeat.py)."""
 
 # SLURM's task variables as torchrun's workers should see them: each agrees with RANK & co.
 _SLURM_FROM_WORLD = (

@@ -41,8 +41,8 @@ MODULES = (
     "observe/__init__.py", "observe/worker.py", "observe/hooks.py", "observe/models.py", "observe/steps.py", "observe/records.py",
     "observe/state.py", "observe/place.py",
     "observe/window.py", "observe/sampler.py", "observe/devices.py", "observe/stragglers.py", "observe/flops.py",
-    "runtime/__init__.py", "runtime/progress.py", "runtime/hangwatch.py", "runtime/ledger.py", "runtime/hangs.py",
-    "runtime/peers.py",
+    "runtime/__init__.py", "runtime/hangwatch/__init__.py", "runtime/hangwatch/heartbeat.py", "runtime/hangwatch/watch.py", "runtime/hangwatch/ledger.py", "runtime/hangwatch/verdict.py",
+    "runtime/hangwatch/peers.py",
     "runtime/memory.py",
 )
 

@@ -67,7 +67,7 @@ class LocalLaunchSpec:
     """How long to wait for all nodes to arrive (torchrun's rdzv-conf timeout/join_timeout win)."""
     hang_timeout_s: float | None = None
     """End the job after this long with no progress on any rank (0: never); None: the workers' default
-    (runtime/progress.py, ``DEFAULT_HANG_TIMEOUT_S`` once training steps ran)."""
+    (runtime/hangwatch/heartbeat.py, ``DEFAULT_HANG_TIMEOUT_S`` once training steps ran)."""
     torchrun: Mapping[str, Any] = field(default_factory=dict)
     """The other torchrun options the user gave (dest -> value, as torch's parser reads them); each
     wins over trainscale's default for it. Options not given keep torchrun's or trainscale's default."""

@@ -99,7 +99,7 @@ def lost_peer(traceback: str) -> bool:
     return any(m in traceback for m in PEER_GONE)
 
 
-# How a rank that timed out names the rank(s) it waited for (runtime/progress.py's CollectiveTimeout):
+# How a rank that timed out names the rank(s) it waited for (runtime/hangwatch/heartbeat.py's CollectiveTimeout):
 # those hung ranks, ended by the launcher afterwards, are the root cause.
 _HUNG = re.compile(r"rank\(s\) ([\d, ]+) (did not arrive|issued a different collective|stopped responding)")
 _HOW = {"did not arrive": "hung (stopped participating)", "issued a different collective":

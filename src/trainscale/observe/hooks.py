@@ -17,7 +17,7 @@ torch exposes to anyone:
 
 The phases go through one clock (observe/steps.py) into ``metrics/rank-<R>.jsonl`` in the records' format
 (observe/records.py), so ``trainscale report``, the straggler watch and the studies read a script's run
-as they read a workload's. Each step also tells the rank's heartbeat (runtime/progress.py), which names
+as they read a workload's. Each step also tells the rank's heartbeat (runtime/hangwatch/heartbeat.py), which names
 a hung rank. Hooks never change a tensor: training is bitwise the same with and without them. What it
 costs: ``benchmarks/record_overhead.py``; the fields: docs/observability.md.
 """
@@ -438,6 +438,6 @@ def _place(environ: Any) -> tuple[int, int, int, int, str | None]:
 
 
 def _tell_heartbeat(step: int) -> None:
-    from trainscale.runtime import progress
+    from trainscale.runtime.hangwatch import heartbeat as progress
 
     progress.note_step(step)

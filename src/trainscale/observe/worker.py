@@ -10,7 +10,7 @@ import sys
 from typing import Any, MutableMapping
 
 RECORD_VAR, NOTICE_VAR = "TRAINSCALE_RECORD", "TRAINSCALE_HANG_NOTICE"
-"""``0`` switches off the step records (observe/hooks.py), the hang watch (runtime/progress.py)."""
+"""``0`` switches off the step records (observe/hooks.py), the hang watch (runtime/hangwatch/heartbeat.py)."""
 
 
 def recording_on(environ: Any = os.environ) -> bool:
@@ -24,7 +24,7 @@ _OBSERVING: list = []
 def observe_when_torch_loads(environ: MutableMapping[str, str] = os.environ, *, kit: str | None = None) -> None:
     """When the script imports torch (now if it has), the recorder's hooks go in (observe/hooks.py: every rank's
     steps, with a run directory) and a watch starts the rank's heartbeat once its process group exists
-    (runtime/progress.py: a hang's culprit named). torch's flight recorder keeps the last collectives (asked for
+    (runtime/hangwatch/heartbeat.py: a hang's culprit named). torch's flight recorder keeps the last collectives (asked for
     before the group exists). Nothing here may fail the script: what cannot start says so in one line. ``kit``:
     the job kit's directory, where the script's Python has no trainscale of its own (a stock container)."""
     from trainscale.env import detect
@@ -78,7 +78,7 @@ def _start_observing(environ: MutableMapping[str, str], kit: str | None, run_dir
               file=sys.stderr, flush=True)
 
 
-OBSERVERS = ("trainscale.observe.hooks", "trainscale.runtime.progress", "trainscale.observe.records",
+OBSERVERS = ("trainscale.observe.hooks", "trainscale.runtime.hangwatch.heartbeat", "trainscale.observe.records",
              "trainscale.observe.sampler", "trainscale.observe.devices", "trainscale.observe.stragglers",
              "trainscale.observe.flops", "trainscale.runtime.memory", "trainscale.observe.state")
 """The recorder, the heartbeat, and every module they import later (the job kit holds them all)."""
@@ -108,7 +108,7 @@ def _observers(kit: str | None):
 def explain_hang(exc: BaseException) -> BaseException | None:
     """A collective timeout (or a peer's closed connection after one) as the heartbeat's verdict on who was
     missing, chained to ``exc``; None for anything else."""
-    progress = sys.modules.get("trainscale.runtime.progress")
+    progress = sys.modules.get("trainscale.runtime.hangwatch.heartbeat")
     beat = progress.current() if progress is not None else None
     if beat is None or isinstance(exc, (KeyboardInterrupt, SystemExit)):
         return None

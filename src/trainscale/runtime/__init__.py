@@ -4,7 +4,7 @@ __all__ = ["Runtime", "init"]
 
 
 def __getattr__(name: str):
-    # Lazy: the heartbeat (runtime/progress.py), which every worker loads when its script imports torch, and
+    # Lazy: the heartbeat (runtime/hangwatch/heartbeat.py), which every worker loads when its script imports torch, and
     # the job kit's copy of it need none of the Runtime's own modules.
     if name in __all__:
         from trainscale.runtime import runtime

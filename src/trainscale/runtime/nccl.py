@@ -21,7 +21,7 @@ second, so both are set (to the user's value when they set either)."""
 
 def watchdog_timeout(timeout: datetime.timedelta) -> datetime.timedelta:
     """NCCL's watchdog timeout for a job whose collective timeout is ``timeout``: that plus
-    ``NCCL_BACKSTOP_S``. The hang watch (runtime/hangwatch.py) times a stuck collective from when it was
+    ``NCCL_BACKSTOP_S``. The hang watch (runtime/hangwatch/watch.py) times a stuck collective from when it was
     queued, as NCCL does (its flight record's age), so it names the hung rank first and ends the process;
     NCCL's watchdog, which can only abort, is the backstop where nothing watches or nobody is to blame
     (docs/gpu.md, "Hangs"). It once waited a whole timeout more, every GPU of a hung job idle twice as long."""
@@ -34,10 +34,10 @@ def enable_flight_recorder(environ: MutableMapping[str, str] | None = None, job_
     ``job_dir``: the job's directory (``LaunchEnv.job_dir``), where the traces go by default.
 
     ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` is left to torch's default: trainscale names a hung rank
-    itself (runtime/progress.py), so it has no reason to change how NCCL tears down after an error.
+    itself (runtime/hangwatch/heartbeat.py), so it has no reason to change how NCCL tears down after an error.
     """
     environ = os.environ if environ is None else environ
-    from trainscale.runtime import ledger
+    from trainscale.runtime.hangwatch import ledger
 
     ledger.enable_flight_recorder(environ)  # torch's documented size, under one name; the user's wins
     environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")

@@ -166,10 +166,10 @@ class Runtime:
     def guard(self, step: int, op: str = "training step (gradient all-reduce)") -> Iterator[None]:
         """Wrap one training step: records progress, and turns a collective timeout into an error
         naming the rank(s) that hold the others up — stopped before this step or inside it — with
-        their Python stacks (see runtime/progress.py; a script that never calls it gets the same from the worker
+        their Python stacks (see runtime/hangwatch/heartbeat.py; a script that never calls it gets the same from the worker
         bootstrap's heartbeat)."""
         if self._progress is None:
-            from trainscale.runtime import progress
+            from trainscale.runtime.hangwatch import heartbeat as progress
 
             self._progress = progress.for_runtime(self)
         self._progress.mark(step, op)
@@ -179,7 +179,7 @@ class Runtime:
             explained = self._progress.watcher.explain(exc)
             if explained is None:
                 raise
-            from trainscale.runtime.hangwatch import call_timeout_callbacks
+            from trainscale.runtime.hangwatch.watch import call_timeout_callbacks
 
             call_timeout_callbacks(self.timeout_callbacks, explained)
             if explained is exc:

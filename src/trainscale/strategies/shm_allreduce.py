@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from trainscale.errors import ConfigError
-from trainscale.runtime import ledger
+from trainscale.runtime.hangwatch import ledger
 
 DEFAULT_TIMEOUT_S = 1800.0  # torch's default process-group timeout (30 min) for a rank that never arrives
 
@@ -106,7 +106,7 @@ class SharedMemoryAllReduce:
         self._seen = [0] * self.world
         self._round = 0
         # The barrier rounds are this hook's collectives: a rank stuck before one has fewer, which is
-        # how the guard names it (runtime/progress.py); the gloo group never sees these.
+        # how the guard names it (runtime/hangwatch/heartbeat.py); the gloo group never sees these.
         ledger.track(f"shm:{os.path.basename(base)}", self, process_group or dist.group.WORLD)
 
     @property

@@ -47,7 +47,7 @@ def spec_values(given: dict) -> dict:
                 raise ConfigError(f"--env {item!r} is not KEY=VALUE", hint="e.g. --env NCCL_DEBUG=INFO")
             env[key] = value
         values["env"] = env
-    if "hang_timeout" in values:  # the workers' hang watch reads it (runtime/progress.py)
+    if "hang_timeout" in values:  # the workers' hang watch reads it (runtime/hangwatch/heartbeat.py)
         seconds = values.pop("hang_timeout")
         if not 0 <= seconds < float("inf"):
             raise ConfigError(f"--hang-timeout {seconds:g} must be 0 (never) or more seconds",

@@ -1,11 +1,11 @@
 """The hang watch: what rank 0's heartbeat (rank 1's, when rank 0 stops responding) does with every rank's
 record — once its own progress has stalled, it reads them all, keeps track of which ranks still beat, and
-gives ONE notice when ranks have waited in a collective for the notice interval (runtime/hangs.py says who is
+gives ONE notice when ranks have waited in a collective for the notice interval (runtime/hangwatch/verdict.py says who is
 missing, desynchronised or silent, and how); at the collective timeout the rank whose collective failed is
 explained with the same verdict (:meth:`Watch.explain`), and on NCCL, where no exception reaches a waiting
 main thread, the heartbeat ends the process with it (:func:`end_process`) — as it does on any backend at the hang
 timeout (`--hang-timeout`: that long with no progress). One :class:`Watch` per heartbeat
-(runtime/progress.py), given it: it reads the heartbeat's store, rank and own record. docs/reliability.md, "Hangs".
+(runtime/hangwatch/heartbeat.py), given it: it reads the heartbeat's store, rank and own record. docs/reliability.md, "Hangs".
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ from typing import Any
 import torch
 
 from trainscale.errors import HUNG_EXIT, PEER_CLOSED, TrainscaleError, record_error
-from trainscale.runtime import hangs, ledger, peers
+from trainscale.runtime.hangwatch import verdict as hangs
+from trainscale.runtime.hangwatch import ledger
+from trainscale.runtime.hangwatch import peers
 
 KEY = "trainscale/progress/{rank}"
 """Where each rank's heartbeat record is, in the job's store."""
@@ -47,7 +49,7 @@ class CollectiveTimeout(TrainscaleError):
 
 
 class Watch:
-    """The hang watch of one rank's heartbeat (runtime/progress.py), given it: reads its record, store and step;
+    """The hang watch of one rank's heartbeat (runtime/hangwatch/heartbeat.py), given it: reads its record, store and step;
     keeps what it has seen of the other ranks."""
 
     def __init__(self, beat: Any) -> None:
@@ -297,7 +299,7 @@ def _read_dump(path: str, limit: int = 6000) -> str | None:
     """A silent rank's stacks as its C watchdog wrote them (faulthandler: innermost first), its threads only."""
     with contextlib.suppress(OSError):
         blocks = Path(path).read_text(errors="replace").strip().split("\n\n")
-        own = [b for b in blocks if "trainscale/runtime/progress.py" not in b and "trainscale/observe/" not in b
+        own = [b for b in blocks if "trainscale/runtime/hangwatch/heartbeat.py" not in b and "trainscale/observe/" not in b
                and "File " in b]
         if own:
             return ("(written by its C watchdog while its Python was held; innermost first)\n"

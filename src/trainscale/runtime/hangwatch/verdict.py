@@ -1,4 +1,4 @@
-"""Who waits for whom: the verdict on a hang, from every rank's heartbeat record (runtime/progress.py).
+"""Who waits for whom: the verdict on a hang, from every rank's heartbeat record (runtime/hangwatch/heartbeat.py).
 Pure: records in, a :class:`Verdict` out.
 
 Ranks that have waited in a collective for the notice interval wait for somebody. Of the collective they

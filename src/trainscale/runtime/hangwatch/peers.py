@@ -1,7 +1,7 @@
 """The diagnosis of the first rank that timed out, passed to the others through the job's store.
 
 That rank posts what it found: the names at once, then the message with the stacks (which come with the
-culprits' heartbeat records: runtime/progress.py). gloo closes that rank's connections when it times out, so
+culprits' heartbeat records: runtime/hangwatch/heartbeat.py). gloo closes that rank's connections when it times out, so
 its peers fail at once with "Connection closed by peer"; they relay its diagnosis (:func:`await_diagnosis`)
 rather than end first with a bare error while it still waits for the stacks — the launcher would then end it
 before it could report, and nobody would name the hung rank.

@@ -4,11 +4,11 @@ Each rank of a process group of two or more has one heartbeat (:class:`Heartbeat
 every 0.5 s): it publishes to the job's store what the rank is doing — its step (optimizer steps, from the
 recorder's hooks: observe/hooks.py; or ``rt.guard``'s), the collectives it has issued per process group,
 where its main thread is — and, once its progress has stalled a few seconds, its collectives in flight
-(torch's flight recorder: runtime/ledger.py) and every thread's stack. Rank 0's heartbeat watches (rank 1's,
+(torch's flight recorder: runtime/hangwatch/ledger.py) and every thread's stack. Rank 0's heartbeat watches (rank 1's,
 when rank 0 stops responding): when ranks have waited in one collective for the notice interval
 (``TRAINSCALE_HANG_NOTICE``, default 20 s; 0 switches the watch off), it prints ONE notice naming the waiting
 ranks and the missing, desynchronised or unresponsive one(s) with host, pid, place and stacks
-(runtime/hangs.py), and posts it for the other ranks. Nothing is killed for it: a rank-0 download behind a
+(runtime/hangwatch/verdict.py), and posts it for the other ranks. Nothing is killed for it: a rank-0 download behind a
 barrier gets the notice and goes on — until the hang timeout (``TRAINSCALE_HANG_TIMEOUT``, `--hang-timeout`):
 after that long with no progress, a waiting rank ends its process with the verdict (:func:`end_process`, exit
 status 124). At the collective timeout the rank whose collective fails ends with that
@@ -38,8 +38,9 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from trainscale.runtime import hangs, ledger
-from trainscale.runtime.hangwatch import KEY, READ_TIMEOUT, CollectiveTimeout, Watch, end_process, use_ranks_gpu
+from trainscale.runtime.hangwatch import verdict as hangs
+from trainscale.runtime.hangwatch import ledger
+from trainscale.runtime.hangwatch.watch import KEY, READ_TIMEOUT, CollectiveTimeout, Watch, end_process, use_ranks_gpu
 
 NOTICE_VAR = "TRAINSCALE_HANG_NOTICE"
 DEFAULT_NOTICE_S = 20.0
@@ -135,7 +136,7 @@ def _own_connection(store: Any) -> tuple[Any, bool]:
 
 
 class Heartbeat:
-    """One rank's heartbeat thread and, on rank 0 (or rank 1 standing in), the hang watch (runtime/hangwatch.py).
+    """One rank's heartbeat thread and, on rank 0 (or rank 1 standing in), the hang watch (runtime/hangwatch/watch.py).
 
     ``watch`` (default: on NCCL) makes it also end the process itself at the collective timeout
     (``on_hang``, default :func:`end_process`); ``notice_s``: the notice interval (0: no notices)."""
@@ -326,7 +327,7 @@ def note_step(step: int) -> None:
     beat = _heartbeat
     if beat is not None:
         beat.step = step
-        # a counter read in memory (no system call): the watcher compares these across ranks (runtime/hangwatch.py)
+        # a counter read in memory (no system call): the watcher compares these across ranks (runtime/hangwatch/watch.py)
         with contextlib.suppress(Exception):
             beat.counts.append([step, int(beat.group._get_sequence_number_for_group())])
 

@@ -5,7 +5,7 @@ a recorder of its own with a dump of its own. Without a flight record, where the
 collective it waits in. trainscale's own background groups (checkpoint/background.py's, named
 ``trainscale-...``) are left out: their collectives run on a worker thread at each rank's own pace. Also: where
 a thread is (its innermost frame of the user's code), and every thread's stack. Read by the heartbeat
-(runtime/progress.py); nothing here changes anything.
+(runtime/hangwatch/heartbeat.py); nothing here changes anything.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ FR_ENTRIES = "2000"
 """torch's documented default size of the flight recorder (a ring of collectives per rank)."""
 OWN_GROUP = "trainscale-"
 """How trainscale's own background process groups are described (``group_desc``)."""
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # trainscale/
 _SKIP = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, sysconfig.get_paths()["stdlib"] + os.sep,
          *(os.path.join(_PACKAGE, part) + os.sep for part in ("runtime", "observe", "launch", "strategies")))
 """Where a frame is machinery, not the place a user would look: torch, the standard library, trainscale's
