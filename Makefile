@@ -17,7 +17,7 @@ PY := $(VENV)/bin/python
 # a requeued job's log) were races in trainscale, fixed.
 TEST_WORKERS ?= 3
 
-.PHONY: demo test test-scale test-gpu venv venv-demo clean
+.PHONY: demo test lint test-scale test-gpu venv venv-demo clean
 
 # compileall: every rank and launcher is a new interpreter importing trainscale; where PYTHONDONTWRITEBYTECODE
 # is set, none would write its bytecode, and each would compile the same sources again (~0.2 CPU-s each).
@@ -34,7 +34,12 @@ demo: venv-demo
 	$(PY) -m trainscale bench --workload cnn --configs 1,2 --epochs 2 --out bench-out/demo-$$(date +%Y%m%d-%H%M%S)
 	@echo "next: source $(VENV)/bin/activate && trainscale report bench-out/latest   (the study's page)"
 
-test: venv
+# ruff's lint and format check (rules in pyproject.toml, docs/development.md): seconds, so every `make test` runs it first.
+lint: venv
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+test: venv lint
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test-scale: venv

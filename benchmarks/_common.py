@@ -21,8 +21,17 @@ PYTHON = sys.executable
 
 def clean_env(**extra: str) -> dict[str, str]:
     """The environment for a benchmark child: no leftover launcher variables, fixed threads."""
-    drop = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
-            "TORCHELASTIC_", "TRAINSCALE_")
+    drop = (
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "GROUP_RANK",
+        "TORCHELASTIC_",
+        "TRAINSCALE_",
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONUNBUFFERED"] = "1"
@@ -30,8 +39,9 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run(argv: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None,
-        timeout: float = 300) -> tuple[float, str]:
+def run(
+    argv: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 300
+) -> tuple[float, str]:
     """(wall seconds, combined output); raises with the output when the command fails."""
     start = time.perf_counter()
     proc = subprocess.run(argv, env=env or clean_env(), cwd=cwd, capture_output=True, text=True, timeout=timeout)

@@ -74,10 +74,41 @@ class Config:
 
 
 def command(config: Config, exp: Path, logs: Path, restarts: int) -> list[str]:
-    return [sys.executable, "-m", "trainscale", "run", "--nproc-per-node", "2", "--max-restarts", str(restarts),
-            "--log-dir", str(logs), "--workload", "gpt", "--n-layer", "1", "--n-embd", "32", "--n-head", "2",
-            "--seq-len", "32", "--batch-size", "4", "--max-steps", str(STEPS), "--checkpoint-every", str(EVERY),
-            "--log-every", "0", "--experiment-dir", str(exp), "--strategy", config.strategy, config.saves]
+    return [
+        sys.executable,
+        "-m",
+        "trainscale",
+        "run",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        str(restarts),
+        "--log-dir",
+        str(logs),
+        "--workload",
+        "gpt",
+        "--n-layer",
+        "1",
+        "--n-embd",
+        "32",
+        "--n-head",
+        "2",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "4",
+        "--max-steps",
+        str(STEPS),
+        "--checkpoint-every",
+        str(EVERY),
+        "--log-every",
+        "0",
+        "--experiment-dir",
+        str(exp),
+        "--strategy",
+        config.strategy,
+        config.saves,
+    ]
 
 
 def environment() -> dict[str, str]:
@@ -88,8 +119,11 @@ def environment() -> dict[str, str]:
 
 def checkpoints(exp: Path) -> list[Path]:
     directory = exp / "checkpoints"
-    return sorted(p for p in directory.glob("ckpt-*") if not p.name.endswith((".json", ".tmp"))) \
-        if directory.is_dir() else []
+    return (
+        sorted(p for p in directory.glob("ckpt-*") if not p.name.endswith((".json", ".tmp")))
+        if directory.is_dir()
+        else []
+    )
 
 
 def newest_step(exp: Path) -> int:
@@ -172,8 +206,9 @@ class Outcome:
 
 def timed(argv: list[str], cwd: Path | None = None) -> tuple[int, str, float]:
     """Run an undisturbed reference: (exit code, output, seconds from its ranks' start to its end)."""
-    proc = subprocess.Popen(argv, cwd=cwd, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    proc = subprocess.Popen(
+        argv, cwd=cwd, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     launcher = psutil.Process(proc.pid)
     while proc.poll() is None and len(rank_processes(launcher)) < 2:
         time.sleep(0.02)
@@ -185,22 +220,34 @@ def timed(argv: list[str], cwd: Path | None = None) -> tuple[int, str, float]:
 def rank_processes(launcher: psutil.Process) -> list[psutil.Process]:
     """A workload's forked ranks, or a script's bootstrap processes."""
     try:
-        return [p for p in launcher.children(recursive=True)
-                if p.name().startswith("ts-rank") or "trainscale.launch.bootstrap" in " ".join(p.cmdline())]
+        return [
+            p
+            for p in launcher.children(recursive=True)
+            if p.name().startswith("ts-rank") or "trainscale.launch.bootstrap" in " ".join(p.cmdline())
+        ]
     except psutil.Error:
         return []
 
 
-def at_random_moment(proc: subprocess.Popen, launcher: psutil.Process, exp: Path, rng: random.Random,
-                     training_s: float, at_least_saves: int = 0) -> bool:
+def at_random_moment(
+    proc: subprocess.Popen,
+    launcher: psutil.Process,
+    exp: Path,
+    rng: random.Random,
+    training_s: float,
+    at_least_saves: int = 0,
+) -> bool:
     """Wait for the ranks, then for a uniform random moment of the training (over the undisturbed run's time
     from its ranks' start to its end), and for ``at_least_saves`` checkpoints; False when the run ended first."""
     deadline = time.monotonic() + 300
     while proc.poll() is None and len(rank_processes(launcher)) < 2 and time.monotonic() < deadline:
         time.sleep(0.02)
     moment = time.monotonic() + rng.uniform(0.0, 0.95) * training_s
-    while proc.poll() is None and time.monotonic() < deadline and (
-            time.monotonic() < moment or len(checkpoints(exp)) < at_least_saves):
+    while (
+        proc.poll() is None
+        and time.monotonic() < deadline
+        and (time.monotonic() < moment or len(checkpoints(exp)) < at_least_saves)
+    ):
         time.sleep(0.01)
     return proc.poll() is None
 
@@ -236,8 +283,12 @@ def rerun(argv: list[str], exp: Path, detail: str) -> tuple[bool, str, str]:
     survived = code == 0
     real = [p for p in checkpoints(exp) if not p.is_symlink()]  # a crafted link is not the run's
     last = real[-1] if real else None
-    if not survived and "resuming would train nothing" in output and last is not None and \
-            last.name.startswith(f"ckpt-{STEPS:08d}"):
+    if (
+        not survived
+        and "resuming would train nothing" in output
+        and last is not None
+        and last.name.startswith(f"ckpt-{STEPS:08d}")
+    ):
         # killed after its last save: the work was done, and the rerun says so and changes nothing (exit 1)
         survived, detail = True, detail + "; it had saved its last step: the rerun refused to train nothing"
     elif not survived:
@@ -245,8 +296,9 @@ def rerun(argv: list[str], exp: Path, detail: str) -> tuple[bool, str, str]:
     return survived, detail, output
 
 
-def disturbed(kind: str, config: Config, work: Path, rng: random.Random, reference_s: float,
-              reference: dict[str, torch.Tensor]) -> Outcome:
+def disturbed(
+    kind: str, config: Config, work: Path, rng: random.Random, reference_s: float, reference: dict[str, torch.Tensor]
+) -> Outcome:
     exp, logs = work / "exp", work / "logs"
     restarts = 3 if kind == "kill-rank" else 0
     argv = command(config, exp, logs, restarts)
@@ -256,14 +308,20 @@ def disturbed(kind: str, config: Config, work: Path, rng: random.Random, referen
     least = {"damage": 2, "craft": 2, "two-runs": 1}.get(kind, 0)
     if not at_random_moment(proc, launcher, exp, rng, reference_s, least):
         proc.communicate()
-        return Outcome(proc.returncode == 0, proc.returncode == 0 and equal(final_state(exp), reference),
-                       detail="finished before the fault")
+        return Outcome(
+            proc.returncode == 0,
+            proc.returncode == 0 and equal(final_state(exp), reference),
+            detail="finished before the fault",
+        )
     after_last = bool(checkpoints(exp)) and newest_step(exp) >= STEPS
     ranks = ranks_of(launcher)
     if kind == "kill-rank" and not ranks:  # the ranks have just ended: the run is finishing by itself
         proc.communicate()
-        return Outcome(proc.returncode == 0, proc.returncode == 0 and equal(final_state(exp), reference),
-                       detail="finished before the fault")
+        return Outcome(
+            proc.returncode == 0,
+            proc.returncode == 0 and equal(final_state(exp), reference),
+            detail="finished before the fault",
+        )
     if kind == "kill-rank":
         victim = rng.choice(ranks)
         detail = f"SIGKILL rank pid {victim.pid} after step {newest_step(exp)}'s checkpoint"
@@ -274,8 +332,12 @@ def disturbed(kind: str, config: Config, work: Path, rng: random.Random, referen
             proc.kill()
             return Outcome(False, False, detail=detail + "; the run did not end")
         survived = proc.returncode == 0
-        return Outcome(survived, survived and equal(final_state(exp), reference),
-                       detail=detail if survived else detail + tail(output), after_last_save=after_last)
+        return Outcome(
+            survived,
+            survived and equal(final_state(exp), reference),
+            detail=detail if survived else detail + tail(output),
+            after_last_save=after_last,
+        )
     if kind == "two-runs":  # the first run held still (a long step) while the same command starts beside it
         for p in ranks:
             p.suspend()
@@ -289,16 +351,22 @@ def disturbed(kind: str, config: Config, work: Path, rng: random.Random, referen
         done_before = after_last and code != 0 and "resuming would train nothing" in output
         output_first, _ = proc.communicate(timeout=600)
         survived = (refused or done_before) and proc.returncode == 0
-        detail = ("the second run was refused naming the first" if refused else
-                  "the first had saved its last step: the second found nothing to train" if done_before else
-                  "the second run was NOT refused" + tail(output)) + ("" if proc.returncode == 0 else
-                                                                      "; the first failed" + tail(output_first))
-        return Outcome(survived, survived and equal(final_state(exp), reference), detail=detail,
-                       after_last_save=after_last)
+        detail = (
+            "the second run was refused naming the first"
+            if refused
+            else "the first had saved its last step: the second found nothing to train"
+            if done_before
+            else "the second run was NOT refused" + tail(output)
+        ) + ("" if proc.returncode == 0 else "; the first failed" + tail(output_first))
+        return Outcome(
+            survived, survived and equal(final_state(exp), reference), detail=detail, after_last_save=after_last
+        )
     orphans, gone_s = kill_launcher(launcher, proc, ranks)
-    detail = (f"SIGKILL launcher after step {newest_step(exp)}'s checkpoint" if checkpoints(exp) else
-              "SIGKILL launcher before the first checkpoint") + (f", {orphans} orphan(s)" if orphans else
-                                                                  f", ranks gone in {gone_s:.2f}s")
+    detail = (
+        f"SIGKILL launcher after step {newest_step(exp)}'s checkpoint"
+        if checkpoints(exp)
+        else "SIGKILL launcher before the first checkpoint"
+    ) + (f", {orphans} orphan(s)" if orphans else f", ranks gone in {gone_s:.2f}s")
     newest = checkpoints(exp)[-1] if checkpoints(exp) else None
     if kind == "damage":
         how = rng.choice(DAMAGES)
@@ -309,14 +377,19 @@ def disturbed(kind: str, config: Config, work: Path, rng: random.Random, referen
         newest = craft(newest, how)
         detail += f"; {how} {newest.relative_to(exp)}"
     survived, detail, output = rerun(argv, exp, detail)
-    if kind in ("damage", "craft") and survived and "skipping checkpoint" not in output.lower() \
-            and newest.name not in output:
+    if (
+        kind in ("damage", "craft")
+        and survived
+        and "skipping checkpoint" not in output.lower()
+        and newest.name not in output
+    ):
         detail += "; no warning named the damaged checkpoint"
-    return Outcome(survived, survived and equal(final_state(exp), reference), orphans, marker.exists(), detail,
-                   after_last, gone_s)
+    return Outcome(
+        survived, survived and equal(final_state(exp), reference), orphans, marker.exists(), detail, after_last, gone_s
+    )
 
 
-USER_SCRIPT = '''
+USER_SCRIPT = """
 import sys
 import torch
 from torch import nn
@@ -347,7 +420,7 @@ with trainscale.init(seed=0) as rt:
             if step == 160:
                 break
     rt.print("FINAL", [v.hex() for v in rt.unwrap(model).weight.detach().double().flatten().tolist()])
-'''
+"""
 
 
 def user_loader(work: Path, rng: random.Random, reference_s: float, reference: str) -> Outcome:
@@ -357,8 +430,9 @@ def user_loader(work: Path, rng: random.Random, reference_s: float, reference: s
     work.mkdir(parents=True)
     (work / "train.py").write_text(USER_SCRIPT)
     argv = [sys.executable, "-m", "trainscale", "run", "--nproc-per-node", "2", "--log-dir", "logs", "train.py"]
-    proc = subprocess.Popen(argv, cwd=work, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    proc = subprocess.Popen(
+        argv, cwd=work, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     launcher = psutil.Process(proc.pid)
     if not at_random_step(proc, work / "seen-rank0.txt", rng.randint(1, 159)):
         output, _ = proc.communicate()
@@ -369,8 +443,10 @@ def user_loader(work: Path, rng: random.Random, reference_s: float, reference: s
     done = subprocess.run(argv, cwd=work, env=environment(), capture_output=True, text=True, timeout=600)
     counts: dict[int, dict[int, int]] = {}
     for rank in (0, 1):
-        lines = [[tuple(int(x) for x in item.split(":")) for item in line.split()]
-                 for line in (work / f"seen-rank{rank}.txt").read_text().splitlines()]
+        lines = [
+            [tuple(int(x) for x in item.split(":")) for item in line.split()]
+            for line in (work / f"seen-rank{rank}.txt").read_text().splitlines()
+        ]
         steps = [line[0][1] for line in lines]
         # the rerun starts where a step number goes back; none does when the first run logged nothing past the
         # checkpoint the rerun resumed from: then every line is one step once
@@ -382,12 +458,20 @@ def user_loader(work: Path, rng: random.Random, reference_s: float, reference: s
     whole = {0: 512, 1: 512, 2: 256}  # 160 steps of 2 ranks x 4: two epochs and half a third
     exact = {e: len(c) for e, c in counts.items()} == whole and all(set(c.values()) == {1} for c in counts.values())
     survived = done.returncode == 0
-    detail = (f"SIGKILL launcher after step {resumed_at}'s checkpoint" + (f", {orphans} orphan(s)" if orphans else
-                                                                         f", ranks gone in {gone_s:.2f}s")
-              + ("; every sample once per epoch" if exact else f"; samples NOT once per epoch: {counts}"[:300]))
-    return Outcome(survived and exact, survived and "FINAL " + reference in done.stdout + done.stderr, orphans,
-                   False, detail if survived else detail + tail(done.stdout + done.stderr), resumed_at >= 160,
-                   gone_s)
+    detail = (
+        f"SIGKILL launcher after step {resumed_at}'s checkpoint"
+        + (f", {orphans} orphan(s)" if orphans else f", ranks gone in {gone_s:.2f}s")
+        + ("; every sample once per epoch" if exact else f"; samples NOT once per epoch: {counts}"[:300])
+    )
+    return Outcome(
+        survived and exact,
+        survived and "FINAL " + reference in done.stdout + done.stderr,
+        orphans,
+        False,
+        detail if survived else detail + tail(done.stdout + done.stderr),
+        resumed_at >= 160,
+        gone_s,
+    )
 
 
 def main() -> int:
@@ -395,7 +479,9 @@ def main() -> int:
     p.add_argument("--trials", type=int, default=36)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep", action="store_true", help="keep the trials' directories")
-    p.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, in turn (default: all: {','.join(KINDS)})")
+    p.add_argument(
+        "--kinds", default=",".join(KINDS), help=f"comma-separated, in turn (default: all: {','.join(KINDS)})"
+    )
     ns = p.parse_args()
     rng = random.Random(ns.seed)
     kinds = [k for k in ns.kinds.split(",") if k]
@@ -413,8 +499,20 @@ def main() -> int:
                 ref = root / "reference-user"
                 ref.mkdir()
                 (ref / "train.py").write_text(USER_SCRIPT)
-                code, output, training_s = timed([sys.executable, "-m", "trainscale", "run", "--nproc-per-node",
-                                                  "2", "--log-dir", "logs", "train.py"], cwd=ref)
+                code, output, training_s = timed(
+                    [
+                        sys.executable,
+                        "-m",
+                        "trainscale",
+                        "run",
+                        "--nproc-per-node",
+                        "2",
+                        "--log-dir",
+                        "logs",
+                        "train.py",
+                    ],
+                    cwd=ref,
+                )
                 final = re.search(r"FINAL (.*)", output)
                 if code != 0 or final is None:
                     print(output)
@@ -435,8 +533,11 @@ def main() -> int:
             outcome = disturbed(kind, config, work, rng, *references[config])
             label = config.name
         rows.append((trial, kind, label, outcome, time.monotonic() - started))
-        print(f"{trial:>3}  {kind:<13} {label:<16} survived={outcome.survived!s:<5} "
-              f"bitwise={outcome.equal!s:<5} {time.monotonic() - started:5.1f}s  {outcome.detail}", flush=True)
+        print(
+            f"{trial:>3}  {kind:<13} {label:<16} survived={outcome.survived!s:<5} "
+            f"bitwise={outcome.equal!s:<5} {time.monotonic() - started:5.1f}s  {outcome.detail}",
+            flush=True,
+        )
         if not ns.keep and outcome.survived and outcome.equal:  # a failed trial's directory stays, to read
             shutil.rmtree(work, ignore_errors=True)
     n = len(rows)
@@ -448,11 +549,18 @@ def main() -> int:
     payloads = sum(r[3].payload_ran for r in rows)
     gone = [r[3].ranks_gone_s for r in rows if r[3].ranks_gone_s is not None]
     kinds = {k: sum(r[1] == k for r in rows) for k in KINDS}
-    print(f"\ntrials {n} ({injected} with a fault injected, {after_last} of them after the run's last save; the "
-          f"others ended before it; {', '.join(f'{k} {v}' for k, v in kinds.items())}), survived {survived} "
-          f"({survived / n:.0%}), bitwise-equal {equal_} ({equal_ / n:.0%}), orphaned ranks {orphans}"
-          + (f" (ranks gone after their launcher's SIGKILL: median {statistics.median(gone):.2f}s, worst "
-             f"{max(gone):.2f}s)" if gone else "") + f", payloads executed {payloads}")
+    print(
+        f"\ntrials {n} ({injected} with a fault injected, {after_last} of them after the run's last save; the "
+        f"others ended before it; {', '.join(f'{k} {v}' for k, v in kinds.items())}), survived {survived} "
+        f"({survived / n:.0%}), bitwise-equal {equal_} ({equal_ / n:.0%}), orphaned ranks {orphans}"
+        + (
+            f" (ranks gone after their launcher's SIGKILL: median {statistics.median(gone):.2f}s, worst "
+            f"{max(gone):.2f}s)"
+            if gone
+            else ""
+        )
+        + f", payloads executed {payloads}"
+    )
     failed = [r for r in rows if not (r[3].survived and r[3].equal)]
     if failed:
         print(f"failed trials' directories: {root}")

@@ -41,11 +41,44 @@ def main() -> None:
     for k in range(a.repeats):  # interleaved, so drifting load hits both alike
         for mode, flag in MODES.items():
             exp, metrics = tmp / f"{mode}-{k}", tmp / f"{mode}-{k}.json"
-            run([PYTHON, "-m", "trainscale", "run", "--nproc-per-node", str(a.nproc), "--log-dir", str(tmp / "logs"),
-                 "--workload", "gpt", "--strategy", a.strategy, "--max-steps", str(a.steps), "--checkpoint-every",
-                 str(a.every), "--n-embd", str(a.n_embd), "--n-layer", str(a.n_layer), "--seq-len", "32",
-                 "--batch-size", "4", "--log-every", "0", "--experiment-dir", str(exp), flag,
-                 "--metrics-out", str(metrics)], env=env, cwd=tmp, timeout=900)
+            run(
+                [
+                    PYTHON,
+                    "-m",
+                    "trainscale",
+                    "run",
+                    "--nproc-per-node",
+                    str(a.nproc),
+                    "--log-dir",
+                    str(tmp / "logs"),
+                    "--workload",
+                    "gpt",
+                    "--strategy",
+                    a.strategy,
+                    "--max-steps",
+                    str(a.steps),
+                    "--checkpoint-every",
+                    str(a.every),
+                    "--n-embd",
+                    str(a.n_embd),
+                    "--n-layer",
+                    str(a.n_layer),
+                    "--seq-len",
+                    "32",
+                    "--batch-size",
+                    "4",
+                    "--log-every",
+                    "0",
+                    "--experiment-dir",
+                    str(exp),
+                    flag,
+                    "--metrics-out",
+                    str(metrics),
+                ],
+                env=env,
+                cwd=tmp,
+                timeout=900,
+            )
             d = read_json(metrics)
             if d["checkpoint_async"] != (mode == "async"):
                 raise SystemExit(f"{mode} run reports checkpoint_async={d['checkpoint_async']}")
@@ -53,13 +86,18 @@ def main() -> None:
             train[mode].append(d["train_time_s"])
             size_mb = sum(f.stat().st_size for f in (exp / "checkpoints").rglob("*") if f.is_file()) / 2**20
             saves = len(d["checkpoint_stall_s"])
-        print(f"repeat {k + 1}: stall per save async {stall['async'][-1] * 1e3:.1f} ms, sync "
-              f"{stall['sync'][-1] * 1e3:.1f} ms; training async {train['async'][-1]:.2f} s, sync "
-              f"{train['sync'][-1]:.2f} s", flush=True)
+        print(
+            f"repeat {k + 1}: stall per save async {stall['async'][-1] * 1e3:.1f} ms, sync "
+            f"{stall['sync'][-1] * 1e3:.1f} ms; training async {train['async'][-1]:.2f} s, sync "
+            f"{train['sync'][-1]:.2f} s",
+            flush=True,
+        )
     ratio = median(stall["async"]) / median(stall["sync"])
-    print(f"\ncheckpoint stall: async {median(stall['async']) * 1e3:.1f} ms vs sync {median(stall['sync']) * 1e3:.1f} ms "
-          f"per save (median of {a.repeats}, {saves} saves of ~{size_mb / 2:.0f} MB each, {a.nproc} ranks, "
-          f"{a.strategy}); training time async {median(train['async']):.2f} s vs sync {median(train['sync']):.2f} s")
+    print(
+        f"\ncheckpoint stall: async {median(stall['async']) * 1e3:.1f} ms vs sync {median(stall['sync']) * 1e3:.1f} ms "
+        f"per save (median of {a.repeats}, {saves} saves of ~{size_mb / 2:.0f} MB each, {a.nproc} ranks, "
+        f"{a.strategy}); training time async {median(train['async']):.2f} s vs sync {median(train['sync']):.2f} s"
+    )
     print(f"ratio async / sync = {ratio:.3f}: {verdict(ratio, 0.2, higher_is_better=False)}; {load()}")
 
 

@@ -79,15 +79,20 @@ def measure(directory: Path, repeats: int) -> dict[str, float]:
 
     got: dict[str, list[dict]] = {"plain": [], "verified": []}
     for k in range(repeats):
-        for how in (("verified", "plain") if k % 2 else ("plain", "verified")):
+        for how in ("verified", "plain") if k % 2 else ("plain", "verified"):
             _, out = run([PYTHON, __file__, "--child", str(directory), how], env=clean_env(), timeout=600)
             got[how].append(json.loads(out.strip().splitlines()[-1]))
     path = list_checkpoints(directory)[0][1]
     files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
     best = {how: {key: min(r[key] for r in runs) for key in ("wall", "cpu", "hashing")} for how, runs in got.items()}
-    return {"load": best["plain"]["wall"], "verified": best["verified"]["wall"], "hashing": best["verified"]["hashing"],
-            "cpu_load": best["plain"]["cpu"], "cpu_verified": best["verified"]["cpu"],
-            "mib": sum(p.stat().st_size for p in files) / 2**20}
+    return {
+        "load": best["plain"]["wall"],
+        "verified": best["verified"]["wall"],
+        "hashing": best["verified"]["hashing"],
+        "cpu_load": best["plain"]["cpu"],
+        "cpu_verified": best["verified"]["cpu"],
+        "mib": sum(p.stat().st_size for p in files) / 2**20,
+    }
 
 
 def synthetic(root: Path, mb: int) -> dict[str, Path]:
@@ -117,10 +122,40 @@ def synthetic(root: Path, mb: int) -> dict[str, Path]:
 
 def gpt(root: Path, strategy: str, width: int) -> Path:
     exp = root / f"gpt-{strategy}-{width}"
-    run([PYTHON, "-m", "trainscale", "run", "--nproc-per-node", "1", "--log-dir", str(root / "logs"), "--workload",
-         "gpt", "--strategy", strategy, "--max-steps", "2", "--checkpoint-every", "2", "--n-embd", str(width),
-         "--seq-len", "32", "--batch-size", "4", "--log-every", "0", "--no-checkpoint-async", "--experiment-dir",
-         str(exp)], env=clean_env(), cwd=root, timeout=900)
+    run(
+        [
+            PYTHON,
+            "-m",
+            "trainscale",
+            "run",
+            "--nproc-per-node",
+            "1",
+            "--log-dir",
+            str(root / "logs"),
+            "--workload",
+            "gpt",
+            "--strategy",
+            strategy,
+            "--max-steps",
+            "2",
+            "--checkpoint-every",
+            "2",
+            "--n-embd",
+            str(width),
+            "--seq-len",
+            "32",
+            "--batch-size",
+            "4",
+            "--log-every",
+            "0",
+            "--no-checkpoint-async",
+            "--experiment-dir",
+            str(exp),
+        ],
+        env=clean_env(),
+        cwd=root,
+        timeout=900,
+    )
     return exp / "checkpoints"
 
 
@@ -150,13 +185,18 @@ def report(root: Path, a: argparse.Namespace) -> None:
         ratio = max(0.0, m["verified"] - m["load"]) / m["load"]
         cpu = max(0.0, m["cpu_verified"] - m["cpu_load"]) / m["cpu_load"]
         worst = max(worst, ratio)
-        print(f"{name:40s} {m['mib']:6.1f} MiB  wall: load {m['load'] * 1e3:7.1f} ms, verified "
-              f"{m['verified'] * 1e3:7.1f} ms (hashing {m['hashing'] * 1e3:6.1f} ms), added / load {ratio:.3f};  "
-              f"cpu: load {m['cpu_load'] * 1e3:7.1f} ms, added / load {cpu:.3f}", flush=True)
+        print(
+            f"{name:40s} {m['mib']:6.1f} MiB  wall: load {m['load'] * 1e3:7.1f} ms, verified "
+            f"{m['verified'] * 1e3:7.1f} ms (hashing {m['hashing'] * 1e3:6.1f} ms), added / load {ratio:.3f};  "
+            f"cpu: load {m['cpu_load'] * 1e3:7.1f} ms, added / load {cpu:.3f}",
+            flush=True,
+        )
     from trainscale.checkpoint.integrity import default_threads
 
-    print(f"\nworst ratio added / load = {worst:.3f}: {verdict(worst, 0.25, higher_is_better=False)}; "
-          f"{default_threads()} hashing thread(s); {load()}")
+    print(
+        f"\nworst ratio added / load = {worst:.3f}: {verdict(worst, 0.25, higher_is_better=False)}; "
+        f"{default_threads()} hashing thread(s); {load()}"
+    )
 
 
 if __name__ == "__main__":

@@ -22,15 +22,27 @@ from pathlib import Path
 from _common import PYTHON, ROOT, clean_env, load, run
 
 SCRIPT = ROOT / "tests" / "scripts" / "slow_rank.py"
-EXPECTED = {"loader": "loader", "between": "between", "forward": "forward", "backward": "backward",
-            "after_step": "data", "clean": None}
-FUNCTION = {"loader": "main.collate", "between": "main.get_batch", "forward": "Net.forward",
-            "backward": "SlowBackward.backward", "after_step": "log_step"}
+EXPECTED = {
+    "loader": "loader",
+    "between": "between",
+    "forward": "forward",
+    "backward": "backward",
+    "after_step": "data",
+    "clean": None,
+}
+FUNCTION = {
+    "loader": "main.collate",
+    "between": "main.get_batch",
+    "forward": "Net.forward",
+    "backward": "SlowBackward.backward",
+    "after_step": "log_step",
+}
 
 
 def expected_place(kind: str) -> str | None:
-    line = next((i for i, text in enumerate(SCRIPT.read_text().splitlines(), 1) if text.endswith(f"# place: {kind}")),
-                None)
+    line = next(
+        (i for i, text in enumerate(SCRIPT.read_text().splitlines(), 1) if text.endswith(f"# place: {kind}")), None
+    )
     return f"{FUNCTION[kind]}:{line}" if kind in FUNCTION else None
 
 
@@ -40,10 +52,18 @@ def trial(kind: str, steps: int, slow_ms: float, where: Path) -> tuple[str | Non
     from trainscale.observe.stragglers import diagnose
 
     logs = where / "logs"
-    env = clean_env(SLOW=kind, SLOW_S=str(slow_ms / 1e3), STEPS=str(steps), ACCUM="2" if kind == "clean" else "1",
-                    TRAINSCALE_STRAGGLER_EVERY="0.2")
-    run([PYTHON, "-m", "trainscale", "run", "--nproc-per-node", "2", "--log-dir", str(logs), str(SCRIPT)], env=env,
-        cwd=where)
+    env = clean_env(
+        SLOW=kind,
+        SLOW_S=str(slow_ms / 1e3),
+        STEPS=str(steps),
+        ACCUM="2" if kind == "clean" else "1",
+        TRAINSCALE_STRAGGLER_EVERY="0.2",
+    )
+    run(
+        [PYTHON, "-m", "trainscale", "run", "--nproc-per-node", "2", "--log-dir", str(logs), str(SCRIPT)],
+        env=env,
+        cwd=where,
+    )
     (run_dir,) = [d for d in logs.iterdir() if (d / "metrics").is_dir() and not d.is_symlink()]
     found = diagnose(read_run(run_dir)["ranks"]).straggler
     if found is None:
@@ -74,12 +94,17 @@ def main() -> None:
         right, placed, total = right + good, placed + good_place, total + len(said)
         wrong = [s or "no straggler" for s in said if s != want]
         wrong_place = [p or "no place" for p in places if p != want_place]
-        print(f"{kind:<11} {good}/{len(said)} right (expected {want or 'no straggler'})"
-              + (f"; named instead: {', '.join(wrong)}" if wrong else "")
-              + f"; place {good_place}/{len(places)} (expected {want_place or 'none'})"
-              + (f"; placed instead: {', '.join(wrong_place)}" if wrong_place else ""), flush=True)
-    print(f"score: {right}/{total} = {right / total:.0%} rank and phase right; "
-          f"{placed}/{total} = {placed / total:.0%} place right")
+        print(
+            f"{kind:<11} {good}/{len(said)} right (expected {want or 'no straggler'})"
+            + (f"; named instead: {', '.join(wrong)}" if wrong else "")
+            + f"; place {good_place}/{len(places)} (expected {want_place or 'none'})"
+            + (f"; placed instead: {', '.join(wrong_place)}" if wrong_place else ""),
+            flush=True,
+        )
+    print(
+        f"score: {right}/{total} = {right / total:.0%} rank and phase right; "
+        f"{placed}/{total} = {placed / total:.0%} place right"
+    )
     print(load())
 
 

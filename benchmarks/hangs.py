@@ -110,7 +110,7 @@ HANG_DATA = textwrap.dedent('''
             started(); dist.all_reduce(t)
 ''')
 
-PLAIN = textwrap.dedent('''
+PLAIN = textwrap.dedent("""
     import os, time
     import torch, torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -133,9 +133,9 @@ PLAIN = textwrap.dedent('''
         if step + 1 == int(os.environ.get("STEPS", "1000")):
             break
     dist.destroy_process_group()
-''')
+""")
 
-HF = textwrap.dedent('''
+HF = textwrap.dedent("""
     import os
     import torch
     from transformers import GPTNeoConfig, GPTNeoForCausalLM, Trainer, TrainerCallback, TrainingArguments
@@ -154,9 +154,9 @@ HF = textwrap.dedent('''
                              use_cpu=True, seed=0, logging_steps=1000)
     Trainer(model=GPTNeoForCausalLM(config), args=args, train_dataset=Samples(tokens=True),
             callbacks=[Steps()]).train()
-''')
+""")
 
-DS = textwrap.dedent('''
+DS = textwrap.dedent("""
     import argparse, os, time
     import deepspeed, torch
     from hang_data import Samples, next_step
@@ -175,15 +175,29 @@ DS = textwrap.dedent('''
         engine.backward(loss); engine.step()
         time.sleep(0.05)
         next_step()
-''')
+""")
 
-DS_CONFIG = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1,
-             "optimizer": {"type": "SGD", "params": {"lr": 0.05}}, "zero_optimization": {"stage": 1},
-             "zero_allow_untested_optimizer": True}
-SCRIPTS = {"plain": ("plain.py", PLAIN, []), "hf": ("hf_train.py", HF, []),
-           "deepspeed": ("ds_train.py", DS, ["--deepspeed", "--deepspeed_config", "ds_config.json"])}
-EXPECTED_PLACE = {"data-sleep": "in next_step", "worker-stuck": "dataloader.py", "gil": "not responding",
-                  "sigstop": "stopped", "skip": "desync", "extra": "desync", "shape": "desync"}
+DS_CONFIG = {
+    "train_micro_batch_size_per_gpu": 8,
+    "gradient_accumulation_steps": 1,
+    "optimizer": {"type": "SGD", "params": {"lr": 0.05}},
+    "zero_optimization": {"stage": 1},
+    "zero_allow_untested_optimizer": True,
+}
+SCRIPTS = {
+    "plain": ("plain.py", PLAIN, []),
+    "hf": ("hf_train.py", HF, []),
+    "deepspeed": ("ds_train.py", DS, ["--deepspeed", "--deepspeed_config", "ds_config.json"]),
+}
+EXPECTED_PLACE = {
+    "data-sleep": "in next_step",
+    "worker-stuck": "dataloader.py",
+    "gil": "not responding",
+    "sigstop": "stopped",
+    "skip": "desync",
+    "extra": "desync",
+    "shape": "desync",
+}
 
 
 def workdir(root: Path) -> Path:
@@ -218,22 +232,62 @@ def cluster_env() -> dict[str, str]:
 def env_for(out: Path, kind: str, step: int) -> dict[str, str]:
     from trainscale.strategies.deepspeed import extensions_dir
 
-    return clean_env(**CLUSTER_ENV, OUT=str(out), HANG_KIND=kind, HANG_RANK="1", HANG_STEP=str(step),
-                     TORCH_EXTENSIONS_DIR=extensions_dir(), OMP_NUM_THREADS="1",
-                     PATH=f"{Path(PYTHON).parent}{os.pathsep}{os.environ['PATH']}",
-                     TRAINSCALE_STATE_DIR=str(out / "state"))
+    return clean_env(
+        **CLUSTER_ENV,
+        OUT=str(out),
+        HANG_KIND=kind,
+        HANG_RANK="1",
+        HANG_STEP=str(step),
+        TORCH_EXTENSIONS_DIR=extensions_dir(),
+        OMP_NUM_THREADS="1",
+        PATH=f"{Path(PYTHON).parent}{os.pathsep}{os.environ['PATH']}",
+        TRAINSCALE_STATE_DIR=str(out / "state"),
+    )
 
 
 def start(mode: str, script: str, root: Path, out: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str | None]:
     name, _, extra = SCRIPTS[script]
     if mode == "local":
-        cmd = [PYTHON, "-m", "trainscale", "run", "--nproc-per-node", "2", "--log-dir", str(out / "runs"),
-               str(root / name), *extra]
-        return subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True), None
-    cmd = [PYTHON, "-m", "trainscale", "slurm", "--profile", "local-test", "-N", "2", "--gpus-per-node", "1", "-c", "2",
-           "-t", "00:10:00", "--launcher", mode, "--output-dir", str(out / "jobs"), "--python", PYTHON, "--submit",
-           str(root / name), *extra]
+        cmd = [
+            PYTHON,
+            "-m",
+            "trainscale",
+            "run",
+            "--nproc-per-node",
+            "2",
+            "--log-dir",
+            str(out / "runs"),
+            str(root / name),
+            *extra,
+        ]
+        return subprocess.Popen(
+            cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        ), None
+    cmd = [
+        PYTHON,
+        "-m",
+        "trainscale",
+        "slurm",
+        "--profile",
+        "local-test",
+        "-N",
+        "2",
+        "--gpus-per-node",
+        "1",
+        "-c",
+        "2",
+        "-t",
+        "00:10:00",
+        "--launcher",
+        mode,
+        "--output-dir",
+        str(out / "jobs"),
+        "--python",
+        PYTHON,
+        "--submit",
+        str(root / name),
+        *extra,
+    ]
     done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
     m = re.search(r"submitted job (\d+)", done.stderr)
     if not m:
@@ -269,8 +323,12 @@ def trial(mode: str, script: str, kind: str, step: int, root: Path, give_up: flo
             crashed = True
             break
         if job is not None:
-            state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True,
-                                   env={**os.environ, **CLUSTER_ENV}).stdout
+            state = subprocess.run(
+                ["squeue", "-h", "-j", job, "-o", "%T"],
+                capture_output=True,
+                text=True,
+                env={**os.environ, **CLUSTER_ENV},
+            ).stdout
             if not state.strip():
                 crashed = True
                 break
@@ -282,19 +340,32 @@ def trial(mode: str, script: str, kind: str, step: int, root: Path, give_up: flo
     hung_at = culprit["t"] if culprit else None
     row = {"mode": mode, "script": script, "kind": kind, "step": step, "hung": hung_at is not None}
     if notice is None:
-        row.update(detected=False, crashed=crashed,
-                   crash_named=bool(re.search(r"first failing rank: 1 ", said)) if crashed else None,
-                   said=said[-1500:])
+        row.update(
+            detected=False,
+            crashed=crashed,
+            crash_named=bool(re.search(r"first failing rank: 1 ", said)) if crashed else None,
+            said=said[-1500:],
+        )
         return row
     text = notice.get("text") or notice.get("message", "")
     place = EXPECTED_PLACE[kind]
     # its host (and pid) as the culprit itself wrote them: in torchrun mode the rendezvous numbers the nodes
-    where = f"rank 1 on {culprit['host']} (pid {culprit['pid']})" if culprit and kind != "worker-stuck" else \
-        f"rank 1 on {culprit['host']}" if culprit else "?"
-    row.update(detected=True, seconds=notice["t"] - hung_at if hung_at else None, verdict=notice.get("verdict"),
-               culprit=1 in (notice.get("culprits") or []), host=where in text or kind in ("skip", "extra", "shape"),
-               place=(notice.get("verdict") == "desync") if place == "desync" else place in text,
-               text=text[:1500])
+    where = (
+        f"rank 1 on {culprit['host']} (pid {culprit['pid']})"
+        if culprit and kind != "worker-stuck"
+        else f"rank 1 on {culprit['host']}"
+        if culprit
+        else "?"
+    )
+    row.update(
+        detected=True,
+        seconds=notice["t"] - hung_at if hung_at else None,
+        verdict=notice.get("verdict"),
+        culprit=1 in (notice.get("culprits") or []),
+        host=where in text or kind in ("skip", "extra", "shape"),
+        place=(notice.get("verdict") == "desync") if place == "desync" else place in text,
+        text=text[:1500],
+    )
     return row
 
 
@@ -304,16 +375,60 @@ def clean(mode: str, root: Path, k: int) -> dict:
     busy = subprocess.Popen([PYTHON, "-c", "while True: pass"])
     try:
         if mode == "local":
-            done = subprocess.run([PYTHON, "-m", "trainscale", "run", "--nproc-per-node", "2", "--log-dir",
-                                   str(out / "runs"), str(root / "plain.py")], cwd=root, env=env, capture_output=True,
-                                  text=True, timeout=600)
+            done = subprocess.run(
+                [
+                    PYTHON,
+                    "-m",
+                    "trainscale",
+                    "run",
+                    "--nproc-per-node",
+                    "2",
+                    "--log-dir",
+                    str(out / "runs"),
+                    str(root / "plain.py"),
+                ],
+                cwd=root,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
             ok = done.returncode == 0
         else:
-            done = subprocess.run([PYTHON, "-m", "trainscale", "slurm", "--profile", "local-test", "-N", "2",
-                                   "--gpus-per-node", "1", "-c", "2", "-t", "00:10:00", "--launcher", mode,
-                                   "--output-dir", str(out / "jobs"), "--python", PYTHON, "--submit", "--watch",
-                                   "--poll", "1", str(root / "plain.py")], cwd=root, env=env, capture_output=True,
-                                  text=True, timeout=600)
+            done = subprocess.run(
+                [
+                    PYTHON,
+                    "-m",
+                    "trainscale",
+                    "slurm",
+                    "--profile",
+                    "local-test",
+                    "-N",
+                    "2",
+                    "--gpus-per-node",
+                    "1",
+                    "-c",
+                    "2",
+                    "-t",
+                    "00:10:00",
+                    "--launcher",
+                    mode,
+                    "--output-dir",
+                    str(out / "jobs"),
+                    "--python",
+                    PYTHON,
+                    "--submit",
+                    "--watch",
+                    "--poll",
+                    "1",
+                    str(root / "plain.py"),
+                ],
+                cwd=root,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
             ok = done.returncode == 0 and "COMPLETED" in done.stdout
     finally:
         busy.kill()
@@ -353,13 +468,18 @@ def main() -> None:
     right = [r for r in detected if r["culprit"] and r["host"] and r["place"]]
     times = [r["seconds"] for r in detected if r["seconds"] is not None]
     crashed = [r for r in rows if r.get("crashed")]
-    print(f"\ntrials {len(rows)}: {len(hung)} hung, {len(detected)} noticed; {len(crashed)} crashed instead "
-          f"(gloo's own mismatch check), the summary naming rank 1 first in {sum(bool(r['crash_named']) for r in crashed)}")
+    named = sum(bool(r["crash_named"]) for r in crashed)
+    print(
+        f"\ntrials {len(rows)}: {len(hung)} hung, {len(detected)} noticed; {len(crashed)} crashed instead "
+        f"(gloo's own mismatch check), the summary naming rank 1 first in {named}"
+    )
     if times:
         print(f"time to notice: median {statistics.median(times):.1f}s, worst {max(times):.1f}s")
     print(f"right culprit, host and place: {len(right)} of {len(detected)}")
-    print(f"clean runs under a busy loop: {sum(c['ok'] for c in cleans)} of {len(cleans)} finished, "
-          f"{sum(c['notices'] for c in cleans)} notice(s); {load()}")
+    print(
+        f"clean runs under a busy loop: {sum(c['ok'] for c in cleans)} of {len(cleans)} finished, "
+        f"{sum(c['notices'] for c in cleans)} notice(s); {load()}"
+    )
     if a.out:
         Path(a.out).write_text(json.dumps({"trials": rows, "clean": cleans}, indent=1))
 

@@ -63,10 +63,13 @@ def measure(nproc: int, repeats: int, tmp: Path) -> dict[str, list[float]]:
             first, wall = first_step(argv, tmp / f"{name}-{nproc}-{k}", tmp)
             got[f"{name}_first"].append(first)
             got[f"{name}_exit"].append(wall)
-        print(f"  {nproc} ranks, pair {k + 1}: trainscale run {got['ours_exit'][-1]:.2f}s to exit "
-              f"({got['ours_first'][-1]:.2f}s to first step), torchrun {got['plain_exit'][-1]:.2f}s "
-              f"({got['plain_first'][-1]:.2f}s); other work took {OTHERS[-2]:.0%} and {OTHERS[-1]:.0%} of the "
-              f"machine; {load()}", flush=True)
+        print(
+            f"  {nproc} ranks, pair {k + 1}: trainscale run {got['ours_exit'][-1]:.2f}s to exit "
+            f"({got['ours_first'][-1]:.2f}s to first step), torchrun {got['plain_exit'][-1]:.2f}s "
+            f"({got['plain_first'][-1]:.2f}s); other work took {OTHERS[-2]:.0%} and {OTHERS[-1]:.0%} of the "
+            f"machine; {load()}",
+            flush=True,
+        )
     return got
 
 
@@ -85,14 +88,28 @@ def main() -> None:
         busy = statistics.median(OTHERS)
         pairs = [o / t for o, t in zip(got["ours_exit"], got["plain_exit"])]
         firsts = [o / t for o, t in zip(got["ours_first"], got["plain_first"])]
-        rows.append((n, median(got["ours_exit"]), median(got["plain_exit"]), statistics.median(pairs), min(pairs),
-                     max(pairs), statistics.median(firsts), busy))
-    print(f"\n| ranks | trainscale run, to exit | torchrun, to exit | ratio (median of {a.repeats} pairs) | "
-          "spread of the pairs | to first step, ratio | other work's share of the machine (median) |")
+        rows.append(
+            (
+                n,
+                median(got["ours_exit"]),
+                median(got["plain_exit"]),
+                statistics.median(pairs),
+                min(pairs),
+                max(pairs),
+                statistics.median(firsts),
+                busy,
+            )
+        )
+    print(
+        f"\n| ranks | trainscale run, to exit | torchrun, to exit | ratio (median of {a.repeats} pairs) | "
+        "spread of the pairs | to first step, ratio | other work's share of the machine (median) |"
+    )
     print("|---|---|---|---|---|---|---|")
     for n, ours, plain, ratio, lo, hi, first, busy in rows:
-        print(f"| {n} | {ours:.2f} s | {plain:.2f} s | **{ratio:.3f}** | {lo:.3f}-{hi:.3f} | {first:.3f} | "
-              f"{busy:.0%}{' (under load)' if busy > 0.10 else ''} |")
+        print(
+            f"| {n} | {ours:.2f} s | {plain:.2f} s | **{ratio:.3f}** | {lo:.3f}-{hi:.3f} | {first:.3f} | "
+            f"{busy:.0%}{' (under load)' if busy > 0.10 else ''} |"
+        )
     worst = max(r[3] for r in rows)
     print(f"\nworst ratio {worst:.3f}: {verdict(worst, GOAL, higher_is_better=False)}; {load()}")
 

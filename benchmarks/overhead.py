@@ -28,21 +28,62 @@ def main() -> None:
     ours, plain = [], []
     for k in range(a.repeats):  # interleaved, so drifting load hits both alike
         m = tmp / f"ts-{k}.json"
-        run([PYTHON, "-m", "trainscale", "run", "--nproc-per-node", str(a.nproc), "--log-dir", str(tmp / "logs"),
-             "--workload", "cnn", "--epochs", str(a.epochs), "--batch-size", str(a.batch_size), "--log-every", "0",
-             "--metrics-out", str(m)], env=env, cwd=tmp)
+        run(
+            [
+                PYTHON,
+                "-m",
+                "trainscale",
+                "run",
+                "--nproc-per-node",
+                str(a.nproc),
+                "--log-dir",
+                str(tmp / "logs"),
+                "--workload",
+                "cnn",
+                "--epochs",
+                str(a.epochs),
+                "--batch-size",
+                str(a.batch_size),
+                "--log-every",
+                "0",
+                "--metrics-out",
+                str(m),
+            ],
+            env=env,
+            cwd=tmp,
+        )
         d = read_json(m)
         ours.append(d["train_time_s"] / d["steps"])
         m = tmp / f"plain-{k}.json"
-        run([PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(a.nproc),
-             str(ROOT / "benchmarks" / "plain_ddp.py"), "--epochs", str(a.epochs), "--batch-size",
-             str(a.batch_size), "--out", str(m)], env=env, cwd=tmp)
+        run(
+            [
+                PYTHON,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                str(a.nproc),
+                str(ROOT / "benchmarks" / "plain_ddp.py"),
+                "--epochs",
+                str(a.epochs),
+                "--batch-size",
+                str(a.batch_size),
+                "--out",
+                str(m),
+            ],
+            env=env,
+            cwd=tmp,
+        )
         plain.append(read_json(m)["step_time_s"])
-        print(f"repeat {k + 1}: trainscale {ours[-1] * 1e3:.2f} ms/step, plain DDP {plain[-1] * 1e3:.2f} ms/step",
-              flush=True)
+        print(
+            f"repeat {k + 1}: trainscale {ours[-1] * 1e3:.2f} ms/step, plain DDP {plain[-1] * 1e3:.2f} ms/step",
+            flush=True,
+        )
     ratio = median(ours) / median(plain)
-    print(f"\noverhead: trainscale {median(ours) * 1e3:.2f} ms/step vs hand-written DDP {median(plain) * 1e3:.2f} "
-          f"ms/step (median of {a.repeats}, {a.nproc} ranks, batch {a.batch_size}, {d['steps']} steps)")
+    print(
+        f"\noverhead: trainscale {median(ours) * 1e3:.2f} ms/step vs hand-written DDP {median(plain) * 1e3:.2f} "
+        f"ms/step (median of {a.repeats}, {a.nproc} ranks, batch {a.batch_size}, {d['steps']} steps)"
+    )
     print(f"ratio trainscale / plain = {ratio:.3f}: {verdict(ratio, 1.02, higher_is_better=False)}; {load()}")
 
 

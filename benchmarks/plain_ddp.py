@@ -33,11 +33,11 @@ steps_per_epoch = per_rank // args.batch_size
 elapsed, steps = 0.0, 0
 for epoch in range(args.epochs):
     g = torch.Generator().manual_seed(epoch)
-    order = torch.randperm(len(train), generator=g)[rank:world * per_rank:world]
+    order = torch.randperm(len(train), generator=g)[rank : world * per_rank : world]
     loss_sum = torch.zeros(())
     t0 = time.perf_counter()
     for i in range(steps_per_epoch):
-        idx = order[i * args.batch_size:(i + 1) * args.batch_size]
+        idx = order[i * args.batch_size : (i + 1) * args.batch_size]
         x, y = train.images[idx], train.labels[idx]
         loss = F.nll_loss(model(x), y)
         opt.zero_grad(set_to_none=True)

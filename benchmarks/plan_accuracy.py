@@ -53,11 +53,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "src"))
 
-from trainscale.plan.model import Calibration, make_plan, memory  # noqa: E402
-from trainscale.plan.comm import Sweep  # noqa: E402
-from trainscale.plan.text import verified_table  # noqa: E402
-from trainscale.plan.calibrate import OWN_CALIBRATIONS, compare, network, short_run, steps_peaks  # noqa: E402
 from trainscale.errors import ConfigError  # noqa: E402
+from trainscale.plan.calibrate import OWN_CALIBRATIONS, compare, network, short_run, steps_peaks  # noqa: E402
+from trainscale.plan.comm import Sweep  # noqa: E402
+from trainscale.plan.model import Calibration, make_plan, memory  # noqa: E402
+from trainscale.plan.text import verified_table  # noqa: E402
 
 STRATEGIES = ("ddp", "zero1", "fsdp")
 WORKLOADS = ("cnn", "vit", "gpt")
@@ -75,6 +75,7 @@ def paced(calibration: dict, run: dict) -> float:
         return 0.0
     ref = statistics.mean(calibration["pace"])
     return max(abs(p / ref - 1) for p in run["pace"])
+
 
 SCRIPT = '''
 """Course-style DDP: torchrun's variables, DistributedSampler, DDP, Adam; no trainscale import."""
@@ -129,6 +130,7 @@ else:
 
 def busy_share(seconds: float = 1.0) -> float:
     """The share of this machine's CPUs busy over ``seconds`` (/proc/stat)."""
+
     def read() -> tuple[int, int]:
         fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
         idle = fields[3] + fields[4]
@@ -166,24 +168,39 @@ def say(line: str) -> None:
 def target_args(target: str, work: Path, batch: int | None) -> dict:
     """short_run's target: a workload, or the course-style script with its batch."""
     if target == "script":
-        return {"script": str(work / "course_ddp.py"), "workload": None,
-                "args": ("--batch-size", str(batch or 32))}
+        return {"script": str(work / "course_ddp.py"), "workload": None, "args": ("--batch-size", str(batch or 32))}
     return {"script": None, "workload": target, "args": ()}
 
 
-def measure(target: str, work: Path, steps: int, *, ranks: int, strategy: str | None, batch: int | None,
-            threads: int | None = None) -> dict:
+def measure(
+    target: str,
+    work: Path,
+    steps: int,
+    *,
+    ranks: int,
+    strategy: str | None,
+    batch: int | None,
+    threads: int | None = None,
+) -> dict:
     quiet, before = busy_share(), pace()
     what = target_args(target, work, batch)
-    records, metrics, peaks, _ = short_run(script=what["script"], args=what["args"], workload=what["workload"],
-                                           batch=batch if what["workload"] else None, steps=steps, say=say,
-                                           nproc=ranks, strategy=strategy, threads=threads)
-    return {"records": records, "metrics": metrics, "peaks": peaks, "busy_before": quiet,
-            "pace": [before, pace()]}
+    records, metrics, peaks, _ = short_run(
+        script=what["script"],
+        args=what["args"],
+        workload=what["workload"],
+        batch=batch if what["workload"] else None,
+        steps=steps,
+        say=say,
+        nproc=ranks,
+        strategy=strategy,
+        threads=threads,
+    )
+    return {"records": records, "metrics": metrics, "peaks": peaks, "busy_before": quiet, "pace": [before, pace()]}
 
 
-def measure_slurm(cluster, target: str, work: Path, steps: int, *, strategy: str | None, batch: int,
-                  name: str = "") -> dict:
+def measure_slurm(
+    cluster, target: str, work: Path, steps: int, *, strategy: str | None, batch: int, name: str = ""
+) -> dict:
     """2 nodes x 2 ranks on the test cluster, stopped after ``steps`` optimizer steps like the calibration."""
     from trainscale.workloads.registry import get_workload
 
@@ -194,32 +211,88 @@ def measure_slurm(cluster, target: str, work: Path, steps: int, *, strategy: str
     if target == "script":
         tail = ["--env", f"TRAINSCALE_PLAN_STEPS={steps}", str(work / "course_ddp.py"), "--batch-size", str(batch)]
     else:
-        tail = ["--workload", target, "--strategy", strategy, *get_workload(target).batch_args(batch, 4),
-                "--epochs", "1000", "--log-every", "0", "--max-steps", str(steps + 1), "--metrics-out", str(metrics)]
-    argv = [sys.executable, "-m", "trainscale", "slurm", "--profile", "local-test", "-N", "2", "--gpus-per-node", "2",
-            "-t", "00:10:00", "--python", sys.executable, "--output-dir", str(out / "jobs"),
-            "--env", "TRAINSCALE_RECORD=1", "--env", "TRAINSCALE_HANG_NOTICE=0", "--env", "OMP_NUM_THREADS=1",
-            "--submit", "--watch", "--poll",
-            "0.5", "--watch-timeout", "600", *tail]
+        tail = [
+            "--workload",
+            target,
+            "--strategy",
+            strategy,
+            *get_workload(target).batch_args(batch, 4),
+            "--epochs",
+            "1000",
+            "--log-every",
+            "0",
+            "--max-steps",
+            str(steps + 1),
+            "--metrics-out",
+            str(metrics),
+        ]
+    argv = [
+        sys.executable,
+        "-m",
+        "trainscale",
+        "slurm",
+        "--profile",
+        "local-test",
+        "-N",
+        "2",
+        "--gpus-per-node",
+        "2",
+        "-t",
+        "00:10:00",
+        "--python",
+        sys.executable,
+        "--output-dir",
+        str(out / "jobs"),
+        "--env",
+        "TRAINSCALE_RECORD=1",
+        "--env",
+        "TRAINSCALE_HANG_NOTICE=0",
+        "--env",
+        "OMP_NUM_THREADS=1",
+        "--submit",
+        "--watch",
+        "--poll",
+        "0.5",
+        "--watch-timeout",
+        "600",
+        *tail,
+    ]
     say(f"2 nodes x 2 on the test cluster: {target} {strategy or '(its own DDP)'}")
     # each job in a directory of its own: a workload resumes from the checkpoints it finds in its working directory
     for attempt in (1, 2):  # a failed job is said, kept (its logs) and submitted once more
-        done = subprocess.run([*argv[:argv.index("--output-dir") + 1], str(out / f"jobs-{attempt}"),
-                               *argv[argv.index("--output-dir") + 2:]], cwd=out, env={**os.environ, **cluster.env},
-                              capture_output=True, text=True, timeout=900)
+        done = subprocess.run(
+            [
+                *argv[: argv.index("--output-dir") + 1],
+                str(out / f"jobs-{attempt}"),
+                *argv[argv.index("--output-dir") + 2 :],
+            ],
+            cwd=out,
+            env={**os.environ, **cluster.env},
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         found = re.search(r"run directory (\S+)", done.stderr + done.stdout)
         if done.returncode == 0 and found:
             break
-        print(f"  the SLURM run failed (exit {done.returncode}), kept in {out}:\n{(done.stdout + done.stderr)[-1500:]}",
-              file=sys.stderr, flush=True)
+        print(
+            f"  the SLURM run failed (exit {done.returncode}), kept in {out}:\n{(done.stdout + done.stderr)[-1500:]}",
+            file=sys.stderr,
+            flush=True,
+        )
     else:
         raise ConfigError(f"the SLURM run failed twice: {out}")
     run_dir = Path(found.group(1))
     files = sorted(run_dir.glob("metrics/rank-*.jsonl"))
     records = [json.loads(x) for x in files[0].read_text().splitlines() if x.strip()]
     peaks = steps_peaks(run_dir / "metrics")
-    return {"records": records, "metrics": json.loads(metrics.read_text()) if metrics.exists() else None,
-            "peaks": peaks, "busy_before": quiet, "pace": [before, pace()]}
+    return {
+        "records": records,
+        "metrics": json.loads(metrics.read_text()) if metrics.exists() else None,
+        "peaks": peaks,
+        "busy_before": quiet,
+        "pace": [before, pace()],
+    }
 
 
 def _save(path: str, **parts) -> None:
@@ -243,19 +316,47 @@ def matrix(targets: list[str], work: Path, steps: int, slurm: bool, save, repeat
             threads = max(1, (os.cpu_count() or 1) // 2)
             cal = measure(target, work, steps, ranks=1, strategy=None, batch=None, threads=threads)
             batch = Calibration.from_records(cal["records"]).batch
-            own = {name: measure(target, work, steps, ranks=1, strategy=spec, batch=batch, threads=threads)
-                   for name, spec in OWN_CALIBRATIONS.items()} if target != "script" else {}
+            own = (
+                {
+                    name: measure(target, work, steps, ranks=1, strategy=spec, batch=batch, threads=threads)
+                    for name, spec in OWN_CALIBRATIONS.items()
+                }
+                if target != "script"
+                else {}
+            )
             runs = []
             for repeat in range(repeats):
-                runs.append({"ranks": 1, "nodes": 1, "strategy": None, "repeat": repeat,
-                             **measure(target, work, steps, ranks=1, strategy=None, batch=batch, threads=threads)})
-                for strategy in (STRATEGIES if target != "script" else (None,)):
-                    runs.append({"ranks": 2, "nodes": 1, "strategy": strategy, "repeat": repeat,
-                                 **measure(target, work, steps, ranks=2, strategy=strategy, batch=batch)})
+                runs.append(
+                    {
+                        "ranks": 1,
+                        "nodes": 1,
+                        "strategy": None,
+                        "repeat": repeat,
+                        **measure(target, work, steps, ranks=1, strategy=None, batch=batch, threads=threads),
+                    }
+                )
+                for strategy in STRATEGIES if target != "script" else (None,):
+                    runs.append(
+                        {
+                            "ranks": 2,
+                            "nodes": 1,
+                            "strategy": strategy,
+                            "repeat": repeat,
+                            **measure(target, work, steps, ranks=2, strategy=strategy, batch=batch),
+                        }
+                    )
                     if slurm:
-                        runs.append({"ranks": 4, "nodes": 2, "strategy": strategy, "repeat": repeat,
-                                     **measure_slurm(cluster, target, work, steps, strategy=strategy, batch=batch,
-                                                     name=f"{repeat}")})
+                        runs.append(
+                            {
+                                "ranks": 4,
+                                "nodes": 2,
+                                "strategy": strategy,
+                                "repeat": repeat,
+                                **measure_slurm(
+                                    cluster, target, work, steps, strategy=strategy, batch=batch, name=f"{repeat}"
+                                ),
+                            }
+                        )
             out.append({"target": target, "batch": batch, "calibration": cal, "own": own, "runs": runs})
             save(out)
     return out
@@ -278,8 +379,11 @@ def listed(found: list | dict) -> list[dict]:
 
 def swept(raw: list[dict]) -> list[Sweep]:
     """The sweeps a file holds (an older file: the all-reduce results themselves)."""
-    return [Sweep.from_result(r) if "rows" in r else Sweep(**{**r, "points": tuple(map(tuple, r["points"]))})
-            for r in raw if "error" not in r]
+    return [
+        Sweep.from_result(r) if "rows" in r else Sweep(**{**r, "points": tuple(map(tuple, r["points"]))})
+        for r in raw
+        if "error" not in r
+    ]
 
 
 def cgroup_dir(name: str) -> tuple[Path, str]:
@@ -296,16 +400,22 @@ def cgroup_dir(name: str) -> tuple[Path, str]:
 
 def capped(targets: list[str], work: Path, count: int, rng: random.Random) -> list[dict]:
     """Part 2's raw measurements: per configuration its calibration, cap and what happened under it."""
-    batches = {"cnn": (16, 64, 256, 1024), "vit": (8, 32, 128, 256), "gpt": (4, 8, 16, 32),
-               "script": (16, 64, 256, 512)}
+    batches = {
+        "cnn": (16, 64, 256, 1024),
+        "vit": (8, 32, 128, 256),
+        "gpt": (4, 8, 16, 32),
+        "script": (16, 64, 256, 512),
+    }
     out = []
     wrapper = work / "capped.py"
     for i in range(count):
         target = targets[i % len(targets)]
         batch = rng.choice(batches[target])
-        args = (("-m", "trainscale.workloads", target, "--epochs", "1000", "--log-every", "0",
-                 *_batch_args(target, batch)) if target != "script" else
-                (str(work / "course_ddp.py"), "--batch-size", str(batch)))
+        args = (
+            ("-m", "trainscale.workloads", target, "--epochs", "1000", "--log-every", "0", *_batch_args(target, batch))
+            if target != "script"
+            else (str(work / "course_ddp.py"), "--batch-size", str(batch))
+        )
         print(f"cap {i + 1}/{count}: {target} batch {batch}", file=sys.stderr, flush=True)
         records, _, _, _ = short_run(script=str(wrapper), args=args, workload=None, batch=None, steps=3, say=say)
         cal = Calibration.from_records(records)
@@ -323,8 +433,7 @@ def capped(targets: list[str], work: Path, count: int, rng: random.Random) -> li
         finally:
             os.environ.pop("PLAN_BENCH_CGROUP")
             _remove(path)
-        out.append({"target": target, "batch": batch, "cap": cap, "records": records, "outcome": outcome,
-                    "why": why})
+        out.append({"target": target, "batch": batch, "cap": cap, "records": records, "outcome": outcome, "why": why})
     return out
 
 
@@ -353,6 +462,7 @@ def _remove(path: Path) -> None:
 
 # -- the tables, from the raw measurements -----------------------------------------------------------------------
 
+
 def analyse_matrix(raw: list[dict], measured: list[dict]) -> list[dict]:
     rows = []
     net, net_source = network(None, None)
@@ -363,17 +473,37 @@ def analyse_matrix(raw: list[dict], measured: list[dict]) -> list[dict]:
         own = {name: Calibration.from_records(run["records"]) for name, run in entry.get("own", {}).items()}
         # as plan measures them: a script's own DDP all-reduces with gloo, trainscale's ddp on one machine's
         # CPUs with shared memory (the test cluster's 2 nodes are this one machine: the same)
-        plan = make_plan(cal, what=entry["target"], ranks_per_node=2, nodes=1, batch=entry["batch"],
-                         device_bytes=None, device_source="-", network=net, network_source=net_source,
-                         shared_cores=cores, own=own,
-                         sweeps=[w for w in sweeps_here if w.hook == "none" or entry["target"] != "script"])
+        plan = make_plan(
+            cal,
+            what=entry["target"],
+            ranks_per_node=2,
+            nodes=1,
+            batch=entry["batch"],
+            device_bytes=None,
+            device_source="-",
+            network=net,
+            network_source=net_source,
+            shared_cores=cores,
+            own=own,
+            sweeps=[w for w in sweeps_here if w.hook == "none" or entry["target"] != "script"],
+        )
         configs: dict[tuple, list[dict]] = {}
         for run in entry["runs"]:
             # the test cluster's nodes are this machine: its ranks share its cores, predicted as one node's
-            row = compare(plan, run["records"], run["metrics"], run["peaks"], ranks=run["ranks"], nodes=1,
-                          strategy=run["strategy"])
-            where = f"{run['nodes']} nodes x {run['ranks'] // run['nodes']}" if run["nodes"] > 1 else \
-                f"{run['ranks']} rank(s)"
+            row = compare(
+                plan,
+                run["records"],
+                run["metrics"],
+                run["peaks"],
+                ranks=run["ranks"],
+                nodes=1,
+                strategy=run["strategy"],
+            )
+            where = (
+                f"{run['nodes']} nodes x {run['ranks'] // run['nodes']}"
+                if run["nodes"] > 1
+                else f"{run['ranks']} rank(s)"
+            )
             row["config"] = f"{entry['target']}, {where}, {run['strategy'] or cal.modelled_strategy()}"
             row["disturbed"] = run["busy_before"] > QUIET or paced(entry["calibration"], run) > PACE
             configs.setdefault((run["ranks"], run["nodes"], run["strategy"]), []).append(row)
@@ -397,15 +527,32 @@ def analyse_caps(raw: list[dict]) -> list[dict]:
     net, net_source = network(None, None)
     for entry in raw:
         cal = Calibration.from_records(entry["records"])
-        plan = make_plan(cal, what=entry["target"], ranks_per_node=1, nodes=1, batch=entry["batch"],
-                         device_bytes=float(entry["cap"]), device_source="cap", network=net,
-                         network_source=net_source)
+        plan = make_plan(
+            cal,
+            what=entry["target"],
+            ranks_per_node=1,
+            nodes=1,
+            batch=entry["batch"],
+            device_bytes=float(entry["cap"]),
+            device_source="cap",
+            network=net,
+            network_source=net_source,
+        )
         m = memory(cal, "ddp", 1, entry["batch"])
         verdict = plan.verdict(m)
         ran = entry["outcome"] == "ran"
         right = None if entry["outcome"] == "failed" else (verdict in ("yes", "tight")) == ran
-        rows.append({"target": entry["target"], "batch": entry["batch"], "cap": entry["cap"], "peak": m.peak,
-                     "verdict": verdict, "outcome": entry["outcome"], "right": right})
+        rows.append(
+            {
+                "target": entry["target"],
+                "batch": entry["batch"],
+                "cap": entry["cap"],
+                "peak": m.peak,
+                "verdict": verdict,
+                "outcome": entry["outcome"],
+                "right": right,
+            }
+        )
     return rows
 
 
@@ -420,21 +567,27 @@ def report(matrix_rows: list[dict], cap_rows: list[dict]) -> None:
         peak = [abs(v["peak_error"]) for v in matrix_rows if v["peak_error"] is not None]
         quiet = [abs(v["step_error"]) for v in matrix_rows if v["step_error"] is not None and not v["disturbed"]]
         every = [abs(v["step_error"]) for v in matrix_rows if v["step_error"] is not None]
-        print(f"\nheld bytes within 2%: {sum(e <= 0.02 for e in held)}/{len(held)} (largest |error| "
-              f"{max(held, default=0):.1%}); peak within 15%: {sum(e <= 0.15 for e in peak)}/{len(peak)} (largest "
-              f"{max(peak, default=0):.1%}); step time within 15%: {sum(e <= 0.15 for e in quiet)}/{len(quiet)} "
-              f"undisturbed (median |error| {statistics.median(quiet) if quiet else 0:.1%}; "
-              f"{sum(v['disturbed'] for v in matrix_rows)} disturbed left out; with them "
-              f"{sum(e <= 0.15 for e in every)}/{len(every)})")
+        print(
+            f"\nheld bytes within 2%: {sum(e <= 0.02 for e in held)}/{len(held)} (largest |error| "
+            f"{max(held, default=0):.1%}); peak within 15%: {sum(e <= 0.15 for e in peak)}/{len(peak)} (largest "
+            f"{max(peak, default=0):.1%}); step time within 15%: {sum(e <= 0.15 for e in quiet)}/{len(quiet)} "
+            f"undisturbed (median |error| {statistics.median(quiet) if quiet else 0:.1%}; "
+            f"{sum(v['disturbed'] for v in matrix_rows)} disturbed left out; with them "
+            f"{sum(e <= 0.15 for e in every)}/{len(every)})"
+        )
     if cap_rows:
         print(f"\nUnder a memory cap ({len(cap_rows)} configurations, 1 rank; verdict for a node of the cap's size):")
         print(f"{'target':<7} {'batch':>5} {'cap MiB':>8} {'peak MiB':>9} {'verdict':<7} {'outcome':<18} right")
         for r in cap_rows:
-            print(f"{r['target']:<7} {r['batch']:>5} {r['cap'] / 2**20:>8.0f} {r['peak'] / 2**20:>9.0f} "
-                  f"{r['verdict']:<7} {r['outcome']:<18} {'-' if r['right'] is None else 'yes' if r['right'] else 'NO'}")
+            print(
+                f"{r['target']:<7} {r['batch']:>5} {r['cap'] / 2**20:>8.0f} {r['peak'] / 2**20:>9.0f} "
+                f"{r['verdict']:<7} {r['outcome']:<18} {'-' if r['right'] is None else 'yes' if r['right'] else 'NO'}"
+            )
         judged = [r for r in cap_rows if r["right"] is not None]
-        print(f"verdict right: {sum(r['right'] for r in judged)}/{len(judged)} "
-              f"({sum(r['verdict'] == 'tight' for r in cap_rows)} tight)")
+        print(
+            f"verdict right: {sum(r['right'] for r in judged)}/{len(judged)} "
+            f"({sum(r['verdict'] == 'tight' for r in cap_rows)} tight)"
+        )
 
 
 def main() -> None:
@@ -451,9 +604,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.source:  # several files (a matrix measured in parts, the caps apart): their measurements together
         parts = [json.loads(Path(path).read_text()) for path in args.source.split(",")]
-        raw = {"matrix": [m for part in parts for m in part.get("matrix", [])],
-               "caps": [c for part in parts for c in part.get("caps", [])],
-               "sweeps": [w for part in parts for w in listed(part.get("sweeps") or [])]}
+        raw = {
+            "matrix": [m for part in parts for m in part.get("matrix", [])],
+            "caps": [c for part in parts for c in part.get("caps", [])],
+            "sweeps": [w for part in parts for w in listed(part.get("sweeps") or [])],
+        }
     else:
         targets = args.targets.split(",")
         work = Path(tempfile.mkdtemp(prefix="trainscale-plan-bench-"))  # kept when something fails: its logs
@@ -461,13 +616,23 @@ def main() -> None:
         (work / "capped.py").write_text(CAPPED)
         t0 = time.monotonic()
         measured = [] if args.no_matrix else sweeps(4 if not args.no_slurm else 2)
-        raw = {"steps": args.steps, "cores": os.cpu_count(), "started": time.strftime("%Y-%m-%d %H:%M"),
-               "sweeps": measured,
-               "matrix": [] if args.no_matrix else matrix(targets, work, args.steps, not args.no_slurm,
-                                                          save=lambda part: _save(args.out, matrix=part,
-                                                                                  sweeps=measured),
-                                                          repeats=args.repeats),
-               "caps": capped(targets, work, args.caps, random.Random(args.seed)) if args.caps else []}
+        raw = {
+            "steps": args.steps,
+            "cores": os.cpu_count(),
+            "started": time.strftime("%Y-%m-%d %H:%M"),
+            "sweeps": measured,
+            "matrix": []
+            if args.no_matrix
+            else matrix(
+                targets,
+                work,
+                args.steps,
+                not args.no_slurm,
+                save=lambda part: _save(args.out, matrix=part, sweeps=measured),
+                repeats=args.repeats,
+            ),
+            "caps": capped(targets, work, args.caps, random.Random(args.seed)) if args.caps else [],
+        }
         raw["seconds"] = time.monotonic() - t0
         Path(args.out).write_text(json.dumps(raw))
         shutil.rmtree(work)

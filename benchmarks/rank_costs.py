@@ -37,8 +37,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from _common import load
 
@@ -53,33 +54,91 @@ TICK_BUDGET_S = 0.1
 def _step_line(step: int, t: float, rng: random.Random, slow: bool) -> str:
     data = 0.0002 + rng.random() * 0.0001 + (0.02 if slow else 0.0)
     comp = 0.013 + rng.random() * 0.002
-    return (f'{{"kind":"step","step":{step},"t":{t:.7f},"step_s":{0.06 + rng.random() * 0.01:.17f},"samples":16,'
-            f'"data_s":{data:.17f},"compute_s":{comp:.17f},"backward_s":{0.028 + rng.random() * 0.01:.17f},'
-            f'"optimizer_s":{0.011 + rng.random() * 0.002:.17f}}}\n')
+    return (
+        f'{{"kind":"step","step":{step},"t":{t:.7f},"step_s":{0.06 + rng.random() * 0.01:.17f},"samples":16,'
+        f'"data_s":{data:.17f},"compute_s":{comp:.17f},"backward_s":{0.028 + rng.random() * 0.01:.17f},'
+        f'"optimizer_s":{0.011 + rng.random() * 0.002:.17f}}}\n'
+    )
 
 
 def _meta_line(rank: int, world: int, node: str) -> str:
     local = rank % RANKS_PER_NODE
-    return json.dumps({"kind": "meta", "rank": rank, "host": node, "node": node, "pid": 10000 + rank, "t": 1.7e9,
-                       "cpus": [local * 7 + c for c in range(7)], "world_size": world, "device": f"cuda:{local}",
-                       "backend": "nccl", "threads": 7, "workload": "gpt", "strategy": "ddp", "batch_size": 16,
-                       "accumulation": 1}, separators=(",", ":")) + "\n"
+    return (
+        json.dumps(
+            {
+                "kind": "meta",
+                "rank": rank,
+                "host": node,
+                "node": node,
+                "pid": 10000 + rank,
+                "t": 1.7e9,
+                "cpus": [local * 7 + c for c in range(7)],
+                "world_size": world,
+                "device": f"cuda:{local}",
+                "backend": "nccl",
+                "threads": 7,
+                "workload": "gpt",
+                "strategy": "ddp",
+                "batch_size": 16,
+                "accumulation": 1,
+            },
+            separators=(",", ":"),
+        )
+        + "\n"
+    )
 
 
 def _epoch_line(epoch: int) -> str:
-    return json.dumps({"kind": "epoch", "epoch": epoch, "t": 1.7e9 + epoch, "time_s": 100.0, "samples_per_s": 464.5,
-                       "train_loss": 1.2, "test_loss": 0.05, "accuracy": 1.0,
-                       "ddp": {"forward_s": 0.018, "backward_compute_s": 0.037, "comm_s": 0.027, "overlap_s": 0.026,
-                               "exposed_comm_s": 0.0013, "buckets": 2}}, separators=(",", ":")) + "\n"
+    return (
+        json.dumps(
+            {
+                "kind": "epoch",
+                "epoch": epoch,
+                "t": 1.7e9 + epoch,
+                "time_s": 100.0,
+                "samples_per_s": 464.5,
+                "train_loss": 1.2,
+                "test_loss": 0.05,
+                "accuracy": 1.0,
+                "ddp": {
+                    "forward_s": 0.018,
+                    "backward_compute_s": 0.037,
+                    "comm_s": 0.027,
+                    "overlap_s": 0.026,
+                    "exposed_comm_s": 0.0013,
+                    "buckets": 2,
+                },
+            },
+            separators=(",", ":"),
+        )
+        + "\n"
+    )
 
 
 def _sample_line(t: float, first: int, rng: random.Random) -> str:
-    procs = [{"pid": 10000 + first + i, "cpu_pct": round(90 + rng.random() * 10, 1), "rss": 3_800_000_000}
-             for i in range(RANKS_PER_NODE)]
-    gpus = [{"index": i, "rank": first + i, "util_pct": 95.0, "mem_used": 60_000_000_000, "power_w": 400.0}
-            for i in range(RANKS_PER_NODE)]
-    return json.dumps({"kind": "sample", "t": t, "cpu_pct": 93.1, "procs": procs, "rank_cpus": 56,
-                       "rank_cpus_busy_pct": 5300.0, "gpus": gpus}, separators=(",", ":")) + "\n"
+    procs = [
+        {"pid": 10000 + first + i, "cpu_pct": round(90 + rng.random() * 10, 1), "rss": 3_800_000_000}
+        for i in range(RANKS_PER_NODE)
+    ]
+    gpus = [
+        {"index": i, "rank": first + i, "util_pct": 95.0, "mem_used": 60_000_000_000, "power_w": 400.0}
+        for i in range(RANKS_PER_NODE)
+    ]
+    return (
+        json.dumps(
+            {
+                "kind": "sample",
+                "t": t,
+                "cpu_pct": 93.1,
+                "procs": procs,
+                "rank_cpus": 56,
+                "rank_cpus_busy_pct": 5300.0,
+                "gpus": gpus,
+            },
+            separators=(",", ":"),
+        )
+        + "\n"
+    )
 
 
 def node_of(rank: int) -> str:
@@ -87,8 +146,9 @@ def node_of(rank: int) -> str:
 
 
 def _error_json(text: str) -> str:
-    return json.dumps({"message": {"message": text.splitlines()[-1], "extraInfo": {"py_callstack": text,
-                                                                                   "timestamp": "1700000000"}}})
+    return json.dumps(
+        {"message": {"message": text.splitlines()[-1], "extraInfo": {"py_callstack": text, "timestamp": "1700000000"}}}
+    )
 
 
 PRIMARY_TB = """Traceback (most recent call last):
@@ -129,7 +189,8 @@ class Run:
             (self.metrics / f"rank-{rank}.jsonl").write_text("".join(lines))
         for n in range(self.nodes):
             (self.metrics / f"node-{node_of(n * RANKS_PER_NODE)}.jsonl").write_text(
-                "".join(_sample_line(t0 + 5 * i, n * RANKS_PER_NODE, rng) for i in range(samples)))
+                "".join(_sample_line(t0 + 5 * i, n * RANKS_PER_NODE, rng) for i in range(samples))
+            )
         (self.metrics / "events.jsonl").write_text("")
         self.log_lines = log_lines
         self.srun_job = self._srun_job()
@@ -137,8 +198,10 @@ class Run:
         self.sweep = self._sweep()
 
     def _rank_log(self, rank: int) -> str:
-        return "".join(f"step {i}: loss 0.{i % 997:04d} lr 3e-4 throughput 1234.5 samples/s on rank {rank}\n"
-                       for i in range(self.log_lines))
+        return "".join(
+            f"step {i}: loss 0.{i % 997:04d} lr 3e-4 throughput 1234.5 samples/s on rank {rank}\n"
+            for i in range(self.log_lines)
+        )
 
     def _failed_ranks(self) -> list[int]:
         """The root cause first, then every other rank (each died of the closed connection)."""
@@ -157,8 +220,11 @@ class Run:
             os.utime(path, ns=(int((t + k * 0.001) * 1e9),) * 2)
         batch = [f"trainscale: job 100 on nid[00001-{self.nodes:05d}], master nid00001:29500\n"]
         batch.append(f"srun: error: {node_of(self.first)}: task {self.first}: Exited with exit code 1\n")
-        batch += [f"srun: error: {node_of(r)}: task {r}: Exited with exit code 1\n"
-                  for r in range(self.ranks) if r != self.first]
+        batch += [
+            f"srun: error: {node_of(r)}: task {r}: Exited with exit code 1\n"
+            for r in range(self.ranks)
+            if r != self.first
+        ]
         (self.run_dir / "100.out").write_text("".join(batch))
         return job
 
@@ -184,28 +250,48 @@ class Run:
                 (d / "error.json").write_text(_error_json(tb))
                 k = self._failed_ranks().index(rank)
                 os.utime(d / "error.json", ns=(int((t + k * 0.001) * 1e9),) * 2)
-                failures.append(summary.RankFailure(rank=rank, local_rank=rank % RANKS_PER_NODE,
-                                                    host=node_of(rank), pid=10000 + rank, exitcode=1,
-                                                    timestamp=t + k * 0.001, traceback=tb, log_tail=""))
+                failures.append(
+                    summary.RankFailure(
+                        rank=rank,
+                        local_rank=rank % RANKS_PER_NODE,
+                        host=node_of(rank),
+                        pid=10000 + rank,
+                        exitcode=1,
+                        timestamp=t + k * 0.001,
+                        traceback=tb,
+                        log_tail="",
+                    )
+                )
             failures.sort(key=lambda f: (f.secondary, f.timestamp, f.rank))
             text = summary.render(failures, world_size=self.ranks, log_dir=attempt.parent)
             (job / f"node-{n}.out").write_text("".join(lines) + text + "\n")  # srun's %n: the node's index
-        (self.run_dir / "200.out").write_text(f"trainscale: job 200 on nid[00001-{self.nodes:05d}], master nid00001:29500,"
-                                              " restart 0\n")
+        (self.run_dir / "200.out").write_text(
+            f"trainscale: job 200 on nid[00001-{self.nodes:05d}], master nid00001:29500, restart 0\n"
+        )
         return job
 
     def _sweep(self) -> Path:
         sweep = self.root / "sweep"
         sweep.mkdir()
-        configs = [{"lr": f"{1e-3 / (1 + i % 7):.2e}", "batch_size": str(16 << (i % 4)), "seed": str(i)}
-                   for i in range(self.ranks)]
+        configs = [
+            {"lr": f"{1e-3 / (1 + i % 7):.2e}", "batch_size": str(16 << (i % 4)), "seed": str(i)}
+            for i in range(self.ranks)
+        ]
         (sweep / "sweep.json").write_text(json.dumps({"grid": {}, "configurations": configs, "jobs": ["300"]}))
         for i in range(self.ranks):
             task = sweep / f"task-{i}"
             task.mkdir()
             (task / ("finished" if i % 10 else "failed")).write_text("done\n")
-            epochs = [{"epoch": e, "train_loss": 1.0 / (e + i % 13 + 1), "test_loss": 1.1 / (e + i % 11 + 1),
-                       "accuracy": 0.9, "samples_per_s": 1000.0 + i} for e in range(1, 4)]
+            epochs = [
+                {
+                    "epoch": e,
+                    "train_loss": 1.0 / (e + i % 13 + 1),
+                    "test_loss": 1.1 / (e + i % 11 + 1),
+                    "accuracy": 0.9,
+                    "samples_per_s": 1000.0 + i,
+                }
+                for e in range(1, 4)
+            ]
             (task / "metrics.json").write_text(json.dumps({"steps": 300, "epochs": epochs}))
         return sweep
 
@@ -214,8 +300,7 @@ class Run:
         rng = random.Random(self.steps)
         for rank in range(self.ranks):
             with open(self.metrics / f"rank-{rank}.jsonl", "a") as fh:
-                fh.write("".join(_step_line(self.steps + i, 1.8e9 + i, rng, rank == 3)
-                                 for i in range(lines_per_rank)))
+                fh.write("".join(_step_line(self.steps + i, 1.8e9 + i, rng, rank == 3) for i in range(lines_per_rank)))
         self.steps += lines_per_rank
 
     def bytes(self) -> int:
@@ -247,7 +332,8 @@ def timed(fn: Callable[..., Any], repeats: int, setup: Callable[[], Any] | None 
 
 def measure(run: Run, repeats: int) -> dict[str, tuple[float, int]]:
     from trainscale.launch.slurm.jobdir import JobRecord, rank_log_text
-    from trainscale.launch.slurm.sweep import choose_metric, gather as sweep_gather, ranked, table, write_results
+    from trainscale.launch.slurm.sweep import choose_metric, ranked, table, write_results
+    from trainscale.launch.slurm.sweep import gather as sweep_gather
     from trainscale.launch.slurm.sweep import plot as sweep_plot
     from trainscale.launch.slurm.triage import find_failure
     from trainscale.report import gather, render_text, write_report
@@ -264,8 +350,17 @@ def measure(run: Run, repeats: int) -> dict[str, tuple[float, int]]:
 
     out["triage, srun mode"] = timed(lambda: triage(run.srun_job, "srun", srun_out), repeats)
     out["triage, torchrun mode"] = timed(lambda: triage(run.torchrun_job, "torchrun", ""), repeats)
-    record = JobRecord(job_id="200", name="sim", launcher="torchrun", profile="sim", script="", output_dir="",
-                       world_size=run.ranks, ranks_per_node=RANKS_PER_NODE, run_dir=str(run.run_dir))
+    record = JobRecord(
+        job_id="200",
+        name="sim",
+        launcher="torchrun",
+        profile="sim",
+        script="",
+        output_dir="",
+        world_size=run.ranks,
+        ranks_per_node=RANKS_PER_NODE,
+        run_dir=str(run.run_dir),
+    )
     out["jobs JOB --rank R, torchrun mode"] = timed(lambda: rank_log_text(record, run.first), repeats)
     out["report gather"] = timed(lambda: gather(str(run.run_dir)), repeats)
     g = gather(str(run.run_dir))
@@ -327,8 +422,9 @@ def store_ticks(run: Run, repeats: int) -> dict[str, tuple[float, int]]:
         for s in range(40):
             window.add(json.loads(_step_line(s, 0.0, rng, rank == 3)))
         publishers.append(Publisher(ranks, rank, window))
-    watch = StragglerWatch(run.run_dir, say=lambda text: None, store=client("127.0.0.1", server.port, timeout),
-                           world_size=run.ranks)
+    watch = StragglerWatch(
+        run.run_dir, say=lambda text: None, store=client("127.0.0.1", server.port, timeout), world_size=run.ranks
+    )
 
     last = [KEY.format(rank=run.ranks - 1)]
 
@@ -344,6 +440,7 @@ def store_ticks(run: Run, repeats: int) -> dict[str, tuple[float, int]]:
     def look() -> None:
         watch.found = None
         assert watch.check() is not None  # rank 3 is slow: named from the store
+
     out["straggler tick (store)"] = timed(look, repeats, setup=lambda: publish_all() or 0)
     return out
 
@@ -394,8 +491,11 @@ def main() -> None:
     sizes = [int(s) for s in a.sizes.split(",")]
     results: dict[int, dict[str, tuple[float, int]]] = {}
     data: dict[int, int] = {}
-    print(f"rank_costs: {a.steps} steps/rank, {a.samples} samples/node, {a.log_lines} log lines/rank, "
-          f"{RANKS_PER_NODE} ranks/node, median of {a.repeats}; {load()}", flush=True)
+    print(
+        f"rank_costs: {a.steps} steps/rank, {a.samples} samples/node, {a.log_lines} log lines/rank, "
+        f"{RANKS_PER_NODE} ranks/node, median of {a.repeats}; {load()}",
+        flush=True,
+    )
     warm = Path(tempfile.mkdtemp(prefix="ts-rank-costs-warm-"))
     measure(Run(warm, 8, steps=100, samples=10, log_lines=10), 1)  # imports and caches: not the cost of a size
     shutil.rmtree(warm, ignore_errors=True)
@@ -404,8 +504,9 @@ def main() -> None:
         t0 = time.perf_counter()
         run = Run(root, n, steps=a.steps, samples=a.samples, log_lines=a.log_lines)
         data[n] = run.bytes()
-        print(f"  {n} ranks: generated {data[n] / 2**20:.0f} MiB in {time.perf_counter() - t0:.0f}s ({root})",
-              flush=True)
+        print(
+            f"  {n} ranks: generated {data[n] / 2**20:.0f} MiB in {time.perf_counter() - t0:.0f}s ({root})", flush=True
+        )
         results[n] = measure(run, a.repeats)
         for name, (s, b) in results[n].items():
             print(f"    {name:<38} {s * 1e3:9.1f} ms  {b / 2**20:8.1f} MiB read", flush=True)
@@ -424,11 +525,16 @@ def print_table(sizes: list[int], results: dict[int, dict[str, tuple[float, int]
         t = results[hi][name][0] / max(results[lo][name][0], 1e-9)
         b = results[hi][name][1] / max(results[lo][name][1], 1)
         print(f"| {name} | " + " | ".join(cells) + f" | {t:.0f}x | {b:.0f}x |")
-    print("| (run directory) | " + " | ".join(f"{data[n] / 2**20:.0f} MiB" for n in sizes)
-          + f" | | {data[hi] / data[lo]:.0f}x |")
+    print(
+        "| (run directory) | "
+        + " | ".join(f"{data[n] / 2**20:.0f} MiB" for n in sizes)
+        + f" | | {data[hi] / data[lo]:.0f}x |"
+    )
     tick = results[hi]["straggler tick (store)"][0]
-    print(f"\nstraggler tick at {hi} ranks: {tick * 1e3:.1f} ms = {tick / 10:.2%} of its 10 s period "
-          f"(goal < 1%: {'met' if tick < TICK_BUDGET_S else 'missed'}); {load()}")
+    print(
+        f"\nstraggler tick at {hi} ranks: {tick * 1e3:.1f} ms = {tick / 10:.2%} of its 10 s period "
+        f"(goal < 1%: {'met' if tick < TICK_BUDGET_S else 'missed'}); {load()}"
+    )
 
 
 if __name__ == "__main__":

@@ -64,7 +64,9 @@ def models():
     return {
         "seed CNN, batch 16": (CNN(), lambda m: nn.functional.nll_loss(m(cnn_x), cnn_y)),
         "transformer LM (6 layers, d 128, 8x64 tokens)": (
-            LM(), lambda m: nn.functional.cross_entropy(m(lm_x).flatten(0, 1), lm_x.flatten())),
+            LM(),
+            lambda m: nn.functional.cross_entropy(m(lm_x).flatten(0, 1), lm_x.flatten()),
+        ),
     }
 
 
@@ -78,7 +80,7 @@ def in_process(blocks: int, steps: int) -> None:
     for name, (model, loss_of) in models().items():
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
-        def block() -> float:
+        def block(opt=opt, model=model, loss_of=loss_of) -> float:
             began = time.perf_counter()
             for _ in range(steps):
                 opt.zero_grad()
@@ -90,8 +92,9 @@ def in_process(blocks: int, steps: int) -> None:
         times: dict[str, list[float]] = {"on": [], "off": []}
         for k in range(blocks):
             for mode in ("on", "off") if k % 2 == 0 else ("off", "on"):
-                recorder = hooks.Recorder(run_dir / name.split()[0] / mode, environ={}).install() if mode == "on" \
-                    else None
+                recorder = (
+                    hooks.Recorder(run_dir / name.split()[0] / mode, environ={}).install() if mode == "on" else None
+                )
                 if recorder is not None:
                     recorder.flops_per_step = 0  # counted once per run, not per block: timed on its own below
                 times[mode].append(block())
@@ -100,17 +103,23 @@ def in_process(blocks: int, steps: int) -> None:
         from trainscale.observe.flops import plain_step_flops
 
         began = time.perf_counter()
-        counted = plain_step_flops(model, lambda m: loss_of(m))
+        counted = plain_step_flops(model, loss_of)
         flops_s = time.perf_counter() - began
         on, off = statistics.median(times["on"]), statistics.median(times["off"])
         best = min(times["on"]) / min(times["off"])
-        print(f"{name}: {on * 1e3:.3f} ms/step observed vs {off * 1e3:.3f} ms/step not "
-              f"(median of {blocks} blocks of {steps} steps each, interleaved): ratio {on / off:.4f} "
-              f"(fastest blocks: {best:.4f}); once per run: counting a step's FLOPs ({counted / 1e9:.2f} GFLOP) took "
-              f"{flops_s * 1e3:.0f} ms, left out of every step record", flush=True)
+        print(
+            f"{name}: {on * 1e3:.3f} ms/step observed vs {off * 1e3:.3f} ms/step not "
+            f"(median of {blocks} blocks of {steps} steps each, interleaved): ratio {on / off:.4f} "
+            f"(fastest blocks: {best:.4f}); once per run: counting a step's FLOPs ({counted / 1e9:.2f} GFLOP) took "
+            f"{flops_s * 1e3:.0f} ms, left out of every step record",
+            flush=True,
+        )
         direct = hooks_cost(model_calls(model, loss_of))
-        print(f"  the hooks' own work: {direct * 1e6:.0f} us per step = {direct / off:.2%} of this step: "
-              f"{verdict(1 + direct / off, 1.01, higher_is_better=False)}", flush=True)
+        print(
+            f"  the hooks' own work: {direct * 1e6:.0f} us per step = {direct / off:.2%} of this step: "
+            f"{verdict(1 + direct / off, 1.01, higher_is_better=False)}",
+            flush=True,
+        )
     beat_s = heartbeat_cost(run_dir)
     print(f"heartbeat: {beat_s * 1e6:.0f} us of work per beat every 0.5 s = {beat_s / 0.5:.3%} of one core")
 
@@ -184,7 +193,7 @@ def heartbeat_cost(run_dir: Path, beats: int = 400) -> float:
     return statistics.median(costs)
 
 
-SCRIPT = textwrap.dedent('''
+SCRIPT = textwrap.dedent("""
     import json, os, sys, time
     import torch, torch.distributed as dist
     import torch.nn.functional as F
@@ -212,7 +221,7 @@ SCRIPT = textwrap.dedent('''
     if dist.get_rank() == 0:
         json.dump({"step_s": min(times[1:] or times)}, open(sys.argv[1], "w"))
     dist.destroy_process_group()
-''')
+""")
 
 
 def end_to_end(repeats: int, epochs: int) -> None:
@@ -224,12 +233,29 @@ def end_to_end(repeats: int, epochs: int) -> None:
         for mode in ("on", "off") if k % 2 == 0 else ("off", "on"):
             switches = {} if mode == "on" else {"TRAINSCALE_RECORD": "0", "TRAINSCALE_HANG_NOTICE": "0"}
             out = tmp / f"{mode}-{k}.json"
-            run([PYTHON, "-m", "trainscale", "run", "--nproc-per-node", "2", "--log-dir", str(tmp / "runs"),
-                 str(script), str(out), str(epochs)], env=clean_env(**switches), cwd=tmp)
+            run(
+                [
+                    PYTHON,
+                    "-m",
+                    "trainscale",
+                    "run",
+                    "--nproc-per-node",
+                    "2",
+                    "--log-dir",
+                    str(tmp / "runs"),
+                    str(script),
+                    str(out),
+                    str(epochs),
+                ],
+                env=clean_env(**switches),
+                cwd=tmp,
+            )
             times[mode].append(read_json(out)["step_s"])
     on, off = median(times["on"]), median(times["off"])
-    print(f"end to end, 2 ranks, seed CNN batch 16 (best epoch of {epochs}, median of {repeats}): "
-          f"{on * 1e3:.2f} ms/step observed vs {off * 1e3:.2f} not: ratio {on / off:.3f} ({load()})")
+    print(
+        f"end to end, 2 ranks, seed CNN batch 16 (best epoch of {epochs}, median of {repeats}): "
+        f"{on * 1e3:.2f} ms/step observed vs {off * 1e3:.2f} not: ratio {on / off:.3f} ({load()})"
+    )
 
 
 def main() -> None:

@@ -76,8 +76,11 @@ def main() -> None:
         with torch.no_grad():
             for x, y in test_loader:
                 correct += int((model(x).argmax(1) == y).sum())
-        print(f"Epoch {epoch + 1}: loss {loss.item():.4f}, accuracy {correct / len(test_loader.dataset):.2%}, "
-              f"{time.perf_counter() - t0:.2f}s", flush=True)
+        print(
+            f"Epoch {epoch + 1}: loss {loss.item():.4f}, accuracy {correct / len(test_loader.dataset):.2%}, "
+            f"{time.perf_counter() - t0:.2f}s",
+            flush=True,
+        )
     with open(a.out, "w") as fh:
         json.dump({"steps": steps, "train_time_s": total_s, "data_s": data_s}, fh)
 

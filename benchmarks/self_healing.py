@@ -7,7 +7,8 @@ plain user script (DistributedLoader, rt.resume, rt.checkpoint every 3 steps, on
 sample ids of each step) with ``--nodes 2-3`` (continue on fewer), ``-N 2 --spare-nodes 1`` (continue on the
 spare) or ``--nodes 1-2`` losing its batch host (``--watch`` requeues the job without it), under ddp or fsdp in turn,
 and at a random step of the epoch kills a node the job runs on: its step daemons, slurmd and ranks die and
-SLURM marks it down (SlurmCluster.lose_node). Per trial and in total it prints: recovered (the job completed by itself, the node
+SLURM marks it down (SlurmCluster.lose_node). Per trial and in total it prints: recovered (the job completed by itself,
+the node
 named in its output), seconds from the loss to the first step trained again, steps lost (trained after the
 newest checkpoint, so trained again), and the exactly-once check: the ids the epoch committed (the first
 attempt's steps up to the checkpoint resumed from, then every step after) hold no sample twice and leave out
@@ -36,7 +37,7 @@ from helpers.slurm_cluster import cluster_session  # noqa: E402
 
 N, BATCH, EVERY = 1440, 8, 3
 
-SCRIPT = '''
+SCRIPT = """
 import os, time
 import torch
 from torch import nn
@@ -55,7 +56,8 @@ with trainscale.init(seed=0) as rt:
     loader = DistributedLoader.for_runtime(Ids(), rt, batch_size=%(batch)d)
     step = rt.resume(model, optimizer, loader=loader)
     log = open(os.path.join(os.environ["TRAINSCALE_RUN_DIR"],
-                            f"ids-{os.environ.get('SLURM_RESTART_COUNT', '0')}.{os.environ['SLURM_STEP_ID']}-{rt.rank}.txt"), "a")
+                            f"ids-{os.environ.get('SLURM_RESTART_COUNT', '0')}.\
+{os.environ['SLURM_STEP_ID']}-{rt.rank}.txt"), "a")
     while loader.state_dict()["epoch"] < 1:
         for x, ids in loader:
             model(x).pow(2).mean().backward()
@@ -66,12 +68,12 @@ with trainscale.init(seed=0) as rt:
             log.write(f"{step} {time.time():.3f} " + " ".join(map(str, ids.tolist())) + "\\n")
             log.flush()
             rt.checkpoint(step, model, optimizer, every=%(every)d, loader=loader)
-''' % {"n": N, "batch": BATCH, "every": EVERY}
+""" % {"n": N, "batch": BATCH, "every": EVERY}
 
 
 def attempts(run_dir: Path) -> list[str]:
     """The training attempts, in order: ``RESTART.STEP`` (a requeue restarts SLURM's step ids)."""
-    keys = {p.name[len("ids-"):].rsplit("-", 1)[0] for p in run_dir.glob("ids-*-*.txt")}
+    keys = {p.name[len("ids-") :].rsplit("-", 1)[0] for p in run_dir.glob("ids-*-*.txt")}
     return sorted(keys, key=lambda k: tuple(int(x) for x in k.split(".")))
 
 
@@ -94,13 +96,34 @@ def trial(cluster, root: Path, index: int, strategy: str, mode: str, rng: random
     work = root / f"trial-{index}"
     work.mkdir()
     (work / "train.py").write_text(SCRIPT)
-    argv = [sys.executable, "-m", "trainscale", "slurm", "--profile", "local-test", "-t", "00:10:00", "--launcher",
-            "srun", "-c", "1", "--python", sys.executable, *SHAPES[mode], "--env", f"STRATEGY={strategy}",
-            "--output-dir", str(work / "jobs"), "--submit", "train.py"]
+    argv = [
+        sys.executable,
+        "-m",
+        "trainscale",
+        "slurm",
+        "--profile",
+        "local-test",
+        "-t",
+        "00:10:00",
+        "--launcher",
+        "srun",
+        "-c",
+        "1",
+        "--python",
+        sys.executable,
+        *SHAPES[mode],
+        "--env",
+        f"STRATEGY={strategy}",
+        "--output-dir",
+        str(work / "jobs"),
+        "--submit",
+        "train.py",
+    ]
     if mode == "host":  # SLURM keeps a --no-kill job whose batch host is lost: --watch requeues it
         argv[-1:-1] = ["--watch", "--poll", "0.5"]
-    watching = subprocess.Popen(argv, cwd=work, env={**os.environ, **cluster.env}, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+    watching = subprocess.Popen(
+        argv, cwd=work, env={**os.environ, **cluster.env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     seen = ""
     while not (m := re.search(r"job (\d+) .*run directory (\S+)", seen)):
         line = watching.stderr.readline()
@@ -130,17 +153,27 @@ def trial(cluster, root: Path, index: int, strategy: str, mode: str, rng: random
     from_step = int(resumed.group(1)) if resumed else 0
     trained_before = max((rows[-1][0] for rows in first.values() if rows), default=0)
     again = min((rows[0][1] for rows in second.values() if rows), default=None)
-    committed = collections.Counter(i for rows in first.values() for step, _, ids in rows if step <= from_step
-                                    for i in ids)
+    committed = collections.Counter(
+        i for rows in first.values() for step, _, ids in rows if step <= from_step for i in ids
+    )
     committed.update(i for rows in second.values() for _, _, ids in rows for i in ids)
     last_world = len(second) or ranks
     twice = sum(c - 1 for c in committed.values() if c > 1)
     missing = N - len(committed)
-    return {"strategy": strategy, "mode": mode, "job": job, "state": state, "node": victim, "at": at,
-            "recovered": state == "COMPLETED" and f"node(s) {victim} lost" in batch,
-            "seconds": (again - lost_at) if again else None, "steps_lost": trained_before - from_step,
-            "twice": twice, "missing": missing,
-            "once": twice == 0 and missing < last_world * BATCH + last_world}
+    return {
+        "strategy": strategy,
+        "mode": mode,
+        "job": job,
+        "state": state,
+        "node": victim,
+        "at": at,
+        "recovered": state == "COMPLETED" and f"node(s) {victim} lost" in batch,
+        "seconds": (again - lost_at) if again else None,
+        "steps_lost": trained_before - from_step,
+        "twice": twice,
+        "missing": missing,
+        "once": twice == 0 and missing < last_world * BATCH + last_world,
+    }
 
 
 def main() -> None:
@@ -156,18 +189,24 @@ def main() -> None:
             strategy, mode = configs[i % len(configs)]
             r = trial(cluster, Path(tmp), i, strategy, mode, rng)
             results.append(r)
-            print(f"trial {i + 1}: {strategy:4} {mode:5} node {r['node']} lost at step "
-                  f"{r['at']:3}: {'recovered' if r['recovered'] else 'NOT recovered (' + r['state'] + ')'}, "
-                  f"training again after {r['seconds']:.1f} s, {r['steps_lost']} step(s) lost, "
-                  f"{r['twice']} sample(s) twice, {r['missing']} left out: "
-                  f"{'exactly once' if r['once'] else 'NOT exactly once'}" if r["seconds"] is not None else
-                  f"trial {i + 1}: {strategy} {mode}: no second attempt ({r['state']})", flush=True)
+            print(
+                f"trial {i + 1}: {strategy:4} {mode:5} node {r['node']} lost at step "
+                f"{r['at']:3}: {'recovered' if r['recovered'] else 'NOT recovered (' + r['state'] + ')'}, "
+                f"training again after {r['seconds']:.1f} s, {r['steps_lost']} step(s) lost, "
+                f"{r['twice']} sample(s) twice, {r['missing']} left out: "
+                f"{'exactly once' if r['once'] else 'NOT exactly once'}"
+                if r["seconds"] is not None
+                else f"trial {i + 1}: {strategy} {mode}: no second attempt ({r['state']})",
+                flush=True,
+            )
     times = [r["seconds"] for r in results if r["seconds"] is not None]
-    print(f"\ntrials {len(results)}, recovered {sum(r['recovered'] for r in results)}, exactly once "
-          f"{sum(r['once'] for r in results)}; from the loss to training again: median "
-          f"{statistics.median(times):.1f} s, worst {max(times):.1f} s; steps lost: median "
-          f"{statistics.median(r['steps_lost'] for r in results)}, worst {max(r['steps_lost'] for r in results)} "
-          f"(checkpoints every {EVERY} steps)")
+    print(
+        f"\ntrials {len(results)}, recovered {sum(r['recovered'] for r in results)}, exactly once "
+        f"{sum(r['once'] for r in results)}; from the loss to training again: median "
+        f"{statistics.median(times):.1f} s, worst {max(times):.1f} s; steps lost: median "
+        f"{statistics.median(r['steps_lost'] for r in results)}, worst {max(r['steps_lost'] for r in results)} "
+        f"(checkpoints every {EVERY} steps)"
+    )
 
 
 if __name__ == "__main__":

@@ -35,14 +35,40 @@ CASES = {
 
 def measure(tmp: Path, name: str, args: list[str], a: argparse.Namespace) -> dict:
     metrics, logs = tmp / f"{name}.json", tmp / "logs" / name
-    run([PYTHON, "-m", "trainscale", "run", "--nproc-per-node", str(a.nproc), "--log-dir", str(logs),
-         "--workload", "cnn", "--epochs", str(a.epochs), "--batch-size", str(a.batch_size), "--log-every", "0",
-         "--metrics-out", str(metrics), *args], env=clean_env(), cwd=tmp, timeout=900)
+    run(
+        [
+            PYTHON,
+            "-m",
+            "trainscale",
+            "run",
+            "--nproc-per-node",
+            str(a.nproc),
+            "--log-dir",
+            str(logs),
+            "--workload",
+            "cnn",
+            "--epochs",
+            str(a.epochs),
+            "--batch-size",
+            str(a.batch_size),
+            "--log-every",
+            "0",
+            "--metrics-out",
+            str(metrics),
+            *args,
+        ],
+        env=clean_env(),
+        cwd=tmp,
+        timeout=900,
+    )
     epochs = read_json(metrics)["epochs"]  # the loop's epoch wall times: what the first one's compilation costs
     timing = recorded(logs)  # the steady step and its sections, from the step records
     per_step = timing["steady"]["step_time_s"]
-    out = {"rate": a.nproc * a.batch_size / per_step, "step": per_step,
-           "first": epochs[0]["time_s"] - epochs[-1]["time_s"]}
+    out = {
+        "rate": a.nproc * a.batch_size / per_step,
+        "step": per_step,
+        "first": epochs[0]["time_s"] - epochs[-1]["time_s"],
+    }
     for key in ("communication", "optimizer"):
         out[key] = timing["breakdown"][key]
     return out
@@ -70,10 +96,11 @@ def main() -> None:
     print(f"\n{'case':<24} {'samples/s':>10} {'x ddp':>7} {'exposed comm':>13} {'optimizer':>10} {'1st epoch +s':>13}")
     for name, ms in seen.items():
         rate = median([m["rate"] for m in ms])
-        print(f"{name:<24} {rate:>10.0f} {rate / base:>7.2f} {median([m['communication'] for m in ms]) * 1e3:>10.1f} ms"
-              f" {median([m['optimizer'] for m in ms]) * 1e3:>7.1f} ms {median([m['first'] for m in ms]):>12.2f}")
-    print(f"(steady steps timed, median of {a.repeats}, {a.nproc} ranks, batch {a.batch_size} per rank); "
-          f"{load()}")
+        print(
+            f"{name:<24} {rate:>10.0f} {rate / base:>7.2f} {median([m['communication'] for m in ms]) * 1e3:>10.1f} ms"
+            f" {median([m['optimizer'] for m in ms]) * 1e3:>7.1f} ms {median([m['first'] for m in ms]):>12.2f}"
+        )
+    print(f"(steady steps timed, median of {a.repeats}, {a.nproc} ranks, batch {a.batch_size} per rank); {load()}")
 
 
 if __name__ == "__main__":

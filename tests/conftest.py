@@ -22,8 +22,13 @@ pytest_plugins = ("helpers.slurm_cluster",)  # the 2-node SLURM test cluster, fo
 from helpers.slurm_cluster import SESSION_ENV  # noqa: E402  (variables the session's cluster sets)
 
 # Variables a test may legitimately leave changed (set by libraries at import time).
-_IGNORED = {"KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK", "PYTEST_CURRENT_TEST", "TORCHELASTIC_SIGNALS_TO_HANDLE",
-            "TORCHINDUCTOR_CACHE_DIR"}  # torch.utils.flop_counter's import of inductor sets it
+_IGNORED = {
+    "KMP_DUPLICATE_LIB_OK",
+    "KMP_INIT_AT_FORK",
+    "PYTEST_CURRENT_TEST",
+    "TORCHELASTIC_SIGNALS_TO_HANDLE",
+    "TORCHINDUCTOR_CACHE_DIR",
+}  # torch.utils.flop_counter's import of inductor sets it
 
 
 def _restored(what: str):
@@ -98,6 +103,7 @@ def pytest_collection_modifyitems(config, items):
     with SLURM or slow tests, then the rest. make test spreads whole files over processes in this order
     (--dist loadfile --no-loadscope-reorder; by default xdist puts files with the most tests first), so the
     longest starts at once instead of ending the run alone."""
+
     def weight(item) -> int:
         if item.path.name == "test_readme.py":
             return 0

@@ -11,7 +11,7 @@ import json
 import os
 import time
 import traceback
-from typing import Mapping
+from collections.abc import Mapping
 
 
 class TrainscaleError(Exception):
@@ -35,9 +35,12 @@ class MissingOption(ConfigError):
 
     def __init__(self, section: str, option: str, *, hint: str | None = None) -> None:
         self.section, self.option = section, option
-        super().__init__(f"{section} option {option!r} is missing",
-                         hint=hint or f"give it on the command line, as TRAINSCALE_{section.upper()}_{option.upper()} "
-                                      f"or in the [{section}] table of --config")
+        super().__init__(
+            f"{section} option {option!r} is missing",
+            hint=hint
+            or f"give it on the command line, as TRAINSCALE_{section.upper()}_{option.upper()} "
+            f"or in the [{section}] table of --config",
+        )
 
 
 class LaunchError(TrainscaleError):
@@ -82,8 +85,12 @@ HUNG_EXIT = 124
 ``timeout(1)``'s): docs/errors.md, docs/reliability.md "Hangs"."""
 PEER_CLOSED = ("Connection closed by peer", "Connection reset by peer")
 """How gloo reports that another rank's end closed the connection: that rank timed out, or died."""
-PEER_GONE = (*PEER_CLOSED, "remote worker crashing", "Broken pipe",
-             "got 0 bytes")  # c10d's store: "Failed to recv, got 0 bytes" when the rank hosting it is gone
+PEER_GONE = (
+    *PEER_CLOSED,
+    "remote worker crashing",
+    "Broken pipe",
+    "got 0 bytes",
+)  # c10d's store: "Failed to recv, got 0 bytes" when the rank hosting it is gone
 """Every report of a rank that only lost a peer: never a run's root cause (launch/summary.py)."""
 
 
@@ -123,8 +130,10 @@ def record_error(exc: BaseException, environ: Mapping[str, str] = os.environ, *,
     with contextlib.suppress(OSError):
         if not replace and os.path.getmtime(path) >= _STARTED - 1 and not (_RECORDED and _RECORDED[0] is exc):
             return
-    extra = {"py_callstack": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-             "timestamp": str(int(time.time()))}
+    extra = {
+        "py_callstack": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        "timestamp": str(int(time.time())),
+    }
     if is_refusal(exc):
         extra["trainscale_error"] = one_line(exc)
     data = {"message": {"message": f"{type(exc).__name__}: {exc}", "extraInfo": extra}}

@@ -31,11 +31,14 @@ class Finding:
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
-            raise ConfigError(f"finding level {self.level!r} is not one of {', '.join(LEVELS)}",
-                              hint="use ok, warning or error")
+            raise ConfigError(
+                f"finding level {self.level!r} is not one of {', '.join(LEVELS)}", hint="use ok, warning or error"
+            )
         if self.level in ("warning", "error") and not self.hint:
-            raise ConfigError(f"{self.level} finding {self.check or self.message!r} has no hint",
-                              hint="every warning and error says what to do about it")
+            raise ConfigError(
+                f"{self.level} finding {self.check or self.message!r} has no hint",
+                hint="every warning and error says what to do about it",
+            )
 
     def __str__(self) -> str:
         return f"{self.level}: {self.message}\n  hint: {self.hint}"

@@ -35,14 +35,25 @@ def env_for(tmp_path: Path) -> dict[str, str]:
     # venv's ninja as in README's activated venv (the system's ninja keeps another build log and rebuilds it)
     from trainscale.strategies.deepspeed import extensions_dir
 
-    return {**os.environ, "TRAINSCALE_STATE_DIR": str(tmp_path / "state"), "TORCH_EXTENSIONS_DIR": extensions_dir(),
-            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    return {
+        **os.environ,
+        "TRAINSCALE_STATE_DIR": str(tmp_path / "state"),
+        "TORCH_EXTENSIONS_DIR": extensions_dir(),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
 
 
-def trainscale(tmp_path: Path, *argv: str, env: dict[str, str] | None = None,
-               timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trainscale", *argv], env=env or env_for(tmp_path), cwd=tmp_path,
-                          capture_output=True, text=True, timeout=timeout)
+def trainscale(
+    tmp_path: Path, *argv: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "trainscale", *argv],
+        env=env or env_for(tmp_path),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def results(out: Path, world: int) -> list[dict]:
@@ -80,8 +91,16 @@ def style_args(style: str, tmp_path: Path, out: Path) -> list[str]:
     if style == "HF Trainer":
         return [str(SCRIPTS / "hf_trainer.py"), "--output-path", str(tmp_path / "hf"), "--out", str(out)]
     if style == "DeepSpeed":
-        return [str(SCRIPTS / "deepspeed_train.py"), "--data", str(tmp_path / "data"), "--out", str(out),
-                "--deepspeed", "--deepspeed_config", str(DS_CONFIG)]
+        return [
+            str(SCRIPTS / "deepspeed_train.py"),
+            "--data",
+            str(tmp_path / "data"),
+            "--out",
+            str(out),
+            "--deepspeed",
+            "--deepspeed_config",
+            str(DS_CONFIG),
+        ]
     if style == "elastic @record":
         return [str(SCRIPTS / "elastic_record.py"), "--out", str(out)]
     raise AssertionError(style)
@@ -102,8 +121,21 @@ def test_seed_003_line_torchrun_env_ddp(tmp_path):
     #     --redirects 3 --log-dir ../logs train_llm.py ...      (2 CPU ranks here for `gpu`)
     out = tmp_path / "out"
     env = {**env_for(tmp_path), "TORCHELASTIC_ERROR_FILE": str(tmp_path / "error.json"), "OMP_NUM_THREADS": "1"}
-    done = trainscale(tmp_path, "run", "--standalone", "--nnodes", "1", "--nproc-per-node", "2", "--redirects", "3",
-                      "--log-dir", str(tmp_path / "logs"), *style_args("torchrun-env DDP", tmp_path, out), env=env)
+    done = trainscale(
+        tmp_path,
+        "run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "--redirects",
+        "3",
+        "--log-dir",
+        str(tmp_path / "logs"),
+        *style_args("torchrun-env DDP", tmp_path, out),
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
     check_world(results(out, 2), 2, 2)
     assert "rank=0 world size=2" not in done.stdout  # --redirects 3: the ranks' output goes to files only
@@ -116,9 +148,21 @@ def test_seed_002_line_srun_env_ddp_with_static_rendezvous(tmp_path):
     # torchrun --nproc_per_node 8 --nnodes $SLURM_NNODES --node_rank $SLURM_PROCID --master_addr $MASTER_ADDR
     #          --master_port $MASTER_PORT ...   : with a SLURM-style script that reads SLURM_PROCID/NODE_RANK itself
     out = tmp_path / "out"
-    done = trainscale(tmp_path, "run", "--nproc_per_node", "2", "--nnodes", "1", "--node_rank", "0",
-                      "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-                      *style_args("srun-env DDP", tmp_path, out))
+    done = trainscale(
+        tmp_path,
+        "run",
+        "--nproc_per_node",
+        "2",
+        "--nnodes",
+        "1",
+        "--node_rank",
+        "0",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        *style_args("srun-env DDP", tmp_path, out),
+    )
     assert done.returncode == 0, done.stderr
     check_world(results(out, 2), 2, 2)
     assert "Rank 0 on Node 0: Initializing process group." in done.stdout
@@ -127,8 +171,9 @@ def test_seed_002_line_srun_env_ddp_with_static_rendezvous(tmp_path):
 @pytest.mark.skipif(not HAVE_HF, reason="transformers missing")
 def test_seed_000_hf_trainer(tmp_path):
     out = tmp_path / "out"
-    done = trainscale(tmp_path, "run", "--standalone", "--nnodes=1", "--nproc_per_node=2",
-                      *style_args("HF Trainer", tmp_path, out))
+    done = trainscale(
+        tmp_path, "run", "--standalone", "--nnodes=1", "--nproc_per_node=2", *style_args("HF Trainer", tmp_path, out)
+    )
     assert done.returncode == 0, done.stderr
     found = results(out, 2)
     check_world(found, 2, 2)
@@ -139,19 +184,47 @@ def test_seed_000_hf_trainer(tmp_path):
 @pytest.mark.skipif(not HAVE_DS, reason="deepspeed missing")
 def test_seed_002_deepspeed_with_its_own_config(tmp_path):
     out = tmp_path / "out"
-    done = trainscale(tmp_path, "run", "--nproc_per_node", "2", "--nnodes", "1", "--node_rank", "0",
-                      "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-                      *style_args("DeepSpeed", tmp_path, out))
+    done = trainscale(
+        tmp_path,
+        "run",
+        "--nproc_per_node",
+        "2",
+        "--nnodes",
+        "1",
+        "--node_rank",
+        "0",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        *style_args("DeepSpeed", tmp_path, out),
+    )
     assert done.returncode == 0, done.stderr
     found = results(out, 2)
     check_world(found, 2, 2)
     assert all(r["micro_batch"] == 8 and r["steps"] == 4 for r in found)
     # The same config with a batch size the world cannot hold is refused before any process starts.
     bad = tmp_path / "ds_bad.json"
-    bad.write_text(DS_CONFIG.read_text().replace('"gradient_accumulation_steps": 1,',
-                                                 '"gradient_accumulation_steps": 1, "train_batch_size": 24,'))
-    refused = trainscale(tmp_path, "run", "--nproc-per-node", "2", str(SCRIPTS / "deepspeed_train.py"), "--data", "d",
-                         "--out", "o", "--deepspeed", "--deepspeed_config", str(bad), timeout=60)
+    bad.write_text(
+        DS_CONFIG.read_text().replace(
+            '"gradient_accumulation_steps": 1,', '"gradient_accumulation_steps": 1, "train_batch_size": 24,'
+        )
+    )
+    refused = trainscale(
+        tmp_path,
+        "run",
+        "--nproc-per-node",
+        "2",
+        str(SCRIPTS / "deepspeed_train.py"),
+        "--data",
+        "d",
+        "--out",
+        "o",
+        "--deepspeed",
+        "--deepspeed_config",
+        str(bad),
+        timeout=60,
+    )
     assert refused.returncode == 2 and "train_batch_size=24" in refused.stderr and "world size 2 = 16" in refused.stderr
     assert not (tmp_path / "o").exists()
 
@@ -161,15 +234,38 @@ def test_elastic_record_restarts_and_error_file(tmp_path):
     # the first attempt, the group restarts and finishes; without restarts the error file holds rank 1's traceback.
     env = {**env_for(tmp_path), "TORCHELASTIC_ERROR_FILE": str(tmp_path / "error.json")}
     out = tmp_path / "out"
-    done = trainscale(tmp_path, "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
-                      *style_args("elastic @record", tmp_path, out), "--fail-rank", "1", "--fail-attempts", "1", env=env)
+    done = trainscale(
+        tmp_path,
+        "run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        *style_args("elastic @record", tmp_path, out),
+        "--fail-rank",
+        "1",
+        "--fail-attempts",
+        "1",
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
     found = results(out, 2)
     check_world(found, 2, 2)
     assert all(r["attempt"] == 1 and r["total"] == 3.0 for r in found)
-    failed = trainscale(tmp_path, "run", "--standalone", "--nproc-per-node", "2",
-                        *style_args("elastic @record", tmp_path, tmp_path / "out2"), "--fail-rank", "1",
-                        "--fail-attempts", "1", env=env)
+    failed = trainscale(
+        tmp_path,
+        "run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        *style_args("elastic @record", tmp_path, tmp_path / "out2"),
+        "--fail-rank",
+        "1",
+        "--fail-attempts",
+        "1",
+        env=env,
+    )
     assert failed.returncode == 1 and "first failing rank: 1" in failed.stderr
     error = json.loads((tmp_path / "error.json").read_text())["message"]
     assert error["message"] == "RuntimeError: deliberate failure on rank 1 in attempt 0"
@@ -201,8 +297,16 @@ def test_recording_and_the_hang_watch_leave_training_bitwise_the_same(tmp_path):
     sums = {}
     for label, knobs in (("observed", {}), ("off", {"TRAINSCALE_RECORD": "0", "TRAINSCALE_HANG_NOTICE": "0"})):
         out = tmp_path / label
-        done = trainscale(tmp_path, "run", "--nproc-per-node", "2", "--log-dir", str(tmp_path / label / "runs"),
-                          str(PLAIN), env=plain_env(tmp_path, out, STEPS="30", **knobs))
+        done = trainscale(
+            tmp_path,
+            "run",
+            "--nproc-per-node",
+            "2",
+            "--log-dir",
+            str(tmp_path / label / "runs"),
+            str(PLAIN),
+            env=plain_env(tmp_path, out, STEPS="30", **knobs),
+        )
         assert done.returncode == 0, done.stderr
         sums[label] = {r["checksum"] for r in results(out, 2)}
         metrics = list((tmp_path / label / "runs").glob("ddp_plain-*/metrics/rank-*.jsonl"))
@@ -214,9 +318,16 @@ def test_a_plain_script_gets_step_records_a_full_report_and_its_straggler_named_
     """Seed 004's kind of script, rank 1's data loading 15 ms slower per batch: the live watch names it with its
     cause, and `trainscale report` gives every rank's steps, phases and the straggler."""
     out = tmp_path / "out"
-    done = trainscale(tmp_path, "run", "--nproc-per-node", "2", "--log-dir", str(tmp_path / "runs"), str(PLAIN),
-                      env=plain_env(tmp_path, out, STEPS="240", SLOW_RANK="1", SLOW_MS="15",
-                                    TRAINSCALE_STRAGGLER_EVERY="1"))
+    done = trainscale(
+        tmp_path,
+        "run",
+        "--nproc-per-node",
+        "2",
+        "--log-dir",
+        str(tmp_path / "runs"),
+        str(PLAIN),
+        env=plain_env(tmp_path, out, STEPS="240", SLOW_RANK="1", SLOW_MS="15", TRAINSCALE_STRAGGLER_EVERY="1"),
+    )
     assert done.returncode == 0, done.stderr
     said = done.stdout + done.stderr
     loader = "fetching its batches from the DataLoader"
@@ -234,10 +345,19 @@ def test_a_plain_script_hang_is_named_within_the_notice_and_is_the_root_cause_at
     script's own collective timeout, the verdict as the root cause: in the summary, the launcher's error file
     (seed 003's TORCHELASTIC_ERROR_FILE) and the report."""
     out = tmp_path / "out"
-    env = plain_env(tmp_path, out, HANG_RANK="1", HANG_STEP="5", PG_TIMEOUT="12", TRAINSCALE_HANG_NOTICE="3",
-                    TORCHELASTIC_ERROR_FILE=str(tmp_path / "error.json"))
+    env = plain_env(
+        tmp_path,
+        out,
+        HANG_RANK="1",
+        HANG_STEP="5",
+        PG_TIMEOUT="12",
+        TRAINSCALE_HANG_NOTICE="3",
+        TORCHELASTIC_ERROR_FILE=str(tmp_path / "error.json"),
+    )
     t0 = time.monotonic()
-    done = trainscale(tmp_path, "run", "--nproc-per-node", "2", "--log-dir", str(tmp_path / "runs"), str(PLAIN), env=env)
+    done = trainscale(
+        tmp_path, "run", "--nproc-per-node", "2", "--log-dir", str(tmp_path / "runs"), str(PLAIN), env=env
+    )
     print(f"\n[hang] ended in {time.monotonic() - t0:.1f}s")
     said = done.stdout + done.stderr
     assert done.returncode == 1, said[-3000:]
@@ -258,11 +378,33 @@ def submit_watch(tmp_path: Path, launcher: str, ranks_per_node: int, args: list[
     # The test nodes declare 4 CPUs on a 2-core machine and srun cannot lay out one task wider than
     # the real cores: 2 CPUs per task whatever the ranks per node.
     t0 = time.monotonic()
-    done = trainscale(tmp_path, "slurm", "--profile", "local-test", "-N", "2", "--gpus-per-node", str(ranks_per_node),
-                      "-c", str(2 // ranks_per_node if launcher == "srun" else 2),
-                      "-t", "00:05:00", "--launcher", launcher, "--output-dir", str(tmp_path / "jobs"),
-                      "--python", sys.executable,
-                      "--submit", "--watch", "--poll", "0.5", "--watch-timeout", "240", *args)
+    done = trainscale(
+        tmp_path,
+        "slurm",
+        "--profile",
+        "local-test",
+        "-N",
+        "2",
+        "--gpus-per-node",
+        str(ranks_per_node),
+        "-c",
+        str(2 // ranks_per_node if launcher == "srun" else 2),
+        "-t",
+        "00:05:00",
+        "--launcher",
+        launcher,
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--python",
+        sys.executable,
+        "--submit",
+        "--watch",
+        "--poll",
+        "0.5",
+        "--watch-timeout",
+        "240",
+        *args,
+    )
     seconds = time.monotonic() - t0
     m = re.search(r"submitted job (\d+)", done.stderr)
     assert m, f"no job submitted:\n{done.stdout}\n{done.stderr}"

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from helpers.gpu import Gpus
 
 ON_CPU = os.environ.get("TRAINSCALE_GPU_SUITE_ON_CPU") == "1"
@@ -64,14 +63,23 @@ def _proved_nothing(session) -> str | None:
     if ON_CPU or session.exitstatus != pytest.ExitCode.OK or not _only_this_suite(session.config):
         return None
     if GPUS == 0:
-        build = (f"CUDA {torch.version.cuda}" if torch.version.cuda else f"ROCm {torch.version.hip}"
-                 if torch.version.hip else "a CPU-only build")
-        return (f"GPU suite FAILED: no GPU visible (torch {torch.__version__}, {build}), so every test was skipped; "
-                f"run it where torch sees a GPU (scripts/gpu-check.sh OUTDIR on a bare GPU machine), or set "
-                f"TRAINSCALE_GPU_SUITE_ON_CPU=1 to check the test code on CPU")
+        build = (
+            f"CUDA {torch.version.cuda}"
+            if torch.version.cuda
+            else f"ROCm {torch.version.hip}"
+            if torch.version.hip
+            else "a CPU-only build"
+        )
+        return (
+            f"GPU suite FAILED: no GPU visible (torch {torch.__version__}, {build}), so every test was skipped; "
+            f"run it where torch sees a GPU (scripts/gpu-check.sh OUTDIR on a bare GPU machine), or set "
+            f"TRAINSCALE_GPU_SUITE_ON_CPU=1 to check the test code on CPU"
+        )
     if not _passed:
-        return (f"GPU suite FAILED: {GPUS} GPU(s) visible but no test passed (every one was skipped): "
-                f"see the skip reasons above (-rs)")
+        return (
+            f"GPU suite FAILED: {GPUS} GPU(s) visible but no test passed (every one was skipped): "
+            f"see the skip reasons above (-rs)"
+        )
     return None
 
 

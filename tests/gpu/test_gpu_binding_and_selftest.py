@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from helpers.gpu import trainscale
 
 PROBE = """
@@ -39,8 +38,9 @@ def test_each_rank_is_bound_to_its_visible_gpus_numa_cores(gpus, tmp_path, visib
         extra["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, order))
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
-    done = trainscale(tmp_path, "run", "--nproc-per-node", str(gpus.count), "--log-dir", "logs", str(script),
-                      str(tmp_path), **extra)
+    done = trainscale(
+        tmp_path, "run", "--nproc-per-node", str(gpus.count), "--log-dir", "logs", str(script), str(tmp_path), **extra
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     for local_rank in range(gpus.count):
         row = json.loads((tmp_path / f"rank{local_rank}.json").read_text())

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import pytest
-
 from helpers.gpu import gpu_id, trainscale
 from helpers.multiproc import run_on_ranks
 
@@ -49,8 +48,9 @@ def test_one_visible_gpu_per_rank_is_cuda_0_whatever_the_local_rank(gpus):
     """As SLURM's --gpus-per-task=1 makes it: every rank sees only its own GPU."""
     gpus.need(2)
     n = gpus.count
-    seen = run_on_ranks(where_am_i, n, "cuda", rank_env={r: {"CUDA_VISIBLE_DEVICES": str(r)} for r in range(n)},
-                        timeout=300)
+    seen = run_on_ranks(
+        where_am_i, n, "cuda", rank_env={r: {"CUDA_VISIBLE_DEVICES": str(r)} for r in range(n)}, timeout=300
+    )
     assert all(seen[r]["device"] == "cuda:0" for r in range(n))
     assert [seen[r]["gpu"] for r in range(n)] == [gpu_id(r) for r in range(n)]
 
@@ -61,13 +61,24 @@ def test_more_ranks_than_visible_gpus_are_refused_before_nccl(gpus, tmp_path):
     narrowed to one GPU, and with more ranks than the node's GPUs."""
     script = tmp_path / "probe.py"
     script.write_text("import trainscale\nwith trainscale.init(timeout_s=60):\n    pass\n")
-    done = trainscale(tmp_path, "run", "--nproc-per-node", "2", "--log-dir", "logs", str(script),
-                      CUDA_VISIBLE_DEVICES="0", timeout=300)
+    done = trainscale(
+        tmp_path,
+        "run",
+        "--nproc-per-node",
+        "2",
+        "--log-dir",
+        "logs",
+        str(script),
+        CUDA_VISIBLE_DEVICES="0",
+        timeout=300,
+    )
     assert done.returncode != 0
-    assert "--nproc-per-node 2 but this node shows 1 GPU(s): local rank 1 and above would have none" in done.stderr, \
+    assert "--nproc-per-node 2 but this node shows 1 GPU(s): local rank 1 and above would have none" in done.stderr, (
         done.stderr[-3000:]
+    )
     n = gpus.count
-    unnarrowed = trainscale(tmp_path, "run", "--nproc-per-node", str(n + 1), "--log-dir", "logs2", str(script),
-                            timeout=300)
+    unnarrowed = trainscale(
+        tmp_path, "run", "--nproc-per-node", str(n + 1), "--log-dir", "logs2", str(script), timeout=300
+    )
     assert unnarrowed.returncode != 0
     assert f"--nproc-per-node {n + 1} but this node shows {n} GPU(s): local rank {n} and above" in unnarrowed.stderr

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from helpers.multiproc import run_on_ranks
 
 TOL = 1e-5
@@ -32,8 +31,9 @@ def ddp_params(device: str) -> dict[str, torch.Tensor]:
 
 def one_process(device: str) -> dict[str, torch.Tensor]:
     """The whole global batch on one device, no process group at all."""
-    from trainscale.selftest.checks import STEPS, batch, exact_fp32, mlp, params
     from types import SimpleNamespace
+
+    from trainscale.selftest.checks import STEPS, batch, exact_fp32, mlp, params
 
     dev = torch.device(device if device == "cpu" else "cuda", 0) if device != "cpu" else torch.device("cpu")
     rt = SimpleNamespace(device=dev, rank=0, world_size=1)

@@ -9,7 +9,6 @@ import sys
 import time
 
 import pytest
-
 from helpers.gpu import trainscale
 
 CNN = ["--workload", "cnn", "--data", "synthetic", "--samples", "2048", "--batch-size", "32", "--log-every", "0"]
@@ -22,9 +21,23 @@ def test_a_hung_rank_is_named_within_the_timeout_plus_60s(gpus, tmp_path):
     asynchronous), where only trainscale's watching heartbeat can name the rank that never came."""
     gpus.need(2)
     started = time.monotonic()
-    done = trainscale(tmp_path, "run", "--nproc-per-node", "2", "--log-dir", "logs", *CNN, "--device", gpus.device,
-                      "--epochs", "50", "--timeout", str(TIMEOUT_S), TRAINSCALE_FAULT="hang:rank=1:step=3",
-                      timeout=TIMEOUT_S + MARGIN_S + 300)
+    done = trainscale(
+        tmp_path,
+        "run",
+        "--nproc-per-node",
+        "2",
+        "--log-dir",
+        "logs",
+        *CNN,
+        "--device",
+        gpus.device,
+        "--epochs",
+        "50",
+        "--timeout",
+        str(TIMEOUT_S),
+        TRAINSCALE_FAULT="hang:rank=1:step=3",
+        timeout=TIMEOUT_S + MARGIN_S + 300,
+    )
     elapsed = time.monotonic() - started
     assert done.returncode != 0
     assert "rank(s) 1 did not arrive" in done.stderr, done.stderr[-4000:]
@@ -36,9 +49,20 @@ def test_a_hung_rank_is_named_within_the_timeout_plus_60s(gpus, tmp_path):
 def test_the_selftest_measures_the_time_to_the_named_error(gpus, tmp_path):
     """Measured inside the rank from the moment the hung step begins: within timeout + 60 s."""
     gpus.need(2)
-    done = trainscale(tmp_path, "selftest", "--nproc", "2", "--device", gpus.device, "--hang-timeout",
-                      str(TIMEOUT_S), "--skip", "all-reduce,equivalence,strategies,resume,breakdown,binding",
-                      "--out", "st")
+    done = trainscale(
+        tmp_path,
+        "selftest",
+        "--nproc",
+        "2",
+        "--device",
+        gpus.device,
+        "--hang-timeout",
+        str(TIMEOUT_S),
+        "--skip",
+        "all-reduce,equivalence,strategies,resume,breakdown,binding",
+        "--out",
+        "st",
+    )
     rows = {c["name"]: c for c in json.loads((tmp_path / "st" / "selftest.json").read_text())["checks"]}
     hang = rows["hang"]
     assert hang["status"] == "pass", hang
@@ -48,8 +72,22 @@ def test_the_selftest_measures_the_time_to_the_named_error(gpus, tmp_path):
 
 def test_the_breakdown_counts_nccl_communication(gpus, tmp_path):
     gpus.need(2)
-    done = trainscale(tmp_path, "run", "--nproc-per-node", "2", "--log-dir", "logs", *CNN, "--device", gpus.device,
-                      "--epochs", "1", "--breakdown", "--metrics-out", "m.json")
+    done = trainscale(
+        tmp_path,
+        "run",
+        "--nproc-per-node",
+        "2",
+        "--log-dir",
+        "logs",
+        *CNN,
+        "--device",
+        gpus.device,
+        "--epochs",
+        "1",
+        "--breakdown",
+        "--metrics-out",
+        "m.json",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     from trainscale.observe.reading import run_timing
 
@@ -64,7 +102,7 @@ def test_the_breakdown_counts_nccl_communication(gpus, tmp_path):
     assert "Step breakdown (rank 0" in done.stdout + done.stderr
 
 
-NCCL_LEDGER = '''
+NCCL_LEDGER = """
 import json, os, socket, threading
 import torch, torch.distributed as dist
 from trainscale.runtime.hangwatch import ledger
@@ -92,7 +130,7 @@ x.sum().item()  # where an NCCL rank waits: a CUDA synchronisation
 seen["after"] = ledger.recent()
 print(json.dumps(seen))
 dist.destroy_process_group()
-'''
+"""
 
 
 @pytest.mark.needs_cuda
@@ -101,8 +139,9 @@ def test_nccls_own_flight_recorder_holds_the_collective_in_flight_with_issueds_s
     A 1-rank NCCL group whose all-reduce waits behind queued GPU work: NCCL's recorder has it in flight, numbered
     as issued() counts the group, read from another thread; once the GPU is done nothing is in flight."""
     gpus.need(1)
-    done = subprocess.run([sys.executable, "-c", NCCL_LEDGER], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", NCCL_LEDGER], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     in_flight = [e for e in seen["ledger"] or () if not e["done"]]

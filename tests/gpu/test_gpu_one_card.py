@@ -10,11 +10,15 @@ import json
 from pathlib import Path
 
 import pytest
-
 from helpers.gpu import trainscale
 
-STEPS = {"ddp": "ddp:replicate_alone=true", "zero1": "zero1:replicate_alone=true", "fsdp": "fsdp:shard_alone=true",
-         "fsdp-bf16": "fsdp:shard_alone=true,mixed_precision=bf16", "deepspeed": "deepspeed"}
+STEPS = {
+    "ddp": "ddp:replicate_alone=true",
+    "zero1": "zero1:replicate_alone=true",
+    "fsdp": "fsdp:shard_alone=true",
+    "fsdp-bf16": "fsdp:shard_alone=true,mixed_precision=bf16",
+    "deepspeed": "deepspeed",
+}
 """The strategies on one rank, each through a process group of its own (unwrapped otherwise)."""
 
 
@@ -26,10 +30,30 @@ def records(log_dir: Path) -> list[dict]:
 def cnn_run(gpus, tmp_path: Path, *extra: str, steps: int | None = None) -> tuple:
     device = gpus.device
     samples = 2048 if not gpus.on_cpu else 256
-    done = trainscale(tmp_path, "run", "--nproc-per-node", "1", "--log-dir", "logs", "--workload", "cnn",
-                      "--device", device, "--data", "synthetic", "--batch-size", "16", "--epochs", "1",
-                      "--samples", str(samples), "--max-steps", str(steps or (2 if gpus.on_cpu else 20)), *extra,
-                      timeout=300)
+    done = trainscale(
+        tmp_path,
+        "run",
+        "--nproc-per-node",
+        "1",
+        "--log-dir",
+        "logs",
+        "--workload",
+        "cnn",
+        "--device",
+        device,
+        "--data",
+        "synthetic",
+        "--batch-size",
+        "16",
+        "--epochs",
+        "1",
+        "--samples",
+        str(samples),
+        "--max-steps",
+        str(steps or (2 if gpus.on_cpu else 20)),
+        *extra,
+        timeout=300,
+    )
     return done, records(tmp_path / "logs") if done.returncode == 0 else []
 
 
@@ -43,25 +67,37 @@ def test_one_rank_trains_through_a_real_process_group(gpus, tmp_path, name):
     summary = next(r for r in recorded if r["kind"] == "summary")
     assert meta["strategy"] == name.split("-")[0], meta  # wrapped (DDP, FSDP, DeepSpeed's engine), not bare
     assert meta["backend"] == ("gloo" if gpus.on_cpu else "nccl") or (
-        name.startswith("deepspeed") and "nccl" in str(meta["backend"])), meta
+        name.startswith("deepspeed") and "nccl" in str(meta["backend"])
+    ), meta
     assert meta["device"] == ("cpu" if gpus.on_cpu else "cuda:0")
     if name == "fsdp-bf16":
         assert summary["flops_dtype"] == "torch.bfloat16", summary  # computed in bf16: rated against bf16's peak
 
 
 def test_a_background_checkpoint_save_resumes(gpus, tmp_path):
-    first, _ = cnn_run(gpus, tmp_path, "--strategy", STEPS["fsdp"], "--checkpoint-dir", "ck", "--checkpoint-every",
-                       "2", "--checkpoint-async", steps=4)
+    first, _ = cnn_run(
+        gpus,
+        tmp_path,
+        "--strategy",
+        STEPS["fsdp"],
+        "--checkpoint-dir",
+        "ck",
+        "--checkpoint-every",
+        "2",
+        "--checkpoint-async",
+        steps=4,
+    )
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
     saved = sorted(p.name for p in (tmp_path / "ck").iterdir() if p.name.startswith("ckpt-"))
     assert saved, list((tmp_path / "ck").iterdir())
-    again, recorded = cnn_run(gpus, tmp_path, "--strategy", STEPS["fsdp"], "--checkpoint-dir", "ck",
-                              "--checkpoint-async", steps=6)
+    again, recorded = cnn_run(
+        gpus, tmp_path, "--strategy", STEPS["fsdp"], "--checkpoint-dir", "ck", "--checkpoint-async", steps=6
+    )
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
     assert f"Resumed from ck/{saved[-1]} at step 4" in again.stdout, again.stdout[-2000:]
 
 
-SCRIPT = '''
+SCRIPT = """
 import torch
 from torch import nn
 import trainscale
@@ -88,15 +124,24 @@ with trainscale.init() as rt:
         opt.zero_grad()
         if step == STEPS:
             break
-'''
+"""
 
 
 def test_the_recorder_times_the_gpu_and_rates_the_model_not_its_transforms(gpus, tmp_path):
     """issue 47 N4: the transforms a num_workers=0 loader calls came first and led the recorder: host timestamps,
     RSS as peak memory, one sample per step, Normalize's FLOPs."""
     (tmp_path / "train.py").write_text(SCRIPT.replace("STEPS", "3" if gpus.on_cpu else "12"))
-    done = trainscale(tmp_path, "run", "--nproc-per-node", "1", "--log-dir", "logs", "train.py",
-                      *(["--device", "cpu"] if gpus.on_cpu else []), timeout=300)
+    done = trainscale(
+        tmp_path,
+        "run",
+        "--nproc-per-node",
+        "1",
+        "--log-dir",
+        "logs",
+        "train.py",
+        *(["--device", "cpu"] if gpus.on_cpu else []),
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     recorded = records(tmp_path / "logs")
     meta = next(r for r in recorded if r["kind"] == "meta")

@@ -8,12 +8,23 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from helpers.gpu import trainscale
 from helpers.multiproc import run_on_ranks
 
-CNN = ["--workload", "cnn", "--data", "synthetic", "--samples", "1024", "--batch-size", "32", "--log-every", "0",
-       "--loader", "tensor"]
+CNN = [
+    "--workload",
+    "cnn",
+    "--data",
+    "synthetic",
+    "--samples",
+    "1024",
+    "--batch-size",
+    "32",
+    "--log-every",
+    "0",
+    "--loader",
+    "tensor",
+]
 
 
 def _weights(directory: Path) -> dict[str, torch.Tensor]:
@@ -39,8 +50,8 @@ def save_half(device: str, root: str) -> dict:
     """K steps with dropout and a checkpoint (all GPUs visible), then K more: the uninterrupted run."""
     import trainscale as ts
     from trainscale.checkpoint import Checkpointer
-    from trainscale.selftest.checks import STEPS, batch, mlp, params
     from trainscale.runtime.seed import rng_state
+    from trainscale.selftest.checks import STEPS, batch, mlp, params
     from trainscale.strategies import get_strategy
 
     with ts.init(device=device, timeout_s=120, deterministic=device == "cuda") as rt:
@@ -52,16 +63,17 @@ def save_half(device: str, root: str) -> dict:
             strategy.backward_loss(torch.nn.functional.cross_entropy(model(x), y), model)
             strategy.micro_step(opt, model, last=True)
             if i + 1 == STEPS:
-                ckpt.save(STEPS, {"model": strategy.checkpoint_state(model, opt), "step": STEPS,
-                                  "rng": rng_state(rt.device)})
+                ckpt.save(
+                    STEPS, {"model": strategy.checkpoint_state(model, opt), "step": STEPS, "rng": rng_state(rt.device)}
+                )
         return {"params": params(model), "device": str(rt.device)}
 
 
 def resume_half(device: str, root: str) -> dict:
     import trainscale as ts
     from trainscale.checkpoint import Checkpointer
-    from trainscale.selftest.checks import STEPS, batch, mlp, params
     from trainscale.runtime.seed import set_rng_state
+    from trainscale.selftest.checks import STEPS, batch, mlp, params
     from trainscale.strategies import get_strategy
     from trainscale.strategies.ddp import rebuild_buckets
 
@@ -96,8 +108,17 @@ def test_dropout_resume_on_fewer_visible_gpus_is_bitwise(gpus, tmp_path):
 def test_the_selftest_resume_check(gpus, tmp_path, deterministic):
     """trainscale selftest's own resume check (bitwise with deterministic mode, else within 1e-5)."""
     gpus.need(2)
-    argv = ["selftest", "--nproc", "2", "--device", gpus.device, "--skip", "all-reduce,equivalence,strategies,"
-            "breakdown,binding,hang", "--out", "st"] + ([] if deterministic else ["--nondeterministic"])
+    argv = [
+        "selftest",
+        "--nproc",
+        "2",
+        "--device",
+        gpus.device,
+        "--skip",
+        "all-reduce,equivalence,strategies,breakdown,binding,hang",
+        "--out",
+        "st",
+    ] + ([] if deterministic else ["--nondeterministic"])
     done = trainscale(tmp_path, *argv)
     report = json.loads((tmp_path / "st" / "selftest.json").read_text())
     rows = {c["name"]: c for c in report["checks"]}

@@ -10,7 +10,6 @@ import importlib.util
 
 import pytest
 import torch
-
 from helpers.gpu import trainscale
 from helpers.multiproc import run_on_ranks
 
@@ -38,8 +37,11 @@ def train_all(device: str, specs: list[str], backend: str | None = None) -> dict
                         strategy.scaler.unscale_(opt)
                     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 strategy.micro_step(opt, model, last=True)
-            out[spec] = {"params": _full_params(strategy, model, opt), "device": str(next(
-                strategy.unwrap(model).parameters()).device), "backend": rt.backend}
+            out[spec] = {
+                "params": _full_params(strategy, model, opt),
+                "device": str(next(strategy.unwrap(model).parameters()).device),
+                "backend": rt.backend,
+            }
     return out
 
 
@@ -49,8 +51,14 @@ def _max_rel(a, b) -> float:
 
 def test_zero1_fsdp_and_mixed_precision_match_ddp(gpus):
     gpus.need(2)
-    specs = ["ddp", "zero1", "fsdp", "fsdp:reshard_after_forward=false", "fsdp:mixed_precision=bf16",
-             "fsdp:mixed_precision=fp16"]
+    specs = [
+        "ddp",
+        "zero1",
+        "fsdp",
+        "fsdp:reshard_after_forward=false",
+        "fsdp:mixed_precision=bf16",
+        "fsdp:mixed_precision=fp16",
+    ]
     r = run_on_ranks(train_all, 2, gpus.device, specs, timeout=600)[0]
     ddp = r["ddp"]["params"]
     assert all(torch.equal(ddp[k], r["zero1"]["params"][k]) for k in ddp)
@@ -99,8 +107,14 @@ def test_deepspeed_with_one_visible_gpu_per_rank(gpus):
     """Defect 1: rank 1 sees only its own GPU (cuda:0) while its local rank is 1; DeepSpeed takes
     LOCAL_RANK as the GPU index and would ask for an invalid ordinal without trainscale's fix."""
     gpus.need(2)
-    r = run_on_ranks(train_all, 2, "cuda", ["ddp", "deepspeed:stage=1"],
-                     rank_env={0: {"CUDA_VISIBLE_DEVICES": "0"}, 1: {"CUDA_VISIBLE_DEVICES": "1"}}, timeout=900)
+    r = run_on_ranks(
+        train_all,
+        2,
+        "cuda",
+        ["ddp", "deepspeed:stage=1"],
+        rank_env={0: {"CUDA_VISIBLE_DEVICES": "0"}, 1: {"CUDA_VISIBLE_DEVICES": "1"}},
+        timeout=900,
+    )
     assert all(res["deepspeed:stage=1"]["device"] == "cuda:0" for res in r.values())
     assert _max_rel(r[0]["deepspeed:stage=1"]["params"], r[0]["ddp"]["params"]) <= 1e-5
 
@@ -118,8 +132,24 @@ def test_hf_finetune_with_fsdp_cpu_offload_on_gpus(gpus, tmp_path):
     """The HF Trainer with FSDP2 + CPU offload: its gradient clipping over host shards needs the mixed group."""
     gpus.need(2)
     pytest.importorskip("transformers")
-    done = trainscale(tmp_path, "run", "--nproc-per-node", "2", "--log-dir", "logs", "--workload", "hf-finetune",
-                      "--strategy", "fsdp:cpu_offload=true", "--max-steps", "3", "--global-batch", "8",
-                      "--output-dir", "out", timeout=900)
+    done = trainscale(
+        tmp_path,
+        "run",
+        "--nproc-per-node",
+        "2",
+        "--log-dir",
+        "logs",
+        "--workload",
+        "hf-finetune",
+        "--strategy",
+        "fsdp:cpu_offload=true",
+        "--max-steps",
+        "3",
+        "--global-batch",
+        "8",
+        "--output-dir",
+        "out",
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     assert "backend cpu:gloo,cuda:nccl" in done.stdout

@@ -17,8 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def chromium():
     if shutil.which("chromium") is None:
-        done = subprocess.run(["bash", str(ROOT / ".ci" / "install-browser.sh")], capture_output=True, text=True,
-                              timeout=900)
+        done = subprocess.run(
+            ["bash", str(ROOT / ".ci" / "install-browser.sh")], capture_output=True, text=True, timeout=900
+        )
         if done.returncode != 0:
             if os.environ.get("CI", "").lower() == "true":
                 pytest.fail(f"chromium unavailable: {done.stderr.strip()}")
@@ -26,12 +27,23 @@ def chromium():
     return shutil.which("chromium")
 
 
-def browse(chromium: str, page: Path, profile: Path, *extra: str,
-           height: int = 2400) -> subprocess.CompletedProcess[str]:
+def browse(
+    chromium: str, page: Path, profile: Path, *extra: str, height: int = 2400
+) -> subprocess.CompletedProcess[str]:
     # As the machine's probe runs it: headless, no sandbox (root), no network chatter, a fresh profile.
-    flags = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={profile}", "--virtual-time-budget=5000", f"--window-size=1200,{height}"]
+    flags = [
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        "--virtual-time-budget=5000",
+        f"--window-size=1200,{height}",
+    ]
     return subprocess.run([chromium, *flags, *extra, page.as_uri()], capture_output=True, text=True, timeout=120)
 
 

@@ -14,11 +14,14 @@ import warnings
 from pathlib import Path
 
 
-def trainscale(tmp: Path, *argv: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess[str]:
+def trainscale(
+    tmp: Path, *argv: str, timeout: float = 300, env: dict | None = None
+) -> subprocess.CompletedProcess[str]:
     """The CLI in ``tmp`` with its own job-record directory (``TRAINSCALE_STATE_DIR``)."""
     env = {**os.environ, "TRAINSCALE_STATE_DIR": str(tmp / "state"), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "trainscale", *argv], env=env, capture_output=True, text=True,
-                          timeout=timeout, cwd=tmp)
+    return subprocess.run(
+        [sys.executable, "-m", "trainscale", *argv], env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp
+    )
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:
@@ -31,8 +34,12 @@ def wait_for(predicate, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-def in_process(*argv: str, cwd: Path, env: dict[str, str] | None = None,
-               drop: tuple[str, ...] = ("RANK", "WORLD_SIZE", "MASTER_", "SLURM_")) -> subprocess.CompletedProcess[str]:
+def in_process(
+    *argv: str,
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    drop: tuple[str, ...] = ("RANK", "WORLD_SIZE", "MASTER_", "SLURM_"),
+) -> subprocess.CompletedProcess[str]:
     """``trainscale ARGV`` run in this process, as the command line runs in a process of its own: in ``cwd``,
     with this environment less the variables starting with ``drop`` and plus ``env``, and what it printed
     as a new interpreter would show it (warnings with Python's default filters, log records of WARNING and
@@ -59,7 +66,8 @@ def in_process(*argv: str, cwd: Path, env: dict[str, str] | None = None,
                 warnings.simplefilter("ignore", category)
             warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
             warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: print(
-                warnings.formatwarning(message, category, filename, lineno, line), end="", file=sys.stderr)
+                warnings.formatwarning(message, category, filename, lineno, line), end="", file=sys.stderr
+            )
             try:
                 code = main(list(argv))
             except SystemExit as exc:  # argparse's usage errors and --help

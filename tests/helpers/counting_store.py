@@ -13,4 +13,5 @@ class Counting:
         def call(*args):
             self.calls.append(name)
             return getattr(self.store, name)(*args)
+
         return call

@@ -48,8 +48,11 @@ def target_of(checkpoint: Path, kind: str, target: str | None = None) -> Path:
     manifest for ``delete`` or ``target="manifest"``."""
     checkpoint = Path(checkpoint)
     if not checkpoint.is_dir():
-        return layout.sidecar_path(checkpoint) if target == "manifest" or (kind == "delete" and target is None) \
+        return (
+            layout.sidecar_path(checkpoint)
+            if target == "manifest" or (kind == "delete" and target is None)
             else checkpoint
+        )
     if target is not None:
         return checkpoint / target
     if kind == "payload":
@@ -130,7 +133,7 @@ def craft(checkpoint: Path, kind: str) -> Path:
             where.relative_path = "/etc/hostname"
             break
         if kind == "huge-length" and is_bytes:
-            where.length = 2 ** 40
+            where.length = 2**40
             break
         if kind == "shifted-offset" and not is_bytes:
             where.offset += 4

@@ -29,16 +29,35 @@ class Gpus:
 
 def clean_env(**extra: str) -> dict[str, str]:
     """This process's environment without launcher variables a test could inherit."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_", "SLURM_", "TRAINSCALE_FAULT",
-                                "TRAINSCALE_CPU_BIND", "TORCHELASTIC"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(
+            (
+                "RANK",
+                "LOCAL_RANK",
+                "WORLD_SIZE",
+                "MASTER_",
+                "SLURM_",
+                "TRAINSCALE_FAULT",
+                "TRAINSCALE_CPU_BIND",
+                "TORCHELASTIC",
+            )
+        )
+    }
     env.update(extra)
     return env
 
 
 def trainscale(cwd: Path, *argv: str, timeout: float = 600, **extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainscale", *argv], cwd=cwd, env=clean_env(**extra),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "trainscale", *argv],
+        cwd=cwd,
+        env=clean_env(**extra),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def gpu_id(index: int) -> str:

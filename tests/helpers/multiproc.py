@@ -13,18 +13,19 @@ with the error when a rank fails, not into the suite's output.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import importlib
+import multiprocessing as mp
 import os
 import pickle
 import queue as queue_module
-import signal
 import shutil
+import signal
 import socket
 import tempfile
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 
 def _free_port() -> int:
@@ -40,12 +41,22 @@ def _child(fn_ref, args, kwargs, rank, world_size, port, extra_env, queue, outpu
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORKSERVER_BLOCKS)  # the forkserver blocks them; a torchrun worker does not
-    os.environ.update({
-        "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
-        "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
-    })
+    signal.pthread_sigmask(
+        signal.SIG_UNBLOCK, FORKSERVER_BLOCKS
+    )  # the forkserver blocks them; a torchrun worker does not
+    os.environ.update(
+        {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": str(world_size),
+            "GROUP_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "GLOO_SOCKET_IFNAME": "lo",
+            "OMP_NUM_THREADS": "1",
+        }
+    )
     os.environ.update(extra_env)
     try:
         # Import the function only now, so torch (imported by its module) sees OMP_NUM_THREADS=1
@@ -66,7 +77,8 @@ def start_forkserver() -> None:
     (launch/local.py): trainscale's own workers of an in-process ``main([...])`` fork from it, and so do
     the ranks of :func:`run_on_ranks`. Its torch loads with OMP_NUM_THREADS=1, as a
     torchrun worker's does; each rank of theirs still sets its own thread count."""
-    from trainscale.launch.local import FORKSERVER_PRELOAD, start_forkserver as start
+    from trainscale.launch.local import FORKSERVER_PRELOAD
+    from trainscale.launch.local import start_forkserver as start
 
     mp.set_forkserver_preload(list(FORKSERVER_PRELOAD))
     saved = os.environ.get("OMP_NUM_THREADS")
@@ -85,18 +97,37 @@ def _context() -> mp.context.BaseContext:
     return mp.get_context("forkserver")
 
 
-def run_on_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 180,
-                 env: dict[str, str] | None = None, rank_env: dict[int, dict[str, str]] | None = None,
-                 **kwargs: Any) -> dict[int, Any]:
+def run_on_ranks(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout: float = 180,
+    env: dict[str, str] | None = None,
+    rank_env: dict[int, dict[str, str]] | None = None,
+    **kwargs: Any,
+) -> dict[int, Any]:
     """``rank_env``: variables for single ranks on top of ``env`` (e.g. one CUDA_VISIBLE_DEVICES each)."""
     ctx = _context()
     queue = ctx.Queue()
     port = _free_port()
     outputs = Path(tempfile.mkdtemp(prefix="ranks-"))
-    procs = [ctx.Process(target=_child, args=((fn.__module__, fn.__qualname__), args, kwargs, r, world_size, port,
-                                              {**(env or {}), **(rank_env or {}).get(r, {})}, queue,
-                                              str(outputs / f"rank-{r}.log")))
-             for r in range(world_size)]
+    procs = [
+        ctx.Process(
+            target=_child,
+            args=(
+                (fn.__module__, fn.__qualname__),
+                args,
+                kwargs,
+                r,
+                world_size,
+                port,
+                {**(env or {}), **(rank_env or {}).get(r, {})},
+                queue,
+                str(outputs / f"rank-{r}.log"),
+            ),
+        )
+        for r in range(world_size)
+    ]
     for p in procs:
         p.start()
     results: dict[int, Any] = {}
@@ -121,8 +152,10 @@ def run_on_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: f
             if p.is_alive():
                 p.kill()
                 p.join()
-        printed = {r: (outputs / f"rank-{r}.log").read_text(errors="replace") if (outputs / f"rank-{r}.log").exists()
-                   else "" for r in range(world_size)}
+        printed = {
+            r: (outputs / f"rank-{r}.log").read_text(errors="replace") if (outputs / f"rank-{r}.log").exists() else ""
+            for r in range(world_size)
+        }
         shutil.rmtree(outputs, ignore_errors=True)
     if timed_out:
         tails = "".join(f"\n--- rank {r}'s output (tail)\n{printed[r][-1500:]}" for r in range(world_size))

@@ -42,8 +42,15 @@ SESSION_ENV: set[str] = set()
 """Environment variables the session-scoped cluster fixture sets for every later test."""
 TERMINAL_STATES = frozenset(
     {
-        "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
-        "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT",
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "TIMEOUT",
     }
 )
 
@@ -71,8 +78,12 @@ class SlurmCluster:
     def run(self, *args: str, timeout: float = 30, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run a SLURM client command (sbatch, squeue, ...) against this cluster."""
         return subprocess.run(
-            list(args), env={**os.environ, **self.env}, capture_output=True, text=True,
-            timeout=timeout, check=check,
+            list(args),
+            env={**os.environ, **self.env},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=check,
         )
 
     def submit(self, script: Path, *sbatch_args: str) -> str:
@@ -96,8 +107,10 @@ class SlurmCluster:
             if state in states:
                 return state
             if time.monotonic() > deadline:
-                pytest.fail(f"job {job_id} still {state} after {timeout}s (waiting for {sorted(states)}): "
-                            f"{self.job_fields(job_id)}; logs in {self.log_dir}")
+                pytest.fail(
+                    f"job {job_id} still {state} after {timeout}s (waiting for {sorted(states)}): "
+                    f"{self.job_fields(job_id)}; logs in {self.log_dir}"
+                )
             time.sleep(0.2)
 
     def lose_node(self, name: str) -> None:
@@ -176,7 +189,11 @@ def _cluster_dir(nodes: int = 2) -> Path:
 
 
 def _cluster_sh(command: str, timeout: float, nodes: int = 2) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "TRAINSCALE_TEST_CLUSTER_NODES": str(nodes), "TRAINSCALE_TEST_CLUSTER_DIR": str(_cluster_dir(nodes))}
+    env = {
+        **os.environ,
+        "TRAINSCALE_TEST_CLUSTER_NODES": str(nodes),
+        "TRAINSCALE_TEST_CLUSTER_DIR": str(_cluster_dir(nodes)),
+    }
     return subprocess.run(["bash", str(CLUSTER_SH), command], capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -230,9 +247,11 @@ def cluster_session(nodes: int) -> Iterator[SlurmCluster]:
             deadline = time.monotonic() + IN_USE_CHECK_S
             while (check := _cluster_sh("check", timeout=30, nodes=nodes)).returncode != 0:
                 if time.monotonic() > deadline:
-                    _unavailable(f"the {nodes}-node cluster another test session uses has not been healthy for "
-                                 f"{IN_USE_CHECK_S}s (`{CLUSTER_SH} check`: {check.stderr.strip()[-2000:]}); "
-                                 f"logs in {cluster_dir / 'log'}")
+                    _unavailable(
+                        f"the {nodes}-node cluster another test session uses has not been healthy for "
+                        f"{IN_USE_CHECK_S}s (`{CLUSTER_SH} check`: {check.stderr.strip()[-2000:]}); "
+                        f"logs in {cluster_dir / 'log'}"
+                    )
                 time.sleep(1)
         elif _cluster_sh("check", timeout=30, nodes=nodes).returncode != 0:
             t0 = time.monotonic()
@@ -244,8 +263,11 @@ def cluster_session(nodes: int) -> Iterator[SlurmCluster]:
         lease = leases / str(os.getpid())
         lease.touch()
     try:
-        yield SlurmCluster(dir=cluster_dir, env={"SLURM_CONF": str(cluster_dir / "slurm.conf")},
-                           nodes=tuple(f"n{i + 1}" for i in range(nodes)))
+        yield SlurmCluster(
+            dir=cluster_dir,
+            env={"SLURM_CONF": str(cluster_dir / "slurm.conf")},
+            nodes=tuple(f"n{i + 1}" for i in range(nodes)),
+        )
     finally:
         with _leases_locked(cluster_dir) as leases:
             lease.unlink(missing_ok=True)

@@ -21,15 +21,25 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def bench(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
     """`trainscale ARGV` in this process (the study is under test, not the command's own process)."""
-    return in_process(*argv, cwd=cwd, env={"PYTHONUNBUFFERED": "1"},
-                      drop=("TRAINSCALE_", "RANK", "WORLD_SIZE", "MASTER_"))
+    return in_process(
+        *argv, cwd=cwd, env={"PYTHONUNBUFFERED": "1"}, drop=("TRAINSCALE_", "RANK", "WORLD_SIZE", "MASTER_")
+    )
 
 
 @pytest.mark.slow
 def test_small_strong_scaling_study_writes_consistent_files(tmp_path):
     out = tmp_path / "study"
-    spec = StudySpec(workload="cnn", configs="1,2,4", scaling="strong", batch_size=32, epochs=1, max_steps=8,
-                     data="synthetic", samples=512, out_dir=out)
+    spec = StudySpec(
+        workload="cnn",
+        configs="1,2,4",
+        scaling="strong",
+        batch_size=32,
+        epochs=1,
+        max_steps=8,
+        data="synthetic",
+        samples=512,
+        out_dir=out,
+    )
     outcome = run_study(spec)
     assert outcome.ok, [r.get("failure") for r in outcome.study["runs"]]
 
@@ -52,7 +62,8 @@ def test_small_strong_scaling_study_writes_consistent_files(tmp_path):
     assert 0.0 < b["communication_fraction"] < 0.9
     assert b["communication"] > 0  # from the step records (observe/reading.py)
     assert sum(b[k] for k in ("data", "compute", "communication", "optimizer", "other")) == pytest.approx(
-        two["step_time_s"], rel=1e-6)
+        two["step_time_s"], rel=1e-6
+    )
 
     # each run's node sampler said how much of its CPUs other work used (the sampler's last reading, at least)
     assert all(0.0 <= r["other_cpu_share"] <= 1.0 for r in study["runs"])
@@ -101,15 +112,33 @@ def test_a_plain_ddp_script_gets_a_study_table_from_its_step_records(tmp_path):
     """The course's DDP script imports no trainscale: its steps, timed by the recorder every run has, make the
     study (timing, speedup, sections), as a workload's do."""
     out = tmp_path / "s"
-    proc = bench("bench", "--configs", "1,2", "--scaling", "strong", "--batch-size", "16", "--out", str(out),
-                 str(SCRIPTS / "ddp_torchrun.py"), "--experiment-dir", "exp", "--out", "o", "--batch-size", "{batch}",
-                 cwd=tmp_path)
+    proc = bench(
+        "bench",
+        "--configs",
+        "1,2",
+        "--scaling",
+        "strong",
+        "--batch-size",
+        "16",
+        "--out",
+        str(out),
+        str(SCRIPTS / "ddp_torchrun.py"),
+        "--experiment-dir",
+        "exp",
+        "--out",
+        "o",
+        "--batch-size",
+        "{batch}",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     study = json.loads((out / "results.json").read_text())
     one, two = study["runs"]
     # 256 samples: 16 steps of 16 on one rank, 16 steps of 8 on each of two
     assert [(r["per_rank_batch"], r["timed"], r["steps"], r["samples"]) for r in study["runs"]] == [
-        (16, "steps", 16, 256), (8, "steps", 16, 256)]
+        (16, "steps", 16, 256),
+        (8, "steps", 16, 256),
+    ]
     assert two["speedup"] is not None or two["rejected"]
     assert one["breakdown"]["communication"] < two["breakdown"]["communication"]  # DDP's all-reduce, exposed
     assert two["breakdown"]["communication"] > 0 and two["steady"]["step_time_s"] > 0
@@ -118,10 +147,12 @@ def test_a_plain_ddp_script_gets_a_study_table_from_its_step_records(tmp_path):
 
 
 def test_bad_input_fails_before_anything_launches(tmp_path):
-    for argv, expected in ((["--configs", "1,2,x3"], "unknown configuration token 'x3'"),
-                           (["--configs", "0,1"], "configuration '0': 0 ranks"),
-                           (["--configs", "1,2", "--baseline", "4"], "--baseline '4' is not one of"),
-                           (["--configs", "1,2", "--scaling", "strong", "--batch-size", "15"], "not divisible by 2")):
+    for argv, expected in (
+        (["--configs", "1,2,x3"], "unknown configuration token 'x3'"),
+        (["--configs", "0,1"], "configuration '0': 0 ranks"),
+        (["--configs", "1,2", "--baseline", "4"], "--baseline '4' is not one of"),
+        (["--configs", "1,2", "--scaling", "strong", "--batch-size", "15"], "not divisible by 2"),
+    ):
         out = tmp_path / "never"
         proc = bench("bench", "--workload", "cnn", *argv, "--out", str(out), cwd=tmp_path)
         assert proc.returncode == 2, proc.stderr
@@ -132,8 +163,9 @@ def test_bad_input_fails_before_anything_launches(tmp_path):
 @pytest.mark.slow
 def test_allreduce_command(tmp_path):
     out = tmp_path / "ar"
-    proc = bench("bench", "allreduce", "--nproc", "2", "--sizes", "1KB..8KB", "--iters", "5", "--out", str(out),
-                 cwd=tmp_path)
+    proc = bench(
+        "bench", "allreduce", "--nproc", "2", "--sizes", "1KB..8KB", "--iters", "5", "--out", str(out), cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads((out / "allreduce.json").read_text())
     assert result["world_size"] == 2 and [r["bytes"] for r in result["rows"]] == [1024, 2048, 4096, 8192]
@@ -146,10 +178,26 @@ def test_allreduce_command(tmp_path):
 @pytest.mark.slow
 def test_allreduce_command_times_the_shared_memory_average(tmp_path):
     out = tmp_path / "ar"
-    proc = bench("bench", "allreduce", "--nproc", "2", "--sizes", "4KB,1MB", "--iters", "5", "--hook", "auto",
-                 "--out", str(out), cwd=tmp_path)
+    proc = bench(
+        "bench",
+        "allreduce",
+        "--nproc",
+        "2",
+        "--sizes",
+        "4KB,1MB",
+        "--iters",
+        "5",
+        "--hook",
+        "auto",
+        "--out",
+        str(out),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads((out / "allreduce.json").read_text())
-    assert result["hook"] == "shm" and [r["bytes"] for r in result["rows"]] == [4096, 1024**2]  # auto: CPU ranks, one node
+    assert result["hook"] == "shm" and [r["bytes"] for r in result["rows"]] == [
+        4096,
+        1024**2,
+    ]  # auto: CPU ranks, one node
     assert all(r["time_s"] > 0 for r in result["rows"])
     assert "shared-memory average (comm_hook=shm) on 2 rank(s)" in proc.stdout

@@ -16,18 +16,28 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
-from torch.utils._pytree import tree_flatten
-
 from helpers.cli import in_process
 from helpers.multiproc import run_on_ranks
 from integration.test_strategies import batches, mlp
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
 from trainscale.checkpoint import find_latest, layout, list_checkpoints
 from trainscale.cli.main import main
 
 FAST_CNN = ["--workload", "cnn", "--data", "synthetic", "--samples", "256", "--batch-size", "16", "--log-every", "0"]
-SAVES_AT_2_4_6 = ["run", "--nproc-per-node", "2", "--log-dir", "logs", *FAST_CNN, "--max-steps", "6",
-                  "--checkpoint-every", "2"]
+SAVES_AT_2_4_6 = [
+    "run",
+    "--nproc-per-node",
+    "2",
+    "--log-dir",
+    "logs",
+    *FAST_CNN,
+    "--max-steps",
+    "6",
+    "--checkpoint-every",
+    "2",
+]
 
 
 # ------------------------------------------------------------------------------- Checkpointer on 2 ranks
@@ -48,6 +58,7 @@ def failing_background_saves(root: str) -> dict:
         ck.wait()
         real_save = torch.save
         if rt.rank == 0:
+
             def disk_full(*args, **kwargs):
                 raise OSError(28, "No space left on device (injected)")
 
@@ -68,6 +79,7 @@ def failing_background_saves(root: str) -> dict:
         ck.wait()
         real_write = FileSystemWriter.write_data
         if rt.rank == 1:
+
             def broken(self, plan, planner):
                 raise OSError("disk full (injected)")
 
@@ -88,7 +100,9 @@ def failing_background_saves(root: str) -> dict:
 def test_a_failed_background_save_fails_every_rank_naming_the_path(tmp_path):
     results = run_on_ranks(failing_background_saves, 2, str(tmp_path))
     rank0, rank1 = results[0], results[1]
-    assert "background save of step 2 to" in rank0["file"] and "ckpt-00000002.pt failed: the disk holding" in rank0["file"]
+    assert (
+        "background save of step 2 to" in rank0["file"] and "ckpt-00000002.pt failed: the disk holding" in rank0["file"]
+    )
     assert "--no-checkpoint-async" in rank0["file"]
     assert "failed on rank(s) 0" in rank1["file"]  # rank 1 wrote nothing, and still stops
     assert rank0["file_latest"] == rank1["file_latest"] == 1
@@ -98,8 +112,16 @@ def test_a_failed_background_save_fails_every_rank_naming_the_path(tmp_path):
     assert not (tmp_path / "dcp" / "ckpt-00000004").exists()
 
 
-COLLECTIVES = ("gather_object", "all_gather_object", "scatter_object_list", "broadcast_object_list", "barrier",
-               "all_reduce", "all_gather", "broadcast")
+COLLECTIVES = (
+    "gather_object",
+    "all_gather_object",
+    "scatter_object_list",
+    "broadcast_object_list",
+    "barrier",
+    "all_reduce",
+    "all_gather",
+    "broadcast",
+)
 
 
 def background_collectives(root: str) -> list[tuple[str, str]]:
@@ -118,9 +140,14 @@ def background_collectives(root: str) -> list[tuple[str, str]]:
         def collective(*args, **kwargs):
             if threading.current_thread() is not threading.main_thread():
                 group = kwargs.get("group")
-                seen.append((threading.current_thread().name,
-                             "default" if group is None or group is dist.group.WORLD else dist.get_backend(group)))
+                seen.append(
+                    (
+                        threading.current_thread().name,
+                        "default" if group is None or group is dist.group.WORLD else dist.get_backend(group),
+                    )
+                )
             return real(*args, **kwargs)
+
         return collective
 
     for name in COLLECTIVES:
@@ -171,8 +198,11 @@ def contents(path: Path, scratch: Path) -> dict:
     shards = torch.load(single, weights_only=False)  # our own test files
     marker = json.loads((path / layout.MARKER).read_text())
     # The manifest's hashes differ from save to save: DCP's .metadata records the save's own path and id.
-    return {**shards, **torch.load(path / layout.EXTRA, weights_only=True),
-            "marker": {k: v for k, v in marker.items() if k not in ("files", "digest")}}
+    return {
+        **shards,
+        **torch.load(path / layout.EXTRA, weights_only=True),
+        "marker": {k: v for k, v in marker.items() if k not in ("files", "digest")},
+    }
 
 
 def assert_same(a, b, what: str) -> None:
@@ -200,8 +230,7 @@ def _read_when_written(fifo: Path, proc: subprocess.Popen) -> str:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])  # a rank-0 file, DCP shards
-def test_background_saves_hold_the_synchronous_bytes_and_a_rank_killed_during_one_resumes_bitwise(tmp_path,
-                                                                                                  strategy):
+def test_background_saves_hold_the_synchronous_bytes_and_a_rank_killed_during_one_resumes_bitwise(tmp_path, strategy):
     args = [*SAVES_AT_2_4_6, "--strategy", strategy]
     runs = {}
     for name, flag in (("background", []), ("sync", ["--no-checkpoint-async"])):
@@ -221,9 +250,14 @@ def test_background_saves_hold_the_synchronous_bytes_and_a_rank_killed_during_on
     fifo = tmp_path / "hold.fifo"
     os.mkfifo(fifo)
     killed = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "trainscale", *args, "--checkpoint-dir", str(killed)],
-                            cwd=tmp_path, env=_env(TRAINSCALE_CHECKPOINT_HOLD=f"4:{fifo}"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainscale", *args, "--checkpoint-dir", str(killed)],
+        cwd=tmp_path,
+        env=_env(TRAINSCALE_CHECKPOINT_HOLD=f"4:{fifo}"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     held = _read_when_written(fifo, proc)
     if not held:
         out, err = proc.communicate(timeout=60)
@@ -247,8 +281,20 @@ def test_background_saves_hold_the_synchronous_bytes_and_a_rank_killed_during_on
 
 
 def test_checkpoint_async_where_it_cannot_be_done_is_refused_before_any_process_starts(in_tmp, capsys):
-    code = main(["run", "--log-dir", "logs", "--nproc-per-node", "2", "--workload", "cnn", "--strategy", "deepspeed",
-                 "--checkpoint-async"])
+    code = main(
+        [
+            "run",
+            "--log-dir",
+            "logs",
+            "--nproc-per-node",
+            "2",
+            "--workload",
+            "cnn",
+            "--strategy",
+            "deepspeed",
+            "--checkpoint-async",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "engine writes its own checkpoint files" in err and "--no-checkpoint-async" in err
     assert not (in_tmp / "logs").exists()

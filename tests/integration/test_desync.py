@@ -40,8 +40,14 @@ def test_a_desync_is_named_with_rank_and_line_and_ends_the_run(tmp_path, how):
     (tmp_path / "desync.py").write_text(SCRIPT)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "SLURM_"))}
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "trainscale", "run", "--nproc-per-node", "2", "--log-dir", "logs",
-                           "desync.py", how], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150)
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainscale", "run", "--nproc-per-node", "2", "--log-dir", "logs", "desync.py", how],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
     elapsed = time.monotonic() - started
     err = proc.stderr
     assert proc.returncode == 124, err[-4000:]

@@ -12,18 +12,22 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers.cli import in_process
+
 from trainscale.observe.records import read_run
 from trainscale.observe.stragglers import PHASE_TEXT, diagnose
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "slow_rank.py"
 SLOW_S = 0.04
-PHASE = {"loader": "loader", "between": "between", "forward": "forward", "backward": "backward",
-         "after_step": "data"}
+PHASE = {"loader": "loader", "between": "between", "forward": "forward", "backward": "backward", "after_step": "data"}
 """Where rank 1 loses its time -> the phase the diagnosis must name."""
-FUNCTION = {"loader": "main.collate", "between": "main.get_batch", "forward": "Net.forward",
-            "backward": "SlowBackward.backward", "after_step": "log_step"}
+FUNCTION = {
+    "loader": "main.collate",
+    "between": "main.get_batch",
+    "forward": "Net.forward",
+    "backward": "SlowBackward.backward",
+    "after_step": "log_step",
+}
 """The function of each injected delay (its line is marked ``# place: <kind>`` in the script)."""
 if sys.version_info < (3, 11):  # no qualified names in code objects before: the function's own name
     FUNCTION = {kind: name.rsplit(".", 1)[-1] for kind, name in FUNCTION.items()}
@@ -34,9 +38,23 @@ UNFOUNDED = ("CPU binding", "shares CPU", "cannot keep up", "sharded strategy")
 
 def _run(tmp_path: Path, slow: str, accum: int = 1) -> tuple[Path, str]:
     logs = tmp_path / "logs"
-    done = in_process("run", "--nproc-per-node", "2", "--log-dir", str(logs), str(SCRIPT), cwd=tmp_path,
-                      env={"SLOW": slow, "SLOW_S": str(SLOW_S), "STEPS": str(STEPS), "ACCUM": str(accum),
-                           "OMP_NUM_THREADS": "1", "TRAINSCALE_STRAGGLER_EVERY": "0.2"})
+    done = in_process(
+        "run",
+        "--nproc-per-node",
+        "2",
+        "--log-dir",
+        str(logs),
+        str(SCRIPT),
+        cwd=tmp_path,
+        env={
+            "SLOW": slow,
+            "SLOW_S": str(SLOW_S),
+            "STEPS": str(STEPS),
+            "ACCUM": str(accum),
+            "OMP_NUM_THREADS": "1",
+            "TRAINSCALE_STRAGGLER_EVERY": "0.2",
+        },
+    )
     assert done.returncode == 0, done.stderr
     (run_dir,) = [d for d in logs.iterdir() if (d / "metrics").is_dir() and not d.is_symlink()]
     report = in_process("report", str(run_dir), "--text", cwd=tmp_path)
@@ -59,9 +77,12 @@ def test_the_slow_rank_and_where_it_lost_its_time_are_named(tmp_path, slow):
     assert live and where in live[-1]["message"], live  # the live notice names it too
     assert f"its time goes in {where}" in verdict, verdict
 
-    said = re.search(r"\[problem\] straggler: rank 1 on \S+ arrives last at the gradient all-reduce, "
-                     r"[\d.]+ ms after the others each step: (.*)\. The job would be ~(\d+)% faster without it: "
-                     r"([\d.]+) ms of each ([\d.]+) ms step", verdict)
+    said = re.search(
+        r"\[problem\] straggler: rank 1 on \S+ arrives last at the gradient all-reduce, "
+        r"[\d.]+ ms after the others each step: (.*)\. The job would be ~(\d+)% faster without it: "
+        r"([\d.]+) ms of each ([\d.]+) ms step",
+        verdict,
+    )
     assert said and said[1].startswith(PHASE_TEXT[PHASE[slow]] + " ("), verdict
     late, step = float(said[3]) / 1e3, float(said[4]) / 1e3
     assert 0.75 * SLOW_S < late < 1.5 * SLOW_S and late < step and int(said[2]) == round(100 * late / step)

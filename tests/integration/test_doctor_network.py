@@ -12,8 +12,18 @@ from pathlib import Path
 
 from helpers.cli import in_process
 
-LAUNCHER_PREFIXES = ("RANK", "LOCAL_", "WORLD_SIZE", "GROUP_", "MASTER_", "SLURM_", "TORCHELASTIC", "OMPI_", "PMI_",
-                     "TRAINSCALE_")
+LAUNCHER_PREFIXES = (
+    "RANK",
+    "LOCAL_",
+    "WORLD_SIZE",
+    "GROUP_",
+    "MASTER_",
+    "SLURM_",
+    "TORCHELASTIC",
+    "OMPI_",
+    "PMI_",
+    "TRAINSCALE_",
+)
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
@@ -52,8 +62,19 @@ def test_doctor_nproc_2_reports_a_passing_all_reduce_from_both_ranks(tmp_path):
 
 
 def test_doctor_module_under_trainscale_run_prints_one_report_on_rank0(tmp_path):
-    proc = _here("run", "--nproc-per-node", "2", "--log-dir", "logs", "-m", "trainscale.doctor",
-                 "--network", "--size-mib", "1", cwd=tmp_path)
+    proc = _here(
+        "run",
+        "--nproc-per-node",
+        "2",
+        "--log-dir",
+        "logs",
+        "-m",
+        "trainscale.doctor",
+        "--network",
+        "--size-mib",
+        "1",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("Summary:") == 1
     for rank in (0, 1):
@@ -65,13 +86,28 @@ def test_doctor_as_srun_tasks_rank0_creates_the_store_and_both_ranks_pass(tmp_pa
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    common = dict(SLURM_JOB_ID="4242", SLURM_STEP_ID="0", SLURM_NODEID="0", SLURM_NTASKS="2",
-                  SLURM_TASKS_PER_NODE="2", SLURM_JOB_NODELIST="localhost", MASTER_ADDR="127.0.0.1",
-                  MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, "-m", "trainscale.doctor", "--network", "--json", "--size-mib", "1",
-                               "--timeout", "60"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=_clean_env(**common, SLURM_PROCID=str(r), SLURM_LOCALID=str(r)))
-             for r in (0, 1)]
+    common = dict(
+        SLURM_JOB_ID="4242",
+        SLURM_STEP_ID="0",
+        SLURM_NODEID="0",
+        SLURM_NTASKS="2",
+        SLURM_TASKS_PER_NODE="2",
+        SLURM_JOB_NODELIST="localhost",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "trainscale.doctor", "--network", "--json", "--size-mib", "1", "--timeout", "60"],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_clean_env(**common, SLURM_PROCID=str(r), SLURM_LOCALID=str(r)),
+        )
+        for r in (0, 1)
+    ]
     outputs = [p.communicate(timeout=180) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
     assert outputs[1][0] == ""  # rank 1 sent its findings to rank 0 and printed nothing
@@ -82,12 +118,26 @@ def test_doctor_as_srun_tasks_rank0_creates_the_store_and_both_ranks_pass(tmp_pa
 
 
 def test_unresolvable_master_under_a_launch_env_is_an_error_naming_host_and_port(tmp_path):
-    env = _clean_env(RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", GROUP_RANK="0",
-                     MASTER_ADDR="no-such-host.invalid", MASTER_PORT="29555", TORCHELASTIC_RESTART_COUNT="0")
-    proc = subprocess.run([sys.executable, "-m", "trainscale.doctor", "--network"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
+    env = _clean_env(
+        RANK="1",
+        LOCAL_RANK="1",
+        WORLD_SIZE="2",
+        LOCAL_WORLD_SIZE="2",
+        GROUP_RANK="0",
+        MASTER_ADDR="no-such-host.invalid",
+        MASTER_PORT="29555",
+        TORCHELASTIC_RESTART_COUNT="0",
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainscale.doctor", "--network"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1
-    line = next(l for l in proc.stdout.splitlines() if "rank 1 master address" in l)
+    line = next(ln for ln in proc.stdout.splitlines() if "rank 1 master address" in ln)
     assert line.startswith("[ERROR]") and "no-such-host.invalid" in line and "29555" in line
 
 
@@ -97,8 +147,14 @@ def doctor_network_on_rank(size_mib: float) -> tuple[list, str]:
     from trainscale.env import detect
     from trainscale.topology import current_affinity
 
-    findings, outcome = run_network(detect(), dict(os.environ), host=socket.gethostname(),
-                                    affinity=current_affinity(), timeout_s=60, numel=int(size_mib * 2**18))
+    findings, outcome = run_network(
+        detect(),
+        dict(os.environ),
+        host=socket.gethostname(),
+        affinity=current_affinity(),
+        timeout_s=60,
+        numel=int(size_mib * 2**18),
+    )
     return [f.to_dict() for f in findings], outcome
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from helpers.multiproc import run_on_ranks
 
 GLOBAL_BATCH, STEPS, N_SAMPLES = 16, 4, 64
@@ -37,8 +36,9 @@ def train_with_trainscale() -> dict[str, torch.Tensor]:
 
     with trainscale.init(seed=0) as rt:
         images, labels = _data()
-        loader = DeviceTensorLoader.for_runtime(images, labels, runtime=rt,
-                                                batch_size=GLOBAL_BATCH // rt.world_size, shuffle=False)
+        loader = DeviceTensorLoader.for_runtime(
+            images, labels, runtime=rt, batch_size=GLOBAL_BATCH // rt.world_size, shuffle=False
+        )
         strategy = get_strategy("ddp")
         model, opt = strategy.wrap(_model(), lambda p: torch.optim.SGD(p, lr=0.05), rt)
         batches = iter(loader)

@@ -21,15 +21,24 @@ FAST_CNN = ["--workload", "cnn", "--data", "synthetic", "--samples", "512", "--b
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "SLURM_",
-                                                                   "TRAINSCALE_FAULT"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "SLURM_", "TRAINSCALE_FAULT"))
+    }
     env.update(extra)
     return env
 
 
 def start(args: list[str], cwd: Path, **extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "trainscale", *args], cwd=cwd, env=_env(**extra),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "trainscale", *args],
+        cwd=cwd,
+        env=_env(**extra),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def here(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
@@ -38,8 +47,14 @@ def here(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 
 def run(args: list[str], cwd: Path, timeout: float = 240, **extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainscale", *args], cwd=cwd, env=_env(**extra),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "trainscale", *args],
+        cwd=cwd,
+        env=_env(**extra),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def wait_for(predicate, timeout: float, what: str):
@@ -74,7 +89,18 @@ def kill_rank_after_first_checkpoint(proc: subprocess.Popen, ckpt_dir: Path, ran
     return time.monotonic()
 
 
-SIX_EPOCHS = ["run", "--nproc-per-node", "2", "--log-dir", "logs", *FAST_CNN, "--epochs", "6", "--checkpoint-every", "8"]
+SIX_EPOCHS = [
+    "run",
+    "--nproc-per-node",
+    "2",
+    "--log-dir",
+    "logs",
+    *FAST_CNN,
+    "--epochs",
+    "6",
+    "--checkpoint-every",
+    "8",
+]
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +126,23 @@ def test_sigkilled_rank_restarts_and_resumes_to_identical_weights(tmp_path, unin
 
 
 def test_sigkilled_rank_without_restarts_fails_fast_and_is_named(tmp_path):
-    proc = start(["run", "--nproc-per-node", "2", "--log-dir", "logs", *FAST_CNN, "--epochs", "50",
-                  "--checkpoint-every", "8", "--checkpoint-dir", "ck"], tmp_path)
+    proc = start(
+        [
+            "run",
+            "--nproc-per-node",
+            "2",
+            "--log-dir",
+            "logs",
+            *FAST_CNN,
+            "--epochs",
+            "50",
+            "--checkpoint-every",
+            "8",
+            "--checkpoint-dir",
+            "ck",
+        ],
+        tmp_path,
+    )
     killed_at = kill_rank_after_first_checkpoint(proc, tmp_path / "ck")
     _, err = proc.communicate(timeout=120)
     elapsed = time.monotonic() - killed_at
@@ -113,12 +154,18 @@ def test_sigkilled_rank_without_restarts_fails_fast_and_is_named(tmp_path):
 
 def test_hung_rank_becomes_a_named_error_and_nothing_is_left_behind(tmp_path):
     started = time.monotonic()
-    proc = start(["run", "--nproc-per-node", "2", "--log-dir", "logs", *FAST_CNN, "--timeout", "5"], tmp_path,
-                 TRAINSCALE_FAULT="hang:rank=1:step=3")
+    proc = start(
+        ["run", "--nproc-per-node", "2", "--log-dir", "logs", *FAST_CNN, "--timeout", "5"],
+        tmp_path,
+        TRAINSCALE_FAULT="hang:rank=1:step=3",
+    )
     pids = set()
     while proc.poll() is None and len(pids) < 2:  # remember the workers to check they are gone
-        pids |= {c.pid for c in psutil.Process(proc.pid).children(recursive=True)
-                 if c.name().startswith("ts-rank")} if psutil.pid_exists(proc.pid) else set()
+        pids |= (
+            {c.pid for c in psutil.Process(proc.pid).children(recursive=True) if c.name().startswith("ts-rank")}
+            if psutil.pid_exists(proc.pid)
+            else set()
+        )
         time.sleep(0.05)
     _, err = proc.communicate(timeout=5 + 60 + 60)
     elapsed = time.monotonic() - started
@@ -153,14 +200,17 @@ def test_the_hang_timeout_ends_a_hung_plain_script_with_the_culprit_as_root_caus
     """issue 46 item 5: a hang was named at ~21 s, and then the job waited out gloo's 30 minutes."""
     (tmp_path / "hang.py").write_text(HUNG_IN_ITS_LOOP)
     started = time.monotonic()
-    proc = run(["run", "--nproc-per-node", "2", "--log-dir", "logs", "--hang-timeout", "10", "hang.py"], tmp_path,
-               timeout=180)
+    proc = run(
+        ["run", "--nproc-per-node", "2", "--log-dir", "logs", "--hang-timeout", "10", "hang.py"], tmp_path, timeout=180
+    )
     elapsed = time.monotonic() - started
     err = proc.stderr
     assert proc.returncode == 124, err[-4000:]
     host = socket.gethostname()
-    assert (f"Root cause: rank(s) 1 hung (stopped participating) — rank 1 on {host} (pid " in err
-            and "): step -1, at hang.py:10 in <module>" in err), err[-4000:]
+    assert (
+        f"Root cause: rank(s) 1 hung (stopped participating) — rank 1 on {host} (pid " in err
+        and "): step -1, at hang.py:10 in <module>" in err
+    ), err[-4000:]
     assert "no progress for 10s" in err and "rank 1's Python stack" in err and "time.sleep(1)" in err, err[-4000:]
     assert elapsed < 120, f"took {elapsed:.0f}s"
     report = here(["report", "logs/latest", "--text"], tmp_path)
@@ -175,11 +225,29 @@ def test_missing_node_ends_with_a_rendezvous_timeout(tmp_path, rendezvous):
     script.write_text("print('never runs')\n")
     port = _free_port()
     # torchrun's two spellings of a 2-node job, as the courses write them; only node 0 is started
-    where = (["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"] if rendezvous == "c10d" else
-             ["--master-addr", "127.0.0.1", "--master-port", str(port), "--node-rank", "0"])
+    where = (
+        ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
+        if rendezvous == "c10d"
+        else ["--master-addr", "127.0.0.1", "--master-port", str(port), "--node-rank", "0"]
+    )
     started = time.monotonic()
-    proc = run(["run", "--nnodes", "2", "--nproc-per-node", "1", *where,
-                "--rdzv-timeout", "8", "--log-dir", "logs", str(script)], tmp_path, timeout=120)
+    proc = run(
+        [
+            "run",
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "1",
+            *where,
+            "--rdzv-timeout",
+            "8",
+            "--log-dir",
+            "logs",
+            str(script),
+        ],
+        tmp_path,
+        timeout=120,
+    )
     elapsed = time.monotonic() - started
     assert proc.returncode == 2
     assert "not all of the 2 node(s) arrived within 8s" in proc.stderr and "Hint:" in proc.stderr
@@ -194,8 +262,9 @@ def _free_port() -> int:
 
 
 def test_unresolvable_master_is_reported_before_start(tmp_path):
-    proc = here(["run", "--rdzv-endpoint", "no-such-host.invalid:29400", "--log-dir", "logs", "--workload", "cnn"],
-                tmp_path)
+    proc = here(
+        ["run", "--rdzv-endpoint", "no-such-host.invalid:29400", "--log-dir", "logs", "--workload", "cnn"], tmp_path
+    )
     assert proc.returncode == 2 and "'no-such-host.invalid' does not resolve" in proc.stderr
     assert not (tmp_path / "logs").exists()
 
@@ -205,14 +274,14 @@ def test_busy_port_is_reported_naming_host_and_port(tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        proc = here(["run", "--rdzv-endpoint", f"127.0.0.1:{port}", "--log-dir", "logs", "--workload", "cnn"],
-                    tmp_path)
+        proc = here(["run", "--rdzv-endpoint", f"127.0.0.1:{port}", "--log-dir", "logs", "--workload", "cnn"], tmp_path)
     assert proc.returncode == 2 and f"port {port} on 127.0.0.1" in proc.stderr and "not free" in proc.stderr
 
 
 def test_two_jobs_on_one_host_never_join_each_other(tmp_path):
     script = tmp_path / "join_check.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import os, sys
         import torch, torch.distributed as dist
         import trainscale
@@ -221,9 +290,12 @@ def test_two_jobs_on_one_host_never_join_each_other(tmp_path):
             seen = [torch.zeros(1) for _ in range(rt.world_size)]
             dist.all_gather(seen, mine)
             print("TOKENS", rt.world_size, sorted(int(t.item()) for t in seen), flush=True)
-    """))
-    jobs = [start(["run", "--nproc-per-node", "2", "--log-dir", f"logs{i}", str(script), str(token)], tmp_path)
-            for i, token in enumerate((111, 222))]
+    """)
+    )
+    jobs = [
+        start(["run", "--nproc-per-node", "2", "--log-dir", f"logs{i}", str(script), str(token)], tmp_path)
+        for i, token in enumerate((111, 222))
+    ]
     outputs = [job.communicate(timeout=120) for job in jobs]
     for job, (out, err), token in zip(jobs, outputs, (111, 222)):
         assert job.returncode == 0, err
@@ -265,7 +337,8 @@ def test_stores_listen_on_loopback_only_for_a_single_node_run(tmp_path, rendezvo
     whether trainscale picks the port or the user names it (torch's static rendezvous:
     ``--master-addr 127.0.0.1 --master-port P``)."""
     script = tmp_path / "wait.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import pathlib, sys, time
         import trainscale
         with trainscale.init() as rt:
@@ -274,7 +347,8 @@ def test_stores_listen_on_loopback_only_for_a_single_node_run(tmp_path, rendezvo
             while not go.exists():
                 time.sleep(0.05)
             rt.barrier()
-    """))
+    """)
+    )
     go = tmp_path / "go"
     port = _free_port()
     where = ["--master-addr", "127.0.0.1", "--master-port", str(port)] if rendezvous == "static" else []
@@ -282,8 +356,9 @@ def test_stores_listen_on_loopback_only_for_a_single_node_run(tmp_path, rendezvo
     try:
         wait_for(lambda: all((tmp_path / f"go.ready{r}").exists() for r in (0, 1)), 120, "both ranks")
         family = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
-        listening = [c.laddr for c in psutil.net_connections(kind="inet")
-                     if c.status == psutil.CONN_LISTEN and c.pid in family]
+        listening = [
+            c.laddr for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.pid in family
+        ]
     finally:
         go.touch()
     assert proc.wait(timeout=60) == 0

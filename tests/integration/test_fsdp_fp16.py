@@ -7,9 +7,8 @@ the largest fp32 update) of the fp32 DDP run's, after K plain-SGD steps (fp16 ke
 from __future__ import annotations
 
 import torch
-from torch import nn
-
 from helpers.multiproc import run_on_ranks
+from torch import nn
 
 STEPS, GLOBAL_BATCH, WIDTH = 3, 16, 32
 TINY = 1e-7  # scales the loss so that its gradients (~1e-9) lie below fp16's smallest number (~6e-8)
@@ -31,7 +30,7 @@ def train(rt, spec: str) -> tuple[dict[str, torch.Tensor], dict]:
     strategy = get_strategy(spec)
     model, opt = strategy.wrap(mlp(), OptimizerSpec(torch.optim.SGD, {"lr": 1e5}), rt)
     for i in range(STEPS):
-        xs, ys = x[i, rt.rank * per:(rt.rank + 1) * per], y[i, rt.rank * per:(rt.rank + 1) * per]
+        xs, ys = x[i, rt.rank * per : (rt.rank + 1) * per], y[i, rt.rank * per : (rt.rank + 1) * per]
         strategy.backward_loss(nn.functional.cross_entropy(model(xs).float(), ys) * TINY, model)
         strategy.micro_step(opt, model, last=True)
     params = strategy.full_model_state(model)

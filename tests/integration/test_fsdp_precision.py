@@ -4,9 +4,8 @@ compute in the dtype its multi-rank runs do, or its speedups and MFU compare bf1
 from __future__ import annotations
 
 import torch
-from torch import nn
-
 from helpers.multiproc import run_on_ranks
+from torch import nn
 
 
 def compute_dtypes(mixed_precision: str) -> dict:

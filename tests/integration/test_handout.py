@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
-
 from helpers.multiproc import run_on_ranks
+from torch import nn
 
 LR = 0.1
 
@@ -64,6 +63,8 @@ def test_a_scheduler_on_the_handed_optimizer_moves_the_learning_rate_that_trains
         assert out["handed"], rank
         assert out["lr"] == [LR / 2, LR / 4, LR / 8], out["lr"]  # the optimizer's own, stepped by the scheduler
         for ratios, lr in zip(out["ratios"], (LR / 2, LR / 4)):  # the update each weight got, over its gradient
-            assert all(torch.allclose(r, torch.full_like(r, lr), rtol=1e-2) for r in ratios.values() if r.numel()), \
-                (lr, ratios)
+            assert all(torch.allclose(r, torch.full_like(r, lr), rtol=1e-2) for r in ratios.values() if r.numel()), (
+                lr,
+                ratios,
+            )
         assert out["shared"]  # param_groups are the optimizer's own, not a copy

@@ -22,9 +22,10 @@ WAIT = timedelta(seconds=10 * TIMEOUT_S + 30)  # bounds on the test's own waits,
 
 
 def stalled_rank_zero() -> dict:
-    import trainscale
     import torch
     import torch.distributed as dist
+
+    import trainscale
     from trainscale.runtime.hangwatch.heartbeat import Heartbeat
 
     with trainscale.init(timeout_s=TIMEOUT_S, set_threads=False) as rt:
@@ -62,9 +63,10 @@ def test_a_rank_stuck_where_no_exception_reaches_names_the_missing_rank():
 def stalled_inside_the_step() -> dict:
     """NCCL-like, in the README's pattern: both ranks enter step 1; rank 0 queues its all-reduce (async, as
     NCCL returns at once) and waits where a CUDA synchronisation would; rank 1 hangs before its own."""
-    import trainscale
     import torch
     import torch.distributed as dist
+
+    import trainscale
     from trainscale.runtime.hangwatch.heartbeat import Heartbeat
 
     with trainscale.init(timeout_s=TIMEOUT_S, set_threads=False) as rt:
@@ -112,9 +114,10 @@ def late_group(delay_s: float) -> str:
     """After the heartbeat has read every record, a group whose ranks arrive ``delay_s`` apart: rank 0
     reads the group's id from the store as NCCL's communicator creation does (a blocking get that waits
     with the store's timeout), rank 1 comes late and publishes it, then both make the gloo group."""
-    import trainscale
     import torch
     import torch.distributed as dist
+
+    import trainscale
 
     with trainscale.init(timeout_s=60, set_threads=False) as rt:
         with rt.guard(0):
@@ -141,8 +144,9 @@ def test_a_group_made_after_the_watcher_read_waits_as_long_as_the_job_allows():
 
 def everyone_in_a_long_step() -> dict:
     """Both ranks sit in the same step (a long checkpoint or evaluation) past the timeout: no hang."""
-    import trainscale
     import torch.distributed as dist
+
+    import trainscale
     from trainscale.runtime.hangwatch.heartbeat import Heartbeat
 
     with trainscale.init(timeout_s=TIMEOUT_S, set_threads=False) as rt:
@@ -222,9 +226,10 @@ def a_background_save_during_a_stall() -> dict:
     """Rank 0 (the culprit) never joins all-reduce #2 of the training's group, which rank 1 waits in; rank 0's
     checkpoint writer meanwhile has issued the background save's collective on trainscale's own checkpoint group,
     which rank 1's writer has not started (each rank's writer runs at its own pace)."""
-    import trainscale
     import torch
     import torch.distributed as dist
+
+    import trainscale
     from trainscale.checkpoint.background import checkpoint_group
     from trainscale.runtime.hangwatch.heartbeat import Heartbeat
 
@@ -259,8 +264,11 @@ def test_a_background_save_during_a_stall_does_not_change_the_verdict():
     had not yet started the save's collective, was named behind (or the save's collective was taken for the
     one everybody waits in) while rank 0 held up the training's all-reduce."""
     results = run_on_ranks(a_background_save_during_a_stall, 2, timeout=120)
-    assert results[1] == {"kind": "missing", "culprits": [0],
-                          "collective": "all_reduce of shape [1] (collective #2 of process group 0)"}, results[1]
+    assert results[1] == {
+        "kind": "missing",
+        "culprits": [0],
+        "collective": "all_reduce of shape [1] (collective #2 of process group 0)",
+    }, results[1]
     record = results[0]["record"]
     assert record["issued"] == {"pg:0": 1} and record["background_groups"] == {"pg:1": "trainscale-checkpoint"}
     assert all(entry["pg"] == "pg:0" for entry in record["ledger"]), record["ledger"]

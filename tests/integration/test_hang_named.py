@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime
 
 import pytest
-
 from helpers.multiproc import run_on_ranks
 
 TIMEOUT_S = 4.0
@@ -48,8 +47,13 @@ def run_scenarios(plan: list[tuple[str, str, int]]) -> list[str | None]:
     base = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), world, is_master=rank == 0, timeout=WAIT)
     found: list[str | None] = []
     for k, (hook, where, hung) in enumerate(plan):
-        dist.init_process_group("gloo", store=dist.PrefixStore(f"scenario{k}", base), rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=TIMEOUT_S))
+        dist.init_process_group(
+            "gloo",
+            store=dist.PrefixStore(f"scenario{k}", base),
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=TIMEOUT_S),
+        )
         rt = trainscale.init(timeout_s=TIMEOUT_S, set_threads=False)  # adopts the group
         rt.on_collective_timeout(lambda error: 1 / 0)  # a broken callback must not hide the diagnosis
         torch.manual_seed(0)

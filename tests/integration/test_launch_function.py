@@ -24,8 +24,9 @@ def test_the_example_notebook_runs_a_notebook_function_on_two_ranks(tmp_path):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     notebook = nbformat.read(NOTEBOOK, as_version=4)
-    client = nbclient.NotebookClient(notebook, timeout=240, kernel_name="python3",
-                                     resources={"metadata": {"path": str(tmp_path)}})
+    client = nbclient.NotebookClient(
+        notebook, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
     client.execute(env={**os.environ, "OMP_NUM_THREADS": "1"})
     code = [c for c in notebook.cells if c.cell_type == "code"]
     results = _output(code[2])
@@ -36,7 +37,7 @@ def test_the_example_notebook_runs_a_notebook_function_on_two_ranks(tmp_path):
     assert (tmp_path / "trainscale-runs").is_dir()  # the ranks' logs, beside the notebook
 
 
-SCRIPT = '''
+SCRIPT = """
 import functools, os, signal, sys
 import trainscale
 
@@ -56,14 +57,20 @@ if __name__ == "__main__":
         trainscale.launch(killed, nproc=2)
     except trainscale.RankFailed as error:
         print("FAILED", error.rank, "|", error, flush=True)
-'''
+"""
 
 
 @pytest.mark.slow
 def test_from_a_script_results_by_rank_and_a_killed_rank(tmp_path):
     (tmp_path / "run.py").write_text(SCRIPT)
-    done = subprocess.run([sys.executable, "run.py"], cwd=tmp_path, capture_output=True, text=True, timeout=240,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(
+        [sys.executable, "run.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "RESULT [1, 11]" in done.stdout, done.stdout
     # SIGKILL leaves no exception to send back: the launcher's summary names the rank and the signal
@@ -71,7 +78,7 @@ def test_from_a_script_results_by_rank_and_a_killed_rank(tmp_path):
     assert "first failing rank: 1" in done.stdout and "SIGKILL" in done.stdout, done.stdout
 
 
-AGAIN = '''
+AGAIN = """
 import json, os, sys
 import torch
 import trainscale
@@ -91,7 +98,7 @@ if __name__ == "__main__":
     os.chdir(sys.argv[1])
     second = trainscale.launch(seen, nproc=2)
     print("RESULT", json.dumps({"first": first, "second": second, "launcher": os.getpid()}), flush=True)
-'''
+"""
 
 
 @pytest.mark.slow
@@ -102,11 +109,12 @@ def test_a_second_launch_in_one_process_forks_from_the_same_forkserver_with_the_
     that forkserver. (launch(fn)'s runner is trainscale's own module; here it carries the probe.)"""
     (tmp_path / "run.py").write_text(AGAIN)
     (tmp_path / "later").mkdir()
-    done = subprocess.run([sys.executable, "run.py", str(tmp_path / "later")], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=240)
+    done = subprocess.run(
+        [sys.executable, "run.py", str(tmp_path / "later")], cwd=tmp_path, capture_output=True, text=True, timeout=240
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
-    result = json.loads(line[len("RESULT "):])
+    result = json.loads(line[len("RESULT ") :])
     first, second, launcher = result["first"], result["second"], result["launcher"]
     assert [r[0] for r in first] == ["first"] * 2 and [r[0] for r in second] == ["second"] * 2, line
     assert {r[1] for r in first} == {str(tmp_path)} and {r[1] for r in second} == {str(tmp_path / "later")}, line

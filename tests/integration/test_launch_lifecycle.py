@@ -49,14 +49,23 @@ PLAIN_DDP = textwrap.dedent("""
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "SLURM_",
-                                                                   "TORCHELASTIC_", "TRAINSCALE_RUN_DIR"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "SLURM_", "TORCHELASTIC_", "TRAINSCALE_RUN_DIR"))
+    }
     return {**env, **extra}
 
 
 def _run(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainscale", "run", *args], cwd=cwd, env=_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "trainscale", "run", *args],
+        cwd=cwd,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 # The abort above, made certain: a C-level exit handler that aborts, as a C++ static's destructor may,
@@ -78,16 +87,41 @@ def test_a_plain_ddp_script_that_returns_exits_0_every_time(tmp_path):
     script.write_text(PLAIN_DDP)
     planted = tmp_path / "aborting_ddp.py"
     planted.write_text(PLAIN_DDP.replace("if sys.argv[1]", EXIT_TIME_ABORT + "if sys.argv[1]"))
-    unchanged = subprocess.run([sys.executable, planted, "return"], env=_env(RANK="0", LOCAL_RANK="0",
-                               WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="0"), capture_output=True)
+    unchanged = subprocess.run(
+        [sys.executable, planted, "return"],
+        env=_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="0"),
+        capture_output=True,
+    )
     assert unchanged.returncode == -signal.SIGABRT, unchanged  # the planted abort is real without trainscale
     runs = [(planted, "return"), (planted, "sys.exit"), (script, "return"), (script, "sys.exit")]
-    procs = [subprocess.Popen([sys.executable, "-m", "trainscale", "run", "--nproc-per-node", "2", "--log-dir",
-                               f"logs{k}", str(path), ending], cwd=tmp_path, env=_env(),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for k, (path, ending) in enumerate(runs)]
-    failed = [f"{path.name} {ending}: {err[-2000:]}" for (path, ending), proc in zip(runs, procs)
-              for _, err in [proc.communicate(timeout=300)] if proc.returncode != 0]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "trainscale",
+                "run",
+                "--nproc-per-node",
+                "2",
+                "--log-dir",
+                f"logs{k}",
+                str(path),
+                ending,
+            ],
+            cwd=tmp_path,
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for k, (path, ending) in enumerate(runs)
+    ]
+    failed = [
+        f"{path.name} {ending}: {err[-2000:]}"
+        for (path, ending), proc in zip(runs, procs)
+        for _, err in [proc.communicate(timeout=300)]
+        if proc.returncode != 0
+    ]
     assert not failed, "\n".join(failed)
 
 
@@ -119,8 +153,18 @@ RESTARTING = textwrap.dedent("""
 def test_restarts_are_announced_with_their_cause_and_a_crash_keeps_its_signal(tmp_path):
     script = tmp_path / "restarting.py"
     script.write_text(RESTARTING)
-    proc = _run(tmp_path, "--nproc-per-node", "2", "--max-restarts", "2", "--all-ranks", "--log-dir", "logs",
-                str(script), str(tmp_path))
+    proc = _run(
+        tmp_path,
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "2",
+        "--all-ranks",
+        "--log-dir",
+        "logs",
+        str(script),
+        str(tmp_path),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     err = proc.stderr
     ckpt = tmp_path / "ckpt"
@@ -128,13 +172,19 @@ def test_restarts_are_announced_with_their_cause_and_a_crash_keeps_its_signal(tm
     # error although rank 0 ended first (it lost its peer, whose process went on until the agent stopped it)
     # rank 1's exit with its error, or (on a loaded machine, its teardown slower than the agent) its stop by the
     # agent's SIGTERM while it exited: both are what happened, and both name its error
-    assert re.search(r"trainscale: attempt 1 of 3 failed: rank 1 on \S+ \((failed, then stopped by SIGTERM while "
-                     r"exiting|exit code 1): ValueError: rank 1 fails in attempt 0\); restarting all ranks \(attempt 2 "
-                     r"of 3\), resuming from " + re.escape(f"{ckpt / 'ckpt-00000001.pt'} (step 1)"), err), err
-    assert re.search(r"attempt 2 of 3 failed: rank 1 on \S+ \(killed by SIGSEGV\); restarting all ranks "
-                     r"\(attempt 3 of 3\), resuming from .*ckpt-00000002\.pt \(step 2\)", err), err
+    assert re.search(
+        r"trainscale: attempt 1 of 3 failed: rank 1 on \S+ \((failed, then stopped by SIGTERM while "
+        r"exiting|exit code 1): ValueError: rank 1 fails in attempt 0\); restarting all ranks \(attempt 2 "
+        r"of 3\), resuming from " + re.escape(f"{ckpt / 'ckpt-00000001.pt'} (step 1)"),
+        err,
+    ), err
+    assert re.search(
+        r"attempt 2 of 3 failed: rank 1 on \S+ \(killed by SIGSEGV\); restarting all ranks "
+        r"\(attempt 3 of 3\), resuming from .*ckpt-00000002\.pt \(step 2\)",
+        err,
+    ), err
     # the summary ends with the attempts and their causes
-    tail = err[err.index("rank(s) ended without training"):]  # no optimizer step: the script only checkpoints
+    tail = err[err.index("rank(s) ended without training") :]  # no optimizer step: the script only checkpoints
     assert "Attempts: 3 of 3 (--max-restarts 2):" in tail and "  3: finished" in tail
     assert "  1: failed, rank 1 on" in tail and "  2: failed, rank 1 on" in tail and "SIGSEGV" in tail
     # torch's lines that these replace are gone; a traceback carries one rank prefix
@@ -180,16 +230,36 @@ def _start(tmp_path: Path, ignored: tuple[int, ...] = ()) -> tuple[subprocess.Po
         for signum in ignored:
             signal.signal(signum, signal.SIG_IGN)
 
-    proc = subprocess.Popen([sys.executable, "-m", "trainscale", "run", "--nproc-per-node", "2", "--log-dir", "logs",
-                             str(script), str(tmp_path)], cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=ignore if ignored else None)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trainscale",
+            "run",
+            "--nproc-per-node",
+            "2",
+            "--log-dir",
+            "logs",
+            str(script),
+            str(tmp_path),
+        ],
+        cwd=tmp_path,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=ignore if ignored else None,
+    )
     deadline = time.monotonic() + 180
     while not all((tmp_path / f"training{r}").exists() for r in (0, 1)):
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "the ranks never started training"
         time.sleep(0.1)
-    workers = [c for c in psutil.Process(proc.pid).children(recursive=True)
-               if "trainscale.launch.bootstrap" in " ".join(c.cmdline())]
+    workers = [
+        c
+        for c in psutil.Process(proc.pid).children(recursive=True)
+        if "trainscale.launch.bootstrap" in " ".join(c.cmdline())
+    ]
     assert len(workers) == 2
     return proc, workers
 
@@ -250,12 +320,15 @@ def test_a_signal_to_the_launcher_stops_everything_with_one_line(tmp_path, signu
     assert proc.returncode == 128 + signum, err
     lines = [line for line in err.splitlines() if not line.startswith("trainscale: set OMP_NUM_THREADS")]
     logs = next(p for p in (tmp_path / "logs").iterdir() if not p.is_symlink())  # not the "latest" link
-    assert lines == [f"trainscale: received {signal.Signals(signum).name}: stopped the 2 rank(s) of this node; "
-                     f"per-rank logs in {logs}"], err
+    assert lines == [
+        f"trainscale: received {signal.Signals(signum).name}: stopped the 2 rank(s) of this node; "
+        f"per-rank logs in {logs}"
+    ], err
     assert "Traceback" not in out + err
     assert not _wait_gone(family, timeout=10), "a process outlived the launcher"
-    assert not any(c.status == psutil.CONN_LISTEN for c in psutil.net_connections(kind="inet")
-                   if c.pid in {p.pid for p in family}), "a socket still listens"
+    assert not any(
+        c.status == psutil.CONN_LISTEN for c in psutil.net_connections(kind="inet") if c.pid in {p.pid for p in family}
+    ), "a socket still listens"
     assert mapped and not any(Path(name).exists() for name in mapped), f"shared memory left: {mapped}"
 
 
@@ -271,9 +344,31 @@ def test_a_launcher_started_under_nohup_stops_a_workloads_ranks_at_once(tmp_path
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     with console.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "trainscale", "run", "--nproc-per-node", "2", "--log-dir", "logs",
-                                 "--workload", "cnn", "--data", "synthetic", "--samples", "200000", "--log-every", "0"],
-                                cwd=tmp_path, env=_env(), stdout=out, stderr=subprocess.STDOUT, preexec_fn=nohup)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "trainscale",
+                "run",
+                "--nproc-per-node",
+                "2",
+                "--log-dir",
+                "logs",
+                "--workload",
+                "cnn",
+                "--data",
+                "synthetic",
+                "--samples",
+                "200000",
+                "--log-every",
+                "0",
+            ],
+            cwd=tmp_path,
+            env=_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=nohup,
+        )
     deadline = time.monotonic() + 180
     while "[rank0]: cnn:" not in console.read_text():  # set up and training
         assert proc.poll() is None, console.read_text()
@@ -290,7 +385,8 @@ def test_a_launcher_started_under_nohup_stops_a_workloads_ranks_at_once(tmp_path
     said = [line for line in console.read_text().splitlines() if not line.startswith("[rank0]:")]
     assert [line for line in said if "OMP_NUM_THREADS" not in line] == [  # one line: torch's per rank left out
         f"trainscale: received SIGHUP: stopped the 2 rank(s) of this node; per-rank logs in "
-        f"{next(p for p in (tmp_path / 'logs').iterdir() if not p.is_symlink())}"], said
+        f"{next(p for p in (tmp_path / 'logs').iterdir() if not p.is_symlink())}"
+    ], said
 
 
 @pytest.mark.slow
@@ -299,9 +395,30 @@ def test_forked_workers_of_a_workload_and_their_forkserver_die_with_a_sigkilled_
     must still die with it, and the forkserver too."""
     console = tmp_path / "console.txt"
     with console.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "trainscale", "run", "--nproc-per-node", "2", "--log-dir", "logs",
-                                 "--workload", "cnn", "--data", "synthetic", "--samples", "200000", "--log-every", "0"],
-                                cwd=tmp_path, env=_env(), stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "trainscale",
+                "run",
+                "--nproc-per-node",
+                "2",
+                "--log-dir",
+                "logs",
+                "--workload",
+                "cnn",
+                "--data",
+                "synthetic",
+                "--samples",
+                "200000",
+                "--log-every",
+                "0",
+            ],
+            cwd=tmp_path,
+            env=_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     deadline = time.monotonic() + 180
     while "[rank0]: cnn:" not in console.read_text():  # set up and training
         assert proc.poll() is None, console.read_text()

@@ -5,9 +5,8 @@ the gradients of the first micro-batch stay local (no all-reduce before the last
 from __future__ import annotations
 
 import torch
-from torch import nn
-
 from helpers.multiproc import run_on_ranks
+from torch import nn
 
 SAMPLES, WIDTH, STEPS = 64, 8, 4
 
@@ -29,14 +28,22 @@ def run_loop(per_rank_batch: int, accumulation: int) -> dict:
 
     with trainscale.init(seed=0, set_threads=False) as rt:
         loader = DeviceTensorLoader.for_runtime(x, y, runtime=rt, batch_size=per_rank_batch, shuffle=False)
-        task = Task(name="mlp", loss=loss, loader=loader, samples=SAMPLES,
-                    model=lambda: nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh(), nn.Linear(WIDTH, 3)),
-                    optimizer=OptimizerSpec(torch.optim.SGD, {"lr": 0.5}))
-        opts = TrainOptions(max_steps=STEPS, epochs=1, batch_size=per_rank_batch, grad_accum=accumulation,
-                            log_every=0)
+        task = Task(
+            name="mlp",
+            loss=loss,
+            loader=loader,
+            samples=SAMPLES,
+            model=lambda: nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh(), nn.Linear(WIDTH, 3)),
+            optimizer=OptimizerSpec(torch.optim.SGD, {"lr": 0.5}),
+        )
+        opts = TrainOptions(max_steps=STEPS, epochs=1, batch_size=per_rank_batch, grad_accum=accumulation, log_every=0)
         result = Loop(rt, opts, task).run()
-        return {"params": {k: v.detach().clone() for k, v in result["model"].state_dict().items()},
-                "seen": seen, "steps": result["steps"], "samples_per_s": result["epochs"][0]["samples_per_s"]}
+        return {
+            "params": {k: v.detach().clone() for k, v in result["model"].state_dict().items()},
+            "seen": seen,
+            "steps": result["steps"],
+            "samples_per_s": result["epochs"][0]["samples_per_s"],
+        }
 
 
 def test_accumulating_on_two_ranks_equals_one_process_on_the_whole_batch():

@@ -13,13 +13,25 @@ import sys
 from pathlib import Path
 
 import pytest
-
-import trainscale
 from helpers.container_image import copy_distributions
 
+import trainscale
+
 CORE = ("torch", "numpy", "python-hostlist", "psutil", "rich", "cloudpickle")
-OPTIONAL = ("scikit-learn", "matplotlib", "transformers", "accelerate", "tokenizers", "tensorboard", "deepspeed",
-            "hjson", "wandb", "mlflow-skinny", "nbclient", "ipykernel")
+OPTIONAL = (
+    "scikit-learn",
+    "matplotlib",
+    "transformers",
+    "accelerate",
+    "tokenizers",
+    "tensorboard",
+    "deepspeed",
+    "hjson",
+    "wandb",
+    "mlflow-skinny",
+    "nbclient",
+    "ipykernel",
+)
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +50,27 @@ def plain_python(tmp_path_factory) -> str:
 
 def test_cnn_runs_with_nothing_optional_installed(tmp_path, plain_python):
     python = plain_python
-    done = subprocess.run([python, "-m", "trainscale", "run", "--nproc-per-node", "2", "--log-dir",
-                           str(tmp_path / "logs"), "--workload", "cnn", "--epochs", "1"],
-                          env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [
+            python,
+            "-m",
+            "trainscale",
+            "run",
+            "--nproc-per-node",
+            "2",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "--workload",
+            "cnn",
+            "--epochs",
+            "1",
+        ],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert "1438 training samples" in done.stdout and "Epoch 1: loss" in done.stdout, done.stdout
 
@@ -49,22 +78,54 @@ def test_cnn_runs_with_nothing_optional_installed(tmp_path, plain_python):
 @pytest.mark.slow
 def test_a_study_without_matplotlib_keeps_its_results_and_its_report_says_how_to_get_plots(tmp_path, plain_python):
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("TRAINSCALE_")}, "OMP_NUM_THREADS": "1"}
-    bench = subprocess.run([plain_python, "-m", "trainscale", "bench", "--workload", "cnn", "--configs", "1,2",
-                            "--epochs", "1", "--max-steps", "3", "--data", "synthetic", "--samples", "128",
-                            "--out", "study"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    bench = subprocess.run(
+        [
+            plain_python,
+            "-m",
+            "trainscale",
+            "bench",
+            "--workload",
+            "cnn",
+            "--configs",
+            "1,2",
+            "--epochs",
+            "1",
+            "--max-steps",
+            "3",
+            "--data",
+            "synthetic",
+            "--samples",
+            "128",
+            "--out",
+            "study",
+        ],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert bench.returncode == 0, bench.stdout + bench.stderr  # the study ran: a missing extra is no failure
     study = tmp_path / "study"
     results = json.loads((study / "results.json").read_text())
     assert [r["status"] for r in results["runs"]] == ["ok", "ok"] and results["plots"] == {}
     assert (study / "results.csv").read_text().count("\n") == 3 and "| DDP 2 CPU ranks | 2 |" in (
-        study / "results.md").read_text()
+        study / "results.md"
+    ).read_text()
     assert not list(study.glob("*.png"))
-    assert ("trainscale bench: plots need matplotlib, which is not installed: pip install matplotlib"
-            in bench.stderr)  # one line saying how to get the optional part
+    assert (
+        "trainscale bench: plots need matplotlib, which is not installed: pip install matplotlib" in bench.stderr
+    )  # one line saying how to get the optional part
     assert "next: trainscale report study" in bench.stdout
 
-    report = subprocess.run([plain_python, "-m", "trainscale", "report", "study"], env=env, cwd=tmp_path,
-                            capture_output=True, text=True, timeout=300)
+    report = subprocess.run(
+        [plain_python, "-m", "trainscale", "report", "study"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert report.returncode == 0, report.stderr
     assert "(no plots: plots need matplotlib, which is not installed: pip install matplotlib)" in report.stdout
     assert "DDP 2 CPU ranks" in (study / "report" / "report.html").read_text()

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-PLAIN = '''
+PLAIN = """
 import os
 import torch
 import torch.distributed as dist
@@ -28,9 +28,9 @@ for epoch in range(1000):  # far more than a calibration needs: plan stops it
         loss.backward()
         optimizer.step()
 dist.destroy_process_group()
-'''
+"""
 
-RESUMABLE = '''
+RESUMABLE = """
 import torch
 from torch import nn
 import trainscale
@@ -46,12 +46,13 @@ with trainscale.init(seed=0) as rt:
         optimizer.step()
         optimizer.zero_grad()
         rt.checkpoint(step + 1, model, optimizer)  # every step
-'''
+"""
 
 
 def plan(tmp_path, *args):
-    return subprocess.run([sys.executable, "-m", "trainscale", "plan", *args], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "trainscale", "plan", *args], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_a_plain_ddp_script_is_calibrated_exactly_and_planned(tmp_path):
@@ -91,8 +92,9 @@ def test_a_scripts_own_ddp_on_cpu_ranks_here_pays_the_all_reduce_measured_among_
     assert made["own_calibrations"] == {} and "measuring: the all-reduce among 2 ranks here" in done.stderr
     from trainscale.plan.comm import Sweep
 
-    sweep = Sweep(**{**made["collectives_measured"][0], "points": tuple(map(tuple,
-                                                                           made["collectives_measured"][0]["points"]))})
+    sweep = Sweep(
+        **{**made["collectives_measured"][0], "points": tuple(map(tuple, made["collectives_measured"][0]["points"]))}
+    )
     one, two = (t["step_s"] for t in made["times"])
     # the same pace on the same share of the cores, and the gradients' all-reduce as measured among 2 ranks
     assert two == pytest.approx(one + sweep.seconds(made["calibration"]["grads"]), rel=1e-6)
@@ -129,8 +131,22 @@ def test_verify_runs_the_cheapest_configurations_and_prints_predicted_against_me
     """issue 37: `plan --verify` runs 2 ranks of the workload under ddp, zero1 and fsdp here; the held bytes the
     plan predicted for the fullest rank are the run's own memory table's: ddp's whole, fsdp's halved, zero1's
     optimizer state partitioned in whole tensors as torch does it (cnn's fc1 alone is most of it)."""
-    done = plan(tmp_path, "--nproc-per-node", "2", "--verify", "--json", "--workload", "cnn", "--", "--data",
-                "synthetic", "--samples", "512", "--batch-size", "16")
+    done = plan(
+        tmp_path,
+        "--nproc-per-node",
+        "2",
+        "--verify",
+        "--json",
+        "--workload",
+        "cnn",
+        "--",
+        "--data",
+        "synthetic",
+        "--samples",
+        "512",
+        "--batch-size",
+        "16",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     made = json.loads(done.stdout)
     checked = {v["strategy"]: v for v in made["verified"]}
@@ -146,13 +162,28 @@ def test_verify_runs_the_cheapest_configurations_and_prints_predicted_against_me
     assert sorted((w["ranks"], w["hook"]) for w in made["collectives_measured"]) == [(2, "none"), (2, "shm")]
     assert set(made["own_calibrations"]) == {"fsdp"} and "--strategy fsdp:shard_alone=true" in done.stderr
     assert made["own_calibrations"]["fsdp"]["strategy"] == "fsdp"  # one rank, wrapped by FSDP2 (else "none")
-    text = plan(tmp_path, "--nproc-per-node", "2", "--verify", "--steps", "3", "--workload", "cnn", "--", "--data",
-                "synthetic", "--samples", "512", "--batch-size", "16")
+    text = plan(
+        tmp_path,
+        "--nproc-per-node",
+        "2",
+        "--verify",
+        "--steps",
+        "3",
+        "--workload",
+        "cnn",
+        "--",
+        "--data",
+        "synthetic",
+        "--samples",
+        "512",
+        "--batch-size",
+        "16",
+    )
     assert "Verified here (--verify: 2 rank(s), batch 16 per rank" in text.stdout, text.stdout[-3000:]
     assert "2 x fsdp" in text.stdout
 
 
-HUNGRY = '''
+HUNGRY = """
 import sys
 import torch
 from torch import nn
@@ -166,7 +197,7 @@ for step in range(1000):  # plan and the capped run stop it
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
-'''
+"""
 
 
 def memory_cgroup(name: str, limit: int):
@@ -204,9 +235,14 @@ def test_the_fit_verdict_is_what_the_kernel_does_under_a_memory_limit(tmp_path):
         return lambda: (cgroup / "cgroup.procs").write_text(str(os.getpid()))
 
     try:
-        inside = subprocess.run([sys.executable, "-m", "trainscale", "plan", "--steps", "3", "--json", "hungry.py",
-                                 "256"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                                preexec_fn=join(roomy))
+        inside = subprocess.run(
+            [sys.executable, "-m", "trainscale", "plan", "--steps", "3", "--json", "hungry.py", "256"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            preexec_fn=join(roomy),
+        )
         assert inside.returncode == 0, inside.stderr[-3000:]
         made = json.loads(inside.stdout)
         assert made["device_source"] == "this process's cgroup limit, 3.0 GiB / 1 rank(s)"
@@ -215,14 +251,23 @@ def test_the_fit_verdict_is_what_the_kernel_does_under_a_memory_limit(tmp_path):
         small = plan(tmp_path, "--steps", "3", "--mem", "600M", "--json", "hungry.py", "256")
         assert small.returncode == 0, small.stderr[-3000:]
         assert next(m for m in json.loads(small.stdout)["memory"] if m["strategy"] == "ddp")["verdict"] == "NO"
-        capped = subprocess.run([sys.executable, "-m", "trainscale", "run", "--nproc-per-node", "1", "hungry.py",
-                                 "256"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                                env={**os.environ, "TRAINSCALE_PLAN_STEPS": "3"}, preexec_fn=join(tight))
+        capped = subprocess.run(
+            [sys.executable, "-m", "trainscale", "run", "--nproc-per-node", "1", "hungry.py", "256"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "TRAINSCALE_PLAN_STEPS": "3"},
+            preexec_fn=join(tight),
+        )
         assert capped.returncode != 0, capped.stdout[-2000:]
         failcnt = tight / "memory.failcnt"
         events = tight / "memory.events"
-        hit = int(failcnt.read_text()) if failcnt.exists() else int(
-            dict(line.split() for line in events.read_text().splitlines())["oom_kill"])
+        hit = (
+            int(failcnt.read_text())
+            if failcnt.exists()
+            else int(dict(line.split() for line in events.read_text().splitlines())["oom_kill"])
+        )
         assert hit > 0  # the kernel stopped it at the limit, not some other failure
     finally:
         for cgroup in (roomy, tight):  # empty: every process in it has been waited for

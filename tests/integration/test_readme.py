@@ -99,12 +99,12 @@ def script(text: str) -> str:
         run = REPLACED[k]() if k in REPLACED else command
         mark = shlex.quote(MARK + k)
         # on both streams, so that each command's output can be found, and when it started
-        parts += [f"echo {mark}; echo {mark} >&2; echo \"{CLOCK}$(date +%s.%N)\" >&2", run]
+        parts += [f'echo {mark}; echo {mark} >&2; echo "{CLOCK}$(date +%s.%N)" >&2', run]
     return "\n".join(parts) + "\n"
 
 
 def readme_train_script(text: str) -> str:
-    section = text[text.index("## Your script, unchanged"):]
+    section = text[text.index("## Your script, unchanged") :]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
@@ -135,7 +135,7 @@ class Readme:
 
     def command(self, start: str) -> str:
         """The one README command that starts with ``start``."""
-        ran = [line[len(MARK):] for line in self.done.stderr.splitlines() if line.startswith(MARK)]
+        ran = [line[len(MARK) :] for line in self.done.stderr.splitlines() if line.startswith(MARK)]
         found = [k for k in ran if k.startswith(start)]
         assert len(found) == 1, f"README runs {len(found)} command(s) starting with {start!r}: {found}"
         return found[0]
@@ -150,8 +150,8 @@ class Readme:
     def seconds(self, start: str) -> float:
         """How long the README command starting with ``start`` took (to the start of the next one)."""
         lines = self.done.stderr.splitlines()
-        ran = [line[len(MARK):] for line in lines if line.startswith(MARK)]
-        starts = [float(line[len(CLOCK):]) for line in lines if line.startswith(CLOCK)]
+        ran = [line[len(MARK) :] for line in lines if line.startswith(MARK)]
+        starts = [float(line[len(CLOCK) :]) for line in lines if line.startswith(CLOCK)]
         index = ran.index(self.command(start))
         return starts[index + 1] - starts[index]
 
@@ -163,12 +163,18 @@ def readme(slurm_cluster, tmp_path_factory) -> Readme:
     (tmp_path / "train.py").write_text(readme_train_script(README.read_text()))
     (tmp_path / "readme.sh").write_text(script(text))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINSCALE_", "RANK", "WORLD_SIZE"))}
-    env.update(slurm_cluster.env, PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",
-               TRAINSCALE_STATE_DIR=str(tmp_path / "state"), WANDB_MODE="offline")
+    env.update(
+        slurm_cluster.env,
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",
+        TRAINSCALE_STATE_DIR=str(tmp_path / "state"),
+        WANDB_MODE="offline",
+    )
     done = subprocess.run(["bash", "readme.sh"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
-    ran = [line[len(MARK):] for line in done.stderr.splitlines() if line.startswith(MARK)]
-    assert done.returncode == 0, (f"README command failed: {ran[-1] if ran else '?'}\n--- stdout (tail)\n"
-                                  f"{done.stdout[-4000:]}\n--- stderr (tail)\n{done.stderr[-6000:]}")
+    ran = [line[len(MARK) :] for line in done.stderr.splitlines() if line.startswith(MARK)]
+    assert done.returncode == 0, (
+        f"README command failed: {ran[-1] if ran else '?'}\n--- stdout (tail)\n"
+        f"{done.stdout[-4000:]}\n--- stderr (tail)\n{done.stderr[-6000:]}"
+    )
     assert len(ran) == sum(key(c) not in SKIPPED for c in commands(text))
     return Readme(tmp_path, done, env)
 
@@ -193,12 +199,20 @@ def test_readme_commands_run_in_order_in_one_fresh_directory(readme, chromium, c
         run = demo / "runs" / name
         assert (run / "metrics" / "rank-0.jsonl").is_file() and (run / "run.json").is_file()
         assert (run / "attempt_0" / "0" / "stdout.log").is_file() and (run / "metrics.json").is_file()
-    report = subprocess.run([sys.executable, "-m", "trainscale", "report", demo], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=300)
+    report = subprocess.run(
+        [sys.executable, "-m", "trainscale", "report", demo],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert report.returncode == 0, report.stderr
     text = report.stdout
-    assert "what ran   scaling study of workload cnn: a fixed problem: 2 epoch(s) at each size, per-rank batch 16 " \
+    assert (
+        "what ran   scaling study of workload cnn: a fixed problem: 2 epoch(s) at each size, per-rank batch 16 "
         "(the global batch grows with the ranks)" in text
+    )
     assert re.search(r"versions\s+trainscale \S+, torch \S+, python \S+", text) and "host       " in text
     assert re.search(r"^\[(problem|note|good)\] DDP 2 CPU ranks: ", text, re.M), text  # the study's verdict
     assert re.search(r"^Single CPU rank\s+1\s", text, re.M) and re.search(r"^DDP 2 CPU ranks\s+2\s", text, re.M)
@@ -210,8 +224,15 @@ def test_readme_commands_run_in_order_in_one_fresh_directory(readme, chromium, c
         assert "plot: " in text and png in text
     page = demo / "report" / "report.html"
     assert check_page(chromium, page, tmp_path / "chrome") >= 3  # the study's speedup, throughput, breakdown
-    screenshot(chromium, page, tmp_path / "chrome", demo / "report" / "screenshot.png", capsys,
-               "`make demo`'s study report", height=4200)
+    screenshot(
+        chromium,
+        page,
+        tmp_path / "chrome",
+        demo / "report" / "screenshot.png",
+        capsys,
+        "`make demo`'s study report",
+        height=4200,
+    )
 
 
 def _selftest(readme: Readme, nodes: int) -> tuple[Path, dict, dict]:
@@ -229,7 +250,9 @@ def test_readme_selftest_passes_every_cpu_check_and_writes_the_ticket_files(read
     directory, report, rows = _selftest(readme, 1)
     # breakdown compares two timings (the step's communication vs the bus bandwidth measured before it): on
     # cores shared with other work they may disagree, and it warns; every other check must pass
-    assert list(rows) == SELFTEST_CHECKS and all(c["status"] == "pass" for n, c in rows.items() if n != "breakdown"), rows
+    assert list(rows) == SELFTEST_CHECKS and all(c["status"] == "pass" for n, c in rows.items() if n != "breakdown"), (
+        rows
+    )
     assert rows["breakdown"]["status"] in ("pass", "warn"), rows["breakdown"]
     assert report["meta"]["world_size"] == 2 and report["meta"]["backend"] == "gloo"
     # the figures a ticket needs: bandwidth, equivalence, time to the named error
@@ -279,9 +302,13 @@ def test_readme_tune_searches_within_its_budget_and_run_takes_the_result(readme)
     assert readme.seconds("trainscale plan --tune --workload cnn") <= budget + 3 * slowest + 30, printed
     table = tomllib.loads((readme.dir / "tuned.toml").read_text())["train"]
     assert f"2 rank(s) x batch {table['batch_size']}," in readme.output(
-        "trainscale run --nproc-per-node 2 --workload cnn --epochs 1 --config tuned.toml")
-    (run,) = [p.parent for p in (readme.dir / "trainscale-runs").glob("*/run.json") if not p.parent.is_symlink()
-              and "tuned.toml" in json.loads(p.read_text())["command"]]
+        "trainscale run --nproc-per-node 2 --workload cnn --epochs 1 --config tuned.toml"
+    )
+    (run,) = [
+        p.parent
+        for p in (readme.dir / "trainscale-runs").glob("*/run.json")
+        if not p.parent.is_symlink() and "tuned.toml" in json.loads(p.read_text())["command"]
+    ]
     with open(run / "metrics" / "rank-0.jsonl") as fh:
         meta = json.loads(fh.readline())  # what the ranks trained with
     assert meta["batch_size"] == table["batch_size"]
@@ -290,8 +317,14 @@ def test_readme_tune_searches_within_its_budget_and_run_takes_the_result(readme)
 
 def _trainscale(readme: Readme, *argv: str) -> subprocess.CompletedProcess[str]:
     """The next command a reader types, in README's directory and environment."""
-    return subprocess.run([sys.executable, "-m", "trainscale", *argv], cwd=readme.dir, env=readme.env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "trainscale", *argv],
+        cwd=readme.dir,
+        env=readme.env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.slurm
@@ -300,12 +333,17 @@ def _trainscale(readme: Readme, *argv: str) -> subprocess.CompletedProcess[str]:
 def test_readme_study_on_slurm_runs_each_configuration_as_a_job_and_reports_it(readme, slurm_cluster):
     """`trainscale bench --slurm --configs 1 --nodes 2`: each configuration a real batch job, the study's numbers
     what the jobs measured; `trainscale jobs` and `trainscale report` then read the jobs."""
-    (study,) = [p.parent for p in (readme.dir / "bench-out").glob("*/results.json") if not p.parent.is_symlink()
-                and [r["config"] for r in json.loads(p.read_text())["runs"]] == ["1", "2n"]]  # not bench-out/latest
+    (study,) = [
+        p.parent
+        for p in (readme.dir / "bench-out").glob("*/results.json")
+        if not p.parent.is_symlink() and [r["config"] for r in json.loads(p.read_text())["runs"]] == ["1", "2n"]
+    ]  # not bench-out/latest
     runs = json.loads((study / "results.json").read_text())["runs"]
     # nodes and world size as the ranks reported them from inside the jobs, not as planned
     assert [(r["config"], r["status"], r["nodes"], r["world_size"]) for r in runs] == [
-        ("1", "ok", 1, 1), ("2n", "ok", 2, 4)]
+        ("1", "ok", 1, 1),
+        ("2n", "ok", 2, 4),
+    ]
     for r in runs:
         assert r["epochs"] and r["samples_per_s"] > 0 and r["slurm_job"]
         assert slurm_cluster.job_state(r["slurm_job"]) == "COMPLETED"
@@ -332,8 +370,11 @@ def test_readme_study_on_slurm_runs_each_configuration_as_a_job_and_reports_it(r
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # the first test to run sets README's run up
 def test_readme_allreduce_on_slurm_is_one_two_node_job(readme):
-    (result,) = [r for r in (json.loads(p.read_text()) for p in (readme.dir / "bench-out" / "allreduce").glob("*/allreduce.json"))
-                 if r["num_nodes"] == 2]
+    (result,) = [
+        r
+        for r in (json.loads(p.read_text()) for p in (readme.dir / "bench-out" / "allreduce").glob("*/allreduce.json"))
+        if r["num_nodes"] == 2
+    ]
     assert result["world_size"] == 4
     assert [row["bytes"] for row in result["rows"]][:3] == [1024, 2048, 4096] and result["rows"][-1]["bytes"] == 4 << 20
     assert all(row["busbw_Bps"] == row["algbw_Bps"] * 1.5 > 0 for row in result["rows"])

@@ -18,7 +18,7 @@ README = Path(__file__).parents[2] / "README.md"
 
 def readme_script() -> str:
     text = README.read_text()
-    section = text[text.index("## Your script, unchanged from 1 process to N nodes"):]
+    section = text[text.index("## Your script, unchanged from 1 process to N nodes") :]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
@@ -31,8 +31,14 @@ def test_the_readme_script_runs_on_one_process_and_on_two_ranks(tmp_path):
     for where in (one, two):
         where.mkdir()
         (where / "train.py").write_text(readme_script())
-    plain = subprocess.run([sys.executable, "train.py"], cwd=one, capture_output=True, text=True, timeout=240,
-                           env={k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE"))})
+    plain = subprocess.run(
+        [sys.executable, "train.py"],
+        cwd=one,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE"))},
+    )
     ranks = trainscale("run", "--nproc-per-node", "2", "--log-dir", "logs", "train.py", cwd=two)
     for proc in (plain, ranks):
         output = proc.stdout + proc.stderr

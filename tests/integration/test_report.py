@@ -61,16 +61,41 @@ def test_report_names_the_straggler_and_renders_in_a_browser(tmp_path, chromium,
     script = tmp_path / "observed.py"
     script.write_text(SCRIPT)
     run_dir = tmp_path / "run"
-    env = {**os.environ, "TRAINSCALE_RUN_DIR": str(run_dir), "TRAINSCALE_SAMPLE_INTERVAL": "0.2", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "trainscale", "run", "--nproc-per-node", "2", "--log-dir",
-                           str(tmp_path / "logs"), str(script)], env=env, cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300)
+    env = {
+        **os.environ,
+        "TRAINSCALE_RUN_DIR": str(run_dir),
+        "TRAINSCALE_SAMPLE_INTERVAL": "0.2",
+        "OMP_NUM_THREADS": "1",
+    }
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainscale",
+            "run",
+            "--nproc-per-node",
+            "2",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            str(script),
+        ],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     named = r"straggler: rank 1 on \S+ arrives last at the gradient all-reduce, [\d.]+ ms after the others each step: "
     assert re.search(r"trainscale: " + named + "host work between steps", done.stdout), done.stdout
 
-    report = subprocess.run([sys.executable, "-m", "trainscale", "report", str(run_dir)], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=120)
+    report = subprocess.run(
+        [sys.executable, "-m", "trainscale", "report", str(run_dir)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert report.returncode == 0, report.stderr
     assert re.search(r"\[problem\] " + named + "host work between steps", report.stdout), report.stdout
     assert "model FLOPs utilisation" in report.stdout
@@ -93,7 +118,9 @@ def test_the_training_loop_records_itself_unless_told_not_to(tmp_path):
     argv = ["run", "--nproc-per-node", "2", "--workload", "cnn", "--epochs", "1", "--log-every", "0"]
     done = in_process(*argv[:3], "--log-dir", str(tmp_path / "logs"), *argv[3:], cwd=tmp_path, drop=("TRAINSCALE_",))
     assert done.returncode == 0, done.stderr
-    (run_dir,) = [d for d in (tmp_path / "logs").iterdir() if (d / "metrics").is_dir() and not d.is_symlink()]  # beside torch's log dir
+    (run_dir,) = [
+        d for d in (tmp_path / "logs").iterdir() if (d / "metrics").is_dir() and not d.is_symlink()
+    ]  # beside torch's log dir
     metrics = run_dir / "metrics"
     ranks = {r: [json.loads(line) for line in (metrics / f"rank-{r}.jsonl").read_text().splitlines()] for r in (0, 1)}
     for rank, records in ranks.items():
@@ -114,12 +141,26 @@ def test_the_training_loop_records_itself_unless_told_not_to(tmp_path):
     assert ranks[0][-1]["flops_per_step"] == 3 * counter.get_total_flops()
     assert list(metrics.glob("node-*.jsonl")), "local rank 0 samples its node"
 
-    report = subprocess.run([sys.executable, "-m", "trainscale", "report", str(run_dir), "--text"], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=120)
+    report = subprocess.run(
+        [sys.executable, "-m", "trainscale", "report", str(run_dir), "--text"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert report.returncode == 0 and re.search(r"^1\s+\S+\s+\d+", report.stdout, re.M), report.stdout
     assert "backward  optimizer  comm" in report.stdout
 
-    quiet = in_process(*argv[:3], "--log-dir", str(tmp_path / "quiet"), *argv[3:], "--max-steps", "5", cwd=tmp_path,
-                       env={"TRAINSCALE_RECORD": "0"}, drop=("TRAINSCALE_",))
+    quiet = in_process(
+        *argv[:3],
+        "--log-dir",
+        str(tmp_path / "quiet"),
+        *argv[3:],
+        "--max-steps",
+        "5",
+        cwd=tmp_path,
+        env={"TRAINSCALE_RECORD": "0"},
+        drop=("TRAINSCALE_",),
+    )
     assert quiet.returncode == 0, quiet.stderr
     assert not list((tmp_path / "quiet").glob("*/metrics"))

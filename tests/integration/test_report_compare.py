@@ -14,8 +14,20 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "conformance" / "scripts"
 
 
 def run(tmp: Path, script: Path, ranks: int, threads: str) -> Path:
-    done = in_process("run", "--nproc-per-node", str(ranks), "--log-dir", "runs", str(script), "--experiment-dir",
-                      "exp", "--out", f"out-{ranks}", cwd=tmp, env={"OMP_NUM_THREADS": threads})
+    done = in_process(
+        "run",
+        "--nproc-per-node",
+        str(ranks),
+        "--log-dir",
+        "runs",
+        str(script),
+        "--experiment-dir",
+        "exp",
+        "--out",
+        f"out-{ranks}",
+        cwd=tmp,
+        env={"OMP_NUM_THREADS": threads},
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return max((tmp / "runs").glob(f"{script.stem}-*"), key=lambda p: p.stat().st_mtime)
 
@@ -34,8 +46,17 @@ def test_two_runs_side_by_side_and_a_regression_beyond_the_threshold_fails(tmp_p
     done = in_process("report", str(second), "--against", str(first), cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     said = done.stdout
-    for figure in ("step time", "data wait", "forward", "backward", "optimizer", "communication (exposed)",
-                   "throughput", "peak memory", "MFU"):
+    for figure in (
+        "step time",
+        "data wait",
+        "forward",
+        "backward",
+        "optimizer",
+        "communication (exposed)",
+        "throughput",
+        "peak memory",
+        "MFU",
+    ):
         assert any(line.startswith(figure) for line in said.splitlines()), (figure, said)
     assert "What differs:" in said and "  ranks: 1 -> 2" in said and "  script sha256: " in said
     assert "trainscale:" not in said.split("What differs:")[1]  # the same versions are not listed
@@ -44,12 +65,14 @@ def test_two_runs_side_by_side_and_a_regression_beyond_the_threshold_fails(tmp_p
     change = made.change("step time")
     slower, faster = (second, first) if change > 0 else (first, second)
     grew = abs(compare(str(slower), str(faster)).change("step time")) * 100
-    over = in_process("report", str(slower), "--against", str(faster), "--max-regression", f"{grew / 2:.3f}",
-                      cwd=tmp_path)
+    over = in_process(
+        "report", str(slower), "--against", str(faster), "--max-regression", f"{grew / 2:.3f}", cwd=tmp_path
+    )
     assert over.returncode == REGRESSED == 3, over.stdout + over.stderr
     assert "REGRESSED beyond --max-regression" in over.stdout
-    within = in_process("report", str(slower), "--against", str(faster), "--max-regression", f"{grew * 2 + 1:.3f}",
-                        cwd=tmp_path)
+    within = in_process(
+        "report", str(slower), "--against", str(faster), "--max-regression", f"{grew * 2 + 1:.3f}", cwd=tmp_path
+    )
     assert within.returncode == 0 and "within --max-regression" in within.stdout
 
 

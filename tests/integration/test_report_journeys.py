@@ -22,30 +22,58 @@ FAST_CNN = ["--data", "synthetic", "--samples", "256", "--batch-size", "16", "--
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINSCALE_", "RANK", "WORLD_SIZE", "MASTER_",
-                                                                     "SLURM_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TRAINSCALE_", "RANK", "WORLD_SIZE", "MASTER_", "SLURM_"))
+    }
     return {**env, "PYTHONUNBUFFERED": "1", **extra}
 
 
 def trainscale(*args: str, cwd: Path, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainscale", *args], cwd=cwd, env=_env(**env), capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "trainscale", *args],
+        cwd=cwd,
+        env=_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def here(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
     """The same command in this process: the run or sweep that makes the report's input (the report itself
     runs as the user's next command does)."""
-    return in_process(*args, cwd=cwd, env={"PYTHONUNBUFFERED": "1", **env},
-                      drop=("TRAINSCALE_", "RANK", "WORLD_SIZE", "MASTER_", "SLURM_"))
+    return in_process(
+        *args,
+        cwd=cwd,
+        env={"PYTHONUNBUFFERED": "1", **env},
+        drop=("TRAINSCALE_", "RANK", "WORLD_SIZE", "MASTER_", "SLURM_"),
+    )
 
 
 @pytest.mark.slow
 def test_a_run_is_one_directory_and_the_report_command_it_prints_reads_it(tmp_path, chromium, capsys):
     """Rank 1 exits at step 6 of the first attempt; the agent restarts the group, which resumes from the
     checkpoint of step 4 written into the run directory."""
-    done = here("run", "--nproc-per-node", "2", "--max-restarts", "1", "--workload", "cnn", *FAST_CNN,
-                "--max-steps", "10", "--checkpoint-every", "4", "--no-checkpoint-async", cwd=tmp_path,
-                TRAINSCALE_FAULT="exit:rank=1:step=6", OMP_NUM_THREADS="1")
+    done = here(
+        "run",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        "--workload",
+        "cnn",
+        *FAST_CNN,
+        "--max-steps",
+        "10",
+        "--checkpoint-every",
+        "4",
+        "--no-checkpoint-async",
+        cwd=tmp_path,
+        TRAINSCALE_FAULT="exit:rank=1:step=6",
+        OMP_NUM_THREADS="1",
+    )
     assert done.returncode == 0, done.stderr
     (runs,) = tmp_path.iterdir()  # nothing beside the one directory of runs
     (run,) = [p for p in runs.iterdir() if not p.is_symlink()]  # and one directory for this run
@@ -55,10 +83,18 @@ def test_a_run_is_one_directory_and_the_report_command_it_prints_reads_it(tmp_pa
     assert "Resumed from" in done.stdout and str(run / "checkpoints") in done.stdout
     for attempt in ("attempt_0", "attempt_1"):
         assert {p.name for p in (run / attempt).iterdir()} == {"0", "1"}
-    assert sorted(p.name for p in run.iterdir()) == ["attempt_0", "attempt_1", "checkpoints", "checkpoints.json", "metrics", "run.json"]
+    assert sorted(p.name for p in run.iterdir()) == [
+        "attempt_0",
+        "attempt_1",
+        "checkpoints",
+        "checkpoints.json",
+        "metrics",
+        "run.json",
+    ]
 
-    (command,) = [ln.removeprefix("trainscale: next: ") for ln in done.stderr.splitlines()
-                  if ln.startswith("trainscale: next: ")]
+    (command,) = [
+        ln.removeprefix("trainscale: next: ") for ln in done.stderr.splitlines() if ln.startswith("trainscale: next: ")
+    ]
     assert command == f"trainscale report trainscale-runs/{run.name}"
     report = trainscale(*shlex.split(command)[1:], cwd=tmp_path)
     assert report.returncode == 0, report.stderr
@@ -77,8 +113,21 @@ def test_torchruns_own_log_dir_spelling_holds_the_run_directory(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     (work / "train_llm.py").write_text("import os\nprint('hello from', os.environ['RANK'])\n")
-    done = trainscale("run", "--standalone", "--nnodes", "1", "--nproc-per-node", "2", "--redirects", "3",
-                      "--log-dir", "../logs", "train_llm.py", cwd=work, timeout=120)
+    done = trainscale(
+        "run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "--redirects",
+        "3",
+        "--log-dir",
+        "../logs",
+        "train_llm.py",
+        cwd=work,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert "hello from" not in done.stdout  # redirected, as torchrun does
     (run,) = [p for p in (tmp_path / "logs").iterdir() if not p.is_symlink()]  # not the "latest" link
@@ -95,8 +144,21 @@ def test_torchruns_own_log_dir_spelling_holds_the_run_directory(tmp_path):
 
 @pytest.mark.slow
 def test_a_sweep_then_its_report(tmp_path):
-    done = here("sweep", "--local", "--nproc-per-node", "1", "--grid", "lr=1e-3,3e-4", "--workload", "cnn",
-                *FAST_CNN, "--max-steps", "4", cwd=tmp_path, OMP_NUM_THREADS="1")
+    done = here(
+        "sweep",
+        "--local",
+        "--nproc-per-node",
+        "1",
+        "--grid",
+        "lr=1e-3,3e-4",
+        "--workload",
+        "cnn",
+        *FAST_CNN,
+        "--max-steps",
+        "4",
+        cwd=tmp_path,
+        OMP_NUM_THREADS="1",
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     (sweep,) = [p.parent for p in tmp_path.rglob("sweep.json")]
     report = trainscale("report", str(sweep), cwd=tmp_path)

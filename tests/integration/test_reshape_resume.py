@@ -1,6 +1,7 @@
 """Any shape, any strategy, exactly once (issue 36 item 1) with real ranks: a script using ``DistributedLoader``
 and ``rt.resume``/``rt.checkpoint`` is stopped at a random mid-epoch step on S ranks under one strategy and
-resumed on R ranks under another of ddp, zero1 and fsdp (DCP reshards the sharded state). The parameters the resumed run starts from are the ones
+resumed on R ranks under another of ddp, zero1 and fsdp (DCP reshards the sharded state). The parameters the resumed
+run starts from are the ones
 saved, bit for bit, and every sample of each epoch is trained once (sample-id logs of every rank). The whole
 matrix S, R in 1..4 x ddp, zero1, fsdp (each saved checkpoint resumed under every strategy) with real ranks, four
 save launches and four resume launches; the data cursor through 20 seeds of three interruptions on random shapes
@@ -13,7 +14,6 @@ import os
 import random
 
 import pytest
-
 from helpers.cli import in_process as trainscale
 
 N, BATCH = 120, 4
@@ -68,18 +68,29 @@ with trainscale.init(seed=0) as rt:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("strategy, saved, then, resumed", [("ddp", 2, "fsdp", 3), ("fsdp", 3, "zero1", 2),
-                                                             ("zero1", 2, "ddp", 1), ("fsdp", 2, "fsdp", 1)])
-def test_a_script_stopped_mid_epoch_on_s_ranks_resumes_on_r_ranks_every_sample_once(tmp_path, strategy, saved,
-                                                                                    then, resumed):
+@pytest.mark.parametrize(
+    "strategy, saved, then, resumed",
+    [("ddp", 2, "fsdp", 3), ("fsdp", 3, "zero1", 2), ("zero1", 2, "ddp", 1), ("fsdp", 2, "fsdp", 1)],
+)
+def test_a_script_stopped_mid_epoch_on_s_ranks_resumes_on_r_ranks_every_sample_once(
+    tmp_path, strategy, saved, then, resumed
+):
     (tmp_path / "train.py").write_text(SCRIPT)
     steps_per_epoch = N // saved // BATCH
     stop = random.Random(f"{strategy}{saved}{resumed}").randrange(steps_per_epoch + 1, 2 * steps_per_epoch)
     env = {"STRATEGY": strategy, "ATTEMPT": "0", "STOP_AT": str(stop)}
     first = trainscale("run", "--nproc-per-node", str(saved), "--log-dir", "logs", "train.py", cwd=tmp_path, env=env)
     assert first.returncode == 1 and "exit code 3" in first.stderr, first.stdout + first.stderr
-    second = trainscale("run", "--nproc-per-node", str(resumed), "--log-dir", "logs", "train.py", cwd=tmp_path,
-                        env={**env, "STRATEGY": then, "ATTEMPT": "1", "STOP_AT": "0"})
+    second = trainscale(
+        "run",
+        "--nproc-per-node",
+        str(resumed),
+        "--log-dir",
+        "logs",
+        "train.py",
+        cwd=tmp_path,
+        env={**env, "STRATEGY": then, "ATTEMPT": "1", "STOP_AT": "0"},
+    )
     assert second.returncode == 0, second.stdout + second.stderr
     assert f"resumed from checkpoints/ckpt-{stop:08d}" in second.stdout, second.stdout
     assert (tmp_path / "resumed.txt").read_text() == (tmp_path / "saved.txt").read_text()  # the saved weights
@@ -103,13 +114,43 @@ def test_a_checkpoint_of_another_model_is_refused_by_name_never_loaded(tmp_path)
     """cnn's checkpoint under vit: one line naming the file and why, no traceback, under a replica strategy and
     under a sharded one (whose optimizer state is matched by parameter name)."""
     fast = ["--data", "synthetic", "--samples", "64", "--batch-size", "16", "--log-every", "0"]
-    made = trainscale("run", "--nproc-per-node", "1", "--log-dir", "logs", "--workload", "cnn", *fast, "--max-steps",
-                      "1", "--checkpoint-dir", "c", cwd=tmp_path)
+    made = trainscale(
+        "run",
+        "--nproc-per-node",
+        "1",
+        "--log-dir",
+        "logs",
+        "--workload",
+        "cnn",
+        *fast,
+        "--max-steps",
+        "1",
+        "--checkpoint-dir",
+        "c",
+        cwd=tmp_path,
+    )
     assert made.returncode == 0, made.stderr
-    for strategy, said in (("ddp", "holds another model's state: its parameters are not this model's"),
-                           ("fsdp", "holds the optimizer state of 8 parameters; this model's optimizer has")):
-        other = trainscale("run", "--nproc-per-node", "1", "--log-dir", "logs", "--workload", "vit", *fast,
-                           "--strategy", strategy, "--max-steps", "2", "--checkpoint-dir", "c", cwd=tmp_path)
+    for strategy, said in (
+        ("ddp", "holds another model's state: its parameters are not this model's"),
+        ("fsdp", "holds the optimizer state of 8 parameters; this model's optimizer has"),
+    ):
+        other = trainscale(
+            "run",
+            "--nproc-per-node",
+            "1",
+            "--log-dir",
+            "logs",
+            "--workload",
+            "vit",
+            *fast,
+            "--strategy",
+            strategy,
+            "--max-steps",
+            "2",
+            "--checkpoint-dir",
+            "c",
+            cwd=tmp_path,
+        )
         assert other.returncode == 1 and said in other.stderr, other.stderr[-2000:]
         assert "Traceback" not in other.stdout + other.stderr
 
@@ -142,8 +183,9 @@ def _matrix_parts(rt, strategy: str):
             return torch.tensor([float(i), 1.0]), i
 
     torch.manual_seed(0)
-    model, optimizer = rt.setup(nn.Sequential(nn.Linear(2, 8), nn.Linear(8, 1)),
-                                lambda p: torch.optim.Adam(p, lr=1e-2), strategy=strategy)
+    model, optimizer = rt.setup(
+        nn.Sequential(nn.Linear(2, 8), nn.Linear(8, 1)), lambda p: torch.optim.Adam(p, lr=1e-2), strategy=strategy
+    )
     return model, optimizer, DistributedLoader.for_runtime(Ids(), rt, batch_size=MATRIX_BATCH)
 
 
@@ -169,7 +211,7 @@ def save_on_s_ranks(root: str) -> dict:
         for strategy in STRATEGIES:
             model, optimizer, loader = _matrix_parts(rt, strategy)
             stop, seen, step = matrix_stop(rt.world_size, strategy), [], 0
-            for x, ids in loader:  # epoch 0
+            for x, _ids in loader:  # epoch 0
                 model(x).pow(2).mean().backward()
                 optimizer.step()
                 optimizer.zero_grad()
@@ -182,8 +224,9 @@ def save_on_s_ranks(root: str) -> dict:
                 if step == stop:
                     break
             saver = Checkpointer(Path(root) / strategy, rt, strategy=rt.strategy_of(model))
-            saver.save(step, {"model": rt.checkpoint_state(model, optimizer), "rng": RNGState(rt.device),
-                              "loader": loader})
+            saver.save(
+                step, {"model": rt.checkpoint_state(model, optimizer), "rng": RNGState(rt.device), "loader": loader}
+            )
             saver.close()
             out[strategy] = (seen, _digest(model))
     return out
@@ -203,8 +246,9 @@ def resume_on_r_ranks(copies: str) -> dict:
             strategy = directory.name.split("-")[2]
             model, optimizer, loader = _matrix_parts(rt, strategy)
             restorer = Checkpointer(directory, rt, strategy=rt.strategy_of(model))
-            found = restorer.restore({"model": rt.checkpoint_state(model, optimizer), "rng": RNGState(rt.device),
-                                      "loader": loader})
+            found = restorer.restore(
+                {"model": rt.checkpoint_state(model, optimizer), "rng": RNGState(rt.device), "loader": loader}
+            )
             assert found is not None, directory
             digest, ids, loss = _digest(model), [], None
             for x, batch_ids in loader:
@@ -238,7 +282,7 @@ def test_every_shape_and_strategy_pair_resumes_the_saved_weights_and_the_rest_of
             saved[s, strategy] = (seen, results[0][strategy][1])  # the whole weights, gathered on rank 0
     for r in range(1, 5):
         copies = tmp_path / f"copies-{r}"
-        for (s, strategy) in saved:
+        for s, strategy in saved:
             for then in STRATEGIES:  # a directory of its own each: one run per checkpoint directory
                 shutil.copytree(tmp_path / f"saved-{s}" / strategy, copies / f"{s}-{strategy}-{then}")
         results = run_on_ranks(resume_on_r_ranks, r, str(copies), timeout=300)
@@ -258,7 +302,7 @@ def test_every_shape_and_strategy_pair_resumes_the_saved_weights_and_the_rest_of
 
 
 # -- DeepSpeed's own files resume under ddp, zero1 and fsdp -------------------------------------------------------
-DS_SCRIPT = '''
+DS_SCRIPT = """
 import os
 import torch
 from torch import nn
@@ -306,17 +350,26 @@ with trainscale.init(seed=0) as rt:
             if rt.rank == 0:
                 torch.save(after, f"after-{os.environ['ATTEMPT']}.pt")
             break
-'''
+"""
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("stage, then, ranks, optim", [(1, "ddp", 2, "adam"), (2, "fsdp", 2, "adam"),
-                                                       (3, "zero1", 2, "adam"), (2, "fsdp", 3, "adam"),
-                                                       (3, "ddp", 1, "adam"), (2, "zero1", 2, "sgd-groups"),
-                                                       (3, "fsdp", 2, "sgd-groups")])
-def test_deepspeeds_own_files_resume_under_another_strategy_with_their_optimizer_state(tmp_path, stage, then, ranks,
-                                                                                      optim):
+@pytest.mark.parametrize(
+    "stage, then, ranks, optim",
+    [
+        (1, "ddp", 2, "adam"),
+        (2, "fsdp", 2, "adam"),
+        (3, "zero1", 2, "adam"),
+        (2, "fsdp", 3, "adam"),
+        (3, "ddp", 1, "adam"),
+        (2, "zero1", 2, "sgd-groups"),
+        (3, "fsdp", 2, "sgd-groups"),
+    ],
+)
+def test_deepspeeds_own_files_resume_under_another_strategy_with_their_optimizer_state(
+    tmp_path, stage, then, ranks, optim
+):
     """DeepSpeed ZeRO (stage 1, 2, 3) on 2 ranks checkpoints at step 3 and trains one more step; the same
     checkpoint resumed under ddp, fsdp or zero1 starts from the saved weights on any number of ranks, and on 2
     its next step (the same samples: the cursor) lands where DeepSpeed's did: the Adam moments and step count
@@ -328,8 +381,16 @@ def test_deepspeeds_own_files_resume_under_another_strategy_with_their_optimizer
     env = {"STRATEGY": f"deepspeed:stage={stage}", "STOP_AT": "3", "ATTEMPT": "0", "OPTIM": optim}
     first = trainscale("run", "--nproc-per-node", "2", "--log-dir", "logs", "train.py", cwd=tmp_path, env=env)
     assert first.returncode == 0, first.stdout + first.stderr
-    second = trainscale("run", "--nproc-per-node", str(ranks), "--log-dir", "logs", "train.py", cwd=tmp_path,
-                        env={**env, "STRATEGY": then, "ATTEMPT": "1"})
+    second = trainscale(
+        "run",
+        "--nproc-per-node",
+        str(ranks),
+        "--log-dir",
+        "logs",
+        "train.py",
+        cwd=tmp_path,
+        env={**env, "STRATEGY": then, "ATTEMPT": "1"},
+    )
     assert second.returncode == 0, second.stdout + second.stderr
     assert "resumed from checkpoints/ckpt-00000003 at step 3" in second.stdout, second.stdout
     saved, resumed = torch.load(tmp_path / "saved.pt"), torch.load(tmp_path / "resumed.pt")
@@ -414,8 +475,9 @@ def test_three_random_interruptions_on_random_shapes_and_strategies_over_20_seed
         for k in range(1, 4):  # every segment starts from the weights the previous one saved
             assert results[seed, k][0][0] == results[seed, k - 1][0][1], (seed, k, shapes, strategies)
         for epoch in (0, 1):
-            ids = [i for k in range(4) for rank in results[seed, k] for e, batch in rank[2] if e == epoch
-                   for i in batch]
+            ids = [
+                i for k in range(4) for rank in results[seed, k] for e, batch in rank[2] if e == epoch for i in batch
+            ]
             assert sorted(ids) == list(range(MATRIX_N)), (seed, epoch, shapes, strategies, stops)
 
 
@@ -426,8 +488,9 @@ def test_deepspeed_resuming_its_own_files_on_another_world_size_names_the_strate
     env = {"STRATEGY": "deepspeed:stage=2", "STOP_AT": "3", "ATTEMPT": "0", "OPTIM": "adam"}
     first = trainscale("run", "--nproc-per-node", "2", "--log-dir", "logs", "train.py", cwd=tmp_path, env=env)
     assert first.returncode == 0, first.stdout + first.stderr
-    again = trainscale("run", "--nproc-per-node", "3", "--log-dir", "logs", "train.py", cwd=tmp_path,
-                       env={**env, "ATTEMPT": "1"})
+    again = trainscale(
+        "run", "--nproc-per-node", "3", "--log-dir", "logs", "train.py", cwd=tmp_path, env={**env, "ATTEMPT": "1"}
+    )
     assert again.returncode == 1, again.stdout + again.stderr
     assert "holds DeepSpeed ZeRO shards for 2 rank(s); this run has 3" in again.stderr, again.stderr[-2000:]
     assert "or under --strategy fsdp, zero1 or ddp" in again.stderr and "Traceback" not in again.stderr
@@ -445,9 +508,13 @@ def convert_deepspeed_files(marks: str) -> dict:
 
     def merge(directory):
         (Path(marks) / f"merged-by-{os.environ['RANK']}").write_text(str(directory))
-        return {"model": {"weight": torch.full((2, 3), 7.0), "bias": torch.zeros(2)},
-                "optimizer": {"state": {"weight": {"step": torch.tensor(3.0), "exp_avg": torch.ones(2, 3)}},
-                              "param_groups": [{"lr": 0.5, "betas": (0.9, 0.99), "params": ["weight", "bias"]}]}}
+        return {
+            "model": {"weight": torch.full((2, 3), 7.0), "bias": torch.zeros(2)},
+            "optimizer": {
+                "state": {"weight": {"step": torch.tensor(3.0), "exp_avg": torch.ones(2, 3)}},
+                "param_groups": [{"lr": 0.5, "betas": (0.9, 0.99), "params": ["weight", "bias"]}],
+            },
+        }
 
     portable.from_deepspeed = merge
     with ts.init(device="cpu", timeout_s=60):
@@ -455,8 +522,13 @@ def convert_deepspeed_files(marks: str) -> dict:
         optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
         got = portable.from_shards(model, optimizer, SimpleNamespace(format="deepspeed", path=Path(marks)))
     group, state = got["optimizer"]["param_groups"][0], got["optimizer"]["state"][0]
-    return {"weight": got["model"]["weight"].tolist(), "lr": group["lr"], "params": group["params"],
-            "step": float(state["step"]), "exp_avg": state["exp_avg"].tolist()}
+    return {
+        "weight": got["model"]["weight"].tolist(),
+        "lr": group["lr"],
+        "params": group["params"],
+        "step": float(state["step"]),
+        "exp_avg": state["exp_avg"].tolist(),
+    }
 
 
 def test_deepspeeds_files_are_merged_once_per_node_and_read_by_its_other_ranks(tmp_path):
@@ -464,10 +536,13 @@ def test_deepspeeds_files_are_merged_once_per_node_and_read_by_its_other_ranks(t
     of each node merges, its node's ranks read the result. Three ranks as two nodes (2 + 1): two merges."""
     from helpers.multiproc import run_on_ranks
 
-    two_nodes = {r: {"LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(size), "GROUP_RANK": str(node)}
-                 for r, (local, size, node) in enumerate([(0, 2, 0), (1, 2, 0), (0, 1, 1)])}
-    results = run_on_ranks(convert_deepspeed_files, 3, str(tmp_path), rank_env=two_nodes,
-                           env={"TMPDIR": str(tmp_path)}, timeout=120)
+    two_nodes = {
+        r: {"LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(size), "GROUP_RANK": str(node)}
+        for r, (local, size, node) in enumerate([(0, 2, 0), (1, 2, 0), (0, 1, 1)])
+    }
+    results = run_on_ranks(
+        convert_deepspeed_files, 3, str(tmp_path), rank_env=two_nodes, env={"TMPDIR": str(tmp_path)}, timeout=120
+    )
     assert sorted(p.name for p in tmp_path.glob("merged-by-*")) == ["merged-by-0", "merged-by-2"]
     assert all(results[r] == results[0] for r in range(3)) and results[0]["weight"] == [[7.0] * 3] * 2
     assert results[0]["lr"] == 0.5 and results[0]["params"] == [0, 1] and results[0]["step"] == 3.0

@@ -7,10 +7,9 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from integration.test_run_cli import trainscale
 
-SCRIPT = '''
+SCRIPT = """
 import os, signal, sys
 import torch
 from torch import nn
@@ -29,7 +28,7 @@ with trainscale.init(seed=0) as rt:
         optimizer.zero_grad()
         rt.checkpoint(step + 1, model, optimizer, every=5)
     rt.print("FINAL", [v.hex() for v in rt.unwrap(model).weight.detach().double().flatten().tolist()])
-'''
+"""
 
 
 @pytest.mark.slow
@@ -41,20 +40,23 @@ def test_a_signal_stops_every_rank_with_a_checkpoint_and_the_rerun_ends_bitwise_
     stopped = trainscale(*run, "--signal", cwd=tmp_path / "signalled")
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     # the ranks agree every 10 steps (TRAINSCALE_PREEMPT_CHECK_EVERY): the signal at step 13 stops them at 20
-    assert "preempted (signal on another rank) at step 20: checkpoint saved to checkpoints" in stopped.stdout, \
+    assert "preempted (signal on another rank) at step 20: checkpoint saved to checkpoints" in stopped.stdout, (
         stopped.stdout
+    )
     assert "not a SLURM job: run the same command again" in stopped.stdout and "FINAL" not in stopped.stdout
     resumed = trainscale(*run, cwd=tmp_path / "signalled")
     straight = trainscale(*run, cwd=tmp_path / "straight")
     for proc in (resumed, straight):
         assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "resumed from checkpoints/ckpt-00000020.pt" in resumed.stdout and "at step 20" in resumed.stdout, resumed.stdout
+    assert "resumed from checkpoints/ckpt-00000020.pt" in resumed.stdout and "at step 20" in resumed.stdout, (
+        resumed.stdout
+    )
     assert "no checkpoint in checkpoints yet: starting at step 0" in straight.stdout
     final = [re.search(r"FINAL (.*)", p.stdout).group(1) for p in (resumed, straight)]
     assert final[0] == final[1], final
 
 
-LOADER_SCRIPT = '''
+LOADER_SCRIPT = """
 import json, os, sys
 import torch
 from torch import nn
@@ -87,7 +89,7 @@ with trainscale.init(seed=0) as rt:
                 raise SystemExit(3)  # a crash right after a checkpoint mid-epoch
             if step == 80:
                 break
-'''
+"""
 
 
 @pytest.mark.slow
@@ -134,9 +136,29 @@ def test_a_run_near_its_time_limit_saves_before_it_without_a_signal(tmp_path):
     from helpers.cli import in_process
 
     end = int(time.time()) + 40
-    run = ("run", "--nproc-per-node", "2", "--log-dir", "logs", "--workload", "cnn", "--data", "synthetic",
-           "--samples", "256", "--batch-size", "16", "--log-every", "0", "--epochs", "100000",
-           "--checkpoint-every", "4", "--checkpoint-dir", "ckpt")
+    run = (
+        "run",
+        "--nproc-per-node",
+        "2",
+        "--log-dir",
+        "logs",
+        "--workload",
+        "cnn",
+        "--data",
+        "synthetic",
+        "--samples",
+        "256",
+        "--batch-size",
+        "16",
+        "--log-every",
+        "0",
+        "--epochs",
+        "100000",
+        "--checkpoint-every",
+        "4",
+        "--checkpoint-dir",
+        "ckpt",
+    )
     stopped = in_process(*run, cwd=tmp_path, env={"TRAINSCALE_JOB_END": str(end)})
     said = stopped.stdout + stopped.stderr
     assert "Preempted (the time limit in " in said and ", a save takes " in said, said[-3000:]

@@ -26,10 +26,14 @@ def train(directory, capsys=None, **options) -> dict:
     x, y = torch.randn(SAMPLES, WIDTH, generator=g), torch.randint(0, 3, (SAMPLES,), generator=g)
     with trainscale.init(seed=0, set_threads=False) as rt:
         loader = DeviceTensorLoader.for_runtime(x, y, runtime=rt, batch_size=8, shuffle=False)
-        task = Task(name="mlp", loader=loader, samples=SAMPLES,
-                    loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]),
-                    model=lambda: nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh(), nn.Linear(WIDTH, 3)),
-                    optimizer=OptimizerSpec(torch.optim.SGD, {"lr": 0.5}))
+        task = Task(
+            name="mlp",
+            loader=loader,
+            samples=SAMPLES,
+            loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]),
+            model=lambda: nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh(), nn.Linear(WIDTH, 3)),
+            optimizer=OptimizerSpec(torch.optim.SGD, {"lr": 0.5}),
+        )
         opts = TrainOptions(**{"epochs": 1, "batch_size": 8, "checkpoint_dir": str(directory), **options})
         return Loop(rt, opts, task).run()
 
@@ -68,8 +72,13 @@ def test_a_restarted_run_that_had_finished_ends_cleanly():
     from trainscale.train.loop import Loop
 
     said: list[str] = []
-    loop = SimpleNamespace(rt=SimpleNamespace(attempt=1, print=said.append), step=10, total=10, directory="d",
-                           opts=SimpleNamespace(max_steps=10, epochs=1))
+    loop = SimpleNamespace(
+        rt=SimpleNamespace(attempt=1, print=said.append),
+        step=10,
+        total=10,
+        directory="d",
+        opts=SimpleNamespace(max_steps=10, epochs=1),
+    )
     Loop._nothing_to_train(loop, SimpleNamespace(path="d/ckpt-00000010.pt"))
     assert said == ["Nothing left to train: d/ckpt-00000010.pt is at step 10, the run's last (--max-steps 10)"]
     loop.rt.attempt = 0

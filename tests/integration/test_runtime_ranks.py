@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers.multiproc import run_on_ranks
 
 
@@ -31,7 +30,7 @@ def first_writer(directory: str, local: bool) -> tuple[int, float, float]:
     with trainscale.init() as rt:
         with rt.rank_zero_first(local=local):
             marker = Path(directory) / "data.ready"
-            if (rt.is_local_main if local else rt.is_main):
+            if rt.is_local_main if local else rt.is_main:
                 time.sleep(0.3)  # a slow download: the others must still wait for it
                 marker.write_text("ok")
             entered_after_marker = marker.exists()
@@ -78,8 +77,15 @@ def test_srun_style_launch_from_slurm_variables_only():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    base = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_TASKS_PER_NODE": "1(x2)",
-            "SLURM_JOB_NODELIST": "localhost", "SLURM_NNODES": "2", "MASTER_PORT": str(port)}
+    base = {
+        "SLURM_JOB_ID": "77",
+        "SLURM_STEP_ID": "0",
+        "SLURM_NTASKS": "2",
+        "SLURM_TASKS_PER_NODE": "1(x2)",
+        "SLURM_JOB_NODELIST": "localhost",
+        "SLURM_NNODES": "2",
+        "MASTER_PORT": str(port),
+    }
     # run_on_ranks sets torchrun variables; remove them so only SLURM's remain in each rank
     results = run_on_ranks(srun_style_wrapper, 2, base)
     assert results == {0: ("slurm", 0, 0, 0, 2, 0.5), 1: ("slurm", 1, 0, 1, 2, 0.5)}
@@ -130,4 +136,7 @@ def test_a_model_freed_after_close_does_not_deadlock_in_gloo_teardown():
     import multiprocessing
 
     ctx = multiprocessing.get_context("forkserver")
-    assert run_on_ranks(frees_its_model_after_close, 2, ctx.Event(), ctx.Event(), timeout=60) == {0: "freed", 1: "freed"}
+    assert run_on_ranks(frees_its_model_after_close, 2, ctx.Event(), ctx.Event(), timeout=60) == {
+        0: "freed",
+        1: "freed",
+    }

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
-from torch.utils._pytree import tree_flatten, tree_map
-
 from helpers.multiproc import run_on_ranks
 from integration.test_strategies import batches, mlp
+from torch import nn
+from torch.utils._pytree import tree_flatten, tree_map
 
 SAVED_STEP = 4
 
@@ -32,8 +31,10 @@ def _full_state(strategy, model, opt) -> dict:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
     if strategy.name == "zero1":
-        return {"model": {k: v.clone() for k, v in strategy.unwrap(model).state_dict().items()},
-                "optimizer": strategy.checkpoint_state(model, opt).state_dict()["optimizer"]}
+        return {
+            "model": {k: v.clone() for k, v in strategy.unwrap(model).state_dict().items()},
+            "optimizer": strategy.checkpoint_state(model, opt).state_dict()["optimizer"],
+        }
     # fsdp: gathered on every rank (cpu_offload=False keeps every rank's copy) and compared on rank 0
     msd, osd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True))
     return {"model": msd, "optimizer": osd}
@@ -75,10 +76,14 @@ def resume(root: str) -> dict:
                     p.normal_()
             model, opt = strategy.wrap(model, _adam(), rt)
             found = Checkpointer(Path(root) / name, rt, strategy=strategy).restore(
-                {"model": strategy.checkpoint_state(model, opt)})
-            out[name] = {"step": found.step, "extra": (found.contents["step"], found.contents["note"]),
-                         "written_by": found.record["world_size"],
-                         **_full_state(strategy, model, opt)}
+                {"model": strategy.checkpoint_state(model, opt)}
+            )
+            out[name] = {
+                "step": found.step,
+                "extra": (found.contents["step"], found.contents["note"]),
+                "written_by": found.record["world_size"],
+                **_full_state(strategy, model, opt),
+            }
     return out
 
 
@@ -106,8 +111,13 @@ def test_save_on_2_resume_on_1_and_4_ranks_exactly(tmp_path):
     newest = tmp_path / "fsdp" / "ckpt-00000004"
     assert stat.S_IMODE(newest.stat().st_mode) == 0o700
     assert {stat.S_IMODE(f.stat().st_mode) for f in newest.iterdir()} == {0o600}
-    assert sorted(p.name for p in (tmp_path / "zero1").iterdir()) == [".trainscale.lock", "ckpt-00000002.pt",
-                                                                       "ckpt-00000002.pt.json", "ckpt-00000004.pt", "ckpt-00000004.pt.json"]
+    assert sorted(p.name for p in (tmp_path / "zero1").iterdir()) == [
+        ".trainscale.lock",
+        "ckpt-00000002.pt",
+        "ckpt-00000002.pt.json",
+        "ckpt-00000004.pt",
+        "ckpt-00000004.pt.json",
+    ]
     assert saved["fsdp"]["optimizer"]["state"], "optimizer state was saved"
     for world in (1, 4):
         resumed = run_on_ranks(resume, world, str(tmp_path))[0]
@@ -120,8 +130,9 @@ def test_save_on_2_resume_on_1_and_4_ranks_exactly(tmp_path):
 
 def failing_save(root: str) -> dict:
     """Save step 2, then a save of step 4 during which rank 1's shard write fails."""
-    import trainscale
     from torch.distributed.checkpoint import FileSystemWriter
+
+    import trainscale
     from trainscale.checkpoint import Checkpointer
     from trainscale.errors import CheckpointError
     from trainscale.strategies import get_strategy
@@ -132,6 +143,7 @@ def failing_save(root: str) -> dict:
         ckpt = Checkpointer(root, rt, strategy=strategy)
         ckpt.save(2, {"model": strategy.checkpoint_state(model, opt), "step": 2})
         if rt.rank == 1:
+
             def broken(self, plan, planner):
                 raise OSError("disk full (injected)")
 
@@ -222,18 +234,26 @@ def test_sigkill_during_a_sharded_save_leaves_the_previous_checkpoint(tmp_path):
 
 # Damages that one rank alone finds (each small shard is one piece, hashed by one rank), that every rank finds
 # (a payload in DCP's index, which every rank reads) and a rank-0 file's.
-DAMAGED = {"fsdp": [("truncate", "__0_0.distcp"), ("truncate", "__1_0.distcp"), ("flip", "__1_0.distcp"),
-                    ("delete", "__1_0.distcp"), ("payload", ".metadata")],
-           "zero1": [("flip", None), ("zero", None), ("payload", None)]}
+DAMAGED = {
+    "fsdp": [
+        ("truncate", "__0_0.distcp"),
+        ("truncate", "__1_0.distcp"),
+        ("flip", "__1_0.distcp"),
+        ("delete", "__1_0.distcp"),
+        ("payload", ".metadata"),
+    ],
+    "zero1": [("flip", None), ("zero", None), ("payload", None)],
+}
 
 
 def resume_past_damage(root: str, read_only: str | None) -> dict:
     """Save steps 2 and 4, then for each damage of step 4 (in a copy): resume, on every rank."""
     import logging
 
+    from helpers.damage import damage
+
     import trainscale
     from trainscale.checkpoint import Checkpointer
-    from helpers.damage import damage
     from trainscale.errors import CheckpointError
     from trainscale.strategies import get_strategy
 
@@ -254,8 +274,9 @@ def resume_past_damage(root: str, read_only: str | None) -> dict:
                 if step in (2, SAVED_STEP):
                     ckpt.save(step, {"model": strategy.checkpoint_state(model, opt), "step": step})
                 if step == 2:  # copies: a consolidated optimizer state may share the live tensors
-                    saved = tree_map(lambda v: v.clone() if torch.is_tensor(v) else v,
-                                     _full_state(strategy, model, opt))
+                    saved = tree_map(
+                        lambda v: v.clone() if torch.is_tensor(v) else v, _full_state(strategy, model, opt)
+                    )
             for i, (kind, target) in enumerate(cases):
                 case = Path(root) / name / f"case{i}"
                 if rt.is_main:
@@ -265,14 +286,23 @@ def resume_past_damage(root: str, read_only: str | None) -> dict:
                 rt.barrier()
                 before = len(records)
                 found = Checkpointer(case, rt, strategy=strategy).restore(
-                    {"model": strategy.checkpoint_state(model, opt)})
+                    {"model": strategy.checkpoint_state(model, opt)}
+                )
                 try:
                     _assert_same_tree(saved, _full_state(strategy, model, opt), f"{name} {kind}")
                     same = True
                 except AssertionError as exc:
                     same = str(exc)
-                out["cases"].append({"name": name, "kind": kind, "target": target, "step": found.step, "same": same,
-                                     "warnings": [r.getMessage() for r in records[before:]]})
+                out["cases"].append(
+                    {
+                        "name": name,
+                        "kind": kind,
+                        "target": target,
+                        "step": found.step,
+                        "same": same,
+                        "warnings": [r.getMessage() for r in records[before:]],
+                    }
+                )
         if read_only:
             try:
                 Checkpointer(read_only, rt)  # a rank-0 file: rank 0 alone writes, every rank agrees

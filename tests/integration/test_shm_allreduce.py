@@ -16,7 +16,6 @@ import socket
 
 import pytest
 import torch
-
 from helpers.multiproc import run_on_ranks
 
 
@@ -59,12 +58,12 @@ def test_shared_memory_average_equals_gloos(world):
 
 
 def one_rank_never_arrives() -> str:
-    import trainscale
-    from trainscale.strategies.shm_allreduce import SharedMemoryAllReduce
-
     import datetime
 
     import torch.distributed as dist
+
+    import trainscale
+    from trainscale.strategies.shm_allreduce import SharedMemoryAllReduce
 
     with trainscale.init(seed=0, set_threads=False, timeout_s=2) as rt:
         shm = SharedMemoryAllReduce(64)
@@ -132,8 +131,9 @@ def train(rt, spec: str) -> tuple[dict[str, torch.Tensor], str | None, dict | No
     strategy = get_strategy(spec).with_batch(8, 1)
     net, opt = strategy.wrap(net, OptimizerSpec(torch.optim.Adam, {"lr": 1e-2}), rt)
     with tempfile.TemporaryDirectory() as run_dir:  # the process's recorder, as the worker bootstrap installs it
-        recorder = hooks.install(run_dir, environ={**os.environ, "TRAINSCALE_SAMPLE_INTERVAL": "0",
-                                                   "TRAINSCALE_STRAGGLER_EVERY": "0"})
+        recorder = hooks.install(
+            run_dir, environ={**os.environ, "TRAINSCALE_SAMPLE_INTERVAL": "0", "TRAINSCALE_STRAGGLER_EVERY": "0"}
+        )
         g = torch.Generator().manual_seed(rt.rank)
         for _ in range(4):
             x, y = torch.randn(8, 256, generator=g), torch.randint(0, 4, (8,), generator=g)
@@ -142,8 +142,11 @@ def train(rt, spec: str) -> tuple[dict[str, torch.Tensor], str | None, dict | No
         recorder.finish()
         shares = next(s.shares for s in ranks(run_dir) if s.rank == rt.rank)
     hook = comm_hooks.attached(net)
-    return ({k: v.detach().clone() for k, v in strategy.unwrap(net).state_dict().items()},
-            hook.name if hook else None, shares)
+    return (
+        {k: v.detach().clone() for k, v in strategy.unwrap(net).state_dict().items()},
+        hook.name if hook else None,
+        shares,
+    )
 
 
 def training_runs() -> dict:

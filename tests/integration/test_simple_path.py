@@ -6,9 +6,8 @@ parameters, found by name) within 1e-6; and FSDP's fp16 loss scaling works throu
 from __future__ import annotations
 
 import torch
-from torch import nn
-
 from helpers.multiproc import run_on_ranks
+from torch import nn
 
 STEPS, GLOBAL_BATCH, WIDTH = 3, 16, 16
 
@@ -20,15 +19,17 @@ def model() -> nn.Module:
 
 def optimizer(net: nn.Module) -> torch.optim.Optimizer:
     # layer 2 is in no group: it must stay as it was under every strategy
-    return torch.optim.Adam([{"params": net[0].parameters(), "lr": 1e-2},
-                             {"params": net[4].parameters(), "lr": 1e-3, "weight_decay": 0.1}], lr=5e-3)
+    return torch.optim.Adam(
+        [{"params": net[0].parameters(), "lr": 1e-2}, {"params": net[4].parameters(), "lr": 1e-3, "weight_decay": 0.1}],
+        lr=5e-3,
+    )
 
 
 def batches(rank: int, world: int):
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(STEPS, GLOBAL_BATCH, WIDTH, generator=g), torch.randint(0, 4, (STEPS, GLOBAL_BATCH), generator=g)
     per = GLOBAL_BATCH // world
-    return [(x[i, rank * per:(rank + 1) * per], y[i, rank * per:(rank + 1) * per]) for i in range(STEPS)]
+    return [(x[i, rank * per : (rank + 1) * per], y[i, rank * per : (rank + 1) * per]) for i in range(STEPS)]
 
 
 def train(rt, strategy: str, scale: float = 1.0) -> dict[str, torch.Tensor]:

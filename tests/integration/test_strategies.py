@@ -17,9 +17,8 @@ partitions whole parameters, so a model dominated by one big tensor cannot split
 from __future__ import annotations
 
 import torch
-from torch import nn
-
 from helpers.multiproc import run_on_ranks
+from torch import nn
 
 STEPS, GLOBAL_BATCH, WIDTH = 4, 16, 64
 
@@ -36,7 +35,7 @@ def batches(rank: int, world: int):
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(STEPS, GLOBAL_BATCH, WIDTH, generator=g), torch.randint(0, 8, (STEPS, GLOBAL_BATCH), generator=g)
     per = GLOBAL_BATCH // world
-    return [(x[i, rank * per:(rank + 1) * per], y[i, rank * per:(rank + 1) * per]) for i in range(STEPS)]
+    return [(x[i, rank * per : (rank + 1) * per], y[i, rank * per : (rank + 1) * per]) for i in range(STEPS)]
 
 
 def train(rt, spec: str, optimizer) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
@@ -59,11 +58,16 @@ def all_strategies() -> dict:
 
     adam = OptimizerSpec(torch.optim.Adam, {"lr": 1e-2})
     sgd = OptimizerSpec(torch.optim.SGD, {"lr": 0.1})
-    runs = {"ddp": ("ddp", adam), "zero1": ("zero1", adam), "fsdp": ("fsdp", adam),
-            "fsdp-grad-opt": ("fsdp:reshard_after_forward=false", adam),
-            "ddp-sgd": ("ddp", sgd), "fsdp-bf16": ("fsdp:mixed_precision=bf16", sgd),
-            # the older factory form is still accepted (probed into a spec by zero1)
-            "zero1-lambda": ("zero1", lambda p: torch.optim.Adam(p, lr=1e-2))}
+    runs = {
+        "ddp": ("ddp", adam),
+        "zero1": ("zero1", adam),
+        "fsdp": ("fsdp", adam),
+        "fsdp-grad-opt": ("fsdp:reshard_after_forward=false", adam),
+        "ddp-sgd": ("ddp", sgd),
+        "fsdp-bf16": ("fsdp:mixed_precision=bf16", sgd),
+        # the older factory form is still accepted (probed into a spec by zero1)
+        "zero1-lambda": ("zero1", lambda p: torch.optim.Adam(p, lr=1e-2)),
+    }
     out = {}
     with trainscale.init(seed=0) as rt:
         for name, (spec, opt) in runs.items():
@@ -105,5 +109,4 @@ def test_zero1_and_fsdp_match_ddp_and_shard_state():
     report = r0["report"]
     assert [r["rank"] for r in report["ranks"]] == [0, 1]
     assert report["ranks"][1]["params"] == results[1]["fsdp"][1]["params"]
-    assert all(r["peak_bytes"] > 0 and r["state"] == r["params"] + r["grads"] + r["optimizer"]
-               for r in report["ranks"])
+    assert all(r["peak_bytes"] > 0 and r["state"] == r["params"] + r["grads"] + r["optimizer"] for r in report["ranks"])

@@ -9,9 +9,26 @@ from integration.test_run_cli import FAST_CNN, trainscale
 
 
 def test_fsdp_from_the_cli_checkpoints_resumes_and_reports_memory(tmp_path):
-    common = ["run", "--nproc-per-node", "2", "--log-dir", "logs", "--workload", "cnn",
-              "--strategy", "fsdp:reshard_after_forward=false", "--epochs", "1", *FAST_CNN,
-              "--checkpoint-dir", "ckpt", "--checkpoint-every", "2", "--metrics-out", "metrics.json"]
+    common = [
+        "run",
+        "--nproc-per-node",
+        "2",
+        "--log-dir",
+        "logs",
+        "--workload",
+        "cnn",
+        "--strategy",
+        "fsdp:reshard_after_forward=false",
+        "--epochs",
+        "1",
+        *FAST_CNN,
+        "--checkpoint-dir",
+        "ckpt",
+        "--checkpoint-every",
+        "2",
+        "--metrics-out",
+        "metrics.json",
+    ]
     first = trainscale(*common, "--max-steps", "2", cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     assert (tmp_path / "ckpt" / "ckpt-00000002" / "trainscale.json").is_file()
@@ -25,4 +42,8 @@ def test_fsdp_from_the_cli_checkpoints_resumes_and_reports_memory(tmp_path):
     assert second.returncode == 0, second.stderr
     assert "Resumed from ckpt/ckpt-00000002 at step 2" in second.stdout + second.stderr
     assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == 4
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [".trainscale.lock", "ckpt-00000002", "ckpt-00000004"]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
+        ".trainscale.lock",
+        "ckpt-00000002",
+        "ckpt-00000004",
+    ]

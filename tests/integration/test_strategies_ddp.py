@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
-
 from helpers.multiproc import run_on_ranks
 from integration.test_run_cli import FAST_CNN, trainscale
+from torch import nn
 
 STEPS, BATCH, WIDTH = 4, 8, 512
 
@@ -44,8 +43,13 @@ def train(rt, spec: str, sgd: bool, timed: bool) -> tuple[dict[str, torch.Tensor
     optimizer = OptimizerSpec(torch.optim.SGD, {"lr": 0.5}) if sgd else OptimizerSpec(torch.optim.Adam, {"lr": 1e-2})
     net, opt = strategy.wrap(model(), optimizer, rt)
     with tempfile.TemporaryDirectory() as run_dir:
-        recorder = Recorder(run_dir, environ={**os.environ, "TRAINSCALE_SAMPLE_INTERVAL": "0",
-                                              "TRAINSCALE_STRAGGLER_EVERY": "0"}).install() if timed else None
+        recorder = (
+            Recorder(
+                run_dir, environ={**os.environ, "TRAINSCALE_SAMPLE_INTERVAL": "0", "TRAINSCALE_STRAGGLER_EVERY": "0"}
+            ).install()
+            if timed
+            else None
+        )
         g = torch.Generator().manual_seed(rt.rank)
         for _ in range(STEPS):
             x, y = torch.randn(BATCH, WIDTH, generator=g), torch.randint(0, 4, (BATCH,), generator=g)
@@ -64,11 +68,17 @@ def runs() -> dict:
 
     # comm_hook=none: DDP's own all-reduce (auto would average these CPU ranks through shared memory,
     # test_shm_allreduce.py), whose overlap with backward is what the bucket cases are about
-    cases = {"one-bucket": ("ddp:bucket_cap_mb=25,comm_hook=none", False, False), "auto": ("ddp:comm_hook=none", False, False),
-             "auto-timed": ("ddp:comm_hook=none", False, True), "sgd": ("ddp:comm_hook=none", True, False),
-             "fp16": ("ddp:comm_hook=fp16", True, False), "bf16": ("ddp:comm_hook=bf16", True, False),
-             "bf16-timed": ("ddp:comm_hook=bf16", True, True), "zero1-bf16": ("zero1:comm_hook=bf16", True, False),
-             "powersgd": ("ddp:comm_hook=powersgd,powersgd_start=2", True, True)}
+    cases = {
+        "one-bucket": ("ddp:bucket_cap_mb=25,comm_hook=none", False, False),
+        "auto": ("ddp:comm_hook=none", False, False),
+        "auto-timed": ("ddp:comm_hook=none", False, True),
+        "sgd": ("ddp:comm_hook=none", True, False),
+        "fp16": ("ddp:comm_hook=fp16", True, False),
+        "bf16": ("ddp:comm_hook=bf16", True, False),
+        "bf16-timed": ("ddp:comm_hook=bf16", True, True),
+        "zero1-bf16": ("zero1:comm_hook=bf16", True, False),
+        "powersgd": ("ddp:comm_hook=powersgd,powersgd_start=2", True, True),
+    }
     with trainscale.init(seed=0) as rt:
         return {name: train(rt, *case) for name, case in cases.items()}
 
@@ -97,7 +107,12 @@ def test_overlap_and_hooks_on_two_ranks():
     assert all(torch.isfinite(v).all() for v in params["powersgd"].values())
 
     assert [r0[n][2] for n in ("auto", "auto-timed", "bf16", "bf16-timed", "powersgd")] == [
-        None, None, "bf16", "bf16", "powersgd"]  # the recorder registers no hook of its own
+        None,
+        None,
+        "bf16",
+        "bf16",
+        "powersgd",
+    ]  # the recorder registers no hook of its own
     for name in ("auto-timed", "bf16-timed", "powersgd"):  # the exposed all-reduce, whichever hook ran it
         assert r0[name][1]["comm"] > 0 and r0[name][1]["backward"] > 0, name
     assert r0["auto"][1] is None  # nothing recorded without a recorder
@@ -105,9 +120,24 @@ def test_overlap_and_hooks_on_two_ranks():
 
 @pytest.mark.slow
 def test_cnn_from_the_cli_overlaps_its_two_buckets_with_a_chosen_hook(tmp_path):
-    proc = trainscale("run", "--nproc-per-node", "2", "--log-dir", "logs", "--workload", "cnn", "--epochs", "1",
-                      *FAST_CNN, "--breakdown", "--strategy", "ddp:comm_hook=bf16", "--metrics-out", "m.json",
-                      cwd=tmp_path)
+    proc = trainscale(
+        "run",
+        "--nproc-per-node",
+        "2",
+        "--log-dir",
+        "logs",
+        "--workload",
+        "cnn",
+        "--epochs",
+        "1",
+        *FAST_CNN,
+        "--breakdown",
+        "--strategy",
+        "ddp:comm_hook=bf16",
+        "--metrics-out",
+        "m.json",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     import json
     import re
@@ -120,20 +150,37 @@ def test_cnn_from_the_cli_overlaps_its_two_buckets_with_a_chosen_hook(tmp_path):
     b = sections(ranks(run_dir))  # the records hold the run's timing
     assert b["communication"] > 0 and b["compute"] > 0
     # --breakdown: rank 0's steady step, from its own records
-    said = re.search(r"Step breakdown \(rank 0, median step ([\d.]+) ms\): data [\d.]+ ms, forward [\d.]+ ms, "
-                     r"backward [\d.]+ ms, communication exposed ([\d.]+) ms", proc.stdout + proc.stderr)
+    said = re.search(
+        r"Step breakdown \(rank 0, median step ([\d.]+) ms\): data [\d.]+ ms, forward [\d.]+ ms, "
+        r"backward [\d.]+ ms, communication exposed ([\d.]+) ms",
+        proc.stdout + proc.stderr,
+    )
     assert said and float(said.group(1)) > 0 and float(said.group(2)) > 0, proc.stdout[-2000:]
 
 
 def test_bad_ddp_options_are_refused_before_any_rank_starts(tmp_path):
-    cases = [(["--strategy", "ddp:comm_hook=fp61"], "is not a communication hook"),
-             (["--strategy", "ddp:static_graph=true", "--grad-accum", "2"], "static_graph=true with --grad-accum 2"),
-             (["--num-workers", "2"], "--num-workers 2 with --loader tensor"),
-             (["--threads", "0"], "--threads 0 must be >= 1"),
-             (["--compile", "--strategy", "deepspeed"], "--compile with --strategy deepspeed")]
+    cases = [
+        (["--strategy", "ddp:comm_hook=fp61"], "is not a communication hook"),
+        (["--strategy", "ddp:static_graph=true", "--grad-accum", "2"], "static_graph=true with --grad-accum 2"),
+        (["--num-workers", "2"], "--num-workers 2 with --loader tensor"),
+        (["--threads", "0"], "--threads 0 must be >= 1"),
+        (["--compile", "--strategy", "deepspeed"], "--compile with --strategy deepspeed"),
+    ]
     for args, message in cases:
-        proc = trainscale("run", "--nproc-per-node", "2", "--log-dir", "logs", "--workload", "cnn", *FAST_CNN,
-                          "--max-steps", "1", *args, cwd=tmp_path)
+        proc = trainscale(
+            "run",
+            "--nproc-per-node",
+            "2",
+            "--log-dir",
+            "logs",
+            "--workload",
+            "cnn",
+            *FAST_CNN,
+            "--max-steps",
+            "1",
+            *args,
+            cwd=tmp_path,
+        )
         assert proc.returncode != 0 and message in proc.stderr, (args, proc.stderr[-2000:])
         assert not (tmp_path / "logs").exists(), args  # refused before launch: no rank ran
 
@@ -145,8 +192,25 @@ def test_compiled_cnn_trains_on_two_ranks_and_its_checkpoint_resumes_uncompiled(
     checkpoint holds the plain module's keys, so a run without --compile resumes it."""
     import json
 
-    common = ["run", "--nproc-per-node", "2", "--log-dir", "logs", "--workload", "cnn", "--epochs", "1", *FAST_CNN,
-              "--breakdown", "--checkpoint-dir", "ckpt", "--checkpoint-every", "2", "--metrics-out", "m.json"]
+    common = [
+        "run",
+        "--nproc-per-node",
+        "2",
+        "--log-dir",
+        "logs",
+        "--workload",
+        "cnn",
+        "--epochs",
+        "1",
+        *FAST_CNN,
+        "--breakdown",
+        "--checkpoint-dir",
+        "ckpt",
+        "--checkpoint-every",
+        "2",
+        "--metrics-out",
+        "m.json",
+    ]
     first = trainscale(*common, "--compile", "--max-steps", "4", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     metrics = json.loads((tmp_path / "m.json").read_text())

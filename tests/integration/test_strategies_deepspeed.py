@@ -12,14 +12,17 @@ import importlib.util
 
 import pytest
 import torch
-from torch import nn
-
 from helpers.multiproc import run_on_ranks
 from integration.test_strategies import batches, mlp, train
+from torch import nn
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(
-    importlib.util.find_spec("deepspeed") is None,
-    reason="deepspeed is not installed (pip install 'trainscale[deepspeed]'); the deepspeed strategy is optional")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("deepspeed") is None,
+        reason="deepspeed is not installed (pip install 'trainscale[deepspeed]'); the deepspeed strategy is optional",
+    ),
+]
 
 # Every parameter partitioned (DeepSpeed keeps tensors below 1e5 elements whole by default, which for
 # this small model would be all of them).
@@ -71,15 +74,24 @@ def deepspeed_vs_ddp(root: str) -> dict:
         engine2, opt2 = again.wrap(model, adam, rt)
         found = Checkpointer(root, rt, strategy=again).restore({"model": again.checkpoint_state(engine2, opt2)})
         resumed = {"params": _full_params(engine2), "optimizer": _optimizer_tensors(engine2)}
-    return {"ddp": ddp_params, "ddp_bytes": ddp_bytes, "ds": saved["params"], "ds_bytes": ds_bytes,
-            "saved": saved, "resumed": resumed, "found_step": found.step, "format": found.shards.format}
+    return {
+        "ddp": ddp_params,
+        "ddp_bytes": ddp_bytes,
+        "ds": saved["params"],
+        "ds_bytes": ds_bytes,
+        "saved": saved,
+        "resumed": resumed,
+        "found_step": found.step,
+        "format": found.shards.format,
+    }
 
 
 def test_deepspeed_zero3_matches_ddp_shards_state_and_resumes(tmp_path):
     from trainscale.strategies.deepspeed import extensions_dir
 
-    results = run_on_ranks(deepspeed_vs_ddp, 2, str(tmp_path), timeout=600,
-                           env={"TORCH_EXTENSIONS_DIR": extensions_dir()})
+    results = run_on_ranks(
+        deepspeed_vs_ddp, 2, str(tmp_path), timeout=600, env={"TORCH_EXTENSIONS_DIR": extensions_dir()}
+    )
     r0 = results[0]
     for k, ref in r0["ddp"].items():
         assert float((ref - r0["ds"][k]).abs().max() / ref.abs().max()) <= 1e-6, k
@@ -131,8 +143,14 @@ def test_device_cpu_on_a_gpu_node_keeps_deepspeed_on_the_cpu_in_one_plain_proces
 
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "DS_ACCELERATOR")}
     env.update(TORCH_EXTENSIONS_DIR=extensions_dir(), OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, "-c", SINGLE_PROCESS_ON_A_GPU_NODE], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", SINGLE_PROCESS_ON_A_GPU_NODE],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen == {"param": "cpu", "engine": "cpu", "accelerator": "cpu"}

@@ -27,10 +27,19 @@ with trainscale.init() as rt:
 
 
 def trainscale(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINSCALE_", "RANK", "WORLD_SIZE", "MASTER_",
-                                                                     "SLURM_"))}
-    return subprocess.run([sys.executable, "-m", "trainscale", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=240, env={**env, "OMP_NUM_THREADS": "1"})
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TRAINSCALE_", "RANK", "WORLD_SIZE", "MASTER_", "SLURM_"))
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "trainscale", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**env, "OMP_NUM_THREADS": "1"},
+    )
 
 
 def test_a_local_sweeps_status_says_how_a_task_failed_and_ranks_by_what_was_logged(tmp_path):

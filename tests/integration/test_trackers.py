@@ -11,7 +11,6 @@ import struct
 from pathlib import Path
 
 import pytest
-
 from helpers.cli import in_process
 from helpers.multiproc import run_on_ranks
 
@@ -30,21 +29,26 @@ def wandb_history(run_file: Path, wanted: str = "history") -> list[dict[str, flo
         if room < 7:  # a block's tail too short for a header is padding
             pos += room
             continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if kind == 0:
             pos += room
             continue
-        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
         pending = chunk if kind in (1, 2) else pending + chunk  # FULL/FIRST start, MIDDLE/LAST continue
         if kind in (1, 4):
             record = wandb_internal_pb2.Record()
             record.ParseFromString(pending)
             if record.WhichOneof("record_type") == wanted == "history":
-                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                             for item in record.history.item})
+                rows.append(
+                    {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+                )
             elif record.WhichOneof("record_type") == wanted == "config":
-                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                             for item in record.config.update})
+                rows.append(
+                    {
+                        item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                        for item in record.config.update
+                    }
+                )
     return rows
 
 
@@ -54,9 +58,24 @@ def test_a_workload_writes_every_tracker_chosen_in_a_config_file(tmp_path, monke
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     (tmp_path / "job.toml").write_text('[train]\ntrackers = ["tensorboard", "wandb", "mlflow", "csv"]\n')
-    done = in_process("run", "--nproc-per-node", "2", "--log-dir", "logs", "--workload", "cnn", "--max-steps", "6",
-                      "--log-every", "0", "--config", "job.toml", cwd=tmp_path, env={"OMP_NUM_THREADS": "1"},
-                      drop=("WANDB_", "MLFLOW_"))
+    done = in_process(
+        "run",
+        "--nproc-per-node",
+        "2",
+        "--log-dir",
+        "logs",
+        "--workload",
+        "cnn",
+        "--max-steps",
+        "6",
+        "--log-every",
+        "0",
+        "--config",
+        "job.toml",
+        cwd=tmp_path,
+        env={"OMP_NUM_THREADS": "1"},
+        drop=("WANDB_", "MLFLOW_"),
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     run = next(p for p in (tmp_path / "logs").iterdir() if (p / "trackers.json").exists() and not p.is_symlink())
     said = [line for line in done.stdout.splitlines() if "metrics go to" in line]
@@ -85,7 +104,9 @@ def test_a_workload_writes_every_tracker_chosen_in_a_config_file(tmp_path, monke
     stamps = [float(r["time"]) for r in rows if r["key"] == "train/loss"]
     assert stamps == sorted(stamps) and len(set(stamps)) > 1, stamps
     assert [e.wall_time for e in tensorboard.Scalars("train/loss")] == pytest.approx(stamps, abs=2e-3)
-    assert [m.timestamp / 1000 for m in client.get_metric_history(run_id, "train/loss")] == pytest.approx(stamps, abs=2e-3)
+    assert [m.timestamp / 1000 for m in client.get_metric_history(run_id, "train/loss")] == pytest.approx(
+        stamps, abs=2e-3
+    )
     # the run's configuration as hyperparameters, each tracker's own way
     assert client.get_run(run_id).data.params["max_steps"] == "6"
     assert client.get_run(run_id).data.params["workload"] == "cnn"
@@ -95,7 +116,9 @@ def test_a_workload_writes_every_tracker_chosen_in_a_config_file(tmp_path, monke
     offline = list((run / "wandb").glob("offline-run-*"))
     assert len(offline) == 1, list((run / "wandb").iterdir())
     history = wandb_history(next(offline[0].glob("run-*.wandb")))
-    config = {k: v for update in wandb_history(next(offline[0].glob("run-*.wandb")), "config") for k, v in update.items()}
+    config = {
+        k: v for update in wandb_history(next(offline[0].glob("run-*.wandb")), "config") for k, v in update.items()
+    }
     assert config["max_steps"] == 6 and config["workload"] == "cnn", config
     assert [h["_step"] for h in history if "train/loss" in h] == [1, 2, 3, 4, 5, 6]
     assert any("val/test_loss" not in h and "val/loss" in h for h in history)
@@ -115,8 +138,16 @@ def test_rt_log_reduces_over_ranks_into_rank_zero(tmp_path):
     run_on_ranks(log_from_every_rank, 2, str(tmp_path / "run"))
     with open(tmp_path / "run" / "metrics.csv", newline="") as fh:
         rows = [(int(r["step"]), r["key"], float(r["value"])) for r in csv.DictReader(fh)]
-    assert rows == [row for step in range(3) for row in (
-        (step, "mean_rank", 0.5), (step, "two", 2.0), (step, "max_rank", 1.0 + step), (step, "own_rank", 0.0))]
+    assert rows == [
+        row
+        for step in range(3)
+        for row in (
+            (step, "mean_rank", 0.5),
+            (step, "two", 2.0),
+            (step, "max_rank", 1.0 + step),
+            (step, "own_rank", 0.0),
+        )
+    ]
 
 
 def test_a_scripts_command_line_options_are_hyperparameters_of_their_own(tmp_path, monkeypatch):
@@ -134,11 +165,21 @@ def test_a_scripts_command_line_options_are_hyperparameters_of_their_own(tmp_pat
     (tmp_path / "train.py").write_text(
         "import trainscale\n"
         "with trainscale.init(trackers='tensorboard,wandb,mlflow,csv') as rt:\n"
-        "    rt.log({'loss': 1.0}, step=0)\n")
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("WANDB_", "MLFLOW_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TRAINSCALE_"))}
-    done = subprocess.run([sys.executable, "train.py", "--lr", "0.1", "--batch-size=32", "--amp"], cwd=tmp_path,
-                          env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+        "    rt.log({'loss': 1.0}, step=0)\n"
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("WANDB_", "MLFLOW_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TRAINSCALE_"))
+    }
+    done = subprocess.run(
+        [sys.executable, "train.py", "--lr", "0.1", "--batch-size=32", "--amp"],
+        cwd=tmp_path,
+        env={**env, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     run = (tmp_path / "trainscale-runs" / "latest").resolve()
 
@@ -155,7 +196,8 @@ def test_a_scripts_command_line_options_are_hyperparameters_of_their_own(tmp_pat
     tensorboard = EventAccumulator(str(run / "tensorboard"))
     tensorboard.Reload()
     start = plugin_data_pb2.HParamsPluginData.FromString(
-        tensorboard.PluginTagToContent("hparams")["_hparams_/session_start_info"]).session_start_info
+        tensorboard.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    ).session_start_info
     assert start.hparams["lr"].number_value == 0.1 and start.hparams["batch_size"].number_value == 32
     assert start.hparams["amp"].number_value == 1, start.hparams  # torch's hparams writes a bool as a number
     assert json.loads((run / "hyperparameters.json").read_text())["lr"] == 0.1

@@ -39,8 +39,14 @@ def test_a_trial_past_its_timeout_stops_its_ranks_and_leaves_the_caller_as_it_wa
 
     other = threading.Thread(target=another_at_the_same_time)
     other.start()
-    done = here(str(tmp_path / "stuck.py"), (str(seen),), run_dir=tmp_path / "run", timeout_s=10,
-                env={"TRIAL_ASKED": "yes", "TRIAL_GONE": None}, cwd=tmp_path / "work")
+    done = here(
+        str(tmp_path / "stuck.py"),
+        (str(seen),),
+        run_dir=tmp_path / "run",
+        timeout_s=10,
+        env={"TRIAL_ASKED": "yes", "TRIAL_GONE": None},
+        cwd=tmp_path / "work",
+    )
     other.join()
     assert done.timed_out and not done.ok and done.seconds < 120, done
     assert done.run_dir == (tmp_path / "run").absolute() and (done.run_dir / "run.json").exists()
@@ -57,20 +63,29 @@ def test_a_trial_that_ends_in_time_is_not_timed_out(tmp_path):
 
 
 def test_a_calibration_past_its_timeout_is_refused_with_what_to_change(tmp_path):
-    from trainscale.plan.calibrate import short_run
     from trainscale.errors import ConfigError
+    from trainscale.plan.calibrate import short_run
 
     (tmp_path / "stuck.py").write_text(STUCK)
     with pytest.raises(ConfigError, match="the calibration run took more than 5 s for 4 steps") as err:
-        short_run(script=str(tmp_path / "stuck.py"), args=(str(tmp_path / "seen.json"),), workload=None, batch=None,
-                  steps=3, say=lambda line: None, timeout_s=5)
+        short_run(
+            script=str(tmp_path / "stuck.py"),
+            args=(str(tmp_path / "seen.json"),),
+            workload=None,
+            batch=None,
+            steps=3,
+            say=lambda line: None,
+            timeout_s=5,
+        )
     assert "fewer --steps" in err.value.hint and (tmp_path / "seen.json").exists()
 
 
 def test_a_signal_that_stops_a_trial_reaches_the_caller_after_its_ranks_are_stopped(tmp_path):
     """Ctrl-C during a calibration or a tune trial stops the command, not only that run."""
-    (tmp_path / "interrupt.py").write_text("import os, signal, sys, time\nopen(sys.argv[1], 'w').write(str(os.getpid()))"
-                                           "\nos.kill(os.getppid(), signal.SIGINT)\ntime.sleep(600)\n")
+    (tmp_path / "interrupt.py").write_text(
+        "import os, signal, sys, time\nopen(sys.argv[1], 'w').write(str(os.getpid()))"
+        "\nos.kill(os.getppid(), signal.SIGINT)\ntime.sleep(600)\n"
+    )
     with pytest.raises(KeyboardInterrupt):
         here(str(tmp_path / "interrupt.py"), (str(tmp_path / "pid"),), run_dir=tmp_path / "run", timeout_s=300)
     with pytest.raises(ProcessLookupError):  # its rank was stopped first

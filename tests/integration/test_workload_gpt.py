@@ -18,8 +18,9 @@ SMALL = ["--n-layer", "2", "--n-embd", "64", "--n-head", "2", "--seq-len", "64",
 
 
 def _run(tmp, *args, env=None):
-    return in_process("run", "--nproc-per-node", "2", "--log-dir", "logs", *args, cwd=tmp, env=env,
-                      drop=("TRAINSCALE_FAULT",))
+    return in_process(
+        "run", "--nproc-per-node", "2", "--log-dir", "logs", *args, cwd=tmp, env=env, drop=("TRAINSCALE_FAULT",)
+    )
 
 
 needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
@@ -37,9 +38,31 @@ def test_gpt_trains_with_accumulation_and_writes_its_experiment(in_tmp, monkeypa
     # gpt's own options from the [train] table and a TRAINSCALE_TRAIN_ variable, as the common ones (SMALL's shape)
     (in_tmp / "job.toml").write_text("[train]\nn_layer = 2\nn_embd = 64\nseq_len = 64\nlog_every = 0\n")
     monkeypatch.setenv("TRAINSCALE_TRAIN_N_HEAD", "2")
-    code = main(["run", "--nproc-per-node", "2", "--log-dir", "logs", "--workload", "gpt", "--strategy", strategy,
-                 "--max-steps", "6", "--grad-accum", "2", "--experiment-dir", "exp", "--metrics-out", "m.json",
-                 "--tracker", "tensorboard", "--config", "job.toml"])
+    code = main(
+        [
+            "run",
+            "--nproc-per-node",
+            "2",
+            "--log-dir",
+            "logs",
+            "--workload",
+            "gpt",
+            "--strategy",
+            strategy,
+            "--max-steps",
+            "6",
+            "--grad-accum",
+            "2",
+            "--experiment-dir",
+            "exp",
+            "--metrics-out",
+            "m.json",
+            "--tracker",
+            "tensorboard",
+            "--config",
+            "job.toml",
+        ]
+    )
     assert code == 0
     exp = in_tmp / "exp"
     assert (exp / "experiment.json").exists() and json.loads((exp / "state.json").read_text())["step"] == 6
@@ -57,10 +80,27 @@ def test_gpt_trains_with_accumulation_and_writes_its_experiment(in_tmp, monkeypa
 def test_gpt_crash_and_restart_resumes_to_the_same_loss(tmp_path):
     # synchronous saves: a background save of step 4 may still be in flight when rank 1 exits at step 6 on a
     # loaded machine, and the restart then rightly starts at 0 (nothing complete to resume from)
-    common = ["--workload", "gpt", "--max-steps", "12", "--checkpoint-every", "4", "--no-checkpoint-async",
-              "--tracker", "csv", *SMALL]
-    broken = _run(tmp_path, "--max-restarts", "1", *common, "--experiment-dir", "a",
-                  env={"TRAINSCALE_FAULT": "exit:rank=1:step=6"})
+    common = [
+        "--workload",
+        "gpt",
+        "--max-steps",
+        "12",
+        "--checkpoint-every",
+        "4",
+        "--no-checkpoint-async",
+        "--tracker",
+        "csv",
+        *SMALL,
+    ]
+    broken = _run(
+        tmp_path,
+        "--max-restarts",
+        "1",
+        *common,
+        "--experiment-dir",
+        "a",
+        env={"TRAINSCALE_FAULT": "exit:rank=1:step=6"},
+    )
     assert broken.returncode == 0, broken.stderr
     assert "Resumed experiment" in broken.stdout and "at step 4 (epoch" in broken.stdout, broken.stdout
     straight = _run(tmp_path, *common, "--experiment-dir", "b")
@@ -98,11 +138,28 @@ print(len(tokenizer))
 
 def test_gpt_trains_on_a_hf_tokenizers_ids(tmp_path):
     pytest.importorskip("transformers")
-    made = subprocess.run([sys.executable, "-c", MAKE_TOKENIZER, str(tmp_path / "tok")], capture_output=True,
-                          text=True, env=dict(os.environ), timeout=120)
+    made = subprocess.run(
+        [sys.executable, "-c", MAKE_TOKENIZER, str(tmp_path / "tok")],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        timeout=120,
+    )
     assert made.returncode == 0, made.stderr
-    run = _run(tmp_path, "--workload", "gpt", "--max-steps", "2", "--tokenizer", str(tmp_path / "tok"),
-               "--experiment-dir", "exp", "--metrics-out", "m.json", *SMALL)
+    run = _run(
+        tmp_path,
+        "--workload",
+        "gpt",
+        "--max-steps",
+        "2",
+        "--tokenizer",
+        str(tmp_path / "tok"),
+        "--experiment-dir",
+        "exp",
+        "--metrics-out",
+        "m.json",
+        *SMALL,
+    )
     assert run.returncode == 0, run.stderr
     metrics = json.loads((tmp_path / "m.json").read_text())
     byte_windows = (len(text.encode(text.builtin_corpus())) * 9 // 10 - 1) // 64
@@ -111,7 +168,10 @@ def test_gpt_trains_on_a_hf_tokenizers_ids(tmp_path):
     # the experiment's checkpoints hold the BPE vocabulary: resuming with bytes is refused before launch
     again = _run(tmp_path, "--workload", "gpt", "--max-steps", "4", "--experiment-dir", "exp", *SMALL)
     assert again.returncode == 2 and f"was trained with --tokenizer {tmp_path / 'tok'}" in again.stderr
-    assert "resume with --tokenizer" in again.stderr and json.loads((tmp_path / "exp" / "state.json").read_text())["step"] == 2
+    assert (
+        "resume with --tokenizer" in again.stderr
+        and json.loads((tmp_path / "exp" / "state.json").read_text())["step"] == 2
+    )
 
 
 def test_foreign_experiment_dir_is_refused_untouched(in_tmp, capsys):
@@ -148,8 +208,23 @@ def test_the_loop_reads_losses_back_once_per_log_line_not_every_micro_step(in_tm
         counting(name)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(in_tmp / "inductor"))
-    result = gpt.main(["--max-steps", "8", "--grad-accum", "2", "--batch-size", "4", "--experiment-dir", "exp",
-                       "--tracker", "csv", *SMALL[:-2], "--log-every", "4"])
+    result = gpt.main(
+        [
+            "--max-steps",
+            "8",
+            "--grad-accum",
+            "2",
+            "--batch-size",
+            "4",
+            "--experiment-dir",
+            "exp",
+            "--tracker",
+            "csv",
+            *SMALL[:-2],
+            "--log-every",
+            "4",
+        ]
+    )
     assert result["steps"] == 8
     assert 1 <= len(reads) <= 3, reads  # steps 4 and 8 (16 micro-steps read 16 times before)
     state = json.loads((in_tmp / "exp" / "state.json").read_text())

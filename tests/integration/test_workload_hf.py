@@ -18,8 +18,19 @@ RUN = ["run", "--nproc-per-node", "2", "--log-dir", "logs", "--workload", "hf-fi
 
 
 def test_trainer_runs_data_parallel_logs_to_the_trackers_and_resumes_the_output_dir_it_wrote(in_tmp, capsys):
-    common = [*RUN, "--global-batch", "8", "--checkpoint-every", "2", "--output-dir", "out", "--log-every", "2",
-              "--tracker", "csv"]
+    common = [
+        *RUN,
+        "--global-batch",
+        "8",
+        "--checkpoint-every",
+        "2",
+        "--output-dir",
+        "out",
+        "--log-every",
+        "2",
+        "--tracker",
+        "csv",
+    ]
     assert main([*common, "--max-steps", "4"]) == 0, capsys.readouterr().err
     capsys.readouterr()
     code = main([*common, "--max-steps", "8", "--metrics-out", "m.json"])
@@ -39,8 +50,21 @@ def test_trainer_runs_data_parallel_logs_to_the_trackers_and_resumes_the_output_
 
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
 def test_deepspeed_strategy_is_run_by_the_trainer(in_tmp, capsys):
-    code = main([*RUN, "--strategy", "deepspeed:stage=2", "--max-steps", "4", "--global-batch", "8",
-                 "--output-dir", "out", "--metrics-out", "m.json"])
+    code = main(
+        [
+            *RUN,
+            "--strategy",
+            "deepspeed:stage=2",
+            "--max-steps",
+            "4",
+            "--global-batch",
+            "8",
+            "--output-dir",
+            "out",
+            "--metrics-out",
+            "m.json",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     metrics = json.loads((in_tmp / "m.json").read_text())
     assert metrics["model"] == "DeepSpeedEngine" and metrics["steps"] == 4 and metrics["per_device_batch"] == 4
@@ -69,12 +93,32 @@ print(sum(len(ids) + 1 for ids in tokenizer(review_corpus())["input_ids"]))
 
 
 def test_pretrained_model_and_its_tokenizer_are_used(in_tmp, capsys):
-    made = subprocess.run([sys.executable, "-c", MAKE_PRETRAINED, str(in_tmp / "model")], capture_output=True,
-                          text=True, env=dict(os.environ), timeout=120)
+    made = subprocess.run(
+        [sys.executable, "-c", MAKE_PRETRAINED, str(in_tmp / "model")],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        timeout=120,
+    )
     assert made.returncode == 0, made.stderr
     n_tokens = int(made.stdout.split()[-1])
-    code = main([*RUN, "--pretrained", str(in_tmp / "model"), "--max-steps", "3", "--global-batch", "4",
-                 "--block-size", "32", "--output-dir", "out", "--metrics-out", "m.json"])
+    code = main(
+        [
+            *RUN,
+            "--pretrained",
+            str(in_tmp / "model"),
+            "--max-steps",
+            "3",
+            "--global-batch",
+            "4",
+            "--block-size",
+            "32",
+            "--output-dir",
+            "out",
+            "--metrics-out",
+            "m.json",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     metrics = json.loads((in_tmp / "m.json").read_text())
     assert metrics["steps"] == 3 and metrics["blocks"] == n_tokens // 32  # BPE tokens, not bytes
@@ -92,10 +136,13 @@ def test_per_rank_batch_size_option_is_refused_for_the_global_batch(in_tmp, caps
     assert code == 2 and "not --batch-size" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("strategy", "message", "hint"), [
-    ("zero1", "has no HF Trainer integration", "--strategy deepspeed:stage=1"),
-    ("fsdp", "needs GPUs", "--strategy deepspeed:stage=3"),
-])
+@pytest.mark.parametrize(
+    ("strategy", "message", "hint"),
+    [
+        ("zero1", "has no HF Trainer integration", "--strategy deepspeed:stage=1"),
+        ("fsdp", "needs GPUs", "--strategy deepspeed:stage=3"),
+    ],
+)
 def test_strategies_the_trainer_cannot_run_are_refused_before_launch(in_tmp, capsys, strategy, message, hint):
     code = main([*RUN, "--strategy", strategy, "--device", "cpu"])
     err = capsys.readouterr().err
@@ -112,8 +159,24 @@ def test_foreign_output_dir_is_refused_untouched(in_tmp, capsys):
 
 
 def test_bench_sizes_the_trainer_by_its_global_batch_and_records_every_step(in_tmp, capsys):
-    code = main(["bench", "--workload", "hf-finetune", "--configs", "1,2", "--batch-size", "2", "--max-steps", "4",
-                 "--epochs", "1", "--no-plots", "--out", "study"])
+    code = main(
+        [
+            "bench",
+            "--workload",
+            "hf-finetune",
+            "--configs",
+            "1,2",
+            "--batch-size",
+            "2",
+            "--max-steps",
+            "4",
+            "--epochs",
+            "1",
+            "--no-plots",
+            "--out",
+            "study",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     one, two = json.loads((in_tmp / "study" / "results.json").read_text())["runs"]
     assert (one["status"], two["status"]) == ("ok", "ok")

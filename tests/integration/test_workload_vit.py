@@ -9,15 +9,34 @@ import pytest
 
 from trainscale.cli.main import main
 
-
 needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "zero1", pytest.param("deepspeed", marks=needs_deepspeed)])
 def test_vit_trains_on_two_ranks(in_tmp, strategy):
-    code = main(["run", "--nproc-per-node", "2", "--log-dir", "logs", "--workload", "vit", "--strategy", strategy,
-                 "--max-steps", "6", "--epochs", "1", "--depth", "2", "--log-every", "0",
-                 "--metrics-out", "m.json"])
+    code = main(
+        [
+            "run",
+            "--nproc-per-node",
+            "2",
+            "--log-dir",
+            "logs",
+            "--workload",
+            "vit",
+            "--strategy",
+            strategy,
+            "--max-steps",
+            "6",
+            "--epochs",
+            "1",
+            "--depth",
+            "2",
+            "--log-every",
+            "0",
+            "--metrics-out",
+            "m.json",
+        ]
+    )
     assert code == 0
     metrics = json.loads((in_tmp / "m.json").read_text())
     assert metrics["workload"] == "vit" and metrics["world_size"] == 2 and metrics["steps"] == 6

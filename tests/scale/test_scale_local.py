@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import psutil
-
 from helpers.cli import wait_for
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "tiny_course.py"
@@ -32,7 +31,9 @@ def listening(pids: set[int]) -> set[int]:
     ports = set()
     for pid in pids:
         try:
-            ports |= {c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+            ports |= {
+                c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN
+            }
         except psutil.Error:
             continue
     return ports
@@ -44,10 +45,31 @@ def test_64_local_ranks_train_restart_after_a_sigkill_and_clean_up(tmp_path):
     env.pop("OMP_NUM_THREADS", None)
     t0 = time.monotonic()
     out = open(tmp_path / "out.txt", "w")
-    run = subprocess.Popen([sys.executable, "-m", "trainscale", "run", "--nproc-per-node", str(RANKS),
-                            "--max-restarts", "1", "--log-dir", str(tmp_path / "logs"), str(SCRIPT),
-                            "--steps", str(STEPS), "--checkpoints", str(tmp_path / "checkpoints"), "--hold-at", "3"],
-                           cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trainscale",
+            "run",
+            "--nproc-per-node",
+            str(RANKS),
+            "--max-restarts",
+            "1",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            str(SCRIPT),
+            "--steps",
+            str(STEPS),
+            "--checkpoints",
+            str(tmp_path / "checkpoints"),
+            "--hold-at",
+            "3",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+    )
     peak, ports, done = [0], set(), threading.Event()
 
     def pss(procs: list[psutil.Process]) -> int:  # shared pages (torch's libraries) split between their users
@@ -92,8 +114,11 @@ def test_64_local_ranks_train_restart_after_a_sigkill_and_clean_up(tmp_path):
     left = [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
     assert not left, [p.info["cmdline"] for p in left]
     assert shm_files() <= before, shm_files() - before
-    assert ports and not ports & {c.laddr.port for c in psutil.net_connections("tcp")
-                                  if c.status == psutil.CONN_LISTEN}, ports
-    print(f"\n[scale] 64 local ranks: step 3 reached {started:.0f}s after launch; SIGKILL of rank {VICTIM}, restart, "
-          f"{STEPS} steps done: {took:.0f}s in all; the run's processes used {peak[0] / 2**30:.1f} GiB at most (PSS); "
-          f"listened on {len(ports)} port(s), none left")
+    assert ports and not ports & {
+        c.laddr.port for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN
+    }, ports
+    print(
+        f"\n[scale] 64 local ranks: step 3 reached {started:.0f}s after launch; SIGKILL of rank {VICTIM}, restart, "
+        f"{STEPS} steps done: {took:.0f}s in all; the run's processes used {peak[0] / 2**30:.1f} GiB at most (PSS); "
+        f"listened on {len(ports)} port(s), none left"
+    )

@@ -26,7 +26,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from helpers.cli import trainscale, wait_for
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "tiny_course.py"
@@ -59,11 +58,34 @@ class PeakMemory:
 
 def submit(cluster, tmp: Path, nodes: int, launcher: str, *args: str, requeue: bool = False) -> tuple[str, Path]:
     env = {**cluster.env, "TRAINSCALE_PREEMPT_CHECK_EVERY": "1"}  # the hold below agrees at every step
-    done = trainscale(tmp, "slurm", "--profile", "local-test", "--nodes", str(nodes), "--gpus-per-node", "2",
-                      "--time", "00:30:00", "--launcher", launcher, *(["--requeue"] if requeue else []),
-                      "--output-dir", str(tmp / "jobs"), "--python", sys.executable, "--submit",
-                      str(SCRIPT), "--steps", str(STEPS), "--checkpoints", str(tmp / "checkpoints"), *args,
-                      env=env, timeout=120)
+    done = trainscale(
+        tmp,
+        "slurm",
+        "--profile",
+        "local-test",
+        "--nodes",
+        str(nodes),
+        "--gpus-per-node",
+        "2",
+        "--time",
+        "00:30:00",
+        "--launcher",
+        launcher,
+        *(["--requeue"] if requeue else []),
+        "--output-dir",
+        str(tmp / "jobs"),
+        "--python",
+        sys.executable,
+        "--submit",
+        str(SCRIPT),
+        "--steps",
+        str(STEPS),
+        "--checkpoints",
+        str(tmp / "checkpoints"),
+        *args,
+        env=env,
+        timeout=120,
+    )
     m = re.search(r"submitted job (\d+) .*run directory (\S+)", done.stderr)
     assert done.returncode == 0 and m, f"{done.stdout}\n{done.stderr}"
     return m.group(1), Path(m.group(2))
@@ -85,8 +107,10 @@ def final_weights(directory: Path) -> dict[str, torch.Tensor]:
 def memory():
     meter = PeakMemory()
     yield meter
-    print(f"\n[scale] peak memory in use on this machine during the scale tests: {meter.stop():.1f} GiB "
-          f"(before: {PeakMemory.used() / 2**30:.1f} GiB now)")
+    print(
+        f"\n[scale] peak memory in use on this machine during the scale tests: {meter.stop():.1f} GiB "
+        f"(before: {PeakMemory.used() / 2**30:.1f} GiB now)"
+    )
 
 
 def test_8_nodes_both_modes_train_and_a_preempted_job_resumes_bitwise(scale_cluster, tmp_path, memory):
@@ -99,8 +123,10 @@ def test_8_nodes_both_modes_train_and_a_preempted_job_resumes_bitwise(scale_clus
     assert scale_cluster.job_state(job) == "RUNNING"
     scale_cluster.run("scancel", "--signal=USR1", "--batch", job)
     wait_for(lambda: scale_cluster.job_fields(job).get("Restarts", "0") != "0", 300, "the requeue")
-    states = {reference: scale_cluster.wait_done(reference, timeout=900),
-              job: scale_cluster.wait_done(job, timeout=900)}
+    states = {
+        reference: scale_cluster.wait_done(reference, timeout=900),
+        job: scale_cluster.wait_done(job, timeout=900),
+    }
     took = time.monotonic() - t0
     assert states == {reference: "COMPLETED", job: "COMPLETED"}, (states, cli(scale_cluster, pre_dir, "jobs", job))
 
@@ -116,8 +142,10 @@ def test_8_nodes_both_modes_train_and_a_preempted_job_resumes_bitwise(scale_clus
     report = cli(scale_cluster, pre_dir, "report", job)
     assert "16 rank(s) on 8 node(s)" in report, report
     assert (run_dir / "report" / "report.html").exists()
-    print(f"\n[scale] 8 nodes x 2 ranks, torchrun (job {reference}) and srun (job {job}, preempted at step 4, "
-          f"requeued, resumed bitwise) side by side: {took:.0f}s")
+    print(
+        f"\n[scale] 8 nodes x 2 ranks, torchrun (job {reference}) and srun (job {job}, preempted at step 4, "
+        f"requeued, resumed bitwise) side by side: {took:.0f}s"
+    )
 
 
 @pytest.mark.parametrize("launcher", ["srun", "torchrun"])
@@ -131,7 +159,7 @@ def test_16_nodes_a_rank_on_node_11_fails_and_is_named(scale_cluster, tmp_path, 
     raised = re.search(r"injected failure of rank (\d+) on n11 at step 5", out)
     assert raised, out
     rank = int(raised.group(1))
-    failure = out[out.index(f"==> failure of job {job} <=="):]
+    failure = out[out.index(f"==> failure of job {job} <==") :]
     assert f"First failing rank: rank {rank} on n11" in failure, failure
     assert "Traceback of rank" in failure and 'tiny_course.py", line' in failure, failure
     assert len(failure.splitlines()) < 30, failure  # 31 other ranks in a line or two, not one line each
@@ -142,5 +170,7 @@ def test_16_nodes_a_rank_on_node_11_fails_and_is_named(scale_cluster, tmp_path, 
     assert f"injected failure of rank {rank} on n11" in own, own
     report = cli(scale_cluster, tmp_path, "report", job)
     assert "32 rank(s) on 16 node(s)" in report, report
-    print(f"\n[scale] 16 nodes x 2 ranks, {launcher} mode (job {job}): rank {rank} on n11 failed at step 5 and was "
-          f"named; job to FAILED in {took:.0f}s")
+    print(
+        f"\n[scale] 16 nodes x 2 ranks, {launcher} mode (job {job}): rank {rank} on n11 failed at step 5 and was "
+        f"named; job to FAILED in {took:.0f}s"
+    )

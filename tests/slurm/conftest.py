@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers.container_image import build_image
 from helpers.slurm_cluster import TERMINAL_STATES, SlurmCluster  # noqa: F401 (the tests import them from here)
 
@@ -34,8 +33,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if HERE in Path(str(item.path)).resolve().parents:
             item.add_marker(pytest.mark.slurm)
-
-
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ import os
 import subprocess
 import time
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import pytest
@@ -18,8 +17,12 @@ if TYPE_CHECKING:  # conftest modules are not importable by name (several share 
 CLUSTER_SH = Path(__file__).resolve().parent / "cluster.sh"
 
 TASK_VARS = (
-    "SLURM_PROCID", "SLURM_LOCALID", "SLURMD_NODENAME", "SLURM_STEP_ID",
-    "SLURM_TASKS_PER_NODE", "SLURM_JOB_NODELIST",
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURMD_NODENAME",
+    "SLURM_STEP_ID",
+    "SLURM_TASKS_PER_NODE",
+    "SLURM_JOB_NODELIST",
 )
 
 
@@ -50,8 +53,7 @@ def test_two_nodes_two_tasks_each(slurm_cluster: SlurmCluster, tmp_path: Path) -
     job_id = slurm_cluster.submit(script, "--nodes=2", "--ntasks-per-node=2", "--output=out.txt")
     assert slurm_cluster.wait_done(job_id) == "COMPLETED", (tmp_path / "out.txt").read_text()
 
-    rows = [line.split()[1:] for line in (tmp_path / "out.txt").read_text().splitlines()
-            if line.startswith("TASK ")]
+    rows = [line.split()[1:] for line in (tmp_path / "out.txt").read_text().splitlines() if line.startswith("TASK ")]
     tasks = {int(row[0]): dict(zip(TASK_VARS, row)) for row in rows}
     assert len(rows) == 4 and sorted(tasks) == [0, 1, 2, 3]
     nodes, per_node = slurm_cluster.nodes, 2
@@ -128,8 +130,7 @@ def test_failed_job_state_in_scontrol_and_sacct(slurm_cluster: SlurmCluster, tmp
 def test_cluster_sh_up_reuses_a_healthy_cluster(slurm_cluster: SlurmCluster) -> None:
     env = {**os.environ, "TRAINSCALE_TEST_CLUSTER_DIR": str(slurm_cluster.dir)}
     for command in ("check", "up"):
-        proc = subprocess.run(["bash", str(CLUSTER_SH), command], env=env, capture_output=True,
-                              text=True, timeout=60)
+        proc = subprocess.run(["bash", str(CLUSTER_SH), command], env=env, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
     assert "already up (reused)" in proc.stderr
     assert f"SLURM_CONF={slurm_cluster.env['SLURM_CONF']}" in proc.stdout

@@ -19,25 +19,49 @@ import sys
 import time
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "tests" / "conformance" / "scripts"
 
 
 def env_for(sandbox, tmp_path: Path) -> dict[str, str]:
-    return {**os.environ, "PATH": f"{sandbox['shim']}{os.pathsep}{os.environ['PATH']}",
-            "TRAINSCALE_CONFIG_DIR": str(sandbox["config"]),
-            "TRAINSCALE_STATE_DIR": str(tmp_path / "state")}
+    return {
+        **os.environ,
+        "PATH": f"{sandbox['shim']}{os.pathsep}{os.environ['PATH']}",
+        "TRAINSCALE_CONFIG_DIR": str(sandbox["config"]),
+        "TRAINSCALE_STATE_DIR": str(tmp_path / "state"),
+    }
 
 
 def trainscale(sandbox, tmp_path: Path, *argv: str, timeout: float = 280) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trainscale", *argv], env=env_for(sandbox, tmp_path), cwd=tmp_path,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "trainscale", *argv],
+        env=env_for(sandbox, tmp_path),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def job_args(sandbox, tmp_path: Path, launcher: str, *extra: str) -> list[str]:
-    return ["slurm", "--profile", "local-test-containers", "-N", "2", "--gpus-per-node", "2", "-t", "00:05:00",
-            "--launcher", launcher, "--output-dir", str(tmp_path / "jobs"), "--container", str(sandbox["image"]), *extra]
+    return [
+        "slurm",
+        "--profile",
+        "local-test-containers",
+        "-N",
+        "2",
+        "--gpus-per-node",
+        "2",
+        "-t",
+        "00:05:00",
+        "--launcher",
+        launcher,
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--container",
+        str(sandbox["image"]),
+        *extra,
+    ]
 
 
 def results(out: Path, world: int) -> list[dict]:
@@ -56,8 +80,13 @@ def results(out: Path, world: int) -> list[dict]:
 
 def submit_watch(sandbox, tmp_path: Path, launcher: str, *extra: str) -> tuple[subprocess.CompletedProcess[str], float]:
     t0 = time.monotonic()
-    done = trainscale(sandbox, tmp_path, *job_args(sandbox, tmp_path, launcher, "--submit", "--watch", "--poll", "0.5",
-                                                   "--watch-timeout", "240", *extra))
+    done = trainscale(
+        sandbox,
+        tmp_path,
+        *job_args(
+            sandbox, tmp_path, launcher, "--submit", "--watch", "--poll", "0.5", "--watch-timeout", "240", *extra
+        ),
+    )
     seconds = time.monotonic() - t0
     print(f"\n[containers] {launcher}: {' '.join(extra[:6])}... ended in {seconds:.1f}s\n{done.stdout[-800:]}")
     return done, seconds
@@ -79,9 +108,20 @@ def test_torchrun_mode_exec_with_setup_line_runs_a_slurm_style_script(slurm_clus
     data = tmp_path / "data-on-host"
     data.mkdir()
     out = tmp_path / "out"
-    done, _ = submit_watch(sandbox, tmp_path, "torchrun", "--container-setup", "$WITH_CONDA",
-                           "--bind", f"{data}:/data", str(SCRIPTS / "ddp_srun_env.py"), "--data", "/data",
-                           "--out", str(out))
+    done, _ = submit_watch(
+        sandbox,
+        tmp_path,
+        "torchrun",
+        "--container-setup",
+        "$WITH_CONDA",
+        "--bind",
+        f"{data}:/data",
+        str(SCRIPTS / "ddp_srun_env.py"),
+        "--data",
+        "/data",
+        "--out",
+        str(out),
+    )
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
     assert "COMPLETED" in done.stdout
     results(out, 4)
@@ -95,9 +135,19 @@ def test_torchrun_mode_exec_with_setup_line_runs_a_slurm_style_script(slurm_clus
 def test_srun_mode_run_form_with_host_setup_runs_a_torchrun_style_script(slurm_cluster, sandbox, tmp_path):
     """`singularity run`: the image's runscript sets up its Python; a host set-up line reaches the ranks."""
     out = tmp_path / "out"
-    done, _ = submit_watch(sandbox, tmp_path, "srun", "--container-run", "--setup", "export JOB_SETUP_MARK=from-setup",
-                           str(SCRIPTS / "ddp_torchrun.py"), "--experiment-dir", str(tmp_path / "exp"),
-                           "--out", str(out))
+    done, _ = submit_watch(
+        sandbox,
+        tmp_path,
+        "srun",
+        "--container-run",
+        "--setup",
+        "export JOB_SETUP_MARK=from-setup",
+        str(SCRIPTS / "ddp_torchrun.py"),
+        "--experiment-dir",
+        str(tmp_path / "exp"),
+        "--out",
+        str(out),
+    )
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
     found = results(out, 4)
     assert {r["env"]["JOB_SETUP_MARK"] for r in found} == {"from-setup"}
@@ -108,11 +158,16 @@ def test_srun_mode_run_form_with_host_setup_runs_a_torchrun_style_script(slurm_c
 def test_image_without_torch_fails_in_its_first_seconds_naming_image_and_fix(slurm_cluster, sandbox, tmp_path):
     """`exec` without the image's set-up finds a Python without torch. The probe refuses it before
     submission; submitted anyway, the job stops at its first step with the same diagnosis."""
-    refused = trainscale(sandbox, tmp_path, *job_args(sandbox, tmp_path, "srun", "--dry-run",
-                                                      str(SCRIPTS / "ddp_torchrun.py")), timeout=120)
+    refused = trainscale(
+        sandbox,
+        tmp_path,
+        *job_args(sandbox, tmp_path, "srun", "--dry-run", str(SCRIPTS / "ddp_torchrun.py")),
+        timeout=120,
+    )
     assert refused.returncode == 2
-    assert re.search(r"error: python3 in .*pytorch-stock \(Python [\d.]+\) cannot import torch", refused.stderr), \
+    assert re.search(r"error: python3 in .*pytorch-stock \(Python [\d.]+\) cannot import torch", refused.stderr), (
         refused.stderr
+    )
     assert "--container-setup" in refused.stderr
     # what --submit would have sent, submitted without trainscale's checks
     from trainscale.launch.slurm import SlurmJobSpec, resolve
@@ -120,14 +175,27 @@ def test_image_without_torch_fails_in_its_first_seconds_naming_image_and_fix(slu
     from trainscale.profiles import load_profile
 
     jobs = tmp_path / "jobs"
-    spec = SlurmJobSpec(script=str(SCRIPTS / "ddp_torchrun.py"), args=("--experiment-dir", "e", "--out", "o"),
-                        profile="local-test", nodes=2, gpus_per_node=2, time="00:05:00", launcher="srun",
-                        container=str(sandbox["image"]), output_dir=jobs)
+    spec = SlurmJobSpec(
+        script=str(SCRIPTS / "ddp_torchrun.py"),
+        args=("--experiment-dir", "e", "--out", "o"),
+        profile="local-test",
+        nodes=2,
+        gpus_per_node=2,
+        time="00:05:00",
+        launcher="srun",
+        container=str(sandbox["image"]),
+        output_dir=jobs,
+    )
     plan, script = prepare_run(spec, load_profile("local-test"), resolve(spec, load_profile("local-test")))
     env = env_for(sandbox, tmp_path)
     t0 = time.monotonic()
-    job_id = subprocess.run(["sbatch", "--parsable", str(script)], env=env, capture_output=True, text=True,
-                            check=True, cwd=tmp_path).stdout.strip().split(";")[0]
+    job_id = (
+        subprocess.run(
+            ["sbatch", "--parsable", str(script)], env=env, capture_output=True, text=True, check=True, cwd=tmp_path
+        )
+        .stdout.strip()
+        .split(";")[0]
+    )
     state = slurm_cluster.wait_done(job_id, timeout=120)
     seconds = time.monotonic() - t0
     print(f"\n[containers] broken image: job {job_id} {state} after {seconds:.1f}s")
@@ -139,23 +207,69 @@ def test_image_without_torch_fails_in_its_first_seconds_naming_image_and_fix(slu
 
 
 def test_probe_names_a_missing_python_and_a_missing_trainscale(sandbox, tmp_path):
-    missing = trainscale(sandbox, tmp_path, *job_args(sandbox, tmp_path, "srun", "--python", "/opt/venv/bin/python",
-                                                      "--dry-run", str(SCRIPTS / "ddp_torchrun.py")), timeout=120)
+    missing = trainscale(
+        sandbox,
+        tmp_path,
+        *job_args(
+            sandbox, tmp_path, "srun", "--python", "/opt/venv/bin/python", "--dry-run", str(SCRIPTS / "ddp_torchrun.py")
+        ),
+        timeout=120,
+    )
     assert missing.returncode == 2 and "/opt/venv/bin/python cannot be run inside" in missing.stderr, missing.stderr
-    workload = trainscale(sandbox, tmp_path, *job_args(sandbox, tmp_path, "srun", "--container-setup", "$WITH_CONDA",
-                                                       "--dry-run", "--workload", "cnn"), timeout=120)
+    workload = trainscale(
+        sandbox,
+        tmp_path,
+        *job_args(sandbox, tmp_path, "srun", "--container-setup", "$WITH_CONDA", "--dry-run", "--workload", "cnn"),
+        timeout=120,
+    )
     assert workload.returncode == 2 and "cannot import trainscale" in workload.stderr, workload.stderr
     assert "--system-site-packages" in workload.stderr and "--python VENV/bin/python" in workload.stderr
-    fine = trainscale(sandbox, tmp_path, *job_args(sandbox, tmp_path, "torchrun", "--python", "/opt/python/bin/python3",
-                                                   "--dry-run", str(SCRIPTS / "ddp_torchrun.py")), timeout=120)
+    fine = trainscale(
+        sandbox,
+        tmp_path,
+        *job_args(
+            sandbox,
+            tmp_path,
+            "torchrun",
+            "--python",
+            "/opt/python/bin/python3",
+            "--dry-run",
+            str(SCRIPTS / "ddp_torchrun.py"),
+        ),
+        timeout=120,
+    )
     assert fine.returncode == 0, fine.stderr
 
 
 def test_a_missing_module_system_is_a_clear_job_error(slurm_cluster, sandbox, tmp_path):
-    done = trainscale(sandbox, tmp_path, "slurm", "--profile", "local-test", "-N", "1", "-t", "00:05:00",
-                      "--output-dir", str(tmp_path / "jobs"), "--python", sys.executable,
-                      "--module", "load PyTorch/2.1.2-foss-2023a-CUDA-12.1.1", "--submit", "--watch", "--poll", "0.5",
-                      "--watch-timeout", "120", str(SCRIPTS / "ddp_torchrun.py"), "--experiment-dir", "e", "--out", "o")
+    done = trainscale(
+        sandbox,
+        tmp_path,
+        "slurm",
+        "--profile",
+        "local-test",
+        "-N",
+        "1",
+        "-t",
+        "00:05:00",
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--python",
+        sys.executable,
+        "--module",
+        "load PyTorch/2.1.2-foss-2023a-CUDA-12.1.1",
+        "--submit",
+        "--watch",
+        "--poll",
+        "0.5",
+        "--watch-timeout",
+        "120",
+        str(SCRIPTS / "ddp_torchrun.py"),
+        "--experiment-dir",
+        "e",
+        "--out",
+        "o",
+    )
     assert done.returncode == 1 and "FAILED" in done.stdout, done.stdout + done.stderr
     assert "this job loads modules, but there is no `module` command on" in done.stdout
 
@@ -169,9 +283,20 @@ def test_a_requeue_from_an_image_without_scontrol_is_done_by_the_batch_step(slur
     import shutil
 
     venv, site = tmp_path / "venv-ts", tmp_path / "site"
-    subprocess.run(["singularity", "exec", str(sandbox["image"]), "bash", "-c",
-                    f"$WITH_CONDA && python3 -m venv --system-site-packages {venv}"],
-                   env=env_for(sandbox, tmp_path), check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            "singularity",
+            "exec",
+            str(sandbox["image"]),
+            "bash",
+            "-c",
+            f"$WITH_CONDA && python3 -m venv --system-site-packages {venv}",
+        ],
+        env=env_for(sandbox, tmp_path),
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     site.mkdir()
     for name in ("trainscale", "psutil", "rich", "markdown_it", "mdurl", "pygments", "hostlist", "cloudpickle"):
         found = Path(importlib.import_module(name).__file__)  # what `pip install -e trainscale` would bring
@@ -181,12 +306,47 @@ def test_a_requeue_from_an_image_without_scontrol_is_done_by_the_batch_step(slur
             shutil.copy2(found, site / found.name)
     py = f"python{sys.version_info.major}.{sys.version_info.minor}"
     (venv / "lib" / py / "site-packages" / "trainscale-copy.pth").write_text(f"{site}\n")
-    done = trainscale(sandbox, tmp_path, "slurm", "--profile", "local-test-containers", "-N", "1", "--gpus-per-node",
-                      "1", "-t", "00:05:00", "--launcher", "srun", "--output-dir", str(tmp_path / "jobs"),
-                      "--container", str(sandbox["image"]), "--python", str(venv / "bin" / "python"),
-                      "--bind", "/dev/null:/usr/bin/scontrol", "--bind", "/dev/null:/bin/scontrol", "--requeue",
-                      "--submit", "--workload", "cnn", "--data", "synthetic", "--samples", "1024", "--batch-size",
-                      "16", "--epochs", "1", "--checkpoint-every", "4", "--log-every", "0")
+    done = trainscale(
+        sandbox,
+        tmp_path,
+        "slurm",
+        "--profile",
+        "local-test-containers",
+        "-N",
+        "1",
+        "--gpus-per-node",
+        "1",
+        "-t",
+        "00:05:00",
+        "--launcher",
+        "srun",
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--container",
+        str(sandbox["image"]),
+        "--python",
+        str(venv / "bin" / "python"),
+        "--bind",
+        "/dev/null:/usr/bin/scontrol",
+        "--bind",
+        "/dev/null:/bin/scontrol",
+        "--requeue",
+        "--submit",
+        "--workload",
+        "cnn",
+        "--data",
+        "synthetic",
+        "--samples",
+        "1024",
+        "--batch-size",
+        "16",
+        "--epochs",
+        "1",
+        "--checkpoint-every",
+        "4",
+        "--log-every",
+        "0",
+    )
     m = re.search(r"job (\d+) .*run directory (\S+)", done.stderr)
     assert done.returncode == 0 and m, done.stdout + done.stderr
     job, run_dir = m.group(1), Path(m.group(2))

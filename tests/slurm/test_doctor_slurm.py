@@ -14,16 +14,47 @@ import pytest
 
 def _trainscale(tmp_path: Path, *argv: str, timeout: float = 280) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "TRAINSCALE_STATE_DIR": str(tmp_path / "state")}
-    return subprocess.run([sys.executable, "-m", "trainscale", *argv], env=env, capture_output=True, text=True,
-                          timeout=timeout, cwd=tmp_path)
+    return subprocess.run(
+        [sys.executable, "-m", "trainscale", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=tmp_path,
+    )
 
 
 @pytest.mark.parametrize("launcher", ("torchrun", "srun"))
 def test_doctor_network_on_two_nodes(slurm_cluster, tmp_path, launcher):
-    done = _trainscale(tmp_path, "slurm", "--profile", "local-test", "--nodes", "2", "--gpus-per-node", "2",
-                       "--time", "00:05:00", "--launcher", launcher, "--output-dir", str(tmp_path / "jobs"),
-                       "--python", sys.executable, "--submit", "--watch", "--poll", "0.5", "--watch-timeout", "240",
-                       "-m", "trainscale.doctor", "--network", "--size-mib", "1")
+    done = _trainscale(
+        tmp_path,
+        "slurm",
+        "--profile",
+        "local-test",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "2",
+        "--time",
+        "00:05:00",
+        "--launcher",
+        launcher,
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--python",
+        sys.executable,
+        "--submit",
+        "--watch",
+        "--poll",
+        "0.5",
+        "--watch-timeout",
+        "240",
+        "-m",
+        "trainscale.doctor",
+        "--network",
+        "--size-mib",
+        "1",
+    )
     job = re.search(r"submitted job (\d+)", done.stderr)
     assert job and done.returncode == 0, f"{done.stdout}\n{done.stderr}"
     log = _trainscale(tmp_path, "jobs", job.group(1), "--rank", "0", timeout=60)

@@ -38,30 +38,57 @@ def course(tmp_path: Path) -> Path:
 
 
 def trainscale(cwd: Path, env: dict[str, str], *argv: str, timeout: float = 280) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trainscale", *argv], env=env, cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "trainscale", *argv], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def job_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return {**os.environ, "TRAINSCALE_STATE_DIR": str(tmp_path / "state"), "OUT_BASE": str(tmp_path / "out"), **extra}
 
 
-def submit_watch(root: Path, env: dict[str, str], *options: str, cwd: Path | None = None,
-                 timeout: float = 240) -> tuple[str, Path, str]:
+def submit_watch(
+    root: Path, env: dict[str, str], *options: str, cwd: Path | None = None, timeout: float = 240
+) -> tuple[str, Path, str]:
     """Submit the course's scripts/train.py from ``cwd`` (default: the course's root); (job id, run directory,
     what --watch printed)."""
     t0 = time.monotonic()
     cwd = cwd or root
     # one rank per node: what the journey needs is two nodes (per-node ranks are tests/slurm/test_slurm_e2e.py's),
     # 2 CPUs per task: the test nodes declare 4 on 2 real cores, and srun cannot lay a task out wider than those
-    done = trainscale(cwd, env, "slurm", "-N", "2", "--gpus-per-node", "1", "-c", "2", "-t", "00:05:00",
-                      "--output-dir", str(root.parent / "jobs"), *options, "--submit", "--watch", "--poll", "0.5",
-                      "--watch-timeout", str(timeout), os.path.relpath(root / "scripts" / "train.py", cwd),
-                      "--output-path", "$OUT_BASE/job-$SLURM_JOB_ID", "--note", NOTE)
+    done = trainscale(
+        cwd,
+        env,
+        "slurm",
+        "-N",
+        "2",
+        "--gpus-per-node",
+        "1",
+        "-c",
+        "2",
+        "-t",
+        "00:05:00",
+        "--output-dir",
+        str(root.parent / "jobs"),
+        *options,
+        "--submit",
+        "--watch",
+        "--poll",
+        "0.5",
+        "--watch-timeout",
+        str(timeout),
+        os.path.relpath(root / "scripts" / "train.py", cwd),
+        "--output-path",
+        "$OUT_BASE/job-$SLURM_JOB_ID",
+        "--note",
+        NOTE,
+    )
     m = re.search(r"submitted job (\d+) .*; run directory (\S+) ", done.stderr)
     assert m, f"not submitted:\n{done.stdout}\n{done.stderr}"
-    print(f"\n[journeys] {' '.join(options[:6])}: job {m.group(1)} ended in {time.monotonic() - t0:.1f}s\n"
-          f"{done.stdout[-600:]}")
+    print(
+        f"\n[journeys] {' '.join(options[:6])}: job {m.group(1)} ended in {time.monotonic() - t0:.1f}s\n"
+        f"{done.stdout[-600:]}"
+    )
     assert done.returncode == 0 and "COMPLETED" in done.stdout, f"{done.stdout}\n{done.stderr}"
     return m.group(1), Path(m.group(2)), done.stdout
 
@@ -89,14 +116,26 @@ def test_a_script_importing_its_sibling_package_runs_as_a_job(slurm_cluster, tmp
     env = job_env(tmp_path)
     cwd = tmp_path if where == "above" else root
     if launcher == "torchrun":  # the seam: what works under `trainscale run` ...
-        local = trainscale(cwd, env, "run", "--nproc-per-node", "2", "course/scripts/train.py", "--output-path",
-                           str(tmp_path / "local"), "--note", "here", timeout=180)
+        local = trainscale(
+            cwd,
+            env,
+            "run",
+            "--nproc-per-node",
+            "2",
+            "course/scripts/train.py",
+            "--output-path",
+            str(tmp_path / "local"),
+            "--note",
+            "here",
+            timeout=180,
+        )
         assert local.returncode == 0, local.stdout + local.stderr
         seen = json.loads((tmp_path / "local" / "rank-1.json").read_text())["mypkg"]
         assert os.path.normpath(seen) == str(root / "mypkg" / "__init__.py")
     # ... works as a job, with the script's arguments naming job-time variables
-    job_id, run_dir, _ = submit_watch(root, env, "--profile", "local-test", "--launcher", launcher,
-                                      "--python", sys.executable, cwd=cwd)
+    job_id, run_dir, _ = submit_watch(
+        root, env, "--profile", "local-test", "--launcher", launcher, "--python", sys.executable, cwd=cwd
+    )
     ranks(tmp_path / "out", job_id, run_dir)
     record = json.loads((run_dir / "submission.json").read_text())["snapshot"]
     assert (record["root"], record["mode"], record["script"]) == (str(root), "git", "scripts/train.py")
@@ -106,10 +145,23 @@ def test_a_script_importing_its_sibling_package_runs_as_a_job(slurm_cluster, tmp
 def test_the_sibling_package_in_a_stock_image(slurm_cluster, sandbox, tmp_path):
     """The stock image (torch, no trainscale) sees the snapshot: the run directory is bound, the kit boots."""
     root = course(tmp_path)
-    env = job_env(tmp_path, PATH=f"{sandbox['shim']}{os.pathsep}{os.environ['PATH']}",
-                  TRAINSCALE_CONFIG_DIR=str(sandbox["config"]))
-    job_id, run_dir, _ = submit_watch(root, env, "--profile", "local-test-containers", "--launcher", "srun",
-                                      "--container", str(sandbox["image"]), "--container-setup", "$WITH_CONDA")
+    env = job_env(
+        tmp_path,
+        PATH=f"{sandbox['shim']}{os.pathsep}{os.environ['PATH']}",
+        TRAINSCALE_CONFIG_DIR=str(sandbox["config"]),
+    )
+    job_id, run_dir, _ = submit_watch(
+        root,
+        env,
+        "--profile",
+        "local-test-containers",
+        "--launcher",
+        "srun",
+        "--container",
+        str(sandbox["image"]),
+        "--container-setup",
+        "$WITH_CONDA",
+    )
     assert {r["python"] for r in ranks(tmp_path / "out", job_id, run_dir)} == {"/opt/python/bin/python3"}
 
 
@@ -121,20 +173,41 @@ def test_a_modules_python_runs_the_job(slurm_cluster, sandbox, tmp_path):
 
     root = course(tmp_path)
     python = sandbox["image"] / "opt" / "python"
-    module = (f'() {{ if [ "$1" = load ]; then export PATH="{python}/bin:$PATH" '
-              f'LD_LIBRARY_PATH="{python}/lib${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"; fi; }}')
+    module = (
+        f'() {{ if [ "$1" = load ]; then export PATH="{python}/bin:$PATH" '
+        f'LD_LIBRARY_PATH="{python}/lib${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"; fi; }}'
+    )
     env = job_env(tmp_path, **{"BASH_FUNC_module%%": module})  # stands in for Lmod: the batch shell finds `module`
     options = ("--profile", "local-test", "--launcher", "srun", "--module", "load PyTorch/2.13.0-foss-2025a")
-    dry = trainscale(root, env, "slurm", "-N", "2", "--gpus-per-node", "2", "-t", "5", *options, "--dry-run",
-                     "scripts/train.py", "--output-path", "o", timeout=120)
+    dry = trainscale(
+        root,
+        env,
+        "slurm",
+        "-N",
+        "2",
+        "--gpus-per-node",
+        "2",
+        "-t",
+        "5",
+        *options,
+        "--dry-run",
+        "scripts/train.py",
+        "--output-path",
+        "o",
+        timeout=120,
+    )
     assert dry.returncode == 0, dry.stderr
-    assert (f"note: the job runs python3 as found on the job's PATH after its module lines: {python}/bin/python3 "
-            f"(Python {sys.version.split()[0]}), torch {torch.__version__}") in dry.stderr, dry.stderr
+    assert (
+        f"note: the job runs python3 as found on the job's PATH after its module lines: {python}/bin/python3 "
+        f"(Python {sys.version.split()[0]}), torch {torch.__version__}"
+    ) in dry.stderr, dry.stderr
     job_id, run_dir, _ = submit_watch(root, env, *options)
     assert {r["python"] for r in ranks(tmp_path / "out", job_id, run_dir)} == {f"{python}/bin/python3"}
     batch = (run_dir / f"{job_id}.out").read_text()
-    assert f"trainscale: the job's Python is {python}/bin/python3 (Python {sys.version.split()[0]}), torch " \
-           f"{torch.__version__}" in batch
+    assert (
+        f"trainscale: the job's Python is {python}/bin/python3 (Python {sys.version.split()[0]}), torch "
+        f"{torch.__version__}" in batch
+    )
 
 
 def test_a_step_slurm_cannot_lay_out_is_named_with_its_fix(slurm_cluster, tmp_path):
@@ -144,9 +217,29 @@ def test_a_step_slurm_cannot_lay_out_is_named_with_its_fix(slurm_cluster, tmp_pa
     explain."""
     script = tmp_path / "hello.py"
     script.write_text("print('hello')\n")
-    submit = ("slurm", "--profile", "local-test", "-N", "1", "--gpus-per-node", "1", "-t", "5", "--launcher", "srun",
-              "--python", sys.executable, "--output-dir", str(tmp_path / "jobs"), "--submit", "--watch", "--poll",
-              "0.5", "--watch-timeout", "120")
+    submit = (
+        "slurm",
+        "--profile",
+        "local-test",
+        "-N",
+        "1",
+        "--gpus-per-node",
+        "1",
+        "-t",
+        "5",
+        "--launcher",
+        "srun",
+        "--python",
+        sys.executable,
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--submit",
+        "--watch",
+        "--poll",
+        "0.5",
+        "--watch-timeout",
+        "120",
+    )
     ran = trainscale(tmp_path, job_env(tmp_path), *submit, str(script), timeout=180)
     assert ran.returncode == 0 and "COMPLETED" in ran.stdout, ran.stdout + ran.stderr
     done = trainscale(tmp_path, job_env(tmp_path), *submit, "-c", "4", "--cpu-bind", "cores", str(script), timeout=180)
@@ -164,8 +257,19 @@ def test_an_unreachable_scheduler_is_not_a_refusal(slurm_cluster, tmp_path):
     script = tmp_path / "hello.py"
     script.write_text("print('hello')\n")
     env = job_env(tmp_path, SLURM_CONF=str(conf))
-    args = ("slurm", "--profile", "local-test", "-N", "1", "-t", "5", "--python", sys.executable, "--output-dir",
-            str(tmp_path / "jobs"))
+    args = (
+        "slurm",
+        "--profile",
+        "local-test",
+        "-N",
+        "1",
+        "-t",
+        "5",
+        "--python",
+        sys.executable,
+        "--output-dir",
+        str(tmp_path / "jobs"),
+    )
     dry = trainscale(tmp_path, env, *args, "--dry-run", str(script), timeout=150)
     assert dry.returncode == 0, dry.stderr
     assert "could not ask the scheduler (sbatch --test-only: " in dry.stderr and "Unable to contact" in dry.stderr

@@ -14,13 +14,40 @@ import time
 from pathlib import Path
 
 import torch
-
 from helpers.cli import trainscale, wait_for
 
-CNN = ["--workload", "cnn", "--data", "synthetic", "--samples", "1024", "--batch-size", "16", "--epochs", "3",
-       "--checkpoint-every", "4", "--log-every", "0"]
-JOB = ["--profile", "local-test", "-N", "2", "--gpus-per-node", "2", "-t", "00:10:00", "--launcher", "srun",
-       "-c", "2", "--python", sys.executable]
+CNN = [
+    "--workload",
+    "cnn",
+    "--data",
+    "synthetic",
+    "--samples",
+    "1024",
+    "--batch-size",
+    "16",
+    "--epochs",
+    "3",
+    "--checkpoint-every",
+    "4",
+    "--log-every",
+    "0",
+]
+JOB = [
+    "--profile",
+    "local-test",
+    "-N",
+    "2",
+    "--gpus-per-node",
+    "2",
+    "-t",
+    "00:10:00",
+    "--launcher",
+    "srun",
+    "-c",
+    "2",
+    "--python",
+    sys.executable,
+]
 
 
 def submitted(done: subprocess.CompletedProcess[str]) -> tuple[str, Path]:
@@ -35,8 +62,9 @@ def final_weights(ckdir: Path) -> dict[str, torch.Tensor]:
 
 def test_chain_finishes_in_link_two_and_cancels_link_three(slurm_cluster, tmp_path):
     t0 = time.monotonic()
-    first, run_dir = submitted(trainscale(tmp_path, "slurm", *JOB, "--output-dir", str(tmp_path / "jobs"),
-                                          "--chain", "3", "--submit", *CNN))
+    first, run_dir = submitted(
+        trainscale(tmp_path, "slurm", *JOB, "--output-dir", str(tmp_path / "jobs"), "--chain", "3", "--submit", *CNN)
+    )
     links = (run_dir / "links").read_text().split()
     assert len(links) == 3 and links[0] == first
     listed = trainscale(tmp_path, "jobs", timeout=60).stdout
@@ -58,8 +86,18 @@ def test_chain_finishes_in_link_two_and_cancels_link_three(slurm_cluster, tmp_pa
     # gave each rank its CPUs per rank (2) or fewer, where the node's cores were fewer: its records say
     meta = json.loads((run_dir / "metrics" / "rank-0.jsonl").read_text().splitlines()[0])
     assert meta["kind"] == "meta" and 1 <= meta["threads"] <= 2
-    ref = trainscale(tmp_path, "run", "--nproc-per-node", "4", "--log-dir", str(tmp_path / "ref-logs"), *CNN,
-                     "--checkpoint-dir", str(tmp_path / "ref"), env={"OMP_NUM_THREADS": str(meta["threads"])})
+    ref = trainscale(
+        tmp_path,
+        "run",
+        "--nproc-per-node",
+        "4",
+        "--log-dir",
+        str(tmp_path / "ref-logs"),
+        *CNN,
+        "--checkpoint-dir",
+        str(tmp_path / "ref"),
+        env={"OMP_NUM_THREADS": str(meta["threads"])},
+    )
     assert ref.returncode == 0, ref.stderr
     ours, theirs = final_weights(ckdir), final_weights(tmp_path / "ref")
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
@@ -68,10 +106,36 @@ def test_chain_finishes_in_link_two_and_cancels_link_three(slurm_cluster, tmp_pa
 
 def test_requeue_cap_reached_ends_the_job_clearly(slurm_cluster, tmp_path):
     t0 = time.monotonic()
-    one_rank = ["--profile", "local-test", "-N", "1", "--gpus-per-node", "1", "-t", "00:10:00", "--launcher", "srun",
-                "-c", "2", "--python", sys.executable]  # the cap is the job's, whatever its ranks
-    job, run_dir = submitted(trainscale(tmp_path, "slurm", *one_rank, "--output-dir", str(tmp_path / "jobs"),
-                                        "--requeue", "--max-requeues", "0", "--submit", *CNN))
+    one_rank = [
+        "--profile",
+        "local-test",
+        "-N",
+        "1",
+        "--gpus-per-node",
+        "1",
+        "-t",
+        "00:10:00",
+        "--launcher",
+        "srun",
+        "-c",
+        "2",
+        "--python",
+        sys.executable,
+    ]  # the cap is the job's, whatever its ranks
+    job, run_dir = submitted(
+        trainscale(
+            tmp_path,
+            "slurm",
+            *one_rank,
+            "--output-dir",
+            str(tmp_path / "jobs"),
+            "--requeue",
+            "--max-requeues",
+            "0",
+            "--submit",
+            *CNN,
+        )
+    )
     wait_for(lambda: any((run_dir / "checkpoints").glob("ckpt-*.pt")), 180, "the first checkpoint")
     slurm_cluster.run("scancel", "--signal=USR1", "--batch", job)
     state = slurm_cluster.wait_done(job, timeout=240)
@@ -86,18 +150,53 @@ def test_requeue_cap_reached_ends_the_job_clearly(slurm_cluster, tmp_path):
 def test_one_array_task_requeued_alone_resumes_its_own_checkpoints(slurm_cluster, tmp_path):
     """issue 36 item 3: SLURM's warning to one task of an array requeues that task only (``JOBID_TASK``, not the
     array, which Lightning requeues whole), and it resumes from its own directory's checkpoints."""
-    done = trainscale(tmp_path, "sweep", "--grid", "lr=1e-3,3e-3", "--profile", "local-test", "-N", "1",
-                      "--gpus-per-node", "1", "-t", "00:10:00", "--python", sys.executable, "--requeue",
-                      "--output-dir", str(tmp_path / "jobs"), "--submit", "--workload", "cnn", "--data", "synthetic",
-                      "--samples", "2048", "--batch-size", "16", "--epochs", "1", "--checkpoint-every", "4",
-                      "--log-every", "0")
+    done = trainscale(
+        tmp_path,
+        "sweep",
+        "--grid",
+        "lr=1e-3,3e-3",
+        "--profile",
+        "local-test",
+        "-N",
+        "1",
+        "--gpus-per-node",
+        "1",
+        "-t",
+        "00:10:00",
+        "--python",
+        sys.executable,
+        "--requeue",
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--submit",
+        "--workload",
+        "cnn",
+        "--data",
+        "synthetic",
+        "--samples",
+        "2048",
+        "--batch-size",
+        "16",
+        "--epochs",
+        "1",
+        "--checkpoint-every",
+        "4",
+        "--log-every",
+        "0",
+    )
     m = re.search(r"submitted array job (\d+) \(2 tasks", done.stderr)
     assert done.returncode == 0 and m, done.stderr
     array, run_dir = m.group(1), Path(done.stdout.strip())
     wait_for(lambda: any((run_dir / "task-1" / "checkpoints").glob("ckpt-*.pt")), 180, "task 1's first checkpoint")
     slurm_cluster.run("scancel", "--signal=USR1", "--batch", f"{array}_1")
-    wait_for(lambda: all((run_dir / f"task-{i}" / "finished").exists() or (run_dir / f"task-{i}" / "failed").exists()
-                         for i in range(2)), 300, "both array tasks")
+    wait_for(
+        lambda: all(
+            (run_dir / f"task-{i}" / "finished").exists() or (run_dir / f"task-{i}" / "failed").exists()
+            for i in range(2)
+        ),
+        300,
+        "both array tasks",
+    )
     assert all((run_dir / f"task-{i}" / "finished").exists() for i in range(2))
     restarts = {i: slurm_cluster.job_fields(f"{array}_{i}").get("Restarts") for i in range(2)}
     assert restarts == {0: "0", 1: "1"}, restarts
@@ -108,16 +207,48 @@ def test_one_array_task_requeued_alone_resumes_its_own_checkpoints(slurm_cluster
 
 def test_sweep_two_by_two_as_one_array_job(slurm_cluster, tmp_path):
     t0 = time.monotonic()
-    done = trainscale(tmp_path, "sweep", "--grid", "lr=1e-3,3e-3 batch-size=16,32", "--max-parallel", "2",
-                      "--profile", "local-test", "-N", "1", "--gpus-per-node", "1", "-t", "00:10:00",
-                      "--python", sys.executable, "--output-dir", str(tmp_path / "jobs"), "--submit",
-                      "--workload", "cnn", "--data", "synthetic", "--samples", "256", "--max-steps", "4",
-                      "--log-every", "0")
+    done = trainscale(
+        tmp_path,
+        "sweep",
+        "--grid",
+        "lr=1e-3,3e-3 batch-size=16,32",
+        "--max-parallel",
+        "2",
+        "--profile",
+        "local-test",
+        "-N",
+        "1",
+        "--gpus-per-node",
+        "1",
+        "-t",
+        "00:10:00",
+        "--python",
+        sys.executable,
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--submit",
+        "--workload",
+        "cnn",
+        "--data",
+        "synthetic",
+        "--samples",
+        "256",
+        "--max-steps",
+        "4",
+        "--log-every",
+        "0",
+    )
     m = re.search(r"submitted array job (\d+) \(4 tasks, --array=0-3%2\)", done.stderr)
     assert done.returncode == 0 and m, done.stderr
     run_dir = Path(done.stdout.strip())
-    wait_for(lambda: all((run_dir / f"task-{i}" / "finished").exists() or (run_dir / f"task-{i}" / "failed").exists()
-                         for i in range(4)), 300, "the four array tasks")
+    wait_for(
+        lambda: all(
+            (run_dir / f"task-{i}" / "finished").exists() or (run_dir / f"task-{i}" / "failed").exists()
+            for i in range(4)
+        ),
+        300,
+        "the four array tasks",
+    )
     status = trainscale(tmp_path, "sweep", "status", str(run_dir), timeout=60)
     seconds = time.monotonic() - t0
     assert status.returncode == 0, status.stderr
@@ -135,17 +266,41 @@ def test_sweep_two_by_two_as_one_array_job(slurm_cluster, tmp_path):
 
 def test_run_inside_an_allocation_spreads_over_its_nodes(slurm_cluster, tmp_path):
     script = tmp_path / "where.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import os, torch.distributed as dist
         dist.init_process_group("gloo")
         print("RANK", dist.get_rank(), "OF", dist.get_world_size(), "ON", os.environ.get("SLURMD_NODENAME"), flush=True)
         dist.destroy_process_group()
-    """))
+    """)
+    )
     t0 = time.monotonic()
-    done = subprocess.run(["salloc", "-N", "2", "-t", "5", sys.executable, "-m", "trainscale", "run", "--nnodes", "2",
-                           "--nproc-per-node", "1", "--all-ranks", "--log-dir", str(tmp_path / "logs"), str(script)],
-                          capture_output=True, text=True, timeout=180, cwd=tmp_path,
-                          env={**os.environ, "TRAINSCALE_STATE_DIR": str(tmp_path / "state")})
+    done = subprocess.run(
+        [
+            "salloc",
+            "-N",
+            "2",
+            "-t",
+            "5",
+            sys.executable,
+            "-m",
+            "trainscale",
+            "run",
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "1",
+            "--all-ranks",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=tmp_path,
+        env={**os.environ, "TRAINSCALE_STATE_DIR": str(tmp_path / "state")},
+    )
     seconds = time.monotonic() - t0
     assert done.returncode == 0, done.stdout + done.stderr
     assert "one agent per node on n1,n2 (srun --overlap)" in done.stderr
@@ -162,12 +317,33 @@ def test_an_edit_after_submit_does_not_reach_the_queued_job(slurm_cluster, tmp_p
     script.write_text("from helpers import VERSION\nprint('SCRIPT as submitted, HELPERS', VERSION, flush=True)\n")
     subprocess.run(["git", "init", "-q", str(code)], check=True)
     subprocess.run(["git", "-C", str(code), "-c", "user.email=t@t", "-c", "user.name=t", "add", "."], check=True)
-    subprocess.run(["git", "-C", str(code), "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "v1"],
-                   check=True)
-    commit = subprocess.run(["git", "-C", str(code), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    job, run_dir = submitted(trainscale(tmp_path, "slurm", "--profile", "local-test", "-N", "1", "-t", "5",
-                                        "--python", sys.executable, "--output-dir", str(tmp_path / "jobs"),
-                                        "--snapshot", str(code), "--sbatch=--hold", "--submit", str(script)))
+    subprocess.run(
+        ["git", "-C", str(code), "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "v1"], check=True
+    )
+    commit = subprocess.run(
+        ["git", "-C", str(code), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    job, run_dir = submitted(
+        trainscale(
+            tmp_path,
+            "slurm",
+            "--profile",
+            "local-test",
+            "-N",
+            "1",
+            "-t",
+            "5",
+            "--python",
+            sys.executable,
+            "--output-dir",
+            str(tmp_path / "jobs"),
+            "--snapshot",
+            str(code),
+            "--sbatch=--hold",
+            "--submit",
+            str(script),
+        )
+    )
     script.write_text("print('SCRIPT edited after submission', flush=True)\n")  # the job is still held
     (code / "helpers" / "__init__.py").write_text("VERSION = 'edited'\n")
     slurm_cluster.run("scontrol", "release", job)
@@ -183,9 +359,24 @@ def test_an_edit_after_submit_does_not_reach_the_queued_job(slurm_cluster, tmp_p
 def test_attach_runs_a_command_on_a_running_jobs_node(slurm_cluster, tmp_path):
     script = tmp_path / "wait.py"
     script.write_text("import time, os\nopen(os.environ['TRAINSCALE_RUN_DIR'] + '/up', 'w').close()\ntime.sleep(300)\n")
-    job, run_dir = submitted(trainscale(tmp_path, "slurm", "--profile", "local-test", "-N", "1", "-t", "5",
-                                        "--python", sys.executable, "--output-dir", str(tmp_path / "jobs"),
-                                        "--submit", str(script)))
+    job, run_dir = submitted(
+        trainscale(
+            tmp_path,
+            "slurm",
+            "--profile",
+            "local-test",
+            "-N",
+            "1",
+            "-t",
+            "5",
+            "--python",
+            sys.executable,
+            "--output-dir",
+            str(tmp_path / "jobs"),
+            "--submit",
+            str(script),
+        )
+    )
     try:
         wait_for(lambda: (run_dir / "up").exists(), 120, "the job to run")
         done = trainscale(tmp_path, "jobs", job, "--attach", "--", "printenv", "SLURMD_NODENAME", timeout=60)

@@ -10,11 +10,24 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from helpers.cli import trainscale, wait_for
 
-CNN = ["--workload", "cnn", "--data", "synthetic", "--samples", "1024", "--batch-size", "16", "--epochs", "4",
-       "--checkpoint-every", "4", "--log-every", "0"]
+CNN = [
+    "--workload",
+    "cnn",
+    "--data",
+    "synthetic",
+    "--samples",
+    "1024",
+    "--batch-size",
+    "16",
+    "--epochs",
+    "4",
+    "--checkpoint-every",
+    "4",
+    "--log-every",
+    "0",
+]
 
 
 def newest_weights(directory: Path) -> dict[str, torch.Tensor]:
@@ -26,20 +39,60 @@ def reference_weights(slurm_cluster, tmp_path_factory) -> dict[str, torch.Tensor
     """The same job, never signalled, in the same layout (2 nodes x 2 ranks, as many threads per rank):
     one reference for both launch modes, which give every rank the same rank, data shard and threads."""
     tmp = tmp_path_factory.mktemp("reference")
-    done = trainscale(tmp, "slurm", "--profile", "local-test", "--nodes", "2", "--gpus-per-node", "2",
-                      "--time", "00:10:00", "--launcher", "srun", "--requeue", "--output-dir", str(tmp / "jobs"),
-                      "--python", sys.executable, "--submit", "--watch", "--poll", "0.5", *CNN)
+    done = trainscale(
+        tmp,
+        "slurm",
+        "--profile",
+        "local-test",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "2",
+        "--time",
+        "00:10:00",
+        "--launcher",
+        "srun",
+        "--requeue",
+        "--output-dir",
+        str(tmp / "jobs"),
+        "--python",
+        sys.executable,
+        "--submit",
+        "--watch",
+        "--poll",
+        "0.5",
+        *CNN,
+    )
     job = re.search(r"submitted job (\d+)", done.stderr)
     assert done.returncode == 0 and job, f"{done.stdout}\n{done.stderr}"
     return newest_weights(next((tmp / "jobs").glob("trainscale-cnn-*")) / "checkpoints")
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "srun"])
-def test_usr1_to_the_batch_shell_requeues_and_resumes_to_identical_weights(slurm_cluster, tmp_path, launcher,
-                                                                          reference_weights):
-    done = trainscale(tmp_path, "slurm", "--profile", "local-test", "--nodes", "2", "--gpus-per-node", "2",
-                      "--time", "00:10:00", "--launcher", launcher, "--requeue", "--output-dir", str(tmp_path / "jobs"),
-                      "--python", sys.executable, "--submit", *CNN)
+def test_usr1_to_the_batch_shell_requeues_and_resumes_to_identical_weights(
+    slurm_cluster, tmp_path, launcher, reference_weights
+):
+    done = trainscale(
+        tmp_path,
+        "slurm",
+        "--profile",
+        "local-test",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "2",
+        "--time",
+        "00:10:00",
+        "--launcher",
+        launcher,
+        "--requeue",
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--python",
+        sys.executable,
+        "--submit",
+        *CNN,
+    )
     m = re.search(r"submitted job (\d+)", done.stderr)
     assert done.returncode == 0 and m, f"{done.stdout}\n{done.stderr}"
     job = m.group(1)
@@ -61,5 +114,7 @@ def test_usr1_to_the_batch_shell_requeues_and_resumes_to_identical_weights(slurm
     ours = newest_weights(ckdir)
     for key in reference_weights:
         assert torch.equal(ours[key], reference_weights[key]), key
-    print(f"\n[preemption {launcher}] job {job}: requeued {requeued:.1f}s after SIGUSR1, COMPLETED {finished:.1f}s "
-          f"after it")
+    print(
+        f"\n[preemption {launcher}] job {job}: requeued {requeued:.1f}s after SIGUSR1, COMPLETED {finished:.1f}s "
+        f"after it"
+    )

@@ -13,7 +13,7 @@ import pytest
 import trainscale
 from trainscale.errors import RankFailed, SlurmError
 
-FUNCTIONS = '''
+FUNCTIONS = """
 import os
 import threading
 
@@ -37,7 +37,7 @@ def fails(bad_rank):
 def forever():
     print("started", flush=True)
     threading.Event().wait()
-'''
+"""
 
 
 @pytest.fixture
@@ -50,8 +50,17 @@ def api(slurm_cluster, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     import ts_jobs
 
-    yield ts_jobs, {"profile": "local-test", "time": "00:05:00", "launcher": "srun", "cpus_per_task": 1,
-                    "python": sys.executable, "output_dir": str(tmp_path / "jobs")}
+    yield (
+        ts_jobs,
+        {
+            "profile": "local-test",
+            "time": "00:05:00",
+            "launcher": "srun",
+            "cpus_per_task": 1,
+            "python": sys.executable,
+            "output_dir": str(tmp_path / "jobs"),
+        },
+    )
     sys.modules.pop("ts_jobs", None)
 
 

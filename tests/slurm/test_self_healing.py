@@ -12,12 +12,25 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers.cli import trainscale, wait_for
 from helpers.slurm_cluster import cluster_session
 
-CNN = ["--workload", "cnn", "--data", "synthetic", "--samples", "1536", "--batch-size", "16", "--epochs", "1",
-       "--checkpoint-every", "4", "--log-every", "0"]
+CNN = [
+    "--workload",
+    "cnn",
+    "--data",
+    "synthetic",
+    "--samples",
+    "1536",
+    "--batch-size",
+    "16",
+    "--epochs",
+    "1",
+    "--checkpoint-every",
+    "4",
+    "--log-every",
+    "0",
+]
 JOB = ["--profile", "local-test", "-t", "00:10:00", "--launcher", "srun", "-c", "1", "--python", sys.executable]
 
 
@@ -34,12 +47,14 @@ def submitted(done: subprocess.CompletedProcess[str]) -> tuple[str, Path]:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("shape, lost, runs_on", [(["--nodes", "2-3"], "n3", 2),
-                                                  (["-N", "2", "--spare-nodes", "1"], "n2", 2)])
+@pytest.mark.parametrize(
+    "shape, lost, runs_on", [(["--nodes", "2-3"], "n3", 2), (["-N", "2", "--spare-nodes", "1"], "n2", 2)]
+)
 def test_a_node_lost_mid_epoch_is_left_out_and_the_run_finishes_by_itself(cluster3, tmp_path, shape, lost, runs_on):
     env = cluster3.env
-    job, run_dir = submitted(trainscale(tmp_path, "slurm", *JOB, *shape, "--output-dir", str(tmp_path / "jobs"),
-                                        "--submit", *CNN, env=env))
+    job, run_dir = submitted(
+        trainscale(tmp_path, "slurm", *JOB, *shape, "--output-dir", str(tmp_path / "jobs"), "--submit", *CNN, env=env)
+    )
     ckdir = run_dir / "checkpoints"
     wait_for(lambda: any(ckdir.glob("ckpt-*.pt")), 240, "the first checkpoint")
     state = cluster3.lose_node_of(job, lost)
@@ -60,8 +75,7 @@ def test_a_node_lost_mid_epoch_is_left_out_and_the_run_finishes_by_itself(cluste
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("nodes, fewer", [("1-2", False), ("2-3", True)])
-def test_a_lost_batch_host_is_requeued_by_watch_without_it_and_the_run_finishes_once(cluster3, tmp_path, nodes,
-                                                                                    fewer):
+def test_a_lost_batch_host_is_requeued_by_watch_without_it_and_the_run_finishes_once(cluster3, tmp_path, nodes, fewer):
     """The batch host's node takes the batch step with it, and SLURM 22.05 keeps a --no-kill job RUNNING with
     nothing in it (every step ended) until its time limit: ``--watch`` sees the batch host down and requeues the
     job; SLURM schedules it on nodes that are up; the requeued attempt names the lost node and resumes from the
@@ -70,9 +84,29 @@ def test_a_lost_batch_host_is_requeued_by_watch_without_it_and_the_run_finishes_
     import os
 
     env = {**os.environ, **cluster3.env, "TRAINSCALE_STATE_DIR": str(tmp_path / "state")}
-    watching = subprocess.Popen([sys.executable, "-m", "trainscale", "slurm", *JOB, "--nodes", nodes, "--output-dir",
-                                 str(tmp_path / "jobs"), "--submit", "--watch", "--poll", "0.5", *CNN], cwd=tmp_path,
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watching = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trainscale",
+            "slurm",
+            *JOB,
+            "--nodes",
+            nodes,
+            "--output-dir",
+            str(tmp_path / "jobs"),
+            "--submit",
+            "--watch",
+            "--poll",
+            "0.5",
+            *CNN,
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(lambda: any((tmp_path / "jobs").glob("*/checkpoints/ckpt-*.pt")), 240, "the first checkpoint")
         run_dir = next((tmp_path / "jobs").glob("*/checkpoints")).parent

@@ -21,21 +21,50 @@ LAUNCHERS = ("torchrun", "srun")
 
 def trainscale(tmp_path: Path, *argv: str, timeout: float = 280) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "TRAINSCALE_STATE_DIR": str(tmp_path / "state")}
-    return subprocess.run([sys.executable, "-m", "trainscale", *argv], env=env, capture_output=True, text=True,
-                          timeout=timeout, cwd=tmp_path)
+    return subprocess.run(
+        [sys.executable, "-m", "trainscale", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=tmp_path,
+    )
 
 
 def submit_watch(tmp_path: Path, launcher: str, *target: str) -> tuple[subprocess.CompletedProcess[str], str, float]:
     t0 = time.monotonic()
-    done = trainscale(tmp_path, "slurm", "--profile", "local-test", "--nodes", "2", "--gpus-per-node", "2",
-                      "--time", "00:05:00", "--launcher", launcher, "--output-dir", str(tmp_path / "jobs"),
-                      "--python", sys.executable, "--submit", "--watch", "--poll", "0.5", "--watch-timeout", "240",
-                      *target)
+    done = trainscale(
+        tmp_path,
+        "slurm",
+        "--profile",
+        "local-test",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "2",
+        "--time",
+        "00:05:00",
+        "--launcher",
+        launcher,
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--python",
+        sys.executable,
+        "--submit",
+        "--watch",
+        "--poll",
+        "0.5",
+        "--watch-timeout",
+        "240",
+        *target,
+    )
     seconds = time.monotonic() - t0
     m = re.search(r"submitted job (\d+)", done.stderr)
     assert m, f"no job submitted:\n{done.stdout}\n{done.stderr}"
-    print(f"\n[e2e] {launcher} {' '.join(target[:2])}: job {m.group(1)} ended in {seconds:.1f}s "
-          f"(submit to final state)\n{done.stdout}")
+    print(
+        f"\n[e2e] {launcher} {' '.join(target[:2])}: job {m.group(1)} ended in {seconds:.1f}s "
+        f"(submit to final state)\n{done.stdout}"
+    )
     return done, m.group(1), seconds
 
 
@@ -45,9 +74,11 @@ def rank_log(tmp_path: Path, job_id: str, rank: int) -> str:
     return done.stdout
 
 
-ENV_LINE = re.compile(r"ENV rank=(?P<rank>\d+) local_rank=(?P<local>\d+) node_rank=(?P<node_rank>\d+) "
-                      r"world=(?P<world>\d+) local_world=(?P<local_world>\d+) source=(?P<source>\S+) "
-                      r"node=(?P<node>\S+) RANK=(?P<env_rank>\S+) LOCAL_RANK=(?P<env_local>\S+)")
+ENV_LINE = re.compile(
+    r"ENV rank=(?P<rank>\d+) local_rank=(?P<local>\d+) node_rank=(?P<node_rank>\d+) "
+    r"world=(?P<world>\d+) local_world=(?P<local_world>\d+) source=(?P<source>\S+) "
+    r"node=(?P<node>\S+) RANK=(?P<env_rank>\S+) LOCAL_RANK=(?P<env_local>\S+)"
+)
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
@@ -100,9 +131,28 @@ def test_jobs_lists_and_cancel_cancels(slurm_cluster, tmp_path):
 
     # 2 ranks on one node: 2 CPUs per task (the test nodes declare 4 CPUs on a 2-core machine, and srun
     # cannot lay out one task wider than the real cores)
-    done = trainscale(tmp_path, "slurm", "--profile", "local-test", "--nodes", "1", "--gpus-per-node", "2",
-                      "--time", "00:05:00", "--launcher", "srun", "--output-dir", str(tmp_path / "jobs"),
-                      "--python", sys.executable, "--submit", str(SCRIPT), "--steps", "100000000")
+    done = trainscale(
+        tmp_path,
+        "slurm",
+        "--profile",
+        "local-test",
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "2",
+        "--time",
+        "00:05:00",
+        "--launcher",
+        "srun",
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--python",
+        sys.executable,
+        "--submit",
+        str(SCRIPT),
+        "--steps",
+        "100000000",
+    )
     assert done.returncode == 0, done.stderr
     job_id = done.stdout.strip()
     assert job_id.isdigit()
@@ -129,10 +179,33 @@ def test_busy_master_port_is_named_before_training(slurm_cluster, tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        done = trainscale(tmp_path, "slurm", "--profile", "local-test", "--nodes", "2", "--gpus-per-node", "2",
-                          "--time", "00:05:00", "--launcher", "srun", "--output-dir", str(tmp_path / "jobs"),
-                          "--python", sys.executable, "--master-port", str(port), "--submit", "--watch",
-                          "--poll", "0.5", "--watch-timeout", "120", str(SCRIPT))
+        done = trainscale(
+            tmp_path,
+            "slurm",
+            "--profile",
+            "local-test",
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "2",
+            "--time",
+            "00:05:00",
+            "--launcher",
+            "srun",
+            "--output-dir",
+            str(tmp_path / "jobs"),
+            "--python",
+            sys.executable,
+            "--master-port",
+            str(port),
+            "--submit",
+            "--watch",
+            "--poll",
+            "0.5",
+            "--watch-timeout",
+            "120",
+            str(SCRIPT),
+        )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "FAILED" in done.stdout
     assert f"port {port} on n1" in done.stdout  # the batch output's last lines, shown by the explanation
@@ -141,12 +214,29 @@ def test_busy_master_port_is_named_before_training(slurm_cluster, tmp_path):
 
 def test_dry_run_asks_the_real_scheduler(slurm_cluster, tmp_path):
     """sbatch's spellings on the command line, and sbatch --test-only's answer after the script."""
-    args = ["slurm", "--profile", "local-test", "-N", "2", "--gpus-per-node", "2", "-t", "5", "-J", "probe",
-            "--output-dir", str(tmp_path / "jobs"), "--python", sys.executable]
+    args = [
+        "slurm",
+        "--profile",
+        "local-test",
+        "-N",
+        "2",
+        "--gpus-per-node",
+        "2",
+        "-t",
+        "5",
+        "-J",
+        "probe",
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--python",
+        sys.executable,
+    ]
     ok = trainscale(tmp_path, *args, "--dry-run", str(SCRIPT), timeout=60)
     assert ok.returncode == 0, ok.stderr
     assert "#SBATCH --job-name=probe" in ok.stdout and "#SBATCH --time=00:05:00" in ok.stdout
-    assert re.search(r"sbatch --test-only accepts the job: .*Job \d+ to start at .* on nodes n\[1-2\]", ok.stderr), ok.stderr
+    assert re.search(r"sbatch --test-only accepts the job: .*Job \d+ to start at .* on nodes n\[1-2\]", ok.stderr), (
+        ok.stderr
+    )
     # more nodes than the partition has: the lint knows it from sinfo (a profile's numbers cannot), and the
     # scheduler's refusal is still asked for and said
     too_big = trainscale(tmp_path, *args[:4], "3", *args[5:], "--test-only", str(SCRIPT), timeout=60)
@@ -154,25 +244,62 @@ def test_dry_run_asks_the_real_scheduler(slurm_cluster, tmp_path):
     assert "error: --nodes 3 but partition debug (sinfo -p debug) has 2 node(s)" in too_big.stderr, too_big.stderr
     assert "sbatch --test-only REFUSES the job" in too_big.stderr
     memory = trainscale(tmp_path, *args, "--mem", "900G", "--dry-run", str(SCRIPT), timeout=60)
-    assert memory.returncode == 2 and "900 GB per node asked for (--mem 900G), but the nodes of partition debug " \
-        "(sinfo -p debug) have 7.81 GB" in memory.stderr, memory.stderr
+    assert (
+        memory.returncode == 2
+        and "900 GB per node asked for (--mem 900G), but the nodes of partition debug (sinfo -p debug) have 7.81 GB"
+        in memory.stderr
+    ), memory.stderr
     # --dry-run too: a script SLURM refuses is no success (it exited 0, the refusal after the whole script);
     # a feature no node has is what only the scheduler knows
     refused = trainscale(tmp_path, *args, "--sbatch=--constraint=nosuch", "--dry-run", str(SCRIPT), timeout=60)
     assert refused.returncode == 1 and "sbatch --test-only REFUSES the job" in refused.stderr, refused.stderr
     assert "#SBATCH --constraint=nosuch" in refused.stdout
     # another cluster's job (LUMI's partition): this scheduler cannot judge it, so it is not asked and not refused
-    lumi = trainscale(tmp_path, "slurm", "--profile", "lumi", "-A", "project_1", "-N", "2", "-t", "5", "--python",
-                      sys.executable, "--output-dir", str(tmp_path / "jobs"), "--dry-run", str(SCRIPT), timeout=60)
+    lumi = trainscale(
+        tmp_path,
+        "slurm",
+        "--profile",
+        "lumi",
+        "-A",
+        "project_1",
+        "-N",
+        "2",
+        "-t",
+        "5",
+        "--python",
+        sys.executable,
+        "--output-dir",
+        str(tmp_path / "jobs"),
+        "--dry-run",
+        str(SCRIPT),
+        timeout=60,
+    )
     assert lumi.returncode == 0, lumi.stderr
-    assert "this machine's SLURM has no partition 'standard-g' (it has debug): it is not the cluster profile lumi " \
-        "describes" in lumi.stderr and "sbatch --test-only was not asked" in lumi.stderr, lumi.stderr
+    assert (
+        "this machine's SLURM has no partition 'standard-g' (it has debug): it is not the cluster profile lumi "
+        "describes"
+        in lumi.stderr
+        and "sbatch --test-only was not asked" in lumi.stderr
+    ), lumi.stderr
     assert "REFUSES" not in lumi.stderr
     assert not (tmp_path / "jobs").exists()  # nothing written, nothing submitted
     # this cluster's profile with a partition it lacks: a mistake, which the scheduler refuses in its own words,
     # and a refused --submit leaves nothing behind
-    typo = ["slurm", "--profile", "local-test", "-N", "2", "-p", "nosuchpart", "-t", "10", "--python", sys.executable,
-            "--output-dir", str(tmp_path / "jobs")]
+    typo = [
+        "slurm",
+        "--profile",
+        "local-test",
+        "-N",
+        "2",
+        "-p",
+        "nosuchpart",
+        "-t",
+        "10",
+        "--python",
+        sys.executable,
+        "--output-dir",
+        str(tmp_path / "jobs"),
+    ]
     dry = trainscale(tmp_path, *typo, "--dry-run", str(SCRIPT), timeout=60)
     assert dry.returncode == 1 and "sbatch --test-only REFUSES the job: " in dry.stderr, dry.stderr
     assert "invalid partition specified: nosuchpart" in dry.stderr, dry.stderr

@@ -18,7 +18,11 @@ from trainscale.errors import ConfigError
 def test_tokens_on_a_machine_without_gpus():
     parsed = configs.parse_configs("cpu,1,2,4", gpus_visible=0)
     assert [(c.token, c.world_size, c.device, c.gpus) for c in parsed] == [
-        ("cpu", 1, "cpu", False), ("1", 1, "auto", False), ("2", 2, "auto", False), ("4", 4, "auto", False)]
+        ("cpu", 1, "cpu", False),
+        ("1", 1, "auto", False),
+        ("2", 2, "auto", False),
+        ("4", 4, "auto", False),
+    ]
     assert [c.label for c in parsed] == ["CPU", "Single CPU rank", "DDP 2 CPU ranks", "DDP 4 CPU ranks"]
 
 
@@ -31,16 +35,19 @@ def test_tokens_with_gpus_and_nodes():
     assert two_by_four.label == "DDP 2 nodes x 4 GPUs"
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("1,gpu8", "unknown configuration token 'gpu8'"),
-    ("0", "configuration '0': 0 ranks"),
-    ("1,-2", "configuration '-2': -2 ranks"),
-    ("0x2", "configuration '0x2': 0 nodes"),
-    ("1,,2", "has an empty entry"),
-    ("1,2,1", "appears twice"),
-    ("2x2", "spans 2 nodes, which needs --slurm"),
-    ("2n", "counts nodes, which needs --slurm"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("1,gpu8", "unknown configuration token 'gpu8'"),
+        ("0", "configuration '0': 0 ranks"),
+        ("1,-2", "configuration '-2': -2 ranks"),
+        ("0x2", "configuration '0x2': 0 nodes"),
+        ("1,,2", "has an empty entry"),
+        ("1,2,1", "appears twice"),
+        ("2x2", "spans 2 nodes, which needs --slurm"),
+        ("2n", "counts nodes, which needs --slurm"),
+    ],
+)
 def test_bad_tokens_name_the_problem(text, expected):
     with pytest.raises(ConfigError) as info:
         configs.parse_configs(text, gpus_visible=0)
@@ -113,8 +120,19 @@ def test_plan_checks_everything_before_launching(tmp_path):
 
 
 def test_plan_arguments_per_run():
-    p = plan(StudySpec(workload="cnn", configs="cpu,2", scaling="strong", batch_size=32, max_steps=5, epochs=1,
-                       data="synthetic", samples=512, workload_args=("--lr", "0.01")))
+    p = plan(
+        StudySpec(
+            workload="cnn",
+            configs="cpu,2",
+            scaling="strong",
+            batch_size=32,
+            max_steps=5,
+            epochs=1,
+            data="synthetic",
+            samples=512,
+            workload_args=("--lr", "0.01"),
+        )
+    )
     cpu, two = p.runs
     assert (cpu.name, cpu.per_rank_batch, cpu.global_batch) == ("01-cpu", 32, 32)
     assert (two.name, two.per_rank_batch, two.global_batch) == ("02-2", 16, 32)
@@ -127,8 +145,9 @@ def test_plan_arguments_per_run():
 def test_script_args_get_the_per_rank_batch(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
-    p = plan(StudySpec(script=str(script), script_args=("--bs", "{batch}"), configs="1,2", scaling="strong",
-                       batch_size=8))
+    p = plan(
+        StudySpec(script=str(script), script_args=("--bs", "{batch}"), configs="1,2", scaling="strong", batch_size=8)
+    )
     assert [r.args for r in p.runs] == [("--bs", "8"), ("--bs", "4")]
 
 
@@ -177,8 +196,17 @@ def test_auto_sizes_sweep_to_a_gigabyte_on_gpus_where_nccl_plateaus_late():
 
 def test_the_table_says_whether_the_sweep_reached_the_bandwidth_plateau():
     def rows(*busbw):
-        return [{"bytes": 2**i * 1024, "count": 2**i * 256, "iters": 5, "time_s": 1e-3, "algbw_Bps": b / 1.5,
-                 "busbw_Bps": b} for i, b in enumerate(busbw)]
+        return [
+            {
+                "bytes": 2**i * 1024,
+                "count": 2**i * 256,
+                "iters": 5,
+                "time_s": 1e-3,
+                "algbw_Bps": b / 1.5,
+                "busbw_Bps": b,
+            }
+            for i, b in enumerate(busbw)
+        ]
 
     rising = {"world_size": 4, "backend": "nccl", "device": "cuda:0", "rows": rows(1e9, 5e9, 9e9)}
     assert allreduce.plateau(rising["rows"]) == {"busbw_Bps": 9e9, "reached": False, "largest_bytes": 4096}
@@ -188,8 +216,12 @@ def test_the_table_says_whether_the_sweep_reached_the_bandwidth_plateau():
     assert allreduce.plateau(rows(1e9)) is None
     # a fall is no plateau (issue 38: 4 MB fell 60% and the table said "plateau reached")
     fell = {**rising, "rows": rows(1e9, 9e9, 3.6e9)}
-    assert allreduce.plateau(fell["rows"]) == {"busbw_Bps": 9e9, "reached": False, "largest_bytes": 4096,
-                                               "fell": pytest.approx(0.6)}
+    assert allreduce.plateau(fell["rows"]) == {
+        "busbw_Bps": 9e9,
+        "reached": False,
+        "largest_bytes": 4096,
+        "fell": pytest.approx(0.6),
+    }
     said = allreduce.table(fell)
     assert "no plateau: the largest size fell 60% below the one before" in said and "plateau reached" not in said
     disturbed = {**flat, "disturbed": "the machine's load average was 15.0 on 2 cores as it started"}
@@ -215,8 +247,9 @@ def test_every_size_is_all_reduced_once_before_any_is_timed(monkeypatch):
 
     calls = []
     monkeypatch.setattr(dist, "all_reduce", lambda tensor, op=None: calls.append(tensor.numel() * 4))
-    rt = SimpleNamespace(is_distributed=True, device=torch.device("cpu"), world_size=2, barrier=lambda: None,
-                         synchronize=lambda: None)
+    rt = SimpleNamespace(
+        is_distributed=True, device=torch.device("cpu"), world_size=2, barrier=lambda: None, synchronize=lambda: None
+    )
     rows = allreduce.measure(rt, (1024, 8192), iters=3, warmup=1, budget_s=0.01)
     assert calls[:2] == [1024, 8192]  # the untimed pass over every size comes first
     assert [r["bytes"] for r in rows] == [1024, 8192] and all(r["iters"] >= 3 for r in rows)
@@ -246,8 +279,19 @@ def test_a_runs_steady_step_is_the_median_after_its_warm_up_in_its_step_records(
 
     assert steady([1, 2, 3, 4, 5]) == [3, 4, 5] and steady([1, 2, 3]) == [2, 3] and steady([1]) == [1]
     times = [1.5, 0.6, 0.1, 0.1, 4.0, 0.11, 0.1]
-    stats = [rank_stats(r, [{"kind": "meta"}, *({"kind": "step", "step": i + 1, "step_s": t, "samples": 16,
-                                                   "compute_s": t} for i, t in enumerate(times))]) for r in (0, 1)]
+    stats = [
+        rank_stats(
+            r,
+            [
+                {"kind": "meta"},
+                *(
+                    {"kind": "step", "step": i + 1, "step_s": t, "samples": 16, "compute_s": t}
+                    for i, t in enumerate(times)
+                ),
+            ],
+        )
+        for r in (0, 1)
+    ]
     found = timing(stats)
     assert found["runtime_s"] == pytest.approx(sum(times)) and found["samples"] == 2 * 16 * len(times)
     assert found["steady"]["step_time_s"] == pytest.approx(0.1)  # the median
@@ -265,27 +309,52 @@ def _timing(epoch_s, steps, batch, world, comm=0.0):
     from trainscale.observe.reading import rank_stats, timing
 
     t = epoch_s / steps
-    step = {"kind": "step", "step_s": t, "samples": batch, "data_s": 0.01 * t, "compute_s": 0.3 * t,
-            "backward_s": 0.4 * t, "comm_s": comm * t, "optimizer_s": 0.1 * t}
+    step = {
+        "kind": "step",
+        "step_s": t,
+        "samples": batch,
+        "data_s": 0.01 * t,
+        "compute_s": 0.3 * t,
+        "backward_s": 0.4 * t,
+        "comm_s": comm * t,
+        "optimizer_s": 0.1 * t,
+    }
     records = [{"kind": "meta"}, *({**step, "step": i + 1} for i in range(2 * steps))]
     return timing([rank_stats(r, records) for r in range(world)])
 
 
-METRICS = {"num_nodes": 1, "device": "cpu", "epochs": [{"epoch": 1, "train_loss": 0.5, "test_loss": 0.4,
-                                                        "accuracy": 0.9}] * 2}
+METRICS = {
+    "num_nodes": 1,
+    "device": "cpu",
+    "epochs": [{"epoch": 1, "train_loss": 0.5, "test_loss": 0.4, "accuracy": 0.9}] * 2,
+}
 
 
 def _study():
     runs = []
     for token, ws, times, batch in (("1", 1, [4.0, 4.0], 32), ("2", 2, [2.5, 2.5], 64), ("4", 4, [2.0, 2.0], 128)):
-        rec = {"name": f"run-{token}", "config": token, "label": f"{ws} ranks", "world_size": ws, "nodes": 1,
-               "per_rank_batch": 32, "global_batch": batch, "status": "ok", "device": "cpu", "load_before": 0.1}
-        rec.update(results.record_from_run(_timing(times[0], 100 // ws, 32, ws, comm=0.1 if ws > 1 else 0.0),
-                                           METRICS))
+        rec = {
+            "name": f"run-{token}",
+            "config": token,
+            "label": f"{ws} ranks",
+            "world_size": ws,
+            "nodes": 1,
+            "per_rank_batch": 32,
+            "global_batch": batch,
+            "status": "ok",
+            "device": "cpu",
+            "load_before": 0.1,
+        }
+        rec.update(results.record_from_run(_timing(times[0], 100 // ws, 32, ws, comm=0.1 if ws > 1 else 0.0), METRICS))
         runs.append(rec)
     results.add_speedups(runs, "1")
-    return {"target": "workload cnn", "baseline": "1", "runs": runs, "spec": {"scaling": "weak"},
-            "environment": {"device": "CPU", "cores": 2, "host": "h", "torch": "x", "trainscale": "y"}}
+    return {
+        "target": "workload cnn",
+        "baseline": "1",
+        "runs": runs,
+        "spec": {"scaling": "weak"},
+        "environment": {"device": "CPU", "cores": 2, "host": "h", "torch": "x", "trainscale": "y"},
+    }
 
 
 def test_speedup_and_efficiency_are_consistent():
@@ -299,7 +368,8 @@ def test_speedup_and_efficiency_are_consistent():
     b = two["breakdown"]
     assert b["communication_fraction"] == pytest.approx(0.1)  # of the whole step, "other" included
     assert b["data"] + b["compute"] + b["communication"] + b["optimizer"] + b["other"] == pytest.approx(
-        two["step_time_s"])
+        two["step_time_s"]
+    )
 
 
 def test_unequal_work_is_compared_per_sample():
@@ -311,8 +381,10 @@ def test_unequal_work_is_compared_per_sample():
 def test_table_csv_and_document():
     study = _study()
     table = results.markdown_table(study)
-    assert table.splitlines()[0] == ("| Version | Workers | Runtime (s) | Speedup | Parallel efficiency | Achievable "
-                                     "| Share of achievable | Samples/s | Comm. exposed |")
+    assert table.splitlines()[0] == (
+        "| Version | Workers | Runtime (s) | Speedup | Parallel efficiency | Achievable "
+        "| Share of achievable | Samples/s | Comm. exposed |"
+    )
     assert "| 2 ranks | 2 | 5.0 | 1.60x | 80% |" in table
     rows = list(csv.DictReader(io.StringIO(results.csv_text(study))))
     assert [r["config"] for r in rows] == ["1", "2", "4"]
@@ -326,17 +398,36 @@ def test_table_csv_and_document():
 def test_the_plan_check_is_signed_and_names_the_configuration_in_plain_words():
     """Issue 46/48: a study's plan line said "largest |error| ... step time 42% ... held bytes ...": unsigned, no
     configuration, jargon. Now each figure is signed (+: more than planned), names its configuration and both values."""
-    def row(config, step, measured, disturbed=None):
-        return {"config": config, "strategy": "ddp", "predicted_step_s": step, "measured_step_s": measured,
-                "step_error": measured / step - 1, "predicted_held": 2**20, "measured_held": 2**20, "held_error": 0.0,
-                "predicted_peak": 100 * 2**20, "measured_peak": 95 * 2**20, "peak_error": -0.05,
-                "disturbed": disturbed}
 
-    study = {"plan": {"against": [row("Single CPU rank", 0.0020, 0.0021), row("DDP 2 CPU ranks", 0.0031, 0.0044),
-                                  row("DDP 4 CPU ranks", 0.001, 0.1, disturbed="other work kept 40% of its CPUs")]}}
+    def row(config, step, measured, disturbed=None):
+        return {
+            "config": config,
+            "strategy": "ddp",
+            "predicted_step_s": step,
+            "measured_step_s": measured,
+            "step_error": measured / step - 1,
+            "predicted_held": 2**20,
+            "measured_held": 2**20,
+            "held_error": 0.0,
+            "predicted_peak": 100 * 2**20,
+            "measured_peak": 95 * 2**20,
+            "peak_error": -0.05,
+            "disturbed": disturbed,
+        }
+
+    study = {
+        "plan": {
+            "against": [
+                row("Single CPU rank", 0.0020, 0.0021),
+                row("DDP 2 CPU ranks", 0.0031, 0.0044),
+                row("DDP 4 CPU ranks", 0.001, 0.1, disturbed="other work kept 40% of its CPUs"),
+            ]
+        }
+    }
     said = results.plan_check(study)
-    assert said.startswith("Plan vs measured, furthest off: step time +42% on DDP 2 CPU ranks (planned 3.1 ms, "
-                           "measured 4.4 ms)"), said
+    assert said.startswith(
+        "Plan vs measured, furthest off: step time +42% on DDP 2 CPU ranks (planned 3.1 ms, measured 4.4 ms)"
+    ), said
     assert "memory for parameters, gradients and optimizer state +0% on Single CPU rank" in said
     assert "peak memory -5% on Single CPU rank (planned 100.0 MiB, measured 95.0 MiB)" in said
     assert "held" not in said and "|error|" not in said and "4 CPU ranks" not in said  # the disturbed one is left out
@@ -352,14 +443,24 @@ def test_exposed_communication_per_step_comes_from_the_step_records():
     assert b["communication"] == pytest.approx(0.02) and b["compute"] == pytest.approx(0.7 * 0.2)
     assert b["communication_fraction"] == pytest.approx(0.1) and b["optimizer_fraction"] == pytest.approx(0.1)
     assert record["strategy"] == "ddp:bucket_cap_mb=1" and record["timed"] == "steps"
-    study = {"runs": [{**record, "config": "2", "label": "DDP 2 CPU ranks", "world_size": 2, "status": "ok"}],
-             "spec": {"scaling": "weak"}}
+    study = {
+        "runs": [{**record, "config": "2", "label": "DDP 2 CPU ranks", "world_size": 2, "status": "ok"}],
+        "spec": {"scaling": "weak"},
+    }
     assert "| 10% |" in results.markdown_table(study)
 
 
-@pytest.mark.parametrize("strategy, world, share, suggested", [
-    ("ddp", 2, 0.25, True), ("ddp:bucket_cap_mb=4", 4, 0.40, True), ("ddp", 2, 0.24, False),
-    ("ddp", 1, 0.50, False), ("zero1", 2, 0.50, False), ("fsdp", 2, 0.50, False)])
+@pytest.mark.parametrize(
+    "strategy, world, share, suggested",
+    [
+        ("ddp", 2, 0.25, True),
+        ("ddp:bucket_cap_mb=4", 4, 0.40, True),
+        ("ddp", 2, 0.24, False),
+        ("ddp", 1, 0.50, False),
+        ("zero1", 2, 0.50, False),
+        ("fsdp", 2, 0.50, False),
+    ],
+)
 def test_zero1_is_suggested_when_the_replicated_optimizer_step_dominates(strategy, world, share, suggested):
     study = _study()
     run = study["runs"][1]
@@ -368,9 +469,11 @@ def test_zero1_is_suggested_when_the_replicated_optimizer_step_dominates(strateg
     found = results.suggestions(study)
     assert bool(found) == suggested
     if suggested:
-        assert found == [f"2 ranks: the optimizer step takes {share:.0%} of the step and every rank runs all of it: "
-                         f"try --strategy zero1 (each of the {world} ranks updates its own part of the parameters, "
-                         "whole tensors at a time; docs/strategies.md)"]
+        assert found == [
+            f"2 ranks: the optimizer step takes {share:.0%} of the step and every rank runs all of it: "
+            f"try --strategy zero1 (each of the {world} ranks updates its own part of the parameters, "
+            "whole tensors at a time; docs/strategies.md)"
+        ]
         assert "**Suggestion:** 2 ranks: the optimizer step takes" in results.markdown_document(study, {})
 
 
@@ -398,13 +501,12 @@ def test_allreduce_table():
     rows = []
     for size, seconds in ((4096, 1e-4), (4_000_000, 4e-3)):
         algbw, busbw = allreduce.bandwidths(size, seconds, 4)
-        rows.append({"bytes": size, "count": size // 4, "iters": 5, "time_s": seconds, "algbw_Bps": algbw,
-                     "busbw_Bps": busbw})
+        rows.append(
+            {"bytes": size, "count": size // 4, "iters": 5, "time_s": seconds, "algbw_Bps": algbw, "busbw_Bps": busbw}
+        )
     result = {"world_size": 4, "backend": "gloo", "device": "cpu", "rows": rows}
     assert "busbw (GB/s)" in allreduce.table(result)
     assert busbw == pytest.approx(1.5e9)
-
-
 
 
 def test_the_achievable_ideal_of_ranks_that_share_the_machines_cores():
@@ -429,19 +531,25 @@ def test_the_achievable_ideal_of_ranks_that_share_the_machines_cores():
 def test_the_achievable_ideal_across_nodes_and_gpus():
     from trainscale.bench.ideal import add_achievable
 
-    runs = [{"config": "1", "label": "1", "world_size": 1, "nodes": 1, "nproc_per_node": 1, "device": "cuda"},
-            {"config": "2x4", "label": "2x4", "world_size": 8, "nodes": 2, "nproc_per_node": 4, "device": "cuda"},
-            {"config": "cpu", "label": "CPU", "world_size": 1, "nodes": 1, "nproc_per_node": 1, "device": "cpu"}]
+    runs = [
+        {"config": "1", "label": "1", "world_size": 1, "nodes": 1, "nproc_per_node": 1, "device": "cuda"},
+        {"config": "2x4", "label": "2x4", "world_size": 8, "nodes": 2, "nproc_per_node": 4, "device": "cuda"},
+        {"config": "cpu", "label": "CPU", "world_size": 1, "nodes": 1, "nproc_per_node": 1, "device": "cpu"},
+    ]
     assert add_achievable(runs, "1", cores_per_node=64) is None
     assert [r["achievable_speedup"] for r in runs] == [1.0, 8.0, None]  # GPUs: linear; CPU vs GPU: no ideal
-    cpu = [{"config": "1x2", "label": "a", "world_size": 2, "nodes": 1, "nproc_per_node": 2, "device": "cpu"},
-           {"config": "2x2", "label": "b", "world_size": 4, "nodes": 2, "nproc_per_node": 2, "device": "cpu"}]
+    cpu = [
+        {"config": "1x2", "label": "a", "world_size": 2, "nodes": 1, "nproc_per_node": 2, "device": "cpu"},
+        {"config": "2x2", "label": "b", "world_size": 4, "nodes": 2, "nproc_per_node": 2, "device": "cpu"},
+    ]
     add_achievable(cpu, "1x2", cores_per_node=4)
     assert cpu[1]["achievable_speedup"] == 2.0  # another node brings its cores
     note = add_achievable(cpu, "1x2", cores_per_node=4, nodes_share_cores=True)  # the local test cluster
     assert cpu[1]["achievable_speedup"] == 2.0 and "the same machine" in cpu[1]["hardware"]  # 4 cores, 2 base ranks
-    slurm = [{"config": "1", "label": "1", "world_size": 1, "nodes": 1, "nproc_per_node": 1, "device": "cpu"},
-             {"config": "2n", "label": "2n", "world_size": 4, "nodes": 2, "nproc_per_node": 2, "device": "cpu"}]
+    slurm = [
+        {"config": "1", "label": "1", "world_size": 1, "nodes": 1, "nproc_per_node": 1, "device": "cpu"},
+        {"config": "2n", "label": "2n", "world_size": 4, "nodes": 2, "nproc_per_node": 2, "device": "cpu"},
+    ]
     note = add_achievable(slurm, "1", cores_per_node=2, nodes_share_cores=True)  # bench --slurm on local-test
     assert slurm[1]["achievable_speedup"] == 2.0 and note and "2n (2.00x)" in note  # the shared cores' 2x, not 4x
 
@@ -521,8 +629,9 @@ def test_a_speedup_above_what_the_hardware_allows_is_never_shown_as_a_result(tmp
 
 def test_a_quiet_study_carries_no_marks():
     study = _loaded_study(baseline_share=0.01, two_share=0.02, two_runtime=5.0)
-    assert all(r["disturbed"] is None and r["rejected"] is None and r["speedup_disturbed"] is None
-               for r in study["runs"])
+    assert all(
+        r["disturbed"] is None and r["rejected"] is None and r["speedup_disturbed"] is None for r in study["runs"]
+    )
     assert "*" not in results.markdown_table(study) and "—" not in results.markdown_table(study)
     from trainscale.bench.validity import notes
 
@@ -559,10 +668,32 @@ def test_bench_slurm_on_shared_cores_is_held_to_their_ceiling():
     from trainscale.bench import validity
     from trainscale.bench.ideal import add_achievable
 
-    runs = [{"config": "1", "label": "Single CPU rank", "world_size": 1, "nodes": 1, "nproc_per_node": 1,
-             "device": "cpu", "status": "ok", "speedup": 1.0, "efficiency": 1.0, "usable_cpus": 2},
-            {"config": "2n", "label": "DDP 2 nodes x 2 CPU ranks", "world_size": 4, "nodes": 2, "nproc_per_node": 2,
-             "device": "cpu", "status": "ok", "speedup": 4.06, "efficiency": 1.015, "usable_cpus": 2}]
+    runs = [
+        {
+            "config": "1",
+            "label": "Single CPU rank",
+            "world_size": 1,
+            "nodes": 1,
+            "nproc_per_node": 1,
+            "device": "cpu",
+            "status": "ok",
+            "speedup": 1.0,
+            "efficiency": 1.0,
+            "usable_cpus": 2,
+        },
+        {
+            "config": "2n",
+            "label": "DDP 2 nodes x 2 CPU ranks",
+            "world_size": 4,
+            "nodes": 2,
+            "nproc_per_node": 2,
+            "device": "cpu",
+            "status": "ok",
+            "speedup": 4.06,
+            "efficiency": 1.015,
+            "usable_cpus": 2,
+        },
+    ]
     add_achievable(runs, "1", cores_per_node=4, nodes_share_cores=True)  # the profile claims 4, the runs saw 2
     validity.assess(runs, "1", cores=2)
     two_nodes = runs[1]

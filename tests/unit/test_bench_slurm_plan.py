@@ -28,8 +28,12 @@ def test_each_configuration_becomes_the_job_trainscale_slurm_would_submit(tmp_pa
     the_plan = plan(spec)
     jobs = job_specs(the_plan, tmp_path)
     shape = {name: (j.nodes, j.gpus_per_node, j.workload is None and j.module) for name, j in jobs.items()}
-    assert shape == {"01-cpu": (1, 1, "trainscale.workloads"), "02-2": (1, 2, "trainscale.workloads"),
-                     "03-2n": (2, 2, "trainscale.workloads"), "04-2x1": (2, 1, "trainscale.workloads")}
+    assert shape == {
+        "01-cpu": (1, 1, "trainscale.workloads"),
+        "02-2": (1, 2, "trainscale.workloads"),
+        "03-2n": (2, 2, "trainscale.workloads"),
+        "04-2x1": (2, 1, "trainscale.workloads"),
+    }
     job = jobs["03-2n"]
     metrics = tmp_path.absolute() / "runs" / "03-2n" / "metrics.json"
     assert job.args[0] == "cnn" and job.args[-2:] == ("--metrics-out", str(metrics))
@@ -53,14 +57,17 @@ def test_node_counts_need_ranks_per_node_on_a_cpu_profile():
     assert "--gpus-per-node" in err.value.hint
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--time", "00:10:00"], "--time only apply to SLURM jobs"),
-    (["--nodes", "1,2"], "--nodes only apply to SLURM jobs"),
-    (["--slurm", "--time", "00:10:00"], "--slurm needs --profile and --time"),
-    (["--slurm", "--profile", "local-test"], "--slurm needs --profile and --time"),
-    (["--slurm", "--profile", "no-such-profile", "--time", "1"], "no-such-profile"),
-    (["--slurm", "--profile", "local-test", "--time", "soon"], "soon"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--time", "00:10:00"], "--time only apply to SLURM jobs"),
+        (["--nodes", "1,2"], "--nodes only apply to SLURM jobs"),
+        (["--slurm", "--time", "00:10:00"], "--slurm needs --profile and --time"),
+        (["--slurm", "--profile", "local-test"], "--slurm needs --profile and --time"),
+        (["--slurm", "--profile", "no-such-profile", "--time", "1"], "no-such-profile"),
+        (["--slurm", "--profile", "local-test", "--time", "soon"], "soon"),
+    ],
+)
 def test_slurm_options_are_checked_before_anything_runs(argv, message, tmp_path):
     with pytest.raises(ConfigError, match=message):
         cli.build([*argv, "--workload", "cnn", "--out", str(tmp_path / "out")])
@@ -68,8 +75,25 @@ def test_slurm_options_are_checked_before_anything_runs(argv, message, tmp_path)
 
 
 def test_cli_builds_the_slurm_study():
-    spec, _ = cli.build(["--slurm", "--profile", "local-test", "--time", "00:05:00", "--gpus-per-node", "2",
-                            "--configs", "1", "--nodes", "2", "--launcher", "srun", "--workload", "cnn"])
+    spec, _ = cli.build(
+        [
+            "--slurm",
+            "--profile",
+            "local-test",
+            "--time",
+            "00:05:00",
+            "--gpus-per-node",
+            "2",
+            "--configs",
+            "1",
+            "--nodes",
+            "2",
+            "--launcher",
+            "srun",
+            "--workload",
+            "cnn",
+        ]
+    )
     assert spec.configs == "1,2n" and spec.slurm.launcher == "srun" and spec.slurm.nodes_ranks == 2
     assert [c.world_size for c in spec.parsed_configs()] == [1, 4]
 
@@ -78,7 +102,9 @@ def test_allreduce_refuses_slurm_options_without_slurm(capsys):
     with pytest.raises(ConfigError, match="--profile only apply"):
         cli.run_allreduce(["--profile", "local-test"])
     with pytest.raises(ConfigError, match="no GPUs per node"):
-        cli.run_allreduce(["--slurm", "--profile", "local-test", "--time", "00:05:00", "--out", str(Path("/nonexistent"))])
+        cli.run_allreduce(
+            ["--slurm", "--profile", "local-test", "--time", "00:05:00", "--out", str(Path("/nonexistent"))]
+        )
 
 
 def test_allreduce_refuses_a_hook_it_cannot_time(capsys, tmp_path):

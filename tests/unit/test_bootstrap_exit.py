@@ -30,8 +30,9 @@ print("after", gloo_threads(), dist.is_initialized())
 
 
 def test_a_group_the_script_left_is_destroyed_and_its_threads_joined(tmp_path):
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "store")], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path / "store")], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
     assert int(lines["before"]) >= 2  # gloo's run loops and its transport loop
@@ -74,8 +75,13 @@ def _bootstrap(tmp_path, how: str, **env: str) -> subprocess.CompletedProcess:
     script = tmp_path / "ends.py"
     script.write_text(ENDS)
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "TRAINSCALE_"))}
-    return subprocess.run([sys.executable, "-m", "trainscale.launch.bootstrap", "--script", str(script),
-                           str(tmp_path), how], capture_output=True, text=True, timeout=120, env={**environ, **env})
+    return subprocess.run(
+        [sys.executable, "-m", "trainscale.launch.bootstrap", "--script", str(script), str(tmp_path), how],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**environ, **env},
+    )
 
 
 @pytest.mark.parametrize("how, status", [("return", 0), ("0", 0), ("None", 0), ("3", 3)])
@@ -110,9 +116,13 @@ def test_a_profilers_c_atexit_handler_runs_only_when_asked_for(tmp_path, mode):
     script = tmp_path / "profiled.py"
     script.write_text(C_ATEXIT)
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "TRAINSCALE_"))}
-    proc = subprocess.run([sys.executable, "-m", "trainscale.launch.bootstrap", "--script", str(script),
-                           str(tmp_path)], capture_output=True, text=True, timeout=120,
-                          env={**environ, **({"TRAINSCALE_EXIT": mode} if mode else {})})
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainscale.launch.bootstrap", "--script", str(script), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**environ, **({"TRAINSCALE_EXIT": mode} if mode else {})},
+    )
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "c-atexit").exists() == (mode == "full")
 
@@ -148,8 +158,15 @@ def test_a_worker_whose_agent_is_already_gone_never_runs_the_script(tmp_path):
     """The race die_with_parent guards: the agent died before the worker asked for its death signal."""
     gone = subprocess.Popen(["true"])
     gone.wait()
-    worker = {"TORCHELASTIC_RUN_ID": "x", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    worker = {
+        "TORCHELASTIC_RUN_ID": "x",
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+    }
     proc = _bootstrap(tmp_path, "return", **worker, TRAINSCALE_AGENT=f"{gone.pid}:x")
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert not (tmp_path / "atexit").exists()
@@ -159,11 +176,18 @@ def test_a_worker_whose_agent_is_already_gone_never_runs_the_script(tmp_path):
 
 
 def test_die_with_parent_asks_the_kernel_for_sigkill(tmp_path):
-    probe = ("import ctypes, signal; from trainscale.launch.bootstrap import die_with_parent; "
-             "assert die_with_parent(); sig = ctypes.c_int(); "
-             "ctypes.CDLL(None).prctl(2, ctypes.byref(sig), 0, 0, 0); print(sig.value)")  # PR_GET_PDEATHSIG
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "TORCHELASTIC_RUN_ID": "x"})
+    probe = (
+        "import ctypes, signal; from trainscale.launch.bootstrap import die_with_parent; "
+        "assert die_with_parent(); sig = ctypes.c_int(); "
+        "ctypes.CDLL(None).prctl(2, ctypes.byref(sig), 0, 0, 0); print(sig.value)"
+    )  # PR_GET_PDEATHSIG
+    proc = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "TORCHELASTIC_RUN_ID": "x"},
+    )
     assert proc.returncode == 0, proc.stderr
     assert int(proc.stdout) == signal.SIGKILL
 
@@ -171,14 +195,16 @@ def test_die_with_parent_asks_the_kernel_for_sigkill(tmp_path):
 def test_only_refusals_that_name_a_fix_are_shown_in_one_line():
     """A ConfigError/CheckpointError raised in a rank reads as one line; a hang (CollectiveTimeout, whose
     message names the hung rank and carries its stack) keeps its whole report."""
-    from trainscale.errors import CheckpointError, ConfigError, MissingOption
-    from trainscale.errors import is_refusal as _is_trainscale_error, one_line
+    from trainscale.errors import CheckpointError, ConfigError, MissingOption, one_line
+    from trainscale.errors import is_refusal as _is_trainscale_error
     from trainscale.runtime.hangwatch.watch import CollectiveTimeout
 
     assert all(_is_trainscale_error(e) for e in (ConfigError("x"), CheckpointError("x"), MissingOption("train", "lr")))
     assert not any(_is_trainscale_error(e) for e in (CollectiveTimeout("rank 1 hung"), ValueError("x")))
-    assert one_line(CheckpointError("ckpt-2 is damaged", hint="use --fresh")) == \
-        "CheckpointError: ckpt-2 is damaged (hint: use --fresh)"
+    assert (
+        one_line(CheckpointError("ckpt-2 is damaged", hint="use --fresh"))
+        == "CheckpointError: ckpt-2 is damaged (hint: use --fresh)"
+    )
 
 
 def test_the_error_file_holds_the_first_error_with_its_whole_stack(tmp_path):
@@ -233,18 +259,20 @@ def test_a_rank_that_only_lost_its_peer_is_not_named_as_the_cause(tmp_path):
 def test_the_forkserver_imports_torch_with_the_collector_paused_and_freezes_it():
     """trainscale's own processes import torch without the collector's full passes over its objects, then
     collect as usual; the forkserver's imports leave the collector's care for good (gc.freeze)."""
-    code = ("import gc, sys\n"
-            "from trainscale.launch.bootstrap import collector_paused\n"
-            "with collector_paused():\n"
-            "    assert not gc.isenabled()\n"
-            "assert gc.isenabled()\n"
-            "gc.disable()\n"
-            "with collector_paused():\n"
-            "    pass\n"
-            "assert not gc.isenabled()  # a caller's choice is kept\n"
-            "gc.enable()\n"
-            "import trainscale.launch.forkserver\n"
-            "assert gc.isenabled() and gc.get_freeze_count() > 100_000, gc.get_freeze_count()\n"
-            "assert {'torch._dynamo', 'torch.distributed.checkpoint'} <= set(sys.modules)\n")
+    code = (
+        "import gc, sys\n"
+        "from trainscale.launch.bootstrap import collector_paused\n"
+        "with collector_paused():\n"
+        "    assert not gc.isenabled()\n"
+        "assert gc.isenabled()\n"
+        "gc.disable()\n"
+        "with collector_paused():\n"
+        "    pass\n"
+        "assert not gc.isenabled()  # a caller's choice is kept\n"
+        "gc.enable()\n"
+        "import trainscale.launch.forkserver\n"
+        "assert gc.isenabled() and gc.get_freeze_count() > 100_000, gc.get_freeze_count()\n"
+        "assert {'torch._dynamo', 'torch.distributed.checkpoint'} <= set(sys.modules)\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

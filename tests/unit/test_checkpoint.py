@@ -50,7 +50,10 @@ def test_exception_while_saving_leaves_previous_checkpoint_untouched(tmp_path, r
         ck.save(2, {"x": torch.zeros(4)})
     monkeypatch.undo()
     assert good.read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name != ".trainscale.lock") == [good.name, good.name + ".json"]  # no temp or half file
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != ".trainscale.lock") == [
+        good.name,
+        good.name + ".json",
+    ]  # no temp or half file
     assert ck.latest().step == 1
 
 
@@ -165,8 +168,9 @@ def test_save_and_restore_typed_entries_in_place(tmp_path, rt):
     assert sorted(on_disk) == ["model", "optimizer", "rng", "scheduler", "step", "trainscale"]
 
     other, other_opt, other_scheduler = _trained(rt, seed=2)
-    found = ck.restore({"model": rt.checkpoint_state(other, other_opt), "scheduler": other_scheduler,
-                        "rng": RNGState()})
+    found = ck.restore(
+        {"model": rt.checkpoint_state(other, other_opt), "scheduler": other_scheduler, "rng": RNGState()}
+    )
     assert found.step == 2 and found.contents["step"] == 2 and found.record["strategy"] == "ddp"
     assert torch.equal(other.weight, model.weight) and other_scheduler.get_last_lr() == scheduler.get_last_lr()
     assert torch.equal(other_opt.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
@@ -209,19 +213,30 @@ def test_a_second_run_on_a_checkpoint_directory_is_refused_naming_the_holder_unt
     import subprocess
     import sys
 
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, trainscale; from trainscale.checkpoint import Checkpointer\n"
-        "rt = trainscale.init(environ={'TRAINSCALE_RUN_DIR': '/runs/first'}, set_threads=False)\n"
-        f"c = Checkpointer({str(tmp_path)!r}, rt)\nc.save(1, {{'step': 1}})\nprint('held', flush=True)\n"
-        "sys.stdin.read()")],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, trainscale; from trainscale.checkpoint import Checkpointer\n"
+                "rt = trainscale.init(environ={'TRAINSCALE_RUN_DIR': '/runs/first'}, set_threads=False)\n"
+                f"c = Checkpointer({str(tmp_path)!r}, rt)\nc.save(1, {{'step': 1}})\nprint('held', flush=True)\n"
+                "sys.stdin.read()"
+            ),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(CheckpointError) as refused:
             Checkpointer(tmp_path, rt).save(1, {"step": 1})  # the first save (or resume) takes the lock
         text = str(refused.value)
-        assert f"checkpoint directory {tmp_path} is in use by another run (pid {holder.pid} on " \
-               f"{socket.gethostname()}, run directory /runs/first, since " in text, text
+        assert (
+            f"checkpoint directory {tmp_path} is in use by another run (pid {holder.pid} on "
+            f"{socket.gethostname()}, run directory /runs/first, since " in text
+        ), text
         assert "give this one another --checkpoint-dir" in text
     finally:
         holder.send_signal(signal.SIGKILL)

@@ -54,8 +54,9 @@ class Held:
 
 
 @pytest.mark.parametrize("strategy_name", ["ddp", "fsdp"])  # a rank-0 file, DCP shards
-def test_only_a_complete_background_save_is_visible_and_it_holds_the_state_of_its_step(tmp_path, rt, monkeypatch,
-                                                                                        strategy_name):
+def test_only_a_complete_background_save_is_visible_and_it_holds_the_state_of_its_step(
+    tmp_path, rt, monkeypatch, strategy_name
+):
     held = Held(step=2)
     monkeypatch.setattr(background, "hold_point", held)
     strategy, model, opt = _trained(rt, strategy_name)
@@ -84,8 +85,9 @@ def test_only_a_complete_background_save_is_visible_and_it_holds_the_state_of_it
     with torch.no_grad():
         for p in fresh_model.parameters():
             p.zero_()
-    Checkpointer(tmp_path, rt, strategy=fresh_strategy).restore({"model": fresh_strategy.checkpoint_state(
-        fresh_model, fresh_opt)})
+    Checkpointer(tmp_path, rt, strategy=fresh_strategy).restore(
+        {"model": fresh_strategy.checkpoint_state(fresh_model, fresh_opt)}
+    )
     restored = fresh_strategy.unwrap(fresh_model).state_dict()
     for key, value in expected.items():  # the state when save() returned, not after the in-place change
         assert torch.equal(restored[key], value), key
@@ -106,8 +108,11 @@ def test_the_next_save_stages_only_after_the_one_in_flight_is_complete(tmp_path,
     monkeypatch.setattr(ck._inflight, "wait", release_then_wait)
     staging = ck._stager.stage
     first_complete_when_staging = []
-    monkeypatch.setattr(ck._stager, "stage", lambda state: (
-        first_complete_when_staging.append(layout.file_path(tmp_path, 1).exists()), staging(state))[1])
+    monkeypatch.setattr(
+        ck._stager,
+        "stage",
+        lambda state: (first_complete_when_staging.append(layout.file_path(tmp_path, 1).exists()), staging(state))[1],
+    )
     ck.save(2, {"w": torch.zeros(3)})
     ck.wait()
     ck.close()
@@ -138,8 +143,9 @@ def test_a_failed_background_save_fails_the_next_save_naming_the_path_and_the_fi
 
     monkeypatch.setattr(torch, "save", disk_full)
     ck.save(2, {"w": torch.zeros(3)})  # staged; the write fails in the background
-    with pytest.raises(CheckpointError, match="the background save of step 2 to .*ckpt-00000002.pt failed: "
-                                              "the disk holding .* is full") as caught:
+    with pytest.raises(
+        CheckpointError, match="the background save of step 2 to .*ckpt-00000002.pt failed: the disk holding .* is full"
+    ) as caught:
         ck.save(3, {"w": torch.zeros(3)})
     assert "--no-checkpoint-async" in caught.value.hint and str(tmp_path) in caught.value.hint
     monkeypatch.undo()
@@ -170,11 +176,16 @@ ended.set()  # the last statement: no wait(), no close()
 def test_process_exit_finishes_the_save_in_flight(tmp_path):
     script = tmp_path / "exits.py"
     script.write_text(EXITS_WITHOUT_WAITING)
-    done = subprocess.run([sys.executable, str(script), str(tmp_path / "ck")], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "ck")], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0 and "save returned" in done.stdout, done.stderr
     found = find_latest(tmp_path / "ck")
-    assert found is not None and found.step == 7 and torch.equal(found.contents["w"], torch.arange(16 * 2**20, dtype=torch.float32))
+    assert (
+        found is not None
+        and found.step == 7
+        and torch.equal(found.contents["w"], torch.arange(16 * 2**20, dtype=torch.float32))
+    )
 
 
 # -------------------------------------------------------------------------- where it is safe, and options
@@ -241,15 +252,23 @@ def test_a_preemption_finishes_the_save_in_flight_then_saves_its_step_before_the
 
     monkeypatch.setattr(background.InFlight, "wait", release_then_wait)
     loader = DeviceTensorLoader(torch.randn(64, 4), torch.randn(64, 1), batch_size=8)
-    task = Task(name="t", model=lambda: torch.nn.Linear(4, 1), optimizer=OptimizerSpec(torch.optim.SGD, {"lr": 0.1}),
-                loss=lambda model, batch: torch.nn.functional.mse_loss(model(batch[0]), batch[1]), loader=loader,
-                samples=64)
+    task = Task(
+        name="t",
+        model=lambda: torch.nn.Linear(4, 1),
+        optimizer=OptimizerSpec(torch.optim.SGD, {"lr": 0.1}),
+        loss=lambda model, batch: torch.nn.functional.mse_loss(model(batch[0]), batch[1]),
+        loader=loader,
+        samples=64,
+    )
     opts = TrainOptions(batch_size=8, epochs=1, checkpoint_dir=str(tmp_path), checkpoint_every=2, log_every=0)
     loop = Loop(rt, opts, task)
     monkeypatch.setattr(Preemption, "requested", lambda self: loop.step >= 3)
     on_disk_at_requeue = []
-    monkeypatch.setattr(Preemption, "requeue_and_log", lambda self, head, say: on_disk_at_requeue.append(
-        [step for step, _ in list_checkpoints(tmp_path)]))
+    monkeypatch.setattr(
+        Preemption,
+        "requeue_and_log",
+        lambda self, head, say: on_disk_at_requeue.append([step for step, _ in list_checkpoints(tmp_path)]),
+    )
     result = loop.run()
     assert result["preempted"] and result["steps"] == 3 and result["checkpoint_async"] is True
     assert held.reached.is_set()

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.damage import CRAFTS, DAMAGES, craft, damage, payload_pickle
 
 import trainscale
 from trainscale.checkpoint import Checkpointer, ModelState, find_latest, integrity, layout
 from trainscale.checkpoint.state import DCP
-from helpers.damage import CRAFTS, DAMAGES, craft, damage, payload_pickle
 from trainscale.errors import CheckpointError
 from trainscale.strategies import get_strategy
 from trainscale.strategies.base import OptimizerSpec
@@ -31,8 +31,9 @@ def rt(monkeypatch, tmp_path):
 
 
 def _warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.name == "trainscale.checkpoint" and r.levelno >= logging.WARNING]
+    return [
+        r.getMessage() for r in caplog.records if r.name == "trainscale.checkpoint" and r.levelno >= logging.WARNING
+    ]
 
 
 class Shards(ModelState):
@@ -69,9 +70,18 @@ def test_a_damaged_newest_file_checkpoint_falls_back_to_the_previous_with_one_wa
 
 
 # ------------------------------------------------------------------------------ sharded (DCP) directories
-SHARDED_CASES = [("truncate", None), ("zero", None), ("flip", None), ("delete", None), ("payload", None),
-                 ("payload", layout.EXTRA), ("flip", layout.EXTRA), ("truncate", layout.DCP_INDEX),
-                 ("flip", layout.MARKER), ("delete", layout.MARKER)]
+SHARDED_CASES = [
+    ("truncate", None),
+    ("zero", None),
+    ("flip", None),
+    ("delete", None),
+    ("payload", None),
+    ("payload", layout.EXTRA),
+    ("flip", layout.EXTRA),
+    ("truncate", layout.DCP_INDEX),
+    ("flip", layout.MARKER),
+    ("delete", layout.MARKER),
+]
 
 
 def _fsdp(rt, seed: int):
@@ -88,8 +98,9 @@ def _weights(strategy, model) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize(("kind", "target"), SHARDED_CASES, ids=[f"{k}-{t or 'default'}" for k, t in SHARDED_CASES])
-def test_a_damaged_newest_sharded_checkpoint_falls_back_to_the_previous_with_one_warning(kind, target, tmp_path, rt,
-                                                                                        caplog):
+def test_a_damaged_newest_sharded_checkpoint_falls_back_to_the_previous_with_one_warning(
+    kind, target, tmp_path, rt, caplog
+):
     """Truncating __0_0.distcp used to make every restart fail ("written for another model?"); a
     crafted .metadata ran its payload on resume."""
     strategy, model, opt = _fsdp(rt, seed=1)
@@ -164,9 +175,13 @@ def test_the_allow_list_reads_what_torch_writes(tmp_path, rt):
 
     from trainscale.checkpoint.dcp_io import read_metadata
 
-    optimizers = [(torch.optim.Adam, {"lr": 0.1}), (torch.optim.AdamW, {"lr": 0.1, "amsgrad": True}),
-                  (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9, "nesterov": True}),
-                  (torch.optim.Adagrad, {"lr": 0.1}), (torch.optim.RMSprop, {"lr": 0.1, "centered": True})]
+    optimizers = [
+        (torch.optim.Adam, {"lr": 0.1}),
+        (torch.optim.AdamW, {"lr": 0.1, "amsgrad": True}),
+        (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9, "nesterov": True}),
+        (torch.optim.Adagrad, {"lr": 0.1}),
+        (torch.optim.RMSprop, {"lr": 0.1, "centered": True}),
+    ]
     for i, (cls, kwargs) in enumerate(optimizers):
         strategy = get_strategy("fsdp")
         net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 2))
@@ -176,10 +191,12 @@ def test_the_allow_list_reads_what_torch_writes(tmp_path, rt):
         strategy.backward_loss(model(torch.ones(2, 4, dtype=next(net.parameters()).dtype)).float().sum(), model)
         strategy.micro_step(opt, model, last=True)
         path = Checkpointer(tmp_path / cls.__name__, rt, strategy=strategy).save(
-            1, {"model": strategy.checkpoint_state(model, opt), "step": 1})
+            1, {"model": strategy.checkpoint_state(model, opt), "step": 1}
+        )
         metadata = read_metadata(path / layout.DCP_INDEX)
-        assert isinstance(metadata, Metadata) and any(k.startswith("optimizer.state") for k in
-                                                      metadata.state_dict_metadata)
+        assert isinstance(metadata, Metadata) and any(
+            k.startswith("optimizer.state") for k in metadata.state_dict_metadata
+        )
     fixture = Path(__file__).parents[1] / "fixtures" / "checkpoints" / "fsdp" / "ckpt-00000002" / layout.DCP_INDEX
     assert isinstance(read_metadata(fixture), Metadata)
 
@@ -194,7 +211,8 @@ def test_saves_hash_what_they_write_and_never_read_it_back(tmp_path, rt, monkeyp
     monkeypatch.setattr(integrity, "_hash_piece", no_reading)
     file = Checkpointer(tmp_path / "file", rt).save(1, {"w": torch.ones(4)})
     directory = Checkpointer(tmp_path / "dcp", rt, strategy=strategy).save(
-        1, {"model": strategy.checkpoint_state(model, opt), "step": 1})
+        1, {"model": strategy.checkpoint_state(model, opt), "step": 1}
+    )
     monkeypatch.undo()
     manifest = integrity.unseal(layout.sidecar_path(file))
     assert manifest[integrity.FILES] == {file.name: integrity.hash_file(file)}
@@ -215,9 +233,9 @@ def test_pieces_hashed_while_writing_are_those_of_the_file_and_a_flip_names_its_
     with open(tmp_path / "f", "wb") as fh:
         stream = integrity.HashingStream(fh)
         for start in range(0, size, 333):  # writes that straddle the pieces' boundaries
-            stream.write(data[start:start + 333])
+            stream.write(data[start : start + 333])
     entry = stream.entry()
-    pieces = [data[i:i + 1000] for i in range(0, size, 1000)] or [b""]
+    pieces = [data[i : i + 1000] for i in range(0, size, 1000)] or [b""]
     assert entry == {"size": size, "piece": 1000, "sha256": [hashlib.sha256(p).hexdigest() for p in pieces]}
     assert integrity.hash_file(tmp_path / "f") == entry
     assert integrity.verify(tmp_path, {"f": entry}, ["f"], threads=3).bytes == size
@@ -225,8 +243,11 @@ def test_pieces_hashed_while_writing_are_those_of_the_file_and_a_flip_names_its_
     assert sum(shares) == size  # two ranks hash every piece once between them
     if size > 2000:
         damage(tmp_path / "f", "flip")  # byte 1750: the second piece, rank 1's of 2
-        with pytest.raises(CheckpointError, match=r"f does not match the SHA-256 in its manifest \(a changed byte "
-                                                  r"in bytes 1000-2000\)"):
+        with pytest.raises(
+            CheckpointError,
+            match=r"f does not match the SHA-256 in its manifest \(a changed byte "
+            r"in bytes 1000-2000\)",
+        ):
             integrity.verify(tmp_path, {"f": entry}, ["f"], threads=3)
         integrity.verify(tmp_path, {"f": entry}, ["f"], rank=0, world_size=2)  # not rank 0's piece
         with pytest.raises(CheckpointError, match="does not match"):
@@ -255,7 +276,8 @@ def mount(tmp_path):
 
 @pytest.mark.parametrize("where", ["file", "dcp-shards", "dcp-extra"])
 def test_a_full_disk_fails_the_save_naming_the_directory_and_the_need_and_leaves_the_previous_newest(
-        where, tmp_path, rt, mount):
+    where, tmp_path, rt, mount
+):
     """A real ENOSPC (a 1 MiB tmpfs): in torch.save of a rank-0 file, in DCP's shard writer, in the
     sharded checkpoint's extra.pt."""
     disk = mount("size=1m")
@@ -264,10 +286,16 @@ def test_a_full_disk_fails_the_save_naming_the_directory_and_the_need_and_leaves
     ck = Checkpointer(disk / "ck", rt, strategy=strategy, keep=5)
     ck.save(1, {"model": strategy.checkpoint_state(model, opt), "step": 1})  # 257 KiB of weights: fits
     big = torch.zeros(256 * 1024)  # 1 MiB more: does not
-    state = ({"model": {"w": big}, "step": 2} if where == "dcp-shards" else
-             {"model": strategy.checkpoint_state(model, opt), "step": 2, "big": big})
-    with pytest.raises(CheckpointError, match=rf"the disk holding {disk / 'ck'} is full: saving the checkpoint of "
-                                              r"step 2 failed \(.*need.? about 1\.\d MiB.* are free") as caught:
+    state = (
+        {"model": {"w": big}, "step": 2}
+        if where == "dcp-shards"
+        else {"model": strategy.checkpoint_state(model, opt), "step": 2, "big": big}
+    )
+    with pytest.raises(
+        CheckpointError,
+        match=rf"the disk holding {disk / 'ck'} is full: saving the checkpoint of "
+        r"step 2 failed \(.*need.? about 1\.\d MiB.* are free",
+    ) as caught:
         ck.save(2, state)
     assert "--checkpoint-dir" in caught.value.hint
     listed = sorted(p.name for p in (disk / "ck").iterdir() if p.name != ".trainscale.lock")  # the run's lock
@@ -285,8 +313,11 @@ def test_a_full_disk_under_a_background_sharded_save_says_so(tmp_path, rt, mount
     ck = Checkpointer(disk / "ck", rt, strategy=strategy, keep=5, asynchronous=True)
     ck.save(1, {"model": strategy.checkpoint_state(model, opt), "step": 1})
     ck.save(2, {"model": Shards({"w": torch.zeros(256 * 1024)}), "step": 2})  # 1 MiB more, in the background
-    with pytest.raises(CheckpointError, match=rf"the disk holding {disk / 'ck'} is full: saving the checkpoint of "
-                                              r"step 2 failed") as caught:
+    with pytest.raises(
+        CheckpointError,
+        match=rf"the disk holding {disk / 'ck'} is full: saving the checkpoint of "
+        r"step 2 failed",
+    ) as caught:
         ck.wait()
     assert "inline_container" not in str(caught.value) and "--checkpoint-dir" in caught.value.hint
     assert ck.latest().step == 1
@@ -339,8 +370,11 @@ def test_a_background_sharded_save_touches_no_cuda_stream_where_cuda_is_availabl
 
 def test_an_unusable_checkpoint_directory_is_refused_when_the_checkpointer_is_made(tmp_path, rt, mount):
     (tmp_path / "file").write_text("not a directory")
-    with pytest.raises(CheckpointError, match=r"--checkpoint-dir .*file/ck is unusable: .*file is a file, not a "
-                                              "directory"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"--checkpoint-dir .*file/ck is unusable: .*file is a file, not a "
+        "directory",
+    ):
         Checkpointer(tmp_path / "file" / "ck", rt)
     read_only = mount("ro,size=64k")
     with pytest.raises(CheckpointError, match=r"unusable: no file can be created in .*: Read-only file system"):
@@ -386,7 +420,10 @@ def test_a_crafted_checkpoint_of_allow_listed_types_is_skipped_like_a_damaged_on
     warnings = _warnings(caplog)
     assert len(warnings) == 1 and met.name in warnings[0], warnings
     assert "weights_only" not in warnings[0] and "False" not in warnings[0], warnings
-    expected = {"outside-path": "'/etc/hostname', which is not a file of this checkpoint's manifest",
-                "huge-length": "+1099511627776 of __0_0.distcp", "shifted-offset": "loading it failed",
-                "renamed": "is a symbolic link to ckpt-00000002, not a checkpoint trainscale wrote"}[kind]
+    expected = {
+        "outside-path": "'/etc/hostname', which is not a file of this checkpoint's manifest",
+        "huge-length": "+1099511627776 of __0_0.distcp",
+        "shifted-offset": "loading it failed",
+        "renamed": "is a symbolic link to ckpt-00000002, not a checkpoint trainscale wrote",
+    }[kind]
     assert expected in warnings[0], warnings

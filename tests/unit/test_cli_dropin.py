@@ -39,8 +39,9 @@ def test_help_lists_every_torchrun_option(capsys):
         main(["run", "--help"])
     assert done.value.code == 0
     text = capsys.readouterr().out
-    options = {s.replace("_", "-") for a in get_args_parser()._actions for s in a.option_strings
-               if s not in ("-h", "--help")}  # each once: the _ spellings are said to work too
+    options = {
+        s.replace("_", "-") for a in get_args_parser()._actions for s in a.option_strings if s not in ("-h", "--help")
+    }  # each once: the _ spellings are said to work too
     assert len(options) > 25
     missing = sorted(o for o in options if o not in text)
     assert not missing, missing
@@ -61,13 +62,28 @@ def test_run_help_is_short_and_a_mistaken_option_is_two_lines(capsys):
     assert exited.value.code == 2
     assert capsys.readouterr().err.splitlines() == [
         "trainscale run: error: unrecognized arguments: --nprocs-per-node",
-        "Hint: did you mean --nproc-per-node? `trainscale run --help` lists the options"]
+        "Hint: did you mean --nproc-per-node? `trainscale run --help` lists the options",
+    ]
 
 
 def test_seed_003_command_line(script, tmp_path):
     # torchrun --standalone --nnodes 1 --nproc-per-node gpu --redirects 3 --log-dir ../logs train_llm.py ...
-    argv = ["--standalone", "--nnodes", "1", "--nproc-per-node", "gpu", "--redirects", "3", "--log-dir",
-            str(tmp_path / "logs"), script, "--experiment-name", "x", "--batch-size", "64"]
+    argv = [
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "gpu",
+        "--redirects",
+        "3",
+        "--log-dir",
+        str(tmp_path / "logs"),
+        script,
+        "--experiment-name",
+        "x",
+        "--batch-size",
+        "64",
+    ]
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="--nproc-per-node gpu but no GPU is visible"):
             build_spec(argv)
@@ -94,8 +110,22 @@ def test_underscore_spellings_and_static_rendezvous_of_seed_002(tmp_path, script
     # torchrun --nproc_per_node 8 --nnodes $SLURM_NNODES --node_rank $SLURM_PROCID
     #          --master_addr $MASTER_ADDR --master_port $MASTER_PORT ds_visualtransformer.py --deepspeed ...
     port = free_port()
-    spec = build_spec(["--nproc_per_node", "2", "--nnodes", "1", "--node_rank", "0", "--master_addr", "127.0.0.1",
-                       "--master_port", str(port), script, "--deepspeed"])
+    spec = build_spec(
+        [
+            "--nproc_per_node",
+            "2",
+            "--nnodes",
+            "1",
+            "--node_rank",
+            "0",
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(port),
+            script,
+            "--deepspeed",
+        ]
+    )
     assert spec.nproc_per_node == 2 and spec.args == ("--deepspeed",)
     config = launch_config(spec, tmp_path / "logs")
     # torch's static rendezvous, its store bound to the master address (launch/rendezvous.py)
@@ -103,30 +133,39 @@ def test_underscore_spellings_and_static_rendezvous_of_seed_002(tmp_path, script
     assert config.rdzv_configs["rank"] == 0
 
 
-@pytest.mark.parametrize("flag, value, field, expected", [
-    ("--monitor-interval", "0.5", "monitor_interval", 0.5),
-    ("--monitor_interval", "0.5", "monitor_interval", 0.5),
-    ("--start-method", "fork", "start_method", "fork"),
-    ("--role", "trainer", "role", "trainer"),
-    ("--local-addr", "127.0.0.1", "local_addr", "127.0.0.1"),
-    ("--signals-to-handle", "SIGTERM,SIGUSR1", "signals_to_handle", "SIGTERM,SIGUSR1"),
-    ("--shutdown-timeout", "7", "shutdown_timeout", 7),
-    ("--max-restarts", "3", "max_restarts", 3),
-    ("--event-log-handler", "null", "event_log_handler", "null"),
-])
+@pytest.mark.parametrize(
+    "flag, value, field, expected",
+    [
+        ("--monitor-interval", "0.5", "monitor_interval", 0.5),
+        ("--monitor_interval", "0.5", "monitor_interval", 0.5),
+        ("--start-method", "fork", "start_method", "fork"),
+        ("--role", "trainer", "role", "trainer"),
+        ("--local-addr", "127.0.0.1", "local_addr", "127.0.0.1"),
+        ("--signals-to-handle", "SIGTERM,SIGUSR1", "signals_to_handle", "SIGTERM,SIGUSR1"),
+        ("--shutdown-timeout", "7", "shutdown_timeout", 7),
+        ("--max-restarts", "3", "max_restarts", 3),
+        ("--event-log-handler", "null", "event_log_handler", "null"),
+    ],
+)
 def test_torchrun_options_reach_the_launch_config(tmp_path, script, flag, value, field, expected):
     config = launch_config(build_spec([flag, value, "--nproc-per-node", "1", script]), tmp_path / "logs")
     assert getattr(config, field) == expected
 
 
 def test_short_options_and_filters(tmp_path, script):
-    config = launch_config(build_spec(["-r", "3", "-t", "1", "--local-ranks-filter", "0,1", "--nproc-per-node", "2",
-                                       script]), tmp_path / "logs")
+    config = launch_config(
+        build_spec(["-r", "3", "-t", "1", "--local-ranks-filter", "0,1", "--nproc-per-node", "2", script]),
+        tmp_path / "logs",
+    )
     assert config.logs_specs._redirects == Std.ALL and config.logs_specs._tee == Std.OUT
     assert config.logs_specs._local_ranks_filter == {0, 1}
-    config = launch_config(build_spec(["-r3", "--nproc-per-node", "1", script]), tmp_path / "logs")  # -rVALUE, as argparse
+    config = launch_config(
+        build_spec(["-r3", "--nproc-per-node", "1", script]), tmp_path / "logs"
+    )  # -rVALUE, as argparse
     assert config.logs_specs._redirects == Std.ALL
-    config = launch_config(build_spec(["--rdzv-conf", "timeout=5,join_timeout=6", "--standalone", script]), tmp_path / "l")
+    config = launch_config(
+        build_spec(["--rdzv-conf", "timeout=5,join_timeout=6", "--standalone", script]), tmp_path / "l"
+    )
     assert config.rdzv_configs["timeout"] == "5" and config.rdzv_configs["join_timeout"] == "6"
     with pytest.raises(ConfigError, match="is not a list of local ranks"):
         build_spec(["--local-ranks-filter", "zero", script])
@@ -204,12 +243,56 @@ def slurm_spec(argv, environ=None):
 def test_sbatch_short_options(job_script):
     with open(job_script, "a") as fh:  # a script with its own -N: what follows it is its own
         fh.write("\nimport argparse\nargparse.ArgumentParser().add_argument('-N', '--nodes', type=int)\n")
-    spec = slurm_spec(["--profile", "lumi", "-N", "2", "-t", "1:00:00", "-A", "proj", "-p", "standard-g", "-J", "exp",
-                       "-c", "7", "-q", "normal", "-C", "nvme", "-o", "out-%j.log", "-e", "err-%j.log", "-d", "afterok:1",
-                       "-a", "0-3%1", "-D", "/tmp", "--dry-run", job_script, "-N", "5"])
-    assert (spec.nodes, spec.time, spec.account, spec.partition, spec.job_name) == (2, "1:00:00", "proj", "standard-g", "exp")
-    assert (spec.cpus_per_task, spec.qos, spec.constraint, spec.output, spec.error) == (7, "normal", "nvme", "out-%j.log",
-                                                                                        "err-%j.log")
+    spec = slurm_spec(
+        [
+            "--profile",
+            "lumi",
+            "-N",
+            "2",
+            "-t",
+            "1:00:00",
+            "-A",
+            "proj",
+            "-p",
+            "standard-g",
+            "-J",
+            "exp",
+            "-c",
+            "7",
+            "-q",
+            "normal",
+            "-C",
+            "nvme",
+            "-o",
+            "out-%j.log",
+            "-e",
+            "err-%j.log",
+            "-d",
+            "afterok:1",
+            "-a",
+            "0-3%1",
+            "-D",
+            "/tmp",
+            "--dry-run",
+            job_script,
+            "-N",
+            "5",
+        ]
+    )
+    assert (spec.nodes, spec.time, spec.account, spec.partition, spec.job_name) == (
+        2,
+        "1:00:00",
+        "proj",
+        "standard-g",
+        "exp",
+    )
+    assert (spec.cpus_per_task, spec.qos, spec.constraint, spec.output, spec.error) == (
+        7,
+        "normal",
+        "nvme",
+        "out-%j.log",
+        "err-%j.log",
+    )
     assert (spec.dependency, spec.array, spec.chdir) == ("afterok:1", "0-3%1", "/tmp")
     assert spec.args == ("-N", "5")  # after the script: the script's own
 
@@ -218,10 +301,13 @@ def test_ntasks_and_typed_gpus(job_script):
     from trainscale.launch.slurm import resolve
     from trainscale.profiles import load_profile
 
-    spec = slurm_spec(["--profile", "generic-nvidia", "-N", "2", "-n", "8", "-t", "10", "--launcher", "srun",
-                       "--dry-run", job_script])
+    spec = slurm_spec(
+        ["--profile", "generic-nvidia", "-N", "2", "-n", "8", "-t", "10", "--launcher", "srun", "--dry-run", job_script]
+    )
     assert resolve(spec, load_profile("generic-nvidia")).ranks_per_node == 4
-    typed = slurm_spec(["--profile", "generic-nvidia", "--gpus-per-node", "a100:4", "-t", "10", "--dry-run", job_script])
+    typed = slurm_spec(
+        ["--profile", "generic-nvidia", "--gpus-per-node", "a100:4", "-t", "10", "--dry-run", job_script]
+    )
     assert (typed.gpu_type, typed.gpus_per_node) == ("a100", 4)
     with pytest.raises(ConfigError, match="is not N or TYPE:N"):
         slurm_spec(["--gpus-per-node", "four", "-t", "10", "--dry-run", job_script])
@@ -231,8 +317,9 @@ def test_the_hang_timeout_goes_to_the_jobs_workers_in_the_batch_script(job_scrip
     from trainscale.launch.slurm import render
     from trainscale.profiles import load_profile
 
-    spec = slurm_spec(["--profile", "generic-nvidia", "-t", "10", "--env", "A=1", "--hang-timeout", "120",
-                       "--dry-run", job_script])
+    spec = slurm_spec(
+        ["--profile", "generic-nvidia", "-t", "10", "--env", "A=1", "--hang-timeout", "120", "--dry-run", job_script]
+    )
     assert spec.env == {"A": "1", "TRAINSCALE_HANG_TIMEOUT": "120"}
     assert "export TRAINSCALE_HANG_TIMEOUT=120" in render(spec, load_profile("generic-nvidia"))
     with pytest.raises(ConfigError, match=r"--hang-timeout -5 must be 0 \(never\) or more seconds"):
@@ -243,20 +330,31 @@ def test_config_file_then_environment_then_command_line(tmp_path, job_script):
     from trainscale.cli.slurm import build
 
     config = tmp_path / "job.toml"
-    config.write_text('[slurm]\nprofile = "lumi"\naccount = "from-file"\ntime = "00:30:00"\n'
-                      'modules = ["use /appl/local/containers/ai-modules", "load singularity-AI-bindings"]\n'
-                      'setup = ["source /project/p/venv/bin/activate"]\n')
+    config.write_text(
+        '[slurm]\nprofile = "lumi"\naccount = "from-file"\ntime = "00:30:00"\n'
+        'modules = ["use /appl/local/containers/ai-modules", "load singularity-AI-bindings"]\n'
+        'setup = ["source /project/p/venv/bin/activate"]\n'
+    )
     spec = slurm_spec(["--config", str(config), "--dry-run", job_script], {"TRAINSCALE_SLURM_ACCOUNT": "from-env"})
     assert spec.profile == "lumi" and spec.account == "from-env" and spec.time == "00:30:00"
     assert spec.modules == ("use /appl/local/containers/ai-modules", "load singularity-AI-bindings")
     assert spec.setup == ("source /project/p/venv/bin/activate",)
-    spec = slurm_spec(["--config", str(config), "-A", "from-line", "--module", "load X", "--dry-run", job_script],
-                      {"TRAINSCALE_SLURM_ACCOUNT": "from-env"})
+    spec = slurm_spec(
+        ["--config", str(config), "-A", "from-line", "--module", "load X", "--dry-run", job_script],
+        {"TRAINSCALE_SLURM_ACCOUNT": "from-env"},
+    )
     assert spec.account == "from-line" and spec.modules == ("load X",)  # a later source replaces the whole list
-    spec, profile, _, _ = build(["--config", str(config), "--dry-run", job_script], {"TRAINSCALE_SLURM_PROFILE": "cyclone"})
+    spec, profile, _, _ = build(
+        ["--config", str(config), "--dry-run", job_script], {"TRAINSCALE_SLURM_PROFILE": "cyclone"}
+    )
     assert spec.profile == profile.name == "cyclone"  # the profile's name too: the environment beats the file
-    assert build(["--config", str(config), "--profile", "local-test", "--dry-run", job_script],
-                 {"TRAINSCALE_SLURM_PROFILE": "cyclone"})[1].name == "local-test"
+    assert (
+        build(
+            ["--config", str(config), "--profile", "local-test", "--dry-run", job_script],
+            {"TRAINSCALE_SLURM_PROFILE": "cyclone"},
+        )[1].name
+        == "local-test"
+    )
     config.write_text('[slurm]\nacount = "typo"\ntime = "5"\n')
     with pytest.raises(ConfigError, match="unknown slurm option 'acount'") as err:
         slurm_spec(["--config", str(config), "--dry-run", job_script])
@@ -282,7 +380,9 @@ def test_dry_run_asks_the_scheduler_when_sbatch_is_there(tmp_path, job_script, m
     captured = capsys.readouterr()
     assert captured.out.startswith("#!/bin/bash")
     assert "sbatch --test-only accepts the job: sbatch: Job 99 to start at" in captured.err
-    _fake_sbatch(bin_dir, "sbatch: error: Batch job submission failed: Requested node configuration is not available", 1)
+    _fake_sbatch(
+        bin_dir, "sbatch: error: Batch job submission failed: Requested node configuration is not available", 1
+    )
     assert main([*argv, "--test-only", job_script]) == 1  # as sbatch --test-only: not accepted, not 0
     assert "REFUSES the job: sbatch: error: Batch job submission failed" in capsys.readouterr().err
     assert not (tmp_path / "jobs").exists()  # neither wrote a script or submitted
@@ -299,15 +399,20 @@ def test_submitting_a_script_does_not_import_torch(tmp_path, job_script):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     sbatch = bin_dir / "sbatch"
-    sbatch.write_text("#!/bin/sh\ncase \"$*\" in *--parsable*) echo 4242 ;; "
-                      "*) echo 'sbatch: Job 99 to start at 2026-11-23T14:00:00' >&2 ;; esac\n")
+    sbatch.write_text(
+        '#!/bin/sh\ncase "$*" in *--parsable*) echo 4242 ;; '
+        "*) echo 'sbatch: Job 99 to start at 2026-11-23T14:00:00' >&2 ;; esac\n"
+    )
     sbatch.chmod(sbatch.stat().st_mode | stat.S_IEXEC)
-    probe = ("import sys\nfrom trainscale.cli.main import main\n"
-             f"code = main(['slurm', '--profile', 'local-test', '-N', '2', '-t', '5', '--output-dir', 'jobs', "
-             f"'--submit', {job_script!r}])\nprint('exit', code, 'torch' in sys.modules)")
+    probe = (
+        "import sys\nfrom trainscale.cli.main import main\n"
+        f"code = main(['slurm', '--profile', 'local-test', '-N', '2', '-t', '5', '--output-dir', 'jobs', "
+        f"'--submit', {job_script!r}])\nprint('exit', code, 'torch' in sys.modules)"
+    )
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                          env=env)
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env
+    )
     assert done.stdout.splitlines()[-1] == "exit 0 False", done.stdout[-2000:] + done.stderr[-2000:]
     assert "submitted job 4242" in done.stderr
     record = json.loads((tmp_path / "jobs" / "latest" / "submission.json").read_text())
@@ -318,10 +423,13 @@ def test_test_only_needs_sbatch(tmp_path, job_script, monkeypatch, capsys):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match="--test-only needs sbatch"):
-        from trainscale.cli.slurm import run as slurm_run
         import argparse
+
+        from trainscale.cli.slurm import run as slurm_run
 
         slurm_run(argparse.Namespace(argv=["--profile", "local-test", "-t", "5", "--test-only", job_script]))
     # --dry-run where there is no scheduler: it says the job was not checked, and it is no failure
     assert slurm_run(argparse.Namespace(argv=["--profile", "local-test", "-t", "5", "--dry-run", job_script])) == 0
-    assert "no SLURM scheduler here (sbatch is not on PATH): the job was not checked by SLURM" in capsys.readouterr().err
+    assert (
+        "no SLURM scheduler here (sbatch is not on PATH): the job was not checked by SLURM" in capsys.readouterr().err
+    )

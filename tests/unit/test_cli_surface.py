@@ -32,15 +32,18 @@ def test_a_merged_command_is_unknown_with_the_commands_listed(name, capsys):
     assert len(err.strip().splitlines()) <= 2 and "invalid choice" in err and "jobs" in err, err
 
 
-@pytest.mark.parametrize("argv, said", [
-    (["jobs", "--rank", "1"], "--rank needs a job"),
-    (["jobs", "--cancel"], "--cancel needs a job"),
-    (["jobs", "12", "--all"], "--all lists every user's queue; it takes no job"),
-    (["jobs", "12", "--cancel", "--attach"], "--cancel and --attach together"),
-    (["jobs", "12", "--tail", "5", "--signal", "USR1"], "--tail reads a job's output; --signal acts on it"),
-    (["jobs", "12", "--node", "n1"], "--node and a command are for --attach"),
-    (["jobs", "12", "--", "hostname"], "--node and a command are for --attach"),
-])
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["jobs", "--rank", "1"], "--rank needs a job"),
+        (["jobs", "--cancel"], "--cancel needs a job"),
+        (["jobs", "12", "--all"], "--all lists every user's queue; it takes no job"),
+        (["jobs", "12", "--cancel", "--attach"], "--cancel and --attach together"),
+        (["jobs", "12", "--tail", "5", "--signal", "USR1"], "--tail reads a job's output; --signal acts on it"),
+        (["jobs", "12", "--node", "n1"], "--node and a command are for --attach"),
+        (["jobs", "12", "--", "hostname"], "--node and a command are for --attach"),
+    ],
+)
 def test_jobs_refuses_what_does_not_go_together(argv, said, capsys):
     assert main(argv) == 2
     assert said in capsys.readouterr().err

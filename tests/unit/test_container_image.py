@@ -7,7 +7,6 @@ import sysconfig
 from pathlib import Path
 
 import pytest_timeout
-
 from helpers.container_image import copy_distributions
 
 
@@ -17,7 +16,9 @@ def test_each_module_is_copied_with_its_bytecode(tmp_path):
     source = Path(pytest_timeout.__file__)
     cached = Path(importlib.util.cache_from_source(str(source)))
     assert cached.is_file()  # .venv is compiled (scripts/setup-env.sh)
-    site = tmp_path / "opt" / "python" / "lib" / "python3" / "site-packages"  # as deep as the image's: scripts go to ../../../bin
+    site = (
+        tmp_path / "opt" / "python" / "lib" / "python3" / "site-packages"
+    )  # as deep as the image's: scripts go to ../../../bin
     copy_distributions(("pytest-timeout",), site)
     ours = Path(sysconfig.get_paths()["purelib"])
     assert (site / source.relative_to(ours)).is_file()

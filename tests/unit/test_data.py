@@ -23,17 +23,20 @@ def test_both_loaders_shard_exactly_like_torchs_distributed_sampler(shuffle, wor
     n, bs = 23, 2
     idx = torch.arange(n)
     for rank in range(world):
-        ours = DeviceTensorLoader(idx, batch_size=bs, rank=rank, world_size=world, shuffle=shuffle, seed=5,
-                                  drop_last=drop_last)
-        theirs = DistributedLoader(TensorDataset(idx), batch_size=bs, rank=rank, world_size=world, shuffle=shuffle,
-                                   seed=5, drop_last=drop_last)
-        torchs = DistributedSampler(TensorDataset(idx), num_replicas=world, rank=rank, shuffle=shuffle, seed=5,
-                                    drop_last=drop_last)
+        ours = DeviceTensorLoader(
+            idx, batch_size=bs, rank=rank, world_size=world, shuffle=shuffle, seed=5, drop_last=drop_last
+        )
+        theirs = DistributedLoader(
+            TensorDataset(idx), batch_size=bs, rank=rank, world_size=world, shuffle=shuffle, seed=5, drop_last=drop_last
+        )
+        torchs = DistributedSampler(
+            TensorDataset(idx), num_replicas=world, rank=rank, shuffle=shuffle, seed=5, drop_last=drop_last
+        )
         for epoch in range(2):  # two epochs: the epoch advances by itself in ours
             torchs.set_epoch(epoch)
             order = list(torchs)
             whole = len(order) // bs * bs if drop_last else len(order)
-            expected = [order[i:i + bs] for i in range(0, whole, bs)]
+            expected = [order[i : i + bs] for i in range(0, whole, bs)]
             assert _indices_from(ours) == expected == _indices_from(theirs)
 
 
@@ -85,8 +88,12 @@ def test_a_loader_put_mid_epoch_starts_there_without_reading_what_it_skips(kind)
 
 def test_ranks_partition_the_data():
     idx = torch.arange(24)
-    seen = sorted(i for r in range(4) for b in DeviceTensorLoader(idx, batch_size=3, rank=r, world_size=4,
-                                                                   shuffle=True) for i in b[0].tolist())
+    seen = sorted(
+        i
+        for r in range(4)
+        for b in DeviceTensorLoader(idx, batch_size=3, rank=r, world_size=4, shuffle=True)
+        for i in b[0].tolist()
+    )
     assert seen == list(range(24))
 
 

@@ -22,8 +22,7 @@ N, BATCH, SEED = 97, 3, 11
 def make(kind: str, rank: int, world: int):
     if kind == "tensor":
         return DeviceTensorLoader(torch.arange(N), batch_size=BATCH, rank=rank, world_size=world, seed=SEED)
-    return DistributedLoader(TensorDataset(torch.arange(N)), batch_size=BATCH, rank=rank, world_size=world,
-                             seed=SEED)
+    return DistributedLoader(TensorDataset(torch.arange(N)), batch_size=BATCH, rank=rank, world_size=world, seed=SEED)
 
 
 def lockstep(passes):
@@ -76,7 +75,7 @@ def check_once(trained: dict, epochs: int) -> None:
         assert len(ids) == len(set(ids)), f"epoch {epoch}: {len(ids) - len(set(ids))} sample(s) trained twice"
         order = epoch_order(N, SEED, epoch, True).tolist()
         # what was trained is the epoch's order up to a point: nothing skipped before it...
-        assert set(ids) == set(order[:len(ids)]), f"epoch {epoch}: samples skipped mid-epoch"
+        assert set(ids) == set(order[: len(ids)]), f"epoch {epoch}: samples skipped mid-epoch"
         # ...and what is left is less than one step of the last shape plus what no rank's share could fill
         assert N - len(ids) < last_world * BATCH + last_world, f"epoch {epoch}: {N - len(ids)} samples never trained"
 

@@ -42,20 +42,23 @@ def test_options_parse_from_one_string_separated_by_commas():
     assert (z.name, z.comm_hook, z.powersgd_rank, z.powersgd_start) == ("zero1", "fp16", 2, 5)
 
 
-@pytest.mark.parametrize("spec, message, hint", [
-    ("ddp:comm_hook=fp61", "is not a communication hook", "did you mean 'fp16'"),
-    ("ddp:comm_hook=nccl", "is not a communication hook", "bf16, fp16, none, powersgd"),
-    ("ddp:comm_hok=fp16", "has no option 'comm_hok'", "did you mean 'comm_hook'"),
-    ("ddp:bucket_cap_mb=big", "is neither a size in MiB nor auto", "bucket_cap_mb=auto"),
-    ("ddp:bucket_cap_mb=0", "must be a positive size in MiB", "bucket_cap_mb=4"),
-    ("ddp:bucket_cap_mb=-2", "must be a positive size in MiB", "bucket_cap_mb=4"),
-    ("ddp:bucket_cap_mb=inf", "must be a positive size in MiB", "bucket_cap_mb=4"),
-    ("ddp:static_graph=maybe", "is not auto, true or false", "static_graph=auto"),
-    ("ddp:powersgd_start=1", "must be >= 2", "powersgd_start=10"),
-    ("ddp:powersgd_rank=0", "must be >= 1", "powersgd_rank=1"),
-    ("ddp:powersgd_rank=two", "is not a number", "powersgd_rank=1"),
-    ("ddp:find_unused_parameters=auto", "is not a boolean", "find_unused_parameters=true"),
-])
+@pytest.mark.parametrize(
+    "spec, message, hint",
+    [
+        ("ddp:comm_hook=fp61", "is not a communication hook", "did you mean 'fp16'"),
+        ("ddp:comm_hook=nccl", "is not a communication hook", "bf16, fp16, none, powersgd"),
+        ("ddp:comm_hok=fp16", "has no option 'comm_hok'", "did you mean 'comm_hook'"),
+        ("ddp:bucket_cap_mb=big", "is neither a size in MiB nor auto", "bucket_cap_mb=auto"),
+        ("ddp:bucket_cap_mb=0", "must be a positive size in MiB", "bucket_cap_mb=4"),
+        ("ddp:bucket_cap_mb=-2", "must be a positive size in MiB", "bucket_cap_mb=4"),
+        ("ddp:bucket_cap_mb=inf", "must be a positive size in MiB", "bucket_cap_mb=4"),
+        ("ddp:static_graph=maybe", "is not auto, true or false", "static_graph=auto"),
+        ("ddp:powersgd_start=1", "must be >= 2", "powersgd_start=10"),
+        ("ddp:powersgd_rank=0", "must be >= 1", "powersgd_rank=1"),
+        ("ddp:powersgd_rank=two", "is not a number", "powersgd_rank=1"),
+        ("ddp:find_unused_parameters=auto", "is not a boolean", "find_unused_parameters=true"),
+    ],
+)
 def test_bad_options_are_refused_naming_the_fix(spec, message, hint):
     with pytest.raises(ConfigError, match=message) as caught:
         get_strategy(spec)
@@ -144,8 +147,11 @@ def test_gloo_all_reduces_half_precision_here_and_a_backend_that_cannot_is_refus
             raise RuntimeError(f"Unsupported dtype {tensor.dtype}\nmore")
 
         monkeypatch.setattr(dist, "all_reduce", unsupported)
-        with pytest.raises(ConfigError, match=r"comm_hook=bf16: the gloo backend cannot all-reduce torch.bfloat16 "
-                                              r"here \(Unsupported dtype torch.bfloat16\)") as caught:
+        with pytest.raises(
+            ConfigError,
+            match=r"comm_hook=bf16: the gloo backend cannot all-reduce torch.bfloat16 "
+            r"here \(Unsupported dtype torch.bfloat16\)",
+        ) as caught:
             comm_hooks.check_backend("bf16", torch.device("cpu"))
         assert "comm_hook=fp16" in caught.value.hint and "comm_hook=none" in caught.value.hint
         comm_hooks.check_backend("powersgd", torch.device("cpu"))  # fp32 all-reduces: nothing to probe
@@ -158,7 +164,8 @@ def test_powersgd_on_gloo_gets_one_bucket_and_an_explicit_smaller_one_is_refused
         plan = get_strategy("ddp:comm_hook=powersgd")._bucket_plan(CNN(), runtime)
         assert plan == {"bucket_cap_mb": 5.0} and "one gradient bucket of 5 MiB" in said[0]
         assert get_strategy("ddp:comm_hook=powersgd,bucket_cap_mb=8")._bucket_plan(CNN(), runtime) == {
-            "bucket_cap_mb": 5.0}
+            "bucket_cap_mb": 5.0
+        }
         with pytest.raises(ConfigError, match="comm_hook=powersgd with bucket_cap_mb=1.0 on gloo") as caught:
             get_strategy("ddp:comm_hook=powersgd,bucket_cap_mb=1")._bucket_plan(CNN(), runtime)
         assert "bucket_cap_mb=5 or auto" in caught.value.hint
@@ -173,8 +180,9 @@ def _done(value):
 
 def test_the_chosen_hook_gets_each_bucket_and_passes_its_result_through():
     seen = []
-    hook = comm_hooks.CommHook("fp16", lambda state, bucket: seen.append((state, bucket)) or _done(torch.ones(3)),
-                               state="S")
+    hook = comm_hooks.CommHook(
+        "fp16", lambda state, bucket: seen.append((state, bucket)) or _done(torch.ones(3)), state="S"
+    )
     assert torch.equal(comm_hooks._run(hook, "bucket-0").wait(), torch.ones(3)) and seen == [("S", "bucket-0")]
 
 
@@ -219,14 +227,18 @@ def test_the_report_suggests_zero1_for_a_studys_ddp_run_dominated_by_the_optimiz
     from trainscale.report.verdict import findings
 
     def gathered(strategy: str, share: float) -> Gathered:
-        runs = [{"status": "ok", "world_size": 1, "strategy": strategy, "breakdown": {"optimizer_fraction": 0.5}},
-                {"status": "ok", "world_size": 2, "strategy": strategy, "breakdown": {"optimizer_fraction": share}}]
+        runs = [
+            {"status": "ok", "world_size": 1, "strategy": strategy, "breakdown": {"optimizer_fraction": 0.5}},
+            {"status": "ok", "world_size": 2, "strategy": strategy, "breakdown": {"optimizer_fraction": share}},
+        ]
         return Gathered(source=tmp_path, ranks=[], samples={}, events=[], study={"runs": runs})
 
     texts = [f.message for f in findings(gathered("ddp", 0.31)) if f.level == "problem"]
-    assert texts == ["the optimizer step takes 31% of the step and every rank runs all of it: try --strategy zero1 "
-                     "(each of the 2 ranks updates its own part of the parameters, whole tensors at a time; "
-                     "docs/strategies.md)"]
+    assert texts == [
+        "the optimizer step takes 31% of the step and every rank runs all of it: try --strategy zero1 "
+        "(each of the 2 ranks updates its own part of the parameters, whole tensors at a time; "
+        "docs/strategies.md)"
+    ]
     assert not findings(gathered("ddp", 0.10)) and not findings(gathered("zero1", 0.5))
 
 

@@ -128,9 +128,27 @@ def test_the_launcher_refuses_a_stale_build_lock_before_any_rank_starts(tmp_path
     lock.touch()
     os.utime(lock, (1_000_000_000, 1_000_000_000))
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(cache), "TRAINSCALE_STATE_DIR": str(tmp_path / "state")}
-    done = subprocess.run([sys.executable, "-m", "trainscale", "run", "--nproc-per-node", "2", "--workload", "gpt",
-                           "--max-steps", "2", "--strategy", "deepspeed:stage=2"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainscale",
+            "run",
+            "--nproc-per-node",
+            "2",
+            "--workload",
+            "gpt",
+            "--max-steps",
+            "2",
+            "--strategy",
+            "deepspeed:stage=2",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2, done.stderr[-2000:]
     assert "left by a build that was stopped" in done.stderr and f"remove {lock}" in done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "trainscale-runs").exists()  # nothing started

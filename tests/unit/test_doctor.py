@@ -3,15 +3,28 @@
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import socket
 
 import pytest
 
-from trainscale.doctor import (SECTIONS, Devices, Finding, Report, Versions, check_port_free, check_port_listening,
-                               check_resolution, collect_binding, collect_devices, collect_threads, collect_versions,
-                               cpus_per_rank, render, run_network)
+from trainscale.doctor import (
+    SECTIONS,
+    Devices,
+    Finding,
+    Report,
+    Versions,
+    check_port_free,
+    check_port_listening,
+    check_resolution,
+    collect_binding,
+    collect_devices,
+    collect_threads,
+    collect_versions,
+    cpus_per_rank,
+    render,
+    run_network,
+)
 from trainscale.doctor.main import main
 from trainscale.doctor.network import ALONE, check_overlap
 from trainscale.env import LaunchEnv
@@ -36,8 +49,19 @@ def test_single_process_text_report_has_every_section_and_a_summary(capsys):
     assert code == 0
     for section in SECTIONS:
         assert f"== {section} ==" in text
-    for check in ("trainscale", "python", "torch", "nccl", "deepspeed", "transformers", "topology", "detected",
-                  "affinity", "OMP_NUM_THREADS", "DataLoader workers"):
+    for check in (
+        "trainscale",
+        "python",
+        "torch",
+        "nccl",
+        "deepspeed",
+        "transformers",
+        "topology",
+        "detected",
+        "affinity",
+        "OMP_NUM_THREADS",
+        "DataLoader workers",
+    ):
         assert f"] {check}" in text, check
     assert "single: rank 0/1" in text
     assert "Summary:" in text
@@ -56,15 +80,33 @@ def test_omp_threads_within_cpus_is_ok(capsys):
 
 
 def test_unbound_local_ranks_share_the_affinity_so_omp_counts_against_a_share():
-    env = LaunchEnv(source="torchrun", rank=0, local_rank=0, world_size=4, local_world_size=4, node_rank=0,
-                    num_nodes=1, master_addr="127.0.0.1", master_port=29500)
+    env = LaunchEnv(
+        source="torchrun",
+        rank=0,
+        local_rank=0,
+        world_size=4,
+        local_world_size=4,
+        node_rank=0,
+        num_nodes=1,
+        master_addr="127.0.0.1",
+        master_port=29500,
+    )
     cpus, why = cpus_per_rank(env, Topology(cpus=tuple(range(8))), frozenset(range(8)), {})
     assert cpus == 2 and "shared by 4 local ranks" in why
     found = {f.check: f for f in collect_threads({"OMP_NUM_THREADS": "8"}, cpus, why)}
     assert found["OMP_NUM_THREADS"].level == "warning" and "OMP_NUM_THREADS=2" in found["OMP_NUM_THREADS"].hint
     # srun binds each task to its own CPUs: a set smaller than the node's is the rank's own.
-    srun = LaunchEnv(source="slurm", rank=0, local_rank=0, world_size=4, local_world_size=4, node_rank=0,
-                     num_nodes=1, master_addr="n1", master_port=29500)
+    srun = LaunchEnv(
+        source="slurm",
+        rank=0,
+        local_rank=0,
+        world_size=4,
+        local_world_size=4,
+        node_rank=0,
+        num_nodes=1,
+        master_addr="n1",
+        master_port=29500,
+    )
     assert cpus_per_rank(srun, Topology(cpus=tuple(range(8))), frozenset({0, 1}), {})[0] == 2
     # srun tasks given RANK/LOCAL_RANK (detected as torchrun) are still bound by srun, not by an agent
     assert cpus_per_rank(env, Topology(cpus=tuple(range(8))), frozenset({0, 1}), {})[0] == 2
@@ -86,8 +128,17 @@ def test_more_workers_than_cpus_per_rank_warns(capsys):
 
 
 def test_binding_plan_not_applied_warns_and_applied_plan_is_ok():
-    env = LaunchEnv(source="torchrun", rank=1, local_rank=1, world_size=2, local_world_size=2, node_rank=0,
-                    num_nodes=1, master_addr="127.0.0.1", master_port=29500)
+    env = LaunchEnv(
+        source="torchrun",
+        rank=1,
+        local_rank=1,
+        world_size=2,
+        local_world_size=2,
+        node_rank=0,
+        num_nodes=1,
+        master_addr="127.0.0.1",
+        master_port=29500,
+    )
     topo = Topology(cpus=tuple(range(8)), numa_nodes=(NumaNode(index=0, cpus=tuple(range(8))),))
     plan = {"TRAINSCALE_CPU_BIND": "-:0-3/-:4-7"}
     not_applied = {f.check: f for f in collect_binding(env, topo, frozenset(range(8)), plan)}
@@ -109,8 +160,13 @@ def test_locality_is_checked_against_the_visible_gpu_the_rank_drives():
     """CUDA_VISIBLE_DEVICES=1: local rank 0 drives the node's GPU 1, whose close cores are 8-15; running
     on 0-7 (close to GPU 0) was reported fine when rank 0 was taken to drive GPU 0."""
     env = LaunchEnv(source="single", rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, num_nodes=1)
-    topo = Topology(cpus=tuple(range(16)), gpus=(GpuInfo(index=0, vendor="nvidia", cpus=tuple(range(8))),
-                                                 GpuInfo(index=1, vendor="nvidia", cpus=tuple(range(8, 16)))))
+    topo = Topology(
+        cpus=tuple(range(16)),
+        gpus=(
+            GpuInfo(index=0, vendor="nvidia", cpus=tuple(range(8))),
+            GpuInfo(index=1, vendor="nvidia", cpus=tuple(range(8, 16))),
+        ),
+    )
     found = {f.check: f for f in collect_binding(env, topo, frozenset(range(8)), {"CUDA_VISIBLE_DEVICES": "1"})}
     assert found["GPU locality"].level == "warning" and "GPU 1" in found["GPU locality"].message
     fine = {f.check: f for f in collect_binding(env, topo, frozenset(range(8, 16)), {"CUDA_VISIBLE_DEVICES": "1"})}
@@ -125,13 +181,27 @@ def test_gpus_on_the_node_but_a_cpu_only_torch_is_explained():
 
 
 def test_versions_never_fail_without_torch_or_optional_packages():
-    versions = Versions(trainscale="0", python="3", executable="py", platform="Linux", torch_error="ImportError: x",
-                        packages={"deepspeed": None, "transformers": "4.40.0"})
+    versions = Versions(
+        trainscale="0",
+        python="3",
+        executable="py",
+        platform="Linux",
+        torch_error="ImportError: x",
+        packages={"deepspeed": None, "transformers": "4.40.0"},
+    )
     found = {f.check: f for f in collect_versions(versions)}
     assert found["torch"].level == "error" and "ImportError" in found["torch"].message
     assert found["deepspeed"].message == "not installed" and found["transformers"].message == "4.40.0"
-    cuda = Versions(trainscale="0", python="3", executable="py", platform="Linux", torch="2.4", cuda="12.4",
-                    nccl="2.20.5", backends=("gloo", "nccl"))
+    cuda = Versions(
+        trainscale="0",
+        python="3",
+        executable="py",
+        platform="Linux",
+        torch="2.4",
+        cuda="12.4",
+        nccl="2.20.5",
+        backends=("gloo", "nccl"),
+    )
     found = {f.check: f for f in collect_versions(cuda)}
     assert "CUDA 12.4" in found["torch"].message and found["nccl"].message == "NCCL 2.20.5"
 
@@ -150,8 +220,17 @@ def test_unresolvable_master_is_an_error_naming_host_and_port():
 
 
 def test_unresolvable_master_stops_a_rank_before_the_process_group():
-    env = LaunchEnv(source="torchrun", rank=1, local_rank=1, world_size=2, local_world_size=2, node_rank=0,
-                    num_nodes=1, master_addr="no-such-host.invalid", master_port=29555)
+    env = LaunchEnv(
+        source="torchrun",
+        rank=1,
+        local_rank=1,
+        world_size=2,
+        local_world_size=2,
+        node_rank=0,
+        num_nodes=1,
+        master_addr="no-such-host.invalid",
+        master_port=29555,
+    )
     findings, outcome = run_network(env, {}, host="h", affinity=frozenset({0}), timeout_s=5)
     assert outcome == ALONE
     assert [(f.rank, f.level, f.check) for f in findings] == [(1, "error", "master address")]
@@ -176,8 +255,14 @@ def test_single_process_network_explains_there_is_nothing_to_probe(capsys):
 
 def test_ranks_sharing_cpus_on_one_host_warn():
     def host(rank, name, cpus, node=0):
-        return Finding(section=SECTIONS[-1], check="host", level="ok", message="", rank=rank,
-                       detail={"host": name, "cpus": cpus, "node": node})
+        return Finding(
+            section=SECTIONS[-1],
+            check="host",
+            level="ok",
+            message="",
+            rank=rank,
+            detail={"host": name, "cpus": cpus, "node": node},
+        )
 
     # two nodes emulated on one machine share a host name but not their cores
     assert check_overlap([host(0, "a", [0, 1]), host(1, "a", [0, 1], node=1)])[0].level == "ok"

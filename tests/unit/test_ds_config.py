@@ -17,8 +17,13 @@ HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 
 def seed_config(**changes):
     """The shape of seed 002's ds_config.json."""
-    config = {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2,
-              "fp16": {"enabled": False}, "zero_optimization": {"stage": 2}}
+    config = {
+        "train_batch_size": 32,
+        "train_micro_batch_size_per_gpu": 8,
+        "gradient_accumulation_steps": 2,
+        "fp16": {"enabled": False},
+        "zero_optimization": {"stage": 2},
+    }
     config.update(changes)
     return config
 
@@ -29,16 +34,23 @@ def test_consistent_config_passes_and_is_not_mutated():
     assert out == config and out is not config
 
 
-@pytest.mark.parametrize("given,world,expected", [
-    ({"train_micro_batch_size_per_gpu": 8}, 4, (32, 8, 1)),
-    ({"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 3}, 2, (48, 8, 3)),
-    ({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 8}, 2, (64, 8, 4)),
-    ({"train_batch_size": 64}, 4, (64, 16, 1)),
-    ({"train_batch_size": 64, "gradient_accumulation_steps": 2}, 4, (64, 8, 2)),
-])
+@pytest.mark.parametrize(
+    "given,world,expected",
+    [
+        ({"train_micro_batch_size_per_gpu": 8}, 4, (32, 8, 1)),
+        ({"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 3}, 2, (48, 8, 3)),
+        ({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 8}, 2, (64, 8, 4)),
+        ({"train_batch_size": 64}, 4, (64, 16, 1)),
+        ({"train_batch_size": 64, "gradient_accumulation_steps": 2}, 4, (64, 8, 2)),
+    ],
+)
 def test_batch_sizes_are_completed(given, world, expected):
     out = validate_ds_config(given, world_size=world, device="cpu")
-    assert (out["train_batch_size"], out["train_micro_batch_size_per_gpu"], out["gradient_accumulation_steps"]) == expected
+    assert (
+        out["train_batch_size"],
+        out["train_micro_batch_size_per_gpu"],
+        out["gradient_accumulation_steps"],
+    ) == expected
 
 
 def test_batch_size_inconsistent_with_world_size():
@@ -48,13 +60,16 @@ def test_batch_size_inconsistent_with_world_size():
     assert "train_batch_size=32" in text and "= 64" in text and "set train_batch_size to 64" in text
 
 
-@pytest.mark.parametrize("config,world,needle", [
-    ({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 8}, 2, "not a multiple"),
-    ({"train_batch_size": 30}, 4, "cannot be split over 4 rank(s)"),
-    ({"gradient_accumulation_steps": 2}, 2, "neither train_batch_size nor"),
-    ({"train_micro_batch_size_per_gpu": 0}, 2, "must be a positive integer"),
-    ({"train_micro_batch_size_per_gpu": "16"}, 2, "must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "config,world,needle",
+    [
+        ({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 8}, 2, "not a multiple"),
+        ({"train_batch_size": 30}, 4, "cannot be split over 4 rank(s)"),
+        ({"gradient_accumulation_steps": 2}, 2, "neither train_batch_size nor"),
+        ({"train_micro_batch_size_per_gpu": 0}, 2, "must be a positive integer"),
+        ({"train_micro_batch_size_per_gpu": "16"}, 2, "must be a positive integer"),
+    ],
+)
 def test_bad_batch_settings(config, world, needle):
     with pytest.raises(ConfigError, match=None) as err:
         validate_ds_config(config, world_size=world, device="cpu")
@@ -106,7 +121,9 @@ def test_load_ds_config_errors(tmp_path):
 
 def test_strategy_spec_strings():
     assert parse_spec("FSDP:reshard_after_forward=false, mixed_precision=bf16") == (
-        "fsdp", {"reshard_after_forward": "false", "mixed_precision": "bf16"})
+        "fsdp",
+        {"reshard_after_forward": "false", "mixed_precision": "bf16"},
+    )
     fsdp = get_strategy("fsdp:reshard_after_forward=false,mixed_precision=bf16,unit_modules=Block+Embed")
     assert fsdp.reshard_after_forward is False and fsdp.mixed_precision == "bf16"
     assert fsdp.unit_modules == ("Block", "Embed")
@@ -159,7 +176,9 @@ def test_config_with_trailing_comma_as_deepspeed_reads_it(tmp_path):
     path = tmp_path / "ds_config.json"
     path.write_text(SEED_002_CONFIG)
     assert load_ds_config(path) == {"zero_optimization": {"stage": 1}, "fp16": {"enabled": False}}
-    path.write_text('{\n  // comments too\n  train_micro_batch_size_per_gpu: 4\n  gradient_accumulation_steps: "auto",\n}')
+    path.write_text(
+        '{\n  // comments too\n  train_micro_batch_size_per_gpu: 4\n  gradient_accumulation_steps: "auto",\n}'
+    )
     assert load_ds_config(path) == {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": "auto"}
 
 

@@ -8,20 +8,39 @@ from trainscale.env import detect
 from trainscale.env.slurm import expand_nodelist, expand_tasks_per_node, job_port
 from trainscale.errors import ConfigError, LaunchError
 
-TORCHRUN = {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1",
-            "MASTER_ADDR": "node7", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "abc",
-            "TORCHELASTIC_RESTART_COUNT": "2"}
-SRUN_TASK = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_PROCID": "5", "SLURM_LOCALID": "2",
-             "SLURM_NTASKS": "7", "SLURM_NODEID": "1", "SLURM_NNODES": "3", "SLURM_TASKS_PER_NODE": "3(x2),1",
-             "SLURM_JOB_NODELIST": "gpu[07-08],cpu01"}
+TORCHRUN = {
+    "RANK": "5",
+    "LOCAL_RANK": "1",
+    "WORLD_SIZE": "8",
+    "LOCAL_WORLD_SIZE": "4",
+    "GROUP_RANK": "1",
+    "MASTER_ADDR": "node7",
+    "MASTER_PORT": "29500",
+    "TORCHELASTIC_RUN_ID": "abc",
+    "TORCHELASTIC_RESTART_COUNT": "2",
+}
+SRUN_TASK = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_STEP_ID": "0",
+    "SLURM_PROCID": "5",
+    "SLURM_LOCALID": "2",
+    "SLURM_NTASKS": "7",
+    "SLURM_NODEID": "1",
+    "SLURM_NNODES": "3",
+    "SLURM_TASKS_PER_NODE": "3(x2),1",
+    "SLURM_JOB_NODELIST": "gpu[07-08],cpu01",
+}
 
 
-@pytest.mark.parametrize("spec, expected", [
-    ("4", [4]),
-    ("2(x3),1", [2, 2, 2, 1]),
-    ("8(x2)", [8, 8]),
-    ("1,2,3", [1, 2, 3]),
-])
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("4", [4]),
+        ("2(x3),1", [2, 2, 2, 1]),
+        ("8(x2)", [8, 8]),
+        ("1,2,3", [1, 2, 3]),
+    ],
+)
 def test_tasks_per_node_expansion(spec, expected):
     assert expand_tasks_per_node(spec) == expected
 
@@ -31,11 +50,14 @@ def test_tasks_per_node_garbage_is_a_clear_error():
         expand_tasks_per_node("2(y3)")
 
 
-@pytest.mark.parametrize("nodelist, expected", [
-    ("n[1-2]", ["n1", "n2"]),
-    ("gpu[07-09,11],cpu01", ["gpu07", "gpu08", "gpu09", "gpu11", "cpu01"]),
-    ("nid[005000-005001]", ["nid005000", "nid005001"]),
-])
+@pytest.mark.parametrize(
+    "nodelist, expected",
+    [
+        ("n[1-2]", ["n1", "n2"]),
+        ("gpu[07-09,11],cpu01", ["gpu07", "gpu08", "gpu09", "gpu11", "cpu01"]),
+        ("nid[005000-005001]", ["nid005000", "nid005001"]),
+    ],
+)
 def test_nodelist_expansion(nodelist, expected):
     assert expand_nodelist(nodelist) == expected
 
@@ -84,14 +106,30 @@ def test_salloc_shell_without_step_is_not_a_launch():
 
 
 def test_open_mpi():
-    env = detect({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
-                  "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "MASTER_ADDR": "h1", "MASTER_PORT": "1234"})
+    env = detect(
+        {
+            "OMPI_COMM_WORLD_RANK": "3",
+            "OMPI_COMM_WORLD_SIZE": "4",
+            "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+            "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+            "MASTER_ADDR": "h1",
+            "MASTER_PORT": "1234",
+        }
+    )
     assert (env.source, env.rank, env.local_rank, env.node_rank, env.num_nodes) == ("mpi", 3, 1, 1, 2)
 
 
 def test_pmi():
-    env = detect({"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2",
-                  "MASTER_ADDR": "h1", "MASTER_PORT": "1234"})
+    env = detect(
+        {
+            "PMI_RANK": "2",
+            "PMI_SIZE": "4",
+            "MPI_LOCALRANKID": "0",
+            "MPI_LOCALNRANKS": "2",
+            "MASTER_ADDR": "h1",
+            "MASTER_PORT": "1234",
+        }
+    )
     assert (env.source, env.rank, env.world_size, env.local_world_size, env.node_rank) == ("mpi", 2, 4, 2, 1)
 
 
@@ -101,8 +139,16 @@ def test_slurm_beats_the_pmi_variables_it_exports():
 
 
 def test_override_forces_a_detector():
-    env = detect({**SRUN_TASK, "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "MASTER_ADDR": "x",
-                  "MASTER_PORT": "1", "TRAINSCALE_LAUNCHER": "mpi"})
+    env = detect(
+        {
+            **SRUN_TASK,
+            "OMPI_COMM_WORLD_RANK": "1",
+            "OMPI_COMM_WORLD_SIZE": "2",
+            "MASTER_ADDR": "x",
+            "MASTER_PORT": "1",
+            "TRAINSCALE_LAUNCHER": "mpi",
+        }
+    )
     assert env.source == "mpi" and env.rank == 1
 
 

@@ -13,8 +13,11 @@ ROW = re.compile(r"^\|(?P<did>[^|]+)\|\s*\"(?P<msg>[^\"]+)\"\s*\|(?P<fix>[^|]+)\
 
 
 def rows() -> list[re.Match]:
-    table_rows = [line for line in DOC.read_text().splitlines()
-                  if line.startswith("|") and not line.startswith(("|---", "| what you did"))]
+    table_rows = [
+        line
+        for line in DOC.read_text().splitlines()
+        if line.startswith("|") and not line.startswith(("|---", "| what you did"))
+    ]
     parsed = [ROW.match(line) for line in table_rows]
     bad = [line for line, m in zip(table_rows, parsed) if m is None]
     assert not bad, f"rows without a quoted message and a test reference: {bad}"

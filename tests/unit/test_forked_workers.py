@@ -37,8 +37,9 @@ def test_a_library_callers_process_keeps_its_forkserver(monkeypatch):
 
 def test_another_start_method_gives_fresh_interpreters(command_line):
     for method in ("spawn", "fork"):
-        spec = LocalLaunchSpec(target="trainscale.workloads", module=True, args=("cnn",),
-                               torchrun={"start_method": method})
+        spec = LocalLaunchSpec(
+            target="trainscale.workloads", module=True, args=("cnn",), torchrun={"start_method": method}
+        )
         assert not own_worker(spec), method
 
 
@@ -53,8 +54,11 @@ def test_torchruns_local_rank_macro_reaches_a_forked_workers_arguments(command_l
     in_dollars = in_tmp / "a$$b"
     in_dollars.mkdir()
     monkeypatch.chdir(in_dollars)
-    fn, args = local.entrypoint(LocalLaunchSpec(target="trainscale.workloads", module=True,
-                                                args=("cnn", "--metrics-out", "m-${local_rank}.json")))
+    fn, args = local.entrypoint(
+        LocalLaunchSpec(
+            target="trainscale.workloads", module=True, args=("cnn", "--metrics-out", "m-${local_rank}.json")
+        )
+    )
     assert fn is bootstrap.forked
     state, *argv = macros.substitute(args, "1")
     assert argv == ["--module", "trainscale.workloads", "cnn", "--metrics-out", "m-1.json"]

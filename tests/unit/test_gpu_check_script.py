@@ -22,9 +22,22 @@ NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible 
 
 def env(**extra: str) -> dict[str, str]:
     """This environment without the outer pytest's and the GPU modes' variables, plus ``extra``."""
-    kept = {k: v for k, v in os.environ.items()
-            if not k.startswith(("PYTEST_", "TRAINSCALE_GPU_", "TRAINSCALE_WHEELS", "RANK", "LOCAL_RANK",
-                                 "WORLD_SIZE", "MASTER_", "TORCHELASTIC"))}
+    kept = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(
+            (
+                "PYTEST_",
+                "TRAINSCALE_GPU_",
+                "TRAINSCALE_WHEELS",
+                "RANK",
+                "LOCAL_RANK",
+                "WORLD_SIZE",
+                "MASTER_",
+                "TORCHELASTIC",
+            )
+        )
+    }
     return {**kept, "PYTHON": sys.executable, **extra}
 
 
@@ -38,7 +51,8 @@ def hide_deepspeed(folder: Path) -> str:
         "    @classmethod\n"
         "    def find_spec(cls, name, path=None, target=None):\n"
         "        return None if name.split('.')[0] == 'deepspeed' else PathFinder.find_spec(name, path, target)\n\n"
-        "sys.meta_path[:] = [Hidden if f is PathFinder else f for f in sys.meta_path]\n")
+        "sys.meta_path[:] = [Hidden if f is PathFinder else f for f in sys.meta_path]\n"
+    )
     return str(folder)
 
 
@@ -56,17 +70,34 @@ def probe_wheel(folder: Path) -> Path:
 @pytest.mark.timeout(1500)
 def test_the_cpu_check_mode_runs_every_step_into_a_small_outdir(tmp_path):
     wheel = probe_wheel(tmp_path / "wheels")
-    done = subprocess.run(["bash", str(SCRIPT), "out"], cwd=tmp_path, capture_output=True, text=True, timeout=1400,
-                          env=env(TRAINSCALE_GPU_SUITE_ON_CPU="1", TRAINSCALE_WHEELS=str(wheel.parent),
-                                  TRAINSCALE_GPU_CHECK_PYTEST_ARGS=f"-k {CHEAP_GPU_TEST}", TMPDIR=str(tmp_path),
-                                  PYTHONPATH=hide_deepspeed(tmp_path / "no-deepspeed")))
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "out"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=1400,
+        env=env(
+            TRAINSCALE_GPU_SUITE_ON_CPU="1",
+            TRAINSCALE_WHEELS=str(wheel.parent),
+            TRAINSCALE_GPU_CHECK_PYTEST_ARGS=f"-k {CHEAP_GPU_TEST}",
+            TMPDIR=str(tmp_path),
+            PYTHONPATH=hide_deepspeed(tmp_path / "no-deepspeed"),
+        ),
+    )
     out = tmp_path / "out"
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
 
     files = [p.relative_to(out) for p in out.rglob("*") if p.is_file()]
     assert len(files) <= 8 and all(len(f.parts) <= 2 for f in files), files
-    assert {str(f) for f in files} == {"summary.txt", "junit.xml", "selftest.json", "setup.log", "gpu-suite.log",
-                                       "selftest.log", "train.log"}
+    assert {str(f) for f in files} == {
+        "summary.txt",
+        "junit.xml",
+        "selftest.json",
+        "setup.log",
+        "gpu-suite.log",
+        "selftest.log",
+        "train.log",
+    }
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("trainscale-gpu-check")] == []  # removed
 
     summary = (out / "summary.txt").read_text()
@@ -74,8 +105,9 @@ def test_the_cpu_check_mode_runs_every_step_into_a_small_outdir(tmp_path):
     rows = {line.split()[0]: line.split()[1] for line in table}
     strategies = [name for name in rows if name.startswith("strategy:")]
     assert rows["gpu-visible"] == "skip" and "CPU check mode" in summary
-    assert {rows[name] for name in ("imports", "gpu-suite", "selftest", "seed-cnn", "checkpoint:async",
-                                    "recorder")} == {"pass"}, summary
+    assert {
+        rows[name] for name in ("imports", "gpu-suite", "selftest", "seed-cnn", "checkpoint:async", "recorder")
+    } == {"pass"}, summary
     assert [s.split(":")[1] for s in strategies] == ["ddp", "zero1", "fsdp", "fsdp-bf16", "deepspeed"]
     assert all(rows[s] == "pass" for s in strategies[:-1]) and rows["strategy:deepspeed"] == "skip", summary
     assert "deepspeed is not installed" in summary and rows["nccl-hang-notice"] in ("pass", "skip")
@@ -96,9 +128,19 @@ def test_the_cpu_check_mode_runs_every_step_into_a_small_outdir(tmp_path):
 def test_a_step_that_fails_fails_the_check(tmp_path):
     """One step chosen (TRAINSCALE_GPU_CHECK_STEPS), its tests all deselected: pytest's exit code 5 is a failure,
     the summary says which, and the check exits 1. Its wheels: the committed ones (scripts/wheels)."""
-    done = subprocess.run(["bash", str(SCRIPT), "out"], cwd=tmp_path, capture_output=True, text=True, timeout=280,
-                          env=env(TRAINSCALE_GPU_SUITE_ON_CPU="1", TRAINSCALE_GPU_CHECK_STEPS="gpu-suite",
-                                  TRAINSCALE_GPU_CHECK_PYTEST_ARGS="-k no_such_test", TMPDIR=str(tmp_path)))
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "out"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env=env(
+            TRAINSCALE_GPU_SUITE_ON_CPU="1",
+            TRAINSCALE_GPU_CHECK_STEPS="gpu-suite",
+            TRAINSCALE_GPU_CHECK_PYTEST_ARGS="-k no_such_test",
+            TMPDIR=str(tmp_path),
+        ),
+    )
     summary = (tmp_path / "out" / "summary.txt").read_text()
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
     assert "result: FAIL (gpu-suite)" in summary and "exit code 5" in summary
@@ -109,8 +151,13 @@ def test_a_step_that_fails_fails_the_check(tmp_path):
 
 @NO_GPU
 def test_without_a_gpu_it_stops_with_one_line_and_writes_nothing(tmp_path):
-    done = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out")], capture_output=True, text=True, timeout=120,
-                          env=env(TMPDIR=str(tmp_path)))
+    done = subprocess.run(
+        ["bash", str(SCRIPT), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env(TMPDIR=str(tmp_path)),
+    )
     said = (done.stdout + done.stderr).splitlines()
     assert done.returncode == 2
     assert len(said) == 1 and said[0].startswith("gpu-check: no GPU visible to "), said
@@ -120,11 +167,17 @@ def test_without_a_gpu_it_stops_with_one_line_and_writes_nothing(tmp_path):
 
 def test_an_outdir_with_files_is_refused_in_one_line(tmp_path):
     (tmp_path / "old.txt").write_text("")
-    done = subprocess.run(["bash", str(SCRIPT), str(tmp_path)], capture_output=True, text=True, timeout=60,
-                          env=env(TRAINSCALE_GPU_SUITE_ON_CPU="1"))
+    done = subprocess.run(
+        ["bash", str(SCRIPT), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env(TRAINSCALE_GPU_SUITE_ON_CPU="1"),
+    )
     assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr.splitlines() == [f"gpu-check: {tmp_path} exists and is not an empty directory: give a new one "
-                                        "(the check writes 7 files there)"]
+    assert done.stderr.splitlines() == [
+        f"gpu-check: {tmp_path} exists and is not an empty directory: give a new one (the check writes 7 files there)"
+    ]
 
 
 @NO_GPU

@@ -57,11 +57,17 @@ def exit_code(argv: list[str]) -> int | None:
         return exc.code
 
 
-@pytest.mark.parametrize("argv, own", [
-    (["sweep", "--help"], "trainscale sweep"), (["bench", "--help"], "--configs CONFIGS"),
-    (["bench", "allreduce", "--help"], "--iters ITERS"), (["plan", "--tune", "--help"], "--budget BUDGET"),
-    (["run", "--workload", "gpt", "--help"], "--seq-len SEQ_LEN"), (["sweep", "status", "--help"], "--metric"),
-])
+@pytest.mark.parametrize(
+    "argv, own",
+    [
+        (["sweep", "--help"], "trainscale sweep"),
+        (["bench", "--help"], "--configs CONFIGS"),
+        (["bench", "allreduce", "--help"], "--iters ITERS"),
+        (["plan", "--tune", "--help"], "--budget BUDGET"),
+        (["run", "--workload", "gpt", "--help"], "--seq-len SEQ_LEN"),
+        (["sweep", "status", "--help"], "--metric"),
+    ],
+)
 def test_each_command_prints_its_own_help(capsys, argv, own):
     assert exit_code(argv) in (0, None)
     out = capsys.readouterr().out
@@ -84,13 +90,18 @@ def test_no_help_text_says_none(name):
     assert said == []
 
 
-@pytest.mark.parametrize("argv, hint", [
-    (["run", "--workload", "cnn", "--nproc-per-node", "2"],
-     "Hint: --nproc-per-node: launch option(s) go before --workload"),
-    (["slurm", "--bogus"], "Hint: `trainscale slurm --help` lists its options"),
-    (["bench", "--bogus"], "Hint: `trainscale bench --help` lists its options"),
-    (["nonsense"], "Hint: `trainscale --help` lists its options"),
-])
+@pytest.mark.parametrize(
+    "argv, hint",
+    [
+        (
+            ["run", "--workload", "cnn", "--nproc-per-node", "2"],
+            "Hint: --nproc-per-node: launch option(s) go before --workload",
+        ),
+        (["slurm", "--bogus"], "Hint: `trainscale slurm --help` lists its options"),
+        (["bench", "--bogus"], "Hint: `trainscale bench --help` lists its options"),
+        (["nonsense"], "Hint: `trainscale --help` lists its options"),
+    ],
+)
 def test_a_command_line_mistake_is_one_line_and_a_hint_without_the_usage(capsys, argv, hint):
     """issue 38 item 2: argparse's errors came after 10-26 lines of usage, with no fix named (a launch option
     after --workload: 26 lines, then "unrecognized arguments")."""

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def recipe(target: str) -> list[str]:
     text = (ROOT / "Makefile").read_text()
     head = re.search(rf"^{target}:(.*)$", text, re.M)
-    body = text[head.end():].split("\n\n")[0]
+    body = text[head.end() :].split("\n\n")[0]
     return [head.group(1).strip(), *[line.strip().lstrip("@") for line in body.splitlines() if line.strip()]]
 
 
@@ -33,7 +33,7 @@ def test_the_demo_installs_the_bench_extra_only_and_it_holds_nothing_the_demo_do
     prerequisite = demo[0].split()
     assert prerequisite == ["venv-demo"], demo
     assert "EXTRAS=bench bash scripts/setup-env.sh" in recipe("venv-demo")
-    assert "EXTRAS=test bash scripts/setup-env.sh" in recipe("venv") and recipe("test")[0].split() == ["venv"]
+    assert "EXTRAS=test bash scripts/setup-env.sh" in recipe("venv") and recipe("test")[0].split() == ["venv", "lint"]
     installed = names(project["dependencies"]) | names(project["optional-dependencies"]["bench"])
     assert installed == {"torch", "numpy", "python-hostlist", "psutil", "rich", "cloudpickle", "tomli", "matplotlib"}
     heavy = names(project["optional-dependencies"]["test"]) - installed
@@ -52,8 +52,10 @@ def test_the_demos_last_line_works_in_a_new_shell():
     the venv is active, so the line says so first (the study itself is replaced by `true` here)."""
     import subprocess
 
-    done = subprocess.run(["make", "-s", "-o", "venv-demo", "demo", "PY=true"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        ["make", "-s", "-o", "venv-demo", "demo", "PY=true"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1].startswith(
-        "next: source .venv/bin/activate && trainscale report bench-out/latest"), done.stdout
+        "next: source .venv/bin/activate && trainscale report bench-out/latest"
+    ), done.stdout

@@ -82,14 +82,23 @@ def test_gcds_that_share_a_uuid_are_found_by_pci_and_na_reads_as_nothing(tmp_pat
     assert [(g["rank"], g["util_pct"], g["power_w"]) for g in gpus] == [(0, 97.0, 400.0), (1, None, None)]
     assert gpus[1]["mem_total"] == 65520 * 2**20
     # the same GCDs found by UUID would both be the first one: with NVML's preference a shared UUID falls back too
-    shared = devices.resolve(Nvml(FakeNvml()), [{"rank": 0, "uuid": "x", "pci": "0000:c1:00.0"},
-                                                 {"rank": 1, "uuid": "x", "pci": "0000:c2:00.0"}])
+    shared = devices.resolve(
+        Nvml(FakeNvml()),
+        [{"rank": 0, "uuid": "x", "pci": "0000:c1:00.0"}, {"rank": 1, "uuid": "x", "pci": "0000:c2:00.0"}],
+    )
     assert [handle for _, handle in shared] == [2, 3]
 
 
 def test_readings_become_numbers_or_none():
-    assert [number(v) for v in (87, 12.5, "42", "N/A", None, {"a": 1}, True)] == [87.0, 12.5, 42.0, None, None,
-                                                                                   None, None]
+    assert [number(v) for v in (87, 12.5, "42", "N/A", None, {"a": 1}, True)] == [
+        87.0,
+        12.5,
+        42.0,
+        None,
+        None,
+        None,
+        None,
+    ]
 
 
 def test_a_sample_without_gpus_has_none_and_a_cpu_rank_publishes_nothing(tmp_path):

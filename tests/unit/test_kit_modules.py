@@ -29,6 +29,9 @@ def _files(name: str) -> list[str]:
 
 
 def test_every_module_a_kit_module_imports_is_in_the_kit():
-    missing = {rel: sorted(n for n in _imported(rel) if _files(n) and not set(_files(n)) & set(MODULES))
-               for rel in MODULES if rel not in FACADES}
+    missing = {
+        rel: sorted(n for n in _imported(rel) if _files(n) and not set(_files(n)) & set(MODULES))
+        for rel in MODULES
+        if rel not in FACADES
+    }
     assert {rel: names for rel, names in missing.items() if names} == {}

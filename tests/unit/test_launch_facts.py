@@ -14,31 +14,61 @@ from trainscale.env import detect
 from trainscale.errors import LaunchError
 from trainscale.train import fault
 
-MPIRUN = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
-          "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+MPIRUN = {
+    "OMPI_COMM_WORLD_RANK": "1",
+    "OMPI_COMM_WORLD_SIZE": "2",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+    "MASTER_ADDR": "127.0.0.1",
+    "MASTER_PORT": "29500",
+}
 
 
 def test_the_job_facts_are_read_once_by_env_whatever_the_launcher():
-    environ = {**MPIRUN, "SLURM_RESTART_COUNT": "2", "SLURM_JOB_ID": "77", "SLURM_ARRAY_JOB_ID": "70",
-               "SLURM_ARRAY_TASK_ID": "3", "TRAINSCALE_JOB_DIR": "/runs/x/job-77", "TRAINSCALE_RUN_DIR": "/runs/x",
-               "TRAINSCALE_ON_SIGNAL": "stop", "TRAINSCALE_MAX_REQUEUES": "3", "TRAINSCALE_PREEMPT_SIGNALS": "usr2",
-               "TRAINSCALE_PREEMPT_CHECK_EVERY": "4"}
+    environ = {
+        **MPIRUN,
+        "SLURM_RESTART_COUNT": "2",
+        "SLURM_JOB_ID": "77",
+        "SLURM_ARRAY_JOB_ID": "70",
+        "SLURM_ARRAY_TASK_ID": "3",
+        "TRAINSCALE_JOB_DIR": "/runs/x/job-77",
+        "TRAINSCALE_RUN_DIR": "/runs/x",
+        "TRAINSCALE_ON_SIGNAL": "stop",
+        "TRAINSCALE_MAX_REQUEUES": "3",
+        "TRAINSCALE_PREEMPT_SIGNALS": "usr2",
+        "TRAINSCALE_PREEMPT_CHECK_EVERY": "4",
+    }
     env = detect(environ)
     assert (env.source, env.rank, env.requeue_count, env.attempt) == ("mpi", 1, 2, 2)
     assert (env.job_dir, env.run_dir, env.requeue_job) == ("/runs/x/job-77", "/runs/x", "70_3")
-    assert (env.on_signal, env.max_requeues, env.preempt_signals, env.preempt_check_every) == \
-        ("stop", 3, ("SIGUSR2",), 4)
-    torchrun = detect({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_RESTART_COUNT": "1",
-                       "TORCHELASTIC_USE_AGENT_STORE": "True", "SLURM_RESTART_COUNT": "1"})
+    assert (env.on_signal, env.max_requeues, env.preempt_signals, env.preempt_check_every) == (
+        "stop",
+        3,
+        ("SIGUSR2",),
+        4,
+    )
+    torchrun = detect(
+        {
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "1",
+            "TORCHELASTIC_RESTART_COUNT": "1",
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
+            "SLURM_RESTART_COUNT": "1",
+        }
+    )
     assert torchrun.agent_store and torchrun.attempt == 2  # one requeue by SLURM + one restart by the agent
     plain = detect({})
     assert (plain.job_dir, plain.requeue_job, plain.agent_store, plain.attempt) == (None, None, False, 0)
 
 
-@pytest.mark.parametrize("variable, value, fragment", [
-    ("TRAINSCALE_PREEMPT_SIGNALS", "SIGUSR9", "names 'SIGUSR9', which is not a signal"),
-    ("TRAINSCALE_MAX_REQUEUES", "three", "TRAINSCALE_MAX_REQUEUES='three' is not an integer"),
-])
+@pytest.mark.parametrize(
+    "variable, value, fragment",
+    [
+        ("TRAINSCALE_PREEMPT_SIGNALS", "SIGUSR9", "names 'SIGUSR9', which is not a signal"),
+        ("TRAINSCALE_MAX_REQUEUES", "three", "TRAINSCALE_MAX_REQUEUES='three' is not an integer"),
+    ],
+)
 def test_a_bad_job_fact_names_the_variable(variable, value, fragment):
     with pytest.raises(LaunchError, match=fragment):
         detect({variable: value})

@@ -11,13 +11,29 @@ import trainscale
 
 PACKAGE = Path(trainscale.__file__).parent
 LAYERS = {
-    "errors": 0, "findings": 0, "_version": 0, "convert": 0, "__main__": 7,
+    "errors": 0,
+    "findings": 0,
+    "_version": 0,
+    "convert": 0,
+    "__main__": 7,
     "env": 1,
     "topology": 2,
     "runtime": 3,
-    "strategies": 4, "data": 4, "checkpoint": 4, "observe": 4,
-    "launch": 5, "profiles": 5, "config": 5, "train": 5, "slurm": 5,
-    "bench": 6, "plan": 6, "selftest": 6, "doctor": 6, "workloads": 6, "report": 6,
+    "strategies": 4,
+    "data": 4,
+    "checkpoint": 4,
+    "observe": 4,
+    "launch": 5,
+    "profiles": 5,
+    "config": 5,
+    "train": 5,
+    "slurm": 5,
+    "bench": 6,
+    "plan": 6,
+    "selftest": 6,
+    "doctor": 6,
+    "workloads": 6,
+    "report": 6,
     "cli": 7,
 }
 FACADE = 5
@@ -130,8 +146,12 @@ def test_no_modules_import_each_other_in_a_cycle():
 
 def test_nothing_imports_the_cli():
     known = modules(PACKAGE)
-    offenders = [name for name, path in known.items() if not name.startswith(("trainscale.cli", "trainscale.__main__"))
-                 and any(t.startswith("trainscale.cli") for t in imports(name, path, known))]
+    offenders = [
+        name
+        for name, path in known.items()
+        if not name.startswith(("trainscale.cli", "trainscale.__main__"))
+        and any(t.startswith("trainscale.cli") for t in imports(name, path, known))
+    ]
     assert not offenders
 
 
@@ -144,21 +164,33 @@ def _package(tmp_path: Path, files: dict[str, str]) -> Path:
 
 
 def test_the_checks_catch_a_subpackage_imported_from_the_facade_and_a_relative_import(tmp_path):
-    root = _package(tmp_path, {"strategies/__init__.py": "", "runtime/__init__.py": "",
-                               "runtime/a.py": "def f():\n    from trainscale import strategies\n",
-                               "runtime/b.py": "from ..strategies import x\n",
-                               "runtime/c.py": "import trainscale\n",
-                               "errors.py": "",
-                               "strategies/ok.py": "from trainscale import runtime\nfrom trainscale import errors\n"})
+    root = _package(
+        tmp_path,
+        {
+            "strategies/__init__.py": "",
+            "runtime/__init__.py": "",
+            "runtime/a.py": "def f():\n    from trainscale import strategies\n",
+            "runtime/b.py": "from ..strategies import x\n",
+            "runtime/c.py": "import trainscale\n",
+            "errors.py": "",
+            "strategies/ok.py": "from trainscale import runtime\nfrom trainscale import errors\n",
+        },
+    )
     assert sorted(layer_violations(root)) == [
         "trainscale.runtime.a (layer 3) imports trainscale.strategies (layer 4)",
         "trainscale.runtime.b (layer 3) imports trainscale.strategies (layer 4)",
-        "trainscale.runtime.c (layer 3) imports trainscale (layer 5)"]
+        "trainscale.runtime.c (layer 3) imports trainscale (layer 5)",
+    ]
 
 
 def test_the_checks_catch_a_cycle_through_lazy_imports(tmp_path):
-    root = _package(tmp_path, {"checkpoint/__init__.py": "",
-                               "checkpoint/manager.py": "def f():\n    from trainscale.checkpoint import sharded\n",
-                               "checkpoint/sharded.py": "def g():\n    from trainscale.checkpoint.manager import f\n",
-                               "checkpoint/layout.py": ""})
+    root = _package(
+        tmp_path,
+        {
+            "checkpoint/__init__.py": "",
+            "checkpoint/manager.py": "def f():\n    from trainscale.checkpoint import sharded\n",
+            "checkpoint/sharded.py": "def g():\n    from trainscale.checkpoint.manager import f\n",
+            "checkpoint/layout.py": "",
+        },
+    )
     assert cycles(root) == [["trainscale.checkpoint.manager", "trainscale.checkpoint.sharded"]]

@@ -19,29 +19,50 @@ from trainscale.runtime.hangwatch.verdict import State, diagnose
 GLOO_EMPTY = {"version": "2.10", "pg_config": {}, "pg_status": {}, "comm_lib_version": "", "entries": []}
 
 
-def nccl_entry(seq: int, *, state: str, age_s: float, sizes=((354,),), op: str = "all_reduce",
-               pg=("0", "default_pg")) -> dict:
+def nccl_entry(
+    seq: int, *, state: str, age_s: float, sizes=((354,),), op: str = "all_reduce", pg=("0", "default_pg")
+) -> dict:
     """One entry as FlightRecorder<CUDAEvent>::getCollectiveTrace writes it (includeStackTraces=False)."""
     created = time.time_ns() - int(age_s * 1e9)
     started = created + 1000 if state in ("started", "completed") else None
-    return {"record_id": seq - 1, "pg_id": 0, "process_group": pg, "thread_name": "pt_main_thread",
-            "thread_id": "140371029415744", "collective_seq_id": seq, "p2p_seq_id": 0, "op_id": seq,
-            "profiling_name": f"nccl:{op}", "time_created_ns": created,
-            "input_sizes": [list(s) for s in sizes], "input_dtypes": ["Float"],
-            "output_sizes": [list(s) for s in sizes], "output_dtypes": ["Float"], "state": state,
-            "time_discovered_started_ns": started,
-            "time_discovered_completed_ns": started + 1000 if state == "completed" else None,
-            "retired": state == "completed", "timeout_ms": 600000, "is_p2p": False}
+    return {
+        "record_id": seq - 1,
+        "pg_id": 0,
+        "process_group": pg,
+        "thread_name": "pt_main_thread",
+        "thread_id": "140371029415744",
+        "collective_seq_id": seq,
+        "p2p_seq_id": 0,
+        "op_id": seq,
+        "profiling_name": f"nccl:{op}",
+        "time_created_ns": created,
+        "input_sizes": [list(s) for s in sizes],
+        "input_dtypes": ["Float"],
+        "output_sizes": [list(s) for s in sizes],
+        "output_dtypes": ["Float"],
+        "state": state,
+        "time_discovered_started_ns": started,
+        "time_discovered_completed_ns": started + 1000 if state == "completed" else None,
+        "retired": state == "completed",
+        "timeout_ms": 600000,
+        "is_p2p": False,
+    }
 
 
 def nccl_dump(*entries: dict) -> bytes:
     """FlightRecorder::dump's whole pickle: version, pg_config, pg_status, the entries (NCCL's comm state
     is absent where the dump is asked for without it)."""
-    return pickle.dumps({"version": "2.10", "comm_lib_version": "2.27.5",
-                         "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
-                         "pg_status": {"0": {"last_enqueued_collective": "7", "last_started_collective": "7",
-                                             "last_completed_collective": "6"}},
-                         "entries": list(entries)})
+    return pickle.dumps(
+        {
+            "version": "2.10",
+            "comm_lib_version": "2.27.5",
+            "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
+            "pg_status": {
+                "0": {"last_enqueued_collective": "7", "last_started_collective": "7", "last_completed_collective": "6"}
+            },
+            "entries": list(entries),
+        }
+    )
 
 
 @pytest.fixture
@@ -52,8 +73,13 @@ def dumps(monkeypatch):
 
     def install(*entries: dict) -> list[dict]:
         def nccl(includeCollectives=None, includeStackTraces=None, onlyActive=None):  # torch's binding's names
-            asked.append({"includeCollectives": includeCollectives, "includeStackTraces": includeStackTraces,
-                          "onlyActive": onlyActive})
+            asked.append(
+                {
+                    "includeCollectives": includeCollectives,
+                    "includeStackTraces": includeStackTraces,
+                    "onlyActive": onlyActive,
+                }
+            )
             return nccl_dump(*entries)
 
         monkeypatch.setattr(c10d, "_dump_fr_trace", lambda *a, **k: pickle.dumps(GLOO_EMPTY))
@@ -79,8 +105,13 @@ def test_an_nccl_rank_waiting_in_a_cuda_synchronisation_has_its_collective_in_fl
     assert asked == [{"includeCollectives": True, "includeStackTraces": False, "onlyActive": True}]
     assert len(found) == 1
     entry = found[0]
-    assert (entry["pg"], entry["seq"], entry["op"], entry["sizes"], entry["done"]) == \
-        ("pg:0", 7, "all_reduce", [[354]], False)
+    assert (entry["pg"], entry["seq"], entry["op"], entry["sizes"], entry["done"]) == (
+        "pg:0",
+        7,
+        "all_reduce",
+        [[354]],
+        False,
+    )
     assert 20.5 <= entry["age_s"] <= 30 and "in item" in entry["site"]
     state = State(rank=0, issued={"pg:0": 7}, ledger=found)
     assert state.wait == found and state.waited() >= 20  # recognised as waiting
@@ -101,10 +132,28 @@ def test_an_nccl_collective_the_watchdog_retired_uncompleted_is_still_in_flight(
 def test_the_notice_on_nccl_names_the_missing_rank_with_host_and_frame(dumps):
     dumps(nccl_entry(6, state="started", age_s=21.5), nccl_entry(7, state="scheduled", age_s=21.0))
     waiting = ledger.recent(frame=synchronising())
-    states = {0: State(rank=0, step=3, issued={"pg:0": 7}, host="gpu-node-0", pid=11, site="train.py:41 in main",
-                       ledger=waiting, since=21.0),
-              1: State(rank=1, step=3, issued={"pg:0": 5}, host="gpu-node-1", pid=12, site="data.py:13 in load",
-                       stacks="Thread MainThread (main):\n  File \"data.py\", line 13, in load", since=21.0)}
+    states = {
+        0: State(
+            rank=0,
+            step=3,
+            issued={"pg:0": 7},
+            host="gpu-node-0",
+            pid=11,
+            site="train.py:41 in main",
+            ledger=waiting,
+            since=21.0,
+        ),
+        1: State(
+            rank=1,
+            step=3,
+            issued={"pg:0": 5},
+            host="gpu-node-1",
+            pid=12,
+            site="data.py:13 in load",
+            stacks='Thread MainThread (main):\n  File "data.py", line 13, in load',
+            since=21.0,
+        ),
+    }
     verdict = diagnose(states, notice_s=20.0)
     assert (verdict.kind, verdict.waiting, verdict.culprits) == ("missing", [0], [1])
     text = verdict.text()
@@ -117,7 +166,9 @@ def test_a_desync_is_named_on_nccl(dumps):
     first = ledger.recent(frame=synchronising())
     dumps(nccl_entry(7, state="started", age_s=22.0, sizes=((355,),)))
     second = ledger.recent(frame=synchronising())
-    states = {rank: State(rank=rank, step=3, issued={"pg:0": 7}, host=f"gpu-node-{rank}", ledger=found, since=22.0)
-              for rank, found in ((0, first), (1, second))}
+    states = {
+        rank: State(rank=rank, step=3, issued={"pg:0": 7}, host=f"gpu-node-{rank}", ledger=found, since=22.0)
+        for rank, found in ((0, first), (1, second))
+    }
     verdict = diagnose(states, notice_s=20.0)
     assert verdict.kind == "desync" and "of shape [355]" in verdict.text() and "of shape [354]" in verdict.text()

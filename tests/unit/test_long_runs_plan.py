@@ -18,7 +18,14 @@ from trainscale.launch.slurm.jobdir import JobRecord
 from trainscale.launch.slurm.layout import check_snapshot, target_in_run
 from trainscale.launch.slurm.queue import JobInfo
 from trainscale.launch.slurm.sweep import (
-    choose_metric, configurations, gather, load_grid_file, parse_grid, ranked, task_args, write_tasks,
+    choose_metric,
+    configurations,
+    gather,
+    load_grid_file,
+    parse_grid,
+    ranked,
+    task_args,
+    write_tasks,
 )
 from trainscale.profiles.loader import builtin_profile_dir, profile_from_file
 
@@ -39,7 +46,7 @@ def test_chain_script_resumes_the_run_and_ends_the_chain():
     text = render(spec(chain=3), LOCAL)
     bash_ok(text)
     assert "#SBATCH --signal=USR1@120" in text  # a workload handles the warning: it gets one by default
-    assert "export TRAINSCALE_ON_SIGNAL=stop" in text and "--checkpoint-dir \"$RUN_DIR/checkpoints\"" in text
+    assert "export TRAINSCALE_ON_SIGNAL=stop" in text and '--checkpoint-dir "$RUN_DIR/checkpoints"' in text
     assert text.index('if [ -f "$RUN_DIR/finished" ] || [ -f "$RUN_DIR/failed" ]') < text.index("\nsrun ")
     assert 'echo "job $SLURM_JOB_ID" > "$RUN_DIR/finished"' in text and 'scancel "$link"' in text
     assert "which a next link would repeat" in text  # a failing link cancels the rest
@@ -57,16 +64,19 @@ def test_requeue_cap_and_another_signal():
     text = render(spec(requeue=True, max_requeues=2, signal="USR2@60"), LOCAL)
     bash_ok(text)
     assert "export TRAINSCALE_MAX_REQUEUES=2" in text and "export TRAINSCALE_PREEMPT_SIGNALS=SIGUSR2" in text
-    assert "kill -USR2 \"$SRUN_PID\"" in text and "' USR2" in text  # the batch shell passes USR2 on
+    assert 'kill -USR2 "$SRUN_PID"' in text and "' USR2" in text  # the batch shell passes USR2 on
     assert 'if [ "${SLURM_RESTART_COUNT:-0}" -gt 2 ]; then' in text and "exit 75" in text
 
 
-@pytest.mark.parametrize("bad, fragment", [
-    (dict(chain=0), "need a chain of 1 job or more"),
-    (dict(max_requeues=-1), "0 requeues or more"),
-    (dict(chain=2, array="0-3"), "a chain makes its own dependencies"),
-    (dict(sweep=True), "a sweep is one array job"),
-])
+@pytest.mark.parametrize(
+    "bad, fragment",
+    [
+        (dict(chain=0), "need a chain of 1 job or more"),
+        (dict(max_requeues=-1), "0 requeues or more"),
+        (dict(chain=2, array="0-3"), "a chain makes its own dependencies"),
+        (dict(sweep=True), "a sweep is one array job"),
+    ],
+)
 def test_long_run_options_refused(bad, fragment):
     with pytest.raises(ConfigError, match=fragment):
         spec(**bad)
@@ -95,9 +105,21 @@ def test_stop_or_cap_instead_of_requeue(tmp_path, monkeypatch):
 
 
 def test_a_chain_is_one_line_with_its_links_states():
-    records = [JobRecord(job_id=str(j), name="exp", launcher="srun", profile="p", script="s", output_dir="/o",
-                         world_size=4, ranks_per_node=2, run_dir="/o/exp-1", chain_link=i + 1)
-               for i, j in enumerate((11, 12, 13))]
+    records = [
+        JobRecord(
+            job_id=str(j),
+            name="exp",
+            launcher="srun",
+            profile="p",
+            script="s",
+            output_dir="/o",
+            world_size=4,
+            ranks_per_node=2,
+            run_dir="/o/exp-1",
+            chain_link=i + 1,
+        )
+        for i, j in enumerate((11, 12, 13))
+    ]
     queued = [JobInfo(job_id="12", state="RUNNING"), JobInfo(job_id="13", state="PENDING")]
     (chain,) = chains(records, queued, state_of=lambda job: {"11": "COMPLETED"}[job])
     assert chain.describe() == "11:COMPLETED 12:RUNNING 13:PENDING" and chain.state == "RUNNING"
@@ -130,8 +152,12 @@ def test_the_job_runs_the_runs_copy(tmp_path):
 # ---------------------------------------------------------------------------------------------------------- sweeps
 def test_grid_forms_and_errors(tmp_path):
     grid = parse_grid("lr=1e-3,3e-4 batch_size=16,32")
-    assert configurations(grid) == [{"lr": "1e-3", "batch_size": "16"}, {"lr": "1e-3", "batch_size": "32"},
-                                    {"lr": "3e-4", "batch_size": "16"}, {"lr": "3e-4", "batch_size": "32"}]
+    assert configurations(grid) == [
+        {"lr": "1e-3", "batch_size": "16"},
+        {"lr": "1e-3", "batch_size": "32"},
+        {"lr": "3e-4", "batch_size": "16"},
+        {"lr": "3e-4", "batch_size": "32"},
+    ]
     path = tmp_path / "sweep.toml"
     path.write_text("[grid]\nlr = [1e-3, 3e-4]\nshuffle = [true]\n")
     assert load_grid_file(path) == {"lr": ["0.001", "0.0003"], "shuffle": ["true"]}
@@ -187,8 +213,7 @@ def test_a_submitted_sweep_s_unfinished_tasks_take_the_scheduler_s_states(tmp_pa
         out = ""
         if argv[0] == "squeue" and "--jobs=77" in argv:
             assert "--array" in argv
-            out = ("77_1|sweep|RUNNING|0:10|10:00|1|me|None|n1\n"
-                   "77_2|sweep|PENDING|0:00|10:00|1|me|Resources|\n")
+            out = "77_1|sweep|RUNNING|0:10|10:00|1|me|None|n1\n77_2|sweep|PENDING|0:00|10:00|1|me|Resources|\n"
         elif argv[0] == "sacct":  # the whole array in one call
             assert argv[2] == "77"
             out = "77_0|sweep|COMPLETED\n77_0.batch|batch|COMPLETED\n77_3|sweep|CANCELLED by 0\n"
@@ -206,7 +231,10 @@ def test_a_submitted_sweep_s_unfinished_tasks_take_the_scheduler_s_states(tmp_pa
 def test_sweep_script_reads_its_task(tmp_path):
     text = render(spec(array="0-3%2", sweep=True), LOCAL)
     bash_ok(text)
-    assert "#SBATCH --array=0-3%2" in text and 'mapfile -t TASK_ARGS < "$RUN_DIR/tasks/${SLURM_ARRAY_TASK_ID}.args"' in text
+    assert (
+        "#SBATCH --array=0-3%2" in text
+        and 'mapfile -t TASK_ARGS < "$RUN_DIR/tasks/${SLURM_ARRAY_TASK_ID}.args"' in text
+    )
     assert '"${TASK_ARGS[@]}"' in text and 'date > "$TASK_DIR/finished"' in text
 
 
@@ -216,11 +244,28 @@ ALLOC = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_CPUS_ON_NO
 
 def test_spread_over_the_allocation():
     plan = plan_spread(["--nproc-per-node", "2"], ["train.py"], 2, frozenset(), ALLOC, python="py")
-    assert plan.nodes == ["n1", "n2"] and plan.port_probe[:6] == ["srun", "--overlap", "--nodes=1", "--ntasks=1", "-w", "n1"]
-    assert plan.launch[:6] == ["srun", "--overlap", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--cpus-per-task=4"]
+    assert plan.nodes == ["n1", "n2"] and plan.port_probe[:6] == [
+        "srun",
+        "--overlap",
+        "--nodes=1",
+        "--ntasks=1",
+        "-w",
+        "n1",
+    ]
+    assert plan.launch[:6] == [
+        "srun",
+        "--overlap",
+        "--nodes=2",
+        "--ntasks=2",
+        "--ntasks-per-node=1",
+        "--cpus-per-task=4",
+    ]
     i = plan.launch.index("--rdzv-endpoint")
-    assert plan.launch[i - 2:i + 2] == ["--rdzv-backend", "c10d", "--rdzv-endpoint", "n1:{port}"]
-    assert plan.launch[-1] == "train.py" and plan.launch[plan.launch.index("run") + 1:][:2] == ["--nproc-per-node", "2"]
+    assert plan.launch[i - 2 : i + 2] == ["--rdzv-backend", "c10d", "--rdzv-endpoint", "n1:{port}"]
+    assert plan.launch[-1] == "train.py" and plan.launch[plan.launch.index("run") + 1 :][:2] == [
+        "--nproc-per-node",
+        "2",
+    ]
     assert plan_spread([], ["t.py"], 1, frozenset(), ALLOC) is None  # one node: stays here
     assert plan_spread([], ["t.py"], 2, frozenset({"rdzv_endpoint"}), ALLOC) is None  # placed by the user
     assert plan_spread([], ["t.py"], 2, frozenset(), {**ALLOC, "SLURM_STEP_ID": "0"}) is None  # already a task
@@ -229,8 +274,17 @@ def test_spread_over_the_allocation():
 
 
 def test_attach_command():
-    assert attach_command("42", "n2", ["hostname"]) == ["srun", "--jobid", "42", "--overlap", "--nodes=1", "--ntasks=1",
-                                                        "-w", "n2", "hostname"]
+    assert attach_command("42", "n2", ["hostname"]) == [
+        "srun",
+        "--jobid",
+        "42",
+        "--overlap",
+        "--nodes=1",
+        "--ntasks=1",
+        "-w",
+        "n2",
+        "hostname",
+    ]
     assert "--pty" in attach_command("42", None, [])
 
 
@@ -249,8 +303,9 @@ def test_cli_refusals(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="exactly one of --grid or --grid-file"):
         sweep_cli.run(argparse.Namespace(argv=[*base, "--dry-run", str(script)]))
     with pytest.raises(ConfigError, match="--max-parallel 0 must be at least 1"):
-        sweep_cli.run(argparse.Namespace(argv=[*base, "--grid", "lr=1,2", "--max-parallel", "0", "--dry-run",
-                                               str(script)]))
+        sweep_cli.run(
+            argparse.Namespace(argv=[*base, "--grid", "lr=1,2", "--max-parallel", "0", "--dry-run", str(script)])
+        )
     with pytest.raises(ConfigError, match="is not a directory"):
         slurm_cli.submit_and_watch(*_planned([*base, "--snapshot", "nowhere", "--submit", str(script)]))
 

@@ -24,8 +24,18 @@ def test_step_marks_add_repeated_phases_and_need_no_device_sync():
     clock = iter([0.0, 0.1, 0.3, 0.6, 0.7, 0.8, 1.0, 1.3, 1.32, 1.35, 1.4])  # two micro-batches, then clipping
     marks._now = lambda: next(clock)
     marks.start_step()
-    for phase in ("data", "forward", "backward", "optimizer", "data", "forward", "backward", "sync", "other",
-                  "optimizer"):
+    for phase in (
+        "data",
+        "forward",
+        "backward",
+        "optimizer",
+        "data",
+        "forward",
+        "backward",
+        "sync",
+        "other",
+        "optimizer",
+    ):
         marks.mark(phase)
     marks.end_step({"step": 1, "samples": 32}, carry=True)
     (record,) = marks.ready()
@@ -112,12 +122,14 @@ def test_step_flops_leave_the_run_untouched_and_match_torchs_count():
     # issue 39 defect 4: a batch on the rank's GPU (here the meta device stands for it) met a copy built on the
     # CPU and nothing was counted: FSDP and ZeRO-3 runs had no FLOPs or MFU on GPUs
     on_device = (torch.empty(8, 64, device="meta"),)
-    assert step_flops(model, Net, lambda m, b: m(b[0]).pow(2).mean(), on_device,
-                      device="meta") == exact.get_total_flops()
+    assert (
+        step_flops(model, Net, lambda m, b: m(b[0]).pow(2).mean(), on_device, device="meta") == exact.get_total_flops()
+    )
     # issue 47 D4: the workloads' loss (workloads/classify.py) moves a loader's CPU batch to the rank's GPU, where
     # a copy built on the CPU did not follow: cnn/mlp under fsdp or ZeRO-3 on a GPU had no FLOPs or MFU
-    moved = step_flops(model, Net, lambda m, b: m(b[0].to("meta", non_blocking=True)).pow(2).mean(), batch,
-                       device="meta")
+    moved = step_flops(
+        model, Net, lambda m, b: m(b[0].to("meta", non_blocking=True)).pow(2).mean(), batch, device="meta"
+    )
     assert moved == exact.get_total_flops()
 
 
@@ -134,7 +146,9 @@ def test_a_sharded_modules_compute_dtype_is_its_mixed_precision_not_its_fp32_sha
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         model = Net()
-        fully_shard(model, mesh=init_device_mesh("cpu", (1,)), mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
+        fully_shard(
+            model, mesh=init_device_mesh("cpu", (1,)), mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+        )
         assert next(model.parameters()).dtype == torch.float32 and param_dtype(model) == torch.bfloat16
     finally:
         dist.destroy_process_group()
@@ -142,8 +156,16 @@ def test_a_sharded_modules_compute_dtype_is_its_mixed_precision_not_its_fp32_sha
 
 def _rt(**kw):
     env = types.SimpleNamespace(run_dir=kw.pop("run_dir", None))
-    base = dict(env=env, device=torch.device("cpu"), rank=0, local_rank=0, world_size=2, is_main=True, backend="nccl",
-                num_nodes=2)
+    base = dict(
+        env=env,
+        device=torch.device("cpu"),
+        rank=0,
+        local_rank=0,
+        world_size=2,
+        is_main=True,
+        backend="nccl",
+        num_nodes=2,
+    )
     return types.SimpleNamespace(**{**base, **kw})
 
 
@@ -160,14 +182,20 @@ def test_records_need_a_run_directory_and_can_be_switched_off(tmp_path):
     assert not (tmp_path / "metrics").exists()
 
 
-@pytest.mark.parametrize("log, required, outcome", [
-    ("lumi-ofi-2nodes.log", False, "ok"),
-    ("lumi-socket-fallback.log", False, "warning"),
-    ("lumi-socket-fallback.log", True, "error"),
-])
+@pytest.mark.parametrize(
+    "log, required, outcome",
+    [
+        ("lumi-ofi-2nodes.log", False, "ok"),
+        ("lumi-socket-fallback.log", False, "warning"),
+        ("lumi-socket-fallback.log", True, "error"),
+    ],
+)
 def test_the_network_check_after_the_first_step(tmp_path, capsys, log, required, outcome):
-    environ = {"TRAINSCALE_INTERCONNECT": "ofi", "NCCL_DEBUG_FILE": str(NCCL / log),
-               "TRAINSCALE_INTERCONNECT_REQUIRED": "1" if required else "0"}
+    environ = {
+        "TRAINSCALE_INTERCONNECT": "ofi",
+        "NCCL_DEBUG_FILE": str(NCCL / log),
+        "TRAINSCALE_INTERCONNECT_REQUIRED": "1" if required else "0",
+    }
     if outcome == "error":
         with pytest.raises(ConfigError, match="not the cluster's fast network"):
             check_network(_rt(), str(tmp_path), environ)
@@ -229,8 +257,14 @@ def test_a_rank_started_by_mpirun_records_under_its_own_rank_before_any_process_
     rank-0.jsonl as local rank 0 (each sampling the node) until a process group existed; it asks env.detect()."""
     from trainscale.observe.records import read_run
 
-    environ = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
-               "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    environ = {
+        "OMPI_COMM_WORLD_RANK": "1",
+        "OMPI_COMM_WORLD_SIZE": "2",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+    }
     model = nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     recorder = hooks.Recorder(tmp_path, environ=environ).install()

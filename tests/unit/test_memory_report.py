@@ -39,8 +39,12 @@ def test_strategy_counts_params_grads_and_optimizer_state(in_tmp, monkeypatch):
 
 
 def test_table_has_a_line_per_rank_and_a_total():
-    rows = [memory.RankMemory(rank=r, peak_bytes=2**30, peak_source="process peak RSS", params=2**20,
-                              grads=2**20, optimizer=2**21) for r in range(2)]
+    rows = [
+        memory.RankMemory(
+            rank=r, peak_bytes=2**30, peak_source="process peak RSS", params=2**20, grads=2**20, optimizer=2**21
+        )
+        for r in range(2)
+    ]
     lines = memory.format_table(rows, "fsdp").splitlines()
     assert "fsdp" in lines[0] and "process peak RSS" in lines[0]
     assert lines[2].split() == ["0", "1024.00", "1.00", "1.00", "2.00", "4.00"]

@@ -19,8 +19,23 @@ MAIN = SimpleNamespace(is_main=True)
 
 def test_an_existing_file_is_refused_before_launch_unless_the_run_resumes(in_tmp, capsys):
     (in_tmp / "m.json").write_text('{"mine": true}')
-    cnn = ["run", "--nproc-per-node", "2", "--log-dir", "logs", "--workload", "cnn", "--data", "synthetic",
-           "--samples", "64", "--batch-size", "16", "--metrics-out", "m.json"]
+    cnn = [
+        "run",
+        "--nproc-per-node",
+        "2",
+        "--log-dir",
+        "logs",
+        "--workload",
+        "cnn",
+        "--data",
+        "synthetic",
+        "--samples",
+        "64",
+        "--batch-size",
+        "16",
+        "--metrics-out",
+        "m.json",
+    ]
     assert main(cnn) == 2
     err = capsys.readouterr().err
     assert "--metrics-out m.json already exists" in err and "Hint:" in err and "Traceback" not in err

@@ -55,9 +55,19 @@ def test_torchs_own_nccl_error_handling_is_left_alone(tmp_path):
     assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in environ
 
 
-@pytest.mark.parametrize("version, safe", [("2.4.1", True), ("2.5.1+cu124", True), ("2.6.0", False),
-                                           ("2.6.0+rocm6.2", False), ("2.7.0", False), ("2.7.1", True),
-                                           ("2.13.0+cpu", True), ("2.8.0a0+git1234", True)])
+@pytest.mark.parametrize(
+    "version, safe",
+    [
+        ("2.4.1", True),
+        ("2.5.1+cu124", True),
+        ("2.6.0", False),
+        ("2.6.0+rocm6.2", False),
+        ("2.7.0", False),
+        ("2.7.1", True),
+        ("2.13.0+cpu", True),
+        ("2.8.0a0+git1234", True),
+    ],
+)
 def test_eager_nccl_init_is_skipped_on_the_torch_versions_where_it_hangs(version, safe):
     assert nccl.eager_init_is_safe(version) is safe
 
@@ -69,8 +79,16 @@ def _free_port() -> int:
 
 
 def _rank0_env():
-    return detect({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
-                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())})
+    return detect(
+        {
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "2",
+            "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(_free_port()),
+        }
+    )
 
 
 def test_nccl_watchdog_gets_the_backstop_beyond_the_collective_timeout(monkeypatch, tmp_path):
@@ -78,7 +96,12 @@ def test_nccl_watchdog_gets_the_backstop_beyond_the_collective_timeout(monkeypat
 
     seen = {}
     monkeypatch.setenv("TRAINSCALE_TRACE_DIR", str(tmp_path))
-    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", *nccl.DUMP_FILE_VARS):
+    for name in (
+        "TORCH_FR_BUFFER_SIZE",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT",
+        *nccl.DUMP_FILE_VARS,
+    ):
         monkeypatch.setenv(name, "")  # recorded, so what enable_flight_recorder sets is undone afterwards
         monkeypatch.delenv(name)
     monkeypatch.setattr(runtime.dist, "init_process_group", lambda **kwargs: seen.update(kwargs))
@@ -105,7 +128,8 @@ def test_two_ranks_on_one_gpu_become_an_error_naming_the_fix(monkeypatch):
         raise torch.distributed.DistBackendError(
             "NCCL error in: ProcessGroupNCCL.cpp:1000, invalid usage, NCCL version 2.21.5\n"
             "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\n"
-            "Last error:\nDuplicate GPU detected : rank 1 and rank 0 both on CUDA device 1a000")
+            "Last error:\nDuplicate GPU detected : rank 1 and rank 0 both on CUDA device 1a000"
+        )
 
     monkeypatch.setattr(runtime.dist, "init_process_group", refuse)
     with pytest.raises(LaunchError, match="same GPU .NCCL: Duplicate GPU detected : rank 1 and rank 0") as caught:

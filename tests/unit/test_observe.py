@@ -53,9 +53,15 @@ def test_flops_of_a_step_and_mfu():
     assert cpu_probe(size=64, seconds=0.05) > 1e6  # some MFLOP/s, whatever the machine
     assert device_key("NVIDIA H100 80GB HBM3") == "H100 SXM" and device_key("AMD Instinct MI250X") == "MI250X"
     # what torch.cuda.get_device_name says of Hopper's other parts: each its own row, none mistaken for another
-    names = {"NVIDIA H100 PCIe": "H100 PCIe", "NVIDIA H100 NVL": "H100 NVL", "NVIDIA H200": "H200 SXM",
-             "NVIDIA H200 NVL": "H200 NVL", "NVIDIA GH200 480GB": "GH200", "NVIDIA A100-SXM4-80GB": "A100",
-             "NVIDIA A100-PCIE-40GB": "A100"}
+    names = {
+        "NVIDIA H100 PCIe": "H100 PCIe",
+        "NVIDIA H100 NVL": "H100 NVL",
+        "NVIDIA H200": "H200 SXM",
+        "NVIDIA H200 NVL": "H200 NVL",
+        "NVIDIA GH200 480GB": "GH200",
+        "NVIDIA A100-SXM4-80GB": "A100",
+        "NVIDIA A100-PCIE-40GB": "A100",
+    }
     assert {name: device_key(name) for name in names} == names
     assert PEAKS["H100 PCIe"]["bf16"] < PEAKS["H100 NVL"]["bf16"] < PEAKS["GH200"]["bf16"] == PEAKS["H100 SXM"]["bf16"]
     assert device_key("NVIDIA GeForce RTX 4090") is None and PEAKS["A100"]["bf16"] == 312e12
@@ -128,8 +134,13 @@ def test_the_sampler_threads_first_reading_covers_its_interval(tmp_path):
 
 
 def test_other_work_on_the_ranks_cpus_is_their_busy_time_less_the_ranks_own():
-    quiet = {"kind": "sample", "cpu_pct": 95.0, "rank_cpus": 2, "rank_cpus_busy_pct": 190.0,
-             "procs": [{"cpu_pct": 96.0}, {"cpu_pct": 97.0}]}  # sampling noise: the ranks read a bit above the CPUs
+    quiet = {
+        "kind": "sample",
+        "cpu_pct": 95.0,
+        "rank_cpus": 2,
+        "rank_cpus_busy_pct": 190.0,
+        "procs": [{"cpu_pct": 96.0}, {"cpu_pct": 97.0}],
+    }  # sampling noise: the ranks read a bit above the CPUs
     busy = {**quiet, "rank_cpus_busy_pct": 200.0, "procs": [{"cpu_pct": 75.0}, {"cpu_pct": 75.0}]}
     assert other_cpu_share([quiet]) == 0.0
     assert other_cpu_share([busy]) == pytest.approx(0.25)
@@ -153,8 +164,9 @@ def test_a_process_spinning_beside_the_ranks_shows_as_other_work(tmp_path):
     assert other_cpu_share([sample]) > 0.6 / sample["rank_cpus"], sample
 
 
-def _ranks(slow: int | None, *, data: bool = True, n: int = 45, slow_from: int = 0,
-           extra: dict[str, float] | None = None) -> dict[int, list[dict]]:
+def _ranks(
+    slow: int | None, *, data: bool = True, n: int = 45, slow_from: int = 0, extra: dict[str, float] | None = None
+) -> dict[int, list[dict]]:
     """Four ranks whose steps all take 0.1 s (a synchronous step): ``slow`` loses 30 ms in its data wait
     (else its forward), or ``extra``, and the others wait for it that much longer at the all-reduce."""
     out = {}
@@ -165,8 +177,9 @@ def _ranks(slow: int | None, *, data: bool = True, n: int = 45, slow_from: int =
             late = rank == slow and step >= slow_from
             more = (extra or {"data_s" if data else "compute_s": 0.03}) if late else {}
             phases = {"data_s": 0.01, "compute_s": 0.03, "backward_s": 0.02, "optimizer_s": 0.005}
-            phases = {k: v + more.get(k, 0.0) for k, v in phases.items()} | {k: v for k, v in more.items()
-                                                                              if k not in phases}
+            phases = {k: v + more.get(k, 0.0) for k, v in phases.items()} | {
+                k: v for k, v in more.items() if k not in phases
+            }
             own = sum(v for k, v in phases.items() if k != "loader_s")
             steps.append({"kind": "step", "step": step, "step_s": 0.1, **phases, "comm_s": 0.1 - own})
         out[rank] = [meta, *steps]
@@ -182,8 +195,10 @@ def test_the_rank_that_arrives_last_is_named_with_its_phase_and_its_cost():
     found = find_straggler(_ranks(2))
     assert (found.rank, found.host, found.phase) == (2, "n2", "data")
     assert found.late_s == pytest.approx(0.03) and found.cost == pytest.approx(0.3) and found.cause == ""
-    assert found.describe().startswith("rank 2 on n2 arrives last at the gradient all-reduce, 30.0 ms after the "
-                                       "others each step: host work between steps")
+    assert found.describe().startswith(
+        "rank 2 on n2 arrives last at the gradient all-reduce, 30.0 ms after the "
+        "others each step: host work between steps"
+    )
     assert "The job would be ~30% faster without it: 30.0 ms of each 100.0 ms step" in found.describe()
     assert find_straggler(_ranks(1, data=False)).phase == "forward"
     loader = find_straggler(_ranks(1, extra={"data_s": 0.03, "loader_s": 0.029}))
@@ -222,9 +237,11 @@ def test_straggler_watch_says_it_once(tmp_path):
     with open(tmp_path / "metrics" / "rank-1.jsonl", "a") as fh:
         fh.write(json.dumps({"kind": "place", "places": {"data": at}}) + "\n")
     assert watch.check().place == at and watch.check() is None and len(said) == 2
-    assert said[1].endswith("(40.0 ms on it, 10.0 ms on the others); its time goes in `get_batch` (train.py:121): "
-                            "90% of 250 samples of its stack there. The job would be ~30% faster without it: 30.0 ms "
-                            "of each 100.0 ms step"), said[1]
+    assert said[1].endswith(
+        "(40.0 ms on it, 10.0 ms on the others); its time goes in `get_batch` (train.py:121): "
+        "90% of 250 samples of its stack there. The job would be ~30% faster without it: 30.0 ms "
+        "of each 100.0 ms step"
+    ), said[1]
     assert read_run(tmp_path)["events"][-1]["place"] == at
 
 
@@ -233,7 +250,9 @@ def test_straggler_watch_reads_only_new_lines_and_keeps_two_windows(tmp_path):
 
     path = tmp_path / "rank-0.jsonl"
     meta = json.dumps({"kind": "meta", "rank": 0, "node": "n1"})
-    steps = [json.dumps({"kind": "step", "step": i, "step_s": 0.1, "data_s": 0.01, "compute_s": 0.05}) for i in range(100)]
+    steps = [
+        json.dumps({"kind": "step", "step": i, "step_s": 0.1, "data_s": 0.01, "compute_s": 0.05}) for i in range(100)
+    ]
     path.write_text(meta + "\n" + "\n".join(steps[:60]) + "\n" + steps[60][:20])  # the last line half written
     tail = RankTail(path, keep=40)
     first = tail.read()
@@ -246,12 +265,15 @@ def test_straggler_watch_reads_only_new_lines_and_keeps_two_windows(tmp_path):
     assert tail.offset == path.stat().st_size > offset  # the next read starts where this one ended
 
 
-@pytest.mark.parametrize("log, networks, missing", [
-    ("lumi-ofi-2nodes.log", ("ofi",), False),
-    ("lumi-socket-fallback.log", ("socket",), True),
-    ("ib-2nodes.log", ("ib",), True),
-    ("single-node.log", (), False),
-])
+@pytest.mark.parametrize(
+    "log, networks, missing",
+    [
+        ("lumi-ofi-2nodes.log", ("ofi",), False),
+        ("lumi-socket-fallback.log", ("socket",), True),
+        ("ib-2nodes.log", ("ib",), True),
+        ("single-node.log", (), False),
+    ],
+)
 def test_transport_read_from_nccl_logs(log, networks, missing):
     found = parse_nccl_log((NCCL / log).read_text())
     assert found.networks == networks and found.plugin_missing == missing
@@ -273,7 +295,9 @@ def test_a_socket_fallback_on_a_fast_network_is_named_with_the_fix():
 def test_arm_sends_ncclss_lines_to_a_file_unless_the_user_chose(tmp_path):
     env = {}
     path = arm(env, tmp_path)
-    assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_SUBSYS"] == "INIT,NET" and env["NCCL_DEBUG_FILE"] == str(path)
+    assert (
+        env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_SUBSYS"] == "INIT,NET" and env["NCCL_DEBUG_FILE"] == str(path)
+    )
     mine = {"NCCL_DEBUG": "WARN"}
     assert arm(mine, tmp_path) is None and mine == {"NCCL_DEBUG": "WARN"}
 
@@ -281,9 +305,11 @@ def test_arm_sends_ncclss_lines_to_a_file_unless_the_user_chose(tmp_path):
 def test_sacct_row_and_cpu_efficiency():
     import subprocess
 
-    text = ("4711|train|COMPLETED|0:0|00:10:00|n[1-2]|0|8|00:40:00||2\n"
-            "4711.batch|batch|COMPLETED|0:0|00:10:00|n1||4|00:00:01|200M|1\n"
-            "4711.0|python|COMPLETED|0:0|00:09:58|n[1-2]||8|00:39:59|1.5G|2\n")
+    text = (
+        "4711|train|COMPLETED|0:0|00:10:00|n[1-2]|0|8|00:40:00||2\n"
+        "4711.batch|batch|COMPLETED|0:0|00:10:00|n1||4|00:00:01|200M|1\n"
+        "4711.0|python|COMPLETED|0:0|00:09:58|n[1-2]||8|00:39:59|1.5G|2\n"
+    )
     row, note = accounting("4711", lambda argv, **_: subprocess.CompletedProcess(argv, 0, text, ""))
     assert row["State"] == "COMPLETED" and row["cpu_efficiency"] == pytest.approx(0.5)
     assert row["MaxRSS_bytes"] == int(1.5 * 2**30)
@@ -297,9 +323,23 @@ def test_rank_stats_from_records():
     assert stats.shares["data"] == pytest.approx(0.01) and stats.shares["comm"] == pytest.approx(0.035)
     assert stats.shares["other"] == pytest.approx(0.0, abs=1e-9)
     # exposed communication is the records' own field (the recorder's end-of-backward callbacks), nothing else's
-    loop = [{"kind": "meta", "rank": 0}, *({"kind": "step", "step": i, "step_s": 0.1, "data_s": 0.01, "compute_s": 0.02,
-                                            "backward_s": 0.02, "comm_s": 0.03, "optimizer_s": 0.01} for i in range(5)),
-            {"kind": "epoch", "epoch": 1}]
+    loop = [
+        {"kind": "meta", "rank": 0},
+        *(
+            {
+                "kind": "step",
+                "step": i,
+                "step_s": 0.1,
+                "data_s": 0.01,
+                "compute_s": 0.02,
+                "backward_s": 0.02,
+                "comm_s": 0.03,
+                "optimizer_s": 0.01,
+            }
+            for i in range(5)
+        ),
+        {"kind": "epoch", "epoch": 1},
+    ]
     shares = rank_stats(0, loop).shares
     assert shares["comm"] == pytest.approx(0.03) and shares["backward"] == pytest.approx(0.02)
     assert shares["other"] == pytest.approx(0.01)
@@ -309,9 +349,11 @@ def test_report_refuses_what_it_cannot_read(tmp_path):
     from trainscale.errors import ConfigError
     from trainscale.report import build
 
-    accepts = ("a run directory (the one `trainscale run` names at its end), a `trainscale bench` study directory "
-               "(results.json), a `trainscale sweep` directory (sweep.json), or the id of a job submitted with "
-               "`trainscale slurm`")
+    accepts = (
+        "a run directory (the one `trainscale run` names at its end), a `trainscale bench` study directory "
+        "(results.json), a `trainscale sweep` directory (sweep.json), or the id of a job submitted with "
+        "`trainscale slurm`"
+    )
     with pytest.raises(ConfigError, match="is neither a directory nor a SLURM job id") as caught:
         build(str(tmp_path / "nowhere"), None)
     assert caught.value.hint == f"trainscale report takes {accepts}"
@@ -325,11 +367,17 @@ def test_the_report_names_other_work_on_the_ranks_cpus(tmp_path):
     from trainscale.report.verdict import findings
 
     def sample(busy: float) -> dict:
-        return {"kind": "sample", "cpu_pct": 99.0, "rank_cpus": 2, "rank_cpus_busy_pct": busy,
-                "procs": [{"cpu_pct": 70.0}, {"cpu_pct": 70.0}]}
+        return {
+            "kind": "sample",
+            "cpu_pct": 99.0,
+            "rank_cpus": 2,
+            "rank_cpus_busy_pct": busy,
+            "procs": [{"cpu_pct": 70.0}, {"cpu_pct": 70.0}],
+        }
 
     busy = findings(Gathered(source=tmp_path, ranks=[], samples={"n1": [sample(200.0)]}, events=[]))
     assert [f.message for f in busy if f.level == "problem"] == [
         "other work kept 30% of the ranks' CPUs on n1 busy: every rank there ran slower for it (another job or "
-        "process on the same cores; an exclusive allocation or a quiet node avoids it)"]
+        "process on the same cores; an exclusive allocation or a quiet node avoids it)"
+    ]
     assert not findings(Gathered(source=tmp_path, ranks=[], samples={"n1": [sample(145.0)]}, events=[]))

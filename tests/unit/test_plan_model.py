@@ -5,19 +5,37 @@ from __future__ import annotations
 
 import pytest
 
+from trainscale.errors import ConfigError
+from trainscale.plan.comm import get_network
 from trainscale.plan.model import Calibration, ladder, make_plan, memory
 from trainscale.plan.text import render
-from trainscale.plan.comm import get_network
-from trainscale.errors import ConfigError
 
 GiB = 2**30
 
 
 def calibration(params=GiB, activations=GiB // 4, batch=8) -> Calibration:
-    steps = [{"kind": "step", "step": i, "step_s": 0.1 + 0.001 * i, "data_s": 0.01, "compute_s": 0.03,
-              "backward_s": 0.05, "optimizer_s": 0.01, "samples": batch} for i in range(1, 12)]
-    state = {"kind": "state", "params_bytes": params, "grads_bytes": params, "optimizer_bytes": 2 * params,
-             "activation_bytes": activations, "activation_samples": batch, "param_dtypes": ["float32"]}
+    steps = [
+        {
+            "kind": "step",
+            "step": i,
+            "step_s": 0.1 + 0.001 * i,
+            "data_s": 0.01,
+            "compute_s": 0.03,
+            "backward_s": 0.05,
+            "optimizer_s": 0.01,
+            "samples": batch,
+        }
+        for i in range(1, 12)
+    ]
+    state = {
+        "kind": "state",
+        "params_bytes": params,
+        "grads_bytes": params,
+        "optimizer_bytes": 2 * params,
+        "activation_bytes": activations,
+        "activation_samples": batch,
+        "param_dtypes": ["float32"],
+    }
     return Calibration.from_records([{"kind": "meta", "device": "cuda:0"}, *steps, state])
 
 
@@ -36,16 +54,43 @@ def test_zero_s_accounting_on_the_measured_bytes():
 def test_the_least_sharding_that_fits_is_recommended():
     cal = calibration()
     network = get_network("ib-hdr200")
-    roomy = make_plan(cal, what="w", ranks_per_node=8, nodes=2, batch=None, device_bytes=80 * GiB, device_source="x",
-                      network=network, network_source="ib")
+    roomy = make_plan(
+        cal,
+        what="w",
+        ranks_per_node=8,
+        nodes=2,
+        batch=None,
+        device_bytes=80 * GiB,
+        device_source="x",
+        network=network,
+        network_source="ib",
+    )
     assert roomy.recommended == "ddp" and all(roomy.fits(m) for m in roomy.memory)
-    tight = make_plan(cal, what="w", ranks_per_node=8, nodes=2, batch=None, device_bytes=4 * GiB, device_source="x",
-                      network=network, network_source="ib")
+    tight = make_plan(
+        cal,
+        what="w",
+        ranks_per_node=8,
+        nodes=2,
+        batch=None,
+        device_bytes=4 * GiB,
+        device_source="x",
+        network=network,
+        network_source="ib",
+    )
     fitting = [m.strategy for m in tight.memory if tight.fits(m)]
     # ddp 5.25 GiB, zero1 3.4 (its buckets): not in 2.6 (4 GiB less 10% and the GPU runtime's 1 GiB)
     assert tight.recommended == fitting[0] == "deepspeed:stage=1"
-    none = make_plan(cal, what="w", ranks_per_node=1, nodes=1, batch=None, device_bytes=GiB, device_source="x",
-                     network=network, network_source="ib")
+    none = make_plan(
+        cal,
+        what="w",
+        ranks_per_node=1,
+        nodes=1,
+        batch=None,
+        device_bytes=GiB,
+        device_source="x",
+        network=network,
+        network_source="ib",
+    )
     assert none.recommended is None
     assert "Recommended: nothing fits: a smaller per-rank batch" in "\n".join(render(none, None))
     times = roomy.times
@@ -61,25 +106,54 @@ def test_a_gpus_room_leaves_out_what_max_memory_allocated_does_not_count():
 
     network = get_network("ib-hdr200")
     cal = calibration()
-    records = [{"kind": "meta", "device": "cuda:0"}, {"kind": "summary", "peak_mem_bytes": 5 * GiB,
-                                                       "reserved_peak_bytes": 6 * GiB}]
+    records = [
+        {"kind": "meta", "device": "cuda:0"},
+        {"kind": "summary", "peak_mem_bytes": 5 * GiB, "reserved_peak_bytes": 6 * GiB},
+    ]
     measured = Calibration.from_records([*records, *[{**r} for r in _records(cal)]])
     assert measured.reserve == GiB and cal.reserve == 0
-    plan = make_plan(measured, what="w", ranks_per_node=1, nodes=1, batch=None, device_bytes=7 * GiB,
-                     device_source="x", network=network, network_source="ib")
+    plan = make_plan(
+        measured,
+        what="w",
+        ranks_per_node=1,
+        nodes=1,
+        batch=None,
+        device_bytes=7 * GiB,
+        device_source="x",
+        network=network,
+        network_source="ib",
+    )
     assert plan.room == 7 * GiB * (1 - MARGIN) - GPU_RUNTIME_BYTES - GiB
     (ddp,) = [m for m in plan.memory if m.strategy == "ddp"]
     assert ddp.peak <= 7 * GiB * (1 - MARGIN) and not plan.fits(ddp)  # within the old room, not the GPU's
-    on_cpu = make_plan(calibration_on("cpu"), what="w", ranks_per_node=1, nodes=1, batch=None,
-                       device_bytes=8 * GiB, device_source="x", network=network, network_source="ib")
+    on_cpu = make_plan(
+        calibration_on("cpu"),
+        what="w",
+        ranks_per_node=1,
+        nodes=1,
+        batch=None,
+        device_bytes=8 * GiB,
+        device_source="x",
+        network=network,
+        network_source="ib",
+    )
     assert on_cpu.room == 8 * GiB * (1 - MARGIN)  # host memory: no GPU runtime to allow for
 
 
 def _records(cal: Calibration) -> list[dict]:
     steps = [{"kind": "step", "step": i, "step_s": 0.1 + 0.001 * i, "samples": cal.batch} for i in range(1, 12)]
-    return [*steps, {"kind": "state", "params_bytes": cal.params, "grads_bytes": cal.grads,
-                     "optimizer_bytes": cal.optimizer, "activation_bytes": cal.activations,
-                     "activation_samples": cal.batch, "param_dtypes": ["float32"]}]
+    return [
+        *steps,
+        {
+            "kind": "state",
+            "params_bytes": cal.params,
+            "grads_bytes": cal.grads,
+            "optimizer_bytes": cal.optimizer,
+            "activation_bytes": cal.activations,
+            "activation_samples": cal.batch,
+            "param_dtypes": ["float32"],
+        },
+    ]
 
 
 def calibration_on(device: str) -> Calibration:
@@ -96,9 +170,12 @@ def test_a_calibration_without_state_or_steps_is_refused():
     with pytest.raises(ConfigError, match="recorded no optimizer step"):
         Calibration.from_records([{"kind": "meta"}, {"kind": "step", "step": 1, "step_s": 0.1}])
     with pytest.raises(ConfigError, match="recorded 1 step"):
-        Calibration.from_records([{"kind": "step", "step": 1, "step_s": 0.1},
-                                  {"kind": "state", "params_bytes": 4, "grads_bytes": 4, "optimizer_bytes": 0,
-                                   "activation_bytes": 0}])
+        Calibration.from_records(
+            [
+                {"kind": "step", "step": 1, "step_s": 0.1},
+                {"kind": "state", "params_bytes": 4, "grads_bytes": 4, "optimizer_bytes": 0, "activation_bytes": 0},
+            ]
+        )
 
 
 def test_cpu_ranks_planned_on_the_cores_the_calibration_used_share_them():
@@ -106,22 +183,64 @@ def test_cpu_ranks_planned_on_the_cores_the_calibration_used_share_them():
     cal = calibration(params=2**20, activations=2**20)  # small gradients: the network is no bound
     object.__setattr__(cal, "threads", 2)
     network = get_network("ethernet-25g")
-    here = make_plan(cal, what="w", ranks_per_node=2, nodes=1, batch=None, device_bytes=None, device_source="x",
-                     network=network, network_source="n", shared_cores=2)
+    here = make_plan(
+        cal,
+        what="w",
+        ranks_per_node=2,
+        nodes=1,
+        batch=None,
+        device_bytes=None,
+        device_source="x",
+        network=network,
+        network_source="n",
+        shared_cores=2,
+    )
     assert here.times[1]["speedup"] < 1.05  # the cores, not the ranks, bound it
-    elsewhere = make_plan(cal, what="w", ranks_per_node=2, nodes=1, batch=None, device_bytes=None, device_source="x",
-                          network=network, network_source="n")
+    elsewhere = make_plan(
+        cal,
+        what="w",
+        ranks_per_node=2,
+        nodes=1,
+        batch=None,
+        device_bytes=None,
+        device_source="x",
+        network=network,
+        network_source="n",
+    )
     assert elsewhere.times[1]["speedup"] > 1.9
 
 
 def test_dataloader_workers_only_where_the_data_wait_asks_for_them():
     cal = calibration(params=2**20, activations=2**20)  # data wait 0.01 of a 0.1 s step: 10%
     network = get_network("ib-ndr400")
-    waiting = make_plan(cal, what="w", ranks_per_node=8, nodes=1, batch=None, device_bytes=None, device_source="x",
-                        network=network, network_source="n", cpus_per_rank=7)
+    waiting = make_plan(
+        cal,
+        what="w",
+        ranks_per_node=8,
+        nodes=1,
+        batch=None,
+        device_bytes=None,
+        device_source="x",
+        network=network,
+        network_source="n",
+        cpus_per_rank=7,
+    )
     assert waiting.workers() == 4 and "7 CPU(s)" in "\n".join(render(waiting, None))
-    assert make_plan(cal, what="w", ranks_per_node=8, nodes=1, batch=None, device_bytes=None, device_source="x",
-                     network=network, network_source="n", cpus_per_rank=1).workers() == 0  # no core to spare
+    assert (
+        make_plan(
+            cal,
+            what="w",
+            ranks_per_node=8,
+            nodes=1,
+            batch=None,
+            device_bytes=None,
+            device_source="x",
+            network=network,
+            network_source="n",
+            cpus_per_rank=1,
+        ).workers()
+        == 0
+    )  # no core to spare
     for step in cal.steps:
         step["data_s"] = 0.001  # 1%: workers would cost the rank's cores for nothing
     assert waiting.workers() == 0
@@ -161,8 +280,9 @@ def test_a_workload_sized_by_its_global_batch_gets_that_option_in_the_line_that_
     from trainscale.plan.calibrate import submit_line
     from trainscale.workloads.registry import get_workload
 
-    line = submit_line(profile=None, nodes=1, ranks_per_node=4, strategy="ddp", workload="hf-finetune", script=None,
-                       args=(), batch=8)
+    line = submit_line(
+        profile=None, nodes=1, ranks_per_node=4, strategy="ddp", workload="hf-finetune", script=None, args=(), batch=8
+    )
     assert line.endswith("--workload hf-finetune --strategy ddp --global-batch 32") and "--batch-size" not in line
     assert get_workload("cnn").batch_args(8, 4) == ["--batch-size", "8"]
     assert get_workload("hf-finetune").batch_args(8, 1) == ["--global-batch", "8"]
@@ -184,18 +304,46 @@ def test_the_largest_per_rank_batch_that_fits_is_recommended_in_powers_of_two():
     (a quarter GiB per 8 samples): 80 GiB with 10% free leaves 67 GiB for them, 2144 samples: 2048."""
     cal = calibration()
     network = get_network("ib-hdr200")
-    roomy = make_plan(cal, what="w", ranks_per_node=8, nodes=2, batch=None, device_bytes=80 * GiB, device_source="x",
-                      network=network, network_source="ib")
+    roomy = make_plan(
+        cal,
+        what="w",
+        ranks_per_node=8,
+        nodes=2,
+        batch=None,
+        device_bytes=80 * GiB,
+        device_source="x",
+        network=network,
+        network_source="ib",
+    )
     best = roomy.recommended_batch()
     assert best == {"strategy": "ddp", "largest": 2048, "global": 2048 * 16}
     assert memory(cal, "ddp", 16, 2048).total <= 80 * GiB * 0.9 < memory(cal, "ddp", 16, 4096).total
     assert "Per-rank batch: up to 2048 fits under ddp (global 32768 at 16 rank(s)); planned 8" in "\n".join(
-        render(roomy, None))
-    tight = make_plan(cal, what="w", ranks_per_node=1, nodes=1, batch=None, device_bytes=GiB, device_source="x",
-                      network=network, network_source="ib")
+        render(roomy, None)
+    )
+    tight = make_plan(
+        cal,
+        what="w",
+        ranks_per_node=1,
+        nodes=1,
+        batch=None,
+        device_bytes=GiB,
+        device_source="x",
+        network=network,
+        network_source="ib",
+    )
     assert tight.recommended_batch() == {"strategy": None, "largest": 0, "global": 0}
-    unknown = make_plan(cal, what="w", ranks_per_node=1, nodes=1, batch=None, device_bytes=None, device_source="x",
-                        network=network, network_source="ib")
+    unknown = make_plan(
+        cal,
+        what="w",
+        ranks_per_node=1,
+        nodes=1,
+        batch=None,
+        device_bytes=None,
+        device_source="x",
+        network=network,
+        network_source="ib",
+    )
     assert unknown.recommended_batch() is None and unknown.as_dict()["recommended_batch"] is None
 
 
@@ -205,8 +353,17 @@ def test_a_batch_the_memory_does_not_bound_is_said_as_any_batch_not_a_huge_numbe
     from trainscale.plan.model import ANY_BATCH
 
     cal = calibration(params=2**20, activations=2**10)  # 1 MiB of parameters, 128 bytes of activations a sample
-    roomy = make_plan(cal, what="w", ranks_per_node=1, nodes=1, batch=None, device_bytes=64 * GiB, device_source="x",
-                      network=get_network("ib-hdr200"), network_source="ib")
+    roomy = make_plan(
+        cal,
+        what="w",
+        ranks_per_node=1,
+        nodes=1,
+        batch=None,
+        device_bytes=64 * GiB,
+        device_source="x",
+        network=get_network("ib-hdr200"),
+        network_source="ib",
+    )
     assert roomy.largest_batch("ddp") > ANY_BATCH
     assert roomy.recommended_batch() == {"strategy": "ddp", "largest": None, "any": True, "global": None}
     said = "\n".join(render(roomy, None))
@@ -217,19 +374,52 @@ def test_a_batch_the_memory_does_not_bound_is_said_as_any_batch_not_a_huge_numbe
 def test_a_calibration_too_noisy_for_a_band_says_so_instead_of_a_range():
     """Issue 46: a band of 0.6-172.5 ms around a 1.2 ms step predicts nothing; past NOISY the plan says the
     calibration was too noisy, and the network's figure is in plain words (bus bandwidth)."""
-    quiet = make_plan(calibration(), what="w", ranks_per_node=2, nodes=1, batch=None, device_bytes=80 * GiB,
-                      device_source="x", network=get_network("ib-hdr200"), network_source="ib")
+    quiet = make_plan(
+        calibration(),
+        what="w",
+        ranks_per_node=2,
+        nodes=1,
+        batch=None,
+        device_bytes=80 * GiB,
+        device_source="x",
+        network=get_network("ib-hdr200"),
+        network_source="ib",
+    )
     said = "\n".join(render(quiet, None))
     assert not quiet.calibration.noisy and "band: the calibration's 10th-90th percentile step" in said
     assert "bus bandwidth 23.0 GB/s" in said and "busbw" not in said
-    steps = [{"kind": "step", "step": i, "step_s": t, "data_s": 0.0, "compute_s": t / 2, "backward_s": t / 2,
-              "optimizer_s": 0.0, "samples": 8} for i, t in enumerate([0.5, 0.5, 0.0006, 0.0012, 0.0012, 0.0013,
-                                                                       0.0011, 0.0012, 0.17, 0.2, 0.0012, 0.3], 1)]
-    state = {"kind": "state", "params_bytes": GiB, "grads_bytes": GiB, "optimizer_bytes": GiB,
-             "activation_bytes": GiB, "activation_samples": 8}
-    noisy = make_plan(Calibration.from_records([{"kind": "meta"}, *steps, state]), what="w", ranks_per_node=2,
-                      nodes=1, batch=None, device_bytes=80 * GiB, device_source="x", network=get_network("ib-hdr200"),
-                      network_source="ib")
+    steps = [
+        {
+            "kind": "step",
+            "step": i,
+            "step_s": t,
+            "data_s": 0.0,
+            "compute_s": t / 2,
+            "backward_s": t / 2,
+            "optimizer_s": 0.0,
+            "samples": 8,
+        }
+        for i, t in enumerate([0.5, 0.5, 0.0006, 0.0012, 0.0012, 0.0013, 0.0011, 0.0012, 0.17, 0.2, 0.0012, 0.3], 1)
+    ]
+    state = {
+        "kind": "state",
+        "params_bytes": GiB,
+        "grads_bytes": GiB,
+        "optimizer_bytes": GiB,
+        "activation_bytes": GiB,
+        "activation_samples": 8,
+    }
+    noisy = make_plan(
+        Calibration.from_records([{"kind": "meta"}, *steps, state]),
+        what="w",
+        ranks_per_node=2,
+        nodes=1,
+        batch=None,
+        device_bytes=80 * GiB,
+        device_source="x",
+        network=get_network("ib-hdr200"),
+        network_source="ib",
+    )
     said = "\n".join(render(noisy, None))
     assert noisy.calibration.noisy and "too noisy to predict a range from; give more --steps than 12" in said
     rows = [line for line in said.splitlines() if line.startswith(("1 ", "2 "))]
@@ -241,9 +431,19 @@ def test_verified_rows_name_disturbed_runs_and_model_state_in_plain_words():
     for parameters, gradients and optimizer state), not "held"."""
     from trainscale.plan.text import verified_table
 
-    row = {"config": "2 x ddp", "predicted_step_s": 0.002, "band_s": [0.0018, 0.0025], "measured_step_s": 0.003,
-           "step_error": 0.5, "predicted_held": 2**20, "measured_held": 2**20, "held_error": 0.0,
-           "predicted_peak": None, "measured_peak": None, "peak_error": None}
+    row = {
+        "config": "2 x ddp",
+        "predicted_step_s": 0.002,
+        "band_s": [0.0018, 0.0025],
+        "measured_step_s": 0.003,
+        "step_error": 0.5,
+        "predicted_held": 2**20,
+        "measured_held": 2**20,
+        "held_error": 0.0,
+        "predicted_peak": None,
+        "measured_peak": None,
+        "peak_error": None,
+    }
     quiet = "\n".join(verified_table([row | {"disturbed": None}]))
     assert "model state predicted" in quiet and "held" not in quiet and "*" not in quiet and "+50.0%" in quiet
     busy = "\n".join(verified_table([row | {"disturbed": "other work kept 35% of its CPUs busy"}]))
@@ -265,14 +465,26 @@ def test_the_peak_is_the_counted_bytes_the_gathered_parameters_and_the_calibrati
     network = get_network("ib-hdr200")
 
     def verdict(room: float) -> str:
-        plan = make_plan(cal, what="w", ranks_per_node=4, nodes=1, batch=None, device_bytes=room, device_source="x",
-                         network=network, network_source="ib")
+        plan = make_plan(
+            cal,
+            what="w",
+            ranks_per_node=4,
+            nodes=1,
+            batch=None,
+            device_bytes=room,
+            device_source="x",
+            network=network,
+            network_source="ib",
+        )
         return plan.verdict(next(m for m in plan.memory if m.strategy == "ddp"))
 
     from trainscale.plan.model import GPU_RUNTIME_BYTES  # a calibration on a GPU: the runtime allowed for too
 
-    assert (verdict((ddp.peak + GPU_RUNTIME_BYTES) / 0.9), verdict(ddp.peak / 0.95),
-            verdict(ddp.peak * 0.99)) == ("yes", "tight", "NO")
+    assert (verdict((ddp.peak + GPU_RUNTIME_BYTES) / 0.9), verdict(ddp.peak / 0.95), verdict(ddp.peak * 0.99)) == (
+        "yes",
+        "tight",
+        "NO",
+    )
     no_peak = calibration()  # a calibration that measured no peak plans the counted bytes alone
     assert no_peak.overhead == 0 and memory(no_peak, "ddp", 4, 8).peak == memory(no_peak, "ddp", 4, 8).total
 
@@ -288,8 +500,17 @@ def test_each_strategy_is_charged_its_own_collectives_and_its_share_of_the_optim
     assert collectives("ddp") == (1.0, 0.0, 0.0) and collectives("zero1") == (1.0, 0.0, 0.5)
     assert collectives("deepspeed:stage=2") == (0.5, 0.0, 0.5) and collectives("fsdp") == (0.5, 0.5, 0.5)
     cal = calibration(params=GiB)
-    slow = make_plan(cal, what="w", ranks_per_node=8, nodes=1, batch=None, device_bytes=None, device_source="x",
-                     network=get_network("ethernet-25g"), network_source="e")
+    slow = make_plan(
+        cal,
+        what="w",
+        ranks_per_node=8,
+        nodes=1,
+        batch=None,
+        device_bytes=None,
+        device_source="x",
+        network=get_network("ethernet-25g"),
+        network_source="e",
+    )
     step = {s: slow.predict(8, 1, s)["step_s"] for s in ("ddp", "zero1", "fsdp", "deepspeed:stage=1")}
     assert step["ddp"] < step["zero1"] and step["deepspeed:stage=1"] < step["zero1"]
     assert step["fsdp"] > step["ddp"]
@@ -303,7 +524,8 @@ def test_each_strategy_is_charged_its_own_collectives_and_its_share_of_the_optim
     assert fast.predict(8, 1, "zero1")["step_s"] < fast.predict(8, 1, "ddp")["step_s"]
     # twice the per-rank batch: twice the data wait and compute, the same optimizer step and collectives
     assert slow.predict(1, 1, "ddp", batch=16)["step_s"] == pytest.approx(
-        slow.predict(1, 1, "ddp")["step_s"] + 0.01 + 0.08, rel=1e-6)
+        slow.predict(1, 1, "ddp")["step_s"] + 0.01 + 0.08, rel=1e-6
+    )
 
 
 def test_measured_collectives_and_a_strategys_own_calibration_price_the_sharded_strategies():
@@ -315,25 +537,53 @@ def test_measured_collectives_and_a_strategys_own_calibration_price_the_sharded_
 
     from trainscale.plan.comm import Sweep, sharded_comm_s
 
-    sweep = Sweep.from_result({"world_size": 2, "rows": [
-        {"bytes": 4, "time_s": 0.001, "iters": 20}, {"bytes": 2**20, "time_s": 0.003, "iters": 20},
-        {"bytes": 2**22, "time_s": 0.009, "iters": 20}, {"bytes": 2**24, "time_s": float("nan"), "iters": 0}]})
+    sweep = Sweep.from_result(
+        {
+            "world_size": 2,
+            "rows": [
+                {"bytes": 4, "time_s": 0.001, "iters": 20},
+                {"bytes": 2**20, "time_s": 0.003, "iters": 20},
+                {"bytes": 2**22, "time_s": 0.009, "iters": 20},
+                {"bytes": 2**24, "time_s": float("nan"), "iters": 0},
+            ],
+        }
+    )
     assert sweep.points[-1][0] == 2**22  # an untimed size is left out
-    assert (sweep.seconds(1), sweep.seconds(2**21), sweep.seconds(2**23)) == pytest.approx((0.001, 0.005, 0.018),
-                                                                                              rel=1e-3)
+    assert (sweep.seconds(1), sweep.seconds(2**21), sweep.seconds(2**23)) == pytest.approx(
+        (0.001, 0.005, 0.018), rel=1e-3
+    )
     with pytest.raises(ConfigError, match="nothing a step can be priced with"):
         Sweep.from_result({"world_size": 2, "rows": [{"bytes": 4, "time_s": float("nan"), "iters": 0}]})
     with pytest.raises(ConfigError, match="hook 'powersgd'"):
         Sweep(ranks=2, points=((4.0, 0.001),), hook="powersgd")
-    steps = [{"kind": "step", "step": i, "step_s": 0.1, "data_s": 0.01, "compute_s": 0.03, "backward_s": 0.05,
-              "optimizer_s": 0.01, "samples": 8} for i in range(1, 12)]
-    state = {"kind": "state", "params_bytes": 2**22, "grads_bytes": 2**22, "optimizer_bytes": 2**23,
-             "activation_bytes": 2**20, "activation_samples": 8, "param_dtypes": ["float32"],
-             "param_groups": [[2**19, 2**19]]}  # two tensors of 2 MiB
+    steps = [
+        {
+            "kind": "step",
+            "step": i,
+            "step_s": 0.1,
+            "data_s": 0.01,
+            "compute_s": 0.03,
+            "backward_s": 0.05,
+            "optimizer_s": 0.01,
+            "samples": 8,
+        }
+        for i in range(1, 12)
+    ]
+    state = {
+        "kind": "state",
+        "params_bytes": 2**22,
+        "grads_bytes": 2**22,
+        "optimizer_bytes": 2**23,
+        "activation_bytes": 2**20,
+        "activation_samples": 8,
+        "param_dtypes": ["float32"],
+        "param_groups": [[2**19, 2**19]],
+    }  # two tensors of 2 MiB
     meta = {"kind": "meta", "device": "cpu", "threads": 1, "unit_bytes": [2**21, 2**21, 0]}
     cal = Calibration.from_records([meta, *steps, state, {"kind": "summary", "steps_peak_mem_bytes": 2**28}])
     # the root holds no parameters of its own: FSDP gathers nothing for it
     assert cal.units == (2**21, 2**21) and cal.tensor_bytes() == [2**21, 2**21]
+
     def count(strategy: str) -> float:
         return sharded_comm_s(strategy, cal, lambda size: 1.0)
 
@@ -344,8 +594,17 @@ def test_measured_collectives_and_a_strategys_own_calibration_price_the_sharded_
     slower = [dict(r, step_s=0.15, compute_s=0.06, backward_s=0.07) for r in steps]  # FSDP's own per-unit work
     own = Calibration.from_records([meta, *slower, state, {"kind": "summary", "steps_peak_mem_bytes": 2**29}])
     network = get_network("ethernet-25g")
-    common = dict(what="w", ranks_per_node=2, nodes=1, batch=None, device_bytes=None, device_source="x",
-                  network=network, network_source="e", shared_cores=2)
+    common = dict(
+        what="w",
+        ranks_per_node=2,
+        nodes=1,
+        batch=None,
+        device_bytes=None,
+        device_source="x",
+        network=network,
+        network_source="e",
+        shared_cores=2,
+    )
     plain = make_plan(cal, **common)
     measured = make_plan(cal, **common, own={"fsdp": own}, sweeps=[sweep])
     fsdp_alone = dataclasses.replace(measured, sweeps=[], own={"fsdp": own}).predict(2, 1, "fsdp")["step_s"]
@@ -359,7 +618,8 @@ def test_measured_collectives_and_a_strategys_own_calibration_price_the_sharded_
     assert with_shm.predict(2, 1, "fsdp")["step_s"] == measured.predict(2, 1, "fsdp")["step_s"]
     assert measured.predict(1, 1, "fsdp")["step_s"] == plain.predict(1, 1, "ddp")["step_s"]  # alone: unwrapped
     assert measured.predict(2, 1, "fsdp")["speedup"] == pytest.approx(
-        2 * plain.predict(1, 1, "ddp")["step_s"] / measured.predict(2, 1, "fsdp")["step_s"])
+        2 * plain.predict(1, 1, "ddp")["step_s"] / measured.predict(2, 1, "fsdp")["step_s"]
+    )
     # zero1: DDP's all-reduce, half the optimizer step (one of two equal tensors), two broadcasts
     assert measured.predict(2, 1, "zero1")["step_s"] == pytest.approx(0.1 - 0.005 + 0.009 + 0.005)
     fsdp_peak = measured.rank_memory("fsdp", 2, 8)
@@ -370,8 +630,12 @@ def test_measured_collectives_and_a_strategys_own_calibration_price_the_sharded_
     assert "fsdp's pace its own calibration's" in text
     # with no sweep, the network's model: the bytes and the latency of one ring each for the exposed parameters
     # and the gradients (a collective's fixed cost is not known there: said in the plan's "Not counted")
-    latency = plain.predict(4, 1, "fsdp")["step_s"] - dataclasses.replace(
-        plain, network=dataclasses.replace(network, latency_s=0.0)).predict(4, 1, "fsdp")["step_s"]
+    latency = (
+        plain.predict(4, 1, "fsdp")["step_s"]
+        - dataclasses.replace(plain, network=dataclasses.replace(network, latency_s=0.0)).predict(4, 1, "fsdp")[
+            "step_s"
+        ]
+    )
     assert latency == pytest.approx(2 * 2 * 3 * network.latency_s, rel=1e-6)
 
 
@@ -440,12 +704,34 @@ def test_a_strategys_own_calibration_that_fails_leaves_the_plan_on_the_plain_pac
     monkeypatch.setattr(planning, "calibrate", calibrate)
     monkeypatch.setattr(planning, "sweeps_here", lambda *a, **k: [])
     said = []
-    made, _ = planning.make(script=None, args=(), workload="cnn", profile_name=None, ranks_per_node=2, nodes=1,
-                            batch=None, interconnect=None, steps=3, say=said.append)
-    assert made.own == {} and "fsdp's own calibration failed (fully_shard: no parameters): its times are ddp's " \
-        "pace" in said, said
-    planning.make(script=None, args=(), workload="cnn", profile_name=None, ranks_per_node=1, nodes=1,
-                  batch=None, interconnect=None, steps=3, say=said.append)  # one rank: no FSDP calibration
+    made, _ = planning.make(
+        script=None,
+        args=(),
+        workload="cnn",
+        profile_name=None,
+        ranks_per_node=2,
+        nodes=1,
+        batch=None,
+        interconnect=None,
+        steps=3,
+        say=said.append,
+    )
+    assert (
+        made.own == {}
+        and "fsdp's own calibration failed (fully_shard: no parameters): its times are ddp's pace" in said
+    ), said
+    planning.make(
+        script=None,
+        args=(),
+        workload="cnn",
+        profile_name=None,
+        ranks_per_node=1,
+        nodes=1,
+        batch=None,
+        interconnect=None,
+        steps=3,
+        say=said.append,
+    )  # one rank: no FSDP calibration
     assert said.count("fsdp's own calibration failed (fully_shard: no parameters): its times are ddp's pace") == 1
     assert made.predict(2, 1, "fsdp")["step_s"] > 0
 

@@ -60,9 +60,11 @@ def test_requeue_and_log_says_the_line_first_then_the_outcome(tmp_path, monkeypa
         preemption.requeue_and_log("Preempted at step 9", said.append)
     finally:
         preemption.restore()
-    assert said == ["Preempted at step 7; requeueing SLURM job 4242 (scontrol requeue); this attempt ends here",
-                    "requeued SLURM job 4242 (scontrol requeue)",
-                    "Preempted at step 9; not a SLURM job: run the same command again to resume from the checkpoint"]
+    assert said == [
+        "Preempted at step 7; requeueing SLURM job 4242 (scontrol requeue); this attempt ends here",
+        "requeued SLURM job 4242 (scontrol requeue)",
+        "Preempted at step 9; not a SLURM job: run the same command again to resume from the checkpoint",
+    ]
 
 
 def test_the_last_save_is_timed_from_measured_saves_to_end_before_the_limit(monkeypatch):

@@ -43,7 +43,15 @@ def test_lumi_profile_facts():
     assert lumi.partitions == ("standard-g", "small-g") and lumi.default_partition == "standard-g"
     assert lumi.gpus_per_node == 8 and lumi.gpu_vendor == "amd" and lumi.binding == "map"
     assert {g: format_cpulist(c) for g, c in lumi.gpu_cores.items()} == {
-        0: "49-55", 1: "57-63", 2: "17-23", 3: "25-31", 4: "1-7", 5: "9-15", 6: "33-39", 7: "41-47"}
+        0: "49-55",
+        1: "57-63",
+        2: "17-23",
+        3: "25-31",
+        4: "1-7",
+        5: "9-15",
+        6: "33-39",
+        7: "41-47",
+    }
     assert lumi.reserved_cores == (0, 8, 16, 24, 32, 40, 48, 56)
     usable = {c for cores in lumi.gpu_cores.values() for c in cores}
     assert len(usable) == 56 and not usable & set(lumi.reserved_cores)
@@ -56,11 +64,22 @@ def test_lumi_profile_facts():
 
 def test_other_builtins():
     local = load_profile("local-test")
-    assert (local.partitions, local.cpus_per_node, local.gpus_per_node, local.gpu_vendor, local.binding,
-            local.default_launcher, local.backend) == (("debug",), 4, 0, "none", "none", "torchrun", "gloo")
+    assert (
+        local.partitions,
+        local.cpus_per_node,
+        local.gpus_per_node,
+        local.gpu_vendor,
+        local.binding,
+        local.default_launcher,
+        local.backend,
+    ) == (("debug",), 4, 0, "none", "none", "torchrun", "gloo")
     cyclone = load_profile("cyclone")
     assert (cyclone.partitions, cyclone.gpus_per_node, cyclone.cpus_per_node, cyclone.binding) == (
-        ("gpu",), 4, 40, "topology")
+        ("gpu",),
+        4,
+        40,
+        "topology",
+    )
     assert load_profile("generic-nvidia").binding == "topology"
 
 
@@ -98,7 +117,7 @@ def write(directory, name, text):
 
 
 def test_unknown_key_names_file_key_and_valid_keys(user_dir):
-    path = write(user_dir, "mine", 'gpus_per_nod = 4\n')
+    path = write(user_dir, "mine", "gpus_per_nod = 4\n")
     with pytest.raises(ConfigError) as err:
         load_profile("mine")
     text = str(err.value)
@@ -109,19 +128,22 @@ def test_unknown_key_names_file_key_and_valid_keys(user_dir):
         load_profile("box")
 
 
-@pytest.mark.parametrize("body, message", [
-    ('binding = "map"\ngpus_per_node = 1\n[gpu_cores]\n0 = "1-x"\n', "gpu_cores.0: cannot read core list"),
-    ('reserved_cores = "8-1"\n', "reserved_cores: cannot read core list"),
-    ('binding = "map"\ngpus_per_node = 2\n[gpu_cores]\n0 = "1-7"\n', r"no entry for GPU\(s\) \[1\]"),
-    ('gpus_per_node = "4"\n', "gpus_per_node = '4' should be int"),
-    ('requires_account = "yes"\n', "should be bool"),
-    ('gpu_vendor = "intel"\n', "gpu_vendor 'intel' unknown"),
-    ('partitions = "gpu"\n', "partitions must be a list of strings"),
-    ('name = "other"\n', "the file is named 'bad'.toml"),
-    ('gpus_per_node = \n', "not valid TOML"),
-    ('[gpu_cores]\nfirst = "1-3"\n', "not a GPU index"),
-    ('interconnect = "myrinet"\n', "interconnect 'myrinet' unknown"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ('binding = "map"\ngpus_per_node = 1\n[gpu_cores]\n0 = "1-x"\n', "gpu_cores.0: cannot read core list"),
+        ('reserved_cores = "8-1"\n', "reserved_cores: cannot read core list"),
+        ('binding = "map"\ngpus_per_node = 2\n[gpu_cores]\n0 = "1-7"\n', r"no entry for GPU\(s\) \[1\]"),
+        ('gpus_per_node = "4"\n', "gpus_per_node = '4' should be int"),
+        ('requires_account = "yes"\n', "should be bool"),
+        ('gpu_vendor = "intel"\n', "gpu_vendor 'intel' unknown"),
+        ('partitions = "gpu"\n', "partitions must be a list of strings"),
+        ('name = "other"\n', "the file is named 'bad'.toml"),
+        ("gpus_per_node = \n", "not valid TOML"),
+        ('[gpu_cores]\nfirst = "1-3"\n', "not a GPU index"),
+        ('interconnect = "myrinet"\n', "interconnect 'myrinet' unknown"),
+    ],
+)
 def test_bad_files_are_explained(user_dir, body, message):
     path = write(user_dir, "bad", body)
     with pytest.raises(ConfigError, match=message) as err:
@@ -130,8 +152,10 @@ def test_bad_files_are_explained(user_dir, body, message):
 
 
 def test_core_lists_accept_strings_and_arrays():
-    profile = profile_from_dict({"gpus_per_node": 2, "binding": "map", "reserved_cores": [0, 8],
-                                 "gpu_cores": {"0": "1-7", "1": [9, 10, 11]}}, name="x")
+    profile = profile_from_dict(
+        {"gpus_per_node": 2, "binding": "map", "reserved_cores": [0, 8], "gpu_cores": {"0": "1-7", "1": [9, 10, 11]}},
+        name="x",
+    )
     assert profile.gpu_cores == {0: tuple(range(1, 8)), 1: (9, 10, 11)} and profile.reserved_cores == (0, 8)
 
 
@@ -163,12 +187,17 @@ def test_default_user_dir_is_under_config_home(monkeypatch, tmp_path):
 
 # --- CLI ----------------------------------------------------------------------------------------------------
 
+
 def test_cli_profiles_table(capsys, user_dir):
     write(user_dir, "lumi", 'description = "my LUMI"\n')
-    write(user_dir, "broken", 'gpus_per_nod = 1\n')
+    write(user_dir, "broken", "gpus_per_nod = 1\n")
     assert main(["profiles"]) == 0
     out = capsys.readouterr().out
-    lines = {line.split()[0]: line for line in out.splitlines() if line and not line.startswith(("NAME", "User", "One profile"))}
+    lines = {
+        line.split()[0]: line
+        for line in out.splitlines()
+        if line and not line.startswith(("NAME", "User", "One profile"))
+    }
     assert set(lines) == BUILTINS | {"broken"}
     assert "built-in" in lines["cyclone"] and "gpu" in lines["cyclone"] and " 4 " in lines["cyclone"]
     assert "replaces built-in" in lines["lumi"] and "my LUMI" in lines["lumi"]
@@ -187,8 +216,12 @@ def test_cli_profile_binding_lumi(capsys):
     out = capsys.readouterr().out
     assert f"--cpu-bind=mask_cpu:{LUMI_MASKS}" in out
     rows = [line.split() for line in out.splitlines() if line[:1].isdigit()]
-    assert rows == [[str(r), str(r), cores, mask] for r, (cores, mask) in enumerate(zip(
-        ["49-55", "57-63", "17-23", "25-31", "1-7", "9-15", "33-39", "41-47"], LUMI_MASKS.split(",")))]
+    assert rows == [
+        [str(r), str(r), cores, mask]
+        for r, (cores, mask) in enumerate(
+            zip(["49-55", "57-63", "17-23", "25-31", "1-7", "9-15", "33-39", "41-47"], LUMI_MASKS.split(","))
+        )
+    ]
 
 
 def test_cli_profile_binding_lumi_fewer_ranks(capsys):
@@ -200,7 +233,9 @@ def test_cli_profile_binding_detected_and_errors(capsys):
     assert main(["profiles", "--here", "--ranks", "1"]) == 0
     out = capsys.readouterr().out
     assert "Detected topology" in out and "--cpu-bind=mask_cpu:0x" in out
-    assert main(["profiles", "lumi", "--here"]) == 2 and "a profile (lumi) and --here together" in capsys.readouterr().err
+    assert (
+        main(["profiles", "lumi", "--here"]) == 2 and "a profile (lumi) and --here together" in capsys.readouterr().err
+    )
     assert main(["profiles", "lumi", "--reserved", "0"]) == 2
     assert "--reserved applies to this machine's plan" in capsys.readouterr().err
     assert main(["profiles", "--ranks", "2"]) == 2 and "name a profile, or --here" in capsys.readouterr().err
@@ -214,10 +249,14 @@ def test_cli_profile_binding_detected_and_errors(capsys):
 
 def test_user_profile_extends_a_builtin_and_changes_only_what_it_sets(user_dir, capsys):
     # A LUMI user's own lumi.toml: the built-in facts stay, the module lines and one variable change.
-    write(user_dir, "lumi", 'extends = "lumi"\n'
-                            'modules = ["module use /appl/local/containers/ai-modules", "module load singularity-AI-bindings"]\n'
-                            '[env]\nHF_HOME = "/flash/project_465000000/hf"\n'
-                            '[container]\nbinds = ["/flash"]\n')
+    write(
+        user_dir,
+        "lumi",
+        'extends = "lumi"\n'
+        'modules = ["module use /appl/local/containers/ai-modules", "module load singularity-AI-bindings"]\n'
+        '[env]\nHF_HOME = "/flash/project_465000000/hf"\n'
+        '[container]\nbinds = ["/flash"]\n',
+    )
     mine, builtin = load_profile("lumi"), load_profile(str(builtin_profile_dir() / "lumi.toml"))
     assert mine.extends == "lumi" and builtin.extends == ""
     assert mine.modules == ("module use /appl/local/containers/ai-modules", "module load singularity-AI-bindings")

@@ -8,15 +8,14 @@ import datetime
 import json
 from types import SimpleNamespace
 
+from helpers.counting_store import Counting
 from torch.distributed import TCPStore
 
-from trainscale.runtime.hangwatch import watch as hangwatch
-from trainscale.runtime.hangwatch import ledger
-from trainscale.runtime.hangwatch import peers
 from trainscale.runtime.hangwatch import heartbeat as progress
-from trainscale.runtime.hangwatch.watch import UNREACHABLE
+from trainscale.runtime.hangwatch import ledger, peers
+from trainscale.runtime.hangwatch import watch as hangwatch
 from trainscale.runtime.hangwatch.heartbeat import Heartbeat
-from helpers.counting_store import Counting
+from trainscale.runtime.hangwatch.watch import UNREACHABLE
 
 
 def _store(timeout_s: float = 5.0) -> TCPStore:
@@ -48,8 +47,10 @@ def test_every_way_gloo_words_a_timeout_is_explained_and_other_errors_are_not():
     beat = _peer(0, 2, _store())
     beat.issued = lambda: {"pg:0": 4}
     beat.mark(3)
-    for text in ("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Timed out waiting 5000ms for recv operation",
-                 "Application timeout caused pair closure"):
+    for text in (
+        "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Timed out waiting 5000ms for recv operation",
+        "Application timeout caused pair closure",
+    ):
         explained = beat.watcher.explain(RuntimeError(text))
         assert explained is not None and "rank(s) 1 did not arrive" in str(explained), text
     assert beat.watcher.explain(RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x8 and 6x2)")) is None
@@ -87,9 +88,11 @@ def test_a_peer_whose_connection_a_timed_out_rank_closed_relays_its_diagnosis(mo
     assert peer.watcher.explain(closed) is None
     peers.post(store, "rank 0: step 3 did not complete within 5s — rank(s) 3 did not arrive", complete=False)
     relayed = str(peer.watcher.explain(closed))
-    assert relayed.startswith("rank 2: gradient all-reduce at step 3 failed: a peer timed out and closed its "
-                              "connections; its diagnosis: rank 0: step 3 did not complete within 5s — rank(s) 3 "
-                              "did not arrive")
+    assert relayed.startswith(
+        "rank 2: gradient all-reduce at step 3 failed: a peer timed out and closed its "
+        "connections; its diagnosis: rank 0: step 3 did not complete within 5s — rank(s) 3 "
+        "did not arrive"
+    )
     peer.close()
 
 
@@ -125,8 +128,10 @@ def test_64_ranks_records_are_read_in_two_requests_and_a_missing_one_is_named(mo
     server = _store()
     for rank in range(64):
         if rank != 41:
-            server.set(f"trainscale/progress/{rank}", json.dumps({"step": 9, "issued": {"pg:0": 20 if rank != 7 else 19},
-                                                                  "beat": 1}))
+            server.set(
+                f"trainscale/progress/{rank}",
+                json.dumps({"step": 9, "issued": {"pg:0": 20 if rank != 7 else 19}, "beat": 1}),
+            )
     reader = _peer(0, 64, Counting(server))
     reader._own = True  # a connection of its own, as under torch >= 2.5 (no timeout to put back)
     raws = reader.watcher._read_records()
@@ -157,12 +162,14 @@ def test_a_rank_never_names_itself_from_a_stale_copy_of_its_own_record(monkeypat
 def test_an_unreachable_store_names_rank_zero_at_once():
     """srun mode: rank 0 hosts the store; a stopped rank 0 makes every read fail. The reader gives up after one
     failed request (not one timeout per rank) and names rank 0."""
+
     class Gone:
         timeout = datetime.timedelta(seconds=5)
 
         def __getattr__(self, name):
             def fail(*args):
                 raise RuntimeError("Connection refused")
+
             return fail
 
     reader = _peer(1, 8, Gone())
@@ -185,8 +192,15 @@ def test_the_watch_gives_one_notice_per_hang_to_its_listeners(capsys):
     hung._publish(0.0)
     now = watcher._changed_at + 5.0  # rank 0 has been stalled 5 s: it publishes its ledger and looks
     watcher.step = 3
-    ledger_entry = {"pg": "pg:0", "seq": 8, "op": "all_reduce", "sizes": [[354]], "site": "train.py:40 in main",
-                    "age_s": 5.0, "done": False}
+    ledger_entry = {
+        "pg": "pg:0",
+        "seq": 8,
+        "op": "all_reduce",
+        "sizes": [[354]],
+        "site": "train.py:40 in main",
+        "age_s": 5.0,
+        "done": False,
+    }
     watcher._ledger = lambda *args: [ledger_entry]
     watcher._progress = (3, {"pg:0": 8})
     for _ in range(3):
@@ -213,8 +227,15 @@ def test_the_watch_times_a_collective_from_when_it_was_queued_as_nccls_watchdog_
     watcher.on_hang = fired.append
     watcher.step, watcher._progress = 3, (3, {"pg:0": 8})
     now = watcher._changed_at + 3.0  # its own progress stalled 3 s ago; the collective was queued 4 s ago
-    queued = {"pg": "pg:0", "seq": 8, "op": "all_reduce", "sizes": [[354]], "site": "train.py:40 in main",
-              "age_s": 4.0, "done": False}
+    queued = {
+        "pg": "pg:0",
+        "seq": 8,
+        "op": "all_reduce",
+        "sizes": [[354]],
+        "site": "train.py:40 in main",
+        "age_s": 4.0,
+        "done": False,
+    }
     watcher._detail = (now, {"ledger": [queued], "stacks": ""})
     watcher._ledger = lambda *args: [queued]
     watcher.watcher._next_look = 0.0
@@ -294,8 +315,12 @@ def test_the_hang_timeout_ends_a_waiting_rank_and_by_default_only_once_training_
     monkeypatch.setenv(progress.HANG_TIMEOUT_VAR, "10")
     assert progress.hang_timeout() == (10.0, True)
     store = _store()
-    for limit, step, behind, ends in (((600.0, False), -1, 1, False), ((600.0, False), 0, 1, True),
-                                      ((10.0, True), -1, 1, True), ((10.0, True), 0, 0, True)):  # 0 behind: stuck
+    for limit, step, behind, ends in (
+        ((600.0, False), -1, 1, False),
+        ((600.0, False), 0, 1, True),
+        ((10.0, True), -1, 1, True),
+        ((10.0, True), 0, 0, True),
+    ):  # 0 behind: stuck
         watcher, hung = _peer(0, 2, store, notice_s=0), _peer(1, 2, store)
         watcher.hang_timeout = limit
         watcher.issued, hung.issued = (lambda: {"pg:0": 8}), (lambda behind=behind: {"pg:0": 8 - behind})
@@ -304,9 +329,16 @@ def test_the_hang_timeout_ends_a_waiting_rank_and_by_default_only_once_training_
         fired = []
         watcher.on_hang = fired.append
         watcher.step, watcher._progress = step, (step, {"pg:0": 8})
-        queued = {"pg": "pg:0", "seq": 8, "op": "barrier", "sizes": None, "site": "train.py:12 in main",
-                  "age_s": 1.0, "done": False}
-        watcher._ledger = lambda *args: [queued]
+        queued = {
+            "pg": "pg:0",
+            "seq": 8,
+            "op": "barrier",
+            "sizes": None,
+            "site": "train.py:12 in main",
+            "age_s": 1.0,
+            "done": False,
+        }
+        watcher._ledger = lambda *args, queued=queued: [queued]
         watcher.watcher._next_look = 0.0
         watcher.watcher.look(watcher._changed_at + limit[0] + 1)
         hung.close()
@@ -337,8 +369,9 @@ def test_the_heartbeat_thread_works_on_the_ranks_gpu_on_nccl(monkeypatch):
     import torch
 
     chosen = []
-    monkeypatch.setattr(hangwatch.torch.cuda, "set_device",
-                        lambda device: chosen.append((threading.current_thread().name, device)))
+    monkeypatch.setattr(
+        hangwatch.torch.cuda, "set_device", lambda device: chosen.append((threading.current_thread().name, device))
+    )
     beat = _peer(0, 1, _store())
     beat.runtime.uses_nccl, beat.runtime.device = True, torch.device("cuda", 3)
     beat.mark(0)

@@ -19,9 +19,11 @@ def test_slurm_options_are_the_jobs_fields_and_time_is_required(tmp_path):
     assert "did you mean 'nodes'" in unknown.value.hint
     with pytest.raises(ConfigError, match="trainscale.slurm: time= is required"):
         build_spec({"module": "trainscale.launch.runner"}, {"nodes": 2}, environ={})
-    spec, profile = build_spec({"module": "trainscale.launch.runner"},
-                               {"nodes": 2, "profile": "local-test", "modules": "load torch"},
-                               environ={"TRAINSCALE_SLURM_TIME": "00:10:00"})  # the environment layer applies
+    spec, profile = build_spec(
+        {"module": "trainscale.launch.runner"},
+        {"nodes": 2, "profile": "local-test", "modules": "load torch"},
+        environ={"TRAINSCALE_SLURM_TIME": "00:10:00"},
+    )  # the environment layer applies
     assert (spec.nodes, spec.time, spec.modules, profile.name) == (2, "00:10:00", ("load torch",), "local-test")
     with pytest.raises(ConfigError, match="no parameters to map over"):
         map_array(len, [], profile="local-test", time="10")
@@ -50,5 +52,8 @@ def test_rt_log_resume_and_checkpoint_refuse_what_they_cannot_do(rt, tmp_path):
     rt.checkpoint(1, model, optimizer, every=2)  # not a multiple of every: nothing saved
     rt.checkpoint(2, model, optimizer, every=2)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
-        ".trainscale.lock", "ckpt-00000002.pt", "ckpt-00000002.pt.json"]  # the run's lock on its directory
+        ".trainscale.lock",
+        "ckpt-00000002.pt",
+        "ckpt-00000002.pt.json",
+    ]  # the run's lock on its directory
     assert rt.resume(model, optimizer) == 2

@@ -15,7 +15,7 @@ README = (Path(__file__).resolve().parents[2] / "docs" / "tour.md").read_text() 
 
 
 def table_specs() -> list[str]:
-    table = README[README.index("| `--strategy` | what |"):].split("\n\n")[0]
+    table = README[README.index("| `--strategy` | what |") :].split("\n\n")[0]
     return re.findall(r"^\| `([^`]+)` \|", table, re.M)[1:]  # the header's `--strategy` first
 
 

@@ -54,15 +54,29 @@ def test_the_run_record_says_what_ran_and_how_it_ended(tmp_path, monkeypatch):
     logs, records = tmp_path / "logs", tmp_path / "records"  # records with a home of their own (TRAINSCALE_RUN_DIR)
     logs.mkdir()  # the records' directory is the user's: it need not exist yet
     for where in (logs, records):
-        rundir.start_record(where, target="trainscale.workloads", args=("cnn", "--epochs", "1"), module=True,
-                            no_python=False, nproc_per_node=2, nnodes="1:1", max_restarts=0, records=records,
-                            logs=logs)
+        rundir.start_record(
+            where,
+            target="trainscale.workloads",
+            args=("cnn", "--epochs", "1"),
+            module=True,
+            no_python=False,
+            nproc_per_node=2,
+            nnodes="1:1",
+            max_restarts=0,
+            records=records,
+            logs=logs,
+        )
     assert not rundir.describes_itself(records)
     rundir.end_record(logs, records, ok=True, seconds=1.5)
     for where in (logs, records):
         record = json.loads((where / "run.json").read_text())
         assert (record["workload"], record["args"], record["nproc_per_node"], record["nnodes"], record["ok"]) == (
-            "cnn", ["--epochs", "1"], 2, "1", True)
+            "cnn",
+            ["--epochs", "1"],
+            2,
+            "1",
+            True,
+        )
     (records / "run.json").write_text(json.dumps({"logs": "another node's"}))  # not this launch's: left alone
     rundir.end_record(logs, records, ok=False, seconds=2.0)
     assert "ok" not in json.loads((records / "run.json").read_text())
@@ -97,8 +111,17 @@ def test_last_is_the_newest_job_submitted_with_trainscale(tmp_path, monkeypatch)
     monkeypatch.setenv(STATE_VAR, str(tmp_path))
     with pytest.raises(SlurmError, match="no job submitted with trainscale"):
         load_record("last")
-    common = dict(cluster="", name="j", launcher="srun", profile="local-test", script="s", output_dir=str(tmp_path),
-                  world_size=2, ranks_per_node=1, command="c")
+    common = dict(
+        cluster="",
+        name="j",
+        launcher="srun",
+        profile="local-test",
+        script="s",
+        output_dir=str(tmp_path),
+        world_size=2,
+        ranks_per_node=1,
+        command="c",
+    )
     save_record(JobRecord(job_id="9", submitted_at=100.0, **common))
     save_record(JobRecord(job_id="10", submitted_at=200.0, **common))
     assert load_record("last").job_id == "10"

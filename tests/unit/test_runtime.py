@@ -13,8 +13,14 @@ from trainscale.errors import ConfigError
 from trainscale.runtime.device import device_index, pick_backend, pick_device
 from trainscale.runtime.threads import threads_per_rank
 
-NODE = {"RANK": "5", "LOCAL_RANK": "3", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "h",
-        "MASTER_PORT": "1"}
+NODE = {
+    "RANK": "5",
+    "LOCAL_RANK": "3",
+    "WORLD_SIZE": "8",
+    "LOCAL_WORLD_SIZE": "4",
+    "MASTER_ADDR": "h",
+    "MASTER_PORT": "1",
+}
 
 
 def test_gpu_index_is_local_rank_when_all_gpus_are_visible():
@@ -174,11 +180,24 @@ def test_bad_timeout_is_refused():
 
 def test_attempt_counts_slurm_requeues_once_in_both_launch_modes(monkeypatch):
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
-    srun_task = {"SLURM_JOB_ID": "9", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
-                 "SLURM_NTASKS": "1", "SLURM_NODEID": "0", "SLURM_TASKS_PER_NODE": "1", "SLURM_JOB_NODELIST": "n1",
-                 "SLURM_RESTART_COUNT": "1"}
-    torchrun_worker = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_RESTART_COUNT": "2",
-                       "SLURM_RESTART_COUNT": "1"}  # the job's variables reach torchrun's workers too
+    srun_task = {
+        "SLURM_JOB_ID": "9",
+        "SLURM_STEP_ID": "0",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_NTASKS": "1",
+        "SLURM_NODEID": "0",
+        "SLURM_TASKS_PER_NODE": "1",
+        "SLURM_JOB_NODELIST": "n1",
+        "SLURM_RESTART_COUNT": "1",
+    }
+    torchrun_worker = {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "TORCHELASTIC_RESTART_COUNT": "2",
+        "SLURM_RESTART_COUNT": "1",
+    }  # the job's variables reach torchrun's workers too
     with trainscale.init(environ=srun_task, set_threads=False) as rt:
         assert rt.attempt == 1
     with trainscale.init(environ=torchrun_worker, set_threads=False) as rt:

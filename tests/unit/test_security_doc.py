@@ -22,8 +22,11 @@ def test_every_test_the_document_names_exists():
     missing = []
     for path, name in named:
         file = ROOT / path
-        functions = {n.name for n in ast.walk(ast.parse(file.read_text())) if isinstance(n, ast.FunctionDef)} \
-            if file.exists() else set()
+        functions = (
+            {n.name for n in ast.walk(ast.parse(file.read_text())) if isinstance(n, ast.FunctionDef)}
+            if file.exists()
+            else set()
+        )
         if name not in functions:
             missing.append(f"{path}::{name}")
     assert not missing, missing
@@ -36,8 +39,19 @@ def _calls(tree: ast.AST):
 
 
 def test_trainscale_never_deserialises_code():
-    forbidden = {"eval", "exec", "pickle.load", "pickle.loads", "marshal.load", "marshal.loads", "yaml.load",
-                 "yaml.unsafe_load", "shelve.open", "dill.load", "dill.loads"}
+    forbidden = {
+        "eval",
+        "exec",
+        "pickle.load",
+        "pickle.loads",
+        "marshal.load",
+        "marshal.loads",
+        "yaml.load",
+        "yaml.unsafe_load",
+        "shelve.open",
+        "dill.load",
+        "dill.loads",
+    }
     # trainscale.launch(fn) / trainscale.slurm.submit(fn): the user's own call and results (docs/security.md)
     own_code = {"src/trainscale/launch/runner.py", "src/trainscale/launch/slurm/future.py"}
     found, unpicklers, own = [], [], set()
@@ -49,8 +63,10 @@ def test_trainscale_never_deserialises_code():
                 own.add(str(where))
             elif name in forbidden:
                 found.append(f"{where}:{call.lineno}: {name}")
-            if name == "torch.load" and not any(k.arg == "weights_only" and isinstance(k.value, ast.Constant)
-                                                and k.value.value is True for k in call.keywords):
+            if name == "torch.load" and not any(
+                k.arg == "weights_only" and isinstance(k.value, ast.Constant) and k.value.value is True
+                for k in call.keywords
+            ):
                 found.append(f"{where}:{call.lineno}: torch.load without weights_only=True")
         for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
             if any("Unpickler" in ast.unparse(base) for base in cls.bases):
@@ -58,8 +74,10 @@ def test_trainscale_never_deserialises_code():
                 unpicklers.append((str(where), cls.name, "find_class" in methods))
     assert not found, found
     assert own == own_code
-    assert unpicklers == [("src/trainscale/checkpoint/dcp_io.py", "_MetadataUnpickler", True),
-                          ("src/trainscale/runtime/hangwatch/ledger.py", "_PlainData", True)]
+    assert unpicklers == [
+        ("src/trainscale/checkpoint/dcp_io.py", "_MetadataUnpickler", True),
+        ("src/trainscale/runtime/hangwatch/ledger.py", "_PlainData", True),
+    ]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
@@ -70,5 +88,7 @@ def test_deepspeed_still_unpickles_its_own_files_unrestricted():
     engine = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "TorchCheckpointEngine")
     load = next(n for n in engine.body if isinstance(n, ast.FunctionDef) and n.name == "load")
     loads = [call for call, name in _calls(load) if name == "torch.load"]
-    assert loads and all(any(k.arg == "weights_only" and getattr(k.value, "value", None) is False
-                             for k in call.keywords) for call in loads)
+    assert loads and all(
+        any(k.arg == "weights_only" and getattr(k.value, "value", None) is False for k in call.keywords)
+        for call in loads
+    )

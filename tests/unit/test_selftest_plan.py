@@ -7,8 +7,8 @@ import json
 import pytest
 
 from trainscale.cli.main import main
-from trainscale.selftest.run import hang_record, hang_row, out_directory
 from trainscale.errors import ConfigError
+from trainscale.selftest.run import hang_record, hang_row, out_directory
 
 
 def test_a_hang_that_is_not_named_or_too_late_fails(tmp_path):
@@ -27,16 +27,21 @@ def test_a_hang_that_is_not_named_or_too_late_fails(tmp_path):
     assert verdict({"seconds": 6.0, "message": "rank(s) 1 did not arrive"}) == "fail"  # no stack
     assert verdict({"seconds": 6.0, "message": named}) == "pass"
     # every waiting rank records; any one that names the hung rank with its stack will do
-    assert verdict({"seconds": 5.5, "message": "Connection closed by peer"}, {"seconds": 6.0, "message": named}) == "pass"
+    assert (
+        verdict({"seconds": 5.5, "message": "Connection closed by peer"}, {"seconds": 6.0, "message": named}) == "pass"
+    )
     assert hang_row(tmp_path / "missing.json", 5.0, (True, ""))["status"] == "fail"
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--skip", "resum"], "--skip 'resum' is not a selftest check"),
-    (["--nodes", "2"], "--nodes 2 needs --slurm"),
-    (["--profile", "lumi"], "--profile only apply with --slurm"),
-    (["--slurm", "--profile", "lumi"], "--slurm needs --profile and --time"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--skip", "resum"], "--skip 'resum' is not a selftest check"),
+        (["--nodes", "2"], "--nodes 2 needs --slurm"),
+        (["--profile", "lumi"], "--profile only apply with --slurm"),
+        (["--slurm", "--profile", "lumi"], "--slurm needs --profile and --time"),
+    ],
+)
 def test_bad_options_are_refused_before_anything_runs(in_tmp, capsys, argv, message):
     assert main(["selftest", *argv]) == 2
     err = capsys.readouterr().err
@@ -58,8 +63,8 @@ FIXTURES = __import__("pathlib").Path(__file__).resolve().parents[1] / "fixtures
 def test_the_all_reduce_row_warns_when_nvlinked_gpus_fell_back_to_pcie_or_shared_memory():
     """Issue 22 item 8: a node whose GPUs lost NVLink used to show PASS at any bandwidth. The expectation
     comes from `nvidia-smi topo -m` (captured DGX/HGX A100 outputs) and NCCL's own log of how it connected."""
-    from trainscale.selftest.checks import allreduce_verdict
     from trainscale.observe.interconnect import intra_node_transports
+    from trainscale.selftest.checks import allreduce_verdict
     from trainscale.topology.nvidia import expected_busbw_gbps, parse_nvidia_links
 
     dgx = parse_nvidia_links((FIXTURES / "topology" / "nvidia-smi-topo-dgx-a100-8gpu.txt").read_text())
@@ -108,8 +113,9 @@ def test_a_rank_whose_current_device_is_not_its_own_gpu_fails_the_devices_row(mo
     props = SimpleNamespace(uuid="GPU-1", name="H100", pci_domain_id=0, pci_bus_id=1, pci_device_id=0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    rt = SimpleNamespace(rank=1, node_rank=0, local_rank=1, device=torch.device("cuda", 1), world_size=1,
-                         is_distributed=False)
+    rt = SimpleNamespace(
+        rank=1, node_rank=0, local_rank=1, device=torch.device("cuda", 1), world_size=1, is_distributed=False
+    )
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
     assert selftest_checks.check_devices(rt).status == "pass"
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -139,8 +145,13 @@ def test_gcds_that_share_a_uuid_are_told_apart_by_their_pci_address(monkeypatch)
     from trainscale.selftest import checks as selftest_checks
 
     buses = {0: 0xC1, 1: 0xC6}
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(
-        uuid="", name="AMD Instinct MI250X", pci_domain_id=0, pci_bus_id=buses[device.index], pci_device_id=0))
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda device: SimpleNamespace(
+            uuid="", name="AMD Instinct MI250X", pci_domain_id=0, pci_bus_id=buses[device.index], pci_device_id=0
+        ),
+    )
     assert selftest_checks._gpu_id(torch.device("cuda", 0)) == "0000:c1:00.0"
     assert selftest_checks._gpu_id(torch.device("cuda", 0)) != selftest_checks._gpu_id(torch.device("cuda", 1))
 
@@ -180,15 +191,26 @@ def _node_links_on_ranks(monkeypatch, device_index, physical, ranks: int = 4) ->
     from trainscale.selftest import checks as selftest_checks
     from trainscale.topology import detect
 
-    outputs = {"topo": (FIXTURES / "topology" / "nvidia-smi-topo-dgx-a100-8gpu.txt").read_text(),
-               "--query-gpu=index,pci.bus_id,uuid":
-                   (FIXTURES / "topology" / "nvidia-smi-query-gpu-dgx-a100-8gpu.csv").read_text()}
+    outputs = {
+        "topo": (FIXTURES / "topology" / "nvidia-smi-topo-dgx-a100-8gpu.txt").read_text(),
+        "--query-gpu=index,pci.bus_id,uuid": (
+            FIXTURES / "topology" / "nvidia-smi-query-gpu-dgx-a100-8gpu.csv"
+        ).read_text(),
+    }
     monkeypatch.setattr(detect, "run_tool", lambda argv, timeout=15.0: outputs.get(argv[1]))
     monkeypatch.setattr(torch.version, "cuda", "12.4")
     here = threading.local()
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(
-        name="NVIDIA A100-SXM4-80GB", uuid="", pci_domain_id=0, pci_bus_id=DGX_BUSES[physical(here.rank)],
-        pci_device_id=0))
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda device: SimpleNamespace(
+            name="NVIDIA A100-SXM4-80GB",
+            uuid="",
+            pci_domain_id=0,
+            pci_bus_id=DGX_BUSES[physical(here.rank)],
+            pci_device_id=0,
+        ),
+    )
     barrier, slots = threading.Barrier(ranks, timeout=10), [None] * ranks
 
     def gather(rt, value):
@@ -203,8 +225,16 @@ def _node_links_on_ranks(monkeypatch, device_index, physical, ranks: int = 4) ->
 
     def rank(r: int) -> None:
         here.rank = r
-        rt = SimpleNamespace(rank=r, local_rank=r, world_size=ranks, local_world_size=ranks, node_rank=0,
-                             num_nodes=1, is_distributed=True, device=torch.device("cuda", device_index(r)))
+        rt = SimpleNamespace(
+            rank=r,
+            local_rank=r,
+            world_size=ranks,
+            local_world_size=ranks,
+            node_rank=0,
+            num_nodes=1,
+            is_distributed=True,
+            device=torch.device("cuda", device_index(r)),
+        )
         try:
             results[r] = selftest_checks.node_links(rt)
         except Exception as exc:  # raised below, in the test's thread
@@ -222,12 +252,17 @@ def _node_links_on_ranks(monkeypatch, device_index, physical, ranks: int = 4) ->
     return results
 
 
-@pytest.mark.parametrize("launch, visible, count, device_index, physical", [
-    ("torchrun", "4,5,6,7", 4, lambda r: r, lambda r: 4 + r),  # local rank r drives cuda:r, the node's GPU 4 + r
-    ("srun", "0", 1, lambda r: 0, lambda r: 4 + r),  # a cgroup per task: each rank's only GPU is its cuda:0
-], ids=["torchrun", "srun"])
+@pytest.mark.parametrize(
+    "launch, visible, count, device_index, physical",
+    [
+        ("torchrun", "4,5,6,7", 4, lambda r: r, lambda r: 4 + r),  # local rank r drives cuda:r, the node's GPU 4 + r
+        ("srun", "0", 1, lambda r: 0, lambda r: 4 + r),  # a cgroup per task: each rank's only GPU is its cuda:0
+    ],
+    ids=["torchrun", "srun"],
+)
 def test_the_all_reduce_row_expects_nvlink_between_the_physical_gpus_the_ranks_drive(
-        monkeypatch, launch, visible, count, device_index, physical):
+    monkeypatch, launch, visible, count, device_index, physical
+):
     """Issue 39 item 5: the expectation took torch's visible indices for the node's, so with
     CUDA_VISIBLE_DEVICES=4,5,6,7, or srun's one GPU per task, there was none, and the SHM fallback's warning
     could never fire where per-task cgroups cause it. The ranks' GPUs are now found by PCI address."""
@@ -260,5 +295,10 @@ def test_no_nvlink_expectation_when_nvidia_smi_does_not_list_the_jobs_other_gpus
     assert job_links(topo, query, job)[0] == 300.0
     expected, why = job_links(topo, "0, 00000000:87:00.0, GPU-5d2c1f0e-8a41-4b7e-9c3d-0a1b2c3d4e54\n", job)
     assert expected is None and "does not list the job's GPU(s) 0000:90:00.0, 0000:b7:00.0, 0000:bd:00.0" in why
-    by_uuid = [{"pci": None, "uuid": "5d2c1f0e-8a41-4b7e-9c3d-0a1b2c3d4e5" + str(i)} for i in (0, 1)]  # torch's spelling
-    assert job_links(topo, query, by_uuid) == (300.0, "GPUs 0,1: NVLink between every pair (weakest NV12: 12 x 25 GB/s)")
+    by_uuid = [
+        {"pci": None, "uuid": "5d2c1f0e-8a41-4b7e-9c3d-0a1b2c3d4e5" + str(i)} for i in (0, 1)
+    ]  # torch's spelling
+    assert job_links(topo, query, by_uuid) == (
+        300.0,
+        "GPUs 0,1: NVLink between every pair (weakest NV12: 12 x 25 GB/s)",
+    )

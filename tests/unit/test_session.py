@@ -88,7 +88,7 @@ def test_an_lr_scheduler_takes_the_optimizer_setup_hands_out(rt):
 
     model, opt = rt.setup(_model(), lambda params: torch.optim.SGD(params, lr=1.0))
     handed = through_strategy(opt, rt.strategy_of(model), model)  # as fp16 FSDP and DeepSpeed hand it out
-    scheduler = torch.optim.lr_scheduler.LambdaLR(handed, lambda step: 0.5 ** step)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(handed, lambda step: 0.5**step)
     x, y = _data()
     rt.backward(nn.functional.cross_entropy(model(x), y))
     handed.step()

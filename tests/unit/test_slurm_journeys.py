@@ -76,11 +76,26 @@ def test_the_root_is_the_project_widened_to_what_the_script_reaches(tmp_path, mo
 
 # ------------------------------------------------------------------------------------------------- listing and copying
 def _tree(root: Path) -> None:
-    files = {"pkg/__init__.py": "x = 1\n", "train.py": "import pkg\n", "notes.txt": "n\n",
-             "data/train.csv": "1,2\n", "mypkg/data/__init__.py": "", "model.pt": "weights",
-             ".venv/lib/site.py": "", "env2/pyvenv.cfg": "", "env2/lib/x.py": "", "pkg/__pycache__/a.pyc": "",
-             "pkg/b.pyc": "", "trainscale-jobs/old/job.sbatch": "", "out/run/x.txt": "", "thing.egg-info/PKG": "",
-             "checkpoints/ckpt-00000004.pt": "w", "ckpt/step-2.pt": "w", "lumi-pytorch.sif": "image", "img.SQSH": ""}
+    files = {
+        "pkg/__init__.py": "x = 1\n",
+        "train.py": "import pkg\n",
+        "notes.txt": "n\n",
+        "data/train.csv": "1,2\n",
+        "mypkg/data/__init__.py": "",
+        "model.pt": "weights",
+        ".venv/lib/site.py": "",
+        "env2/pyvenv.cfg": "",
+        "env2/lib/x.py": "",
+        "pkg/__pycache__/a.pyc": "",
+        "pkg/b.pyc": "",
+        "trainscale-jobs/old/job.sbatch": "",
+        "out/run/x.txt": "",
+        "thing.egg-info/PKG": "",
+        "checkpoints/ckpt-00000004.pt": "w",
+        "ckpt/step-2.pt": "w",
+        "lumi-pytorch.sif": "image",
+        "img.SQSH": "",
+    }
     for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
@@ -141,21 +156,25 @@ def test_a_snapshot_above_the_limits_is_refused_naming_the_largest(tmp_path, mon
 
 
 # ----------------------------------------------------------------------------------- what the script reaches and lint
-@pytest.mark.parametrize("line, expected", [
-    ("sys.path.append(os.path.join(os.path.dirname(__file__), '..'))", ("/c", False)),
-    ("sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), '..', 'lib')))", ("/c/lib", True)),
-    ("HERE = os.path.dirname(os.path.abspath(__file__))\nsys.path.append(HERE + '/../lib')", ("/c/lib", False)),
-    ("sys.path.insert(0, str(Path(__file__).resolve().parents[1]))", ("/c", True)),
-    ("sys.path.append(str(Path(__file__).parent.parent / 'lib'))", ("/c/lib", False)),
-    ("ROOT = Path(__file__).parent\nsys.path.append(f'{ROOT}/..')", ("/c", False)),
-    ("site.addsitedir(os.path.join(os.path.dirname(__file__), 'vendor'))", ("/c/scripts/vendor", False)),
-])
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ("sys.path.append(os.path.join(os.path.dirname(__file__), '..'))", ("/c", False)),
+        ("sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), '..', 'lib')))", ("/c/lib", True)),
+        ("HERE = os.path.dirname(os.path.abspath(__file__))\nsys.path.append(HERE + '/../lib')", ("/c/lib", False)),
+        ("sys.path.insert(0, str(Path(__file__).resolve().parents[1]))", ("/c", True)),
+        ("sys.path.append(str(Path(__file__).parent.parent / 'lib'))", ("/c/lib", False)),
+        ("ROOT = Path(__file__).parent\nsys.path.append(f'{ROOT}/..')", ("/c", False)),
+        ("site.addsitedir(os.path.join(os.path.dirname(__file__), 'vendor'))", ("/c/scripts/vendor", False)),
+    ],
+)
 def test_sys_path_forms_relative_to_the_script(line, expected):
     assert path_additions(ast.parse(line), "/c/scripts/train.py") == (expected,)
 
 
-@pytest.mark.parametrize("line", ["sys.path.append('/opt/site/lib')", "sys.path.append(os.environ['LIB'])",
-                                  "sys.path.append(find_root())"])
+@pytest.mark.parametrize(
+    "line", ["sys.path.append('/opt/site/lib')", "sys.path.append(os.environ['LIB'])", "sys.path.append(find_root())"]
+)
 def test_paths_that_do_not_move_with_the_script_or_need_running_it_are_left_out(line):
     assert path_additions(ast.parse(line), "/c/scripts/train.py") == ()
 
@@ -163,8 +182,10 @@ def test_paths_that_do_not_move_with_the_script_or_need_running_it_are_left_out(
 def test_lint_names_an_import_the_job_will_not_see(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     script = course(tmp_path / "course")
-    assert [(n, optional) for n, _, optional in imported(ast.parse(COURSE_SCRIPT)) if n.startswith("mypkg")] == \
-        [("mypkg", False), ("mypkg_extras", True)]
+    assert [(n, optional) for n, _, optional in imported(ast.parse(COURSE_SCRIPT)) if n.startswith("mypkg")] == [
+        ("mypkg", False),
+        ("mypkg_extras", True),
+    ]
     found = lint(SlurmJobSpec(script=str(script), profile="local-test", time="5"), builtin("local-test"))
     assert not [f for f in found if "will not see" in f.message]  # the snapshot was widened to hold mypkg
     narrow = SlurmJobSpec(script=str(script), profile="local-test", time="5", snapshot=str(script.parent))
@@ -173,27 +194,59 @@ def test_lint_names_an_import_the_job_will_not_see(tmp_path, monkeypatch):
     assert len(hit) == 1 and "line 5" in hit[0].message and "will not see mypkg" in hit[0].message
     assert f"--snapshot {tmp_path / 'course'}" in hit[0].hint
     assert [f.level for f in found if "mypkg_extras" in f.message] == [WARNING]  # inside try: a warning
-    outside = SlurmJobSpec(script=str(script), profile="local-test", time="5", snapshot=str(tmp_path / "course" / "mypkg"))
+    outside = SlurmJobSpec(
+        script=str(script), profile="local-test", time="5", snapshot=str(tmp_path / "course" / "mypkg")
+    )
     assert [f.message for f in lint(outside, builtin("local-test")) if f.level == ERROR][0].startswith(
-        f"the script {script} is outside --snapshot")
+        f"the script {script} is outside --snapshot"
+    )
 
 
 # ------------------------------------------------------------------------------------------------ job-time arguments
 def test_arguments_expand_job_time_variables_and_nothing_else(tmp_path):
-    args = ("$OUT/$SLURM_JOB_ID", "${OUT}x", "a b", "*", "\\$HOME", "cost $5", "$(touch pwned)", "`touch pwned`",
-            "it's \"q\"", "$$ $1 $@", "plain")
+    args = (
+        "$OUT/$SLURM_JOB_ID",
+        "${OUT}x",
+        "a b",
+        "*",
+        "\\$HOME",
+        "cost $5",
+        "$(touch pwned)",
+        "`touch pwned`",
+        'it\'s "q"',
+        "$$ $1 $@",
+        "plain",
+    )
     words, names = job_words(args)
     assert names == ("OUT", "SLURM_JOB_ID")
     (tmp_path / "glob-bait").write_text("")
-    script = "set -euo pipefail\nOUT='/o u t'\nSLURM_JOB_ID=42\n" + "\n".join(check_lines(names)) + \
-        "\nprintf '%s\\n' " + " ".join(words)
+    script = (
+        "set -euo pipefail\nOUT='/o u t'\nSLURM_JOB_ID=42\n"
+        + "\n".join(check_lines(names))
+        + "\nprintf '%s\\n' "
+        + " ".join(words)
+    )
     done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["/o u t/42", "/o u tx", "a b", "*", "$HOME", "cost $5", "$(touch pwned)",
-                                        "`touch pwned`", "it's \"q\"", "$$ $1 $@", "plain"]
+    assert done.stdout.splitlines() == [
+        "/o u t/42",
+        "/o u tx",
+        "a b",
+        "*",
+        "$HOME",
+        "cost $5",
+        "$(touch pwned)",
+        "`touch pwned`",
+        'it\'s "q"',
+        "$$ $1 $@",
+        "plain",
+    ]
     assert not (tmp_path / "pwned").exists()
-    unset = subprocess.run(["bash", "-c", "set -u\n" + "\n".join(check_lines(("OUTPUT_DIR",))) + "\necho ran"],
-                           capture_output=True, text=True)
+    unset = subprocess.run(
+        ["bash", "-c", "set -u\n" + "\n".join(check_lines(("OUTPUT_DIR",))) + "\necho ran"],
+        capture_output=True,
+        text=True,
+    )
     assert unset.returncode == 1 and "ran" not in unset.stdout
     assert "the script's arguments use $OUTPUT_DIR, which is not set in the job" in unset.stderr
     assert "write \\$ for a literal $" in unset.stderr
@@ -206,10 +259,13 @@ def test_module_lines_per_profile_container_and_job():
     bare = SlurmJobSpec(script="/p/t.py", profile="lumi", time="5", modules=("load my-pytorch/2.4",))
     assert module_lines(bare, lumi) == (*lumi.modules, "module load my-pytorch/2.4")
     boxed = SlurmJobSpec(script="/p/t.py", profile="lumi", time="5", container="/i.sif")
-    assert module_lines(boxed, lumi) == ("module use /appl/local/containers/ai-modules",
-                                         "module load singularity-AI-bindings")  # an image needs no stack
-    own = SlurmJobSpec(script="/p/t.py", profile="lumi", time="5", profile_modules=False,
-                       modules=("load LUMI/24.03 partition/G",))
+    assert module_lines(boxed, lumi) == (
+        "module use /appl/local/containers/ai-modules",
+        "module load singularity-AI-bindings",
+    )  # an image needs no stack
+    own = SlurmJobSpec(
+        script="/p/t.py", profile="lumi", time="5", profile_modules=False, modules=("load LUMI/24.03 partition/G",)
+    )
     assert module_lines(own, lumi) == ("module load LUMI/24.03 partition/G",)
     text = render(own, lumi)
     assert "--no-profile-modules" in text and "module purge" not in text and "LUMI/25.03" not in text
@@ -222,7 +278,7 @@ def test_module_lines_per_profile_container_and_job():
     venv = SlurmJobSpec(script="/p/t.py", profile="lumi", time="5", python="/p/venv/bin/python")
     assert job_python(venv, lumi).kit is False  # an absolute --python outside a container has trainscale
     text = render(bare, lumi)
-    assert 'python3 -m torch.distributed.run' in text and "python3 \"$KIT/port.py\"" in text
+    assert "python3 -m torch.distributed.run" in text and 'python3 "$KIT/port.py"' in text
     assert "# Python: python3 as found on the job's PATH after its module lines" in text
 
 
@@ -247,7 +303,7 @@ def test_modules_checked_is_a_date():
 def _fake_python(bin_dir: Path, *argv: str) -> Path:
     """A module's bin/ directory whose python3 runs ``argv``."""
     bin_dir.mkdir(parents=True)
-    (bin_dir / "python3").write_text(f"#!/bin/sh\nexec {' '.join(argv)} \"$@\"\n")
+    (bin_dir / "python3").write_text(f'#!/bin/sh\nexec {" ".join(argv)} "$@"\n')
     (bin_dir / "python3").chmod(0o755)
     return bin_dir
 
@@ -264,7 +320,8 @@ def test_the_probe_loads_the_module_lines_and_names_the_python_and_torch(tmp_pat
     import torch
 
     assert note.level == NOTE and note.message.startswith(
-        f"the job runs python3 as found on the job's PATH after its module lines: {sys.executable} (Python ")
+        f"the job runs python3 as found on the job's PATH after its module lines: {sys.executable} (Python "
+    )
     assert f"torch {torch.__version__}" in note.message
     # a module that gives a Python without torch is refused before submission, with the fix
     bare = _fake_python(tmp_path / "python-only" / "bin", sys.executable, "-I", "-S")  # no site-packages: no torch
@@ -272,10 +329,13 @@ def test_the_probe_loads_the_module_lines_and_names_the_python_and_torch(tmp_pat
     (error,) = probe_python(spec, profile, resolve(spec, profile))
     assert error.level == ERROR and "torch missing" in error.message and "cannot import torch" in error.message
     assert "--module 'load PyTorch/...'" in error.hint
-    nowhere = SlurmJobSpec(script="/p/t.py", profile="local-test", time="5", modules=("load PyTorch/2.4",),
-                           python="python-nowhere")  # a bare name: looked up after the module lines
+    nowhere = SlurmJobSpec(
+        script="/p/t.py", profile="local-test", time="5", modules=("load PyTorch/2.4",), python="python-nowhere"
+    )  # a bare name: looked up after the module lines
     (error,) = probe_python(nowhere, profile, resolve(nowhere, profile))
-    assert error.level == ERROR and "there is no python-nowhere on the PATH after the job's module lines" in error.message
+    assert (
+        error.level == ERROR and "there is no python-nowhere on the PATH after the job's module lines" in error.message
+    )
     # no module system here: said, not guessed
     monkeypatch.delenv("BASH_FUNC_module%%")
     inits = ("/usr/share/lmod/lmod/init/bash", "/etc/profile.d/lmod.sh", "/etc/profile.d/modules.sh")
@@ -289,8 +349,9 @@ def test_a_container_on_a_profile_without_a_container_table_is_a_note(tmp_path):
     image.write_text("")
     script = tmp_path / "train.py"
     script.write_text("import torch\n")
-    found = lint(SlurmJobSpec(script=str(script), profile="local-test", time="5", container=str(image)),
-                 builtin("local-test"))
+    found = lint(
+        SlurmJobSpec(script=str(script), profile="local-test", time="5", container=str(image)), builtin("local-test")
+    )
     assert [f.level for f in found if "no [container] table" in f.message] == [NOTE]
     assert not [f for f in found if f.level == WARNING and "container" in f.message]
 
@@ -310,8 +371,17 @@ def test_a_step_slurm_could_not_start_is_named_not_blamed_on_a_rank(tmp_path):
     from trainscale.launch.slurm.queue import JobInfo
     from trainscale.launch.slurm.triage import step_failure
 
-    rec = JobRecord(job_id="31", name="exp", launcher="srun", profile="local-test", script="s", output_dir=str(tmp_path),
-                    world_size=1, ranks_per_node=1, run_dir=str(tmp_path))
+    rec = JobRecord(
+        job_id="31",
+        name="exp",
+        launcher="srun",
+        profile="local-test",
+        script="s",
+        output_dir=str(tmp_path),
+        world_size=1,
+        ranks_per_node=1,
+        run_dir=str(tmp_path),
+    )
     (tmp_path / "31" / "errors").mkdir(parents=True)
     rec.batch_output.write_text("trainscale: job 31 on n1, master n1:40000, restart 0, logs in x\n" + LAYOUT_FAILURE)
     text = explain(JobInfo(job_id="31", name="exp", state="FAILED", exit_code=1, signal=0), rec)
@@ -321,13 +391,19 @@ def test_a_step_slurm_could_not_start_is_named_not_blamed_on_a_rank(tmp_path):
     assert missing is not None and "/opt/venv/bin/python does not exist on the node" in missing.meaning
 
 
-@pytest.mark.parametrize("said, code, answer", [
-    ("allocation failure: Unable to contact slurm controller (connect failure)", 1, "unreachable"),
-    ("sbatch: fatal: Could not establish a configuration source", 1, "unreachable"),
-    ("allocation failure: Requested node configuration is not available", 1, "refuses"),
-    ("sbatch: Job 99 to start at 2026-11-24T09:00:00 using 8 processors on nodes n[1-2] in partition debug", 0,
-     "accepts"),
-])
+@pytest.mark.parametrize(
+    "said, code, answer",
+    [
+        ("allocation failure: Unable to contact slurm controller (connect failure)", 1, "unreachable"),
+        ("sbatch: fatal: Could not establish a configuration source", 1, "unreachable"),
+        ("allocation failure: Requested node configuration is not available", 1, "refuses"),
+        (
+            "sbatch: Job 99 to start at 2026-11-24T09:00:00 using 8 processors on nodes n[1-2] in partition debug",
+            0,
+            "accepts",
+        ),
+    ],
+)
 def test_test_only_tells_an_unreachable_scheduler_from_a_refusal(said, code, answer):
     from trainscale.launch.slurm.submit import ask_test_only
 
@@ -358,11 +434,20 @@ def test_an_arithmetic_expansion_in_the_arguments_is_computed_when_the_job_runs(
     """issue 35 item 6b: the workshop's `--num-workers $(( SLURM_CPUS_PER_TASK / SLURM_GPUS_PER_NODE ))` reached
     the script literally, to fail after the queue wait. Names, numbers and + - * / % ( ) expand as in a batch
     script; a command substitution inside one stays literal."""
-    args = ("--num-workers", "$(( SLURM_CPUS_PER_TASK / SLURM_GPUS_PER_NODE ))", "$((2*(3+4)))", "$((1+$(touch pwned)))")
+    args = (
+        "--num-workers",
+        "$(( SLURM_CPUS_PER_TASK / SLURM_GPUS_PER_NODE ))",
+        "$((2*(3+4)))",
+        "$((1+$(touch pwned)))",
+    )
     words, names = job_words(args)
     assert names == ("SLURM_CPUS_PER_TASK", "SLURM_GPUS_PER_NODE")
-    script = "set -euo pipefail\nSLURM_CPUS_PER_TASK=14\nSLURM_GPUS_PER_NODE=2\n" + "\n".join(check_lines(names)) + \
-        "\nprintf '%s\\n' " + " ".join(words)
+    script = (
+        "set -euo pipefail\nSLURM_CPUS_PER_TASK=14\nSLURM_GPUS_PER_NODE=2\n"
+        + "\n".join(check_lines(names))
+        + "\nprintf '%s\\n' "
+        + " ".join(words)
+    )
     done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["--num-workers", "7", "14", "$((1+$(touch pwned)))"]
@@ -380,7 +465,23 @@ def test_a_config_file_read_from_the_working_directory_is_named_at_submission(tm
     (tmp_path / "config" / "train_gpt2.py").write_text("batch_size = 12\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TRAINSCALE_STATE_DIR", str(tmp_path / "state"))
-    assert main(["slurm", "--profile", "local-test", "-N", "1", "-t", "5", "--dry-run", "train.py",
-                 "config/train_gpt2.py", "--out_dir=out"]) == 0
+    assert (
+        main(
+            [
+                "slurm",
+                "--profile",
+                "local-test",
+                "-N",
+                "1",
+                "-t",
+                "5",
+                "--dry-run",
+                "train.py",
+                "config/train_gpt2.py",
+                "--out_dir=out",
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     assert f"note: the job reads config/train_gpt2.py from {tmp_path} when it runs, not from the snapshot" in err

@@ -38,15 +38,22 @@ def test_clean_job_has_no_findings(script):
 
 
 def test_many_tasks_per_node_with_torchrun(script):
-    spec = SlurmJobSpec(script=script, profile="lumi", time="1:00:00", account="p", launcher="torchrun",
-                        tasks_per_node=8)
+    spec = SlurmJobSpec(
+        script=script, profile="lumi", time="1:00:00", account="p", launcher="torchrun", tasks_per_node=8
+    )
     f = only(lint(spec, builtin("lumi")), ERROR, "--ntasks-per-node=8 with the torchrun launch mode")
     assert "--ntasks-per-node=1" in f.hint
 
 
 def test_tasks_per_node_from_extra_line_with_srun(script):
-    spec = SlurmJobSpec(script=script, profile="lumi", time="1:00:00", account="p", launcher="srun",
-                        extra_sbatch=("--ntasks-per-node=4",))
+    spec = SlurmJobSpec(
+        script=script,
+        profile="lumi",
+        time="1:00:00",
+        account="p",
+        launcher="srun",
+        extra_sbatch=("--ntasks-per-node=4",),
+    )
     f = only(lint(spec, builtin("lumi")), ERROR, "--ntasks-per-node=4 but 8 rank(s) per node")
     assert "--ntasks-per-node=8" in f.hint
 
@@ -61,11 +68,11 @@ def test_cpus_per_gpu_forbidden_on_lumi(script):
 
 
 def test_over_specified_binding(script):
-    spec = SlurmJobSpec(script=script, profile="cyclone", time="1:00:00", cpus_per_gpu=4, cpus_per_task=4,
-                        launcher="srun")
+    spec = SlurmJobSpec(
+        script=script, profile="cyclone", time="1:00:00", cpus_per_gpu=4, cpus_per_task=4, launcher="srun"
+    )
     only(lint(spec, builtin("cyclone")), ERROR, "both --cpus-per-gpu=4 and --cpus-per-task=4")
-    spec = SlurmJobSpec(script=script, profile="cyclone", time="1:00:00", launcher="torchrun",
-                        cpu_bind="mask_cpu:0xff")
+    spec = SlurmJobSpec(script=script, profile="cyclone", time="1:00:00", launcher="torchrun", cpu_bind="mask_cpu:0xff")
     only(lint(spec, builtin("cyclone")), ERROR, "--cpu-bind=mask_cpu:0xff with the torchrun launch mode")
     spec = SlurmJobSpec(script=script, profile="cyclone", time="1:00:00", extra_sbatch=("--gpus-per-task=1",))
     only(lint(spec, builtin("cyclone")), ERROR, "GPUs are asked for twice")
@@ -119,19 +126,32 @@ def test_more_ranks_than_the_batch_can_feed():
     from trainscale.workloads.cnn import preflight
 
     # 64 synthetic samples cannot give 16 ranks a batch of 16 each
-    spec = SlurmJobSpec(workload="cnn", args=("--data", "synthetic", "--samples", "64", "--batch-size", "16"),
-                        profile="local-test", nodes=2, gpus_per_node=8, time="5")
+    spec = SlurmJobSpec(
+        workload="cnn",
+        args=("--data", "synthetic", "--samples", "64", "--batch-size", "16"),
+        profile="local-test",
+        nodes=2,
+        gpus_per_node=8,
+        time="5",
+    )
     findings = lint(spec, builtin("local-test"), preflight=preflight)
     f = only(findings, ERROR, "cnn with world size 16")
     assert f.hint
-    small = SlurmJobSpec(workload="cnn", args=("--data", "synthetic", "--samples", "64", "--batch-size", "4"),
-                         profile="local-test", nodes=2, gpus_per_node=2, time="5")
+    small = SlurmJobSpec(
+        workload="cnn",
+        args=("--data", "synthetic", "--samples", "64", "--batch-size", "4"),
+        profile="local-test",
+        nodes=2,
+        gpus_per_node=2,
+        time="5",
+    )
     assert errors(lint(small, builtin("local-test"), preflight=preflight)) == []
 
 
 def test_cpu_profile_oversubscription(script):
-    spec = SlurmJobSpec(script=script, profile="local-test", time="5", gpus_per_node=2, cpus_per_task=4,
-                        launcher="srun")
+    spec = SlurmJobSpec(
+        script=script, profile="local-test", time="5", gpus_per_node=2, cpus_per_task=4, launcher="srun"
+    )
     only(lint(spec, builtin("local-test")), ERROR, "2 rank(s) x 4 CPU(s) = 8 CPUs per node")
 
 
@@ -144,8 +164,21 @@ def test_errors_come_first(script):
 def test_cli_refuses_to_submit_on_errors(script, capsys, tmp_path):
     from trainscale.cli.main import main
 
-    rc = main(["slurm", "--profile", "lumi", "--time", "01:00:00", "--cpus-per-gpu", "7", "--output-dir",
-               str(tmp_path / "jobs"), "--submit", script])
+    rc = main(
+        [
+            "slurm",
+            "--profile",
+            "lumi",
+            "--time",
+            "01:00:00",
+            "--cpus-per-gpu",
+            "7",
+            "--output-dir",
+            str(tmp_path / "jobs"),
+            "--submit",
+            script,
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2
     assert "error: --cpus-per-gpu on profile lumi" in err and "error: no --account" in err
@@ -164,15 +197,38 @@ def test_cli_dry_run_prints_script_and_keeps_script_args(script, capsys):
     from trainscale.cli.main import main
 
     with open(script, "a") as fh:  # the script reads --nodes and --time itself: after it, they are its own
-        fh.write("import argparse\np = argparse.ArgumentParser()\np.add_argument('--nodes')\np.add_argument('--time')\n")
-    rc = main(["slurm", "--profile", "local-test", "--nodes", "2", "--gpus-per-node", "2", "--time", "10",
-               "--launcher", "srun", "--dry-run", script, "--nodes", "7", "--time", "x"])
+        fh.write(
+            "import argparse\np = argparse.ArgumentParser()\np.add_argument('--nodes')\np.add_argument('--time')\n"
+        )
+    rc = main(
+        [
+            "slurm",
+            "--profile",
+            "local-test",
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "2",
+            "--time",
+            "10",
+            "--launcher",
+            "srun",
+            "--dry-run",
+            script,
+            "--nodes",
+            "7",
+            "--time",
+            "x",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0
     assert "#SBATCH --nodes=2" in out and "#SBATCH --time=00:10:00" in out
     # after the script: the script's own options; the job runs the script in the run's snapshot (src/<dir>/)
     name = Path(script).parent.name
-    assert re.search(rf"--script \S+/trainscale-train-\d{{8}}-\d{{6}}/src/{name}/train\.py --nodes 7 --time x", out), out
+    assert re.search(rf"--script \S+/trainscale-train-\d{{8}}-\d{{6}}/src/{name}/train\.py --nodes 7 --time x", out), (
+        out
+    )
     assert Path(script).exists()
 
 
@@ -203,18 +259,29 @@ def test_trainscale_inside_a_stock_image_is_named(tmp_path):
     spec = SlurmJobSpec(script=str(user), profile="lumi", time="1:00:00", account="p", container=str(image))
     hit = only(lint(spec, builtin("lumi")), WARNING, "needs trainscale importable inside")
     assert "--system-site-packages" in hit.hint and "--python VENV/bin/python" in hit.hint
-    with_python = SlurmJobSpec(script=str(user), profile="lumi", time="1:00:00", account="p", container=str(image),
-                               python="/project/p/venv/bin/python")
+    with_python = SlurmJobSpec(
+        script=str(user),
+        profile="lumi",
+        time="1:00:00",
+        account="p",
+        container=str(image),
+        python="/project/p/venv/bin/python",
+    )
     assert not [f for f in lint(with_python, builtin("lumi")) if "trainscale importable" in f.message]
 
 
 def test_one_gpu_per_task_refused_for_a_script_that_picks_its_gpu_by_rank(tmp_path):
     seed = tmp_path / "cnn_multinode.py"
-    seed.write_text("import os, torch\nlocal_rank = int(os.environ['SLURM_LOCALID'])\n"
-                    "model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])\n")
+    seed.write_text(
+        "import os, torch\nlocal_rank = int(os.environ['SLURM_LOCALID'])\n"
+        "model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])\n"
+    )
     kw = dict(script=str(seed), profile="cyclone", time="1:00:00", launcher="srun")
-    hit = only(lint(SlurmJobSpec(gpu_visibility="task", **kw), builtin("cyclone")), ERROR,
-               "--gpu-visibility task shows each task only its own GPU")
+    hit = only(
+        lint(SlurmJobSpec(gpu_visibility="task", **kw), builtin("cyclone")),
+        ERROR,
+        "--gpu-visibility task shows each task only its own GPU",
+    )
     assert "line 3" in hit.message and "--gpu-visibility node" in hit.hint
     note = [f for f in lint(SlurmJobSpec(**kw), builtin("cyclone")) if f.level == "note"]
     assert note and "line 3 picks its GPU by rank index" in note[0].message  # auto: all GPUs visible, said why
@@ -231,8 +298,9 @@ def test_ntasks_and_gpus_per_node_that_disagree(script):
 
 
 def test_partial_node_and_unlimited_time_are_explained(script):
-    spec = SlurmJobSpec(script=script, profile="lumi", time="UNLIMITED", account="p", gpus_per_node=4,
-                        partition="small-g")
+    spec = SlurmJobSpec(
+        script=script, profile="lumi", time="UNLIMITED", account="p", gpus_per_node=4, partition="small-g"
+    )
     found = lint(spec, builtin("lumi"))
     assert not errors(found)
     assert any(f.level == "note" and "without --exclusive" in f.message for f in found)
@@ -244,15 +312,25 @@ def test_both_memory_options_are_refused(script):
         SlurmJobSpec(script=script, time="5", mem="100G", mem_per_gpu="10G")
 
 
-@pytest.mark.parametrize("source, warned", [
-    ("print('hi')\n", True),  # no trainscale at all: the warning signal would end it, too
-    ("import torch\nimport trainscale\nfrom torch.utils.checkpoint import checkpoint\n"
-     "with trainscale.init() as rt:\n    y = torch.utils.checkpoint.checkpoint(f, x)\n    z = checkpoint(f, x)\n", True),
-    ("import trainscale\nwith trainscale.init() as rt:\n    start = rt.resume(model, opt)\n"
-     "    rt.checkpoint(1, model, opt)\n", False),
-    ("from trainscale.checkpoint import Checkpointer\nckpt = Checkpointer('c', rt)\n", False),
-    ("from trainscale.train import Loop, Task\nLoop(rt, opts, task).run()\n", False),
-])
+@pytest.mark.parametrize(
+    "source, warned",
+    [
+        ("print('hi')\n", True),  # no trainscale at all: the warning signal would end it, too
+        (
+            "import torch\nimport trainscale\nfrom torch.utils.checkpoint import checkpoint\n"
+            "with trainscale.init() as rt:\n    y = torch.utils.checkpoint.checkpoint(f, x)\n"
+            "    z = checkpoint(f, x)\n",
+            True,
+        ),
+        (
+            "import trainscale\nwith trainscale.init() as rt:\n    start = rt.resume(model, opt)\n"
+            "    rt.checkpoint(1, model, opt)\n",
+            False,
+        ),
+        ("from trainscale.checkpoint import Checkpointer\nckpt = Checkpointer('c', rt)\n", False),
+        ("from trainscale.train import Loop, Task\nLoop(rt, opts, task).run()\n", False),
+    ],
+)
 def test_requeue_or_chain_of_a_script_that_does_not_checkpoint_through_trainscale_warns(tmp_path, source, warned):
     path = tmp_path / "train.py"
     path.write_text(source)
@@ -302,9 +380,11 @@ def test_the_partition_here_checks_the_job_with_its_real_sizes(script):
     assert here and "partition debug" in only(found, ERROR, "--nodes 3").message
     nodefault = cluster.parse("gpu|3|64|257000\n")
     bare0 = ClusterProfile(name="bare0", gpus_per_node=0, cpus_per_node=4)
-    assert cluster.findings(resolve(SlurmJobSpec(script=script, profile="bare0", nodes=9, time="5"), bare0), bare0,
-                            nodefault) == ([], True)  # nothing asked, no default: the scheduler answers
+    assert cluster.findings(
+        resolve(SlurmJobSpec(script=script, profile="bare0", nodes=9, time="5"), bare0), bare0, nodefault
+    ) == ([], True)  # nothing asked, no default: the scheduler answers
     bare = ClusterProfile(name="bare", gpus_per_node=0, cpus_per_node=4)  # no partition named: the default one
-    found, here = cluster.findings(resolve(SlurmJobSpec(script=script, profile="bare", nodes=5, time="5"), bare),
-                                   bare, parts)
+    found, here = cluster.findings(
+        resolve(SlurmJobSpec(script=script, profile="bare", nodes=5, time="5"), bare), bare, parts
+    )
     assert here and "partition gpu" in only(found, ERROR, "--nodes 5").message

@@ -32,16 +32,19 @@ def test_parse_squeue_rejects_other_formats():
         parse_squeue("  JOBID PARTITION NAME\n")
 
 
-@pytest.mark.parametrize("job, state, code, sig, reason, restarts", [
-    ("4101", "COMPLETED", 0, 0, "", 0),
-    ("4102", "FAILED", 1, 0, "", 0),
-    ("4103", "CANCELLED", 0, 0, "by 1000", 0),
-    ("4104", "OUT_OF_MEMORY", 0, 125, "", 0),
-    ("4105", "TIMEOUT", 0, 0, "", 0),
-    ("4106", "NODE_FAIL", 0, 0, "", 1),
-    ("4107", "PREEMPTED", 0, 0, "", 2),
-    ("4108", "REQUEUED", 0, 0, "", 1),
-])
+@pytest.mark.parametrize(
+    "job, state, code, sig, reason, restarts",
+    [
+        ("4101", "COMPLETED", 0, 0, "", 0),
+        ("4102", "FAILED", 1, 0, "", 0),
+        ("4103", "CANCELLED", 0, 0, "by 1000", 0),
+        ("4104", "OUT_OF_MEMORY", 0, 125, "", 0),
+        ("4105", "TIMEOUT", 0, 0, "", 0),
+        ("4106", "NODE_FAIL", 0, 0, "", 1),
+        ("4107", "PREEMPTED", 0, 0, "", 2),
+        ("4108", "REQUEUED", 0, 0, "", 1),
+    ],
+)
 def test_parse_sacct_reads_the_job_and_its_steps(job, state, code, sig, reason, restarts):
     (info,) = [r for r in parse_sacct(fixture("sacct_examples.txt")) if r.job_id == job]
     assert (info.state, info.exit_code, info.signal, info.reason, info.restarts) == (state, code, sig, reason, restarts)
@@ -54,13 +57,16 @@ def test_parse_sacct_keeps_every_line_in_order():
     assert (rows[1].name, rows[1].nodelist, rows[1].alloc_cpus, rows[1].max_rss) == ("batch", "n1", 0, "")
 
 
-@pytest.mark.parametrize("name, state, code, reason", [
-    ("scontrol_completed.txt", "COMPLETED", 0, ""),
-    ("scontrol_failed.txt", "FAILED", 3, "NonZeroExitCode"),
-    ("scontrol_timeout.txt", "TIMEOUT", 0, "TimeLimit"),
-    ("scontrol_cancelled.txt", "CANCELLED", 0, ""),
-    ("scontrol_running.txt", "RUNNING", 0, ""),
-])
+@pytest.mark.parametrize(
+    "name, state, code, reason",
+    [
+        ("scontrol_completed.txt", "COMPLETED", 0, ""),
+        ("scontrol_failed.txt", "FAILED", 3, "NonZeroExitCode"),
+        ("scontrol_timeout.txt", "TIMEOUT", 0, "TimeLimit"),
+        ("scontrol_cancelled.txt", "CANCELLED", 0, ""),
+        ("scontrol_running.txt", "RUNNING", 0, ""),
+    ],
+)
 def test_scontrol_captured(name, state, code, reason):
     info = info_from_scontrol(fixture(name))
     assert (info.state, info.exit_code, info.reason) == (state, code, reason)
@@ -75,8 +81,9 @@ def test_parse_scontrol_keys_with_colons_and_values_with_spaces():
 class FakeSlurm:
     """Answers squeue/sacct/scontrol from a script of states, one step per squeue call."""
 
-    def __init__(self, states: list[str], *, sacct: str | None = None, final: str = "scontrol_completed.txt",
-                 job: str = "35"):
+    def __init__(
+        self, states: list[str], *, sacct: str | None = None, final: str = "scontrol_completed.txt", job: str = "35"
+    ):
         self.states, self.sacct_text, self.final, self.job = list(states), sacct, final, job
         self.calls: list[list[str]] = []
 
@@ -141,15 +148,18 @@ def test_missing_commands_are_explained():
         queue.squeue(missing)
 
 
-@pytest.mark.parametrize("state, words", [
-    ("COMPLETED", "every task exited with code 0"),
-    ("TIMEOUT", "time limit"),
-    ("OUT_OF_MEMORY", "more memory"),
-    ("NODE_FAIL", "lost a node"),
-    ("CANCELLED", "cancelled"),
-    ("PREEMPTED", "preempted"),
-    ("REQUEUED", "requeued"),
-])
+@pytest.mark.parametrize(
+    "state, words",
+    [
+        ("COMPLETED", "every task exited with code 0"),
+        ("TIMEOUT", "time limit"),
+        ("OUT_OF_MEMORY", "more memory"),
+        ("NODE_FAIL", "lost a node"),
+        ("CANCELLED", "cancelled"),
+        ("PREEMPTED", "preempted"),
+        ("REQUEUED", "requeued"),
+    ],
+)
 def test_explain_each_state_in_words(state, words):
     text = explain(JobInfo(job_id="9", name="t", state=state, exit_code=0, signal=0))
     assert text.startswith(f"Job 9 (t) {state}: ") and words in text

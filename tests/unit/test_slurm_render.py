@@ -32,46 +32,94 @@ def builtin(name: str) -> ClusterProfile:
 
 def cases() -> dict[str, dict]:
     return {
-        "local-test": dict(workload="cnn", args=("--max-steps", "20", "--batch-size", "16"), nodes=2, gpus_per_node=2,
-                           time="00:10:00"),
-        "lumi": dict(script="/project/project_465000000/train.py", args=("--lr", "3e-4", "--name", "run one"),
-                     nodes=4, time="1-00:00:00", account="project_465000000", container="/project/images/pytorch.sif",
-                     signal="USR1@90", requeue=True, env={"NCCL_DEBUG": "INFO"}),
-        "cyclone": dict(module="mypkg.train", args=("--config", "conf/base.toml"), nodes=2, time="04:00:00",
-                        reservation="training-week", mem_per_gpu="40G"),
-        "generic-nvidia": dict(script="/home/alice/train.py", nodes=8, gpus_per_node=8, time="12:00:00",
-                               partition="a100", constraint="a100-80gb", exclusive=True),
+        "local-test": dict(
+            workload="cnn", args=("--max-steps", "20", "--batch-size", "16"), nodes=2, gpus_per_node=2, time="00:10:00"
+        ),
+        "lumi": dict(
+            script="/project/project_465000000/train.py",
+            args=("--lr", "3e-4", "--name", "run one"),
+            nodes=4,
+            time="1-00:00:00",
+            account="project_465000000",
+            container="/project/images/pytorch.sif",
+            signal="USR1@90",
+            requeue=True,
+            env={"NCCL_DEBUG": "INFO"},
+        ),
+        "cyclone": dict(
+            module="mypkg.train",
+            args=("--config", "conf/base.toml"),
+            nodes=2,
+            time="04:00:00",
+            reservation="training-week",
+            mem_per_gpu="40G",
+        ),
+        "generic-nvidia": dict(
+            script="/home/alice/train.py",
+            nodes=8,
+            gpus_per_node=8,
+            time="12:00:00",
+            partition="a100",
+            constraint="a100-80gb",
+            exclusive=True,
+        ),
     }
 
 
 # Stock site images (Python and torch, no trainscale), as a LUMI / Cyclone / NVIDIA-pyxis user runs them.
 STOCK = {
-    "lumi": dict(script="/project/project_465000000/cnn_multinode.py", args=("--epochs", "5"), nodes=2,
-                 time="00:30:00", account="project_465000000", partition="standard-g",
-                 container="/appl/local/containers/sif-images/lumi-pytorch-rocm-6.2.4-python-3.12-pytorch-v2.7.1.sif",
-                 container_setup=("$WITH_CONDA",),  # the profile's [container] modules load singularity-AI-bindings
-                 binds=("/scratch/project_465000000/env.sqsh:/user-software:image-src=/",)),
-    "cyclone": dict(script="/nvme/h/alice/tutorial_04/cnn_multinode.py", args=("--batch_size", "16"), nodes=2,
-                    gpus_per_node=2, time="01:00:00", container="/nvme/h/alice/images/pytorch-24.05.sif",
-                    modules=("load Apptainer",)),
-    "generic-nvidia-pyxis": dict(script="/home/alice/train.py", nodes=2, time="02:00:00",
-                                 container="nvcr.io#nvidia/pytorch:24.05-py3", binds=("/data:/data:ro",)),
+    "lumi": dict(
+        script="/project/project_465000000/cnn_multinode.py",
+        args=("--epochs", "5"),
+        nodes=2,
+        time="00:30:00",
+        account="project_465000000",
+        partition="standard-g",
+        container="/appl/local/containers/sif-images/lumi-pytorch-rocm-6.2.4-python-3.12-pytorch-v2.7.1.sif",
+        container_setup=("$WITH_CONDA",),  # the profile's [container] modules load singularity-AI-bindings
+        binds=("/scratch/project_465000000/env.sqsh:/user-software:image-src=/",),
+    ),
+    "cyclone": dict(
+        script="/nvme/h/alice/tutorial_04/cnn_multinode.py",
+        args=("--batch_size", "16"),
+        nodes=2,
+        gpus_per_node=2,
+        time="01:00:00",
+        container="/nvme/h/alice/images/pytorch-24.05.sif",
+        modules=("load Apptainer",),
+    ),
+    "generic-nvidia-pyxis": dict(
+        script="/home/alice/train.py",
+        nodes=2,
+        time="02:00:00",
+        container="nvcr.io#nvidia/pytorch:24.05-py3",
+        binds=("/data:/data:ro",),
+    ),
 }
 KIT = Path("/scratch/jobs/.trainscale/kit-0123456789ab")
 
 
 def spec_for(profile: str, launcher: str) -> SlurmJobSpec:
-    return SlurmJobSpec(profile=profile, launcher=launcher, python=PY, output_dir=Path("/scratch/jobs"),
-                        run_name="exp-20261123-140000",
-                        command_line=("trainscale", "slurm", "--profile", profile, "--launcher", launcher, "..."),
-                        **cases()[profile])
+    return SlurmJobSpec(
+        profile=profile,
+        launcher=launcher,
+        python=PY,
+        output_dir=Path("/scratch/jobs"),
+        run_name="exp-20261123-140000",
+        command_line=("trainscale", "slurm", "--profile", profile, "--launcher", launcher, "..."),
+        **cases()[profile],
+    )
 
 
 def stock_spec_for(profile: str, launcher: str) -> SlurmJobSpec:
-    return SlurmJobSpec(profile=profile, launcher=launcher, output_dir=Path("/scratch/jobs"),
-                        run_name="exp-20261123-140000",
-                        command_line=("trainscale", "slurm", "--profile", profile, "--container", "...", "..."),
-                        **STOCK[profile])
+    return SlurmJobSpec(
+        profile=profile,
+        launcher=launcher,
+        output_dir=Path("/scratch/jobs"),
+        run_name="exp-20261123-140000",
+        command_line=("trainscale", "slurm", "--profile", profile, "--container", "...", "..."),
+        **STOCK[profile],
+    )
 
 
 def check_golden(text: str, name: str) -> None:
@@ -95,25 +143,54 @@ def test_golden_stock_image(profile, launcher):
 # profile's, and the course's Cyclone line (a PyTorch module, whose python3 the job runs, with the job kit), whose
 # script arguments name job-time variables.
 SITE = {
-    "lumi-modules-torchrun": ("lumi", dict(script="/project/project_465000000/train.py", nodes=2, time="02:00:00",
-                                           account="project_465000000", launcher="torchrun",
-                                           modules=("load my-pytorch/2.4",))),
-    "lumi-own-modules-srun": ("lumi", dict(script="/project/project_465000000/train.py", nodes=2, time="02:00:00",
-                                           account="project_465000000", launcher="srun", profile_modules=False,
-                                           modules=("load LUMI/24.03 partition/G", "load my-pytorch/2.4"))),
-    "cyclone-module-srun": ("cyclone", dict(script="/nvme/h/alice/tutorial_04/cnn_multinode.py", nodes=2,
-                                            gpus_per_node=2, time="02:00:00", launcher="srun",
-                                            modules=("load PyTorch/1.12.0-foss-2022a-CUDA-11.7.0",),
-                                            args=("--output-path", "$OUTPUT_DIR/run-${SLURM_JOB_ID}", "--note",
-                                                  "cost \\$5 * $(date)"))),
+    "lumi-modules-torchrun": (
+        "lumi",
+        dict(
+            script="/project/project_465000000/train.py",
+            nodes=2,
+            time="02:00:00",
+            account="project_465000000",
+            launcher="torchrun",
+            modules=("load my-pytorch/2.4",),
+        ),
+    ),
+    "lumi-own-modules-srun": (
+        "lumi",
+        dict(
+            script="/project/project_465000000/train.py",
+            nodes=2,
+            time="02:00:00",
+            account="project_465000000",
+            launcher="srun",
+            profile_modules=False,
+            modules=("load LUMI/24.03 partition/G", "load my-pytorch/2.4"),
+        ),
+    ),
+    "cyclone-module-srun": (
+        "cyclone",
+        dict(
+            script="/nvme/h/alice/tutorial_04/cnn_multinode.py",
+            nodes=2,
+            gpus_per_node=2,
+            time="02:00:00",
+            launcher="srun",
+            modules=("load PyTorch/1.12.0-foss-2022a-CUDA-11.7.0",),
+            args=("--output-path", "$OUTPUT_DIR/run-${SLURM_JOB_ID}", "--note", "cost \\$5 * $(date)"),
+        ),
+    ),
 }
 
 
 @pytest.mark.parametrize("name", sorted(SITE))
 def test_golden_site_modules(name):
     profile, fields = SITE[name]
-    spec = SlurmJobSpec(profile=profile, output_dir=Path("/scratch/jobs"), run_name="exp-20261123-140000",
-                        command_line=("trainscale", "slurm", "--profile", profile, "..."), **fields)
+    spec = SlurmJobSpec(
+        profile=profile,
+        output_dir=Path("/scratch/jobs"),
+        run_name="exp-20261123-140000",
+        command_line=("trainscale", "slurm", "--profile", profile, "..."),
+        **fields,
+    )
     text = render(spec, builtin(profile), kit_dir=KIT)
     check_golden(text, f"{name}.sbatch")
     done = subprocess.run(["bash", "-n"], input=text, text=True, capture_output=True)
@@ -147,8 +224,13 @@ def sbatch_options(text: str) -> dict[str, str]:
 def test_header_names_version_and_exact_command():
     from trainscale import __version__
 
-    spec = SlurmJobSpec(script="/t/train.py", args=("--name", "a b"), profile="lumi", time="01:00:00",
-                        command_line=("trainscale", "slurm", "/t/train.py", "--name", "a b"))
+    spec = SlurmJobSpec(
+        script="/t/train.py",
+        args=("--name", "a b"),
+        profile="lumi",
+        time="01:00:00",
+        command_line=("trainscale", "slurm", "/t/train.py", "--name", "a b"),
+    )
     text = render(spec, builtin("lumi"))
     assert text.startswith("#!/bin/bash\n")
     assert f"trainscale {__version__}" in text.splitlines()[1]
@@ -179,8 +261,12 @@ def _threads_on_a_node(text: str, node_cpus: int) -> int:
     """Run the script's thread lines in bash on a node whose ``nproc`` says ``node_cpus``."""
     lines = [line for line in text.splitlines() if line.startswith(("OMP_NUM_THREADS=", "export OMP_NUM_THREADS="))]
     assert len(lines) == 2, lines
-    done = subprocess.run(["bash", "-c", f"nproc() {{ echo {node_cpus}; }}\n" + "\n".join(lines) + '\necho "$OMP_NUM_THREADS"'],
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        ["bash", "-c", f"nproc() {{ echo {node_cpus}; }}\n" + "\n".join(lines) + '\necho "$OMP_NUM_THREADS"'],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return int(done.stdout)
 
 
@@ -189,14 +275,21 @@ def test_srun_mode_one_task_per_gpu_with_lumi_masks():
     text = render(spec, builtin("lumi"))
     opts = sbatch_options(text)
     assert opts["--ntasks-per-node"] == "8" and opts["--cpus-per-task"] == "7"
-    masks = ("0xfe000000000000,0xfe00000000000000,0xfe0000,0xfe000000,0xfe,0xfe00,0xfe00000000,0xfe0000000000")
+    masks = "0xfe000000000000,0xfe00000000000000,0xfe0000,0xfe000000,0xfe,0xfe00,0xfe00000000,0xfe0000000000"
     assert f"--cpu-bind=mask_cpu:{masks}" in text
     assert "-m trainscale.launch.bootstrap" in text and "--module trainscale.workloads cnn" in text
 
 
 def test_job_dir_made_before_srun_and_output_outside_it():
-    spec = SlurmJobSpec(script="/t/x.py", profile="local-test", time="5", output_dir=Path("/o"), job_name="exp",
-                        launcher="srun", run_name="exp-1")
+    spec = SlurmJobSpec(
+        script="/t/x.py",
+        profile="local-test",
+        time="5",
+        output_dir=Path("/o"),
+        job_name="exp",
+        launcher="srun",
+        run_name="exp-1",
+    )
     text = render(spec, builtin("local-test"))
     assert sbatch_options(text)["--output"] == "/o/exp-1/%j.out"  # in the run directory, made at submission
     assert text.index('mkdir -p "$JOB_DIR/errors"') < text.index("\nsrun ")
@@ -216,11 +309,19 @@ def test_master_port_checked_on_first_node():
 
 
 def test_container_wrapper_and_profile_environment():
-    spec = SlurmJobSpec(script="/t/x.py", profile="lumi", time="5", account="p", container="/img/pt.sif",
-                        output_dir=Path("/scratch/p/jobs"))
+    spec = SlurmJobSpec(
+        script="/t/x.py",
+        profile="lumi",
+        time="5",
+        account="p",
+        container="/img/pt.sif",
+        output_dir=Path("/scratch/p/jobs"),
+    )
     text = render(spec, builtin("lumi"), kit_dir=KIT)
     assert "singularity exec -B /pfs,/scratch," in text and " /img/pt.sif" in text
-    assert ",/t " in text  # the code's root is bound; /scratch/p/jobs (the kit, the logs, the snapshot) is under /scratch
+    assert (
+        ",/t " in text
+    )  # the code's root is bound; /scratch/p/jobs (the kit, the logs, the snapshot) is under /scratch
     # a stock image: the image's own torchrun, each worker through the kit's bootstrap
     assert "python3 -m torch.distributed.run" in text and re.search(r'"\$KIT/boot.py" --script \S+/src/t/x.py', text)
     assert "-m trainscale" not in text.split("\nsrun ")[1]
@@ -234,21 +335,41 @@ def test_container_without_profile_section_uses_vendor_flag():
     profile = ClusterProfile(name="x", gpus_per_node=4, gpu_vendor="nvidia", cpus_per_node=32)
     spec = SlurmJobSpec(script="/t/x.py", profile="x", time="5", container="img.sif", output_dir=Path("/o"))
     assert "singularity exec -B /o,/t --nv img.sif" in render(spec, profile, kit_dir=KIT)
-    profile = ClusterProfile(name="y", gpus_per_node=4, gpu_vendor="amd", cpus_per_node=32,
-                             container=ContainerSpec(runtime="/opt/apptainer/bin/apptainer", binds=("/data",),
-                                                     flags=("--rocm",)))
-    text = render(SlurmJobSpec(script="/t/x.py", profile="y", time="5", container="img.sif", output_dir=Path("/o")),
-                  profile, kit_dir=KIT)
+    profile = ClusterProfile(
+        name="y",
+        gpus_per_node=4,
+        gpu_vendor="amd",
+        cpus_per_node=32,
+        container=ContainerSpec(runtime="/opt/apptainer/bin/apptainer", binds=("/data",), flags=("--rocm",)),
+    )
+    text = render(
+        SlurmJobSpec(script="/t/x.py", profile="y", time="5", container="img.sif", output_dir=Path("/o")),
+        profile,
+        kit_dir=KIT,
+    )
     assert "/opt/apptainer/bin/apptainer exec -B /data,/o,/t --rocm img.sif" in text
 
 
 def test_container_forms_run_setup_and_binds():
-    base = dict(script="/t/x.py", profile="lumi", time="5", account="p", container="/img/pt.sif",
-                output_dir=Path("/scratch/jobs"))
+    base = dict(
+        script="/t/x.py",
+        profile="lumi",
+        time="5",
+        account="p",
+        container="/img/pt.sif",
+        output_dir=Path("/scratch/jobs"),
+    )
     run = render(SlurmJobSpec(**base, container_mode="run"), builtin("lumi"), kit_dir=KIT)
     assert "singularity run -B " in run and "singularity exec" not in run
-    setup = render(SlurmJobSpec(**base, container_setup=("$WITH_CONDA", "source /user-software/venv/bin/activate"),
-                                binds=("/scratch/p/env.sqsh:/user-software:image-src=/",)), builtin("lumi"), kit_dir=KIT)
+    setup = render(
+        SlurmJobSpec(
+            **base,
+            container_setup=("$WITH_CONDA", "source /user-software/venv/bin/activate"),
+            binds=("/scratch/p/env.sqsh:/user-software:image-src=/",),
+        ),
+        builtin("lumi"),
+        kit_dir=KIT,
+    )
     assert "bash -c '$WITH_CONDA; source /user-software/venv/bin/activate; exec \"$@\"' bash" in setup
     assert ",/scratch/p/env.sqsh:/user-software:image-src=/,/t /img/pt.sif" in setup
     # the check at job start runs in the same container, with the same set-up, and names image and fix
@@ -260,8 +381,15 @@ def test_container_forms_run_setup_and_binds():
 def test_pyxis_puts_the_image_on_srun():
     profile = builtin("generic-nvidia-pyxis")
     assert profile.extends == "generic-nvidia" and profile.gpus_per_node == 8 and profile.container.kind == "pyxis"
-    spec = SlurmJobSpec(script="/home/a/train.py", profile="generic-nvidia-pyxis", time="5", launcher="srun",
-                        container="nvcr.io#nvidia/pytorch:24.05-py3", binds=("/data:/data:ro",), output_dir=Path("/o"))
+    spec = SlurmJobSpec(
+        script="/home/a/train.py",
+        profile="generic-nvidia-pyxis",
+        time="5",
+        launcher="srun",
+        container="nvcr.io#nvidia/pytorch:24.05-py3",
+        binds=("/data:/data:ro",),
+        output_dir=Path("/o"),
+    )
     text = render(spec, profile, kit_dir=KIT)
     srun = text.split("\nsrun ")[1]
     assert "--container-image='nvcr.io#nvidia/pytorch:24.05-py3'" in srun
@@ -273,14 +401,25 @@ def test_pyxis_puts_the_image_on_srun():
 
 
 def test_modules_tolerate_lmod_and_a_missing_module_system_is_an_error():
-    spec = SlurmJobSpec(script="/t/x.py", profile="lumi", time="5", account="p",
-                        modules=("use /appl/local/containers/ai-modules", "module load singularity-AI-bindings"))
+    spec = SlurmJobSpec(
+        script="/t/x.py",
+        profile="lumi",
+        time="5",
+        account="p",
+        modules=("use /appl/local/containers/ai-modules", "module load singularity-AI-bindings"),
+    )
     text = render(spec, builtin("lumi"))
-    block = text[text.index("# Modules"):text.index("# Environment")]
-    assert block.index("set +u") < block.index("module purge") < block.index("module use /appl/local/containers/ai-modules")
+    block = text[text.index("# Modules") : text.index("# Environment")]
+    assert (
+        block.index("set +u")
+        < block.index("module purge")
+        < block.index("module use /appl/local/containers/ai-modules")
+    )
     assert block.index("module load singularity-AI-bindings") < block.rindex("set -u")
     assert "there is no \\`module\\` command" in block and "exit 1" in block
-    assert "# Modules" not in render(SlurmJobSpec(script="/t/x.py", profile="local-test", time="5"), builtin("local-test"))
+    assert "# Modules" not in render(
+        SlurmJobSpec(script="/t/x.py", profile="local-test", time="5"), builtin("local-test")
+    )
 
 
 def test_setup_lines_run_before_launch():
@@ -290,10 +429,26 @@ def test_setup_lines_run_before_launch():
 
 
 def test_sbatch_spellings_are_rendered_as_sbatch_writes_them():
-    spec = SlurmJobSpec(script="/t/x.py", profile="generic-nvidia", time="UNLIMITED", gpus_per_node=4, gpu_type="a100",
-                        qos="high", constraint="a100-80gb", exclusive=True, dependency="afterok:123", array="0-7%2",
-                        mail_type="END,FAIL", mail_user="a@b.c", export="ALL", chdir="/work/a", output="/o/%x-%j.log",
-                        error="/o/%x-%j.err", requeue=False, output_dir=Path("/o"))
+    spec = SlurmJobSpec(
+        script="/t/x.py",
+        profile="generic-nvidia",
+        time="UNLIMITED",
+        gpus_per_node=4,
+        gpu_type="a100",
+        qos="high",
+        constraint="a100-80gb",
+        exclusive=True,
+        dependency="afterok:123",
+        array="0-7%2",
+        mail_type="END,FAIL",
+        mail_user="a@b.c",
+        export="ALL",
+        chdir="/work/a",
+        output="/o/%x-%j.log",
+        error="/o/%x-%j.err",
+        requeue=False,
+        output_dir=Path("/o"),
+    )
     opts = sbatch_options(render(spec, builtin("generic-nvidia")))
     assert opts["--gpus-per-node"] == "a100:4" and opts["--time"] == "UNLIMITED" and opts["--qos"] == "high"
     assert opts["--constraint"] == "a100-80gb" and "--exclusive" in opts and opts["--dependency"] == "afterok:123"
@@ -308,23 +463,30 @@ def test_site_requeue_default_is_kept():
 
 
 def test_partial_lumi_node_gets_no_fixed_masks_and_binds_on_the_node():
-    spec = SlurmJobSpec(workload="cnn", profile="lumi", time="5", account="p", partition="small-g", gpus_per_node=4,
-                        launcher="srun")
+    spec = SlurmJobSpec(
+        workload="cnn", profile="lumi", time="5", account="p", partition="small-g", gpus_per_node=4, launcher="srun"
+    )
     plan = resolve(spec, builtin("lumi"))
     assert plan.partial_node and plan.cpus_per_rank == 7 and plan.cpus_per_task == 7
     text = render(spec, builtin("lumi"), plan)
     assert "mask_cpu" not in text and "--cpu-bind=none" in text
     assert "export TRAINSCALE_CPU_BIND=topology:0,8,16,24,32,40,48,56" in text
-    exclusive = resolve(SlurmJobSpec(workload="cnn", profile="lumi", time="5", gpus_per_node=4, exclusive=True,
-                                     launcher="srun"), builtin("lumi"))
+    exclusive = resolve(
+        SlurmJobSpec(workload="cnn", profile="lumi", time="5", gpus_per_node=4, exclusive=True, launcher="srun"),
+        builtin("lumi"),
+    )
     assert not exclusive.partial_node and exclusive.rank_cpus
 
 
 def test_cpus_follow_the_gpus_asked_for():
-    plan = resolve(SlurmJobSpec(script="/t/x.py", profile="cyclone", time="5", gpus_per_node=2, launcher="torchrun"),
-                   builtin("cyclone"))
+    plan = resolve(
+        SlurmJobSpec(script="/t/x.py", profile="cyclone", time="5", gpus_per_node=2, launcher="torchrun"),
+        builtin("cyclone"),
+    )
     assert (plan.cpus_per_rank, plan.cpus_per_task) == (10, 20)  # 2 of 4 GPUs: 2 x (40 cores / 4 GPUs)
-    cpu = resolve(SlurmJobSpec(script="/t/x.py", profile="local-test", time="5", gpus_per_node=2), builtin("local-test"))
+    cpu = resolve(
+        SlurmJobSpec(script="/t/x.py", profile="local-test", time="5", gpus_per_node=2), builtin("local-test")
+    )
     assert cpu.cpus_per_rank == 2  # CPU-only ranks share the node
 
 
@@ -332,8 +494,10 @@ def test_one_gpu_per_task_unless_the_script_picks_its_gpu_by_rank(tmp_path):
     plain = tmp_path / "plain.py"
     plain.write_text("import torch\nmodel = model.to(torch.device('cuda'))\n")
     by_rank = tmp_path / "seed004.py"
-    by_rank.write_text("import os, torch\nlocal_rank = int(os.environ['SLURM_LOCALID'])\n"
-                       "torch.cuda.set_device(local_rank)\ndevice = torch.device(f'cuda:{local_rank}')\n")
+    by_rank.write_text(
+        "import os, torch\nlocal_rank = int(os.environ['SLURM_LOCALID'])\n"
+        "torch.cuda.set_device(local_rank)\ndevice = torch.device(f'cuda:{local_rank}')\n"
+    )
     kw = dict(profile="cyclone", time="5", launcher="srun", nodes=2)
     text = render(SlurmJobSpec(script=str(plain), **kw), builtin("cyclone"))
     assert "export TRAINSCALE_TASK_GPU=CUDA_VISIBLE_DEVICES" in text
@@ -345,8 +509,9 @@ def test_one_gpu_per_task_unless_the_script_picks_its_gpu_by_rank(tmp_path):
     assert not resolve(SlurmJobSpec(script=str(plain), gpu_visibility="node", **kw), builtin("cyclone")).task_gpu
     amd = resolve(SlurmJobSpec(workload="cnn", profile="lumi", time="5", launcher="srun"), builtin("lumi"))
     assert amd.task_gpu == "ROCR_VISIBLE_DEVICES"
-    torchrun = resolve(SlurmJobSpec(script=str(plain), profile="cyclone", time="5", launcher="torchrun"),
-                       builtin("cyclone"))
+    torchrun = resolve(
+        SlurmJobSpec(script=str(plain), profile="cyclone", time="5", launcher="torchrun"), builtin("cyclone")
+    )
     assert not torchrun.task_gpu  # torchrun's workers see the node's GPUs and choose by LOCAL_RANK
 
 
@@ -363,39 +528,60 @@ def test_signal_and_requeue():
 
 
 def test_plan_numbers_for_cpu_profile():
-    plan = resolve(SlurmJobSpec(workload="cnn", profile="local-test", nodes=2, gpus_per_node=2, time="5",
-                                launcher="srun"), builtin("local-test"))
-    assert (plan.world_size, plan.tasks_per_node, plan.cpus_per_task, plan.cpus_per_rank, plan.gpus_per_node) == \
-        (4, 2, 2, 2, 0)
+    plan = resolve(
+        SlurmJobSpec(workload="cnn", profile="local-test", nodes=2, gpus_per_node=2, time="5", launcher="srun"),
+        builtin("local-test"),
+    )
+    assert (plan.world_size, plan.tasks_per_node, plan.cpus_per_task, plan.cpus_per_rank, plan.gpus_per_node) == (
+        4,
+        2,
+        2,
+        2,
+        0,
+    )
 
 
-@pytest.mark.parametrize("bad, fragment", [
-    (dict(), "nothing to run"),
-    (dict(script="a.py", workload="cnn"), "exactly one"),
-    (dict(script="a.py", time="soon"), "not a SLURM time"),
-    (dict(script="a.py", nodes=0), "--nodes 0"),
-    (dict(script="a.py", launcher="mpirun"), "--launcher 'mpirun'"),
-    (dict(script="a.py", mem_per_gpu="lots"), "not a SLURM size"),
-    (dict(script="a.py", signal="USR1@soon"), "--signal"),
-    (dict(script="a.py", job_name="a/b"), "--job-name"),
-    (dict(script="a.py", extra_sbatch=("constraint=a100",)), "is not an option"),
-    (dict(script="a.py", array="1-x"), "is not an sbatch array"),
-    (dict(script="a.py", mail_type="END,LATER"), "LATER unknown"),
-    (dict(script="a.py", ntasks=3, nodes=2), "not a multiple of --nodes 2"),
-    (dict(script="a.py", gpu_visibility="some"), "--gpu-visibility 'some' unknown"),
-    (dict(script="a.py", binds=("/a",)), "without --container IMAGE"),
-    (dict(script="a.py", container="i.sif", binds=("/a,/b",)), "is not SRC[:DST[:OPTS]]"),
-    (dict(script="a.py", qos=""), "is empty"),
-])
+@pytest.mark.parametrize(
+    "bad, fragment",
+    [
+        (dict(), "nothing to run"),
+        (dict(script="a.py", workload="cnn"), "exactly one"),
+        (dict(script="a.py", time="soon"), "not a SLURM time"),
+        (dict(script="a.py", nodes=0), "--nodes 0"),
+        (dict(script="a.py", launcher="mpirun"), "--launcher 'mpirun'"),
+        (dict(script="a.py", mem_per_gpu="lots"), "not a SLURM size"),
+        (dict(script="a.py", signal="USR1@soon"), "--signal"),
+        (dict(script="a.py", job_name="a/b"), "--job-name"),
+        (dict(script="a.py", extra_sbatch=("constraint=a100",)), "is not an option"),
+        (dict(script="a.py", array="1-x"), "is not an sbatch array"),
+        (dict(script="a.py", mail_type="END,LATER"), "LATER unknown"),
+        (dict(script="a.py", ntasks=3, nodes=2), "not a multiple of --nodes 2"),
+        (dict(script="a.py", gpu_visibility="some"), "--gpu-visibility 'some' unknown"),
+        (dict(script="a.py", binds=("/a",)), "without --container IMAGE"),
+        (dict(script="a.py", container="i.sif", binds=("/a,/b",)), "is not SRC[:DST[:OPTS]]"),
+        (dict(script="a.py", qos=""), "is empty"),
+    ],
+)
 def test_spec_validation(bad, fragment):
     kwargs = dict(time="01:00:00") | bad
     with pytest.raises(ConfigError, match=re.escape(fragment)):
         SlurmJobSpec(**kwargs)
 
 
-@pytest.mark.parametrize("text, seconds", [("30", 1800), ("01:30:00", 5400), ("2-00:00:00", 172800),
-                                           ("1-12", 129600), ("10:30", 630), ("1-12:30", 131400), ("0", 0),
-                                           ("UNLIMITED", -1), ("infinite", -1)])
+@pytest.mark.parametrize(
+    "text, seconds",
+    [
+        ("30", 1800),
+        ("01:30:00", 5400),
+        ("2-00:00:00", 172800),
+        ("1-12", 129600),
+        ("10:30", 630),
+        ("1-12:30", 131400),
+        ("0", 0),
+        ("UNLIMITED", -1),
+        ("infinite", -1),
+    ],
+)
 def test_parse_time(text, seconds):
     from trainscale.launch.slurm.spec import format_time, parse_time
 
@@ -423,8 +609,7 @@ def test_profile_caches_are_set_and_env_overrides_them():
 def test_nodes_sharing_one_machines_cores_are_not_bound_by_slurm():
     """local-test's nodes are one machine: SLURM's default binding cannot lay out one rank per node four
     CPUs wide on two real cores (issue 35 item 6e)."""
-    spec = SlurmJobSpec(script="train.py", profile="local-test", nodes=2, gpus_per_node=1, time="5",
-                        launcher="srun")
+    spec = SlurmJobSpec(script="train.py", profile="local-test", nodes=2, gpus_per_node=1, time="5", launcher="srun")
     text = render(spec, builtin("local-test"))
     assert "--cpus-per-task=4" in text and "--cpu-bind=none" in text
     assert "--cpu-bind" not in render(spec, dataclasses.replace(builtin("local-test"), shares_cores=False))

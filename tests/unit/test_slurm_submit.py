@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import os
 import socket
@@ -16,10 +15,10 @@ import pytest
 
 from trainscale.errors import LaunchError, SlurmError
 from trainscale.launch.slurm import JobRecord, load_record, rank_log_text, save_record, submit, write_script
+from trainscale.launch.slurm.queue import JobInfo
 from trainscale.launch.slurm.submit import cancel, parse_parsable
 from trainscale.launch.slurm.triage import find_failure, srun_task_errors, trim_traceback
 from trainscale.launch.slurm.watch import explain
-from trainscale.launch.slurm.queue import JobInfo
 
 
 @pytest.fixture
@@ -29,8 +28,16 @@ def state(tmp_path, monkeypatch):
 
 
 def record(tmp_path: Path, launcher: str = "srun", job_id: str = "42") -> JobRecord:
-    return JobRecord(job_id=job_id, name="exp", launcher=launcher, profile="local-test", script="s.sbatch",
-                     output_dir=str(tmp_path / "jobs"), world_size=4, ranks_per_node=2)
+    return JobRecord(
+        job_id=job_id,
+        name="exp",
+        launcher=launcher,
+        profile="local-test",
+        script="s.sbatch",
+        output_dir=str(tmp_path / "jobs"),
+        world_size=4,
+        ranks_per_node=2,
+    )
 
 
 def test_write_script_never_overwrites(tmp_path):
@@ -65,7 +72,9 @@ def test_submit_refused_by_slurm(tmp_path):
     with pytest.raises(SlurmError, match="invalid partition specified: gpux"):
         submit(tmp_path / "job.sbatch", run=fake)
     with pytest.raises(SlurmError, match="cannot read a job id"):
-        submit(tmp_path / "job.sbatch", run=lambda a, **k: subprocess.CompletedProcess(a, 0, "Submitted batch job\n", ""))
+        submit(
+            tmp_path / "job.sbatch", run=lambda a, **k: subprocess.CompletedProcess(a, 0, "Submitted batch job\n", "")
+        )
 
 
 def test_cancel_and_signal():
@@ -135,19 +144,22 @@ def test_a_rank_moved_to_another_node_by_a_later_attempt_keeps_both_attempts_lin
 
 
 def error_file(path: Path, message: str, stack: str) -> None:
-    path.write_text(json.dumps({"message": {"message": message, "extraInfo": {"py_callstack": stack,
-                                                                              "timestamp": "1700000000"}}}))
+    path.write_text(
+        json.dumps({"message": {"message": message, "extraInfo": {"py_callstack": stack, "timestamp": "1700000000"}}})
+    )
 
 
-USER_TB = ('Traceback (most recent call last):\n'
-           '  File "/venv/torch/distributed/elastic/multiprocessing/errors/__init__.py", line 367, in wrapper\n'
-           '    return f(*args, **kwargs)\n'
-           '  File "/src/trainscale/launch/bootstrap.py", line 81, in _main\n'
-           '    runpy.run_path(target, run_name="__main__")\n'
-           '  File "<frozen runpy>", line 291, in run_path\n'
-           '  File "/home/u/train.py", line 9, in <module>\n'
-           '    raise RuntimeError("boom on 3")\n'
-           'RuntimeError: boom on 3\n')
+USER_TB = (
+    "Traceback (most recent call last):\n"
+    '  File "/venv/torch/distributed/elastic/multiprocessing/errors/__init__.py", line 367, in wrapper\n'
+    "    return f(*args, **kwargs)\n"
+    '  File "/src/trainscale/launch/bootstrap.py", line 81, in _main\n'
+    '    runpy.run_path(target, run_name="__main__")\n'
+    '  File "<frozen runpy>", line 291, in run_path\n'
+    '  File "/home/u/train.py", line 9, in <module>\n'
+    '    raise RuntimeError("boom on 3")\n'
+    "RuntimeError: boom on 3\n"
+)
 
 
 def test_trim_traceback_keeps_user_frames():
@@ -165,9 +177,11 @@ def test_srun_failure_first_by_file_time(tmp_path):
     os.utime(job_dir / "errors" / "error-rank3.json", ns=(now - 5_000_000, now - 5_000_000))  # 5 ms earlier
     os.utime(job_dir / "errors" / "error-rank0.json", ns=(now, now))
     (job_dir / "rank-3.out").write_text("step 1\n")
-    batch = ("srun: error: n1: task 0: Exited with exit code 1\n"
-             "srun: error: n2: task 3: Exited with exit code 1\n"
-             "srun: error: n1: task 1: Terminated\n")
+    batch = (
+        "srun: error: n1: task 0: Exited with exit code 1\n"
+        "srun: error: n2: task 3: Exited with exit code 1\n"
+        "srun: error: n1: task 1: Terminated\n"
+    )
     failure = find_failure(job_dir, "srun", batch)
     assert (failure.rank, failure.host, failure.how) == (3, "n2", "Exited with exit code 1")
     text = failure.describe()
@@ -205,7 +219,8 @@ def test_torchrun_failure_picks_the_node_with_the_earliest_error(tmp_path):
     }.items():
         (job_dir / f"node-{node}.out").parent.mkdir(parents=True, exist_ok=True)
         (job_dir / f"node-{node}.out").write_text(
-            f"[rank{rank}]: hi\n" + SUMMARY.format(rank=rank, host=f"h{node}", local=local, other=other, tb=tb))
+            f"[rank{rank}]: hi\n" + SUMMARY.format(rank=rank, host=f"h{node}", local=local, other=other, tb=tb)
+        )
         err = job_dir / "torchrun" / f"42_{node}" / "attempt_0" / str(local) / "error.json"
         err.parent.mkdir(parents=True)
         error_file(err, "x", tb)
@@ -238,14 +253,26 @@ def test_port_module_prints_a_free_port_and_names_a_busy_one():
         taken = busy.getsockname()[1]
         with pytest.raises(LaunchError, match=f"port {taken} on 127.0.0.1"):
             choose("127.0.0.1", taken)
-        done = subprocess.run([sys.executable, "-m", "trainscale.launch.ports", "--host", "127.0.0.1",
-                               "--port", str(taken)], capture_output=True, text=True, env=dict(os.environ))
+        done = subprocess.run(
+            [sys.executable, "-m", "trainscale.launch.ports", "--host", "127.0.0.1", "--port", str(taken)],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ),
+        )
         assert done.returncode == 1 and f"port {taken} on 127.0.0.1" in done.stderr and done.stdout == ""
 
 
-SLURM_TASK = {"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_STEP_ID": "0", "SLURM_NODEID": "1",
-              "SLURM_NTASKS": "4", "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_JOB_NODELIST": "n[1-2]",
-              "SLURM_JOB_ID": "42", "MASTER_PORT": "29511"}
+SLURM_TASK = {
+    "SLURM_PROCID": "3",
+    "SLURM_LOCALID": "1",
+    "SLURM_STEP_ID": "0",
+    "SLURM_NODEID": "1",
+    "SLURM_NTASKS": "4",
+    "SLURM_TASKS_PER_NODE": "2(x2)",
+    "SLURM_JOB_NODELIST": "n[1-2]",
+    "SLURM_JOB_ID": "42",
+    "MASTER_PORT": "29511",
+}
 
 
 def test_bootstrap_points_error_file_into_job_dir():
@@ -272,8 +299,26 @@ def test_cli_submit_writes_script_record_and_prints_job_id(tmp_path, state, monk
         return Submission(job_id="555", cluster="", script=Path(path))
 
     monkeypatch.setattr("trainscale.launch.slurm.job.submit", fake_submit)
-    rc = cli.run(type("A", (), {"argv": ["--profile", "local-test", "--time", "5", "--output-dir",
-                                         str(tmp_path / "jobs"), "--submit", str(script), "--x", "1"]})())
+    rc = cli.run(
+        type(
+            "A",
+            (),
+            {
+                "argv": [
+                    "--profile",
+                    "local-test",
+                    "--time",
+                    "5",
+                    "--output-dir",
+                    str(tmp_path / "jobs"),
+                    "--submit",
+                    str(script),
+                    "--x",
+                    "1",
+                ]
+            },
+        )()
+    )
     out, err = capsys.readouterr()
     assert rc == 0 and out.strip() == "555" and "submitted job 555" in err
     assert seen and seen[0].startswith("#!/bin/bash") and f"{script} --x 1" in seen[0]
@@ -290,10 +335,13 @@ def test_a_refused_submission_leaves_no_run_directory_and_no_latest_link(tmp_pat
     script = tmp_path / "train.py"
     script.write_text("pass\n")
     refuse = lambda argv, **kwargs: subprocess.CompletedProcess(  # noqa: E731
-        argv, 1, "", "sbatch: error: invalid partition specified: nosuchpart\n")
+        argv, 1, "", "sbatch: error: invalid partition specified: nosuchpart\n"
+    )
     argv = ["--profile", "local-test", "--time", "5", "-p", "nosuchpart", "--submit", str(script)]
     jobs = tmp_path / "jobs"
-    monkeypatch.setattr("trainscale.launch.slurm.job.submit", lambda path, run=None, **kw: submit(path, run=refuse, **kw))
+    monkeypatch.setattr(
+        "trainscale.launch.slurm.job.submit", lambda path, run=None, **kw: submit(path, run=refuse, **kw)
+    )
     monkeypatch.setattr("trainscale.launch.slurm.cluster.partitions", lambda run=None: None)  # no sinfo answers
     with pytest.raises(SlurmError, match="invalid partition specified: nosuchpart"):
         cli.run(type("A", (), {"argv": ["--output-dir", str(jobs), *argv]})())
@@ -332,8 +380,12 @@ def test_jobs_cli_lists_squeue(monkeypatch, capsys):
 
     def fake(argv, **kwargs):
         calls.append(argv)
-        return subprocess.CompletedProcess(argv, 0, "7|train|PENDING|0:00|1:00:00|2|alice|Resources|\n"
-                                                    "8|eval|RUNNING|0:42|1:00:00|1|alice|None|n3\n", "")
+        return subprocess.CompletedProcess(
+            argv,
+            0,
+            "7|train|PENDING|0:00|1:00:00|2|alice|Resources|\n8|eval|RUNNING|0:42|1:00:00|1|alice|None|n3\n",
+            "",
+        )
 
     monkeypatch.setattr(queue.subprocess, "run", fake)
     monkeypatch.setenv("USER", "alice")
@@ -355,10 +407,27 @@ def test_failure_under_the_images_own_torchrun_is_named(tmp_path):
     job_dir = tmp_path / "jobs" / "run" / "42"
     job_dir.mkdir(parents=True)
     with open(job_dir / "node-n1.out", "w") as log:
-        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                               "--log-dir", str(job_dir / "torchrun"), "--tee", "3", str(kit / "boot.py"),
-                               "--script", str(script)], stdout=log, stderr=subprocess.STDOUT, timeout=120,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                "2",
+                "--log-dir",
+                str(job_dir / "torchrun"),
+                "--tee",
+                "3",
+                str(kit / "boot.py"),
+                "--script",
+                str(script),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=120,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
     assert done.returncode != 0
     failure = find_failure(job_dir, "torchrun")
     assert failure is not None and failure.rank == 1 and failure.how == "exit code 1", failure
@@ -377,8 +446,7 @@ def test_every_submission_meets_the_partitions_real_sizes(tmp_path, monkeypatch)
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
     profile = load_profile("local-test")
-    spec = SlurmJobSpec(script=str(script), profile="local-test", nodes=3, time="5",
-                        output_dir=str(tmp_path / "jobs"))
+    spec = SlurmJobSpec(script=str(script), profile="local-test", nodes=3, time="5", output_dir=str(tmp_path / "jobs"))
     with pytest.raises(ConfigError, match=r"--nodes 3 but partition debug \(sinfo -p debug\) has 2 node\(s\)"):
         submit_job(spec, profile, resolve(spec, profile))
     assert not (tmp_path / "jobs").exists()  # nothing written
@@ -388,12 +456,15 @@ def test_a_refusal_in_torchrun_mode_is_the_jobs_first_failure_with_its_fix(tmp_p
     """Each node's agent summarises a trainscale refusal in one line (`ranks 2-3 stopped: CheckpointError: ...
     (hint: ...)`), with no traceback: the job's explanation is that line, not "no rank left a traceback"."""
     rec = record(tmp_path, "torchrun")
-    line = ("CheckpointError: runs/gpt/checkpoints/ckpt-00000011.pt is at step 11, at or past this run's last step 11 "
-            "(--max-steps 11): resuming would train nothing (hint: to train on, raise --max-steps above 11)")
+    line = (
+        "CheckpointError: runs/gpt/checkpoints/ckpt-00000011.pt is at step 11, at or past this run's last step 11 "
+        "(--max-steps 11): resuming would train nothing (hint: to train on, raise --max-steps above 11)"
+    )
     rec.job_dir.mkdir(parents=True, exist_ok=True)
     for node, ranks in (("0", "2-3"), ("1", "0-1")):
-        (rec.job_dir / f"node-{node}.out").write_text(f"[rank2]: trainscale: error: {line}\n"
-                                                       f"trainscale: ranks {ranks} stopped: {line}\nPer-rank logs: x\n")
+        (rec.job_dir / f"node-{node}.out").write_text(
+            f"[rank2]: trainscale: error: {line}\ntrainscale: ranks {ranks} stopped: {line}\nPer-rank logs: x\n"
+        )
     rec.batch_output.write_text("srun: error: n1: task 0: Exited with exit code 1\n")
     text = explain(JobInfo(job_id="42", name="gpt", state="FAILED", exit_code=1, signal=0), rec)
     assert f"First failing rank: rank 2 stopped: {line}" in text, text

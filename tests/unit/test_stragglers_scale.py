@@ -9,12 +9,12 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers.counting_store import Counting
 
 from trainscale.observe.records import RankRecorder
 from trainscale.observe.stragglers import RankTail, StragglerWatch
 from trainscale.observe.window import Publisher, RankWindow
 from trainscale.runtime.store import bound_server, client
-from helpers.counting_store import Counting
 
 RANKS = 64
 SLOW = 37
@@ -22,8 +22,10 @@ SLOW = 37
 
 def _steps(rank: int, n: int) -> list[dict]:
     slow = 0.02 if rank == SLOW else 0.0  # its data wait, which the others wait for at the all-reduce
-    return [{"kind": "step", "step": s, "step_s": 0.1, "data_s": 0.001 + slow, "compute_s": 0.05, "comm_s": 0.049 - slow}
-            for s in range(n)]
+    return [
+        {"kind": "step", "step": s, "step_s": 0.1, "data_s": 0.001 + slow, "compute_s": 0.05, "comm_s": 0.049 - slow}
+        for s in range(n)
+    ]
 
 
 def test_the_watch_reads_64_ranks_from_the_store_in_two_requests_and_no_file(tmp_path):
@@ -60,8 +62,9 @@ def test_a_recorder_in_a_group_publishes_its_window_at_most_every_half_second(tm
     store = Counting(bound_server("127.0.0.1", 0, datetime.timedelta(seconds=30)))
     rec = RankRecorder(tmp_path, 3, store=store, window=5, node="n2")
     for step, record in enumerate(_steps(3, 1000)):
-        rec.step(step, record["step_s"], data_s=record["data_s"], compute_s=record["compute_s"],
-                 comm_s=record["comm_s"])
+        rec.step(
+            step, record["step_s"], data_s=record["data_s"], compute_s=record["compute_s"], comm_s=record["comm_s"]
+        )
     assert store.calls.count("set") <= 2  # a tight loop of 1,000 steps: once at its start, maybe once more
     rec.close()
     published = json.loads(store.store.get("trainscale/window/3"))
@@ -70,8 +73,9 @@ def test_a_recorder_in_a_group_publishes_its_window_at_most_every_half_second(tm
 
 
 def _rchar() -> int:
-    return int(next(line for line in Path("/proc/self/io").read_text().splitlines()
-                    if line.startswith("rchar:")).split()[1])
+    return int(
+        next(line for line in Path("/proc/self/io").read_text().splitlines() if line.startswith("rchar:")).split()[1]
+    )
 
 
 def test_a_watch_starting_on_a_long_runs_files_reads_only_their_ends(tmp_path):

@@ -28,8 +28,13 @@ def _names(node: ast.AST) -> set[str]:
 
 def _about_a_strategy(node: ast.AST) -> bool:
     """``strategy.name``, ``opts.strategy``, ``run.strategy_args``, ``spec.split(":")[0]`` of those, ..."""
-    return any(isinstance(n, ast.Attribute) and ("strategy" in n.attr or n.attr == "name")
-               or isinstance(n, ast.Name) and "strategy" in n.id for n in ast.walk(node))
+    return any(
+        isinstance(n, ast.Attribute)
+        and ("strategy" in n.attr or n.attr == "name")
+        or isinstance(n, ast.Name)
+        and "strategy" in n.id
+        for n in ast.walk(node)
+    )
 
 
 def test_nothing_outside_strategies_branches_on_a_strategy_name():
@@ -39,8 +44,11 @@ def test_nothing_outside_strategies_branches_on_a_strategy_name():
             compared = []
             if isinstance(node, ast.Compare):
                 compared = [node.left, *node.comparators]
-            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                  and node.func.attr in ("startswith", "endswith")):
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("startswith", "endswith")
+            ):
                 compared = [node.func.value, *node.args]
             names = set().union(*(_names(n) for n in compared)) if compared else set()
             if names and any(_about_a_strategy(n) for n in compared if not _names(n)):
@@ -50,10 +58,14 @@ def test_nothing_outside_strategies_branches_on_a_strategy_name():
 
 def test_nothing_outside_strategies_sets_a_strategys_fields():
     fields = {"micro_batch_size", "gradient_accumulation_steps", "unit_modules", "storage"}
-    found = [f"{rel}:{node.lineno} sets .{target.attr}" for rel, tree in _outside_strategies()
-             for node in ast.walk(tree) if isinstance(node, (ast.Assign, ast.AugAssign))
-             for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
-             if isinstance(target, ast.Attribute) and target.attr in fields and _about_a_strategy(target.value)]
+    found = [
+        f"{rel}:{node.lineno} sets .{target.attr}"
+        for rel, tree in _outside_strategies()
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Assign, ast.AugAssign))
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Attribute) and target.attr in fields and _about_a_strategy(target.value)
+    ]
     assert not found, "use strategy.with_batch(...) or the strategy's options:\n" + "\n".join(found)
 
 
@@ -80,8 +92,10 @@ def test_no_module_launches_trainscales_own_command_line():
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, (ast.List, ast.Tuple)):
                 words = [n.value if isinstance(n, ast.Constant) else None for n in node.elts]
-                if any(a == "-m" and b == "trainscale" for a, b in itertools.pairwise(words)) \
-                        and rel not in CALLS_ITSELF_ALLOWED:
+                if (
+                    any(a == "-m" and b == "trainscale" for a, b in itertools.pairwise(words))
+                    and rel not in CALLS_ITSELF_ALLOWED
+                ):
                     found.append(f"{rel}:{node.lineno}")
     assert not found, f"argv of `python -m trainscale` built in {found}: launch through launch/trial.py"
 
@@ -90,8 +104,18 @@ def test_observe_reads_launch_facts_only_through_env():
     """issue 45: observe/ asks env.detect() (and env.node_name()) where a rank sits, never the launchers' own
     variables, which only env/ knows in every form (torchrun's, srun's, mpirun's)."""
     launchers = ("SLURM", "OMPI_", "PMI", "PALS_", "MPI_", "TORCHELASTIC_")
-    own = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR",
-           "MASTER_PORT", "TRAINSCALE_RUN_DIR", "TRAINSCALE_JOB_DIR"}
+    own = {
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "NODE_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TRAINSCALE_RUN_DIR",
+        "TRAINSCALE_JOB_DIR",
+    }
     for path in sorted((PACKAGE / "observe").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):

@@ -25,7 +25,7 @@ def test_sweep_status_of_64_tasks_plots_the_best_30(tmp_path, capsys):
     assert status([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert f"{TASKS} of {TASKS} task(s) finished; best first by test_loss" in out
-    rows = [line.split()[0] for line in out.splitlines()[1:TASKS + 1]]
+    rows = [line.split()[0] for line in out.splitlines()[1 : TASKS + 1]]
     assert len(rows) == TASKS and rows[0] == "0"  # task 0 has the lowest loss
     width, height = struct.unpack(">II", (tmp_path / "results.png").read_bytes()[16:24])  # the PNG's IHDR
     assert width <= 30 * 0.9 * 100 and height <= 1000, (width, height)  # 30 bars, not 64

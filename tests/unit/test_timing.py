@@ -28,7 +28,7 @@ class FakeDevice:
             def record(self, stream=None) -> None:
                 self.at = device.now
 
-            def elapsed_time(self, end: "Event") -> float:
+            def elapsed_time(self, end: Event) -> float:
                 return (end.at - self.at) * 1000.0  # milliseconds, as torch's
 
             def query(self) -> bool:
@@ -62,10 +62,10 @@ def test_nccl_communication_is_measured_on_the_device_not_when_it_was_queued(gpu
     marks.mark("data")
     gpu.now = 0.20
     marks.mark("forward")
-    gpu.now = 0.50                 # backward's kernels queued; its own work ends at 0.50 s on the device
-    marks.mark("backward")        # the recorder's first end-of-backward callback
-    gpu.now = 0.80                 # DDP's callback makes the stream wait for the all-reduce, done at 0.80 s
-    marks.mark("sync")            # the recorder's second callback, after DDP's
+    gpu.now = 0.50  # backward's kernels queued; its own work ends at 0.50 s on the device
+    marks.mark("backward")  # the recorder's first end-of-backward callback
+    gpu.now = 0.80  # DDP's callback makes the stream wait for the all-reduce, done at 0.80 s
+    marks.mark("sync")  # the recorder's second callback, after DDP's
     gpu.now = 0.85
     marks.mark("optimizer")
     marks.end_step({"step": 1})
@@ -86,7 +86,8 @@ def test_the_classify_loop_times_its_epochs_with_the_device_waited_for(monkeypat
     # torch may point TORCHINDUCTOR_CACHE_DIR somewhere on first use; monkeypatch restores it
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(in_tmp / "inductor"))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    result = cnn.main(["--data", "synthetic", "--samples", "64", "--batch-size", "16", "--epochs", "2",
-                       "--log-every", "0"])
+    result = cnn.main(
+        ["--data", "synthetic", "--samples", "64", "--batch-size", "16", "--epochs", "2", "--log-every", "0"]
+    )
     assert len(result["epochs"]) == 2
     assert len(waits) >= 4  # start and stop of each epoch

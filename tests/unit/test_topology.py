@@ -53,14 +53,18 @@ def write_sysfs(root: Path, numa: dict[int, str], cores: int, threads: int) -> P
 
 # --- cpulists and masks -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text, cores", [
-    ("0-3,8-11", (0, 1, 2, 3, 8, 9, 10, 11)),
-    ("49-55", tuple(range(49, 56))),
-    ("1-7,9-15", (*range(1, 8), *range(9, 16))),
-    ("5", (5,)),
-    (" 3, 1 ,2", (1, 2, 3)),
-    ("", ()),
-])
+
+@pytest.mark.parametrize(
+    "text, cores",
+    [
+        ("0-3,8-11", (0, 1, 2, 3, 8, 9, 10, 11)),
+        ("49-55", tuple(range(49, 56))),
+        ("1-7,9-15", (*range(1, 8), *range(9, 16))),
+        ("5", (5,)),
+        (" 3, 1 ,2", (1, 2, 3)),
+        ("", ()),
+    ],
+)
 def test_parse_cpulist(text, cores):
     assert parse_cpulist(text) == cores
 
@@ -101,6 +105,7 @@ def test_mask_errors():
 
 # --- tool output parsers ------------------------------------------------------------------------------------
 
+
 def test_nvidia_topo_8gpu_dgx():
     gpus = parse_nvidia_topo(fixture("nvidia-smi-topo-dgx-a100-8gpu.txt"))
     assert [g.index for g in gpus] == list(range(8))
@@ -114,7 +119,11 @@ def test_nvidia_topo_8gpu_dgx():
 def test_nvidia_topo_4gpu_older_format():
     gpus = parse_nvidia_topo(fixture("nvidia-smi-topo-hgx-a100-4gpu.txt"))
     assert [(g.index, format_cpulist(g.cpus), g.numa_node) for g in gpus] == [
-        (0, "0-19,40-59", 0), (1, "0-19,40-59", 0), (2, "20-39,60-79", 1), (3, "20-39,60-79", 1)]
+        (0, "0-19,40-59", 0),
+        (1, "0-19,40-59", 0),
+        (2, "20-39,60-79", 1),
+        (3, "20-39,60-79", 1),
+    ]
 
 
 def test_nvidia_topo_na_affinity_and_missing_header():
@@ -127,11 +136,20 @@ def test_nvidia_topo_na_affinity_and_missing_header():
 
 def test_rocm_toponuma_lumi():
     assert parse_rocm_toponuma(fixture("rocm-smi-showtoponuma-lumi-g.txt")) == {
-        0: 3, 1: 3, 2: 1, 3: 1, 4: 0, 5: 0, 6: 2, 7: 2}
+        0: 3,
+        1: 3,
+        2: 1,
+        3: 1,
+        4: 0,
+        5: 0,
+        6: 2,
+        7: 2,
+    }
     assert parse_rocm_toponuma("GPU[0]\t\t: (Topology) Numa Node: -1\n") == {}
 
 
 # --- sysfs --------------------------------------------------------------------------------------------------
+
 
 def test_sysfs_fixture_tree():
     root = FIXTURES / "sysfs-2numa-smt"
@@ -142,7 +160,9 @@ def test_sysfs_fixture_tree():
     assert core_of[9] == 1 and core_of[1] == 1 and core_of[15] == 7
     gpus = read_pci_gpus(root)  # the Mellanox NIC in between is not a GPU
     assert [(g.index, g.vendor, g.numa_node, format_cpulist(g.cpus)) for g in gpus] == [
-        (0, "nvidia", 0, "0-3,8-11"), (1, "nvidia", 1, "4-7,12-15")]
+        (0, "nvidia", 0, "0-3,8-11"),
+        (1, "nvidia", 1, "4-7,12-15"),
+    ]
 
 
 def test_sysfs_missing_tree_is_empty(tmp_path):
@@ -150,6 +170,7 @@ def test_sysfs_missing_tree_is_empty(tmp_path):
 
 
 # --- planning -----------------------------------------------------------------------------------------------
+
 
 def test_lumi_plan_equals_published_map():
     plan = plan_binding(LUMI_MAP, 8, reserved=LUMI_RESERVED)
@@ -200,17 +221,20 @@ def _dgx() -> Topology:
     return Topology(gpus=gpus, cpus=tuple(range(256)), core_of={c: c % 128 for c in range(256)})
 
 
-@pytest.mark.parametrize("environ, expected", [
-    ({}, None),
-    ({"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, (4, 5, 6, 7)),
-    ({"CUDA_VISIBLE_DEVICES": "6, 2"}, (6, 2)),
-    ({"CUDA_VISIBLE_DEVICES": "3,9,1"}, (3,)),          # CUDA stops at the first index that does not exist
-    ({"CUDA_VISIBLE_DEVICES": ""}, ()),
-    ({"CUDA_VISIBLE_DEVICES": "-1"}, ()),
-    ({"CUDA_VISIBLE_DEVICES": "GPU-8a1b3c4d-0000-1111-2222-333344445555"}, None),  # a UUID: no index
-    ({"ROCR_VISIBLE_DEVICES": "4,5,6,7", "HIP_VISIBLE_DEVICES": "1,3"}, (5, 7)),  # HIP indexes ROCR's list
-    ({"ROCR_VISIBLE_DEVICES": "2,3", "CUDA_VISIBLE_DEVICES": "1"}, (3,)),
-])
+@pytest.mark.parametrize(
+    "environ, expected",
+    [
+        ({}, None),
+        ({"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, (4, 5, 6, 7)),
+        ({"CUDA_VISIBLE_DEVICES": "6, 2"}, (6, 2)),
+        ({"CUDA_VISIBLE_DEVICES": "3,9,1"}, (3,)),  # CUDA stops at the first index that does not exist
+        ({"CUDA_VISIBLE_DEVICES": ""}, ()),
+        ({"CUDA_VISIBLE_DEVICES": "-1"}, ()),
+        ({"CUDA_VISIBLE_DEVICES": "GPU-8a1b3c4d-0000-1111-2222-333344445555"}, None),  # a UUID: no index
+        ({"ROCR_VISIBLE_DEVICES": "4,5,6,7", "HIP_VISIBLE_DEVICES": "1,3"}, (5, 7)),  # HIP indexes ROCR's list
+        ({"ROCR_VISIBLE_DEVICES": "2,3", "CUDA_VISIBLE_DEVICES": "1"}, (3,)),
+    ],
+)
 def test_visible_gpus_in_the_order_torch_numbers_them(environ, expected):
     from trainscale.topology.plan import visible_gpus
 
@@ -291,6 +315,7 @@ def test_plan_env_round_trip():
 
 
 # --- detection ----------------------------------------------------------------------------------------------
+
 
 def test_detect_prefers_nvidia_smi_and_notes_sources():
     text = fixture("nvidia-smi-topo-hgx-a100-4gpu.txt")

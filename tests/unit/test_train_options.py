@@ -22,8 +22,14 @@ def test_more_micro_batches_per_step_than_an_epoch_holds_is_refused():
     from trainscale.data import DeviceTensorLoader
 
     loader = DeviceTensorLoader(torch.zeros(8, 2), batch_size=4)  # 2 micro-batches per epoch
-    task = Task(name="t", model=lambda: torch.nn.Linear(2, 1), optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
-                loss=lambda model, batch: model(batch[0]).sum(), loader=loader, samples=8)
+    task = Task(
+        name="t",
+        model=lambda: torch.nn.Linear(2, 1),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+        loss=lambda model, batch: model(batch[0]).sum(),
+        loader=loader,
+        samples=8,
+    )
     with trainscale.init(environ={}, set_threads=False) as rt:
         with pytest.raises(ConfigError, match="one epoch has 2 micro-batches, fewer than --grad-accum 3") as caught:
             Loop(rt, TrainOptions(batch_size=4, grad_accum=3), task)
@@ -38,8 +44,9 @@ def test_a_deepspeed_spec_that_disagrees_with_the_loop_is_refused():
     assert (strategy.micro_batch_size, strategy.gradient_accumulation_steps) == (16, 4)
     with pytest.raises(ConfigError, match="deepspeed:micro_batch_size=8, but the per-rank batch is 16"):
         get_strategy("deepspeed:micro_batch_size=8").with_batch(16)
-    with pytest.raises(ConfigError, match="deepspeed:gradient_accumulation_steps=4, but the training loop "
-                                          "accumulates 2") as caught:
+    with pytest.raises(
+        ConfigError, match="deepspeed:gradient_accumulation_steps=4, but the training loop accumulates 2"
+    ) as caught:
         get_strategy("deepspeed:gradient_accumulation_steps=4").with_batch(16, 2)
     assert "--grad-accum" in caught.value.hint
 
@@ -60,8 +67,9 @@ def test_threads_compile_and_workers_resolve_in_the_one_order():
     assert (opts.threads, opts.compile, opts.num_workers) == (1, True, 3)
     assert parse([], prog="t")[0].threads is None and parse([], prog="t")[0].compile is False
     assert parse(["--compile", "--no-compile"], prog="t")[0].compile is False
-    from trainscale.train.options import options_from_args
     import argparse
+
+    from trainscale.train.options import options_from_args
 
     env = {"TRAINSCALE_TRAIN_THREADS": "2", "TRAINSCALE_TRAIN_COMPILE": "true"}
     opts, _ = options_from_args(argparse.Namespace(config=None), environ=env)
@@ -93,10 +101,16 @@ def test_compile_without_a_working_cxx_compiler_is_refused(monkeypatch):
     from trainscale.train.options import check_compile
 
     check_compile()  # this machine has g++
-    monkeypatch.setattr(cpp_builder, "get_cpp_compiler", lambda: (_ for _ in ()).throw(
-        RuntimeError("No working C++ compiler found in ('g++',)")))
-    with pytest.raises(ConfigError, match="--compile needs a C.. compiler for torch.compile's inductor, and none "
-                                          "works here .No working C.. compiler found") as caught:
+    monkeypatch.setattr(
+        cpp_builder,
+        "get_cpp_compiler",
+        lambda: (_ for _ in ()).throw(RuntimeError("No working C++ compiler found in ('g++',)")),
+    )
+    with pytest.raises(
+        ConfigError,
+        match="--compile needs a C.. compiler for torch.compile's inductor, and none "
+        "works here .No working C.. compiler found",
+    ) as caught:
         check_compile()
     assert "apt install g++" in caught.value.hint and "leave --compile out" in caught.value.hint
 
@@ -119,11 +133,13 @@ def test_bad_numbers_and_an_unusable_checkpoint_directory_are_refused_in_the_lau
 
     (in_tmp / "afile").write_text("not a directory")
     run = ["run", "--nproc-per-node", "2", "--log-dir", "logs", "--workload"]
-    cases = {("cnn", "--timeout", "nan"): "--timeout nan must be a number of seconds",
-             ("cnn", "--timeout", "inf"): "--timeout inf must be a number of seconds",
-             ("cnn", "--seed", str(2**70)): f"--seed {2**70} is outside 0 ... 2**63 - 1",
-             ("gpt", "--experiment-dir", "afile"): "--experiment-dir afile: ",
-             ("cnn", "--checkpoint-dir", "afile/ck"): "--checkpoint-dir afile/ck is unusable: "}
+    cases = {
+        ("cnn", "--timeout", "nan"): "--timeout nan must be a number of seconds",
+        ("cnn", "--timeout", "inf"): "--timeout inf must be a number of seconds",
+        ("cnn", "--seed", str(2**70)): f"--seed {2**70} is outside 0 ... 2**63 - 1",
+        ("gpt", "--experiment-dir", "afile"): "--experiment-dir afile: ",
+        ("cnn", "--checkpoint-dir", "afile/ck"): "--checkpoint-dir afile/ck is unusable: ",
+    }
     for argv, said in cases.items():
         assert main([*run, *argv]) == 2, argv
         err = capsys.readouterr().err

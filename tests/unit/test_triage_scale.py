@@ -14,8 +14,10 @@ from trainscale.launch.slurm.jobdir import JobRecord, rank_log_text
 from trainscale.launch.slurm.triage import find_failure
 
 RANKS, PER_NODE, FIRST = 64, 8, 43
-FIRST_TB = ('Traceback (most recent call last):\n  File "/home/u/train.py", line 9, in <module>\n'
-            '    raise RuntimeError("boom on 43")\nRuntimeError: boom on 43\n')
+FIRST_TB = (
+    'Traceback (most recent call last):\n  File "/home/u/train.py", line 9, in <module>\n'
+    '    raise RuntimeError("boom on 43")\nRuntimeError: boom on 43\n'
+)
 PEER_TB = "Traceback (most recent call last):\nRuntimeError: Connection closed by peer [10.0.0.1]:29500\n"
 LOG = "".join(f"step {i}: loss 0.{i:05d} throughput 1234.5 samples/s\n" for i in range(20000))  # ~0.9 MB a rank
 
@@ -35,8 +37,9 @@ def order() -> list[int]:
 
 
 def rchar() -> int:
-    return int(next(line for line in Path("/proc/self/io").read_text().splitlines()
-                    if line.startswith("rchar:")).split()[1])
+    return int(
+        next(line for line in Path("/proc/self/io").read_text().splitlines() if line.startswith("rchar:")).split()[1]
+    )
 
 
 def test_srun_mode_at_64_ranks(tmp_path):
@@ -45,8 +48,10 @@ def test_srun_mode_at_64_ranks(tmp_path):
     for k, rank in enumerate(order()):  # the first raised, then every other rank lost its peer
         error_file(job / "errors" / f"error-rank{rank}.json", FIRST_TB if rank == FIRST else PEER_TB, t + k * 10**6)
         (job / f"rank-{rank}.out").write_text(LOG + "the last line\n")
-    batch = "".join(f"srun: error: {node(r)}: task {r}: {'Exited with exit code 1' if r == FIRST else 'Terminated'}\n"
-                    for r in order())
+    batch = "".join(
+        f"srun: error: {node(r)}: task {r}: {'Exited with exit code 1' if r == FIRST else 'Terminated'}\n"
+        for r in order()
+    )
     before = rchar()
     failure = find_failure(job, "srun", batch)
     read = rchar() - before
@@ -66,8 +71,18 @@ def test_torchrun_mode_at_64_ranks(tmp_path):
             tb = FIRST_TB if rank == FIRST else PEER_TB
             at = t + order().index(rank) * 10**6
             error_file(job / "torchrun" / f"7_{n}" / "attempt_0" / str(rank % PER_NODE) / "error.json", tb, at)
-            failures.append(summary.RankFailure(rank=rank, local_rank=rank % PER_NODE, host=node(rank), pid=rank,
-                                                exitcode=1, timestamp=at / 1e9, traceback=tb, log_tail=""))
+            failures.append(
+                summary.RankFailure(
+                    rank=rank,
+                    local_rank=rank % PER_NODE,
+                    host=node(rank),
+                    pid=rank,
+                    exitcode=1,
+                    timestamp=at / 1e9,
+                    traceback=tb,
+                    log_tail="",
+                )
+            )
         failures.sort(key=lambda f: (f.secondary, f.timestamp, f.rank))
         lines = "".join(f"[rank{r}]: {line}\n" for r in ranks for line in LOG.splitlines()[:3000])
         (job / f"node-{n}.out").write_text(lines + summary.render(failures) + "\n")  # ~0.5 MB a node
@@ -76,11 +91,12 @@ def test_torchrun_mode_at_64_ranks(tmp_path):
     read = rchar() - before
     assert (failure.rank, failure.host) == (FIRST, "n6") and "RuntimeError: boom on 43" in failure.traceback
     # each node's first failure, then the ranks each node's summary names after it: every other rank, in two lines
-    assert failure.others == ("ranks 0,8,16,24,32,48,56 on 7 nodes: exit code 1",
-                              "ranks 1-7,9-15,17-23,25-31,33-39,49-55,57-63 on 7 nodes: stopped after another rank "
-                              "failed (connection closed by peer)",
-                              "ranks 40-42,44-47 on n6: stopped after rank 43 failed (connection closed by peer)"), \
-        failure.others
+    assert failure.others == (
+        "ranks 0,8,16,24,32,48,56 on 7 nodes: exit code 1",
+        "ranks 1-7,9-15,17-23,25-31,33-39,49-55,57-63 on 7 nodes: stopped after another rank "
+        "failed (connection closed by peer)",
+        "ranks 40-42,44-47 on n6: stopped after rank 43 failed (connection closed by peer)",
+    ), failure.others
     assert read < 8 * 300 * 1024, read  # the end of each node's log, not all of it
 
 
@@ -94,10 +110,20 @@ def test_one_ranks_log_in_torchrun_mode_comes_from_its_own_nodes_log(tmp_path):
         (run / "metrics" / f"rank-{rank}.jsonl").write_text(json.dumps({"kind": "meta", "node": f"n{k + 1}"}) + "\n")
     for k in range(8):
         ranks = [r for r in range(RANKS) if where[r] == k]
-        (run / "7" / f"node-{k}.out").write_text("".join(f"[rank{r}]: {line}\n" for r in ranks
-                                                        for line in LOG.splitlines()[:5000]))
-    record = JobRecord(job_id="7", name="sim", launcher="torchrun", profile="p", script="", output_dir="",
-                       world_size=RANKS, ranks_per_node=PER_NODE, run_dir=str(run))
+        (run / "7" / f"node-{k}.out").write_text(
+            "".join(f"[rank{r}]: {line}\n" for r in ranks for line in LOG.splitlines()[:5000])
+        )
+    record = JobRecord(
+        job_id="7",
+        name="sim",
+        launcher="torchrun",
+        profile="p",
+        script="",
+        output_dir="",
+        world_size=RANKS,
+        ranks_per_node=PER_NODE,
+        run_dir=str(run),
+    )
     one_log = (run / "7" / "node-0.out").stat().st_size
     before = rchar()
     text = rank_log_text(record, FIRST)

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from trainscale.plan.tune import NOISE, Search, Setting, Trial, TuneSpec, knobs, render_config
 from trainscale.errors import ConfigError
+from trainscale.plan.tune import NOISE, Search, Setting, Trial, TuneSpec, knobs, render_config
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -24,16 +24,20 @@ def test_the_knobs_follow_what_the_run_can_change():
     assert dict(knobs(two))["comm_hook"] == (None, "fp16", "bf16", "powersgd")
     gpu_fsdp = TuneSpec(workload="cnn", nproc_per_node=4, device="cuda", strategy="fsdp")
     assert [k for k, _ in knobs(gpu_fsdp)] == ["batch_size"]  # no CPU threads, no DDP buckets
-    script = TuneSpec(workload=None, script="train.py", script_args=("--bs", "{batch}"), nproc_per_node=2, cores=4,
-                      device="cpu")
+    script = TuneSpec(
+        workload=None, script="train.py", script_args=("--bs", "{batch}"), nproc_per_node=2, cores=4, device="cpu"
+    )
     assert [k for k, _ in knobs(script)] == ["batch_size", "threads"]
 
 
 def test_coordinate_descent_keeps_only_what_beats_the_noise():
     spec = TuneSpec(workload="cnn", nproc_per_node=2, cores=2, batches=(16, 32))
-    rates = {Setting(batch_size=16): 100.0, Setting(batch_size=32): 150.0,
-             Setting(batch_size=32, bucket_cap_mb=1): 150.0 * (1 + NOISE / 2),  # within the noise: not kept
-             Setting(batch_size=32, bucket_cap_mb=5): 180.0}
+    rates = {
+        Setting(batch_size=16): 100.0,
+        Setting(batch_size=32): 150.0,
+        Setting(batch_size=32, bucket_cap_mb=1): 150.0 * (1 + NOISE / 2),  # within the noise: not kept
+        Setting(batch_size=32, bucket_cap_mb=5): 180.0,
+    }
     search = Search(spec)
     seen = []
     while (setting := search.next()) is not None:
@@ -69,16 +73,22 @@ def test_the_config_file_is_a_train_table_the_workloads_read(tmp_path):
     assert plain["train"] == {"batch_size": 16}
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"workload": None}, "tune needs one target"),
-    ({"workload": None, "script": "train.py", "script_args": ("--bs", "32")}, "through {batch}"),
-    ({"budget": 5}, "too short for even one trial"),
-    ({"max_steps": 2}, "too few steps"),
-    ({"batches": (16, 0)}, "--batches '16,0' contains 0"),
-    ({"loader": "tensr"}, "--loader 'tensr' is not one of tensor, dataloader"),  # a [tune] table has no argparse choices
-    ({"device": "gpu"}, "--device 'gpu' is not one of auto, cpu, cuda"),
-    ({"workload": "cnnn"}, "unknown workload 'cnnn'"),  # the Python API too, not only `trainscale plan --tune`
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"workload": None}, "tune needs one target"),
+        ({"workload": None, "script": "train.py", "script_args": ("--bs", "32")}, "through {batch}"),
+        ({"budget": 5}, "too short for even one trial"),
+        ({"max_steps": 2}, "too few steps"),
+        ({"batches": (16, 0)}, "--batches '16,0' contains 0"),
+        (
+            {"loader": "tensr"},
+            "--loader 'tensr' is not one of tensor, dataloader",
+        ),  # a [tune] table has no argparse choices
+        ({"device": "gpu"}, "--device 'gpu' is not one of auto, cpu, cuda"),
+        ({"workload": "cnnn"}, "unknown workload 'cnnn'"),  # the Python API too, not only `trainscale plan --tune`
+    ],
+)
 def test_bad_specs_are_refused(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         TuneSpec(**kwargs)

@@ -17,6 +17,7 @@ def test_every_variable_in_the_source_is_listed_and_every_listed_one_exists():
     source = _names("\n".join(p.read_text() for p in (ROOT / "src" / "trainscale").rglob("*.py")))
     doc = _names((ROOT / "docs" / "variables.md").read_text())
     prefixes = {n for n in doc if n.endswith("_")}  # TRAINSCALE_TRAIN_<FIELD>: a family, named by its prefix
+
     def in_a_family(name: str) -> bool:
         return any(name.startswith(p) and name != p for p in prefixes)
 

@@ -15,8 +15,19 @@ def steps(first_comm_s: float, n: int = 30) -> list[dict]:
     records = [{"kind": "meta", "rank": 0, "node": "n1"}]
     for i in range(1, n + 1):
         comm = first_comm_s if i == 1 else 0.002
-        records.append({"kind": "step", "step": i, "step_s": 0.020 + comm, "data_s": 0.001, "compute_s": 0.008,
-                        "backward_s": 0.007, "optimizer_s": 0.002, "comm_s": comm, "samples": 16})
+        records.append(
+            {
+                "kind": "step",
+                "step": i,
+                "step_s": 0.020 + comm,
+                "data_s": 0.001,
+                "compute_s": 0.008,
+                "backward_s": 0.007,
+                "optimizer_s": 0.002,
+                "comm_s": comm,
+                "samples": 16,
+            }
+        )
     return records
 
 

@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from trainscale.bench.study import StudySpec, plan as plan_study
+from trainscale.bench.study import StudySpec
+from trainscale.bench.study import plan as plan_study
 from trainscale.errors import ConfigError
 from trainscale.workloads.hf_finetune import plan
 
@@ -121,7 +122,12 @@ def test_accelerate_wraps_ddp_on_the_tasks_own_gpu(mode, device_ids, tmp_path):
 
     env = {**os.environ, "LOCAL_RANK": "1", "RANK": "0", "WORLD_SIZE": "1"}
     env.pop("ACCELERATE_BYPASS_DEVICE_MAP", None)
-    done = subprocess.run([sys.executable, "-c", DDP_IDS, str(tmp_path / "store"), mode], env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", DDP_IDS, str(tmp_path / "store"), mode],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[-1] == device_ids

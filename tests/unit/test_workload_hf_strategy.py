@@ -12,14 +12,16 @@ from trainscale.strategies.hf_trainer import trainer_arguments
 
 
 def test_ddp_options_become_the_trainers_ddp_arguments():
-    args = trainer_arguments("ddp:find_unused_parameters=true,bucket_cap_mb=50", world_size=2, per_device=4,
-                             use_cpu=True)
+    args = trainer_arguments(
+        "ddp:find_unused_parameters=true,bucket_cap_mb=50", world_size=2, per_device=4, use_cpu=True
+    )
     assert args == {"ddp_find_unused_parameters": True, "ddp_bucket_cap_mb": 50}
 
 
 def test_fsdp_on_gpus_becomes_fsdp2_per_block_with_mixed_precision():
-    args = trainer_arguments("fsdp:reshard_after_forward=false,mixed_precision=bf16", world_size=2, per_device=4,
-                             use_cpu=False)
+    args = trainer_arguments(
+        "fsdp:reshard_after_forward=false,mixed_precision=bf16", world_size=2, per_device=4, use_cpu=False
+    )
     assert args["fsdp"] is True and args["bf16"] is True
     assert args["fsdp_config"]["version"] == 2 and args["fsdp_config"]["reshard_after_forward"] is False
     assert args["fsdp_config"]["transformer_layer_cls_to_wrap"] == ["GPTNeoBlock"]
@@ -36,12 +38,16 @@ deepspeed_only = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is Non
 
 @deepspeed_only
 def test_deepspeed_config_agrees_with_the_trainers_batch():
-    args = trainer_arguments("deepspeed:stage=3,gradient_accumulation_steps=2", world_size=2, per_device=4,
-                             use_cpu=True)
+    args = trainer_arguments(
+        "deepspeed:stage=3,gradient_accumulation_steps=2", world_size=2, per_device=4, use_cpu=True
+    )
     config = args["deepspeed"]
     assert config["zero_optimization"]["stage"] == 3
-    assert (config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"],
-            config["train_batch_size"]) == (4, 2, 16)
+    assert (
+        config["train_micro_batch_size_per_gpu"],
+        config["gradient_accumulation_steps"],
+        config["train_batch_size"],
+    ) == (4, 2, 16)
     assert args["gradient_accumulation_steps"] == 2 and args["bf16"] is False and args["fp16"] is False
 
 

@@ -11,8 +11,7 @@ plan against its measurements).
 
 import importlib
 
-_EXPORTS = {"Outcome": "session", "run_study": "session", "StudySpec": "study",
-            "plan": "study"}
+_EXPORTS = {"Outcome": "session", "run_study": "session", "StudySpec": "study", "plan": "study"}
 __all__ = sorted(_EXPORTS)
 
 

@@ -41,8 +41,10 @@ def parse_size(text: str) -> int:
         raise ConfigError(f"message size {text!r} not understood", hint="use a number with B, KB, MB or GB, e.g. 4MB")
     size = int(match.group(1)) * UNITS[unit or "b"]
     if size < ELEMENT_BYTES or size % ELEMENT_BYTES:
-        raise ConfigError(f"message size {text!r} = {size} bytes is not a whole number of float32 elements",
-                          hint="use a multiple of 4 bytes, e.g. 1KB")
+        raise ConfigError(
+            f"message size {text!r} = {size} bytes is not a whole number of float32 elements",
+            hint="use a multiple of 4 bytes, e.g. 1KB",
+        )
     return size
 
 
@@ -62,8 +64,10 @@ def parse_sizes(text: str) -> tuple[int, ...]:
         lo_text, _, hi_text = text.partition("..")
         lo, hi = parse_size(lo_text), parse_size(hi_text)
         if hi < lo:
-            raise ConfigError(f"--sizes {text!r}: the largest size is smaller than the smallest",
-                              hint="write SMALLEST..LARGEST, e.g. 1KB..16MB")
+            raise ConfigError(
+                f"--sizes {text!r}: the largest size is smaller than the smallest",
+                hint="write SMALLEST..LARGEST, e.g. 1KB..16MB",
+            )
         sizes, size = [], lo
         while size <= hi:
             sizes.append(size)
@@ -92,24 +96,32 @@ def bandwidths(size_bytes: int, seconds: float, world_size: int) -> tuple[float,
 def table(result: dict) -> str:
     """The result as a fixed-width text table (GB/s = 1e9 bytes/s, as nccl-tests)."""
     how = "shared-memory average (comm_hook=shm)" if result.get("hook") == "shm" else "all_reduce (sum, float32)"
-    lines = [f"{how} on {result['world_size']} rank(s), backend {result['backend']}, device {result['device']}",
-             f"{'size':>8} {'count':>10} {'time (us)':>11} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}"]
+    lines = [
+        f"{how} on {result['world_size']} rank(s), backend {result['backend']}, device {result['device']}",
+        f"{'size':>8} {'count':>10} {'time (us)':>11} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}",
+    ]
     for row in result["rows"]:
-        lines.append(f"{format_size(row['bytes']):>8} {row['count']:>10} {row['time_s'] * 1e6:>11.1f} "
-                     f"{row['algbw_Bps'] / 1e9:>13.3f} {row['busbw_Bps'] / 1e9:>13.3f}")
+        lines.append(
+            f"{format_size(row['bytes']):>8} {row['count']:>10} {row['time_s'] * 1e6:>11.1f} "
+            f"{row['algbw_Bps'] / 1e9:>13.3f} {row['busbw_Bps'] / 1e9:>13.3f}"
+        )
     reached = plateau(result["rows"])
     if reached is not None:
         lines.append(f"peak busbw {reached['busbw_Bps'] / 1e9:.3f} GB/s; " + plateau_words(reached))
     if result.get("disturbed"):
-        lines.append(f"* disturbed: {result['disturbed']}: these figures are not the link's alone; measure again on a "
-                     "quiet machine")
+        lines.append(
+            f"* disturbed: {result['disturbed']}: these figures are not the link's alone; measure again on a "
+            "quiet machine"
+        )
     return "\n".join(lines)
 
 
 def plateau_words(reached: dict) -> str:
     if reached.get("fell"):
-        return (f"no plateau: the largest size fell {reached['fell']:.0%} below the one before (the cache "
-                "outgrown, or other work on the cores or the link: measure again to tell which)")
+        return (
+            f"no plateau: the largest size fell {reached['fell']:.0%} below the one before (the cache "
+            "outgrown, or other work on the cores or the link: measure again to tell which)"
+        )
     if reached["reached"]:
         return "plateau reached at the largest sizes"
     return "still rising at the largest size: sweep larger messages (--sizes ...4GB) for the link's speed"
@@ -135,8 +147,12 @@ def plateau(rows: list[dict]) -> dict | None:
         return None
     last, before = timed[-1]["busbw_Bps"], timed[-2]["busbw_Bps"]
     fell = 1 - last / before if last * PLATEAU_GAIN < before else None
-    return {"busbw_Bps": max(r["busbw_Bps"] for r in timed), "reached": fell is None and last < before * PLATEAU_GAIN,
-            "largest_bytes": timed[-1]["bytes"], **({"fell": fell} if fell is not None else {})}
+    return {
+        "busbw_Bps": max(r["busbw_Bps"] for r in timed),
+        "reached": fell is None and last < before * PLATEAU_GAIN,
+        "largest_bytes": timed[-1]["bytes"],
+        **({"fell": fell} if fell is not None else {}),
+    }
 
 
 def nearest_row(result: dict, size_bytes: int) -> dict:
@@ -151,8 +167,12 @@ def reducer(rt, hook: str, largest: int):
     shared-memory average for ``shm`` (``auto``: where training's ``comm_hook=auto`` would use it)."""
     import torch.distributed as dist
 
-    from trainscale.strategies.shm_allreduce import (SharedMemoryAllReduce, SharedMemoryUnavailable, applies,
-                                                     check_device)
+    from trainscale.strategies.shm_allreduce import (
+        SharedMemoryAllReduce,
+        SharedMemoryUnavailable,
+        applies,
+        check_device,
+    )
 
     if hook == "auto":
         hook = "shm" if rt.is_distributed and applies(rt.device, rt.backend, rt.world_size) else "none"
@@ -163,8 +183,7 @@ def reducer(rt, hook: str, largest: int):
     return "none", dist.all_reduce
 
 
-def measure(rt, sizes: tuple[int, ...], iters: int, warmup: int, budget_s: float,
-            reduce=None) -> list[dict]:
+def measure(rt, sizes: tuple[int, ...], iters: int, warmup: int, budget_s: float, reduce=None) -> list[dict]:
     """Time ``reduce`` (default: the backend's all-reduce) at each size; a collective."""
     import torch
     import torch.distributed as dist
@@ -180,8 +199,9 @@ def measure(rt, sizes: tuple[int, ...], iters: int, warmup: int, budget_s: float
         count = size // ELEMENT_BYTES
         buf = torch.ones(count, dtype=torch.float32, device=rt.device)
         if not rt.is_distributed:
-            rows.append({"bytes": size, "count": count, "iters": 0, "time_s": float("nan"), "algbw_Bps": 0.0,
-                         "busbw_Bps": 0.0})
+            rows.append(
+                {"bytes": size, "count": count, "iters": 0, "time_s": float("nan"), "algbw_Bps": 0.0, "busbw_Bps": 0.0}
+            )
             continue
         for _ in range(max(1, warmup)):
             all_reduce(buf)
@@ -202,8 +222,9 @@ def measure(rt, sizes: tuple[int, ...], iters: int, warmup: int, budget_s: float
         dist.all_reduce(took, op=dist.ReduceOp.MAX)  # a collective is as slow as its slowest rank
         seconds = float(took)
         algbw, busbw = bandwidths(size, seconds, rt.world_size)
-        rows.append({"bytes": size, "count": count, "iters": n_iter, "time_s": seconds, "algbw_Bps": algbw,
-                     "busbw_Bps": busbw})
+        rows.append(
+            {"bytes": size, "count": count, "iters": n_iter, "time_s": seconds, "algbw_Bps": algbw, "busbw_Bps": busbw}
+        )
     return rows
 
 
@@ -217,7 +238,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--budget", type=float, default=1.0, help="seconds per size at most (fewer iterations)")
     p.add_argument("--device", default="auto")
     p.add_argument("--out", default=None)
-    p.add_argument("--hook", default="none", choices=HOOKS, help="none (the backend's all-reduce), shm, or auto (as training)")
+    p.add_argument(
+        "--hook", default="none", choices=HOOKS, help="none (the backend's all-reduce), shm, or auto (as training)"
+    )
     args = p.parse_args(argv)
     parse_sizes(args.sizes)  # a bad list fails before the process group
     disturbed = disturbance()  # before this sweep's own ranks add to the load
@@ -225,9 +248,16 @@ def main(argv: list[str] | None = None) -> dict:
         sizes = sizes_for(args.sizes, rt.device.type)
         hook, reduce = reducer(rt, args.hook, max(sizes))
         rows = measure(rt, sizes, args.iters, args.warmup, args.budget, reduce)
-        result = {"world_size": rt.world_size, "num_nodes": rt.num_nodes, "backend": rt.backend,
-                  "device": str(rt.device), "hook": hook, "rows": rows, "plateau": plateau(rows),
-                  "disturbed": disturbed if rt.device.type == "cpu" else None}  # GPUs' links are not the cores
+        result = {
+            "world_size": rt.world_size,
+            "num_nodes": rt.num_nodes,
+            "backend": rt.backend,
+            "device": str(rt.device),
+            "hook": hook,
+            "rows": rows,
+            "plateau": plateau(rows),
+            "disturbed": disturbed if rt.device.type == "cpu" else None,
+        }  # GPUs' links are not the cores
         if rt.is_main:
             print(table(result), flush=True)
             if args.out:

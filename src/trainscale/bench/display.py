@@ -12,8 +12,8 @@ import io
 import re
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 _EPOCH = re.compile(r"Epoch (\d+): loss ([0-9.]+).*?accuracy ([0-9.]+%)")
 _PREFIX = re.compile(r"^\[rank\d+\]:\s?")
@@ -73,16 +73,30 @@ class StudyDisplay:
         colours = {"running": "yellow", "ok": "green", "failed": "red", "pending": "dim"}
         for r in self.rows.values():
             epoch = f"{r.epoch}/{r.epochs}" if r.epochs else (str(r.epoch) if r.epoch else "")
-            table.add_row(r.name, r.label, str(r.ranks), str(r.batch),
-                          f"[{colours.get(r.status, 'white')}]{r.status}[/]", epoch, r.elapsed, r.detail[-60:])
+            table.add_row(
+                r.name,
+                r.label,
+                str(r.ranks),
+                str(r.batch),
+                f"[{colours.get(r.status, 'white')}]{r.status}[/]",
+                epoch,
+                r.elapsed,
+                r.detail[-60:],
+            )
         return table
 
-    def __enter__(self) -> "StudyDisplay":
+    def __enter__(self) -> StudyDisplay:
         if self.console.is_terminal:
             from rich.live import Live
 
-            self.live = Live(self._table(), console=self.console, refresh_per_second=4, transient=False,
-                             redirect_stdout=False, redirect_stderr=False)
+            self.live = Live(
+                self._table(),
+                console=self.console,
+                refresh_per_second=4,
+                transient=False,
+                redirect_stdout=False,
+                redirect_stderr=False,
+            )
             self.live.__enter__()
         return self
 

@@ -21,8 +21,9 @@ class Hardware:
     """Threads the ranks run per core they share (above 1, ranks take turns on the cores)."""
 
 
-def hardware(run: dict, *, cores_per_node: int, threads_per_rank: int | None = None,
-             nodes_share_cores: bool = False) -> Hardware:
+def hardware(
+    run: dict, *, cores_per_node: int, threads_per_rank: int | None = None, nodes_share_cores: bool = False
+) -> Hardware:
     """What ``run`` (a study record: world_size, nodes, nproc_per_node, device) may use.
 
     ``threads_per_rank``: OMP threads each rank runs (None: trainscale's default, cores / ranks per node).
@@ -42,8 +43,12 @@ def hardware(run: dict, *, cores_per_node: int, threads_per_rank: int | None = N
     cores = on_node if nodes_share_cores else on_node * nodes
     where = "the same machine" if nodes_share_cores and nodes > 1 else f"{nodes} node(s)"
     threads_on_machine = per_node * threads * (nodes if nodes_share_cores else 1)
-    return Hardware("cpu", float(cores), f"{cores} core(s) on {where} ({per_node} rank(s) x {threads} thread(s) per node)",
-                    ranks_per_core=max(1.0, threads_on_machine / cores_per_node))
+    return Hardware(
+        "cpu",
+        float(cores),
+        f"{cores} core(s) on {where} ({per_node} rank(s) x {threads} thread(s) per node)",
+        ranks_per_core=max(1.0, threads_on_machine / cores_per_node),
+    )
 
 
 def ceiling(run: Hardware, world: int, base: Hardware, base_world: int) -> float:
@@ -58,12 +63,22 @@ def ceiling(run: Hardware, world: int, base: Hardware, base_world: int) -> float
     return min(linear, run.units / max(1, base_world))
 
 
-def add_achievable(runs: list[dict], baseline: str, *, cores_per_node: int, threads_per_rank: int | None = None,
-                   nodes_share_cores: bool = False) -> str | None:
+def add_achievable(
+    runs: list[dict],
+    baseline: str,
+    *,
+    cores_per_node: int,
+    threads_per_rank: int | None = None,
+    nodes_share_cores: bool = False,
+) -> str | None:
     """Fill each run's ``hardware``, ``achievable_speedup`` and ``efficiency_vs_achievable``; returns a sentence
     when configurations share their hardware (shown under the table), else None."""
-    units = {r["config"]: hardware(r, cores_per_node=cores_per_node, threads_per_rank=threads_per_rank,
-                                   nodes_share_cores=nodes_share_cores) for r in runs}
+    units = {
+        r["config"]: hardware(
+            r, cores_per_node=cores_per_node, threads_per_rank=threads_per_rank, nodes_share_cores=nodes_share_cores
+        )
+        for r in runs
+    }
     base = units.get(baseline)
     base_world = next((int(r["world_size"]) for r in runs if r["config"] == baseline), 1)
     for run in runs:
@@ -73,14 +88,21 @@ def add_achievable(runs: list[dict], baseline: str, *, cores_per_node: int, thre
         same_kind = base is not None and hw.kind == base.kind and base.units > 0
         run["achievable_speedup"] = ceiling(hw, int(run["world_size"]), base, base_world) if same_kind else None
         speedup = run.get("speedup")
-        run["efficiency_vs_achievable"] = (speedup / run["achievable_speedup"]
-                                           if speedup is not None and run["achievable_speedup"] else None)
-    shared = [r for r in runs if r["world_size"] > 1 and r["achievable_speedup"] is not None  # so base is known
-              and r["achievable_speedup"] < r["world_size"] / max(1, base_world)]
+        run["efficiency_vs_achievable"] = (
+            speedup / run["achievable_speedup"] if speedup is not None and run["achievable_speedup"] else None
+        )
+    shared = [
+        r
+        for r in runs
+        if r["world_size"] > 1
+        and r["achievable_speedup"] is not None  # so base is known
+        and r["achievable_speedup"] < r["world_size"] / max(1, base_world)
+    ]
     if not shared:
         return None
     names = ", ".join(f"{r['label']} ({r['achievable_speedup']:.2f}x)" for r in shared)
-    return (f"These configurations run more ranks than cores against the baseline's one core per rank: linear "
-            f"speedup is out of reach, and the most their cores allow is {names}. Efficiency is given against "
-            f"both.")
-
+    return (
+        f"These configurations run more ranks than cores against the baseline's one core per rank: linear "
+        f"speedup is out of reach, and the most their cores allow is {names}. Efficiency is given against "
+        f"both."
+    )

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-COLOURS = {"data": "#8da0cb", "compute": "#66c2a5", "communication": "#fc8d62", "optimizer": "#e78ac3",
-           "other": "#b3b3b3"}
+COLOURS = {
+    "data": "#8da0cb",
+    "compute": "#66c2a5",
+    "communication": "#fc8d62",
+    "optimizer": "#e78ac3",
+    "other": "#b3b3b3",
+}
 MISSING = "plots need matplotlib, which is not installed"
 
 
@@ -39,21 +44,43 @@ def speedup_plot(study: dict, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(10, 5))
     xs = sorted({r["world_size"] for r in runs + rejected} | {base["world_size"]})
     ax.plot(xs, [x / base["world_size"] for x in xs], "k--", lw=1, label="ideal (linear)")
-    reach = sorted((r["world_size"], r["achievable_speedup"]) for r in runs + rejected
-                   if r.get("achievable_speedup") is not None)
+    reach = sorted(
+        (r["world_size"], r["achievable_speedup"]) for r in runs + rejected if r.get("achievable_speedup") is not None
+    )
     if reach and any(abs(s - w / base["world_size"]) > 1e-9 for w, s in reach):
-        ax.plot([w for w, _ in reach], [s for _, s in reach], ":", color="#7570b3", lw=2, marker="^",
-                label="achievable (this hardware)")
+        ax.plot(
+            [w for w, _ in reach],
+            [s for _, s in reach],
+            ":",
+            color="#7570b3",
+            lw=2,
+            marker="^",
+            label="achievable (this hardware)",
+        )
     clean = [r for r in runs if not r.get("speedup_disturbed")]
     disturbed = [r for r in runs if r.get("speedup_disturbed")]
-    ax.plot([r["world_size"] for r in clean], [r["speedup"] for r in clean], "o", ms=8, color="#1b9e77",
-            label="measured")
+    ax.plot(
+        [r["world_size"] for r in clean], [r["speedup"] for r in clean], "o", ms=8, color="#1b9e77", label="measured"
+    )
     if disturbed:  # hollow: other work shared the CPUs of the run or of its baseline
-        ax.plot([r["world_size"] for r in disturbed], [r["speedup"] for r in disturbed], "o", ms=9, mfc="none",
-                mew=2, color="#d95f02", label="measured, disturbed* (other work on its CPUs)")
+        ax.plot(
+            [r["world_size"] for r in disturbed],
+            [r["speedup"] for r in disturbed],
+            "o",
+            ms=9,
+            mfc="none",
+            mew=2,
+            color="#d95f02",
+            label="measured, disturbed* (other work on its CPUs)",
+        )
     for r in runs:
-        ax.annotate(r["label"] + ("*" if r.get("speedup_disturbed") else ""), (r["world_size"], r["speedup"]),
-                    textcoords="offset points", xytext=(6, -12), fontsize=8)
+        ax.annotate(
+            r["label"] + ("*" if r.get("speedup_disturbed") else ""),
+            (r["world_size"], r["speedup"]),
+            textcoords="offset points",
+            xytext=(6, -12),
+            fontsize=8,
+        )
     ax.set_xticks(xs, [str(x) for x in xs])
     ax.set_xlabel("ranks (workers)")
     ax.set_ylabel(f"speedup over {base['label']}")
@@ -76,26 +103,47 @@ def throughput_plot(study: dict, path: Path) -> Path:
     plt = pyplot()
     runs = [r for r in _ok(study) if r.get("samples_per_s")]
     fig, ax = plt.subplots(figsize=(10, 4.5))
-    bars = ax.bar([_tick(r) for r in runs], [r["samples_per_s"] for r in runs],
-                  color=["#fdae6b" if r.get("disturbed") else "#66c2a5" for r in runs],
-                  hatch=None, edgecolor="#555")
+    bars = ax.bar(
+        [_tick(r) for r in runs],
+        [r["samples_per_s"] for r in runs],
+        color=["#fdae6b" if r.get("disturbed") else "#66c2a5" for r in runs],
+        hatch=None,
+        edgecolor="#555",
+    )
     for bar, r in zip(bars, runs):
         if r.get("disturbed"):
             bar.set_hatch("//")
-        ax.annotate(f"{r['samples_per_s']:.0f}" + ("*" if r.get("disturbed") else ""),
-                    (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=9)
+        ax.annotate(
+            f"{r['samples_per_s']:.0f}" + ("*" if r.get("disturbed") else ""),
+            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            ha="center",
+            va="bottom",
+            fontsize=9,
+        )
     ax.set_ylabel("training samples / s")
     ax.set_title(f"Throughput per configuration: {study['target']}")
     ax.grid(True, axis="y", alpha=0.3)
     ax.margins(y=0.15)
     if any(r.get("disturbed") for r in runs):
-        fig.text(0.01, -0.02, "* hatched: disturbed, other work kept its CPUs busy while it ran", fontsize=8,
-                 color="#b00", ha="left", va="top")
+        fig.text(
+            0.01,
+            -0.02,
+            "* hatched: disturbed, other work kept its CPUs busy while it ran",
+            fontsize=8,
+            color="#b00",
+            ha="left",
+            va="top",
+        )
     return save(fig, path)
 
 
-LABELS = {"data": "data wait", "compute": "compute (forward + backward)", "communication": "communication (exposed)",
-          "optimizer": "optimizer step", "other": "other"}
+LABELS = {
+    "data": "data wait",
+    "compute": "compute (forward + backward)",
+    "communication": "communication (exposed)",
+    "optimizer": "optimizer step",
+    "other": "other",
+}
 
 
 def breakdown_plot(study: dict, path: Path) -> Path | None:
@@ -111,8 +159,9 @@ def breakdown_plot(study: dict, path: Path) -> Path | None:
         ax.bar(labels, values, bottom=bottom, color=colour, label=LABELS[key])
         bottom = [b + v for b, v in zip(bottom, values)]
     for i, r in enumerate(runs):
-        ax.annotate(f"comm {r['breakdown']['communication_fraction']:.0%}", (i, bottom[i]), ha="center", va="bottom",
-                    fontsize=9)
+        ax.annotate(
+            f"comm {r['breakdown']['communication_fraction']:.0%}", (i, bottom[i]), ha="center", va="bottom", fontsize=9
+        )
     ax.set_ylabel("time per step (ms)")
     ax.set_title("Where a training step's time goes")
     handles, names = ax.get_legend_handles_labels()  # top to bottom as the bars stack, beside them, never over

@@ -17,24 +17,39 @@ from trainscale.bench.validity import REJECTED, mark, notes
 from trainscale.observe.reading import SECTIONS
 
 
-
 def record_from_run(timing: dict | None, metrics: dict | None) -> dict:
     """A run's record: its timing from its step records (observe/reading.run_timing), its result (losses, accuracy,
     what the workload says of itself) from its metrics JSON where it wrote one."""
     metrics = metrics or {}
     last = (metrics.get("epochs") or [{}])[-1]
-    return {**(timing or {}), "epochs": len(metrics.get("epochs") or []) or None,
-            "train_loss": last.get("train_loss", metrics.get("train_loss")),
-            "test_loss": last.get("test_loss"), "accuracy": last.get("accuracy"),
-            "strategy": (metrics.get("options") or {}).get("strategy") or metrics.get("strategy"),
-            "threads": metrics.get("threads"), "usable_cpus": metrics.get("usable_cpus")}
+    return {
+        **(timing or {}),
+        "epochs": len(metrics.get("epochs") or []) or None,
+        "train_loss": last.get("train_loss", metrics.get("train_loss")),
+        "test_loss": last.get("test_loss"),
+        "accuracy": last.get("accuracy"),
+        "strategy": (metrics.get("options") or {}).get("strategy") or metrics.get("strategy"),
+        "threads": metrics.get("threads"),
+        "usable_cpus": metrics.get("usable_cpus"),
+    }
 
 
 def record_from_launch(seconds: float) -> dict:
     """A run that recorded no step (it failed, or recording was off): the whole launch is timed (start-up included)."""
-    return {"timed": "launch", "runtime_s": seconds, "epochs": None, "steps": None, "samples": None,
-            "samples_per_s": None, "step_time_s": None, "train_loss": None, "test_loss": None, "accuracy": None,
-            "breakdown": None, "steady": None}
+    return {
+        "timed": "launch",
+        "runtime_s": seconds,
+        "epochs": None,
+        "steps": None,
+        "samples": None,
+        "samples_per_s": None,
+        "step_time_s": None,
+        "train_loss": None,
+        "test_loss": None,
+        "accuracy": None,
+        "breakdown": None,
+        "steady": None,
+    }
 
 
 def add_speedups(runs: list[dict], baseline_token: str) -> None:
@@ -69,8 +84,17 @@ def _speed(run: dict, key: str, pattern: str) -> str:
 
 def markdown_table(study: dict) -> str:
     """Seed 004's table: Version | Workers | Runtime (s) | Speedup | Parallel efficiency (+ a few more)."""
-    head = ["Version", "Workers", "Runtime (s)", "Speedup", "Parallel efficiency", "Achievable", "Share of achievable",
-            "Samples/s", "Comm. exposed"]
+    head = [
+        "Version",
+        "Workers",
+        "Runtime (s)",
+        "Speedup",
+        "Parallel efficiency",
+        "Achievable",
+        "Share of achievable",
+        "Samples/s",
+        "Comm. exposed",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in study["runs"]:
         if r.get("status") != "ok":
@@ -78,10 +102,17 @@ def markdown_table(study: dict) -> str:
             continue
         breakdown = r.get("breakdown") or {}
         own = mark(r, "runtime_s")  # a disturbed run's own figures carry "*"; a rejected speedup is not shown
-        row = [r["label"], str(r["world_size"]), f"{r['runtime_s']:.1f}{own}", _speed(r, "speedup", "{:.2f}x"),
-               _speed(r, "efficiency", "{:.0%}"), _fmt(r.get("achievable_speedup"), "{:.2f}x"),
-               _speed(r, "efficiency_vs_achievable", "{:.0%}"), _fmt(r.get("samples_per_s"), "{:.0f}") + own,
-               _fmt(breakdown.get("communication_fraction"), "{:.0%}")]
+        row = [
+            r["label"],
+            str(r["world_size"]),
+            f"{r['runtime_s']:.1f}{own}",
+            _speed(r, "speedup", "{:.2f}x"),
+            _speed(r, "efficiency", "{:.0%}"),
+            _fmt(r.get("achievable_speedup"), "{:.2f}x"),
+            _speed(r, "efficiency_vs_achievable", "{:.0%}"),
+            _fmt(r.get("samples_per_s"), "{:.0f}") + own,
+            _fmt(breakdown.get("communication_fraction"), "{:.0%}"),
+        ]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -91,22 +122,57 @@ def sweep_table(study: dict) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in study["runs"]:
         if r.get("status") != "ok":
-            lines.append(f"| {r['label']} | {r['world_size']} | {r['per_rank_batch']} | {r['global_batch']} | failed | - | - |")
+            lines.append(
+                f"| {r['label']} | {r['world_size']} | {r['per_rank_batch']} | {r['global_batch']} | failed | - | - |"
+            )
             continue
         per_epoch = r["runtime_s"] / r["epochs"] if r.get("epochs") else None
-        lines.append(f"| {r['label']} | {r['world_size']} | {r['per_rank_batch']} | {r['global_batch']} | "
-                     f"{_fmt(per_epoch, '{:.2f}')}{mark(r, 'runtime_s')} | "
-                     f"{_fmt(r.get('samples_per_s'), '{:.0f}')}{mark(r, 'runtime_s')} | "
-                     f"{_fmt(r.get('accuracy'), '{:.1%}')} |")
+        lines.append(
+            f"| {r['label']} | {r['world_size']} | {r['per_rank_batch']} | {r['global_batch']} | "
+            f"{_fmt(per_epoch, '{:.2f}')}{mark(r, 'runtime_s')} | "
+            f"{_fmt(r.get('samples_per_s'), '{:.0f}')}{mark(r, 'runtime_s')} | "
+            f"{_fmt(r.get('accuracy'), '{:.1%}')} |"
+        )
     return "\n".join(lines)
 
 
-CSV_FIELDS = ("config", "label", "status", "world_size", "nodes", "nproc_per_node", "per_rank_batch", "global_batch",
-              "epochs", "steps", "samples", "runtime_s", "samples_per_s", "step_time_s", "speedup", "efficiency",
-              "achievable_speedup", "efficiency_vs_achievable", "hardware",
-              "train_loss", "test_loss", "accuracy", "data_s", "compute_s", "communication_s", "optimizer_s",
-              "other_s", "communication_fraction", "strategy", "launch_s", "timed",
-              "disturbed", "speedup_disturbed", "rejected_speedup", "rejected_reason")
+CSV_FIELDS = (
+    "config",
+    "label",
+    "status",
+    "world_size",
+    "nodes",
+    "nproc_per_node",
+    "per_rank_batch",
+    "global_batch",
+    "epochs",
+    "steps",
+    "samples",
+    "runtime_s",
+    "samples_per_s",
+    "step_time_s",
+    "speedup",
+    "efficiency",
+    "achievable_speedup",
+    "efficiency_vs_achievable",
+    "hardware",
+    "train_loss",
+    "test_loss",
+    "accuracy",
+    "data_s",
+    "compute_s",
+    "communication_s",
+    "optimizer_s",
+    "other_s",
+    "communication_fraction",
+    "strategy",
+    "launch_s",
+    "timed",
+    "disturbed",
+    "speedup_disturbed",
+    "rejected_speedup",
+    "rejected_reason",
+)
 
 
 def csv_text(study: dict) -> str:
@@ -143,10 +209,15 @@ def markdown_document(study: dict, plots: dict[str, str]) -> str:
     env = study["environment"]
     spec = study["spec"]
     mode = "batch-size sweep" if spec.get("sweep_batches") else study_mode(spec)
-    parts = [f"# Scaling study: {study['target']}", "",
-             f"{mode}; baseline {study['baseline']}; {env['device']}, {env['cores']} cores on {env['host']}; "
-             f"torch {env['torch']}, trainscale {env['trainscale']}.", "",
-             sweep_table(study) if spec.get("sweep_batches") else markdown_table(study), ""]
+    parts = [
+        f"# Scaling study: {study['target']}",
+        "",
+        f"{mode}; baseline {study['baseline']}; {env['device']}, {env['cores']} cores on {env['host']}; "
+        f"torch {env['torch']}, trainscale {env['trainscale']}.",
+        "",
+        sweep_table(study) if spec.get("sweep_batches") else markdown_table(study),
+        "",
+    ]
     parts += [f"{line}\n" for line in notes(study)]
     planned = plan_table(study)
     if planned:
@@ -172,22 +243,48 @@ def plan_rows(study: dict) -> tuple[list[str], list[list[str]], str] | None:
     def error(value) -> str:
         return "-" if value is None else f"{value:+.0%}"
 
-    head = ["configuration", "strategy modelled", "step ms planned", "measured", "error", "model state planned",
-            "measured", "error", "peak planned", "measured", "error"]
-    rows = [[r["config"] + (" *" if r.get("disturbed") else ""), r.get("modelled") or r["strategy"],
-             f"{r['predicted_step_s'] * 1e3:.1f}", _fmt(r["measured_step_s"] * 1e3, "{:.1f}")
-             if r["measured_step_s"] == r["measured_step_s"] else "-", error(r["step_error"]),
-             size(r["predicted_held"]), size(r["measured_held"]), error(r["held_error"]),
-             size(r.get("predicted_peak")), size(r.get("measured_peak")), error(r.get("peak_error"))]
-            for r in plan.get("against") or []]
+    head = [
+        "configuration",
+        "strategy modelled",
+        "step ms planned",
+        "measured",
+        "error",
+        "model state planned",
+        "measured",
+        "error",
+        "peak planned",
+        "measured",
+        "error",
+    ]
+    rows = [
+        [
+            r["config"] + (" *" if r.get("disturbed") else ""),
+            r.get("modelled") or r["strategy"],
+            f"{r['predicted_step_s'] * 1e3:.1f}",
+            _fmt(r["measured_step_s"] * 1e3, "{:.1f}") if r["measured_step_s"] == r["measured_step_s"] else "-",
+            error(r["step_error"]),
+            size(r["predicted_held"]),
+            size(r["measured_held"]),
+            error(r["held_error"]),
+            size(r.get("predicted_peak")),
+            size(r.get("measured_peak")),
+            error(r.get("peak_error")),
+        ]
+        for r in plan.get("against") or []
+    ]
     cal = plan.get("calibration") or {}
-    note = (f"Planned before the runs from one rank's {cal.get('steps', '?')}-step calibration here "
-            f"({plan.get('times_from', '?')}, batch {cal.get('batch', '?')}, {cal.get('threads', '?')} thread(s)) over "
-            f"{plan.get('network_source', '?')}, as `trainscale plan` plans; measured: the median step after the "
-            "warm-up, the fullest rank's memory table, the largest peak over the training steps; model state: memory "
-            "for parameters, gradients and optimizer state; error = measured / planned - 1 (+: more than planned)"
-            + ("; * disturbed: other work shared its cores"
-               if any(r.get("disturbed") for r in plan.get("against") or []) else ""))
+    note = (
+        f"Planned before the runs from one rank's {cal.get('steps', '?')}-step calibration here "
+        f"({plan.get('times_from', '?')}, batch {cal.get('batch', '?')}, {cal.get('threads', '?')} thread(s)) over "
+        f"{plan.get('network_source', '?')}, as `trainscale plan` plans; measured: the median step after the "
+        "warm-up, the fullest rank's memory table, the largest peak over the training steps; model state: memory "
+        "for parameters, gradients and optimizer state; error = measured / planned - 1 (+: more than planned)"
+        + (
+            "; * disturbed: other work shared its cores"
+            if any(r.get("disturbed") for r in plan.get("against") or [])
+            else ""
+        )
+    )
     return head, rows, note
 
 
@@ -210,19 +307,22 @@ def plan_check(study: dict) -> str | None:
 
     parts = []
     for what, error, planned, measured, show in (
-            ("step time", "step_error", "predicted_step_s", "measured_step_s", ms),
-            ("memory for parameters, gradients and optimizer state", "held_error", "predicted_held", "measured_held",
-             mib),
-            ("peak memory", "peak_error", "predicted_peak", "measured_peak", mib)):
+        ("step time", "step_error", "predicted_step_s", "measured_step_s", ms),
+        ("memory for parameters, gradients and optimizer state", "held_error", "predicted_held", "measured_held", mib),
+        ("peak memory", "peak_error", "predicted_peak", "measured_peak", mib),
+    ):
         found = [r for r in rows if r.get(error) is not None]
         if found:
             r = max(found, key=lambda r: abs(r[error]))
-            parts.append(f"{what} {r[error]:+.0%} on {r['config']} (planned {show(r[planned])}, measured "
-                         f"{show(r[measured])})")
+            parts.append(
+                f"{what} {r[error]:+.0%} on {r['config']} (planned {show(r[planned])}, measured {show(r[measured])})"
+            )
     if not parts:
         return f"Plan vs measured{which}: nothing measured to compare"
-    return (f"Plan vs measured, furthest off{which}: " + "; ".join(parts) + " (+: more than planned; every "
-            "configuration in \"The plan against the measurements\")")
+    return (
+        f"Plan vs measured, furthest off{which}: " + "; ".join(parts) + " (+: more than planned; every "
+        'configuration in "The plan against the measurements")'
+    )
 
 
 def plan_table(study: dict) -> str | None:
@@ -240,10 +340,13 @@ def plan_table(study: dict) -> str | None:
 def caveats(study: dict) -> list[tuple[str, str]]:
     """(label, sentence) of what goes under a study's table after its marks' notes: shared hardware, the
     plan's check (no label), a busy machine, suggestions."""
-    no_plan = ((study.get("plan") or {}).get("error"))
-    found = [("Shared hardware", study.get("shared_hardware")),
-             ("", plan_check(study) or (f"No plan for this study: {no_plan}" if no_plan else None)),
-             ("Warning", busy_warning(study)), *(("Suggestion", text) for text in suggestions(study))]
+    no_plan = (study.get("plan") or {}).get("error")
+    found = [
+        ("Shared hardware", study.get("shared_hardware")),
+        ("", plan_check(study) or (f"No plan for this study: {no_plan}" if no_plan else None)),
+        ("Warning", busy_warning(study)),
+        *(("Suggestion", text) for text in suggestions(study)),
+    ]
     return [(label, text) for label, text in found if text]
 
 
@@ -271,15 +374,20 @@ def busy_warning(study: dict) -> str | None:
     if not busy:
         return None
     worst = max(busy, key=lambda t: t[1])
-    return (f"the machine was busy (1-minute load average up to {worst[1]:.1f} on {cores} cores, run {worst[0]}); "
-            f"other processes competed with these runs, so their timings are unreliable")
+    return (
+        f"the machine was busy (1-minute load average up to {worst[1]:.1f} on {cores} cores, run {worst[0]}); "
+        f"other processes competed with these runs, so their timings are unreliable"
+    )
 
 
 def write_all(out_dir: Path, study: dict, plots: dict[str, str]) -> dict[str, Path]:
     """results.json, results.csv and results.md (each replaced whole: a reader never sees half a file)."""
     paths = {"json": out_dir / "results.json", "csv": out_dir / "results.csv", "md": out_dir / "results.md"}
-    texts = {"json": json.dumps({**study, "plots": plots}, indent=2, default=str) + "\n", "csv": csv_text(study),
-             "md": markdown_document(study, plots)}
+    texts = {
+        "json": json.dumps({**study, "plots": plots}, indent=2, default=str) + "\n",
+        "csv": csv_text(study),
+        "md": markdown_document(study, plots),
+    }
     for key, path in paths.items():
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(texts[key])

@@ -29,19 +29,35 @@ def job_specs(spec_plan: Plan, out_dir: Path) -> dict:
         run_dir = (out_dir / "runs" / run.name).absolute()
         module, is_module, args, env = _target(spec_plan, run, run_dir)
         specs[run.name] = target.job(
-            name=f"bench-{run.name}", nodes=run.config.nnodes, ranks_per_node=run.config.nproc_per_node,
-            output_dir=run_dir / "job", module=module if is_module else None,
-            script=None if is_module else module, args=args, env=env,
-            command_line=("trainscale", "bench", "--slurm", "run", run.name))
+            name=f"bench-{run.name}",
+            nodes=run.config.nnodes,
+            ranks_per_node=run.config.nproc_per_node,
+            output_dir=run_dir / "job",
+            module=module if is_module else None,
+            script=None if is_module else module,
+            args=args,
+            env=env,
+            command_line=("trainscale", "bench", "--slurm", "run", run.name),
+        )
     return specs
 
 
 def base_record(run: PlannedRun) -> dict:
     c = run.config
-    return {"name": run.name, "config": c.token, "label": c.label, "world_size": c.world_size, "nodes": c.nnodes,
-            "nproc_per_node": c.nproc_per_node, "device": "cuda" if c.gpus and c.device != "cpu" else "cpu",
-            "per_rank_batch": run.per_rank_batch, "global_batch": run.global_batch, "max_steps": run.max_steps,
-            "args": list(run.args), "sweep": run.sweep}
+    return {
+        "name": run.name,
+        "config": c.token,
+        "label": c.label,
+        "world_size": c.world_size,
+        "nodes": c.nnodes,
+        "nproc_per_node": c.nproc_per_node,
+        "device": "cuda" if c.gpus and c.device != "cpu" else "cpu",
+        "per_rank_batch": run.per_rank_batch,
+        "global_batch": run.global_batch,
+        "max_steps": run.max_steps,
+        "args": list(run.args),
+        "sweep": run.sweep,
+    }
 
 
 def execute_run(plan: Plan, run: PlannedRun, out_dir: Path, display: StudyDisplay, jobs: dict | None = None) -> dict:
@@ -54,8 +70,13 @@ def execute_run(plan: Plan, run: PlannedRun, out_dir: Path, display: StudyDispla
         from trainscale.launch.trial import on_slurm
 
         job = jobs[run.name]
-        done = on_slurm(job.spec, plan.spec.slurm.cluster, job.plan, poll_s=plan.spec.slurm.poll_s,
-                        say=lambda text: display.line(run.name, text))
+        done = on_slurm(
+            job.spec,
+            plan.spec.slurm.cluster,
+            job.plan,
+            poll_s=plan.spec.slurm.poll_s,
+            say=lambda text: display.line(run.name, text),
+        )
         # the job's run directory (made at submission inside runs/<name>/job/) holds its records
         record.update(slurm_job=done.job_id, log_dir=str(done.run_dir), run_dir=_relative(done.run_dir.parent, out_dir))
     else:
@@ -64,8 +85,9 @@ def execute_run(plan: Plan, run: PlannedRun, out_dir: Path, display: StudyDispla
         target, module, args, env = _target(plan, run, run_dir)  # as `trainscale run` would launch it
         record["load_before"] = _load()
         with display.capture(run.name):  # one directory: metrics.json, records, logs, run.json
-            done = here(target, args, module=module, nproc=run.config.nproc_per_node, run_dir=run_dir, env=env,
-                        quiet=False)
+            done = here(
+                target, args, module=module, nproc=run.config.nproc_per_node, run_dir=run_dir, env=env, quiet=False
+            )
         record["log_dir"] = str(done.run_dir) if done.run_dir else None
         record["run_dir"] = _relative(run_dir, out_dir)  # where `trainscale report` finds its records
     ok, seconds, summary = done.ok, done.seconds, done.summary
@@ -118,4 +140,3 @@ def execute(plan: Plan, out_dir: Path, *, verbose: bool = False, console=None, j
         for run in plan.runs:
             records.append(execute_run(plan, run, out_dir, display, jobs))
     return records
-

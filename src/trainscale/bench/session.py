@@ -7,7 +7,8 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from trainscale.bench import environment, plots as plotting, results, validity
+from trainscale.bench import environment, results, validity
+from trainscale.bench import plots as plotting
 from trainscale.bench.study import StudySpec, choose_out_dir, plan
 from trainscale.launch.rundir import command_line, mark_latest
 
@@ -27,15 +28,21 @@ class Outcome:
 
     def failures(self) -> list[str]:
         """Each failed run with what it said, for stderr."""
-        return [f"\n{r['name']} ({r['label']}) failed:\n{r.get('failure', '')}" for r in self.study["runs"]
-                if r.get("status") != "ok"]
+        return [
+            f"\n{r['name']} ({r['label']}) failed:\n{r.get('failure', '')}"
+            for r in self.study["runs"]
+            if r.get("status") != "ok"
+        ]
 
     def summary(self, *, sweep: bool) -> list[str]:
         """What ``trainscale bench`` prints when the study is done: the table, its caveats, the files written."""
         study = self.study
         lines = ["", results.sweep_table(study) if sweep else results.markdown_table(study), "", *validity.notes(study)]
-        lines += [f"{label}: {text}" if label else text for label, text in results.caveats(study)
-                  if not (sweep and label == "Shared hardware")]  # a sweep's table has no speedups
+        lines += [
+            f"{label}: {text}" if label else text
+            for label, text in results.caveats(study)
+            if not (sweep and label == "Shared hardware")
+        ]  # a sweep's table has no speedups
         return lines + [f"{name:>10}: {path}" for name, path in (*self.files.items(), *self.plots.items())]
 
 
@@ -55,14 +62,22 @@ def run_study(spec: StudySpec, *, make_plots: bool = True, verbose: bool = False
     from trainscale.plan.calibrate import against, plan_study
 
     # the plan first, as `trainscale plan` makes it, so that every study shows the model's error
-    made, no_plan = plan_study(spec, the_plan, say=lambda line: print(f"trainscale bench: plan: {line}",
-                                                                      file=sys.stderr, flush=True))
+    made, no_plan = plan_study(
+        spec, the_plan, say=lambda line: print(f"trainscale bench: plan: {line}", file=sys.stderr, flush=True)
+    )
     runs = execute(the_plan, out_dir, verbose=verbose, console=console, jobs=jobs)
-    study = {"target": spec.target, "baseline": the_plan.baseline.token, "environment": environment.collect(),
-             "spec": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items()},
-             "started_at": started, "command": command_line(), "runs": runs}
-    study["plan"] = ({**made.as_dict(), "against": against(made, runs, out_dir)} if made is not None
-                     else {"error": no_plan})
+    study = {
+        "target": spec.target,
+        "baseline": the_plan.baseline.token,
+        "environment": environment.collect(),
+        "spec": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items()},
+        "started_at": started,
+        "command": command_line(),
+        "runs": runs,
+    }
+    study["plan"] = (
+        {**made.as_dict(), "against": against(made, runs, out_dir)} if made is not None else {"error": no_plan}
+    )
     results.add_speedups(runs, the_plan.baseline.token)
     study["shared_hardware"] = _achievable(study, spec)
     validity.assess(runs, the_plan.baseline.token, cores=study["environment"].get("cores"))
@@ -71,8 +86,7 @@ def run_study(spec: StudySpec, *, make_plots: bool = True, verbose: bool = False
     plot_paths: dict[str, str] = {}
     missing: list[str] = []
     if make_plots and not plotting.available():
-        missing.append(f"{plotting.MISSING}: pip install matplotlib (then `trainscale report {out_dir}` "
-                       "draws them)")
+        missing.append(f"{plotting.MISSING}: pip install matplotlib (then `trainscale report {out_dir}` draws them)")
     elif make_plots:
         plot_paths = plotting.make_all(study, out_dir)
     files = results.write_all(out_dir, study, plot_paths)
@@ -88,8 +102,13 @@ def _achievable(study: dict, spec: StudySpec) -> str | None:
     if spec.slurm is not None:
         profile = spec.slurm.cluster
         cores = max(1, profile.cpus_per_node - len(profile.reserved_cores))
-        return add_achievable(study["runs"], study["baseline"], cores_per_node=cores,
-                              nodes_share_cores=profile.shares_cores)
+        return add_achievable(
+            study["runs"], study["baseline"], cores_per_node=cores, nodes_share_cores=profile.shares_cores
+        )
     threads = os.environ.get("OMP_NUM_THREADS")  # the launches keep a user's setting (launch/local.py)
-    return add_achievable(study["runs"], study["baseline"], cores_per_node=study["environment"]["cores"],
-                          threads_per_rank=int(threads) if threads and threads.isdigit() else None)
+    return add_achievable(
+        study["runs"],
+        study["baseline"],
+        cores_per_node=study["environment"]["cores"],
+        threads_per_rank=int(threads) if threads and threads.isdigit() else None,
+    )

@@ -14,8 +14,14 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainscale.bench.configs import (RunConfig, find_baseline, int_tuple, parse_configs, per_rank_batch,
-                                     scaled_max_steps)
+from trainscale.bench.configs import (
+    RunConfig,
+    find_baseline,
+    int_tuple,
+    parse_configs,
+    per_rank_batch,
+    scaled_max_steps,
+)
 from trainscale.bench.slurm_runs import SlurmTarget
 from trainscale.errors import ConfigError
 
@@ -69,14 +75,19 @@ class StudySpec:
         if isinstance(self.out_dir, str):
             object.__setattr__(self, "out_dir", Path(self.out_dir) if self.out_dir else None)
         if self.workload and self.script:
-            raise ConfigError(f"both --workload {self.workload} and script {self.script!r} given",
-                              hint="benchmark one of them")
+            raise ConfigError(
+                f"both --workload {self.workload} and script {self.script!r} given", hint="benchmark one of them"
+            )
         if self.script and not Path(self.script).is_file():
-            raise ConfigError(f"script {self.script!r} does not exist",
-                              hint="give the path of a training script, or --workload NAME (`trainscale run --help` lists them)")
+            raise ConfigError(
+                f"script {self.script!r} does not exist",
+                hint="give the path of a training script, or --workload NAME (`trainscale run --help` lists them)",
+            )
         if (self.workload is None) == (self.script is None):
-            raise ConfigError("give exactly one of --workload NAME or SCRIPT",
-                              hint="e.g. trainscale bench --workload cnn --configs 1,2, or trainscale bench train.py")
+            raise ConfigError(
+                "give exactly one of --workload NAME or SCRIPT",
+                hint="e.g. trainscale bench --workload cnn --configs 1,2, or trainscale bench train.py",
+            )
         if self.epochs < 1:
             raise ConfigError(f"--epochs {self.epochs} must be >= 1", hint="e.g. --epochs 2")
         if self.max_steps is not None and self.max_steps < 1:
@@ -84,8 +95,10 @@ class StudySpec:
         if self.samples is not None and self.samples < 1:
             raise ConfigError(f"--samples {self.samples} must be >= 1", hint="e.g. --samples 4096")
         if self.sweep_batches and self.scaling == "strong":
-            raise ConfigError("--sweep-batch sweeps the per-rank batch, which strong scaling fixes",
-                              hint="drop --scaling strong for a sweep")
+            raise ConfigError(
+                "--sweep-batch sweeps the per-rank batch, which strong scaling fixes",
+                hint="drop --scaling strong for a sweep",
+            )
 
     @property
     def cpu_ranks(self) -> bool:
@@ -100,8 +113,12 @@ class StudySpec:
     def parsed_configs(self) -> tuple[RunConfig, ...]:
         if self.slurm is None:
             return parse_configs(self.configs, gpus_visible=self.gpus_visible)
-        return parse_configs(self.configs, gpus_visible=self.slurm.cluster.gpus_per_node, slurm=True,
-                             ranks_per_node=self.slurm.nodes_ranks)
+        return parse_configs(
+            self.configs,
+            gpus_visible=self.slurm.cluster.gpus_per_node,
+            slurm=True,
+            ranks_per_node=self.slurm.nodes_ranks,
+        )
 
 
 @dataclass(frozen=True)
@@ -126,8 +143,11 @@ class Plan:
 
 def _workload_args(spec: StudySpec, config: RunConfig, batch: int, max_steps: int | None) -> tuple[str, ...]:
     # hf-finetune's Trainer sizes its batch globally; the study's batch is per rank for every workload.
-    sizing = (["--global-batch", str(batch * config.world_size)] if spec.workload == "hf-finetune"
-              else ["--batch-size", str(batch)])
+    sizing = (
+        ["--global-batch", str(batch * config.world_size)]
+        if spec.workload == "hf-finetune"
+        else ["--batch-size", str(batch)]
+    )
     args = ["--epochs", str(spec.epochs), *sizing, "--log-every", "0"]
     if max_steps is not None:
         args += ["--max-steps", str(max_steps)]
@@ -157,31 +177,44 @@ def plan(spec: StudySpec) -> Plan:
             index += 1
             batch = batch_option if spec.sweep_batches else per_rank_batch(config, batch_option, spec.scaling)
             steps = scaled_max_steps(spec.max_steps, config, baseline, "weak" if spec.sweep_batches else spec.scaling)
-            args = (_workload_args(spec, config, batch, steps) if spec.workload
-                    else tuple(a.replace("{batch}", str(batch)) for a in spec.script_args))
+            args = (
+                _workload_args(spec, config, batch, steps)
+                if spec.workload
+                else tuple(a.replace("{batch}", str(batch)) for a in spec.script_args)
+            )
             slug = re.sub(r"[^a-zA-Z0-9]+", "-", config.token).strip("-") or "run"
             name = f"{index:02d}-{slug}" + (f"-b{batch}" if spec.sweep_batches else "")
-            out.runs.append(PlannedRun(name, config, batch, batch * config.world_size, steps, args,
-                                       bool(spec.sweep_batches)))
+            out.runs.append(
+                PlannedRun(name, config, batch, batch * config.world_size, steps, args, bool(spec.sweep_batches))
+            )
     check = workload_preflight(spec.workload) if spec.workload else None
     for run in out.runs if check else ():
         try:
             # a GPU configuration planned where no GPU is (a login node) is checked for its GPUs
             check(list(run.args), run.config.world_size, gpus=run.config.gpus or None)
         except ConfigError as exc:
-            raise ConfigError(f"configuration {run.config.token!r} (batch {run.per_rank_batch} per rank): "
-                              f"{exc.message}", hint=exc.hint) from None
+            raise ConfigError(
+                f"configuration {run.config.token!r} (batch {run.per_rank_batch} per rank): {exc.message}",
+                hint=exc.hint,
+            ) from None
     return out
 
 
-def choose_out_dir(requested: Path | None, root: Path = Path("bench-out"), now: datetime.datetime | None = None,
-                   *, kept: str = "a study is never overwritten") -> Path:
+def choose_out_dir(
+    requested: Path | None,
+    root: Path = Path("bench-out"),
+    now: datetime.datetime | None = None,
+    *,
+    kept: str = "a study is never overwritten",
+) -> Path:
     """A fresh directory for the study, ``root/<timestamp>`` unless ``requested``: never one that holds
     anything already (``kept``: the refusal's reason)."""
     if requested is not None:
         if requested.exists() and any(requested.iterdir()):
-            raise ConfigError(f"--out {requested} already exists and is not empty; {kept}",
-                              hint=f"give a new directory, or leave --out out for {root}/<timestamp>")
+            raise ConfigError(
+                f"--out {requested} already exists and is not empty; {kept}",
+                hint=f"give a new directory, or leave --out out for {root}/<timestamp>",
+            )
         return requested
     stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
     candidate, k = root / stamp, 1

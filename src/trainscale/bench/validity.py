@@ -46,7 +46,8 @@ def assess(runs: list[dict], baseline_token: str, *, cores: int | None) -> None:
         if run is base or run.get("speedup") is None:
             continue
         causes = ([f"{run['label']}: {run['disturbed']}"] if run["disturbed"] else []) + (
-            [f"the baseline {base['label']}: {base['disturbed']}"] if base["disturbed"] else [])
+            [f"the baseline {base['label']}: {base['disturbed']}"] if base["disturbed"] else []
+        )
         run["speedup_disturbed"] = "; ".join(causes) or None
         if run.get("achievable_speedup") is None and run.get("compute_kind") != base.get("compute_kind"):
             continue  # a GPU against a CPU baseline: no hardware bound to hold it to
@@ -55,9 +56,12 @@ def assess(runs: list[dict], baseline_token: str, *, cores: int | None) -> None:
         limit = ceiling * SUPERLINEAR_LIMIT
         if run["speedup"] > limit:
             why = run["speedup_disturbed"] or "nothing else was seen on the machine: the clock or the work differed"
-            run["rejected"] = {**{k: run.get(k) for k in FIGURES}, "limit": limit,
-                               "reason": f"{run['speedup']:.2f}x measured, above the {ceiling:.2f}x its hardware "
-                                         f"allows (+{SUPERLINEAR_LIMIT - 1:.0%} for cache effects: {why})"}
+            run["rejected"] = {
+                **{k: run.get(k) for k in FIGURES},
+                "limit": limit,
+                "reason": f"{run['speedup']:.2f}x measured, above the {ceiling:.2f}x its hardware "
+                f"allows (+{SUPERLINEAR_LIMIT - 1:.0%} for cache effects: {why})",
+            }
             for key in FIGURES:
                 run[key] = None
 
@@ -78,10 +82,14 @@ def notes(study: dict) -> list[str]:
     out = []
     for r in study["runs"]:
         if r.get("rejected"):
-            out.append(f"{REJECTED} {r['label']}: {r['rejected']['reason']}: not a result. Measure again on a "
-                       f"quiet machine.")
+            out.append(
+                f"{REJECTED} {r['label']}: {r['rejected']['reason']}: not a result. Measure again on a quiet machine."
+            )
     disturbed = [r for r in study["runs"] if r.get("disturbed")]
     if disturbed:
-        out.append("* disturbed while it ran: " + ", ".join(f"{r['label']} ({r['disturbed']})" for r in disturbed)
-                   + ". Such a run's figures, and every speedup against it, are not what the training alone gives.")
+        out.append(
+            "* disturbed while it ran: "
+            + ", ".join(f"{r['label']} ({r['disturbed']})" for r in disturbed)
+            + ". Such a run's figures, and every speedup against it, are not what the training alone gives."
+        )
     return out

@@ -11,5 +11,16 @@ from trainscale.checkpoint.layout import list_checkpoints
 from trainscale.checkpoint.manager import Checkpointer, Found, find_latest
 from trainscale.checkpoint.state import ModelState, RNGState, Stateful
 
-__all__ = ["Checkpointer", "Found", "find_latest", "list_checkpoints", "load_file", "atomic_torch_save",
-           "atomic_write", "atomic_write_text", "ModelState", "RNGState", "Stateful"]
+__all__ = [
+    "Checkpointer",
+    "Found",
+    "find_latest",
+    "list_checkpoints",
+    "load_file",
+    "atomic_torch_save",
+    "atomic_write",
+    "atomic_write_text",
+    "ModelState",
+    "RNGState",
+    "Stateful",
+]

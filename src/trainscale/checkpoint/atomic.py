@@ -5,8 +5,9 @@ from __future__ import annotations
 import io
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -23,8 +24,13 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, write: Callable[[io.BufferedWriter], None], mode: int = PRIVATE, *,
-                 before_rename: Callable[[], None] | None = None) -> None:
+def atomic_write(
+    path: Path,
+    write: Callable[[io.BufferedWriter], None],
+    mode: int = PRIVATE,
+    *,
+    before_rename: Callable[[], None] | None = None,
+) -> None:
     """Temp file in the same directory, write, flush + fsync, ``before_rename()``, ``os.replace``,
     fsync the directory. On any failure the temp file is removed and ``path`` is left as it was."""
     path = Path(path)
@@ -45,8 +51,9 @@ def atomic_write(path: Path, write: Callable[[io.BufferedWriter], None], mode: i
     fsync_dir(path.parent)
 
 
-def atomic_torch_save(obj: Any, path: Path, *,
-                      before_rename: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+def atomic_torch_save(
+    obj: Any, path: Path, *, before_rename: Callable[[dict[str, Any]], None] | None = None
+) -> dict[str, Any]:
     """``torch.save(obj)`` to ``path`` atomically; returns the file's manifest entry (size, SHA-256),
     hashed as it was written, which ``before_rename(entry)`` is given too."""
     entry: dict[str, Any] = {}

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -40,8 +41,11 @@ def stager(device: torch.device | None = None) -> Any:
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
     pinned = device is not None and device.type == "cuda"
-    return DefaultStager(StagingOptions(use_pinned_memory=pinned, use_shared_memory=False,
-                                        use_async_staging=False, use_non_blocking_copy=False))
+    return DefaultStager(
+        StagingOptions(
+            use_pinned_memory=pinned, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=False
+        )
+    )
 
 
 def hold_point(step: int) -> None:
@@ -82,8 +86,10 @@ class InFlight:
         """Run ``job`` (the rest of the save of ``step`` to ``path``) in the background. One at a time:
         :meth:`wait` for the previous one first."""
         if self._save is not None:
-            raise RuntimeError(f"the save of step {self._save.step} is still in flight: wait() for it before "
-                               f"starting the save of step {step}")
+            raise RuntimeError(
+                f"the save of step {self._save.step} is still in flight: wait() for it before "
+                f"starting the save of step {step}"
+            )
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainscale-checkpoint")
         self._save = _Save(step, Path(path), self._executor.submit(job))
@@ -101,9 +107,13 @@ class InFlight:
         own_hint = getattr(error, "hint", None) if isinstance(error, CheckpointError) else None
         failed = CheckpointError(
             f"the background save of step {save.step} to {save.path} failed: {what}",
-            hint=(f"{own_hint}; or save in the training's own time with --no-checkpoint-async" if own_hint else
-                  f"the newest complete checkpoint in {save.path.parent} stays the one to resume from; check free "
-                  "space and permissions there, or save in the training's own time with --no-checkpoint-async"))
+            hint=(
+                f"{own_hint}; or save in the training's own time with --no-checkpoint-async"
+                if own_hint
+                else f"the newest complete checkpoint in {save.path.parent} stays the one to resume from; check free "
+                "space and permissions there, or save in the training's own time with --no-checkpoint-async"
+            ),
+        )
         failed.__cause__ = error
         return failed
 
@@ -139,5 +149,6 @@ def checkpoint_group(runtime: Any) -> Any:
     if not (dist.is_available() and dist.is_initialized()):
         return None
     timeout = getattr(runtime, "timeout", None)
-    return dist.new_group(backend="gloo", group_desc="trainscale-checkpoint",
-                          **({"timeout": timeout} if timeout is not None else {}))
+    return dist.new_group(
+        backend="gloo", group_desc="trainscale-checkpoint", **({"timeout": timeout} if timeout is not None else {})
+    )

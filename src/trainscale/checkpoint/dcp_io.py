@@ -18,9 +18,10 @@ import io
 import json
 import pathlib
 import pickle
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader, FileSystemWriter
@@ -41,9 +42,16 @@ def _allowed() -> dict[tuple[str, str], Any]:
 
     allowed: dict[tuple[str, str], Any] = {
         (metadata.__name__, name): getattr(metadata, name)
-        for name in ("Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
-                     "TensorProperties", "MetadataIndex", "StorageMeta",
-                     "_MEM_FORMAT_ENCODING")  # TensorProperties pickles its memory format as this enum
+        for name in (
+            "Metadata",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "ChunkStorageMetadata",
+            "TensorProperties",
+            "MetadataIndex",
+            "StorageMeta",
+            "_MEM_FORMAT_ENCODING",
+        )  # TensorProperties pickles its memory format as this enum
     }
     allowed[(_StorageInfo.__module__, "_StorageInfo")] = _StorageInfo  # where each item lies in a shard
     allowed[("torch", "Size")] = torch.Size
@@ -63,8 +71,11 @@ class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         found = self.allowed.get((module, name))
         if found is None:
-            raise CheckpointError(f"{self.path} names {module}.{name}, which is not one of DCP's metadata types, "
-                                  "and was refused (a checkpoint's index must hold data, not code)", hint=REFUSE)
+            raise CheckpointError(
+                f"{self.path} names {module}.{name}, which is not one of DCP's metadata types, "
+                "and was refused (a checkpoint's index must hold data, not code)",
+                hint=REFUSE,
+            )
         return found
 
 
@@ -79,13 +90,24 @@ def read_metadata(path: Path) -> Any:
             metadata = _MetadataUnpickler(fh, path).load()
     except CheckpointError:
         raise
-    except (pickle.UnpicklingError, EOFError, OSError, ValueError, TypeError, KeyError, AttributeError,
-            IndexError) as exc:
-        raise CheckpointError(f"{path} is unreadable (truncated or corrupt): {type(exc).__name__}",
-                              hint="nothing to do: the previous checkpoint is used") from None
+    except (
+        pickle.UnpicklingError,
+        EOFError,
+        OSError,
+        ValueError,
+        TypeError,
+        KeyError,
+        AttributeError,
+        IndexError,
+    ) as exc:
+        raise CheckpointError(
+            f"{path} is unreadable (truncated or corrupt): {type(exc).__name__}",
+            hint="nothing to do: the previous checkpoint is used",
+        ) from None
     if not isinstance(metadata, Metadata):
-        raise CheckpointError(f"{path} holds a {type(metadata).__name__}, not DCP's Metadata, and was refused",
-                              hint=REFUSE)
+        raise CheckpointError(
+            f"{path} holds a {type(metadata).__name__}, not DCP's Metadata, and was refused", hint=REFUSE
+        )
     return metadata
 
 
@@ -99,14 +121,23 @@ def check_storage(path: Path, metadata: Any, files: dict[str, Any]) -> None:
         name = str(getattr(where, "relative_path", ""))
         entry = files.get(name)
         if entry is None or Path(name).is_absolute() or ".." in Path(name).parts or "/" in name:
-            raise CheckpointError(f"{path / layout.DCP_INDEX} places {getattr(index, 'fqn', index)} in {name!r}, which "
-                                  "is not a file of this checkpoint's manifest, and was refused", hint=REFUSE)
+            raise CheckpointError(
+                f"{path / layout.DCP_INDEX} places {getattr(index, 'fqn', index)} in {name!r}, which "
+                "is not a file of this checkpoint's manifest, and was refused",
+                hint=REFUSE,
+            )
         offset, length = getattr(where, "offset", None), getattr(where, "length", None)
-        if not (isinstance(offset, int) and isinstance(length, int) and 0 <= offset
-                and 0 <= length <= entry["size"] - offset):
-            raise CheckpointError(f"{path / layout.DCP_INDEX} places {getattr(index, 'fqn', index)} at bytes "
-                                  f"{offset}+{length} of {name}, which holds {entry['size']} bytes, and was refused",
-                                  hint=REFUSE)
+        if not (
+            isinstance(offset, int)
+            and isinstance(length, int)
+            and 0 <= offset
+            and 0 <= length <= entry["size"] - offset
+        ):
+            raise CheckpointError(
+                f"{path / layout.DCP_INDEX} places {getattr(index, 'fqn', index)} at bytes "
+                f"{offset}+{length} of {name}, which holds {entry['size']} bytes, and was refused",
+                hint=REFUSE,
+            )
 
 
 def check_byte_entries(path: Path, metadata: Any, rank: int = 0, world_size: int = 1) -> None:
@@ -116,25 +147,33 @@ def check_byte_entries(path: Path, metadata: Any, rank: int = 0, world_size: int
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
     wanted = {fqn for fqn, kind in metadata.state_dict_metadata.items() if isinstance(kind, BytesStorageMetadata)}
-    entries = sorted(((index, where) for index, where in (metadata.storage_data or {}).items() if index.fqn in wanted),
-                     key=lambda item: (item[0].fqn, item[1].relative_path, item[1].offset))
+    entries = sorted(
+        ((index, where) for index, where in (metadata.storage_data or {}).items() if index.fqn in wanted),
+        key=lambda item: (item[0].fqn, item[1].relative_path, item[1].offset),
+    )
     for index, where in entries[rank::world_size]:
         if where.transform_descriptors:
-            raise CheckpointError(f"{path / where.relative_path} stores {index.fqn} through stream transforms "
-                                  f"{list(where.transform_descriptors)}, which trainscale does not write",
-                                  hint=REFUSE)
+            raise CheckpointError(
+                f"{path / where.relative_path} stores {index.fqn} through stream transforms "
+                f"{list(where.transform_descriptors)}, which trainscale does not write",
+                hint=REFUSE,
+            )
         with open(path / where.relative_path, "rb") as fh:
             fh.seek(where.offset)
             data = io.BytesIO(fh.read(where.length))
         try:
             torch.load(data, weights_only=True)
         except pickle.UnpicklingError as exc:
-            raise CheckpointError(f"{path / where.relative_path} holds the entry {index.fqn}, whose objects are not "
-                                  "plain tensors/containers, and was refused", hint=REFUSE) from exc
+            raise CheckpointError(
+                f"{path / where.relative_path} holds the entry {index.fqn}, whose objects are not "
+                "plain tensors/containers, and was refused",
+                hint=REFUSE,
+            ) from exc
         except (RuntimeError, EOFError, ValueError, OSError) as exc:
-            raise CheckpointError(f"{path / where.relative_path}: the entry {index.fqn} is unreadable "
-                                  f"({type(exc).__name__})", hint="nothing to do: the previous checkpoint is used"
-                                  ) from None
+            raise CheckpointError(
+                f"{path / where.relative_path}: the entry {index.fqn} is unreadable ({type(exc).__name__})",
+                hint="nothing to do: the previous checkpoint is used",
+            ) from None
 
 
 class UnreadableShards(CheckpointError):
@@ -154,8 +193,10 @@ class SafeReader(FileSystemReader):
         except CheckpointError:
             raise
         except Exception as exc:
-            raise UnreadableShards(f"{self.path}: its shards' bytes do not load ({type(exc).__name__})",
-                                   hint="nothing to do: the previous checkpoint is used") from exc
+            raise UnreadableShards(
+                f"{self.path}: its shards' bytes do not load ({type(exc).__name__})",
+                hint="nothing to do: the previous checkpoint is used",
+            ) from exc
 
     def read_metadata(self) -> Any:  # type: ignore[override]
         from torch.distributed.checkpoint.metadata import StorageMeta
@@ -175,8 +216,11 @@ class SafeLoadPlanner(DefaultLoadPlanner):
         try:
             torch.load(value, weights_only=True)  # raises on anything but tensors and plain containers
         except pickle.UnpicklingError as exc:
-            raise CheckpointError(f"the entry {read_item.dest_index.fqn} holds objects that are not plain "
-                                  "tensors/containers and was refused", hint=REFUSE) from exc
+            raise CheckpointError(
+                f"the entry {read_item.dest_index.fqn} holds objects that are not plain "
+                "tensors/containers and was refused",
+                hint=REFUSE,
+            ) from exc
         value.seek(0)
         super().load_bytes(read_item, value)
 
@@ -245,7 +289,9 @@ def rank_entries(partial: Path, world_size: int) -> dict[str, dict[str, Any]]:
         try:
             merged.update(json.loads(part.read_text()))
         except FileNotFoundError:
-            raise CheckpointError(f"rank {rank} left no record of its shards in {partial}",
-                                  hint="the save failed on that rank; its log says why") from None
+            raise CheckpointError(
+                f"rank {rank} left no record of its shards in {partial}",
+                hint="the save failed on that rank; its log says why",
+            ) from None
         part.unlink()
     return merged

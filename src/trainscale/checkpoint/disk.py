@@ -44,14 +44,17 @@ def check_directory(directory: Path, runtime: Any, writes: bool) -> None:
     problem = unusable(directory) if writes else None
     failed = failed_ranks(runtime, problem is not None)
     if problem is not None:
-        raise CheckpointError(f"--checkpoint-dir {directory} is unusable: {problem}",
-                              hint="point --checkpoint-dir at a directory you can write to (created if missing), "
-                                   "or fix its permissions / remount it read-write")
+        raise CheckpointError(
+            f"--checkpoint-dir {directory} is unusable: {problem}",
+            hint="point --checkpoint-dir at a directory you can write to (created if missing), "
+            "or fix its permissions / remount it read-write",
+        )
     if failed:
-        raise CheckpointError(f"--checkpoint-dir {directory} is unusable on rank(s) "
-                              f"{', '.join(map(str, failed))}: nothing can be written there",
-                              hint="that rank's log says why; point --checkpoint-dir at a directory every rank "
-                                   "that saves can write to")
+        raise CheckpointError(
+            f"--checkpoint-dir {directory} is unusable on rank(s) "
+            f"{', '.join(map(str, failed))}: nothing can be written there",
+            hint="that rank's log says why; point --checkpoint-dir at a directory every rank that saves can write to",
+        )
 
 
 def state_bytes(state: Any) -> int:
@@ -89,8 +92,9 @@ def full_error(directory: Path, step: int, needed: int | None, needs: str = "it 
     return CheckpointError(
         f"the disk holding {directory} is full: saving the checkpoint of step {step} failed ({need}{free})",
         hint=f"free space there, keep fewer checkpoints, or point --checkpoint-dir at a larger file system; the "
-             f"newest complete checkpoint in {directory} stays the one to resume from and nothing half-written "
-             "was left")
+        f"newest complete checkpoint in {directory} stays the one to resume from and nothing half-written "
+        "was left",
+    )
 
 
 def _mib(n: int) -> str:

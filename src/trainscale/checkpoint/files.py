@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pickle
 import zipfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -46,8 +47,9 @@ def read_torch_file(path: Path, map_location: str | torch.device = "cpu") -> Any
     return state
 
 
-def read_verified(path: Path, entry: dict[str, Any], map_location: str | torch.device = "cpu", *, rank: int = 0,
-                  world_size: int = 1) -> tuple[Any, integrity.Verified]:
+def read_verified(
+    path: Path, entry: dict[str, Any], map_location: str | torch.device = "cpu", *, rank: int = 0, world_size: int = 1
+) -> tuple[Any, integrity.Verified]:
     """:func:`read_torch_file` of a file whose manifest ``entry`` must match. The size is checked first;
     the pieces are hashed on other threads while torch loads the file (nothing loaded is used before
     they match), so verifying adds little to the load itself (``Verified.seconds``: the hashing's own
@@ -58,8 +60,9 @@ def read_verified(path: Path, entry: dict[str, Any], map_location: str | torch.d
     if error is not None:
         raise error
     with ThreadPoolExecutor(max_workers=1) as pool:
-        checking = pool.submit(integrity.verify, path.parent, {path.name: entry}, [path.name], rank=rank,
-                               world_size=world_size)
+        checking = pool.submit(
+            integrity.verify, path.parent, {path.name: entry}, [path.name], rank=rank, world_size=world_size
+        )
         failure: CheckpointError | None = None
         try:
             state = read_torch_file(path, map_location)
@@ -71,22 +74,24 @@ def read_verified(path: Path, entry: dict[str, Any], map_location: str | torch.d
     return state, verified
 
 
-def open_file(path: Path, map_location: str | torch.device = "cpu", *, rank: int = 0, world_size: int = 1
-              ) -> tuple[dict[str, Any], integrity.Verified]:
+def open_file(
+    path: Path, map_location: str | torch.device = "cpu", *, rank: int = 0, world_size: int = 1
+) -> tuple[dict[str, Any], integrity.Verified]:
     """One complete, verified checkpoint file and what verifying it cost (this rank's share of its
     pieces, see :func:`read_verified`); CheckpointError says why it cannot be used."""
     path = Path(path)
     sidecar = layout.sidecar_path(path)
     if not sidecar.exists():
-        raise CheckpointError(f"{path} has no manifest ({sidecar.name}): it was not completely written",
-                              hint=AGAIN)
+        raise CheckpointError(f"{path} has no manifest ({sidecar.name}): it was not completely written", hint=AGAIN)
     manifest = integrity.unseal(sidecar)
     entry = manifest[integrity.FILES].get(path.name)
     if entry is None or len(manifest[integrity.FILES]) != 1:
         raise CheckpointError(f"{sidecar} is not the manifest of {path.name}", hint=AGAIN)
     state, verified = read_verified(path, entry, map_location, rank=rank, world_size=world_size)
     if not isinstance(state, dict) or state.get(layout.RECORD, {}).get("complete") is not True:
-        raise CheckpointError(f"{path} is not a complete trainscale checkpoint", hint="delete it or point --resume elsewhere")
+        raise CheckpointError(
+            f"{path} is not a complete trainscale checkpoint", hint="delete it or point --resume elsewhere"
+        )
     return state, verified
 
 
@@ -95,8 +100,14 @@ def load_file(path: Path, map_location: str | torch.device = "cpu") -> dict[str,
     return open_file(path, map_location)[0]
 
 
-def save_file(directory: Path, step: int, state: dict[str, Any], record: dict[str, Any], *,
-              before_rename: Callable[[], None] | None = None) -> Path:
+def save_file(
+    directory: Path,
+    step: int,
+    state: dict[str, Any],
+    record: dict[str, Any],
+    *,
+    before_rename: Callable[[], None] | None = None,
+) -> Path:
     """Rank 0 only: ``state`` plus its record, atomically (temp file, fsync, the manifest, rename,
     fsync directory), hashed while torch.save writes it. ``before_rename``: called once the temporary
     file is written (a test hook's place). A full disk: CheckpointError, nothing left behind."""

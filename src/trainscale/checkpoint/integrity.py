@@ -22,10 +22,11 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from trainscale.errors import CheckpointError
 
@@ -100,7 +101,7 @@ def _hash_piece(path: Path, index: int, piece: int) -> str:
         fh.seek(index * piece)
         left, buffer = piece, bytearray(min(piece, 8 << 20))
         view = memoryview(buffer)
-        while left and (n := fh.readinto(view[:min(left, len(buffer))])):
+        while left and (n := fh.readinto(view[: min(left, len(buffer))])):
             sha.update(view[:n])
             left -= n
     return sha.hexdigest()
@@ -127,14 +128,14 @@ def _pieces(size: int, piece: int) -> int:
 
 
 def _canonical(manifest: dict[str, Any]) -> bytes:
-    return json.dumps({k: v for k, v in manifest.items() if k != DIGEST}, sort_keys=True,
-                      separators=(",", ":")).encode()
+    return json.dumps(
+        {k: v for k, v in manifest.items() if k != DIGEST}, sort_keys=True, separators=(",", ":")
+    ).encode()
 
 
 def seal(manifest: dict[str, Any]) -> str:
     """``manifest`` (a record and its FILES) as the JSON text to write, with its DIGEST."""
-    return json.dumps({**manifest, DIGEST: hashlib.sha256(_canonical(manifest)).hexdigest()}, indent=1,
-                      sort_keys=True)
+    return json.dumps({**manifest, DIGEST: hashlib.sha256(_canonical(manifest)).hexdigest()}, indent=1, sort_keys=True)
 
 
 def unseal(path: Path) -> dict[str, Any]:
@@ -145,8 +146,9 @@ def unseal(path: Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise CheckpointError(f"{path} is missing: the save was interrupted before it completed", hint=AGAIN) from None
     except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path} is unreadable ({type(exc).__name__}): the checkpoint's manifest is damaged",
-                              hint=AGAIN) from None
+        raise CheckpointError(
+            f"{path} is unreadable ({type(exc).__name__}): the checkpoint's manifest is damaged", hint=AGAIN
+        ) from None
     files = manifest.get(FILES) if isinstance(manifest, dict) else None
     if not isinstance(files, dict) or not all(_is_entry(e) for e in files.values()):
         raise CheckpointError(f"{path} holds no manifest of the checkpoint's files", hint=AGAIN)
@@ -156,12 +158,18 @@ def unseal(path: Path) -> dict[str, Any]:
 
 
 def _is_entry(entry: Any) -> bool:
-    if not (isinstance(entry, dict) and isinstance(entry.get("size"), int) and isinstance(entry.get("piece"), int)
-            and entry["piece"] > 0 and isinstance(entry.get("sha256"), list)):
+    if not (
+        isinstance(entry, dict)
+        and isinstance(entry.get("size"), int)
+        and isinstance(entry.get("piece"), int)
+        and entry["piece"] > 0
+        and isinstance(entry.get("sha256"), list)
+    ):
         return False
     digests = entry["sha256"]
     return len(digests) == _pieces(entry["size"], entry["piece"]) and all(
-        isinstance(d, str) and len(d) == 64 for d in digests)
+        isinstance(d, str) and len(d) == 64 for d in digests
+    )
 
 
 def check_listing(root: Path, files: dict[str, Any], *, own: Iterable[str] = ()) -> None:
@@ -198,16 +206,26 @@ class Verified:
     bytes: int = 0
     seconds: float = 0.0
 
-    def add(self, other: "Verified") -> None:
-        self.files, self.bytes, self.seconds = (self.files + other.files, self.bytes + other.bytes,
-                                                self.seconds + other.seconds)
+    def add(self, other: Verified) -> None:
+        self.files, self.bytes, self.seconds = (
+            self.files + other.files,
+            self.bytes + other.bytes,
+            self.seconds + other.seconds,
+        )
 
     def __str__(self) -> str:
         return f"verified {self.files} file(s), {self.bytes / 2**20:.1f} MiB, in {self.seconds:.3f} s"
 
 
-def verify(root: Path, files: dict[str, Any], names: Iterable[str], *, rank: int = 0, world_size: int = 1,
-           threads: int | None = None) -> Verified:
+def verify(
+    root: Path,
+    files: dict[str, Any],
+    names: Iterable[str],
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    threads: int | None = None,
+) -> Verified:
     """Check ``names`` (relative to ``root``) against ``files``: every size (a stat each), then this
     rank's pieces, ``rank::world_size`` of all their pieces in name order (so ranks that each call
     this with their own ``rank`` hash every piece once between them, and the caller makes them
@@ -227,9 +245,11 @@ def verify(root: Path, files: dict[str, Any], names: Iterable[str], *, rank: int
         for (name, i), digest in zip(mine, got):
             if digest != files[name]["sha256"][i]:
                 piece = files[name]["piece"]
-                raise CheckpointError(f"{Path(root) / name} does not match the SHA-256 in its manifest (a changed "
-                                      f"byte in bytes {i * piece}-{min((i + 1) * piece, files[name]['size'])})",
-                                      hint=AGAIN)
+                raise CheckpointError(
+                    f"{Path(root) / name} does not match the SHA-256 in its manifest (a changed "
+                    f"byte in bytes {i * piece}-{min((i + 1) * piece, files[name]['size'])})",
+                    hint=AGAIN,
+                )
     hashed = sum(min(files[n]["piece"], files[n]["size"] - i * files[n]["piece"]) for n, i in mine)
     return Verified(len({n for n, _ in mine}), hashed, time.perf_counter() - began)
 

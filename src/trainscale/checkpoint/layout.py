@@ -33,8 +33,9 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 FORMAT = 2
 """Version of the layout and of the record below; raise it when either changes incompatibly."""
@@ -80,8 +81,11 @@ def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in directory.iterdir()
-             if (m := _FILE.match(p.name)) or (p.is_dir() and (m := _DIRECTORY.match(p.name)))]
+    found = [
+        (int(m.group(1)), p)
+        for p in directory.iterdir()
+        if (m := _FILE.match(p.name)) or (p.is_dir() and (m := _DIRECTORY.match(p.name)))
+    ]
     return sorted(found, reverse=True)
 
 
@@ -93,12 +97,20 @@ def leftovers(directory: Path) -> Iterator[Path]:
     yield from (p for p in Path(directory).glob("ckpt-*.pt" + SIDECAR) if not p.with_suffix("").exists())
 
 
-def record(*, version: str, world_size: int, strategy: str, step: int, format: Any = FORMAT,
-           **about: Any) -> dict[str, Any]:
+def record(
+    *, version: str, world_size: int, strategy: str, step: int, format: Any = FORMAT, **about: Any
+) -> dict[str, Any]:
     """What a checkpoint says about itself (``about``: what its writer adds, e.g. the loop's global batch);
     ``complete`` is the last thing a save writes."""
-    return {"format": format, "version": version, "world_size": world_size, "strategy": strategy, "step": step,
-            **about, "complete": True}
+    return {
+        "format": format,
+        "version": version,
+        "world_size": world_size,
+        "strategy": strategy,
+        "step": step,
+        **about,
+        "complete": True,
+    }
 
 
 def manifest_path(path: Path) -> Path:

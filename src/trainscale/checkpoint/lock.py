@@ -60,8 +60,11 @@ def acquire(directory: Path, run_dir: str | None = None) -> str | None:
         if holder and _alive(holder) and holder.get("pid") != os.getpid():
             os.close(fd)
             return _describe(holder)
-        log.warning("%s: this file system cannot lock files (%s): another run on this directory would not be "
-                    "refused", directory, exc)
+        log.warning(
+            "%s: this file system cannot lock files (%s): another run on this directory would not be refused",
+            directory,
+            exc,
+        )
     me = {"pid": os.getpid(), "host": socket.gethostname(), "run_dir": run_dir, "since": time.time()}
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(me).encode(), 0)

@@ -16,9 +16,10 @@ import os
 import shutil
 import time
 import weakref
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -55,8 +56,13 @@ class Found:
         return self.contents[layout.RECORD]
 
 
-def find_latest(directory: Path, map_location: str | torch.device = "cpu", runtime: Any = None, *,
-                exclude: frozenset[Path] = frozenset()) -> Found | None:
+def find_latest(
+    directory: Path,
+    map_location: str | torch.device = "cpu",
+    runtime: Any = None,
+    *,
+    exclude: frozenset[Path] = frozenset(),
+) -> Found | None:
     """The newest checkpoint that verifies and loads (but ``exclude``, which failed later); newer ones that do
     not are skipped with one warning each, naming the file: damaged, crafted, or whose name, manifest and record
     disagree on its step. Whatever goes wrong while reading a candidate skips it.
@@ -96,10 +102,12 @@ def plain_words(exc: BaseException) -> str:
     return line if len(line) <= 300 else line[:299] + "…"
 
 
-def _open(path: Path, step: int, map_location: str | torch.device, ranks: "_Ranks") -> Found:
+def _open(path: Path, step: int, map_location: str | torch.device, ranks: _Ranks) -> Found:
     if path.is_symlink():  # it would load whatever it points at, here or on another run's disk
-        raise CheckpointError(f"{path} is a symbolic link to {os.readlink(path)}, not a checkpoint trainscale "
-                              "wrote (its saves never make one)")
+        raise CheckpointError(
+            f"{path} is a symbolic link to {os.readlink(path)}, not a checkpoint trainscale "
+            "wrote (its saves never make one)"
+        )
     if path.is_dir():
         contents, shards, verified = sharded.open_checkpoint(path, ranks.rank, ranks.world_size)
         found = Found(path, step, contents, shards, verified)
@@ -109,9 +117,11 @@ def _open(path: Path, step: int, map_location: str | torch.device, ranks: "_Rank
     said = {"its record": found.record.get("step"), "its saved step": found.contents.get("step")}
     differ = {where: value for where, value in said.items() if isinstance(value, int) and value != step}
     if differ:  # a checkpoint renamed or linked under another step's name
-        raise CheckpointError(f"{path} is named for step {step}, but " + " and ".join(
-            f"{where} says step {value}" for where, value in differ.items()),
-            hint="a checkpoint is resumed under its own step only: rename it back, or delete it")
+        raise CheckpointError(
+            f"{path} is named for step {step}, but "
+            + " and ".join(f"{where} says step {value}" for where, value in differ.items()),
+            hint="a checkpoint is resumed under its own step only: rename it back, or delete it",
+        )
     return found
 
 
@@ -177,8 +187,16 @@ class Checkpointer:
     False (the default) saves synchronously.
     """
 
-    def __init__(self, directory: str | Path, runtime: Any, *, keep: int = 2, strategy: Any = "ddp",
-                 asynchronous: bool | None = False, about: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        directory: str | Path,
+        runtime: Any,
+        *,
+        keep: int = 2,
+        strategy: Any = "ddp",
+        asynchronous: bool | None = False,
+        about: Mapping[str, Any] | None = None,
+    ) -> None:
         if keep < 1:
             raise CheckpointError(f"keep={keep} must be >= 1", hint="keep at least the newest checkpoint")
         self.directory = Path(directory)
@@ -216,10 +234,17 @@ class Checkpointer:
             raise CheckpointError(
                 f"checkpoint directory {self.directory} is in use by another run ({holder})",
                 hint="two runs on one directory damage each other's checkpoints: wait for that run to end or stop "
-                     "it, or give this one another --checkpoint-dir")
+                "it, or give this one another --checkpoint-dir",
+            )
 
-    def save(self, step: int, state: Mapping[str, Any], *, blocking: bool = False,
-             on_complete: Callable[[], None] | None = None) -> Path:
+    def save(
+        self,
+        step: int,
+        state: Mapping[str, Any],
+        *,
+        blocking: bool = False,
+        on_complete: Callable[[], None] | None = None,
+    ) -> Path:
         """Every rank calls this; rank 0 writes (every rank, for sharded storage). Returns the path
         (on every rank). In the background when this Checkpointer is ``asynchronous`` and not
         ``blocking``, after the save in flight has finished; ``on_complete`` runs on rank 0 once the
@@ -228,8 +253,9 @@ class Checkpointer:
         began = time.perf_counter()
         model, entries = _split(state)
         storage = model.storage if model is not None else FILE
-        record = layout.record(version=__version__, world_size=self.runtime.world_size, strategy=self.strategy,
-                               step=step, **self.about)
+        record = layout.record(
+            version=__version__, world_size=self.runtime.world_size, strategy=self.strategy, step=step, **self.about
+        )
         if model is not None:
             entries = _merge(model.state_dict(), entries)
         waited = time.perf_counter()
@@ -239,9 +265,16 @@ class Checkpointer:
             # Staged now (training waits), written in the background (background.py).
             if self._stager is None:
                 self._stager = background.stager(getattr(self.runtime, "device", None))
-            path, write = storage.save_async(self.directory, step, entries, record, self.runtime,
-                                             stager=self._stager, group=lambda: self._group,
-                                             before_rename=lambda: background.hold_point(step))
+            path, write = storage.save_async(
+                self.directory,
+                step,
+                entries,
+                record,
+                self.runtime,
+                stager=self._stager,
+                group=lambda: self._group,
+                before_rename=lambda: background.hold_point(step),
+            )
             if write is None:  # nothing to write on this rank
                 return path
 
@@ -287,10 +320,12 @@ class Checkpointer:
         if error is not None:
             raise error
         if failed:
-            raise CheckpointError(f"the background save of the newest checkpoint in {self.directory} failed on "
-                                  f"rank(s) {', '.join(map(str, failed))}",
-                                  hint="that rank's log names the error; the newest complete checkpoint stays the "
-                                       "one to resume from (or save synchronously with --no-checkpoint-async)")
+            raise CheckpointError(
+                f"the background save of the newest checkpoint in {self.directory} failed on "
+                f"rank(s) {', '.join(map(str, failed))}",
+                hint="that rank's log names the error; the newest complete checkpoint stays the "
+                "one to resume from (or save synchronously with --no-checkpoint-async)",
+            )
 
     def close(self) -> None:
         """This rank: finish the save in flight (without reporting: :meth:`wait` does) and free the
@@ -325,9 +360,11 @@ class Checkpointer:
             except (RuntimeError, KeyError) as exc:
                 if isinstance(exc, RuntimeError) and "Error(s) in loading state_dict" not in str(exc):
                     raise  # out of memory, a collective's failure: not the checkpoint's to answer for
-                raise CheckpointError(f"{found.path} holds another model's state: {_mismatch(exc)}",
-                                      hint="start a new checkpoint directory (--fresh moves these checkpoints "
-                                           "aside), or resume with the model and optimizer that wrote it") from exc
+                raise CheckpointError(
+                    f"{found.path} holds another model's state: {_mismatch(exc)}",
+                    hint="start a new checkpoint directory (--fresh moves these checkpoints "
+                    "aside), or resume with the model and optimizer that wrote it",
+                ) from exc
             if _Ranks(self.runtime).gather_ok(problem, found.path):
                 for name, entry in state.items():
                     if isinstance(entry, Stateful) and not isinstance(entry, ModelState) and name in found.contents:
@@ -339,7 +376,7 @@ class Checkpointer:
         # A link named like a checkpoint is none of this run's (never loaded: find_latest): counted, it would
         # have a real checkpoint deleted in its place, and left dangling, block the save of its step.
         own = [(step, path) for step, path in layout.list_checkpoints(self.directory) if not path.is_symlink()]
-        for _, old in own[self.keep:]:
+        for _, old in own[self.keep :]:
             if old.is_dir():
                 shutil.rmtree(old, ignore_errors=True)
             else:
@@ -358,12 +395,14 @@ class Checkpointer:
         found = find_latest(self.directory, map_location="cpu", runtime=self.runtime, exclude=exclude)
         if found is not None:
             written_by = found.record.get("strategy")
-            portable = {written_by, self.strategy} <= PORTABLE or (written_by == "deepspeed" and self.strategy in PORTABLE)
+            portable = {written_by, self.strategy} <= PORTABLE or (
+                written_by == "deepspeed" and self.strategy in PORTABLE
+            )
             if written_by not in (None, self.strategy) and not portable:
                 raise CheckpointError(
                     f"{found.path} was written by strategy {written_by!r}, this run uses {self.strategy!r}",
                     hint=f"resume with --strategy {written_by}; or start anew: add --fresh (the checkpoints are "
-                         "moved aside, not deleted) or give another checkpoint or experiment directory",
+                    "moved aside, not deleted) or give another checkpoint or experiment directory",
                 )
         return found
 
@@ -377,24 +416,31 @@ def _mismatch(exc: BaseException) -> str:
     missing = sum(line.count('"') // 2 for line in lines if line.startswith("Missing key(s)"))
     unexpected = sum(line.count('"') // 2 for line in lines if line.startswith("Unexpected key(s)"))
     shapes = sum(line.startswith("size mismatch") for line in lines)
-    return (f"its parameters are not this model's ({missing} of this model's missing, {unexpected} not this "
-            f"model's, {shapes} of another shape)")
+    return (
+        f"its parameters are not this model's ({missing} of this model's missing, {unexpected} not this "
+        f"model's, {shapes} of another shape)"
+    )
 
 
 def _split(state: Mapping[str, Any]) -> tuple[ModelState | None, dict[str, Any]]:
     """(the one ModelState entry, every other entry as it is saved: Stateful ones as their state_dict())."""
     models = [v for v in state.values() if isinstance(v, ModelState)]
     if len(models) > 1:
-        raise CheckpointError(f"{len(models)} model states in one checkpoint",
-                              hint="save one strategy's checkpoint_state(model, optimizer) per checkpoint")
-    entries = {k: v.state_dict() if isinstance(v, Stateful) else v
-               for k, v in state.items() if not isinstance(v, ModelState)}
+        raise CheckpointError(
+            f"{len(models)} model states in one checkpoint",
+            hint="save one strategy's checkpoint_state(model, optimizer) per checkpoint",
+        )
+    entries = {
+        k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state.items() if not isinstance(v, ModelState)
+    }
     return (models[0] if models else None), entries
 
 
 def _merge(model_entries: dict[str, Any], entries: dict[str, Any]) -> dict[str, Any]:
     clash = sorted(set(model_entries) & set(entries))
     if clash:
-        raise CheckpointError(f"checkpoint entries {clash} are both model state and other state",
-                              hint="rename the other entries (the model state owns 'model' and 'optimizer')")
+        raise CheckpointError(
+            f"checkpoint entries {clash} are both model state and other state",
+            hint="rename the other entries (the model state owns 'model' and 'optimizer')",
+        )
     return {**model_entries, **entries}

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from trainscale.checkpoint import disk, integrity, layout
 from trainscale.checkpoint.atomic import atomic_torch_save, atomic_write_text, fsync_dir
@@ -38,27 +39,34 @@ class ShardedRef:
         """Fill ``template`` (this run's own state dict: DTensors, plain tensors) in place from the
         shards and return it. A collective when a process group exists: every rank calls it."""
         if self.format != "dcp":
-            raise CheckpointError(f"{self.path} is a {self.format!r} checkpoint, not a DCP one",
-                                  hint=f"resume it with --strategy {self.format}")
+            raise CheckpointError(
+                f"{self.path} is a {self.format!r} checkpoint, not a DCP one",
+                hint=f"resume it with --strategy {self.format}",
+            )
         import torch.distributed.checkpoint as dcp
-
         from torch.distributed.checkpoint.api import CheckpointException
 
         from trainscale.checkpoint.dcp_io import SafeLoadPlanner, SafeReader, UnreadableShards
 
         wanted = {k: template[k] for k in layout.SHARDED_KEYS if k in template}
         try:
-            dcp.load(wanted, storage_reader=SafeReader(self.path), planner=SafeLoadPlanner(),
-                     no_dist=not _distributed())
+            dcp.load(
+                wanted, storage_reader=SafeReader(self.path), planner=SafeLoadPlanner(), no_dist=not _distributed()
+            )
         except (Exception, CheckpointException) as exc:  # the latter is a BaseException
-            causes = [exc, *(f[0] for f in (getattr(exc, "failures", None) or {}).values()
-                             if isinstance(f, tuple) and f)]
+            causes = [
+                exc,
+                *(f[0] for f in (getattr(exc, "failures", None) or {}).values() if isinstance(f, tuple) and f),
+            ]
             if any(isinstance(cause, UnreadableShards) for cause in causes):  # bytes, not this model: skip it
-                raise UnreadableShards(f"{self.path}: its shards' bytes do not load",
-                                       hint="nothing to do: the previous checkpoint is used") from exc
-            raise CheckpointError(f"{self.path} could not be read into this model/optimizer: {_describe(exc)}",
-                                  hint="was it written for another model or optimizer? Start a new checkpoint "
-                                       "directory, or resume with the code that wrote it") from exc
+                raise UnreadableShards(
+                    f"{self.path}: its shards' bytes do not load", hint="nothing to do: the previous checkpoint is used"
+                ) from exc
+            raise CheckpointError(
+                f"{self.path} could not be read into this model/optimizer: {_describe(exc)}",
+                hint="was it written for another model or optimizer? Start a new checkpoint "
+                "directory, or resume with the code that wrote it",
+            ) from exc
         return wanted
 
 
@@ -77,8 +85,14 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def save(directory: Path, step: int, state: dict[str, Any], runtime: Any, record: dict[str, Any],
-         write_native: Callable[[Path], None] | None = None) -> Path:
+def save(
+    directory: Path,
+    step: int,
+    state: dict[str, Any],
+    runtime: Any,
+    record: dict[str, Any],
+    write_native: Callable[[Path], None] | None = None,
+) -> Path:
     """Every rank calls this. The SHARDED_KEYS of ``state`` go to DCP shards (or, with ``write_native``,
     the strategy writes its own files), rank 0 adds the rest as EXTRA and the marker, and renames the
     partial directory into place; returns the final path on every rank."""
@@ -108,9 +122,17 @@ def save(directory: Path, step: int, state: dict[str, Any], runtime: Any, record
     return final
 
 
-def save_async(directory: Path, step: int, state: dict[str, Any], runtime: Any, record: dict[str, Any], *,
-               stager: Any, group: Any, before_rename: Callable[[], None] | None = None
-               ) -> tuple[Path, Callable[[], None]]:
+def save_async(
+    directory: Path,
+    step: int,
+    state: dict[str, Any],
+    runtime: Any,
+    record: dict[str, Any],
+    *,
+    stager: Any,
+    group: Any,
+    before_rename: Callable[[], None] | None = None,
+) -> tuple[Path, Callable[[], None]]:
     """Every rank calls this; the state is staged when it returns. DCP's ``async_save`` copies this
     rank's shards into ``stager``'s host memory and writes them in torch's background thread, planning
     over ``group`` (not the training's process group); rank 0 stages the rest. Returns the final path
@@ -127,8 +149,9 @@ def save_async(directory: Path, step: int, state: dict[str, Any], runtime: Any, 
         from trainscale.checkpoint.dcp_io import HashingWriter
 
         writer = HashingWriter(partial, runtime.rank)
-        response = dcp.async_save(shards, storage_writer=writer, process_group=group, async_stager=stager,
-                                  no_dist=not _distributed())
+        response = dcp.async_save(
+            shards, storage_writer=writer, process_group=group, async_stager=stager, no_dist=not _distributed()
+        )
         upload = getattr(response, "upload_completion", response)  # a Future, or torch's newer response
 
     def finish() -> None:
@@ -177,13 +200,14 @@ def _failed(step: int, directory: Path, exc: BaseException, needed: int) -> Chec
     if full_on:
         full = disk.full_error(Path(directory), step, needed, needs="this rank's shards need")
         return CheckpointError(f"{full.message} on rank(s) {', '.join(map(str, full_on))}", hint=full.hint)
-    return CheckpointError(f"saving the sharded checkpoint of step {step} failed: {_describe(exc)}",
-                           hint=f"the newest complete checkpoint in {directory} stays the one to resume from; "
-                                "check free space and permissions")
+    return CheckpointError(
+        f"saving the sharded checkpoint of step {step} failed: {_describe(exc)}",
+        hint=f"the newest complete checkpoint in {directory} stays the one to resume from; "
+        "check free space and permissions",
+    )
 
 
-def _complete(partial: Path, final: Path, rest: dict[str, Any], record: dict[str, Any], writer: Any,
-              step: int) -> None:
+def _complete(partial: Path, final: Path, rest: dict[str, Any], record: dict[str, Any], writer: Any, step: int) -> None:
     """Rank 0, once every rank's part is on disk: EXTRA, the marker with the manifest of every file,
     private modes, then the rename that makes the checkpoint visible. A full disk: CheckpointError,
     the partial directory removed."""
@@ -216,8 +240,12 @@ def _seal(partial: Path, rest: dict[str, Any], record: dict[str, Any], writer: A
         if name not in files:  # a strategy's native files: its own code wrote them, read them once
             files[name] = integrity.hash_file(path)
         os.chmod(path, 0o600)
-    marker = {**record, "format": "dcp" if writer is not None else record.get("strategy", "native"),
-              "sharded_format": layout.FORMAT, integrity.FILES: files}
+    marker = {
+        **record,
+        "format": "dcp" if writer is not None else record.get("strategy", "native"),
+        "sharded_format": layout.FORMAT,
+        integrity.FILES: files,
+    }
     atomic_write_text(partial / layout.MARKER, integrity.seal(marker))
     fsync_dir(partial)
 
@@ -227,20 +255,23 @@ def read_marker(path: Path) -> dict[str, Any]:
     sizes, and nothing else (cheap: no file is read); CheckpointError says why ``path`` is not one."""
     marker_file = Path(path) / layout.MARKER
     if not marker_file.exists():
-        raise CheckpointError(f"{path} has no {layout.MARKER}: the save was interrupted before it completed",
-                              hint=AGAIN)
+        raise CheckpointError(
+            f"{path} has no {layout.MARKER}: the save was interrupted before it completed", hint=AGAIN
+        )
     marker = integrity.unseal(marker_file)
     if marker.get("complete") is not True:
         raise CheckpointError(f"{marker_file} does not mark a complete checkpoint", hint="delete the directory")
     if marker.get("format") == "dcp" and layout.DCP_INDEX not in marker[integrity.FILES]:
-        raise CheckpointError(f"{marker_file} lists no DCP {layout.DCP_INDEX} index: its shards are incomplete",
-                              hint=AGAIN)
+        raise CheckpointError(
+            f"{marker_file} lists no DCP {layout.DCP_INDEX} index: its shards are incomplete", hint=AGAIN
+        )
     integrity.check_listing(Path(path), marker[integrity.FILES], own=[layout.MARKER])
     return marker
 
 
-def open_checkpoint(path: Path, rank: int = 0, world_size: int = 1
-                    ) -> tuple[dict[str, Any], ShardedRef, integrity.Verified]:
+def open_checkpoint(
+    path: Path, rank: int = 0, world_size: int = 1
+) -> tuple[dict[str, Any], ShardedRef, integrity.Verified]:
     """A complete, verified sharded checkpoint: (its EXTRA entries with the record, its shards left on
     disk, what verifying cost here). Every file is checked against the manifest: the shards' pieces
     split among ``world_size`` ranks (each calls this with its ``rank``; the caller makes them agree),

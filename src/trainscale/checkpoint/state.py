@@ -16,8 +16,9 @@ Restoring fills the ModelState and the Stateful entries in place and hands back 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
@@ -48,13 +49,29 @@ class Storage(ABC):
     """trainscale writes this state itself, so it can stage it and write it in the background."""
 
     @abstractmethod
-    def save(self, directory: Path, step: int, entries: dict[str, Any], record: dict[str, Any], runtime: Any,
-             model: ModelState | None) -> Path:
+    def save(
+        self,
+        directory: Path,
+        step: int,
+        entries: dict[str, Any],
+        record: dict[str, Any],
+        runtime: Any,
+        model: ModelState | None,
+    ) -> Path:
         """Every rank: write checkpoint ``step``; its final path."""
 
-    def save_async(self, directory: Path, step: int, entries: dict[str, Any], record: dict[str, Any], runtime: Any,
-                   *, stager: Any, group: Callable[[], Any], before_rename: Callable[[], None]
-                   ) -> tuple[Path, Callable[[], None] | None]:
+    def save_async(
+        self,
+        directory: Path,
+        step: int,
+        entries: dict[str, Any],
+        record: dict[str, Any],
+        runtime: Any,
+        *,
+        stager: Any,
+        group: Callable[[], Any],
+        before_rename: Callable[[], None],
+    ) -> tuple[Path, Callable[[], None] | None]:
         """Every rank: stage ``entries`` now (``group()``: the background's own process group); (the final
         path, this rank's job that writes them in the background, or None)."""
         raise NotImplementedError(f"{self.name} storage cannot save in the background")
@@ -73,7 +90,8 @@ class Storage(ABC):
                 f"--checkpoint-async: the {strategy} strategy's engine writes its own checkpoint files ({self.name} "
                 "storage), which trainscale cannot stage and save in the background",
                 hint="use --no-checkpoint-async (or leave the option out: saves are then synchronous for this "
-                     "strategy), or a strategy whose checkpoints trainscale writes (ddp, zero1, fsdp)")
+                "strategy), or a strategy whose checkpoints trainscale writes (ddp, zero1, fsdp)",
+            )
         return False
 
 
@@ -92,8 +110,9 @@ class _File(Storage):
         if not runtime.is_main:
             return layout.file_path(directory, step), None  # rank 0 alone writes the file
         staged = stager.stage(entries)
-        return layout.file_path(directory, step), lambda: files.save_file(directory, step, staged, record,
-                                                                           before_rename=before_rename)
+        return layout.file_path(directory, step), lambda: files.save_file(
+            directory, step, staged, record, before_rename=before_rename
+        )
 
     def restore(self, model, found):
         if found.shards is None:
@@ -112,8 +131,9 @@ class _DCP(Storage):
         return sharded.save(directory, step, entries, runtime, record)
 
     def save_async(self, directory, step, entries, record, runtime, *, stager, group, before_rename):
-        return sharded.save_async(directory, step, entries, runtime, record, stager=stager, group=group(),
-                                  before_rename=before_rename)
+        return sharded.save_async(
+            directory, step, entries, runtime, record, stager=stager, group=group(), before_rename=before_rename
+        )
 
     def restore(self, model, found):
         if found.shards is None:  # a rank-0 file holds everything (read by every rank)
@@ -135,9 +155,10 @@ class _Native(Storage):
 
     def restore(self, model, found):
         if found.shards is None or found.shards.format == "dcp":
-            raise CheckpointError(f"{found.path} was not written by the {found.record.get('strategy')} strategy's "
-                                  "own format", hint="resume with the strategy that wrote it, or start a new "
-                                                     "checkpoint directory")
+            raise CheckpointError(
+                f"{found.path} was not written by the {found.record.get('strategy')} strategy's own format",
+                hint="resume with the strategy that wrote it, or start a new checkpoint directory",
+            )
         model.read(found.path, found.record)
 
 
@@ -161,8 +182,10 @@ class ModelState(ABC):
     def from_shards(self, shards: Any) -> dict[str, Any]:
         """``FILE`` storage: another strategy's DCP shards (``shards``, a sharded.ShardedRef) as the entries
         this state's rank-0 file would hold (every rank calls it: a collective)."""
-        raise CheckpointError(f"{type(self).__name__} cannot read another strategy's shards",
-                              hint="resume with the strategy that wrote the checkpoint")
+        raise CheckpointError(
+            f"{type(self).__name__} cannot read another strategy's shards",
+            hint="resume with the strategy that wrote the checkpoint",
+        )
 
     def write(self, directory: Path) -> None:
         """``NATIVE`` storage: write this rank's files into ``directory`` (every rank calls it)."""

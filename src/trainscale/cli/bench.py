@@ -7,7 +7,6 @@ import sys
 
 from trainscale.cli.bench_allreduce import add_slurm_options, run_allreduce, slurm_target
 
-
 HELP = """usage: trainscale bench [--workload NAME | SCRIPT [ARGS...]] [--configs cpu,1,2,4] [--scaling weak|strong]
                         [--config FILE] [--batch-size B] [--epochs E] [--max-steps S] [--data SRC] [--samples N]
                         [--baseline TOKEN] [--sweep-batch 16,32,64] [--out DIR]
@@ -37,25 +36,37 @@ Examples:
   trainscale bench allreduce --slurm --profile lumi --account project_465000000 --time 00:10:00 --nodes 2
 """
 
+
 def _parser() -> argparse.ArgumentParser:
     from trainscale.config.argparsing import Parser
 
-    p = Parser(prog="trainscale bench", usage=HELP.split("\n\n")[0].removeprefix("usage: "),
-                                description=HELP.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(
+        prog="trainscale bench",
+        usage=HELP.split("\n\n")[0].removeprefix("usage: "),
+        description=HELP.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--config", help="a TOML file whose [bench] table sets these options by field name (as StudySpec)")
-    p.add_argument("--workload", help="a built-in workload (`trainscale run --help` lists them); or give SCRIPT [ARGS...]")
+    p.add_argument(
+        "--workload", help="a built-in workload (`trainscale run --help` lists them); or give SCRIPT [ARGS...]"
+    )
     p.add_argument("--configs", help="configurations to run: cpu, N ranks here, NxM / Nn with --slurm (default: 1,2)")
-    p.add_argument("--scaling", choices=("weak", "strong"),
-                   help="what --batch-size fixes as the ranks grow (every size trains the same data either way): weak, "
-                        "the per-rank batch (seed 004's recipe; the global batch grows); strong, the global batch "
-                        "(split over the ranks) (default: weak)")
+    p.add_argument(
+        "--scaling",
+        choices=("weak", "strong"),
+        help="what --batch-size fixes as the ranks grow (every size trains the same data either way): weak, "
+        "the per-rank batch (seed 004's recipe; the global batch grows); strong, the global batch "
+        "(split over the ranks) (default: weak)",
+    )
     p.add_argument("--batch-size", type=int, help="per-rank (weak) or global (strong) batch (default: 16)")
     p.add_argument("--epochs", type=int, help="epochs of every run (default: 2)")
     p.add_argument("--max-steps", type=int, default=None, help="stop every run after this many optimizer steps")
     p.add_argument("--data", default=None, help="the workload's --data (default: its own)")
     p.add_argument("--samples", type=int, default=None, help="the workload's --samples for synthetic data")
     p.add_argument("--baseline", default=None, help="the configuration speedups are relative to (default: the first)")
-    p.add_argument("--sweep-batch", default=None, help="per-rank batches to run every configuration with, e.g. 16,32,64")
+    p.add_argument(
+        "--sweep-batch", default=None, help="per-rank batches to run every configuration with, e.g. 16,32,64"
+    )
     p.add_argument("--out", default=None, help="the study's new directory (default: bench-out/<date-time>)")
     p.add_argument("--no-plots", action="store_true", help="write the results without the PNG plots")
     p.add_argument("--verbose", action="store_true", help="show rank 0's output above the progress table")
@@ -99,7 +110,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bench", help="scaling study: runtime, speedup, efficiency, breakdown, plots; allreduce",
-                       add_help=False, usage=HELP)
+    p = sub.add_parser(
+        "bench",
+        help="scaling study: runtime, speedup, efficiency, breakdown, plots; allreduce",
+        add_help=False,
+        usage=HELP,
+    )
     p.add_argument("argv", nargs=argparse.REMAINDER)
     p.set_defaults(func=run, raw=True)

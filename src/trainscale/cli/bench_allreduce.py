@@ -17,8 +17,11 @@ def add_slurm_options(p: argparse.ArgumentParser, nodes_help: str, nodes_type: t
     p.add_argument("--account", help="sbatch -A of the jobs (default: the profile's)")
     p.add_argument("--partition", help="sbatch -p of the jobs (default: the profile's)")
     p.add_argument("--reservation", help="sbatch --reservation of the jobs")
-    p.add_argument("--launcher", choices=("torchrun", "srun"),
-                   help="one torchrun per node or one srun task per rank (default: the profile's)")
+    p.add_argument(
+        "--launcher",
+        choices=("torchrun", "srun"),
+        help="one torchrun per node or one srun task per rank (default: the profile's)",
+    )
     p.add_argument("--python", help="the Python the jobs run (default: as `trainscale slurm` chooses it)")
     p.add_argument("--poll", type=float, default=None, help="seconds between queue polls")
 
@@ -33,7 +36,6 @@ def slurm_target(ns: argparse.Namespace):
 def run_allreduce(argv: list[str]) -> int:
     from trainscale.bench import allreduce_run
     from trainscale.bench.allreduce import DEFAULT_SIZES, HOOKS, parse_sizes, table
-
     from trainscale.config.argparsing import Parser
 
     p = Parser(prog="trainscale bench allreduce")
@@ -43,18 +45,30 @@ def run_allreduce(argv: list[str]) -> int:
     p.add_argument("--budget", type=float, default=1.0, help="seconds per size at most")
     p.add_argument("--device", default="auto", help="auto (GPUs when visible), cpu or cuda")
     p.add_argument("--out", default=None, help="the results' new directory (default: bench-out/allreduce/<date-time>)")
-    p.add_argument("--hook", default="none", choices=HOOKS,
-                   help="none: the backend's all-reduce; shm: DDP's shared-memory average (CPU ranks of one node); "
-                        "auto: as --strategy ddp's default")
+    p.add_argument(
+        "--hook",
+        default="none",
+        choices=HOOKS,
+        help="none: the backend's all-reduce; shm: DDP's shared-memory average (CPU ranks of one node); "
+        "auto: as --strategy ddp's default",
+    )
     add_slurm_options(p, "nodes of the job (with --slurm), default 1")
     ns = p.parse_args(argv)
     parse_sizes(ns.sizes)  # errors before any launch
     target = slurm_target(ns)
     nproc, nodes = allreduce_run.shape(nproc=ns.nproc, gpus_per_node=ns.gpus_per_node, nodes=ns.nodes, target=target)
     result, out_file = allreduce_run.run(
-        target=target, nproc=nproc, nodes=nodes, sizes=ns.sizes, out=Path(ns.out) if ns.out else None, iters=ns.iters,
-        budget_s=ns.budget, device=ns.device, hook=ns.hook,
-        say=lambda text: print(f"trainscale bench: {text}", file=sys.stderr, flush=True))
+        target=target,
+        nproc=nproc,
+        nodes=nodes,
+        sizes=ns.sizes,
+        out=Path(ns.out) if ns.out else None,
+        iters=ns.iters,
+        budget_s=ns.budget,
+        device=ns.device,
+        hook=ns.hook,
+        say=lambda text: print(f"trainscale bench: {text}", file=sys.stderr, flush=True),
+    )
     if not result or "rows" not in result:
         print((result or {}).get("error", "all-reduce benchmark failed"), file=sys.stderr)
         return 1

@@ -31,25 +31,51 @@ Examples:
 def _parser() -> argparse.ArgumentParser:
     from trainscale.config.argparsing import Parser
 
-    p = Parser(prog="trainscale plan", usage=USAGE, description=DESCRIPTION,
-               formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(
+        prog="trainscale plan",
+        usage=USAGE,
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--workload", help="a built-in workload (`trainscale run --help` lists them); or give SCRIPT [ARGS]")
-    p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1,
-                   help="ranks per node to plan for (GPUs per node on a GPU profile; default: 1)")
+    p.add_argument(
+        "--nproc-per-node",
+        "--nproc_per_node",
+        type=int,
+        default=1,
+        help="ranks per node to plan for (GPUs per node on a GPU profile; default: 1)",
+    )
     p.add_argument("--nodes", "-N", type=int, default=1, help="nodes to plan up to (default: 1)")
     p.add_argument("--profile", help="the cluster profile whose GPUs, memory and network to plan for (default: here)")
-    p.add_argument("--batch-size", type=int, help="per-rank batch to plan for (default: the calibration's); a "
-                   "workload is calibrated with it")
-    p.add_argument("--mem", help="memory per node, as sbatch's --mem (e.g. 64G): the room the ranks of a node "
-                   "share (default: the profile's GPU or node memory, else this machine's within its cgroup limit)")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        help="per-rank batch to plan for (default: the calibration's); a workload is calibrated with it",
+    )
+    p.add_argument(
+        "--mem",
+        help="memory per node, as sbatch's --mem (e.g. 64G): the room the ranks of a node "
+        "share (default: the profile's GPU or node memory, else this machine's within its cgroup limit)",
+    )
     from trainscale.plan.comm import NETWORKS
 
-    p.add_argument("--interconnect", help=f"the network between nodes: {', '.join(NETWORKS)} (docs/scaling.md; "
-                   "default: the profile's, else ethernet-25g, said as an assumption)")
-    p.add_argument("--steps", type=int, default=10, help="optimizer steps of the calibration (default: 10; the "
-                   "first 2 warm up and are left out of its step time)")
-    p.add_argument("--verify", action="store_true", help="then run the cheapest configurations here (2 ranks; a "
-                   "workload under ddp, zero1 and fsdp) and print predicted against measured")
+    p.add_argument(
+        "--interconnect",
+        help=f"the network between nodes: {', '.join(NETWORKS)} (docs/scaling.md; "
+        "default: the profile's, else ethernet-25g, said as an assumption)",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=10,
+        help="optimizer steps of the calibration (default: 10; the first 2 warm up and are left out of its step time)",
+    )
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="then run the cheapest configurations here (2 ranks; a "
+        "workload under ddp, zero1 and fsdp) and print predicted against measured",
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     return p
 
@@ -59,12 +85,12 @@ def run(args: argparse.Namespace) -> int:
 
     argv = list(args.argv)
     # plan's own --tune: before the script (a file) and before `--`; the script's own --tune is its own
-    head = argv[:next((i for i, a in enumerate(argv) if a == "--" or Path(a).is_file()), len(argv))]
+    head = argv[: next((i for i, a in enumerate(argv) if a == "--" or Path(a).is_file()), len(argv))]
     if "--tune" in head:
         from trainscale.cli.tune import run_tune
 
         at = argv.index("--tune")
-        return run_tune(argv[:at] + argv[at + 1:])
+        return run_tune(argv[:at] + argv[at + 1 :])
     if argv and argv[0] in ("-h", "--help"):
         _parser().print_help()
         return 0
@@ -73,23 +99,36 @@ def run(args: argparse.Namespace) -> int:
 
     parser = _parser()
     split = split_command(parser, argv, double_dash="rest")  # --workload is an option; its own after `--`
-    wrong = misplaced_option(parser, split, ("--nproc-per-node", "--nodes", "--profile", "--interconnect", "--steps",
-                                            "--verify", "--mem"))
+    wrong = misplaced_option(
+        parser, split, ("--nproc-per-node", "--nodes", "--profile", "--interconnect", "--steps", "--verify", "--mem")
+    )
     if wrong:
-        raise ConfigError(f"{wrong} after {split.target} goes to {split.target}, which never reads it",
-                          hint=f"plan's options go before the script: trainscale plan {wrong} ... {split.target} [ARGS]")
+        raise ConfigError(
+            f"{wrong} after {split.target} goes to {split.target}, which never reads it",
+            hint=f"plan's options go before the script: trainscale plan {wrong} ... {split.target} [ARGS]",
+        )
     ns = parser.parse_args(split.options)
     return plan(ns, split.target, tuple(split.rest))
 
 
 def plan(ns: argparse.Namespace, script: str | None, args: tuple[str, ...]) -> int:
-    from trainscale.plan.text import render
     from trainscale.plan.calibrate import make
+    from trainscale.plan.text import render
 
-    made, submit = make(script=script, args=args, workload=ns.workload, profile_name=ns.profile,
-                        ranks_per_node=ns.nproc_per_node, nodes=ns.nodes, batch=ns.batch_size,
-                        interconnect=ns.interconnect, steps=ns.steps, check=ns.verify, mem=ns.mem,
-                        say=lambda line: print(f"trainscale plan: {line}", file=sys.stderr, flush=True))
+    made, submit = make(
+        script=script,
+        args=args,
+        workload=ns.workload,
+        profile_name=ns.profile,
+        ranks_per_node=ns.nproc_per_node,
+        nodes=ns.nodes,
+        batch=ns.batch_size,
+        interconnect=ns.interconnect,
+        steps=ns.steps,
+        check=ns.verify,
+        mem=ns.mem,
+        say=lambda line: print(f"trainscale plan: {line}", file=sys.stderr, flush=True),
+    )
     if ns.json:
         print(json.dumps(made.as_dict() | {"submit": submit}, indent=2))
     else:
@@ -98,7 +137,11 @@ def plan(ns: argparse.Namespace, script: str | None, args: tuple[str, ...]) -> i
 
 
 def register(sub) -> None:
-    p = sub.add_parser("plan", help="memory per rank for every strategy and the speedup at 1..N ranks, before you "
-                                    "queue; --tune: the fastest settings here", add_help=False)
+    p = sub.add_parser(
+        "plan",
+        help="memory per rank for every strategy and the speedup at 1..N ranks, before you "
+        "queue; --tune: the fastest settings here",
+        add_help=False,
+    )
     p.add_argument("argv", nargs=argparse.REMAINDER)
     p.set_defaults(func=run, raw=True)

@@ -9,12 +9,34 @@ from pathlib import Path
 from trainscale.errors import ConfigError
 
 # Options whose torchrun meaning trainscale takes over through its own spec fields.
-_SPEC_FIELDS = ("nproc_per_node", "nnodes", "max_restarts", "log_dir", "training_script", "training_script_args",
-                "module", "no_python", "run_path", "workload", "all_ranks", "rdzv_timeout", "hang_timeout")
+_SPEC_FIELDS = (
+    "nproc_per_node",
+    "nnodes",
+    "max_restarts",
+    "log_dir",
+    "training_script",
+    "training_script_args",
+    "module",
+    "no_python",
+    "run_path",
+    "workload",
+    "all_ranks",
+    "rdzv_timeout",
+    "hang_timeout",
+)
 
 
-SHAPING = ("--nproc-per-node", "--nnodes", "--max-restarts", "--standalone", "--rdzv-endpoint", "--node-rank",
-           "--master-addr", "--master-port", "--log-dir")
+SHAPING = (
+    "--nproc-per-node",
+    "--nnodes",
+    "--max-restarts",
+    "--standalone",
+    "--rdzv-endpoint",
+    "--node-rank",
+    "--master-addr",
+    "--master-port",
+    "--log-dir",
+)
 """torchrun's options that shape the launch: after the script, one of them is most likely a misplaced one."""
 
 
@@ -37,9 +59,14 @@ def _parser():
     own = {a for g in parser._action_groups if g.title == "trainscale" for a in g._group_actions}
     torchrun = [a for a in parser._actions if a not in own and a.dest != "help"]
     names = " ".join("/".join(s for s in a.option_strings if "_" not in s) for a in torchrun if a.option_strings)
-    parser.add_argument_group("torchrun's options", textwrap.fill(
-        "every option of the installed torch's torchrun, with its meaning and PET_* variable (`torchrun --help` "
-        "describes them; their spellings with _ work too): " + names, 100))
+    parser.add_argument_group(
+        "torchrun's options",
+        textwrap.fill(
+            "every option of the installed torch's torchrun, with its meaning and PET_* variable (`torchrun --help` "
+            "describes them; their spellings with _ work too): " + names,
+            100,
+        ),
+    )
     for action in torchrun:
         action.help = argparse.SUPPRESS
     parser.epilog += "\nBuilt-in workloads (--workload NAME):\n" + "\n".join(table()) + "\n"
@@ -73,11 +100,16 @@ def build_spec(argv: list[str], environ=None):
     target = workload or split.target
     wrong = misplaced_option(parser, split, SHAPING)
     if wrong:
-        raise ConfigError(f"{wrong} after {target} goes to {target}, which never reads it",
-                          hint=f"launch options go before the script: trainscale run {wrong} ... {target} [ARGS]")
+        raise ConfigError(
+            f"{wrong} after {target} goes to {target}, which never reads it",
+            hint=f"launch options go before the script: trainscale run {wrong} ... {target} [ARGS]",
+        )
     if not target:
-        raise ConfigError("nothing to run", hint="give a script (trainscale run train.py), -m MODULE, or --workload NAME "
-                                                 "(trainscale run --nproc-per-node 2 --workload cnn)")
+        raise ConfigError(
+            "nothing to run",
+            hint="give a script (trainscale run train.py), -m MODULE, or --workload NAME "
+            "(trainscale run --nproc-per-node 2 --workload cnn)",
+        )
     if workload and (ns.module or ns.no_python):
         raise ConfigError("--workload with -m/--no-python", hint="a workload is run by name: drop -m/--no-python")
     nproc = resolve_nproc(ns.nproc_per_node)
@@ -93,10 +125,18 @@ def build_spec(argv: list[str], environ=None):
     given = given_dests(parser, split.options, environ)
     torchrun = {dest: getattr(ns, dest) for dest in given if dest not in _SPEC_FIELDS}
     return LocalLaunchSpec(
-        target=target, args=tuple(script_args), module=bool(ns.module or workload), no_python=bool(ns.no_python),
-        nproc_per_node=nproc, nnodes=ns.nnodes, max_restarts=ns.max_restarts,
-        log_dir=Path(ns.log_dir) if ns.log_dir else None, console_all_ranks=ns.all_ranks,
-        rdzv_timeout_s=ns.rdzv_timeout, hang_timeout_s=ns.hang_timeout, torchrun=torchrun,
+        target=target,
+        args=tuple(script_args),
+        module=bool(ns.module or workload),
+        no_python=bool(ns.no_python),
+        nproc_per_node=nproc,
+        nnodes=ns.nnodes,
+        max_restarts=ns.max_restarts,
+        log_dir=Path(ns.log_dir) if ns.log_dir else None,
+        console_all_ranks=ns.all_ranks,
+        rdzv_timeout_s=ns.rdzv_timeout,
+        hang_timeout_s=ns.hang_timeout,
+        torchrun=torchrun,
     )
 
 
@@ -114,12 +154,18 @@ def spread_over_allocation(argv: list[str], environ=None) -> int | None:
     split = split_command(parser, argv, target_options=("--workload",))
     ns = parser.parse_args(split.options)
     target = ([split.target_option] if split.target_option else []) + ([split.target] if split.target else [])
-    plan = plan_spread(split.options, target + split.rest, parse_nnodes(ns.nnodes)[1],
-                       given_dests(parser, split.options, environ), environ)
+    plan = plan_spread(
+        split.options,
+        target + split.rest,
+        parse_nnodes(ns.nnodes)[1],
+        given_dests(parser, split.options, environ),
+        environ,
+    )
     if plan is None:
         return None
-    return run_spread(plan, environ["SLURM_JOB_ID"],
-                      say=lambda line: print(f"trainscale: {line}", file=sys.stderr, flush=True))
+    return run_spread(
+        plan, environ["SLURM_JOB_ID"], say=lambda line: print(f"trainscale: {line}", file=sys.stderr, flush=True)
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -142,7 +188,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("run", help="launch a script or workload on N ranks (torchrun's options, trainscale's defaults)",
-                       add_help=False)
+    p = sub.add_parser(
+        "run", help="launch a script or workload on N ranks (torchrun's options, trainscale's defaults)", add_help=False
+    )
     p.add_argument("argv", nargs=argparse.REMAINDER)
     p.set_defaults(func=run, raw=True)

@@ -7,9 +7,20 @@ import sys
 
 from trainscale.errors import ConfigError
 
-
-SHAPING = ("--nodes", "--gpus-per-node", "--ntasks", "--time", "--account", "--partition", "--cpus-per-task",
-           "--launcher", "--mem", "--nproc-per-node", "--nproc_per_node", "--nnodes")
+SHAPING = (
+    "--nodes",
+    "--gpus-per-node",
+    "--ntasks",
+    "--time",
+    "--account",
+    "--partition",
+    "--cpus-per-task",
+    "--launcher",
+    "--mem",
+    "--nproc-per-node",
+    "--nproc_per_node",
+    "--nnodes",
+)
 """Options that shape the job (sbatch's, and torchrun's ranks and nodes, which trainscale slurm spells as sbatch
 does): after the script, one of them is most likely a misplaced one."""
 
@@ -33,11 +44,16 @@ def build(argv: list[str], environ=None, *, extend=None, command: str = "slurm")
     target = {"--workload": "workload", "-m": "module"}.get(split.target_option, "script")
     wrong = misplaced_option(parser, split, SHAPING)
     if wrong:
-        instead = {"--nproc-per-node": "--gpus-per-node N (ranks per node)", "--nproc_per_node":
-                   "--gpus-per-node N (ranks per node)", "--nnodes": "-N/--nodes N"}.get(wrong, wrong)
-        raise ConfigError(f"{wrong} after {split.target} goes to {split.target}, which never reads it",
-                          hint=f"trainscale {command}'s options go before the script: trainscale {command} "
-                               f"{instead} ... {split.target} [ARGS]")
+        instead = {
+            "--nproc-per-node": "--gpus-per-node N (ranks per node)",
+            "--nproc_per_node": "--gpus-per-node N (ranks per node)",
+            "--nnodes": "-N/--nodes N",
+        }.get(wrong, wrong)
+        raise ConfigError(
+            f"{wrong} after {split.target} goes to {split.target}, which never reads it",
+            hint=f"trainscale {command}'s options go before the script: trainscale {command} "
+            f"{instead} ... {split.target} [ARGS]",
+        )
     if split.target:
         cli[target] = split.target
     cli |= {"args": tuple(split.rest), "command_line": ("trainscale", command, *argv)}
@@ -59,11 +75,15 @@ def run(args: argparse.Namespace) -> int:
 
     spec, profile, ns, preflight = build(args.argv, os.environ)
     if ns.watch and spec.chain > 1:
-        raise ConfigError("--watch follows one job; a chain is several",
-                          hint="follow it with `trainscale jobs` (a chain is one line there) and `trainscale jobs JOBID`")
+        raise ConfigError(
+            "--watch follows one job; a chain is several",
+            hint="follow it with `trainscale jobs` (a chain is one line there) and `trainscale jobs JOBID`",
+        )
     if [ns.dry_run, ns.submit, ns.test_only].count(True) != 1:
-        raise ConfigError("give exactly one of --dry-run (print the script), --test-only (ask the scheduler) or "
-                          "--submit (sbatch it)", hint="start with --dry-run to read the script trainscale would submit")
+        raise ConfigError(
+            "give exactly one of --dry-run (print the script), --test-only (ask the scheduler) or --submit (sbatch it)",
+            hint="start with --dry-run to read the script trainscale would submit",
+        )
     plan, findings, here = check(spec, profile, preflight=preflight)
     for f in findings:
         _say(str(f))
@@ -92,8 +112,10 @@ def submit_and_watch(spec, profile, plan, ns) -> int:
 
     record = submit_job(spec, profile, plan)
     chain = f"chain of {spec.chain} jobs from " if spec.chain > 1 else ""
-    _say(f"submitted {chain}job {record.job_id} ({plan.launcher} mode, world size {plan.world_size}); run directory "
-         f"{record.run_dir} (trainscale jobs {record.job_id} [--rank R])")
+    _say(
+        f"submitted {chain}job {record.job_id} ({plan.launcher} mode, world size {plan.world_size}); run directory "
+        f"{record.run_dir} (trainscale jobs {record.job_id} [--rank R])"
+    )
     if not ns.watch:
         print(record.job_id, flush=True)  # alone on stdout, for scripts
         return 0
@@ -102,16 +124,28 @@ def submit_and_watch(spec, profile, plan, ns) -> int:
     if spec.heals:  # SLURM keeps a --no-kill job whose batch host is lost: requeue it (launch/slurm/healing.py)
         from trainscale.launch.slurm.healing import BatchHostWatch, allocated
 
-        host = BatchHostWatch(record.job_id, str(record.job_dir), nodes=int(allocated(spec)),
-                              min_nodes=spec.min_nodes or spec.nodes, requeue=spec.requeue is not False,
-                              say=progress.say)
+        host = BatchHostWatch(
+            record.job_id,
+            str(record.job_dir),
+            nodes=int(allocated(spec)),
+            min_nodes=spec.min_nodes or spec.nodes,
+            requeue=spec.requeue is not False,
+            say=progress.say,
+        )
         on_poll = lambda info: (progress.poll(info), host.poll(info))  # noqa: E731
-    final = watch(record.job_id, poll_s=ns.poll, timeout_s=ns.watch_timeout,
-                  on_change=lambda info: progress.say(describe_progress(info)), on_poll=on_poll)
+    final = watch(
+        record.job_id,
+        poll_s=ns.poll,
+        timeout_s=ns.watch_timeout,
+        on_change=lambda info: progress.say(describe_progress(info)),
+        on_poll=on_poll,
+    )
     progress.end()
     print(explain(final, record), flush=True)
-    _say(f"next: trainscale report {record.job_id}   (its page: per-rank step times, where the time went; "
-         f"trainscale jobs {record.job_id} for its output)")
+    _say(
+        f"next: trainscale report {record.job_id}   (its page: per-rank step times, where the time went; "
+        f"trainscale jobs {record.job_id} for its output)"
+    )
     return 0 if final.state == "COMPLETED" else 1
 
 
@@ -157,7 +191,8 @@ class Progress:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("slurm", help="render, lint, submit and watch a SLURM batch job (torchrun or srun mode)",
-                       add_help=False)
+    p = sub.add_parser(
+        "slurm", help="render, lint, submit and watch a SLURM batch job (torchrun or srun mode)", add_help=False
+    )
     p.add_argument("argv", nargs=argparse.REMAINDER)
     p.set_defaults(func=run, raw=True)

@@ -49,8 +49,13 @@ def _lookup(parser: argparse.ArgumentParser, token: str) -> tuple[argparse.Actio
     return None, False
 
 
-def split_command(parser: argparse.ArgumentParser, argv: list[str], *,
-                  target_options: tuple[str, ...] = (), double_dash: str = "target") -> Split:
+def split_command(
+    parser: argparse.ArgumentParser,
+    argv: list[str],
+    *,
+    target_options: tuple[str, ...] = (),
+    double_dash: str = "target",
+) -> Split:
     """Walk ``argv`` with ``parser``'s option table until the target.
 
     ``target_options`` name options whose value *is* the target (``--workload NAME``): everything
@@ -64,7 +69,7 @@ def split_command(parser: argparse.ArgumentParser, argv: list[str], *,
     while i < len(argv):
         token = argv[i]
         if token == "--":
-            rest = argv[i + 1:]
+            rest = argv[i + 1 :]
             if double_dash == "rest":
                 return Split(argv[:i], None, None, rest)
             return Split(argv[:i], None, rest[0] if rest else None, rest[1:])  # `-- train.py ...`
@@ -72,12 +77,12 @@ def split_command(parser: argparse.ArgumentParser, argv: list[str], *,
             name = token.split("=", 1)[0]
             if name in target_options:
                 if "=" in token:
-                    return Split(argv[:i], name, token.split("=", 1)[1], argv[i + 1:])
-                return Split(argv[:i], name, argv[i + 1] if i + 1 < len(argv) else None, argv[i + 2:])
+                    return Split(argv[:i], name, token.split("=", 1)[1], argv[i + 1 :])
+                return Split(argv[:i], name, argv[i + 1] if i + 1 < len(argv) else None, argv[i + 2 :])
             action, inline = _lookup(parser, token)
             i += 2 if action is not None and _takes_value(action) and not inline else 1
             continue
-        return Split(argv[:i], None, token, argv[i + 1:])
+        return Split(argv[:i], None, token, argv[i + 1 :])
     return Split(list(argv), None, None, [])
 
 

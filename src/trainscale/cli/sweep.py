@@ -10,7 +10,8 @@ from pathlib import Path
 from trainscale.errors import ConfigError
 
 HELP = """usage: trainscale sweep (--grid 'KEY=V1,V2 KEY2=...' | --grid-file F.toml) [--max-parallel K]
-                        [trainscale slurm's options] (--submit | --dry-run) (SCRIPT | -m MODULE | --workload NAME) [ARGS...]
+                        [trainscale slurm's options] (--submit | --dry-run)
+                        (SCRIPT | -m MODULE | --workload NAME) [ARGS...]
        trainscale sweep --local [--nproc-per-node N] (--grid ... | --grid-file F) [--output-dir D] TARGET [ARGS...]
        trainscale sweep status DIR [--metric NAME] [--higher-is-better]
 
@@ -21,6 +22,7 @@ in its own directory DIR/task-I/ where it may write metrics.json (workloads do).
   trainscale sweep --local --nproc-per-node 2 --grid 'lr=1e-3,3e-4' --workload cnn --max-steps 50
   trainscale sweep status trainscale-jobs/trainscale-cnn-20261123-140000
 """
+
 
 def _extend(parser: argparse.ArgumentParser) -> tuple[str, ...]:
     group = parser.add_argument_group("the sweep")
@@ -91,19 +93,22 @@ def run(args: argparse.Namespace) -> int:
         _say(f"{len(errors(findings))} error(s): not submitted")
         return 2
     sub, run_dir, count = submit_array(spec, profile, plan, grid)
-    _say(f"submitted array job {sub.job_id} ({count} tasks, --array={spec.array}); run directory {run_dir}; "
-         f"results: trainscale sweep status {run_dir}")
+    _say(
+        f"submitted array job {sub.job_id} ({count} tasks, --array={spec.array}); run directory {run_dir}; "
+        f"results: trainscale sweep status {run_dir}"
+    )
     print(run_dir, flush=True)
     return 0
 
 
 def status(argv: list[str]) -> int:
+    from trainscale.config.argparsing import Parser
     from trainscale.launch.slurm.sweep import status as sweep_status
 
-    from trainscale.config.argparsing import Parser
-
-    p = Parser(prog="trainscale sweep status", description="A sweep's results, best first: a table, "
-                                "CSV and Markdown files and a plot in its directory.")
+    p = Parser(
+        prog="trainscale sweep status",
+        description="A sweep's results, best first: a table, CSV and Markdown files and a plot in its directory.",
+    )
     p.add_argument("dir", help="the sweep's run directory (printed by trainscale sweep)")
     p.add_argument("--metric", help="rank by this metric (default: test_loss, val_loss, loss or train_loss)")
     p.add_argument("--higher-is-better", action="store_true", help="rank the largest value first (e.g. accuracy)")
@@ -113,7 +118,11 @@ def status(argv: list[str]) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("sweep", help="a grid of configurations as one SLURM job array (or here), and its results",
-                       add_help=False, usage=HELP)
+    p = sub.add_parser(
+        "sweep",
+        help="a grid of configurations as one SLURM job array (or here), and its results",
+        add_help=False,
+        usage=HELP,
+    )
     p.add_argument("argv", nargs=argparse.REMAINDER)
     p.set_defaults(func=run, raw=True)

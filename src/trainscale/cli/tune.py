@@ -10,8 +10,8 @@ from pathlib import Path
 USAGE = """trainscale plan --tune [--workload NAME | SCRIPT [ARGS...]] [--nproc-per-node N] [--batch-size B]
                        [--batches 8,16,32] [--budget SECONDS] [--max-steps S] [--strategy S] [--loader L]
                        [--config FILE] [--out FILE] [-- WORKLOAD ARGS...]"""
-DESCRIPTION = """Each trial is a short real run (--max-steps steps) launched like `trainscale run`; the search changes one
-knob at a time from the defaults (per-rank batch, threads per CPU rank, DataLoader workers with
+DESCRIPTION = """Each trial is a short real run (--max-steps steps) launched like `trainscale run`; the search changes
+one knob at a time from the defaults (per-rank batch, threads per CPU rank, DataLoader workers with
 --loader dataloader, DDP bucket size and gradient compression with 2+ DDP ranks) and keeps a value only
 when it is faster by more than 3%. The best and the defaults are measured once more at the end; the gain
 printed is from that pair. The result is a [train] table (default tuned.toml) that run, slurm and bench
@@ -26,24 +26,34 @@ Examples:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from trainscale.config.argparsing import Parser
     from trainscale.plan.tune import DEVICES, LOADERS
 
-    from trainscale.config.argparsing import Parser
-
-    p = Parser(prog="trainscale plan --tune", usage=USAGE, description=DESCRIPTION,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(
+        prog="trainscale plan --tune",
+        usage=USAGE,
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--config", help="a TOML file whose [tune] table sets these options by field name (as TuneSpec)")
-    p.add_argument("--workload", help="a built-in workload to tune (`trainscale run --help` lists them); or give "
-                                      "SCRIPT [ARGS...] with {batch} where the per-rank batch goes")
-    p.add_argument("--nproc-per-node", "--nproc_per_node", type=int,
-                   help="ranks of every trial, as `trainscale run` (default: 1)")
+    p.add_argument(
+        "--workload",
+        help="a built-in workload to tune (`trainscale run --help` lists them); or give "
+        "SCRIPT [ARGS...] with {batch} where the per-rank batch goes",
+    )
+    p.add_argument(
+        "--nproc-per-node", "--nproc_per_node", type=int, help="ranks of every trial, as `trainscale run` (default: 1)"
+    )
     p.add_argument("--batch-size", type=int, help="the default per-rank batch to start from (default: 16)")
     p.add_argument("--batches", help="per-rank batches to try (default: B/2, B, 2B, 4B)")
     p.add_argument("--budget", type=float, help="seconds for the whole search (default: 300)")
     p.add_argument("--max-steps", type=int, help="optimizer steps per trial (default: 30)")
     p.add_argument("--strategy", help="the workload's --strategy for every trial (default: ddp)")
-    p.add_argument("--loader", choices=LOADERS,
-                   help="the workload's --loader; dataloader also tries DataLoader workers (default: tensor)")
+    p.add_argument(
+        "--loader",
+        choices=LOADERS,
+        help="the workload's --loader; dataloader also tries DataLoader workers (default: tensor)",
+    )
     p.add_argument("--device", choices=DEVICES, help="the workload's --device (default: auto)")
     p.add_argument("--out", default="tuned.toml", help="the [train] config file written (default: tuned.toml)")
     return p
@@ -52,8 +62,8 @@ def _parser() -> argparse.ArgumentParser:
 def build(argv: list[str], environ=None):
     """(TuneSpec, the --out file) from the command line over --config's [tune] table and TRAINSCALE_TUNE_*."""
     from trainscale.bench.options import tune_spec
-    from trainscale.plan.tuning import check_command
     from trainscale.cli.split import split_command
+    from trainscale.plan.tuning import check_command
 
     split = split_command(_parser(), argv, double_dash="rest")
     ns = _parser().parse_args(split.options)

@@ -20,8 +20,9 @@ import os
 import re
 import sys
 import typing
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, TypeVar
+from typing import Any, TypeVar
 
 from trainscale.convert import convert, kinds
 from trainscale.errors import ConfigError, MissingOption, did_you_mean
@@ -65,8 +66,7 @@ def _coerce(name: str, text: str, annotation: Any, source: str) -> Any:
     except ValueError:
         first = kinds(annotation)[0]
         kind = "KEY=VALUE,..." if (typing.get_origin(first) or first) is dict else getattr(first, "__name__", first)
-        raise ConfigError(f"{source}: {name}={text!r} is not a valid {kind}",
-                          hint=f"give {name} as a {kind}") from None
+        raise ConfigError(f"{source}: {name}={text!r} is not a valid {kind}", hint=f"give {name} as a {kind}") from None
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -82,19 +82,26 @@ def field_docs(cls: type) -> dict[str, str]:
             continue
         body = ast.parse(inspect.getsource(klass).lstrip()).body[0].body
         for node, after in zip(body, body[1:]):
-            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
-                    and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
                 text = " ".join(after.value.value.split())
-                docs[node.target.id] = _NONE.sub(lambda m: "(not given)" if m.group(0) == "(None)" else "not given:",
-                                                 text)
+                docs[node.target.id] = _NONE.sub(
+                    lambda m: "(not given)" if m.group(0) == "(None)" else "not given:", text
+                )
     return docs
 
 
 _NONE = re.compile(r"\(None\)|\bNone:")
 
 
-def from_environment(cls: type | tuple[type, ...], section: str,
-                     environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+def from_environment(
+    cls: type | tuple[type, ...], section: str, environ: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     environ = os.environ if environ is None else environ
     prefix = f"TRAINSCALE_{section.upper()}_"
     types_ = _group_types(cls if isinstance(cls, tuple) else (cls,))
@@ -102,10 +109,11 @@ def from_environment(cls: type | tuple[type, ...], section: str,
     for key, text in environ.items():
         if not key.startswith(prefix):
             continue
-        name = key[len(prefix):].lower()
+        name = key[len(prefix) :].lower()
         if name not in types_:
-            raise ConfigError(f"environment variable {key} names no {section} option",
-                              hint=did_you_mean(name, list(types_)))
+            raise ConfigError(
+                f"environment variable {key} names no {section} option", hint=did_you_mean(name, list(types_))
+            )
         out[name] = _coerce(name, text, types_[name], f"environment {key}")
     return out
 
@@ -121,31 +129,47 @@ def _group_types(classes: tuple[type, ...]) -> dict[str, Any]:
     return types_
 
 
-def resolve(cls: type[T], *, section: str, defaults: Mapping[str, Any] | None = None,
-            config: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None,
-            cli: Mapping[str, Any] | None = None,
-            fixed: Mapping[str, Any] | None = None) -> tuple[T, dict[str, str]]:
+def resolve(
+    cls: type[T],
+    *,
+    section: str,
+    defaults: Mapping[str, Any] | None = None,
+    config: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    cli: Mapping[str, Any] | None = None,
+    fixed: Mapping[str, Any] | None = None,
+) -> tuple[T, dict[str, str]]:
     """Build ``cls`` from the sources in ORDER (the profile aside, see above); ``cli`` holds only options the
     user actually gave. ``fixed``: fields the command decides itself (a positional SCRIPT, a detected GPU
     count), passed as they are; no source may name them."""
-    (built,), origin = resolve_group((cls,), section=section, defaults=defaults, config=config, environ=environ,
-                                     cli=cli, fixed=fixed)
+    (built,), origin = resolve_group(
+        (cls,), section=section, defaults=defaults, config=config, environ=environ, cli=cli, fixed=fixed
+    )
     return built, origin
 
 
-def resolve_group(classes: tuple[type, ...], *, section: str, defaults: Mapping[str, Any] | None = None,
-                  config: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None,
-                  cli: Mapping[str, Any] | None = None,
-                  fixed: Mapping[str, Any] | None = None) -> tuple[tuple[Any, ...], dict[str, str]]:
+def resolve_group(
+    classes: tuple[type, ...],
+    *,
+    section: str,
+    defaults: Mapping[str, Any] | None = None,
+    config: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    cli: Mapping[str, Any] | None = None,
+    fixed: Mapping[str, Any] | None = None,
+) -> tuple[tuple[Any, ...], dict[str, str]]:
     """:func:`resolve` for dataclasses that share one section (a workload's own options beside
     ``TrainOptions`` in ``[train]``): each source may hold any of their fields, a name none of them has is
     refused, and each class is built from its own fields."""
     fixed = dict(fixed or {})
     valid = {name: kind for name, kind in _group_types(classes).items() if name not in fixed}
     table = dict((config or {}).get(section, {})) if config is not None else {}
-    layers = [("default", dict(defaults or {})), ("config file", table),
-              ("environment", from_environment(classes, section, environ)),
-              ("command line", {k: v for k, v in (cli or {}).items() if v is not None})]
+    layers = [
+        ("default", dict(defaults or {})),
+        ("config file", table),
+        ("environment", from_environment(classes, section, environ)),
+        ("command line", {k: v for k, v in (cli or {}).items() if v is not None}),
+    ]
     merged: dict[str, Any] = {}
     origin: dict[str, str] = {}
     for source, values in layers:
@@ -162,8 +186,14 @@ def resolve_group(classes: tuple[type, ...], *, section: str, defaults: Mapping[
 
 def _build(cls: type, section: str, merged: Mapping[str, Any]) -> Any:
     mine = {name: merged[name] for name in _field_types(cls) if name in merged}
-    missing = [f.name for f in dataclasses.fields(cls) if f.init and f.name not in mine
-               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    missing = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.init
+        and f.name not in mine
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
     if missing:
         raise MissingOption(section, missing[0])
     try:

@@ -5,7 +5,8 @@ other refusal (docs/errors.md), not 10-26 lines of usage above it; the usage is 
 from __future__ import annotations
 
 import argparse
-from typing import Callable, NoReturn
+from collections.abc import Callable
+from typing import NoReturn
 
 
 class Parser(argparse.ArgumentParser):
@@ -27,4 +28,3 @@ def unrecognized(message: str) -> list[str]:
     if not message.startswith("unrecognized arguments:"):
         return []
     return [word.split("=", 1)[0] for word in message.split(":", 1)[1].split() if word.startswith("-")]
-

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import gzip
 import os
-from importlib import resources
 import struct
 import urllib.request
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import torch
@@ -50,14 +50,25 @@ def read_idx(path: Path) -> torch.Tensor:
     zero, dtype_code, ndim = struct.unpack(">HBB", data[:4])
     if zero != 0 or dtype_code != 0x08:
         raise ConfigError(f"{path} is not an unsigned-byte IDX file", hint="point --data-dir at the MNIST IDX files")
-    dims = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
-    payload = torch.frombuffer(bytearray(data[4 + 4 * ndim:]), dtype=torch.uint8)
+    dims = struct.unpack(">" + "I" * ndim, data[4 : 4 + 4 * ndim])
+    payload = torch.frombuffer(bytearray(data[4 + 4 * ndim :]), dtype=torch.uint8)
     return payload.reshape(dims)
 
 
 def _find(root: Path, stem: str) -> Path | None:
-    return next((c for c in (root / stem, root / f"{stem}.gz", root / "MNIST" / "raw" / stem,
-                             root / "MNIST" / "raw" / f"{stem}.gz") if c.exists()), None)
+    return next(
+        (
+            c
+            for c in (
+                root / stem,
+                root / f"{stem}.gz",
+                root / "MNIST" / "raw" / stem,
+                root / "MNIST" / "raw" / f"{stem}.gz",
+            )
+            if c.exists()
+        ),
+        None,
+    )
 
 
 def mnist_present(root: Path) -> bool:
@@ -80,8 +91,10 @@ def load_mnist(root: Path, split: str) -> ImageSplit:
     img_stem, lbl_stem = MNIST_FILES[split]
     img_path, lbl_path = _find(root, img_stem), _find(root, lbl_stem)
     if img_path is None or lbl_path is None:
-        raise ConfigError(f"MNIST files not found under {root}",
-                          hint="pass --download to fetch them (needs a network), or use --data digits")
+        raise ConfigError(
+            f"MNIST files not found under {root}",
+            hint="pass --download to fetch them (needs a network), or use --data digits",
+        )
     images = read_idx(img_path).to(torch.float32).div_(255.0).unsqueeze(1)
     return ImageSplit(normalise(images), read_idx(lbl_path).to(torch.int64))
 
@@ -108,8 +121,9 @@ def load_digits_28(split: str, test_fraction: float = 0.2) -> ImageSplit:
     return ImageSplit(normalise(images[chosen]), labels[chosen])
 
 
-def synthetic_images(n: int, *, seed: int = 0, num_classes: int = 10, size: int = 28, channels: int = 1,
-                     split: str = "train") -> ImageSplit:
+def synthetic_images(
+    n: int, *, seed: int = 0, num_classes: int = 10, size: int = 28, channels: int = 1, split: str = "train"
+) -> ImageSplit:
     """Learnable random data: each class has its own mean image (fixed by ``seed``) plus noise.
 
     Train and test splits share the class images and differ in their samples, so held-out
@@ -124,8 +138,9 @@ def synthetic_images(n: int, *, seed: int = 0, num_classes: int = 10, size: int 
     return ImageSplit(images, labels)
 
 
-def load_images(source: str, split: str, *, data_dir: str | None = None, samples: int = 60000,
-                seed: int = 0) -> ImageSplit:
+def load_images(
+    source: str, split: str, *, data_dir: str | None = None, samples: int = 60000, seed: int = 0
+) -> ImageSplit:
     if source not in SOURCES:
         raise ConfigError(f"unknown data source {source!r}", hint=did_you_mean(source, SOURCES))
     if source == "digits":

@@ -4,7 +4,8 @@ position, so a run saved on S ranks resumes mid-epoch on R ranks and trains ever
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -15,12 +16,16 @@ from trainscale.errors import ConfigError
 def check_shardable(dataset_len: int, world_size: int, batch_size: int, what: str = "dataset") -> None:
     """Every rank must get at least one full batch, or training silently does nothing on some ranks."""
     if batch_size < 1:
-        raise ConfigError(f"batch size {batch_size} must be >= 1", hint="give the per-rank batch size, e.g. --batch-size 16")
+        raise ConfigError(
+            f"batch size {batch_size} must be >= 1", hint="give the per-rank batch size, e.g. --batch-size 16"
+        )
     need = world_size * batch_size
     if dataset_len < need:
-        raise ConfigError(f"the {what} has {dataset_len} samples but {world_size} rank(s) x batch size {batch_size} "
-                          f"need at least {need}", hint=f"use a batch size <= {max(1, dataset_len // world_size)}, "
-                                                        "fewer ranks, or more data")
+        raise ConfigError(
+            f"the {what} has {dataset_len} samples but {world_size} rank(s) x batch size {batch_size} "
+            f"need at least {need}",
+            hint=f"use a batch size <= {max(1, dataset_len // world_size)}, fewer ranks, or more data",
+        )
 
 
 def epoch_order(n: int, seed: int, epoch: int, shuffle: bool) -> torch.Tensor:
@@ -77,15 +82,19 @@ class _EpochState:
         """The next ``for`` loop runs epoch ``state["epoch"]`` from its ``state["consumed"]``-th sample; a state
         for a dataset of another size is refused (its cursor would point into other samples)."""
         if "consumed" not in state and state.get("batch"):  # a per-rank position: on which ranks is not known
-            raise ConfigError("the loader state gives a batch position of some ranks (written before trainscale kept "
-                              "a global cursor), not how much of the epoch was consumed",
-                              hint="resume with the trainscale that wrote it, or start anew (--fresh, or another "
-                                   "checkpoint directory)")
+            raise ConfigError(
+                "the loader state gives a batch position of some ranks (written before trainscale kept "
+                "a global cursor), not how much of the epoch was consumed",
+                hint="resume with the trainscale that wrote it, or start anew (--fresh, or another "
+                "checkpoint directory)",
+            )
         samples = state.get("samples")
         if samples is not None and int(samples) != self._size():
-            raise ConfigError(f"the loader state was saved for a dataset of {samples} samples; this one has "
-                              f"{self._size()}", hint="resume with the data the checkpoint was written with, or "
-                                                      "start anew (--fresh, or another checkpoint directory)")
+            raise ConfigError(
+                f"the loader state was saved for a dataset of {samples} samples; this one has {self._size()}",
+                hint="resume with the data the checkpoint was written with, or "
+                "start anew (--fresh, or another checkpoint directory)",
+            )
         self.epoch, self.consumed = int(state["epoch"]), int(state.get("consumed", 0))
         self._position = None
 
@@ -137,19 +146,37 @@ class DistributedLoader(_EpochState):
     resumed run shuffles exactly as an uninterrupted one and starts mid-epoch without loading the samples
     already trained on, on this or any other number of ranks. Sharding is torch's DistributedSampler's."""
 
-    def __init__(self, dataset: Dataset, *, batch_size: int, rank: int = 0, world_size: int = 1,
-                 shuffle: bool = True, seed: int = 0, drop_last: bool = True, num_workers: int = 0,
-                 pin_memory: bool = False, **loader_kwargs: Any) -> None:
+    def __init__(
+        self,
+        dataset: Dataset,
+        *,
+        batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = True,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        **loader_kwargs: Any,
+    ) -> None:
         check_shardable(len(dataset), world_size, batch_size)
         self.dataset, self.rank, self.world_size, self.batch_size = dataset, rank, world_size, batch_size
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.sampler = _Indices()
-        self.loader = DataLoader(dataset, batch_size=batch_size, sampler=self.sampler, num_workers=num_workers,
-                                 pin_memory=pin_memory, drop_last=drop_last,
-                                 persistent_workers=num_workers > 0, **loader_kwargs)
+        self.loader = DataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=self.sampler,
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+            drop_last=drop_last,
+            persistent_workers=num_workers > 0,
+            **loader_kwargs,
+        )
 
     @classmethod
-    def for_runtime(cls, dataset: Dataset, runtime, **kwargs: Any) -> "DistributedLoader":
+    def for_runtime(cls, dataset: Dataset, runtime, **kwargs: Any) -> DistributedLoader:
         kwargs.setdefault("pin_memory", runtime.device.type == "cuda")
         kwargs.setdefault("seed", runtime.seed)
         return cls(dataset, rank=runtime.rank, world_size=runtime.world_size, **kwargs)
@@ -173,22 +200,32 @@ class DeviceTensorLoader(_EpochState):
     DistributedSampler's (permute with seed + epoch, pad or drop to a multiple of world_size, take every
     world_size-th index from ``rank``), so results match the DataLoader path."""
 
-    def __init__(self, *tensors: torch.Tensor, batch_size: int, rank: int = 0, world_size: int = 1,
-                 shuffle: bool = True, seed: int = 0, drop_last: bool = True,
-                 device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        *tensors: torch.Tensor,
+        batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = True,
+        device: torch.device | str = "cpu",
+    ) -> None:
         if not tensors:
             raise ConfigError("DeviceTensorLoader needs at least one tensor", hint="pass (inputs, targets)")
         n = tensors[0].shape[0]
         if any(t.shape[0] != n for t in tensors):
-            raise ConfigError("DeviceTensorLoader: tensors differ in their first dimension",
-                              hint="inputs and targets must have one row per sample")
+            raise ConfigError(
+                "DeviceTensorLoader: tensors differ in their first dimension",
+                hint="inputs and targets must have one row per sample",
+            )
         check_shardable(n, world_size, batch_size)
         self.tensors = tuple(t.to(device, non_blocking=True) for t in tensors)
         self.n, self.batch_size, self.rank, self.world_size = n, batch_size, rank, world_size
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
 
     @classmethod
-    def for_runtime(cls, *tensors: torch.Tensor, runtime, **kwargs: Any) -> "DeviceTensorLoader":
+    def for_runtime(cls, *tensors: torch.Tensor, runtime, **kwargs: Any) -> DeviceTensorLoader:
         kwargs.setdefault("seed", runtime.seed)
         return cls(*tensors, rank=runtime.rank, world_size=runtime.world_size, device=runtime.device, **kwargs)
 
@@ -202,6 +239,6 @@ class DeviceTensorLoader(_EpochState):
         if batches == 0:  # less than a batch left of the epoch on this rank: that pass is over
             self._handed_out(0, True)
         for i in range(batches):
-            batch = indices[i * self.batch_size:(i + 1) * self.batch_size]
+            batch = indices[i * self.batch_size : (i + 1) * self.batch_size]
             self._handed_out(i + 1, i + 1 == batches)
             yield tuple(t.index_select(0, batch) for t in self.tensors)

@@ -7,8 +7,8 @@ import contextlib
 import os
 import platform
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from trainscale.topology import Topology, detect_topology
 
@@ -77,9 +77,13 @@ def _package_version(name: str) -> str | None:
 def read_versions() -> Versions:
     from trainscale._version import __version__
 
-    base = dict(trainscale=__version__, python=sys.version.split()[0] + f" ({platform.python_implementation()})",
-                executable=sys.executable, platform=f"{platform.system()} {platform.release()} {platform.machine()}",
-                packages={name: _package_version(name) for name in OPTIONAL_PACKAGES})
+    base = dict(
+        trainscale=__version__,
+        python=sys.version.split()[0] + f" ({platform.python_implementation()})",
+        executable=sys.executable,
+        platform=f"{platform.system()} {platform.release()} {platform.machine()}",
+        packages={name: _package_version(name) for name in OPTIONAL_PACKAGES},
+    )
     try:
         import torch
     except Exception as exc:  # the report is most useful exactly when torch is broken
@@ -93,10 +97,20 @@ def read_versions() -> Versions:
         import torch.distributed as dist
 
         if dist.is_available():
-            checks = (("gloo", dist.is_gloo_available), ("nccl", dist.is_nccl_available), ("mpi", dist.is_mpi_available))
+            checks = (
+                ("gloo", dist.is_gloo_available),
+                ("nccl", dist.is_nccl_available),
+                ("mpi", dist.is_mpi_available),
+            )
             backends = tuple(name for name, check in checks if check())
-    return Versions(**base, torch=torch.__version__, cuda=torch.version.cuda, hip=getattr(torch.version, "hip", None),
-                    nccl=nccl, backends=backends)
+    return Versions(
+        **base,
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        hip=getattr(torch.version, "hip", None),
+        nccl=nccl,
+        backends=backends,
+    )
 
 
 def read_devices(environ: Mapping[str, str] | None = None, topology: Topology | None = None) -> Devices:
@@ -110,8 +124,12 @@ def read_devices(environ: Mapping[str, str] | None = None, topology: Topology | 
             return Devices(accelerator="none", visible=visible, topology=topology)
         count = torch.cuda.device_count()
         props = [torch.cuda.get_device_properties(i) for i in range(count)]
-        return Devices(accelerator="rocm" if torch.version.hip else "cuda", names=tuple(p.name for p in props),
-                       memory_gib=tuple(round(p.total_memory / 2**30, 1) for p in props), visible=visible,
-                       topology=topology)
+        return Devices(
+            accelerator="rocm" if torch.version.hip else "cuda",
+            names=tuple(p.name for p in props),
+            memory_gib=tuple(round(p.total_memory / 2**30, 1) for p in props),
+            visible=visible,
+            topology=topology,
+        )
     except Exception as exc:
         return Devices(accelerator="none", visible=visible, topology=topology, error=f"{type(exc).__name__}: {exc}")

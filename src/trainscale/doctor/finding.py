@@ -21,6 +21,7 @@ SECTIONS = (VERSIONS, DEVICES, LAUNCH, BINDING, THREADS, NETWORK)
 def at_level(level: str):
     def make(section: str, check: str, message: str, hint: str = "", **detail: Any) -> Finding:
         return Finding(section=section, check=check, level=level, message=message, hint=hint, detail=detail)
+
     return make
 
 

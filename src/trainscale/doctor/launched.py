@@ -15,8 +15,13 @@ def merge(files: list[Path]) -> Report:
     main, rest = reports[0], reports[1:]
     extra = tuple(f for r in rest for f in r.findings if f.rank is not None)
     ranks = max(main.ranks_reporting, len({f.rank for f in main.findings + extra if f.rank is not None}))
-    return Report(host=main.host, created=main.created, command=main.command, findings=main.findings + extra,
-                  ranks_reporting=ranks)
+    return Report(
+        host=main.host,
+        created=main.created,
+        command=main.command,
+        findings=main.findings + extra,
+        ranks_reporting=ranks,
+    )
 
 
 def launched_report(nproc: int, args: list[str], log_dir: Path | None):
@@ -26,8 +31,13 @@ def launched_report(nproc: int, args: list[str], log_dir: Path | None):
 
     with tempfile.TemporaryDirectory(prefix="trainscale-doctor-") as tmp:
         output = Path(tmp) / "report.json"
-        spec = LocalLaunchSpec(target="trainscale.doctor", module=True, nproc_per_node=nproc,
-                               args=(*args, "--output", str(output)), log_dir=log_dir or Path(tmp) / "logs")
+        spec = LocalLaunchSpec(
+            target="trainscale.doctor",
+            module=True,
+            nproc_per_node=nproc,
+            args=(*args, "--output", str(output)),
+            log_dir=log_dir or Path(tmp) / "logs",
+        )
         result = launch(spec)
         files = sorted(Path(tmp).glob("report.json.rank*"), key=lambda p: int(p.name.rpartition("rank")[2]))
         if not output.exists():

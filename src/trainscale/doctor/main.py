@@ -8,14 +8,20 @@ import os
 import shlex
 import socket
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from trainscale.doctor import facts
 from trainscale.doctor.finding import NETWORK, Finding, ok
-from trainscale.doctor.local import (collect_binding, collect_devices, collect_launch, collect_load, collect_threads,
-                                    collect_versions)
-from trainscale.doctor.local import cpus_per_rank
+from trainscale.doctor.local import (
+    collect_binding,
+    collect_devices,
+    collect_launch,
+    collect_load,
+    collect_threads,
+    collect_versions,
+    cpus_per_rank,
+)
 from trainscale.doctor.network import ALONE, GATHERED, run_network
 from trainscale.doctor.render import Report, render, render_json
 from trainscale.topology import current_affinity
@@ -23,15 +29,33 @@ from trainscale.topology import current_affinity
 
 def add_options(parser: argparse.ArgumentParser) -> None:
     """The options shared by `trainscale doctor` and `python -m trainscale.doctor`."""
-    parser.add_argument("--network", action="store_true",
-                        help="from every rank: resolve the master address, probe its port, run a short all-reduce")
-    parser.add_argument("--workers", type=int, default=None, metavar="N",
-                        help="DataLoader num_workers you plan per rank, checked against the CPUs per rank")
+    parser.add_argument(
+        "--network",
+        action="store_true",
+        help="from every rank: resolve the master address, probe its port, run a short all-reduce",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="DataLoader num_workers you plan per rank, checked against the CPUs per rank",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--timeout", type=float, default=60.0, metavar="S",
-                        help="seconds to wait for the other ranks in --network (default 60)")
-    parser.add_argument("--size-mib", type=float, default=4.0, metavar="MIB",
-                        help="size of the --network all-reduce tensor (default 4 MiB)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds to wait for the other ranks in --network (default 60)",
+    )
+    parser.add_argument(
+        "--size-mib",
+        type=float,
+        default=4.0,
+        metavar="MIB",
+        help="size of the --network all-reduce tensor (default 4 MiB)",
+    )
 
 
 def _load() -> float | None:
@@ -58,12 +82,18 @@ def build_report(args: argparse.Namespace, environ: Mapping[str, str], command: 
     ranks = 1
     speaks = env is None or env.rank == 0
     if not args.network:
-        findings.append(ok(NETWORK, "network", "not checked", "add --network (under a launcher) to probe the master "
-                           "address and port and run an all-reduce from every rank"))
+        findings.append(
+            ok(
+                NETWORK,
+                "network",
+                "not checked",
+                "add --network (under a launcher) to probe the master "
+                "address and port and run an all-reduce from every rank",
+            )
+        )
     else:
         numel = max(1, int(args.size_mib * 2**20 / 4))
-        network, outcome = run_network(env, environ, host=host, affinity=affinity, timeout_s=args.timeout,
-                                        numel=numel)
+        network, outcome = run_network(env, environ, host=host, affinity=affinity, timeout_s=args.timeout, numel=numel)
         findings += network
         if outcome == GATHERED:
             ranks = len({f.rank for f in network if f.rank is not None})

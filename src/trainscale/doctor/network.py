@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 import statistics
 import time
-from typing import Mapping
+from collections.abc import Mapping
 
 from trainscale.doctor.finding import NETWORK, Finding, at_level, error, ok, warning
 from trainscale.env import LaunchEnv
@@ -14,9 +14,11 @@ from trainscale.topology import format_cpulist
 
 GATHERED, SENT, ALONE = "gathered", "sent", "alone"
 
-SINGLE_HINT = ("run it on the ranks of a job: `trainscale doctor --nproc 2 --network`, "
-               "`trainscale run --nproc-per-node 2 -m trainscale.doctor --network`, "
-               "or inside an allocation `srun python -m trainscale.doctor --network`")
+SINGLE_HINT = (
+    "run it on the ranks of a job: `trainscale doctor --nproc 2 --network`, "
+    "`trainscale run --nproc-per-node 2 -m trainscale.doctor --network`, "
+    "or inside an allocation `srun python -m trainscale.doctor --network`"
+)
 
 
 def _tag(findings: list[Finding], rank: int) -> list[Finding]:
@@ -31,12 +33,24 @@ def check_resolution(host: str, port: int) -> tuple[Finding, str | None]:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError, OSError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
-        return error(NETWORK, "master address", f"{host!r} (MASTER_ADDR, port {port}) does not resolve: {reason}",
-                     "set MASTER_ADDR to a host name every node can resolve (the first node of the allocation) or "
-                     "an IP address; check /etc/hosts and DNS on this node", host=host, port=port), None
+        return error(
+            NETWORK,
+            "master address",
+            f"{host!r} (MASTER_ADDR, port {port}) does not resolve: {reason}",
+            "set MASTER_ADDR to a host name every node can resolve (the first node of the allocation) or "
+            "an IP address; check /etc/hosts and DNS on this node",
+            host=host,
+            port=port,
+        ), None
     addresses = sorted({info[4][0] for info in infos})
-    return ok(NETWORK, "master address", f"{host} resolves to {', '.join(addresses)}", host=host, port=port,
-              addresses=addresses), addresses[0]
+    return ok(
+        NETWORK,
+        "master address",
+        f"{host} resolves to {', '.join(addresses)}",
+        host=host,
+        port=port,
+        addresses=addresses,
+    ), addresses[0]
 
 
 def check_port_listening(host: str, address: str, port: int, *, wait_s: float) -> Finding:
@@ -49,16 +63,28 @@ def check_port_listening(host: str, address: str, port: int, *, wait_s: float) -
         try:
             with socket.create_connection((address, port), timeout=min(5.0, max(0.5, wait_s))):
                 ms = (time.perf_counter() - started) * 1000
-            return ok(NETWORK, "master port", f"TCP connect to {host}:{port} ({address}) in {ms:.2f} ms",
-                      host=host, port=port, connect_ms=round(ms, 3), attempts=attempts)
+            return ok(
+                NETWORK,
+                "master port",
+                f"TCP connect to {host}:{port} ({address}) in {ms:.2f} ms",
+                host=host,
+                port=port,
+                connect_ms=round(ms, 3),
+                attempts=attempts,
+            )
         except OSError as exc:
             if time.monotonic() >= deadline:
                 reason = exc.strerror or type(exc).__name__
-                return error(NETWORK, "master port", f"cannot connect to {host}:{port} ({address}) after {attempts} "
-                             f"attempt(s) over {wait_s:.0f}s: {reason}",
-                             "nothing listens there, or a firewall blocks it: check that rank 0 runs on that host, "
-                             "that MASTER_PORT is the same on every node, and that the port is open between nodes",
-                             host=host, port=port)
+                return error(
+                    NETWORK,
+                    "master port",
+                    f"cannot connect to {host}:{port} ({address}) after {attempts} "
+                    f"attempt(s) over {wait_s:.0f}s: {reason}",
+                    "nothing listens there, or a firewall blocks it: check that rank 0 runs on that host, "
+                    "that MASTER_PORT is the same on every node, and that the port is open between nodes",
+                    host=host,
+                    port=port,
+                )
             time.sleep(0.2)  # a retry interval, not synchronisation: the loop ends on success or the deadline
 
 
@@ -69,10 +95,15 @@ def check_port_free(host: str, address: str, port: int) -> Finding:
         try:
             sock.bind((address, port))
         except OSError as exc:
-            return error(NETWORK, "master port", f"rank 0 must listen on {host}:{port} ({address}) but cannot: "
-                         f"{exc.strerror}", "another job or process holds the port (or the address is not this "
-                         "node's): choose another MASTER_PORT, or let `trainscale slurm` pick a free one",
-                         host=host, port=port)
+            return error(
+                NETWORK,
+                "master port",
+                f"rank 0 must listen on {host}:{port} ({address}) but cannot: {exc.strerror}",
+                "another job or process holds the port (or the address is not this "
+                "node's): choose another MASTER_PORT, or let `trainscale slurm` pick a free one",
+                host=host,
+                port=port,
+            )
     return ok(NETWORK, "master port", f"{host}:{port} is free for rank 0's store", host=host, port=port)
 
 
@@ -89,9 +120,14 @@ def all_reduce_check(runtime, numel: int, repeats: int = 5) -> Finding:
     runtime.synchronize()
     got = float(tensor[0].item()), float(tensor[-1].item())
     if got != (expected, expected):
-        return error(NETWORK, "all-reduce", f"all-reduce of {n} ranks gave {got[0]} (first) / {got[1]} (last), "
-                     f"expected {expected}", "the backend returns wrong results: report it with this output; try "
-                     "NCCL_P2P_DISABLE=1 / NCCL_IB_DISABLE=1 to find the transport at fault", got=list(got))
+        return error(
+            NETWORK,
+            "all-reduce",
+            f"all-reduce of {n} ranks gave {got[0]} (first) / {got[1]} (last), expected {expected}",
+            "the backend returns wrong results: report it with this output; try "
+            "NCCL_P2P_DISABLE=1 / NCCL_IB_DISABLE=1 to find the transport at fault",
+            got=list(got),
+        )
     times = []
     for _ in range(repeats):
         runtime.synchronize()
@@ -102,10 +138,19 @@ def all_reduce_check(runtime, numel: int, repeats: int = 5) -> Finding:
     median = statistics.median(times)
     size = numel * 4
     busbw = size / median * 2 * (n - 1) / n / 1e9 if median > 0 else 0.0
-    return ok(NETWORK, "all-reduce", f"{runtime.backend} on {runtime.device}: sum over {n} ranks correct "
-              f"({expected:g}); {size / 2**20:.1f} MiB in {median * 1000:.2f} ms median of {repeats}, "
-              f"bus bandwidth {busbw:.2f} GB/s", backend=runtime.backend, device=str(runtime.device),
-              bytes=size, median_ms=round(median * 1000, 3), busbw_gbs=round(busbw, 3), expected=expected)
+    return ok(
+        NETWORK,
+        "all-reduce",
+        f"{runtime.backend} on {runtime.device}: sum over {n} ranks correct "
+        f"({expected:g}); {size / 2**20:.1f} MiB in {median * 1000:.2f} ms median of {repeats}, "
+        f"bus bandwidth {busbw:.2f} GB/s",
+        backend=runtime.backend,
+        device=str(runtime.device),
+        bytes=size,
+        median_ms=round(median * 1000, 3),
+        busbw_gbs=round(busbw, 3),
+        expected=expected,
+    )
 
 
 def transport_check(runtime, env: LaunchEnv, environ: Mapping[str, str], nccl_log) -> Finding:
@@ -117,11 +162,19 @@ def transport_check(runtime, env: LaunchEnv, environ: Mapping[str, str], nccl_lo
     required = environ.get(interconnect.REQUIRED_VAR) == "1"
     backend = "gloo" if runtime.backend == "gloo" else "nccl"
     if backend == "nccl" and nccl_log is None:
-        return ok(NETWORK, "transport", "NCCL_DEBUG is set by you: trainscale did not read NCCL's log",
-                  "unset NCCL_DEBUG to let `trainscale doctor --network` read which network NCCL chose")
-    verdict = (interconnect.check_file(nccl_log, expected=expected, multi_node=env.num_nodes > 1, required=required)
-               if backend == "nccl" else interconnect.judge(interconnect.Transport((), False, ()), expected=expected,
-                                                            multi_node=env.num_nodes > 1, backend="gloo"))
+        return ok(
+            NETWORK,
+            "transport",
+            "NCCL_DEBUG is set by you: trainscale did not read NCCL's log",
+            "unset NCCL_DEBUG to let `trainscale doctor --network` read which network NCCL chose",
+        )
+    verdict = (
+        interconnect.check_file(nccl_log, expected=expected, multi_node=env.num_nodes > 1, required=required)
+        if backend == "nccl"
+        else interconnect.judge(
+            interconnect.Transport((), False, ()), expected=expected, multi_node=env.num_nodes > 1, backend="gloo"
+        )
+    )
     return at_level(verdict.level)(NETWORK, "transport", verdict.message, verdict.hint, expected=expected)
 
 
@@ -136,26 +189,47 @@ def check_overlap(findings: list[Finding]) -> list[Finding]:
     clashes = []
     for host, ranks in sorted(by_host.items()):
         for i, (a, cpus_a) in enumerate(ranks):
-            for b, cpus_b in ranks[i + 1:]:
+            for b, cpus_b in ranks[i + 1 :]:
                 if cpus_a & cpus_b:
                     clashes.append(f"ranks {a} and {b} on {host} share CPUs {format_cpulist(sorted(cpus_a & cpus_b))}")
     if not clashes:
         return [ok(NETWORK, "CPU sets", "no two ranks on one host share CPUs" if by_host else "no rank reported")]
-    return [warning(NETWORK, "CPU sets", "; ".join(clashes), "unbound ranks compete for cores (each OMP pool spans "
-                    "all of them): bind them with TRAINSCALE_CPU_BIND=topology or srun --cpu-bind")]
+    return [
+        warning(
+            NETWORK,
+            "CPU sets",
+            "; ".join(clashes),
+            "unbound ranks compete for cores (each OMP pool spans "
+            "all of them): bind them with TRAINSCALE_CPU_BIND=topology or srun --cpu-bind",
+        )
+    ]
 
 
-def run_network(env: LaunchEnv | None, environ: Mapping[str, str], *, host: str, affinity: frozenset[int],
-                timeout_s: float = 60.0, numel: int = 1 << 20) -> tuple[list[Finding], str]:
+def run_network(
+    env: LaunchEnv | None,
+    environ: Mapping[str, str],
+    *,
+    host: str,
+    affinity: frozenset[int],
+    timeout_s: float = 60.0,
+    numel: int = 1 << 20,
+) -> tuple[list[Finding], str]:
     """Every rank runs this. Returns (findings, outcome): outcome ``gathered`` on rank 0 with every rank's
     findings, ``sent`` on the other ranks (rank 0 reports theirs), ``alone`` when no gather was possible
     (single process, or a check failed before the process group was up): this rank must report its own."""
     if env is None:
-        return [error(NETWORK, "network", "the launch environment could not be read, so there is nothing to probe",
-                      "fix the launch environment error above first")], ALONE
+        return [
+            error(
+                NETWORK,
+                "network",
+                "the launch environment could not be read, so there is nothing to probe",
+                "fix the launch environment error above first",
+            )
+        ], ALONE
     if not env.is_distributed:
-        return [ok(NETWORK, "network", "single process: no master address, port or other rank to probe",
-                   SINGLE_HINT)], ALONE
+        return [
+            ok(NETWORK, "network", "single process: no master address, port or other rank to probe", SINGLE_HINT)
+        ], ALONE
     master, port = env.master_addr or "", env.master_port or 0  # LaunchEnv guarantees both when distributed
     resolved, address = check_resolution(master, port)
     mine = [resolved]
@@ -172,8 +246,16 @@ def run_network(env: LaunchEnv | None, environ: Mapping[str, str], *, host: str,
     return _collective(env, environ, mine, host=host, affinity=affinity, timeout_s=timeout_s, numel=numel)
 
 
-def _collective(env: LaunchEnv, environ: Mapping[str, str], mine: list[Finding], *, host: str,
-                affinity: frozenset[int], timeout_s: float, numel: int) -> tuple[list[Finding], str]:
+def _collective(
+    env: LaunchEnv,
+    environ: Mapping[str, str],
+    mine: list[Finding],
+    *,
+    host: str,
+    affinity: frozenset[int],
+    timeout_s: float,
+    numel: int,
+) -> tuple[list[Finding], str]:
     import os
     import tempfile
     from pathlib import Path
@@ -188,20 +270,42 @@ def _collective(env: LaunchEnv, environ: Mapping[str, str], mine: list[Finding],
     try:
         runtime = trainscale.init(timeout_s=timeout_s, set_threads=False, environ=dict(environ))
     except Exception as exc:
-        mine.append(error(NETWORK, "process group", f"init_process_group failed: {type(exc).__name__}: {exc}",
-                          f"every rank must reach {env.master_addr}:{env.master_port} within {timeout_s:.0f}s; "
-                          "check that all ranks started and use the same MASTER_ADDR/MASTER_PORT"))
+        mine.append(
+            error(
+                NETWORK,
+                "process group",
+                f"init_process_group failed: {type(exc).__name__}: {exc}",
+                f"every rank must reach {env.master_addr}:{env.master_port} within {timeout_s:.0f}s; "
+                "check that all ranks started and use the same MASTER_ADDR/MASTER_PORT",
+            )
+        )
         return _tag(mine, env.rank), ALONE
     with runtime:
-        mine.insert(0, ok(NETWORK, "host", f"{host}, local rank {env.local_rank}, node {env.node_rank}, device "
-                          f"{runtime.device}, CPUs {format_cpulist(sorted(affinity))}", host=host, node=env.node_rank,
-                          local_rank=env.local_rank, cpus=sorted(affinity)))  # what check_overlap compares
+        mine.insert(
+            0,
+            ok(
+                NETWORK,
+                "host",
+                f"{host}, local rank {env.local_rank}, node {env.node_rank}, device "
+                f"{runtime.device}, CPUs {format_cpulist(sorted(affinity))}",
+                host=host,
+                node=env.node_rank,
+                local_rank=env.local_rank,
+                cpus=sorted(affinity),
+            ),
+        )  # what check_overlap compares
         try:
             mine.append(all_reduce_check(runtime, numel))
         except Exception as exc:
-            mine.append(error(NETWORK, "all-reduce", f"all-reduce failed: {type(exc).__name__}: {exc}",
-                              "a rank stopped or the network between nodes dropped; rerun with NCCL_DEBUG=INFO "
-                              "(GPU) or check GLOO_SOCKET_IFNAME names an interface every node has"))
+            mine.append(
+                error(
+                    NETWORK,
+                    "all-reduce",
+                    f"all-reduce failed: {type(exc).__name__}: {exc}",
+                    "a rank stopped or the network between nodes dropped; rerun with NCCL_DEBUG=INFO "
+                    "(GPU) or check GLOO_SOCKET_IFNAME names an interface every node has",
+                )
+            )
             return _tag(mine, env.rank), ALONE
         mine.append(transport_check(runtime, env, environ, nccl_log))
         mine = _tag(mine, env.rank)

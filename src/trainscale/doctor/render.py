@@ -30,21 +30,29 @@ class Report:
         return {level: sum(f.level == level for f in self.findings) for level in LEVELS}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"host": self.host, "created": self.created, "command": self.command,
-                "ranks_reporting": self.ranks_reporting, "counts": self.counts(),
-                "findings": [f.to_dict() for f in self.findings]}
+        return {
+            "host": self.host,
+            "created": self.created,
+            "command": self.command,
+            "ranks_reporting": self.ranks_reporting,
+            "counts": self.counts(),
+            "findings": [f.to_dict() for f in self.findings],
+        }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Report":
-        return cls(host=data["host"], created=data["created"], command=data["command"],
-                   ranks_reporting=data.get("ranks_reporting", 1),
-                   findings=tuple(Finding(**f) for f in data["findings"]))
+    def from_dict(cls, data: dict[str, Any]) -> Report:
+        return cls(
+            host=data["host"],
+            created=data["created"],
+            command=data["command"],
+            ranks_reporting=data.get("ranks_reporting", 1),
+            findings=tuple(Finding(**f) for f in data["findings"]),
+        )
 
 
 def render(report: Report, *, width: int = 22) -> str:
     """The text report: a header, one block per section, every warning/error with its hint, a summary line."""
-    lines = [f"trainscale doctor report: host {report.host}, {report.created}",
-             f"command: {report.command}"]
+    lines = [f"trainscale doctor report: host {report.host}, {report.created}", f"command: {report.command}"]
     for section in SECTIONS:
         found = [f for f in report.findings if f.section == section]
         if not found:
@@ -58,8 +66,11 @@ def render(report: Report, *, width: int = 22) -> str:
             if f.hint:
                 lines.append(f"{'':<{width + 9}}hint: {f.hint}")
     counts = report.counts()
-    lines += ["", f"Summary: {counts['ok']} ok, {counts['warning']} warning(s), {counts['error']} error(s)"
-              + (f" from {report.ranks_reporting} rank(s)" if report.ranks_reporting > 1 else "")]
+    lines += [
+        "",
+        f"Summary: {counts['ok']} ok, {counts['warning']} warning(s), {counts['error']} error(s)"
+        + (f" from {report.ranks_reporting} rank(s)" if report.ranks_reporting > 1 else ""),
+    ]
     problems = [f for f in report.findings if f.level != "ok"]
     for f in problems:
         where = "" if f.rank is None else f"rank {f.rank}: "

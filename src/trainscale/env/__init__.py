@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from trainscale.env import mpi, single, slurm, torchrun
 from trainscale.env.base import LaunchEnv, job_facts

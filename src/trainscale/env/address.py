@@ -12,5 +12,7 @@ def resolve(host: str) -> str:
     try:
         return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]
     except socket.gaierror as exc:
-        raise LaunchError(f"master address {host!r} does not resolve: {exc.strerror}",
-                          hint="use a host name of the allocation (first node) or an IP address; check /etc/hosts") from None
+        raise LaunchError(
+            f"master address {host!r} does not resolve: {exc.strerror}",
+            hint="use a host name of the allocation (first node) or an IP address; check /etc/hosts",
+        ) from None

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from trainscale.errors import LaunchError
 
@@ -64,7 +65,9 @@ class LaunchEnv:
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
-            raise LaunchError(f"{self.source}: world size {self.world_size} < 1", hint="check the launcher's task count")
+            raise LaunchError(
+                f"{self.source}: world size {self.world_size} < 1", hint="check the launcher's task count"
+            )
         if not 0 <= self.rank < self.world_size:
             raise LaunchError(
                 f"{self.source}: rank {self.rank} is outside 0..{self.world_size - 1}",
@@ -96,11 +99,15 @@ def read_int(environ: Mapping[str, str], name: str, source: str) -> int:
     """An integer variable, with an error naming the variable when it is not one."""
     raw = environ.get(name)
     if raw is None:
-        raise LaunchError(f"{source}: {name} is not set", hint=f"{source} normally sets it; was the script started by {source}?")
+        raise LaunchError(
+            f"{source}: {name} is not set", hint=f"{source} normally sets it; was the script started by {source}?"
+        )
     try:
         return int(raw)
     except ValueError:
-        raise LaunchError(f"{source}: {name}={raw!r} is not an integer", hint=f"unset {name} or give it a whole number") from None
+        raise LaunchError(
+            f"{source}: {name}={raw!r} is not an integer", hint=f"unset {name} or give it a whole number"
+        ) from None
 
 
 def read_port(environ: Mapping[str, str], name: str, source: str) -> int | None:
@@ -145,7 +152,9 @@ def signal_names(text: str) -> tuple[str, ...]:
     for raw in filter(None, (part.strip().upper() for part in text.split(","))):
         name = raw if raw.startswith("SIG") else "SIG" + raw
         if not isinstance(getattr(signal, name, None), signal.Signals):
-            raise LaunchError(f"TRAINSCALE_PREEMPT_SIGNALS names {raw!r}, which is not a signal",
-                              hint="e.g. TRAINSCALE_PREEMPT_SIGNALS=SIGUSR1 (trainscale slurm --signal USR1@120)")
+            raise LaunchError(
+                f"TRAINSCALE_PREEMPT_SIGNALS names {raw!r}, which is not a signal",
+                hint="e.g. TRAINSCALE_PREEMPT_SIGNALS=SIGUSR1 (trainscale slurm --signal USR1@120)",
+            )
         names.append(name)
     return tuple(names)

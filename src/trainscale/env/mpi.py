@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from trainscale.env.base import LaunchEnv, read_int, read_port
 
@@ -18,7 +18,7 @@ _FLAVOURS = (
 
 
 def detect(environ: Mapping[str, str]) -> LaunchEnv | None:
-    for rank_var, size_var, local_var, local_size_var in _FLAVOURS:
+    for rank_var, size_var, local_var, local_size_var in _FLAVOURS:  # noqa: B007  (the flavour found, used below)
         if rank_var in environ and size_var in environ:
             break
     else:

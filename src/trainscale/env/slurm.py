@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 from trainscale.env.base import LaunchEnv, read_int, read_port
 from trainscale.errors import LaunchError
@@ -36,7 +36,9 @@ def expand_nodelist(nodelist: str) -> list[str]:
     try:
         return list(hostlist.expand_hostlist(nodelist))
     except hostlist.BadHostlist as exc:
-        raise LaunchError(f"slurm: cannot expand SLURM_JOB_NODELIST={nodelist!r}: {exc}", hint="is this a SLURM host list?") from None
+        raise LaunchError(
+            f"slurm: cannot expand SLURM_JOB_NODELIST={nodelist!r}: {exc}", hint="is this a SLURM host list?"
+        ) from None
 
 
 def job_port(job_id: str | None) -> int:
@@ -61,7 +63,9 @@ def detect(environ: Mapping[str, str]) -> LaunchEnv | None:
         return None
     node_rank = read_int(environ, "SLURM_NODEID", NAME)
     tasks_per_node = expand_tasks_per_node(
-        environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE") or environ.get("SLURM_NTASKS", "1")
+        environ.get("SLURM_STEP_TASKS_PER_NODE")
+        or environ.get("SLURM_TASKS_PER_NODE")
+        or environ.get("SLURM_NTASKS", "1")
     )
     if node_rank >= len(tasks_per_node):
         raise LaunchError(

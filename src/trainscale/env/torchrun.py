@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from trainscale.env.base import LaunchEnv, read_int, read_port
 

@@ -15,9 +15,9 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 from trainscale.launch import summary
 from trainscale.launch.bootstrap import LOST_PEER
@@ -57,8 +57,13 @@ def resume_note(run_dir: str | None) -> str | None:
 
 
 # torch's lines that trainscale's own replace (the summary, the restart line, the signal line).
-_REPLACED = ("Received %s death signal", "Sending process %s closing signal", "Closing process %s via signal %s",
-             "failed (exitcode: %s)", "[%s] Worker group %s. %s/%s attempts left")
+_REPLACED = (
+    "Received %s death signal",
+    "Sending process %s closing signal",
+    "Closing process %s via signal %s",
+    "failed (exitcode: %s)",
+    "[%s] Worker group %s. %s/%s attempts left",
+)
 
 
 class _Quieter(logging.Filter):
@@ -104,8 +109,12 @@ def _every_failure(context, group, failures: dict) -> None:
     for local_rank, process in enumerate(processes):
         rank = group.workers[local_rank].global_rank
         if rank not in failures and local_rank not in returned and process.exitcode not in (0, None):
-            failures[rank] = ProcessFailure(local_rank=local_rank, pid=process.pid, exitcode=process.exitcode,
-                                            error_file=context.error_files[local_rank])
+            failures[rank] = ProcessFailure(
+                local_rank=local_rank,
+                pid=process.pid,
+                exitcode=process.exitcode,
+                error_file=context.error_files[local_rank],
+            )
 
 
 _LOGGERS = ("torch.distributed.elastic.multiprocessing.api", "torch.distributed.elastic.agent.server.api")

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from trainscale.errors import ConfigError
 
@@ -41,37 +41,84 @@ class Spread:
     nodes: list[str]
 
 
-def plan_spread(options: list[str], target: list[str], nnodes: int, given: frozenset[str],
-                environ: Mapping[str, str], python: str = sys.executable) -> Spread | None:
+def plan_spread(
+    options: list[str],
+    target: list[str],
+    nnodes: int,
+    given: frozenset[str],
+    environ: Mapping[str, str],
+    python: str = sys.executable,
+) -> Spread | None:
     """How to run ``trainscale run OPTIONS TARGET`` on ``nnodes`` nodes of the current allocation, or None
     when it need not (one node, not in an allocation, or the user gave the rendezvous themselves)."""
     nodes = allocation_nodes(environ)
     if nodes is None or nnodes <= 1 or set(PLACEMENT) & given:
         return None
     if nnodes > len(nodes):
-        raise ConfigError(f"--nnodes {nnodes} but this allocation (job {environ['SLURM_JOB_ID']}) has "
-                          f"{len(nodes)} node(s): {','.join(nodes)}",
-                          hint=f"allocate more (salloc -N {nnodes} ...), or use --nnodes {len(nodes)}")
+        raise ConfigError(
+            f"--nnodes {nnodes} but this allocation (job {environ['SLURM_JOB_ID']}) has "
+            f"{len(nodes)} node(s): {','.join(nodes)}",
+            hint=f"allocate more (salloc -N {nnodes} ...), or use --nnodes {len(nodes)}",
+        )
     if shutil.which("srun") is None:
-        raise ConfigError("inside an allocation, but srun is not on this PATH to start the other nodes' agents",
-                          hint="load the SLURM module/PATH, or start `trainscale run` on each node yourself "
-                               "with --rdzv-backend c10d --rdzv-endpoint FIRST_NODE:PORT")
+        raise ConfigError(
+            "inside an allocation, but srun is not on this PATH to start the other nodes' agents",
+            hint="load the SLURM module/PATH, or start `trainscale run` on each node yourself "
+            "with --rdzv-backend c10d --rdzv-endpoint FIRST_NODE:PORT",
+        )
     first, job = nodes[0], environ["SLURM_JOB_ID"]
-    probe = ["srun", "--overlap", "--nodes=1", "--ntasks=1", "-w", first, "--cpu-bind=none",
-             python, "-m", "trainscale.launch.ports", "--host", first]
+    probe = [
+        "srun",
+        "--overlap",
+        "--nodes=1",
+        "--ntasks=1",
+        "-w",
+        first,
+        "--cpu-bind=none",
+        python,
+        "-m",
+        "trainscale.launch.ports",
+        "--host",
+        first,
+    ]
     cpus = environ.get("SLURM_CPUS_ON_NODE")
-    launch = ["srun", "--overlap", f"--nodes={nnodes}", f"--ntasks={nnodes}", "--ntasks-per-node=1",
-              *([f"--cpus-per-task={cpus}"] if cpus else []), "--cpu-bind=none", "--kill-on-bad-exit=1",
-              python, "-m", "trainscale", "run", *options,
-              "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{first}:{{port}}", "--rdzv-id", f"{job}-{os.getpid()}",
-              *target]
+    launch = [
+        "srun",
+        "--overlap",
+        f"--nodes={nnodes}",
+        f"--ntasks={nnodes}",
+        "--ntasks-per-node=1",
+        *([f"--cpus-per-task={cpus}"] if cpus else []),
+        "--cpu-bind=none",
+        "--kill-on-bad-exit=1",
+        python,
+        "-m",
+        "trainscale",
+        "run",
+        *options,
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"{first}:{{port}}",
+        "--rdzv-id",
+        f"{job}-{os.getpid()}",
+        *target,
+    ]
     return Spread(port_probe=probe, launch=launch, nodes=nodes[:nnodes])
 
 
 def attach_command(job_id: str, node: str | None, command: list[str]) -> list[str]:
     """``srun --jobid J --overlap`` into a running job: a login shell with a terminal, or the command."""
-    return ["srun", "--jobid", job_id, "--overlap", "--nodes=1", "--ntasks=1", *(["-w", node] if node else []),
-            *(command or ["--pty", os.environ.get("SHELL", "/bin/bash"), "-l"])]
+    return [
+        "srun",
+        "--jobid",
+        job_id,
+        "--overlap",
+        "--nodes=1",
+        "--ntasks=1",
+        *(["-w", node] if node else []),
+        *(command or ["--pty", os.environ.get("SHELL", "/bin/bash"), "-l"]),
+    ]
 
 
 def run_spread(plan: Spread, job_id: str, *, say) -> int:
@@ -82,9 +129,13 @@ def run_spread(plan: Spread, job_id: str, *, say) -> int:
     probe = subprocess.run(plan.port_probe, capture_output=True, text=True, timeout=120)
     port = probe.stdout.strip()
     if probe.returncode != 0 or not port.isdigit():
-        raise ConfigError(f"could not start a step on {plan.nodes[0]} of this allocation: "
-                          f"{(probe.stderr or probe.stdout).strip() or f'exit code {probe.returncode}'}",
-                          hint="is the allocation still alive (squeue)? srun --overlap needs SLURM 20.11 or newer")
-    say(f"inside allocation {job_id}: one agent per node on {','.join(plan.nodes)} (srun --overlap), "
-        f"rendezvous on {plan.nodes[0]}:{port}")
+        raise ConfigError(
+            f"could not start a step on {plan.nodes[0]} of this allocation: "
+            f"{(probe.stderr or probe.stdout).strip() or f'exit code {probe.returncode}'}",
+            hint="is the allocation still alive (squeue)? srun --overlap needs SLURM 20.11 or newer",
+        )
+    say(
+        f"inside allocation {job_id}: one agent per node on {','.join(plan.nodes)} (srun --overlap), "
+        f"rendezvous on {plan.nodes[0]}:{port}"
+    )
     return subprocess.call([part.replace("{port}", port) for part in plan.launch])

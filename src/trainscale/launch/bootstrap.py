@@ -27,8 +27,9 @@ import signal
 import sys
 import threading
 import traceback
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
-from typing import Any, Mapping, MutableMapping
+from typing import Any
 
 from trainscale.errors import PEER_GONE, is_refusal, one_line, record_error, succeeded
 from trainscale.observe.worker import explain_hang, observe_when_torch_loads, stop_observing
@@ -56,9 +57,14 @@ HANG_TIMEOUT_VAR = "TRAINSCALE_HANG_TIMEOUT"
 
 # SLURM's task variables as torchrun's workers should see them: each agrees with RANK & co.
 _SLURM_FROM_WORLD = (
-    ("SLURM_PROCID", "rank"), ("SLURM_LOCALID", "local_rank"), ("SLURM_NODEID", "node_rank"),
-    ("SLURM_NTASKS", "world_size"), ("SLURM_NPROCS", "world_size"), ("SLURM_STEP_NUM_TASKS", "world_size"),
-    ("SLURM_NTASKS_PER_NODE", "local_world_size"), ("SLURM_NNODES", "num_nodes"),
+    ("SLURM_PROCID", "rank"),
+    ("SLURM_LOCALID", "local_rank"),
+    ("SLURM_NODEID", "node_rank"),
+    ("SLURM_NTASKS", "world_size"),
+    ("SLURM_NPROCS", "world_size"),
+    ("SLURM_STEP_NUM_TASKS", "world_size"),
+    ("SLURM_NTASKS_PER_NODE", "local_world_size"),
+    ("SLURM_NNODES", "num_nodes"),
     ("SLURM_STEP_NUM_NODES", "num_nodes"),
 )
 
@@ -71,9 +77,13 @@ def world_env(env, *, rewrite_slurm: bool) -> dict[str, str]:
     agree with its rank (SLURM_NODEID becomes the node's rank in the job as torchrun numbered it).
     """
     out = {
-        "RANK": str(env.rank), "LOCAL_RANK": str(env.local_rank), "WORLD_SIZE": str(env.world_size),
-        "LOCAL_WORLD_SIZE": str(env.local_world_size), "GROUP_RANK": str(env.node_rank),
-        "NODE_RANK": str(env.node_rank), "MASTER_ADDR": str(env.master_addr or "127.0.0.1"),
+        "RANK": str(env.rank),
+        "LOCAL_RANK": str(env.local_rank),
+        "WORLD_SIZE": str(env.world_size),
+        "LOCAL_WORLD_SIZE": str(env.local_world_size),
+        "GROUP_RANK": str(env.node_rank),
+        "NODE_RANK": str(env.node_rank),
+        "MASTER_ADDR": str(env.master_addr or "127.0.0.1"),
     }
     if env.master_port:
         out["MASTER_PORT"] = str(env.master_port)
@@ -224,9 +234,21 @@ def from_users_code(exc: BaseException) -> BaseException:
 # The environment this module was imported with: in a forkserver's preload, the forkserver's (see forked).
 _IMPORTED_WITH = dict(os.environ)
 # What torch's agent sets for each worker (torch/distributed/elastic/agent/server/local_elastic_agent.py).
-_AGENT_SETS = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
-               "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS",
-               "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+_AGENT_SETS = (
+    "RANK",
+    "LOCAL_RANK",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "LOCAL_WORLD_SIZE",
+    "WORLD_SIZE",
+    "GROUP_WORLD_SIZE",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "OMP_NUM_THREADS",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+)
 
 
 FORK_OWN_WORKERS = False
@@ -277,16 +299,27 @@ def forked(launcher: dict, *argv: str) -> None:
         _leave_forkserver()
         die_with_launcher(launcher["environ"])
         os.setsid()
-        own = {k: v for k, v in os.environ.items()
-               if _IMPORTED_WITH.get(k) != v or k in _AGENT_SETS or k.startswith("TORCHELASTIC_")}
+        own = {
+            k: v
+            for k, v in os.environ.items()
+            if _IMPORTED_WITH.get(k) != v or k in _AGENT_SETS or k.startswith("TORCHELASTIC_")
+        }
         os.environ.clear()
         os.environ.update({**launcher["environ"], **own})
         os.chdir(launcher["cwd"])
         if os.environ.get("PYTHONUNBUFFERED"):
             for name in ("stdout", "stderr"):
                 stream = getattr(sys, name)
-                setattr(sys, name, io.TextIOWrapper(io.FileIO(stream.fileno(), "w", closefd=False),
-                                                    write_through=True, encoding=stream.encoding, errors=stream.errors))
+                setattr(
+                    sys,
+                    name,
+                    io.TextIOWrapper(
+                        io.FileIO(stream.fileno(), "w", closefd=False),
+                        write_through=True,
+                        encoding=stream.encoding,
+                        errors=stream.errors,
+                    ),
+                )
         torch = sys.modules.get("torch")  # loaded by the forkserver, whose OpenMP read its own environment
         if torch is not None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
             torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
@@ -308,9 +341,11 @@ def check_no_cuda_inherited(torch, server: Any = None) -> None:
     asked the driver itself after its imports; its answer is inherited)."""
     bad_fork = getattr(getattr(torch, "cuda", None), "_is_in_bad_fork", None)
     if (bad_fork is not None and bad_fork()) or getattr(server, "CUDA_DRIVER_INITIALISED", False):
-        raise RuntimeError("trainscale: this worker was forked from a process that had initialised CUDA (the "
-                           "launcher's forkserver must not): its GPU is unusable here; a bug in trainscale, or "
-                           "a module the forkserver preloads touched the device")
+        raise RuntimeError(
+            "trainscale: this worker was forked from a process that had initialised CUDA (the "
+            "launcher's forkserver must not): its GPU is unusable here; a bug in trainscale, or "
+            "a module the forkserver preloads touched the device"
+        )
 
 
 def cuda_driver_initialised() -> bool:
@@ -406,8 +441,9 @@ def leave_kit(environ: MutableMapping[str, str] = os.environ) -> None:
         return
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != kit]
     for name, module in list(sys.modules.items()):
-        if (name == "trainscale" or name.startswith("trainscale.")) and \
-                os.path.abspath(getattr(module, "__file__", None) or "").startswith(kit + os.sep):
+        if (name == "trainscale" or name.startswith("trainscale.")) and os.path.abspath(
+            getattr(module, "__file__", None) or ""
+        ).startswith(kit + os.sep):
             del sys.modules[name]
 
 
@@ -422,7 +458,7 @@ def enter_snapshot(environ: MutableMapping[str, str] = os.environ) -> None:
     def mapped(entry: str) -> str:
         path = os.path.abspath(entry or ".")
         if path == root or path.startswith(root + os.sep):
-            candidate = copy + path[len(root):]
+            candidate = copy + path[len(root) :]
             if os.path.exists(candidate):
                 return candidate
         return entry

@@ -16,15 +16,23 @@ from __future__ import annotations
 
 import sys
 import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 RUNNER = "trainscale.launch.runner"
 
 
-def launch(fn: Callable[..., Any], /, *args: Any, nproc: int | str = 1, max_restarts: int = 0,
-           log_dir: str | Path | None = None, env: Mapping[str, str] | None = None,
-           all_ranks: bool = False) -> list[Any]:
+def launch(
+    fn: Callable[..., Any],
+    /,
+    *args: Any,
+    nproc: int | str = 1,
+    max_restarts: int = 0,
+    log_dir: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    all_ranks: bool = False,
+) -> list[Any]:
     """Run ``fn(*args)`` on ``nproc`` ranks of this machine (N, or ``gpu``/``cpu``/``auto`` as torchrun reads
     ``--nproc-per-node``); returns the ranks' return values, indexed by rank. Keyword arguments for ``fn``:
     ``functools.partial``. ``max_restarts``: restarts of all ranks after a failure (torchrun's); ``log_dir``:
@@ -38,9 +46,16 @@ def launch(fn: Callable[..., Any], /, *args: Any, nproc: int | str = 1, max_rest
     ranks = resolve_nproc(nproc)
     with tempfile.TemporaryDirectory(prefix="trainscale-launch-") as tmp:
         write_call(Path(tmp), fn, args)
-        spec = LocalLaunchSpec(target=RUNNER, module=True, args=(tmp,), nproc_per_node=ranks,
-                               max_restarts=max_restarts, log_dir=Path(log_dir) if log_dir else None,
-                               console_all_ranks=all_ranks, env=dict(env or {}))
+        spec = LocalLaunchSpec(
+            target=RUNNER,
+            module=True,
+            args=(tmp,),
+            nproc_per_node=ranks,
+            max_restarts=max_restarts,
+            log_dir=Path(log_dir) if log_dir else None,
+            console_all_ranks=all_ranks,
+            env=dict(env or {}),
+        )
         sys.stdout.flush()
         outcome = run_agent(spec)
         if not outcome.ok:

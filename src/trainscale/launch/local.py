@@ -15,15 +15,17 @@ import signal
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from trainscale.errors import HUNG_EXIT, ConfigError, LaunchError
 from trainscale.launch.bootstrap import AGENT_VAR, HANG_TIMEOUT_VAR, PREFIXED_VAR, RUN_DIR_VAR
 from trainscale.launch.ports import check_port_free, choose, importable, parse_endpoint, resolve
 from trainscale.launch.torchrun import LOGGING_OPTIONS, defaults
 from trainscale.topology.worker import PLAN_ENV
+
 
 def parse_nnodes(value: str | int) -> tuple[int, int]:
     text = str(value)
@@ -81,22 +83,30 @@ class LocalLaunchSpec:
         if self.max_restarts < 0:
             raise ConfigError(f"--max-restarts {self.max_restarts} is negative", hint="use 0 (fail fast) or more")
         if self.module and self.no_python:
-            raise ConfigError("both -m/--module and --no-python", hint="use -m for a Python module, --no-python for a "
-                                                                      "program that is not Python (as torchrun)")
+            raise ConfigError(
+                "both -m/--module and --no-python",
+                hint="use -m for a Python module, --no-python for a program that is not Python (as torchrun)",
+            )
         if self.module:
             if not importable(self.target):
-                raise ConfigError(f"module {self.target!r} cannot be found", hint="check the name and that it is installed")
+                raise ConfigError(
+                    f"module {self.target!r} cannot be found", hint="check the name and that it is installed"
+                )
         elif self.no_python:
             if not (Path(self.target).is_file() or shutil.which(self.target)):
                 raise ConfigError(f"program {self.target!r} does not exist", hint="give a path or a command on PATH")
         elif not Path(self.target).is_file():
-            raise ConfigError(f"script {self.target!r} does not exist",
-                              hint="give the path of your training script, or -m MODULE for a module")
+            raise ConfigError(
+                f"script {self.target!r} does not exist",
+                hint="give the path of your training script, or -m MODULE for a module",
+            )
         if self.rdzv_timeout_s <= 0:
             raise ConfigError(f"--rdzv-timeout {self.rdzv_timeout_s} must be positive", hint="e.g. 900 seconds")
         if self.hang_timeout_s is not None and not 0 <= self.hang_timeout_s < float("inf"):
-            raise ConfigError(f"--hang-timeout {self.hang_timeout_s:g} must be 0 (never) or more seconds",
-                              hint="e.g. --hang-timeout 600")
+            raise ConfigError(
+                f"--hang-timeout {self.hang_timeout_s:g} must be 0 (never) or more seconds",
+                hint="e.g. --hang-timeout 600",
+            )
         if self.torchrun.get("rdzv_backend") == "":
             raise ConfigError("--rdzv-backend is empty", hint="use c10d (or static with --master-addr/--master-port)")
         _check_log_dir(self.torchrun.get("log_dir") or self.log_dir)
@@ -117,13 +127,20 @@ def _check_log_dir(path: str | Path | None) -> None:
     for place in (wanted, *wanted.absolute().parents):
         if place.exists():
             if not place.is_dir():
-                seen = (f"--log-dir {path} is a file, not a directory" if place == wanted else
-                        f"--log-dir {path} is under {place}, which is a file")
-                raise ConfigError(seen, hint="give a directory (it is created if missing), or leave --log-dir out "
-                                             "for ./trainscale-runs")
+                seen = (
+                    f"--log-dir {path} is a file, not a directory"
+                    if place == wanted
+                    else f"--log-dir {path} is under {place}, which is a file"
+                )
+                raise ConfigError(
+                    seen,
+                    hint="give a directory (it is created if missing), or leave --log-dir out for ./trainscale-runs",
+                )
             if not os.access(place, os.W_OK | os.X_OK):
-                raise ConfigError(f"--log-dir {path}: {place} is not writable",
-                                  hint="give a directory you can write, or leave --log-dir out for ./trainscale-runs")
+                raise ConfigError(
+                    f"--log-dir {path}: {place} is not writable",
+                    hint="give a directory you can write, or leave --log-dir out for ./trainscale-runs",
+                )
             return
 
 
@@ -193,21 +210,26 @@ def plan_rendezvous(spec: LocalLaunchSpec, defaults: Mapping[str, Any]) -> Rende
         raise ConfigError(f"--rdzv-conf {opts['rdzv_conf']!r}: {exc}", hint="write KEY=VALUE,KEY=VALUE") from None
     backend, endpoint = opts["rdzv_backend"], opts["rdzv_endpoint"]
     timeouts = {"timeout": spec.rdzv_timeout_s, "join_timeout": spec.rdzv_timeout_s}
-    standalone = opts["standalone"] or (backend == "static" and not endpoint and not spec.given("master_port")
-                                        and high == 1)
+    standalone = opts["standalone"] or (
+        backend == "static" and not endpoint and not spec.given("master_port") and high == 1
+    )
     if standalone:
         if high > 1:
-            raise ConfigError(f"--standalone with --nnodes {spec.nnodes}: a standalone rendezvous is one node",
-                              hint="drop --standalone and give every node --rdzv-backend c10d --rdzv-endpoint FIRST:PORT")
+            raise ConfigError(
+                f"--standalone with --nnodes {spec.nnodes}: a standalone rendezvous is one node",
+                hint="drop --standalone and give every node --rdzv-backend c10d --rdzv-endpoint FIRST:PORT",
+            )
         port = choose("127.0.0.1")
         run_id = f"trainscale-{uuid.uuid4().hex[:12]}"  # torchrun too ignores --rdzv-id with --standalone
         return Rendezvous("c10d", f"127.0.0.1:{port}", run_id, {**timeouts, **configs, "is_host": True})
     if backend == "static":
         if not endpoint:
             if high > 1 and not (spec.given("master_addr") and spec.given("master_port")):
-                raise ConfigError(f"--nnodes {spec.nnodes} but no --master-addr/--master-port (or --rdzv-endpoint)",
-                                  hint="give every node --master-addr FIRST_NODE --master-port PORT --node-rank K, or "
-                                       "--rdzv-backend c10d --rdzv-endpoint FIRST_NODE:PORT")
+                raise ConfigError(
+                    f"--nnodes {spec.nnodes} but no --master-addr/--master-port (or --rdzv-endpoint)",
+                    hint="give every node --master-addr FIRST_NODE --master-port PORT --node-rank K, or "
+                    "--rdzv-backend c10d --rdzv-endpoint FIRST_NODE:PORT",
+                )
             endpoint = f"{opts['master_addr']}:{opts['master_port'] or 29500}"
         host, port = parse_endpoint(endpoint, default_port=29500)
         resolve(host)
@@ -216,8 +238,10 @@ def plan_rendezvous(spec: LocalLaunchSpec, defaults: Mapping[str, Any]) -> Rende
         return Rendezvous("static", endpoint, run_id, {"rank": int(opts["node_rank"]), **timeouts, **configs})
     if backend == "c10d":
         if not endpoint:
-            raise ConfigError(f"--rdzv-backend c10d with --nnodes {spec.nnodes} but no --rdzv-endpoint",
-                              hint="give every node --rdzv-endpoint FIRST_NODE:PORT (or --standalone on one node)")
+            raise ConfigError(
+                f"--rdzv-backend c10d with --nnodes {spec.nnodes} but no --rdzv-endpoint",
+                hint="give every node --rdzv-endpoint FIRST_NODE:PORT (or --standalone on one node)",
+            )
         host, port = parse_endpoint(endpoint)
         resolve(host)
         # The node that hosts the store must find its port free: otherwise c10d would quietly join
@@ -243,8 +267,15 @@ def launch_config(spec: LocalLaunchSpec, log_root: Path):
     from torch.distributed.run import config_from_args
 
     base = vars(defaults())
-    opts = {**base, **spec.torchrun, "nproc_per_node": str(spec.nproc_per_node), "nnodes": spec.nnodes,
-            "max_restarts": spec.max_restarts, "log_dir": str(log_root), **_console(spec)}
+    opts = {
+        **base,
+        **spec.torchrun,
+        "nproc_per_node": str(spec.nproc_per_node),
+        "nnodes": spec.nnodes,
+        "max_restarts": spec.max_restarts,
+        "log_dir": str(log_root),
+        **_console(spec),
+    }
     rdzv = plan_rendezvous(spec, base)  # before anything is written (torch's logs spec makes the log directory)
     omp = os.environ.get("OMP_NUM_THREADS")
     try:
@@ -257,8 +288,12 @@ def launch_config(spec: LocalLaunchSpec, log_root: Path):
         from trainscale.launch.rendezvous import register
 
         backend = register(backend)  # torch's, with the store bound to the endpoint's address only
-    changes: dict[str, Any] = {"rdzv_backend": backend, "rdzv_endpoint": rdzv.endpoint, "run_id": rdzv.run_id,
-                               "rdzv_configs": rdzv.configs}
+    changes: dict[str, Any] = {
+        "rdzv_backend": backend,
+        "rdzv_endpoint": rdzv.endpoint,
+        "run_id": rdzv.run_id,
+        "rdzv_configs": rdzv.configs,
+    }
     if not os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"):
         changes["log_line_prefix_template"] = "[rank${rank}]: "
     if not spec.given("local_addr") and not spec.multinode:
@@ -277,9 +312,14 @@ def own_worker(spec: LocalLaunchSpec) -> bool:
     only there). ``--start-method spawn`` or ``fork`` gives them fresh interpreters, as a script's."""
     from trainscale.launch import bootstrap
 
-    return (bootstrap.FORK_OWN_WORKERS and bool(spec.module) and spec.target.split(".")[0] == "trainscale"
-            and spec.torchrun.get("start_method", "forkserver") == "forkserver"
-            and sys.platform.startswith("linux") and "PYTHON_EXEC" not in os.environ)
+    return (
+        bootstrap.FORK_OWN_WORKERS
+        and bool(spec.module)
+        and spec.target.split(".")[0] == "trainscale"
+        and spec.torchrun.get("start_method", "forkserver") == "forkserver"
+        and sys.platform.startswith("linux")
+        and "PYTHON_EXEC" not in os.environ
+    )
 
 
 def start_forkserver() -> None:
@@ -360,10 +400,18 @@ def launch(spec: LocalLaunchSpec) -> LaunchResult:
         os.environ[AGENT_VAR] = f"{os.getpid()}:{config.run_id}"  # the workers die with it (bootstrap.py)
         if not spec.given("logs_specs"):  # torch's agent writes every attempt's logs into the run directory
             console = {**vars(defaults()), **spec.torchrun, **_console(spec)}
-            config = dataclasses.replace(config, logs_specs=rundir.logs_specs(
-                logs, **{key: console[key] for key in ("redirects", "tee", "local_ranks_filter")}))
-        spec = dataclasses.replace(spec, args=rundir.checkpoint_args(
-            spec.target, spec.args, module=spec.module, max_restarts=spec.max_restarts, run_dir=run_dir))
+            config = dataclasses.replace(
+                config,
+                logs_specs=rundir.logs_specs(
+                    logs, **{key: console[key] for key in ("redirects", "tee", "local_ranks_filter")}
+                ),
+            )
+        spec = dataclasses.replace(
+            spec,
+            args=rundir.checkpoint_args(
+                spec.target, spec.args, module=spec.module, max_restarts=spec.max_restarts, run_dir=run_dir
+            ),
+        )
         target, args = entrypoint(spec)
         if callable(target) and not spec.given("start_method"):  # torchrun's --start-method chooses otherwise
             config = dataclasses.replace(config, start_method="forkserver")
@@ -375,14 +423,18 @@ def launch(spec: LocalLaunchSpec) -> LaunchResult:
         failures = summary.from_child_failed(exc, _stderr_logs(logs))
         world = None if spec.multinode else spec.nproc_per_node  # on several nodes, the others' agents name theirs
         history = watch.history(failures[0] if failures else None) if watch else []
-        text = summary.render(failures, world_size=world, log_dir=logs, attempts=history,
-                              total_attempts=spec.max_restarts + 1)
+        text = summary.render(
+            failures, world_size=world, log_dir=logs, attempts=history, total_attempts=spec.max_restarts + 1
+        )
         _dump_root_cause(exc, failures[0].rank if failures else None)
         hung = bool(failures) and failures[0].exitcode == HUNG_EXIT
         return ended(False, text, attempts=tuple(history), exit_code=HUNG_EXIT if hung else 1)
     except KeyboardInterrupt:  # Ctrl-C before torch's agent took the signal over: no worker was started
-        return ended(False, "trainscale: received SIGINT before any rank started; nothing is left running",
-                     signal=int(signal.SIGINT))
+        return ended(
+            False,
+            "trainscale: received SIGINT before any rank started; nothing is left running",
+            signal=int(signal.SIGINT),
+        )
     except SignalException as exc:  # torch's agent has stopped the workers (SIGTERM, then SIGKILL)
         workers = (watch.workers if watch is not None else 0) or spec.nproc_per_node
         return ended(False, summary.stopped_line(int(exc.sigval), workers, logs or log_root), signal=int(exc.sigval))
@@ -391,11 +443,13 @@ def launch(spec: LocalLaunchSpec) -> LaunchResult:
         store_wait = name == "DistStoreError" and "waiting for clients" in str(exc)  # static rendezvous
         if config is not None and ("Rendezvous" in name or "Timeout" in name or store_wait):
             low = parse_nnodes(spec.nnodes)[0]
-            raise LaunchError(f"rendezvous at {config.rdzv_endpoint} (run id {config.run_id}) failed: not all of the "
-                              f"{low} node(s) arrived within {spec.rdzv_timeout_s}s "
-                              f"({name}{': ' + str(exc) if str(exc) else ''})",
-                              hint=f"start `trainscale run` on all {low} nodes with the same --rdzv-endpoint and "
-                                   f"--rdzv-id, check the first node is reachable, or raise --rdzv-timeout") from None
+            raise LaunchError(
+                f"rendezvous at {config.rdzv_endpoint} (run id {config.run_id}) failed: not all of the "
+                f"{low} node(s) arrived within {spec.rdzv_timeout_s}s "
+                f"({name}{': ' + str(exc) if str(exc) else ''})",
+                hint=f"start `trainscale run` on all {low} nodes with the same --rdzv-endpoint and "
+                f"--rdzv-id, check the first node is reachable, or raise --rdzv-timeout",
+            ) from None
         raise
     finally:
         restore_signals()
@@ -430,15 +484,25 @@ def _directories(spec: LocalLaunchSpec, log_root: Path) -> tuple[Path, Path]:
         logs = run = spec.run_dir.absolute()
         logs.mkdir(parents=True, exist_ok=True)
     else:
-        logs = rundir.create(log_root, rundir.label(spec.target, spec.args, module=spec.module),
-                             multinode=spec.multinode)
+        logs = rundir.create(
+            log_root, rundir.label(spec.target, spec.args, module=spec.module), multinode=spec.multinode
+        )
         run = Path(os.environ[RUN_DIR_VAR]).absolute() if os.environ.get(RUN_DIR_VAR) else logs
     # what ran goes beside the logs, and beside the records when nothing there says it (a SLURM run has
     # its submission.json; a directory of the user's own, a sweep's task, has nothing)
     for where in (logs, run) if run == logs or rundir.describes_itself(run) else (logs,):
-        rundir.start_record(where, target=spec.target, args=spec.args, module=spec.module, no_python=spec.no_python,
-                            nproc_per_node=spec.nproc_per_node, nnodes=spec.nnodes, max_restarts=spec.max_restarts,
-                            records=run, logs=logs)
+        rundir.start_record(
+            where,
+            target=spec.target,
+            args=spec.args,
+            module=spec.module,
+            no_python=spec.no_python,
+            nproc_per_node=spec.nproc_per_node,
+            nnodes=spec.nnodes,
+            max_restarts=spec.max_restarts,
+            records=run,
+            logs=logs,
+        )
     return logs, run
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import socket
 
-from trainscale.errors import LaunchError
 from trainscale.env.address import resolve  # one resolver for launcher and runtime
+from trainscale.errors import LaunchError
 
 __all__ = ["resolve", "free_port", "check_port_free", "parse_endpoint", "choose", "importable", "main"]
 
@@ -35,9 +35,11 @@ def check_port_free(host: str, port: int) -> None:
         try:
             sock.bind((address, port))
         except OSError as exc:
-            raise LaunchError(f"port {port} on {host} ({address}) is not free: {exc.strerror}",
-                              hint="leave --master-port/--rdzv-endpoint's port out to let trainscale pick a free one, "
-                                   "or choose another port") from None
+            raise LaunchError(
+                f"port {port} on {host} ({address}) is not free: {exc.strerror}",
+                hint="leave --master-port/--rdzv-endpoint's port out to let trainscale pick a free one, "
+                "or choose another port",
+            ) from None
 
 
 def parse_endpoint(endpoint: str, default_port: int = 29400) -> tuple[str, int]:
@@ -55,8 +57,10 @@ def parse_endpoint(endpoint: str, default_port: int = 29400) -> tuple[str, int]:
     try:
         port = int(port_text) if port_text else default_port
     except ValueError:
-        raise LaunchError(f"rendezvous endpoint {endpoint!r}: port {port_text!r} is not a number",
-                          hint="write it as HOST:PORT, e.g. n1:29400") from None
+        raise LaunchError(
+            f"rendezvous endpoint {endpoint!r}: port {port_text!r} is not a number",
+            hint="write it as HOST:PORT, e.g. n1:29400",
+        ) from None
     if not 0 < port < 65536:
         raise LaunchError(f"rendezvous endpoint {endpoint!r}: port {port} out of range", hint="use 1024-65535")
     return host, port
@@ -92,8 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     missing = [name for name in ns.require.split(",") if name and not importable(name)]
     if missing:
-        print(f"trainscale: error: {sys.executable} (Python {sys.version.split()[0]}) cannot import "
-              f"{', '.join(missing)}", file=sys.stderr, flush=True)
+        print(
+            f"trainscale: error: {sys.executable} (Python {sys.version.split()[0]}) cannot import {', '.join(missing)}",
+            file=sys.stderr,
+            flush=True,
+        )
         return 3
     try:
         port = choose(ns.host, ns.port)

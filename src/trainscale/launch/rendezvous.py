@@ -51,6 +51,7 @@ def _create_handler(params):
 
     host, port = parse_endpoint(params.endpoint)
     store = bound_store(host, port, int(params.get_as_int("read_timeout", 60)), params.get_as_bool("is_host"))
+
     class BoundC10dBackend(C10dRendezvousBackend):
         @property
         def name(self) -> str:  # torch checks the handler reports the backend it was asked for
@@ -81,12 +82,14 @@ def _create_static_handler(params):
                 if self.rank == 0:
                     self._store = bound_server(self.master_addr, self.master_port, self.timeout, self.world_size)
                 else:
-                    self._store = TCPStore(self.master_addr, self.master_port, self.world_size, False, self.timeout,
-                                           multi_tenant=True)
+                    self._store = TCPStore(
+                        self.master_addr, self.master_port, self.world_size, False, self.timeout, multi_tenant=True
+                    )
             return super().next_rendezvous()
 
-    return BoundStaticRendezvous(h.master_addr, h.master_port, h.rank, h.world_size, h.run_id,
-                                 int(h.timeout.total_seconds()))
+    return BoundStaticRendezvous(
+        h.master_addr, h.master_port, h.rank, h.world_size, h.run_id, int(h.timeout.total_seconds())
+    )
 
 
 def register(backend: str = "c10d") -> str:

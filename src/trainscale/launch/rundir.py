@@ -46,8 +46,9 @@ def logs_specs(run_dir: Path, *, redirects: str, tee: str, local_ranks_filter: s
             return str(log_dir)
 
     ranks = {int(r) for r in local_ranks_filter.split(",")} if local_ranks_filter else None
-    return RunLogsSpecs(log_dir=str(run_dir), redirects=Std.from_str(redirects), tee=Std.from_str(tee),
-                        local_ranks_filter=ranks)
+    return RunLogsSpecs(
+        log_dir=str(run_dir), redirects=Std.from_str(redirects), tee=Std.from_str(tee), local_ranks_filter=ranks
+    )
 
 
 def label(target: str, args: tuple[str, ...], *, module: bool) -> str:
@@ -106,8 +107,9 @@ OWN_CHECKPOINTS = {"gpt": "--experiment-dir", "hf-finetune": "--output-dir"}
 """Built-in workloads whose checkpoints live in a directory of their own, and the option that names it."""
 
 
-def checkpoint_args(target: str, args: tuple[str, ...], *, module: bool, max_restarts: int,
-                    run_dir: Path) -> tuple[str, ...]:
+def checkpoint_args(
+    target: str, args: tuple[str, ...], *, module: bool, max_restarts: int, run_dir: Path
+) -> tuple[str, ...]:
     """A built-in workload restarted by the agent resumes from its checkpoints: with ``--max-restarts k > 0``
     and no ``--checkpoint-dir`` they go into the run directory (as a SLURM job's go into its run directory).
     A run without restarts makes no checkpoints unless asked: a later run never resumes a finished one.
@@ -157,9 +159,15 @@ def describes_itself(records: Path) -> bool:
 def end_record(logs: Path, records: Path, *, ok: bool, seconds: float, summary: str = "") -> None:
     """The outcome, in each run.json this launch started; a failed run's summary's first words (who failed
     first, how, the root cause), for `trainscale report`."""
-    failure = [line.strip().removeprefix("trainscale: training FAILED — ").split("; rank ")[0]
-               for line in summary.splitlines()
-               if line.startswith(("trainscale: training FAILED", "Root cause:"))] if not ok else []
+    failure = (
+        [
+            line.strip().removeprefix("trainscale: training FAILED — ").split("; rank ")[0]
+            for line in summary.splitlines()
+            if line.startswith(("trainscale: training FAILED", "Root cause:"))
+        ]
+        if not ok
+        else []
+    )
     drop_empty_stacks(records)
     # the ranks' step records are the evidence of training (none: a finished run started again, resumed past its end)
     trained = {"trained": trained_here(records)} if ok and os.environ.get("TRAINSCALE_RECORD", "1") != "0" else {}
@@ -191,21 +199,42 @@ def trained_here(records: Path | None) -> bool:
     return bool(records) and any((Path(records) / "metrics").glob("rank-*.jsonl"))
 
 
-def start_record(run_dir: Path, *, target: str, args: tuple[str, ...], module: bool, no_python: bool,
-                 nproc_per_node: int, nnodes: str, max_restarts: int, records: Path, logs: Path | None = None,
-                 command: list[str] | None = None) -> Path:
+def start_record(
+    run_dir: Path,
+    *,
+    target: str,
+    args: tuple[str, ...],
+    module: bool,
+    no_python: bool,
+    nproc_per_node: int,
+    nnodes: str,
+    max_restarts: int,
+    records: Path,
+    logs: Path | None = None,
+    command: list[str] | None = None,
+) -> Path:
     workload = args[0] if module and target == WORKLOADS_MODULE and args else None
     return write_record(
-        run_dir, kind="run", command=command or command_line(), cwd=os.getcwd(),
-        started_at=datetime.datetime.now().astimezone().isoformat(timespec="seconds"), host=socket.gethostname(),
-        workload=workload, target=None if workload else target,
+        run_dir,
+        kind="run",
+        command=command or command_line(),
+        cwd=os.getcwd(),
+        started_at=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        host=socket.gethostname(),
+        workload=workload,
+        target=None if workload else target,
         target_kind="workload" if workload else ("module" if module else "program" if no_python else "script"),
-        args=list(args[1:] if workload else args), nproc_per_node=nproc_per_node,
+        args=list(args[1:] if workload else args),
+        nproc_per_node=nproc_per_node,
         nnodes=nnodes.split(":")[0] if len(set(nnodes.split(":"))) == 1 else nnodes,
-        max_restarts=max_restarts, records=str(records), logs=str(logs or run_dir), versions=versions(),
+        max_restarts=max_restarts,
+        records=str(records),
+        logs=str(logs or run_dir),
+        versions=versions(),
         # what `report --against` names when two runs differ: the settings that change a step, the script's contents
         environment={k: v for k, v in os.environ.items() if k.startswith(("TRAINSCALE_", "OMP_", "NCCL_"))},
-        script_sha256=_sha256(target) if not (module or no_python) else None)
+        script_sha256=_sha256(target) if not (module or no_python) else None,
+    )
 
 
 def _sha256(path: str) -> str | None:

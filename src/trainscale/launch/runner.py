@@ -23,8 +23,9 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 CALL = "call.pkl"
 
@@ -51,10 +52,16 @@ def write_call(directory: Path, fn: Callable[..., Any], args: tuple, kwargs: dic
     if not callable(fn):
         from trainscale.errors import ConfigError
 
-        raise ConfigError(f"{fn!r} is not a function", hint="pass the function itself, e.g. launch(train, 1e-3), "
-                                                             "not train(1e-3)")
-    payload = {"fn": fn, "args": tuple(args), "kwargs": dict(kwargs or {}), "sys_path": list(sys.path),
-               "cwd": os.getcwd()}
+        raise ConfigError(
+            f"{fn!r} is not a function", hint="pass the function itself, e.g. launch(train, 1e-3), not train(1e-3)"
+        )
+    payload = {
+        "fn": fn,
+        "args": tuple(args),
+        "kwargs": dict(kwargs or {}),
+        "sys_path": list(sys.path),
+        "cwd": os.getcwd(),
+    }
     directory.mkdir(parents=True, exist_ok=True)
     path = Path(directory) / CALL
     _write(path, cloudpickle.dumps(payload))
@@ -93,12 +100,17 @@ def failure(records: list[dict[str, Any]], summary: str, what: str):
     from trainscale.errors import RankFailed
 
     if not records:
-        return RankFailed(f"{what} failed before any rank recorded an exception:\n{summary.strip()}", rank=None,
-                          traceback=summary)
+        return RankFailed(
+            f"{what} failed before any rank recorded an exception:\n{summary.strip()}", rank=None, traceback=summary
+        )
     first = records[0]
-    error = RankFailed(f"{what} failed on rank {first['rank']}"
-                       + (f" ({first['host']})" if first.get("host") else "")
-                       + f":\n{first['traceback'].rstrip()}", rank=first["rank"], traceback=first["traceback"])
+    error = RankFailed(
+        f"{what} failed on rank {first['rank']}"
+        + (f" ({first['host']})" if first.get("host") else "")
+        + f":\n{first['traceback'].rstrip()}",
+        rank=first["rank"],
+        traceback=first["traceback"],
+    )
     if isinstance(first.get("exception"), BaseException):
         error.__cause__ = first["exception"]
     return error
@@ -130,8 +142,7 @@ def main(argv: list[str]) -> None:
         if isinstance(exc, SystemExit) and exc.code in (None, 0):
             result = None
         else:
-            record = {"rank": rank, "host": node_name(),
-                      "traceback": traceback.format_exc(), "exception": exc}
+            record = {"rank": rank, "host": node_name(), "traceback": traceback.format_exc(), "exception": exc}
             try:
                 data = cloudpickle.dumps(record)
             except Exception:  # an exception that does not pickle: its traceback still does

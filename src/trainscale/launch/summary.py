@@ -76,8 +76,9 @@ class Attempt:
 def restart_line(number: int, failure: RankFailure, attempts: int, resume: str | None) -> str:
     """What the console says when the agent restarts the group after attempt ``number`` failed."""
     then = f"restarting all ranks (attempt {number + 1} of {attempts})"
-    return (f"trainscale: attempt {number} of {attempts} failed: {failure.describe()}; {then}"
-            + (f", {resume}" if resume else ""))
+    return f"trainscale: attempt {number} of {attempts} failed: {failure.describe()}; {then}" + (
+        f", {resume}" if resume else ""
+    )
 
 
 def stopped_line(signum: int, workers: int, log_dir: Path | None) -> str:
@@ -90,8 +91,10 @@ def attempts_lines(attempts: list[Attempt], total: int) -> list[str]:
     """The run's attempts and how each ended, for the end of a summary; nothing for a single attempt."""
     if len(attempts) < 2:
         return []
-    return [f"Attempts: {len(attempts)} of {total} (--max-restarts {total - 1}):",
-            *(f"  {a.number}: " + (f"failed, {a.failure.describe()}" if a.failure else "finished") for a in attempts)]
+    return [
+        f"Attempts: {len(attempts)} of {total} (--max-restarts {total - 1}):",
+        *(f"  {a.number}: " + (f"failed, {a.failure.describe()}" if a.failure else "finished") for a in attempts),
+    ]
 
 
 def lost_peer(traceback: str) -> bool:
@@ -102,8 +105,11 @@ def lost_peer(traceback: str) -> bool:
 # How a rank that timed out names the rank(s) it waited for (runtime/hangwatch/heartbeat.py's CollectiveTimeout):
 # those hung ranks, ended by the launcher afterwards, are the root cause.
 _HUNG = re.compile(r"rank\(s\) ([\d, ]+) (did not arrive|issued a different collective|stopped responding)")
-_HOW = {"did not arrive": "hung (stopped participating)", "issued a different collective":
-        "called a different collective than the others (a desync)", "stopped responding": "stopped responding"}
+_HOW = {
+    "did not arrive": "hung (stopped participating)",
+    "issued a different collective": "called a different collective than the others (a desync)",
+    "stopped responding": "stopped responding",
+}
 
 
 def next_line(result) -> str:
@@ -122,11 +128,19 @@ def finished_lines(nproc_per_node: int, max_restarts: int, result) -> str:
     run = shown(result.run_dir)
     records = trained_here(result.run_dir)
     what = "step records, " if records else ""
-    where = (f"run directory {run} ({what}every rank's logs, run.json)" if result.run_dir == result.log_dir
-             else f"{'records' if records else 'no step records'} in {run}, this node's logs in {shown(result.log_dir)}")
+    where = (
+        f"run directory {run} ({what}every rank's logs, run.json)"
+        if result.run_dir == result.log_dir
+        else f"{'records' if records else 'no step records'} in {run}, this node's logs in {shown(result.log_dir)}"
+    )
     ended = "finished" if records else "ended without training: no rank ran an optimizer step"
-    return "\n".join([f"trainscale: {nproc_per_node} rank(s) {ended} in {result.seconds:.1f}s; {where}",
-                      *attempts_lines(list(result.attempts), max_restarts + 1), next_line(result)])
+    return "\n".join(
+        [
+            f"trainscale: {nproc_per_node} rank(s) {ended} in {result.seconds:.1f}s; {where}",
+            *attempts_lines(list(result.attempts), max_restarts + 1),
+            next_line(result),
+        ]
+    )
 
 
 _NO_ERROR_FILE = "<NONE>"  # torchelastic's message for a worker that left no error file (a signal, os._exit)
@@ -195,17 +209,32 @@ def from_child_failed(error: Any, log_files: dict[int, Path] | None = None) -> l
         # torchelastic's timestamps are whole seconds; the error file's mtime orders ranks that
         # failed within the same second.
         when = error_file.stat().st_mtime if error_file and error_file.exists() else float(failure.timestamp)
-        out.append(RankFailure(rank=rank, local_rank=failure.local_rank, host=host, pid=failure.pid,
-                               exitcode=failure.exitcode, timestamp=when, traceback=traceback_of(data),
-                               log_tail="", error=_trainscale_error_of(data)))
+        out.append(
+            RankFailure(
+                rank=rank,
+                local_rank=failure.local_rank,
+                host=host,
+                pid=failure.pid,
+                exitcode=failure.exitcode,
+                timestamp=when,
+                traceback=traceback_of(data),
+                log_tail="",
+                error=_trainscale_error_of(data),
+            )
+        )
     out.sort(key=lambda f: (f.secondary, f.timestamp, f.rank))
     if out:  # the first's log only: it is the one rendered (reading every rank's would cost the sum of all logs)
         out[0] = dataclasses.replace(out[0], log_tail=tail((log_files or {}).get(out[0].local_rank)))
     return out
 
 
-def render(failures: list[RankFailure], world_size: int | None = None, log_dir: Path | None = None,
-           attempts: list[Attempt] | None = None, total_attempts: int = 1) -> str:
+def render(
+    failures: list[RankFailure],
+    world_size: int | None = None,
+    log_dir: Path | None = None,
+    attempts: list[Attempt] | None = None,
+    total_attempts: int = 1,
+) -> str:
     if not failures:
         return "trainscale: the run failed, but no rank left a failure record."
     first = failures[0]
@@ -222,30 +251,47 @@ def render(failures: list[RankFailure], world_size: int | None = None, log_dir: 
     hung = [int(r) for r in match.group(1).replace(" ", "").split(",") if r] if match else []
     if hung:  # with where the first of them is (host, pid, step, file:line), as the verdict says it
         where = re.search(rf"^\s+(rank {hung[0]} on \S+ \(pid \d+\): .*)$", first.traceback, re.MULTILINE)
-        lines.append(f"Root cause: rank(s) {', '.join(map(str, hung))} {_HOW[match.group(2)]}"
-                     + (f" — {where.group(1)}" if where else "") + f"; rank {first.rank} "
-                     + ("named it" if "desync" in _HOW[match.group(2)] else "timed out waiting and names it")
-                     + " below, with its Python stack where it could get it")
+        lines.append(
+            f"Root cause: rank(s) {', '.join(map(str, hung))} {_HOW[match.group(2)]}"
+            + (f" — {where.group(1)}" if where else "")
+            + f"; rank {first.rank} "
+            + ("named it" if "desync" in _HOW[match.group(2)] else "timed out waiting and names it")
+            + " below, with its Python stack where it could get it"
+        )
     elif _MISMATCH in first.log_tail:
-        lines.append(f"Root cause: the ranks called different collectives (gloo received a message of another size "
-                     f"than rank {first.rank}'s collective expected, and aborted it): a rank skipped a collective, "
-                     "made an extra one, or passed another shape")
+        lines.append(
+            f"Root cause: the ranks called different collectives (gloo received a message of another size "
+            f"than rank {first.rank}'s collective expected, and aborted it): a rank skipped a collective, "
+            "made an extra one, or passed another shape"
+        )
     if first.traceback:
         lines += ["", f"Traceback of rank {first.rank}:", first.traceback.rstrip()]
     elif first.log_tail:
-        lines += ["", f"No Python traceback (the process did not raise); last lines of rank {first.rank}'s log:",
-                  first.log_tail.rstrip()]
+        lines += [
+            "",
+            f"No Python traceback (the process did not raise); last lines of rank {first.rank}'s log:",
+            first.log_tail.rstrip(),
+        ]
     others = failures[1:]
     if others:  # one line per host and way of failing: 1,023 ranks that died of the first are not 1,023 lines
         lines += ["", "Other ranks:"]
         groups: dict[tuple[str, str], list[int]] = {}
         after = "another rank" if first.secondary else f"rank {first.rank}"  # never a rank that only lost a peer
         for f in others:
-            how = (f"{f.how} — the hung rank" if f.rank in hung else
-                   f"stopped after {after} failed ({f.lost or f.how})" if f.secondary else f.how)
+            how = (
+                f"{f.how} — the hung rank"
+                if f.rank in hung
+                else f"stopped after {after} failed ({f.lost or f.how})"
+                if f.secondary
+                else f.how
+            )
             groups.setdefault((f.host, how), []).append(f.rank)
-        lines += [f"  rank {ranks[0]} on {host}: {how}" if len(ranks) == 1 else
-                  f"  ranks {format_cpulist(ranks)} on {host}: {how}" for (host, how), ranks in groups.items()]
+        lines += [
+            f"  rank {ranks[0]} on {host}: {how}"
+            if len(ranks) == 1
+            else f"  ranks {format_cpulist(ranks)} on {host}: {how}"
+            for (host, how), ranks in groups.items()
+        ]
     if world_size:
         failed = {f.rank for f in failures}
         stopped = [r for r in range(world_size) if r not in failed]

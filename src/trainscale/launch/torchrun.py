@@ -38,7 +38,8 @@ Differences from torchrun when you give no option for them (docs/launch.md has t
 Examples:
   trainscale run --nproc-per-node 2 --workload cnn --epochs 5 --batch-size 16 --lr 0.001
   trainscale run --standalone --nnodes 1 --nproc-per-node gpu --redirects 3 --log-dir ../logs train_llm.py
-  trainscale run --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint node1:29400 --rdzv-id job42 -m mypkg.train
+  trainscale run --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint node1:29400 --rdzv-id job42 \\
+      -m mypkg.train
 """
 
 
@@ -57,15 +58,32 @@ def parser() -> argparse.ArgumentParser:
         elif action.dest == "training_script_args":
             action.help = argparse.SUPPRESS
     own = p.add_argument_group("trainscale")
-    own.add_argument("--workload", default=None, metavar="NAME",
-                     help="run a built-in workload (listed below) instead of a script; its options follow")
-    own.add_argument("--all-ranks", action="store_true",
-                     help="show every rank's output on the console, prefixed [rankN]: (default: rank 0 only)")
-    own.add_argument("--rdzv-timeout", type=int, default=900, metavar="S",
-                     help="seconds to wait for every node at the rendezvous (rdzv-conf timeout/join_timeout win)")
-    own.add_argument("--hang-timeout", type=float, default=None, metavar="S",
-                     help="end the job after S seconds with no progress on any rank, naming the hung rank (exit "
-                          "status 124; 0: never; default: 600, counted once training steps ran)")
+    own.add_argument(
+        "--workload",
+        default=None,
+        metavar="NAME",
+        help="run a built-in workload (listed below) instead of a script; its options follow",
+    )
+    own.add_argument(
+        "--all-ranks",
+        action="store_true",
+        help="show every rank's output on the console, prefixed [rankN]: (default: rank 0 only)",
+    )
+    own.add_argument(
+        "--rdzv-timeout",
+        type=int,
+        default=900,
+        metavar="S",
+        help="seconds to wait for every node at the rendezvous (rdzv-conf timeout/join_timeout win)",
+    )
+    own.add_argument(
+        "--hang-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="end the job after S seconds with no progress on any rank, naming the hung rank (exit "
+        "status 124; 0: never; default: 600, counted once training steps ran)",
+    )
     return p
 
 
@@ -84,22 +102,28 @@ def resolve_nproc(value: str | int) -> int:
         pass
     else:
         if n < 1:
-            raise ConfigError(f"--nproc-per-node {n}: at least one process per node is needed",
-                              hint="use --nproc-per-node 1 or more, or gpu (one per visible GPU)")
+            raise ConfigError(
+                f"--nproc-per-node {n}: at least one process per node is needed",
+                hint="use --nproc-per-node 1 or more, or gpu (one per visible GPU)",
+            )
         return n
     if text == "gpu":
         import torch
 
         if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
-            raise ConfigError("--nproc-per-node gpu but no GPU is visible",
-                              hint="give a number of CPU processes (e.g. --nproc-per-node 2) or cpu (one per core)")
+            raise ConfigError(
+                "--nproc-per-node gpu but no GPU is visible",
+                hint="give a number of CPU processes (e.g. --nproc-per-node 2) or cpu (one per core)",
+            )
     from torch.distributed.run import determine_local_world_size
 
     try:
         return int(determine_local_world_size(text))
     except ValueError:
-        raise ConfigError(f"--nproc-per-node {value!r} is not a number or one of auto, cpu, gpu, xpu",
-                          hint="use a positive integer, gpu (one per GPU), cpu (one per core) or auto") from None
+        raise ConfigError(
+            f"--nproc-per-node {value!r} is not a number or one of auto, cpu, gpu, xpu",
+            hint="use a positive integer, gpu (one per GPU), cpu (one per core) or auto",
+        ) from None
 
 
 def nproc_fits(n: int, given: str | int) -> str | None:
@@ -109,20 +133,25 @@ def nproc_fits(n: int, given: str | int) -> str | None:
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus and str(given).strip().isdigit() and n > gpus:
-        raise ConfigError(f"--nproc-per-node {n} but this node shows {gpus} GPU(s): local rank {gpus} and above "
-                          "would have none", hint=f"use --nproc-per-node gpu ({gpus}), or hide the GPUs "
-                          "(CUDA_VISIBLE_DEVICES=) to run CPU ranks")
+        raise ConfigError(
+            f"--nproc-per-node {n} but this node shows {gpus} GPU(s): local rank {gpus} and above would have none",
+            hint=f"use --nproc-per-node gpu ({gpus}), or hide the GPUs (CUDA_VISIBLE_DEVICES=) to run CPU ranks",
+        )
     from trainscale.topology.apply import current_affinity
 
     cores = len(current_affinity()) or 1
     if not gpus and n > cores:
-        return (f"warning: {n} ranks on {cores} core(s): they take turns on the cores, so each step is slower than "
-                f"with {cores} rank(s), and a scaling figure from this run measures the sharing")
+        return (
+            f"warning: {n} ranks on {cores} core(s): they take turns on the cores, so each step is slower than "
+            f"with {cores} rank(s), and a scaling figure from this run measures the sharing"
+        )
     return None
 
 
 def check_ranks_filter(value: str | None) -> None:
     """``--local-ranks-filter``: comma-separated local ranks (torchrun itself fails on anything else mid-launch)."""
     if value and not all(part.strip().isdigit() for part in value.split(",")):
-        raise ConfigError(f"--local-ranks-filter {value!r} is not a list of local ranks",
-                          hint="write them comma-separated, e.g. --local-ranks-filter 0,1")
+        raise ConfigError(
+            f"--local-ranks-filter {value!r} is not a list of local ranks",
+            hint="write them comma-separated, e.g. --local-ranks-filter 0,1",
+        )

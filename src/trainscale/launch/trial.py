@@ -44,20 +44,32 @@ class Trial:
 _one = threading.Lock()
 
 
-def here(target: str, args: tuple[str, ...] = (), *, module: bool = False, nproc: int = 1, run_dir: Path,
-         env: Mapping[str, str | None] | None = None, cwd: Path | None = None, timeout_s: float | None = None,
-         quiet: bool = True) -> Trial:
+def here(
+    target: str,
+    args: tuple[str, ...] = (),
+    *,
+    module: bool = False,
+    nproc: int = 1,
+    run_dir: Path,
+    env: Mapping[str, str | None] | None = None,
+    cwd: Path | None = None,
+    timeout_s: float | None = None,
+    quiet: bool = True,
+) -> Trial:
     """Run ``target`` (a script; a module with ``module``; :data:`WORKLOADS` with the workload's name first in
     ``args``) on ``nproc`` ranks of this node into ``run_dir``, with ``env`` added to this environment (None:
     removed) in ``cwd``. ``timeout_s``: its workers are killed after that long (the trial comes back timed out).
     ``quiet``: what the launcher and its rank 0 print is kept from the console (the failure's summary says why)."""
     from trainscale.launch.local import LocalLaunchSpec, launch
 
-    spec = LocalLaunchSpec(target=target, args=tuple(args), module=module, nproc_per_node=nproc,
-                           run_dir=Path(run_dir).absolute())
+    spec = LocalLaunchSpec(
+        target=target, args=tuple(args), module=module, nproc_per_node=nproc, run_dir=Path(run_dir).absolute()
+    )
     if not _one.acquire(blocking=False):
-        raise LaunchError("a trial is already running in this process",
-                          hint="run trials one after the other: each borrows the process's environment")
+        raise LaunchError(
+            "a trial is already running in this process",
+            hint="run trials one after the other: each borrows the process's environment",
+        )
     expired = threading.Event()
     try:
         quieted = _quiet() if quiet else contextlib.nullcontext()
@@ -67,8 +79,9 @@ def here(target: str, args: tuple[str, ...] = (), *, module: bool = False, nproc
         _one.release()
     if result.signal:  # the launcher was stopped (Ctrl-C, SIGTERM): the caller's own handler answers it, as before
         signal.raise_signal(result.signal)
-    return Trial(result.ok and not expired.is_set(), result.summary, result.seconds, result.run_dir,
-                 timed_out=expired.is_set())
+    return Trial(
+        result.ok and not expired.is_set(), result.summary, result.seconds, result.run_dir, timed_out=expired.is_set()
+    )
 
 
 def on_slurm(spec, profile, plan, *, poll_s: float, say: Callable[[str], None] | None = None) -> Trial:
@@ -88,8 +101,14 @@ def on_slurm(spec, profile, plan, *, poll_s: float, say: Callable[[str], None] |
         cancel(record.job_id)
         raise
     ok = final.state == "COMPLETED"
-    return Trial(ok, explain(final, record), time.monotonic() - started, record.job_dir,
-                 timed_out=final.state == "TIMEOUT", job_id=record.job_id)
+    return Trial(
+        ok,
+        explain(final, record),
+        time.monotonic() - started,
+        record.job_dir,
+        timed_out=final.state == "TIMEOUT",
+        job_id=record.job_id,
+    )
 
 
 @contextlib.contextmanager

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -95,8 +96,12 @@ class Nvml:
             power = number(self.lib.nvmlDeviceGetPowerUsage(handle))
         except Exception:  # not every board reports power
             power = None
-        return {"util_pct": number(util.gpu), "mem_used": number(mem.used), "mem_total": number(mem.total),
-                "power_w": power / 1000.0 if power is not None else None}
+        return {
+            "util_pct": number(util.gpu),
+            "mem_used": number(mem.used),
+            "mem_total": number(mem.total),
+            "power_w": power / 1000.0 if power is not None else None,
+        }
 
 
 class AmdSmi:
@@ -124,9 +129,12 @@ class AmdSmi:
         except Exception:
             power = None
         used, total = number(vram.get("vram_used")), number(vram.get("vram_total"))
-        return {"util_pct": number(activity.get("gfx_activity")),
-                "mem_used": used * 2**20 if used is not None else None,  # MiB
-                "mem_total": total * 2**20 if total is not None else None, "power_w": power}
+        return {
+            "util_pct": number(activity.get("gfx_activity")),
+            "mem_used": used * 2**20 if used is not None else None,  # MiB
+            "mem_total": total * 2**20 if total is not None else None,
+            "power_w": power,
+        }
 
 
 def library() -> Nvml | AmdSmi | None:
@@ -171,8 +179,9 @@ class JobGpus:
     """A sampler's GPU reader: the devices this node's ranks published, once all ``local_ranks`` have
     (until then, those published so far), each reading labelled with its rank."""
 
-    def __init__(self, run_dir: str | Path, host: str, local_ranks: int,
-                 lib: Nvml | AmdSmi | None | Callable[[], Any] = library) -> None:
+    def __init__(
+        self, run_dir: str | Path, host: str, local_ranks: int, lib: Nvml | AmdSmi | None | Callable[[], Any] = library
+    ) -> None:
         self.run_dir, self.host, self.local_ranks = run_dir, host, local_ranks
         self.lib = lib() if callable(lib) else lib
         self.handles: list[tuple[dict[str, Any], Any]] = []

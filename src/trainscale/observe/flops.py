@@ -9,8 +9,8 @@ ThroughputMonitor report it: dense peaks (no sparsity), the step's own dtype.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -28,9 +28,17 @@ PEAKS: dict[str, dict[str, float]] = {
     "MI250X": {"bf16": 191.5e12, "fp16": 191.5e12, "fp32": 47.9e12},
     "MI300X": {"bf16": 1307e12, "fp16": 1307e12, "tf32": 653.7e12, "fp32": 163.4e12},
 }
-NAMES = (("GH200", "GH200"), ("H200NVL", "H200 NVL"), ("H200", "H200 SXM"), ("H100NVL", "H100 NVL"),
-         ("H100PCIE", "H100 PCIe"), ("H100", "H100 SXM"), ("A100", "A100"), ("MI250X", "MI250X"),
-         ("MI300X", "MI300X"))
+NAMES = (
+    ("GH200", "GH200"),
+    ("H200NVL", "H200 NVL"),
+    ("H200", "H200 SXM"),
+    ("H100NVL", "H100 NVL"),
+    ("H100PCIE", "H100 PCIe"),
+    ("H100", "H100 SXM"),
+    ("A100", "A100"),
+    ("MI250X", "MI250X"),
+    ("MI300X", "MI300X"),
+)
 """What ``torch.cuda.get_device_name`` says (upper case, no spaces) -> the PEAKS row, most specific first:
 ``NVIDIA GH200 480GB`` is no H200, ``NVIDIA H100 PCIe`` no H100 SXM."""
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -80,6 +88,7 @@ def tf32_in_use() -> tuple[bool, bool]:
     (Reading ``allow_tf32`` after the new settings were used raises in torch >= 2.9: they come first.)"""
     backends = torch.backends
     if hasattr(backends, "fp32_precision") and hasattr(backends.cudnn, "conv"):
+
         def resolved(*chain: object) -> bool:
             said = [getattr(level, "fp32_precision", "none") for level in chain]
             return next((p for p in said if p != "none"), "ieee") == "tf32"
@@ -94,8 +103,10 @@ def peak_for(device: torch.device, dtype: torch.dtype, conv_share: float = 0.0) 
     differ, the step's peak is the rate at which it would do its FLOPs, ``conv_share`` of them convolutions,
     each kind at its own peak."""
     if device.type == "cpu":
-        return Peak(cpu_probe(dtype if dtype in (torch.float32, torch.float64) else torch.float32),
-                    f"measured: {torch.get_num_threads()} thread(s), matmul probe")
+        return Peak(
+            cpu_probe(dtype if dtype in (torch.float32, torch.float64) else torch.float32),
+            f"measured: {torch.get_num_threads()} thread(s), matmul probe",
+        )
     key = device_key(torch.cuda.get_device_name(device))
     if key is None:
         return None
@@ -107,8 +118,10 @@ def peak_for(device: torch.device, dtype: torch.dtype, conv_share: float = 0.0) 
         kind = conv if conv_share >= 1 else matmul
         return Peak(row[kind], f"{key} {kind} dense peak (data sheet)")
     value = 1.0 / (conv_share / row[conv] + (1 - conv_share) / row[matmul])
-    return Peak(value, f"{key} dense peaks (data sheet): convolutions ({conv_share:.0%} of the FLOPs) at {conv}, "
-                       f"matmuls at {matmul}")
+    return Peak(
+        value,
+        f"{key} dense peaks (data sheet): convolutions ({conv_share:.0%} of the FLOPs) at {conv}, matmuls at {matmul}",
+    )
 
 
 class Flops(int):
@@ -116,12 +129,12 @@ class Flops(int):
 
     conv: int = 0
 
-    def __new__(cls, total: int, conv: int = 0) -> "Flops":
+    def __new__(cls, total: int, conv: int = 0) -> Flops:
         made = super().__new__(cls, total)
         made.conv = conv
         return made
 
-    def times(self, n: int) -> "Flops":
+    def times(self, n: int) -> Flops:
         return Flops(int(self) * n, self.conv * n)
 
     @property
@@ -155,8 +168,9 @@ def plain_parameters(module: torch.nn.Module) -> bool:
     return all(type(p.data) is torch.Tensor and p.numel() > 0 and not hasattr(p, "ds_id") for p in module.parameters())
 
 
-def plain_step_flops(module: torch.nn.Module, forward: Callable[[torch.nn.Module], object],
-                     micro_batches: int = 1) -> Flops | None:
+def plain_step_flops(
+    module: torch.nn.Module, forward: Callable[[torch.nn.Module], object], micro_batches: int = 1
+) -> Flops | None:
     """FLOPs of one optimizer step of a module with plain parameters: ``forward(module)`` once without
     gradients (random state and buffers restored after), backward counted as twice the forward — what
     FlopCounterMode counts for matmuls and convolutions. None for a sharded module."""

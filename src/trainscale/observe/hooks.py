@@ -30,27 +30,36 @@ import statistics
 import sys
 import threading
 import weakref
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 
 from trainscale.env import detect, node_name
-from trainscale.observe.models import (autocast_dtype, batch_size, device_of, param_dtype, strategy_of,
-                                       tensors, unit_bytes, unwrap)
+from trainscale.observe.models import (
+    autocast_dtype,
+    batch_size,
+    device_of,
+    param_dtype,
+    strategy_of,
+    tensors,
+    unit_bytes,
+    unwrap,
+)
 from trainscale.observe.steps import StepMarks
 from trainscale.observe.worker import recording_on
 
-_current: "Recorder | None" = None
+_current: Recorder | None = None
 _lock = threading.Lock()
 
 
-def current() -> "Recorder | None":
+def current() -> Recorder | None:
     """This process's recorder, if one is installed."""
     return _current
 
 
-def install(run_dir: str | Path | None, *, environ: Any = os.environ) -> "Recorder | None":
+def install(run_dir: str | Path | None, *, environ: Any = os.environ) -> Recorder | None:
     """The process's recorder, installed now if it is not (None without a run directory or when switched off)."""
     global _current
     with _lock:
@@ -96,8 +105,7 @@ class Recorder:
         self._autocast: torch.dtype | None = None
         self._handles: list[Any] = []
         self._lock = threading.Lock()
-        self._compiling: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_compiling",
-                                                      lambda: False)
+        self._compiling: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
         """Inside torch.compile's tracing the hooks do nothing (a side effect there is a graph break)."""
         from trainscale.observe.state import PLAN_STEPS_VAR, StateCount
 
@@ -106,15 +114,17 @@ class Recorder:
         self.state = StateCount() if self.plan_steps > 0 else None
 
     # -- installing -------------------------------------------------------------------------------
-    def install(self) -> "Recorder":
+    def install(self) -> Recorder:
         from torch.nn.modules import module as nn_module
         from torch.optim import optimizer as optim
 
-        self._handles = [nn_module.register_module_forward_pre_hook(self._forward_pre),
-                         nn_module.register_module_forward_hook(self._forward_post, with_kwargs=True,
-                                                                always_call=True),
-                         optim.register_optimizer_step_pre_hook(self._optimizer_pre),
-                         optim.register_optimizer_step_post_hook(self._optimizer_post), _time_loader(self)]
+        self._handles = [
+            nn_module.register_module_forward_pre_hook(self._forward_pre),
+            nn_module.register_module_forward_hook(self._forward_post, with_kwargs=True, always_call=True),
+            optim.register_optimizer_step_pre_hook(self._optimizer_pre),
+            optim.register_optimizer_step_post_hook(self._optimizer_post),
+            _time_loader(self),
+        ]
         self.active = True
         return self
 
@@ -186,8 +196,12 @@ class Recorder:
             # queued before any gradient is ready, so before DDP's (which waits for the gradient all-reduces):
             # its first run ends backward's computing; queued again from there, it runs after DDP's wait
             # (alone, there is no collective to wait for: no sync mark, no communication)
-            engine.queue_callback(lambda: (self._backward_mark("backward"), self._grouped and
-                                           engine.queue_callback(lambda: self._backward_mark("sync"))))
+            engine.queue_callback(
+                lambda: (
+                    self._backward_mark("backward"),
+                    self._grouped and engine.queue_callback(lambda: self._backward_mark("sync")),
+                )
+            )
 
     def _backward_mark(self, phase: str) -> None:
         if self.marks is not None and self._ours():
@@ -251,8 +265,13 @@ class Recorder:
         self._write(self.marks.ready())
 
     def _fields(self) -> dict[str, Any]:
-        return {"step": self.step, "samples": self._samples or None, "tokens": self._tokens or None,
-                "micro_batches": self._micro or None, "loader_s": self._loader[0] if self._loader else None}
+        return {
+            "step": self.step,
+            "samples": self._samples or None,
+            "tokens": self._tokens or None,
+            "micro_batches": self._micro or None,
+            "loader_s": self._loader[0] if self._loader else None,
+        }
 
     def _write(self, records: list[dict[str, Any]]) -> None:
         if not records:
@@ -273,17 +292,28 @@ class Recorder:
         lead = self._lead() if self._lead is not None else None
         device = self.marks.device if self.marks is not None else torch.device("cpu")
         script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
-        meta = {"script": script if script and script != "__main__.py" else None,
-                "strategy": strategy_of(lead) if lead is not None else None,
-                "unit_bytes": unit_bytes(lead) if lead is not None else None, **self.meta}
-        self.out = RankRecorder(self.run_dir, rank, world_size=world, device=str(device), backend=backend,
-                                threads=torch.get_num_threads(), **meta)
+        meta = {
+            "script": script if script and script != "__main__.py" else None,
+            "strategy": strategy_of(lead) if lead is not None else None,
+            "unit_bytes": unit_bytes(lead) if lead is not None else None,
+            **self.meta,
+        }
+        self.out = RankRecorder(
+            self.run_dir,
+            rank,
+            world_size=world,
+            device=str(device),
+            backend=backend,
+            threads=torch.get_num_threads(),
+            **meta,
+        )
         try:
             from trainscale.observe.devices import publish
 
             publish(self.run_dir, node_name(), rank, device)
-            self.sampler = start_sampler(self.run_dir, local_rank=local_rank, local_ranks=local_world,
-                                         environ=self.environ)
+            self.sampler = start_sampler(
+                self.run_dir, local_rank=local_rank, local_ranks=local_world, environ=self.environ
+            )
         except ImportError:  # psutil is not in a stock image: the steps are recorded, the node is not sampled
             self.sampler = None
         except Exception as exc:  # a driver hiccup: the records still go on
@@ -370,9 +400,12 @@ class Recorder:
         from trainscale.runtime.memory import peak_memory
 
         device = self.marks.device
-        summary: dict[str, Any] = {"steps_recorded": len(self.step_times), "peak_mem_bytes": peak_memory(device)[0],
-                                   "steps_peak_mem_bytes": self.steps_peak or None,
-                                   "micro_batches": self._micro_last or None}
+        summary: dict[str, Any] = {
+            "steps_recorded": len(self.step_times),
+            "peak_mem_bytes": peak_memory(device)[0],
+            "steps_peak_mem_bytes": self.steps_peak or None,
+            "micro_batches": self._micro_last or None,
+        }
         if device.type == "cuda":  # the caching allocator's own peak: what plan's fit allows beyond the allocations
             summary["reserved_peak_bytes"] = int(torch.cuda.max_memory_reserved(device))
         lead = self._lead() if self._lead is not None else None
@@ -382,9 +415,14 @@ class Recorder:
             median = statistics.median(self.step_times) if self.step_times else None
             dtype = self._autocast or param_dtype(lead)
             peak = peak_for(device, dtype, getattr(self.flops_per_step, "conv_share", 0.0))
-            summary.update(flops_per_step=self.flops_per_step, step_median_s=median, flops_dtype=str(dtype),
-                           peak_flops=peak.flops if peak else None, peak_source=peak.source if peak else None,
-                           mfu=mfu(self.flops_per_step, median, peak.flops) if peak and median else None)
+            summary.update(
+                flops_per_step=self.flops_per_step,
+                step_median_s=median,
+                flops_dtype=str(dtype),
+                peak_flops=peak.flops if peak else None,
+                peak_source=peak.source if peak else None,
+                mfu=mfu(self.flops_per_step, median, peak.flops) if peak and median else None,
+            )
         if self.watch is not None:
             self.watch.check()
             self.watch.stop()

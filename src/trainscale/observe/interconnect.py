@@ -30,11 +30,15 @@ _VIA = re.compile(r"via NET/(?P<net>[^/]+)")
 _NO_PLUGIN = re.compile(r"NCCL INFO NET/Plugin.*(No plugin found|cannot open shared object|Could not find)", re.I)
 
 FIXES = {
-    "ofi": ("the libfabric network plugin (aws-ofi-rccl on LUMI, aws-ofi-nccl elsewhere) was not loaded: on LUMI "
-            "load it (module use /appl/local/containers/ai-modules; module load singularity-AI-bindings, or the "
-            "aws-ofi-rccl module), or bind it into the container and put its directory on LD_LIBRARY_PATH"),
-    "ib": ("NCCL found no InfiniBand device: check that the job's nodes have their HCAs (ibv_devinfo), that "
-           "NCCL_IB_DISABLE is not set, and that the container sees /dev/infiniband (singularity --nv binds it)"),
+    "ofi": (
+        "the libfabric network plugin (aws-ofi-rccl on LUMI, aws-ofi-nccl elsewhere) was not loaded: on LUMI "
+        "load it (module use /appl/local/containers/ai-modules; module load singularity-AI-bindings, or the "
+        "aws-ofi-rccl module), or bind it into the container and put its directory on LD_LIBRARY_PATH"
+    ),
+    "ib": (
+        "NCCL found no InfiniBand device: check that the job's nodes have their HCAs (ibv_devinfo), that "
+        "NCCL_IB_DISABLE is not set, and that the container sees /dev/infiniband (singularity --nv binds it)"
+    ),
     "socket": "",
 }
 
@@ -95,17 +99,21 @@ class Verdict:
     hint: str = ""
 
 
-def judge(transport: Transport, *, expected: str, multi_node: bool, required: bool = False,
-          backend: str = "nccl") -> Verdict:
+def judge(
+    transport: Transport, *, expected: str, multi_node: bool, required: bool = False, backend: str = "nccl"
+) -> Verdict:
     """Whether the transport found suits the cluster: a multi-node NCCL/RCCL job on a profile that
     expects a fast network must not be on sockets."""
     if backend == "gloo":
         return Verdict("ok", "gloo (CPU ranks): TCP sockets, as expected for CPU tensors")
     if not transport.networks:
-        return Verdict("ok" if not multi_node else "warning",
-                       "no network transport in the log (single node: NCCL uses P2P/SHM within a node)"
-                       if not multi_node else "the NCCL log names no network transport",
-                       "" if not multi_node else "run with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET to see it")
+        return Verdict(
+            "ok" if not multi_node else "warning",
+            "no network transport in the log (single node: NCCL uses P2P/SHM within a node)"
+            if not multi_node
+            else "the NCCL log names no network transport",
+            "" if not multi_node else "run with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET to see it",
+        )
     used = ", ".join(transport.networks)
     if not expected or not multi_node:
         return Verdict("ok", f"network transport: {used}")
@@ -113,8 +121,12 @@ def judge(transport: Transport, *, expected: str, multi_node: bool, required: bo
         return Verdict("ok", f"network transport: {used} (the profile expects {expected})")
     level = "error" if required else "warning"
     why = " (the network plugin could not be loaded)" if transport.plugin_missing else ""
-    return Verdict(level, f"this multi-node job talks over {used}, not the cluster's fast network ({expected}){why}: "
-                          "every all-reduce crosses TCP sockets, several times slower", FIXES.get(expected, ""))
+    return Verdict(
+        level,
+        f"this multi-node job talks over {used}, not the cluster's fast network ({expected}){why}: "
+        "every all-reduce crosses TCP sockets, several times slower",
+        FIXES.get(expected, ""),
+    )
 
 
 def arm(environ: dict[str, str] | os._Environ, log_dir: Path) -> Path | None:

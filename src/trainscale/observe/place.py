@@ -25,8 +25,16 @@ from trainscale.observe.records import metrics_dir
 
 POLL_S, EVERY_S, SAMPLES = 1.0, 0.005, 300
 MAJORITY, MIN_SAMPLES = 0.6, 20
-AFTER = {"start": "data", "data": "forward", "forward": "between", "between": "backward", "backward": "sync",
-         "sync": "other", "other": "optimizer", "optimizer": "data"}
+AFTER = {
+    "start": "data",
+    "data": "forward",
+    "forward": "between",
+    "between": "backward",
+    "backward": "sync",
+    "sync": "other",
+    "other": "optimizer",
+    "optimizer": "data",
+}
 """A step's last mark -> the phase the rank is in since."""
 GROUPS = {"loader": ("data", "between"), "unexplained": None}
 """A straggler's phase whose samples are those of several phases (None: all)."""
@@ -75,8 +83,10 @@ def choose(samples: list[tuple[str, Site | None]], phase: str) -> dict[str, Any]
 
 
 def describe(place: dict[str, Any]) -> str:
-    return (f"its time goes in `{place['function']}` ({place['file']}:{place['line']}): {place['share']:.0%} of "
-            f"{place['samples']} samples of its stack there")
+    return (
+        f"its time goes in `{place['function']}` ({place['file']}:{place['line']}): {place['share']:.0%} of "
+        f"{place['samples']} samples of its stack there"
+    )
 
 
 class StackSampler:
@@ -88,7 +98,7 @@ class StackSampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="trainscale-place", daemon=True)
 
-    def start(self) -> "StackSampler":
+    def start(self) -> StackSampler:
         self._thread.start()
         return self
 

@@ -78,15 +78,24 @@ def rank_stats(rank: int, records: list[dict]) -> RankStats | None:
     shares["other"] = max(0.0, sum(float(r["step_s"]) for r in kept) / len(kept) - sum(shares.values()))
     samples = sum(int(r.get("samples") or 0) for r in steps)
     tokens = sum(int(r.get("tokens") or 0) for r in steps)
-    return RankStats(rank=rank, host=meta.get("node") or meta.get("host", "?"), steps=len(steps),
-                     step_median_s=statistics.median(times), step_p90_s=_pct(times, 0.9), shares=shares,
-                     samples_per_s=samples / total if samples and total else None,
-                     tokens_per_s=tokens / total if tokens and total else None, mfu=summary.get("mfu"),
-                     peak_mem_bytes=summary.get("peak_mem_bytes"),
-                     first_step_s=times[0] if len(kept) < len(steps) else None, total_s=total, samples=samples,
-                     steady_step_s=statistics.median(float(r["step_s"]) for r in kept),
-                     steady_samples=sum(int(r.get("samples") or 0) for r in kept) / len(kept),
-                     steps_peak_mem_bytes=summary.get("steps_peak_mem_bytes"))
+    return RankStats(
+        rank=rank,
+        host=meta.get("node") or meta.get("host", "?"),
+        steps=len(steps),
+        step_median_s=statistics.median(times),
+        step_p90_s=_pct(times, 0.9),
+        shares=shares,
+        samples_per_s=samples / total if samples and total else None,
+        tokens_per_s=tokens / total if tokens and total else None,
+        mfu=summary.get("mfu"),
+        peak_mem_bytes=summary.get("peak_mem_bytes"),
+        first_step_s=times[0] if len(kept) < len(steps) else None,
+        total_s=total,
+        samples=samples,
+        steady_step_s=statistics.median(float(r["step_s"]) for r in kept),
+        steady_samples=sum(int(r.get("samples") or 0) for r in kept) / len(kept),
+        steps_peak_mem_bytes=summary.get("steps_peak_mem_bytes"),
+    )
 
 
 def ranks(run_dir: str | Path) -> list[RankStats]:
@@ -104,8 +113,13 @@ def sections(stats: list[RankStats]) -> dict[str, float] | None:
     def mean(key: str) -> float:
         return sum(s.shares[key] for s in stats) / len(stats)
 
-    out = {"data": mean("data"), "compute": mean("compute") + mean("backward"), "communication": mean("comm"),
-           "optimizer": mean("optimizer"), "other": mean("other")}
+    out = {
+        "data": mean("data"),
+        "compute": mean("compute") + mean("backward"),
+        "communication": mean("comm"),
+        "optimizer": mean("optimizer"),
+        "other": mean("other"),
+    }
     total = sum(out.values())
     for key in ("communication", "optimizer"):
         out[f"{key}_fraction"] = out[key] / total if total > 0 else 0.0
@@ -127,12 +141,20 @@ def timing(stats: list[RankStats]) -> dict[str, Any] | None:
     samples = sum(s.samples for s in stats)
     step = sum(s.steady_step_s for s in stats) / len(stats)
     per_step = sum(s.steady_samples or 0.0 for s in stats)
-    return {"timed": "steps", "runtime_s": runtime, "steps": min(s.steps for s in stats), "samples": samples or None,
-            "samples_per_s": samples / runtime if samples and runtime > 0 else None,
-            "step_time_s": sum(sum(s.shares.values()) for s in stats) / len(stats),
-            "steady": {"steps": len(steady(list(range(min(s.steps for s in stats))))), "step_time_s": step,
-                       "samples_per_s": per_step / step if per_step and step > 0 else None},
-            "breakdown": sections(stats)}
+    return {
+        "timed": "steps",
+        "runtime_s": runtime,
+        "steps": min(s.steps for s in stats),
+        "samples": samples or None,
+        "samples_per_s": samples / runtime if samples and runtime > 0 else None,
+        "step_time_s": sum(sum(s.shares.values()) for s in stats) / len(stats),
+        "steady": {
+            "steps": len(steady(list(range(min(s.steps for s in stats))))),
+            "step_time_s": step,
+            "samples_per_s": per_step / step if per_step and step > 0 else None,
+        },
+        "breakdown": sections(stats),
+    }
 
 
 def other_work(run_dir: str | Path) -> float | None:
@@ -140,12 +162,20 @@ def other_work(run_dir: str | Path) -> float | None:
     (observe/sampler.py; None where sampling was off or took no sample)."""
     from trainscale.observe.sampler import other_cpu_share
 
-    samples = [x for path in sorted(metrics_dir(run_dir).glob("node-*.jsonl")) for x in read_lines(path)
-               if x.get("kind") == "sample"]
+    samples = [
+        x
+        for path in sorted(metrics_dir(run_dir).glob("node-*.jsonl"))
+        for x in read_lines(path)
+        if x.get("kind") == "sample"
+    ]
     return other_cpu_share(samples)
 
 
 def steps_peaks(run_dir: str | Path) -> list[int]:
     """Each rank's peak memory over its training steps, from its records' summary (observe/hooks.py)."""
-    return [r["steps_peak_mem_bytes"] for path in sorted(metrics_dir(run_dir).glob("rank-*.jsonl"))
-            for r in read_lines(path) if r.get("kind") == "summary" and r.get("steps_peak_mem_bytes")]
+    return [
+        r["steps_peak_mem_bytes"]
+        for path in sorted(metrics_dir(run_dir).glob("rank-*.jsonl"))
+        for r in read_lines(path)
+        if r.get("kind") == "summary" and r.get("steps_peak_mem_bytes")
+    ]

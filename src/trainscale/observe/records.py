@@ -19,8 +19,9 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from trainscale.env import node_name
 from trainscale.observe.window import Publisher, RankWindow, default_store
@@ -85,21 +86,42 @@ class RankRecorder:
     ``store``: where the summary for the straggler watch goes; "auto" (default) is the process group's
     when this process is one of two or more ranks, None keeps it to the files."""
 
-    def __init__(self, run_dir: str | Path, rank: int, *, flush_every: int = 50, flush_after_s: float = 5.0,
-                 store: Any = "auto", window: int = 20, **meta: Any) -> None:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        rank: int,
+        *,
+        flush_every: int = 50,
+        flush_after_s: float = 5.0,
+        store: Any = "auto",
+        window: int = 20,
+        **meta: Any,
+    ) -> None:
         self.rank = rank
         self.out = JsonLines(metrics_dir(run_dir) / f"rank-{rank}.jsonl", flush_every, flush_after_s)
-        first = {"kind": "meta", "rank": rank, "host": socket.gethostname(),
-                 "node": node_name(), "pid": os.getpid(),
-                 "t": time.time(), "cpus": sorted(current_affinity()), **meta}
+        first = {
+            "kind": "meta",
+            "rank": rank,
+            "host": socket.gethostname(),
+            "node": node_name(),
+            "pid": os.getpid(),
+            "t": time.time(),
+            "cpus": sorted(current_affinity()),
+            **meta,
+        }
         self.out.write(first)
         self.out.flush()  # the meta line at once: a reader learns of the rank before its first block
         self.window = RankWindow(window, first)
         self.publisher = Publisher(default_store() if store == "auto" else store, rank, self.window)
 
     def step(self, step: int, step_s: float, **fields: float | int | None) -> None:
-        record = {"kind": "step", "step": step, "t": time.time(), "step_s": step_s,
-                  **{k: v for k, v in fields.items() if v is not None}}
+        record = {
+            "kind": "step",
+            "step": step,
+            "t": time.time(),
+            "step_s": step_s,
+            **{k: v for k, v in fields.items() if v is not None},
+        }
         self.out.write(record)
         self.window.add(record)
         self.publisher.maybe()

@@ -15,7 +15,8 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from trainscale.env import node_name
 from trainscale.observe.records import JsonLines, metrics_dir
@@ -81,8 +82,9 @@ def other_cpu_share(samples: list[dict[str, Any]]) -> float | None:
 class Sampler:
     """Samples every ``interval_s`` in a daemon thread until :meth:`stop`."""
 
-    def __init__(self, run_dir, *, interval_s: float, gpu_reader: Callable[[], list[dict]] | None = None,
-                 local_ranks: int = 1) -> None:
+    def __init__(
+        self, run_dir, *, interval_s: float, gpu_reader: Callable[[], list[dict]] | None = None, local_ranks: int = 1
+    ) -> None:
         import psutil
 
         from trainscale.observe.devices import JobGpus
@@ -101,7 +103,7 @@ class Sampler:
         self._thread = threading.Thread(target=self._loop, name="trainscale-sampler", daemon=True)
         self.samples = 0
 
-    def start(self) -> "Sampler":
+    def start(self) -> Sampler:
         self._thread.start()
         return self
 
@@ -116,9 +118,14 @@ class Sampler:
             except psutil.Error:
                 continue
         per_cpu = psutil.cpu_percent(None, percpu=True)
-        record = {"kind": "sample", "t": time.time(), "cpu_pct": psutil.cpu_percent(None), "procs": procs,
-                  "rank_cpus": len(self.cpus),
-                  "rank_cpus_busy_pct": sum(per_cpu[i] for i in self.cpus if i < len(per_cpu))}
+        record = {
+            "kind": "sample",
+            "t": time.time(),
+            "cpu_pct": psutil.cpu_percent(None),
+            "procs": procs,
+            "rank_cpus": len(self.cpus),
+            "rank_cpus_busy_pct": sum(per_cpu[i] for i in self.cpus if i < len(per_cpu)),
+        }
         try:
             gpus = self.gpu()
         except Exception as exc:  # a driver hiccup must not end training

@@ -42,8 +42,12 @@ def _bytes(found: list[torch.Tensor], skip: set | frozenset = frozenset()) -> in
 
 
 def _parameters(optimizer: Any) -> list[torch.Tensor]:
-    return [p for group in getattr(optimizer, "param_groups", []) for p in group.get("params", [])
-            if isinstance(p, torch.Tensor)]
+    return [
+        p
+        for group in getattr(optimizer, "param_groups", [])
+        for p in group.get("params", [])
+        if isinstance(p, torch.Tensor)
+    ]
 
 
 class StateCount:
@@ -98,24 +102,40 @@ class StateCount:
         if not params or self.params:
             return
         self.params = _bytes(params)
-        self.groups = [[p.numel() for p in group.get("params", []) if isinstance(p, torch.Tensor)]
-                       for group in getattr(optimizer, "param_groups", [])]
+        self.groups = [
+            [p.numel() for p in group.get("params", []) if isinstance(p, torch.Tensor)]
+            for group in getattr(optimizer, "param_groups", [])
+        ]
         self.grads = _bytes([p.grad for p in params if p.grad is not None])
         self.dtypes = {str(p.dtype).replace("torch.", "") for p in params}
         # the weights a layer saves for its backward are the parameters, not activations, in any view of them
         # (a Linear saves its weight transposed: the same storage, another shape)
         storages = {k[0] for k in map(_key, params) if k is not None}
-        self.activations = max(sum(size for address, size in saved.values() if address not in storages)
-                               for saved in [*self._batches, self._saved])  # the largest micro-batch's
+        self.activations = max(
+            sum(size for address, size in saved.values() if address not in storages)
+            for saved in [*self._batches, self._saved]
+        )  # the largest micro-batch's
         self._saved, self._batches = {}, []
 
     def after_step(self, optimizer: Any) -> None:
         state = getattr(optimizer, "state", {})
-        found = [v for entry in state.values() if isinstance(entry, dict) for v in entry.values()
-                 if isinstance(v, torch.Tensor) and v.dim() > 0]  # Adam's step counter is a scalar: no state
+        found = [
+            v
+            for entry in state.values()
+            if isinstance(entry, dict)
+            for v in entry.values()
+            if isinstance(v, torch.Tensor) and v.dim() > 0
+        ]  # Adam's step counter is a scalar: no state
         self.optimizer = max(self.optimizer, _bytes(found))
 
     def record(self) -> dict[str, Any]:
-        return {"kind": "state", "params_bytes": self.params, "grads_bytes": self.grads,
-                "optimizer_bytes": self.optimizer, "activation_bytes": self.activations,
-                "activation_samples": self.samples, "param_dtypes": sorted(self.dtypes), "param_groups": self.groups}
+        return {
+            "kind": "state",
+            "params_bytes": self.params,
+            "grads_bytes": self.grads,
+            "optimizer_bytes": self.optimizer,
+            "activation_bytes": self.activations,
+            "activation_samples": self.samples,
+            "param_dtypes": sorted(self.dtypes),
+            "param_groups": self.groups,
+        }

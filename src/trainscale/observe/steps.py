@@ -23,8 +23,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
-RECORD_FIELD = {"data": "data_s", "forward": "compute_s", "between": "between_s", "backward": "backward_s",
-                "sync": "comm_s", "optimizer": "optimizer_s", "other": None}
+RECORD_FIELD = {
+    "data": "data_s",
+    "forward": "compute_s",
+    "between": "between_s",
+    "backward": "backward_s",
+    "sync": "comm_s",
+    "optimizer": "optimizer_s",
+    "other": None,
+}
 """Each phase's field in a step record (observe/records.py); ``other`` is left to the report."""
 
 

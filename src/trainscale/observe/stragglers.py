@@ -17,9 +17,10 @@ import os
 import statistics
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from trainscale.observe import place as places
 from trainscale.observe.records import metrics_dir, note_event
@@ -72,12 +73,17 @@ class Straggler:
 
     def describe(self) -> str:
         ms = lambda s: f"{s * 1e3:.1f} ms"  # noqa: E731
-        where = (f"{PHASE_TEXT[self.phase]} ({ms(self.mine_s)} on it, {ms(self.others_s)} on the others)"
-                 if self.phase != "unexplained" else PHASE_TEXT[self.phase])
+        where = (
+            f"{PHASE_TEXT[self.phase]} ({ms(self.mine_s)} on it, {ms(self.others_s)} on the others)"
+            if self.phase != "unexplained"
+            else PHASE_TEXT[self.phase]
+        )
         where += f"; {places.describe(self.place)}" if self.place else ""
-        return (f"rank {self.rank} on {self.host} arrives last at the gradient all-reduce, {ms(self.late_s)} after "
-                f"the others each step: {where}. The job would be ~{self.cost:.0%} faster without it: "
-                f"{ms(self.late_s)} of each {ms(self.step_s)} step" + (f". {self.cause}" if self.cause else ""))
+        return (
+            f"rank {self.rank} on {self.host} arrives last at the gradient all-reduce, {ms(self.late_s)} after "
+            f"the others each step: {where}. The job would be ~{self.cost:.0%} faster without it: "
+            f"{ms(self.late_s)} of each {ms(self.step_s)} step" + (f". {self.cause}" if self.cause else "")
+        )
 
 
 def _phase(mine: dict[str, float], others: dict[str, float], late_s: float) -> str:
@@ -95,29 +101,35 @@ def _cause(phase: str, mine: dict[str, Any], others: list[dict[str, Any]]) -> st
     said = []
     cpus, cpus_o = len(mine.get("cpus") or []), statistics.median(len(o.get("cpus") or []) for o in others)
     if cpus and cpus_o and cpus < cpus_o:
-        said.append(f"Its CPU binding has {cpus} CPU(s), the others' {cpus_o:g} (trainscale profiles --here shows "
-                    "the plan)")
-    node = [set(mine.get("cpus") or [])] + [set(o.get("cpus") or []) for o in others
-                                            if o.get("node") == mine.get("node")]
+        said.append(
+            f"Its CPU binding has {cpus} CPU(s), the others' {cpus_o:g} (trainscale profiles --here shows the plan)"
+        )
+    node = [set(mine.get("cpus") or [])] + [
+        set(o.get("cpus") or []) for o in others if o.get("node") == mine.get("node")
+    ]
     overlap = [node[i] & set().union(*(n for j, n in enumerate(node) if j != i)) for i in range(len(node))]
     shared = overlap[0]
     if shared and not all(overlap[1:]):  # only where some rank of its node has CPUs of its own
-        said.append(f"It shares CPU(s) {sorted(shared)[:8]} with another rank of its node, which the others "
-                    "do not")
+        said.append(f"It shares CPU(s) {sorted(shared)[:8]} with another rank of its node, which the others do not")
     if phase == "loader":
-        said.append("More DataLoader workers (num_workers, within the rank's CPUs), pinned memory or faster "
-                    "storage would feed it sooner")
+        said.append(
+            "More DataLoader workers (num_workers, within the rank's CPUs), pinned memory or faster "
+            "storage would feed it sooner"
+        )
     return ". ".join(said)
 
 
-def find_in_windows(windows: dict[int, dict[str, Any]], *, share: float = DEFAULT_SHARE,
-                    window: int = DEFAULT_WINDOW) -> Straggler | None:
+def find_in_windows(
+    windows: dict[int, dict[str, Any]], *, share: float = DEFAULT_SHARE, window: int = DEFAULT_WINDOW
+) -> Straggler | None:
     """Pure: from each rank's summary of its last two windows (observe/window.py), the rank that arrives last
     at the collective when the others wait for it ``share`` of the step or more, in the last window and the
     one before too (a passing hiccup, another job's burst on a shared core, is not a straggler). Linear in
     the ranks. The windows are the ranks' own (``w`` in a summary; ``window`` where a summary does not say)."""
-    if len(windows) < 2 or any(w.get("n", 0) < 2 * w.get("w", window) or w.get("now") is None
-                               or w.get("before") is None for w in windows.values()):
+    if len(windows) < 2 or any(
+        w.get("n", 0) < 2 * w.get("w", window) or w.get("now") is None or w.get("before") is None
+        for w in windows.values()
+    ):
         return None
     step = statistics.median(float(w.get("step") or 0.0) for w in windows.values())
 
@@ -133,11 +145,22 @@ def find_in_windows(windows: dict[int, dict[str, Any]], *, share: float = DEFAUL
     mine = windows[late].get("phases") or {}
     theirs = {k: statistics.median(float((o.get("phases") or {}).get(k) or 0.0) for o in others) for k in mine}
     phase = _phase(mine, theirs, late_s)
-    mine_s, others_s = ((mine[phase], theirs[phase]) if phase != "unexplained"
-                        else (windows[late]["now"], statistics.median(float(o["now"]) for o in others)))
-    return Straggler(rank=late, host=windows[late].get("node") or "?", phase=phase, late_s=late_s, step_s=step,
-                     mine_s=mine_s, others_s=others_s, cause=_cause(phase, windows[late], others),
-                     place=(windows[late].get("place") or {}).get(phase))
+    mine_s, others_s = (
+        (mine[phase], theirs[phase])
+        if phase != "unexplained"
+        else (windows[late]["now"], statistics.median(float(o["now"]) for o in others))
+    )
+    return Straggler(
+        rank=late,
+        host=windows[late].get("node") or "?",
+        phase=phase,
+        late_s=late_s,
+        step_s=step,
+        mine_s=mine_s,
+        others_s=others_s,
+        cause=_cause(phase, windows[late], others),
+        place=(windows[late].get("place") or {}).get(phase),
+    )
 
 
 def summarise(records: list[dict[str, Any]], window: int = DEFAULT_WINDOW) -> dict[str, Any]:
@@ -151,8 +174,9 @@ def summarise(records: list[dict[str, Any]], window: int = DEFAULT_WINDOW) -> di
     return summary.summary()
 
 
-def find_straggler(ranks: dict[int, list[dict]], *, share: float = DEFAULT_SHARE,
-                   window: int = DEFAULT_WINDOW) -> Straggler | None:
+def find_straggler(
+    ranks: dict[int, list[dict]], *, share: float = DEFAULT_SHARE, window: int = DEFAULT_WINDOW
+) -> Straggler | None:
     """Pure: :func:`find_in_windows` over each rank's records (its meta record and steps)."""
     return find_in_windows({r: summarise(recs, window) for r, recs in ranks.items()}, share=share, window=window)
 
@@ -175,12 +199,17 @@ def diagnose(ranks: dict[int, list[dict]]) -> Diagnosis:
     window = min(DEFAULT_WINDOW, min((len(s) for s in steps.values()), default=0) // 2)
     straggler = None
     if len(ranks) > 1 and window >= MIN_WINDOW:
-        metas = {r: [x for x in recs if x.get("kind") == "meta"][:1] + [x for x in recs if x.get("kind") == "place"]
-                 for r, recs in ranks.items()}
+        metas = {
+            r: [x for x in recs if x.get("kind") == "meta"][:1] + [x for x in recs if x.get("kind") == "place"]
+            for r, recs in ranks.items()
+        }
         straggler = find_straggler({r: metas[r] + steps[r] for r in ranks}, window=window)
     micro = [int(x["micro_batches"]) for s in steps.values() for x in s if x.get("micro_batches")]
-    return Diagnosis(straggler=straggler, loader=any("loader_s" in x for s in steps.values() for x in s),
-                     micro_batches=int(statistics.median(micro)) if micro else None)
+    return Diagnosis(
+        straggler=straggler,
+        loader=any("loader_s" in x for s in steps.values() for x in s),
+        micro_batches=int(statistics.median(micro)) if micro else None,
+    )
 
 
 class RankTail:
@@ -241,8 +270,17 @@ class StragglerWatch:
     ``store``: where the ranks publish their summaries (observe/window.py); "auto" (default) is this
     process group's, when there is one of two or more ranks; None reads the record files in ``run_dir``."""
 
-    def __init__(self, run_dir, *, say: Callable[[str], None], every_s: float = 10.0, share: float = DEFAULT_SHARE,
-                 window: int = DEFAULT_WINDOW, store: Any = "auto", world_size: int | None = None) -> None:
+    def __init__(
+        self,
+        run_dir,
+        *,
+        say: Callable[[str], None],
+        every_s: float = 10.0,
+        share: float = DEFAULT_SHARE,
+        window: int = DEFAULT_WINDOW,
+        store: Any = "auto",
+        world_size: int | None = None,
+    ) -> None:
         self.run_dir, self.say, self.every_s = Path(run_dir), say, every_s
         self.share, self.window = share, window
         self.found: Straggler | None = None
@@ -262,7 +300,7 @@ class StragglerWatch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="trainscale-stragglers", daemon=True)
 
-    def start(self) -> "StragglerWatch":
+    def start(self) -> StragglerWatch:
         self._thread.start()
         return self
 
@@ -273,9 +311,12 @@ class StragglerWatch:
                 return read_all(self.store, self.world_size)
             except Exception:  # the store went away (the run is ending): nothing more to say
                 return None
-        return {int(p.stem.split("-", 1)[1]): summarise(self.tails.setdefault(p, RankTail(p, 2 * self.window)).read(),
-                                                        self.window)
-                for p in metrics_dir(self.run_dir).glob("rank-*.jsonl")}
+        return {
+            int(p.stem.split("-", 1)[1]): summarise(
+                self.tails.setdefault(p, RankTail(p, 2 * self.window)).read(), self.window
+            )
+            for p in metrics_dir(self.run_dir).glob("rank-*.jsonl")
+        }
 
     def check(self) -> Straggler | None:
         """Names a straggler once and flags its rank to sample its stack (observe/place.py); names it again,
@@ -294,8 +335,16 @@ class StragglerWatch:
         if found is not None:
             self.found = found
             self.say(f"trainscale: straggler: {found.describe()}")
-            note_event(self.run_dir, kind="straggler", rank=found.rank, host=found.host, phase=found.phase,
-                       cost=found.cost, place=found.place, message=found.describe())
+            note_event(
+                self.run_dir,
+                kind="straggler",
+                rank=found.rank,
+                host=found.host,
+                phase=found.phase,
+                cost=found.cost,
+                place=found.place,
+                message=found.describe(),
+            )
             if not found.place:  # the late rank's thread samples its stack (observe/place.py)
                 places.flag(self.run_dir, found.rank).touch()
         return found

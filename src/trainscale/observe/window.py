@@ -26,8 +26,14 @@ from typing import Any
 KEY = "trainscale/window/{rank}"
 PUBLISH_EVERY_S = 0.5
 """At most this often per rank (a recorder flushing every step must not talk to the store every step)."""
-PHASES = {"data": "data_s", "loader": "loader_s", "forward": "compute_s", "between": "between_s",
-          "backward": "backward_s", "optimizer": "optimizer_s"}
+PHASES = {
+    "data": "data_s",
+    "loader": "loader_s",
+    "forward": "compute_s",
+    "between": "between_s",
+    "backward": "backward_s",
+    "optimizer": "optimizer_s",
+}
 """A step's phases (observe/steps.py) as a straggler is named by; ``loader`` (the DataLoader's time) lies
 inside ``data`` or ``between``, and ``other`` is the rest of the step less the wait (``comm_s``)."""
 
@@ -56,8 +62,10 @@ class RankWindow:
         self.window = window
         self.steps: deque[tuple[float, float, dict[str, float]]] = deque(maxlen=2 * window)
         self.loader = False
-        self.meta = {"node": (meta or {}).get("node") or (meta or {}).get("host", "?"),
-                     "cpus": list((meta or {}).get("cpus") or [])}
+        self.meta = {
+            "node": (meta or {}).get("node") or (meta or {}).get("host", "?"),
+            "cpus": list((meta or {}).get("cpus") or []),
+        }
 
     def add(self, record: dict[str, Any]) -> None:
         own = own_time(record)
@@ -66,11 +74,17 @@ class RankWindow:
             self.loader = self.loader or "loader_s" in record
 
     def summary(self) -> dict[str, Any]:
-        last, before = list(self.steps)[-self.window:], list(self.steps)[:-self.window]
-        return {"w": self.window, "n": len(self.steps), "now": _median([s[0] for s in last]),
-                "before": _median([s[0] for s in before]), "step": _median([s[1] for s in last]),
-                "phases": {k: _median([s[2][k] for s in last]) for k in (last[0][2] if last else ())},
-                "loader": self.loader, **self.meta}
+        last, before = list(self.steps)[-self.window :], list(self.steps)[: -self.window]
+        return {
+            "w": self.window,
+            "n": len(self.steps),
+            "now": _median([s[0] for s in last]),
+            "before": _median([s[0] for s in before]),
+            "step": _median([s[1] for s in last]),
+            "phases": {k: _median([s[2][k] for s in last]) for k in (last[0][2] if last else ())},
+            "loader": self.loader,
+            **self.meta,
+        }
 
 
 def default_store() -> Any:

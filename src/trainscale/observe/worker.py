@@ -7,7 +7,8 @@ import contextlib
 import importlib.util
 import os
 import sys
-from typing import Any, MutableMapping
+from collections.abc import MutableMapping
+from typing import Any
 
 RECORD_VAR, NOTICE_VAR = "TRAINSCALE_RECORD", "TRAINSCALE_HANG_NOTICE"
 """``0`` switches off the step records (observe/hooks.py), the hang watch (runtime/hangwatch/heartbeat.py)."""
@@ -24,7 +25,8 @@ _OBSERVING: list = []
 def observe_when_torch_loads(environ: MutableMapping[str, str] = os.environ, *, kit: str | None = None) -> None:
     """When the script imports torch (now if it has), the recorder's hooks go in (observe/hooks.py: every rank's
     steps, with a run directory) and a watch starts the rank's heartbeat once its process group exists
-    (runtime/hangwatch/heartbeat.py: a hang's culprit named). torch's flight recorder keeps the last collectives (asked for
+    (runtime/hangwatch/heartbeat.py: a hang's culprit named). torch's flight recorder keeps the last collectives
+    (asked for
     before the group exists). Nothing here may fail the script: what cannot start says so in one line. ``kit``:
     the job kit's directory, where the script's Python has no trainscale of its own (a stock container)."""
     from trainscale.env import detect
@@ -74,13 +76,24 @@ def _start_observing(environ: MutableMapping[str, str], kit: str | None, run_dir
         group_watch = progress.GroupWatch(environ, *told).start() if watch else None
         _OBSERVING[:] = [recorder, group_watch]
     except Exception as exc:  # an image's older torch, a module it lacks: the script runs on, unobserved
-        print(f"trainscale: this rank is not observed (no step records or hang watch): {type(exc).__name__}: {exc}",
-              file=sys.stderr, flush=True)
+        print(
+            f"trainscale: this rank is not observed (no step records or hang watch): {type(exc).__name__}: {exc}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
-OBSERVERS = ("trainscale.observe.hooks", "trainscale.runtime.hangwatch.heartbeat", "trainscale.observe.records",
-             "trainscale.observe.sampler", "trainscale.observe.devices", "trainscale.observe.stragglers",
-             "trainscale.observe.flops", "trainscale.runtime.memory", "trainscale.observe.state")
+OBSERVERS = (
+    "trainscale.observe.hooks",
+    "trainscale.runtime.hangwatch.heartbeat",
+    "trainscale.observe.records",
+    "trainscale.observe.sampler",
+    "trainscale.observe.devices",
+    "trainscale.observe.stragglers",
+    "trainscale.observe.flops",
+    "trainscale.runtime.memory",
+    "trainscale.observe.state",
+)
 """The recorder, the heartbeat, and every module they import later (the job kit holds them all)."""
 
 
@@ -132,5 +145,8 @@ def stop_observing() -> None:
             try:
                 getattr(part, stop)()
             except Exception as exc:
-                print(f"trainscale: {stop} of the observation failed: {type(exc).__name__}: {exc}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"trainscale: {stop} of the observation failed: {type(exc).__name__}: {exc}",
+                    file=sys.stderr,
+                    flush=True,
+                )

@@ -9,23 +9,33 @@ import json
 import os
 import shlex
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
-from trainscale.plan.model import Calibration, Plan, make_plan
-from trainscale.plan.comm import Network, Sweep, get_network
 from trainscale.errors import ConfigError
 from trainscale.observe.reading import other_work, steady, step_records, steps_peaks
 from trainscale.observe.records import read_lines
+from trainscale.plan.comm import Network, Sweep, get_network
+from trainscale.plan.model import Calibration, Plan, make_plan
 
 PROFILE_NETWORKS = {"ofi": "slingshot-11", "ib": "ib-hdr200", "socket": "ethernet-25g"}
 """A profile's ``interconnect`` as the plan's network (plan/comm.NETWORKS)."""
 DEFAULT_NETWORK = "ethernet-25g"
 
 
-def short_run(*, script: str | None, args: tuple[str, ...], workload: str | None, batch: int | None, steps: int,
-              say: Callable[[str], None], nproc: int = 1, strategy: str | None = None, threads: int | None = None,
-              timeout_s: float = 900.0) -> tuple[list[dict], dict | None, list[int], float | None]:
+def short_run(
+    *,
+    script: str | None,
+    args: tuple[str, ...],
+    workload: str | None,
+    batch: int | None,
+    steps: int,
+    say: Callable[[str], None],
+    nproc: int = 1,
+    strategy: str | None = None,
+    threads: int | None = None,
+    timeout_s: float = 900.0,
+) -> tuple[list[dict], dict | None, list[int], float | None]:
     """Run the script (or workload) on ``nproc`` ranks here for ``steps`` optimizer steps and more (a trial,
     launch/trial.py): rank 0's records, a workload's metrics (its memory table), every rank's peak memory over its
     training steps and the share of its CPUs other work kept busy (observe/reading.other_work; None: not sampled). A
@@ -40,15 +50,29 @@ def short_run(*, script: str | None, args: tuple[str, ...], workload: str | None
     with tempfile.TemporaryDirectory(prefix="trainscale-plan-") as tmp:
         run_dir, metrics = Path(tmp) / "run", Path(tmp) / "metrics.json"
         env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("TRAINSCALE_TRAIN_")}
-        env.update({CHECKPOINT_DIR_VAR: str(Path(tmp) / "checkpoints"), "TRAINSCALE_RECORD": "1",
-                    "TRAINSCALE_HANG_NOTICE": "0"})
+        env.update(
+            {
+                CHECKPOINT_DIR_VAR: str(Path(tmp) / "checkpoints"),
+                "TRAINSCALE_RECORD": "1",
+                "TRAINSCALE_HANG_NOTICE": "0",
+            }
+        )
         if threads and "OMP_NUM_THREADS" not in os.environ:
             env["OMP_NUM_THREADS"] = str(threads)
         if workload:
             from trainscale.workloads.registry import get_workload
 
-            line = ["--workload", workload, *args, *get_workload(workload).batch_args(batch, nproc),
-                    *(["--strategy", strategy] if strategy else []), "--epochs", "1000", "--log-every", "0"]
+            line = [
+                "--workload",
+                workload,
+                *args,
+                *get_workload(workload).batch_args(batch, nproc),
+                *(["--strategy", strategy] if strategy else []),
+                "--epochs",
+                "1000",
+                "--log-every",
+                "0",
+            ]
             if nproc == 1:  # the calibration: the state counted, then stopped by the recorder
                 env[PLAN_STEPS_VAR] = str(steps)
             else:
@@ -64,29 +88,57 @@ def short_run(*, script: str | None, args: tuple[str, ...], workload: str | None
         done = here(target, targs, module=module, nproc=nproc, run_dir=run_dir, env=env, cwd=cwd, timeout_s=timeout_s)
         if done.timed_out:
             said = "the calibration run took more than" if calibrating else "the verification run took more than"
-            raise ConfigError(f"{said} {timeout_s:.0f} s for {steps + 1} steps",
-                              hint="give fewer --steps, or a smaller batch")
+            raise ConfigError(
+                f"{said} {timeout_s:.0f} s for {steps + 1} steps", hint="give fewer --steps, or a smaller batch"
+            )
         found = run_dir / "metrics" / "rank-0.jsonl"
         if done.ok and not found.exists():  # it ended by itself before a step: nothing to plan from
-            raise ConfigError("the calibration run recorded no optimizer step with parameters: the script ended "
-                              "without training", hint="plan needs a script that trains (a torch optimizer's step)")
+            raise ConfigError(
+                "the calibration run recorded no optimizer step with parameters: the script ended without training",
+                hint="plan needs a script that trains (a torch optimizer's step)",
+            )
         if not done.ok or not found.exists():
-            said = [line for line in done.summary.strip().splitlines()  # not the logs of a directory about to go
-                    if tmp not in line and not line.startswith("=====")]
+            said = [
+                line
+                for line in done.summary.strip().splitlines()  # not the logs of a directory about to go
+                if tmp not in line and not line.startswith("=====")
+            ]
             tail = "\n".join(said[-15:])
             said = "the calibration run failed" if calibrating else "the verification run failed"
             raise ConfigError(f"{said}:\n{tail}", hint="run the same line with trainscale run to see why")
-        return (list(read_lines(found)), json.loads(metrics.read_text()) if metrics.exists() else None,
-                steps_peaks(run_dir), other_work(run_dir))
+        return (
+            list(read_lines(found)),
+            json.loads(metrics.read_text()) if metrics.exists() else None,
+            steps_peaks(run_dir),
+            other_work(run_dir),
+        )
 
 
-def calibrate(*, script: str | None, args: tuple[str, ...], workload: str | None, batch: int | None, steps: int,
-              say: Callable[[str], None], threads: int | None = None, timeout_s: float = 900.0,
-              strategy: str | None = None) -> Calibration:
+def calibrate(
+    *,
+    script: str | None,
+    args: tuple[str, ...],
+    workload: str | None,
+    batch: int | None,
+    steps: int,
+    say: Callable[[str], None],
+    threads: int | None = None,
+    timeout_s: float = 900.0,
+    strategy: str | None = None,
+) -> Calibration:
     """One rank, ``steps`` optimizer steps: what its state holds and how long its steps take (on CPU with
     ``threads`` threads: those a rank of the planned node gets); a workload under ``strategy``."""
-    records, _, _, _ = short_run(script=script, args=args, workload=workload, batch=batch, steps=steps, say=say,
-                              threads=threads, timeout_s=timeout_s, strategy=strategy)
+    records, _, _, _ = short_run(
+        script=script,
+        args=args,
+        workload=workload,
+        batch=batch,
+        steps=steps,
+        say=say,
+        threads=threads,
+        timeout_s=timeout_s,
+        strategy=strategy,
+    )
     return Calibration.from_records(records)
 
 
@@ -135,11 +187,22 @@ def sweeps_here(ranks_per_node: int, say: Callable[[str], None], hooks: tuple[st
         for hook in hooks:
             say(f"measuring: the all-reduce among {ranks} ranks here ({SWEEP_SIZES}, {Sweep.HOOKS[hook]})")
             with tempfile.TemporaryDirectory(prefix="trainscale-plan-") as tmp:
-                result = measure(None, nproc=ranks, sizes=SWEEP_SIZES, out_file=Path(tmp) / "allreduce.json",
-                                 logs=Path(tmp) / "runs", iters=20, budget_s=0.3, device="cpu", hook=hook)
+                result = measure(
+                    None,
+                    nproc=ranks,
+                    sizes=SWEEP_SIZES,
+                    out_file=Path(tmp) / "allreduce.json",
+                    logs=Path(tmp) / "runs",
+                    iters=20,
+                    budget_s=0.3,
+                    device="cpu",
+                    hook=hook,
+                )
             if "error" in result:
-                raise ConfigError(f"the all-reduce among {ranks} ranks here failed: {result['error']}",
-                                  hint="trainscale doctor checks that ranks here can reach each other")
+                raise ConfigError(
+                    f"the all-reduce among {ranks} ranks here failed: {result['error']}",
+                    hint="trainscale doctor checks that ranks here can reach each other",
+                )
             out.append(Sweep.from_result(result))
     return out
 
@@ -148,8 +211,15 @@ VERIFIED = ("ddp", "zero1", "fsdp")
 """The strategies ``--verify`` runs for a workload (DeepSpeed's first start compiles for a minute: left out)."""
 
 
-def verify(plan: Plan, *, script: str | None, args: tuple[str, ...], workload: str | None, steps: int,
-           say: Callable[[str], None]) -> list[dict]:
+def verify(
+    plan: Plan,
+    *,
+    script: str | None,
+    args: tuple[str, ...],
+    workload: str | None,
+    steps: int,
+    say: Callable[[str], None],
+) -> list[dict]:
     """``plan --verify``: the cheapest several-rank configuration the plan predicts (2 ranks here; 1 where the plan
     is for one), under each strategy trainscale runs for a workload (a script's own for a script), run here for
     a few steps: the predicted step time, model state and peak against the measured ones, a run that other work
@@ -158,16 +228,35 @@ def verify(plan: Plan, *, script: str | None, args: tuple[str, ...], workload: s
 
     ranks = 2 if plan.world > 1 else 1
     out = []
-    for strategy in (VERIFIED if workload else (None,)):
-        records, metrics, peaks, share = short_run(script=script, args=args, workload=workload, batch=plan.batch,
-                                                   steps=steps, say=say, nproc=ranks, strategy=strategy)
-        out.append(compare(plan, records, metrics, peaks, ranks=ranks, nodes=1, strategy=strategy)
-                   | {"other_cpu_share": share, "disturbed": disturbance({"other_cpu_share": share}, None)})
+    for strategy in VERIFIED if workload else (None,):
+        records, metrics, peaks, share = short_run(
+            script=script,
+            args=args,
+            workload=workload,
+            batch=plan.batch,
+            steps=steps,
+            say=say,
+            nproc=ranks,
+            strategy=strategy,
+        )
+        out.append(
+            compare(plan, records, metrics, peaks, ranks=ranks, nodes=1, strategy=strategy)
+            | {"other_cpu_share": share, "disturbed": disturbance({"other_cpu_share": share}, None)}
+        )
     return out
 
 
-def compare(plan: Plan, records: list[dict], metrics: dict | None, peaks: list[int], *, ranks: int, nodes: int,
-            strategy: str | None, batch: int | None = None) -> dict:
+def compare(
+    plan: Plan,
+    records: list[dict],
+    metrics: dict | None,
+    peaks: list[int],
+    *,
+    ranks: int,
+    nodes: int,
+    strategy: str | None,
+    batch: int | None = None,
+) -> dict:
     """One measured configuration against the plan: the median step after the first, the model state (parameters,
     gradients and optimizer state) of the fullest rank (a workload's memory table; a script's rank 0 records) and
     the largest peak of any rank over its training steps (``peaks``), each with its error."""
@@ -188,14 +277,23 @@ def compare(plan: Plan, records: list[dict], metrics: dict | None, peaks: list[i
     def error(measured: float | None, want: float) -> float | None:
         return measured / want - 1 if measured is not None and want else None
 
-    return {"config": f"{ranks} x {strategy or f'your script ({modelled})'}" + (f" on {nodes} nodes" if nodes > 1
-                                                                               else ""),
-            "ranks": ranks, "nodes": nodes, "strategy": modelled, "steps": len(times) + 1,
-            "predicted_step_s": predicted["step_s"], "band_s": predicted["band_s"], "measured_step_s": step,
-            "step_error": error(step, predicted["step_s"]) if times else None,
-            "predicted_held": m.held, "measured_held": held, "held_error": error(held, m.held),
-            "predicted_peak": m.peak, "measured_peak": peak,
-            "peak_error": error(peak, m.peak) if plan.calibration.peak else None}
+    return {
+        "config": f"{ranks} x {strategy or f'your script ({modelled})'}" + (f" on {nodes} nodes" if nodes > 1 else ""),
+        "ranks": ranks,
+        "nodes": nodes,
+        "strategy": modelled,
+        "steps": len(times) + 1,
+        "predicted_step_s": predicted["step_s"],
+        "band_s": predicted["band_s"],
+        "measured_step_s": step,
+        "step_error": error(step, predicted["step_s"]) if times else None,
+        "predicted_held": m.held,
+        "measured_held": held,
+        "held_error": error(held, m.held),
+        "predicted_peak": m.peak,
+        "measured_peak": peak,
+        "peak_error": error(peak, m.peak) if plan.calibration.peak else None,
+    }
 
 
 def room(profile, ranks_per_node: int, mem: str | None = None) -> tuple[float | None, str]:
@@ -210,8 +308,10 @@ def room(profile, ranks_per_node: int, mem: str | None = None) -> tuple[float | 
         if profile.gpus_per_node and profile.mem_per_gpu_gb:
             return profile.mem_per_gpu_gb * 2**30, f"profile {profile.name}: {profile.mem_per_gpu_gb:g} GB per GPU"
         if profile.mem_per_node_gb:
-            return (profile.mem_per_node_gb * 2**30 / ranks_per_node,
-                    f"profile {profile.name}: {profile.mem_per_node_gb:g} GB per node / {ranks_per_node} rank(s)")
+            return (
+                profile.mem_per_node_gb * 2**30 / ranks_per_node,
+                f"profile {profile.name}: {profile.mem_per_node_gb:g} GB per node / {ranks_per_node} rank(s)",
+            )
         return None, f"profile {profile.name} gives no memory"
     import torch
 
@@ -264,40 +364,96 @@ def network(name: str | None, profile) -> tuple[Network, str]:
     return get_network(DEFAULT_NETWORK), f"{DEFAULT_NETWORK} (assumed: give --interconnect NAME)"
 
 
-def submit_line(*, profile, nodes: int, ranks_per_node: int, strategy: str | None, workload: str | None,
-                script: str | None, args: tuple[str, ...], batch: int | None) -> str:
+def submit_line(
+    *,
+    profile,
+    nodes: int,
+    ranks_per_node: int,
+    strategy: str | None,
+    workload: str | None,
+    script: str | None,
+    args: tuple[str, ...],
+    batch: int | None,
+) -> str:
     """The command that runs the recommended configuration."""
     if workload:
         from trainscale.workloads.registry import get_workload
 
-        target = ["--workload", workload, *args, *(["--strategy", strategy] if strategy else []),
-                  *get_workload(workload).batch_args(batch, ranks_per_node * nodes)]
+        target = [
+            "--workload",
+            workload,
+            *args,
+            *(["--strategy", strategy] if strategy else []),
+            *get_workload(workload).batch_args(batch, ranks_per_node * nodes),
+        ]
     else:
         target = [script, *args]
     if profile is None and nodes == 1:
         return shlex.join(["trainscale", "run", "--nproc-per-node", str(ranks_per_node), *target])
     if profile is None:  # several nodes need a cluster: name its profile
-        line = shlex.join(["trainscale", "slurm", "--profile", "YOURS", "-N", str(nodes), "--gpus-per-node",
-                           str(ranks_per_node), "-t", "01:00:00", "--submit", *target])
+        line = shlex.join(
+            [
+                "trainscale",
+                "slurm",
+                "--profile",
+                "YOURS",
+                "-N",
+                str(nodes),
+                "--gpus-per-node",
+                str(ranks_per_node),
+                "-t",
+                "01:00:00",
+                "--submit",
+                *target,
+            ]
+        )
         return line + "   (--profile: your cluster's, trainscale profiles)"
-    head = ["trainscale", "slurm", "--profile", profile.name, "-N", str(nodes), "--gpus-per-node", str(ranks_per_node),
-            "-t", "01:00:00", *(["-A", "PROJECT"] if profile.requires_account else []), "--submit"]
+    head = [
+        "trainscale",
+        "slurm",
+        "--profile",
+        profile.name,
+        "-N",
+        str(nodes),
+        "--gpus-per-node",
+        str(ranks_per_node),
+        "-t",
+        "01:00:00",
+        *(["-A", "PROJECT"] if profile.requires_account else []),
+        "--submit",
+    ]
     line = shlex.join([*head, *target])
-    return line + ("" if workload or not strategy else f"   (the strategy is your script's: rt.setup(..., "
-                                                       f"strategy={strategy!r}))")
+    return line + (
+        "" if workload or not strategy else f"   (the strategy is your script's: rt.setup(..., strategy={strategy!r}))"
+    )
 
 
-def make(*, script: str | None, args: tuple[str, ...], workload: str | None, profile_name: str | None,
-         ranks_per_node: int, nodes: int, batch: int | None, interconnect: str | None, steps: int,
-         say: Callable[[str], None], check: bool = False, mem: str | None = None,
-         timeout_s: float = 900.0, only: str | None = None) -> tuple[Plan, str | None]:
+def make(
+    *,
+    script: str | None,
+    args: tuple[str, ...],
+    workload: str | None,
+    profile_name: str | None,
+    ranks_per_node: int,
+    nodes: int,
+    batch: int | None,
+    interconnect: str | None,
+    steps: int,
+    say: Callable[[str], None],
+    check: bool = False,
+    mem: str | None = None,
+    timeout_s: float = 900.0,
+    only: str | None = None,
+) -> tuple[Plan, str | None]:
     """``trainscale plan``: the refusals, the calibration, the plan and the line that submits it (None when
     nothing fits: no line that would run out of memory); ``check`` (``--verify``): the cheapest configurations run
     here, predicted against measured. ``only``: the one strategy whose times must be right (a study's): what only
     the others need is not measured (their times then fall back to what was)."""
     if bool(workload) == bool(script):  # both, or neither
-        raise ConfigError("give one thing to plan: --workload NAME or SCRIPT [ARGS]",
-                          hint="trainscale plan --workload gpt --nproc-per-node 8, or trainscale plan train.py")
+        raise ConfigError(
+            "give one thing to plan: --workload NAME or SCRIPT [ARGS]",
+            hint="trainscale plan --workload gpt --nproc-per-node 8, or trainscale plan train.py",
+        )
     if script and not Path(script).is_file():
         raise ConfigError(f"script {script} not found", hint="give the path of your training script")
     for name, value in (("--nproc-per-node", ranks_per_node), ("--nodes", nodes), ("--steps", steps)):
@@ -331,33 +487,70 @@ def make(*, script: str | None, args: tuple[str, ...], workload: str | None, pro
     # on this machine's CPUs, the calibrating rank gets the threads each planned rank will (`run` gives each
     # rank its share of the cores): a rank's pace on 1 thread is not half its pace on 2
     threads = max(1, cpus // ranks_per_node) if here_on_cpu else None
-    cal = calibrate(script=script, args=args, workload=workload, batch=batch, steps=steps, say=say, timeout_s=timeout_s,
-                    threads=threads)
+    cal = calibrate(
+        script=script,
+        args=args,
+        workload=workload,
+        batch=batch,
+        steps=steps,
+        say=say,
+        timeout_s=timeout_s,
+        threads=threads,
+    )
     own = {}
     # one rank runs FSDP unwrapped: its own calibration only matters for a plan of several
     for name, spec in OWN_CALIBRATIONS.items() if workload and ranks_per_node * nodes > 1 else ():
         if only in (None, name):
             try:
-                own[name] = calibrate(script=None, args=args, workload=workload, batch=batch, steps=steps, say=say,
-                                      timeout_s=timeout_s, threads=threads, strategy=spec)
+                own[name] = calibrate(
+                    script=None,
+                    args=args,
+                    workload=workload,
+                    batch=batch,
+                    steps=steps,
+                    say=say,
+                    timeout_s=timeout_s,
+                    threads=threads,
+                    strategy=spec,
+                )
             except ConfigError as exc:  # the plan goes on: that strategy's pace is then the plain calibration's
                 cause = [line for line in exc.message.splitlines() if line.strip()][-1]
                 say(f"{name}'s own calibration failed ({cause}): its times are ddp's pace")
-    sweeps = sweeps_here(ranks_per_node, say, sweep_hooks(args if workload else None, only)) \
-        if here_on_cpu and ranks_per_node > 1 else []
+    sweeps = (
+        sweeps_here(ranks_per_node, say, sweep_hooks(args if workload else None, only))
+        if here_on_cpu and ranks_per_node > 1
+        else []
+    )
     device_bytes, device_source = room(profile, ranks_per_node, mem)
-    made = make_plan(cal, what=f"workload {workload}" if workload else " ".join([script, *args]),
-                     ranks_per_node=ranks_per_node, nodes=nodes, batch=batch, device_bytes=device_bytes,
-                     device_source=device_source, network=net, network_source=net_source,
-                     target_gpus=bool(profile is not None and profile.gpus_per_node),
-                     shared_cores=cpus if profile is None and not cal.device.startswith("cuda") else None,
-                     cpus_per_rank=max(1, cpus // ranks_per_node), own=own, sweeps=sweeps)
-    submit = submit_line(profile=profile, nodes=nodes, ranks_per_node=ranks_per_node, strategy=made.recommended,
-                         workload=workload, script=script, args=args, batch=batch)
+    made = make_plan(
+        cal,
+        what=f"workload {workload}" if workload else " ".join([script, *args]),
+        ranks_per_node=ranks_per_node,
+        nodes=nodes,
+        batch=batch,
+        device_bytes=device_bytes,
+        device_source=device_source,
+        network=net,
+        network_source=net_source,
+        target_gpus=bool(profile is not None and profile.gpus_per_node),
+        shared_cores=cpus if profile is None and not cal.device.startswith("cuda") else None,
+        cpus_per_rank=max(1, cpus // ranks_per_node),
+        own=own,
+        sweeps=sweeps,
+    )
+    submit = submit_line(
+        profile=profile,
+        nodes=nodes,
+        ranks_per_node=ranks_per_node,
+        strategy=made.recommended,
+        workload=workload,
+        script=script,
+        args=args,
+        batch=batch,
+    )
     if check:
         made.verified = verify(made, script=script, args=args, workload=workload, steps=steps, say=say)
     return made, submit if made.recommended else None
-
 
 
 STUDY_CALIBRATION_S = 180.0
@@ -384,11 +577,20 @@ def plan_study(spec, study_plan, say: Callable[[str], None]) -> tuple[Plan | Non
     script_args = tuple(a.replace("{batch}", str(baseline.per_rank_batch)) for a in spec.script_args)
     data = [*(["--data", spec.data] if spec.data else []), *(["--samples", str(spec.samples)] if spec.samples else [])]
     try:
-        made, _ = make(script=spec.script, args=script_args if spec.script else (*data, *spec.workload_args),
-                       workload=spec.workload, profile_name=spec.slurm.cluster.name if spec.slurm else None,
-                       ranks_per_node=largest.nproc_per_node, nodes=largest.nnodes, batch=baseline.per_rank_batch,
-                       interconnect=None, steps=10, say=say, timeout_s=STUDY_CALIBRATION_S,
-                       only=study_strategy(spec.workload_args) if spec.workload else None)
+        made, _ = make(
+            script=spec.script,
+            args=script_args if spec.script else (*data, *spec.workload_args),
+            workload=spec.workload,
+            profile_name=spec.slurm.cluster.name if spec.slurm else None,
+            ranks_per_node=largest.nproc_per_node,
+            nodes=largest.nnodes,
+            batch=baseline.per_rank_batch,
+            interconnect=None,
+            steps=10,
+            say=say,
+            timeout_s=STUDY_CALIBRATION_S,
+            only=study_strategy(spec.workload_args) if spec.workload else None,
+        )
     except ConfigError as exc:
         return None, exc.message.splitlines()[0]
     return made, None
@@ -398,9 +600,9 @@ def against(made: Plan, runs: list[dict], out_dir: Path) -> list[dict]:
     """Each measured configuration of a study beside what its plan predicted: the step (the median of its rank 0's
     step records after the warm-up, as the calibration's), the fullest rank's model state (its memory table) and
     its ranks' largest peak over their training steps."""
-    from trainscale.plan.model import STRATEGIES
     from trainscale.bench.study import read_metrics
     from trainscale.bench.validity import disturbance
+    from trainscale.plan.model import STRATEGIES
 
     rows = []
     for run in runs:
@@ -412,9 +614,20 @@ def against(made: Plan, runs: list[dict], out_dir: Path) -> list[dict]:
         strategy = run.get("strategy") or "ddp"
         modelled = strategy if strategy in STRATEGIES else "ddp"
         peaks = steps_peaks(out_dir / run["run_dir"])
-        row = compare(made, records, metrics, peaks, ranks=run["world_size"], nodes=run["nodes"], strategy=modelled,
-                      batch=run["per_rank_batch"])
-        row.update(config=run["label"], modelled=modelled if modelled == strategy else f"ddp (for {strategy})",
-                   disturbed=disturbance(run, None))
+        row = compare(
+            made,
+            records,
+            metrics,
+            peaks,
+            ranks=run["world_size"],
+            nodes=run["nodes"],
+            strategy=modelled,
+            batch=run["per_rank_batch"],
+        )
+        row.update(
+            config=run["label"],
+            modelled=modelled if modelled == strategy else f"ddp (for {strategy})",
+            disturbed=disturbance(run, None),
+        )
         rows.append(row)
     return rows

@@ -8,8 +8,9 @@ docs/scaling.md, "The plan's time model".
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 from trainscale.errors import ConfigError, did_you_mean
 
@@ -31,20 +32,41 @@ class Network:
 
     def __post_init__(self) -> None:
         if not self.busbw_Bps > 0 or self.latency_s < 0:
-            raise ConfigError(f"network {self.name!r}: bus bandwidth {self.busbw_Bps} B/s, latency {self.latency_s} s",
-                              hint="bus bandwidth must be > 0 and latency >= 0")
+            raise ConfigError(
+                f"network {self.name!r}: bus bandwidth {self.busbw_Bps} B/s, latency {self.latency_s} s",
+                hint="bus bandwidth must be > 0 and latency >= 0",
+            )
 
 
-NETWORKS: dict[str, Network] = {n.name: n for n in (
-    Network(name="ethernet-25g", busbw_Bps=25e9 / 8 * 0.85, latency_s=30e-6,
-            source="IEEE 802.3by 25GBASE line rate, 85% of it over TCP sockets"),
-    Network(name="ib-hdr200", busbw_Bps=200e9 / 8 * 0.92, latency_s=5e-6,
-            source="InfiniBand HDR 200 Gb/s (ConnectX-6), one link, 92% of it"),
-    Network(name="ib-ndr400", busbw_Bps=400e9 / 8 * 0.90, latency_s=5e-6,
-            source="InfiniBand NDR 400 Gb/s (ConnectX-7), one link, 90% of it"),
-    Network(name="slingshot-11", busbw_Bps=4 * 200e9 / 8 * 0.80, latency_s=10e-6,
-            source="HPE Slingshot-11, 4 x 200 Gb/s NICs per LUMI-G node, 80% of them"),
-)}
+NETWORKS: dict[str, Network] = {
+    n.name: n
+    for n in (
+        Network(
+            name="ethernet-25g",
+            busbw_Bps=25e9 / 8 * 0.85,
+            latency_s=30e-6,
+            source="IEEE 802.3by 25GBASE line rate, 85% of it over TCP sockets",
+        ),
+        Network(
+            name="ib-hdr200",
+            busbw_Bps=200e9 / 8 * 0.92,
+            latency_s=5e-6,
+            source="InfiniBand HDR 200 Gb/s (ConnectX-6), one link, 92% of it",
+        ),
+        Network(
+            name="ib-ndr400",
+            busbw_Bps=400e9 / 8 * 0.90,
+            latency_s=5e-6,
+            source="InfiniBand NDR 400 Gb/s (ConnectX-7), one link, 90% of it",
+        ),
+        Network(
+            name="slingshot-11",
+            busbw_Bps=4 * 200e9 / 8 * 0.80,
+            latency_s=10e-6,
+            source="HPE Slingshot-11, 4 x 200 Gb/s NICs per LUMI-G node, 80% of them",
+        ),
+    )
+}
 
 
 def get_network(name: str) -> Network:
@@ -100,21 +122,32 @@ class Sweep:
     """What it timed (:attr:`HOOKS`)."""
     HOOKS: ClassVar[dict[str, str]] = {
         "none": "the backend's all-reduce",
-        "shm": "DDP's shared-memory average, trainscale's ddp and zero1 on one node's CPUs (comm_hook=auto)"}
+        "shm": "DDP's shared-memory average, trainscale's ddp and zero1 on one node's CPUs (comm_hook=auto)",
+    }
 
     def __post_init__(self) -> None:
         sizes = [b for b, _ in self.points]
-        if (self.ranks < 2 or self.hook not in self.HOOKS or not sizes or sizes != sorted(set(sizes))
-                or min(sizes) <= 0 or min(t for _, t in self.points) < 0):
-            raise ConfigError(f"an all-reduce sweep among {self.ranks} rank(s), hook {self.hook!r}, "
-                              f"{len(sizes)} timed size(s): nothing a step can be priced with",
-                              hint="measure it again: trainscale bench allreduce --nproc N shows the sweep")
+        if (
+            self.ranks < 2
+            or self.hook not in self.HOOKS
+            or not sizes
+            or sizes != sorted(set(sizes))
+            or min(sizes) <= 0
+            or min(t for _, t in self.points) < 0
+        ):
+            raise ConfigError(
+                f"an all-reduce sweep among {self.ranks} rank(s), hook {self.hook!r}, "
+                f"{len(sizes)} timed size(s): nothing a step can be priced with",
+                hint="measure it again: trainscale bench allreduce --nproc N shows the sweep",
+            )
 
     @classmethod
-    def from_result(cls, result: dict) -> "Sweep":
-        points = sorted((float(r["bytes"]), float(r["time_s"])) for r in result.get("rows", [])
-                        if isinstance(r.get("time_s"), (int, float)) and r["time_s"] == r["time_s"]
-                        and r.get("iters"))  # NaN: not timed
+    def from_result(cls, result: dict) -> Sweep:
+        points = sorted(
+            (float(r["bytes"]), float(r["time_s"]))
+            for r in result.get("rows", [])
+            if isinstance(r.get("time_s"), (int, float)) and r["time_s"] == r["time_s"] and r.get("iters")
+        )  # NaN: not timed
         return cls(ranks=int(result["world_size"]), points=tuple(points), hook=str(result.get("hook") or "none"))
 
     def seconds(self, size: float) -> float:

@@ -17,10 +17,17 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from trainscale.plan.comm import (Network, Sweep, bucket_count, collectives, ring_allreduce_s, sharded_comm_s,
-                                        whole_tensor_share)
 from trainscale.errors import ConfigError
 from trainscale.observe.reading import steady
+from trainscale.plan.comm import (
+    Network,
+    Sweep,
+    bucket_count,
+    collectives,
+    ring_allreduce_s,
+    sharded_comm_s,
+    whole_tensor_share,
+)
 
 STRATEGIES = ("ddp", "zero1", "deepspeed:stage=1", "deepspeed:stage=2", "fsdp", "deepspeed:stage=3")
 """Least sharding first: the first that fits is the recommendation (less sharding, less communication)."""
@@ -36,16 +43,18 @@ GPU_RUNTIME_BYTES = 1 << 30
 """On a GPU, beyond the margin: what CUDA's max_memory_allocated never counts, the CUDA context (~0.5 GiB with
 torch's lazy module loading on an H100), cuBLAS's workspaces and NCCL's buffers (NCCL_BUFFSIZE, 4 MiB, per
 channel and peer). The allocator's cached blocks are measured (:attr:`Calibration.reserve`)."""
-UNSEEN = ("the allocator's slack and fragmentation, and a custom kernel's workspace (kept free by a 10% margin)",
-          "FSDP and ZeRO-3 gather one unit's full parameters at a time, and prefetch the next: the peak charges "
-          "all of them, an upper bound",
-          "activation checkpointing or offloading the script does inside its own code (counted as it ran)",
-          "an evaluation the script runs between its training steps (its own batch, its own peak)",
-          "ZeRO's and DeepSpeed's own bookkeeping, and FSDP's per-unit work in a script (a workload's FSDP pace is "
-          "its own calibration's, over a group of one): their times charge their collectives only",
-          "where no all-reduce was measured among the planned ranks (CPU ranks here are): the fixed cost of each "
-          "of a sharded strategy's many collectives, and within a node the node's own links (NVLink, shared "
-          "memory), faster than the interconnect the times charge")
+UNSEEN = (
+    "the allocator's slack and fragmentation, and a custom kernel's workspace (kept free by a 10% margin)",
+    "FSDP and ZeRO-3 gather one unit's full parameters at a time, and prefetch the next: the peak charges "
+    "all of them, an upper bound",
+    "activation checkpointing or offloading the script does inside its own code (counted as it ran)",
+    "an evaluation the script runs between its training steps (its own batch, its own peak)",
+    "ZeRO's and DeepSpeed's own bookkeeping, and FSDP's per-unit work in a script (a workload's FSDP pace is "
+    "its own calibration's, over a group of one): their times charge their collectives only",
+    "where no all-reduce was measured among the planned ranks (CPU ranks here are): the fixed cost of each "
+    "of a sharded strategy's many collectives, and within a node the node's own links (NVLink, shared "
+    "memory), faster than the interconnect the times charge",
+)
 
 
 BACKWARD_SHARE = 2 / 3
@@ -110,28 +119,37 @@ class Calibration:
         return max(0.0, self.peak - (self.params + self.grads + self.optimizer + self.activations))
 
     @classmethod
-    def from_records(cls, records: list[dict]) -> "Calibration":
+    def from_records(cls, records: list[dict]) -> Calibration:
         state = next((r for r in records if r.get("kind") == "state"), None)
         meta = next((r for r in records if r.get("kind") == "meta"), {})
         steps = [r for r in records if r.get("kind") == "step" and r.get("step_s")]
         if state is None or not state.get("params_bytes"):
-            raise ConfigError("the calibration run recorded no optimizer step with parameters",
-                              hint="plan needs a script that trains (a torch optimizer's step); its own output above "
-                                   "says why it stopped")
+            raise ConfigError(
+                "the calibration run recorded no optimizer step with parameters",
+                hint="plan needs a script that trains (a torch optimizer's step); its own output above "
+                "says why it stopped",
+            )
         if len(steps) < 2:
             raise ConfigError(f"the calibration run recorded {len(steps)} step(s)", hint="give it more: --steps 10")
         batch = int(state.get("activation_samples") or steps[-1].get("samples") or 1)
         summary = next((r for r in records if r.get("kind") == "summary"), {})
-        return cls(params=int(state["params_bytes"]), grads=int(state["grads_bytes"]),
-                   optimizer=int(state["optimizer_bytes"]), activations=int(state["activation_bytes"]),
-                   batch=batch, steps=steady(steps), dtypes=tuple(state.get("param_dtypes") or ()),
-                   groups=tuple(tuple(int(n) for n in g) for g in state.get("param_groups") or ()),
-                   device=str(meta.get("device", "cpu")), threads=int(meta.get("threads") or 1),
-                   strategy=meta.get("strategy"), recorded=len(steps),
-                   peak=summary.get("steps_peak_mem_bytes") or summary.get("peak_mem_bytes") or None,
-                   reserve=max(0, int(summary.get("reserved_peak_bytes") or 0)
-                               - int(summary.get("peak_mem_bytes") or 0)),
-                   units=tuple(int(b) for b in meta.get("unit_bytes") or () if int(b) > 0))
+        return cls(
+            params=int(state["params_bytes"]),
+            grads=int(state["grads_bytes"]),
+            optimizer=int(state["optimizer_bytes"]),
+            activations=int(state["activation_bytes"]),
+            batch=batch,
+            steps=steady(steps),
+            dtypes=tuple(state.get("param_dtypes") or ()),
+            groups=tuple(tuple(int(n) for n in g) for g in state.get("param_groups") or ()),
+            device=str(meta.get("device", "cpu")),
+            threads=int(meta.get("threads") or 1),
+            strategy=meta.get("strategy"),
+            recorded=len(steps),
+            peak=summary.get("steps_peak_mem_bytes") or summary.get("peak_mem_bytes") or None,
+            reserve=max(0, int(summary.get("reserved_peak_bytes") or 0) - int(summary.get("peak_mem_bytes") or 0)),
+            units=tuple(int(b) for b in meta.get("unit_bytes") or () if int(b) > 0),
+        )
 
     def tensor_bytes(self) -> list[float]:
         """Each parameter tensor's bytes (the optimizer's groups' sizes at the parameters' mean element size)."""
@@ -148,6 +166,7 @@ class Calibration:
 
     def measured(self) -> Phases:
         """The median step's phases."""
+
         def median(key: str) -> float:
             return statistics.median(float(r.get(key) or 0.0) for r in self.steps)
 
@@ -216,8 +235,16 @@ def memory(cal: Calibration, strategy: str, world: int, batch: int, overhead: bo
     if shard.whole_tensors and n > 1 and cal.groups:  # torch's ZeRO-1 keeps tensors whole: its fullest rank
         optimizer = o * whole_tensor_share(cal.groups, n)
     gathered = p * (n - 1) / n if shard.params else 0.0
-    return Memory(strategy, p / (n if shard.params else 1), g / (n if shard.grads else 1), optimizer, act, buckets,
-                  gathered, cal.overhead if overhead else 0.0)
+    return Memory(
+        strategy,
+        p / (n if shard.params else 1),
+        g / (n if shard.grads else 1),
+        optimizer,
+        act,
+        buckets,
+        gathered,
+        cal.overhead if overhead else 0.0,
+    )
 
 
 @dataclass
@@ -269,8 +296,9 @@ class Plan:
         plain = cal.measured()
         if batch and batch != measured.batch:
             work = batch / measured.batch
-            measured, plain = (replace(m, data_s=m.data_s * work, compute_s=m.compute_s * work, batch=batch)
-                               for m in (measured, plain))
+            measured, plain = (
+                replace(m, data_s=m.data_s * work, compute_s=m.compute_s * work, batch=batch) for m in (measured, plain)
+            )
         # within one node the collectives do not cross the interconnect; the model charges it anyway (stated)
         on_node = ranks // nodes
         contention = max(1.0, on_node * cal.threads / self.shared_cores) if self.shared_cores else 1.0
@@ -282,8 +310,13 @@ class Plan:
         if sweep is not None:
             grads = params_hidden = 0.0
         hidden = int(grads * cal.grads + params_hidden * cal.params)
-        host = replace(measured, data_s=measured.data_s * contention, compute_s=measured.compute_s * contention,
-                       optimizer_s=measured.optimizer_s * share * contention, other_s=measured.other_s * contention)
+        host = replace(
+            measured,
+            data_s=measured.data_s * contention,
+            compute_s=measured.compute_s * contention,
+            optimizer_s=measured.optimizer_s * share * contention,
+            other_s=measured.other_s * contention,
+        )
         # a bucket's all-reduce starts when its last gradient is ready: the last bucket's never hides
         buckets = max(1, bucket_count(hidden))
         overlapped = ring_allreduce_s(hidden, ranks, self.network, buckets)
@@ -297,9 +330,17 @@ class Plan:
             exposed += ring_allreduce_s(params_exposed * cal.params, ranks, self.network)
         step = host.step_s + exposed
         speedup = ranks * plain.step_s / step  # samples per second over one rank's, the per-rank batch the same
-        return {"ranks": ranks, "nodes": nodes, "strategy": strategy, "step_s": step,
-                "band_s": [step * low, step * high], "exposed_comm_s": exposed,
-                "speedup": speedup, "efficiency": speedup / ranks, "samples_per_s": ranks * measured.batch / step}
+        return {
+            "ranks": ranks,
+            "nodes": nodes,
+            "strategy": strategy,
+            "step_s": step,
+            "band_s": [step * low, step * high],
+            "exposed_comm_s": exposed,
+            "speedup": speedup,
+            "efficiency": speedup / ranks,
+            "samples_per_s": ranks * measured.batch / step,
+        }
 
     def sweep(self, ranks: int, hook: str = "none") -> Sweep | None:
         return next((w for w in self.sweeps if w.ranks == ranks and w.hook == hook), None)
@@ -370,23 +411,45 @@ class Plan:
         return 1 << (most.bit_length() - 1) if most >= 1 else 0
 
     def as_dict(self) -> dict[str, Any]:
-        return {"what": self.what, "ranks_per_node": self.ranks_per_node, "nodes": self.nodes, "batch": self.batch,
-                "device_bytes": self.device_bytes, "device_source": self.device_source,
-                "network": asdict(self.network), "network_source": self.network_source,
-                "calibration": {k: v for k, v in asdict(self.calibration).items() if k != "steps"} | {
-                    "steps": len(self.calibration.steps)},
-                "memory": [asdict(m) | {"total": m.total, "held": m.held, "peak": m.peak, "fits": self.fits(m),
-                                        "verdict": self.verdict(m),
-                                        "step_s": self.predict(self.world, self.nodes, m.strategy)["step_s"]}
-                           for m in self.memory],
-                "times": self.times, "times_from": self.calibration.device, "for_gpus": self.target_gpus,
-                "cpus_per_rank": self.cpus_per_rank, "dataloader_workers": self.workers(),
-                "data_share": self.data_share(),
-                "recommended": self.recommended, "recommended_batch": self.recommended_batch(),
-                "not_counted": list(self.unseen), "verified": self.verified,
-                "collectives_measured": [asdict(w) for w in self.sweeps],
-                "own_calibrations": {name: {"step_s": c.measured().step_s, "peak": c.peak, "steps": len(c.steps),
-                                            "strategy": c.strategy} for name, c in self.own.items()}}
+        return {
+            "what": self.what,
+            "ranks_per_node": self.ranks_per_node,
+            "nodes": self.nodes,
+            "batch": self.batch,
+            "device_bytes": self.device_bytes,
+            "device_source": self.device_source,
+            "network": asdict(self.network),
+            "network_source": self.network_source,
+            "calibration": {k: v for k, v in asdict(self.calibration).items() if k != "steps"}
+            | {"steps": len(self.calibration.steps)},
+            "memory": [
+                asdict(m)
+                | {
+                    "total": m.total,
+                    "held": m.held,
+                    "peak": m.peak,
+                    "fits": self.fits(m),
+                    "verdict": self.verdict(m),
+                    "step_s": self.predict(self.world, self.nodes, m.strategy)["step_s"],
+                }
+                for m in self.memory
+            ],
+            "times": self.times,
+            "times_from": self.calibration.device,
+            "for_gpus": self.target_gpus,
+            "cpus_per_rank": self.cpus_per_rank,
+            "dataloader_workers": self.workers(),
+            "data_share": self.data_share(),
+            "recommended": self.recommended,
+            "recommended_batch": self.recommended_batch(),
+            "not_counted": list(self.unseen),
+            "verified": self.verified,
+            "collectives_measured": [asdict(w) for w in self.sweeps],
+            "own_calibrations": {
+                name: {"step_s": c.measured().step_s, "peak": c.peak, "steps": len(c.steps), "strategy": c.strategy}
+                for name, c in self.own.items()
+            },
+        }
 
     def recommended_batch(self) -> dict[str, Any] | None:
         """Per-rank batch: the largest that fits under the recommended strategy (or, where nothing fits at the
@@ -417,21 +480,49 @@ def ladder(ranks_per_node: int, nodes: int) -> list[tuple[int, int]]:
         m = min(m * 2, nodes)
 
 
-def make_plan(cal: Calibration, *, what: str, ranks_per_node: int, nodes: int, batch: int | None,
-              device_bytes: float | None, device_source: str, network: Network, network_source: str,
-              target_gpus: bool = False, shared_cores: int | None = None, cpus_per_rank: int | None = None,
-              own: dict[str, Calibration] | None = None, sweeps: list[Sweep] | None = None) -> Plan:
+def make_plan(
+    cal: Calibration,
+    *,
+    what: str,
+    ranks_per_node: int,
+    nodes: int,
+    batch: int | None,
+    device_bytes: float | None,
+    device_source: str,
+    network: Network,
+    network_source: str,
+    target_gpus: bool = False,
+    shared_cores: int | None = None,
+    cpus_per_rank: int | None = None,
+    own: dict[str, Calibration] | None = None,
+    sweeps: list[Sweep] | None = None,
+) -> Plan:
     """``shared_cores``: CPU ranks planned on this machine's cores, the calibration's rank having used
     ``cal.threads`` of them: more ranks share them (they slow each other), so 2 ranks on the 2 cores one
     rank used are not 2x faster."""
     batch = batch or cal.batch
-    plan = Plan(cal, what, ranks_per_node, nodes, batch, device_bytes, device_source, network, network_source,
-                target_gpus=target_gpus, cpus_per_rank=cpus_per_rank, shared_cores=shared_cores,
-                own=dict(own or {}), sweeps=list(sweeps or []))
+    plan = Plan(
+        cal,
+        what,
+        ranks_per_node,
+        nodes,
+        batch,
+        device_bytes,
+        device_source,
+        network,
+        network_source,
+        target_gpus=target_gpus,
+        cpus_per_rank=cpus_per_rank,
+        shared_cores=shared_cores,
+        own=dict(own or {}),
+        sweeps=list(sweeps or []),
+    )
     plan.memory = [plan.rank_memory(s, plan.world, batch) for s in STRATEGIES]
     fitting = [m for m in plan.memory if plan.fits(m) is not False]
     plan.recommended = fitting[0].strategy if fitting else None  # the least sharding that fits (the table
     # shows each strategy's predicted step: where the optimizer step is long, ZeRO-1's shorter one may pay)
-    plan.times = [plan.predict(ranks, used_nodes, plan.recommended or "ddp")
-                  for ranks, used_nodes in ladder(ranks_per_node, nodes)]
+    plan.times = [
+        plan.predict(ranks, used_nodes, plan.recommended or "ddp")
+        for ranks, used_nodes in ladder(ranks_per_node, nodes)
+    ]
     return plan

@@ -27,21 +27,28 @@ class Setting:
     bucket_cap_mb: int | None = None
     comm_hook: str | None = None
 
-    def changed(self, knob: str, value) -> "Setting":
+    def changed(self, knob: str, value) -> Setting:
         return dataclasses.replace(self, **{knob: value})
 
     def strategy(self, base: str) -> str:
         """``base`` with this setting's DDP options added (``ddp:bucket_cap_mb=5,comm_hook=fp16``)."""
-        extra = [f"{k}={v}" for k, v in (("bucket_cap_mb", self.bucket_cap_mb), ("comm_hook", self.comm_hook))
-                 if v is not None]
+        extra = [
+            f"{k}={v}"
+            for k, v in (("bucket_cap_mb", self.bucket_cap_mb), ("comm_hook", self.comm_hook))
+            if v is not None
+        ]
         if not extra:
             return base
         return base + ("," if ":" in base else ":") + ",".join(extra)
 
     def workload_args(self, base_strategy: str) -> list[str]:
         args = ["--batch-size", str(self.batch_size)]
-        args += [arg for knob in ("threads", "num_workers") if getattr(self, knob) is not None
-                 for arg in (f"--{knob.replace('_', '-')}", str(getattr(self, knob)))]
+        args += [
+            arg
+            for knob in ("threads", "num_workers")
+            if getattr(self, knob) is not None
+            for arg in (f"--{knob.replace('_', '-')}", str(getattr(self, knob)))
+        ]
         strategy = self.strategy(base_strategy)
         if strategy != base_strategy:
             args += ["--strategy", strategy]
@@ -49,8 +56,12 @@ class Setting:
 
     def describe(self) -> str:
         knobs = dataclasses.asdict(self)
-        return ", ".join([f"batch {knobs.pop('batch_size')}", *(f"{k.replace('_', ' ')} {v}" for k, v in knobs.items()
-                                                                if v is not None)])
+        return ", ".join(
+            [
+                f"batch {knobs.pop('batch_size')}",
+                *(f"{k.replace('_', ' ')} {v}" for k, v in knobs.items() if v is not None),
+            ]
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,8 +103,9 @@ class TuneSpec:
         object.__setattr__(self, "batches", int_tuple(self.batches, "--batches"))  # 8,16 or [8, 16]; each >= 1
         for flag, value, choices in (("--loader", self.loader, LOADERS), ("--device", self.device, DEVICES)):
             if value not in choices:
-                raise ConfigError(f"{flag} {value!r} is not one of {', '.join(choices)}",
-                                  hint=f"e.g. {flag} {choices[1]}")
+                raise ConfigError(
+                    f"{flag} {value!r} is not one of {', '.join(choices)}", hint=f"e.g. {flag} {choices[1]}"
+                )
         if self.device == "auto":
             from trainscale.runtime.device import visible_gpu_count
 
@@ -101,8 +113,11 @@ class TuneSpec:
         if (self.workload is None) == (self.script is None):
             raise ConfigError("tune needs one target: --workload NAME or a SCRIPT", hint="e.g. --workload cnn")
         if self.script is not None and not any("{batch}" in a for a in self.script_args):
-            raise ConfigError(f"{self.script}: tune sets the per-rank batch through {{batch}} in the script's arguments, "
-                              "and there is none", hint=f"e.g. trainscale plan --tune {self.script} --batch-size {{batch}}")
+            raise ConfigError(
+                f"{self.script}: tune sets the per-rank batch through {{batch}} in the script's arguments, "
+                "and there is none",
+                hint=f"e.g. trainscale plan --tune {self.script} --batch-size {{batch}}",
+            )
         if self.budget < 10:
             raise ConfigError(f"--budget {self.budget:g}s is too short for even one trial", hint="e.g. --budget 300")
         if self.max_steps < 5:
@@ -127,7 +142,9 @@ class TuneSpec:
 def knobs(spec: TuneSpec) -> list[tuple[str, tuple]]:
     """(knob, the values to try) in search order; the first value of each is the default."""
     b = spec.batch_size
-    out: list[tuple[str, tuple]] = [("batch_size", spec.batches or tuple(dict.fromkeys((b, max(1, b // 2), 2 * b, 4 * b))))]
+    out: list[tuple[str, tuple]] = [
+        ("batch_size", spec.batches or tuple(dict.fromkeys((b, max(1, b // 2), 2 * b, 4 * b))))
+    ]
     if spec.device == "cpu":
         per_rank = max(1, spec.cores // spec.nproc_per_node)
         threads = tuple(dict.fromkeys(t for t in (per_rank, 1, 2, 4, 8) if t <= per_rank))
@@ -202,20 +219,31 @@ def gain(best_rate: float | None, default_rate: float | None) -> float | None:
     return best_rate / default_rate if best_rate and default_rate else None
 
 
-def render_config(spec: TuneSpec, best: Setting, *, default_rate: float | None, best_rate: float | None,
-                  host: str, now: datetime.datetime | None = None) -> str:
+def render_config(
+    spec: TuneSpec,
+    best: Setting,
+    *,
+    default_rate: float | None,
+    best_rate: float | None,
+    host: str,
+    now: datetime.datetime | None = None,
+) -> str:
     """The ``[train]`` table run/slurm/bench take through the workload's ``--config FILE``."""
     now = now or datetime.datetime.now()
     g = gain(best_rate, default_rate)
-    lines = [f"# trainscale plan --tune, {now:%Y-%m-%d %H:%M} on {host}: {spec.workload or spec.script}, "
-             f"{spec.nproc_per_node} rank(s) on {spec.device}",
-             f"# defaults {default_rate or 0:.0f} samples/s -> these {best_rate or 0:.0f} samples/s"
-             + (f" ({g:.2f}x)" if g else ""),
-             "# use: trainscale run --nproc-per-node N --workload NAME --config THIS_FILE (slurm: the same after "
-             "--workload; bench: after --)"]
+    lines = [
+        f"# trainscale plan --tune, {now:%Y-%m-%d %H:%M} on {host}: {spec.workload or spec.script}, "
+        f"{spec.nproc_per_node} rank(s) on {spec.device}",
+        f"# defaults {default_rate or 0:.0f} samples/s -> these {best_rate or 0:.0f} samples/s"
+        + (f" ({g:.2f}x)" if g else ""),
+        "# use: trainscale run --nproc-per-node N --workload NAME --config THIS_FILE (slurm: the same after "
+        "--workload; bench: after --)",
+    ]
     if best.batch_size != spec.batch_size:
-        lines.append(f"# the per-rank batch changed from {spec.batch_size}: the global batch changes with it, "
-                     "scale the learning rate (--lr) to match")
+        lines.append(
+            f"# the per-rank batch changed from {spec.batch_size}: the global batch changes with it, "
+            "scale the learning rate (--lr) to match"
+        )
     lines += ["", "[train]", f"batch_size = {best.batch_size}"]
     lines += [f"{knob} = {value}" for knob in ("threads", "num_workers") if (value := getattr(best, knob)) is not None]
     from trainscale.train.options import TrainOptions

@@ -8,12 +8,12 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-from trainscale.plan.tune import Search, Setting, Trial, TuneSpec, knobs
 from trainscale.errors import ConfigError
+from trainscale.plan.tune import Search, Setting, Trial, TuneSpec, knobs
 
 
 def measure(spec: TuneSpec, setting: Setting, work: Path, n: int) -> Trial:
@@ -34,8 +34,21 @@ def measure(spec: TuneSpec, setting: Setting, work: Path, n: int) -> Trial:
         args = [a.replace("{batch}", str(setting.batch_size)) for a in spec.script_args]
     else:
         target, module = WORKLOADS, True
-        args = [spec.workload, *spec.workload_args, "--device", spec.device, "--loader", spec.loader, "--max-steps",
-                str(spec.max_steps), "--epochs", "1000", "--log-every", "0", *setting.workload_args(spec.strategy)]
+        args = [
+            spec.workload,
+            *spec.workload_args,
+            "--device",
+            spec.device,
+            "--loader",
+            spec.loader,
+            "--max-steps",
+            str(spec.max_steps),
+            "--epochs",
+            "1000",
+            "--log-every",
+            "0",
+            *setting.workload_args(spec.strategy),
+        ]
         if "--strategy" not in args:
             args += ["--strategy", spec.strategy]
     run_dir = work / f"trial-{n}"
@@ -44,8 +57,12 @@ def measure(spec: TuneSpec, setting: Setting, work: Path, n: int) -> Trial:
         return Trial(setting, None, done.seconds, " / ".join(done.summary.strip().splitlines()[-3:]) or "failed")
     rate = ((run_timing(run_dir) or {}).get("steady") or {}).get("samples_per_s")
     if rate is None:
-        return Trial(setting, None, done.seconds, "the run recorded no optimizer step with a batch (its step "
-                                                  "records: docs/observability.md)")
+        return Trial(
+            setting,
+            None,
+            done.seconds,
+            "the run recorded no optimizer step with a batch (its step records: docs/observability.md)",
+        )
     return Trial(setting, rate, done.seconds)
 
 
@@ -75,8 +92,10 @@ def _search(spec: TuneSpec, search: Search, work: Path, say: Callable[[str], Non
         rate = f"{trial.samples_per_s:.0f} samples/s" if trial.samples_per_s else f"failed: {trial.failure}"
         say(f"  {n:>2}. {setting.describe():<45} {rate}  ({trial.seconds:.0f}s)")
         if n == 1 and not trial.samples_per_s:
-            raise ConfigError(f"the defaults do not run: {trial.failure}",
-                              hint="run the same line with `trainscale run` to see the whole error")
+            raise ConfigError(
+                f"the defaults do not run: {trial.failure}",
+                hint="run the same line with `trainscale run` to see the whole error",
+            )
     best, default = search.best, search.default
     best_rate = default_rate = search.measured(default)
     if best != default:  # the pair again, one after the other: the gain from one moment of the machine
@@ -87,9 +106,11 @@ def _search(spec: TuneSpec, search: Search, work: Path, say: Callable[[str], Non
 
 def headline(spec: TuneSpec) -> str:
     """What ``trainscale plan --tune`` says before the first trial."""
-    return (f"trainscale plan --tune: {spec.workload or spec.script}, {spec.nproc_per_node} rank(s) on {spec.device}, "
-            f"budget {spec.budget:.0f}s, {spec.max_steps} steps per trial; knobs: "
-            f"{', '.join(k for k, _ in knobs(spec))}")
+    return (
+        f"trainscale plan --tune: {spec.workload or spec.script}, {spec.nproc_per_node} rank(s) on {spec.device}, "
+        f"budget {spec.budget:.0f}s, {spec.max_steps} steps per trial; knobs: "
+        f"{', '.join(k for k, _ in knobs(spec))}"
+    )
 
 
 def check_command(*, workload: str | None, script: str | None, out: Path) -> None:
@@ -110,20 +131,36 @@ def report(spec: TuneSpec, done: Outcome, out: Path) -> list[str]:
     from trainscale.plan.tune import gain, render_config
 
     best, default = done.best, done.default
-    lines = [f"  (budget reached: {len(done.search.trials)} trial(s); raise --budget to search further)"] \
-        if done.budget_reached else []
+    lines = (
+        [f"  (budget reached: {len(done.search.trials)} trial(s); raise --budget to search further)"]
+        if done.budget_reached
+        else []
+    )
     if best != default:
         g = gain(done.best_rate, done.default_rate)
-        lines.append(f"\nbest: {best.describe()}" + (f"; {g:.2f}x the defaults' throughput ({done.best_rate:.0f} vs "
-                                                     f"{done.default_rate:.0f} samples/s, measured again side by side)"
-                                                     if g else ""))
+        lines.append(
+            f"\nbest: {best.describe()}"
+            + (
+                f"; {g:.2f}x the defaults' throughput ({done.best_rate:.0f} vs "
+                f"{done.default_rate:.0f} samples/s, measured again side by side)"
+                if g
+                else ""
+            )
+        )
     else:
-        lines.append(f"\nbest: the defaults ({best.describe()}, {done.default_rate:.0f} samples/s): nothing tried beat "
-                     "them by more than 3%")
+        lines.append(
+            f"\nbest: the defaults ({best.describe()}, {done.default_rate:.0f} samples/s): nothing tried beat "
+            "them by more than 3%"
+        )
     if best.batch_size != spec.batch_size:
-        lines.append(f"note: the per-rank batch changed from {spec.batch_size} to {best.batch_size}: the global batch "
-                     "and the training change with it; scale the learning rate to match")
-    out.write_text(render_config(spec, best, default_rate=done.default_rate, best_rate=done.best_rate,
-                                 host=socket.gethostname()))
-    return lines + [f"wrote {out}: trainscale run --nproc-per-node {spec.nproc_per_node} --workload "
-                    f"{spec.workload or 'NAME'} --config {out}"]
+        lines.append(
+            f"note: the per-rank batch changed from {spec.batch_size} to {best.batch_size}: the global batch "
+            "and the training change with it; scale the learning rate to match"
+        )
+    out.write_text(
+        render_config(spec, best, default_rate=done.default_rate, best_rate=done.best_rate, host=socket.gethostname())
+    )
+    return lines + [
+        f"wrote {out}: trainscale run --nproc-per-node {spec.nproc_per_node} --workload "
+        f"{spec.workload or 'NAME'} --config {out}"
+    ]

@@ -19,12 +19,24 @@ from trainscale.topology.plan import BindingPlan, plan_binding, plan_cpu_only
 from trainscale.topology.worker import PLAN_ENV
 
 __all__ = [
-    "CONFIG_DIR_ENV", "ClusterProfile", "ContainerSpec", "ProfileSource", "binding_plan", "list_profiles",
-    "load_profile", "profile_from_dict", "profile_from_file", "slurm_cpu_bind", "user_profile_dir", "worker_bind_env",
+    "CONFIG_DIR_ENV",
+    "ClusterProfile",
+    "ContainerSpec",
+    "ProfileSource",
+    "binding_plan",
+    "list_profiles",
+    "load_profile",
+    "profile_from_dict",
+    "profile_from_file",
+    "slurm_cpu_bind",
+    "user_profile_dir",
+    "worker_bind_env",
 ]
 
 
-def binding_plan(profile: ClusterProfile, local_world_size: int, topology: Topology | None = None) -> BindingPlan | None:
+def binding_plan(
+    profile: ClusterProfile, local_world_size: int, topology: Topology | None = None
+) -> BindingPlan | None:
     """The per-rank CPU sets this profile implies, or None when nothing can be planned before run time.
 
     ``binding = "map"`` plans from the profile's GPU -> cores map (LUMI); ``topology`` needs the node's
@@ -35,11 +47,17 @@ def binding_plan(profile: ClusterProfile, local_world_size: int, topology: Topol
         if profile.gpus_per_node == 0:
             usable = sorted({c for cores in profile.gpu_cores.values() for c in cores})
             return plan_cpu_only(usable, local_world_size, reserved=reserved, source=f"profile {profile.name} cores")
-        return plan_binding(profile.gpu_cores, local_world_size, reserved=reserved,
-                            source=f"profile {profile.name} GPU -> cores map")
+        return plan_binding(
+            profile.gpu_cores, local_world_size, reserved=reserved, source=f"profile {profile.name} GPU -> cores map"
+        )
     if profile.binding == "topology" and topology is not None:
-        return plan_binding(topology, local_world_size, reserved=reserved, cpus_per_node=profile.cpus_per_node,
-                            source=f"profile {profile.name}, detected topology")
+        return plan_binding(
+            topology,
+            local_world_size,
+            reserved=reserved,
+            cpus_per_node=profile.cpus_per_node,
+            source=f"profile {profile.name}, detected topology",
+        )
     return None
 
 

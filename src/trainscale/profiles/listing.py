@@ -20,8 +20,16 @@ def table() -> list[str]:
                 origin += f" (extends {p.extends})"
             elif source.overrides_builtin:
                 origin += " (replaces built-in)"
-            rows.append((source.name, origin, ",".join(p.partitions) or "-", str(p.gpus_per_node),
-                         p.default_launcher, p.description))
+            rows.append(
+                (
+                    source.name,
+                    origin,
+                    ",".join(p.partitions) or "-",
+                    str(p.gpus_per_node),
+                    p.default_launcher,
+                    p.description,
+                )
+            )
         except ConfigError as exc:
             origin += " (replaces built-in)" if source.overrides_builtin else ""
             rows.append((source.name, origin, "?", "?", "?", f"BROKEN: {exc.message}"))
@@ -43,9 +51,16 @@ def settings(name: str) -> list[str]:
         elif f.name == "env":
             value = " ".join(f"{k}={v}" for k, v in value.items()) or "-"
         elif f.name == "container" and value is not None:
-            value = " ".join([value.runtime, value.mode, *(f"-B {b}" for b in value.binds), *value.flags,
-                              *(f"[setup: {line}]" for line in value.setup),
-                              *([f"[modules: {'; '.join(value.modules) or 'none'}]"] if value.modules is not None else [])])
+            value = " ".join(
+                [
+                    value.runtime,
+                    value.mode,
+                    *(f"-B {b}" for b in value.binds),
+                    *value.flags,
+                    *(f"[setup: {line}]" for line in value.setup),
+                    *([f"[modules: {'; '.join(value.modules) or 'none'}]"] if value.modules is not None else []),
+                ]
+            )
         elif isinstance(value, tuple):
             value = "; ".join(value) or "-"
         lines.append(f"{f.name:<20} {value}")

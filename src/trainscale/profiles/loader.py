@@ -21,10 +21,23 @@ from trainscale.topology.cpulist import parse_cpulist
 CONFIG_DIR_ENV = "TRAINSCALE_CONFIG_DIR"
 _TUPLE_KEYS = ("partitions", "modules", "setup")
 _SCALARS: dict[str, tuple[type, ...]] = {
-    "description": (str,), "gpu_vendor": (str,), "binding": (str,), "default_launcher": (str,), "max_time": (str,),
-    "gpus_per_node": (int,), "cpus_per_node": (int,), "mem_per_node_gb": (int, float), "mem_per_gpu_gb": (int, float),
-    "forbid_cpus_per_gpu": (bool,), "requires_account": (bool,), "task_gpu": (str,), "extends": (str,),
-    "shares_cores": (bool,), "interconnect": (str,), "interconnect_required": (bool,), "modules_checked": (str,),
+    "description": (str,),
+    "gpu_vendor": (str,),
+    "binding": (str,),
+    "default_launcher": (str,),
+    "max_time": (str,),
+    "gpus_per_node": (int,),
+    "cpus_per_node": (int,),
+    "mem_per_node_gb": (int, float),
+    "mem_per_gpu_gb": (int, float),
+    "forbid_cpus_per_gpu": (bool,),
+    "requires_account": (bool,),
+    "task_gpu": (str,),
+    "extends": (str,),
+    "shares_cores": (bool,),
+    "interconnect": (str,),
+    "interconnect_required": (bool,),
+    "modules_checked": (str,),
 }
 MERGED_TABLES = ("env", "gpu_cores", "container")
 """With ``extends``, these tables merge key by key (the child's keys win); every other key the child
@@ -66,8 +79,9 @@ def list_profiles() -> list[ProfileSource]:
     user_dir = user_profile_dir()
     if user_dir.is_dir():
         for path in sorted(user_dir.glob("*.toml")):
-            found[path.stem] = ProfileSource(name=path.stem, origin="user", path=path,
-                                             overrides_builtin=path.stem in found)
+            found[path.stem] = ProfileSource(
+                name=path.stem, origin="user", path=path, overrides_builtin=path.stem in found
+            )
     return [found[name] for name in sorted(found)]
 
 
@@ -86,9 +100,11 @@ def _source(name: str, *, builtin_only: bool = False) -> ProfileSource:
         path = builtin_profile_dir() / f"{name}.toml"
         sources = {name: ProfileSource(name=name, origin="built-in", path=path)} if path.is_file() else {}
     if name not in sources:
-        raise ConfigError(f"unknown cluster profile {name!r}",
-                          hint=f"{did_you_mean(name, list(known))}; `trainscale profiles` lists them, and you can "
-                               f"add your own as {user_profile_dir() / (name + '.toml')}")
+        raise ConfigError(
+            f"unknown cluster profile {name!r}",
+            hint=f"{did_you_mean(name, list(known))}; `trainscale profiles` lists them, and you can "
+            f"add your own as {user_profile_dir() / (name + '.toml')}",
+        )
     return sources[name]
 
 
@@ -113,8 +129,10 @@ def _resolved_data(path: Path, chain: tuple[str, ...] = ()) -> dict[str, Any]:
     if not isinstance(parent_name, str) or not parent_name:
         raise ConfigError(f"{path}: extends = {parent_name!r} should name a profile", hint='e.g. extends = "lumi"')
     if parent_name in chain:
-        raise ConfigError(f"{path}: extends = {parent_name!r} makes a cycle ({' -> '.join(chain + (parent_name,))})",
-                          hint="a profile cannot extend itself, directly or through others")
+        raise ConfigError(
+            f"{path}: extends = {parent_name!r} makes a cycle ({' -> '.join(chain + (parent_name,))})",
+            hint="a profile cannot extend itself, directly or through others",
+        )
     # A user profile that extends its own name (lumi.toml: extends = "lumi") means the built-in one.
     source = _source(parent_name, builtin_only=parent_name == path.stem)
     parent = _resolved_data(source.path, chain + (path.stem,))
@@ -147,8 +165,10 @@ def profile_from_dict(data: dict[str, Any], *, name: str, origin: str = "<dict>"
     """Validate a parsed TOML table into a :class:`ClusterProfile` (every key checked, core lists parsed)."""
     _check_keys(data, _fields(ClusterProfile), origin)
     if data.get("name", name) != name:
-        raise ConfigError(f"{origin}: name = {data['name']!r} but the file is named {name!r}.toml",
-                          hint="rename the file or drop the name key: a profile is named after its file")
+        raise ConfigError(
+            f"{origin}: name = {data['name']!r} but the file is named {name!r}.toml",
+            hint="rename the file or drop the name key: a profile is named after its file",
+        )
     values = {k: v for k, v in data.items() if k != "name"}
     if isinstance(values.get("modules_checked"), datetime.date):  # TOML's bare date: modules_checked = 2026-11-24
         values["modules_checked"] = values["modules_checked"].isoformat()
@@ -156,7 +176,9 @@ def profile_from_dict(data: dict[str, Any], *, name: str, origin: str = "<dict>"
         value = values.get(key)
         if value is not None and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
             expected = " or ".join(t.__name__ for t in types)
-            raise ConfigError(f"{origin}: {key} = {value!r} should be {expected}", hint="see docs/profiles.md for each key")
+            raise ConfigError(
+                f"{origin}: {key} = {value!r} should be {expected}", hint="see docs/profiles.md for each key"
+            )
     for key in _TUPLE_KEYS:
         if key in values:
             if not isinstance(values[key], list) or not all(isinstance(x, str) for x in values[key]):
@@ -167,8 +189,10 @@ def profile_from_dict(data: dict[str, Any], *, name: str, origin: str = "<dict>"
     if "gpu_cores" in values:
         table = values["gpu_cores"]
         if not isinstance(table, dict):
-            raise ConfigError(f"{origin}: gpu_cores must be a table of GPU index -> core list",
-                              hint='e.g. gpu_cores = { 0 = "49-55", 1 = "57-63" }')
+            raise ConfigError(
+                f"{origin}: gpu_cores must be a table of GPU index -> core list",
+                hint='e.g. gpu_cores = { 0 = "49-55", 1 = "57-63" }',
+            )
         cores = {}
         for gpu, value in table.items():
             if not str(gpu).isdigit():
@@ -177,7 +201,9 @@ def profile_from_dict(data: dict[str, Any], *, name: str, origin: str = "<dict>"
         values["gpu_cores"] = cores
     if "env" in values:
         if not isinstance(values["env"], dict) or not all(isinstance(v, str) for v in values["env"].values()):
-            raise ConfigError(f"{origin}: env must be a table of strings", hint='e.g. [env] NCCL_SOCKET_IFNAME = "hsn0"')
+            raise ConfigError(
+                f"{origin}: env must be a table of strings", hint='e.g. [env] NCCL_SOCKET_IFNAME = "hsn0"'
+            )
         values["env"] = dict(values["env"])
     if "container" in values:
         table = values["container"]
@@ -193,4 +219,6 @@ def profile_from_dict(data: dict[str, Any], *, name: str, origin: str = "<dict>"
     except ConfigError as exc:
         raise ConfigError(f"{origin}: {exc.message}", hint=exc.hint) from None
     except TypeError as exc:  # a value of the wrong type reaching a comparison in __post_init__
-        raise ConfigError(f"{origin}: a value has the wrong type ({exc})", hint="see docs/profiles.md for each key") from None
+        raise ConfigError(
+            f"{origin}: a value has the wrong type ({exc})", hint="see docs/profiles.md for each key"
+        ) from None

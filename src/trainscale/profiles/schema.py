@@ -113,29 +113,40 @@ class ClusterProfile:
 
     def __post_init__(self) -> None:
         if self.gpu_vendor not in GPU_VENDORS:
-            raise ConfigError(f"profile {self.name}: gpu_vendor {self.gpu_vendor!r} unknown", hint=f"one of {', '.join(GPU_VENDORS)}")
+            raise ConfigError(
+                f"profile {self.name}: gpu_vendor {self.gpu_vendor!r} unknown", hint=f"one of {', '.join(GPU_VENDORS)}"
+            )
         if self.binding not in BINDINGS:
-            raise ConfigError(f"profile {self.name}: binding {self.binding!r} unknown", hint=f"one of {', '.join(BINDINGS)}")
+            raise ConfigError(
+                f"profile {self.name}: binding {self.binding!r} unknown", hint=f"one of {', '.join(BINDINGS)}"
+            )
         if self.default_launcher not in LAUNCHERS:
             raise ConfigError(
-                f"profile {self.name}: default_launcher {self.default_launcher!r} unknown", hint=f"one of {', '.join(LAUNCHERS)}"
+                f"profile {self.name}: default_launcher {self.default_launcher!r} unknown",
+                hint=f"one of {', '.join(LAUNCHERS)}",
             )
         if self.interconnect not in ("", "ofi", "ib", "socket"):
-            raise ConfigError(f"profile {self.name}: interconnect {self.interconnect!r} unknown",
-                              hint="one of ofi (libfabric), ib, socket, or leave it out")
+            raise ConfigError(
+                f"profile {self.name}: interconnect {self.interconnect!r} unknown",
+                hint="one of ofi (libfabric), ib, socket, or leave it out",
+            )
         if self.task_gpu not in TASK_GPU:
-            raise ConfigError(f"profile {self.name}: task_gpu {self.task_gpu!r} unknown", hint=f"one of {', '.join(TASK_GPU)}")
+            raise ConfigError(
+                f"profile {self.name}: task_gpu {self.task_gpu!r} unknown", hint=f"one of {', '.join(TASK_GPU)}"
+            )
         if self.modules_checked and not _DATE.match(self.modules_checked):
-            raise ConfigError(f"profile {self.name}: modules_checked = {self.modules_checked!r} is not a date",
-                              hint='write the day the module lines were checked as YYYY-MM-DD, e.g. "2026-11-24"')
+            raise ConfigError(
+                f"profile {self.name}: modules_checked = {self.modules_checked!r} is not a date",
+                hint='write the day the module lines were checked as YYYY-MM-DD, e.g. "2026-11-24"',
+            )
         if self.gpus_per_node < 0 or self.cpus_per_node < 1:
             raise ConfigError(f"profile {self.name}: gpus_per_node must be >= 0 and cpus_per_node >= 1")
         if self.binding == "map":
             missing = [g for g in range(self.gpus_per_node) if g not in self.gpu_cores]
             if missing:
                 raise ConfigError(
-                    f"profile {self.name}: binding = \"map\" but gpu_cores has no entry for GPU(s) {missing}",
-                    hint="give one core list per GPU, e.g. gpu_cores = { 0 = \"49-55\" }",
+                    f'profile {self.name}: binding = "map" but gpu_cores has no entry for GPU(s) {missing}',
+                    hint='give one core list per GPU, e.g. gpu_cores = { 0 = "49-55" }',
                 )
 
     @property

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from trainscale.observe.reading import RankStats, rank_stats
 from trainscale.observe.records import metrics_dir
 from trainscale.observe.records import read_run as read_records
 from trainscale.observe.stragglers import diagnose
-
 
 
 @dataclass
@@ -28,8 +28,6 @@ class Gathered:
     study: dict | None = None
     submission: dict | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-
-
 
 
 def _seconds(text: str) -> float:
@@ -52,7 +50,9 @@ def _bytes(text: str) -> int:
     return int(float(text[:-1]) * scale) if scale else int(float(text))
 
 
-def accounting(job_id: str, run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> tuple[dict | None, str]:
+def accounting(
+    job_id: str, run: Callable[..., subprocess.CompletedProcess] = subprocess.run
+) -> tuple[dict | None, str]:
     """The job's sacct line (launch/slurm/queue.py's one reader) as the page shows it, with the peak memory of its
     steps and its CPU efficiency."""
     from trainscale.errors import SlurmError
@@ -66,14 +66,21 @@ def accounting(job_id: str, run: Callable[..., subprocess.CompletedProcess] = su
     if main is None:
         return None, "sacct returned no row for this job"
     elapsed, cpu = _seconds(main.elapsed), _seconds(main.total_cpu)
-    return {"State": f"{main.state} {main.reason}".strip(), "Elapsed": main.elapsed, "AllocCPUS": main.alloc_cpus,
-            "TotalCPU": main.total_cpu, "MaxRSS": main.max_rss, "NNodes": main.nodes,
-            "MaxRSS_bytes": max(_bytes(r.max_rss) for r in rows),
-            "cpu_efficiency": cpu / (elapsed * main.alloc_cpus) if elapsed and main.alloc_cpus else None}, ""
+    return {
+        "State": f"{main.state} {main.reason}".strip(),
+        "Elapsed": main.elapsed,
+        "AllocCPUS": main.alloc_cpus,
+        "TotalCPU": main.total_cpu,
+        "MaxRSS": main.max_rss,
+        "NNodes": main.nodes,
+        "MaxRSS_bytes": max(_bytes(r.max_rss) for r in rows),
+        "cpu_efficiency": cpu / (elapsed * main.alloc_cpus) if elapsed and main.alloc_cpus else None,
+    }, ""
 
 
-def read_run(run_dir: Path, *, job_id: str | None = None,
-             sacct_run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> Gathered:
+def read_run(
+    run_dir: Path, *, job_id: str | None = None, sacct_run: Callable[..., subprocess.CompletedProcess] = subprocess.run
+) -> Gathered:
     """One run's records (``<run_dir>/metrics/``, none when it recorded nothing), what ran (``run.json`` of
     ``trainscale run``, ``submission.json`` of ``trainscale slurm``) and SLURM's accounting of ``job_id``."""
     info = _json(run_dir / "run.json") or {}
@@ -81,12 +88,24 @@ def read_run(run_dir: Path, *, job_id: str | None = None,
     where = Path(info["records"]) if not metrics_dir(run_dir).is_dir() and info.get("records") else run_dir
     recorded = read_records(where) if metrics_dir(where).is_dir() else {"ranks": {}, "nodes": {}, "events": []}
     ranks = [s for s in (rank_stats(r, recs) for r, recs in recorded["ranks"].items()) if s is not None]
-    acct, note = (accounting(job_id, sacct_run) if job_id else (None, ""))
+    acct, note = accounting(job_id, sacct_run) if job_id else (None, "")
     meta = next((recs[0] for recs in recorded["ranks"].values() if recs and recs[0].get("kind") == "meta"), {})
-    return Gathered(source=run_dir, ranks=ranks, samples=recorded["nodes"], events=recorded["events"],
-                    accounting=acct, accounting_note=note, submission=_json(run_dir / "submission.json"),
-                    extra={"run": info, "meta": meta, "job_id": job_id, "diagnosis": diagnose(recorded["ranks"]),
-                           "failure": info.get("failure") or _job_failure(job_id, acct)})
+    return Gathered(
+        source=run_dir,
+        ranks=ranks,
+        samples=recorded["nodes"],
+        events=recorded["events"],
+        accounting=acct,
+        accounting_note=note,
+        submission=_json(run_dir / "submission.json"),
+        extra={
+            "run": info,
+            "meta": meta,
+            "job_id": job_id,
+            "diagnosis": diagnose(recorded["ranks"]),
+            "failure": info.get("failure") or _job_failure(job_id, acct),
+        },
+    )
 
 
 def _job_failure(job_id: str | None, acct: dict | None) -> list[str] | None:

@@ -28,15 +28,17 @@ CHECK = """<script>
   if (document.readyState === 'complete') { done(); } else { window.addEventListener('load', done); }
 })();
 </script>"""
-STYLE = ("body{font-family:sans-serif;max-width:1100px;margin:1.5em auto;padding:0 1em;color:#222}"
-         "h1{font-size:1.5em}h2{margin-top:1.6em;border-bottom:1px solid #ddd}"
-         "table{border-collapse:collapse;margin:.4em 0}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}"
-         "td{white-space:nowrap}table.facts td{white-space:normal}"
-         "table.facts th{text-align:left;background:#f4f4f4;white-space:nowrap}table.facts td{font-family:monospace}"
-         "div.scroll{overflow-x:auto}li.problem{color:#b00}li.good{color:#070}li.note{color:#444}"
-         "p.note{font-size:13px;color:#555;margin:.2em 0}p.missing{color:#a60}"
-         "figure{margin:.8em 0 1.6em}img.plot{width:100%;height:auto;display:block}"
-         "figcaption{font-size:13px;color:#555}")
+STYLE = (
+    "body{font-family:sans-serif;max-width:1100px;margin:1.5em auto;padding:0 1em;color:#222}"
+    "h1{font-size:1.5em}h2{margin-top:1.6em;border-bottom:1px solid #ddd}"
+    "table{border-collapse:collapse;margin:.4em 0}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}"
+    "td{white-space:nowrap}table.facts td{white-space:normal}"
+    "table.facts th{text-align:left;background:#f4f4f4;white-space:nowrap}table.facts td{font-family:monospace}"
+    "div.scroll{overflow-x:auto}li.problem{color:#b00}li.good{color:#070}li.note{color:#444}"
+    "p.note{font-size:13px;color:#555;margin:.2em 0}p.missing{color:#a60}"
+    "figure{margin:.8em 0 1.6em}img.plot{width:100%;height:auto;display:block}"
+    "figcaption{font-size:13px;color:#555}"
+)
 
 
 def _verdict(found: list[Finding]) -> str:
@@ -53,14 +55,20 @@ def _table(t: Table) -> str:
 
 def _image(caption: str, path: Path) -> str:
     data = base64.b64encode(path.read_bytes()).decode()
-    return (f'<figure><img class="plot" alt="{html.escape(caption)}" src="data:image/png;base64,{data}">'
-            f"<figcaption>{html.escape(caption)} ({html.escape(path.name)})</figcaption></figure>")
+    return (
+        f'<figure><img class="plot" alt="{html.escape(caption)}" src="data:image/png;base64,{data}">'
+        f"<figcaption>{html.escape(caption)} ({html.escape(path.name)})</figcaption></figure>"
+    )
 
 
 def render_html(page: Page) -> str:
     facts = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in page.facts)
-    parts = [f"<h1>trainscale report: {html.escape(page.title)}</h1>", f'<table class="facts">{facts}</table>',
-             "<h2>Verdict</h2>", _verdict(page.verdict) or "<p>(nothing to say)</p>"]
+    parts = [
+        f"<h1>trainscale report: {html.escape(page.title)}</h1>",
+        f'<table class="facts">{facts}</table>',
+        "<h2>Verdict</h2>",
+        _verdict(page.verdict) or "<p>(nothing to say)</p>",
+    ]
     for section in page.sections:
         parts.append(f"<h2>{html.escape(section.title)}</h2>")
         parts.append(_verdict(section.verdict))
@@ -68,13 +76,16 @@ def render_html(page: Page) -> str:
         parts += [_table(t) for t in section.tables]
         parts += [_image(caption, path) for caption, path in section.images]
     parts += [f'<p class="missing">(no plots: {html.escape(m)})</p>' for m in page.missing]
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>trainscale report: {html.escape(page.title)}"
-            f"</title><style>{STYLE}</style></head><body>{''.join(parts)}{CHECK}</body></html>\n")
+    return (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>trainscale report: {html.escape(page.title)}"
+        f"</title><style>{STYLE}</style></head><body>{''.join(parts)}{CHECK}</body></html>\n"
+    )
 
 
 def _text_table(t: Table) -> list[str]:
-    widths = [max(len(h), *(len(r[i]) for r in t.rows if i < len(r))) if t.rows else len(h)
-              for i, h in enumerate(t.head)]
+    widths = [
+        max(len(h), *(len(r[i]) for r in t.rows if i < len(r))) if t.rows else len(h) for i, h in enumerate(t.head)
+    ]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in (t.head, *t.rows)]
     return lines + list(t.notes)
 

@@ -9,11 +9,23 @@ from pathlib import Path
 from trainscale.bench.plots import pyplot, save
 from trainscale.report.gather import Gathered
 
-SHARE_LABELS = {"data": "data", "compute": "forward", "backward": "backward", "optimizer": "optimizer",
-                "comm": "comm (exposed)", "other": "other"}
+SHARE_LABELS = {
+    "data": "data",
+    "compute": "forward",
+    "backward": "backward",
+    "optimizer": "optimizer",
+    "comm": "comm (exposed)",
+    "other": "other",
+}
 """The per-rank table's column names: the legend says what the table says."""
-COLOURS = {"data": "#8da0cb", "compute": "#66c2a5", "backward": "#a6d854", "optimizer": "#e78ac3", "comm": "#fc8d62",
-           "other": "#b3b3b3"}
+COLOURS = {
+    "data": "#8da0cb",
+    "compute": "#66c2a5",
+    "backward": "#a6d854",
+    "optimizer": "#e78ac3",
+    "comm": "#fc8d62",
+    "other": "#b3b3b3",
+}
 MISSING = "plots need matplotlib, which is not installed: pip install matplotlib"
 WIDE = (10, 4)
 """Inches at 100 dpi: the page's width, so a plot is as wide as the tables above it."""
@@ -59,8 +71,12 @@ def run_plots(g: Gathered, out: Path, prefix: str = "") -> list[tuple[str, Path]
             ax.bar(names, values, bottom=bottom, color=colour, label=SHARE_LABELS[key])
         bottom = [b + v for b, v in zip(bottom, values)]
     if many:
-        ax.stackplot(names, *[[r.shares[key] * 1e3 for r in g.ranks] for key in COLOURS],
-                     colors=list(COLOURS.values()), labels=[SHARE_LABELS[key] for key in COLOURS])
+        ax.stackplot(
+            names,
+            *[[r.shares[key] * 1e3 for r in g.ranks] for key in COLOURS],
+            colors=list(COLOURS.values()),
+            labels=[SHARE_LABELS[key] for key in COLOURS],
+        )
     ax.set_ylim(0, max(bottom) * 1.08)  # the stack's top (other) inside the axes
     handles, labels = ax.get_legend_handles_labels()  # top to bottom as the bars stack
     _label(ax, "rank", "ms per step", "Where each rank's step goes", handles=handles[::-1], labels=labels[::-1])

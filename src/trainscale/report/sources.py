@@ -11,9 +11,11 @@ from pathlib import Path
 from trainscale.errors import ConfigError
 from trainscale.observe.records import metrics_dir
 
-ACCEPTS = ("a run directory (the one `trainscale run` names at its end), a `trainscale bench` study directory "
-           "(results.json), a `trainscale sweep` directory (sweep.json), or the id of a job submitted with "
-           "`trainscale slurm`")
+ACCEPTS = (
+    "a run directory (the one `trainscale run` names at its end), a `trainscale bench` study directory "
+    "(results.json), a `trainscale sweep` directory (sweep.json), or the id of a job submitted with "
+    "`trainscale slurm`"
+)
 
 
 @dataclass(frozen=True)
@@ -43,9 +45,11 @@ def resolve(target: str) -> Source:
     if path.is_dir():
         kind = kind_of(path)
         if kind is None:
-            raise ConfigError(f"{target} is not a run, study or sweep directory (no metrics/, run.json, "
-                              f"submission.json, results.json or sweep.json in it)",
-                              hint=f"trainscale report takes {ACCEPTS}")
+            raise ConfigError(
+                f"{target} is not a run, study or sweep directory (no metrics/, run.json, "
+                f"submission.json, results.json or sweep.json in it)",
+                hint=f"trainscale report takes {ACCEPTS}",
+            )
         return Source(kind, path)
     if re.fullmatch(r"\d+(?:_\d+)?|last", target):
         from trainscale.launch.slurm.jobdir import load_record
@@ -53,8 +57,9 @@ def resolve(target: str) -> Source:
         record = load_record(target)
         run_dir = Path(record.run_dir) if record.run_dir else record.job_dir
         return Source(kind_of(run_dir) or "run", run_dir, record.job_id)
-    raise ConfigError(f"{target!r} is neither a directory nor a SLURM job id",
-                      hint=f"trainscale report takes {ACCEPTS}")
+    raise ConfigError(
+        f"{target!r} is neither a directory nor a SLURM job id", hint=f"trainscale report takes {ACCEPTS}"
+    )
 
 
 def records_dir(study_dir: Path, run: dict) -> Path | None:

@@ -45,46 +45,91 @@ def findings(g: Gathered) -> list[Finding]:
         late = diagnosis.straggler.rank if diagnosis is not None and diagnosis.straggler is not None else None
         data = statistics.median(_share(r, "data") for r in g.ranks if r.rank != late or len(g.ranks) == 1)
         if comm >= HIGH_COMM_SHARE and not named:  # with a straggler the wait is its: it is said above
-            out.append(Finding("problem", f"communication takes {comm:.0%} of the step while the ranks arrive "
-                                          "together: larger per-rank batch, gradient accumulation, a sharded "
-                                          "strategy, or overlap (docs/scaling.md)"))
+            out.append(
+                Finding(
+                    "problem",
+                    f"communication takes {comm:.0%} of the step while the ranks arrive "
+                    "together: larger per-rank batch, gradient accumulation, a sharded "
+                    "strategy, or overlap (docs/scaling.md)",
+                )
+            )
         if data >= HIGH_DATA_SHARE:
             loader = diagnosis is not None and diagnosis.loader
-            out.append(Finding("problem", f"waiting for data takes {data:.0%} of the step: " + (
-                "more DataLoader workers (within the rank's CPUs), pinned memory, data on fast storage" if loader
-                else "the script's own work before each forward (no DataLoader was seen)")))
-        started = [r for r in g.ranks if r.first_step_s is not None and r.first_step_s > max(
-            STARTUP_WAIT_S, STARTUP_RATIO * sum(r.shares.values()))]
+            out.append(
+                Finding(
+                    "problem",
+                    f"waiting for data takes {data:.0%} of the step: "
+                    + (
+                        "more DataLoader workers (within the rank's CPUs), pinned memory, data on fast storage"
+                        if loader
+                        else "the script's own work before each forward (no DataLoader was seen)"
+                    ),
+                )
+            )
+        started = [
+            r
+            for r in g.ranks
+            if r.first_step_s is not None
+            and r.first_step_s > max(STARTUP_WAIT_S, STARTUP_RATIO * sum(r.shares.values()))
+        ]
         if started:
             slowest = max(started, key=lambda r: r.first_step_s)
-            out.append(Finding("note", f"the first step took up to {slowest.first_step_s:.1f} s (rank {slowest.rank}): "
-                                       "the ranks' start-up (the first collective waits for the last rank to arrive: "
-                                       "imports, trackers, data); it is left out of the shares below"))
+            out.append(
+                Finding(
+                    "note",
+                    f"the first step took up to {slowest.first_step_s:.1f} s (rank {slowest.rank}): "
+                    "the ranks' start-up (the first collective waits for the last rank to arrive: "
+                    "imports, trackers, data); it is left out of the shares below",
+                )
+            )
         mfus = [r.mfu for r in g.ranks if r.mfu is not None]
         if mfus:
             micro = diagnosis.micro_batches if diagnosis is not None else None
-            out.append(Finding("note", f"model FLOPs utilisation {statistics.median(mfus):.1%} of the devices' peak"
-                                       + (f", counting the {micro} micro-batches of each optimizer step"
-                                          if micro and micro > 1 else "")))
-    utils = [gpu.get("util_pct") for samples in g.samples.values() for s in samples for gpu in s.get("gpus", [])
-             if gpu.get("util_pct") is not None]
+            out.append(
+                Finding(
+                    "note",
+                    f"model FLOPs utilisation {statistics.median(mfus):.1%} of the devices' peak"
+                    + (f", counting the {micro} micro-batches of each optimizer step" if micro and micro > 1 else ""),
+                )
+            )
+    utils = [
+        gpu.get("util_pct")
+        for samples in g.samples.values()
+        for s in samples
+        for gpu in s.get("gpus", [])
+        if gpu.get("util_pct") is not None
+    ]
     if utils:
         mean = math.fsum(utils) / len(utils)  # statistics.mean's exact sum took a second at 1,024 ranks
-        out.append(Finding("problem" if mean < LOW_GPU_UTIL else "good",
-                           f"GPU utilisation averaged {mean:.0f}%" + (" (low: the GPUs waited for data, the CPU or "
-                                                                      "communication)" if mean < LOW_GPU_UTIL else "")))
+        out.append(
+            Finding(
+                "problem" if mean < LOW_GPU_UTIL else "good",
+                f"GPU utilisation averaged {mean:.0f}%"
+                + (" (low: the GPUs waited for data, the CPU or communication)" if mean < LOW_GPU_UTIL else ""),
+            )
+        )
     from trainscale.observe.sampler import OTHER_WORK_SHARE, other_cpu_share
 
     for host, samples in g.samples.items():
         share = other_cpu_share(samples)
         if share is not None and share >= OTHER_WORK_SHARE:
-            out.append(Finding("problem", f"other work kept {share:.0%} of the ranks' CPUs on {host} busy: every rank "
-                                          "there ran slower for it (another job or process on the same cores; "
-                                          "an exclusive allocation or a quiet node avoids it)"))
+            out.append(
+                Finding(
+                    "problem",
+                    f"other work kept {share:.0%} of the ranks' CPUs on {host} busy: every rank "
+                    "there ran slower for it (another job or process on the same cores; "
+                    "an exclusive allocation or a quiet node avoids it)",
+                )
+            )
     acct = g.accounting or {}
     if acct.get("cpu_efficiency") is not None and acct["cpu_efficiency"] < LOW_CPU_EFFICIENCY and not utils:
-        out.append(Finding("note", f"CPU efficiency {acct['cpu_efficiency']:.0%} of the allocated cores (sacct): "
-                                   "fewer cores would do, or more threads per rank"))
+        out.append(
+            Finding(
+                "note",
+                f"CPU efficiency {acct['cpu_efficiency']:.0%} of the allocated cores (sacct): "
+                "fewer cores would do, or more threads per rank",
+            )
+        )
     suggestion = _strategy_advice(g)
     if suggestion:
         out.append(Finding("problem", suggestion))
@@ -105,6 +150,7 @@ def _strategy_advice(g: Gathered) -> str | None:
     if not runs:
         return None
     from trainscale.strategies import advice  # imports torch: only a study's report pays for it
+
     run = max(runs, key=lambda r: r["world_size"])
     share = (run.get("breakdown") or {}).get("optimizer_fraction")
     return advice(run["strategy"], int(run["world_size"]), share) if share is not None else None
@@ -124,17 +170,26 @@ def study_findings(study: dict) -> list[Finding]:
     base = next((r for r in runs if r.get("config") == study.get("baseline")), None)
     for r in runs:
         if r.get("status") != "ok":
-            out.append(Finding("problem", f"{r['label']} failed: runs/{r['name']}/failure.txt has the first failing "
-                                          "rank and its traceback"))
+            out.append(
+                Finding(
+                    "problem",
+                    f"{r['label']} failed: runs/{r['name']}/failure.txt has the first failing rank and its traceback",
+                )
+            )
         elif r.get("rejected"):
-            out.append(Finding("problem", f"{r['label']}: no speedup shown: {r['rejected']['reason']}. Measure again "
-                                          "on a quiet machine"))
+            out.append(
+                Finding(
+                    "problem",
+                    f"{r['label']}: no speedup shown: {r['rejected']['reason']}. Measure again on a quiet machine",
+                )
+            )
         elif r is not base and r.get("speedup") is not None:
             out.append(_scaling(r, base))
     for r in runs:
         if r.get("disturbed") and not r.get("rejected"):
-            out.append(Finding("problem", f"{r['label']} was disturbed: {r['disturbed']} while it ran (its figures "
-                                          "carry *)"))
+            out.append(
+                Finding("problem", f"{r['label']} was disturbed: {r['disturbed']} while it ran (its figures carry *)")
+            )
     busy = busy_warning(study)
     if busy and not any(r.get("disturbed") for r in runs):
         out.append(Finding("problem", busy))
@@ -152,8 +207,10 @@ def _scaling(run: dict, base: dict | None) -> Finding:
     text = f"{run['label']}: {run['speedup']:.2f}x{star}{against}"
     eff = run.get("efficiency_vs_achievable")
     if eff is not None:
-        text += (f", {eff:.0%}{star} of the {run['achievable_speedup']:.2f}x its hardware allows "
-                 f"({run['efficiency']:.0%}{star} parallel efficiency)")
+        text += (
+            f", {eff:.0%}{star} of the {run['achievable_speedup']:.2f}x its hardware allows "
+            f"({run['efficiency']:.0%}{star} parallel efficiency)"
+        )
         level = "good" if eff >= GOOD_EFFICIENCY else "problem"
     else:
         text += f", {run['efficiency']:.0%}{star} parallel efficiency"
@@ -169,18 +226,26 @@ def sweep_findings(results: list, metric: str | None) -> list[Finding]:
     done = [r for r in results if r.state == "finished"]
     failed = [r for r in results if r.state.startswith("failed")]
     pending = [r for r in results if r.state == "pending"]
-    out = [Finding("problem", f"task {r.index} ({_config(r)}) {r.state}: its log is in task-{r.index}/")
-           for r in failed]
+    out = [
+        Finding("problem", f"task {r.index} ({_config(r)}) {r.state}: its log is in task-{r.index}/") for r in failed
+    ]
     if pending:
-        out.append(Finding("note", f"{len(pending)} task(s) not finished (queued, running or never started): "
-                                   f"{', '.join(str(r.index) for r in pending)}"))
+        out.append(
+            Finding(
+                "note",
+                f"{len(pending)} task(s) not finished (queued, running or never started): "
+                f"{', '.join(str(r.index) for r in pending)}",
+            )
+        )
     have = [r for r in results if metric and metric in r.metrics]
     if have:
         best = have[0]
-        out.append(Finding("good", f"best by {metric}: task {best.index} ({_config(best)}), {metric} "
-                                   f"{best.metrics[metric]:.6g}"))
-    out.append(Finding("note" if failed or pending else "good",
-                       f"{len(done)} of {len(results)} task(s) finished"))
+        out.append(
+            Finding(
+                "good", f"best by {metric}: task {best.index} ({_config(best)}), {metric} {best.metrics[metric]:.6g}"
+            )
+        )
+    out.append(Finding("note" if failed or pending else "good", f"{len(done)} of {len(results)} task(s) finished"))
     return sorted(out, key=lambda f: LEVELS.index(f.level))
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Iterator, MutableMapping
+from collections.abc import Iterator, MutableMapping
 
 import torch
 
@@ -32,8 +32,10 @@ def enable_determinism(environ: MutableMapping[str, str] | None = None) -> list[
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False  # benchmarking may pick a different algorithm each run
     torch.backends.cudnn.deterministic = True
-    notes.append("deterministic algorithms on (torch.use_deterministic_algorithms, cudnn.benchmark off): "
-                 "bitwise-repeatable GPU runs, somewhat slower")
+    notes.append(
+        "deterministic algorithms on (torch.use_deterministic_algorithms, cudnn.benchmark off): "
+        "bitwise-repeatable GPU runs, somewhat slower"
+    )
     return notes
 
 
@@ -45,8 +47,11 @@ def deterministic(enabled: bool = True) -> Iterator[None]:
     if not enabled:
         yield
         return
-    saved = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark,
-             torch.backends.cudnn.deterministic)
+    saved = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.backends.cudnn.benchmark,
+        torch.backends.cudnn.deterministic,
+    )
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = False, True
     try:

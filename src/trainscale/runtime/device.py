@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 
@@ -34,14 +34,16 @@ def device_index(env: LaunchEnv, visible: int, environ: Mapping[str, str] | None
             raise ConfigError(
                 f"{env.local_world_size} local ranks would share the only visible GPU",
                 hint="run one rank per GPU (`--nproc-per-node gpu`), give each rank its own GPU "
-                     "(SLURM --gpus-per-task=1), or use device='cpu'")
+                "(SLURM --gpus-per-task=1), or use device='cpu'",
+            )
         return 0
     if env.local_rank >= visible:
         raise ConfigError(
             f"local rank {env.local_rank} has no GPU of its own: {env.local_world_size} ranks on this node "
             f"but {visible} GPU(s) visible",
             hint=f"run at most {visible} rank(s) per node (`--nproc-per-node gpu`), give each task its own GPU "
-                 "(SLURM --gpus-per-task=1), pick one yourself with device='cuda:N', or use device='cpu'")
+            "(SLURM --gpus-per-task=1), pick one yourself with device='cuda:N', or use device='cpu'",
+        )
     return env.local_rank
 
 
@@ -53,8 +55,9 @@ def shares_the_only_gpu(env: LaunchEnv, environ: Mapping[str, str]) -> bool:
     return env.local_world_size > 1 and env.elastic_agent and not any(environ.get(name) for name in VISIBLE_VARS)
 
 
-def pick_device(env: LaunchEnv, requested: str = "auto", visible: int | None = None,
-                environ: Mapping[str, str] | None = None) -> torch.device:
+def pick_device(
+    env: LaunchEnv, requested: str = "auto", visible: int | None = None, environ: Mapping[str, str] | None = None
+) -> torch.device:
     if requested not in DEVICE_CHOICES and not requested.startswith("cuda:"):
         raise ConfigError(f"device {requested!r} is not supported", hint=f"use one of {', '.join(DEVICE_CHOICES)}")
     if requested == "cpu":
@@ -81,11 +84,14 @@ def pick_backend(device: torch.device, requested: str | None = None) -> str:
     ``MIXED_BACKEND``; a CPU rank then uses plain gloo (it has no GPU tensors to reduce)."""
     if requested:
         if requested not in ("gloo", "nccl", "mpi", MIXED_BACKEND):
-            raise ConfigError(f"backend {requested!r} is not supported",
-                              hint=f"use gloo (CPU), nccl (CUDA/ROCm) or {MIXED_BACKEND}")
+            raise ConfigError(
+                f"backend {requested!r} is not supported", hint=f"use gloo (CPU), nccl (CUDA/ROCm) or {MIXED_BACKEND}"
+            )
         if requested == MIXED_BACKEND and device.type != "cuda":
             return "gloo"
         if requested == "nccl" and device.type != "cuda":
-            raise ConfigError("backend 'nccl' needs a GPU but this rank runs on the CPU", hint="use backend='gloo' on CPU")
+            raise ConfigError(
+                "backend 'nccl' needs a GPU but this rank runs on the CPU", hint="use backend='gloo' on CPU"
+            )
         return requested
     return "nccl" if device.type == "cuda" else "gloo"

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import resource
 import sys
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -96,10 +97,14 @@ def format_table(rows: list[RankMemory], strategy: str = "") -> str:
     cols = ("rank", "peak", "params", "grads", "optimizer", "state")
     lines = [head, "".join(f"{c:>11}" for c in cols)]
     for r in rows:
-        lines.append(f"{r.rank:>11}" + "".join(f"{mib(v):>11}" for v in
-                                                 (r.peak_bytes, r.params, r.grads, r.optimizer, r.state)))
-    lines.append(f"{'total':>11}{'':>11}" + "".join(
-        f"{mib(sum(getattr(r, k) for r in rows)):>11}" for k in KINDS) + f"{mib(sum(r.state for r in rows)):>11}")
+        lines.append(
+            f"{r.rank:>11}" + "".join(f"{mib(v):>11}" for v in (r.peak_bytes, r.params, r.grads, r.optimizer, r.state))
+        )
+    lines.append(
+        f"{'total':>11}{'':>11}"
+        + "".join(f"{mib(sum(getattr(r, k) for r in rows)):>11}" for k in KINDS)
+        + f"{mib(sum(r.state for r in rows)):>11}"
+    )
     return "\n".join(lines)
 
 
@@ -107,10 +112,14 @@ def report(runtime: Any, held: dict[str, int], strategy: str = "", print_table: 
     """Measure this rank, gather all ranks, print the table on rank 0; returns a JSON-ready dict
     ``{"unit": "bytes", "peak_source": ..., "ranks": [{rank, peak_bytes, params, grads, optimizer, state}]}``."""
     peak, source = peak_memory(runtime.device)
-    rows = gather(runtime, RankMemory(rank=runtime.rank, peak_bytes=peak, peak_source=source,
-                                      **{k: int(held.get(k, 0)) for k in KINDS}))
+    rows = gather(
+        runtime,
+        RankMemory(rank=runtime.rank, peak_bytes=peak, peak_source=source, **{k: int(held.get(k, 0)) for k in KINDS}),
+    )
     if print_table and runtime.is_main:
         print(format_table(rows, strategy), flush=True)
-    return {"unit": "bytes", "peak_source": rows[0].peak_source,
-            "ranks": [{**{k: v for k, v in asdict(r).items() if k != "peak_source"}, "state": r.state}
-                      for r in rows]}
+    return {
+        "unit": "bytes",
+        "peak_source": rows[0].peak_source,
+        "ranks": [{**{k: v for k, v in asdict(r).items() if k != "peak_source"}, "state": r.state} for r in rows],
+    }

@@ -7,7 +7,7 @@ import datetime
 import os
 import re
 import tempfile
-from typing import MutableMapping
+from collections.abc import MutableMapping
 
 from trainscale.errors import LaunchError
 
@@ -43,8 +43,11 @@ def enable_flight_recorder(environ: MutableMapping[str, str] | None = None, job_
     environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
     given = next((environ[name] for name in DUMP_FILE_VARS if environ.get(name)), None)
     if given is None:
-        default = (os.path.join(job_dir, "nccl-traces") if job_dir
-                   else os.path.join(tempfile.gettempdir(), f"trainscale-nccl-traces-{os.getuid()}"))
+        default = (
+            os.path.join(job_dir, "nccl-traces")
+            if job_dir
+            else os.path.join(tempfile.gettempdir(), f"trainscale-nccl-traces-{os.getuid()}")
+        )
         dump_dir = environ.get("TRAINSCALE_TRACE_DIR", default)
         os.makedirs(dump_dir, exist_ok=True)
         given = os.path.join(dump_dir, "nccl_trace_rank_")
@@ -74,7 +77,8 @@ def explain_init_error(error: BaseException) -> LaunchError | None:
     return LaunchError(
         f"two ranks of this job use the same GPU (NCCL: {line.strip()[:200]})",
         hint="give every rank its own GPU: one rank per visible GPU (`--nproc-per-node gpu`), no shared "
-             "CUDA_VISIBLE_DEVICES value across ranks, or SLURM --gpus-per-task=1")
+        "CUDA_VISIBLE_DEVICES value across ranks, or SLURM --gpus-per-task=1",
+    )
 
 
 TRANSPORT_DEBUG_VARS = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
@@ -92,4 +96,3 @@ def transport_log(environ: MutableMapping[str, str], log_dir: str | os.PathLike)
     path = os.path.join(log_dir, f"nccl-{os.getpid()}.log")
     environ.update({**TRANSPORT_DEBUG_VARS, "NCCL_DEBUG_FILE": path})
     return path
-

@@ -18,8 +18,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -103,8 +104,9 @@ class Preemption:
             return self._stop("stopped for the next link of the chain", env.job_dir)
         cap, restarts = env.max_requeues, env.requeue_count
         if cap is not None and restarts >= cap:
-            return self._stop(f"requeue cap reached: requeued {restarts} time(s), --max-requeues {cap}; not requeued",
-                              env.job_dir)
+            return self._stop(
+                f"requeue cap reached: requeued {restarts} time(s), --max-requeues {cap}; not requeued", env.job_dir
+            )
         scontrol = shutil.which("scontrol")
         if scontrol:
             if before is not None:

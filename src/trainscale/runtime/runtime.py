@@ -17,8 +17,9 @@ import gc
 import os
 import sys
 import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -28,7 +29,6 @@ from trainscale.errors import ConfigError, record_error
 from trainscale.runtime.device import pick_backend, pick_device
 from trainscale.runtime.seed import seed_everything
 from trainscale.runtime.threads import apply_thread_count
-
 
 # The process groups the last clean close destroyed, still referenced here until the next close or exit. A
 # DDP model outlives the close (a script returns it, or holds it), and its C++ Reducer keeps the group alive;
@@ -78,7 +78,9 @@ class Runtime:
     node_rank = property(lambda self: self.env.node_rank)
     num_nodes = property(lambda self: self.env.num_nodes)
     restart_count = property(lambda self: self.env.restart_count)
-    attempt = property(lambda self: self.env.attempt, doc="0 on the first run; counts SLURM requeues and torchrun restarts.")
+    attempt = property(
+        lambda self: self.env.attempt, doc="0 on the first run; counts SLURM requeues and torchrun restarts."
+    )
 
     @property
     def is_main(self) -> bool:
@@ -166,7 +168,8 @@ class Runtime:
     def guard(self, step: int, op: str = "training step (gradient all-reduce)") -> Iterator[None]:
         """Wrap one training step: records progress, and turns a collective timeout into an error
         naming the rank(s) that hold the others up — stopped before this step or inside it — with
-        their Python stacks (see runtime/hangwatch/heartbeat.py; a script that never calls it gets the same from the worker
+        their Python stacks (see runtime/hangwatch/heartbeat.py; a script that never calls it gets the same from the
+        worker
         bootstrap's heartbeat)."""
         if self._progress is None:
             from trainscale.runtime.hangwatch import heartbeat as progress
@@ -229,7 +232,7 @@ class Runtime:
                 # see release_process_groups in launch/bootstrap.py.
                 gc.collect()
 
-    def __enter__(self) -> "Runtime":
+    def __enter__(self) -> Runtime:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -238,9 +241,11 @@ class Runtime:
         self.close(synchronize=exc_type is None)
 
     def describe(self) -> str:
-        return (f"rank {self.rank}/{self.world_size} (local {self.local_rank}/{self.local_world_size}, "
-                f"node {self.node_rank}/{self.num_nodes}) via {self.env.source}, device {self.device}, "
-                f"backend {self.backend or 'none'}")
+        return (
+            f"rank {self.rank}/{self.world_size} (local {self.local_rank}/{self.local_world_size}, "
+            f"node {self.node_rank}/{self.num_nodes}) via {self.env.source}, device {self.device}, "
+            f"backend {self.backend or 'none'}"
+        )
 
 
 def init(
@@ -259,8 +264,10 @@ def init(
     ``deterministic``: bitwise-repeatable GPU runs (runtime/determinism.py, docs/gpu.md).
     """
     if not 0 < timeout_s < 2**31 / 1000:  # nan and inf fail this too; torch keeps it in int32 milliseconds
-        raise ConfigError(f"timeout_s={timeout_s} must be a number of seconds > 0 and below 2147483",
-                          hint="give the collective timeout in seconds, e.g. 600")
+        raise ConfigError(
+            f"timeout_s={timeout_s} must be a number of seconds > 0 and below 2147483",
+            hint="give the collective timeout in seconds, e.g. 600",
+        )
     if not 0 <= seed < 2**63:
         raise ConfigError(f"seed={seed} is outside 0 ... 2**63 - 1 (torch's seeds are 64-bit)", hint="e.g. seed=0")
     environ = os.environ if environ is None else environ
@@ -288,8 +295,9 @@ def init(
             _init_process_group(env, chosen_backend, dev, timeout)
             owns = True
     seed_everything(seed)
-    runtime = Runtime(env=env, device=dev, backend=chosen_backend, seed=seed, timeout=timeout,
-                      owns_process_group=owns, notes=notes)
+    runtime = Runtime(
+        env=env, device=dev, backend=chosen_backend, seed=seed, timeout=timeout, owns_process_group=owns, notes=notes
+    )
     if runtime.is_main:
         for note in notes:
             print(f"trainscale: {note}", file=sys.stderr, flush=True)
@@ -304,8 +312,9 @@ def _init_process_group(env: LaunchEnv, backend: str, dev: torch.device, timeout
     if "nccl" in backend:
         nccl.enable_flight_recorder(job_dir=env.job_dir)
         if os.environ.get(nccl.EXPECTED_NETWORK_VAR) and env.num_nodes > 1:  # which network NCCL picks, to a file
-            nccl.transport_log(os.environ, os.path.join(env.run_dir or env.job_dir or tempfile.gettempdir(),
-                                                        "nccl-debug"))
+            nccl.transport_log(
+                os.environ, os.path.join(env.run_dir or env.job_dir or tempfile.gettempdir(), "nccl-debug")
+            )
         group_timeout = nccl.watchdog_timeout(timeout)  # the progress monitor names the hung rank first
     if dev.type == "cuda" and nccl.eager_init_is_safe(torch.__version__):
         kwargs["device_id"] = dev  # eager NCCL init bound to this GPU
@@ -322,8 +331,9 @@ def _init_process_group(env: LaunchEnv, backend: str, dev: torch.device, timeout
         else:
             kwargs["store"] = store.client(env.master_addr, env.master_port, timeout)
     try:
-        dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size, timeout=group_timeout,
-                                **kwargs)
+        dist.init_process_group(
+            backend=backend, rank=env.rank, world_size=env.world_size, timeout=group_timeout, **kwargs
+        )
     except Exception as exc:
         explained = nccl.explain_init_error(exc)
         if explained is None:

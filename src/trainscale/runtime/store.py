@@ -12,6 +12,7 @@ import socket
 from trainscale.env.address import resolve
 from trainscale.errors import LaunchError
 
+
 def listening_socket(host: str, port: int) -> socket.socket:
     address = resolve(host)
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
@@ -21,8 +22,10 @@ def listening_socket(host: str, port: int) -> socket.socket:
         sock.listen(1024)
     except OSError as exc:
         sock.close()
-        raise LaunchError(f"port {port} on {host} ({address}) is not free: {exc.strerror}",
-                          hint="leave the port out to let trainscale pick a free one, or choose another port") from None
+        raise LaunchError(
+            f"port {port} on {host} ({address}) is not free: {exc.strerror}",
+            hint="leave the port out to let trainscale pick a free one, or choose another port",
+        ) from None
     return sock
 
 
@@ -37,8 +40,9 @@ def bound_server(host: str, port: int, timeout: datetime.timedelta | None = None
     if world_size is not None:
         kwargs["world_size"] = world_size
     # The store's server takes the descriptor over and closes it with the last store using it.
-    return TCPStore(host, sock.getsockname()[1], is_master=True, multi_tenant=True,
-                    master_listen_fd=sock.detach(), **kwargs)
+    return TCPStore(
+        host, sock.getsockname()[1], is_master=True, multi_tenant=True, master_listen_fd=sock.detach(), **kwargs
+    )
 
 
 def client(host: str, port: int, timeout: datetime.timedelta):

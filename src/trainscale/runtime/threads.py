@@ -29,7 +29,11 @@ def apply_thread_count(local_world_size: int) -> tuple[int, str | None]:
     count = threads_per_rank(local_world_size)
     os.environ["OMP_NUM_THREADS"] = str(count)
     torch.set_num_threads(count)
-    return count, f"OMP_NUM_THREADS={count} ({usable_cores()} usable cores / {local_world_size} local rank(s)); set it yourself to override"
+    return (
+        count,
+        f"OMP_NUM_THREADS={count} ({usable_cores()} usable cores / {local_world_size} local rank(s)); "
+        "set it yourself to override",
+    )
 
 
 def node_cpus(runtime) -> int:

@@ -13,9 +13,10 @@ import contextlib
 import os
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -91,7 +92,7 @@ def batch(step: int, rt, whole: bool = False) -> tuple[torch.Tensor, torch.Tenso
     x, y = torch.randn(size, WIDTH, generator=g), torch.randint(0, 8, (size,), generator=g)
     if not whole:
         per = size // rt.world_size
-        x, y = x[rt.rank * per:(rt.rank + 1) * per], y[rt.rank * per:(rt.rank + 1) * per]
+        x, y = x[rt.rank * per : (rt.rank + 1) * per], y[rt.rank * per : (rt.rank + 1) * per]
     return x.to(rt.device), y.to(rt.device)
 
 
@@ -127,15 +128,26 @@ def check_devices(rt) -> Check:
 
     visible = {k: os.environ[k] for k in VISIBLE_VARS if k in os.environ}
     cuda = rt.device.type == "cuda"
-    mine = {"rank": rt.rank, "host": socket.gethostname(), "node": rt.node_rank, "local_rank": rt.local_rank,
-            "device": str(rt.device), "visible": visible, "gpu": _gpu_id(rt.device) if cuda else None,
-            "count": torch.cuda.device_count() if cuda else 0,
-            "current": torch.cuda.current_device() if cuda else None}
+    mine = {
+        "rank": rt.rank,
+        "host": socket.gethostname(),
+        "node": rt.node_rank,
+        "local_rank": rt.local_rank,
+        "device": str(rt.device),
+        "visible": visible,
+        "gpu": _gpu_id(rt.device) if cuda else None,
+        "count": torch.cuda.device_count() if cuda else 0,
+        "current": torch.cuda.current_device() if cuda else None,
+    }
     every = gather(rt, mine)
     nodes = len({(r["host"], r["node"]) for r in every})
     if rt.device.type != "cuda":
-        return Check(name="devices", status="pass", detail={"ranks": every},
-                     figure=f"{rt.world_size} rank(s) on {nodes} node(s), CPU (no GPU visible: gloo subset)")
+        return Check(
+            name="devices",
+            status="pass",
+            detail={"ranks": every},
+            figure=f"{rt.world_size} rank(s) on {nodes} node(s), CPU (no GPU visible: gloo subset)",
+        )
     problems = []
     seen: dict[tuple[str, str], int] = {}
     for r in every:
@@ -143,16 +155,22 @@ def check_devices(rt) -> Check:
         if r["device"] != f"cuda:{expected}":
             problems.append(f"rank {r['rank']} uses {r['device']}, expected cuda:{expected}")
         elif r["current"] != expected:  # kernels and NCCL go to torch's current device, not to rt.device
-            problems.append(f"rank {r['rank']} trains on {r['device']} but torch's current device is "
-                            f"cuda:{r['current']}")
+            problems.append(
+                f"rank {r['rank']} trains on {r['device']} but torch's current device is cuda:{r['current']}"
+            )
         key = (r["host"], r["gpu"])
         if key in seen:
             problems.append(f"ranks {seen[key]} and {r['rank']} share GPU {r['gpu']} on {r['host']}")
         seen[key] = r["rank"]
-    figure = (f"{rt.world_size} rank(s) on {nodes} node(s), one GPU each"
-              f" ({', '.join(sorted({r['device'] for r in every}))})")
-    return Check(name="devices", status="fail" if problems else "pass", detail={"ranks": every},
-                 figure="; ".join(problems) if problems else figure)
+    figure = (
+        f"{rt.world_size} rank(s) on {nodes} node(s), one GPU each ({', '.join(sorted({r['device'] for r in every}))})"
+    )
+    return Check(
+        name="devices",
+        status="fail" if problems else "pass",
+        detail={"ranks": every},
+        figure="; ".join(problems) if problems else figure,
+    )
 
 
 def check_allreduce(rt, sizes: str, nccl_log: str | None = None) -> Check:
@@ -166,8 +184,12 @@ def check_allreduce(rt, sizes: str, nccl_log: str | None = None) -> Check:
     expected = n * (n + 1) / 2
     got = float(t[0].item()), float(t[-1].item())
     if got != (expected, expected):
-        return Check(name="all-reduce", status="fail", figure=f"sum over {n} ranks gave {got}, expected {expected}",
-                     detail={"got": list(got), "expected": expected})
+        return Check(
+            name="all-reduce",
+            status="fail",
+            figure=f"sum over {n} ranks gave {got}, expected {expected}",
+            detail={"got": list(got), "expected": expected},
+        )
     rows = measure(rt, sizes_for(sizes, rt.device.type), iters=20, warmup=2, budget_s=0.5)
     best = plateau(rows) or {"busbw_Bps": rows[-1]["busbw_Bps"], "reached": False, "largest_bytes": rows[-1]["bytes"]}
     at = max(rows, key=lambda r: r["busbw_Bps"])
@@ -175,15 +197,18 @@ def check_allreduce(rt, sizes: str, nccl_log: str | None = None) -> Check:
     transports = sorted({k for found in gather(rt, _transports(nccl_log)) for k in found})
     status, judged = allreduce_verdict(at["busbw_Bps"] / 1e9, *links, transports)
     note = plateau_words(best).split(":")[0]
-    return Check(name="all-reduce", status=status,
-                 detail={"rows": rows, "plateau": best, "expected_gbps": links[0], "links": links[1],
-                         "transports": transports},
-                 figure=f"sum correct; busbw {at['busbw_Bps'] / 1e9:.2f} GB/s at {format_size(at['bytes'])} "
-                        f"({rt.backend}, {note})" + (f"; {judged}" if judged else ""))
+    return Check(
+        name="all-reduce",
+        status=status,
+        detail={"rows": rows, "plateau": best, "expected_gbps": links[0], "links": links[1], "transports": transports},
+        figure=f"sum correct; busbw {at['busbw_Bps'] / 1e9:.2f} GB/s at {format_size(at['bytes'])} "
+        f"({rt.backend}, {note})" + (f"; {judged}" if judged else ""),
+    )
 
 
-def allreduce_verdict(busbw_gbps: float, expected_gbps: float | None, links: str,
-                      transports: list[str]) -> tuple[str, str]:
+def allreduce_verdict(
+    busbw_gbps: float, expected_gbps: float | None, links: str, transports: list[str]
+) -> tuple[str, str]:
     """WARN when GPUs joined by NVLink reach less than ALLREDUCE_SHARE of their links' bandwidth, or
     NCCL connected them through host memory: they fell back to PCIe or SHM (P2P disabled, per-GPU
     cgroups, a driver or fabric manager problem). Anything else passes: there is no expectation."""
@@ -192,12 +217,18 @@ def allreduce_verdict(busbw_gbps: float, expected_gbps: float | None, links: str
         return "pass", (f"NCCL {'/'.join(transports)}" if transports else "")
     floor = ALLREDUCE_SHARE * expected_gbps
     if busbw_gbps < floor or shm:
-        why = (f"NCCL connected the GPUs through host memory ({'/'.join(transports)})" if shm
-               else f"below {floor:.0f} GB/s, half of what their links give ({links})")
-        return "warn", (f"{why}: the GPUs fell back from NVLink to PCIe or shared memory; check NCCL_P2P_DISABLE, "
-                        "per-GPU cgroups (srun --gpus-per-task) and nvidia-smi nvlink --status")
+        why = (
+            f"NCCL connected the GPUs through host memory ({'/'.join(transports)})"
+            if shm
+            else f"below {floor:.0f} GB/s, half of what their links give ({links})"
+        )
+        return "warn", (
+            f"{why}: the GPUs fell back from NVLink to PCIe or shared memory; check NCCL_P2P_DISABLE, "
+            "per-GPU cgroups (srun --gpus-per-task) and nvidia-smi nvlink --status"
+        )
     return "pass", f"expected >= {floor:.0f} GB/s over NVLink ({links})" + (
-        f", NCCL {'/'.join(transports)}" if transports else "")
+        f", NCCL {'/'.join(transports)}" if transports else ""
+    )
 
 
 def node_links(rt) -> tuple[float | None, str]:
@@ -211,8 +242,9 @@ def node_links(rt) -> tuple[float | None, str]:
     text = run_tool(["nvidia-smi", "topo", "-m"]) if torch.version.cuda else None
     if not text:
         return None, "no nvidia-smi topology (AMD GPUs: no expectation)"
-    return job_links(text, run_tool(["nvidia-smi", "--query-gpu=index,pci.bus_id,uuid", "--format=csv,noheader"])
-                     or "", job)
+    return job_links(
+        text, run_tool(["nvidia-smi", "--query-gpu=index,pci.bus_id,uuid", "--format=csv,noheader"]) or "", job
+    )
 
 
 def job_links(topo: str, query: str, job: list[dict]) -> tuple[float | None, str]:
@@ -228,8 +260,10 @@ def job_links(topo: str, query: str, job: list[dict]) -> tuple[float | None, str
     except Exception as exc:  # an output this parser does not know: no expectation rather than a failed check
         return None, f"nvidia-smi output not understood ({exc})"
     if missing:
-        return None, (f"nvidia-smi here does not list the job's GPU(s) {', '.join(missing)} (hidden from it, as "
-                      "a cgroup per task does): links unknown, no expectation")
+        return None, (
+            f"nvidia-smi here does not list the job's GPU(s) {', '.join(missing)} (hidden from it, as "
+            "a cgroup per task does): links unknown, no expectation"
+        )
     return expected, f"GPUs {','.join(map(str, gpus))}: {why}"
 
 
@@ -280,11 +314,14 @@ def check_equivalence(rt) -> Check:
     worst = max(gather(rt, diff))
     mean_ddp = rt.mean(ddp_s)
     tol = tolerance(rt)
-    return Check(name="equivalence", status="pass" if worst <= tol else "fail",
-                 detail={"max_rel": worst, "tolerance": tol, "ddp_step_s": mean_ddp, "single_step_s": single_s},
-                 figure=f"DDP on {rt.world_size} ranks = 1 process: max rel. diff {worst:.1e} (tol {tol:g}); "
-                        f"step {mean_ddp * 1e3:.1f} ms on {rt.world_size} ranks vs {single_s * 1e3:.1f} ms "
-                        f"for the whole batch on 1")
+    return Check(
+        name="equivalence",
+        status="pass" if worst <= tol else "fail",
+        detail={"max_rel": worst, "tolerance": tol, "ddp_step_s": mean_ddp, "single_step_s": single_s},
+        figure=f"DDP on {rt.world_size} ranks = 1 process: max rel. diff {worst:.1e} (tol {tol:g}); "
+        f"step {mean_ddp * 1e3:.1f} ms on {rt.world_size} ranks vs {single_s * 1e3:.1f} ms "
+        f"for the whole batch on 1",
+    )
 
 
 def check_strategies(rt, skip: set[str]) -> Check:
@@ -311,8 +348,12 @@ def check_strategies(rt, skip: set[str]) -> Check:
     parts += [f"{name} {d:.1e}" for name, d in diffs.items()]
     if "deepspeed" not in names:
         parts.append("deepspeed " + ("skipped" if "deepspeed" in skip else "not installed"))
-    return Check(name="strategies", status="pass" if ok else "fail", detail={"max_rel": diffs, "tolerance": tol},
-                 figure=f"{', '.join(parts)} (tol {tol:g})")
+    return Check(
+        name="strategies",
+        status="pass" if ok else "fail",
+        detail={"max_rel": diffs, "tolerance": tol},
+        figure=f"{', '.join(parts)} (tol {tol:g})",
+    )
 
 
 def _full_params(strategy, model, opt) -> dict[str, torch.Tensor]:
@@ -345,8 +386,9 @@ def check_resume(rt, workdir: Path, deterministic: bool) -> Check:
     for i in range(2 * STEPS):
         step(model, i, opt)
         if i + 1 == STEPS:
-            ckpt.save(STEPS, {"model": strategy.checkpoint_state(model, opt), "step": STEPS,
-                              "rng": RNGState(rt.device)})
+            ckpt.save(
+                STEPS, {"model": strategy.checkpoint_state(model, opt), "step": STEPS, "rng": RNGState(rt.device)}
+            )
     uninterrupted = params(model)
 
     set_rng_state(start, rt.device)  # the resumed run must not inherit this process's RNG position
@@ -355,8 +397,9 @@ def check_resume(rt, workdir: Path, deterministic: bool) -> Check:
         for p in fresh.parameters():
             p.add_(1.0)  # other weights: only the checkpoint can make this run match
     model, opt = strategy.wrap(fresh, SGD, rt)
-    Checkpointer(directory, rt, strategy=strategy).restore({"model": strategy.checkpoint_state(model, opt),
-                                                            "rng": RNGState(rt.device)})
+    Checkpointer(directory, rt, strategy=strategy).restore(
+        {"model": strategy.checkpoint_state(model, opt), "rng": RNGState(rt.device)}
+    )
     x, y = batch(0, rt)
     strategy.after_resume(model, lambda: nn.functional.cross_entropy(model(x), y).backward())
     for i in range(STEPS, 2 * STEPS):
@@ -369,8 +412,12 @@ def check_resume(rt, workdir: Path, deterministic: bool) -> Check:
     ok = exact if exact_expected else diff <= tol
     how = "bitwise" if exact else f"max rel. diff {diff:.1e}"
     promise = "bitwise expected" if exact_expected else f"tol {tol:g} (deterministic mode off)"
-    return Check(name="resume", status="pass" if ok else "fail", detail={"bitwise": exact, "max_rel": diff},
-                 figure=f"{how} after {STEPS}+{STEPS} steps from a checkpoint, dropout on ({promise})")
+    return Check(
+        name="resume",
+        status="pass" if ok else "fail",
+        detail={"bitwise": exact, "max_rel": diff},
+        figure=f"{how} after {STEPS}+{STEPS} steps from a checkpoint, dropout on ({promise})",
+    )
 
 
 def check_breakdown(rt, allreduce: dict | None = None) -> Check:
@@ -388,8 +435,9 @@ def check_breakdown(rt, allreduce: dict | None = None) -> Check:
     layers = [nn.Linear(BREAKDOWN_WIDTH, BREAKDOWN_WIDTH) for _ in range(BREAKDOWN_LAYERS)]
     model, opt = strategy.wrap(nn.Sequential(*layers), OptimizerSpec(torch.optim.SGD, {"lr": 1e-4}), rt)
     with tempfile.TemporaryDirectory(prefix="trainscale-selftest-") as tmp:
-        recorder = Recorder(tmp, environ={**os.environ, "TRAINSCALE_SAMPLE_INTERVAL": "0",
-                                          "TRAINSCALE_STRAGGLER_EVERY": "0"}).install()
+        recorder = Recorder(
+            tmp, environ={**os.environ, "TRAINSCALE_SAMPLE_INTERVAL": "0", "TRAINSCALE_STRAGGLER_EVERY": "0"}
+        ).install()
         try:
             for i in range(STEPS):
                 x = torch.randn(8, BREAKDOWN_WIDTH, generator=torch.Generator().manual_seed(i)).to(rt.device)
@@ -400,16 +448,21 @@ def check_breakdown(rt, allreduce: dict | None = None) -> Check:
         stats = rank_stats(rt.rank, list(read_lines(metrics_dir(tmp) / f"rank-{rt.rank}.jsonl")))
     shares = stats.shares if stats is not None else {}
     keys = ("compute", "backward", "comm", "optimizer")
-    per_step = dict(zip(("compute", "backward", "communication", "optimizer"),
-                        rt.means([float(shares.get(k, 0.0)) for k in keys])))
+    per_step = dict(
+        zip(("compute", "backward", "communication", "optimizer"), rt.means([float(shares.get(k, 0.0)) for k in keys]))
+    )
     gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     implied = implied_comm_s(gradient_bytes, rt.world_size, allreduce)
     status, why = breakdown_verdict(per_step, implied, gpu=rt.device.type != "cpu")
-    return Check(name="breakdown", status=status, detail={**per_step, "implied_s": implied},
-                 figure=f"communication exposed {per_step['communication'] * 1e3:.2f} ms/step, backward "
-                        f"{per_step['backward'] * 1e3:.2f} ms, forward {per_step['compute'] * 1e3:.2f} ms"
-                        + (f" (the bus bandwidth implies {implied * 1e3:.2f} ms)" if implied else "")
-                        + (f": {why}" if why else ""))
+    return Check(
+        name="breakdown",
+        status=status,
+        detail={**per_step, "implied_s": implied},
+        figure=f"communication exposed {per_step['communication'] * 1e3:.2f} ms/step, backward "
+        f"{per_step['backward'] * 1e3:.2f} ms, forward {per_step['compute'] * 1e3:.2f} ms"
+        + (f" (the bus bandwidth implies {implied * 1e3:.2f} ms)" if implied else "")
+        + (f": {why}" if why else ""),
+    )
 
 
 def implied_comm_s(gradient_bytes: int, world_size: int, allreduce: dict | None) -> float | None:
@@ -437,6 +490,8 @@ def breakdown_verdict(per_step: dict[str, float], implied_s: float | None, *, gp
     if implied_s is None:
         return "warn", "no bus bandwidth to compare with (the all-reduce check did not run)"
     if seen < BREAKDOWN_SHARE * implied_s:
-        return "fail" if gpu else "warn", (f"backward and the communication take less than {BREAKDOWN_SHARE:.0%} "
-                                           "of that: the step records miss communication")
+        return "fail" if gpu else "warn", (
+            f"backward and the communication take less than {BREAKDOWN_SHARE:.0%} "
+            "of that: the step records miss communication"
+        )
     return "pass", ""

@@ -20,9 +20,20 @@ import torch
 from torch import nn
 
 import trainscale
-from trainscale.selftest.checks import (NEEDS_RANKS, SGD, Check, batch, check_allreduce, check_breakdown,
-                                               check_devices, check_equivalence, check_resume, check_strategies,
-                                               gather, mlp)
+from trainscale.selftest.checks import (
+    NEEDS_RANKS,
+    SGD,
+    Check,
+    batch,
+    check_allreduce,
+    check_breakdown,
+    check_devices,
+    check_equivalence,
+    check_resume,
+    check_strategies,
+    gather,
+    mlp,
+)
 from trainscale.selftest.run import hang_record
 
 HANG_STEP = 2
@@ -46,8 +57,15 @@ def check_binding(rt) -> Check:
 
     topology = detect_topology()
     affinity = sorted(current_affinity())
-    mine = {"rank": rt.rank, "host": socket.gethostname(), "node": rt.node_rank, "cpus": affinity, "gpu": None,
-            "close": [], "numa": sorted({n for n in (topology.numa_of(c) for c in affinity) if n is not None})}
+    mine = {
+        "rank": rt.rank,
+        "host": socket.gethostname(),
+        "node": rt.node_rank,
+        "cpus": affinity,
+        "gpu": None,
+        "close": [],
+        "numa": sorted({n for n in (topology.numa_of(c) for c in affinity) if n is not None}),
+    }
     if rt.device.type == "cuda" and topology.gpus:
         node = [g.index for g in topology.gpus]
         order = gpu_order(visible_gpus(os.environ, node), node, rt.local_rank, rt.local_world_size)
@@ -58,21 +76,27 @@ def check_binding(rt) -> Check:
     problems = []
     for r in every:
         if r["gpu"] is not None and r["close"] and not set(r["cpus"]) <= set(r["close"]):
-            problems.append(f"rank {r['rank']} runs on CPUs {format_cpulist(r['cpus'])}, GPU {r['gpu']}'s close "
-                            f"CPUs are {format_cpulist(r['close'])}")
+            problems.append(
+                f"rank {r['rank']} runs on CPUs {format_cpulist(r['cpus'])}, GPU {r['gpu']}'s close "
+                f"CPUs are {format_cpulist(r['close'])}"
+            )
     for i, a in enumerate(every):
-        for b in every[i + 1:]:
+        for b in every[i + 1 :]:
             if (a["host"], a["node"]) == (b["host"], b["node"]) and set(a["cpus"]) & set(b["cpus"]):
                 problems.append(f"ranks {a['rank']} and {b['rank']} share CPUs")
     gpus = [r for r in every if r["gpu"] is not None]
     if gpus:
-        figure = "; ".join(f"rank {r['rank']}: GPU {r['gpu']} (NUMA {','.join(map(str, r['numa'])) or '?'}), "
-                           f"CPUs {format_cpulist(r['cpus'])}" for r in gpus[:4]) + (" ..." if len(gpus) > 4 else "")
+        figure = "; ".join(
+            f"rank {r['rank']}: GPU {r['gpu']} (NUMA {','.join(map(str, r['numa'])) or '?'}), "
+            f"CPUs {format_cpulist(r['cpus'])}"
+            for r in gpus[:4]
+        ) + (" ..." if len(gpus) > 4 else "")
     else:
         figure = "no GPU: " + "; ".join(f"rank {r['rank']} CPUs {format_cpulist(r['cpus'])}" for r in every[:4])
     status = "warn" if problems else "pass"  # binding is an optimisation: never a failed run
-    return Check(name="binding", status=status, figure="; ".join(problems[:3]) if problems else figure,
-                 detail={"ranks": every})
+    return Check(
+        name="binding", status=status, figure="; ".join(problems[:3]) if problems else figure, detail={"ranks": every}
+    )
 
 
 def run_checks(rt, args, nccl_log: str | None = None) -> list[dict]:
@@ -101,8 +125,11 @@ def run_checks(rt, args, nccl_log: str | None = None) -> list[dict]:
             continue
         started = time.perf_counter()
         try:
-            found = (Check(name=name, status="skip", figure="needs 2 or more ranks")
-                     if name in NEEDS_RANKS and rt.world_size < 2 else run())
+            found = (
+                Check(name=name, status="skip", figure="needs 2 or more ranks")
+                if name in NEEDS_RANKS and rt.world_size < 2
+                else run()
+            )
         except Exception as exc:  # one broken check must not hide the others' results
             found = Check(name=name, status="fail", figure=f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
         row = found.to_dict()
@@ -122,9 +149,19 @@ def run_hang(rt, args) -> None:
         seconds = time.monotonic() - entered.get("at", time.monotonic())
         if held:
             threading.Event().wait(args.timeout + 120)
-        hang_record(Path(args.out), rt.rank).write_text(json.dumps({
-            "seconds": seconds, "message": str(error), "hung_rank": hung, "rank": rt.rank,
-            "timeout_s": args.timeout, "backend": rt.backend}) + "\n")
+        hang_record(Path(args.out), rt.rank).write_text(
+            json.dumps(
+                {
+                    "seconds": seconds,
+                    "message": str(error),
+                    "hung_rank": hung,
+                    "rank": rt.rank,
+                    "timeout_s": args.timeout,
+                    "backend": rt.backend,
+                }
+            )
+            + "\n"
+        )
 
     rt.on_collective_timeout(record)
     model, opt = rt.setup(mlp(), SGD, strategy="ddp")
@@ -151,8 +188,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=60.0, help="collective timeout, seconds")
     p.add_argument("--sizes", default="auto", help="all-reduce sweep")
     p.add_argument("--skip", default="", help="checks to skip, comma-separated")
-    p.add_argument("--nondeterministic", dest="deterministic", action="store_false",
-                   help="leave deterministic mode off: resume is checked within a tolerance instead of bitwise")
+    p.add_argument(
+        "--nondeterministic",
+        dest="deterministic",
+        action="store_false",
+        help="leave deterministic mode off: resume is checked within a tolerance instead of bitwise",
+    )
     args = p.parse_args(argv)
     # Deterministic mode matters on GPUs only (CPU runs repeat themselves already), and only the resume
     # check runs in it; cuBLAS reads its workspace setting before its first call.
@@ -172,9 +213,15 @@ def main(argv: list[str] | None = None) -> int:
             run_hang(rt, args)
             return 0
         results = run_checks(rt, args, nccl_log)
-        meta = {"world_size": rt.world_size, "num_nodes": rt.num_nodes, "device": str(rt.device),
-                "backend": rt.backend, "torch": torch.__version__, "deterministic": args.deterministic,
-                "hosts": sorted(set(gather(rt, socket.gethostname())))}
+        meta = {
+            "world_size": rt.world_size,
+            "num_nodes": rt.num_nodes,
+            "device": str(rt.device),
+            "backend": rt.backend,
+            "torch": torch.__version__,
+            "deterministic": args.deterministic,
+            "hosts": sorted(set(gather(rt, socket.gethostname()))),
+        }
         if rt.is_main:
             Path(args.out).write_text(json.dumps({"meta": meta, "checks": results}, indent=2, default=str) + "\n")
     return 0

@@ -16,9 +16,10 @@ import datetime
 import json
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from trainscale.errors import ConfigError, did_you_mean
 
@@ -56,8 +57,9 @@ class SelftestSpec:
     def __post_init__(self) -> None:
         for name in self.skip:
             if name not in (*CHECK_NAMES, "deepspeed"):
-                raise ConfigError(f"--skip {name!r} is not a selftest check",
-                                  hint=did_you_mean(name, [*CHECK_NAMES, "deepspeed"]))
+                raise ConfigError(
+                    f"--skip {name!r} is not a selftest check", hint=did_you_mean(name, [*CHECK_NAMES, "deepspeed"])
+                )
         if self.nproc is not None and self.nproc < 1:
             raise ConfigError(f"--nproc {self.nproc}: at least one rank is needed", hint="e.g. --nproc 2")
         if self.timeout_s <= 0 or self.hang_timeout_s <= 0:
@@ -65,8 +67,10 @@ class SelftestSpec:
         if self.nodes < 1:
             raise ConfigError(f"--nodes {self.nodes} must be >= 1", hint="e.g. --nodes 2")
         if self.nodes > 1 and self.slurm is None:
-            raise ConfigError(f"--nodes {self.nodes} needs --slurm",
-                              hint="add --slurm --profile NAME --time HH:MM:SS, or check this node alone")
+            raise ConfigError(
+                f"--nodes {self.nodes} needs --slurm",
+                hint="add --slurm --profile NAME --time HH:MM:SS, or check this node alone",
+            )
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"--device {self.device!r} unknown", hint="use auto, cpu or cuda")
 
@@ -100,8 +104,10 @@ def _default_nproc(spec: SelftestSpec) -> int:
     if spec.slurm is not None:
         ranks = spec.slurm.nodes_ranks
         if not ranks:
-            raise ConfigError(f"profile {spec.slurm.profile!r} has no GPUs per node to say how many ranks a node runs",
-                              hint="give --gpus-per-node R (ranks per node)")
+            raise ConfigError(
+                f"profile {spec.slurm.profile!r} has no GPUs per node to say how many ranks a node runs",
+                hint="give --gpus-per-node R (ranks per node)",
+            )
         return ranks
     import torch
 
@@ -118,8 +124,19 @@ def out_directory(requested: Path | None, now: datetime.datetime | None = None) 
 
 def rank_args(spec: SelftestSpec, phase: str, out: Path, workdir: Path) -> tuple[str, ...]:
     timeout = spec.hang_timeout_s if phase == "hang" else spec.timeout_s
-    args = [phase, "--out", str(out.absolute()), "--workdir", str(workdir.absolute()), "--device", spec.device,
-            "--timeout", f"{timeout:g}", "--sizes", spec.sizes]
+    args = [
+        phase,
+        "--out",
+        str(out.absolute()),
+        "--workdir",
+        str(workdir.absolute()),
+        "--device",
+        spec.device,
+        "--timeout",
+        f"{timeout:g}",
+        "--sizes",
+        spec.sizes,
+    ]
     if spec.skip:
         args += ["--skip", ",".join(spec.skip)]
     if not spec.deterministic:
@@ -135,9 +152,13 @@ def run_selftest(spec: SelftestSpec, command: str, say: Callable[[str], None] = 
     out_dir = out_directory(spec.out_dir)
     (out_dir / "work").mkdir(parents=True, exist_ok=True)
     checks_file, hang_file = out_dir / "checks.json", out_dir / "hang.json"
-    report = SelftestReport(command=command, host=socket.gethostname(), out_dir=str(out_dir),
-                            created=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                            versions={k: v for k, v in asdict(read_versions()).items() if k != "executable"})
+    report = SelftestReport(
+        command=command,
+        host=socket.gethostname(),
+        out_dir=str(out_dir),
+        created=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        versions={k: v for k, v in asdict(read_versions()).items() if k != "executable"},
+    )
     hang = nproc * spec.nodes >= 2 and "hang" not in spec.skip
     phases = {"checks": checks_file, **({"hang": hang_file} if hang else {})}
     if spec.slurm is not None:
@@ -149,8 +170,9 @@ def run_selftest(spec: SelftestSpec, command: str, say: Callable[[str], None] = 
         data = json.loads(checks_file.read_text())
         report.meta, report.checks = data["meta"], data["checks"]
     else:
-        report.checks = [{"name": "launch", "status": "fail", "figure": "the checks wrote no result",
-                          "detail": {"summary": summary}}]
+        report.checks = [
+            {"name": "launch", "status": "fail", "figure": "the checks wrote no result", "detail": {"summary": summary}}
+        ]
     if hang:
         report.checks.append(hang_row(hang_file, spec.hang_timeout_s, outcomes["hang"]))
     else:
@@ -178,8 +200,12 @@ def hang_row(path: Path, timeout_s: float, outcome: tuple[bool, str]) -> dict[st
         except (OSError, json.JSONDecodeError):
             continue  # a rank ended while writing: another's record may still tell
     if not found:
-        return {"name": "hang", "status": "fail", "detail": {"summary": summary},
-                "figure": "no rank reported a named error" + (" (the launch ended cleanly)" if launched_ok else "")}
+        return {
+            "name": "hang",
+            "status": "fail",
+            "detail": {"summary": summary},
+            "figure": "no rank reported a named error" + (" (the launch ended cleanly)" if launched_ok else ""),
+        }
 
     def named(seen: dict[str, Any]) -> bool:
         return f"rank(s) {seen['hung_rank']} did not arrive" in seen["message"]
@@ -188,15 +214,21 @@ def hang_row(path: Path, timeout_s: float, outcome: tuple[bool, str]) -> dict[st
     stack = "stop_participating" in seen["message"]
     within = seen["seconds"] <= timeout_s + HANG_MARGIN_S
     ok = named(seen) and stack and within and not launched_ok
-    figure = (f"rank {seen['hung_rank']} named{' with its stack' if stack else ''} by rank {seen.get('rank', 0)} "
-              f"{seen['seconds']:.1f} s after it stopped (timeout {timeout_s:g} s, limit {timeout_s + HANG_MARGIN_S:g} s, "
-              f"{seen.get('backend')})")
+    figure = (
+        f"rank {seen['hung_rank']} named{' with its stack' if stack else ''} by rank {seen.get('rank', 0)} "
+        f"{seen['seconds']:.1f} s after it stopped (timeout {timeout_s:g} s, limit {timeout_s + HANG_MARGIN_S:g} s, "
+        f"{seen.get('backend')})"
+    )
     if not named(seen):
         figure += "; no error names it"
     elif not stack:
         figure += "; without its stack"
-    return {"name": "hang", "status": "pass" if ok else "fail", "figure": figure,
-            "detail": {**seen, "records": len(found), "stack": stack, "summary": summary[-2000:]}}
+    return {
+        "name": "hang",
+        "status": "pass" if ok else "fail",
+        "figure": figure,
+        "detail": {**seen, "records": len(found), "stack": stack, "summary": summary[-2000:]},
+    }
 
 
 def _run_local(spec: SelftestSpec, nproc: int, out_dir: Path, phases: dict, say) -> dict[str, tuple[bool, str]]:
@@ -209,30 +241,50 @@ def _run_local(spec: SelftestSpec, nproc: int, out_dir: Path, phases: dict, say)
     for phase, out in phases.items():
         say(f"{phase}: {nproc} local rank(s)" + (" (expected to fail: one rank stops)" if phase == "hang" else ""))
         # the ranks' console output is kept from the table; every rank's log stays under logs/<phase>/
-        done = here(MODULE, rank_args(spec, phase, out, out_dir / "work"), module=True, nproc=nproc, env=env,
-                    run_dir=out_dir / "logs" / phase)
+        done = here(
+            MODULE,
+            rank_args(spec, phase, out, out_dir / "work"),
+            module=True,
+            nproc=nproc,
+            env=env,
+            run_dir=out_dir / "logs" / phase,
+        )
         outcomes[phase] = (done.ok, done.summary)
     return outcomes
 
 
-def _run_slurm(spec: SelftestSpec, nproc: int, out_dir: Path, phases: dict, say,
-               command: str) -> dict[str, tuple[bool, str]]:
+def _run_slurm(
+    spec: SelftestSpec, nproc: int, out_dir: Path, phases: dict, say, command: str
+) -> dict[str, tuple[bool, str]]:
     import shlex
 
     from trainscale.bench.slurm_runs import prepare
     from trainscale.launch.trial import on_slurm
 
     target = spec.slurm
-    jobs = {f"selftest-{phase}": target.job(
-        name=f"selftest-{phase}", nodes=spec.nodes, ranks_per_node=nproc, module=MODULE,
-        output_dir=(out_dir / "jobs" / phase).absolute(), args=rank_args(spec, phase, out, out_dir / "work"),
-        command_line=tuple(shlex.split(command))) for phase, out in phases.items()}
+    jobs = {
+        f"selftest-{phase}": target.job(
+            name=f"selftest-{phase}",
+            nodes=spec.nodes,
+            ranks_per_node=nproc,
+            module=MODULE,
+            output_dir=(out_dir / "jobs" / phase).absolute(),
+            args=rank_args(spec, phase, out, out_dir / "work"),
+            command_line=tuple(shlex.split(command)),
+        )
+        for phase, out in phases.items()
+    }
     prepared = prepare(target, jobs)  # every job linted before the first is submitted
     outcomes = {}
     for phase in phases:
         job = prepared[f"selftest-{phase}"]
-        done = on_slurm(job.spec, target.cluster, job.plan, poll_s=target.poll_s,
-                        say=lambda text: say(f"{phase}: {text}"))
+        done = on_slurm(
+            job.spec,
+            target.cluster,
+            job.plan,
+            poll_s=target.poll_s,
+            say=lambda text, phase=phase: say(f"{phase}: {text}"),
+        )
         outcomes[phase] = (done.ok, done.summary)
     return outcomes
 
@@ -243,18 +295,29 @@ STATUS = {"pass": "PASS", "fail": "FAIL", "warn": "WARN", "skip": "skip"}
 def render(report: SelftestReport) -> str:
     """The pass/fail table with its figures, then where the files are."""
     meta, versions = report.meta, report.versions
-    where = (f"{meta.get('world_size', '?')} rank(s) on {meta.get('num_nodes', '?')} node(s), "
-             f"{meta.get('device', '?')} ({meta.get('backend') or 'no process group'})")
-    lines = [f"trainscale selftest: {where}; host {report.host}, {report.created}",
-             f"trainscale {versions.get('trainscale')}, torch {versions.get('torch')}"
-             + "".join(f", {name} {versions[k]}" for k, name in (("cuda", "CUDA"), ("hip", "ROCm"), ("nccl", "NCCL"))
-                       if versions.get(k)),
-             "", f"{'check':<12} {'result':<6} figures"]
+    where = (
+        f"{meta.get('world_size', '?')} rank(s) on {meta.get('num_nodes', '?')} node(s), "
+        f"{meta.get('device', '?')} ({meta.get('backend') or 'no process group'})"
+    )
+    lines = [
+        f"trainscale selftest: {where}; host {report.host}, {report.created}",
+        f"trainscale {versions.get('trainscale')}, torch {versions.get('torch')}"
+        + "".join(
+            f", {name} {versions[k]}"
+            for k, name in (("cuda", "CUDA"), ("hip", "ROCm"), ("nccl", "NCCL"))
+            if versions.get(k)
+        ),
+        "",
+        f"{'check':<12} {'result':<6} figures",
+    ]
     for check in report.checks:
         lines.append(f"{check['name']:<12} {STATUS.get(check['status'], check['status']):<6} {check['figure']}")
     counts = report.counts()
-    lines += ["", f"Summary: {counts['pass']} passed, {counts['fail']} failed, {counts['warn']} warning(s), "
-                  f"{counts['skip']} skipped"]
+    lines += [
+        "",
+        f"Summary: {counts['pass']} passed, {counts['fail']} failed, {counts['warn']} warning(s), "
+        f"{counts['skip']} skipped",
+    ]
     for check in report.checks:
         if check["status"] == "fail" and check.get("detail", {}).get("summary"):
             lines += ["", f"{check['name']}: {check['detail']['summary'].strip()[-1500:]}"]

@@ -31,8 +31,10 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
     for item in filter(None, (part.strip() for part in rest.split(","))):
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
-            raise ConfigError(f"strategy option {item!r} in {spec!r} is not key=value",
-                              hint="e.g. --strategy fsdp:reshard_after_forward=false,mixed_precision=bf16")
+            raise ConfigError(
+                f"strategy option {item!r} in {spec!r} is not key=value",
+                hint="e.g. --strategy fsdp:reshard_after_forward=false,mixed_precision=bf16",
+            )
         options[key.strip()] = value.strip()
     return name.strip().lower(), options
 
@@ -44,8 +46,10 @@ def _coerce(cls: type, options: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in options.items():
         if key not in fields:
-            raise ConfigError(f"strategy {cls.name!r} has no option {key!r}",  # type: ignore[attr-defined]
-                              hint=did_you_mean(key, list(fields)))
+            raise ConfigError(
+                f"strategy {cls.name!r} has no option {key!r}",  # type: ignore[attr-defined]
+                hint=did_you_mean(key, list(fields)),
+            )
         out[key] = _convert(key, value, hints[key]) if isinstance(value, str) else value
     return out
 
@@ -55,14 +59,17 @@ def _convert(key: str, value: str, hint: Any) -> Any:
     joined by ``+`` (``,`` separates the options); a field that also takes a word (``bucket_cap_mb: float | str``
     for ``auto``) keeps what is not a number or a boolean as the string, and the strategy validates it."""
     if any((typing.get_origin(kind) or kind) is dict for kind in kinds(hint)) and str not in kinds(hint):
-        raise ConfigError(f"strategy option {key} takes a mapping, which a strategy string cannot give",
-                          hint=f"set {key} from Python (get_strategy(..., {key}={{...}})) or in the config= file")
+        raise ConfigError(
+            f"strategy option {key} takes a mapping, which a strategy string cannot give",
+            hint=f"set {key} from Python (get_strategy(..., {key}={{...}})) or in the config= file",
+        )
     try:
         return convert(value, hint, sep="+")
     except ValueError:
         if bool in kinds(hint):
-            raise ConfigError(f"strategy option {key}={value!r} is not a boolean",
-                              hint=f"use {key}=true or {key}=false") from None
+            raise ConfigError(
+                f"strategy option {key}={value!r} is not a boolean", hint=f"use {key}=true or {key}=false"
+            ) from None
         raise ConfigError(f"strategy option {key}={value!r} is not a number", hint=f"e.g. {key}=1") from None
 
 
@@ -80,14 +87,20 @@ def get_strategy(name: str | Strategy, **options: Any) -> Strategy:
     except ModuleNotFoundError as exc:
         if exc.name == module_name:
             raise ConfigError(f"strategy {key!r} is not available in this build", hint="use --strategy ddp") from None
-        raise ConfigError(f"strategy {key!r} needs the package {exc.name!r}",
-                          hint=f"pip install {exc.name}") from None
+        raise ConfigError(f"strategy {key!r} needs the package {exc.name!r}", hint=f"pip install {exc.name}") from None
     cls = getattr(module, cls_name)
     return cls(**_coerce(cls, options))
 
 
-def check_strategy(spec: str, world_size: int, *, batch_size: int | None = None, device: str | None = None,
-                   accumulation: int | None = None, compile: bool = False) -> None:
+def check_strategy(
+    spec: str,
+    world_size: int,
+    *,
+    batch_size: int | None = None,
+    device: str | None = None,
+    accumulation: int | None = None,
+    compile: bool = False,
+) -> None:
     """Preflight: build the strategy from its spec and let it check its configuration for this world
     size (a ds_config's stage and batch sizes, static_graph with accumulation, ``--compile``, ...)
     before anything is launched."""
@@ -121,8 +134,7 @@ def process_group_backend(spec: str) -> str | None:
     return MIXED_BACKEND if getattr(strategy, "cpu_offload", False) else None
 
 
-__all__ = ["Strategy", "get_strategy", "check_strategy", "advice", "process_group_backend", "parse_spec",
-           "REGISTRY"]
+__all__ = ["Strategy", "get_strategy", "check_strategy", "advice", "process_group_backend", "parse_spec", "REGISTRY"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +159,8 @@ def state_sharding(spec: str) -> Sharding:
     if name == "deepspeed":
         stage = int(options.get("stage", 3))
         return Sharding(params=stage >= 3, grads=stage >= 2, optimizer=stage >= 1, buckets=False)
-    return {"ddp": Sharding(False, False, False, True), "zero1": Sharding(False, False, True, True, True),
-            "fsdp": Sharding(True, True, True, False)}.get(name, Sharding(False, False, False, False))
-
+    return {
+        "ddp": Sharding(False, False, False, True),
+        "zero1": Sharding(False, False, True, True, True),
+        "fsdp": Sharding(True, True, True, False),
+    }.get(name, Sharding(False, False, False, False))

@@ -7,8 +7,9 @@ of :class:`Strategy`, each a plain torch loop's step in :class:`StrategyBase` un
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterable, Protocol, Union, runtime_checkable
+from typing import Any, ClassVar, Protocol, Union, runtime_checkable
 
 import torch
 from torch import nn
@@ -30,8 +31,10 @@ class OptimizerSpec:
 
     def __post_init__(self) -> None:
         if not (isinstance(self.cls, type) and issubclass(self.cls, torch.optim.Optimizer)):
-            raise ConfigError(f"OptimizerSpec.cls is {self.cls!r}, not a torch.optim.Optimizer subclass",
-                              hint="e.g. OptimizerSpec(torch.optim.AdamW, {'lr': 1e-3})")
+            raise ConfigError(
+                f"OptimizerSpec.cls is {self.cls!r}, not a torch.optim.Optimizer subclass",
+                hint="e.g. OptimizerSpec(torch.optim.AdamW, {'lr': 1e-3})",
+            )
 
     def __call__(self, params: Iterable[Any]) -> torch.optim.Optimizer:
         return self.cls(params, **self.kwargs)
@@ -39,7 +42,9 @@ class OptimizerSpec:
 
 # What wrap() accepts: an optimizer built on the model's parameters, an OptimizerSpec, or any callable
 # params -> optimizer.
-OptimizerSource = Union[torch.optim.Optimizer, OptimizerSpec, Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]]
+OptimizerSource = Union[  # noqa: UP007  (a runtime alias)
+    torch.optim.Optimizer, OptimizerSpec, Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+]
 
 
 @runtime_checkable
@@ -48,7 +53,7 @@ class Strategy(Protocol):
     storage: Storage
     """How its checkpoints are kept: FILE (rank 0), DCP (every rank's shards) or NATIVE (its own files)."""
 
-    def with_batch(self, micro_batch_size: int, accumulation: int | None = None) -> "Strategy":
+    def with_batch(self, micro_batch_size: int, accumulation: int | None = None) -> Strategy:
         """The strategy for a loop of that shape (DeepSpeed's config needs both; the others return themselves)."""
 
     def wrap(self, model: nn.Module, optimizer: OptimizerSource, runtime: Any) -> tuple[nn.Module, Any]:

@@ -19,7 +19,8 @@ C++ all-reduce, the fastest path. No hook is timed: the exposed communication of
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -42,16 +43,18 @@ def _run(hook, bucket):  # no annotations: DDP checks them against its own types
     return hook.fn(hook.state, bucket)
 
 
-def _make(name: str, *, powersgd_rank: int = 1, powersgd_start: int = 10,
-          gradient_bytes: int = 0) -> tuple[Callable, Any]:
+def _make(
+    name: str, *, powersgd_rank: int = 1, powersgd_start: int = 10, gradient_bytes: int = 0
+) -> tuple[Callable, Any]:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
     stateless = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
     if name in stateless:
         return stateless[name], None
     if name == "powersgd":
-        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=powersgd_rank,
-                                            start_powerSGD_iter=powersgd_start)
+        state = powerSGD_hook.PowerSGDState(
+            process_group=None, matrix_approximation_rank=powersgd_rank, start_powerSGD_iter=powersgd_start
+        )
         return powerSGD_hook.powerSGD_hook, state
     if name == "shm":
         from trainscale.strategies import shm_allreduce
@@ -88,6 +91,8 @@ def check_backend(name: str, device: torch.device, process_group: Any = None) ->
         dist.all_reduce(torch.zeros(1, dtype=dtype, device=device), group=process_group)
     except (RuntimeError, ValueError, TypeError) as exc:
         other = "bf16" if name == "fp16" else "fp16"
-        raise ConfigError(f"comm_hook={name}: the {dist.get_backend(process_group)} backend cannot all-reduce "
-                          f"{dtype} here ({str(exc).splitlines()[0][:160]})",
-                          hint=f"use comm_hook={other} if this backend supports it, or comm_hook=none") from None
+        raise ConfigError(
+            f"comm_hook={name}: the {dist.get_backend(process_group)} backend cannot all-reduce "
+            f"{dtype} here ({str(exc).splitlines()[0][:160]})",
+            hint=f"use comm_hook={other} if this backend supports it, or comm_hook=none",
+        ) from None

@@ -15,8 +15,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -73,36 +74,50 @@ class DDPStrategy(StrategyBase):
         cap = self.bucket_cap_mb
         if isinstance(cap, str):
             if cap.lower() != "auto":
-                raise ConfigError(f"strategy option bucket_cap_mb={cap!r} is neither a size in MiB nor auto",
-                                  hint="e.g. bucket_cap_mb=auto (the default) or bucket_cap_mb=4")
+                raise ConfigError(
+                    f"strategy option bucket_cap_mb={cap!r} is neither a size in MiB nor auto",
+                    hint="e.g. bucket_cap_mb=auto (the default) or bucket_cap_mb=4",
+                )
             self.bucket_cap_mb = "auto"
         elif not (math.isfinite(cap) and cap > 0):
-            raise ConfigError(f"strategy option bucket_cap_mb={cap} must be a positive size in MiB",
-                              hint="e.g. bucket_cap_mb=4, or bucket_cap_mb=auto")
+            raise ConfigError(
+                f"strategy option bucket_cap_mb={cap} must be a positive size in MiB",
+                hint="e.g. bucket_cap_mb=4, or bucket_cap_mb=auto",
+            )
         if isinstance(self.static_graph, str):
             if self.static_graph.lower() != "auto":
-                raise ConfigError(f"strategy option static_graph={self.static_graph!r} is not auto, true or false",
-                                  hint="use static_graph=auto (the default), true or false")
+                raise ConfigError(
+                    f"strategy option static_graph={self.static_graph!r} is not auto, true or false",
+                    hint="use static_graph=auto (the default), true or false",
+                )
             self.static_graph = "auto"
         self.comm_hook = self.comm_hook.lower()
         if self.comm_hook not in comm_hooks.HOOKS:
-            raise ConfigError(f"strategy option comm_hook={self.comm_hook!r} is not a communication hook",
-                              hint=did_you_mean(self.comm_hook, list(comm_hooks.HOOKS)))
+            raise ConfigError(
+                f"strategy option comm_hook={self.comm_hook!r} is not a communication hook",
+                hint=did_you_mean(self.comm_hook, list(comm_hooks.HOOKS)),
+            )
         if self.powersgd_rank < 1:
-            raise ConfigError(f"strategy option powersgd_rank={self.powersgd_rank} must be >= 1",
-                              hint="e.g. powersgd_rank=1 (more compression) or 4 (more accurate)")
+            raise ConfigError(
+                f"strategy option powersgd_rank={self.powersgd_rank} must be >= 1",
+                hint="e.g. powersgd_rank=1 (more compression) or 4 (more accurate)",
+            )
         if self.powersgd_start < 2:
             # torch: with error feedback, PowerSGD can only start after DDP has rebuilt its buckets
-            raise ConfigError(f"strategy option powersgd_start={self.powersgd_start} must be >= 2",
-                              hint="PowerSGD starts after DDP's first steps: e.g. powersgd_start=10")
+            raise ConfigError(
+                f"strategy option powersgd_start={self.powersgd_start} must be >= 2",
+                hint="PowerSGD starts after DDP's first steps: e.g. powersgd_start=10",
+            )
 
-    def with_batch(self, micro_batch_size: int, accumulation: int | None = None) -> "DDPStrategy":
+    def with_batch(self, micro_batch_size: int, accumulation: int | None = None) -> DDPStrategy:
         accumulation = accumulation or 1
         if self.static_graph is True and accumulation > 1:
-            raise ConfigError(f"--strategy {self.name}:static_graph=true with --grad-accum {accumulation}: torch's "
-                              "DDP fails when gradients accumulate under no_sync with a static graph "
-                              "(pytorch/pytorch#143580)",
-                              hint="static_graph=auto (off while accumulating), or --grad-accum 1")
+            raise ConfigError(
+                f"--strategy {self.name}:static_graph=true with --grad-accum {accumulation}: torch's "
+                "DDP fails when gradients accumulate under no_sync with a static graph "
+                "(pytorch/pytorch#143580)",
+                hint="static_graph=auto (off while accumulating), or --grad-accum 1",
+            )
         shaped = copy.copy(self)
         shaped._accumulation = accumulation
         return shaped
@@ -137,15 +152,19 @@ class DDPStrategy(StrategyBase):
             return self.bucket_arguments(model)
         one = self.bucket_arguments(model, one_bucket=True)
         if self.bucket_cap_mb != "auto" and float(self.bucket_cap_mb) < one["bucket_cap_mb"]:
-            raise ConfigError(f"comm_hook=powersgd with bucket_cap_mb={self.bucket_cap_mb} on {dist.get_backend()}: "
-                              "PowerSGD needs the whole gradient in one bucket there (its all-reduces start from "
-                              "gloo's callback threads, so two buckets' collectives can cross between the ranks)",
-                              hint=f"bucket_cap_mb={one['bucket_cap_mb']:g} or auto (one bucket), or comm_hook=fp16 "
-                                   "or bf16, which keep the buckets overlapping")
+            raise ConfigError(
+                f"comm_hook=powersgd with bucket_cap_mb={self.bucket_cap_mb} on {dist.get_backend()}: "
+                "PowerSGD needs the whole gradient in one bucket there (its all-reduces start from "
+                "gloo's callback threads, so two buckets' collectives can cross between the ranks)",
+                hint=f"bucket_cap_mb={one['bucket_cap_mb']:g} or auto (one bucket), or comm_hook=fp16 "
+                "or bf16, which keep the buckets overlapping",
+            )
         if self.bucket_cap_mb == "auto":
-            runtime.print(f"trainscale: ddp:comm_hook=powersgd on {dist.get_backend()}: one gradient bucket of "
-                          f"{one['bucket_cap_mb']:g} MiB (PowerSGD's collectives can cross between ranks with "
-                          "several); no overlap with backward")
+            runtime.print(
+                f"trainscale: ddp:comm_hook=powersgd on {dist.get_backend()}: one gradient bucket of "
+                f"{one['bucket_cap_mb']:g} MiB (PowerSGD's collectives can cross between ranks with "
+                "several); no overlap with backward"
+            )
         return one
 
     def wrap(self, model: nn.Module, optimizer: OptimizerSource, runtime: Any) -> tuple[nn.Module, Any]:
@@ -181,9 +200,13 @@ class DDPStrategy(StrategyBase):
             from trainscale.strategies.shm_allreduce import SharedMemoryUnavailable
 
             try:
-                comm_hooks.attach(ddp, hook, powersgd_rank=self.powersgd_rank,
-                                  powersgd_start=self.powersgd_start,
-                                  gradient_bytes=sum(p.numel() * p.element_size() for p in model.parameters()))
+                comm_hooks.attach(
+                    ddp,
+                    hook,
+                    powersgd_rank=self.powersgd_rank,
+                    powersgd_start=self.powersgd_start,
+                    gradient_bytes=sum(p.numel() * p.element_size() for p in model.parameters()),
+                )
             except SharedMemoryUnavailable:
                 if self.comm_hook != "auto":
                     raise
@@ -193,10 +216,12 @@ class DDPStrategy(StrategyBase):
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         if getattr(getattr(model, "_orig_mod", model), "static_graph", False):
             # torch would fail deep inside backward (an internal assert): say what to change instead
-            raise ConfigError(f"gradient accumulation (no_sync) with --strategy {self.name}:static_graph=true: "
-                              "torch's DDP fails when gradients accumulate under no_sync with a static graph "
-                              "(pytorch/pytorch#143580)",
-                              hint=f"--strategy {self.name}:static_graph=false (or auto)")
+            raise ConfigError(
+                f"gradient accumulation (no_sync) with --strategy {self.name}:static_graph=true: "
+                "torch's DDP fails when gradients accumulate under no_sync with a static graph "
+                "(pytorch/pytorch#143580)",
+                hint=f"--strategy {self.name}:static_graph=false (or auto)",
+            )
         return super().no_sync(model)
 
     def advice(self, world_size: int, optimizer_share: float) -> str | None:
@@ -204,9 +229,11 @@ class DDPStrategy(StrategyBase):
         rank runs the whole optimizer step, ZeRO-1 splits it over the ranks."""
         if world_size < 2 or optimizer_share < OPTIMIZER_SHARE:
             return None
-        return (f"the optimizer step takes {optimizer_share:.0%} of the step and every rank runs all of it: "
-                f"try --strategy zero1 (each of the {world_size} ranks updates its own part of the parameters, "
-                f"whole tensors at a time; docs/strategies.md)")
+        return (
+            f"the optimizer step takes {optimizer_share:.0%} of the step and every rank runs all of it: "
+            f"try --strategy zero1 (each of the {world_size} ranks updates its own part of the parameters, "
+            f"whole tensors at a time; docs/strategies.md)"
+        )
 
     def checkpoint_state(self, model: nn.Module, optimizer: Any) -> ModelState:
         return ReplicaState(self.unwrap(model), optimizer)

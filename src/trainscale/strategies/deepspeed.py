@@ -31,9 +31,10 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, MutableMapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -41,9 +42,9 @@ from torch import nn
 from trainscale.checkpoint.state import NATIVE, ModelState
 from trainscale.errors import CheckpointError, ConfigError
 from trainscale.runtime.memory import tensor_bytes
-from trainscale.strategies.base import one_rank_group, OptimizerSource, StrategyBase, state_tensors
-from trainscale.strategies.optim import build_optimizer, parameter_names
+from trainscale.strategies.base import OptimizerSource, StrategyBase, one_rank_group, state_tensors
 from trainscale.strategies.ds_config import PRECISIONS, STAGES, build_ds_config, load_ds_config, validate_ds_config
+from trainscale.strategies.optim import build_optimizer, parameter_names
 
 CHECKPOINT_TAG = "deepspeed"
 
@@ -59,7 +60,13 @@ def extensions_dir(environ: dict[str, str] | None = None) -> str:
     import hashlib
 
     key = hashlib.sha256(f"{sys.prefix}\0{torch.__version__}".encode()).hexdigest()[:12]
-    return str(Path.home() / ".cache" / "trainscale" / "torch_extensions" / f"py{sys.version_info[0]}{sys.version_info[1]}-{key}")
+    return str(
+        Path.home()
+        / ".cache"
+        / "trainscale"
+        / "torch_extensions"
+        / f"py{sys.version_info[0]}{sys.version_info[1]}-{key}"
+    )
 
 
 CPU_OP = "deepspeed_shm_comm"
@@ -86,9 +93,11 @@ def check_build_locks(directory: str | Path, now: float | None = None) -> None:
             age = now - lock.stat().st_mtime
             if age > STALE_LOCK_S:
                 old = f"{age / 3600:.0f} h" if age >= 7200 else f"{age / 60:.0f} min"
-                raise ConfigError(f"DeepSpeed's op cache holds a lock {old} old, {lock}, "
-                                  "left by a build that was stopped: torch's builder would wait for it forever",
-                                  hint=f"remove {lock} and start again")
+                raise ConfigError(
+                    f"DeepSpeed's op cache holds a lock {old} old, {lock}, "
+                    "left by a build that was stopped: torch's builder would wait for it forever",
+                    hint=f"remove {lock} and start again",
+                )
 
 
 def prepare_environment(runtime: Any, environ: MutableMapping[str, str] | None = None) -> list[str]:
@@ -101,8 +110,10 @@ def prepare_environment(runtime: Any, environ: MutableMapping[str, str] | None =
     notes = []
     if "TORCH_EXTENSIONS_DIR" not in environ:
         environ["TORCH_EXTENSIONS_DIR"] = extensions_dir(environ)
-        notes.append(f"TORCH_EXTENSIONS_DIR={environ['TORCH_EXTENSIONS_DIR']} (DeepSpeed's compiled ops are "
-                     "cached there; the first start builds them)")
+        notes.append(
+            f"TORCH_EXTENSIONS_DIR={environ['TORCH_EXTENSIONS_DIR']} (DeepSpeed's compiled ops are "
+            "cached there; the first start builds them)"
+        )
     own_ninja = Path(sys.executable).parent / "ninja"
     if "PATH" in environ and own_ninja.is_file() and shutil.which("ninja", path=environ["PATH"]) != str(own_ninja):
         # torch builds ops with the first ninja on PATH; two ninja versions keep incompatible build logs in
@@ -123,8 +134,10 @@ def prepare_environment(runtime: Any, environ: MutableMapping[str, str] | None =
     index = str(runtime.device.index if runtime.device.type == "cuda" else runtime.local_rank)
     if environ.get("LOCAL_RANK") != index:
         # DeepSpeed asserts LOCAL_RANK is set (plain python, srun tasks) and uses it as the GPU index.
-        said = (f"LOCAL_RANK={index} for DeepSpeed, which takes it as the GPU index "
-                f"({runtime.device}; local rank {runtime.local_rank})")
+        said = (
+            f"LOCAL_RANK={index} for DeepSpeed, which takes it as the GPU index "
+            f"({runtime.device}; local rank {runtime.local_rank})"
+        )
         environ["LOCAL_RANK"] = index
         if environ.get("OMPI_COMM_WORLD_LOCAL_RANK", index) != index:
             environ["OMPI_COMM_WORLD_LOCAL_RANK"] = index  # DeepSpeed asserts the two agree
@@ -155,51 +168,72 @@ class DeepSpeedStrategy(StrategyBase):
 
     def __post_init__(self) -> None:
         if importlib.util.find_spec("deepspeed") is None:
-            raise ConfigError("strategy 'deepspeed' needs the package 'deepspeed', which is not installed",
-                              hint="pip install deepspeed, or use --strategy fsdp / zero1")
+            raise ConfigError(
+                "strategy 'deepspeed' needs the package 'deepspeed', which is not installed",
+                hint="pip install deepspeed, or use --strategy fsdp / zero1",
+            )
         if self.stage not in STAGES:
             raise ConfigError(f"deepspeed stage={self.stage!r} is not a ZeRO stage", hint="use 0, 1, 2 or 3")
         if self.precision not in PRECISIONS:
-            raise ConfigError(f"deepspeed precision={self.precision!r} unknown", hint=f"use one of {', '.join(PRECISIONS)}")
+            raise ConfigError(
+                f"deepspeed precision={self.precision!r} unknown", hint=f"use one of {', '.join(PRECISIONS)}"
+            )
         if self.gradient_accumulation_steps < 1:
-            raise ConfigError(f"gradient_accumulation_steps={self.gradient_accumulation_steps} must be >= 1",
-                              hint="1 means no accumulation")
+            raise ConfigError(
+                f"gradient_accumulation_steps={self.gradient_accumulation_steps} must be >= 1",
+                hint="1 means no accumulation",
+            )
 
     # -- configuration ---------------------------------------------------------------------------
-    def with_batch(self, micro_batch_size: int, accumulation: int | None = None) -> "DeepSpeedStrategy":
+    def with_batch(self, micro_batch_size: int, accumulation: int | None = None) -> DeepSpeedStrategy:
         """This strategy for a loop of ``micro_batch_size`` samples per rank and ``accumulation``
         micro-batches per optimizer step (DeepSpeed accumulates itself and must know both)."""
         if self.micro_batch_size not in (None, micro_batch_size):
-            raise ConfigError(f"deepspeed:micro_batch_size={self.micro_batch_size}, but the per-rank batch is "
-                              f"{micro_batch_size} (--batch-size)",
-                              hint="leave micro_batch_size out: trainscale fills in the per-rank batch")
+            raise ConfigError(
+                f"deepspeed:micro_batch_size={self.micro_batch_size}, but the per-rank batch is "
+                f"{micro_batch_size} (--batch-size)",
+                hint="leave micro_batch_size out: trainscale fills in the per-rank batch",
+            )
         if accumulation is not None and self.gradient_accumulation_steps not in (1, accumulation):
-            raise ConfigError(f"deepspeed:gradient_accumulation_steps={self.gradient_accumulation_steps}, but the "
-                              f"training loop accumulates {accumulation} micro-batch(es) per step",
-                              hint="leave gradient_accumulation_steps out and give the loop's own option "
-                                   "(--grad-accum)")
-        return dataclasses.replace(self, micro_batch_size=micro_batch_size,
-                                   gradient_accumulation_steps=accumulation or self.gradient_accumulation_steps)
+            raise ConfigError(
+                f"deepspeed:gradient_accumulation_steps={self.gradient_accumulation_steps}, but the "
+                f"training loop accumulates {accumulation} micro-batch(es) per step",
+                hint="leave gradient_accumulation_steps out and give the loop's own option (--grad-accum)",
+            )
+        return dataclasses.replace(
+            self,
+            micro_batch_size=micro_batch_size,
+            gradient_accumulation_steps=accumulation or self.gradient_accumulation_steps,
+        )
 
     def ds_config(self, world_size: int, device: str | None = None) -> dict[str, Any]:
         """The validated config this strategy will hand to DeepSpeed (usable in a preflight)."""
         if self.config is None:
-            config = build_ds_config(micro_batch_size=self.micro_batch_size or 1, stage=self.stage,
-                                     precision=self.precision,
-                                     gradient_accumulation_steps=self.gradient_accumulation_steps)
+            config = build_ds_config(
+                micro_batch_size=self.micro_batch_size or 1,
+                stage=self.stage,
+                precision=self.precision,
+                gradient_accumulation_steps=self.gradient_accumulation_steps,
+            )
             config.update(self.overrides)
         else:
             config = dict(self.config) if isinstance(self.config, dict) else load_ds_config(self.config)
             given = config.get("train_micro_batch_size_per_gpu")
             if self.micro_batch_size is not None and given not in (None, "auto", self.micro_batch_size):
-                raise ConfigError(f"ds_config train_micro_batch_size_per_gpu={given}, but the per-rank batch size "
-                                  f"is {self.micro_batch_size} (--batch-size)",
-                                  hint=f"make them equal: --batch-size {given}, or remove the key from the ds_config")
+                raise ConfigError(
+                    f"ds_config train_micro_batch_size_per_gpu={given}, but the per-rank batch size "
+                    f"is {self.micro_batch_size} (--batch-size)",
+                    hint=f"make them equal: --batch-size {given}, or remove the key from the ds_config",
+                )
             if given in (None, "auto") and self.micro_batch_size is not None:
                 config["train_micro_batch_size_per_gpu"] = self.micro_batch_size
             config.setdefault("zero_allow_untested_optimizer", True)
-        return validate_ds_config(config, world_size, device=device,
-                                  micro_option="--batch-size" if self.micro_batch_size is not None else None)
+        return validate_ds_config(
+            config,
+            world_size,
+            device=device,
+            micro_option="--batch-size" if self.micro_batch_size is not None else None,
+        )
 
     def preflight(self, world_size: int, device: str | None = None) -> None:
         self.ds_config(world_size, device)
@@ -220,8 +254,10 @@ class DeepSpeedStrategy(StrategyBase):
         cache = os.environ["TORCH_EXTENSIONS_DIR"]
         building = op_to_build(cache, runtime.device.type)
         if building:  # silence for a minute reads as a hang
-            runtime.print(f"trainscale: DeepSpeed compiles {building} (once per environment, about a minute on 2 "
-                          f"cores; cached in {cache})")
+            runtime.print(
+                f"trainscale: DeepSpeed compiles {building} (once per environment, about a minute on 2 "
+                f"cores; cached in {cache})"
+            )
         started = time.monotonic()
         engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=client_optimizer, config=config)
         if building and not op_to_build(cache, runtime.device.type):
@@ -258,9 +294,11 @@ class DeepSpeedStrategy(StrategyBase):
         return sum(getattr(p, "ds_numel", p.numel()) for p in self.unwrap(model).parameters())
 
     def check_compile(self) -> None:
-        raise ConfigError("--compile with --strategy deepspeed: trainscale compiles DDP and FSDP models; DeepSpeed's "
-                          "engine is compiled by DeepSpeed itself (engine.compile()), which trainscale does not drive",
-                          hint="leave --compile out with deepspeed, or use --strategy ddp, zero1 or fsdp")
+        raise ConfigError(
+            "--compile with --strategy deepspeed: trainscale compiles DDP and FSDP models; DeepSpeed's "
+            "engine is compiled by DeepSpeed itself (engine.compile()), which trainscale does not drive",
+            hint="leave --compile out with deepspeed, or use --strategy ddp, zero1 or fsdp",
+        )
 
     def compile(self, model: Any) -> Any:
         self.check_compile()
@@ -268,8 +306,10 @@ class DeepSpeedStrategy(StrategyBase):
 
     def torch_optimizer(self, optimizer: Any) -> torch.optim.Optimizer | None:
         # A ZeRO optimizer steps a torch optimizer on its flat partitions; that one carries the LR.
-        return next((c for c in (optimizer, getattr(optimizer, "optimizer", None))
-                     if isinstance(c, torch.optim.Optimizer)), None)
+        return next(
+            (c for c in (optimizer, getattr(optimizer, "optimizer", None)) if isinstance(c, torch.optim.Optimizer)),
+            None,
+        )
 
     def user_optimizer(self, optimizer: Any, model: Any) -> Any:
         from trainscale.strategies.handout import through_strategy
@@ -290,12 +330,20 @@ class DeepSpeedStrategy(StrategyBase):
         whole (below stage3_param_persistence_threshold, or stages 0-2); copies gathered for a forward
         are transient (they show in the peak). Optimizer: the torch optimizer's state plus DeepSpeed's
         fp32 master partition."""
-        params = [p for p in model.module.parameters() if not hasattr(p, "ds_tensor") or getattr(p, "ds_persist", False)]
+        params = [
+            p for p in model.module.parameters() if not hasattr(p, "ds_tensor") or getattr(p, "ds_persist", False)
+        ]
         params += [p.ds_tensor for p in model.module.parameters() if hasattr(p, "ds_tensor")]
         zero = model.optimizer
-        masters = getattr(zero, "single_partition_of_fp32_groups", None) or getattr(zero, "fp32_partitioned_groups_flat", [])
+        masters = getattr(zero, "single_partition_of_fp32_groups", None) or getattr(
+            zero, "fp32_partitioned_groups_flat", []
+        )
         state = state_tensors(getattr(zero, "optimizer", zero))
-        return {"params": tensor_bytes(params), "grads": self._grad_bytes, "optimizer": tensor_bytes(list(masters) + state)}
+        return {
+            "params": tensor_bytes(params),
+            "grads": self._grad_bytes,
+            "optimizer": tensor_bytes(list(masters) + state),
+        }
 
 
 class EngineState(ModelState):
@@ -318,16 +366,21 @@ class EngineState(ModelState):
 
     def read(self, directory: Path, record: dict[str, Any]) -> None:
         if record.get("format") != "deepspeed":
-            raise CheckpointError("this checkpoint was not written by the deepspeed strategy",
-                                  hint="resume with the strategy that wrote it, or start a new checkpoint directory")
+            raise CheckpointError(
+                "this checkpoint was not written by the deepspeed strategy",
+                hint="resume with the strategy that wrote it, or start a new checkpoint directory",
+            )
         saved = int(record["world_size"])
         world = getattr(self.engine, "dp_world_size", saved)
         if saved != world:
-            raise CheckpointError(f"{directory} holds DeepSpeed ZeRO shards for {saved} rank(s); this run has {world}",
-                                  hint=f"resume with {saved} ranks, or under --strategy fsdp, zero1 or ddp, which read "
-                                       "DeepSpeed's files on any number of ranks")
-        load_path, _ = self.engine.load_checkpoint(str(directory), tag=CHECKPOINT_TAG, load_optimizer_states=True,
-                                                   load_lr_scheduler_states=False)
+            raise CheckpointError(
+                f"{directory} holds DeepSpeed ZeRO shards for {saved} rank(s); this run has {world}",
+                hint=f"resume with {saved} ranks, or under --strategy fsdp, zero1 or ddp, which read "
+                "DeepSpeed's files on any number of ranks",
+            )
+        load_path, _ = self.engine.load_checkpoint(
+            str(directory), tag=CHECKPOINT_TAG, load_optimizer_states=True, load_lr_scheduler_states=False
+        )
         if load_path is None:
             raise CheckpointError(f"DeepSpeed found no checkpoint under {directory}", hint="delete the directory")
 

@@ -33,12 +33,15 @@ def parse_ds_config(text: str, origin: str) -> dict[str, Any]:
     try:
         config = loads(text, object_pairs_hook=_no_duplicates)
     except ValueError as exc:  # hjson.HjsonDecodeError and json.JSONDecodeError are ValueErrors
-        raise ConfigError(f"DeepSpeed config {origin} cannot be read as DeepSpeed reads it (hjson): {exc}",
-                          hint="check brackets, quotes and colons near the position named; trailing commas and "
-                               "comments are fine") from None
+        raise ConfigError(
+            f"DeepSpeed config {origin} cannot be read as DeepSpeed reads it (hjson): {exc}",
+            hint="check brackets, quotes and colons near the position named; trailing commas and comments are fine",
+        ) from None
     if not isinstance(config, dict):
-        raise ConfigError(f"DeepSpeed config {origin} holds a {type(config).__name__}, not an object",
-                          hint='it should look like {"train_micro_batch_size_per_gpu": 16, ...}')
+        raise ConfigError(
+            f"DeepSpeed config {origin} holds a {type(config).__name__}, not an object",
+            hint='it should look like {"train_micro_batch_size_per_gpu": 16, ...}',
+        )
     return config
 
 
@@ -48,9 +51,11 @@ def load_ds_config(path: str | Path) -> dict[str, Any]:
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise ConfigError(f"DeepSpeed config {path} does not exist",
-                          hint="give the path of your ds_config.json, or leave it out to build one from "
-                               "--batch-size and the strategy options") from None
+        raise ConfigError(
+            f"DeepSpeed config {path} does not exist",
+            hint="give the path of your ds_config.json, or leave it out to build one from "
+            "--batch-size and the strategy options",
+        ) from None
     return parse_ds_config(text, str(path))
 
 
@@ -60,8 +65,14 @@ def check_user_config_file(path: str | Path, world_size: int, *, device: str | N
     return validate_ds_config(load_ds_config(path), world_size, device=device)
 
 
-def build_ds_config(*, micro_batch_size: int, gradient_accumulation_steps: int = 1, stage: int = 3,
-                    precision: str = "fp32", optimizer: dict[str, Any] | None = None) -> dict[str, Any]:
+def build_ds_config(
+    *,
+    micro_batch_size: int,
+    gradient_accumulation_steps: int = 1,
+    stage: int = 3,
+    precision: str = "fp32",
+    optimizer: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """A ds_config from trainscale's options. Without ``optimizer`` the training script's own torch
     optimizer is used (no DeepSpeed fused-op compile on first start)."""
     config: dict[str, Any] = {
@@ -86,8 +97,7 @@ def _positive_int(config: dict[str, Any], key: str) -> int | None:
     if value is None or value == "auto":  # "auto" is filled in by the HF integration, not by DeepSpeed
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"ds_config {key}={value!r} must be a positive integer",
-                          hint=f'e.g. "{key}": 16')
+        raise ConfigError(f"ds_config {key}={value!r} must be a positive integer", hint=f'e.g. "{key}": 16')
     return value
 
 
@@ -101,31 +111,44 @@ def _check_batch(config: dict[str, Any], world_size: int, micro_option: str | No
 
     rule = "train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size"
     if train is None and micro is None:
-        raise ConfigError("ds_config sets neither train_batch_size nor train_micro_batch_size_per_gpu",
-                          hint='add "train_micro_batch_size_per_gpu": <per-rank batch>')
+        raise ConfigError(
+            "ds_config sets neither train_batch_size nor train_micro_batch_size_per_gpu",
+            hint='add "train_micro_batch_size_per_gpu": <per-rank batch>',
+        )
     if train is not None and micro is not None and accum is not None:
         if train != micro * accum * world_size:
             raise ConfigError(
                 f"ds_config train_batch_size={train}, but train_micro_batch_size_per_gpu={micro} x "
                 f"gradient_accumulation_steps={accum} x world size {world_size} = {micro * accum * world_size}",
                 hint=f"{rule}; with {world_size} rank(s) set train_batch_size to {micro * accum * world_size}"
-                     + ((f" (or train_micro_batch_size_per_gpu to {train // (accum * world_size)})"
-                         if not micro_option else or_option(train // (accum * world_size)))
-                        if train % (accum * world_size) == 0 else "")
-                     + ', or set it to "auto"/drop it and let DeepSpeed compute it')
+                + (
+                    (
+                        f" (or train_micro_batch_size_per_gpu to {train // (accum * world_size)})"
+                        if not micro_option
+                        else or_option(train // (accum * world_size))
+                    )
+                    if train % (accum * world_size) == 0
+                    else ""
+                )
+                + ', or set it to "auto"/drop it and let DeepSpeed compute it',
+            )
     elif train is not None and micro is not None:
         if train % (micro * world_size):
             raise ConfigError(
                 f"ds_config train_batch_size={train} is not a multiple of train_micro_batch_size_per_gpu={micro} "
-                f"x world size {world_size}", hint=f"{rule}; use a multiple of {micro * world_size}"
-                + (or_option(train // world_size) if train % world_size == 0 else ""))
+                f"x world size {world_size}",
+                hint=f"{rule}; use a multiple of {micro * world_size}"
+                + (or_option(train // world_size) if train % world_size == 0 else ""),
+            )
         accum = train // (micro * world_size)
     elif train is not None:
         accum = accum or 1
         if train % (accum * world_size):
             raise ConfigError(
                 f"ds_config train_batch_size={train} cannot be split over {world_size} rank(s) x "
-                f"gradient_accumulation_steps={accum}", hint=f"{rule}; use a multiple of {accum * world_size}")
+                f"gradient_accumulation_steps={accum}",
+                hint=f"{rule}; use a multiple of {accum * world_size}",
+            )
         micro = train // (accum * world_size)
     else:
         accum = accum or 1
@@ -133,8 +156,9 @@ def _check_batch(config: dict[str, Any], world_size: int, micro_option: str | No
     config.update(train_batch_size=train, train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=accum)
 
 
-def validate_ds_config(config: dict[str, Any], world_size: int, *, device: str | None = None,
-                       micro_option: str | None = None) -> dict[str, Any]:
+def validate_ds_config(
+    config: dict[str, Any], world_size: int, *, device: str | None = None, micro_option: str | None = None
+) -> dict[str, Any]:
     """Check a ds_config before launch and return a copy with the batch sizes made consistent.
 
     ``device``: "cpu", "cuda" or None/"auto" (a GPU when one is visible). Raises ConfigError for an
@@ -149,18 +173,20 @@ def validate_ds_config(config: dict[str, Any], world_size: int, *, device: str |
         raise ConfigError(f"ds_config zero_optimization is {zero!r}, not an object", hint='e.g. {"stage": 2}')
     stage = zero.get("stage", 0)
     if isinstance(stage, bool) or stage not in STAGES:
-        raise ConfigError(f"ds_config zero_optimization.stage={stage!r} is not a ZeRO stage",
-                          hint="use 0 (off), 1 (optimizer state), 2 (+ gradients) or 3 (+ parameters)")
+        raise ConfigError(
+            f"ds_config zero_optimization.stage={stage!r} is not a ZeRO stage",
+            hint="use 0 (off), 1 (optimizer state), 2 (+ gradients) or 3 (+ parameters)",
+        )
     _check_batch(config, world_size, micro_option)
     fp16 = bool(config.get("fp16", {}).get("enabled", False))
     bf16 = bool(config.get("bf16", config.get("bfloat16", {})).get("enabled", False))
     if fp16 and bf16:
         raise ConfigError("ds_config enables both fp16 and bf16", hint="enable one of them")
     if fp16 and _resolve_device(device) == "cpu":
-        raise ConfigError("ds_config enables fp16, but this run is on the CPU, where DeepSpeed has no fp16 "
-                          "loss scaling kernels",
-                          hint='set "fp16": {"enabled": false} (and "bf16": {"enabled": true} for half '
-                               "precision), or run on GPUs")
+        raise ConfigError(
+            "ds_config enables fp16, but this run is on the CPU, where DeepSpeed has no fp16 loss scaling kernels",
+            hint='set "fp16": {"enabled": false} (and "bf16": {"enabled": true} for half precision), or run on GPUs',
+        )
     return config
 
 

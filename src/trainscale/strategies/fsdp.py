@@ -26,9 +26,10 @@ FSDP2 moved from ``torch.distributed._composable.fsdp`` (torch 2.4-2.5) to
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -82,8 +83,10 @@ class FSDPStrategy(StrategyBase):
 
     def __post_init__(self) -> None:
         if self.mixed_precision not in MIXED_PRECISION:
-            raise ConfigError(f"fsdp mixed_precision={self.mixed_precision!r} unknown",
-                              hint=f"use one of {', '.join(MIXED_PRECISION)}")
+            raise ConfigError(
+                f"fsdp mixed_precision={self.mixed_precision!r} unknown",
+                hint=f"use one of {', '.join(MIXED_PRECISION)}",
+            )
         if isinstance(self.unit_modules, str):
             object.__setattr__(self, "unit_modules", tuple(n for n in self.unit_modules.split(",") if n))
 
@@ -137,8 +140,11 @@ class FSDPStrategy(StrategyBase):
             "reshard_after_forward": self.reshard_after_forward,
             "mp_policy": api.MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None),
             # Pinned host memory needs a GPU; on a CPU-only run the offload is a no-op anyway.
-            "offload_policy": (api.CPUOffloadPolicy(pin_memory=runtime.device.type == "cuda") if self.cpu_offload
-                               else api.OffloadPolicy()),
+            "offload_policy": (
+                api.CPUOffloadPolicy(pin_memory=runtime.device.type == "cuda")
+                if self.cpu_offload
+                else api.OffloadPolicy()
+            ),
         }
         for unit in self._units(model):
             api.fully_shard(unit, **kwargs)
@@ -149,8 +155,10 @@ class FSDPStrategy(StrategyBase):
             units = [m for m in model.modules() if type(m).__name__ in self.unit_modules and m is not model]
             if not units:
                 found = sorted({type(m).__name__ for m in model.modules()})
-                raise ConfigError(f"fsdp unit_modules={list(self.unit_modules)} matched no submodule",
-                                  hint=f"module classes in this model: {', '.join(found)}")
+                raise ConfigError(
+                    f"fsdp unit_modules={list(self.unit_modules)} matched no submodule",
+                    hint=f"module classes in this model: {', '.join(found)}",
+                )
             return units
         return shard_units(model)
 
@@ -219,8 +227,9 @@ class ShardedState(ModelState):
             names = optimizer_names(self.model, self.optimizer)
             optim_state = by_name(optim_state, names, "the checkpoint")
             options = StateDictOptions(full_state_dict=True)  # every rank read the file: each keeps its shards
-        set_state_dict(self.model, self.optimizer, model_state_dict=model_state, optim_state_dict=optim_state,
-                       options=options)
+        set_state_dict(
+            self.model, self.optimizer, model_state_dict=model_state, optim_state_dict=optim_state, options=options
+        )
         if self.scaler is not None and state_dict.get("grad_scaler"):
             self.scaler.load_state_dict(state_dict["grad_scaler"])
 
@@ -228,7 +237,9 @@ class ShardedState(ModelState):
 def check_offload_backend(cpu_offload: bool, device_type: str, backend: str | None) -> None:
     """CPU offload on GPUs reduces host tensors too: an nccl-only group cannot (it fails later, mid-run)."""
     if cpu_offload and device_type == "cuda" and "gloo" not in (backend or ""):
-        raise ConfigError(f"fsdp:cpu_offload=true on GPUs needs a process group with gloo for the host-side "
-                          f"shards, but this one is {backend!r}",
-                          hint='trainscale.init(backend="cpu:gloo,cuda:nccl") (the built-in workloads do this '
-                               'themselves: trainscale.strategies.process_group_backend(spec))')
+        raise ConfigError(
+            f"fsdp:cpu_offload=true on GPUs needs a process group with gloo for the host-side "
+            f"shards, but this one is {backend!r}",
+            hint='trainscale.init(backend="cpu:gloo,cuda:nccl") (the built-in workloads do this '
+            "themselves: trainscale.strategies.process_group_backend(spec))",
+        )

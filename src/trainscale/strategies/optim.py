@@ -54,9 +54,11 @@ def recipe_of(optimizer: torch.optim.Optimizer, names: dict[int, str] | None = N
     if names is not None:
         unknown = [p for group in optimizer.param_groups for p in group["params"] if id(p) not in names]
         if unknown:
-            raise ConfigError(f"the optimizer holds {len(unknown)} parameter(s) that are not the model's",
-                              hint="build it from the parameters of the model you pass to setup, e.g. "
-                                   "torch.optim.AdamW(model.parameters(), lr=1e-3)")
+            raise ConfigError(
+                f"the optimizer holds {len(unknown)} parameter(s) that are not the model's",
+                hint="build it from the parameters of the model you pass to setup, e.g. "
+                "torch.optim.AdamW(model.parameters(), lr=1e-3)",
+            )
     if names is None:
         return Recipe(type(optimizer), defaults)
     groups = tuple((tuple(names[id(p)] for p in group["params"]), _options(group)) for group in optimizer.param_groups)
@@ -96,5 +98,7 @@ def _named_as_before(model: nn.Module) -> nn.Module:
 
 def _check_fresh(optimizer: torch.optim.Optimizer) -> None:
     if optimizer.state:
-        raise ConfigError("the optimizer has stepped already: its state would not follow the model into the "
-                          "strategy", hint="call setup before the first optimizer step (load a checkpoint after it)")
+        raise ConfigError(
+            "the optimizer has stepped already: its state would not follow the model into the strategy",
+            hint="call setup before the first optimizer step (load a checkpoint after it)",
+        )

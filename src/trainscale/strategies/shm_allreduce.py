@@ -65,9 +65,11 @@ class SharedMemoryAllReduce:
             dist.all_gather_object(gathered, socket.gethostname(), group=process_group)
             hosts = set(gathered)
         if len(hosts) > 1:
-            raise SharedMemoryUnavailable(f"comm_hook=shm averages gradients through one node's shared memory, but the ranks run "
-                              f"on {len(hosts)} nodes ({', '.join(sorted(hosts)[:4])})",
-                              hint="comm_hook=none (DDP's all-reduce) for jobs on several nodes")
+            raise SharedMemoryUnavailable(
+                f"comm_hook=shm averages gradients through one node's shared memory, but the ranks run "
+                f"on {len(hosts)} nodes ({', '.join(sorted(hosts)[:4])})",
+                hint="comm_hook=none (DDP's all-reduce) for jobs on several nodes",
+            )
         # every slot holds a whole bucket; a bucket is never larger than the gradient (rounded up to 64 bytes)
         self.slot = -(-max(gradient_bytes, 64) // 64) * 64
         size = self.slot * (self.world + 1)
@@ -90,9 +92,11 @@ class SharedMemoryAllReduce:
             if self.rank == 0:
                 os.unlink(base + ".buf")
             blind = [r for r, ok in enumerate(seen) if not ok]
-            raise SharedMemoryUnavailable(f"comm_hook=shm: rank(s) {blind[:8]} cannot see the shared buffer rank 0 made "
-                                          f"in {os.path.dirname(base)} (a container with its own /dev/shm?)",
-                                          hint="comm_hook=none, or share the host's /dev/shm with the container")
+            raise SharedMemoryUnavailable(
+                f"comm_hook=shm: rank(s) {blind[:8]} cannot see the shared buffer rank 0 made "
+                f"in {os.path.dirname(base)} (a container with its own /dev/shm?)",
+                hint="comm_hook=none, or share the host's /dev/shm with the container",
+            )
         self.arena = torch.from_file(base + ".buf", shared=True, size=size, dtype=torch.uint8)
         self._pipes = [f"{base}.{r}" for r in range(self.world)]
         os.mkfifo(self._pipes[self.rank], 0o600)
@@ -128,14 +132,16 @@ class SharedMemoryAllReduce:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([self._inbox], [], [], left)[0]:
                 late = [r for r in others if self._seen[r] < self._round]
-                raise RuntimeError(f"comm_hook=shm: timed out after {self.timeout_s:g}s waiting for rank(s) "
-                                   f"{', '.join(map(str, late))} at the gradient average")
+                raise RuntimeError(
+                    f"comm_hook=shm: timed out after {self.timeout_s:g}s waiting for rank(s) "
+                    f"{', '.join(map(str, late))} at the gradient average"
+                )
             try:
                 data = os.read(self._inbox, 4096)
             except BlockingIOError:
                 continue
             for k in range(0, len(data), 4):
-                self._seen[int.from_bytes(data[k:k + 4], "little")] += 1
+                self._seen[int.from_bytes(data[k : k + 4], "little")] += 1
 
     def average(self, tensor: torch.Tensor) -> torch.Tensor:
         """Average ``tensor`` (a contiguous CPU bucket) over the ranks, in place; returns it."""
@@ -181,5 +187,7 @@ def applies(device: torch.device, backend: Any, world_size: int) -> bool:
 
 def check_device(device: torch.device) -> None:
     if device.type != "cpu":
-        raise ConfigError(f"comm_hook=shm averages CPU gradients, but this run trains on {device.type}",
-                          hint="comm_hook=none (NCCL/RCCL already use the node's fastest path)")
+        raise ConfigError(
+            f"comm_hook=shm averages CPU gradients, but this run trains on {device.type}",
+            hint="comm_hook=none (NCCL/RCCL already use the node's fastest path)",
+        )

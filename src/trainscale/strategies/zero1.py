@@ -42,9 +42,12 @@ class Zero1Strategy(DDPStrategy):
         if not runtime.is_distributed and not self.replicate_alone:  # one process: nothing to partition
             return model, build_optimizer(optimizer, model, names)
         recipe = as_recipe(optimizer, model, names)
-        return model, ZeroRedundancyOptimizer(recipe.params(model), optimizer_class=recipe.cls,
-                                              parameters_as_bucket_view=self.parameters_as_bucket_view,
-                                              **recipe.defaults)
+        return model, ZeroRedundancyOptimizer(
+            recipe.params(model),
+            optimizer_class=recipe.cls,
+            parameters_as_bucket_view=self.parameters_as_bucket_view,
+            **recipe.defaults,
+        )
 
     def advice(self, world_size: int, optimizer_share: float) -> str | None:
         return None  # the optimizer step is already split over the ranks

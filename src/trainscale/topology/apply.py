@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 
 def current_affinity() -> frozenset[int]:

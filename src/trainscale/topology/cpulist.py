@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from trainscale.errors import ConfigError
 
@@ -23,11 +23,15 @@ def parse_cpulist(text: str | Iterable[int]) -> tuple[int, ...]:
             start = int(lo)
             end = int(hi) if sep else start
         except ValueError:
-            raise ConfigError(f"cannot read core list {text!r}: {part!r} is not a core number or a range",
-                              hint='write core lists like "49-55" or "1-7,9-15"') from None
+            raise ConfigError(
+                f"cannot read core list {text!r}: {part!r} is not a core number or a range",
+                hint='write core lists like "49-55" or "1-7,9-15"',
+            ) from None
         if start < 0 or end < start:
-            raise ConfigError(f"cannot read core list {text!r}: range {part!r} is empty or negative",
-                              hint='ranges go from low to high, e.g. "1-7"')
+            raise ConfigError(
+                f"cannot read core list {text!r}: range {part!r} is empty or negative",
+                hint='ranges go from low to high, e.g. "1-7"',
+            )
         cores.update(range(start, end + 1))
     return tuple(sorted(cores))
 
@@ -63,4 +67,3 @@ def mask_to_cores(mask: str) -> tuple[int, ...]:
     except ValueError:
         raise ConfigError(f"{mask!r} is not a hex CPU mask", hint="masks look like 0xfe000000000000") from None
     return tuple(bit for bit in range(value.bit_length()) if value >> bit & 1)
-

@@ -8,9 +8,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
 
 from trainscale.errors import ConfigError
 from trainscale.topology.model import GpuInfo, Topology
@@ -55,8 +55,9 @@ def _gpus_from_tools(run: Runner, numa_cpus: dict[int, tuple[int, ...]], notes: 
     return ()
 
 
-def _fill_cpus(gpus: tuple[GpuInfo, ...], numa_cpus: dict[int, tuple[int, ...]],
-               pci: tuple[GpuInfo, ...]) -> tuple[GpuInfo, ...]:
+def _fill_cpus(
+    gpus: tuple[GpuInfo, ...], numa_cpus: dict[int, tuple[int, ...]], pci: tuple[GpuInfo, ...]
+) -> tuple[GpuInfo, ...]:
     """rocm-smi gives only NUMA nodes and some nvidia-smi builds print N/A: fill CPUs from NUMA, then sysfs PCI."""
     by_index = {g.index: g for g in pci} if len(pci) == len(gpus) else {}
     filled = []

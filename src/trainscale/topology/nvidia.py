@@ -22,10 +22,12 @@ def _matrix(text: str) -> tuple[list[str], list[tuple[int, list[str]]]]:
     lines = [_ANSI.sub("", line) for line in text.splitlines()]
     header_at = next((i for i, line in enumerate(lines) if "CPU Affinity" in line), None)
     if header_at is None:
-        raise ConfigError("nvidia-smi topo -m output has no 'CPU Affinity' column",
-                          hint="pass the full output of `nvidia-smi topo -m`")
+        raise ConfigError(
+            "nvidia-smi topo -m output has no 'CPU Affinity' column",
+            hint="pass the full output of `nvidia-smi topo -m`",
+        )
     rows = []
-    for line in lines[header_at + 1:]:
+    for line in lines[header_at + 1 :]:
         match = _GPU_ROW.match(line)
         if not match:
             if line.strip().startswith("Legend"):
@@ -50,8 +52,10 @@ def parse_nvidia_topo(text: str) -> tuple[GpuInfo, ...]:
     gpus: list[GpuInfo] = []
     for index, cells in rows:
         if len(cells) <= cpu_col:
-            raise ConfigError(f"nvidia-smi topo row for GPU{index} has {len(cells)} cells, "
-                              f"expected at least {cpu_col + 1}", hint="is the output complete and tab-separated?")
+            raise ConfigError(
+                f"nvidia-smi topo row for GPU{index} has {len(cells)} cells, expected at least {cpu_col + 1}",
+                hint="is the output complete and tab-separated?",
+            )
         cpu_text = cells[cpu_col]
         cpus = () if cpu_text.upper() == "N/A" else parse_cpulist(cpu_text)
         numa: int | None = None
@@ -66,8 +70,12 @@ def parse_nvidia_links(text: str) -> dict[tuple[int, int], str]:
     """(GPU i, GPU j) -> the link between them as ``nvidia-smi topo -m`` names it, for i != j."""
     header, rows = _matrix(text)
     gpu_columns = {i: int(name[3:]) for i, name in enumerate(header) if _GPU_ROW.match(name)}
-    return {(index, other): cells[col] for index, cells in rows for col, other in gpu_columns.items()
-            if col < len(cells) and other != index}
+    return {
+        (index, other): cells[col]
+        for index, cells in rows
+        for col, other in gpu_columns.items()
+        if col < len(cells) and other != index
+    }
 
 
 NVLINK_GBPS_PER_LINK = 25.0

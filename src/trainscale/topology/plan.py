@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
 
 from trainscale.errors import ConfigError
 from trainscale.topology.cpulist import cores_to_mask, format_cpulist, parse_cpulist
@@ -51,8 +51,10 @@ class BindingPlan:
 
     def cpus_for(self, local_rank: int) -> tuple[int, ...]:
         if not 0 <= local_rank < len(self.ranks):
-            raise ConfigError(f"local rank {local_rank} is outside this binding plan of {len(self.ranks)} rank(s)",
-                              hint="plan for the node's local world size")
+            raise ConfigError(
+                f"local rank {local_rank} is outside this binding plan of {len(self.ranks)} rank(s)",
+                hint="plan for the node's local world size",
+            )
         return self.ranks[local_rank].cpus
 
     def mask_list(self) -> str:
@@ -68,15 +70,17 @@ class BindingPlan:
         return "/".join(f"{'-' if r.gpu is None else r.gpu}:{r.cpulist}" for r in self.ranks)
 
     @classmethod
-    def from_env(cls, text: str, *, source: str = "environment") -> "BindingPlan":
+    def from_env(cls, text: str, *, source: str = "environment") -> BindingPlan:
         ranks = []
         if ":" not in text and ";" in text:  # bare cpulists per rank, ';'-separated: CPU-only ranks
             text = "/".join(f"-:{p}" for p in text.split(";"))
         for i, part in enumerate(p for p in text.strip().split("/") if p):
             gpu, sep, cores = part.partition(":")
             if not sep or not (gpu == "-" or gpu.isdigit()):
-                raise ConfigError(f"cannot read binding plan {text!r} at {part!r}",
-                                  hint="expected GPU:cores per rank separated by '/', e.g. 0:49-55/1:57-63")
+                raise ConfigError(
+                    f"cannot read binding plan {text!r} at {part!r}",
+                    hint="expected GPU:cores per rank separated by '/', e.g. 0:49-55/1:57-63",
+                )
             ranks.append(RankBinding(local_rank=i, gpu=None if gpu == "-" else int(gpu), cpus=parse_cpulist(cores)))
         if not ranks:
             raise ConfigError(f"binding plan {text!r} names no ranks", hint="e.g. 0:49-55/1:57-63")
@@ -106,20 +110,28 @@ def _split(cores: tuple[int, ...], parts: int, core_of: Mapping[int, int]) -> tu
     pieces, start = [], 0
     for i in range(parts):
         size = base + (1 if i < extra else 0)
-        pieces.append(tuple(sorted(c for unit in units[start:start + size] for c in unit)))
+        pieces.append(tuple(sorted(c for unit in units[start : start + size] for c in unit)))
         start += size
     return pieces, False
 
 
-def plan_cpu_only(usable: Iterable[int], local_world_size: int, *, reserved: Iterable[int] = (),
-                  core_of: Mapping[int, int] | None = None, source: str = "even split of usable cores") -> BindingPlan:
+def plan_cpu_only(
+    usable: Iterable[int],
+    local_world_size: int,
+    *,
+    reserved: Iterable[int] = (),
+    core_of: Mapping[int, int] | None = None,
+    source: str = "even split of usable cores",
+) -> BindingPlan:
     """No GPUs: split the usable cores (minus reserved) evenly, in contiguous blocks, among the local ranks."""
     _check_ranks(local_world_size)
     skip = _with_siblings(reserved, core_of or {})
     cores = tuple(c for c in parse_cpulist(usable) if c not in skip)
     if not cores:
-        raise ConfigError("no usable cores left to bind after removing the reserved ones",
-                          hint="check cpus_per_node and reserved_cores")
+        raise ConfigError(
+            "no usable cores left to bind after removing the reserved ones",
+            hint="check cpus_per_node and reserved_cores",
+        )
     pieces, shared = _split(cores, local_world_size, core_of or {})
     ranks = tuple(RankBinding(local_rank=i, gpu=None, cpus=p) for i, p in enumerate(pieces))
     return BindingPlan(ranks=ranks, source=source, shared=shared)
@@ -195,8 +207,9 @@ def _uuid(uuid: str) -> str:
     return uuid.strip().lower().removeprefix("gpu-")
 
 
-def gpu_order(visible: Sequence[int] | None, node_gpus: Iterable[int], local_rank: int,
-              local_world_size: int) -> list[int]:
+def gpu_order(
+    visible: Sequence[int] | None, node_gpus: Iterable[int], local_rank: int, local_world_size: int
+) -> list[int]:
     """The node-local GPU each local rank drives, in local-rank order (what :func:`plan_binding` maps).
 
     Local rank r drives torch's cuda:r, the r-th *visible* GPU. When this process sees a single GPU
@@ -212,10 +225,16 @@ def gpu_order(visible: Sequence[int] | None, node_gpus: Iterable[int], local_ran
     return list(visible)
 
 
-def plan_binding(gpu_cores: Mapping[int, Iterable[int]] | Topology, local_world_size: int, *,
-                 reserved: Iterable[int] = (), cpus_per_node: int | None = None,
-                 core_of: Mapping[int, int] | None = None, source: str | None = None,
-                 gpu_order: Sequence[int] | None = None) -> BindingPlan:
+def plan_binding(
+    gpu_cores: Mapping[int, Iterable[int]] | Topology,
+    local_world_size: int,
+    *,
+    reserved: Iterable[int] = (),
+    cpus_per_node: int | None = None,
+    core_of: Mapping[int, int] | None = None,
+    source: str | None = None,
+    gpu_order: Sequence[int] | None = None,
+) -> BindingPlan:
     """Local rank i drives GPU ``gpu_order[i]`` (default: the i-th GPU of the node) and gets the cores
     close to that GPU, minus ``reserved``.
 
@@ -239,28 +258,37 @@ def plan_binding(gpu_cores: Mapping[int, Iterable[int]] | Topology, local_world_
     if not gpu_cores:
         usable = all_cpus or (tuple(range(cpus_per_node)) if cpus_per_node else ())
         if not usable:
-            raise ConfigError("cannot plan a CPU-only binding without knowing the node's CPUs",
-                              hint="give cpus_per_node or a detected topology")
-        return plan_cpu_only(usable, local_world_size, reserved=skip, core_of=core_of,
-                             source=source or "even split of usable cores")
+            raise ConfigError(
+                "cannot plan a CPU-only binding without knowing the node's CPUs",
+                hint="give cpus_per_node or a detected topology",
+            )
+        return plan_cpu_only(
+            usable, local_world_size, reserved=skip, core_of=core_of, source=source or "even split of usable cores"
+        )
     gpus = list(gpu_order) if gpu_order is not None else sorted(gpu_cores)
     unknown = [g for g in gpus if g not in gpu_cores]
     if unknown:
-        raise ConfigError(f"GPU(s) {', '.join(map(str, unknown))} are visible to this process but not in the "
-                          f"node's topology (GPUs {', '.join(map(str, sorted(gpu_cores)))})",
-                          hint="check CUDA_VISIBLE_DEVICES/ROCR_VISIBLE_DEVICES against `nvidia-smi topo -m` "
-                               "or `rocm-smi`, or plan from a profile's GPU map")
+        raise ConfigError(
+            f"GPU(s) {', '.join(map(str, unknown))} are visible to this process but not in the "
+            f"node's topology (GPUs {', '.join(map(str, sorted(gpu_cores)))})",
+            hint="check CUDA_VISIBLE_DEVICES/ROCR_VISIBLE_DEVICES against `nvidia-smi topo -m` "
+            "or `rocm-smi`, or plan from a profile's GPU map",
+        )
     if local_world_size > len(gpus):
         what = "GPU(s) visible" if gpu_order is not None else "GPU(s)"
-        raise ConfigError(f"{local_world_size} local ranks but the node has {len(gpus)} {what}",
-                          hint=f"run at most {len(gpus)} rank(s) per node, one per GPU")
+        raise ConfigError(
+            f"{local_world_size} local ranks but the node has {len(gpus)} {what}",
+            hint=f"run at most {len(gpus)} rank(s) per node, one per GPU",
+        )
     # Ranks whose GPUs are close to the same cores share them out between themselves.
     by_set: dict[tuple[int, ...], list[int]] = {}
     for rank in range(local_world_size):
         close = tuple(c for c in parse_cpulist(gpu_cores[gpus[rank]]) if c not in skip)
         if not close:
-            raise ConfigError(f"GPU {gpus[rank]} has no close cores left after removing reserved cores",
-                              hint="check the profile's gpu_cores and reserved_cores")
+            raise ConfigError(
+                f"GPU {gpus[rank]} has no close cores left after removing reserved cores",
+                hint="check the profile's gpu_cores and reserved_cores",
+            )
         by_set.setdefault(close, []).append(rank)
     cpus: dict[int, tuple[int, ...]] = {}
     shared = False

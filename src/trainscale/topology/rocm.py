@@ -19,5 +19,7 @@ def rocm_gpus(text: str, numa_cpus: dict[int, tuple[int, ...]]) -> tuple[GpuInfo
     """GPUs from ``rocm-smi --showtoponuma`` with each GPU's CPUs taken from its NUMA node."""
     gpu_numa = parse_rocm_toponuma(text)
     indices = sorted({int(i) for i in re.findall(r"GPU\[(\d+)\]", text)})
-    return tuple(GpuInfo(index=i, vendor="amd", numa_node=gpu_numa.get(i), cpus=numa_cpus.get(gpu_numa.get(i, -1), ()))
-                 for i in indices)
+    return tuple(
+        GpuInfo(index=i, vendor="amd", numa_node=gpu_numa.get(i), cpus=numa_cpus.get(gpu_numa.get(i, -1), ()))
+        for i in indices
+    )

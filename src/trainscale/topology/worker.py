@@ -10,8 +10,8 @@ The launcher (batch script, local launcher) says what to do in ``TRAINSCALE_CPU_
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 from trainscale.errors import ConfigError
 from trainscale.topology.apply import apply_cpu_binding, current_affinity, far_from_gpu
@@ -54,9 +54,14 @@ class BindingReport:
         return text
 
 
-def plan_from_env(value: str, local_world_size: int,
-                  detect: Callable[[], Topology] = detect_topology, *,
-                  environ: Mapping[str, str] | None = None, local_rank: int = 0) -> BindingPlan | None:
+def plan_from_env(
+    value: str,
+    local_world_size: int,
+    detect: Callable[[], Topology] = detect_topology,
+    *,
+    environ: Mapping[str, str] | None = None,
+    local_rank: int = 0,
+) -> BindingPlan | None:
     """The plan ``TRAINSCALE_CPU_BIND`` describes for this node, or None for no binding. A detected
     plan maps local rank r to the r-th GPU *visible* here (``environ``'s *_VISIBLE_DEVICES)."""
     value = value.strip()
@@ -72,14 +77,21 @@ def plan_from_env(value: str, local_world_size: int,
         return plan_binding(topology, local_world_size, reserved=reserved, gpu_order=order)
     plan = BindingPlan.from_env(value, source=PLAN_ENV)
     if plan.local_world_size != local_world_size:
-        raise ConfigError(f"{PLAN_ENV} plans {plan.local_world_size} local ranks but this node runs {local_world_size}",
-                          hint="render the job again with the same GPUs per node as the launch")
+        raise ConfigError(
+            f"{PLAN_ENV} plans {plan.local_world_size} local ranks but this node runs {local_world_size}",
+            hint="render the job again with the same GPUs per node as the launch",
+        )
     return plan
 
 
-def bind_worker(local_rank: int, local_world_size: int, *, environ: Mapping[str, str] | None = None,
-                plan: BindingPlan | None = None,
-                detect: Callable[[], Topology] = detect_topology) -> BindingReport:
+def bind_worker(
+    local_rank: int,
+    local_world_size: int,
+    *,
+    environ: Mapping[str, str] | None = None,
+    plan: BindingPlan | None = None,
+    detect: Callable[[], Topology] = detect_topology,
+) -> BindingReport:
     """Apply this rank's CPU set (from ``plan`` or ``TRAINSCALE_CPU_BIND``) and report the outcome.
 
     Binding is an optimisation, so a plan that does not fit this node never stops training: the
@@ -87,10 +99,13 @@ def bind_worker(local_rank: int, local_world_size: int, *, environ: Mapping[str,
     """
     environ = os.environ if environ is None else environ
     before = current_affinity()
-    unbound = dict(local_rank=local_rank, gpu=None, requested=(), actual=tuple(sorted(before)), applied=False, far=False)
+    unbound = dict(
+        local_rank=local_rank, gpu=None, requested=(), actual=tuple(sorted(before)), applied=False, far=False
+    )
     try:
-        plan = plan or plan_from_env(environ.get(PLAN_ENV, ""), local_world_size, detect, environ=environ,
-                                     local_rank=local_rank)
+        plan = plan or plan_from_env(
+            environ.get(PLAN_ENV, ""), local_world_size, detect, environ=environ, local_rank=local_rank
+        )
     except ConfigError as exc:
         return BindingReport(**unbound, note=f"not bound: {exc.message}")
     if plan is None:
@@ -100,12 +115,28 @@ def bind_worker(local_rank: int, local_world_size: int, *, environ: Mapping[str,
     rank = plan.ranks[local_rank]
     allowed = [c for c in rank.cpus if c in before]
     if not allowed:
-        return BindingReport(local_rank=local_rank, gpu=rank.gpu, requested=rank.cpus, actual=tuple(sorted(before)),
-                             applied=False, far=rank.gpu is not None and far_from_gpu(before, rank.cpus),
-                             note=f"not bound: planned CPUs {rank.cpulist} are outside this process's allowed "
-                                  f"CPUs {format_cpulist(before)} (the job did not get them)")
-    note = f"only {format_cpulist(allowed)} of the planned CPUs are allowed in this job" if len(allowed) < len(rank.cpus) else ""
+        return BindingReport(
+            local_rank=local_rank,
+            gpu=rank.gpu,
+            requested=rank.cpus,
+            actual=tuple(sorted(before)),
+            applied=False,
+            far=rank.gpu is not None and far_from_gpu(before, rank.cpus),
+            note=f"not bound: planned CPUs {rank.cpulist} are outside this process's allowed "
+            f"CPUs {format_cpulist(before)} (the job did not get them)",
+        )
+    note = (
+        f"only {format_cpulist(allowed)} of the planned CPUs are allowed in this job"
+        if len(allowed) < len(rank.cpus)
+        else ""
+    )
     actual = apply_cpu_binding(allowed)
-    return BindingReport(local_rank=local_rank, gpu=rank.gpu, requested=rank.cpus, actual=tuple(sorted(actual)),
-                         applied=actual != before, far=rank.gpu is not None and far_from_gpu(actual, rank.cpus),
-                         note=note)
+    return BindingReport(
+        local_rank=local_rank,
+        gpu=rank.gpu,
+        requested=rank.cpus,
+        actual=tuple(sorted(actual)),
+        applied=actual != before,
+        far=rank.gpu is not None and far_from_gpu(actual, rank.cpus),
+        note=note,
+    )

@@ -14,8 +14,8 @@ and nothing here is a collective: ranks need not agree on when a line is due.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 INTERVAL_S = 30.0
 """Seconds between progress lines when ``--log-every`` is not given."""
@@ -56,8 +56,10 @@ class Progress:
         now = self.clock()
         fraction = done / self.steps_per_epoch
         of = f"/{self.epochs}" if self.epochs else ""
-        text = (f"Train Epoch: {epoch + 1}{of} {progress_bar(fraction)} [{done * self.samples_per_step}/"
-                f"{self.steps_per_epoch * self.samples_per_step} ({fraction:.0%})]  Loss: {loss:.6f}")
+        text = (
+            f"Train Epoch: {epoch + 1}{of} {progress_bar(fraction)} [{done * self.samples_per_step}/"
+            f"{self.steps_per_epoch * self.samples_per_step} ({fraction:.0%})]  Loss: {loss:.6f}"
+        )
         last_step, last_time = self._last or (step, now)
         if step > last_step and now > last_time:
             text += f"  {(step - last_step) * self.samples_per_step / (now - last_time):,.0f} samples/s"

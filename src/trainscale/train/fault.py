@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from typing import Mapping
+from collections.abc import Mapping
 
 from trainscale.env import LaunchEnv
 from trainscale.errors import ConfigError
@@ -27,7 +27,9 @@ def planned(environ: Mapping[str, str] | None = None) -> tuple[str, int, int] | 
     kind, *fields = spec.split(":")
     values = dict(f.split("=", 1) for f in fields if "=" in f)
     if kind not in KINDS or "rank" not in values or "step" not in values:
-        raise ConfigError(f"{VAR}={spec!r} is not a fault spec", hint=f"e.g. {VAR}=hang:rank=1:step=3 (kinds: {', '.join(KINDS)})")
+        raise ConfigError(
+            f"{VAR}={spec!r} is not a fault spec", hint=f"e.g. {VAR}=hang:rank=1:step=3 (kinds: {', '.join(KINDS)})"
+        )
     return kind, int(values["rank"]), int(values["step"])
 
 

@@ -9,8 +9,9 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -53,8 +54,9 @@ WRITTEN_FOR = "checkpoints_of"
 """The field of a metrics file that names the directory whose checkpoints its run saved and resumed."""
 
 
-def write_metrics(path: str | os.PathLike | None, result: dict[str, Any], runtime: Any,
-                  checkpoints: str | os.PathLike | None = None) -> None:
+def write_metrics(
+    path: str | os.PathLike | None, result: dict[str, Any], runtime: Any, checkpoints: str | os.PathLike | None = None
+) -> None:
     """The run's metrics as JSON, atomically, on rank 0 (``--metrics-out``), with the directory of the run's
     ``checkpoints`` (a resumed run may bring the file up to date: :func:`check_metrics_out`). A new file gets
     the mode ``open()`` would give it (0666 less the umask), a file brought up to date keeps its own."""
@@ -64,8 +66,9 @@ def write_metrics(path: str | os.PathLike | None, result: dict[str, Any], runtim
         atomic_write(Path(path), lambda fh: fh.write(text), mode=_mode_for(Path(path)))
 
 
-def check_metrics_out(path: str | os.PathLike | None, *, resuming: bool,
-                      checkpoints: str | os.PathLike | None = None) -> None:
+def check_metrics_out(
+    path: str | os.PathLike | None, *, resuming: bool, checkpoints: str | os.PathLike | None = None
+) -> None:
     """Before launch: ``--metrics-out`` must not name a file that exists, unless this run resumes the run that
     wrote it — it resumes from ``checkpoints`` and the file says it was written for those checkpoints: a file of
     your own, or another run's results, is never overwritten."""
@@ -82,9 +85,11 @@ def check_metrics_out(path: str | os.PathLike | None, *, resuming: bool,
         written_for = None
     ours = resuming and checkpoints is not None and written_for == str(Path(checkpoints).resolve())
     if not ours:
-        raise ConfigError(f"--metrics-out {path} already exists and this run does not resume the one that wrote it",
-                          hint="give a new file, move the old one away, or resume that run (the same "
-                               "--checkpoint-dir, or --experiment-dir for gpt)")
+        raise ConfigError(
+            f"--metrics-out {path} already exists and this run does not resume the one that wrote it",
+            hint="give a new file, move the old one away, or resume that run (the same "
+            "--checkpoint-dir, or --experiment-dir for gpt)",
+        )
 
 
 def _mode_for(path: Path) -> int:
@@ -106,9 +111,14 @@ def _umask() -> int:
 
 def epoch_curves(record: dict[str, Any], held_out: dict[str, float]) -> dict[str, float]:
     """An epoch's record as the trackers' curves: train/, val/ (held-out, ``test_`` dropped) and perf/."""
-    curves = {"epoch": record["epoch"], "train/epoch_loss": record["train_loss"], "train/lr": record["lr"],
-              "perf/samples_per_s": record["samples_per_s"], "perf/epoch_time_s": record["time_s"],
-              **{"val/" + k.removeprefix("test_"): v for k, v in held_out.items()}}
+    curves = {
+        "epoch": record["epoch"],
+        "train/epoch_loss": record["train_loss"],
+        "train/lr": record["lr"],
+        "perf/samples_per_s": record["samples_per_s"],
+        "perf/epoch_time_s": record["time_s"],
+        **{"val/" + k.removeprefix("test_"): v for k, v in held_out.items()},
+    }
     if "tokens_per_s" in record:
         curves["perf/tokens_per_s"] = record["tokens_per_s"]
     return curves

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -23,9 +24,15 @@ def recorder_for(rt: Any, environ: Any = os.environ) -> Any:
     return hooks.current() or hooks.install(rt.env.run_dir, environ=environ)
 
 
-def step_flops(module: torch.nn.Module, build: Callable[[], torch.nn.Module],
-               loss: Callable[[Any, Any], torch.Tensor], batch: Any, micro_batches: int = 1, *,
-               device: Any = "cpu") -> int | None:
+def step_flops(
+    module: torch.nn.Module,
+    build: Callable[[], torch.nn.Module],
+    loss: Callable[[Any, Any], torch.Tensor],
+    batch: Any,
+    micro_batches: int = 1,
+    *,
+    device: Any = "cpu",
+) -> int | None:
     """FLOPs of one optimizer step (forward + backward of ``micro_batches`` batches like ``batch``), by
     torch's FlopCounterMode: a module with plain parameters (ddp, zero1) as every script's is counted
     (observe/flops.py); a sharded one (fsdp, deepspeed) is rebuilt from ``build`` in fake tensors (shapes only;
@@ -43,8 +50,14 @@ def step_flops(module: torch.nn.Module, build: Callable[[], torch.nn.Module],
         with torch.random.fork_rng(devices=[]), FakeTensorMode(allow_non_fake_inputs=True):
             with torch.device(device):
                 copy = build()
-            fake_batch = tree_map(lambda t: torch.empty(t.shape, dtype=t.dtype, device=t.device)  # fake: in the mode
-                                  if isinstance(t, torch.Tensor) else t, batch)
+            fake_batch = tree_map(
+                lambda t: (
+                    torch.empty(t.shape, dtype=t.dtype, device=t.device)  # fake: in the mode
+                    if isinstance(t, torch.Tensor)
+                    else t
+                ),
+                batch,
+            )
             return count_step_flops(lambda: loss(copy, fake_batch).backward()).times(micro_batches)
     except Exception:  # counting is a nicety: a model it cannot count still trains
         return None
@@ -61,8 +74,11 @@ def check_network(rt: Any, run_dir: str | None, environ: Any = os.environ) -> No
     required = environ.get(interconnect.REQUIRED_VAR) == "1"
     verdict = interconnect.check_file(path, expected=expected, multi_node=True, required=required)
     if verdict.level != "ok" and rt.local_rank == 0:
-        print(f"trainscale: network: {verdict.message}" + (f"\n  hint: {verdict.hint}" if verdict.hint else ""),
-              file=sys.stderr, flush=True)
+        print(
+            f"trainscale: network: {verdict.message}" + (f"\n  hint: {verdict.hint}" if verdict.hint else ""),
+            file=sys.stderr,
+            flush=True,
+        )
     if rt.is_main and run_dir:
         from trainscale.observe.records import note_event
 

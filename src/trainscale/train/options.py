@@ -5,9 +5,10 @@ options (its own frozen dataclass) resolve beside them, from the same [train] ta
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from trainscale.errors import ConfigError
 
@@ -83,8 +84,9 @@ class TrainOptions:
         if self.max_steps is not None and self.max_steps < 1:
             raise ConfigError(f"--max-steps {self.max_steps} must be >= 1", hint="leave it out to run whole epochs")
         if self.batch_size < 1:
-            raise ConfigError(f"--batch-size {self.batch_size} must be >= 1",
-                              hint="the batch size is per rank, e.g. --batch-size 16")
+            raise ConfigError(
+                f"--batch-size {self.batch_size} must be >= 1", hint="the batch size is per rank, e.g. --batch-size 16"
+            )
         if self.grad_accum < 1:
             raise ConfigError(f"--grad-accum {self.grad_accum} must be >= 1", hint="e.g. --grad-accum 4")
         if not self.lr > 0:
@@ -96,20 +98,27 @@ class TrainOptions:
         if self.samples < 1:
             raise ConfigError(f"--samples {self.samples} must be >= 1", hint="e.g. --samples 60000")
         if not 0 < self.timeout_s < 2**31 / 1000:  # nan and inf fail this too; torch keeps it in int32 milliseconds
-            raise ConfigError(f"--timeout {self.timeout_s} must be a number of seconds > 0 and below 2147483",
-                              hint="seconds, e.g. --timeout 600")
+            raise ConfigError(
+                f"--timeout {self.timeout_s} must be a number of seconds > 0 and below 2147483",
+                hint="seconds, e.g. --timeout 600",
+            )
         if not 0 <= self.seed < 2**63:
-            raise ConfigError(f"--seed {self.seed} is outside 0 ... 2**63 - 1 (torch's seeds are 64-bit)",
-                              hint="e.g. --seed 0")
+            raise ConfigError(
+                f"--seed {self.seed} is outside 0 ... 2**63 - 1 (torch's seeds are 64-bit)", hint="e.g. --seed 0"
+            )
         if self.num_workers < 0:
             raise ConfigError(f"--num-workers {self.num_workers} is negative", hint="0 (load in the rank) or more")
         if self.num_workers and self.loader != "dataloader":
-            raise ConfigError(f"--num-workers {self.num_workers} with --loader {self.loader}: the tensor loader "
-                              "slices batches from memory already on the device and has no worker processes",
-                              hint="add --loader dataloader, or leave --num-workers out")
+            raise ConfigError(
+                f"--num-workers {self.num_workers} with --loader {self.loader}: the tensor loader "
+                "slices batches from memory already on the device and has no worker processes",
+                hint="add --loader dataloader, or leave --num-workers out",
+            )
         if self.threads is not None and self.threads < 1:
-            raise ConfigError(f"--threads {self.threads} must be >= 1",
-                              hint="CPU threads per rank, e.g. --threads 1; leave it out to keep OMP_NUM_THREADS")
+            raise ConfigError(
+                f"--threads {self.threads} must be >= 1",
+                hint="CPU threads per rank, e.g. --threads 1; leave it out to keep OMP_NUM_THREADS",
+            )
         from trainscale.train.trackers import parse_trackers
 
         object.__setattr__(self, "trackers", parse_trackers(self.trackers))  # a config file may give "csv,wandb"
@@ -124,8 +133,13 @@ class TrainOptions:
         and the process group the strategy needs (gloo beside nccl for FSDP's CPU offload)."""
         from trainscale.strategies import process_group_backend
 
-        return {"device": self.device, "backend": process_group_backend(self.strategy), "seed": self.seed,
-                "deterministic": self.deterministic, "timeout_s": self.timeout_s}
+        return {
+            "device": self.device,
+            "backend": process_group_backend(self.strategy),
+            "seed": self.seed,
+            "deterministic": self.deterministic,
+            "timeout_s": self.timeout_s,
+        }
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, defaults: TrainOptions | None = None) -> None:
@@ -142,27 +156,45 @@ def add_common_arguments(parser: argparse.ArgumentParser, defaults: TrainOptions
         shown = "" if value is None or isinstance(value, bool) or value == () else f" (default: {value})"
         parser.add_argument(flag, dest=name, default=d, help=(docs[name] + shown).replace("%", "%%"), **kwargs)
 
-    parser.add_argument("--config", default=None, help="TOML file with a [train] table of these options "
-                                                       "(docs/architecture.md)")
+    parser.add_argument(
+        "--config", default=None, help="TOML file with a [train] table of these options (docs/architecture.md)"
+    )
     for flag, name, kwargs in (
-            ("--epochs", "epochs", {"type": int}), ("--max-steps", "max_steps", {"type": int}),
-            ("--batch-size", "batch_size", {"type": int}), ("--grad-accum", "grad_accum", {"type": int}),
-            ("--lr", "lr", {"type": float}), ("--seed", "seed", {"type": int}), ("--strategy", "strategy", {}),
-            ("--device", "device", {}), ("--data", "data", {}), ("--data-dir", "data_dir", {}),
-            ("--samples", "samples", {"type": int}), ("--loader", "loader", {"choices": ("tensor", "dataloader")}),
-            ("--checkpoint-dir", "checkpoint_dir", {}), ("--fresh", "fresh", {"action": "store_true"}),
-            ("--checkpoint-every", "checkpoint_every", {"type": int}),
-            ("--checkpoint-async", "checkpoint_async", {"action": argparse.BooleanOptionalAction}),
-            ("--metrics-out", "metrics_out", {}), ("--timeout", "timeout_s", {"type": float}),
-            ("--tracker", "trackers", {"metavar": "NAME[,NAME]"}),
-            ("--log-every", "log_every", {"type": int}), ("--breakdown", "breakdown", {"action": "store_true"}),
-            ("--download", "download", {"action": "store_true"}),
-            ("--deterministic", "deterministic", {"action": "store_true"}),
-            ("--compile", "compile", {"action": argparse.BooleanOptionalAction}),
-            ("--num-workers", "num_workers", {"type": int}), ("--threads", "threads", {"type": int})):
+        ("--epochs", "epochs", {"type": int}),
+        ("--max-steps", "max_steps", {"type": int}),
+        ("--batch-size", "batch_size", {"type": int}),
+        ("--grad-accum", "grad_accum", {"type": int}),
+        ("--lr", "lr", {"type": float}),
+        ("--seed", "seed", {"type": int}),
+        ("--strategy", "strategy", {}),
+        ("--device", "device", {}),
+        ("--data", "data", {}),
+        ("--data-dir", "data_dir", {}),
+        ("--samples", "samples", {"type": int}),
+        ("--loader", "loader", {"choices": ("tensor", "dataloader")}),
+        ("--checkpoint-dir", "checkpoint_dir", {}),
+        ("--fresh", "fresh", {"action": "store_true"}),
+        ("--checkpoint-every", "checkpoint_every", {"type": int}),
+        ("--checkpoint-async", "checkpoint_async", {"action": argparse.BooleanOptionalAction}),
+        ("--metrics-out", "metrics_out", {}),
+        ("--timeout", "timeout_s", {"type": float}),
+        ("--tracker", "trackers", {"metavar": "NAME[,NAME]"}),
+        ("--log-every", "log_every", {"type": int}),
+        ("--breakdown", "breakdown", {"action": "store_true"}),
+        ("--download", "download", {"action": "store_true"}),
+        ("--deterministic", "deterministic", {"action": "store_true"}),
+        ("--compile", "compile", {"action": argparse.BooleanOptionalAction}),
+        ("--num-workers", "num_workers", {"type": int}),
+        ("--threads", "threads", {"type": int}),
+    ):
         add(flag, name, **kwargs)
-    parser.add_argument("--no-shuffle", dest="shuffle", action="store_false", default=d,
-                        help="keep the data's order (default: shuffle every epoch, seeded, the same at any world size)")
+    parser.add_argument(
+        "--no-shuffle",
+        dest="shuffle",
+        action="store_false",
+        default=d,
+        help="keep the data's order (default: shuffle every epoch, seeded, the same at any world size)",
+    )
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser, workload: type) -> None:
@@ -180,14 +212,22 @@ def add_workload_arguments(parser: argparse.ArgumentParser, workload: type) -> N
         if typing.get_origin(kind) in (typing.Union, types.UnionType):  # X | None: the flag takes an X
             kind = next(a for a in typing.get_args(kind) if a is not type(None))
         shown = "" if f.default is None or isinstance(f.default, bool) else f" (default: {f.default})"
-        kwargs: dict[str, Any] = ({"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind})
-        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=argparse.SUPPRESS,
-                            help=(docs[f.name] + shown).replace("%", "%%"), **kwargs)
+        kwargs: dict[str, Any] = {"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind}
+        parser.add_argument(
+            "--" + f.name.replace("_", "-"),
+            dest=f.name,
+            default=argparse.SUPPRESS,
+            help=(docs[f.name] + shown).replace("%", "%%"),
+            **kwargs,
+        )
 
 
-def options_from_args(args: argparse.Namespace, defaults: TrainOptions | None = None,
-                      environ: dict[str, str] | None = None, workload: type[W] | None = None
-                      ) -> tuple[TrainOptions, W | None]:
+def options_from_args(
+    args: argparse.Namespace,
+    defaults: TrainOptions | None = None,
+    environ: dict[str, str] | None = None,
+    workload: type[W] | None = None,
+) -> tuple[TrainOptions, W | None]:
     """defaults < config file (--config, [train] table) < TRAINSCALE_TRAIN_* < command line, for the common
     options and the ``workload``'s own ones alike (one table, one variable prefix)."""
     from trainscale.config import load_config_file, resolve_group
@@ -201,15 +241,24 @@ def options_from_args(args: argparse.Namespace, defaults: TrainOptions | None = 
     return built[0], (built[1] if workload is not None else None)
 
 
-def parse(argv: Sequence[str], prog: str, defaults: TrainOptions | None = None, workload: type[W] | None = None,
-          environ: dict[str, str] | None = None) -> tuple[TrainOptions, W | None]:
+def parse(
+    argv: Sequence[str],
+    prog: str,
+    defaults: TrainOptions | None = None,
+    workload: type[W] | None = None,
+    environ: dict[str, str] | None = None,
+) -> tuple[TrainOptions, W | None]:
     """The common options and, with ``workload`` (a frozen dataclass), the workload's own ones, each from
     the command line, --config's [train] table or TRAINSCALE_TRAIN_<NAME>."""
     from trainscale.config.argparsing import Parser
 
-    parser = Parser(prog=prog, hint=_launch_option_here, description="The workload's options (the launch options "
-                    "are in `trainscale run --help`). Each can also come from --config's [train] table or "
-                    "TRAINSCALE_TRAIN_<NAME>.")
+    parser = Parser(
+        prog=prog,
+        hint=_launch_option_here,
+        description="The workload's options (the launch options "
+        "are in `trainscale run --help`). Each can also come from --config's [train] table or "
+        "TRAINSCALE_TRAIN_<NAME>.",
+    )
     add_common_arguments(parser, defaults)
     if workload is not None:
         add_workload_arguments(parser, workload)
@@ -225,8 +274,10 @@ def _launch_option_here(message: str) -> str | None:
     misplaced = [name for name in unrecognized(message) if name in launch]
     if not misplaced:
         return None
-    return (f"{', '.join(misplaced)}: launch option(s) go before --workload (trainscale run --nproc-per-node 2 "
-            "--workload cnn ...)")
+    return (
+        f"{', '.join(misplaced)}: launch option(s) go before --workload (trainscale run --nproc-per-node 2 "
+        "--workload cnn ...)"
+    )
 
 
 def apply_threads(opts: TrainOptions, rt: Any) -> None:
@@ -250,13 +301,22 @@ def check_compile() -> None:
 
         get_cpp_compiler()
     except Exception as exc:  # torch raises its own error types for a missing or unusable compiler
-        raise ConfigError(f"--compile needs a C++ compiler for torch.compile's inductor, and none works here "
-                          f"({str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__})",
-                          hint="install one (e.g. apt install g++, or set CXX), or leave --compile out") from None
+        raise ConfigError(
+            f"--compile needs a C++ compiler for torch.compile's inductor, and none works here "
+            f"({str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__})",
+            hint="install one (e.g. apt install g++, or set CXX), or leave --compile out",
+        ) from None
 
 
-def check_training(opts: TrainOptions, world_size: int, *, gpus: bool | None, samples: int | None, what: str,
-                   checkpoint_dir: str | Path | None) -> None:
+def check_training(
+    opts: TrainOptions,
+    world_size: int,
+    *,
+    gpus: bool | None,
+    samples: int | None,
+    what: str,
+    checkpoint_dir: str | Path | None,
+) -> None:
     """A loop-based workload's preflight, before anything is launched: the strategy for this world size,
     batch and accumulation, ``--compile``, ``samples`` (when cheap to know) enough for every rank, and a
     ``--metrics-out`` that is new unless this run resumes from ``checkpoint_dir``."""
@@ -268,8 +328,14 @@ def check_training(opts: TrainOptions, world_size: int, *, gpus: bool | None, sa
     # --device when given; with auto, what the ranks will have (``gpus``: a SLURM job planned on a login node
     # knows it from its resources), or this machine's choice when ``gpus`` is None
     device = opts.device if opts.device not in (None, "auto") or gpus is None else ("cuda" if gpus else "cpu")
-    check_strategy(opts.strategy, world_size, batch_size=opts.batch_size, device=device,
-                   accumulation=opts.grad_accum, compile=opts.compile)
+    check_strategy(
+        opts.strategy,
+        world_size,
+        batch_size=opts.batch_size,
+        device=device,
+        accumulation=opts.grad_accum,
+        compile=opts.compile,
+    )
     if opts.compile:
         check_compile()
     if samples is not None:
@@ -279,8 +345,10 @@ def check_training(opts: TrainOptions, world_size: int, *, gpus: bool | None, sa
 
         problem = unusable(Path(checkpoint_dir))
         if problem is not None:
-            raise ConfigError(f"--checkpoint-dir {checkpoint_dir} is unusable: {problem}",
-                              hint="point --checkpoint-dir at a directory you can write to (created if missing), "
-                                   "or fix its permissions / remount it read-write")
+            raise ConfigError(
+                f"--checkpoint-dir {checkpoint_dir} is unusable: {problem}",
+                hint="point --checkpoint-dir at a directory you can write to (created if missing), "
+                "or fix its permissions / remount it read-write",
+            )
     resuming = bool(checkpoint_dir) and not opts.fresh and bool(list_checkpoints(Path(checkpoint_dir)))
     check_metrics_out(opts.metrics_out, resuming=resuming, checkpoints=checkpoint_dir)

@@ -64,8 +64,10 @@ class Resumable:
     def _entries(self, model: Any, optimizer: Any, state: dict[str, Any]) -> dict[str, Any]:
         clash = sorted({"model", "optimizer", "rng", STEP} & set(state))
         if clash:
-            raise ConfigError(f"rt.resume/rt.checkpoint: {clash} are trainscale's own checkpoint entries",
-                              hint="give your extra entries other names, e.g. scheduler=..., loader=...")
+            raise ConfigError(
+                f"rt.resume/rt.checkpoint: {clash} are trainscale's own checkpoint entries",
+                hint="give your extra entries other names, e.g. scheduler=..., loader=...",
+            )
         if self.checkpointer is None:
             self.checkpointer = Checkpointer(self.directory, self.rt, strategy=self.rt.strategy_of(model))
             self.preemption.save_seconds = self.checkpointer.save_seconds  # the last save timed before the limit
@@ -91,9 +93,11 @@ class Resumable:
             self._counting = None
         if self.resumed and not self.steps and ended_well:
             path, step = self.resumed
-            self.rt.print(f"trainscale: warning: this run resumed from {path} at {self.unit} {step} and trained "
-                          f"nothing: the loop had no {self.unit} left\n  hint: to train anew, move the checkpoint directory "
-                          f"{self.directory} aside (it is the run's default: ./checkpoints, or the job's run directory)")
+            self.rt.print(
+                f"trainscale: warning: this run resumed from {path} at {self.unit} {step} and trained "
+                f"nothing: the loop had no {self.unit} left\n  hint: to train anew, move the checkpoint directory "
+                f"{self.directory} aside (it is the run's default: ./checkpoints, or the job's run directory)"
+            )
 
     def checkpoint(self, step: int, model: Any, optimizer: Any, state: dict[str, Any], *, every: int) -> None:
         if every < 1:
@@ -109,8 +113,10 @@ class Resumable:
         self.checkpointer.save(step, {**entries, STEP: step, UNIT: self.unit})
         if not stop:
             return
-        head = (f"trainscale: preempted ({self.preemption.received or 'signal on another rank'}) at {self.unit} {step}: "
-                f"checkpoint saved to {self.directory}")
+        head = (
+            f"trainscale: preempted ({self.preemption.received or 'signal on another rank'}) at {self.unit} {step}: "
+            f"checkpoint saved to {self.directory}"
+        )
         self.preemption.requeue_and_log(head, self.rt.print)
         self.rt.close()
         sys.exit(0)  # the job continues in its requeued run or the chain's next link, from this checkpoint

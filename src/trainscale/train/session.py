@@ -24,16 +24,18 @@ import contextlib
 import dataclasses
 import sys
 import time
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
 import torch
 from torch import nn
 
 from trainscale.checkpoint import ModelState
 from trainscale.errors import ConfigError, did_you_mean
-from trainscale.runtime.runtime import Runtime, init as init_runtime
+from trainscale.runtime.runtime import Runtime
+from trainscale.runtime.runtime import init as init_runtime
 from trainscale.strategies import get_strategy
 from trainscale.strategies.base import OptimizerSource, Strategy
 from trainscale.strategies.handout import inner
@@ -53,8 +55,15 @@ class Session(Runtime):
     """The run directory this process made itself (no launcher gave one): its run.json's outcome is written at close."""
     _started: float = field(default_factory=time.monotonic)
 
-    def setup(self, model: nn.Module, optimizer: OptimizerSource, *, strategy: str | Strategy = "ddp",
-              micro_batch_size: int | None = None, accumulation: int | None = None) -> tuple[nn.Module, Any]:
+    def setup(
+        self,
+        model: nn.Module,
+        optimizer: OptimizerSource,
+        *,
+        strategy: str | Strategy = "ddp",
+        micro_batch_size: int | None = None,
+        accumulation: int | None = None,
+    ) -> tuple[nn.Module, Any]:
         """``model`` moved to this rank's device and wrapped for ``strategy`` ("ddp", "zero1", "fsdp",
         "deepspeed", or "name:key=value,..."), and its optimizer: pass a ready one (built on
         ``model.parameters()``, parameter groups included) or a factory. ``micro_batch_size`` and
@@ -89,9 +98,15 @@ class Session(Runtime):
         return strategy.checkpoint_state(wrapped, inner(optimizer))
 
     # -- metrics: one call, every tracker ----------------------------------------------------------
-    def use_trackers(self, trackers: str | Iterable[str], *, directory: str | Path | None = None,
-                     name: str | None = None, run_id: str | None = None,
-                     config: Mapping[str, Any] | None = None) -> None:
+    def use_trackers(
+        self,
+        trackers: str | Iterable[str],
+        *,
+        directory: str | Path | None = None,
+        name: str | None = None,
+        run_id: str | None = None,
+        config: Mapping[str, Any] | None = None,
+    ) -> None:
         """Send :meth:`log`'s values to ``trackers`` (tensorboard, wandb, mlflow, csv), written by rank 0 in
         ``directory`` (default: the run directory of ``trainscale run``/``slurm``, else
         ``trainscale-runs/<script>-<date>-<time>``); rank 0 says once where each one writes. Every rank calls it.
@@ -105,13 +120,18 @@ class Session(Runtime):
         if self.is_main and names:
             where = Path(directory) if directory is not None else default_run_dir(self)
             if config is None:  # the script's options, each a parameter of its own, and what ran it
-                config = {**command_options(sys.argv[1:]), "command": " ".join(sys.argv),
-                          "world_size": self.world_size, "device": str(self.device)}
+                config = {
+                    **command_options(sys.argv[1:]),
+                    "command": " ".join(sys.argv),
+                    "world_size": self.world_size,
+                    "device": str(self.device),
+                }
             self._trackers = Trackers(names, where, name=name, run_id=run_id, config=config)
             self.print(f"trainscale: metrics go to {where}: {self._trackers.describe()}")
 
-    def log(self, values: Mapping[str, Any], *, step: int | None = None, reduce: str | None = None,
-            at: float | None = None) -> None:
+    def log(
+        self, values: Mapping[str, Any], *, step: int | None = None, reduce: str | None = None, at: float | None = None
+    ) -> None:
         """Write scalar metrics to every tracker chosen (a CSV file in the run directory when none was).
 
         Rank 0's values are written and the other ranks' ignored, unless ``reduce`` ("mean", "sum", "max",
@@ -138,8 +158,11 @@ class Session(Runtime):
             raise ConfigError(f"rt.log(reduce={how!r}) unknown", hint=did_you_mean(str(how), tuple(ops)))
         keys = sorted(values)  # the same order on every rank
         dtype = torch.float32 if self.uses_nccl else torch.float64
-        tensor = torch.stack([torch.as_tensor(values[k]).detach().to(self.device, dtype).reshape(()) for k in keys]) \
-            if keys else torch.zeros(0, dtype=dtype, device=self.device)
+        tensor = (
+            torch.stack([torch.as_tensor(values[k]).detach().to(self.device, dtype).reshape(()) for k in keys])
+            if keys
+            else torch.zeros(0, dtype=dtype, device=self.device)
+        )
         if self.is_distributed:
             dist.all_reduce(tensor, op=ops[how])
             if how == "mean":
@@ -161,8 +184,16 @@ class Session(Runtime):
         self._resumable = self._resumable or Resumable(self, directory)
         return self._resumable.resume(model, optimizer, state)
 
-    def checkpoint(self, step: int, model: nn.Module, optimizer: Any, *, every: int = 1,
-                   directory: str | Path | None = None, **state: Any) -> None:
+    def checkpoint(
+        self,
+        step: int,
+        model: nn.Module,
+        optimizer: Any,
+        *,
+        every: int = 1,
+        directory: str | Path | None = None,
+        **state: Any,
+    ) -> None:
         """Save a checkpoint at ``step`` when it is a multiple of ``every``, and whenever SLURM's warning
         signal came: then, once it is saved, the job requeues (``--requeue``) or stops for the chain's next link
         (``--chain``) and this process ends. Every rank calls it at every step (or at every epoch)."""
@@ -184,8 +215,12 @@ class Session(Runtime):
             exc = sys.exc_info()[1]  # closed by the with block's end: the exception it ends with, if any
             ok = exc is None or (isinstance(exc, SystemExit) and succeeded(exc))
             trained = {"trained": False} if resumed and not self._resumable.steps else {}  # resumed past its end
-            write_record(run, ok=ok, seconds=round(time.monotonic() - self._started, 3),
-                         **(trained if ok else {"failure": [f"{type(exc).__name__}: {exc}".splitlines()[0]]}))
+            write_record(
+                run,
+                ok=ok,
+                seconds=round(time.monotonic() - self._started, 3),
+                **(trained if ok else {"failure": [f"{type(exc).__name__}: {exc}".splitlines()[0]]}),
+            )
         super().close(synchronize=synchronize)
 
     def strategy_of(self, model: nn.Module | None = None) -> Strategy:
@@ -193,18 +228,24 @@ class Session(Runtime):
 
     def _find(self, model: nn.Module | None) -> tuple[nn.Module, Strategy]:
         if not self._setups:
-            raise ConfigError("no model was set up on this runtime",
-                              hint="model, opt = rt.setup(model, optimizer, strategy='ddp') first")
+            raise ConfigError(
+                "no model was set up on this runtime",
+                hint="model, opt = rt.setup(model, optimizer, strategy='ddp') first",
+            )
         if model is None:
             if len(self._setups) > 1:
-                raise ConfigError(f"{len(self._setups)} models were set up: which one?",
-                                  hint="pass the model, e.g. rt.backward(loss, model)")
+                raise ConfigError(
+                    f"{len(self._setups)} models were set up: which one?",
+                    hint="pass the model, e.g. rt.backward(loss, model)",
+                )
             return self._setups[0]
         for wrapped, strategy in self._setups:
             if model is wrapped:
                 return wrapped, strategy
-        raise ConfigError("this model was not set up on this runtime",
-                          hint="pass the model rt.setup returned, not the one you gave it")
+        raise ConfigError(
+            "this model was not set up on this runtime",
+            hint="pass the model rt.setup returned, not the one you gave it",
+        )
 
 
 def init(*, trackers: str | Iterable[str] | None = None, run_dir: str | Path | None = None, **kwargs: Any) -> Session:
@@ -227,7 +268,8 @@ def init(*, trackers: str | Iterable[str] | None = None, run_dir: str | Path | N
 def default_run_dir(rt: Session) -> Path:
     """The run directory ``trainscale run`` and ``trainscale slurm`` give the ranks, else a run directory of its
     own (a plain ``python train.py``), made as `trainscale run` makes its runs: ``trainscale-runs/<script>-<date>-
-    <time>`` with ``latest`` pointing at it and a run.json saying what ran (its outcome added at :meth:`Session.close`)."""
+    <time>`` with ``latest`` pointing at it and a run.json saying what ran (its outcome added at
+    :meth:`Session.close`)."""
     from trainscale.launch import rundir
 
     if rt._tracker_dir is not None:
@@ -236,7 +278,16 @@ def default_run_dir(rt: Session) -> Path:
         return Path(rt.env.run_dir)
     rt._tracker_dir = rt._own_run = rundir.create(rundir.DEFAULT_ROOT, Path(sys.argv[0]).stem or "run")
     command = [Path(sys.executable).name, *sys.argv] if rt.env.source == "single" else None
-    rundir.start_record(rt._own_run, target=sys.argv[0], args=tuple(sys.argv[1:]), module=False, no_python=False,
-                        nproc_per_node=rt.local_world_size, nnodes=str(rt.num_nodes), max_restarts=0,
-                        records=rt._own_run.absolute(), command=command)
+    rundir.start_record(
+        rt._own_run,
+        target=sys.argv[0],
+        args=tuple(sys.argv[1:]),
+        module=False,
+        no_python=False,
+        nproc_per_node=rt.local_world_size,
+        nnodes=str(rt.num_nodes),
+        max_restarts=0,
+        records=rt._own_run.absolute(),
+        command=command,
+    )
     return rt._own_run

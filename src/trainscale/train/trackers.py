@@ -15,8 +15,9 @@ import os
 import sys
 import time
 import uuid
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from trainscale.errors import ConfigError, did_you_mean
 
@@ -38,11 +39,15 @@ def parse_trackers(value: str | Iterable[str] | None) -> tuple[str, ...]:
     names = tuple(dict.fromkeys(n.strip().lower() for n in items if n.strip()))
     for name in names:
         if name not in TRACKERS:
-            raise ConfigError(f"tracker {name!r} unknown: trainscale writes to tensorboard, wandb, mlflow and csv",
-                              hint=did_you_mean(name, TRACKERS))
+            raise ConfigError(
+                f"tracker {name!r} unknown: trainscale writes to tensorboard, wandb, mlflow and csv",
+                hint=did_you_mean(name, TRACKERS),
+            )
         if name != "csv" and importlib.util.find_spec(name) is None:  # each other tracker imports its namesake
-            raise ConfigError(f"tracker {name} needs the {name} package, which is not installed here",
-                              hint=f"pip install {PACKAGES.get(name, name)}, or leave {name} out of the trackers")
+            raise ConfigError(
+                f"tracker {name} needs the {name} package, which is not installed here",
+                hint=f"pip install {PACKAGES.get(name, name)}, or leave {name} out of the trackers",
+            )
     return names
 
 
@@ -81,9 +86,15 @@ class _Wandb:
         # Offline unless the user's environment chose a mode: ranks on compute nodes usually have no network.
         self.mode = os.environ.get("WANDB_MODE", "offline")
         state.setdefault("wandb_id", uuid.uuid4().hex[:12])
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "trainscale"), name=state["name"],
-                              id=state["wandb_id"], dir=str(directory), mode=self.mode, resume="allow",
-                              settings=wandb.Settings(console="off", silent=True))
+        self.run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", "trainscale"),
+            name=state["name"],
+            id=state["wandb_id"],
+            dir=str(directory),
+            mode=self.mode,
+            resume="allow",
+            settings=wandb.Settings(console="off", silent=True),
+        )
         self.path = Path(self.run.dir).parent if self.run.dir else directory / "wandb"
 
     def describe(self) -> str:
@@ -131,8 +142,11 @@ class _MLflow:
             return True
 
     def describe(self) -> str:
-        view = f"{FILE_STORE_VAR}=true mlflow ui --backend-store-uri {self.uri}" if self.uri.startswith("file:") \
+        view = (
+            f"{FILE_STORE_VAR}=true mlflow ui --backend-store-uri {self.uri}"
+            if self.uri.startswith("file:")
             else f"run {self.run_id}"
+        )
         return f"mlflow {self.uri} (view: {view})"
 
     def log(self, values: Mapping[str, float], step: int, at: float) -> None:
@@ -147,7 +161,7 @@ class _MLflow:
         have = self.client.get_run(self.run_id).data.params  # a resumed run's: MLflow refuses to change a param
         params = [Param(_mlflow_key(k), str(v)[:6000]) for k, v in config.items() if _mlflow_key(k) not in have]
         for at in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
-            self.client.log_batch(self.run_id, params=params[at:at + 100])
+            self.client.log_batch(self.run_id, params=params[at : at + 100])
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id)
@@ -193,8 +207,15 @@ class Trackers:
     id for a new directory (an experiment's own id, so two directories of the same name never resume
     each other's runs)."""
 
-    def __init__(self, names: Iterable[str], directory: str | os.PathLike, *, name: str | None = None,
-                 run_id: str | None = None, config: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        names: Iterable[str],
+        directory: str | os.PathLike,
+        *,
+        name: str | None = None,
+        run_id: str | None = None,
+        config: Mapping[str, Any] | None = None,
+    ) -> None:
         self.names = parse_trackers(list(names))
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -213,8 +234,12 @@ class Trackers:
                     try:
                         backend.hyperparameters(flat)
                     except Exception as exc:  # the run's curves matter more than its configuration's copy
-                        print(f"trainscale: {backend.name}: the hyperparameters were not logged: "
-                              f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+                        print(
+                            f"trainscale: {backend.name}: the hyperparameters were not logged: "
+                            f"{type(exc).__name__}: {exc}",
+                            file=sys.stderr,
+                            flush=True,
+                        )
         except BaseException:
             self.close()
             raise
@@ -264,8 +289,13 @@ def command_options(argv: Iterable[str]) -> dict[str, Any]:
         nxt = args[i + 1] if i + 1 < len(args) else None
         if not eq:
             value = nxt if nxt is not None and (not nxt.startswith("-") or _is_number(nxt)) else True
-        out[key.replace("-", "_")] = value if value is True or not _is_number(value) else \
-            int(value) if value.lstrip("+-").isdigit() else float(value)
+        out[key.replace("-", "_")] = (
+            value
+            if value is True or not _is_number(value)
+            else int(value)
+            if value.lstrip("+-").isdigit()
+            else float(value)
+        )
     return out
 
 
@@ -282,6 +312,8 @@ def _number(key: Any, value: Any) -> float:
     try:
         number = float(value.item() if hasattr(value, "item") else value)
     except (TypeError, ValueError, RuntimeError):
-        raise ConfigError(f"rt.log: {key!r} is {type(value).__name__} {str(value)[:40]!r}, not a number",
-                          hint="log scalars: numbers or one-element tensors, e.g. rt.log({'loss': loss.item()})") from None
+        raise ConfigError(
+            f"rt.log: {key!r} is {type(value).__name__} {str(value)[:40]!r}, not a number",
+            hint="log scalars: numbers or one-element tensors, e.g. rt.log({'loss': loss.item()})",
+        ) from None
     return number

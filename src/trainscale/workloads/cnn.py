@@ -1,6 +1,6 @@
 """Seed 004's CNN on MNIST-shaped digits, run unchanged from one CPU process to many nodes.
 
-    trainscale run --nproc-per-node 2 --workload cnn --epochs 5 --batch-size 16 --lr 0.001
+trainscale run --nproc-per-node 2 --workload cnn --epochs 5 --batch-size 16 --lr 0.001
 """
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 import sys
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 from trainscale.workloads.classify import check, run
 

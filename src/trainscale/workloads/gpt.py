@@ -63,8 +63,9 @@ def check_heads(width: int, heads: int) -> None:
 class GPT(nn.Module):
     _no_split_modules = ("Block",)  # FSDP shards per transformer block (and the rest as the root)
 
-    def __init__(self, *, vocab: int = text.VOCAB, seq_len: int = 128, width: int = 128, depth: int = 4,
-                 heads: int = 4) -> None:
+    def __init__(
+        self, *, vocab: int = text.VOCAB, seq_len: int = 128, width: int = 128, depth: int = 4, heads: int = 4
+    ) -> None:
         super().__init__()
         check_heads(width, heads)
         self.tok = nn.Embedding(vocab, width)
@@ -108,8 +109,10 @@ class GPTOptions:
         given = Path(self.experiment_dir)
         for place in (given, *given.absolute().parents):
             if place.exists() and not place.is_dir():  # refused before launch, not as a traceback on every rank
-                raise ConfigError(f"--experiment-dir {self.experiment_dir}: {place} is a file, not a directory",
-                                  hint="give a directory (it is created if missing), e.g. --experiment-dir runs/gpt")
+                raise ConfigError(
+                    f"--experiment-dir {self.experiment_dir}: {place} is a file, not a directory",
+                    hint="give a directory (it is created if missing), e.g. --experiment-dir runs/gpt",
+                )
 
 
 DEFAULTS = TrainOptions(epochs=1, batch_size=8, lr=3e-4)
@@ -127,14 +130,20 @@ def open_experiment(rt, directory: Path, tokenizer: str | None = None) -> tuple[
     foreign = directory.exists() and not exists and any(directory.iterdir())
     rt.barrier()  # all ranks have looked before anything is created
     if foreign:
-        raise ConfigError(f"{directory} exists, is not empty and is not a trainscale experiment",
-                          hint="pick a new --experiment-dir; nothing in it was touched")
+        raise ConfigError(
+            f"{directory} exists, is not empty and is not a trainscale experiment",
+            hint="pick a new --experiment-dir; nothing in it was touched",
+        )
     if exists:
         check_resumable(directory, tokenizer)
     elif rt.is_main:
         directory.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(marker, json.dumps({"workload": "gpt", "created": time.time(),
-                                              "id": uuid.uuid4().hex[:12], "tokenizer": tokenizer}))
+        atomic_write_text(
+            marker,
+            json.dumps(
+                {"workload": "gpt", "created": time.time(), "id": uuid.uuid4().hex[:12], "tokenizer": tokenizer}
+            ),
+        )
     rt.barrier()
     return exists, json.loads(marker.read_text())
 
@@ -144,11 +153,14 @@ def check_resumable(directory: Path, tokenizer: str | None) -> None:
     fit its checkpoints' embedding)."""
     record = json.loads((directory / MARKER).read_text())
     if "tokenizer" in record and record["tokenizer"] != tokenizer:
+
         def name(t):
             return f"--tokenizer {t}" if t else "the byte tokenizer (no --tokenizer)"
-        raise ConfigError(f"experiment {directory} was trained with {name(record['tokenizer'])}, "
-                          f"this run asks for {name(tokenizer)}",
-                          hint=f"resume with {name(record['tokenizer'])}, or pick a new --experiment-dir")
+
+        raise ConfigError(
+            f"experiment {directory} was trained with {name(record['tokenizer'])}, this run asks for {name(tokenizer)}",
+            hint=f"resume with {name(record['tokenizer'])}, or pick a new --experiment-dir",
+        )
 
 
 def lr_lambda(warmup: int, total: int):
@@ -157,6 +169,7 @@ def lr_lambda(warmup: int, total: int):
             return (step + 1) / warmup
         progress = (step - warmup) / max(1, total - warmup)
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
     return factor
 
 
@@ -181,28 +194,42 @@ def main(argv: list[str] | None = None) -> dict:
         train = text.windows(tokens["train"], gpt.seq_len)
         val = text.windows(tokens["val"], gpt.seq_len)
         task = Task(
-            name="gpt", loss=lm_loss, samples=int(train.shape[0]), past_epochs=True, tokens_per_sample=gpt.seq_len,
-            model=lambda: GPT(vocab=tokens["vocab"], seq_len=gpt.seq_len, width=gpt.n_embd, depth=gpt.n_layer,
-                              heads=gpt.n_head),
+            name="gpt",
+            loss=lm_loss,
+            samples=int(train.shape[0]),
+            past_epochs=True,
+            tokens_per_sample=gpt.seq_len,
+            model=lambda: GPT(
+                vocab=tokens["vocab"], seq_len=gpt.seq_len, width=gpt.n_embd, depth=gpt.n_layer, heads=gpt.n_head
+            ),
             optimizer=OptimizerSpec(torch.optim.AdamW, {"lr": opts.lr, "weight_decay": 0.1}),
             loader=DeviceTensorLoader.for_runtime(train, runtime=rt, batch_size=opts.batch_size, shuffle=opts.shuffle),
             evaluate=lambda model: {"test_loss": evaluate(model, val, rt, opts.batch_size)},
-            scheduler=lambda optimizer, total: torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(gpt.warmup,
-                                                                                                        total)),
-            extra={"vocab": tokens["vocab"], "train_windows": int(train.shape[0]), "experiment_dir": str(exp)})
-        loop = Loop(rt, opts, task, checkpoint_dir=opts.checkpoint_dir or exp / "checkpoints",
-                    resume=resuming or bool(opts.checkpoint_dir), state_file=exp / "state.json", tracker_dir=exp,
-                    tracker_id=record.get("id"))
+            scheduler=lambda optimizer, total: torch.optim.lr_scheduler.LambdaLR(
+                optimizer, lr_lambda(gpt.warmup, total)
+            ),
+            extra={"vocab": tokens["vocab"], "train_windows": int(train.shape[0]), "experiment_dir": str(exp)},
+        )
+        loop = Loop(
+            rt,
+            opts,
+            task,
+            checkpoint_dir=opts.checkpoint_dir or exp / "checkpoints",
+            resume=resuming or bool(opts.checkpoint_dir),
+            state_file=exp / "state.json",
+            tracker_dir=exp,
+            tracker_id=record.get("id"),
+        )
         return loop.run()
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, val: torch.Tensor, rt, batch_size: int) -> float:
     model.eval()
-    mine = val[rt.rank::rt.world_size][: 32 * batch_size].to(rt.device)
+    mine = val[rt.rank :: rt.world_size][: 32 * batch_size].to(rt.device)
     total, count = 0.0, 0
     for i in range(0, mine.shape[0], batch_size):
-        window = mine[i:i + batch_size]
+        window = mine[i : i + batch_size]
         total += float(lm_loss(model, (window,), reduction="sum"))
         count += window[:, 1:].numel()
     model.train()
@@ -214,12 +241,19 @@ def preflight(argv: list[str], world_size: int, *, gpus: bool | None = None) -> 
     GPT(seq_len=gpt.seq_len, width=gpt.n_embd, depth=1, heads=gpt.n_head)
     builtin = not (gpt.hub_dataset or gpt.tokenizer)  # the built-in corpus in bytes is cheap to measure here
     exp = Path(gpt.experiment_dir)
-    check_training(opts, world_size, gpus=gpus, what="built-in corpus (windows)",
-                   samples=(len(text.encode(text.builtin_corpus())) * 9 // 10 - 1) // gpt.seq_len if builtin else None,
-                   checkpoint_dir=opts.checkpoint_dir or exp / "checkpoints")
+    check_training(
+        opts,
+        world_size,
+        gpus=gpus,
+        what="built-in corpus (windows)",
+        samples=(len(text.encode(text.builtin_corpus())) * 9 // 10 - 1) // gpt.seq_len if builtin else None,
+        checkpoint_dir=opts.checkpoint_dir or exp / "checkpoints",
+    )
     if exp.exists() and not (exp / MARKER).exists() and any(exp.iterdir()):
-        raise ConfigError(f"{exp} exists, is not empty and is not a trainscale experiment",
-                          hint="pick a new --experiment-dir; nothing in it was touched")
+        raise ConfigError(
+            f"{exp} exists, is not empty and is not a trainscale experiment",
+            hint="pick a new --experiment-dir; nothing in it was touched",
+        )
     if (exp / MARKER).exists():
         check_resumable(exp, gpt.tokenizer)
 

@@ -37,10 +37,20 @@ from trainscale.workloads import text
 
 MARKER = "trainscale-hf.json"
 _SUBJECTS = ["The film", "This movie", "The sequel", "The director's new picture", "The documentary", "The remake"]
-_GOOD = ["a moving, beautifully shot story", "sharp writing and a terrific cast", "the best thriller this year",
-         "funny, warm and honest", "a score that stays with you"]
-_BAD = ["a dull, overlong mess", "wooden acting and a lazy script", "the worst comedy in years",
-        "confusing and joyless", "a plot with more holes than cheese"]
+_GOOD = [
+    "a moving, beautifully shot story",
+    "sharp writing and a terrific cast",
+    "the best thriller this year",
+    "funny, warm and honest",
+    "a score that stays with you",
+]
+_BAD = [
+    "a dull, overlong mess",
+    "wooden acting and a lazy script",
+    "the worst comedy in years",
+    "confusing and joyless",
+    "a plot with more holes than cheese",
+]
 
 
 def review_corpus(n: int = 3000, seed: int = 0) -> list[str]:
@@ -50,8 +60,10 @@ def review_corpus(n: int = 3000, seed: int = 0) -> list[str]:
     for _ in range(n):
         good = rng.random() < 0.5
         words = _GOOD if good else _BAD
-        out.append(f"{rng.choice(_SUBJECTS)} is {rng.choice(words)}; {rng.choice(words)}. "
-                   f"Rating: {rng.randint(7, 10) if good else rng.randint(1, 4)}/10.")
+        out.append(
+            f"{rng.choice(_SUBJECTS)} is {rng.choice(words)}; {rng.choice(words)}. "
+            f"Rating: {rng.randint(7, 10) if good else rng.randint(1, 4)}/10."
+        )
     return out
 
 
@@ -61,8 +73,10 @@ class TokenBlocks(torch.utils.data.Dataset):
     def __init__(self, ids: torch.Tensor, block: int) -> None:
         n = ids.numel() // block
         if n < 1:
-            raise ConfigError(f"the texts hold {ids.numel()} tokens, fewer than one block of {block}",
-                              hint="use a smaller --block-size")
+            raise ConfigError(
+                f"the texts hold {ids.numel()} tokens, fewer than one block of {block}",
+                hint="use a smaller --block-size",
+            )
         self.blocks = ids[: n * block].view(n, block)
 
     def __len__(self) -> int:
@@ -114,32 +128,46 @@ class Plan:
 def plan(argv: list[str], world_size: int, *, gpus: bool | None = None) -> Plan:
     """Check ``argv`` for ``world_size`` ranks. ``gpus``: whether the ranks will see GPUs (a SLURM job
     planned on a login node knows it from the job's resources); ``None``: whether this machine has any."""
-    opts, own = parse(argv, prog="trainscale run [launch options] --workload hf-finetune", defaults=DEFAULTS,
-                       workload=HFOptions)
+    opts, own = parse(
+        argv, prog="trainscale run [launch options] --workload hf-finetune", defaults=DEFAULTS, workload=HFOptions
+    )
     given = any(a == "--batch-size" or a.startswith("--batch-size=") for a in argv)
     if given or opts.batch_size != DEFAULTS.batch_size:  # also from a config file or the environment
         per_rank = max(1, own.global_batch // world_size)
-        raise ConfigError(f"hf-finetune sizes its batch with --global-batch (split over the ranks), not "
-                          f"--batch-size (got --batch-size {opts.batch_size})",
-                          hint=f"e.g. --global-batch {per_rank * world_size}: {per_rank} per device on "
-                               f"{world_size} rank(s)")
+        raise ConfigError(
+            f"hf-finetune sizes its batch with --global-batch (split over the ranks), not "
+            f"--batch-size (got --batch-size {opts.batch_size})",
+            hint=f"e.g. --global-batch {per_rank * world_size}: {per_rank} per device on {world_size} rank(s)",
+        )
     if own.global_batch < world_size or own.global_batch % world_size:
-        raise ConfigError(f"--global-batch {own.global_batch} does not split evenly over {world_size} rank(s)",
-                          hint=f"use a multiple of {world_size}, e.g. --global-batch {world_size * 8}")
+        raise ConfigError(
+            f"--global-batch {own.global_batch} does not split evenly over {world_size} rank(s)",
+            hint=f"use a multiple of {world_size}, e.g. --global-batch {world_size * 8}",
+        )
     out = Path(own.output_dir)
     if out.exists() and any(out.iterdir()) and not (out / MARKER).exists():
-        raise ConfigError(f"{out} exists, is not empty and was not written by trainscale",
-                          hint="pick a new --output-dir; nothing in it was touched")
+        raise ConfigError(
+            f"{out} exists, is not empty and was not written by trainscale",
+            hint="pick a new --output-dir; nothing in it was touched",
+        )
     if opts.compile:
         check_compile()
-    check_metrics_out(opts.metrics_out, resuming=(out / MARKER).exists() and any(out.glob("checkpoint-*")),
-                      checkpoints=out)
+    check_metrics_out(
+        opts.metrics_out, resuming=(out / MARKER).exists() and any(out.glob("checkpoint-*")), checkpoints=out
+    )
     per_device = own.global_batch // world_size
     use_cpu = opts.device == "cpu" or not (torch.cuda.is_available() if gpus is None else gpus)
-    strategy_args = trainer_arguments(opts.strategy, world_size=world_size, per_device=per_device, use_cpu=use_cpu,
-                                      accumulation=opts.grad_accum)
-    return Plan(opts=opts, own=own, per_device=per_device, use_cpu=use_cpu, strategy_args=strategy_args,
-                backend=None if use_cpu else process_group_backend(opts.strategy))
+    strategy_args = trainer_arguments(
+        opts.strategy, world_size=world_size, per_device=per_device, use_cpu=use_cpu, accumulation=opts.grad_accum
+    )
+    return Plan(
+        opts=opts,
+        own=own,
+        per_device=per_device,
+        use_cpu=use_cpu,
+        strategy_args=strategy_args,
+        backend=None if use_cpu else process_group_backend(opts.strategy),
+    )
 
 
 def trainer_backend(backend: str | None) -> str | None:
@@ -152,9 +180,18 @@ def tiny_config(vocab_size: int = 256, max_positions: int = 128):
     """A GPT-Neo small enough for CPU tests: 2 layers (one global, one local attention), hidden 64."""
     from transformers import GPTNeoConfig
 
-    return GPTNeoConfig(vocab_size=vocab_size, max_position_embeddings=max_positions, hidden_size=64, num_layers=2,
-                        num_heads=2, attention_types=[[["global", "local"], 1]], intermediate_size=256,
-                        window_size=32, bos_token_id=0, eos_token_id=0)
+    return GPTNeoConfig(
+        vocab_size=vocab_size,
+        max_position_embeddings=max_positions,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=2,
+        attention_types=[[["global", "local"], 1]],
+        intermediate_size=256,
+        window_size=32,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
 
 
 def build_model(own: HFOptions):
@@ -163,9 +200,11 @@ def build_model(own: HFOptions):
     if own.pretrained:  # a hub name, or a local directory written by save_pretrained
         model = GPTNeoForCausalLM.from_pretrained(own.pretrained)
         if own.block_size > model.config.max_position_embeddings:
-            raise ConfigError(f"--block-size {own.block_size} is longer than {own.pretrained}'s "
-                              f"{model.config.max_position_embeddings} positions",
-                              hint=f"use --block-size {model.config.max_position_embeddings} or less")
+            raise ConfigError(
+                f"--block-size {own.block_size} is longer than {own.pretrained}'s "
+                f"{model.config.max_position_embeddings} positions",
+                hint=f"use --block-size {model.config.max_position_embeddings} or less",
+            )
         return model
     return GPTNeoForCausalLM(tiny_config(max_positions=max(128, own.block_size)))
 
@@ -187,13 +226,21 @@ def main(argv: list[str] | None = None) -> dict:
     env = detect()
     # The HF Trainer reads torchrun's variables; give srun/MPI tasks the same ones.
     if env.source in ("slurm", "mpi"):
-        os.environ.update({"RANK": str(env.rank), "LOCAL_RANK": str(env.local_rank), "WORLD_SIZE": str(env.world_size),
-                           "MASTER_ADDR": str(env.master_addr), "MASTER_PORT": str(env.master_port)})
+        os.environ.update(
+            {
+                "RANK": str(env.rank),
+                "LOCAL_RANK": str(env.local_rank),
+                "WORLD_SIZE": str(env.world_size),
+                "MASTER_ADDR": str(env.master_addr),
+                "MASTER_PORT": str(env.master_port),
+            }
+        )
     run = plan(sys.argv[1:] if argv is None else argv, env.world_size)
     # trainscale makes the process group (device per local rank, store on the chosen address) and
     # tears it down with a final barrier; the Trainer (accelerate) finds it and uses it.
-    with trainscale.init(**{**run.opts.runtime_options(), "device": "cpu" if run.use_cpu else run.opts.device,
-                            "backend": run.backend}) as rt:
+    with trainscale.init(
+        **{**run.opts.runtime_options(), "device": "cpu" if run.use_cpu else run.opts.device, "backend": run.backend}
+    ) as rt:
         return _train(rt, run)
 
 
@@ -210,16 +257,30 @@ def _train(rt, run: Plan) -> dict:
         rt.print(f"hf-finetune: {note}")
     out = Path(own.output_dir)
     resume = (out / MARKER).exists() and any(out.glob("checkpoint-*"))
-    training_args = TrainingArguments(**{
-        "output_dir": str(out), "per_device_train_batch_size": per_device, "learning_rate": opts.lr,
-        "num_train_epochs": opts.epochs, "max_steps": opts.max_steps or -1,
-        "logging_steps": max(1, opts.log_every or 10), "save_strategy": "steps" if opts.checkpoint_every else "no",
-        "save_steps": opts.checkpoint_every or 500, "use_cpu": run.use_cpu, "ddp_backend": trainer_backend(rt.backend),
-        "report_to": "none", "disable_tqdm": True, "seed": opts.seed, "dataloader_num_workers": opts.num_workers,
-        "torch_compile": opts.compile, **run.strategy_args})
+    training_args = TrainingArguments(
+        **{
+            "output_dir": str(out),
+            "per_device_train_batch_size": per_device,
+            "learning_rate": opts.lr,
+            "num_train_epochs": opts.epochs,
+            "max_steps": opts.max_steps or -1,
+            "logging_steps": max(1, opts.log_every or 10),
+            "save_strategy": "steps" if opts.checkpoint_every else "no",
+            "save_steps": opts.checkpoint_every or 500,
+            "use_cpu": run.use_cpu,
+            "ddp_backend": trainer_backend(rt.backend),
+            "report_to": "none",
+            "disable_tqdm": True,
+            "seed": opts.seed,
+            "dataloader_num_workers": opts.num_workers,
+            "torch_compile": opts.compile,
+            **run.strategy_args,
+        }
+    )
     with rt.rank_zero_first():  # rank 0 downloads and caches a hub dataset or model first
-        dataset = TokenBlocks(tokenize(own, text.hub_texts(own.hub_dataset) if own.hub_dataset else review_corpus()),
-                              own.block_size)
+        dataset = TokenBlocks(
+            tokenize(own, text.hub_texts(own.hub_dataset) if own.hub_dataset else review_corpus()), own.block_size
+        )
         model = build_model(own)
     trainer = Trainer(model=model, args=training_args, train_dataset=dataset)
     accum = training_args.gradient_accumulation_steps
@@ -228,12 +289,17 @@ def _train(rt, run: Plan) -> dict:
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / MARKER, json.dumps({"workload": "hf-finetune", "world_size": rt.world_size}))
     if opts.trackers:  # in the output directory, once it is marked as this workload's
-        rt.use_trackers(opts.trackers, directory=out, config={"workload": "hf-finetune", "world_size": rt.world_size,
-                                                               **{k: v for k, v in vars(opts).items()}})
+        rt.use_trackers(
+            opts.trackers,
+            directory=out,
+            config={"workload": "hf-finetune", "world_size": rt.world_size, **{k: v for k, v in vars(opts).items()}},
+        )
         trainer.add_callback(tracker_callback(rt))
-    rt.print(f"hf-finetune: {rt.world_size} rank(s) x per-device batch {per_device}"
-             f"{f' x accumulation {accum}' if accum > 1 else ''} = global batch {own.global_batch * accum}, "
-             f"strategy {strategy}, backend {rt.backend}, {'CPU' if run.use_cpu else 'GPU'}")
+    rt.print(
+        f"hf-finetune: {rt.world_size} rank(s) x per-device batch {per_device}"
+        f"{f' x accumulation {accum}' if accum > 1 else ''} = global batch {own.global_batch * accum}, "
+        f"strategy {strategy}, backend {rt.backend}, {'CPU' if run.use_cpu else 'GPU'}"
+    )
     last = get_last_checkpoint(str(out)) if resume else None
     if last is not None:
         rt.print(f"hf-finetune: resuming from {last}")
@@ -243,11 +309,27 @@ def _train(rt, run: Plan) -> dict:
     # steps the Trainer took in this call (a resumed run starts past its checkpoint's step)
     steps = output.global_step - (int(Path(last).name.split("-")[-1]) if last else 0)
     samples = steps * own.global_batch * accum
-    result = {"workload": "hf-finetune", "world_size": rt.world_size, "steps": output.global_step,
-              "train_loss": output.training_loss, "train_time_s": elapsed, "per_device_batch": per_device,
-              "strategy": opts.strategy, "model": type(trainer.model_wrapped).__name__, "blocks": len(dataset),
-              "epochs": [{"epoch": 1, "time_s": elapsed, "train_loss": output.training_loss, "steps": steps,
-                          "samples": samples, "samples_per_s": samples / max(elapsed, 1e-9)}]}
+    result = {
+        "workload": "hf-finetune",
+        "world_size": rt.world_size,
+        "steps": output.global_step,
+        "train_loss": output.training_loss,
+        "train_time_s": elapsed,
+        "per_device_batch": per_device,
+        "strategy": opts.strategy,
+        "model": type(trainer.model_wrapped).__name__,
+        "blocks": len(dataset),
+        "epochs": [
+            {
+                "epoch": 1,
+                "time_s": elapsed,
+                "train_loss": output.training_loss,
+                "steps": steps,
+                "samples": samples,
+                "samples_per_s": samples / max(elapsed, 1e-9),
+            }
+        ],
+    }
     rt.print(f"hf-finetune: {output.global_step} steps, train loss {output.training_loss:.4f}, {elapsed:.1f}s")
     write_metrics(opts.metrics_out, result, rt, checkpoints=own.output_dir)
     return result
@@ -259,8 +341,11 @@ def tracker_callback(rt):
 
     class ToTrackers(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
-            numbers = {f"train/{k}": v for k, v in (logs or {}).items()
-                       if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            numbers = {
+                f"train/{k}": v
+                for k, v in (logs or {}).items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)
+            }
             if numbers:
                 rt.log(numbers, step=state.global_step)
 
@@ -296,11 +381,15 @@ def preflight(argv: list[str], world_size: int, *, gpus: bool | None = None) -> 
     try:
         import transformers  # noqa: F401
     except ImportError:
-        raise ConfigError("the hf-finetune workload needs transformers", hint="pip install transformers accelerate") from None
+        raise ConfigError(
+            "the hf-finetune workload needs transformers", hint="pip install transformers accelerate"
+        ) from None
     run = plan(argv, world_size, gpus=gpus)
     if not (run.own.hub_dataset or run.own.pretrained):  # the built-in data is cheap to measure here
         blocks = len(TokenBlocks(tokenize(run.own, review_corpus()), run.own.block_size))
-        check_shardable(blocks, world_size, run.per_device, what=f"built-in reviews ({run.own.block_size}-token blocks)")
+        check_shardable(
+            blocks, world_size, run.per_device, what=f"built-in reviews ({run.own.block_size}-token blocks)"
+        )
 
 
 if __name__ == "__main__":

@@ -29,8 +29,13 @@ WORKLOADS: dict[str, Workload] = {
         Workload("cnn", "trainscale.workloads.cnn", "seed 004's CNN classifier on MNIST-shaped digits", "004"),
         Workload("vit", "trainscale.workloads.vit", "a small Vision Transformer classifier", "002"),
         Workload("gpt", "trainscale.workloads.gpt", "a GPT-2-style causal LM with a custom training loop", "003"),
-        Workload("hf-finetune", "trainscale.workloads.hf_finetune", "GPT-Neo-style fine-tune with the HF Trainer",
-                 "000/001", global_batch=True),
+        Workload(
+            "hf-finetune",
+            "trainscale.workloads.hf_finetune",
+            "GPT-Neo-style fine-tune with the HF Trainer",
+            "000/001",
+            global_batch=True,
+        ),
     )
 }
 
@@ -72,8 +77,9 @@ def job_preflight(spec):
     return preflight
 
 
-def launch_preflight(workload: str | None, args: list[str], *, nproc_per_node: int, nnodes: str,
-                     python: bool = True) -> None:
+def launch_preflight(
+    workload: str | None, args: list[str], *, nproc_per_node: int, nnodes: str, python: bool = True
+) -> None:
     """Before a local launch: the workload's preflight when the world size is fixed (``--nnodes MIN:MAX`` leaves
     it open), else a Python script's own --deepspeed_config."""
     from trainscale.launch.local import parse_nnodes
@@ -94,6 +100,10 @@ def table() -> list[str]:
     present = available()
     lines = [f"  {'NAME':<13} {'SEED':<8} DESCRIPTION"]
     for name, w in WORKLOADS.items():
-        lines.append(f"  {name:<13} {w.seed:<8} {w.description}{'' if name in present else '  (not in this installation)'}")
-    return lines + ["  Each takes --epochs, --max-steps, --batch-size (per rank), --lr, --strategy, --seed; "
-                    "trainscale run --workload NAME --help lists all."]
+        lines.append(
+            f"  {name:<13} {w.seed:<8} {w.description}{'' if name in present else '  (not in this installation)'}"
+        )
+    return lines + [
+        "  Each takes --epochs, --max-steps, --batch-size (per rank), --lr, --strategy, --seed; "
+        "trainscale run --workload NAME --help lists all."
+    ]

@@ -23,7 +23,9 @@ def builtin_corpus() -> str:
     return "\n\n".join(topics[key] for key in sorted(topics))
 
 
-def hub_texts(name: str, split: str = "train", field: str = "text", limit: int = 20000) -> list[str]:  # pragma: no cover
+def hub_texts(
+    name: str, split: str = "train", field: str = "text", limit: int = 20000
+) -> list[str]:  # pragma: no cover
     """Texts from a HF dataset (needs `datasets` and a network)."""
     try:
         from datasets import load_dataset
@@ -44,8 +46,10 @@ def windows(tokens: torch.Tensor, seq_len: int) -> torch.Tensor:
     """Non-overlapping (seq_len + 1)-token windows: inputs are [:-1], targets [1:]."""
     n = (tokens.numel() - 1) // seq_len
     if n < 1:
-        raise ConfigError(f"the corpus has {tokens.numel()} tokens, fewer than --seq-len {seq_len} + 1",
-                          hint="use a shorter --seq-len")
+        raise ConfigError(
+            f"the corpus has {tokens.numel()} tokens, fewer than --seq-len {seq_len} + 1",
+            hint="use a shorter --seq-len",
+        )
     idx = torch.arange(n)[:, None] * seq_len + torch.arange(seq_len + 1)[None, :]
     return tokens[idx]
 
@@ -62,8 +66,9 @@ def hub_encode(tokenizer_name: str, text: str) -> tuple[torch.Tensor, int]:
     return torch.tensor(ids, dtype=torch.int64), len(tokenizer)
 
 
-def prepare(cache_dir: Path, text_source: str = "builtin", val_fraction: float = 0.1,
-            tokenizer: str | None = None) -> Path:
+def prepare(
+    cache_dir: Path, text_source: str = "builtin", val_fraction: float = 0.1, tokenizer: str | None = None
+) -> Path:
     """Tokenize once into ``cache_dir`` (call on rank 0 inside ``rank_zero_first``); returns the file.
     Bytes (vocabulary 256) unless ``tokenizer`` names a HF tokenizer."""
     text = builtin_corpus() if text_source == "builtin" else "\n\n".join(hub_texts(text_source))

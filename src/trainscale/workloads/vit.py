@@ -1,6 +1,6 @@
 """Seed 002's Vision Transformer, small by default, on the same MNIST-shaped data as the CNN.
 
-    trainscale run --nproc-per-node 2 --workload vit --strategy fsdp --epochs 2
+trainscale run --nproc-per-node 2 --workload vit --strategy fsdp --epochs 2
 """
 
 from __future__ import annotations
@@ -35,8 +35,10 @@ class Block(nn.Module):
 
 def check_shape(*, image_size: int, patch_size: int, width: int, heads: int) -> None:
     if image_size % patch_size:
-        raise ConfigError(f"--patch-size {patch_size} does not divide the image size {image_size}",
-                          hint="use a divisor of 28, e.g. 4, 7 or 14")
+        raise ConfigError(
+            f"--patch-size {patch_size} does not divide the image size {image_size}",
+            hint="use a divisor of 28, e.g. 4, 7 or 14",
+        )
     if width % heads:
         raise ConfigError(f"--width {width} is not divisible by --heads {heads}", hint="e.g. --width 64 --heads 4")
 
@@ -44,8 +46,17 @@ def check_shape(*, image_size: int, patch_size: int, width: int, heads: int) -> 
 class ViT(nn.Module):
     _no_split_modules = ("Block",)  # FSDP shards per transformer block (and the rest as the root)
 
-    def __init__(self, *, image_size: int = 28, patch_size: int = 7, channels: int = 1, width: int = 64,
-                 depth: int = 4, heads: int = 4, num_classes: int = 10) -> None:
+    def __init__(
+        self,
+        *,
+        image_size: int = 28,
+        patch_size: int = 7,
+        channels: int = 1,
+        width: int = 64,
+        depth: int = 4,
+        heads: int = 4,
+        num_classes: int = 10,
+    ) -> None:
         super().__init__()
         check_shape(image_size=image_size, patch_size=patch_size, width=width, heads=heads)
         n_patches = (image_size // patch_size) ** 2

@@ -45,9 +45,13 @@ def main() -> None:
         state = {"model": rt.checkpoint_state(model, opt), "step": 0}
         found = ckpt.restore(state)
         start = found.contents["step"] if found is not None else 0
-        rt.print(f"rank {RANK} of {rt.world_size} on {NODE}: {'resumed at step ' + str(start) if found else 'fresh'}, "
-                 f"attempt {rt.attempt + 1}")
-        rec = RankRecorder(rt.env.run_dir, rt.rank, flush_every=1, world_size=rt.world_size)  # every step: a rank may die
+        rt.print(
+            f"rank {RANK} of {rt.world_size} on {NODE}: {'resumed at step ' + str(start) if found else 'fresh'}, "
+            f"attempt {rt.attempt + 1}"
+        )
+        rec = RankRecorder(
+            rt.env.run_dir, rt.rank, flush_every=1, world_size=rt.world_size
+        )  # every step: a rank may die
         pre = rt.handle_preemption()
         for step in range(start, a.steps):
             t0 = time.perf_counter()
@@ -70,8 +74,9 @@ def main() -> None:
                     time.sleep(0.1)
             if pre.requested():
                 rec.close()
-                pre.requeue_and_log(f"Preempted ({pre.received or 'signal on another rank'}) at step {step + 1}",
-                                    rt.print)
+                pre.requeue_and_log(
+                    f"Preempted ({pre.received or 'signal on another rank'}) at step {step + 1}", rt.print
+                )
                 return
         rec.summary(steps=a.steps)
         rec.close()

@@ -14,9 +14,10 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Callable, Iterable
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from trainscale.errors import ConfigError, did_you_mean
 from trainscale.launch.function import RUNNER
@@ -56,19 +57,28 @@ def build_spec(target: dict[str, Any], options: dict[str, Any], *, environ: dict
         if isinstance(given.get(key), str):
             given[key] = (given[key],)
     try:
-        spec, _ = resolve(SlurmJobSpec, section="slurm", config=config,
-                          environ=os.environ if environ is None else environ, cli={**given, **target})
+        spec, _ = resolve(
+            SlurmJobSpec,
+            section="slurm",
+            config=config,
+            environ=os.environ if environ is None else environ,
+            cli={**given, **target},
+        )
     except ConfigError as exc:
         if "time" in str(exc) and "missing" in str(exc):
-            raise ConfigError("trainscale.slurm: time= is required",
-                              hint='give the job\'s time limit, e.g. time="01:00:00"') from None
+            raise ConfigError(
+                "trainscale.slurm: time= is required", hint='give the job\'s time limit, e.g. time="01:00:00"'
+            ) from None
         raise
     return spec, load_profile(spec.profile)
 
 
 def _function_target(fn: Callable[..., Any], options: dict[str, Any]) -> dict[str, Any]:
-    target = {"module": RUNNER, "args": ("$TRAINSCALE_RUN_DIR",),
-              "command_line": ("trainscale.slurm", f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)!s}")}
+    target = {
+        "module": RUNNER,
+        "args": ("$TRAINSCALE_RUN_DIR",),
+        "command_line": ("trainscale.slurm", f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)!s}"),
+    }
     if "job_name" not in options:
         target["job_name"] = "trainscale-" + re.sub(r"[^A-Za-z0-9._-]", "_", getattr(fn, "__name__", "function"))
     if "snapshot" not in options:
@@ -93,8 +103,11 @@ def _submit(spec, profile, write):
             print(f"trainscale.slurm: {finding}", file=sys.stderr, flush=True)
     record = submit_job(spec, profile, plan, before_submit=write)
     what = f"array job {record.job_id} ({spec.array})" if spec.array else f"job {record.job_id}"
-    print(f"trainscale.slurm: submitted {what}, world size {record.world_size}; run directory {record.run_dir}",
-          file=sys.stderr, flush=True)
+    print(
+        f"trainscale.slurm: submitted {what}, world size {record.world_size}; run directory {record.run_dir}",
+        file=sys.stderr,
+        flush=True,
+    )
     return record
 
 
@@ -104,24 +117,33 @@ def submit(fn: Callable[..., Any] | str | os.PathLike, /, *args: Any, **options:
     from trainscale.launch.runner import write_call
 
     script = isinstance(fn, (str, os.PathLike))
-    target = ({"script": str(fn), "args": tuple(str(a) for a in args),
-               "command_line": ("trainscale.slurm", str(fn), *map(str, args))} if script
-              else _function_target(fn, options))
+    target = (
+        {
+            "script": str(fn),
+            "args": tuple(str(a) for a in args),
+            "command_line": ("trainscale.slurm", str(fn), *map(str, args)),
+        }
+        if script
+        else _function_target(fn, options)
+    )
     spec, profile = build_spec(target, options)
     record = _submit(spec, profile, None if script else lambda plan: write_call(plan.run_dir, fn, args))
     return Job(record.job_id, Path(record.run_dir), record, function=not script)
 
 
-def map_array(fn: Callable[..., Any], /, *iterables: Iterable[Any], max_parallel: int | None = None,
-              **options: Any) -> list[Job]:
+def map_array(
+    fn: Callable[..., Any], /, *iterables: Iterable[Any], max_parallel: int | None = None, **options: Any
+) -> list[Job]:
     """``fn(a, b, ...)`` for each element of zip(*iterables), as one SLURM array job (element i in the run's
     ``task-<i>/``); a :class:`Job` per element, in order. ``max_parallel``: elements running at once."""
     from trainscale.launch.runner import write_call
 
     calls = list(zip(*iterables))
     if not calls:
-        raise ConfigError("trainscale.slurm.map_array: no parameters to map over",
-                          hint="pass one list per argument of the function, e.g. map_array(train, [1e-3, 3e-4], ...)")
+        raise ConfigError(
+            "trainscale.slurm.map_array: no parameters to map over",
+            hint="pass one list per argument of the function, e.g. map_array(train, [1e-3, 3e-4], ...)",
+        )
     from trainscale.launch.slurm.sweep import array_range
 
     array = array_range(len(calls), max_parallel, option="max_parallel=")

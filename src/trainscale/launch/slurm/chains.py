@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from trainscale.launch.slurm.jobdir import JobRecord, load_records
 from trainscale.launch.slurm.queue import JobInfo, job_info
@@ -50,6 +50,7 @@ def chains(records: list[JobRecord], queued: list[JobInfo], state_of: Callable[[
 def queue_table(found: list[JobInfo]) -> list[str]:
     """``trainscale jobs``: squeue's jobs, each chain trainscale submitted as one line after them (a link
     squeue no longer lists is asked for with sacct/scontrol)."""
+
     def state_of(job_id: str) -> str:
         info = job_info(job_id)
         return info.state if info is not None else "UNKNOWN"
@@ -64,6 +65,7 @@ def queue_table(found: list[JobInfo]) -> list[str]:
         lines.append(f"{j.job_id:<10} {j.name[:24]:<24} {j.state:<12} {j.elapsed:>10} {j.time_limit:>10}  {where}")
     for c in grouped:
         first = c.links[0][0]
-        lines.append(f"{first + '+':<10} {c.name[:24]:<24} {c.state:<12} {'chain':>10} {len(c.links):>9}x  "
-                     f"{c.describe()}")
+        lines.append(
+            f"{first + '+':<10} {c.name[:24]:<24} {c.state:<12} {'chain':>10} {len(c.links):>9}x  {c.describe()}"
+        )
     return lines

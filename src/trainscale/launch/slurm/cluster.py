@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from trainscale.launch.slurm.lint import ERROR, NOTE, Finding
 from trainscale.launch.slurm.spec import JobPlan, parse_mem_gb
@@ -48,12 +48,18 @@ def parse(text: str) -> dict[str, Partition]:
         if len(fields) != 4 or not fields[0]:
             continue
         name = fields[0].rstrip("*")
-        row = Partition(name, fields[0].endswith("*"), int(_number(fields[1])), int(_number(fields[2])),
-                        _number(fields[3]) / 1024)
+        row = Partition(
+            name, fields[0].endswith("*"), int(_number(fields[1])), int(_number(fields[2])), _number(fields[3]) / 1024
+        )
         if name in found:
             was = found[name]
-            row = Partition(name, was.default or row.default, was.nodes + row.nodes, min(was.cpus, row.cpus),
-                            min(was.mem_gb, row.mem_gb))
+            row = Partition(
+                name,
+                was.default or row.default,
+                was.nodes + row.nodes,
+                min(was.cpus, row.cpus),
+                min(was.mem_gb, row.mem_gb),
+            )
         found[name] = row
     return found
 
@@ -63,8 +69,9 @@ def partitions(run: Callable | None = None) -> dict[str, Partition] | None:
     if run is None and not shutil.which("sinfo"):
         return None
     try:
-        done = (run or subprocess.run)(["sinfo", "-a", "-h", "-o", FORMAT], capture_output=True, text=True,
-                                       timeout=30)  # -a: hidden partitions too
+        done = (run or subprocess.run)(
+            ["sinfo", "-a", "-h", "-o", FORMAT], capture_output=True, text=True, timeout=30
+        )  # -a: hidden partitions too
     except (OSError, subprocess.TimeoutExpired):
         return None
     return parse(done.stdout) or None if done.returncode == 0 else None
@@ -82,26 +89,50 @@ def findings(plan: JobPlan, profile: ClusterProfile, parts: dict[str, Partition]
     if part is None and (not profile.partitions or any(p in parts for p in profile.partitions)):
         return [], True  # the profile's cluster is this one: a partition it lacks is sbatch's to refuse, in its words
     if part is None:
-        return [Finding(NOTE, f"this machine's SLURM has no partition {wanted!r} (it has {', '.join(parts)}): it is "
-                        f"not the cluster profile {profile.name} describes, so nothing here checked the job with "
-                        "its scheduler", f"run --dry-run or --test-only on {profile.name}'s login node")], False
+        return [
+            Finding(
+                NOTE,
+                f"this machine's SLURM has no partition {wanted!r} (it has {', '.join(parts)}): it is "
+                f"not the cluster profile {profile.name} describes, so nothing here checked the job with "
+                "its scheduler",
+                f"run --dry-run or --test-only on {profile.name}'s login node",
+            )
+        ], False
     out = []
     where = f"partition {part.name} (sinfo -p {part.name})"
     if plan.nodes > part.nodes:
-        out.append(Finding(ERROR, f"--nodes {plan.nodes} but {where} has {part.nodes} node(s)",
-                           f"use --nodes {part.nodes} or fewer"))
+        out.append(
+            Finding(
+                ERROR,
+                f"--nodes {plan.nodes} but {where} has {part.nodes} node(s)",
+                f"use --nodes {part.nodes} or fewer",
+            )
+        )
     cpus = plan.ranks_per_node * plan.cpus_per_rank
     if part.cpus and cpus > part.cpus:
-        out.append(Finding(ERROR, f"{plan.ranks_per_node} rank(s) x {plan.cpus_per_rank} CPU(s) = {cpus} CPUs per "
-                           f"node, but the nodes of {where} have {part.cpus}",
-                           f"use at most {max(1, part.cpus // plan.ranks_per_node)} CPUs per rank (-c)"))
+        out.append(
+            Finding(
+                ERROR,
+                f"{plan.ranks_per_node} rank(s) x {plan.cpus_per_rank} CPU(s) = {cpus} CPUs per "
+                f"node, but the nodes of {where} have {part.cpus}",
+                f"use at most {max(1, part.cpus // plan.ranks_per_node)} CPUs per rank (-c)",
+            )
+        )
     mem = plan.mem_per_gpu or plan.mem_per_node
     if mem and part.mem_gb >= 1:  # RealMemory=1: a scheduler that does not track memory
         per_node = parse_mem_gb(mem) * (plan.ranks_per_node if plan.mem_per_gpu else 1)
         if per_node > part.mem_gb:
             how = f"{plan.ranks_per_node} x --mem-per-gpu {mem}" if plan.mem_per_gpu else f"--mem {mem}"
-            fix = (f"--mem-per-gpu {part.mem_gb / plan.ranks_per_node:.3g}G" if plan.mem_per_gpu
-                   else f"--mem {part.mem_gb:.3g}G")
-            out.append(Finding(ERROR, f"{per_node:g} GB per node asked for ({how}), but the nodes of {where} have "
-                               f"{part.mem_gb:.3g} GB", f"use {fix} or less"))
+            fix = (
+                f"--mem-per-gpu {part.mem_gb / plan.ranks_per_node:.3g}G"
+                if plan.mem_per_gpu
+                else f"--mem {part.mem_gb:.3g}G"
+            )
+            out.append(
+                Finding(
+                    ERROR,
+                    f"{per_node:g} GB per node asked for ({how}), but the nodes of {where} have {part.mem_gb:.3g} GB",
+                    f"use {fix} or less",
+                )
+            )
     return out, True

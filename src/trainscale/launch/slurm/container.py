@@ -79,33 +79,39 @@ def required_modules(spec: SlurmJobSpec, plan: JobPlan, kit: bool) -> tuple[str,
     return ("torch", "trainscale") if plan.facts.imports_trainscale else ("torch",)
 
 
-def port_command(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan, python: JobPython,
-                 require: tuple[str, ...]) -> list[str]:
+def port_command(
+    spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan, python: JobPython, require: tuple[str, ...]
+) -> list[str]:
     """The lines that set MASTER_PORT; with the kit they also prove the job's Python can run the job and
     name it in the batch output."""
     program = '"$KIT/port.py"' if python.kit else "-m trainscale.launch.ports"
-    cmd = f'{_q(python.command)} {program} --host "$MASTER_ADDR"' \
-        + (f" --port {spec.master_port}" if spec.master_port else "")
+    cmd = f'{_q(python.command)} {program} --host "$MASTER_ADDR"' + (
+        f" --port {spec.master_port}" if spec.master_port else ""
+    )
     if not python.kit:
         return [f"MASTER_PORT=$({cmd})"]
     wrapper = container_prefix(spec, profile, plan)
     cmd += " --require " + ",".join(require)
     if wrapper.srun_options:  # pyxis: only srun can enter the image; one task on this (the first) node
-        run = " ".join(["srun --nodes=1 --ntasks=1 -w \"$MASTER_ADDR\"", *wrapper.srun_options, *wrapper.words, cmd])
+        run = " ".join(['srun --nodes=1 --ntasks=1 -w "$MASTER_ADDR"', *wrapper.srun_options, *wrapper.words, cmd])
     else:
         run = " ".join([*wrapper.words, cmd])
     need = "Python with " + " and ".join(require)
     if spec.container:
         what = f"the image {spec.container}"
-        fix = ("the script imports trainscale: make a venv inside the image (python3 -m venv --system-site-packages), "
-               "pip install -e YOUR_TRAINSCALE_CLONE into it and pass --python VENV/bin/python"
-               if "trainscale" in require else
-               f"check --python (now {python.command}), or run the image's own set-up first: --container-setup "
-               "'$WITH_CONDA' (LUMI's images) or --container-run")
+        fix = (
+            "the script imports trainscale: make a venv inside the image (python3 -m venv --system-site-packages), "
+            "pip install -e YOUR_TRAINSCALE_CLONE into it and pass --python VENV/bin/python"
+            if "trainscale" in require
+            else f"check --python (now {python.command}), or run the image's own set-up first: --container-setup "
+            "'$WITH_CONDA' (LUMI's images) or --container-run"
+        )
     else:
         what = "the job's Python" + (" after its module lines" if python.source == "modules" else "")
-        fix = (f"load the module that provides {' and '.join(require)} (--module 'load PyTorch/...'), or name the "
-               "Python with --python PATH")
+        fix = (
+            f"load the module that provides {' and '.join(require)} (--module 'load PyTorch/...'), or name the "
+            "Python with --python PATH"
+        )
     return [
         f"if ! MASTER_PORT=$({run}); then",
         f'  echo "trainscale: error: {what} cannot run this job: it needs {need} as '

@@ -48,8 +48,10 @@ def exports(spec: SlurmJobSpec, handles_signal: bool = True) -> list[str]:
     if spec.requeue:
         out.append(f"export {MAX_REQUEUES_VAR}={spec.max_requeues}  # --max-requeues: after that, stop")
     if name:  # the ranks time their last save from measured ones to end before the limit (runtime/preemption.py)
-        out.append(f'{JOB_END_VAR}=$(end=$(squeue -h -j "$SLURM_JOB_ID" -o %e 2>/dev/null) && [ -n "$end" ] && '
-                   'date -d "$end" +%s 2>/dev/null || true)')
+        out.append(
+            f'{JOB_END_VAR}=$(end=$(squeue -h -j "$SLURM_JOB_ID" -o %e 2>/dev/null) && [ -n "$end" ] && '
+            'date -d "$end" +%s 2>/dev/null || true)'
+        )
         out.append(f"export {JOB_END_VAR}  # the time limit: the last save is timed to end before it")
     return out
 
@@ -96,25 +98,35 @@ def end_lines(spec: SlurmJobSpec) -> list[str]:
         'if [ -f "$JOB_DIR/requeue-requested" ]; then',
         '  target=$(cat "$JOB_DIR/requeue-requested"); rm -f "$JOB_DIR/requeue-requested"',
         '  echo "trainscale: requeueing $target from the batch step"',
-        '  scontrol requeue "$target" || echo "trainscale: scontrol requeue $target failed; resume: submit the run again"',
+        '  scontrol requeue "$target" || echo "trainscale: scontrol requeue $target failed; '
+        'resume: submit the run again"',
         "fi",
         f'if [ -f "$JOB_DIR/{STOPPED}" ]; then',
     ]
     if spec.chain > 1:
-        out += [f'  echo "trainscale: link $SLURM_JOB_ID stopped ($(cat "$JOB_DIR/{STOPPED}")); '
-                'the next link of the chain resumes from the run\'s checkpoints"',
-                "  exit 0", "fi"]
+        out += [
+            f'  echo "trainscale: link $SLURM_JOB_ID stopped ($(cat "$JOB_DIR/{STOPPED}")); '
+            "the next link of the chain resumes from the run's checkpoints\"",
+            "  exit 0",
+            "fi",
+        ]
         out += ['if [ "$status" -eq 0 ]; then', '  echo "job $SLURM_JOB_ID" > "$RUN_DIR/finished"']
         out += _cancel_others("training finished in link $SLURM_JOB_ID")
         out += ["else", '  echo "job $SLURM_JOB_ID, exit code $status" > "$RUN_DIR/failed"']
         out += _cancel_others("link $SLURM_JOB_ID failed (exit code $status), which a next link would repeat")
         out += ["fi"]
     else:
-        out += [f'  echo "trainscale: stopped: $(cat "$JOB_DIR/{STOPPED}"); the checkpoints are in the run '
-                'directory $RUN_DIR"',
-                f"  exit {EXIT_STOPPED}", "fi"]
+        out += [
+            f'  echo "trainscale: stopped: $(cat "$JOB_DIR/{STOPPED}"); the checkpoints are in the run '
+            'directory $RUN_DIR"',
+            f"  exit {EXIT_STOPPED}",
+            "fi",
+        ]
     if spec.sweep:
-        out.append('if [ "$status" -eq 0 ]; then date > "$TASK_DIR/finished"; else echo "exit code $status" > "$TASK_DIR/failed"; fi')
+        out.append(
+            'if [ "$status" -eq 0 ]; then date > "$TASK_DIR/finished"; '
+            'else echo "exit code $status" > "$TASK_DIR/failed"; fi'
+        )
     out.append('exit "$status"')
     return out
 
@@ -128,8 +140,8 @@ def preemptible(srun_line: str, spec: SlurmJobSpec, handles_signal: bool = True,
         f"# Preemption: SLURM's warning signal ({name}) reaches the tasks (--signal); one sent to this batch shell",
         f"# (scancel --signal={short} --batch) is passed on through srun. The ranks checkpoint at the next step",
         "# boundary; rank 0 requeues the job or stops (chain link, requeue cap), as exported above.",
-        f"trap 'echo \"trainscale: batch shell got {name}, passing it to the ranks\"; "
-        f"kill -{short} \"$SRUN_PID\" 2>/dev/null || true' {short}",
+        f'trap \'echo "trainscale: batch shell got {name}, passing it to the ranks"; '
+        f'kill -{short} "$SRUN_PID" 2>/dev/null || true\' {short}',
         srun_line + " &",
         "SRUN_PID=$!",
         "while true; do  # `wait` returns early when the trap runs: wait again until srun has ended",

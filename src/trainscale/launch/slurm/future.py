@@ -44,7 +44,7 @@ class Job:
         return f"Job({self.job_id}, {self.record.name}, run directory {self.record.run_dir})"
 
     @classmethod
-    def attach(cls, job_id: str) -> "Job":
+    def attach(cls, job_id: str) -> Job:
         """A job submitted earlier (by this user, with its record in the state directory)."""
         array, _, index = str(job_id).partition("_")
         record = load_record(array)
@@ -80,12 +80,16 @@ class Job:
                 return info
             missing = missing + 1 if info is None else 0
             if missing >= 10:
-                raise SlurmError(f"job {self.job_id} is not known to squeue, sacct or scontrol",
-                                 hint="it ended longer ago than the controller remembers (MinJobAge); its files are "
-                                      f"in {self.record.run_dir}")
+                raise SlurmError(
+                    f"job {self.job_id} is not known to squeue, sacct or scontrol",
+                    hint="it ended longer ago than the controller remembers (MinJobAge); its files are "
+                    f"in {self.record.run_dir}",
+                )
             if deadline is not None and time.monotonic() > deadline:
-                raise SlurmError(f"job {self.job_id} still {info.state if info else 'not started'} after {timeout:g}s",
-                                 hint="it keeps running: wait again, or cancel it with job.cancel()")
+                raise SlurmError(
+                    f"job {self.job_id} still {info.state if info else 'not started'} after {timeout:g}s",
+                    hint="it keeps running: wait again, or cancel it with job.cancel()",
+                )
             time.sleep(poll)
 
     # -- outcome ----------------------------------------------------------------------------------
@@ -111,9 +115,11 @@ class Job:
         while not path.exists() and time.monotonic() < deadline:
             time.sleep(0.5)
         if not path.exists():
-            raise SlurmError(f"job {self.job_id} COMPLETED but left no result in {self.directory}",
-                             hint="the compute nodes must write to the run directory: give output_dir= on a file "
-                                  "system they share with this machine")
+            raise SlurmError(
+                f"job {self.job_id} COMPLETED but left no result in {self.directory}",
+                hint="the compute nodes must write to the run directory: give output_dir= on a file "
+                "system they share with this machine",
+            )
         return pickle.loads(path.read_bytes())
 
     def _failure(self, info: JobInfo) -> Exception:

@@ -32,8 +32,11 @@ def allocated(spec: SlurmJobSpec) -> str:
 
 def srun_options(tasks_per_node: int) -> list[str]:
     """The step on the nodes the job runs on now, without the lost ones."""
-    return ['--nodes="$RUN_NODES"', f'--ntasks="$((RUN_NODES * {tasks_per_node}))"',
-            '${LOST_NODES:+--exclude="$LOST_NODES"}']
+    return [
+        '--nodes="$RUN_NODES"',
+        f'--ntasks="$((RUN_NODES * {tasks_per_node}))"',
+        '${LOST_NODES:+--exclude="$LOST_NODES"}',
+    ]
 
 
 def requeued_lines(spec: SlurmJobSpec) -> list[str]:
@@ -57,8 +60,8 @@ def requeued_lines(spec: SlurmJobSpec) -> list[str]:
         '"message": "node(s) %s lost in job %s (the batch host: the job was requeued): resumed on %s node(s) from '
         'checkpoint step %s"}\\n\' "$(date +%s)" "$SLURM_JOB_ID" "$gone" "$RUN_NODES" "$(newest_checkpoint)" "$gone" '
         '"$SLURM_JOB_ID" "$RUN_NODES" "$(newest_checkpoint)" >> "$RUN_DIR/metrics/events.jsonl"',
-        '  echo "trainscale: node(s) $gone lost with the last attempt (the batch host\'s node ends the whole job); '
-        'the job was requeued: resuming on $RUN_NODES node(s) ($SLURM_JOB_NODELIST) from the newest checkpoint '
+        "  echo \"trainscale: node(s) $gone lost with the last attempt (the batch host's node ends the whole job); "
+        "the job was requeued: resuming on $RUN_NODES node(s) ($SLURM_JOB_NODELIST) from the newest checkpoint "
         '(step $(newest_checkpoint))"',
         "fi",
     ]
@@ -69,64 +72,69 @@ def lines(spec: SlurmJobSpec, step: list[str], after: list[str], again: list[str
     lost nodes out; ``again`` before each new try (a fresh rendezvous port: the failed step's may linger); then
     ``after`` (how the job ends, by ``$status``)."""
     low = spec.min_nodes or spec.nodes
-    words = [f"--nodes {low}-{spec.nodes}" if low < spec.nodes else "",
-             f"--spare-nodes {spec.spare_nodes}" if spec.spare_nodes else ""]
+    words = [
+        f"--nodes {low}-{spec.nodes}" if low < spec.nodes else "",
+        f"--spare-nodes {spec.spare_nodes}" if spec.spare_nodes else "",
+    ]
     said = ", ".join(w for w in words if w)
     return [
         f"# Self-healing ({said}): SLURM keeps the allocation when a node fails (--no-kill); the step starts",
         "# again without the lost node(s), on a spare or on fewer nodes (down to MIN), from the newest checkpoint.",
         f"MAX_NODES={spec.nodes} MIN_NODES={low}",
-        'RUN_NODES=$(( SLURM_NNODES < MAX_NODES ? SLURM_NNODES : MAX_NODES ))',
+        "RUN_NODES=$(( SLURM_NNODES < MAX_NODES ? SLURM_NNODES : MAX_NODES ))",
         'LOST_NODES="" LAST_CKPT="" recovered=0',
         "# a node that dies fails the step before SLURM says so (it marks a silent node down after SlurmdTimeout):",
         "# a failed step with no node down yet waits that long for SLURM's verdict before it counts as the run's own",
         f"NODE_WAIT=${{{WAIT_VAR}:-$(scontrol show config 2>/dev/null | awk '/^SlurmdTimeout/ {{print $3; exit}}' "
         "|| true)}",
-        'NODE_WAIT=${NODE_WAIT:-300}',
+        "NODE_WAIT=${NODE_WAIT:-300}",
         "down_nodes() {",
         f'  sinfo -h -N -n "$SLURM_JOB_NODELIST" -t {DOWN_STATES} -o %N 2>/dev/null | sort -u | paste -sd, - || true',
         "}",
         "newest_checkpoint() {  # the newest complete checkpoint's step, where the run says it saves (progress)",
-        '  local dir',
+        "  local dir",
         '  dir=$(sed -n \'s/.*"directory": *"\\([^"]*\\)".*/\\1/p\' "$RUN_DIR/checkpoints.json" 2>/dev/null || true)',
-        '  find "${dir:-$RUN_DIR/checkpoints}" -maxdepth 1 \\( -name "ckpt-[0-9]*.pt" -o -type d -name "ckpt-[0-9]*" \\) '
+        '  find "${dir:-$RUN_DIR/checkpoints}" -maxdepth 1 '
+        '\\( -name "ckpt-[0-9]*.pt" -o -type d -name "ckpt-[0-9]*" \\) '
         '2>/dev/null | sed "s/.*ckpt-0*//; s/[.].*//" | sort -n | tail -n1 || true',
         "}",
         "newly_lost() {  # nodes of the allocation SLURM reports down that are not left out yet",
-        '  comm -13 <(echo "$LOST_NODES" | tr , "\\n" | grep . | sort -u) <(down_nodes | tr , "\\n" | grep . | sort -u) '
-        '| paste -sd, - || true',
+        '  comm -13 <(echo "$LOST_NODES" | tr , "\\n" | grep . | sort -u) '
+        '<(down_nodes | tr , "\\n" | grep . | sort -u) '
+        "| paste -sd, - || true",
         "}",
         *requeued_lines(spec),
         "while true; do",
         *["  " + line for line in step],
         '  [ "$status" -eq 0 ] && break',
         '  [ -f "$JOB_DIR/stopped" ] && break  # stopped with a checkpoint (time limit, preemption): as below',
-        '  lost=$(newly_lost)',
+        "  lost=$(newly_lost)",
         '  if [ -z "$lost" ]; then',
         '    echo "trainscale: the step failed (exit code $status) and SLURM reports no node lost yet: waiting up to '
         '$NODE_WAIT s for its verdict (SlurmdTimeout)"',
         "    waited=0",
         '    while [ "$waited" -lt "$NODE_WAIT" ]; do',
-        '      sleep 5; waited=$((waited + 5)); lost=$(newly_lost)',
+        "      sleep 5; waited=$((waited + 5)); lost=$(newly_lost)",
         '      if [ -n "$lost" ]; then break; fi',
         "    done",
         "  fi",
         '  if [ -z "$lost" ]; then break; fi  # no node lost: the failure is the run\'s',
-        '  ckpt=$(newest_checkpoint)',
+        "  ckpt=$(newest_checkpoint)",
         '  if [ "$recovered" -gt 0 ] && [ "$ckpt" = "$LAST_CKPT" ]; then',
         '    echo "trainscale: node(s) $lost lost, but the run made no progress since the last recovery (newest '
         'checkpoint: step ${ckpt:-none}): stopping instead of looping (exit code $status)"',
         "    break",
         "  fi",
-        '  all=$(echo "$LOST_NODES,$lost" | tr , "\\n" | grep . | sort -u | paste -sd, -)  # every node left out so far',
+        '  all=$(echo "$LOST_NODES,$lost" | tr , "\\n" | grep . | sort -u | paste -sd, -)  '
+        "# every node left out so far",
         '  alive=$(( SLURM_NNODES - $(echo "$all" | tr , "\\n" | grep -c . || true) ))',
         '  if [ "$alive" -lt "$MIN_NODES" ]; then',
         '    echo "trainscale: node(s) $lost lost; $alive node(s) left, fewer than MIN $MIN_NODES: the job ends '
         '(exit code $status); resubmit it to resume from the newest checkpoint"',
         "    break",
         "  fi",
-        '  RUN_NODES=$(( alive < MAX_NODES ? alive : MAX_NODES )) LOST_NODES=$all LAST_CKPT=$ckpt '
-        'recovered=$((recovered + 1))',
+        "  RUN_NODES=$(( alive < MAX_NODES ? alive : MAX_NODES )) LOST_NODES=$all LAST_CKPT=$ckpt "
+        "recovered=$((recovered + 1))",
         '  mkdir -p "$RUN_DIR/metrics"',
         '  printf \'{"t": %s, "kind": "node_lost", "job": "%s", "nodes": "%s", "run_nodes": %s, "step": "%s", '
         '"message": "node(s) %s lost in job %s: resumed on %s node(s) from checkpoint step %s"}\\n\' '
@@ -149,8 +157,19 @@ class BatchHostWatch:
     nothing left in it, until its time limit. Once SLURM reports the batch host down, this marks it lost in the
     job directory and requeues the job (``scontrol requeue``), or cancels it when it may not be requeued."""
 
-    def __init__(self, job_id: str, job_dir: str, *, nodes: int, min_nodes: int, requeue: bool = True,
-                 run: Any = None, say: Any = print, every_s: float = 10.0, clock: Any = None) -> None:
+    def __init__(
+        self,
+        job_id: str,
+        job_dir: str,
+        *,
+        nodes: int,
+        min_nodes: int,
+        requeue: bool = True,
+        run: Any = None,
+        say: Any = print,
+        every_s: float = 10.0,
+        clock: Any = None,
+    ) -> None:
         import time
 
         self.job_id, self.job_dir, self.requeue, self.run, self.say = job_id, job_dir, requeue, run, say
@@ -182,12 +201,16 @@ class BatchHostWatch:
         if self.requeue:
             (Path(self.job_dir) / LOST_MARKER).write_text(host + "\n")
             self._ask(["scontrol", "requeue", self.job_id])
-            self.say(f"the batch host {host} of job {self.job_id} is down, and SLURM keeps a --no-kill "
-                     "job running with nothing in it: requeued it, to resume without the node" + self._fewer(fields))
+            self.say(
+                f"the batch host {host} of job {self.job_id} is down, and SLURM keeps a --no-kill "
+                "job running with nothing in it: requeued it, to resume without the node" + self._fewer(fields)
+            )
         else:
             self._ask(["scancel", self.job_id])
-            self.say(f"the batch host {host} of job {self.job_id} is down and the job may not be "
-                     "requeued (--no-requeue): cancelled it rather than let it hold its nodes to the time limit")
+            self.say(
+                f"the batch host {host} of job {self.job_id} is down and the job may not be "
+                "requeued (--no-requeue): cancelled it rather than let it hold its nodes to the time limit"
+            )
 
     def _fewer(self, fields: dict[str, str]) -> str:
         """The requeued job asks for its nodes again: where its partition has fewer up (not down, drained or
@@ -195,11 +218,23 @@ class BatchHostWatch:
         asked = self.nodes
         states = self._ask(["sinfo", "-h", "-N", "-p", fields.get("Partition", ""), "-o", "%N %t"]).split("\n")
         gone = tuple(DOWN_STATES.split(",")) + ("maint",)  # sinfo's short states start with these words
-        up = len({line.split()[0] for line in states if len(line.split()) == 2
-                  and not line.split()[1].rstrip("*~#!%$@^-").startswith(gone)})
+        up = len(
+            {
+                line.split()[0]
+                for line in states
+                if len(line.split()) == 2 and not line.split()[1].rstrip("*~#!%$@^-").startswith(gone)
+            }
+        )
         if up >= asked or up < self.min_nodes:
             return ""
         per_node = int(fields.get("NtasksPerN:B:S:C", "0").split(":")[0] or 0)  # --ntasks-per-node: tasks follow
-        self._ask(["scontrol", "update", f"jobid={self.job_id}", f"NumNodes={up}",
-                   *([f"NumTasks={up * per_node}"] if per_node else [])])
+        self._ask(
+            [
+                "scontrol",
+                "update",
+                f"jobid={self.job_id}",
+                f"NumNodes={up}",
+                *([f"NumTasks={up * per_node}"] if per_node else []),
+            ]
+        )
         return f"; its partition has {up} node(s) up, so it asks for {up} (of {asked}; --nodes MIN {self.min_nodes})"

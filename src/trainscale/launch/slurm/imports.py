@@ -17,8 +17,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-_PATH_FUNCS = {"dirname": os.path.dirname, "abspath": os.path.abspath, "realpath": os.path.abspath,
-               "normpath": os.path.normpath}
+_PATH_FUNCS = {
+    "dirname": os.path.dirname,
+    "abspath": os.path.abspath,
+    "realpath": os.path.abspath,
+    "normpath": os.path.normpath,
+}
 
 
 @dataclass(frozen=True)
@@ -109,8 +113,9 @@ def path_additions(tree: ast.AST, file: str) -> tuple[tuple[str, bool], ...]:
     """The ``__file__``-relative directories the script puts on sys.path: (directory, put first)."""
     env: dict[str, Value] = {}
     found: list[tuple[str, bool]] = []
-    nodes = sorted((n for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.Call))),
-                   key=lambda n: (n.lineno, n.col_offset))
+    nodes = sorted(
+        (n for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.Call))), key=lambda n: (n.lineno, n.col_offset)
+    )
     for node in nodes:
         if isinstance(node, ast.Assign):
             if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
@@ -178,8 +183,9 @@ def _finds(name: str, directory: str) -> str | None:
     return locations[0] if locations else directory
 
 
-def unseen_imports(script: Path, root: Path, additions: tuple[tuple[str, bool], ...],
-                   modules: tuple[tuple[str, int, bool], ...]) -> list[Unseen]:
+def unseen_imports(
+    script: Path, root: Path, additions: tuple[tuple[str, bool], ...], modules: tuple[tuple[str, int, bool], ...]
+) -> list[Unseen]:
     """Imports the job cannot resolve the way ``trainscale run`` does: found (now) through a directory the script
     adds relative to its own file that lies outside the snapshot root. In the job that directory is its
     counterpart beside the snapshot, which does not exist."""

@@ -16,8 +16,9 @@ import platform
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from trainscale.errors import ConfigError
 from trainscale.launch.slurm.jobdir import JobRecord, save_record
@@ -66,15 +67,17 @@ def git_state(path: Path) -> dict[str, Any] | None:
         head = subprocess.run([git, "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
         if head.returncode != 0:
             return None
-        dirty = subprocess.run([git, "-C", str(where), "status", "--porcelain"], capture_output=True, text=True,
-                               timeout=30)
+        dirty = subprocess.run(
+            [git, "-C", str(where), "status", "--porcelain"], capture_output=True, text=True, timeout=30
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return {"commit": head.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
 
 
-def submission_record(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan,
-                      snapshot: dict[str, Any] | None = None) -> dict[str, Any]:
+def submission_record(
+    spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan, snapshot: dict[str, Any] | None = None
+) -> dict[str, Any]:
     from trainscale.launch.rundir import versions
 
     code = plan.code_root or spec.script
@@ -87,8 +90,14 @@ def submission_record(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan
         "cwd": os.getcwd(),
         "spec": dataclasses.asdict(spec),  # its paths written as strings (json.dumps's default=str)
         "profile": profile.name,
-        "plan": {"launcher": plan.launcher, "nodes": plan.nodes, "ranks_per_node": plan.ranks_per_node,
-                 "world_size": plan.world_size, "cpus_per_rank": plan.cpus_per_rank, "time_s": plan.time_s},
+        "plan": {
+            "launcher": plan.launcher,
+            "nodes": plan.nodes,
+            "ranks_per_node": plan.ranks_per_node,
+            "world_size": plan.world_size,
+            "cpus_per_rank": plan.cpus_per_rank,
+            "time_s": plan.time_s,
+        },
         "versions": versions(),
         "python": {"command": python.command, "source": python.source, "job_kit": python.kit},
         "git": git_state(Path(code).absolute()) if code else None,
@@ -108,17 +117,29 @@ def snapshot_findings(spec: SlurmJobSpec, plan: JobPlan) -> list[Finding]:
         return []
     if manifest.over_limit:
         return [Finding(ERROR, *over_limit_message(manifest))]
-    what = str(Path(spec.script).absolute().relative_to(manifest.root)) if spec.script and \
-        manifest.root in Path(spec.script).absolute().parents else spec.module or spec.script
-    found = [Finding(NOTE, f"the job runs {what} from a snapshot of {manifest.root} taken at submission: "
-                     f"{manifest.describe()}", "--snapshot DIR snapshots another directory; what is left out or "
-                     "linked: docs/slurm.md#the-code-a-job-runs")]
+    what = (
+        str(Path(spec.script).absolute().relative_to(manifest.root))
+        if spec.script and manifest.root in Path(spec.script).absolute().parents
+        else spec.module or spec.script
+    )
+    found = [
+        Finding(
+            NOTE,
+            f"the job runs {what} from a snapshot of {manifest.root} taken at submission: {manifest.describe()}",
+            "--snapshot DIR snapshots another directory; what is left out or linked: docs/slurm.md#the-code-a-job-runs",
+        )
+    ]
     read_live = [arg for arg in spec.args if _live_file(arg)]
     if read_live:  # nanoGPT's `train.py config/train_gpt2.py`: exec'd by a path from the working directory
-        found.append(Finding(NOTE, f"the job reads {', '.join(read_live[:3])} from {Path.cwd()} when it runs, not "
-                             "from the snapshot (its working directory is the one you submit from): an edit before "
-                             "the job starts reaches it",
-                             "to freeze it too, pass its path in the snapshot, or a copy of it"))
+        found.append(
+            Finding(
+                NOTE,
+                f"the job reads {', '.join(read_live[:3])} from {Path.cwd()} when it runs, not "
+                "from the snapshot (its working directory is the one you submit from): an edit before "
+                "the job starts reaches it",
+                "to freeze it too, pass its path in the snapshot, or a copy of it",
+            )
+        )
     return found
 
 
@@ -138,9 +159,16 @@ def take_snapshot(spec: SlurmJobSpec, plan: JobPlan) -> dict[str, Any] | None:
         return None
     target = target_in_run(spec.script, spec.snapshot, plan.code_root, plan.run_dir)
     sha256 = write_snapshot(manifest, Path(target.snapshot or ""))
-    return {"root": str(manifest.root), "copy": target.snapshot, "mode": manifest.mode, "files": len(manifest.files),
-            "bytes": manifest.bytes, "sha256": sha256, "linked": list(manifest.links),
-            "script": str(Path(spec.script).absolute().relative_to(manifest.root)) if spec.script else None}
+    return {
+        "root": str(manifest.root),
+        "copy": target.snapshot,
+        "mode": manifest.mode,
+        "files": len(manifest.files),
+        "bytes": manifest.bytes,
+        "sha256": sha256,
+        "linked": list(manifest.links),
+        "script": str(Path(spec.script).absolute().relative_to(manifest.root)) if spec.script else None,
+    }
 
 
 def make_jobs_folder(jobs: Path) -> bool:
@@ -172,19 +200,36 @@ def prepare_run(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> P
     return write_script(render(spec, profile, plan, kit_dir=kit), plan.run_dir / "job.sbatch")
 
 
-def job_record(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan, script: Path, sub: Any, *,
-               chain_link: int = 0) -> JobRecord:
+def job_record(
+    spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan, script: Path, sub: Any, *, chain_link: int = 0
+) -> JobRecord:
     """What trainscale keeps of a submitted job (``trainscale jobs`` reads it)."""
-    return JobRecord(job_id=sub.job_id, cluster=sub.cluster, name=spec.name, launcher=plan.launcher,
-                     profile=profile.name, script=str(script), output_dir=str(plan.output_dir),
-                     world_size=plan.world_size, ranks_per_node=plan.ranks_per_node,
-                     command=" ".join(spec.command_line), submitted_at=time.time(),
-                     batch_output_pattern=batch_output_pattern(spec, plan), run_dir=str(plan.run_dir),
-                     chain_link=chain_link)
+    return JobRecord(
+        job_id=sub.job_id,
+        cluster=sub.cluster,
+        name=spec.name,
+        launcher=plan.launcher,
+        profile=profile.name,
+        script=str(script),
+        output_dir=str(plan.output_dir),
+        world_size=plan.world_size,
+        ranks_per_node=plan.ranks_per_node,
+        command=" ".join(spec.command_line),
+        submitted_at=time.time(),
+        batch_output_pattern=batch_output_pattern(spec, plan),
+        run_dir=str(plan.run_dir),
+        chain_link=chain_link,
+    )
 
 
-def submit_job(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan, *, run: Runner | None = None,
-               before_submit: Callable[[JobPlan], None] | None = None) -> JobRecord:
+def submit_job(
+    spec: SlurmJobSpec,
+    profile: ClusterProfile,
+    plan: JobPlan,
+    *,
+    run: Runner | None = None,
+    before_submit: Callable[[JobPlan], None] | None = None,
+) -> JobRecord:
     """Prepare the run, ``sbatch --parsable`` it (``--chain N``: N times, each after the one before) and save
     the records; returns the first job's. ``before_submit(plan)`` writes what the job reads into its run
     directory before sbatch (``trainscale.slurm``'s pickled call). Every way in (``trainscale slurm``, ``sweep``,
@@ -205,8 +250,16 @@ def submit_job(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan, *, ru
             before_submit(plan)
         for link in range(spec.chain):
             extra = (f"--dependency=afterany:{records[-1].job_id}",) if records else ()
-            records.append(job_record(spec, profile, plan, script, submit(script, run=run, extra=extra),
-                                      chain_link=link + 1 if spec.chain > 1 else 0))
+            records.append(
+                job_record(
+                    spec,
+                    profile,
+                    plan,
+                    script,
+                    submit(script, run=run, extra=extra),
+                    chain_link=link + 1 if spec.chain > 1 else 0,
+                )
+            )
             if spec.chain > 1:  # the links file is what each link reads to cancel the others
                 (plan.run_dir / "links").write_text("".join(f"{r.job_id}\n" for r in records))
     except BaseException:

@@ -10,8 +10,10 @@ from __future__ import annotations
 import re
 import shlex
 
-_VAR = re.compile(r"\\\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)"
-                  r"|\$\(\(([A-Za-z0-9_\s+\-*/%()]+)\)\)")
+_VAR = re.compile(
+    r"\\\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)"
+    r"|\$\(\(([A-Za-z0-9_\s+\-*/%()]+)\)\)"
+)
 """``\\$``, ``${NAME}``, ``$NAME``, and an arithmetic expansion of names, numbers and + - * / % ( ) only (the
 workshop's ``--num-workers $(( SLURM_CPUS_PER_TASK / SLURM_GPUS_PER_NODE ))``): nothing that runs a command."""
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -28,7 +30,7 @@ def job_word(arg: str) -> tuple[str, tuple[str, ...]]:
         return shlex.quote(arg), ()
     out, names, pos = ['"'], [], 0
     for m in _VAR.finditer(arg):
-        out.append(_escaped(arg[pos:m.start()]))
+        out.append(_escaped(arg[pos : m.start()]))
         if m.group(0) == "\\$":
             out.append("\\$")
         elif m.group(3) is not None:  # $(( ... )): expanded by the job's shell, as in a hand-written batch script
@@ -57,8 +59,10 @@ def check_lines(names: tuple[str, ...]) -> list[str]:
     """Batch-script lines that stop the job when an argument's variable is not set."""
     if not names:
         return []
-    fix = ("hint: export it before submitting (sbatch passes your environment on), set it with --env NAME=VALUE "
-           "or --setup, or write \\\\\\$ for a literal \\$")
+    fix = (
+        "hint: export it before submitting (sbatch passes your environment on), set it with --env NAME=VALUE "
+        "or --setup, or write \\\\\\$ for a literal \\$"
+    )
     return [
         "# The script's arguments expand these when the job runs (as in a hand-written batch script).",
         f"for var in {' '.join(names)}; do",

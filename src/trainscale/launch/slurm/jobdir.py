@@ -61,9 +61,18 @@ class JobRecord:
                 return Path(self.run_dir) / f"{self.job_id}.out"
             return Path(self.output_dir) / f"{self.name}-{self.job_id}.out"
         job, _, task = self.job_id.partition("_")
-        expanded = re.sub(r"%(%|j|x|u|A|a)", lambda m: {"%": "%", "j": self.job_id, "x": self.name,
-                                                         "u": os.environ.get("USER", ""), "A": job,
-                                                         "a": task}[m.group(1)], self.batch_output_pattern)
+        expanded = re.sub(
+            r"%(%|j|x|u|A|a)",
+            lambda m: {
+                "%": "%",
+                "j": self.job_id,
+                "x": self.name,
+                "u": os.environ.get("USER", ""),
+                "A": job,
+                "a": task,
+            }[m.group(1)],
+            self.batch_output_pattern,
+        )
         return Path(expanded)
 
 
@@ -91,29 +100,39 @@ def load_record(job_id: str) -> JobRecord:
     if job_id == LAST:
         records = load_records()
         if not records:
-            raise SlurmError(f"no job submitted with trainscale is recorded in {state_dir() / 'jobs'}",
-                             hint="submit one with `trainscale slurm ... --submit`, or give a job id")
+            raise SlurmError(
+                f"no job submitted with trainscale is recorded in {state_dir() / 'jobs'}",
+                hint="submit one with `trainscale slurm ... --submit`, or give a job id",
+            )
         return max(records, key=lambda r: (r.submitted_at or 0.0, r.job_id))
     path = _record_path(job_id)
     if not path.exists():
-        raise SlurmError(f"no record of job {job_id} in {path.parent}",
-                         hint=f"only jobs submitted with `trainscale slurm --submit` are known; set {STATE_VAR} to the "
-                              "state directory used at submission")
+        raise SlurmError(
+            f"no record of job {job_id} in {path.parent}",
+            hint=f"only jobs submitted with `trainscale slurm --submit` are known; set {STATE_VAR} to the "
+            "state directory used at submission",
+        )
     try:
         return JobRecord(**json.loads(path.read_text()))
     except (json.JSONDecodeError, TypeError) as exc:
-        raise SlurmError(f"the record {path} cannot be read: {exc}", hint="delete it; the job's files are untouched") from None
+        raise SlurmError(
+            f"the record {path} cannot be read: {exc}", hint="delete it; the job's files are untouched"
+        ) from None
 
 
 def rank_log_text(record: JobRecord, rank: int) -> str:
     """Rank ``rank``'s output: its own file (srun mode) or its prefixed lines from the node logs (torchrun mode)."""
     if not 0 <= rank < record.world_size:
-        raise SlurmError(f"rank {rank} is outside 0..{record.world_size - 1} of job {record.job_id}",
-                         hint=f"the job has {record.world_size} ranks")
+        raise SlurmError(
+            f"rank {rank} is outside 0..{record.world_size - 1} of job {record.job_id}",
+            hint=f"the job has {record.world_size} ranks",
+        )
     job_dir = record.job_dir
     if not job_dir.exists():
-        raise SlurmError(f"job directory {job_dir} does not exist (yet)",
-                         hint="the job has not started, or its files were moved; see `trainscale jobs`")
+        raise SlurmError(
+            f"job directory {job_dir} does not exist (yet)",
+            hint="the job has not started, or its files were moved; see `trainscale jobs`",
+        )
     if record.launcher == "srun":
         path = job_dir / f"rank-{rank}.out"
         if not path.exists():
@@ -126,7 +145,7 @@ def rank_log_text(record: JobRecord, rank: int) -> str:
         raise SlurmError(f"no node log in {job_dir} yet (node-*.out)", hint="the job's ranks may not have started yet")
     for node_log in node_logs:
         with open(node_log, errors="replace") as fh:
-            lines += [ln[len(prefix):].rstrip("\n") for ln in fh if ln.startswith(prefix)]
+            lines += [ln[len(prefix) :].rstrip("\n") for ln in fh if ln.startswith(prefix)]
     return "\n".join(lines) + "\n" if lines else ""  # the nodes' logs exist: a rank that printed nothing
 
 

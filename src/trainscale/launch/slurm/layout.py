@@ -61,11 +61,15 @@ def check_snapshot(snapshot: str | None, script: str | None = None) -> None:
     if snapshot is None:
         return
     if not Path(snapshot).is_dir():
-        raise ConfigError(f"--snapshot {snapshot!r} is not a directory",
-                          hint="give the directory of your code (a package, the project), e.g. --snapshot .")
+        raise ConfigError(
+            f"--snapshot {snapshot!r} is not a directory",
+            hint="give the directory of your code (a package, the project), e.g. --snapshot .",
+        )
     if script is not None:
         root, path = Path(snapshot).absolute(), Path(script).absolute()
         if root not in path.parents:
-            raise ConfigError(f"the script {script} is outside --snapshot {snapshot}: the job runs the script from "
-                              "the snapshot", hint=f"give --snapshot a directory that holds {Path(script).name} "
-                              "(your project's root), or leave --snapshot out: the script's project is found for you")
+            raise ConfigError(
+                f"the script {script} is outside --snapshot {snapshot}: the job runs the script from the snapshot",
+                hint=f"give --snapshot a directory that holds {Path(script).name} "
+                "(your project's root), or leave --snapshot out: the script's project is found for you",
+            )

@@ -8,16 +8,30 @@ from __future__ import annotations
 
 import re
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from trainscale.errors import SlurmError
 
 Runner = Callable[..., subprocess.CompletedProcess]
 
 # States after which the job will not run again by itself.
-TERMINAL = frozenset({"COMPLETED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "CANCELLED", "PREEMPTED",
-                      "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT", "REQUEUE_HOLD"})
+TERMINAL = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "TIMEOUT",
+        "OUT_OF_MEMORY",
+        "NODE_FAIL",
+        "CANCELLED",
+        "PREEMPTED",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "REVOKED",
+        "SPECIAL_EXIT",
+        "REQUEUE_HOLD",
+    }
+)
 
 SQUEUE_FORMAT = "%i|%j|%T|%M|%l|%D|%u|%r|%N"
 SQUEUE_FIELDS = ("job_id", "name", "state", "elapsed", "time_limit", "nodes", "user", "reason", "nodelist")
@@ -75,12 +89,21 @@ def parse_squeue(text: str) -> list[JobInfo]:
         cells = line.split("|")
         if len(cells) < len(SQUEUE_FIELDS):
             raise SlurmError(f"cannot read squeue line {line!r}", hint=f"expected the format {SQUEUE_FORMAT}")
-        row = dict(zip(SQUEUE_FIELDS, cells[:len(SQUEUE_FIELDS) - 1] + ["|".join(cells[len(SQUEUE_FIELDS) - 1:])]))
+        row = dict(zip(SQUEUE_FIELDS, cells[: len(SQUEUE_FIELDS) - 1] + ["|".join(cells[len(SQUEUE_FIELDS) - 1 :])]))
         state, _ = _state(row["state"])
-        jobs.append(JobInfo(job_id=row["job_id"], name=row["name"], state=state, elapsed=row["elapsed"],
-                            time_limit=row["time_limit"], user=row["user"],
-                            reason="" if row["reason"] == "None" else row["reason"], nodelist=row["nodelist"],
-                            source="squeue"))
+        jobs.append(
+            JobInfo(
+                job_id=row["job_id"],
+                name=row["name"],
+                state=state,
+                elapsed=row["elapsed"],
+                time_limit=row["time_limit"],
+                user=row["user"],
+                reason="" if row["reason"] == "None" else row["reason"],
+                nodelist=row["nodelist"],
+                source="squeue",
+            )
+        )
     return jobs
 
 
@@ -99,10 +122,24 @@ def parse_sacct(text: str) -> list[JobInfo]:
         c = dict(zip(fields, line.split("|") + [""] * len(fields)))
         state, reason = _state(c["State"])
         code, sig = _exit(c["ExitCode"])
-        rows.append(JobInfo(job_id=c["JobID"], name=c["JobName"], state=state, reason=reason, exit_code=code,
-                            signal=sig, elapsed=c["Elapsed"], nodelist=c["NodeList"], restarts=_int(c["Restarts"]),
-                            alloc_cpus=_int(c["AllocCPUS"]), total_cpu=c["TotalCPU"], max_rss=c["MaxRSS"],
-                            nodes=_int(c["NNodes"]), source="sacct"))
+        rows.append(
+            JobInfo(
+                job_id=c["JobID"],
+                name=c["JobName"],
+                state=state,
+                reason=reason,
+                exit_code=code,
+                signal=sig,
+                elapsed=c["Elapsed"],
+                nodelist=c["NodeList"],
+                restarts=_int(c["Restarts"]),
+                alloc_cpus=_int(c["AllocCPUS"]),
+                total_cpu=c["TotalCPU"],
+                max_rss=c["MaxRSS"],
+                nodes=_int(c["NNodes"]),
+                source="sacct",
+            )
+        )
     return rows
 
 
@@ -127,11 +164,20 @@ def info_from_scontrol(text: str) -> JobInfo | None:
     state, _ = _state(f.get("JobState", ""))
     code, sig = _exit(f.get("ExitCode", ""))
     reason = f.get("Reason", "")
-    return JobInfo(job_id=f["JobId"], name=f.get("JobName", ""), state=state, exit_code=code, signal=sig,
-                   reason="" if reason == "None" else reason, elapsed=f.get("RunTime", ""),
-                   time_limit=f.get("TimeLimit", ""), nodelist=f.get("NodeList", ""),
-                   user=f.get("UserId", "").split("(")[0], restarts=int(f.get("Restarts", "0") or 0),
-                   source="scontrol")
+    return JobInfo(
+        job_id=f["JobId"],
+        name=f.get("JobName", ""),
+        state=state,
+        exit_code=code,
+        signal=sig,
+        reason="" if reason == "None" else reason,
+        elapsed=f.get("RunTime", ""),
+        time_limit=f.get("TimeLimit", ""),
+        nodelist=f.get("NodeList", ""),
+        user=f.get("UserId", "").split("(")[0],
+        restarts=int(f.get("Restarts", "0") or 0),
+        source="scontrol",
+    )
 
 
 def _run(run: Runner | None, argv: list[str]) -> subprocess.CompletedProcess:
@@ -140,15 +186,24 @@ def _run(run: Runner | None, argv: list[str]) -> subprocess.CompletedProcess:
     except FileNotFoundError:
         raise SlurmError(f"`{argv[0]}` is not installed here", hint="run this on a SLURM login node") from None
     except subprocess.TimeoutExpired:
-        raise SlurmError(f"`{' '.join(argv)}` did not answer within 60 s",
-                         hint="the SLURM controller may be overloaded or down; try again") from None
+        raise SlurmError(
+            f"`{' '.join(argv)}` did not answer within 60 s",
+            hint="the SLURM controller may be overloaded or down; try again",
+        ) from None
 
 
-def squeue(run: Runner | None = None, *, user: str | None = None, job_id: str | None = None,
-           array: bool = False) -> list[JobInfo]:
+def squeue(
+    run: Runner | None = None, *, user: str | None = None, job_id: str | None = None, array: bool = False
+) -> list[JobInfo]:
     """The queue's jobs; ``array``: one line per array task (``JOB_I``), pending ones too, as ``squeue --array``."""
-    argv = ["squeue", "--noheader", f"--format={SQUEUE_FORMAT}", *([f"--user={user}"] if user else []),
-            *([f"--jobs={job_id}"] if job_id else []), *(["--array"] if array else [])]
+    argv = [
+        "squeue",
+        "--noheader",
+        f"--format={SQUEUE_FORMAT}",
+        *([f"--user={user}"] if user else []),
+        *([f"--jobs={job_id}"] if job_id else []),
+        *(["--array"] if array else []),
+    ]
     done = _run(run, argv)
     if done.returncode != 0:
         if job_id and "Invalid job id" in (done.stderr or ""):
@@ -162,8 +217,10 @@ def sacct(job_id: str, run: Runner | None = None) -> list[JobInfo]:
     Raises SlurmError when sacct is missing, silent or refuses (accounting disabled)."""
     done = _run(run, ["sacct", "-j", job_id, "--noheader", "--parsable2", f"--format={SACCT_FORMAT}"])
     if done.returncode != 0:
-        raise SlurmError(f"sacct: {(done.stderr or done.stdout).strip()[:200]}",
-                         hint="this cluster may keep no accounting; scontrol still knows recent jobs")
+        raise SlurmError(
+            f"sacct: {(done.stderr or done.stdout).strip()[:200]}",
+            hint="this cluster may keep no accounting; scontrol still knows recent jobs",
+        )
     return parse_sacct(done.stdout)
 
 

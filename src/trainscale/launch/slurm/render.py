@@ -13,14 +13,15 @@ from pathlib import Path
 
 from trainscale._version import __version__
 from trainscale.launch.bootstrap import ERROR_DIR_VAR, RUN_DIR_VAR, SNAPSHOT_OF_VAR, SNAPSHOT_VAR, TASK_GPU_VAR
-from trainscale.launch.slurm.container import container_prefix, port_command, required_modules
 from trainscale.launch.slurm import healing
+from trainscale.launch.slurm.container import container_prefix, port_command, required_modules
 from trainscale.launch.slurm.continuation import continues, end_lines, preemptible, start_lines, warning_signal
 from trainscale.launch.slurm.continuation import exports as continuation_exports
 from trainscale.launch.slurm.jobargs import check_lines, job_words
 from trainscale.launch.slurm.layout import target_in_run
 from trainscale.launch.slurm.spec import JobPlan, SlurmJobSpec, format_time, resolve
-from trainscale.launch.slurm.toolchain import job_python, module_lines as job_module_lines, profile_module_lines
+from trainscale.launch.slurm.toolchain import job_python, profile_module_lines
+from trainscale.launch.slurm.toolchain import module_lines as job_module_lines
 from trainscale.profiles import slurm_cpu_bind, worker_bind_env
 from trainscale.profiles.schema import ClusterProfile
 from trainscale.topology.cpulist import format_cpulist
@@ -48,8 +49,7 @@ def _dq(value: str) -> str:
 
 
 def sbatch_lines(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> list[str]:
-    opts = [f"--job-name={spec.name}", f"--nodes={healing.allocated(spec)}",
-            f"--ntasks-per-node={plan.tasks_per_node}"]
+    opts = [f"--job-name={spec.name}", f"--nodes={healing.allocated(spec)}", f"--ntasks-per-node={plan.tasks_per_node}"]
     if spec.heals:
         opts.append("--no-kill")  # a node failure leaves the job its other nodes (healing.py)
     if plan.cpus_per_task:
@@ -63,10 +63,20 @@ def sbatch_lines(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> 
     if plan.mem_per_node:
         opts.append(f"--mem={plan.mem_per_node}")
     opts.append(f"--time={format_time(plan.time_s)}")
-    for flag, value in (("partition", plan.partition), ("account", spec.account), ("reservation", spec.reservation),
-                        ("qos", spec.qos), ("constraint", spec.constraint), ("gpu-bind", spec.gpu_bind),
-                        ("dependency", spec.dependency), ("array", spec.array), ("mail-type", spec.mail_type),
-                        ("mail-user", spec.mail_user), ("export", spec.export), ("chdir", spec.chdir)):
+    for flag, value in (
+        ("partition", plan.partition),
+        ("account", spec.account),
+        ("reservation", spec.reservation),
+        ("qos", spec.qos),
+        ("constraint", spec.constraint),
+        ("gpu-bind", spec.gpu_bind),
+        ("dependency", spec.dependency),
+        ("array", spec.array),
+        ("mail-type", spec.mail_type),
+        ("mail-user", spec.mail_user),
+        ("export", spec.export),
+        ("chdir", spec.chdir),
+    ):
         if value:
             opts.append(f"--{flag}={value}")
     if spec.exclusive:
@@ -89,23 +99,38 @@ def sbatch_lines(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> 
 
 # How each launcher takes a workload, a module and a script: `trainscale run`'s options, and the
 # bootstrap's (the workloads' dispatcher takes the name as its first argument).
-_TARGET_OPTIONS = {"torchrun": {"workload": ["--workload"], "module": ["-m"], "script": []},
-                   "srun": {"workload": ["--module", "trainscale.workloads"], "module": ["--module"],
-                            "script": ["--script"]}}
+_TARGET_OPTIONS = {
+    "torchrun": {"workload": ["--workload"], "module": ["-m"], "script": []},
+    "srun": {"workload": ["--module", "trainscale.workloads"], "module": ["--module"], "script": ["--script"]},
+}
 
 
 def target_args(spec: SlurmJobSpec, launcher: str, plan: JobPlan) -> str:
     """What to run, in the form the launcher takes: the script's copy in the run's snapshot, then its
     arguments with job-time variables expanded (jobargs.py)."""
-    kind, target = (("workload", spec.workload) if spec.workload else ("module", spec.module) if spec.module else
-                    ("script", target_in_run(spec.script, spec.snapshot, plan.code_root, plan.run_dir).script))
+    kind, target = (
+        ("workload", spec.workload)
+        if spec.workload
+        else ("module", spec.module)
+        if spec.module
+        else ("script", target_in_run(spec.script, spec.snapshot, plan.code_root, plan.run_dir).script)
+    )
     head = [*_TARGET_OPTIONS[launcher][kind], str(target)]
     line = " ".join([_q(a) for a in head] + job_words(spec.args)[0])
-    if spec.workload and (continues(spec) or spec.heals) and not spec.sweep and \
-            not any(a.startswith("--checkpoint-dir") for a in spec.args):
+    if (
+        spec.workload
+        and (continues(spec) or spec.heals)
+        and not spec.sweep
+        and not any(a.startswith("--checkpoint-dir") for a in spec.args)
+    ):
         # the run directory outlives requeues and chain links: every attempt resumes from here
         line += ' --checkpoint-dir "$RUN_DIR/checkpoints"'
-    if spec.workload and spec.sweep and continues(spec) and not any(a.startswith("--checkpoint-dir") for a in spec.args):
+    if (
+        spec.workload
+        and spec.sweep
+        and continues(spec)
+        and not any(a.startswith("--checkpoint-dir") for a in spec.args)
+    ):
         line += ' --checkpoint-dir "$TASK_DIR/checkpoints"'  # a requeued task resumes its own run, no other's
     if spec.sweep:
         line += ' "${TASK_ARGS[@]}"'  # this array task's configuration (and its own directory)
@@ -138,14 +163,23 @@ def launch_command(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -
     python = job_python(spec, profile)
     py, kit = _q(python.command), python.kit  # kit: a Python without trainscale (a stock image, a module's)
     if plan.launcher == "torchrun":
-        rdzv = ['--nnodes "$RUN_NODES"' if spec.heals else '--nnodes "$SLURM_NNODES"',
-                f"--nproc-per-node {plan.ranks_per_node}",
-                '--rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv-id "$SLURM_JOB_ID"']
+        rdzv = [
+            '--nnodes "$RUN_NODES"' if spec.heals else '--nnodes "$SLURM_NNODES"',
+            f"--nproc-per-node {plan.ranks_per_node}",
+            '--rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv-id "$SLURM_JOB_ID"',
+        ]
         if kit:  # the Python's own torchrun, each worker started through the kit's bootstrap
-            return ([f"{py} -m torch.distributed.run"] + rdzv + ['--log-dir "$JOB_DIR/torchrun" --tee 3']
-                    + [f'"$KIT/boot.py" {target_args(spec, "srun", plan)}'])
-        return [f"{py} -m trainscale run"] + rdzv + ['--log-dir "$JOB_DIR/torchrun" --all-ranks',
-                                                     target_args(spec, "torchrun", plan)]
+            return (
+                [f"{py} -m torch.distributed.run"]
+                + rdzv
+                + ['--log-dir "$JOB_DIR/torchrun" --tee 3']
+                + [f'"$KIT/boot.py" {target_args(spec, "srun", plan)}']
+            )
+        return (
+            [f"{py} -m trainscale run"]
+            + rdzv
+            + ['--log-dir "$JOB_DIR/torchrun" --all-ranks', target_args(spec, "torchrun", plan)]
+        )
     run = f'{py} "$KIT/boot.py"' if kit else f"{py} -m trainscale.launch.bootstrap"
     return [run, target_args(spec, "srun", plan)]
 
@@ -154,7 +188,7 @@ def srun_command(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> 
     srun = ["srun --kill-on-bad-exit=1"]
     wrapper = container_prefix(spec, profile, plan)
     if plan.launcher == "torchrun":
-        srun.append('--ntasks-per-node=1')
+        srun.append("--ntasks-per-node=1")
         if plan.cpus_per_task:
             srun.append('--cpus-per-task="$SLURM_CPUS_PER_TASK"')
         # The agent's task spans the node's CPUs and each worker binds itself from TRAINSCALE_CPU_BIND:
@@ -183,8 +217,11 @@ def header(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> list[s
     command = shlex.join(spec.command_line) if spec.command_line else "(rendered from Python: trainscale.launch.slurm)"
     python = job_python(spec, profile)
     if plan.launcher == "torchrun":
-        agent = "the image's torchrun" if spec.container else (f"{python.command}'s own torchrun" if python.kit
-                                                                else "`trainscale run` (torch's elastic agent)")
+        agent = (
+            "the image's torchrun"
+            if spec.container
+            else (f"{python.command}'s own torchrun" if python.kit else "`trainscale run` (torch's elastic agent)")
+        )
         mode = f"torchrun mode: one task per node runs {agent}, which starts {plan.ranks_per_node} rank(s) on its node"
     else:
         mode = f"srun mode: one task per rank ({plan.ranks_per_node} per node), ranks read from SLURM's variables"
@@ -197,9 +234,17 @@ def header(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> list[s
         f"# World size {plan.world_size} = {spec.nodes} node(s) x {plan.ranks_per_node} rank(s); "
         f"{plan.cpus_per_rank} CPU(s) per rank.",
         f"# Python: {python.describe(spec)}"
-        + ("; it needs torch, and trainscale's worker side comes from the job kit"
-           + (" (the script imports trainscale: that Python must have it too)" if plan.facts.imports_trainscale else "")
-           if python.kit else "") + ".",
+        + (
+            "; it needs torch, and trainscale's worker side comes from the job kit"
+            + (
+                " (the script imports trainscale: that Python must have it too)"
+                if plan.facts.imports_trainscale
+                else ""
+            )
+            if python.kit
+            else ""
+        )
+        + ".",
     ]
 
 
@@ -208,15 +253,21 @@ def module_lines(spec: SlurmJobSpec, profile: ClusterProfile) -> list[str]:
     if not lines:
         return []
     ours = profile_module_lines(spec, profile)
-    which = "[container] modules" if ours and spec.container and profile.container and \
-        profile.container.modules is not None else "modules"
+    which = (
+        "[container] modules"
+        if ours and spec.container and profile.container and profile.container.modules is not None
+        else "modules"
+    )
     if not spec.profile_modules:
         source = f"--module; profile {profile.name}'s left out by --no-profile-modules"
     else:
-        source = f"profile {profile.name}'s {which}" + (", then --module" if spec.modules else "") if ours \
-            else "--module"
-    hint = ("hint: remove the module lines (--module, the profile's modules) on a cluster without modules, or "
-            "load them in --setup after sourcing your site's module init script")
+        source = (
+            f"profile {profile.name}'s {which}" + (", then --module" if spec.modules else "") if ours else "--module"
+        )
+    hint = (
+        "hint: remove the module lines (--module, the profile's modules) on a cluster without modules, or "
+        "load them in --setup after sourcing your site's module init script"
+    )
     return [
         "",
         f"# Modules ({source}). Lmod reads unset variables: `set -u` is off around them.",
@@ -244,8 +295,9 @@ def setup_lines(spec: SlurmJobSpec, profile: ClusterProfile) -> list[str]:
     return ["", f"# Setup ({where}), before launch; `set -u` off as for modules.", "set +u", *lines, "set -u"]
 
 
-def render(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan | None = None, *,
-           kit_dir: Path | None = None) -> str:
+def render(
+    spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan | None = None, *, kit_dir: Path | None = None
+) -> str:
     """The complete batch script for ``spec`` on ``profile``. A container job's script names the job kit
     at ``kit_dir`` (default: where :func:`trainscale.launch.kit.kit_dir` puts it beside the jobs)."""
     plan = plan or resolve(spec, profile)
@@ -279,10 +331,12 @@ def render(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan | None = N
         out.append('rm -f "$JOB_DIR/stopped"  # a requeued job starts over in the same directory')
     target = target_in_run(spec.script, spec.snapshot, plan.code_root, plan.run_dir)
     if target.snapshot:
-        out.append(f"export {SNAPSHOT_VAR}={_q(target.snapshot)} {SNAPSHOT_OF_VAR}={_q(plan.code_root)}"
-                   "  # the code as submitted: imports from the original map to this copy")
+        out.append(
+            f"export {SNAPSHOT_VAR}={_q(target.snapshot)} {SNAPSHOT_OF_VAR}={_q(plan.code_root)}"
+            "  # the code as submitted: imports from the original map to this copy"
+        )
     if target.pythonpath:
-        out.append(f'export PYTHONPATH={_q(target.pythonpath)}${{PYTHONPATH:+:$PYTHONPATH}}  # the copy of --snapshot')
+        out.append(f"export PYTHONPATH={_q(target.pythonpath)}${{PYTHONPATH:+:$PYTHONPATH}}  # the copy of --snapshot")
     python = job_python(spec, profile)
     if python.kit:
         from trainscale.launch.kit import kit_dir as default_kit_dir
@@ -291,7 +345,8 @@ def render(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan | None = N
         out += [
             f"KIT={_q(kit)}  # the job kit: trainscale's bootstrap and port check (standard library only)",
             '[ -f "$KIT/boot.py" ] || { echo "trainscale: error: the job kit $KIT is missing; it is written when '
-            'trainscale submits the job (hint: submit with trainscale slurm --submit, or copy the kit back)" >&2; exit 1; }',
+            'trainscale submits the job (hint: submit with trainscale slurm --submit, or copy the kit back)" '
+            ">&2; exit 1; }",
         ]
     if plan.launcher == "srun":  # torchrun's agent gives each worker its own error file
         out.append(f'export {ERROR_DIR_VAR}="$JOB_DIR/errors"  # each rank\'s traceback, written by @record')
@@ -300,23 +355,34 @@ def render(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan | None = N
         *threads_lines(plan.cpus_per_rank, plan.ranks_per_node),
     ]
     if plan.task_gpu and plan.task_gpu != "slurm":
-        out.append(f"export {TASK_GPU_VAR}={plan.task_gpu}  # each task sees only its own GPU "
-                   f"(profile task_gpu = {profile.task_gpu})")
+        out.append(
+            f"export {TASK_GPU_VAR}={plan.task_gpu}  # each task sees only its own GPU "
+            f"(profile task_gpu = {profile.task_gpu})"
+        )
     for key, value in bind_env(spec, profile, plan).items():
         why = "each worker binds itself" if plan.launcher == "torchrun" else "each task checks/applies its binding"
-        note = "on the node: a partial node's GPUs are SLURM's choice" if plan.partial_node and profile.binding == "map" \
+        note = (
+            "on the node: a partial node's GPUs are SLURM's choice"
+            if plan.partial_node and profile.binding == "map"
             else f"profile binding = {profile.binding}"
+        )
         out.append(f"export {key}={_q(value)}  # {why} ({note})")
     if profile.interconnect and profile.gpus_per_node:
-        out.append(f"export TRAINSCALE_INTERCONNECT={profile.interconnect}"
-                   + (" TRAINSCALE_INTERCONNECT_REQUIRED=1" if profile.interconnect_required else "")
-                   + "  # the network the ranks' collectives must use between nodes (profile)")
+        out.append(
+            f"export TRAINSCALE_INTERCONNECT={profile.interconnect}"
+            + (" TRAINSCALE_INTERCONNECT_REQUIRED=1" if profile.interconnect_required else "")
+            + "  # the network the ranks' collectives must use between nodes (profile)"
+        )
     out += continuation_exports(spec, handles)
     if python.kit and plan.launcher == "torchrun":
-        out.append("export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]: '  # trainscale jobs JOB --rank reads it")
+        out.append(
+            "export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]: '  # trainscale jobs JOB --rank reads it"
+        )
         if warning_signal(spec, handles):
-            out.append("export PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2  "
-                       "# torchrun passes SLURM's warning on to the workers")
+            out.append(
+                "export PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2  "
+                "# torchrun passes SLURM's warning on to the workers"
+            )
     port = port_command(spec, profile, plan, python, required_modules(spec, plan, python.kit))
     out += [
         "",
@@ -331,15 +397,21 @@ def render(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan | None = N
     out += check_lines(job_words(spec.args)[1])
     srun = srun_command(spec, profile, plan)
     if spec.heals:
-        step = preemptible(srun, spec, handles, ending=False) if continues(spec) else [srun + " && status=0 || status=$?"]
-        out += healing.lines(spec, step, end_lines(spec) if continues(spec) else ['exit "$status"'],
-                             again=[*port, "export MASTER_PORT"])
+        step = (
+            preemptible(srun, spec, handles, ending=False) if continues(spec) else [srun + " && status=0 || status=$?"]
+        )
+        out += healing.lines(
+            spec, step, end_lines(spec) if continues(spec) else ['exit "$status"'], again=[*port, "export MASTER_PORT"]
+        )
     elif continues(spec):
         out += preemptible(srun, spec, handles)
     elif spec.sweep:
-        out += [srun + " && status=0 || status=$?",
-                'if [ "$status" -eq 0 ]; then date > "$TASK_DIR/finished"; else echo "exit code $status" > "$TASK_DIR/failed"; fi',
-                'exit "$status"']
+        out += [
+            srun + " && status=0 || status=$?",
+            'if [ "$status" -eq 0 ]; then date > "$TASK_DIR/finished"; '
+            'else echo "exit code $status" > "$TASK_DIR/failed"; fi',
+            'exit "$status"',
+        ]
     else:
         out.append(srun)
     out.append("")
@@ -350,6 +422,8 @@ def threads_lines(cpus_per_rank: int, ranks_per_node: int) -> list[str]:
     """OMP_NUM_THREADS = CPUs per rank, but never more than the node really lets the job use per rank
     (``nproc``: the batch step's CPUs): a profile or a node definition that overstates the cores would
     otherwise have OpenMP threads outnumber them and spin-wait for each other."""
-    return [f"OMP_NUM_THREADS=$(( $(nproc) / {ranks_per_node} ))",
-            f"export OMP_NUM_THREADS=$(( OMP_NUM_THREADS < 1 ? 1 : OMP_NUM_THREADS > {cpus_per_rank} ? {cpus_per_rank} "
-            f": OMP_NUM_THREADS ))  # = CPUs per rank ({cpus_per_rank}), fewer where the node has fewer"]
+    return [
+        f"OMP_NUM_THREADS=$(( $(nproc) / {ranks_per_node} ))",
+        f"export OMP_NUM_THREADS=$(( OMP_NUM_THREADS < 1 ? 1 : OMP_NUM_THREADS > {cpus_per_rank} ? {cpus_per_rank} "
+        f": OMP_NUM_THREADS ))  # = CPUs per rank ({cpus_per_rank}), fewer where the node has fewer",
+    ]

@@ -50,16 +50,29 @@ def _rank_like(node: ast.AST) -> bool:
 def _selects_by_index(node: ast.AST) -> bool:
     if isinstance(node, ast.JoinedStr):  # f"cuda:{local_rank}"
         parts = node.values
-        return any(isinstance(a, ast.Constant) and str(a.value).endswith("cuda:") and isinstance(b, ast.FormattedValue)
-                   for a, b in zip(parts, parts[1:]))
+        return any(
+            isinstance(a, ast.Constant) and str(a.value).endswith("cuda:") and isinstance(b, ast.FormattedValue)
+            for a, b in zip(parts, parts[1:])
+        )
     if not isinstance(node, ast.Call):
         return False
-    func = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id if isinstance(node.func, ast.Name) else ""
+    func = (
+        node.func.attr
+        if isinstance(node.func, ast.Attribute)
+        else node.func.id
+        if isinstance(node.func, ast.Name)
+        else ""
+    )
     args = list(node.args)
     if func == "set_device" and args and not _is_zero(args[0]):
         return True
-    if func == "device" and len(args) >= 2 and isinstance(args[0], ast.Constant) and args[0].value == "cuda" \
-            and not _is_zero(args[1]):
+    if (
+        func == "device"
+        and len(args) >= 2
+        and isinstance(args[0], ast.Constant)
+        and args[0].value == "cuda"
+        and not _is_zero(args[1])
+    ):
         return True
     if func in ("to", "cuda") and args and _rank_like(args[0]):
         return True
@@ -78,8 +91,9 @@ _CHECKPOINTING_MODULES = ("trainscale.checkpoint", "trainscale.workloads")
 def _checkpoints(node: ast.AST) -> bool:
     """One node that shows the script saves and resumes through trainscale."""
     if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("trainscale"):
-        return (node.module or "").startswith(_CHECKPOINTING_MODULES) or \
-            any(a.name in _CHECKPOINTING_NAMES for a in node.names)
+        return (node.module or "").startswith(_CHECKPOINTING_MODULES) or any(
+            a.name in _CHECKPOINTING_NAMES for a in node.names
+        )
     if isinstance(node, ast.Import):
         return any(a.name.startswith(_CHECKPOINTING_MODULES) for a in node.names)
     if isinstance(node, ast.Call):
@@ -109,9 +123,15 @@ def facts_from_source(source: str, path: str = "<script>") -> ScriptFacts:
             first = node
     line = first.lineno if first is not None else None
     code = source.splitlines()[line - 1].strip() if line else ""
-    return ScriptFacts(path=path, imports_trainscale=imports, gpu_index_line=line, gpu_index_code=code,
-                       path_additions=path_additions(tree, str(Path(path).absolute())), imports=imported(tree),
-                       checkpoints=imports and checkpoints)
+    return ScriptFacts(
+        path=path,
+        imports_trainscale=imports,
+        gpu_index_line=line,
+        gpu_index_code=code,
+        path_additions=path_additions(tree, str(Path(path).absolute())),
+        imports=imported(tree),
+        checkpoints=imports and checkpoints,
+    )
 
 
 def script_facts(script: str | None = None, module: str | None = None, workload: str | None = None) -> ScriptFacts:

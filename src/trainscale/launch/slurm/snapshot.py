@@ -10,23 +10,83 @@ import hashlib
 import os
 import shutil
 import subprocess
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 from trainscale.errors import ConfigError
 
 MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
-SKIP_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".tox", ".nox", ".mypy_cache",
-                       ".pytest_cache", ".ruff_cache", ".ipynb_checkpoints", "node_modules", ".eggs",
-                       "trainscale-jobs", "trainscale-runs", "checkpoints", "checkpoint", "ckpt", "ckpts"})
+SKIP_DIRS = frozenset(
+    {
+        ".git",
+        ".hg",
+        ".svn",
+        "__pycache__",
+        ".venv",
+        "venv",
+        ".tox",
+        ".nox",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        ".ipynb_checkpoints",
+        "node_modules",
+        ".eggs",
+        "trainscale-jobs",
+        "trainscale-runs",
+        "checkpoints",
+        "checkpoint",
+        "ckpt",
+        "ckpts",
+    }
+)
 """Left out. Checkpoint directories too: a job reads and writes its checkpoints by --checkpoint-dir, from the
 working directory it was submitted from, never through its code's snapshot."""
-LINK_DIRS = frozenset({"data", "datasets", "dataset", "runs", "outputs", "output", "logs", "results", "wandb",
-                       "mlruns", "lightning_logs", "bench-out"})
-LINK_SUFFIXES = frozenset({".pt", ".pth", ".ckpt", ".safetensors", ".bin", ".npy", ".npz", ".h5", ".hdf5",
-                           ".parquet", ".arrow", ".tar", ".zip", ".gz", ".tgz", ".xz", ".zst", ".pkl", ".pickle",
-                           ".idx", ".ubyte", ".tfrecord", ".lmdb", ".mdb"})
+LINK_DIRS = frozenset(
+    {
+        "data",
+        "datasets",
+        "dataset",
+        "runs",
+        "outputs",
+        "output",
+        "logs",
+        "results",
+        "wandb",
+        "mlruns",
+        "lightning_logs",
+        "bench-out",
+    }
+)
+LINK_SUFFIXES = frozenset(
+    {
+        ".pt",
+        ".pth",
+        ".ckpt",
+        ".safetensors",
+        ".bin",
+        ".npy",
+        ".npz",
+        ".h5",
+        ".hdf5",
+        ".parquet",
+        ".arrow",
+        ".tar",
+        ".zip",
+        ".gz",
+        ".tgz",
+        ".xz",
+        ".zst",
+        ".pkl",
+        ".pickle",
+        ".idx",
+        ".ubyte",
+        ".tfrecord",
+        ".lmdb",
+        ".mdb",
+    }
+)
 SKIP_SUFFIXES = frozenset({".pyc", ".pyo", ".sif", ".sqsh", ".squashfs"})
 """Left out. Container images too: the container runtime opens the job's image by its own path (--container)."""
 LINK_BYTES = 10 * 1024**2
@@ -54,8 +114,11 @@ class Manifest:
     """Bytes per top-level entry, for the message when over the limit."""
 
     def describe(self) -> str:
-        linked = f", {len(self.links)} linked ({', '.join(self.links[:4])}{', ...' if len(self.links) > 4 else ''})" \
-            if self.links else ""
+        linked = (
+            f", {len(self.links)} linked ({', '.join(self.links[:4])}{', ...' if len(self.links) > 4 else ''})"
+            if self.links
+            else ""
+        )
         how = "git ls-files" if self.mode == "git" else "every file below it"
         return f"{len(self.files)} files, {_mb(self.bytes)} ({how}){linked}"
 
@@ -136,14 +199,21 @@ def _git_listing(root: Path) -> tuple[list[str], list[str]] | None:
     if not git:
         return None
     try:
-        inside = subprocess.run([git, "-C", str(root), "rev-parse", "--is-inside-work-tree"], capture_output=True,
-                                text=True, timeout=30)
+        inside = subprocess.run(
+            [git, "-C", str(root), "rev-parse", "--is-inside-work-tree"], capture_output=True, text=True, timeout=30
+        )
         if inside.returncode != 0 or inside.stdout.strip() != "true":
             return None
-        listed = subprocess.run([git, "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                                capture_output=True, timeout=120)
-        ignored = subprocess.run([git, "-C", str(root), "ls-files", "-z", "--others", "--ignored", "--exclude-standard",
-                                  "--directory"], capture_output=True, timeout=120)
+        listed = subprocess.run(
+            [git, "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            capture_output=True,
+            timeout=120,
+        )
+        ignored = subprocess.run(
+            [git, "-C", str(root), "ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory"],
+            capture_output=True,
+            timeout=120,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if listed.returncode != 0:
@@ -167,8 +237,9 @@ class _Rules:
     def skip_dir(self, path: Path) -> bool:
         if path not in self._skip:
             name = path.name
-            self._skip[path] = (name in SKIP_DIRS or name.endswith(".egg-info") or self.excluded(path)
-                                or (path / "pyvenv.cfg").exists())
+            self._skip[path] = (
+                name in SKIP_DIRS or name.endswith(".egg-info") or self.excluded(path) or (path / "pyvenv.cfg").exists()
+            )
         return self._skip[path]
 
     @staticmethod
@@ -266,17 +337,27 @@ def list_snapshot(root: Path, *, exclude: Iterable[Path] = ()) -> Manifest:
                 break
     # a link inside a linked directory is redundant
     pruned = sorted(link for link in links if not any(link.startswith(other + "/") for other in links))
-    return Manifest(root=root, mode="git" if git is not None else "files", files=tuple(files), links=tuple(pruned),
-                    bytes=total, over_limit=over, sizes=sizes)
+    return Manifest(
+        root=root,
+        mode="git" if git is not None else "files",
+        files=tuple(files),
+        links=tuple(pruned),
+        bytes=total,
+        over_limit=over,
+        sizes=sizes,
+    )
 
 
 def over_limit_message(manifest: Manifest) -> tuple[str, str]:
     biggest = sorted(manifest.sizes.items(), key=lambda kv: -kv[1])[:3]
     named = ", ".join(f"{name} {_mb(size)}" for name, size in biggest)
-    message = (f"the snapshot of {manifest.root} would copy more than {MAX_FILES} files or {_mb(MAX_BYTES)} "
-               f"(largest: {named})")
-    hint = ("give --snapshot DIR with the directory of your code only, or move data out of it: data/, checkpoints/, "
-            f"*.pt and files over {_mb(LINK_BYTES)} are linked, not copied (docs/slurm.md#the-code-a-job-runs)")
+    message = (
+        f"the snapshot of {manifest.root} would copy more than {MAX_FILES} files or {_mb(MAX_BYTES)} (largest: {named})"
+    )
+    hint = (
+        "give --snapshot DIR with the directory of your code only, or move data out of it: data/, checkpoints/, "
+        f"*.pt and files over {_mb(LINK_BYTES)} are linked, not copied (docs/slurm.md#the-code-a-job-runs)"
+    )
     return message, hint
 
 

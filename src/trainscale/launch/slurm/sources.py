@@ -8,8 +8,8 @@ that decide whether the job may be submitted) lives here, so the CLI only parses
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping
 
 from trainscale.errors import ConfigError, MissingOption
 from trainscale.launch.slurm.spec import JobPlan, SlurmJobSpec, resolve
@@ -26,8 +26,10 @@ def spec_values(given: dict) -> dict:
         text = values.pop("nodes")
         low, sep, high = text.partition("-")
         if not (low.isdigit() and (high.isdigit() or not sep)):
-            raise ConfigError(f"--nodes {text!r} is not N or MIN-MAX", hint="e.g. --nodes 4, or --nodes 2-4 (start on "
-                                                                           "4, continue on as few as 2)")
+            raise ConfigError(
+                f"--nodes {text!r} is not N or MIN-MAX",
+                hint="e.g. --nodes 4, or --nodes 2-4 (start on 4, continue on as few as 2)",
+            )
         values["nodes"] = int(high or low)
         if sep:
             values["min_nodes"] = int(low)
@@ -50,8 +52,9 @@ def spec_values(given: dict) -> dict:
     if "hang_timeout" in values:  # the workers' hang watch reads it (runtime/hangwatch/heartbeat.py)
         seconds = values.pop("hang_timeout")
         if not 0 <= seconds < float("inf"):
-            raise ConfigError(f"--hang-timeout {seconds:g} must be 0 (never) or more seconds",
-                              hint="e.g. --hang-timeout 600")
+            raise ConfigError(
+                f"--hang-timeout {seconds:g} must be 0 (never) or more seconds", hint="e.g. --hang-timeout 600"
+            )
         values["env"] = {**values.get("env", {}), "TRAINSCALE_HANG_TIMEOUT": f"{seconds:g}"}
     values.update({key: tuple(values[key]) for key in _LISTS if key in values})
     if "output_dir" in values:
@@ -71,16 +74,19 @@ def job_spec(cli: dict, *, config_file: str | None, environ: Mapping[str, str] |
     except MissingOption as exc:
         if exc.option != "time":
             raise
-        raise ConfigError("--time is required", hint="give the job's time limit, e.g. -t 01:00:00 "
-                                                     "(or time = \"01:00:00\" in the [slurm] table)") from None
+        raise ConfigError(
+            "--time is required",
+            hint='give the job\'s time limit, e.g. -t 01:00:00 (or time = "01:00:00" in the [slurm] table)',
+        ) from None
     profile = load_profile(spec.profile)  # named in the one order, as any option (the environment beats the file)
     if spec.profile != profile.name:
         spec = dataclasses.replace(spec, profile=profile.name)
     return spec, profile
 
 
-def check(spec: SlurmJobSpec, profile: ClusterProfile, *,
-          preflight: Callable | None = None) -> tuple[JobPlan, list, bool]:
+def check(
+    spec: SlurmJobSpec, profile: ClusterProfile, *, preflight: Callable | None = None
+) -> tuple[JobPlan, list, bool]:
     """(plan, findings, whether this machine's scheduler is the job's cluster): lint, the partition's real sizes,
     the code snapshot and the job's Python, errors first."""
     from trainscale.launch.slurm import cluster
@@ -90,7 +96,11 @@ def check(spec: SlurmJobSpec, profile: ClusterProfile, *,
 
     plan = resolve(spec, profile)
     sized, here = cluster.findings(plan, profile, cluster.partitions())
-    findings = lint(spec, profile, plan, preflight=preflight) + sized + snapshot_findings(spec, plan) \
+    findings = (
+        lint(spec, profile, plan, preflight=preflight)
+        + sized
+        + snapshot_findings(spec, plan)
         + probe_python(spec, profile, plan)
+    )
     findings.sort(key=lambda f: ("error", "warning", "note").index(f.level))
     return plan, findings, here

@@ -25,8 +25,21 @@ _JOB_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 _ARRAY = re.compile(r"^\d+(-\d+)?(:\d+)?(,\d+(-\d+)?(:\d+)?)*(%\d+)?$")
 GPU_VISIBILITY = ("auto", "task", "node")
 CONTAINER_MODES = ("exec", "run")
-MAIL_TYPES = ("NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND", "STAGE_OUT", "TIME_LIMIT",
-              "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS")
+MAIL_TYPES = (
+    "NONE",
+    "BEGIN",
+    "END",
+    "FAIL",
+    "REQUEUE",
+    "ALL",
+    "INVALID_DEPEND",
+    "STAGE_OUT",
+    "TIME_LIMIT",
+    "TIME_LIMIT_90",
+    "TIME_LIMIT_80",
+    "TIME_LIMIT_50",
+    "ARRAY_TASKS",
+)
 
 
 UNLIMITED = -1
@@ -40,9 +53,11 @@ def parse_time(text: str) -> int:
         return UNLIMITED
     m = _TIME.match(text.strip())
     if not m:
-        raise ConfigError(f"time {text!r} is not a SLURM time",
-                          hint="write it as sbatch does: MINUTES, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or "
-                               "UNLIMITED, e.g. --time 01:30:00 or -t 1-12")
+        raise ConfigError(
+            f"time {text!r} is not a SLURM time",
+            hint="write it as sbatch does: MINUTES, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or "
+            "UNLIMITED, e.g. --time 01:30:00 or -t 1-12",
+        )
     days, *rest = m.groups()
     parts = [int(x) for x in rest if x is not None]
     over = any(p >= 60 for p in parts[1:]) or (days is not None and bool(parts) and parts[0] >= 24)
@@ -51,8 +66,10 @@ def parse_time(text: str) -> int:
     units = (3600, 60, 1) if len(parts) == 3 else (60, 1)  # H:M:S; M or M:S
     seconds = int(days or 0) * 86400 + sum(p * u for p, u in zip(parts, units))
     if over:  # sbatch would read it otherwise than it is written
-        raise ConfigError(f"time {text!r}: minutes and seconds after the first field are 0-59, hours 0-23 after "
-                          "a day count", hint=f"write it as --time {format_time(seconds)}")
+        raise ConfigError(
+            f"time {text!r}: minutes and seconds after the first field are 0-59, hours 0-23 after a day count",
+            hint=f"write it as --time {format_time(seconds)}",
+        )
     return seconds
 
 
@@ -94,7 +111,8 @@ class SlurmJobSpec:
     spare_nodes: int = 0
     """``--spare-nodes K``: nodes allocated beside ``nodes`` that the job starts on once one of its nodes fails."""
     gpus_per_node: int | None = None
-    """GPUs per node; on CPU-only profiles the ranks per node. None: from ``ntasks``, else the profile's count (or 1)."""
+    """GPUs per node; on CPU-only profiles the ranks per node. None: from ``ntasks``, else the profile's count
+    (or 1)."""
     gpu_type: str | None = None
     """GPU type for ``--gpus-per-node TYPE:N`` (e.g. a100), as the site names it."""
     ntasks: int | None = None
@@ -204,19 +222,23 @@ class SlurmJobSpec:
     def __post_init__(self) -> None:
         chosen = [x for x in (self.script, self.module, self.workload) if x]
         if len(chosen) != 1:
-            raise ConfigError("give exactly one of a SCRIPT, --module MODULE or --workload NAME"
-                              if chosen else "nothing to run",
-                              hint="e.g. trainscale slurm train.py --profile lumi ..., or --workload cnn")
+            raise ConfigError(
+                "give exactly one of a SCRIPT, --module MODULE or --workload NAME" if chosen else "nothing to run",
+                hint="e.g. trainscale slurm train.py --profile lumi ..., or --workload cnn",
+            )
         if self.nodes < 1:
             raise ConfigError(f"--nodes {self.nodes}: at least one node is needed", hint="use --nodes 1 or more")
         for name in ("gpus-per-node", "cpus-per-gpu", "cpus-per-task", "tasks-per-node", "ntasks"):
             if (value := getattr(self, name.replace("-", "_"))) is not None and value < 1:
-                raise ConfigError(f"{name}={value}: must be at least 1", hint=f"leave {name} out to derive it from "
-                                  "the profile")
+                raise ConfigError(
+                    f"{name}={value}: must be at least 1", hint=f"leave {name} out to derive it from the profile"
+                )
         if self.ntasks is not None and self.ntasks % self.nodes:
-            raise ConfigError(f"-n/--ntasks {self.ntasks} is not a multiple of --nodes {self.nodes}",
-                              hint=f"trainscale runs the same number of ranks on every node: use -n "
-                                   f"{self.nodes * max(1, self.ntasks // self.nodes)}, or --gpus-per-node")
+            raise ConfigError(
+                f"-n/--ntasks {self.ntasks} is not a multiple of --nodes {self.nodes}",
+                hint=f"trainscale runs the same number of ranks on every node: use -n "
+                f"{self.nodes * max(1, self.ntasks // self.nodes)}, or --gpus-per-node",
+            )
         parse_time(self.time)
         if self.launcher is not None and self.launcher not in LAUNCHERS:
             raise ConfigError(f"--launcher {self.launcher!r} unknown", hint=did_you_mean(self.launcher, LAUNCHERS))
@@ -226,65 +248,95 @@ class SlurmJobSpec:
         if self.mem and self.mem_per_gpu:
             raise ConfigError("both --mem and --mem-per-gpu", hint="give one: SLURM refuses both in one job")
         if self.signal is not None and not _SIGNAL.match(self.signal):
-            raise ConfigError(f"--signal {self.signal!r} is not SIG[@SECONDS]",
-                              hint="e.g. --signal USR1@90 (SIGUSR1 90 s before the time limit)")
+            raise ConfigError(
+                f"--signal {self.signal!r} is not SIG[@SECONDS]",
+                hint="e.g. --signal USR1@90 (SIGUSR1 90 s before the time limit)",
+            )
         for what, name in (("run name", self.run_name), ("--job-name", self.job_name)):
             if name is not None and not _JOB_NAME.match(name):
-                raise ConfigError(f"{what} {name!r} has characters that do not belong in a file name",
-                                  hint="use letters, digits, '.', '_' and '-'")
+                raise ConfigError(
+                    f"{what} {name!r} has characters that do not belong in a file name",
+                    hint="use letters, digits, '.', '_' and '-'",
+                )
         if self.master_port is not None and not 1024 <= self.master_port < 65536:
             raise ConfigError(f"master port {self.master_port} out of range", hint="use 1024-65535, or leave it out")
         if self.min_nodes is not None and not 1 <= self.min_nodes <= self.nodes:
-            raise ConfigError(f"--nodes {self.min_nodes}-{self.nodes}: MIN must be 1 to MAX",
-                              hint="e.g. --nodes 2-4: start on 4 nodes, continue on as few as 2")
+            raise ConfigError(
+                f"--nodes {self.min_nodes}-{self.nodes}: MIN must be 1 to MAX",
+                hint="e.g. --nodes 2-4: start on 4 nodes, continue on as few as 2",
+            )
         if self.spare_nodes < 0:
-            raise ConfigError(f"--spare-nodes {self.spare_nodes}: a negative number of spare nodes",
-                              hint="use 0 or more spare nodes")
+            raise ConfigError(
+                f"--spare-nodes {self.spare_nodes}: a negative number of spare nodes", hint="use 0 or more spare nodes"
+            )
         if self.heals and self.sweep:
-            raise ConfigError("--spare-nodes / --nodes MIN-MAX with a sweep: each array task is its own job",
-                              hint="leave them out of trainscale sweep")
+            raise ConfigError(
+                "--spare-nodes / --nodes MIN-MAX with a sweep: each array task is its own job",
+                hint="leave them out of trainscale sweep",
+            )
         if self.chain < 1 or self.max_requeues < 0:
-            raise ConfigError(f"--chain {self.chain} / --max-requeues {self.max_requeues}: need a chain of 1 job or "
-                              "more and 0 requeues or more", hint="e.g. --chain 3 --max-requeues 2")
+            raise ConfigError(
+                f"--chain {self.chain} / --max-requeues {self.max_requeues}: need a chain of 1 job or "
+                "more and 0 requeues or more",
+                hint="e.g. --chain 3 --max-requeues 2",
+            )
         if self.sweep and (self.chain > 1 or not self.array):
             raise ConfigError("a sweep is one array job (not a chain)", hint="use trainscale sweep --grid ...")
         if self.chain > 1 and (self.array or self.dependency):
-            raise ConfigError("--chain with --array/--dependency: a chain makes its own dependencies",
-                              hint="drop --dependency (the first link can wait with `trainscale slurm ... --submit` "
-                                   "later), or use `trainscale sweep` for arrays")
+            raise ConfigError(
+                "--chain with --array/--dependency: a chain makes its own dependencies",
+                hint="drop --dependency (the first link can wait with `trainscale slurm ... --submit` "
+                "later), or use `trainscale sweep` for arrays",
+            )
         if self.dataloader_workers < 0:
             raise ConfigError(f"dataloader_workers={self.dataloader_workers} is negative", hint="use 0 or more")
         for line in self.extra_sbatch:
             if not line.strip().startswith("-"):
-                raise ConfigError(f"extra sbatch option {line!r} is not an option",
-                                  hint="write it as on the sbatch command line, e.g. --constraint=a100")
+                raise ConfigError(
+                    f"extra sbatch option {line!r} is not an option",
+                    hint="write it as on the sbatch command line, e.g. --constraint=a100",
+                )
         if self.gpu_visibility not in GPU_VISIBILITY:
-            raise ConfigError(f"--gpu-visibility {self.gpu_visibility!r} unknown",
-                              hint=did_you_mean(self.gpu_visibility, GPU_VISIBILITY))
+            raise ConfigError(
+                f"--gpu-visibility {self.gpu_visibility!r} unknown",
+                hint=did_you_mean(self.gpu_visibility, GPU_VISIBILITY),
+            )
         if self.container_mode is not None and self.container_mode not in CONTAINER_MODES:
-            raise ConfigError(f"container mode {self.container_mode!r} unknown",
-                              hint="use exec (run the command in the image) or run (through the image's runscript)")
+            raise ConfigError(
+                f"container mode {self.container_mode!r} unknown",
+                hint="use exec (run the command in the image) or run (through the image's runscript)",
+            )
         if not self.container and (self.container_mode or self.container_setup or self.binds):
-            raise ConfigError("--container-run/--container-setup/--bind given without --container IMAGE",
-                              hint="add --container /path/to/image.sif, or drop the container options")
+            raise ConfigError(
+                "--container-run/--container-setup/--bind given without --container IMAGE",
+                hint="add --container /path/to/image.sif, or drop the container options",
+            )
         for bind in self.binds:
             if not bind or bind.startswith(":") or "," in bind:
-                raise ConfigError(f"--bind {bind!r} is not SRC[:DST[:OPTS]]",
-                                  hint="one path per --bind, e.g. --bind /scratch/project_465000000 or "
-                                       "--bind env.sqsh:/user-software:image-src=/")
+                raise ConfigError(
+                    f"--bind {bind!r} is not SRC[:DST[:OPTS]]",
+                    hint="one path per --bind, e.g. --bind /scratch/project_465000000 or "
+                    "--bind env.sqsh:/user-software:image-src=/",
+                )
         if self.array is not None and not _ARRAY.match(self.array):
-            raise ConfigError(f"--array {self.array!r} is not an sbatch array",
-                              hint="e.g. --array 0-7, --array 1,3,5 or --array 0-15%4 (at most 4 at once)")
+            raise ConfigError(
+                f"--array {self.array!r} is not an sbatch array",
+                hint="e.g. --array 0-7, --array 1,3,5 or --array 0-15%4 (at most 4 at once)",
+            )
         if self.mail_type is not None:
             bad = [t for t in self.mail_type.upper().split(",") if t not in MAIL_TYPES]
             if bad:
-                raise ConfigError(f"--mail-type {self.mail_type!r}: {', '.join(bad)} unknown",
-                                  hint=f"use a comma list of {', '.join(MAIL_TYPES)}")
+                raise ConfigError(
+                    f"--mail-type {self.mail_type!r}: {', '.join(bad)} unknown",
+                    hint=f"use a comma list of {', '.join(MAIL_TYPES)}",
+                )
         for name in ("dependency", "export", "qos", "constraint", "gpu_type", "gpu_bind", "chdir", "output", "error"):
             value = getattr(self, name)
             if value is not None and (not value.strip() or any(c in value for c in "\n\r")):
-                raise ConfigError(f"--{name.replace('_', '-')} {value!r} is empty or spans lines",
-                                  hint="give one value, as on the sbatch command line")
+                raise ConfigError(
+                    f"--{name.replace('_', '-')} {value!r} is empty or spans lines",
+                    hint="give one value, as on the sbatch command line",
+                )
 
     @property
     def name(self) -> str:
@@ -360,8 +412,10 @@ def _task_gpu(spec: SlurmJobSpec, profile: ClusterProfile, launcher: str, facts:
     if spec.gpu_visibility == "node":
         return "", ""
     if spec.gpu_visibility == "auto" and facts.gpu_index_line is not None:
-        return "", (f"{Path(facts.path or '').name} line {facts.gpu_index_line} picks its GPU by rank index "
-                    f"({facts.gpu_index_code}): every task sees all the node's GPUs")
+        return "", (
+            f"{Path(facts.path or '').name} line {facts.gpu_index_line} picks its GPU by rank index "
+            f"({facts.gpu_index_code}): every task sees all the node's GPUs"
+        )
     if profile.task_gpu == "slurm":
         return "slurm", ""
     return ("ROCR_VISIBLE_DEVICES" if profile.gpu_vendor == "amd" else "CUDA_VISIBLE_DEVICES"), ""
@@ -388,7 +442,9 @@ def resolve(spec: SlurmJobSpec, profile: ClusterProfile, facts: ScriptFacts | No
     elif rank_cpus and all(rank_cpus):
         per_rank = min(len(c) for c in rank_cpus)
     elif profile.binding == "map" and gpu and profile.gpu_cores:
-        per_rank = min(len([c for c in cores if c not in profile.reserved_cores]) for cores in profile.gpu_cores.values())
+        per_rank = min(
+            len([c for c in cores if c not in profile.reserved_cores]) for cores in profile.gpu_cores.values()
+        )
     elif gpu:  # a GPU's share of the node, whatever number of GPUs the job asks for
         per_rank = max(1, usable_cpus(profile) // max(profile.gpus_per_node, ranks))
     else:
@@ -406,11 +462,23 @@ def resolve(spec: SlurmJobSpec, profile: ClusterProfile, facts: ScriptFacts | No
         mem_per_gpu = None
     task_gpu, why = _task_gpu(spec, profile, launcher, facts)
     return JobPlan(
-        launcher=launcher, nodes=spec.nodes, ranks_per_node=ranks, tasks_per_node=tasks, cpus_per_task=cpus_per_task,
-        cpus_per_rank=per_rank, gpus_per_node=ranks if gpu else 0,
-        partition=spec.partition or profile.default_partition, mem_per_gpu=mem_per_gpu, mem_per_node=mem_per_node,
-        rank_cpus=rank_cpus, output_dir=Path(spec.output_dir).absolute(), time_s=parse_time(spec.time),
-        partial_node=partial, task_gpu=task_gpu, gpu_visibility_reason=why, facts=facts,
+        launcher=launcher,
+        nodes=spec.nodes,
+        ranks_per_node=ranks,
+        tasks_per_node=tasks,
+        cpus_per_task=cpus_per_task,
+        cpus_per_rank=per_rank,
+        gpus_per_node=ranks if gpu else 0,
+        partition=spec.partition or profile.default_partition,
+        mem_per_gpu=mem_per_gpu,
+        mem_per_node=mem_per_node,
+        rank_cpus=rank_cpus,
+        output_dir=Path(spec.output_dir).absolute(),
+        time_s=parse_time(spec.time),
+        partial_node=partial,
+        task_gpu=task_gpu,
+        gpu_visibility_reason=why,
+        facts=facts,
         run_dir=Path(spec.output_dir).absolute() / (spec.run_name or f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"),
         code_root=code_root_for(spec.script, spec.module, spec.snapshot, facts),
     )

@@ -26,8 +26,10 @@ def write_script(text: str, path: Path) -> Path:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
-        raise SlurmError(f"{path} already exists; trainscale does not overwrite files",
-                         hint="choose another --job-name or --output-dir, or move the old script away") from None
+        raise SlurmError(
+            f"{path} already exists; trainscale does not overwrite files",
+            hint="choose another --job-name or --output-dir, or move the old script away",
+        ) from None
     with os.fdopen(fd, "w") as handle:
         handle.write(text)
     return path
@@ -38,23 +40,30 @@ def parse_parsable(stdout: str) -> tuple[str, str]:
     line = stdout.strip().splitlines()[-1] if stdout.strip() else ""
     m = re.fullmatch(r"(\d+)(?:;(\S+))?", line.strip())
     if not m:
-        raise SlurmError(f"cannot read a job id from sbatch's output {stdout!r}",
-                         hint="expected `sbatch --parsable` to print JOBID or JOBID;CLUSTER")
+        raise SlurmError(
+            f"cannot read a job id from sbatch's output {stdout!r}",
+            hint="expected `sbatch --parsable` to print JOBID or JOBID;CLUSTER",
+        )
     return m.group(1), m.group(2) or ""
 
 
-def submit(script: Path, *, run: Runner | None = None, cwd: Path | None = None,
-           extra: tuple[str, ...] = ()) -> Submission:
+def submit(
+    script: Path, *, run: Runner | None = None, cwd: Path | None = None, extra: tuple[str, ...] = ()
+) -> Submission:
     """``sbatch --parsable [EXTRA...] SCRIPT`` (extra: options that are not in the script, e.g. a chain's
     ``--dependency``)."""
     argv = ["sbatch", "--parsable", *extra, str(script)]
     try:
         done = (run or subprocess.run)(argv, capture_output=True, text=True, timeout=120, cwd=cwd)
     except FileNotFoundError:
-        raise SlurmError("`sbatch` is not installed here", hint="submit from a SLURM login node, or use --dry-run") from None
+        raise SlurmError(
+            "`sbatch` is not installed here", hint="submit from a SLURM login node, or use --dry-run"
+        ) from None
     if done.returncode != 0:
-        raise SlurmError(f"sbatch refused {script}: {(done.stderr or done.stdout).strip()}",
-                         hint="read SLURM's message above; `trainscale slurm ... --dry-run` shows the script")
+        raise SlurmError(
+            f"sbatch refused {script}: {(done.stderr or done.stdout).strip()}",
+            hint="read SLURM's message above; `trainscale slurm ... --dry-run` shows the script",
+        )
     job_id, cluster = parse_parsable(done.stdout)
     return Submission(job_id=job_id, cluster=cluster, script=Path(script))
 
@@ -66,14 +75,19 @@ def cancel(job_id: str, *, run: Runner | None = None, signal: str | None = None)
     except FileNotFoundError:
         raise SlurmError("`scancel` is not installed here", hint="run this on a SLURM login node") from None
     if done.returncode != 0:
-        raise SlurmError(f"scancel {job_id} failed: {(done.stderr or done.stdout).strip()}",
-                         hint="check the job id with `trainscale jobs`")
+        raise SlurmError(
+            f"scancel {job_id} failed: {(done.stderr or done.stdout).strip()}",
+            hint="check the job id with `trainscale jobs`",
+        )
 
 
-UNREACHABLE = re.compile(r"Unable to contact slurm controller|Could not establish a configuration source|"
-                         r"Socket timed out|Connection refused|Zero Bytes were transmitted|Unable to process "
-                         r"configuration file|unable to status file|Communication connection failure|"
-                         r"authentication|Munge|slurm_load_\w+ error", re.IGNORECASE)
+UNREACHABLE = re.compile(
+    r"Unable to contact slurm controller|Could not establish a configuration source|"
+    r"Socket timed out|Connection refused|Zero Bytes were transmitted|Unable to process "
+    r"configuration file|unable to status file|Communication connection failure|"
+    r"authentication|Munge|slurm_load_\w+ error",
+    re.IGNORECASE,
+)
 """sbatch's words when it never got the scheduler's answer (not a refusal of the job)."""
 
 
@@ -88,16 +102,19 @@ def ask_test_only(script_text: str, *, required: bool = False, run: Runner | Non
 
     if run is None and not shutil.which("sbatch"):
         if required:
-            raise ConfigError("--test-only needs sbatch, which is not on this machine's PATH",
-                              hint="run it on a SLURM login node, or use --dry-run")
+            raise ConfigError(
+                "--test-only needs sbatch, which is not on this machine's PATH",
+                hint="run it on a SLURM login node, or use --dry-run",
+            )
         return "no sbatch", ""
 
     with tempfile.NamedTemporaryFile("w", suffix=".sbatch", prefix="trainscale-test-only-") as handle:
         handle.write(script_text)
         handle.flush()
         try:
-            done = (run or subprocess.run)(["sbatch", "--test-only", handle.name], capture_output=True, text=True,
-                                           timeout=120)
+            done = (run or subprocess.run)(
+                ["sbatch", "--test-only", handle.name], capture_output=True, text=True, timeout=120
+            )
         except FileNotFoundError:
             raise SlurmError("`sbatch` is not installed here", hint="run this on a SLURM login node") from None
         except subprocess.TimeoutExpired:
@@ -111,11 +128,16 @@ def ask_test_only(script_text: str, *, required: bool = False, run: Runner | Non
 def test_only_lines(answer: str, said: str) -> list[str]:
     """What ``trainscale slurm`` says about an :func:`ask_test_only` answer."""
     if answer == "unreachable":
-        return [f"trainscale slurm: could not ask the scheduler (sbatch --test-only: {said}); the job was not checked "
-                "by SLURM", "  hint: run it where the SLURM controller answers (a login node; `squeue` works there)"]
+        return [
+            f"trainscale slurm: could not ask the scheduler (sbatch --test-only: {said}); the job was not checked "
+            "by SLURM",
+            "  hint: run it where the SLURM controller answers (a login node; `squeue` works there)",
+        ]
     if answer == "elsewhere":
-        return ["trainscale slurm: sbatch --test-only was not asked: this machine's scheduler is not the job's "
-                "cluster (the note above)"]
+        return [
+            "trainscale slurm: sbatch --test-only was not asked: this machine's scheduler is not the job's "
+            "cluster (the note above)"
+        ]
     if answer == "no sbatch":
         return ["trainscale slurm: no SLURM scheduler here (sbatch is not on PATH): the job was not checked by SLURM"]
     return [f"trainscale slurm: sbatch --test-only {'accepts' if answer == 'accepts' else 'REFUSES'} the job: {said}"]

@@ -35,8 +35,10 @@ def parse_grid(text: str) -> dict[str, list[str]]:
         key, sep, values = part.partition("=")
         items = [v for v in values.split(",") if v]
         if not sep or not _KEY.match(key) or not items:
-            raise ConfigError(f"--grid {part!r} is not KEY=V1,V2,...",
-                              hint="e.g. --grid 'lr=1e-3,3e-4 batch_size=16,32' (one KEY=VALUES per word)")
+            raise ConfigError(
+                f"--grid {part!r} is not KEY=V1,V2,...",
+                hint="e.g. --grid 'lr=1e-3,3e-4 batch_size=16,32' (one KEY=VALUES per word)",
+            )
         if key in grid:
             raise ConfigError(f"--grid names {key!r} twice", hint="give each key once, with all its values")
         grid[key] = items
@@ -52,13 +54,14 @@ def load_grid_file(path: str | Path) -> dict[str, list[str]]:
     data = read_toml(path, "grid file", "give a TOML file with a [grid] table")
     table = data.get("grid")
     if not isinstance(table, dict) or not table:
-        raise ConfigError(f"grid file {path} has no [grid] table", hint='[grid]\nlr = [1e-3, 3e-4]')
+        raise ConfigError(f"grid file {path} has no [grid] table", hint="[grid]\nlr = [1e-3, 3e-4]")
     grid = {}
     for key, values in table.items():
         values = values if isinstance(values, list) else [values]
         if not _KEY.match(key) or not values:
-            raise ConfigError(f"grid file {path}: {key!r} = {values!r} is not a key with values",
-                              hint="e.g. batch_size = [16, 32]")
+            raise ConfigError(
+                f"grid file {path}: {key!r} = {values!r} is not a key with values", hint="e.g. batch_size = [16, 32]"
+            )
         grid[key] = [json.dumps(v) if isinstance(v, bool) else str(v) for v in values]
     return grid
 
@@ -66,7 +69,9 @@ def load_grid_file(path: str | Path) -> dict[str, list[str]]:
 def grid_of(grid: str | None, grid_file: str | None) -> dict[str, list[str]]:
     """The grid of ``--grid`` or of ``--grid-file`` (exactly one of them)."""
     if bool(grid) == bool(grid_file):
-        raise ConfigError("give exactly one of --grid or --grid-file", hint="e.g. --grid 'lr=1e-3,3e-4 batch_size=16,32'")
+        raise ConfigError(
+            "give exactly one of --grid or --grid-file", hint="e.g. --grid 'lr=1e-3,3e-4 batch_size=16,32'"
+        )
     return parse_grid(grid) if grid else load_grid_file(grid_file)
 
 
@@ -133,8 +138,11 @@ def _flat_metrics(data: Any) -> dict[str, float]:
     epochs = data.get("epochs")
     if isinstance(epochs, list) and epochs and isinstance(epochs[-1], dict):  # a built-in workload's result
         source = {**epochs[-1], "steps": data.get("steps")}
-    return {k: float(v) for k, v in source.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))}
+    return {
+        k: float(v)
+        for k, v in source.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
+    }
 
 
 def _logged(path: Path) -> dict[str, float]:
@@ -186,12 +194,17 @@ def scheduler_states(job_id: str, tasks: list[int], run: Any = None) -> dict[int
 def gather(run_dir: Path, run: Any = None) -> list[TaskResult]:
     path = Path(run_dir) / "sweep.json"
     if not path.exists():
-        raise ConfigError(f"{run_dir} is not a sweep's run directory (no sweep.json)",
-                          hint="give the directory `trainscale sweep` printed when it submitted the sweep")
+        raise ConfigError(
+            f"{run_dir} is not a sweep's run directory (no sweep.json)",
+            hint="give the directory `trainscale sweep` printed when it submitted the sweep",
+        )
     sweep = json.loads(path.read_text())
     configs = sweep["configurations"]
-    ended = {i for i in range(len(configs)) if any((Path(run_dir) / f"task-{i}" / m).exists()
-                                                    for m in ("finished", "failed"))}
+    ended = {
+        i
+        for i in range(len(configs))
+        if any((Path(run_dir) / f"task-{i}" / m).exists() for m in ("finished", "failed"))
+    }
     jobs = sweep.get("jobs") or []  # a sweep run here has none: a task without a result has not run yet
     asked = scheduler_states(jobs[-1], [i for i in range(len(configs)) if i not in ended], run) if jobs else {}
     out = []
@@ -218,10 +231,13 @@ def choose_metric(results: list[TaskResult], metric: str | None) -> str | None:
         if metric not in names and not any(r.state.startswith(("finished", "failed")) for r in results):
             return None  # nothing has ended, nothing logged yet: the table without a ranking
         if metric not in names:
-            raise ConfigError(f"no task of the sweep logged the metric {metric!r}",
-                              hint=f"logged: {', '.join(sorted(names))}" if names else
-                              f"log it in the script, rt.log({{{metric!r}: value}}), or write it to "
-                              "$TRAINSCALE_RUN_DIR/metrics.json")
+            raise ConfigError(
+                f"no task of the sweep logged the metric {metric!r}",
+                hint=f"logged: {', '.join(sorted(names))}"
+                if names
+                else f"log it in the script, rt.log({{{metric!r}: value}}), or write it to "
+                "$TRAINSCALE_RUN_DIR/metrics.json",
+            )
         return metric
     return next((m for m in PREFERRED_METRICS if m in names), None)
 
@@ -244,8 +260,15 @@ def table(results: list[TaskResult], metric: str | None) -> tuple[list[str], lis
         shown.remove(metric)
         shown.insert(0, metric)
     header = ["task", *keys, "state", *shown]
-    rows = [[str(r.index), *(r.config[k] for k in keys), r.state,
-             *(f"{r.metrics[m]:.6g}" if m in r.metrics else "-" for m in shown)] for r in results]
+    rows = [
+        [
+            str(r.index),
+            *(r.config[k] for k in keys),
+            r.state,
+            *(f"{r.metrics[m]:.6g}" if m in r.metrics else "-" for m in shown),
+        ]
+        for r in results
+    ]
     return header, rows
 
 
@@ -269,8 +292,12 @@ def status(run_dir: Path, metric: str | None, higher_is_better: bool) -> list[st
     files = write_results(run_dir, header, rows)
     png = plot(run_dir, results, metric, higher_is_better)
     done = sum(r.state == "finished" for r in results)
-    return lines + [f"\n{done} of {len(results)} task(s) finished" + (f"; best first by {metric}" if metric else "")
-                    + f". Written: {files['csv']}, {files['markdown']}" + (f", {png}" if png else "")]
+    return lines + [
+        f"\n{done} of {len(results)} task(s) finished"
+        + (f"; best first by {metric}" if metric else "")
+        + f". Written: {files['csv']}, {files['markdown']}"
+        + (f", {png}" if png else "")
+    ]
 
 
 PLOT_TASKS = 30
@@ -311,8 +338,9 @@ def submit_array(spec: Any, profile: Any, plan: Any, grid: dict[str, list[str]])
     its run directory first: (the job's record, the run directory, the task count)."""
     from trainscale.launch.slurm.job import submit_job
 
-    record = submit_job(spec, profile, plan,
-                        before_submit=lambda plan: write_tasks(plan.run_dir, grid, workload=bool(spec.workload)))
+    record = submit_job(
+        spec, profile, plan, before_submit=lambda plan: write_tasks(plan.run_dir, grid, workload=bool(spec.workload))
+    )
     sweep = Path(record.run_dir) / "sweep.json"
     data = json.loads(sweep.read_text())
     sweep.write_text(json.dumps({**data, "jobs": data.get("jobs", []) + [record.job_id]}, indent=2))
@@ -334,8 +362,13 @@ def run_here(spec: Any, grid: dict[str, list[str]], *, nproc_per_node: int, say:
     make_jobs_folder(run_dir.parent)
     run_dir.mkdir()
     configs = write_tasks(run_dir, grid, workload=bool(spec.workload))
-    target, module = (("trainscale.workloads", True) if spec.workload else
-                      (spec.module, True) if spec.module else (spec.script, False))
+    target, module = (
+        ("trainscale.workloads", True)
+        if spec.workload
+        else (spec.module, True)
+        if spec.module
+        else (spec.script, False)
+    )
     head = (spec.workload,) if spec.workload else ()
     failed = 0
     for i, config in enumerate(configs):
@@ -343,9 +376,16 @@ def run_here(spec: Any, grid: dict[str, list[str]], *, nproc_per_node: int, say:
         task.mkdir(exist_ok=True)
         extra = (run_dir / "tasks" / f"{i}.args").read_text().splitlines()
         say(f"task {i}/{len(configs)}: " + " ".join(f"{k}={v}" for k, v in config.items()))
-        result = launch(LocalLaunchSpec(target=target, module=module, args=(*head, *spec.args, *extra),
-                                        nproc_per_node=nproc_per_node, log_dir=task / "logs",
-                                        env={"TRAINSCALE_RUN_DIR": str(task)}))
+        result = launch(
+            LocalLaunchSpec(
+                target=target,
+                module=module,
+                args=(*head, *spec.args, *extra),
+                nproc_per_node=nproc_per_node,
+                log_dir=task / "logs",
+                env={"TRAINSCALE_RUN_DIR": str(task)},
+            )
+        )
         if result.ok:
             (task / "finished").write_text(time.strftime("%Y-%m-%dT%H:%M:%S\n"))
         else:

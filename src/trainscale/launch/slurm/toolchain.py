@@ -50,7 +50,9 @@ class JobPython:
         if self.source == "modules":
             return f"{self.command} as found on the job's PATH after its module lines"
         if self.source == "--python":
-            where = f" inside {spec.container}" if spec.container else (" on the job's PATH" if self.at_job_time else "")
+            where = (
+                f" inside {spec.container}" if spec.container else (" on the job's PATH" if self.at_job_time else "")
+            )
             return f"{self.command} (--python){where}"
         return f"{self.command} (the Python running trainscale)"
 

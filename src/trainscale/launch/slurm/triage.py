@@ -27,8 +27,11 @@ from trainscale.launch.summary import read_end, tail, traceback_of
 from trainscale.topology.cpulist import format_cpulist
 
 # Frames of the machinery between the launcher and the user's code: hidden from the summary.
-_WRAPPER_FRAMES = ("torch/distributed/elastic/multiprocessing/errors", "trainscale/launch/bootstrap.py",
-                   "<frozen runpy>")
+_WRAPPER_FRAMES = (
+    "torch/distributed/elastic/multiprocessing/errors",
+    "trainscale/launch/bootstrap.py",
+    "<frozen runpy>",
+)
 _SRUN_TASK = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.+)$")
 _SUMMARY = re.compile(r"first failing rank: (\d+) on (\S+) \(local rank (\d+), pid \d+\), (.+)$")
 _OTHER = re.compile(r"^ranks? ([\d,\-]+) on (\S+): (.+)$")
@@ -51,22 +54,34 @@ class StepFailure:
 
 # (pattern in the batch output, what it means, the fix); the first that matches wins.
 _STEP_FAILURES = (
-    (re.compile(r"srun: error: .*(?:Unable to layout tasks on given cpus|failed to distribute tasks)"),
-     "the step's tasks do not fit the CPUs SLURM gave the job on a node (CPUs per task x tasks per node, laid out "
-     "on cores and sockets, is more than the node can place)",
-     "give each task fewer CPUs (-c/--cpus-per-task) or run fewer ranks per node; `scontrol show node` shows a "
-     "node's real cores and sockets"),
-    (re.compile(r"srun: error: Unable to create step for job \d+: (.+)"),
-     "the job step asks for more than the job's allocation ({0})",
-     "check --cpus-per-task, --ntasks-per-node and --mem against the #SBATCH lines (the step asks for what the "
-     "script's srun line says; `trainscale slurm --dry-run` shows both)"),
-    (re.compile(r"srun: error: Unable to allocate resources: (.+)"),
-     "SLURM refused the step's resources ({0})", "compare the srun line with the #SBATCH lines in the batch script"),
-    (re.compile(r"slurmstepd: error: execve\(\): (\S+): No such file or directory"),
-     "the program {0} does not exist on the node",
-     "give a path the compute nodes see (--python PATH), or load the module that provides it (--module)"),
-    (re.compile(r"srun: fatal: (.+)"), "srun stopped: {0}", "read SLURM's message; the batch script is job.sbatch in "
-     "the run directory"),
+    (
+        re.compile(r"srun: error: .*(?:Unable to layout tasks on given cpus|failed to distribute tasks)"),
+        "the step's tasks do not fit the CPUs SLURM gave the job on a node (CPUs per task x tasks per node, laid out "
+        "on cores and sockets, is more than the node can place)",
+        "give each task fewer CPUs (-c/--cpus-per-task) or run fewer ranks per node; `scontrol show node` shows a "
+        "node's real cores and sockets",
+    ),
+    (
+        re.compile(r"srun: error: Unable to create step for job \d+: (.+)"),
+        "the job step asks for more than the job's allocation ({0})",
+        "check --cpus-per-task, --ntasks-per-node and --mem against the #SBATCH lines (the step asks for what the "
+        "script's srun line says; `trainscale slurm --dry-run` shows both)",
+    ),
+    (
+        re.compile(r"srun: error: Unable to allocate resources: (.+)"),
+        "SLURM refused the step's resources ({0})",
+        "compare the srun line with the #SBATCH lines in the batch script",
+    ),
+    (
+        re.compile(r"slurmstepd: error: execve\(\): (\S+): No such file or directory"),
+        "the program {0} does not exist on the node",
+        "give a path the compute nodes see (--python PATH), or load the module that provides it (--module)",
+    ),
+    (
+        re.compile(r"srun: fatal: (.+)"),
+        "srun stopped: {0}",
+        "read SLURM's message; the batch script is job.sbatch in the run directory",
+    ),
 )
 
 
@@ -98,8 +113,11 @@ class Failure:
         who = f"rank {self.rank}" if self.rank is not None else "a rank"
         if self.refusal:
             return f"First failing rank: {who} stopped: {self.how}"
-        lines = [f"First failing rank: {who}" + (f" on {self.host}" if self.host else "")
-                 + (f", {self.how}" if self.how else "")]
+        lines = [
+            f"First failing rank: {who}"
+            + (f" on {self.host}" if self.host else "")
+            + (f", {self.how}" if self.how else "")
+        ]
         if self.traceback:
             lines += [f"Traceback of {who}:", trim_traceback(self.traceback).rstrip()]
         elif self.log_tail:
@@ -177,10 +195,19 @@ def srun_failure(job_dir: Path, batch_output: str) -> Failure | None:
         return None
     first, tb = (ranks[0], callstack(files[0])) if ranks else (next(iter(tasks)), "")
     host, how = tasks.get(first, ("", ""))
-    others = [(r, *tasks[r]) if r in tasks else (r, "", "raised too (after the first)")
-              for r in dict.fromkeys(ranks[1:] + list(tasks)) if r != first]
-    return Failure(rank=first, host=host, how=how or "raised an exception", traceback=tb,
-                   log_tail=tail(job_dir / f"rank-{first}.out"), others=grouped(others))
+    others = [
+        (r, *tasks[r]) if r in tasks else (r, "", "raised too (after the first)")
+        for r in dict.fromkeys(ranks[1:] + list(tasks))
+        if r != first
+    ]
+    return Failure(
+        rank=first,
+        host=host,
+        how=how or "raised an exception",
+        traceback=tb,
+        log_tail=tail(job_dir / f"rank-{first}.out"),
+        others=grouped(others),
+    )
 
 
 def _summaries(text: str) -> list[tuple[Failure, str]]:
@@ -197,7 +224,7 @@ def _summaries(text: str) -> list[tuple[Failure, str]]:
             continue
         block: list[str] = []
         others: list[str] = []
-        for nxt in lines[i + 1:]:
+        for nxt in lines[i + 1 :]:
             if nxt.startswith("=" * 20):
                 break
             if nxt.startswith("  rank ") or nxt.startswith("  ranks "):
@@ -205,13 +232,21 @@ def _summaries(text: str) -> list[tuple[Failure, str]]:
             elif not nxt.startswith(("Traceback of rank", "Other ranks:", "Per-rank logs:", "No Python traceback")):
                 block.append(nxt)
         tb = "\n".join(block).strip()
-        found.append((Failure(rank=int(m.group(1)), host=m.group(2), how=m.group(4).strip(), traceback=tb,
-                              others=tuple(others)), tb))
+        found.append(
+            (
+                Failure(
+                    rank=int(m.group(1)), host=m.group(2), how=m.group(4).strip(), traceback=tb, others=tuple(others)
+                ),
+                tb,
+            )
+        )
     return found
 
 
-_TORCH_FAILURE = re.compile(r"host\s*:\s*(?P<host>\S+)\s*\n\s*rank\s*:\s*(?P<rank>\d+) \(local_rank: (?P<local>\d+)\)"
-                            r"\s*\n\s*exitcode\s*:\s*(?P<code>-?\d+)[^\n]*\n\s*error_file\s*:\s*(?P<file>\S+)")
+_TORCH_FAILURE = re.compile(
+    r"host\s*:\s*(?P<host>\S+)\s*\n\s*rank\s*:\s*(?P<rank>\d+) \(local_rank: (?P<local>\d+)\)"
+    r"\s*\n\s*exitcode\s*:\s*(?P<code>-?\d+)[^\n]*\n\s*error_file\s*:\s*(?P<file>\S+)"
+)
 
 
 def torch_agent_failure(job_dir: Path, logs: str) -> Failure | None:
@@ -220,9 +255,11 @@ def torch_agent_failure(job_dir: Path, logs: str) -> Failure | None:
     found = list(_TORCH_FAILURE.finditer(logs))
     if not found:
         return None
+
     def written(m) -> float:
         path = Path(m["file"])
         return path.stat().st_mtime if path.exists() else float("inf")
+
     found.sort(key=lambda m: (written(m), int(m["rank"])))
     first = found[0]
     code = int(first["code"])
@@ -258,8 +295,14 @@ def torchrun_failure(job_dir: Path) -> Failure | None:
         key = first_tb[-1] if first_tb else ""
         failure = next((f for f, tb in summaries if key and key in tb), failure)
     same = [f for f, _ in summaries if not (f.refusal and f is not failure and f.how == failure.how)]  # said once
-    return Failure(rank=failure.rank, host=failure.host, how=failure.how, traceback=failure.traceback,
-                   others=_others(failure, same), refusal=failure.refusal)
+    return Failure(
+        rank=failure.rank,
+        host=failure.host,
+        how=failure.how,
+        traceback=failure.traceback,
+        others=_others(failure, same),
+        refusal=failure.refusal,
+    )
 
 
 def find_failure(job_dir: Path, launcher: str, batch_output: str = "") -> Failure | None:

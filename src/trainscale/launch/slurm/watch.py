@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from trainscale.errors import SlurmError
 from trainscale.launch.slurm import queue
@@ -14,19 +14,31 @@ from trainscale.launch.slurm.triage import find_failure, step_failure
 
 MEANING = {
     "COMPLETED": ("finished: every task exited with code 0", ""),
-    "FAILED": ("failed: the batch script or a task exited non-zero",
-               "read the first failing rank's traceback above; `trainscale jobs JOBID --rank R` shows any rank's output"),
-    "TIMEOUT": ("reached its time limit and was stopped by SLURM",
-                "ask for more --time, or checkpoint regularly and use --signal USR1@90 so the job saves and "
-                "requeues before the limit"),
-    "OUT_OF_MEMORY": ("was killed because a task used more memory than the job asked for",
-                      "ask for more memory (--mem-per-gpu), or lower the batch size / DataLoader workers"),
-    "NODE_FAIL": ("lost a node of its allocation (the node stopped answering the controller)",
-                  "resubmit (the node is usually drained); with --requeue SLURM requeues such jobs itself"),
-    "CANCELLED": ("was cancelled (scancel, an administrator, or a dependency that can never be met)",
-                  "check who cancelled it in the reason; resubmit if it was not on purpose"),
-    "PREEMPTED": ("was preempted by a higher-priority job",
-                  "submit with --requeue and --signal USR1@90 so it checkpoints, requeues and resumes"),
+    "FAILED": (
+        "failed: the batch script or a task exited non-zero",
+        "read the first failing rank's traceback above; `trainscale jobs JOBID --rank R` shows any rank's output",
+    ),
+    "TIMEOUT": (
+        "reached its time limit and was stopped by SLURM",
+        "ask for more --time, or checkpoint regularly and use --signal USR1@90 so the job saves and "
+        "requeues before the limit",
+    ),
+    "OUT_OF_MEMORY": (
+        "was killed because a task used more memory than the job asked for",
+        "ask for more memory (--mem-per-gpu), or lower the batch size / DataLoader workers",
+    ),
+    "NODE_FAIL": (
+        "lost a node of its allocation (the node stopped answering the controller)",
+        "resubmit (the node is usually drained); with --requeue SLURM requeues such jobs itself",
+    ),
+    "CANCELLED": (
+        "was cancelled (scancel, an administrator, or a dependency that can never be met)",
+        "check who cancelled it in the reason; resubmit if it was not on purpose",
+    ),
+    "PREEMPTED": (
+        "was preempted by a higher-priority job",
+        "submit with --requeue and --signal USR1@90 so it checkpoints, requeues and resumes",
+    ),
     "REQUEUED": ("was requeued and will run again", "wait: it resumes from its newest checkpoint"),
     "BOOT_FAIL": ("could not start because a node failed to boot", "resubmit; tell the admins if it repeats"),
     "DEADLINE": ("missed its --deadline and was removed", "resubmit with a later deadline or a shorter --time"),
@@ -62,8 +74,10 @@ def explain(info: JobInfo, record: JobRecord | None = None) -> str:
                 hint = None  # its one line names the fix
             elif not failure.traceback and info.state == "FAILED":
                 who = f"rank {failure.rank}" if failure.rank is not None else "the failing rank"
-                hint = (f"{who} left no Python traceback: its log's last lines are above; "
-                        "`trainscale jobs JOBID --rank R` shows any rank's output")
+                hint = (
+                    f"{who} left no Python traceback: its log's last lines are above; "
+                    "`trainscale jobs JOBID --rank R` shows any rank's output"
+                )
         elif output.strip():
             lines += ["Last lines of the batch output:", "\n".join(output.splitlines()[-15:])]
             if info.state == "FAILED":
@@ -75,9 +89,17 @@ def explain(info: JobInfo, record: JobRecord | None = None) -> str:
     return "\n".join(lines)
 
 
-def watch(job_id: str, *, run: Runner | None = None, poll_s: float = 2.0, timeout_s: float | None = None,
-          on_change: Callable[[JobInfo], None] | None = None, on_poll: Callable[[JobInfo], None] | None = None,
-          clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> JobInfo:
+def watch(
+    job_id: str,
+    *,
+    run: Runner | None = None,
+    poll_s: float = 2.0,
+    timeout_s: float | None = None,
+    on_change: Callable[[JobInfo], None] | None = None,
+    on_poll: Callable[[JobInfo], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> JobInfo:
     """Poll until the job reaches a final state; ``on_change`` sees every new state (RUNNING, REQUEUED...),
     ``on_poll`` every answer that is not final (a running job's training progress is read there)."""
     start = clock()
@@ -88,9 +110,11 @@ def watch(job_id: str, *, run: Runner | None = None, poll_s: float = 2.0, timeou
         if info is None:
             missing += 1
             if missing >= 3:  # gone from squeue, sacct and scontrol: nothing more can be learnt
-                raise SlurmError(f"job {job_id} is not known to squeue, sacct or scontrol",
-                                 hint="it may have ended longer ago than the controller remembers (MinJobAge); "
-                                      "look at its files with `trainscale jobs JOBID`")
+                raise SlurmError(
+                    f"job {job_id} is not known to squeue, sacct or scontrol",
+                    hint="it may have ended longer ago than the controller remembers (MinJobAge); "
+                    "look at its files with `trainscale jobs JOBID`",
+                )
         else:
             missing = 0
             seen = (info.state, info.restarts)
@@ -102,15 +126,20 @@ def watch(job_id: str, *, run: Runner | None = None, poll_s: float = 2.0, timeou
             if on_poll is not None:
                 on_poll(info)
         if timeout_s is not None and clock() - start > timeout_s:
-            raise SlurmError(f"job {job_id} still {info.state if info else 'unknown'} after {timeout_s:.0f}s of watching",
-                             hint="it keeps running; watch again later or cancel it with `trainscale jobs JOBID --cancel`")
+            raise SlurmError(
+                f"job {job_id} still {info.state if info else 'unknown'} after {timeout_s:.0f}s of watching",
+                hint="it keeps running; watch again later or cancel it with `trainscale jobs JOBID --cancel`",
+            )
         sleep(poll_s)
 
 
 def _clock(seconds: float) -> str:
     seconds = int(max(0, seconds))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 \
+    return (
+        f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+        if seconds >= 3600
         else f"{seconds // 60}:{seconds % 60:02d}"
+    )
 
 
 def training_progress(run_dir: str | Path | None, now: float | None = None) -> str | None:
@@ -201,6 +230,8 @@ def log_lines(record: JobRecord, rank: int | None, tail: int | None) -> list[str
         failure = find_failure(record.job_dir, record.launcher, text)
         if failure is not None:
             lines += [f"\n==> failure of job {record.job_id} <==", failure.describe()]
-        lines.append(f"\n(per-rank logs: trainscale jobs {record.job_id} --rank R, R in 0..{record.world_size - 1}; "
-                     f"files in {record.job_dir})")
+        lines.append(
+            f"\n(per-rank logs: trainscale jobs {record.job_id} --rank R, R in 0..{record.world_size - 1}; "
+            f"files in {record.job_dir})"
+        )
     return lines

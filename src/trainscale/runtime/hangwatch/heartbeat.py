@@ -32,14 +32,15 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from trainscale.runtime.hangwatch import verdict as hangs
 from trainscale.runtime.hangwatch import ledger
+from trainscale.runtime.hangwatch import verdict as hangs
 from trainscale.runtime.hangwatch.watch import KEY, READ_TIMEOUT, CollectiveTimeout, Watch, end_process, use_ranks_gpu
 
 NOTICE_VAR = "TRAINSCALE_HANG_NOTICE"
@@ -143,8 +144,15 @@ class Heartbeat:
 
     HEARTBEAT_S = 0.5
 
-    def __init__(self, runtime: Any, *, watch: bool | None = None, notice_s: float | None = None,
-                 on_hang: Callable[[CollectiveTimeout], None] | None = None, run_dir: str | None = None) -> None:
+    def __init__(
+        self,
+        runtime: Any,
+        *,
+        watch: bool | None = None,
+        notice_s: float | None = None,
+        on_hang: Callable[[CollectiveTimeout], None] | None = None,
+        run_dir: str | None = None,
+    ) -> None:
         self.runtime = runtime
         self.rank, self.world_size = runtime.rank, runtime.world_size
         self.store, self._own = _own_connection(_store() if runtime.is_distributed else None)
@@ -182,7 +190,7 @@ class Heartbeat:
         self.step, self.op = step, op or self.op
         self.start()
 
-    def start(self) -> "Heartbeat":
+    def start(self) -> Heartbeat:
         if self.store is not None and self._thread is None:
             self._publish(time.monotonic())
             self._thread = threading.Thread(target=self._beat, name="trainscale-heartbeat", daemon=True)
@@ -203,8 +211,16 @@ class Heartbeat:
             self._progress, self._changed_at, self._detail = progress, now, None
         since = now - self._changed_at
         frame = ledger.main_frame()
-        record = {"step": self.step, "op": self.op, "issued": progress[1], "site": ledger.site(frame),
-                  "host": self.host, "pid": self.pid, "dump": self.dump_path, "counts": list(self.counts)}
+        record = {
+            "step": self.step,
+            "op": self.op,
+            "issued": progress[1],
+            "site": ledger.site(frame),
+            "host": self.host,
+            "pid": self.pid,
+            "dump": self.dump_path,
+            "counts": list(self.counts),
+        }
         background = ledger.own_groups()
         if background:  # left out of "issued" and the ledger: named, so a reader knows they exist
             record["background_groups"] = background
@@ -215,8 +231,10 @@ class Heartbeat:
                     with contextlib.suppress(Exception):
                         call()
             if self._detail is None or now - self._detail[0] >= LIVE_S:
-                self._detail = (now, {"ledger": self._ledger(frame, progress[1], record["site"], since),
-                                      "stacks": ledger.stacks()})
+                self._detail = (
+                    now,
+                    {"ledger": self._ledger(frame, progress[1], record["site"], since), "stacks": ledger.stacks()},
+                )
             record.update(self._detail[1])
         return record
 
@@ -227,8 +245,11 @@ class Heartbeat:
             return found
         op = ledger.waiting_in(frame)
         group = min(issued, default=None)
-        return [{"pg": group, "seq": issued[group], "op": op, "sizes": None, "site": site, "age_s": since,
-                 "done": False}] if op and group else []
+        return (
+            [{"pg": group, "seq": issued[group], "op": op, "sizes": None, "site": site, "age_s": since, "done": False}]
+            if op and group
+            else []
+        )
 
     def _publish(self, now: float) -> dict[str, Any] | None:
         if self.store is None:
@@ -239,9 +260,10 @@ class Heartbeat:
             return record
         self._beats += 1
         with self._lock:
-            self.store.set(KEY.format(rank=self.rank),
-                           json.dumps({**record, "beat": self._beats, "since": round(now - self._changed_at, 2)},
-                                      default=str))
+            self.store.set(
+                KEY.format(rank=self.rank),
+                json.dumps({**record, "beat": self._beats, "since": round(now - self._changed_at, 2)}, default=str),
+            )
         self._published = (text, now)
         return record
 
@@ -261,8 +283,12 @@ class Heartbeat:
             except Exception as exc:  # a bug in the watch must not pass for "no hang": say so, once
                 import traceback
 
-                print(f"trainscale: the hang watch stopped: {type(exc).__name__}: {exc}\n"
-                      f"{traceback.format_exc(limit=-3)}", file=sys.stderr, flush=True)
+                print(
+                    f"trainscale: the hang watch stopped: {type(exc).__name__}: {exc}\n"
+                    f"{traceback.format_exc(limit=-3)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 return
 
     # -- the end --------------------------------------------------------------------------------------
@@ -327,7 +353,8 @@ def note_step(step: int) -> None:
     beat = _heartbeat
     if beat is not None:
         beat.step = step
-        # a counter read in memory (no system call): the watcher compares these across ranks (runtime/hangwatch/watch.py)
+        # a counter read in memory (no system call): the watcher compares these across ranks
+        # (runtime/hangwatch/watch.py)
         with contextlib.suppress(Exception):
             beat.counts.append([step, int(beat.group._get_sequence_number_for_group())])
 
@@ -370,7 +397,7 @@ class GroupWatch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="trainscale-groupwatch", daemon=True)
 
-    def start(self) -> "GroupWatch":
+    def start(self) -> GroupWatch:
         self._thread.start()
         return self
 
@@ -386,5 +413,3 @@ class GroupWatch:
         beat = _heartbeat
         if beat is not None:
             beat.close()
-
-

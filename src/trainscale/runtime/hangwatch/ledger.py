@@ -31,14 +31,17 @@ FR_ENTRIES = "2000"
 OWN_GROUP = "trainscale-"
 """How trainscale's own background process groups are described (``group_desc``)."""
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # trainscale/
-_SKIP = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, sysconfig.get_paths()["stdlib"] + os.sep,
-         *(os.path.join(_PACKAGE, part) + os.sep for part in ("runtime", "observe", "launch", "strategies")))
+_SKIP = (
+    os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
+    sysconfig.get_paths()["stdlib"] + os.sep,
+    *(os.path.join(_PACKAGE, part) + os.sep for part in ("runtime", "observe", "launch", "strategies")),
+)
 """Where a frame is machinery, not the place a user would look: torch, the standard library, trainscale's
 runtime, recorder, bootstrap and strategies (a built-in workload's loop is its code)."""
 _OWN = tuple(os.path.join(_PACKAGE, part) + os.sep for part in ("runtime", "observe"))
 
-_CHANNELS: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
-_CHANNEL_GROUPS: "dict[str, weakref.ref]" = {}
+_CHANNELS: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+_CHANNEL_GROUPS: dict[str, weakref.ref] = {}
 
 
 def enable_flight_recorder(environ: Any = os.environ) -> None:
@@ -50,7 +53,7 @@ def enable_flight_recorder(environ: Any = os.environ) -> None:
     environ[FR_BUFFER_VARS[0] if (major, minor) >= (2, 7) else FR_BUFFER_VARS[1]] = FR_ENTRIES
 
 
-def track(name: str, channel: Any, group: "dist.ProcessGroup") -> None:
+def track(name: str, channel: Any, group: dist.ProcessGroup) -> None:
     """Count ``channel.collectives`` (an int that every rank's copy raises alike per collective) among this
     rank's issued collectives while ``group``, the process group whose ranks share it, lives: for collectives
     that do not go through a process group (``comm_hook=shm``)."""
@@ -72,8 +75,11 @@ def _own(desc: Any) -> bool:
 def own_groups() -> dict[str, str]:
     """trainscale's own background groups ("pg:NAME" -> their description), which :func:`issued` and
     :func:`recent` leave out."""
-    return {f"pg:{name}": str(getattr(group, "group_desc", "")) for group, name in _groups()
-            if _own(getattr(group, "group_desc", ""))}
+    return {
+        f"pg:{name}": str(getattr(group, "group_desc", ""))
+        for group, name in _groups()
+        if _own(getattr(group, "group_desc", ""))
+    }
 
 
 def issued() -> dict[str, int]:
@@ -120,8 +126,11 @@ def _entries() -> list[tuple[dict[str, Any], bool]] | None:
             entries = _PlainData(io.BytesIO(raw)).load().get("entries") or ()
         except Exception:
             continue
-        found += [(entry, only_active) for entry in entries if not entry.get("is_p2p")
-                  and not _own((tuple(entry.get("process_group") or ()) + ("", ""))[1])]
+        found += [
+            (entry, only_active)
+            for entry in entries
+            if not entry.get("is_p2p") and not _own((tuple(entry.get("process_group") or ()) + ("", ""))[1])
+        ]
     return found or None
 
 
@@ -151,9 +160,16 @@ def recent(limit: int = 8, frame: Any = None) -> list[dict[str, Any]] | None:
         if not done and waits_in == "backward":
             op += " in backward (DDP's gradient all-reduce)" if op == "all_reduce" else " in backward"
         per_group.setdefault(f"pg:{group[0]}", []).append(
-            {"pg": f"pg:{group[0]}", "seq": int(entry.get("collective_seq_id") or 0), "op": op,
-             "sizes": entry.get("input_sizes"), "site": None if done else where,
-             "age_s": round(max(0.0, (now - int(entry.get("time_created_ns") or now)) / 1e9), 2), "done": done})
+            {
+                "pg": f"pg:{group[0]}",
+                "seq": int(entry.get("collective_seq_id") or 0),
+                "op": op,
+                "sizes": entry.get("input_sizes"),
+                "site": None if done else where,
+                "age_s": round(max(0.0, (now - int(entry.get("time_created_ns") or now)) / 1e9), 2),
+                "done": done,
+            }
+        )
     out = [e for group in per_group.values() for e in sorted(group, key=lambda e: e["seq"])[-limit:]]
     out.sort(key=lambda e: (e["pg"], e["seq"]))
     return out
@@ -172,7 +188,9 @@ def waiting_in(frame: Any) -> str | None:
     call, or backward (DDP's gradient all-reduce is waited for at its end); None elsewhere."""
     while frame is not None:
         path = frame.f_code.co_filename
-        if path.endswith(os.path.join("distributed", "distributed_c10d.py")) and not frame.f_code.co_name.startswith("_"):
+        if path.endswith(os.path.join("distributed", "distributed_c10d.py")) and not frame.f_code.co_name.startswith(
+            "_"
+        ):
             return frame.f_code.co_name
         if frame.f_code.co_name == "_engine_run_backward":
             return "backward"

@@ -23,10 +23,12 @@ STALE_S = 6.0
 """A rank whose heartbeat (every 0.5 s, a record at least every 2 s) has been silent this long is unresponsive."""
 UNREACHABLE = "unreachable"
 """A rank whose record could not be read (the store went with rank 0)."""
-HINT = ("look at the named rank's stack and log for what holds it (a data loader stall, a deadlock, a rank that "
-        "skipped or added a collective); the run ends at --hang-timeout (default 10 min once training steps ran) "
-        "or at the collective timeout (the timeout= of init_process_group: 30 min for gloo, 10 for NCCL by default; "
-        "--timeout for trainscale's workloads), whichever comes first")
+HINT = (
+    "look at the named rank's stack and log for what holds it (a data loader stall, a deadlock, a rank that "
+    "skipped or added a collective); the run ends at --hang-timeout (default 10 min once training steps ran) "
+    "or at the collective timeout (the timeout= of init_process_group: 30 min for gloo, 10 for NCCL by default; "
+    "--timeout for trainscale's workloads), whichever comes first"
+)
 
 
 @dataclass
@@ -58,7 +60,7 @@ class State:
     """A silent rank's process state, where the watcher could look (same host): stopped, running, gone."""
 
     @classmethod
-    def from_record(cls, rank: int, record: dict[str, Any], silent_s: float = 0.0) -> "State":
+    def from_record(cls, rank: int, record: dict[str, Any], silent_s: float = 0.0) -> State:
         names = {f for f in cls.__dataclass_fields__ if f not in ("rank", "silent_s", "process")}
         return cls(rank=rank, silent_s=silent_s, **{k: v for k, v in record.items() if k in names})
 
@@ -92,9 +94,16 @@ class Verdict:
         return "\n".join(self.lines)
 
     def event(self) -> dict[str, Any]:
-        return {"kind": "hang", "verdict": self.kind, "waiting": self.waiting, "culprits": self.culprits,
-                "collective": self.collective, "waited_s": round(self.waited_s, 1), "message": self.lines[0],
-                "text": self.text()[:6000]}
+        return {
+            "kind": "hang",
+            "verdict": self.kind,
+            "waiting": self.waiting,
+            "culprits": self.culprits,
+            "collective": self.collective,
+            "waited_s": round(self.waited_s, 1),
+            "message": self.lines[0],
+            "text": self.text()[:6000],
+        }
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -104,22 +113,33 @@ def _ranks(ranks: list[int]) -> str:
 def _collective(entry: dict[str, Any]) -> str:
     group = str(entry.get("pg", "")).removeprefix("pg:")
     sizes = entry.get("sizes")
-    shape = (f" of shape {sizes[0]}" if isinstance(sizes, list) and len(sizes) == 1 else f" of shapes {sizes}") \
-        if sizes else ""
+    shape = (
+        (f" of shape {sizes[0]}" if isinstance(sizes, list) and len(sizes) == 1 else f" of shapes {sizes}")
+        if sizes
+        else ""
+    )
     return f"{entry.get('op', '?')}{shape} (collective #{entry.get('seq', '?')} of process group {group})"
 
 
 def _where(state: State) -> str:
     at = f", at {state.site}" if state.site else ""
-    return f"rank {state.rank} on {state.host}" + (f" (pid {state.pid})" if state.pid else "") + f": step {state.step}{at}"
+    return (
+        f"rank {state.rank} on {state.host}" + (f" (pid {state.pid})" if state.pid else "") + f": step {state.step}{at}"
+    )
 
 
 def _silent(state: State) -> str:
     how = {"running": "its process is running: its Python holds the GIL in C code (a regex, a C extension)"}.get(
-        state.process or "", f"its process is {state.process}" if state.process else
-        "its process is stopped, or its Python holds the GIL in C code")
-    return (f"rank {state.rank} on {state.host}" + (f" (pid {state.pid})" if state.pid else "") +
-            f": not responding for {state.silent_s:.0f}s ({how})")
+        state.process or "",
+        f"its process is {state.process}"
+        if state.process
+        else "its process is stopped, or its Python holds the GIL in C code",
+    )
+    return (
+        f"rank {state.rank} on {state.host}"
+        + (f" (pid {state.pid})" if state.pid else "")
+        + f": not responding for {state.silent_s:.0f}s ({how})"
+    )
 
 
 def count_desync(states: dict[int, Any]) -> Verdict | None:
@@ -133,14 +153,20 @@ def count_desync(states: dict[int, Any]) -> Verdict | None:
             continue
         culprits, reference = _odd_ones(at)
         common = at[reference]
-        lines = [f"desync: by the end of step {step} the ranks had issued different numbers of collectives on the "
-                 f"default process group (their gradients mix from then on) — rank(s) {_ranks(culprits)} issued a "
-                 f"different collective sequence than rank {reference}: it skipped or added a collective in step "
-                 f"{step}"]
-        lines += [f"  {_where(states[r])}: {n} collective(s) by the end of step {step}"
-                  + (f" ({n - common:+d} against rank {reference})" if n != common else "") for r, n in sorted(at.items())]
-        return Verdict(kind="desync", waiting=[], culprits=culprits, collective=f"step {step}", waited_s=0.0,
-                       lines=lines)
+        lines = [
+            f"desync: by the end of step {step} the ranks had issued different numbers of collectives on the "
+            f"default process group (their gradients mix from then on) — rank(s) {_ranks(culprits)} issued a "
+            f"different collective sequence than rank {reference}: it skipped or added a collective in step "
+            f"{step}"
+        ]
+        lines += [
+            f"  {_where(states[r])}: {n} collective(s) by the end of step {step}"
+            + (f" ({n - common:+d} against rank {reference})" if n != common else "")
+            for r, n in sorted(at.items())
+        ]
+        return Verdict(
+            kind="desync", waiting=[], culprits=culprits, collective=f"step {step}", waited_s=0.0, lines=lines
+        )
     return None
 
 
@@ -168,19 +194,32 @@ def ledger_desync(states: dict[int, Any]) -> Verdict | None:
         # one still in flight (the job is held up there), on ranks that all issued it in this group (a recorder
         # keeps a destroyed group's collectives under the same name)
         entries = {r: e for r, e in entries.items() if states[r].issued.get(group, -1) >= seq}
-        if len(entries) < 2 or all(e.get("done") for e in entries.values()) \
-                or len({(e.get("op"), str(e.get("sizes"))) for e in entries.values()}) == 1:
+        if (
+            len(entries) < 2
+            or all(e.get("done") for e in entries.values())
+            or len({(e.get("op"), str(e.get("sizes"))) for e in entries.values()}) == 1
+        ):
             continue
         culprits, reference = _odd_ones({r: (e.get("op"), e.get("sizes")) for r, e in entries.items()})
-        lines = [f"desync: the ranks called different collectives as collective #{seq} of process group "
-                 f"{group.removeprefix('pg:')} — rank(s) {_ranks(culprits)} issued a different collective than rank "
-                 f"{reference} (it skipped or added a collective before it, or passed another shape)"]
+        lines = [
+            f"desync: the ranks called different collectives as collective #{seq} of process group "
+            f"{group.removeprefix('pg:')} — rank(s) {_ranks(culprits)} issued a different collective than rank "
+            f"{reference} (it skipped or added a collective before it, or passed another shape)"
+        ]
         for r, e in sorted(entries.items()):
             where = f"issued at {e['site']}" if e.get("site") else f"now at {states[r].site}" if states[r].site else ""
-            lines.append(f"  rank {r} on {states[r].host} (pid {states[r].pid}): {_collective(e)}"
-                         + (f", {where}" if where else ""))
-        return Verdict(kind="desync", waiting=[], culprits=culprits, collective=_collective(entries[reference]),
-                       waited_s=0.0, lines=lines)
+            lines.append(
+                f"  rank {r} on {states[r].host} (pid {states[r].pid}): {_collective(e)}"
+                + (f", {where}" if where else "")
+            )
+        return Verdict(
+            kind="desync",
+            waiting=[],
+            culprits=culprits,
+            collective=_collective(entries[reference]),
+            waited_s=0.0,
+            lines=lines,
+        )
     return None
 
 
@@ -198,8 +237,11 @@ def diagnose(states: dict[int, Any], *, notice_s: float, observer: int | None = 
     seq = min(int(e["seq"]) for s in alive.values() if s.responsive for e in s.wait if e["pg"] == group)
     entry = next(e for s in alive.values() for e in s.wait if e["pg"] == group and int(e["seq"]) == seq)
     top_step = max(s.step for s in waiting.values())
-    missing = {r for r, s in states.items() if s is None or (isinstance(s, State) and (
-        s.issued.get(group, seq) < seq or s.step < top_step))}
+    missing = {
+        r
+        for r, s in states.items()
+        if s is None or (isinstance(s, State) and (s.issued.get(group, seq) < seq or s.step < top_step))
+    }
     for channel in {c for s in alive.values() for c in s.issued} - {group}:
         # other groups and channels (comm_hook=shm's): of ranks that differ, the farthest back holds the others up
         counts = {r: s.issued[channel] for r, s in alive.items() if channel in s.issued}
@@ -216,7 +258,8 @@ def diagnose(states: dict[int, Any], *, notice_s: float, observer: int | None = 
     waited = oldest.waited()
     names = sorted(waiting)
     head = f"rank(s) {_ranks(names)} waited {waited:.0f}s in {_collective(entry)}" + (
-        f", issued at {entry['site']}" if entry.get("site") else "")
+        f", issued at {entry['site']}" if entry.get("site") else ""
+    )
 
     def stack_of(rank: int) -> list[str]:
         state = alive.get(rank)
@@ -226,8 +269,10 @@ def diagnose(states: dict[int, Any], *, notice_s: float, observer: int | None = 
         if state is not None and not state.responsive:
             if state.process and state.process.startswith("stopped"):
                 return [f"rank {rank} sent no stack: its process is stopped (every thread of it)"]
-            return [f"rank {rank} sent no stack: its heartbeat stopped (a stopped process, or its Python holding "
-                    "the GIL in C code)" + (f"; its watchdog writes them to {state.dump}" if state.dump else "")]
+            return [
+                f"rank {rank} sent no stack: its heartbeat stopped (a stopped process, or its Python holding "
+                "the GIL in C code)" + (f"; its watchdog writes them to {state.dump}" if state.dump else "")
+            ]
         return []
 
     if missing:
@@ -237,8 +282,10 @@ def diagnose(states: dict[int, Any], *, notice_s: float, observer: int | None = 
             if state is None:
                 lines.append(f"  rank {rank}: no heartbeat (it never joined the process group, or died)")
             elif not state.responsive:
-                lines.append(f"  {_silent(state)}; last heard of at step {state.step}" +
-                             (f", at {state.site}" if state.site else ""))
+                lines.append(
+                    f"  {_silent(state)}; last heard of at step {state.step}"
+                    + (f", at {state.site}" if state.site else "")
+                )
             else:
                 behind = max(0, seq - state.issued.get(group, seq))
                 lines.append(f"  {_where(state)}" + (f", {behind} collective(s) behind" if behind else ""))
@@ -248,14 +295,21 @@ def diagnose(states: dict[int, Any], *, notice_s: float, observer: int | None = 
     elif len(signatures) > 1:
         groups = sorted(signatures.items(), key=lambda item: (len(item[1]), item[1]))
         fewest = len(groups[0][1])
-        culprits = sorted(r for _, ranks in groups if len(ranks) == fewest for r in ranks) \
-            if fewest < len(groups[-1][1]) else sorted(joined)
-        lines = [f"desync: the ranks called different collectives as collective #{seq} of process group "
-                 f"{group.removeprefix('pg:')}, so each waits for a partner that never comes — rank(s) "
-                 f"{_ranks(culprits)} issued a different collective"]
+        culprits = (
+            sorted(r for _, ranks in groups if len(ranks) == fewest for r in ranks)
+            if fewest < len(groups[-1][1])
+            else sorted(joined)
+        )
+        lines = [
+            f"desync: the ranks called different collectives as collective #{seq} of process group "
+            f"{group.removeprefix('pg:')}, so each waits for a partner that never comes — rank(s) "
+            f"{_ranks(culprits)} issued a different collective"
+        ]
         for _, ranks in groups:
             w = joined[ranks[0]]
-            lines.append(f"  rank(s) {_ranks(ranks)}: {_collective(w)}" + (f", issued at {w['site']}" if w.get("site") else ""))
+            lines.append(
+                f"  rank(s) {_ranks(ranks)}: {_collective(w)}" + (f", issued at {w['site']}" if w.get("site") else "")
+            )
         kind = "desync"
     elif silent or unreachable:
         # every other record unreachable: the store is gone, and with it rank 0, which hosts it (srun mode)
@@ -269,8 +323,11 @@ def diagnose(states: dict[int, Any], *, notice_s: float, observer: int | None = 
         kind = "unresponsive"
     else:
         culprits = []
-        lines = [f"{head} — every rank is inside it and none is missing: the collective itself is stuck (the "
-                 "network, or a rank's device)"]
+        lines = [
+            f"{head} — every rank is inside it and none is missing: the collective itself is stuck (the "
+            "network, or a rank's device)"
+        ]
         kind = "stuck"
-    return Verdict(kind=kind, waiting=names, culprits=culprits, collective=_collective(entry), waited_s=waited,
-                   lines=lines)
+    return Verdict(
+        kind=kind, waiting=names, culprits=culprits, collective=_collective(entry), waited_s=waited, lines=lines
+    )

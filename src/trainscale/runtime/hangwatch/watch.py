@@ -1,11 +1,13 @@
 """The hang watch: what rank 0's heartbeat (rank 1's, when rank 0 stops responding) does with every rank's
 record — once its own progress has stalled, it reads them all, keeps track of which ranks still beat, and
-gives ONE notice when ranks have waited in a collective for the notice interval (runtime/hangwatch/verdict.py says who is
+gives ONE notice when ranks have waited in a collective for the notice interval (runtime/hangwatch/verdict.py says
+who is
 missing, desynchronised or silent, and how); at the collective timeout the rank whose collective failed is
 explained with the same verdict (:meth:`Watch.explain`), and on NCCL, where no exception reaches a waiting
 main thread, the heartbeat ends the process with it (:func:`end_process`) — as it does on any backend at the hang
 timeout (`--hang-timeout`: that long with no progress). One :class:`Watch` per heartbeat
-(runtime/hangwatch/heartbeat.py), given it: it reads the heartbeat's store, rank and own record. docs/reliability.md, "Hangs".
+(runtime/hangwatch/heartbeat.py), given it: it reads the heartbeat's store, rank and own record.
+docs/reliability.md, "Hangs".
 """
 
 from __future__ import annotations
@@ -24,16 +26,21 @@ from typing import Any
 import torch
 
 from trainscale.errors import HUNG_EXIT, PEER_CLOSED, TrainscaleError, record_error
+from trainscale.runtime.hangwatch import ledger, peers
 from trainscale.runtime.hangwatch import verdict as hangs
-from trainscale.runtime.hangwatch import ledger
-from trainscale.runtime.hangwatch import peers
 
 KEY = "trainscale/progress/{rank}"
 """Where each rank's heartbeat record is, in the job's store."""
 LOOK_AFTER_S, LOOK_EVERY_S = 2.0, 1.0
 """The watcher reads every record once its own progress stalled this long, then this often."""
-_TIMEOUT_MARKERS = ("Timed out", "timed out", "Timeout", "DistBackendError", "Watchdog caught collective operation timeout",
-                    "timeout caused pair closure")  # gloo: a pair an earlier timeout closed (several buckets)
+_TIMEOUT_MARKERS = (
+    "Timed out",
+    "timed out",
+    "Timeout",
+    "DistBackendError",
+    "Watchdog caught collective operation timeout",
+    "timeout caused pair closure",
+)  # gloo: a pair an earlier timeout closed (several buckets)
 UNREACHABLE = hangs.UNREACHABLE
 READ_TIMEOUT = datetime.timedelta(seconds=5)
 """The heartbeat's own store connection gives up after this: a store gone with rank 0 must not hold up
@@ -49,7 +56,8 @@ class CollectiveTimeout(TrainscaleError):
 
 
 class Watch:
-    """The hang watch of one rank's heartbeat (runtime/hangwatch/heartbeat.py), given it: reads its record, store and step;
+    """The hang watch of one rank's heartbeat (runtime/hangwatch/heartbeat.py), given it: reads its record, store
+    and step;
     keeps what it has seen of the other ranks."""
 
     def __init__(self, beat: Any) -> None:
@@ -119,8 +127,10 @@ class Watch:
 
     def _in_collective(self, now: float) -> bool:
         """Whether this rank waits in a collective: one in flight in its stall record, or its main thread in one."""
-        return any(not e.get("done") for e in self.beat._record(now).get("ledger") or ()) or \
-            ledger.waiting_in(ledger.main_frame()) is not None
+        return (
+            any(not e.get("done") for e in self.beat._record(now).get("ledger") or ())
+            or ledger.waiting_in(ledger.main_frame()) is not None
+        )
 
     def _in_flight_s(self, now: float) -> float:
         """How long this rank's oldest collective still in flight has been queued (its flight record's age),
@@ -186,8 +196,16 @@ class Watch:
         issued = own.get("issued") or {}
         group = max(issued, key=issued.get) if issued else "pg:?"
         op = ledger.waiting_in(ledger.main_frame()) or self.beat.op or "a collective"
-        return {"pg": group, "seq": issued.get(group, 0), "op": op, "sizes": None, "site": own.get("site"),
-                "age_s": own["since"], "done": False, "assumed": True}
+        return {
+            "pg": group,
+            "seq": issued.get(group, 0),
+            "op": op,
+            "sizes": None,
+            "site": own.get("site"),
+            "age_s": own["since"],
+            "done": False,
+            "assumed": True,
+        }
 
     def _read_records(self) -> dict[int, Any]:
         if self.beat.store is None:
@@ -238,23 +256,30 @@ class Watch:
         # half the collective timeout): wait a few beats for them, not for a rank that stopped responding
         deadline = time.monotonic() + STACKS_WAIT_S
         while time.monotonic() < deadline and any(
-                isinstance(states.get(r), hangs.State) and states[r].responsive and not states[r].stacks
-                for r in first.culprits if r != self.beat.rank):
+            isinstance(states.get(r), hangs.State) and states[r].responsive and not states[r].stacks
+            for r in first.culprits
+            if r != self.beat.rank
+        ):
             time.sleep(self.beat.HEARTBEAT_S / 2)
             states = self._states(time.monotonic(), waiting=True)
         return hangs.diagnose(states, notice_s=0.0, observer=self.beat.rank)
 
-    def _error(self, verdict: hangs.Verdict | None, waited_s: float | None,
-               limit_s: float | None = None, desync: bool = False) -> CollectiveTimeout:
+    def _error(
+        self, verdict: hangs.Verdict | None, waited_s: float | None, limit_s: float | None = None, desync: bool = False
+    ) -> CollectiveTimeout:
         timeout_s = self.beat.runtime.timeout.total_seconds()
         waited = f" (waited {waited_s:.0f}s)" if waited_s is not None else ""
         what = self.beat.op or "a collective"
-        head = f"rank {self.beat.rank}: {what} at step {self.beat.step} did not complete within {timeout_s:.0f}s{waited}"
+        head = (
+            f"rank {self.beat.rank}: {what} at step {self.beat.step} did not complete within {timeout_s:.0f}s{waited}"
+        )
         if desync:
             head = f"rank {self.beat.rank}: the job was ended at step {self.beat.step} by trainscale's watch"
         elif limit_s is not None:
-            head = (f"rank {self.beat.rank}: hung — no progress for {waited_s:.0f}s in {what} at step {self.beat.step}, "
-                    f"the hang timeout is {limit_s:.0f}s (--hang-timeout)")
+            head = (
+                f"rank {self.beat.rank}: hung — no progress for {waited_s:.0f}s in {what} at step {self.beat.step}, "
+                f"the hang timeout is {limit_s:.0f}s (--hang-timeout)"
+            )
         if verdict is None:
             text = f"{head} — no rank's heartbeat says who holds it up (their records are unreachable or absent)"
         elif verdict.kind == "stuck":
@@ -279,8 +304,9 @@ class Watch:
         if found is None:
             return None
         what = f"rank {self.beat.rank}: {self.beat.op or 'a collective'} at step {self.beat.step} failed"
-        return CollectiveTimeout(f"{what}: a peer timed out and closed its connections; its diagnosis: {found}",
-                                 hint=HINT)
+        return CollectiveTimeout(
+            f"{what}: a peer timed out and closed its connections; its diagnosis: {found}", hint=HINT
+        )
 
 
 def _process_state(host: str, pid: int | None) -> str | None:
@@ -291,19 +317,28 @@ def _process_state(host: str, pid: int | None) -> str | None:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return "gone"
-    return {"T": "stopped (SIGSTOP or a debugger)", "t": "stopped by a debugger", "R": "running",
-            "D": "in uninterruptible I/O", "Z": "exited"}.get(fields[0], None)
+    return {
+        "T": "stopped (SIGSTOP or a debugger)",
+        "t": "stopped by a debugger",
+        "R": "running",
+        "D": "in uninterruptible I/O",
+        "Z": "exited",
+    }.get(fields[0], None)
 
 
 def _read_dump(path: str, limit: int = 6000) -> str | None:
     """A silent rank's stacks as its C watchdog wrote them (faulthandler: innermost first), its threads only."""
     with contextlib.suppress(OSError):
         blocks = Path(path).read_text(errors="replace").strip().split("\n\n")
-        own = [b for b in blocks if "trainscale/runtime/hangwatch/heartbeat.py" not in b and "trainscale/observe/" not in b
-               and "File " in b]
+        own = [
+            b
+            for b in blocks
+            if "trainscale/runtime/hangwatch/heartbeat.py" not in b and "trainscale/observe/" not in b and "File " in b
+        ]
         if own:
-            return ("(written by its C watchdog while its Python was held; innermost first)\n"
-                    + "\n\n".join(own)[-limit:])
+            return (
+                "(written by its C watchdog while its Python was held; innermost first)\n" + "\n\n".join(own)[-limit:]
+            )
     return None
 
 
