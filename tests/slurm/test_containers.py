@@ -186,7 +186,8 @@ def test_image_without_torch_fails_in_its_first_seconds_naming_image_and_fix(slu
         container=str(sandbox["image"]),
         output_dir=jobs,
     )
-    plan, script = prepare_run(spec, load_profile("local-test"), resolve(spec, load_profile("local-test")))
+    plan = resolve(spec, load_profile("local-test"))
+    script = prepare_run(spec, load_profile("local-test"), plan)
     env = env_for(sandbox, tmp_path)
     t0 = time.monotonic()
     job_id = (
