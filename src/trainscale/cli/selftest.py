@@ -72,7 +72,7 @@ def register(sub) -> None:
         "selftest",
         help="check trainscale on this node's GPUs or a SLURM job: pass/fail with figures",
         description="Run trainscale's own checks where your jobs will run: devices, all-reduce "
-        "(busbw), N ranks vs one process, DDP/ZeRO-1/FSDP/DeepSpeed, resume, step "
+        "(bus bandwidth), N ranks vs one process, DDP/ZeRO-1/FSDP/DeepSpeed, resume, step "
         "breakdown, CPU binding, and a hung rank turned into a named error. Without "
         "GPUs the same checks run on CPU ranks over gloo.",
         epilog=EXAMPLES,

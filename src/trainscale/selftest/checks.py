@@ -201,7 +201,7 @@ def check_allreduce(rt, sizes: str, nccl_log: str | None = None) -> Check:
         name="all-reduce",
         status=status,
         detail={"rows": rows, "plateau": best, "expected_gbps": links[0], "links": links[1], "transports": transports},
-        figure=f"sum correct; busbw {at['busbw_Bps'] / 1e9:.2f} GB/s at {format_size(at['bytes'])} "
+        figure=f"sum correct; bus bandwidth {at['busbw_Bps'] / 1e9:.2f} GB/s at {format_size(at['bytes'])} "
         f"({rt.backend}, {note})" + (f"; {judged}" if judged else ""),
     )
 
