@@ -103,7 +103,9 @@ class Resumable:
         if every < 1:
             raise ConfigError(f"rt.checkpoint(every={every}) must be >= 1", hint="e.g. every=100 (steps)")
         (counter, steps), now = self._last, max(self.steps.values(), default=0)
-        if step > counter and now - steps > step - counter:  # more optimizer steps than counts: epochs
+        # epochs: the counter moved by one while the optimizer stepped more than twice (a step counter moves with
+        # each step; an engine that steps an inner optimizer too, DeepSpeed's, may count two a step)
+        if step - counter == 1 and now - steps > 2:
             self.unit = "epoch"
         self._last = (step, now)
         stop = self.preemption.requested()  # agreed across ranks: all save the same step
