@@ -333,11 +333,27 @@ def start_forkserver() -> None:
 
     from trainscale.launch.bootstrap import FORKSERVER_BLOCKS
 
+    _short_socket_dir()
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, FORKSERVER_BLOCKS)  # this thread's: what it starts inherits
     try:
         forkserver.ensure_running()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _short_socket_dir() -> None:
+    """multiprocessing puts its forkserver's socket in a folder it makes under TMPDIR; under a long TMPDIR that path
+    passes AF_UNIX's 108 bytes and the launch fails ("AF_UNIX path too long"; Python 3.13 falls back to /tmp by
+    itself). Where it would, the folder goes under /tmp instead (removed at exit, as multiprocessing's own is)."""
+    import shutil
+    import tempfile
+    from multiprocessing import process, util
+
+    config = process.current_process()._config
+    if config.get("tempdir") is None and len(tempfile.gettempdir()) + 40 > 107 and os.path.isdir("/tmp"):
+        folder = tempfile.mkdtemp(prefix="pymp-", dir="/tmp")
+        util.Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=-100)
+        config["tempdir"] = folder
 
 
 def entrypoint(spec: LocalLaunchSpec) -> tuple[Any, list[Any]]:
