@@ -86,7 +86,13 @@ def test_a_signal_that_stops_a_trial_reaches_the_caller_after_its_ranks_are_stop
         "import os, signal, sys, time\nopen(sys.argv[1], 'w').write(str(os.getpid()))"
         "\nos.kill(os.getppid(), signal.SIGINT)\ntime.sleep(600)\n"
     )
-    with pytest.raises(KeyboardInterrupt):
-        here(str(tmp_path / "interrupt.py"), (str(tmp_path / "pid"),), run_dir=tmp_path / "run", timeout_s=300)
+    # the caller's own disposition of SIGINT is what the signal meets again: Python's, as in a terminal (a pytest-xdist
+    # worker ignores SIGINT)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            here(str(tmp_path / "interrupt.py"), (str(tmp_path / "pid"),), run_dir=tmp_path / "run", timeout_s=300)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     with pytest.raises(ProcessLookupError):  # its rank was stopped first
         os.kill(int((tmp_path / "pid").read_text()), 0)
