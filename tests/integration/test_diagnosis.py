@@ -85,7 +85,8 @@ def test_the_slow_rank_and_where_it_lost_its_time_are_named(tmp_path, slow):
     )
     assert said and said[1].startswith(PHASE_TEXT[PHASE[slow]] + " ("), verdict
     late, step = float(said[3]) / 1e3, float(said[4]) / 1e3
-    assert 0.75 * SLOW_S < late < 1.5 * SLOW_S and late < step and int(said[2]) == round(100 * late / step)
+    # the percentage is the unrounded figures' own; the ms shown are rounded to 0.1 ms
+    assert 0.75 * SLOW_S < late < 1.5 * SLOW_S and late < step and abs(int(said[2]) - 100 * late / step) < 1
     assert not any(text in verdict for text in UNFOUNDED), verdict
     assert ("DataLoader workers" in verdict) == (slow == "loader"), verdict  # advice for what the script has
     assert slow != "between" or "DataLoader" not in verdict  # nanoGPT's loop has none
