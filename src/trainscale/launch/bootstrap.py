@@ -182,11 +182,11 @@ def main(argv: list[str], *, forked: bool = False) -> None:
         raise  # the interpreter prints it and exits 1
     except BaseException as exc:
         explained = explain_hang(exc)  # a collective timeout: the hang watch's verdict is the cause
-        stop_observing()
         exc = from_users_code(explained or exc)
         if explained is not None:
             record_error(exc, replace=True)
-        record_error(exc)
+        record_error(exc)  # before the observation stops: the launcher may stop this rank once another fails
+        stop_observing()
         if is_refusal(exc):  # a refusal that names its fix: one line, as before launch (error file: stack)
             print(f"trainscale: error: {one_line(exc)}", file=sys.stderr, flush=True)
             exit_cleanly(1, release=False)
