@@ -112,6 +112,36 @@ _HOW = {
 }
 
 
+def hung_ranks(traceback: str) -> list[int]:
+    """The ranks a rank's collective timeout names as the ones it waited for (none when it is no such timeout)."""
+    match = _HUNG.search(traceback)
+    return [int(r) for r in match.group(1).replace(" ", "").split(",") if r] if match else []
+
+
+def root_cause(rank: int | None, traceback: str, log_tail: str = "") -> str:
+    """The failure's root cause when the first failing rank's own report names another (a hung rank, a desync,
+    gloo's size mismatch), as one "Root cause: ..." line; "" when its traceback is its own story. The launcher's
+    summary and a SLURM job's explanation both say it."""
+    match = _HUNG.search(traceback)
+    if match:  # with where the first of them is (host, pid, step, file:line), as the verdict says it
+        hung = hung_ranks(traceback)
+        where = re.search(rf"^\s+(rank {hung[0]} on \S+ \(pid \d+\): .*)$", traceback, re.MULTILINE)
+        return (
+            f"Root cause: rank(s) {', '.join(map(str, hung))} {_HOW[match.group(2)]}"
+            + (f" — {where.group(1)}" if where else "")
+            + f"; rank {rank} "
+            + ("named it" if "desync" in _HOW[match.group(2)] else "timed out waiting and names it")
+            + " below, with its Python stack where it could get it"
+        )
+    if _MISMATCH in log_tail:
+        return (
+            f"Root cause: the ranks called different collectives (gloo received a message of another size "
+            f"than rank {rank}'s collective expected, and aborted it): a rank skipped a collective, "
+            "made an extra one, or passed another shape"
+        )
+    return ""
+
+
 def next_line(result) -> str:
     """The command that reads a run next: its report (per-rank logs and failures included)."""
     import shlex
@@ -247,23 +277,10 @@ def render(
         f"trainscale: training FAILED — first failing rank: {first.rank} on {first.host} "
         f"(local rank {first.local_rank}, pid {first.pid}), {first.how}",
     ]
-    match = _HUNG.search(first.traceback)  # a collective timeout that names the ranks it waited for
-    hung = [int(r) for r in match.group(1).replace(" ", "").split(",") if r] if match else []
-    if hung:  # with where the first of them is (host, pid, step, file:line), as the verdict says it
-        where = re.search(rf"^\s+(rank {hung[0]} on \S+ \(pid \d+\): .*)$", first.traceback, re.MULTILINE)
-        lines.append(
-            f"Root cause: rank(s) {', '.join(map(str, hung))} {_HOW[match.group(2)]}"
-            + (f" — {where.group(1)}" if where else "")
-            + f"; rank {first.rank} "
-            + ("named it" if "desync" in _HOW[match.group(2)] else "timed out waiting and names it")
-            + " below, with its Python stack where it could get it"
-        )
-    elif _MISMATCH in first.log_tail:
-        lines.append(
-            f"Root cause: the ranks called different collectives (gloo received a message of another size "
-            f"than rank {first.rank}'s collective expected, and aborted it): a rank skipped a collective, "
-            "made an extra one, or passed another shape"
-        )
+    hung = hung_ranks(first.traceback)
+    cause = root_cause(first.rank, first.traceback, first.log_tail)
+    if cause:
+        lines.append(cause)
     if first.traceback:
         lines += ["", f"Traceback of rank {first.rank}:", first.traceback.rstrip()]
     elif first.log_tail:
