@@ -52,8 +52,10 @@ class RankFailure:
         return lines[-1] if lines else ""
 
     def describe(self) -> str:
-        """``rank 1 on node1 (exit code 1: ValueError: boom)``: one line."""
-        why = f"{self.how}: {self.reason}" if self.reason else self.how
+        """``rank 1 on node1 (exit code 1: ValueError: boom)``: one line; for a rank that timed out waiting, the
+        rank it names (``exit code 124: rank(s) 1 hung (stopped participating) — rank 1 on node1 ...``)."""
+        reason = culprit(self.traceback) or self.reason
+        why = f"{self.how}: {reason}" if reason else self.how
         return f"rank {self.rank} on {self.host} ({why if len(why) <= 160 else why[:159] + '…'})"
 
 
@@ -118,18 +120,25 @@ def hung_ranks(traceback: str) -> list[int]:
     return [int(r) for r in match.group(1).replace(" ", "").split(",") if r] if match else []
 
 
+def culprit(traceback: str) -> str:
+    """``rank(s) 1 hung (stopped participating) — rank 1 on node3 (pid 4242): step 7, at train.py:40 in main``: the
+    ranks a collective timeout names and where the first of them is, as the verdict says it; "" for another error."""
+    match = _HUNG.search(traceback)
+    if not match:
+        return ""
+    hung = hung_ranks(traceback)
+    where = re.search(rf"^\s+(rank {hung[0]} on \S+ \(pid \d+\): .*)$", traceback, re.MULTILINE)
+    return f"rank(s) {', '.join(map(str, hung))} {_HOW[match.group(2)]}" + (f" — {where.group(1)}" if where else "")
+
+
 def root_cause(rank: int | None, traceback: str, log_tail: str = "") -> str:
     """The failure's root cause when the first failing rank's own report names another (a hung rank, a desync,
     gloo's size mismatch), as one "Root cause: ..." line; "" when its traceback is its own story. The launcher's
     summary and a SLURM job's explanation both say it."""
     match = _HUNG.search(traceback)
-    if match:  # with where the first of them is (host, pid, step, file:line), as the verdict says it
-        hung = hung_ranks(traceback)
-        where = re.search(rf"^\s+(rank {hung[0]} on \S+ \(pid \d+\): .*)$", traceback, re.MULTILINE)
+    if match:
         return (
-            f"Root cause: rank(s) {', '.join(map(str, hung))} {_HOW[match.group(2)]}"
-            + (f" — {where.group(1)}" if where else "")
-            + f"; rank {rank} "
+            f"Root cause: {culprit(traceback)}; rank {rank} "
             + ("named it" if "desync" in _HOW[match.group(2)] else "timed out waiting and names it")
             + " below, with its Python stack where it could get it"
         )
