@@ -182,6 +182,7 @@ def test_seed_000_hf_trainer(tmp_path):
 
 
 @pytest.mark.skipif(not HAVE_DS, reason="deepspeed missing")
+@pytest.mark.timeout(600)  # two ranks importing DeepSpeed (~10 CPU-s each): 300 s was short beside busy processes
 def test_seed_002_deepspeed_with_its_own_config(tmp_path):
     out = tmp_path / "out"
     done = trainscale(
@@ -198,6 +199,7 @@ def test_seed_002_deepspeed_with_its_own_config(tmp_path):
         "--master_port",
         str(free_port()),
         *style_args("DeepSpeed", tmp_path, out),
+        timeout=540,
     )
     assert done.returncode == 0, done.stderr
     found = results(out, 2)
