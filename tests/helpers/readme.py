@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -32,6 +33,9 @@ MARK = "## README $ "
 NEEDED = "(needed) "
 """After MARK for a command of an earlier part that this part runs first (NEEDS)."""
 CLOCK = "## README @ "
+LIMIT_S = 1100
+"""A part's commands, all together; each part takes 3 to 5 minutes alone here (docs/development.md). Its
+module's first test, which runs the part in its fixture, has a timeout above it (pytest-timeout's 1200 s)."""
 
 PARTS: dict[str, list[tuple[str, str]]] = {
     # part (its module: tests/integration/test_readme<_part>.py) -> the sections it runs: (file, the start of
@@ -245,7 +249,22 @@ def run_part(part: str, request, tmp_path_factory) -> Readme:
         TRAINSCALE_STATE_DIR=str(tmp_path / "state"),
         WANDB_MODE="offline",
     )
-    done = subprocess.run(["bash", "readme.sh"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
+    with subprocess.Popen(
+        ["bash", "readme.sh"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=LIMIT_S)
+        except subprocess.TimeoutExpired:  # the command running then, with what it printed, not a bare timeout
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            err += f"\n(stopped: the part ran past {LIMIT_S} s)\n"
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     (tmp_path / "readme.stdout").write_text(done.stdout)  # kept for a look after the test
     (tmp_path / "readme.stderr").write_text(done.stderr)
     ran = [line[len(MARK) :] for line in done.stderr.splitlines() if line.startswith(MARK)]

@@ -53,7 +53,7 @@ def test_readme_is_short():
 
 @pytest.mark.slurm
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # the first test to run sets the part's run up
+@pytest.mark.timeout(1200)  # the first test to run sets the part's run up
 def test_readme_commands_run_in_order_in_one_fresh_directory(readme, chromium, capsys):
     tmp_path, done, env = readme.dir, readme.done, readme.env
     # what the README promises the commands leave behind, for the next command a reader types
@@ -107,7 +107,7 @@ def test_readme_commands_run_in_order_in_one_fresh_directory(readme, chromium, c
 
 @pytest.mark.slurm
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # the first test to run sets the part's run up
+@pytest.mark.timeout(1200)  # the first test to run sets the part's run up
 def test_readme_workload_job_trains_on_two_nodes_of_two_ranks(readme):
     """`trainscale slurm ... --submit --watch --workload cnn` (torchrun mode; srun mode is in
     tests/slurm/test_preemption.py): the job completed, and rank 0's log, read with `trainscale jobs`, shows
@@ -124,7 +124,7 @@ def test_readme_workload_job_trains_on_two_nodes_of_two_ranks(readme):
 
 @pytest.mark.slurm
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # the first test to run sets the part's run up
+@pytest.mark.timeout(1200)  # the first test to run sets the part's run up
 def test_readme_plan_answers_in_a_minute_and_its_verify_measures_what_it_predicted(readme):
     """README's plan for 4 LUMI nodes (calibrated here) fits and names the line that submits it; `--verify` runs
     2 ranks of train.py here and the held bytes it predicted are what the ranks held (issue 37)."""

@@ -20,7 +20,7 @@ readme = part_fixture("tour_plan")
 
 @pytest.mark.slurm
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # the first test to run sets the part's run up
+@pytest.mark.timeout(1200)  # the first test to run sets the part's run up
 def test_readme_tune_searches_within_its_budget_and_run_takes_the_result(readme):
     """`trainscale plan --tune --budget 20` then `trainscale run --config tuned.toml`: the defaults first, the search
     within its budget, and the run trains with the best per-rank batch it wrote."""

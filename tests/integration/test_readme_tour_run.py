@@ -12,7 +12,7 @@ readme = part_fixture("tour_run")
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # the first test to run sets the part's run up
+@pytest.mark.timeout(1200)  # the first test to run sets the part's run up
 def test_tour_runs_every_workload_and_strategy_each_in_its_run_directory(readme):
     """Each run kept its directory and trained; seed 003's line put its own under --log-dir, and gpt's second
     line resumed the first's checkpoint at step 20."""

@@ -26,7 +26,7 @@ def _selftest(readme: Readme, nodes: int) -> tuple[Path, dict, dict]:
 
 @pytest.mark.slurm
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # the first test to run sets the part's run up
+@pytest.mark.timeout(1200)  # the first test to run sets the part's run up
 def test_readme_selftest_passes_every_cpu_check_and_writes_the_ticket_files(readme):
     """`trainscale selftest --skip deepspeed`: the gloo subset, end to end, through the training launcher."""
     directory, report, rows = _selftest(readme, 1)
@@ -54,7 +54,7 @@ def test_readme_selftest_passes_every_cpu_check_and_writes_the_ticket_files(read
 
 @pytest.mark.slurm
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # the first test to run sets the part's run up
+@pytest.mark.timeout(1200)  # the first test to run sets the part's run up
 def test_readme_selftest_on_slurm_runs_two_jobs_and_reports_every_check(readme):
     """`trainscale selftest --slurm`: both launches are real batch jobs made by `trainscale slurm`'s plan, lint
     and submission; the hang job fails as it must, naming the stopped rank."""

@@ -15,7 +15,7 @@ readme = part_fixture("tour_slurm")
 
 @pytest.mark.slurm
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # the first test to run sets the part's run up
+@pytest.mark.timeout(1200)  # the first test to run sets the part's run up
 def test_tour_study_writes_its_results_where_out_says(readme):
     results = json.loads((readme.dir / "study1" / "results.json").read_text())
     assert [r["config"] for r in results["runs"]] == ["cpu", "1", "2"], results["runs"]
@@ -24,7 +24,7 @@ def test_tour_study_writes_its_results_where_out_says(readme):
 
 @pytest.mark.slurm
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # the first test to run sets the part's run up
+@pytest.mark.timeout(1200)  # the first test to run sets the part's run up
 def test_readme_study_on_slurm_runs_each_configuration_as_a_job_and_reports_it(readme, slurm_cluster):
     """`trainscale bench --slurm --configs 1 --nodes 2`: each configuration a real batch job, the study's numbers
     what the jobs measured; `trainscale jobs` and `trainscale report` then read the jobs."""
@@ -63,7 +63,7 @@ def test_readme_study_on_slurm_runs_each_configuration_as_a_job_and_reports_it(r
 
 @pytest.mark.slurm
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # the first test to run sets the part's run up
+@pytest.mark.timeout(1200)  # the first test to run sets the part's run up
 def test_readme_allreduce_on_slurm_is_one_two_node_job(readme):
     (result,) = [
         r
