@@ -61,7 +61,7 @@ PARTS: dict[str, list[tuple[str, str]]] = {
         ("docs/tour.md", "Trackers"),
     ],
 }
-LONGEST_FIRST = ("tour_selftest", "tour_run", "readme", "tour_slurm", "tour_plan")
+LONGEST_FIRST = ("tour_run", "tour_selftest", "tour_plan", "tour_slurm", "readme")
 """The parts by their time alone (docs/development.md): tests/conftest.py starts their modules first, in this order."""
 NEEDS: dict[str, list[str]] = {
     # part -> the starts of the earlier parts' commands it runs first, in order, and why
