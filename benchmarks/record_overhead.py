@@ -1,7 +1,7 @@
 """What observing a script costs: trainscale's zero-code recorder (global optimizer and module hooks, the step
 clock, the records its thread writes) and the rank's heartbeat, against the same training without them.
 
-    .venv/bin/python benchmarks/record_overhead.py [--blocks 10] [--rounds 3] [--e2e-steps 400]
+    .venv/bin/python benchmarks/record_overhead.py [--blocks 8] [--tiny-only] [--rounds 2] [--e2e-steps 300]
 
 1. **In one process, A/B by interleaved blocks** (the robust figure: on a shared host the noise between
    processes is larger than the goal). Tiny steps, where the cost is absolute (goal <= 30 us per step): PyTorch's
@@ -143,6 +143,7 @@ def larger_loops():
 def ab(step, blocks: int, steps: int, run_dir: Path) -> dict[str, list[float]]:
     """Seconds per step, by CPU time and by the clock, of interleaved blocks observed and not."""
     from trainscale.observe import hooks
+    from trainscale.observe.sampler import INTERVAL_VAR as SAMPLING
 
     def block() -> tuple[float, float]:
         cpu, wall = time.process_time(), time.perf_counter()
@@ -154,7 +155,9 @@ def ab(step, blocks: int, steps: int, run_dir: Path) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {"on_cpu": [], "off_cpu": [], "on_wall": [], "off_wall": []}
     for k in range(blocks):
         for mode in ("on", "off") if k % 2 == 0 else ("off", "on"):
-            recorder = hooks.Recorder(run_dir / f"{k}-{mode}", environ={}).install() if mode == "on" else None
+            recorder = None
+            if mode == "on":  # the device sampler (every 5 s) apart: its start would land in a block
+                recorder = hooks.Recorder(run_dir / f"{k}-{mode}", environ={SAMPLING: "0"}).install()
             if recorder is not None:
                 recorder.flops_per_step = 0  # counted once per run, not per block: timed on its own below
                 for _ in range(3):  # its record file opened, its thread started: once per run, not per step
@@ -172,7 +175,7 @@ def paired(times: dict[str, list[float]], clock: str) -> float:
     return statistics.median(a - b for a, b in zip(times[f"on_{clock}"], times[f"off_{clock}"]))
 
 
-def in_process(blocks: int, tiny_steps: int, steps: int) -> None:
+def in_process(blocks: int, tiny_steps: int, steps: int, tiny_only: bool = False) -> None:
     import torch
 
     torch.set_num_threads(1)
@@ -187,6 +190,8 @@ def in_process(blocks: int, tiny_steps: int, steps: int) -> None:
             f"{verdict(cost * 1e6, 30, higher_is_better=False)} [blocks of {tiny_steps} steps]",
             flush=True,
         )
+    if tiny_only:
+        return
     for name, step in larger_loops().items():
         t = ab(step, blocks, steps, run_dir / "larger")
         off = statistics.median(t["off_cpu"])
@@ -211,6 +216,20 @@ def in_process(blocks: int, tiny_steps: int, steps: int) -> None:
         )
     beat_s = heartbeat_cost(run_dir)
     print(f"  heartbeat: {beat_s * 1e6:.0f} us of work per beat every 0.5 s = {beat_s / 0.5:.3%} of one core")
+    sample_s = sampler_cost(run_dir)
+    print(f"  device sampler: {sample_s * 1e3:.1f} ms of CPU per sample every 5 s = {sample_s / 5:.3%} of one core")
+
+
+def sampler_cost(run_dir: Path, samples: int = 20) -> float:
+    """CPU seconds one device sample takes (local rank 0's thread, every ``TRAINSCALE_SAMPLE_INTERVAL`` s)."""
+    from trainscale.observe.sampler import Sampler
+
+    sampler = Sampler(run_dir / "sampler", interval_s=3600, local_ranks=1)
+    sampler.sample()  # the first reads what later ones keep
+    began = time.process_time()
+    for _ in range(samples):
+        sampler.sample()
+    return (time.process_time() - began) / samples
 
 
 def model_calls(model, loss_of) -> int:
@@ -358,13 +377,15 @@ def end_to_end(rounds: int, steps: int) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--blocks", type=int, default=10, help="in-process blocks each way")
-    p.add_argument("--tiny-steps", type=int, default=400, help="steps per block of the tiny loops")
-    p.add_argument("--steps", type=int, default=15, help="steps per block of the larger loops")
-    p.add_argument("--rounds", type=int, default=3, help="end-to-end rounds (0: skip)")
-    p.add_argument("--e2e-steps", type=int, default=400, help="steps per end-to-end run")
+    p.add_argument("--blocks", type=int, default=8, help="in-process blocks each way (0: skip)")
+    p.add_argument("--tiny-steps", type=int, default=300, help="steps per block of the tiny loops")
+    p.add_argument("--steps", type=int, default=12, help="steps per block of the larger loops")
+    p.add_argument("--tiny-only", action="store_true", help="in process, the tiny loops only")
+    p.add_argument("--rounds", type=int, default=2, help="end-to-end rounds (0: skip)")
+    p.add_argument("--e2e-steps", type=int, default=300, help="steps per end-to-end run")
     a = p.parse_args()
-    in_process(a.blocks, a.tiny_steps, a.steps)
+    if a.blocks:
+        in_process(a.blocks, a.tiny_steps, a.steps, a.tiny_only)
     if a.rounds:
         end_to_end(a.rounds, a.e2e_steps)
 
