@@ -13,7 +13,11 @@ torch exposes to anyone:
   marks backward's start): it runs before DDP's own (which waits for the last gradient all-reduce), and
   queues itself again to run after it, so that backward's computing and its wait at the collective are
   timed apart: who arrives last at the collective is who waits least there (observe/stragglers.py);
-- the DataLoader's iterator (``__next__``): the time a step spends fetching its batches, and that there is one.
+- the DataLoader's iterator (``__next__``): the time a step spends fetching its batches, and that there is one;
+- a collective's ``Work.wait()`` on the main thread (every blocking collective of ``torch.distributed`` waits
+  there, FSDP2's all-gathers and reduce-scatters and ZeRO's broadcasts too): its time is communication, taken
+  out of the phase it fell in (observe/steps.py), so a rank that waits in its forward for a late rank's
+  all-gather is not taken for one that computed there.
 
 The phases go through one clock (observe/steps.py) into ``metrics/rank-<R>.jsonl`` in the records' format
 (observe/records.py), so ``trainscale report``, the straggler watch and the studies read a script's run
@@ -100,6 +104,7 @@ class Recorder:
         self._samples = self._tokens = 0
         self._micro = self._micro_last = 0  # the lead module's forwards in this step and in the last (micro-batches)
         self._loader: list[float] | None = None  # DataLoader time of this step and the next's, once one is seen
+        self._runq = _run_queue()  # the main thread's time waiting for a CPU so far (None: no /proc)
         self._backward_armed = False
         self._grouped = False
         self._autocast: torch.dtype | None = None
@@ -124,6 +129,7 @@ class Recorder:
             optim.register_optimizer_step_pre_hook(self._optimizer_pre),
             optim.register_optimizer_step_post_hook(self._optimizer_post),
             _time_loader(self),
+            _time_waits(self),
         ]
         self.active = True
         return self
@@ -265,7 +271,9 @@ class Recorder:
         self._write(self.marks.ready())
 
     def _fields(self) -> dict[str, Any]:
+        runq, self._runq = self._runq, _run_queue()
         return {
+            "cpu_wait_s": self._runq - runq if runq is not None and self._runq is not None else None,
             "step": self.step,
             "samples": self._samples or None,
             "tokens": self._tokens or None,
@@ -464,6 +472,42 @@ def _time_loader(recorder: Recorder) -> Callable[[], None]:
 
     dataloader._BaseDataLoaderIter.__next__ = timed
     return lambda: setattr(dataloader._BaseDataLoaderIter, "__next__", original)
+
+
+def _run_queue() -> float | None:
+    """Seconds the main thread has waited, ready to run, for a CPU another process held (Linux's schedstat): the
+    evidence that other work shares a rank's cores. None where the kernel does not say."""
+    try:
+        with open("/proc/self/schedstat") as fh:
+            return int(fh.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _time_waits(recorder: Recorder) -> Callable[[], None]:
+    """Every wait for a collective on the main thread timed for ``recorder``; returns what undoes it. torch
+    exposes no hook there either: the one method is wrapped (a C++ collective waited in C++, DDP's gradient
+    all-reduce, is timed by backward's end instead)."""
+    import functools
+    import time
+
+    work = torch.distributed.distributed_c10d.Work if torch.distributed.is_available() else None
+    if work is None:
+        return lambda: None
+    original, main = work.wait, threading.main_thread()
+
+    @functools.wraps(original)
+    def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread() is not main or recorder.marks is None or not recorder._ours():
+            return original(self, *args, **kwargs)
+        started = time.perf_counter()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            recorder.marks.waited(time.perf_counter() - started)
+
+    work.wait = timed
+    return lambda: setattr(work, "wait", original)
 
 
 def _place(environ: Any) -> tuple[int, int, int, int, str | None]:
