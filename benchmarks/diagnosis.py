@@ -80,12 +80,20 @@ def spinner(cpu: int) -> subprocess.Popen:
     return subprocess.Popen([PYTHON, "-c", code])
 
 
-def launch(nproc: int, script: Path, args: list[str], env: dict[str, str], where: Path) -> subprocess.CompletedProcess:
-    argv = [PYTHON, "-m", "trainscale", "run", "--nproc-per-node", str(nproc), "--log-dir", "logs"]
-    return subprocess.run(argv + [str(script), *args], env=env, cwd=where, capture_output=True, text=True, timeout=400)
+def launch(nproc: int, target: list[str], env: dict[str, str], where: Path) -> subprocess.CompletedProcess:
+    argv = [PYTHON, "-m", "trainscale", "run", "--nproc-per-node", str(nproc), "--log-dir", "logs", *target]
+    return subprocess.run(argv, env=env, cwd=where, capture_output=True, text=True, timeout=400)
 
 
-def straggler_trial(kind: str, strategy: str, nproc: int, steps: int, slow_ms: float, where: Path) -> dict:
+def workload(name: str, strategy: str, steps: int) -> list[str]:
+    """A built-in workload's command line: small synthetic batches on the CPU."""
+    size = ["--max-steps", str(steps), "--batch-size", "8", "--device", "cpu", "--data", "synthetic"]
+    return ["--workload", name, "--strategy", strategy, *size]
+
+
+def straggler_trial(
+    kind: str, strategy: str, nproc: int, steps: int, slow_ms: float, where: Path, built_in: str | None = None
+) -> dict:
     from trainscale.observe.records import read_run
     from trainscale.observe.stragglers import diagnose
 
@@ -100,7 +108,8 @@ def straggler_trial(kind: str, strategy: str, nproc: int, steps: int, slow_ms: f
     )
     busy = spinner(1) if kind == "busy" else None
     try:
-        done = launch(nproc, SCRIPT, [], env, where)
+        # a built-in workload runs clean: nothing to inject there without changing it
+        done = launch(nproc, workload(built_in, strategy, steps) if built_in else [str(SCRIPT)], env, where)
     finally:
         if busy is not None:
             busy.kill()
@@ -121,7 +130,7 @@ def straggler_trial(kind: str, strategy: str, nproc: int, steps: int, slow_ms: f
 
 def desync_trial(kind: str, nproc: int, where: Path) -> dict:
     env = clean_env()
-    done = launch(nproc, DESYNC, [kind], env, where)
+    done = launch(nproc, [str(DESYNC), kind], env, where)
     err = done.stderr
     root = next((line for line in err.splitlines() if line.startswith("Root cause:")), "")
     named = "1/desync" if "rank(s) 1 called a different collective" in root and done.returncode == 124 else root
@@ -192,6 +201,7 @@ def main() -> None:
     parser.add_argument("--strategies", default="ddp")
     parser.add_argument("--nprocs", default="2")
     parser.add_argument("--kinds", default=",".join([*EXPECTED, *DESYNCS]))
+    parser.add_argument("--workload", help="a built-in workload (cnn) instead of the scripts: clean runs only")
     parser.add_argument("--out", type=Path, help="append each trial's result here (JSON lines)")
     parser.add_argument("--table", type=Path, help="print the table of the results in this file, run nothing")
     args = parser.parse_args()
@@ -203,15 +213,19 @@ def main() -> None:
         for strategy in args.strategies.split(","):
             for kind in args.kinds.split(","):
                 if kind in DESYNCS and strategy != "ddp" or kind == "busy" and nproc != 2:
+                    continue
+                if args.workload and kind != "clean":
                     continue  # the desync script has its own collectives; one spinning CPU of two: 2 ranks
                 for _ in range(args.trials):
                     with tempfile.TemporaryDirectory(prefix="diagnosis-") as tmp:
                         if kind in DESYNCS:
                             result = desync_trial(kind, nproc, Path(tmp))
                         else:
-                            result = straggler_trial(kind, strategy, nproc, args.steps, args.slow_ms, Path(tmp))
+                            result = straggler_trial(
+                                kind, strategy, nproc, args.steps, args.slow_ms, Path(tmp), args.workload
+                            )
                     row = {
-                        "script": "desync" if kind in DESYNCS else "slow_rank",
+                        "script": "desync" if kind in DESYNCS else (args.workload or "slow_rank"),
                         "strategy": "own" if kind in DESYNCS else strategy,
                         "nproc": nproc,
                         "kind": kind,
