@@ -38,6 +38,11 @@ from pathlib import Path
 from _common import PYTHON, ROOT, clean_env, load
 
 SCRIPT = ROOT / "tests" / "scripts" / "slow_rank.py"
+TRAINER = ROOT / "tests" / "scripts" / "slow_trainer.py"
+TRAINER_FUNCTION = {"loader": "collate", "forward": "Net.forward"}
+"""The HF Trainer script's kinds (its strategy is the Trainer's DDP) and their places."""
+WORKLOAD_KINDS = {"trainer": ("clean", "loader", "forward")}
+"""What each ``--workload`` runs (a built-in workload: clean only, nothing to inject there without changing it)."""
 DESYNC = ROOT / "tests" / "scripts" / "desync.py"
 EXPECTED = {
     "loader": (1, "loader"),
@@ -68,10 +73,11 @@ def marked(path: Path, mark: str) -> int | None:
     return next((i for i, text in enumerate(path.read_text().splitlines(), 1) if text.endswith(mark)), None)
 
 
-def expected_place(kind: str) -> str | None:
+def expected_place(kind: str, script: str = "slow_rank") -> str | None:
     if kind in DESYNCS:
         return f"desync.py:{marked(DESYNC, f'# desync: {kind}')}"
-    return f"{FUNCTION[kind]}:{marked(SCRIPT, f'# place: {kind}')}" if kind in FUNCTION else None
+    path, function = (TRAINER, TRAINER_FUNCTION) if script == "trainer" else (SCRIPT, FUNCTION)
+    return f"{function[kind]}:{marked(path, f'# place: {kind}')}" if kind in function else None
 
 
 def spinner(cpu: int) -> subprocess.Popen:
@@ -109,7 +115,8 @@ def straggler_trial(
     busy = spinner(1) if kind == "busy" else None
     try:
         # a built-in workload runs clean: nothing to inject there without changing it
-        done = launch(nproc, workload(built_in, strategy, steps) if built_in else [str(SCRIPT)], env, where)
+        target = [str(TRAINER)] if built_in == "trainer" else workload(built_in, strategy, steps) if built_in else None
+        done = launch(nproc, target or [str(SCRIPT)], env, where)
     finally:
         if busy is not None:
             busy.kill()
@@ -140,7 +147,7 @@ def desync_trial(kind: str, nproc: int, where: Path) -> dict:
     return {"named": named or f"exit {done.returncode}", "place": f"desync.py:{found.group(1)}" if before else None}
 
 
-def score(kind: str, result: dict, slow_ms: float) -> dict:
+def score(kind: str, result: dict, slow_ms: float, script: str = "slow_rank") -> dict:
     named = result.get("named")
     if kind in DESYNCS:
         want = "1/desync"
@@ -156,7 +163,7 @@ def score(kind: str, result: dict, slow_ms: float) -> dict:
         right = right and not any(u in cause for u in UNFOUNDED)
         if kind == "busy":
             right = right and "waited for a CPU" in cause
-    place = expected_place(kind)
+    place = expected_place(kind, script)
     cost = result["late_ms"] / slow_ms if result.get("late_ms") and kind in FUNCTION else None
     return {"want": want, "right": right, "want_place": place, "placed": result.get("place") == place, "cost": cost}
 
@@ -201,7 +208,11 @@ def main() -> None:
     parser.add_argument("--strategies", default="ddp")
     parser.add_argument("--nprocs", default="2")
     parser.add_argument("--kinds", default=",".join([*EXPECTED, *DESYNCS]))
-    parser.add_argument("--workload", help="a built-in workload (cnn) instead of the scripts: clean runs only")
+    parser.add_argument(
+        "--workload",
+        help="a built-in workload (cnn: clean runs only) or `trainer` (the HF Trainer script: loader, forward, "
+        "clean) instead of the plain script",
+    )
     parser.add_argument("--out", type=Path, help="append each trial's result here (JSON lines)")
     parser.add_argument("--table", type=Path, help="print the table of the results in this file, run nothing")
     args = parser.parse_args()
@@ -212,10 +223,11 @@ def main() -> None:
     for nproc in map(int, args.nprocs.split(",")):
         for strategy in args.strategies.split(","):
             for kind in args.kinds.split(","):
+                # the desync script has its own collectives; one spinning CPU of two: 2 ranks
                 if kind in DESYNCS and strategy != "ddp" or kind == "busy" and nproc != 2:
                     continue
-                if args.workload and kind != "clean":
-                    continue  # the desync script has its own collectives; one spinning CPU of two: 2 ranks
+                if args.workload and kind not in WORKLOAD_KINDS.get(args.workload, ("clean",)):
+                    continue
                 for _ in range(args.trials):
                     with tempfile.TemporaryDirectory(prefix="diagnosis-") as tmp:
                         if kind in DESYNCS:
@@ -230,7 +242,7 @@ def main() -> None:
                         "nproc": nproc,
                         "kind": kind,
                         **result,
-                        **score(kind, result, args.slow_ms),
+                        **score(kind, result, args.slow_ms, args.workload or "slow_rank"),
                         "load": os.getloadavg()[0],
                     }
                     totals[kind].append(row)
