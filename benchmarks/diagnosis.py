@@ -5,7 +5,7 @@ import) under `trainscale run --nproc-per-node N`, with a fault injected on one 
   (DDP + ZeroRedundancyOptimizer) or ``fsdp`` (FSDP2's ``fully_shard`` per layer: all-gathers in forward),
   rank 1 losing ``--slow-ms`` per step in its DataLoader, nanoGPT's fetch between forward and backward, its
   forward, inside backward, its optimizer step, after the step; rank 0 evaluating between steps (``eval``);
-  ``busy``: each rank pinned to a CPU of its own and another process spinning on rank 1's (2 ranks only); or
+  ``busy``: each rank pinned to a CPU of its own and two other processes spinning on rank 1's (2 ranks only); or
   nowhere (``clean``, 2 micro-batches per step). Scored from the run's records as `trainscale report` reads
   them (observe/stragglers.diagnose): right when the straggler named is the injected rank with the injected
   phase (``busy``: rank 1, any phase, and contention named with its run-queue figure; clean: no straggler) and
@@ -67,6 +67,8 @@ FUNCTION = {
 }
 DESYNCS = ("skip", "extra", "shape")
 UNFOUNDED = ("CPU binding", "shares CPU")
+BUSY = 2
+"""Processes spinning on rank 1's CPU in the busy kind: one is lost among a shared machine's other work."""
 
 
 def marked(path: Path, mark: str) -> int | None:
@@ -80,10 +82,10 @@ def expected_place(kind: str, script: str = "slow_rank") -> str | None:
     return f"{function[kind]}:{marked(path, f'# place: {kind}')}" if kind in function else None
 
 
-def spinner(cpu: int) -> subprocess.Popen:
-    """Another busy process on ``cpu`` (what a rank sharing its cores meets)."""
+def spinners(cpu: int, n: int = BUSY) -> list[subprocess.Popen]:
+    """Other busy processes on ``cpu`` (what a rank sharing its cores meets)."""
     code = f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"
-    return subprocess.Popen([PYTHON, "-c", code])
+    return [subprocess.Popen([PYTHON, "-c", code]) for _ in range(n)]
 
 
 def launch(nproc: int, target: list[str], env: dict[str, str], where: Path) -> subprocess.CompletedProcess:
@@ -112,15 +114,15 @@ def straggler_trial(
         BIND="1" if kind == "busy" else "0",
         TRAINSCALE_STRAGGLER_EVERY="0.2",
     )
-    busy = spinner(1) if kind == "busy" else None
+    busy = spinners(1) if kind == "busy" else []
     try:
         # a built-in workload runs clean: nothing to inject there without changing it
         target = [str(TRAINER)] if built_in == "trainer" else workload(built_in, strategy, steps) if built_in else None
         done = launch(nproc, target or [str(SCRIPT)], env, where)
     finally:
-        if busy is not None:
-            busy.kill()
-            busy.wait()
+        for process in busy:
+            process.kill()
+            process.wait()
     if done.returncode != 0:
         return {"named": f"run failed ({done.returncode}): {done.stderr.strip().splitlines()[-1:]}"}
     (run_dir,) = [d for d in (where / "logs").iterdir() if (d / "metrics").is_dir() and not d.is_symlink()]
@@ -141,10 +143,13 @@ def desync_trial(kind: str, nproc: int, where: Path) -> dict:
     err = done.stderr
     root = next((line for line in err.splitlines() if line.startswith("Root cause:")), "")
     named = "1/desync" if "rank(s) 1 called a different collective" in root and done.returncode == 124 else root
-    found = re.search(r"desync\.py:(\d+)", err)
     crash = err.find("Traceback")
-    before = found is not None and (crash < 0 or found.start() < crash)
-    return {"named": named or f"exit {done.returncode}", "place": f"desync.py:{found.group(1)}" if before else None}
+    # the lines the notice names, for each rank, before any traceback: a skip's is where the others wait
+    lines = sorted(
+        {f"desync.py:{m}" for m in re.findall(r"issued at desync\.py:(\d+)", err[: crash if crash >= 0 else None])}
+    )
+    want = expected_place(kind)
+    return {"named": named or f"exit {done.returncode}", "place": want if want in lines else ", ".join(lines) or None}
 
 
 def score(kind: str, result: dict, slow_ms: float, script: str = "slow_rank") -> dict:
