@@ -235,6 +235,18 @@ def test_other_work_on_a_ranks_cores_is_named_only_with_its_run_queue_wait():
             record["cpu_wait_s"] = 0.002
     assert find_straggler(sleeping).cause == ""
     assert find_straggler(_ranks(1, data=False)).cause == ""  # no figure (not Linux): nothing said
+    # no phase, no evidence, and every rank waits as long for a CPU as this lateness: a busy host's jitter, no
+    # straggler; a phase that holds it is named whatever the host
+    jitter = _ranks(1, extra=spread)
+    for records in jitter.values():
+        for record in records[1:]:
+            record["cpu_wait_s"] = 0.035
+    assert find_straggler(jitter) is None
+    slow_forward = _ranks(1, data=False)
+    for records in slow_forward.values():
+        for record in records[1:]:
+            record["cpu_wait_s"] = 0.035
+    assert find_straggler(slow_forward).phase == "forward"
 
 
 def test_straggler_watch_says_it_once(tmp_path):

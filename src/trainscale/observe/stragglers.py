@@ -129,6 +129,13 @@ def _cause(phase: str, mine: dict[str, Any], others: list[dict[str, Any]], late_
     return ". ".join(said)
 
 
+def _noise(others: list[dict[str, Any]]) -> float:
+    """How long the ranks that waited for the late one themselves waited for a CPU per step (their median; 0
+    where the kernel does not say): on a host this busy, a lateness no longer than that is its jitter."""
+    waits = [float(o["cpu_wait"]) for o in others if o.get("cpu_wait") is not None]
+    return statistics.median(waits) if waits else 0.0
+
+
 def find_in_windows(
     windows: dict[int, dict[str, Any]], *, share: float = DEFAULT_SHARE, window: int = DEFAULT_WINDOW
 ) -> Straggler | None:
@@ -155,6 +162,9 @@ def find_in_windows(
     mine = windows[late].get("phases") or {}
     theirs = {k: statistics.median(float((o.get("phases") or {}).get(k) or 0.0) for o in others) for k in mine}
     phase = _phase(mine, theirs, late_s)
+    cause = _cause(phase, windows[late], others, late_s)
+    if phase == "unexplained" and not cause and _noise(others) >= late_s:
+        return None  # no phase, no evidence, and the others wait as long for a CPU: a busy host's jitter
     mine_s, others_s = (
         (mine[phase], theirs[phase])
         if phase != "unexplained"
@@ -168,7 +178,7 @@ def find_in_windows(
         step_s=step,
         mine_s=mine_s,
         others_s=others_s,
-        cause=_cause(phase, windows[late], others, late_s),
+        cause=cause,
         place=(windows[late].get("place") or {}).get(phase),
     )
 
