@@ -5,7 +5,8 @@ import) under `trainscale run --nproc-per-node N`, with a fault injected on one 
   (DDP + ZeroRedundancyOptimizer) or ``fsdp`` (FSDP2's ``fully_shard`` per layer: all-gathers in forward),
   rank 1 losing ``--slow-ms`` per step in its DataLoader, nanoGPT's fetch between forward and backward, its
   forward, inside backward, its optimizer step, after the step; rank 0 evaluating between steps (``eval``);
-  ``busy``: each rank pinned to a CPU of its own and two other processes spinning on rank 1's (2 ranks only); or
+  ``busy``: each rank pinned to a CPU of its own, computing for most of its step (a wider layer, larger
+  batches), and two other processes spinning on rank 1's CPU (2 ranks only); or
   nowhere (``clean``, 2 micro-batches per step). Scored from the run's records as `trainscale report` reads
   them (observe/stragglers.diagnose): right when the straggler named is the injected rank with the injected
   phase (``busy``: rank 1, any phase, and contention named with its run-queue figure; clean: no straggler) and
@@ -112,6 +113,9 @@ def straggler_trial(
         ACCUM="2" if kind == "clean" else "1",
         STRATEGY=strategy,
         BIND="1" if kind == "busy" else "0",
+        # a rank that waits most of its step sleeps in the collectives and is woken first: the busy kind's
+        # ranks compute for most of theirs, where sharing a CPU slows them
+        **({"WIDTH": "4096", "BATCH": "256"} if kind == "busy" else {}),
         TRAINSCALE_STRAGGLER_EVERY="0.2",
     )
     busy = spinners(1) if kind == "busy" else []

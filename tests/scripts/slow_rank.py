@@ -5,7 +5,8 @@ loop (no DataLoader: the next batch fetched between forward and backward); the o
 ``eval`` is rank 0's evaluation between steps (the others wait for it). ACCUM micro-batches per optimizer step
 (no gradient sync on all but the last). STRATEGY=ddp (DistributedDataParallel), zero1 (DDP with
 ZeroRedundancyOptimizer) or fsdp (FSDP2's ``fully_shard`` on each layer and the model: all-gathers in forward).
-BIND=1 pins each rank to a CPU of its own. Run it with `trainscale run --nproc-per-node 2` (or 4)."""
+BIND=1 pins each rank to a CPU of its own; WIDTH and BATCH make its compute larger. Run it with
+`trainscale run --nproc-per-node 2` (or 4)."""
 
 import contextlib
 import os
@@ -22,7 +23,8 @@ SLOW_S = float(os.environ.get("SLOW_S", "0.04"))
 STEPS = int(os.environ.get("STEPS", "14"))
 ACCUM = int(os.environ.get("ACCUM", "1"))
 STRATEGY = os.environ.get("STRATEGY", "ddp")
-BATCH = 8
+BATCH = int(os.environ.get("BATCH", "8"))
+WIDTH = int(os.environ.get("WIDTH", "64"))
 
 
 class SlowBackward(torch.autograd.Function):
@@ -42,7 +44,7 @@ class Net(torch.nn.Module):
     def __init__(self, slow: str):
         super().__init__()
         self.slow = slow
-        self.a, self.b = torch.nn.Linear(32, 64), torch.nn.Linear(64, 1)
+        self.a, self.b = torch.nn.Linear(32, WIDTH), torch.nn.Linear(WIDTH, 1)
 
     def forward(self, x):
         h = torch.relu(self.a(x))
