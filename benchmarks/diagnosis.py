@@ -150,7 +150,7 @@ def desync_trial(kind: str, nproc: int, where: Path) -> dict:
     crash = err.find("Traceback")
     # the lines the notice names, for each rank, before any traceback: a skip's is where the others wait
     lines = sorted(
-        {f"desync.py:{m}" for m in re.findall(r"issued at desync\.py:(\d+)", err[: crash if crash >= 0 else None])}
+        {f"desync.py:{m}" for m in re.findall(r"issued at \S*desync\.py:(\d+)", err[: crash if crash >= 0 else None])}
     )
     want = expected_place(kind)
     return {"named": named or f"exit {done.returncode}", "place": want if want in lines else ", ".join(lines) or None}
@@ -183,10 +183,9 @@ def table(path: Path) -> None:
     for line in path.read_text().splitlines():
         r = json.loads(line)
         rows[(r["script"], r["strategy"], r["nproc"], r["kind"])].append(r)
-    print(
-        "| script | strategy | ranks | kind | trials | rank+phase right | place right | cost named / injected | load |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
+    head = "script | strategy | ranks | kind | trials | rank+phase right | place right | cost named / injected | load"
+    print(f"| {head} | named instead |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for (script, strategy, nproc, kind), rs in sorted(
         rows.items(), key=lambda kv: (kv[0][:3], list(EXPECTED).index(kv[0][3]) if kv[0][3] in EXPECTED else 99)
     ):
@@ -194,9 +193,16 @@ def table(path: Path) -> None:
         costs = [r["cost"] for r in rs if r.get("cost")]
         cost = f"{statistics.median(costs):.2f}" if costs else "—"
         loads = [r["load"] for r in rs]
+        wrong = defaultdict(int)
+        for r in rs:
+            if not r["right"]:
+                wrong[
+                    (r["named"] or "nothing") + (" + its CPU wait" if "waited for a CPU" in r.get("cause", "") else "")
+                ] += 1
+        instead = "; ".join(f"{named} ×{n}" for named, n in wrong.items()) or "—"
         print(
             f"| {script} | {strategy} | {nproc} | {kind} | {len(rs)} | {sum(r['right'] for r in rs)}/{len(rs)} | "
-            f"{placed} | {cost} | {min(loads):.0f}–{max(loads):.0f} |"
+            f"{placed} | {cost} | {min(loads):.0f}–{max(loads):.0f} | {instead} |"
         )
     everything = [r for rs in rows.values() for r in rs]
     injected = [r for r in everything if r["kind"] != "clean"]
