@@ -16,9 +16,11 @@ import) under `trainscale run --nproc-per-node N`, with a fault injected on one 
 - tests/scripts/desync.py (``skip``, ``extra``, ``shape``: rank 1 skips a collective, adds one, passes another
   shape at step 3; its strategy is its own all-reduces): right when the run's root cause names rank 1's desync
   and the line marked ``# desync: <kind>`` is named before any traceback, the run ended by trainscale (124).
+- ``--workload trainer``: tests/scripts/slow_trainer.py, an HF ``Trainer`` (its own DDP), rank 1 slow in its
+  collator or its forward, or clean; ``--workload cnn``: the built-in workload, clean runs only.
 
     .venv/bin/python benchmarks/diagnosis.py [--trials 5] [--steps 100] [--slow-ms 40] \\
-        [--strategies ddp,zero1,fsdp] [--nprocs 2,4] [--kinds ...] [--out results.jsonl]
+        [--strategies ddp,zero1,fsdp] [--nprocs 2,4] [--kinds ...] [--workload trainer|cnn] [--out results.jsonl]
     .venv/bin/python benchmarks/diagnosis.py --table results.jsonl   # the table of docs/observability.md
 
 Each trial prints a line as it ends (and appends it to ``--out``); then each kind's scores and the totals.
