@@ -8,31 +8,15 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-SCRIPT = """\
-import sys, time, torch, torch.distributed as dist
-how = sys.argv[1]
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-model = torch.nn.Linear(4, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-for step in range(300):
-    model(torch.ones(2, 4)).sum().backward()
-    for p in model.parameters():
-        if not (how == "skip" and rank == 1 and step == 3):
-            dist.all_reduce(p.grad)
-    if how == "extra" and rank == 1 and step == 3:
-        dist.all_reduce(torch.ones(1))
-    dist.all_reduce(torch.ones(1 if how == "shape" and rank == 1 and step == 3 else 2))
-    if how == "silent" and not (rank == 1 and step == 3):
-        dist.all_reduce(torch.ones(3))
-    opt.step()
-    opt.zero_grad()
-    time.sleep(0.1)
-"""
-LINE = {"skip": 11, "extra": 13, "shape": 14, "silent": 16}
+SCRIPT = (Path(__file__).resolve().parents[1] / "scripts" / "desync.py").read_text()
+LINE = {
+    how: next(i for i, text in enumerate(SCRIPT.splitlines(), 1) if text.endswith(f"# desync: {how}"))
+    for how in ("skip", "extra", "shape", "silent")
+}
 
 
 @pytest.mark.parametrize("how", ["skip", "extra", "shape", "silent"])

@@ -1,6 +1,6 @@
 """The right story: a plain 2-rank gloo DDP script (tests/scripts/slow_rank.py, no trainscale import) run with
 `trainscale run --nproc-per-node 2`, rank 1 losing 40 ms per step in one place. The report names rank 1 and
-that place (by who arrives last at the gradient all-reduce and where its extra time went), what it costs the
+that place (by who arrives last at the collectives and where its extra time went), what it costs the
 job, and no cause it has no evidence of, and — sampled on rank 1 once the live watch named it — the function
 and line of the script the time goes in; a clean run names no straggler and no place. Each optimizer step's FLOPs count
 its micro-batches."""
@@ -36,7 +36,7 @@ STEPS = 150
 UNFOUNDED = ("CPU binding", "shares CPU", "cannot keep up", "sharded strategy")
 
 
-def _run(tmp_path: Path, slow: str, accum: int = 1) -> tuple[Path, str]:
+def _run(tmp_path: Path, slow: str, accum: int = 1, strategy: str = "ddp") -> tuple[Path, str]:
     logs = tmp_path / "logs"
     done = in_process(
         "run",
@@ -51,6 +51,7 @@ def _run(tmp_path: Path, slow: str, accum: int = 1) -> tuple[Path, str]:
             "SLOW_S": str(SLOW_S),
             "STEPS": str(STEPS),
             "ACCUM": str(accum),
+            "STRATEGY": strategy,
             "OMP_NUM_THREADS": "1",
             "TRAINSCALE_STRAGGLER_EVERY": "0.2",
         },
@@ -78,7 +79,7 @@ def test_the_slow_rank_and_where_it_lost_its_time_are_named(tmp_path, slow):
     assert f"its time goes in {where}" in verdict, verdict
 
     said = re.search(
-        r"\[problem\] straggler: rank 1 on \S+ arrives last at the gradient all-reduce, "
+        r"\[problem\] straggler: rank 1 on \S+ arrives last at the collectives, "
         r"[\d.]+ ms after the others each step: (.*)\. The job would be ~(\d+)% faster without it: "
         r"([\d.]+) ms of each ([\d.]+) ms step",
         verdict,
@@ -90,6 +91,21 @@ def test_the_slow_rank_and_where_it_lost_its_time_are_named(tmp_path, slow):
     assert not any(text in verdict for text in UNFOUNDED), verdict
     assert ("DataLoader workers" in verdict) == (slow == "loader"), verdict  # advice for what the script has
     assert slow != "between" or "DataLoader" not in verdict  # nanoGPT's loop has none
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("slow", ["forward", "loader"])
+def test_under_fsdp_the_ranks_waiting_for_the_late_ones_all_gathers_do_not_hide_it(tmp_path, slow):
+    """FSDP2 all-gathers each layer in forward: the ranks that wait there for rank 1 spend its lost time in
+    their forward too, and DDP's one wait at backward's end is gone. Their waits in the collectives are
+    communication (observe/hooks.py), so rank 1 is still the one that waits least, in the phase it lost it."""
+    run_dir, verdict = _run(tmp_path, slow, strategy="fsdp")
+    found = diagnose(read_run(run_dir)["ranks"]).straggler
+    assert found is not None and (found.rank, found.phase) == (1, PHASE[slow]), (found, verdict)
+    assert 0.75 * SLOW_S < found.late_s < 1.5 * SLOW_S, found
+    line = next(i for i, text in enumerate(SCRIPT.read_text().splitlines(), 1) if text.endswith(f"# place: {slow}"))
+    assert found.place is not None and (found.place["function"], found.place["line"]) == (FUNCTION[slow], line)
+    assert "straggler: rank 1 on " in verdict and PHASE_TEXT[PHASE[slow]] in verdict, verdict
 
 
 @pytest.mark.slow

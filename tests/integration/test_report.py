@@ -86,7 +86,7 @@ def test_report_names_the_straggler_and_renders_in_a_browser(tmp_path, chromium,
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    named = r"straggler: rank 1 on \S+ arrives last at the gradient all-reduce, [\d.]+ ms after the others each step: "
+    named = r"straggler: rank 1 on \S+ arrives last at the collectives, [\d.]+ ms after the others each step: "
     assert re.search(r"trainscale: " + named + "host work between steps", done.stdout), done.stdout
 
     report = subprocess.run(

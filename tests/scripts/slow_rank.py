@@ -1,8 +1,12 @@
-"""A plain 2-rank DDP script (no trainscale import) whose rank 1 loses SLOW_S seconds per step in one place,
-SLOW=loader | between | forward | backward | after_step | clean, each in its own function (the line marked
-``# place: <SLOW>``: where the stack sampler must find it). ``between`` is nanoGPT's loop (no DataLoader:
-the next batch fetched between forward and backward); the others read a DataLoader. ACCUM micro-batches per
-optimizer step (DDP's no_sync on all but the last). Run it with `trainscale run --nproc-per-node 2`."""
+"""A plain DDP / ZeRO-1 / FSDP2 script (no trainscale import) whose rank 1 loses SLOW_S seconds per step in one
+place, SLOW=loader | between | forward | backward | optimizer | after_step | eval | clean, each in its own
+function (the line marked ``# place: <SLOW>``: where the stack sampler must find it). ``between`` is nanoGPT's
+loop (no DataLoader: the next batch fetched between forward and backward); the others read a DataLoader.
+``eval`` is rank 0's evaluation between steps (the others wait for it). ACCUM micro-batches per optimizer step
+(no gradient sync on all but the last). STRATEGY=ddp (DistributedDataParallel), zero1 (DDP with
+ZeroRedundancyOptimizer) or fsdp (FSDP2's ``fully_shard`` on each layer and the model: all-gathers in forward).
+BIND=1 pins each rank to a CPU of its own; WIDTH and BATCH make its compute larger. Run it with
+`trainscale run --nproc-per-node 2` (or 4)."""
 
 import contextlib
 import os
@@ -18,11 +22,13 @@ SLOW = os.environ.get("SLOW", "clean")
 SLOW_S = float(os.environ.get("SLOW_S", "0.04"))
 STEPS = int(os.environ.get("STEPS", "14"))
 ACCUM = int(os.environ.get("ACCUM", "1"))
-BATCH = 8
+STRATEGY = os.environ.get("STRATEGY", "ddp")
+BATCH = int(os.environ.get("BATCH", "8"))
+WIDTH = int(os.environ.get("WIDTH", "64"))
 
 
 class SlowBackward(torch.autograd.Function):
-    """The identity, whose backward sleeps: time lost inside backward, before DDP's all-reduce."""
+    """The identity, whose backward sleeps: time lost inside backward, before the gradients' collective."""
 
     @staticmethod
     def forward(ctx, x):
@@ -38,7 +44,7 @@ class Net(torch.nn.Module):
     def __init__(self, slow: str):
         super().__init__()
         self.slow = slow
-        self.a, self.b = torch.nn.Linear(32, 64), torch.nn.Linear(64, 1)
+        self.a, self.b = torch.nn.Linear(32, WIDTH), torch.nn.Linear(WIDTH, 1)
 
     def forward(self, x):
         h = torch.relu(self.a(x))
@@ -54,13 +60,51 @@ def log_step():
     time.sleep(SLOW_S)  # place: after_step
 
 
+def evaluate():
+    """Rank 0's evaluation between steps (the others go on to the next step's collective and wait)."""
+    time.sleep(SLOW_S)  # place: eval
+
+
+class SlowSGD(torch.optim.SGD):
+    """An optimizer whose step takes longer on this rank (a costlier update, say)."""
+
+    def step(self, closure=None):
+        time.sleep(SLOW_S)  # place: optimizer
+        return super().step(closure)
+
+
+def wrap(net, optimizer):
+    """The model and its optimizer as the strategy makes them."""
+    if STRATEGY == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(net.a)
+        fully_shard(net.b)
+        model = fully_shard(net)
+        return model, optimizer(model.parameters(), lr=0.01)
+    model = DistributedDataParallel(net)
+    if STRATEGY == "zero1":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return model, ZeroRedundancyOptimizer(model.parameters(), optimizer_class=optimizer, lr=0.01)
+    return model, optimizer(model.parameters(), lr=0.01)
+
+
+def no_sync(model, last):
+    if STRATEGY == "fsdp":
+        model.set_requires_gradient_sync(last)
+        return contextlib.nullcontext()
+    return model.no_sync() if not last else contextlib.nullcontext()
+
+
 def main():
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    slow = SLOW if rank == 1 else "clean"
+    if os.environ.get("BIND") == "1":  # a CPU of its own (the benchmark's busy kind spins on rank 1's)
+        os.sched_setaffinity(0, {rank % os.cpu_count()})
+    slow = SLOW if rank == (0 if SLOW == "eval" else 1) else "clean"
     torch.manual_seed(0)
-    model = DistributedDataParallel(Net(slow))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, opt = wrap(Net(slow), SlowSGD if slow == "optimizer" else torch.optim.SGD)
     generator = torch.Generator().manual_seed(rank)
 
     def get_batch():  # nanoGPT's: a batch made on the spot, no DataLoader
@@ -80,7 +124,7 @@ def main():
         for micro in range(ACCUM):
             if batches is not None:
                 x, y = next(batches)
-            with model.no_sync() if micro < ACCUM - 1 else contextlib.nullcontext():
+            with no_sync(model, micro == ACCUM - 1):
                 loss = F.mse_loss(model(x), y) / ACCUM
                 if batches is None:
                     x, y = get_batch()
@@ -89,6 +133,8 @@ def main():
         opt.zero_grad(set_to_none=True)
         if slow == "after_step":
             log_step()
+        if slow == "eval":
+            evaluate()
     dist.destroy_process_group()
 
 

@@ -44,7 +44,53 @@ def test_step_marks_add_repeated_phases_and_need_no_device_sync():
     assert record["data_s"] == pytest.approx(0.1 + 0.1) and record["compute_s"] == pytest.approx(0.2 + 0.2)
     assert record["backward_s"] == pytest.approx(0.3 + 0.3) and record["optimizer_s"] == pytest.approx(0.1 + 0.05)
     assert marks.ready() == []
-    assert marks._marks == [("start", 1.4)]  # carried: the next step starts where this one ended
+    assert marks._marks == [("start", 1.4, 0.0)]  # carried: the next step starts where this one ended
+
+
+def test_a_wait_for_a_collective_inside_a_phase_is_communication_not_the_phases():
+    """FSDP's all-gathers in forward: a rank that waits there for a late rank did not compute then; its wait
+    goes to ``comm_s`` (the late rank is the one that waits least), the phase keeps the rest."""
+    marks = StepMarks(torch.device("cpu"))
+    clock = iter([0.0, 0.1, 0.5, 0.6, 0.7, 0.9, 1.0])
+    marks._now = lambda: next(clock)
+    marks.start_step()
+    marks.mark("data")
+    marks.waited(0.3)  # an all-gather in forward
+    marks.mark("forward")
+    marks.mark("between")
+    marks.mark("backward")
+    marks.waited(0.15)  # a reduce-scatter at backward's end, before the sync mark
+    marks.mark("sync")
+    marks.waited(0.05)  # ZeRO's broadcast in the optimizer step
+    marks.mark("optimizer")
+    marks.end_step({"step": 1})
+    (record,) = marks.ready()
+    assert record["compute_s"] == pytest.approx(0.1) and record["optimizer_s"] == pytest.approx(0.05)
+    assert record["comm_s"] == pytest.approx(0.3 + 0.2 + 0.05) and record["step_s"] == pytest.approx(1.0)
+
+
+def test_the_recorder_times_a_collectives_wait_on_the_main_thread_only(monkeypatch):
+    """Every blocking collective waits in ``Work.wait``: the recorder times it there, on its main thread."""
+    work = torch.distributed.distributed_c10d.Work
+    recorder = hooks.Recorder("unused")
+    recorder.active, recorder.marks = True, StepMarks(torch.device("cpu"))
+    recorder.marks.start_step()
+    waits = []
+    recorder.marks.waited = waits.append
+    monkeypatch.setattr(work, "wait", lambda self, *a, **k: True)
+    undo = hooks._time_waits(recorder)
+    try:
+        assert work.wait(object()) is True and len(waits) == 1 and waits[0] >= 0
+        import threading
+
+        thread = threading.Thread(target=work.wait, args=(object(),))
+        thread.start()
+        thread.join()
+        assert len(waits) == 1  # another thread's wait (a checkpoint writer's, say) is not the step's
+    finally:
+        undo()
+    work.wait(object())
+    assert len(waits) == 1
 
 
 def test_no_event_is_recorded_or_queried_while_the_script_captures_a_cuda_graph(monkeypatch):

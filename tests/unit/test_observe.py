@@ -196,8 +196,7 @@ def test_the_rank_that_arrives_last_is_named_with_its_phase_and_its_cost():
     assert (found.rank, found.host, found.phase) == (2, "n2", "data")
     assert found.late_s == pytest.approx(0.03) and found.cost == pytest.approx(0.3) and found.cause == ""
     assert found.describe().startswith(
-        "rank 2 on n2 arrives last at the gradient all-reduce, 30.0 ms after the "
-        "others each step: host work between steps"
+        "rank 2 on n2 arrives last at the collectives, 30.0 ms after the others each step: host work between steps"
     )
     assert "The job would be ~30% faster without it: 30.0 ms of each 100.0 ms step" in found.describe()
     assert find_straggler(_ranks(1, data=False)).phase == "forward"
@@ -216,6 +215,38 @@ def test_a_cause_is_named_only_with_its_evidence():
     for rank in (0, 1):  # both ranks of its node on the same CPUs: no evidence against the late one
         shared[rank][0]["cpus"] = [0, 1]
     assert find_straggler(shared).cause == ""
+
+
+def test_other_work_on_a_ranks_cores_is_named_only_with_its_run_queue_wait():
+    """The busy-core kind (benchmarks/diagnosis.py): a rank slowed by another process on its cores waited for a
+    CPU (the kernel's run queue) for its lateness; a rank that lost its time sleeping (I/O, a slow fetch) did
+    not, and no contention is said of it."""
+    spread = {"data_s": 0.01, "compute_s": 0.01, "backward_s": 0.01}
+    contended = _ranks(1, extra=spread)
+    for rank, records in contended.items():
+        for record in records[1:]:
+            record["cpu_wait_s"] = 0.028 if rank == 1 else 0.002
+    found = find_straggler(contended)
+    assert (found.rank, found.phase) == (1, "unexplained")
+    assert found.cause.startswith("It waited for a CPU 28.0 ms per step") and "the others 2.0 ms" in found.cause
+    sleeping = _ranks(1, data=False)
+    for records in sleeping.values():
+        for record in records[1:]:
+            record["cpu_wait_s"] = 0.002
+    assert find_straggler(sleeping).cause == ""
+    assert find_straggler(_ranks(1, data=False)).cause == ""  # no figure (not Linux): nothing said
+    # no phase, no evidence, and every rank waits as long for a CPU as this lateness: a busy host's jitter, no
+    # straggler; a phase that holds it is named whatever the host
+    jitter = _ranks(1, extra=spread)
+    for records in jitter.values():
+        for record in records[1:]:
+            record["cpu_wait_s"] = 0.035
+    assert find_straggler(jitter) is None
+    slow_forward = _ranks(1, data=False)
+    for records in slow_forward.values():
+        for record in records[1:]:
+            record["cpu_wait_s"] = 0.035
+    assert find_straggler(slow_forward).phase == "forward"
 
 
 def test_straggler_watch_says_it_once(tmp_path):

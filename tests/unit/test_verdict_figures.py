@@ -51,3 +51,26 @@ def test_communication_the_tables_show_is_named_with_their_figure():
     g = Gathered(source=Path("."), ranks=[heavy, rank_stats(1, records)], samples={}, events=[])
     (said,) = [f for f in findings(g) if "communication takes" in f.message]
     assert said.message.startswith(f"communication takes {rank_table(g).rows[0][9]} of the step")
+
+
+def test_a_sharded_strategy_is_not_advised_to_a_run_that_has_one():
+    """FSDP's all-gathers in forward are communication too (observe/hooks.py): its exposed share may be high,
+    but "a sharded strategy" is advice for what the script already has."""
+    from trainscale.observe.stragglers import diagnose
+
+    records = steps(first_comm_s=0.03)
+    for r in records[2:]:
+        r["comm_s"], r["step_s"] = 0.03, 0.048
+    said = {}
+    for strategy in ("ddp", "fsdp"):
+        ranks = {rank: [{**records[0], "rank": rank, "strategy": strategy}, *records[1:]] for rank in (0, 1)}
+        g = Gathered(
+            source=Path("."),
+            ranks=[rank_stats(r, recs) for r, recs in ranks.items()],
+            samples={},
+            events=[],
+            extra={"diagnosis": diagnose(ranks)},
+        )
+        (said[strategy],) = [f.message for f in findings(g) if "communication takes" in f.message]
+    assert "a sharded strategy" in said["ddp"] and "a sharded strategy" not in said["fsdp"], said
+    assert said["fsdp"].endswith("gradient accumulation, or overlap (docs/scaling.md)"), said

@@ -13,7 +13,11 @@ torch exposes to anyone:
   marks backward's start): it runs before DDP's own (which waits for the last gradient all-reduce), and
   queues itself again to run after it, so that backward's computing and its wait at the collective are
   timed apart: who arrives last at the collective is who waits least there (observe/stragglers.py);
-- the DataLoader's iterator (``__next__``): the time a step spends fetching its batches, and that there is one.
+- the DataLoader's iterator (``__next__``): the time a step spends fetching its batches, and that there is one;
+- a collective's ``Work.wait()`` on the main thread (every blocking collective of ``torch.distributed`` waits
+  there, FSDP2's all-gathers and reduce-scatters and ZeRO's broadcasts too): its time is communication, taken
+  out of the phase it fell in (observe/steps.py), so a rank that waits in its forward for a late rank's
+  all-gather is not taken for one that computed there.
 
 The phases go through one clock (observe/steps.py) into ``metrics/rank-<R>.jsonl`` in the records' format
 (observe/records.py), so ``trainscale report``, the straggler watch and the studies read a script's run
@@ -110,6 +114,7 @@ class Recorder:
         self._samples = self._tokens = 0
         self._micro = self._micro_last = 0  # the lead module's forwards in this step and in the last (micro-batches)
         self._loader: list[float] | None = None  # DataLoader time of this step and the next's, once one is seen
+        self._runq = _run_queue()  # the main thread's time waiting for a CPU so far (None: no /proc)
         self._backward_armed = False
         self._grouped = False
         self._autocast: torch.dtype | None = None
@@ -141,6 +146,7 @@ class Recorder:
             optim.register_optimizer_step_pre_hook(self._optimizer_pre),
             optim.register_optimizer_step_post_hook(self._optimizer_post),
             _time_loader(self),
+            _time_waits(self),
         ]
         from trainscale.runtime.hangwatch import heartbeat
 
@@ -319,8 +325,11 @@ class Recorder:
                 self._ready.extend(self.marks.ready(flush=read_events))
             if self._ready and self.out is None:
                 self._open()
+            runq, self._runq = self._runq, _run_queue()  # once a drain, not per step: a system call
+            wait = (self._runq - runq) / len(self._ready) if self._ready and None not in (runq, self._runq) else None
             while self._ready:
                 record = self._ready.popleft()
+                record["cpu_wait_s"] = wait  # the drained steps' share of the main thread's wait for a CPU
                 step, step_s = record.pop("step"), record.pop("step_s")
                 self.step_times.append(step_s)
                 self.out.step(step, step_s, **record)
@@ -518,6 +527,43 @@ def _time_loader(recorder: Recorder) -> Callable[[], None]:
 
     dataloader._BaseDataLoaderIter.__next__ = timed
     return lambda: setattr(dataloader._BaseDataLoaderIter, "__next__", original)
+
+
+def _run_queue() -> float | None:
+    """Seconds the main thread has waited, ready to run, for a CPU another process held (Linux's schedstat): the
+    evidence that other work shares a rank's cores. None where the kernel does not say. Read by whichever thread
+    drains the records: the main thread's own file."""
+    try:
+        with open(f"/proc/self/task/{threading.main_thread().native_id}/schedstat") as fh:
+            return int(fh.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _time_waits(recorder: Recorder) -> Callable[[], None]:
+    """Every wait for a collective on the main thread timed for ``recorder``; returns what undoes it. torch
+    exposes no hook there either: the one method is wrapped (a C++ collective waited in C++, DDP's gradient
+    all-reduce, is timed by backward's end instead)."""
+    import functools
+    import time
+
+    work = torch.distributed.distributed_c10d.Work if torch.distributed.is_available() else None
+    if work is None:
+        return lambda: None
+    original, main = work.wait, threading.main_thread()
+
+    @functools.wraps(original)
+    def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread() is not main or recorder.marks is None or not recorder._ours():
+            return original(self, *args, **kwargs)
+        started = time.perf_counter()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            recorder.marks.waited(time.perf_counter() - started)
+
+    work.wait = timed
+    return lambda: setattr(work, "wait", original)
 
 
 def _place(environ: Any) -> tuple[int, int, int, int, str | None]:

@@ -8,7 +8,9 @@ previous mark (or the step's start) is the phase that ended, so the phases add u
     forward    the top-level modules' forward passes (``compute_s``)
     between    host work between forward and backward: the loss, nanoGPT's fetch of its next batch (``between_s``)
     backward   backward's own computing, up to its end (``backward_s``)
-    sync       the wait at backward's end for the gradient all-reduces (DDP's): exposed communication (``comm_s``)
+    sync       the wait at backward's end for the gradient all-reduces (DDP's): exposed communication (``comm_s``),
+               with every wait for a collective inside the other phases (:meth:`StepMarks.waited`: FSDP's
+               all-gathers in forward, ZeRO's broadcasts in the optimizer step), taken out of the phase it fell in
     optimizer  the optimizer's step (``optimizer_s``)
     other      host work between backward and the optimizer (clipping, logging): in no field, the report's "other"
 
@@ -42,12 +44,13 @@ class StepMarks:
         self.events = getattr(device, "type", "cpu") == "cuda"
         self.device, self.lag = device, lag
         self._now = self._event if self.events else time.perf_counter
-        self._marks: list[tuple[str, Any]] = []
-        self._pending: list[tuple[dict, list[tuple[str, Any]]]] = []
+        self._marks: list[tuple[str, Any, float]] = []
+        self._pending: list[tuple[dict, list[tuple[str, Any, float]]]] = []
+        self._waited = 0.0
 
     def start_step(self) -> None:
         if not (self.events and self._capturing()):
-            self._marks = [("start", self._now())]
+            self._marks, self._waited = [("start", self._now(), 0.0)], 0.0
 
     @property
     def started(self) -> bool:
@@ -60,7 +63,15 @@ class StepMarks:
             return
         if not self._marks:
             self.start_step()
-        self._marks.append((phase, self._now()))
+        self._marks.append((phase, self._now(), self._waited))
+        self._waited = 0.0
+
+    def waited(self, seconds: float) -> None:
+        """The host waited ``seconds`` for a collective inside the phase in progress: communication, not the
+        phase's (a rank that waits in its forward for a late rank's all-gather did not compute then). On the
+        host clock only: on a GPU a collective's wait is the stream's, which the host does not see."""
+        if self._marks and not self.events:
+            self._waited += seconds
 
     def end_step(self, fields: dict[str, Any], *, carry: bool = False) -> None:
         """The step ends at its last mark; ``fields`` go into its record as they are. ``carry``: the next
@@ -68,7 +79,8 @@ class StepMarks:
         last = self._marks[-1][1] if self._marks else None
         if len(self._marks) > 1:
             self._pending.append((fields, self._marks))
-        self._marks = [("start", last)] if carry and last is not None else []
+        self._marks = [("start", last, 0.0)] if carry and last is not None else []
+        self._waited = 0.0
 
     def ready(self, *, flush: bool = False) -> list[dict[str, Any]]:
         """Finished steps as records; on a GPU those whose last event completed, and every step older
@@ -85,14 +97,15 @@ class StepMarks:
             out.append({**fields, **self._durations(marks)})
         return out
 
-    def _durations(self, marks: list[tuple[str, Any]]) -> dict[str, float]:
+    def _durations(self, marks: list[tuple[str, Any, float]]) -> dict[str, float]:
         def seconds(a: Any, b: Any) -> float:
             return b - a if not self.events else a.elapsed_time(b) / 1000.0
 
         out = {field: 0.0 for field in RECORD_FIELD.values() if field}
-        for (_, before), (phase, after) in zip(marks, marks[1:]):
+        for (_, before, _), (phase, after, waited) in zip(marks, marks[1:]):
+            out["comm_s"] += waited
             if RECORD_FIELD[phase]:
-                out[RECORD_FIELD[phase]] += seconds(before, after)
+                out[RECORD_FIELD[phase]] += seconds(before, after) - waited
         out["step_s"] = seconds(marks[0][1], marks[-1][1])
         return out
 

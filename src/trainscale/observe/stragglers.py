@@ -1,9 +1,11 @@
-"""Stragglers named by arrival: a synchronous step makes every rank wait at the gradient all-reduce for the
-last one to arrive, and all leave it together, so the rank that arrives last is the one that waits least
-there; its own time (the step less that wait), split into the step's phases against the same split on the
-ranks that waited for it, names the phase it lost its time in. No phase that accounts for most of it:
-"unexplained", never a guessed cause. A cause is named only with its evidence (the ranks' CPU bindings
-differ; a DataLoader fed the late phase), and the cost is the job's: the time every rank waits for it.
+"""Stragglers named by arrival: a synchronous step makes every rank wait at its collectives (DDP's gradient
+all-reduce; FSDP's all-gathers in forward and reduce-scatters; ZeRO's broadcasts) for the last one to arrive,
+and all leave them together, so the rank that arrives last is the one that waits least there; its own time
+(the step less those waits), split into the step's phases against the same split on the ranks that waited
+for it, names the phase it lost its time in. No phase that accounts for most of it: "unexplained", never a
+guessed cause. A cause is named only with its evidence (it waited for a CPU in the kernel's run queue; the
+ranks' CPU bindings differ; a DataLoader fed the late phase), and the cost is the job's: the time every rank
+waits for it.
 
 Rank 0 looks in a side thread, reading the summaries the ranks publish to the store (observe/window.py) or,
 without one, the ends of their record files; ``trainscale report`` reads the whole files
@@ -80,7 +82,7 @@ class Straggler:
         )
         where += f"; {places.describe(self.place)}" if self.place else ""
         return (
-            f"rank {self.rank} on {self.host} arrives last at the gradient all-reduce, {ms(self.late_s)} after "
+            f"rank {self.rank} on {self.host} arrives last at the collectives, {ms(self.late_s)} after "
             f"the others each step: {where}. The job would be ~{self.cost:.0%} faster without it: "
             f"{ms(self.late_s)} of each {ms(self.step_s)} step" + (f". {self.cause}" if self.cause else "")
         )
@@ -95,10 +97,18 @@ def _phase(mine: dict[str, float], others: dict[str, float], late_s: float) -> s
     return "loader" if phase in ("data", "between") and loader >= EXPLAINS * extra[phase] else phase
 
 
-def _cause(phase: str, mine: dict[str, Any], others: list[dict[str, Any]]) -> str:
-    """Only what a measurement shows: the late rank's binding differs from the others', or a DataLoader is
-    where its time went."""
+def _cause(phase: str, mine: dict[str, Any], others: list[dict[str, Any]], late_s: float) -> str:
+    """Only what a measurement shows: the late rank waited for a CPU (its run queue) for most of its lateness,
+    its binding differs from the others', or a DataLoader is where its time went."""
     said = []
+    waits = [float(o["cpu_wait"]) for o in others if o.get("cpu_wait") is not None]
+    if mine.get("cpu_wait") is not None and waits:
+        wait, theirs = float(mine["cpu_wait"]), statistics.median(waits)
+        if wait - theirs >= EXPLAINS * late_s:
+            said.append(
+                f"It waited for a CPU {wait * 1e3:.1f} ms per step (ready to run while other work held its "
+                f"cores: the kernel's run queue), the others {theirs * 1e3:.1f} ms: other work shares its cores"
+            )
     cpus, cpus_o = len(mine.get("cpus") or []), statistics.median(len(o.get("cpus") or []) for o in others)
     if cpus and cpus_o and cpus < cpus_o:
         said.append(
@@ -117,6 +127,13 @@ def _cause(phase: str, mine: dict[str, Any], others: list[dict[str, Any]]) -> st
             "storage would feed it sooner"
         )
     return ". ".join(said)
+
+
+def _noise(others: list[dict[str, Any]]) -> float:
+    """How long the ranks that waited for the late one themselves waited for a CPU per step (their median; 0
+    where the kernel does not say): on a host this busy, a lateness no longer than that is its jitter."""
+    waits = [float(o["cpu_wait"]) for o in others if o.get("cpu_wait") is not None]
+    return statistics.median(waits) if waits else 0.0
 
 
 def find_in_windows(
@@ -145,6 +162,9 @@ def find_in_windows(
     mine = windows[late].get("phases") or {}
     theirs = {k: statistics.median(float((o.get("phases") or {}).get(k) or 0.0) for o in others) for k in mine}
     phase = _phase(mine, theirs, late_s)
+    cause = _cause(phase, windows[late], others, late_s)
+    if phase == "unexplained" and not cause and _noise(others) >= late_s:
+        return None  # no phase, no evidence, and the others wait as long for a CPU: a busy host's jitter
     mine_s, others_s = (
         (mine[phase], theirs[phase])
         if phase != "unexplained"
@@ -158,7 +178,7 @@ def find_in_windows(
         step_s=step,
         mine_s=mine_s,
         others_s=others_s,
-        cause=_cause(phase, windows[late], others),
+        cause=cause,
         place=(windows[late].get("place") or {}).get(phase),
     )
 
@@ -190,6 +210,8 @@ class Diagnosis:
     """A DataLoader fed some rank: only then is a DataLoader advised on."""
     micro_batches: int | None
     """The lead module's forwards per optimizer step (the median), which its FLOPs and tokens count."""
+    strategy: str | None = None
+    """What the recorder saw wrapping the model (observe/models.strategy_of): advice only for what it has not."""
 
 
 def diagnose(ranks: dict[int, list[dict]]) -> Diagnosis:
@@ -209,6 +231,7 @@ def diagnose(ranks: dict[int, list[dict]]) -> Diagnosis:
         straggler=straggler,
         loader=any("loader_s" in x for s in steps.values() for x in s),
         micro_batches=int(statistics.median(micro)) if micro else None,
+        strategy=next((x.get("strategy") for recs in ranks.values() for x in recs if x.get("kind") == "meta"), None),
     )
 
 

@@ -7,10 +7,11 @@ two windows of steps and, when it writes its records, puts a few numbers in the 
 
     {"w": the window, "n": steps kept (up to 2 w), "now": median own time of the last window, "before": of
      the window before, "step": median step, "phases": {phase: median seconds} of the last window,
-     "loader": whether a DataLoader fed it, "node": ..., "cpus": [...]}
+     "cpu_wait": median seconds its main thread waited for a CPU (Linux's run queue), "loader": whether a
+     DataLoader fed it, "node": ..., "cpus": [...]}
 
-A rank's own time is its step less its wait at the gradient all-reduce (``comm_s``): the rank that arrives
-last at the collective waits least there, so it has the most. Rank 0 reads all of them with one
+A rank's own time is its step less its waits at the collectives (``comm_s``): the rank that arrives
+last at them waits least there, so it has the most. Rank 0 reads all of them with one
 ``multi_get`` (observe/stragglers.py): its work per look is one small value per rank, whatever the run's
 length, and no file is opened.
 """
@@ -74,7 +75,7 @@ class RankWindow:
             self.loader = self.loader or "loader_s" in record
 
     def summary(self) -> dict[str, Any]:
-        steps = [(own_time(r), float(r["step_s"]), phases(r)) for r in self.steps]
+        steps = [(own_time(r), float(r["step_s"]), phases(r), r.get("cpu_wait_s")) for r in self.steps]
         last, before = steps[-self.window :], steps[: -self.window]
         return {
             "w": self.window,
@@ -83,6 +84,7 @@ class RankWindow:
             "before": _median([s[0] for s in before]),
             "step": _median([s[1] for s in last]),
             "phases": {k: _median([s[2][k] for s in last]) for k in (last[0][2] if last else ())},
+            "cpu_wait": _median([s[3] for s in last if s[3] is not None]),
             "loader": self.loader,
             **self.meta,
         }

@@ -97,7 +97,7 @@ def rank_table(g: Gathered) -> Table:
         rows,
         [
             "data: waiting for the next batch; forward: this rank's own computing; comm: "
-            "the wait at backward's end for the gradient all-reduce (for a late rank too); "
+            "the waits at the collectives (for a late rank too); "
             "shares of the mean step after the first "
             "(the start-up's: the time-shares plot), which a few slow steps make longer than the "
             "median"
