@@ -1,5 +1,7 @@
 """trainscale: one PyTorch training script from a laptop CPU to many SLURM nodes."""
 
+import importlib
+
 from trainscale._version import __version__
 from trainscale.errors import CheckpointError, ConfigError, LaunchError, RankFailed, TrainscaleError
 
@@ -24,8 +26,6 @@ def __getattr__(name: str):
 
         return init
     if name in ("launch", "slurm"):  # trainscale.launch(fn, ...) (a callable package), trainscale.slurm.submit(...)
-        import importlib
-
         return importlib.import_module(f"trainscale.{name}")
     if name == "Runtime":
         from trainscale.runtime import Runtime

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import time
 import traceback
 from collections.abc import Mapping
@@ -144,6 +145,4 @@ def record_error(exc: BaseException, environ: Mapping[str, str] = os.environ, *,
         os.replace(partial, path)
         _RECORDED[:] = [exc]
     except OSError as err:  # never hide the real error behind this one
-        import sys
-
         print(f"trainscale: could not write the error file {path}: {err}", file=sys.stderr)

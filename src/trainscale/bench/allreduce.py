@@ -15,10 +15,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
+import os
 import re
 import time
 from pathlib import Path
 
+import trainscale
 from trainscale.errors import ConfigError
 
 UNITS = {"b": 1, "kb": 1024, "kib": 1024, "mb": 1024**2, "mib": 1024**2, "gb": 1024**3, "gib": 1024**3}
@@ -130,8 +133,6 @@ def plateau_words(reached: dict) -> str:
 def disturbance(cores: int | None = None) -> str | None:
     """Other work on this machine as the sweep starts: a load average above its cores (bench/validity.py's rule
     for runs nothing sampled)."""
-    import os
-
     cores = cores or os.cpu_count() or 1  # the load average is the whole machine's: against all its cores
     try:
         load = os.getloadavg()[0]
@@ -157,8 +158,6 @@ def plateau(rows: list[dict]) -> dict | None:
 
 def nearest_row(result: dict, size_bytes: int) -> dict:
     """The measured row closest (in log size) to ``size_bytes``."""
-    import math
-
     return min(result["rows"], key=lambda r: abs(math.log(r["bytes"]) - math.log(max(1, size_bytes))))
 
 
@@ -229,8 +228,6 @@ def measure(rt, sizes: tuple[int, ...], iters: int, warmup: int, budget_s: float
 
 
 def main(argv: list[str] | None = None) -> dict:
-    import trainscale
-
     p = argparse.ArgumentParser(prog="trainscale.bench.allreduce")
     p.add_argument("--sizes", default=DEFAULT_SIZES)
     p.add_argument("--iters", type=int, default=20)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 COLOURS = {
@@ -15,8 +16,6 @@ MISSING = "plots need matplotlib, which is not installed"
 
 
 def available() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("matplotlib") is not None
 
 

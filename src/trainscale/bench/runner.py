@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from trainscale.bench import results
@@ -122,8 +123,6 @@ def _relative(path: Path, root: Path) -> str:
 
 def _load() -> float | None:
     """1-minute load average: other work on the machine makes every timing here unreliable."""
-    import os
-
     try:
         return os.getloadavg()[0]
     except (OSError, AttributeError):

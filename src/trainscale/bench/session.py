@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import datetime
+import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from trainscale.bench import environment, results, validity
 from trainscale.bench import plots as plotting
+from trainscale.bench.ideal import add_achievable
 from trainscale.bench.study import StudySpec, choose_out_dir, plan
 from trainscale.launch.rundir import command_line, mark_latest
 
@@ -95,10 +97,6 @@ def run_study(spec: StudySpec, *, make_plots: bool = True, verbose: bool = False
 
 def _achievable(study: dict, spec: StudySpec) -> str | None:
     """Each run's achievable speedup (bench/ideal.py): this machine's cores, or the SLURM profile's nodes."""
-    import os
-
-    from trainscale.bench.ideal import add_achievable
-
     if spec.slurm is not None:
         profile = spec.slurm.cluster
         cores = max(1, profile.cpus_per_node - len(profile.reserved_cores))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from trainscale.errors import ConfigError
 from trainscale.launch.slurm.spec import SlurmJobSpec, parse_time
+from trainscale.profiles import load_profile
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,8 +45,6 @@ class SlurmTarget:
 
     @functools.cached_property
     def cluster(self):
-        from trainscale.profiles import load_profile
-
         return load_profile(self.profile)
 
     @property

@@ -8,6 +8,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from trainscale.errors import ConfigError
+
 
 def _forwarded(args) -> list[str]:
     return [
@@ -40,8 +42,6 @@ def _launched(args) -> int:
 
 
 def run(args) -> int:
-    from trainscale.errors import ConfigError
-
     if args.nproc is not None:
         if args.nproc < 1:
             raise ConfigError(f"--nproc {args.nproc}: at least one rank is needed", hint="e.g. --nproc 2")

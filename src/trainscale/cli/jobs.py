@@ -9,7 +9,7 @@ import getpass
 import os
 import sys
 
-from trainscale.errors import ConfigError
+from trainscale.errors import ConfigError, SlurmError
 
 EXAMPLES = """examples:
   trainscale jobs                      # your jobs in the queue (squeue), a chain as one line
@@ -50,7 +50,6 @@ def _job(ref: str) -> str:
 
 
 def cancel(args: argparse.Namespace) -> int:
-    from trainscale.errors import SlurmError
     from trainscale.launch.slurm import cancel as scancel
     from trainscale.launch.slurm.queue import TERMINAL, job_info
 

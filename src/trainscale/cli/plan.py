@@ -9,6 +9,8 @@ import json
 import sys
 from pathlib import Path
 
+from trainscale.errors import ConfigError
+
 USAGE = """trainscale plan [--nproc-per-node N] [--nodes M] [--profile P] [--batch-size B] [--mem SIZE]
                        [--interconnect NAME] [--steps S] [--verify] [--json]
                        (SCRIPT [ARGS...] | --workload NAME [-- WORKLOAD ARGS...])
@@ -95,7 +97,6 @@ def run(args: argparse.Namespace) -> int:
         _parser().print_help()
         return 0
     from trainscale.cli.split import misplaced_option
-    from trainscale.errors import ConfigError
 
     parser = _parser()
     split = split_command(parser, argv, double_dash="rest")  # --workload is an option; its own after `--`

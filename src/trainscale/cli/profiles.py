@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from trainscale.errors import ConfigError
+
 EXAMPLES = """examples:
   trainscale profiles                  # every profile: partitions, node shape, binding, launcher
   trainscale profiles lumi             # its settings and its binding plan for one rank per GPU
@@ -53,7 +55,6 @@ def _here_plan(ranks: int | None, reserved: str | None) -> None:
 
 
 def run(args) -> int:
-    from trainscale.errors import ConfigError
     from trainscale.profiles import user_profile_dir
     from trainscale.profiles.listing import settings, table
 

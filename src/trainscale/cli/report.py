@@ -7,14 +7,14 @@ import argparse
 import sys
 from pathlib import Path
 
+from trainscale.errors import ConfigError
+
 
 def run(args: argparse.Namespace) -> int:
     from trainscale.report import build, render_text, write_report
     from trainscale.report.sources import resolve
 
     if args.max_regression is not None and not args.against:
-        from trainscale.errors import ConfigError
-
         raise ConfigError(
             "--max-regression compares with a base run, and no --against was given",
             hint="trainscale report RUN --against BASE_RUN --max-regression 10",

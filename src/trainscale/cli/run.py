@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import textwrap
 from pathlib import Path
 
 from trainscale.errors import ConfigError
@@ -47,8 +49,6 @@ def _parser():
     """torchrun's parser with trainscale's options. Its help is short: torchrun's options named in one group
     (torchrun's own help describes them), trainscale's described, then the built-in workloads; a mistake is
     two lines, the error and the fix (config/argparsing.py), not a usage of 22 lines above it."""
-    import textwrap
-
     from trainscale.config.argparsing import Parser
     from trainscale.launch.torchrun import parser as torchrun_parser
     from trainscale.workloads.registry import table
@@ -143,8 +143,6 @@ def build_spec(argv: list[str], environ=None):
 def spread_over_allocation(argv: list[str], environ=None) -> int | None:
     """Inside an allocation (salloc, a batch script) with --nnodes > 1: one agent per node through
     ``srun --overlap``; None when this run stays on this node."""
-    import os
-
     from trainscale.cli.split import given_dests, split_command
     from trainscale.launch.allocation import plan_spread, run_spread
     from trainscale.launch.local import parse_nnodes

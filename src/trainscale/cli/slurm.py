@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 
 from trainscale.errors import ConfigError
 
@@ -66,8 +68,6 @@ def _say(line: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
-
     from trainscale.launch.slurm import render
     from trainscale.launch.slurm.lint import errors
     from trainscale.launch.slurm.sources import check
@@ -157,8 +157,6 @@ class Progress:
     EVERY_S = 30.0
 
     def __init__(self, run_dir, stream=None, clock=None) -> None:
-        import time
-
         self.run_dir, self.stream, self.clock = run_dir, stream or sys.stderr, clock or time.monotonic
         self.live = self.stream.isatty()
         self.shown, self.at, self.open = None, -self.EVERY_S, False

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -55,7 +56,6 @@ def run(args: argparse.Namespace) -> int:
     if argv[:1] in (["-h"], ["--help"]):
         sweep_parser().print_help()
         return 0
-    import os
 
     from trainscale.cli.slurm import build
     from trainscale.cli.split import split_command

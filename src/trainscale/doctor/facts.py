@@ -10,6 +10,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from trainscale._version import __version__
 from trainscale.topology import Topology, detect_topology
 
 VISIBLE_VARS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
@@ -75,8 +76,6 @@ def _package_version(name: str) -> str | None:
 
 
 def read_versions() -> Versions:
-    from trainscale._version import __version__
-
     base = dict(
         trainscale=__version__,
         python=sys.version.split()[0] + f" ({platform.python_implementation()})",

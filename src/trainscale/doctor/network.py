@@ -3,11 +3,15 @@ then gather every rank's findings on rank 0."""
 
 from __future__ import annotations
 
+import os
 import socket
 import statistics
 import time
 from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
 
+import trainscale
 from trainscale.doctor.finding import NETWORK, Finding, at_level, error, ok, warning
 from trainscale.env import LaunchEnv
 from trainscale.topology import format_cpulist
@@ -22,8 +26,6 @@ SINGLE_HINT = (
 
 
 def _tag(findings: list[Finding], rank: int) -> list[Finding]:
-    from dataclasses import replace
-
     return [replace(f, rank=rank) for f in findings]
 
 
@@ -256,13 +258,10 @@ def _collective(
     timeout_s: float,
     numel: int,
 ) -> tuple[list[Finding], str]:
-    import os
     import tempfile
-    from pathlib import Path
 
     import torch.distributed as dist
 
-    import trainscale
     from trainscale.observe import interconnect
 
     # NCCL says which network it picked only in its INFO log: send that to a file of this rank, read it below.

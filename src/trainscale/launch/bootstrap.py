@@ -20,6 +20,7 @@ import contextlib
 import ctypes
 import faulthandler
 import gc
+import importlib
 import io
 import os
 import runpy
@@ -421,8 +422,6 @@ def _main(argv: list[str]) -> None:
         os.execvp(target, [target, *args])
     sys.argv = [target, *args]
     if kind == "--module" and target.split(".")[0] == "trainscale":
-        import importlib
-
         with collector_paused():
             for name in OWN_MODULE_IMPORTS.get(target, ("torch",)):
                 importlib.import_module(name)

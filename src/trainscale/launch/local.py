@@ -9,19 +9,30 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import multiprocessing
 import os
 import shutil
 import signal
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from multiprocessing import process, util
 from pathlib import Path
 from typing import Any
 
 from trainscale.errors import HUNG_EXIT, ConfigError, LaunchError
-from trainscale.launch.bootstrap import AGENT_VAR, HANG_TIMEOUT_VAR, PREFIXED_VAR, RUN_DIR_VAR
+from trainscale.launch import bootstrap
+from trainscale.launch.bootstrap import (
+    AGENT_VAR,
+    FORKSERVER_BLOCKS,
+    HANG_TIMEOUT_VAR,
+    PREFIXED_VAR,
+    RUN_DIR_VAR,
+    forked,
+)
 from trainscale.launch.ports import check_port_free, choose, importable, parse_endpoint, resolve
 from trainscale.launch.torchrun import LOGGING_OPTIONS, defaults
 from trainscale.topology.worker import PLAN_ENV
@@ -310,8 +321,6 @@ def own_worker(spec: LocalLaunchSpec) -> bool:
     trainscale's command line on the interpreter it runs on with torchrun's default start method here: its
     workers are forked from a preloaded forkserver (:func:`entrypoint`; bootstrap.FORK_OWN_WORKERS says why
     only there). ``--start-method spawn`` or ``fork`` gives them fresh interpreters, as a script's."""
-    from trainscale.launch import bootstrap
-
     return (
         bootstrap.FORK_OWN_WORKERS
         and bool(spec.module)
@@ -331,8 +340,6 @@ def start_forkserver() -> None:
     unblocks them first and then gets it (bootstrap.forked)."""
     from multiprocessing import forkserver
 
-    from trainscale.launch.bootstrap import FORKSERVER_BLOCKS
-
     _short_socket_dir()
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, FORKSERVER_BLOCKS)  # this thread's: what it starts inherits
     try:
@@ -345,10 +352,6 @@ def _short_socket_dir() -> None:
     """multiprocessing puts its forkserver's socket in a folder it makes under TMPDIR; under a long TMPDIR that path
     passes AF_UNIX's 108 bytes and the launch fails ("AF_UNIX path too long"; Python 3.13 falls back to /tmp by
     itself). Where it would, the folder goes under /tmp instead (removed at exit, as multiprocessing's own is)."""
-    import shutil
-    import tempfile
-    from multiprocessing import process, util
-
     config = process.current_process()._config
     if config.get("tempdir") is None and len(tempfile.gettempdir()) + 40 > 107 and os.path.isdir("/tmp"):
         folder = tempfile.mkdtemp(prefix="pymp-", dir="/tmp")
@@ -367,10 +370,6 @@ def entrypoint(spec: LocalLaunchSpec) -> tuple[Any, list[Any]]:
     kind = "--exec" if spec.no_python else "--module" if spec.module else "--script"
     target = str(Path(spec.target).absolute()) if kind == "--script" else spec.target
     if own_worker(spec):
-        import multiprocessing
-
-        from trainscale.launch.bootstrap import forked
-
         multiprocessing.set_forkserver_preload(list(FORKSERVER_PRELOAD))
         start_forkserver()
         return forked, [{"environ": dict(os.environ), "cwd": os.getcwd()}, kind, target, *spec.args]

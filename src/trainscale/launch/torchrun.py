@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from trainscale.errors import ConfigError
+from trainscale.topology.apply import current_affinity
 
 LOGGING_OPTIONS = frozenset({"redirects", "tee", "local_ranks_filter", "logs_specs"})
 """Giving any of these switches trainscale's console (rank 0 shown, every rank teed to a file) off:
@@ -137,7 +138,6 @@ def nproc_fits(n: int, given: str | int) -> str | None:
             f"--nproc-per-node {n} but this node shows {gpus} GPU(s): local rank {gpus} and above would have none",
             hint=f"use --nproc-per-node gpu ({gpus}), or hide the GPUs (CUDA_VISIBLE_DEVICES=) to run CPU ranks",
         )
-    from trainscale.topology.apply import current_affinity
 
     cores = len(current_affinity()) or 1
     if not gpus and n > cores:

@@ -8,15 +8,19 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import statistics
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from trainscale.bench.validity import disturbance
 from trainscale.errors import ConfigError
 from trainscale.observe.reading import other_work, steady, step_records, steps_peaks
 from trainscale.observe.records import read_lines
 from trainscale.plan.comm import Network, Sweep, get_network
 from trainscale.plan.model import Calibration, Plan, make_plan
+from trainscale.profiles import load_profile
+from trainscale.topology.apply import current_affinity
 
 PROFILE_NETWORKS = {"ofi": "slingshot-11", "ib": "ib-hdr200", "socket": "ethernet-25g"}
 """A profile's ``interconnect`` as the plan's network (plan/comm.NETWORKS)."""
@@ -224,8 +228,6 @@ def verify(
     is for one), under each strategy trainscale runs for a workload (a script's own for a script), run here for
     a few steps: the predicted step time, model state and peak against the measured ones, a run that other work
     disturbed marked as a study marks it (bench/validity.disturbance)."""
-    from trainscale.bench.validity import disturbance
-
     ranks = 2 if plan.world > 1 else 1
     out = []
     for strategy in VERIFIED if workload else (None,):
@@ -260,8 +262,6 @@ def compare(
     """One measured configuration against the plan: the median step after the first, the model state (parameters,
     gradients and optimizer state) of the fullest rank (a workload's memory table; a script's rank 0 records) and
     the largest peak of any rank over its training steps (``peaks``), each with its error."""
-    import statistics
-
     times = [float(r["step_s"]) for r in steady(step_records(records))]
     if metrics and metrics.get("memory"):  # the fullest rank, as the plan predicts it (what must fit)
         held = float(max(row["params"] + row["grads"] + row["optimizer"] for row in metrics["memory"]["ranks"]))
@@ -461,8 +461,6 @@ def make(
             raise ConfigError(f"{name} {value}: at least 1", hint="e.g. 2")
     profile = None
     if profile_name:
-        from trainscale.profiles import load_profile
-
         profile = load_profile(profile_name)
     if workload:
         from trainscale.workloads.registry import get_workload
@@ -478,8 +476,6 @@ def make(
 
         cpus = usable_cpus(profile)
     else:
-        from trainscale.topology.apply import current_affinity
-
         cpus = len(current_affinity()) or 1
     import torch
 
@@ -601,7 +597,6 @@ def against(made: Plan, runs: list[dict], out_dir: Path) -> list[dict]:
     step records after the warm-up, as the calibration's), the fullest rank's model state (its memory table) and
     its ranks' largest peak over their training steps."""
     from trainscale.bench.study import read_metrics
-    from trainscale.bench.validity import disturbance
     from trainscale.plan.model import STRATEGIES
 
     rows = []

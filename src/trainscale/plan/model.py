@@ -14,7 +14,7 @@ Every figure says what it was calibrated on; what the model cannot see is listed
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from trainscale.errors import ConfigError
@@ -285,8 +285,6 @@ class Plan:
         samples per rank (default: the calibration's): its phases, slowed where ranks share cores, with the
         strategy's collectives (:func:`collectives`) and, where the strategy shards the optimizer state, each rank
         stepping only its share; the data wait and the compute scale with the batch."""
-        from dataclasses import replace
-
         from trainscale.strategies import state_sharding
 
         cal = self.calibration
@@ -369,8 +367,6 @@ class Plan:
 
     def rank_memory(self, strategy: str, world: int, batch: int) -> Memory:
         """:func:`memory`, its peak carrying the calibration's overhead where that is the target's memory."""
-        from dataclasses import replace
-
         m = memory(self.calibration, strategy, world, batch, overhead=self.same_memory)
         own = self.own.get(strategy) if world > 1 else None  # alone, fsdp runs unwrapped: the plain peak
         return replace(m, overhead=own.overhead) if own is not None and self.same_memory else m

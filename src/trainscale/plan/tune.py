@@ -9,6 +9,7 @@ import dataclasses
 import datetime
 from dataclasses import dataclass, field
 
+from trainscale.bench.configs import int_tuple
 from trainscale.errors import ConfigError
 
 NOISE = 0.03
@@ -98,8 +99,6 @@ class TuneSpec:
     """Per-rank batches to try; empty: the default, half, twice and four times it."""
 
     def __post_init__(self) -> None:
-        from trainscale.bench.configs import int_tuple
-
         object.__setattr__(self, "batches", int_tuple(self.batches, "--batches"))  # 8,16 or [8, 16]; each >= 1
         for flag, value, choices in (("--loader", self.loader, LOADERS), ("--device", self.device, DEVICES)):
             if value not in choices:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainscale.errors import SlurmError
 from trainscale.observe.reading import RankStats, rank_stats
 from trainscale.observe.records import metrics_dir
 from trainscale.observe.records import read_run as read_records
@@ -55,7 +56,6 @@ def accounting(
 ) -> tuple[dict | None, str]:
     """The job's sacct line (launch/slurm/queue.py's one reader) as the page shows it, with the peak memory of its
     steps and its CPU efficiency."""
-    from trainscale.errors import SlurmError
     from trainscale.launch.slurm.queue import sacct
 
     try:

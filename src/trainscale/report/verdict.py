@@ -6,6 +6,7 @@ import math
 import statistics
 
 from trainscale.findings import Finding
+from trainscale.observe.sampler import OTHER_WORK_SHARE, other_cpu_share
 from trainscale.report.gather import Gathered
 
 LOW_GPU_UTIL = 60.0
@@ -108,7 +109,6 @@ def findings(g: Gathered) -> list[Finding]:
                 + (" (low: the GPUs waited for data, the CPU or communication)" if mean < LOW_GPU_UTIL else ""),
             )
         )
-    from trainscale.observe.sampler import OTHER_WORK_SHARE, other_cpu_share
 
     for host, samples in g.samples.items():
         share = other_cpu_share(samples)

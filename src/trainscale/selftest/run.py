@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import shlex
 import socket
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from trainscale.errors import ConfigError, did_you_mean
+from trainscale.topology import PLAN_ENV
 
 MODULE = "trainscale.selftest.rank"
 CHECK_NAMES = ("devices", "all-reduce", "equivalence", "strategies", "resume", "breakdown", "binding", "hang")
@@ -233,7 +235,6 @@ def hang_row(path: Path, timeout_s: float, outcome: tuple[bool, str]) -> dict[st
 
 def _run_local(spec: SelftestSpec, nproc: int, out_dir: Path, phases: dict, say) -> dict[str, tuple[bool, str]]:
     from trainscale.launch.trial import here
-    from trainscale.topology import PLAN_ENV
 
     # Bound like `trainscale run` binds when asked, so the binding check checks trainscale's plan.
     env = {} if os.environ.get(PLAN_ENV) else {PLAN_ENV: "topology"}
@@ -256,8 +257,6 @@ def _run_local(spec: SelftestSpec, nproc: int, out_dir: Path, phases: dict, say)
 def _run_slurm(
     spec: SelftestSpec, nproc: int, out_dir: Path, phases: dict, say, command: str
 ) -> dict[str, tuple[bool, str]]:
-    import shlex
-
     from trainscale.bench.slurm_runs import prepare
     from trainscale.launch.trial import on_slurm
 

@@ -5,11 +5,17 @@ options (its own frozen dataclass) resolve beside them, from the same [train] ta
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
+import types
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
+from trainscale.config import field_docs, load_config_file, resolve_group
+from trainscale.config.argparsing import Parser, unrecognized
 from trainscale.errors import ConfigError
 
 W = TypeVar("W")
@@ -146,8 +152,6 @@ def add_common_arguments(parser: argparse.ArgumentParser, defaults: TrainOptions
     """The common options, each described by its TrainOptions field's docstring (with the workload's
     default). Defaults are applied by :func:`parse` (so a config file or the environment can sit
     between them and the command line); here every option defaults to "not given"."""
-    from trainscale.config import field_docs
-
     docs, d = field_docs(TrainOptions), argparse.SUPPRESS
     defaults = defaults or TrainOptions()
 
@@ -200,12 +204,6 @@ def add_common_arguments(parser: argparse.ArgumentParser, defaults: TrainOptions
 def add_workload_arguments(parser: argparse.ArgumentParser, workload: type) -> None:
     """A flag per field of a workload's own options dataclass (``seq_len``: ``--seq-len``), typed by the
     field and described by its docstring; like the common options, each defaults to "not given"."""
-    import dataclasses
-    import types
-    import typing
-
-    from trainscale.config import field_docs
-
     docs, hints = field_docs(workload), typing.get_type_hints(workload)
     for f in dataclasses.fields(workload):
         kind = hints[f.name]
@@ -230,8 +228,6 @@ def options_from_args(
 ) -> tuple[TrainOptions, W | None]:
     """defaults < config file (--config, [train] table) < TRAINSCALE_TRAIN_* < command line, for the common
     options and the ``workload``'s own ones alike (one table, one variable prefix)."""
-    from trainscale.config import load_config_file, resolve_group
-
     classes = (TrainOptions,) if workload is None else (TrainOptions, workload)
     names = {f.name for cls in classes for f in fields(cls)}
     given = {k: v for k, v in vars(args).items() if k in names}
@@ -250,8 +246,6 @@ def parse(
 ) -> tuple[TrainOptions, W | None]:
     """The common options and, with ``workload`` (a frozen dataclass), the workload's own ones, each from
     the command line, --config's [train] table or TRAINSCALE_TRAIN_<NAME>."""
-    from trainscale.config.argparsing import Parser
-
     parser = Parser(
         prog=prog,
         hint=_launch_option_here,
@@ -267,7 +261,6 @@ def parse(
 
 def _launch_option_here(message: str) -> str | None:
     """The fix for a launch option given after ``--workload`` (``run --workload cnn --nproc-per-node 2``)."""
-    from trainscale.config.argparsing import unrecognized
     from trainscale.launch.torchrun import parser as launch_parser
 
     launch = {s for action in launch_parser()._actions for s in action.option_strings}
@@ -284,7 +277,6 @@ def apply_threads(opts: TrainOptions, rt: Any) -> None:
     """``--threads``: this rank's CPU threads (torch's intra-op pool), said once on rank 0."""
     if opts.threads is None:
         return
-    import os
 
     import torch
 

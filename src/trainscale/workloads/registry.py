@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 from dataclasses import dataclass
 
 from trainscale.errors import ConfigError, did_you_mean
@@ -42,8 +44,6 @@ WORKLOADS: dict[str, Workload] = {
 
 def available() -> dict[str, Workload]:
     """Workloads whose module exists in this installation."""
-    import importlib.util
-
     return {name: w for name, w in WORKLOADS.items() if importlib.util.find_spec(w.module) is not None}
 
 
@@ -57,8 +57,6 @@ def get_workload(name: str) -> Workload:
 def workload_preflight(name: str):
     """The workload's own check of its arguments before anything launches, ``preflight(args, world_size, ...)``,
     or None when it has none."""
-    import importlib
-
     return getattr(importlib.import_module(get_workload(name).module), "preflight", None)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from pydoc_data.topics import topics
 
 import torch
 
@@ -18,8 +19,6 @@ VOCAB = 256  # bytes
 
 
 def builtin_corpus() -> str:
-    from pydoc_data.topics import topics
-
     return "\n\n".join(topics[key] for key in sorted(topics))
 
 

@@ -19,10 +19,12 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from trainscale.config import load_config_file, resolve
 from trainscale.errors import ConfigError, did_you_mean
 from trainscale.launch.function import RUNNER
 from trainscale.launch.slurm.future import Job
 from trainscale.launch.slurm.spec import SlurmJobSpec
+from trainscale.profiles import load_profile
 
 _TARGET = ("script", "module", "workload", "args", "command_line", "sweep", "array")
 """SlurmJobSpec fields the API sets itself."""
@@ -42,9 +44,6 @@ def _code_root(fn: Callable[..., Any]) -> Path | None:
 
 def build_spec(target: dict[str, Any], options: dict[str, Any], *, environ: dict[str, str] | None = None):
     """(spec, profile) from the target and the caller's options, in the one resolution order."""
-    from trainscale.config import load_config_file, resolve
-    from trainscale.profiles import load_profile
-
     valid = tuple(f.name for f in fields(SlurmJobSpec) if f.name not in _TARGET) + ("config",)
     for key in options:
         if key not in valid:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trainscale.errors import ConfigError
+from trainscale.launch.kit import write_kit
 from trainscale.launch.slurm.jobdir import JobRecord, save_record
 from trainscale.launch.slurm.layout import check_snapshot, target_in_run
 from trainscale.launch.slurm.lint import ERROR, NOTE, Finding, errors, lint
@@ -192,8 +193,6 @@ def prepare_run(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> P
             Path(pattern).parent.mkdir(parents=True, exist_ok=True)
     kit = None
     if job_python(spec, profile).kit:  # a stock image's or a module's Python gets trainscale's worker side here
-        from trainscale.launch.kit import write_kit
-
         kit = write_kit(plan.output_dir)
     record = submission_record(spec, profile, plan, snapshot)
     (plan.run_dir / "submission.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
