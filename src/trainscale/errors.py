@@ -69,7 +69,7 @@ class RankFailed(TrainscaleError):
 
 def did_you_mean(value: str, valid: list[str] | tuple[str, ...]) -> str:
     """A hint listing the valid choices, closest first when one is close."""
-    import difflib
+    import difflib  # noqa: PLC0415 (job kit)
 
     close = difflib.get_close_matches(value, list(valid), n=1)
     listed = ", ".join(sorted(valid))

@@ -164,9 +164,9 @@ def nearest_row(result: dict, size_bytes: int) -> dict:
 def reducer(rt, hook: str, largest: int):
     """(name, fn): what a timed iteration runs on its buffer — the backend's all-reduce, or the
     shared-memory average for ``shm`` (``auto``: where training's ``comm_hook=auto`` would use it)."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # noqa: PLC0415 (torch-free module)
 
-    from trainscale.strategies.shm_allreduce import (
+    from trainscale.strategies.shm_allreduce import (  # noqa: PLC0415 (torch-free module)
         SharedMemoryAllReduce,
         SharedMemoryUnavailable,
         applies,
@@ -184,8 +184,8 @@ def reducer(rt, hook: str, largest: int):
 
 def measure(rt, sizes: tuple[int, ...], iters: int, warmup: int, budget_s: float, reduce=None) -> list[dict]:
     """Time ``reduce`` (default: the backend's all-reduce) at each size; a collective."""
-    import torch
-    import torch.distributed as dist
+    import torch  # noqa: PLC0415 (torch-free module)
+    import torch.distributed as dist  # noqa: PLC0415 (torch-free module)
 
     all_reduce = reduce or dist.all_reduce
 

@@ -55,7 +55,7 @@ def measure(
     ``nproc`` (linted before ``out_file``'s directory is made); its JSON, or ``{"error": why}``."""
     args = ("--sizes", sizes, "--iters", str(iters), "--budget", str(budget_s), "--device", device)
     if target is None:
-        from trainscale.launch.trial import here
+        from trainscale.launch.trial import here  # noqa: PLC0415 (torch-free module)
 
         out_file.parent.mkdir(parents=True, exist_ok=True)
         done = here(
@@ -66,8 +66,8 @@ def measure(
             run_dir=logs,
         )
         return json.loads(out_file.read_text()) if done.ok else {"error": done.summary}
-    from trainscale.bench.slurm_runs import prepare
-    from trainscale.launch.trial import on_slurm
+    from trainscale.bench.slurm_runs import prepare  # noqa: PLC0415 (torch-free module)
+    from trainscale.launch.trial import on_slurm  # noqa: PLC0415 (torch-free module)
 
     job = target.job(
         name=name,
@@ -106,7 +106,7 @@ def run(
     say: Callable[[str], None],
 ) -> tuple[dict | None, Path]:
     """Measure in a new directory (``out``, or bench-out/allreduce/<date-time>); (the result, its JSON file)."""
-    from trainscale.bench.study import choose_out_dir
+    from trainscale.bench.study import choose_out_dir  # noqa: PLC0415 (torch-free module)
 
     out_dir = choose_out_dir(out, root=Path("bench-out") / "allreduce")
     out_file = out_dir / "allreduce.json"

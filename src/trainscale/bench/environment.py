@@ -23,9 +23,9 @@ def cpu_model() -> str:
 
 
 def collect() -> dict:
-    import torch
+    import torch  # noqa: PLC0415 (torch-free module)
 
-    from trainscale.runtime.threads import usable_cores
+    from trainscale.runtime.threads import usable_cores  # noqa: PLC0415 (torch-free module)
 
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count() if torch.cuda.is_available() else 0)]
     cpu = cpu_model()

@@ -47,7 +47,7 @@ def study_spec(
 ) -> StudySpec:
     """The study of ``trainscale bench`` (``ns``: its parsed options; ``target``, ``rest``: SCRIPT and its
     arguments, or the workload's after ``--``; ``slurm``: the ``--slurm`` target)."""
-    from trainscale.runtime.device import visible_gpu_count
+    from trainscale.runtime.device import visible_gpu_count  # noqa: PLC0415 (torch-free module)
 
     nodes = int_tuple(ns.get("nodes"), "--nodes")
     # a login node's GPUs say nothing of the compute nodes'

@@ -134,7 +134,7 @@ class PreparedJob:
 
 def prepare(target: SlurmTarget, specs: dict[str, SlurmJobSpec]) -> dict[str, PreparedJob]:
     """Resolve and lint every job; the first error stops the study before anything is submitted."""
-    from trainscale.launch.slurm.job import checked_plan
+    from trainscale.launch.slurm.job import checked_plan  # noqa: PLC0415 (torch-free module)
 
     return {
         name: PreparedJob(spec, checked_plan(spec, target.cluster, what=f"run {name}: "))

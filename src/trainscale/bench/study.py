@@ -166,7 +166,7 @@ def plan(spec: StudySpec) -> Plan:
     configs = spec.parsed_configs()
     baseline = find_baseline(configs, spec.baseline)
     if spec.workload:
-        from trainscale.workloads.registry import get_workload, workload_preflight
+        from trainscale.workloads.registry import get_workload, workload_preflight  # noqa: PLC0415 (torch-free module)
 
         get_workload(spec.workload)
     out = Plan(spec, configs, baseline)

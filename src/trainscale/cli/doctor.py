@@ -23,8 +23,8 @@ def _forwarded(args) -> list[str]:
 
 
 def _launched(args) -> int:
-    from trainscale.doctor import render, render_json
-    from trainscale.doctor.launched import launched_report
+    from trainscale.doctor import render, render_json  # noqa: PLC0415 (CLI start-up)
+    from trainscale.doctor.launched import launched_report  # noqa: PLC0415 (CLI start-up)
 
     report, result = launched_report(args.nproc, _forwarded(args), Path(args.log_dir) if args.log_dir else None)
     if report is None:
@@ -46,13 +46,13 @@ def run(args) -> int:
         if args.nproc < 1:
             raise ConfigError(f"--nproc {args.nproc}: at least one rank is needed", hint="e.g. --nproc 2")
         return _launched(args)
-    from trainscale.doctor.main import main
+    from trainscale.doctor.main import main  # noqa: PLC0415 (CLI start-up)
 
     return main(_forwarded(args) + (["--json"] if args.json else []))
 
 
 def register(sub) -> None:
-    from trainscale.doctor.main import add_options
+    from trainscale.doctor.main import add_options  # noqa: PLC0415 (CLI start-up)
 
     p = sub.add_parser(
         "doctor",

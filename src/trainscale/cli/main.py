@@ -18,7 +18,7 @@ SUBCOMMANDS = ("run", "slurm", "sweep", "jobs", "profiles", "bench", "plan", "re
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser with every subcommand, or with just ``only`` (a known subcommand's name): a command
     imports its own module and not the others' (``trainscale run`` starts sooner)."""
-    from trainscale.config.argparsing import Parser
+    from trainscale.config.argparsing import Parser  # noqa: PLC0415 (CLI start-up)
 
     parser = Parser(
         prog="trainscale",

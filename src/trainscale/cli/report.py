@@ -11,8 +11,8 @@ from trainscale.errors import ConfigError
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainscale.report import build, render_text, write_report
-    from trainscale.report.sources import resolve
+    from trainscale.report import build, render_text, write_report  # noqa: PLC0415 (CLI start-up)
+    from trainscale.report.sources import resolve  # noqa: PLC0415 (CLI start-up)
 
     if args.max_regression is not None and not args.against:
         raise ConfigError(
@@ -20,7 +20,7 @@ def run(args: argparse.Namespace) -> int:
             hint="trainscale report RUN --against BASE_RUN --max-regression 10",
         )
     if args.against:
-        from trainscale.report.compare import REGRESSED, compare, regressed, render
+        from trainscale.report.compare import REGRESSED, compare, regressed, render  # noqa: PLC0415 (CLI start-up)
 
         made = compare(args.target, args.against)
         print("\n".join(render(made, args.max_regression)))

@@ -29,7 +29,7 @@ Examples:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from trainscale.plan.tune import DEVICES, LOADERS
+    from trainscale.plan.tune import DEVICES, LOADERS  # noqa: PLC0415 (torch-free module)
 
     p = Parser(
         prog="trainscale plan --tune",
@@ -63,8 +63,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def build(argv: list[str], environ=None):
     """(TuneSpec, the --out file) from the command line over --config's [tune] table and TRAINSCALE_TUNE_*."""
-    from trainscale.bench.options import tune_spec
-    from trainscale.plan.tuning import check_command
+    from trainscale.bench.options import tune_spec  # noqa: PLC0415 (torch-free module)
+    from trainscale.plan.tuning import check_command  # noqa: PLC0415 (torch-free module)
 
     split = split_command(_parser(), argv, double_dash="rest")
     ns = _parser().parse_args(split.options)
@@ -74,7 +74,7 @@ def build(argv: list[str], environ=None):
 
 
 def run_tune(argv: list[str]) -> int:
-    from trainscale.plan.tuning import headline, report, tune
+    from trainscale.plan.tuning import headline, report, tune  # noqa: PLC0415 (torch-free module)
 
     if argv and argv[0] in ("-h", "--help"):
         _parser().print_help()

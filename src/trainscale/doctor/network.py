@@ -111,8 +111,8 @@ def check_port_free(host: str, address: str, port: int) -> Finding:
 
 def all_reduce_check(runtime, numel: int, repeats: int = 5) -> Finding:
     """All-reduce (rank+1) over every rank; the sum must be n(n+1)/2. Reports the median time and bus bandwidth."""
-    import torch
-    import torch.distributed as dist
+    import torch  # noqa: PLC0415 (CLI start-up)
+    import torch.distributed as dist  # noqa: PLC0415 (CLI start-up)
 
     n = runtime.world_size
     tensor = torch.full((numel,), float(runtime.rank + 1), dtype=torch.float32, device=runtime.device)
@@ -158,7 +158,7 @@ def all_reduce_check(runtime, numel: int, repeats: int = 5) -> Finding:
 def transport_check(runtime, env: LaunchEnv, environ: Mapping[str, str], nccl_log) -> Finding:
     """Which network the collective library used, against what the cluster's profile expects
     (``TRAINSCALE_INTERCONNECT``, exported by the batch script): sockets on a fast network is the finding."""
-    from trainscale.observe import interconnect
+    from trainscale.observe import interconnect  # noqa: PLC0415 (CLI start-up)
 
     expected = environ.get(interconnect.EXPECTED_VAR, "")
     required = environ.get(interconnect.REQUIRED_VAR) == "1"
@@ -258,11 +258,11 @@ def _collective(
     timeout_s: float,
     numel: int,
 ) -> tuple[list[Finding], str]:
-    import tempfile
+    import tempfile  # noqa: PLC0415 (CLI start-up)
 
-    import torch.distributed as dist
+    import torch.distributed as dist  # noqa: PLC0415 (CLI start-up)
 
-    from trainscale.observe import interconnect
+    from trainscale.observe import interconnect  # noqa: PLC0415 (CLI start-up)
 
     # NCCL says which network it picked only in its INFO log: send that to a file of this rank, read it below.
     nccl_log = interconnect.arm(os.environ, Path(env.job_dir or tempfile.gettempdir()) / "nccl-debug")

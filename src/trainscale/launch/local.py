@@ -178,7 +178,7 @@ def worker_env(spec: LocalLaunchSpec, base: dict[str, str] | None = None) -> tup
     base = dict(os.environ if base is None else base)
     extra, notes = dict(spec.env), []
     if "OMP_NUM_THREADS" not in base and "OMP_NUM_THREADS" not in extra:
-        from trainscale.runtime.threads import threads_per_rank, usable_cores
+        from trainscale.runtime.threads import threads_per_rank, usable_cores  # noqa: PLC0415 (CLI start-up)
 
         n = threads_per_rank(spec.nproc_per_node)
         extra["OMP_NUM_THREADS"] = str(n)
@@ -210,7 +210,7 @@ def plan_rendezvous(spec: LocalLaunchSpec, defaults: Mapping[str, Any]) -> Rende
     """torchrun's rendezvous choice, with trainscale's store bound to the endpoint's address where torchrun
     would listen everywhere (docs/launch.md, "single-node rendezvous"); ports it listens on are checked free
     first. A single node with no endpoint and no ``--master-port`` is standalone, as torchrun's own shortcut."""
-    from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
+    from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config  # noqa: PLC0415 (torch-free module)
 
     opts = {**defaults, **spec.torchrun}
     low, high = parse_nnodes(spec.nnodes)
@@ -275,7 +275,7 @@ def _console(spec: LocalLaunchSpec) -> dict[str, str]:
 def launch_config(spec: LocalLaunchSpec, log_root: Path):
     """The LaunchConfig torchrun would build from the same options, then trainscale's defaults where
     the user gave none: rendezvous store, console and log files, loopback for one node."""
-    from torch.distributed.run import config_from_args
+    from torch.distributed.run import config_from_args  # noqa: PLC0415 (torch-free module)
 
     base = vars(defaults())
     opts = {
@@ -296,7 +296,7 @@ def launch_config(spec: LocalLaunchSpec, log_root: Path):
             os.environ.pop("OMP_NUM_THREADS", None)
     backend = rdzv.backend
     if backend in ("c10d", "static"):
-        from trainscale.launch.rendezvous import register
+        from trainscale.launch.rendezvous import register  # noqa: PLC0415 (CLI start-up)
 
         backend = register(backend)  # torch's, with the store bound to the endpoint's address only
     changes: dict[str, Any] = {
@@ -338,7 +338,7 @@ def start_forkserver() -> None:
     launcher answers those for its workers, and the forkserver must not die of one (its workers would
     die with it). A blocked signal stays blocked across exec, and one sent meanwhile waits: each worker
     unblocks them first and then gets it (bootstrap.forked)."""
-    from multiprocessing import forkserver
+    from multiprocessing import forkserver  # noqa: PLC0415 (CLI start-up)
 
     _short_socket_dir()
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, FORKSERVER_BLOCKS)  # this thread's: what it starts inherits
@@ -380,12 +380,12 @@ def entrypoint(spec: LocalLaunchSpec) -> tuple[Any, list[Any]]:
 def launch(spec: LocalLaunchSpec) -> LaunchResult:
     """Run the workers to the end. A failed run, and a launcher stopped by a signal (whose workers
     torch's agent then stops), come back as a result with its summary, never as torch's traceback."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed.elastic.multiprocessing.api import SignalException  # noqa: PLC0415 (torch-free module)
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # noqa: PLC0415 (torch-free module)
+    from torch.distributed.launcher.api import elastic_launch  # noqa: PLC0415 (torch-free module)
 
-    from trainscale.launch import rundir, summary
-    from trainscale.launch.agent import take_signals, watching
+    from trainscale.launch import rundir, summary  # noqa: PLC0415 (CLI start-up)
+    from trainscale.launch.agent import take_signals, watching  # noqa: PLC0415 (CLI start-up)
 
     log_root = Path(spec.run_dir or spec.torchrun.get("log_dir") or spec.log_dir or rundir.DEFAULT_ROOT).absolute()
     extra, notes = worker_env(spec)
@@ -481,7 +481,7 @@ def _dump_root_cause(exc, rank: int | None) -> None:
     error file there, trainscale's first failing rank being the root cause."""
     if not os.environ.get("TORCHELASTIC_ERROR_FILE"):
         return
-    from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+    from torch.distributed.elastic.multiprocessing.errors import get_error_handler  # noqa: PLC0415 (torch-free module)
 
     failure = exc.failures.get(rank) if rank is not None else None
     if failure is None:
@@ -493,7 +493,7 @@ def _dump_root_cause(exc, rank: int | None) -> None:
 def _directories(spec: LocalLaunchSpec, log_root: Path) -> tuple[Path, Path]:
     """(this node's logs, the run directory the records go to): one new directory, or the caller's
     (``spec.run_dir``); records whose home is set already (a SLURM job's run) stay there."""
-    from trainscale.launch import rundir
+    from trainscale.launch import rundir  # noqa: PLC0415 (CLI start-up)
 
     if spec.run_dir is not None:
         logs = run = spec.run_dir.absolute()

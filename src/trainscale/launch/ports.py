@@ -85,7 +85,7 @@ def importable(name: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from trainscale.errors import TrainscaleError
+    from trainscale.errors import TrainscaleError  # noqa: PLC0415 (job kit)
 
     parser = argparse.ArgumentParser(prog="port.py", description="print a free rendezvous port on this host")
     parser.add_argument("--host", default="127.0.0.1", help="the master's address (this host)")

@@ -39,7 +39,7 @@ def logs_specs(run_dir: Path, *, redirects: str, tee: str, local_ranks_filter: s
     torch's per-attempt, per-rank log files (``DefaultLogsSpecs``), written into the run directory itself
     instead of a fresh ``<run id>_<random>`` directory beside it. torch is imported here, by the launcher
     that has it loaded already: the rest of this module serves commands that never load torch (a submission)."""
-    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, Std  # noqa: PLC0415 (torch-free module)
 
     class RunLogsSpecs(DefaultLogsSpecs):
         def _make_log_dir(self, log_dir: str | None, rdzv_run_id: str) -> str:

@@ -79,7 +79,7 @@ def read_results(directory: Path, world_size: int) -> list[Any]:
 def read_failures(directory: Path) -> list[dict[str, Any]]:
     """The ranks' own recorded exceptions, earliest first. A rank's report that a peer's end closed its
     connection is left out: it is never the cause (a SIGKILLed rank records nothing; the launcher names it)."""
-    from trainscale.launch.summary import lost_peer
+    from trainscale.launch.summary import lost_peer  # noqa: PLC0415 (torch-free module)
 
     found = []
     for path in Path(directory).glob("error-rank*.pkl"):

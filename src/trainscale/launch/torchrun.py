@@ -46,7 +46,7 @@ Examples:
 
 def parser() -> argparse.ArgumentParser:
     """torch's ``torchrun`` parser plus trainscale's options; the target is optional (``--workload``)."""
-    from torch.distributed.run import get_args_parser
+    from torch.distributed.run import get_args_parser  # noqa: PLC0415 (torch-free module)
 
     p = get_args_parser()
     p.prog = "trainscale run"
@@ -109,14 +109,14 @@ def resolve_nproc(value: str | int) -> int:
             )
         return n
     if text == "gpu":
-        import torch
+        import torch  # noqa: PLC0415 (torch-free module)
 
         if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
             raise ConfigError(
                 "--nproc-per-node gpu but no GPU is visible",
                 hint="give a number of CPU processes (e.g. --nproc-per-node 2) or cpu (one per core)",
             )
-    from torch.distributed.run import determine_local_world_size
+    from torch.distributed.run import determine_local_world_size  # noqa: PLC0415 (torch-free module)
 
     try:
         return int(determine_local_world_size(text))
@@ -130,7 +130,7 @@ def resolve_nproc(value: str | int) -> int:
 def nproc_fits(n: int, given: str | int) -> str | None:
     """N ranks against this node: above its visible GPUs, a number is refused (rank N would get no GPU: each rank
     takes ``cuda:{local_rank}``); above its cores, a warning line (returned) says they share them."""
-    import torch
+    import torch  # noqa: PLC0415 (torch-free module)
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus and str(given).strip().isdigit() and n > gpus:

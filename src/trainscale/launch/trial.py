@@ -60,7 +60,7 @@ def here(
     ``args``) on ``nproc`` ranks of this node into ``run_dir``, with ``env`` added to this environment (None:
     removed) in ``cwd``. ``timeout_s``: its workers are killed after that long (the trial comes back timed out).
     ``quiet``: what the launcher and its rank 0 print is kept from the console (the failure's summary says why)."""
-    from trainscale.launch.local import LocalLaunchSpec, launch
+    from trainscale.launch.local import LocalLaunchSpec, launch  # noqa: PLC0415 (torch-free module)
 
     spec = LocalLaunchSpec(
         target=target, args=tuple(args), module=module, nproc_per_node=nproc, run_dir=Path(run_dir).absolute()
@@ -87,9 +87,9 @@ def here(
 def on_slurm(spec, profile, plan, *, poll_s: float, say: Callable[[str], None] | None = None) -> Trial:
     """Submit ``spec`` (a SlurmJobSpec resolved and linted into ``plan`` for ``profile``), watch it to a final
     state every ``poll_s`` seconds, saying each change, and explain it. Interrupted (Ctrl-C): the job is cancelled."""
-    from trainscale.launch.slurm import cancel, explain, watch
-    from trainscale.launch.slurm.job import submit_job
-    from trainscale.launch.slurm.watch import describe_progress
+    from trainscale.launch.slurm import cancel, explain, watch  # noqa: PLC0415 (torch-free module)
+    from trainscale.launch.slurm.job import submit_job  # noqa: PLC0415 (torch-free module)
+    from trainscale.launch.slurm.watch import describe_progress  # noqa: PLC0415 (torch-free module)
 
     say = say or (lambda text: None)
     started = time.monotonic()
@@ -144,7 +144,7 @@ def _deadline(timeout_s: float | None, expired: threading.Event) -> Iterator[Non
     if timeout_s is None:
         yield
         return
-    from trainscale.launch.agent import _workers
+    from trainscale.launch.agent import _workers  # noqa: PLC0415 (torch-free module)
 
     done = threading.Event()
 

@@ -107,7 +107,7 @@ class Recorder:
         self._lock = threading.Lock()
         self._compiling: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
         """Inside torch.compile's tracing the hooks do nothing (a side effect there is a graph break)."""
-        from trainscale.observe.state import PLAN_STEPS_VAR, StateCount
+        from trainscale.observe.state import PLAN_STEPS_VAR, StateCount  # noqa: PLC0415 (job kit)
 
         self.plan_steps = int(_float(environ, PLAN_STEPS_VAR, 0))
         """``trainscale plan``'s calibration: count the state, stop after this many steps (0: a normal run)."""
@@ -115,8 +115,8 @@ class Recorder:
 
     # -- installing -------------------------------------------------------------------------------
     def install(self) -> Recorder:
-        from torch.nn.modules import module as nn_module
-        from torch.optim import optimizer as optim
+        from torch.nn.modules import module as nn_module  # noqa: PLC0415 (job kit)
+        from torch.optim import optimizer as optim  # noqa: PLC0415 (job kit)
 
         self._handles = [
             nn_module.register_module_forward_pre_hook(self._forward_pre),
@@ -244,7 +244,7 @@ class Recorder:
                 self._calibrated()
 
     def _note_peak(self) -> None:
-        from trainscale.runtime.memory import peak_memory
+        from trainscale.runtime.memory import peak_memory  # noqa: PLC0415 (job kit)
 
         self.steps_peak = peak_memory(self.marks.device)[0]  # a running maximum: the latest is the largest
 
@@ -285,8 +285,8 @@ class Recorder:
 
     def _open(self) -> None:
         """This rank's record file, its device sampler (local rank 0) and straggler watch (rank 0)."""
-        from trainscale.observe.records import RankRecorder
-        from trainscale.observe.sampler import start_sampler
+        from trainscale.observe.records import RankRecorder  # noqa: PLC0415 (job kit)
+        from trainscale.observe.sampler import start_sampler  # noqa: PLC0415 (job kit)
 
         rank, world, local_rank, local_world, backend = _place(self.environ)
         lead = self._lead() if self._lead is not None else None
@@ -308,7 +308,7 @@ class Recorder:
             **meta,
         )
         try:
-            from trainscale.observe.devices import publish
+            from trainscale.observe.devices import publish  # noqa: PLC0415 (optional dependency)
 
             publish(self.run_dir, node_name(), rank, device)
             self.sampler = start_sampler(
@@ -320,7 +320,7 @@ class Recorder:
             print(f"trainscale: device sampling off: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         every = _float(self.environ, "TRAINSCALE_STRAGGLER_EVERY", 10.0)
         if rank == 0 and world > 1 and every > 0:
-            from trainscale.observe.stragglers import StragglerWatch
+            from trainscale.observe.stragglers import StragglerWatch  # noqa: PLC0415 (job kit)
 
             say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
             try:
@@ -328,7 +328,7 @@ class Recorder:
             except Exception:  # no store to read: the report still names a straggler from the files
                 self.watch = None
         if world > 1:  # waits for the watch's flag; samples the stack only then (observe/place.py)
-            from trainscale.observe.place import StackSampler
+            from trainscale.observe.place import StackSampler  # noqa: PLC0415 (job kit)
 
             self.place = StackSampler(self, rank).start()
 
@@ -348,7 +348,7 @@ class Recorder:
         lead = self._lead() if self._lead is not None else None
         if lead is None or self._first_batch is None:
             return None
-        from trainscale.observe.flops import plain_step_flops
+        from trainscale.observe.flops import plain_step_flops  # noqa: PLC0415 (job kit)
 
         args, kwargs = self._first_batch
         return plain_step_flops(unwrap(lead), lambda model: model(*args, **kwargs), max(1, self._micro_last))
@@ -374,7 +374,7 @@ class Recorder:
 
     def hang_noticed(self, verdict: Any) -> None:
         """The heartbeat's notice (rank 0): into the run's events, for the report; the steps so far to disk."""
-        from trainscale.observe.records import note_event
+        from trainscale.observe.records import note_event  # noqa: PLC0415 (job kit)
 
         note_event(self.run_dir, **verdict.event())
         self.flush()
@@ -397,7 +397,7 @@ class Recorder:
             self.out.out.write(self.state.record())
         if self.count_flops is not None and not self.flops_per_step:
             self.flops_per_step = self.count_flops()
-        from trainscale.runtime.memory import peak_memory
+        from trainscale.runtime.memory import peak_memory  # noqa: PLC0415 (job kit)
 
         device = self.marks.device
         summary: dict[str, Any] = {
@@ -410,7 +410,7 @@ class Recorder:
             summary["reserved_peak_bytes"] = int(torch.cuda.max_memory_reserved(device))
         lead = self._lead() if self._lead is not None else None
         if self.flops_per_step:
-            from trainscale.observe.flops import mfu, peak_for
+            from trainscale.observe.flops import mfu, peak_for  # noqa: PLC0415 (job kit)
 
             median = statistics.median(self.step_times) if self.step_times else None
             dtype = self._autocast or param_dtype(lead)
@@ -447,10 +447,10 @@ def _float(environ: Any, name: str, default: float) -> float:
 def _time_loader(recorder: Recorder) -> Callable[[], None]:
     """Every DataLoader iterator's ``__next__`` timed for ``recorder`` (a forked worker's is not: not its pid);
     returns what undoes it. torch exposes no hook there, so the one method is wrapped."""
-    import functools
-    import time
+    import functools  # noqa: PLC0415 (job kit)
+    import time  # noqa: PLC0415 (job kit)
 
-    from torch.utils.data import dataloader
+    from torch.utils.data import dataloader  # noqa: PLC0415 (job kit)
 
     original = dataloader._BaseDataLoaderIter.__next__
 
@@ -476,6 +476,6 @@ def _place(environ: Any) -> tuple[int, int, int, int, str | None]:
 
 
 def _tell_heartbeat(step: int) -> None:
-    from trainscale.runtime.hangwatch import heartbeat as progress
+    from trainscale.runtime.hangwatch import heartbeat as progress  # noqa: PLC0415 (job kit)
 
     progress.note_step(step)

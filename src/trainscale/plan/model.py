@@ -222,7 +222,7 @@ def memory(cal: Calibration, strategy: str, world: int, batch: int, overhead: bo
     """Bytes one rank holds under ``strategy`` at ``world`` ranks and ``batch`` samples per rank; ``overhead``:
     its peak carries the calibration's (not where the calibration's memory is not the target's: a CPU's RSS
     for a GPU)."""
-    from trainscale.strategies import state_sharding
+    from trainscale.strategies import state_sharding  # noqa: PLC0415 (torch-free module)
 
     if strategy not in STRATEGIES:
         raise ConfigError(f"strategy {strategy!r} is not one plan models", hint=", ".join(STRATEGIES))
@@ -285,7 +285,7 @@ class Plan:
         samples per rank (default: the calibration's): its phases, slowed where ranks share cores, with the
         strategy's collectives (:func:`collectives`) and, where the strategy shards the optimizer state, each rank
         stepping only its share; the data wait and the compute scale with the batch."""
-        from trainscale.strategies import state_sharding
+        from trainscale.strategies import state_sharding  # noqa: PLC0415 (torch-free module)
 
         cal = self.calibration
         # the strategy's own pace where it was calibrated (alone, fsdp runs unwrapped: the plain pace)

@@ -177,7 +177,7 @@ STUDY_PLOTS = {
 
 
 def study_page(source: Source, out: Path | None, sacct_run) -> Page:
-    from trainscale.bench.results import markdown_table, plan_rows, sweep_table
+    from trainscale.bench.results import markdown_table, plan_rows, sweep_table  # noqa: PLC0415 (torch-free module)
 
     study = json.loads((source.path / "results.json").read_text())
     marked = all("disturbed" in r for r in study.get("runs", []))
@@ -231,7 +231,7 @@ def study_page(source: Source, out: Path | None, sacct_run) -> Page:
 
 
 def sweep_page(source: Source, out: Path | None, sacct_run) -> Page:
-    from trainscale.launch.slurm import sweep
+    from trainscale.launch.slurm import sweep  # noqa: PLC0415 (torch-free module)
 
     results = sweep.gather(source.path)
     metric = sweep.choose_metric(results, None)

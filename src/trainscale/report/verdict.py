@@ -149,7 +149,7 @@ def _strategy_advice(g: Gathered) -> str | None:
     runs = [r for r in (g.study or {}).get("runs", []) if r.get("status") == "ok" and r.get("strategy")]
     if not runs:
         return None
-    from trainscale.strategies import advice  # imports torch: only a study's report pays for it
+    from trainscale.strategies import advice  # imports torch: only a study's report pays for it  # noqa: PLC0415 (torch-free module)
 
     run = max(runs, key=lambda r: r["world_size"])
     share = (run.get("breakdown") or {}).get("optimizer_fraction")
@@ -163,7 +163,7 @@ GOOD_EFFICIENCY = 0.8
 def study_findings(study: dict) -> list[Finding]:
     """A scaling study's verdict: each configuration against what its hardware allows, worst first; figures
     that cannot be results (bench/validity.py) named with their reason, never as results."""
-    from trainscale.bench.results import busy_warning, plan_check, suggestions
+    from trainscale.bench.results import busy_warning, plan_check, suggestions  # noqa: PLC0415 (torch-free module)
 
     out: list[Finding] = []
     runs = study.get("runs") or []

@@ -184,7 +184,7 @@ class Runtime:
             explained = self._progress.watcher.explain(exc)
             if explained is None:
                 raise
-            from trainscale.runtime.hangwatch.watch import call_timeout_callbacks
+            from trainscale.runtime.hangwatch.watch import call_timeout_callbacks  # noqa: PLC0415 (optional dependency)
 
             call_timeout_callbacks(self.timeout_callbacks, explained)
             if explained is exc:

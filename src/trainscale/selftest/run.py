@@ -111,7 +111,7 @@ def _default_nproc(spec: SelftestSpec) -> int:
                 hint="give --gpus-per-node R (ranks per node)",
             )
         return ranks
-    import torch
+    import torch  # noqa: PLC0415 (torch-free module)
 
     gpus = torch.cuda.device_count() if spec.device != "cpu" and torch.cuda.is_available() else 0
     return gpus or 2
@@ -119,7 +119,7 @@ def _default_nproc(spec: SelftestSpec) -> int:
 
 def out_directory(requested: Path | None, now: datetime.datetime | None = None) -> Path:
     """A new directory for this selftest: never one holding anything already."""
-    from trainscale.bench.study import choose_out_dir
+    from trainscale.bench.study import choose_out_dir  # noqa: PLC0415 (torch-free module)
 
     return choose_out_dir(requested, Path("selftest-out"), now, kept="a report is never overwritten")
 
@@ -148,7 +148,7 @@ def rank_args(spec: SelftestSpec, phase: str, out: Path, workdir: Path) -> tuple
 
 def run_selftest(spec: SelftestSpec, command: str, say: Callable[[str], None] = lambda text: None) -> SelftestReport:
     """Run both launches (locally, or as SLURM jobs) and build the report; writes nothing but the run's files."""
-    from trainscale.doctor.facts import read_versions
+    from trainscale.doctor.facts import read_versions  # noqa: PLC0415 (torch-free module)
 
     nproc = _default_nproc(spec)
     out_dir = out_directory(spec.out_dir)
@@ -234,7 +234,7 @@ def hang_row(path: Path, timeout_s: float, outcome: tuple[bool, str]) -> dict[st
 
 
 def _run_local(spec: SelftestSpec, nproc: int, out_dir: Path, phases: dict, say) -> dict[str, tuple[bool, str]]:
-    from trainscale.launch.trial import here
+    from trainscale.launch.trial import here  # noqa: PLC0415 (torch-free module)
 
     # Bound like `trainscale run` binds when asked, so the binding check checks trainscale's plan.
     env = {} if os.environ.get(PLAN_ENV) else {PLAN_ENV: "topology"}
@@ -257,8 +257,8 @@ def _run_local(spec: SelftestSpec, nproc: int, out_dir: Path, phases: dict, say)
 def _run_slurm(
     spec: SelftestSpec, nproc: int, out_dir: Path, phases: dict, say, command: str
 ) -> dict[str, tuple[bool, str]]:
-    from trainscale.bench.slurm_runs import prepare
-    from trainscale.launch.trial import on_slurm
+    from trainscale.bench.slurm_runs import prepare  # noqa: PLC0415 (torch-free module)
+    from trainscale.launch.trial import on_slurm  # noqa: PLC0415 (torch-free module)
 
     target = spec.slurm
     jobs = {

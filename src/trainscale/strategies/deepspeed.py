@@ -126,10 +126,10 @@ def prepare_environment(runtime: Any, environ: MutableMapping[str, str] | None =
         environ["DS_ACCELERATOR"] = "cpu"
         notes.append("DS_ACCELERATOR=cpu (this run's device is the CPU; DeepSpeed would otherwise use a GPU)")
         if "deepspeed" in sys.modules:
-            from deepspeed.accelerator import get_accelerator, set_accelerator
+            from deepspeed.accelerator import get_accelerator, set_accelerator  # noqa: PLC0415 (optional dependency)
 
             if get_accelerator().device_name() != "cpu":
-                from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+                from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator  # noqa: PLC0415 (optional dependency)
 
                 set_accelerator(CPU_Accelerator())
     index = str(runtime.device.index if runtime.device.type == "cuda" else runtime.local_rank)
@@ -247,7 +247,7 @@ class DeepSpeedStrategy(StrategyBase):
             runtime.print(f"trainscale: {note}")
         check_build_locks(os.environ["TORCH_EXTENSIONS_DIR"])
         one_rank_group(runtime)
-        import deepspeed
+        import deepspeed  # noqa: PLC0415 (optional dependency)
 
         names = parameter_names(model)
         model = model.to(runtime.device)
@@ -316,7 +316,7 @@ class DeepSpeedStrategy(StrategyBase):
         return through_strategy(optimizer, self, model)  # opt.step() is the engine's step
 
     def full_model_state(self, model: Any) -> dict[str, torch.Tensor]:
-        import deepspeed
+        import deepspeed  # noqa: PLC0415 (optional dependency)
 
         with deepspeed.zero.GatheredParameters(list(model.module.parameters())):
             return {k: v.detach().clone() for k, v in model.module.state_dict().items()}

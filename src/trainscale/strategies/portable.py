@@ -137,7 +137,7 @@ def from_deepspeed(directory: Any) -> dict[str, Any]:
     weights-only loader (DeepSpeed's three classes admitted: nothing else runs) and memory-mapped; the merged
     state is held whole (one rank per node does it: :func:`deepspeed_once_per_node`)."""
     try:
-        from deepspeed.utils import zero_to_fp32 as z
+        from deepspeed.utils import zero_to_fp32 as z  # noqa: PLC0415 (optional dependency)
     except ImportError as exc:
         raise CheckpointError(
             f"{directory} holds DeepSpeed's own files, which need DeepSpeed installed to read",

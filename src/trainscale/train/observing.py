@@ -45,8 +45,8 @@ def step_flops(
         counted = plain_step_flops(module, lambda m: loss(m, batch), micro_batches)
         if counted is not None:
             return counted
-        from torch._subclasses.fake_tensor import FakeTensorMode
-        from torch.utils._pytree import tree_map
+        from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: PLC0415 (optional dependency)
+        from torch.utils._pytree import tree_map  # noqa: PLC0415 (optional dependency)
 
         with torch.random.fork_rng(devices=[]), FakeTensorMode(allow_non_fake_inputs=True):
             with torch.device(device):

@@ -125,11 +125,11 @@ class TrainOptions:
                 f"--threads {self.threads} must be >= 1",
                 hint="CPU threads per rank, e.g. --threads 1; leave it out to keep OMP_NUM_THREADS",
             )
-        from trainscale.train.trackers import parse_trackers
+        from trainscale.train.trackers import parse_trackers  # noqa: PLC0415 (torch-free module)
 
         object.__setattr__(self, "trackers", parse_trackers(self.trackers))  # a config file may give "csv,wandb"
         if self.checkpoint_async:  # refused where it cannot be done, before anything is launched
-            from trainscale.strategies import get_strategy
+            from trainscale.strategies import get_strategy  # noqa: PLC0415 (torch-free module)
 
             strategy = get_strategy(self.strategy)
             strategy.storage.resolve_async(True, strategy.name)
@@ -137,7 +137,7 @@ class TrainOptions:
     def runtime_options(self) -> dict[str, Any]:
         """``trainscale.init``'s arguments for these options: device, seed, collective timeout, determinism,
         and the process group the strategy needs (gloo beside nccl for FSDP's CPU offload)."""
-        from trainscale.strategies import process_group_backend
+        from trainscale.strategies import process_group_backend  # noqa: PLC0415 (torch-free module)
 
         return {
             "device": self.device,
@@ -261,7 +261,7 @@ def parse(
 
 def _launch_option_here(message: str) -> str | None:
     """The fix for a launch option given after ``--workload`` (``run --workload cnn --nproc-per-node 2``)."""
-    from trainscale.launch.torchrun import parser as launch_parser
+    from trainscale.launch.torchrun import parser as launch_parser  # noqa: PLC0415 (torch-free module)
 
     launch = {s for action in launch_parser()._actions for s in action.option_strings}
     misplaced = [name for name in unrecognized(message) if name in launch]
@@ -278,7 +278,7 @@ def apply_threads(opts: TrainOptions, rt: Any) -> None:
     if opts.threads is None:
         return
 
-    import torch
+    import torch  # noqa: PLC0415 (torch-free module)
 
     before = os.environ.get("OMP_NUM_THREADS")
     torch.set_num_threads(opts.threads)
@@ -289,7 +289,7 @@ def check_compile() -> None:
     """``--compile`` before launch: inductor turns the model into C++ (CPU) or Triton (GPU) code, and
     both need a C++ compiler on this machine."""
     try:
-        from torch._inductor.cpp_builder import get_cpp_compiler
+        from torch._inductor.cpp_builder import get_cpp_compiler  # noqa: PLC0415 (optional dependency)
 
         get_cpp_compiler()
     except Exception as exc:  # torch raises its own error types for a missing or unusable compiler
@@ -312,10 +312,10 @@ def check_training(
     """A loop-based workload's preflight, before anything is launched: the strategy for this world size,
     batch and accumulation, ``--compile``, ``samples`` (when cheap to know) enough for every rank, and a
     ``--metrics-out`` that is new unless this run resumes from ``checkpoint_dir``."""
-    from trainscale.checkpoint import list_checkpoints
-    from trainscale.data import check_shardable
-    from trainscale.strategies import check_strategy
-    from trainscale.train.metrics import check_metrics_out
+    from trainscale.checkpoint import list_checkpoints  # noqa: PLC0415 (torch-free module)
+    from trainscale.data import check_shardable  # noqa: PLC0415 (torch-free module)
+    from trainscale.strategies import check_strategy  # noqa: PLC0415 (torch-free module)
+    from trainscale.train.metrics import check_metrics_out  # noqa: PLC0415 (torch-free module)
 
     # --device when given; with auto, what the ranks will have (``gpus``: a SLURM job planned on a login node
     # knows it from its resources), or this machine's choice when ``gpus`` is None
@@ -333,7 +333,7 @@ def check_training(
     if samples is not None:
         check_shardable(samples, world_size, opts.batch_size, what=what)
     if checkpoint_dir:  # here, before any rank starts: refused in the workers it costs a start of every rank
-        from trainscale.checkpoint.disk import unusable
+        from trainscale.checkpoint.disk import unusable  # noqa: PLC0415 (torch-free module)
 
         problem = unusable(Path(checkpoint_dir))
         if problem is not None:

@@ -67,7 +67,7 @@ def job_preflight(spec):
         return workload_preflight(spec.workload)
     if not spec.script:
         return None
-    from trainscale.launch.preflight import check_script_args
+    from trainscale.launch.preflight import check_script_args  # noqa: PLC0415 (CLI start-up)
 
     def preflight(args, world_size, *, gpus):
         check_script_args(args, world_size, device="cuda" if gpus else "cpu")
@@ -80,7 +80,7 @@ def launch_preflight(
 ) -> None:
     """Before a local launch: the workload's preflight when the world size is fixed (``--nnodes MIN:MAX`` leaves
     it open), else a Python script's own --deepspeed_config."""
-    from trainscale.launch.local import parse_nnodes
+    from trainscale.launch.local import parse_nnodes  # noqa: PLC0415 (CLI start-up)
 
     low, high = parse_nnodes(nnodes)
     if workload:
@@ -88,7 +88,7 @@ def launch_preflight(
         if check:
             check(args, nproc_per_node * low)
     elif python:
-        from trainscale.launch.preflight import check_script_args
+        from trainscale.launch.preflight import check_script_args  # noqa: PLC0415 (CLI start-up)
 
         check_script_args(args, nproc_per_node * low)
 

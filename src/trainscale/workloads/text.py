@@ -27,7 +27,7 @@ def hub_texts(
 ) -> list[str]:  # pragma: no cover
     """Texts from a HF dataset (needs `datasets` and a network)."""
     try:
-        from datasets import load_dataset
+        from datasets import load_dataset  # noqa: PLC0415 (optional dependency)
     except ImportError:
         raise ConfigError("--hub-dataset needs the 'datasets' package", hint="pip install datasets") from None
     return list(load_dataset(name, split=split)[field][:limit])
@@ -57,7 +57,7 @@ def hub_encode(tokenizer_name: str, text: str) -> tuple[torch.Tensor, int]:
     """Token ids from a HF tokenizer (a hub name or a directory written by ``save_pretrained``) and its
     vocabulary size."""
     try:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # noqa: PLC0415 (optional dependency)
     except ImportError:
         raise ConfigError("--tokenizer needs the 'transformers' package", hint="pip install transformers") from None
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_name)

@@ -189,7 +189,7 @@ class BatchHostWatch:
         if info.state != "RUNNING" or self.clock() < self._next:
             return
         self._next = self.clock() + self.every_s
-        from trainscale.launch.slurm.queue import parse_scontrol
+        from trainscale.launch.slurm.queue import parse_scontrol  # noqa: PLC0415 (CLI start-up)
 
         fields = parse_scontrol(self._ask(["scontrol", "show", "job", "-o", self.job_id]))
         host = fields.get("BatchHost", "")

@@ -79,7 +79,7 @@ def git_state(path: Path) -> dict[str, Any] | None:
 def submission_record(
     spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan, snapshot: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    from trainscale.launch.rundir import versions
+    from trainscale.launch.rundir import versions  # noqa: PLC0415 (torch-free module)
 
     code = plan.code_root or spec.script
     python = job_python(spec, profile)
@@ -235,7 +235,7 @@ def submit_job(
     ``bench --slurm``, ``trainscale.slurm``) meets the partition's real sizes here (``sinfo``: more nodes, CPUs
     or memory than it has is refused before anything is written); a test's fake ``run`` has no partitions."""
     if run is None:
-        from trainscale.launch.slurm import cluster
+        from trainscale.launch.slurm import cluster  # noqa: PLC0415 (torch-free module)
 
         refuse_errors(cluster.findings(plan, profile, cluster.partitions())[0])
     check_snapshot(spec.snapshot, spec.script)
@@ -267,7 +267,7 @@ def submit_job(
         raise
     finally:
         if records:
-            from trainscale.launch.rundir import mark_latest
+            from trainscale.launch.rundir import mark_latest  # noqa: PLC0415 (optional dependency)
 
             mark_latest(plan.run_dir)  # trainscale-jobs/latest
             for record in records:
