@@ -11,8 +11,11 @@ from pathlib import Path
 from trainscale.bench import environment, results, validity
 from trainscale.bench import plots as plotting
 from trainscale.bench.ideal import add_achievable
+from trainscale.bench.runner import execute, job_specs
+from trainscale.bench.slurm_runs import prepare
 from trainscale.bench.study import StudySpec, choose_out_dir, plan
 from trainscale.launch.rundir import command_line, mark_latest
+from trainscale.plan.calibrate import against, plan_study
 
 
 @dataclass
@@ -51,17 +54,13 @@ class Outcome:
 def run_study(spec: StudySpec, *, make_plots: bool = True, verbose: bool = False, console=None) -> Outcome:
     the_plan = plan(spec)  # every configuration error surfaces here, before anything launches
     out_dir = choose_out_dir(spec.out_dir)
-    from trainscale.bench.runner import execute, job_specs  # noqa: PLC0415 (torch-free module)
 
     jobs = None
     if spec.slurm is not None:  # every job linted before the first is submitted
-        from trainscale.bench.slurm_runs import prepare  # noqa: PLC0415 (torch-free module)
-
         jobs = prepare(spec.slurm, job_specs(the_plan, out_dir))
     out_dir.mkdir(parents=True, exist_ok=True)
     mark_latest(out_dir)  # bench-out/latest: what `trainscale report bench-out/latest` reads next
     started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-    from trainscale.plan.calibrate import against, plan_study  # noqa: PLC0415 (torch-free module)
 
     # the plan first, as `trainscale plan` makes it, so that every study shows the model's error
     made, no_plan = plan_study(

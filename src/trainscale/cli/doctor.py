@@ -8,6 +8,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from trainscale.doctor import render, render_json
+from trainscale.doctor.main import add_options, main
 from trainscale.errors import ConfigError
 
 
@@ -23,7 +25,6 @@ def _forwarded(args) -> list[str]:
 
 
 def _launched(args) -> int:
-    from trainscale.doctor import render, render_json  # noqa: PLC0415 (CLI start-up)
     from trainscale.doctor.launched import launched_report  # noqa: PLC0415 (CLI start-up)
 
     report, result = launched_report(args.nproc, _forwarded(args), Path(args.log_dir) if args.log_dir else None)
@@ -46,14 +47,11 @@ def run(args) -> int:
         if args.nproc < 1:
             raise ConfigError(f"--nproc {args.nproc}: at least one rank is needed", hint="e.g. --nproc 2")
         return _launched(args)
-    from trainscale.doctor.main import main  # noqa: PLC0415 (CLI start-up)
 
     return main(_forwarded(args) + (["--json"] if args.json else []))
 
 
 def register(sub) -> None:
-    from trainscale.doctor.main import add_options  # noqa: PLC0415 (CLI start-up)
-
     p = sub.add_parser(
         "doctor",
         help="one paste-able report: versions, devices, launch, binding, threads, network",

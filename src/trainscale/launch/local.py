@@ -178,7 +178,7 @@ def worker_env(spec: LocalLaunchSpec, base: dict[str, str] | None = None) -> tup
     base = dict(os.environ if base is None else base)
     extra, notes = dict(spec.env), []
     if "OMP_NUM_THREADS" not in base and "OMP_NUM_THREADS" not in extra:
-        from trainscale.runtime.threads import threads_per_rank, usable_cores  # noqa: PLC0415 (CLI start-up)
+        from trainscale.runtime.threads import threads_per_rank, usable_cores  # noqa: PLC0415 (torch-free module)
 
         n = threads_per_rank(spec.nproc_per_node)
         extra["OMP_NUM_THREADS"] = str(n)

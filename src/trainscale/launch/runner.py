@@ -33,6 +33,7 @@ import cloudpickle
 from trainscale.env import detect, node_name
 from trainscale.errors import ConfigError, RankFailed
 from trainscale.launch.bootstrap import enter_snapshot
+from trainscale.launch.summary import lost_peer
 
 CALL = "call.pkl"
 
@@ -79,8 +80,6 @@ def read_results(directory: Path, world_size: int) -> list[Any]:
 def read_failures(directory: Path) -> list[dict[str, Any]]:
     """The ranks' own recorded exceptions, earliest first. A rank's report that a peer's end closed its
     connection is left out: it is never the cause (a SIGKILLed rank records nothing; the launcher names it)."""
-    from trainscale.launch.summary import lost_peer  # noqa: PLC0415 (torch-free module)
-
     found = []
     for path in Path(directory).glob("error-rank*.pkl"):
         try:

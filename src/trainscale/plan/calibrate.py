@@ -13,14 +13,20 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from trainscale.bench import allreduce_run
+from trainscale.bench.study import read_metrics
 from trainscale.bench.validity import disturbance
 from trainscale.errors import ConfigError
+from trainscale.launch.preflight import option_value
+from trainscale.launch.slurm.spec import parse_mem_gb, usable_cpus
+from trainscale.launch.trial import WORKLOADS, here
 from trainscale.observe.reading import other_work, steady, step_records, steps_peaks
 from trainscale.observe.records import read_lines
 from trainscale.plan.comm import Network, Sweep, get_network
-from trainscale.plan.model import Calibration, Plan, make_plan
+from trainscale.plan.model import STRATEGIES, Calibration, Plan, ladder, make_plan
 from trainscale.profiles import load_profile
 from trainscale.topology.apply import current_affinity
+from trainscale.workloads.registry import get_workload
 
 PROFILE_NETWORKS = {"ofi": "slingshot-11", "ib": "ib-hdr200", "socket": "ethernet-25g"}
 """A profile's ``interconnect`` as the plan's network (plan/comm.NETWORKS)."""
@@ -47,7 +53,6 @@ def short_run(
     (observe/state.py); its rt.checkpoint files go to a directory of the run's own (it neither resumes from nor
     writes into the user's). A workload runs ``steps + 1`` steps to its normal end in a temporary directory.
     ``threads``: the rank's OMP_NUM_THREADS (a user's own setting is kept)."""
-    from trainscale.launch.trial import WORKLOADS, here  # noqa: PLC0415 (torch-free module)
     from trainscale.observe.state import PLAN_STEPS_VAR  # noqa: PLC0415 (torch-free module)
     from trainscale.train.resumable import CHECKPOINT_DIR_VAR  # noqa: PLC0415 (torch-free module)
 
@@ -64,8 +69,6 @@ def short_run(
         if threads and "OMP_NUM_THREADS" not in os.environ:
             env["OMP_NUM_THREADS"] = str(threads)
         if workload:
-            from trainscale.workloads.registry import get_workload  # noqa: PLC0415 (torch-free module)
-
             line = [
                 "--workload",
                 workload,
@@ -172,7 +175,6 @@ def sweep_hooks(workload_args: tuple[str, ...] | None, strategy: str | None) -> 
 def averaging_hook(workload_args: tuple[str, ...] | list[str]) -> str:
     """What a workload's DDP averages with, for the all-reduce benchmark's ``--hook``: ``shm`` or ``auto`` as
     named in ``--strategy ...:comm_hook=`` (default auto), the backend's (none) otherwise."""
-    from trainscale.launch.preflight import option_value  # noqa: PLC0415 (torch-free module)
     from trainscale.strategies import parse_spec  # noqa: PLC0415 (torch-free module)
 
     hook = parse_spec(option_value(workload_args, "--strategy") or "ddp")[1].get("comm_hook", "auto").lower()
@@ -183,15 +185,12 @@ def sweeps_here(ranks_per_node: int, say: Callable[[str], None], hooks: tuple[st
     """The all-reduce on this machine (bench/allreduce.py, launched like training) among each count of ranks
     the plan's rows and ``--verify`` run here (2, 4, ... up to ``ranks_per_node``), timed by each of ``hooks``
     (:func:`sweep_hooks`)."""
-    from trainscale.bench.allreduce_run import measure  # noqa: PLC0415 (torch-free module)
-    from trainscale.plan.model import ladder  # noqa: PLC0415 (torch-free module)
-
     out = []
     for ranks in sorted({n for n, _ in ladder(ranks_per_node, 1) if n > 1}):
         for hook in hooks:
             say(f"measuring: the all-reduce among {ranks} ranks here ({SWEEP_SIZES}, {Sweep.HOOKS[hook]})")
             with tempfile.TemporaryDirectory(prefix="trainscale-plan-") as tmp:
-                result = measure(
+                result = allreduce_run.measure(
                     None,
                     nproc=ranks,
                     sizes=SWEEP_SIZES,
@@ -301,8 +300,6 @@ def room(profile, ranks_per_node: int, mem: str | None = None) -> tuple[float | 
     node's share per rank), else this machine's (its GPU, or its memory within this process's cgroup limit:
     SLURM's ``--mem`` on the node the plan runs on)."""
     if mem:
-        from trainscale.launch.slurm.spec import parse_mem_gb  # noqa: PLC0415 (torch-free module)
-
         return parse_mem_gb(mem) * 2**30 / ranks_per_node, f"--mem {mem} / {ranks_per_node} rank(s)"
     if profile is not None:
         if profile.gpus_per_node and profile.mem_per_gpu_gb:
@@ -377,8 +374,6 @@ def submit_line(
 ) -> str:
     """The command that runs the recommended configuration."""
     if workload:
-        from trainscale.workloads.registry import get_workload  # noqa: PLC0415 (torch-free module)
-
         target = [
             "--workload",
             workload,
@@ -463,17 +458,11 @@ def make(
     if profile_name:
         profile = load_profile(profile_name)
     if workload:
-        from trainscale.workloads.registry import get_workload  # noqa: PLC0415 (torch-free module)
-
         get_workload(workload)  # an unknown name is refused before the calibration
     net, net_source = network(interconnect, profile)
     if mem:
-        from trainscale.launch.slurm.spec import parse_mem_gb  # noqa: PLC0415 (torch-free module)
-
         parse_mem_gb(mem)  # a size SLURM would refuse is refused before the calibration
     if profile is not None:
-        from trainscale.launch.slurm.spec import usable_cpus  # noqa: PLC0415 (torch-free module)
-
         cpus = usable_cpus(profile)
     else:
         cpus = len(current_affinity()) or 1
@@ -557,7 +546,6 @@ STUDY_CALIBRATION_S = 180.0
 def study_strategy(args: tuple[str, ...]) -> str:
     """The strategy a workload study's arguments ask for, by name (``fsdp:mixed_precision=bf16`` is fsdp); the
     workloads' ddp by default."""
-    from trainscale.launch.preflight import option_value  # noqa: PLC0415 (torch-free module)
     from trainscale.strategies import parse_spec  # noqa: PLC0415 (torch-free module)
 
     return parse_spec(option_value(args, "--strategy") or "ddp")[0]
@@ -596,9 +584,6 @@ def against(made: Plan, runs: list[dict], out_dir: Path) -> list[dict]:
     """Each measured configuration of a study beside what its plan predicted: the step (the median of its rank 0's
     step records after the warm-up, as the calibration's), the fullest rank's model state (its memory table) and
     its ranks' largest peak over their training steps."""
-    from trainscale.bench.study import read_metrics  # noqa: PLC0415 (torch-free module)
-    from trainscale.plan.model import STRATEGIES  # noqa: PLC0415 (torch-free module)
-
     rows = []
     for run in runs:
         if run.get("status") != "ok" or not run.get("run_dir"):

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from trainscale.bench.configs import int_tuple
 from trainscale.errors import ConfigError
+from trainscale.workloads.registry import get_workload
 
 NOISE = 0.03
 """A change must beat the best so far by more than this fraction to be kept (run-to-run noise)."""
@@ -124,8 +125,6 @@ class TuneSpec:
         if self.nproc_per_node < 1 or self.batch_size < 1 or self.cores < 1:
             raise ConfigError("ranks, batch and cores must be >= 1", hint="e.g. --nproc-per-node 2 --batch-size 16")
         if self.workload is not None:
-            from trainscale.workloads.registry import get_workload  # noqa: PLC0415 (torch-free module)
-
             get_workload(self.workload)  # an unknown name is refused here, with the list
 
     @property

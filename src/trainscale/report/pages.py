@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainscale.bench import plots as study_plots
+from trainscale.bench.results import markdown_table, plan_rows, sweep_table
 from trainscale.bench.validity import assess, notes
 from trainscale.report import plots
 from trainscale.report.gather import Gathered, read_run
@@ -177,8 +178,6 @@ STUDY_PLOTS = {
 
 
 def study_page(source: Source, out: Path | None, sacct_run) -> Page:
-    from trainscale.bench.results import markdown_table, plan_rows, sweep_table  # noqa: PLC0415 (torch-free module)
-
     study = json.loads((source.path / "results.json").read_text())
     marked = all("disturbed" in r for r in study.get("runs", []))
     if study.get("baseline"):  # the same marks for a study bench made before it marked figures
@@ -231,7 +230,7 @@ def study_page(source: Source, out: Path | None, sacct_run) -> Page:
 
 
 def sweep_page(source: Source, out: Path | None, sacct_run) -> Page:
-    from trainscale.launch.slurm import sweep  # noqa: PLC0415 (torch-free module)
+    from trainscale.launch.slurm import sweep  # noqa: PLC0415 (CLI start-up)
 
     results = sweep.gather(source.path)
     metric = sweep.choose_metric(results, None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 
+from trainscale.bench.results import busy_warning, plan_check, suggestions
 from trainscale.findings import Finding
 from trainscale.observe.sampler import OTHER_WORK_SHARE, other_cpu_share
 from trainscale.report.gather import Gathered
@@ -163,8 +164,6 @@ GOOD_EFFICIENCY = 0.8
 def study_findings(study: dict) -> list[Finding]:
     """A scaling study's verdict: each configuration against what its hardware allows, worst first; figures
     that cannot be results (bench/validity.py) named with their reason, never as results."""
-    from trainscale.bench.results import busy_warning, plan_check, suggestions  # noqa: PLC0415 (torch-free module)
-
     out: list[Finding] = []
     runs = study.get("runs") or []
     base = next((r for r in runs if r.get("config") == study.get("baseline")), None)

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from trainscale.config import field_docs, load_config_file, resolve_group
 from trainscale.config.argparsing import Parser, unrecognized
 from trainscale.errors import ConfigError
+from trainscale.launch.torchrun import parser as launch_parser
 
 W = TypeVar("W")
 
@@ -261,8 +262,6 @@ def parse(
 
 def _launch_option_here(message: str) -> str | None:
     """The fix for a launch option given after ``--workload`` (``run --workload cnn --nproc-per-node 2``)."""
-    from trainscale.launch.torchrun import parser as launch_parser  # noqa: PLC0415 (torch-free module)
-
     launch = {s for action in launch_parser()._actions for s in action.option_strings}
     misplaced = [name for name in unrecognized(message) if name in launch]
     if not misplaced:

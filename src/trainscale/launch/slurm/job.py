@@ -22,6 +22,8 @@ from typing import Any
 
 from trainscale.errors import ConfigError
 from trainscale.launch.kit import write_kit
+from trainscale.launch.rundir import versions
+from trainscale.launch.slurm import cluster
 from trainscale.launch.slurm.jobdir import JobRecord, save_record
 from trainscale.launch.slurm.layout import check_snapshot, target_in_run
 from trainscale.launch.slurm.lint import ERROR, NOTE, Finding, errors, lint
@@ -79,8 +81,6 @@ def git_state(path: Path) -> dict[str, Any] | None:
 def submission_record(
     spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan, snapshot: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    from trainscale.launch.rundir import versions  # noqa: PLC0415 (torch-free module)
-
     code = plan.code_root or spec.script
     python = job_python(spec, profile)
     return {
@@ -235,8 +235,6 @@ def submit_job(
     ``bench --slurm``, ``trainscale.slurm``) meets the partition's real sizes here (``sinfo``: more nodes, CPUs
     or memory than it has is refused before anything is written); a test's fake ``run`` has no partitions."""
     if run is None:
-        from trainscale.launch.slurm import cluster  # noqa: PLC0415 (torch-free module)
-
         refuse_errors(cluster.findings(plan, profile, cluster.partitions())[0])
     check_snapshot(spec.snapshot, spec.script)
     plan = _fresh_run_dir(plan)

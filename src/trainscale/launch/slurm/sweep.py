@@ -26,6 +26,9 @@ from typing import Any
 
 from trainscale.config import read_toml
 from trainscale.errors import ConfigError, SlurmError
+from trainscale.launch.local import LocalLaunchSpec, launch
+from trainscale.launch.slurm.job import make_jobs_folder, submit_job
+from trainscale.launch.slurm.queue import sacct, squeue
 
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 PREFERRED_METRICS = ("test_loss", "val_loss", "eval_loss", "loss", "train_loss")
@@ -166,8 +169,6 @@ def scheduler_states(job_id: str, tasks: list[int], run: Any = None) -> dict[int
     ``pending (Resources)``) while they are in it, then their accounting's (``cancelled``, ``node_fail``), each
     from one call for the whole array (a 1,000-task sweep is two commands, not thousands); a task neither knows
     is left out. No scheduler here: nothing."""
-    from trainscale.launch.slurm.queue import sacct, squeue  # noqa: PLC0415 (torch-free module)
-
     try:
         live = {j.job_id: j for j in squeue(run, job_id=job_id, array=True)}
     except SlurmError:
@@ -334,8 +335,6 @@ def plot(run_dir: Path, results: list[TaskResult], metric: str | None, higher_is
 def submit_array(spec: Any, profile: Any, plan: Any, grid: dict[str, list[str]]) -> tuple[Any, Path, int]:
     """Submit the array job as ``trainscale slurm --submit`` submits a job, the tasks' arguments written into
     its run directory first: (the job's record, the run directory, the task count)."""
-    from trainscale.launch.slurm.job import submit_job  # noqa: PLC0415 (torch-free module)
-
     record = submit_job(
         spec, profile, plan, before_submit=lambda plan: write_tasks(plan.run_dir, grid, workload=bool(spec.workload))
     )
@@ -348,12 +347,9 @@ def submit_array(spec: Any, profile: Any, plan: Any, grid: dict[str, list[str]])
 def run_here(spec: Any, grid: dict[str, list[str]], *, nproc_per_node: int, say: Any) -> tuple[Path, int]:
     """``trainscale sweep --local``: one configuration after another on this node, each launched as
     ``trainscale run`` launches it, in its own ``task-I/``: (the run directory, how many failed)."""
-    from trainscale.launch.local import LocalLaunchSpec, launch  # noqa: PLC0415 (torch-free module)
-
     run_dir = Path(spec.output_dir).absolute() / (spec.run_name or f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     if run_dir.exists():
         raise ConfigError(f"{run_dir} exists", hint="wait a second, or give another --output-dir")
-    from trainscale.launch.slurm.job import make_jobs_folder  # noqa: PLC0415 (torch-free module)
 
     make_jobs_folder(run_dir.parent)
     run_dir.mkdir()
