@@ -1,17 +1,23 @@
 """What observing a script costs: trainscale's zero-code recorder (global optimizer and module hooks, the step
-clock, the buffered record lines) and the rank's heartbeat, against the same training without them.
+clock, the records its thread writes) and the rank's heartbeat, against the same training without them.
 
-    .venv/bin/python benchmarks/record_overhead.py [--blocks 20] [--steps 40] [--e2e 4]
+    .venv/bin/python benchmarks/record_overhead.py [--blocks 8] [--tiny-only] [--rounds 2] [--e2e-steps 300]
 
-1. **In one process, A/B by blocks** (the figure that counts; a shared 2-core host's noise between processes
-   is larger than the goal): a plain PyTorch loop of the seed CNN at batch 16 (seed 004's model) and of a
-   larger model (a 6-layer transformer language model, 55 module calls per forward), alternating blocks of
-   ``--steps`` steps with the recorder installed and not, ``--blocks`` times each; ratio = median step time
-   observed / not observed (goal <= 1.01). Plus the heartbeat's own work per beat (its record, the main
-   thread's place, the store write, the C watchdog re-armed) over its 0.5 s period.
-2. **End to end**: `trainscale run --nproc-per-node 2` of a plain DDP script with the seed CNN at batch 16,
-   observation on (the default) and off (TRAINSCALE_RECORD=0 TRAINSCALE_HANG_NOTICE=0), interleaved ``--e2e``
-   times; the script times its own steps. Noisier: printed for completeness.
+1. **In one process, A/B by interleaved blocks** (the robust figure: on a shared host the noise between
+   processes is larger than the goal). Tiny steps, where the cost is absolute (goal <= 30 us per step): PyTorch's
+   DDP tutorial loop (ToyModel: Linear(10,10), ReLU, Linear(10,5); SGD; batch 20) and a nanoGPT-style loop
+   (the next batch fetched between forward and backward, 2 micro-batches of gradient accumulation, AdamW).
+   Steps of 10 ms or more, where it is relative (goal <= 1%): the seed CNN at batch 16 and a 6-layer
+   transformer LM. Each block is timed twice: by the process's CPU time (all its threads, the recorder's
+   flushing thread included: what the observation costs, little moved by other processes) and by the clock.
+   The figure is the median over the block pairs of (observed - not), per step. Plus the recorder's hooks' own
+   work on a do-nothing model with the same module calls, and the heartbeat's work per beat.
+2. **End to end, interleaved rounds**: ``trainscale run --nproc-per-node 2`` (observation on, the default), the
+   same with ``TRAINSCALE_RECORD=0 TRAINSCALE_HANG_NOTICE=0``, and plain torchrun
+   (``python -m torch.distributed.run --standalone --nproc-per-node 2``), of the conformance suite's plain DDP
+   script (tests/conformance/scripts/ddp_plain.py) and of the DDP tutorial's script; each run's own median
+   step time (the interval between its optimizer steps, taken by a global step hook in all three), ratio =
+   median over rounds against torchrun's. Noisy on a shared host: printed with the load.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from _common import PYTHON, clean_env, load, median, read_json, run, verdict
+from _common import PYTHON, ROOT, clean_env, load, median, read_json, run, verdict
 
 
 def models():
@@ -70,58 +76,160 @@ def models():
     }
 
 
-def in_process(blocks: int, steps: int) -> None:
+def tiny_loops():
+    """The tiny-step loops: PyTorch's DDP tutorial (without the process group) and nanoGPT's shape."""
+    import torch
+    from torch import nn
+
+    class ToyModel(nn.Module):  # PyTorch's DDP tutorial
+        def __init__(self) -> None:
+            super().__init__()
+            self.net1, self.relu, self.net2 = nn.Linear(10, 10), nn.ReLU(), nn.Linear(10, 5)
+
+        def forward(self, x):
+            return self.net2(self.relu(self.net1(x)))
+
+    torch.manual_seed(0)
+    toy, toy_x, toy_y = ToyModel(), torch.randn(20, 10), torch.randn(20, 5)
+    toy_opt, mse = torch.optim.SGD(toy.parameters(), lr=0.001), nn.MSELoss()
+
+    def tutorial() -> None:
+        toy_opt.zero_grad()
+        mse(toy(toy_x), toy_y).backward()
+        toy_opt.step()
+
+    data = torch.randint(0, 64, (10_000,))
+    gpt = nn.Sequential(nn.Embedding(64, 32), nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 64))
+    gpt_opt = torch.optim.AdamW(gpt.parameters(), lr=1e-3)
+
+    def get_batch():
+        ix = torch.randint(len(data) - 9, (4,))
+        return torch.stack([data[i : i + 8] for i in ix]), torch.stack([data[i + 1 : i + 9] for i in ix])
+
+    batch = [get_batch()]
+
+    def nanogpt() -> None:
+        for _ in range(2):  # gradient accumulation, nanoGPT's order: forward, fetch the next batch, backward
+            x, y = batch[0]
+            loss = nn.functional.cross_entropy(gpt(x).flatten(0, 1), y.flatten()) / 2
+            batch[0] = get_batch()
+            loss.backward()
+        gpt_opt.step()
+        gpt_opt.zero_grad(set_to_none=True)
+
+    return {
+        "DDP tutorial's ToyModel, batch 20, SGD": tutorial,
+        "nanoGPT-style (fetch between forward and backward, 2 micro-batches), AdamW": nanogpt,
+    }
+
+
+def larger_loops():
+    """Steps of 10 ms or more: the seed CNN and a small transformer LM, plain loops with AdamW."""
     import torch
 
-    from trainscale.observe import hooks
-
-    torch.set_num_threads(1)
-    run_dir = Path(tempfile.mkdtemp(prefix="ts-overhead-"))
+    loops = {}
     for name, (model, loss_of) in models().items():
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
-        def block(opt=opt, model=model, loss_of=loss_of) -> float:
-            began = time.perf_counter()
-            for _ in range(steps):
-                opt.zero_grad()
-                loss_of(model).backward()
-                opt.step()
-            return (time.perf_counter() - began) / steps
+        def step(opt=opt, model=model, loss_of=loss_of) -> None:
+            opt.zero_grad()
+            loss_of(model).backward()
+            opt.step()
 
-        block(), block()  # warm-up: allocator, caches
-        times: dict[str, list[float]] = {"on": [], "off": []}
-        for k in range(blocks):
-            for mode in ("on", "off") if k % 2 == 0 else ("off", "on"):
-                recorder = (
-                    hooks.Recorder(run_dir / name.split()[0] / mode, environ={}).install() if mode == "on" else None
-                )
-                if recorder is not None:
-                    recorder.flops_per_step = 0  # counted once per run, not per block: timed on its own below
-                times[mode].append(block())
-                if recorder is not None:
-                    recorder.finish()
+        loops[name] = step
+    return loops
+
+
+def ab(step, blocks: int, steps: int, run_dir: Path) -> dict[str, list[float]]:
+    """Seconds per step, by CPU time and by the clock, of interleaved blocks observed and not."""
+    from trainscale.observe import hooks
+    from trainscale.observe.sampler import INTERVAL_VAR as SAMPLING
+
+    def block() -> tuple[float, float]:
+        cpu, wall = time.process_time(), time.perf_counter()
+        for _ in range(steps):
+            step()
+        return (time.process_time() - cpu) / steps, (time.perf_counter() - wall) / steps
+
+    block(), block()  # warm-up: allocator, caches
+    out: dict[str, list[float]] = {"on_cpu": [], "off_cpu": [], "on_wall": [], "off_wall": []}
+    for k in range(blocks):
+        for mode in ("on", "off") if k % 2 == 0 else ("off", "on"):
+            recorder = None
+            if mode == "on":  # the device sampler (every 5 s) apart: its start would land in a block
+                recorder = hooks.Recorder(run_dir / f"{k}-{mode}", environ={SAMPLING: "0"}).install()
+            if recorder is not None:
+                recorder.flops_per_step = 0  # counted once per run, not per block: timed on its own below
+                for _ in range(3):  # its record file opened, its thread started: once per run, not per step
+                    step()
+            cpu, wall = block()
+            if recorder is not None:
+                recorder.finish()
+            out[f"{mode}_cpu"].append(cpu)
+            out[f"{mode}_wall"].append(wall)
+    return out
+
+
+def paired(times: dict[str, list[float]], clock: str) -> float:
+    """Median over the block pairs of observed - not, seconds per step."""
+    return statistics.median(a - b for a, b in zip(times[f"on_{clock}"], times[f"off_{clock}"]))
+
+
+def in_process(blocks: int, tiny_steps: int, steps: int, tiny_only: bool = False) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    run_dir = Path(tempfile.mkdtemp(prefix="ts-overhead-"))
+    print(f"in one process, {blocks} interleaved blocks each way ({load()}):", flush=True)
+    for name, step in tiny_loops().items():
+        t = ab(step, blocks, tiny_steps, run_dir / "tiny")
+        cost = paired(t, "cpu")
+        print(
+            f"  {name}: {statistics.median(t['off_cpu']) * 1e6:.0f} us/step; observation "
+            f"{cost * 1e6:+.1f} us/step by CPU time ({paired(t, 'wall') * 1e6:+.1f} by the clock), "
+            f"{verdict(cost * 1e6, 30, higher_is_better=False)} [blocks of {tiny_steps} steps]",
+            flush=True,
+        )
+    if tiny_only:
+        return
+    for name, step in larger_loops().items():
+        t = ab(step, blocks, steps, run_dir / "larger")
+        off = statistics.median(t["off_cpu"])
+        cost, wall = paired(t, "cpu") / off, paired(t, "wall") / statistics.median(t["off_wall"])
+        print(
+            f"  {name}: {off * 1e3:.1f} ms/step; observation {cost:+.2%} by CPU time ({wall:+.2%} by the clock), "
+            f"{verdict(1 + cost, 1.01, higher_is_better=False)} [blocks of {steps} steps]",
+            flush=True,
+        )
+    for name, (model, loss_of) in models().items():
         from trainscale.observe.flops import plain_step_flops
 
         began = time.perf_counter()
         counted = plain_step_flops(model, loss_of)
         flops_s = time.perf_counter() - began
-        on, off = statistics.median(times["on"]), statistics.median(times["off"])
-        best = min(times["on"]) / min(times["off"])
+        calls = model_calls(model, loss_of)
         print(
-            f"{name}: {on * 1e3:.3f} ms/step observed vs {off * 1e3:.3f} ms/step not "
-            f"(median of {blocks} blocks of {steps} steps each, interleaved): ratio {on / off:.4f} "
-            f"(fastest blocks: {best:.4f}); once per run: counting a step's FLOPs ({counted / 1e9:.2f} GFLOP) took "
+            f"  {name}: the hooks' own work for its {calls} module calls: {hooks_cost(calls) * 1e6:.0f} us per "
+            f"step (CPU time, best of 5); once per run, counting a step's FLOPs ({counted / 1e9:.2f} GFLOP) took "
             f"{flops_s * 1e3:.0f} ms, left out of every step record",
             flush=True,
         )
-        direct = hooks_cost(model_calls(model, loss_of))
-        print(
-            f"  the hooks' own work: {direct * 1e6:.0f} us per step = {direct / off:.2%} of this step: "
-            f"{verdict(1 + direct / off, 1.01, higher_is_better=False)}",
-            flush=True,
-        )
     beat_s = heartbeat_cost(run_dir)
-    print(f"heartbeat: {beat_s * 1e6:.0f} us of work per beat every 0.5 s = {beat_s / 0.5:.3%} of one core")
+    print(f"  heartbeat: {beat_s * 1e6:.0f} us of work per beat every 0.5 s = {beat_s / 0.5:.3%} of one core")
+    sample_s = sampler_cost(run_dir)
+    print(f"  device sampler: {sample_s * 1e3:.1f} ms of CPU per sample every 5 s = {sample_s / 5:.3%} of one core")
+
+
+def sampler_cost(run_dir: Path, samples: int = 20) -> float:
+    """CPU seconds one device sample takes (local rank 0's thread, every ``TRAINSCALE_SAMPLE_INTERVAL`` s)."""
+    from trainscale.observe.sampler import Sampler
+
+    sampler = Sampler(run_dir / "sampler", interval_s=3600, local_ranks=1)
+    sampler.sample()  # the first reads what later ones keep
+    began = time.process_time()
+    for _ in range(samples):
+        sampler.sample()
+    return (time.process_time() - began) / samples
 
 
 def model_calls(model, loss_of) -> int:
@@ -151,12 +259,12 @@ def hooks_cost(module_calls: int, steps: int = 3000) -> float:
     x = torch.randn(2, 4)
 
     def run() -> float:
-        began = time.perf_counter()
+        began = time.process_time()
         for _ in range(steps):
             opt.zero_grad()
             model(x).sum().backward()
             opt.step()
-        return (time.perf_counter() - began) / steps
+        return (time.process_time() - began) / steps
 
     run()
     off, on = [], []
@@ -193,81 +301,93 @@ def heartbeat_cost(run_dir: Path, beats: int = 400) -> float:
     return statistics.median(costs)
 
 
-SCRIPT = textwrap.dedent("""
-    import json, os, sys, time
-    import torch, torch.distributed as dist
-    import torch.nn.functional as F
+TUTORIAL = textwrap.dedent("""
+    # PyTorch's DDP tutorial (ddp_tutorial.rst, "Basic Use Case"), launched by torchrun: ToyModel, SGD, batch 20
+    import os
+    import torch, torch.distributed as dist, torch.nn as nn
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
-    from trainscale.data.images import load_images
-    from trainscale.workloads.cnn import CNN
+
+    class ToyModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net1, self.relu, self.net2 = nn.Linear(10, 10), nn.ReLU(), nn.Linear(10, 5)
+
+        def forward(self, x):
+            return self.net2(self.relu(self.net1(x)))
 
     dist.init_process_group("gloo")
-    torch.manual_seed(0)
-    s = load_images("digits", "train")
-    data = TensorDataset(s.images, s.labels)
-    loader = DataLoader(data, batch_size=16, sampler=DistributedSampler(data, seed=0))
-    model = DDP(CNN())
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    times = []
-    for epoch in range(int(sys.argv[2])):
-        loader.sampler.set_epoch(epoch)
-        began = time.perf_counter()
-        for x, y in loader:
-            opt.zero_grad()
-            F.nll_loss(model(x), y).backward()
-            opt.step()
-        times.append((time.perf_counter() - began) / len(loader))
-    if dist.get_rank() == 0:
-        json.dump({"step_s": min(times[1:] or times)}, open(sys.argv[1], "w"))
+    model = DDP(ToyModel())
+    loss_fn, optimizer = nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.001)
+    for _ in range(int(os.environ["STEPS"])):
+        optimizer.zero_grad()
+        loss_fn(model(torch.randn(20, 10)), torch.randn(20, 5)).backward()
+        optimizer.step()
     dist.destroy_process_group()
 """)
 
+TIMED = textwrap.dedent("""
+    # runs the script; rank 0 writes the median interval between its optimizer steps (a global step hook, the
+    # same under every launcher) to $STEP_TIMES
+    import json, os, runpy, statistics, sys, time
+    from torch.optim.optimizer import register_optimizer_step_post_hook
 
-def end_to_end(repeats: int, epochs: int) -> None:
+    script = sys.argv[1]
+    ends = []
+    register_optimizer_step_post_hook(lambda *_: ends.append(time.perf_counter()))
+    sys.argv, sys.path[0] = sys.argv[1:], os.path.dirname(os.path.abspath(script))
+    runpy.run_path(script, run_name="__main__")
+    if os.environ.get("RANK") == "0":
+        gaps = [b - a for a, b in zip(ends[len(ends) // 4 :], ends[len(ends) // 4 + 1 :])]  # past the warm-up
+        json.dump({"step_s": statistics.median(gaps), "steps": len(ends)}, open(os.environ["STEP_TIMES"], "w"))
+""")
+
+LAUNCHERS = {
+    "trainscale": ([PYTHON, "-m", "trainscale", "run", "--nproc-per-node", "2"], {}),
+    "trainscale, observation off": (
+        [PYTHON, "-m", "trainscale", "run", "--nproc-per-node", "2"],
+        {"TRAINSCALE_RECORD": "0", "TRAINSCALE_HANG_NOTICE": "0"},
+    ),
+    "torchrun": ([PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"], {}),
+}
+
+
+def end_to_end(rounds: int, steps: int) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="ts-overhead-e2e-"))
-    script = tmp / "seed_ddp.py"
-    script.write_text(SCRIPT)
-    times: dict[str, list[float]] = {"on": [], "off": []}
-    for k in range(repeats):
-        for mode in ("on", "off") if k % 2 == 0 else ("off", "on"):
-            switches = {} if mode == "on" else {"TRAINSCALE_RECORD": "0", "TRAINSCALE_HANG_NOTICE": "0"}
-            out = tmp / f"{mode}-{k}.json"
-            run(
-                [
-                    PYTHON,
-                    "-m",
-                    "trainscale",
-                    "run",
-                    "--nproc-per-node",
-                    "2",
-                    "--log-dir",
-                    str(tmp / "runs"),
-                    str(script),
-                    str(out),
-                    str(epochs),
-                ],
-                env=clean_env(**switches),
-                cwd=tmp,
-            )
-            times[mode].append(read_json(out)["step_s"])
-    on, off = median(times["on"]), median(times["off"])
-    print(
-        f"end to end, 2 ranks, seed CNN batch 16 (best epoch of {epochs}, median of {repeats}): "
-        f"{on * 1e3:.2f} ms/step observed vs {off * 1e3:.2f} not: ratio {on / off:.3f} ({load()})"
-    )
+    (tmp / "tutorial_ddp.py").write_text(TUTORIAL)
+    (tmp / "timed.py").write_text(TIMED)
+    scripts = {
+        "plain DDP (tests/conformance/scripts/ddp_plain.py)": ROOT / "tests/conformance/scripts/ddp_plain.py",
+        "DDP tutorial (ToyModel)": tmp / "tutorial_ddp.py",
+    }
+    print(f"end to end, 2 ranks, {rounds} interleaved rounds, {steps} steps per run:", flush=True)
+    for name, script in scripts.items():
+        times: dict[str, list[float]] = {launcher: [] for launcher in LAUNCHERS}
+        for k in range(rounds):
+            order = list(LAUNCHERS) if k % 2 == 0 else list(reversed(LAUNCHERS))
+            for launcher in order:
+                argv, switches = LAUNCHERS[launcher]
+                out = tmp / f"{script.stem}-{k}-{launcher}.json"
+                env = clean_env(STEPS=str(steps), OUT=str(tmp / "out"), STEP_TIMES=str(out), **switches)
+                run([*argv, "--log-dir", str(tmp / "runs"), str(tmp / "timed.py"), str(script)], env=env, cwd=tmp)
+                times[launcher].append(read_json(out)["step_s"])
+        base = median(times["torchrun"])
+        each = [f"{launcher} {median(v) * 1e3:.2f} ms/step ({median(v) / base:.2f}x)" for launcher, v in times.items()]
+        print(f"  {name}: {'; '.join(each)} ({load()})", flush=True)
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--blocks", type=int, default=20)
-    p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--e2e", type=int, default=4, help="end-to-end repeats (0: skip)")
-    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--blocks", type=int, default=8, help="in-process blocks each way (0: skip)")
+    p.add_argument("--tiny-steps", type=int, default=300, help="steps per block of the tiny loops")
+    p.add_argument("--steps", type=int, default=12, help="steps per block of the larger loops")
+    p.add_argument("--tiny-only", action="store_true", help="in process, the tiny loops only")
+    p.add_argument("--rounds", type=int, default=2, help="end-to-end rounds (0: skip)")
+    p.add_argument("--e2e-steps", type=int, default=300, help="steps per end-to-end run")
     a = p.parse_args()
-    in_process(a.blocks, a.steps)
-    if a.e2e:
-        end_to_end(a.e2e, a.epochs)
+    if a.blocks:
+        in_process(a.blocks, a.tiny_steps, a.steps, a.tiny_only)
+    if a.rounds:
+        end_to_end(a.rounds, a.e2e_steps)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 pytest_plugins = ("helpers.slurm_cluster",)  # the 2-node SLURM test cluster, for tests/slurm and tests/conformance
 
+from helpers.readme import LONGEST_FIRST, module  # noqa: E402  (README's journey: its parts' modules)
 from helpers.slurm_cluster import SESSION_ENV  # noqa: E402  (variables the session's cluster sets)
 
 # Variables a test may legitimately leave changed (set by libraries at import time).
@@ -99,19 +100,21 @@ def in_tmp(tmp_path, monkeypatch):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Files in order of their expected length, longest first: README's journey (ten minutes alone), then files
-    with SLURM or slow tests, then the rest. make test spreads whole files over processes in this order
-    (--dist loadfile --no-loadscope-reorder; by default xdist puts files with the most tests first), so the
-    longest starts at once instead of ending the run alone."""
+    """Files in order of their expected length, longest first: the parts of README's journey (three to five
+    minutes each alone, docs/development.md), then files with SLURM or slow tests, then the rest. make test
+    spreads whole files over processes in this order (--dist loadfile --no-loadscope-reorder; by default xdist
+    puts files with the most tests first), so the longest start at once instead of ending the run alone."""
+    readme = {module(part): rank for rank, part in enumerate(LONGEST_FIRST)}
 
     def weight(item) -> int:
-        if item.path.name == "test_readme.py":
-            return 0
-        return 1 if item.get_closest_marker("slurm") or item.get_closest_marker("slow") else 2
+        if item.path.name in readme:
+            return readme[item.path.name]
+        slow = item.get_closest_marker("slurm") or item.get_closest_marker("slow")
+        return len(readme) + (0 if slow else 1)
 
     first: dict[Path, tuple[int, int]] = {}
     for index, item in enumerate(items):
-        w, i = first.get(item.path, (3, index))
+        w, i = first.get(item.path, (len(readme) + 2, index))
         first[item.path] = (min(w, weight(item)), i)
     items[:] = sorted(items, key=lambda item: first[item.path])
 
@@ -120,7 +123,7 @@ def pytest_xdist_make_scheduler(config, log):
     """make test's --dist loadfile, with tests/slurm and the conformance tests that submit jobs as one unit:
     they run one after another on one process. The test cluster has two nodes, so their jobs queue behind
     each other anyway; run side by side they only wait longer, past the tests' watch limits (seen with three
-    processes). README's journey, which submits a few, is the only other submitter. The conformance tests
+    processes). README's journey's parts, which submit a few, are the only other submitters. The conformance tests
     that launch on this machine are a unit of their own: in the chain they made it the run's last minutes,
     with one process left working."""
     if config.getoption("dist") != "loadfile":

@@ -182,6 +182,7 @@ def test_seed_000_hf_trainer(tmp_path):
 
 
 @pytest.mark.skipif(not HAVE_DS, reason="deepspeed missing")
+@pytest.mark.timeout(600)  # two ranks importing DeepSpeed (~10 CPU-s each): 300 s was short beside busy processes
 def test_seed_002_deepspeed_with_its_own_config(tmp_path):
     out = tmp_path / "out"
     done = trainscale(
@@ -198,6 +199,7 @@ def test_seed_002_deepspeed_with_its_own_config(tmp_path):
         "--master_port",
         str(free_port()),
         *style_args("DeepSpeed", tmp_path, out),
+        timeout=540,
     )
     assert done.returncode == 0, done.stderr
     found = results(out, 2)
@@ -374,7 +376,9 @@ def test_a_plain_script_hang_is_named_within_the_notice_and_is_the_root_cause_at
 
 
 # ----------------------------------------------------------------------------- trainscale slurm, both launch modes
-def submit_watch(tmp_path: Path, launcher: str, ranks_per_node: int, args: list[str]) -> tuple[str, str, float]:
+def submit_watch(
+    tmp_path: Path, launcher: str, ranks_per_node: int, args: list[str], env: dict[str, str] | None = None
+) -> tuple[str, str, float]:
     # The test nodes declare 4 CPUs on a 2-core machine and srun cannot lay out one task wider than
     # the real cores: 2 CPUs per task whatever the ranks per node.
     t0 = time.monotonic()
@@ -404,6 +408,7 @@ def submit_watch(tmp_path: Path, launcher: str, ranks_per_node: int, args: list[
         "--watch-timeout",
         "240",
         *args,
+        env=env,
     )
     seconds = time.monotonic() - t0
     m = re.search(r"submitted job (\d+)", done.stderr)
@@ -431,3 +436,18 @@ def test_style_under_slurm(slurm_cluster, tmp_path, style, launcher):
         text = report_text(tmp_path, job_id)
         assert sorted(rank_rows(text)) == list(range(world)), text
         assert "the run failed" not in text and "no step records" not in text
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("launcher", ["torchrun", "srun"])
+def test_a_plain_scripts_straggler_is_named_in_a_slurm_jobs_report(slurm_cluster, tmp_path, launcher):
+    """The straggler story on 2 nodes x 2 ranks, the script unchanged: rank 3's data loading 15 ms slower per batch
+    is named, on its node, with its DataLoader, in the job's report (the job's environment reaches its ranks)."""
+    out = tmp_path / "out"
+    env = plain_env(tmp_path, out, STEPS="120", SLOW_RANK="3", SLOW_MS="15")
+    job_id, _, _ = submit_watch(tmp_path, launcher, 2, [str(PLAIN)], env=env)
+    text = report_text(tmp_path, job_id)
+    assert sorted(rank_rows(text)) == [0, 1, 2, 3], text
+    assert re.search(r"\[problem\] straggler: rank 3 on n[12] ", text), text
+    assert "fetching its batches from the DataLoader" in text and "would be ~" in text, text
+    assert not re.search(r"straggler: rank [012] ", text), text

@@ -219,6 +219,27 @@ def test_the_hang_timeout_ends_a_hung_plain_script_with_the_culprit_as_root_caus
     print(f"the hang ended the run {elapsed:.0f}s after start (--hang-timeout 10)")
 
 
+def test_a_hang_ended_by_the_hang_timeout_restarts_the_group_under_max_restarts(tmp_path):
+    """A hang is a failure like a crash: with --max-restarts the group restarts (NVIDIA's resiliency extension's
+    in-job restart does the same); here rank 1 hangs on the first attempt only, the second finishes."""
+    script = HUNG_IN_ITS_LOOP.replace("range(1000)", "range(20)").replace(
+        "dist.get_rank() == 1 and step == 3",
+        'dist.get_rank() == 1 and step == 3 and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0"',
+    )
+    (tmp_path / "hang.py").write_text("import os\n" + script)
+    proc = run(
+        ["run", "--nproc-per-node", "2", "--log-dir", "logs", "--hang-timeout", "10", "--max-restarts", "1", "hang.py"],
+        tmp_path,
+        timeout=240,
+    )
+    err = proc.stderr
+    assert proc.returncode == 0, err[-4000:]
+    restarted = [line for line in err.splitlines() if line.startswith("trainscale: attempt 1 of 2 failed")]
+    assert restarted and "restarting all ranks (attempt 2 of 2)" in restarted[0], err[-4000:]
+    assert "(exit code 124: rank(s) 1 hung (stopped participating) — rank 1 on" in restarted[0], restarted[0]
+    assert "no progress for 10s" in err and "rank(s) 1 did not arrive" in err, err[-4000:]
+
+
 @pytest.mark.parametrize("rendezvous", ["c10d", "static"])
 def test_missing_node_ends_with_a_rendezvous_timeout(tmp_path, rendezvous):
     script = tmp_path / "noop.py"

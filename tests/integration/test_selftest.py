@@ -1,5 +1,5 @@
 """`trainscale selftest`'s hang row on four ranks. The whole command on this CPU machine and on the SLURM
-cluster is README's (tests/integration/test_readme.py reads its report, tables and ticket files)."""
+cluster is the tour's (tests/integration/test_readme_tour_selftest.py reads its report, tables and ticket files)."""
 
 from __future__ import annotations
 

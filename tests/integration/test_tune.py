@@ -1,5 +1,5 @@
 """`trainscale plan --tune` refusing before or at its first trial. The search within its budget and `trainscale run`
-training with the file it wrote are README's commands (tests/integration/test_readme.py)."""
+training with the file it wrote are the tour's commands (tests/integration/test_readme_tour_plan.py)."""
 
 from __future__ import annotations
 

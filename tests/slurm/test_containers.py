@@ -364,3 +364,45 @@ def test_a_requeue_from_an_image_without_scontrol_is_done_by_the_batch_step(slur
     assert f"trainscale: requeueing {job} from the batch step" in batch, batch[-3000:]
     assert slurm_cluster.job_fields(job).get("Restarts") == "1"
     assert "Resumed from" in ranks and "Attempt 2 of this job" in ranks, ranks[-3000:]
+
+
+HUNG_IN_ITS_LOOP = """\
+import time
+
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")  # gloo's own timeout: 30 minutes
+for step in range(1000):
+    if dist.get_rank() == 3 and step == 3:
+        while True:
+            time.sleep(1)  # rank 3 hangs in its loop
+    dist.all_reduce(torch.ones(4))
+"""
+
+
+def test_the_stories_hold_in_a_stock_image(slurm_cluster, sandbox, tmp_path):
+    """The diagnoses with the kit's recorder and hang watch on the image's own torch: a straggler (torchrun mode,
+    rank 3's DataLoader 15 ms slower per batch: named with its DataLoader in the report) and a hang (srun mode,
+    --hang-timeout 10: the job ends with rank 3 as root cause and --watch's exit status 124)."""
+    os.environ.update(STEPS="120", SLOW_RANK="3", SLOW_MS="15", OUT=str(tmp_path / "out"))
+    try:
+        done, _ = submit_watch(sandbox, tmp_path, "torchrun", "--container-run", str(SCRIPTS / "ddp_plain.py"))
+    finally:
+        for name in ("STEPS", "SLOW_RANK", "SLOW_MS", "OUT"):
+            os.environ.pop(name)
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    job_id = re.search(r"submitted job (\d+)", done.stderr).group(1)
+    report = trainscale(sandbox, tmp_path, "report", job_id, "--text", timeout=120)
+    assert re.search(r"\[problem\] straggler: rank 3 on n[12] ", report.stdout), report.stdout
+    assert "fetching its batches from the DataLoader" in report.stdout, report.stdout
+
+    (tmp_path / "hang.py").write_text(HUNG_IN_ITS_LOOP)
+    hung, seconds = submit_watch(
+        sandbox, tmp_path, "srun", "--container-run", "--hang-timeout", "10", str(tmp_path / "hang.py")
+    )
+    assert hung.returncode == 124, f"{hung.stdout}\n{hung.stderr}"
+    assert re.search(r"^Root cause: rank\(s\) 3 hung \(stopped participating\) — rank 3 on n2 ", hung.stdout, re.M), (
+        hung.stdout
+    )
+    assert "hang.py:10 in <module>" in hung.stdout and seconds < 200, hung.stdout

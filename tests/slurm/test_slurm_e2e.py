@@ -126,6 +126,42 @@ def test_failing_rank_is_named(slurm_cluster, tmp_path, launcher):
     assert f"job {job_id} ended FAILED: First failing rank: rank 3" in report.stdout, report.stdout
 
 
+HUNG_IN_ITS_LOOP = """\
+import time
+
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")  # gloo's own timeout: 30 minutes
+for step in range(1000):
+    if dist.get_rank() == 3 and step == 3:
+        while True:
+            time.sleep(1)  # rank 3 (node 2) hangs in its loop
+    dist.all_reduce(torch.ones(4))
+"""
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_the_hang_timeout_ends_a_hung_job_with_the_culprit_as_root_cause(slurm_cluster, tmp_path, launcher):
+    """issue 46 item 5 as a SLURM job: a job's node-hours are what a hang burns; gloo would wait 30 minutes."""
+    (tmp_path / "hang.py").write_text(HUNG_IN_ITS_LOOP)
+    done, job_id, seconds = submit_watch(tmp_path, launcher, "--hang-timeout", "10", str(tmp_path / "hang.py"))
+    out = done.stdout + done.stderr
+    assert done.returncode == 124, out  # as `trainscale run`'s
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith(f"Job {job_id} (trainscale-hang) FAILED"), out
+    # the summary's second line names the rank that failed first (one that waited), the third why: rank 3 hung
+    # (torchrun mode: which node rank 3 has is the rendezvous's choice)
+    assert lines[1].startswith("First failing rank: rank "), out
+    cause = r"Root cause: rank\(s\) 3 hung \(stopped participating\) — rank 3 on n[12] \(pid \d+\)"
+    assert re.match(cause, lines[2]), out
+    assert "hang.py:10 in <module>" in lines[2] and "time.sleep(1)  # rank 3 (node 2) hangs" in out, out
+    report = trainscale(tmp_path, "report", job_id, "--text", timeout=120)
+    assert report.returncode == 0, report.stderr
+    assert "rank(s) 3 hung" in report.stdout and "traceback is in its" not in report.stdout, report.stdout
+    assert seconds < 200, f"the hung job took {seconds:.0f}s from submission to its end"
+
+
 def test_jobs_lists_and_cancel_cancels(slurm_cluster, tmp_path):
     from trainscale.launch.slurm import explain, watch
 

@@ -277,3 +277,46 @@ def test_a_rank_started_by_mpirun_records_under_its_own_rank_before_any_process_
     meta = read_run(tmp_path)["ranks"][1][0]
     assert (meta["kind"], meta["rank"], meta["world_size"]) == ("meta", 1, 2)
     assert recorder.sampler is None  # local rank 1: the node is sampled by its local rank 0
+
+
+class _TrainsInTheWorker(torch.utils.data.Dataset):
+    """A loader whose worker trains a small model of its own per item (a learned augmentation, say)."""
+
+    def __init__(self) -> None:
+        self.net = nn.Linear(4, 4)
+        self.opt = torch.optim.SGD(self.net.parameters(), lr=0.1)
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        for _ in range(3):  # steps enough that a live recorder copy would end one and open its record file
+            self.net(torch.randn(2, 4)).sum().backward()
+            self.opt.step()
+        return torch.randn(4)
+
+
+def test_a_forked_loader_worker_records_nothing_of_its_own(tmp_path):
+    """The hooks ask no getpid per call: the recorder's copy in a forked DataLoader worker is switched off at the
+    fork, so the worker's own training writes no record into the rank's file."""
+    import os
+
+    from trainscale.observe.records import read_run
+
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    recorder = hooks.Recorder(tmp_path, environ={}).install()
+    try:
+        loader = torch.utils.data.DataLoader(
+            _TrainsInTheWorker(), batch_size=2, num_workers=1, multiprocessing_context="fork"
+        )
+        for x in loader:
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        recorder.finish()
+    finally:
+        recorder.uninstall()
+    records = read_run(tmp_path)["ranks"][0]
+    assert [r["pid"] for r in records if r["kind"] == "meta"] == [os.getpid()]
+    assert [r["step"] for r in records if r["kind"] == "step"] == [1, 2, 3, 4]

@@ -100,9 +100,9 @@ def test_no_module_launches_trainscales_own_command_line():
     assert not found, f"argv of `python -m trainscale` built in {found}: launch through launch/trial.py"
 
 
-def test_observe_reads_launch_facts_only_through_env():
-    """issue 45: observe/ asks env.detect() (and env.node_name()) where a rank sits, never the launchers' own
-    variables, which only env/ knows in every form (torchrun's, srun's, mpirun's)."""
+def test_observe_and_the_hang_watch_read_launch_facts_only_through_env():
+    """issue 45: observe/ and the hang watch ask env.detect() (and env.node_name()) where a rank sits, never the
+    launchers' own variables, which only env/ knows in every form (torchrun's, srun's, mpirun's)."""
     launchers = ("SLURM", "OMPI_", "PMI", "PALS_", "MPI_", "TORCHELASTIC_")
     own = {
         "RANK",
@@ -116,7 +116,7 @@ def test_observe_reads_launch_facts_only_through_env():
         "TRAINSCALE_RUN_DIR",
         "TRAINSCALE_JOB_DIR",
     }
-    for path in sorted((PACKAGE / "observe").glob("*.py")):
+    for path in sorted([*(PACKAGE / "observe").glob("*.py"), *(PACKAGE / "runtime" / "hangwatch").glob("*.py")]):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 assert node.value not in own and not node.value.startswith(launchers), (path.name, node.value)

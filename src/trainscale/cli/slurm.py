@@ -106,9 +106,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def submit_and_watch(spec, profile, plan, ns) -> int:
-    from trainscale.launch.slurm import explain, watch  # noqa: PLC0415 (CLI start-up)
+    from trainscale.launch.slurm import watch  # noqa: PLC0415 (CLI start-up)
     from trainscale.launch.slurm.job import submit_job  # noqa: PLC0415 (CLI start-up)
-    from trainscale.launch.slurm.watch import describe_progress  # noqa: PLC0415 (CLI start-up)
+    from trainscale.launch.slurm.watch import describe_progress, outcome  # noqa: PLC0415 (CLI start-up)
 
     record = submit_job(spec, profile, plan)
     chain = f"chain of {spec.chain} jobs from " if spec.chain > 1 else ""
@@ -141,12 +141,13 @@ def submit_and_watch(spec, profile, plan, ns) -> int:
         on_poll=on_poll,
     )
     progress.end()
-    print(explain(final, record), flush=True)
+    text, status = outcome(final, record)
+    print(text, flush=True)
     _say(
         f"next: trainscale report {record.job_id}   (its page: per-rank step times, where the time went; "
         f"trainscale jobs {record.job_id} for its output)"
     )
-    return 0 if final.state == "COMPLETED" else 1
+    return status
 
 
 class Progress:

@@ -52,8 +52,10 @@ class RankFailure:
         return lines[-1] if lines else ""
 
     def describe(self) -> str:
-        """``rank 1 on node1 (exit code 1: ValueError: boom)``: one line."""
-        why = f"{self.how}: {self.reason}" if self.reason else self.how
+        """``rank 1 on node1 (exit code 1: ValueError: boom)``: one line; for a rank that timed out waiting, the
+        rank it names (``exit code 124: rank(s) 1 hung (stopped participating) — rank 1 on node1 ...``)."""
+        reason = culprit(self.traceback) or self.reason
+        why = f"{self.how}: {reason}" if reason else self.how
         return f"rank {self.rank} on {self.host} ({why if len(why) <= 160 else why[:159] + '…'})"
 
 
@@ -110,6 +112,43 @@ _HOW = {
     "issued a different collective": "called a different collective than the others (a desync)",
     "stopped responding": "stopped responding",
 }
+
+
+def hung_ranks(traceback: str) -> list[int]:
+    """The ranks a rank's collective timeout names as the ones it waited for (none when it is no such timeout)."""
+    match = _HUNG.search(traceback)
+    return [int(r) for r in match.group(1).replace(" ", "").split(",") if r] if match else []
+
+
+def culprit(traceback: str) -> str:
+    """``rank(s) 1 hung (stopped participating) — rank 1 on node3 (pid 4242): step 7, at train.py:40 in main``: the
+    ranks a collective timeout names and where the first of them is, as the verdict says it; "" for another error."""
+    match = _HUNG.search(traceback)
+    if not match:
+        return ""
+    hung = hung_ranks(traceback)
+    where = re.search(rf"^\s+(rank {hung[0]} on \S+ \(pid \d+\): .*)$", traceback, re.MULTILINE)
+    return f"rank(s) {', '.join(map(str, hung))} {_HOW[match.group(2)]}" + (f" — {where.group(1)}" if where else "")
+
+
+def root_cause(rank: int | None, traceback: str, log_tail: str = "") -> str:
+    """The failure's root cause when the first failing rank's own report names another (a hung rank, a desync,
+    gloo's size mismatch), as one "Root cause: ..." line; "" when its traceback is its own story. The launcher's
+    summary and a SLURM job's explanation both say it."""
+    match = _HUNG.search(traceback)
+    if match:
+        return (
+            f"Root cause: {culprit(traceback)}; rank {rank} "
+            + ("named it" if "desync" in _HOW[match.group(2)] else "timed out waiting and names it")
+            + " below, with its Python stack where it could get it"
+        )
+    if _MISMATCH in log_tail:
+        return (
+            f"Root cause: the ranks called different collectives (gloo received a message of another size "
+            f"than rank {rank}'s collective expected, and aborted it): a rank skipped a collective, "
+            "made an extra one, or passed another shape"
+        )
+    return ""
 
 
 def next_line(result) -> str:
@@ -247,23 +286,10 @@ def render(
         f"trainscale: training FAILED — first failing rank: {first.rank} on {first.host} "
         f"(local rank {first.local_rank}, pid {first.pid}), {first.how}",
     ]
-    match = _HUNG.search(first.traceback)  # a collective timeout that names the ranks it waited for
-    hung = [int(r) for r in match.group(1).replace(" ", "").split(",") if r] if match else []
-    if hung:  # with where the first of them is (host, pid, step, file:line), as the verdict says it
-        where = re.search(rf"^\s+(rank {hung[0]} on \S+ \(pid \d+\): .*)$", first.traceback, re.MULTILINE)
-        lines.append(
-            f"Root cause: rank(s) {', '.join(map(str, hung))} {_HOW[match.group(2)]}"
-            + (f" — {where.group(1)}" if where else "")
-            + f"; rank {first.rank} "
-            + ("named it" if "desync" in _HOW[match.group(2)] else "timed out waiting and names it")
-            + " below, with its Python stack where it could get it"
-        )
-    elif _MISMATCH in first.log_tail:
-        lines.append(
-            f"Root cause: the ranks called different collectives (gloo received a message of another size "
-            f"than rank {first.rank}'s collective expected, and aborted it): a rank skipped a collective, "
-            "made an extra one, or passed another shape"
-        )
+    hung = hung_ranks(first.traceback)
+    cause = root_cause(first.rank, first.traceback, first.log_tail)
+    if cause:
+        lines.append(cause)
     if first.traceback:
         lines += ["", f"Traceback of rank {first.rank}:", first.traceback.rstrip()]
     elif first.log_tail:

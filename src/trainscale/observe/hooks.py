@@ -24,11 +24,14 @@ costs: ``benchmarks/record_overhead.py``; the fields: docs/observability.md.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import functools
 import os
 import statistics
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -52,6 +55,10 @@ from trainscale.observe.worker import recording_on
 
 _current: Recorder | None = None
 _lock = threading.Lock()
+FLUSH_EVERY_S = 0.5
+"""How often the flushing thread turns the finished steps into records (lines, the straggler watch's window)."""
+PEAK_EVERY_S = 0.1
+"""How often, at a step's end, the rank's peak memory is read (on a CPU a system call: not every tiny step)."""
 
 
 def current() -> Recorder | None:
@@ -76,8 +83,9 @@ class Recorder:
 
     def __init__(self, run_dir: str | Path, *, environ: Any = os.environ) -> None:
         self.run_dir, self.environ = str(run_dir), environ
-        self.pid = os.getpid()  # a forked DataLoader worker inherits the hooks: it records nothing
         self.active = False
+        # a forked DataLoader worker inherits the hooks: it records nothing (no getpid per hook call)
+        os.register_at_fork(after_in_child=functools.partial(_forked, weakref.ref(self)))
         self.step = 0
         self.marks: StepMarks | None = None
         self.out: Any = None  # observe/records.RankRecorder, from the first step
@@ -89,8 +97,10 @@ class Recorder:
         self.flops_per_step: int | None = None
         self.step_times: list[float] = []
         self.steps_peak = 0
-        """The rank's peak memory at the end of its last completed step: the training steps' (what ``plan``
-        predicts), before an evaluation or the end of the run raises the whole run's."""
+        """The rank's peak memory at the end of its last completed step (read at most every ``PEAK_EVERY_S``):
+        the training steps' (what ``plan`` predicts), before an evaluation or the end of the run raises the
+        whole run's."""
+        self._peak_at = float("-inf")
         self.summary: dict[str, Any] | None = None
         self._depth = 0
         self._lead: Any = None  # weakref to the first top-level module with parameters: its batches count
@@ -104,7 +114,14 @@ class Recorder:
         self._grouped = False
         self._autocast: torch.dtype | None = None
         self._handles: list[Any] = []
-        self._lock = threading.Lock()
+        self._params: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        """Whether a top-level module has parameters, asked once (``parameters()`` costs microseconds)."""
+        self._ready: collections.deque[dict[str, Any]] = collections.deque()
+        """Finished steps with their times, waiting for the flushing thread (a GPU's, read on the training thread)."""
+        self._lock = threading.Lock()  # one writer of the records at a time: the flushing thread, the end, a stall
+        self._stop = threading.Event()
+        self._flusher: threading.Thread | None = None
+        self._note_step: Callable[[int], None] = lambda step: None
         self._compiling: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
         """Inside torch.compile's tracing the hooks do nothing (a side effect there is a graph break)."""
         from trainscale.observe.state import PLAN_STEPS_VAR, StateCount  # noqa: PLC0415 (job kit)
@@ -125,6 +142,9 @@ class Recorder:
             optim.register_optimizer_step_post_hook(self._optimizer_post),
             _time_loader(self),
         ]
+        from trainscale.runtime.hangwatch import heartbeat  # noqa: PLC0415 (job kit)
+
+        self._note_step = heartbeat.note_step  # each step tells the rank's heartbeat
         self.active = True
         return self
 
@@ -134,23 +154,30 @@ class Recorder:
         self._handles, self.active = [], False
 
     def _ours(self) -> bool:
-        return self.active and os.getpid() == self.pid and not self._compiling()
+        return self.active and not self._compiling()
 
     # -- the hooks ----------------------------------------------------------------------------------
     def _forward_pre(self, module: torch.nn.Module, args: tuple) -> None:
-        param = None
-        if not self._depth:
-            param = next(module.parameters(), None)
-            if param is None:  # a transform (Normalize, RandomCrop), a loss: no model, no step of its own
-                return
-        depth, self._depth = self._depth, self._depth + 1
-        if depth or not torch.is_grad_enabled() or not self._ours():
+        if self._depth:  # a module inside a top-level one: every call of a model's layers comes here
+            self._depth += 1
             return
-        on_gpu = param.device.type == "cuda"
-        if self.marks is None or (on_gpu and self.marks.device.type != "cuda"):
+        has_params = self._params.get(module)
+        if has_params is None:
+            has_params = self._params[module] = next(module.parameters(), None) is not None
+        if not has_params:  # a transform (Normalize, RandomCrop), a loss: no model, no step of its own
+            return
+        self._depth = 1
+        if not torch.is_grad_enabled() or not self._ours():
+            return
+        # the device's model is looked for only while the steps are timed on the host and CUDA is in use
+        gpu = None
+        if (self.marks is None or not self.marks.events) and torch.cuda.is_initialized():
+            gpu = next(module.parameters()).device
+            gpu = gpu if gpu.type == "cuda" else None
+        if self.marks is None or gpu is not None:
             # the first model with parameters, or the first on a GPU after one on the host: its device times
             # the steps, and it becomes the lead (its batches are the samples, its FLOPs the step's)
-            self.marks = StepMarks(param.device if on_gpu else device_of(module, args))
+            self.marks = StepMarks(gpu or device_of(module, args))
             self._lead = self._first_batch = None
             self._samples = self._tokens = 0
             self._grouped = _place(self.environ)[1] > 1  # alone, no collective to wait for: no communication
@@ -183,8 +210,11 @@ class Recorder:
                 self._first_batch = (args, kwargs)
         if not self._backward_armed:
             for tensor in tensors(output):
-                if tensor.requires_grad:
-                    tensor.register_hook(self._backward_started)
+                if tensor.requires_grad:  # its node's pre-hook: half the cost of a tensor hook, every step
+                    node = tensor.grad_fn
+                    node.register_prehook(self._backward_started) if node else tensor.register_hook(
+                        self._backward_started
+                    )
                     self._backward_armed = True
 
     def _backward_started(self, grad: Any) -> None:
@@ -237,7 +267,7 @@ class Recorder:
         if not self._stepped:
             self._stepped = True
             self.step += 1
-            _tell_heartbeat(self.step)
+            self._note_step(self.step)
         if self.state is not None:
             self.state.after_step(optimizer)
             if self.step > self.plan_steps:  # the calibration has its steps: the state, then the end
@@ -247,6 +277,7 @@ class Recorder:
         from trainscale.runtime.memory import peak_memory  # noqa: PLC0415 (job kit)
 
         self.steps_peak = peak_memory(self.marks.device)[0]  # a running maximum: the latest is the largest
+        self._peak_at = time.perf_counter()
 
     def _calibrated(self) -> None:
         self._note_peak()
@@ -255,36 +286,56 @@ class Recorder:
 
     # -- steps ------------------------------------------------------------------------------------
     def _end_step(self) -> None:
-        self._note_peak()
+        """The training thread's part of a step's record: its marks and fields queued (the flushing thread
+        makes the record: no JSON, no file, no lock here)."""
+        if time.perf_counter() - self._peak_at >= PEAK_EVERY_S:
+            self._note_peak()
         self._stepped = self._forwarded = self._backward_armed = False
         self.marks.end_step(self._fields(), carry=True)
         self._samples = self._tokens = 0
         self._micro_last, self._micro = self._micro, 0
         if self._loader:
             self._loader = [self._loader[1], 0.0]
-        self._write(self.marks.ready())
+        if self.out is None:
+            self._open()
+        if self.marks.events:  # a GPU's events are read on the training thread only (never during a capture)
+            self._ready.extend(self.marks.ready())
 
     def _fields(self) -> dict[str, Any]:
         return {
             "step": self.step,
+            "t": time.time(),
             "samples": self._samples or None,
             "tokens": self._tokens or None,
             "micro_batches": self._micro or None,
             "loader_s": self._loader[0] if self._loader else None,
         }
 
-    def _write(self, records: list[dict[str, Any]]) -> None:
-        if not records:
-            return
-        if self.out is None:
-            self._open()
-        for record in records:
-            step, step_s = record.pop("step"), record.pop("step_s")
-            self.step_times.append(step_s)
-            self.out.step(step, step_s, **record)
+    def _drain(self, *, read_events: bool = False) -> None:
+        """The finished steps into the record file and the straggler watch's window. ``read_events``: on the
+        training thread (at an epoch, the end), a GPU's steps too, waited for."""
+        with self._lock:
+            if self.marks is not None and (read_events or not self.marks.events):
+                self._ready.extend(self.marks.ready(flush=read_events))
+            if self._ready and self.out is None:
+                self._open()
+            while self._ready:
+                record = self._ready.popleft()
+                step, step_s = record.pop("step"), record.pop("step_s")
+                self.step_times.append(step_s)
+                self.out.step(step, step_s, **record)
+
+    def _flushing(self) -> None:
+        while not self._stop.wait(FLUSH_EVERY_S):
+            try:
+                self._drain()
+            except Exception as exc:  # a record that cannot be written: the steps go on unrecorded
+                print(f"trainscale: step records stopped: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+                return
 
     def _open(self) -> None:
-        """This rank's record file, its device sampler (local rank 0) and straggler watch (rank 0)."""
+        """This rank's record file, its flushing thread, its device sampler (local rank 0) and straggler watch
+        (rank 0)."""
         from trainscale.observe.records import RankRecorder  # noqa: PLC0415 (job kit)
         from trainscale.observe.sampler import start_sampler  # noqa: PLC0415 (job kit)
 
@@ -307,6 +358,8 @@ class Recorder:
             threads=torch.get_num_threads(),
             **meta,
         )
+        self._flusher = threading.Thread(target=self._flushing, name="trainscale-records", daemon=True)
+        self._flusher.start()
         try:
             from trainscale.observe.devices import publish  # noqa: PLC0415 (optional dependency)
 
@@ -356,8 +409,7 @@ class Recorder:
     # -- what the training loop adds ------------------------------------------------------------------
     def epoch(self, epoch: int, **fields: Any) -> None:
         """An epoch record (the built-in loop's): the steps it finished go first."""
-        if self.marks is not None:
-            self._write(self.marks.ready(flush=True))
+        self._drain(read_events=True)
         if self.out is not None:
             self.out.epoch(epoch, **fields)
 
@@ -369,7 +421,9 @@ class Recorder:
         self._samples = self._tokens = self._micro = 0
 
     def flush(self) -> None:
+        """The steps so far to disk (the heartbeat's, from its thread, when progress stalls)."""
         if self.out is not None:
+            self._drain()
             self.out.out.flush()
 
     def hang_noticed(self, verdict: Any) -> None:
@@ -386,11 +440,14 @@ class Recorder:
         if not self.active:
             return self.summary
         self.uninstall()
+        self._stop.set()
+        if self._flusher is not None:
+            self._flusher.join()
         if self.marks is None:
             return None
         if self._stepped:
             self.marks.end_step(self._fields())
-        self._write(self.marks.ready(flush=True))
+        self._drain(read_events=True)
         if self.out is None:
             return None
         if self.state is not None and self.state.params:  # a calibration that ended sooner than its steps too
@@ -447,9 +504,6 @@ def _float(environ: Any, name: str, default: float) -> float:
 def _time_loader(recorder: Recorder) -> Callable[[], None]:
     """Every DataLoader iterator's ``__next__`` timed for ``recorder`` (a forked worker's is not: not its pid);
     returns what undoes it. torch exposes no hook there, so the one method is wrapped."""
-    import functools  # noqa: PLC0415 (job kit)
-    import time  # noqa: PLC0415 (job kit)
-
     from torch.utils.data import dataloader  # noqa: PLC0415 (job kit)
 
     original = dataloader._BaseDataLoaderIter.__next__
@@ -475,7 +529,7 @@ def _place(environ: Any) -> tuple[int, int, int, int, str | None]:
     return rank, world, env.local_rank, env.local_world_size, backend
 
 
-def _tell_heartbeat(step: int) -> None:
-    from trainscale.runtime.hangwatch import heartbeat as progress  # noqa: PLC0415 (job kit)
-
-    progress.note_step(step)
+def _forked(recorder: weakref.ref) -> None:
+    """In a forked child (a DataLoader's worker): its copy of the recorder records nothing."""
+    if (copy := recorder()) is not None:
+        copy.active = False

@@ -25,14 +25,17 @@ def tensors(value: Any, depth: int = 0) -> list[torch.Tensor]:
 def batch_size(args: tuple, kwargs: dict) -> tuple[int | None, int | None]:
     """(samples, tokens) of a forward's input: its first tensor's first dimension; a 2-D integer input
     (token ids, B x T) also counts tokens. HF models take ``input_ids=`` by keyword."""
-    first = kwargs.get("input_ids") if isinstance(kwargs.get("input_ids"), torch.Tensor) else None
+    first = kwargs.get("input_ids") if kwargs else None
+    if not isinstance(first, torch.Tensor):  # mostly ``model(x)``: its first argument, at once (every step)
+        first = args[0] if args and isinstance(args[0], torch.Tensor) else None
     if first is None:
         found = tensors(args) or tensors(kwargs)
         first = found[0] if found else None
-    if first is None or first.dim() == 0:
+    shape = first.shape if first is not None else ()
+    if not shape:
         return None, None
-    tokens = first.numel() if first.dim() == 2 and not first.is_floating_point() else None
-    return int(first.shape[0]), tokens
+    tokens = shape[0] * shape[1] if len(shape) == 2 and not first.is_floating_point() else None
+    return shape[0], tokens
 
 
 def unwrap(module: torch.nn.Module) -> torch.nn.Module:

@@ -34,6 +34,10 @@ def metrics_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / METRICS
 
 
+_ENCODE = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+"""Made once: ``json.dumps`` with arguments builds an encoder per call."""
+
+
 def _clean(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -58,7 +62,7 @@ class JsonLines:
 
     def write(self, record: dict[str, Any]) -> None:
         try:  # a record without NaN or infinity (nearly all) is written as it is: no walk over its values first
-            line = json.dumps(record, separators=(",", ":"), allow_nan=False)
+            line = _ENCODE(record)
         except ValueError:
             line = json.dumps(_clean(record), separators=(",", ":"))
         with self._lock:
@@ -81,7 +85,8 @@ class JsonLines:
 
 
 class RankRecorder:
-    """One rank's metrics stream. Cheap: a dict append per step; a file write every ``flush_every`` steps.
+    """One rank's metrics stream: a line per step, a file write every ``flush_every`` lines. The recorder
+    (observe/hooks.py) writes its steps from its flushing thread, off the training loop.
 
     ``store``: where the summary for the straggler watch goes; "auto" (default) is the process group's
     when this process is one of two or more ranks, None keeps it to the files."""
@@ -114,11 +119,12 @@ class RankRecorder:
         self.window = RankWindow(window, first)
         self.publisher = Publisher(default_store() if store == "auto" else store, rank, self.window)
 
-    def step(self, step: int, step_s: float, **fields: float | int | None) -> None:
+    def step(self, step: int, step_s: float, t: float | None = None, **fields: float | int | None) -> None:
+        """``t``: when the step ended (now if not given)."""
         record = {
             "kind": "step",
             "step": step,
-            "t": time.time(),
+            "t": time.time() if t is None else t,
             "step_s": step_s,
             **{k: v for k, v in fields.items() if v is not None},
         }

@@ -41,11 +41,12 @@ class StepMarks:
     def __init__(self, device: Any = None, *, lag: int = 2) -> None:
         self.events = getattr(device, "type", "cpu") == "cuda"
         self.device, self.lag = device, lag
+        self._now = self._event if self.events else time.perf_counter
         self._marks: list[tuple[str, Any]] = []
         self._pending: list[tuple[dict, list[tuple[str, Any]]]] = []
 
     def start_step(self) -> None:
-        if not self._capturing():
+        if not (self.events and self._capturing()):
             self._marks = [("start", self._now())]
 
     @property
@@ -55,7 +56,7 @@ class StepMarks:
     def mark(self, phase: str) -> None:
         if phase not in RECORD_FIELD:
             raise ValueError(f"unknown phase {phase!r}: one of {', '.join(RECORD_FIELD)}")
-        if self._capturing():  # the phase runs on into the next mark after the capture
+        if self.events and self._capturing():  # the phase runs on into the next mark after the capture
             return
         if not self._marks:
             self.start_step()
@@ -102,9 +103,7 @@ class StepMarks:
 
         return torch.cuda.is_current_stream_capturing()
 
-    def _now(self) -> Any:
-        if not self.events:
-            return time.perf_counter()
+    def _event(self) -> Any:
         import torch  # noqa: PLC0415 (job kit)
 
         event = torch.cuda.Event(enable_timing=True)

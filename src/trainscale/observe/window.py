@@ -56,11 +56,12 @@ def _median(values: list[float]) -> float | None:
 
 
 class RankWindow:
-    """One rank's last ``2 * window`` step records, summarised on demand."""
+    """One rank's last ``2 * window`` step records, summarised on demand (at most every half second: a record
+    added costs an append)."""
 
     def __init__(self, window: int, meta: dict[str, Any] | None = None) -> None:
         self.window = window
-        self.steps: deque[tuple[float, float, dict[str, float]]] = deque(maxlen=2 * window)
+        self.steps: deque[dict[str, Any]] = deque(maxlen=2 * window)
         self.loader = False
         self.meta = {
             "node": (meta or {}).get("node") or (meta or {}).get("host", "?"),
@@ -68,16 +69,16 @@ class RankWindow:
         }
 
     def add(self, record: dict[str, Any]) -> None:
-        own = own_time(record)
-        if record.get("kind", "step") == "step" and own is not None:
-            self.steps.append((own, float(record["step_s"]), phases(record)))
+        if record.get("kind", "step") == "step" and record.get("step_s") is not None:
+            self.steps.append(record)
             self.loader = self.loader or "loader_s" in record
 
     def summary(self) -> dict[str, Any]:
-        last, before = list(self.steps)[-self.window :], list(self.steps)[: -self.window]
+        steps = [(own_time(r), float(r["step_s"]), phases(r)) for r in self.steps]
+        last, before = steps[-self.window :], steps[: -self.window]
         return {
             "w": self.window,
-            "n": len(self.steps),
+            "n": len(steps),
             "now": _median([s[0] for s in last]),
             "before": _median([s[0] for s in before]),
             "step": _median([s[1] for s in last]),

@@ -134,8 +134,8 @@ def _job_failure(job_id: str | None, acct: dict | None) -> list[str] | None:
         found = step_failure(output) or find_failure(record.job_dir, record.launcher, output)
     except Exception:  # no record of it here, or its files are gone
         found = None
-    if found is not None:
-        return [f"{ended}: {found.describe().splitlines()[0]}"]
+    if found is not None:  # and the root cause where the first failing rank's report names another (a hang)
+        return [f"{ended}: {found.describe().splitlines()[0]}", *filter(None, [getattr(found, "cause", "")])]
     return [f"{ended}; its files do not say which rank failed"] if state else None
 
 

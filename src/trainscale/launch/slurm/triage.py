@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainscale.launch.summary import read_end, tail, traceback_of
+from trainscale.launch.summary import read_end, root_cause, tail, traceback_of
 from trainscale.topology.cpulist import format_cpulist
 
 # Frames of the machinery between the launcher and the user's code: hidden from the summary.
@@ -109,6 +109,19 @@ class Failure:
     refusal: bool = False
     """trainscale refused to go on (``how``: its one line, the fix in it): no traceback to look for."""
 
+    @property
+    def cause(self) -> str:
+        """The root cause the first failing rank's report names (a hung rank, a desync), as `trainscale run`
+        says it: a node's launcher summary carries the line already (torchrun mode); an error file, the
+        collective timeout it comes from (srun mode)."""
+        said = [line for line in self.traceback.splitlines() if line.startswith("Root cause:")]
+        return said[0] if said else root_cause(self.rank, self.traceback, self.log_tail)
+
+    @property
+    def hung(self) -> bool:
+        """A hang ended the job (the hang timeout, or a collective's): its exit status is 124, as `run`'s."""
+        return " hung (stopped participating)" in self.cause
+
     def describe(self) -> str:
         who = f"rank {self.rank}" if self.rank is not None else "a rank"
         if self.refusal:
@@ -118,8 +131,12 @@ class Failure:
             + (f" on {self.host}" if self.host else "")
             + (f", {self.how}" if self.how else "")
         ]
-        if self.traceback:
-            lines += [f"Traceback of {who}:", trim_traceback(self.traceback).rstrip()]
+        cause = self.cause
+        if cause:
+            lines.append(cause)
+        traceback = "\n".join(line for line in self.traceback.splitlines() if line != cause)
+        if traceback.strip():
+            lines += [f"Traceback of {who}:", trim_traceback(traceback).strip("\n").rstrip()]
         elif self.log_tail:
             lines += [f"No Python traceback; last lines of {who}'s log:", self.log_tail.rstrip()]
         if self.others:

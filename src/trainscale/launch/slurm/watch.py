@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainscale.errors import SlurmError
+from trainscale.errors import HUNG_EXIT, SlurmError
 from trainscale.launch.slurm import queue
 from trainscale.launch.slurm.jobdir import JobRecord, rank_log_text
 from trainscale.launch.slurm.queue import JobInfo, Runner
@@ -50,6 +50,13 @@ MEANING = {
 
 def explain(info: JobInfo, record: JobRecord | None = None) -> str:
     """A paragraph on the job's final state; for failures, the first failing rank from the job's files."""
+    return outcome(info, record)[0]
+
+
+def outcome(info: JobInfo, record: JobRecord | None = None) -> tuple[str, int]:
+    """:func:`explain`'s paragraph and the exit status `trainscale slurm --watch` gives for it, as `trainscale
+    run` would: 0 when the job completed, 124 (errors.HUNG_EXIT) when a hang ended it, else 1."""
+    status = 0 if info.state == "COMPLETED" else 1
     meaning, hint = MEANING.get(info.state, (f"ended in state {info.state}", "see `scontrol show job` or sacct"))
     head = f"Job {info.job_id}" + (f" ({info.name})" if info.name else "") + f" {info.state}: {meaning}"
     details = []
@@ -71,6 +78,7 @@ def explain(info: JobInfo, record: JobRecord | None = None) -> str:
             hint = step.hint
         elif failure is not None:
             lines.append(failure.describe())
+            status = HUNG_EXIT if failure.hung else status
             if failure.refusal:
                 hint = None  # its one line names the fix
             elif not failure.traceback and info.state == "FAILED":
@@ -87,7 +95,7 @@ def explain(info: JobInfo, record: JobRecord | None = None) -> str:
         lines.append(f"Hint: {hint}")
     if record is not None:
         lines.append(f"Files: {record.job_dir} (per-rank logs), {record.batch_output} (batch output)")
-    return "\n".join(lines)
+    return "\n".join(lines), status
 
 
 def watch(

@@ -28,7 +28,6 @@ import datetime
 import faulthandler
 import json
 import os
-import socket
 import sys
 import threading
 import time
@@ -39,6 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trainscale.env import detect, job_facts, node_name
 from trainscale.runtime.hangwatch import ledger
 from trainscale.runtime.hangwatch import verdict as hangs
 from trainscale.runtime.hangwatch.watch import KEY, READ_TIMEOUT, CollectiveTimeout, Watch, end_process, use_ranks_gpu
@@ -97,12 +97,15 @@ class GroupView:
 
 
 def _group_device() -> torch.device:
-    """The GPU of this rank's NCCL group: the one it was bound to, else the LOCAL_RANK-th (torch's convention)."""
+    """The GPU of this rank's NCCL group: the one it was bound to, else the local rank's (torch's convention)."""
     with contextlib.suppress(Exception):
         bound = dist.group.WORLD.bound_device_id
         if bound is not None:
             return bound
-    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % max(1, torch.cuda.device_count()))
+    local_rank = 0
+    with contextlib.suppress(Exception):  # a rank's place, as env/ reads it for every launcher
+        local_rank = detect().local_rank
+    return torch.device("cuda", local_rank % max(1, torch.cuda.device_count()))
 
 
 def _group_timeout(backend: str) -> datetime.timedelta:
@@ -169,7 +172,7 @@ class Heartbeat:
         """Called once each time this rank's progress stalls a few seconds (the recorder writes its records out:
         a rank ended by the launcher after a hang keeps its steps)."""
         self.issued: Callable[[], dict[str, int]] = ledger.issued
-        self.host, self.pid = os.environ.get("SLURMD_NODENAME") or socket.gethostname(), os.getpid()
+        self.host, self.pid = node_name(), os.getpid()
         self.counts: collections.deque = collections.deque(maxlen=COUNTS_KEPT)
         """[step, collectives issued on the default group by its end], written at each optimizer step."""
         self._beats = 0
@@ -380,7 +383,7 @@ def start_for_group(environ: Any = os.environ, listeners: tuple = (), on_stall: 
         return _heartbeat
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return None
-    beat = Heartbeat(GroupView(), run_dir=environ.get("TRAINSCALE_RUN_DIR"))
+    beat = Heartbeat(GroupView(), run_dir=job_facts(environ)["run_dir"])
     beat.listeners.extend(listeners)
     beat.on_stall.extend(on_stall)
     beat.watch = beat.watch and beat.notice_s > 0  # NCCL: end with the verdict before NCCL's watchdog aborts

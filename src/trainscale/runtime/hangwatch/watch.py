@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from trainscale.env import node_name
 from trainscale.errors import HUNG_EXIT, PEER_CLOSED, TrainscaleError, record_error
 from trainscale.runtime.hangwatch import ledger, peers
 from trainscale.runtime.hangwatch import verdict as hangs
@@ -311,7 +312,7 @@ class Watch:
 
 def _process_state(host: str, pid: int | None) -> str | None:
     """How a silent rank's process is, where the watcher can see it (the same host): stopped or running."""
-    if not pid or host not in (socket.gethostname(), os.environ.get("SLURMD_NODENAME")):
+    if not pid or host not in (socket.gethostname(), node_name()):
         return None
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
