@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import time
 import traceback
 from collections.abc import Mapping
@@ -68,7 +69,7 @@ class RankFailed(TrainscaleError):
 
 def did_you_mean(value: str, valid: list[str] | tuple[str, ...]) -> str:
     """A hint listing the valid choices, closest first when one is close."""
-    import difflib
+    import difflib  # noqa: PLC0415 (job kit)
 
     close = difflib.get_close_matches(value, list(valid), n=1)
     listed = ", ".join(sorted(valid))
@@ -144,6 +145,4 @@ def record_error(exc: BaseException, environ: Mapping[str, str] = os.environ, *,
         os.replace(partial, path)
         _RECORDED[:] = [exc]
     except OSError as err:  # never hide the real error behind this one
-        import sys
-
         print(f"trainscale: could not write the error file {path}: {err}", file=sys.stderr)

@@ -308,7 +308,7 @@ def test_plan_env_round_trip():
     again = BindingPlan.from_env(plan.to_env())
     assert [(r.gpu, r.cpus) for r in again.ranks] == [(r.gpu, r.cpus) for r in plan.ranks]
     cpu = BindingPlan.from_env("-:0-1/-:2-3")
-    assert [r.gpu for r in cpu.ranks] == [None, None] and cpu.cpus_for(1) == (2, 3)
+    assert [r.gpu for r in cpu.ranks] == [None, None] and cpu.ranks[1].cpus == (2, 3)
     assert [r.cpus for r in BindingPlan.from_env("0-1;2-3").ranks] == [(0, 1), (2, 3)]  # bare lists, ';'
     with pytest.raises(ConfigError, match="cannot read binding plan"):
         BindingPlan.from_env("0=1-3")

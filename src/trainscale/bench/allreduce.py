@@ -15,10 +15,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
+import os
 import re
 import time
 from pathlib import Path
 
+import trainscale
 from trainscale.errors import ConfigError
 
 UNITS = {"b": 1, "kb": 1024, "kib": 1024, "mb": 1024**2, "mib": 1024**2, "gb": 1024**3, "gib": 1024**3}
@@ -130,8 +133,6 @@ def plateau_words(reached: dict) -> str:
 def disturbance(cores: int | None = None) -> str | None:
     """Other work on this machine as the sweep starts: a load average above its cores (bench/validity.py's rule
     for runs nothing sampled)."""
-    import os
-
     cores = cores or os.cpu_count() or 1  # the load average is the whole machine's: against all its cores
     try:
         load = os.getloadavg()[0]
@@ -157,17 +158,15 @@ def plateau(rows: list[dict]) -> dict | None:
 
 def nearest_row(result: dict, size_bytes: int) -> dict:
     """The measured row closest (in log size) to ``size_bytes``."""
-    import math
-
     return min(result["rows"], key=lambda r: abs(math.log(r["bytes"]) - math.log(max(1, size_bytes))))
 
 
 def reducer(rt, hook: str, largest: int):
     """(name, fn): what a timed iteration runs on its buffer — the backend's all-reduce, or the
     shared-memory average for ``shm`` (``auto``: where training's ``comm_hook=auto`` would use it)."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # noqa: PLC0415 (torch-free module)
 
-    from trainscale.strategies.shm_allreduce import (
+    from trainscale.strategies.shm_allreduce import (  # noqa: PLC0415 (torch-free module)
         SharedMemoryAllReduce,
         SharedMemoryUnavailable,
         applies,
@@ -185,8 +184,8 @@ def reducer(rt, hook: str, largest: int):
 
 def measure(rt, sizes: tuple[int, ...], iters: int, warmup: int, budget_s: float, reduce=None) -> list[dict]:
     """Time ``reduce`` (default: the backend's all-reduce) at each size; a collective."""
-    import torch
-    import torch.distributed as dist
+    import torch  # noqa: PLC0415 (torch-free module)
+    import torch.distributed as dist  # noqa: PLC0415 (torch-free module)
 
     all_reduce = reduce or dist.all_reduce
 
@@ -229,8 +228,6 @@ def measure(rt, sizes: tuple[int, ...], iters: int, warmup: int, budget_s: float
 
 
 def main(argv: list[str] | None = None) -> dict:
-    import trainscale
-
     p = argparse.ArgumentParser(prog="trainscale.bench.allreduce")
     p.add_argument("--sizes", default=DEFAULT_SIZES)
     p.add_argument("--iters", type=int, default=20)

@@ -7,8 +7,10 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from trainscale.bench.slurm_runs import SlurmTarget
+from trainscale.bench.slurm_runs import SlurmTarget, prepare
+from trainscale.bench.study import choose_out_dir
 from trainscale.errors import ConfigError
+from trainscale.launch.trial import here, on_slurm
 
 
 def shape(
@@ -55,8 +57,6 @@ def measure(
     ``nproc`` (linted before ``out_file``'s directory is made); its JSON, or ``{"error": why}``."""
     args = ("--sizes", sizes, "--iters", str(iters), "--budget", str(budget_s), "--device", device)
     if target is None:
-        from trainscale.launch.trial import here
-
         out_file.parent.mkdir(parents=True, exist_ok=True)
         done = here(
             "trainscale.bench.allreduce",
@@ -66,8 +66,6 @@ def measure(
             run_dir=logs,
         )
         return json.loads(out_file.read_text()) if done.ok else {"error": done.summary}
-    from trainscale.bench.slurm_runs import prepare
-    from trainscale.launch.trial import on_slurm
 
     job = target.job(
         name=name,
@@ -106,8 +104,6 @@ def run(
     say: Callable[[str], None],
 ) -> tuple[dict | None, Path]:
     """Measure in a new directory (``out``, or bench-out/allreduce/<date-time>); (the result, its JSON file)."""
-    from trainscale.bench.study import choose_out_dir
-
     out_dir = choose_out_dir(out, root=Path("bench-out") / "allreduce")
     out_file = out_dir / "allreduce.json"
     return measure(

@@ -15,6 +15,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
 _EPOCH = re.compile(r"Epoch (\d+): loss ([0-9.]+).*?accuracy ([0-9.]+%)")
 _PREFIX = re.compile(r"^\[rank\d+\]:\s?")
 
@@ -56,8 +60,6 @@ class StudyDisplay:
     """A rich Live table when the console is a terminal; plain one-line updates otherwise."""
 
     def __init__(self, title: str, rows: list[Row], verbose: bool = False, console=None) -> None:
-        from rich.console import Console
-
         self.title = title
         self.rows = {r.name: r for r in rows}
         self.verbose = verbose
@@ -65,8 +67,6 @@ class StudyDisplay:
         self.live = None
 
     def _table(self):
-        from rich.table import Table
-
         table = Table(title=self.title, expand=False)
         for col in ("Run", "Version", "Ranks", "Batch/rank", "Status", "Epoch", "Elapsed", "Last"):
             table.add_column(col)
@@ -87,8 +87,6 @@ class StudyDisplay:
 
     def __enter__(self) -> StudyDisplay:
         if self.console.is_terminal:
-            from rich.live import Live
-
             self.live = Live(
                 self._table(),
                 console=self.console,

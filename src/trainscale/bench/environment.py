@@ -6,6 +6,8 @@ import platform
 import socket
 from pathlib import Path
 
+from trainscale._version import __version__
+
 
 def cpu_model() -> str:
     """The CPU's model name from /proc/cpuinfo (``platform.processor()`` elsewhere)."""
@@ -21,10 +23,9 @@ def cpu_model() -> str:
 
 
 def collect() -> dict:
-    import torch
+    import torch  # noqa: PLC0415 (torch-free module)
 
-    from trainscale._version import __version__
-    from trainscale.runtime.threads import usable_cores
+    from trainscale.runtime.threads import usable_cores  # noqa: PLC0415 (torch-free module)
 
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count() if torch.cuda.is_available() else 0)]
     cpu = cpu_model()

@@ -11,7 +11,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from trainscale.bench.configs import int_tuple, with_nodes
 from trainscale.bench.study import StudySpec
+from trainscale.config import load_config_file, resolve
 from trainscale.plan.tune import TuneSpec
 
 RENAMED = {"sweep_batch": "sweep_batches", "out": "out_dir"}
@@ -21,8 +23,6 @@ RENAMED = {"sweep_batch": "sweep_batches", "out": "out_dir"}
 def _sources(
     cls: type, section: str, ns: Mapping[str, Any], fixed: Mapping[str, Any], environ: Mapping[str, str] | None
 ) -> dict[str, Any]:
-    from trainscale.config import load_config_file
-
     names = {f.name for f in dataclasses.fields(cls)} - set(fixed)
     return {
         "section": section,
@@ -47,9 +47,7 @@ def study_spec(
 ) -> StudySpec:
     """The study of ``trainscale bench`` (``ns``: its parsed options; ``target``, ``rest``: SCRIPT and its
     arguments, or the workload's after ``--``; ``slurm``: the ``--slurm`` target)."""
-    from trainscale.bench.configs import int_tuple, with_nodes
-    from trainscale.config import resolve
-    from trainscale.runtime.device import visible_gpu_count
+    from trainscale.runtime.device import visible_gpu_count  # noqa: PLC0415 (torch-free module)
 
     nodes = int_tuple(ns.get("nodes"), "--nodes")
     # a login node's GPUs say nothing of the compute nodes'
@@ -67,8 +65,6 @@ def tune_spec(
     ns: Mapping[str, Any], *, target: str | None = None, rest=(), environ: Mapping[str, str] | None = None
 ) -> TuneSpec:
     """The search of ``trainscale plan --tune`` (``ns``: its parsed options; ``target``, ``rest``: as for a study)."""
-    from trainscale.config import resolve
-
     fixed = {**_target(target, rest), "cores": os.cpu_count() or 1}
     spec, _ = resolve(
         TuneSpec,

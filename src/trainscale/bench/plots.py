@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 COLOURS = {
@@ -15,19 +16,17 @@ MISSING = "plots need matplotlib, which is not installed"
 
 
 def available() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("matplotlib") is not None
 
 
 def pyplot():
     """matplotlib's pyplot on the Agg backend; None without matplotlib."""
     try:
-        import matplotlib
+        import matplotlib  # noqa: PLC0415 (optional dependency)
     except ImportError:
         return None
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 (optional dependency)
 
     return plt
 
@@ -198,7 +197,7 @@ def sweep_plot(study: dict, path: Path) -> Path:
 def save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=100, bbox_inches="tight")  # titles, outside legends and notes never clipped
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 (optional dependency)
 
     plt.close(fig)
     return path

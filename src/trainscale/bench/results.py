@@ -353,7 +353,7 @@ def caveats(study: dict) -> list[tuple[str, str]]:
 def suggestions(study: dict) -> list[str]:
     """What to try next, per run, from its breakdown (a strategy's advice, e.g. ZeRO-1 when every DDP rank
     spends a large share of the step on the whole optimizer step)."""
-    from trainscale.strategies import advice
+    from trainscale.strategies import advice  # noqa: PLC0415 (torch-free module)
 
     out = []
     for r in study["runs"]:

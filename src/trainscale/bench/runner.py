@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from trainscale.bench import results
 from trainscale.bench.display import Row, StudyDisplay
 from trainscale.bench.study import BATCH_ENV, Plan, PlannedRun, read_metrics
+from trainscale.launch.trial import here, on_slurm
 from trainscale.observe.reading import other_work, run_timing
 
 
@@ -67,8 +69,6 @@ def execute_run(plan: Plan, run: PlannedRun, out_dir: Path, display: StudyDispla
     record = base_record(run)
     display.start(run.name)
     if jobs is not None:
-        from trainscale.launch.trial import on_slurm
-
         job = jobs[run.name]
         done = on_slurm(
             job.spec,
@@ -80,8 +80,6 @@ def execute_run(plan: Plan, run: PlannedRun, out_dir: Path, display: StudyDispla
         # the job's run directory (made at submission inside runs/<name>/job/) holds its records
         record.update(slurm_job=done.job_id, log_dir=str(done.run_dir), run_dir=_relative(done.run_dir.parent, out_dir))
     else:
-        from trainscale.launch.trial import here
-
         target, module, args, env = _target(plan, run, run_dir)  # as `trainscale run` would launch it
         record["load_before"] = _load()
         with display.capture(run.name):  # one directory: metrics.json, records, logs, run.json
@@ -122,8 +120,6 @@ def _relative(path: Path, root: Path) -> str:
 
 def _load() -> float | None:
     """1-minute load average: other work on the machine makes every timing here unreliable."""
-    import os
-
     try:
         return os.getloadavg()[0]
     except (OSError, AttributeError):

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import datetime
+import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from trainscale.bench import environment, results, validity
 from trainscale.bench import plots as plotting
+from trainscale.bench.ideal import add_achievable
+from trainscale.bench.runner import execute, job_specs
+from trainscale.bench.slurm_runs import prepare
 from trainscale.bench.study import StudySpec, choose_out_dir, plan
 from trainscale.launch.rundir import command_line, mark_latest
+from trainscale.plan.calibrate import against, plan_study
 
 
 @dataclass
@@ -49,17 +54,13 @@ class Outcome:
 def run_study(spec: StudySpec, *, make_plots: bool = True, verbose: bool = False, console=None) -> Outcome:
     the_plan = plan(spec)  # every configuration error surfaces here, before anything launches
     out_dir = choose_out_dir(spec.out_dir)
-    from trainscale.bench.runner import execute, job_specs
 
     jobs = None
     if spec.slurm is not None:  # every job linted before the first is submitted
-        from trainscale.bench.slurm_runs import prepare
-
         jobs = prepare(spec.slurm, job_specs(the_plan, out_dir))
     out_dir.mkdir(parents=True, exist_ok=True)
     mark_latest(out_dir)  # bench-out/latest: what `trainscale report bench-out/latest` reads next
     started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-    from trainscale.plan.calibrate import against, plan_study
 
     # the plan first, as `trainscale plan` makes it, so that every study shows the model's error
     made, no_plan = plan_study(
@@ -95,10 +96,6 @@ def run_study(spec: StudySpec, *, make_plots: bool = True, verbose: bool = False
 
 def _achievable(study: dict, spec: StudySpec) -> str | None:
     """Each run's achievable speedup (bench/ideal.py): this machine's cores, or the SLURM profile's nodes."""
-    import os
-
-    from trainscale.bench.ideal import add_achievable
-
     if spec.slurm is not None:
         profile = spec.slurm.cluster
         cores = max(1, profile.cpus_per_node - len(profile.reserved_cores))

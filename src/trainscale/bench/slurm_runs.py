@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainscale.errors import ConfigError
+from trainscale.launch.slurm.job import checked_plan
 from trainscale.launch.slurm.spec import SlurmJobSpec, parse_time
+from trainscale.profiles import load_profile
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,8 +46,6 @@ class SlurmTarget:
 
     @functools.cached_property
     def cluster(self):
-        from trainscale.profiles import load_profile
-
         return load_profile(self.profile)
 
     @property
@@ -135,8 +135,6 @@ class PreparedJob:
 
 def prepare(target: SlurmTarget, specs: dict[str, SlurmJobSpec]) -> dict[str, PreparedJob]:
     """Resolve and lint every job; the first error stops the study before anything is submitted."""
-    from trainscale.launch.slurm.job import checked_plan
-
     return {
         name: PreparedJob(spec, checked_plan(spec, target.cluster, what=f"run {name}: "))
         for name, spec in specs.items()

@@ -24,6 +24,7 @@ from trainscale.bench.configs import (
 )
 from trainscale.bench.slurm_runs import SlurmTarget
 from trainscale.errors import ConfigError
+from trainscale.workloads.registry import get_workload, workload_preflight
 
 BATCH_ENV = "TRAINSCALE_BATCH"
 
@@ -166,8 +167,6 @@ def plan(spec: StudySpec) -> Plan:
     configs = spec.parsed_configs()
     baseline = find_baseline(configs, spec.baseline)
     if spec.workload:
-        from trainscale.workloads.registry import get_workload, workload_preflight
-
         get_workload(spec.workload)
     out = Plan(spec, configs, baseline)
     batches = spec.sweep_batches or (spec.batch_size,)

@@ -7,6 +7,8 @@ What each mark means and where it shows: docs/scaling.md, "Disturbed runs and im
 
 from __future__ import annotations
 
+from trainscale.observe.sampler import OTHER_WORK_SHARE
+
 SUPERLINEAR_LIMIT = 1.2
 """How far past the achievable speedup (bench/ideal.py's one ceiling) a measurement may go and still count.
 Caches make strong scaling slightly superlinear when each rank's share of the work starts to fit (a few
@@ -18,8 +20,6 @@ FIGURES = ("speedup", "efficiency", "efficiency_vs_achievable")
 def disturbance(run: dict, cores: int | None) -> str | None:
     """Why this run's own timing is unreliable: other work on its CPUs (the node sampler's measurement,
     observe/sampler.py), or, where nothing was sampled, a machine already loaded past its cores."""
-    from trainscale.observe.sampler import OTHER_WORK_SHARE
-
     share = run.get("other_cpu_share")
     if share is not None:
         return f"other work kept {share:.0%} of its CPUs busy" if share >= OTHER_WORK_SHARE else None

@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from trainscale.errors import CheckpointError
 
@@ -38,8 +40,6 @@ waits forever, so that a test can kill the process while the save is in flight."
 def stager(device: torch.device | None = None) -> Any:
     """torch's stager for background saves: synchronous copies into host memory it keeps and reuses;
     pinned when the state lives on a GPU (faster copies back)."""
-    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
     pinned = device is not None and device.type == "cuda"
     return DefaultStager(
         StagingOptions(
@@ -130,7 +130,6 @@ def failed_ranks(runtime: Any, failed: bool) -> list[int]:
     """Every rank: the ranks whose background save failed (one small all-reduce; also a barrier)."""
     if not getattr(runtime, "is_distributed", False):
         return [runtime.rank] if failed else []
-    import torch.distributed as dist
 
     flags = torch.zeros(runtime.world_size, device=runtime.device)
     flags[runtime.rank] = float(failed)
@@ -144,8 +143,6 @@ def checkpoint_group(runtime: Any) -> Any:
     group (torch's async_save needs a CPU backend for them anyway). Described ``trainscale-checkpoint``: its
     collectives run on each rank's writer thread at that rank's own pace, and the hang watch leaves them out
     (runtime/hangwatch/ledger.py)."""
-    import torch.distributed as dist
-
     if not (dist.is_available() and dist.is_initialized()):
         return None
     timeout = getattr(runtime, "timeout", None)

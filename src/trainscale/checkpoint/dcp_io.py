@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.filesystem import FileSystem
+from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader, FileSystemWriter, metadata
+from torch.distributed.checkpoint.filesystem import FileSystem, _StorageInfo
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta
 
 from trainscale.checkpoint import layout
 from trainscale.checkpoint.atomic import atomic_write_text
@@ -37,9 +38,6 @@ REFUSE = "only load checkpoints you trust; trainscale never unpickles arbitrary 
 
 def _allowed() -> dict[tuple[str, str], Any]:
     """(module, name) -> object: what a DCP ``.metadata`` may name, and nothing else."""
-    from torch.distributed.checkpoint import metadata
-    from torch.distributed.checkpoint.filesystem import _StorageInfo
-
     allowed: dict[tuple[str, str], Any] = {
         (metadata.__name__, name): getattr(metadata, name)
         for name in (
@@ -82,8 +80,6 @@ class _MetadataUnpickler(pickle.Unpickler):
 def read_metadata(path: Path) -> Any:
     """DCP's ``Metadata`` from the file ``path``, unpickled with the allow-list; CheckpointError when it
     names anything else or is unreadable."""
-    from torch.distributed.checkpoint.metadata import Metadata
-
     path = Path(path)
     try:
         with open(path, "rb") as fh:
@@ -144,8 +140,6 @@ def check_byte_entries(path: Path, metadata: Any, rank: int = 0, world_size: int
     """Load this rank's share (``rank::world_size`` in name order) of the checkpoint's non-tensor
     entries with ``weights_only=True``, so that a refused one is found while the checkpoint is being
     chosen (and skipped), not halfway through DCP's load. They are small: optimizer hyper-parameters."""
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
-
     wanted = {fqn for fqn, kind in metadata.state_dict_metadata.items() if isinstance(kind, BytesStorageMetadata)}
     entries = sorted(
         ((index, where) for index, where in (metadata.storage_data or {}).items() if index.fqn in wanted),
@@ -199,7 +193,6 @@ class SafeReader(FileSystemReader):
             ) from exc
 
     def read_metadata(self) -> Any:  # type: ignore[override]
-        from torch.distributed.checkpoint.metadata import StorageMeta
 
         metadata = read_metadata(Path(self.path) / layout.DCP_INDEX)
         if getattr(metadata, "storage_meta", None) is None:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from trainscale.errors import CheckpointError
+from trainscale.topology.apply import current_affinity
 
 FILES, DIGEST = "files", "digest"
 PIECE = 16 << 20
@@ -256,6 +257,4 @@ def verify(
 
 def default_threads() -> int:
     """Hashing threads per process: this process's CPUs (a rank's own, where it is bound), at most 16."""
-    from trainscale.topology.apply import current_affinity
-
     return max(1, min(16, len(current_affinity())))

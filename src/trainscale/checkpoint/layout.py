@@ -123,8 +123,6 @@ def newest_record(directory: Path) -> dict[str, Any] | None:
     """What the newest checkpoint in ``directory`` says about itself, read from its JSON manifest without
     verifying anything (a hint for shaping a run before it resumes; the resume verifies and decides). None
     where there is none or it cannot be read."""
-    import json
-
     for _, path in list_checkpoints(directory)[:1]:
         try:
             said = json.loads(manifest_path(path).read_text())

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from trainscale._version import __version__
 from trainscale.checkpoint import background, disk, files, integrity, layout, lock, sharded
@@ -137,7 +138,6 @@ class _Ranks:
         """Rank 0's ``value`` on every rank."""
         if not self.distributed:
             return value
-        import torch.distributed as dist
 
         box = [value]
         dist.broadcast_object_list(box, src=0)
@@ -156,7 +156,6 @@ class _Ranks:
         """Every rank's ``value``, in rank order, on every rank."""
         if not self.distributed:
             return [value]
-        import torch.distributed as dist
 
         out: list[Any] = [None] * self.world_size
         dist.all_gather_object(out, value)

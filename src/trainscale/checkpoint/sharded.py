@@ -19,8 +19,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+
 from trainscale.checkpoint import disk, integrity, layout
 from trainscale.checkpoint.atomic import atomic_torch_save, atomic_write_text, fsync_dir
+from trainscale.checkpoint.dcp_io import (
+    HashingWriter,
+    SafeLoadPlanner,
+    SafeReader,
+    UnreadableShards,
+    check_byte_entries,
+    check_storage,
+    rank_entries,
+    read_metadata,
+)
 from trainscale.checkpoint.files import read_verified
 from trainscale.checkpoint.integrity import AGAIN
 from trainscale.errors import CheckpointError
@@ -43,10 +57,6 @@ class ShardedRef:
                 f"{self.path} is a {self.format!r} checkpoint, not a DCP one",
                 hint=f"resume it with --strategy {self.format}",
             )
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.api import CheckpointException
-
-        from trainscale.checkpoint.dcp_io import SafeLoadPlanner, SafeReader, UnreadableShards
 
         wanted = {k: template[k] for k in layout.SHARDED_KEYS if k in template}
         try:
@@ -80,8 +90,6 @@ def _describe(exc: BaseException) -> str:
 
 
 def _distributed() -> bool:
-    import torch.distributed as dist
-
     return dist.is_available() and dist.is_initialized()
 
 
@@ -100,11 +108,6 @@ def save(
     shards = {k: state[k] for k in layout.SHARDED_KEYS if k in state}
     writer = None
     if shards:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.api import CheckpointException
-
-        from trainscale.checkpoint.dcp_io import HashingWriter
-
         writer = HashingWriter(partial, runtime.rank)
         try:  # a collective; rank 0 writes .metadata last, after every rank's shards
             dcp.save(shards, storage_writer=writer, no_dist=not _distributed())
@@ -144,10 +147,6 @@ def save_async(
     rest = stager.stage(_rest(state)) if runtime.is_main else None
     upload, writer, needed = None, None, disk.state_bytes(shards)
     if shards:
-        import torch.distributed.checkpoint as dcp
-
-        from trainscale.checkpoint.dcp_io import HashingWriter
-
         writer = HashingWriter(partial, runtime.rank)
         response = dcp.async_save(
             shards, storage_writer=writer, process_group=group, async_stager=stager, no_dist=not _distributed()
@@ -156,8 +155,6 @@ def save_async(
 
     def finish() -> None:
         if upload is not None:
-            from torch.distributed.checkpoint.api import CheckpointException
-
             try:
                 upload.result()
             except (Exception, CheckpointException) as exc:  # the latter is a BaseException
@@ -230,8 +227,6 @@ def _complete(partial: Path, final: Path, rest: dict[str, Any], record: dict[str
 def _seal(partial: Path, rest: dict[str, Any], record: dict[str, Any], writer: Any) -> None:
     files: dict[str, Any] = {}
     if writer is not None:
-        from trainscale.checkpoint.dcp_io import rank_entries
-
         files.update(rank_entries(partial, int(record["world_size"])))
         files[layout.DCP_INDEX] = writer.entries[layout.DCP_INDEX]
     files[layout.EXTRA] = atomic_torch_save(rest, partial / layout.EXTRA)
@@ -289,8 +284,6 @@ def open_checkpoint(
     extra, cost = read_verified(path / layout.EXTRA, files[layout.EXTRA])
     verified.add(cost)
     if marker["format"] == "dcp":
-        from trainscale.checkpoint.dcp_io import check_byte_entries, check_storage, read_metadata
-
         verified.add(integrity.verify(path, files, [layout.DCP_INDEX]))
         # Refused here, before the ranks choose this checkpoint, rather than halfway through DCP's load.
         metadata = read_metadata(path / layout.DCP_INDEX)

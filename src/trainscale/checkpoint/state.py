@@ -24,6 +24,7 @@ import torch
 
 from trainscale.checkpoint import files, layout, sharded
 from trainscale.errors import CheckpointError, ConfigError
+from trainscale.runtime.seed import rng_state, set_rng_state
 
 
 @runtime_checkable
@@ -204,11 +205,7 @@ class RNGState:
         self.device = device
 
     def state_dict(self) -> dict[str, Any]:
-        from trainscale.runtime.seed import rng_state
-
         return rng_state(self.device)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        from trainscale.runtime.seed import set_rng_state
-
         set_rng_state(state_dict, self.device)

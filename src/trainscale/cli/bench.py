@@ -38,7 +38,7 @@ Examples:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from trainscale.config.argparsing import Parser
+    from trainscale.config.argparsing import Parser  # noqa: PLC0415 (CLI start-up)
 
     p = Parser(
         prog="trainscale bench",
@@ -77,8 +77,8 @@ def _parser() -> argparse.ArgumentParser:
 def build(argv: list[str], environ=None):
     """(StudySpec, namespace) from the command line over --config's [bench] table and TRAINSCALE_BENCH_*; raises
     ConfigError."""
-    from trainscale.bench.options import study_spec
-    from trainscale.cli.split import split_command
+    from trainscale.bench.options import study_spec  # noqa: PLC0415 (CLI start-up)
+    from trainscale.cli.split import split_command  # noqa: PLC0415 (CLI start-up)
 
     split = split_command(_parser(), argv, double_dash="rest")
     ns = _parser().parse_args(split.options)
@@ -94,8 +94,8 @@ def run(args: argparse.Namespace) -> int:
     if argv and argv[0] == "allreduce":
         return run_allreduce(argv[1:])
     spec, ns = build(argv)
-    from trainscale.bench.session import run_study
-    from trainscale.launch.rundir import shown
+    from trainscale.bench.session import run_study  # noqa: PLC0415 (CLI start-up)
+    from trainscale.launch.rundir import shown  # noqa: PLC0415 (CLI start-up)
 
     if spec.cpu_ranks:
         print("trainscale bench: no GPU visible: configuration N runs N CPU ranks (gloo)", file=sys.stderr)

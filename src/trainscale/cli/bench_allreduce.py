@@ -28,15 +28,15 @@ def add_slurm_options(p: argparse.ArgumentParser, nodes_help: str, nodes_type: t
 
 def slurm_target(ns: argparse.Namespace):
     """The SlurmTarget of ``--slurm ...``, or None; SLURM options without --slurm are refused."""
-    from trainscale.bench.slurm_runs import SLURM_ONLY, target_from_options
+    from trainscale.bench.slurm_runs import SLURM_ONLY, target_from_options  # noqa: PLC0415 (CLI start-up)
 
     return target_from_options(slurm=ns.slurm, nodes=ns.nodes, options={k: getattr(ns, k) for k in SLURM_ONLY})
 
 
 def run_allreduce(argv: list[str]) -> int:
-    from trainscale.bench import allreduce_run
-    from trainscale.bench.allreduce import DEFAULT_SIZES, HOOKS, parse_sizes, table
-    from trainscale.config.argparsing import Parser
+    from trainscale.bench import allreduce_run  # noqa: PLC0415 (CLI start-up)
+    from trainscale.bench.allreduce import DEFAULT_SIZES, HOOKS, parse_sizes, table  # noqa: PLC0415 (CLI start-up)
+    from trainscale.config.argparsing import Parser  # noqa: PLC0415 (CLI start-up)
 
     p = Parser(prog="trainscale bench allreduce")
     p.add_argument("--sizes", default=DEFAULT_SIZES, help="SMALLEST..LARGEST (doubling) or a list, e.g. 1KB..16MB")

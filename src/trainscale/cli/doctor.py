@@ -8,6 +8,10 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from trainscale.doctor import render, render_json
+from trainscale.doctor.main import add_options, main
+from trainscale.errors import ConfigError
+
 
 def _forwarded(args) -> list[str]:
     return [
@@ -21,8 +25,7 @@ def _forwarded(args) -> list[str]:
 
 
 def _launched(args) -> int:
-    from trainscale.doctor import render, render_json
-    from trainscale.doctor.launched import launched_report
+    from trainscale.doctor.launched import launched_report  # noqa: PLC0415 (CLI start-up)
 
     report, result = launched_report(args.nproc, _forwarded(args), Path(args.log_dir) if args.log_dir else None)
     if report is None:
@@ -40,20 +43,15 @@ def _launched(args) -> int:
 
 
 def run(args) -> int:
-    from trainscale.errors import ConfigError
-
     if args.nproc is not None:
         if args.nproc < 1:
             raise ConfigError(f"--nproc {args.nproc}: at least one rank is needed", hint="e.g. --nproc 2")
         return _launched(args)
-    from trainscale.doctor.main import main
 
     return main(_forwarded(args) + (["--json"] if args.json else []))
 
 
 def register(sub) -> None:
-    from trainscale.doctor.main import add_options
-
     p = sub.add_parser(
         "doctor",
         help="one paste-able report: versions, devices, launch, binding, threads, network",

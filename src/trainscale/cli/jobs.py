@@ -9,7 +9,7 @@ import getpass
 import os
 import sys
 
-from trainscale.errors import ConfigError
+from trainscale.errors import ConfigError, SlurmError
 
 EXAMPLES = """examples:
   trainscale jobs                      # your jobs in the queue (squeue), a chain as one line
@@ -22,8 +22,8 @@ EXAMPLES = """examples:
 
 
 def queue(args: argparse.Namespace) -> int:
-    from trainscale.launch.slurm import squeue
-    from trainscale.launch.slurm.chains import queue_table
+    from trainscale.launch.slurm import squeue  # noqa: PLC0415 (CLI start-up)
+    from trainscale.launch.slurm.chains import queue_table  # noqa: PLC0415 (CLI start-up)
 
     user = None if args.all else (os.environ.get("USER") or getpass.getuser())
     found = squeue(user=user)
@@ -35,8 +35,8 @@ def queue(args: argparse.Namespace) -> int:
 
 
 def logs(args: argparse.Namespace) -> int:
-    from trainscale.launch.slurm import load_record
-    from trainscale.launch.slurm.watch import log_lines
+    from trainscale.launch.slurm import load_record  # noqa: PLC0415 (CLI start-up)
+    from trainscale.launch.slurm.watch import log_lines  # noqa: PLC0415 (CLI start-up)
 
     print("\n".join(log_lines(load_record(args.job_id), args.rank, args.tail)))
     return 0
@@ -44,15 +44,14 @@ def logs(args: argparse.Namespace) -> int:
 
 def _job(ref: str) -> str:
     """A job id as given, or the newest job submitted with trainscale for ``last``."""
-    from trainscale.launch.slurm.jobdir import LAST, load_record
+    from trainscale.launch.slurm.jobdir import LAST, load_record  # noqa: PLC0415 (CLI start-up)
 
     return load_record(ref).job_id if ref == LAST else ref
 
 
 def cancel(args: argparse.Namespace) -> int:
-    from trainscale.errors import SlurmError
-    from trainscale.launch.slurm import cancel as scancel
-    from trainscale.launch.slurm.queue import TERMINAL, job_info
+    from trainscale.launch.slurm import cancel as scancel  # noqa: PLC0415 (CLI start-up)
+    from trainscale.launch.slurm.queue import TERMINAL, job_info  # noqa: PLC0415 (CLI start-up)
 
     job = _job(args.job_id)
     info = job_info(job)  # scancel says nothing, and exits 0, for a job it does not know or that has ended
@@ -71,7 +70,7 @@ def cancel(args: argparse.Namespace) -> int:
 
 
 def attach(args: argparse.Namespace) -> int:
-    from trainscale.launch.allocation import attach_command
+    from trainscale.launch.allocation import attach_command  # noqa: PLC0415 (CLI start-up)
 
     command = attach_command(_job(args.job_id), args.node, args.command)
     os.execvp(command[0], command)  # the shell or command takes over this terminal

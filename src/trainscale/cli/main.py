@@ -8,6 +8,7 @@ import sys
 
 from trainscale._version import __version__
 from trainscale.errors import TrainscaleError
+from trainscale.launch import bootstrap
 
 # Each module defines `register(subparsers)`, which adds its parser and sets `func`; a command that parses
 # the rest of its line itself (it passes options on to a script: `run`, `bench SCRIPT`) also sets `raw`.
@@ -17,7 +18,7 @@ SUBCOMMANDS = ("run", "slurm", "sweep", "jobs", "profiles", "bench", "plan", "re
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser with every subcommand, or with just ``only`` (a known subcommand's name): a command
     imports its own module and not the others' (``trainscale run`` starts sooner)."""
-    from trainscale.config.argparsing import Parser
+    from trainscale.config.argparsing import Parser  # noqa: PLC0415 (CLI start-up)
 
     parser = Parser(
         prog="trainscale",
@@ -33,8 +34,6 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """The command line; without ``argv``, as this process's own command (``trainscale ...``)."""
     if argv is None:
-        from trainscale.launch import bootstrap  # standard library only
-
         bootstrap.FORK_OWN_WORKERS = True  # this process is trainscale's: its forkserver can serve the workers
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv[0] if argv else None)

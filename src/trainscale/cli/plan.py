@@ -9,6 +9,8 @@ import json
 import sys
 from pathlib import Path
 
+from trainscale.errors import ConfigError
+
 USAGE = """trainscale plan [--nproc-per-node N] [--nodes M] [--profile P] [--batch-size B] [--mem SIZE]
                        [--interconnect NAME] [--steps S] [--verify] [--json]
                        (SCRIPT [ARGS...] | --workload NAME [-- WORKLOAD ARGS...])
@@ -29,7 +31,7 @@ Examples:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from trainscale.config.argparsing import Parser
+    from trainscale.config.argparsing import Parser  # noqa: PLC0415 (CLI start-up)
 
     p = Parser(
         prog="trainscale plan",
@@ -57,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
         help="memory per node, as sbatch's --mem (e.g. 64G): the room the ranks of a node "
         "share (default: the profile's GPU or node memory, else this machine's within its cgroup limit)",
     )
-    from trainscale.plan.comm import NETWORKS
+    from trainscale.plan.comm import NETWORKS  # noqa: PLC0415 (CLI start-up)
 
     p.add_argument(
         "--interconnect",
@@ -81,21 +83,20 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainscale.cli.split import split_command
+    from trainscale.cli.split import split_command  # noqa: PLC0415 (CLI start-up)
 
     argv = list(args.argv)
     # plan's own --tune: before the script (a file) and before `--`; the script's own --tune is its own
     head = argv[: next((i for i, a in enumerate(argv) if a == "--" or Path(a).is_file()), len(argv))]
     if "--tune" in head:
-        from trainscale.cli.tune import run_tune
+        from trainscale.cli.tune import run_tune  # noqa: PLC0415 (CLI start-up)
 
         at = argv.index("--tune")
         return run_tune(argv[:at] + argv[at + 1 :])
     if argv and argv[0] in ("-h", "--help"):
         _parser().print_help()
         return 0
-    from trainscale.cli.split import misplaced_option
-    from trainscale.errors import ConfigError
+    from trainscale.cli.split import misplaced_option  # noqa: PLC0415 (CLI start-up)
 
     parser = _parser()
     split = split_command(parser, argv, double_dash="rest")  # --workload is an option; its own after `--`
@@ -112,8 +113,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def plan(ns: argparse.Namespace, script: str | None, args: tuple[str, ...]) -> int:
-    from trainscale.plan.calibrate import make
-    from trainscale.plan.text import render
+    from trainscale.plan.calibrate import make  # noqa: PLC0415 (CLI start-up)
+    from trainscale.plan.text import render  # noqa: PLC0415 (CLI start-up)
 
     made, submit = make(
         script=script,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from trainscale.errors import ConfigError
+
 EXAMPLES = """examples:
   trainscale profiles                  # every profile: partitions, node shape, binding, launcher
   trainscale profiles lumi             # its settings and its binding plan for one rank per GPU
@@ -22,8 +24,8 @@ def _print_plan(plan) -> None:
 
 
 def _profile_plan(name: str, ranks: int | None) -> None:
-    from trainscale.profiles import binding_plan, load_profile
-    from trainscale.topology import detect_topology
+    from trainscale.profiles import binding_plan, load_profile  # noqa: PLC0415 (CLI start-up)
+    from trainscale.topology import detect_topology  # noqa: PLC0415 (CLI start-up)
 
     profile = load_profile(name)
     ranks = ranks or profile.gpus_per_node or 1
@@ -41,7 +43,7 @@ def _profile_plan(name: str, ranks: int | None) -> None:
 
 
 def _here_plan(ranks: int | None, reserved: str | None) -> None:
-    from trainscale.topology import detect_topology, parse_cpulist, plan_binding
+    from trainscale.topology import detect_topology, parse_cpulist, plan_binding  # noqa: PLC0415 (CLI start-up)
 
     topology = detect_topology()
     print("Detected topology (" + "; ".join(topology.sources) + "):")
@@ -53,9 +55,8 @@ def _here_plan(ranks: int | None, reserved: str | None) -> None:
 
 
 def run(args) -> int:
-    from trainscale.errors import ConfigError
-    from trainscale.profiles import user_profile_dir
-    from trainscale.profiles.listing import settings, table
+    from trainscale.profiles import user_profile_dir  # noqa: PLC0415 (CLI start-up)
+    from trainscale.profiles.listing import settings, table  # noqa: PLC0415 (CLI start-up)
 
     if args.name and args.here:
         raise ConfigError(

@@ -7,20 +7,20 @@ import argparse
 import sys
 from pathlib import Path
 
+from trainscale.errors import ConfigError
+
 
 def run(args: argparse.Namespace) -> int:
-    from trainscale.report import build, render_text, write_report
-    from trainscale.report.sources import resolve
+    from trainscale.report import build, render_text, write_report  # noqa: PLC0415 (CLI start-up)
+    from trainscale.report.sources import resolve  # noqa: PLC0415 (CLI start-up)
 
     if args.max_regression is not None and not args.against:
-        from trainscale.errors import ConfigError
-
         raise ConfigError(
             "--max-regression compares with a base run, and no --against was given",
             hint="trainscale report RUN --against BASE_RUN --max-regression 10",
         )
     if args.against:
-        from trainscale.report.compare import REGRESSED, compare, regressed, render
+        from trainscale.report.compare import REGRESSED, compare, regressed, render  # noqa: PLC0415 (CLI start-up)
 
         made = compare(args.target, args.against)
         print("\n".join(render(made, args.max_regression)))

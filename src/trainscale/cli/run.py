@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import textwrap
 from pathlib import Path
 
 from trainscale.errors import ConfigError
@@ -47,11 +49,9 @@ def _parser():
     """torchrun's parser with trainscale's options. Its help is short: torchrun's options named in one group
     (torchrun's own help describes them), trainscale's described, then the built-in workloads; a mistake is
     two lines, the error and the fix (config/argparsing.py), not a usage of 22 lines above it."""
-    import textwrap
-
-    from trainscale.config.argparsing import Parser
-    from trainscale.launch.torchrun import parser as torchrun_parser
-    from trainscale.workloads.registry import table
+    from trainscale.config.argparsing import Parser  # noqa: PLC0415 (CLI start-up)
+    from trainscale.launch.torchrun import parser as torchrun_parser  # noqa: PLC0415 (CLI start-up)
+    from trainscale.workloads.registry import table  # noqa: PLC0415 (CLI start-up)
 
     parser = torchrun_parser()
     parser.__class__ = Parser  # torch's parser (a new one each call), erring as every trainscale command does
@@ -75,9 +75,9 @@ def _parser():
 
 def _did_you_mean(parser, message: str) -> str | None:
     """For an option argparse did not recognise, the closest one of ``trainscale run``."""
-    import difflib
+    import difflib  # noqa: PLC0415 (CLI start-up)
 
-    from trainscale.config.argparsing import unrecognized
+    from trainscale.config.argparsing import unrecognized  # noqa: PLC0415 (CLI start-up)
 
     options = [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
     for name in unrecognized(message):
@@ -88,10 +88,10 @@ def _did_you_mean(parser, message: str) -> str | None:
 
 
 def build_spec(argv: list[str], environ=None):
-    from trainscale.cli.split import given_dests, misplaced_option, split_command
-    from trainscale.launch.local import LocalLaunchSpec, parse_nnodes
-    from trainscale.launch.torchrun import check_ranks_filter, nproc_fits, resolve_nproc
-    from trainscale.workloads.registry import launch_preflight
+    from trainscale.cli.split import given_dests, misplaced_option, split_command  # noqa: PLC0415 (CLI start-up)
+    from trainscale.launch.local import LocalLaunchSpec, parse_nnodes  # noqa: PLC0415 (CLI start-up)
+    from trainscale.launch.torchrun import check_ranks_filter, nproc_fits, resolve_nproc  # noqa: PLC0415 (CLI start-up)
+    from trainscale.workloads.registry import launch_preflight  # noqa: PLC0415 (CLI start-up)
 
     parser = _parser()
     split = split_command(parser, argv, target_options=("--workload",))
@@ -143,11 +143,9 @@ def build_spec(argv: list[str], environ=None):
 def spread_over_allocation(argv: list[str], environ=None) -> int | None:
     """Inside an allocation (salloc, a batch script) with --nnodes > 1: one agent per node through
     ``srun --overlap``; None when this run stays on this node."""
-    import os
-
-    from trainscale.cli.split import given_dests, split_command
-    from trainscale.launch.allocation import plan_spread, run_spread
-    from trainscale.launch.local import parse_nnodes
+    from trainscale.cli.split import given_dests, split_command  # noqa: PLC0415 (CLI start-up)
+    from trainscale.launch.allocation import plan_spread, run_spread  # noqa: PLC0415 (CLI start-up)
+    from trainscale.launch.local import parse_nnodes  # noqa: PLC0415 (CLI start-up)
 
     environ = os.environ if environ is None else environ
     parser = _parser()
@@ -169,8 +167,8 @@ def spread_over_allocation(argv: list[str], environ=None) -> int | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainscale.launch.local import launch
-    from trainscale.launch.summary import finished_lines, next_line
+    from trainscale.launch.local import launch  # noqa: PLC0415 (CLI start-up)
+    from trainscale.launch.summary import finished_lines, next_line  # noqa: PLC0415 (CLI start-up)
 
     spread = spread_over_allocation(args.argv)
     if spread is not None:

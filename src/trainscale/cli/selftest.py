@@ -22,7 +22,7 @@ SLURM_ONLY = ("profile", "time", "gpus_per_node", "account", "partition", "reser
 
 def _target(ns: argparse.Namespace):
     """The SLURM target of ``--slurm ...``, or None; SLURM options without --slurm are refused."""
-    from trainscale.bench.slurm_runs import target_from_options
+    from trainscale.bench.slurm_runs import target_from_options  # noqa: PLC0415 (CLI start-up)
 
     return target_from_options(
         slurm=ns.slurm,
@@ -35,7 +35,7 @@ def _target(ns: argparse.Namespace):
 
 
 def run(ns: argparse.Namespace) -> int:
-    from trainscale.selftest.run import SelftestSpec, render, run_selftest, write_report
+    from trainscale.selftest.run import SelftestSpec, render, run_selftest, write_report  # noqa: PLC0415 (CLI start-up)
 
     if ns.gpus_per_node is not None and ns.nproc is not None:
         raise ConfigError("--nproc and --gpus-per-node both give ranks per node", hint="give one of them")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 
 from trainscale.errors import ConfigError
 
@@ -30,11 +32,11 @@ def build(argv: list[str], environ=None, *, extend=None, command: str = "slurm")
 
     ``extend(parser)`` adds a command's own options (``trainscale sweep``) and returns their dests, which
     are not job spec fields."""
-    from trainscale.cli.slurm_options import ACTIONS
-    from trainscale.cli.slurm_options import parser as options_parser
-    from trainscale.cli.split import misplaced_option, split_command
-    from trainscale.launch.slurm.sources import job_spec, spec_values
-    from trainscale.workloads.registry import job_preflight
+    from trainscale.cli.slurm_options import ACTIONS  # noqa: PLC0415 (CLI start-up)
+    from trainscale.cli.slurm_options import parser as options_parser  # noqa: PLC0415 (CLI start-up)
+    from trainscale.cli.split import misplaced_option, split_command  # noqa: PLC0415 (CLI start-up)
+    from trainscale.launch.slurm.sources import job_spec, spec_values  # noqa: PLC0415 (CLI start-up)
+    from trainscale.workloads.registry import job_preflight  # noqa: PLC0415 (CLI start-up)
 
     parser = options_parser()
     own = (*ACTIONS, *(extend(parser) if extend else ()))
@@ -66,12 +68,10 @@ def _say(line: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
-
-    from trainscale.launch.slurm import render
-    from trainscale.launch.slurm.lint import errors
-    from trainscale.launch.slurm.sources import check
-    from trainscale.launch.slurm.submit import ask_test_only, test_only_lines
+    from trainscale.launch.slurm import render  # noqa: PLC0415 (CLI start-up)
+    from trainscale.launch.slurm.lint import errors  # noqa: PLC0415 (CLI start-up)
+    from trainscale.launch.slurm.sources import check  # noqa: PLC0415 (CLI start-up)
+    from trainscale.launch.slurm.submit import ask_test_only, test_only_lines  # noqa: PLC0415 (CLI start-up)
 
     spec, profile, ns, preflight = build(args.argv, os.environ)
     if ns.watch and spec.chain > 1:
@@ -106,9 +106,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def submit_and_watch(spec, profile, plan, ns) -> int:
-    from trainscale.launch.slurm import watch
-    from trainscale.launch.slurm.job import submit_job
-    from trainscale.launch.slurm.watch import describe_progress, outcome
+    from trainscale.launch.slurm import watch  # noqa: PLC0415 (CLI start-up)
+    from trainscale.launch.slurm.job import submit_job  # noqa: PLC0415 (CLI start-up)
+    from trainscale.launch.slurm.watch import describe_progress, outcome  # noqa: PLC0415 (CLI start-up)
 
     record = submit_job(spec, profile, plan)
     chain = f"chain of {spec.chain} jobs from " if spec.chain > 1 else ""
@@ -122,7 +122,7 @@ def submit_and_watch(spec, profile, plan, ns) -> int:
     progress = Progress(record.run_dir)
     on_poll = progress.poll
     if spec.heals:  # SLURM keeps a --no-kill job whose batch host is lost: requeue it (launch/slurm/healing.py)
-        from trainscale.launch.slurm.healing import BatchHostWatch, allocated
+        from trainscale.launch.slurm.healing import BatchHostWatch, allocated  # noqa: PLC0415 (CLI start-up)
 
         host = BatchHostWatch(
             record.job_id,
@@ -158,8 +158,6 @@ class Progress:
     EVERY_S = 30.0
 
     def __init__(self, run_dir, stream=None, clock=None) -> None:
-        import time
-
         self.run_dir, self.stream, self.clock = run_dir, stream or sys.stderr, clock or time.monotonic
         self.live = self.stream.isatty()
         self.shown, self.at, self.open = None, -self.EVERY_S, False
@@ -169,7 +167,7 @@ class Progress:
         print(f"trainscale slurm: {line}", file=self.stream, flush=True)
 
     def poll(self, info) -> None:
-        from trainscale.launch.slurm.watch import training_progress
+        from trainscale.launch.slurm.watch import training_progress  # noqa: PLC0415 (CLI start-up)
 
         if info.state != "RUNNING":
             return

@@ -34,7 +34,7 @@ def _plain(group, *options: tuple[str, ...]) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    from trainscale.config.argparsing import Parser
+    from trainscale.config.argparsing import Parser  # noqa: PLC0415 (CLI start-up)
 
     p = Parser(
         prog="trainscale slurm",
@@ -179,8 +179,8 @@ def parser() -> argparse.ArgumentParser:
     )
     act.add_argument("--workload", help=argparse.SUPPRESS)
     p.add_argument("script", nargs="?", help=argparse.SUPPRESS)
-    from trainscale.config import field_docs
-    from trainscale.launch.slurm.spec import SlurmJobSpec
+    from trainscale.config import field_docs  # noqa: PLC0415 (CLI start-up)
+    from trainscale.launch.slurm.spec import SlurmJobSpec  # noqa: PLC0415 (CLI start-up)
 
     docs = field_docs(SlurmJobSpec)  # the job spec's field says what the option does: described once
     for action in p._actions:

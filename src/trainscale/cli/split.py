@@ -9,8 +9,10 @@ read from the command's own argparse parser (never a hand-kept list), so a flag 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -88,8 +90,6 @@ def split_command(
 
 def given_dests(parser: argparse.ArgumentParser, options: list[str], environ=None) -> frozenset[str]:
     """The dests of the options set on the line (``options``) or, torchrun's way, as ``PET_<DEST>``."""
-    import os
-
     environ = os.environ if environ is None else environ
     found = set()
     for token in options:
@@ -109,8 +109,6 @@ def misplaced_option(parser: argparse.ArgumentParser, split: Split, shaping: tup
     was meant for trainscale and would go to the script (``slurm --submit train.py --nproc-per-node 2`` once
     submitted a 1-rank job). A script that does read it (its name appears) keeps it; a module's or a workload's
     arguments are not judged here."""
-    from pathlib import Path
-
     script = Path(split.target) if split.target and not split.target_option else None
     if script is None or not script.is_file():
         return None

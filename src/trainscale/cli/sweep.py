@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -36,7 +37,7 @@ def _extend(parser: argparse.ArgumentParser) -> tuple[str, ...]:
 
 def sweep_parser() -> argparse.ArgumentParser:
     """trainscale slurm's options, the sweep's own, and the sweep's description: `trainscale sweep --help`."""
-    from trainscale.cli.slurm_options import parser
+    from trainscale.cli.slurm_options import parser  # noqa: PLC0415 (CLI start-up)
 
     p = parser()
     p.prog, p.usage, p.description = "trainscale sweep", argparse.SUPPRESS, HELP
@@ -55,11 +56,10 @@ def run(args: argparse.Namespace) -> int:
     if argv[:1] in (["-h"], ["--help"]):
         sweep_parser().print_help()
         return 0
-    import os
 
-    from trainscale.cli.slurm import build
-    from trainscale.cli.split import split_command
-    from trainscale.launch.slurm.sweep import grid_of
+    from trainscale.cli.slurm import build  # noqa: PLC0415 (CLI start-up)
+    from trainscale.cli.split import split_command  # noqa: PLC0415 (CLI start-up)
+    from trainscale.launch.slurm.sweep import grid_of  # noqa: PLC0415 (CLI start-up)
 
     options = split_command(sweep_parser(), argv, target_options=("--workload", "-m")).options
     local = "--local" in options
@@ -68,14 +68,14 @@ def run(args: argparse.Namespace) -> int:
     spec, profile, ns, preflight = build(argv, os.environ, extend=_extend, command="sweep")
     grid = grid_of(ns.grid, ns.grid_file)
     if local:  # one configuration after another on this node, each launched as `trainscale run` launches it
-        from trainscale.launch.slurm.sweep import run_here
+        from trainscale.launch.slurm.sweep import run_here  # noqa: PLC0415 (CLI start-up)
 
         run_dir, failed = run_here(spec, grid, nproc_per_node=ns.nproc_per_node or 1, say=_say)
         status([str(run_dir)])
         return 1 if failed else 0
-    from trainscale.launch.slurm import lint, render, resolve
-    from trainscale.launch.slurm.lint import errors
-    from trainscale.launch.slurm.sweep import array_job, configurations, submit_array
+    from trainscale.launch.slurm import lint, render, resolve  # noqa: PLC0415 (CLI start-up)
+    from trainscale.launch.slurm.lint import errors  # noqa: PLC0415 (CLI start-up)
+    from trainscale.launch.slurm.sweep import array_job, configurations, submit_array  # noqa: PLC0415 (CLI start-up)
 
     spec = array_job(spec, grid, ns.max_parallel)
     if ns.dry_run == ns.submit:
@@ -102,8 +102,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def status(argv: list[str]) -> int:
-    from trainscale.config.argparsing import Parser
-    from trainscale.launch.slurm.sweep import status as sweep_status
+    from trainscale.config.argparsing import Parser  # noqa: PLC0415 (CLI start-up)
+    from trainscale.launch.slurm.sweep import status as sweep_status  # noqa: PLC0415 (CLI start-up)
 
     p = Parser(
         prog="trainscale sweep status",

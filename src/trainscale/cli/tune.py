@@ -7,6 +7,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from trainscale.bench.options import tune_spec
+from trainscale.cli.split import split_command
+from trainscale.config.argparsing import Parser
+from trainscale.plan.tune import DEVICES, LOADERS
+from trainscale.plan.tuning import check_command, headline, report, tune
+
 USAGE = """trainscale plan --tune [--workload NAME | SCRIPT [ARGS...]] [--nproc-per-node N] [--batch-size B]
                        [--batches 8,16,32] [--budget SECONDS] [--max-steps S] [--strategy S] [--loader L]
                        [--config FILE] [--out FILE] [-- WORKLOAD ARGS...]"""
@@ -26,9 +32,6 @@ Examples:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from trainscale.config.argparsing import Parser
-    from trainscale.plan.tune import DEVICES, LOADERS
-
     p = Parser(
         prog="trainscale plan --tune",
         usage=USAGE,
@@ -61,10 +64,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def build(argv: list[str], environ=None):
     """(TuneSpec, the --out file) from the command line over --config's [tune] table and TRAINSCALE_TUNE_*."""
-    from trainscale.bench.options import tune_spec
-    from trainscale.cli.split import split_command
-    from trainscale.plan.tuning import check_command
-
     split = split_command(_parser(), argv, double_dash="rest")
     ns = _parser().parse_args(split.options)
     out = Path(ns.out)
@@ -73,8 +72,6 @@ def build(argv: list[str], environ=None):
 
 
 def run_tune(argv: list[str]) -> int:
-    from trainscale.plan.tuning import headline, report, tune
-
     if argv and argv[0] in ("-h", "--help"):
         _parser().print_help()
         return 0

@@ -15,7 +15,9 @@ construction. Its values cannot be a layer here because some of them go with wha
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
 import os
 import re
 import sys
@@ -73,9 +75,6 @@ def field_docs(cls: type) -> dict[str, str]:
     """Each field's docstring (the string literal under it, as this project documents every field), for
     ``--help``: the dataclass stays the one place an option is described. Python's ``None`` there is, on
     the command line, the option not given."""
-    import ast
-    import inspect
-
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -106,8 +107,6 @@ the copy scikit-learn ships as load_digits), shipped with trainscale: the defaul
 
 def load_digits_28(split: str, test_fraction: float = 0.2) -> ImageSplit:
     """The 1,797 8x8 digits, upscaled to 28x28 so MNIST models apply unchanged."""
-    import numpy as np
-
     with resources.files("trainscale.data").joinpath(DIGITS).open("rb") as fh:
         data = np.load(fh)
         raw_images, raw_labels = data["images"], data["target"]

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from trainscale._version import __version__
 from trainscale.topology import Topology, detect_topology
 
 VISIBLE_VARS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
@@ -66,7 +67,7 @@ OPTIONAL_PACKAGES = ("deepspeed", "transformers", "accelerate", "numpy")
 
 def _package_version(name: str) -> str | None:
     # Metadata, not import: a broken install must not break the report, and deepspeed imports slowly.
-    from importlib import metadata
+    from importlib import metadata  # noqa: PLC0415 (CLI start-up)
 
     try:
         return metadata.version(name)
@@ -75,8 +76,6 @@ def _package_version(name: str) -> str | None:
 
 
 def read_versions() -> Versions:
-    from trainscale._version import __version__
-
     base = dict(
         trainscale=__version__,
         python=sys.version.split()[0] + f" ({platform.python_implementation()})",
@@ -85,7 +84,7 @@ def read_versions() -> Versions:
         packages={name: _package_version(name) for name in OPTIONAL_PACKAGES},
     )
     try:
-        import torch
+        import torch  # noqa: PLC0415 (optional dependency)
     except Exception as exc:  # the report is most useful exactly when torch is broken
         return Versions(**base, torch_error=f"{type(exc).__name__}: {exc}")
     nccl, backends = None, ()
@@ -94,7 +93,7 @@ def read_versions() -> Versions:
             raw = torch.cuda.nccl.version()
             nccl = ".".join(map(str, raw)) if isinstance(raw, tuple) else str(raw)
     with contextlib.suppress(Exception):
-        import torch.distributed as dist
+        import torch.distributed as dist  # noqa: PLC0415 (CLI start-up)
 
         if dist.is_available():
             checks = (
@@ -118,7 +117,7 @@ def read_devices(environ: Mapping[str, str] | None = None, topology: Topology | 
     visible = {k: environ[k] for k in VISIBLE_VARS if k in environ}
     topology = detect_topology() if topology is None else topology
     try:
-        import torch
+        import torch  # noqa: PLC0415 (optional dependency)
 
         if not torch.cuda.is_available():
             return Devices(accelerator="none", visible=visible, topology=topology)

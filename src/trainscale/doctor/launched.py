@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 from trainscale.doctor.render import Report
+from trainscale.launch.local import LocalLaunchSpec, launch
 
 
 def merge(files: list[Path]) -> Report:
@@ -27,8 +28,6 @@ def merge(files: list[Path]) -> Report:
 def launched_report(nproc: int, args: list[str], log_dir: Path | None):
     """(the merged report or None when the ranks wrote none, the launch's result); the ranks' logs go to
     ``log_dir`` (default: a temporary directory)."""
-    from trainscale.launch.local import LocalLaunchSpec, launch
-
     with tempfile.TemporaryDirectory(prefix="trainscale-doctor-") as tmp:
         output = Path(tmp) / "report.json"
         spec = LocalLaunchSpec(

@@ -106,7 +106,7 @@ def build_report(args: argparse.Namespace, environ: Mapping[str, str], command: 
 
 def _torch_threads() -> int | None:
     try:
-        import torch
+        import torch  # noqa: PLC0415 (optional dependency)
 
         return torch.get_num_threads()
     except Exception:
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
 
 def env_rank(environ: Mapping[str, str]) -> int:
     try:
-        from trainscale.env import detect
+        from trainscale.env import detect  # noqa: PLC0415 (optional dependency)
 
         return detect(environ).rank
     except Exception:  # an unreadable environment was already reported as an error finding

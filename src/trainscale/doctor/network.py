@@ -3,11 +3,15 @@ then gather every rank's findings on rank 0."""
 
 from __future__ import annotations
 
+import os
 import socket
 import statistics
 import time
 from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
 
+import trainscale
 from trainscale.doctor.finding import NETWORK, Finding, at_level, error, ok, warning
 from trainscale.env import LaunchEnv
 from trainscale.topology import format_cpulist
@@ -22,8 +26,6 @@ SINGLE_HINT = (
 
 
 def _tag(findings: list[Finding], rank: int) -> list[Finding]:
-    from dataclasses import replace
-
     return [replace(f, rank=rank) for f in findings]
 
 
@@ -109,8 +111,8 @@ def check_port_free(host: str, address: str, port: int) -> Finding:
 
 def all_reduce_check(runtime, numel: int, repeats: int = 5) -> Finding:
     """All-reduce (rank+1) over every rank; the sum must be n(n+1)/2. Reports the median time and bus bandwidth."""
-    import torch
-    import torch.distributed as dist
+    import torch  # noqa: PLC0415 (CLI start-up)
+    import torch.distributed as dist  # noqa: PLC0415 (CLI start-up)
 
     n = runtime.world_size
     tensor = torch.full((numel,), float(runtime.rank + 1), dtype=torch.float32, device=runtime.device)
@@ -156,7 +158,7 @@ def all_reduce_check(runtime, numel: int, repeats: int = 5) -> Finding:
 def transport_check(runtime, env: LaunchEnv, environ: Mapping[str, str], nccl_log) -> Finding:
     """Which network the collective library used, against what the cluster's profile expects
     (``TRAINSCALE_INTERCONNECT``, exported by the batch script): sockets on a fast network is the finding."""
-    from trainscale.observe import interconnect
+    from trainscale.observe import interconnect  # noqa: PLC0415 (CLI start-up)
 
     expected = environ.get(interconnect.EXPECTED_VAR, "")
     required = environ.get(interconnect.REQUIRED_VAR) == "1"
@@ -256,14 +258,11 @@ def _collective(
     timeout_s: float,
     numel: int,
 ) -> tuple[list[Finding], str]:
-    import os
-    import tempfile
-    from pathlib import Path
+    import tempfile  # noqa: PLC0415 (CLI start-up)
 
-    import torch.distributed as dist
+    import torch.distributed as dist  # noqa: PLC0415 (CLI start-up)
 
-    import trainscale
-    from trainscale.observe import interconnect
+    from trainscale.observe import interconnect  # noqa: PLC0415 (CLI start-up)
 
     # NCCL says which network it picked only in its INFO log: send that to a file of this rank, read it below.
     nccl_log = interconnect.arm(os.environ, Path(env.job_dir or tempfile.gettempdir()) / "nccl-debug")

@@ -31,7 +31,7 @@ def expand_tasks_per_node(spec: str) -> list[int]:
 
 def expand_nodelist(nodelist: str) -> list[str]:
     """``'n[1-3],gpu07'`` -> ``['n1', 'n2', 'n3', 'gpu07']`` with python-hostlist."""
-    import hostlist
+    import hostlist  # noqa: PLC0415 (job kit)
 
     try:
         return list(hostlist.expand_hostlist(nodelist))

@@ -12,7 +12,7 @@ import types
 
 class _Launch(types.ModuleType):
     def __call__(self, fn, /, *args, **options):
-        from trainscale.launch.function import launch
+        from trainscale.launch.function import launch  # noqa: PLC0415 (job kit)
 
         return launch(fn, *args, **options)
 

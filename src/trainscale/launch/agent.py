@@ -45,7 +45,7 @@ class Watch:
 
 def resume_note(run_dir: str | None) -> str | None:
     """Where a restarted group resumes, when its ranks save through trainscale's Checkpointer."""
-    from trainscale.checkpoint import layout
+    from trainscale.checkpoint import layout  # noqa: PLC0415 (torch-free module)
 
     directory = layout.noted_directory(run_dir) if run_dir else None
     if directory is None:
@@ -103,7 +103,7 @@ def _every_failure(context, group, failures: dict) -> None:
     processes = getattr(getattr(context, "_pc", None), "processes", None)
     if not processes:
         return
-    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure  # noqa: PLC0415 (torch-free module)
 
     returned = getattr(context, "_return_values", {})
     for local_rank, process in enumerate(processes):
@@ -125,9 +125,9 @@ def watching(total_attempts: int, say: Callable[[str], None], run_dir: Callable[
     """For one ``elastic_launch``: torch's agent, announcing restarts through ``say`` and keeping
     the signal that stopped it. ``run_dir()`` names the run's directory (where the ranks note their
     checkpoint directory)."""
-    import torch.distributed.launcher.api as launcher_api
-    from torch.distributed.elastic.agent.server.api import WorkerState
-    from torch.distributed.elastic.multiprocessing.api import SignalException
+    import torch.distributed.launcher.api as launcher_api  # noqa: PLC0415 (torch-free module)
+    from torch.distributed.elastic.agent.server.api import WorkerState  # noqa: PLC0415 (torch-free module)
+    from torch.distributed.elastic.multiprocessing.api import SignalException  # noqa: PLC0415 (torch-free module)
 
     base = launcher_api.LocalElasticAgent
     watch = Watch(total_attempts)
@@ -171,7 +171,7 @@ def watching(total_attempts: int, say: Callable[[str], None], run_dir: Callable[
                     tail.stop()
                 raise
 
-    import torch.distributed.elastic.multiprocessing.api as processes
+    import torch.distributed.elastic.multiprocessing.api as processes  # noqa: PLC0415 (torch-free module)
 
     tail_log = processes.TailLog
 

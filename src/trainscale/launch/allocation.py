@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from trainscale.env.slurm import expand_nodelist
 from trainscale.errors import ConfigError
 
 # Options with which the user already placed the nodes themselves: then trainscale does not spread.
@@ -27,7 +29,6 @@ def allocation_nodes(environ: Mapping[str, str]) -> list[str] | None:
     step = environ.get("SLURM_STEP_ID")
     if step not in (None, "", "batch", "interactive", "extern", "4294967294", "4294967295"):
         return None
-    from trainscale.env.slurm import expand_nodelist
 
     return expand_nodelist(environ["SLURM_JOB_NODELIST"])
 
@@ -124,8 +125,6 @@ def attach_command(job_id: str, node: str | None, command: list[str]) -> list[st
 def run_spread(plan: Spread, job_id: str, *, say) -> int:
     """Start one agent per node of the allocation (``srun --overlap``) on a port checked free on the first
     node; the exit status of the step."""
-    import subprocess
-
     probe = subprocess.run(plan.port_probe, capture_output=True, text=True, timeout=120)
     port = probe.stdout.strip()
     if probe.returncode != 0 or not port.isdigit():

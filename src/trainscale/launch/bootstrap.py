@@ -20,6 +20,7 @@ import contextlib
 import ctypes
 import faulthandler
 import gc
+import importlib
 import io
 import os
 import runpy
@@ -96,7 +97,7 @@ def world_env(env, *, rewrite_slurm: bool) -> dict[str, str]:
 
 def export_world_env(environ: MutableMapping[str, str] = os.environ) -> None:
     """Set :func:`world_env` in this worker (torchrun's agent or srun started it; else nothing)."""
-    from trainscale.env import detect
+    from trainscale.env import detect  # noqa: PLC0415 (job kit)
 
     env = detect(environ)
     if env.source not in ("torchrun", "slurm"):
@@ -129,8 +130,8 @@ def apply_bind_from_env(environ: Mapping[str, str] = os.environ) -> None:
     """Bind this worker to its CPUs when the launcher handed down a plan (torchrun cannot bind)."""
     if not environ.get(BIND_VAR):
         return
-    from trainscale.env import detect
-    from trainscale.topology import bind_worker
+    from trainscale.env import detect  # noqa: PLC0415 (job kit)
+    from trainscale.topology import bind_worker  # noqa: PLC0415 (job kit)
 
     env = detect(environ)
     report = bind_worker(env.local_rank, env.local_world_size)
@@ -374,7 +375,7 @@ def die_with_launcher(environ: Mapping[str, str]) -> bool:
         return False
 
     def wait() -> None:
-        import select
+        import select  # noqa: PLC0415 (job kit)
 
         select.select([fd], [], [])  # readable once the process has ended
         os.kill(os.getpid(), signal.SIGKILL)
@@ -388,7 +389,7 @@ def _leave_forkserver() -> None:
     it to every forked child, so that the child could fork from the server too). The forkserver ends when
     no process holds it: with the workers' copies closed, when the launcher ends, even by SIGKILL, and
     the workers then die with the forkserver (:func:`die_with_parent`)."""
-    from multiprocessing import forkserver
+    from multiprocessing import forkserver  # noqa: PLC0415 (job kit)
 
     server = forkserver._forkserver  # type: ignore[attr-defined]
     fd = getattr(server, "_forkserver_alive_fd", None)
@@ -421,8 +422,6 @@ def _main(argv: list[str]) -> None:
         os.execvp(target, [target, *args])
     sys.argv = [target, *args]
     if kind == "--module" and target.split(".")[0] == "trainscale":
-        import importlib
-
         with collector_paused():
             for name in OWN_MODULE_IMPORTS.get(target, ("torch",)):
                 importlib.import_module(name)

@@ -20,6 +20,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from trainscale.launch.local import LocalLaunchSpec
+from trainscale.launch.local import launch as run_agent
+from trainscale.launch.runner import failure, read_failures, read_results, write_call
+from trainscale.launch.torchrun import resolve_nproc
+
 RUNNER = "trainscale.launch.runner"
 
 
@@ -38,11 +43,6 @@ def launch(
     ``functools.partial``. ``max_restarts``: restarts of all ranks after a failure (torchrun's); ``log_dir``:
     where each rank's output goes (default ``./trainscale-runs``); ``env``: extra variables for the ranks;
     ``all_ranks``: show every rank's output, not rank 0's only."""
-    from trainscale.launch.local import LocalLaunchSpec
-    from trainscale.launch.local import launch as run_agent
-    from trainscale.launch.runner import failure, read_failures, read_results, write_call
-    from trainscale.launch.torchrun import resolve_nproc
-
     ranks = resolve_nproc(nproc)
     with tempfile.TemporaryDirectory(prefix="trainscale-launch-") as tmp:
         write_call(Path(tmp), fn, args)

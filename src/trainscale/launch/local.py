@@ -9,19 +9,30 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import multiprocessing
 import os
 import shutil
 import signal
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from multiprocessing import process, util
 from pathlib import Path
 from typing import Any
 
 from trainscale.errors import HUNG_EXIT, ConfigError, LaunchError
-from trainscale.launch.bootstrap import AGENT_VAR, HANG_TIMEOUT_VAR, PREFIXED_VAR, RUN_DIR_VAR
+from trainscale.launch import bootstrap
+from trainscale.launch.bootstrap import (
+    AGENT_VAR,
+    FORKSERVER_BLOCKS,
+    HANG_TIMEOUT_VAR,
+    PREFIXED_VAR,
+    RUN_DIR_VAR,
+    forked,
+)
 from trainscale.launch.ports import check_port_free, choose, importable, parse_endpoint, resolve
 from trainscale.launch.torchrun import LOGGING_OPTIONS, defaults
 from trainscale.topology.worker import PLAN_ENV
@@ -167,7 +178,7 @@ def worker_env(spec: LocalLaunchSpec, base: dict[str, str] | None = None) -> tup
     base = dict(os.environ if base is None else base)
     extra, notes = dict(spec.env), []
     if "OMP_NUM_THREADS" not in base and "OMP_NUM_THREADS" not in extra:
-        from trainscale.runtime.threads import threads_per_rank, usable_cores
+        from trainscale.runtime.threads import threads_per_rank, usable_cores  # noqa: PLC0415 (torch-free module)
 
         n = threads_per_rank(spec.nproc_per_node)
         extra["OMP_NUM_THREADS"] = str(n)
@@ -199,7 +210,7 @@ def plan_rendezvous(spec: LocalLaunchSpec, defaults: Mapping[str, Any]) -> Rende
     """torchrun's rendezvous choice, with trainscale's store bound to the endpoint's address where torchrun
     would listen everywhere (docs/launch.md, "single-node rendezvous"); ports it listens on are checked free
     first. A single node with no endpoint and no ``--master-port`` is standalone, as torchrun's own shortcut."""
-    from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
+    from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config  # noqa: PLC0415 (torch-free module)
 
     opts = {**defaults, **spec.torchrun}
     low, high = parse_nnodes(spec.nnodes)
@@ -264,7 +275,7 @@ def _console(spec: LocalLaunchSpec) -> dict[str, str]:
 def launch_config(spec: LocalLaunchSpec, log_root: Path):
     """The LaunchConfig torchrun would build from the same options, then trainscale's defaults where
     the user gave none: rendezvous store, console and log files, loopback for one node."""
-    from torch.distributed.run import config_from_args
+    from torch.distributed.run import config_from_args  # noqa: PLC0415 (torch-free module)
 
     base = vars(defaults())
     opts = {
@@ -285,7 +296,7 @@ def launch_config(spec: LocalLaunchSpec, log_root: Path):
             os.environ.pop("OMP_NUM_THREADS", None)
     backend = rdzv.backend
     if backend in ("c10d", "static"):
-        from trainscale.launch.rendezvous import register
+        from trainscale.launch.rendezvous import register  # noqa: PLC0415 (CLI start-up)
 
         backend = register(backend)  # torch's, with the store bound to the endpoint's address only
     changes: dict[str, Any] = {
@@ -310,8 +321,6 @@ def own_worker(spec: LocalLaunchSpec) -> bool:
     trainscale's command line on the interpreter it runs on with torchrun's default start method here: its
     workers are forked from a preloaded forkserver (:func:`entrypoint`; bootstrap.FORK_OWN_WORKERS says why
     only there). ``--start-method spawn`` or ``fork`` gives them fresh interpreters, as a script's."""
-    from trainscale.launch import bootstrap
-
     return (
         bootstrap.FORK_OWN_WORKERS
         and bool(spec.module)
@@ -329,9 +338,7 @@ def start_forkserver() -> None:
     launcher answers those for its workers, and the forkserver must not die of one (its workers would
     die with it). A blocked signal stays blocked across exec, and one sent meanwhile waits: each worker
     unblocks them first and then gets it (bootstrap.forked)."""
-    from multiprocessing import forkserver
-
-    from trainscale.launch.bootstrap import FORKSERVER_BLOCKS
+    from multiprocessing import forkserver  # noqa: PLC0415 (CLI start-up)
 
     _short_socket_dir()
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, FORKSERVER_BLOCKS)  # this thread's: what it starts inherits
@@ -345,10 +352,6 @@ def _short_socket_dir() -> None:
     """multiprocessing puts its forkserver's socket in a folder it makes under TMPDIR; under a long TMPDIR that path
     passes AF_UNIX's 108 bytes and the launch fails ("AF_UNIX path too long"; Python 3.13 falls back to /tmp by
     itself). Where it would, the folder goes under /tmp instead (removed at exit, as multiprocessing's own is)."""
-    import shutil
-    import tempfile
-    from multiprocessing import process, util
-
     config = process.current_process()._config
     if config.get("tempdir") is None and len(tempfile.gettempdir()) + 40 > 107 and os.path.isdir("/tmp"):
         folder = tempfile.mkdtemp(prefix="pymp-", dir="/tmp")
@@ -367,10 +370,6 @@ def entrypoint(spec: LocalLaunchSpec) -> tuple[Any, list[Any]]:
     kind = "--exec" if spec.no_python else "--module" if spec.module else "--script"
     target = str(Path(spec.target).absolute()) if kind == "--script" else spec.target
     if own_worker(spec):
-        import multiprocessing
-
-        from trainscale.launch.bootstrap import forked
-
         multiprocessing.set_forkserver_preload(list(FORKSERVER_PRELOAD))
         start_forkserver()
         return forked, [{"environ": dict(os.environ), "cwd": os.getcwd()}, kind, target, *spec.args]
@@ -381,12 +380,12 @@ def entrypoint(spec: LocalLaunchSpec) -> tuple[Any, list[Any]]:
 def launch(spec: LocalLaunchSpec) -> LaunchResult:
     """Run the workers to the end. A failed run, and a launcher stopped by a signal (whose workers
     torch's agent then stops), come back as a result with its summary, never as torch's traceback."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed.elastic.multiprocessing.api import SignalException  # noqa: PLC0415 (torch-free module)
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # noqa: PLC0415 (torch-free module)
+    from torch.distributed.launcher.api import elastic_launch  # noqa: PLC0415 (torch-free module)
 
-    from trainscale.launch import rundir, summary
-    from trainscale.launch.agent import take_signals, watching
+    from trainscale.launch import rundir, summary  # noqa: PLC0415 (CLI start-up)
+    from trainscale.launch.agent import take_signals, watching  # noqa: PLC0415 (CLI start-up)
 
     log_root = Path(spec.run_dir or spec.torchrun.get("log_dir") or spec.log_dir or rundir.DEFAULT_ROOT).absolute()
     extra, notes = worker_env(spec)
@@ -482,7 +481,7 @@ def _dump_root_cause(exc, rank: int | None) -> None:
     error file there, trainscale's first failing rank being the root cause."""
     if not os.environ.get("TORCHELASTIC_ERROR_FILE"):
         return
-    from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+    from torch.distributed.elastic.multiprocessing.errors import get_error_handler  # noqa: PLC0415 (torch-free module)
 
     failure = exc.failures.get(rank) if rank is not None else None
     if failure is None:
@@ -494,7 +493,7 @@ def _dump_root_cause(exc, rank: int | None) -> None:
 def _directories(spec: LocalLaunchSpec, log_root: Path) -> tuple[Path, Path]:
     """(this node's logs, the run directory the records go to): one new directory, or the caller's
     (``spec.run_dir``); records whose home is set already (a SLURM job's run) stay there."""
-    from trainscale.launch import rundir
+    from trainscale.launch import rundir  # noqa: PLC0415 (CLI start-up)
 
     if spec.run_dir is not None:
         logs = run = spec.run_dir.absolute()

@@ -7,7 +7,10 @@ Standard library only: a batch script runs ``main`` with any Python, a stock con
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import socket
+import sys
 
 from trainscale.env.address import resolve  # one resolver for launcher and runtime
 from trainscale.errors import LaunchError
@@ -75,8 +78,6 @@ def choose(host: str, port: int | None = None) -> int:
 
 
 def importable(name: str) -> bool:
-    import importlib.util
-
     try:
         return importlib.util.find_spec(name) is not None  # found, not imported: torch takes seconds to import
     except (ImportError, ValueError):
@@ -84,10 +85,7 @@ def importable(name: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-    import sys
-
-    from trainscale.errors import TrainscaleError
+    from trainscale.errors import TrainscaleError  # noqa: PLC0415 (job kit)
 
     parser = argparse.ArgumentParser(prog="port.py", description="print a free rendezvous port on this host")
     parser.add_argument("--host", default="127.0.0.1", help="the master's address (this host)")

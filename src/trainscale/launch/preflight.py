@@ -21,6 +21,6 @@ def check_script_args(args: list[str] | tuple[str, ...], world_size: int, *, dev
     path = option_value(args, "--deepspeed_config", "--deepspeed-config")
     if path is None:
         return
-    from trainscale.strategies.ds_config import check_user_config_file
+    from trainscale.strategies.ds_config import check_user_config_file  # noqa: PLC0415 (torch-free module)
 
     check_user_config_file(path, world_size, device=device)

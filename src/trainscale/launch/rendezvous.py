@@ -30,7 +30,7 @@ def _is_local(address: str) -> bool:
 
 def bound_store(host: str, port: int, timeout_s: int, is_host: bool | None):
     """The rendezvous store: the server bound to ``host`` only when we host it, else a client."""
-    from torch.distributed import TCPStore
+    from torch.distributed import TCPStore  # noqa: PLC0415 (torch-free module)
 
     address = resolve(host)
     host_here = _is_local(address) if is_host is None else is_host
@@ -46,8 +46,8 @@ def bound_store(host: str, port: int, timeout_s: int, is_host: bool | None):
 
 
 def _create_handler(params):
-    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
-    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend  # noqa: PLC0415 (torch-free module)
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler  # noqa: PLC0415 (torch-free module)
 
     host, port = parse_endpoint(params.endpoint)
     store = bound_store(host, port, int(params.get_as_int("read_timeout", 60)), params.get_as_bool("is_host"))
@@ -68,8 +68,8 @@ def _create_handler(params):
 def _create_static_handler(params):
     """torch's static rendezvous (``--master-addr/--master-port/--node-rank``), node 0's store bound to
     the master address. The agents' store is the workers' too (torch's static rendezvous shares it)."""
-    from torch.distributed import TCPStore
-    from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous, create_rdzv_handler
+    from torch.distributed import TCPStore  # noqa: PLC0415 (torch-free module)
+    from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous, create_rdzv_handler  # noqa: PLC0415 (torch-free module)
 
     h = create_rdzv_handler(params)  # torch's own checks of rank, endpoint and port
 
@@ -95,7 +95,7 @@ def _create_static_handler(params):
 def register(backend: str = "c10d") -> str:
     """Make trainscale's bound variant of torch's ``c10d`` or ``static`` rendezvous known to torch's
     registry (idempotent); returns its name."""
-    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry as registry
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry as registry  # noqa: PLC0415 (torch-free module)
 
     name, create = (STATIC, _create_static_handler) if backend == "static" else (BACKEND, _create_handler)
     with contextlib.suppress(ValueError):  # already registered in this process

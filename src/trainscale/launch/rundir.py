@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import json
 import os
 import platform
 import socket
 import sys
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from trainscale._version import __version__
 from trainscale.env import node_name
 
 DEFAULT_ROOT = Path("trainscale-runs")
@@ -36,7 +39,7 @@ def logs_specs(run_dir: Path, *, redirects: str, tee: str, local_ranks_filter: s
     torch's per-attempt, per-rank log files (``DefaultLogsSpecs``), written into the run directory itself
     instead of a fresh ``<run id>_<random>`` directory beside it. torch is imported here, by the launcher
     that has it loaded already: the rest of this module serves commands that never load torch (a submission)."""
-    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, Std  # noqa: PLC0415 (torch-free module)
 
     class RunLogsSpecs(DefaultLogsSpecs):
         def _make_log_dir(self, log_dir: str | None, rdzv_run_id: str) -> str:
@@ -124,10 +127,6 @@ def checkpoint_args(
 
 def versions() -> dict[str, str | None]:
     """trainscale's, torch's and Python's versions here; torch's without importing it where it is not loaded."""
-    from importlib import metadata
-
-    from trainscale._version import __version__
-
     torch = sys.modules.get("torch")
     try:
         torch_version = torch.__version__ if torch else metadata.version("torch")
@@ -238,8 +237,6 @@ def start_record(
 
 
 def _sha256(path: str) -> str | None:
-    import hashlib
-
     try:
         return hashlib.sha256(Path(path).read_bytes()).hexdigest()
     except OSError:

@@ -21,11 +21,19 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import cloudpickle
+
+from trainscale.env import detect, node_name
+from trainscale.errors import ConfigError, RankFailed
+from trainscale.launch.bootstrap import enter_snapshot
+from trainscale.launch.summary import lost_peer
 
 CALL = "call.pkl"
 
@@ -47,11 +55,7 @@ def _write(path: Path, data: bytes) -> None:
 
 def write_call(directory: Path, fn: Callable[..., Any], args: tuple, kwargs: dict | None = None) -> Path:
     """Pickle the call, with this process's import path (a notebook's ``sys.path.append``) and working directory."""
-    import cloudpickle
-
     if not callable(fn):
-        from trainscale.errors import ConfigError
-
         raise ConfigError(
             f"{fn!r} is not a function", hint="pass the function itself, e.g. launch(train, 1e-3), not train(1e-3)"
         )
@@ -70,18 +74,12 @@ def write_call(directory: Path, fn: Callable[..., Any], args: tuple, kwargs: dic
 
 def read_results(directory: Path, world_size: int) -> list[Any]:
     """Every rank's return value, indexed by rank."""
-    import pickle
-
     return [pickle.loads(result_path(directory, rank).read_bytes()) for rank in range(world_size)]
 
 
 def read_failures(directory: Path) -> list[dict[str, Any]]:
     """The ranks' own recorded exceptions, earliest first. A rank's report that a peer's end closed its
     connection is left out: it is never the cause (a SIGKILLed rank records nothing; the launcher names it)."""
-    import pickle
-
-    from trainscale.launch.summary import lost_peer
-
     found = []
     for path in Path(directory).glob("error-rank*.pkl"):
         try:
@@ -97,8 +95,6 @@ def read_failures(directory: Path) -> list[dict[str, Any]]:
 def failure(records: list[dict[str, Any]], summary: str, what: str):
     """The first rank's recorded exception as a RankFailed (chained to the exception itself), or the
     launcher's summary when no rank recorded one (killed by a signal, out of memory)."""
-    from trainscale.errors import RankFailed
-
     if not records:
         return RankFailed(
             f"{what} failed before any rank recorded an exception:\n{summary.strip()}", rank=None, traceback=summary
@@ -119,12 +115,6 @@ def failure(records: list[dict[str, Any]], summary: str, what: str):
 def main(argv: list[str]) -> None:
     if len(argv) != 1:
         raise SystemExit("usage: python -m trainscale.launch.runner DIR (DIR holds call.pkl)")
-    import pickle
-
-    import cloudpickle
-
-    from trainscale.env import detect, node_name
-    from trainscale.launch.bootstrap import enter_snapshot
 
     directory = Path(argv[0])
     rank = detect().rank

@@ -153,16 +153,16 @@ def root_cause(rank: int | None, traceback: str, log_tail: str = "") -> str:
 
 def next_line(result) -> str:
     """The command that reads a run next: its report (per-rank logs and failures included)."""
-    import shlex
+    import shlex  # noqa: PLC0415 (CLI start-up)
 
-    from trainscale.launch.rundir import shown
+    from trainscale.launch.rundir import shown  # noqa: PLC0415 (CLI start-up)
 
     return f"trainscale: next: trainscale report {shlex.quote(shown(result.run_dir))}"
 
 
 def finished_lines(nproc_per_node: int, max_restarts: int, result) -> str:
     """Where a finished local run went, its restarts if any, and the command that reads it next."""
-    from trainscale.launch.rundir import shown, trained_here
+    from trainscale.launch.rundir import shown, trained_here  # noqa: PLC0415 (CLI start-up)
 
     run = shown(result.run_dir)
     records = trained_here(result.run_dir)

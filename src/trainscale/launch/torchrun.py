@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from trainscale.errors import ConfigError
+from trainscale.topology.apply import current_affinity
 
 LOGGING_OPTIONS = frozenset({"redirects", "tee", "local_ranks_filter", "logs_specs"})
 """Giving any of these switches trainscale's console (rank 0 shown, every rank teed to a file) off:
@@ -45,7 +46,7 @@ Examples:
 
 def parser() -> argparse.ArgumentParser:
     """torch's ``torchrun`` parser plus trainscale's options; the target is optional (``--workload``)."""
-    from torch.distributed.run import get_args_parser
+    from torch.distributed.run import get_args_parser  # noqa: PLC0415 (torch-free module)
 
     p = get_args_parser()
     p.prog = "trainscale run"
@@ -108,14 +109,14 @@ def resolve_nproc(value: str | int) -> int:
             )
         return n
     if text == "gpu":
-        import torch
+        import torch  # noqa: PLC0415 (torch-free module)
 
         if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
             raise ConfigError(
                 "--nproc-per-node gpu but no GPU is visible",
                 hint="give a number of CPU processes (e.g. --nproc-per-node 2) or cpu (one per core)",
             )
-    from torch.distributed.run import determine_local_world_size
+    from torch.distributed.run import determine_local_world_size  # noqa: PLC0415 (torch-free module)
 
     try:
         return int(determine_local_world_size(text))
@@ -129,7 +130,7 @@ def resolve_nproc(value: str | int) -> int:
 def nproc_fits(n: int, given: str | int) -> str | None:
     """N ranks against this node: above its visible GPUs, a number is refused (rank N would get no GPU: each rank
     takes ``cuda:{local_rank}``); above its cores, a warning line (returned) says they share them."""
-    import torch
+    import torch  # noqa: PLC0415 (torch-free module)
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus and str(given).strip().isdigit() and n > gpus:
@@ -137,7 +138,6 @@ def nproc_fits(n: int, given: str | int) -> str | None:
             f"--nproc-per-node {n} but this node shows {gpus} GPU(s): local rank {gpus} and above would have none",
             hint=f"use --nproc-per-node gpu ({gpus}), or hide the GPUs (CUDA_VISIBLE_DEVICES=) to run CPU ranks",
         )
-    from trainscale.topology.apply import current_affinity
 
     cores = len(current_affinity()) or 1
     if not gpus and n > cores:

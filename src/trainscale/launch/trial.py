@@ -23,6 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainscale.errors import LaunchError
+from trainscale.launch.agent import _workers
+from trainscale.launch.local import LocalLaunchSpec, launch
+from trainscale.launch.slurm import cancel, explain, watch
+from trainscale.launch.slurm.job import submit_job
+from trainscale.launch.slurm.watch import describe_progress
 
 WORKLOADS = "trainscale.workloads"
 """The module a built-in workload runs as (``trainscale.workloads NAME ARGS``)."""
@@ -60,8 +65,6 @@ def here(
     ``args``) on ``nproc`` ranks of this node into ``run_dir``, with ``env`` added to this environment (None:
     removed) in ``cwd``. ``timeout_s``: its workers are killed after that long (the trial comes back timed out).
     ``quiet``: what the launcher and its rank 0 print is kept from the console (the failure's summary says why)."""
-    from trainscale.launch.local import LocalLaunchSpec, launch
-
     spec = LocalLaunchSpec(
         target=target, args=tuple(args), module=module, nproc_per_node=nproc, run_dir=Path(run_dir).absolute()
     )
@@ -87,10 +90,6 @@ def here(
 def on_slurm(spec, profile, plan, *, poll_s: float, say: Callable[[str], None] | None = None) -> Trial:
     """Submit ``spec`` (a SlurmJobSpec resolved and linted into ``plan`` for ``profile``), watch it to a final
     state every ``poll_s`` seconds, saying each change, and explain it. Interrupted (Ctrl-C): the job is cancelled."""
-    from trainscale.launch.slurm import cancel, explain, watch
-    from trainscale.launch.slurm.job import submit_job
-    from trainscale.launch.slurm.watch import describe_progress
-
     say = say or (lambda text: None)
     started = time.monotonic()
     record = submit_job(spec, profile, plan)
@@ -144,7 +143,6 @@ def _deadline(timeout_s: float | None, expired: threading.Event) -> Iterator[Non
     if timeout_s is None:
         yield
         return
-    from trainscale.launch.agent import _workers
 
     done = threading.Event()
 

@@ -140,14 +140,14 @@ class AmdSmi:
 def library() -> Nvml | AmdSmi | None:
     """The node's management library, initialised; None without one (or without a driver)."""
     try:
-        import pynvml
+        import pynvml  # noqa: PLC0415 (optional dependency)
 
         pynvml.nvmlInit()
         return Nvml(pynvml)
     except Exception:  # not installed, or no NVIDIA driver here
         pass
     try:
-        import amdsmi
+        import amdsmi  # noqa: PLC0415 (optional dependency)
 
         amdsmi.amdsmi_init()
         return AmdSmi(amdsmi)

@@ -147,7 +147,7 @@ CONV_OPS = ("convolution", "_convolution", "convolution_backward", "cudnn_convol
 
 def count_step_flops(step: Callable[[], object]) -> Flops:
     """FLOPs of one call of ``step`` (forward and backward of one batch), counted by torch itself."""
-    from torch.utils.flop_counter import FlopCounterMode
+    from torch.utils.flop_counter import FlopCounterMode  # noqa: PLC0415 (job kit)
 
     with FlopCounterMode(display=False) as counter:
         step()

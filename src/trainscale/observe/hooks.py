@@ -129,7 +129,7 @@ class Recorder:
         self._note_step: Callable[[int], None] = lambda step: None
         self._compiling: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
         """Inside torch.compile's tracing the hooks do nothing (a side effect there is a graph break)."""
-        from trainscale.observe.state import PLAN_STEPS_VAR, StateCount
+        from trainscale.observe.state import PLAN_STEPS_VAR, StateCount  # noqa: PLC0415 (job kit)
 
         self.plan_steps = int(_float(environ, PLAN_STEPS_VAR, 0))
         """``trainscale plan``'s calibration: count the state, stop after this many steps (0: a normal run)."""
@@ -137,8 +137,8 @@ class Recorder:
 
     # -- installing -------------------------------------------------------------------------------
     def install(self) -> Recorder:
-        from torch.nn.modules import module as nn_module
-        from torch.optim import optimizer as optim
+        from torch.nn.modules import module as nn_module  # noqa: PLC0415 (job kit)
+        from torch.optim import optimizer as optim  # noqa: PLC0415 (job kit)
 
         self._handles = [
             nn_module.register_module_forward_pre_hook(self._forward_pre),
@@ -148,7 +148,7 @@ class Recorder:
             _time_loader(self),
             _time_waits(self),
         ]
-        from trainscale.runtime.hangwatch import heartbeat
+        from trainscale.runtime.hangwatch import heartbeat  # noqa: PLC0415 (job kit)
 
         self._note_step = heartbeat.note_step  # each step tells the rank's heartbeat
         self.active = True
@@ -280,7 +280,7 @@ class Recorder:
                 self._calibrated()
 
     def _note_peak(self) -> None:
-        from trainscale.runtime.memory import peak_memory
+        from trainscale.runtime.memory import peak_memory  # noqa: PLC0415 (job kit)
 
         self.steps_peak = peak_memory(self.marks.device)[0]  # a running maximum: the latest is the largest
         self._peak_at = time.perf_counter()
@@ -345,8 +345,8 @@ class Recorder:
     def _open(self) -> None:
         """This rank's record file, its flushing thread, its device sampler (local rank 0) and straggler watch
         (rank 0)."""
-        from trainscale.observe.records import RankRecorder
-        from trainscale.observe.sampler import start_sampler
+        from trainscale.observe.records import RankRecorder  # noqa: PLC0415 (job kit)
+        from trainscale.observe.sampler import start_sampler  # noqa: PLC0415 (job kit)
 
         rank, world, local_rank, local_world, backend = _place(self.environ)
         lead = self._lead() if self._lead is not None else None
@@ -370,7 +370,7 @@ class Recorder:
         self._flusher = threading.Thread(target=self._flushing, name="trainscale-records", daemon=True)
         self._flusher.start()
         try:
-            from trainscale.observe.devices import publish
+            from trainscale.observe.devices import publish  # noqa: PLC0415 (optional dependency)
 
             publish(self.run_dir, node_name(), rank, device)
             self.sampler = start_sampler(
@@ -382,7 +382,7 @@ class Recorder:
             print(f"trainscale: device sampling off: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         every = _float(self.environ, "TRAINSCALE_STRAGGLER_EVERY", 10.0)
         if rank == 0 and world > 1 and every > 0:
-            from trainscale.observe.stragglers import StragglerWatch
+            from trainscale.observe.stragglers import StragglerWatch  # noqa: PLC0415 (job kit)
 
             say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
             try:
@@ -390,7 +390,7 @@ class Recorder:
             except Exception:  # no store to read: the report still names a straggler from the files
                 self.watch = None
         if world > 1:  # waits for the watch's flag; samples the stack only then (observe/place.py)
-            from trainscale.observe.place import StackSampler
+            from trainscale.observe.place import StackSampler  # noqa: PLC0415 (job kit)
 
             self.place = StackSampler(self, rank).start()
 
@@ -410,7 +410,7 @@ class Recorder:
         lead = self._lead() if self._lead is not None else None
         if lead is None or self._first_batch is None:
             return None
-        from trainscale.observe.flops import plain_step_flops
+        from trainscale.observe.flops import plain_step_flops  # noqa: PLC0415 (job kit)
 
         args, kwargs = self._first_batch
         return plain_step_flops(unwrap(lead), lambda model: model(*args, **kwargs), max(1, self._micro_last))
@@ -437,7 +437,7 @@ class Recorder:
 
     def hang_noticed(self, verdict: Any) -> None:
         """The heartbeat's notice (rank 0): into the run's events, for the report; the steps so far to disk."""
-        from trainscale.observe.records import note_event
+        from trainscale.observe.records import note_event  # noqa: PLC0415 (job kit)
 
         note_event(self.run_dir, **verdict.event())
         self.flush()
@@ -463,7 +463,7 @@ class Recorder:
             self.out.out.write(self.state.record())
         if self.count_flops is not None and not self.flops_per_step:
             self.flops_per_step = self.count_flops()
-        from trainscale.runtime.memory import peak_memory
+        from trainscale.runtime.memory import peak_memory  # noqa: PLC0415 (job kit)
 
         device = self.marks.device
         summary: dict[str, Any] = {
@@ -476,7 +476,7 @@ class Recorder:
             summary["reserved_peak_bytes"] = int(torch.cuda.max_memory_reserved(device))
         lead = self._lead() if self._lead is not None else None
         if self.flops_per_step:
-            from trainscale.observe.flops import mfu, peak_for
+            from trainscale.observe.flops import mfu, peak_for  # noqa: PLC0415 (job kit)
 
             median = statistics.median(self.step_times) if self.step_times else None
             dtype = self._autocast or param_dtype(lead)
@@ -513,7 +513,7 @@ def _float(environ: Any, name: str, default: float) -> float:
 def _time_loader(recorder: Recorder) -> Callable[[], None]:
     """Every DataLoader iterator's ``__next__`` timed for ``recorder`` (a forked worker's is not: not its pid);
     returns what undoes it. torch exposes no hook there, so the one method is wrapped."""
-    from torch.utils.data import dataloader
+    from torch.utils.data import dataloader  # noqa: PLC0415 (job kit)
 
     original = dataloader._BaseDataLoaderIter.__next__
 

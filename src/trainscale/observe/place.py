@@ -47,7 +47,7 @@ def flag(run_dir: str | Path, rank: int) -> Path:
 
 def not_users() -> tuple[str, ...]:
     """Folders whose code is not the user's: the standard library, installed packages, torch, trainscale."""
-    import torch
+    import torch  # noqa: PLC0415 (job kit)
 
     paths = [sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")]
     paths += [os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__))]  # trainscale's

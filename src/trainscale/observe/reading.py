@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from trainscale.observe.records import metrics_dir, read_lines, read_run
+from trainscale.observe.sampler import other_cpu_share
 
 WARMUP = 2
 """Steps left out of a steady median: the first pay for the start-up's wait (the first collective waits for the
@@ -160,8 +161,6 @@ def timing(stats: list[RankStats]) -> dict[str, Any] | None:
 def other_work(run_dir: str | Path) -> float | None:
     """The share of the run's CPUs other work kept busy while it trained, from its node sampler's records
     (observe/sampler.py; None where sampling was off or took no sample)."""
-    from trainscale.observe.sampler import other_cpu_share
-
     samples = [
         x
         for path in sorted(metrics_dir(run_dir).glob("node-*.jsonl"))

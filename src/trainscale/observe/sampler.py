@@ -35,7 +35,7 @@ def interval_from_env(environ=os.environ) -> float:
 
 def node_ranks() -> list[Any]:
     """psutil Processes of this node's ranks: this one and its siblings running the same program."""
-    import psutil
+    import psutil  # noqa: PLC0415 (job kit)
 
     me = psutil.Process()
     try:
@@ -48,7 +48,7 @@ def node_ranks() -> list[Any]:
 
 def rank_cpus(procs: list[Any]) -> list[int]:
     """The CPUs the node's ranks may run on (the union of their affinities)."""
-    import psutil
+    import psutil  # noqa: PLC0415 (job kit)
 
     cpus: set[int] = set()
     for p in procs:
@@ -85,9 +85,9 @@ class Sampler:
     def __init__(
         self, run_dir, *, interval_s: float, gpu_reader: Callable[[], list[dict]] | None = None, local_ranks: int = 1
     ) -> None:
-        import psutil
+        import psutil  # noqa: PLC0415 (job kit)
 
-        from trainscale.observe.devices import JobGpus
+        from trainscale.observe.devices import JobGpus  # noqa: PLC0415 (job kit)
 
         self.interval_s = interval_s
         host = node_name()
@@ -108,7 +108,7 @@ class Sampler:
         return self
 
     def sample(self) -> dict[str, Any]:
-        import psutil
+        import psutil  # noqa: PLC0415 (job kit)
 
         procs = []
         for p in self.procs:
@@ -140,7 +140,7 @@ class Sampler:
     def _loop(self) -> None:
         # psutil keeps the system-wide readings' last sample per thread: the first reading in a thread
         # covers no interval and says 0%, so this thread takes one before its first wait
-        import psutil
+        import psutil  # noqa: PLC0415 (job kit)
 
         psutil.cpu_percent(None)
         psutil.cpu_percent(None, percpu=True)

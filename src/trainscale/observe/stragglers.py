@@ -313,7 +313,7 @@ class StragglerWatch:
         if store == "auto":
             store = default_store()
             if store is not None:
-                import torch.distributed as dist
+                import torch.distributed as dist  # noqa: PLC0415 (job kit)
 
                 world_size = dist.get_world_size()
                 store = own_connection(store)

@@ -93,7 +93,7 @@ class RankWindow:
 def default_store() -> Any:
     """The process group's store when this process is one of several ranks, else None."""
     try:
-        import torch.distributed as dist
+        import torch.distributed as dist  # noqa: PLC0415 (optional dependency)
 
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
             return None

@@ -29,7 +29,7 @@ def observe_when_torch_loads(environ: MutableMapping[str, str] = os.environ, *, 
     (asked for
     before the group exists). Nothing here may fail the script: what cannot start says so in one line. ``kit``:
     the job kit's directory, where the script's Python has no trainscale of its own (a stock container)."""
-    from trainscale.env import detect
+    from trainscale.env import detect  # noqa: PLC0415 (job kit)
 
     run_dir = detect(environ).run_dir
     watch = str(environ.get(NOTICE_VAR, "")).strip() not in ("0", "0.0")

@@ -8,15 +8,25 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import statistics
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from trainscale.bench import allreduce_run
+from trainscale.bench.study import read_metrics
+from trainscale.bench.validity import disturbance
 from trainscale.errors import ConfigError
+from trainscale.launch.preflight import option_value
+from trainscale.launch.slurm.spec import parse_mem_gb, usable_cpus
+from trainscale.launch.trial import WORKLOADS, here
 from trainscale.observe.reading import other_work, steady, step_records, steps_peaks
 from trainscale.observe.records import read_lines
 from trainscale.plan.comm import Network, Sweep, get_network
-from trainscale.plan.model import Calibration, Plan, make_plan
+from trainscale.plan.model import STRATEGIES, Calibration, Plan, ladder, make_plan
+from trainscale.profiles import load_profile
+from trainscale.topology.apply import current_affinity
+from trainscale.workloads.registry import get_workload
 
 PROFILE_NETWORKS = {"ofi": "slingshot-11", "ib": "ib-hdr200", "socket": "ethernet-25g"}
 """A profile's ``interconnect`` as the plan's network (plan/comm.NETWORKS)."""
@@ -43,9 +53,8 @@ def short_run(
     (observe/state.py); its rt.checkpoint files go to a directory of the run's own (it neither resumes from nor
     writes into the user's). A workload runs ``steps + 1`` steps to its normal end in a temporary directory.
     ``threads``: the rank's OMP_NUM_THREADS (a user's own setting is kept)."""
-    from trainscale.launch.trial import WORKLOADS, here
-    from trainscale.observe.state import PLAN_STEPS_VAR
-    from trainscale.train.resumable import CHECKPOINT_DIR_VAR
+    from trainscale.observe.state import PLAN_STEPS_VAR  # noqa: PLC0415 (torch-free module)
+    from trainscale.train.resumable import CHECKPOINT_DIR_VAR  # noqa: PLC0415 (torch-free module)
 
     with tempfile.TemporaryDirectory(prefix="trainscale-plan-") as tmp:
         run_dir, metrics = Path(tmp) / "run", Path(tmp) / "metrics.json"
@@ -60,8 +69,6 @@ def short_run(
         if threads and "OMP_NUM_THREADS" not in os.environ:
             env["OMP_NUM_THREADS"] = str(threads)
         if workload:
-            from trainscale.workloads.registry import get_workload
-
             line = [
                 "--workload",
                 workload,
@@ -153,7 +160,7 @@ def sweep_hooks(workload_args: tuple[str, ...] | None, strategy: str | None) -> 
     all-reduce (none) for the sharded strategies' collectives and a script's own DDP (``workload_args`` None),
     and for a workload's ddp and zero1 gradients what they average with (:func:`averaging_hook`:
     trainscale's shared-memory average unless ``comm_hook`` names another)."""
-    from trainscale.strategies import state_sharding
+    from trainscale.strategies import state_sharding  # noqa: PLC0415 (torch-free module)
 
     if workload_args is None:
         return ("none",)
@@ -168,8 +175,7 @@ def sweep_hooks(workload_args: tuple[str, ...] | None, strategy: str | None) -> 
 def averaging_hook(workload_args: tuple[str, ...] | list[str]) -> str:
     """What a workload's DDP averages with, for the all-reduce benchmark's ``--hook``: ``shm`` or ``auto`` as
     named in ``--strategy ...:comm_hook=`` (default auto), the backend's (none) otherwise."""
-    from trainscale.launch.preflight import option_value
-    from trainscale.strategies import parse_spec
+    from trainscale.strategies import parse_spec  # noqa: PLC0415 (torch-free module)
 
     hook = parse_spec(option_value(workload_args, "--strategy") or "ddp")[1].get("comm_hook", "auto").lower()
     return hook if hook in ("auto", "shm") else "none"
@@ -179,15 +185,12 @@ def sweeps_here(ranks_per_node: int, say: Callable[[str], None], hooks: tuple[st
     """The all-reduce on this machine (bench/allreduce.py, launched like training) among each count of ranks
     the plan's rows and ``--verify`` run here (2, 4, ... up to ``ranks_per_node``), timed by each of ``hooks``
     (:func:`sweep_hooks`)."""
-    from trainscale.bench.allreduce_run import measure
-    from trainscale.plan.model import ladder
-
     out = []
     for ranks in sorted({n for n, _ in ladder(ranks_per_node, 1) if n > 1}):
         for hook in hooks:
             say(f"measuring: the all-reduce among {ranks} ranks here ({SWEEP_SIZES}, {Sweep.HOOKS[hook]})")
             with tempfile.TemporaryDirectory(prefix="trainscale-plan-") as tmp:
-                result = measure(
+                result = allreduce_run.measure(
                     None,
                     nproc=ranks,
                     sizes=SWEEP_SIZES,
@@ -224,8 +227,6 @@ def verify(
     is for one), under each strategy trainscale runs for a workload (a script's own for a script), run here for
     a few steps: the predicted step time, model state and peak against the measured ones, a run that other work
     disturbed marked as a study marks it (bench/validity.disturbance)."""
-    from trainscale.bench.validity import disturbance
-
     ranks = 2 if plan.world > 1 else 1
     out = []
     for strategy in VERIFIED if workload else (None,):
@@ -260,8 +261,6 @@ def compare(
     """One measured configuration against the plan: the median step after the first, the model state (parameters,
     gradients and optimizer state) of the fullest rank (a workload's memory table; a script's rank 0 records) and
     the largest peak of any rank over its training steps (``peaks``), each with its error."""
-    import statistics
-
     times = [float(r["step_s"]) for r in steady(step_records(records))]
     if metrics and metrics.get("memory"):  # the fullest rank, as the plan predicts it (what must fit)
         held = float(max(row["params"] + row["grads"] + row["optimizer"] for row in metrics["memory"]["ranks"]))
@@ -301,8 +300,6 @@ def room(profile, ranks_per_node: int, mem: str | None = None) -> tuple[float | 
     node's share per rank), else this machine's (its GPU, or its memory within this process's cgroup limit:
     SLURM's ``--mem`` on the node the plan runs on)."""
     if mem:
-        from trainscale.launch.slurm.spec import parse_mem_gb
-
         return parse_mem_gb(mem) * 2**30 / ranks_per_node, f"--mem {mem} / {ranks_per_node} rank(s)"
     if profile is not None:
         if profile.gpus_per_node and profile.mem_per_gpu_gb:
@@ -313,13 +310,13 @@ def room(profile, ranks_per_node: int, mem: str | None = None) -> tuple[float | 
                 f"profile {profile.name}: {profile.mem_per_node_gb:g} GB per node / {ranks_per_node} rank(s)",
             )
         return None, f"profile {profile.name} gives no memory"
-    import torch
+    import torch  # noqa: PLC0415 (torch-free module)
 
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         return float(props.total_memory), f"this machine's GPU 0, {props.name}"
     try:
-        import psutil
+        import psutil  # noqa: PLC0415 (optional dependency)
 
         total, what = float(psutil.virtual_memory().total), "this machine's"
     except ImportError:
@@ -377,8 +374,6 @@ def submit_line(
 ) -> str:
     """The command that runs the recommended configuration."""
     if workload:
-        from trainscale.workloads.registry import get_workload
-
         target = [
             "--workload",
             workload,
@@ -461,27 +456,17 @@ def make(
             raise ConfigError(f"{name} {value}: at least 1", hint="e.g. 2")
     profile = None
     if profile_name:
-        from trainscale.profiles import load_profile
-
         profile = load_profile(profile_name)
     if workload:
-        from trainscale.workloads.registry import get_workload
-
         get_workload(workload)  # an unknown name is refused before the calibration
     net, net_source = network(interconnect, profile)
     if mem:
-        from trainscale.launch.slurm.spec import parse_mem_gb
-
         parse_mem_gb(mem)  # a size SLURM would refuse is refused before the calibration
     if profile is not None:
-        from trainscale.launch.slurm.spec import usable_cpus
-
         cpus = usable_cpus(profile)
     else:
-        from trainscale.topology.apply import current_affinity
-
         cpus = len(current_affinity()) or 1
-    import torch
+    import torch  # noqa: PLC0415 (torch-free module)
 
     here_on_cpu = profile is None and not torch.cuda.is_available()
     # on this machine's CPUs, the calibrating rank gets the threads each planned rank will (`run` gives each
@@ -561,8 +546,7 @@ STUDY_CALIBRATION_S = 180.0
 def study_strategy(args: tuple[str, ...]) -> str:
     """The strategy a workload study's arguments ask for, by name (``fsdp:mixed_precision=bf16`` is fsdp); the
     workloads' ddp by default."""
-    from trainscale.launch.preflight import option_value
-    from trainscale.strategies import parse_spec
+    from trainscale.strategies import parse_spec  # noqa: PLC0415 (torch-free module)
 
     return parse_spec(option_value(args, "--strategy") or "ddp")[0]
 
@@ -600,10 +584,6 @@ def against(made: Plan, runs: list[dict], out_dir: Path) -> list[dict]:
     """Each measured configuration of a study beside what its plan predicted: the step (the median of its rank 0's
     step records after the warm-up, as the calibration's), the fullest rank's model state (its memory table) and
     its ranks' largest peak over their training steps."""
-    from trainscale.bench.study import read_metrics
-    from trainscale.bench.validity import disturbance
-    from trainscale.plan.model import STRATEGIES
-
     rows = []
     for run in runs:
         if run.get("status") != "ok" or not run.get("run_dir"):

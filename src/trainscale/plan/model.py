@@ -14,7 +14,7 @@ Every figure says what it was calibrated on; what the model cannot see is listed
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from trainscale.errors import ConfigError
@@ -222,7 +222,7 @@ def memory(cal: Calibration, strategy: str, world: int, batch: int, overhead: bo
     """Bytes one rank holds under ``strategy`` at ``world`` ranks and ``batch`` samples per rank; ``overhead``:
     its peak carries the calibration's (not where the calibration's memory is not the target's: a CPU's RSS
     for a GPU)."""
-    from trainscale.strategies import state_sharding
+    from trainscale.strategies import state_sharding  # noqa: PLC0415 (torch-free module)
 
     if strategy not in STRATEGIES:
         raise ConfigError(f"strategy {strategy!r} is not one plan models", hint=", ".join(STRATEGIES))
@@ -285,9 +285,7 @@ class Plan:
         samples per rank (default: the calibration's): its phases, slowed where ranks share cores, with the
         strategy's collectives (:func:`collectives`) and, where the strategy shards the optimizer state, each rank
         stepping only its share; the data wait and the compute scale with the batch."""
-        from dataclasses import replace
-
-        from trainscale.strategies import state_sharding
+        from trainscale.strategies import state_sharding  # noqa: PLC0415 (torch-free module)
 
         cal = self.calibration
         # the strategy's own pace where it was calibrated (alone, fsdp runs unwrapped: the plain pace)
@@ -369,8 +367,6 @@ class Plan:
 
     def rank_memory(self, strategy: str, world: int, batch: int) -> Memory:
         """:func:`memory`, its peak carrying the calibration's overhead where that is the target's memory."""
-        from dataclasses import replace
-
         m = memory(self.calibration, strategy, world, batch, overhead=self.same_memory)
         own = self.own.get(strategy) if world > 1 else None  # alone, fsdp runs unwrapped: the plain peak
         return replace(m, overhead=own.overhead) if own is not None and self.same_memory else m

@@ -9,7 +9,9 @@ import dataclasses
 import datetime
 from dataclasses import dataclass, field
 
+from trainscale.bench.configs import int_tuple
 from trainscale.errors import ConfigError
+from trainscale.workloads.registry import get_workload
 
 NOISE = 0.03
 """A change must beat the best so far by more than this fraction to be kept (run-to-run noise)."""
@@ -98,8 +100,6 @@ class TuneSpec:
     """Per-rank batches to try; empty: the default, half, twice and four times it."""
 
     def __post_init__(self) -> None:
-        from trainscale.bench.configs import int_tuple
-
         object.__setattr__(self, "batches", int_tuple(self.batches, "--batches"))  # 8,16 or [8, 16]; each >= 1
         for flag, value, choices in (("--loader", self.loader, LOADERS), ("--device", self.device, DEVICES)):
             if value not in choices:
@@ -107,7 +107,7 @@ class TuneSpec:
                     f"{flag} {value!r} is not one of {', '.join(choices)}", hint=f"e.g. {flag} {choices[1]}"
                 )
         if self.device == "auto":
-            from trainscale.runtime.device import visible_gpu_count
+            from trainscale.runtime.device import visible_gpu_count  # noqa: PLC0415 (torch-free module)
 
             object.__setattr__(self, "device", "cuda" if visible_gpu_count() else "cpu")
         if (self.workload is None) == (self.script is None):
@@ -125,15 +125,13 @@ class TuneSpec:
         if self.nproc_per_node < 1 or self.batch_size < 1 or self.cores < 1:
             raise ConfigError("ranks, batch and cores must be >= 1", hint="e.g. --nproc-per-node 2 --batch-size 16")
         if self.workload is not None:
-            from trainscale.workloads.registry import get_workload
-
             get_workload(self.workload)  # an unknown name is refused here, with the list
 
     @property
     def ddp(self) -> bool:
         """Whether DDP's bucket and hook options apply: the strategy has them (asked, not named) and there
         are ranks to all-reduce between."""
-        from trainscale.strategies import get_strategy
+        from trainscale.strategies import get_strategy  # noqa: PLC0415 (torch-free module)
 
         fields = {f.name for f in dataclasses.fields(get_strategy(self.strategy))}
         return self.workload is not None and self.nproc_per_node > 1 and {"bucket_cap_mb", "comm_hook"} <= fields
@@ -154,7 +152,7 @@ def knobs(spec: TuneSpec) -> list[tuple[str, tuple]]:
         out.append(("num_workers", (None, 1, 2, 4)))
     if spec.ddp:
         out.append(("bucket_cap_mb", (None, 1, 5, 50)))
-        from trainscale.strategies.comm_hooks import HOOKS
+        from trainscale.strategies.comm_hooks import HOOKS  # noqa: PLC0415 (torch-free module)
 
         out.append(("comm_hook", (None, *[h for h in HOOKS if h not in ("auto", "none", "shm")])))
     return out
@@ -246,7 +244,7 @@ def render_config(
         )
     lines += ["", "[train]", f"batch_size = {best.batch_size}"]
     lines += [f"{knob} = {value}" for knob in ("threads", "num_workers") if (value := getattr(best, knob)) is not None]
-    from trainscale.train.options import TrainOptions
+    from trainscale.train.options import TrainOptions  # noqa: PLC0415 (torch-free module)
 
     strategy = best.strategy(spec.strategy)
     if strategy != next(f.default for f in dataclasses.fields(TrainOptions) if f.name == "strategy"):

@@ -6,27 +6,26 @@ is plan/tune.py's (pure); the CLI only parses and prints.
 from __future__ import annotations
 
 import os
+import socket
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainscale.bench.study import BATCH_ENV
 from trainscale.errors import ConfigError
-from trainscale.plan.tune import Search, Setting, Trial, TuneSpec, knobs
+from trainscale.launch.trial import WORKLOADS, here
+from trainscale.observe.reading import run_timing
+from trainscale.plan.tune import Search, Setting, Trial, TuneSpec, gain, knobs, render_config
 
 
 def measure(spec: TuneSpec, setting: Setting, work: Path, n: int) -> Trial:
     """Run trial ``n`` of ``setting`` (launch/trial.py); its steady throughput from its step records
     (observe/reading.py), or why it failed."""
-    from trainscale.launch.trial import WORKLOADS, here
-    from trainscale.observe.reading import run_timing
-
     env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("TRAINSCALE_TRAIN_")}
     env.update({"TRAINSCALE_RECORD": "1", "TRAINSCALE_HANG_NOTICE": "0"})
     if spec.script is not None:
-        from trainscale.bench.study import BATCH_ENV
-
         if setting.threads is not None:
             env["OMP_NUM_THREADS"] = str(setting.threads)
         env[BATCH_ENV] = str(setting.batch_size)
@@ -126,10 +125,6 @@ def check_command(*, workload: str | None, script: str | None, out: Path) -> Non
 
 def report(spec: TuneSpec, done: Outcome, out: Path) -> list[str]:
     """Write the best setting's config file to ``out``; the lines that say what was found and where it went."""
-    import socket
-
-    from trainscale.plan.tune import gain, render_config
-
     best, default = done.best, done.default
     lines = (
         [f"  (budget reached: {len(done.search.trials)} trial(s); raise --budget to search further)"]

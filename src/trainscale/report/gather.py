@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainscale.errors import SlurmError
 from trainscale.observe.reading import RankStats, rank_stats
 from trainscale.observe.records import metrics_dir
 from trainscale.observe.records import read_run as read_records
@@ -55,8 +56,7 @@ def accounting(
 ) -> tuple[dict | None, str]:
     """The job's sacct line (launch/slurm/queue.py's one reader) as the page shows it, with the peak memory of its
     steps and its CPU efficiency."""
-    from trainscale.errors import SlurmError
-    from trainscale.launch.slurm.queue import sacct
+    from trainscale.launch.slurm.queue import sacct  # noqa: PLC0415 (CLI start-up)
 
     try:
         rows = sacct(job_id, run)
@@ -115,7 +115,7 @@ def _job_failure(job_id: str | None, acct: dict | None) -> list[str] | None:
         return None
     state = str((acct or {}).get("State", "")).split()[0] if acct else ""
     if not state:
-        from trainscale.launch.slurm.queue import job_info
+        from trainscale.launch.slurm.queue import job_info  # noqa: PLC0415 (CLI start-up)
 
         try:
             info = job_info(job_id)
@@ -124,8 +124,8 @@ def _job_failure(job_id: str | None, acct: dict | None) -> list[str] | None:
         state = info.state if info is not None else ""
     if state in ("COMPLETED", "RUNNING", "PENDING", "COMPLETING", "CONFIGURING"):
         return None
-    from trainscale.launch.slurm.jobdir import load_record
-    from trainscale.launch.slurm.triage import find_failure, step_failure
+    from trainscale.launch.slurm.jobdir import load_record  # noqa: PLC0415 (CLI start-up)
+    from trainscale.launch.slurm.triage import find_failure, step_failure  # noqa: PLC0415 (CLI start-up)
 
     ended = f"job {job_id} ended {state}" if state else f"job {job_id}"
     try:

@@ -9,6 +9,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from trainscale.bench.results import study_mode
 from trainscale.report.gather import Gathered
 
 Facts = list[tuple[str, str]]
@@ -106,7 +107,6 @@ def _low(nnodes: Any) -> int:
 def study_facts(study: dict, path: Path) -> Facts:
     env, spec = study.get("environment") or {}, study.get("spec") or {}
     runs = study.get("runs") or []
-    from trainscale.bench.results import study_mode
 
     mode = "batch-size sweep" if spec.get("sweep_batches") else study_mode(spec)
     configs = ", ".join(f"{r['label']} ({r['world_size']} rank(s), {r.get('nodes') or 1} node(s))" for r in runs)

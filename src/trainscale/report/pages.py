@@ -9,6 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainscale.bench import plots as study_plots
+from trainscale.bench.results import markdown_table, plan_rows, sweep_table
+from trainscale.bench.validity import assess, notes
 from trainscale.report import plots
 from trainscale.report.gather import Gathered, read_run
 from trainscale.report.header import Facts, run_facts, study_facts, sweep_facts
@@ -175,15 +178,9 @@ STUDY_PLOTS = {
 
 
 def study_page(source: Source, out: Path | None, sacct_run) -> Page:
-    from trainscale.bench import plots as study_plots
-    from trainscale.bench.results import markdown_table, plan_rows, sweep_table
-    from trainscale.bench.validity import notes
-
     study = json.loads((source.path / "results.json").read_text())
     marked = all("disturbed" in r for r in study.get("runs", []))
     if study.get("baseline"):  # the same marks for a study bench made before it marked figures
-        from trainscale.bench.validity import assess
-
         assess(study["runs"], study["baseline"], cores=(study.get("environment") or {}).get("cores"))
     sweep = bool((study.get("spec") or {}).get("sweep_batches"))
     text = sweep_table(study) if sweep else markdown_table(study)
@@ -233,7 +230,7 @@ def study_page(source: Source, out: Path | None, sacct_run) -> Page:
 
 
 def sweep_page(source: Source, out: Path | None, sacct_run) -> Page:
-    from trainscale.launch.slurm import sweep
+    from trainscale.launch.slurm import sweep  # noqa: PLC0415 (CLI start-up)
 
     results = sweep.gather(source.path)
     metric = sweep.choose_metric(results, None)

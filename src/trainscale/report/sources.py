@@ -52,7 +52,7 @@ def resolve(target: str) -> Source:
             )
         return Source(kind, path)
     if re.fullmatch(r"\d+(?:_\d+)?|last", target):
-        from trainscale.launch.slurm.jobdir import load_record
+        from trainscale.launch.slurm.jobdir import load_record  # noqa: PLC0415 (CLI start-up)
 
         record = load_record(target)
         run_dir = Path(record.run_dir) if record.run_dir else record.job_dir

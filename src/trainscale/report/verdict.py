@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 import statistics
 
+from trainscale.bench.results import busy_warning, plan_check, suggestions
 from trainscale.findings import Finding
+from trainscale.observe.sampler import OTHER_WORK_SHARE, other_cpu_share
 from trainscale.report.gather import Gathered
 
 LOW_GPU_UTIL = 60.0
@@ -110,7 +112,6 @@ def findings(g: Gathered) -> list[Finding]:
                 + (" (low: the GPUs waited for data, the CPU or communication)" if mean < LOW_GPU_UTIL else ""),
             )
         )
-    from trainscale.observe.sampler import OTHER_WORK_SHARE, other_cpu_share
 
     for host, samples in g.samples.items():
         share = other_cpu_share(samples)
@@ -151,7 +152,7 @@ def _strategy_advice(g: Gathered) -> str | None:
     runs = [r for r in (g.study or {}).get("runs", []) if r.get("status") == "ok" and r.get("strategy")]
     if not runs:
         return None
-    from trainscale.strategies import advice  # imports torch: only a study's report pays for it
+    from trainscale.strategies import advice  # imports torch: only a study's report pays for it  # noqa: PLC0415 (torch-free module)
 
     run = max(runs, key=lambda r: r["world_size"])
     share = (run.get("breakdown") or {}).get("optimizer_fraction")
@@ -165,8 +166,6 @@ GOOD_EFFICIENCY = 0.8
 def study_findings(study: dict) -> list[Finding]:
     """A scaling study's verdict: each configuration against what its hardware allows, worst first; figures
     that cannot be results (bench/validity.py) named with their reason, never as results."""
-    from trainscale.bench.results import busy_warning, plan_check, suggestions
-
     out: list[Finding] = []
     runs = study.get("runs") or []
     base = next((r for r in runs if r.get("config") == study.get("baseline")), None)

@@ -37,7 +37,7 @@ def enable_flight_recorder(environ: MutableMapping[str, str] | None = None, job_
     itself (runtime/hangwatch/heartbeat.py), so it has no reason to change how NCCL tears down after an error.
     """
     environ = os.environ if environ is None else environ
-    from trainscale.runtime.hangwatch import ledger
+    from trainscale.runtime.hangwatch import ledger  # noqa: PLC0415 (torch-free module)
 
     ledger.enable_flight_recorder(environ)  # torch's documented size, under one name; the user's wins
     environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")

@@ -26,7 +26,11 @@ import torch.distributed as dist
 
 from trainscale.env import LaunchEnv, detect
 from trainscale.errors import ConfigError, record_error
+from trainscale.runtime import nccl, store
+from trainscale.runtime.determinism import enable_determinism
 from trainscale.runtime.device import pick_backend, pick_device
+from trainscale.runtime.hangwatch import heartbeat as progress
+from trainscale.runtime.preemption import Preemption
 from trainscale.runtime.seed import seed_everything
 from trainscale.runtime.threads import apply_thread_count
 
@@ -172,8 +176,6 @@ class Runtime:
         worker
         bootstrap's heartbeat)."""
         if self._progress is None:
-            from trainscale.runtime.hangwatch import heartbeat as progress
-
             self._progress = progress.for_runtime(self)
         self._progress.mark(step, op)
         try:
@@ -182,7 +184,7 @@ class Runtime:
             explained = self._progress.watcher.explain(exc)
             if explained is None:
                 raise
-            from trainscale.runtime.hangwatch.watch import call_timeout_callbacks
+            from trainscale.runtime.hangwatch.watch import call_timeout_callbacks  # noqa: PLC0415 (optional dependency)
 
             call_timeout_callbacks(self.timeout_callbacks, explained)
             if explained is exc:
@@ -194,8 +196,6 @@ class Runtime:
         ``pre = rt.handle_preemption()`` once, then ``if pre.requested(): save, pre.requeue_and_log(...)``
         at step boundaries. The previous handlers come back in :meth:`close`."""
         if self._preemption is None:
-            from trainscale.runtime.preemption import Preemption
-
             self._preemption = Preemption(self)
         return self._preemption
 
@@ -274,8 +274,6 @@ def init(
     env = detect(environ)
     notes: list[str] = []
     if deterministic:  # before anything touches cuBLAS
-        from trainscale.runtime.determinism import enable_determinism
-
         notes += enable_determinism()
     dev = pick_device(env, device, environ=environ)
     if dev.type == "cuda":
@@ -305,8 +303,6 @@ def init(
 
 
 def _init_process_group(env: LaunchEnv, backend: str, dev: torch.device, timeout: datetime.timedelta) -> None:
-    from trainscale.runtime import nccl
-
     kwargs: dict = {}
     group_timeout = timeout
     if "nccl" in backend:
@@ -324,7 +320,6 @@ def _init_process_group(env: LaunchEnv, backend: str, dev: torch.device, timeout
     else:
         # Rank 0 hosts the store itself; build it bound to the master address only (runtime/store.py)
         # instead of letting torch listen on every address of the host.
-        from trainscale.runtime import store
 
         if env.rank == 0:
             kwargs["store"] = store.bound_server(env.master_addr, env.master_port, timeout)

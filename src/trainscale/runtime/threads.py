@@ -6,6 +6,7 @@ import contextlib
 import os
 
 import torch
+import torch.distributed as dist
 
 from trainscale.topology.apply import current_affinity
 
@@ -43,7 +44,6 @@ def node_cpus(runtime) -> int:
     mine = sorted(current_affinity())
     if not runtime.is_distributed:
         return len(mine)
-    import torch.distributed as dist
 
     rows: list = [None] * runtime.world_size
     dist.all_gather_object(rows, (runtime.node_rank, mine))

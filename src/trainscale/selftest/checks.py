@@ -10,8 +10,10 @@ tolerances, and what makes each row FAIL or WARN: docs/gpu.md.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import socket
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -22,8 +24,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from trainscale.bench.allreduce import format_size, measure, nearest_row, plateau, plateau_words, sizes_for
+from trainscale.checkpoint import Checkpointer, RNGState
+from trainscale.observe.devices import identity
+from trainscale.observe.hooks import Recorder
+from trainscale.observe.interconnect import intra_node_transports
+from trainscale.observe.reading import rank_stats
+from trainscale.observe.records import metrics_dir, read_lines
+from trainscale.runtime.device import VISIBLE_VARS
+from trainscale.runtime.seed import rng_state, set_rng_state
 from trainscale.strategies import get_strategy
 from trainscale.strategies.base import OptimizerSpec
+from trainscale.topology import detect
+from trainscale.topology.nvidia import expected_busbw_gbps, parse_nvidia_links
+from trainscale.topology.plan import node_gpu_indices
 
 STEPS, MIN_GLOBAL_BATCH, WIDTH = 4, 32, 64
 BREAKDOWN_WIDTH, BREAKDOWN_LAYERS = 1024, 6
@@ -116,16 +130,12 @@ def gather(rt, value: Any) -> list[Any]:
 def _gpu_id(device: torch.device) -> str:
     """The GPU's PCI address where torch knows it (unique per device: two GCDs of an MI250X may share a
     UUID, or have none), else its UUID, else its name and index."""
-    from trainscale.observe.devices import identity
-
     ident = identity(device) or {}
     return ident.get("pci") or ident.get("uuid") or f"{torch.cuda.get_device_properties(device).name} {device}"
 
 
 def check_devices(rt) -> Check:
     """Each rank's device; on GPUs every rank of a host drives its own GPU, the one trainscale promises."""
-    from trainscale.runtime.device import VISIBLE_VARS
-
     visible = {k: os.environ[k] for k in VISIBLE_VARS if k in os.environ}
     cuda = rt.device.type == "cuda"
     mine = {
@@ -176,8 +186,6 @@ def check_devices(rt) -> Check:
 def check_allreduce(rt, sizes: str, nccl_log: str | None = None) -> Check:
     """The sum is right, and the bus bandwidth over a short sweep (bench/allreduce.py's method), against
     what the node's GPU links imply (a single-node GPU job) and with the transport NCCL picked."""
-    from trainscale.bench.allreduce import format_size, measure, plateau, plateau_words, sizes_for
-
     n = rt.world_size
     t = torch.full((1 << 16,), float(rt.rank + 1), device=rt.device)
     dist.all_reduce(t)
@@ -235,15 +243,12 @@ def node_links(rt) -> tuple[float | None, str]:
     """(GB/s an all-reduce over the job's GPUs on this node should reach, why), from ``nvidia-smi topo -m``.
     Every rank's GPU is gathered by PCI address or UUID, which nvidia-smi's node-wide indices are found
     from: torch's indices are not the node's (``CUDA_VISIBLE_DEVICES=4,5,6,7``, srun's one GPU per task)."""
-    from trainscale.observe.devices import identity
-    from trainscale.topology.detect import run_tool
-
     job = gather(rt, identity(rt.device))
-    text = run_tool(["nvidia-smi", "topo", "-m"]) if torch.version.cuda else None
+    text = detect.run_tool(["nvidia-smi", "topo", "-m"]) if torch.version.cuda else None
     if not text:
         return None, "no nvidia-smi topology (AMD GPUs: no expectation)"
     return job_links(
-        text, run_tool(["nvidia-smi", "--query-gpu=index,pci.bus_id,uuid", "--format=csv,noheader"]) or "", job
+        text, detect.run_tool(["nvidia-smi", "--query-gpu=index,pci.bus_id,uuid", "--format=csv,noheader"]) or "", job
     )
 
 
@@ -251,9 +256,6 @@ def job_links(topo: str, query: str, job: list[dict]) -> tuple[float | None, str
     """node_links on captured outputs: ``topo`` of ``nvidia-smi topo -m``, ``query`` of ``nvidia-smi
     --query-gpu=index,pci.bus_id,uuid --format=csv,noheader``, ``job`` every rank's GPU identity. No
     expectation when nvidia-smi here does not list every GPU of the job (a cgroup hides the others)."""
-    from trainscale.topology.nvidia import expected_busbw_gbps, parse_nvidia_links
-    from trainscale.topology.plan import node_gpu_indices
-
     try:
         gpus, missing = node_gpu_indices(query, job)
         expected, why = expected_busbw_gbps(parse_nvidia_links(topo), gpus)
@@ -268,8 +270,6 @@ def job_links(topo: str, query: str, job: list[dict]) -> tuple[float | None, str
 
 
 def _transports(nccl_log: str | None) -> list[str]:
-    from trainscale.observe.interconnect import intra_node_transports
-
     try:
         return list(intra_node_transports(Path(nccl_log).read_text(errors="replace"))) if nccl_log else []
     except OSError:
@@ -326,8 +326,6 @@ def check_equivalence(rt) -> Check:
 
 def check_strategies(rt, skip: set[str]) -> Check:
     """ZeRO-1 equals DDP bitwise; FSDP (and DeepSpeed when installed) within the tolerance."""
-    import importlib.util
-
     names = ["ddp", "zero1", "fsdp"]
     if "deepspeed" not in skip and importlib.util.find_spec("deepspeed") is not None:
         names.append("deepspeed")
@@ -370,9 +368,6 @@ def train_step(strategy, model: nn.Module, opt, loss: torch.Tensor) -> None:
 def check_resume(rt, workdir: Path, deterministic: bool) -> Check:
     """Train 2K steps with a checkpoint at K; a fresh model resumed from it must end where the
     uninterrupted run ended (dropout on: the RNG state, CPU and GPU, is part of the resume)."""
-    from trainscale.checkpoint import Checkpointer, RNGState
-    from trainscale.runtime.seed import rng_state, set_rng_state
-
     start = rng_state(rt.device)
     directory = workdir / "resume"
     strategy = get_strategy("ddp")
@@ -424,12 +419,6 @@ def check_breakdown(rt, allreduce: dict | None = None) -> Check:
     """The step records (observe/hooks.py, the one clock of a step) see the gradient all-reduce (on NCCL, through
     CUDA events) as long as the measured bus bandwidth says it takes; ``allreduce``: the all-reduce check's result
     (its rows). A recorder of its own, in a directory of its own, records the check's steps."""
-    import tempfile
-
-    from trainscale.observe.hooks import Recorder
-    from trainscale.observe.reading import rank_stats
-    from trainscale.observe.records import metrics_dir, read_lines
-
     strategy = get_strategy("ddp:comm_hook=none")  # the backend's all-reduce: what the all-reduce check timed
     torch.manual_seed(7)
     layers = [nn.Linear(BREAKDOWN_WIDTH, BREAKDOWN_WIDTH) for _ in range(BREAKDOWN_LAYERS)]
@@ -468,8 +457,6 @@ def check_breakdown(rt, allreduce: dict | None = None) -> Check:
 def implied_comm_s(gradient_bytes: int, world_size: int, allreduce: dict | None) -> float | None:
     """Seconds a ring all-reduce of ``gradient_bytes`` takes at the bus bandwidth the all-reduce check
     measured at the nearest size to DDP's 25 MB bucket: bytes x 2(n-1)/n / busbw."""
-    from trainscale.bench.allreduce import nearest_row
-
     rows = [r for r in (allreduce or {}).get("detail", {}).get("rows", []) if r.get("busbw_Bps", 0) > 0]
     if not rows or world_size < 2:
         return None

@@ -20,6 +20,8 @@ import torch
 from torch import nn
 
 import trainscale
+from trainscale.runtime.determinism import CUBLAS_CONFIG, deterministic
+from trainscale.runtime.nccl import transport_log
 from trainscale.selftest.checks import (
     NEEDS_RANKS,
     SGD,
@@ -35,6 +37,8 @@ from trainscale.selftest.checks import (
     mlp,
 )
 from trainscale.selftest.run import hang_record
+from trainscale.topology import current_affinity, detect_topology, format_cpulist
+from trainscale.topology.plan import gpu_order, visible_gpus
 
 HANG_STEP = 2
 HOLD = "TRAINSCALE_SELFTEST_HOLD"
@@ -52,9 +56,6 @@ def stop_participating(seconds: float) -> None:
 
 def check_binding(rt) -> Check:
     """Each rank runs on CPUs close to the GPU it drives (its NUMA node), and no two ranks of a host share CPUs."""
-    from trainscale.topology import current_affinity, detect_topology, format_cpulist
-    from trainscale.topology.plan import gpu_order, visible_gpus
-
     topology = detect_topology()
     affinity = sorted(current_affinity())
     mine = {
@@ -100,8 +101,6 @@ def check_binding(rt) -> Check:
 
 
 def run_checks(rt, args, nccl_log: str | None = None) -> list[dict]:
-    from trainscale.runtime.determinism import deterministic
-
     skip = set(filter(None, args.skip.split(",")))
     done: dict[str, dict] = {}
 
@@ -201,12 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     args.deterministic = args.deterministic and gpu
     nccl_log = None
     if args.deterministic:
-        from trainscale.runtime.determinism import CUBLAS_CONFIG
-
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_CONFIG)
     if gpu and args.phase == "checks":  # how NCCL connects the GPUs, for the all-reduce row
-        from trainscale.runtime.nccl import transport_log
-
         nccl_log = transport_log(os.environ, Path(args.workdir) / "nccl")
     with trainscale.init(device=args.device, timeout_s=args.timeout) as rt:
         if args.phase == "hang":

@@ -15,13 +15,19 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import shlex
 import socket
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainscale.bench.slurm_runs import prepare
+from trainscale.bench.study import choose_out_dir
+from trainscale.doctor.facts import read_versions
 from trainscale.errors import ConfigError, did_you_mean
+from trainscale.launch.trial import here, on_slurm
+from trainscale.topology import PLAN_ENV
 
 MODULE = "trainscale.selftest.rank"
 CHECK_NAMES = ("devices", "all-reduce", "equivalence", "strategies", "resume", "breakdown", "binding", "hang")
@@ -109,7 +115,7 @@ def _default_nproc(spec: SelftestSpec) -> int:
                 hint="give --gpus-per-node R (ranks per node)",
             )
         return ranks
-    import torch
+    import torch  # noqa: PLC0415 (torch-free module)
 
     gpus = torch.cuda.device_count() if spec.device != "cpu" and torch.cuda.is_available() else 0
     return gpus or 2
@@ -117,8 +123,6 @@ def _default_nproc(spec: SelftestSpec) -> int:
 
 def out_directory(requested: Path | None, now: datetime.datetime | None = None) -> Path:
     """A new directory for this selftest: never one holding anything already."""
-    from trainscale.bench.study import choose_out_dir
-
     return choose_out_dir(requested, Path("selftest-out"), now, kept="a report is never overwritten")
 
 
@@ -146,8 +150,6 @@ def rank_args(spec: SelftestSpec, phase: str, out: Path, workdir: Path) -> tuple
 
 def run_selftest(spec: SelftestSpec, command: str, say: Callable[[str], None] = lambda text: None) -> SelftestReport:
     """Run both launches (locally, or as SLURM jobs) and build the report; writes nothing but the run's files."""
-    from trainscale.doctor.facts import read_versions
-
     nproc = _default_nproc(spec)
     out_dir = out_directory(spec.out_dir)
     (out_dir / "work").mkdir(parents=True, exist_ok=True)
@@ -232,9 +234,6 @@ def hang_row(path: Path, timeout_s: float, outcome: tuple[bool, str]) -> dict[st
 
 
 def _run_local(spec: SelftestSpec, nproc: int, out_dir: Path, phases: dict, say) -> dict[str, tuple[bool, str]]:
-    from trainscale.launch.trial import here
-    from trainscale.topology import PLAN_ENV
-
     # Bound like `trainscale run` binds when asked, so the binding check checks trainscale's plan.
     env = {} if os.environ.get(PLAN_ENV) else {PLAN_ENV: "topology"}
     outcomes = {}
@@ -256,11 +255,6 @@ def _run_local(spec: SelftestSpec, nproc: int, out_dir: Path, phases: dict, say)
 def _run_slurm(
     spec: SelftestSpec, nproc: int, out_dir: Path, phases: dict, say, command: str
 ) -> dict[str, tuple[bool, str]]:
-    import shlex
-
-    from trainscale.bench.slurm_runs import prepare
-    from trainscale.launch.trial import on_slurm
-
     target = spec.slurm
     jobs = {
         f"selftest-{phase}": target.job(

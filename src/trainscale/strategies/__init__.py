@@ -13,6 +13,7 @@ from typing import Any
 
 from trainscale.convert import convert, kinds
 from trainscale.errors import ConfigError, did_you_mean
+from trainscale.runtime.device import MIXED_BACKEND
 from trainscale.strategies.base import Strategy
 
 # name -> (module, class). Modules are imported on demand: deepspeed is an optional extra.
@@ -128,8 +129,6 @@ def process_group_backend(spec: str) -> str | None:
     """The backend ``trainscale.init`` should ask for so that ``spec`` works, or None for the device's
     default. FSDP with CPU offload keeps its shards on the host, and a gradient norm or a full state
     dict over them is a CPU collective: on GPUs the group needs gloo beside nccl."""
-    from trainscale.runtime.device import MIXED_BACKEND
-
     strategy = get_strategy(spec)
     return MIXED_BACKEND if getattr(strategy, "cpu_offload", False) else None
 

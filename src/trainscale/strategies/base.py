@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, Union, runtime_checkable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from trainscale.checkpoint.state import FILE, ModelState, Storage
@@ -113,8 +114,6 @@ def one_rank_group(runtime: Any, backend: str | None = None) -> None:
     FSDP's mixed precision and CPU offload, which live in its sharding); trainscale's Runtime makes none
     for one process. ``backend``: the device's own by default. The Runtime then owns it: its close() is
     the one teardown path."""
-    import torch.distributed as dist
-
     if dist.is_initialized():
         return
     backend = backend or ("nccl" if runtime.device.type == "cuda" else "gloo")

@@ -23,9 +23,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
 from trainscale.errors import ConfigError
+from trainscale.strategies import shm_allreduce
 
 HOOKS = ("auto", "none", "fp16", "bf16", "powersgd", "shm")
 HALF = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -46,8 +49,6 @@ def _run(hook, bucket):  # no annotations: DDP checks them against its own types
 def _make(
     name: str, *, powersgd_rank: int = 1, powersgd_start: int = 10, gradient_bytes: int = 0
 ) -> tuple[Callable, Any]:
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
-
     stateless = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
     if name in stateless:
         return stateless[name], None
@@ -57,8 +58,6 @@ def _make(
         )
         return powerSGD_hook.powerSGD_hook, state
     if name == "shm":
-        from trainscale.strategies import shm_allreduce
-
         return shm_allreduce.shm_hook, shm_allreduce.SharedMemoryAllReduce(gradient_bytes)
     raise ConfigError(f"no communication hook {name!r}", hint="one of " + ", ".join(HOOKS))
 
@@ -85,7 +84,6 @@ def check_backend(name: str, device: torch.device, process_group: Any = None) ->
     dtype = HALF.get(name)
     if dtype is None:
         return
-    import torch.distributed as dist
 
     try:
         dist.all_reduce(torch.zeros(1, dtype=dtype, device=device), group=process_group)

@@ -29,6 +29,8 @@ from trainscale.errors import ConfigError, did_you_mean
 from trainscale.strategies import comm_hooks
 from trainscale.strategies.base import OptimizerSource, StrategyBase, one_rank_group
 from trainscale.strategies.optim import build_optimizer, parameter_names
+from trainscale.strategies.portable import from_shards
+from trainscale.strategies.shm_allreduce import SharedMemoryUnavailable, applies, check_device
 
 MiB = 1024 * 1024
 TORCH_BUCKET_MB = 25.0  # DDP's default bucket cap (its first bucket is 1 MiB when the cap is left to it)
@@ -180,13 +182,9 @@ class DDPStrategy(StrategyBase):
             one_rank_group(runtime)
         hook = self.comm_hook
         if hook == "auto":  # shm for 2+ gloo ranks on the CPU (falling back to none below where they share no memory)
-            from trainscale.strategies.shm_allreduce import applies
-
             hook = "shm" if applies(runtime.device, dist.get_backend(), dist.get_world_size()) else "none"
         comm_hooks.check_backend(hook, runtime.device)
         if hook == "shm":
-            from trainscale.strategies.shm_allreduce import check_device
-
             check_device(runtime.device)
         ddp = DistributedDataParallel(
             model,
@@ -197,8 +195,6 @@ class DDPStrategy(StrategyBase):
             **self._bucket_plan(model, runtime),
         )
         if hook != "none":
-            from trainscale.strategies.shm_allreduce import SharedMemoryUnavailable
-
             try:
                 comm_hooks.attach(
                     ddp,
@@ -256,8 +252,6 @@ class ReplicaState(ModelState):
         self.optimizer.load_state_dict(state_dict["optimizer"])
 
     def from_shards(self, shards: Any) -> dict[str, Any]:
-        from trainscale.strategies.portable import from_shards
-
         return from_shards(self.module, self.optimizer, shards)
 
 

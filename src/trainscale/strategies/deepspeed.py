@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import importlib.util
 import os
 import shutil
@@ -44,6 +45,7 @@ from trainscale.errors import CheckpointError, ConfigError
 from trainscale.runtime.memory import tensor_bytes
 from trainscale.strategies.base import OptimizerSource, StrategyBase, one_rank_group, state_tensors
 from trainscale.strategies.ds_config import PRECISIONS, STAGES, build_ds_config, load_ds_config, validate_ds_config
+from trainscale.strategies.handout import through_strategy
 from trainscale.strategies.optim import build_optimizer, parameter_names
 
 CHECKPOINT_TAG = "deepspeed"
@@ -57,7 +59,6 @@ def extensions_dir(environ: dict[str, str] | None = None) -> str:
     environ = os.environ if environ is None else environ
     if environ.get("TORCH_EXTENSIONS_DIR"):
         return environ["TORCH_EXTENSIONS_DIR"]
-    import hashlib
 
     key = hashlib.sha256(f"{sys.prefix}\0{torch.__version__}".encode()).hexdigest()[:12]
     return str(
@@ -125,10 +126,10 @@ def prepare_environment(runtime: Any, environ: MutableMapping[str, str] | None =
         environ["DS_ACCELERATOR"] = "cpu"
         notes.append("DS_ACCELERATOR=cpu (this run's device is the CPU; DeepSpeed would otherwise use a GPU)")
         if "deepspeed" in sys.modules:
-            from deepspeed.accelerator import get_accelerator, set_accelerator
+            from deepspeed.accelerator import get_accelerator, set_accelerator  # noqa: PLC0415 (optional dependency)
 
             if get_accelerator().device_name() != "cpu":
-                from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+                from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator  # noqa: PLC0415 (optional dependency)
 
                 set_accelerator(CPU_Accelerator())
     index = str(runtime.device.index if runtime.device.type == "cuda" else runtime.local_rank)
@@ -246,7 +247,7 @@ class DeepSpeedStrategy(StrategyBase):
             runtime.print(f"trainscale: {note}")
         check_build_locks(os.environ["TORCH_EXTENSIONS_DIR"])
         one_rank_group(runtime)
-        import deepspeed
+        import deepspeed  # noqa: PLC0415 (optional dependency)
 
         names = parameter_names(model)
         model = model.to(runtime.device)
@@ -312,12 +313,10 @@ class DeepSpeedStrategy(StrategyBase):
         )
 
     def user_optimizer(self, optimizer: Any, model: Any) -> Any:
-        from trainscale.strategies.handout import through_strategy
-
         return through_strategy(optimizer, self, model)  # opt.step() is the engine's step
 
     def full_model_state(self, model: Any) -> dict[str, torch.Tensor]:
-        import deepspeed
+        import deepspeed  # noqa: PLC0415 (optional dependency)
 
         with deepspeed.zero.GatheredParameters(list(model.module.parameters())):
             return {k: v.detach().clone() for k, v in model.module.state_dict().items()}

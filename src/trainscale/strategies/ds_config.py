@@ -27,9 +27,9 @@ def parse_ds_config(text: str, origin: str) -> dict[str, Any]:
     """A ds_config as DeepSpeed reads it: hjson (JSON plus trailing commas, comments, unquoted keys),
     duplicate keys refused. Plain JSON parsing when hjson (a DeepSpeed dependency) is not installed."""
     try:
-        from hjson import loads
+        from hjson import loads  # noqa: PLC0415 (optional dependency)
     except ImportError:  # pragma: no cover - hjson comes with deepspeed and the test extra
-        from json import loads
+        from json import loads  # noqa: PLC0415 (optional dependency)
     try:
         config = loads(text, object_pairs_hook=_no_duplicates)
     except ValueError as exc:  # hjson.HjsonDecodeError and json.JSONDecodeError are ValueErrors
@@ -192,7 +192,7 @@ def validate_ds_config(
 
 def _resolve_device(device: str | None) -> str:
     if device in (None, "auto"):
-        import torch
+        import torch  # noqa: PLC0415 (torch-free module)
 
         return "cuda" if torch.cuda.is_available() else "cpu"
     return str(device).split(":")[0]

@@ -34,13 +34,24 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed import fsdp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from trainscale.checkpoint.state import DCP, ModelState
 from trainscale.errors import ConfigError
 from trainscale.observe.models import shard_units
+from trainscale.runtime.device import MIXED_BACKEND
 from trainscale.strategies.base import OptimizerSource, StrategyBase, one_rank_group
+from trainscale.strategies.handout import through_strategy
 from trainscale.strategies.optim import build_optimizer, parameter_names
+from trainscale.strategies.portable import by_name, by_position, from_shards, optimizer_names
 
 MIXED_PRECISION = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 FSDP2_NAMES = ("fully_shard", "FSDPModule", "MixedPrecisionPolicy", "OffloadPolicy", "CPUOffloadPolicy")
@@ -49,10 +60,9 @@ FSDP2_NAMES = ("fully_shard", "FSDPModule", "MixedPrecisionPolicy", "OffloadPoli
 def fsdp2() -> SimpleNamespace:
     """FSDP2's API from wherever this torch keeps it: ``torch.distributed.fsdp`` since 2.6, the
     ``_composable`` package before (the floor, torch 2.4, has it only there)."""
-    import torch.distributed.fsdp as public
-
+    public = fsdp
     if not all(hasattr(public, name) for name in FSDP2_NAMES):
-        from torch.distributed._composable import fsdp as public
+        from torch.distributed._composable import fsdp as public  # noqa: PLC0415 (torch < 2.6 only)
     return SimpleNamespace(**{name: getattr(public, name) for name in FSDP2_NAMES})
 
 
@@ -100,14 +110,11 @@ class FSDPStrategy(StrategyBase):
             # shard over a group of one, so that a study's 1-rank baseline computes in the dtype its N-rank
             # runs do, and one GPU holds a model that fits only offloaded. Offload reduces host shards: gloo too.
             # shard_alone asks for it outright: one rank doing FSDP's own per-unit work (plan's calibration).
-            from trainscale.runtime.device import MIXED_BACKEND
 
             one_rank_group(runtime, MIXED_BACKEND if offload else None)
         if dist.is_available() and dist.is_initialized():
             self._shard(model, runtime)
             if self.mixed_precision == "fp16":
-                from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
                 self.scaler = ShardedGradScaler(device=runtime.device.type)
         return model, build_optimizer(optimizer, model, names)
 
@@ -123,14 +130,12 @@ class FSDPStrategy(StrategyBase):
     def user_optimizer(self, optimizer: Any, model: nn.Module) -> Any:
         if self.scaler is None:
             return optimizer
-        from trainscale.strategies.handout import through_strategy
 
         return through_strategy(optimizer, self, model)  # opt.step() must go through the scaler
 
     def _shard(self, model: nn.Module, runtime: Any) -> None:
         # a one-process run's group is the strategy's own (one_rank_group), not the runtime's (None)
         check_offload_backend(self.cpu_offload, runtime.device.type, runtime.backend or str(dist.get_backend()))
-        from torch.distributed.device_mesh import init_device_mesh
 
         api = fsdp2()
         mesh = init_device_mesh(runtime.device.type, (runtime.world_size,))
@@ -192,8 +197,6 @@ class FSDPStrategy(StrategyBase):
         return ShardedState(self.unwrap(model), optimizer, self.scaler)
 
     def full_model_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
         return get_model_state_dict(self.unwrap(model), options=StateDictOptions(full_state_dict=True))
 
 
@@ -215,13 +218,9 @@ class ShardedState(ModelState):
 
     def from_shards(self, shards: Any) -> dict[str, Any]:
         """Another strategy's own files (DeepSpeed's) as a rank-0 file's entries; DCP shards load directly."""
-        from trainscale.strategies.portable import from_shards
-
         return from_shards(self.model, self.optimizer, shards)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        from trainscale.strategies.portable import by_name, by_position, optimizer_names
-
         model_state, optim_state, options = state_dict["model"], state_dict["optimizer"], StateDictOptions()
         if by_position(optim_state):  # a rank-0 file (ddp, zero1): the whole state, the optimizer's by position
             names = optimizer_names(self.model, self.optimizer)

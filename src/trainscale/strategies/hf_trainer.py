@@ -11,6 +11,7 @@ from typing import Any
 
 from trainscale.errors import ConfigError
 from trainscale.strategies import get_strategy
+from trainscale.strategies.deepspeed import prepare_environment as prepare_deepspeed
 from trainscale.strategies.ds_config import load_ds_config
 
 
@@ -98,6 +99,5 @@ def prepare_environment(strategy_args: dict[str, Any], runtime: Any) -> list[str
     (shared with the deepspeed strategy). Returns a note per variable set."""
     if "deepspeed" not in strategy_args:
         return []
-    from trainscale.strategies.deepspeed import prepare_environment as prepare_deepspeed
 
     return prepare_deepspeed(runtime)

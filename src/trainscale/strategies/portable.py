@@ -6,11 +6,24 @@ optimizer's state by them, and DCP reshards whatever it loads into the layout as
 
 from __future__ import annotations
 
+import contextlib
+import io
+import os
+import pickle
+import tempfile
+import zlib
+from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.optim import ZeroRedundancyOptimizer
 
+from trainscale.env import detect
 from trainscale.errors import CheckpointError
+from trainscale.strategies.deepspeed import CHECKPOINT_TAG
 
 
 def optimizer_names(module: nn.Module, optimizer: Any) -> list[str]:
@@ -47,8 +60,6 @@ def by_name(state: dict[str, Any], names: list[str], where: Any) -> dict[str, An
 def portable_optimizer(optimizer: Any) -> Any:
     """A plain torch optimizer over the same parameters, groups and options as ``optimizer`` (itself, for a plain
     one; ZeRO's holds its whole state only once consolidated): what ``get_state_dict`` can name and fill."""
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
     if not isinstance(optimizer, ZeroRedundancyOptimizer):
         return optimizer
     groups = [{**group, "params": list(group["params"])} for group in optimizer.param_groups]
@@ -59,12 +70,8 @@ def from_shards(module: nn.Module, optimizer: Any, shards: Any) -> dict[str, Any
     """A sharded checkpoint of any strategy and world size (DCP's shards, or DeepSpeed's own files), read whole
     into ``module``'s layout: the ``{"model", "optimizer"}`` a rank-0 file of this module holds (optimizer state
     keyed by position). Every rank calls it (DCP's load is a collective)."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
     plain = portable_optimizer(optimizer)
     if shards.format == "deepspeed":
-        from trainscale.strategies.deepspeed import CHECKPOINT_TAG
-
         whole = deepspeed_once_per_node(shards.path / CHECKPOINT_TAG)
         return {
             "model": whole["model"],
@@ -86,17 +93,8 @@ def deepspeed_once_per_node(directory: Any) -> dict[str, Any]:
     """:func:`from_deepspeed`, merged by one rank per node (local rank 0) into a node-local file (``TMPDIR``) that
     the node's ranks then memory-map: the merged state (12 bytes a parameter under Adam: ~84 GB for 7B) sits in
     the node's memory once, not once per rank. Every rank calls it (two barriers)."""
-    import os
-    import tempfile
-    import zlib
-    from pathlib import Path
-
-    import torch
-    import torch.distributed as dist
-
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return from_deepspeed(directory)
-    from trainscale.env import detect
 
     found = detect()
     first = dist.get_rank() - found.local_rank  # the node's first rank: one file per node, whatever TMPDIR is
@@ -138,15 +136,8 @@ def from_deepspeed(directory: Any) -> dict[str, Any]:
     ranks and cut at the parameters by DeepSpeed's own zero_to_fp32 helpers; the files are read by torch's
     weights-only loader (DeepSpeed's three classes admitted: nothing else runs) and memory-mapped; the merged
     state is held whole (one rank per node does it: :func:`deepspeed_once_per_node`)."""
-    import contextlib
-    import io
-    import pickle
-    from pathlib import Path
-
-    import torch
-
     try:
-        from deepspeed.utils import zero_to_fp32 as z
+        from deepspeed.utils import zero_to_fp32 as z  # noqa: PLC0415 (optional dependency)
     except ImportError as exc:
         raise CheckpointError(
             f"{directory} holds DeepSpeed's own files, which need DeepSpeed installed to read",

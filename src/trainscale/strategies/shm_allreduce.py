@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from trainscale.errors import ConfigError
+from trainscale.observe import hooks
 from trainscale.runtime.hangwatch import ledger
 
 DEFAULT_TIMEOUT_S = 1800.0  # torch's default process-group timeout (30 min) for a rank that never arrives
@@ -170,8 +171,6 @@ class SharedMemoryAllReduce:
 def shm_hook(state: SharedMemoryAllReduce, bucket: Any) -> torch.futures.Future:
     """DDP communication hook: the bucket averaged through shared memory, returned as a done future. It holds
     backward up while it averages: the recorder (observe/hooks.py) counts that as exposed communication."""
-    from trainscale.observe import hooks
-
     recorder = hooks.current()
     future: torch.futures.Future = torch.futures.Future()
     with recorder.blocking_collective() if recorder is not None else contextlib.nullcontext():

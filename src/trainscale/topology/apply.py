@@ -12,7 +12,7 @@ def current_affinity() -> frozenset[int]:
     if hasattr(os, "sched_getaffinity"):
         return frozenset(os.sched_getaffinity(0))
     try:  # platforms without sched_getaffinity; psutil knows a few more (Windows)
-        import psutil
+        import psutil  # noqa: PLC0415 (optional dependency)
 
         return frozenset(psutil.Process().cpu_affinity())
     except (ImportError, AttributeError, OSError):
@@ -33,7 +33,7 @@ def apply_cpu_binding(cpus: Iterable[int]) -> frozenset[int]:
         os.sched_setaffinity(0, wanted)
     else:
         with contextlib.suppress(ImportError, AttributeError, OSError):
-            import psutil
+            import psutil  # noqa: PLC0415 (job kit)
 
             psutil.Process().cpu_affinity(sorted(wanted))
     return current_affinity()

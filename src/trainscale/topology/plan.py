@@ -49,14 +49,6 @@ class BindingPlan:
     def local_world_size(self) -> int:
         return len(self.ranks)
 
-    def cpus_for(self, local_rank: int) -> tuple[int, ...]:
-        if not 0 <= local_rank < len(self.ranks):
-            raise ConfigError(
-                f"local rank {local_rank} is outside this binding plan of {len(self.ranks)} rank(s)",
-                hint="plan for the node's local world size",
-            )
-        return self.ranks[local_rank].cpus
-
     def mask_list(self) -> str:
         """``0xfe000000000000,0xfe00000000000000,...``: one mask per local rank, in rank order."""
         return ",".join(r.mask for r in self.ranks)

@@ -22,6 +22,8 @@ from torch import nn
 
 from trainscale.checkpoint import Checkpointer, RNGState, atomic_write_text, layout
 from trainscale.errors import CheckpointError, ConfigError
+from trainscale.observe.reading import rank_stats
+from trainscale.observe.records import metrics_dir, read_lines
 from trainscale.runtime.memory import report as memory_report
 from trainscale.runtime.threads import node_cpus
 from trainscale.strategies import get_strategy
@@ -550,9 +552,6 @@ class Loop:
 
 def breakdown_line(run_dir: str, rank: int) -> str:
     """``--breakdown``: where this rank's steady step went, from its step records (observe/reading.py)."""
-    from trainscale.observe.reading import rank_stats
-    from trainscale.observe.records import metrics_dir, read_lines
-
     stats = rank_stats(rank, list(read_lines(metrics_dir(run_dir) / f"rank-{rank}.jsonl")))
     if stats is None:
         return "Step breakdown: no step recorded"

@@ -14,8 +14,9 @@ from typing import Any
 import torch
 
 from trainscale.errors import ConfigError
-from trainscale.observe import hooks
+from trainscale.observe import hooks, interconnect
 from trainscale.observe.flops import count_step_flops, plain_step_flops
+from trainscale.observe.records import note_event
 
 
 def recorder_for(rt: Any, environ: Any = os.environ) -> Any:
@@ -44,8 +45,8 @@ def step_flops(
         counted = plain_step_flops(module, lambda m: loss(m, batch), micro_batches)
         if counted is not None:
             return counted
-        from torch._subclasses.fake_tensor import FakeTensorMode
-        from torch.utils._pytree import tree_map
+        from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: PLC0415 (optional dependency)
+        from torch.utils._pytree import tree_map  # noqa: PLC0415 (optional dependency)
 
         with torch.random.fork_rng(devices=[]), FakeTensorMode(allow_non_fake_inputs=True):
             with torch.device(device):
@@ -65,8 +66,6 @@ def step_flops(
 
 def check_network(rt: Any, run_dir: str | None, environ: Any = os.environ) -> None:
     """Which network NCCL picked, against the profile's; a required mismatch stops the run here."""
-    from trainscale.observe import interconnect
-
     expected = environ.get(interconnect.EXPECTED_VAR, "")
     path = environ.get("NCCL_DEBUG_FILE")
     if not expected or not path or "nccl" not in str(rt.backend) or rt.num_nodes < 2:
@@ -80,8 +79,6 @@ def check_network(rt: Any, run_dir: str | None, environ: Any = os.environ) -> No
             flush=True,
         )
     if rt.is_main and run_dir:
-        from trainscale.observe.records import note_event
-
         note_event(run_dir, kind="interconnect", level=verdict.level, message=verdict.message)
     if verdict.level == "error":
         raise ConfigError(verdict.message, hint=verdict.hint)

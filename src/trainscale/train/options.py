@@ -5,12 +5,19 @@ options (its own frozen dataclass) resolve beside them, from the same [train] ta
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
+import types
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
+from trainscale.config import field_docs, load_config_file, resolve_group
+from trainscale.config.argparsing import Parser, unrecognized
 from trainscale.errors import ConfigError
+from trainscale.launch.torchrun import parser as launch_parser
 
 W = TypeVar("W")
 
@@ -119,11 +126,11 @@ class TrainOptions:
                 f"--threads {self.threads} must be >= 1",
                 hint="CPU threads per rank, e.g. --threads 1; leave it out to keep OMP_NUM_THREADS",
             )
-        from trainscale.train.trackers import parse_trackers
+        from trainscale.train.trackers import parse_trackers  # noqa: PLC0415 (torch-free module)
 
         object.__setattr__(self, "trackers", parse_trackers(self.trackers))  # a config file may give "csv,wandb"
         if self.checkpoint_async:  # refused where it cannot be done, before anything is launched
-            from trainscale.strategies import get_strategy
+            from trainscale.strategies import get_strategy  # noqa: PLC0415 (torch-free module)
 
             strategy = get_strategy(self.strategy)
             strategy.storage.resolve_async(True, strategy.name)
@@ -131,7 +138,7 @@ class TrainOptions:
     def runtime_options(self) -> dict[str, Any]:
         """``trainscale.init``'s arguments for these options: device, seed, collective timeout, determinism,
         and the process group the strategy needs (gloo beside nccl for FSDP's CPU offload)."""
-        from trainscale.strategies import process_group_backend
+        from trainscale.strategies import process_group_backend  # noqa: PLC0415 (torch-free module)
 
         return {
             "device": self.device,
@@ -146,8 +153,6 @@ def add_common_arguments(parser: argparse.ArgumentParser, defaults: TrainOptions
     """The common options, each described by its TrainOptions field's docstring (with the workload's
     default). Defaults are applied by :func:`parse` (so a config file or the environment can sit
     between them and the command line); here every option defaults to "not given"."""
-    from trainscale.config import field_docs
-
     docs, d = field_docs(TrainOptions), argparse.SUPPRESS
     defaults = defaults or TrainOptions()
 
@@ -200,12 +205,6 @@ def add_common_arguments(parser: argparse.ArgumentParser, defaults: TrainOptions
 def add_workload_arguments(parser: argparse.ArgumentParser, workload: type) -> None:
     """A flag per field of a workload's own options dataclass (``seq_len``: ``--seq-len``), typed by the
     field and described by its docstring; like the common options, each defaults to "not given"."""
-    import dataclasses
-    import types
-    import typing
-
-    from trainscale.config import field_docs
-
     docs, hints = field_docs(workload), typing.get_type_hints(workload)
     for f in dataclasses.fields(workload):
         kind = hints[f.name]
@@ -230,8 +229,6 @@ def options_from_args(
 ) -> tuple[TrainOptions, W | None]:
     """defaults < config file (--config, [train] table) < TRAINSCALE_TRAIN_* < command line, for the common
     options and the ``workload``'s own ones alike (one table, one variable prefix)."""
-    from trainscale.config import load_config_file, resolve_group
-
     classes = (TrainOptions,) if workload is None else (TrainOptions, workload)
     names = {f.name for cls in classes for f in fields(cls)}
     given = {k: v for k, v in vars(args).items() if k in names}
@@ -250,8 +247,6 @@ def parse(
 ) -> tuple[TrainOptions, W | None]:
     """The common options and, with ``workload`` (a frozen dataclass), the workload's own ones, each from
     the command line, --config's [train] table or TRAINSCALE_TRAIN_<NAME>."""
-    from trainscale.config.argparsing import Parser
-
     parser = Parser(
         prog=prog,
         hint=_launch_option_here,
@@ -267,9 +262,6 @@ def parse(
 
 def _launch_option_here(message: str) -> str | None:
     """The fix for a launch option given after ``--workload`` (``run --workload cnn --nproc-per-node 2``)."""
-    from trainscale.config.argparsing import unrecognized
-    from trainscale.launch.torchrun import parser as launch_parser
-
     launch = {s for action in launch_parser()._actions for s in action.option_strings}
     misplaced = [name for name in unrecognized(message) if name in launch]
     if not misplaced:
@@ -284,9 +276,8 @@ def apply_threads(opts: TrainOptions, rt: Any) -> None:
     """``--threads``: this rank's CPU threads (torch's intra-op pool), said once on rank 0."""
     if opts.threads is None:
         return
-    import os
 
-    import torch
+    import torch  # noqa: PLC0415 (torch-free module)
 
     before = os.environ.get("OMP_NUM_THREADS")
     torch.set_num_threads(opts.threads)
@@ -297,7 +288,7 @@ def check_compile() -> None:
     """``--compile`` before launch: inductor turns the model into C++ (CPU) or Triton (GPU) code, and
     both need a C++ compiler on this machine."""
     try:
-        from torch._inductor.cpp_builder import get_cpp_compiler
+        from torch._inductor.cpp_builder import get_cpp_compiler  # noqa: PLC0415 (optional dependency)
 
         get_cpp_compiler()
     except Exception as exc:  # torch raises its own error types for a missing or unusable compiler
@@ -320,10 +311,10 @@ def check_training(
     """A loop-based workload's preflight, before anything is launched: the strategy for this world size,
     batch and accumulation, ``--compile``, ``samples`` (when cheap to know) enough for every rank, and a
     ``--metrics-out`` that is new unless this run resumes from ``checkpoint_dir``."""
-    from trainscale.checkpoint import list_checkpoints
-    from trainscale.data import check_shardable
-    from trainscale.strategies import check_strategy
-    from trainscale.train.metrics import check_metrics_out
+    from trainscale.checkpoint import list_checkpoints  # noqa: PLC0415 (torch-free module)
+    from trainscale.data import check_shardable  # noqa: PLC0415 (torch-free module)
+    from trainscale.strategies import check_strategy  # noqa: PLC0415 (torch-free module)
+    from trainscale.train.metrics import check_metrics_out  # noqa: PLC0415 (torch-free module)
 
     # --device when given; with auto, what the ranks will have (``gpus``: a SLURM job planned on a login node
     # knows it from its resources), or this machine's choice when ``gpus`` is None
@@ -341,7 +332,7 @@ def check_training(
     if samples is not None:
         check_shardable(samples, world_size, opts.batch_size, what=what)
     if checkpoint_dir:  # here, before any rank starts: refused in the workers it costs a start of every rank
-        from trainscale.checkpoint.disk import unusable
+        from trainscale.checkpoint.disk import unusable  # noqa: PLC0415 (torch-free module)
 
         problem = unusable(Path(checkpoint_dir))
         if problem is not None:

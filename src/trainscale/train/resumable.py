@@ -13,10 +13,13 @@ so running the same command again resumes. What is saved: the model and optimize
 
 from __future__ import annotations
 
+import os
 import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from trainscale.checkpoint import Checkpointer, RNGState
 from trainscale.errors import ConfigError
@@ -31,8 +34,6 @@ calibration points it at a directory of its own: it must neither resume from nor
 
 
 def default_directory(rt: Any) -> Path:
-    import os
-
     if os.environ.get(CHECKPOINT_DIR_VAR):
         return Path(os.environ[CHECKPOINT_DIR_VAR])
     if rt.env.job_dir and rt.env.run_dir:  # a trainscale SLURM job: what requeues and chain links share
@@ -52,8 +53,6 @@ class Resumable:
         self.steps: Counter[int] = Counter()
         """Each optimizer's steps since :meth:`resume`, by torch's global hook (any optimizer's, whoever calls it;
         a wrapping optimizer and the one it wraps step once each: the most of them is the run's steps)."""
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-
         self._counting: Any = register_optimizer_step_post_hook(lambda opt, *_: self.steps.update((id(opt),)))
         self.unit = "step"
         self._last = (0, 0)

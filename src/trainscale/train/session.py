@@ -30,15 +30,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from trainscale.checkpoint import ModelState
-from trainscale.errors import ConfigError, did_you_mean
+from trainscale.errors import ConfigError, did_you_mean, succeeded
+from trainscale.launch import rundir
+from trainscale.launch.rundir import write_record
 from trainscale.runtime.runtime import Runtime
 from trainscale.runtime.runtime import init as init_runtime
 from trainscale.strategies import get_strategy
 from trainscale.strategies.base import OptimizerSource, Strategy
 from trainscale.strategies.handout import inner
+from trainscale.train.resumable import Resumable
+from trainscale.train.trackers import Trackers, command_options, parse_trackers
 
 
 @dataclass(kw_only=True)
@@ -112,8 +117,6 @@ class Session(Runtime):
         ``trainscale-runs/<script>-<date>-<time>``); rank 0 says once where each one writes. Every rank calls it.
         ``config``: the run's hyperparameters, each tracker's own way (default: the script's ``--name value``
         options, each its own, the command line and the world size: what a script's run is known by)."""
-        from trainscale.train.trackers import Trackers, command_options, parse_trackers
-
         names = parse_trackers(trackers)
         self._close_trackers()
         self._tracker_names = names
@@ -151,8 +154,6 @@ class Session(Runtime):
             self._trackers.log(values, step, at)
 
     def _reduce(self, values: Mapping[str, Any], how: str) -> dict[str, float]:
-        import torch.distributed as dist
-
         ops = {"mean": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
         if how not in ops:
             raise ConfigError(f"rt.log(reduce={how!r}) unknown", hint=did_you_mean(str(how), tuple(ops)))
@@ -179,8 +180,6 @@ class Session(Runtime):
         """Restore ``model``, ``optimizer``, the RNGs and any ``state`` entries with state_dict/load_state_dict
         (an LR scheduler, trainscale's loaders) from the newest checkpoint; returns its step, 0 when there is
         none. Also arms SLURM's warning signal for :meth:`checkpoint`. Every rank calls it."""
-        from trainscale.train.resumable import Resumable
-
         self._resumable = self._resumable or Resumable(self, directory)
         return self._resumable.resume(model, optimizer, state)
 
@@ -197,8 +196,6 @@ class Session(Runtime):
         """Save a checkpoint at ``step`` when it is a multiple of ``every``, and whenever SLURM's warning
         signal came: then, once it is saved, the job requeues (``--requeue``) or stops for the chain's next link
         (``--chain``) and this process ends. Every rank calls it at every step (or at every epoch)."""
-        from trainscale.train.resumable import Resumable
-
         self._resumable = self._resumable or Resumable(self, directory)
         self._resumable.checkpoint(step, model, optimizer, state, every=every)
 
@@ -208,9 +205,6 @@ class Session(Runtime):
             self._resumable.close(ended_well=synchronize)  # a run that raised is not told to move its checkpoints
         self._close_trackers()
         if self._own_run is not None:
-            from trainscale.errors import succeeded
-            from trainscale.launch.rundir import write_record
-
             run, self._own_run = self._own_run, None
             exc = sys.exc_info()[1]  # closed by the with block's end: the exception it ends with, if any
             ok = exc is None or (isinstance(exc, SystemExit) and succeeded(exc))
@@ -270,8 +264,6 @@ def default_run_dir(rt: Session) -> Path:
     own (a plain ``python train.py``), made as `trainscale run` makes its runs: ``trainscale-runs/<script>-<date>-
     <time>`` with ``latest`` pointing at it and a run.json saying what ran (its outcome added at
     :meth:`Session.close`)."""
-    from trainscale.launch import rundir
-
     if rt._tracker_dir is not None:
         return rt._tracker_dir
     if rt.env.run_dir:

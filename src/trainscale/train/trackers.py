@@ -55,7 +55,7 @@ class _TensorBoard:
     name = "tensorboard"
 
     def __init__(self, directory: Path, state: dict) -> None:
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415 (optional dependency)
 
         self.path = directory / "tensorboard"
         self.writer = SummaryWriter(log_dir=str(self.path))
@@ -68,7 +68,7 @@ class _TensorBoard:
             self.writer.add_scalar(key, value, step, walltime=at)
 
     def hyperparameters(self, config: Mapping[str, Any]) -> None:
-        from torch.utils.tensorboard.summary import hparams
+        from torch.utils.tensorboard.summary import hparams  # noqa: PLC0415 (optional dependency)
 
         for summary in hparams(dict(config), {}):  # into this run's own file: TensorBoard's HPARAMS tab
             self.writer.file_writer.add_summary(summary)
@@ -81,7 +81,7 @@ class _Wandb:
     name = "wandb"
 
     def __init__(self, directory: Path, state: dict) -> None:
-        import wandb
+        import wandb  # noqa: PLC0415 (optional dependency)
 
         # Offline unless the user's environment chose a mode: ranks on compute nodes usually have no network.
         self.mode = os.environ.get("WANDB_MODE", "offline")
@@ -116,7 +116,7 @@ class _MLflow:
     name = "mlflow"
 
     def __init__(self, directory: Path, state: dict) -> None:
-        from mlflow.tracking import MlflowClient
+        from mlflow.tracking import MlflowClient  # noqa: PLC0415 (optional dependency)
 
         self.uri = os.environ.get("MLFLOW_TRACKING_URI") or (directory / "mlruns").absolute().as_uri()
         if self.uri.startswith("file:"):
@@ -150,13 +150,13 @@ class _MLflow:
         return f"mlflow {self.uri} (view: {view})"
 
     def log(self, values: Mapping[str, float], step: int, at: float) -> None:
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric  # noqa: PLC0415 (optional dependency)
 
         stamp = int(at * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(_mlflow_key(k), v, stamp, step) for k, v in values.items()])
 
     def hyperparameters(self, config: Mapping[str, Any]) -> None:
-        from mlflow.entities import Param
+        from mlflow.entities import Param  # noqa: PLC0415 (optional dependency)
 
         have = self.client.get_run(self.run_id).data.params  # a resumed run's: MLflow refuses to change a param
         params = [Param(_mlflow_key(k), str(v)[:6000]) for k, v in config.items() if _mlflow_key(k) not in have]

@@ -178,7 +178,7 @@ def trainer_backend(backend: str | None) -> str | None:
 
 def tiny_config(vocab_size: int = 256, max_positions: int = 128):
     """A GPT-Neo small enough for CPU tests: 2 layers (one global, one local attention), hidden 64."""
-    from transformers import GPTNeoConfig
+    from transformers import GPTNeoConfig  # noqa: PLC0415 (optional dependency)
 
     return GPTNeoConfig(
         vocab_size=vocab_size,
@@ -195,7 +195,7 @@ def tiny_config(vocab_size: int = 256, max_positions: int = 128):
 
 
 def build_model(own: HFOptions):
-    from transformers import GPTNeoForCausalLM
+    from transformers import GPTNeoForCausalLM  # noqa: PLC0415 (optional dependency)
 
     if own.pretrained:  # a hub name, or a local directory written by save_pretrained
         model = GPTNeoForCausalLM.from_pretrained(own.pretrained)
@@ -214,7 +214,7 @@ def tokenize(own: HFOptions, corpus: list[str]) -> torch.Tensor:
     (a hub name or a local directory saved with ``save_pretrained``)."""
     if not own.pretrained:
         return text.encode("\n".join(corpus))
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # noqa: PLC0415 (optional dependency)
 
     tokenizer = AutoTokenizer.from_pretrained(own.pretrained)
     end = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
@@ -246,8 +246,8 @@ def main(argv: list[str] | None = None) -> dict:
 
 def _train(rt, run: Plan) -> dict:
     opts, own, per_device = run.opts, run.own, run.per_device
-    from transformers import Trainer, TrainingArguments, set_seed
-    from transformers.trainer_utils import get_last_checkpoint
+    from transformers import Trainer, TrainingArguments, set_seed  # noqa: PLC0415 (optional dependency)
+    from transformers.trainer_utils import get_last_checkpoint  # noqa: PLC0415 (optional dependency)
 
     set_seed(opts.seed)
     apply_threads(opts, rt)
@@ -337,7 +337,7 @@ def _train(rt, run: Plan) -> dict:
 
 def tracker_callback(rt):
     """A TrainerCallback handing each of the Trainer's log records to ``rt.log`` (rank 0 writes)."""
-    from transformers import TrainerCallback
+    from transformers import TrainerCallback  # noqa: PLC0415 (optional dependency)
 
     class ToTrackers(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
@@ -364,7 +364,7 @@ def accelerate_on_own_gpu(rt) -> None:
     if rt.device.index == rt.local_rank:
         return
     os.environ["ACCELERATE_BYPASS_DEVICE_MAP"] = "true"
-    from accelerate.state import PartialState
+    from accelerate.state import PartialState  # noqa: PLC0415 (optional dependency)
 
     accelerates = PartialState.wait_for_everyone
 
@@ -379,7 +379,7 @@ def accelerate_on_own_gpu(rt) -> None:
 
 def preflight(argv: list[str], world_size: int, *, gpus: bool | None = None) -> None:
     try:
-        import transformers  # noqa: F401
+        import transformers  # noqa: F401, PLC0415 (optional dependency)
     except ImportError:
         raise ConfigError(
             "the hf-finetune workload needs transformers", hint="pip install transformers accelerate"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 from dataclasses import dataclass
 
 from trainscale.errors import ConfigError, did_you_mean
@@ -42,8 +44,6 @@ WORKLOADS: dict[str, Workload] = {
 
 def available() -> dict[str, Workload]:
     """Workloads whose module exists in this installation."""
-    import importlib.util
-
     return {name: w for name, w in WORKLOADS.items() if importlib.util.find_spec(w.module) is not None}
 
 
@@ -57,8 +57,6 @@ def get_workload(name: str) -> Workload:
 def workload_preflight(name: str):
     """The workload's own check of its arguments before anything launches, ``preflight(args, world_size, ...)``,
     or None when it has none."""
-    import importlib
-
     return getattr(importlib.import_module(get_workload(name).module), "preflight", None)
 
 
@@ -69,7 +67,7 @@ def job_preflight(spec):
         return workload_preflight(spec.workload)
     if not spec.script:
         return None
-    from trainscale.launch.preflight import check_script_args
+    from trainscale.launch.preflight import check_script_args  # noqa: PLC0415 (CLI start-up)
 
     def preflight(args, world_size, *, gpus):
         check_script_args(args, world_size, device="cuda" if gpus else "cpu")
@@ -82,7 +80,7 @@ def launch_preflight(
 ) -> None:
     """Before a local launch: the workload's preflight when the world size is fixed (``--nnodes MIN:MAX`` leaves
     it open), else a Python script's own --deepspeed_config."""
-    from trainscale.launch.local import parse_nnodes
+    from trainscale.launch.local import parse_nnodes  # noqa: PLC0415 (CLI start-up)
 
     low, high = parse_nnodes(nnodes)
     if workload:
@@ -90,7 +88,7 @@ def launch_preflight(
         if check:
             check(args, nproc_per_node * low)
     elif python:
-        from trainscale.launch.preflight import check_script_args
+        from trainscale.launch.preflight import check_script_args  # noqa: PLC0415 (CLI start-up)
 
         check_script_args(args, nproc_per_node * low)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from pydoc_data.topics import topics
 
 import torch
 
@@ -18,8 +19,6 @@ VOCAB = 256  # bytes
 
 
 def builtin_corpus() -> str:
-    from pydoc_data.topics import topics
-
     return "\n\n".join(topics[key] for key in sorted(topics))
 
 
@@ -28,7 +27,7 @@ def hub_texts(
 ) -> list[str]:  # pragma: no cover
     """Texts from a HF dataset (needs `datasets` and a network)."""
     try:
-        from datasets import load_dataset
+        from datasets import load_dataset  # noqa: PLC0415 (optional dependency)
     except ImportError:
         raise ConfigError("--hub-dataset needs the 'datasets' package", hint="pip install datasets") from None
     return list(load_dataset(name, split=split)[field][:limit])
@@ -58,7 +57,7 @@ def hub_encode(tokenizer_name: str, text: str) -> tuple[torch.Tensor, int]:
     """Token ids from a HF tokenizer (a hub name or a directory written by ``save_pretrained``) and its
     vocabulary size."""
     try:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # noqa: PLC0415 (optional dependency)
     except ImportError:
         raise ConfigError("--tokenizer needs the 'transformers' package", hint="pip install transformers") from None
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_name)

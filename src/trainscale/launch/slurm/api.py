@@ -19,10 +19,18 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from trainscale.config import load_config_file, resolve
 from trainscale.errors import ConfigError, did_you_mean
 from trainscale.launch.function import RUNNER
+from trainscale.launch.runner import write_call
 from trainscale.launch.slurm.future import Job
+from trainscale.launch.slurm.job import refuse_errors, snapshot_findings, submit_job
+from trainscale.launch.slurm.lint import WARNING, lint
+from trainscale.launch.slurm.snapshot import installed, project_root
 from trainscale.launch.slurm.spec import SlurmJobSpec
+from trainscale.launch.slurm.spec import resolve as spec_plan
+from trainscale.launch.slurm.sweep import array_range
+from trainscale.profiles import load_profile
 
 _TARGET = ("script", "module", "workload", "args", "command_line", "sweep", "array")
 """SlurmJobSpec fields the API sets itself."""
@@ -31,8 +39,6 @@ _TARGET = ("script", "module", "workload", "args", "command_line", "sweep", "arr
 def _code_root(fn: Callable[..., Any]) -> Path | None:
     """The project a function's job snapshots: its module's, or the working directory's when it has no
     importable file (a notebook, ``__main__``); None outside a project or for installed packages."""
-    from trainscale.launch.slurm.snapshot import installed, project_root
-
     module = sys.modules.get(getattr(fn, "__module__", None) or "")
     file = getattr(module, "__file__", None)
     if module is None or module.__name__ == "__main__" or not file:
@@ -42,9 +48,6 @@ def _code_root(fn: Callable[..., Any]) -> Path | None:
 
 def build_spec(target: dict[str, Any], options: dict[str, Any], *, environ: dict[str, str] | None = None):
     """(spec, profile) from the target and the caller's options, in the one resolution order."""
-    from trainscale.config import load_config_file, resolve
-    from trainscale.profiles import load_profile
-
     valid = tuple(f.name for f in fields(SlurmJobSpec) if f.name not in _TARGET) + ("config",)
     for key in options:
         if key not in valid:
@@ -91,11 +94,7 @@ def _function_target(fn: Callable[..., Any], options: dict[str, Any]) -> dict[st
 def _submit(spec, profile, write):
     """Lint (errors refuse, warnings are said), then the same submission as ``trainscale slurm --submit``,
     said on stderr."""
-    from trainscale.launch.slurm import lint, resolve
-    from trainscale.launch.slurm.job import refuse_errors, snapshot_findings, submit_job
-    from trainscale.launch.slurm.lint import WARNING
-
-    plan = resolve(spec, profile)
+    plan = spec_plan(spec, profile)
     findings = lint(spec, profile, plan) + snapshot_findings(spec, plan)
     refuse_errors(findings, "trainscale.slurm: ")
     for finding in findings:
@@ -114,8 +113,6 @@ def _submit(spec, profile, write):
 def submit(fn: Callable[..., Any] | str | os.PathLike, /, *args: Any, **options: Any) -> Job:
     """Submit ``fn(*args)`` (or a script path with its arguments) as one SLURM job on ``options``' allocation;
     returns its :class:`Job`. Keyword arguments for ``fn``: ``functools.partial``."""
-    from trainscale.launch.runner import write_call
-
     script = isinstance(fn, (str, os.PathLike))
     target = (
         {
@@ -136,15 +133,12 @@ def map_array(
 ) -> list[Job]:
     """``fn(a, b, ...)`` for each element of zip(*iterables), as one SLURM array job (element i in the run's
     ``task-<i>/``); a :class:`Job` per element, in order. ``max_parallel``: elements running at once."""
-    from trainscale.launch.runner import write_call
-
     calls = list(zip(*iterables))
     if not calls:
         raise ConfigError(
             "trainscale.slurm.map_array: no parameters to map over",
             hint="pass one list per argument of the function, e.g. map_array(train, [1e-3, 3e-4], ...)",
         )
-    from trainscale.launch.slurm.sweep import array_range
 
     array = array_range(len(calls), max_parallel, option="max_parallel=")
     spec, profile = build_spec({**_function_target(fn, options), "array": array, "sweep": True}, options)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pickle
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,8 +109,6 @@ class Job:
         return read_results(self.directory, self.record.world_size)
 
     def _result(self) -> Any:
-        import pickle
-
         path = result_path(self.directory, 0)
         deadline = time.monotonic() + RESULT_WAIT_S
         while not path.exists() and time.monotonic() < deadline:

@@ -13,6 +13,9 @@ behaviour: docs/slurm.md, "Self-healing jobs".
 
 from __future__ import annotations
 
+import subprocess
+import time
+from pathlib import Path
 from typing import Any
 
 from trainscale.launch.slurm.continuation import EXIT_STOPPED
@@ -170,16 +173,12 @@ class BatchHostWatch:
         every_s: float = 10.0,
         clock: Any = None,
     ) -> None:
-        import time
-
         self.job_id, self.job_dir, self.requeue, self.run, self.say = job_id, job_dir, requeue, run, say
         self.nodes, self.min_nodes = nodes, min_nodes
         """What the job asks for (MAX and the spares) and the least it runs on (MIN)."""
         self.every_s, self.clock, self._next = every_s, clock or time.monotonic, 0.0
 
     def _ask(self, argv: list[str]) -> str:
-        import subprocess
-
         try:
             done = (self.run or subprocess.run)(argv, capture_output=True, text=True, timeout=60)
         except (OSError, subprocess.TimeoutExpired):
@@ -190,13 +189,12 @@ class BatchHostWatch:
         if info.state != "RUNNING" or self.clock() < self._next:
             return
         self._next = self.clock() + self.every_s
-        from trainscale.launch.slurm.queue import parse_scontrol
+        from trainscale.launch.slurm.queue import parse_scontrol  # noqa: PLC0415 (CLI start-up)
 
         fields = parse_scontrol(self._ask(["scontrol", "show", "job", "-o", self.job_id]))
         host = fields.get("BatchHost", "")
         if not host or not self._ask(["sinfo", "-h", "-N", "-n", host, "-t", "down", "-o", "%N"]).strip():
             return
-        from pathlib import Path
 
         if self.requeue:
             (Path(self.job_dir) / LOST_MARKER).write_text(host + "\n")

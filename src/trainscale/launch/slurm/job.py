@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from trainscale.errors import ConfigError
+from trainscale.launch.kit import write_kit
+from trainscale.launch.rundir import versions
+from trainscale.launch.slurm import cluster
 from trainscale.launch.slurm.jobdir import JobRecord, save_record
 from trainscale.launch.slurm.layout import check_snapshot, target_in_run
 from trainscale.launch.slurm.lint import ERROR, NOTE, Finding, errors, lint
@@ -78,8 +81,6 @@ def git_state(path: Path) -> dict[str, Any] | None:
 def submission_record(
     spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan, snapshot: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    from trainscale.launch.rundir import versions
-
     code = plan.code_root or spec.script
     python = job_python(spec, profile)
     return {
@@ -192,8 +193,6 @@ def prepare_run(spec: SlurmJobSpec, profile: ClusterProfile, plan: JobPlan) -> P
             Path(pattern).parent.mkdir(parents=True, exist_ok=True)
     kit = None
     if job_python(spec, profile).kit:  # a stock image's or a module's Python gets trainscale's worker side here
-        from trainscale.launch.kit import write_kit
-
         kit = write_kit(plan.output_dir)
     record = submission_record(spec, profile, plan, snapshot)
     (plan.run_dir / "submission.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
@@ -236,8 +235,6 @@ def submit_job(
     ``bench --slurm``, ``trainscale.slurm``) meets the partition's real sizes here (``sinfo``: more nodes, CPUs
     or memory than it has is refused before anything is written); a test's fake ``run`` has no partitions."""
     if run is None:
-        from trainscale.launch.slurm import cluster
-
         refuse_errors(cluster.findings(plan, profile, cluster.partitions())[0])
     check_snapshot(spec.snapshot, spec.script)
     plan = _fresh_run_dir(plan)
@@ -268,7 +265,7 @@ def submit_job(
         raise
     finally:
         if records:
-            from trainscale.launch.rundir import mark_latest
+            from trainscale.launch.rundir import mark_latest  # noqa: PLC0415 (optional dependency)
 
             mark_latest(plan.run_dir)  # trainscale-jobs/latest
             for record in records:

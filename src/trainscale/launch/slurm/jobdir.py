@@ -13,6 +13,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from trainscale.env.slurm import expand_nodelist
 from trainscale.errors import SlurmError, TrainscaleError
 
 STATE_VAR = "TRAINSCALE_STATE_DIR"
@@ -167,7 +168,6 @@ def _node_logs_of(record: JobRecord, rank: int) -> list[Path]:
             visited = list(dict.fromkeys(json.loads(line).get("node") for line in fh if _META.match(line)))
         with open(record.batch_output, errors="replace") as fh:
             found = re.search(r"^trainscale: job \S+ on (\S+),", fh.readline())
-        from trainscale.env.slurm import expand_nodelist
 
         nodes = expand_nodelist(found.group(1)) if found else []
     except (OSError, ValueError, AttributeError, TrainscaleError):

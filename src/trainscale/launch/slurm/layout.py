@@ -32,7 +32,7 @@ class Target:
 
 def code_root_for(script: str | None, module: str | None, snapshot: str | None, facts: ScriptFacts) -> Path | None:
     """Where the job's code is snapshotted from (launch/slurm/snapshot.py); None: nothing is copied."""
-    from trainscale.launch.slurm.snapshot import code_root, module_root
+    from trainscale.launch.slurm.snapshot import code_root, module_root  # noqa: PLC0415 (CLI start-up)
 
     if script:
         return code_root(script, [d for d, _ in facts.path_additions], snapshot)

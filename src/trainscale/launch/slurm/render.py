@@ -339,7 +339,7 @@ def render(
         out.append(f"export PYTHONPATH={_q(target.pythonpath)}${{PYTHONPATH:+:$PYTHONPATH}}  # the copy of --snapshot")
     python = job_python(spec, profile)
     if python.kit:
-        from trainscale.launch.kit import kit_dir as default_kit_dir
+        from trainscale.launch.kit import kit_dir as default_kit_dir  # noqa: PLC0415 (CLI start-up)
 
         kit = kit_dir or default_kit_dir(plan.output_dir)
         out += [

@@ -7,9 +7,12 @@ Its root, which files are copied, left out or linked, the limits (:data:`MAX_FIL
 from __future__ import annotations
 
 import hashlib
+import importlib.machinery
 import os
 import shutil
+import site
 import subprocess
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,9 +168,6 @@ def code_root(script: str, reached: Iterable[str] = (), snapshot: str | None = N
 
 def installed(path: Path) -> bool:
     """Inside site-packages or the interpreter's own prefix: code a job imports in place, never snapshots."""
-    import site
-    import sys
-
     places = [*site.getsitepackages(), site.getusersitepackages(), sys.prefix, sys.base_prefix]
     return any(str(Path(path).absolute()).startswith(str(Path(p).absolute())) for p in places if p)
 
@@ -175,9 +175,6 @@ def installed(path: Path) -> bool:
 def module_root(module: str) -> Path | None:
     """For ``-m pkg.mod``: the project holding the package found from the working directory, or None when it
     is installed (site-packages) or not in a project: then the job imports it in place."""
-    import importlib.machinery
-    import sys
-
     top = module.split(".")[0]
     if top == "trainscale":  # trainscale's own modules (selftest, bench allreduce) are the tool, not your code
         return None

@@ -64,9 +64,9 @@ def spec_values(given: dict) -> dict:
 
 def job_spec(cli: dict, *, config_file: str | None, environ: Mapping[str, str] | None):
     """(spec, profile): defaults < profile < ``config_file``'s [slurm] table < TRAINSCALE_SLURM_* < ``cli``."""
-    from trainscale.config import load_config_file
-    from trainscale.config import resolve as resolve_sources
-    from trainscale.profiles import load_profile
+    from trainscale.config import load_config_file  # noqa: PLC0415 (CLI start-up)
+    from trainscale.config import resolve as resolve_sources  # noqa: PLC0415 (CLI start-up)
+    from trainscale.profiles import load_profile  # noqa: PLC0415 (CLI start-up)
 
     config = load_config_file(config_file) if config_file else None
     try:
@@ -89,10 +89,10 @@ def check(
 ) -> tuple[JobPlan, list, bool]:
     """(plan, findings, whether this machine's scheduler is the job's cluster): lint, the partition's real sizes,
     the code snapshot and the job's Python, errors first."""
-    from trainscale.launch.slurm import cluster
-    from trainscale.launch.slurm.job import snapshot_findings
-    from trainscale.launch.slurm.lint import lint
-    from trainscale.launch.slurm.probe import probe_python
+    from trainscale.launch.slurm import cluster  # noqa: PLC0415 (CLI start-up)
+    from trainscale.launch.slurm.job import snapshot_findings  # noqa: PLC0415 (CLI start-up)
+    from trainscale.launch.slurm.lint import lint  # noqa: PLC0415 (CLI start-up)
+    from trainscale.launch.slurm.probe import probe_python  # noqa: PLC0415 (CLI start-up)
 
     plan = resolve(spec, profile)
     sized, here = cluster.findings(plan, profile, cluster.partitions())

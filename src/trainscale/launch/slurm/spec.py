@@ -391,7 +391,7 @@ def binding_plan(profile: ClusterProfile, ranks: int) -> tuple[tuple[int, ...], 
     """Per local rank, the cores the profile's map gives it (GPU-local first, reserved excluded); () without a map."""
     if profile.binding != "map" or (profile.gpus_per_node and ranks > profile.gpus_per_node):
         return ()  # more ranks than GPUs: lint reports it
-    from trainscale.profiles import binding_plan as plan_for
+    from trainscale.profiles import binding_plan as plan_for  # noqa: PLC0415 (CLI start-up)
 
     plan = plan_for(profile, ranks)
     return tuple(r.cpus for r in plan.ranks) if plan else ()

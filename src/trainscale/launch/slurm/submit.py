@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,9 +99,6 @@ def ask_test_only(script_text: str, *, required: bool = False, run: Runner | Non
     Returns (``accepts`` | ``refuses`` | ``unreachable`` | ``no sbatch``, what sbatch said): an unreachable
     scheduler (no controller, no configuration, no munge) is not a refusal of the job. Without sbatch on
     PATH the answer is ``no sbatch``, or, when the answer is ``required`` (--test-only), an error."""
-    import shutil
-    import tempfile
-
     if run is None and not shutil.which("sbatch"):
         if required:
             raise ConfigError(

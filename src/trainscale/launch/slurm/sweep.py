@@ -14,15 +14,21 @@ their result (the last epoch's losses and accuracy are taken), a script a flat J
 from __future__ import annotations
 
 import csv
+import dataclasses
 import itertools
 import json
 import math
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainscale.errors import ConfigError
+from trainscale.config import read_toml
+from trainscale.errors import ConfigError, SlurmError
+from trainscale.launch.local import LocalLaunchSpec, launch
+from trainscale.launch.slurm.job import make_jobs_folder, submit_job
+from trainscale.launch.slurm.queue import sacct, squeue
 
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 PREFERRED_METRICS = ("test_loss", "val_loss", "eval_loss", "loss", "train_loss")
@@ -49,8 +55,6 @@ def parse_grid(text: str) -> dict[str, list[str]]:
 
 def load_grid_file(path: str | Path) -> dict[str, list[str]]:
     """A TOML file: ``[grid]`` with a list per key, e.g. ``lr = [1e-3, 3e-4]``."""
-    from trainscale.config import read_toml
-
     data = read_toml(path, "grid file", "give a TOML file with a [grid] table")
     table = data.get("grid")
     if not isinstance(table, dict) or not table:
@@ -85,8 +89,6 @@ def array_range(count: int, max_parallel: int | None, *, option: str) -> str:
 
 def array_job(spec: Any, grid: dict[str, list[str]], max_parallel: int | None) -> Any:
     """The job spec as the sweep's one array job: a task per configuration of ``grid``."""
-    import dataclasses
-
     array = array_range(len(configurations(grid)), max_parallel, option="--max-parallel ")
     return dataclasses.replace(spec, array=array, sweep=True)
 
@@ -167,9 +169,6 @@ def scheduler_states(job_id: str, tasks: list[int], run: Any = None) -> dict[int
     ``pending (Resources)``) while they are in it, then their accounting's (``cancelled``, ``node_fail``), each
     from one call for the whole array (a 1,000-task sweep is two commands, not thousands); a task neither knows
     is left out. No scheduler here: nothing."""
-    from trainscale.errors import SlurmError
-    from trainscale.launch.slurm.queue import sacct, squeue
-
     try:
         live = {j.job_id: j for j in squeue(run, job_id=job_id, array=True)}
     except SlurmError:
@@ -313,10 +312,10 @@ def plot(run_dir: Path, results: list[TaskResult], metric: str | None, higher_is
     if len(have) < 2:
         return None
     try:
-        import matplotlib
+        import matplotlib  # noqa: PLC0415 (optional dependency)
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # noqa: PLC0415 (optional dependency)
     except ImportError:
         return None
     labels = [" ".join(f"{k}={v}" for k, v in r.config.items()) for r in have]
@@ -336,8 +335,6 @@ def plot(run_dir: Path, results: list[TaskResult], metric: str | None, higher_is
 def submit_array(spec: Any, profile: Any, plan: Any, grid: dict[str, list[str]]) -> tuple[Any, Path, int]:
     """Submit the array job as ``trainscale slurm --submit`` submits a job, the tasks' arguments written into
     its run directory first: (the job's record, the run directory, the task count)."""
-    from trainscale.launch.slurm.job import submit_job
-
     record = submit_job(
         spec, profile, plan, before_submit=lambda plan: write_tasks(plan.run_dir, grid, workload=bool(spec.workload))
     )
@@ -350,14 +347,9 @@ def submit_array(spec: Any, profile: Any, plan: Any, grid: dict[str, list[str]])
 def run_here(spec: Any, grid: dict[str, list[str]], *, nproc_per_node: int, say: Any) -> tuple[Path, int]:
     """``trainscale sweep --local``: one configuration after another on this node, each launched as
     ``trainscale run`` launches it, in its own ``task-I/``: (the run directory, how many failed)."""
-    import time
-
-    from trainscale.launch.local import LocalLaunchSpec, launch
-
     run_dir = Path(spec.output_dir).absolute() / (spec.run_name or f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     if run_dir.exists():
         raise ConfigError(f"{run_dir} exists", hint="wait a second, or give another --output-dir")
-    from trainscale.launch.slurm.job import make_jobs_folder
 
     make_jobs_folder(run_dir.parent)
     run_dir.mkdir()

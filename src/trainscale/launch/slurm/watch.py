@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -155,8 +156,6 @@ def training_progress(run_dir: str | Path | None, now: float | None = None) -> s
     the run directory as they train): ``step 120 of 400, 0.031 s/step, loss 0.412, training for 0:42, ETA 0:09``
     (the total and ETA where the loop knows its last step; a script's loss where it logs one with rt.log).
     None before the first step record."""
-    import json
-
     if not run_dir:
         return None
     records = Path(run_dir) / "metrics" / "rank-0.jsonl"

@@ -284,7 +284,7 @@ class Heartbeat:
             try:
                 self.watcher.look(now)
             except Exception as exc:  # a bug in the watch must not pass for "no hang": say so, once
-                import traceback
+                import traceback  # noqa: PLC0415 (optional dependency)
 
                 print(
                     f"trainscale: the hang watch stopped: {type(exc).__name__}: {exc}\n"
