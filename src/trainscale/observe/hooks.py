@@ -544,9 +544,6 @@ def _time_waits(recorder: Recorder) -> Callable[[], None]:
     """Every wait for a collective on the main thread timed for ``recorder``; returns what undoes it. torch
     exposes no hook there either: the one method is wrapped (a C++ collective waited in C++, DDP's gradient
     all-reduce, is timed by backward's end instead)."""
-    import functools
-    import time
-
     work = torch.distributed.distributed_c10d.Work if torch.distributed.is_available() else None
     if work is None:
         return lambda: None
