@@ -210,8 +210,6 @@ class Diagnosis:
     """A DataLoader fed some rank: only then is a DataLoader advised on."""
     micro_batches: int | None
     """The lead module's forwards per optimizer step (the median), which its FLOPs and tokens count."""
-    strategy: str | None = None
-    """What the recorder saw wrapping the model (observe/models.strategy_of): advice only for what it has not."""
 
 
 def diagnose(ranks: dict[int, list[dict]]) -> Diagnosis:
@@ -231,7 +229,6 @@ def diagnose(ranks: dict[int, list[dict]]) -> Diagnosis:
         straggler=straggler,
         loader=any("loader_s" in x for s in steps.values() for x in s),
         micro_batches=int(statistics.median(micro)) if micro else None,
-        strategy=next((x.get("strategy") for recs in ranks.values() for x in recs if x.get("kind") == "meta"), None),
     )
 
 
