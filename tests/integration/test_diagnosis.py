@@ -115,8 +115,13 @@ def test_a_clean_run_names_no_straggler_and_counts_every_micro_batch(tmp_path):
 
     run_dir, verdict = _run(tmp_path, "clean", accum=2)
     ranks = read_run(run_dir)["ranks"]
-    assert diagnose(ranks).straggler is None and "straggler" not in verdict, verdict
-    assert not any(r.get("kind") == "place" for recs in ranks.values() for r in recs)  # never flagged, never sampled
+    # nothing injected: no straggler — or, on a host busy with other work (no test may need an idle one), one whose
+    # lateness its measured wait for a CPU explains, which is then its named cause
+    found = diagnose(ranks).straggler
+    assert found is None or "other work shares its cores" in found.cause, verdict
+    assert found is not None or "straggler" not in verdict, verdict
+    if found is None:  # never flagged, never sampled
+        assert not any(r.get("kind") == "place" for recs in ranks.values() for r in recs)
     assert not any(text in verdict for text in UNFOUNDED[:3]), verdict
     steps = [r for r in ranks[0] if r["kind"] == "step"]
     assert {s["micro_batches"] for s in steps} == {2} and {s["samples"] for s in steps} == {16}
