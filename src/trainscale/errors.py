@@ -12,7 +12,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 
 class TrainscaleError(Exception):
@@ -117,6 +117,11 @@ _RECORDED: list[BaseException] = []
 """The exception this process recorded (its stack grows as it unwinds: recorded again, it is rewritten)."""
 
 
+ALSO_RECORD: list[Callable[[BaseException], None]] = []
+"""Called first by :func:`record_error` with the exception: what else keeps a rank's error (a launched function's
+runner: its record, with the exception itself, written before the group closes and the launcher may stop it)."""
+
+
 def record_error(exc: BaseException, environ: Mapping[str, str] = os.environ, *, replace: bool = False) -> None:
     """Write ``exc`` to TORCHELASTIC_ERROR_FILE in torchelastic's format
     (``{"message": {"message", "extraInfo": {"py_callstack", "timestamp"}}}``), a refusal's one line in
@@ -125,8 +130,13 @@ def record_error(exc: BaseException, environ: Mapping[str, str] = os.environ, *,
     rewriting the same exception with its whole stack. Any other record of this run is kept: the script's
     own ``@record``, or the error a script turned into ``sys.exit(1)``, is closer to the cause — except with
     ``replace``: a collective timeout the hang watch explained names the cause better than the script's record."""
+    if isinstance(exc, SystemExit) and succeeded(exc):
+        return
+    for also in ALSO_RECORD:
+        with contextlib.suppress(Exception):  # never hide the real error behind this one
+            also(exc)
     path = environ.get("TORCHELASTIC_ERROR_FILE")
-    if not path or (isinstance(exc, SystemExit) and succeeded(exc)):
+    if not path:
         return
     with contextlib.suppress(OSError):
         if not replace and os.path.getmtime(path) >= _STARTED - 1 and not (_RECORDED and _RECORDED[0] is exc):

@@ -31,7 +31,7 @@ from typing import Any
 import cloudpickle
 
 from trainscale.env import detect, node_name
-from trainscale.errors import ConfigError, RankFailed
+from trainscale.errors import ALSO_RECORD, ConfigError, RankFailed
 from trainscale.launch.bootstrap import enter_snapshot
 from trainscale.launch.summary import lost_peer
 
@@ -126,18 +126,26 @@ def main(argv: list[str]) -> None:
     if rank == 0 and os.environ.get("SLURM_JOB_ID"):
         job = {"job_id": os.environ["SLURM_JOB_ID"], "job_dir": os.environ.get("TRAINSCALE_JOB_DIR")}
         _write(directory / "job.json", json.dumps(job).encode())
+
+    def keep(exc: BaseException) -> None:
+        stack = "".join(traceback.format_exception(exc))
+        record = {"rank": rank, "host": node_name(), "traceback": stack, "exception": exc}
+        try:
+            data = cloudpickle.dumps(record)
+        except Exception:  # an exception that does not pickle: its traceback still does
+            data = cloudpickle.dumps({**record, "exception": None})
+        _write(error_path(directory, rank), data)
+
+    # trainscale.init()'s block records a rank's error before it closes the group, when its peers fail and the
+    # launcher may stop this rank before the exception reaches the except below: keep it then too
+    ALSO_RECORD.append(keep)
     try:
         result = payload["fn"](*payload["args"], **payload["kwargs"])
     except BaseException as exc:
         if isinstance(exc, SystemExit) and exc.code in (None, 0):
             result = None
         else:
-            record = {"rank": rank, "host": node_name(), "traceback": traceback.format_exc(), "exception": exc}
-            try:
-                data = cloudpickle.dumps(record)
-            except Exception:  # an exception that does not pickle: its traceback still does
-                data = cloudpickle.dumps({**record, "exception": None})
-            _write(error_path(directory, rank), data)
+            keep(exc)  # with the whole stack, now that it has unwound
             raise
     _write(result_path(directory, rank), cloudpickle.dumps(result))
 
