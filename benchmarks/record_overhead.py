@@ -145,10 +145,12 @@ def ab(step, blocks: int, steps: int, run_dir: Path) -> dict[str, list[float]]:
     from trainscale.observe import hooks
     from trainscale.observe.sampler import INTERVAL_VAR as SAMPLING
 
-    def block() -> tuple[float, float]:
+    def block(recorder=None) -> tuple[float, float]:
         cpu, wall = time.process_time(), time.perf_counter()
         for _ in range(steps):
             step()
+        if recorder is not None:  # the block's records made and written: the flushing thread's work counts too
+            recorder.flush()
         return (time.process_time() - cpu) / steps, (time.perf_counter() - wall) / steps
 
     block(), block()  # warm-up: allocator, caches
@@ -160,9 +162,11 @@ def ab(step, blocks: int, steps: int, run_dir: Path) -> dict[str, list[float]]:
                 recorder = hooks.Recorder(run_dir / f"{k}-{mode}", environ={SAMPLING: "0"}).install()
             if recorder is not None:
                 recorder.flops_per_step = 0  # counted once per run, not per block: timed on its own below
-                for _ in range(3):  # its record file opened, its thread started: once per run, not per step
+                # its record file opened, its thread started, its top-level modules found: once per run
+                for _ in range(hooks.SETTLE_STEPS + 2):
                     step()
-            cpu, wall = block()
+                recorder.flush()
+            cpu, wall = block(recorder)
             if recorder is not None:
                 recorder.finish()
             out[f"{mode}_cpu"].append(cpu)

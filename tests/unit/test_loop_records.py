@@ -366,3 +366,39 @@ def test_a_forked_loader_worker_records_nothing_of_its_own(tmp_path):
     records = read_run(tmp_path)["ranks"][0]
     assert [r["pid"] for r in records if r["kind"] == "meta"] == [os.getpid()]
     assert [r["step"] for r in records if r["kind"] == "step"] == [1, 2, 3, 4]
+
+
+def test_after_its_first_steps_only_the_models_top_level_module_is_hooked_and_a_later_model_is_found(tmp_path):
+    """issue 46 item 7: a global module hook puts every module call on torch's slow path (a few µs each, the
+    recorder's largest cost on a model of many small modules). The global hooks find the top-level modules in
+    the first steps, then those get hooks of their own; a model built later is found when its optimizer steps
+    twice unseen, and recorded from then on."""
+    from torch.nn.modules import module as nn_module
+
+    from trainscale.observe.records import read_run
+
+    def train(model, opt, steps, batch):
+        for _ in range(steps):
+            model(torch.ones(batch, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+
+    first = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    later = nn.Sequential(nn.Linear(4, 2), nn.Linear(2, 1))
+    recorder = hooks.Recorder(tmp_path, environ={}).install()
+    globals_before = len(nn_module._global_forward_pre_hooks), len(nn_module._global_forward_hooks)
+    try:
+        train(first, torch.optim.SGD(first.parameters(), lr=0.01), 4, batch=2)
+        assert (len(nn_module._global_forward_pre_hooks), len(nn_module._global_forward_hooks)) == (0, 0)
+        assert len(first._forward_pre_hooks) == 1 and not first[0]._forward_pre_hooks  # its layers: fast path
+        train(later, torch.optim.SGD(later.parameters(), lr=0.01), 6, batch=3)
+        recorder.finish()
+    finally:
+        recorder.uninstall()
+    assert globals_before == (1, 1)
+    assert not first._forward_pre_hooks and not later._forward_pre_hooks  # all undone
+    steps = [r for r in read_run(tmp_path)["ranks"][0] if r["kind"] == "step"]
+    samples = [r.get("samples") for r in steps]
+    assert samples[:4] == [2, 2, 2, 2]  # the first model's steps, each one
+    assert samples[-3:] == [3, 3, 3]  # the later model's, once found
+    assert recorder.step == len(steps) < 10  # its first steps, unseen, are no step of their own

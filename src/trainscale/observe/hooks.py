@@ -7,8 +7,11 @@ torch exposes to anyone:
 
 - torch's global optimizer step hooks: a step is an optimizer step (DeepSpeed's engine and HF's
   ``Trainer`` step a torch optimizer inside; a step that skips it, an fp16 overflow, is no step);
-- torch's global module forward hooks, for the top-level modules only (a module called while no other
-  is running): their forward passes, and the batch they got (samples, tokens);
+- the top-level modules' forward hooks (a module called while no other is running): their forward passes,
+  and the batch they got (samples, tokens). torch's global module hooks find them, during the first
+  ``SETTLE_STEPS`` steps only: a global hook puts every module call of the model on torch's slow path (a few
+  µs each), so once the top-level modules are known they get hooks of their own and the global ones go. A
+  optimizer stepping twice with no forward seen (a model built later) turns the global hooks on again;
 - the autograd engine's end-of-backward callback, queued from a hook on the forward's output (which also
   marks backward's start): it runs before DDP's own (which waits for the last gradient all-reduce), and
   queues itself again to run after it, so that backward's computing and its wait at the collective are
@@ -57,10 +60,13 @@ from trainscale.observe.models import (
 from trainscale.observe.steps import StepMarks
 from trainscale.observe.worker import recording_on
 
+_ENGINE = torch.autograd.Variable._execution_engine
 _current: Recorder | None = None
 _lock = threading.Lock()
 FLUSH_EVERY_S = 0.5
 """How often the flushing thread turns the finished steps into records (lines, the straggler watch's window)."""
+SETTLE_STEPS = 2
+"""Steps seen with the global module hooks before the top-level modules get hooks of their own."""
 PEAK_EVERY_S = 0.1
 """How often, at a step's end, the rank's peak memory is read (on a CPU a system call: not every tiny step)."""
 
@@ -119,6 +125,11 @@ class Recorder:
         self._grouped = False
         self._autocast: torch.dtype | None = None
         self._handles: list[Any] = []
+        self._finding: list[Any] = []  # the global module hooks, while the top-level modules are looked for
+        self._found_from = 0  # the step they were put on at
+        self._rooted: list[Any] = []  # the hooks of the top-level modules found
+        self._roots: weakref.WeakSet = weakref.WeakSet()
+        self._unseen: set[int] = set()  # the optimizers that stepped since the last forward a hook saw
         self._params: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         """Whether a top-level module has parameters, asked once (``parameters()`` costs microseconds)."""
         self._ready: collections.deque[dict[str, Any]] = collections.deque()
@@ -128,7 +139,9 @@ class Recorder:
         self._flusher: threading.Thread | None = None
         self._note_step: Callable[[int], None] = lambda step: None
         self._compiling: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
-        """Inside torch.compile's tracing the hooks do nothing (a side effect there is a graph break)."""
+        """Inside torch.compile's tracing the hooks do nothing (a side effect there is a graph break): asked in the
+        module and optimizer hooks, which a compiled function can trace."""
+        self._cuda = torch.backends.cuda.is_built()  # a CPU build never times on a GPU: not asked every forward
         from trainscale.observe.state import PLAN_STEPS_VAR, StateCount  # noqa: PLC0415 (job kit)
 
         self.plan_steps = int(_float(environ, PLAN_STEPS_VAR, 0))
@@ -137,12 +150,9 @@ class Recorder:
 
     # -- installing -------------------------------------------------------------------------------
     def install(self) -> Recorder:
-        from torch.nn.modules import module as nn_module  # noqa: PLC0415 (job kit)
         from torch.optim import optimizer as optim  # noqa: PLC0415 (job kit)
 
         self._handles = [
-            nn_module.register_module_forward_pre_hook(self._forward_pre),
-            nn_module.register_module_forward_hook(self._forward_post, with_kwargs=True, always_call=True),
             optim.register_optimizer_step_pre_hook(self._optimizer_pre),
             optim.register_optimizer_step_post_hook(self._optimizer_post),
             _time_loader(self),
@@ -151,13 +161,39 @@ class Recorder:
         from trainscale.runtime.hangwatch import heartbeat  # noqa: PLC0415 (job kit)
 
         self._note_step = heartbeat.note_step  # each step tells the rank's heartbeat
+        self._find_roots()
         self.active = True
         return self
 
     def uninstall(self) -> None:
-        for handle in self._handles:
+        for handle in self._handles + self._finding + self._rooted:
             handle() if callable(handle) else handle.remove()
-        self._handles, self.active = [], False
+        self._handles, self._finding, self._rooted, self.active = [], [], [], False
+
+    def _find_roots(self) -> None:
+        """Every module call through the global hooks, until the top-level modules are known (``_settle``)."""
+        from torch.nn.modules import module as nn_module  # noqa: PLC0415 (job kit)
+
+        for handle in self._rooted:
+            handle.remove()
+        self._rooted, self._found_from = [], self.step
+        self._unseen.clear()
+        self._finding = [
+            nn_module.register_module_forward_pre_hook(self._forward_pre),
+            nn_module.register_module_forward_hook(self._forward_post, with_kwargs=True, always_call=True),
+        ]
+
+    def _settle(self) -> None:
+        """The top-level modules found get the same hooks of their own, first of theirs (before FSDP's, as the
+        global ones ran), and the global hooks go: the model's inner calls leave torch's slow path."""
+        for handle in self._finding:
+            handle.remove()
+        self._finding = []
+        for root in list(self._roots):
+            self._rooted += [
+                root.register_forward_pre_hook(self._forward_pre, prepend=True),
+                root.register_forward_hook(self._forward_post, with_kwargs=True, always_call=True, prepend=True),
+            ]
 
     def _ours(self) -> bool:
         return self.active and not self._compiling()
@@ -167,17 +203,21 @@ class Recorder:
         if self._depth:  # a module inside a top-level one: every call of a model's layers comes here
             self._depth += 1
             return
-        has_params = self._params.get(module)
-        if has_params is None:
-            has_params = self._params[module] = next(module.parameters(), None) is not None
-        if not has_params:  # a transform (Normalize, RandomCrop), a loss: no model, no step of its own
-            return
+        if self._finding:  # every module's call: the top-level ones with parameters are the model's
+            has_params = self._params.get(module)
+            if has_params is None:
+                has_params = self._params[module] = next(module.parameters(), None) is not None
+            if not has_params:  # a transform (Normalize, RandomCrop), a loss: no model, no step of its own
+                return
+            self._roots.add(module)
         self._depth = 1
-        if not torch.is_grad_enabled() or not self._ours():
+        if not torch.is_grad_enabled() or not self.active or self._compiling():
             return
+        if self._unseen:
+            self._unseen.clear()
         # the device's model is looked for only while the steps are timed on the host and CUDA is in use
         gpu = None
-        if (self.marks is None or not self.marks.events) and torch.cuda.is_initialized():
+        if self._cuda and (self.marks is None or not self.marks.events) and torch.cuda.is_initialized():
             gpu = next(module.parameters()).device
             gpu = gpu if gpu.type == "cuda" else None
         if self.marks is None or gpu is not None:
@@ -198,7 +238,7 @@ class Recorder:
         if not self._depth:  # a top-level module without parameters (its forward_pre did not count it)
             return
         self._depth = depth = self._depth - 1
-        if depth or not torch.is_grad_enabled() or not self._ours() or self.marks is None:
+        if depth or self.marks is None or not torch.is_grad_enabled() or not self.active or self._compiling():
             return
         self.marks.mark("forward")
         self._forwarded = True
@@ -226,22 +266,21 @@ class Recorder:
     def _backward_started(self, grad: Any) -> None:
         if self._backward_armed:
             self._backward_armed = False
-            if self.marks is not None and self._ours():
+            if self.marks is not None and self.active:
                 self.marks.mark("between")  # forward's end to backward's start: the loss, a batch fetched there
-            engine = torch.autograd.Variable._execution_engine
             # queued before any gradient is ready, so before DDP's (which waits for the gradient all-reduces):
             # its first run ends backward's computing; queued again from there, it runs after DDP's wait
-            # (alone, there is no collective to wait for: no sync mark, no communication)
-            engine.queue_callback(
-                lambda: (
-                    self._backward_mark("backward"),
-                    self._grouped and engine.queue_callback(lambda: self._backward_mark("sync")),
-                )
-            )
+            _ENGINE.queue_callback(self._backward_ended)
 
-    def _backward_mark(self, phase: str) -> None:
-        if self.marks is not None and self._ours():
-            self.marks.mark(phase)
+    def _backward_ended(self) -> None:
+        if self.marks is not None and self.active:
+            self.marks.mark("backward")
+            if self._grouped:  # alone, there is no collective to wait for: no sync mark, no communication
+                _ENGINE.queue_callback(self._synced)
+
+    def _synced(self) -> None:
+        if self.marks is not None and self.active:
+            self.marks.mark("sync")
 
     @contextlib.contextmanager
     def blocking_collective(self) -> Iterator[None]:
@@ -256,7 +295,7 @@ class Recorder:
 
     def _loader_time(self, seconds: float) -> None:
         """A DataLoader's ``__next__`` took ``seconds``: this step's, or the next one's after the optimizer step."""
-        if self._ours():
+        if self.active:
             self._loader = self._loader or [0.0, 0.0]
             self._loader[1 if self._stepped else 0] += seconds
 
@@ -267,7 +306,19 @@ class Recorder:
                 self.state.before_step(optimizer)
 
     def _optimizer_post(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
-        if self.marks is None or not self._forwarded or not self._ours():
+        if not self._ours():
+            return
+        if self._depth:  # a step inside a forward: the hooks stay as they are
+            pass
+        elif self._finding:
+            if self.step >= self._found_from + SETTLE_STEPS and self._roots:
+                self._settle()
+        elif id(optimizer) in self._unseen:  # it stepped twice with no forward seen: a model not found yet
+            self._find_roots()
+            self._lead = None  # the model found next is the one training now: its batches count
+        else:
+            self._unseen.add(id(optimizer))
+        if self.marks is None or not self._forwarded:
             return
         self.marks.mark("optimizer")
         if not self._stepped:

@@ -35,6 +35,7 @@ RECORD_FIELD = {
     "other": None,
 }
 """Each phase's field in a step record (observe/records.py); ``other`` is left to the report."""
+_FIELDS = [field for field in RECORD_FIELD.values() if field]
 
 
 class StepMarks:
@@ -98,15 +99,19 @@ class StepMarks:
         return out
 
     def _durations(self, marks: list[tuple[str, Any, float]]) -> dict[str, float]:
-        def seconds(a: Any, b: Any) -> float:
-            return b - a if not self.events else a.elapsed_time(b) / 1000.0
-
-        out = {field: 0.0 for field in RECORD_FIELD.values() if field}
-        for (_, before, _), (phase, after, waited) in zip(marks, marks[1:]):
-            out["comm_s"] += waited
-            if RECORD_FIELD[phase]:
-                out[RECORD_FIELD[phase]] += seconds(before, after) - waited
-        out["step_s"] = seconds(marks[0][1], marks[-1][1])
+        if self.events:  # the events' intervals in seconds, then added up as a host clock's would be
+            first = marks[0][1]
+            marks = [(phase, first.elapsed_time(at) / 1000.0, waited) for phase, at, waited in marks]
+        out = dict.fromkeys(_FIELDS, 0.0)
+        before = marks[0][1]
+        for phase, after, waited in marks[1:]:
+            if waited:
+                out["comm_s"] += waited
+            field = RECORD_FIELD[phase]
+            if field:
+                out[field] += after - before - waited
+            before = after
+        out["step_s"] = before - marks[0][1]
         return out
 
     def _capturing(self) -> bool:
