@@ -4,8 +4,9 @@
         [--repeats 3] [--seed 0] [--no-slurm] [--out plan-accuracy.json]
     .venv/bin/python benchmarks/plan_accuracy.py --from plan-accuracy.json[,more.json]   # the tables, today's model
 
-Part 1, the matrix. For the workloads cnn, vit and gpt and a course-style DDP script (torchrun's variables,
-DistributedSampler, DDP, no trainscale import), `plan`'s own calibration (one rank, --steps optimizer steps,
+Part 1, the matrix. For the workloads cnn, vit and gpt, a course-style DDP script (torchrun's variables,
+DistributedSampler, DDP, no trainscale import) and README's train.py (``--targets ...,readme``), `plan`'s own
+calibration (one rank, --steps optimizer steps,
 plan/calibrate.py; for a workload also FSDP's own, over a group of one) and its all-reduce sweeps here (among 2
 and 4 ranks: gloo's, and trainscale's shared-memory average for the workloads' ddp) make the plan, exactly as
 `trainscale plan` does (its default network, this machine's cores).
@@ -52,6 +53,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "src"))
+
+from helpers.readme import readme_train_script  # noqa: E402
 
 from trainscale.errors import ConfigError  # noqa: E402
 from trainscale.plan.calibrate import OWN_CALIBRATIONS, compare, network, short_run, steps_peaks  # noqa: E402
@@ -165,10 +168,18 @@ def say(line: str) -> None:
     print(f"  {line}", file=sys.stderr, flush=True)
 
 
+SCRIPTS = {"script": "course_ddp.py", "readme": "train.py"}
+"""The targets that are scripts: the course-style one (its batch an option) and README's train.py (batch 16)."""
+
+
+def script_args(target: str, batch: int | None) -> tuple[str, ...]:
+    return ("--batch-size", str(batch or 32)) if target == "script" else ()
+
+
 def target_args(target: str, work: Path, batch: int | None) -> dict:
-    """short_run's target: a workload, or the course-style script with its batch."""
-    if target == "script":
-        return {"script": str(work / "course_ddp.py"), "workload": None, "args": ("--batch-size", str(batch or 32))}
+    """short_run's target: a workload, or a script with its batch."""
+    if target in SCRIPTS:
+        return {"script": str(work / SCRIPTS[target]), "workload": None, "args": script_args(target, batch)}
     return {"script": None, "workload": target, "args": ()}
 
 
@@ -208,8 +219,8 @@ def measure_slurm(
     out = work / f"slurm-{target}-{strategy}{name and '-' + name}"
     out.mkdir()
     metrics = out / "metrics.json"  # the same file for both attempts: the second overwrites the first's
-    if target == "script":
-        tail = ["--env", f"TRAINSCALE_PLAN_STEPS={steps}", str(work / "course_ddp.py"), "--batch-size", str(batch)]
+    if target in SCRIPTS:
+        tail = ["--env", f"TRAINSCALE_PLAN_STEPS={steps}", str(work / SCRIPTS[target]), *script_args(target, batch)]
     else:
         tail = [
             "--workload",
@@ -321,7 +332,7 @@ def matrix(targets: list[str], work: Path, steps: int, slurm: bool, save, repeat
                     name: measure(target, work, steps, ranks=1, strategy=spec, batch=batch, threads=threads)
                     for name, spec in OWN_CALIBRATIONS.items()
                 }
-                if target != "script"
+                if target not in SCRIPTS
                 else {}
             )
             runs = []
@@ -335,7 +346,7 @@ def matrix(targets: list[str], work: Path, steps: int, slurm: bool, save, repeat
                         **measure(target, work, steps, ranks=1, strategy=None, batch=batch, threads=threads),
                     }
                 )
-                for strategy in STRATEGIES if target != "script" else (None,):
+                for strategy in STRATEGIES if target not in SCRIPTS else (None,):
                     runs.append(
                         {
                             "ranks": 2,
@@ -413,7 +424,7 @@ def capped(targets: list[str], work: Path, count: int, rng: random.Random) -> li
         batch = rng.choice(batches[target])
         args = (
             ("-m", "trainscale.workloads", target, "--epochs", "1000", "--log-every", "0", *_batch_args(target, batch))
-            if target != "script"
+            if target not in SCRIPTS
             else (str(work / "course_ddp.py"), "--batch-size", str(batch))
         )
         print(f"cap {i + 1}/{count}: {target} batch {batch}", file=sys.stderr, flush=True)
@@ -485,7 +496,7 @@ def analyse_matrix(raw: list[dict], measured: list[dict]) -> list[dict]:
             network_source=net_source,
             shared_cores=cores,
             own=own,
-            sweeps=[w for w in sweeps_here if w.hook == "none" or entry["target"] != "script"],
+            sweeps=[w for w in sweeps_here if w.hook == "none" or entry["target"] not in SCRIPTS],
         )
         configs: dict[tuple, list[dict]] = {}
         for run in entry["runs"]:
@@ -595,7 +606,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--caps", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--targets", default="cnn,vit,gpt,script")
+    parser.add_argument("--targets", default="cnn,vit,gpt,script,readme")
     parser.add_argument("--no-slurm", action="store_true", help="leave out the 2 x 2 runs on the test cluster")
     parser.add_argument("--no-matrix", action="store_true")
     parser.add_argument("--repeats", type=int, default=3, help="runs of every configuration (their median)")
@@ -613,6 +624,7 @@ def main() -> None:
         targets = args.targets.split(",")
         work = Path(tempfile.mkdtemp(prefix="trainscale-plan-bench-"))  # kept when something fails: its logs
         (work / "course_ddp.py").write_text(SCRIPT)
+        (work / "train.py").write_text(readme_train_script())
         (work / "capped.py").write_text(CAPPED)
         t0 = time.monotonic()
         measured = [] if args.no_matrix else sweeps(4 if not args.no_slurm else 2)
