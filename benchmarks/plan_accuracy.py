@@ -516,7 +516,14 @@ def analyse_matrix(raw: list[dict], measured: list[dict]) -> list[dict]:
                 else f"{run['ranks']} rank(s)"
             )
             row["config"] = f"{entry['target']}, {where}, {run['strategy'] or cal.modelled_strategy()}"
-            row["disturbed"] = run["busy_before"] > QUIET or paced(entry["calibration"], run) > PACE
+            busy, pace_off = run["busy_before"], paced(entry["calibration"], run)
+            row["disturbed"] = (  # the reason, as plan --verify says it (empty: undisturbed)
+                f"the CPUs were {busy:.0%} busy in the second before it"
+                if busy > QUIET
+                else f"this machine's pace differed {pace_off:.0%} from the calibration's"
+                if pace_off > PACE
+                else ""
+            )
             configs.setdefault((run["ranks"], run["nodes"], run["strategy"]), []).append(row)
         rows += [representative(repeats) for repeats in configs.values()]
     return rows
@@ -570,9 +577,6 @@ def analyse_caps(raw: list[dict]) -> list[dict]:
 def report(matrix_rows: list[dict], cap_rows: list[dict]) -> None:
     if matrix_rows:
         print(f"\nPredicted against measured ({len(matrix_rows)} configurations; error = measured / predicted - 1):")
-        for v in matrix_rows:
-            if v["disturbed"]:
-                v["config"] += " (disturbed)"
         print("\n".join(verified_table(matrix_rows)))
         held = [abs(v["held_error"]) for v in matrix_rows if v["held_error"] is not None]
         peak = [abs(v["peak_error"]) for v in matrix_rows if v["peak_error"] is not None]
@@ -583,7 +587,7 @@ def report(matrix_rows: list[dict], cap_rows: list[dict]) -> None:
             f"{max(held, default=0):.1%}); peak within 15%: {sum(e <= 0.15 for e in peak)}/{len(peak)} (largest "
             f"{max(peak, default=0):.1%}); step time within 15%: {sum(e <= 0.15 for e in quiet)}/{len(quiet)} "
             f"undisturbed (median |error| {statistics.median(quiet) if quiet else 0:.1%}; "
-            f"{sum(v['disturbed'] for v in matrix_rows)} disturbed left out; with them "
+            f"{sum(bool(v['disturbed']) for v in matrix_rows)} disturbed left out; with them "
             f"{sum(e <= 0.15 for e in every)}/{len(every)})"
         )
     if cap_rows:

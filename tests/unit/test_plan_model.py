@@ -766,3 +766,41 @@ def test_fsdp_units_as_the_recorder_counts_them():
     assert model.blocks[1] in shard_units(model)
     plain = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))  # children with parameters, no root's own
     assert unit_bytes(plain) == [20 * 4, 10 * 4, 0] and torch.nn.ReLU not in map(type, shard_units(plain))
+
+
+def test_ranks_that_wait_for_each_other_every_step_go_at_their_slowest_ranks_pace():
+    """issue 46 item 8: every step of N ranks lasts as long as the slowest rank's, so their median step is the
+    one rank's 0.5 ** (1/N) quantile, not its median: the plan charged the median and came out short by the
+    ranks' own spread (cnn on 2 ranks here -8.6%, gpt -14.7%; both within 7% with it)."""
+    noisy = Calibration.from_records(
+        [
+            {"kind": "meta", "device": "cpu"},
+            *[{**r, "step_s": 0.001 * i} for i, r in enumerate(_records(calibration())[1:11], start=1)],
+            _records(calibration())[-1],
+        ]
+    )
+    assert sorted(r["step_s"] for r in noisy.steps) == pytest.approx([0.001 * i for i in range(3, 11)])  # steady
+    assert noisy.slowest_of(1) == 1.0
+    assert noisy.slowest_of(2) == pytest.approx(7.95 / 6.5, rel=1e-3)  # the 71st percentile over the median
+    assert noisy.slowest_of(4) == pytest.approx(8.886 / 6.5, rel=1e-3)  # the 84th
+    steady = Calibration.from_records(
+        [
+            {"kind": "meta", "device": "cpu"},
+            *[{**r, "step_s": 0.1} for r in _records(calibration())[1:11]],
+            _records(calibration())[-1],
+        ]
+    )
+    assert steady.slowest_of(4) == 1.0  # ranks that never vary wait for no one
+    plan = make_plan(
+        noisy,
+        what="w",
+        ranks_per_node=4,
+        nodes=1,
+        batch=None,
+        device_bytes=None,
+        device_source="x",
+        network=get_network("ethernet-25g"),
+        network_source="n",
+    )
+    one, two, four = (plan.times[i]["step_s"] - plan.times[i]["exposed_comm_s"] for i in range(3))
+    assert two / one == pytest.approx(noisy.slowest_of(2)) and four / one == pytest.approx(noisy.slowest_of(4))
