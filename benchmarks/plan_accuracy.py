@@ -48,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -192,6 +193,7 @@ def measure(
     strategy: str | None,
     batch: int | None,
     threads: int | None = None,
+    alone: bool = False,
 ) -> dict:
     quiet, before = busy_share(), pace()
     what = target_args(target, work, batch)
@@ -205,6 +207,7 @@ def measure(
         nproc=ranks,
         strategy=strategy,
         threads=threads,
+        alone=alone,
     )
     return {"records": records, "metrics": metrics, "peaks": peaks, "busy_before": quiet, "pace": [before, pace()]}
 
@@ -335,6 +338,12 @@ def matrix(targets: list[str], work: Path, steps: int, slurm: bool, save, repeat
                 if target not in SCRIPTS
                 else {}
             )
+            calibrated = Calibration.from_records(cal["records"])
+            if target in SCRIPTS and calibrated.setup and calibrated.strategy in (None, "none"):
+                # as plan does for a script whose rt.setup wraps nothing on one rank: its strategy alone too
+                own[calibrated.modelled_strategy()] = measure(
+                    target, work, steps, ranks=1, strategy=None, batch=batch, threads=threads, alone=True
+                )
             runs = []
             for repeat in range(repeats):
                 runs.append(
@@ -482,6 +491,8 @@ def analyse_matrix(raw: list[dict], measured: list[dict]) -> list[dict]:
     for entry in raw:
         cal = Calibration.from_records(entry["calibration"]["records"])
         own = {name: Calibration.from_records(run["records"]) for name, run in entry.get("own", {}).items()}
+        if entry["target"] in SCRIPTS:  # a script's strategy alone: its pace, the plain calibration's peak (plan's)
+            own = {name: replace(c, peak=cal.peak, reserve=cal.reserve) for name, c in own.items()}
         # as plan measures them: a script's own DDP all-reduces with gloo, trainscale's ddp on one machine's
         # CPUs with shared memory (the test cluster's 2 nodes are this one machine: the same)
         plan = make_plan(

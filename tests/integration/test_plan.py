@@ -115,6 +115,26 @@ def test_the_calibration_keeps_its_checkpoints_to_itself_and_the_text_says_what_
     assert "These step times are this machine's" not in text  # planned for here: they are its own
 
 
+def test_a_script_whose_rt_setup_wraps_nothing_on_one_rank_is_also_calibrated_with_its_strategy_alone(tmp_path):
+    """issue 46 item 8: ``rt.setup(strategy="ddp")`` wraps nothing on one rank, so the calibration never ran DDP's
+    own work per step (its forward, gradient hooks, buckets), which on README's 0.6 ms step was most of what 2 ranks
+    added (planned 0.7 ms, measured 1.2). For several ranks the plan also calibrates it with DDP over a group of one:
+    its pace is that run's, its peak the plain one's; the course script's own DDP needs no second run."""
+    (tmp_path / "train.py").write_text(RESUMABLE)
+    done = plan(tmp_path, "--nproc-per-node", "2", "--steps", "3", "--json", "train.py")
+    assert done.returncode == 0, done.stderr
+    made = json.loads(done.stdout)
+    assert made["calibration"]["setup"] == "ddp" and made["calibration"]["strategy"] == "none"
+    own = made["own_calibrations"]["ddp"]
+    assert own["strategy"] == "ddp" and own["peak"] == made["calibration"]["peak"]  # it ran DDP; the plain peak
+    assert done.stderr.count("calibrating: run --nproc-per-node 1") == 2
+    alone = plan(tmp_path, "--steps", "3", "--json", "train.py")  # one rank planned: DDP's work is no part of it
+    assert alone.returncode == 0 and json.loads(alone.stdout)["own_calibrations"] == {}
+    (tmp_path / "train.py").write_text(PLAIN)
+    course = plan(tmp_path, "--nproc-per-node", "2", "--steps", "3", "--json", "train.py")
+    assert course.returncode == 0 and json.loads(course.stdout)["own_calibrations"] == {}
+
+
 def test_plan_refuses_before_calibrating(tmp_path):
     (tmp_path / "train.py").write_text("print('hi')\n")
     done = plan(tmp_path, "train.py", "--nodes", "2")

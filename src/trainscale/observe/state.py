@@ -16,6 +16,9 @@ from typing import Any
 import torch
 
 PLAN_STEPS_VAR = "TRAINSCALE_PLAN_STEPS"
+PLAN_ALONE_VAR = "TRAINSCALE_PLAN_ALONE"
+"""``1``: the calibration of a script that calls ``rt.setup`` wraps its model as it will on several ranks (DDP over
+a group of one), so that its pace carries the strategy's own work per step (train/session.py)."""
 
 
 def _key(t: torch.Tensor) -> tuple | None:

@@ -11,6 +11,7 @@ import shlex
 import statistics
 import tempfile
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from trainscale.bench import allreduce_run
@@ -45,6 +46,7 @@ def short_run(
     strategy: str | None = None,
     threads: int | None = None,
     timeout_s: float = 900.0,
+    alone: bool = False,
 ) -> tuple[list[dict], dict | None, list[int], float | None]:
     """Run the script (or workload) on ``nproc`` ranks here for ``steps`` optimizer steps and more (a trial,
     launch/trial.py): rank 0's records, a workload's metrics (its memory table), every rank's peak memory over its
@@ -52,8 +54,9 @@ def short_run(
     script runs in the working directory (its relative paths) and is stopped after ``steps`` by its recorder
     (observe/state.py); its rt.checkpoint files go to a directory of the run's own (it neither resumes from nor
     writes into the user's). A workload runs ``steps + 1`` steps to its normal end in a temporary directory.
-    ``threads``: the rank's OMP_NUM_THREADS (a user's own setting is kept)."""
-    from trainscale.observe.state import PLAN_STEPS_VAR  # noqa: PLC0415 (torch-free module)
+    ``threads``: the rank's OMP_NUM_THREADS (a user's own setting is kept). ``alone``: a script's ``rt.setup`` wraps
+    its model on one rank as on several (observe/state.PLAN_ALONE_VAR)."""
+    from trainscale.observe.state import PLAN_ALONE_VAR, PLAN_STEPS_VAR  # noqa: PLC0415 (torch-free module)
     from trainscale.train.resumable import CHECKPOINT_DIR_VAR  # noqa: PLC0415 (torch-free module)
 
     with tempfile.TemporaryDirectory(prefix="trainscale-plan-") as tmp:
@@ -87,6 +90,8 @@ def short_run(
             target, module, targs, cwd = WORKLOADS, True, (workload, *line[2:]), Path(tmp)
         else:
             env[PLAN_STEPS_VAR] = str(steps)
+            if alone:
+                env[PLAN_ALONE_VAR] = "1"
             line = [str(Path(script).absolute()), *args]
             target, module, targs, cwd = line[0], False, tuple(args), None
         calibrating = nproc == 1
@@ -132,9 +137,11 @@ def calibrate(
     threads: int | None = None,
     timeout_s: float = 900.0,
     strategy: str | None = None,
+    alone: bool = False,
 ) -> Calibration:
     """One rank, ``steps`` optimizer steps: what its state holds and how long its steps take (on CPU with
-    ``threads`` threads: those a rank of the planned node gets); a workload under ``strategy``."""
+    ``threads`` threads: those a rank of the planned node gets); a workload under ``strategy``; ``alone``: a
+    script's ``rt.setup`` strategy wrapping its model as on several ranks."""
     records, _, _, _ = short_run(
         script=script,
         args=args,
@@ -145,6 +152,7 @@ def calibrate(
         threads=threads,
         timeout_s=timeout_s,
         strategy=strategy,
+        alone=alone,
     )
     return Calibration.from_records(records)
 
@@ -501,6 +509,25 @@ def make(
             except ConfigError as exc:  # the plan goes on: that strategy's pace is then the plain calibration's
                 cause = [line for line in exc.message.splitlines() if line.strip()][-1]
                 say(f"{name}'s own calibration failed ({cause}): its times are ddp's pace")
+    if script and ranks_per_node * nodes > 1 and cal.setup and cal.strategy in (None, "none"):
+        # rt.setup wraps nothing on one rank: its strategy's own work per step (DDP's forward, its gradient hooks,
+        # its buckets) is in the pace only when it wraps the model over a group of one; its peak is the plain one
+        try:
+            alone = calibrate(
+                script=script,
+                args=args,
+                workload=None,
+                batch=batch,
+                steps=steps,
+                say=say,
+                timeout_s=timeout_s,
+                threads=threads,
+                alone=True,
+            )
+            own[cal.modelled_strategy()] = replace(alone, peak=cal.peak, reserve=cal.reserve)
+        except ConfigError as exc:
+            cause = [line for line in exc.message.splitlines() if line.strip()][-1]
+            say(f"{cal.setup}'s own calibration failed ({cause}): its times are the unwrapped pace")
     sweeps = (
         sweeps_here(ranks_per_node, say, sweep_hooks(args if workload else None, only))
         if here_on_cpu and ranks_per_node > 1

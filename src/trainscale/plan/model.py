@@ -96,6 +96,8 @@ class Calibration:
     device: str = "cpu"
     strategy: str | None = None
     """What wrapped the script's model, as the recorder saw it (observe/models.strategy_of): ddp, fsdp, ..."""
+    setup: str | None = None
+    """The strategy the script asked ``rt.setup`` for (which wraps nothing on one rank), or None."""
     threads: int = 1
     """CPU threads the calibration's rank ran (on CPU: the cores it used)."""
     recorded: int = 0
@@ -145,6 +147,7 @@ class Calibration:
             device=str(meta.get("device", "cpu")),
             threads=int(meta.get("threads") or 1),
             strategy=meta.get("strategy"),
+            setup=meta.get("setup"),
             recorded=len(steps),
             peak=summary.get("steps_peak_mem_bytes") or summary.get("peak_mem_bytes") or None,
             reserve=max(0, int(summary.get("reserved_peak_bytes") or 0) - int(summary.get("peak_mem_bytes") or 0)),
@@ -159,7 +162,7 @@ class Calibration:
 
     def modelled_strategy(self) -> str:
         """The plan's name for the strategy the calibrated script used (ddp's model for an unwrapped one)."""
-        name = self.strategy or "ddp"
+        name = self.strategy if self.strategy not in (None, "none") else self.setup or "ddp"
         if name.startswith("deepspeed zero"):
             return f"deepspeed:stage={name.removeprefix('deepspeed zero')}"
         return name if name in STRATEGIES else "ddp"

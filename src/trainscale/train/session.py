@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -37,6 +38,8 @@ from trainscale.checkpoint import ModelState
 from trainscale.errors import ConfigError, did_you_mean, succeeded
 from trainscale.launch import rundir
 from trainscale.launch.rundir import write_record
+from trainscale.observe import hooks
+from trainscale.observe.state import PLAN_ALONE_VAR
 from trainscale.runtime.runtime import Runtime
 from trainscale.runtime.runtime import init as init_runtime
 from trainscale.strategies import get_strategy
@@ -74,6 +77,12 @@ class Session(Runtime):
         ``model.parameters()``, parameter groups included) or a factory. ``micro_batch_size`` and
         ``accumulation``: DeepSpeed's config needs them (the per-rank batch, micro-batches per step)."""
         chosen = get_strategy(strategy)
+        if not self.is_distributed and os.environ.get(PLAN_ALONE_VAR) == "1":  # plan's calibration of its pace
+            alone = {"replicate_alone", "shard_alone"} & {f.name for f in dataclasses.fields(chosen)}
+            chosen = dataclasses.replace(chosen, **dict.fromkeys(alone, True))
+        recorder = hooks.current()
+        if recorder is not None:  # what the script asked for, in its records (plan calibrates it alone too)
+            recorder.meta.setdefault("setup", chosen.name)
         if micro_batch_size is not None:
             chosen = chosen.with_batch(micro_batch_size, accumulation)
         wrapped, opt = chosen.wrap(model, optimizer, self)
