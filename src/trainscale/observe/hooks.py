@@ -9,7 +9,7 @@ torch exposes to anyone:
   ``Trainer`` step a torch optimizer inside; a step that skips it, an fp16 overflow, is no step);
 - the top-level modules' forward hooks (a module called while no other is running): their forward passes,
   and the batch they got (samples, tokens). torch's global module hooks find them, during the first
-  ``SETTLE_STEPS`` steps only: a global hook puts every module call of the model on torch's slow path (a few
+  ``SETTLE_STEPS + 1`` steps only: a global hook puts every module call of the model on torch's slow path (a few
   µs each), so once the top-level modules are known they get hooks of their own and the global ones go. A
   optimizer stepping twice with no forward seen (a model built later) turns the global hooks on again;
 - the autograd engine's end-of-backward callback, queued from a hook on the forward's output (which also
@@ -66,7 +66,8 @@ _lock = threading.Lock()
 FLUSH_EVERY_S = 0.5
 """How often the flushing thread turns the finished steps into records (lines, the straggler watch's window)."""
 SETTLE_STEPS = 2
-"""Steps seen with the global module hooks before the top-level modules get hooks of their own."""
+"""Steps counted with the global module hooks before the one at whose end the top-level modules get hooks of
+their own: the global hooks see the first ``SETTLE_STEPS + 1`` steps."""
 PEAK_EVERY_S = 0.1
 """How often, at a step's end, the rank's peak memory is read (on a CPU a system call: not every tiny step)."""
 
