@@ -54,7 +54,9 @@ def test_a_local_sweeps_status_says_how_a_task_failed_and_ranks_by_what_was_logg
     assert header.split() == ["task", "lr", "state", "loss"]
     assert [row.split()[:3] for row in rows[:2]] == [["2", "0.1", "finished"], ["1", "0.2", "finished"]]
     assert rows[0].split()[-1] == "0.1" and rows[1].split()[-1] == "0.2"  # the last values logged
-    assert rows[2].startswith("0") and "failed (first failing rank: 1 on " in rows[2] and "exit code 1)" in rows[2]
+    assert rows[2].startswith("0") and "failed (first failing rank: 1 on " in rows[2]
+    # how it ended, as the launcher saw it: its exit code, or (the group stopped while it was exiting) the signal
+    assert "exit code 1)" in rows[2] or "failed, then stopped by SIGTERM while exiting)" in rows[2], rows[2]
     assert "launch failed" not in status.stdout
     assert "2 of 3 task(s) finished; best first by loss" in status.stdout
     nothing = trainscale("sweep", "status", str(sweep), "--metric", "accuracy", cwd=tmp_path)
