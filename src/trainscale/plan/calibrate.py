@@ -13,6 +13,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from trainscale.bench import allreduce_run
 from trainscale.bench.study import read_metrics
@@ -491,43 +492,27 @@ def make(
         threads=threads,
     )
     own = {}
+
+    def own_calibration(name: str, instead: str, **how: Any) -> Calibration | None:
+        """One more calibration of the target, one rank; the plan goes on without it when it fails."""
+        try:
+            return calibrate(
+                script=script, args=args, batch=batch, steps=steps, say=say, timeout_s=timeout_s, threads=threads, **how
+            )
+        except ConfigError as exc:
+            cause = [line for line in exc.message.splitlines() if line.strip()][-1]
+            say(f"{name}'s own calibration failed ({cause}): its times are {instead}")
+            return None
+
     # one rank runs FSDP unwrapped: its own calibration only matters for a plan of several
     for name, spec in OWN_CALIBRATIONS.items() if workload and ranks_per_node * nodes > 1 else ():
-        if only in (None, name):
-            try:
-                own[name] = calibrate(
-                    script=None,
-                    args=args,
-                    workload=workload,
-                    batch=batch,
-                    steps=steps,
-                    say=say,
-                    timeout_s=timeout_s,
-                    threads=threads,
-                    strategy=spec,
-                )
-            except ConfigError as exc:  # the plan goes on: that strategy's pace is then the plain calibration's
-                cause = [line for line in exc.message.splitlines() if line.strip()][-1]
-                say(f"{name}'s own calibration failed ({cause}): its times are ddp's pace")
+        if only in (None, name) and (found := own_calibration(name, "ddp's pace", workload=workload, strategy=spec)):
+            own[name] = found
     if script and ranks_per_node * nodes > 1 and cal.setup and cal.strategy in (None, "none"):
         # rt.setup wraps nothing on one rank: its strategy's own work per step (DDP's forward, its gradient hooks,
         # its buckets) is in the pace only when it wraps the model over a group of one; its peak is the plain one
-        try:
-            alone = calibrate(
-                script=script,
-                args=args,
-                workload=None,
-                batch=batch,
-                steps=steps,
-                say=say,
-                timeout_s=timeout_s,
-                threads=threads,
-                alone=True,
-            )
+        if alone := own_calibration(cal.setup, "the unwrapped pace", workload=None, alone=True):
             own[cal.modelled_strategy()] = replace(alone, peak=cal.peak, reserve=cal.reserve)
-        except ConfigError as exc:
-            cause = [line for line in exc.message.splitlines() if line.strip()][-1]
-            say(f"{cal.setup}'s own calibration failed ({cause}): its times are the unwrapped pace")
     sweeps = (
         sweeps_here(ranks_per_node, say, sweep_hooks(args if workload else None, only))
         if here_on_cpu and ranks_per_node > 1
