@@ -368,11 +368,15 @@ def test_a_forked_loader_worker_records_nothing_of_its_own(tmp_path):
     assert [r["step"] for r in records if r["kind"] == "step"] == [1, 2, 3, 4]
 
 
-def test_after_its_first_steps_only_the_models_top_level_module_is_hooked_and_a_later_model_is_found(tmp_path):
+def test_after_its_first_steps_only_the_models_top_level_module_is_observed_and_a_later_model_is_found(tmp_path):
     """issue 46 item 7: a global module hook puts every module call on torch's slow path (a few µs each, the
     recorder's largest cost on a model of many small modules). The global hooks find the top-level modules in
-    the first steps, then those get hooks of their own; a model built later is found when its optimizer steps
-    twice unseen, and recorded from then on."""
+    the first steps, then those are observed through torch's per-instance call, with no hook; a model built later
+    is found when its optimizer steps twice unseen, and recorded from then on. A deep copy (an EMA model) or a
+    pickle (``torch.save(model)``) of an observed model works and carries nothing of the recorder's."""
+    import copy
+    import io
+
     from torch.nn.modules import module as nn_module
 
     from trainscale.observe.records import read_run
@@ -389,18 +393,26 @@ def test_after_its_first_steps_only_the_models_top_level_module_is_hooked_and_a_
     def ours(hooks_: dict) -> list:  # another test's recorder in this worker process may hold hooks of its own
         return [h for h in hooks_.values() if getattr(h, "__self__", None) is recorder]
 
+    def observed(module) -> bool:
+        return module.__dict__.get("_compiled_call_impl") is not None
+
     recorder = hooks.Recorder(tmp_path, environ={}).install()
     globals_installed = len(ours(nn_module._global_forward_pre_hooks)), len(ours(nn_module._global_forward_hooks))
     try:
         train(first, torch.optim.SGD(first.parameters(), lr=0.01), 4, batch=2)
         assert not ours(nn_module._global_forward_pre_hooks) and not ours(nn_module._global_forward_hooks)
-        assert len(ours(first._forward_pre_hooks)) == 1 and not ours(first[0]._forward_pre_hooks)  # layers: fast
+        assert observed(first) and not first._forward_pre_hooks and not first._forward_hooks
+        assert not observed(first[0]) and not first[0]._forward_pre_hooks  # its layers: torch's fast path
+        ema = copy.deepcopy(first)
+        with torch.no_grad():
+            assert not observed(ema) and torch.equal(ema(torch.ones(1, 4)), first(torch.ones(1, 4)))
+        torch.save(first, io.BytesIO())
         train(later, torch.optim.SGD(later.parameters(), lr=0.01), 6, batch=3)
         recorder.finish()
     finally:
         recorder.uninstall()
     assert globals_installed == (1, 1)
-    assert not ours(first._forward_pre_hooks) and not ours(later._forward_pre_hooks)  # all undone
+    assert not observed(first) and not observed(later)  # all undone
     steps = [r for r in read_run(tmp_path)["ranks"][0] if r["kind"] == "step"]
     samples = [r.get("samples") for r in steps]
     assert samples[:4] == [2, 2, 2, 2]  # the first model's steps, each one

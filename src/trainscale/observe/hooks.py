@@ -7,11 +7,12 @@ torch exposes to anyone:
 
 - torch's global optimizer step hooks: a step is an optimizer step (DeepSpeed's engine and HF's
   ``Trainer`` step a torch optimizer inside; a step that skips it, an fp16 overflow, is no step);
-- the top-level modules' forward hooks (a module called while no other is running): their forward passes,
-  and the batch they got (samples, tokens). torch's global module hooks find them, during the first
+- the top-level modules' calls (a module called while no other is running): their forward passes, and the
+  batch they got (samples, tokens). torch's global module hooks find them, during the first
   ``SETTLE_STEPS + 1`` steps only: a global hook puts every module call of the model on torch's slow path (a few
-  µs each), so once the top-level modules are known they get hooks of their own and the global ones go. A
-  optimizer stepping twice with no forward seen (a model built later) turns the global hooks on again;
+  µs each), so once the top-level modules are known their calls are observed by themselves (:func:`_observe`)
+  and the global hooks go. An optimizer stepping twice with no forward seen (a model built later) turns the
+  global hooks on again;
 - the autograd engine's end-of-backward callback, queued from a hook on the forward's output (which also
   marks backward's start): it runs before DDP's own (which waits for the last gradient all-reduce), and
   queues itself again to run after it, so that backward's computing and its wait at the collective are
@@ -66,8 +67,8 @@ _lock = threading.Lock()
 FLUSH_EVERY_S = 0.5
 """How often the flushing thread turns the finished steps into records (lines, the straggler watch's window)."""
 SETTLE_STEPS = 2
-"""Steps counted with the global module hooks before the one at whose end the top-level modules get hooks of
-their own: the global hooks see the first ``SETTLE_STEPS + 1`` steps."""
+"""Steps counted with the global module hooks before the one at whose end the top-level modules are observed by
+themselves: the global hooks see the first ``SETTLE_STEPS + 1`` steps."""
 PEAK_EVERY_S = 0.1
 """How often, at a step's end, the rank's peak memory is read (on a CPU a system call: not every tiny step)."""
 
@@ -128,7 +129,7 @@ class Recorder:
         self._handles: list[Any] = []
         self._finding: list[Any] = []  # the global module hooks, while the top-level modules are looked for
         self._found_from = 0  # the step they were put on at
-        self._rooted: list[Any] = []  # the hooks of the top-level modules found
+        self._rooted: list[Callable[[], None]] = []  # what undoes the observing of the top-level modules found
         self._roots: weakref.WeakSet = weakref.WeakSet()
         self._unseen: set[int] = set()  # the optimizers that stepped since the last forward a hook saw
         self._params: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -175,8 +176,8 @@ class Recorder:
         """Every module call through the global hooks, until the top-level modules are known (``_settle``)."""
         from torch.nn.modules import module as nn_module  # noqa: PLC0415 (job kit)
 
-        for handle in self._rooted:
-            handle.remove()
+        for undo in self._rooted:
+            undo()
         self._rooted, self._found_from = [], self.step
         self._unseen.clear()
         self._finding = [
@@ -185,16 +186,12 @@ class Recorder:
         ]
 
     def _settle(self) -> None:
-        """The top-level modules found get the same hooks of their own, first of theirs (before FSDP's, as the
-        global ones ran), and the global hooks go: the model's inner calls leave torch's slow path."""
+        """The top-level modules found are observed by themselves (:func:`_observe`) and the global hooks go: the
+        model's inner calls leave torch's slow path."""
         for handle in self._finding:
             handle.remove()
         self._finding = []
-        for root in list(self._roots):
-            self._rooted += [
-                root.register_forward_pre_hook(self._forward_pre, prepend=True),
-                root.register_forward_hook(self._forward_post, with_kwargs=True, always_call=True, prepend=True),
-            ]
+        self._rooted = [_observe(root, self) for root in list(self._roots)]
 
     def _ours(self) -> bool:
         return self.active and not self._compiling()
@@ -553,6 +550,34 @@ class Recorder:
         self.out.close()
         self.summary = summary
         return summary
+
+
+def _observe(root: torch.nn.Module, recorder: Recorder) -> Callable[[], None]:
+    """Each call of ``root`` between the recorder's forward marks; returns what undoes it. Through torch's own
+    per-instance call (``_compiled_call_impl``, which ``Module.compile`` sets; wrapped when set): the module stays on
+    torch's fast path when it has no hooks, its hooks (FSDP's) run inside the marks as they did inside the global
+    hooks, and a ``copy.deepcopy`` or ``torch.save`` of it drops the call (``Module.__getstate__``): an EMA copy, a
+    pickled model carry nothing of trainscale's."""
+    previous = root.__dict__.get("_compiled_call_impl")
+    call, pre, post = previous or root._call_impl, recorder._forward_pre, recorder._forward_post
+
+    def observed(*args: Any, **kwargs: Any) -> Any:
+        pre(root, args)
+        output = None
+        try:
+            output = call(*args, **kwargs)
+            return output
+        finally:
+            post(root, args, kwargs, output)
+
+    root._compiled_call_impl = observed
+    ref = weakref.ref(root)
+
+    def undo() -> None:
+        if (module := ref()) is not None and module.__dict__.get("_compiled_call_impl") is observed:
+            module._compiled_call_impl = previous
+
+    return undo
 
 
 def _float(environ: Any, name: str, default: float) -> float:
