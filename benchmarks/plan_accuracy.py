@@ -591,15 +591,20 @@ def report(matrix_rows: list[dict], cap_rows: list[dict]) -> None:
         print("\n".join(verified_table(matrix_rows)))
         held = [abs(v["held_error"]) for v in matrix_rows if v["held_error"] is not None]
         peak = [abs(v["peak_error"]) for v in matrix_rows if v["peak_error"] is not None]
-        quiet = [abs(v["step_error"]) for v in matrix_rows if v["step_error"] is not None and not v["disturbed"]]
-        every = [abs(v["step_error"]) for v in matrix_rows if v["step_error"] is not None]
+        said = [v for v in matrix_rows if v["step_error"] is not None and not v.get("uncertain")]
+        quiet = [abs(v["step_error"]) for v in said if not v["disturbed"]]
+        every = [abs(v["step_error"]) for v in said]
+        uncertain = [
+            f"{v['config']} (had it said a number: {v['step_error']:+.1%})" for v in matrix_rows if v.get("uncertain")
+        ]
         print(
             f"\nheld bytes within 2%: {sum(e <= 0.02 for e in held)}/{len(held)} (largest |error| "
             f"{max(held, default=0):.1%}); peak within 15%: {sum(e <= 0.15 for e in peak)}/{len(peak)} (largest "
             f"{max(peak, default=0):.1%}); step time within 15%: {sum(e <= 0.15 for e in quiet)}/{len(quiet)} "
-            f"undisturbed (median |error| {statistics.median(quiet) if quiet else 0:.1%}; "
-            f"{sum(bool(v['disturbed']) for v in matrix_rows)} disturbed left out; with them "
-            f"{sum(e <= 0.15 for e in every)}/{len(every)})"
+            f"undisturbed, within 25%: {sum(e <= 0.25 for e in quiet)}/{len(quiet)} (median |error| "
+            f"{statistics.median(quiet) if quiet else 0:.1%}; {sum(bool(v['disturbed']) for v in said)} disturbed "
+            f"left out; with them {sum(e <= 0.15 for e in every)}/{len(every)} within 15%); said too uncertain "
+            f"instead of a number: {len(uncertain)}" + (f": {'; '.join(uncertain)}" if uncertain else "")
         )
     if cap_rows:
         print(f"\nUnder a memory cap ({len(cap_rows)} configurations, 1 rank; verdict for a node of the cap's size):")

@@ -804,3 +804,50 @@ def test_ranks_that_wait_for_each_other_every_step_go_at_their_slowest_ranks_pac
     )
     one, two, four = (plan.times[i]["step_s"] - plan.times[i]["exposed_comm_s"] for i in range(3))
     assert two / one == pytest.approx(noisy.slowest_of(2)) and four / one == pytest.approx(noisy.slowest_of(4))
+
+
+def test_ranks_sharing_cores_whose_measured_collectives_outweigh_their_work_are_said_too_uncertain():
+    """Issue 46 item 8: README's train.py at 4 ranks on 2 cores was planned 5.1 ms and ran 2.3: among ranks that
+    share cores each collective waits for ranks the scheduler has not run yet, which a one-rank calibration never
+    sees. Where the collectives measured among them outweigh the ranks' own work, the plan says so instead of a
+    number; with cores of their own, or collectives small beside the work, it predicts."""
+    from trainscale.plan.comm import Sweep
+    from trainscale.plan.text import verified_table
+
+    def plan(seconds: float):
+        return make_plan(
+            calibration(params=2**20, activations=2**20),
+            what="w",
+            ranks_per_node=4,
+            nodes=1,
+            batch=None,
+            device_bytes=None,
+            device_source="x",
+            network=get_network("ethernet-25g"),
+            network_source="n",
+            shared_cores=2,
+            sweeps=[Sweep(ranks=n, points=((4.0, seconds), (2.0**24, seconds))) for n in (2, 4)],
+        )
+
+    slow = plan(0.5)  # a collective among 4 ranks on 2 cores: 0.5 s against a 0.2 s step of their own
+    by_ranks = {t["ranks"]: t for t in slow.times}
+    assert by_ranks[2]["uncertain"] is None  # 2 ranks on 2 cores: each its own
+    assert "4 ranks share 2 core(s)" in by_ranks[4]["uncertain"]
+    said = "\n".join(render(slow, None))
+    row = next(line for line in said.splitlines() if line.startswith("4 "))
+    assert "too uncertain" in row and f"{by_ranks[4]['step_s'] * 1e3:.1f}" not in row
+    assert "too uncertain at 4 rank(s): 4 ranks share 2 core(s)" in said
+    assert all(t["uncertain"] is None for t in plan(0.001).times)  # collectives small beside the work: a number
+    verified = {
+        "config": "4 x ddp",
+        "predicted_step_s": 0.7,
+        "band_s": [0.6, 0.8],
+        "uncertain": by_ranks[4]["uncertain"],
+        "measured_step_s": 0.3,
+        "step_error": -0.57,
+        "predicted_held": None,
+        "measured_held": None,
+        "held_error": None,
+    }
+    table = "\n".join(verified_table([verified]))
+    assert "too uncertain" in table and "-57" not in table and "too uncertain, 4 x ddp: 4 ranks share" in table

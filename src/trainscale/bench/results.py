@@ -260,9 +260,9 @@ def plan_rows(study: dict) -> tuple[list[str], list[list[str]], str] | None:
         [
             r["config"] + (" *" if r.get("disturbed") else ""),
             r.get("modelled") or r["strategy"],
-            f"{r['predicted_step_s'] * 1e3:.1f}",
+            "too uncertain" if r.get("uncertain") else f"{r['predicted_step_s'] * 1e3:.1f}",
             _fmt(r["measured_step_s"] * 1e3, "{:.1f}") if r["measured_step_s"] == r["measured_step_s"] else "-",
-            error(r["step_error"]),
+            "-" if r.get("uncertain") else error(r["step_error"]),
             size(r["predicted_held"]),
             size(r["measured_held"]),
             error(r["held_error"]),
@@ -283,6 +283,9 @@ def plan_rows(study: dict) -> tuple[list[str], list[list[str]], str] | None:
             "; * disturbed: other work shared its cores"
             if any(r.get("disturbed") for r in plan.get("against") or [])
             else ""
+        )
+        + "".join(
+            f"; too uncertain, {r['config']}: {r['uncertain']}" for r in plan.get("against") or [] if r.get("uncertain")
         )
     )
     return head, rows, note
@@ -311,7 +314,8 @@ def plan_check(study: dict) -> str | None:
         ("memory for parameters, gradients and optimizer state", "held_error", "predicted_held", "measured_held", mib),
         ("peak memory", "peak_error", "predicted_peak", "measured_peak", mib),
     ):
-        found = [r for r in rows if r.get(error) is not None]
+        # a step the plan said it could not predict (ranks sharing cores: plan/model.py) has no error
+        found = [r for r in rows if r.get(error) is not None and not (error == "step_error" and r.get("uncertain"))]
         if found:
             r = max(found, key=lambda r: abs(r[error]))
             parts.append(

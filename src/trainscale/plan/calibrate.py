@@ -293,6 +293,7 @@ def compare(
         "steps": len(times) + 1,
         "predicted_step_s": predicted["step_s"],
         "band_s": predicted["band_s"],
+        "uncertain": predicted["uncertain"],
         "measured_step_s": step,
         "step_error": error(step, predicted["step_s"]) if times else None,
         "predicted_held": m.held,

@@ -346,6 +346,15 @@ class Plan:
             exposed += ring_allreduce_s(params_exposed * cal.params, ranks, self.network)
         slowest = timed.slowest_of(ranks)
         step = host.step_s * slowest + exposed
+        # ranks sharing cores wait in each collective for ranks the scheduler has not run yet: where that measured
+        # wait is most of the step, the cores' interleaving sets the step, which no one-rank calibration sees
+        uncertain = (
+            f"{on_node} ranks share {self.shared_cores} core(s) and the collectives measured among them "
+            f"({exposed * 1e3:.1f} ms a step) outweigh the ranks' own work ({host.step_s * slowest * 1e3:.1f} ms): "
+            "the scheduler's interleaving of the ranks sets the step"
+            if contention > 1 and sweep is not None and exposed > host.step_s * slowest
+            else None
+        )
         speedup = ranks * plain.step_s / step  # samples per second over one rank's, the per-rank batch the same
         return {
             "ranks": ranks,
@@ -358,6 +367,7 @@ class Plan:
             "speedup": speedup,
             "efficiency": speedup / ranks,
             "samples_per_s": ranks * measured.batch / step,
+            "uncertain": uncertain,
         }
 
     def sweep(self, ranks: int, hook: str = "none") -> Sweep | None:

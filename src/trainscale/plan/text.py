@@ -54,7 +54,7 @@ def render(plan: Plan, submit: str | None) -> list[str]:
             _size(m.buffers) if m.buffers else "-",
             _size(m.peak),
             plan.verdict(m),
-            f"{plan.predict(plan.world, plan.nodes, m.strategy)['step_s'] * 1e3:.1f}",
+            _step(plan.predict(plan.world, plan.nodes, m.strategy)),
         )
         for m in plan.memory
     ]
@@ -93,14 +93,19 @@ def render(plan: Plan, submit: str | None) -> list[str]:
         (
             str(t["ranks"]),
             str(t["nodes"]),
-            f"{t['step_s'] * 1e3:.1f}",
-            "too noisy" if cal.noisy else f"{t['band_s'][0] * 1e3:.1f}-{t['band_s'][1] * 1e3:.1f}",
-            f"{t['speedup']:.2f}x",
-            f"{t['efficiency']:.0%}",
+            _step(t),
+            "-"
+            if t.get("uncertain")
+            else "too noisy"
+            if cal.noisy
+            else f"{t['band_s'][0] * 1e3:.1f}-{t['band_s'][1] * 1e3:.1f}",
+            "-" if t.get("uncertain") else f"{t['speedup']:.2f}x",
+            "-" if t.get("uncertain") else f"{t['efficiency']:.0%}",
         )
         for t in plan.times
     ]
     lines += _table(("ranks", "nodes", "step (ms)", "band (ms)", "speedup", "efficiency"), rows)
+    lines += [f"too uncertain at {t['ranks']} rank(s): {t['uncertain']}" for t in plan.times if t.get("uncertain")]
     if plan.target_gpus and not cal.device.startswith("cuda"):
         lines.append(
             f"These step times are this machine's {cal.device}'s: on the profile's GPUs the compute is "
@@ -161,6 +166,11 @@ def render(plan: Plan, submit: str | None) -> list[str]:
     return lines
 
 
+def _step(predicted: dict) -> str:
+    """A predicted step in ms, or that the plan cannot say (``uncertain``: why, printed below the table)."""
+    return "too uncertain" if predicted.get("uncertain") else f"{predicted['step_s'] * 1e3:.1f}"
+
+
 def verified_table(verified: list[dict]) -> list[str]:
     """Predicted against measured, a row per configuration (``--verify``, the plan-accuracy benchmark); a run other
     work disturbed carries * and says so, as a study's does."""
@@ -171,9 +181,11 @@ def verified_table(verified: list[dict]) -> list[str]:
     rows = [
         (
             v["config"] + (" *" if v.get("disturbed") else ""),
-            f"{v['predicted_step_s'] * 1e3:.1f} ({v['band_s'][0] * 1e3:.1f}-{v['band_s'][1] * 1e3:.1f})",
+            "too uncertain"
+            if v.get("uncertain")
+            else f"{v['predicted_step_s'] * 1e3:.1f} ({v['band_s'][0] * 1e3:.1f}-{v['band_s'][1] * 1e3:.1f})",
             f"{v['measured_step_s'] * 1e3:.1f}",
-            _error(v["step_error"]),
+            "-" if v.get("uncertain") else _error(v["step_error"]),
             size(v["predicted_held"]),
             size(v["measured_held"]),
             _error(v["held_error"]),
@@ -210,6 +222,7 @@ def verified_table(verified: list[dict]) -> list[str]:
             if disturbed
             else []
         )
+        + [f"too uncertain, {v['config']}: {v['uncertain']}" for v in verified if v.get("uncertain")]
     )
 
 
