@@ -29,14 +29,17 @@ Each trial prints a line as it ends (and appends it to ``--out``); then each kin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import statistics
 import subprocess
+import sys
 import tempfile
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 from _common import PYTHON, ROOT, clean_env, load
 
@@ -91,9 +94,26 @@ def spinners(cpu: int, n: int = BUSY) -> list[subprocess.Popen]:
     return [subprocess.Popen([PYTHON, "-c", code]) for _ in range(n)]
 
 
-def launch(nproc: int, target: list[str], env: dict[str, str], where: Path) -> subprocess.CompletedProcess:
-    argv = [PYTHON, "-m", "trainscale", "run", "--nproc-per-node", str(nproc), "--log-dir", "logs", *target]
-    return subprocess.run(argv, env=env, cwd=where, capture_output=True, text=True, timeout=400)
+SCRIPT_VARS = ("SLOW", "SLOW_S", "STEPS", "ACCUM", "STRATEGY", "BIND", "WIDTH", "BATCH", "TRAINSCALE_STRAGGLER_EVERY")
+"""What the slow-rank script reads from its environment: handed to a SLURM job with ``--env``."""
+
+
+def launch(
+    nproc: int, target: list[str], env: dict[str, str], where: Path, slurm: tuple[Any, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``trainscale run`` here, or with ``slurm`` (the test cluster, a launcher mode) one rank on each of ``nproc``
+    nodes as a SLURM job, watched to its end; either way the run directory is under ``where/logs``."""
+    if slurm is None:
+        argv = [PYTHON, "-m", "trainscale", "run", "--nproc-per-node", str(nproc), "--log-dir", "logs", *target]
+        return subprocess.run(argv, env=env, cwd=where, capture_output=True, text=True, timeout=400)
+    cluster, mode = slurm
+    passed = [arg for name in SCRIPT_VARS if name in env for arg in ("--env", f"{name}={env[name]}")]
+    argv = [
+        *(PYTHON, "-m", "trainscale", "slurm", "--profile", "local-test", "-N", str(nproc), "--gpus-per-node", "1"),
+        *("-t", "00:10:00", "--launcher", mode, "--python", PYTHON, "--output-dir", str(where / "logs"), *passed),
+        *("--env", "OMP_NUM_THREADS=1", "--submit", "--watch", "--poll", "0.5", "--watch-timeout", "400", *target),
+    ]
+    return subprocess.run(argv, env={**env, **cluster.env}, cwd=where, capture_output=True, text=True, timeout=500)
 
 
 def workload(name: str, strategy: str, steps: int) -> list[str]:
@@ -103,7 +123,14 @@ def workload(name: str, strategy: str, steps: int) -> list[str]:
 
 
 def straggler_trial(
-    kind: str, strategy: str, nproc: int, steps: int, slow_ms: float, where: Path, built_in: str | None = None
+    kind: str,
+    strategy: str,
+    nproc: int,
+    steps: int,
+    slow_ms: float,
+    where: Path,
+    built_in: str | None = None,
+    slurm: tuple[Any, str] | None = None,
 ) -> dict:
     from trainscale.observe.records import read_run
     from trainscale.observe.stragglers import diagnose
@@ -124,14 +151,14 @@ def straggler_trial(
     try:
         # a built-in workload runs clean: nothing to inject there without changing it
         target = [str(TRAINER)] if built_in == "trainer" else workload(built_in, strategy, steps) if built_in else None
-        done = launch(nproc, target or [str(SCRIPT)], env, where)
+        done = launch(nproc, target or [str(SCRIPT)], env, where, slurm)
     finally:
         for process in busy:
             process.kill()
             process.wait()
     if done.returncode != 0:
         return {"named": f"run failed ({done.returncode}): {done.stderr.strip().splitlines()[-1:]}"}
-    (run_dir,) = [d for d in (where / "logs").iterdir() if (d / "metrics").is_dir() and not d.is_symlink()]
+    (run_dir,) = {d.parent.resolve() for d in (where / "logs").rglob("metrics") if d.is_dir()}
     found = diagnose(read_run(run_dir)["ranks"]).straggler
     if found is None:
         return {"named": None}
@@ -230,18 +257,35 @@ def main() -> None:
         help="a built-in workload (cnn: clean runs only) or `trainer` (the HF Trainer script: loader, forward, "
         "clean) instead of the plain script",
     )
+    parser.add_argument(
+        "--slurm",
+        help="launcher modes (torchrun,srun): each trial as a job on the SLURM test cluster (tests/slurm/cluster.sh), "
+        "one rank on each of --nprocs nodes, instead of here; the straggler kinds only",
+    )
     parser.add_argument("--out", type=Path, help="append each trial's result here (JSON lines)")
     parser.add_argument("--table", type=Path, help="print the table of the results in this file, run nothing")
     args = parser.parse_args()
     if args.table:
         return table(args.table)
     print(load(), flush=True)
+    with contextlib.ExitStack() as stack:
+        if args.slurm:
+            sys.path.insert(0, str(ROOT / "tests"))
+            from helpers.slurm_cluster import cluster_session
+
+            cluster = stack.enter_context(cluster_session(2))
+        for mode in args.slurm.split(",") if args.slurm else [None]:
+            trials(args, (cluster, mode) if mode else None)
+
+
+def trials(args: argparse.Namespace, slurm: tuple[Any, str] | None) -> None:
+    """Every kind's trials, here or (``slurm``) as jobs on the test cluster in one launcher mode."""
     totals: dict[str, list[dict]] = defaultdict(list)
     for nproc in map(int, args.nprocs.split(",")):
         for strategy in args.strategies.split(","):
             for kind in args.kinds.split(","):
                 # the desync script has its own collectives; one spinning CPU of two: 2 ranks
-                if kind in DESYNCS and strategy != "ddp" or kind == "busy" and nproc != 2:
+                if kind in DESYNCS and (strategy != "ddp" or slurm) or kind == "busy" and (nproc != 2 or slurm):
                     continue
                 if args.workload and kind not in WORKLOAD_KINDS.get(args.workload, ("clean",)):
                     continue
@@ -251,15 +295,16 @@ def main() -> None:
                             result = desync_trial(kind, nproc, Path(tmp))
                         else:
                             result = straggler_trial(
-                                kind, strategy, nproc, args.steps, args.slow_ms, Path(tmp), args.workload
+                                kind, strategy, nproc, args.steps, args.slow_ms, Path(tmp), args.workload, slurm
                             )
+                    script = "desync" if kind in DESYNCS else (args.workload or "slow_rank")
                     row = {
-                        "script": "desync" if kind in DESYNCS else (args.workload or "slow_rank"),
+                        "script": f"{script}, SLURM {slurm[1]} mode" if slurm else script,
                         "strategy": "own" if kind in DESYNCS else strategy,
                         "nproc": nproc,
                         "kind": kind,
                         **result,
-                        **score(kind, result, args.slow_ms, args.workload or "slow_rank"),
+                        **score(kind, result, args.slow_ms, script),
                         "load": os.getloadavg()[0],
                     }
                     totals[kind].append(row)
