@@ -253,7 +253,7 @@ class Recorder:
             if self._first_batch is None and self.step == 0:
                 self._first_batch = (args, kwargs)
         if not self._backward_armed:
-            for tensor in tensors(output):
+            for tensor in (output,) if type(output) is torch.Tensor else tensors(output):
                 if tensor.requires_grad:  # its node's pre-hook: half the cost of a tensor hook, every step
                     node = tensor.grad_fn
                     node.register_prehook(self._backward_started) if node else tensor.register_hook(

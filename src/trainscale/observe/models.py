@@ -25,12 +25,14 @@ def tensors(value: Any, depth: int = 0) -> list[torch.Tensor]:
 def batch_size(args: tuple, kwargs: dict) -> tuple[int | None, int | None]:
     """(samples, tokens) of a forward's input: its first tensor's first dimension; a 2-D integer input
     (token ids, B x T) also counts tokens. HF models take ``input_ids=`` by keyword."""
-    first = kwargs.get("input_ids") if kwargs else None
-    if not isinstance(first, torch.Tensor):  # mostly ``model(x)``: its first argument, at once (every step)
-        first = args[0] if args and isinstance(args[0], torch.Tensor) else None
-    if first is None:
-        found = tensors(args) or tensors(kwargs)
-        first = found[0] if found else None
+    first = args[0] if args else None
+    if kwargs or type(first) is not torch.Tensor:  # mostly ``model(x)``: its first argument, at once (every step)
+        first = kwargs.get("input_ids") if kwargs else None
+        if not isinstance(first, torch.Tensor):
+            first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if first is None:
+            found = tensors(args) or tensors(kwargs)
+            first = found[0] if found else None
     shape = first.shape if first is not None else ()
     if not shape:
         return None, None
