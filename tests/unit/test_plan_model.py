@@ -39,6 +39,24 @@ def calibration(params=GiB, activations=GiB // 4, batch=8) -> Calibration:
     return Calibration.from_records([{"kind": "meta", "device": "cuda:0"}, *steps, state])
 
 
+def on_cpus(cal: Calibration, **given):
+    """A plan for one node of CPU ranks over a 25 Gb/s network, ``given`` overriding make_plan's arguments."""
+    return make_plan(
+        cal,
+        **{
+            "what": "w",
+            "ranks_per_node": 2,
+            "nodes": 1,
+            "batch": None,
+            "device_bytes": None,
+            "device_source": "x",
+            "network": get_network("ethernet-25g"),
+            "network_source": "n",
+            **given,
+        },
+    )
+
+
 def test_zero_s_accounting_on_the_measured_bytes():
     cal = calibration()
     at8 = {s: memory(cal, s, 8, 16) for s in ("ddp", "zero1", "deepspeed:stage=2", "fsdp", "deepspeed:stage=3")}
@@ -791,17 +809,7 @@ def test_ranks_that_wait_for_each_other_every_step_go_at_their_slowest_ranks_pac
         ]
     )
     assert steady.slowest_of(4) == 1.0  # ranks that never vary wait for no one
-    plan = make_plan(
-        noisy,
-        what="w",
-        ranks_per_node=4,
-        nodes=1,
-        batch=None,
-        device_bytes=None,
-        device_source="x",
-        network=get_network("ethernet-25g"),
-        network_source="n",
-    )
+    plan = on_cpus(noisy, ranks_per_node=4)
     one, two, four = (plan.times[i]["step_s"] - plan.times[i]["exposed_comm_s"] for i in range(3))
     assert two / one == pytest.approx(noisy.slowest_of(2)) and four / one == pytest.approx(noisy.slowest_of(4))
 
@@ -815,16 +823,9 @@ def test_ranks_sharing_cores_whose_measured_collectives_outweigh_their_work_are_
     from trainscale.plan.text import verified_table
 
     def plan(seconds: float):
-        return make_plan(
+        return on_cpus(
             calibration(params=2**20, activations=2**20),
-            what="w",
             ranks_per_node=4,
-            nodes=1,
-            batch=None,
-            device_bytes=None,
-            device_source="x",
-            network=get_network("ethernet-25g"),
-            network_source="n",
             shared_cores=2,
             sweeps=[Sweep(ranks=n, points=((4.0, seconds), (2.0**24, seconds))) for n in (2, 4)],
         )
