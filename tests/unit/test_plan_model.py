@@ -822,23 +822,26 @@ def test_ranks_sharing_cores_whose_measured_collectives_outweigh_their_work_are_
     from trainscale.plan.comm import Sweep
     from trainscale.plan.text import verified_table
 
-    def plan(seconds: float):
+    def plan(fixed: float, gradients: float):
         return on_cpus(
-            calibration(params=2**20, activations=2**20),
+            calibration(params=2**20, activations=2**20),  # 1 MiB of gradients, a 0.1 s step
             ranks_per_node=4,
             shared_cores=2,
-            sweeps=[Sweep(ranks=n, points=((4.0, seconds), (2.0**24, seconds))) for n in (2, 4)],
+            sweeps=[Sweep(ranks=n, points=((4.0, fixed), (2.0**20, gradients))) for n in (2, 4)],
         )
 
-    slow = plan(0.5)  # a collective among 4 ranks on 2 cores: 0.5 s against a 0.2 s step of their own
+    slow = plan(0.001, 0.5)  # the gradients' all-reduce: 0.5 s against a 0.2 s step of their own at 4 ranks
     by_ranks = {t["ranks"]: t for t in slow.times}
     assert by_ranks[2]["uncertain"] is None  # 2 ranks on 2 cores: each its own
     assert "4 ranks share 2 core(s)" in by_ranks[4]["uncertain"]
+    # a collective whose fixed cost is more than a quarter of the step: paid or hidden as the ranks arrive
+    latency = {t["ranks"]: t["uncertain"] for t in plan(0.05, 0.06).times}
+    assert latency[1] is None and "one collective's fixed cost among 2 ranks here (50.00 ms for 4 bytes)" in latency[2]
     said = "\n".join(render(slow, None))
     row = next(line for line in said.splitlines() if line.startswith("4 "))
     assert "too uncertain" in row and f"{by_ranks[4]['step_s'] * 1e3:.1f}" not in row
     assert "too uncertain at 4 rank(s): 4 ranks share 2 core(s)" in said
-    assert all(t["uncertain"] is None for t in plan(0.001).times)  # collectives small beside the work: a number
+    assert all(t["uncertain"] is None for t in plan(0.001, 0.01).times)  # small beside the work: a number
     verified = {
         "config": "4 x ddp",
         "predicted_step_s": 0.7,
