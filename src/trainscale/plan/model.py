@@ -36,10 +36,6 @@ DATA_SHARE = 0.05
 MARGIN = 0.10
 NOISY = 3.0
 """The calibration's 90th-percentile step over its 10th beyond which its band predicts nothing (said instead)."""
-UNCERTAIN_SHARE = 0.25
-"""A collective's fixed cost (its smallest message's time, measured among the ranks) beyond this share of the
-step: the step is not predicted (said instead). The accuracy the plan aims at (issue 46: within 25%), since that
-cost is paid or hidden as the ranks' arrivals interleave."""
 ANY_BATCH = 2**16
 """Samples per rank from which the memory no longer bounds the batch in any training: said as "any batch"."""
 """Memory kept free for what the model does not count (the allocator's slack, kernels' workspaces)."""
@@ -351,25 +347,14 @@ class Plan:
         slowest = timed.slowest_of(ranks)
         step = host.step_s * slowest + exposed
         uncertain = None
-        if sweep is not None:
-            own_work = host.step_s * slowest
-            fixed = min(w.points[0][1] for w in (sweep, self.sweep(ranks, "shm")) if w is not None)
-            if contention > 1 and exposed > own_work:
-                # ranks sharing cores wait in each collective for ranks the scheduler has not run yet: where that
-                # measured wait is most of the step, the cores' interleaving sets it, which no one-rank calibration sees
-                uncertain = (
-                    f"{on_node} ranks share {self.shared_cores} core(s) and the collectives measured among them "
-                    f"({exposed * 1e3:.1f} ms a step) outweigh the ranks' own work ({own_work * 1e3:.1f} ms): the "
-                    "scheduler's interleaving of the ranks sets the step"
-                )
-            elif fixed > UNCERTAIN_SHARE * step:
-                # a collective's fixed cost is paid in full when the ranks arrive together (as the sweep times it)
-                # and partly hidden when one arrives late: more than the accuracy aimed at, and not in a calibration
-                uncertain = (
-                    f"one collective's fixed cost among {ranks} ranks here ({fixed * 1e3:.2f} ms for "
-                    f"{int(sweep.points[0][0])} bytes) is {fixed / step:.0%} of the step: paid or hidden as the ranks' "
-                    "arrivals interleave, which a one-rank calibration cannot tell"
-                )
+        if contention > 1 and sweep is not None and exposed > host.step_s * slowest:
+            # ranks sharing cores wait in each collective for ranks the scheduler has not run yet: where that
+            # measured wait is most of the step, the cores' interleaving sets it, which no one-rank calibration sees
+            uncertain = (
+                f"{on_node} ranks share {self.shared_cores} core(s) and the collectives measured among them "
+                f"({exposed * 1e3:.1f} ms a step) outweigh the ranks' own work ({host.step_s * slowest * 1e3:.1f} ms): "
+                "the scheduler's interleaving of the ranks sets the step"
+            )
         speedup = ranks * plain.step_s / step  # samples per second over one rank's, the per-rank batch the same
         return {
             "ranks": ranks,
