@@ -267,6 +267,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.table:
         return table(args.table)
+    if args.slurm and args.nprocs != "2":
+        parser.error("--slurm runs one rank on each node of the 2-node test cluster: give --nprocs 2")
     print(load(), flush=True)
     with contextlib.ExitStack() as stack:
         if args.slurm:

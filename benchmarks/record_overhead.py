@@ -196,7 +196,8 @@ def in_process(blocks: int, tiny_steps: int, steps: int, tiny_only: bool = False
             f"{cost * 1e6:+.1f} us/step on the training thread (its CPU time: the step's critical path), "
             f"{paired(t, 'cpu') * 1e6:+.1f} with the records' thread (the process's CPU time), "
             f"{paired(t, 'wall') * 1e6:+.1f} by the clock with the records written in the block; "
-            f"{verdict(cost * 1e6, 30, higher_is_better=False)} [blocks of {tiny_steps} steps]",
+            f"on the training thread {verdict(cost * 1e6, 30, higher_is_better=False)}, with the records' thread "
+            f"{verdict(paired(t, 'cpu') * 1e6, 30, higher_is_better=False)} [blocks of {tiny_steps} steps]",
             flush=True,
         )
     if tiny_only:

@@ -418,3 +418,43 @@ def test_after_its_first_steps_only_the_models_top_level_module_is_observed_and_
     assert samples[:4] == [2, 2, 2, 2]  # the first model's steps, each one
     assert samples[-3:] == [3, 3, 3]  # the later model's, once found
     assert recorder.step == len(steps) < 10  # its first steps, unseen, are no step of their own
+
+
+def test_an_observed_model_the_script_drops_is_freed_and_its_forward_error_goes_on(tmp_path):
+    """The recorder holds an observed top-level module weakly (a model the script replaces frees its memory, a
+    GPU's too); an error in the model's forward reaches the script as it is, and the next forward is recorded."""
+    import gc
+    import weakref
+
+    class Flaky(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer, self.fail = nn.Linear(4, 1), False
+
+        def forward(self, x):
+            if self.fail:
+                raise ValueError("the script's own error")
+            return self.layer(x)
+
+    recorder = hooks.Recorder(tmp_path, environ={}).install()
+    try:
+        model = Flaky()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(5):
+            model(torch.ones(2, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        assert model.__dict__.get("_compiled_call_impl") is not None  # observed by itself now
+        model.fail = True
+        with pytest.raises(ValueError, match="the script's own error"):
+            model(torch.ones(2, 4))
+        model.fail = False
+        before = recorder._micro
+        model(torch.ones(2, 4)).sum().backward()
+        assert recorder._micro == before + 1  # counted again: the failed call left no depth behind
+        dropped = weakref.ref(model)
+        del model, opt
+        gc.collect()
+        assert dropped() is None
+    finally:
+        recorder.uninstall()

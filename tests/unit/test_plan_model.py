@@ -838,6 +838,8 @@ def test_ranks_sharing_cores_whose_measured_collectives_outweigh_their_work_are_
     row = next(line for line in said.splitlines() if line.startswith("4 "))
     assert "too uncertain" in row and f"{by_ranks[4]['step_s'] * 1e3:.1f}" not in row
     assert "too uncertain at 4 rank(s): 4 ranks share 2 core(s)" in said
+    ddp = next(m for m in slow.as_dict()["memory"] if m["strategy"] == "ddp")  # the memory table's rows too
+    assert "4 ranks share 2 core(s)" in ddp["uncertain"] and "too uncertain with ddp at 4 rank(s): 4 ranks" in said
     assert all(t["uncertain"] is None for t in plan(0.001, 0.01).times)  # small beside the work: a number
     verified = {
         "config": "4 x ddp",

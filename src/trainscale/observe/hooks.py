@@ -556,22 +556,27 @@ def _observe(root: torch.nn.Module, recorder: Recorder) -> Callable[[], None]:
     """Each call of ``root`` between the recorder's forward marks; returns what undoes it. Through torch's own
     per-instance call (``_compiled_call_impl``, which ``Module.compile`` sets; wrapped when set): the module stays on
     torch's fast path when it has no hooks, its hooks (FSDP's) run inside the marks as they did inside the global
-    hooks, and a ``copy.deepcopy`` or ``torch.save`` of it drops the call (``Module.__getstate__``): an EMA copy, a
-    pickled model carry nothing of trainscale's."""
+    hooks, and a ``copy.deepcopy``, ``copy.copy`` or ``torch.save`` of it drops the call (``Module.__getstate__``):
+    an EMA copy, a pickled model carry nothing of trainscale's. The module is held weakly: a model the script drops
+    is freed. (``nn.DataParallel``'s replicas copy a module's ``__dict__`` as it is: a model observed at the top
+    level and only later wrapped in ``DataParallel`` would run as itself on every device.)"""
+    ref = weakref.ref(root)
     previous = root.__dict__.get("_compiled_call_impl")
-    call, pre, post = previous or root._call_impl, recorder._forward_pre, recorder._forward_post
+    pre, post = recorder._forward_pre, recorder._forward_post
 
     def observed(*args: Any, **kwargs: Any) -> Any:
-        pre(root, args)
-        output = None
+        module = ref()
+        pre(module, args)
         try:
-            output = call(*args, **kwargs)
-            return output
-        finally:
-            post(root, args, kwargs, output)
+            output = previous(*args, **kwargs) if previous is not None else module._call_impl(*args, **kwargs)
+        except BaseException:
+            with contextlib.suppress(Exception):  # the forward's own error goes on, as torch's always_call hooks do
+                post(module, args, kwargs, None)
+            raise
+        post(module, args, kwargs, output)
+        return output
 
     root._compiled_call_impl = observed
-    ref = weakref.ref(root)
 
     def undo() -> None:
         if (module := ref()) is not None and module.__dict__.get("_compiled_call_impl") is observed:

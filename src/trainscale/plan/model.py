@@ -34,6 +34,9 @@ STRATEGIES = ("ddp", "zero1", "deepspeed:stage=1", "deepspeed:stage=2", "fsdp", 
 DATA_SHARE = 0.05
 """A data wait above this share of the step asks for DataLoader workers."""
 MARGIN = 0.10
+STEP_KEYS = ("step_s", "uncertain")
+"""What a strategy's row in the plan's JSON says of its step at the planned ranks (``uncertain``: no step time
+can be said, and why; the figure is the model's all the same)."""
 NOISY = 3.0
 """The calibration's 90th-percentile step over its 10th beyond which its band predicts nothing (said instead)."""
 ANY_BATCH = 2**16
@@ -456,7 +459,7 @@ class Plan:
                     "peak": m.peak,
                     "fits": self.fits(m),
                     "verdict": self.verdict(m),
-                    "step_s": self.predict(self.world, self.nodes, m.strategy)["step_s"],
+                    **{k: v for k, v in self.predict(self.world, self.nodes, m.strategy).items() if k in STEP_KEYS},
                 }
                 for m in self.memory
             ],

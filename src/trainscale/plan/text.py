@@ -59,6 +59,8 @@ def render(plan: Plan, submit: str | None) -> list[str]:
         for m in plan.memory
     ]
     lines += _table(head, rows)
+    uncertain = {m.strategy: plan.predict(plan.world, plan.nodes, m.strategy)["uncertain"] for m in plan.memory}
+    lines += [f"too uncertain with {s} at {plan.world} rank(s): {why}" for s, why in uncertain.items() if why]
     if cal.peak and plan.same_memory:
         source = "CUDA allocated" if cal.device.startswith("cuda") else "process RSS"
         lines.append(

@@ -134,6 +134,29 @@ def _entries(stacks: bool = False) -> list[tuple[dict[str, Any], bool]] | None:
     return found or None
 
 
+_BLOCKING = frozenset(
+    {
+        "all_reduce",
+        "all_gather",
+        "all_gather_into_tensor",
+        "all_gather_object",
+        "all_to_all",
+        "all_to_all_single",
+        "barrier",
+        "broadcast",
+        "broadcast_object_list",
+        "gather",
+        "monitored_barrier",
+        "reduce",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+        "scatter",
+    }
+)
+"""torch.distributed calls a main thread waits in without running Python of its own (not backward, which runs
+the autograd functions' and checkpointing's Python, nor a group's creation): there it imports nothing."""
+
+
 def recent(limit: int = 8, frame: Any = None) -> list[dict[str, Any]] | None:
     """This rank's last ``limit`` collectives per process group, oldest first, from torch's flight recorders:
     {"pg", "seq", "op", "sizes", "site", "age_s", "done"} (``done``: completed here). None where torch keeps no
@@ -144,11 +167,12 @@ def recent(limit: int = 8, frame: Any = None) -> list[dict[str, Any]] | None:
     Where a collective is still in flight, the main thread's ``frame`` says where the rank waits for it. One
     already done (gloo lets a rank that added a collective complete it against the others' next one, and go
     on) is placed by the recorder's own stack trace of it, asked for only while the main thread waits in a
-    collective: symbolising those traces imports some 800 modules (torch._dynamo among them) the first time
-    (about a second), and an import from this thread while the main thread imports the same modules leaves one
-    of them half-initialised there (seen: DDP's constructor failing in a loaded job)."""
+    collective (:data:`_BLOCKING`): symbolising those traces imports some 800 modules (torch._dynamo among them)
+    the first time (about a second), and an import from this thread while the main thread imports the same
+    modules leaves one of them half-initialised there (seen: DDP's constructor failing in a loaded job). A main
+    thread that leaves its collective within that second and imports at once could still meet it."""
     waits_in = waiting_in(frame) if frame is not None else None
-    entries = _entries(stacks=waits_in is not None)
+    entries = _entries(stacks=waits_in in _BLOCKING)
     if entries is None:
         return None
     now = time.time_ns()
