@@ -109,10 +109,10 @@ gloo's and other CPU backends' (everything it keeps: a collective another rank c
 even when gloo let one side complete it), and ProcessGroupNCCL's."""
 
 
-def _entries(stacks: bool = False) -> list[tuple[dict[str, Any], bool]] | None:
+def _entries() -> list[tuple[dict[str, Any], bool]] | None:
     """(entry, from NCCL's recorder) of every flight recorder, point-to-point ones and trainscale's own groups'
     left out; None where none holds any (an empty dump is no record: the recorder of a backend this job does not
-    use, or one switched off). ``stacks``: each entry's ``frames`` too, where it was issued."""
+    use, or one switched off)."""
     found = []
     for name, only_active in _DUMPS:
         dump = getattr(torch._C._distributed_c10d, name, None)
@@ -120,9 +120,9 @@ def _entries(stacks: bool = False) -> list[tuple[dict[str, Any], bool]] | None:
             continue
         try:
             try:
-                raw = dump(includeCollectives=True, includeStackTraces=stacks, onlyActive=only_active)
+                raw = dump(includeCollectives=True, includeStackTraces=False, onlyActive=only_active)
             except TypeError:  # a torch whose binding takes them by position only
-                raw = dump(True, stacks, only_active)
+                raw = dump(True, False, only_active)
             entries = _PlainData(io.BytesIO(raw)).load().get("entries") or ()
         except Exception:
             continue
@@ -134,29 +134,6 @@ def _entries(stacks: bool = False) -> list[tuple[dict[str, Any], bool]] | None:
     return found or None
 
 
-_BLOCKING = frozenset(
-    {
-        "all_reduce",
-        "all_gather",
-        "all_gather_into_tensor",
-        "all_gather_object",
-        "all_to_all",
-        "all_to_all_single",
-        "barrier",
-        "broadcast",
-        "broadcast_object_list",
-        "gather",
-        "monitored_barrier",
-        "reduce",
-        "reduce_scatter",
-        "reduce_scatter_tensor",
-        "scatter",
-    }
-)
-"""torch.distributed calls a main thread waits in without running Python of its own (not backward, which runs
-the autograd functions' and checkpointing's Python, nor a group's creation): there it imports nothing."""
-
-
 def recent(limit: int = 8, frame: Any = None) -> list[dict[str, Any]] | None:
     """This rank's last ``limit`` collectives per process group, oldest first, from torch's flight recorders:
     {"pg", "seq", "op", "sizes", "site", "age_s", "done"} (``done``: completed here). None where torch keeps no
@@ -164,18 +141,15 @@ def recent(limit: int = 8, frame: Any = None) -> list[dict[str, Any]] | None:
     collective in a CUDA synchronisation (``.item()``, ``synchronize``), not in torch.distributed: the record
     says the collective is still in flight, and ``frame`` where the rank waits.
 
-    Where a collective is still in flight, the main thread's ``frame`` says where the rank waits for it. One
-    already done (gloo lets a rank that added a collective complete it against the others' next one, and go
-    on) is placed by the recorder's own stack trace of it, asked for only while the main thread waits in a
-    collective (:data:`_BLOCKING`): symbolising those traces imports some 800 modules (torch._dynamo among them)
-    the first time (about a second), and an import from this thread while the main thread imports the same
-    modules leaves one of them half-initialised there (seen: DDP's constructor failing in a loaded job). A main
-    thread that leaves its collective within that second and imports at once could still meet it."""
-    waits_in = waiting_in(frame) if frame is not None else None
-    entries = _entries(stacks=waits_in in _BLOCKING)
+    The dump is asked for without its stack traces: symbolising them imports some 800 modules (torch._dynamo
+    among them) the first time, and an import from this thread while the script's main thread imports the same
+    modules leaves one of them half-initialised there (seen: DDP's constructor failing in a loaded job). Where
+    a collective is still in flight, the main thread's ``frame`` says where the rank waits for it."""
+    entries = _entries()
     if entries is None:
         return None
     now = time.time_ns()
+    waits_in = waiting_in(frame) if frame is not None else None
     where = site(frame) if frame is not None else None
     per_group: dict[str, list[dict[str, Any]]] = {}
     for entry, nccl in entries:
@@ -191,7 +165,7 @@ def recent(limit: int = 8, frame: Any = None) -> list[dict[str, Any]] | None:
                 "seq": int(entry.get("collective_seq_id") or 0),
                 "op": op,
                 "sizes": entry.get("input_sizes"),
-                "site": where if not done else site_of_frames(entry.get("frames") or []),
+                "site": None if done else where,
                 "age_s": round(max(0.0, (now - int(entry.get("time_created_ns") or now)) / 1e9), 2),
                 "done": done,
             }
