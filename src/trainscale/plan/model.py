@@ -348,14 +348,15 @@ class Plan:
         elif ranks > 1:  # the network's model: the exposed bytes (a collective's fixed cost is not modelled: UNSEEN)
             exposed += ring_allreduce_s(params_exposed * cal.params, ranks, self.network)
         slowest = timed.slowest_of(ranks)
-        step = host.step_s * slowest + exposed
+        own_work = host.step_s * slowest
+        step = own_work + exposed
         uncertain = None
-        if contention > 1 and sweep is not None and exposed > host.step_s * slowest:
+        if contention > 1 and sweep is not None and exposed > own_work:
             # ranks sharing cores wait in each collective for ranks the scheduler has not run yet: where that
             # measured wait is most of the step, the cores' interleaving sets it, which no one-rank calibration sees
             uncertain = (
                 f"{on_node} ranks share {self.shared_cores} core(s) and the collectives measured among them "
-                f"({exposed * 1e3:.1f} ms a step) outweigh the ranks' own work ({host.step_s * slowest * 1e3:.1f} ms): "
+                f"({exposed * 1e3:.1f} ms a step) outweigh the ranks' own work ({own_work * 1e3:.1f} ms): "
                 "the scheduler's interleaving of the ranks sets the step"
             )
         speedup = ranks * plain.step_s / step  # samples per second over one rank's, the per-rank batch the same

@@ -44,6 +44,7 @@ def render(plan: Plan, submit: str | None) -> list[str]:
         "fits",
         f"step at {plan.world} (ms)",
     )
+    at_world = {m.strategy: plan.predict(plan.world, plan.nodes, m.strategy) for m in plan.memory}
     rows = [
         (
             m.strategy,
@@ -54,13 +55,16 @@ def render(plan: Plan, submit: str | None) -> list[str]:
             _size(m.buffers) if m.buffers else "-",
             _size(m.peak),
             plan.verdict(m),
-            _step(plan.predict(plan.world, plan.nodes, m.strategy)),
+            _step(at_world[m.strategy]),
         )
         for m in plan.memory
     ]
     lines += _table(head, rows)
-    uncertain = {m.strategy: plan.predict(plan.world, plan.nodes, m.strategy)["uncertain"] for m in plan.memory}
-    lines += [f"too uncertain with {s} at {plan.world} rank(s): {why}" for s, why in uncertain.items() if why]
+    lines += [
+        f"too uncertain with {s} at {plan.world} rank(s): {t['uncertain']}"
+        for s, t in at_world.items()
+        if t["uncertain"]
+    ]
     if cal.peak and plan.same_memory:
         source = "CUDA allocated" if cal.device.startswith("cuda") else "process RSS"
         lines.append(
