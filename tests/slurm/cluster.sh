@@ -204,6 +204,10 @@ cmd_up() {
     bash "$INSTALL" || die "could not install SLURM (see the message above)"
     # A partly running cluster (some daemon died) is restarted as a whole.
     if [[ -d $DIR/run ]]; then stop_daemons; fi
+    # A cluster started again starts empty: jobs the controller saved (a `down` that stopped while jobs were
+    # still queued, a session killed mid-job) would come back as running on nodes with none (state `mix`) and
+    # hold them for minutes (seen in CI: "nodes not idle after 60s").
+    rm -rf "$DIR/state" "$DIR/spool"
     mkdir -p "$DIR"/{munge,state,run,log,tmp} "${NODES[@]/#/$DIR/spool/}"
     chmod 755 "$DIR/munge" # munged wants its socket's directory searchable by all
     ensure_hosts
