@@ -58,7 +58,15 @@ sys.path.insert(0, str(ROOT / "src"))
 from helpers.readme import readme_train_script  # noqa: E402
 
 from trainscale.errors import ConfigError  # noqa: E402
-from trainscale.plan.calibrate import OWN_CALIBRATIONS, compare, network, short_run, steps_peaks  # noqa: E402
+from trainscale.plan.calibrate import (  # noqa: E402
+    OWN_CALIBRATIONS,
+    compare,
+    network,
+    setup_args,
+    short_run,
+    steps_peaks,
+    sweep_hooks,
+)
 from trainscale.plan.comm import Sweep  # noqa: E402
 from trainscale.plan.model import Calibration, make_plan, memory  # noqa: E402
 from trainscale.plan.text import verified_table  # noqa: E402
@@ -493,8 +501,9 @@ def analyse_matrix(raw: list[dict], measured: list[dict]) -> list[dict]:
         own = {name: Calibration.from_records(run["records"]) for name, run in entry.get("own", {}).items()}
         if entry["target"] in SCRIPTS:  # a script's strategy alone: its pace, the plain calibration's peak (plan's)
             own = {name: replace(c, peak=cal.peak, reserve=cal.reserve) for name, c in own.items()}
-        # as plan measures them: a script's own DDP all-reduces with gloo, trainscale's ddp on one machine's
-        # CPUs with shared memory (the test cluster's 2 nodes are this one machine: the same)
+        # as plan measures them: a script's own DDP all-reduces with gloo, trainscale's ddp (a workload's, or a
+        # script's rt.setup) on one machine's CPUs with shared memory (the test cluster's 2 nodes are this machine)
+        hooks = sweep_hooks(setup_args(cal), None) if entry["target"] in SCRIPTS else ("none", "shm")
         plan = make_plan(
             cal,
             what=entry["target"],
@@ -507,7 +516,7 @@ def analyse_matrix(raw: list[dict], measured: list[dict]) -> list[dict]:
             network_source=net_source,
             shared_cores=cores,
             own=own,
-            sweeps=[w for w in sweeps_here if w.hook == "none" or entry["target"] not in SCRIPTS],
+            sweeps=[w for w in sweeps_here if w.hook in hooks],
         )
         configs: dict[tuple, list[dict]] = {}
         for run in entry["runs"]:

@@ -633,6 +633,9 @@ def test_measured_collectives_and_a_strategys_own_calibration_price_the_sharded_
     shm = dataclasses.replace(sweep, hook="shm", points=((4.0, 0.0005), (2.0**22, 0.002)))
     with_shm = dataclasses.replace(measured, sweeps=[sweep, shm])  # trainscale's ddp: its shared-memory average
     assert with_shm.predict(2, 1, "ddp")["step_s"] == pytest.approx(0.1 + 0.002)
+    # across nodes DDP averages through the backend (comm_hook=auto takes shared memory on one node only)
+    across = dataclasses.replace(with_shm, sweeps=[shm]).predict(2, 2, "ddp")["step_s"]
+    assert across == pytest.approx(plain.predict(2, 2, "ddp")["step_s"]) and across != pytest.approx(0.1 + 0.002)
     assert with_shm.predict(2, 1, "fsdp")["step_s"] == measured.predict(2, 1, "fsdp")["step_s"]
     assert measured.predict(1, 1, "fsdp")["step_s"] == plain.predict(1, 1, "ddp")["step_s"]  # alone: unwrapped
     assert measured.predict(2, 1, "fsdp")["speedup"] == pytest.approx(
@@ -685,7 +688,9 @@ def test_the_room_is_the_mem_asked_for_else_this_process_cgroup_limit(tmp_path):
 def test_a_plan_measures_only_what_its_strategies_take_here():
     """A script's own DDP and the sharded strategies go over gloo; trainscale's ddp averages in shared memory; a
     study measures what its one strategy needs (its plan is made before its runs, on the README's path)."""
-    from trainscale.plan.calibrate import study_strategy, sweep_hooks
+    import dataclasses
+
+    from trainscale.plan.calibrate import setup_args, study_strategy, sweep_hooks
 
     assert sweep_hooks(None, None) == sweep_hooks(None, "fsdp") == ("none",)
     assert sweep_hooks((), None) == sweep_hooks((), "zero1") == ("none", "shm")
@@ -693,6 +698,15 @@ def test_a_plan_measures_only_what_its_strategies_take_here():
     # a study whose ddp averages with another hook: the backend's all-reduce, once
     assert sweep_hooks(("--strategy", "ddp:comm_hook=bf16"), "ddp") == ("none",)
     assert sweep_hooks(("--strategy", "ddp:comm_hook=bf16"), None) == ("none",)
+    # a script: its own DDP goes over gloo; trainscale's ddp from its rt.setup averages in shared memory
+    # (README's train.py at 2 ranks was priced by gloo's all-reduce of its 9 KB: 0.7-0.9 ms of a 1.1 ms step)
+    script = calibration()
+    assert setup_args(script) is None and sweep_hooks(setup_args(script), None) == ("none",)
+    assert sweep_hooks(setup_args(dataclasses.replace(script, setup="ddp", setup_hook="auto")), None) == ("none", "shm")
+    assert sweep_hooks(setup_args(dataclasses.replace(script, setup="ddp", setup_hook="auto")), "ddp") == ("shm",)
+    assert sweep_hooks(setup_args(dataclasses.replace(script, setup="ddp", setup_hook="bf16")), None) == ("none",)
+    assert sweep_hooks(setup_args(dataclasses.replace(script, setup="fsdp")), "fsdp") == ("none",)
+    assert sweep_hooks(setup_args(dataclasses.replace(script, setup="ddp")), "ddp") == ("shm",)  # ddp's default
     assert study_strategy(("--data", "synthetic")) == "ddp"
     assert study_strategy(("--strategy", "fsdp:mixed_precision=bf16")) == "fsdp"
     assert study_strategy(("--epochs", "1", "--strategy=zero1")) == "zero1"

@@ -181,6 +181,13 @@ def sweep_hooks(workload_args: tuple[str, ...] | None, strategy: str | None) -> 
     return tuple(dict.fromkeys(wanted)) or ("none",)
 
 
+def setup_args(cal: Calibration) -> tuple[str, ...] | None:
+    """A script's ``rt.setup`` as a workload's ``--strategy``: trainscale's ddp and zero1 average as its
+    ``comm_hook`` says (``auto``, the default, in shared memory on one node's CPUs; a strategy without the option,
+    fsdp, leaves ddp's rows at that default), or None for a script that wraps its own model (gloo's all-reduce)."""
+    return ("--strategy", f"{cal.setup}:comm_hook={cal.setup_hook or 'auto'}") if cal.setup else None
+
+
 def averaging_hook(workload_args: tuple[str, ...] | list[str]) -> str:
     """What a workload's DDP averages with, for the all-reduce benchmark's ``--hook``: ``shm`` or ``auto`` as
     named in ``--strategy ...:comm_hook=`` (default auto), the backend's (none) otherwise."""
@@ -515,7 +522,7 @@ def make(
         if alone := own_calibration(cal.setup, "the unwrapped pace", workload=None, alone=True):
             own[cal.modelled_strategy()] = replace(alone, peak=cal.peak, reserve=cal.reserve)
     sweeps = (
-        sweeps_here(ranks_per_node, say, sweep_hooks(args if workload else None, only))
+        sweeps_here(ranks_per_node, say, sweep_hooks(args if workload else setup_args(cal), only))
         if here_on_cpu and ranks_per_node > 1
         else []
     )

@@ -101,6 +101,9 @@ class Calibration:
     """What wrapped the script's model, as the recorder saw it (observe/models.strategy_of): ddp, fsdp, ..."""
     setup: str | None = None
     """The strategy the script asked ``rt.setup`` for (which wraps nothing on one rank), or None."""
+    setup_hook: str | None = None
+    """What that strategy's DDP averages gradients with (its ``comm_hook``: ``auto`` is shared memory on one
+    node's CPUs), or None."""
     threads: int = 1
     """CPU threads the calibration's rank ran (on CPU: the cores it used)."""
     recorded: int = 0
@@ -151,6 +154,7 @@ class Calibration:
             threads=int(meta.get("threads") or 1),
             strategy=meta.get("strategy"),
             setup=meta.get("setup"),
+            setup_hook=meta.get("setup_hook"),
             recorded=len(steps),
             peak=summary.get("steps_peak_mem_bytes") or summary.get("peak_mem_bytes") or None,
             reserve=max(0, int(summary.get("reserved_peak_bytes") or 0) - int(summary.get("peak_mem_bytes") or 0)),
@@ -325,7 +329,9 @@ class Plan:
         share = memory(cal, strategy, ranks, measured.batch).optimizer / cal.optimizer if cal.optimizer else 1.0
         # measured where the ranks run: every collective as measured, none on the network (a study measures only
         # what its strategy takes: the other strategies' collectives then go by the one sweep it has)
-        sweep = self.sweep(ranks) or self.sweep(ranks, "shm")
+        # shared memory averages on one node only (comm_hook=auto takes none across nodes)
+        shm = self.sweep(ranks, "shm") if nodes == 1 else None
+        sweep = self.sweep(ranks) or shm
         if sweep is not None:
             grads = params_hidden = 0.0
         hidden = int(grads * cal.grads + params_hidden * cal.params)
@@ -342,7 +348,7 @@ class Plan:
         window = BACKWARD_SHARE * host.compute_s * (buckets - 1) / buckets
         exposed = max(0.0, overlapped - window)
         if sweep is not None:  # DDP's all-reduce by the path it takes (synchronous on busy cores: exposed)
-            ddp = self.sweep(ranks, "shm") or sweep
+            ddp = shm or sweep
             averaged = ddp.seconds(cal.grads) if state_sharding(strategy).buckets else 0.0
             exposed += averaged + sharded_comm_s(strategy, cal, sweep.seconds)
         elif ranks > 1:  # the network's model: the exposed bytes (a collective's fixed cost is not modelled: UNSEEN)

@@ -83,6 +83,8 @@ class Session(Runtime):
         recorder = hooks.current()
         if recorder is not None:  # what the script asked for, in its records (plan calibrates it alone too)
             recorder.meta.setdefault("setup", chosen.name)
+            if getattr(chosen, "comm_hook", None):  # what its DDP averages with: what plan measures for it
+                recorder.meta.setdefault("setup_hook", chosen.comm_hook)
         if micro_batch_size is not None:
             chosen = chosen.with_batch(micro_batch_size, accumulation)
         wrapped, opt = chosen.wrap(model, optimizer, self)
