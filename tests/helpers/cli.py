@@ -7,6 +7,7 @@ import contextlib
 import io
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -17,11 +18,25 @@ from pathlib import Path
 def trainscale(
     tmp: Path, *argv: str, timeout: float = 300, env: dict | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """The CLI in ``tmp`` with its own job-record directory (``TRAINSCALE_STATE_DIR``)."""
+    """The CLI in ``tmp`` with its own job-record directory (``TRAINSCALE_STATE_DIR``); ``env``'s None values
+    unset a variable. Past ``timeout`` its whole process group is killed (ranks included, which would otherwise
+    run on) and the failure shows what it had printed."""
     env = {**os.environ, "TRAINSCALE_STATE_DIR": str(tmp / "state"), **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "trainscale", *argv], env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp
+    env = {k: v for k, v in env.items() if v is not None}
+    command = [sys.executable, "-m", "trainscale", *argv]
+    proc = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp, start_new_session=True
     )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(
+            f"`trainscale {' '.join(argv)}` ran past {timeout:.0f}s; it printed:\n{out[-3000:]}\n{err[-8000:]}"
+        ) from None
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:

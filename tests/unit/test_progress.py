@@ -377,3 +377,77 @@ def test_the_heartbeat_thread_works_on_the_ranks_gpu_on_nccl(monkeypatch):
     beat.mark(0)
     beat.close()
     assert chosen == [("trainscale-heartbeat", torch.device("cuda", 3))]
+
+
+def test_a_collective_called_from_python_is_placed_where_it_was_issued_even_once_done():
+    """issue 46 item 4: gloo completes a rank's extra all-reduce against the others' next one and the rank goes
+    on, so where its main thread is now is not where the extra collective came from. Each collective called from
+    Python is placed at the call (a group given by position or keyword, or the default one); undone, torch's own
+    functions are back."""
+    import torch
+    import torch.distributed as dist
+
+    before = dist.all_reduce, dist.distributed_c10d.all_reduce, dist.barrier
+    undo = ledger.record_sites()
+    # placed (by this or an earlier start of observation in this process), and wrapped once when started twice
+    assert getattr(dist.all_reduce, "_trainscale_sited", False) and ledger.record_sites()() == []
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        world = dist.group.WORLD
+        name = world.group_name
+        dist.all_reduce(torch.ones(2))
+        first = world._get_sequence_number_for_group()
+        dist.all_reduce(torch.ones(2), dist.ReduceOp.SUM, world)
+        dist.barrier(group=world)
+        dist.all_gather_object([None], 1, group=world)  # its own all_gathers inside: the places above stay
+        places = [ledger.issued_at(name, seq) for seq in range(first, first + 3)]
+        assert all(p and "test_progress.py:" in p and "in test_a_collective_called" in p for p in places), places
+        lines = [int(p.split("test_progress.py:")[1].split()[0]) for p in places]
+        assert lines[0] < lines[1] < lines[2]  # each at its own line
+        assert ledger.issued_at(name, first + 9) is None  # not issued yet
+        # as the flight recorder names them: a number's place is its own collective's (the dump's done entries get
+        # theirs so: tests/integration/test_desync.py, whose 4-rank `extra` is placed where rank 1 issued it)
+        assert ledger.issued_at(name, first + 2, "gloo:barrier") == places[2]
+        assert ledger.issued_at(name, first + 1, "gloo:all_reduce") == places[1]
+        assert ledger.issued_at(name, first + 2, "gloo:all_reduce") is None  # another op under that number
+    finally:
+        dist.destroy_process_group()
+        undo()
+    assert (dist.all_reduce, dist.distributed_c10d.all_reduce, dist.barrier) == before
+
+
+def test_a_step_boundary_a_peer_had_not_published_yet_is_compared_again_at_the_next_beat():
+    """Rank 0 ends step 4 before rank 1's record says it did: the comparison waits for rank 1's, so a desync at
+    that boundary is named at once, not only once rank 0 stalls (the fresh-clone CI's silent desync once waited
+    out its test)."""
+    store = _store()
+    watcher, peer = _peer(0, 2, store, notice_s=30), _peer(1, 2, store)
+    watcher.issued = peer.issued = lambda: {"pg:0": 0}
+    fired = []
+    watcher.on_hang = fired.append
+    watcher.counts.extend([[3, 12], [4, 16]])
+    peer.counts.append([3, 12])
+    peer._publish(0.0)
+    now = watcher._changed_at + 0.5  # not stalled
+    watcher.watcher.look(now)
+    assert fired == []  # rank 1 has not ended step 4 as far as its record says
+    peer.counts.append([4, 15])
+    peer._publish(1.0)
+    watcher.watcher.look(now + 0.5)
+    peer.close()
+    watcher._stop.set()
+    assert len(fired) == 1 and "by the end of step 4" in str(fired[0]) and "rank(s) 1" in str(fired[0]), fired
+
+
+def test_a_heartbeat_whose_record_fails_says_so_instead_of_passing_for_a_silent_rank(monkeypatch, capsys):
+    """A bug in what a stalled rank adds to its record (its ledger) ended the thread quietly, as a store gone at
+    teardown does: the rank then read as one that stopped responding, and its desync went unnamed."""
+    beat = _peer(0, 1, _store())
+    first = beat._record
+    calls = iter([first])  # the record published at the start; the heartbeat thread's next one fails
+    monkeypatch.setattr(beat, "_record", lambda now: next(calls, lambda now: {}["no such key"])(now))
+    beat.mark(1)
+    beat._thread.join(5)
+    assert not beat.beating
+    beat.close()
+    assert "trainscale: the heartbeat stopped: KeyError: 'no such key'" in capsys.readouterr().err

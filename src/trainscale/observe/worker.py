@@ -71,6 +71,8 @@ def _start_observing(environ: MutableMapping[str, str], kit: str | None, run_dir
         hooks, progress = _observers(kit)
         if watch:  # before the script's process group exists
             progress.ledger.enable_flight_recorder(environ)
+            with contextlib.suppress(Exception):  # a desync's place is a nicety: records and the watch go on
+                progress.ledger.record_sites()
         recorder = hooks.install(run_dir, environ=environ)  # None without a directory or with records off
         told = ((recorder.hang_noticed,), (recorder.flush,)) if recorder is not None else ((), ())  # a hang, a stall
         group_watch = progress.GroupWatch(environ, *told).start() if watch else None

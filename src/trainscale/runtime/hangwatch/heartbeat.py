@@ -254,10 +254,10 @@ class Heartbeat:
             else []
         )
 
-    def _publish(self, now: float) -> dict[str, Any] | None:
+    def _publish(self, now: float, record: dict[str, Any] | None = None) -> dict[str, Any] | None:
         if self.store is None:
             return None
-        record = self._record(now)
+        record = self._record(now) if record is None else record
         text = json.dumps(record, default=str)
         if self._published and self._published[0] == text and now - self._published[1] < LIVE_S:
             return record
@@ -278,20 +278,19 @@ class Heartbeat:
                     return  # the group was destroyed (the script closed it): nothing left to watch
                 now = time.monotonic()
                 self._rearm_watchdog()
-                self._publish(now)
+                record = self._record(now)
+            except Exception as exc:  # a bug in the record must not pass for a rank that stopped responding
+                if not (self._stop.is_set() or (self.group is not None and not _alive(self.group))):
+                    _stopped("heartbeat", exc)  # (the group destroyed meanwhile: the run's end, said nothing)
+                return
+            try:
+                self._publish(now, record)
             except Exception:  # the store went away (teardown, rank 0 gone): stop quietly
                 return
             try:
                 self.watcher.look(now)
             except Exception as exc:  # a bug in the watch must not pass for "no hang": say so, once
-                import traceback  # noqa: PLC0415 (optional dependency)
-
-                print(
-                    f"trainscale: the hang watch stopped: {type(exc).__name__}: {exc}\n"
-                    f"{traceback.format_exc(limit=-3)}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                _stopped("hang watch", exc)
                 return
 
     # -- the end --------------------------------------------------------------------------------------
@@ -323,6 +322,16 @@ class Heartbeat:
             self._dump_file.seek(0)
             self._dump_file.truncate()
         faulthandler.dump_traceback_later(WATCHDOG_S, repeat=False, file=self._dump_file)
+
+
+def _stopped(what: str, exc: Exception) -> None:
+    import traceback  # noqa: PLC0415 (only on this path)
+
+    print(
+        f"trainscale: the {what} stopped: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-3)}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _alive(group: Any) -> bool:

@@ -5,11 +5,15 @@ a recorder of its own with a dump of its own. Without a flight record, where the
 collective it waits in. trainscale's own background groups (checkpoint/background.py's, named
 ``trainscale-...``) are left out: their collectives run on a worker thread at each rank's own pace. Also: where
 a thread is (its innermost frame of the user's code), and every thread's stack. Read by the heartbeat
-(runtime/hangwatch/heartbeat.py); nothing here changes anything.
+(runtime/hangwatch/heartbeat.py). The one thing it adds: :func:`record_sites`, where each collective called from
+Python was issued, kept by the calling thread at the call (the flight recorder's own stack traces cost a
+second's imports to read, on the watching thread).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import io
 import os
 import pickle
@@ -51,6 +55,118 @@ def enable_flight_recorder(environ: Any = os.environ) -> None:
         return
     major, minor = (int(part) for part in torch.__version__.split(".")[:2])
     environ[FR_BUFFER_VARS[0] if (major, minor) >= (2, 7) else FR_BUFFER_VARS[1]] = FR_ENTRIES
+
+
+_COLLECTIVES = (
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_reduce",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "broadcast",
+    "broadcast_object_list",
+    "gather",
+    "gather_object",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "scatter",
+    "scatter_object_list",
+)
+"""torch.distributed's collectives a script, FSDP2 or ZeRO calls from Python (DDP's gradient all-reduces are
+issued in C++: no site of their own, nor needed: every rank issues them alike)."""
+_SITE_SLOTS = int(FR_ENTRIES)
+_sites: dict[str, list[Any]] = {}
+"""Process group name -> a ring of (sequence number, op, frames) by sequence number: where it was issued (op: the
+function's name where the call issued one collective, else None)."""
+_last: dict[str, int] = {}
+"""Process group name -> the last sequence number placed: one that goes back is a new group of that name."""
+
+
+def record_sites() -> Any:
+    """Where each collective called from Python is issued: torch.distributed's functions wrapped (one frame walk
+    and two reads of the group's sequence number a call), so that a collective already done (gloo completes a
+    rank's extra all-reduce against the others' next one, and the rank goes on) is still placed. Returns what
+    undoes it."""
+    c10d, undo = dist.distributed_c10d, []
+    for name in _COLLECTIVES:
+        original = getattr(c10d, name, None)
+        if original is None or getattr(original, "_trainscale_sited", False):  # none, or placed already
+            continue
+        try:
+            position = list(inspect.signature(original).parameters).index("group")
+        except ValueError:
+            position = None
+        wrapped = _sited(original, position)
+        for module in (c10d, dist):
+            if getattr(module, name, None) is original:
+                setattr(module, name, wrapped)
+                undo.append((module, name, original))
+    return lambda: [setattr(module, name, original) for module, name, original in undo]
+
+
+def _sited(original: Any, position: int | None) -> Any:
+    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+
+    @functools.wraps(original)
+    def issued(*args: Any, **kwargs: Any) -> Any:
+        if compiling():  # traced by torch.compile: the collective as torch's tracer knows it (no frame walk there)
+            return original(*args, **kwargs)
+        group = kwargs.get("group") if position is None or len(args) <= position else args[position]
+        try:
+            group = group if group is not None else dist.distributed_c10d._get_default_group()
+            before = group._get_sequence_number_for_group()
+        except Exception:  # no group yet, a group given another way (a mesh): no site, the call as it is
+            return original(*args, **kwargs)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _note_site(group, before, sys._getframe(1), original.__name__)
+
+    issued._trainscale_sited = True
+    return issued
+
+
+def _note_site(group: Any, before: int, frame: Any, op: str) -> None:
+    try:
+        after, name = group._get_sequence_number_for_group(), group.group_name
+    except Exception:
+        return
+    if after <= before:  # none issued on its default backend (a CPU tensor on a GPU group's gloo): no place known
+        return
+    frames = []
+    while frame is not None and len(frames) < 2:  # the first outside torch, and the user's own where it is a library's
+        path = frame.f_code.co_filename
+        if _user_frame(path) and (not frames or _own_code(path)):
+            frames.append({"filename": path, "line": frame.f_lineno, "name": frame.f_code.co_name})
+            if _own_code(path):
+                break
+        frame = frame.f_back
+    ring = _sites.get(name)
+    if ring is None or after < _last.get(name, 0):  # a group of that name made again: its numbers start over
+        ring = _sites[name] = [None] * _SITE_SLOTS
+    _last[name] = after
+    one = op if after - before == 1 else None
+    for seq in range(before + 1, min(after, before + _SITE_SLOTS) + 1):
+        ring[seq % _SITE_SLOTS] = (seq, one, frames)
+
+
+def issued_at(group: str, seq: int, op: str | None = None) -> str | None:
+    """Where collective ``seq`` of process group ``group`` (its name) was issued on this rank, or None; with
+    ``op`` (the flight recorder's), only where the call that issued it was that collective."""
+    ring = _sites.get(group)
+    slot = ring[seq % _SITE_SLOTS] if ring is not None else None
+    if slot is None or slot[0] != seq or not slot[2]:
+        return None
+    if op is not None and slot[1] is not None and _bare(op) != _bare(slot[1]):
+        return None
+    return site_of_frames(slot[2])
+
+
+def _bare(op: str) -> str:
+    return op.rsplit(":", 1)[-1].replace("_", "").lower()
 
 
 def track(name: str, channel: Any, group: dist.ProcessGroup) -> None:
@@ -144,7 +260,8 @@ def recent(limit: int = 8, frame: Any = None) -> list[dict[str, Any]] | None:
     The dump is asked for without its stack traces: symbolising them imports some 800 modules (torch._dynamo
     among them) the first time, and an import from this thread while the script's main thread imports the same
     modules leaves one of them half-initialised there (seen: DDP's constructor failing in a loaded job). Where
-    a collective is still in flight, the main thread's ``frame`` says where the rank waits for it."""
+    a collective is still in flight, the main thread's ``frame`` says where the rank waits for it; one already
+    done is placed where :func:`record_sites` saw it issued."""
     entries = _entries()
     if entries is None:
         return None
@@ -159,13 +276,15 @@ def recent(limit: int = 8, frame: Any = None) -> list[dict[str, Any]] | None:
         done = entry.get("state") == "completed" or (not nccl and bool(entry.get("retired")))
         if not done and waits_in == "backward":
             op += " in backward (DDP's gradient all-reduce)" if op == "all_reduce" else " in backward"
+        seq = int(entry.get("collective_seq_id") or 0)
+        issued = issued_at(str(group[0]), seq, str(entry.get("profiling_name") or "") or None)
         per_group.setdefault(f"pg:{group[0]}", []).append(
             {
                 "pg": f"pg:{group[0]}",
-                "seq": int(entry.get("collective_seq_id") or 0),
+                "seq": seq,
                 "op": op,
                 "sizes": entry.get("input_sizes"),
-                "site": None if done else where,
+                "site": issued or (None if done else where),
                 "age_s": round(max(0.0, (now - int(entry.get("time_created_ns") or now)) / 1e9), 2),
                 "done": done,
             }

@@ -111,12 +111,19 @@ class Watch:
         there and then, so the job ends with it at once instead of waiting out a notice interval while gloo or
         NCCL mix the gradients or wait for a partner that never comes."""
         stalled = since >= LOOK_AFTER_S and now >= self._next_look
-        if not stalled and (not self.beat.counts or self.beat.counts[-1] == self._compared):
+        last = self.beat.counts[-1] if self.beat.counts else None  # read once: the training thread appends
+        if not stalled and (last is None or last == self._compared):
             return
         states = self._states(now)
         verdict = hangs.count_desync(states) or (hangs.ledger_desync(states) if stalled else None)
-        self._compared = self.beat.counts[-1] if self.beat.counts else None
         if verdict is None:
+            # compared once every rank's record has ended that step: one that had not yet published it is read again
+            # at the next beat (else a rank that stalls right after its boundary is compared only once stalled)
+            if last is not None and all(
+                isinstance(s, hangs.State) and any(int(k) == last[0] for k, _ in s.counts or ())
+                for s in states.values()
+            ):
+                self._compared = last
             return
         print(f"trainscale: {verdict.text()}", file=sys.stderr, flush=True)
         for listener in list(self.beat.listeners):
