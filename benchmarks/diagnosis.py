@@ -2,9 +2,12 @@
 import) under `trainscale run --nproc-per-node N`, with a fault injected on one rank, ``--trials`` runs of each.
 
 - tests/scripts/slow_rank.py, wrapped as ``--strategies`` say: ``ddp`` (DistributedDataParallel), ``zero1``
-  (DDP + ZeroRedundancyOptimizer) or ``fsdp`` (FSDP2's ``fully_shard`` per layer: all-gathers in forward),
+  (DDP + ZeroRedundancyOptimizer), ``fsdp`` (FSDP2's ``fully_shard`` per layer: all-gathers in forward) or
+  ``deepspeed:stage=N`` (DeepSpeed's engine, ZeRO stage N: its own backward and step),
   rank 1 losing ``--slow-ms`` per step in its DataLoader, nanoGPT's fetch between forward and backward, its
-  forward, inside backward, its optimizer step, after the step; rank 0 evaluating between steps (``eval``);
+  forward, inside backward, its optimizer step, after the step; rank 0 evaluating between steps (``eval``), or
+  for 10x as long every 10 steps (``eval_every``); each step a rank drawn at random after its step (``turns``:
+  right when no straggler is named and the turns are said);
   ``busy``: each rank pinned to a CPU of its own, computing for most of its step (a wider layer, larger
   batches), and two other processes spinning on rank 1's CPU (2 ranks only); or
   nowhere (``clean``, 2 micro-batches per step). Scored from the run's records as `trainscale report` reads
@@ -58,10 +61,13 @@ EXPECTED = {
     "optimizer": (1, "optimizer"),
     "after_step": (1, "data"),
     "eval": (0, "data"),
+    "eval_every": (0, "data"),
+    "turns": ("turns", "data"),
     "busy": (1, "*"),
     "clean": None,
 }
-"""Kind -> the rank and phase the diagnosis must name ("*": any phase; None: no straggler)."""
+"""Kind -> the rank and phase the diagnosis must name ("*": any phase; None: no straggler; "turns": no straggler, the
+ranks taking turns said, in that phase)."""
 FUNCTION = {
     "loader": "main.collate",
     "between": "main.get_batch",
@@ -70,7 +76,11 @@ FUNCTION = {
     "optimizer": "SlowSGD.step",
     "after_step": "log_step",
     "eval": "evaluate",
+    "eval_every": "evaluate",
 }
+EVERY = 10
+"""``eval_every``: rank 0 evaluates every this many steps, for this many times ``--slow-ms`` (the same cost per step
+on average, in some steps only)."""
 DESYNCS = ("skip", "extra", "shape")
 UNFOUNDED = ("CPU binding", "shares CPU")
 BUSY = 2
@@ -85,7 +95,8 @@ def expected_place(kind: str, script: str = "slow_rank") -> str | None:
     if kind in DESYNCS:
         return f"desync.py:{marked(DESYNC, f'# desync: {kind}')}"
     path, function = (TRAINER, TRAINER_FUNCTION) if script == "trainer" else (SCRIPT, FUNCTION)
-    return f"{function[kind]}:{marked(path, f'# place: {kind}')}" if kind in function else None
+    mark = "eval" if kind == "eval_every" else kind
+    return f"{function[kind]}:{marked(path, f'# place: {mark}')}" if kind in function else None
 
 
 def spinners(cpu: int, n: int = BUSY) -> list[subprocess.Popen]:
@@ -94,7 +105,10 @@ def spinners(cpu: int, n: int = BUSY) -> list[subprocess.Popen]:
     return [subprocess.Popen([PYTHON, "-c", code]) for _ in range(n)]
 
 
-SCRIPT_VARS = ("SLOW", "SLOW_S", "STEPS", "ACCUM", "STRATEGY", "BIND", "WIDTH", "BATCH", "TRAINSCALE_STRAGGLER_EVERY")
+SCRIPT_VARS = (
+    *("SLOW", "SLOW_S", "STEPS", "ACCUM", "STRATEGY", "BIND", "WIDTH", "BATCH", "EVERY"),
+    "TRAINSCALE_STRAGGLER_EVERY",
+)
 """What the slow-rank script reads from its environment: handed to a SLURM job with ``--env``."""
 
 
@@ -135,9 +149,11 @@ def straggler_trial(
     from trainscale.observe.records import read_run
     from trainscale.observe.stragglers import diagnose
 
+    every = EVERY if kind == "eval_every" else 1
     env = clean_env(
-        SLOW=kind if kind != "busy" else "clean",
-        SLOW_S=str(slow_ms / 1e3),
+        SLOW={"busy": "clean", "eval_every": "eval"}.get(kind, kind),
+        SLOW_S=str(every * slow_ms / 1e3),
+        EVERY=str(every),
         STEPS=str(steps),
         ACCUM="2" if kind == "clean" else "1",
         STRATEGY=strategy,
@@ -159,14 +175,19 @@ def straggler_trial(
     if done.returncode != 0:
         return {"named": f"run failed ({done.returncode}): {done.stderr.strip().splitlines()[-1:]}"}
     (run_dir,) = {d.parent.resolve() for d in (where / "logs").rglob("metrics") if d.is_dir()}
-    found = diagnose(read_run(run_dir)["ranks"]).straggler
+    why: list[str] = []
+    diagnosis = diagnose(read_run(run_dir)["ranks"], why=why)
+    found = diagnosis.straggler
+    if found is None and diagnosis.turns is not None:
+        return {"named": f"turns/{diagnosis.turns.phase}", "late_ms": round(diagnosis.turns.late_s * 1e3, 1)}
     if found is None:
-        return {"named": None}
+        return {"named": None, "why": "; ".join(why) or None}  # the rule that named none
     return {
         "named": f"{found.rank}/{found.phase}",
         "cause": found.cause,
         "place": f"{found.place['function']}:{found.place['line']}" if found.place else None,
         "late_ms": round(found.late_s * 1e3, 1),
+        "spikes": found.spikes,  # named by its means, held up in some steps only
     }
 
 

@@ -36,7 +36,7 @@ STEPS = 150
 UNFOUNDED = ("CPU binding", "shares CPU", "cannot keep up", "sharded strategy")
 
 
-def _run(tmp_path: Path, slow: str, accum: int = 1, strategy: str = "ddp") -> tuple[Path, str]:
+def _run(tmp_path: Path, slow: str, accum: int = 1, strategy: str = "ddp", **more: str) -> tuple[Path, str]:
     logs = tmp_path / "logs"
     done = in_process(
         "run",
@@ -54,6 +54,7 @@ def _run(tmp_path: Path, slow: str, accum: int = 1, strategy: str = "ddp") -> tu
             "STRATEGY": strategy,
             "OMP_NUM_THREADS": "1",
             "TRAINSCALE_STRAGGLER_EVERY": "0.2",
+            **more,
         },
     )
     assert done.returncode == 0, done.stderr
@@ -106,6 +107,44 @@ def test_under_fsdp_the_ranks_waiting_for_the_late_ones_all_gathers_do_not_hide_
     line = next(i for i, text in enumerate(SCRIPT.read_text().splitlines(), 1) if text.endswith(f"# place: {slow}"))
     assert found.place is not None and (found.place["function"], found.place["line"]) == (FUNCTION[slow], line)
     assert "straggler: rank 1 on " in verdict and PHASE_TEXT[PHASE[slow]] in verdict, verdict
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("slow", "more", "rank", "phase"),
+    [
+        # rank 0 evaluates for 400 ms every 10 steps: nine steps in ten are in step, the medians see nothing
+        ("eval", {"EVERY": "10", "SLOW_S": "0.4"}, 0, "data"),
+        # the loss all-reduced for printing after the step: the others' wait for rank 1's slow optimizer step is
+        # there, after their own step (it was taken for their next step's data wait: no straggler)
+        ("optimizer", {"LOG": "1"}, 1, "optimizer"),
+    ],
+)
+def test_a_hold_up_in_some_steps_only_or_waited_for_after_the_step_is_named(tmp_path, slow, more, rank, phase):
+    run_dir, verdict = _run(tmp_path, slow, **more)
+    found = diagnose(read_run(run_dir)["ranks"]).straggler
+    assert found is not None and (found.rank, found.phase) == (rank, phase), (found, verdict)
+    assert 0.75 * SLOW_S < found.late_s < 1.5 * SLOW_S, found  # per step, on average where in some steps only
+    assert f"straggler: rank {rank} on " in verdict and PHASE_TEXT[phase] in verdict, verdict
+    assert not any(text in verdict for text in (*UNFOUNDED, "DataLoader", "arrive together")), verdict
+    if slow == "eval":
+        assert found.spikes is not None and found.spikes[0] >= 2 and "holds the others up in " in verdict, verdict
+
+
+@pytest.mark.slow
+def test_ranks_taking_turns_are_said_to_and_none_is_named_a_straggler_live_or_after(tmp_path):
+    """Each step one rank, drawn alike on both, loses 40 ms after its step: by their medians over a window one
+    of two ranks can look late (it drew more of the steps), and the report said "straggler: rank 0" and "waiting
+    for data: more DataLoader workers". The steps aligned by number say the ranks take turns."""
+    run_dir, verdict = _run(tmp_path, "turns")
+    run = read_run(run_dir)
+    found = diagnose(run["ranks"])
+    assert found.straggler is None and found.turns is not None, (found, verdict)
+    assert found.turns.phase == "data" and 0.75 * SLOW_S < found.turns.late_s < 1.5 * SLOW_S, found.turns
+    assert set(found.turns.ranks) == {0, 1} and min(found.turns.ranks.values()) > 0.25 * found.turns.steps
+    assert "[problem] stragglers in turns: the ranks take turns holding the others up" in verdict, verdict
+    assert not any(text in verdict for text in ("straggler: rank", "DataLoader", "arrive together")), verdict
+    assert not [e for e in run["events"] if e.get("kind") == "straggler"]  # nor named while training
 
 
 @pytest.mark.slow

@@ -4,12 +4,16 @@ function (the line marked ``# place: <SLOW>``: where the stack sampler must find
 loop (no DataLoader: the next batch fetched between forward and backward); the others read a DataLoader.
 ``eval`` is rank 0's evaluation between steps (the others wait for it). ACCUM micro-batches per optimizer step
 (no gradient sync on all but the last). STRATEGY=ddp (DistributedDataParallel), zero1 (DDP with
-ZeroRedundancyOptimizer) or fsdp (FSDP2's ``fully_shard`` on each layer and the model: all-gathers in forward).
-BIND=1 pins each rank to a CPU of its own; WIDTH and BATCH make its compute larger. Run it with
-`trainscale run --nproc-per-node 2` (or 4)."""
+ZeroRedundancyOptimizer), fsdp (FSDP2's ``fully_shard`` on each layer and the model: all-gathers in forward) or
+deepspeed:stage=N (DeepSpeed's engine, ZeRO stage N, its own loop: ``engine.backward``, ``engine.step``).
+BIND=1 pins each rank to a CPU of its own; WIDTH and BATCH make its compute larger; LOG=1 all-reduces the loss
+after each step for printing, as course scripts do; EVERY=N evaluates every N steps only (``eval``);
+SLOW=eval_all: every rank evaluates (``EVERY``); SLOW=turns: each step one rank, drawn alike on every rank,
+loses SLOW_S after its step (``log_step``). Run it with `trainscale run --nproc-per-node 2` (or 4)."""
 
 import contextlib
 import os
+import random
 import time
 
 import torch
@@ -25,6 +29,7 @@ ACCUM = int(os.environ.get("ACCUM", "1"))
 STRATEGY = os.environ.get("STRATEGY", "ddp")
 BATCH = int(os.environ.get("BATCH", "8"))
 WIDTH = int(os.environ.get("WIDTH", "64"))
+EVERY = int(os.environ.get("EVERY", "1"))
 
 
 class SlowBackward(torch.autograd.Function):
@@ -75,6 +80,19 @@ class SlowSGD(torch.optim.SGD):
 
 def wrap(net, optimizer):
     """The model and its optimizer as the strategy makes them."""
+    if STRATEGY.startswith("deepspeed"):
+        import deepspeed
+
+        config = {
+            "train_micro_batch_size_per_gpu": BATCH,
+            "gradient_accumulation_steps": ACCUM,
+            "zero_optimization": {"stage": int(STRATEGY.rpartition("=")[2] or 1)},
+            "zero_allow_untested_optimizer": True,
+        }
+        engine, opt, _, _ = deepspeed.initialize(
+            model=net, optimizer=optimizer(net.parameters(), lr=0.01), config=config
+        )
+        return engine, opt
     if STRATEGY == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
@@ -91,6 +109,8 @@ def wrap(net, optimizer):
 
 
 def no_sync(model, last):
+    if STRATEGY.startswith("deepspeed"):  # the engine counts its micro-batches itself
+        return contextlib.nullcontext()
     if STRATEGY == "fsdp":
         model.set_requires_gradient_sync(last)
         return contextlib.nullcontext()
@@ -103,9 +123,11 @@ def main():
     if os.environ.get("BIND") == "1":  # a CPU of its own (the benchmark's busy kind spins on rank 1's)
         os.sched_setaffinity(0, {rank % os.cpu_count()})
     slow = SLOW if rank == (0 if SLOW == "eval" else 1) else "clean"
+    slow = "eval" if SLOW == "eval_all" else slow  # every rank evaluates (an HF Trainer's distributed evaluation)
     torch.manual_seed(0)
     model, opt = wrap(Net(slow), SlowSGD if slow == "optimizer" else torch.optim.SGD)
     generator = torch.Generator().manual_seed(rank)
+    turns = random.Random(0)  # SLOW=turns: each step one rank, drawn alike on every rank, loses SLOW_S after it
 
     def get_batch():  # nanoGPT's: a batch made on the spot, no DataLoader
         if slow == "between":
@@ -128,12 +150,24 @@ def main():
                 loss = F.mse_loss(model(x), y) / ACCUM
                 if batches is None:
                     x, y = get_batch()
-                loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+                if STRATEGY.startswith("deepspeed"):
+                    model.backward(loss)
+                    model.step()  # the optimizer's at the last micro-batch of a step
+                else:
+                    loss.backward()
+        if not STRATEGY.startswith("deepspeed"):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        if os.environ.get("LOG") == "1":  # the mean loss for printing: a collective after the step
+            mean = loss.detach() * ACCUM
+            dist.all_reduce(mean)
+            if rank == 0 and _ % 10 == 0:
+                print(f"step {_} loss {mean.item() / dist.get_world_size():.4f}", flush=True)
         if slow == "after_step":
             log_step()
-        if slow == "eval":
+        if SLOW == "turns" and turns.randrange(dist.get_world_size()) == rank:  # a rank drawn each step, alike on all
+            log_step()
+        if slow == "eval" and (_ + 1) % EVERY == 0:  # EVERY steps (each, by default)
             evaluate()
     dist.destroy_process_group()
 

@@ -69,6 +69,25 @@ def test_a_wait_for_a_collective_inside_a_phase_is_communication_not_the_phases(
     assert record["comm_s"] == pytest.approx(0.3 + 0.2 + 0.05) and record["step_s"] == pytest.approx(1.0)
 
 
+def test_a_wait_after_the_optimizers_step_is_the_next_steps_communication():
+    """DeepSpeed's ZeRO all-gathers the updated parameters after its optimizer's step (a script may all-reduce its
+    loss there): a rank that waits there for a late rank's optimizer step waited, it did not wait for its data."""
+    marks = StepMarks(torch.device("cpu"))
+    clock = iter([0.0, 0.1, 0.2, 0.3, 0.4, 0.9, 1.0])
+    marks._now = lambda: next(clock)
+    marks.start_step()
+    for phase in ("data", "forward", "backward", "optimizer"):
+        marks.mark(phase)
+    marks.waited(0.45)  # the all-gather after the step, before the next forward
+    marks.end_step({"step": 1}, carry=True)
+    marks.mark("data")
+    marks.mark("forward")
+    marks.end_step({"step": 2})
+    first, second = marks.ready()
+    assert first["comm_s"] == 0.0 and second["comm_s"] == pytest.approx(0.45)
+    assert second["data_s"] == pytest.approx(0.05) and second["step_s"] == pytest.approx(0.6)
+
+
 def test_the_recorder_times_a_collectives_wait_on_the_main_thread_only(monkeypatch):
     """Every blocking collective waits in ``Work.wait``: the recorder times it there, on its main thread."""
     work = torch.distributed.distributed_c10d.Work
@@ -458,3 +477,73 @@ def test_an_observed_model_the_script_drops_is_freed_and_its_forward_error_goes_
         assert dropped() is None
     finally:
         recorder.uninstall()
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_backward_is_timed_from_its_call_with_no_hook_registered_each_forward(tmp_path, grouped):
+    """issue 46 item 7: a node's pre-hook on each forward's output cost 10-20 µs a micro-batch. Backward's start
+    is its call (``torch.autograd.backward``, which ``Tensor.backward`` calls); alone, its end is its return; on
+    grouped ranks a lasting hook on the model's first trainable parameter queues backward's end before DDP's
+    wait, and the sync mark after it. A model whose first parameter gets no gradient falls back to a hook on each
+    forward's output, and still splits backward from the wait: so do a model whose first parameter's gradient
+    comes in reentrant checkpointing's own backward (inside the step's) and a loop that calls
+    ``torch.autograd.grad`` and sets its gradients itself. A compiled model (``torch.compile``'s module refuses
+    ``bool()``) is hooked as any other."""
+
+    class Unused(nn.Module):  # its first parameter is in no graph: the lasting hook never fires
+        def __init__(self) -> None:
+            super().__init__()
+            self.spare, self.layer = nn.Parameter(torch.ones(1)), nn.Linear(4, 1)
+
+        def forward(self, x):
+            return self.layer(x)
+
+    class Checkpointed(nn.Module):  # its first parameter's gradient comes in reentrant checkpointing's own backward
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner, self.first, self.last = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 1)
+
+        def forward(self, x):
+            from torch.utils.checkpoint import checkpoint
+
+            return self.last(checkpoint(self.inner, self.first(x), use_reentrant=True))
+
+    class ByGrad(nn.Sequential):  # a loop that sets its gradients itself (torch.autograd.grad): nothing accumulates
+        pass
+
+    environ = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"} if grouped else {}
+    environ = {**environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"} if grouped else environ
+    original = torch.autograd.backward, torch.autograd.grad
+    recorder = hooks.Recorder(tmp_path, environ=environ).install()
+    reached = []  # the calls of a hook on a forward's output
+    recorder._node_reached = lambda grad, reached_=recorder._node_reached: reached.append(1) or reached_(grad)
+    try:
+        compiled = torch.compile(nn.Linear(4, 1), backend="eager")  # refuses bool(): len() of a Linear
+        models = (nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 1)), compiled, Unused(), Checkpointed())
+        for model in (*models, ByGrad(nn.Linear(4, 1))):
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            phases: list[list[str]] = []
+            for _ in range(8):  # a model after the first is found when its optimizer steps twice unseen
+                model(torch.ones(2, 4))  # a forward with no backward (an evaluation's with grad on) is no step
+                loss = model(torch.ones(2, 4)).sum()
+                marks = recorder.marks
+                seen: list[str] = []
+                marks.mark = lambda phase, seen=seen, mark=marks.mark: seen.append(phase) or mark(phase)
+                if isinstance(model, ByGrad):
+                    for param, grad in zip(model.parameters(), torch.autograd.grad(loss, list(model.parameters()))):
+                        param.grad = grad
+                else:
+                    loss.backward()
+                opt.step()
+                del marks.mark
+                phases.append(seen)
+                opt.zero_grad()
+            want = ["between", "backward", *(["sync"] if grouped else []), "other", "optimizer"]
+            assert phases[-1] == want, (type(model).__name__, phases)
+            fell_back = grouped and isinstance(model, (Unused, Checkpointed, ByGrad))
+            assert recorder._per_forward == fell_back
+            assert bool(reached) == fell_back  # a hook on each forward's output only where no parameter's fires
+            reached.clear()
+    finally:
+        recorder.uninstall()
+    assert (torch.autograd.backward, torch.autograd.grad) == original  # undone

@@ -14,7 +14,14 @@ from trainscale.observe.flops import PEAKS, count_step_flops, cpu_probe, device_
 from trainscale.observe.interconnect import arm, judge, parse_nccl_log
 from trainscale.observe.records import RankRecorder, read_run
 from trainscale.observe.sampler import Sampler, interval_from_env, other_cpu_share
-from trainscale.observe.stragglers import StragglerWatch, find_straggler
+from trainscale.observe.stragglers import (
+    StragglerWatch,
+    diagnose,
+    find_in_windows,
+    find_straggler,
+    held,
+    summarise,
+)
 from trainscale.report.gather import accounting, rank_stats
 
 NCCL = Path(__file__).resolve().parents[1] / "fixtures" / "nccl"
@@ -187,10 +194,16 @@ def _ranks(
 
 
 def test_the_rank_that_arrives_last_is_named_with_its_phase_and_its_cost():
-    assert find_straggler(_ranks(None)) is None
-    assert find_straggler(_ranks(2), window=30) is None  # not enough steps yet (two windows)
+    why: list[str] = []
+    assert find_straggler(_ranks(None), why=why) is None
+    assert find_straggler(_ranks(2), window=30, why=why) is None  # not enough steps yet (two windows)
     # slow only in the last window: a burst, not yet a straggler; slow in both: named
-    assert find_straggler(_ranks(2, slow_from=25)) is None
+    assert find_straggler(_ranks(2, slow_from=25), why=why) is None
+    assert why[0].startswith("rank ") and "under the 10.0 ms a straggler needs" in why[0], why  # none late
+    assert why[1:] == [
+        "fewer than two ranks with two full windows",
+        "the latest rank changed between the windows (0, then 2)",
+    ]
     assert find_straggler(_ranks(2, slow_from=5)) is not None
     found = find_straggler(_ranks(2))
     assert (found.rank, found.host, found.phase) == (2, "n2", "data")
@@ -205,6 +218,145 @@ def test_the_rank_that_arrives_last_is_named_with_its_phase_and_its_cost():
     # 30 ms no phase holds most of: said so, no phase guessed
     spread = find_straggler(_ranks(1, extra={"data_s": 0.01, "compute_s": 0.01, "backward_s": 0.01}))
     assert spread.phase == "unexplained" and "unexplained" in spread.describe() and spread.cause == ""
+
+
+def _held_every(every: int, n: int = 45, hold: float = 0.4, phase: str = "data_s") -> dict[int, list[dict]]:
+    """Four ranks in step; every ``every`` steps rank 0 spends ``hold`` more in ``phase`` (an evaluation between
+    steps) and the others wait for it at the next collective."""
+    ranks = _ranks(None, n=n)
+    for rank, records in ranks.items():
+        for record in records[1:]:
+            if record["step"] % every == every - 1:
+                record["step_s"] += hold
+                record[phase if rank == 0 else "comm_s"] += hold
+    return ranks
+
+
+def test_work_that_holds_the_others_up_every_few_steps_is_named_by_its_mean_where_it_recurs():
+    """Rank 0 evaluating for 400 ms every 10 steps: the medians see nothing (9 steps of 10 are in step), and the
+    others' wait was said as communication "while the ranks arrive together" and rank 0's as a data wait."""
+    why: list[str] = []
+    found = find_straggler(_held_every(10), why=why)
+    assert (found.rank, found.phase, found.spikes) == (0, "data", (2, 20)), why
+    assert found.late_s == pytest.approx(0.04) and found.step_s == pytest.approx(0.14)
+    assert found.describe().startswith(
+        "rank 0 on n1 holds the others up in 2 of its last 20 steps, about 400.0 ms each (40.0 ms per step on "
+        "average): host work between steps"
+    ), found.describe()
+    assert "40.0 ms of each 140.0 ms step on average" in found.describe()
+    # once in each window: a burst (another job's, a collector's pause), not named
+    assert find_straggler(_held_every(20), why=why) is None
+    assert why[-1].endswith("not recurring"), why
+    # in no one phase: not named either (its own time spread over its phases, as a busy host's jitter is)
+    spread = _held_every(10)
+    for record in spread[0][1:]:
+        if record["step"] % 10 == 9:
+            record["data_s"] -= 0.4
+            record["compute_s"] += 0.15
+            record["backward_s"] += 0.15
+            record["optimizer_s"] += 0.1
+    assert find_straggler(spread, why=why) is None and why[-1].endswith("in no one phase"), why
+    # rank 0 waiting for a CPU throughout (other work on its cores): contention, which the medians name where
+    # it lasts, not work in some steps
+    contended = _held_every(10)
+    for record in contended[0][1:]:
+        record["cpu_wait_s"] = 0.03
+    assert find_straggler(contended, why=why) is None and why[-1].endswith("waiting for a CPU as long"), why
+    # every 50 steps of 200: the report looks at the run's two halves too
+    assert diagnose(_held_every(50, n=201, hold=1.0)).straggler.spikes == (2, 100)
+    assert find_straggler(_held_every(50, n=201, hold=1.0)) is None  # the live watch's 20-step windows cannot tell
+
+
+def _in_turns(late_of, n: int = 61, hold: float = 0.03) -> dict[int, list[dict]]:
+    """Four ranks in step; at step ``i`` rank ``late_of(i)`` (None: none) spends ``hold`` more in its data wait,
+    and the others wait for it at the collective."""
+    ranks = _ranks(None, n=n)
+    for rank, records in ranks.items():
+        for record in records[1:]:
+            late = late_of(record["step"])
+            if late is not None:
+                record["step_s"] += hold
+                record["data_s" if rank == late else "comm_s"] += hold
+    return ranks
+
+
+def test_ranks_taking_turns_are_said_to_and_no_one_of_them_is_named_a_straggler():
+    """Each step another rank holds the others up (a file system slow for a random rank): the medians of one
+    rank's windows can make it the latest, but it was last in a third of the steps only. The report says the
+    ranks take turns, where, and what it costs; no straggler."""
+    why: list[str] = []
+    found = diagnose(_in_turns(lambda i: i % 3), why=why)  # ranks 0, 1, 2 in turn
+    assert found.straggler is None and found.turns is not None, why
+    assert found.turns.phase == "data" and found.turns.late_s == pytest.approx(0.03)
+    assert sorted(found.turns.ranks.values()) == [20, 20, 20] and found.turns.steps == 60
+    # rank 0 in 3 steps of 5, rank 1 in the others: its medians make rank 0 the straggler, the steps do not
+    three_of_five = _in_turns(lambda i: 0 if i % 5 < 3 else 1)
+    assert find_straggler(three_of_five).rank == 0
+    found = diagnose(three_of_five, why=why)
+    assert found.straggler is None and found.turns.ranks == {0: 24, 1: 16}, why  # the 40 steps it was named from
+    assert why[-1] == "rank 0 held the others up 60% of the time only", why
+    # the live watch, from the summaries the ranks publish (each step's own time by its number): the same veto
+    windows = {r: summarise(records) for r, records in three_of_five.items()}
+    assert find_in_windows(windows).rank == 0 and held({r: w["own"] for r, w in windows.items()}) == pytest.approx(
+        {0: 0.72, 1: 0.48}
+    )
+    assert found.turns.describe().startswith(
+        "the ranks take turns holding the others up, no one rank most of the time: each step the last to arrive "
+        "at the collectives comes 30.0 ms after the others on average (rank "
+    ), found.turns.describe()
+    # one rank late in most steps, another now and then: a straggler, not turns
+    mostly = diagnose(_in_turns(lambda i: 2 if i % 5 else 1))
+    assert mostly.straggler is not None and mostly.straggler.rank == 2 and mostly.turns is None
+    # in step: neither
+    assert diagnose(_in_turns(lambda i: None)).turns is None
+    # turns too small to matter (1 ms of a 100 ms step): nothing said
+    assert diagnose(_in_turns(lambda i: i % 4, hold=0.001)).turns is None
+    # every rank waiting as long for a CPU each step: a busy host's jitter, not turns to fix
+    busy = _in_turns(lambda i: i % 3)
+    for records in busy.values():
+        for record in records[1:]:
+            record["cpu_wait_s"] = 0.031
+    assert diagnose(busy).turns is None
+    # only the late rank of each step waited for a CPU that step (another job's bursts): not turns either
+    bursts = _in_turns(lambda i: i % 3)
+    for rank, records in bursts.items():
+        for record in records[1:]:
+            record["cpu_wait_s"] = 0.025 if record["step"] % 3 == rank else 0.0
+    assert diagnose(bursts).turns is None
+
+
+def test_the_turns_test_leaves_a_straggler_it_has_no_evidence_against():
+    """A review's cases: the veto needs steps that show other ranks late by a straggler's margin."""
+    unnumbered = _ranks(1, data=False)
+    for records in unnumbered.values():
+        for record in records[1:]:
+            del record["step"]  # no step numbers to align: no evidence either way
+    assert diagnose(unnumbered).straggler.rank == 1
+    contended = _ranks(1, data=False)  # late because it waits for a CPU: contention is its lateness too
+    for rank, records in contended.items():
+        for record in records[1:]:
+            record["cpu_wait_s"] = 0.03 if rank == 1 else 0.0
+    found = diagnose(contended).straggler
+    assert found.rank == 1 and found.cause.startswith("It waited for a CPU 30.0 ms per step")
+    # rank 0's evaluation every 10 steps beside the others' jitter (up to 6 ms of 100 ms steps, the last rank a
+    # different one each step): the jitter is under a straggler's margin, the evaluation is rank 0's alone
+    jittery = _held_every(10, n=201, hold=0.4)
+    for rank, records in jittery.items():
+        for record in records[1:]:
+            if record["step"] % 10 != 9 and record["step"] % 4 == rank:
+                record["compute_s"] += 0.006
+                for other in (r for r in jittery if r != rank):
+                    jittery[other][record["step"] + 1]["comm_s"] += 0.006
+                    jittery[other][record["step"] + 1]["step_s"] += 0.006
+                record["step_s"] += 0.006
+    found = diagnose(jittery)
+    assert found.straggler is not None and found.straggler.rank == 0 and found.turns is None, found
+    # every rank waits 8 ms for a CPU each step, rank 0 alone evaluates: its hold-up is no contention of its own
+    waiting = _held_every(10)
+    for records in waiting.values():
+        for record in records[1:]:
+            record["cpu_wait_s"] = 0.008
+    assert find_straggler(waiting).rank == 0
 
 
 def test_a_cause_is_named_only_with_its_evidence():

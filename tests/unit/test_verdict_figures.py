@@ -75,3 +75,33 @@ def test_communication_advice_never_names_a_sharded_strategy():
         (said[strategy],) = [f.message for f in findings(g) if "communication takes" in f.message]
     assert all("sharded" not in text for text in said.values()), said
     assert said["fsdp"].endswith("gradient accumulation or overlap (docs/scaling.md)"), said
+
+
+def test_a_data_wait_is_the_dataloaders_only_where_its_batches_took_most_of_it():
+    """Every rank evaluating for 400 ms every 10 steps (an HF Trainer's distributed evaluation) put 91% of the
+    step in the data wait, and the report advised "more DataLoader workers"; the DataLoader's own time (its
+    ``__next__``, ``loader_s``) says whether the wait is its."""
+    evaluating = steps(first_comm_s=0.002)
+    for r in evaluating[1:]:
+        r["loader_s"] = 0.0005
+        if r["step"] % 10 == 0:
+            r["data_s"] += 0.4
+            r["step_s"] += 0.4
+    g = Gathered(source=Path("."), ranks=[rank_stats(0, evaluating), rank_stats(1, evaluating)], samples={}, events=[])
+    (said,) = [f for f in findings(g) if "before each forward" in f.message or "waiting for data" in f.message]
+    assert said.message.startswith("host work before each forward takes ") and "DataLoader workers" not in said.message
+    assert said.message.endswith("not the DataLoader, whose batches took 1%"), said.message
+    feeding = steps(first_comm_s=0.002)
+    for r in feeding[1:]:
+        r["data_s"] += 0.02
+        r["step_s"] += 0.02
+        r["loader_s"] = 0.0205  # the DataLoader's batches hold the wait
+    g = Gathered(source=Path("."), ranks=[rank_stats(0, feeding), rank_stats(1, feeding)], samples={}, events=[])
+    (said,) = [f for f in findings(g) if "waiting for data" in f.message]
+    assert "takes 50% of the step, the DataLoader's batches 49%: more DataLoader workers" in said.message, said.message
+    bare = steps(first_comm_s=0.002)
+    for r in bare[1:]:
+        r["data_s"] += 0.02
+        r["step_s"] += 0.02
+    g = Gathered(source=Path("."), ranks=[rank_stats(0, bare), rank_stats(1, bare)], samples={}, events=[])
+    assert any(f.message.endswith("no DataLoader was seen") for f in findings(g))

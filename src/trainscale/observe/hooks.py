@@ -13,10 +13,12 @@ torch exposes to anyone:
   µs each), so once the top-level modules are known their calls are observed by themselves (:func:`_observe`)
   and the global hooks go. An optimizer stepping twice with no forward seen (a model built later) turns the
   global hooks on again;
-- the autograd engine's end-of-backward callback, queued from a hook on the forward's output (which also
-  marks backward's start): it runs before DDP's own (which waits for the last gradient all-reduce), and
-  queues itself again to run after it, so that backward's computing and its wait at the collective are
-  timed apart: who arrives last at the collective is who waits least there (observe/stragglers.py);
+- ``torch.autograd.backward`` and ``torch.autograd.grad`` (``Tensor.backward`` calls the first): backward's
+  start, and alone its end; on ranks of a group, the autograd engine's end-of-backward callback, queued from a
+  lasting hook on the model's first trainable parameter (or, where that one does not fire, from a hook on each
+  forward's output): it runs before DDP's own (which waits for the last gradient all-reduce), and queues
+  itself again to run after it, so that backward's computing and its wait at the collective are timed apart:
+  who arrives last at the collective is who waits least there (observe/stragglers.py);
 - the DataLoader's iterator (``__next__``): the time a step spends fetching its batches, and that there is one;
 - a collective's ``Work.wait()`` on the main thread (every blocking collective of ``torch.distributed`` waits
   there, FSDP2's all-gathers and reduce-scatters and ZeRO's broadcasts too): its time is communication, taken
@@ -123,7 +125,11 @@ class Recorder:
         self._micro = self._micro_last = 0  # the lead module's forwards in this step and in the last (micro-batches)
         self._loader: list[float] | None = None  # DataLoader time of this step and the next's, once one is seen
         self._runq = _run_queue()  # the main thread's time waiting for a CPU so far (None: no /proc)
-        self._backward_armed = False
+        self._backward_armed = False  # a top-level forward ended: the next ``torch.autograd.backward`` is its
+        self._in_backward = self._end_queued = False
+        self._nested = 0  # backward calls running inside the step's (reentrant checkpointing's)
+        self._per_forward = False  # backward's end found by a hook on each forward's output (no parameter's fires)
+        self._end_param: Any = None  # the handle of the hook on the lead model's parameter (grouped ranks)
         self._grouped = False
         self._autocast: torch.dtype | None = None
         self._handles: list[Any] = []
@@ -159,6 +165,7 @@ class Recorder:
             optim.register_optimizer_step_post_hook(self._optimizer_post),
             _time_loader(self),
             _time_waits(self),
+            _time_backward(self),
         ]
         from trainscale.runtime.hangwatch import heartbeat  # noqa: PLC0415 (job kit)
 
@@ -168,6 +175,7 @@ class Recorder:
         return self
 
     def uninstall(self) -> None:
+        self._unhook_parameter()
         for handle in self._handles + self._finding + self._rooted:
             handle() if callable(handle) else handle.remove()
         self._handles, self._finding, self._rooted, self.active = [], [], [], False
@@ -201,6 +209,8 @@ class Recorder:
         if self._depth:  # a module inside a top-level one: every call of a model's layers comes here
             self._depth += 1
             return
+        if self._in_backward:  # reentrant checkpointing's forward again, inside backward: no step's forward
+            return
         if self._finding:  # every module's call: the top-level ones with parameters are the model's
             has_params = self._params.get(module)
             if has_params is None:
@@ -223,6 +233,7 @@ class Recorder:
             # the steps, and it becomes the lead (its batches are the samples, its FLOPs the step's)
             self.marks = StepMarks(gpu or device_of(module, args))
             self._lead = self._first_batch = None
+            self._unhook_parameter()
             self._samples = self._tokens = 0
             self._grouped = _place(self.environ)[1] > 1  # alone, no collective to wait for: no communication
         if self._stepped:  # the previous step ended with its last optimizer step
@@ -252,22 +263,60 @@ class Recorder:
                 self.state.forward_ended(samples)
             if self._first_batch is None and self.step == 0:
                 self._first_batch = (args, kwargs)
-        if not self._backward_armed:
+        self._backward_armed = True
+        if self._per_forward:  # no parameter's hook fired (FSDP2's sharded ones, an unused one): the output's
             for tensor in (output,) if type(output) is torch.Tensor else tensors(output):
-                if tensor.requires_grad:  # its node's pre-hook: half the cost of a tensor hook, every step
-                    node = tensor.grad_fn
-                    node.register_prehook(self._backward_started) if node else tensor.register_hook(
-                        self._backward_started
-                    )
-                    self._backward_armed = True
+                if tensor.requires_grad and (node := tensor.grad_fn) is not None:
+                    node.register_prehook(self._node_reached)  # autograd keeps no hook across graphs
 
-    def _backward_started(self, grad: Any) -> None:
-        if self._backward_armed:
-            self._backward_armed = False
-            if self.marks is not None and self.active:
-                self.marks.mark("between")  # forward's end to backward's start: the loss, a batch fetched there
-            # queued before any gradient is ready, so before DDP's (which waits for the gradient all-reduces):
-            # its first run ends backward's computing; queued again from there, it runs after DDP's wait
+    def _backward_started(self) -> None:
+        """``torch.autograd.backward`` was called after a forward (:func:`_time_backward`)."""
+        self._backward_armed = False
+        if self.marks is None or not self.active:
+            return
+        self.marks.mark("between")  # forward's end to backward's start: the loss, a batch fetched there
+        self._end_queued = False
+        self._in_backward = True
+        if self._grouped and not self._per_forward and self._end_param is None:
+            self._hook_a_parameter()
+
+    def _backward_returned(self) -> None:
+        self._in_backward = False
+        if self._end_queued or self.marks is None or not self.active:
+            return
+        self.marks.mark("backward")  # alone: backward's end; grouped, no hook fired: its wait is in it this once
+        if self._grouped and not self._per_forward:  # a hook on each forward's output from now on
+            if self._end_param is not None:
+                self._end_param.remove()
+                self._end_param = None
+            self._per_forward = True
+
+    def _hook_a_parameter(self) -> None:
+        """A lasting hook on the lead model's first trainable parameter: each backward that accumulates its
+        gradient queues the end of backward's computing (:meth:`_queue_end`). One hook for the run, where a
+        node's pre-hook has to be registered on every forward's output (10-20 us a micro-batch on CPU)."""
+        lead = self._lead() if self._lead is not None else None  # (a compiled module refuses ``bool()``)
+        try:
+            param = next((p for p in lead.parameters() if p.requires_grad and p.is_leaf), None)
+            self._end_param = param.register_post_accumulate_grad_hook(self._queue_end) if param is not None else None
+        except Exception:  # no lead (the module was freed), a parameter torch refuses a hook: the fallback
+            self._end_param = None
+        self._per_forward = self._end_param is None
+
+    def _unhook_parameter(self) -> None:
+        if self._end_param is not None:
+            self._end_param.remove()
+        self._end_param, self._per_forward = None, False
+
+    def _node_reached(self, grad: Any) -> None:
+        self._queue_end()
+
+    def _queue_end(self, *args: Any) -> None:
+        # queued before DDP's (which waits for the gradient all-reduces: it is queued when the last bucket is
+        # ready, after this gradient's hook): its first run ends backward's computing; queued again from there,
+        # it runs after DDP's wait
+        if self._in_backward and not self._end_queued and not self._nested:  # a nested backward's ends first
+            self._end_queued = True
             _ENGINE.queue_callback(self._backward_ended)
 
     def _backward_ended(self) -> None:
@@ -314,6 +363,7 @@ class Recorder:
         elif id(optimizer) in self._unseen:  # it stepped twice with no forward seen: a model not found yet
             self._find_roots()
             self._lead = None  # the model found next is the one training now: its batches count
+            self._unhook_parameter()
         else:
             self._unseen.add(id(optimizer))
         if self.marks is None or not self._forwarded:
@@ -609,6 +659,38 @@ def _time_loader(recorder: Recorder) -> Callable[[], None]:
 
     dataloader._BaseDataLoaderIter.__next__ = timed
     return lambda: setattr(dataloader._BaseDataLoaderIter, "__next__", original)
+
+
+def _time_backward(recorder: Recorder) -> Callable[[], None]:
+    """Every ``torch.autograd.backward`` (which ``Tensor.backward`` calls: DDP, DeepSpeed, Accelerate and AMP's
+    scaler all come through it) and ``torch.autograd.grad`` (a loop that sets its gradients itself) after a
+    top-level forward, outside any forward, timed for ``recorder``: its start and, alone, its end. Returns what
+    undoes it. torch has no lasting hook at backward's start: a node's pre-hook on each forward's output cost
+    10-20 us a micro-batch on CPU, registered and called; this costs about 2."""
+    originals = {name: getattr(torch.autograd, name) for name in ("backward", "grad")}
+
+    def timed(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if recorder._in_backward:  # one inside another (reentrant checkpointing): its hooks are not the step's
+                recorder._nested += 1
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    recorder._nested -= 1
+            if not recorder._backward_armed or recorder._depth:  # no forward before it, or inside a forward
+                return original(*args, **kwargs)
+            recorder._backward_started()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                recorder._backward_returned()
+
+        return call
+
+    for name, original in originals.items():
+        setattr(torch.autograd, name, timed(original))
+    return lambda: [setattr(torch.autograd, name, original) for name, original in originals.items()]
 
 
 def _run_queue() -> float | None:

@@ -59,6 +59,8 @@ class RankStats:
     steady_samples: float | None = None
     """Mean samples of its steady steps (this rank's)."""
     steps_peak_mem_bytes: int | None = None
+    loader_s: float | None = None
+    """Per steady step, seconds in a DataLoader's ``__next__`` (inside ``data`` or ``between``); None without one."""
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -96,6 +98,9 @@ def rank_stats(rank: int, records: list[dict]) -> RankStats | None:
         steady_step_s=statistics.median(float(r["step_s"]) for r in kept),
         steady_samples=sum(int(r.get("samples") or 0) for r in kept) / len(kept),
         steps_peak_mem_bytes=summary.get("steps_peak_mem_bytes"),
+        loader_s=sum(float(r.get("loader_s") or 0.0) for r in kept) / len(kept)
+        if any("loader_s" in r for r in kept)
+        else None,
     )
 
 

@@ -75,12 +75,14 @@ class StepMarks:
 
     def end_step(self, fields: dict[str, Any], *, carry: bool = False) -> None:
         """The step ends at its last mark; ``fields`` go into its record as they are. ``carry``: the next
-        step starts where this one ended (the time since is the next step's)."""
+        step starts where this one ended (the time since is the next step's, and so are the collectives waited
+        for since: DeepSpeed's all-gather after its optimizer's step, a loss all-reduced for logging)."""
         last = self._marks[-1][1] if self._marks else None
         if len(self._marks) > 1:
             self._pending.append((fields, self._marks))
-        self._marks = [("start", last, 0.0)] if carry and last is not None else []
-        self._waited = 0.0
+        carried = carry and last is not None
+        self._marks = [("start", last, 0.0)] if carried else []
+        self._waited = self._waited if carried else 0.0
 
     def ready(self, *, flush: bool = False) -> list[dict[str, Any]]:
         """Finished steps as records; on a GPU those whose last event completed, and every step older

@@ -19,22 +19,29 @@ import os
 import statistics
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from trainscale.observe import place as places
 from trainscale.observe.records import metrics_dir, note_event
-from trainscale.observe.window import RankWindow, default_store, own_connection, own_time, read_all
+from trainscale.observe.window import RankWindow, default_store, own_connection, own_time, phases, read_all
 
 DEFAULT_SHARE = 0.1
 """A rank is a straggler when the others wait for it this share of the step or more, in two windows running."""
 MIN_LATE_S = 0.002
 """Nor for less than this per step: a busy host's timer noise on millisecond steps (a rank's own threads, the
 recorder's, the neighbours') shifts which rank arrives last by a fraction of a millisecond."""
+RECURS = 2
+"""Spikes in each of the two windows that make a hold-up in some steps only a recurring one (an evaluation every
+N steps), not a burst."""
 EXPLAINS = 0.5
 """A phase names the late rank's time when it holds at least this share of it; otherwise "unexplained"."""
+LOADER_ADVICE = (
+    "More DataLoader workers (num_workers, within the rank's CPUs), pinned memory or faster storage would feed it "
+    "sooner"
+)
 DEFAULT_WINDOW = 20
 MIN_WINDOW = 3
 """The fewest steps per window a report judges a short run by."""
@@ -67,6 +74,8 @@ class Straggler:
     """Evidence of a cause, and what to do, or empty."""
     place: dict[str, Any] | None = None
     """Where in the user's code the phase's time goes, sampled on the late rank (observe/place.py), or None."""
+    spikes: tuple[int, int] | None = None
+    """Held up in some steps only: (in how many, of its last how many); its figures are then means per step."""
 
     @property
     def cost(self) -> float:
@@ -75,16 +84,26 @@ class Straggler:
 
     def describe(self) -> str:
         ms = lambda s: f"{s * 1e3:.1f} ms"  # noqa: E731
+        each = " a step on average" if self.spikes else ""
         where = (
-            f"{PHASE_TEXT[self.phase]} ({ms(self.mine_s)} on it, {ms(self.others_s)} on the others)"
+            f"{PHASE_TEXT[self.phase]} ({ms(self.mine_s)}{each} on it, {ms(self.others_s)} on the others)"
             if self.phase != "unexplained"
             else PHASE_TEXT[self.phase]
         )
         where += f"; {places.describe(self.place)}" if self.place else ""
+        if self.spikes:
+            held, of = self.spikes
+            arrives = (
+                f"holds the others up in {held} of its last {of} steps, about "
+                f"{ms(self.late_s * of / max(held, 1))} each ({ms(self.late_s)} per step on average)"
+            )
+            mean = " on average"
+        else:
+            arrives, mean = f"arrives last at the collectives, {ms(self.late_s)} after the others each step", ""
         return (
-            f"rank {self.rank} on {self.host} arrives last at the collectives, {ms(self.late_s)} after "
-            f"the others each step: {where}. The job would be ~{self.cost:.0%} faster without it: "
-            f"{ms(self.late_s)} of each {ms(self.step_s)} step" + (f". {self.cause}" if self.cause else "")
+            f"rank {self.rank} on {self.host} {arrives}: {where}. The job would be ~{self.cost:.0%} faster "
+            f"without it: {ms(self.late_s)} of each {ms(self.step_s)} step{mean}"
+            + (f". {self.cause}" if self.cause else "")
         )
 
 
@@ -122,10 +141,7 @@ def _cause(phase: str, mine: dict[str, Any], others: list[dict[str, Any]], late_
     if shared and not all(overlap[1:]):  # only where some rank of its node has CPUs of its own
         said.append(f"It shares CPU(s) {sorted(shared)[:8]} with another rank of its node, which the others do not")
     if phase == "loader":
-        said.append(
-            "More DataLoader workers (num_workers, within the rank's CPUs), pinned memory or faster "
-            "storage would feed it sooner"
-        )
+        said.append(LOADER_ADVICE)
     return ". ".join(said)
 
 
@@ -137,40 +153,88 @@ def _noise(others: list[dict[str, Any]]) -> float:
 
 
 def find_in_windows(
-    windows: dict[int, dict[str, Any]], *, share: float = DEFAULT_SHARE, window: int = DEFAULT_WINDOW
+    windows: dict[int, dict[str, Any]],
+    *,
+    share: float = DEFAULT_SHARE,
+    window: int = DEFAULT_WINDOW,
+    why: list[str] | None = None,
 ) -> Straggler | None:
     """Pure: from each rank's summary of its last two windows (observe/window.py), the rank that arrives last
     at the collective when the others wait for it ``share`` of the step or more, in the last window and the
     one before too (a passing hiccup, another job's burst on a shared core, is not a straggler). Linear in
-    the ranks. The windows are the ranks' own (``w`` in a summary; ``window`` where a summary does not say)."""
+    the ranks. The windows are the ranks' own (``w`` in a summary; ``window`` where a summary does not say).
+    ``why``: where none is named, the rule that named none is appended to it (the diagnosis benchmark's)."""
+    said = why.append if why is not None else lambda reason: None
     if len(windows) < 2 or any(
         w.get("n", 0) < 2 * w.get("w", window) or w.get("now") is None or w.get("before") is None
         for w in windows.values()
     ):
+        said("fewer than two ranks with two full windows")
         return None
-    step = statistics.median(float(w.get("step") or 0.0) for w in windows.values())
+    found, reason = _named(windows, share, lambda w: w)
+    if found is None and all((w.get("mean") or {}).get("before") is not None for w in windows.values()):
+        # work that holds the others up in some steps only (an evaluation every 10 steps): the medians leave it
+        # out, the means keep it; named where it recurs (two spikes or more in each window) in one phase
+        found, by_means = _named(windows, share, lambda w: w["mean"], recurring=True)
+        reason += f"; by the means, {by_means}" if by_means != reason else ""
+    if found is None:
+        said(reason)
+    return found
+
+
+def _named(
+    windows: dict[int, dict[str, Any]], share: float, pick: Callable[[dict], dict], recurring: bool = False
+) -> tuple[Straggler | None, str]:
+    """The late rank by ``pick``'s figures of each summary (its medians, or its means with ``recurring``), or
+    None and the rule that named none."""
+    figures = {r: pick(w) for r, w in windows.items()}
+    step = statistics.median(float(f.get("step") or 0.0) for f in figures.values())
 
     def latest(key: str) -> tuple[int, float]:
-        own = {r: float(w[key]) for r, w in windows.items()}
+        own = {r: float(f[key]) for r, f in figures.items()}
         late = max(own, key=own.get)
         return late, own[late] - statistics.median(v for r, v in own.items() if r != late)
 
     (late, late_s), (before, before_s) = latest("now"), latest("before")
     if late != before or step <= 0 or min(late_s, before_s) < max(share * step, MIN_LATE_S):
-        return None
+        return None, (
+            f"the latest rank changed between the windows ({before}, then {late})"
+            if late != before
+            else "no step time"
+            if step <= 0
+            else f"rank {late} late {min(late_s, before_s) * 1e3:.1f} ms, under the "
+            f"{max(share * step, MIN_LATE_S) * 1e3:.1f} ms a straggler needs"
+        )
+    spiked = tuple(windows[late].get("spikes") or (0, 0))
+    if recurring and min(spiked) < RECURS:
+        return None, f"rank {late} late in {spiked} steps of its two windows, not recurring"
     others = [w for r, w in windows.items() if r != late]
-    mine = windows[late].get("phases") or {}
-    theirs = {k: statistics.median(float((o.get("phases") or {}).get(k) or 0.0) for o in others) for k in mine}
+    mine = figures[late].get("phases") or {}
+    theirs = {
+        k: statistics.median(float((figures[r].get("phases") or {}).get(k) or 0.0) for r in windows if r != late)
+        for k in mine
+    }
     phase = _phase(mine, theirs, late_s)
+    if recurring and phase == "unexplained":
+        return None, f"rank {late} late {late_s * 1e3:.1f} ms in some steps, in no one phase"
+    waits = [float(o["cpu_wait"]) for o in others if o.get("cpu_wait") is not None]
+    if (
+        recurring
+        and float(windows[late].get("cpu_wait") or 0.0) - (statistics.median(waits) if waits else 0.0)
+        >= EXPLAINS * late_s
+    ):
+        # its steps wait for a CPU throughout (other work on its cores): contention, not work in some steps
+        return None, f"rank {late} late {late_s * 1e3:.1f} ms in some steps, waiting for a CPU as long"
     cause = _cause(phase, windows[late], others, late_s)
     if phase == "unexplained" and not cause and _noise(others) >= late_s:
-        return None  # no phase, no evidence, and the others wait as long for a CPU: a busy host's jitter
+        # no phase, no evidence, and the others wait as long for a CPU: a busy host's jitter
+        return None, f"rank {late} late {late_s * 1e3:.1f} ms, unexplained, the others' own wait for a CPU as long"
     mine_s, others_s = (
         (mine[phase], theirs[phase])
         if phase != "unexplained"
-        else (windows[late]["now"], statistics.median(float(o["now"]) for o in others))
+        else (figures[late]["now"], statistics.median(float(figures[r]["now"]) for r in windows if r != late))
     )
-    return Straggler(
+    straggler = Straggler(
         rank=late,
         host=windows[late].get("node") or "?",
         phase=phase,
@@ -180,7 +244,9 @@ def find_in_windows(
         others_s=others_s,
         cause=cause,
         place=(windows[late].get("place") or {}).get(phase),
+        spikes=(spiked[-1], int(windows[late].get("w") or 0)) if recurring else None,
     )
+    return straggler, ""
 
 
 def summarise(records: list[dict[str, Any]], window: int = DEFAULT_WINDOW) -> dict[str, Any]:
@@ -195,10 +261,134 @@ def summarise(records: list[dict[str, Any]], window: int = DEFAULT_WINDOW) -> di
 
 
 def find_straggler(
-    ranks: dict[int, list[dict]], *, share: float = DEFAULT_SHARE, window: int = DEFAULT_WINDOW
+    ranks: dict[int, list[dict]],
+    *,
+    share: float = DEFAULT_SHARE,
+    window: int = DEFAULT_WINDOW,
+    why: list[str] | None = None,
 ) -> Straggler | None:
     """Pure: :func:`find_in_windows` over each rank's records (its meta record and steps)."""
-    return find_in_windows({r: summarise(recs, window) for r, recs in ranks.items()}, share=share, window=window)
+    summaries = {r: summarise(recs, window) for r, recs in ranks.items()}
+    return find_in_windows(summaries, share=share, window=window, why=why)
+
+
+@dataclass(frozen=True)
+class Turns:
+    """The ranks take turns arriving last: each step some rank holds the others up, no one rank most steps (a
+    slow file system or another job's bursts hitting ranks at random). Read from the steps aligned by number."""
+
+    late_s: float
+    """How much later than the others' median the latest rank arrives, per step on average."""
+    step_s: float
+    """The job's mean step."""
+    phase: str
+    """Where the latest ranks' extra time went (a key of PHASE_TEXT)."""
+    ranks: dict[int, int]
+    """Rank -> the steps it arrived last in (those late by :data:`MIN_LATE_S` or more)."""
+    steps: int
+    cause: str = ""
+
+    @property
+    def cost(self) -> float:
+        return self.late_s / self.step_s if self.step_s > 0 else 0.0
+
+    def describe(self) -> str:
+        ms = lambda s: f"{s * 1e3:.1f} ms"  # noqa: E731
+        most = sorted(self.ranks.items(), key=lambda item: -item[1])
+        who = ", ".join(f"rank {r} in {n}" for r, n in most[:4]) + (
+            f" and {len(most) - 4} other rank(s)" if len(most) > 4 else ""
+        )
+        return (
+            f"the ranks take turns holding the others up, no one rank most of the time: each step the last to "
+            f"arrive at the collectives comes {ms(self.late_s)} after the others on average ({who} of "
+            f"{self.steps} steps), its extra time in {PHASE_TEXT[self.phase]}. The job would be "
+            f"~{self.cost:.0%} faster without it: {ms(self.late_s)} of each {ms(self.step_s)} step on average"
+            + (f". {self.cause}" if self.cause else "")
+        )
+
+
+ALONE = 0.8
+"""A straggler holds at least this share of the time the others waited for the last rank, step by step (in
+the steps some rank was late by :data:`MIN_LATE_S`); below it, the ranks take turns."""
+
+
+def alone(held: dict[int, float], rank: int) -> bool:
+    """Whether ``rank`` held the others up for most of the time they waited (:data:`ALONE`), ``held`` as
+    :func:`turns` gives it; True where no step shows anyone late (no evidence against it: steps the ranks did
+    not all record, or none late by a straggler's margin)."""
+    total = sum(held.values())
+    return total <= 0 or held.get(rank, 0.0) >= ALONE * total
+
+
+def _last_to_arrive(own: dict[int, dict[int, float]]) -> Iterator[tuple[int, int, float]]:
+    """(step, the rank that arrived last, how much later than the others' median) for each step every rank
+    recorded: ``own`` is each rank's own time by step."""
+    steps = set.intersection(*(set(times) for times in own.values())) if len(own) > 1 else set()
+    for step in sorted(steps):
+        times = {r: t[step] for r, t in own.items()}
+        late = max(times, key=times.get)
+        yield step, late, times[late] - statistics.median(v for r, v in times.items() if r != late)
+
+
+def _margin(own: dict[int, dict[int, float]], step: int, share: float = DEFAULT_SHARE) -> float:
+    """How late the last rank of ``step`` must be to count as holding the others up: a straggler's margin, a
+    share of the ranks' median own time that step (a busy host's jitter on long steps is not a turn)."""
+    return max(MIN_LATE_S, share * statistics.median(t[step] for t in own.values()))
+
+
+def held(own: dict[int, list[list[float]]]) -> dict[int, float]:
+    """How long each rank held the others up, step by step: ``own`` is each rank's [step, own time] pairs (its
+    window summary's); the last to arrive by a straggler's margin (:func:`_margin`) holds them up its
+    lateness."""
+    times = {r: {int(s): float(t) for s, t in pairs if s is not None and t is not None} for r, pairs in own.items()}
+    out: dict[int, float] = {}
+    for step, late, gap in _last_to_arrive(times):
+        if gap >= _margin(times, step):
+            out[late] = out.get(late, 0.0) + gap
+    return out
+
+
+def turns(steps: dict[int, list[dict[str, Any]]], *, share: float = DEFAULT_SHARE) -> tuple[Turns | None, dict]:
+    """Pure: every step the ranks all recorded, by its number: which rank arrived last and how much later than
+    the others' median, and in which phase. Returns the turns (or None where one rank holds the others up most
+    of the time, or the lateness is under a straggler's, or no one phase holds it), and how long each rank held
+    the others up in all (:func:`held`)."""
+    records = {
+        r: {int(x["step"]): x for x in recs if x.get("step") is not None and own_time(x) is not None}
+        for r, recs in steps.items()
+    }
+    own = {r: {step: own_time(x) for step, x in by_step.items()} for r, by_step in records.items()}
+    count: dict[int, int] = {}
+    held_s: dict[int, float] = {}
+    lateness, step_s, excess = [], [], {}
+    for step, late, gap in _last_to_arrive(own):
+        step_s.append(statistics.median(float(by_step[step]["step_s"]) for by_step in records.values()))
+        if gap >= _margin(own, step, share):
+            held_s[late] = held_s.get(late, 0.0) + gap  # a straggler's test: contention counts as its lateness
+        if float(records[late][step].get("cpu_wait_s") or 0.0) >= EXPLAINS * gap:
+            gap = 0.0  # it waited for a CPU that step (other work on its cores): a busy host's, not a turn
+        lateness.append(gap)
+        if gap >= _margin(own, step, share):
+            count[late] = count.get(late, 0) + 1
+            mine = phases(records[late][step])
+            theirs = [phases(records[r][step]) for r in records if r != late]
+            for k, v in mine.items():
+                excess[k] = excess.get(k, 0.0) + v - statistics.median(t[k] for t in theirs)
+    if not held_s:
+        return None, held_s
+    late_s, mean_step, n = statistics.fmean(lateness), statistics.fmean(step_s), len(lateness)
+    if late_s < max(share * mean_step, MIN_LATE_S) or alone(held_s, max(held_s, key=held_s.get)):
+        return None, held_s
+    waits = [
+        statistics.fmean(float(x.get("cpu_wait_s") or 0.0) for x in by_step.values()) for by_step in records.values()
+    ]
+    if statistics.median(waits) >= late_s:  # every rank waits as long for a CPU per step: a busy host's jitter
+        return None, held_s
+    phase = _phase({k: v / n for k, v in excess.items()}, {}, late_s)
+    if phase == "unexplained":
+        return None, held_s
+    advice = LOADER_ADVICE if phase == "loader" else ""
+    return Turns(late_s=late_s, step_s=mean_step, phase=phase, ranks=count, steps=n, cause=advice), held_s
 
 
 @dataclass(frozen=True)
@@ -210,25 +400,48 @@ class Diagnosis:
     """A DataLoader fed some rank: only then is a DataLoader advised on."""
     micro_batches: int | None
     """The lead module's forwards per optimizer step (the median), which its FLOPs and tokens count."""
+    turns: Turns | None = None
+    """No one straggler: the ranks take turns holding the others up (:func:`turns`)."""
 
 
-def diagnose(ranks: dict[int, list[dict]]) -> Diagnosis:
+def diagnose(ranks: dict[int, list[dict]], why: list[str] | None = None) -> Diagnosis:
     """Pure: a finished run's records, every step but the first (the start-up's) in two windows as long as the
-    shortest rank's steps allow (``DEFAULT_WINDOW`` at most, ``MIN_WINDOW`` at least)."""
+    shortest rank's steps allow (``DEFAULT_WINDOW`` at most, ``MIN_WINDOW`` at least), then, where they name
+    none, in its two halves; ``why`` as :func:`find_in_windows`'s."""
     steps = {r: [x for x in recs if x.get("kind") == "step"][1:] for r, recs in ranks.items()}
-    window = min(DEFAULT_WINDOW, min((len(s) for s in steps.values()), default=0) // 2)
+    halves = min((len(s) for s in steps.values()), default=0) // 2
+    window = min(DEFAULT_WINDOW, halves)
     straggler = None
     if len(ranks) > 1 and window >= MIN_WINDOW:
         metas = {
             r: [x for x in recs if x.get("kind") == "meta"][:1] + [x for x in recs if x.get("kind") == "place"]
             for r, recs in ranks.items()
         }
-        straggler = find_straggler({r: metas[r] + steps[r] for r in ranks}, window=window)
+        straggler = find_straggler({r: metas[r] + steps[r] for r in ranks}, window=window, why=why)
+        if straggler is None and halves > window:  # the whole run in two halves: work every 100 steps, say
+            window = halves
+            straggler = find_straggler({r: metas[r] + steps[r] for r in ranks}, window=window, why=why)
+    elif why is not None:
+        why.append("one rank" if len(ranks) < 2 else f"too few steps for two windows of {MIN_WINDOW}")
+    taking_turns = None
+    if len(ranks) > 1 and window >= MIN_WINDOW:
+        # the steps it was named from (a straggler of the last 40 steps need not be one of the whole run's)
+        tail = {r: s[-2 * window :] for r, s in steps.items()} if straggler else steps
+        taking_turns, last = turns(tail)
+        if straggler is not None and not alone(last, straggler.rank):
+            # the latest by its windows' figures, but the others waited for other ranks as much: no straggler
+            if why is not None:
+                share = last.get(straggler.rank, 0.0) / (sum(last.values()) or 1.0)
+                why.append(f"rank {straggler.rank} held the others up {share:.0%} of the time only")
+            straggler = None
+        if straggler is not None:
+            taking_turns = None
     micro = [int(x["micro_batches"]) for s in steps.values() for x in s if x.get("micro_batches")]
     return Diagnosis(
         straggler=straggler,
         loader=any("loader_s" in x for s in steps.values() for x in s),
         micro_batches=int(statistics.median(micro)) if micro else None,
+        turns=taking_turns,
     )
 
 
@@ -352,6 +565,12 @@ class StragglerWatch:
             found = replace(self.found, place=place[self.found.phase])
         else:
             found = find_in_windows(windows, share=self.share, window=self.window) if windows else None
+            owns = {r: w.get("own") or [] for r, w in windows.items()}
+            shared = set.intersection(*(set(step for step, _ in pairs) for pairs in owns.values())) if owns else set()
+            if found is not None and 0 < len(shared) < self.window:
+                found = None  # too few steps every rank has published yet to tell a straggler from turns: next look
+            elif found is not None and not alone(held(owns), found.rank):
+                found = None  # the latest by its window's figures, but the ranks take turns (the report says so)
         if found is not None:
             self.found = found
             self.say(f"trainscale: straggler: {found.describe()}")

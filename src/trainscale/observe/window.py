@@ -8,7 +8,12 @@ two windows of steps and, when it writes its records, puts a few numbers in the 
     {"w": the window, "n": steps kept (up to 2 w), "now": median own time of the last window, "before": of
      the window before, "step": median step, "phases": {phase: median seconds} of the last window,
      "cpu_wait": median seconds its main thread waited for a CPU (Linux's run queue), "loader": whether a
-     DataLoader fed it, "node": ..., "cpus": [...]}
+     DataLoader fed it, "node": ..., "cpus": [...],
+     "mean": {"now", "before", "step", "phases": the same as means}, "spikes": [steps of the window before,
+     of the last, far above the window's median own time], "own": [[step, own time] of both windows]}
+
+The means and spikes see work that holds the others up in some steps only (an evaluation every 10 steps),
+which the medians leave out.
 
 A rank's own time is its step less its waits at the collectives (``comm_s``): the rank that arrives
 last at them waits least there, so it has the most. Rank 0 reads all of them with one
@@ -56,6 +61,24 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+SPIKE_MIN_S = 0.002
+"""A step is a spike when its own time exceeds the window's median by half the window's largest excess, and by
+this at least (timer noise)."""
+
+
+def spikes(own: list[float]) -> int:
+    """How many of a window's steps stand far above its median own time (:data:`SPIKE_MIN_S`)."""
+    if not own:
+        return 0
+    median = statistics.median(own)
+    bar = max(SPIKE_MIN_S, 0.5 * (max(own) - median))
+    return sum(1 for t in own if t - median >= bar)
+
+
 class RankWindow:
     """One rank's last ``2 * window`` step records, summarised on demand (at most every half second: a record
     added costs an append)."""
@@ -85,6 +108,20 @@ class RankWindow:
             "step": _median([s[1] for s in last]),
             "phases": {k: _median([s[2][k] for s in last]) for k in (last[0][2] if last else ())},
             "cpu_wait": _median([s[3] for s in last if s[3] is not None]),
+            "mean": {
+                "now": _mean([s[0] for s in last]),
+                "before": _mean([s[0] for s in before]),
+                "step": _mean([s[1] for s in last]),
+                "phases": {k: _mean([s[2][k] for s in last]) for k in (last[0][2] if last else ())},
+            },
+            "spikes": [spikes([s[0] for s in before]), spikes([s[0] for s in last])],
+            # each step's own time by its number: rank 0 aligns the ranks' steps (a straggler is the last to
+            # arrive in most of them, not ranks taking turns)
+            "own": [
+                [int(r["step"]), round(s[0], 6)]
+                for r, s in zip(self.steps, steps)  # both windows: the ranks publish at their own moments
+                if r.get("step") is not None
+            ],
             "loader": self.loader,
             **self.meta,
         }

@@ -27,6 +27,10 @@ def findings(g: Gathered) -> list[Finding]:
     live = [e for e in g.events if e.get("kind") == "straggler"]  # named while training: the same rule, its own
     named = bool(live)  # windows; the last names its place in the code too, once the late rank sampled it
     later = diagnosis.straggler if diagnosis is not None and diagnosis.straggler is not None else None
+    taking_turns = diagnosis.turns if diagnosis is not None else None
+    if taking_turns is not None:  # the steps aligned: no one rank was last most of the time (the live watch's
+        named = False  # windows cannot align the ranks' steps): no straggler, the ranks take turns
+        out.append(Finding("problem", f"stragglers in turns: {taking_turns.describe()}"))
     if named:  # the records have the place when the run ended before the watch read it
         text = later.describe() if later and later.place and not live[-1].get("place") else live[-1]["message"]
         out.append(Finding("problem", f"straggler: {text}"))
@@ -46,7 +50,7 @@ def findings(g: Gathered) -> list[Finding]:
         comm = statistics.median(_share(r, "comm") for r in g.ranks)
         late = diagnosis.straggler.rank if diagnosis is not None and diagnosis.straggler is not None else None
         data = statistics.median(_share(r, "data") for r in g.ranks if r.rank != late or len(g.ranks) == 1)
-        if comm >= HIGH_COMM_SHARE and not named:  # with a straggler the wait is its: it is said above
+        if comm >= HIGH_COMM_SHARE and not named and taking_turns is None:  # a straggler's wait: said above
             # no "sharded strategy" here: sharding saves memory and moves as many bytes as an all-reduce, or more
             out.append(
                 Finding(
@@ -55,19 +59,8 @@ def findings(g: Gathered) -> list[Finding]:
                     "together: larger per-rank batch, gradient accumulation or overlap (docs/scaling.md)",
                 )
             )
-        if data >= HIGH_DATA_SHARE:
-            loader = diagnosis is not None and diagnosis.loader
-            out.append(
-                Finding(
-                    "problem",
-                    f"waiting for data takes {data:.0%} of the step: "
-                    + (
-                        "more DataLoader workers (within the rank's CPUs), pinned memory, data on fast storage"
-                        if loader
-                        else "the script's own work before each forward (no DataLoader was seen)"
-                    ),
-                )
-            )
+        if data >= HIGH_DATA_SHARE and not (taking_turns and taking_turns.phase in ("data", "loader")):
+            out.append(Finding("problem", _data_wait(g, data, late)))
         started = [
             r
             for r in g.ranks
@@ -137,6 +130,27 @@ def findings(g: Gathered) -> list[Finding]:
     if not any(f.level == "problem" for f in out) and g.ranks:
         out.insert(0, Finding("good", "no problem found: ranks in step, communication and data wait small"))
     return sorted(out, key=lambda f: LEVELS.index(f.level))
+
+
+def _data_wait(g: Gathered, data: float, late: int | None) -> str:
+    """The data wait in words: the DataLoader advised on only where its batches took most of it."""
+    ranks = [r for r in g.ranks if r.rank != late or len(g.ranks) == 1]
+    fed = [r.loader_s / sum(r.shares.values()) for r in ranks if r.loader_s is not None and sum(r.shares.values())]
+    loader = statistics.median(fed) if fed else None
+    if loader is not None and loader >= 0.5 * data:
+        return (
+            f"waiting for data takes {data:.0%} of the step, the DataLoader's batches {loader:.0%}: more DataLoader "
+            "workers (within the rank's CPUs), pinned memory, data on fast storage"
+        )
+    return (
+        f"host work before each forward takes {data:.0%} of the step: the script's own work between steps "
+        "(an evaluation, logging, a checkpoint, a batch made by hand)"
+        + (
+            f"; not the DataLoader, whose batches took {loader:.0%}"
+            if loader is not None
+            else "; no DataLoader was seen"
+        )
+    )
 
 
 def _share(r, part: str) -> float:
