@@ -207,7 +207,9 @@ cmd_up() {
     # A cluster started again starts empty: jobs the controller saved (a `down` that stopped while jobs were
     # still queued, a session killed mid-job) would come back as running on nodes with none (state `mix`) and
     # hold them for minutes (seen in CI: "nodes not idle after 60s").
+    # Its job ids start from 1 again: the finished jobs' log (`sacct --completion`) starts again with them.
     rm -rf "$DIR/state" "$DIR/spool"
+    if [[ -e $DIR/log/jobcomp.txt ]]; then mv "$DIR/log/jobcomp.txt" "$DIR/log/jobcomp.before.txt"; fi
     mkdir -p "$DIR"/{munge,state,run,log,tmp} "${NODES[@]/#/$DIR/spool/}"
     chmod 755 "$DIR/munge" # munged wants its socket's directory searchable by all
     ensure_hosts
