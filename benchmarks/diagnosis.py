@@ -6,8 +6,8 @@ import) under `trainscale run --nproc-per-node N`, with a fault injected on one 
   ``deepspeed:stage=N`` (DeepSpeed's engine, ZeRO stage N: its own backward and step),
   rank 1 losing ``--slow-ms`` per step in its DataLoader, nanoGPT's fetch between forward and backward, its
   forward, inside backward, its optimizer step, after the step; rank 0 evaluating between steps (``eval``), or
-  for 10x as long every 10 steps (``eval_every``); each step a rank drawn at random after its step (``turns``:
-  right when no straggler is named and the turns are said);
+  for 10x as long every 10 steps (``eval_every``); each step one rank after its step, each once a round of
+  world-size steps in a drawn order (``turns``: right when no straggler is named and the turns are said);
   ``busy``: each rank pinned to a CPU of its own, computing for most of its step (a wider layer, larger
   batches), and two other processes spinning on rank 1's CPU (2 ranks only); or
   nowhere (``clean``, 2 micro-batches per step). Scored from the run's records as `trainscale report` reads

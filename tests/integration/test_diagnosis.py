@@ -133,9 +133,9 @@ def test_a_hold_up_in_some_steps_only_or_waited_for_after_the_step_is_named(tmp_
 
 @pytest.mark.slow
 def test_ranks_taking_turns_are_said_to_and_none_is_named_a_straggler_live_or_after(tmp_path):
-    """Each step one rank, drawn alike on both, loses 40 ms after its step: by their medians over a window one
-    of two ranks can look late (it drew more of the steps), and the report said "straggler: rank 0" and "waiting
-    for data: more DataLoader workers". The steps aligned by number say the ranks take turns."""
+    """Each step one rank, each once a round in a drawn order, loses 40 ms after its step: by their medians over a
+    window one of two ranks can look late, and the report said "straggler: rank 0" and "waiting for data: more
+    DataLoader workers". The steps aligned by number say the ranks take turns."""
     run_dir, verdict = _run(tmp_path, "turns")
     run = read_run(run_dir)
     found = diagnose(run["ranks"])

@@ -8,8 +8,10 @@ ZeroRedundancyOptimizer), fsdp (FSDP2's ``fully_shard`` on each layer and the mo
 deepspeed:stage=N (DeepSpeed's engine, ZeRO stage N, its own loop: ``engine.backward``, ``engine.step``).
 BIND=1 pins each rank to a CPU of its own; WIDTH and BATCH make its compute larger; LOG=1 all-reduces the loss
 after each step for printing, as course scripts do; EVERY=N evaluates every N steps only (``eval``);
-SLOW=eval_all: every rank evaluates (``EVERY``); SLOW=turns: each step one rank, drawn alike on every rank,
-loses SLOW_S after its step (``log_step``). Run it with `trainscale run --nproc-per-node 2` (or 4)."""
+SLOW=eval_all: every rank evaluates (``EVERY``); SLOW=turns: each step one rank loses SLOW_S after its step
+(``log_step``), the ranks in an order drawn alike on every rank for each round of world-size steps: each rank
+once a round (a free draw each step had rank 0 late in 18 of 20 steps: a straggler for that while).
+Run it with `trainscale run --nproc-per-node 2` (or 4)."""
 
 import contextlib
 import os
@@ -127,7 +129,7 @@ def main():
     torch.manual_seed(0)
     model, opt = wrap(Net(slow), SlowSGD if slow == "optimizer" else torch.optim.SGD)
     generator = torch.Generator().manual_seed(rank)
-    turns = random.Random(0)  # SLOW=turns: each step one rank, drawn alike on every rank, loses SLOW_S after it
+    turns, order = random.Random(0), []  # SLOW=turns: each round of world-size steps, each rank once, in a drawn order
 
     def get_batch():  # nanoGPT's: a batch made on the spot, no DataLoader
         if slow == "between":
@@ -165,8 +167,10 @@ def main():
                 print(f"step {_} loss {mean.item() / dist.get_world_size():.4f}", flush=True)
         if slow == "after_step":
             log_step()
-        if SLOW == "turns" and turns.randrange(dist.get_world_size()) == rank:  # a rank drawn each step, alike on all
-            log_step()
+        if SLOW == "turns":
+            order = order or turns.sample(range(dist.get_world_size()), dist.get_world_size())  # alike on all ranks
+            if order.pop() == rank:
+                log_step()
         if slow == "eval" and (_ + 1) % EVERY == 0:  # EVERY steps (each, by default)
             evaluate()
     dist.destroy_process_group()
