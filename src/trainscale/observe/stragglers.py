@@ -120,9 +120,8 @@ def _cause(phase: str, mine: dict[str, Any], others: list[dict[str, Any]], late_
     """Only what a measurement shows: the late rank waited for a CPU (its run queue) for most of its lateness,
     its binding differs from the others', or a DataLoader is where its time went."""
     said = []
-    waits = [float(o["cpu_wait"]) for o in others if o.get("cpu_wait") is not None]
-    if mine.get("cpu_wait") is not None and waits:
-        wait, theirs = float(mine["cpu_wait"]), statistics.median(waits)
+    if mine.get("cpu_wait") is not None and any(o.get("cpu_wait") is not None for o in others):
+        wait, theirs = float(mine["cpu_wait"]), _noise(others)
         if wait - theirs >= EXPLAINS * late_s:
             said.append(
                 f"It waited for a CPU {wait * 1e3:.1f} ms per step (ready to run while other work held its "
@@ -217,12 +216,7 @@ def _named(
     phase = _phase(mine, theirs, late_s)
     if recurring and phase == "unexplained":
         return None, f"rank {late} late {late_s * 1e3:.1f} ms in some steps, in no one phase"
-    waits = [float(o["cpu_wait"]) for o in others if o.get("cpu_wait") is not None]
-    if (
-        recurring
-        and float(windows[late].get("cpu_wait") or 0.0) - (statistics.median(waits) if waits else 0.0)
-        >= EXPLAINS * late_s
-    ):
+    if recurring and float(windows[late].get("cpu_wait") or 0.0) - _noise(others) >= EXPLAINS * late_s:
         # its steps wait for a CPU throughout (other work on its cores): contention, not work in some steps
         return None, f"rank {late} late {late_s * 1e3:.1f} ms in some steps, waiting for a CPU as long"
     cause = _cause(phase, windows[late], others, late_s)
