@@ -12,7 +12,10 @@ clock, the records its thread writes) and the rank's heartbeat, against the same
    path: the tiny loops' verdict), by the process's CPU time (all its threads, the records' thread's JSON and
    writing included, made to run within the block: what the observation costs a saturated host) and by the
    clock. Each figure is the median over the block pairs of (observed - not), per step. Plus the recorder's hooks' own
-   work on a do-nothing model with the same module calls, and the heartbeat's work per beat.
+   work on a do-nothing model with the same module calls, and the heartbeat's work per beat. And for the tiny
+   loops, the Python bytecodes the observation adds per step, by function (``sys.settrace``'s opcode events):
+   a count, the same on a quiet or a loaded machine, to follow the hot path where the clock cannot (this
+   machine's timings of the tiny loops have moved by tens of us between runs).
 2. **End to end, interleaved rounds**: ``trainscale run --nproc-per-node 2`` (observation on, the default), the
    same with ``TRAINSCALE_RECORD=0 TRAINSCALE_HANG_NOTICE=0``, and plain torchrun
    (``python -m torch.distributed.run --standalone --nproc-per-node 2``), of the conformance suite's plain DDP
@@ -24,7 +27,9 @@ clock, the records its thread writes) and the rank's heartbeat, against the same
 from __future__ import annotations
 
 import argparse
+import collections
 import statistics
+import sys
 import tempfile
 import textwrap
 import time
@@ -177,6 +182,58 @@ def ab(step, blocks: int, steps: int, run_dir: Path) -> dict[str, list[float]]:
     return out
 
 
+def bytecodes(step, steps: int, run_dir: Path) -> tuple[float, float, list[tuple[float, str]]]:
+    """Python bytecodes per step of ``step`` not observed and observed, and the functions that add most."""
+    from trainscale.observe import hooks
+    from trainscale.observe.sampler import INTERVAL_VAR as SAMPLING
+
+    counts: collections.Counter = collections.Counter()
+
+    def opcode(frame, event, arg):
+        if event == "opcode":
+            counts[frame.f_code] += 1
+        return opcode
+
+    def each_frame(frame, event, arg):
+        frame.f_trace_opcodes, frame.f_trace_lines = True, False
+        return opcode
+
+    def count() -> collections.Counter:
+        counts.clear()
+        sys.settrace(each_frame)
+        try:
+            for _ in range(steps):
+                step()
+        finally:
+            sys.settrace(None)
+        return collections.Counter(counts)
+
+    off = count()
+    recorder = hooks.Recorder(run_dir / "bytecodes", environ={SAMPLING: "0"}).install()
+    try:
+        recorder.flops_per_step = 0
+        for _ in range(hooks.SETTLE_STEPS + 2):
+            step()
+        on = count()
+    finally:
+        recorder.finish()
+    added = {code: (on[code] - off[code]) / steps for code in on}
+    top = sorted(
+        ((n, f"{Path(code.co_filename).name}:{code.co_name}") for code, n in added.items() if n >= 1), reverse=True
+    )
+    return sum(off.values()) / steps, sum(on.values()) / steps, top[:6]
+
+
+def judged(times: dict[str, list[float]], clock: str, goal_us: float) -> str:
+    """The verdict on a tiny loop's cost, or that this machine's noise is too large to give one: the block pairs'
+    differences spread (between their quartiles) wider than the goal itself."""
+    diffs = sorted((a - b) * 1e6 for a, b in zip(times[f"on_{clock}"], times[f"off_{clock}"]))
+    quartiles = statistics.quantiles(diffs, n=4) if len(diffs) >= 2 else [0.0, 0.0, 0.0]
+    if quartiles[2] - quartiles[0] > goal_us:
+        return f"too noisy here to judge (the block pairs spread {quartiles[0]:+.0f} to {quartiles[2]:+.0f} us)"
+    return verdict(paired(times, clock) * 1e6, goal_us, higher_is_better=False)
+
+
 def paired(times: dict[str, list[float]], clock: str) -> float:
     """Median over the block pairs of observed - not, seconds per step."""
     return statistics.median(a - b for a, b in zip(times[f"on_{clock}"], times[f"off_{clock}"]))
@@ -196,8 +253,14 @@ def in_process(blocks: int, tiny_steps: int, steps: int, tiny_only: bool = False
             f"{cost * 1e6:+.1f} us/step on the training thread (its CPU time: the step's critical path), "
             f"{paired(t, 'cpu') * 1e6:+.1f} with the records' thread (the process's CPU time), "
             f"{paired(t, 'wall') * 1e6:+.1f} by the clock with the records written in the block; "
-            f"on the training thread {verdict(cost * 1e6, 30, higher_is_better=False)}, with the records' thread "
-            f"{verdict(paired(t, 'cpu') * 1e6, 30, higher_is_better=False)} [blocks of {tiny_steps} steps]",
+            f"on the training thread {judged(t, 'own', 30)}, with the records' thread {judged(t, 'cpu', 30)} "
+            f"[blocks of {tiny_steps} steps]",
+            flush=True,
+        )
+        off, on, top = bytecodes(step, 100, run_dir / "tiny")
+        print(
+            f"    Python bytecodes per step: {off:.0f} not observed, {on:.0f} observed (+{on - off:.0f}); most in "
+            + ", ".join(f"{where} {n:.0f}" for n, where in top),
             flush=True,
         )
     if tiny_only:

@@ -117,6 +117,7 @@ class Recorder:
         self._peak_at = float("-inf")
         self.summary: dict[str, Any] | None = None
         self._depth = 0
+        self._timed = False  # the top-level forward running now is timed (its start passed the checks its end needs)
         self._lead: Any = None  # weakref to the first top-level module with parameters: its batches count
         self._first_batch: tuple | None = None
         self._stepped = False  # an optimizer stepped since the last forward: the step ends at the next forward
@@ -221,6 +222,7 @@ class Recorder:
         self._depth = 1
         if not torch.is_grad_enabled() or not self.active or self._compiling():
             return
+        self._timed = True
         if self._unseen:
             self._unseen.clear()
         # the device's model is looked for only while the steps are timed on the host and CUDA is in use
@@ -238,7 +240,8 @@ class Recorder:
             self._grouped = _place(self.environ)[1] > 1  # alone, no collective to wait for: no communication
         if self._stepped:  # the previous step ended with its last optimizer step
             self._end_step()
-            self._maybe_count_flops()
+            if self.flops_per_step is None:
+                self._maybe_count_flops()
         self.marks.mark("data")
         if self.state is not None:
             self.state.forward_started()
@@ -247,8 +250,9 @@ class Recorder:
         if not self._depth:  # a top-level module without parameters (its forward_pre did not count it)
             return
         self._depth = depth = self._depth - 1
-        if depth or self.marks is None or not torch.is_grad_enabled() or not self.active or self._compiling():
+        if depth or not self._timed:  # an inner module's end, or a forward its start left untimed
             return
+        self._timed = False
         self.marks.mark("forward")
         self._forwarded = True
         if self._lead is None:
@@ -347,13 +351,13 @@ class Recorder:
             self._loader[1 if self._stepped else 0] += seconds
 
     def _optimizer_pre(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
-        if self.marks is not None and self._forwarded and self._ours():
+        if self.marks is not None and self._forwarded and self.active and not self._compiling():
             self.marks.mark("other")
             if self.state is not None:
                 self.state.before_step(optimizer)
 
     def _optimizer_post(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
-        if not self._ours():
+        if not self.active or self._compiling():  # (self._ours(), once a step: a call less)
             return
         if self._depth:  # a step inside a forward: the hooks stay as they are
             pass

@@ -45,13 +45,15 @@ class StepMarks:
         self.events = getattr(device, "type", "cpu") == "cuda"
         self.device, self.lag = device, lag
         self._now = self._event if self.events else time.perf_counter
-        self._marks: list[tuple[str, Any, float]] = []
-        self._pending: list[tuple[dict, list[tuple[str, Any, float]]]] = []
-        self._waited = 0.0
+        self._marks: list[tuple[str, Any]] = []
+        self._waits: list[tuple[int, float]] = []
+        """(the index in ``_marks`` of the mark that ends the phase it fell in, seconds): kept apart, so that a
+        mark, a few a micro-batch, touches nothing else."""
+        self._pending: list[tuple[dict, list[tuple[str, Any]], list[tuple[int, float]]]] = []
 
     def start_step(self) -> None:
         if not (self.events and self._capturing()):
-            self._marks, self._waited = [("start", self._now(), 0.0)], 0.0
+            self._marks, self._waits = [("start", self._now())], []
 
     @property
     def started(self) -> bool:
@@ -63,54 +65,59 @@ class StepMarks:
             return
         if not self._marks:
             self.start_step()
-        self._marks.append((phase, self._now(), self._waited))
-        self._waited = 0.0
+        self._marks.append((phase, self._now()))
 
     def waited(self, seconds: float) -> None:
         """The host waited ``seconds`` for a collective inside the phase in progress: communication, not the
         phase's (a rank that waits in its forward for a late rank's all-gather did not compute then). On the
         host clock only: on a GPU a collective's wait is the stream's, which the host does not see."""
         if self._marks and not self.events:
-            self._waited += seconds
+            self._waits.append((len(self._marks), seconds))
 
     def end_step(self, fields: dict[str, Any], *, carry: bool = False) -> None:
         """The step ends at its last mark; ``fields`` go into its record as they are. ``carry``: the next
         step starts where this one ended (the time since is the next step's, and so are the collectives waited
         for since: DeepSpeed's all-gather after its optimizer's step, a loss all-reduced for logging)."""
-        last = self._marks[-1][1] if self._marks else None
-        if len(self._marks) > 1:
-            self._pending.append((fields, self._marks))
-        carried = carry and last is not None
-        self._marks = [("start", last, 0.0)] if carried else []
-        self._waited = self._waited if carried else 0.0
+        marks, waits = self._marks, self._waits
+        if len(marks) > 1:
+            self._pending.append((fields, marks, waits))
+        if carry and marks:
+            self._marks = [("start", marks[-1][1])]
+            self._waits = [(1, seconds) for at, seconds in waits if at >= len(marks)]  # since the last mark
+        else:
+            self._marks, self._waits = [], []
 
     def ready(self, *, flush: bool = False) -> list[dict[str, Any]]:
         """Finished steps as records; on a GPU those whose last event completed, and every step older
         than ``lag`` (waiting on an event that old costs nothing in practice), or all with ``flush``."""
         out = []
         while self._pending and not self._capturing():
-            fields, marks = self._pending[0]
+            fields, marks, waits = self._pending[0]
             last = marks[-1][1]
             if self.events and not (flush or len(self._pending) > self.lag or last.query()):
                 break
             if self.events:
                 last.synchronize()
             self._pending.pop(0)
-            out.append({**fields, **self._durations(marks)})
+            out.append({**fields, **self._durations(marks, waits)})
         return out
 
-    def _durations(self, marks: list[tuple[str, Any, float]]) -> dict[str, float]:
+    def _durations(self, marks: list[tuple[str, Any]], waits: list[tuple[int, float]]) -> dict[str, float]:
         if self.events:  # the events' intervals in seconds, then added up as a host clock's would be
             first = marks[0][1]
-            marks = [(phase, first.elapsed_time(at) / 1000.0, waited) for phase, at, waited in marks]
+            marks = [(phase, first.elapsed_time(at) / 1000.0) for phase, at in marks]
+        waited = [0.0] * len(marks)
+        for at, seconds in waits:
+            if at < len(marks):  # one after the last mark is the next step's
+                waited[at] += seconds
         out = dict.fromkeys(_FIELDS, 0.0)
         before = marks[0][1]
-        for phase, after, waited in marks[1:]:
-            if waited:
-                out["comm_s"] += waited
+        for (phase, after), wait in zip(marks[1:], waited[1:]):
+            if wait:
+                out["comm_s"] += wait
             field = RECORD_FIELD[phase]
             if field:
-                out[field] += after - before - waited
+                out[field] += after - before - wait
             before = after
         out["step_s"] = before - marks[0][1]
         return out
