@@ -83,6 +83,17 @@ _sites: dict[str, list[Any]] = {}
 function's name where the call issued one collective, else None)."""
 _last: dict[str, int] = {}
 """Process group name -> the last sequence number placed: one that goes back is a new group of that name."""
+_SITE_DEPTH = 24
+"""Frames looked through for a collective's place, innermost first: a script's own collective is placed at
+once, a library's (HF's Trainer, DeepSpeed) past its own frames; deeper, none (the main thread's frame places a
+collective still in flight)."""
+_MACHINERY_DEPTH = 4
+"""Frames of torch's (or trainscale's) own looked through before the first outside them: a collective issued
+deeper in torch (FSDP's all-gathers from its hooks, 887 bytecodes a call to walk 20 frames) is issued alike by
+every rank, and left unplaced."""
+_KINDS: dict[Any, int] = {}
+"""A code object's kind for :func:`_note_site`, asked once: 0 machinery (torch, the standard library,
+trainscale's), 1 a library's, 2 the user's own."""
 
 
 def record_sites() -> Any:
@@ -136,14 +147,20 @@ def _note_site(group: Any, before: int, frame: Any, op: str) -> None:
         return
     if after <= before:  # none issued on its default backend (a CPU tensor on a GPU group's gloo): no place known
         return
-    frames = []
-    while frame is not None and len(frames) < 2:  # the first outside torch, and the user's own where it is a library's
-        path = frame.f_code.co_filename
-        if _user_frame(path) and (not frames or _own_code(path)):
-            frames.append({"filename": path, "line": frame.f_lineno, "name": frame.f_code.co_name})
-            if _own_code(path):
+    frames: list[tuple[Any, int]] = []  # (code, line): the first outside torch, and the user's own past a library's
+    depth = 0
+    while frame is not None and depth < _SITE_DEPTH:
+        code = frame.f_code
+        kind = _KINDS.get(code)
+        if kind is None:
+            kind = _KINDS[code] = 2 if _own_code(code.co_filename) else int(_user_frame(code.co_filename))
+        if kind and (kind == 2 or not frames):
+            frames.append((code, frame.f_lineno))
+            if kind == 2:
                 break
-        frame = frame.f_back
+        elif not frames and depth >= _MACHINERY_DEPTH:  # deep in torch's own (FSDP's hooks): every rank's alike
+            break
+        frame, depth = frame.f_back, depth + 1
     ring = _sites.get(name)
     if ring is None or after < _last.get(name, 0):  # a group of that name made again: its numbers start over
         ring = _sites[name] = [None] * _SITE_SLOTS
@@ -162,7 +179,7 @@ def issued_at(group: str, seq: int, op: str | None = None) -> str | None:
         return None
     if op is not None and slot[1] is not None and _bare(op) != _bare(slot[1]):
         return None
-    return site_of_frames(slot[2])
+    return site_of_frames([{"filename": c.co_filename, "line": line, "name": c.co_name} for c, line in slot[2]])
 
 
 def _bare(op: str) -> str:
