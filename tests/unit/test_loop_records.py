@@ -547,3 +547,29 @@ def test_backward_is_timed_from_its_call_with_no_hook_registered_each_forward(tm
     finally:
         recorder.uninstall()
     assert (torch.autograd.backward, torch.autograd.grad) == original  # undone
+
+
+def test_a_gradient_penalty_by_autograd_grad_before_backward_leaves_the_backward_timed(tmp_path):
+    """A review's case: ``torch.autograd.grad`` after the forward (a gradient penalty, a physics loss), then
+    ``loss.backward()``: the grad call took the step's one backward slot, and the real backward's time went to
+    "other". Both are backward now, and the time between them the loss's."""
+    original = torch.autograd.backward, torch.autograd.grad
+    recorder = hooks.Recorder(tmp_path, environ={}).install()
+    try:
+        model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(4):
+            x = torch.ones(2, 4, requires_grad=True)
+            out = model(x)
+            marks = recorder.marks
+            seen: list[str] = []
+            marks.mark = lambda phase, seen=seen, mark=marks.mark: seen.append(phase) or mark(phase)
+            (dx,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+            (out.sum() + dx.pow(2).sum()).backward()
+            opt.step()
+            del marks.mark
+            opt.zero_grad()
+        assert seen == ["between", "backward", "between", "backward", "other", "optimizer"], seen
+    finally:
+        recorder.uninstall()
+    assert (torch.autograd.backward, torch.autograd.grad) == original

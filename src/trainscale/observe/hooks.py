@@ -284,8 +284,12 @@ class Recorder:
         if self._grouped and not self._per_forward and self._end_param is None:
             self._hook_a_parameter()
 
-    def _backward_returned(self) -> None:
+    def _backward_returned(self, grad: bool = False) -> None:
+        """``grad``: it was ``torch.autograd.grad`` (a gradient penalty, a physics loss, or a loop that sets its
+        gradients itself): a ``backward`` after it in the same step is timed too."""
         self._in_backward = False
+        if grad:
+            self._backward_armed = True
         if self._end_queued or self.marks is None or not self.active:
             return
         self.marks.mark("backward")  # alone: backward's end; grouped, no hook fired: its wait is in it this once
@@ -673,7 +677,7 @@ def _time_backward(recorder: Recorder) -> Callable[[], None]:
     10-20 us a micro-batch on CPU, registered and called; this costs about 2."""
     originals = {name: getattr(torch.autograd, name) for name in ("backward", "grad")}
 
-    def timed(original: Callable[..., Any]) -> Callable[..., Any]:
+    def timed(original: Callable[..., Any], grad: bool) -> Callable[..., Any]:
         @functools.wraps(original)
         def call(*args: Any, **kwargs: Any) -> Any:
             if recorder._in_backward:  # one inside another (reentrant checkpointing): its hooks are not the step's
@@ -688,12 +692,12 @@ def _time_backward(recorder: Recorder) -> Callable[[], None]:
             try:
                 return original(*args, **kwargs)
             finally:
-                recorder._backward_returned()
+                recorder._backward_returned(grad)
 
         return call
 
     for name, original in originals.items():
-        setattr(torch.autograd, name, timed(original))
+        setattr(torch.autograd, name, timed(original, name == "grad"))
     return lambda: [setattr(torch.autograd, name, original) for name, original in originals.items()]
 
 

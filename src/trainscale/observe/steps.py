@@ -72,7 +72,11 @@ class StepMarks:
         phase's (a rank that waits in its forward for a late rank's all-gather did not compute then). On the
         host clock only: on a GPU a collective's wait is the stream's, which the host does not see."""
         if self._marks and not self.events:
-            self._waits.append((len(self._marks), seconds))
+            at, waits = len(self._marks), self._waits
+            if waits and waits[-1][0] == at:  # another in the same phase (an evaluation's all-gathers): one entry
+                waits[-1] = (at, waits[-1][1] + seconds)
+            else:
+                waits.append((at, seconds))
 
     def end_step(self, fields: dict[str, Any], *, carry: bool = False) -> None:
         """The step ends at its last mark; ``fields`` go into its record as they are. ``carry``: the next
