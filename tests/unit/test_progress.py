@@ -410,6 +410,11 @@ def test_a_collective_called_from_python_is_placed_where_it_was_issued_even_once
         assert ledger.issued_at(name, first + 2, "gloo:barrier") == places[2]
         assert ledger.issued_at(name, first + 1, "gloo:all_reduce") == places[1]
         assert ledger.issued_at(name, first + 2, "gloo:all_reduce") is None  # another op under that number
+        assert ledger.issued_at(name, first + 2, "nccl:all_reduce") == places[2]  # NCCL's barrier is an all-reduce
+        gathered = world._get_sequence_number_for_group() + 1
+        dist.all_gather_into_tensor(torch.zeros(2), torch.ones(2), group=world)
+        # the flight recorder's name for it (ProcessGroupNCCL's): a review found its place dropped
+        assert "test_progress.py:" in (ledger.issued_at(name, gathered, "nccl:_all_gather_base") or "")
     finally:
         dist.destroy_process_group()
         undo()

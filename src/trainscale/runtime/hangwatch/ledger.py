@@ -177,13 +177,27 @@ def issued_at(group: str, seq: int, op: str | None = None) -> str | None:
     slot = ring[seq % _SITE_SLOTS] if ring is not None else None
     if slot is None or slot[0] != seq or not slot[2]:
         return None
-    if op is not None and slot[1] is not None and _bare(op) != _bare(slot[1]):
+    if op is not None and slot[1] is not None and not _same_op(op, slot[1]):
         return None
     return site_of_frames([{"filename": c.co_filename, "line": line, "name": c.co_name} for c, line in slot[2]])
 
 
+def _same_op(recorded: str, called: str) -> bool:
+    """Whether the flight recorder's ``recorded`` (``gloo:all_reduce``) is the collective Python ``called``."""
+    mine, theirs = _bare(called), _bare(recorded)
+    return mine == theirs or (mine == "barrier" and theirs == "allreduce" and recorded.startswith("nccl"))
+
+
 def _bare(op: str) -> str:
-    return op.rsplit(":", 1)[-1].replace("_", "").lower()
+    bare = op.rsplit(":", 1)[-1].replace("_", "").lower()
+    return _SAME_OP.get(bare, bare)
+
+
+_SAME_OP = {  # the flight recorder's names for what Python calls these (NCCL's barrier: an all-reduce)
+    "allgatherbase": "allgatherintotensor",
+    "reducescatterbase": "reducescattertensor",
+    "alltoallbase": "alltoallsingle",
+}
 
 
 def track(name: str, channel: Any, group: dist.ProcessGroup) -> None:
