@@ -240,8 +240,8 @@ def test_work_that_holds_the_others_up_every_few_steps_is_named_by_its_mean_wher
     assert (found.rank, found.phase, found.spikes) == (0, "data", (2, 20)), why
     assert found.late_s == pytest.approx(0.04) and found.step_s == pytest.approx(0.14)
     assert found.describe().startswith(
-        "rank 0 on n1 holds the others up in 2 of its last 20 steps, about 400.0 ms each (40.0 ms per step on "
-        "average): host work between steps"
+        "rank 0 on n1 takes longer in 2 of its last 20 steps, about 400.0 ms each, and the others wait for it "
+        "(40.0 ms per step on average): host work between steps"
     ), found.describe()
     assert "40.0 ms of each 140.0 ms step on average" in found.describe()
     # once in each window: a burst (another job's, a collector's pause), not named

@@ -94,8 +94,8 @@ class Straggler:
         if self.spikes:
             held, of = self.spikes
             arrives = (
-                f"holds the others up in {held} of its last {of} steps, about "
-                f"{ms(self.late_s * of / max(held, 1))} each ({ms(self.late_s)} per step on average)"
+                f"takes longer in {held} of its last {of} steps, about {ms(self.late_s * of / max(held, 1))} "
+                f"each, and the others wait for it ({ms(self.late_s)} per step on average)"
             )
             mean = " on average"
         else:

@@ -142,14 +142,8 @@ def _data_wait(g: Gathered, data: float, late: int | None) -> str:
             f"waiting for data takes {data:.0%} of the step, the DataLoader's batches {loader:.0%}: more DataLoader "
             "workers (within the rank's CPUs), pinned memory, data on fast storage"
         )
-    return (
-        f"host work before each forward takes {data:.0%} of the step: the script's own work between steps "
-        "(an evaluation, logging, a checkpoint, a batch made by hand)"
-        + (
-            f"; not the DataLoader, whose batches took {loader:.0%}"
-            if loader is not None
-            else "; no DataLoader was seen"
-        )
+    return f"host work before each forward takes {data:.0%} of the step: the script's own work between steps" + (
+        f"; not the DataLoader, whose batches took {loader:.0%}" if loader is not None else "; no DataLoader was seen"
     )
 
 
