@@ -335,9 +335,14 @@ def held(own: dict[int, list[list[float]]]) -> dict[int, float]:
     window summary's); the last to arrive by a straggler's margin (:func:`_margin`) holds them up its
     lateness."""
     times = {r: {int(s): float(t) for s, t in pairs if s is not None and t is not None} for r, pairs in own.items()}
+    return _held(times)
+
+
+def _held(own: dict[int, dict[int, float]], share: float = DEFAULT_SHARE) -> dict[int, float]:
+    """:func:`held` of each rank's own time by step; waits for a CPU count as lateness (a straggler's test)."""
     out: dict[int, float] = {}
-    for step, late, gap in _last_to_arrive(times):
-        if gap >= _margin(times, step):
+    for step, late, gap in _last_to_arrive(own):
+        if gap >= _margin(own, step, share):
             out[late] = out.get(late, 0.0) + gap
     return out
 
@@ -353,12 +358,10 @@ def turns(steps: dict[int, list[dict[str, Any]]], *, share: float = DEFAULT_SHAR
     }
     own = {r: {step: own_time(x) for step, x in by_step.items()} for r, by_step in records.items()}
     count: dict[int, int] = {}
-    held_s: dict[int, float] = {}
+    held_s = _held(own, share)
     lateness, step_s, excess = [], [], {}
     for step, late, gap in _last_to_arrive(own):
         step_s.append(statistics.median(float(by_step[step]["step_s"]) for by_step in records.values()))
-        if gap >= _margin(own, step, share):
-            held_s[late] = held_s.get(late, 0.0) + gap  # a straggler's test: contention counts as its lateness
         if float(records[late][step].get("cpu_wait_s") or 0.0) >= EXPLAINS * gap:
             gap = 0.0  # it waited for a CPU that step (other work on its cores): a busy host's, not a turn
         lateness.append(gap)
