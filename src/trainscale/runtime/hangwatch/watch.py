@@ -172,9 +172,10 @@ class Watch:
             with contextlib.suppress(Exception):
                 listener(verdict)
 
-    def _states(self, now: float, waiting: bool = False) -> dict[int, Any]:
+    def _states(self, now: float, waiting: tuple[Any, float] | None = None) -> dict[int, Any]:
         """Every rank's state as the watcher sees it now (its own fresh; others from the store). ``waiting``:
-        this rank knows it waits in a collective (its own timed out): its state says which, whatever its age."""
+        this rank knows it waits in a collective (its own timed out): its state says which, whatever its age —
+        (where it waits, None: its main thread; how long it waited at least)."""
         out: dict[int, Any] = {}
         for rank, raw in self._read_records().items():
             if not isinstance(raw, dict):
@@ -192,25 +193,30 @@ class Watch:
             out[rank] = state
         own = {**self.beat._record(now), "since": now - self.beat._changed_at}
         state = out[self.beat.rank] = hangs.State.from_record(self.beat.rank, own)
-        if waiting:
+        if waiting is not None:
+            frame, at_least = waiting
+            if frame is not None:  # its main thread has left the collective: where it waited, not where it is
+                state.site = ledger.site(frame)
+            frame = frame or ledger.main_frame()
             if not state.ledger:
-                state.ledger = ledger.recent(frame=ledger.main_frame()) or []
+                state.ledger = ledger.recent(frame=frame) or []
             if not state.wait:  # its collective timed out and was let go: the last one it issued
-                state.ledger.append(self._assumed_wait(own))
+                state.ledger.append(self._assumed_wait(own, frame, state.site, at_least))
         return out
 
-    def _assumed_wait(self, own: dict[str, Any]) -> dict[str, Any]:
+    def _assumed_wait(self, own: dict[str, Any], frame: Any, site: str | None, at_least: float) -> dict[str, Any]:
         """This rank's collective that timed out, when no flight record holds it: its last one issued."""
         issued = own.get("issued") or {}
         group = max(issued, key=issued.get) if issued else "pg:?"
-        op = ledger.waiting_in(ledger.main_frame()) or self.beat.op or "a collective"
+        op = ledger.waiting_in(frame)
+        op = "a collective in backward" if op == "backward" else op or self.beat.op or "a collective"
         return {
             "pg": group,
             "seq": issued.get(group, 0),
             "op": op,
             "sizes": None,
-            "site": own.get("site"),
-            "age_s": own["since"],
+            "site": site,
+            "age_s": max(own["since"], at_least),
             "done": False,
             "assumed": True,
         }
@@ -245,18 +251,23 @@ class Watch:
         text = f"{type(error).__name__}: {error}"
         if any(marker in text for marker in _TIMEOUT_MARKERS):
             self.beat._stop.set()
-            return self._error(self.diagnose_now(), waited_s=None)
+            # the main thread has left the collective: where it waited is the error's innermost frame, and it
+            # waited the whole timeout (what its own record says may be older: a heartbeat that fell behind)
+            frame = _innermost(error)
+            return self._error(self.diagnose_now(frame, self.beat.runtime.timeout.total_seconds()), waited_s=None)
         if relay and any(marker in text for marker in PEER_CLOSED):
             return self._relay()
         return None
 
-    def diagnose_now(self) -> hangs.Verdict | None:
-        """This rank waits (its collective failed): the verdict now, asking the culprits for their stacks."""
+    def diagnose_now(self, frame: Any = None, waited_s: float = 0.0) -> hangs.Verdict | None:
+        """This rank waits (its collective failed): the verdict now, asking the culprits for their stacks.
+        ``frame``: where it waited, when its main thread has left the collective (else the main thread's);
+        ``waited_s``: how long it waited at least (its collective's timeout)."""
         if self.beat.store is None:
             return None
         with contextlib.suppress(Exception):
             self.beat._publish(time.monotonic())
-        states = self._states(time.monotonic(), waiting=True)
+        states = self._states(time.monotonic(), waiting=(frame, waited_s))
         first = hangs.diagnose(states, notice_s=0.0, observer=self.beat.rank)
         if first is None or not first.culprits:
             return first
@@ -269,7 +280,7 @@ class Watch:
             if r != self.beat.rank
         ):
             time.sleep(self.beat.HEARTBEAT_S / 2)
-            states = self._states(time.monotonic(), waiting=True)
+            states = self._states(time.monotonic(), waiting=(frame, waited_s))
         return hangs.diagnose(states, notice_s=0.0, observer=self.beat.rank)
 
     def _error(
@@ -315,6 +326,14 @@ class Watch:
         return CollectiveTimeout(
             f"{what}: a peer timed out and closed its connections; its diagnosis: {found}", hint=HINT
         )
+
+
+def _innermost(error: BaseException) -> Any:
+    """The innermost frame of ``error``'s traceback (where the call that raised it was), or None."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame if tb is not None else None
 
 
 def _process_state(host: str, pid: int | None) -> str | None:
