@@ -103,7 +103,9 @@ def test_under_fsdp_the_ranks_waiting_for_the_late_ones_all_gathers_do_not_hide_
     run_dir, verdict = _run(tmp_path, slow, strategy="fsdp")
     found = diagnose(read_run(run_dir)["ranks"]).straggler
     assert found is not None and (found.rank, found.phase) == (1, PHASE[slow]), (found, verdict)
-    assert 0.75 * SLOW_S < found.late_s < 1.5 * SLOW_S, found
+    # what the others waited for it: less than its 40 ms where they are held up themselves meanwhile, by the
+    # machine's other load (seen in CI: 30 ms)
+    assert 0.5 * SLOW_S < found.late_s < 1.5 * SLOW_S, found
     line = next(i for i, text in enumerate(SCRIPT.read_text().splitlines(), 1) if text.endswith(f"# place: {slow}"))
     assert found.place is not None and (found.place["function"], found.place["line"]) == (FUNCTION[slow], line)
     assert "straggler: rank 1 on " in verdict and PHASE_TEXT[PHASE[slow]] in verdict, verdict
