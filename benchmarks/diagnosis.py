@@ -62,6 +62,7 @@ EXPECTED = {
     "after_step": (1, "data"),
     "eval": (0, "data"),
     "eval_every": (0, "data"),
+    "checkpointed": (1, "forward+backward"),
     "turns": ("turns", "data"),
     "busy": (1, "*"),
     "clean": None,
@@ -77,6 +78,7 @@ FUNCTION = {
     "after_step": "log_step",
     "eval": "evaluate",
     "eval_every": "evaluate",
+    "checkpointed": "Net.block",
 }
 EVERY = 10
 """``eval_every``: rank 0 evaluates every this many steps, for this many times ``--slow-ms`` (the same cost per step

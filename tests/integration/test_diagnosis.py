@@ -15,11 +15,18 @@ import pytest
 from helpers.cli import in_process
 
 from trainscale.observe.records import read_run
-from trainscale.observe.stragglers import PHASE_TEXT, diagnose
+from trainscale.observe.stragglers import diagnose, phase_text
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "slow_rank.py"
 SLOW_S = 0.04
-PHASE = {"loader": "loader", "between": "between", "forward": "forward", "backward": "backward", "after_step": "data"}
+PHASE = {
+    "loader": "loader",
+    "between": "between",
+    "forward": "forward",
+    "backward": "backward",
+    "after_step": "data",
+    "checkpointed": "forward+backward",
+}
 """Where rank 1 loses its time -> the phase the diagnosis must name."""
 FUNCTION = {
     "loader": "main.collate",
@@ -27,6 +34,7 @@ FUNCTION = {
     "forward": "Net.forward",
     "backward": "SlowBackward.backward",
     "after_step": "log_step",
+    "checkpointed": "Net.block",
 }
 """The function of each injected delay (its line is marked ``# place: <kind>`` in the script)."""
 if sys.version_info < (3, 11):  # no qualified names in code objects before: the function's own name
@@ -85,7 +93,7 @@ def test_the_slow_rank_and_where_it_lost_its_time_are_named(tmp_path, slow):
         r"([\d.]+) ms of each ([\d.]+) ms step",
         verdict,
     )
-    assert said and said[1].startswith(PHASE_TEXT[PHASE[slow]] + " ("), verdict
+    assert said and said[1].startswith(phase_text(PHASE[slow]) + " ("), verdict
     late, step = float(said[3]) / 1e3, float(said[4]) / 1e3
     # the percentage is the unrounded figures' own; the ms shown are rounded to 0.1 ms
     assert 0.75 * SLOW_S < late < 1.5 * SLOW_S and late < step and abs(int(said[2]) - 100 * late / step) < 1
@@ -108,7 +116,7 @@ def test_under_fsdp_the_ranks_waiting_for_the_late_ones_all_gathers_do_not_hide_
     assert 0.5 * SLOW_S < found.late_s < 1.5 * SLOW_S, found
     line = next(i for i, text in enumerate(SCRIPT.read_text().splitlines(), 1) if text.endswith(f"# place: {slow}"))
     assert found.place is not None and (found.place["function"], found.place["line"]) == (FUNCTION[slow], line)
-    assert "straggler: rank 1 on " in verdict and PHASE_TEXT[PHASE[slow]] in verdict, verdict
+    assert "straggler: rank 1 on " in verdict and phase_text(PHASE[slow]) in verdict, verdict
 
 
 @pytest.mark.slow
@@ -127,7 +135,7 @@ def test_a_hold_up_in_some_steps_only_or_waited_for_after_the_step_is_named(tmp_
     found = diagnose(read_run(run_dir)["ranks"]).straggler
     assert found is not None and (found.rank, found.phase) == (rank, phase), (found, verdict)
     assert 0.75 * SLOW_S < found.late_s < 1.5 * SLOW_S, found  # per step, on average where in some steps only
-    assert f"straggler: rank {rank} on " in verdict and PHASE_TEXT[phase] in verdict, verdict
+    assert f"straggler: rank {rank} on " in verdict and phase_text(phase) in verdict, verdict
     assert not any(text in verdict for text in (*UNFOUNDED, "DataLoader", "arrive together")), verdict
     if slow == "eval":
         assert found.spikes is not None and found.spikes[0] >= 2 and "takes longer in " in verdict, verdict

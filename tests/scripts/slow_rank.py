@@ -1,8 +1,10 @@
 """A plain DDP / ZeRO-1 / FSDP2 script (no trainscale import) whose rank 1 loses SLOW_S seconds per step in one
-place, SLOW=loader | between | forward | backward | optimizer | after_step | eval | clean, each in its own
-function (the line marked ``# place: <SLOW>``: where the stack sampler must find it). ``between`` is nanoGPT's
+place, SLOW=loader | between | forward | backward | optimizer | after_step | eval | checkpointed | clean, each in its
+own function (the line marked ``# place: <SLOW>``: where the stack sampler must find it). ``between`` is nanoGPT's
 loop (no DataLoader: the next batch fetched between forward and backward); the others read a DataLoader.
-``eval`` is rank 0's evaluation between steps (the others wait for it). ACCUM micro-batches per optimizer step
+``eval`` is rank 0's evaluation between steps (the others wait for it). ``checkpointed``: every rank runs a block
+under activation checkpointing (``torch.utils.checkpoint``, recomputed in backward), rank 1's slow by half SLOW_S
+each time it runs: in its forward and again in its backward. ACCUM micro-batches per optimizer step
 (no gradient sync on all but the last). STRATEGY=ddp (DistributedDataParallel), zero1 (DDP with
 ZeroRedundancyOptimizer), fsdp (FSDP2's ``fully_shard`` on each layer and the model: all-gathers in forward) or
 deepspeed:stage=N (DeepSpeed's engine, ZeRO stage N, its own loop: ``engine.backward``, ``engine.step``).
@@ -22,6 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, TensorDataset
 
 SLOW = os.environ.get("SLOW", "clean")
@@ -59,7 +62,14 @@ class Net(torch.nn.Module):
             time.sleep(SLOW_S)  # place: forward
         if self.slow == "backward":
             h = SlowBackward.apply(h)
+        if SLOW == "checkpointed":  # every rank's, recomputed in backward
+            h = checkpoint(self.block, h, use_reentrant=False)
         return self.b(h)
+
+    def block(self, h):
+        if self.slow == "checkpointed":
+            time.sleep(SLOW_S / 2)  # place: checkpointed
+        return torch.tanh(h)
 
 
 def log_step():

@@ -20,6 +20,7 @@ from trainscale.observe.stragglers import (
     find_in_windows,
     find_straggler,
     held,
+    place_of,
     summarise,
 )
 from trainscale.report.gather import accounting, rank_stats
@@ -218,6 +219,16 @@ def test_the_rank_that_arrives_last_is_named_with_its_phase_and_its_cost():
     # 30 ms no phase holds most of: said so, no phase guessed
     spread = find_straggler(_ranks(1, extra={"data_s": 0.01, "compute_s": 0.01, "backward_s": 0.01}))
     assert spread.phase == "unexplained" and "unexplained" in spread.describe() and spread.cause == ""
+    # two phases that hold it between them (a block recomputed in backward under activation checkpointing: its
+    # forward once in each): both named, in the step's order, with their sum; neither alone was the story
+    both = find_straggler(_ranks(1, extra={"backward_s": 0.0155, "compute_s": 0.0145}))
+    assert both.phase == "forward+backward" and both.mine_s - both.others_s == pytest.approx(0.03)
+    assert "30.0 ms after the others each step: its forward and its backward's computing (" in both.describe()
+    assert find_straggler(_ranks(1, extra={"backward_s": 0.027, "compute_s": 0.003})).phase == "backward"
+    block = {"function": "Net.block", "file": "train.py", "line": 71, "share": 0.9, "samples": 80}
+    places = {"forward": {**block, "samples": 60}, "backward": block, "data": {**block, "function": "f"}}
+    assert place_of(places, "forward+backward") == block and place_of(places, "optimizer+data")["function"] == "f"
+    assert place_of(None, "forward") is None and place_of({"data": block}, "forward+backward") is None
 
 
 def _held_every(every: int, n: int = 45, hold: float = 0.4, phase: str = "data_s") -> dict[int, list[dict]]:

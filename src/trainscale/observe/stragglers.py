@@ -38,6 +38,11 @@ RECURS = 2
 N steps), not a burst."""
 EXPLAINS = 0.5
 """A phase names the late rank's time when it holds at least this share of it; otherwise "unexplained"."""
+PART, MOST = 0.3, 0.8
+"""Two phases name it together (``forward+backward``) when the second holds ``PART`` of it and the two ``MOST``:
+a block recomputed in backward under activation checkpointing runs its forward twice, once in each."""
+ORDER = ("loader", "data", "forward", "between", "backward", "other", "optimizer")
+"""The phases in the order a step runs them (how two named together are said)."""
 LOADER_ADVICE = (
     "More DataLoader workers (num_workers, within the rank's CPUs), pinned memory or faster storage would feed it "
     "sooner"
@@ -86,7 +91,7 @@ class Straggler:
         ms = lambda s: f"{s * 1e3:.1f} ms"  # noqa: E731
         each = " a step on average" if self.spikes else ""
         where = (
-            f"{PHASE_TEXT[self.phase]} ({ms(self.mine_s)}{each} on it, {ms(self.others_s)} on the others)"
+            f"{phase_text(self.phase)} ({ms(self.mine_s)}{each} on it, {ms(self.others_s)} on the others)"
             if self.phase != "unexplained"
             else PHASE_TEXT[self.phase]
         )
@@ -107,10 +112,20 @@ class Straggler:
         )
 
 
+def phase_text(phase: str) -> str:
+    """What a straggler's phase (a key of PHASE_TEXT, or two joined by ``+``) is, in words."""
+    return " and ".join(PHASE_TEXT[part] for part in phase.split("+"))
+
+
 def _phase(mine: dict[str, float], others: dict[str, float], late_s: float) -> str:
     extra = {k: mine[k] - others.get(k, 0.0) for k in mine if k != "loader"}
-    phase = max(extra, key=extra.get) if extra else "unexplained"
-    if phase == "unexplained" or extra[phase] < EXPLAINS * late_s:
+    ranked = sorted(extra, key=extra.get, reverse=True)
+    if not ranked:
+        return "unexplained"
+    phase = ranked[0]
+    if len(ranked) > 1 and extra[ranked[1]] >= PART * late_s and extra[phase] + extra[ranked[1]] >= MOST * late_s:
+        return "+".join(p for p in ORDER if p in ranked[:2])
+    if extra[phase] < EXPLAINS * late_s:
         return "unexplained"
     loader = mine.get("loader", 0.0) - others.get("loader", 0.0)
     return "loader" if phase in ("data", "between") and loader >= EXPLAINS * extra[phase] else phase
@@ -224,7 +239,7 @@ def _named(
         # no phase, no evidence, and the others wait as long for a CPU: a busy host's jitter
         return None, f"rank {late} late {late_s * 1e3:.1f} ms, unexplained, the others' own wait for a CPU as long"
     mine_s, others_s = (
-        (mine[phase], theirs[phase])
+        (sum(mine[p] for p in phase.split("+")), sum(theirs[p] for p in phase.split("+")))
         if phase != "unexplained"
         else (figures[late]["now"], statistics.median(float(figures[r]["now"]) for r in windows if r != late))
     )
@@ -237,10 +252,17 @@ def _named(
         mine_s=mine_s,
         others_s=others_s,
         cause=cause,
-        place=(windows[late].get("place") or {}).get(phase),
+        place=place_of(windows[late].get("place"), phase),
         spikes=(spiked[-1], int(windows[late].get("w") or 0)) if recurring else None,
     )
     return straggler, ""
+
+
+def place_of(places: dict[str, Any] | None, phase: str) -> dict[str, Any] | None:
+    """Where ``phase``'s time goes, of the places the late rank sampled (observe/place.py): of two phases named
+    together, the one sampled most."""
+    found = [(places or {}).get(part) for part in phase.split("+")]
+    return max((p for p in found if p), key=lambda p: p.get("samples", 0), default=None)
 
 
 def summarise(records: list[dict[str, Any]], window: int = DEFAULT_WINDOW) -> dict[str, Any]:
@@ -295,7 +317,7 @@ class Turns:
         return (
             f"the ranks take turns holding the others up, no one rank most of the time: each step the last to "
             f"arrive at the collectives comes {ms(self.late_s)} after the others on average ({who} of "
-            f"{self.steps} steps), its extra time in {PHASE_TEXT[self.phase]}. The job would be "
+            f"{self.steps} steps), its extra time in {phase_text(self.phase)}. The job would be "
             f"~{self.cost:.0%} faster without it: {ms(self.late_s)} of each {ms(self.step_s)} step on average"
             + (f". {self.cause}" if self.cause else "")
         )
@@ -557,9 +579,9 @@ class StragglerWatch:
         if self.found is not None:
             place = windows.get(self.found.rank, {}).get("place")
             self.placed = place is not None
-            if not (place or {}).get(self.found.phase):
+            if not place_of(place, self.found.phase):
                 return None
-            found = replace(self.found, place=place[self.found.phase])
+            found = replace(self.found, place=place_of(place, self.found.phase))
         else:
             found = find_in_windows(windows, share=self.share, window=self.window) if windows else None
             owns = {r: w.get("own") or [] for r, w in windows.items()}
