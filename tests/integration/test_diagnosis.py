@@ -178,3 +178,35 @@ def test_a_clean_run_names_no_straggler_and_counts_every_micro_batch(tmp_path):
         torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Linear(64, 1))(torch.zeros(8, 32))
     assert ranks[0][-1]["flops_per_step"] == 2 * 3 * counter.get_total_flops()  # both micro-batches
     assert "counting the 2 micro-batches of each optimizer step" in verdict
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("slow", ["G", "D"])
+def test_a_gans_slow_rank_is_named_in_the_steps_it_holds_the_others_up(tmp_path, slow):
+    """PyTorch's DCGAN tutorial's loop: two optimizers, two steps an iteration. Rank 1's generator forward, once an
+    iteration, holds the others up in every other step: said so ("takes longer in N of its last M steps"), not
+    "each step" from medians that fall between the two kinds of step. Its discriminator forward, in every step:
+    "each step"."""
+    script = SCRIPT.parent / "gan.py"
+    logs = tmp_path / "logs"
+    env = {
+        "SLOW": slow,
+        "SLOW_S": str(SLOW_S),
+        "STEPS": "100",
+        "OMP_NUM_THREADS": "1",
+        "TRAINSCALE_STRAGGLER_EVERY": "0.2",
+    }
+    done = in_process("run", "--nproc-per-node", "2", "--log-dir", str(logs), str(script), cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    (run_dir,) = [d for d in logs.iterdir() if (d / "metrics").is_dir() and not d.is_symlink()]
+    found = diagnose(read_run(run_dir)["ranks"]).straggler
+    assert found is not None and (found.rank, found.phase) == (1, "forward"), found
+    line = next(i for i, text in enumerate(script.read_text().splitlines(), 1) if text.endswith(f"# place: {slow}"))
+    function = {"G": "Generator.forward", "D": "Discriminator.forward"}[slow]
+    assert found.place is not None and (found.place["function"], found.place["line"]) == (function, line), found
+    if slow == "G":
+        held_in, steps = found.spikes
+        assert 0.4 < held_in / steps < 0.6 and found.describe().startswith(f"rank 1 on {found.host} takes longer in")
+    else:
+        assert found.spikes is None and "arrives last at the collectives" in found.describe()
+    assert 0.5 * SLOW_S / 2 < found.late_s < 1.5 * SLOW_S / 2, found  # per step: half its 40 ms an iteration

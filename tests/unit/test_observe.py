@@ -575,3 +575,18 @@ def test_the_report_names_other_work_on_the_ranks_cpus(tmp_path):
         "process on the same cores; an exclusive allocation or a quiet node avoids it)"
     ]
     assert not findings(Gathered(source=tmp_path, ranks=[], samples={"n1": [sample(145.0)]}, events=[]))
+
+
+def test_a_rank_late_in_every_other_step_is_said_to_be_so_with_its_mean_cost():
+    """A GAN's loop (two optimizers: two steps an iteration) whose generator's forward is slow on rank 1 holds the
+    others up in every other step. Its medians fall between the two kinds of step: it was said to arrive last
+    "each step", 20 ms after the others; it takes 40 ms longer in half of them."""
+    found = diagnose(_in_turns(lambda i: 1 if i % 2 else None, hold=0.04)).straggler
+    assert (found.rank, found.phase) == (1, "data") and found.spikes is not None
+    held_in, steps = found.spikes
+    assert steps >= 20 and held_in / steps == pytest.approx(0.5, abs=0.05), found.spikes
+    assert found.late_s == pytest.approx(0.02, rel=0.1) and found.step_s == pytest.approx(0.12, rel=0.1)
+    assert found.describe().startswith(f"rank 1 on n1 takes longer in {held_in} of its last {steps} steps, about 4")
+    # late in every step by as much: "each step", as before
+    always = diagnose(_in_turns(lambda i: 1, hold=0.04)).straggler
+    assert always.spikes is None and "arrives last at the collectives, 40.0 ms after" in always.describe()

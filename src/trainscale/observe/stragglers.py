@@ -222,6 +222,12 @@ def _named(
     spiked = tuple(windows[late].get("spikes") or (0, 0))
     if recurring and min(spiked) < RECURS:
         return None, f"rank {late} late in {spiked} steps of its two windows, not recurring"
+    some = None if recurring else _intermittent(windows, late, share)
+    if some is not None:  # late in some of its steps only (a GAN's generator step, every other): what it costs
+        # the job is its mean lateness over the mean step, which a midpoint of the two kinds of step is not
+        figures = {r: w["mean"] for r, w in windows.items()}
+        step = statistics.median(float(f.get("step") or 0.0) for f in figures.values())
+        late_s = latest("now")[1]
     others = [w for r, w in windows.items() if r != late]
     mine = figures[late].get("phases") or {}
     theirs = {
@@ -253,9 +259,32 @@ def _named(
         others_s=others_s,
         cause=cause,
         place=place_of(windows[late].get("place"), phase),
-        spikes=(spiked[-1], int(windows[late].get("w") or 0)) if recurring else None,
+        spikes=(spiked[-1], int(windows[late].get("w") or 0)) if recurring else some,
     )
     return straggler, ""
+
+
+INTERMITTENT = 0.75
+"""A straggler by the medians that held the others up in at most this share of the steps every rank recorded is
+late in some steps only: said so, with its means (the medians of two kinds of step alternating fall between
+them, and its lateness in the slow ones over that midpoint overstated its cost by half)."""
+
+
+def _intermittent(windows: dict[int, dict[str, Any]], late: int, share: float) -> tuple[int, int] | None:
+    """(steps ``late`` held the others up in, steps every rank recorded) where that is :data:`INTERMITTENT` of
+    them or fewer; else None (late throughout, or steps not numbered). A step it held them up in: it arrived
+    last by a straggler's margin and by half its median lateness in such steps (a few ms on a tiny step of the
+    other kind is not one)."""
+    own = {
+        r: {int(s): float(t) for s, t in w.get("own") or () if s is not None and t is not None}
+        for r, w in windows.items()
+    }
+    aligned = list(_last_to_arrive(own))
+    gaps = [gap for step, who, gap in aligned if who == late and gap >= _margin(own, step, share)]
+    if len(aligned) < 2 * MIN_WINDOW or not gaps:
+        return None
+    n = sum(1 for gap in gaps if gap >= 0.5 * statistics.median(gaps))
+    return (n, len(aligned)) if n <= INTERMITTENT * len(aligned) else None
 
 
 def place_of(places: dict[str, Any] | None, phase: str) -> dict[str, Any] | None:
