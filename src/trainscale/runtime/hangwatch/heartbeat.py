@@ -317,9 +317,6 @@ class Heartbeat:
                 flush=True,
             )
             return True
-        if self._own:  # a late answer to the call that timed out must not be read as the next call's
-            with contextlib.suppress(Exception), self._lock:
-                self.store = _own_connection(_store())[0] or self.store
         return False
 
     # -- the end --------------------------------------------------------------------------------------
