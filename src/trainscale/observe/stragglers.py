@@ -41,6 +41,11 @@ EXPLAINS = 0.5
 PART, MOST = 0.3, 0.8
 """Two phases name it together (``forward+backward``) when the second holds ``PART`` of it and the two ``MOST``:
 a block recomputed in backward under activation checkpointing runs its forward twice, once in each."""
+INTERMITTENT = 0.6
+"""A straggler by the medians that held the others up in at most this share of its last window's steps (those
+every rank recorded) is late in some steps only: said so, with its means (the medians of two kinds of step
+alternating fall between them: it was said to arrive last "each step"). A rank late in every step, by a few ms
+on a loaded host, held them up in 3/4 of its steps by that count (3x the batch on one rank, load 9 on 2 cores)."""
 ORDER = ("loader", "data", "forward", "between", "backward", "other", "optimizer")
 """The phases in the order a step runs them (how two named together are said)."""
 LOADER_ADVICE = (
@@ -122,13 +127,14 @@ def _phase(mine: dict[str, float], others: dict[str, float], late_s: float) -> s
     ranked = sorted(extra, key=extra.get, reverse=True)
     if not ranked:
         return "unexplained"
-    phase = ranked[0]
-    if len(ranked) > 1 and extra[ranked[1]] >= PART * late_s and extra[phase] + extra[ranked[1]] >= MOST * late_s:
-        return "+".join(p for p in ORDER if p in ranked[:2])
-    if extra[phase] < EXPLAINS * late_s:
+    two = len(ranked) > 1 and extra[ranked[1]] >= PART * late_s and sum(extra[p] for p in ranked[:2]) >= MOST * late_s
+    named = ranked[:2] if two else ranked[:1]
+    if not two and extra[named[0]] < EXPLAINS * late_s:
         return "unexplained"
     loader = mine.get("loader", 0.0) - others.get("loader", 0.0)
-    return "loader" if phase in ("data", "between") and loader >= EXPLAINS * extra[phase] else phase
+    if set(named) <= {"data", "between"} and loader >= EXPLAINS * sum(extra[p] for p in named):
+        return "loader"  # the DataLoader's batches, in whichever of the two it ran
+    return "+".join(p for p in ORDER if p in named)
 
 
 def _cause(phase: str, mine: dict[str, Any], others: list[dict[str, Any]], late_s: float) -> str:
@@ -223,11 +229,14 @@ def _named(
     if recurring and min(spiked) < RECURS:
         return None, f"rank {late} late in {spiked} steps of its two windows, not recurring"
     some = None if recurring else _intermittent(windows, late, share)
-    if some is not None:  # late in some of its steps only (a GAN's generator step, every other): what it costs
-        # the job is its mean lateness over the mean step, which a midpoint of the two kinds of step is not
+    if some is not None:  # late in some of its steps only (a GAN's generator step, every other): its means
         figures = {r: w["mean"] for r, w in windows.items()}
         step = statistics.median(float(f.get("step") or 0.0) for f in figures.values())
-        late_s = latest("now")[1]
+        late_s = float(figures[late]["now"]) - statistics.median(
+            float(f["now"]) for r, f in figures.items() if r != late
+        )
+        if late_s < max(share * step, MIN_LATE_S):
+            return None, f"rank {late} late in some steps, {late_s * 1e3:.1f} ms on average, under a straggler's"
     others = [w for r, w in windows.items() if r != late]
     mine = figures[late].get("phases") or {}
     theirs = {
@@ -264,23 +273,19 @@ def _named(
     return straggler, ""
 
 
-INTERMITTENT = 0.6
-"""A straggler by the medians that held the others up in at most this share of the steps every rank recorded is
-late in some steps only: said so, with its means (the medians of two kinds of step alternating fall between
-them: it was said to arrive last "each step"). A rank late in every step, by a few ms on a loaded host, held
-them up in 3/4 of its steps by that count (3x the batch on one rank, under a load of 9 on 2 cores)."""
-
-
 def _intermittent(windows: dict[int, dict[str, Any]], late: int, share: float) -> tuple[int, int] | None:
-    """(steps ``late`` held the others up in, steps every rank recorded) where that is :data:`INTERMITTENT` of
-    them or fewer; else None (late throughout, or steps not numbered). A step it held them up in: it arrived
-    last by a straggler's margin and by half its median lateness in such steps (a few ms on a tiny step of the
-    other kind is not one)."""
+    """(steps ``late`` held the others up in, steps of its last window every rank recorded) where that is
+    :data:`INTERMITTENT` of them or fewer; else None (late throughout, or steps not numbered). A step it held them
+    up in: it arrived last by a straggler's margin and by half its median lateness in such steps (a few ms on a
+    tiny step of the other kind is not one)."""
+    if any((w.get("mean") or {}).get("now") is None for w in windows.values()):
+        return None
     own = {
         r: {int(s): float(t) for s, t in w.get("own") or () if s is not None and t is not None}
         for r, w in windows.items()
     }
-    aligned = list(_last_to_arrive(own))
+    window = int(windows[late].get("w") or DEFAULT_WINDOW)
+    aligned = list(_last_to_arrive(own))[-window:]  # the last window, which its means are of
     gaps = [gap for step, who, gap in aligned if who == late and gap >= _margin(own, step, share)]
     if len(aligned) < 2 * MIN_WINDOW or not gaps:
         return None
@@ -610,9 +615,10 @@ class StragglerWatch:
         if self.found is not None:
             place = windows.get(self.found.rank, {}).get("place")
             self.placed = place is not None
-            if not place_of(place, self.found.phase):
+            where = place_of(place, self.found.phase)
+            if not where:
                 return None
-            found = replace(self.found, place=place_of(place, self.found.phase))
+            found = replace(self.found, place=where)
         else:
             found = find_in_windows(windows, share=self.share, window=self.window) if windows else None
             owns = {r: w.get("own") or [] for r, w in windows.items()}

@@ -59,7 +59,7 @@ def findings(g: Gathered) -> list[Finding]:
                     "together: larger per-rank batch, gradient accumulation or overlap (docs/scaling.md)",
                 )
             )
-        if data >= HIGH_DATA_SHARE and not (taking_turns and taking_turns.phase in ("data", "loader")):
+        if data >= HIGH_DATA_SHARE and not (taking_turns and {"data", "loader"} & set(taking_turns.phase.split("+"))):
             out.append(Finding("problem", _data_wait(g, data, late)))
         started = [
             r

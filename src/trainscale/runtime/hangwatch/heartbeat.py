@@ -56,10 +56,6 @@ LIVE_S = 2.0
 """A record is published at least this often: its beat count is the watcher's sign of life."""
 COUNTS_KEPT = 8
 """Step boundaries whose collective counts a record carries: enough that ranks a few steps apart share some."""
-STORE_GIVE_UP_S = 60.0
-"""A heartbeat whose store has not taken its record this long (each try bounded by the read timeout) stops."""
-_NETWORK_ERRORS = tuple(e for e in (getattr(dist, "DistNetworkError", None), ConnectionError) if e is not None)
-"""A store whose connection broke (reset, refused, a broken pipe): gone, not slow."""
 WATCHDOG_S = 8.0
 """A heartbeat silent this long (the GIL held) has the C watchdog write the rank's stacks."""
 
@@ -184,7 +180,8 @@ class Heartbeat:
         self._changed_at = time.monotonic()
         self._detail: tuple[float, dict] | None = None
         self._published: tuple[str, float] | None = None
-        self._failing_since: float | None = None  # when its publishing began to fail (the store slow to answer)
+        self.stopped: str | None = None
+        """Why its thread stopped writing its record while the job ran (the store's error), or None."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -290,34 +287,14 @@ class Heartbeat:
                 return
             try:
                 self._publish(now, record)
-            except Exception as exc:
-                if self._store_gone(exc, now):
-                    return
-                continue  # a store slow to answer on a loaded machine: its records are read next beat
-            self._failing_since = None
+            except Exception as exc:  # the store went away (teardown, rank 0 gone): stop quietly, saying why to a
+                self.stopped = f"{type(exc).__name__}: {str(exc)[:200]}"  # verdict of this rank's (Watch._error)
+                return
             try:
                 self.watcher.look(now)
             except Exception as exc:  # a bug in the watch must not pass for "no hang": say so, once
                 _stopped("hang watch", exc)
                 return
-
-    def _store_gone(self, exc: Exception, now: float) -> bool:
-        """Whether a failed publish ends the heartbeat: the store's connection broke (teardown, rank 0 gone: quietly),
-        or it has not answered for :data:`STORE_GIVE_UP_S` (said once). A store slow to answer on a loaded machine
-        does not: the thread ended there left the rank unwatched, its hang unnoticed."""
-        if isinstance(exc, _NETWORK_ERRORS):
-            return True
-        if self._failing_since is None:
-            self._failing_since = now
-        if now - self._failing_since >= STORE_GIVE_UP_S:
-            print(
-                f"trainscale: the heartbeat stopped: the job's store has not answered for {STORE_GIVE_UP_S:.0f}s "
-                f"({type(exc).__name__}: {str(exc)[:200]}); this rank's hangs are not watched",
-                file=sys.stderr,
-                flush=True,
-            )
-            return True
-        return False
 
     # -- the end --------------------------------------------------------------------------------------
     def close(self, timeout_s: float = 5.0) -> None:

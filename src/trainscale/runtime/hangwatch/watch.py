@@ -20,6 +20,7 @@ import socket
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -254,7 +255,9 @@ class Watch:
             # the main thread has left the collective: where it waited is the error's innermost frame, and it
             # waited the whole timeout (what its own record says may be older: a heartbeat that fell behind)
             frame = _innermost(error)
-            return self._error(self.diagnose_now(frame, self.beat.runtime.timeout.total_seconds()), waited_s=None)
+            timed = any(marker in text for marker in _TIMEOUT_MARKERS if marker != "DistBackendError")
+            waited = self.beat.runtime.timeout.total_seconds() if timed else 0.0
+            return self._error(self.diagnose_now(frame, waited), waited_s=None)
         if relay and any(marker in text for marker in PEER_CLOSED):
             return self._relay()
         return None
@@ -299,6 +302,8 @@ class Watch:
                 f"rank {self.beat.rank}: hung — no progress for {waited_s:.0f}s in {what} at step {self.beat.step}, "
                 f"the hang timeout is {limit_s:.0f}s (--hang-timeout)"
             )
+        if self.beat.stopped:  # and on rank 0 the watch with it: why no notice came before
+            head += f" (this rank's heartbeat had stopped writing its record: {self.beat.stopped})"
         if verdict is None:
             text = f"{head} — no rank's heartbeat says who holds it up (their records are unreachable or absent)"
         elif verdict.kind == "stuck":
@@ -328,7 +333,7 @@ class Watch:
         )
 
 
-def _innermost(error: BaseException) -> Any:
+def _innermost(error: BaseException) -> types.FrameType | None:
     """The innermost frame of ``error``'s traceback (where the call that raised it was), or None."""
     tb = error.__traceback__
     while tb is not None and tb.tb_next is not None:
