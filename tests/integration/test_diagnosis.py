@@ -206,5 +206,6 @@ def test_a_gans_slow_rank_is_named_in_the_steps_it_holds_the_others_up(tmp_path,
     assert found.place is not None and (found.place["function"], found.place["line"]) == (function, line), found
     if slow == "G":  # (D's: 2/3 of its 40 ms in one step, 1/3 in the other; either wording is true of it)
         held_in, steps = found.spikes
-        assert 0.4 < held_in / steps < 0.6 and found.describe().startswith(f"rank 1 on {found.host} takes longer in")
+        assert 0.35 <= held_in / steps <= 0.6, found  # every other step: half, a noisy step more or less
+        assert found.describe().startswith(f"rank 1 on {found.host} takes longer in"), found.describe()
     assert 0.5 * SLOW_S / 2 < found.late_s < 1.5 * SLOW_S / 2, found  # per step: half its 40 ms an iteration
