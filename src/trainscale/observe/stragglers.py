@@ -280,10 +280,7 @@ def _intermittent(windows: dict[int, dict[str, Any]], late: int, share: float) -
     tiny step of the other kind is not one)."""
     if any((w.get("mean") or {}).get("now") is None for w in windows.values()):
         return None
-    own = {
-        r: {int(s): float(t) for s, t in w.get("own") or () if s is not None and t is not None}
-        for r, w in windows.items()
-    }
+    own = _by_step({r: w.get("own") or [] for r, w in windows.items()})
     window = int(windows[late].get("w") or DEFAULT_WINDOW)
     aligned = list(_last_to_arrive(own))[-window:]  # the last window, which its means are of
     gaps = [gap for step, who, gap in aligned if who == late and gap >= _margin(own, step, share)]
@@ -392,8 +389,12 @@ def held(own: dict[int, list[list[float]]]) -> dict[int, float]:
     """How long each rank held the others up, step by step: ``own`` is each rank's [step, own time] pairs (its
     window summary's); the last to arrive by a straggler's margin (:func:`_margin`) holds them up its
     lateness."""
-    times = {r: {int(s): float(t) for s, t in pairs if s is not None and t is not None} for r, pairs in own.items()}
-    return _held(times)
+    return _held(_by_step(own))
+
+
+def _by_step(own: dict[int, list[list[float]]]) -> dict[int, dict[int, float]]:
+    """Each rank's [step, own time] pairs (its window summary's ``own``) as its own time by step."""
+    return {r: {int(s): float(t) for s, t in pairs if s is not None and t is not None} for r, pairs in own.items()}
 
 
 def _held(own: dict[int, dict[int, float]], share: float = DEFAULT_SHARE) -> dict[int, float]:
