@@ -526,17 +526,14 @@ def test_backward_is_timed_from_its_call_with_no_hook_registered_each_forward(tm
             for _ in range(8):  # a model after the first is found when its optimizer steps twice unseen
                 model(torch.ones(2, 4))  # a forward with no backward (an evaluation's with grad on) is no step
                 loss = model(torch.ones(2, 4)).sum()
-                marks = recorder.marks
-                seen: list[str] = []
-                marks.mark = lambda phase, seen=seen, mark=marks.mark: seen.append(phase) or mark(phase)
+                marked = len(recorder.marks._marks)
                 if isinstance(model, ByGrad):
                     for param, grad in zip(model.parameters(), torch.autograd.grad(loss, list(model.parameters()))):
                         param.grad = grad
                 else:
                     loss.backward()
                 opt.step()
-                del marks.mark
-                phases.append(seen)
+                phases.append([phase for phase, _ in recorder.marks._marks[marked:]])
                 opt.zero_grad()
             want = ["between", "backward", *(["sync"] if grouped else []), "other", "optimizer"]
             assert phases[-1] == want, (type(model).__name__, phases)
@@ -561,15 +558,103 @@ def test_a_gradient_penalty_by_autograd_grad_before_backward_leaves_the_backward
         for _ in range(4):
             x = torch.ones(2, 4, requires_grad=True)
             out = model(x)
-            marks = recorder.marks
-            seen: list[str] = []
-            marks.mark = lambda phase, seen=seen, mark=marks.mark: seen.append(phase) or mark(phase)
+            marked = len(recorder.marks._marks)
             (dx,) = torch.autograd.grad(out.sum(), x, create_graph=True)
             (out.sum() + dx.pow(2).sum()).backward()
             opt.step()
-            del marks.mark
+            seen = [phase for phase, _ in recorder.marks._marks[marked:]]
             opt.zero_grad()
         assert seen == ["between", "backward", "between", "backward", "other", "optimizer"], seen
     finally:
         recorder.uninstall()
     assert (torch.autograd.backward, torch.autograd.grad) == original
+
+
+def _gan_loop():
+    torch.manual_seed(0)
+    gen, disc = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 4)), nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 1))
+    g_opt, d_opt = torch.optim.SGD(gen.parameters(), lr=0.01), torch.optim.SGD(disc.parameters(), lr=0.01)
+
+    def step():
+        fake = gen(torch.randn(3, 4))
+        (disc(torch.randn(3, 4)).mean() - disc(fake.detach()).mean()).backward()
+        d_opt.step()
+        d_opt.zero_grad()
+        disc(fake).mean().backward()
+        g_opt.step()
+        g_opt.zero_grad()
+
+    return step
+
+
+def _nanogpt_loop():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(16, 8), nn.Linear(8, 16))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batch = [torch.randint(0, 16, (4, 6))]
+
+    def step():
+        for _ in range(2):  # forward, the next batch fetched, backward
+            loss = model(batch[0]).logsumexp(-1).mean() / 2
+            batch[0] = torch.randint(0, 16, (4, 6))
+            loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        with torch.no_grad():  # an evaluation's forward between steps
+            model(batch[0])
+
+    return step
+
+
+def _penalty_loop():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step():
+        x = torch.randn(5, 4, requires_grad=True)
+        out = model(x)
+        (dx,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+        (out.sum() + dx.pow(2).sum()).backward()
+        opt.step()
+        opt.zero_grad()
+
+    return step
+
+
+@pytest.mark.parametrize("loop", [_gan_loop, _nanogpt_loop, _penalty_loop])
+def test_the_short_path_of_the_steady_state_records_what_the_long_path_does(tmp_path, monkeypatch, loop):
+    """issue 46 item 7: once the top-level modules are known, their calls, backward and the optimizer's marks take a
+    short path that appends the marks itself (a third of the Python the long path ran each step). The same loop
+    recorded by the long path alone gives the same phases in the same order, and the same samples, tokens and
+    micro-batches, step by step: a GAN's two optimizers, nanoGPT's fetch between forward and backward with an
+    evaluation under ``no_grad``, and a gradient penalty by ``torch.autograd.grad`` before backward."""
+    ended: list[tuple] = []
+    end_step = StepMarks.end_step
+
+    def noted(marks, fields, **kwargs):
+        ended.append(
+            (tuple(phase for phase, _ in marks._marks), fields["samples"], fields["tokens"], fields["micro_batches"])
+        )
+        end_step(marks, fields, **kwargs)
+
+    monkeypatch.setattr(StepMarks, "end_step", noted)
+
+    def recorded(short: bool) -> tuple[list[tuple], bool]:
+        ended.clear()
+        recorder = hooks.Recorder(tmp_path / str(short), environ={}).install()
+        if not short:
+            recorder._refresh_fast = lambda: setattr(recorder, "_fast", False)
+        try:
+            step = loop()
+            for _ in range(12):
+                step()
+            fast = recorder._fast
+            recorder.finish()
+        finally:
+            recorder.uninstall()
+        return list(ended), fast
+
+    (short, fast), (long, slow) = recorded(True), recorded(False)
+    assert fast and not slow  # each path was taken where it was meant to be
+    assert len(short) >= 10 and short == long

@@ -42,6 +42,7 @@ import statistics
 import sys
 import threading
 import time
+import types
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -72,6 +73,16 @@ SETTLE_STEPS = 2
 """Steps counted with the global module hooks before the one at whose end the top-level modules are observed by
 themselves: the global hooks see the first ``SETTLE_STEPS + 1`` steps."""
 PEAK_EVERY_S = 0.1
+_compiler: Any = (
+    torch.compiler
+    if hasattr(torch.compiler, "_is_compiling_flag")
+    else types.SimpleNamespace(
+        _is_compiling_flag=False  # (torch.export's flag, where this torch has one)
+    )
+)
+_tracing: Callable[[], bool] = getattr(torch.compiler, "is_dynamo_compiling", lambda: False)
+"""True while dynamo traces the code that calls it (dynamo folds it), else False: one call, where
+``torch.compiler.is_compiling`` makes two (see :func:`_compiling`)."""
 """How often, at a step's end, the rank's peak memory is read (on a CPU a system call: not every tiny step)."""
 
 
@@ -94,6 +105,16 @@ def install(run_dir: str | Path | None, *, environ: Any = os.environ) -> Recorde
 
 class Recorder:
     """The hooks and what they feed: the step clock, this rank's record file, and on rank 0 the straggler watch."""
+
+    __slots__ = (
+        "__dict__",
+        "__weakref__",
+        *("active", "marks", "state", "step", "_append", "_backward_armed", "_clock", "_depth"),
+        *("_end_param", "_end_queued", "_fast", "_finding", "_forwarded", "_grouped", "_in_backward", "_lead"),
+        *("_micro", "_nested", "_note_step", "_per_forward", "_samples", "_stepped", "_timed", "_tokens", "_unseen"),
+    )
+    """The attributes the hooks read each step, in slots: past 30 attributes an instance's dictionary is no longer
+    shared with its class's, and each of the others is a dictionary lookup (a third slower)."""
 
     def __init__(self, run_dir: str | Path, *, environ: Any = os.environ) -> None:
         self.run_dir, self.environ = str(run_dir), environ
@@ -118,6 +139,11 @@ class Recorder:
         self.summary: dict[str, Any] | None = None
         self._depth = 0
         self._timed = False  # the top-level forward running now is timed (its start passed the checks its end needs)
+        self._fast = False
+        """The steady state (:meth:`_refresh_fast`): the top-level modules known, the steps timed on the host by the
+        clock and list bound below, no calibration: their calls and backward take the short path."""
+        self._append: Callable[[tuple[str, float]], None] = list().append
+        self._clock: Callable[[], float] = time.perf_counter
         self._lead: Any = None  # weakref to the first top-level module with parameters: its batches count
         self._first_batch: tuple | None = None
         self._stepped = False  # an optimizer stepped since the last forward: the step ends at the next forward
@@ -147,9 +173,6 @@ class Recorder:
         self._stop = threading.Event()
         self._flusher: threading.Thread | None = None
         self._note_step: Callable[[int], None] = lambda step: None
-        self._compiling: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
-        """Inside torch.compile's tracing the hooks do nothing (a side effect there is a graph break): asked in the
-        module and optimizer hooks, which a compiled function can trace."""
         self._cuda = torch.backends.cuda.is_built()  # a CPU build never times on a GPU: not asked every forward
         from trainscale.observe.state import PLAN_STEPS_VAR, StateCount  # noqa: PLC0415 (job kit)
 
@@ -180,6 +203,7 @@ class Recorder:
         for handle in self._handles + self._finding + self._rooted:
             handle() if callable(handle) else handle.remove()
         self._handles, self._finding, self._rooted, self.active = [], [], [], False
+        self._refresh_fast()
 
     def _find_roots(self) -> None:
         """Every module call through the global hooks, until the top-level modules are known (``_settle``)."""
@@ -193,6 +217,7 @@ class Recorder:
             nn_module.register_module_forward_pre_hook(self._forward_pre),
             nn_module.register_module_forward_hook(self._forward_post, with_kwargs=True, always_call=True),
         ]
+        self._refresh_fast()
 
     def _settle(self) -> None:
         """The top-level modules found are observed by themselves (:func:`_observe`) and the global hooks go: the
@@ -201,9 +226,29 @@ class Recorder:
             handle.remove()
         self._finding = []
         self._rooted = [_observe(root, self) for root in list(self._roots)]
+        self._refresh_fast()
+
+    def _refresh_fast(self) -> None:
+        """Whether the hot path may be short: on the host's clock (while CUDA is not initialized: a model on a GPU
+        would then be looked for), the top-level modules observed by themselves, a lead module known, no calibration
+        counting the state. The
+        short path (:func:`_observe`, :func:`_time_backward`, the optimizer hooks) appends the marks itself and does
+        what the long one does in the steady state; every other case takes the long one."""
+        marks = self.marks
+        self._fast = bool(
+            self.active
+            and self._rooted
+            and not self._finding
+            and marks is not None
+            and not marks.events
+            and self._lead is not None
+            and self.state is None
+        )
+        if self._fast:
+            self._append, self._clock = marks._marks.append, marks._now
 
     def _ours(self) -> bool:
-        return self.active and not self._compiling()
+        return self.active and not _compiling()
 
     # -- the hooks ----------------------------------------------------------------------------------
     def _forward_pre(self, module: torch.nn.Module, args: tuple) -> None:
@@ -220,7 +265,7 @@ class Recorder:
                 return
             self._roots.add(module)
         self._depth = 1
-        if not torch.is_grad_enabled() or not self.active or self._compiling():
+        if not torch.is_grad_enabled() or not self.active or _compiling():
             return
         self._timed = True
         if self._unseen:
@@ -236,12 +281,11 @@ class Recorder:
             self.marks = StepMarks(gpu or device_of(module, args))
             self._lead = self._first_batch = None
             self._unhook_parameter()
+            self._refresh_fast()
             self._samples = self._tokens = 0
             self._grouped = _place(self.environ)[1] > 1  # alone, no collective to wait for: no communication
         if self._stepped:  # the previous step ended with its last optimizer step
-            self._end_step()
-            if self.flops_per_step is None:
-                self._maybe_count_flops()
+            self._step_ended()
         self.marks.mark("data")
         if self.state is not None:
             self.state.forward_started()
@@ -268,10 +312,20 @@ class Recorder:
             if self._first_batch is None and self.step == 0:
                 self._first_batch = (args, kwargs)
         self._backward_armed = True
-        if self._per_forward:  # no parameter's hook fired (FSDP2's sharded ones, an unused one): the output's
-            for tensor in (output,) if type(output) is torch.Tensor else tensors(output):
-                if tensor.requires_grad and (node := tensor.grad_fn) is not None:
-                    node.register_prehook(self._node_reached)  # autograd keeps no hook across graphs
+        if self._per_forward:
+            self._hook_output(output)
+
+    def _step_ended(self) -> None:
+        """At the first forward after the step's last optimizer step: the step ends (and the FLOPs are counted)."""
+        self._end_step()
+        if self.flops_per_step is None:
+            self._maybe_count_flops()
+
+    def _hook_output(self, output: Any) -> None:
+        """No parameter's hook fired (FSDP2's sharded ones, an unused one): backward's end from the output's."""
+        for tensor in (output,) if type(output) is torch.Tensor else tensors(output):
+            if tensor.requires_grad and (node := tensor.grad_fn) is not None:
+                node.register_prehook(self._node_reached)  # autograd keeps no hook across graphs
 
     def _backward_started(self) -> None:
         """``torch.autograd.backward`` was called after a forward (:func:`_time_backward`)."""
@@ -355,13 +409,17 @@ class Recorder:
             self._loader[1 if self._stepped else 0] += seconds
 
     def _optimizer_pre(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
-        if self.marks is not None and self._forwarded and self.active and not self._compiling():
+        if self.marks is None or not self._forwarded or not self.active or _tracing() or _compiler._is_compiling_flag:
+            return  # (_compiling(), inline: a call less)
+        if self._fast:  # the mark appended (_refresh_fast)
+            self._append(("other", self._clock()))
+        else:
             self.marks.mark("other")
-            if self.state is not None:
-                self.state.before_step(optimizer)
+        if self.state is not None:
+            self.state.before_step(optimizer)
 
     def _optimizer_post(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
-        if not self.active or self._compiling():  # (self._ours(), once a step: a call less)
+        if not self.active or _tracing() or _compiler._is_compiling_flag:  # (_compiling(), inline: a call less)
             return
         if self._depth:  # a step inside a forward: the hooks stay as they are
             pass
@@ -376,7 +434,10 @@ class Recorder:
             self._unseen.add(id(optimizer))
         if self.marks is None or not self._forwarded:
             return
-        self.marks.mark("optimizer")
+        if self._fast:
+            self._append(("optimizer", self._clock()))
+        else:
+            self.marks.mark("optimizer")
         if not self._stepped:
             self._stepped = True
             self.step += 1
@@ -620,18 +681,65 @@ def _observe(root: torch.nn.Module, recorder: Recorder) -> Callable[[], None]:
     level and only later wrapped in ``DataParallel`` would run as itself on every device.)"""
     ref = weakref.ref(root)
     previous = root.__dict__.get("_compiled_call_impl")
-    pre, post = recorder._forward_pre, recorder._forward_post
+    pre, post, r = recorder._forward_pre, recorder._forward_post, recorder
+    grad_enabled, tensor, cuda = torch.is_grad_enabled, torch.Tensor, torch.cuda
 
     def observed(*args: Any, **kwargs: Any) -> Any:
         module = ref()
-        pre(module, args)
+        call = previous if previous is not None else module._call_impl
+        if (
+            not r._fast
+            or r._depth
+            or r._in_backward
+            or not grad_enabled()
+            or _tracing()
+            or _compiler._is_compiling_flag
+            or cuda._initialized  # (torch.cuda.is_initialized(), inline) the long path looks for a model on a GPU
+        ):
+            pre(module, args)  # the long path: what the global hooks did
+            try:
+                output = call(*args, **kwargs)
+            except BaseException:
+                with contextlib.suppress(Exception):  # the forward's own error goes on, as torch's always_call do
+                    post(module, args, kwargs, None)
+                raise
+            post(module, args, kwargs, output)
+            return output
+        # the short path, a few times a step: _forward_pre's and _forward_post's steady state, inline
+        if r._unseen:
+            r._unseen.clear()
+        if r._stepped:  # the step ended with its last optimizer step (_step_ended, inline)
+            r._end_step()
+            if r.flops_per_step is None:
+                r._maybe_count_flops()
+        append, clock = r._append, r._clock
+        append(("data", clock()))
+        r._depth = 1
         try:
-            output = previous(*args, **kwargs) if previous is not None else module._call_impl(*args, **kwargs)
+            output = call(*args, **kwargs)
         except BaseException:
-            with contextlib.suppress(Exception):  # the forward's own error goes on, as torch's always_call hooks do
+            r._timed = True
+            with contextlib.suppress(Exception):
                 post(module, args, kwargs, None)
             raise
-        post(module, args, kwargs, output)
+        r._depth = 0
+        append(("forward", clock()))
+        r._forwarded = r._backward_armed = True
+        if r._lead() is module:
+            first = args[0] if args else None
+            if type(first) is tensor and not kwargs:  # mostly ``model(x)``: models.batch_size's first case, inline
+                shape = first.shape
+                if shape:
+                    r._samples += shape[0]
+                    if len(shape) == 2 and not first.is_floating_point():
+                        r._tokens += shape[0] * shape[1]
+            else:
+                samples, tokens = batch_size(args, kwargs)
+                r._samples += samples or 0
+                r._tokens += tokens or 0
+            r._micro += 1
+        if r._per_forward:
+            r._hook_output(output)
         return output
 
     root._compiled_call_impl = observed
@@ -641,6 +749,13 @@ def _observe(root: torch.nn.Module, recorder: Recorder) -> Callable[[], None]:
             module._compiled_call_impl = previous
 
     return undo
+
+
+def _compiling() -> bool:
+    """Inside torch.compile's tracing (or torch.export's) the hooks do nothing (a side effect there is a graph
+    break): asked in the module and optimizer hooks, which a compiled function can trace. The hooks called each
+    step ask it inline."""
+    return _tracing() or _compiler._is_compiling_flag
 
 
 def _float(environ: Any, name: str, default: float) -> float:
@@ -688,11 +803,29 @@ def _time_backward(recorder: Recorder) -> Callable[[], None]:
                     recorder._nested -= 1
             if not recorder._backward_armed or recorder._depth:  # no forward before it, or inside a forward
                 return original(*args, **kwargs)
-            recorder._backward_started()
+            if not recorder._fast:
+                recorder._backward_started()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    recorder._backward_returned(grad)
+            # the short path: _backward_started's and _backward_returned's steady state, inline
+            recorder._backward_armed = recorder._end_queued = False
+            recorder._append(("between", recorder._clock()))
+            recorder._in_backward = True
+            if recorder._grouped and not recorder._per_forward and recorder._end_param is None:
+                recorder._hook_a_parameter()
             try:
                 return original(*args, **kwargs)
             finally:
-                recorder._backward_returned(grad)
+                recorder._in_backward = False
+                if grad:
+                    recorder._backward_armed = True
+                if not recorder._end_queued:
+                    if recorder._grouped and not recorder._per_forward:
+                        recorder._backward_returned(grad)  # no hook fired: the long path switches to the outputs'
+                    else:
+                        recorder._append(("backward", recorder._clock()))
 
         return call
 
@@ -747,4 +880,4 @@ def _place(environ: Any) -> tuple[int, int, int, int, str | None]:
 def _forked(recorder: weakref.ref) -> None:
     """In a forked child (a DataLoader's worker): its copy of the recorder records nothing."""
     if (copy := recorder()) is not None:
-        copy.active = False
+        copy.active = copy._fast = False

@@ -104,7 +104,10 @@ class StackSampler:
 
     def _phase(self) -> str:
         marks = getattr(self.recorder.marks, "_marks", None)
-        return AFTER.get(marks[-1][0] if marks else "start", "data")
+        try:  # the training thread replaces the list's contents at a step's end
+            return AFTER.get(marks[-1][0] if marks else "start", "data")
+        except IndexError:
+            return "data"
 
     def _run(self) -> None:
         while not self.flag.exists():

@@ -46,6 +46,8 @@ class StepMarks:
         self.device, self.lag = device, lag
         self._now = self._event if self.events else time.perf_counter
         self._marks: list[tuple[str, Any]] = []
+        """One list for the rank's life (its contents replaced at once, by a slice): the recorder's hot path
+        appends to it through a bound ``append`` it keeps (observe/hooks.py)."""
         self._waits: list[tuple[int, float]] = []
         """(the index in ``_marks`` of the mark that ends the phase it fell in, seconds): kept apart, so that a
         mark, a few a micro-batch, touches nothing else."""
@@ -53,7 +55,7 @@ class StepMarks:
 
     def start_step(self) -> None:
         if not (self.events and self._capturing()):
-            self._marks, self._waits = [("start", self._now())], []
+            self._marks[:], self._waits = [("start", self._now())], []
 
     @property
     def started(self) -> bool:
@@ -84,12 +86,13 @@ class StepMarks:
         for since: DeepSpeed's all-gather after its optimizer's step, a loss all-reduced for logging)."""
         marks, waits = self._marks, self._waits
         if len(marks) > 1:
-            self._pending.append((fields, marks, waits))
+            self._pending.append((fields, marks.copy(), waits))
         if carry and marks:
-            self._marks = [("start", marks[-1][1])]
-            self._waits = [(1, seconds) for at, seconds in waits if at >= len(marks)]  # since the last mark
+            self._waits = [(1, seconds) for at, seconds in waits if at >= len(marks)] if waits else []  # since the last
+            marks[:] = [("start", marks[-1][1])]
         else:
-            self._marks, self._waits = [], []
+            self._waits = []
+            marks.clear()
 
     def ready(self, *, flush: bool = False) -> list[dict[str, Any]]:
         """Finished steps as records; on a GPU those whose last event completed, and every step older
