@@ -492,6 +492,20 @@ def test_a_heartbeat_that_stopped_writing_its_record_says_why_in_its_timeouts_ve
     assert "rank(s) 1 did not arrive" in text
 
 
+def test_a_heartbeat_whose_group_is_gone_says_so_in_its_timeouts_verdict():
+    """The heartbeat's other quiet end: its process group no longer in torch's list (the script destroyed it).
+    Quiet, and said in the rank's verdict, so that a watch that ended early is never unexplained."""
+    store = _store()
+    waiting, hung = _peer(0, 2, store), _peer(1, 2, store)
+    waiting.group = object()  # a group torch does not know (here: no process group at all)
+    waiting.issued, hung.issued = (lambda: {"pg:0": 8}), (lambda: {"pg:0": 7})
+    waiting.start()._thread.join(10)
+    assert not waiting.beating and "process group was no longer" in waiting.stopped
+    text = str(waiting.watcher.explain(RuntimeError("[gloo/transport/tcp/pair.cc:534] Timed out waiting 5000ms")))
+    waiting.close(), hung.close()
+    assert "this rank's heartbeat had stopped writing its record: its process group was no longer" in text, text
+
+
 def test_a_timeout_is_explained_where_the_rank_waited_and_for_as_long_even_when_its_record_is_stale():
     """The collective's error reaches the main thread after it left the collective: the verdict places the wait at
     the error's innermost frame (not where the main thread is now, the launcher's except) and says it lasted the

@@ -716,7 +716,7 @@ def _observe(root: torch.nn.Module, recorder: Recorder) -> Callable[[], None]:
         append(("data", clock()))
         r._depth = 1
         try:
-            output = call(*args, **kwargs)
+            output = call(*args, **kwargs) if kwargs else call(*args)  # (no empty dictionary made to pass on)
         except BaseException:
             r._timed = True
             with contextlib.suppress(Exception):
