@@ -73,17 +73,14 @@ SETTLE_STEPS = 2
 """Steps counted with the global module hooks before the one at whose end the top-level modules are observed by
 themselves: the global hooks see the first ``SETTLE_STEPS + 1`` steps."""
 PEAK_EVERY_S = 0.1
+"""How often, at a step's end, the rank's peak memory is read (on a CPU a system call: not every tiny step)."""
 _compiler: Any = (
-    torch.compiler
-    if hasattr(torch.compiler, "_is_compiling_flag")
-    else types.SimpleNamespace(
-        _is_compiling_flag=False  # (torch.export's flag, where this torch has one)
-    )
+    torch.compiler if hasattr(torch.compiler, "_is_compiling_flag") else types.SimpleNamespace(_is_compiling_flag=False)
 )
+"""Its ``_is_compiling_flag``: what torch sets while it compiles or exports (where this torch has one)."""
 _tracing: Callable[[], bool] = getattr(torch.compiler, "is_dynamo_compiling", lambda: False)
 """True while dynamo traces the code that calls it (dynamo folds it), else False: one call, where
 ``torch.compiler.is_compiling`` makes two (see :func:`_compiling`)."""
-"""How often, at a step's end, the rank's peak memory is read (on a CPU a system call: not every tiny step)."""
 
 
 def current() -> Recorder | None:
@@ -229,9 +226,9 @@ class Recorder:
         self._refresh_fast()
 
     def _refresh_fast(self) -> None:
-        """Whether the hot path may be short: on the host's clock (while CUDA is not initialized: a model on a GPU
-        would then be looked for), the top-level modules observed by themselves, a lead module known, no calibration
-        counting the state. The
+        """Whether the hot path may be short: the steps timed on the host's clock, the top-level modules observed by
+        themselves, a lead module known, no calibration counting the state (and, for a module's call, checked there:
+        CUDA not initialized, where the long path looks for a model on a GPU). The
         short path (:func:`_observe`, :func:`_time_backward`, the optimizer hooks) appends the marks itself and does
         what the long one does in the steady state; every other case takes the long one."""
         marks = self.marks
@@ -285,7 +282,9 @@ class Recorder:
             self._samples = self._tokens = 0
             self._grouped = _place(self.environ)[1] > 1  # alone, no collective to wait for: no communication
         if self._stepped:  # the previous step ended with its last optimizer step
-            self._step_ended()
+            self._end_step()
+            if self.flops_per_step is None:
+                self._maybe_count_flops()
         self.marks.mark("data")
         if self.state is not None:
             self.state.forward_started()
@@ -314,12 +313,6 @@ class Recorder:
         self._backward_armed = True
         if self._per_forward:
             self._hook_output(output)
-
-    def _step_ended(self) -> None:
-        """At the first forward after the step's last optimizer step: the step ends (and the FLOPs are counted)."""
-        self._end_step()
-        if self.flops_per_step is None:
-            self._maybe_count_flops()
 
     def _hook_output(self, output: Any) -> None:
         """No parameter's hook fired (FSDP2's sharded ones, an unused one): backward's end from the output's."""
@@ -706,15 +699,15 @@ def _observe(root: torch.nn.Module, recorder: Recorder) -> Callable[[], None]:
             post(module, args, kwargs, output)
             return output
         # the short path, a few times a step: _forward_pre's and _forward_post's steady state, inline
+        r._depth = 1  # (before the step's end, as in the long path: a forward there is nested)
         if r._unseen:
             r._unseen.clear()
-        if r._stepped:  # the step ended with its last optimizer step (_step_ended, inline)
+        if r._stepped:  # the step ended with its last optimizer step
             r._end_step()
             if r.flops_per_step is None:
                 r._maybe_count_flops()
         append, clock = r._append, r._clock
         append(("data", clock()))
-        r._depth = 1
         try:
             output = call(*args, **kwargs) if kwargs else call(*args)  # (no empty dictionary made to pass on)
         except BaseException:

@@ -283,8 +283,10 @@ class Heartbeat:
                 self._rearm_watchdog()
                 record = self._record(now)
             except Exception as exc:  # a bug in the record must not pass for a rank that stopped responding
-                if not (self._stop.is_set() or (self.group is not None and not _alive(self.group))):
-                    _stopped("heartbeat", exc)  # (the group destroyed meanwhile: the run's end, said nothing)
+                if self.group is not None and not _alive(self.group):  # destroyed meanwhile: the run's end
+                    self.stopped = "its process group was no longer in torch's list of groups"
+                elif not self._stop.is_set():
+                    _stopped("heartbeat", exc)
                 return
             try:
                 self._publish(now, record)
