@@ -234,8 +234,7 @@ class Recorder:
         marks = self.marks
         self._fast = bool(
             self.active
-            and self._rooted
-            and not self._finding
+            and self._rooted  # (found and settled: the global hooks are gone)
             and marks is not None
             and not marks.events
             and self._lead is not None
