@@ -479,6 +479,45 @@ def test_an_observed_model_the_script_drops_is_freed_and_its_forward_error_goes_
         recorder.uninstall()
 
 
+def test_a_forward_that_fails_in_the_first_steps_leaves_the_next_steps_recorded(tmp_path, recwarn):
+    """While the global hooks find the model (its first steps), torch calls an ``always_call`` global hook after a
+    failed forward as ``hook(module, args, None)``, without the keyword arguments it asked for: the recorder's end
+    of a forward takes that call too, at each level the error passes, so the failed call leaves no depth behind and
+    the steps after it are recorded (and torch warns of no hook that failed)."""
+    from trainscale.observe.records import read_run
+
+    class Inner(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer, self.fail = nn.Linear(4, 4), False
+
+        def forward(self, x):
+            if self.fail:
+                raise ValueError("a bad batch")
+            return self.layer(x)
+
+    model = nn.Sequential(nn.Linear(4, 4), Inner(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    recorder = hooks.Recorder(tmp_path, environ={}).install()
+    try:
+        for step in range(10):
+            model[1].fail = step == 1  # in the finding steps, two levels deep
+            try:
+                model(torch.ones(2, 4)).sum().backward()
+            except ValueError:
+                continue
+            opt.step()
+            opt.zero_grad()
+        assert recorder._finding == []  # the model was found and is observed by itself
+        recorder.finish()
+    finally:
+        recorder.uninstall()
+    steps = [r for r in read_run(tmp_path)["ranks"][0] if r["kind"] == "step"]
+    assert [r.get("samples") for r in steps][-6:] == [2] * 6
+    assert len(steps) >= 8
+    assert not [w for w in recwarn if "always_call" in str(w.message)]
+
+
 @pytest.mark.parametrize("grouped", [False, True])
 def test_backward_is_timed_from_its_call_with_no_hook_registered_each_forward(tmp_path, grouped):
     """issue 46 item 7: a node's pre-hook on each forward's output cost 10-20 µs a micro-batch. Backward's start

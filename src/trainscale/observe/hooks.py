@@ -288,7 +288,11 @@ class Recorder:
         if self.state is not None:
             self.state.forward_started()
 
-    def _forward_post(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+    def _forward_post(self, module: torch.nn.Module, args: tuple, kwargs: Any, output: Any = None) -> None:
+        # (after a failed forward torch calls an always_call global hook as ``hook(module, args, None)``, with no
+        # keyword arguments whatever it was registered with: the same end, or the failed call left its depth behind)
+        if type(kwargs) is not dict:
+            kwargs = {}
         if not self._depth:  # a top-level module without parameters (its forward_pre did not count it)
             return
         self._depth = depth = self._depth - 1
