@@ -89,7 +89,7 @@ def test_the_slow_rank_and_where_it_lost_its_time_are_named(tmp_path, slow):
 
     said = re.search(
         r"\[problem\] straggler: rank 1 on \S+ arrives last at the collectives, "
-        r"[\d.]+ ms after the others each step: (.*)\. The job would be ~(\d+)% faster without it: "
+        r"[\d.]+ ms after the others each step: (.*)\. Without it the job would take ~(\d+)% less time: "
         r"([\d.]+) ms of each ([\d.]+) ms step",
         verdict,
     )

@@ -212,7 +212,7 @@ def test_the_rank_that_arrives_last_is_named_with_its_phase_and_its_cost():
     assert found.describe().startswith(
         "rank 2 on n2 arrives last at the collectives, 30.0 ms after the others each step: host work between steps"
     )
-    assert "The job would be ~30% faster without it: 30.0 ms of each 100.0 ms step" in found.describe()
+    assert "Without it the job would take ~30% less time: 30.0 ms of each 100.0 ms step" in found.describe()
     assert find_straggler(_ranks(1, data=False)).phase == "forward"
     loader = find_straggler(_ranks(1, extra={"data_s": 0.03, "loader_s": 0.029}))
     assert loader.phase == "loader" and "DataLoader workers" in loader.cause
@@ -441,7 +441,7 @@ def test_straggler_watch_says_it_once(tmp_path):
     assert watch.check().place == at and watch.check() is None and len(said) == 2
     assert said[1].endswith(
         "(40.0 ms on it, 10.0 ms on the others); its time goes in `get_batch` (train.py:121): "
-        "90% of 250 samples of its stack there. The job would be ~30% faster without it: 30.0 ms "
+        "90% of 250 samples of its stack there. Without it the job would take ~30% less time: 30.0 ms "
         "of each 100.0 ms step"
     ), said[1]
     assert read_run(tmp_path)["events"][-1]["place"] == at

@@ -89,7 +89,7 @@ class Straggler:
 
     @property
     def cost(self) -> float:
-        """The share of the job's step it costs: the job would be this much faster without it."""
+        """The share of the job's step it costs: without it the job would take this much less time."""
         return self.late_s / self.step_s if self.step_s > 0 else 0.0
 
     def describe(self) -> str:
@@ -111,8 +111,8 @@ class Straggler:
         else:
             arrives, mean = f"arrives last at the collectives, {ms(self.late_s)} after the others each step", ""
         return (
-            f"rank {self.rank} on {self.host} {arrives}: {where}. The job would be ~{self.cost:.0%} faster "
-            f"without it: {ms(self.late_s)} of each {ms(self.step_s)} step{mean}"
+            f"rank {self.rank} on {self.host} {arrives}: {where}. Without it the job would take ~{self.cost:.0%} "
+            f"less time: {ms(self.late_s)} of each {ms(self.step_s)} step{mean}"
             + (f". {self.cause}" if self.cause else "")
         )
 
@@ -350,8 +350,8 @@ class Turns:
         return (
             f"the ranks take turns holding the others up, no one rank most of the time: each step the last to "
             f"arrive at the collectives comes {ms(self.late_s)} after the others on average ({who} of "
-            f"{self.steps} steps), its extra time in {phase_text(self.phase)}. The job would be "
-            f"~{self.cost:.0%} faster without it: {ms(self.late_s)} of each {ms(self.step_s)} step on average"
+            f"{self.steps} steps), its extra time in {phase_text(self.phase)}. Without it the job "
+            f"would take ~{self.cost:.0%} less time: {ms(self.late_s)} of each {ms(self.step_s)} step on average"
             + (f". {self.cause}" if self.cause else "")
         )
 
