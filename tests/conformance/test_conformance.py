@@ -231,6 +231,19 @@ def test_seed_002_deepspeed_with_its_own_config(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_the_ddp_tutorials_script_that_spawns_its_own_ranks_runs_as_under_python(tmp_path):
+    """PyTorch's DDP tutorial starts its ranks itself (``mp.spawn``, its own MASTER_PORT): under `trainscale run`
+    they form their world as under ``python script.py`` (torchrun's agent store, inherited, left them waiting for
+    a store no one hosts, silent, for the group's timeout), and the rank says they run unobserved."""
+    out = tmp_path / "out"
+    env = {**env_for(tmp_path), "OUT": str(out), "PORT": str(free_port())}
+    done = trainscale(tmp_path, "run", str(SCRIPTS / "ddp_spawn.py"), env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    found = results(out, 2)
+    assert {r["world_size"] for r in found} == {2} and len({r["checksum"] for r in found}) == 1, found
+    assert "starts 2 process(es) of its own (torch.multiprocessing)" in done.stdout + done.stderr
+
+
 def test_elastic_record_restarts_and_error_file(tmp_path):
     # TORCHELASTIC_ERROR_FILE=error.json torchrun --standalone --nproc-per-node 2 --max-restarts 1 ...: rank 1 fails in
     # the first attempt, the group restarts and finishes; without restarts the error file holds rank 1's traceback.

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from trainscale.errors import PEER_GONE, is_refusal, one_line, record_error, succeeded
-from trainscale.observe.worker import explain_hang, observe_when_torch_loads, stop_observing
+from trainscale.observe.worker import explain_hang, observe_when_torch_loads, stop_observing, when_imported
 
 BIND_VAR = "TRAINSCALE_CPU_BIND"
 """The binding plan from the launcher; format in trainscale/topology/worker.py."""
@@ -415,6 +415,7 @@ def _main(argv: list[str]) -> None:
     apply_bind_from_env()
     if kind != "--exec":
         observe_when_torch_loads(kit=os.environ.get(KIT_VAR))
+        when_imported("torch", own_store_for_spawned)
     leave_kit()
     enter_snapshot()
     if kind == "--exec":  # a program, not Python (torchrun's --no-python): it inherits the world above
@@ -430,6 +431,42 @@ def _main(argv: list[str]) -> None:
     else:
         sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
         runpy.run_path(target, run_name="__main__")
+
+
+AGENT_STORE_VAR = "TORCHELASTIC_USE_AGENT_STORE"
+
+
+def own_store_for_spawned() -> None:
+    """A script that starts its own ranks (``torch.multiprocessing.spawn``, as PyTorch's DDP tutorial does) gives
+    them a world of their own, whose rank 0 hosts its store. torch's agent store (``TORCHELASTIC_USE_AGENT_STORE``)
+    serves the ranks the launcher started: a process that inherits it connects to a store at its script's
+    ``MASTER_PORT`` that no one hosts, and waits there for the group's timeout, silent (as under torchrun). Their
+    processes start without it, as under ``python script.py``; the rank says once that they run unobserved."""
+    try:  # (torch.multiprocessing's ``spawn`` is the function; its module's ``start_processes`` is what it calls)
+        tmp, spawning = sys.modules["torch.multiprocessing"], importlib.import_module("torch.multiprocessing.spawn")
+        start = spawning.start_processes
+    except (KeyError, ImportError, AttributeError):  # another torch: its spawned processes as they were
+        return
+    told = []
+
+    def start_processes(fn, args=(), nprocs=1, *rest, **kwargs):
+        saved = os.environ.pop(AGENT_STORE_VAR, None)
+        if not told:
+            told.append(nprocs)
+            print(
+                f"trainscale: the script starts {nprocs} process(es) of its own (torch.multiprocessing): they run "
+                "as a world of their own, unobserved (no step records or hang watch); `trainscale run "
+                f"--nproc-per-node {nprocs}` starts and observes them where the script reads RANK and WORLD_SIZE",
+                file=sys.stderr,
+                flush=True,
+            )
+        try:  # (the children take the environment as it is while they start)
+            return start(fn, args, nprocs, *rest, **kwargs)
+        finally:
+            if saved is not None:
+                os.environ[AGENT_STORE_VAR] = saved
+
+    spawning.start_processes = tmp.start_processes = start_processes
 
 
 def leave_kit(environ: MutableMapping[str, str] = os.environ) -> None:

@@ -35,11 +35,15 @@ def observe_when_torch_loads(environ: MutableMapping[str, str] = os.environ, *, 
     watch = str(environ.get(NOTICE_VAR, "")).strip() not in ("0", "0.0")
     if not (run_dir and recording_on(environ)) and not watch:
         return
-    start = lambda: _start_observing(environ, kit, run_dir, watch=watch)  # noqa: E731
-    if "torch" in sys.modules:
-        start()
+    when_imported("torch", lambda: _start_observing(environ, kit, run_dir, watch=watch))
+
+
+def when_imported(name: str, then) -> None:
+    """``then()`` once module ``name`` is imported: now if it is."""
+    if name in sys.modules:
+        then()
     else:
-        sys.meta_path.insert(0, _AfterImport("torch", start))
+        sys.meta_path.insert(0, _AfterImport(name, then))
 
 
 class _AfterImport:
