@@ -231,10 +231,11 @@ def test_seed_002_deepspeed_with_its_own_config(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def test_the_ddp_tutorials_script_that_spawns_its_own_ranks_runs_as_under_python(tmp_path):
-    """PyTorch's DDP tutorial starts its ranks itself (``mp.spawn``, its own MASTER_PORT): under `trainscale run`
-    they form their world as under ``python script.py`` (torchrun's agent store, inherited, left them waiting for
-    a store no one hosts, silent, for the group's timeout), and the rank says they run unobserved."""
+def test_scripts_that_meet_at_a_port_of_their_own_run_as_under_python(tmp_path):
+    """PyTorch's DDP tutorial starts its ranks itself (``mp.spawn``, its own MASTER_PORT), an older course's script
+    meets at ``init_method="tcp://host:port"``: under `trainscale run` their rank 0 hosts the store there, as under
+    ``python script.py`` (torchrun's agent store, inherited, left them waiting for a store no one hosts, silent,
+    for the group's timeout). The spawned ranks are said to run unobserved; the launched ones are observed."""
     out = tmp_path / "out"
     env = {**env_for(tmp_path), "OUT": str(out), "PORT": str(free_port())}
     done = trainscale(tmp_path, "run", str(SCRIPTS / "ddp_spawn.py"), env=env, timeout=120)
@@ -242,6 +243,13 @@ def test_the_ddp_tutorials_script_that_spawns_its_own_ranks_runs_as_under_python
     found = results(out, 2)
     assert {r["world_size"] for r in found} == {2} and len({r["checksum"] for r in found}) == 1, found
     assert "starts 2 process(es) of its own (torch.multiprocessing)" in done.stdout + done.stderr
+
+    out = tmp_path / "tcp"
+    env |= {"OUT": str(out), "INIT_METHOD": f"tcp://127.0.0.1:{free_port()}", "STEPS": "10"}
+    done = trainscale(tmp_path, "run", "--nproc-per-node", "2", str(SCRIPTS / "ddp_plain.py"), env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    check_world(results(out, 2), 2, 2)
+    assert "step records" in done.stderr, done.stderr
 
 
 def test_elastic_record_restarts_and_error_file(tmp_path):

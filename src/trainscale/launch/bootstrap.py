@@ -415,7 +415,7 @@ def _main(argv: list[str]) -> None:
     apply_bind_from_env()
     if kind != "--exec":
         observe_when_torch_loads(kit=os.environ.get(KIT_VAR))
-        when_imported("torch", own_store_for_spawned)
+        stores_where_the_script_says()
     leave_kit()
     enter_snapshot()
     if kind == "--exec":  # a program, not Python (torchrun's --no-python): it inherits the world above
@@ -436,21 +436,28 @@ def _main(argv: list[str]) -> None:
 AGENT_STORE_VAR = "TORCHELASTIC_USE_AGENT_STORE"
 
 
-def own_store_for_spawned() -> None:
-    """A script that starts its own ranks (``torch.multiprocessing.spawn``, as PyTorch's DDP tutorial does) gives
-    them a world of their own, whose rank 0 hosts its store. torch's agent store (``TORCHELASTIC_USE_AGENT_STORE``)
-    serves the ranks the launcher started: a process that inherits it connects to a store at its script's
-    ``MASTER_PORT`` that no one hosts, and waits there for the group's timeout, silent (as under torchrun). Their
-    processes start without it, as under ``python script.py``; the rank says once that they run unobserved."""
+def stores_where_the_script_says(environ: Mapping[str, str] = os.environ) -> None:
+    """torch's agent store (``TORCHELASTIC_USE_AGENT_STORE``: every rank a client of the store the launcher hosts
+    at ``MASTER_PORT``) serves the ranks the launcher started, where they meet at its port. A script that meets
+    elsewhere — its own ``MASTER_PORT``, ``init_method="tcp://host:port"``, its own ranks started by
+    ``torch.multiprocessing.spawn`` as PyTorch's DDP tutorial does — would connect to a store no one hosts and wait
+    there, silent, for the group's timeout (as under torchrun). There its rank 0 hosts the store, as under
+    ``python script.py``: the rendezvous at another port, and the processes the script starts, go without it.
+    Once torch is imported; the rank says once that processes it starts run unobserved."""
+    if environ.get(AGENT_STORE_VAR) == "True" and environ.get("MASTER_PORT"):
+        when_imported("torch", lambda port=environ["MASTER_PORT"]: _own_stores(port))
+
+
+def _own_stores(agent_port: str) -> None:
     try:  # (torch.multiprocessing's ``spawn`` is the function; its module's ``start_processes`` is what it calls)
         tmp, spawning = sys.modules["torch.multiprocessing"], importlib.import_module("torch.multiprocessing.spawn")
+        handlers = importlib.import_module("torch.distributed.rendezvous")._rendezvous_handlers
         start = spawning.start_processes
-    except (KeyError, ImportError, AttributeError):  # another torch: its spawned processes as they were
+    except (KeyError, ImportError, AttributeError):  # another torch: as torchrun does
         return
     told = []
 
     def start_processes(fn, args=(), nprocs=1, *rest, **kwargs):
-        saved = os.environ.pop(AGENT_STORE_VAR, None)
         if not told:
             told.append(nprocs)
             print(
@@ -460,13 +467,40 @@ def own_store_for_spawned() -> None:
                 file=sys.stderr,
                 flush=True,
             )
-        try:  # (the children take the environment as it is while they start)
+        with _no_agent_store():  # (the children take the environment as it is while they start)
             return start(fn, args, nprocs, *rest, **kwargs)
-        finally:
-            if saved is not None:
-                os.environ[AGENT_STORE_VAR] = saved
 
     spawning.start_processes = tmp.start_processes = start_processes
+    for scheme in ("env", "tcp"):
+        if scheme in handlers:
+            handlers[scheme] = _hosted_where_it_meets(handlers[scheme], scheme, agent_port)
+
+
+def _hosted_where_it_meets(handler, scheme: str, agent_port: str):
+    """torch's rendezvous ``handler`` (a generator of the store, rank and world size), without the agent store
+    where the script meets at another port than the launcher's."""
+    from urllib.parse import urlparse  # noqa: PLC0415 (job kit: once torch is loaded)
+
+    def rendezvous(url, **kwargs):
+        port = urlparse(url).port if scheme == "tcp" else os.environ.get("MASTER_PORT")
+        if str(port) == agent_port:
+            yield from handler(url, **kwargs)
+            return
+        with _no_agent_store():
+            found = next(handler(url, **kwargs))
+        yield found
+
+    return rendezvous
+
+
+@contextlib.contextmanager
+def _no_agent_store():
+    saved = os.environ.pop(AGENT_STORE_VAR, None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ[AGENT_STORE_VAR] = saved
 
 
 def leave_kit(environ: MutableMapping[str, str] = os.environ) -> None:

@@ -1,7 +1,8 @@
 """Plain torch.distributed + DDP as seed 004's multinode_example.py and PyTorch's DDP tutorial write it: the
 launcher's variables, init_process_group, DistributedSampler, DDP, a metric all-reduced every step. Nothing of
 trainscale. Knobs for the tests (environment): STEPS; SLOW_RANK and SLOW_MS (that rank's data loading is slower
-by that much per batch); HANG_RANK and HANG_STEP (that rank's data loading stops there); PG_TIMEOUT (seconds)."""
+by that much per batch); HANG_RANK and HANG_STEP (that rank's data loading stops there); PG_TIMEOUT (seconds); INIT_METHOD (an older
+course's ``tcp://host:port``, its rank and world size from the launcher's variables)."""
 
 import datetime
 import os
@@ -37,8 +38,10 @@ class Samples(Dataset):
 
 
 def main():
+    by = {"init_method": os.environ["INIT_METHOD"], "rank": int(os.environ["RANK"]),
+          "world_size": int(os.environ["WORLD_SIZE"])} if os.environ.get("INIT_METHOD") else {}
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo",
-                            timeout=datetime.timedelta(seconds=float(os.environ.get("PG_TIMEOUT", "1800"))))
+                            timeout=datetime.timedelta(seconds=float(os.environ.get("PG_TIMEOUT", "1800"))), **by)
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2)))
