@@ -235,14 +235,22 @@ def test_scripts_that_meet_at_a_port_of_their_own_run_as_under_python(tmp_path):
     """PyTorch's DDP tutorial starts its ranks itself (``mp.spawn``, its own MASTER_PORT), an older course's script
     meets at ``init_method="tcp://host:port"``: under `trainscale run` their rank 0 hosts the store there, as under
     ``python script.py`` (torchrun's agent store, inherited, left them waiting for a store no one hosts, silent,
-    for the group's timeout). The spawned ranks are said to run unobserved; the launched ones are observed."""
+    for the group's timeout). The ranks the tutorial spawns are observed as its process group's: each rank's
+    steps recorded, and `trainscale report` reads them."""
+    from trainscale.observe.records import read_run
+
     out = tmp_path / "out"
     env = {**env_for(tmp_path), "OUT": str(out), "PORT": str(free_port())}
-    done = trainscale(tmp_path, "run", str(SCRIPTS / "ddp_spawn.py"), env=env, timeout=120)
+    done = trainscale(tmp_path, "run", "--log-dir", "runs", str(SCRIPTS / "ddp_spawn.py"), env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     found = results(out, 2)
     assert {r["world_size"] for r in found} == {2} and len({r["checksum"] for r in found}) == 1, found
-    assert "starts 2 process(es) of its own (torch.multiprocessing)" in done.stdout + done.stderr
+    assert "starts 2 process(es) of its own (torch.multiprocessing), observed as the ranks" in done.stderr
+    run = next((tmp_path / "runs").glob("ddp_spawn-*"))
+    ranks = read_run(run)["ranks"]
+    assert sorted(ranks) == [0, 1] and all(sum(r["kind"] == "step" for r in ranks[k]) >= 3 for k in ranks), ranks
+    report = trainscale(tmp_path, "report", str(run), "--text", env=env, timeout=120)
+    assert report.returncode == 0 and "2 rank(s)" in report.stdout, report.stdout + report.stderr
 
     out = tmp_path / "tcp"
     env |= {"OUT": str(out), "INIT_METHOD": f"tcp://127.0.0.1:{free_port()}", "STEPS": "10"}
@@ -359,7 +367,7 @@ def test_a_plain_script_gets_step_records_a_full_report_and_its_straggler_named_
     text = report_text(tmp_path, str(next((tmp_path / "runs").glob("ddp_plain-*"))))
     rows = rank_rows(text)
     assert sorted(rows) == [0, 1] and all(row[2] == "240" for row in rows.values()), text
-    assert "[problem] straggler: rank 1 on " in text and loader in text and "would be ~" in text, text
+    assert "[problem] straggler: rank 1 on " in text and loader in text and "would take ~" in text, text
     assert "strategy   ddp" in text and "ddp_plain.py" in text.split("== Ranks ==")[0]
 
 
@@ -471,5 +479,5 @@ def test_a_plain_scripts_straggler_is_named_in_a_slurm_jobs_report(slurm_cluster
     text = report_text(tmp_path, job_id)
     assert sorted(rank_rows(text)) == [0, 1, 2, 3], text
     assert re.search(r"\[problem\] straggler: rank 3 on n[12] ", text), text
-    assert "fetching its batches from the DataLoader" in text and "would be ~" in text, text
+    assert "fetching its batches from the DataLoader" in text and "would take ~" in text, text
     assert not re.search(r"straggler: rank [012] ", text), text

@@ -130,6 +130,39 @@ def test_sampler_reads_this_nodes_ranks_and_gpus_through_its_seam(tmp_path, monk
     assert len(lines) >= 3 and json.loads(lines[-1])["kind"] == "sample"
 
 
+def test_the_ranks_a_script_spawns_itself_are_one_program_to_the_sampler():
+    """The ranks PyTorch's DDP tutorial starts with ``mp.spawn`` differ in their command lines only by their pipe's
+    number: the sampler counts them as the node's ranks, not as other work on their cores."""
+    import multiprocessing
+    import time
+
+    import psutil
+
+    from trainscale.observe.sampler import _program
+
+    spawned = [multiprocessing.get_context("spawn").Process(target=time.sleep, args=(60,)) for _ in range(2)]
+    for process in spawned:
+        process.start()
+
+    def cmdline(pid: int) -> list[str]:  # once the child has exec'd python (an empty line until then)
+        deadline = time.monotonic() + 30
+        line = psutil.Process(pid).cmdline()
+        while not any("spawn_main" in part for part in line):
+            assert time.monotonic() < deadline, line
+            line = psutil.Process(pid).cmdline()
+        return line
+
+    try:
+        lines = [cmdline(process.pid) for process in spawned]
+    finally:
+        for process in spawned:
+            process.terminate()
+            process.join()
+    assert lines[0] != lines[1], lines
+    assert _program(lines[0]) == _program(lines[1])
+    assert _program(["python", "train.py", "--seed", "1"]) != _program(["python", "train.py", "--seed", "2"])
+
+
 def test_the_sampler_threads_first_reading_covers_its_interval(tmp_path):
     """psutil keeps the system-wide CPU reading's last sample per thread: unprimed, the thread's first
     sample said 0% busy while this process kept a CPU busy."""

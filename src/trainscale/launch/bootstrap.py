@@ -19,6 +19,7 @@ import atexit
 import contextlib
 import ctypes
 import faulthandler
+import functools
 import gc
 import importlib
 import io
@@ -33,7 +34,13 @@ from pathlib import Path
 from typing import Any
 
 from trainscale.errors import PEER_GONE, is_refusal, one_line, record_error, succeeded
-from trainscale.observe.worker import explain_hang, observe_when_torch_loads, stop_observing, when_imported
+from trainscale.observe.worker import (
+    explain_hang,
+    observe_when_torch_loads,
+    spawned_rank,
+    stop_observing,
+    when_imported,
+)
 
 BIND_VAR = "TRAINSCALE_CPU_BIND"
 """The binding plan from the launcher; format in trainscale/topology/worker.py."""
@@ -445,10 +452,11 @@ def stores_where_the_script_says(environ: Mapping[str, str] = os.environ) -> Non
     ``python script.py``: the rendezvous at another port, and the processes the script starts, go without it.
     Once torch is imported; the rank says once that processes it starts run unobserved."""
     if environ.get(AGENT_STORE_VAR) == "True" and environ.get("MASTER_PORT"):
-        when_imported("torch", lambda port=environ["MASTER_PORT"]: _own_stores(port))
+        observed = not environ.get(KIT_VAR)  # (from the job kit, a spawned process has no trainscale to import)
+        when_imported("torch", lambda port=environ["MASTER_PORT"]: _own_stores(port, observed=observed))
 
 
-def _own_stores(agent_port: str) -> None:
+def _own_stores(agent_port: str, *, observed: bool) -> None:
     try:  # (torch.multiprocessing's ``spawn`` is the function; its module's ``start_processes`` is what it calls)
         tmp, spawning = sys.modules["torch.multiprocessing"], importlib.import_module("torch.multiprocessing.spawn")
         handlers = importlib.import_module("torch.distributed.rendezvous")._rendezvous_handlers
@@ -460,13 +468,19 @@ def _own_stores(agent_port: str) -> None:
     def start_processes(fn, args=(), nprocs=1, *rest, **kwargs):
         if not told:
             told.append(nprocs)
+            how = (
+                "observed as the ranks of their own process group"
+                if observed
+                else "unobserved (no step records or hang watch): `trainscale run --nproc-per-node "
+                f"{nprocs}` starts and observes them where the script reads RANK and WORLD_SIZE"
+            )
             print(
-                f"trainscale: the script starts {nprocs} process(es) of its own (torch.multiprocessing): they run "
-                "as a world of their own, unobserved (no step records or hang watch); `trainscale run "
-                f"--nproc-per-node {nprocs}` starts and observes them where the script reads RANK and WORLD_SIZE",
+                f"trainscale: the script starts {nprocs} process(es) of its own (torch.multiprocessing), {how}",
                 file=sys.stderr,
                 flush=True,
             )
+        if observed:
+            fn = functools.partial(spawned_rank, fn, nprocs)
         with _no_agent_store():  # (the children take the environment as it is while they start)
             return start(fn, args, nprocs, *rest, **kwargs)
 

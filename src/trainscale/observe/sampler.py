@@ -13,6 +13,7 @@ samples (default 5); 0 switches sampling off.
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -39,11 +40,19 @@ def node_ranks() -> list[Any]:
 
     me = psutil.Process()
     try:
-        parent, mine = me.parent(), me.cmdline()
-        siblings = [p for p in (parent.children() if parent else []) if p.pid != me.pid and p.cmdline() == mine]
+        parent, mine = me.parent(), _program(me.cmdline())
+        siblings = [
+            p for p in (parent.children() if parent else []) if p.pid != me.pid and _program(p.cmdline()) == mine
+        ]
     except psutil.Error:
         siblings = []
     return [me, *siblings]
+
+
+def _program(cmdline: list[str]) -> list[str]:
+    """A command line without what differs between the processes of one ``torch.multiprocessing.spawn`` (the
+    script's own ranks: ``spawn_main(tracker_fd=7, pipe_handle=12)``, each its own pipe)."""
+    return [re.sub(r"spawn_main\(.*?\)", "spawn_main()", part) for part in cmdline]
 
 
 def rank_cpus(procs: list[Any]) -> list[int]:

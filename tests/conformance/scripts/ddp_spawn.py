@@ -39,7 +39,7 @@ def demo_basic(rank, world_size):
     loss_fn = torch.nn.MSELoss()
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.001)
     g = torch.Generator().manual_seed(rank)
-    for _ in range(5):
+    for _ in range(10):
         optimizer.zero_grad()
         outputs = ddp_model(torch.randn(20, 10, generator=g))
         loss_fn(outputs, torch.randn(20, 5, generator=g)).backward()
