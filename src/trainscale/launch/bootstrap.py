@@ -37,6 +37,7 @@ from trainscale.errors import PEER_GONE, is_refusal, one_line, record_error, suc
 from trainscale.observe.worker import (
     explain_hang,
     observe_when_torch_loads,
+    observing,
     spawned_rank,
     stop_observing,
     when_imported,
@@ -450,13 +451,19 @@ def stores_where_the_script_says(environ: Mapping[str, str] = os.environ) -> Non
     ``torch.multiprocessing.spawn`` as PyTorch's DDP tutorial does — would connect to a store no one hosts and wait
     there, silent, for the group's timeout (as under torchrun). There its rank 0 hosts the store, as under
     ``python script.py``: the rendezvous at another port, and the processes the script starts, go without it.
-    Once torch is imported; the rank says once that processes it starts run unobserved."""
+    Once torch is imported; the rank says once whether the processes it starts are observed."""
     if environ.get(AGENT_STORE_VAR) == "True" and environ.get("MASTER_PORT"):
-        observed = not environ.get(KIT_VAR)  # (from the job kit, a spawned process has no trainscale to import)
-        when_imported("torch", lambda port=environ["MASTER_PORT"]: _own_stores(port, observed=observed))
+        unobserved = (
+            "unobserved (from the job kit, they have no trainscale to import)"
+            if environ.get(KIT_VAR)
+            else None
+            if observing(environ)
+            else "unobserved (the step records and the hang watch are off)"
+        )
+        when_imported("torch", lambda port=environ["MASTER_PORT"]: _own_stores(port, unobserved=unobserved))
 
 
-def _own_stores(agent_port: str, *, observed: bool) -> None:
+def _own_stores(agent_port: str, *, unobserved: str | None) -> None:
     try:  # (torch.multiprocessing's ``spawn`` is the function; its module's ``start_processes`` is what it calls)
         tmp, spawning = sys.modules["torch.multiprocessing"], importlib.import_module("torch.multiprocessing.spawn")
         handlers = importlib.import_module("torch.distributed.rendezvous")._rendezvous_handlers
@@ -468,18 +475,13 @@ def _own_stores(agent_port: str, *, observed: bool) -> None:
     def start_processes(fn, args=(), nprocs=1, *rest, **kwargs):
         if not told:
             told.append(nprocs)
-            how = (
-                "observed as the ranks of their own process group"
-                if observed
-                else "unobserved (no step records or hang watch): `trainscale run --nproc-per-node "
-                f"{nprocs}` starts and observes them where the script reads RANK and WORLD_SIZE"
-            )
+            how = unobserved or "observed as the ranks of their own process group"
             print(
                 f"trainscale: the script starts {nprocs} process(es) of its own (torch.multiprocessing), {how}",
                 file=sys.stderr,
                 flush=True,
             )
-        if observed:
+        if unobserved is None:
             fn = functools.partial(spawned_rank, fn, nprocs)
         with _no_agent_store():  # (the children take the environment as it is while they start)
             return start(fn, args, nprocs, *rest, **kwargs)

@@ -169,7 +169,7 @@ def end_record(logs: Path, records: Path, *, ok: bool, seconds: float, summary: 
     )
     drop_empty_stacks(records)
     # the ranks' step records are the evidence of training (none: a finished run started again, resumed past its end)
-    trained = {"trained": trained_here(records)} if ok and os.environ.get("TRAINSCALE_RECORD", "1") != "0" else {}
+    trained = {"trained": trained} if ok and (trained := trained_here(records)) is not None else {}
     for where in {logs, records}:
         path = where / RUN_RECORD
         try:
@@ -193,8 +193,11 @@ def drop_empty_stacks(records: Path | None) -> None:
         (Path(records) / "hangs").rmdir()
 
 
-def trained_here(records: Path | None) -> bool:
-    """Whether a rank recorded an optimizer step in ``records`` (metrics/rank-*.jsonl)."""
+def trained_here(records: Path | None) -> bool | None:
+    """Whether a rank recorded an optimizer step in ``records`` (metrics/rank-*.jsonl); None with the records off
+    (``TRAINSCALE_RECORD=0``): nothing says."""
+    if os.environ.get("TRAINSCALE_RECORD", "1") == "0":
+        return None
     return bool(records) and any((Path(records) / "metrics").glob("rank-*.jsonl"))
 
 

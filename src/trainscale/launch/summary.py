@@ -172,7 +172,8 @@ def finished_lines(nproc_per_node: int, max_restarts: int, result) -> str:
         if result.run_dir == result.log_dir
         else f"{'records' if records else 'no step records'} in {run}, this node's logs in {shown(result.log_dir)}"
     )
-    ended = "finished" if records else "ended without training: no rank ran an optimizer step"
+    # (with the records off nothing says whether a rank trained)
+    ended = "ended without training: no rank ran an optimizer step" if records is False else "finished"
     return "\n".join(
         [
             f"trainscale: {nproc_per_node} rank(s) {ended} in {result.seconds:.1f}s; {where}",

@@ -32,10 +32,20 @@ def observe_when_torch_loads(environ: MutableMapping[str, str] = os.environ, *, 
     from trainscale.env import detect  # noqa: PLC0415 (job kit)
 
     run_dir = detect(environ).run_dir
-    watch = str(environ.get(NOTICE_VAR, "")).strip() not in ("0", "0.0")
-    if not (run_dir and recording_on(environ)) and not watch:
-        return
-    when_imported("torch", lambda: _start_observing(environ, kit, run_dir, watch=watch))
+    if observing(environ):
+        when_imported("torch", lambda: _start_observing(environ, kit, run_dir, watch=_watching(environ)))
+
+
+def observing(environ: Any = os.environ) -> bool:
+    """Whether a rank started with ``environ`` records its steps (a run directory, records on) or watches for a
+    hang (the notice on)."""
+    from trainscale.env import detect  # noqa: PLC0415 (job kit)
+
+    return bool(detect(environ).run_dir and recording_on(environ)) or _watching(environ)
+
+
+def _watching(environ: Any) -> bool:
+    return str(environ.get(NOTICE_VAR, "")).strip() not in ("0", "0.0")
 
 
 def spawned_rank(fn, nprocs: int, index: int, *args: Any) -> Any:
