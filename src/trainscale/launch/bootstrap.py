@@ -38,7 +38,6 @@ from trainscale.observe.worker import (
     explain_hang,
     observe_when_torch_loads,
     observing,
-    spawned_rank,
     stop_observing,
     when_imported,
 )
@@ -482,6 +481,8 @@ def _own_stores(agent_port: str, *, unobserved: str | None) -> None:
                 flush=True,
             )
         if unobserved is None:
+            from trainscale.launch.spawned import spawned_rank  # noqa: PLC0415 (not in the job kit)
+
             fn = functools.partial(spawned_rank, fn, nprocs)
         with _no_agent_store():  # (the children take the environment as it is while they start)
             return start(fn, args, nprocs, *rest, **kwargs)

@@ -48,20 +48,6 @@ def _watching(environ: Any) -> bool:
     return str(environ.get(NOTICE_VAR, "")).strip() not in ("0", "0.0")
 
 
-def spawned_rank(fn, nprocs: int, index: int, *args: Any) -> Any:
-    """A process the script starts itself (``torch.multiprocessing.spawn``'s ``index``-th of ``nprocs``, as in
-    PyTorch's DDP tutorial), observed as a rank: its records are its process group's rank's, once it has one
-    (its index and ``nprocs`` until then, and as its local rank and local world)."""
-    os.environ.update(
-        {"RANK": str(index), "LOCAL_RANK": str(index), "WORLD_SIZE": str(nprocs), "LOCAL_WORLD_SIZE": str(nprocs)}
-    )
-    observe_when_torch_loads()
-    try:
-        return fn(index, *args)
-    finally:
-        stop_observing()
-
-
 def when_imported(name: str, then) -> None:
     """``then()`` once module ``name`` is imported: now if it is."""
     if name in sys.modules:
