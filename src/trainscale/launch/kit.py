@@ -53,6 +53,7 @@ MODULES = (
     "launch/__init__.py",
     "launch/bootstrap.py",
     "launch/ports.py",
+    "launch/spawned.py",  # (imported by name in a spawned process, where the kit is not on its path: not used)
     # installs the observation; what it loads only after the script imported the image's torch:
     # the step records and the hang watch, for a script in a stock container too
     "observe/__init__.py",
